@@ -54,7 +54,8 @@ class VertexSettings:
     Attributes:
         machines: Step name (a key of DEFAULT_MACHINES) to its machines.
         spot: Use Spot VMs (cheaper, may be preempted; training resumes from checkpoints).
-        restart_job_on_worker_restart: Restart the whole job when a worker restarts.
+        restart_job_on_worker_restart: Restart the whole job when a worker restarts; always
+            on for jobs of several replicas.
         service_account: Service account the jobs run as; empty for the default.
         network: VPC network for peering, `projects/NUMBER/global/networks/NAME`.
         encryption_spec_key_name: Cloud KMS key (CMEK) for the jobs' resources.
@@ -103,7 +104,10 @@ def as_custom_job(component: Callable, machine: Machine, settings: VertexSetting
         replica_count=machine.replica_count,
         boot_disk_size_gb=machine.boot_disk_size_gb,
         strategy="SPOT" if settings.spot else "STANDARD",
-        restart_job_on_worker_restart=settings.restart_job_on_worker_restart,
+        # Multi-worker all-reduce cannot go on without a lost worker: restart them all,
+        # and every replica resumes from the shared checkpoints.
+        restart_job_on_worker_restart=(settings.restart_job_on_worker_restart
+                                       or machine.replica_count > 1),
         service_account=settings.service_account,
         network=settings.network,
         encryption_spec_key_name=settings.encryption_spec_key_name,

@@ -62,10 +62,15 @@ def test_fp16_only_on_a_capable_gpu(requested, cuda, capability, expected):
 
 def test_checkpoint_dir_reads_the_environment_at_call_time(monkeypatch):
     assert schedule.checkpoint_dir("/out/model", {}) == "/out/model/checkpoints"
-    assert schedule.checkpoint_dir("/out/model", {"AIP_CHECKPOINT_DIR": "gs://b/job/ckpt"}) \
-        == "/gcs/b/job/ckpt"
+    # Every run shares AIP_CHECKPOINT_DIR: each task gets its own folder in it.
+    assert schedule.checkpoint_dir("/out/run-1/train/model",
+                                   {"AIP_CHECKPOINT_DIR": "gs://b/job/ckpt"}) \
+        == "/gcs/b/job/ckpt/run-1/train"
+    assert schedule.checkpoint_dir("/out/run-2/train/model",
+                                   {"AIP_CHECKPOINT_DIR": "gs://b/job/ckpt"}) \
+        == "/gcs/b/job/ckpt/run-2/train"
     monkeypatch.setenv("AIP_CHECKPOINT_DIR", "/mnt/ckpt")
-    assert schedule.checkpoint_dir("/out/model") == "/mnt/ckpt"
+    assert schedule.checkpoint_dir("/out/run-1/train/model") == "/mnt/ckpt/run-1/train"
     monkeypatch.delenv("AIP_CHECKPOINT_DIR")
     assert schedule.checkpoint_dir("/out/model") == "/out/model/checkpoints"
 

@@ -238,9 +238,11 @@ def test_train_config_validation(changes, message):
 
 def test_resolve_dirs_prefers_explicit_then_vertex():
     environ = {"AIP_CHECKPOINT_DIR": "gs://b/ckpt", "AIP_TENSORBOARD_LOG_DIR": "gs://b/tb"}
-    assert training.resolve_dirs("", "", environ) == ("gs://b/ckpt", "gs://b/tb")
-    assert training.resolve_dirs("/c", None, environ) == ("/c", "gs://b/tb")
-    assert training.resolve_dirs(None, None, {}) == (None, None)
+    model = "/gcs/root/123/job-1/train_7/model"
+    assert training.resolve_dirs(model, "", "", environ) == ("/gcs/b/ckpt/job-1/train_7",
+                                                             "/gcs/b/tb/job-1/train_7")
+    assert training.resolve_dirs(model, "/c", None, environ) == ("/c", "/gcs/b/tb/job-1/train_7")
+    assert training.resolve_dirs(model, None, None, {}) == (None, None)
 
 
 def test_fetch_weights_copies_gs_files(tmp_path, monkeypatch):

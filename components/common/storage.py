@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import fsspec
@@ -40,6 +41,17 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return url_to_fs(os.path.abspath(uri))
 
 
+def gcs_mount_prefix() -> str:
+    """Where Vertex's Cloud Storage FUSE mount shows buckets: KFP's `/gcs/`.
+
+    Read from KFP at call time (not copied) so that artifact paths and our own gs://
+    mapping always agree, also in `pipelines.rehearse`, which points it elsewhere.
+    """
+    from kfp.dsl.types import artifact_types
+
+    return artifact_types._GCS_LOCAL_MOUNT_PREFIX
+
+
 def local_path(uri: str) -> str:
     """Maps a gs:// URI onto the Cloud Storage FUSE mount Vertex provides.
 
@@ -53,8 +65,35 @@ def local_path(uri: str) -> str:
         A local filesystem path.
     """
     if uri.startswith("gs://"):
-        return "/gcs/" + uri[len("gs://"):]
+        return gcs_mount_prefix() + uri[len("gs://"):]
     return uri
+
+
+def run_folder(variable: str, output_path: str, default: str | None,
+               environ: Mapping[str, str] | None = None) -> str:
+    """A job folder Vertex names in `variable`, narrowed to this pipeline task.
+
+    Vertex sets `AIP_CHECKPOINT_DIR` and `AIP_TENSORBOARD_LOG_DIR` (gs:// URIs) from the
+    job's base output directory, a compile-time setting that every run of the pipeline
+    shares. A sub-folder named after the task's output (`<pipeline job>/<task>`) keeps
+    runs apart, while a restarted job of the same task, which gets the same output
+    path, finds its own state again. gs:// is reached through the FUSE mount.
+
+    Args:
+        variable: The environment variable, e.g. "AIP_CHECKPOINT_DIR".
+        output_path: The step's output artifact path (`.../<job>/<task>/<output>`).
+        default: Returned when the variable is unset (e.g. a folder inside the output).
+        environ: Environment to read; `os.environ` (at call time) when None.
+
+    Returns:
+        A local folder path, or `default`.
+    """
+    environ = os.environ if environ is None else environ
+    root = environ.get(variable, "").strip()
+    if not root:
+        return default
+    run = os.path.normpath(output_path).split(os.sep)[-3:-1]
+    return os.path.join(local_path(root), *run)
 
 
 def write_json_atomically(path: str, payload: Any, *, sort_keys: bool = True) -> None:

@@ -73,7 +73,7 @@ def train_image_classifier(
         reduce_lr_patience=reduce_lr_patience, shuffle_buffer=shuffle_buffer,
         steps_per_epoch=steps_per_epoch or None, validation_steps=validation_steps or None,
     )
-    checkpoints, tensorboard = resolve_dirs(checkpoint_dir, tensorboard_dir)
+    checkpoints, tensorboard = resolve_dirs(model.path, checkpoint_dir, tensorboard_dir)
     result = train(dataset.path, model.path, config, checkpoints, tensorboard)
     for name, value in result.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -35,13 +35,13 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
 import tf_keras
 
-from components.common.storage import filesystem
+from components.common.storage import filesystem, run_folder
 from components.shard.reader import make_dataset, read_manifest
 from components.train_image import distribute
 from components.train_image.model import (
@@ -183,14 +183,17 @@ def plan_phases(config: TrainConfig) -> list[Phase]:
     return [p for p in phases if p.epochs > 0]
 
 
-def resolve_dirs(checkpoint_dir: str | None = None, tensorboard_dir: str | None = None,
-                 environ: MutableMapping[str, str] | None = None) -> tuple[str | None, str | None]:
-    """Checkpoint and TensorBoard folders: the given ones, else Vertex's.
+def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
+                 tensorboard_dir: str | None = None,
+                 environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """Checkpoint and TensorBoard folders: the given ones, else Vertex's for this task.
 
     Vertex sets AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR when the job has a
-    base output directory (and a TensorBoard instance for the latter).
+    base output directory; every run shares them, so this task's own sub-folder is
+    used (`storage.run_folder`).
 
     Args:
+        model_dir: The step's model output folder (names the task's sub-folder).
         checkpoint_dir: Explicit folder, or None/"" for the environment's.
         tensorboard_dir: Explicit folder, or None/"" for the environment's.
         environ: Environment to read; default `os.environ`, read now.
@@ -199,9 +202,8 @@ def resolve_dirs(checkpoint_dir: str | None = None, tensorboard_dir: str | None 
         `(checkpoint_dir, tensorboard_dir)`; None where neither is set (`train`
         then uses folders inside its output folder).
     """
-    environ = os.environ if environ is None else environ
-    return (checkpoint_dir or environ.get("AIP_CHECKPOINT_DIR") or None,
-            tensorboard_dir or environ.get("AIP_TENSORBOARD_LOG_DIR") or None)
+    return (checkpoint_dir or run_folder("AIP_CHECKPOINT_DIR", model_dir, None, environ),
+            tensorboard_dir or run_folder("AIP_TENSORBOARD_LOG_DIR", model_dir, None, environ))
 
 
 def fetch_weights(weights: str | None, workdir: str) -> str | None:

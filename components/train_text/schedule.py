@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from components.common.storage import local_path, write_json_atomically
+from components.common.storage import run_folder, write_json_atomically
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -123,8 +123,8 @@ def use_fp16(requested: bool, cuda_available: bool,
 def checkpoint_dir(model_dir: str, environ: Mapping[str, str] | None = None) -> str:
     """Where checkpoints and the state file go.
 
-    Vertex sets `AIP_CHECKPOINT_DIR` (a gs:// URI, reached through its /gcs/ mount)
-    when the job has a base output directory; otherwise they go under the model
+    Under `AIP_CHECKPOINT_DIR` (set by Vertex when the job has a base output directory)
+    in a folder of this pipeline task (`storage.run_folder`), else under the model
     output, which a restarted job of the same pipeline task writes to again.
 
     Args:
@@ -134,11 +134,8 @@ def checkpoint_dir(model_dir: str, environ: Mapping[str, str] | None = None) -> 
     Returns:
         A local folder path.
     """
-    environ = os.environ if environ is None else environ
-    configured = environ.get("AIP_CHECKPOINT_DIR", "").strip()
-    if configured:
-        return local_path(configured)
-    return os.path.join(model_dir, "checkpoints")
+    return run_folder("AIP_CHECKPOINT_DIR", model_dir, os.path.join(model_dir, "checkpoints"),
+                      environ)
 
 
 def fingerprint(values: Mapping[str, Any]) -> str:
