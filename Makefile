@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
+# Placeholder images: build/local/ is for local checks; `make compile-vertex` writes build/.
 compile: venv
-	$(PY) compile.py --output-dir build
+	$(PY) compile.py --output-dir build/local
 
 # Compile, then run both pipelines through kfp.local on data made on the spot (nothing
 # downloaded): scikit-learn's bundled digits as JPEG class folders for the image

@@ -23,7 +23,7 @@ from importlib.metadata import version
 from kfp import compiler
 
 from pipelines import image, text
-from pipelines.vertex import DEFAULT_MACHINES, Machine, VertexSettings
+from pipelines.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
 
 PLACEHOLDER_REGISTRY = "us-central1-docker.pkg.dev/your-project/vertex-gpu-pipelines"
 RUNTIMES = ("tensorflow", "fastai")
@@ -33,7 +33,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="JSON file of option defaults")
-    p.add_argument("--output-dir", default="build", help="where the JSON is written")
+    p.add_argument("--output-dir", default=None,
+                   help="where the JSON is written (default: build/, or build/local/ when the "
+                        "images are the placeholder registry's: those files are not for upload)")
     p.add_argument("--yaml", action="store_true", help="also write YAML (KFP's preferred format)")
     p.add_argument("--registry", default=PLACEHOLDER_REGISTRY,
                    help="Artifact Registry repository, REGION-docker.pkg.dev/PROJECT/REPO")
@@ -76,6 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         unknown = sorted(set(defaults) - set(dests))
         if unknown:
             p.error(f"{first.config}: unknown option(s) {unknown}")
+        actions = {a.dest: a for a in p._actions}
+        for key, value in defaults.items():
+            action = actions[dests[key]]
+            wanted = bool if action.const is True else (action.type or str)
+            # JSON true/false only for switches: {"spot": "false"} must not mean SPOT.
+            if type(value) is not wanted and not (wanted is float and type(value) is int):
+                p.error(f"{first.config}: {key} must be a JSON {wanted.__name__}, got "
+                        f"{json.dumps(value)}")
         p.set_defaults(**{dests[k]: v for k, v in defaults.items()})
     return p.parse_args(argv)
 
@@ -112,6 +122,10 @@ def vertex_settings(args: argparse.Namespace) -> VertexSettings:
         step: Machine(**{f.name: values[f"{step}__{f.name}"] for f in dataclasses.fields(Machine)})
         for step in DEFAULT_MACHINES
     }
+    problems = [problem for step, machine in machines.items()
+                for problem in machine_problems(step, machine)]
+    if problems:
+        raise SystemExit("error: " + "\nerror: ".join(problems))
     return VertexSettings(
         machines=machines,
         spot=args.spot,
@@ -147,9 +161,13 @@ def compile_all(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.registry == PLACEHOLDER_REGISTRY:
-        print(f"note: images point at the placeholder registry {PLACEHOLDER_REGISTRY}; "
-              "pass --registry (and --tag) before uploading to Vertex", file=sys.stderr)
+    placeholder = args.registry == PLACEHOLDER_REGISTRY and not args.image
+    if args.output_dir is None:
+        args.output_dir = os.path.join("build", "local") if placeholder else "build"
+    if placeholder:
+        print(f"note: images point at the placeholder registry {PLACEHOLDER_REGISTRY}, so "
+              f"the files in {args.output_dir} are for local checks, not for upload; pass "
+              "--registry (and --tag) to compile what Vertex runs", file=sys.stderr)
     if not args.serving_image:
         print("note: no --serving-image: the image pipeline evaluates models but does not "
               "upload them to the Model Registry", file=sys.stderr)

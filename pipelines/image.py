@@ -9,6 +9,7 @@ from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Metrics, Model
 
 from components.evaluate import component as evaluate_component
+from components.preflight import component as preflight_component
 from components.register import component as register_component
 from components.register.registration import read_metrics
 from components.shard import component as shard_component
@@ -33,6 +34,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     Returns:
         A `@dsl.pipeline` function.
     """
+    preflight_op = preflight_component.build_image(image)
     shard_op = shard_component.build(image)
     train_op = train_component.build(image)
     evaluate_op = evaluate_component.build(image)
@@ -126,8 +128,14 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             registration_threshold: Register only when the metric on the test split is at least this.
             model_display_name: Name of the model in the Model Registry.
         """
+        # First, before anything else is named: every pipeline parameter, checked on a
+        # light machine before the first paid job; never cached (it fingerprints the data).
+        preflight = preflight_op(**{name: value for name, value in locals().items()
+                                    if name in preflight_op.component_spec.inputs})
+        preflight.set_display_name("preflight").set_caching_options(False)
         shard = shard_op(
-            data_uri=data_uri, image_size=image_size, image_format=image_format,
+            data_uri=data_uri, data_fingerprint=preflight.output, image_size=image_size,
+            image_format=image_format,
             jpeg_quality=jpeg_quality, resize_method=resize_method,
             train_fraction=train_fraction, validation_fraction=validation_fraction,
             test_fraction=test_fraction, seed=seed, target_shard_mb=target_shard_mb,

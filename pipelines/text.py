@@ -10,6 +10,7 @@ from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
 from components.evaluate import text_component as evaluate_component
+from components.preflight import component as preflight_component
 from components.prepare_text import component as prepare_component
 from components.train_text import component as train_component
 from pipelines.vertex import VertexSettings
@@ -32,6 +33,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         A `@dsl.pipeline` function whose outputs are `metrics` (the evaluation's
         scalars), `report`, `evaluation` (folder with metrics.json), `model` and `dataset`.
     """
+    preflight_op = preflight_component.build_text(image)
     prepare_op = prepare_component.build(image)
     train_op = train_component.build(image)
     evaluate_op = evaluate_component.build(image)
@@ -48,7 +50,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         data_uri: str,
         lm_assets: str = "",
         lang: str = "fr",
-        pretrained: bool = True,
+        pretrained: bool = False,
         text_column: str = "text",
         label_columns: str = "",
         label_delimiter: str = ",",
@@ -104,8 +106,14 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             eval_split: Split the evaluation scores: test, valid or train.
             eval_batch_size: Texts per forward pass in the evaluation.
         """
+        # First, before anything else is named: every pipeline parameter, checked on a
+        # light machine before the first paid job; never cached (it fingerprints the data).
+        preflight = preflight_op(**{name: value for name, value in locals().items()
+                                    if name in preflight_op.component_spec.inputs})
+        preflight.set_display_name("preflight").set_caching_options(False)
         prepare = prepare_op(
-            data_uri=data_uri, text_column=text_column, label_columns=label_columns,
+            data_uri=data_uri, data_fingerprint=preflight.output, text_column=text_column,
+            label_columns=label_columns,
             label_delimiter=label_delimiter, other_label=other_label,
             validation_fraction=validation_fraction, test_fraction=test_fraction, seed=seed,
         ).set_display_name("prepare-text")

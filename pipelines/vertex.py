@@ -8,6 +8,7 @@ into `worker_pool_specs` at compile time (kubeflow/pipelines#10902), so they are
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 
 from google_cloud_pipeline_components.v1.custom_job import (
@@ -45,6 +46,67 @@ DEFAULT_MACHINES: Mapping[str, Machine] = {
     "train_text": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
     "evaluate_text": Machine("n1-standard-4"),
 }
+
+
+# Steps whose code uses several replicas (multi-worker training); in any other step
+# extra replicas would all run the same step and race on its outputs.
+MULTI_REPLICA_STEPS = ("train_image",)
+# Machine families that carry each GPU (Vertex rejects other pairs when the job starts).
+GPU_MACHINE_FAMILIES = {
+    "NVIDIA_TESLA_K80": ("n1",), "NVIDIA_TESLA_P4": ("n1",), "NVIDIA_TESLA_P100": ("n1",),
+    "NVIDIA_TESLA_V100": ("n1",), "NVIDIA_TESLA_T4": ("n1",), "NVIDIA_TESLA_A100": ("a2",),
+    "NVIDIA_A100_80GB": ("a2",), "NVIDIA_L4": ("g2",), "NVIDIA_H100_80GB": ("a3",),
+    "NVIDIA_H100_MEGA_80GB": ("a3",), "NVIDIA_H200_141GB": ("a3",), "NVIDIA_B200": ("a4",),
+}
+GPU_COUNTS = (1, 2, 4, 8, 16)
+_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$")
+
+
+def machine_problems(step: str, machine: Machine) -> list[str]:
+    """What Vertex (or this step) would reject in `machine`, each naming the option.
+
+    Accelerator names are checked against Vertex's own `AcceleratorType` enum.
+
+    Args:
+        step: A key of DEFAULT_MACHINES (names the `--<step>-...` options in messages).
+        machine: The step's machines.
+
+    Returns:
+        One message per problem; empty when the machines are fine.
+    """
+    from google.cloud.aiplatform_v1 import AcceleratorType
+
+    flag = "--" + step.replace("_", "-")
+    problems = []
+    if not _MACHINE_TYPE.match(machine.machine_type or ""):
+        problems.append(f"{flag}-machine-type {machine.machine_type!r} is not a Compute Engine "
+                        "machine type (e.g. n1-standard-8)")
+    kind = machine.accelerator_type
+    gpus = sorted(name for name in AcceleratorType.__members__ if name.startswith("NVIDIA_"))
+    if kind and kind not in gpus:
+        problems.append(f"{flag}-accelerator-type {kind!r} is not a Vertex GPU type; one of "
+                        f"{gpus}")
+    elif kind:
+        if machine.accelerator_count not in GPU_COUNTS:
+            problems.append(f"{flag}-accelerator-count must be one of {GPU_COUNTS} with "
+                            f"{flag}-accelerator-type {kind}, got {machine.accelerator_count}")
+        families = GPU_MACHINE_FAMILIES.get(kind, ())
+        family = (machine.machine_type or "").split("-")[0]
+        if families and family not in families:
+            problems.append(f"{flag}-machine-type {machine.machine_type!r} cannot carry {kind}: "
+                            f"it needs a {'/'.join(families)} machine")
+    elif machine.accelerator_count != 0:
+        problems.append(f"{flag}-accelerator-count {machine.accelerator_count} needs "
+                        f"{flag}-accelerator-type (or set the count to 0)")
+    if machine.replica_count < 1:
+        problems.append(f"{flag}-replica-count must be >= 1, got {machine.replica_count}")
+    elif machine.replica_count > 1 and step not in MULTI_REPLICA_STEPS:
+        problems.append(f"{flag}-replica-count must be 1: only {MULTI_REPLICA_STEPS} train on "
+                        "several machines")
+    if not 100 <= machine.boot_disk_size_gb <= 64000:
+        problems.append(f"{flag}-boot-disk-size-gb must be in 100..64000, got "
+                        f"{machine.boot_disk_size_gb}")
+    return problems
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +162,7 @@ def as_custom_job(component: Callable, machine: Machine, settings: VertexSetting
         display_name=display_name,
         machine_type=machine.machine_type,
         accelerator_type=machine.accelerator_type,
-        accelerator_count=machine.accelerator_count if machine.accelerator_type else 0,
+        accelerator_count=machine.accelerator_count,
         replica_count=machine.replica_count,
         boot_disk_size_gb=machine.boot_disk_size_gb,
         strategy="SPOT" if settings.spot else "STANDARD",

@@ -5,6 +5,8 @@ from our JSON, with anonymous credentials and no network.
 """
 
 import json
+import os
+import re
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
@@ -186,3 +188,65 @@ def test_no_upload_without_a_pinned_serving_image(tmp_path):
     with pytest.raises(SystemExit, match="--serving-image"):
         _compile(tmp_path, "--serving-image",
                  "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--train-image-accelerator-type", "NVIDIA_FOO"],
+     "--train-image-accelerator-type 'NVIDIA_FOO' is not a Vertex GPU type"),
+    (["--train-image-accelerator-count", "-2"], "--train-image-accelerator-count must be one of"),
+    (["--evaluate-image-accelerator-type", "NVIDIA_TESLA_T4"],
+     "--evaluate-image-accelerator-count must be one of .* got 0"),
+    (["--evaluate-image-accelerator-count", "1"],
+     "--evaluate-image-accelerator-count 1 needs --evaluate-image-accelerator-type"),
+    (["--train-image-replica-count", "0"], "--train-image-replica-count must be >= 1, got 0"),
+    (["--shard-replica-count", "2"], "--shard-replica-count must be 1"),
+    (["--train-text-machine-type", "a2-highgpu-1g"],
+     "--train-text-machine-type 'a2-highgpu-1g' cannot carry NVIDIA_TESLA_T4"),
+    (["--shard-machine-type", "N1 standard"], "--shard-machine-type 'N1 standard' is not a"),
+])
+def test_bad_machine_settings_are_refused_naming_the_option(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        _compile(tmp_path, *flags)
+    assert exit_info.value.code != 0
+    assert re.search(message, str(exit_info.value.code))
+    assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"spot": "false"}, 'spot must be a JSON bool, got "false"'),
+    ({"train_image_replica_count": "2"}, "train_image_replica_count must be a JSON int"),
+    ({"restart_job_on_worker_restart": 1}, "must be a JSON bool"),
+])
+def test_config_file_values_must_have_the_option_type(tmp_path, capsys, settings, message):
+    config = tmp_path / "settings.json"
+    config.write_text(json.dumps(settings))
+    with pytest.raises(SystemExit):
+        _compile(tmp_path, "--config", str(config))
+    assert message in capsys.readouterr().err
+
+
+def test_multi_replica_jobs_restart_as_a_whole(tmp_path):
+    spec = json.loads((_compile(tmp_path, "--train-image-replica-count", "2")
+                       / "image_pipeline.json").read_text())
+    params = spec["components"]["comp-train-image-classifier"]["inputDefinitions"]["parameters"]
+    assert params["restart_job_on_worker_restart"]["defaultValue"] is True
+    single = spec["components"]["comp-shard-images"]["inputDefinitions"]["parameters"]
+    assert single["restart_job_on_worker_restart"]["defaultValue"] is False
+
+
+def test_data_steps_are_keyed_on_the_preflight_fingerprint(tmp_path):
+    out = _compile(tmp_path)
+    for pipeline, check, reader in (("image_pipeline", "preflight-image", "shard-images"),
+                                    ("text_pipeline", "preflight-text", "prepare-text-data")):
+        tasks = json.loads((out / f"{pipeline}.json").read_text())["root"]["dag"]["tasks"]
+        assert tasks[check]["cachingOptions"] == {}  # enableCache absent: off
+        assert tasks[reader]["inputs"]["parameters"]["data_fingerprint"] == {
+            "taskOutputParameter": {"outputParameterKey": "Output", "producerTask": check}}
+        assert tasks[reader]["dependentTasks"] == [check]
+
+
+def test_placeholder_images_compile_outside_the_upload_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert compile_cli.main([]) == 0
+    assert sorted(os.listdir(tmp_path / "build")) == ["local"]
+    assert "not for upload" in capsys.readouterr().err

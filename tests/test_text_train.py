@@ -164,9 +164,16 @@ def test_sentencepiece_languages_tokenize_with_the_assets_model(tmp_path):
 
 
 def test_bad_settings_are_clear_errors(dataset, tmp_path):
-    with pytest.raises(TextTrainingError, match="monitor 'auc' is not a metric.*valid_loss"):
-        train_text_classifier(dataset, str(tmp_path / "m"),
-                              TrainConfig(pretrained=False, monitor="auc", **FAST))
+    with pytest.raises(TextTrainingError, match="monitor must be one of.*valid_loss"):
+        TrainConfig(pretrained=False, monitor="auc", **FAST)
+    with pytest.raises(TextTrainingError, match="monitor 'accuracy' is not a metric.*valid_loss"):
+        train_text_classifier(dataset, str(tmp_path / "m"),  # a multi-label dataset
+                              TrainConfig(pretrained=False, monitor="accuracy", **FAST))
+    for threshold in (1.5, 0.0, float("nan")):
+        with pytest.raises(TextTrainingError, match="threshold must be in"):
+            TrainConfig(threshold=threshold)
+    with pytest.raises(TextTrainingError, match="epochs must be >= 0.*batch_size must be >= 1"):
+        TrainConfig(epochs=-1, batch_size=0)
     with pytest.raises(TextTrainingError, match="unknown AWD_LSTM setting"):
         train_text_classifier(dataset, str(tmp_path / "m"),
                               TrainConfig(pretrained=False, model_config={"hidden": 3}, **FAST))

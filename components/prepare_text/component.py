@@ -14,6 +14,7 @@ def prepare_text_data(
     validation_fraction: float = 0.2,
     test_fraction: float = 0.25,
     seed: int = 42,
+    data_fingerprint: str = "",
 ):
     """Validates a labelled text CSV and splits it into train/valid/test.
 
@@ -27,6 +28,7 @@ def prepare_text_data(
         validation_fraction: Share of the rows left after the test split used for validation.
         test_fraction: Share of all rows held out for the final test.
         seed: Seed of the split; the same file and seed give the same splits.
+        data_fingerprint: Digest of the CSV's listing from the preflight step; not read, it only makes the cache key change when the file changes. Recorded in the dataset metadata.
     """
     from components.prepare_text.preparation import (PrepareConfig, parse_label_columns,
                                                      prepare_text_dataset)
@@ -38,6 +40,7 @@ def prepare_text_data(
     )
     manifest = prepare_text_dataset(data_uri, dataset.path, config)
     dataset.metadata.update({
+        "data_fingerprint": data_fingerprint,
         "task": manifest["task"],
         "labels": manifest["labels"],
         "rows_in": manifest["rows_in"],

@@ -19,6 +19,7 @@ def shard_images(
     min_shards_per_split: int = 16,
     max_skipped_fraction: float = 0.05,
     num_workers: int = 0,
+    data_fingerprint: str = "",
 ):
     """Shards a folder of labelled images into train/validation/test TFRecords.
 
@@ -37,6 +38,7 @@ def shard_images(
         min_shards_per_split: Fewest shards per split so readers can interleave (capped at the number of examples).
         max_skipped_fraction: Fail when more than this share of the files is unreadable.
         num_workers: Writer processes; 0 uses every CPU core.
+        data_fingerprint: Digest of the input listing from the preflight step; not read, it only makes the cache key change when the data changes. Recorded in the dataset metadata.
     """
     from components.shard.sharding import ShardConfig, shard_dataset
 
@@ -57,6 +59,7 @@ def shard_images(
         **{f"{split}_examples": s["count"] for split, s in manifest["splits"].items()},
         "image_size": image_size,
         "image_format": image_format,
+        "data_fingerprint": data_fingerprint,
     })
 
 

@@ -89,9 +89,10 @@ class ShardConfig:
         if self.resize_method not in ("crop", "pad"):
             problems.append(f"resize_method must be 'crop' or 'pad', got {self.resize_method!r}")
         fractions = self.fractions.values()
-        if min(fractions) < 0 or abs(sum(fractions) - 1.0) > 1e-6:
+        # Written so that NaN fails too (every comparison with NaN is false).
+        if not all(f >= 0 for f in fractions) or not abs(sum(fractions) - 1.0) <= 1e-6:
             problems.append(f"split fractions must be >= 0 and sum to 1, got {self.fractions}")
-        if self.target_shard_mb <= 0:
+        if not self.target_shard_mb > 0:
             problems.append(f"target_shard_mb must be positive, got {self.target_shard_mb}")
         if self.min_shards_per_split < 1:
             problems.append(f"min_shards_per_split must be >= 1, got {self.min_shards_per_split}")

@@ -10,7 +10,7 @@ def train_text_classifier(
     metrics: Output[Metrics],
     lm_assets_uri: str = "",
     lang: str = "fr",
-    pretrained: bool = True,
+    pretrained: bool = False,
     backwards: bool = False,
     lm_epochs: int = 4,
     epochs: int = 8,

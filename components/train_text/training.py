@@ -63,6 +63,10 @@ _TEXT, _VALID, _CLASS = "text", "is_valid", "__class__"
 _ENCODER_KEYS = ("emb_sz", "n_hid", "n_layers", "pad_token", "bidir")
 
 
+# What `monitor` may name: the losses, and the metric of multi- or single-label models.
+MONITORS = ("valid_loss", "train_loss", "f1_score", "accuracy_multi", "accuracy")
+
+
 class TextTrainingError(RuntimeError):
     """Training cannot start as configured; the message says why."""
 
@@ -72,7 +76,7 @@ class TrainConfig:
     """Settings of one training run (see the component for each one's meaning)."""
 
     lang: str = "fr"
-    pretrained: bool = True
+    pretrained: bool = False
     backwards: bool = False
     lm_epochs: int = 4
     epochs: int = 8
@@ -89,6 +93,28 @@ class TrainConfig:
     model_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     keep_checkpoints: bool = False
     seed: int = 42
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("lm_epochs", "epochs"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.epochs < 1:
+            problems.append(f"epochs must be >= 1 (the classifier has to train), got {self.epochs}")
+        for name in ("batch_size", "seq_len", "min_freq", "max_vocab"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.threshold < 1:  # also refuses NaN
+            problems.append(f"threshold must be in (0, 1), got {self.threshold}")
+        if not self.drop_mult >= 0:
+            problems.append(f"drop_mult must be >= 0, got {self.drop_mult}")
+        for name in ("learning_rate", "lm_learning_rate"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.monitor not in MONITORS:
+            problems.append(f"monitor must be one of {MONITORS}, got {self.monitor!r}")
+        if problems:
+            raise TextTrainingError("; ".join(problems))
 
 
 def parse_model_config(text: str) -> dict[str, Any]:

@@ -1,0 +1,235 @@
+"""What the pipelines check before their first paid job, and the data fingerprint.
+
+Every rule is the later step's own (its config class raises on bad values), run here on
+the pipeline's parameters, plus the few rules that only the pipeline knows (it evaluates
+the test split, so the test split must not be empty). The data fingerprint lists the
+input (names, sizes and versions, no contents) so a changed bucket changes the cache
+key of the steps that read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from components.common.storage import filesystem
+
+
+class PreflightError(ValueError):
+    """The run would fail later; the message names each parameter and what to do."""
+
+
+def coerce(value: Any, annotation: Any) -> Any:
+    """A parameter value as the config field's type wants it.
+
+    Pipeline parameters reach this step inside a dict, where Vertex writes every value
+    as text ("32", "0.5", "true") and kfp.local writes whole numbers as "32.0".
+    """
+    if annotation is bool:
+        if isinstance(value, str):
+            if value.lower() not in ("true", "false"):
+                raise PreflightError(f"expected true or false, got {value!r}")
+            return value.lower() == "true"
+        return bool(value)
+    if annotation is int:
+        number = float(value)
+        if not number.is_integer():
+            raise PreflightError(f"expected a whole number, got {value!r}")
+        return int(number)
+    if annotation is float:
+        return float(value)
+    return value if value is None else str(value)
+
+
+def build(config_class: type, parameters: Mapping[str, Any], renames: Mapping[str, str] = (),
+          **overrides: Any) -> Any:
+    """Constructs `config_class` from the pipeline parameters its fields name.
+
+    Args:
+        config_class: A dataclass whose `__post_init__` validates.
+        parameters: Pipeline parameters by name (text or typed values).
+        renames: Field name -> pipeline parameter name, where they differ.
+        **overrides: Field values given directly (already typed).
+
+    Raises:
+        PreflightError: A value of the wrong type, or what the config refuses.
+    """
+    renames = dict(renames)
+    hints = typing.get_type_hints(config_class)
+    values = dict(overrides)
+    for field in dataclasses.fields(config_class):
+        source = renames.get(field.name, field.name)
+        if field.name in values or source not in parameters:
+            continue
+        annotation = hints[field.name]
+        base = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
+        try:
+            values[field.name] = coerce(parameters[source], base)
+        except (PreflightError, ValueError) as err:
+            raise PreflightError(f"{source}: {err}") from err
+    try:
+        return config_class(**values)
+    except ValueError as err:
+        raise PreflightError(str(err)) from err
+    except RuntimeError as err:  # the trainers' own error types
+        raise PreflightError(str(err)) from err
+
+
+def _number(parameters: Mapping[str, Any], name: str) -> float:
+    try:
+        return float(parameters[name])
+    except ValueError as err:
+        raise PreflightError(f"{name}: expected a number, got {parameters[name]!r}") from err
+
+
+def _steps(parameters: Mapping[str, Any]) -> int:
+    try:
+        return coerce(parameters.get("steps_per_epoch", 0), int)
+    except (PreflightError, ValueError) as err:
+        raise PreflightError(f"steps_per_epoch: {err}") from err
+
+
+def check_image_run(parameters: Mapping[str, Any]) -> None:
+    """Refuses image pipeline parameters that the sharding, training or evaluation step
+    would refuse after the steps before them ran.
+
+    Raises:
+        PreflightError: Every problem found, each naming its parameter.
+    """
+    from components.shard.sharding import ShardConfig
+    from components.train_image.training import TrainConfig
+
+    problems = []
+    for name, check in (
+        ("sharding", lambda: build(ShardConfig, parameters, {"num_workers": "shard_workers"})),
+        ("training", lambda: build(TrainConfig, parameters,
+                                   steps_per_epoch=_steps(parameters) or None)),
+    ):
+        try:
+            check()
+        except PreflightError as err:
+            problems.append(f"{name}: {err}")
+    for name in ("train_fraction", "test_fraction"):
+        if name in parameters and not _number(parameters, name) > 0:
+            problems.append(f"{name} must be > 0: the pipeline trains on the train split and "
+                            "evaluates on the test split")
+    if parameters.get("registration_metric", "accuracy") not in ("accuracy", "macro_f1"):
+        problems.append("registration_metric must be 'accuracy' or 'macro_f1', got "
+                        f"{parameters['registration_metric']!r}")
+    if "registration_threshold" in parameters and \
+            not 0 <= _number(parameters, "registration_threshold") <= 1:
+        problems.append("registration_threshold must be in [0, 1], got "
+                        f"{parameters['registration_threshold']}")
+    if "eval_batch_size" in parameters and not _number(parameters, "eval_batch_size") >= 1:
+        problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
+    if problems:
+        raise PreflightError("; ".join(problems))
+
+
+def check_text_run(parameters: Mapping[str, Any]) -> None:
+    """Refuses text pipeline parameters that the preparation, training or evaluation step
+    would refuse after the steps before them ran; checks that the pretrained language
+    model files are there when `pretrained` is true.
+
+    Raises:
+        PreflightError: Every problem found, each naming its parameter.
+    """
+    from components.prepare_text.preparation import PrepareConfig
+    from components.train_text import assets
+    from components.train_text.training import TrainConfig, parse_model_config
+
+    problems = []
+    try:
+        build(PrepareConfig, parameters, label_columns=())
+    except PreflightError as err:
+        problems.append(f"preparation: {err}")
+    try:
+        config = build(TrainConfig, parameters,
+                       model_config=parse_model_config(str(parameters.get("model_config", ""))))
+    except PreflightError as err:
+        problems.append(f"training: {err}")
+        config = None
+    except RuntimeError as err:  # model_config that is not a JSON object
+        problems.append(f"training: {err}")
+        config = None
+    try:
+        pretrained = coerce(parameters.get("pretrained", False), bool)
+    except PreflightError as err:
+        problems.append(f"pretrained: {err}")
+        pretrained = False
+    if pretrained:
+        root = str(parameters.get("lm_assets", ""))
+        lang = str(parameters.get("lang", config.lang if config else ""))
+        if not root:
+            problems.append("pretrained is true but lm_assets is empty: give the folder of "
+                            "the pretrained language models, or set pretrained to false to "
+                            "train from scratch")
+        else:
+            backwards = coerce(parameters.get("backwards", False), bool)
+            missing = assets.missing_files(root, lang, backwards)
+            if missing:
+                problems.append(f"lm_assets {root!r} lacks {missing} for lang={lang!r}")
+    if parameters.get("eval_split", "test") not in ("test", "valid", "train"):
+        problems.append(f"eval_split must be test, valid or train, got "
+                        f"{parameters['eval_split']!r}")
+    elif parameters.get("eval_split", "test") == "test" and "test_fraction" in parameters \
+            and not _number(parameters, "test_fraction") > 0:
+        problems.append("test_fraction must be > 0 when eval_split is test (the pipeline "
+                        "evaluates on the test split)")
+    if "eval_batch_size" in parameters and not _number(parameters, "eval_batch_size") >= 1:
+        problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
+    if problems:
+        raise PreflightError("; ".join(problems))
+
+
+CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
+    "image": check_image_run, "text": check_text_run}
+
+
+def data_fingerprint(uri: str) -> str:
+    """A digest of what sits at `uri` (a file or a folder, local or gs://), read from the
+    listing only: each file's relative name, size and version (GCS generation, or the
+    local modification time). Any added, removed, replaced or rewritten file changes it.
+
+    Raises:
+        PreflightError: Nothing is there.
+    """
+    fs, path = filesystem(uri)
+    if not fs.exists(path):
+        raise PreflightError(f"data_uri {uri!r} does not exist")
+    if fs.isdir(path):
+        entries = fs.find(path, detail=True)
+    else:
+        entries = {path: fs.info(path)}
+    if not entries:
+        raise PreflightError(f"data_uri {uri!r} is an empty folder")
+    listing = []
+    for name, info in sorted(entries.items()):
+        version = info.get("generation") or info.get("mtime") or info.get("updated") \
+            or info.get("md5Hash") or info.get("crc32c")
+        listing.append([os.path.relpath(name, path) if name != path else os.path.basename(name),
+                        info.get("size"), str(version)])
+    digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+    return f"sha256:{digest}:{len(listing)}"
+
+
+def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
+    """Checks a run of pipeline `kind` and returns its data fingerprint.
+
+    Args:
+        kind: "image" or "text".
+        data_uri: The pipeline's input (folder of class folders, or CSV).
+        parameters: The pipeline's other parameters by name.
+
+    Raises:
+        PreflightError: Bad parameters (all of them listed) or no data.
+    """
+    if kind not in CHECKS:
+        raise PreflightError(f"unknown pipeline kind {kind!r}; known: {sorted(CHECKS)}")
+    CHECKS[kind](parameters)
+    return data_fingerprint(data_uri)

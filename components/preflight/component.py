@@ -1,0 +1,117 @@
+"""KFP faces of the preflight step: each pipeline's parameters mapped onto `checks.preflight`.
+
+Each signature repeats its pipeline's parameters (a test keeps them equal): they arrive
+typed, one input each, which every backend resolves the same way.
+"""
+
+from kfp import dsl
+
+
+def preflight_image(
+    data_uri: str,
+    image_size: int = 224,
+    image_format: str = "jpeg",
+    jpeg_quality: int = 95,
+    resize_method: str = "crop",
+    train_fraction: float = 0.8,
+    validation_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    seed: int = 42,
+    target_shard_mb: float = 100.0,
+    min_shards_per_split: int = 16,
+    max_skipped_fraction: float = 0.05,
+    shard_workers: int = 0,
+    weights: str = "imagenet",
+    epochs: int = 10,
+    fine_tune_epochs: int = 10,
+    batch_size: int = 32,
+    learning_rate: float = 1e-3,
+    fine_tune_learning_rate: float = 1e-4,
+    unfreeze_blocks: int = 1,
+    dropout: float = 0.2,
+    flip: bool = True,
+    rotation: float = 0.05,
+    zoom: float = 0.1,
+    precision: str = "auto",
+    early_stopping_patience: int = 3,
+    reduce_lr_patience: int = 2,
+    steps_per_epoch: int = 0,
+    eval_batch_size: int = 64,
+    register_model: bool = True,
+    registration_metric: str = "accuracy",
+    registration_threshold: float = 0.8,
+    model_display_name: str = "densenet121-image-classifier",
+) -> str:
+    """Refuses image pipeline settings that a later step would refuse, before any paid job
+    starts, and fingerprints the input folder. Never cached: the fingerprint is an input of
+    the sharding step, so its cache key changes exactly when the data changes.
+
+    Args:
+        data_uri: See the pipeline. Every other parameter is the pipeline's, checked by the step that uses it.
+
+    Returns:
+        "sha256:<digest>:<files>", a digest of the input's listing (names, sizes, versions).
+    """
+    from components.preflight.checks import preflight
+
+    settings = {name: value for name, value in locals().items() if name != "data_uri"}
+    fingerprint = preflight("image", data_uri, settings)
+    print(f"settings accepted; data fingerprint {fingerprint}")
+    return fingerprint
+
+
+def preflight_text(
+    data_uri: str,
+    lm_assets: str = "",
+    lang: str = "fr",
+    pretrained: bool = False,
+    text_column: str = "text",
+    label_columns: str = "",
+    label_delimiter: str = ",",
+    other_label: str = "other",
+    validation_fraction: float = 0.2,
+    test_fraction: float = 0.25,
+    seed: int = 42,
+    lm_epochs: int = 4,
+    epochs: int = 8,
+    batch_size: int = 16,
+    drop_mult: float = 0.3,
+    backwards: bool = False,
+    threshold: float = 0.3,
+    monitor: str = "valid_loss",
+    learning_rate: float = 0.02,
+    lm_learning_rate: float = 0.002,
+    seq_len: int = 72,
+    min_freq: int = 3,
+    max_vocab: int = 60000,
+    mixed_precision: bool = True,
+    model_config: str = "",
+    eval_split: str = "test",
+    eval_batch_size: int = 64,
+) -> str:
+    """Refuses text pipeline settings that a later step would refuse (and a missing
+    pretrained language model), before any paid job starts, and fingerprints the CSV.
+    Never cached: the fingerprint is an input of the preparation step.
+
+    Args:
+        data_uri: See the pipeline. Every other parameter is the pipeline's, checked by the step that uses it.
+
+    Returns:
+        "sha256:<digest>:<files>", a digest of the input's listing (name, size, version).
+    """
+    from components.preflight.checks import preflight
+
+    settings = {name: value for name, value in locals().items() if name != "data_uri"}
+    fingerprint = preflight("text", data_uri, settings)
+    print(f"settings accepted; data fingerprint {fingerprint}")
+    return fingerprint
+
+
+def build_image(image: str):
+    """The image pipeline's preflight component, run in the container `image`."""
+    return dsl.component(preflight_image, base_image=image, install_kfp_package=False)
+
+
+def build_text(image: str):
+    """The text pipeline's preflight component, run in the container `image`."""
+    return dsl.component(preflight_text, base_image=image, install_kfp_package=False)

@@ -1,0 +1,126 @@
+"""The preflight step: settings a later step would refuse are refused first; the data
+fingerprint changes exactly when the data does."""
+
+import inspect
+import os
+import time
+
+import pytest
+
+from components.preflight import component as preflight_component
+from components.preflight.checks import (PreflightError, check_image_run, check_text_run,
+                                         coerce, data_fingerprint, preflight)
+from pipelines import image, text
+from tests.conftest import write_class_images
+
+
+def _defaults(function) -> dict:
+    return {name: p.default for name, p in inspect.signature(function).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+IMAGE_DEFAULTS = _defaults(preflight_component.preflight_image)
+TEXT_DEFAULTS = _defaults(preflight_component.preflight_text)
+
+
+@pytest.mark.parametrize("component, pipeline", [
+    (preflight_component.preflight_image, image.build("img:1")),
+    (preflight_component.preflight_text, text.build("img:1")),
+])
+def test_preflight_takes_exactly_the_pipeline_parameters(component, pipeline):
+    inputs = pipeline.component_spec.inputs
+    assert list(inspect.signature(component).parameters) == list(inputs)
+    for name, value in _defaults(component).items():
+        assert inputs[name].default == value, name
+
+
+def test_default_settings_pass():
+    check_image_run(IMAGE_DEFAULTS)
+    check_text_run(TEXT_DEFAULTS)
+
+
+def test_values_arrive_as_text_or_typed():
+    # Vertex writes whole numbers as "32", kfp.local as "32.0"; both are 32.
+    assert coerce("32", int) == coerce("32.0", int) == coerce(32.0, int) == 32
+    assert coerce("true", bool) is True and coerce(False, bool) is False
+    with pytest.raises(PreflightError, match="whole number"):
+        coerce("2.5", int)
+    with pytest.raises(PreflightError, match="true or false"):
+        coerce("yes", bool)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"epochs": -1}, "training: epochs and fine_tune_epochs must be >= 0"),
+    ({"unfreeze_blocks": 7}, "unfreeze_blocks must be in 1..4"),
+    ({"train_fraction": 0.0, "validation_fraction": 0.5, "test_fraction": 0.5},
+     "train_fraction must be > 0"),
+    ({"test_fraction": 0.0, "train_fraction": 0.9}, "test_fraction must be > 0"),
+    ({"validation_fraction": float("nan")}, "sharding: "),
+    ({"precision": "fp8"}, "precision must be one of"),
+    ({"image_format": "webp"}, "sharding: "),
+    ({"registration_metric": "auc"}, "registration_metric must be"),
+    ({"registration_threshold": 1.5}, "registration_threshold must be in"),
+    ({"batch_size": "2.5"}, "batch_size: expected a whole number"),
+])
+def test_image_settings_a_later_step_refuses(changes, message):
+    with pytest.raises(PreflightError, match=message):
+        check_image_run({**IMAGE_DEFAULTS, **changes})
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"threshold": 1.5}, r"threshold must be in \(0, 1\), got 1.5"),
+    ({"threshold": float("nan")}, "threshold must be in"),
+    ({"epochs": 0}, "epochs must be >= 1"),
+    ({"monitor": "auc"}, "monitor must be one of"),
+    ({"validation_fraction": 0.0}, "preparation: validation_fraction must be in"),
+    ({"test_fraction": 0.0}, "test_fraction must be > 0 when eval_split is test"),
+    ({"eval_split": "holdout"}, "eval_split must be"),
+    ({"model_config": "[1]"}, "model_config must be a JSON object"),
+    ({"pretrained": True}, "pretrained is true but lm_assets is empty"),
+])
+def test_text_settings_a_later_step_refuses(changes, message):
+    with pytest.raises(PreflightError, match=message):
+        check_text_run({**TEXT_DEFAULTS, **changes})
+
+
+def test_missing_language_model_files_are_listed(tmp_path):
+    (tmp_path / "fr" / "forward").mkdir(parents=True)
+    (tmp_path / "fr" / "forward" / "weights.pth").write_bytes(b"x")
+    with pytest.raises(PreflightError, match="lacks .*fr/forward/config.json.*vocab.pkl"):
+        check_text_run({**TEXT_DEFAULTS, "pretrained": True, "lm_assets": str(tmp_path)})
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(PreflightError) as err:
+        check_text_run({**TEXT_DEFAULTS, "threshold": 2.0, "eval_split": "x"})
+    assert "threshold" in str(err.value) and "eval_split" in str(err.value)
+
+
+def test_fingerprint_follows_the_listing(tmp_path):
+    root = tmp_path / "images"
+    write_class_images(str(root), per_class=2)
+    first = data_fingerprint(str(root))
+    assert first == data_fingerprint(str(root)) and first.endswith(":6")
+    path = root / "cat" / "000.jpg"
+    data = path.read_bytes()
+    time.sleep(0.01)
+    path.write_bytes(data)  # same bytes, rewritten: a new version
+    rewritten = data_fingerprint(str(root))
+    assert rewritten != first
+    os.rename(path, root / "cat" / "renamed.jpg")
+    assert data_fingerprint(str(root)) not in (first, rewritten)
+    with pytest.raises(PreflightError, match="does not exist"):
+        data_fingerprint(str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PreflightError, match="empty folder"):
+        data_fingerprint(str(tmp_path / "empty"))
+
+
+def test_fingerprint_of_a_gcs_object_follows_its_generation(gcs):
+    bucket = gcs.create_bucket("fp-data")
+    blob = bucket.blob("texts/reviews.csv")
+    blob.upload_from_string("text,a\nhello,1\n")
+    first = preflight("text", "gs://fp-data/texts/reviews.csv", TEXT_DEFAULTS)
+    assert first == data_fingerprint("gs://fp-data/texts/reviews.csv")
+    blob.upload_from_string("text,a\nhello,0\n")  # same size, new generation
+    assert data_fingerprint("gs://fp-data/texts/reviews.csv") != first

@@ -1,0 +1,200 @@
+"""The compiled Vertex JSON, executed here by `pipelines.rehearse` as Vertex would run it.
+
+Only the Vertex service is stood in for: the DAG, conditions, placeholders, CustomJob
+payloads (parsed into Vertex's own message), replicas, restarts and the /gcs/ mount are
+the rehearsal's; the steps are the real ones.
+"""
+
+import glob
+import json
+import os
+
+import pytest
+
+import compile as compile_cli
+from pipelines import rehearse
+from pipelines.demo_text import write_reviews_csv
+from tests.conftest import write_class_images
+
+SERVING = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15@sha256:" + "c" * 64
+
+
+def _compile(tmp_path, *extra) -> str:
+    out = tmp_path / "build"
+    assert compile_cli.main(["--output-dir", str(out), "--registry",
+                             "europe-west4-docker.pkg.dev/acme/pipes", "--tag", "abc123",
+                             *extra]) == 0
+    return str(out)
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+@pytest.mark.parametrize("condition, values, expected", [
+    ("inputs.parameter_values['pipelinechannel--gate-Output'] == true", {"pipelinechannel--gate-Output": True}, True),
+    ("inputs.parameter_values['pipelinechannel--gate-Output'] == true", {"pipelinechannel--gate-Output": False}, False),
+    ("int(inputs.parameter_values['n']) > 5 && !(inputs.parameter_values['s'] == 'x')", {"n": 7.0, "s": "y"}, True),
+    ("inputs.parameter_values['s'] != 'x' || inputs.parameter_values['n'] <= 1", {"n": 3, "s": "x"}, False),
+])
+def test_conditions_evaluate_like_kfp(condition, values, expected):
+    assert rehearse.evaluate_condition(condition, values) is expected
+
+
+def test_conditions_refuse_anything_else():
+    with pytest.raises(rehearse.RehearsalError, match="cannot evaluate"):
+        rehearse.evaluate_condition("__import__('os').getcwd() == 'x'", {})
+    with pytest.raises(rehearse.RehearsalError, match="unknown input"):
+        rehearse.evaluate_condition("inputs.parameter_values['missing'] == true", {})
+
+
+def test_values_render_as_the_backend_writes_them():
+    # Protobuf numbers are doubles: whole ones are written without a fraction, which is
+    # what lets `boot_disk_size_gb: 100.0` in the spec parse as Vertex's int64.
+    assert rehearse.render([{"disk": 100.0, "rate": 0.5, "name": "n1"}]) == \
+        '[{"disk": 100, "rate": 0.5, "name": "n1"}]'
+    assert rehearse.render("text {x}") == "text {x}"
+    assert rehearse.render(True) == "true"
+
+
+def test_cluster_environment_of_each_replica():
+    job = {"display_name": "train"}
+    ports = [[2001], [2002, 2003]]
+    env = rehearse.cluster_env([1, 2], 1, 1, job, ports)
+    cluster_spec, tf_config = json.loads(env["CLUSTER_SPEC"]), json.loads(env["TF_CONFIG"])
+    assert cluster_spec["cluster"] == {"workerpool0": ["127.0.0.1:2001"],
+                                       "workerpool1": ["127.0.0.1:2002", "127.0.0.1:2003"]}
+    assert cluster_spec["task"] == {"type": "workerpool1", "index": 1}
+    assert tf_config["cluster"] == {"chief": ["127.0.0.1:2001"],
+                                    "worker": ["127.0.0.1:2002", "127.0.0.1:2003"]}
+    assert tf_config["task"] == {"type": "worker", "index": 1}
+    assert rehearse.cluster_env([1], 0, 0, job, [[2001]]) == {}
+    assert rehearse.aip_env("gs://b/out/") == {
+        "AIP_MODEL_DIR": "gs://b/out/model/", "AIP_CHECKPOINT_DIR": "gs://b/out/checkpoints/",
+        "AIP_TENSORBOARD_LOG_DIR": "gs://b/out/logs/"}
+    assert rehearse.aip_env("") == {}
+
+
+def test_parameters_are_typed_and_checked(tmp_path):
+    spec = json.loads(open(os.path.join(_compile(tmp_path), "image_pipeline.json")).read())
+    runner = rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": "/d", "epochs": "3",
+                                                            "flip": "false"})
+    assert runner.inputs["epochs"] == 3 and runner.inputs["flip"] is False
+    assert runner.inputs["image_size"] == 224  # the JSON default, an int again
+    with pytest.raises(rehearse.RehearsalError, match="no default: pass --param data_uri"):
+        rehearse.Rehearsal(spec, str(tmp_path / "r"), {})
+    with pytest.raises(rehearse.RehearsalError, match="unknown pipeline parameter"):
+        rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": "/d", "epoch": "3"})
+
+
+def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path):
+    """The CustomJob payload is parsed into Vertex's own message, as the launcher sends it."""
+    path = os.path.join(_compile(tmp_path), "text_pipeline.json")
+    spec = json.loads(open(path).read())
+    pools = spec["components"]["comp-prepare-text-data"]["inputDefinitions"]["parameters"][
+        "worker_pool_specs"]["defaultValue"]
+    pools[0]["machine_spec"]["accelerator_type"] = "NVIDIA_FOO"
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    csv = tmp_path / "reviews.csv"
+    write_reviews_csv(str(csv), rows=40, seed=3)
+    with pytest.raises(rehearse.RehearsalError, match="Vertex would reject the CustomJob.*NVIDIA_FOO"):
+        rehearse.rehearse(path, str(tmp_path / "r"), {"data_uri": str(csv)})
+    report = json.loads((tmp_path / "r" / "rehearsal.json").read_text())
+    assert [(t["name"], t["state"]) for t in report] == [("preflight-text", "succeeded"),
+                                                         ("prepare-text-data", "pending")]
+
+
+def test_bad_settings_stop_the_run_before_the_first_job(tmp_path):
+    path = os.path.join(_compile(tmp_path), "text_pipeline.json")
+    csv = tmp_path / "reviews.csv"
+    write_reviews_csv(str(csv), rows=40, seed=3)
+    with pytest.raises(rehearse.RehearsalError, match="threshold must be in .0, 1., got 1.5"):
+        rehearse.rehearse(path, str(tmp_path / "r"), {"data_uri": str(csv), "threshold": "1.5"})
+    report = json.loads((tmp_path / "r" / "rehearsal.json").read_text())
+    assert [t["name"] for t in report] == ["preflight-text"]  # no custom job started
+
+
+# --------------------------------------------------------------------------- whole runs
+
+
+@pytest.mark.slow
+def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path):
+    """Two replicas train (MultiWorkerMirroredStrategy over CLUSTER_SPEC/TF_CONFIG); once
+    the first epoch is checkpointed the job is killed and restarted, as Vertex restarts a
+    preempted multi-worker job, and training resumes at the next epoch."""
+    build = _compile(tmp_path, "--train-image-replica-count", "2", "--base-output-directory",
+                     "gs://acme-jobs/out", "--serving-image", SERVING)
+    data = tmp_path / "images"
+    write_class_images(str(data), per_class=8, size=(24, 24))
+    out = tmp_path / "rehearsal"
+    summary = rehearse.rehearse(
+        os.path.join(build, "image_pipeline.json"), str(out),
+        {"data_uri": str(data), "image_size": "32", "min_shards_per_split": "2",
+         "shard_workers": "1", "weights": "none", "epochs": "2", "fine_tune_epochs": "0",
+         "batch_size": "4", "registration_threshold": "0", "eval_batch_size": "8"},
+        preempt=[rehearse.Preemption("train-densenet121", "**/backup-full/chief/checkpoint")])
+
+    tasks = {t["name"]: t for t in summary["rehearsal"]["tasks"]}
+    assert tasks["preflight-image"]["cache"] == "disabled"
+    train = tasks["train-image-classifier"]
+    assert (train["state"], train["replicas"], train["attempts"]) == ("succeeded", 2, 2)
+    # The restarted chief resumed after the checkpointed epoch 0: it ran epoch 1 only.
+    logs = out / "logs" / "train-image-classifier"
+    first = (logs / "workerpool0-0.attempt1.log").read_text()
+    second = (logs / "workerpool0-0.attempt2.log").read_text()
+    assert "full epoch 0:" in first
+    assert "full epoch 0:" not in second and "full epoch 1:" in second
+    history = json.loads(open(os.path.join(summary["artifacts"]["model"], "history.json")).read())
+    assert [r["epoch"] for r in history["full"]] == [0, 1]
+    # The checkpoint folder was this task's own under AIP_CHECKPOINT_DIR, removed when done.
+    checkpoints = out / "gcs" / "acme-jobs" / "out" / "checkpoints"
+    assert checkpoints.is_dir() and not glob.glob(str(checkpoints / "**" / "run.json"),
+                                                  recursive=True)
+    # Gate passed (threshold 0): the upload request was built from the artifact, not sent.
+    assert tasks["condition-1/model-upload"]["state"] == "not-executed"
+    request = json.loads((out / "vertex-requests" / "condition-1-model-upload.json").read_text())
+    assert request["request"]["container_spec"]["image_uri"] == SERVING
+    assert request["request"]["artifact_uri"].startswith("gs://rehearsal-bucket/pipeline-root/")
+    assert summary["registration"]["would_register"] is True
+    assert summary["sharding"]["examples_in"] == 24
+    assert 0.0 <= summary["metrics"]["accuracy"] <= 1.0 and summary["metrics"]["per_label"]
+
+
+@pytest.mark.slow
+def test_text_pipeline_rehearsed_with_only_the_data_and_cached_until_the_data_changes(tmp_path):
+    """README step 4 sets only data_uri; a re-run reuses cached steps while the CSV is the
+    same, and re-reads it once it changed (the preflight fingerprint is in the cache key)."""
+    path = os.path.join(_compile(tmp_path), "text_pipeline.json")
+    csv = tmp_path / "reviews.csv"
+    write_reviews_csv(str(csv), rows=80, seed=3)
+    small = {"epochs": "1", "lm_epochs": "0", "min_freq": "1",
+             "model_config": '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'}
+    index = str(tmp_path / "cache.json")
+
+    # With only data_uri set, the defaults must at least be valid and run through.
+    defaults_only = rehearse.Rehearsal(json.loads(open(path).read()), str(tmp_path / "d"),
+                                       {"data_uri": str(csv)})
+    assert defaults_only.inputs["pretrained"] is False
+
+    first = rehearse.rehearse(path, str(tmp_path / "r1"), {"data_uri": str(csv), **small},
+                              cache_index=index)
+    states = {t["name"]: (t["state"], t["cache"]) for t in first["rehearsal"]["tasks"]}
+    assert states == {"preflight-text": ("succeeded", "disabled"),
+                      "prepare-text-data": ("succeeded", "miss"),
+                      "train-text-classifier": ("succeeded", "miss"),
+                      "evaluate-text-classifier": ("succeeded", "miss")}
+    assert first["metrics"]["micro_f1"] is not None
+
+    again = rehearse.rehearse(path, str(tmp_path / "r2"), {"data_uri": str(csv), **small},
+                              cache_index=index)
+    assert [t["state"] for t in again["rehearsal"]["tasks"]] == [
+        "succeeded", "cached", "cached", "cached"]
+    assert again["metrics"] == first["metrics"]
+
+    write_reviews_csv(str(csv), rows=90, seed=4)  # the bucket changed
+    changed = rehearse.rehearse(path, str(tmp_path / "r3"), {"data_uri": str(csv), **small},
+                                cache_index=index)
+    assert [(t["state"], t["cache"]) for t in changed["rehearsal"]["tasks"]] == [
+        ("succeeded", "disabled"), ("succeeded", "miss"), ("succeeded", "miss"),
+        ("succeeded", "miss")]
+    assert changed["preparation"]["rows_in"] == 90
