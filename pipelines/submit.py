@@ -404,7 +404,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="pipeline parameter; repeatable")
     p.add_argument("--display-name", default="", help="default: the pipeline's name")
-    p.add_argument("--service-account", default="", help="service account the steps run as")
+    p.add_argument("--service-account", default="",
+                   help="service account of the pipeline run (its light steps, and the one "
+                        "that starts the jobs); the custom jobs run as compile.py "
+                        "--service-account, or Vertex's Custom Code Service Agent")
     p.add_argument("--experiment", default="", help="Vertex AI experiment to record the run in")
     p.add_argument("--schedule", default="", metavar="CRON",
                    help='create a schedule instead of one run, e.g. "0 3 * * 1"')

@@ -247,8 +247,9 @@ def test_outputs_and_evaluation_single_label(tmp_path, monkeypatch):
     result = train_text_classifier(str(tmp_path / "ds"), str(tmp_path / "model"), config)
     assert result["task"] == "single_label" and result["labels"] == ["neg", "pos"]
     assert result["fixed"]["confusion_matrix"]["labels"] == ["neg", "pos"]
-    # checkpoints went to AIP_CHECKPOINT_DIR, read when training ran
-    assert (checkpoints / "state.json").exists()
+    # checkpoints went to this task's folder in AIP_CHECKPOINT_DIR (read when training
+    # ran), named after the two folders above the model output: <pipeline job>/<task>
+    assert (checkpoints / tmp_path.parent.name / tmp_path.name / "state.json").exists()
     labels = json.loads((tmp_path / "model" / "labels.json").read_text())
     assert labels["task"] == "single_label" and labels["thresholds"] is None
     per_label = json.loads((tmp_path / "model" / "per_label_metrics.json").read_text())
