@@ -240,3 +240,117 @@ def test_parallel_workers_write_the_same_bytes_as_one(tmp_path, image_folder):
     two = sharding.shard_dataset(image_folder, str(tmp_path / "b"),
                                  ShardConfig(**{**SMALL, "num_workers": 2}), progress=False)
     assert one["splits"] == two["splits"]
+
+
+# ----------------------------------------------------------------------- awkward inputs
+
+def _read_back(out: str) -> dict[str, np.ndarray]:
+    """Every stored image by its source path, decoded."""
+    import tensorflow as tf
+
+    from components.shard import records
+
+    images = {}
+    for name in _shard_files(out):
+        for raw in tf.data.TFRecordDataset(os.path.join(out, name)):
+            example = tf.train.Example.FromString(raw.numpy())
+            features = example.features.feature
+            key = features[records.KEY_KEY].bytes_list.value[0].decode()
+            encoded = features[records.IMAGE_KEY].bytes_list.value[0]
+            images[key] = np.asarray(Image.open(io.BytesIO(encoded)))
+    return images
+
+
+def test_brackets_in_folder_and_file_names_are_plain_characters(tmp_path):
+    root = tmp_path / "data [v2]"
+    for name, colour in (("cat [hi-res]", (200, 0, 0)), ("dog", (0, 200, 0))):
+        (root / name).mkdir(parents=True)
+        for i in range(6):
+            Image.new("RGB", (20, 20), colour).save(root / name / f"img[{i}].jpg")
+    manifest = sharding.shard_dataset(str(root), str(tmp_path / "out"),
+                                      ShardConfig(**SMALL), progress=False)
+    assert manifest["classes"] == ["cat [hi-res]", "dog"]
+    assert manifest["written"] == 12 and manifest["skipped"] == []
+    assert "cat [hi-res]/img[0].jpg" in _read_back(str(tmp_path / "out"))
+
+
+def test_symlinked_class_folder_is_a_class(tmp_path):
+    root = tmp_path / "data"
+    write_class_images(str(root), per_class=3)
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(root / "eel", elsewhere)
+    os.symlink(elsewhere, root / "eel")
+    os.symlink(tmp_path / "gone", root / "broken")
+    listing = sharding.list_labelled_files(str(root))
+    assert listing.classes == ["cat", "dog", "eel"]
+    assert len(listing.files["eel"]) == 3
+    assert {"path": "broken", "reason": "symbolic link to nothing"} in listing.ignored
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    # Stored sideways as phones do: 30 wide, 20 high, with "rotate 90 clockwise" (6).
+    pixels = np.zeros((20, 30, 3), dtype=np.uint8)
+    pixels[:, :15] = (255, 0, 0)  # left half red, right half blue, as stored
+    pixels[:, 15:] = (0, 0, 255)
+    image = Image.fromarray(pixels)
+    exif = image.getexif()
+    exif[0x0112] = 6
+    data = _encoded(image, "PNG", exif=exif.tobytes())
+    upright = sharding.decode_image(data, 8)
+    assert upright.size == (20, 30)  # turned: now portrait
+    top, bottom = np.asarray(upright)[2, 10], np.asarray(upright)[-3, 10]
+    assert top[0] > 200 and bottom[2] > 200  # what was left (red) is on top
+
+
+def test_images_too_large_to_decode_are_skipped_without_decoding():
+    # A real 13000x13000 RGBA PNG of zeros: 0.7 MB on disk, ~3 GB to decode.
+    import struct
+    import zlib
+
+    def chunk(kind, payload):
+        body = kind + payload
+        return struct.pack(">I", len(payload)) + body + struct.pack(">I", zlib.crc32(body))
+
+    side = 13000
+    compressor = zlib.compressobj(9)
+    row = b"\0" * (1 + side * 4)
+    data = b"".join(compressor.compress(row) for _ in range(side)) + compressor.flush()
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 6, 0, 0, 0))
+           + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+    assert len(png) < 1_000_000
+    with pytest.raises(BadImage, match="too large to decode: 13000x13000 pixels"):
+        sharding.decode_image(png, 224)
+    # A big JPEG is fine: the decoder scales it down while reading.
+    big = _encoded(Image.new("RGB", (9000, 6000), (10, 20, 30)), "JPEG")
+    assert sharding.decode_image(big, 224).size[1] >= 224
+
+
+def test_only_this_steps_files_are_removed_from_the_output_folder(tmp_path, image_folder):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.tfrecord").write_bytes(b"someone else's records")
+    (out / "train-00000-of-00001.tfrecord").write_bytes(b"an earlier run's shard")
+    sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    assert (out / "mine.tfrecord").read_bytes() == b"someone else's records"
+    assert "train-00000-of-00001.tfrecord" not in os.listdir(out)
+
+
+@pytest.mark.parametrize("inside", ["input/out", "."])
+def test_output_folder_overlapping_the_input_is_refused(tmp_path, inside):
+    root = tmp_path / "input"
+    write_class_images(str(root), per_class=2)
+    before = sorted(p.name for p in root.rglob("*"))
+    out = root / "cat" / "shards" if inside == "input/out" else tmp_path
+    with pytest.raises(ShardingError, match="overlap.*write the output outside"):
+        sharding.shard_dataset(str(root), str(out), ShardConfig(**SMALL), progress=False)
+    assert sorted(p.name for p in root.rglob("*")) == before
+
+
+@pytest.mark.parametrize("fractions", [
+    {"train_fraction": float("nan")},
+    {"validation_fraction": float("nan")},
+    {"train_fraction": 0.7, "validation_fraction": 0.2, "test_fraction": float("inf")},
+])
+def test_fractions_that_are_not_numbers_are_refused(fractions):
+    with pytest.raises(ShardingError, match="split fractions must be >= 0 and sum to 1"):
+        ShardConfig(**fractions)

@@ -151,3 +151,33 @@ def test_reads_a_gs_csv(gcs, tmp_path):
     assert remote["splits"] == here["splits"]
     with pytest.raises(TextDataError, match="gs://text-data/in/missing.csv does not exist"):
         preparation.read_csv("gs://text-data/in/missing.csv")
+
+
+@pytest.mark.parametrize("header, repeated", [
+    ("text,price,price", "price"),
+    ("text,label,text", "text"),
+])
+def test_repeated_column_names_are_refused_by_name(tmp_path, header, repeated):
+    data = _csv(tmp_path, header + "\nt1,1,0\nt2,0,1\n")
+    with pytest.raises(TextDataError) as err:
+        prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig())
+    assert f"column name(s) ['{repeated}'] appear more than once" in str(err.value)
+    assert "rename them" in str(err.value)
+
+
+def test_a_single_binary_column_with_typos_names_the_rows(tmp_path):
+    rows = ["t%d,%d" % (i, i % 2) for i in range(40)] + ["t40,2", "t41,yes"]
+    data = _csv(tmp_path, "text,spam\n" + "\n".join(rows) + "\n")
+    with pytest.raises(TextDataError, match="label column 'spam' holds values other than 0/1.*"
+                                            "'2' at row 41.*'yes' at row 42"):
+        prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig())
+    # Class names that happen to be digits, evenly spread, stay class names.
+    digits = _csv(tmp_path, "text,rating\n" + "\n".join(f"t{i},{i % 3}" for i in range(30)) + "\n",
+                  name="digits.csv")
+    manifest = prepare_text_dataset(digits, str(tmp_path / "out2"), PrepareConfig())
+    assert manifest["labels"] == ["0", "1", "2"] and manifest["task"] == "single_label"
+
+
+def test_a_folder_as_the_csv_is_named(tmp_path):
+    with pytest.raises(TextDataError, match="is a folder; give the CSV file inside it"):
+        prepare_text_dataset(str(tmp_path), str(tmp_path / "out"), PrepareConfig())

@@ -22,6 +22,7 @@ column per label, in label order) and `manifest.json`.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
 import io
@@ -39,6 +40,8 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "valid", "test")
 MULTI_LABEL = "multi_label"
 SINGLE_LABEL = "single_label"
+# Share of 0/1 cells from which a single label column is read as one binary label.
+_BINARY_SHARE = 0.9
 _TRUE = frozenset({"1", "true", "1.0"})
 _FALSE = frozenset({"0", "false", "0.0"})
 _MAX_LISTED_ROWS = 100  # rows named in the manifest per kind of drop; the count is always exact
@@ -117,6 +120,8 @@ def read_bytes(uri: str) -> bytes:
     fs, path = filesystem(uri)
     if not fs.exists(path):
         raise TextDataError(f"{uri} does not exist")
+    if fs.isdir(path):
+        raise TextDataError(f"{uri} is a folder; give the CSV file inside it")
     with fs.open(path, "rb") as f:
         return f.read()
 
@@ -134,11 +139,18 @@ def read_csv(uri: str, data: bytes | None = None) -> pd.DataFrame:
     data = read_bytes(uri) if data is None else data
     try:
         # Strings only: "NA" or "null" is a text, not a missing value.
-        return pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_filter=False)
+        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_filter=False)
+        header = next(csv.reader(io.StringIO(data.decode("utf-8-sig"))))
     except pd.errors.EmptyDataError as err:
         raise TextDataError(f"{uri} is empty") from err
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
         raise TextDataError(f"{uri} is not a readable UTF-8 CSV: {err}") from err
+    # pandas renames a repeated column ("price" -> "price.1"): say so instead.
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise TextDataError(f"{uri}: column name(s) {repeated} appear more than once in the "
+                            "header; rename them so each column has its own name")
+    return frame
 
 
 def _rows(positions: Sequence[int]) -> list[int]:
@@ -225,7 +237,10 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
         raise TextDataError(f"the CSV has no label column besides the text column {text!r}")
 
     frame = frame.reset_index(drop=True)
-    if len(label_columns) == 1 and not _bool_like(frame[label_columns[0]].astype(str)).all():
+    # A single column that is almost all 0/1 is one binary label with typos, not the
+    # class names "0", "1", "2", "yes": _one_hot then names the bad rows.
+    if len(label_columns) == 1 and \
+            _bool_like(frame[label_columns[0]].astype(str)).mean() < _BINARY_SHARE:
         label_source = "class_names"
         labels = _from_class_names(frame[label_columns[0]], config.label_delimiter)
     else:

@@ -18,6 +18,7 @@ import math
 import multiprocessing
 import os
 import random
+import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -25,7 +26,7 @@ from typing import Any
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from components.common.storage import TMP_PREFIX, filesystem, write_json_atomically
+from components.common.storage import TMP_PREFIX, filesystem, local_path, write_json_atomically
 from components.shard import records
 
 SPLITS = ("train", "validation", "test")
@@ -35,6 +36,13 @@ _READ_BATCH = 32  # files fetched concurrently per request (gcsfs fetches a batc
 # Images encoded up front to estimate the bytes of a record: ~0.5% of the input, so
 # the serial estimate stays small next to the parallel write, and 4..32 images.
 _SIZE_SAMPLE_SHARE, _SIZE_SAMPLE_MIN, _SIZE_SAMPLE_MAX = 0.005, 4, 32
+# Largest image decoded, in pixels after JPEG draft scaling (which shrinks big JPEGs
+# while reading). A 13000x13000 RGBA PNG of 0.7 MB needs ~3 GB to decode and convert;
+# 40 MP stays under ~0.5 GB, so one writer per core fits a highcpu machine's memory.
+MAX_DECODE_PIXELS = 40_000_000
+# The files this step writes into its output folder; nothing else there is touched.
+_OWN_FILE = re.compile(rf"^({re.escape(TMP_PREFIX)})?(({'|'.join(SPLITS)})-\d{{5}}-of-\d{{5}}\.tfrecord|"
+                       rf"{re.escape(MANIFEST_NAME)})$")
 
 
 class ShardingError(ValueError):
@@ -142,23 +150,29 @@ def list_labelled_files(data_uri: str) -> Listing:
         raise ShardingError(f"input folder {data_uri!r} does not exist or is not a folder")
     files: dict[str, list[str]] = {}
     ignored: list[dict[str, str]] = []
+    folders = []
     for entry in fs.ls(root, detail=True):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if entry["type"] == "directory" and not name.startswith("."):
-            files[name] = []
-        elif entry["type"] != "directory":
+        # A symbolic link to a folder is a class folder too (listings call it "other").
+        if entry["type"] == "directory" or (entry.get("islink") and fs.isdir(entry["name"])):
+            folders.append(name)
+            if not name.startswith("."):
+                files[name] = []
+        elif entry.get("islink") and not fs.exists(entry["name"]):
+            ignored.append({"path": name, "reason": "symbolic link to nothing"})
+        else:
             ignored.append({"path": name, "reason": "outside class folders"})
-    for path in sorted(fs.find(root)):
-        relative = path[len(root):].lstrip("/")
-        parts = relative.split("/")
-        if len(parts) < 2 or parts[0] not in files:
-            if len(parts) >= 2:  # inside a hidden top-level folder such as .git/
+    # Listed folder by folder: `find` on the root does not enter linked folders.
+    for folder in sorted(folders):
+        for path in sorted(fs.find(f"{root}/{folder}")):
+            relative = path[len(root):].lstrip("/")
+            parts = relative.split("/")
+            if folder not in files:  # a hidden top-level folder such as .git/
                 ignored.append({"path": relative, "reason": "hidden folder"})
-            continue
-        if any(part.startswith(".") for part in parts):
-            ignored.append({"path": relative, "reason": "hidden file"})
-            continue
-        files[parts[0]].append(relative)
+            elif any(part.startswith(".") for part in parts):
+                ignored.append({"path": relative, "reason": "hidden file"})
+            else:
+                files[folder].append(relative)
     empty = sorted(c for c, paths in files.items() if not paths)
     if empty:
         raise ShardingError(
@@ -265,10 +279,18 @@ def decode_image(data: bytes, size: int) -> Image.Image:
         image = Image.open(io.BytesIO(data))
         # Let the JPEG decoder scale down by 1/2..1/8 while both sides stay >= size.
         image.draft("RGB", (size, size))
+        width, height = image.size
+        if width * height > MAX_DECODE_PIXELS:
+            raise BadImage(f"too large to decode: {width}x{height} pixels, more than "
+                           f"{MAX_DECODE_PIXELS // 1_000_000} MP; downscale it")
         image.load()
+        # Phone photos store the pixels sideways and say how to turn them (EXIF).
+        ImageOps.exif_transpose(image, in_place=True)
         return to_rgb(image)
     except UnidentifiedImageError:
         raise BadImage("not a recognised image format") from None
+    except BadImage:
+        raise
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         raise BadImage(f"unreadable image: {err}") from None
 
@@ -316,9 +338,9 @@ def read_files(data_uri: str, paths: list[str]) -> Iterable[tuple[str, bytes | E
     for start in range(0, len(paths), _READ_BATCH):
         batch = paths[start:start + _READ_BATCH]
         full = [f"{root}/{p}" for p in batch]
-        fetched = fs.cat(full, on_error="return")
-        for relative, path in zip(batch, full):
-            yield relative, fetched.get(path, FileNotFoundError(path))
+        # cat_ranges, not cat: cat expands glob characters, and "[" is common in names.
+        fetched = fs.cat_ranges(full, [None] * len(full), [None] * len(full), on_error="return")
+        yield from zip(batch, fetched)
 
 
 def make_record(path: str, label: int, encoded_image: bytes) -> bytes:
@@ -384,15 +406,33 @@ def estimate_record_bytes(data_uri: str, sample: list[str], config: ShardConfig)
 
 
 def clear_output(out_dir: str) -> None:
-    """Removes what an earlier run wrote: the manifest first, so nothing looks whole."""
+    """Removes what an earlier run of this step wrote (the manifest first, so nothing
+    looks whole); any other file in the folder is left alone."""
     if not os.path.isdir(out_dir):
         return
     manifest = os.path.join(out_dir, MANIFEST_NAME)
     if os.path.exists(manifest):
         os.remove(manifest)
     for name in os.listdir(out_dir):
-        if name.endswith(".tfrecord") or name.startswith(TMP_PREFIX):
+        if _OWN_FILE.match(name):
             os.remove(os.path.join(out_dir, name))
+
+
+def check_output_folder(data_uri: str, out_dir: str) -> None:
+    """Refuses an output folder inside the input folder (or the reverse): its shards
+    would be listed as images of a class on the next run, or the input overwritten.
+
+    Raises:
+        ShardingError: The two folders overlap.
+    """
+    source = os.path.realpath(local_path(data_uri) if data_uri.startswith("gs://")
+                              else data_uri)
+    target = os.path.realpath(out_dir)
+    if os.path.commonpath([source, target]) in (source, target):
+        raise ShardingError(
+            f"output folder {out_dir!r} and input folder {data_uri!r} overlap: the shards "
+            "would be read as images next time, or the images overwritten; write the "
+            "output outside the input folder")
 
 
 def run_tasks(tasks: list[ShardTask], workers: int, worker_fn: Callable = write_shard,
@@ -443,6 +483,7 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
         ShardingError: Bad layout, a class with no usable image, or too many unusable
             files; no manifest or shard is left behind then.
     """
+    check_output_folder(data_uri, out_dir)
     listing = list_labelled_files(data_uri)
     os.makedirs(out_dir, exist_ok=True)
     clear_output(out_dir)
