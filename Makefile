@@ -34,6 +34,7 @@ run: compile
 		--model-config '{"emb_sz": 64, "n_hid": 128, "n_layers": 2}'
 
 test: venv
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 bench: venv
@@ -43,6 +44,7 @@ bench: venv
 # Container images (containers/): lint, regenerate the per-image locks after changing
 # pyproject.toml or constraints.txt, build + push with Cloud Build (tag = the commit).
 lint: venv
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/hadolint --config containers/.hadolint.yaml containers/*/Dockerfile
 
 lock: venv

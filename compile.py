@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if first.config:
         with open(first.config) as f:
             defaults = json.load(f)
-        # keys are the long flags' names with underscores: --shard-machine-type -> shard_machine_type
+        # keys are the long flags' names with underscores:
+        # --shard-machine-type -> shard_machine_type
         dests = {o[2:].replace("-", "_"): a.dest for a in p._actions for o in a.option_strings
                  if o.startswith("--")}
         unknown = sorted(set(defaults) - set(dests))

@@ -25,7 +25,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from bench.shard_bench import make_images  # noqa: E402
-from components.shard import reader, sharding  # noqa: E402
+from components.shard import contract, sharding  # noqa: E402
 from components.shard.sharding import ShardConfig  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def in_memory_bytes(dataset_dir: str, manifest: dict) -> list[bytes]:
     """The encoded images of the train split, read out of the shards into memory."""
     spec = {"image": tf.io.FixedLenFeature([], tf.string)}
     out = []
-    for path in reader.shard_files(dataset_dir, manifest, "train"):
+    for path in contract.shard_files(dataset_dir, manifest, "train"):
         for record in tf.data.TFRecordDataset(path):
             out.append(tf.io.parse_single_example(record, spec)["image"].numpy())
     return out
@@ -68,7 +68,7 @@ def reader_efficiency(root: str, tmp: str, image_format: str, size: int) -> tupl
 
     bare = (tf.data.Dataset.from_tensor_slices(blobs)
             .map(bare_decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False))
-    shards = reader.make_dataset(out, "train", manifest=manifest, deterministic=False)
+    shards = contract.make_dataset(out, "train", manifest=manifest, deterministic=False)
     # alternate the measurements so machine drift hits both alike; best of each
     bare_rates, shard_rates = [], []
     for _ in range(4):

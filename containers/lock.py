@@ -8,7 +8,7 @@ extra, plus everything those pull in, each pinned to the version constraints.txt
 freeze of the working venv) names. *Which* packages they pull in is read from the installed
 distributions' metadata (the venv is installed from the same pins; a version mismatch is an
 error, not a guess), with environment markers evaluated for the images' platform:
-CPython 3.11 on linux x86_64. Standard library only.
+CPython 3.11 on linux x86_64. Requirements and markers are read with `packaging`.
 
 Pins that cannot come from constraints.txt, because the venv here is CPU-only:
 - `Image.gpu_extras`: the CUDA libraries a framework's GPU extra pulls in
@@ -26,10 +26,14 @@ import argparse
 import dataclasses
 import importlib.metadata
 import pathlib
-import re
 import sys
 import tomllib
 from collections.abc import Iterable, Mapping
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -90,7 +94,7 @@ class LockError(Exception):
 
 def normalize(name: str) -> str:
     """PEP 503 name normalisation (also used for extras, as PEP 685 asks)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return canonicalize_name(name)
 
 
 def public_version(version: str) -> str:
@@ -100,154 +104,53 @@ def public_version(version: str) -> str:
 
 # ---------------------------------------------------------------- requirements and markers
 
-_REQUIREMENT = re.compile(
-    r"^\s*(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*"
-    r"(?:\[(?P<extras>[^\]]*)\])?\s*(?P<spec>[^;]*?)\s*(?:;\s*(?P<marker>.*?))?\s*$")
-
-
-@dataclasses.dataclass(frozen=True)
-class Requirement:
-    """A parsed PEP 508 requirement (what this module needs of one)."""
-
-    name: str
-    extras: tuple[str, ...]
-    spec: str
-    marker: str
-
-
 def parse_requirement(text: str) -> Requirement:
-    """Parses `name[extra,...] (spec) ; marker` as written in pyproject or Requires-Dist."""
-    m = _REQUIREMENT.match(text)
-    if not m:
-        raise LockError(f"cannot parse requirement {text!r}")
-    extras = tuple(normalize(e) for e in (m["extras"] or "").split(",") if e.strip())
-    spec = (m["spec"] or "").strip().strip("()").strip()
-    return Requirement(normalize(m["name"]), extras, spec, (m["marker"] or "").strip())
-
-
-_TOKEN = re.compile(r"""\s*(?:
-    (?P<lparen>\()|(?P<rparen>\))
-  | (?P<string>'[^']*'|"[^"]*")
-  | (?P<op>===|==|!=|<=|>=|~=|<|>|not\s+in\b|in\b)
-  | (?P<bool>and\b|or\b)
-  | (?P<var>[A-Za-z_][A-Za-z0-9_.]*)
-)""", re.VERBOSE)
-_VERSION = re.compile(r"^\d+(\.\d+)*$")
-
-
-def _tokens(marker: str) -> list[tuple[str, str]]:
-    out, pos = [], 0
-    marker = marker.strip()
-    while pos < len(marker):
-        m = _TOKEN.match(marker, pos)
-        if not m or m.end() == pos:
-            raise LockError(f"cannot parse marker {marker!r} at {marker[pos:]!r}")
-        kind = m.lastgroup
-        out.append((kind, re.sub(r"\s+", " ", m[kind])))
-        pos = m.end()
-    return out
-
-
-def _release(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split("."))
-
-
-def _compare(lhs: str, op: str, rhs: str) -> bool:
-    if op in ("in", "not in"):
-        return (lhs in rhs) == (op == "in")
-    if rhs.endswith(".*") and op in ("==", "!="):
-        prefix = _release(rhs[:-2])
-        return (_VERSION.match(lhs) is not None
-                and _release(lhs)[:len(prefix)] == prefix) == (op == "==")
-    if _VERSION.match(lhs) and _VERSION.match(rhs) and op != "===":
-        a, b = _release(lhs), _release(rhs)
-        width = max(len(a), len(b))
-        a, b = a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
-        if op == "~=":
-            return a >= b and a[:len(_release(rhs)) - 1] == b[:len(_release(rhs)) - 1]
-        return {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b,
-                ">": a > b, ">=": a >= b}[op]
-    return {"==": lhs == rhs, "===": lhs == rhs, "!=": lhs != rhs, "<": lhs < rhs,
-            "<=": lhs <= rhs, ">": lhs > rhs, ">=": lhs >= rhs}.get(op, False)
-
-
-def evaluate_marker(marker: str, env: Mapping[str, str], extra: str = "") -> bool:
-    """Evaluates a PEP 508 environment marker.
+    """Parses a PEP 508 requirement as written in pyproject or Requires-Dist.
 
     Args:
-        marker: The marker text (after the `;`); empty is true.
-        env: Marker variables (TARGET_ENV).
+        text: The requirement, e.g. `name[extra] >=1.0 ; python_version < "3.12"`.
+
+    Returns:
+        The parsed requirement.
+
+    Raises:
+        LockError: The text is not a valid requirement (main() reports it, exit 2).
+    """
+    try:
+        return Requirement(text)
+    except InvalidRequirement as e:
+        raise LockError(f"cannot parse requirement {text!r}: {e}") from e
+
+
+def applies(req: Requirement, extra: str = "") -> bool:
+    """Whether a requirement applies on the images' platform (TARGET_ENV).
+
+    Args:
+        req: The requirement; one without a marker always applies.
         extra: The extra being installed, "" for none.
 
     Returns:
-        Whether the requirement applies.
+        Whether its environment marker is true there.
     """
-    if not marker:
-        return True
-    tokens = _tokens(marker)
-    pos = 0
-
-    def value() -> tuple[str, bool]:
-        nonlocal pos
-        kind, text = tokens[pos]
-        pos += 1
-        if kind == "string":
-            return text[1:-1], False
-        if kind == "var":
-            if text == "extra":
-                return normalize(extra), True
-            if text not in env:
-                raise LockError(f"unknown marker variable {text!r} in {marker!r}")
-            return env[text], False
-        raise LockError(f"unexpected {text!r} in marker {marker!r}")
-
-    def atom() -> bool:
-        nonlocal pos
-        if tokens[pos][0] == "lparen":
-            pos += 1
-            result = disjunction()
-            if pos >= len(tokens) or tokens[pos][0] != "rparen":
-                raise LockError(f"unbalanced parentheses in marker {marker!r}")
-            pos += 1
-            return result
-        lhs, lhs_is_extra = value()
-        kind, op = tokens[pos]
-        if kind != "op":
-            raise LockError(f"expected an operator in marker {marker!r}, got {op!r}")
-        pos += 1
-        rhs, rhs_is_extra = value()
-        if lhs_is_extra or rhs_is_extra:  # extra names compare normalised
-            lhs, rhs = normalize(lhs), normalize(rhs)
-        return _compare(lhs, op, rhs)
-
-    def conjunction() -> bool:
-        nonlocal pos
-        result = atom()
-        while pos < len(tokens) and tokens[pos] == ("bool", "and"):
-            pos += 1
-            result = atom() and result
-        return result
-
-    def disjunction() -> bool:
-        nonlocal pos
-        result = conjunction()
-        while pos < len(tokens) and tokens[pos] == ("bool", "or"):
-            pos += 1
-            result = conjunction() or result
-        return result
-
-    result = disjunction()
-    if pos != len(tokens):
-        raise LockError(f"trailing tokens in marker {marker!r}")
-    return result
+    return req.marker is None or req.marker.evaluate({**TARGET_ENV, "extra": extra})
 
 
-def lower_bound(spec: str) -> str:
-    """The version a `>=X`, `==X` or `~=X` specifier starts at."""
-    m = re.search(r"(?:>=|==|~=)\s*([^\s,;()]+)", spec)
-    if not m or "*" in m[1]:
-        raise LockError(f"specifier {spec!r} has no lower bound to pin at")
-    return m[1]
+def lower_bound(specifier: SpecifierSet) -> str:
+    """The version a `>=X`, `==X` or `~=X` specifier starts at.
+
+    Args:
+        specifier: The requirement's version specifier.
+
+    Returns:
+        The highest of its lower bounds, as written.
+
+    Raises:
+        LockError: It has no exact lower bound (none, or a `==X.*` wildcard).
+    """
+    bounds = [s.version for s in specifier if s.operator in (">=", "==", "~=")]
+    if not bounds or any("*" in b for b in bounds):
+        raise LockError(f"specifier {str(specifier)!r} has no lower bound to pin at")
+    return max(bounds, key=Version)
 
 
 # ---------------------------------------------------------------- inputs
@@ -329,22 +232,26 @@ def resolve(image: Image, pyproject: Mapping, constraints: Mapping[str, tuple[st
     queue: list[str] = []
 
     def want(req: Requirement) -> None:
-        extras = set(req.extras) | set(gpu_extras.get(req.name, ()))
-        seen = wanted.get(req.name)
+        # packaging keeps names and extras as written: key everything by the normalised form
+        name = normalize(req.name)
+        extras = {normalize(e) for e in req.extras} | set(gpu_extras.get(name, ()))
+        seen = wanted.get(name)
         if seen is not None and extras <= seen:
             return
-        wanted[req.name] = (seen or set()) | extras
-        queue.append(req.name)
+        wanted[name] = (seen or set()) | extras
+        queue.append(name)
 
     for text in roots:
         req = parse_requirement(text)
-        if not evaluate_marker(req.marker, TARGET_ENV):
+        if not applies(req):
             continue
-        if req.spec.startswith("==") and req.name in constraints:
-            pinned = public_version(req.spec[2:].strip())
-            if pinned != constraints[req.name][1]:
-                raise LockError(f"pyproject.toml pins {req.name}=={pinned} but constraints.txt "
-                                f"has {constraints[req.name][1]}")
+        name = normalize(req.name)
+        for spec in req.specifier:
+            if spec.operator == "==" and name in constraints:
+                pinned = public_version(spec.version)
+                if pinned != constraints[name][1]:
+                    raise LockError(f"pyproject.toml pins {name}=={pinned} but constraints.txt "
+                                    f"has {constraints[name][1]}")
         want(req)
 
     while queue:
@@ -355,16 +262,17 @@ def resolve(image: Image, pyproject: Mapping, constraints: Mapping[str, tuple[st
                             "install the pinned stack first (make venv)")
         for text in requires_of(name):
             req = parse_requirement(text)
-            base = evaluate_marker(req.marker, TARGET_ENV)
-            by_extra = [e for e in sorted(extras) if evaluate_marker(req.marker, TARGET_ENV, e)]
+            dep = normalize(req.name)
+            base = applies(req)
+            by_extra = [e for e in sorted(extras) if applies(req, e)]
             if not base and not by_extra:
                 continue
-            if version_of(req.name) is not None:
+            if version_of(dep) is not None:
                 want(req)
             elif not base and set(by_extra) <= set(gpu_extras.get(name, ())):
                 # a GPU library the CPU venv lacks: the framework's own lower bound
-                gpu_only[req.name] = Pin(req.name, lower_bound(req.spec),
-                                         f"{name}[{','.join(by_extra)}] lower bound")
+                gpu_only[dep] = Pin(dep, lower_bound(req.specifier),
+                                    f"{name}[{','.join(by_extra)}] lower bound")
             else:
                 raise LockError(f"{name} requires {text!r}, which is not installed here")
 

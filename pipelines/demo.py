@@ -43,7 +43,8 @@ def write_digits(out_dir: str, size: int = 32, per_class: int | None = None) -> 
         counts[name] = counts.get(name, 0) + 1
     with open(os.path.join(out_dir, ".DS_Store"), "wb") as f:
         f.write(b"\0\0\0\1Bud1")
-    first = os.path.join(out_dir, "digit_0", sorted(os.listdir(os.path.join(out_dir, "digit_0")))[0])
+    digit_0 = os.path.join(out_dir, "digit_0")
+    first = os.path.join(digit_0, sorted(os.listdir(digit_0))[0])
     with open(first, "rb") as f:
         data = f.read()
     with open(os.path.join(out_dir, "digit_0", "truncated.jpg"), "wb") as f:

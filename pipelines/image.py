@@ -8,12 +8,12 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Metrics, Model
 
-from components.evaluate import component as evaluate_component
+from components.common.metrics import read_evaluation
+from components.evaluate_image import component as evaluate_component
 from components.preflight import component as preflight_component
 from components.register import component as register_component
-from components.register.registration import read_metrics
 from components.shard import component as shard_component
-from components.shard.sharding import MANIFEST_NAME
+from components.shard.contract import MANIFEST_NAME
 from components.train_image import component as train_component
 from pipelines.vertex import VertexSettings
 
@@ -194,7 +194,7 @@ def summarize(outputs: dict) -> dict:
     """
     with open(os.path.join(outputs["dataset"].path, MANIFEST_NAME)) as f:
         manifest = json.load(f)
-    metrics = read_metrics(outputs["evaluation"].path)
+    metrics = read_evaluation(outputs["evaluation"].path)
     return {
         "metrics": {
             "accuracy": metrics["accuracy"],

@@ -46,6 +46,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from components.common.storage import write_json_atomically
 from pipelines import image, text
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rehearsal_site")
@@ -60,7 +61,8 @@ SUMMARIES = {image.PIPELINE_NAME: image.summarize,
                  {name: a.path for name, a in outputs.items() if hasattr(a, "path")})}
 
 _PLACEHOLDER = re.compile(r"\{\{\$(?P<body>[^{}]*)\}\}")
-_INPUT_PARAM = re.compile(r"^\.inputs\.parameters\['(?P<name>[^']+)'\](?P<escape>\.json_escape\[0\])?$")
+_INPUT_PARAM = re.compile(
+    r"^\.inputs\.parameters\['(?P<name>[^']+)'\](?P<escape>\.json_escape\[0\])?$")
 _OUTPUT_PARAM_FILE = re.compile(r"^\.outputs\.parameters\['(?P<name>[^']+)'\]\.output_file$")
 _ARTIFACT = re.compile(
     r"^\.(?P<io>inputs|outputs)\.artifacts\['(?P<name>[^']+)'\]\.(?P<field>uri|path|metadata)"
@@ -307,8 +309,7 @@ class Rehearsal:
     def _save_cache(self) -> None:
         if self.cache_index:
             os.makedirs(os.path.dirname(os.path.abspath(self.cache_index)), exist_ok=True)
-            with open(self.cache_index, "w") as f:
-                json.dump(self.cache, f, indent=1)
+            write_json_atomically(self.cache_index, self.cache)
 
     # -- DAG ----------------------------------------------------------------------------
 
@@ -608,8 +609,8 @@ class Rehearsal:
                 raise RehearsalError(f"{record.name}: the model upload has no serving image")
         folder = os.path.join(self.output, "vertex-requests")
         os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, record.name.replace("/", "-") + ".json"), "w") as f:
-            json.dump({"type": kind, "request": request}, f, indent=2)
+        write_json_atomically(os.path.join(folder, record.name.replace("/", "-") + ".json"),
+                              {"type": kind, "request": request}, sort_keys=False)
         record.state = "not-executed"
         record.note = f"{kind} calls the Vertex API; the request was checked and written"
         print(f"[rehearse] {record.display_name}: {record.note}")
@@ -761,8 +762,8 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
     finally:
         report = [dataclasses.asdict(r) for r in runner.records]
         os.makedirs(runner.output, exist_ok=True)
-        with open(os.path.join(runner.output, "rehearsal.json"), "w") as f:
-            json.dump(report, f, indent=2)
+        write_json_atomically(os.path.join(runner.output, "rehearsal.json"), report,
+                              sort_keys=False)
     summarize = SUMMARIES.get(spec["pipelineInfo"]["name"])
     summary = summarize(outputs) if summarize else {
         "outputs": {k: getattr(v, "path", v) for k, v in outputs.items()}}
@@ -775,9 +776,7 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
     summary["rehearsal"] = {"pipeline": path, "job_name": runner.job_name,
                             "pipeline_root": runner.pipeline_root, "gcs_folder": runner.gcs,
                             "tasks": report}
-    with open(os.path.join(runner.output, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-        f.write("\n")
+    write_json_atomically(os.path.join(runner.output, "summary.json"), summary, sort_keys=False)
     return summary
 
 

@@ -1,7 +1,9 @@
 """Run a pipeline on this machine through `kfp.local`, on CPU, before paying for a GPU.
 
-    python -m pipelines.run_local image --data <folder or gs://...> --output <dir> [--<param> <value> ...]
-    python -m pipelines.run_local text --data <csv or gs://...> --output <dir> [--<param> <value> ...]
+    python -m pipelines.run_local image --data <folder or gs://...> --output <dir> \
+        [--<param> <value> ...]
+    python -m pipelines.run_local text --data <csv or gs://...> --output <dir> \
+        [--<param> <value> ...]
 
 Each pipeline parameter is a flag (`image_size` -> `--image-size`). Steps run as
 subprocesses of this Python (no containers); outputs land under `<output>/kfp/`, and
@@ -19,6 +21,7 @@ from typing import Any
 
 from kfp import local
 
+from components.common.storage import write_json_atomically
 from pipelines import image, text
 
 # The local variant never pulls images; the URI only fills the spec.
@@ -91,9 +94,7 @@ def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, 
     pipeline = PIPELINES[kind](LOCAL_IMAGE)
     task = pipeline(**{_DATA_PARAMS[kind]: data}, **params)
     summary = SUMMARIES[kind](task.outputs)
-    with open(os.path.join(output, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-        f.write("\n")
+    write_json_atomically(os.path.join(output, "summary.json"), summary, sort_keys=False)
     return summary
 
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
-from components.evaluate import text_component as evaluate_component
+from components.evaluate_text import component as evaluate_component
 from components.preflight import component as preflight_component
 from components.prepare_text import component as prepare_component
 from components.train_text import component as train_component
@@ -17,8 +17,12 @@ from pipelines.vertex import VertexSettings
 
 PIPELINE_NAME = "text-classifier"
 
-Outputs = NamedTuple("Outputs", metrics=Metrics, report=Markdown, evaluation=Artifact,
-                     model=Model, dataset=Dataset)
+class Outputs(NamedTuple):
+    metrics: Metrics
+    report: Markdown
+    evaluation: Artifact
+    model: Model
+    dataset: Dataset
 
 
 def build(image: str, vertex: "VertexSettings | None" = None):

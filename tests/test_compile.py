@@ -106,10 +106,17 @@ def test_full_image_uri_override(tmp_path):
     assert _pools(spec, "shard-images")[0]["container_spec"]["image_uri"] == uri
 
 
-def test_no_credentials_in_compiled_json(tmp_path):
-    text = (_compile(tmp_path) / "image_pipeline.json").read_text()
-    for marker in ("private_key", "BEGIN PRIVATE", "gcloud auth", "GOOGLE_APPLICATION_CREDENTIALS"):
-        assert marker not in text
+def test_no_credentials_in_compiled_json(tmp_path, monkeypatch):
+    # Credentials the compiling machine has must not travel into the uploaded JSON.
+    key = tmp_path / "key-7f3a9c.json"
+    key.write_text(json.dumps({"type": "service_account", "private_key": "MARKER-5e1d",
+                               "client_email": "ci@acme.iam.gserviceaccount.com"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+    out = _compile(tmp_path)
+    for name in ("image_pipeline.json", "text_pipeline.json"):
+        text = (out / name).read_text()
+        for marker in ("MARKER-5e1d", "key-7f3a9c", "ci@acme", "private_key"):
+            assert marker not in text, (name, marker)
 
 
 def test_trainer_runs_on_gpus_with_replicas_and_restart_settings(tmp_path):

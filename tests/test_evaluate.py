@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.evaluate import metrics as m
+from components.common import metrics as m
 
 
 def one_hot_probs(y_pred, k, high=0.6):
@@ -310,8 +310,8 @@ def rgb_model(tmp_path_factory):
 
 
 def test_evaluate_image_model_end_to_end(rgb_dataset, rgb_model, tmp_path):
-    from components.evaluate.evaluation import evaluate_image_model
-    from components.shard.reader import read_manifest
+    from components.evaluate_image.evaluation import evaluate_image_model
+    from components.shard.contract import read_manifest
 
     manifest = read_manifest(str(rgb_dataset))
     test_counts = manifest["splits"]["test"]["class_counts"]
@@ -336,7 +336,7 @@ def test_evaluate_image_model_end_to_end(rgb_dataset, rgb_model, tmp_path):
 
 
 def test_class_list_mismatch_fails_clearly(rgb_dataset, rgb_model, tmp_path):
-    from components.evaluate.evaluation import EvaluationError, evaluate_image_model
+    from components.evaluate_image.evaluation import EvaluationError, evaluate_image_model
 
     reordered = tmp_path / "reordered"
     reordered.mkdir()
@@ -354,9 +354,10 @@ def test_class_list_mismatch_fails_clearly(rgb_dataset, rgb_model, tmp_path):
 
 
 def test_missing_model_files_fail_clearly(rgb_dataset, tmp_path):
-    from components.evaluate.evaluation import EvaluationError, evaluate_image_model
+    from components.evaluate_image.evaluation import evaluate_image_model
+    from components.train_image.contract import ContractError
 
-    with pytest.raises(EvaluationError, match="labels.json not found"):
+    with pytest.raises(ContractError, match="labels.json not found"):
         evaluate_image_model(str(tmp_path), str(rgb_dataset), str(tmp_path / "o"))
 
 
@@ -368,7 +369,7 @@ def test_component_runs_in_kfp_local(tmp_path_factory, tmp_path):
     from kfp import dsl, local
     from kfp.dsl import Artifact, ClassificationMetrics, Dataset, Metrics, Model
 
-    from components.evaluate.component import build
+    from components.evaluate_image.component import build
 
     dataset_dir = make_dataset(tmp_path_factory, ["blue", "red"])
     model_dir = save_model(tmp_path / "model", ["blue", "red"], scale=3.0)

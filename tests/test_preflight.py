@@ -8,8 +8,14 @@ import time
 import pytest
 
 from components.preflight import component as preflight_component
-from components.preflight.checks import (PreflightError, check_image_run, check_text_run,
-                                         coerce, data_fingerprint, preflight)
+from components.preflight.checks import (
+    PreflightError,
+    check_image_run,
+    check_text_run,
+    coerce,
+    data_fingerprint,
+    preflight,
+)
 from pipelines import image, text
 from tests.conftest import write_class_images
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from components.shard import sharding
-from components.shard.reader import make_dataset, read_manifest
+from components.shard.contract import make_dataset, read_manifest
 from components.shard.sharding import ShardConfig
 
 

@@ -19,7 +19,7 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
         "image", "--data", data, "--output", str(output), "--image-size", "32",
         "--min-shards-per-split", "2", "--max-skipped-fraction", "0.2", "--seed", "7",
         "--test-fraction", "0.2", "--validation-fraction", "0.2", "--train-fraction", "0.6",
-        "--weights", "none", "--epochs", "4", "--fine-tune-epochs", "0", "--batch-size", "16",
+        "--weights", "none", "--epochs", "6", "--fine-tune-epochs", "0", "--batch-size", "16",
         "--registration-threshold", "0.5",
     ])
     assert code == 0
@@ -44,7 +44,7 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
     # reproducibility: the model names the data and parameters it was trained with
     provenance = summary["provenance"]
     assert provenance["data_sha256"] == hashlib.sha256(manifest_path.read_bytes()).hexdigest()
-    assert provenance["parameters"]["epochs"] == 4 and provenance["parameters"]["seed"] == 7
+    assert provenance["parameters"]["epochs"] == 6 and provenance["parameters"]["seed"] == 7
     printed = capsys.readouterr().out
     assert str(output / "summary.json") in printed
 

@@ -79,9 +79,17 @@ def _encoded(image: Image.Image, fmt: str, **kw) -> bytes:
                                       ("RGBA", "PNG"), ("LA", "PNG"), ("I;16", "PNG"),
                                       ("RGB", "JPEG")])
 def test_every_colour_mode_becomes_rgb(mode, fmt):
-    image = Image.new("RGB", (20, 10), (200, 100, 50)).convert(mode)
+    colour = (200, 100, 50)
+    image = Image.new("RGB", (20, 10), colour).convert(mode)
+    if mode == "I;16":  # a real 16-bit image spans 0..65535 (Pillow's convert keeps 0..255)
+        grey16 = Image.new("RGB", (1, 1), colour).convert("L").getpixel((0, 0)) * 257
+        image = Image.fromarray(np.full((10, 20), grey16, dtype=np.uint16))
     decoded = sharding.decode_image(_encoded(image, fmt), 8)
     assert decoded.mode == "RGB" and decoded.size == (20, 10)
+    # The colour survives (grey for the one-channel modes), not inverted or clipped.
+    grey = Image.new("RGB", (1, 1), colour).convert("L").getpixel((0, 0))
+    expected = (grey,) * 3 if mode in ("L", "LA", "I;16") else colour
+    assert np.abs(np.asarray(decoded)[5, 10].astype(int) - expected).max() <= 12
 
 
 def test_transparent_pixels_become_white_not_hidden_colour():

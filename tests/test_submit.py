@@ -192,7 +192,8 @@ def test_dry_run_prints_the_request_without_credentials(pipeline_json, capsys):
 # ---------------------------------------------------------------- bad input: exit code 2
 
 @pytest.mark.parametrize("extra, message", [
-    (["--param", "num_epochs=3"], "unknown parameter 'num_epochs'; this pipeline takes: batch_size, data_uri"),
+    (["--param", "num_epochs=3"],
+     "unknown parameter 'num_epochs'; this pipeline takes: batch_size, data_uri"),
     (["--param", "image_size=big"], "image_size: expected an integer"),
     (["--param", "image_size"], "name=value"),
     (["--param", "seed=1", "--param", "seed=2"], "given twice"),

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from components.prepare_text import preparation
+from components.prepare_text import contract, preparation
 from components.prepare_text.preparation import PrepareConfig, TextDataError, prepare_text_dataset
 from pipelines.demo_text import LABEL_WORDS, write_reviews_csv
 
@@ -26,7 +26,7 @@ def test_one_hot_csv_is_split_with_manifest(tmp_path):
     assert manifest["rows_in"] == manifest["rows_kept"] == 80
     sizes = {s: v["rows"] for s, v in manifest["splits"].items()}
     assert sizes == {"test": 20, "valid": 12, "train": 48}  # 25% of all, then 20% of the rest
-    frames = {s: preparation.read_split(str(tmp_path / "out"), s) for s in preparation.SPLITS}
+    frames = {s: contract.read_split(str(tmp_path / "out"), s) for s in contract.SPLITS}
     assert list(frames["train"].columns) == ["text", *manifest["labels"]]
     assert sum(len(f) for f in frames.values()) == 80
     assert len(pd.concat(frames.values())["text"].unique()) == len(
@@ -42,9 +42,12 @@ def test_same_seed_same_split_other_seed_other_split(tmp_path):
     write_reviews_csv(data, rows=40)
     a = prepare_text_dataset(data, str(tmp_path / "a"), PrepareConfig(seed=1))
     b = prepare_text_dataset(data, str(tmp_path / "b"), PrepareConfig(seed=1))
-    c = prepare_text_dataset(data, str(tmp_path / "c"), PrepareConfig(seed=2))
+    prepare_text_dataset(data, str(tmp_path / "c"), PrepareConfig(seed=2))
     assert a["splits"] == b["splits"]
-    read = lambda d: (tmp_path / d / "test.csv").read_text()  # noqa: E731
+
+    def read(d):
+        return (tmp_path / d / "test.csv").read_text()
+
     assert read("a") == read("b") != read("c")
 
 
@@ -136,8 +139,8 @@ def test_nothing_usable_or_too_few_rows_is_an_error(tmp_path):
 
 
 def test_parse_label_columns():
-    assert preparation.parse_label_columns("") == ()
-    assert preparation.parse_label_columns(" a, b ,,c") == ("a", "b", "c")
+    assert contract.parse_label_columns("") == ()
+    assert contract.parse_label_columns(" a, b ,,c") == ("a", "b", "c")
 
 
 def test_reads_a_gs_csv(gcs, tmp_path):
@@ -166,7 +169,7 @@ def test_repeated_column_names_are_refused_by_name(tmp_path, header, repeated):
 
 
 def test_a_single_binary_column_with_typos_names_the_rows(tmp_path):
-    rows = ["t%d,%d" % (i, i % 2) for i in range(40)] + ["t40,2", "t41,yes"]
+    rows = [f"t{i},{i % 2}" for i in range(40)] + ["t40,2", "t41,yes"]
     data = _csv(tmp_path, "text,spam\n" + "\n".join(rows) + "\n")
     with pytest.raises(TextDataError, match="label column 'spam' holds values other than 0/1.*"
                                             "'2' at row 41.*'yes' at row 42"):

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from components.train_text import assets, schedule
+from components.train_text import assets, contract, schedule
+from components.train_text.contract import TextTrainingError
 
 
 def _summary(plan):
@@ -75,14 +76,16 @@ def test_checkpoint_dir_reads_the_environment_at_call_time(monkeypatch):
     assert schedule.checkpoint_dir("/out/model") == "/out/model/checkpoints"
 
 
-def test_state_round_trip_and_other_runs_are_ignored(tmp_path):
+def test_state_round_trip_and_other_runs_are_refused(tmp_path):
     folder = str(tmp_path / "ckpt")
     assert schedule.load_state(folder, "abc") is None
     state = schedule.new_state("abc")
     state.update(stage=2, epochs_done=1)
     schedule.save_state(folder, state)
     assert schedule.load_state(folder, "abc") == state
-    assert schedule.load_state(folder, "other-run") is None
+    with pytest.raises(TextTrainingError, match="holds the state of a different run"):
+        schedule.load_state(folder, "other-run")
+    assert schedule.load_state(folder, "abc") == state  # nothing deleted
     assert os.listdir(folder) == [schedule.STATE_FILE]  # no temporary file left behind
     assert schedule.fingerprint({"a": 1, "b": [2]}) == schedule.fingerprint({"b": [2], "a": 1})
 
@@ -95,9 +98,9 @@ def test_monitor_direction():
 
 
 def test_required_files_layout():
-    assert assets.required_files("fr", False) == [
+    assert contract.required_files("fr", False) == [
         "fr/forward/config.json", "fr/forward/vocab.pkl", "fr/forward/weights.pth"]
-    assert assets.required_files("ja", True) == [
+    assert contract.required_files("ja", True) == [
         "ja/backward/config.json", "ja/backward/vocab.pkl", "ja/backward/weights.pth",
         "ja/spm/spm.model"]
 

@@ -9,15 +9,26 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from fastai.text.all import (AWD_LSTM, Callback, ColReader, ColSplitter, DataBlock, SpacyTokenizer,
-                             TextBlock, awd_lstm_lm_config, language_model_learner, load_pickle)
+from fastai.text.all import (
+    AWD_LSTM,
+    Callback,
+    ColReader,
+    ColSplitter,
+    DataBlock,
+    SpacyTokenizer,
+    TextBlock,
+    awd_lstm_lm_config,
+    language_model_learner,
+    load_pickle,
+)
 from fastai.text.learner import _get_text_vocab
 
-from components.evaluate.text import evaluate_text_model
+from components.evaluate_text.evaluation import evaluate_text_model
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.train_text import training
 from components.train_text.assets import MissingAssetsError
-from components.train_text.training import TextTrainingError, TrainConfig, train_text_classifier
+from components.train_text.contract import TextTrainingError, TrainConfig, parse_model_config
+from components.train_text.training import train_text_classifier
 from pipelines.demo_text import write_reviews_csv
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
@@ -178,14 +189,15 @@ def test_bad_settings_are_clear_errors(dataset, tmp_path):
         train_text_classifier(dataset, str(tmp_path / "m"),
                               TrainConfig(pretrained=False, model_config={"hidden": 3}, **FAST))
     with pytest.raises(TextTrainingError, match="JSON object"):
-        training.parse_model_config("[1]")
+        parse_model_config("[1]")
 
 
 @pytest.mark.slow
 def test_text_path_never_imports_fastai_vision():
     # In a fresh interpreter: other test modules may have tried fastai.vision here.
     code = ("import sys, components.train_text.training, components.train_text.component, "
-            "components.evaluate.text, components.evaluate.text_component, pipelines.text; "
+            "components.evaluate_text.evaluation, components.evaluate_text.component, "
+            "pipelines.text; "
             "print([m for m in sys.modules if m.startswith('fastai.vision')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -22,9 +22,10 @@ from PIL import Image
 tf = pytest.importorskip("tensorflow")
 tf_keras = pytest.importorskip("tf_keras")
 
-from components.shard.reader import make_dataset, read_manifest  # noqa: E402
+from components.shard.contract import make_dataset, read_manifest  # noqa: E402
 from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
-from components.train_image import distribute, model as model_lib, training  # noqa: E402
+from components.train_image import contract, distribute, training  # noqa: E402
+from components.train_image import model as model_lib  # noqa: E402
 from components.train_image.training import TrainConfig, TrainingError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -303,7 +304,7 @@ def test_pipelines_augment_training_only(image_dataset):
                  for img, _ in make_dataset(image_dataset, "train", manifest=manifest)]
     seen_flipped = False
     batches = training.train_input(image_dataset, manifest, config, global_batch=8).take(6)
-    for images, labels in batches:
+    for images, _ in batches:
         assert images.dtype == tf.float32 and images.shape == (8, IMAGE_SIZE, IMAGE_SIZE, 3)
         for image in images.numpy():
             plain = any(np.allclose(image, o, atol=1e-3) for o in originals)
@@ -354,7 +355,8 @@ def test_set_trainable_head_and_full(scratch_model):
         "kernel:0", "bias:0"]
     model_lib.set_trainable(scratch_model, "full")
     assert all(layer.trainable for layer in base.layers)
-    batchnorms = [l for l in base.layers if isinstance(l, tf_keras.layers.BatchNormalization)]
+    batchnorms = [layer for layer in base.layers
+                  if isinstance(layer, tf_keras.layers.BatchNormalization)]
     # Everything but the BatchNorm moving statistics.
     assert len(base.trainable_weights) == len(base.weights) - 2 * len(batchnorms)
     with pytest.raises(ValueError, match="unfreeze_blocks"):
@@ -437,7 +439,7 @@ def _check_artifact(out: Path, image_dataset: str) -> None:
     served = predict(images).numpy()
     assert served.shape == (len(images), len(CLASSES))
     np.testing.assert_allclose(served.sum(axis=1), 1.0, atol=1e-5)
-    keras_model = model_lib.load_keras_model(str(out / "model.keras"))
+    keras_model = contract.load_keras_model(str(out / "model.keras"))
     np.testing.assert_allclose(keras_model.predict(images, verbose=0), served, atol=1e-5)
 
 

@@ -14,7 +14,6 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-
 # Files being written carry this prefix until they are complete (then renamed).
 TMP_PREFIX = ".tmp-"
 
@@ -96,13 +95,15 @@ def run_folder(variable: str, output_path: str, default: str | None,
     return os.path.join(local_path(root), *run)
 
 
-def write_json_atomically(path: str, payload: Any, *, sort_keys: bool = True) -> None:
+def write_json_atomically(path: str, payload: Any, *, sort_keys: bool = True,
+                          allow_nan: bool = True) -> None:
     """Writes JSON under a temporary name, then renames it: whole or not at all.
 
     A process killed mid-write leaves the previous file (or none), never half of one.
+    `allow_nan=False` refuses NaN and infinities (not JSON) instead of writing them.
     """
     temporary = os.path.join(os.path.dirname(path), TMP_PREFIX + os.path.basename(path))
     with open(temporary, "w") as out:
-        json.dump(payload, out, indent=2, sort_keys=sort_keys)
+        json.dump(payload, out, indent=2, sort_keys=sort_keys, allow_nan=allow_nan)
         out.write("\n")
     os.replace(temporary, path)

@@ -101,8 +101,8 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
     Raises:
         PreflightError: Every problem found, each naming its parameter.
     """
-    from components.shard.sharding import ShardConfig
-    from components.train_image.training import TrainConfig
+    from components.shard.contract import ShardConfig
+    from components.train_image.contract import TrainConfig
 
     problems = []
     for name, check in (
@@ -139,9 +139,8 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
     Raises:
         PreflightError: Every problem found, each naming its parameter.
     """
-    from components.prepare_text.preparation import PrepareConfig
-    from components.train_text import assets
-    from components.train_text.training import TrainConfig, parse_model_config
+    from components.prepare_text.contract import PrepareConfig
+    from components.train_text.contract import TrainConfig, missing_files, parse_model_config
 
     problems = []
     try:
@@ -171,7 +170,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
                             "train from scratch")
         else:
             backwards = coerce(parameters.get("backwards", False), bool)
-            missing = assets.missing_files(root, lang, backwards)
+            missing = missing_files(root, lang, backwards)
             if missing:
                 problems.append(f"lm_assets {root!r} lacks {missing} for lang={lang!r}")
     if parameters.get("eval_split", "test") not in ("test", "valid", "train"):

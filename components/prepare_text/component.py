@@ -30,8 +30,8 @@ def prepare_text_data(
         seed: Seed of the split; the same file and seed give the same splits.
         data_fingerprint: Digest of the CSV's listing from the preflight step; not read, it only makes the cache key change when the file changes. Recorded in the dataset metadata.
     """
-    from components.prepare_text.preparation import (PrepareConfig, parse_label_columns,
-                                                     prepare_text_dataset)
+    from components.prepare_text.contract import PrepareConfig, parse_label_columns
+    from components.prepare_text.preparation import prepare_text_dataset
 
     config = PrepareConfig(
         text_column=text_column, label_columns=parse_label_columns(label_columns),

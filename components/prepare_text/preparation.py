@@ -23,10 +23,8 @@ column per label, in label order) and `manifest.json`.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import hashlib
 import io
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -34,81 +32,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from components.common.storage import filesystem
+from components.common.storage import filesystem, write_json_atomically
+from components.prepare_text.contract import (
+    MANIFEST,
+    MULTI_LABEL,
+    SINGLE_LABEL,
+    SPLITS,
+    PrepareConfig,
+    TextDataError,
+    split_path,
+)
 
-MANIFEST = "manifest.json"
-SPLITS = ("train", "valid", "test")
-MULTI_LABEL = "multi_label"
-SINGLE_LABEL = "single_label"
 # Share of 0/1 cells from which a single label column is read as one binary label.
 _BINARY_SHARE = 0.9
 _TRUE = frozenset({"1", "true", "1.0"})
 _FALSE = frozenset({"0", "false", "0.0"})
 _MAX_LISTED_ROWS = 100  # rows named in the manifest per kind of drop; the count is always exact
 _MAX_ROWS_IN_ERROR = 5
-
-
-class TextDataError(ValueError):
-    """The CSV cannot be used as given; the message names the column and rows."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PrepareConfig:
-    """How to read and split the CSV.
-
-    Attributes:
-        text_column: Column holding the texts.
-        label_columns: Label columns; empty means every column but the text.
-        label_delimiter: Separates several class names in a single class-name column.
-        other_label: Label given to rows with no label set; empty drops those rows.
-        validation_fraction: Share of the rows left after the test split that validate.
-        test_fraction: Share of all rows held out for the final test.
-        seed: Seed of the split; the same file and seed give the same splits.
-    """
-
-    text_column: str = "text"
-    label_columns: tuple[str, ...] = ()
-    label_delimiter: str = ","
-    other_label: str = "other"
-    validation_fraction: float = 0.2
-    test_fraction: float = 0.25
-    seed: int = 42
-
-    def __post_init__(self):
-        if not 0.0 <= self.test_fraction < 1.0:
-            raise TextDataError(f"test_fraction must be in [0, 1), got {self.test_fraction}")
-        if not 0.0 < self.validation_fraction < 1.0:
-            raise TextDataError(
-                f"validation_fraction must be in (0, 1), got {self.validation_fraction}")
-
-
-def parse_label_columns(text: str) -> tuple[str, ...]:
-    """Splits a comma-separated list of column names ("" gives no names)."""
-    return tuple(name.strip() for name in text.split(",") if name.strip())
-
-
-def split_path(dataset_dir: str, split: str) -> str:
-    """Path of one split's CSV inside a prepared dataset folder."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return os.path.join(dataset_dir, f"{split}.csv")
-
-
-def read_manifest(dataset_dir: str) -> dict[str, Any]:
-    """The manifest of a prepared dataset folder."""
-    with open(os.path.join(dataset_dir, MANIFEST)) as f:
-        return json.load(f)
-
-
-def read_split(dataset_dir: str, split: str) -> pd.DataFrame:
-    """One split of a prepared dataset: the text column (str) and 0/1 label columns."""
-    manifest = read_manifest(dataset_dir)
-    text = manifest["text_column"]
-    frame = pd.read_csv(split_path(dataset_dir, split), dtype={text: str},
-                        keep_default_na=False)
-    for label in manifest["labels"]:
-        frame[label] = frame[label].astype(np.int64)
-    return frame
 
 
 def read_bytes(uri: str) -> bytes:
@@ -376,7 +316,6 @@ def prepare_text_dataset(data_uri: str, out_dir: str, config: PrepareConfig) -> 
         "test_fraction": config.test_fraction,
         "seed": config.seed,
     }
-    with open(os.path.join(out_dir, MANIFEST), "w") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
+    write_json_atomically(os.path.join(out_dir, MANIFEST), manifest, sort_keys=False,
+                          allow_nan=False)
     return manifest

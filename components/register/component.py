@@ -22,9 +22,10 @@ def registration_gate(
     Returns:
         True when the model should be uploaded to the Model Registry.
     """
-    from components.register.registration import gate, read_metrics
+    from components.common.metrics import read_evaluation
+    from components.register.registration import gate
 
-    register, reason = gate(read_metrics(evaluation.path), metric, threshold, enabled)
+    register, reason = gate(read_evaluation(evaluation.path), metric, threshold, enabled)
     print(reason)
     return register
 

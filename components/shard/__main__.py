@@ -1,4 +1,7 @@
-"""Run the sharding step by hand: `python -m components.shard DATA_URI OUT_DIR [--image-size 224 ...]`."""
+"""Run the sharding step by hand.
+
+    python -m components.shard DATA_URI OUT_DIR [--image-size 224 ...]
+"""
 
 import argparse
 import dataclasses

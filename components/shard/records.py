@@ -2,7 +2,7 @@
 
 The sharding workers write records without importing TensorFlow: importing it in
 every worker process costs seconds and hundreds of MB each, and the two formats
-involved are small and stable. The reader (``reader.py``) parses them with
+involved are small and stable. The reader (``contract.py``) parses them with
 TensorFlow, and the tests check that TensorFlow reads back what is written here.
 """
 

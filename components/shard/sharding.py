@@ -28,10 +28,14 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from components.common.storage import TMP_PREFIX, filesystem, local_path, write_json_atomically
 from components.shard import records
+from components.shard.contract import (
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    SPLITS,
+    ShardConfig,
+    ShardingError,
+)
 
-SPLITS = ("train", "validation", "test")
-MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
 _READ_BATCH = 32  # files fetched concurrently per request (gcsfs fetches a batch in parallel)
 # Images encoded up front to estimate the bytes of a record: ~0.5% of the input, so
 # the serial estimate stays small next to the parallel write, and 4..32 images.
@@ -41,83 +45,12 @@ _SIZE_SAMPLE_SHARE, _SIZE_SAMPLE_MIN, _SIZE_SAMPLE_MAX = 0.005, 4, 32
 # 40 MP stays under ~0.5 GB, so one writer per core fits a highcpu machine's memory.
 MAX_DECODE_PIXELS = 40_000_000
 # The files this step writes into its output folder; nothing else there is touched.
-_OWN_FILE = re.compile(rf"^({re.escape(TMP_PREFIX)})?(({'|'.join(SPLITS)})-\d{{5}}-of-\d{{5}}\.tfrecord|"
-                       rf"{re.escape(MANIFEST_NAME)})$")
-
-
-class ShardingError(ValueError):
-    """The input cannot be sharded as asked; the message says what to change."""
+_OWN_FILE = re.compile(rf"^({re.escape(TMP_PREFIX)})?"
+                       rf"(({'|'.join(SPLITS)})-\d{{5}}-of-\d{{5}}\.tfrecord|{re.escape(MANIFEST_NAME)})$")
 
 
 class BadImage(ValueError):
     """A file that cannot be used as an image; the message is the skip reason."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardConfig:
-    """How to shard.
-
-    Attributes:
-        image_size: Height and width of the stored images, in pixels.
-        image_format: "jpeg" (small, decoded when read) or "raw" (uint8 HWC, no decode).
-        jpeg_quality: JPEG quality 1-95 when `image_format` is "jpeg".
-        resize_method: "crop" (center crop) or "pad" (letterbox with black).
-        train_fraction: Share of each class that goes to the train split.
-        validation_fraction: Share of each class that goes to the validation split.
-        test_fraction: Share of each class that goes to the test split.
-        seed: Seed of the split and of the order of examples in the shards.
-        target_shard_mb: Aimed size of one shard in MB.
-        min_shards_per_split: Fewest shards a split is written to (so readers can
-            interleave), unless it has fewer examples than that.
-        max_skipped_fraction: Fail when more than this share of the input is unusable.
-        num_workers: Writer processes; 0 means one per CPU core.
-    """
-
-    image_size: int = 224
-    image_format: str = "jpeg"
-    jpeg_quality: int = 95
-    resize_method: str = "crop"
-    train_fraction: float = 0.8
-    validation_fraction: float = 0.1
-    test_fraction: float = 0.1
-    seed: int = 42
-    target_shard_mb: float = 100.0
-    min_shards_per_split: int = 16
-    max_skipped_fraction: float = 0.05
-    num_workers: int = 0
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.image_size < 8:
-            problems.append(f"image_size must be at least 8, got {self.image_size}")
-        if self.image_format not in ("jpeg", "raw"):
-            problems.append(f"image_format must be 'jpeg' or 'raw', got {self.image_format!r}")
-        if not 1 <= self.jpeg_quality <= 95:
-            problems.append(f"jpeg_quality must be in 1..95, got {self.jpeg_quality}")
-        if self.resize_method not in ("crop", "pad"):
-            problems.append(f"resize_method must be 'crop' or 'pad', got {self.resize_method!r}")
-        fractions = self.fractions.values()
-        # Written so that NaN fails too (every comparison with NaN is false).
-        if not all(f >= 0 for f in fractions) or not abs(sum(fractions) - 1.0) <= 1e-6:
-            problems.append(f"split fractions must be >= 0 and sum to 1, got {self.fractions}")
-        if not self.target_shard_mb > 0:
-            problems.append(f"target_shard_mb must be positive, got {self.target_shard_mb}")
-        if self.min_shards_per_split < 1:
-            problems.append(f"min_shards_per_split must be >= 1, got {self.min_shards_per_split}")
-        if not 0 <= self.max_skipped_fraction <= 1:
-            problems.append(f"max_skipped_fraction must be in 0..1, got {self.max_skipped_fraction}")
-        if self.num_workers < 0:
-            problems.append(f"num_workers must be >= 0, got {self.num_workers}")
-        if problems:
-            raise ShardingError("; ".join(problems))
-
-    @property
-    def fractions(self) -> dict[str, float]:
-        return {
-            "train": self.train_fraction,
-            "validation": self.validation_fraction,
-            "test": self.test_fraction,
-        }
 
 
 # --------------------------------------------------------------------------- listing
@@ -512,7 +445,7 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
     except BaseException:
         clear_output(out_dir)
         raise
-    write_json_atomically(os.path.join(out_dir, MANIFEST_NAME), manifest)
+    write_json_atomically(os.path.join(out_dir, MANIFEST_NAME), manifest, allow_nan=False)
     return manifest
 
 

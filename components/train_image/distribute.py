@@ -23,6 +23,8 @@ import os
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
+from components.train_image.contract import PRECISION_MODES
+
 log = logging.getLogger(__name__)
 
 MULTI_WORKER = "multi_worker"
@@ -32,7 +34,6 @@ STRATEGY_KINDS = (MULTI_WORKER, MIRRORED, DEFAULT)
 
 MIXED_FLOAT16 = "mixed_float16"
 FLOAT32 = "float32"
-PRECISION_MODES = ("auto", "on", "off")
 # Tensor cores (Volta and newer) make float16 fast; on older GPUs and on CPUs
 # mixed precision is slower than float32 (about 95x on this project's CPUs).
 MIN_MIXED_PRECISION_CAPABILITY = (7, 0)

@@ -6,7 +6,7 @@ never `tf.keras`. In TF 2.21 `tf.keras` is Keras 3, whose `model.fit` fails unde
 tf-keras 2.21 trains on several workers with `BackupAndRestore`. Mixing the two in one
 model does not work, so every layer, callback and saver here comes from `tf_keras`.
 
-The model takes float32 RGB pixels in 0..255 (what `components.shard.reader` yields,
+The model takes float32 RGB pixels in 0..255 (what `components.shard.contract.make_dataset` yields,
 cast to float) and does DenseNet's own input scaling inside, so serving needs no
 preprocessing code: image -> scaling -> DenseNet121 (no top) -> global average pool
 -> dropout -> dense softmax (float32 even under mixed precision).
@@ -15,15 +15,13 @@ preprocessing code: image -> scaling -> DenseNet121 (no top) -> global average p
 from __future__ import annotations
 
 import io
-import json
-import os
 import re
-import tempfile
-import zipfile
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
+
+from components.train_image.contract import normalize_weights
 
 BASE_NAME = "densenet121"
 INPUT_NAME = "image"
@@ -36,13 +34,6 @@ PHASES = ("head", "fine_tune", "full")
 # 0..255 input: (x - 255 * mean) / (255 * std).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def normalize_weights(weights: str | None) -> str | None:
-    """Maps "none"/"" to None; leaves "imagenet" and file paths as they are."""
-    if weights is None or str(weights).strip().lower() in ("", "none", "null"):
-        return None
-    return str(weights)
 
 
 def build_model(num_classes: int, image_size: int, weights: str | None = None,
@@ -222,31 +213,3 @@ def read_snapshot(path: str) -> dict[str, np.ndarray]:
     with tf.io.gfile.GFile(path, "rb") as f:
         with np.load(io.BytesIO(f.read()), allow_pickle=False) as data:
             return {key: data[key] for key in data.files}
-
-
-def load_keras_model(path: str, compile: bool = True) -> tf_keras.Model:
-    """Loads a tf-keras `.keras` file about 10x faster than `tf_keras.models.load_model`.
-
-    tf-keras reads the HDF5 weights straight out of the zip archive, and on Python
-    3.11 every backward seek in a zip member re-reads it from the start: loading
-    DenseNet121 takes ~80 s that way. Here the weights file is extracted first.
-
-    Args:
-        path: A `.keras` file written by tf-keras (local or gs://).
-        compile: Restore the training configuration (loss, metrics, optimizer).
-
-    Returns:
-        The model.
-    """
-    with tf.io.gfile.GFile(path, "rb") as f:
-        archive = zipfile.ZipFile(io.BytesIO(f.read()))
-    with archive, tempfile.TemporaryDirectory() as workdir:
-        config = json.loads(archive.read("config.json"))
-        if not compile:
-            config["compile_config"] = None
-        weights_path = os.path.join(workdir, "model.weights.h5")
-        with open(weights_path, "wb") as out:
-            out.write(archive.read("model.weights.h5"))
-        model = tf_keras.saving.deserialize_keras_object(config)
-        model.load_weights(weights_path)
-    return model

@@ -41,15 +41,25 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
-from components.common.storage import filesystem, run_folder
-from components.shard.reader import make_dataset, read_manifest
+from components.common.storage import filesystem, local_path, run_folder, write_json_atomically
+from components.shard.contract import make_dataset, read_manifest
 from components.train_image import distribute
+from components.train_image.contract import (
+    HISTORY_FILE,
+    LABELS_FILE,
+    MODEL_FILE,
+    PREPROCESSING_FILE,
+    SAVED_MODEL_DIR,
+    SERVING_SIGNATURE,
+    TrainConfig,
+    TrainingError,
+    normalize_weights,
+)
 from components.train_image.model import (
     INPUT_NAME,
     OUTPUT_NAME,
     build_model,
     load_snapshot,
-    normalize_weights,
     read_snapshot,
     save_snapshot,
     set_trainable,
@@ -58,110 +68,6 @@ from components.train_image.model import (
 
 log = logging.getLogger(__name__)
 
-MODEL_FILE = "model.keras"
-SAVED_MODEL_DIR = "saved_model"
-LABELS_FILE = "labels.json"
-PREPROCESSING_FILE = "preprocessing.json"
-HISTORY_FILE = "history.json"
-SERVING_SIGNATURE = "serving_default"
-
-
-class TrainingError(ValueError):
-    """The training cannot run as asked; the message says what to change."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """How to train.
-
-    Attributes:
-        epochs: Epochs of the head phase (only the new top trains); from scratch,
-            epochs + fine_tune_epochs of full training.
-        fine_tune_epochs: Epochs of the fine-tune phase.
-        batch_size: Examples per replica per step; the global batch is this times
-            the number of replicas.
-        learning_rate: Adam learning rate of the head (or full) phase for one
-            replica; scaled linearly with the number of replicas.
-        fine_tune_learning_rate: Same for the fine-tune phase.
-        unfreeze_blocks: Dense blocks (1-4, from the top) that fine-tuning trains.
-        dropout: Dropout rate before the classification layer.
-        weights: "imagenet", a DenseNet121 no-top weights .h5 file (local or gs://),
-            or None/"none" to train from scratch.
-        flip: Random horizontal flips of training images.
-        rotation: Random rotation of training images, as a fraction of a full turn
-            (0.05 = up to +-18 degrees); 0 turns it off.
-        zoom: Random zoom of training images: scale in [1 - zoom, 1 + zoom]; 0 off.
-        precision: "auto" (mixed_float16 when every GPU has compute capability
-            >= 7.0), "on" or "off".
-        seed: Seed of weight initialisation, shuffling and augmentation.
-        early_stopping_patience: Epochs without val_loss improvement before a phase
-            stops (best weights are kept); 0 turns early stopping off.
-        reduce_lr_patience: Epochs without val_loss improvement before the learning
-            rate is multiplied by reduce_lr_factor; 0 turns it off.
-        reduce_lr_factor: See reduce_lr_patience.
-        shuffle_buffer: Examples in the shuffle buffer (224px images take 150 KB each).
-        steps_per_epoch: Training steps per epoch; None for one pass over the
-            training split (rounded up).
-        validation_steps: Validation batches per evaluation; None for the whole split.
-    """
-
-    epochs: int = 10
-    fine_tune_epochs: int = 10
-    batch_size: int = 32
-    learning_rate: float = 1e-3
-    fine_tune_learning_rate: float = 1e-4
-    unfreeze_blocks: int = 1
-    dropout: float = 0.2
-    weights: str | None = "imagenet"
-    flip: bool = True
-    rotation: float = 0.05
-    zoom: float = 0.1
-    precision: str = "auto"
-    seed: int = 42
-    early_stopping_patience: int = 3
-    reduce_lr_patience: int = 2
-    reduce_lr_factor: float = 0.2
-    shuffle_buffer: int = 2048
-    steps_per_epoch: int | None = None
-    validation_steps: int | None = None
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.epochs < 0 or self.fine_tune_epochs < 0 or self.epochs + self.fine_tune_epochs < 1:
-            problems.append("epochs and fine_tune_epochs must be >= 0 with at least one epoch "
-                            f"in all, got {self.epochs} and {self.fine_tune_epochs}")
-        if self.batch_size < 1:
-            problems.append(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.learning_rate <= 0 or self.fine_tune_learning_rate <= 0:
-            problems.append("learning rates must be positive, got "
-                            f"{self.learning_rate} and {self.fine_tune_learning_rate}")
-        if not 1 <= self.unfreeze_blocks <= 4:
-            problems.append(f"unfreeze_blocks must be in 1..4, got {self.unfreeze_blocks}")
-        if not 0 <= self.dropout < 1:
-            problems.append(f"dropout must be in [0, 1), got {self.dropout}")
-        if not 0 <= self.rotation < 0.5:
-            problems.append(f"rotation must be in [0, 0.5), got {self.rotation}")
-        if not 0 <= self.zoom < 1:
-            problems.append(f"zoom must be in [0, 1), got {self.zoom}")
-        if self.precision not in distribute.PRECISION_MODES:
-            problems.append(f"precision must be one of {distribute.PRECISION_MODES}, "
-                            f"got {self.precision!r}")
-        if self.early_stopping_patience < 0 or self.reduce_lr_patience < 0:
-            problems.append("patiences must be >= 0")
-        if not 0 < self.reduce_lr_factor < 1:
-            problems.append(f"reduce_lr_factor must be in (0, 1), got {self.reduce_lr_factor}")
-        if self.shuffle_buffer < 1:
-            problems.append(f"shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
-        for name in ("steps_per_epoch", "validation_steps"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                problems.append(f"{name} must be >= 1 or None, got {value}")
-        if problems:
-            raise TrainingError("; ".join(problems))
-
-    @property
-    def pretrained(self) -> bool:
-        return normalize_weights(self.weights) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,8 +108,11 @@ def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
         `(checkpoint_dir, tensorboard_dir)`; None where neither is set (`train`
         then uses folders inside its output folder).
     """
-    return (checkpoint_dir or run_folder("AIP_CHECKPOINT_DIR", model_dir, None, environ),
-            tensorboard_dir or run_folder("AIP_TENSORBOARD_LOG_DIR", model_dir, None, environ))
+    # gs:// is written through the /gcs/ FUSE mount, like everything else here.
+    return (local_path(checkpoint_dir) if checkpoint_dir
+            else run_folder("AIP_CHECKPOINT_DIR", model_dir, None, environ),
+            local_path(tensorboard_dir) if tensorboard_dir
+            else run_folder("AIP_TENSORBOARD_LOG_DIR", model_dir, None, environ))
 
 
 def fetch_weights(weights: str | None, workdir: str) -> str | None:
@@ -351,11 +260,7 @@ def _read_json(path: str) -> Any:
         return json.load(f)
 
 
-def _write_json(path: str, payload: Any) -> None:
-    temporary = path + ".tmp"
-    with tf.io.gfile.GFile(temporary, "w") as f:
-        f.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+_write_json = write_json_atomically  # checkpoint folders are local paths (gs:// via /gcs/)
 
 
 class RunState:

@@ -22,10 +22,13 @@ import os
 from typing import Any
 
 from components.common.storage import filesystem
+from components.train_text.contract import (
+    asset_uri,
+    direction,
+    missing_files,
+    required_files,
+)
 
-SPM_LANGS = frozenset({"ja", "ko", "zh"})
-LM_FILES = ("config.json", "vocab.pkl", "weights.pth")
-SPM_FILE = "spm/spm.model"
 SUPPORTED_ARCHS = ("AWD_LSTM",)
 
 
@@ -42,43 +45,16 @@ class LMAssets:
     """Local copies of one language and direction's pretrained LM.
 
     Attributes:
-        arch: Architecture name from config.json ("AWD_LSTM").
         config: The architecture settings from config.json (without "arch").
         weights: Path of weights.pth.
         vocab: Path of vocab.pkl.
         spm_model: Path of spm.model for SentencePiece languages, else None.
     """
 
-    arch: str
     config: dict[str, Any]
     weights: str
     vocab: str
     spm_model: str | None
-
-
-def direction(backwards: bool) -> str:
-    """Folder name of a direction: "backward" or "forward"."""
-    return "backward" if backwards else "forward"
-
-
-def required_files(lang: str, backwards: bool) -> list[str]:
-    """Paths, relative to the assets URI, that a language and direction need."""
-    lang = lang.strip()
-    files = [f"{lang}/{direction(backwards)}/{name}" for name in LM_FILES]
-    if lang in SPM_LANGS:
-        files.append(f"{lang}/{SPM_FILE}")
-    return files
-
-
-def _join(uri: str, relative: str) -> str:
-    return uri.rstrip("/") + "/" + relative
-
-
-def missing_files(assets_uri: str, lang: str, backwards: bool) -> list[str]:
-    """Full URIs of the files a language and direction need that are absent."""
-    fs, root = filesystem(assets_uri)
-    return [_join(assets_uri, rel) for rel in required_files(lang, backwards)
-            if not fs.isfile(_join(root, rel))]
 
 
 def parse_config(text: str, source: str) -> tuple[str, dict[str, Any]]:
@@ -139,7 +115,7 @@ def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) ->
     fs, root = filesystem(assets_uri)
     paths = {}
     for rel in required_files(lang, backwards):
-        source = _join(root, rel)
+        source = asset_uri(root, rel)
         if assets_uri.startswith("gs://"):
             target = os.path.join(local_dir, rel)
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -148,6 +124,7 @@ def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) ->
             target = source
         paths[rel.rsplit("/", 1)[-1]] = target
     with open(paths["config.json"]) as f:
-        arch, config = parse_config(f.read(), _join(assets_uri, required_files(lang, backwards)[0]))
-    return LMAssets(arch=arch, config=config, weights=paths["weights.pth"],
+        source = asset_uri(assets_uri, required_files(lang, backwards)[0])
+        _, config = parse_config(f.read(), source)
+    return LMAssets(config=config, weights=paths["weights.pth"],
                     vocab=paths["vocab.pkl"], spm_model=paths.get("spm.model"))

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common.storage import run_folder, write_json_atomically
+from components.train_text.contract import TextTrainingError
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -160,14 +161,23 @@ def new_state(run_fingerprint: str) -> dict[str, Any]:
 
 
 def load_state(folder: str, run_fingerprint: str) -> dict[str, Any] | None:
-    """The saved state of this run, or None when there is none or it is another run's."""
+    """The saved state of this run, or None when the folder holds none.
+
+    Raises:
+        TextTrainingError: The folder holds another run's state; as the image trainer
+            does, it is refused rather than resumed (which would mix two runs) or deleted
+            (which would destroy the other run's work).
+    """
     path = os.path.join(folder, STATE_FILE)
     if not os.path.exists(path):
         return None
     with open(path) as f:
         state = json.load(f)
     if state.get("version") != STATE_VERSION or state.get("fingerprint") != run_fingerprint:
-        return None
+        raise TextTrainingError(
+            f"checkpoint folder {folder!r} holds the state of a different run (other config, "
+            "dataset or model folder); resuming it would mix the two. Use another "
+            "checkpoint folder or delete that one.")
     return state
 
 

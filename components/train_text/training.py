@@ -19,7 +19,6 @@ Steps of `train_text_classifier`:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -34,104 +33,61 @@ import pandas as pd
 import torch
 from fastai.callback.progress import ProgressCallback
 from fastai.learner import load_model, mk_metric, save_model
-from fastai.text.all import (AWD_LSTM, BCEWithLogitsLossFlat, Callback, CategoryBlock,
-                             ColReader, ColSplitter, CrossEntropyLossFlat, DataBlock, F1Score,
-                             F1ScoreMulti, MultiCategoryBlock, Perplexity, Recorder,
-                             SentencePieceTokenizer, SpacyTokenizer, TextBlock, accuracy,
-                             accuracy_multi, awd_lstm_lm_config,
-                             language_model_learner, load_pickle, save_pickle, set_seed,
-                             noop, text_classifier_learner)
+from fastai.text.all import (
+    AWD_LSTM,
+    BCEWithLogitsLossFlat,
+    Callback,
+    CategoryBlock,
+    ColReader,
+    ColSplitter,
+    CrossEntropyLossFlat,
+    DataBlock,
+    F1Score,
+    F1ScoreMulti,
+    MultiCategoryBlock,
+    Perplexity,
+    Recorder,
+    SentencePieceTokenizer,
+    SpacyTokenizer,
+    TextBlock,
+    accuracy,
+    accuracy_multi,
+    awd_lstm_lm_config,
+    language_model_learner,
+    load_pickle,
+    noop,
+    save_pickle,
+    set_seed,
+    text_classifier_learner,
+)
 from fastai.text.learner import _get_text_vocab
 
-from components.common.storage import TMP_PREFIX
-from components.evaluate.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
-from components.prepare_text.preparation import MULTI_LABEL, read_manifest, read_split
+from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
+from components.common.storage import TMP_PREFIX, write_json_atomically
+from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.train_text import schedule
-from components.train_text.assets import LM_FILES, SPM_LANGS, LMAssets, direction, fetch_assets
+from components.train_text.assets import LMAssets, fetch_assets
+from components.train_text.contract import (
+    EXPORT_FILE,
+    LABELS_FILE,
+    LM_FILES,
+    PER_LABEL_FILE,
+    SPM_LANGS,
+    TEXT_FIELD,
+    TRAINING_METRICS_FILE,
+    TextTrainingError,
+    TrainConfig,
+    direction,
+)
 
 log = logging.getLogger(__name__)
 
-EXPORT_FILE = "export.pkl"
-LABELS_FILE = "labels.json"
-METRICS_FILE = "metrics.json"
-PER_LABEL_FILE = "per_label_metrics.json"
 VOCAB_FILE = "vocab.pkl"
 ENCODER_FILE = "lm_encoder.pth"
 # Columns of the frames handed to fastai: fixed names, so no user label can clash with them.
-_TEXT, _VALID, _CLASS = "text", "is_valid", "__class__"
+_TEXT, _VALID, _CLASS = TEXT_FIELD, "is_valid", "__class__"
 # Settings that shape the encoder; the LM's dropouts do not carry over to the classifier.
 _ENCODER_KEYS = ("emb_sz", "n_hid", "n_layers", "pad_token", "bidir")
-
-
-# What `monitor` may name: the losses, and the metric of multi- or single-label models.
-MONITORS = ("valid_loss", "train_loss", "f1_score", "accuracy_multi", "accuracy")
-
-
-class TextTrainingError(RuntimeError):
-    """Training cannot start as configured; the message says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Settings of one training run (see the component for each one's meaning)."""
-
-    lang: str = "fr"
-    pretrained: bool = False
-    backwards: bool = False
-    lm_epochs: int = 4
-    epochs: int = 8
-    batch_size: int = 16
-    drop_mult: float = 0.3
-    threshold: float = 0.3
-    monitor: str = "valid_loss"
-    learning_rate: float = 2e-2
-    lm_learning_rate: float = 2e-3
-    seq_len: int = 72
-    min_freq: int = 3
-    max_vocab: int = 60000
-    mixed_precision: bool = True
-    model_config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    keep_checkpoints: bool = False
-    seed: int = 42
-
-    def __post_init__(self) -> None:
-        problems = []
-        for name in ("lm_epochs", "epochs"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.epochs < 1:
-            problems.append(f"epochs must be >= 1 (the classifier has to train), got {self.epochs}")
-        for name in ("batch_size", "seq_len", "min_freq", "max_vocab"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 < self.threshold < 1:  # also refuses NaN
-            problems.append(f"threshold must be in (0, 1), got {self.threshold}")
-        if not self.drop_mult >= 0:
-            problems.append(f"drop_mult must be >= 0, got {self.drop_mult}")
-        for name in ("learning_rate", "lm_learning_rate"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.monitor not in MONITORS:
-            problems.append(f"monitor must be one of {MONITORS}, got {self.monitor!r}")
-        if problems:
-            raise TextTrainingError("; ".join(problems))
-
-
-def parse_model_config(text: str) -> dict[str, Any]:
-    """AWD_LSTM settings from a JSON object string ("" gives none).
-
-    Raises:
-        TextTrainingError: Not a JSON object, or a key AWD_LSTM does not take.
-    """
-    if not text.strip():
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise TextTrainingError(f"model_config is not valid JSON: {err}") from err
-    if not isinstance(value, dict):
-        raise TextTrainingError("model_config must be a JSON object, e.g. {\"emb_sz\": 400}")
-    return value
 
 
 def _check_arch_config(config: dict[str, Any], source: str) -> None:
@@ -176,7 +132,7 @@ def _frame(train: pd.DataFrame, valid: pd.DataFrame, text_column: str,
     return out
 
 
-def _lm_batch_size(lengths: Sequence[int], bs: int, seq_len: int) -> int:
+def _lm_batch_size(lengths: Sequence[int], bs: int) -> int:
     """Largest batch size <= bs whose token streams give the LM at least one batch."""
     total = int(sum(lengths))
     # LMDataLoader cuts the corpus into bs streams of (total - 1) // bs tokens; it
@@ -190,8 +146,8 @@ def _lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
                               min_freq=config.min_freq, max_vocab=config.max_vocab)
     dsets = DataBlock(blocks=block, get_x=ColReader(_TEXT),
                       splitter=ColSplitter(_VALID)).datasets(frame[[_TEXT, _VALID]])
-    bs = _lm_batch_size(dsets.train.items["text_length"], config.batch_size, config.seq_len)
-    val_bs = _lm_batch_size(dsets.valid.items["text_length"], config.batch_size, config.seq_len)
+    bs = _lm_batch_size(dsets.train.items["text_length"], config.batch_size)
+    val_bs = _lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
     if bs < config.batch_size or val_bs < config.batch_size:
         log.warning("few tokens: language model batch size %d (train) / %d (valid) instead of %d",
                     bs, val_bs, config.batch_size)
@@ -350,8 +306,7 @@ def save_lm_assets(learn, root: str, lang: str, backwards: bool,
     folder = os.path.join(root, lang, direction(backwards))
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, n) for n in LM_FILES]
-    with open(paths[0], "w") as f:
-        json.dump({"arch": "AWD_LSTM", **config}, f, indent=2)
+    write_json_atomically(paths[0], {"arch": "AWD_LSTM", **config})
     save_pickle(paths[1], list(_get_text_vocab(learn.dls)))
     torch.save(learn.model.state_dict(), paths[2])
     return paths
@@ -565,7 +520,7 @@ def train_text_classifier(
         run.save()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if not config.keep_checkpoints and checkpoint_folder is None and \
+    if checkpoint_folder is None and \
             os.path.abspath(folder) == os.path.abspath(os.path.join(model_dir, "checkpoints")):
         # Under the model output they would ship with the model; they served their purpose.
         shutil.rmtree(folder, ignore_errors=True)
@@ -627,9 +582,7 @@ def per_label_summary(result: dict[str, Any]) -> dict[str, Any]:
 def _write_outputs(model_dir: str, result: dict[str, Any], labels: Sequence[str], task: str,
                    text_column: str, config: TrainConfig) -> None:
     def dump(name: str, value: Any) -> None:
-        with open(os.path.join(model_dir, name), "w") as f:
-            json.dump(value, f, indent=2)
-            f.write("\n")
+        write_json_atomically(os.path.join(model_dir, name), value, sort_keys=False)
 
     dump(LABELS_FILE, {
         "labels": list(labels),
@@ -641,11 +594,5 @@ def _write_outputs(model_dir: str, result: dict[str, Any], labels: Sequence[str]
         "backwards": config.backwards,
         "arch": "AWD_LSTM",
     })
-    dump(METRICS_FILE, result)
+    dump(TRAINING_METRICS_FILE, result)
     dump(PER_LABEL_FILE, per_label_summary(result))
-
-
-def read_labels(model_dir: str) -> dict[str, Any]:
-    """labels.json of a trained model folder."""
-    with open(os.path.join(model_dir, LABELS_FILE)) as f:
-        return json.load(f)

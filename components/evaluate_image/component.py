@@ -10,8 +10,16 @@ live in the `evaluation` folder.
 """
 
 from kfp import dsl
-from kfp.dsl import (Artifact, ClassificationMetrics, Dataset, Input, Markdown, Metrics, Model,
-                     Output)
+from kfp.dsl import (
+    Artifact,
+    ClassificationMetrics,
+    Dataset,
+    Input,
+    Markdown,
+    Metrics,
+    Model,
+    Output,
+)
 
 
 def evaluate_image_classifier(
@@ -38,9 +46,8 @@ def evaluate_image_classifier(
     """
     import shutil
 
-    from components.evaluate.evaluation import evaluate_image_model
-    from components.evaluate.metrics import REPORT_FILE
-    from components.evaluate.metrics import scalar_summary
+    from components.common.metrics import REPORT_FILE, scalar_summary
+    from components.evaluate_image.evaluation import evaluate_image_model
 
     result = evaluate_image_model(model.path, dataset.path, evaluation.path, split=split,
                                   batch_size=batch_size)

@@ -15,8 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from components.evaluate.metrics import (markdown_report, multi_label_metrics,
-                                         single_label_metrics, write_outputs)
+from components.common.metrics import (
+    markdown_report,
+    multi_label_metrics,
+    single_label_metrics,
+    write_outputs,
+)
 
 
 def _demote(markdown: str) -> str:
@@ -39,15 +43,14 @@ def predict(model_dir: str, texts: list[str], batch_size: int = 64) -> np.ndarra
     import torch
     from fastai.learner import load_learner
 
-    from components.train_text.training import EXPORT_FILE
+    from components.train_text.contract import EXPORT_FILE, TEXT_FIELD
 
     with warnings.catch_warnings():
         # fastai warns that pickles can run code: this is the export of our own training step.
         warnings.filterwarnings("ignore", message=".*insecure pickle")
         learn = load_learner(os.path.join(model_dir, EXPORT_FILE),
                              cpu=not torch.cuda.is_available())
-    # The training frame's text column is "text" (training._TEXT).
-    dl = learn.dls.test_dl(pd.DataFrame({"text": texts}), bs=batch_size, num_workers=0)
+    dl = learn.dls.test_dl(pd.DataFrame({TEXT_FIELD: texts}), bs=batch_size, num_workers=0)
     probs, _ = learn.get_preds(dl=dl)  # reorder=True undoes the sorting by length
     return probs.float().cpu().numpy()
 
@@ -72,8 +75,8 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
     Raises:
         ValueError: The split is empty or the labels disagree.
     """
-    from components.prepare_text.preparation import read_manifest, read_split
-    from components.train_text.training import read_labels
+    from components.prepare_text.contract import read_manifest, read_split
+    from components.train_text.contract import read_labels
 
     info = read_labels(model_dir)
     manifest = read_manifest(dataset_dir)

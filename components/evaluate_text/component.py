@@ -7,8 +7,16 @@ label, whose figures are in `metrics` and `evaluation`), `report` (Markdown) and
 """
 
 from kfp import dsl
-from kfp.dsl import (Artifact, ClassificationMetrics, Dataset, Input, Markdown, Metrics, Model,
-                     Output)
+from kfp.dsl import (
+    Artifact,
+    ClassificationMetrics,
+    Dataset,
+    Input,
+    Markdown,
+    Metrics,
+    Model,
+    Output,
+)
 
 
 def evaluate_text_classifier(
@@ -37,8 +45,8 @@ def evaluate_text_classifier(
     """
     import shutil
 
-    from components.evaluate.metrics import REPORT_FILE, scalar_summary
-    from components.evaluate.text import evaluate_text_model
+    from components.common.metrics import REPORT_FILE, scalar_summary
+    from components.evaluate_text.evaluation import evaluate_text_model
 
     result = evaluate_text_model(model.path, dataset.path, evaluation.path, split=split,
                                  threshold=None if threshold < 0 else threshold,

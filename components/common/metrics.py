@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from components.common.storage import write_json_atomically
+
 # What every evaluation step writes into its output folder.
-METRICS_FILE = "metrics.json"
+EVALUATION_FILE = "metrics.json"
 REPORT_FILE = "report.md"
 
 ROC_MAX_POINTS = 200  # keeps the ROC curve in KFP metadata and metrics.json small
@@ -434,10 +436,18 @@ def markdown_report(result: dict[str, Any], title: str) -> str:
 
 
 def write_outputs(result: dict[str, Any], output_dir: str, report: str) -> None:
-    """Writes `metrics.json` and `report.md` into `output_dir` (created if needed)."""
+    """Writes `metrics.json` and `report.md` into `output_dir` (created if needed).
+
+    This is the evaluation steps' output contract; `read_evaluation` reads it back.
+    """
     os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, METRICS_FILE), "w") as f:
-        json.dump(result, f, indent=2, allow_nan=False)
-        f.write("\n")
+    write_json_atomically(os.path.join(output_dir, EVALUATION_FILE), result, sort_keys=False,
+                          allow_nan=False)
     with open(os.path.join(output_dir, REPORT_FILE), "w") as f:
         f.write(report)
+
+
+def read_evaluation(evaluation_dir: str) -> dict[str, Any]:
+    """Loads `metrics.json` from an evaluation step's output folder."""
+    with open(os.path.join(evaluation_dir, EVALUATION_FILE)) as f:
+        return json.load(f)

@@ -4,8 +4,8 @@ Model folder layout (written by the trainer): `model.keras`, a tf-keras (Keras 2
 model taking float32 pixels 0..255 of shape (batch, H, W, 3), preprocessing
 included, and returning softmax probabilities; `labels.json`, `{"classes": [...]}`
 in output-column order. The model is loaded with `tf_keras`, not `tf.keras`
-(Keras 3 in TF 2.21), because the trainer saves it with tf-keras (see DESIGN.md:
-Keras 3 fails under MultiWorkerMirroredStrategy).
+(Keras 3 in TF 2.21), because the trainer saves it with tf-keras (Keras 3's `fit` fails
+under MultiWorkerMirroredStrategy: keras-team/keras#20585).
 
 Outputs in `output_dir`: `metrics.json` (the dict `single_label_metrics` returns,
 plus `split`, `model_dir`, `dataset_dir`) and `report.md`.
@@ -13,7 +13,6 @@ plus `split`, `model_dir`, `dataset_dir`) and `report.md`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -23,41 +22,19 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from components.evaluate.metrics import (METRICS_FILE, REPORT_FILE, markdown_report,
-                                         single_label_metrics, write_outputs)
-from components.shard.reader import make_dataset, read_manifest
-from components.train_image.model import load_keras_model
-from components.train_image.training import LABELS_FILE, MODEL_FILE
-
+from components.common.metrics import (
+    markdown_report,
+    single_label_metrics,
+    write_outputs,
+)
+from components.shard.contract import make_dataset, read_manifest
+from components.train_image.contract import MODEL_FILE, load_class_names, load_keras_model
 
 log = logging.getLogger(__name__)
 
 
 class EvaluationError(ValueError):
     """The model and the data cannot be evaluated together; the message says why."""
-
-
-def load_class_names(model_dir: str) -> list[str]:
-    """Reads the model's class list from `<model_dir>/labels.json`.
-
-    Args:
-        model_dir: The trained model's folder.
-
-    Returns:
-        Class names in the order of the model's output columns.
-
-    Raises:
-        EvaluationError: The file is missing or has no list under "classes".
-    """
-    path = os.path.join(model_dir, LABELS_FILE)
-    if not tf.io.gfile.exists(path):
-        raise EvaluationError(f"{path} not found: {model_dir!r} is not a trained model folder "
-                              f"(expected {MODEL_FILE} and {LABELS_FILE})")
-    with tf.io.gfile.GFile(path) as f:
-        classes = json.load(f).get("classes")
-    if not isinstance(classes, list) or not classes:
-        raise EvaluationError(f'{path} must hold {{"classes": [name, ...]}}')
-    return [str(c) for c in classes]
 
 
 def load_model(model_dir: str) -> tf_keras.Model:

@@ -1,1 +1,0 @@
-"""Evaluation step: classification metrics, reports and the KFP component."""

@@ -1,0 +1,86 @@
+"""The text preparation step's contract: its settings and the dataset folder it writes.
+
+Dataset folder: `train.csv`, `valid.csv`, `test.csv` (the text column, then one 0/1
+column per label) and `manifest.json` (text column, labels, task, dropped rows, split
+counts, source sha256). Other steps import this module only, never the preparation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+MANIFEST = "manifest.json"
+SPLITS = ("train", "valid", "test")
+MULTI_LABEL = "multi_label"
+SINGLE_LABEL = "single_label"
+
+
+class TextDataError(ValueError):
+    """The CSV cannot be used as given; the message names the column and rows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+    """How to read and split the CSV.
+
+    Attributes:
+        text_column: Column holding the texts.
+        label_columns: Label columns; empty means every column but the text.
+        label_delimiter: Separates several class names in a single class-name column.
+        other_label: Label given to rows with no label set; empty drops those rows.
+        validation_fraction: Share of the rows left after the test split that validate.
+        test_fraction: Share of all rows held out for the final test.
+        seed: Seed of the split; the same file and seed give the same splits.
+    """
+
+    text_column: str = "text"
+    label_columns: tuple[str, ...] = ()
+    label_delimiter: str = ","
+    other_label: str = "other"
+    validation_fraction: float = 0.2
+    test_fraction: float = 0.25
+    seed: int = 42
+
+    def __post_init__(self):
+        if not 0.0 <= self.test_fraction < 1.0:
+            raise TextDataError(f"test_fraction must be in [0, 1), got {self.test_fraction}")
+        if not 0.0 < self.validation_fraction < 1.0:
+            raise TextDataError(
+                f"validation_fraction must be in (0, 1), got {self.validation_fraction}")
+
+
+def parse_label_columns(text: str) -> tuple[str, ...]:
+    """Splits a comma-separated list of column names ("" gives no names)."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def split_path(dataset_dir: str, split: str) -> str:
+    """Path of one split's CSV inside a prepared dataset folder."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return os.path.join(dataset_dir, f"{split}.csv")
+
+
+def read_manifest(dataset_dir: str) -> dict[str, Any]:
+    """The manifest of a prepared dataset folder."""
+    with open(os.path.join(dataset_dir, MANIFEST)) as f:
+        return json.load(f)
+
+
+def read_split(dataset_dir: str, split: str) -> pd.DataFrame:
+    """One split of a prepared dataset: the text column (str) and 0/1 label columns."""
+    manifest = read_manifest(dataset_dir)
+    text = manifest["text_column"]
+    frame = pd.read_csv(split_path(dataset_dir, split), dtype={text: str},
+                        keep_default_na=False)
+    for label in manifest["labels"]:
+        frame[label] = frame[label].astype(np.int64)
+    return frame
+
+

@@ -1,0 +1,299 @@
+"""The registration gate and the serving model handed to the Model Registry upload."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from components.common.metrics import read_evaluation, single_label_metrics, write_outputs
+
+# metrics.json as the single-label evaluator writes it: numbers next to strings,
+# lists, nested dicts and a null (roc_auc when the data holds one class only).
+METRICS = {
+    "task": "single_label",
+    "num_examples": 40,
+    "classes": ["cat", "dog"],
+    "accuracy": 0.8,
+    "macro_f1": 0.65,
+    "weighted_f1": 0.7,
+    "positive_class": "dog",
+    "roc_auc": None,
+    "per_class": {"cat": {"f1": 0.9, "support": 20}, "dog": {"f1": 0.4, "support": 20}},
+    "confusion_matrix": {"labels": ["cat", "dog"], "matrix": [[18, 2], [6, 14]]},
+}
+
+
+def read_metrics(evaluation_dir: str):
+    """What the registration gate step reads: the evaluation's metrics.json."""
+    return read_evaluation(evaluation_dir)
+
+
+def _gate(*args, **kwargs):
+    from components.register.registration import gate
+
+    return gate(*args, **kwargs)
+
+
+# --- gate: the decision -------------------------------------------------------------
+
+
+def test_registers_at_exactly_the_threshold():
+    register, reason = _gate(dict(METRICS), "accuracy", 0.8)
+    assert register is True
+    assert reason == "accuracy = 0.8 >= 0.8: registering"
+
+
+def test_refuses_just_below_the_threshold():
+    just_below = math.nextafter(0.8, 0.0)
+    register, reason = _gate({**METRICS, "accuracy": just_below}, "accuracy", 0.8)
+    assert register is False
+    # the exact value, not one rounded up to the threshold it missed
+    assert reason == f"accuracy = {just_below!r} < 0.8: not registering"
+
+
+@pytest.mark.parametrize("value, threshold, expected", [
+    (0.95, 0.8, True),
+    (0.5, 0.8, False),
+    (0.0, 0.0, True),   # a threshold of 0 registers anything
+    (1.0, 1.0, True),   # a perfect model clears the strictest bar
+    (0.999, 1.0, False),
+])
+def test_decision_is_metric_at_least_threshold(value, threshold, expected):
+    register, _ = _gate({**METRICS, "accuracy": value}, "accuracy", threshold)
+    assert register is expected
+
+
+def test_compares_the_named_metric_and_no_other():
+    metrics = {**METRICS, "accuracy": 0.95, "macro_f1": 0.6}
+    assert _gate(metrics, "accuracy", 0.9)[0] is True
+    register, reason = _gate(metrics, "macro_f1", 0.9)
+    assert register is False
+    assert reason.startswith("macro_f1 = 0.6 <")
+
+
+def test_an_integer_metric_is_a_number():
+    register, reason = _gate({"accuracy": 1}, "accuracy", 0.8)
+    assert register is True
+    assert "accuracy = 1 >= 0.8" in reason
+
+
+@pytest.mark.parametrize("value, threshold", [(1.0, 0.0), (0.8, 0.8), (0.0, 0.9)])
+def test_disabled_never_registers(value, threshold):
+    register, reason = _gate({**METRICS, "accuracy": value}, "accuracy", threshold,
+                             enabled=False)
+    assert register is False
+    assert "switched off" in reason
+    assert "registering" not in reason.replace("registration", "")
+
+
+def test_reason_says_the_decision_and_its_numbers():
+    yes = _gate({**METRICS, "macro_f1": 0.91234}, "macro_f1", 0.9)[1]
+    no = _gate({**METRICS, "macro_f1": 0.41234}, "macro_f1", 0.5)[1]
+    assert yes == "macro_f1 = 0.91234 >= 0.9: registering"
+    assert no == "macro_f1 = 0.41234 < 0.5: not registering"
+
+
+# --- gate: metrics it cannot compare ------------------------------------------------
+
+
+def test_unknown_metric_is_an_error_listing_the_numeric_metrics():
+    with pytest.raises(ValueError) as err:
+        _gate(dict(METRICS), "f1_score", 0.5)
+    message = str(err.value)
+    assert "'f1_score'" in message
+    # every top-level number is offered, and nothing that is not one
+    assert "['accuracy', 'macro_f1', 'num_examples', 'weighted_f1']" in message
+
+
+@pytest.mark.parametrize("value", [
+    None,                      # roc_auc of a one-class evaluation
+    "0.9",                     # a number written as a string
+    True,                      # a bool is not a score, although Python counts it as an int
+    float("nan"),
+    {"f1": 0.9},               # nested, e.g. per_class
+    [0.9],
+], ids=["null", "string", "bool", "nan", "dict", "list"])
+def test_a_metric_that_is_not_a_number_is_an_error(value):
+    metrics = {"accuracy": 0.9, "score": value}
+    with pytest.raises(ValueError, match=r"registration metric 'score' .*\['accuracy'"):
+        _gate(metrics, "score", 0.5)
+
+
+def test_unknown_metric_is_an_error_even_when_registration_is_off():
+    # A misspelt setting is reported on the run that has it, not first when
+    # registration is switched on.
+    with pytest.raises(ValueError, match="'acuracy'"):
+        _gate(dict(METRICS), "acuracy", 0.5, enabled=False)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf")])
+def test_an_infinite_metric_never_registers(value):
+    with pytest.raises(ValueError, match="not a finite number"):
+        _gate({"accuracy": value}, "accuracy", 0.8)
+
+
+def test_a_threshold_that_is_not_a_number_is_an_error():
+    with pytest.raises(ValueError, match="threshold must be a finite number"):
+        _gate(dict(METRICS), "accuracy", float("nan"))
+
+
+def test_empty_metrics_is_an_error():
+    with pytest.raises(ValueError, match=r"choose one of \[\]"):
+        _gate({}, "accuracy", 0.5)
+
+
+# --- read_metrics -------------------------------------------------------------------
+
+
+def test_read_metrics_reads_metrics_json_of_the_evaluation_folder(tmp_path):
+    (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
+    (tmp_path / "report.md").write_text("# not this one\n")
+    assert read_metrics(str(tmp_path)) == METRICS
+
+
+def test_read_metrics_of_a_folder_without_metrics_json_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.json"):
+        read_metrics(str(tmp_path))
+
+
+def test_read_metrics_of_broken_json_is_an_error(tmp_path):
+    (tmp_path / "metrics.json").write_text('{"accuracy": 0.9,')  # a truncated write
+    with pytest.raises(ValueError):
+        read_metrics(str(tmp_path))
+
+
+def test_gate_on_what_the_evaluator_writes(tmp_path):
+    """metrics.json from the evaluator's own writer, read back and gated."""
+    import numpy as np
+
+    y_true = np.array([0, 0, 1, 1])
+    y_prob = np.array([[0.9, 0.1], [0.2, 0.8], [0.3, 0.7], [0.4, 0.6]])  # 3 of 4 right
+    write_outputs(single_label_metrics(y_true, y_prob, ["cat", "dog"]), str(tmp_path), "")
+    metrics = read_metrics(str(tmp_path))
+    assert _gate(metrics, "accuracy", 0.75) == (True, "accuracy = 0.75 >= 0.75: registering")
+    assert _gate(metrics, "accuracy", 0.76)[0] is False
+
+
+# --- copy_serving_model -------------------------------------------------------------
+
+SAVED_MODEL = {
+    "saved_model.pb": b"\x08\x01\x12\x00protobuf",
+    "fingerprint.pb": b"\x00\x01\x02",
+    "variables/variables.index": b"index\x00\xff",
+    "variables/variables.data-00000-of-00001": bytes(range(256)) * 64,
+    "assets/vocab/labels.txt": b"cat\ndog\n",
+}
+NOT_SERVED = {
+    "checkpoints/ckpt-3.index": b"checkpoint",
+    "metrics.json": b"{}",
+    "history.csv": b"epoch,loss\n",
+}
+
+
+def _write(root, files: dict[str, bytes]) -> None:
+    for relative, data in files.items():
+        path = os.path.join(root, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def _tree(root) -> dict[str, bytes]:
+    found = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
+    return found
+
+
+def _model(tmp_path, subdir: str = "saved_model") -> str:
+    model = str(tmp_path / "model")
+    _write(os.path.join(model, subdir), SAVED_MODEL)
+    _write(model, NOT_SERVED)
+    os.makedirs(os.path.join(model, subdir, "empty_assets"))
+    return model
+
+
+def test_copies_exactly_the_savedmodel_folder(tmp_path):
+    from components.register.registration import copy_serving_model
+
+    model = _model(tmp_path)
+    out = str(tmp_path / "artifact" / "unmanaged_model")  # its parent does not exist yet
+    copy_serving_model(model, "saved_model", out)
+    # the folder's contents at the top of out, not out/saved_model; same bytes; nothing else
+    assert _tree(out) == SAVED_MODEL
+    assert os.path.isdir(os.path.join(out, "empty_assets"))
+    # the model folder is left as it was
+    assert _tree(model) == {**{f"saved_model/{k}": v for k, v in SAVED_MODEL.items()},
+                            **NOT_SERVED}
+
+
+def test_copies_a_nested_subdir(tmp_path):
+    from components.register.registration import copy_serving_model
+
+    model = _model(tmp_path, subdir="export/serving")
+    out = str(tmp_path / "out")
+    copy_serving_model(model, "export/serving", out)
+    assert _tree(out) == SAVED_MODEL
+
+
+def test_copies_into_an_existing_empty_output_folder(tmp_path):
+    from components.register.registration import copy_serving_model
+
+    model = _model(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()  # KFP may create the output artifact's folder before the step runs
+    copy_serving_model(model, "saved_model", str(out))
+    assert _tree(out) == SAVED_MODEL
+
+
+def test_missing_subdir_is_a_clear_error_and_writes_nothing(tmp_path):
+    from components.register.registration import copy_serving_model
+
+    model = _model(tmp_path)
+    out = tmp_path / "out"
+    with pytest.raises(FileNotFoundError) as err:
+        copy_serving_model(model, "savedmodel", str(out))
+    assert os.path.join(model, "savedmodel") in str(err.value)
+    assert "'savedmodel'" in str(err.value)
+    assert not out.exists()
+
+
+def test_subdir_that_is_a_file_is_an_error(tmp_path):
+    from components.register.registration import copy_serving_model
+
+    model = _model(tmp_path)
+    with pytest.raises(FileNotFoundError, match="metrics.json"):
+        copy_serving_model(model, "metrics.json", str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_model_folder_is_an_error(tmp_path):
+    from components.register.registration import copy_serving_model
+
+    with pytest.raises(FileNotFoundError, match="no 'saved_model' to serve"):
+        copy_serving_model(str(tmp_path / "no-model"), "saved_model", str(tmp_path / "out"))
+
+
+def test_files_of_an_earlier_attempt_are_not_uploaded(tmp_path):
+    from components.register.registration import copy_serving_model
+
+    model = _model(tmp_path)
+    out = tmp_path / "out"
+    (out / "variables").mkdir(parents=True)
+    (out / "variables" / "stale.index").write_bytes(b"a retried attempt's file")
+    copy_serving_model(model, "saved_model", str(out))
+    assert _tree(out) == SAVED_MODEL
+
+
+@pytest.mark.parametrize("subdir", ["", "/etc"])
+def test_subdir_must_be_inside_the_model(tmp_path, subdir):
+    from components.register.registration import copy_serving_model
+
+    with pytest.raises(ValueError, match="subdir must be a folder inside the model"):
+        copy_serving_model(_model(tmp_path), subdir, str(tmp_path / "out"))

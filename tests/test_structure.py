@@ -1,0 +1,143 @@
+"""Rules of the code's shape: steps meet only through contracts, defaults never drift."""
+
+import ast
+import dataclasses
+import inspect
+import pathlib
+
+import pytest
+
+from components.evaluate_image import component as evaluate_image
+from components.evaluate_text import component as evaluate_text
+from components.prepare_text import component as prepare_text
+from components.prepare_text.contract import PrepareConfig, parse_label_columns
+from components.register import component as register
+from components.shard import component as shard
+from components.shard.contract import ShardConfig
+from components.train_image import component as train_image
+from components.train_image.contract import TrainConfig as ImageTrainConfig
+from components.train_text import component as train_text
+from components.train_text.contract import TrainConfig as TextTrainConfig
+from components.train_text.contract import parse_model_config
+from pipelines import image, text
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "components"
+# Frameworks a contract must not load when imported (light steps import contracts).
+HEAVY = ("tensorflow", "tf_keras", "torch", "fastai", "kfp")
+
+
+def _imports(path: pathlib.Path) -> list[tuple[int, str, bool]]:
+    """(line, imported module, at module level) for every import in a file."""
+    tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, id(node) in top) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            # `from components.shard import contract` imports the module components.shard.contract
+            found += [(node.lineno, n if node.module.count(".") == 1
+                       and node.module.startswith("components.") else node.module,
+                       id(node) in top) for n in names]
+    return found
+
+
+def _violations(path: pathlib.Path) -> list[str]:
+    step = path.relative_to(ROOT).parts[0]
+    problems = []
+    for line, module, _ in _imports(path):
+        parts = module.split(".")
+        if parts[0] != "components" or len(parts) < 2:
+            continue
+        other = parts[1]
+        if step == "common" and other != "common":
+            problems.append(f"{path}:{line}: common imports step {module}")
+        elif other not in (step, "common") and parts[2:3] != ["contract"]:
+            problems.append(f"{path}:{line}: {step} imports {module}, not {other}'s contract")
+    return problems
+
+
+def test_steps_import_each_other_only_through_contracts():
+    problems = [p for path in sorted(ROOT.rglob("*.py")) for p in _violations(path)]
+    assert problems == []
+
+
+def test_the_rule_catches_a_step_importing_another_steps_logic(tmp_path, monkeypatch):
+    bad = ROOT / "evaluate_image" / "evaluation.py"
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self: (
+        "from components.train_image.training import MODEL_FILE\n"
+        "def f():\n    from components.train_text import training\n"))
+    assert len(_violations(bad)) == 2
+
+
+def test_contracts_are_light_to_import():
+    for path in sorted(ROOT.glob("*/contract.py")):
+        heavy = [(line, m) for line, m, top in _imports(path)
+                 if top and m.split(".")[0] in HEAVY]
+        assert heavy == [], f"{path} imports {heavy} at module level"
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def _defaults(function) -> dict:
+    return {name: p.default for name, p in inspect.signature(function).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+@pytest.mark.parametrize("pipeline", [image.build("img:1"), text.build("img:1")])
+def test_pipeline_defaults_equal_the_defaults_of_the_steps_they_feed(pipeline):
+    """Each pipeline parameter passed to a step has that step's own default."""
+    spec = pipeline.pipeline_spec
+    defaults = {name: p.default_value for name, p in
+                spec.root.input_definitions.parameters.items()}
+    checked = 0
+    for task in spec.root.dag.tasks.values():
+        component = spec.components[task.component_ref.name]
+        own = component.input_definitions.parameters
+        for name, source in task.inputs.parameters.items():
+            pipeline_name = source.component_input_parameter
+            if not pipeline_name or not own[name].HasField("default_value"):
+                continue
+            assert own[name].default_value == defaults[pipeline_name], (
+                f"{task.task_info.name}.{name} defaults to {own[name].default_value}, the "
+                f"pipeline's {pipeline_name} to {defaults[pipeline_name]}")
+            checked += 1
+    assert checked >= 20
+
+
+# Component parameters the component turns into the config's value (0 means None).
+NONE_FOR_ZERO = ("steps_per_epoch", "validation_steps")
+PARSED = {"label_columns": parse_label_columns, "model_config": parse_model_config}
+
+
+@pytest.mark.parametrize("component, config", [
+    (shard.shard_images, ShardConfig),
+    (train_image.train_image_classifier, ImageTrainConfig),
+    (prepare_text.prepare_text_data, PrepareConfig),
+    (train_text.train_text_classifier, TextTrainConfig),
+])
+def test_component_defaults_equal_the_config_defaults(component, config):
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    shared = sorted(set(_defaults(component)) & set(fields))
+    assert len(shared) >= 5
+    for name in shared:
+        field = fields[name]
+        expected = field.default if field.default is not dataclasses.MISSING \
+            else field.default_factory()
+        value = _defaults(component)[name]
+        if name in NONE_FOR_ZERO and expected is None:
+            expected = 0
+        if name in PARSED:
+            value = PARSED[name](value)
+        assert value == expected, f"{component.__name__}.{name}: {value!r} vs {expected!r}"
+
+
+@pytest.mark.parametrize("component", [evaluate_image.evaluate_image_classifier,
+                                       evaluate_text.evaluate_text_classifier,
+                                       register.registration_gate])
+def test_steps_without_a_config_have_documented_defaults(component):
+    doc = inspect.getdoc(component)
+    for name in _defaults(component):
+        assert f"{name}:" in doc, f"{component.__name__}.{name} has no description"
