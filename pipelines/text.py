@@ -107,7 +107,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             max_vocab: Largest vocabulary kept.
             mixed_precision: fp16 on GPUs of compute capability >= 7.0 (never on CPU).
             model_config: JSON of AWD_LSTM settings when training from scratch; empty for defaults.
-            eval_split: Split the evaluation scores: test, valid or train.
+            eval_split: Split the evaluation scores: test, validation or train.
             eval_batch_size: Texts per forward pass in the evaluation.
         """
         # First, before anything else is named: every pipeline parameter, checked on a

@@ -141,3 +141,10 @@ def test_steps_without_a_config_have_documented_defaults(component):
     doc = inspect.getdoc(component)
     for name in _defaults(component):
         assert f"{name}:" in doc, f"{component.__name__}.{name} has no description"
+
+
+def test_both_kinds_of_dataset_name_their_splits_alike():
+    from components.prepare_text.contract import SPLITS as TEXT_SPLITS
+    from components.shard.contract import SPLITS as IMAGE_SPLITS
+
+    assert TEXT_SPLITS == IMAGE_SPLITS == ("train", "validation", "test")

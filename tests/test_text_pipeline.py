@@ -80,7 +80,7 @@ def test_text_pipeline_end_to_end_with_kfp_local(tmp_path, monkeypatch):
     every_label = 2 * share / (1 + share)
     assert metrics["micro_f1"] > every_label + 0.2, (metrics["micro_f1"], every_label)
     assert metrics["threshold"] == 0.3 and set(metrics["tuned_thresholds"]) == set(labels)
-    assert summary["preparation"]["splits"] == {"train": 120, "valid": 30, "test": 50}
+    assert summary["preparation"]["splits"] == {"train": 120, "validation": 30, "test": 50}
     assert summary["training"]["epochs"] == 8  # classifier only (the LM stage: test_text_train)
     assert len(summary["training"]["classifier_epoch_seconds"]) == 8
 

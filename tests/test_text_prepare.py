@@ -25,7 +25,7 @@ def test_one_hot_csv_is_split_with_manifest(tmp_path):
     assert manifest["given_other"] == counts["none"]
     assert manifest["rows_in"] == manifest["rows_kept"] == 80
     sizes = {s: v["rows"] for s, v in manifest["splits"].items()}
-    assert sizes == {"test": 20, "valid": 12, "train": 48}  # 25% of all, then 20% of the rest
+    assert sizes == {"test": 20, "validation": 12, "train": 48}  # 25% of all, then 20% of the rest
     frames = {s: contract.read_split(str(tmp_path / "out"), s) for s in contract.SPLITS}
     assert list(frames["train"].columns) == ["text", *manifest["labels"]]
     assert sum(len(f) for f in frames.values()) == 80

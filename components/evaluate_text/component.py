@@ -39,7 +39,7 @@ def evaluate_text_classifier(
         classification_metrics: Confusion matrix (rows true, columns predicted) of a single-label model; empty for multi-label.
         report: The evaluation report in Markdown (multi-label: fixed and tuned thresholds side by side).
         evaluation: Folder with `metrics.json` (every number, per label included) and `report.md`.
-        split: Split to evaluate: "train", "valid" or "test".
+        split: Split to evaluate: "train", "validation" or "test".
         threshold: Multi-label decision threshold; negative uses the one the model was trained with.
         batch_size: Texts per forward pass.
     """

@@ -63,7 +63,7 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
         model_dir: Training step output: `export.pkl` and `labels.json`.
         dataset_dir: Preparation step output; its labels must equal the model's.
         output_dir: Folder for `metrics.json` and `report.md`.
-        split: "train", "valid" or "test".
+        split: "train", "validation" or "test".
         threshold: Fixed multi-label threshold; None uses the model's.
         batch_size: Texts per forward pass.
 

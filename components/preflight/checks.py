@@ -173,8 +173,8 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
             missing = missing_files(root, lang, backwards)
             if missing:
                 problems.append(f"lm_assets {root!r} lacks {missing} for lang={lang!r}")
-    if parameters.get("eval_split", "test") not in ("test", "valid", "train"):
-        problems.append(f"eval_split must be test, valid or train, got "
+    if parameters.get("eval_split", "test") not in ("test", "validation", "train"):
+        problems.append(f"eval_split must be test, validation or train, got "
                         f"{parameters['eval_split']!r}")
     elif parameters.get("eval_split", "test") == "test" and "test_fraction" in parameters \
             and not _number(parameters, "test_fraction") > 0:

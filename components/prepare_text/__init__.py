@@ -1,1 +1,1 @@
-"""Text preparation step: load and validate a labelled CSV, split it train/valid/test."""
+"""Text preparation step: load and validate a labelled CSV, split it train/validation/test."""

@@ -16,11 +16,11 @@ def prepare_text_data(
     seed: int = 42,
     data_fingerprint: str = "",
 ):
-    """Validates a labelled text CSV and splits it into train/valid/test.
+    """Validates a labelled text CSV and splits it into train/validation/test.
 
     Args:
         data_uri: CSV (gs://bucket/path.csv or local path) with a text column and either one 0/1 (or True/False) column per label or one column of class names.
-        dataset: Output folder: `train.csv`, `valid.csv`, `test.csv` (text then one 0/1 column per label) and `manifest.json` (labels, task, dropped rows, split counts).
+        dataset: Output folder: `train.csv`, `validation.csv`, `test.csv` (text then one 0/1 column per label) and `manifest.json` (labels, task, dropped rows, split counts).
         text_column: Name of the column holding the texts.
         label_columns: Comma-separated label column names; empty uses every column but the text.
         label_delimiter: Separates several class names inside one cell of a class-name column.

@@ -1,6 +1,6 @@
 """The text preparation step's contract: its settings and the dataset folder it writes.
 
-Dataset folder: `train.csv`, `valid.csv`, `test.csv` (the text column, then one 0/1
+Dataset folder: `train.csv`, `validation.csv`, `test.csv` (the text column, then one 0/1
 column per label) and `manifest.json` (text column, labels, task, dropped rows, split
 counts, source sha256). Other steps import this module only, never the preparation.
 """
@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 MANIFEST = "manifest.json"
-SPLITS = ("train", "valid", "test")
+# The same split names as the image shards.
+SPLITS = ("train", "validation", "test")
 MULTI_LABEL = "multi_label"
 SINGLE_LABEL = "single_label"
 

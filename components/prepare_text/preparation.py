@@ -1,4 +1,4 @@
-"""Load a labelled text CSV (gs:// or local), validate it and split it train/valid/test.
+"""Load a labelled text CSV (gs:// or local), validate it and split it train/validation/test.
 
 Accepted inputs:
 - one-hot: a text column and one column per label holding 0/1 or True/False
@@ -16,7 +16,7 @@ excluded).
 The task is decided by the data: multi-label when some row has two labels or more,
 single-label otherwise.
 
-Output folder: `train.csv`, `valid.csv`, `test.csv` (the text column, then one 0/1
+Output folder: `train.csv`, `validation.csv`, `test.csv` (the text column, then one 0/1
 column per label, in label order) and `manifest.json`.
 """
 
@@ -232,7 +232,7 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
 
 def split_rows(data: pd.DataFrame, labels: Sequence[str], task: str,
                config: PrepareConfig) -> dict[str, np.ndarray]:
-    """Assigns every row to train, valid or test.
+    """Assigns every row to train, validation or test.
 
     The test split takes `test_fraction` of the rows, validation takes
     `validation_fraction` of the rest. Single-label data is split class by class
@@ -256,10 +256,10 @@ def split_rows(data: pd.DataFrame, labels: Sequence[str], task: str,
         n_test = int(round(len(group) * config.test_fraction))
         n_valid = int(round((len(group) - n_test) * config.validation_fraction))
         parts["test"].append(group[:n_test])
-        parts["valid"].append(group[n_test:n_test + n_valid])
+        parts["validation"].append(group[n_test:n_test + n_valid])
         parts["train"].append(group[n_test + n_valid:])
     splits = {s: np.sort(np.concatenate(p)).astype(np.int64) for s, p in parts.items()}
-    for needed in ("train", "valid"):
+    for needed in ("train", "validation"):
         if splits[needed].size == 0:
             raise TextDataError(
                 f"the {needed} split is empty: {len(data)} usable rows, "
@@ -273,7 +273,7 @@ def prepare_text_dataset(data_uri: str, out_dir: str, config: PrepareConfig) -> 
 
     Args:
         data_uri: The CSV, a local path or gs:// URI.
-        out_dir: Folder written: `train.csv`, `valid.csv`, `test.csv`, `manifest.json`.
+        out_dir: Folder written: `train.csv`, `validation.csv`, `test.csv`, `manifest.json`.
         config: Columns, label handling and split.
 
     Returns:

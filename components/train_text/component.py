@@ -30,7 +30,7 @@ def train_text_classifier(
     """Fine-tunes a language model on the texts, then trains a ULMFiT classifier (fastai AWD-LSTM).
 
     Args:
-        dataset: Folder from the text preparation step: train/valid/test CSVs and manifest.json (labels, task).
+        dataset: Folder from the text preparation step: train/validation/test CSVs and manifest.json (labels, task).
         model: Output folder: `export.pkl` (fastai learner for `load_learner`), `labels.json` (labels, task, threshold, per-label tuned thresholds), `metrics.json` and `per_label_metrics.json` (validation figures per label at the fixed and tuned thresholds).
         metrics: Validation scalars: micro/macro F1 at the threshold and at tuned thresholds (multi-label), or accuracy and macro F1 (single-label); epochs and seconds per classifier epoch.
         lm_assets_uri: Root (gs:// or local) of pretrained LMs laid out as `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` and `<lang>/spm/spm.model` for ja, ko, zh; needed when pretrained is true.

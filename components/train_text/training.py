@@ -4,10 +4,10 @@ Only `fastai.text` is imported: `fastai.vision` fails to import in this stack
 (torchvision/torch mismatch) and the text path has no use for it.
 
 Steps of `train_text_classifier`:
-1. Read the prepared dataset (components/prepare_text): train and valid splits.
+1. Read the prepared dataset (components/prepare_text): train and validation splits.
 2. Pretrained LM assets (when `pretrained`) are checked and copied locally; a
    missing file is an error naming every missing one. Nothing is downloaded.
-3. The LM is fine-tuned on the train+valid texts (`lm_epochs`; 0 skips it) and its
+3. The LM is fine-tuned on the train+validation texts (`lm_epochs`; 0 skips it) and its
    encoder saved; the classifier starts from that encoder (or from the pretrained
    weights when the LM is skipped) and unfreezes gradually (schedule.plan_stages).
 4. Each epoch is checkpointed with the state file (schedule.py), so a restarted
@@ -363,7 +363,7 @@ def train_text_classifier(
     """Trains a ULMFiT classifier on a prepared dataset and exports it.
 
     Args:
-        dataset_dir: Folder from the preparation step (train/valid/test CSVs, manifest.json).
+        dataset_dir: Folder from the preparation step (train/validation/test CSVs, manifest.json).
         model_dir: Output folder: `export.pkl` (fastai learner), `labels.json`,
             `metrics.json` and `per_label_metrics.json`.
         config: Training settings.
@@ -374,7 +374,7 @@ def train_text_classifier(
         callbacks: Extra fastai callbacks for every fit (the tests interrupt runs with one).
 
     Returns:
-        The content of metrics.json: `task`, `labels`, `split` ("valid"), the validation
+        The content of metrics.json: `task`, `labels`, `split` ("validation"), the validation
         results (`fixed` at the threshold and, multi-label, `tuned` at tuned thresholds),
         `history` (one row per epoch) and `run` (sizes, timings, resume information).
 
@@ -385,7 +385,7 @@ def train_text_classifier(
     started = time.monotonic()
     manifest = read_manifest(dataset_dir)
     labels, task, text_column = manifest["labels"], manifest["task"], manifest["text_column"]
-    train, valid = read_split(dataset_dir, "train"), read_split(dataset_dir, "valid")
+    train, valid = read_split(dataset_dir, "train"), read_split(dataset_dir, "validation")
     loss, metrics = _loss_and_metrics(task, config.threshold)
     known = ["train_loss", "valid_loss", *(mk_metric(m).name for m in metrics)]
     if config.monitor not in known:
@@ -499,7 +499,7 @@ def train_text_classifier(
             "history": state["history"],
             "best": best,
             "run": {
-                "rows": {"train": len(train), "valid": len(valid)},
+                "rows": {"train": len(train), "validation": len(valid)},
                 "train_tokens": train_tokens,
                 "vocab_size": len(vocab),
                 "parameters": int(n_params),
@@ -543,11 +543,11 @@ def _score(truth: np.ndarray, probs: np.ndarray, labels: Sequence[str], task: st
         fixed = multi_label_metrics(truth, probs, labels, threshold)
         tuned_thresholds = tune_thresholds(truth, probs)
         tuned = multi_label_metrics(truth, probs, labels, tuned_thresholds)
-        return {"task": task, "labels": list(labels), "split": "valid", "threshold": threshold,
+        return {"task": task, "labels": list(labels), "split": "validation", "threshold": threshold,
                 "fixed": fixed, "tuned": tuned,
                 "tuned_thresholds": dict(zip(labels, tuned_thresholds.tolist()))}
     fixed = single_label_metrics(truth.argmax(axis=1), probs, labels)
-    return {"task": task, "labels": list(labels), "split": "valid", "threshold": None,
+    return {"task": task, "labels": list(labels), "split": "validation", "threshold": None,
             "fixed": fixed, "tuned": None, "tuned_thresholds": None}
 
 
