@@ -9,6 +9,7 @@ import os
 import re
 
 import pytest
+import yaml
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform, aiplatform_v1
 
@@ -92,7 +93,9 @@ def test_every_pipeline_parameter_has_a_default_or_is_the_data_and_a_description
 
 def test_yaml_on_request_and_no_latest_tags(tmp_path):
     out = _compile(tmp_path, "--yaml")
-    assert (out / "image_pipeline.yaml").exists()
+    for name in ("image_pipeline", "text_pipeline"):
+        as_yaml = yaml.safe_load((out / f"{name}.yaml").read_text())
+        assert as_yaml == json.loads((out / f"{name}.json").read_text())
     with pytest.raises(SystemExit, match="latest"):
         compile_cli.main(["--output-dir", str(tmp_path), "--tag", "latest"])
     with pytest.raises(SystemExit, match="latest"):

@@ -63,10 +63,17 @@ def test_hadolint_passes_with_the_strict_config():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_hadolint_config_ignores_no_rule():
-    config = yaml.safe_load((CONTAINERS / ".hadolint.yaml").read_text())
-    assert not config.get("ignored")
-    assert config["failure-threshold"] == "style"
+def test_hadolint_config_fails_the_ancestors_mistakes(tmp_path):
+    """The project's config still catches what the ancestors' Dockerfiles did."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN apt-get update && apt-get install -y curl\n"
+                   "RUN pip install tensorflow\nCMD gcloud auth login\n")
+    result = subprocess.run(
+        [_hadolint(), "--no-color", "--config", str(CONTAINERS / ".hadolint.yaml"), str(bad)],
+        capture_output=True, text=True)
+    assert result.returncode != 0
+    for rule in ("DL3007", "DL3008", "DL3013"):  # :latest, unpinned apt, unpinned pip
+        assert rule in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("image", IMAGES)
@@ -222,9 +229,16 @@ def test_tensorflow_gpu_libraries_are_cuda_12_5_and_cudnn_9_3():
     assert not any(n.startswith("nvidia-") for n in _pins("fastai"))  # torch brings its own
 
 
-def test_lock_check_mode_reports_fresh_locks(capsys):
-    assert lock.main(["--check"]) == 0
-    assert capsys.readouterr().out == ""
+def test_lock_check_mode_reports_stale_locks_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    assert lock.main(["--check"]) == 0 and capsys.readouterr().out == ""  # committed: fresh
+    path = tmp_path / "requirements.txt"
+    path.write_text("numpy==1.0\n")
+    monkeypatch.setattr(lock, "ROOT", tmp_path)
+    monkeypatch.setattr(lock, "generate", lambda: {path: "numpy==2.4.6\n"})
+    assert lock.main(["--check"]) == 1
+    assert "stale requirements.txt" in capsys.readouterr().out
+    assert path.read_text() == "numpy==1.0\n"
+    assert lock.main([]) == 0 and path.read_text() == "numpy==2.4.6\n"
 
 
 def test_requirements_are_read_for_the_image_platform_not_this_machine():
@@ -329,9 +343,21 @@ def test_cloudbuild_pins_builders_and_never_uses_latest():
         assert "-docker.pkg.dev/" in image and "gcr.io" not in image
 
 
-def test_cloudbuild_refuses_an_empty_or_latest_tag():
+@pytest.mark.parametrize("tag, sha, ok", [
+    ("", "0a1b2c3d", False), ("latest", "0a1b2c3d", False), ("0a1b2c3", "", False),
+    ("0a1b2c3", "0a1b2c3d", True)])
+def test_cloudbuild_refuses_an_empty_or_latest_tag(tmp_path, tag, sha, ok):
     [check] = [s for s in _cloudbuild()["steps"] if s["id"] == "check-tag"]
-    script = check["args"][-1]
-    assert '"$$tag" = latest' in script and '-z "$$tag"' in script and '-z "$$sha"' in script
+    # Run the step's script as Cloud Build would: substitutions filled in, $$ -> $, in the
+    # source root, with a folder standing in for /workspace.
+    script = (check["args"][-1].replace("${_TAG}", tag).replace("${_GIT_SHA}", sha)
+              .replace("$$", "$").replace("/workspace/", f"{tmp_path}/"))
+    result = subprocess.run(["bash", "-ceu", script], capture_output=True, text=True, cwd=ROOT)
+    assert (result.returncode == 0) is ok, result.stderr
+    version = tmp_path / ".package-version"
+    assert version.exists() is ok
+    if ok:  # the package version the images are labelled with, read from pyproject.toml
+        pyproject = lock.read_pyproject(ROOT / "pyproject.toml")
+        assert version.read_text() == pyproject["project"]["version"]
     builds = [s for s in _cloudbuild()["steps"] if s["id"].startswith("build-")]
     assert builds and all(s["waitFor"] == ["check-tag"] for s in builds)
