@@ -41,3 +41,19 @@ def test_missing_gs_folder_is_a_clear_error(gcs, tmp_path):
         assert "gs://empty-bucket/nothing-here" in str(err) and "does not exist" in str(err)
     else:
         raise AssertionError("no error for a missing gs:// folder")
+
+
+def test_brackets_in_gs_names_are_plain_characters(gcs, tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "images"
+    for name, colour in (("cat [hi-res]", (200, 0, 0)), ("dog", (0, 200, 0))):
+        (root / name).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (20, 20), colour).save(root / name / f"img[{i}].jpg")
+    _upload(gcs, "bracket-data", str(root), "sets [v2]/")
+    manifest = sharding.shard_dataset(
+        "gs://bracket-data/sets [v2]", str(tmp_path / "out"),
+        ShardConfig(image_size=16, min_shards_per_split=1, num_workers=1), progress=False)
+    assert manifest["classes"] == ["cat [hi-res]", "dog"]
+    assert manifest["written"] == 8 and manifest["skipped"] == []
