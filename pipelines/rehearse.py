@@ -768,11 +768,11 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
     summary = summarize(outputs) if summarize else {
         "outputs": {k: getattr(v, "path", v) for k, v in outputs.items()}}
     if "registration" in summary:
-        uploaded = any(r.state == "not-executed" for r in runner.records)
+        request_built = any(r.state == "not-executed" for r in runner.records)
         summary["registration"].update(
             uploaded=False,
             note="rehearsal: the Model Registry request was built and checked, not sent"
-            if uploaded else "rehearsal: no upload task ran (not compiled in, or gated off)")
+            if request_built else "rehearsal: no upload task ran (not compiled in, or gated off)")
     summary["rehearsal"] = {"pipeline": path, "job_name": runner.job_name,
                             "pipeline_root": runner.pipeline_root, "gcs_folder": runner.gcs,
                             "tasks": report}
