@@ -188,7 +188,16 @@ def test_both_pipelines_load_in_pipeline_job(tmp_path):
             display_name=name, template_path=str(out / f"{name}.json"),
             pipeline_root="gs://acme-ml-pipelines/root", parameter_values={"data_uri": data},
             project="acme-ml", location="europe-west4", credentials=AnonymousCredentials())
-        assert job._gca_resource.runtime_config.parameter_values["data_uri"] == data
+        values = job._gca_resource.runtime_config.parameter_values
+        assert values["data_uri"] == data
+        # unset parameters are left to the compiled defaults, which Vertex fills in
+        assert set(values) == {"data_uri"}
+        with pytest.raises(ValueError, match="epochz"):
+            aiplatform.PipelineJob(
+                display_name=name, template_path=str(out / f"{name}.json"),
+                pipeline_root="gs://acme-ml-pipelines/root",
+                parameter_values={"data_uri": data, "epochz": 3}, project="acme-ml",
+                location="europe-west4", credentials=AnonymousCredentials())
 
 
 def test_no_upload_without_a_pinned_serving_image(tmp_path):
