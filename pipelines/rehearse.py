@@ -633,7 +633,7 @@ class Rehearsal:
             log_path = os.path.join(logs, f"workerpool{pool}-{index}.attempt{attempt}.log")
             return subprocess.Popen(commands[pool][index], env={**base, **envs[pool][index]},
                                     stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=self.output)
+                                    start_new_session=True)  # in the caller's folder
 
         envs = environments() if callable(environments) else environments
         attempt = 1

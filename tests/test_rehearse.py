@@ -91,7 +91,7 @@ def test_parameters_are_typed_and_checked(tmp_path):
         rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": "/d", "epoch": "3"})
 
 
-def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path):
+def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path, monkeypatch):
     """The CustomJob payload is parsed into Vertex's own message, as the launcher sends it."""
     path = os.path.join(_compile(tmp_path), "text_pipeline.json")
     spec = json.loads(open(path).read())
@@ -100,11 +100,11 @@ def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path):
     pools[0]["machine_spec"]["accelerator_type"] = "NVIDIA_FOO"
     with open(path, "w") as f:
         json.dump(spec, f)
-    csv = tmp_path / "reviews.csv"
-    write_reviews_csv(str(csv), rows=40, seed=3)
+    write_reviews_csv(str(tmp_path / "reviews.csv"), rows=40, seed=3)
+    monkeypatch.chdir(tmp_path)  # a relative data path means the caller's folder, as locally
     with pytest.raises(rehearse.RehearsalError,
                        match="Vertex would reject the CustomJob.*NVIDIA_FOO"):
-        rehearse.rehearse(path, str(tmp_path / "r"), {"data_uri": str(csv)})
+        rehearse.rehearse(path, str(tmp_path / "r"), {"data_uri": "reviews.csv"})
     report = json.loads((tmp_path / "r" / "rehearsal.json").read_text())
     assert [(t["name"], t["state"]) for t in report] == [("preflight-text", "succeeded"),
                                                          ("prepare-text-data", "pending")]
