@@ -95,8 +95,8 @@ def is_pinned(uri: str) -> bool:
     """True for an image URI with a digest, or a tag other than `latest`."""
     if "@sha256:" in uri:
         return True
-    name = uri.rsplit("/", 1)[-1]
-    return ":" in name and not name.endswith(":latest")
+    name, colon, tag = uri.rsplit("/", 1)[-1].rpartition(":")
+    return bool(name and colon) and tag not in ("", "latest")
 
 
 def image_uris(args: argparse.Namespace) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Uniform access to local paths and gs:// URIs.
 
 gs:// goes through fsspec/gcsfs (which honours `STORAGE_EMULATOR_HOST`, used by the
-tests) and never through gsutil or TensorFlow's own GCS client.
+tests), never through the `gsutil` command or TensorFlow's own GCS client.
 """
 
 from __future__ import annotations
