@@ -46,6 +46,10 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         train_op = vertex.wrap(train_op, "train_image", "train-densenet121")
         evaluate_op = vertex.wrap(evaluate_op, "evaluate_image", "evaluate-image-classifier")
 
+    # The jobs' account is a run-time choice (GCPC passes it as a parameter of the job);
+    # its default is compile.py's --service-account.
+    default_job_account = vertex.service_account if vertex is not None else ""
+
     class Outputs(NamedTuple):
         dataset: Dataset
         model: Model
@@ -90,6 +94,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         registration_metric: str = "accuracy",
         registration_threshold: float = 0.8,
         model_display_name: str = "densenet121-image-classifier",
+        job_service_account: str = default_job_account,
     ) -> Outputs:
         """Trains and evaluates a DenseNet121 classifier on a folder of labelled images.
 
@@ -127,12 +132,14 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             registration_metric: Evaluation metric compared with the threshold: "accuracy" or "macro_f1".
             registration_threshold: Register only when the metric on the test split is at least this.
             model_display_name: Name of the model in the Model Registry.
+            job_service_account: Service account the custom jobs (sharding, training, evaluation) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
         """
         # First, before anything else is named: every pipeline parameter, checked on a
         # light machine before the first paid job; never cached (it fingerprints the data).
         preflight = preflight_op(**{name: value for name, value in locals().items()
                                     if name in preflight_op.component_spec.inputs})
         preflight.set_display_name("preflight").set_caching_options(False)
+        job = {"service_account": job_service_account} if vertex is not None else {}
         shard = shard_op(
             data_uri=data_uri, data_fingerprint=preflight.output, image_size=image_size,
             image_format=image_format,
@@ -140,7 +147,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             train_fraction=train_fraction, validation_fraction=validation_fraction,
             test_fraction=test_fraction, seed=seed, target_shard_mb=target_shard_mb,
             min_shards_per_split=min_shards_per_split,
-            max_skipped_fraction=max_skipped_fraction, num_workers=shard_workers,
+            max_skipped_fraction=max_skipped_fraction, num_workers=shard_workers, **job,
         ).set_display_name("shard-images")
         train = train_op(
             dataset=shard.outputs["dataset"], weights=weights, epochs=epochs,
@@ -149,11 +156,11 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             unfreeze_blocks=unfreeze_blocks, dropout=dropout, flip=flip, rotation=rotation,
             zoom=zoom, precision=precision, seed=seed,
             early_stopping_patience=early_stopping_patience,
-            reduce_lr_patience=reduce_lr_patience, steps_per_epoch=steps_per_epoch,
+            reduce_lr_patience=reduce_lr_patience, steps_per_epoch=steps_per_epoch, **job,
         ).set_display_name("train-densenet121")
         evaluate = evaluate_op(
             model=train.outputs["model"], dataset=shard.outputs["dataset"], split="test",
-            batch_size=eval_batch_size,
+            batch_size=eval_batch_size, **job,
         ).set_display_name("evaluate")
         gate = gate_op(
             evaluation=evaluate.outputs["evaluation"], metric=registration_metric,

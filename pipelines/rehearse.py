@@ -16,9 +16,10 @@ interpreter). `gs://BUCKET/...` is the folder `DIR/gcs/BUCKET/...`, which stands
 Vertex's `/gcs/` Cloud Storage FUSE mount: KFP's mount prefix is pointed there in each
 step process (`rehearsal_site/sitecustomize.py`).
 
-Not executed: tasks that call the Vertex API themselves (the Model Registry upload):
-their request is built with GCPC's own code, checked against Vertex's `Model` message and
-written to `DIR/vertex-requests/`. Cache decisions are reported per task; with
+Every CustomJob request is written to `DIR/vertex-requests/<task>.json` as the launcher
+would send it. Not executed: tasks that call the Vertex API themselves (the Model
+Registry upload): their request is built with GCPC's own code, checked against Vertex's
+`Model` message and written there too. Cache decisions are reported per task; with
 `--cache-index FILE` a task whose cache key was seen in an earlier rehearsal is reused as
 Vertex reuses it. `--preempt TASK=GLOB` kills the first replica of TASK once a file
 matching GLOB exists under `DIR/gcs/`, and restarts it as Vertex restarts a preempted
@@ -564,6 +565,7 @@ class Rehearsal:
         except (KeyError, ValueError, TypeError) as err:
             raise RehearsalError(f"{record.name}: Vertex would reject the CustomJob: "
                                  f"{type(err).__name__}: {err}") from err
+        self._write_request(record, "CustomJob", job)
         spec = job["job_spec"]
         pools = spec["worker_pool_specs"]
         if pools[0].get("replica_count", 1) != 1:
@@ -607,13 +609,17 @@ class Rehearsal:
                                      f"{err}") from err
             if not request.get("container_spec", {}).get("image_uri"):
                 raise RehearsalError(f"{record.name}: the model upload has no serving image")
+        self._write_request(record, kind, request)
+        record.state = "not-executed"
+        record.note = f"{kind} calls the Vertex API; the request was checked and written"
+        print(f"[rehearse] {record.display_name}: {record.note}")
+
+    def _write_request(self, record: TaskRecord, kind: str, request: dict[str, Any]) -> None:
+        """Keeps what would be sent to Vertex in `vertex-requests/<task>.json`, to read."""
         folder = os.path.join(self.output, "vertex-requests")
         os.makedirs(folder, exist_ok=True)
         write_json_atomically(os.path.join(folder, record.name.replace("/", "-") + ".json"),
                               {"type": kind, "request": request}, sort_keys=False)
-        record.state = "not-executed"
-        record.note = f"{kind} calls the Vertex API; the request was checked and written"
-        print(f"[rehearse] {record.display_name}: {record.note}")
 
     def _run_replicas(self, record: TaskRecord, commands: list[list[list[str]]],
                       environments, restart_all: bool) -> None:

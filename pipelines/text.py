@@ -47,6 +47,10 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         train_op = vertex.wrap(train_op, "train_text", "train-text")
         evaluate_op = vertex.wrap(evaluate_op, "evaluate_text", "evaluate-text")
 
+    # The jobs' account is a run-time choice (GCPC passes it as a parameter of the job);
+    # its default is compile.py's --service-account.
+    default_job_account = vertex.service_account if vertex is not None else ""
+
     @dsl.pipeline(name=PIPELINE_NAME,
                   description="Splits a labelled text CSV, trains a fastai ULMFiT classifier "
                               "and evaluates it on the test split.")
@@ -78,6 +82,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         model_config: str = "",
         eval_split: str = "test",
         eval_batch_size: int = 64,
+        job_service_account: str = default_job_account,
     ) -> Outputs:
         """Prepares a labelled text CSV, trains a ULMFiT classifier and evaluates it.
 
@@ -109,17 +114,20 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             model_config: JSON of AWD_LSTM settings when training from scratch; empty for defaults.
             eval_split: Split the evaluation scores: test, validation or train.
             eval_batch_size: Texts per forward pass in the evaluation.
+            job_service_account: Service account the custom jobs (sharding, training, evaluation) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
         """
         # First, before anything else is named: every pipeline parameter, checked on a
         # light machine before the first paid job; never cached (it fingerprints the data).
         preflight = preflight_op(**{name: value for name, value in locals().items()
                                     if name in preflight_op.component_spec.inputs})
         preflight.set_display_name("preflight").set_caching_options(False)
+        job = {"service_account": job_service_account} if vertex is not None else {}
         prepare = prepare_op(
             data_uri=data_uri, data_fingerprint=preflight.output, text_column=text_column,
             label_columns=label_columns,
             label_delimiter=label_delimiter, other_label=other_label,
             validation_fraction=validation_fraction, test_fraction=test_fraction, seed=seed,
+            **job,
         ).set_display_name("prepare-text")
         train = train_op(
             dataset=prepare.outputs["dataset"], lm_assets_uri=lm_assets, lang=lang,
@@ -127,11 +135,11 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             batch_size=batch_size, drop_mult=drop_mult, threshold=threshold, monitor=monitor,
             learning_rate=learning_rate, lm_learning_rate=lm_learning_rate, seq_len=seq_len,
             min_freq=min_freq, max_vocab=max_vocab, mixed_precision=mixed_precision,
-            model_config=model_config, seed=seed,
+            model_config=model_config, seed=seed, **job,
         ).set_display_name("train-text")
         evaluate = evaluate_op(
             model=train.outputs["model"], dataset=prepare.outputs["dataset"], split=eval_split,
-            batch_size=eval_batch_size,
+            batch_size=eval_batch_size, **job,
         ).set_display_name("evaluate-text")
         return Outputs(metrics=evaluate.outputs["metrics"], report=evaluate.outputs["report"],
                        evaluation=evaluate.outputs["evaluation"], model=train.outputs["model"],

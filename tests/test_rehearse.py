@@ -110,6 +110,32 @@ def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path, monkeypatch
                                                          ("prepare-text-data", "pending")]
 
 
+def test_jobs_run_as_the_account_chosen_at_run_time(tmp_path):
+    """GCPC takes the jobs' service account as a job parameter: the pipeline exposes it."""
+    build = _compile(tmp_path, "--service-account", "compiled@acme.iam.gserviceaccount.com")
+    path = os.path.join(build, "text_pipeline.json")
+    spec = json.loads(open(path).read())
+    defaults = spec["root"]["inputDefinitions"]["parameters"]["job_service_account"]
+    assert defaults["defaultValue"] == "compiled@acme.iam.gserviceaccount.com"
+    # Stop the run at the training job (a GPU Vertex does not know) to keep this quick.
+    params = spec["components"]["comp-train-text-classifier"]["inputDefinitions"]["parameters"]
+    params["worker_pool_specs"]["defaultValue"][0]["machine_spec"]["accelerator_type"] = "X"
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    csv = tmp_path / "reviews.csv"
+    write_reviews_csv(str(csv), rows=40, seed=3)
+    account = "trainer@acme.iam.gserviceaccount.com"
+    with pytest.raises(rehearse.RehearsalError, match="train-text-classifier: Vertex would"):
+        rehearse.rehearse(path, str(tmp_path / "r"),
+                          {"data_uri": str(csv), "job_service_account": account})
+    sent = json.loads((tmp_path / "r" / "vertex-requests" / "prepare-text-data.json").read_text())
+    assert sent["type"] == "CustomJob"
+    assert sent["request"]["job_spec"]["service_account"] == account
+    with pytest.raises(rehearse.RehearsalError, match="not a service account e-mail"):
+        rehearse.rehearse(path, str(tmp_path / "r2"),
+                          {"data_uri": str(csv), "job_service_account": "trainer"})
+
+
 def test_bad_settings_stop_the_run_before_the_first_job(tmp_path):
     path = os.path.join(_compile(tmp_path), "text_pipeline.json")
     csv = tmp_path / "reviews.csv"

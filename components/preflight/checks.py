@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -217,6 +218,23 @@ def data_fingerprint(uri: str) -> str:
     return f"sha256:{digest}:{len(listing)}"
 
 
+# A service account's e-mail (user-managed, or a default compute / App Engine account).
+_SERVICE_ACCOUNT = re.compile(r"^[a-z0-9][a-z0-9-]*@[a-z0-9][a-z0-9.-]*\.gserviceaccount\.com$")
+
+
+def check_job_account(parameters: Mapping[str, Any]) -> None:
+    """Refuses a job service account Vertex would reject when the first job starts.
+
+    Raises:
+        PreflightError: Not empty and not a service account e-mail.
+    """
+    account = str(parameters.get("job_service_account", "") or "")
+    if account and not _SERVICE_ACCOUNT.match(account):
+        raise PreflightError(
+            f"job_service_account {account!r} is not a service account e-mail "
+            "(NAME@PROJECT.iam.gserviceaccount.com); leave it empty for Vertex's default")
+
+
 def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     """Checks a run of pipeline `kind` and returns its data fingerprint.
 
@@ -231,4 +249,5 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     if kind not in CHECKS:
         raise PreflightError(f"unknown pipeline kind {kind!r}; known: {sorted(CHECKS)}")
     CHECKS[kind](parameters)
+    check_job_account(parameters)
     return data_fingerprint(data_uri)

@@ -41,6 +41,7 @@ def preflight_image(
     registration_metric: str = "accuracy",
     registration_threshold: float = 0.8,
     model_display_name: str = "densenet121-image-classifier",
+    job_service_account: str = "",
 ) -> str:
     """Refuses image pipeline settings that a later step would refuse, before any paid job
     starts, and fingerprints the input folder. Never cached: the fingerprint is an input of
@@ -88,6 +89,7 @@ def preflight_text(
     model_config: str = "",
     eval_split: str = "test",
     eval_batch_size: int = 64,
+    job_service_account: str = "",
 ) -> str:
     """Refuses text pipeline settings that a later step would refuse (and a missing
     pretrained language model), before any paid job starts, and fingerprints the CSV.
