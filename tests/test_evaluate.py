@@ -400,8 +400,12 @@ def test_component_runs_in_kfp_local(tmp_path_factory, tmp_path):
     assert classification["confusionMatrix"]["rows"] == [{"row": [4, 0]}, {"row": [0, 4]}]
     roc = classification["confidenceMetrics"]
     assert roc[0]["falsePositiveRate"] == 0 and roc[-1]["recall"] == 1
-    assert all(0 <= point["confidenceThreshold"] <= 1 for point in roc)
     folder = run.outputs["evaluation"].path
     written = json.loads(open(f"{folder}/metrics.json").read())
+    # The console's curve is metrics.json's ROC, thresholds clipped to [0, 1], falling.
+    thresholds = [point["confidenceThreshold"] for point in roc]
+    assert thresholds == [min(max(t, 0.0), 1.0) for t in written["roc"]["thresholds"]]
+    assert all(a > b for a, b in zip(thresholds, thresholds[1:]))
+    assert [point["falsePositiveRate"] for point in roc] == written["roc"]["fpr"]
     assert written["num_examples"] == 8 and written["roc_auc"] == 1.0
     assert open(f"{folder}/report.md").read().startswith("# Image classifier evaluation")
