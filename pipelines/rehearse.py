@@ -533,24 +533,23 @@ class Rehearsal:
                                   record.name, task_uuid)
         print(f"[rehearse] {record.display_name}: running")
         if container.get("command", [])[-1:] == [CUSTOM_JOB_LAUNCHER]:
-            self._custom_job(record, args, executor_input)
+            self._custom_job(record, args)
         elif any(part.startswith(GCPC_LAUNCHER_PREFIX) for part in command):
-            self._vertex_api_call(record, command, args, executor_input)
+            self._vertex_api_call(record, args, executor_input)
             record.seconds = time.monotonic() - started
             return {"parameters": {}, "artifacts": {}}
         else:
             record.replicas = 1
             self._run_replicas(record, [[command + args]], [[{}]], restart_all=False)
         record.state, record.seconds = "succeeded", time.monotonic() - started
-        result = self._collect(component, executor_input, inputs)
+        result = self._collect(component, executor_input)
         if record.cache != "disabled":
             self.cache[record.cache_key] = {
                 "parameters": result["parameters"],
                 "artifacts": {k: dataclasses.asdict(a) for k, a in result["artifacts"].items()}}
         return result
 
-    def _custom_job(self, record: TaskRecord, args: list[str],
-                    executor_input: dict[str, Any]) -> None:
+    def _custom_job(self, record: TaskRecord, args: list[str]) -> None:
         from google.cloud import aiplatform_v1
         from google_cloud_pipeline_components.container.v1.gcp_launcher.utils import json_util
 
@@ -587,7 +586,7 @@ class Rehearsal:
 
         self._run_replicas(record, commands, environments, restart_all)
 
-    def _vertex_api_call(self, record: TaskRecord, command: list[str], args: list[str],
+    def _vertex_api_call(self, record: TaskRecord, args: list[str],
                          executor_input: dict[str, Any]) -> None:
         """Builds the request a GCPC launcher would send, checks it, and writes it down."""
         from google.cloud import aiplatform_v1
@@ -673,7 +672,7 @@ class Rehearsal:
             raise RehearsalError(f"{record.display_name}: workerpool{pool} replica {index} "
                                  f"exited with {code}; log {log_path}:\n{tail}")
 
-    def _collect(self, component, executor_input, inputs) -> dict[str, Any]:
+    def _collect(self, component, executor_input) -> dict[str, Any]:
         """Reads what the task wrote (executor_output.json, output files)."""
         path = executor_input["outputs"]["outputFile"]
         written = {}
