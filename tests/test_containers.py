@@ -76,20 +76,29 @@ def test_hadolint_config_fails_the_ancestors_mistakes(tmp_path):
         assert rule in result.stdout, result.stdout
 
 
+def _base_refs(image: str) -> list[str]:
+    """Each FROM of a Dockerfile, `${ARG}` replaced by the ARG's default (what Cloud Build
+    uses: it passes no BASE_IMAGE)."""
+    steps = instructions(_dockerfile(image))
+    defaults = dict(a.split("=", 1) for kw, a in steps if kw == "ARG" and "=" in a)
+    return [re.sub(r"\$\{(\w+)\}", lambda m: defaults[m[1]], args.split()[0])
+            for kw, args in steps if kw == "FROM"]
+
+
 @pytest.mark.parametrize("image", IMAGES)
-def test_every_base_image_is_pinned_by_tag_or_digest(image):
-    froms = [args.split()[0] for kw, args in instructions(_dockerfile(image)) if kw == "FROM"]
+def test_every_base_image_is_pinned_by_tag_and_digest(image):
+    froms = _base_refs(image)
     assert froms
     for ref in froms:
-        name = ref.split("@", 1)[0]
+        name, _, digest = ref.partition("@")
         tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else ""
-        assert "@sha256:" in ref or tag, f"{ref} is not pinned"
-        assert tag != "latest" and "$" not in ref, ref
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{ref} is not pinned by digest"
+        assert tag and tag != "latest" and "$" not in ref, ref
 
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_python_3_11_base_matches_the_lock_target(image):
-    [ref] = [args.split()[0] for kw, args in instructions(_dockerfile(image)) if kw == "FROM"]
+    [ref] = _base_refs(image)
     m = re.match(r"^python:(\d+\.\d+\.\d+)-slim-", ref)
     assert m, ref
     assert m[1] == lock.TARGET_ENV["python_full_version"]
@@ -133,7 +142,8 @@ def test_no_credentials_and_no_gcloud_auth(path):
                     assert not re.search(r"\.json$|key|credential|secret|\.pem$|\.p12$|"
                                          r"\.config|\.ssh|gcloud", src, re.I), src
                     assert src in ("./",) or src.rstrip("/") in SOURCE_PATHS + ("README.md",) \
-                        or src == f"containers/{path.split('/')[0]}/requirements.txt", src
+                        or src in (f"containers/{path.split('/')[0]}/requirements.txt",
+                                   "containers/check_installed.py"), src
             assert kw != "ADD", "ADD fetches and unpacks: COPY says what it does"
 
 
@@ -164,7 +174,8 @@ def test_torch_index_in_the_fastai_image_serves_the_locked_build():
     text = _dockerfile("fastai").read_text()
     m = re.search(r"^ARG TORCH_INDEX_URL=(\S+)$", text, re.M)
     assert m and m[1] == lock.IMAGES["fastai"].index_url
-    assert '--extra-index-url "${TORCH_INDEX_URL}"' in text
+    assert '${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"}' in text
+    assert re.search(r"^ARG TORCH_LOCAL_LABEL=" + lock.TORCH_CUDA + "$", text, re.M)
     pins = _pins("fastai")
     assert pins["torch"] == f"2.13.0+{lock.TORCH_CUDA}"
     assert pins["torchvision"].endswith(f"+{lock.TORCH_CUDA}")
@@ -361,3 +372,42 @@ def test_cloudbuild_refuses_an_empty_or_latest_tag(tmp_path, tag, sha, ok):
         assert version.read_text() == pyproject["project"]["version"]
     builds = [s for s in _cloudbuild()["steps"] if s["id"].startswith("build-")]
     assert builds and all(s["waitFor"] == ["check-tag"] for s in builds)
+
+
+# ---------------------------------------------------------------- the installed check
+
+def test_installed_check_fails_on_a_lock_pin_not_installed_as_pinned():
+    from containers import check_installed as check
+
+    locked = check.read_lock("torch==2.13.0+cu126  # comment\nnumpy==2.4.6\nrich==15.0.0\n")
+    installed = {"torch": "2.13.0+cu126", "numpy": "2.4.5"}
+    errors, _ = check.compare(locked, installed, {})
+    assert errors == ["numpy is locked at 2.4.6 but 2.4.5 is installed",
+                      "rich==15.0.0 is locked but not installed"]
+    with pytest.raises(ValueError, match="not name==version"):
+        check.read_lock("torch>=2\n")
+
+
+def test_installed_check_lists_what_the_lock_does_not_pin_and_who_pulled_it_in():
+    from containers import check_installed as check
+
+    locked = {"torch": "2.13.0+cu126"}
+    installed = {"torch": "2.13.0+cu126", "nvidia-cudnn-cu12": "9.10.2.21",
+                 "cuda-bindings": "12.9.4", "pip": "24.0", "stray": "1.0"}
+    requires = {"torch": ['nvidia-cudnn-cu12==9.10.2.21; platform_system == "Linux"',
+                          'cuda-bindings<13,>=12.9; platform_system == "Linux"',
+                          'optree>=0.13.0; extra == "optree"']}
+    errors, extras = check.compare(locked, installed, requires)
+    assert errors == []
+    assert extras == [
+        "cuda-bindings==12.9.4 (torch <13,>=12.9) FLOATING: not pinned exactly",
+        "nvidia-cudnn-cu12==9.10.2.21 (torch ==9.10.2.21)",
+        "stray==1.0 (nothing requires it) FLOATING: not pinned exactly"]
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_installed_check_reads_the_real_locks(image):
+    from containers import check_installed as check
+
+    pins = check.read_lock(lock.lock_path(lock.IMAGES[image]).read_text())
+    assert pins == {lock.normalize(k): v for k, v in _pins(image).items()}
