@@ -2,6 +2,7 @@
 
     python -m pipelines.rehearse build/image_pipeline.json --output DIR [--param NAME=VALUE ...]
         [--pipeline-root gs://BUCKET/root] [--cache-index FILE] [--preempt TASK=GLOB ...]
+        [--runtime local|image]
 
 The file runs as Vertex Pipelines would run it, not as the Python pipeline function:
 the DAG, `dsl.If` conditions, pipeline parameter defaults and each task's inputs are read
@@ -11,10 +12,12 @@ Vertex's own `CustomJob` message, so a field or enum Vertex would reject fails h
 every replica of every worker pool runs as its own process with the environment Vertex
 sets (`CLUSTER_SPEC` and `TF_CONFIG` for multi-replica jobs, `AIP_MODEL_DIR`,
 `AIP_CHECKPOINT_DIR`, `AIP_TENSORBOARD_LOG_DIR` when the job has a base output
-directory). Steps run in this Python environment (`python3` on the PATH is this
-interpreter). `gs://BUCKET/...` is the folder `DIR/gcs/BUCKET/...`, which stands in for
-Vertex's `/gcs/` Cloud Storage FUSE mount: KFP's mount prefix is pointed there in each
-step process (`rehearsal_site/sitecustomize.py`).
+directory). `gs://BUCKET/...` is the folder `DIR/gcs/BUCKET/...`, which stands in for
+Vertex's `/gcs/` Cloud Storage FUSE mount. With `--runtime local` (the default) steps run
+in this Python environment (`python3` on the PATH is this interpreter) and KFP's mount
+prefix is pointed at that folder in each step process (`rehearsal_site/sitecustomize.py`).
+With `--runtime image` each step runs inside the image the JSON names, built here by
+`make images-local`, as the image's user, with the folder mounted at `/gcs`.
 
 Every CustomJob request is written to `DIR/vertex-requests/<task>.json` as the launcher
 would send it. Not executed: tasks that call the Vertex API themselves (the Model
@@ -60,6 +63,10 @@ GCPC_LAUNCHER_PREFIX = "google_cloud_pipeline_components.container."
 SUMMARIES = {image.PIPELINE_NAME: image.summarize,
              text.PIPELINE_NAME: lambda outputs: text.summarize(
                  {name: a.path for name, a in outputs.items() if hasattr(a, "path")})}
+
+RUNTIMES = ("local", "image")
+GCS_MOUNT = "/gcs"
+BUILDAH = ("buildah", "--storage-driver", "vfs")
 
 _PLACEHOLDER = re.compile(r"\{\{\$(?P<body>[^{}]*)\}\}")
 _INPUT_PARAM = re.compile(
@@ -197,6 +204,65 @@ def aip_env(base_output_directory: str) -> dict[str, str]:
             "AIP_TENSORBOARD_LOG_DIR": f"{base}/logs/"}
 
 
+# --------------------------------------------------------------------------- the images
+
+
+def open_mount(folder: str) -> None:
+    """Gives every file under the stand-in for /gcs the modes of a shared FUSE mount.
+
+    gcsfuse shows all objects with its mount's one directory mode and file mode (chmod and
+    chown are ignored), whoever wrote them. Vertex does not document the modes it mounts
+    /gcs with; its own KFP executor writes outputs there from the image's user, so the
+    rehearsal mounts it writable to all users (0777 folders, 0666 files), and files written
+    here by root (staged data, earlier outputs) look the same as the ones a step wrote.
+    """
+    for root, _, files in os.walk(folder):
+        os.chmod(root, 0o777)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o666)
+
+
+class ImageContainers:
+    """Runs steps inside locally built images (`make images-local`) with buildah.
+
+    One working container per image per rehearsal (vfs storage copies a whole image per
+    container, minutes for the fastai one), so steps of one image share its filesystem
+    outside /gcs; on Vertex each job starts from the image afresh. Steps run as the image's
+    user (USER in its Dockerfile), in its working folder, with its environment plus the
+    job's, and chroot isolation on the host's network (loopback TF_CONFIG addresses work).
+    """
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+
+    def container(self, image: str) -> str:
+        if image not in self.names:
+            name = "rehearse-" + hashlib.sha1(f"{image}{time.time()}".encode()).hexdigest()[:12]
+            result = subprocess.run([*BUILDAH, "from", "--pull=never", "--name", name, image],
+                                    capture_output=True, text=True)
+            if result.returncode:
+                raise RehearsalError(f"image {image} is not in this machine's buildah storage "
+                                     f"({result.stderr.strip()}): build it with "
+                                     "`make images-local`")
+            self.names[image] = name
+        return self.names[image]
+
+    def run_command(self, image: str, command: list[str], gcs_folder: str,
+                    env: Mapping[str, str]) -> list[str]:
+        """The command line that runs `command` in `image` with `gcs_folder` at /gcs."""
+        return [*BUILDAH, "run", "--isolation", "chroot",
+                "--volume", f"{gcs_folder}:{GCS_MOUNT}",
+                *[f"--env={key}={value}" for key, value in env.items()],
+                self.container(image), "--", *command]
+
+    def remove_all(self) -> None:
+        for name in self.names.values():
+            subprocess.run([*BUILDAH, "rm", name], capture_output=True)
+        self.names.clear()
+
+
 # --------------------------------------------------------------------------- the runner
 
 
@@ -227,8 +293,12 @@ class Rehearsal:
 
     def __init__(self, spec: dict[str, Any], output: str, params: Mapping[str, str],
                  pipeline_root: str = "gs://rehearsal-bucket/pipeline-root",
-                 cache_index: str | None = None, preempt: list[Preemption] | None = None):
+                 cache_index: str | None = None, preempt: list[Preemption] | None = None,
+                 runtime: str = "local"):
+        if runtime not in RUNTIMES:
+            raise RehearsalError(f"--runtime must be one of {RUNTIMES}, got {runtime!r}")
         self.spec = spec
+        self.runtime = runtime
         self.output = os.path.abspath(output)
         self.gcs = os.path.join(self.output, "gcs")
         if not pipeline_root.startswith("gs://"):
@@ -241,6 +311,9 @@ class Rehearsal:
         self.preempt = preempt or []
         self.records: list[TaskRecord] = []
         self.inputs = self._pipeline_inputs(params)
+        self.containers = ImageContainers() if runtime == "image" else None
+        if runtime == "image":
+            self._check_no_host_paths()
 
     # -- inputs -------------------------------------------------------------------------
 
@@ -299,6 +372,27 @@ class Rehearsal:
             return os.path.join(self.gcs, uri[len("gs://"):])
         return uri
 
+    def step_path(self, uri: str) -> str:
+        """A gs:// URI as a step sees it: `/gcs/...` inside an image, else the local file."""
+        if self.runtime == "image" and uri.startswith("gs://"):
+            return GCS_MOUNT + "/" + uri[len("gs://"):]
+        return self.local(uri)
+
+    def host_path(self, step_path: str) -> str:
+        """The local file behind a path a step was given (see `step_path`)."""
+        if self.runtime == "image" and step_path.startswith(GCS_MOUNT + "/"):
+            return os.path.join(self.gcs, step_path[len(GCS_MOUNT) + 1:])
+        return step_path
+
+    def _check_no_host_paths(self) -> None:
+        """Inside an image a step sees only /gcs: a local path parameter would not exist."""
+        for name, value in self.inputs.items():
+            if isinstance(value, str) and value and not value.startswith("gs://") and \
+                    os.path.exists(value):
+                raise RehearsalError(
+                    f"--param {name}={value} is a local path, which a step inside the image "
+                    f"cannot see: copy it under {self.gcs}/BUCKET/... and pass gs://BUCKET/...")
+
     # -- cache --------------------------------------------------------------------------
 
     def _load_cache(self) -> dict[str, Any]:
@@ -317,7 +411,11 @@ class Rehearsal:
     def run(self) -> dict[str, Any]:
         """Runs the pipeline; returns its outputs (artifacts as objects with .path/.metadata)."""
         os.makedirs(self.gcs, exist_ok=True)
-        outputs = self._run_dag(self.spec["root"], self.inputs, {}, prefix="")
+        try:
+            outputs = self._run_dag(self.spec["root"], self.inputs, {}, prefix="")
+        finally:
+            if self.containers:
+                self.containers.remove_all()
         self._save_cache()
         return outputs
 
@@ -417,7 +515,7 @@ class Rehearsal:
                     for key, artifact in inputs.items()},
             },
             "outputs": {
-                "parameters": {key: {"outputFile": self.local(f"{task_root}/{key}")}
+                "parameters": {key: {"outputFile": self.step_path(f"{task_root}/{key}")}
                                for key in outputs.get("parameters", {})},
                 "artifacts": {key: {"artifacts": [{
                     "name": f"projects/{PROJECT_NUMBER}/locations/{LOCATION}/metadataStores/"
@@ -426,7 +524,7 @@ class Rehearsal:
                     "uri": f"{task_root}/{key}", "metadata": {}}]}
                     for key, definition in outputs.get("artifacts", {}).items()},
                 # The executor writes this file itself; on Vertex it is under /gcs/.
-                "outputFile": self.local(f"{task_root}/executor_output.json"),
+                "outputFile": self.step_path(f"{task_root}/executor_output.json"),
             },
         }
 
@@ -473,7 +571,7 @@ class Rehearsal:
                 if m.group("field") == "uri":
                     return artifact["uri"]
                 if m.group("field") == "path":
-                    return self.local(artifact["uri"])
+                    return self.step_path(artifact["uri"])
                 metadata = artifact["metadata"]
                 return render(metadata[m.group("key")] if m.group("key") else metadata)
             raise RehearsalError(f"{task_name}: placeholder {match.group(0)!r} is not one "
@@ -540,7 +638,8 @@ class Rehearsal:
             return {"parameters": {}, "artifacts": {}}
         else:
             record.replicas = 1
-            self._run_replicas(record, [[command + args]], [[{}]], restart_all=False)
+            self._run_replicas(record, [[command + args]], [[{}]], restart_all=False,
+                               images=[container["image"]])
         record.state, record.seconds = "succeeded", time.monotonic() - started
         result = self._collect(component, executor_input)
         if record.cache != "disabled":
@@ -584,7 +683,8 @@ class Rehearsal:
             return [[{**env, **cluster_env(sizes, p, i, job, ports)} for i in range(size)]
                     for p, size in enumerate(sizes)]
 
-        self._run_replicas(record, commands, environments, restart_all)
+        self._run_replicas(record, commands, environments, restart_all,
+                           images=[p["container_spec"]["image_uri"] if p else "" for p in pools])
 
     def _vertex_api_call(self, record: TaskRecord, args: list[str],
                          executor_input: dict[str, Any]) -> None:
@@ -621,8 +721,12 @@ class Rehearsal:
                               {"type": kind, "request": request}, sort_keys=False)
 
     def _run_replicas(self, record: TaskRecord, commands: list[list[list[str]]],
-                      environments, restart_all: bool) -> None:
-        """Runs every replica as a process; applies a pending preemption; fails on errors."""
+                      environments, restart_all: bool, images: list[str]) -> None:
+        """Runs every replica as a process; applies a pending preemption; fails on errors.
+
+        With `runtime="image"` each replica runs in its pool's image (`images`), as the
+        image's user, with the rehearsal's gcs/ folder at /gcs; else here, in this venv.
+        """
         logs = os.path.join(self.output, "logs", record.name.replace("/", "-"))
         os.makedirs(logs, exist_ok=True)
         base = {**os.environ,
@@ -633,10 +737,17 @@ class Rehearsal:
                 MOUNT_ENV: self.gcs, "PYTHONUNBUFFERED": "1"}
         rule = next((p for p in self.preempt if not p.done and p.task in
                      (record.name, record.display_name)), None)
+        if self.containers:
+            open_mount(self.gcs)
 
         def start(pool: int, index: int, attempt: int, envs) -> subprocess.Popen:
             log_path = os.path.join(logs, f"workerpool{pool}-{index}.attempt{attempt}.log")
-            return subprocess.Popen(commands[pool][index], env={**base, **envs[pool][index]},
+            command, env = commands[pool][index], {**base, **envs[pool][index]}
+            if self.containers:
+                command = self.containers.run_command(images[pool], command, self.gcs,
+                                                      envs[pool][index])
+                env = dict(os.environ)
+            return subprocess.Popen(command, env=env,
                                     stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
                                     start_new_session=True)  # in the caller's folder
 
@@ -674,7 +785,7 @@ class Rehearsal:
 
     def _collect(self, component, executor_input) -> dict[str, Any]:
         """Reads what the task wrote (executor_output.json, output files)."""
-        path = executor_input["outputs"]["outputFile"]
+        path = self.host_path(executor_input["outputs"]["outputFile"])
         written = {}
         if os.path.exists(path):
             with open(path) as f:
@@ -691,8 +802,9 @@ class Rehearsal:
         parameters = dict(written.get("parameterValues", {}))
         definitions = component.get("outputDefinitions", {}).get("parameters", {})
         for key, entry in executor_input["outputs"]["parameters"].items():
-            if key not in parameters and os.path.exists(entry["outputFile"]):
-                with open(entry["outputFile"]) as f:
+            output_file = self.host_path(entry["outputFile"])
+            if key not in parameters and os.path.exists(output_file):
+                with open(output_file) as f:
                     raw = f.read()
                 kind = definitions.get(key, {}).get("parameterType", "STRING")
                 parameters[key] = raw if kind == "STRING" else json.loads(raw)
@@ -754,7 +866,7 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
         path: Compiled pipeline JSON (or YAML) as `compile.py` wrote it.
         output: Local folder of the rehearsal (gcs/, logs/, summary.json).
         params: Pipeline parameters as strings, typed by the pipeline's definitions.
-        **options: `pipeline_root`, `cache_index`, `preempt` (see `Rehearsal`).
+        **options: `pipeline_root`, `cache_index`, `preempt`, `runtime` (see `Rehearsal`).
 
     Returns:
         The summary: the pipeline's own (as `run_local` writes it) plus `rehearsal`.
@@ -801,6 +913,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-index", help="JSON file of cache entries kept across rehearsals")
     p.add_argument("--preempt", action="append", default=[], metavar="TASK=GLOB",
                    help="kill TASK's first replica once GLOB matches under OUTPUT/gcs/")
+    p.add_argument("--runtime", choices=RUNTIMES, default="local",
+                   help="local: steps run in this venv; image: each step runs in the image "
+                        "the JSON names, built here by `make images-local` (data must be "
+                        "under OUTPUT/gcs/ and passed as gs:// URIs)")
     args = p.parse_args(argv)
     params = {}
     for item in args.param:
@@ -816,7 +932,8 @@ def main(argv: list[str] | None = None) -> int:
         preempt.append(Preemption(task, pattern))
     try:
         summary = rehearse(args.pipeline, args.output, params, pipeline_root=args.pipeline_root,
-                           cache_index=args.cache_index, preempt=preempt)
+                           cache_index=args.cache_index, preempt=preempt,
+                           runtime=args.runtime)
     except RehearsalError as err:
         print(f"rehearsal failed: {err}", file=sys.stderr)
         return 1

@@ -8,6 +8,10 @@ the rehearsal's; the steps are the real ones.
 import glob
 import json
 import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
 
 import pytest
 
@@ -89,6 +93,70 @@ def test_parameters_are_typed_and_checked(tmp_path):
         rehearse.Rehearsal(spec, str(tmp_path / "r"), {})
     with pytest.raises(rehearse.RehearsalError, match="unknown pipeline parameter"):
         rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": "/d", "epoch": "3"})
+
+
+def test_in_an_image_steps_see_gcs_uris_under_the_mount_and_no_local_paths(tmp_path):
+    spec = json.loads(open(os.path.join(_compile(tmp_path), "image_pipeline.json")).read())
+    runner = rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": "gs://b/data"},
+                                runtime="image")
+    assert runner.step_path("gs://b/root/x/metrics") == "/gcs/b/root/x/metrics"
+    assert runner.host_path("/gcs/b/root/x/metrics") == str(tmp_path / "r" / "gcs" / "b" /
+                                                            "root" / "x" / "metrics")
+    assert runner.host_path("/home/runner/x") == "/home/runner/x"
+    local = rehearse.Rehearsal(spec, str(tmp_path / "l"), {"data_uri": "gs://b/data"})
+    assert local.step_path("gs://b/x") == local.host_path(local.step_path("gs://b/x")) == \
+        str(tmp_path / "l" / "gcs" / "b" / "x")
+    (tmp_path / "photos").mkdir()
+    with pytest.raises(rehearse.RehearsalError, match="local path, which a step inside the "
+                                                      "image cannot see"):
+        rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": str(tmp_path / "photos")},
+                           runtime="image")
+    with pytest.raises(rehearse.RehearsalError, match="--runtime must be one of"):
+        rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": "gs://b/d"}, runtime="vm")
+
+
+def test_step_commands_run_in_the_image_with_the_mount_and_the_job_environment():
+    containers = rehearse.ImageContainers()
+    containers.names["reg/tensorflow:1"] = "rehearse-abc"  # as `container()` records it
+    command = containers.run_command("reg/tensorflow:1", ["python3", "-m", "x"], "/r/gcs",
+                                     {"TF_CONFIG": '{"task": {"type": "chief"}}'})
+    assert command[:3] == ["buildah", "--storage-driver", "vfs"]
+    assert command[3:6] == ["run", "--isolation", "chroot"]
+    assert "--user" not in command  # the image's USER, as on Vertex
+    assert command[command.index("--volume") + 1] == "/r/gcs:/gcs"
+    assert '--env=TF_CONFIG={"task": {"type": "chief"}}' in command
+    assert command[-5:] == ["rehearse-abc", "--", "python3", "-m", "x"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_the_gcs_stand_in_is_writable_by_the_images_user_whoever_wrote_it():
+    """Files root staged (the data, earlier outputs) must not lock out uid 1000, as a FUSE
+    mount's one mode for every object would not."""
+    tmp_path = pathlib.Path(tempfile.mkdtemp())  # pytest's own tmp is root-only (0700)
+    try:
+        _write_as_another_user(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path)
+
+
+def _write_as_another_user(tmp_path):
+    gcs = tmp_path / "gcs"
+    (gcs / "b" / "data").mkdir(parents=True)
+    (gcs / "b" / "data" / "x.txt").write_text("root's")
+    os.chmod(gcs / "b" / "data", 0o755)
+    os.chmod(gcs / "b" / "data" / "x.txt", 0o644)
+    os.chmod(tmp_path, 0o755)
+
+    def write_as_1000() -> int:
+        return subprocess.run(
+            ["sh", "-c", f"mkdir -p {gcs}/b/data/out && echo y > {gcs}/b/data/out/y && "
+                         f"echo z >> {gcs}/b/data/x.txt"],
+            user=1000, group=1000).returncode
+
+    assert write_as_1000() != 0
+    rehearse.open_mount(str(gcs))
+    assert write_as_1000() == 0
+    assert (gcs / "b" / "data" / "out" / "y").stat().st_uid == 1000
 
 
 def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path, monkeypatch):
