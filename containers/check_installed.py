@@ -49,6 +49,21 @@ def pins_of(requirements: list[str]) -> dict[str, str]:
     return pins
 
 
+def _release(version: str) -> str:
+    """`13.0.3.0` -> `13.0.3`: PEP 440 compares releases without trailing zeros."""
+    parts = version.split(".")
+    while len(parts) > 1 and parts[-1] == "0":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _pins_exactly(spec: str, version: str) -> bool:
+    """`==V` naming this very release; `==V.*` (a series) and ranges float."""
+    if not spec.startswith("==") or "," in spec or spec.endswith(".*"):
+        return False
+    return _release(spec[2:]) == _release(version)
+
+
 def compare(locked: dict[str, str], installed: dict[str, str],
             requires: dict[str, list[str]]) -> tuple[list[str], list[str]]:
     """(errors, extras): lock pins not installed as pinned, and what else is installed."""
@@ -67,7 +82,7 @@ def compare(locked: dict[str, str], installed: dict[str, str],
         if name in locked or name in BOOTSTRAP:
             continue
         reasons = wanted_by.get(name, [])
-        exact = any(reason.endswith(f"=={version}") for reason in reasons)
+        exact = any(_pins_exactly(reason.rpartition(" ")[2], version) for reason in reasons)
         extras.append(f"{name}=={version} ({'; '.join(reasons) or 'nothing requires it'})"
                       + ("" if exact else " FLOATING: not pinned exactly"))
     return errors, extras

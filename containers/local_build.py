@@ -153,11 +153,10 @@ def image_exists(name: str) -> bool:
                           capture_output=True).returncode == 0
 
 
-def image_size(name: str) -> int:
-    """Bytes of an image's layers as stored (what a registry stores, uncompressed)."""
-    data = json.loads(buildah("inspect", "--type", "image", name, capture=True))
-    return sum(int(layer.get("size", 0)) for layer in data.get("History", [])) or \
-        int(data.get("OCIv1", {}).get("size", 0))
+def image_size(name: str) -> str:
+    """The image's size as buildah reports it (its layers, uncompressed: e.g. "6.24 GB")."""
+    [entry] = json.loads(buildah("images", "--json", name, capture=True))
+    return entry["size"]
 
 
 def make_standin(base: dict[str, str], work: Path) -> str:
@@ -233,7 +232,7 @@ def build_image(runtime: str, base_image: str, tag: str, work: Path) -> dict[str
     buildah(*command, str(ROOT))
     seconds = time.monotonic() - started
     return {"tag": tag, "build_args": args, "seconds": round(seconds, 1),
-            "bytes": image_size(tag)}
+            "size": image_size(tag)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,17 +250,16 @@ def main(argv: list[str] | None = None) -> int:
             base = parse_python_base(base_image_default(dockerfile_path(runtime).read_text()))
             started = time.monotonic()
             standin = make_standin(base, WORK)
-            report.setdefault("standin", {"name": standin, "stands_in_for": base,
+            report.setdefault("standin", {"tag": standin, "stands_in_for": base,
                                           "seconds": round(time.monotonic() - started, 1),
-                                          "bytes": image_size(standin)})
+                                          "size": image_size(standin)})
             report[runtime] = build_image(runtime, standin, tags[runtime], WORK)
     except (BuildError, subprocess.CalledProcessError) as err:
         print(f"images-local failed: {err}", file=sys.stderr)
         return 1
     Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
     for key, item in report.items():
-        print(f"{key:<11} {item['bytes'] / 2**30:6.2f} GiB  {item['seconds']:7.1f} s  "
-              f"{item.get('tag', item.get('name'))}")
+        print(f"{key:<11} {item['size']:>9}  {item['seconds']:7.1f} s  {item['tag']}")
     return 0
 
 

@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common.storage import write_json_atomically
-from pipelines import image, text
+from pipelines import gcs_api, image, text
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rehearsal_site")
 MOUNT_ENV = "REHEARSAL_GCS_MOUNT"
@@ -232,10 +232,13 @@ class ImageContainers:
     outside /gcs; on Vertex each job starts from the image afresh. Steps run as the image's
     user (USER in its Dockerfile), in its working folder, with its environment plus the
     job's, and chroot isolation on the host's network (loopback TF_CONFIG addresses work).
+    The Cloud Storage API the steps read raw inputs through is an emulator on loopback
+    (`STORAGE_EMULATOR_HOST`), seeded with the rehearsal's gcs/ folder.
     """
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}
+        self.env: dict[str, str] = {}  # for every step: where the Cloud Storage API is
 
     def container(self, image: str) -> str:
         if image not in self.names:
@@ -254,7 +257,7 @@ class ImageContainers:
         """The command line that runs `command` in `image` with `gcs_folder` at /gcs."""
         return [*BUILDAH, "run", "--isolation", "chroot",
                 "--volume", f"{gcs_folder}:{GCS_MOUNT}",
-                *[f"--env={key}={value}" for key, value in env.items()],
+                *[f"--env={key}={value}" for key, value in {**self.env, **env}.items()],
                 self.container(image), "--", *command]
 
     def remove_all(self) -> None:
@@ -411,11 +414,21 @@ class Rehearsal:
     def run(self) -> dict[str, Any]:
         """Runs the pipeline; returns its outputs (artifacts as objects with .path/.metadata)."""
         os.makedirs(self.gcs, exist_ok=True)
+        api = None
+        if self.containers:
+            # Raw inputs are read through the Cloud Storage API: an emulator holding what
+            # gcs/ holds now (later outputs are read back through /gcs, as on Vertex).
+            api, url = gcs_api.start_emulator(os.path.join(self.output, "logs"))
+            count = gcs_api.seed(url, self.gcs)
+            self.containers.env = {"STORAGE_EMULATOR_HOST": url}
+            print(f"[rehearse] Cloud Storage API: {count} files of {self.gcs} on {url}")
         try:
             outputs = self._run_dag(self.spec["root"], self.inputs, {}, prefix="")
         finally:
             if self.containers:
                 self.containers.remove_all()
+            if api:
+                gcs_api.stop(api)
         self._save_cache()
         return outputs
 

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import http.client
 import os
-import socket
-import subprocess
-import sys
-import time
-import uuid
 
 import numpy as np
 import pytest
 from PIL import Image
+
+from pipelines import gcs_api
 
 # A colour per class keeps tiny datasets learnable by tiny models.
 CLASS_COLOURS = {"cat": (220, 40, 40), "dog": (40, 200, 40), "eel": (40, 40, 220)}
@@ -79,95 +75,17 @@ def image_folder(tmp_path) -> str:
     return root
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-EMULATOR_ATTEMPTS = 5
-EMULATOR_START_SECONDS = 15
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
-
-
-def _emulator_request(port: int, method: str, path: str) -> int | None:
-    """HTTP status of `method path` on loopback `port`; None when nothing listens there,
-    -1 when something listens but does not answer as an HTTP server.
-
-    http.client, not urllib: no proxy settings from the environment get in the way.
-    """
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        connection.request(method, path)
-        return connection.getresponse().status
-    except ConnectionRefusedError:
-        return None
-    except (OSError, http.client.HTTPException):
-        return -1
-    finally:
-        connection.close()
-
-
-def _start_emulator(log_path) -> tuple[subprocess.Popen, int] | None:
-    """One try at starting the emulator on a free port; None when the port was lost.
-
-    `free_port()` closes its socket before the emulator binds, so another process can
-    take the port in between. The emulator then does not exit: its server thread dies
-    ("Address already in use" on stderr) and the process hangs; and a connection alone
-    would reach the other process. So the emulator is started with a bucket named by a
-    random token and counts as ours only when that bucket is there; the bucket is
-    deleted again before the tests see the emulator.
-    """
-    port = free_port()
-    token = f"emulator-{uuid.uuid4().hex}"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-             "--port", str(port), "--in-memory", "--quiet", "--default-bucket", token],
-            stdout=subprocess.DEVNULL, stderr=log,
-        )
-    deadline = time.monotonic() + EMULATOR_START_SECONDS
-    while time.monotonic() < deadline and process.poll() is None:
-        status = _emulator_request(port, "GET", f"/storage/v1/b/{token}")
-        if status == 200:
-            if _emulator_request(port, "DELETE", f"/storage/v1/b/{token}") in (200, 204):
-                return process, port
-            break
-        if status is not None:
-            break  # another server has the port
-        if b"Address already in use" in log_path.read_bytes():
-            break
-        time.sleep(0.1)
-    _stop(process)
-    return None
+free_port = gcs_api.free_port
 
 
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):
     """A real GCS JSON API on loopback (gcp-storage-emulator), as `http://127.0.0.1:PORT`."""
-    logs = tmp_path_factory.mktemp("gcs-emulator")
-    for attempt in range(EMULATOR_ATTEMPTS):
-        log_path = logs / f"stderr-{attempt}.log"
-        started = _start_emulator(log_path)
-        if started:
-            break
-    else:
-        tail = log_path.read_bytes()[-2000:].decode(errors="replace")
-        raise RuntimeError(f"gcp-storage-emulator did not start in {EMULATOR_ATTEMPTS} tries; "
-                           f"stderr of the last:\n{tail}")
-    process, port = started
+    process, url = gcs_api.start_emulator(tmp_path_factory.mktemp("gcs-emulator"))
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
-        _stop(process)
+        gcs_api.stop(process)
 
 
 @pytest.fixture

@@ -393,15 +393,20 @@ def test_installed_check_lists_what_the_lock_does_not_pin_and_who_pulled_it_in()
 
     locked = {"torch": "2.13.0+cu126"}
     installed = {"torch": "2.13.0+cu126", "nvidia-cudnn-cu12": "9.10.2.21",
-                 "cuda-bindings": "12.9.4", "pip": "24.0", "stray": "1.0"}
+                 "cuda-bindings": "12.9.4", "pip": "24.0", "stray": "1.0",
+                 "cuda-toolkit": "13.0.3.0", "nvidia-nvtx": "13.0.85"}
     requires = {"torch": ['nvidia-cudnn-cu12==9.10.2.21; platform_system == "Linux"',
                           'cuda-bindings<13,>=12.9; platform_system == "Linux"',
-                          'optree>=0.13.0; extra == "optree"']}
+                          "cuda-toolkit[cublas]==13.0.3",
+                          'optree>=0.13.0; extra == "optree"'],
+                "cuda-toolkit": ['nvidia-nvtx==13.0.85.*; extra == "nvtx"']}
     errors, extras = check.compare(locked, installed, requires)
     assert errors == []
     assert extras == [
         "cuda-bindings==12.9.4 (torch <13,>=12.9) FLOATING: not pinned exactly",
+        "cuda-toolkit==13.0.3.0 (torch ==13.0.3)",
         "nvidia-cudnn-cu12==9.10.2.21 (torch ==9.10.2.21)",
+        "nvidia-nvtx==13.0.85 (cuda-toolkit ==13.0.85.*) FLOATING: not pinned exactly",
         "stray==1.0 (nothing requires it) FLOATING: not pinned exactly"]
 
 

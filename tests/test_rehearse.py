@@ -118,6 +118,7 @@ def test_in_an_image_steps_see_gcs_uris_under_the_mount_and_no_local_paths(tmp_p
 def test_step_commands_run_in_the_image_with_the_mount_and_the_job_environment():
     containers = rehearse.ImageContainers()
     containers.names["reg/tensorflow:1"] = "rehearse-abc"  # as `container()` records it
+    containers.env = {"STORAGE_EMULATOR_HOST": "http://127.0.0.1:9"}
     command = containers.run_command("reg/tensorflow:1", ["python3", "-m", "x"], "/r/gcs",
                                      {"TF_CONFIG": '{"task": {"type": "chief"}}'})
     assert command[:3] == ["buildah", "--storage-driver", "vfs"]
@@ -125,7 +126,23 @@ def test_step_commands_run_in_the_image_with_the_mount_and_the_job_environment()
     assert "--user" not in command  # the image's USER, as on Vertex
     assert command[command.index("--volume") + 1] == "/r/gcs:/gcs"
     assert '--env=TF_CONFIG={"task": {"type": "chief"}}' in command
+    assert "--env=STORAGE_EMULATOR_HOST=http://127.0.0.1:9" in command
     assert command[-5:] == ["rehearse-abc", "--", "python3", "-m", "x"]
+
+
+def test_the_api_stand_in_serves_what_the_gcs_folder_holds(tmp_path, gcs_emulator, monkeypatch):
+    from components.common.storage import filesystem
+    from pipelines import gcs_api
+
+    (tmp_path / "b" / "data" / "cat").mkdir(parents=True)
+    (tmp_path / "b" / "data" / "cat" / "1.jpg").write_bytes(b"jpeg")
+    (tmp_path / "b" / "top.csv").write_text("text\n")
+    (tmp_path / "stray-file").write_text("not in a bucket")
+    assert gcs_api.seed(gcs_emulator, tmp_path) == 2
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    fs, path = filesystem("gs://b/data")
+    assert fs.find(path) == ["b/data/cat/1.jpg"]
+    assert fs.cat_file("b/data/cat/1.jpg") == b"jpeg"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
