@@ -68,19 +68,18 @@ images-local: venv
 	$(PY) containers/local_build.py
 
 # Rehearse both compiled pipelines with every step inside those images, on tiny data
-# staged where the steps see it: the rehearsal's gcs/ folder, mounted at /gcs.
+# staged where the steps see it: the rehearsal's gcs/ folder (mounted at /gcs, and served
+# by a Cloud Storage API emulator, single-threaded: hence 40 digits per class).
 IMG_RUNS := runs/images
 rehearse-images: compile
-	test -d $(DEMO)/digits || $(PY) -m pipelines.demo digits $(DEMO)/digits
-	test -f $(DEMO)/reviews.csv || $(PY) -m pipelines.demo_text $(DEMO)/reviews.csv --rows 300
 	rm -rf $(IMG_RUNS)
-	mkdir -p $(IMG_RUNS)/image/gcs/rehearsal-bucket/data $(IMG_RUNS)/text/gcs/rehearsal-bucket/data
-	cp -r $(DEMO)/digits $(IMG_RUNS)/image/gcs/rehearsal-bucket/data/digits
-	cp $(DEMO)/reviews.csv $(IMG_RUNS)/text/gcs/rehearsal-bucket/data/reviews.csv
+	$(PY) -m pipelines.demo digits $(IMG_RUNS)/image/gcs/rehearsal-bucket/data/digits --per-class 40
+	mkdir -p $(IMG_RUNS)/text/gcs/rehearsal-bucket/data
+	$(PY) -m pipelines.demo_text $(IMG_RUNS)/text/gcs/rehearsal-bucket/data/reviews.csv --rows 300
 	$(PY) -m pipelines.rehearse build/local/image_pipeline.json --output $(IMG_RUNS)/image \
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/digits \
 		--param image_size=32 --param min_shards_per_split=4 --param weights=none \
-		--param epochs=3 --param fine_tune_epochs=0 --param registration_threshold=0.5
+		--param epochs=8 --param fine_tune_epochs=0 --param registration_threshold=0.3
 	$(PY) -m pipelines.rehearse build/local/text_pipeline.json --output $(IMG_RUNS)/text \
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/reviews.csv \
 		--param lm_epochs=0 --param epochs=6 --param min_freq=1 \

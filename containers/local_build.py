@@ -153,6 +153,13 @@ def image_exists(name: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+def image_id(name: str) -> str:
+    """The ID of a local image, "" when there is none of that name."""
+    result = subprocess.run(["buildah", *STORAGE, "images", "--quiet", "--no-trunc", name],
+                            capture_output=True, text=True)
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
 def image_size(name: str) -> str:
     """The image's size as buildah reports it (its layers, uncompressed: e.g. "6.24 GB")."""
     [entry] = json.loads(buildah("images", "--json", name, capture=True))
@@ -228,9 +235,12 @@ def build_image(runtime: str, base_image: str, tag: str, work: Path) -> dict[str
                "--volume", f"{pip_conf(work)}:/etc/pip.conf:ro"]
     for key, value in args.items():
         command += ["--build-arg", f"{key}={value}"]
+    replaced = image_id(tag)
     started = time.monotonic()
     buildah(*command, str(ROOT))
     seconds = time.monotonic() - started
+    if replaced and replaced != image_id(tag):  # vfs: an old image is GBs of disk
+        subprocess.run(["buildah", *STORAGE, "rmi", replaced], capture_output=True)
     return {"tag": tag, "build_args": args, "seconds": round(seconds, 1),
             "size": image_size(tag)}
 
