@@ -48,6 +48,40 @@ def test_random_encoder_trains_unfrozen_and_lm_from_scratch_has_no_frozen_epoch(
         schedule.plan_stages(0, 0, 1e-3, 1e-2, True)
 
 
+def test_learning_rate_zero_means_found_once_then_shared_by_the_stages():
+    plan = schedule.plan_stages(lm_epochs=2, epochs=5, lm_lr=2e-3, lr=0, pretrained=True)
+    classifier = [s for s in plan if s.model == "classifier"]
+    assert [s.lr for s in classifier] == [0, 0, 0, 0]  # each: found rate x its share
+    assert [s.lr_share for s in classifier] == [1.0, 0.5, 0.25, 0.05]
+    assert [s.lr for s in plan if s.model == "lm"] == pytest.approx([2e-2, 2e-3])
+    [scratch] = schedule.plan_stages(0, 6, 2e-3, 0, pretrained=False)
+    assert (scratch.lr, scratch.lr_share) == (0, 1.0)
+    # a fixed rate keeps its shares too, so both ways read alike in metrics.json
+    assert [s.lr_share for s in schedule.plan_stages(0, 4, 2e-3, 2e-2, True)] == \
+        [1.0, 0.5, 0.25, 0.05]
+
+
+@pytest.mark.parametrize("valley, used", [
+    (4.4e-3, 4.4e-3),                       # a sane suggestion is taken as it is
+    (3e-6, schedule.MIN_FOUND_LR),          # a flat curve's early point: floored
+    (0.9, schedule.MAX_FOUND_LR),           # the edge of divergence: capped
+    (float("nan"), (schedule.MIN_FOUND_LR * schedule.MAX_FOUND_LR) ** 0.5),
+    (0.0, (schedule.MIN_FOUND_LR * schedule.MAX_FOUND_LR) ** 0.5),
+])
+def test_found_rate_is_bounded(valley, used):
+    assert schedule.suggested_rate(valley) == pytest.approx(used)
+
+
+def test_learning_rate_zero_is_valid_and_negative_or_nan_is_not():
+    assert contract.TrainConfig().learning_rate == 0  # found by default
+    contract.TrainConfig(learning_rate=0.01)
+    for bad in (-1e-3, float("nan")):
+        with pytest.raises(TextTrainingError, match="learning_rate must be > 0, or 0 to find"):
+            contract.TrainConfig(learning_rate=bad)
+    with pytest.raises(TextTrainingError, match="lm_learning_rate must be > 0"):
+        contract.TrainConfig(lm_learning_rate=0)
+
+
 @pytest.mark.parametrize("requested, cuda, capability, expected", [
     (True, False, None, False),        # CPU: never
     (True, True, (7, 5), True),        # T4

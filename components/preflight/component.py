@@ -80,7 +80,7 @@ def preflight_text(
     backwards: bool = False,
     threshold: float = 0.3,
     monitor: str = "valid_loss",
-    learning_rate: float = 0.02,
+    learning_rate: float = 0.0,
     lm_learning_rate: float = 0.002,
     seq_len: int = 72,
     min_freq: int = 3,

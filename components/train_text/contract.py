@@ -47,7 +47,7 @@ class TrainConfig:
     drop_mult: float = 0.3
     threshold: float = 0.3
     monitor: str = "valid_loss"
-    learning_rate: float = 2e-2
+    learning_rate: float = 0.0  # 0: found by lr_find
     lm_learning_rate: float = 2e-3
     seq_len: int = 72
     min_freq: int = 3
@@ -70,9 +70,11 @@ class TrainConfig:
             problems.append(f"threshold must be in (0, 1), got {self.threshold}")
         if not self.drop_mult >= 0:
             problems.append(f"drop_mult must be >= 0, got {self.drop_mult}")
-        for name in ("learning_rate", "lm_learning_rate"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.learning_rate >= 0:  # also refuses NaN
+            problems.append(f"learning_rate must be > 0, or 0 to find it with lr_find; "
+                            f"got {self.learning_rate}")
+        if not self.lm_learning_rate > 0:
+            problems.append(f"lm_learning_rate must be > 0, got {self.lm_learning_rate}")
         if self.monitor not in MONITORS:
             problems.append(f"monitor must be one of {MONITORS}, got {self.monitor!r}")
         if problems:

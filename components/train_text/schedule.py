@@ -35,6 +35,9 @@ LR_DECAY_PER_GROUP = 2.6
 _UNFREEZE_STEPS = (("classifier-head", -1, 1.0), ("classifier-top2", -2, 0.5),
                    ("classifier-top3", -3, 0.25))
 _UNFROZEN_LR_SHARE = 0.05
+# Bounds on a rate `lr_find` suggests (learning_rate=0): outside them the curve was noise.
+MIN_FOUND_LR, MAX_FOUND_LR = 1e-4, 5e-2
+LR_FIND_ITERATIONS = 100  # fastai's default
 _MIN_COMPUTE_CAPABILITY_FP16 = (7, 0)  # tensor cores; older GPUs gain little from fp16
 
 
@@ -46,9 +49,11 @@ class Stage:
         name: Shown in logs and the state file.
         model: "lm" or "classifier".
         epochs: Epochs of the call (the one-cycle schedule spans them).
-        lr: Peak learning rate of the top layer group.
+        lr: Peak learning rate of the top layer group; 0 means the rate `lr_find` finds at
+            the model's first stage, times `lr_share`.
         freeze_to: `learn.freeze_to(freeze_to)` before fitting; None unfreezes everything.
         discriminative: Lower groups get lr / 2.6^depth (a `slice` of rates).
+        lr_share: This stage's share of the found rate (when `lr` is 0).
     """
 
     name: str
@@ -57,6 +62,7 @@ class Stage:
     lr: float
     freeze_to: int | None = None
     discriminative: bool = False
+    lr_share: float = 1.0
 
 
 def plan_stages(lm_epochs: int, epochs: int, lm_lr: float, lr: float,
@@ -68,7 +74,8 @@ def plan_stages(lm_epochs: int, epochs: int, lm_lr: float, lr: float,
         epochs: Classifier epochs in all (at least 1).
         lm_lr: Peak learning rate of the unfrozen LM epochs; a pretrained LM's first
             epoch trains only the embeddings and decoder at 10x this.
-        lr: Peak learning rate of the classifier's first (head-only) stage.
+        lr: Peak learning rate of the classifier's first (head-only) stage; 0 finds it
+            with `lr_find` (the later stages then take their shares of the found rate).
         pretrained: The LM starts from pretrained weights.
 
     Returns:
@@ -94,12 +101,27 @@ def plan_stages(lm_epochs: int, epochs: int, lm_lr: float, lr: float,
         gradual = _UNFREEZE_STEPS[:min(len(_UNFREEZE_STEPS), epochs - 1)]
         for i, (name, freeze_to, share) in enumerate(gradual):
             stages.append(Stage(name, CLASSIFIER, 1, lr * share, freeze_to=freeze_to,
-                                discriminative=i > 0))
+                                discriminative=i > 0, lr_share=share))
         stages.append(Stage("classifier-all", CLASSIFIER, epochs - len(gradual),
-                            lr * _UNFROZEN_LR_SHARE, discriminative=True))
+                            lr * _UNFROZEN_LR_SHARE, discriminative=True,
+                            lr_share=_UNFROZEN_LR_SHARE))
     else:
         stages.append(Stage("classifier-all", CLASSIFIER, epochs, lr))
     return stages
+
+
+def suggested_rate(valley: float, floor: float = MIN_FOUND_LR,
+                   ceiling: float = MAX_FOUND_LR) -> float:
+    """The peak rate to train with, from `lr_find`'s `valley` suggestion, within bounds.
+
+    `valley` (the middle of the longest stretch of falling loss) is the rate the ULMFiT
+    recipe picks by eye. A curve with no such stretch (few batches, a model that diverges
+    at once) can suggest an extreme or NaN: the bounds keep one bad curve from wrecking a
+    run, and the run records both what was found and what was used.
+    """
+    if not valley > 0:  # NaN or nonsense: the middle of the bounds
+        return (floor * ceiling) ** 0.5
+    return min(max(valley, floor), ceiling)
 
 
 def use_fp16(requested: bool, cuda_available: bool,
@@ -155,6 +177,7 @@ def new_state(run_fingerprint: str) -> dict[str, Any]:
         "vocab_saved": False,
         "encoder_saved": False,
         "best": None,        # {"value", "stage", "epoch"} of the monitored metric
+        "found_lr": {},      # model -> {"valley", "used"}: lr_find's, kept for a resume
         "history": [],       # one row per finished epoch
         "finished": False,
     }

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 from fastai.callback.progress import ProgressCallback
+from fastai.callback.schedule import valley
 from fastai.learner import load_model, mk_metric, save_model
 from fastai.text.all import (
     AWD_LSTM,
@@ -241,6 +242,23 @@ class _Run:
         """Whether stage `index` or a later one has a checkpointed epoch."""
         return (self.state["stage"], self.state["epochs_done"]) > (index, 0)
 
+    def found_rate(self, learn, stage: schedule.Stage) -> float:
+        """`lr_find`'s rate for the stage's model times the stage's share.
+
+        Found once per model, at its first stage (after that stage's freezing); kept in the
+        state so that a resumed run trains on the same rates.
+        """
+        found = self.state.setdefault("found_lr", {})
+        if stage.model not in found:
+            suggestion = learn.lr_find(suggest_funcs=(valley,), show_plot=False,
+                                       num_it=schedule.LR_FIND_ITERATIONS)
+            found[stage.model] = {"valley": float(suggestion.valley),
+                                  "used": schedule.suggested_rate(float(suggestion.valley))}
+            log.info("lr_find (%s): valley %.3g, training at %.3g", stage.model,
+                     found[stage.model]["valley"], found[stage.model]["used"])
+            self.save()
+        return found[stage.model]["used"] * stage.lr_share
+
     def fit(self, learn, index: int) -> None:
         """Runs stage `index`, or what is left of it."""
         stage = self.plan[index]
@@ -254,10 +272,11 @@ class _Run:
             learn.unfreeze()
         else:
             learn.freeze_to(stage.freeze_to)
-        lr = stage.lr
+        top = stage.lr or self.found_rate(learn, stage)
+        lr = top
         if stage.discriminative:
             groups = len(learn.opt.param_groups)
-            lr = slice(stage.lr / schedule.LR_DECAY_PER_GROUP ** (groups - 1), stage.lr)
+            lr = slice(top / schedule.LR_DECAY_PER_GROUP ** (groups - 1), top)
         log.info("stage %s: epochs %d..%d of %d", stage.name, start + 1, stage.epochs,
                  stage.epochs)
 
@@ -512,6 +531,7 @@ def train_text_classifier(
                 "classifier_epoch_seconds": [h["seconds"] for h in clas_epochs],
                 "seconds": round(time.monotonic() - started, 3),
                 "stages": [dataclasses.asdict(s) for s in plan],
+                "found_learning_rates": state.get("found_lr", {}),
             },
             "config": dataclasses.asdict(config),
         })
