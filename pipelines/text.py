@@ -73,7 +73,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         backwards: bool = False,
         threshold: float = 0.3,
         monitor: str = "valid_loss",
-        learning_rate: float = 0.02,
+        learning_rate: float = 0.0,
         lm_learning_rate: float = 0.002,
         seq_len: int = 72,
         min_freq: int = 3,
@@ -105,7 +105,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             backwards: Read texts backwards (backward LM).
             threshold: Multi-label decision threshold.
             monitor: Metric whose best epoch is kept (valid_loss, f1_score, accuracy_multi or accuracy).
-            learning_rate: Peak learning rate of the classifier's first stage.
+            learning_rate: Peak learning rate of the classifier's first stage; 0 finds it with lr_find.
             lm_learning_rate: Peak learning rate of the unfrozen LM epochs.
             seq_len: Tokens per backpropagation-through-time step.
             min_freq: Rarer tokens become xxunk.
@@ -215,6 +215,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
             "parameters": run["parameters"],
             "device": run["device"],
             "fp16": run["fp16"],
+            "found_learning_rates": run.get("found_learning_rates", {}),
         }
     summary["artifacts"] = dict(artifacts)
     return summary
