@@ -105,7 +105,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             backwards: Read texts backwards (backward LM).
             threshold: Multi-label decision threshold.
             monitor: Metric whose best epoch is kept (valid_loss, f1_score, accuracy_multi or accuracy).
-            learning_rate: Peak learning rate of the classifier's first stage; 0 finds it with lr_find.
+            learning_rate: Peak learning rate of the classifier's first stage; 0 finds it with lr_find (its steep point).
             lm_learning_rate: Peak learning rate of the unfrozen LM epochs.
             seq_len: Tokens per backpropagation-through-time step.
             min_freq: Rarer tokens become xxunk.

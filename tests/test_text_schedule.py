@@ -61,15 +61,15 @@ def test_learning_rate_zero_means_found_once_then_shared_by_the_stages():
         [1.0, 0.5, 0.25, 0.05]
 
 
-@pytest.mark.parametrize("valley, used", [
-    (4.4e-3, 4.4e-3),                       # a sane suggestion is taken as it is
+@pytest.mark.parametrize("steep, used", [
+    (6.3e-3, 6.3e-3),                       # a sane suggestion is taken as it is
     (3e-6, schedule.MIN_FOUND_LR),          # a flat curve's early point: floored
     (0.9, schedule.MAX_FOUND_LR),           # the edge of divergence: capped
     (float("nan"), (schedule.MIN_FOUND_LR * schedule.MAX_FOUND_LR) ** 0.5),
     (0.0, (schedule.MIN_FOUND_LR * schedule.MAX_FOUND_LR) ** 0.5),
 ])
-def test_found_rate_is_bounded(valley, used):
-    assert schedule.suggested_rate(valley) == pytest.approx(used)
+def test_found_rate_is_bounded(steep, used):
+    assert schedule.suggested_rate(steep) == pytest.approx(used)
 
 
 def test_learning_rate_zero_is_valid_and_negative_or_nan_is_not():

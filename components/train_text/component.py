@@ -43,7 +43,7 @@ def train_text_classifier(
         drop_mult: Multiplier of every AWD-LSTM dropout.
         threshold: Multi-label decision threshold on each label's probability.
         monitor: Metric whose best epoch is kept: valid_loss, f1_score (macro F1), accuracy_multi (multi-label) or accuracy (single-label).
-        learning_rate: Peak learning rate of the classifier's head-only epoch (later stages use 1/2, 1/4, then 1/20 of it); 0 finds it with fastai's lr_find (its valley suggestion), which a classifier trained from scratch needs far below the 2e-2 that suits a pretrained one.
+        learning_rate: Peak learning rate of the classifier's head-only epoch (later stages use 1/2, 1/4, then 1/20 of it); 0 finds it with fastai's lr_find (where the loss falls fastest): a classifier trained from scratch needs a rate far below the 2e-2 that suits a pretrained one.
         lm_learning_rate: Peak learning rate of the unfrozen language model epochs (its frozen first epoch uses 10x).
         seq_len: Tokens per backpropagation-through-time step.
         min_freq: Tokens seen fewer times in the training texts become xxunk.

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 from fastai.callback.progress import ProgressCallback
-from fastai.callback.schedule import valley
+from fastai.callback.schedule import minimum, slide, steep, valley
 from fastai.learner import load_model, mk_metric, save_model
 from fastai.text.all import (
     AWD_LSTM,
@@ -250,12 +250,12 @@ class _Run:
         """
         found = self.state.setdefault("found_lr", {})
         if stage.model not in found:
-            suggestion = learn.lr_find(suggest_funcs=(valley,), show_plot=False,
-                                       num_it=schedule.LR_FIND_ITERATIONS)
-            found[stage.model] = {"valley": float(suggestion.valley),
-                                  "used": schedule.suggested_rate(float(suggestion.valley))}
-            log.info("lr_find (%s): valley %.3g, training at %.3g", stage.model,
-                     found[stage.model]["valley"], found[stage.model]["used"])
+            suggestion = learn.lr_find(suggest_funcs=(valley, minimum, steep, slide),
+                                       show_plot=False, num_it=schedule.LR_FIND_ITERATIONS)
+            found[stage.model] = {name: float(getattr(suggestion, name))
+                                  for name in ("valley", "minimum", "steep", "slide")}
+            found[stage.model]["used"] = schedule.suggested_rate(found[stage.model]["steep"])
+            log.info("lr_find (%s): %s", stage.model, found[stage.model])
             self.save()
         return found[stage.model]["used"] * stage.lr_share
 
@@ -489,6 +489,7 @@ def train_text_classifier(
             drop_mult=config.drop_mult, loss_func=loss, metrics=metrics, path=folder,
             model_dir=".")
         _quiet(learn)
+        start_at_label_frequencies(learn, train[labels].to_numpy(), task)
         if fp16:
             learn = learn.to_fp16()
         if not (clas_indices and run.started(clas_indices[0]) and run.restore(learn)):
@@ -545,6 +546,28 @@ def train_text_classifier(
         # Under the model output they would ship with the model; they served their purpose.
         shutil.rmtree(folder, ignore_errors=True)
     return result
+
+
+def start_at_label_frequencies(learn, truth: np.ndarray, task: str) -> None:
+    """Gives the classifier's output layer a bias that predicts each label's frequency.
+
+    fastai's head ends in BatchNorm then a Linear layer without bias, so an untrained model
+    says 0.5 for every label (multi-label) and spends its first epochs only learning that
+    labels are rare; with a random encoder and 6 epochs it often never gets further (the
+    model answers "no label"). Starting from the training split's frequencies (the
+    log-odds per label; log-priors for softmax) puts that knowledge in from the start.
+    Rates are clipped to [1e-3, 1 - 1e-3]: a label with no training row is not -inf.
+
+    Args:
+        learn: A fresh `text_classifier_learner` (before any checkpoint is loaded into it).
+        truth: 0/1 label matrix of the training split, shape (rows, labels).
+        task: MULTI_LABEL or SINGLE_LABEL.
+    """
+    linear = [m for m in learn.model[1].modules() if isinstance(m, torch.nn.Linear)][-1]
+    rates = np.clip(truth.mean(axis=0), 1e-3, 1 - 1e-3)
+    bias = np.log(rates / (1 - rates)) if task == MULTI_LABEL else np.log(rates / rates.sum())
+    linear.bias = torch.nn.Parameter(torch.as_tensor(bias, dtype=linear.weight.dtype,
+                                                     device=linear.weight.device))
 
 
 def _loss_and_metrics(task: str, threshold: float) -> tuple[Any, list]:
