@@ -61,7 +61,7 @@ images:
 
 # Build both images here, with no registry reachable: a stand-in for the public base made
 # offline (debootstrap + this machine's CPython), then buildah (chroot isolation, vfs
-# storage). Heavy: about 25 min and 30 GB of disk; not part of `make test`.
+# storage). Heavy: about 10 min on 2 cores and 25 GB of disk; not part of `make test`.
 images-local: venv
 	command -v buildah >/dev/null && command -v debootstrap >/dev/null || { \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah debootstrap; }
