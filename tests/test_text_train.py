@@ -204,9 +204,16 @@ def test_text_path_never_imports_fastai_vision():
 
 
 @pytest.mark.slow
-def test_interrupted_run_resumes_at_the_next_epoch(dataset, tmp_path):
+def test_interrupted_run_resumes_at_the_next_epoch(dataset, tmp_path, monkeypatch):
+    from fastai.learner import Learner
+
+    finds = []
+    lr_find = Learner.lr_find
+    monkeypatch.setattr(Learner, "lr_find", lambda self, *args, **kwargs: (
+        finds.append(type(self).__name__), lr_find(self, *args, **kwargs))[1])
     model_dir = str(tmp_path / "model")
     config = TrainConfig(pretrained=False, lm_epochs=2, epochs=5, model_config=TINY, **FAST)
+    assert config.learning_rate == 0  # the classifier's rate is found
     stages = ["lm-all"] * 2 + ["classifier-head", "classifier-top2", "classifier-top3"] + \
         ["classifier-all"] * 2
 
@@ -234,6 +241,12 @@ def test_interrupted_run_resumes_at_the_next_epoch(dataset, tmp_path):
     assert [h["stage"] for h in result["history"]] == stages
     assert [h["epoch"] for h in result["history"]] == [1, 2, 1, 1, 1, 1, 2]
     assert result["run"]["resumed_from"] == {"stage": "classifier-all", "epochs_done": 1}
+    # the rate was found once, by the run that reached the classifier; the resumed run
+    # trained its last stage on that same rate
+    assert finds == ["TextLearner"]
+    assert result["run"]["found_learning_rates"] == state["found_lr"]
+    assert set(state["found_lr"]["classifier"]) == {"valley", "minimum", "steep", "slide",
+                                                    "used"}
     # the last run started from the checkpoint, with the vocabulary of the first run
     assert torch.equal(third.fits[0][1], saved)
     assert third.fits[0][2] == second.fits[1][2] == first.fits[0][2]
@@ -273,3 +286,35 @@ def test_outputs_and_evaluation_single_label(tmp_path, monkeypatch):
     assert evaluation["task"] == "single_label" and evaluation["num_examples"] == 10
     assert np.asarray(evaluation["confusion_matrix"]["matrix"]).sum() == 10
     assert "## Confusion matrix" in (tmp_path / "eval" / "report.md").read_text()
+
+
+def test_the_classifier_starts_at_the_label_frequencies():
+    """fastai's head has no output bias; ours starts at each label's training frequency."""
+    import pandas as pd
+    from fastai.text.all import (
+        AWD_LSTM,
+        ColReader,
+        DataBlock,
+        MultiCategoryBlock,
+        RandomSplitter,
+        TextBlock,
+        text_classifier_learner,
+    )
+
+    from components.prepare_text.contract import MULTI_LABEL
+    from components.train_text.training import start_at_label_frequencies
+
+    frame = pd.DataFrame({"text": [f"word{i % 5} other{i % 3}" for i in range(40)],
+                          "a": [1] * 30 + [0] * 10, "b": [0] * 36 + [1] * 4})
+    dls = DataBlock(blocks=(TextBlock.from_df("text", seq_len=8),
+                            MultiCategoryBlock(encoded=True, vocab=["a", "b"])),
+                    get_x=ColReader("text"), get_y=ColReader(["a", "b"]),
+                    splitter=RandomSplitter(0.2, seed=0)).dataloaders(frame, bs=8)
+    learn = text_classifier_learner(dls, AWD_LSTM, config=TINY, pretrained=False)
+    linear = [m for m in learn.model[1].modules() if isinstance(m, torch.nn.Linear)][-1]
+    assert linear.bias is None  # what fastai gives
+    start_at_label_frequencies(learn, frame[["a", "b"]].to_numpy(), MULTI_LABEL)
+    assert torch.sigmoid(linear.bias).tolist() == pytest.approx([0.75, 0.1])
+    learn.create_opt()
+    trained = {id(p) for group in learn.opt.param_lists for p in group}
+    assert id(linear.bias) in trained  # it learns, like any other weight
