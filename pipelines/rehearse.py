@@ -42,6 +42,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -242,6 +243,10 @@ class ImageContainers:
 
     def container(self, image: str) -> str:
         if image not in self.names:
+            if not shutil.which(BUILDAH[0]):
+                raise RehearsalError("--runtime image runs steps with buildah, which is not "
+                                     "installed here: `make images-local` installs it and "
+                                     "builds the images")
             name = "rehearse-" + hashlib.sha1(f"{image}{time.time()}".encode()).hexdigest()[:12]
             result = subprocess.run([*BUILDAH, "from", "--pull=never", "--name", name, image],
                                     capture_output=True, text=True)

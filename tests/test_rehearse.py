@@ -130,6 +130,18 @@ def test_step_commands_run_in_the_image_with_the_mount_and_the_job_environment()
     assert command[-5:] == ["rehearse-abc", "--", "python3", "-m", "x"]
 
 
+def test_a_missing_buildah_or_image_is_a_clear_error(monkeypatch):
+    containers = rehearse.ImageContainers()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(rehearse.RehearsalError, match="buildah, which is not installed"):
+        containers.container("reg/tensorflow:1")
+    monkeypatch.undo()
+    if shutil.which("buildah"):
+        with pytest.raises(rehearse.RehearsalError, match="build it with `make images-local`"):
+            containers.container("localhost/never-built-image:0")
+    assert containers.names == {}
+
+
 def test_the_api_stand_in_serves_what_the_gcs_folder_holds(tmp_path, gcs_emulator, monkeypatch):
     from components.common.storage import filesystem
     from pipelines import gcs_api
