@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,9 +224,6 @@ def build_image(runtime: str, base_image: str, tag: str, work: Path) -> dict[str
     """Builds one runtime image; returns its tag, build seconds and size."""
     git_sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True).stdout.strip() or "unknown"
-    sys.path.insert(0, str(ROOT))
-    from importlib.metadata import version
-
     args = build_args(runtime, base_image, git_sha, version("vertex-gpu-pipelines"))
     # No --layers: vfs stores every committed layer as a full copy of the file system, so
     # each small COPY after the 5 GB dependency layer would cost another 6 GB of disk.

@@ -44,7 +44,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -155,12 +154,6 @@ def evaluate_condition(condition: str, values: Mapping[str, Any]) -> bool:
                                  "cannot evaluate")
     return bool(eval(compile(tree, "<condition>", "eval"), {"__builtins__": {}},
                      {"int": int, "double": float}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- the job env
@@ -697,7 +690,7 @@ class Rehearsal:
         record.replicas = sum(sizes)
 
         def environments():
-            ports = [[free_port() for _ in range(size)] for size in sizes]
+            ports = [[gcs_api.free_port() for _ in range(size)] for size in sizes]
             return [[{**env, **cluster_env(sizes, p, i, job, ports)} for i in range(size)]
                     for p, size in enumerate(sizes)]
 

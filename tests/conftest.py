@@ -75,9 +75,6 @@ def image_folder(tmp_path) -> str:
     return root
 
 
-free_port = gcs_api.free_port
-
-
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):
     """A real GCS JSON API on loopback (gcp-storage-emulator), as `http://127.0.0.1:PORT`."""

@@ -41,15 +41,15 @@ def _requirements_after_build_step(tmp_path: Path,
     """Runs the fastai Dockerfile's own `if ...; fi` that rewrites the torch pins."""
     text = _dockerfile("fastai").replace("\\\n", " ")
     [step] = re.findall(r"^RUN (if .*?fi) ", text, re.M)
-    shutil_copy = tmp_path / "requirements.txt"
-    shutil_copy.write_text(lock.lock_path(lock.IMAGES["fastai"]).read_text())
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(lock.lock_path(lock.IMAGES["fastai"]).read_text())
     defaults = dict(re.findall(r"^ARG (TORCH_\w+)=(\S*)$", _dockerfile("fastai"), re.M))
     env = {**os.environ, **defaults, **build_args}
     subprocess.run(["sh", "-ec", step], cwd=tmp_path, env=env, check=True)
     pip_args = subprocess.run(
         ["sh", "-ec", 'echo ${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"}'],
         env=env, capture_output=True, text=True, check=True).stdout.split()
-    return shutil_copy.read_text().splitlines(), pip_args
+    return requirements.read_text().splitlines(), pip_args
 
 
 def test_cloud_build_keeps_the_cu126_pins_and_index(tmp_path):
