@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from components.common.fastai_text import use_fp16
 from components.train_text import assets, contract, schedule
 from components.train_text.contract import TextTrainingError
 
@@ -92,7 +93,7 @@ def test_learning_rate_zero_is_valid_and_negative_or_nan_is_not():
     (True, True, None, False),
 ])
 def test_fp16_only_on_a_capable_gpu(requested, cuda, capability, expected):
-    assert schedule.use_fp16(requested, cuda, capability) is expected
+    assert use_fp16(requested, cuda, capability) is expected
 
 
 def test_checkpoint_dir_reads_the_environment_at_call_time(monkeypatch):

@@ -25,9 +25,14 @@ from fastai.text.learner import _get_text_vocab
 
 from components.evaluate_text.evaluation import evaluate_text_model
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
-from components.train_text import training
 from components.train_text.assets import MissingAssetsError
-from components.train_text.contract import TextTrainingError, TrainConfig, parse_model_config
+from components.train_text.contract import (
+    TextTrainingError,
+    TrainConfig,
+    make_tokenizer,
+    parse_model_config,
+    save_lm_assets,
+)
 from components.train_text.training import train_text_classifier
 from pipelines.demo_text import write_reviews_csv
 
@@ -61,7 +66,7 @@ def lm_assets(tmp_path_factory):
     learn = language_model_learner(dls, AWD_LSTM, config={**awd_lstm_lm_config, **TINY},
                                    pretrained=False)
     learn.fit(1, 1e-2)
-    training.save_lm_assets(learn, str(root / "assets"), "fr", False, TINY)
+    save_lm_assets(learn, str(root / "assets"), "fr", False, TINY)
     return str(root / "assets")
 
 
@@ -169,7 +174,7 @@ def test_sentencepiece_languages_tokenize_with_the_assets_model(tmp_path):
     sentencepiece.SentencePieceTrainer.train(
         input=str(corpus), model_prefix=str(spm_dir / "spm"), vocab_size=46,
         character_coverage=1.0, model_type="unigram")
-    tokenizer = training.make_tokenizer("ja", str(spm_dir / "spm.model"), str(tmp_path / "cache"))
+    tokenizer = make_tokenizer("ja", str(spm_dir / "spm.model"), str(tmp_path / "cache"))
     tokens = list(tokenizer(["配達が早い"]))[0]
     assert tokens and "".join(tokens).replace("▁", "") == "配達が早い"
 

@@ -38,7 +38,6 @@ _UNFROZEN_LR_SHARE = 0.05
 # Bounds on a rate `lr_find` suggests (learning_rate=0): outside them the curve was noise.
 MIN_FOUND_LR, MAX_FOUND_LR = 1e-4, 5e-2
 LR_FIND_ITERATIONS = 100  # fastai's default
-_MIN_COMPUTE_CAPABILITY_FP16 = (7, 0)  # tensor cores; older GPUs gain little from fp16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,25 +124,6 @@ def suggested_rate(steep: float, floor: float = MIN_FOUND_LR,
     if not steep > 0:  # NaN or nonsense: the middle of the bounds
         return (floor * ceiling) ** 0.5
     return min(max(steep, floor), ceiling)
-
-
-def use_fp16(requested: bool, cuda_available: bool,
-             compute_capability: tuple[int, int] | None) -> bool:
-    """Whether to train in mixed precision.
-
-    fp16 on a CPU is much slower than fp32 and gains nothing, and GPUs before
-    Volta (compute capability 7.0) have no tensor cores, so only those qualify.
-
-    Args:
-        requested: The user allows mixed precision.
-        cuda_available: A CUDA GPU is visible (`torch.cuda.is_available()`).
-        compute_capability: `torch.cuda.get_device_capability()`, None without a GPU.
-
-    Returns:
-        True to call `learn.to_fp16()`.
-    """
-    return bool(requested and cuda_available and compute_capability is not None
-                and tuple(compute_capability) >= _MIN_COMPUTE_CAPABILITY_FP16)
 
 
 def checkpoint_dir(model_dir: str, environ: Mapping[str, str] | None = None) -> str:

@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from fastai.callback.progress import ProgressCallback
 from fastai.callback.schedule import minimum, slide, steep, valley
 from fastai.learner import load_model, mk_metric, save_model
 from fastai.text.all import (
@@ -47,22 +46,18 @@ from fastai.text.all import (
     F1ScoreMulti,
     MultiCategoryBlock,
     Perplexity,
-    Recorder,
-    SentencePieceTokenizer,
-    SpacyTokenizer,
     TextBlock,
     accuracy,
     accuracy_multi,
     awd_lstm_lm_config,
     language_model_learner,
     load_pickle,
-    noop,
     save_pickle,
     set_seed,
     text_classifier_learner,
 )
-from fastai.text.learner import _get_text_vocab
 
+from components.common.fastai_text import EpochEnd, fp16_here, lm_batch_size, quiet
 from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
 from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
@@ -71,14 +66,12 @@ from components.train_text.assets import LMAssets, fetch_assets
 from components.train_text.contract import (
     EXPORT_FILE,
     LABELS_FILE,
-    LM_FILES,
     PER_LABEL_FILE,
-    SPM_LANGS,
     TEXT_FIELD,
     TRAINING_METRICS_FILE,
     TextTrainingError,
     TrainConfig,
-    direction,
+    make_tokenizer,
 )
 
 log = logging.getLogger(__name__)
@@ -98,27 +91,6 @@ def _check_arch_config(config: dict[str, Any], source: str) -> None:
                                 f"known: {sorted(awd_lstm_lm_config)}")
 
 
-def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
-    """The word tokenizer of a language: spaCy's rules, or SentencePiece for ja/ko/zh.
-
-    Raises:
-        TextTrainingError: A SentencePiece language without the sentencepiece package,
-            or a language spaCy has no tokenizer for.
-    """
-    if lang in SPM_LANGS:
-        try:
-            import sentencepiece  # noqa: F401
-        except ImportError as err:
-            raise TextTrainingError(
-                f"lang={lang!r} is tokenized with SentencePiece, but the sentencepiece "
-                "package is not installed in this runtime; add it to the fastai image") from err
-        return SentencePieceTokenizer(lang=lang, sp_model=spm_model, cache_dir=cache_dir)
-    try:
-        return SpacyTokenizer(lang=lang)
-    except (ImportError, OSError, KeyError) as err:
-        raise TextTrainingError(f"spaCy has no tokenizer for lang={lang!r}: {err}") from err
-
-
 def _frame(train: pd.DataFrame, valid: pd.DataFrame, text_column: str,
            labels: Sequence[str], task: str) -> pd.DataFrame:
     """One frame for fastai: text, is_valid, then the targets under fixed names."""
@@ -133,22 +105,14 @@ def _frame(train: pd.DataFrame, valid: pd.DataFrame, text_column: str,
     return out
 
 
-def _lm_batch_size(lengths: Sequence[int], bs: int) -> int:
-    """Largest batch size <= bs whose token streams give the LM at least one batch."""
-    total = int(sum(lengths))
-    # LMDataLoader cuts the corpus into bs streams of (total - 1) // bs tokens; it
-    # needs at least 2 per stream (one input, one target).
-    return max(1, min(bs, (total - 1) // 2))
-
-
 def _lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
     block = TextBlock.from_df(_TEXT, vocab=vocab, is_lm=True, seq_len=config.seq_len,
                               backwards=config.backwards, tok=tokenizer,
                               min_freq=config.min_freq, max_vocab=config.max_vocab)
     dsets = DataBlock(blocks=block, get_x=ColReader(_TEXT),
                       splitter=ColSplitter(_VALID)).datasets(frame[[_TEXT, _VALID]])
-    bs = _lm_batch_size(dsets.train.items["text_length"], config.batch_size)
-    val_bs = _lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
+    bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)
+    val_bs = lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
     if bs < config.batch_size or val_bs < config.batch_size:
         log.warning("few tokens: language model batch size %d (train) / %d (valid) instead of %d",
                     bs, val_bs, config.batch_size)
@@ -174,34 +138,6 @@ def _classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: Train
         log.warning("%d training rows: classifier batch size %d instead of %d",
                     n_train, bs, config.batch_size)
     return block.dataloaders(frame, bs=bs, seq_len=config.seq_len, num_workers=0)
-
-
-class _EpochEnd(Callback):
-    """Calls `on_epoch(epochs_done, values)` after each epoch this fit really trained."""
-
-    order = Recorder.order + 1  # after the Recorder has the epoch's losses and metrics
-    _trained, _start = False, 0.0
-
-    def __init__(self, on_epoch):
-        self.on_epoch = on_epoch
-
-    def before_epoch(self):
-        self._trained, self._start = False, time.monotonic()
-
-    def after_train(self):
-        self._trained = True
-
-    def after_epoch(self):
-        # Epochs that SkipToEpoch jumps over on resume end too, without training.
-        if not self._trained:
-            return
-        names = self.recorder.metric_names[1:1 + len(self.learn.final_record)]
-        values = {name: float(v) for name, v in zip(names, self.learn.final_record)
-                  if v is not None}
-        seconds = time.monotonic() - self._start
-        log.info("epoch %d/%d: %s (%.1f s)", self.epoch + 1, self.n_epoch,
-                 ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds)
-        self.on_epoch(self.epoch + 1, values, seconds)
 
 
 class _Run:
@@ -303,46 +239,7 @@ class _Run:
                 self._drop(best.get("file"), new_best)
 
         learn.fit_one_cycle(stage.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=start,
-                            cbs=[_EpochEnd(on_epoch), *self.callbacks])
-
-
-def save_lm_assets(learn, root: str, lang: str, backwards: bool,
-                   config: dict[str, Any]) -> list[str]:
-    """Writes a language model learner in the assets layout (config.json, vocab.pkl, weights.pth).
-
-    Use it to publish an LM you pretrained (e.g. on a Wikipedia dump) for this step.
-
-    Args:
-        learn: A fastai language model learner (`language_model_learner`).
-        root: Assets root folder (local).
-        lang: Language folder name.
-        backwards: Whether `learn` reads texts backwards.
-        config: Its AWD_LSTM settings (as passed to `language_model_learner`).
-
-    Returns:
-        The paths written.
-    """
-    folder = os.path.join(root, lang, direction(backwards))
-    os.makedirs(folder, exist_ok=True)
-    paths = [os.path.join(folder, n) for n in LM_FILES]
-    write_json_atomically(paths[0], {"arch": "AWD_LSTM", **config})
-    save_pickle(paths[1], list(_get_text_vocab(learn.dls)))
-    torch.save(learn.model.state_dict(), paths[2])
-    return paths
-
-
-def _quiet(learn):
-    """Drops the progress bars (carriage-return noise in job logs); _EpochEnd logs each epoch."""
-    if hasattr(learn, "progress"):
-        learn.remove_cb(ProgressCallback)
-    learn.logger = noop
-    return learn
-
-
-def _device_precision(config: TrainConfig) -> bool:
-    cuda = torch.cuda.is_available()
-    capability = torch.cuda.get_device_capability() if cuda else None
-    return schedule.use_fp16(config.mixed_precision, cuda, capability)
+                            cbs=[EpochEnd(on_epoch), *self.callbacks])
 
 
 def _reset_folder(folder: str) -> None:
@@ -430,7 +327,7 @@ def train_text_classifier(
             arch_config = dict(config.model_config)
             _check_arch_config(arch_config, "model_config")
         tokenizer = make_tokenizer(config.lang, assets.spm_model if assets else None, scratch)
-        fp16 = _device_precision(config)
+        fp16 = fp16_here(config.mixed_precision)
 
         run_fingerprint = schedule.fingerprint({
             "config": dataclasses.asdict(config), "plan": [dataclasses.asdict(s) for s in plan],
@@ -465,7 +362,7 @@ def train_text_classifier(
             learn_lm = language_model_learner(
                 dls_lm, AWD_LSTM, config=lm_config, pretrained=False, drop_mult=config.drop_mult,
                 metrics=[accuracy, Perplexity()], path=folder, model_dir=".")
-            _quiet(learn_lm)
+            quiet(learn_lm)
             if fp16:
                 learn_lm = learn_lm.to_fp16()
             if not run.restore(learn_lm) and assets:
@@ -488,7 +385,7 @@ def train_text_classifier(
             dls, AWD_LSTM, seq_len=config.seq_len, config=clas_config, pretrained=False,
             drop_mult=config.drop_mult, loss_func=loss, metrics=metrics, path=folder,
             model_dir=".")
-        _quiet(learn)
+        quiet(learn)
         start_at_label_frequencies(learn, train[labels].to_numpy(), task)
         if fp16:
             learn = learn.to_fp16()

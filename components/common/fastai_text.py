@@ -1,0 +1,92 @@
+"""Runtime pieces both fastai text trainers use (the classifier and the language model).
+
+Imported only by steps that run in the fastai image: it loads fastai and torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import torch
+from fastai.callback.progress import ProgressCallback
+from fastai.text.all import Callback, Recorder, noop
+
+log = logging.getLogger(__name__)
+
+_MIN_COMPUTE_CAPABILITY_FP16 = (7, 0)  # tensor cores; older GPUs gain little from fp16
+
+
+class EpochEnd(Callback):
+    """Calls `on_epoch(epochs_done, values, seconds)` after each epoch a fit really trained."""
+
+    order = Recorder.order + 1  # after the Recorder has the epoch's losses and metrics
+    _trained, _start = False, 0.0
+
+    def __init__(self, on_epoch):
+        self.on_epoch = on_epoch
+
+    def before_epoch(self):
+        self._trained, self._start = False, time.monotonic()
+
+    def after_train(self):
+        self._trained = True
+
+    def after_epoch(self):
+        # Epochs that SkipToEpoch jumps over on resume end too, without training.
+        if not self._trained:
+            return
+        names = self.recorder.metric_names[1:1 + len(self.learn.final_record)]
+        values = {name: float(v) for name, v in zip(names, self.learn.final_record)
+                  if v is not None}
+        seconds = time.monotonic() - self._start
+        log.info("epoch %d/%d: %s (%.1f s)", self.epoch + 1, self.n_epoch,
+                 ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds)
+        self.on_epoch(self.epoch + 1, values, seconds)
+
+
+def quiet(learn):
+    """Drops the progress bars (carriage-return noise in job logs); EpochEnd logs each epoch."""
+    if hasattr(learn, "progress"):
+        learn.remove_cb(ProgressCallback)
+    learn.logger = noop
+    return learn
+
+
+def lm_batch_size(lengths: Sequence[int], bs: int) -> int:
+    """Largest batch size <= bs whose token streams give a language model one batch.
+
+    Args:
+        lengths: Token count of each text.
+        bs: The batch size asked for.
+    """
+    total = int(sum(lengths))
+    # LMDataLoader cuts the corpus into bs streams of (total - 1) // bs tokens; it
+    # needs at least 2 per stream (one input, one target).
+    return max(1, min(bs, (total - 1) // 2))
+
+
+def use_fp16(requested: bool, cuda_available: bool,
+             compute_capability: tuple[int, int] | None) -> bool:
+    """Whether to train in mixed precision.
+
+    fp16 on a CPU is much slower than fp32 and gains nothing, and GPUs before
+    Volta (compute capability 7.0) have no tensor cores, so only those qualify.
+
+    Args:
+        requested: The user allows mixed precision.
+        cuda_available: A CUDA GPU is visible (`torch.cuda.is_available()`).
+        compute_capability: `torch.cuda.get_device_capability()`, None without a GPU.
+
+    Returns:
+        True to call `learn.to_fp16()`.
+    """
+    return bool(requested and cuda_available and compute_capability is not None
+                and tuple(compute_capability) >= _MIN_COMPUTE_CAPABILITY_FP16)
+
+
+def fp16_here(requested: bool) -> bool:
+    """`use_fp16` for the devices this process sees."""
+    cuda = torch.cuda.is_available()
+    return use_fp16(requested, cuda, torch.cuda.get_device_capability() if cuda else None)
