@@ -22,7 +22,7 @@ from importlib.metadata import version
 
 from kfp import compiler
 
-from pipelines import image, text
+from pipelines import image, lm, text
 from pipelines.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
 
 PLACEHOLDER_REGISTRY = "us-central1-docker.pkg.dev/your-project/vertex-gpu-pipelines"
@@ -147,6 +147,7 @@ def compile_all(args: argparse.Namespace) -> list[str]:
     pipelines = {
         "image_pipeline": image.build(uris["tensorflow"], settings),
         "text_pipeline": text.build(uris["fastai"], settings),
+        "lm_pipeline": lm.build(uris["fastai"], settings),
     }
     written = []
     for name, pipeline in pipelines.items():

@@ -1,6 +1,7 @@
 """Real English text made offline: the Python standard library's own docstrings.
 
     python -m pipelines.docstring_corpus OUT.csv
+    python -m pipelines.docstring_corpus --lm-corpus OUT_FOLDER
 
 Each row is the first paragraph (40 to 400 characters) of the docstring of a public class,
 function or method of one of seven standard-library packages, with one-hot label columns
@@ -8,11 +9,17 @@ naming the packages whose public API shows that text. A class inherited across p
 carries both (`http.client.HTTPMessage` shows `email.message.Message`'s methods), so some
 rows have two labels. Prose written by people, not templates, on every machine that has
 CPython: the text pipeline's tests learn on it (about 770 rows, 25 with two labels).
+
+`--lm-corpus` writes the unlabelled counterpart for pretraining a language model: every
+docstring of the rest of the standard library (read from the sources with `ast`, nothing
+imported), one .txt file per module, docstrings separated by blank lines. The seven
+labelled packages are left out, so the classifier's test texts are never pretrained on.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import hashlib
 import importlib
@@ -21,11 +28,15 @@ import os
 import pkgutil
 import re
 import sys
+import sysconfig
 import warnings
 from collections.abc import Sequence
 
 LABELS = ("asyncio", "email", "http", "logging", "multiprocessing", "unittest", "xml")
 MIN_CHARS, MAX_CHARS = 40, 400
+# Left out of the language model corpus besides LABELS: tests, GUI demos, vendored copies.
+_NOT_PROSE = ("test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip",
+              "pydoc_data", "site-packages", "dist-packages")
 
 
 def first_paragraph(doc: str) -> str:
@@ -100,13 +111,65 @@ def write_docstring_corpus(path: str, packages: Sequence[str] = LABELS) -> dict[
     return counts
 
 
+def _module_docstrings(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []  # e.g. a lib2to3 fixture in Python 2 syntax
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docs = (ast.get_docstring(node) for node in ast.walk(tree) if isinstance(node, kinds))
+    return [doc for doc in docs if doc and len(doc) >= MIN_CHARS]
+
+
+def write_source_corpus(folder: str, exclude: Sequence[str] = LABELS) -> dict[str, int]:
+    """Writes the standard library's docstrings, outside `exclude`, as .txt files.
+
+    Args:
+        folder: Output folder; `<module path>.txt` per source file with docstrings.
+        exclude: Top-level packages left out (the labelled ones, by default).
+
+    Returns:
+        `{"files": ..., "docstrings": ..., "characters": ...}`.
+    """
+    root = sysconfig.get_paths()["stdlib"]
+    skipped = set(exclude) | set(_NOT_PROSE)
+    counts = {"files": 0, "docstrings": 0, "characters": 0}
+    for directory, subfolders, files in os.walk(root):
+        parts = os.path.relpath(directory, root).split(os.sep)
+        if skipped & set(parts) or any(p.startswith(("config-", "__")) for p in parts):
+            subfolders[:] = []
+            continue
+        subfolders.sort()
+        for name in sorted(files):
+            if not name.endswith(".py") or (parts == ["."] and name[:-3] in skipped):
+                continue
+            docs = _module_docstrings(os.path.join(directory, name))
+            if not docs:
+                continue
+            relative = os.path.join(*[p for p in parts if p != "."], name[:-3])
+            target = os.path.join(folder, relative.replace(os.sep, ".") + ".txt")
+            os.makedirs(folder, exist_ok=True)
+            with open(target, "w", encoding="utf-8") as out:
+                out.write("\n\n".join(docs) + "\n")
+            counts["files"] += 1
+            counts["docstrings"] += len(docs)
+            counts["characters"] += sum(map(len, docs))
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.docstring_corpus",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("path", help="CSV file to write")
+    parser.add_argument("path", help="CSV file to write (a folder with --lm-corpus)")
+    parser.add_argument("--lm-corpus", action="store_true",
+                        help="write the unlabelled language model corpus instead")
     args = parser.parse_args(argv)
-    print(write_docstring_corpus(args.path))
+    if args.lm_corpus:
+        print(write_source_corpus(args.path))
+    else:
+        print(write_docstring_corpus(args.path))
     return 0
 
 

@@ -4,6 +4,8 @@
         [--<param> <value> ...]
     python -m pipelines.run_local text --data <csv or gs://...> --output <dir> \
         [--<param> <value> ...]
+    python -m pipelines.run_local lm --data <corpus folder, .txt or .csv> --output <dir> \
+        --lang <lang> [--epochs N ...]
 
 Each pipeline parameter is a flag (`image_size` -> `--image-size`). Steps run as
 subprocesses of this Python (no containers); outputs land under `<output>/kfp/`, and
@@ -22,18 +24,19 @@ from typing import Any
 from kfp import local
 
 from components.common.storage import write_json_atomically
-from pipelines import image, text
+from pipelines import image, lm, text
 
 # The local variant never pulls images; the URI only fills the spec.
 LOCAL_IMAGE = "local/vertex-gpu-pipelines:dev"
-PIPELINES = {"image": image.build, "text": text.build}
+PIPELINES = {"image": image.build, "text": text.build, "lm": lm.build}
 SUMMARIES = {
     "image": image.summarize,
     "text": lambda outputs: text.summarize({name: a.path for name, a in outputs.items()}),
+    "lm": lambda outputs: lm.summarize({name: a.path for name, a in outputs.items()}),
 }
 _TYPES = {"String": str, "Integer": int, "Float": float, "Boolean": None}
 # Filled from --data, not a flag of their own.
-_DATA_PARAMS = {"image": "data_uri", "text": "data_uri"}
+_DATA_PARAMS = {"image": "data_uri", "text": "data_uri", "lm": "corpus_uri"}
 
 
 def _parse_bool(text: str) -> bool:
@@ -64,6 +67,10 @@ def pipeline_parser(kind: str, pipeline) -> argparse.ArgumentParser:
 def headline(kind: str, summary: dict[str, Any]) -> str:
     """One line with the test metrics of a run."""
     metrics = summary["metrics"]
+    if kind == "lm":
+        return (f"lm pipeline: held-out perplexity {metrics['perplexity']:.1f}, next-token "
+                f"accuracy {metrics['accuracy']:.3f}; lm_assets: "
+                f"{summary['artifacts']['lm_assets']}")
     support = sum(v["support"] for v in metrics["per_label"].values())
     if "accuracy" in metrics:
         return (f"{kind} pipeline: test accuracy {metrics['accuracy']:.3f}, macro F1 "
@@ -76,8 +83,8 @@ def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, 
     """Runs pipeline `kind` locally and writes `<output>/summary.json`.
 
     Args:
-        kind: "image" or "text".
-        data: Input folder or gs:// URI.
+        kind: "image", "text" or "lm".
+        data: Input folder, file or gs:// URI.
         output: Local folder for the run's outputs.
         params: Pipeline parameters other than the data URI.
 

@@ -37,7 +37,8 @@ class Machine:
 
 # Where each step runs unless compile.py is told otherwise. Sharding is CPU-bound
 # (many cores, no GPU); the image trainer gets the ancestor's 2 x V100; the text
-# trainer a T4 (an AWD-LSTM does not fill a bigger GPU); evaluation is small.
+# trainer and the language model a T4 each (an AWD-LSTM does not fill a bigger GPU);
+# evaluation is small.
 DEFAULT_MACHINES: Mapping[str, Machine] = {
     "shard": Machine("n1-highcpu-16"),
     "train_image": Machine("n1-standard-8", "NVIDIA_TESLA_V100", 2),
@@ -45,6 +46,7 @@ DEFAULT_MACHINES: Mapping[str, Machine] = {
     "prepare_text": Machine("n1-standard-4"),
     "train_text": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
     "evaluate_text": Machine("n1-standard-4"),
+    "train_lm": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
 }
 
 

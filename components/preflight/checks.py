@@ -9,6 +9,7 @@ key of the steps that read it.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
 import json
@@ -187,11 +188,58 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
         raise PreflightError("; ".join(problems))
 
 
+def check_lm_run(parameters: Mapping[str, Any]) -> None:
+    """Refuses language model pipeline parameters the training step would refuse.
+
+    Raises:
+        PreflightError: Every problem found, each naming its parameter.
+    """
+    from components.train_lm.contract import LMConfig
+    from components.train_text.contract import parse_model_config
+
+    try:
+        build(LMConfig, parameters,
+              model_config=parse_model_config(str(parameters.get("model_config", ""))))
+    except RuntimeError as err:  # model_config that is not a JSON object
+        raise PreflightError(f"training: {err}") from err
+    except PreflightError as err:
+        raise PreflightError(f"training: {err}") from err
+
+
+def check_corpus(uri: str, text_column: str) -> None:
+    """Refuses a corpus the language model step could not read, from its listing (and a
+    CSV's header line): a folder without .txt files, a file of another kind, a CSV
+    without the text column.
+
+    Raises:
+        PreflightError: The problem, naming the URI and what to give instead.
+    """
+    from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX
+
+    fs, path = filesystem(uri)
+    if not fs.exists(path):
+        return  # data_fingerprint says so
+    if fs.isdir(path):
+        if not any(name.endswith(TEXT_SUFFIX) for name in fs.find(path)):
+            raise PreflightError(f"corpus_uri {uri!r} holds no {TEXT_SUFFIX} files; give a "
+                                 f"folder of UTF-8 {TEXT_SUFFIX} files or a CSV file")
+    elif path.endswith(CSV_SUFFIX):
+        with fs.open(path, "rb") as f:
+            header = f.readline().decode("utf-8", errors="replace")
+        columns = next(csv.reader([header]), [])
+        if text_column not in columns:
+            raise PreflightError(f"corpus_uri {uri!r} has no column {text_column!r} (header: "
+                                 f"{columns}); set text_column")
+    elif not path.endswith(TEXT_SUFFIX):
+        raise PreflightError(f"corpus_uri {uri!r} is neither a folder, a {TEXT_SUFFIX} nor a "
+                             f"{CSV_SUFFIX} file")
+
+
 CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
-    "image": check_image_run, "text": check_text_run}
+    "image": check_image_run, "text": check_text_run, "lm": check_lm_run}
 
 
-def data_fingerprint(uri: str) -> str:
+def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
     """A digest of what sits at `uri` (a file or a folder, local or gs://), read from the
     listing only: each file's relative name, size and version (GCS generation, or the
     local modification time). Any added, removed, replaced or rewritten file changes it.
@@ -201,13 +249,13 @@ def data_fingerprint(uri: str) -> str:
     """
     fs, path = filesystem(uri)
     if not fs.exists(path):
-        raise PreflightError(f"data_uri {uri!r} does not exist")
+        raise PreflightError(f"{parameter} {uri!r} does not exist")
     if fs.isdir(path):
         entries = fs.find(path, detail=True)
     else:
         entries = {path: fs.info(path)}
     if not entries:
-        raise PreflightError(f"data_uri {uri!r} is an empty folder")
+        raise PreflightError(f"{parameter} {uri!r} is an empty folder")
     listing = []
     for name, info in sorted(entries.items()):
         version = info.get("generation") or info.get("mtime") or info.get("updated") \
@@ -239,8 +287,8 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     """Checks a run of pipeline `kind` and returns its data fingerprint.
 
     Args:
-        kind: "image" or "text".
-        data_uri: The pipeline's input (folder of class folders, or CSV).
+        kind: "image", "text" or "lm".
+        data_uri: The pipeline's input (folder of class folders, CSV, or text corpus).
         parameters: The pipeline's other parameters by name.
 
     Raises:
@@ -250,4 +298,7 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
         raise PreflightError(f"unknown pipeline kind {kind!r}; known: {sorted(CHECKS)}")
     CHECKS[kind](parameters)
     check_job_account(parameters)
+    if kind == "lm":
+        check_corpus(data_uri, str(parameters.get("text_column", "text")))
+        return data_fingerprint(data_uri, "corpus_uri")
     return data_fingerprint(data_uri)

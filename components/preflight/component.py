@@ -109,6 +109,42 @@ def preflight_text(
     return fingerprint
 
 
+def preflight_lm(
+    corpus_uri: str,
+    lang: str = "fr",
+    text_column: str = "text",
+    backwards: bool = False,
+    epochs: int = 10,
+    batch_size: int = 64,
+    seq_len: int = 72,
+    learning_rate: float = 0.01,
+    drop_mult: float = 0.3,
+    min_freq: int = 3,
+    max_vocab: int = 60000,
+    spm_vocab_size: int = 0,
+    validation_fraction: float = 0.1,
+    mixed_precision: bool = True,
+    model_config: str = "",
+    seed: int = 42,
+    job_service_account: str = "",
+) -> str:
+    """Refuses language model pipeline settings and a corpus the training step would
+    refuse, before the GPU job starts, and fingerprints the corpus. Never cached.
+
+    Args:
+        corpus_uri: See the pipeline. Every other parameter is the pipeline's, checked by the step that uses it.
+
+    Returns:
+        "sha256:<digest>:<files>", a digest of the corpus listing (name, size, version).
+    """
+    from components.preflight.checks import preflight
+
+    settings = {name: value for name, value in locals().items() if name != "corpus_uri"}
+    fingerprint = preflight("lm", corpus_uri, settings)
+    print(f"settings accepted; corpus fingerprint {fingerprint}")
+    return fingerprint
+
+
 def build_image(image: str):
     """The image pipeline's preflight component, run in the container `image`."""
     return dsl.component(preflight_image, base_image=image, install_kfp_package=False)
@@ -117,3 +153,8 @@ def build_image(image: str):
 def build_text(image: str):
     """The text pipeline's preflight component, run in the container `image`."""
     return dsl.component(preflight_text, base_image=image, install_kfp_package=False)
+
+
+def build_lm(image: str):
+    """The language model pipeline's preflight component, run in the container `image`."""
+    return dsl.component(preflight_lm, base_image=image, install_kfp_package=False)

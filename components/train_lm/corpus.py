@@ -1,0 +1,147 @@
+"""Reads a language model's corpus: a CSV column, a .txt file or a folder of .txt files.
+
+A .txt file is cut into documents at blank lines (paragraphs: a Wikipedia article or a
+book chapter is not one 'text'); a CSV row is one document. What cannot be read is
+skipped and counted with the reason and the first few names, never dropped silently;
+a corpus left with fewer than two documents is an error (nothing to hold out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+from typing import Any
+
+import pandas as pd
+
+from components.common.storage import filesystem
+from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX, LMTrainingError
+
+_PARAGRAPH = re.compile(r"\n[ \t\r\f\v]*\n")
+_EXAMPLES = 5  # names kept per skip reason
+
+
+@dataclasses.dataclass
+class Corpus:
+    """The documents of a corpus and an account of how they were read.
+
+    Attributes:
+        documents: Texts, in a fixed order (files by name, then paragraphs; CSV rows).
+        report: `{"uri", "kind" ("csv" or "txt"), "files", "documents", "characters",
+            "sha256", "skipped": {reason: {"count", "examples"}}}`.
+    """
+
+    documents: list[str]
+    report: dict[str, Any]
+
+
+def paragraphs(text: str) -> list[str]:
+    """The non-empty paragraphs of a text, each on one line."""
+    return [" ".join(p.split()) for p in _PARAGRAPH.split(text) if p.strip()]
+
+
+class _Skips:
+    def __init__(self):
+        self.reasons: dict[str, dict[str, Any]] = {}
+
+    def add(self, reason: str, name: str) -> None:
+        entry = self.reasons.setdefault(reason, {"count": 0, "examples": []})
+        entry["count"] += 1
+        if len(entry["examples"]) < _EXAMPLES:
+            entry["examples"].append(name)
+
+
+def _read_csv(fs, path: str, uri: str, column: str, skips: _Skips) -> list[str]:
+    with fs.open(path, "rb") as f:
+        try:
+            frame = pd.read_csv(f, dtype=str, keep_default_na=False, encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise LMTrainingError(f"{uri} is not UTF-8 text ({err}); re-save it as UTF-8") from err
+        except pd.errors.ParserError as err:
+            raise LMTrainingError(f"{uri} is not a readable CSV: {err}") from err
+    if column not in frame.columns:
+        raise LMTrainingError(f"{uri} has no column {column!r} (columns: {list(frame.columns)}); "
+                              "set text_column to the column of the texts")
+    documents = []
+    for row, text in enumerate(frame[column], start=2):  # line 1 is the header
+        text = " ".join(str(text).split())
+        if text:
+            documents.append(text)
+        else:
+            skips.add("empty text", f"{uri} line {row}")
+    return documents
+
+
+def _read_texts(fs, files: list[str], root: str, skips: _Skips) -> list[str]:
+    documents = []
+    for path in files:
+        name = os.path.relpath(path, root) if path != root else os.path.basename(path)
+        with fs.open(path, "rb") as f:
+            raw = f.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            skips.add("not UTF-8", name)
+            continue
+        found = paragraphs(text)
+        if not found:
+            skips.add("empty file", name)
+        documents += found
+    return documents
+
+
+def read_corpus(uri: str, text_column: str = "text") -> Corpus:
+    """Reads every document of a corpus.
+
+    Args:
+        uri: Local path or gs:// URI of a CSV file, a .txt file, or a folder whose .txt
+            files (at any depth) make the corpus.
+        text_column: The CSV column holding the texts.
+
+    Returns:
+        The documents and the report of what was read and skipped.
+
+    Raises:
+        LMTrainingError: Nothing at `uri`, a folder without .txt files, a CSV without the
+            column, or fewer than two documents in all.
+    """
+    fs, path = filesystem(uri)
+    if not fs.exists(path):
+        raise LMTrainingError(f"corpus {uri!r} does not exist")
+    skips = _Skips()
+    if fs.isdir(path):
+        found = sorted(fs.find(path))
+        files = [f for f in found if f.endswith(TEXT_SUFFIX)]
+        for other in found:
+            if not other.endswith(TEXT_SUFFIX):
+                skips.add(f"not a {TEXT_SUFFIX} file", os.path.relpath(other, path))
+        if not files:
+            raise LMTrainingError(
+                f"corpus folder {uri!r} holds no {TEXT_SUFFIX} files ({len(found)} other files); "
+                f"give a folder of UTF-8 {TEXT_SUFFIX} files, or a CSV file and text_column")
+        kind, documents = "txt", _read_texts(fs, files, path, skips)
+    elif path.endswith(CSV_SUFFIX):
+        files = [path]
+        kind, documents = "csv", _read_csv(fs, path, uri, text_column, skips)
+    elif path.endswith(TEXT_SUFFIX):
+        files = [path]
+        kind, documents = "txt", _read_texts(fs, files, path, skips)
+    else:
+        raise LMTrainingError(f"corpus {uri!r} is neither a folder, a {TEXT_SUFFIX} file nor a "
+                              f"{CSV_SUFFIX} file")
+    if len(documents) < 2:
+        raise LMTrainingError(
+            f"corpus {uri!r} gave {len(documents)} document(s) (skipped: "
+            f"{ {r: s['count'] for r, s in skips.reasons.items()} }); a language model needs "
+            "texts to learn from and others to measure perplexity on: at least two "
+            "paragraphs or rows")
+    digest = hashlib.sha256()
+    for document in documents:
+        digest.update(document.encode("utf-8") + b"\0")
+    return Corpus(documents=documents, report={
+        "uri": uri, "kind": kind, "files": len(files), "documents": len(documents),
+        "characters": sum(map(len, documents)), "sha256": digest.hexdigest(),
+        "skipped": skips.reasons,
+    })

@@ -1,0 +1,353 @@
+"""An AWD-LSTM language model trained on a corpus, written as the text trainer's LM assets.
+
+Steps of `train_language_model`:
+1. Read the corpus (corpus.py) and hold out `validation_fraction` of its documents
+   (seeded), on which perplexity and accuracy are measured.
+2. Tokenize as the text trainer will (contract.make_tokenizer): spaCy's rules, or for
+   ja/ko/zh a SentencePiece model trained here on the training documents and shipped
+   with the assets.
+3. Train the forward model (and the backward one on request) with `fit_one_cycle`,
+   checkpointing model and optimizer after every epoch: a restarted job resumes at the
+   next epoch of the direction it was in, and never retrains a finished direction.
+4. Write `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` (and
+   `<lang>/spm/spm.model`) under the output folder only once every direction is done,
+   plus `lm_metrics.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from fastai.callback.schedule import minimum, slide, steep, valley
+from fastai.learner import load_model, save_model
+from fastai.text.all import (
+    AWD_LSTM,
+    Callback,
+    ColReader,
+    ColSplitter,
+    DataBlock,
+    Perplexity,
+    SentencePieceTokenizer,
+    TextBlock,
+    accuracy,
+    awd_lstm_lm_config,
+    defaults,
+    language_model_learner,
+    load_pickle,
+    save_pickle,
+    set_seed,
+)
+
+from components.common.fastai_text import EpochEnd, fp16_here, lm_batch_size, quiet
+from components.common.storage import TMP_PREFIX, run_folder, write_json_atomically
+from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
+from components.train_lm.corpus import Corpus, read_corpus
+from components.train_text.contract import (
+    SPM_FILE,
+    SPM_LANGS,
+    direction,
+    make_tokenizer,
+    save_lm_assets,
+)
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "lm_state.json"
+STATE_VERSION = 1
+VOCAB_FILE = "vocab.pkl"
+SPM_MODEL = "spm.model"
+STAGING = "assets"  # in the checkpoint folder: directions finished so far
+_TEXT, _VALID = "text", "is_valid"
+# Bounds on the rate lr_find suggests (learning_rate=0): outside them the curve was noise.
+MIN_FOUND_LR, MAX_FOUND_LR = 1e-4, 3e-2
+
+
+def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:
+    """Which of `count` documents are held out: a seeded draw of `fraction` of them.
+
+    At least one is held out and at least one trains.
+
+    Returns:
+        A boolean mask, True for the validation documents.
+    """
+    if count < 2:
+        raise LMTrainingError(f"{count} document(s): nothing to hold out")
+    held_out = min(count - 1, max(1, round(count * fraction)))
+    mask = np.zeros(count, dtype=bool)
+    mask[np.random.default_rng(seed).permutation(count)[:held_out]] = True
+    return mask
+
+
+def suggested_rate(steep_rate: float) -> float:
+    """The peak rate to train a language model with, from `lr_find`'s `steep` suggestion.
+
+    Bounded to [MIN_FOUND_LR, MAX_FOUND_LR]; NaN (a curve with no falling stretch) gives
+    the middle of the bounds. On the standard library's docstrings (230k tokens, a small
+    AWD-LSTM) steep said 3.6e-3 and valley 5.8e-4, while a fixed 1e-2 reached perplexity 102
+    in 3 epochs, hence the fixed default; lr_find is there for corpora unlike that one.
+    """
+    if not steep_rate > 0:
+        return (MIN_FOUND_LR * MAX_FOUND_LR) ** 0.5
+    return min(max(float(steep_rate), MIN_FOUND_LR), MAX_FOUND_LR)
+
+
+def _fingerprint(values: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _load_state(folder: str, run_fingerprint: str) -> dict[str, Any]:
+    path = os.path.join(folder, STATE_FILE)
+    if not os.path.exists(path):
+        for name in os.listdir(folder):  # another run's leftovers (no state: nothing to resume)
+            if name.endswith((".pth", ".pth.tmp")) or name in (VOCAB_FILE, SPM_MODEL, STAGING):
+                target = os.path.join(folder, name)
+                shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
+        return {"version": STATE_VERSION, "fingerprint": run_fingerprint, "spm_saved": False,
+                "vocab_saved": False, "directions": {}, "finished": False}
+    with open(path) as f:
+        state = json.load(f)
+    if state.get("version") != STATE_VERSION or state.get("fingerprint") != run_fingerprint:
+        raise LMTrainingError(
+            f"checkpoint folder {folder!r} holds the state of a different run (other corpus, "
+            "settings or output); resuming it would mix the two. Use another checkpoint "
+            "folder or delete that one.")
+    log.info("resuming: %s", {d: s["epochs_done"] for d, s in state["directions"].items()})
+    return state
+
+
+class _Direction:
+    """Checkpoints and state of one direction's model."""
+
+    def __init__(self, folder: str, state: dict[str, Any], name: str):
+        self.folder, self.state, self.name = folder, state, name
+        self.mine = state["directions"].setdefault(name, {
+            "epochs_done": 0, "checkpoint": None, "done": False, "found_lr": None,
+            "history": []})
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+    def save(self) -> None:
+        write_json_atomically(self.path(STATE_FILE), self.state, sort_keys=False)
+
+    def restore(self, learn) -> None:
+        if self.mine["checkpoint"]:
+            learn.create_opt()
+            load_model(self.path(self.mine["checkpoint"]), learn.model, learn.opt,
+                       with_opt=True, device=learn.dls.device)
+
+    def rate(self, learn, config: LMConfig) -> float:
+        if config.learning_rate:
+            return config.learning_rate
+        if self.mine["found_lr"] is None:  # found once: a resumed run keeps its rate
+            found = learn.lr_find(suggest_funcs=(valley, minimum, steep, slide), show_plot=False)
+            rates = {n: float(getattr(found, n)) for n in ("valley", "minimum", "steep", "slide")}
+            rates["used"] = suggested_rate(rates["steep"])
+            log.info("lr_find (%s): %s", self.name, rates)
+            self.mine["found_lr"] = rates
+            self.save()
+        return self.mine["found_lr"]["used"]
+
+    def on_epoch(self, learn, epochs_done: int, values: dict[str, float], seconds: float) -> None:
+        previous, name = self.mine["checkpoint"], f"{self.name}-{epochs_done}.pth"
+        save_model(self.path(name + ".tmp"), learn.model, learn.opt, with_opt=True)
+        os.replace(self.path(name + ".tmp"), self.path(name))
+        self.mine["history"].append({"epoch": epochs_done, "seconds": round(seconds, 3),
+                                     **values})
+        self.mine.update(epochs_done=epochs_done, checkpoint=name)
+        self.save()
+        if previous and previous != name and os.path.exists(self.path(previous)):
+            os.remove(self.path(previous))  # only once the state no longer points at it
+
+    def finish(self) -> None:
+        checkpoint = self.mine["checkpoint"]
+        self.mine.update(done=True, checkpoint=None)
+        self.save()
+        if checkpoint and os.path.exists(self.path(checkpoint)):
+            os.remove(self.path(checkpoint))
+
+
+def _sentencepiece(folder: str, state: dict[str, Any], texts: Sequence[str], config: LMConfig,
+                   scratch: str) -> str:
+    """Trains the SentencePiece model of a ja/ko/zh corpus once; returns its path."""
+    path = os.path.join(folder, SPM_MODEL)
+    if not state["spm_saved"]:
+        trainer = SentencePieceTokenizer(lang=config.lang, cache_dir=scratch,
+                                         vocab_sz=config.spm_vocab_size or None)
+        # The same rules as fastai's Tokenizer applies before the pieces are cut.
+        try:
+            trained = trainer.setup(list(texts), rules=defaults.text_proc_rules)["sp_model"]
+        except RuntimeError as err:  # e.g. fewer pieces allowed than the corpus has characters
+            raise LMTrainingError(
+                f"SentencePiece could not be trained on this corpus with spm_vocab_size="
+                f"{config.spm_vocab_size} ({err}); raise spm_vocab_size (0 lets fastai choose "
+                "from the corpus)") from err
+        shutil.copyfile(trained, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        state["spm_saved"] = True
+        write_json_atomically(os.path.join(folder, STATE_FILE), state, sort_keys=False)
+    return path
+
+
+def _dataloaders(frame: pd.DataFrame, tokenizer, vocab, config: LMConfig, backwards: bool):
+    block = TextBlock.from_df(_TEXT, vocab=vocab, is_lm=True, seq_len=config.seq_len,
+                              backwards=backwards, tok=tokenizer, min_freq=config.min_freq,
+                              max_vocab=config.max_vocab)
+    dsets = DataBlock(blocks=block, get_x=ColReader(_TEXT),
+                      splitter=ColSplitter(_VALID)).datasets(frame)
+    bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)
+    val_bs = lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
+    if (bs, val_bs) != (config.batch_size, config.batch_size):
+        log.warning("few tokens: batch size %d (train) / %d (validation) instead of %d",
+                    bs, val_bs, config.batch_size)
+    tokens = {"train": int(dsets.train.items["text_length"].sum()),
+              "validation": int(dsets.valid.items["text_length"].sum())}
+    return dsets.dataloaders(bs=bs, val_bs=val_bs, seq_len=config.seq_len, num_workers=0), tokens
+
+
+def _publish(staging: str, output_dir: str, lang: str) -> None:
+    """Moves the finished `<lang>` folder into the output, replacing an older one."""
+    target = os.path.join(output_dir, lang)
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    shutil.copytree(os.path.join(staging, lang), os.path.join(output_dir, TMP_PREFIX + lang))
+    os.replace(os.path.join(output_dir, TMP_PREFIX + lang), target)
+
+
+def train_language_model(
+    corpus_uri: str,
+    output_dir: str,
+    config: LMConfig,
+    checkpoint_folder: str | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> dict[str, Any]:
+    """Trains an AWD-LSTM language model per direction and writes the LM assets.
+
+    Args:
+        corpus_uri: CSV file, .txt file or folder of .txt files, local or gs://.
+        output_dir: Folder that receives `<lang>/...` (the assets root the text pipeline's
+            `lm_assets` takes) and `lm_metrics.json`.
+        config: Training settings.
+        checkpoint_folder: Where checkpoints and the state file go; default under
+            AIP_CHECKPOINT_DIR when Vertex sets it, else `<output_dir>/checkpoints`
+            (removed once the run is done).
+        callbacks: Extra fastai callbacks for every fit (the tests interrupt runs with one).
+
+    Returns:
+        The content of lm_metrics.json: `lang`, `perplexity` and `accuracy` (the forward
+        model's, on the held-out documents), `directions` (per direction: the final
+        `valid_loss`, `perplexity`, `accuracy`, `history`, epoch seconds, found rates),
+        `corpus` (corpus.read_corpus's report), `tokens`, `vocab_size`, `run`, `config`.
+
+    Raises:
+        LMTrainingError: A corpus or settings that cannot be trained.
+    """
+    started = time.monotonic()
+    unknown = sorted(set(config.model_config) - set(awd_lstm_lm_config))
+    if unknown:
+        raise LMTrainingError(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
+                              f"{sorted(awd_lstm_lm_config)}")
+    corpus: Corpus = read_corpus(corpus_uri, config.text_column)
+    is_valid = split_documents(len(corpus.documents), config.validation_fraction, config.seed)
+    frame = pd.DataFrame({_TEXT: corpus.documents, _VALID: is_valid})
+    default_folder = os.path.join(output_dir, "checkpoints")
+    folder = checkpoint_folder or run_folder("AIP_CHECKPOINT_DIR", output_dir, default_folder)
+    os.makedirs(folder, exist_ok=True)
+    state = _load_state(folder, _fingerprint({
+        "config": dataclasses.asdict(config), "corpus": corpus.report["sha256"],
+        "output": os.path.abspath(output_dir)}))
+    arch_config = {**awd_lstm_lm_config, **config.model_config}
+    fp16 = fp16_here(config.mixed_precision)
+    scratch = tempfile.mkdtemp(prefix="train_lm_")
+    staging = os.path.join(folder, STAGING)
+    try:
+        spm = None
+        if config.lang in SPM_LANGS:
+            spm = _sentencepiece(folder, state, frame[_TEXT][~is_valid], config, scratch)
+        tokenizer = make_tokenizer(config.lang, spm, scratch)
+        vocab = load_pickle(os.path.join(folder, VOCAB_FILE)) if state["vocab_saved"] else None
+        for backwards in config.directions():
+            run = _Direction(folder, state, direction(backwards))
+            if run.mine["done"]:
+                continue
+            set_seed(config.seed + int(backwards))
+            dls, tokens = _dataloaders(frame, tokenizer, vocab, config, backwards)
+            if vocab is None:
+                vocab = list(dls.vocab)
+                save_pickle(os.path.join(folder, VOCAB_FILE), vocab)
+                state["vocab_saved"] = True
+                run.save()
+            learn = language_model_learner(
+                dls, AWD_LSTM, config=arch_config, pretrained=False, drop_mult=config.drop_mult,
+                metrics=[accuracy, Perplexity()], path=folder, model_dir=".")
+            quiet(learn)
+            if fp16:
+                learn = learn.to_fp16()
+            run.restore(learn)
+            lr = run.rate(learn, config)
+            log.info("%s language model: epochs %d..%d at peak rate %.2e", run.name,
+                     run.mine["epochs_done"] + 1, config.epochs, lr)
+            learn.fit_one_cycle(
+                config.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=run.mine["epochs_done"],
+                cbs=[EpochEnd(lambda done, values, seconds, learn=learn, run=run:
+                              run.on_epoch(learn, done, values, seconds)), *callbacks])
+            if fp16:
+                learn = learn.to_fp32()
+            save_lm_assets(learn, staging, config.lang, backwards, arch_config)
+            run.mine.update(tokens=tokens, device=str(dls.device),
+                            parameters=sum(p.numel() for p in learn.model.parameters()))
+            run.finish()
+            del learn, dls
+        if spm:
+            spm_target = os.path.join(staging, config.lang, SPM_FILE)
+            os.makedirs(os.path.dirname(spm_target), exist_ok=True)
+            shutil.copyfile(spm, spm_target)
+        os.makedirs(output_dir, exist_ok=True)
+        _publish(staging, output_dir, config.lang)
+        result = _result(state, config, corpus, len(vocab), fp16, arch_config,
+                         time.monotonic() - started)
+        write_json_atomically(os.path.join(output_dir, METRICS_FILE), result, sort_keys=False)
+        state["finished"] = True
+        write_json_atomically(os.path.join(folder, STATE_FILE), state, sort_keys=False)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if checkpoint_folder is None and os.path.abspath(folder) == os.path.abspath(default_folder):
+        shutil.rmtree(folder, ignore_errors=True)  # they would ship inside the assets
+    return result
+
+
+def _result(state: dict[str, Any], config: LMConfig, corpus: Corpus, vocab_size: int,
+            fp16: bool, arch_config: dict[str, Any], seconds: float) -> dict[str, Any]:
+    directions = {}
+    for name, run in state["directions"].items():
+        last = run["history"][-1] if run["history"] else {}
+        seconds_per_epoch = [h["seconds"] for h in run["history"]]
+        directions[name] = {
+            "valid_loss": last.get("valid_loss"), "perplexity": last.get("perplexity"),
+            "accuracy": last.get("accuracy"), "epochs": len(run["history"]),
+            "epoch_seconds": seconds_per_epoch, "found_learning_rates": run["found_lr"],
+            "history": run["history"]}
+    forward, trained = directions[direction(False)], state["directions"][direction(False)]
+    return {
+        "lang": config.lang,
+        "perplexity": forward["perplexity"],
+        "accuracy": forward["accuracy"],
+        "directions": directions,
+        "corpus": corpus.report,
+        "tokens": trained["tokens"],
+        "vocab_size": vocab_size,
+        "run": {"parameters": int(trained["parameters"]), "device": trained["device"], "fp16": fp16,
+                "arch": "AWD_LSTM", "arch_config": arch_config, "seconds": round(seconds, 3)},
+        "config": dataclasses.asdict(config),
+    }

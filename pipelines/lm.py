@@ -1,0 +1,142 @@
+"""The language model pipeline: a text corpus in, pretrained LM assets for the text pipeline out."""
+# No `from __future__ import annotations` here: KFP reads the pipeline signature's real types.
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from kfp import dsl
+from kfp.dsl import Artifact, Metrics
+
+from components.preflight import component as preflight_component
+from components.train_lm import component as train_lm_component
+from components.train_lm.contract import METRICS_FILE
+from pipelines.vertex import VertexSettings
+
+PIPELINE_NAME = "language-model"
+
+
+class Outputs(NamedTuple):
+    metrics: Metrics
+    lm_assets: Artifact
+
+
+def build(image: str, vertex: "VertexSettings | None" = None):
+    """Builds the language model pipeline.
+
+    Args:
+        image: URI of the fastai runtime image both steps run in.
+        vertex: Where the training step runs on Vertex; None for the local (`kfp.local`)
+            variant.
+
+    Returns:
+        A `@dsl.pipeline` function whose outputs are `metrics` (perplexity, accuracy) and
+        `lm_assets` (the folder to pass as the text pipeline's `lm_assets`).
+    """
+    preflight_op = preflight_component.build_lm(image)
+    train_op = train_lm_component.build(image)
+    if vertex is not None:
+        # Wrapped before the pipeline body uses it (kubeflow/pipelines#9320).
+        train_op = vertex.wrap(train_op, "train_lm", "train-language-model")
+    default_job_account = vertex.service_account if vertex is not None else ""
+
+    @dsl.pipeline(name=PIPELINE_NAME,
+                  description="Trains an AWD-LSTM language model on a text corpus and writes it "
+                              "as the pretrained LM assets the text pipeline starts from.")
+    def lm_pipeline(
+        corpus_uri: str,
+        lang: str = "fr",
+        text_column: str = "text",
+        backwards: bool = False,
+        epochs: int = 10,
+        batch_size: int = 64,
+        seq_len: int = 72,
+        learning_rate: float = 0.01,
+        drop_mult: float = 0.3,
+        min_freq: int = 3,
+        max_vocab: int = 60000,
+        spm_vocab_size: int = 0,
+        validation_fraction: float = 0.1,
+        mixed_precision: bool = True,
+        model_config: str = "",
+        seed: int = 42,
+        job_service_account: str = default_job_account,
+    ) -> Outputs:
+        """Trains a language model on a corpus and writes it as pretrained LM assets.
+
+        Args:
+            corpus_uri: The corpus (gs:// or local): a folder of UTF-8 .txt files (cut into paragraphs at blank lines), one .txt file, or a CSV file with a text column.
+            lang: Language of the corpus (en, fr, ...; ja, ko and zh get a SentencePiece model trained on it); the assets folder's name, which the text pipeline's lang must match.
+            text_column: Column of the texts when the corpus is a CSV file.
+            backwards: Also train the backward model (for the text pipeline's backwards=true).
+            epochs: Epochs per direction (one-cycle schedule).
+            batch_size: Token streams per batch.
+            seq_len: Tokens per backpropagation-through-time step.
+            learning_rate: Peak learning rate; 0 finds it with lr_find (its steep point).
+            drop_mult: Multiplier of every AWD-LSTM dropout.
+            min_freq: Rarer tokens become xxunk.
+            max_vocab: Largest vocabulary kept.
+            spm_vocab_size: SentencePiece vocabulary size (ja, ko, zh); 0 chooses from the corpus.
+            validation_fraction: Share of the documents held out for perplexity and accuracy.
+            mixed_precision: fp16 on GPUs of compute capability >= 7.0 (never on CPU).
+            model_config: JSON of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}); empty for fastai's defaults.
+            seed: Seed of the held-out draw, initialisation and batch order.
+            job_service_account: Service account the training job runs as on Vertex; empty: Vertex's Custom Code Service Agent. Ignored by local runs.
+        """
+        # Checked on a light machine before the GPU job; never cached (it fingerprints
+        # the corpus, which keys the training step's cache).
+        preflight = preflight_op(**{name: value for name, value in locals().items()
+                                    if name in preflight_op.component_spec.inputs})
+        preflight.set_display_name("preflight").set_caching_options(False)
+        job = {"service_account": job_service_account} if vertex is not None else {}
+        train = train_op(
+            corpus_uri=corpus_uri, lang=lang, text_column=text_column, backwards=backwards,
+            epochs=epochs, batch_size=batch_size, seq_len=seq_len, learning_rate=learning_rate,
+            drop_mult=drop_mult, min_freq=min_freq, max_vocab=max_vocab,
+            spm_vocab_size=spm_vocab_size, validation_fraction=validation_fraction,
+            mixed_precision=mixed_precision, model_config=model_config, seed=seed,
+            corpus_fingerprint=preflight.output, **job,
+        ).set_display_name("train-language-model")
+        return Outputs(metrics=train.outputs["metrics"], lm_assets=train.outputs["lm_assets"])
+
+    return lm_pipeline
+
+
+def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
+    """What a local run of the language model pipeline produced, in the shape of `summary.json`.
+
+    Args:
+        artifacts: Output name to local path; "lm_assets" is required.
+
+    Returns:
+        `{"metrics": {perplexity, accuracy, per direction ..., tokens, vocab_size},
+        "corpus": {...}, "training": {...}, "artifacts": {"lm_assets": <folder holding
+        <lang>/...>, ...}}`.
+    """
+    path = os.path.join(artifacts["lm_assets"], METRICS_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no {METRICS_FILE} in {artifacts['lm_assets']}")
+    with open(path) as f:
+        result = json.load(f)
+    directions = result["directions"]
+    return {
+        "metrics": {
+            "perplexity": result["perplexity"],
+            "accuracy": result["accuracy"],
+            "directions": {name: {k: run[k] for k in ("perplexity", "accuracy", "valid_loss")}
+                           for name, run in directions.items()},
+            "tokens": result["tokens"],
+            "vocab_size": result["vocab_size"],
+        },
+        "corpus": {k: v for k, v in result["corpus"].items() if k != "sha256"},
+        "training": {
+            "lang": result["lang"],
+            "epochs": {name: run["epochs"] for name, run in directions.items()},
+            "epoch_seconds": {name: run["epoch_seconds"] for name, run in directions.items()},
+            "found_learning_rates": {name: run["found_learning_rates"]
+                                     for name, run in directions.items()},
+            **{k: result["run"][k] for k in ("parameters", "device", "fp16", "seconds")},
+        },
+        "artifacts": dict(artifacts),
+    }

@@ -1,0 +1,236 @@
+"""The language model step on CPU: corpus reading, assets the text trainer takes, resume."""
+
+import collections
+import json
+import math
+import os
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from fastai.text.all import Callback, load_pickle
+from fastai.text.learner import _get_text_vocab
+
+from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
+from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
+from components.train_lm.corpus import paragraphs, read_corpus
+from components.train_lm.training import split_documents, suggested_rate, train_language_model
+from components.train_text.assets import fetch_assets
+from components.train_text.contract import TrainConfig, make_tokenizer, required_files
+from components.train_text.training import train_text_classifier
+from pipelines.demo_text import write_reviews_csv
+
+TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
+FAST = dict(batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=2)
+
+
+@pytest.fixture(autouse=True)
+def _no_vertex_checkpoint_dir(monkeypatch):
+    monkeypatch.delenv("AIP_CHECKPOINT_DIR", raising=False)
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "reviews.csv"
+    write_reviews_csv(str(path), rows=60, seed=99)
+    return str(path)
+
+
+class Epochs(Callback):
+    """Records the epochs each fit trains; fails like a preempted machine after `stop_after`."""
+
+    order = 99  # after the step's own checkpointing callback
+
+    def __init__(self, stop_after: int | None = None):
+        self.fits, self.stop_after = [], stop_after
+
+    def before_fit(self):
+        self.fits.append([])
+
+    def before_train(self):
+        self.fits[-1].append(self.epoch)
+
+    def after_epoch(self):
+        if self.stop_after is not None and sum(map(len, self.fits)) == self.stop_after:
+            raise KeyboardInterrupt("simulated preemption")
+
+
+# ------------------------------------------------------------------------------ corpus
+
+
+def test_a_folder_of_text_files_is_read_as_paragraphs_and_skips_are_counted(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.txt").write_text("First  paragraph\nstill first.\n\n  \nSecond one.\n")
+    (corpus / "sub" / "b.txt").write_text("Third.")
+    (corpus / "empty.txt").write_text("\n\n")
+    (corpus / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    (corpus / "notes.md").write_text("not read")
+    result = read_corpus(str(corpus))
+    assert result.documents == ["First paragraph still first.", "Second one.", "Third."]
+    skipped = result.report["skipped"]
+    assert skipped["empty file"] == {"count": 1, "examples": ["empty.txt"]}
+    assert skipped["not UTF-8"] == {"count": 1, "examples": ["latin1.txt"]}
+    assert skipped["not a .txt file"] == {"count": 1, "examples": ["notes.md"]}
+    assert result.report["files"] == 4 and result.report["documents"] == 3
+
+
+def test_a_csv_column_is_read_row_by_row(tmp_path):
+    path = tmp_path / "c.csv"
+    pd.DataFrame({"body": ["one text", "", "two  text"], "x": [1, 2, 3]}).to_csv(path, index=False)
+    result = read_corpus(str(path), "body")
+    assert result.documents == ["one text", "two text"]
+    assert result.report["skipped"] == {"empty text": {"count": 1, "examples": [f"{path} line 3"]}}
+    with pytest.raises(LMTrainingError, match=r"no column 'text' \(columns: \['body', 'x'\]\)"):
+        read_corpus(str(path), "text")
+
+
+def test_unusable_corpora_are_clear_errors(tmp_path):
+    with pytest.raises(LMTrainingError, match="does not exist"):
+        read_corpus(str(tmp_path / "nowhere"))
+    (tmp_path / "only.md").write_text("x")
+    with pytest.raises(LMTrainingError, match="holds no .txt files"):
+        read_corpus(str(tmp_path))
+    (tmp_path / "one.txt").write_text("a single paragraph")
+    with pytest.raises(LMTrainingError, match="gave 1 document.*at least two"):
+        read_corpus(str(tmp_path / "one.txt"))
+    with pytest.raises(LMTrainingError, match="neither a folder"):
+        read_corpus(str(tmp_path / "only.md"))
+
+
+def test_a_corpus_is_read_from_cloud_storage(gcs, tmp_path):
+    bucket = gcs.create_bucket("lm-corpus")
+    bucket.blob("wiki/a.txt").upload_from_string("Alpha text.\n\nBeta text.")
+    bucket.blob("wiki/b.txt").upload_from_string("Gamma text.")
+    result = read_corpus("gs://lm-corpus/wiki")
+    assert result.documents == ["Alpha text.", "Beta text.", "Gamma text."]
+
+
+def test_paragraphs_and_the_held_out_draw():
+    assert paragraphs("a\n \nb\n\n\nc d\ne") == ["a", "b", "c d e"]
+    mask = split_documents(10, 0.2, seed=1)
+    assert mask.sum() == 2 and (mask == split_documents(10, 0.2, seed=1)).all()
+    assert split_documents(2, 0.01, 0).sum() == 1 and split_documents(2, 0.99, 0).sum() == 1
+
+
+def test_found_rates_are_bounded():
+    assert suggested_rate(3e-3) == 3e-3
+    assert suggested_rate(1.0) == 3e-2 and suggested_rate(1e-7) == 1e-4
+    assert 1e-4 < suggested_rate(float("nan")) < 3e-2
+
+
+def test_bad_settings_name_the_setting():
+    with pytest.raises(LMTrainingError, match="validation_fraction must be in"):
+        LMConfig(validation_fraction=0)
+    with pytest.raises(LMTrainingError, match="epochs must be >= 1.*learning_rate must be > 0"):
+        LMConfig(epochs=0, learning_rate=-1)
+    with pytest.raises(LMTrainingError, match="lang must be a language code"):
+        LMConfig(lang="")
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def test_assets_in_the_text_trainers_layout_with_held_out_metrics(reviews, tmp_path):
+    out = tmp_path / "assets"
+    result = train_language_model(reviews, str(out), LMConfig(lang="fr", **FAST))
+    for relative in required_files("fr", backwards=False):
+        assert (out / relative).is_file(), relative
+    assert not (out / "fr" / "backward").exists()
+    assert sorted(os.listdir(out)) == ["fr", METRICS_FILE]  # no checkpoints left behind
+    assets = fetch_assets(str(out), "fr", False, str(tmp_path / "copy"))
+    assert {k: assets.config[k] for k in TINY} == TINY
+    forward = result["directions"]["forward"]
+    assert forward["epochs"] == 2 and len(forward["history"]) == 2
+    assert result["perplexity"] == pytest.approx(math.exp(forward["valid_loss"]), rel=1e-3)
+    assert 0 < result["accuracy"] < 1
+    assert result["corpus"]["documents"] == 60 and result["tokens"]["validation"] > 0
+    assert json.loads((out / METRICS_FILE).read_text())["perplexity"] == result["perplexity"]
+    # the weights are the trained model's: they load into a fresh one of config.json's shape
+    weights = torch.load(assets.weights, weights_only=False)
+    assert weights["0.encoder.weight"].shape == (len(load_pickle(assets.vocab)), 16)
+
+
+def test_an_interrupted_run_resumes_and_never_retrains_a_finished_direction(reviews, tmp_path):
+    out, config = str(tmp_path / "assets"), LMConfig(lang="fr", backwards=True,
+                                                    **{**FAST, "epochs": 3})
+    first = Epochs(stop_after=4)  # forward's 3 epochs, then the backward's first
+    with pytest.raises(KeyboardInterrupt):
+        train_language_model(reviews, out, config, callbacks=[first])
+    assert first.fits == [[0, 1, 2], [0]]  # forward, then the backward's first epoch
+    assert not os.path.exists(os.path.join(out, "fr"))  # nothing published half-done
+    second = Epochs()
+    result = train_language_model(reviews, out, config, callbacks=[second])
+    assert second.fits == [[1, 2]]  # the backward model only, from its second epoch
+    assert [h["epoch"] for h in result["directions"]["backward"]["history"]] == [1, 2, 3]
+    assert [h["epoch"] for h in result["directions"]["forward"]["history"]] == [1, 2, 3]
+    for relative in required_files("fr", backwards=True) + required_files("fr", False):
+        assert os.path.isfile(os.path.join(out, relative))
+
+
+def test_another_runs_checkpoints_are_refused(reviews, tmp_path):
+    folder = str(tmp_path / "ckpt")
+    with pytest.raises(KeyboardInterrupt):
+        train_language_model(reviews, str(tmp_path / "a"), LMConfig(**FAST), folder,
+                             callbacks=[Epochs(stop_after=1)])
+    with pytest.raises(LMTrainingError, match="state of a different run"):
+        train_language_model(reviews, str(tmp_path / "a"), LMConfig(**{**FAST, "epochs": 3}),
+                             folder)
+
+
+def test_sentencepiece_languages_ship_the_model_they_were_cut_with(tmp_path):
+    sentences = ["配達がとても早かったです", "価格が高すぎると思います", "品質は良いが配達が遅い",
+                 "サービスの対応が丁寧でした", "値段の割に品質が良い", "梱包が丁寧で安心しました"]
+    corpus = tmp_path / "ja"
+    corpus.mkdir()
+    for i in range(4):
+        (corpus / f"{i}.txt").write_text("\n\n".join(sentences[i:] + sentences[:i]) * 5)
+    out = tmp_path / "assets"
+    with pytest.raises(LMTrainingError, match="spm_vocab_size=40 .*Vocabulary size is smaller"):
+        train_language_model(str(corpus), str(out), LMConfig(lang="ja", spm_vocab_size=40, **FAST))
+    train_language_model(str(corpus), str(out), LMConfig(lang="ja", spm_vocab_size=80, **FAST))
+    assets = fetch_assets(str(out), "ja", False, str(tmp_path / "copy"))
+    tokenizer = make_tokenizer("ja", assets.spm_model, str(tmp_path / "cache"))
+    tokens = list(tokenizer(["配達が早い"]))[0]
+    assert "".join(tokens).replace("▁", "") == "配達が早い"
+    # the vocabulary is made of that model's pieces
+    assert set(next(iter(tokenizer([sentences[0]])))) <= set(load_pickle(assets.vocab))
+
+
+class FirstEncoder(Callback):
+    order = 0
+
+    def before_fit(self):
+        if not hasattr(self, "weights"):
+            encoder = self.learn.model[0]
+            self.weights = getattr(encoder, "module", encoder).encoder.weight.detach().clone()
+            self.vocab = list(_get_text_vocab(self.learn.dls))
+
+
+@pytest.mark.slow
+def test_the_text_trainer_starts_from_these_assets_new_tokens_at_the_mean(reviews, tmp_path):
+    """A task word the LM never saw is not an error: ULMFiT gives it the mean embedding."""
+    texts = pd.read_csv(reviews)["text"]
+    words = collections.Counter(w for t in texts for w in re.findall(r"[a-zé]{5,}", t.lower()))
+    unseen = words.most_common(1)[0][0]
+    corpus = tmp_path / "corpus.csv"
+    without = texts.str.replace(re.escape(unseen), "", case=False, regex=True)
+    pd.DataFrame({"text": without}).to_csv(corpus, index=False)
+    assets = tmp_path / "assets"
+    train_language_model(str(corpus), str(assets), LMConfig(lang="fr", **FAST))
+    dataset = tmp_path / "dataset"
+    prepare_text_dataset(reviews, str(dataset), PrepareConfig())
+    capture = FirstEncoder()
+    config = TrainConfig(lang="fr", pretrained=True, lm_epochs=0, epochs=1, batch_size=8,
+                         min_freq=1, seq_len=16)
+    train_text_classifier(str(dataset), str(tmp_path / "model"), config,
+                          lm_assets_uri=str(assets), callbacks=[capture])
+    old = torch.load(assets / "fr/forward/weights.pth", weights_only=False)["0.encoder.weight"]
+    old_index = {tok: i for i, tok in enumerate(load_pickle(assets / "fr/forward/vocab.pkl"))}
+    assert unseen in capture.vocab and unseen not in old_index
+    for i, token in enumerate(capture.vocab):
+        expected = old[old_index[token]] if token in old_index else old.mean(0)
+        assert torch.allclose(capture.weights[i], expected), token
+    assert np.mean([t in old_index for t in capture.vocab]) > 0.5
