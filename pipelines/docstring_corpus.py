@@ -122,19 +122,23 @@ def _module_docstrings(path: str) -> list[str]:
     return [doc for doc in docs if doc and len(doc) >= MIN_CHARS]
 
 
-def write_source_corpus(folder: str, exclude: Sequence[str] = LABELS) -> dict[str, int]:
-    """Writes the standard library's docstrings, outside `exclude`, as .txt files.
+def write_source_corpus(folder: str, exclude: Sequence[str] = (),
+                        hold_out: Sequence[str] = ()) -> dict[str, int]:
+    """Writes the standard library's docstrings as .txt files, for language model pretraining.
 
     Args:
         folder: Output folder; `<module path>.txt` per source file with docstrings.
-        exclude: Top-level packages left out (the labelled ones, by default).
+        exclude: Top-level packages left out.
+        hold_out: Texts never written: a paragraph equal to one of them (once its white
+            space is collapsed) is dropped, so a classifier's texts are not pretrained on.
 
     Returns:
-        `{"files": ..., "docstrings": ..., "characters": ...}`.
+        `{"files": ..., "docstrings": ..., "characters": ..., "held_out": paragraphs dropped}`.
     """
     root = sysconfig.get_paths()["stdlib"]
     skipped = set(exclude) | set(_NOT_PROSE)
-    counts = {"files": 0, "docstrings": 0, "characters": 0}
+    held = set(hold_out)
+    counts = {"files": 0, "docstrings": 0, "characters": 0, "held_out": 0}
     for directory, subfolders, files in os.walk(root):
         parts = os.path.relpath(directory, root).split(os.sep)
         if skipped & set(parts) or any(p.startswith(("config-", "__")) for p in parts):
@@ -144,7 +148,12 @@ def write_source_corpus(folder: str, exclude: Sequence[str] = LABELS) -> dict[st
         for name in sorted(files):
             if not name.endswith(".py") or (parts == ["."] and name[:-3] in skipped):
                 continue
-            docs = _module_docstrings(os.path.join(directory, name))
+            docs = []
+            for doc in _module_docstrings(os.path.join(directory, name)):
+                kept = [p for p in re.split(r"\n\s*\n", doc) if " ".join(p.split()) not in held]
+                counts["held_out"] += len(re.split(r"\n\s*\n", doc)) - len(kept)
+                if kept:
+                    docs.append("\n\n".join(kept))
             if not docs:
                 continue
             relative = os.path.join(*[p for p in parts if p != "."], name[:-3])

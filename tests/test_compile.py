@@ -80,20 +80,22 @@ def test_json_loads_in_vertex_pipeline_job_offline(tmp_path):
         )
 
 
-@pytest.mark.parametrize("pipeline", ["image_pipeline", "text_pipeline"])
+@pytest.mark.parametrize("pipeline, data", [("image_pipeline", "data_uri"),
+                                            ("text_pipeline", "data_uri"),
+                                            ("lm_pipeline", "corpus_uri")])
 def test_every_pipeline_parameter_has_a_default_or_is_the_data_and_a_description(tmp_path,
-                                                                                 pipeline):
+                                                                                 pipeline, data):
     spec = json.loads((_compile(tmp_path) / f"{pipeline}.json").read_text())
     params = spec["root"]["inputDefinitions"]["parameters"]
-    assert params.keys() >= {"data_uri", "seed", "epochs", "batch_size"}
+    assert params.keys() >= {data, "seed", "epochs", "batch_size"}
     for name, param in params.items():
         assert param.get("description"), f"{name} has no help text for the console"
-        assert name == "data_uri" or "defaultValue" in param, f"{name} has no default"
+        assert name == data or "defaultValue" in param, f"{name} has no default"
 
 
 def test_yaml_on_request_and_no_latest_tags(tmp_path):
     out = _compile(tmp_path, "--yaml")
-    for name in ("image_pipeline", "text_pipeline"):
+    for name in ("image_pipeline", "text_pipeline", "lm_pipeline"):
         as_yaml = yaml.safe_load((out / f"{name}.yaml").read_text())
         assert as_yaml == json.loads((out / f"{name}.json").read_text())
     with pytest.raises(SystemExit, match="latest"):
@@ -173,6 +175,23 @@ def test_model_upload_only_when_the_gate_says_so(tmp_path):
         "inputDefinitions"]["parameters"]
 
 
+def test_language_model_trains_on_a_gpu_after_a_light_preflight(tmp_path):
+    spec = json.loads((_compile(tmp_path, "--train-lm-accelerator-type", "NVIDIA_L4",
+                                "--train-lm-machine-type", "g2-standard-8")
+                       / "lm_pipeline.json").read_text())
+    (pool,) = _pools(spec, "train-language-model")
+    assert pool["container_spec"]["image_uri"] == f"{REGISTRY}/fastai:0a1b2c3"
+    assert pool["machine_spec"] == {"machine_type": "g2-standard-8",
+                                    "accelerator_type": "NVIDIA_L4", "accelerator_count": 1}
+    tasks = spec["root"]["dag"]["tasks"]
+    assert set(tasks) == {"preflight-lm", "train-language-model"}
+    fingerprint = tasks["train-language-model"]["inputs"]["parameters"]["corpus_fingerprint"]
+    assert fingerprint["taskOutputParameter"]["producerTask"] == "preflight-lm"
+    assert tasks["preflight-lm"]["cachingOptions"] == {}  # never cached
+    outputs = spec["root"]["outputDefinitions"]["artifacts"]
+    assert set(outputs) == {"metrics", "lm_assets"}
+
+
 def test_text_pipeline_compiles_with_the_fastai_image(tmp_path):
     spec = json.loads((_compile(tmp_path) / "text_pipeline.json").read_text())
     train = [c for name, c in spec["components"].items() if name.startswith("comp-train-text")]
@@ -181,22 +200,24 @@ def test_text_pipeline_compiles_with_the_fastai_image(tmp_path):
     assert pool["machine_spec"]["accelerator_type"] == "NVIDIA_TESLA_T4"
 
 
-def test_both_pipelines_load_in_pipeline_job(tmp_path):
+def test_every_pipeline_loads_in_pipeline_job(tmp_path):
     out = _compile(tmp_path)
-    for name, data in (("image_pipeline", "gs://acme/pets"), ("text_pipeline", "gs://acme/r.csv")):
+    for name, param, data in (("image_pipeline", "data_uri", "gs://acme/pets"),
+                              ("text_pipeline", "data_uri", "gs://acme/r.csv"),
+                              ("lm_pipeline", "corpus_uri", "gs://acme/wiki")):
         job = aiplatform.PipelineJob(
             display_name=name, template_path=str(out / f"{name}.json"),
-            pipeline_root="gs://acme-ml-pipelines/root", parameter_values={"data_uri": data},
+            pipeline_root="gs://acme-ml-pipelines/root", parameter_values={param: data},
             project="acme-ml", location="europe-west4", credentials=AnonymousCredentials())
         values = job._gca_resource.runtime_config.parameter_values
-        assert values["data_uri"] == data
+        assert values[param] == data
         # unset parameters are left to the compiled defaults, which Vertex fills in
-        assert set(values) == {"data_uri"}
+        assert set(values) == {param}
         with pytest.raises(ValueError, match="epochz"):
             aiplatform.PipelineJob(
                 display_name=name, template_path=str(out / f"{name}.json"),
                 pipeline_root="gs://acme-ml-pipelines/root",
-                parameter_values={"data_uri": data, "epochz": 3}, project="acme-ml",
+                parameter_values={param: data, "epochz": 3}, project="acme-ml",
                 location="europe-west4", credentials=AnonymousCredentials())
 
 

@@ -11,12 +11,13 @@ from components.preflight import component as preflight_component
 from components.preflight.checks import (
     PreflightError,
     check_image_run,
+    check_lm_run,
     check_text_run,
     coerce,
     data_fingerprint,
     preflight,
 )
-from pipelines import image, text
+from pipelines import image, lm, text
 from tests.conftest import write_class_images
 
 
@@ -27,11 +28,13 @@ def _defaults(function) -> dict:
 
 IMAGE_DEFAULTS = _defaults(preflight_component.preflight_image)
 TEXT_DEFAULTS = _defaults(preflight_component.preflight_text)
+LM_DEFAULTS = _defaults(preflight_component.preflight_lm)
 
 
 @pytest.mark.parametrize("component, pipeline", [
     (preflight_component.preflight_image, image.build("img:1")),
     (preflight_component.preflight_text, text.build("img:1")),
+    (preflight_component.preflight_lm, lm.build("img:1")),
 ])
 def test_preflight_takes_exactly_the_pipeline_parameters(component, pipeline):
     inputs = pipeline.component_spec.inputs
@@ -43,6 +46,7 @@ def test_preflight_takes_exactly_the_pipeline_parameters(component, pipeline):
 def test_default_settings_pass():
     check_image_run(IMAGE_DEFAULTS)
     check_text_run(TEXT_DEFAULTS)
+    check_lm_run(LM_DEFAULTS)
 
 
 def test_values_arrive_as_text_or_typed():
@@ -130,3 +134,21 @@ def test_fingerprint_of_a_gcs_object_follows_its_generation(gcs):
     assert first == data_fingerprint("gs://fp-data/texts/reviews.csv")
     blob.upload_from_string("text,a\nhello,0\n")  # same size, new generation
     assert data_fingerprint("gs://fp-data/texts/reviews.csv") != first
+
+
+def test_a_corpus_the_language_model_could_not_read_is_refused_first(tmp_path):
+    (tmp_path / "notes.md").write_text("x")
+    with pytest.raises(PreflightError, match="holds no .txt files"):
+        preflight("lm", str(tmp_path), LM_DEFAULTS)
+    csv = tmp_path / "c.csv"
+    csv.write_text("body,label\nsome text,1\n")
+    with pytest.raises(PreflightError, match=r"no column 'text' \(header: \['body', 'label'\]\)"):
+        preflight("lm", str(csv), LM_DEFAULTS)
+    assert preflight("lm", str(csv), {**LM_DEFAULTS, "text_column": "body"}).startswith("sha256:")
+    with pytest.raises(PreflightError, match="corpus_uri .* does not exist"):
+        preflight("lm", str(tmp_path / "gone"), LM_DEFAULTS)
+    with pytest.raises(PreflightError, match="training: .*validation_fraction must be in"):
+        preflight("lm", str(csv), {**LM_DEFAULTS, "text_column": "body",
+                                   "validation_fraction": "1.5"})
+    with pytest.raises(PreflightError, match="model_config"):
+        check_lm_run({**LM_DEFAULTS, "model_config": "[1]"})
