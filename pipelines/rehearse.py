@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common.storage import write_json_atomically
-from pipelines import gcs_api, image, text
+from pipelines import gcs_api, image, lm, text
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rehearsal_site")
 MOUNT_ENV = "REHEARSAL_GCS_MOUNT"
@@ -62,6 +62,8 @@ CUSTOM_JOB_LAUNCHER = "google_cloud_pipeline_components.container.v1.custom_job.
 GCPC_LAUNCHER_PREFIX = "google_cloud_pipeline_components.container."
 SUMMARIES = {image.PIPELINE_NAME: image.summarize,
              text.PIPELINE_NAME: lambda outputs: text.summarize(
+                 {name: a.path for name, a in outputs.items() if hasattr(a, "path")}),
+             lm.PIPELINE_NAME: lambda outputs: lm.summarize(
                  {name: a.path for name, a in outputs.items() if hasattr(a, "path")})}
 
 RUNTIMES = ("local", "image")

@@ -1,0 +1,69 @@
+"""The language model pipeline: run locally and rehearsed from its compiled JSON, and the
+text pipeline starting from what it wrote."""
+
+import json
+import os
+
+import pandas as pd
+import pytest
+
+import compile as compile_cli
+from pipelines import rehearse, run_local
+from pipelines.demo_text import write_reviews_csv
+
+TINY = '{"emb_sz": 16, "n_hid": 24, "n_layers": 2}'
+SMALL = ["--epochs", "2", "--batch-size", "8", "--seq-len", "16", "--min-freq", "1",
+         "--model-config", TINY]
+
+
+@pytest.fixture(autouse=True)
+def _no_vertex_checkpoint_dir(monkeypatch):
+    monkeypatch.delenv("AIP_CHECKPOINT_DIR", raising=False)
+
+
+@pytest.mark.slow
+def test_run_local_lm_writes_assets_the_text_pipeline_starts_from(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_reviews_csv(str(tmp_path / "other.csv"), rows=80, seed=5)
+    texts = list(pd.read_csv(tmp_path / "other.csv")["text"])
+    for i in range(4):  # a folder of .txt files, paragraphs apart
+        (corpus / f"part{i}.txt").write_text("\n\n".join(texts[i::4]))
+    out = tmp_path / "lm"
+    assert run_local.main(["lm", "--data", str(corpus), "--output", str(out), "--lang", "fr",
+                           *SMALL]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metrics"]["perplexity"] > 1 and 0 < summary["metrics"]["accuracy"] < 1
+    assert summary["corpus"]["files"] == 4 and summary["corpus"]["kind"] == "txt"
+    assets = summary["artifacts"]["lm_assets"]
+    assert sorted(os.listdir(os.path.join(assets, "fr", "forward"))) == [
+        "config.json", "vocab.pkl", "weights.pth"]
+    assert "held-out perplexity" in capsys.readouterr().out
+
+    reviews = tmp_path / "reviews.csv"
+    write_reviews_csv(str(reviews), rows=60, seed=1)
+    text_out = tmp_path / "text"
+    assert run_local.main(["text", "--data", str(reviews), "--output", str(text_out),
+                           "--lang", "fr", "--pretrained", "true", "--lm-assets", assets,
+                           "--lm-epochs", "1", "--epochs", "2", "--batch-size", "8",
+                           "--min-freq", "1", "--seq-len", "16"]) == 0
+    training = json.loads((text_out / "summary.json").read_text())["training"]
+    assert training["epochs"] == 3  # one LM epoch on the task's texts, then the classifier's two
+
+
+@pytest.mark.slow
+def test_lm_pipeline_rehearsed_from_its_compiled_json(tmp_path):
+    """The compiled JSON as Vertex would run it: placeholders resolved, each step a job."""
+    build = tmp_path / "build"
+    assert compile_cli.main(["--output-dir", str(build)]) == 0
+    corpus = tmp_path / "corpus.csv"
+    write_reviews_csv(str(corpus), rows=60, seed=2)
+    result = rehearse.rehearse(
+        str(build / "lm_pipeline.json"), str(tmp_path / "r"),
+        {"corpus_uri": str(corpus), "lang": "fr", "epochs": "1", "batch_size": "8",
+         "seq_len": "16", "min_freq": "1", "model_config": TINY})
+    states = {t["name"]: t["state"] for t in result["rehearsal"]["tasks"]}
+    assert states == {"preflight-lm": "succeeded", "train-language-model": "succeeded"}
+    assets = result["artifacts"]["lm_assets"]
+    assert os.path.isfile(os.path.join(assets, "fr", "forward", "weights.pth"))
+    assert result["metrics"]["perplexity"] > 1
