@@ -11,7 +11,15 @@ from collections.abc import Sequence
 
 import torch
 from fastai.callback.progress import ProgressCallback
-from fastai.text.all import Callback, Recorder, noop
+from fastai.text.all import (
+    AWD_LSTM,
+    Callback,
+    Perplexity,
+    Recorder,
+    accuracy,
+    language_model_learner,
+    noop,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +98,20 @@ def fp16_here(requested: bool) -> bool:
     """`use_fp16` for the devices this process sees."""
     cuda = torch.cuda.is_available()
     return use_fp16(requested, cuda, torch.cuda.get_device_capability() if cuda else None)
+
+
+def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, fp16: bool):
+    """A quiet AWD-LSTM language model learner from scratch weights, checkpointing in `folder`.
+
+    Args:
+        dls: Language model dataloaders.
+        arch_config: Full AWD_LSTM settings (`awd_lstm_lm_config` updated).
+        drop_mult: Multiplier of every dropout.
+        folder: Where `learn.save` and `save_encoder` write.
+        fp16: Train in mixed precision.
+    """
+    learn = language_model_learner(dls, AWD_LSTM, config=arch_config, pretrained=False,
+                                   drop_mult=drop_mult, metrics=[accuracy, Perplexity()],
+                                   path=folder, model_dir=".")
+    quiet(learn)
+    return learn.to_fp16() if fp16 else learn

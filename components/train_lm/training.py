@@ -32,24 +32,20 @@ import pandas as pd
 from fastai.callback.schedule import minimum, slide, steep, valley
 from fastai.learner import load_model, save_model
 from fastai.text.all import (
-    AWD_LSTM,
     Callback,
     ColReader,
     ColSplitter,
     DataBlock,
-    Perplexity,
     SentencePieceTokenizer,
     TextBlock,
-    accuracy,
     awd_lstm_lm_config,
     defaults,
-    language_model_learner,
     load_pickle,
     save_pickle,
     set_seed,
 )
 
-from components.common.fastai_text import EpochEnd, fp16_here, lm_batch_size, quiet
+from components.common.fastai_text import EpochEnd, fp16_here, lm_batch_size, lm_learner
 from components.common.storage import TMP_PREFIX, run_folder, write_json_atomically
 from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
 from components.train_lm.corpus import Corpus, read_corpus
@@ -288,12 +284,7 @@ def train_language_model(
                 save_pickle(os.path.join(folder, VOCAB_FILE), vocab)
                 state["vocab_saved"] = True
                 run.save()
-            learn = language_model_learner(
-                dls, AWD_LSTM, config=arch_config, pretrained=False, drop_mult=config.drop_mult,
-                metrics=[accuracy, Perplexity()], path=folder, model_dir=".")
-            quiet(learn)
-            if fp16:
-                learn = learn.to_fp16()
+            learn = lm_learner(dls, arch_config, config.drop_mult, folder, fp16)
             run.restore(learn)
             lr = run.rate(learn, config)
             log.info("%s language model: epochs %d..%d at peak rate %.2e", run.name,

@@ -45,19 +45,23 @@ from fastai.text.all import (
     F1Score,
     F1ScoreMulti,
     MultiCategoryBlock,
-    Perplexity,
     TextBlock,
     accuracy,
     accuracy_multi,
     awd_lstm_lm_config,
-    language_model_learner,
     load_pickle,
     save_pickle,
     set_seed,
     text_classifier_learner,
 )
 
-from components.common.fastai_text import EpochEnd, fp16_here, lm_batch_size, quiet
+from components.common.fastai_text import (
+    EpochEnd,
+    fp16_here,
+    lm_batch_size,
+    lm_learner,
+    quiet,
+)
 from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
 from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
@@ -359,12 +363,7 @@ def train_text_classifier(
                 save_pickle(run.path(VOCAB_FILE), vocab)
                 state["vocab_saved"] = True
                 run.save()
-            learn_lm = language_model_learner(
-                dls_lm, AWD_LSTM, config=lm_config, pretrained=False, drop_mult=config.drop_mult,
-                metrics=[accuracy, Perplexity()], path=folder, model_dir=".")
-            quiet(learn_lm)
-            if fp16:
-                learn_lm = learn_lm.to_fp16()
+            learn_lm = lm_learner(dls_lm, lm_config, config.drop_mult, folder, fp16)
             if not run.restore(learn_lm) and assets:
                 learn_lm.load_pretrained(assets.weights, assets.vocab)
             for index in lm_indices:
