@@ -73,7 +73,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             epochs: Epochs per direction (one-cycle schedule).
             batch_size: Token streams per batch.
             seq_len: Tokens per backpropagation-through-time step.
-            learning_rate: Peak learning rate; 0 finds it with lr_find (its steep point).
+            learning_rate: Peak learning rate; 0 finds it with lr_find (steep point, else minimum/10).
             drop_mult: Multiplier of every AWD-LSTM dropout.
             min_freq: Rarer tokens become xxunk.
             max_vocab: Largest vocabulary kept.

@@ -73,6 +73,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         backwards: bool = False,
         threshold: float = 0.3,
         monitor: str = "valid_loss",
+        unfreeze: str = "auto",
         learning_rate: float = 0.0,
         lm_learning_rate: float = 0.002,
         seq_len: int = 72,
@@ -99,13 +100,14 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             test_fraction: Share of all rows held out for the test.
             seed: Seed of the split, initialisation and batch order.
             lm_epochs: Language model fine-tuning epochs; 0 skips it.
-            epochs: Classifier epochs (gradual unfreezing).
+            epochs: Classifier epochs.
             batch_size: Texts per training batch.
             drop_mult: Multiplier of every AWD-LSTM dropout.
             backwards: Read texts backwards (backward LM).
             threshold: Multi-label decision threshold.
             monitor: Metric whose best epoch is kept (valid_loss, f1_score, accuracy_multi or accuracy).
-            learning_rate: Peak learning rate of the classifier's first stage; 0 finds it with lr_find (its steep point).
+            unfreeze: How a pretrained or fine-tuned encoder is unfrozen: gradual (ULMFiT), all (at once) or auto (gradual from 50 batches per epoch).
+            learning_rate: Peak learning rate of the classifier's first stage; 0 finds it with lr_find (steep point, else minimum/10).
             lm_learning_rate: Peak learning rate of the unfrozen LM epochs.
             seq_len: Tokens per backpropagation-through-time step.
             min_freq: Rarer tokens become xxunk.
@@ -133,7 +135,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             dataset=prepare.outputs["dataset"], lm_assets_uri=lm_assets, lang=lang,
             pretrained=pretrained, backwards=backwards, lm_epochs=lm_epochs, epochs=epochs,
             batch_size=batch_size, drop_mult=drop_mult, threshold=threshold, monitor=monitor,
-            learning_rate=learning_rate, lm_learning_rate=lm_learning_rate, seq_len=seq_len,
+            unfreeze=unfreeze, learning_rate=learning_rate, lm_learning_rate=lm_learning_rate, seq_len=seq_len,
             min_freq=min_freq, max_vocab=max_vocab, mixed_precision=mixed_precision,
             model_config=model_config, seed=seed, **job,
         ).set_display_name("train-text")
@@ -215,6 +217,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
             "parameters": run["parameters"],
             "device": run["device"],
             "fp16": run["fp16"],
+            "unfreeze": run.get("unfreeze"),
             "found_learning_rates": run.get("found_learning_rates", {}),
         }
     summary["artifacts"] = dict(artifacts)

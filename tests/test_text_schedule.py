@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from components.common.fastai_text import use_fp16
+from components.common.fastai_text import choose_rate, use_fp16
 from components.train_text import assets, contract, schedule
 from components.train_text.contract import TextTrainingError
 
@@ -62,15 +62,48 @@ def test_learning_rate_zero_means_found_once_then_shared_by_the_stages():
         [1.0, 0.5, 0.25, 0.05]
 
 
-@pytest.mark.parametrize("steep, used", [
-    (6.3e-3, 6.3e-3),                       # a sane suggestion is taken as it is
-    (3e-6, schedule.MIN_FOUND_LR),          # a flat curve's early point: floored
-    (0.9, schedule.MAX_FOUND_LR),           # the edge of divergence: capped
-    (float("nan"), (schedule.MIN_FOUND_LR * schedule.MAX_FOUND_LR) ** 0.5),
-    (0.0, (schedule.MIN_FOUND_LR * schedule.MAX_FOUND_LR) ** 0.5),
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("suggestions, used, rule", [
+    ({"steep": 6.3e-3, "minimum": 2e-3}, 6.3e-3, "steep"),      # sane: taken as it is
+    # the curve's first point (noise on a few batches): minimum/10 instead
+    ({"steep": 1.2e-7, "minimum": 2.5e-2}, 2.5e-2, "minimum"),
+    ({"steep": 0.9, "minimum": 3e-3}, 3e-3, "minimum"),          # the edge of divergence
+    ({"steep": 0.9, "minimum": 0.5}, 5e-2, "steep, held to the bounds"),
+    ({"steep": 3e-6, "minimum": NAN}, 1e-4, "steep, held to the bounds"),
+    ({"steep": NAN, "minimum": NAN}, (1e-4 * 5e-2) ** 0.5, "middle of the bounds"),
+    ({"steep": 0.0, "minimum": 1.0}, (1e-4 * 5e-2) ** 0.5, "middle of the bounds"),
 ])
-def test_found_rate_is_bounded(steep, used):
-    assert schedule.suggested_rate(steep) == pytest.approx(used)
+def test_found_rate_is_a_believable_suggestion(suggestions, used, rule):
+    rate, why = choose_rate(suggestions, schedule.MIN_FOUND_LR, schedule.MAX_FOUND_LR)
+    assert rate == pytest.approx(used) and why.startswith(rule)
+
+
+@pytest.mark.parametrize("mode, batches, used", [
+    ("auto", schedule.GRADUAL_MIN_BATCHES, "gradual"),
+    ("auto", schedule.GRADUAL_MIN_BATCHES - 1, "all"),
+    ("gradual", 3, "gradual"),
+    ("all", 10_000, "all"),
+])
+def test_auto_unfreezes_gradually_only_with_enough_batches_per_stage(mode, batches, used):
+    resolved, reason = schedule.resolve_unfreeze(mode, batches)
+    assert resolved == used
+    expected = f"{batches} batches per epoch" if mode == "auto" else f"unfreeze={mode}"
+    assert expected in reason
+    with pytest.raises(TextTrainingError, match="unfreeze must be one of"):
+        schedule.resolve_unfreeze("slowly", batches)
+
+
+def test_unfreeze_all_trains_a_learnt_encoder_in_one_stage_at_the_scratch_rate():
+    plan = schedule.plan_stages(2, 6, 2e-3, 4e-2, pretrained=True, unfreeze="all")
+    assert _summary(plan) == [("lm-head", "lm", 1, -1, False), ("lm-all", "lm", 1, None, False),
+                              ("classifier-all", "classifier", 6, None, False)]
+    assert plan[-1].lr == 4e-2 and plan[-1].lr_share == 1.0
+    with pytest.raises(ValueError, match="resolve_unfreeze"):
+        schedule.plan_stages(0, 6, 2e-3, 0, pretrained=True, unfreeze="auto")
+    with pytest.raises(TextTrainingError, match="unfreeze must be one of"):
+        contract.TrainConfig(unfreeze="top")
 
 
 def test_learning_rate_zero_is_valid_and_negative_or_nan_is_not():

@@ -122,7 +122,7 @@ def _assert_rows_copied(pretrained_path: str, vocab_path: str, weights, vocab) -
 @pytest.mark.slow
 def test_pretrained_lm_is_loaded_into_the_classifier(dataset, lm_assets, tmp_path):
     capture = Capture()
-    config = TrainConfig(pretrained=True, lm_epochs=0, epochs=2, **FAST)
+    config = TrainConfig(pretrained=True, lm_epochs=0, epochs=2, unfreeze="gradual", **FAST)
     result = train_text_classifier(dataset, str(tmp_path / "model"), config,
                                    lm_assets_uri=lm_assets, callbacks=[capture])
     kind, weights, vocab = capture.fits[0]
@@ -131,6 +131,7 @@ def test_pretrained_lm_is_loaded_into_the_classifier(dataset, lm_assets, tmp_pat
                         weights, vocab)
     assert result["run"]["arch_config"]["emb_sz"] == 16  # sizes from config.json
     assert [h["stage"] for h in result["history"]] == ["classifier-head", "classifier-all"]
+    assert result["run"]["unfreeze"] == {"used": "gradual", "reason": "unfreeze=gradual"}
 
 
 @pytest.mark.slow
@@ -217,7 +218,9 @@ def test_interrupted_run_resumes_at_the_next_epoch(dataset, tmp_path, monkeypatc
     monkeypatch.setattr(Learner, "lr_find", lambda self, *args, **kwargs: (
         finds.append(type(self).__name__), lr_find(self, *args, **kwargs))[1])
     model_dir = str(tmp_path / "model")
-    config = TrainConfig(pretrained=False, lm_epochs=2, epochs=5, model_config=TINY, **FAST)
+    # gradual: the stages a resume has to find its way through
+    config = TrainConfig(pretrained=False, lm_epochs=2, epochs=5, model_config=TINY,
+                         unfreeze="gradual", **FAST)
     assert config.learning_rate == 0  # the classifier's rate is found
     stages = ["lm-all"] * 2 + ["classifier-head", "classifier-top2", "classifier-top3"] + \
         ["classifier-all"] * 2
@@ -251,7 +254,7 @@ def test_interrupted_run_resumes_at_the_next_epoch(dataset, tmp_path, monkeypatc
     assert finds == ["TextLearner"]
     assert result["run"]["found_learning_rates"] == state["found_lr"]
     assert set(state["found_lr"]["classifier"]) == {"valley", "minimum", "steep", "slide",
-                                                    "used"}
+                                                    "used", "rule"}
     # the last run started from the checkpoint, with the vocabulary of the first run
     assert torch.equal(third.fits[0][1], saved)
     assert third.fits[0][2] == second.fits[1][2] == first.fits[0][2]

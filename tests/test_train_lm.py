@@ -13,10 +13,16 @@ import torch
 from fastai.text.all import Callback, load_pickle
 from fastai.text.learner import _get_text_vocab
 
+from components.common.fastai_text import choose_rate
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
 from components.train_lm.corpus import paragraphs, read_corpus
-from components.train_lm.training import split_documents, suggested_rate, train_language_model
+from components.train_lm.training import (
+    MAX_FOUND_LR,
+    MIN_FOUND_LR,
+    split_documents,
+    train_language_model,
+)
 from components.train_text.assets import fetch_assets
 from components.train_text.contract import TrainConfig, make_tokenizer, required_files
 from components.train_text.training import train_text_classifier
@@ -116,9 +122,11 @@ def test_paragraphs_and_the_held_out_draw():
 
 
 def test_found_rates_are_bounded():
-    assert suggested_rate(3e-3) == 3e-3
-    assert suggested_rate(1.0) == 3e-2 and suggested_rate(1e-7) == 1e-4
-    assert 1e-4 < suggested_rate(float("nan")) < 3e-2
+    def rate(steep, minimum=float("nan")):
+        return choose_rate({"steep": steep, "minimum": minimum}, MIN_FOUND_LR, MAX_FOUND_LR)[0]
+    assert rate(3e-3) == 3e-3 and rate(1e-7, 4e-3) == 4e-3
+    assert rate(1.0) == 3e-2 and rate(1e-7) == 1e-4
+    assert 1e-4 < rate(float("nan")) < 3e-2
 
 
 def test_bad_settings_name_the_setting():

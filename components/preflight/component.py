@@ -80,6 +80,7 @@ def preflight_text(
     backwards: bool = False,
     threshold: float = 0.3,
     monitor: str = "valid_loss",
+    unfreeze: str = "auto",
     learning_rate: float = 0.0,
     lm_learning_rate: float = 0.002,
     seq_len: int = 72,

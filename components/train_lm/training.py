@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from fastai.callback.schedule import minimum, slide, steep, valley
 from fastai.learner import load_model, save_model
 from fastai.text.all import (
     Callback,
@@ -45,7 +44,13 @@ from fastai.text.all import (
     set_seed,
 )
 
-from components.common.fastai_text import EpochEnd, fp16_here, lm_batch_size, lm_learner
+from components.common.fastai_text import (
+    EpochEnd,
+    find_rate,
+    fp16_here,
+    lm_batch_size,
+    lm_learner,
+)
 from components.common.storage import TMP_PREFIX, run_folder, write_json_atomically
 from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
 from components.train_lm.corpus import Corpus, read_corpus
@@ -66,6 +71,9 @@ SPM_MODEL = "spm.model"
 STAGING = "assets"  # in the checkpoint folder: directions finished so far
 _TEXT, _VALID = "text", "is_valid"
 # Bounds on the rate lr_find suggests (learning_rate=0): outside them the curve was noise.
+# On the standard library's docstrings (230k tokens, a small AWD-LSTM) steep said 3.6e-3 and
+# valley 5.8e-4, while a fixed 1e-2 reached perplexity 102 in 3 epochs, hence the fixed
+# default; lr_find is there for corpora unlike that one.
 MIN_FOUND_LR, MAX_FOUND_LR = 1e-4, 3e-2
 
 
@@ -83,19 +91,6 @@ def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:
     mask = np.zeros(count, dtype=bool)
     mask[np.random.default_rng(seed).permutation(count)[:held_out]] = True
     return mask
-
-
-def suggested_rate(steep_rate: float) -> float:
-    """The peak rate to train a language model with, from `lr_find`'s `steep` suggestion.
-
-    Bounded to [MIN_FOUND_LR, MAX_FOUND_LR]; NaN (a curve with no falling stretch) gives
-    the middle of the bounds. On the standard library's docstrings (230k tokens, a small
-    AWD-LSTM) steep said 3.6e-3 and valley 5.8e-4, while a fixed 1e-2 reached perplexity 102
-    in 3 epochs, hence the fixed default; lr_find is there for corpora unlike that one.
-    """
-    if not steep_rate > 0:
-        return (MIN_FOUND_LR * MAX_FOUND_LR) ** 0.5
-    return min(max(float(steep_rate), MIN_FOUND_LR), MAX_FOUND_LR)
 
 
 def _fingerprint(values: dict[str, Any]) -> str:
@@ -147,11 +142,8 @@ class _Direction:
         if config.learning_rate:
             return config.learning_rate
         if self.mine["found_lr"] is None:  # found once: a resumed run keeps its rate
-            found = learn.lr_find(suggest_funcs=(valley, minimum, steep, slide), show_plot=False)
-            rates = {n: float(getattr(found, n)) for n in ("valley", "minimum", "steep", "slide")}
-            rates["used"] = suggested_rate(rates["steep"])
-            log.info("lr_find (%s): %s", self.name, rates)
-            self.mine["found_lr"] = rates
+            log.info("finding the %s language model's rate", self.name)
+            self.mine["found_lr"] = find_rate(learn, MIN_FOUND_LR, MAX_FOUND_LR)
             self.save()
         return self.mine["found_lr"]["used"]
 

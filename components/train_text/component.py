@@ -18,6 +18,7 @@ def train_text_classifier(
     drop_mult: float = 0.3,
     threshold: float = 0.3,
     monitor: str = "valid_loss",
+    unfreeze: str = "auto",
     learning_rate: float = 0.0,
     lm_learning_rate: float = 0.002,
     seq_len: int = 72,
@@ -38,12 +39,13 @@ def train_text_classifier(
         pretrained: Start from the pretrained LM in lm_assets_uri (missing files are an error that lists them); false trains from scratch.
         backwards: Read texts backwards (use the backward LM).
         lm_epochs: Language model fine-tuning epochs on the dataset's texts; 0 skips it.
-        epochs: Classifier epochs, with gradual unfreezing (head, top 2 groups, top 3, then everything).
+        epochs: Classifier epochs (see unfreeze).
         batch_size: Texts per batch (language model and classifier).
         drop_mult: Multiplier of every AWD-LSTM dropout.
         threshold: Multi-label decision threshold on each label's probability.
         monitor: Metric whose best epoch is kept: valid_loss, f1_score (macro F1), accuracy_multi (multi-label) or accuracy (single-label).
-        learning_rate: Peak learning rate of the classifier's head-only epoch (later stages use 1/2, 1/4, then 1/20 of it); 0 finds it with fastai's lr_find (where the loss falls fastest): a classifier trained from scratch needs a rate far below the 2e-2 that suits a pretrained one.
+        unfreeze: How a pretrained or LM-fine-tuned encoder is unfrozen: "gradual" (ULMFiT: head, top 2 groups, top 3, then everything, one epoch each, discriminative rates), "all" (everything from the first epoch at one rate), or "auto": gradual when an epoch has at least 50 batches, else all (on small data gradual stages are too short to learn). A random encoder always trains everything at once.
+        learning_rate: Peak learning rate of the classifier's first stage (with gradual unfreezing, later stages use 1/2, 1/4, then 1/20 of it); 0 finds it with fastai's lr_find (its steep point, else its minimum/10, within 1e-4..5e-2).
         lm_learning_rate: Peak learning rate of the unfrozen language model epochs (its frozen first epoch uses 10x).
         seq_len: Tokens per backpropagation-through-time step.
         min_freq: Tokens seen fewer times in the training texts become xxunk.
@@ -66,7 +68,7 @@ def train_text_classifier(
     config = TrainConfig(
         lang=lang, pretrained=pretrained, backwards=backwards, lm_epochs=lm_epochs,
         epochs=epochs, batch_size=batch_size, drop_mult=drop_mult, threshold=threshold,
-        monitor=monitor, learning_rate=learning_rate, lm_learning_rate=lm_learning_rate,
+        monitor=monitor, unfreeze=unfreeze, learning_rate=learning_rate, lm_learning_rate=lm_learning_rate,
         seq_len=seq_len, min_freq=min_freq, max_vocab=max_vocab,
         mixed_precision=mixed_precision, model_config=parse_model_config(model_config),
         seed=seed,

@@ -28,6 +28,8 @@ SPM_FILE = "spm/spm.model"
 TEXT_FIELD = "text"
 # What `monitor` may name: the losses, and the metric of multi- or single-label models.
 MONITORS = ("valid_loss", "train_loss", "f1_score", "accuracy_multi", "accuracy")
+# How a learnt encoder is unfrozen: ULMFiT's stages, everything at once, or by data size.
+UNFREEZE_MODES = ("auto", "gradual", "all")
 
 
 class TextTrainingError(RuntimeError):
@@ -47,6 +49,7 @@ class TrainConfig:
     drop_mult: float = 0.3
     threshold: float = 0.3
     monitor: str = "valid_loss"
+    unfreeze: str = "auto"
     learning_rate: float = 0.0  # 0: found by lr_find
     lm_learning_rate: float = 2e-3
     seq_len: int = 72
@@ -77,6 +80,8 @@ class TrainConfig:
             problems.append(f"lm_learning_rate must be > 0, got {self.lm_learning_rate}")
         if self.monitor not in MONITORS:
             problems.append(f"monitor must be one of {MONITORS}, got {self.monitor!r}")
+        if self.unfreeze not in UNFREEZE_MODES:
+            problems.append(f"unfreeze must be one of {UNFREEZE_MODES}, got {self.unfreeze!r}")
         if problems:
             raise TextTrainingError("; ".join(problems))
 

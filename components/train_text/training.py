@@ -9,7 +9,8 @@ Steps of `train_text_classifier`:
    missing file is an error naming every missing one. Nothing is downloaded.
 3. The LM is fine-tuned on the train+validation texts (`lm_epochs`; 0 skips it) and its
    encoder saved; the classifier starts from that encoder (or from the pretrained
-   weights when the LM is skipped) and unfreezes gradually (schedule.plan_stages).
+   weights when the LM is skipped) and unfreezes gradually, or all at once when an epoch
+   has too few batches for that (schedule.resolve_unfreeze, schedule.plan_stages).
 4. Each epoch is checkpointed with the state file (schedule.py), so a restarted
    job resumes at the next epoch, whichever stage it was in.
 5. The best epoch for `monitor` is kept, exported (`export.pkl`), and scored on the
@@ -31,7 +32,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from fastai.callback.schedule import minimum, slide, steep, valley
 from fastai.learner import load_model, mk_metric, save_model
 from fastai.text.all import (
     AWD_LSTM,
@@ -57,6 +57,7 @@ from fastai.text.all import (
 
 from components.common.fastai_text import (
     EpochEnd,
+    find_rate,
     fp16_here,
     lm_batch_size,
     lm_learner,
@@ -190,12 +191,8 @@ class _Run:
         """
         found = self.state.setdefault("found_lr", {})
         if stage.model not in found:
-            suggestion = learn.lr_find(suggest_funcs=(valley, minimum, steep, slide),
-                                       show_plot=False, num_it=schedule.LR_FIND_ITERATIONS)
-            found[stage.model] = {name: float(getattr(suggestion, name))
-                                  for name in ("valley", "minimum", "steep", "slide")}
-            found[stage.model]["used"] = schedule.suggested_rate(found[stage.model]["steep"])
-            log.info("lr_find (%s): %s", stage.model, found[stage.model])
+            log.info("finding the %s's rate", stage.model)
+            found[stage.model] = find_rate(learn, schedule.MIN_FOUND_LR, schedule.MAX_FOUND_LR)
             self.save()
         return found[stage.model]["used"] * stage.lr_share
 
@@ -314,8 +311,11 @@ def train_text_classifier(
     folder = checkpoint_folder or schedule.checkpoint_dir(model_dir)
     os.makedirs(folder, exist_ok=True)
     os.makedirs(model_dir, exist_ok=True)
+    # fastai drops the last partial training batch
+    unfreeze, unfreeze_reason = schedule.resolve_unfreeze(
+        config.unfreeze, len(train) // config.batch_size)
     plan = schedule.plan_stages(config.lm_epochs, config.epochs, config.lm_learning_rate,
-                                config.learning_rate, config.pretrained)
+                                config.learning_rate, config.pretrained, unfreeze)
     scratch = tempfile.mkdtemp(prefix="train_text_")
     try:
         assets: LMAssets | None = None
@@ -427,6 +427,7 @@ def train_text_classifier(
                 "resumed_from": resumed_from,
                 "classifier_epoch_seconds": [h["seconds"] for h in clas_epochs],
                 "seconds": round(time.monotonic() - started, 3),
+                "unfreeze": {"used": unfreeze, "reason": unfreeze_reason},
                 "stages": [dataclasses.asdict(s) for s in plan],
                 "found_learning_rates": state.get("found_lr", {}),
             },

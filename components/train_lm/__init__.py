@@ -1,0 +1,1 @@
+"""Language model step: AWD-LSTM pretraining, written as the text trainer's LM assets."""
