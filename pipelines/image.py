@@ -10,6 +10,7 @@ from kfp.dsl import Artifact, Dataset, Metrics, Model
 
 from components.common.metrics import read_evaluation
 from components.evaluate_image import component as evaluate_component
+from components.predict import component as predict_component
 from components.preflight import component as preflight_component
 from components.register import component as register_component
 from components.shard import component as shard_component
@@ -40,11 +41,13 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     evaluate_op = evaluate_component.build(image)
     gate_op = register_component.build_gate(image)
     serving_op = register_component.build_serving_model(image)
+    predict_op = predict_component.build(image)
     if vertex is not None:
         # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
         shard_op = vertex.wrap(shard_op, "shard", "shard-images")
         train_op = vertex.wrap(train_op, "train_image", "train-densenet121")
         evaluate_op = vertex.wrap(evaluate_op, "evaluate_image", "evaluate-image-classifier")
+        predict_op = vertex.wrap(predict_op, "predict_image", "predict-images")
 
     # The jobs' account is a run-time choice (GCPC passes it as a parameter of the job);
     # its default is compile.py's --service-account.
@@ -94,6 +97,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         registration_metric: str = "accuracy",
         registration_threshold: float = 0.8,
         model_display_name: str = "densenet121-image-classifier",
+        predict_uri: str = "",
         job_service_account: str = default_job_account,
     ) -> Outputs:
         """Trains and evaluates a DenseNet121 classifier on a folder of labelled images.
@@ -132,6 +136,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             registration_metric: Evaluation metric compared with the threshold: "accuracy" or "macro_f1".
             registration_threshold: Register only when the metric on the test split is at least this.
             model_display_name: Name of the model in the Model Registry.
+            predict_uri: gs:// folder of new images (any depth) to label with the trained model, one JSON line each; empty skips prediction.
             job_service_account: Service account the custom jobs (sharding, training, evaluation) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
         """
         # First, before anything else is named: every pipeline parameter, checked on a
@@ -162,6 +167,11 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             model=train.outputs["model"], dataset=shard.outputs["dataset"], split="test",
             batch_size=eval_batch_size, **job,
         ).set_display_name("evaluate")
+        with dsl.If(predict_uri != "", name="prediction-requested"):
+            predict_op(
+                model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
+                **job,
+            ).set_display_name("predict")
         gate = gate_op(
             evaluation=evaluate.outputs["evaluation"], metric=registration_metric,
             threshold=registration_threshold, enabled=register_model,

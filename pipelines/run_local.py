@@ -15,6 +15,7 @@ subprocesses of this Python (no containers); outputs land under `<output>/kfp/`,
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
@@ -79,6 +80,22 @@ def headline(kind: str, summary: dict[str, Any]) -> str:
             f"{metrics['macro_f1']:.3f} ({support} label occurrences)")
 
 
+def _predictions(model_path: str) -> dict[str, Any]:
+    """Where the run's prediction step wrote, with counts and the first few lines.
+
+    kfp.local keeps each task's outputs under `<run folder>/<task>/<output>`; the
+    prediction step's output is not a pipeline output (it runs only on request).
+    """
+    from components.predict.contract import PREDICTIONS_FILE, read_predictions
+
+    run_folder = os.path.dirname(os.path.dirname(model_path))
+    (path,) = glob.glob(os.path.join(run_folder, "predict", "*", PREDICTIONS_FILE))
+    lines = read_predictions(path)
+    errors = sum("error" in line for line in lines)
+    return {"file": path, "inputs": len(lines), "predicted": len(lines) - errors,
+            "errors": errors, "first": lines[:3]}
+
+
 def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, Any]:
     """Runs pipeline `kind` locally and writes `<output>/summary.json`.
 
@@ -101,6 +118,9 @@ def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, 
     pipeline = PIPELINES[kind](LOCAL_IMAGE)
     task = pipeline(**{_DATA_PARAMS[kind]: data}, **params)
     summary = SUMMARIES[kind](task.outputs)
+    if params.get("predict_uri"):
+        summary["predictions"] = _predictions(task.outputs["model"].path)
+        summary["artifacts"]["predictions"] = summary["predictions"].pop("file")
     write_json_atomically(os.path.join(output, "summary.json"), summary, sort_keys=False)
     return summary
 
@@ -119,6 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=2))
     print(f"\nsummary: {os.path.join(os.path.abspath(output), 'summary.json')}")
     print(headline(kind, summary))
+    if "predictions" in summary:
+        counts = summary["predictions"]
+        print(f"predictions: {counts['predicted']} of {counts['inputs']} inputs labelled, "
+              f"{counts['errors']} unreadable; {summary['artifacts']['predictions']}")
+        for line in counts["first"]:
+            print(f"  {line['input']}: " + (f"error: {line['error']}" if "error" in line else
+                  ", ".join(f"{label} {line['scores'][label]:.3f}" for label in line["labels"])
+                  or "no label"))
     return 0
 
 

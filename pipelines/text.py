@@ -10,6 +10,7 @@ from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
 from components.evaluate_text import component as evaluate_component
+from components.predict import component as predict_component
 from components.preflight import component as preflight_component
 from components.prepare_text import component as prepare_component
 from components.train_text import component as train_component
@@ -41,11 +42,13 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     prepare_op = prepare_component.build(image)
     train_op = train_component.build(image)
     evaluate_op = evaluate_component.build(image)
+    predict_op = predict_component.build(image)
     if vertex is not None:
         # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
         prepare_op = vertex.wrap(prepare_op, "prepare_text", "prepare-text")
         train_op = vertex.wrap(train_op, "train_text", "train-text")
         evaluate_op = vertex.wrap(evaluate_op, "evaluate_text", "evaluate-text")
+        predict_op = vertex.wrap(predict_op, "predict_text", "predict-texts")
 
     # The jobs' account is a run-time choice (GCPC passes it as a parameter of the job);
     # its default is compile.py's --service-account.
@@ -83,6 +86,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         model_config: str = "",
         eval_split: str = "test",
         eval_batch_size: int = 64,
+        predict_uri: str = "",
         job_service_account: str = default_job_account,
     ) -> Outputs:
         """Prepares a labelled text CSV, trains a ULMFiT classifier and evaluates it.
@@ -115,7 +119,8 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             mixed_precision: fp16 on GPUs of compute capability >= 7.0 (never on CPU).
             model_config: JSON of AWD_LSTM settings when training from scratch; empty for defaults.
             eval_split: Split the evaluation scores: test, validation or train.
-            eval_batch_size: Texts per forward pass in the evaluation.
+            eval_batch_size: Texts per forward pass in the evaluation (and prediction).
+            predict_uri: gs:// CSV of new texts (the training text column) to label with the trained model, one JSON line per row; empty skips prediction.
             job_service_account: Service account the custom jobs (sharding, training, evaluation) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
         """
         # First, before anything else is named: every pipeline parameter, checked on a
@@ -143,6 +148,11 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             model=train.outputs["model"], dataset=prepare.outputs["dataset"], split=eval_split,
             batch_size=eval_batch_size, **job,
         ).set_display_name("evaluate-text")
+        with dsl.If(predict_uri != "", name="prediction-requested"):
+            predict_op(
+                model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
+                **job,
+            ).set_display_name("predict")
         return Outputs(metrics=evaluate.outputs["metrics"], report=evaluate.outputs["report"],
                        evaluation=evaluate.outputs["evaluation"], model=train.outputs["model"],
                        dataset=prepare.outputs["dataset"])

@@ -47,6 +47,9 @@ DEFAULT_MACHINES: Mapping[str, Machine] = {
     "train_text": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
     "evaluate_text": Machine("n1-standard-4"),
     "train_lm": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
+    # batch prediction, when predict_uri is set; CPU unless given a GPU
+    "predict_image": Machine("n1-standard-8"),
+    "predict_text": Machine("n1-standard-4"),
 }
 
 

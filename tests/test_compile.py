@@ -161,8 +161,8 @@ def test_model_upload_only_when_the_gate_says_so(tmp_path):
                                 "projects/p/locations/l/keyRings/r/cryptoKeys/k")
                        / "image_pipeline.json").read_text())
     tasks = spec["root"]["dag"]["tasks"]
-    condition = next(t for name, t in tasks.items() if name.startswith("condition"))
-    assert "registration-gate" in condition["triggerPolicy"]["condition"]
+    condition = next(t for t in tasks.values()
+                     if "registration-gate" in t.get("triggerPolicy", {}).get("condition", ""))
     inner = spec["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
     upload = inner["model-upload"]
     assert upload["inputs"]["artifacts"]["unmanaged_container_model"]["taskOutputArtifact"] == {
@@ -173,6 +173,28 @@ def test_model_upload_only_when_the_gate_says_so(tmp_path):
     # the gate and the serving-model copy are light steps, not GPU custom jobs
     assert "worker_pool_specs" not in spec["components"]["comp-registration-gate"][
         "inputDefinitions"]["parameters"]
+
+
+@pytest.mark.parametrize("pipeline, machine", [
+    ("image_pipeline.json", "n1-standard-8"),
+    ("text_pipeline.json", "n1-standard-4"),
+])
+def test_prediction_is_a_cpu_job_run_only_when_predict_uri_is_set(tmp_path, pipeline, machine):
+    spec = json.loads((_compile(tmp_path) / pipeline).read_text())
+    tasks = spec["root"]["dag"]["tasks"]
+    condition = next(t for t in tasks.values()
+                     if "predict_uri" in t.get("triggerPolicy", {}).get("condition", ""))
+    assert condition["triggerPolicy"]["condition"] == \
+        "inputs.parameter_values['pipelinechannel--predict_uri'] != ''"
+    inner = spec["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
+    (predict,) = inner.values()
+    assert predict["taskInfo"]["name"] == "predict"
+    assert predict["inputs"]["artifacts"]["model"]["componentInputArtifact"].endswith("-model")
+    assert predict["inputs"]["parameters"]["data_uri"] == {
+        "componentInputParameter": "pipelinechannel--predict_uri"}
+    (pool,) = _pools(spec, "predict")
+    assert pool["machine_spec"] == {"machine_type": machine}
+    assert spec["root"]["inputDefinitions"]["parameters"]["predict_uri"]["defaultValue"] == ""
 
 
 def test_language_model_trains_on_a_gpu_after_a_light_preflight(tmp_path):

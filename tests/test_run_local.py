@@ -2,9 +2,11 @@
 
 import hashlib
 import json
+import os
 
 import pytest
 
+from components.predict.contract import read_predictions
 from pipelines import run_local
 from tests.conftest import plant_bad_files, write_class_images
 
@@ -20,7 +22,7 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
         "--min-shards-per-split", "2", "--max-skipped-fraction", "0.2", "--seed", "7",
         "--test-fraction", "0.2", "--validation-fraction", "0.2", "--train-fraction", "0.6",
         "--weights", "none", "--epochs", "6", "--fine-tune-epochs", "0", "--batch-size", "16",
-        "--registration-threshold", "0.5",
+        "--registration-threshold", "0.5", "--predict-uri", data,
     ])
     assert code == 0
     summary = json.loads((output / "summary.json").read_text())
@@ -47,6 +49,31 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
     assert provenance["parameters"]["epochs"] == 6 and provenance["parameters"]["seed"] == 7
     printed = capsys.readouterr().out
     assert str(output / "summary.json") in printed
+
+    # batch prediction over the same folder: a line per file, the bad ones with their reason
+    lines = read_predictions(summary["artifacts"]["predictions"])
+    by_file = {os.path.relpath(line["input"], data): line for line in lines}
+    assert len(lines) == 90 + len(bad) + 1  # README.md is a file too (an error line)
+    assert summary["predictions"]["errors"] == len(bad) + 1
+    for path, reason in bad.items():
+        assert by_file[path]["error"].startswith(reason)
+    assert ".DS_Store" not in by_file and "cat/.hidden.jpg" not in by_file  # hidden: left out
+    assert "predictions: 90 of 94 inputs labelled, 4 unreadable" in printed
+    # on the test split the predictions are the evaluation's: same confusion matrix
+    from components.shard.contract import make_dataset
+
+    test_files = [key.decode() for _, _, key in make_dataset(
+        str(manifest_path.parent), "test", with_keys=True).as_numpy_iterator()]
+    evaluation = json.loads((tmp_path / summary["artifacts"]["evaluation"] /
+                             "metrics.json").read_text())
+    classes = evaluation["confusion_matrix"]["labels"]
+    matrix = [[0] * len(classes) for _ in classes]
+    for path in test_files:
+        line = by_file[path]
+        matrix[classes.index(path.split("/")[0])][classes.index(line["labels"][0])] += 1
+        assert sum(line["scores"].values()) == pytest.approx(1, abs=1e-4)
+    assert matrix == evaluation["confusion_matrix"]["matrix"]
+    assert len(test_files) == sharding["written"]["test"]
 
 
 def test_flags_are_the_pipeline_parameters():

@@ -8,9 +8,7 @@ Only `fastai.text` is imported (never `fastai.vision`).
 
 from __future__ import annotations
 
-import os
 import re
-import warnings
 from typing import Any
 
 import numpy as np
@@ -39,20 +37,9 @@ def predict(model_dir: str, texts: list[str], batch_size: int = 64) -> np.ndarra
     Returns:
         Shape (len(texts), k): sigmoid per label (multi-label) or softmax (single-label).
     """
-    import pandas as pd
-    import torch
-    from fastai.learner import load_learner
+    from components.train_text.contract import load_text_learner, text_probabilities
 
-    from components.train_text.contract import EXPORT_FILE, TEXT_FIELD
-
-    with warnings.catch_warnings():
-        # fastai warns that pickles can run code: this is the export of our own training step.
-        warnings.filterwarnings("ignore", message=".*insecure pickle")
-        learn = load_learner(os.path.join(model_dir, EXPORT_FILE),
-                             cpu=not torch.cuda.is_available())
-    dl = learn.dls.test_dl(pd.DataFrame({TEXT_FIELD: texts}), bs=batch_size, num_workers=0)
-    probs, _ = learn.get_preds(dl=dl)  # reorder=True undoes the sorting by length
-    return probs.float().cpu().numpy()
+    return text_probabilities(load_text_learner(model_dir), texts, batch_size)
 
 
 def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split: str = "test",

@@ -283,6 +283,25 @@ def check_job_account(parameters: Mapping[str, Any]) -> None:
             "(NAME@PROJECT.iam.gserviceaccount.com); leave it empty for Vertex's default")
 
 
+def check_predict_uri(uri: str, kind: str) -> None:
+    """Refuses a `predict_uri` that is not there: a folder (images) or a file (texts).
+
+    Empty means no prediction. Checked before training, so a typo does not cost a run.
+
+    Raises:
+        PreflightError: Naming the URI and what it should be.
+    """
+    if not uri:
+        return
+    fs, path = filesystem(uri)
+    if kind == "text" and not fs.isfile(path):
+        raise PreflightError(f"predict_uri {uri!r} is not a file: give the CSV of texts to "
+                             "label (with the training text column), or leave it empty")
+    if kind == "image" and not (fs.isdir(path) or fs.isfile(path)):
+        raise PreflightError(f"predict_uri {uri!r} does not exist: give the folder of images "
+                             "to label, or leave it empty")
+
+
 def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     """Checks a run of pipeline `kind` and returns its data fingerprint.
 
@@ -298,6 +317,7 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
         raise PreflightError(f"unknown pipeline kind {kind!r}; known: {sorted(CHECKS)}")
     CHECKS[kind](parameters)
     check_job_account(parameters)
+    check_predict_uri(str(parameters.get("predict_uri", "")), kind)
     if kind == "lm":
         check_corpus(data_uri, str(parameters.get("text_column", "text")))
         return data_fingerprint(data_uri, "corpus_uri")

@@ -41,6 +41,7 @@ def preflight_image(
     registration_metric: str = "accuracy",
     registration_threshold: float = 0.8,
     model_display_name: str = "densenet121-image-classifier",
+    predict_uri: str = "",
     job_service_account: str = "",
 ) -> str:
     """Refuses image pipeline settings that a later step would refuse, before any paid job
@@ -90,6 +91,7 @@ def preflight_text(
     model_config: str = "",
     eval_split: str = "test",
     eval_batch_size: int = 64,
+    predict_uri: str = "",
     job_service_account: str = "",
 ) -> str:
     """Refuses text pipeline settings that a later step would refuse (and a missing

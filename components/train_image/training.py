@@ -615,6 +615,9 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
         "input": "float32 RGB 0..255",
         "scaling": "densenet121 preprocess_input inside the model",
         "resize_method": manifest["image"].get("resize_method"),
+        # how the shards stored the pixels: prediction repeats the JPEG round trip
+        "image_format": manifest["image"]["format"],
+        "jpeg_quality": manifest["image"].get("jpeg_quality"),
         "input_name": INPUT_NAME,
         "output_name": OUTPUT_NAME,
         "serving_signature": SERVING_SIGNATURE,

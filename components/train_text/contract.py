@@ -109,6 +109,49 @@ def read_labels(model_dir: str) -> dict[str, Any]:
         return json.load(f)
 
 
+def load_text_learner(model_dir: str):
+    """The exported fastai learner of a trained model folder, on a GPU when there is one.
+
+    Args:
+        model_dir: Folder with `export.pkl` (local).
+
+    Raises:
+        FileNotFoundError: The folder has no `export.pkl`.
+    """
+    import warnings
+
+    import torch
+    from fastai.learner import load_learner
+
+    path = os.path.join(model_dir, EXPORT_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: {model_dir!r} is not a trained text model "
+                                f"folder (expected {EXPORT_FILE} and {LABELS_FILE})")
+    with warnings.catch_warnings():
+        # fastai warns that pickles can run code: this is the export of our own training step.
+        warnings.filterwarnings("ignore", message=".*insecure pickle")
+        return load_learner(path, cpu=not torch.cuda.is_available())
+
+
+def text_probabilities(learn, texts: list[str], batch_size: int = 64):
+    """Probabilities of a text learner for `texts`, in their order.
+
+    Args:
+        learn: From `load_text_learner`.
+        texts: Raw texts (tokenized here with the model's own tokenizer and vocab).
+        batch_size: Texts per forward pass.
+
+    Returns:
+        A numpy array (len(texts), k): sigmoid per label (multi-label) or softmax
+        (single-label).
+    """
+    import pandas as pd
+
+    dl = learn.dls.test_dl(pd.DataFrame({TEXT_FIELD: texts}), bs=batch_size, num_workers=0)
+    probs, _ = learn.get_preds(dl=dl)  # reorder=True undoes the sorting by length
+    return probs.float().cpu().numpy()
+
+
 def direction(backwards: bool) -> str:
     """Folder name of a direction: "backward" or "forward"."""
     return "backward" if backwards else "forward"

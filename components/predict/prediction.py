@@ -1,0 +1,293 @@
+"""Batch prediction with a trained model: a folder of images or a CSV of texts -> JSON lines.
+
+Images go through the sharding step's own decoding (`components.common.images`: EXIF
+orientation, transparency on white, center crop or letterbox) and, when the shards held
+JPEG, the same JPEG round trip at the same quality, decoded by TensorFlow as the training
+reader does: a test-split file is scored exactly as evaluation scored its shard. Texts go
+through the exported learner's own tokenizer and vocabulary. Inputs stream in batches
+(memory bounded by the batch, whatever the input's size); the output is written under a
+temporary name and appears whole, or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
+
+import numpy as np
+
+from components.common.images import BadImage, decode_image, encode_image, resize
+from components.common.storage import TMP_PREFIX, filesystem
+from components.predict.contract import IMAGE, PredictionError, model_family
+
+log = logging.getLogger(__name__)
+
+_CSV_CHUNK_ROWS = 4096  # rows read from the CSV at a time
+
+
+def decide(scores: np.ndarray, labels: Sequence[str], threshold: float | None) -> list[str]:
+    """The labels predicted from one row of probabilities.
+
+    Args:
+        scores: Probabilities, one per label.
+        labels: Label names in column order.
+        threshold: Multi-label: every label whose probability is >= it (possibly none);
+            None: the single most probable label.
+    """
+    if threshold is None:
+        return [labels[int(np.argmax(scores))]]
+    return [label for label, p in zip(labels, scores) if p >= threshold]
+
+
+def prediction_line(source: Any, scores: np.ndarray, labels: Sequence[str],
+                    threshold: float | None) -> dict[str, Any]:
+    """One output record: the input, the labels predicted and every label's probability."""
+    return {"input": source, "labels": decide(scores, labels, threshold),
+            "scores": {label: round(float(p), 6) for label, p in zip(labels, scores)}}
+
+
+@contextlib.contextmanager
+def _whole_or_nothing(output: str) -> Iterator[TextIO]:
+    """A text file to write lines to, that appears at `output` (local or gs://) when done.
+
+    Lines go to a local temporary file (bounded memory for any size); on success it is
+    moved (local) or uploaded (gs://) in one piece; on failure nothing is left at
+    `output`.
+    """
+    fs, path = filesystem(output)
+    parent = os.path.dirname(path) if not output.startswith("gs://") else None
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".jsonl", dir=parent)
+    try:
+        with os.fdopen(handle, "w") as f:
+            yield f
+        if parent is not None:
+            os.replace(temporary, path)
+        else:
+            fs.put_file(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def _progress(total: int | None, unit: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, desc="predicting", disable=not enabled,
+                mininterval=2.0)
+
+
+# ------------------------------------------------------------------------------ images
+
+
+def list_inputs(data_uri: str) -> tuple[list[str], list[str]]:
+    """Every file under a folder (any depth), or the one file named.
+
+    Returns:
+        `(files, hidden)`: full URIs (local paths or gs://) in sorted order, and the hidden
+        files (a name starting with ".", e.g. .DS_Store) that are left out.
+
+    Raises:
+        PredictionError: Nothing there.
+    """
+    fs, root = filesystem(data_uri)
+    if fs.isfile(root):
+        return [data_uri], []
+    if not fs.isdir(root):
+        raise PredictionError(f"{data_uri!r} does not exist: give a folder of images or an "
+                              "image file")
+    prefix = data_uri.rstrip("/")
+    files, hidden = [], []
+    for path in sorted(fs.find(root)):
+        relative = os.path.relpath(path, root.rstrip("/"))
+        uri = f"{prefix}/{relative}"
+        (hidden if any(p.startswith(".") for p in relative.split("/")) else files).append(uri)
+    if not files:
+        raise PredictionError(f"no files under {data_uri!r}"
+                              + (f" ({len(hidden)} hidden ones left out)" if hidden else ""))
+    return files, hidden
+
+
+def preprocess_image(data: bytes, preprocessing: dict[str, Any]) -> np.ndarray:
+    """Image file bytes -> uint8 (size, size, 3) pixels, as the trainer's shards held them.
+
+    Args:
+        data: The file's bytes.
+        preprocessing: The model's `preprocessing.json` (`image_size`, `resize_method`,
+            and `image_format`/`jpeg_quality` of the shards when the trainer wrote them).
+
+    Raises:
+        BadImage: Not a readable image (the message says why).
+    """
+    size = preprocessing["image_size"]
+    image = resize(decode_image(data, size), size, preprocessing.get("resize_method") or "crop")
+    if preprocessing.get("image_format") == "jpeg":
+        import tensorflow as tf
+
+        encoded = encode_image(image, "jpeg", preprocessing["jpeg_quality"])
+        return tf.io.decode_jpeg(encoded, channels=3).numpy()
+    return np.asarray(image, dtype=np.uint8)
+
+
+def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
+                    progress: bool) -> dict[str, Any]:
+    from components.train_image.contract import (
+        MODEL_FILE,
+        PREPROCESSING_FILE,
+        load_class_names,
+        load_keras_model,
+    )
+
+    files, hidden = list_inputs(data_uri)
+    classes = load_class_names(model_dir)
+    with open(os.path.join(model_dir, PREPROCESSING_FILE)) as f:
+        preprocessing = json.load(f)
+    model = load_keras_model(os.path.join(model_dir, MODEL_FILE), compile=False)
+    fs, _ = filesystem(data_uri)
+    counts = {"inputs": len(files), "predicted": 0, "errors": 0,
+              "hidden_left_out": len(hidden), "hidden_examples": hidden[:5]}
+    with _progress(len(files), "img", progress) as bar:
+        for start in range(0, len(files), batch_size):
+            batch = files[start:start + batch_size]
+            # one request for the batch: gcsfs fetches the files concurrently
+            contents = fs.cat([filesystem(uri)[1] for uri in batch], on_error="return")
+            lines: list[dict[str, Any] | None] = []
+            pixels = []
+            for uri in batch:
+                data = contents[filesystem(uri)[1]]
+                try:
+                    if isinstance(data, Exception):
+                        raise BadImage(f"unreadable file: {data}")
+                    pixels.append(preprocess_image(data, preprocessing))
+                    lines.append(None)
+                except BadImage as err:
+                    lines.append({"input": uri, "error": str(err)})
+            probs = iter(model.predict_on_batch(np.stack(pixels).astype(np.float32))
+                         if pixels else [])
+            for uri, line in zip(batch, lines):
+                if line is None:
+                    line = prediction_line(uri, next(probs), classes, None)
+                    counts["predicted"] += 1
+                else:
+                    counts["errors"] += 1
+                out.write(json.dumps(line) + "\n")
+            bar.update(len(batch))
+    return counts
+
+
+# ------------------------------------------------------------------------------- texts
+
+
+def _read_csv_chunks(data_uri: str) -> Iterator[Any]:
+    import pandas as pd
+
+    fs, path = filesystem(data_uri)
+    if not fs.isfile(path):
+        raise PredictionError(f"{data_uri!r} is not a file: give a CSV with a text column")
+    with fs.open(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8-sig") as f:
+        try:
+            yield from pd.read_csv(f, chunksize=_CSV_CHUNK_ROWS, dtype=str,
+                                   keep_default_na=False)
+        except UnicodeDecodeError as err:
+            raise PredictionError(f"{data_uri!r} is not UTF-8 text ({err}); save the CSV as "
+                                  "UTF-8") from err
+        except pd.errors.ParserError as err:
+            raise PredictionError(f"{data_uri!r} is not a readable CSV: {err}") from err
+
+
+def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
+                   progress: bool, text_column: str) -> dict[str, Any]:
+    from components.train_text.contract import load_text_learner, read_labels, text_probabilities
+
+    info = read_labels(model_dir)
+    labels = info["labels"]
+    threshold = info["threshold"] if info["task"] == "multi_label" else None
+    column = text_column or info.get("text_column") or "text"
+    learn = load_text_learner(model_dir)
+    counts = {"inputs": 0, "predicted": 0, "errors": 0, "text_column": column}
+    row = 0
+    with _progress(None, "row", progress) as bar:
+        for chunk in _read_csv_chunks(data_uri):
+            if column not in chunk.columns:
+                raise PredictionError(f"{data_uri!r} has no column {column!r} (its columns: "
+                                      f"{list(chunk.columns)}); pass the text column's name")
+            texts = [str(t) for t in chunk[column]]
+            usable = [i for i, t in enumerate(texts) if t.strip()]
+            probs = text_probabilities(learn, [texts[i] for i in usable], batch_size) \
+                if usable else np.zeros((0, len(labels)))
+            scored = dict(zip(usable, probs))
+            for i in range(len(texts)):
+                if i in scored:
+                    line = prediction_line(row + i, scored[i], labels, threshold)
+                    counts["predicted"] += 1
+                else:
+                    line = {"input": row + i, "error": f"empty text in column {column!r}"}
+                    counts["errors"] += 1
+                out.write(json.dumps(line) + "\n")
+            row += len(texts)
+            bar.update(len(texts))
+    counts["inputs"] = row
+    if not row:
+        raise PredictionError(f"{data_uri!r} has no data rows")
+    return counts
+
+
+# ------------------------------------------------------------------------------- entry
+
+
+def predict_to_file(model_dir: str, data_uri: str, output: str, batch_size: int = 64,
+                    progress: bool = False, text_column: str = "") -> dict[str, Any]:
+    """Predicts every input with a trained model and writes one JSON line per input.
+
+    Args:
+        model_dir: A trainer's model folder (local; image or text, told by its files).
+        data_uri: Image model: a folder of images (any depth) or one image, local or
+            gs://. Text model: a CSV (local or gs://) with the text column.
+        output: The JSON lines file to write (local or gs://); written whole at the end.
+        batch_size: Inputs per forward pass.
+        progress: Show a progress bar on stderr.
+        text_column: Text models: the CSV's text column; empty uses the one the model
+            was trained on.
+
+    Returns:
+        `{"family", "inputs", "predicted", "errors", "output", ...}`.
+
+    Raises:
+        PredictionError: Not a model folder, no input there, a CSV without the column,
+            or every input unreadable (the message says which and why).
+    """
+    if batch_size < 1:
+        raise PredictionError(f"batch_size must be >= 1, got {batch_size}")
+    family = model_family(model_dir)
+    with _whole_or_nothing(output) as out:
+        if family == IMAGE:
+            counts = _predict_images(model_dir, data_uri, out, batch_size, progress)
+        else:
+            counts = _predict_texts(model_dir, data_uri, out, batch_size, progress, text_column)
+        if counts["predicted"] == 0:
+            raise PredictionError(f"none of the {counts['inputs']} inputs under {data_uri!r} "
+                                  f"could be read as {'images' if family == IMAGE else 'texts'}"
+                                  "; nothing written")
+    log.info("%d predicted, %d unreadable, written to %s", counts["predicted"],
+             counts["errors"], output)
+    return {"family": family, **counts, "output": output}
+
+
+def copy_model_locally(model_uri: str, workdir: str) -> str:
+    """A local copy of a gs:// model folder (a local folder is returned as it is)."""
+    if not model_uri.startswith("gs://"):
+        return model_uri
+    fs, path = filesystem(model_uri)
+    target = os.path.join(workdir, "model")
+    shutil.rmtree(target, ignore_errors=True)
+    fs.get(path.rstrip("/") + "/", target, recursive=True)
+    return target
+
