@@ -28,10 +28,11 @@ run: compile
 	test -f $(DEMO)/reviews.csv || $(PY) -m pipelines.demo_text $(DEMO)/reviews.csv --rows 300
 	$(PY) -m pipelines.run_local image --data $(DEMO)/digits --output $(DEMO)/image \
 		--image-size 32 --min-shards-per-split 4 --weights none --epochs 6 \
-		--fine-tune-epochs 0 --registration-threshold 0.7
+		--fine-tune-epochs 0 --registration-threshold 0.7 --predict-uri $(DEMO)/digits
 	$(PY) -m pipelines.run_local text --data $(DEMO)/reviews.csv --output $(DEMO)/text \
 		--pretrained false --lm-epochs 0 --epochs 15 --min-freq 1 \
-		--model-config '{"emb_sz": 64, "n_hid": 128, "n_layers": 2}'
+		--model-config '{"emb_sz": 64, "n_hid": 128, "n_layers": 2}' \
+		--predict-uri $(DEMO)/reviews.csv
 
 test: venv
 	$(VENV)/bin/ruff check .

@@ -4,10 +4,15 @@ import hashlib
 import json
 import os
 
+import numpy as np
+import pandas as pd
 import pytest
 from kfp import compiler, local
 
+from components.common.metrics import multi_label_metrics
+from components.predict.contract import read_predictions
 from pipelines import demo_text, text
+from pipelines import predict as predict_cli
 from pipelines.vertex import VertexSettings
 
 # Small enough for a CPU test, big enough to learn the demo in 8 epochs.
@@ -62,7 +67,7 @@ def test_text_pipeline_end_to_end_with_kfp_local(tmp_path, monkeypatch):
                pipeline_root=str(tmp_path / "kfp"))
     task = text.build("local/vertex-gpu-pipelines:dev")(
         data_uri=data, pretrained=False, lm_epochs=0, epochs=8, batch_size=16, min_freq=1,
-        seq_len=24, model_config=SMALL)
+        seq_len=24, model_config=SMALL, predict_uri=data)
     artifacts = {name: artifact.path for name, artifact in task.outputs.items()}
     summary = text.summarize(artifacts)
 
@@ -105,3 +110,27 @@ def test_text_pipeline_end_to_end_with_kfp_local(tmp_path, monkeypatch):
     assert json.load(open(manifest_path))["source_sha256"] == hashlib.sha256(
         open(data, "rb").read()).hexdigest()
     assert model_meta["parameters"]["epochs"] == 8 and model_meta["parameters"]["lang"] == "fr"
+
+    # the predict step labelled every row of the CSV it was given
+    from pipelines import run_local
+
+    predicted = run_local._predictions(artifacts["model"])
+    assert (predicted["inputs"], predicted["errors"]) == (200, 0)
+    assert [line["input"] for line in predicted["first"]] == [0, 1, 2]
+    # the CLI on the test split, with two rows that cannot be labelled, agrees with the
+    # evaluation: same micro F1 from the predicted label sets
+    test = pd.read_csv(os.path.join(artifacts["dataset"], "test.csv"))
+    with_blanks = tmp_path / "new.csv"
+    pd.concat([test, pd.DataFrame({"text": ["", "  "]})]).to_csv(with_blanks, index=False)
+    out = tmp_path / "predictions.jsonl"
+    assert predict_cli.main(["--model", artifacts["model"], "--data", str(with_blanks),
+                             "--output", str(out), "--no-progress"]) == 0
+    lines = read_predictions(str(out))
+    assert [line["error"] for line in lines[-2:]] == ["empty text in column 'text'"] * 2
+    chosen = np.array([[label in line["labels"] for label in labels] for line in lines[:-2]])
+    scored = multi_label_metrics(test[labels].to_numpy(), chosen.astype(float), labels, 0.5)
+    assert scored["micro_f1"] == pytest.approx(metrics["micro_f1"])
+    pd.DataFrame({"review": ["x"]}).to_csv(tmp_path / "other.csv", index=False)
+    assert predict_cli.main(["--model", artifacts["model"], "--data", str(tmp_path / "other.csv"),
+                             "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert not (tmp_path / "o.jsonl").exists()

@@ -1,0 +1,92 @@
+"""Batch prediction's own rules: decisions, bad input, whole-or-nothing output, gs:// both ways.
+
+The models here are tiny hand-made ones (tests.test_evaluate.save_model); the trained
+DenseNet and AWD-LSTM predict in test_run_local and test_text_pipeline, where their
+predictions are checked against the evaluation step.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from components.predict.contract import PredictionError, model_family, read_predictions
+from components.predict.prediction import decide, predict_to_file
+from pipelines import predict as predict_cli
+from tests.test_evaluate import save_model
+
+COLOURS = {"blue": (20, 40, 220), "green": (30, 200, 40), "red": (210, 30, 30)}
+
+
+def test_decide_single_and_multi_label():
+    scores = np.array([0.2, 0.5, 0.3])
+    assert decide(scores, ["a", "b", "c"], None) == ["b"]
+    assert decide(scores, ["a", "b", "c"], 0.3) == ["b", "c"]  # >= the threshold
+    assert decide(scores, ["a", "b", "c"], 0.6) == []  # multi-label may predict none
+
+
+@pytest.fixture(scope="module")
+def colour_model(tmp_path_factory):
+    folder = save_model(tmp_path_factory.mktemp("m") / "model", sorted(COLOURS))
+    (folder / "preprocessing.json").write_text(json.dumps(
+        {"image_size": 32, "resize_method": "crop", "image_format": "jpeg", "jpeg_quality": 95}))
+    return folder
+
+
+def _images(root):
+    for name, colour in COLOURS.items():
+        (root / "new" / name).mkdir(parents=True)
+        Image.new("RGB", (48, 40), colour).save(root / "new" / name / "a.jpg")
+    (root / "new" / "broken.png").write_bytes(b"\x89PNG not really")
+    return root / "new"
+
+
+def test_images_from_gcs_to_gcs_with_unreadable_files_as_error_lines(colour_model, tmp_path,
+                                                                       gcs):
+    bucket = gcs.create_bucket("incoming")
+    for path in sorted(_images(tmp_path).rglob("*")):
+        if path.is_file():
+            bucket.blob(f"batch/{path.relative_to(tmp_path / 'new')}").upload_from_filename(
+                str(path))
+    counts = predict_to_file(str(colour_model), "gs://incoming/batch",
+                             "gs://incoming/out/predictions.jsonl", batch_size=2)
+    assert counts | {"output": None} == {"family": "image", "inputs": 4, "predicted": 3,
+                                         "errors": 1, "hidden_left_out": 0,
+                                         "hidden_examples": [], "output": None}
+    lines = [json.loads(line) for line in
+             bucket.blob("out/predictions.jsonl").download_as_text().splitlines()]
+    assert [line["input"] for line in lines] == [
+        "gs://incoming/batch/blue/a.jpg", "gs://incoming/batch/broken.png",
+        "gs://incoming/batch/green/a.jpg", "gs://incoming/batch/red/a.jpg"]
+    assert lines[1] == {"input": "gs://incoming/batch/broken.png",
+                        "error": "not a recognised image format"}
+    for line in lines[::2] + lines[3:]:
+        assert line["labels"] == [line["input"].split("/")[-2]]  # the colour's own class
+
+
+def test_bad_requests_fail_clearly_and_leave_no_output(colour_model, tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(PredictionError, match="neither model.keras .* nor export.pkl"):
+        model_family(str(tmp_path))
+    with pytest.raises(PredictionError, match="does not exist"):
+        predict_to_file(str(colour_model), str(tmp_path / "nowhere"), str(out))
+    only_broken = tmp_path / "broken"
+    only_broken.mkdir()
+    (only_broken / "x.jpg").write_bytes(b"")
+    with pytest.raises(PredictionError, match="none of the 1 inputs"):
+        predict_to_file(str(colour_model), str(only_broken), str(out))
+    assert not out.exists() and list(tmp_path.glob("*.jsonl")) == []  # nothing half-written
+    # the CLI says it in one line and exits 2
+    assert predict_cli.main(["--model", str(tmp_path), "--data", str(only_broken),
+                             "--output", str(out)]) == 2
+    assert "is not a trained model folder" in capsys.readouterr().err
+
+
+def test_cli_writes_one_line_per_image(colour_model, tmp_path, capsys):
+    data = _images(tmp_path)
+    out = tmp_path / "deep" / "p.jsonl"
+    assert predict_cli.main(["--model", str(colour_model), "--data", str(data),
+                             "--output", str(out), "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["predicted"] == 3
+    assert len(read_predictions(str(out))) == 4
