@@ -28,9 +28,10 @@ def test_compiled_spec_runs_training_on_a_t4(tmp_path):
              for name, c in spec["components"].items()
              if "worker_pool_specs" in c["inputDefinitions"]["parameters"]}
     # preflight is the one light step: it runs on Vertex's default machine, not as a job
-    assert set(spec["components"]) - set(pools) == {"comp-preflight-text"}
+    # (comp-condition-1 is the DAG that holds the predict step when predict_uri is set)
+    assert set(spec["components"]) - set(pools) == {"comp-preflight-text", "comp-condition-1"}
     assert set(pools) == {"comp-prepare-text-data", "comp-train-text-classifier",
-                          "comp-evaluate-text-classifier"}
+                          "comp-evaluate-text-classifier", "comp-predict"}
     assert pools["comp-train-text-classifier"][0]["machine_spec"] == {
         "machine_type": "n1-standard-8", "accelerator_type": "NVIDIA_TESLA_T4",
         "accelerator_count": 1.0}
