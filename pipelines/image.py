@@ -167,11 +167,6 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             model=train.outputs["model"], dataset=shard.outputs["dataset"], split="test",
             batch_size=eval_batch_size, **job,
         ).set_display_name("evaluate")
-        with dsl.If(predict_uri != "", name="prediction-requested"):
-            predict_op(
-                model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
-                **job,
-            ).set_display_name("predict")
         gate = gate_op(
             evaluation=evaluate.outputs["evaluation"], metric=registration_metric,
             threshold=registration_threshold, enabled=register_model,
@@ -189,6 +184,11 @@ def build(image: str, vertex: "VertexSettings | None" = None):
                     location=PIPELINE_LOCATION,
                     encryption_spec_key_name=vertex.encryption_spec_key_name,
                 ).set_display_name("register-model")
+        with dsl.If(predict_uri != "", name="prediction-requested"):
+            predict_op(
+                model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
+                **job,
+            ).set_display_name("predict")
         return Outputs(
             dataset=shard.outputs["dataset"],
             model=train.outputs["model"],
