@@ -3,6 +3,8 @@
 import hashlib
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -74,6 +76,32 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
         assert sum(line["scores"].values()) == pytest.approx(1, abs=1e-4)
     assert matrix == evaluation["confusion_matrix"]["matrix"]
     assert len(test_files) == sharding["written"]["test"]
+
+    # the SavedModel as a Vertex endpoint runs it: the files' bytes in, decoded in the
+    # graph, with TensorFlow alone (this package blocked) -> the batch predictions
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps([os.path.join(data, path) for path in test_files]))
+    served = subprocess.run(
+        [sys.executable, "-c", _SERVE_FROM_BYTES, str(model_dir / "saved_model"), str(request)],
+        capture_output=True, text=True, cwd=tmp_path, check=True)
+    response = json.loads(served.stdout.splitlines()[-1])
+    for path, probabilities, label in zip(test_files, response["probabilities"],
+                                          response["label"]):
+        line = by_file[path]
+        assert label == line["labels"][0]
+        assert probabilities == pytest.approx([line["scores"][c] for c in classes], abs=1e-5)
+
+
+_SERVE_FROM_BYTES = """
+import json, sys
+sys.modules["components"] = sys.modules["pipelines"] = None  # must load without them
+import tensorflow as tf
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+files = [open(path, "rb").read() for path in json.load(open(sys.argv[2]))]
+out = serve(image_bytes=tf.constant(files))
+print(json.dumps({"probabilities": out["probabilities"].numpy().tolist(),
+                  "label": [label.decode() for label in out["label"].numpy()]}))
+"""
 
 
 def test_flags_are_the_pipeline_parameters():

@@ -440,7 +440,7 @@ def _check_artifact(out: Path, image_dataset: str) -> None:
     images = np.stack([img.numpy() for img, _ in make_dataset(image_dataset, "test")])
     images = images.astype("float32")
     predict = training.predict_fn(str(out / "saved_model"))
-    served = predict(images).numpy()
+    served = predict(images)["probabilities"].numpy()
     assert served.shape == (len(images), len(CLASSES))
     np.testing.assert_allclose(served.sum(axis=1), 1.0, atol=1e-5)
     keras_model = contract.load_keras_model(str(out / "model.keras"))

@@ -62,11 +62,40 @@ def decode_image(data: bytes, size: int) -> Image.Image:
         raise BadImage(f"unreadable image: {err}") from None
 
 
+def _bilinear(image: Image.Image, size: tuple[int, int],
+              box: tuple[float, float, float, float]) -> Image.Image:
+    """`image.resize(size, BILINEAR, box=box)` as two explicit one-axis passes.
+
+    PIL does the same two passes but picks their order by the shape (Pillow 13 runs tall
+    crops vertical-first), and each pass rounds to 8 bits, so the order shows in the
+    pixels. A fixed order (horizontal, then vertical) is what the serving graph repeats.
+    """
+    left, top, right, bottom = box
+    rows = image.resize((size[0], image.height), Image.Resampling.BILINEAR,
+                        box=(left, 0, right, image.height))
+    return rows.resize(size, Image.Resampling.BILINEAR, box=(0, top, size[0], bottom))
+
+
 def resize(image: Image.Image, size: int, method: str) -> Image.Image:
-    """Resizes to `size` x `size` by center crop ("crop") or letterbox ("pad")."""
+    """Resizes to `size` x `size` by center crop ("crop") or letterbox ("pad").
+
+    The arithmetic of PIL's `ImageOps.fit` and `ImageOps.pad` (centred, bilinear, black
+    bars), with the resize passes in a fixed order (see `_bilinear`).
+    """
+    width, height = image.size
     if method == "crop":
-        return ImageOps.fit(image, (size, size), Image.Resampling.BILINEAR)
-    return ImageOps.pad(image, (size, size), Image.Resampling.BILINEAR, color=(0, 0, 0))
+        side = min(width, height)
+        left, top = (width - side) * 0.5, (height - side) * 0.5
+        return _bilinear(image, (size, size), (left, top, left + side, top + side))
+    # Python's round (half to even), as ImageOps.contain/pad
+    new_w = round(width / height * size) if width < height else size
+    new_h = round(height / width * size) if width > height else size
+    inner = _bilinear(image, (new_w, new_h), (0, 0, width, height))
+    if (new_w, new_h) == (size, size):
+        return inner
+    padded = Image.new("RGB", (size, size), (0, 0, 0))
+    padded.paste(inner, (round((size - new_w) * 0.5), round((size - new_h) * 0.5)))
+    return padded
 
 
 def encode_image(image: Image.Image, image_format: str, jpeg_quality: int) -> bytes:

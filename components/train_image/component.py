@@ -33,7 +33,7 @@ def train_image_classifier(
 
     Args:
         dataset: Output of the sharding step: TFRecord shards and manifest.json.
-        model: Output folder: model.keras, saved_model/ (serving_default: "image" float32 RGB 0..255 -> "probabilities"), labels.json, preprocessing.json, history.json, and tensorboard/ unless tensorboard_dir or $AIP_TENSORBOARD_LOG_DIR is set.
+        model: Output folder: model.keras, saved_model/ (serving_default: "image_bytes" encoded image files, decoded and resized as sharding did -> "probabilities", "label"; serving_pixels: "image" float32 RGB 0..255 -> "probabilities"), labels.json, preprocessing.json, history.json, and tensorboard/ unless tensorboard_dir or $AIP_TENSORBOARD_LOG_DIR is set.
         metrics: Final metrics: train/validation loss and accuracy, epochs run, replicas.
         epochs: Epochs training only the new top on the frozen pretrained base (from scratch: epochs + fine_tune_epochs of full training).
         fine_tune_epochs: Epochs fine-tuning the top dense blocks after the head phase.

@@ -2,7 +2,9 @@
 
 Model folder: `model.keras` (tf-keras, i.e. Keras 2: float32 RGB pixels 0..255 of shape
 (batch, H, W, 3) in, preprocessing inside, softmax probabilities out), `saved_model/`
-(signature `serving_default`: "image" -> "probabilities"), `labels.json`
+(signature `serving_default`: "image_bytes" (encoded image files, decoded and resized in
+the graph as sharding did) -> "probabilities" and "label"; signature `serving_pixels`:
+"image" float32 pixels -> "probabilities"), `labels.json`
 (`{"classes": [...]}` in output-column order), `preprocessing.json`, `history.json`.
 Other steps import this module only, never the trainer; TensorFlow is imported by
 `load_keras_model` when called.
@@ -24,7 +26,12 @@ SAVED_MODEL_DIR = "saved_model"
 LABELS_FILE = "labels.json"
 PREPROCESSING_FILE = "preprocessing.json"
 HISTORY_FILE = "history.json"
+# TF Serving (and so Vertex) calls serving_default: it takes the files' bytes, the JSON
+# `{"b64": ...}` that clients send; serving_pixels is for callers that resize themselves.
 SERVING_SIGNATURE = "serving_default"
+BYTES_INPUT_NAME = "image_bytes"
+LABEL_OUTPUT_NAME = "label"
+PIXELS_SIGNATURE = "serving_pixels"
 # Precision settings: "auto" picks mixed_float16 on GPUs of compute capability >= 7.0.
 PRECISION_MODES = ("auto", "on", "off")
 
