@@ -16,11 +16,10 @@ from components.register import component as register_component
 from components.shard import component as shard_component
 from components.shard.contract import MANIFEST_NAME
 from components.train_image import component as train_component
+from pipelines import registry
 from pipelines.vertex import VertexSettings
 
 PIPELINE_NAME = "image-classifier"
-# Filled in by Vertex at run time: the project and region the pipeline runs in.
-PIPELINE_LOCATION = "{{$.pipeline_google_cloud_location}}"
 
 
 def build(image: str, vertex: "VertexSettings | None" = None):
@@ -40,7 +39,6 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     train_op = train_component.build(image)
     evaluate_op = evaluate_component.build(image)
     gate_op = register_component.build_gate(image)
-    serving_op = register_component.build_serving_model(image)
     predict_op = predict_component.build(image)
     if vertex is not None:
         # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
@@ -172,18 +170,8 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             threshold=registration_threshold, enabled=register_model,
         ).set_display_name("registration-gate")
         if vertex is not None and vertex.serving_image:
-            from google_cloud_pipeline_components.v1.model import ModelUploadOp
-
-            with dsl.If(gate.output == True, name="model-clears-threshold"):  # noqa: E712
-                serving = serving_op(
-                    model=train.outputs["model"], serving_image=vertex.serving_image,
-                ).set_display_name("serving-model")
-                ModelUploadOp(
-                    display_name=model_display_name,
-                    unmanaged_container_model=serving.outputs["unmanaged_model"],
-                    location=PIPELINE_LOCATION,
-                    encryption_spec_key_name=vertex.encryption_spec_key_name,
-                ).set_display_name("register-model")
+            registry.add_upload(image, gate, train.outputs["model"], model_display_name,
+                                vertex.serving_image, vertex.encryption_spec_key_name)
         with dsl.If(predict_uri != "", name="prediction-requested"):
             predict_op(
                 model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
@@ -194,7 +182,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             model=train.outputs["model"],
             metrics=evaluate.outputs["metrics"],
             evaluation=evaluate.outputs["evaluation"],
-            register=gate.output,
+            register=gate.outputs["Output"],
         )
 
     return image_pipeline

@@ -60,6 +60,9 @@ PROJECT_NUMBER = "123456789012"
 LOCATION = "us-central1"
 CUSTOM_JOB_LAUNCHER = "google_cloud_pipeline_components.container.v1.custom_job.launcher"
 GCPC_LAUNCHER_PREFIX = "google_cloud_pipeline_components.container."
+# Our Model Registry lookup (components.register.component.find_registered_model): a
+# Vertex API call like GCPC's, so it is stood in for, from the `registry` given.
+REGISTRY_LOOKUP = "find_registered_model"
 SUMMARIES = {image.PIPELINE_NAME: image.summarize,
              text.PIPELINE_NAME: lambda outputs: text.summarize(
                  {name: a.path for name, a in outputs.items() if hasattr(a, "path")}),
@@ -297,7 +300,7 @@ class Rehearsal:
     def __init__(self, spec: dict[str, Any], output: str, params: Mapping[str, str],
                  pipeline_root: str = "gs://rehearsal-bucket/pipeline-root",
                  cache_index: str | None = None, preempt: list[Preemption] | None = None,
-                 runtime: str = "local"):
+                 runtime: str = "local", registry: Mapping[str, str] | None = None):
         if runtime not in RUNTIMES:
             raise RehearsalError(f"--runtime must be one of {RUNTIMES}, got {runtime!r}")
         self.spec = spec
@@ -312,6 +315,7 @@ class Rehearsal:
         self.cache_index = cache_index
         self.cache = self._load_cache()
         self.preempt = preempt or []
+        self.registry = dict(registry or {})
         self.records: list[TaskRecord] = []
         self.inputs = self._pipeline_inputs(params)
         self.containers = ImageContainers() if runtime == "image" else None
@@ -649,6 +653,8 @@ class Rehearsal:
             self._vertex_api_call(record, args, executor_input)
             record.seconds = time.monotonic() - started
             return {"parameters": {}, "artifacts": {}}
+        elif REGISTRY_LOOKUP in args:
+            return self._registry_lookup(record, executor_input)
         else:
             record.replicas = 1
             self._run_replicas(record, [[command + args]], [[{}]], restart_all=False,
@@ -721,10 +727,33 @@ class Rehearsal:
                                      f"{err}") from err
             if not request.get("container_spec", {}).get("image_uri"):
                 raise RehearsalError(f"{record.name}: the model upload has no serving image")
+            if "--parent_model_name" in args:
+                # the launcher sends it beside the model: a new version of that model
+                request = {**request, "parent_model": _flag(args, "--parent_model_name")}
         self._write_request(record, kind, request)
         record.state = "not-executed"
         record.note = f"{kind} calls the Vertex API; the request was checked and written"
         print(f"[rehearse] {record.display_name}: {record.note}")
+
+    def _registry_lookup(self, record: TaskRecord, executor_input) -> dict[str, Any]:
+        """Answers the Model Registry lookup from `self.registry` (display name -> model
+        resource name) and writes down the ListModels request it stands for."""
+        values = executor_input["inputs"]["parameterValues"]
+        name = values["display_name"]
+        found = self.registry.get(name)
+        self._write_request(record, "ListModels", {
+            "parent": f"projects/{values['project']}/locations/{values['location']}",
+            "filter": f'display_name="{name}"'})
+        record.state = "not-executed"
+        record.note = (f"ListModels calls the Vertex API; answered {found or 'none'} from the "
+                       "rehearsal's registry")
+        print(f"[rehearse] {record.display_name}: {record.note}")
+        artifact = executor_input["outputs"]["artifacts"]["parent"]["artifacts"][0]
+        parent = ArtifactRef(name=artifact["name"], uri=artifact["uri"],
+                             schema_title=artifact["type"]["schemaTitle"],
+                             metadata={"resourceName": found} if found else {},
+                             path=self.local(artifact["uri"]))
+        return {"parameters": {"exists": found is not None}, "artifacts": {"parent": parent}}
 
     def _write_request(self, record: TaskRecord, kind: str, request: dict[str, Any]) -> None:
         """Keeps what would be sent to Vertex in `vertex-requests/<task>.json`, to read."""
@@ -879,7 +908,8 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
         path: Compiled pipeline JSON (or YAML) as `compile.py` wrote it.
         output: Local folder of the rehearsal (gcs/, logs/, summary.json).
         params: Pipeline parameters as strings, typed by the pipeline's definitions.
-        **options: `pipeline_root`, `cache_index`, `preempt`, `runtime` (see `Rehearsal`).
+        **options: `pipeline_root`, `cache_index`, `preempt`, `runtime`, `registry` (see
+            `Rehearsal`).
 
     Returns:
         The summary: the pipeline's own (as `run_local` writes it) plus `rehearsal`.
@@ -898,7 +928,8 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
     summary = summarize(outputs) if summarize else {
         "outputs": {k: getattr(v, "path", v) for k, v in outputs.items()}}
     if "registration" in summary:
-        request_built = any(r.state == "not-executed" for r in runner.records)
+        request_built = any(r.state == "not-executed" and "register-model" in r.name
+                            for r in runner.records)
         summary["registration"].update(
             uploaded=False,
             note="rehearsal: the Model Registry request was built and checked, not sent"
@@ -930,6 +961,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="local: steps run in this venv; image: each step runs in the image "
                         "the JSON names, built here by `make images-local` (data must be "
                         "under OUTPUT/gcs/ and passed as gs:// URIs)")
+    p.add_argument("--registered-model", action="append", default=[],
+                   metavar="DISPLAY_NAME=RESOURCE_NAME",
+                   help="a model the stand-in Model Registry holds (the upload then adds a "
+                        "version to it); none by default")
     args = p.parse_args(argv)
     params = {}
     for item in args.param:
@@ -943,10 +978,16 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             p.error(f"--preempt takes TASK=GLOB, got {item!r}")
         preempt.append(Preemption(task, pattern))
+    registry = {}
+    for item in args.registered_model:
+        name, sep, resource = item.partition("=")
+        if not sep:
+            p.error(f"--registered-model takes DISPLAY_NAME=RESOURCE_NAME, got {item!r}")
+        registry[name] = resource
     try:
         summary = rehearse(args.pipeline, args.output, params, pipeline_root=args.pipeline_root,
                            cache_index=args.cache_index, preempt=preempt,
-                           runtime=args.runtime)
+                           runtime=args.runtime, registry=registry)
     except RehearsalError as err:
         print(f"rehearsal failed: {err}", file=sys.stderr)
         return 1

@@ -164,15 +164,38 @@ def test_model_upload_only_when_the_gate_says_so(tmp_path):
     condition = next(t for t in tasks.values()
                      if "registration-gate" in t.get("triggerPolicy", {}).get("condition", ""))
     inner = spec["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
-    upload = inner["model-upload"]
-    assert upload["inputs"]["artifacts"]["unmanaged_container_model"]["taskOutputArtifact"] == {
-        "outputArtifactKey": "unmanaged_model", "producerTask": "serving-model"}
-    params = upload["inputs"]["parameters"]
-    assert params["location"]["runtimeValue"]["constant"] == "{{$.pipeline_google_cloud_location}}"
-    assert params["encryption_spec_key_name"]["runtimeValue"]["constant"].endswith("cryptoKeys/k")
+    assert inner["find-registered-model"]["inputs"]["parameters"]["project"][
+        "runtimeValue"]["constant"] == "{{$.pipeline_google_cloud_project_id}}"
+    assert inner["find-registered-model"]["cachingOptions"].get("enableCache") is not True
+    # If the display name exists: a new version (parent_model); Else: a new model
+    branches = spec["components"][inner["condition-branches-2"]["componentRef"]["name"]][
+        "dag"]["tasks"]
+    uploads = {}
+    for branch in branches.values():
+        (task,) = spec["components"][branch["componentRef"]["name"]]["dag"]["tasks"].values()
+        uploads[branch["triggerPolicy"]["condition"]] = task
+    exists = "inputs.parameter_values['pipelinechannel--find-registered-model-exists'] == true"
+    version, new = uploads[exists], uploads[f"!({exists})"]
+    assert version["inputs"]["artifacts"]["parent_model"]["componentInputArtifact"] == \
+        "pipelinechannel--find-registered-model-parent"
+    assert "parent_model" not in new["inputs"]["artifacts"]
+    for upload in (version, new):
+        assert upload["inputs"]["artifacts"]["unmanaged_container_model"][
+            "componentInputArtifact"] == "pipelinechannel--serving-model-unmanaged_model"
+        params = upload["inputs"]["parameters"]
+        assert params["labels"]["componentInputParameter"] == \
+            "pipelinechannel--serving-model-labels"
+        assert params["location"]["runtimeValue"]["constant"] == \
+            "{{$.pipeline_google_cloud_location}}"
+        assert params["encryption_spec_key_name"]["runtimeValue"]["constant"].endswith(
+            "cryptoKeys/k")
+    assert inner["serving-model"]["inputs"]["parameters"]["run_name"]["runtimeValue"][
+        "constant"] == "{{$.pipeline_job_name}}"
     # the gate and the serving-model copy are light steps, not GPU custom jobs
     assert "worker_pool_specs" not in spec["components"]["comp-registration-gate"][
         "inputDefinitions"]["parameters"]
+    assert "decision" in spec["components"]["comp-registration-gate"]["outputDefinitions"][
+        "artifacts"]
 
 
 @pytest.mark.parametrize("pipeline, machine", [

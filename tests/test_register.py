@@ -291,9 +291,74 @@ def test_files_of_an_earlier_attempt_are_not_uploaded(tmp_path):
     assert _tree(out) == SAVED_MODEL
 
 
-@pytest.mark.parametrize("subdir", ["", "/etc"])
+@pytest.mark.parametrize("subdir", ["", "/etc", "../other"])
 def test_subdir_must_be_inside_the_model(tmp_path, subdir):
     from components.register.registration import copy_serving_model
 
     with pytest.raises(ValueError, match="subdir must be a folder inside the model"):
         copy_serving_model(_model(tmp_path), subdir, str(tmp_path / "out"))
+
+
+# ------------------------------------------------------------------ versions and labels
+
+
+def test_labels_name_the_run_data_and_code_within_vertex_rules():
+    from components.register.registration import model_labels
+
+    labels = model_labels("Image-Classifier 2026/11/22", {
+        "data_sha256": "AB" * 32, "git_sha": "0123456789abcdef" * 2 + "01234567"})
+    assert labels == {"pipeline_run": "image-classifier-2026-11-22",
+                      "data_sha256": "abababababababab", "git_sha": "0123456789ab"}
+    assert model_labels("r" * 80, {"git_sha": "unknown"}) == {"pipeline_run": "r" * 63}
+
+
+def test_find_model_asks_the_registry_for_the_display_name(monkeypatch):
+    """The Model Service's ListModels stub is replaced (Vertex cannot exist here); the
+    request is built by the real SDK."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud.aiplatform_v1.services.model_service.transports.grpc import (
+        ModelServiceGrpcTransport,
+    )
+    from google.cloud.aiplatform_v1.types import ListModelsResponse, Model
+
+    from components.register.registration import find_model
+    from tests.test_submit import _Rpc
+
+    parent = "projects/p/locations/europe-west4"
+    registry = {'display_name="pets \\"v2\\""': [f"{parent}/models/9", f"{parent}/models/3"]}
+    rpc = _Rpc(lambda request: ListModelsResponse(models=[
+        Model(name=name, display_name="pets") for name in registry.get(request.filter, [])]))
+    monkeypatch.setattr(ModelServiceGrpcTransport, "list_models", property(lambda self: rpc))
+    found = find_model('pets "v2"', "p", "europe-west4", credentials=AnonymousCredentials())
+    assert found == f"{parent}/models/9"  # the most recently updated one
+    (request,) = rpc.requests
+    assert request.parent == parent and request.order_by == "update_time desc"
+    assert find_model("cats", "p", "europe-west4", credentials=AnonymousCredentials()) is None
+
+
+def test_gate_component_shows_its_decision(tmp_path):
+    from types import SimpleNamespace
+
+    from components.register.component import registration_gate
+
+    evaluation = tmp_path / "evaluation"
+    evaluation.mkdir()
+    (evaluation / "metrics.json").write_text(json.dumps({"accuracy": 0.75}))
+    decision = SimpleNamespace(path=str(tmp_path / "decision.md"), metadata={})
+    assert registration_gate(SimpleNamespace(path=str(evaluation)), decision, "accuracy",
+                             0.8) is False
+    assert (tmp_path / "decision.md").read_text() == (
+        "# Model Registry: not registered\n\naccuracy = 0.75 < 0.8: not registering\n")
+    assert decision.metadata == {"register": False, "metric": "accuracy", "threshold": 0.8,
+                                 "reason": "accuracy = 0.75 < 0.8: not registering"}
+
+
+def test_whole_model_folder_can_be_served(tmp_path):
+    from components.register.registration import copy_serving_model
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "export.pkl").write_bytes(b"learner")
+    (model / "labels.json").write_text("{}")
+    copy_serving_model(str(model), ".", str(tmp_path / "out"))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["export.pkl", "labels.json"]

@@ -246,6 +246,9 @@ def test_bad_settings_stop_the_run_before_the_first_job(tmp_path):
 # --------------------------------------------------------------------------- whole runs
 
 
+REGISTERED = "projects/123456789012/locations/us-central1/models/8541"
+
+
 @pytest.mark.slow
 def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path):
     """Two replicas train (MultiWorkerMirroredStrategy over CLUSTER_SPEC/TF_CONFIG); once
@@ -261,7 +264,8 @@ def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path
         {"data_uri": str(data), "image_size": "32", "min_shards_per_split": "2",
          "shard_workers": "1", "weights": "none", "epochs": "2", "fine_tune_epochs": "0",
          "batch_size": "4", "registration_threshold": "0", "eval_batch_size": "8"},
-        preempt=[rehearse.Preemption("train-densenet121", "**/backup-full/chief/checkpoint")])
+        preempt=[rehearse.Preemption("train-densenet121", "**/backup-full/chief/checkpoint")],
+        registry={"densenet121-image-classifier": REGISTERED})
 
     tasks = {t["name"]: t for t in summary["rehearsal"]["tasks"]}
     assert tasks["preflight-image"]["cache"] == "disabled"
@@ -279,11 +283,23 @@ def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path
     checkpoints = out / "gcs" / "acme-jobs" / "out" / "checkpoints"
     assert checkpoints.is_dir() and not glob.glob(str(checkpoints / "**" / "run.json"),
                                                   recursive=True)
-    # Gate passed (threshold 0): the upload request was built from the artifact, not sent.
-    assert tasks["condition-1/model-upload"]["state"] == "not-executed"
-    request = json.loads((out / "vertex-requests" / "condition-1-model-upload.json").read_text())
-    assert request["request"]["container_spec"]["image_uri"] == SERVING
-    assert request["request"]["artifact_uri"].startswith("gs://rehearsal-bucket/pipeline-root/")
+    # Gate passed (threshold 0): the registry holds the display name, so the upload is a
+    # new version of that model; the request was built from the artifact, not sent.
+    by_display = {t["display_name"]: t for t in summary["rehearsal"]["tasks"]}
+    assert by_display["find-registered-model"]["state"] == "not-executed"
+    assert by_display["register-model-version"]["state"] == "not-executed"
+    assert by_display["new-model"]["state"] == "skipped"  # the Else branch: no new model
+    requests = {json.loads(p.read_text())["type"]: json.loads(p.read_text())["request"]
+                for p in (out / "vertex-requests").glob("condition-1-*.json")}
+    assert requests["ListModels"] == {
+        "parent": f"projects/{rehearse.PROJECT}/locations/{rehearse.LOCATION}",
+        "filter": 'display_name="densenet121-image-classifier"'}
+    upload = requests["UploadModel"]
+    assert upload["parent_model"] == REGISTERED
+    assert upload["container_spec"]["image_uri"] == SERVING
+    assert upload["artifact_uri"].startswith("gs://rehearsal-bucket/pipeline-root/")
+    assert upload["labels"]["pipeline_run"] == summary["rehearsal"]["job_name"]
+    assert len(upload["labels"]["data_sha256"]) == 16
     assert summary["registration"]["would_register"] is True
     assert summary["sharding"]["examples_in"] == 24
     # The summary reports what the evaluation step wrote, over the whole test split.

@@ -1,12 +1,18 @@
 """KFP faces of the registration gate and of the model handed to `ModelUploadOp`."""
 
-from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel
+from typing import NamedTuple
+
+from google_cloud_pipeline_components.types.artifact_types import (
+    UnmanagedContainerModel,
+    VertexModel,
+)
 from kfp import dsl
-from kfp.dsl import Artifact, Input, Model, Output
+from kfp.dsl import Artifact, Input, Markdown, Model, Output
 
 
 def registration_gate(
     evaluation: Input[Artifact],
+    decision: Output[Markdown],
     metric: str = "accuracy",
     threshold: float = 0.8,
     enabled: bool = True,
@@ -15,6 +21,7 @@ def registration_gate(
 
     Args:
         evaluation: The evaluation step's folder holding metrics.json.
+        decision: The decision and its reason, shown in the console either way.
         metric: Top-level number of metrics.json compared with the threshold, e.g. "accuracy" or "macro_f1".
         threshold: Register when the metric is at least this.
         enabled: False never registers.
@@ -27,6 +34,11 @@ def registration_gate(
 
     register, reason = gate(read_evaluation(evaluation.path), metric, threshold, enabled)
     print(reason)
+    verdict = "registered" if register else "not registered"
+    with open(decision.path, "w") as f:
+        f.write(f"# Model Registry: {verdict}\n\n{reason}\n")
+    decision.metadata.update({"register": register, "reason": reason, "metric": metric,
+                              "threshold": threshold})
     return register
 
 
@@ -35,22 +47,69 @@ def serving_model(
     serving_image: str,
     unmanaged_model: Output[UnmanagedContainerModel],
     subdir: str = "saved_model",
-):
-    """Turns the trained model's SavedModel into the artifact `ModelUploadOp` takes.
+    run_name: str = "",
+    port: int = 0,
+    health_route: str = "",
+    predict_route: str = "",
+) -> NamedTuple("Outputs", [("labels", dict)]):
+    """Turns the trained model into the artifact `ModelUploadOp` takes, and its labels.
 
     Args:
         model: The trainer's model folder.
         serving_image: Prediction container that serves it (a Vertex prebuilt TensorFlow image, or your own).
-        unmanaged_model: The SavedModel and its serving container, for the Model Registry.
-        subdir: Folder inside the model that is served.
+        unmanaged_model: The served files and their serving container, for the Model Registry.
+        subdir: Folder inside the model that is served ("." for all of it).
+        run_name: The pipeline run, recorded as the model version's "pipeline_run" label.
+        port: Port the serving container listens on; 0 for Vertex's default (8080).
+        health_route: Health-check path of a custom serving container; empty for the default.
+        predict_route: Prediction path of a custom serving container; empty for the default.
+
+    Returns:
+        labels: Model Registry labels: the run, the data's sha256 prefix and the git sha.
     """
-    from components.register.registration import copy_serving_model
+    from collections import namedtuple
+
+    from components.register.registration import copy_serving_model, model_labels
 
     copy_serving_model(model.path, subdir, unmanaged_model.path)
-    unmanaged_model.metadata["containerSpec"] = {"imageUri": serving_image}
+    spec = {"imageUri": serving_image, "healthRoute": health_route,
+            "predictRoute": predict_route,
+            "ports": [{"containerPort": port}] if port else []}
+    unmanaged_model.metadata["containerSpec"] = {k: v for k, v in spec.items() if v}
     for key in ("git_sha", "data_sha256", "classes"):
         if key in model.metadata:
             unmanaged_model.metadata[key] = model.metadata[key]
+    return namedtuple("Outputs", ["labels"])(model_labels(run_name, model.metadata))
+
+
+def find_registered_model(
+    display_name: str,
+    location: str,
+    project: str,
+    parent: Output[VertexModel],
+) -> NamedTuple("Outputs", [("exists", bool)]):
+    """Looks up the Model Registry model the upload adds a version to.
+
+    Args:
+        display_name: Display name the pipeline uploads its model under.
+        location: Vertex region of the Model Registry.
+        project: Google Cloud project of the Model Registry.
+        parent: The existing model (its resource name in metadata), when there is one.
+
+    Returns:
+        exists: True when a model with this display name exists: the upload becomes its new version.
+    """
+    from collections import namedtuple
+
+    from components.register.registration import find_model
+
+    name = find_model(display_name, project, location)
+    print(f"{display_name!r}: " + (f"new version of {name}" if name else "no such model yet: "
+                                   "the upload creates it"))
+    if name:
+        parent.metadata["resourceName"] = name
+        parent.uri = f"https://{location}-aiplatform.googleapis.com/v1/{name}"
+    return namedtuple("Outputs", ["exists"])(name is not None)
 
 
 def build_gate(image: str):
@@ -61,3 +120,8 @@ def build_gate(image: str):
 def build_serving_model(image: str):
     """The serving-model component, run in the container `image`."""
     return dsl.component(serving_model, base_image=image, install_kfp_package=False)
+
+
+def build_find_model(image: str):
+    """The Model Registry lookup component, run in the container `image`."""
+    return dsl.component(find_registered_model, base_image=image, install_kfp_package=False)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -57,10 +59,56 @@ def copy_serving_model(model_dir: str, subdir: str, out_dir: str) -> None:
         FileNotFoundError: `model_dir/subdir` does not exist.
         ValueError: `subdir` is empty or absolute (it would copy more than the model).
     """
-    if not subdir or os.path.isabs(subdir):
-        raise ValueError(f"subdir must be a folder inside the model, got {subdir!r}")
+    if not subdir or os.path.isabs(subdir) or ".." in subdir.split("/"):
+        raise ValueError(f"subdir must be a folder inside the model (\".\" for all of it), "
+                         f"got {subdir!r}")
     source = os.path.join(model_dir, subdir)
     if not os.path.isdir(source):
         raise FileNotFoundError(f"{source} not found: the model folder has no {subdir!r} to serve")
     shutil.rmtree(out_dir, ignore_errors=True)
     shutil.copytree(source, out_dir)
+
+
+_LABEL_VALUE = re.compile(r"[^a-z0-9_-]+")
+
+
+def model_labels(run_name: str, metadata: Mapping[str, Any]) -> dict[str, str]:
+    """Model Registry labels naming the run and the data a model version came from.
+
+    Label values may hold only lowercase letters, digits, "_" and "-", at most 63 of
+    them: anything else becomes "-", and the data's sha256 is cut to its first 16 hex
+    digits (the full one is in the model's metadata).
+
+    Args:
+        run_name: The pipeline job's name.
+        metadata: The trained model artifact's metadata (`data_sha256`, `git_sha`).
+    """
+    def value(text: str, length: int = 63) -> str:
+        return _LABEL_VALUE.sub("-", str(text).lower())[:length].strip("-")
+
+    labels = {"pipeline_run": value(run_name)}
+    if metadata.get("data_sha256"):
+        labels["data_sha256"] = value(metadata["data_sha256"], 16)
+    if metadata.get("git_sha") and metadata["git_sha"] != "unknown":
+        labels["git_sha"] = value(metadata["git_sha"], 12)
+    return {k: v for k, v in labels.items() if v}
+
+
+def find_model(display_name: str, project: str, location: str,
+               credentials=None) -> str | None:
+    """The resource name of the most recently updated Model Registry model called
+    `display_name`, or None when there is none (the upload then creates it).
+
+    Args:
+        display_name: The model's display name, as the pipeline uploads it.
+        project: Google Cloud project.
+        location: Vertex region.
+        credentials: google.auth credentials; None for the application default.
+    """
+    from google.cloud import aiplatform
+
+    escaped = display_name.replace("\\", "\\\\").replace('"', '\\"')
+    models = aiplatform.Model.list(filter=f'display_name="{escaped}"',
+                                   order_by="update_time desc", project=project,
+                                   location=location, credentials=credentials)
+    return models[0].resource_name if models else None
