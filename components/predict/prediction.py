@@ -203,13 +203,19 @@ def _read_csv_chunks(data_uri: str) -> Iterator[Any]:
             raise PredictionError(f"{data_uri!r} is not a readable CSV: {err}") from err
 
 
+def decision_threshold(labels_info: dict[str, Any]) -> float | None:
+    """The threshold `decide` applies for a text model's `labels.json`: the trained one
+    for multi-label models, None (the most probable label) for single-label ones."""
+    return labels_info["threshold"] if labels_info["task"] == "multi_label" else None
+
+
 def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                    progress: bool, text_column: str) -> dict[str, Any]:
     from components.train_text.contract import load_text_learner, read_labels, text_probabilities
 
     info = read_labels(model_dir)
     labels = info["labels"]
-    threshold = info["threshold"] if info["task"] == "multi_label" else None
+    threshold = decision_threshold(info)
     column = text_column or info.get("text_column") or "text"
     learn = load_text_learner(model_dir)
     counts = {"inputs": 0, "predicted": 0, "errors": 0, "text_column": column}

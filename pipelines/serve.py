@@ -1,0 +1,83 @@
+"""Serve a trained text model over HTTP, here or as a Vertex AI endpoint's container.
+
+    python -m pipelines.serve --model <model folder> --port 8080
+
+The model folder is the text training step's output (local or gs://). POST
+`{"instances": ["a text", {"text": "another"}]}` to /predict; the answer is
+`{"predictions": [{"labels": [...], "scores": {...}}, ...]}`, in the same order. GET
+/health answers 200 once the model is loaded.
+
+Inside Vertex AI (the fastai image as a model's serving container, command
+`python -m pipelines.serve`), AIP_HTTP_PORT, AIP_HEALTH_ROUTE, AIP_PREDICT_ROUTE and
+AIP_STORAGE_URI (the model artifact, used when --model is not given) take over, and the
+server listens on every interface. Image models are served by Vertex's prebuilt
+TensorFlow serving image, not here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+
+from components.predict.contract import PredictionError
+
+log = logging.getLogger("pipelines.serve")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from components.predict import serving
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="",
+                        help="trained text model folder (local or gs://); default: AIP_STORAGE_URI")
+    parser.add_argument("--port", type=int, default=serving.DEFAULT_PORT,
+                        help="port to listen on (AIP_HTTP_PORT wins when set)")
+    parser.add_argument("--batch-size", type=int, default=serving.DEFAULT_BATCH_SIZE,
+                        help="texts per forward pass")
+    parser.add_argument("--max-instances", type=int, default=serving.DEFAULT_MAX_INSTANCES,
+                        help="most instances in one request (413 beyond)")
+    parser.add_argument("--max-request-bytes", type=int,
+                        default=serving.DEFAULT_MAX_REQUEST_BYTES,
+                        help="largest request body in bytes (413 beyond)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("batch_size", "max_instances", "max_request_bytes"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return 2
+
+    from components.predict.prediction import copy_model_locally
+
+    # the copy of a gs:// model lives as long as the server
+    with tempfile.TemporaryDirectory(prefix="serve-") as workdir:
+        try:
+            settings = serving.serve_settings(os.environ, args.model, args.port)
+            model_dir = copy_model_locally(settings.model, workdir)
+            serving.check_servable(model_dir)  # before loading: a clear exit, not a failed startup
+        except (PredictionError, FileNotFoundError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        app = serving.build_app(model_dir, settings.health_route, settings.predict_route,
+                                max_request_bytes=args.max_request_bytes,
+                                max_instances=args.max_instances, batch_size=args.batch_size)
+        import uvicorn
+
+        url = f"http://{settings.host}:{settings.port}"
+        log.info("serving %s at %s: GET %s, POST %s", settings.model, url,
+                 settings.health_route, settings.predict_route)
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                               lifespan="on", log_level="info"))
+        try:
+            server.run()
+        except KeyboardInterrupt:  # uvicorn shuts down on Ctrl+C, then raises it again
+            pass
+    # not started: the model failed to load (uvicorn logged why)
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""The prediction server: Vertex AI's custom-container contract, over real HTTP.
+
+A tiny AWD-LSTM is trained here in seconds (test_text_train's settings); the server runs
+it in uvicorn on a free loopback port, and its answers are compared with batch
+prediction's for the same texts. Bad requests get a JSON 4xx and the server serves on.
+"""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+from components.predict.contract import PredictionError, read_predictions
+from components.predict.serving import (
+    RequestError,
+    ServeSettings,
+    build_app,
+    parse_instances,
+    serve_settings,
+)
+from components.train_text.contract import read_labels
+from pipelines import serve as serve_cli
+
+TEXTS = ["Livraison rapide, prix correct.", "Le service client est nul.",
+         "Qualité excellente mais un peu cher", "", "ok"]
+LIMIT_BYTES, LIMIT_INSTANCES = 64 * 1024, 8
+AIP_VARS = ("AIP_HTTP_PORT", "AIP_HEALTH_ROUTE", "AIP_PREDICT_ROUTE", "AIP_STORAGE_URI")
+
+
+# ------------------------------------------------------------------ pure logic, no model
+
+def test_settings_inside_vertex_come_from_the_aip_variables():
+    environ = {"AIP_HTTP_PORT": "8081", "AIP_HEALTH_ROUTE": "/v1/health",
+               "AIP_PREDICT_ROUTE": "/v1/endpoints/1/deployedModels/2:predict",
+               "AIP_STORAGE_URI": "gs://bucket/model"}
+    assert serve_settings(environ, None, 9000) == ServeSettings(
+        "gs://bucket/model", "0.0.0.0", 8081, "/v1/health",
+        "/v1/endpoints/1/deployedModels/2:predict")
+    # a model named on the command line wins over Vertex's copy
+    assert serve_settings(environ, "/models/m", 9000).model == "/models/m"
+
+
+def test_settings_outside_vertex_are_the_arguments_on_loopback():
+    assert serve_settings({}, "/models/m", 9000) == ServeSettings(
+        "/models/m", "127.0.0.1", 9000, "/health", "/predict")
+    assert serve_settings({"AIP_STORAGE_URI": "gs://b/m"}, "", 8080).model == "gs://b/m"
+    with pytest.raises(PredictionError, match="no model to serve: pass --model"):
+        serve_settings({}, "", 8080)
+    with pytest.raises(PredictionError, match="AIP_HTTP_PORT='http' is not a port number"):
+        serve_settings({"AIP_HTTP_PORT": "http"}, "/m", 8080)
+
+
+def test_instances_are_texts_or_objects_holding_one():
+    keys = ("text", "avis")
+    body = json.dumps({"instances": ["a", {"text": "b"}, {"avis": "c", "id": 7}],
+                       "parameters": {}}).encode()
+    assert parse_instances(body, keys, 3) == ["a", "b", "c"]
+    assert parse_instances(b'{"instances": []}', keys, 3) == []
+    for body, status, message in [
+            (b"{bad", 400, "not valid JSON"), (b"\xff\xfe", 400, "not valid JSON"),
+            (b"[]", 400, 'must be a JSON object {"instances"'),
+            (b'{"inputs": []}', 400, 'must be a JSON object {"instances"'),
+            (b'{"instances": "a"}', 400, '"instances" must be a list, got str'),
+            (b'{"instances": ["a", {"txt": "b"}]}', 400, "instances[1] must be a string"),
+            (b'{"instances": [{"text": 3}]}', 400, "instances[0] must be"),
+            (b'{"instances": ["a", "b", "c", "d"]}', 413, "4 instances in one request; at most 3")]:
+        with pytest.raises(RequestError) as caught:
+            parse_instances(body, keys, 3)
+        assert caught.value.status == status and message in str(caught.value), caught.value
+
+
+def test_cli_serves_text_models_only(tmp_path, monkeypatch, capsys):
+    for name in AIP_VARS:
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "image").mkdir()
+    (tmp_path / "image" / "model.keras").write_bytes(b"")  # what model_family reads
+    assert serve_cli.main(["--model", str(tmp_path / "image")]) == 2
+    err = capsys.readouterr().err
+    assert "image (Keras) model" in err and "TF Serving" in err and "pipelines.predict" in err
+    (tmp_path / "empty").mkdir()
+    assert serve_cli.main(["--model", str(tmp_path / "empty")]) == 2
+    assert "is not a trained model folder" in capsys.readouterr().err
+    assert serve_cli.main([]) == 2
+    assert "no model to serve" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ a real server
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    """A tiny multi-label model whose training text column is "avis"."""
+    from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
+    from components.train_text.contract import TrainConfig
+    from components.train_text.training import train_text_classifier
+    from pipelines.demo_text import write_reviews_csv
+    from tests.test_text_train import FAST, TINY
+
+    root = tmp_path_factory.mktemp("serve")
+    write_reviews_csv(str(root / "reviews.csv"), rows=60, seed=1)
+    frame = pd.read_csv(root / "reviews.csv").rename(columns={"text": "avis"})
+    frame.to_csv(root / "reviews.csv", index=False)
+    prepare_text_dataset(str(root / "reviews.csv"), str(root / "dataset"),
+                         PrepareConfig(text_column="avis"))
+    config = TrainConfig(pretrained=False, lm_epochs=0, epochs=1, model_config=TINY,
+                         learning_rate=1e-2, **FAST)  # a given rate: no lr_find
+    with pytest.MonkeyPatch.context() as patch:  # checkpoints beside the model, not Vertex's
+        patch.delenv("AIP_CHECKPOINT_DIR", raising=False)
+        train_text_classifier(str(root / "dataset"), str(root / "model"), config)
+    return str(root / "model")
+
+
+@pytest.fixture(scope="module")
+def server(text_model):
+    """uvicorn serving the model in a thread on a free port; yields (host, port)."""
+    import uvicorn
+
+    app = build_app(text_model, max_request_bytes=LIMIT_BYTES, max_instances=LIMIT_INSTANCES)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # the port is ours before the server starts: no race
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield sock.getsockname()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def _request(address, method, path, body=None, headers=None):
+    """(status, parsed JSON) of one request on a fresh connection."""
+    conn = http.client.HTTPConnection(*address, timeout=60)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def _predict(address, payload):
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return _request(address, "POST", "/predict", body, {"Content-Type": "application/json"})
+
+
+def _still_serving(address):
+    status, answer = _predict(address, {"instances": ["très bon produit"]})
+    assert status == 200 and set(answer["predictions"][0]) == {"labels", "scores"}
+
+
+@pytest.mark.slow
+def test_health_and_predictions_equal_batch_prediction(server, text_model, tmp_path):
+    assert _request(server, "GET", "/health") == (200, {"status": "ok"})
+    pd.DataFrame({"avis": TEXTS}).to_csv(tmp_path / "new.csv", index=False)
+    assert _batch(text_model, tmp_path)["predicted"] == len(TEXTS) - 1
+    expected = read_predictions(str(tmp_path / "p.jsonl"))
+    # the text bare, under TEXT_FIELD, or under the training column
+    instances = [TEXTS[0], {"text": TEXTS[1]}, {"avis": TEXTS[2]}, TEXTS[3], {"text": TEXTS[4]}]
+    status, answer = _predict(server, {"instances": instances})
+    assert status == 200 and len(answer["predictions"]) == len(TEXTS)
+    for got, line in zip(answer["predictions"], expected):
+        if "error" in line:  # the empty text: no scores, as in batch prediction
+            assert got == {"error": "empty text"}
+        else:
+            assert got == {"labels": line["labels"], "scores": line["scores"]}
+    labels = read_labels(text_model)
+    scores = answer["predictions"][0]["scores"]
+    assert list(scores) == labels["labels"]
+    # multi-label: the labels at or over labels.json's threshold, as batch prediction decides
+    assert answer["predictions"][0]["labels"] == [
+        k for k, p in scores.items() if p >= labels["threshold"]]
+    assert _predict(server, {"instances": []}) == (200, {"predictions": []})
+
+
+def _batch(model, folder):
+    from components.predict.prediction import predict_to_file
+
+    return predict_to_file(model, str(folder / "new.csv"), str(folder / "p.jsonl"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body, status, message", [
+    (b'{"instances": ["a",', 400, "not valid JSON"),
+    (b'{"instances": {"text": "a"}}', 400, '"instances" must be a list'),
+    (b'{"text": "a"}', 400, '"instances"'),
+    (json.dumps({"instances": ["a", ["b"]]}).encode(), 400, "instances[1] must be"),
+    (json.dumps({"instances": ["a", {"title": "b"}]}).encode(), 400, "instances[1] must be"),
+    (json.dumps({"instances": ["a"] * (LIMIT_INSTANCES + 1)}).encode(), 413,
+     f"at most {LIMIT_INSTANCES}"),
+    (json.dumps({"instances": ["a" * LIMIT_BYTES]}).encode(), 413, f"at most {LIMIT_BYTES}"),
+])
+def test_bad_requests_get_a_json_error_and_the_server_serves_on(server, body, status, message):
+    got, answer = _predict(server, body)
+    assert got == status and message in answer["error"], answer
+    _still_serving(server)
+
+
+@pytest.mark.slow
+def test_body_limit_holds_whatever_the_headers_say(server):
+    # a declared length over the limit is refused before any of the body is sent
+    conn = http.client.HTTPConnection(*server, timeout=60)
+    conn.putrequest("POST", "/predict")
+    conn.putheader("Content-Length", str(10**9))
+    conn.endheaders()
+    response = conn.getresponse()
+    assert response.status == 413 and "at most" in json.loads(response.read())["error"]
+    conn.close()
+    # no length at all (chunked): the bytes are counted as they come; the client stops
+    # sending once over the limit, and gets its answer without finishing the body
+    conn = http.client.HTTPConnection(*server, timeout=60)
+    conn.putrequest("POST", "/predict")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    chunk = b'{"instances": ["' + b"a" * 8000
+    for _ in range(LIMIT_BYTES // len(chunk) + 1):
+        conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    response = conn.getresponse()
+    assert response.status == 413 and "over" in json.loads(response.read())["error"]
+    conn.close()
+    _still_serving(server)
+
+
+@pytest.mark.slow
+def test_other_paths_and_methods_answer_json(server):
+    assert _request(server, "GET", "/predict") == (405, {"error": "Method Not Allowed"})
+    assert _request(server, "GET", "/nowhere") == (404, {"error": "Not Found"})
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_cli_as_vertex_runs_it_with_the_model_on_gcs(text_model, gcs, tmp_path):
+    """`python -m pipelines.serve` with only Vertex's variables: port, routes, gs:// model."""
+    bucket = gcs.create_bucket("models")
+    for name in os.listdir(text_model):
+        bucket.blob(f"text/{name}").upload_from_filename(os.path.join(text_model, name))
+    port = _free_port()
+    route = "/v1/endpoints/1/deployedModels/2:predict"
+    env = {**os.environ, "AIP_HTTP_PORT": str(port), "AIP_HEALTH_ROUTE": "/v1/health",
+           "AIP_PREDICT_ROUTE": route, "AIP_STORAGE_URI": "gs://models/text"}
+    log = open(tmp_path / "serve.log", "w+")
+    process = subprocess.Popen([sys.executable, "-m", "pipelines.serve"], env=env,
+                               stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            try:
+                if _request(("127.0.0.1", port), "GET", "/v1/health")[0] == 200:
+                    break
+            except OSError:  # not listening yet: the model is loading
+                time.sleep(0.2)
+        status, answer = _request(("127.0.0.1", port), "POST", route,
+                                  json.dumps({"instances": [{"avis": TEXTS[0]}]}).encode())
+        assert status == 200 and list(answer["predictions"][0]) == ["labels", "scores"]
+    finally:
+        process.terminate()
+        # uvicorn shuts down gracefully on SIGTERM, then dies of it (as Vertex expects)
+        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+        log.close()
+    text = (tmp_path / "serve.log").read_text()
+    assert "Application shutdown complete" in text
+    assert f"GET /v1/health, POST {route}" in text and f"0.0.0.0:{port}" in text
+
+
+@pytest.mark.slow
+def test_concurrent_requests_each_get_their_own_answers(server):
+    """Requests in flight together share one learner: each still gets its own texts' answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    batches = [[TEXTS[i % 3]] * (i + 1) for i in range(6)]
+    alone = [_predict(server, {"instances": b})[1] for b in batches]
+    with ThreadPoolExecutor(len(batches)) as pool:
+        together = list(pool.map(lambda b: _predict(server, {"instances": b})[1], batches))
+    assert together == alone
+    assert [len(a["predictions"]) for a in together] == [1, 2, 3, 4, 5, 6]
