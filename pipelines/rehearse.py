@@ -966,24 +966,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="a model the stand-in Model Registry holds (the upload then adds a "
                         "version to it); none by default")
     args = p.parse_args(argv)
-    params = {}
-    for item in args.param:
-        name, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--param takes NAME=VALUE, got {item!r}")
-        params[name] = value
-    preempt = []
-    for item in args.preempt:
-        task, sep, pattern = item.partition("=")
-        if not sep:
-            p.error(f"--preempt takes TASK=GLOB, got {item!r}")
-        preempt.append(Preemption(task, pattern))
-    registry = {}
-    for item in args.registered_model:
-        name, sep, resource = item.partition("=")
-        if not sep:
-            p.error(f"--registered-model takes DISPLAY_NAME=RESOURCE_NAME, got {item!r}")
-        registry[name] = resource
+    def pairs(items: list[str], flag: str, form: str) -> list[tuple[str, str]]:
+        found = []
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep:
+                p.error(f"{flag} takes {form}, got {item!r}")
+            found.append((key, value))
+        return found
+
+    params = dict(pairs(args.param, "--param", "NAME=VALUE"))
+    preempt = [Preemption(task, pattern)
+               for task, pattern in pairs(args.preempt, "--preempt", "TASK=GLOB")]
+    registry = dict(pairs(args.registered_model, "--registered-model",
+                          "DISPLAY_NAME=RESOURCE_NAME"))
     try:
         summary = rehearse(args.pipeline, args.output, params, pipeline_root=args.pipeline_root,
                            cache_index=args.cache_index, preempt=preempt,
