@@ -79,7 +79,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             max_vocab: Largest vocabulary kept.
             spm_vocab_size: SentencePiece vocabulary size (ja, ko, zh); 0 chooses from the corpus.
             validation_fraction: Share of the documents held out for perplexity and accuracy.
-            mixed_precision: fp16 on GPUs of compute capability >= 7.0 (never on CPU).
+            mixed_precision: bf16 on GPUs of compute capability >= 8.0, fp16 on 7.x (never on CPU).
             model_config: JSON of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}); empty for fastai's defaults.
             seed: Seed of the held-out draw, initialisation and batch order.
             job_service_account: Service account the training job runs as on Vertex; empty: Vertex's Custom Code Service Agent. Ignored by local runs.
@@ -136,7 +136,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
             "epoch_seconds": {name: run["epoch_seconds"] for name, run in directions.items()},
             "found_learning_rates": {name: run["found_learning_rates"]
                                      for name, run in directions.items()},
-            **{k: result["run"][k] for k in ("parameters", "device", "fp16", "seconds")},
+            **{k: result["run"][k] for k in ("parameters", "device", "precision", "seconds")},
         },
         "artifacts": dict(artifacts),
     }

@@ -116,7 +116,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             seq_len: Tokens per backpropagation-through-time step.
             min_freq: Rarer tokens become xxunk.
             max_vocab: Largest vocabulary kept.
-            mixed_precision: fp16 on GPUs of compute capability >= 7.0 (never on CPU).
+            mixed_precision: bf16 on GPUs of compute capability >= 8.0, fp16 on 7.x (never on CPU).
             model_config: JSON of AWD_LSTM settings when training from scratch; empty for defaults.
             eval_split: Split the evaluation scores: test, validation or train.
             eval_batch_size: Texts per forward pass in the evaluation (and prediction).
@@ -226,7 +226,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
             "train_tokens": run["train_tokens"],
             "parameters": run["parameters"],
             "device": run["device"],
-            "fp16": run["fp16"],
+            "precision": run["precision"],
             "unfreeze": run.get("unfreeze"),
             "found_learning_rates": run.get("found_learning_rates", {}),
         }

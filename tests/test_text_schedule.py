@@ -1,10 +1,10 @@
-"""Pure logic of the text trainer: stage plan, fp16 choice, checkpoint folder, state, LM assets."""
+"""Pure logic of the text trainer: stage plan, precision choice, checkpoint folder, state, LM assets."""
 
 import os
 
 import pytest
 
-from components.common.fastai_text import choose_rate, use_fp16
+from components.common.fastai_text import choose_precision, choose_rate
 from components.train_text import assets, contract, schedule
 from components.train_text.contract import TextTrainingError
 
@@ -117,16 +117,45 @@ def test_learning_rate_zero_is_valid_and_negative_or_nan_is_not():
 
 
 @pytest.mark.parametrize("requested, cuda, capability, expected", [
-    (True, False, None, False),        # CPU: never
-    (True, True, (7, 5), True),        # T4
-    (True, True, (7, 0), True),        # V100
-    (True, True, (9, 0), True),        # H100
-    (True, True, (6, 0), False),       # P100: no tensor cores
-    (False, True, (8, 0), False),      # switched off
-    (True, True, None, False),
+    (True, False, None, "fp32"),       # CPU: never
+    (True, True, (7, 5), "fp16"),      # T4: no bfloat16 tensor cores
+    (True, True, (7, 0), "fp16"),      # V100
+    (True, True, (8, 0), "bf16"),      # A100: no loss scaling, no skipped steps
+    (True, True, (8, 9), "bf16"),      # L4
+    (True, True, (9, 0), "bf16"),      # H100 (measured there: see choose_precision)
+    (True, True, (6, 0), "fp32"),      # P100: no tensor cores
+    (False, True, (9, 0), "fp32"),     # switched off
+    (True, True, None, "fp32"),
 ])
-def test_fp16_only_on_a_capable_gpu(requested, cuda, capability, expected):
-    assert use_fp16(requested, cuda, capability) is expected
+def test_precision_follows_the_gpu(requested, cuda, capability, expected):
+    assert choose_precision(requested, cuda, capability) == expected
+
+
+def test_mixed_precision_sets_the_learner_up():
+    import torch
+    from fastai.callback.fp16 import AMPMode, MixedPrecision
+    from fastai.data.core import DataLoaders
+    from fastai.data.load import DataLoader
+    from fastai.text.all import AWD_LSTM, get_text_classifier
+    from fastai.text.learner import TextLearner
+
+    from components.common.fastai_text import mixed_precision
+
+    items = [(torch.arange(2, 6), torch.zeros(2))]
+    dls = DataLoaders(DataLoader(items, bs=1), DataLoader(items, bs=1))
+
+    def learner():
+        model = get_text_classifier(AWD_LSTM, 20, 2, seq_len=4,
+                                    config={"emb_sz": 4, "n_hid": 4, "n_layers": 1})
+        return TextLearner(dls, model, loss_func=torch.nn.BCEWithLogitsLoss())
+
+    assert not any(isinstance(cb, MixedPrecision) for cb in mixed_precision(learner(), "fp32").cbs)
+    for name, mode in (("fp16", AMPMode.FP16), ("bf16", AMPMode.BF16)):
+        callbacks = [cb for cb in mixed_precision(learner(), name).cbs
+                     if isinstance(cb, MixedPrecision)]
+        assert [cb.amp_mode for cb in callbacks] == [mode]
+    with pytest.raises(ValueError, match="precision must be one of"):
+        mixed_precision(learner(), "fp8")
 
 
 def test_checkpoint_dir_reads_the_environment_at_call_time(monkeypatch):

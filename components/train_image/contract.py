@@ -35,6 +35,12 @@ PIXELS_SIGNATURE = "serving_pixels"
 # Precision settings: "auto" picks mixed_float16 on GPUs of compute capability >= 7.0.
 PRECISION_MODES = ("auto", "on", "off")
 
+# DenseNet's preprocess_input ("torch" mode): x / 255, minus the ImageNet mean,
+# divided by the ImageNet std, per RGB channel. As one Normalization layer on
+# 0..255 input: (x - 255 * mean) / (255 * std).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
 
 class ContractError(ValueError):
     """A folder is not what the trainer writes; the message says what is missing."""

@@ -21,19 +21,13 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from components.train_image.contract import normalize_weights
+from components.train_image.contract import IMAGENET_MEAN, IMAGENET_STD, normalize_weights
 
 BASE_NAME = "densenet121"
 INPUT_NAME = "image"
 OUTPUT_NAME = "probabilities"
 DENSE_BLOCKS = ("conv2", "conv3", "conv4", "conv5")
 PHASES = ("head", "fine_tune", "full")
-
-# DenseNet's preprocess_input ("torch" mode): x / 255, minus the ImageNet mean,
-# divided by the ImageNet std, per RGB channel. As one Normalization layer on
-# 0..255 input: (x - 255 * mean) / (255 * std).
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def build_model(num_classes: int, image_size: int, weights: str | None = None,

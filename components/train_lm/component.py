@@ -43,7 +43,7 @@ def train_language_model(
         max_vocab: Largest vocabulary kept.
         spm_vocab_size: SentencePiece vocabulary size for ja, ko and zh; 0 lets fastai choose from the corpus.
         validation_fraction: Share of the documents held out to measure perplexity.
-        mixed_precision: Train in fp16 mixed precision on a GPU of compute capability 7.0 or more (never on CPU).
+        mixed_precision: Train in mixed precision on a GPU: bf16 on compute capability 8.0 or more (A100, L4, H100), fp16 on 7.x (V100, T4); never on CPU.
         model_config: JSON object of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}); empty for fastai's defaults. Written to config.json, so the text pipeline builds the same encoder.
         seed: Seed of the held-out draw, initialisation and batch order.
         corpus_fingerprint: Digest of the corpus listing from the preflight step; not read, it only makes the cache key change when the corpus changes.

@@ -45,11 +45,12 @@ from fastai.text.all import (
 )
 
 from components.common.fastai_text import (
+    FP32,
     EpochEnd,
     find_rate,
-    fp16_here,
     lm_batch_size,
     lm_learner,
+    precision_here,
 )
 from components.common.storage import TMP_PREFIX, run_folder, write_json_atomically
 from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
@@ -256,7 +257,7 @@ def train_language_model(
         "config": dataclasses.asdict(config), "corpus": corpus.report["sha256"],
         "output": os.path.abspath(output_dir)}))
     arch_config = {**awd_lstm_lm_config, **config.model_config}
-    fp16 = fp16_here(config.mixed_precision)
+    precision = precision_here(config.mixed_precision)
     scratch = tempfile.mkdtemp(prefix="train_lm_")
     staging = os.path.join(folder, STAGING)
     try:
@@ -276,7 +277,7 @@ def train_language_model(
                 save_pickle(os.path.join(folder, VOCAB_FILE), vocab)
                 state["vocab_saved"] = True
                 run.save()
-            learn = lm_learner(dls, arch_config, config.drop_mult, folder, fp16)
+            learn = lm_learner(dls, arch_config, config.drop_mult, folder, precision)
             run.restore(learn)
             lr = run.rate(learn, config)
             log.info("%s language model: epochs %d..%d at peak rate %.2e", run.name,
@@ -285,7 +286,7 @@ def train_language_model(
                 config.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=run.mine["epochs_done"],
                 cbs=[EpochEnd(lambda done, values, seconds, learn=learn, run=run:
                               run.on_epoch(learn, done, values, seconds)), *callbacks])
-            if fp16:
+            if precision != FP32:
                 learn = learn.to_fp32()
             save_lm_assets(learn, staging, config.lang, backwards, arch_config)
             run.mine.update(tokens=tokens, device=str(dls.device),
@@ -298,7 +299,7 @@ def train_language_model(
             shutil.copyfile(spm, spm_target)
         os.makedirs(output_dir, exist_ok=True)
         _publish(staging, output_dir, config.lang)
-        result = _result(state, config, corpus, len(vocab), fp16, arch_config,
+        result = _result(state, config, corpus, len(vocab), precision, arch_config,
                          time.monotonic() - started)
         write_json_atomically(os.path.join(output_dir, METRICS_FILE), result, sort_keys=False)
         state["finished"] = True
@@ -311,7 +312,7 @@ def train_language_model(
 
 
 def _result(state: dict[str, Any], config: LMConfig, corpus: Corpus, vocab_size: int,
-            fp16: bool, arch_config: dict[str, Any], seconds: float) -> dict[str, Any]:
+            precision: str, arch_config: dict[str, Any], seconds: float) -> dict[str, Any]:
     directions = {}
     for name, run in state["directions"].items():
         last = run["history"][-1] if run["history"] else {}
@@ -330,7 +331,8 @@ def _result(state: dict[str, Any], config: LMConfig, corpus: Corpus, vocab_size:
         "corpus": corpus.report,
         "tokens": trained["tokens"],
         "vocab_size": vocab_size,
-        "run": {"parameters": int(trained["parameters"]), "device": trained["device"], "fp16": fp16,
+        "run": {"parameters": int(trained["parameters"]), "device": trained["device"],
+                "precision": precision,
                 "arch": "AWD_LSTM", "arch_config": arch_config, "seconds": round(seconds, 3)},
         "config": dataclasses.asdict(config),
     }

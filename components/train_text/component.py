@@ -50,7 +50,7 @@ def train_text_classifier(
         seq_len: Tokens per backpropagation-through-time step.
         min_freq: Tokens seen fewer times in the training texts become xxunk.
         max_vocab: Largest vocabulary kept.
-        mixed_precision: Train in fp16 mixed precision on a GPU of compute capability 7.0 or more (never on CPU).
+        mixed_precision: Train in mixed precision on a GPU: bf16 on compute capability 8.0 or more (A100, L4, H100), fp16 on 7.x (V100, T4); never on CPU.
         model_config: JSON object of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}) when training from scratch; empty for fastai's defaults.
         seed: Seed of weights initialisation and batch order.
     """

@@ -56,11 +56,13 @@ from fastai.text.all import (
 )
 
 from components.common.fastai_text import (
+    FP32,
     EpochEnd,
     find_rate,
-    fp16_here,
     lm_batch_size,
     lm_learner,
+    mixed_precision,
+    precision_here,
     quiet,
 )
 from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
@@ -331,7 +333,7 @@ def train_text_classifier(
             arch_config = dict(config.model_config)
             _check_arch_config(arch_config, "model_config")
         tokenizer = make_tokenizer(config.lang, assets.spm_model if assets else None, scratch)
-        fp16 = fp16_here(config.mixed_precision)
+        precision = precision_here(config.mixed_precision)
 
         run_fingerprint = schedule.fingerprint({
             "config": dataclasses.asdict(config), "plan": [dataclasses.asdict(s) for s in plan],
@@ -363,7 +365,7 @@ def train_text_classifier(
                 save_pickle(run.path(VOCAB_FILE), vocab)
                 state["vocab_saved"] = True
                 run.save()
-            learn_lm = lm_learner(dls_lm, lm_config, config.drop_mult, folder, fp16)
+            learn_lm = lm_learner(dls_lm, lm_config, config.drop_mult, folder, precision)
             if not run.restore(learn_lm) and assets:
                 learn_lm.load_pretrained(assets.weights, assets.vocab)
             for index in lm_indices:
@@ -386,8 +388,7 @@ def train_text_classifier(
             model_dir=".")
         quiet(learn)
         start_at_label_frequencies(learn, train[labels].to_numpy(), task)
-        if fp16:
-            learn = learn.to_fp16()
+        learn = mixed_precision(learn, precision)
         if not (clas_indices and run.started(clas_indices[0]) and run.restore(learn)):
             if state["encoder_saved"]:
                 learn.load_encoder(ENCODER_FILE[:-len(".pth")])
@@ -400,7 +401,7 @@ def train_text_classifier(
         if best and best.get("file") and os.path.exists(run.path(best["file"])):
             load_model(run.path(best["file"]), learn.model, None, with_opt=False,
                        device=learn.dls.device)
-        if fp16:
+        if precision != FP32:
             learn = learn.to_fp32()
         probs, _ = learn.get_preds(ds_idx=1)
         probs = probs.float().cpu().numpy()
@@ -422,7 +423,7 @@ def train_text_classifier(
                 "arch": "AWD_LSTM",
                 "arch_config": {k: lm_config[k] for k in _ENCODER_KEYS},
                 "pretrained": config.pretrained,
-                "fp16": fp16,
+                "precision": precision,
                 "device": str(learn.dls.device),
                 "resumed_from": resumed_from,
                 "classifier_epoch_seconds": [h["seconds"] for h in clas_epochs],

@@ -1,0 +1,456 @@
+"""What the training steps get out of an accelerator, measured side by side in one run.
+
+    python bench/gpu_bench.py [--engine tf-keras|keras3] [--sections choices,densenet,feed,fastai]
+        [--image-size 224] [--batch 64] [--steps 30] [--host-cores N] [--json FILE] [--smoke]
+
+choices   what our selection logic picks on the devices this process sees: the strategy
+          (components.train_image.distribute), the Keras precision policy and fastai's fp16.
+densenet  DenseNet121 training images/s under mixed_float16 and float32, same batch, fed
+          from one batch held in host memory; achieved TFLOP/s (17.2 GFLOP per 224 px
+          training image, scaled by area) as a share of the device's peak for that precision.
+feed      the same step (the policy `choices` picked) fed from real shards through the
+          trainer's own input pipeline (read, decode, shuffle, augment on the host) vs from
+          the batch in memory: feed ratio = step time from shards / from memory (1.0 = the
+          shards keep up), with the host's pipeline alone in images/s and the cores it had.
+fastai    the text trainer's AWD-LSTM classifier (fastai's text_classifier_learner, our
+          default architecture) tokens/s with to_fp16() vs fp32, same batch.
+
+--engine tf-keras (default) measures the trainer's own model (components.train_image.model)
+on TensorFlow. --engine keras3 builds the same network with Keras 3 on whatever backend
+KERAS_BACKEND names (jax, torch, tensorflow): for accelerators where TensorFlow's CUDA build
+cannot be installed; the feed section still needs TensorFlow (CPU is enough) for tf.data.
+--smoke: tiny sizes, for `make test` on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SECTIONS = ("choices", "densenet", "feed", "fastai")
+ENGINES = ("tf-keras", "keras3")
+TEXT_PRECISIONS = ("fp32", "fp16", "bf16")
+# DenseNet121 forward pass at 224 px is 2.87 GMAC = 5.73 GFLOP; training ~3x forward.
+TRAIN_GFLOP_224 = 17.2
+
+# Dense (no sparsity) peak TFLOP/s: (16-bit tensor cores, float32 as Keras runs it:
+# TF32 tensor cores on Ampere and newer, else plain FP32), from NVIDIA's data sheets.
+# Matched on the device name; the first key found wins, so longer names come first.
+PEAK_TFLOPS = {
+    "H100 PCIe": (756.0, 378.0),
+    "H100": (989.4, 494.7),
+    "H200": (989.4, 494.7),
+    "A100": (312.0, 156.0),
+    "L4": (121.0, 60.0),
+    "A10": (125.0, 62.5),
+    "V100": (125.0, 15.7),
+    "T4": (65.0, 8.1),
+    "P100": (18.7, 9.3),
+}
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """The device's dense peak for `precision` ("mixed_float16" or "float32"), if known."""
+    for key, (half, single) in PEAK_TFLOPS.items():
+        if key.lower() in device_name.lower():
+            return half if precision == "mixed_float16" else single
+    return None
+
+
+def train_tflops(images_per_second: float, image_size: int) -> float:
+    """Achieved training TFLOP/s of DenseNet121 at `image_size`."""
+    return images_per_second * TRAIN_GFLOP_224 * (image_size / 224) ** 2 / 1000
+
+
+# ---------------------------------------------------------------------------- devices
+
+
+def visible_gpus() -> list[dict]:
+    """Name and compute capability of each GPU, from the first framework installed."""
+    try:
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+    except ImportError:
+        gpus = []
+    if gpus:
+        out = []
+        for gpu in gpus:
+            details = tf.config.experimental.get_device_details(gpu)
+            out.append({"name": details.get("device_name", gpu.name),
+                        "capability": tuple(details.get("compute_capability") or (0, 0))})
+        return out
+    try:  # a CPU-only TensorFlow beside a CUDA PyTorch (or no TensorFlow at all)
+        import torch
+    except ImportError:
+        return []
+    return [{"name": torch.cuda.get_device_name(i),
+             "capability": tuple(torch.cuda.get_device_capability(i))}
+            for i in range(torch.cuda.device_count())]
+
+
+def choices(gpus: list[dict]) -> dict:
+    """What the trainers' selection logic picks for these GPUs (no cluster variables)."""
+    from components.common.fastai_text import choose_precision as text_precision
+    from components.train_image.distribute import choose_precision, choose_strategy_kind
+
+    capabilities = [g["capability"] for g in gpus]
+    return {
+        "gpus": [f"{g['name']} (compute {g['capability'][0]}.{g['capability'][1]})" for g in gpus],
+        "strategy": choose_strategy_kind(None, None, capabilities),
+        "keras_precision": choose_precision("auto", capabilities),
+        "fastai_precision": text_precision(True, bool(gpus), capabilities[0] if gpus else None),
+    }
+
+
+# ---------------------------------------------------------------------------- DenseNet
+
+
+class TfKerasEngine:
+    """The trainer's own model and compile settings on TensorFlow (tf-keras)."""
+
+    name = "tf-keras"
+
+    def model(self, classes: int, size: int, precision: str):
+        import tf_keras
+
+        from components.train_image.model import build_model
+        from components.train_image.training import dtype_policy
+
+        with dtype_policy(precision):
+            model = build_model(classes, size, weights=None)
+            # as the trainer compiles (training._compile); the policy wraps the optimizer
+            # in a LossScaleOptimizer under mixed_float16
+            model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
+                          loss="sparse_categorical_crossentropy")
+        return model
+
+
+class Keras3Engine:
+    """The same network (components.train_image.model.build_model) in Keras 3."""
+
+    name = "keras3"
+
+    def model(self, classes: int, size: int, precision: str):
+        import keras
+
+        from components.train_image.contract import IMAGENET_MEAN, IMAGENET_STD
+
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(precision)
+        try:
+            inputs = keras.Input(shape=(size, size, 3), dtype="float32", name="image")
+            scaled = keras.layers.Normalization(
+                mean=[255.0 * m for m in IMAGENET_MEAN],
+                variance=[(255.0 * s) ** 2 for s in IMAGENET_STD], dtype="float32")(inputs)
+            base = keras.applications.DenseNet121(include_top=False, weights=None,
+                                                  input_shape=(size, size, 3))
+            x = keras.layers.GlobalAveragePooling2D()(base(scaled))
+            x = keras.layers.Dropout(0.2)(x)
+            outputs = keras.layers.Dense(classes, activation="softmax", dtype="float32")(x)
+            model = keras.Model(inputs, outputs)
+            model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                          loss="sparse_categorical_crossentropy")
+        finally:
+            keras.config.set_dtype_policy(previous)
+        return model
+
+
+def step_seconds(model, data, steps: int, warmup: int) -> float:
+    """Seconds per training step: a warm-up fit (tracing, compiling), then a timed one.
+
+    `fit` ends by reading the epoch's loss back, so the timed span waits for the device.
+    """
+    model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0)
+    start = time.perf_counter()
+    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+    return (time.perf_counter() - start) / steps
+
+
+def memory_batch(batch: int, size: int, classes: int):
+    """One batch of random pixels and labels held in host memory, repeated forever."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    images = rng.uniform(0, 255, (batch, size, size, 3)).astype("float32")
+    labels = rng.integers(0, classes, batch).astype("int64")
+    return tf.data.Dataset.from_tensors((images, labels)).repeat()
+
+
+def keras3_memory_batch(batch: int, size: int, classes: int):
+    """`memory_batch` for Keras 3 without TensorFlow: a generator of one numpy batch."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    images = rng.uniform(0, 255, (batch, size, size, 3)).astype("float32")
+    labels = rng.integers(0, classes, batch).astype("int64")
+
+    def forever():
+        while True:
+            yield images, labels
+
+    return forever()
+
+
+def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
+             rounds: int) -> dict:
+    """Training images/s under mixed_float16 and float32, alternated `rounds` times (best kept)."""
+    classes = 10
+    try:
+        data = memory_batch(batch, size, classes)
+    except ImportError:
+        data = keras3_memory_batch(batch, size, classes)
+    models = {p: engine.model(classes, size, p) for p in ("mixed_float16", "float32")}
+    best = {p: float("inf") for p in models}
+    for _ in range(rounds):  # alternate so drift (clocks, heat) hits both alike
+        for precision, model in models.items():
+            best[precision] = min(best[precision], step_seconds(model, data, steps, warmup))
+    device = gpus[0]["name"] if gpus else "CPU"
+    out = {"engine": engine.name, "device": device, "image_size": size, "batch": batch}
+    for precision, seconds in best.items():
+        rate = batch / seconds
+        tflops = train_tflops(rate, size)
+        peak = peak_tflops(device, precision) if gpus else None
+        out[precision] = {"images_per_second": rate, "tflops": tflops,
+                          "share_of_peak": tflops / peak if peak else None}
+    out["amp_speedup"] = (out["mixed_float16"]["images_per_second"]
+                          / out["float32"]["images_per_second"])
+    return out
+
+
+# ---------------------------------------------------------------------------- feed
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def make_shards(folder: str, images: int, size: int) -> tuple[str, dict]:
+    """Photo-like JPEGs (bench.shard_bench) sharded by the sharding step into `folder`."""
+    from bench.shard_bench import make_images
+    from components.shard import sharding
+    from components.shard.sharding import ShardConfig
+
+    raw = os.path.join(folder, "images")
+    make_images(raw, images)
+    out = os.path.join(folder, "shards")
+    config = ShardConfig(image_size=size, min_shards_per_split=16, train_fraction=1.0,
+                         validation_fraction=0.0, test_fraction=0.0)
+    return out, sharding.shard_dataset(raw, out, config, progress=False)
+
+
+def pipeline_images_per_second(dataset, batch: int, batches: int) -> float:
+    """The input pipeline alone: images/s it delivers with no model consuming them."""
+    iterator = iter(dataset)
+    next(iterator)  # fill the interleave and prefetch buffers
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return batch * batches / (time.perf_counter() - start)
+
+
+def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
+         images: int) -> dict:
+    """Step time fed by the trainer's input pipeline over real shards vs by a batch in memory."""
+    from components.train_image.contract import TrainConfig
+    from components.train_image.training import train_input
+
+    workdir = tempfile.mkdtemp(prefix="gpu-bench-")
+    shards, manifest = make_shards(workdir, images, size)
+    classes = len(manifest["classes"])
+    config = TrainConfig(weights="none", batch_size=batch)
+    dataset = train_input(shards, manifest, config, batch)
+    model = engine.model(classes, size, precision)
+    memory = memory_batch(batch, size, classes)
+    from_memory = step_seconds(model, memory, steps, warmup)
+    from_shards = step_seconds(model, dataset, steps, warmup)
+    from_memory = min(from_memory, step_seconds(model, memory, steps, warmup))
+    host = pipeline_images_per_second(dataset, batch, steps)
+    return {"precision": precision, "host_cores": host_cores(), "shard_images": images,
+            "step_from_memory_s": from_memory, "step_from_shards_s": from_shards,
+            "feed_ratio": from_shards / from_memory,
+            "model_images_per_second": batch / from_memory,
+            "pipeline_images_per_second": host}
+
+
+# ---------------------------------------------------------------------------- fastai
+
+
+def fastai_tokens(gpus: list[dict], batch: int, doc_len: int, batches: int, rounds: int,
+                  arch: dict, vocab: int = 30000, labels: int = 7) -> dict:
+    """AWD-LSTM classifier training tokens/s in fp32, fp16 and bf16 autocast, same batches."""
+    import torch
+    from fastai.data.core import DataLoaders
+    from fastai.data.load import DataLoader
+    from fastai.text.all import (
+        AWD_LSTM,
+        BCEWithLogitsLossFlat,
+        Callback,
+        TextLearner,
+        awd_lstm_clas_config,
+        awd_lstm_clas_split,
+        get_text_classifier,
+    )
+
+    from components.common.fastai_text import mixed_precision, quiet
+
+    device = torch.device("cuda" if gpus else "cpu")
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, vocab, (batch * batches, doc_len), generator=generator)
+    targets = (torch.rand(batch * batches, labels, generator=generator) < 0.3).float()
+    items = list(zip(tokens, targets))
+    dls = DataLoaders(DataLoader(items, bs=batch, shuffle=True, drop_last=True),
+                      DataLoader(items[:batch], bs=batch), device=device)
+
+    class TrainTime(Callback):
+        def before_train(self):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            self.start = time.perf_counter()
+
+        def after_train(self):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            self.learn.train_seconds = time.perf_counter() - self.start
+
+    def learner(precision: str):
+        config = {**awd_lstm_clas_config, **arch}
+        model = get_text_classifier(AWD_LSTM, vocab, labels, seq_len=72, config=config,
+                                    drop_mult=0.3, max_len=72 * 20)
+        learn = TextLearner(dls, model, loss_func=BCEWithLogitsLossFlat(),
+                            splitter=awd_lstm_clas_split, cbs=[TrainTime()])
+        quiet(learn)
+        return mixed_precision(learn, precision)
+
+    learners = {name: learner(name) for name in TEXT_PRECISIONS}
+    best = {name: float("inf") for name in learners}
+    for learn in learners.values():
+        learn.fit(1, 1e-3)  # warm-up: cuDNN picks its kernels
+    for _ in range(rounds):
+        for name, learn in learners.items():
+            learn.fit(1, 1e-3)
+            best[name] = min(best[name], learn.train_seconds)
+    count = batch * batches * doc_len
+    out = {"device": gpus[0]["name"] if gpus else "CPU", "batch": batch, "doc_tokens": doc_len,
+           "arch": {k: awd_lstm_clas_config[k] if k not in arch else arch[k]
+                    for k in ("emb_sz", "n_hid", "n_layers")}}
+    for name, seconds in best.items():
+        out[name] = {"tokens_per_second": count / seconds,
+                     "speedup": best["fp32"] / seconds}
+    return out
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def _fmt(value, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report(results: dict) -> str:
+    """The results as aligned lines, one figure per line."""
+    lines = []
+    if "choices" in results:
+        c = results["choices"]
+        lines += [f"devices          {', '.join(c['gpus']) or 'CPU only'}",
+                  f"strategy         {c['strategy']}",
+                  f"keras precision  {c['keras_precision']}",
+                  f"fastai precision {c['fastai_precision']}"]
+    if "densenet" in results:
+        d = results["densenet"]
+        lines.append(f"DenseNet121 {d['image_size']}px batch {d['batch']} ({d['engine']}, "
+                     f"{d['device']})")
+        for precision in ("mixed_float16", "float32"):
+            p = d[precision]
+            share = p["share_of_peak"]
+            lines.append(f"  {precision:<14} {p['images_per_second']:9.1f} img/s "
+                         f"{p['tflops']:8.2f} TFLOP/s  "
+                         f"{_fmt(share and 100 * share)}% of peak")
+        lines.append(f"  AMP speed-up   {d['amp_speedup']:.2f}x")
+    if "feed" in results:
+        f = results["feed"]
+        lines += [f"feed ({f['precision']}, {f['host_cores']} host cores, "
+                  f"{f['shard_images']} sharded images)",
+                  f"  step from memory  {1000 * f['step_from_memory_s']:.1f} ms "
+                  f"({f['model_images_per_second']:.1f} img/s)",
+                  f"  step from shards  {1000 * f['step_from_shards_s']:.1f} ms",
+                  f"  feed ratio        {f['feed_ratio']:.3f}",
+                  f"  pipeline alone    {f['pipeline_images_per_second']:.1f} img/s"]
+    if "fastai" in results:
+        t = results["fastai"]
+        lines.append(f"AWD-LSTM classifier batch {t['batch']} x {t['doc_tokens']} tokens "
+                     f"({t['device']}, {t['arch']})")
+        for name in TEXT_PRECISIONS:
+            lines.append(f"  {name:<14} {t[name]['tokens_per_second']:11.0f} tokens/s "
+                         f"{t[name]['speedup']:5.2f}x")
+    for section, reason in results.get("skipped", {}).items():
+        lines.append(f"{section}: skipped ({reason})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", choices=ENGINES, default="tf-keras")
+    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=64, help="images per DenseNet step")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per measurement")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations; best kept")
+    parser.add_argument("--shard-images", type=int, default=2048)
+    parser.add_argument("--host-cores", type=int, default=0,
+                        help="run on this many CPU cores only (0: all), like a smaller machine")
+    parser.add_argument("--text-batch", type=int, default=64)
+    parser.add_argument("--doc-tokens", type=int, default=400)
+    parser.add_argument("--text-batches", type=int, default=20)
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes: checks the bench runs, measures nothing useful")
+    args = parser.parse_args(argv)
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
+    if args.host_cores:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.host_cores])
+    size, batch, steps, warmup, arch = args.image_size, args.batch, args.steps, 5, {}
+    if args.smoke:
+        size, batch, steps, warmup = 32, 4, 2, 1
+        args.shard_images, args.rounds = 40, 1
+        args.text_batch, args.doc_tokens, args.text_batches = 4, 24, 2
+        arch = {"emb_sz": 16, "n_hid": 32, "n_layers": 1}
+
+    engine = TfKerasEngine() if args.engine == "tf-keras" else Keras3Engine()
+    gpus = visible_gpus()
+    picked = choices(gpus)
+    results: dict = {"choices": picked} if "choices" in sections else {}
+    runs = {
+        "densenet": lambda: densenet(engine, gpus, size, batch, steps, warmup, args.rounds),
+        "feed": lambda: feed(engine, picked["keras_precision"], size, batch, steps, warmup,
+                             args.shard_images),
+        "fastai": lambda: fastai_tokens(gpus, args.text_batch, args.doc_tokens,
+                                        args.text_batches, args.rounds, arch),
+    }
+    for section in sections:
+        if section in runs:
+            try:
+                results[section] = runs[section]()
+            except ImportError as err:  # a framework this machine lacks: say which
+                results.setdefault("skipped", {})[section] = f"needs {err.name}"
+    print(report(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""bench/gpu_bench.py: its smoke mode runs every section on a CPU, and its arithmetic.
+
+The figures the bench prints on a GPU are in the README; here the tiny CPU run checks that
+every section measures something and that the report says what the selection logic chose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("fastai")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import gpu_bench  # noqa: E402
+
+
+def _smoke(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[dict, str]:
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_bench.py"), "--smoke", "--json", str(out),
+         *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(out.read_text()), run.stdout
+
+
+def test_smoke_measures_every_section_on_a_cpu(tmp_path):
+    results, printed = _smoke(tmp_path)
+
+    assert results["choices"] == {"gpus": [], "strategy": "default",
+                                  "keras_precision": "float32", "fastai_precision": "fp32"}
+    densenet = results["densenet"]
+    assert (densenet["engine"], densenet["device"], densenet["image_size"]) == (
+        "tf-keras", "CPU", 32)
+    for precision in ("mixed_float16", "float32"):
+        assert densenet[precision]["images_per_second"] > 0
+        assert densenet[precision]["share_of_peak"] is None  # no peak for a CPU
+    feed = results["feed"]
+    assert feed["precision"] == "float32"  # the policy the selection logic chose here
+    assert feed["host_cores"] >= 1 and feed["shard_images"] == 40
+    assert feed["step_from_memory_s"] > 0 and feed["step_from_shards_s"] > 0
+    assert feed["feed_ratio"] == pytest.approx(
+        feed["step_from_shards_s"] / feed["step_from_memory_s"])
+    assert feed["pipeline_images_per_second"] > 0
+    fastai = results["fastai"]
+    assert fastai["fp32"]["speedup"] == 1.0
+    for precision in gpu_bench.TEXT_PRECISIONS:
+        assert fastai[precision]["tokens_per_second"] > 0
+    assert "skipped" not in results
+
+    for line in ("strategy         default", "keras precision  float32",
+                 "fastai precision fp32", "feed ratio", "AWD-LSTM classifier batch 4 x 24"):
+        assert line in printed
+
+
+def test_keras3_engine_and_host_cores(tmp_path):
+    # The engine the H100 figures were taken with (there on JAX); here on TensorFlow.
+    results, printed = _smoke(tmp_path, "--engine", "keras3", "--sections", "densenet",
+                              "--host-cores", "1", env={"KERAS_BACKEND": "tensorflow"})
+    assert set(results) == {"densenet"}
+    assert results["densenet"]["engine"] == "keras3"
+    assert results["densenet"]["mixed_float16"]["images_per_second"] > 0
+    assert "DenseNet121 32px batch 4 (keras3, CPU)" in printed
+
+
+def test_unknown_section_is_refused(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_bench.py"),
+                          "--sections", "densenet,gpu"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2
+    assert "unknown sections ['gpu']" in run.stderr
+
+
+@pytest.mark.parametrize("name, precision, peak", [
+    ("NVIDIA H100 80GB HBM3", "mixed_float16", 989.4),
+    ("NVIDIA H100 80GB HBM3", "float32", 494.7),
+    ("NVIDIA H100 PCIe", "mixed_float16", 756.0),
+    ("Tesla V100-SXM2-16GB", "float32", 15.7),
+    ("NVIDIA A100-SXM4-40GB", "mixed_float16", 312.0),
+    ("Tesla T4", "mixed_float16", 65.0),
+    ("NVIDIA L4", "float32", 60.0),
+    ("Some Future GPU", "float32", None),
+])
+def test_peak_by_device_name(name, precision, peak):
+    assert gpu_bench.peak_tflops(name, precision) == peak
+
+
+def test_training_flops_scale_with_area():
+    # 2031 img/s at 224 px (the H100 mixed-precision figure) is 34.9 TFLOP/s
+    assert gpu_bench.train_tflops(2031.4, 224) == pytest.approx(34.94, abs=0.01)
+    assert gpu_bench.train_tflops(1000, 112) == pytest.approx(17.2 / 4)
