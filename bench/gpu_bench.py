@@ -263,17 +263,17 @@ def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
     from components.train_image.contract import TrainConfig
     from components.train_image.training import train_input
 
-    workdir = tempfile.mkdtemp(prefix="gpu-bench-")
-    shards, manifest = make_shards(workdir, images, size)
-    classes = len(manifest["classes"])
-    config = TrainConfig(weights="none", batch_size=batch)
-    dataset = train_input(shards, manifest, config, batch)
-    model = engine.model(classes, size, precision)
-    memory = memory_batch(batch, size, classes)
-    from_memory = step_seconds(model, memory, steps, warmup)
-    from_shards = step_seconds(model, dataset, steps, warmup)
-    from_memory = min(from_memory, step_seconds(model, memory, steps, warmup))
-    host = pipeline_images_per_second(dataset, batch, steps)
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as workdir:
+        shards, manifest = make_shards(workdir, images, size)
+        classes = len(manifest["classes"])
+        config = TrainConfig(weights="none", batch_size=batch)
+        dataset = train_input(shards, manifest, config, batch)
+        model = engine.model(classes, size, precision)
+        memory = memory_batch(batch, size, classes)
+        from_memory = step_seconds(model, memory, steps, warmup)
+        from_shards = step_seconds(model, dataset, steps, warmup)
+        from_memory = min(from_memory, step_seconds(model, memory, steps, warmup))
+        host = pipeline_images_per_second(dataset, batch, steps)
     return {"precision": precision, "host_cores": host_cores(), "shard_images": images,
             "step_from_memory_s": from_memory, "step_from_shards_s": from_shards,
             "feed_ratio": from_shards / from_memory,

@@ -1,4 +1,4 @@
-"""Pure logic of the text trainer: stage plan, precision choice, checkpoint folder, state, LM assets."""
+"""Pure logic of the text trainer: stage plan, precision, checkpoint folder, state, LM assets."""
 
 import os
 
