@@ -419,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
+    if not 0 <= args.host_cores <= host_cores():
+        parser.error(f"--host-cores must be between 0 (all) and {host_cores()}, "
+                     f"the cores this process may use; got {args.host_cores}")
     if args.host_cores:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.host_cores])
     size, batch, steps, warmup, arch = args.image_size, args.batch, args.steps, 5, {}

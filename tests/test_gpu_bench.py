@@ -81,6 +81,13 @@ def test_unknown_section_is_refused(tmp_path):
     assert "unknown sections ['gpu']" in run.stderr
 
 
+def test_more_host_cores_than_the_machine_has_is_refused():
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_bench.py"),
+                          "--host-cores", "100000"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "--host-cores must be between 0 (all) and" in run.stderr
+
+
 @pytest.mark.parametrize("name, precision, peak", [
     ("NVIDIA H100 80GB HBM3", "mixed_float16", 989.4),
     ("NVIDIA H100 80GB HBM3", "float32", 494.7),
