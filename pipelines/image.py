@@ -217,11 +217,7 @@ def summarize(outputs: dict) -> dict:
         },
         "provenance": {key: outputs["model"].metadata.get(key)
                        for key in ("git_sha", "data_sha256", "parameters")},
-        "registration": {
-            "would_register": bool(outputs["register"]),
-            "uploaded": False,
-            "note": "the local run never uploads to the Vertex Model Registry",
-        },
+        "registration": registry.local_registration(outputs["register"]),
         "artifacts": {name: outputs[name].path
                       for name in ("dataset", "model", "metrics", "evaluation")},
     }

@@ -10,6 +10,12 @@ PIPELINE_LOCATION = "{{$.pipeline_google_cloud_location}}"
 PIPELINE_PROJECT = "{{$.pipeline_google_cloud_project_id}}"
 
 
+def local_registration(would_register: bool) -> dict:
+    """The `registration` section of a local run's summary: the gate's decision only."""
+    return {"would_register": bool(would_register), "uploaded": False,
+            "note": "the local run never uploads to the Vertex Model Registry"}
+
+
 def add_upload(image: str, gate, model, display_name, serving_image: str,
                encryption_spec_key_name: str, **serving) -> None:
     """Adds, inside a pipeline body, the steps that upload `model` when `gate` says so.

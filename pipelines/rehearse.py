@@ -64,8 +64,7 @@ GCPC_LAUNCHER_PREFIX = "google_cloud_pipeline_components.container."
 # Vertex API call like GCPC's, so it is stood in for, from the `registry` given.
 REGISTRY_LOOKUP = "find_registered_model"
 SUMMARIES = {image.PIPELINE_NAME: image.summarize,
-             text.PIPELINE_NAME: lambda outputs: text.summarize(
-                 {name: a.path for name, a in outputs.items() if hasattr(a, "path")}),
+             text.PIPELINE_NAME: text.summarize_run,
              lm.PIPELINE_NAME: lambda outputs: lm.summarize(
                  {name: a.path for name, a in outputs.items() if hasattr(a, "path")})}
 
@@ -634,11 +633,13 @@ class Rehearsal:
             hit = self.cache.get(record.cache_key)
             record.cache = "hit" if hit else "miss"
             if hit:
+                self._bring_cached_outputs(hit)
                 record.state = "cached"
                 print(f"[rehearse] {record.display_name}: cache hit, outputs of an earlier run "
                       "reused")
                 return {"parameters": hit["parameters"],
-                        "artifacts": {k: ArtifactRef(**a) for k, a in hit["artifacts"].items()}}
+                        "artifacts": {k: ArtifactRef(**{**a, "path": self.local(a["uri"])})
+                                      for k, a in hit["artifacts"].items()}}
         task_uuid = hashlib.sha1(f"{self.job_uuid}/{record.name}".encode()).hexdigest()[:12]
         executor_input = self._executor_input(record, component, values, inputs, task_uuid)
         definitions = component.get("inputDefinitions", {}).get("parameters", {})
@@ -666,6 +667,21 @@ class Rehearsal:
                 "parameters": result["parameters"],
                 "artifacts": {k: dataclasses.asdict(a) for k, a in result["artifacts"].items()}}
         return result
+
+    def _bring_cached_outputs(self, hit: Mapping[str, Any]) -> None:
+        """Copies a cache hit's artifact files from the rehearsal that wrote them into this
+        one's bucket folder, at the same gs:// URIs: on Vertex every run reads one bucket,
+        so a later step can read a cached step's outputs. (An artifact may have no file,
+        e.g. a `Metrics` output holds only metadata.)"""
+        for artifact in hit["artifacts"].values():
+            source, target = artifact["path"], self.local(artifact["uri"])
+            if not os.path.exists(source) or os.path.exists(target):
+                continue
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if os.path.isdir(source):
+                shutil.copytree(source, target)
+            else:
+                shutil.copy2(source, target)
 
     def _custom_job(self, record: TaskRecord, args: list[str]) -> None:
         from google.cloud import aiplatform_v1

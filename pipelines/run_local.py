@@ -32,7 +32,7 @@ LOCAL_IMAGE = "local/vertex-gpu-pipelines:dev"
 PIPELINES = {"image": image.build, "text": text.build, "lm": lm.build}
 SUMMARIES = {
     "image": image.summarize,
-    "text": lambda outputs: text.summarize({name: a.path for name, a in outputs.items()}),
+    "text": text.summarize_run,
     "lm": lambda outputs: lm.summarize({name: a.path for name, a in outputs.items()}),
 }
 _TYPES = {"String": str, "Integer": int, "Float": float, "Boolean": None}

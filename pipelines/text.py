@@ -1,4 +1,5 @@
-"""The text classification pipeline: prepare/split a labelled CSV, train ULMFiT, evaluate."""
+"""The text classification pipeline: prepare/split a labelled CSV, train ULMFiT, evaluate
+(-> register)."""
 # No `from __future__ import annotations` here: KFP reads the pipeline signature's real types.
 
 import json
@@ -13,10 +14,17 @@ from components.evaluate_text import component as evaluate_component
 from components.predict import component as predict_component
 from components.preflight import component as preflight_component
 from components.prepare_text import component as prepare_component
+from components.register import component as register_component
 from components.train_text import component as train_component
+from pipelines import registry
 from pipelines.vertex import VertexSettings
 
 PIPELINE_NAME = "text-classifier"
+# Where the fastai image's server (`python -m pipelines.serve`, its default command) listens
+# when Vertex serves a registered text model.
+SERVING_PORT = 8080
+SERVING_ROUTES = {"health_route": "/health", "predict_route": "/predict"}
+
 
 class Outputs(NamedTuple):
     metrics: Metrics
@@ -24,6 +32,7 @@ class Outputs(NamedTuple):
     evaluation: Artifact
     model: Model
     dataset: Dataset
+    register: bool
 
 
 def build(image: str, vertex: "VertexSettings | None" = None):
@@ -32,16 +41,20 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     Args:
         image: URI of the fastai runtime image every step runs in.
         vertex: Where each step runs on Vertex; None for the local (`kfp.local`) variant,
-            whose steps run as plain components.
+            whose steps run as plain components and which skips the Model Registry upload.
+            On Vertex a model that clears the gate is uploaded with `image` as its
+            serving container (its default command is the prediction server).
 
     Returns:
         A `@dsl.pipeline` function whose outputs are `metrics` (the evaluation's
-        scalars), `report`, `evaluation` (folder with metrics.json), `model` and `dataset`.
+        scalars), `report`, `evaluation` (folder with metrics.json), `model`, `dataset`
+        and `register` (the registration gate's decision).
     """
     preflight_op = preflight_component.build_text(image)
     prepare_op = prepare_component.build(image)
     train_op = train_component.build(image)
     evaluate_op = evaluate_component.build(image)
+    gate_op = register_component.build_gate(image)
     predict_op = predict_component.build(image)
     if vertex is not None:
         # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
@@ -55,8 +68,8 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     default_job_account = vertex.service_account if vertex is not None else ""
 
     @dsl.pipeline(name=PIPELINE_NAME,
-                  description="Splits a labelled text CSV, trains a fastai ULMFiT classifier "
-                              "and evaluates it on the test split.")
+                  description="Splits a labelled text CSV, trains a fastai ULMFiT classifier, "
+                              "evaluates it on the test split and registers it.")
     def text_pipeline(
         data_uri: str,
         lm_assets: str = "",
@@ -86,6 +99,10 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         model_config: str = "",
         eval_split: str = "test",
         eval_batch_size: int = 64,
+        register_model: bool = True,
+        registration_metric: str = "micro_f1",
+        registration_threshold: float = 0.5,
+        model_display_name: str = "ulmfit-text-classifier",
         predict_uri: str = "",
         job_service_account: str = default_job_account,
     ) -> Outputs:
@@ -120,8 +137,12 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             model_config: JSON of AWD_LSTM settings when training from scratch; empty for defaults.
             eval_split: Split the evaluation scores: test, validation or train.
             eval_batch_size: Texts per forward pass in the evaluation (and prediction).
+            register_model: Upload the model to the Vertex Model Registry when it clears the threshold.
+            registration_metric: Evaluation metric compared with the threshold: "micro_f1" (the accuracy for one class per row) or "macro_f1".
+            registration_threshold: Register only when the metric on the evaluated split is at least this.
+            model_display_name: Name of the model in the Model Registry; a later run adds a version to it.
             predict_uri: gs:// CSV of new texts (the training text column) to label with the trained model, one JSON line per row; empty skips prediction.
-            job_service_account: Service account the custom jobs (sharding, training, evaluation) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
+            job_service_account: Service account the custom jobs (preparation, training, evaluation, prediction) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
         """
         # First, before anything else is named: every pipeline parameter, checked on a
         # light machine before the first paid job; never cached (it fingerprints the data).
@@ -148,6 +169,14 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             model=train.outputs["model"], dataset=prepare.outputs["dataset"], split=eval_split,
             batch_size=eval_batch_size, **job,
         ).set_display_name("evaluate-text")
+        gate = gate_op(
+            evaluation=evaluate.outputs["evaluation"], metric=registration_metric,
+            threshold=registration_threshold, enabled=register_model,
+        ).set_display_name("registration-gate")
+        if vertex is not None:
+            registry.add_upload(image, gate, train.outputs["model"], model_display_name, image,
+                                vertex.encryption_spec_key_name, subdir=".",
+                                port=SERVING_PORT, **SERVING_ROUTES)
         with dsl.If(predict_uri != "", name="prediction-requested"):
             predict_op(
                 model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
@@ -155,9 +184,27 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             ).set_display_name("predict")
         return Outputs(metrics=evaluate.outputs["metrics"], report=evaluate.outputs["report"],
                        evaluation=evaluate.outputs["evaluation"], model=train.outputs["model"],
-                       dataset=prepare.outputs["dataset"])
+                       dataset=prepare.outputs["dataset"], register=gate.outputs["Output"])
 
     return text_pipeline
+
+
+def summarize_run(outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run of the text pipeline produced, from its outputs as a runner returns them.
+
+    Args:
+        outputs: Output name to artifact (with `.path`), and "register" to the gate's
+            decision, as `kfp.local` (or the rehearsal) returns the pipeline's outputs.
+
+    Returns:
+        `summarize` of the artifacts, plus `registration` when the gate's decision is there.
+    """
+    summary = summarize({name: value.path for name, value in outputs.items()
+                         if hasattr(value, "path")})
+    if "register" in outputs:
+        summary["registration"] = registry.local_registration(outputs["register"])
+        summary["artifacts"] = summary.pop("artifacts")  # last, as in the image summary
+    return summary
 
 
 def _read_json(path: str) -> dict[str, Any] | None:

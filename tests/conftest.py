@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -94,3 +102,49 @@ def gcs(gcs_emulator, monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
     monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     return storage.Client(project="test-project", credentials=AnonymousCredentials())
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(address, method, path, body=None, headers=None):
+    """(status, parsed JSON) of one request on a fresh connection."""
+    conn = http.client.HTTPConnection(*address, timeout=60)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def served_as_on_vertex(aip: dict[str, str], log_path: str):
+    """Runs `python -m pipelines.serve` with only Vertex's `AIP_*` variables set (port,
+    routes, model location) until its health route answers 200; yields its address, and
+    stops it as Vertex does (SIGTERM) afterwards, checking it shut down cleanly."""
+    port = int(aip["AIP_HTTP_PORT"])
+    env = {**os.environ, **aip}
+    with open(log_path, "w+") as log:
+        process = subprocess.Popen([sys.executable, "-m", "pipelines.serve"], env=env,
+                                   stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 90
+            while True:
+                assert process.poll() is None, open(log_path).read()
+                assert time.monotonic() < deadline, open(log_path).read()
+                try:
+                    if http_json(("127.0.0.1", port), "GET", aip["AIP_HEALTH_ROUTE"])[0] == 200:
+                        break
+                except OSError:  # not listening yet: the model is loading
+                    time.sleep(0.2)
+            yield ("127.0.0.1", port)
+        finally:
+            process.terminate()
+            # uvicorn shuts down gracefully on SIGTERM, then dies of it (as Vertex expects)
+            assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in open(log_path).read()

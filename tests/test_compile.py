@@ -156,10 +156,19 @@ def test_trainer_runs_on_gpus_with_replicas_and_restart_settings(tmp_path):
 SERVING = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15@sha256:" + "b" * 64
 
 
-def test_model_upload_only_when_the_gate_says_so(tmp_path):
+@pytest.mark.parametrize("pipeline, served", [
+    # the image model: its SavedModel in the prebuilt TensorFlow image given
+    ("image_pipeline.json", {"serving_image": SERVING}),
+    # the text model: the whole model folder in our fastai image, whose default command
+    # is the prediction server (pipelines.serve) on Vertex's port and our routes
+    ("text_pipeline.json", {"serving_image": f"{REGISTRY}/fastai:0a1b2c3", "subdir": ".",
+                            "port": 8080, "health_route": "/health",
+                            "predict_route": "/predict"}),
+])
+def test_model_upload_only_when_the_gate_says_so(tmp_path, pipeline, served):
     spec = json.loads((_compile(tmp_path, "--serving-image", SERVING, "--encryption-key",
                                 "projects/p/locations/l/keyRings/r/cryptoKeys/k")
-                       / "image_pipeline.json").read_text())
+                       / pipeline).read_text())
     tasks = spec["root"]["dag"]["tasks"]
     condition = next(t for t in tasks.values()
                      if "registration-gate" in t.get("triggerPolicy", {}).get("condition", ""))
@@ -189,8 +198,9 @@ def test_model_upload_only_when_the_gate_says_so(tmp_path):
             "{{$.pipeline_google_cloud_location}}"
         assert params["encryption_spec_key_name"]["runtimeValue"]["constant"].endswith(
             "cryptoKeys/k")
-    assert inner["serving-model"]["inputs"]["parameters"]["run_name"]["runtimeValue"][
-        "constant"] == "{{$.pipeline_job_name}}"
+    serving = inner["serving-model"]["inputs"]["parameters"]
+    assert serving["run_name"]["runtimeValue"]["constant"] == "{{$.pipeline_job_name}}"
+    assert {name: serving[name]["runtimeValue"]["constant"] for name in served} == served
     # the gate and the serving-model copy are light steps, not GPU custom jobs
     assert "worker_pool_specs" not in spec["components"]["comp-registration-gate"][
         "inputDefinitions"]["parameters"]

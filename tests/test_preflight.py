@@ -87,6 +87,10 @@ def test_image_settings_a_later_step_refuses(changes, message):
     ({"eval_split": "holdout"}, "eval_split must be"),
     ({"model_config": "[1]"}, "model_config must be a JSON object"),
     ({"pretrained": True}, "pretrained is true but lm_assets is empty"),
+    # accuracy is the image pipeline's: multi-label evaluations have no top-level accuracy
+    ({"registration_metric": "accuracy"},
+     r"registration_metric must be one of \['micro_f1', 'macro_f1'\]"),
+    ({"registration_threshold": -0.1}, "registration_threshold must be in"),
 ])
 def test_text_settings_a_later_step_refuses(changes, message):
     with pytest.raises(PreflightError, match=message):

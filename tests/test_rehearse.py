@@ -18,7 +18,7 @@ import pytest
 import compile as compile_cli
 from pipelines import rehearse
 from pipelines.demo_text import write_reviews_csv
-from tests.conftest import write_class_images
+from tests.conftest import free_port, http_json, served_as_on_vertex, write_class_images
 
 SERVING = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15@sha256:" + "c" * 64
 
@@ -313,11 +313,13 @@ def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path
 @pytest.mark.slow
 def test_text_pipeline_rehearsed_with_only_the_data_and_cached_until_the_data_changes(tmp_path):
     """README step 4 sets only data_uri; a re-run reuses cached steps while the CSV is the
-    same, and re-reads it once it changed (the preflight fingerprint is in the cache key)."""
+    same, and re-reads it once it changed (the preflight fingerprint is in the cache key).
+    The model clears the gate (threshold 0), no model has the display name yet, so the
+    upload creates one; the uploaded folder serves with the upload's own container spec."""
     path = os.path.join(_compile(tmp_path), "text_pipeline.json")
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=80, seed=3)
-    small = {"epochs": "1", "lm_epochs": "0", "min_freq": "1",
+    small = {"epochs": "1", "lm_epochs": "0", "min_freq": "1", "registration_threshold": "0",
              "model_config": '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'}
     index = str(tmp_path / "cache.json")
 
@@ -328,26 +330,61 @@ def test_text_pipeline_rehearsed_with_only_the_data_and_cached_until_the_data_ch
 
     first = rehearse.rehearse(path, str(tmp_path / "r1"), {"data_uri": str(csv), **small},
                               cache_index=index)
-    states = {t["name"]: (t["state"], t["cache"]) for t in first["rehearsal"]["tasks"]}
-    assert states == {"preflight-text": ("succeeded", "disabled"),
-                      "prepare-text-data": ("succeeded", "miss"),
-                      "train-text-classifier": ("succeeded", "miss"),
-                      "evaluate-text-classifier": ("succeeded", "miss"),
-                      "condition-1": ("skipped", "disabled")}  # no predict_uri: no predict step
+    states = {t["display_name"]: (t["state"], t["cache"]) for t in first["rehearsal"]["tasks"]}
+    assert states == {
+        "preflight": ("succeeded", "disabled"),
+        "prepare-text": ("succeeded", "miss"),
+        "train-text": ("succeeded", "miss"),
+        "evaluate-text": ("succeeded", "miss"),
+        "registration-gate": ("succeeded", "miss"),
+        "model-clears-threshold": ("succeeded", "disabled"),
+        "serving-model": ("succeeded", "miss"),
+        "find-registered-model": ("not-executed", "disabled"),  # a Vertex call: stood in for
+        "condition-branches-2": ("succeeded", "disabled"),
+        "model-exists": ("skipped", "disabled"),
+        "new-model": ("succeeded", "disabled"),
+        "register-model": ("not-executed", "miss"),
+        "prediction-requested": ("skipped", "disabled")}  # no predict_uri: no predict step
     evaluation = json.loads(open(os.path.join(first["artifacts"]["evaluation"],
                                               "metrics.json")).read())
     assert first["metrics"]["micro_f1"] == evaluation["micro_f1"]
+    assert first["registration"]["would_register"] is True
+
+    (request,) = [json.loads(p.read_text())["request"]
+                  for p in (tmp_path / "r1" / "vertex-requests").glob("*.json")
+                  if json.loads(p.read_text())["type"] == "UploadModel"]
+    assert "parent_model" not in request and request["display_name"] == "ulmfit-text-classifier"
+    container = request["container_spec"]
+    assert container["image_uri"] == "europe-west4-docker.pkg.dev/acme/pipes/fastai:abc123"
+    assert "command" not in container  # the image's default command serves
+    # What Vertex would do with that request: copy artifact_uri, start the image's server
+    # with AIP_* set from the container spec; a prediction follows the route it was given.
+    uploaded = request["artifact_uri"].replace("gs://", str(tmp_path / "r1" / "gcs") + "/")
+    aip = {"AIP_HTTP_PORT": str(free_port()), "AIP_STORAGE_URI": uploaded,
+           "AIP_HEALTH_ROUTE": container["health_route"],
+           "AIP_PREDICT_ROUTE": container["predict_route"]}
+    assert container["ports"] == [{"container_port": 8080}]  # Vertex's port, set as the port
+    with served_as_on_vertex(aip, str(tmp_path / "serve.log")) as address:
+        status, answer = http_json(address, "POST", container["predict_route"],
+                                   json.dumps({"instances": ["livraison rapide"]}).encode())
+    assert status == 200 and set(answer["predictions"][0]) == {"labels", "scores"}
+    assert set(answer["predictions"][0]["scores"]) == set(evaluation["per_label"])
 
     again = rehearse.rehearse(path, str(tmp_path / "r2"), {"data_uri": str(csv), **small},
                               cache_index=index)
-    assert {t["name"]: t["state"] for t in again["rehearsal"]["tasks"]} == {
-        "preflight-text": "succeeded", "prepare-text-data": "cached",
-        "train-text-classifier": "cached", "evaluate-text-classifier": "cached",
-        "condition-1": "skipped"}
+    cached = {t["display_name"]: t["state"] for t in again["rehearsal"]["tasks"]}
+    assert {name: cached[name] for name in ("preflight", "prepare-text", "train-text",
+                                            "evaluate-text", "registration-gate")} == {
+        "preflight": "succeeded", "prepare-text": "cached", "train-text": "cached",
+        "evaluate-text": "cached", "registration-gate": "cached"}
+    # serving-model runs again (its run name changed) and reads the cached model, which
+    # on Vertex lies in the one bucket every run shares
+    assert cached["serving-model"] == "succeeded"
     assert again["metrics"] == first["metrics"]
 
     write_reviews_csv(str(csv), rows=90, seed=4)  # the bucket changed
     changed = rehearse.rehearse(path, str(tmp_path / "r3"), {"data_uri": str(csv), **small},
                                 cache_index=index)
-    assert {t["name"]: (t["state"], t["cache"]) for t in changed["rehearsal"]["tasks"]} == states
+    assert {t["display_name"]: (t["state"], t["cache"])
+            for t in changed["rehearsal"]["tasks"]} == states
     assert changed["preparation"]["rows_in"] == 90

@@ -8,10 +8,7 @@ prediction's for the same texts. Bad requests get a JSON 4xx and the server serv
 import http.client
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -28,6 +25,7 @@ from components.predict.serving import (
 )
 from components.train_text.contract import read_labels
 from pipelines import serve as serve_cli
+from tests.conftest import free_port, http_json, served_as_on_vertex
 
 TEXTS = ["Livraison rapide, prix correct.", "Le service client est nul.",
          "Qualité excellente mais un peu cher", "", "ok"]
@@ -140,20 +138,9 @@ def server(text_model):
         sock.close()
 
 
-def _request(address, method, path, body=None, headers=None):
-    """(status, parsed JSON) of one request on a fresh connection."""
-    conn = http.client.HTTPConnection(*address, timeout=60)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
-
-
 def _predict(address, payload):
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return _request(address, "POST", "/predict", body, {"Content-Type": "application/json"})
+    return http_json(address, "POST", "/predict", body, {"Content-Type": "application/json"})
 
 
 def _still_serving(address):
@@ -163,7 +150,7 @@ def _still_serving(address):
 
 @pytest.mark.slow
 def test_health_and_predictions_equal_batch_prediction(server, text_model, tmp_path):
-    assert _request(server, "GET", "/health") == (200, {"status": "ok"})
+    assert http_json(server, "GET", "/health") == (200, {"status": "ok"})
     pd.DataFrame({"avis": TEXTS}).to_csv(tmp_path / "new.csv", index=False)
     assert _batch(text_model, tmp_path)["predicted"] == len(TEXTS) - 1
     expected = read_predictions(str(tmp_path / "p.jsonl"))
@@ -235,14 +222,8 @@ def test_body_limit_holds_whatever_the_headers_say(server):
 
 @pytest.mark.slow
 def test_other_paths_and_methods_answer_json(server):
-    assert _request(server, "GET", "/predict") == (405, {"error": "Method Not Allowed"})
-    assert _request(server, "GET", "/nowhere") == (404, {"error": "Not Found"})
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    assert http_json(server, "GET", "/predict") == (405, {"error": "Method Not Allowed"})
+    assert http_json(server, "GET", "/nowhere") == (404, {"error": "Not Found"})
 
 
 @pytest.mark.slow
@@ -251,33 +232,16 @@ def test_cli_as_vertex_runs_it_with_the_model_on_gcs(text_model, gcs, tmp_path):
     bucket = gcs.create_bucket("models")
     for name in os.listdir(text_model):
         bucket.blob(f"text/{name}").upload_from_filename(os.path.join(text_model, name))
-    port = _free_port()
+    port = free_port()
     route = "/v1/endpoints/1/deployedModels/2:predict"
-    env = {**os.environ, "AIP_HTTP_PORT": str(port), "AIP_HEALTH_ROUTE": "/v1/health",
+    aip = {"AIP_HTTP_PORT": str(port), "AIP_HEALTH_ROUTE": "/v1/health",
            "AIP_PREDICT_ROUTE": route, "AIP_STORAGE_URI": "gs://models/text"}
-    log = open(tmp_path / "serve.log", "w+")
-    process = subprocess.Popen([sys.executable, "-m", "pipelines.serve"], env=env,
-                               stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
-            try:
-                if _request(("127.0.0.1", port), "GET", "/v1/health")[0] == 200:
-                    break
-            except OSError:  # not listening yet: the model is loading
-                time.sleep(0.2)
-        status, answer = _request(("127.0.0.1", port), "POST", route,
-                                  json.dumps({"instances": [{"avis": TEXTS[0]}]}).encode())
+    log = str(tmp_path / "serve.log")
+    with served_as_on_vertex(aip, log) as address:
+        status, answer = http_json(address, "POST", route,
+                                   json.dumps({"instances": [{"avis": TEXTS[0]}]}).encode())
         assert status == 200 and list(answer["predictions"][0]) == ["labels", "scores"]
-    finally:
-        process.terminate()
-        # uvicorn shuts down gracefully on SIGTERM, then dies of it (as Vertex expects)
-        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
-        log.close()
-    text = (tmp_path / "serve.log").read_text()
-    assert "Application shutdown complete" in text
+    text = open(log).read()
     assert f"GET /v1/health, POST {route}" in text and f"0.0.0.0:{port}" in text
 
 

@@ -27,9 +27,12 @@ def test_compiled_spec_runs_training_on_a_t4(tmp_path):
     pools = {name: c["inputDefinitions"]["parameters"]["worker_pool_specs"]["defaultValue"]
              for name, c in spec["components"].items()
              if "worker_pool_specs" in c["inputDefinitions"]["parameters"]}
-    # preflight is the one light step: it runs on Vertex's default machine, not as a job
-    # (comp-condition-1 is the DAG that holds the predict step when predict_uri is set)
-    assert set(spec["components"]) - set(pools) == {"comp-preflight-text", "comp-condition-1"}
+    # the light steps (preflight, the registration gate and what uploads a model that
+    # clears it) run on Vertex's default machine, not as jobs; the conditions are DAGs
+    assert {name for name in set(spec["components"]) - set(pools)
+            if not name.startswith("comp-condition")} == {
+        "comp-preflight-text", "comp-registration-gate", "comp-serving-model",
+        "comp-find-registered-model", "comp-model-upload", "comp-model-upload-2"}
     assert set(pools) == {"comp-prepare-text-data", "comp-train-text-classifier",
                           "comp-evaluate-text-classifier", "comp-predict"}
     assert pools["comp-train-text-classifier"][0]["machine_spec"] == {
@@ -46,6 +49,8 @@ def test_compiled_spec_runs_training_on_a_t4(tmp_path):
     assert params["lang"]["defaultValue"] == "fr" and params["epochs"]["defaultValue"] == 8
     assert set(root["outputDefinitions"]["artifacts"]) == {
         "metrics", "report", "evaluation", "model", "dataset"}
+    assert set(root["outputDefinitions"]["parameters"]) == {"register"}
+    assert params["registration_metric"]["defaultValue"] == "micro_f1"
 
 
 def test_demo_csv_is_reproducible(tmp_path):
@@ -69,8 +74,12 @@ def test_text_pipeline_end_to_end_with_kfp_local(tmp_path, monkeypatch):
     task = text.build("local/vertex-gpu-pipelines:dev")(
         data_uri=data, pretrained=False, lm_epochs=0, epochs=8, batch_size=16, min_freq=1,
         seq_len=24, model_config=SMALL, predict_uri=data)
-    artifacts = {name: artifact.path for name, artifact in task.outputs.items()}
-    summary = text.summarize(artifacts)
+    artifacts = {name: artifact.path for name, artifact in task.outputs.items()
+                 if name != "register"}
+    summary = text.summarize_run(task.outputs)
+    # the gate (micro F1 >= 0.5 by default) decided; a local run never uploads
+    assert summary["registration"]["would_register"] is (summary["metrics"]["micro_f1"] >= 0.5)
+    assert summary["registration"]["uploaded"] is False
 
     labels = [*demo_text.LABEL_WORDS, "other"]
     metrics = summary["metrics"]

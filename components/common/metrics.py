@@ -140,8 +140,10 @@ def single_label_metrics(
 
     Returns:
         A JSON-ready dict: `task` ("single_label"), `num_examples`, `classes`,
-        `accuracy`, `macro_precision`, `macro_recall`, `macro_f1`, `weighted_f1`,
-        `per_class` ({name: {precision, recall, f1, support, predicted}}),
+        `accuracy`, `micro_f1` (equal to the accuracy when each example has one
+        class; named so that one metric name gates both kinds of task),
+        `macro_precision`, `macro_recall`, `macro_f1`, `weighted_f1`, `per_class`
+        ({name: {precision, recall, f1, support, predicted}}),
         `confusion_matrix` ({labels, matrix}: rows true, columns predicted), and for
         k == 2 `positive_class` (class 1), `roc_auc` and `roc` ({fpr, tpr,
         thresholds, auc}); `roc_auc` and `roc` are None when the data holds only one
@@ -178,6 +180,7 @@ def single_label_metrics(
         "num_examples": int(n),
         "classes": names,
         "accuracy": float(tp.sum() / n),
+        "micro_f1": float(tp.sum() / n),
         "macro_precision": float(precision.mean()),
         "macro_recall": float(recall.mean()),
         "macro_f1": float(f1.mean()),

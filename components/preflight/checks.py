@@ -96,6 +96,24 @@ def _steps(parameters: Mapping[str, Any]) -> int:
         raise PreflightError(f"steps_per_epoch: {err}") from err
 
 
+# Evaluation metrics a pipeline's registration gate may compare with its threshold (every
+# one is in metrics.json for every task the pipeline trains); the first is the default.
+IMAGE_REGISTRATION_METRICS = ("accuracy", "macro_f1")
+TEXT_REGISTRATION_METRICS = ("micro_f1", "macro_f1")
+
+
+def _registration_problems(parameters: Mapping[str, Any], metrics: tuple[str, ...]) -> list[str]:
+    problems = []
+    if parameters.get("registration_metric", metrics[0]) not in metrics:
+        problems.append(f"registration_metric must be one of {list(metrics)}, got "
+                        f"{parameters['registration_metric']!r}")
+    if "registration_threshold" in parameters and \
+            not 0 <= _number(parameters, "registration_threshold") <= 1:
+        problems.append("registration_threshold must be in [0, 1], got "
+                        f"{parameters['registration_threshold']}")
+    return problems
+
+
 def check_image_run(parameters: Mapping[str, Any]) -> None:
     """Refuses image pipeline parameters that the sharding, training or evaluation step
     would refuse after the steps before them ran.
@@ -120,13 +138,7 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
         if name in parameters and not _number(parameters, name) > 0:
             problems.append(f"{name} must be > 0: the pipeline trains on the train split and "
                             "evaluates on the test split")
-    if parameters.get("registration_metric", "accuracy") not in ("accuracy", "macro_f1"):
-        problems.append("registration_metric must be 'accuracy' or 'macro_f1', got "
-                        f"{parameters['registration_metric']!r}")
-    if "registration_threshold" in parameters and \
-            not 0 <= _number(parameters, "registration_threshold") <= 1:
-        problems.append("registration_threshold must be in [0, 1], got "
-                        f"{parameters['registration_threshold']}")
+    problems += _registration_problems(parameters, IMAGE_REGISTRATION_METRICS)
     if "eval_batch_size" in parameters and not _number(parameters, "eval_batch_size") >= 1:
         problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
     if problems:
@@ -184,6 +196,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
                         "evaluates on the test split)")
     if "eval_batch_size" in parameters and not _number(parameters, "eval_batch_size") >= 1:
         problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
+    problems += _registration_problems(parameters, TEXT_REGISTRATION_METRICS)
     if problems:
         raise PreflightError("; ".join(problems))
 

@@ -91,6 +91,10 @@ def preflight_text(
     model_config: str = "",
     eval_split: str = "test",
     eval_batch_size: int = 64,
+    register_model: bool = True,
+    registration_metric: str = "micro_f1",
+    registration_threshold: float = 0.5,
+    model_display_name: str = "ulmfit-text-classifier",
     predict_uri: str = "",
     job_service_account: str = "",
 ) -> str:

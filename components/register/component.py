@@ -13,8 +13,8 @@ from kfp.dsl import Artifact, Input, Markdown, Model, Output
 def registration_gate(
     evaluation: Input[Artifact],
     decision: Output[Markdown],
-    metric: str = "accuracy",
-    threshold: float = 0.8,
+    metric: str,
+    threshold: float,
     enabled: bool = True,
 ) -> bool:
     """Says whether the evaluated model is good enough to register.
@@ -22,7 +22,7 @@ def registration_gate(
     Args:
         evaluation: The evaluation step's folder holding metrics.json.
         decision: The decision and its reason, shown in the console either way.
-        metric: Top-level number of metrics.json compared with the threshold, e.g. "accuracy" or "macro_f1".
+        metric: Top-level number of metrics.json compared with the threshold, e.g. "accuracy", "micro_f1" or "macro_f1" (each pipeline has its own default).
         threshold: Register when the metric is at least this.
         enabled: False never registers.
 
