@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import warnings
 from importlib.metadata import version
@@ -27,6 +28,9 @@ from pipelines.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_
 
 PLACEHOLDER_REGISTRY = "us-central1-docker.pkg.dev/your-project/vertex-gpu-pipelines"
 RUNTIMES = ("tensorflow", "fastai")
+# A Vertex AI TensorBoard instance: project id or number, region, numeric instance id.
+TENSORBOARD_NAME = re.compile(r"^projects/[a-z0-9][a-z0-9.:-]*/locations/[a-z]+-[a-z]+[0-9]+/"
+                              r"tensorboards/[0-9]+$")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,6 +67,10 @@ def parser() -> argparse.ArgumentParser:
                         "without it, models are evaluated but never uploaded")
     j.add_argument("--base-output-directory", default="",
                    help="gs:// folder for job outputs (makes Vertex set AIP_* directories)")
+    j.add_argument("--tensorboard", default="",
+                   help="Vertex AI TensorBoard the training jobs upload their per-epoch series "
+                        "to, projects/PROJECT/locations/REGION/tensorboards/ID (the pipeline's "
+                        "region); needs --base-output-directory and --service-account")
     return p
 
 
@@ -114,6 +122,25 @@ def image_uris(args: argparse.Namespace) -> dict[str, str]:
     return uris
 
 
+def tensorboard_problems(args: argparse.Namespace) -> list[str]:
+    """What Vertex would reject in a custom job with `--tensorboard`, each naming the option."""
+    if not args.tensorboard:
+        return []
+    problems = []
+    if not TENSORBOARD_NAME.match(args.tensorboard):
+        problems.append(f"--tensorboard {args.tensorboard!r} is not a TensorBoard resource name; "
+                        "give projects/PROJECT/locations/REGION/tensorboards/NUMERIC_ID")
+    # Vertex uploads from the job's AIP_TENSORBOARD_LOG_DIR, which only exists under a
+    # base output directory, and refuses a TensorBoard without a user-managed account.
+    if not args.base_output_directory.startswith("gs://"):
+        problems.append("--tensorboard needs --base-output-directory gs://BUCKET/DIR (a "
+                        "bucket in the TensorBoard's region) for the jobs' log directory")
+    if not args.service_account:
+        problems.append("--tensorboard needs --service-account EMAIL (a user-managed service "
+                        "account with roles/aiplatform.user and storage access)")
+    return problems
+
+
 def vertex_settings(args: argparse.Namespace) -> VertexSettings:
     if args.serving_image and not is_pinned(args.serving_image):
         raise SystemExit(f"error: --serving-image {args.serving_image!r} must carry a digest "
@@ -125,6 +152,7 @@ def vertex_settings(args: argparse.Namespace) -> VertexSettings:
     }
     problems = [problem for step, machine in machines.items()
                 for problem in machine_problems(step, machine)]
+    problems += tensorboard_problems(args)
     if problems:
         raise SystemExit("error: " + "\nerror: ".join(problems))
     return VertexSettings(
@@ -136,6 +164,7 @@ def vertex_settings(args: argparse.Namespace) -> VertexSettings:
         encryption_spec_key_name=args.encryption_key,
         base_output_directory=args.base_output_directory,
         serving_image=args.serving_image,
+        tensorboard=args.tensorboard,
     )
 
 

@@ -56,6 +56,9 @@ DEFAULT_MACHINES: Mapping[str, Machine] = {
 # Steps whose code uses several replicas (multi-worker training); in any other step
 # extra replicas would all run the same step and race on its outputs.
 MULTI_REPLICA_STEPS = ("train_image",)
+# Steps that write per-epoch TensorBoard series; only these get `--tensorboard` (the
+# others write none, and an idle uploader would only add a run to the instance).
+TRAINING_STEPS = ("train_image", "train_text", "train_lm")
 # Machine families that carry each GPU (Vertex rejects other pairs when the job starts).
 GPU_MACHINE_FAMILIES = {
     "NVIDIA_TESLA_K80": ("n1",), "NVIDIA_TESLA_P4": ("n1",), "NVIDIA_TESLA_P100": ("n1",),
@@ -131,6 +134,8 @@ class VertexSettings:
         timeout: Longest a job may run, e.g. "86400s".
         serving_image: Prediction image (pinned) of models uploaded to the Model Registry;
             empty: no upload step is compiled in.
+        tensorboard: Vertex AI TensorBoard the training jobs (TRAINING_STEPS) upload
+            AIP_TENSORBOARD_LOG_DIR to, `projects/P/locations/R/tensorboards/ID`; empty for none.
     """
 
     machines: Mapping[str, Machine] = dataclasses.field(
@@ -143,14 +148,16 @@ class VertexSettings:
     base_output_directory: str = ""
     timeout: str = "604800s"
     serving_image: str = ""
+    tensorboard: str = ""
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
-        """`as_custom_job` with this step's machines."""
-        return as_custom_job(component, self.machines[step], self, display_name)
+        """`as_custom_job` with this step's machines (and the TensorBoard, if it trains)."""
+        return as_custom_job(component, self.machines[step], self, display_name,
+                             tensorboard=self.tensorboard if step in TRAINING_STEPS else "")
 
 
 def as_custom_job(component: Callable, machine: Machine, settings: VertexSettings,
-                  display_name: str) -> Callable:
+                  display_name: str, tensorboard: str = "") -> Callable:
     """Wraps a component so it runs as a Vertex custom training job on `machine`.
 
     Args:
@@ -158,6 +165,8 @@ def as_custom_job(component: Callable, machine: Machine, settings: VertexSetting
         machine: The machines it runs on.
         settings: Job-wide settings.
         display_name: Name of the custom job in the console.
+        tensorboard: Vertex AI TensorBoard the job uploads its TensorBoard logs to; empty for
+            none. Vertex then needs `settings.service_account` and `base_output_directory`.
 
     Returns:
         A component whose `worker_pool_specs` default carries the machine spec.
@@ -179,5 +188,6 @@ def as_custom_job(component: Callable, machine: Machine, settings: VertexSetting
         network=settings.network,
         encryption_spec_key_name=settings.encryption_spec_key_name,
         base_output_directory=settings.base_output_directory,
+        tensorboard=tensorboard,
         timeout=settings.timeout,
     )

@@ -239,7 +239,10 @@ def test_language_model_trains_on_a_gpu_after_a_light_preflight(tmp_path):
     assert pool["machine_spec"] == {"machine_type": "g2-standard-8",
                                     "accelerator_type": "NVIDIA_L4", "accelerator_count": 1}
     tasks = spec["root"]["dag"]["tasks"]
-    assert set(tasks) == {"preflight-lm", "train-language-model"}
+    # condition-1 holds the light MLflow step, run when tracking_uri is set
+    assert set(tasks) == {"preflight-lm", "train-language-model", "condition-1"}
+    assert "worker_pool_specs" not in spec["components"]["comp-track-language-model"][
+        "inputDefinitions"]["parameters"]
     fingerprint = tasks["train-language-model"]["inputs"]["parameters"]["corpus_fingerprint"]
     assert fingerprint["taskOutputParameter"]["producerTask"] == "preflight-lm"
     assert tasks["preflight-lm"]["cachingOptions"] == {}  # never cached
@@ -345,3 +348,114 @@ def test_placeholder_images_compile_outside_the_upload_folder(tmp_path, monkeypa
     assert compile_cli.main([]) == 0
     assert sorted(os.listdir(tmp_path / "build")) == ["local"]
     assert "not for upload" in capsys.readouterr().err
+
+
+TENSORBOARD = "projects/p/locations/us-central1/tensorboards/123"
+TENSORBOARD_FLAGS = ("--tensorboard", TENSORBOARD, "--base-output-directory", "gs://b/out",
+                     "--service-account", "sa@p.iam.gserviceaccount.com")
+# Custom jobs of each pipeline: the training ones upload to the TensorBoard, the rest do not.
+TRAINING_JOBS = {"image_pipeline": "train-image-classifier",
+                 "text_pipeline": "train-text-classifier",
+                 "lm_pipeline": "train-language-model"}
+OTHER_JOBS = {"image_pipeline": ("shard-images", "evaluate-image-classifier", "predict"),
+              "text_pipeline": ("prepare-text-data", "evaluate-text-classifier", "predict"),
+              "lm_pipeline": ()}
+
+
+def _tensorboards(spec: dict) -> dict[str, str]:
+    """The TensorBoard each custom job of the pipeline carries, by component."""
+    return {name[len("comp-"):]: params["tensorboard"]["defaultValue"]
+            for name, component in spec["components"].items()
+            if "tensorboard" in (params := component.get("inputDefinitions", {})
+                                 .get("parameters", {}))}
+
+
+def _custom_job_request(spec: dict, component: str) -> aiplatform_v1.CreateCustomJobRequest:
+    """The request GCPC's launcher sends for `component`, from its compiled defaults."""
+    from google_cloud_pipeline_components.container.v1.custom_job import remote_runner
+    from google_cloud_pipeline_components.container.v1.gcp_launcher.utils import json_util
+
+    params = spec["components"][f"comp-{component}"]["inputDefinitions"]["parameters"]
+    executor = spec["components"][f"comp-{component}"]["executorLabel"]
+    args = spec["deploymentSpec"]["executors"][executor]["container"]["args"]
+    payload = args[args.index("--payload") + 1]
+
+    def value(match: re.Match) -> str:
+        # an optional input without a default (None) goes in as null
+        default = params[match.group(1)].get("defaultValue")
+        # strings sit between quotes in the payload; lists, dicts and bools do not
+        return json.dumps(default)[1:-1] if isinstance(default, str) else json.dumps(default)
+
+    payload = re.sub(r"\{\{\$\.inputs\.parameters\['(\w+)'\]\}\}", value, payload)
+    # the backend writes whole numbers of the spec's Struct (100.0) as integers (100)
+    job = json_util.recursive_remove_empty(json.loads(
+        payload, strict=False, parse_float=lambda s: int(float(s)) if float(s).is_integer()
+        else float(s)))
+    sent = []
+
+    class Client:  # stands in for Vertex's JobServiceClient
+        def create_custom_job(self, parent, custom_job):
+            sent.append(aiplatform_v1.CreateCustomJobRequest(parent=parent,
+                                                             custom_job=custom_job))
+            return sent[-1].custom_job
+
+    remote_runner.create_custom_job_with_client(Client(), "projects/p/locations/us-central1",
+                                                job)
+    return sent[0]
+
+
+def test_tensorboard_reaches_only_the_training_jobs(tmp_path):
+    out = _compile(tmp_path, *TENSORBOARD_FLAGS)
+    for pipeline, train in TRAINING_JOBS.items():
+        spec = json.loads((out / f"{pipeline}.json").read_text())
+        tensorboards = _tensorboards(spec)
+        assert tensorboards.pop(train) == TENSORBOARD
+        # every other custom job (steps added later included) gets none
+        assert set(tensorboards) >= set(OTHER_JOBS[pipeline])
+        assert set(tensorboards.values()) <= {""}
+        # the CustomJob Vertex gets: a TensorBoard, the account and the output folder
+        job = _custom_job_request(spec, train).custom_job
+        assert job.job_spec.tensorboard == TENSORBOARD
+        assert job.job_spec.service_account == "sa@p.iam.gserviceaccount.com"
+        assert job.job_spec.base_output_directory.output_uri_prefix == "gs://b/out"
+        assert aiplatform_v1.TensorboardServiceClient.parse_tensorboard_path(
+            job.job_spec.tensorboard) == {"project": "p", "location": "us-central1",
+                                          "tensorboard": "123"}
+        for other in OTHER_JOBS[pipeline]:
+            assert not _custom_job_request(spec, other).custom_job.job_spec.tensorboard
+
+
+def test_tensorboard_from_the_config_file(tmp_path):
+    config = tmp_path / "settings.json"
+    config.write_text(json.dumps({"tensorboard": TENSORBOARD, "base_output_directory": "gs://b/o",
+                                  "service_account": "sa@p.iam.gserviceaccount.com"}))
+    spec = json.loads((_compile(tmp_path, "--config", str(config)) / "lm_pipeline.json")
+                      .read_text())
+    assert _tensorboards(spec) == {"train-language-model": TENSORBOARD}
+
+
+def test_no_tensorboard_unless_asked(tmp_path):
+    out = _compile(tmp_path)
+    for pipeline in TRAINING_JOBS:
+        tensorboards = _tensorboards(json.loads((out / f"{pipeline}.json").read_text()))
+        assert tensorboards and set(tensorboards.values()) == {""}
+
+
+@pytest.mark.parametrize("drop, name, message", [
+    ("--base-output-directory", TENSORBOARD, "--tensorboard needs --base-output-directory gs://"),
+    ("--service-account", TENSORBOARD, "--tensorboard needs --service-account EMAIL"),
+    (None, "tensorboards/123", "--tensorboard 'tensorboards/123' is not a TensorBoard resource"),
+    (None, "projects/p/locations/us-central1/tensorboards/tb-1",
+     "give projects/PROJECT/locations/REGION/tensorboards/NUMERIC_ID"),
+    (None, "projects/p/locations/us-central1/tensorboards/123/experiments/x",
+     "is not a TensorBoard resource"),
+])
+def test_tensorboard_needs_its_output_folder_account_and_a_resource_name(tmp_path, drop, name,
+                                                                        message):
+    flags = list(TENSORBOARD_FLAGS)
+    flags[1] = name
+    if drop:
+        del flags[flags.index(drop):flags.index(drop) + 2]
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        _compile(tmp_path, *flags)
+    assert not (tmp_path / "build").exists()

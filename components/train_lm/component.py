@@ -24,6 +24,7 @@ def train_language_model(
     model_config: str = "",
     seed: int = 42,
     corpus_fingerprint: str = "",
+    tensorboard_dir: str = "",
 ):
     """Trains an AWD-LSTM language model on a corpus and writes it as pretrained LM assets.
 
@@ -47,6 +48,7 @@ def train_language_model(
         model_config: JSON object of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}); empty for fastai's defaults. Written to config.json, so the text pipeline builds the same encoder.
         seed: Seed of the held-out draw, initialisation and batch order.
         corpus_fingerprint: Digest of the corpus listing from the preflight step; not read, it only makes the cache key change when the corpus changes.
+        tensorboard_dir: Folder (gs:// or local) of TensorBoard logs, one point per epoch: lm/<field> (forward) and lm_backward/<field> for each field of the training history (train_loss, valid_loss, perplexity, accuracy, seconds), the epoch as step; empty: $AIP_TENSORBOARD_LOG_DIR (this task's sub-folder), else none (the assets folder holds only the files above).
     """
     import dataclasses
     import logging
@@ -64,7 +66,7 @@ def train_language_model(
         mixed_precision=mixed_precision, model_config=parse_model_config(model_config),
         seed=seed,
     )
-    result = train(corpus_uri, lm_assets.path, config)
+    result = train(corpus_uri, lm_assets.path, config, tensorboard_folder=tensorboard_dir)
     for name, run in result["directions"].items():
         prefix = "" if name == "forward" else f"{name}_"
         for key in ("perplexity", "accuracy", "valid_loss"):

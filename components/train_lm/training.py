@@ -53,6 +53,7 @@ from components.common.fastai_text import (
     precision_here,
 )
 from components.common.storage import TMP_PREFIX, run_folder, write_json_atomically
+from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
 from components.train_lm.corpus import Corpus, read_corpus
 from components.train_text.contract import (
@@ -121,8 +122,9 @@ def _load_state(folder: str, run_fingerprint: str) -> dict[str, Any]:
 class _Direction:
     """Checkpoints and state of one direction's model."""
 
-    def __init__(self, folder: str, state: dict[str, Any], name: str):
+    def __init__(self, folder: str, state: dict[str, Any], name: str, tensorboard: ScalarLog):
         self.folder, self.state, self.name = folder, state, name
+        self.tensorboard = tensorboard
         self.mine = state["directions"].setdefault(name, {
             "epochs_done": 0, "checkpoint": None, "done": False, "found_lr": None,
             "history": []})
@@ -152,10 +154,12 @@ class _Direction:
         previous, name = self.mine["checkpoint"], f"{self.name}-{epochs_done}.pth"
         save_model(self.path(name + ".tmp"), learn.model, learn.opt, with_opt=True)
         os.replace(self.path(name + ".tmp"), self.path(name))
-        self.mine["history"].append({"epoch": epochs_done, "seconds": round(seconds, 3),
-                                     **values})
+        row = {"epoch": epochs_done, "seconds": round(seconds, 3), **values}
+        self.mine["history"].append(row)
         self.mine.update(epochs_done=epochs_done, checkpoint=name)
         self.save()
+        # After the save: a resumed run never trains (and logs) this epoch again.
+        self.tensorboard.write(epoch_scalars(tensorboard_prefix(self.name), row), epochs_done)
         if previous and previous != name and os.path.exists(self.path(previous)):
             os.remove(self.path(previous))  # only once the state no longer points at it
 
@@ -165,6 +169,12 @@ class _Direction:
         self.save()
         if checkpoint and os.path.exists(self.path(checkpoint)):
             os.remove(self.path(checkpoint))
+
+
+def tensorboard_prefix(name: str) -> str:
+    """Tag group of a direction's scalars: "lm" (forward, as in the text trainer's logs)
+    or "lm_backward" (like the step's `backward_` metrics)."""
+    return "lm" if name == direction(False) else f"lm_{name}"
 
 
 def _sentencepiece(folder: str, state: dict[str, Any], texts: Sequence[str], config: LMConfig,
@@ -220,6 +230,7 @@ def train_language_model(
     config: LMConfig,
     checkpoint_folder: str | None = None,
     callbacks: Sequence[Callback] = (),
+    tensorboard_folder: str | None = None,
 ) -> dict[str, Any]:
     """Trains an AWD-LSTM language model per direction and writes the LM assets.
 
@@ -232,6 +243,10 @@ def train_language_model(
             AIP_CHECKPOINT_DIR when Vertex sets it, else `<output_dir>/checkpoints`
             (removed once the run is done).
         callbacks: Extra fastai callbacks for every fit (the tests interrupt runs with one).
+        tensorboard_folder: Folder (gs:// or local) of TensorBoard logs, one point per epoch
+            under `lm/<field>` (forward) and `lm_backward/<field>` (history fields), the
+            epoch as step; None or "": this task's folder under AIP_TENSORBOARD_LOG_DIR
+            when set, else no logs (`tensorboard.log_folder`).
 
     Returns:
         The content of lm_metrics.json: `lang`, `perplexity` and `accuracy` (the forward
@@ -258,6 +273,7 @@ def train_language_model(
         "output": os.path.abspath(output_dir)}))
     arch_config = {**awd_lstm_lm_config, **config.model_config}
     precision = precision_here(config.mixed_precision)
+    tensorboard = ScalarLog(log_folder(output_dir, tensorboard_folder))
     scratch = tempfile.mkdtemp(prefix="train_lm_")
     staging = os.path.join(folder, STAGING)
     try:
@@ -267,7 +283,7 @@ def train_language_model(
         tokenizer = make_tokenizer(config.lang, spm, scratch)
         vocab = load_pickle(os.path.join(folder, VOCAB_FILE)) if state["vocab_saved"] else None
         for backwards in config.directions():
-            run = _Direction(folder, state, direction(backwards))
+            run = _Direction(folder, state, direction(backwards), tensorboard)
             if run.mine["done"]:
                 continue
             set_seed(config.seed + int(backwards))
@@ -305,6 +321,7 @@ def train_language_model(
         state["finished"] = True
         write_json_atomically(os.path.join(folder, STATE_FILE), state, sort_keys=False)
     finally:
+        tensorboard.close()
         shutil.rmtree(scratch, ignore_errors=True)
     if checkpoint_folder is None and os.path.abspath(folder) == os.path.abspath(default_folder):
         shutil.rmtree(folder, ignore_errors=True)  # they would ship inside the assets

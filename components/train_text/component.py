@@ -27,6 +27,7 @@ def train_text_classifier(
     mixed_precision: bool = True,
     model_config: str = "",
     seed: int = 42,
+    tensorboard_dir: str = "",
 ):
     """Fine-tunes a language model on the texts, then trains a ULMFiT classifier (fastai AWD-LSTM).
 
@@ -53,6 +54,7 @@ def train_text_classifier(
         mixed_precision: Train in mixed precision on a GPU: bf16 on compute capability 8.0 or more (A100, L4, H100), fp16 on 7.x (V100, T4); never on CPU.
         model_config: JSON object of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}) when training from scratch; empty for fastai's defaults.
         seed: Seed of weights initialisation and batch order.
+        tensorboard_dir: Folder (gs:// or local) of TensorBoard logs, one point per epoch: lm/<field> and classifier/<field> for each field of the training history (train_loss, valid_loss, metrics, seconds), the step counting each model's epochs; empty: $AIP_TENSORBOARD_LOG_DIR (this task's sub-folder), else none (the model folder holds only the files above).
     """
     import dataclasses
     import logging
@@ -73,7 +75,8 @@ def train_text_classifier(
         mixed_precision=mixed_precision, model_config=parse_model_config(model_config),
         seed=seed,
     )
-    result = train(dataset.path, model.path, config, lm_assets_uri=lm_assets_uri)
+    result = train(dataset.path, model.path, config, lm_assets_uri=lm_assets_uri,
+                   tensorboard_folder=tensorboard_dir)
     for name, value in validation_scalars(result).items():
         metrics.log_metric(name, float(value))
     model.metadata.update({

@@ -67,6 +67,7 @@ from components.common.fastai_text import (
 )
 from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
 from components.common.storage import TMP_PREFIX, write_json_atomically
+from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.train_text import schedule
 from components.train_text.assets import LMAssets, fetch_assets
@@ -151,9 +152,10 @@ class _Run:
     """The plan, the state file and the checkpoints of one run."""
 
     def __init__(self, folder: str, plan: list[schedule.Stage], state: dict[str, Any],
-                 monitor: str, callbacks: Sequence[Callback]):
+                 monitor: str, callbacks: Sequence[Callback], tensorboard: ScalarLog):
         self.folder, self.plan, self.state = folder, plan, state
         self.monitor, self.callbacks = monitor, list(callbacks)
+        self.tensorboard = tensorboard
 
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
@@ -232,10 +234,13 @@ class _Run:
                 self.state["best"] = {"value": values[self.monitor], "stage": stage.name,
                                       "epoch": epochs_done, "file": new_best}
             self.state.update(stage=index, epochs_done=epochs_done, checkpoint=name)
-            self.state["history"].append({"stage": stage.name, "model": stage.model,
-                                          "epoch": epochs_done, "seconds": round(seconds, 3),
-                                          **values})
+            row = {"stage": stage.name, "model": stage.model, "epoch": epochs_done,
+                   "seconds": round(seconds, 3), **values}
+            self.state["history"].append(row)
             self.save()
+            # After the save: a resumed run never trains (and logs) this epoch again.
+            self.tensorboard.write(epoch_scalars(stage.model, row),
+                                   model_step(self.state["history"], stage.model))
             # Older files go only once the state no longer points at them.
             self._drop(previous, name)
             if new_best and best:
@@ -278,6 +283,7 @@ def train_text_classifier(
     lm_assets_uri: str = "",
     checkpoint_folder: str | None = None,
     callbacks: Sequence[Callback] = (),
+    tensorboard_folder: str | None = None,
 ) -> dict[str, Any]:
     """Trains a ULMFiT classifier on a prepared dataset and exports it.
 
@@ -291,6 +297,10 @@ def train_text_classifier(
         checkpoint_folder: Where checkpoints and the state file go; default
             `schedule.checkpoint_dir(model_dir)` (AIP_CHECKPOINT_DIR when set).
         callbacks: Extra fastai callbacks for every fit (the tests interrupt runs with one).
+        tensorboard_folder: Folder (gs:// or local) of TensorBoard logs, one point per epoch
+            under `lm/<field>` and `classifier/<field>` (history fields), the step counting
+            each model's epochs; None or "": this task's folder under
+            AIP_TENSORBOARD_LOG_DIR when set, else no logs (`tensorboard.log_folder`).
 
     Returns:
         The content of metrics.json: `task`, `labels`, `split` ("validation"), the validation
@@ -318,6 +328,7 @@ def train_text_classifier(
         config.unfreeze, len(train) // config.batch_size)
     plan = schedule.plan_stages(config.lm_epochs, config.epochs, config.lm_learning_rate,
                                 config.learning_rate, config.pretrained, unfreeze)
+    tensorboard = ScalarLog(log_folder(model_dir, tensorboard_folder))
     scratch = tempfile.mkdtemp(prefix="train_text_")
     try:
         assets: LMAssets | None = None
@@ -349,7 +360,7 @@ def train_text_classifier(
             resumed_from = {"stage": plan[min(state["stage"], len(plan) - 1)].name,
                             "epochs_done": state["epochs_done"]}
             log.info("resuming from %s", resumed_from)
-        run = _Run(folder, plan, state, config.monitor, callbacks)
+        run = _Run(folder, plan, state, config.monitor, callbacks, tensorboard)
         set_seed(config.seed)
 
         frame = _frame(train, valid, text_column, labels, task)
@@ -438,6 +449,7 @@ def train_text_classifier(
         state["finished"] = True
         run.save()
     finally:
+        tensorboard.close()
         shutil.rmtree(scratch, ignore_errors=True)
     if checkpoint_folder is None and \
             os.path.abspath(folder) == os.path.abspath(os.path.join(model_dir, "checkpoints")):
