@@ -15,6 +15,7 @@ from components.preflight import component as preflight_component
 from components.register import component as register_component
 from components.shard import component as shard_component
 from components.shard.contract import MANIFEST_NAME
+from components.track import component as track_component
 from components.train_image import component as train_component
 from pipelines import registry
 from pipelines.vertex import VertexSettings
@@ -40,6 +41,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     evaluate_op = evaluate_component.build(image)
     gate_op = register_component.build_gate(image)
     predict_op = predict_component.build(image)
+    track_op = track_component.build_classifier(image)
     if vertex is not None:
         # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
         shard_op = vertex.wrap(shard_op, "shard", "shard-images")
@@ -96,6 +98,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         registration_threshold: float = 0.8,
         model_display_name: str = "densenet121-image-classifier",
         predict_uri: str = "",
+        tracking_uri: str = "",
         job_service_account: str = default_job_account,
     ) -> Outputs:
         """Trains and evaluates a DenseNet121 classifier on a folder of labelled images.
@@ -135,6 +138,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             registration_threshold: Register only when the metric on the test split is at least this.
             model_display_name: Name of the model in the Model Registry.
             predict_uri: gs:// folder of new images (any depth) to label with the trained model, one JSON line each; empty skips prediction.
+            tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
             job_service_account: Service account the custom jobs (sharding, training, evaluation) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
         """
         # First, before anything else is named: every pipeline parameter, checked on a
@@ -177,6 +181,12 @@ def build(image: str, vertex: "VertexSettings | None" = None):
                 model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
                 **job,
             ).set_display_name("predict")
+        with dsl.If(tracking_uri != "", name="tracking-requested"):
+            track_op(
+                model=train.outputs["model"], evaluation=evaluate.outputs["evaluation"],
+                tracking_uri=tracking_uri, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                experiment=PIPELINE_NAME, kind="image",
+            ).set_display_name("track-run").set_caching_options(False)
         return Outputs(
             dataset=shard.outputs["dataset"],
             model=train.outputs["model"],

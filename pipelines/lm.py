@@ -10,6 +10,7 @@ from kfp import dsl
 from kfp.dsl import Artifact, Metrics
 
 from components.preflight import component as preflight_component
+from components.track import component as track_component
 from components.train_lm import component as train_lm_component
 from components.train_lm.contract import METRICS_FILE
 from pipelines.vertex import VertexSettings
@@ -36,6 +37,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     """
     preflight_op = preflight_component.build_lm(image)
     train_op = train_lm_component.build(image)
+    track_op = track_component.build_language_model(image)
     if vertex is not None:
         # Wrapped before the pipeline body uses it (kubeflow/pipelines#9320).
         train_op = vertex.wrap(train_op, "train_lm", "train-language-model")
@@ -61,6 +63,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         mixed_precision: bool = True,
         model_config: str = "",
         seed: int = 42,
+        tracking_uri: str = "",
         job_service_account: str = default_job_account,
     ) -> Outputs:
         """Trains a language model on a corpus and writes it as pretrained LM assets.
@@ -82,6 +85,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             mixed_precision: bf16 on GPUs of compute capability >= 8.0, fp16 on 7.x (never on CPU).
             model_config: JSON of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}); empty for fastai's defaults.
             seed: Seed of the held-out draw, initialisation and batch order.
+            tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
             job_service_account: Service account the training job runs as on Vertex; empty: Vertex's Custom Code Service Agent. Ignored by local runs.
         """
         # Checked on a light machine before the GPU job; never cached (it fingerprints
@@ -98,6 +102,11 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             mixed_precision=mixed_precision, model_config=model_config, seed=seed,
             corpus_fingerprint=preflight.output, **job,
         ).set_display_name("train-language-model")
+        with dsl.If(tracking_uri != "", name="tracking-requested"):
+            track_op(
+                lm_assets=train.outputs["lm_assets"], tracking_uri=tracking_uri,
+                run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, experiment=PIPELINE_NAME,
+            ).set_display_name("track-run").set_caching_options(False)
         return Outputs(metrics=train.outputs["metrics"], lm_assets=train.outputs["lm_assets"])
 
     return lm_pipeline

@@ -15,6 +15,7 @@ from components.predict import component as predict_component
 from components.preflight import component as preflight_component
 from components.prepare_text import component as prepare_component
 from components.register import component as register_component
+from components.track import component as track_component
 from components.train_text import component as train_component
 from pipelines import registry
 from pipelines.vertex import VertexSettings
@@ -56,6 +57,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     evaluate_op = evaluate_component.build(image)
     gate_op = register_component.build_gate(image)
     predict_op = predict_component.build(image)
+    track_op = track_component.build_classifier(image)
     if vertex is not None:
         # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
         prepare_op = vertex.wrap(prepare_op, "prepare_text", "prepare-text")
@@ -104,6 +106,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         registration_threshold: float = 0.5,
         model_display_name: str = "ulmfit-text-classifier",
         predict_uri: str = "",
+        tracking_uri: str = "",
         job_service_account: str = default_job_account,
     ) -> Outputs:
         """Prepares a labelled text CSV, trains a ULMFiT classifier and evaluates it.
@@ -142,6 +145,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             registration_threshold: Register only when the metric on the evaluated split is at least this.
             model_display_name: Name of the model in the Model Registry; a later run adds a version to it.
             predict_uri: gs:// CSV of new texts (the training text column) to label with the trained model, one JSON line per row; empty skips prediction.
+            tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
             job_service_account: Service account the custom jobs (preparation, training, evaluation, prediction) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
         """
         # First, before anything else is named: every pipeline parameter, checked on a
@@ -182,6 +186,13 @@ def build(image: str, vertex: "VertexSettings | None" = None):
                 model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
                 **job,
             ).set_display_name("predict")
+        with dsl.If(tracking_uri != "", name="tracking-requested"):
+            # The run is named after the pipeline run; never cached: a re-run logs again.
+            track_op(
+                model=train.outputs["model"], evaluation=evaluate.outputs["evaluation"],
+                tracking_uri=tracking_uri, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                experiment=PIPELINE_NAME, kind="text",
+            ).set_display_name("track-run").set_caching_options(False)
         return Outputs(metrics=evaluate.outputs["metrics"], report=evaluate.outputs["report"],
                        evaluation=evaluate.outputs["evaluation"], model=train.outputs["model"],
                        dataset=prepare.outputs["dataset"], register=gate.outputs["Output"])

@@ -63,7 +63,8 @@ def test_lm_pipeline_rehearsed_from_its_compiled_json(tmp_path):
         {"corpus_uri": str(corpus), "lang": "fr", "epochs": "1", "batch_size": "8",
          "seq_len": "16", "min_freq": "1", "model_config": TINY})
     states = {t["name"]: t["state"] for t in result["rehearsal"]["tasks"]}
-    assert states == {"preflight-lm": "succeeded", "train-language-model": "succeeded"}
+    assert states == {"preflight-lm": "succeeded", "train-language-model": "succeeded",
+                      "condition-1": "skipped"}  # no tracking_uri: nothing tracked
     assets = result["artifacts"]["lm_assets"]
     assert os.path.isfile(os.path.join(assets, "fr", "forward", "weights.pth"))
     assert result["metrics"]["perplexity"] > 1

@@ -344,7 +344,8 @@ def test_text_pipeline_rehearsed_with_only_the_data_and_cached_until_the_data_ch
         "model-exists": ("skipped", "disabled"),
         "new-model": ("succeeded", "disabled"),
         "register-model": ("not-executed", "miss"),
-        "prediction-requested": ("skipped", "disabled")}  # no predict_uri: no predict step
+        "prediction-requested": ("skipped", "disabled"),  # no predict_uri: no predict step
+        "tracking-requested": ("skipped", "disabled")}  # no tracking_uri: nothing logged
     evaluation = json.loads(open(os.path.join(first["artifacts"]["evaluation"],
                                               "metrics.json")).read())
     assert first["metrics"]["micro_f1"] == evaluation["micro_f1"]

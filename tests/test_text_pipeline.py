@@ -32,7 +32,8 @@ def test_compiled_spec_runs_training_on_a_t4(tmp_path):
     assert {name for name in set(spec["components"]) - set(pools)
             if not name.startswith("comp-condition")} == {
         "comp-preflight-text", "comp-registration-gate", "comp-serving-model",
-        "comp-find-registered-model", "comp-model-upload", "comp-model-upload-2"}
+        "comp-find-registered-model", "comp-model-upload", "comp-model-upload-2",
+        "comp-track-classifier"}
     assert set(pools) == {"comp-prepare-text-data", "comp-train-text-classifier",
                           "comp-evaluate-text-classifier", "comp-predict"}
     assert pools["comp-train-text-classifier"][0]["machine_spec"] == {

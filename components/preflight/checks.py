@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.common.storage import filesystem
+from components.track.contract import TrackingError, check_tracking_uri
 
 
 class PreflightError(ValueError):
@@ -315,6 +316,18 @@ def check_predict_uri(uri: str, kind: str) -> None:
                              "to label, or leave it empty")
 
 
+def check_tracking(parameters: Mapping[str, Any]) -> None:
+    """Refuses a `tracking_uri` the tracking step could not write to.
+
+    Raises:
+        PreflightError: Its scheme is unknown.
+    """
+    try:
+        check_tracking_uri(str(parameters.get("tracking_uri", "")))
+    except TrackingError as err:
+        raise PreflightError(str(err)) from err
+
+
 def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     """Checks a run of pipeline `kind` and returns its data fingerprint.
 
@@ -331,6 +344,7 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     CHECKS[kind](parameters)
     check_job_account(parameters)
     check_predict_uri(str(parameters.get("predict_uri", "")), kind)
+    check_tracking(parameters)
     if kind == "lm":
         check_corpus(data_uri, str(parameters.get("text_column", "text")))
         return data_fingerprint(data_uri, "corpus_uri")

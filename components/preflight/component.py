@@ -42,6 +42,7 @@ def preflight_image(
     registration_threshold: float = 0.8,
     model_display_name: str = "densenet121-image-classifier",
     predict_uri: str = "",
+    tracking_uri: str = "",
     job_service_account: str = "",
 ) -> str:
     """Refuses image pipeline settings that a later step would refuse, before any paid job
@@ -96,6 +97,7 @@ def preflight_text(
     registration_threshold: float = 0.5,
     model_display_name: str = "ulmfit-text-classifier",
     predict_uri: str = "",
+    tracking_uri: str = "",
     job_service_account: str = "",
 ) -> str:
     """Refuses text pipeline settings that a later step would refuse (and a missing
@@ -133,6 +135,7 @@ def preflight_lm(
     mixed_precision: bool = True,
     model_config: str = "",
     seed: int = 42,
+    tracking_uri: str = "",
     job_service_account: str = "",
 ) -> str:
     """Refuses language model pipeline settings and a corpus the training step would

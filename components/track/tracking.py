@@ -1,0 +1,277 @@
+"""One MLflow run per pipeline run: what a trainer recorded, read back from its outputs.
+
+The trainers already write everything a run record needs (parameters in the model's
+metadata, one history row per epoch, the evaluation's metrics.json), so tracking is a
+light step after them rather than code inside the GPU jobs: a tracking server that is
+down or slow cannot fail or stall a training job, and the record is the same files the
+console and `summary.json` show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+from components.common.storage import gcs_mount_prefix, local_path
+from components.track.contract import TrackingError, check_tracking_uri
+
+# Tags every run carries; `pipeline_run` finds a retried step's earlier run.
+RUN_TAG = "pipeline_run"
+# MLflow 3's opt-in for its file store (folders and gs:// stores).
+FILE_STORE_SWITCH = "MLFLOW_ALLOW_FILE_STORE"
+# MLflow's per-request limits of `log_batch`.
+_BATCH_LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
+_PARAM_CHARS = 6000
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """What one pipeline run logs.
+
+    Attributes:
+        params: Training parameters (nested values as JSON text).
+        series: Metric name to `[(step, value), ...]`, one point per epoch.
+        metrics: Final metrics (the evaluation's scalars, prefixed `test_`).
+        tags: Provenance: git sha, data sha256, model URI, pipeline, how epochs are counted.
+    """
+
+    params: dict[str, str]
+    series: dict[str, list[tuple[int, float]]]
+    metrics: dict[str, float]
+    tags: dict[str, str]
+
+
+def tracking_store(uri: str) -> str:
+    """The MLflow tracking URI for a pipeline's `tracking_uri` parameter.
+
+    Args:
+        uri: An MLflow server URL (http/https), a database (`sqlite:///...`), a local
+            folder or `file:` URI, or a `gs://bucket/folder` (a file store written through
+            Vertex's /gcs mount).
+
+    Returns:
+        A URI `mlflow.MlflowClient` takes.
+
+    Raises:
+        TrackingError: An unknown scheme, or gs:// where no /gcs mount exists.
+    """
+    check_tracking_uri(uri)
+    scheme = urlparse(uri).scheme
+    if scheme == "gs":
+        mount = gcs_mount_prefix()
+        if not os.path.isdir(mount):
+            raise TrackingError(
+                f"tracking_uri {uri!r}: a bucket folder is written through Vertex's {mount} "
+                "mount, which this machine lacks; give an MLflow server URL or a local folder")
+        return "file://" + local_path(uri)
+    return uri if scheme else "file://" + os.path.abspath(uri)
+
+
+def _param_text(value: Any) -> str:
+    # Artifact metadata is a protobuf Struct: its whole numbers come back as 3.0.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text[:_PARAM_CHARS]
+
+
+def _provenance_tags(metadata: Mapping[str, Any], model_uri: str) -> dict[str, str]:
+    tags = {"model_uri": model_uri}
+    for key in ("git_sha", "data_sha256", "framework", "architecture", "arch", "precision"):
+        if metadata.get(key) is not None:
+            tags[key] = str(metadata[key])
+    return tags
+
+
+def _test_metrics(evaluation: Mapping[str, Any] | None) -> dict[str, float]:
+    if evaluation is None:
+        return {}
+    from components.common.metrics import scalar_summary
+
+    return {f"test_{name}": value for name, value in scalar_summary(evaluation).items()}
+
+
+def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
+                 evaluation: Mapping[str, Any] | None) -> RunRecord:
+    """The run record of the DenseNet trainer: Keras history per epoch, both phases.
+
+    Epochs are numbered across the phases (the fine-tune phase continues the head
+    phase's count); the `phases` tag says where each starts.
+
+    Args:
+        model_dir: The trainer's model folder (holds history.json).
+        metadata: The model artifact's metadata (parameters, git sha, data sha256).
+        model_uri: The model artifact's URI.
+        evaluation: The evaluation's metrics.json, or None.
+    """
+    from components.train_image.contract import HISTORY_FILE
+
+    with open(os.path.join(model_dir, HISTORY_FILE)) as f:
+        history = json.load(f)
+    series: dict[str, list[tuple[int, float]]] = {}
+    phases, step = [], 0
+    for phase, rows in history.items():
+        phases.append(f"{phase} from epoch {step}")
+        for row in rows:
+            for name, value in row.items():
+                if name != "epoch" and isinstance(value, (int, float)):
+                    series.setdefault(name, []).append((step, float(value)))
+            step += 1
+    tags = _provenance_tags(metadata, model_uri)
+    tags["phases"] = "; ".join(phases)
+    params = {k: _param_text(v) for k, v in metadata.get("parameters", {}).items()}
+    return RunRecord(params, series, _test_metrics(evaluation), tags)
+
+
+def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
+                evaluation: Mapping[str, Any] | None) -> RunRecord:
+    """The run record of the ULMFiT classifier: its LM fine-tuning and classifier epochs.
+
+    Series are `lm/<metric>` and `classifier/<metric>`, each counting its own epochs
+    from 1; the stage of each epoch (which layers were unfrozen) is in the trainer's
+    metrics.json.
+
+    Args:
+        model_dir: The trainer's model folder (holds metrics.json).
+        metadata: The model artifact's metadata (parameters, git sha, data sha256).
+        model_uri: The model artifact's URI.
+        evaluation: The evaluation's metrics.json, or None.
+    """
+    from components.train_text.contract import TRAINING_METRICS_FILE
+
+    with open(os.path.join(model_dir, TRAINING_METRICS_FILE)) as f:
+        training = json.load(f)
+    series: dict[str, list[tuple[int, float]]] = {}
+    counts: dict[str, int] = {}
+    for row in training["history"]:
+        step = counts[row["model"]] = counts.get(row["model"], 0) + 1
+        for name, value in row.items():
+            if name not in ("epoch", "stage", "model") and isinstance(value, (int, float)) \
+                    and not isinstance(value, bool):
+                series.setdefault(f"{row['model']}/{name}", []).append((step, float(value)))
+    tags = _provenance_tags(metadata, model_uri)
+    tags["precision"] = str(training["run"].get("precision"))
+    tags["unfreeze"] = _param_text(training["run"].get("unfreeze"))
+    params = {k: _param_text(v) for k, v in metadata.get("parameters", {}).items()}
+    return RunRecord(params, series, _test_metrics(evaluation), tags)
+
+
+def lm_record(assets_dir: str, metadata: Mapping[str, Any], assets_uri: str) -> RunRecord:
+    """The run record of the language model trainer: per direction, per epoch.
+
+    Series are `lm/<metric>` for the forward model and `lm_backward/<metric>` for the
+    backward one; the final metrics are the held-out perplexity and accuracy.
+
+    Args:
+        assets_dir: The LM assets folder (holds lm_metrics.json).
+        metadata: The assets artifact's metadata (config, corpus sha256).
+        assets_uri: The assets artifact's URI.
+    """
+    from components.train_lm.contract import METRICS_FILE
+
+    with open(os.path.join(assets_dir, METRICS_FILE)) as f:
+        result = json.load(f)
+    series: dict[str, list[tuple[int, float]]] = {}
+    final: dict[str, float] = {}
+    for direction, run in result["directions"].items():
+        prefix = "lm" if direction == "forward" else f"lm_{direction}"
+        for row in run["history"]:
+            for name, value in row.items():
+                if name != "epoch" and isinstance(value, (int, float)):
+                    series.setdefault(f"{prefix}/{name}", []).append((row["epoch"],
+                                                                       float(value)))
+        for name in ("perplexity", "accuracy", "valid_loss"):
+            if run.get(name) is not None:
+                final[f"{prefix}/final_{name}"] = float(run[name])
+    tags = _provenance_tags(metadata, assets_uri)
+    corpus = metadata.get("corpus", {})
+    if corpus.get("sha256"):
+        tags["data_sha256"] = str(corpus["sha256"])
+    params = {k: _param_text(v) for k, v in metadata.get("config", {}).items()}
+    return RunRecord(params, series, final, tags)
+
+
+def _chunks(items: list, size: int) -> Iterable[list]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def log_run(tracking_uri: str, experiment: str, run_name: str, record: RunRecord,
+            extra_tags: Mapping[str, str] = ()) -> str:
+    """Logs a run record as one MLflow run named `run_name` in `experiment`.
+
+    A run already tagged with this `run_name` (the step retried, or re-run after a
+    failure) is deleted first, so each pipeline run keeps exactly one MLflow run.
+
+    Args:
+        tracking_uri: The pipeline's `tracking_uri` (see `tracking_store`).
+        experiment: MLflow experiment name; created when missing.
+        run_name: The pipeline run's name.
+        record: What to log.
+        extra_tags: More tags (e.g. the pipeline's name).
+
+    Returns:
+        The MLflow run id.
+    """
+    from mlflow import MlflowClient
+
+    store = tracking_store(tracking_uri)
+    with _file_store_allowed(store):
+        return _log(MlflowClient(tracking_uri=store), experiment, run_name, record,
+                    dict(extra_tags))
+
+
+@contextlib.contextmanager
+def _file_store_allowed(store: str) -> Iterator[None]:
+    """MLflow 3 keeps its file store behind a switch; a folder (or a bucket folder through
+    /gcs, one writer per run folder) is what a team without a tracking server has."""
+    if not store.startswith("file://"):
+        yield
+        return
+    before = os.environ.get(FILE_STORE_SWITCH)
+    os.environ[FILE_STORE_SWITCH] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(FILE_STORE_SWITCH)
+        else:
+            os.environ[FILE_STORE_SWITCH] = before
+
+
+def _log(client, experiment: str, run_name: str, record: RunRecord,
+         extra_tags: dict[str, str]) -> str:
+    from mlflow.entities import Metric, Param
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        try:
+            experiment_id = client.create_experiment(experiment)
+        except MlflowException:  # another run created it meanwhile
+            experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    else:
+        experiment_id = found.experiment_id
+    earlier = client.search_runs([experiment_id],
+                                 filter_string=f"tags.{RUN_TAG} = '{run_name}'")
+    for run in earlier:
+        client.delete_run(run.info.run_id)
+    tags = {RUN_TAG: run_name, **record.tags, **extra_tags}
+    run = client.create_run(experiment_id, run_name=run_name, tags=tags)
+    now = int(time.time() * 1000)
+    metrics = [Metric(name, value, now, step) for name, points in record.series.items()
+               for step, value in points]
+    metrics += [Metric(name, value, now, 0) for name, value in record.metrics.items()]
+    params = [Param(name, value) for name, value in record.params.items()]
+    for chunk in _chunks(metrics, _BATCH_LIMITS["metrics"]):
+        client.log_batch(run.info.run_id, metrics=chunk)
+    for chunk in _chunks(params, _BATCH_LIMITS["params"]):
+        client.log_batch(run.info.run_id, params=chunk)
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
