@@ -326,3 +326,18 @@ def test_the_classifier_starts_at_the_label_frequencies():
     learn.create_opt()
     trained = {id(p) for group in learn.opt.param_lists for p in group}
     assert id(linear.bias) in trained  # it learns, like any other weight
+
+
+@pytest.mark.slow
+def test_a_tuning_trial_reports_the_classifier_metric_each_epoch(dataset, tmp_path, monkeypatch):
+    from tests.test_hypertune import read_reports
+
+    metric_file = tmp_path / "output.metrics"
+    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
+    config = TrainConfig(lm_epochs=1, epochs=2, model_config=TINY, **FAST)
+    result = train_text_classifier(dataset, str(tmp_path / "model"), config,
+                                   hypertune_metric="valid_loss")
+    classifier = [row for row in result["history"] if row["model"] == "classifier"]
+    # the LM fine-tuning epoch is not the study's: only the classifier's two are reported
+    assert [(r["global_step"], float(r["valid_loss"])) for r in read_reports(metric_file)] == [
+        (str(i), pytest.approx(row["valid_loss"])) for i, row in enumerate(classifier, 1)]

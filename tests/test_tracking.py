@@ -152,8 +152,9 @@ def test_language_model_run_is_tracked(mlflow_server, tmp_path):
 
 
 def test_image_epochs_are_counted_across_the_head_and_fine_tune_phases(tmp_path):
+    # early stopping ended the head phase after 2 of its epochs: fine-tuning went on at 2
     history = {"head": [{"epoch": 0, "loss": 2.0}, {"epoch": 1, "loss": 1.5}],
-               "full": [{"epoch": 0, "loss": 1.2}]}  # Keras restarts the count per phase
+               "full": [{"epoch": 2, "loss": 1.2}]}
     (tmp_path / "history.json").write_text(json.dumps(history))
     record = image_record(str(tmp_path), {"parameters": {"epochs": 2.0}, "git_sha": "abc"},
                           "gs://b/model", None)

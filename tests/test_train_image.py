@@ -608,3 +608,21 @@ def test_two_workers_train_together(background_jobs):
     assert not (job.out / "checkpoints").exists()
     leftovers = [p for p in job.out.rglob("*") if "workertemp" in p.name]
     assert leftovers == [], leftovers
+
+
+def test_a_tuning_trial_reports_its_metric_after_every_epoch_of_both_phases(
+        image_dataset, base_weights, tmp_path, monkeypatch):
+    from tests.test_hypertune import read_reports
+
+    for name in ("TF_CONFIG", "CLUSTER_SPEC", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    metric_file = tmp_path / "output.metrics"
+    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
+    config = TrainConfig(epochs=2, fine_tune_epochs=1, batch_size=4, weights=base_weights,
+                         precision="off", steps_per_epoch=1)
+    training.train(image_dataset, str(tmp_path / "model"), config,
+                   hypertune_metric="val_accuracy")
+    history = json.loads((tmp_path / "model" / "history.json").read_text())
+    rows = history["head"] + history["fine_tune"]
+    assert [(r["global_step"], float(r["val_accuracy"])) for r in read_reports(metric_file)] \
+        == [(str(i), pytest.approx(row["val_accuracy"])) for i, row in enumerate(rows, 1)]

@@ -101,8 +101,8 @@ def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
                  evaluation: Mapping[str, Any] | None) -> RunRecord:
     """The run record of the DenseNet trainer: Keras history per epoch, both phases.
 
-    Epochs are numbered across the phases (the fine-tune phase continues the head
-    phase's count); the `phases` tag says where each starts.
+    Epochs are numbered across the phases, as the trainer numbers them (the fine-tune
+    phase continues the head phase's count); the `phases` tag says where each starts.
 
     Args:
         model_dir: The trainer's model folder (holds history.json).
@@ -117,8 +117,10 @@ def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
     series: dict[str, list[tuple[int, float]]] = {}
     phases, step = [], 0
     for phase, rows in history.items():
-        phases.append(f"{phase} from epoch {step}")
+        if rows:
+            phases.append(f"{phase} from epoch {rows[0].get('epoch', step)}")
         for row in rows:
+            step = int(row.get("epoch", step))
             for name, value in row.items():
                 if name != "epoch" and isinstance(value, (int, float)):
                     series.setdefault(name, []).append((step, float(value)))

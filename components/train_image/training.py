@@ -41,6 +41,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
+from components.common.hypertune import TrialReporter
 from components.common.storage import filesystem, local_path, run_folder, write_json_atomically
 from components.shard.contract import make_dataset, read_manifest
 from components.train_image import distribute, serving
@@ -362,6 +363,17 @@ class EpochRecorder(tf_keras.callbacks.Callback):
                  ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
 
 
+class TrialReport(tf_keras.callbacks.Callback):
+    """Reports the tuning metric after each epoch (epochs counted across both phases)."""
+
+    def __init__(self, reporter: TrialReporter):
+        super().__init__()
+        self.reporter = reporter
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.reporter.report(logs or {}, int(epoch) + 1)
+
+
 def fingerprint(config: TrainConfig, manifest: dict[str, Any], replicas: int) -> str:
     """Identifies a run: config, dataset content (shard digests) and replica count."""
     shards = {split: [s["sha256"] for s in info["shards"]]
@@ -424,6 +436,7 @@ def train(
     *,
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[tf_keras.callbacks.Callback] = (),
+    hypertune_metric: str | None = None,
 ) -> dict[str, Any]:
     """Trains the classifier and writes the model artifact.
 
@@ -438,6 +451,8 @@ def train(
         strategy: A strategy to use instead of the one chosen from TF_CONFIG /
             CLUSTER_SPEC and the GPUs (tests use this for logical devices).
         callbacks: Extra tf-keras callbacks, run after the built-in ones each phase.
+        hypertune_metric: In a Vertex tuning trial, the epoch value reported to the
+            tuning service after each epoch (e.g. "val_accuracy"); None reports nothing.
 
     Returns:
         Final metrics and facts of the run: train_loss, train_accuracy (last epoch),
@@ -502,6 +517,7 @@ def train(
 
     history: dict[str, list[dict[str, Any]]] = {}
     epoch = 0
+    trial = TrialReporter(hypertune_metric)
     with dtype_policy(precision), tempfile.TemporaryDirectory() as workdir:
         weights = fetch_weights(config.weights, workdir)
         with strategy.scope():
@@ -532,7 +548,7 @@ def train(
                 steps_per_epoch=steps,
                 validation_data=validation_data,
                 callbacks=_callbacks(config, state, phase, recorder, tensorboard_dir,
-                                     monitor) + list(callbacks),
+                                     monitor) + [TrialReport(trial)] + list(callbacks),
                 verbose=0,
             )
             # Epochs run in this process; none means BackupAndRestore found the phase

@@ -65,6 +65,7 @@ from components.common.fastai_text import (
     precision_here,
     quiet,
 )
+from components.common.hypertune import TrialReporter
 from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
 from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
@@ -152,10 +153,11 @@ class _Run:
     """The plan, the state file and the checkpoints of one run."""
 
     def __init__(self, folder: str, plan: list[schedule.Stage], state: dict[str, Any],
-                 monitor: str, callbacks: Sequence[Callback], tensorboard: ScalarLog):
+                 monitor: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
+                 trial: TrialReporter):
         self.folder, self.plan, self.state = folder, plan, state
         self.monitor, self.callbacks = monitor, list(callbacks)
-        self.tensorboard = tensorboard
+        self.tensorboard, self.trial = tensorboard, trial
 
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
@@ -239,8 +241,10 @@ class _Run:
             self.state["history"].append(row)
             self.save()
             # After the save: a resumed run never trains (and logs) this epoch again.
-            self.tensorboard.write(epoch_scalars(stage.model, row),
-                                   model_step(self.state["history"], stage.model))
+            step = model_step(self.state["history"], stage.model)
+            self.tensorboard.write(epoch_scalars(stage.model, row), step)
+            if stage.model == schedule.CLASSIFIER:  # the study ranks classifiers
+                self.trial.report(values, step)
             # Older files go only once the state no longer points at them.
             self._drop(previous, name)
             if new_best and best:
@@ -284,6 +288,7 @@ def train_text_classifier(
     checkpoint_folder: str | None = None,
     callbacks: Sequence[Callback] = (),
     tensorboard_folder: str | None = None,
+    hypertune_metric: str | None = None,
 ) -> dict[str, Any]:
     """Trains a ULMFiT classifier on a prepared dataset and exports it.
 
@@ -301,6 +306,9 @@ def train_text_classifier(
             under `lm/<field>` and `classifier/<field>` (history fields), the step counting
             each model's epochs; None or "": this task's folder under
             AIP_TENSORBOARD_LOG_DIR when set, else no logs (`tensorboard.log_folder`).
+        hypertune_metric: In a Vertex tuning trial, the classifier's epoch value reported
+            to the tuning service after each of its epochs (e.g. "valid_loss", "f1_score");
+            None reports nothing.
 
     Returns:
         The content of metrics.json: `task`, `labels`, `split` ("validation"), the validation
@@ -360,7 +368,8 @@ def train_text_classifier(
             resumed_from = {"stage": plan[min(state["stage"], len(plan) - 1)].name,
                             "epochs_done": state["epochs_done"]}
             log.info("resuming from %s", resumed_from)
-        run = _Run(folder, plan, state, config.monitor, callbacks, tensorboard)
+        run = _Run(folder, plan, state, config.monitor, callbacks, tensorboard,
+                   TrialReporter(hypertune_metric))
         set_seed(config.seed)
 
         frame = _frame(train, valid, text_column, labels, task)
