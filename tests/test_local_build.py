@@ -104,7 +104,8 @@ def test_minimum_python_is_what_the_locked_packages_require():
                 meta = importlib.metadata.metadata(name)
             except importlib.metadata.PackageNotFoundError:
                 continue
-            if meta["Version"] != version.split("+")[0] or not meta["Requires-Python"]:
+            # .get: a package may declare no floor at all (cloudml-hypertune's 2019 wheel)
+            if meta["Version"] != version.split("+")[0] or not meta.get("Requires-Python"):
                 continue
             spec = SpecifierSet(meta["Requires-Python"])
             floors += [tuple(int(p) for p in s.version.split(".")) + (0,) * 2
