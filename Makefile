@@ -10,7 +10,7 @@ DEMO   := runs/demo
 # The venv is rebuilt only when the pins change.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --constraint constraints.txt --editable '.[tensorflow,fastai,dev]'
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable '.[tensorflow,fastai,tune,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

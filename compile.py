@@ -2,8 +2,13 @@
 
     python compile.py [--registry us-central1-docker.pkg.dev/PROJECT/REPO] [--tag GIT_SHA]
                       [--output-dir build] [--yaml] [--config settings.json] [machine options]
+                      [--tune-trials N] [--tune-parallel-trials N] [--image-search-space FILE]
 
 Images are `<registry>/<runtime>:<tag>` unless given whole with `--image RUNTIME=URI`.
+Besides the image, text and language-model pipelines it writes their tuning variants
+(`image_tuning_pipeline.json`, `text_tuning_pipeline.json`): a Vertex hyperparameter
+tuning job over the trainer, then training with the best trial's values; the search space
+and trial counts are compile-time options, and the cost per trial-hour is printed.
 Machine settings are compile-time options: Vertex bakes them into each step's
 `worker_pool_specs`, pipeline parameters cannot change them at run time.
 `--config FILE` reads a JSON object whose keys are these options' names
@@ -23,7 +28,8 @@ from importlib.metadata import version
 
 from kfp import compiler
 
-from pipelines import image, lm, text
+from components.tune.contract import SearchSpaceError, read_space
+from pipelines import image, lm, text, tuning
 from pipelines.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
 
 PLACEHOLDER_REGISTRY = "us-central1-docker.pkg.dev/your-project/vertex-gpu-pipelines"
@@ -71,6 +77,18 @@ def parser() -> argparse.ArgumentParser:
                    help="Vertex AI TensorBoard the training jobs upload their per-epoch series "
                         "to, projects/PROJECT/locations/REGION/tensorboards/ID (the pipeline's "
                         "region); needs --base-output-directory and --service-account")
+    t = p.add_argument_group("tuning variants (Vertex hyperparameter tuning jobs)")
+    t.add_argument("--tune-trials", type=int, default=12, help="trials per tuning job")
+    t.add_argument("--tune-parallel-trials", type=int, default=3,
+                   help="trials running at once, each on the training step's machines")
+    t.add_argument("--tune-max-failed-trials", type=int, default=0,
+                   help="failed trials that fail the job; 0 lets Vertex decide")
+    t.add_argument("--tune-algorithm", default="ALGORITHM_UNSPECIFIED",
+                   help=f"one of {', '.join(tuning.ALGORITHMS)} (unspecified: Bayesian)")
+    for kind in ("image", "text"):
+        t.add_argument(f"--{kind}-search-space", default="", metavar="FILE",
+                       help=f"JSON search space of the {kind} trainer (default: "
+                            "components/tune/contract.py DEFAULT_SPACES)")
     return p
 
 
@@ -168,15 +186,34 @@ def vertex_settings(args: argparse.Namespace) -> VertexSettings:
     )
 
 
+def tuning_settings(args: argparse.Namespace) -> tuning.TuningSettings:
+    """The tuning variants' settings; exits naming the option or file at fault."""
+    try:
+        spaces = {kind: read_space(kind, getattr(args, f"{kind}_search_space") or None)
+                  for kind in ("image", "text")}
+    except (SearchSpaceError, OSError) as err:
+        raise SystemExit(f"error: {err}") from err
+    settings = tuning.TuningSettings(
+        spaces=spaces, max_trials=args.tune_trials, parallel_trials=args.tune_parallel_trials,
+        max_failed_trials=args.tune_max_failed_trials, algorithm=args.tune_algorithm)
+    problems = settings.problems()
+    if problems:
+        raise SystemExit("error: " + "\nerror: ".join(problems))
+    return settings
+
+
 def compile_all(args: argparse.Namespace) -> list[str]:
     """Compiles every pipeline; returns the paths written."""
     uris = image_uris(args)
     settings = vertex_settings(args)
+    tune = tuning_settings(args)
     os.makedirs(args.output_dir, exist_ok=True)
     pipelines = {
         "image_pipeline": image.build(uris["tensorflow"], settings),
         "text_pipeline": text.build(uris["fastai"], settings),
         "lm_pipeline": lm.build(uris["fastai"], settings),
+        "image_tuning_pipeline": image.build(uris["tensorflow"], settings, tune),
+        "text_tuning_pipeline": text.build(uris["fastai"], settings, tune),
     }
     written = []
     for name, pipeline in pipelines.items():
@@ -204,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
               "upload them to the Model Registry", file=sys.stderr)
     for path in compile_all(args):
         print(path)
+    tune = tuning_settings(args)
+    for kind, step in (("image", "train_image"), ("text", "train_text")):
+        print(tuning.cost_warning(kind, tune, vertex_settings(args).machines[step]),
+              file=sys.stderr)
     return 0
 
 

@@ -17,13 +17,17 @@ from components.shard import component as shard_component
 from components.shard.contract import MANIFEST_NAME
 from components.track import component as track_component
 from components.train_image import component as train_component
-from pipelines import registry
+from components.tune import component as tune_component
+from components.tune.contract import TUNABLE
+from pipelines import registry, tuning
 from pipelines.vertex import VertexSettings
 
 PIPELINE_NAME = "image-classifier"
+TUNING_PIPELINE_NAME = "image-classifier-tuning"
 
 
-def build(image: str, vertex: "VertexSettings | None" = None):
+def build(image: str, vertex: "VertexSettings | None" = None,
+          tune: "tuning.TuningSettings | None" = None):
     """Builds the image pipeline.
 
     Args:
@@ -31,10 +35,15 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         vertex: Where each step runs on Vertex; None for the local (`kfp.local`) variant,
             whose steps run as plain components and which skips the Model Registry upload.
             The upload is compiled in only when `vertex.serving_image` names a pinned image.
+        tune: Compiles the tuning variant (Vertex only): after sharding, a Vertex
+            hyperparameter tuning job searches `tune.spaces["image"]`, and the model is
+            trained with the best trial's values.
 
     Returns:
         A `@dsl.pipeline` function.
     """
+    if tune is not None and vertex is None:
+        raise ValueError("the tuning variant runs on Vertex: give vertex settings")
     preflight_op = preflight_component.build_image(image)
     shard_op = shard_component.build(image)
     train_op = train_component.build(image)
@@ -42,6 +51,10 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     gate_op = register_component.build_gate(image)
     predict_op = predict_component.build(image)
     track_op = track_component.build_classifier(image)
+    if tune is not None:
+        tune_op = tuning.as_tuning_job(train_op, "image", tune.spaces["image"], tune, vertex,
+                                       vertex.machines["train_image"], "tune-densenet121")
+        best_op = tune_component.build_best_trial("image", image)
     if vertex is not None:
         # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
         shard_op = vertex.wrap(shard_op, "shard", "shard-images")
@@ -60,9 +73,11 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         evaluation: Artifact
         register: bool
 
-    @dsl.pipeline(name=PIPELINE_NAME,
+    @dsl.pipeline(name=PIPELINE_NAME if tune is None else TUNING_PIPELINE_NAME,
                   description="Shards a bucket folder of class sub-folders into TFRecords, "
-                              "fine-tunes DenseNet121 on GPUs, evaluates it and registers it.")
+                              + ("" if tune is None else "tunes hyperparameters in a Vertex "
+                                 "tuning job, ")
+                              + "fine-tunes DenseNet121 on GPUs, evaluates it and registers it.")
     def image_pipeline(
         data_uri: str,
         image_size: int = 224,
@@ -156,15 +171,22 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             min_shards_per_split=min_shards_per_split,
             max_skipped_fraction=max_skipped_fraction, num_workers=shard_workers, **job,
         ).set_display_name("shard-images")
-        train = train_op(
+        training = dict(
             dataset=shard.outputs["dataset"], weights=weights, epochs=epochs,
             fine_tune_epochs=fine_tune_epochs, batch_size=batch_size,
             learning_rate=learning_rate, fine_tune_learning_rate=fine_tune_learning_rate,
             unfreeze_blocks=unfreeze_blocks, dropout=dropout, flip=flip, rotation=rotation,
             zoom=zoom, precision=precision, seed=seed,
             early_stopping_patience=early_stopping_patience,
-            reduce_lr_patience=reduce_lr_patience, steps_per_epoch=steps_per_epoch, **job,
-        ).set_display_name("train-densenet121")
+            reduce_lr_patience=reduce_lr_patience, steps_per_epoch=steps_per_epoch,
+        )
+        if tune is not None:
+            search = tune_op(**training, **job).set_display_name("tune-densenet121")
+            best = best_op(gcp_resources=search.outputs["gcp_resources"],
+                           **{name: training[name] for name in TUNABLE["image"]},
+                           ).set_display_name("best-trial")
+            training.update({name: best.outputs[name] for name in TUNABLE["image"]})
+        train = train_op(**training, **job).set_display_name("train-densenet121")
         evaluate = evaluate_op(
             model=train.outputs["model"], dataset=shard.outputs["dataset"], split="test",
             batch_size=eval_batch_size, **job,

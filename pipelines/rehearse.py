@@ -59,12 +59,19 @@ PROJECT = "rehearsal-project"
 PROJECT_NUMBER = "123456789012"
 LOCATION = "us-central1"
 CUSTOM_JOB_LAUNCHER = "google_cloud_pipeline_components.container.v1.custom_job.launcher"
+TUNING_JOB_LAUNCHER = ("google_cloud_pipeline_components.container.v1."
+                       "hyperparameter_tuning_job.launcher")
 GCPC_LAUNCHER_PREFIX = "google_cloud_pipeline_components.container."
 # Our Model Registry lookup (components.register.component.find_registered_model): a
 # Vertex API call like GCPC's, so it is stood in for, from the `registry` given.
 REGISTRY_LOOKUP = "find_registered_model"
+# Our best-trial steps (components.tune.component) read the tuning job from Vertex: the
+# rehearsal runs their selection code on the job it rehearsed instead.
+BEST_TRIAL_STEPS = {"best_image_trial": "image", "best_text_trial": "text"}
 SUMMARIES = {image.PIPELINE_NAME: image.summarize,
+             image.TUNING_PIPELINE_NAME: image.summarize,
              text.PIPELINE_NAME: text.summarize_run,
+             text.TUNING_PIPELINE_NAME: text.summarize_run,
              lm.PIPELINE_NAME: lambda outputs: lm.summarize(
                  {name: a.path for name, a in outputs.items() if hasattr(a, "path")})}
 
@@ -315,6 +322,7 @@ class Rehearsal:
         self.cache = self._load_cache()
         self.preempt = preempt or []
         self.registry = dict(registry or {})
+        self.tuning_jobs: dict[str, Any] = {}  # rehearsed tuning jobs by resource name
         self.records: list[TaskRecord] = []
         self.inputs = self._pipeline_inputs(params)
         self.containers = ImageContainers() if runtime == "image" else None
@@ -650,12 +658,17 @@ class Rehearsal:
         print(f"[rehearse] {record.display_name}: running")
         if container.get("command", [])[-1:] == [CUSTOM_JOB_LAUNCHER]:
             self._custom_job(record, args)
+        elif TUNING_JOB_LAUNCHER in command:
+            self._tuning_job(record, args)
         elif any(part.startswith(GCPC_LAUNCHER_PREFIX) for part in command):
             self._vertex_api_call(record, args, executor_input)
             record.seconds = time.monotonic() - started
             return {"parameters": {}, "artifacts": {}}
         elif REGISTRY_LOOKUP in args:
             return self._registry_lookup(record, executor_input)
+        elif set(BEST_TRIAL_STEPS) & set(args):
+            (step,) = set(BEST_TRIAL_STEPS) & set(args)
+            return self._best_trial(record, BEST_TRIAL_STEPS[step], executor_input)
         else:
             record.replicas = 1
             self._run_replicas(record, [[command + args]], [[{}]], restart_all=False,
@@ -720,6 +733,98 @@ class Rehearsal:
 
         self._run_replicas(record, commands, environments, restart_all,
                            images=[p["container_spec"]["image_uri"] if p else "" for p in pools])
+
+    def _tuning_job(self, record: TaskRecord, args: list[str]) -> None:
+        """Runs a hyperparameter tuning job as Vertex would: each trial is a process of the
+        trial pool's container with the trial's `--name=value` arguments appended and the
+        `AIP_*` folders of `<base>/<trial id>`; the metric it reports through hypertune
+        becomes its final measurement. Values are drawn at random (seeded) from the study
+        spec (Vertex's own search is not reproduced), one trial at a time."""
+        import random
+
+        from google.cloud import aiplatform_v1
+        from google_cloud_pipeline_components.container.v1.gcp_launcher.utils import json_util
+
+        payload = _flag(args, "--payload")
+        try:
+            request = json_util.recursive_remove_empty(json.loads(payload, strict=False))
+            job = aiplatform_v1.HyperparameterTuningJob(request)
+        except (json.JSONDecodeError, KeyError, ValueError, TypeError) as err:
+            raise RehearsalError(f"{record.name}: Vertex would reject the tuning job: "
+                                 f"{type(err).__name__}: {err}") from err
+        self._write_request(record, "HyperparameterTuningJob", request)
+        spec = job.trial_job_spec
+        if len(spec.worker_pool_specs) != 1 or spec.worker_pool_specs[0].replica_count != 1:
+            raise RehearsalError(f"{record.name}: trials run one pool of one replica here")
+        base = spec.base_output_directory.output_uri_prefix.rstrip("/")
+        if not base.startswith("gs://"):
+            raise RehearsalError(f"{record.name}: the tuning job has no gs:// base output "
+                                 "directory; trials would get no AIP_MODEL_DIR")
+        pool = spec.worker_pool_specs[0].container_spec
+        metric = job.study_spec.metrics[0]
+        maximize = metric.goal.name == "MAXIMIZE"
+        draw = random.Random(job.display_name)
+        trials = []
+        for number in range(1, job.max_trial_count + 1):
+            trial_id = str(number)
+            values = {p.parameter_id: _draw(p, draw) for p in job.study_spec.parameters}
+            reports = self.local(f"{base}/{trial_id}/hypertune.metrics")
+            env = {**aip_env(f"{base}/{trial_id}"), "CLOUD_ML_TRIAL_ID": trial_id,
+                   "CLOUD_ML_HP_METRIC_FILE": self.step_path(f"{base}/{trial_id}/"
+                                                             "hypertune.metrics")}
+            command = [*pool.command, *pool.args, *(f"--{k}={v}" for k, v in values.items())]
+            trial = aiplatform_v1.Trial(id=trial_id, state="SUCCEEDED", parameters=[
+                aiplatform_v1.Trial.Parameter(parameter_id=k, value=v) for k, v in values.items()])
+            try:
+                self._run_replicas(record, [[command]], [[env]], restart_all=False,
+                                   images=[pool.image_uri])
+            except RehearsalError as err:
+                trial.state = "INFEASIBLE"
+                print(f"[rehearse] {record.display_name}: trial {trial_id} failed: {err}")
+                if len([t for t in trials if t.state.name != "SUCCEEDED"]) + 1 > max(
+                        job.max_failed_trial_count, 1):
+                    raise
+            measured = [float(r[metric.metric_id]) for r in _read_reports(reports)
+                        if metric.metric_id in r]
+            if trial.state.name == "SUCCEEDED" and measured:
+                trial.final_measurement = aiplatform_v1.Measurement(metrics=[
+                    aiplatform_v1.Measurement.Metric(
+                        metric_id=metric.metric_id,
+                        value=(max if maximize else min)(measured))])
+            trials.append(trial)
+            print(f"[rehearse] {record.display_name}: trial {trial_id} {values} -> "
+                  f"{metric.metric_id} {measured[-1:] or 'none reported'}")
+        job.name = (f"projects/{PROJECT_NUMBER}/locations/{LOCATION}/hyperparameterTuningJobs/"
+                    f"{abs(hash((self.job_uuid, record.name))) % 10**12}")
+        job.trials = trials
+        job.state = "JOB_STATE_SUCCEEDED"
+        self.tuning_jobs[job.name] = job
+        record.replicas = len(trials)
+        resources = self.host_path(_flag(args, "--gcp_resources"))
+        os.makedirs(os.path.dirname(resources), exist_ok=True)
+        with open(resources, "w") as f:
+            json.dump({"resources": [{
+                "resourceType": "HyperparameterTuningJob",
+                "resourceUri": f"https://{LOCATION}-aiplatform.googleapis.com/v1/{job.name}"}]}, f)
+
+    def _best_trial(self, record: TaskRecord, kind: str, executor_input) -> dict[str, Any]:
+        """Runs the best-trial step's selection on the rehearsed tuning job (the step
+        itself would read it from the Vertex API)."""
+        from components.tune.contract import TUNABLE
+        from components.tune.selection import choose
+
+        values = executor_input["inputs"]["parameterValues"]
+        artifact = executor_input["outputs"]["artifacts"]["trials"]["artifacts"][0]
+        trials = ArtifactRef(name=artifact["name"], uri=artifact["uri"],
+                             schema_title=artifact["type"]["schemaTitle"], metadata={},
+                             path=self.local(artifact["uri"]))
+        best = choose(kind, values["gcp_resources"], {k: values[k] for k in TUNABLE[kind]},
+                      trials, fetch=self.tuning_jobs.__getitem__)
+        record.state = "succeeded"
+        record.note = ("GetHyperparameterTuningJob calls the Vertex API; the rehearsed job "
+                       f"was read instead: best values {best}")
+        print(f"[rehearse] {record.display_name}: {record.note}")
+        return {"parameters": best, "artifacts": {"trials": trials}}
 
     def _vertex_api_call(self, record: TaskRecord, args: list[str],
                          executor_input: dict[str, Any]) -> None:
@@ -888,6 +993,31 @@ def _structured(item: str) -> dict | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) and set(value) & {"Concat", "IfPresent"} else None
+
+
+def _draw(parameter, rng) -> Any:
+    """A random value of one study-spec parameter (as Vertex passes it: numbers as floats)."""
+    import math
+
+    if parameter.double_value_spec:
+        low, high = parameter.double_value_spec.min_value, parameter.double_value_spec.max_value
+        if parameter.scale_type.name == "UNIT_LOG_SCALE":
+            return math.exp(rng.uniform(math.log(low), math.log(high)))
+        return rng.uniform(low, high)
+    if parameter.integer_value_spec:
+        spec = parameter.integer_value_spec
+        return float(rng.randint(spec.min_value, spec.max_value))
+    if parameter.discrete_value_spec:
+        return float(rng.choice(list(parameter.discrete_value_spec.values)))
+    return rng.choice(list(parameter.categorical_value_spec.values))
+
+
+def _read_reports(path: str) -> list[dict[str, Any]]:
+    """The hypertune reports of one trial (one JSON object per line), none if no file."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def _flag(args: list[str], name: str) -> str:

@@ -17,10 +17,13 @@ from components.prepare_text import component as prepare_component
 from components.register import component as register_component
 from components.track import component as track_component
 from components.train_text import component as train_component
-from pipelines import registry
+from components.tune import component as tune_component
+from components.tune.contract import TUNABLE
+from pipelines import registry, tuning
 from pipelines.vertex import VertexSettings
 
 PIPELINE_NAME = "text-classifier"
+TUNING_PIPELINE_NAME = "text-classifier-tuning"
 # Where the fastai image's server (`python -m pipelines.serve`, its default command) listens
 # when Vertex serves a registered text model.
 SERVING_PORT = 8080
@@ -36,7 +39,8 @@ class Outputs(NamedTuple):
     register: bool
 
 
-def build(image: str, vertex: "VertexSettings | None" = None):
+def build(image: str, vertex: "VertexSettings | None" = None,
+          tune: "tuning.TuningSettings | None" = None):
     """Builds the text pipeline.
 
     Args:
@@ -45,12 +49,17 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             whose steps run as plain components and which skips the Model Registry upload.
             On Vertex a model that clears the gate is uploaded with `image` as its
             serving container (its default command is the prediction server).
+        tune: Compiles the tuning variant (Vertex only): after preparation, a Vertex
+            hyperparameter tuning job searches `tune.spaces["text"]`, and the model is
+            trained with the best trial's values.
 
     Returns:
         A `@dsl.pipeline` function whose outputs are `metrics` (the evaluation's
         scalars), `report`, `evaluation` (folder with metrics.json), `model`, `dataset`
         and `register` (the registration gate's decision).
     """
+    if tune is not None and vertex is None:
+        raise ValueError("the tuning variant runs on Vertex: give vertex settings")
     preflight_op = preflight_component.build_text(image)
     prepare_op = prepare_component.build(image)
     train_op = train_component.build(image)
@@ -58,6 +67,10 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     gate_op = register_component.build_gate(image)
     predict_op = predict_component.build(image)
     track_op = track_component.build_classifier(image)
+    if tune is not None:
+        tune_op = tuning.as_tuning_job(train_op, "text", tune.spaces["text"], tune, vertex,
+                                       vertex.machines["train_text"], "tune-text")
+        best_op = tune_component.build_best_trial("text", image)
     if vertex is not None:
         # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
         prepare_op = vertex.wrap(prepare_op, "prepare_text", "prepare-text")
@@ -69,9 +82,12 @@ def build(image: str, vertex: "VertexSettings | None" = None):
     # its default is compile.py's --service-account.
     default_job_account = vertex.service_account if vertex is not None else ""
 
-    @dsl.pipeline(name=PIPELINE_NAME,
-                  description="Splits a labelled text CSV, trains a fastai ULMFiT classifier, "
-                              "evaluates it on the test split and registers it.")
+    @dsl.pipeline(name=PIPELINE_NAME if tune is None else TUNING_PIPELINE_NAME,
+                  description="Splits a labelled text CSV, "
+                              + ("" if tune is None else "tunes hyperparameters in a Vertex "
+                                 "tuning job, ")
+                              + "trains a fastai ULMFiT classifier, evaluates it on the test "
+                                "split and registers it.")
     def text_pipeline(
         data_uri: str,
         lm_assets: str = "",
@@ -161,14 +177,21 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             validation_fraction=validation_fraction, test_fraction=test_fraction, seed=seed,
             **job,
         ).set_display_name("prepare-text")
-        train = train_op(
+        training = dict(
             dataset=prepare.outputs["dataset"], lm_assets_uri=lm_assets, lang=lang,
             pretrained=pretrained, backwards=backwards, lm_epochs=lm_epochs, epochs=epochs,
             batch_size=batch_size, drop_mult=drop_mult, threshold=threshold, monitor=monitor,
-            unfreeze=unfreeze, learning_rate=learning_rate, lm_learning_rate=lm_learning_rate, seq_len=seq_len,
-            min_freq=min_freq, max_vocab=max_vocab, mixed_precision=mixed_precision,
-            model_config=model_config, seed=seed, **job,
-        ).set_display_name("train-text")
+            unfreeze=unfreeze, learning_rate=learning_rate, lm_learning_rate=lm_learning_rate,
+            seq_len=seq_len, min_freq=min_freq, max_vocab=max_vocab,
+            mixed_precision=mixed_precision, model_config=model_config, seed=seed,
+        )
+        if tune is not None:
+            search = tune_op(**training, **job).set_display_name("tune-text")
+            best = best_op(gcp_resources=search.outputs["gcp_resources"],
+                           **{name: training[name] for name in TUNABLE["text"]},
+                           ).set_display_name("best-trial")
+            training.update({name: best.outputs[name] for name in TUNABLE["text"]})
+        train = train_op(**training, **job).set_display_name("train-text")
         evaluate = evaluate_op(
             model=train.outputs["model"], dataset=prepare.outputs["dataset"], split=eval_split,
             batch_size=eval_batch_size, **job,

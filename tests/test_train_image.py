@@ -626,3 +626,48 @@ def test_a_tuning_trial_reports_its_metric_after_every_epoch_of_both_phases(
     rows = history["head"] + history["fine_tune"]
     assert [(r["global_step"], float(r["val_accuracy"])) for r in read_reports(metric_file)] \
         == [(str(i), pytest.approx(row["val_accuracy"])) for i, row in enumerate(rows, 1)]
+
+
+@pytest.mark.slow
+def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
+        image_dataset, base_weights, tmp_path):
+    """The trial container's command, as the compiled tuning job runs it: the training
+    step's executor input plus `--name=value` arguments; outputs land in the trial's folder
+    (the parent of AIP_MODEL_DIR) and the study metric is reported each epoch."""
+    import subprocess
+    import sys
+
+    from tests.test_hypertune import read_reports
+
+    executor_input = {
+        "inputs": {
+            "parameterValues": {"epochs": 1, "fine_tune_epochs": 1, "batch_size": 4,
+                                "learning_rate": 0.001, "weights": base_weights,
+                                "precision": "off", "steps_per_epoch": 1, "seed": 3},
+            "artifacts": {"dataset": {"artifacts": [{
+                "name": "dataset", "type": {"schemaTitle": "system.Dataset"},
+                "uri": image_dataset, "metadata": {}}]}}},
+        "outputs": {"parameters": {}, "artifacts": {}, "outputFile": "/nonexistent/out.json"},
+    }
+    trial_dir = tmp_path / "trials" / "3"
+    env = {**os.environ, "AIP_MODEL_DIR": f"{trial_dir}/model/",
+           "AIP_CHECKPOINT_DIR": f"{trial_dir}/checkpoints/",
+           "CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "output.metrics")}
+    for name in ("TF_CONFIG", "CLUSTER_SPEC", "AIP_TENSORBOARD_LOG_DIR"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "components.tune.trial", "--kind", "image", "--metric",
+         "val_accuracy", "--executor_input", json.dumps(executor_input),
+         "--learning_rate=0.005", "--batch_size=2.0", "--unfreeze_blocks=2.0"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = json.loads((trial_dir / "executor_output.json").read_text())
+    metadata = output["artifacts"]["model"]["artifacts"][0]["metadata"]
+    parameters = metadata["parameters"]
+    assert (parameters["learning_rate"], parameters["batch_size"],
+            parameters["unfreeze_blocks"], parameters["epochs"]) == (0.005, 2, 2, 1)
+    assert (trial_dir / "model" / "model.keras").exists()
+    history = json.loads((trial_dir / "model" / "history.json").read_text())
+    rows = history["head"] + history["fine_tune"]
+    assert [float(r["val_accuracy"]) for r in read_reports(tmp_path / "output.metrics")] == \
+        pytest.approx([row["val_accuracy"] for row in rows])

@@ -28,6 +28,7 @@ def train_image_classifier(
     validation_steps: int = 0,
     checkpoint_dir: str = "",
     tensorboard_dir: str = "",
+    hypertune_metric: str = "",
 ):
     """Trains a DenseNet121 image classifier (tf-keras) on sharded TFRecords.
 
@@ -55,6 +56,7 @@ def train_image_classifier(
         validation_steps: Validation batches per evaluation; 0 for the whole split.
         checkpoint_dir: Folder (gs:// or local) of the resume checkpoints, shared by all workers; empty: $AIP_CHECKPOINT_DIR, else inside the model folder. Deleted when training ends.
         tensorboard_dir: Folder of TensorBoard logs; empty: $AIP_TENSORBOARD_LOG_DIR, else model/tensorboard.
+        hypertune_metric: Set by the trials of a Vertex tuning job: the epoch value (e.g. val_accuracy) reported to the tuning service after each epoch; empty reports nothing.
     """
     import dataclasses
     import os
@@ -73,7 +75,8 @@ def train_image_classifier(
         steps_per_epoch=steps_per_epoch or None, validation_steps=validation_steps or None,
     )
     checkpoints, tensorboard = resolve_dirs(model.path, checkpoint_dir, tensorboard_dir)
-    result = train(dataset.path, model.path, config, checkpoints, tensorboard)
+    result = train(dataset.path, model.path, config, checkpoints, tensorboard,
+                   hypertune_metric=hypertune_metric or None)
     for name, value in result.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics.log_metric(name, float(value))

@@ -28,6 +28,7 @@ def train_text_classifier(
     model_config: str = "",
     seed: int = 42,
     tensorboard_dir: str = "",
+    hypertune_metric: str = "",
 ):
     """Fine-tunes a language model on the texts, then trains a ULMFiT classifier (fastai AWD-LSTM).
 
@@ -55,6 +56,7 @@ def train_text_classifier(
         model_config: JSON object of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}) when training from scratch; empty for fastai's defaults.
         seed: Seed of weights initialisation and batch order.
         tensorboard_dir: Folder (gs:// or local) of TensorBoard logs, one point per epoch: lm/<field> and classifier/<field> for each field of the training history (train_loss, valid_loss, metrics, seconds), the step counting each model's epochs; empty: $AIP_TENSORBOARD_LOG_DIR (this task's sub-folder), else none (the model folder holds only the files above).
+        hypertune_metric: Set by the trials of a Vertex tuning job: the classifier's epoch value (e.g. f1_score, valid_loss) reported to the tuning service after each of its epochs; empty reports nothing.
     """
     import dataclasses
     import logging
@@ -76,7 +78,7 @@ def train_text_classifier(
         seed=seed,
     )
     result = train(dataset.path, model.path, config, lm_assets_uri=lm_assets_uri,
-                   tensorboard_folder=tensorboard_dir)
+                   tensorboard_folder=tensorboard_dir, hypertune_metric=hypertune_metric or None)
     for name, value in validation_scalars(result).items():
         metrics.log_metric(name, float(value))
     model.metadata.update({

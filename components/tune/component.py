@@ -1,0 +1,85 @@
+"""KFP faces of tuning: the best trial's values, unpacked into the retraining step's inputs.
+
+Each kind's step returns every parameter of `contract.TUNABLE[kind]` (the best trial's
+value where the study searched it, the run's value otherwise), so the retraining step
+takes them the way it takes pipeline parameters.
+"""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import Artifact, Output
+
+
+def best_image_trial(
+    gcp_resources: str,
+    trials: Output[Artifact],
+    learning_rate: float,
+    fine_tune_learning_rate: float,
+    dropout: float,
+    batch_size: int,
+    unfreeze_blocks: int,
+) -> NamedTuple("BestImageTrial", [("learning_rate", float), ("fine_tune_learning_rate", float),
+                                   ("dropout", float), ("batch_size", int),
+                                   ("unfreeze_blocks", int)]):
+    """Reads the finished tuning job and returns the best trial's values for the image trainer.
+
+    Args:
+        gcp_resources: The tuning step's output: which HyperparameterTuningJob ran.
+        trials: Output file trials.json: every trial's id, state, parameters and metric, the study's metric and goal, and the best trial.
+        learning_rate: The run's head learning rate, kept when the study did not search it.
+        fine_tune_learning_rate: The run's fine-tune learning rate, kept when not searched.
+        dropout: The run's dropout, kept when not searched.
+        batch_size: The run's batch size, kept when not searched.
+        unfreeze_blocks: The run's unfrozen blocks, kept when not searched.
+    """
+    from components.tune.selection import choose
+
+    best = choose("image", gcp_resources, dict(
+        learning_rate=learning_rate, fine_tune_learning_rate=fine_tune_learning_rate,
+        dropout=dropout, batch_size=batch_size, unfreeze_blocks=unfreeze_blocks), trials)
+    return (best["learning_rate"], best["fine_tune_learning_rate"], best["dropout"],
+            best["batch_size"], best["unfreeze_blocks"])
+
+
+def best_text_trial(
+    gcp_resources: str,
+    trials: Output[Artifact],
+    learning_rate: float,
+    lm_learning_rate: float,
+    drop_mult: float,
+    batch_size: int,
+) -> NamedTuple("BestTextTrial", [("learning_rate", float), ("lm_learning_rate", float),
+                                  ("drop_mult", float), ("batch_size", int)]):
+    """Reads the finished tuning job and returns the best trial's values for the text trainer.
+
+    Args:
+        gcp_resources: The tuning step's output: which HyperparameterTuningJob ran.
+        trials: Output file trials.json: every trial's id, state, parameters and metric, the study's metric and goal, and the best trial.
+        learning_rate: The run's classifier learning rate, kept when the study did not search it.
+        lm_learning_rate: The run's language-model learning rate, kept when not searched.
+        drop_mult: The run's dropout multiplier, kept when not searched.
+        batch_size: The run's batch size, kept when not searched.
+    """
+    from components.tune.selection import choose
+
+    best = choose("text", gcp_resources, dict(
+        learning_rate=learning_rate, lm_learning_rate=lm_learning_rate, drop_mult=drop_mult,
+        batch_size=batch_size), trials)
+    return best["learning_rate"], best["lm_learning_rate"], best["drop_mult"], best["batch_size"]
+
+
+BEST_TRIAL = {"image": best_image_trial, "text": best_text_trial}
+
+
+def build_best_trial(kind: str, image: str):
+    """The best-trial step of `kind` ("image" or "text"), run in the container `image`.
+
+    Args:
+        kind: Which trainer's parameters it returns.
+        image: Container image URI holding this package and the Vertex SDK.
+
+    Returns:
+        A KFP component.
+    """
+    return dsl.component(BEST_TRIAL[kind], base_image=image, install_kfp_package=False)

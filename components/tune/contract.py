@@ -1,0 +1,258 @@
+"""Search spaces of hyperparameter tuning: what a study searches and the metric it ranks by.
+
+One space drives both searches: the Vertex tuning job (`pipelines.tuning` turns it into
+the job's study spec) and the local search (`pipelines.tune_local`, optuna). A space file
+is JSON:
+
+    {"metric": "val_accuracy", "goal": "maximize",
+     "parameters": {
+        "learning_rate": {"type": "double", "min": 1e-4, "max": 1e-2, "scale": "log"},
+        "batch_size": {"type": "discrete", "values": [16, 32, 64]},
+        "unfreeze_blocks": {"type": "integer", "min": 1, "max": 3}}}
+
+Parameter types are Vertex's: double, integer (min..max, scale linear or log),
+discrete (numbers) and categorical (strings). Only the trainer parameters in `TUNABLE`
+can be searched; the others keep the pipeline run's values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+GOALS = ("maximize", "minimize")
+SCALES = ("linear", "log")
+PARAMETER_TYPES = ("double", "integer", "discrete", "categorical")
+
+# Trainer parameters a study may search, with their Python types, per pipeline kind.
+# (The best-trial steps return exactly these; see components.tune.component.)
+TUNABLE: Mapping[str, Mapping[str, type]] = {
+    "image": {"learning_rate": float, "fine_tune_learning_rate": float, "dropout": float,
+              "batch_size": int, "unfreeze_blocks": int},
+    "text": {"learning_rate": float, "lm_learning_rate": float, "drop_mult": float,
+             "batch_size": int},
+}
+# Epoch values each trainer reports to the tuning service (hypertune), per kind. The
+# text classifier's names come from fastai (f1_score is the macro F1 at the threshold).
+REPORTED_METRICS: Mapping[str, tuple[str, ...]] = {
+    "image": ("val_accuracy", "val_loss", "accuracy", "loss"),
+    "text": ("f1_score", "valid_loss", "accuracy", "accuracy_multi", "train_loss"),
+}
+
+DEFAULT_SPACES: Mapping[str, Mapping[str, Any]] = {
+    # Head and fine-tune rates around the trainer's defaults (1e-3, 1e-4), how much of the
+    # base is unfrozen, regularisation, and the batch (it also scales the learning rate
+    # per replica).
+    "image": {
+        "metric": "val_accuracy", "goal": "maximize",
+        "parameters": {
+            "learning_rate": {"type": "double", "min": 1e-4, "max": 1e-2, "scale": "log"},
+            "fine_tune_learning_rate": {"type": "double", "min": 1e-5, "max": 1e-3,
+                                        "scale": "log"},
+            "dropout": {"type": "double", "min": 0.0, "max": 0.5, "scale": "linear"},
+            "batch_size": {"type": "discrete", "values": [16, 32, 64]},
+            "unfreeze_blocks": {"type": "integer", "min": 1, "max": 3, "scale": "linear"},
+        },
+    },
+    # A fixed classifier rate instead of lr_find's guess, the LM fine-tuning rate, the
+    # AWD-LSTM dropout multiplier and the batch; ranked by the validation macro F1.
+    "text": {
+        "metric": "f1_score", "goal": "maximize",
+        "parameters": {
+            "learning_rate": {"type": "double", "min": 1e-3, "max": 5e-2, "scale": "log"},
+            "lm_learning_rate": {"type": "double", "min": 5e-4, "max": 1e-2, "scale": "log"},
+            "drop_mult": {"type": "double", "min": 0.1, "max": 0.8, "scale": "linear"},
+            "batch_size": {"type": "discrete", "values": [16, 32, 64]},
+        },
+    },
+}
+
+
+class SearchSpaceError(ValueError):
+    """A search space that no study could run; the message names the entry to fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One searched parameter.
+
+    Attributes:
+        name: The trainer parameter (a key of `TUNABLE[kind]`).
+        type: "double", "integer", "discrete" or "categorical".
+        min: Lower bound (double, integer).
+        max: Upper bound (double, integer).
+        scale: "linear" or "log" (double, integer).
+        values: The choices (discrete: numbers, categorical: strings).
+    """
+
+    name: str
+    type: str
+    min: float | None = None
+    max: float | None = None
+    scale: str = "linear"
+    values: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """What a study searches and how it ranks trials.
+
+    Attributes:
+        kind: "image" or "text".
+        metric: Epoch value the trials report (a name in `REPORTED_METRICS[kind]`).
+        goal: "maximize" or "minimize".
+        parameters: The searched parameters, in the file's order.
+    """
+
+    kind: str
+    metric: str
+    goal: str
+    parameters: tuple[Parameter, ...]
+
+    def names(self) -> list[str]:
+        """Names of the searched parameters."""
+        return [p.name for p in self.parameters]
+
+    def better(self, a: float, b: float) -> bool:
+        """True when metric value `a` ranks above `b` for this goal."""
+        return a > b if self.goal == "maximize" else a < b
+
+    def to_json(self) -> dict[str, Any]:
+        """The space as a space file holds it."""
+        return {"metric": self.metric, "goal": self.goal,
+                "parameters": {p.name: _parameter_json(p) for p in self.parameters}}
+
+
+def _parameter_json(p: Parameter) -> dict[str, Any]:
+    if p.type in ("discrete", "categorical"):
+        return {"type": p.type, "values": list(p.values)}
+    return {"type": p.type, "min": p.min, "max": p.max, "scale": p.scale}
+
+
+def parse_space(kind: str, data: Mapping[str, Any], source: str = "search space") -> SearchSpace:
+    """Checks a space file's content and returns the space.
+
+    Args:
+        kind: "image" or "text" (which trainer the trials run).
+        data: The parsed JSON object.
+        source: Names the file in messages.
+
+    Returns:
+        The search space.
+
+    Raises:
+        SearchSpaceError: An unknown key, parameter, type or metric, a bound or value of
+            the wrong type, min >= max, a log scale over non-positive values, or a value a
+            parameter cannot take (e.g. a fractional batch size); the message names it.
+    """
+    if kind not in TUNABLE:
+        raise SearchSpaceError(f"unknown pipeline kind {kind!r}; one of {sorted(TUNABLE)}")
+    if not isinstance(data, Mapping):
+        raise SearchSpaceError(f"{source}: expected a JSON object with metric, goal, parameters")
+    unknown = sorted(set(data) - {"metric", "goal", "parameters"})
+    if unknown:
+        raise SearchSpaceError(f"{source}: unknown key(s) {unknown}; a space has metric, goal "
+                               "and parameters")
+    metric = data.get("metric", DEFAULT_SPACES[kind]["metric"])
+    if metric not in REPORTED_METRICS[kind]:
+        raise SearchSpaceError(f"{source}: metric {metric!r} is not reported by the {kind} "
+                               f"trainer; one of {list(REPORTED_METRICS[kind])}")
+    goal = data.get("goal", DEFAULT_SPACES[kind]["goal"])
+    if goal not in GOALS:
+        raise SearchSpaceError(f"{source}: goal {goal!r} must be one of {list(GOALS)}")
+    entries = data.get("parameters")
+    if not isinstance(entries, Mapping) or not entries:
+        raise SearchSpaceError(f"{source}: parameters must be a non-empty object of "
+                               f"{sorted(TUNABLE[kind])}")
+    parameters = tuple(_parameter(kind, name, spec, source) for name, spec in entries.items())
+    return SearchSpace(kind=kind, metric=metric, goal=goal, parameters=parameters)
+
+
+def _parameter(kind: str, name: str, spec: Any, source: str) -> Parameter:
+    where = f"{source}: parameters.{name}"
+    if name not in TUNABLE[kind]:
+        raise SearchSpaceError(f"{where}: the {kind} trainer cannot search {name!r}; "
+                               f"tunable: {sorted(TUNABLE[kind])}")
+    if not isinstance(spec, Mapping) or spec.get("type") not in PARAMETER_TYPES:
+        raise SearchSpaceError(f"{where}: needs a type, one of {list(PARAMETER_TYPES)}")
+    kind_type, param_type = spec["type"], TUNABLE[kind][name]
+    allowed = {"type", "values"} if kind_type in ("discrete", "categorical") else {
+        "type", "min", "max", "scale"}
+    extra = sorted(set(spec) - allowed)
+    if extra:
+        raise SearchSpaceError(f"{where}: unknown key(s) {extra} for a {kind_type} parameter; "
+                               f"it takes {sorted(allowed)}")
+    if kind_type == "categorical":
+        raise SearchSpaceError(f"{where}: {name} is a number ({param_type.__name__}); use "
+                               "discrete values or a double/integer range")
+    if kind_type == "discrete":
+        values = spec.get("values")
+        if (not isinstance(values, list) or not values
+                or not all(_is_number(v) for v in values)):
+            raise SearchSpaceError(f"{where}: values must be a non-empty list of numbers")
+        if param_type is int and not all(float(v).is_integer() for v in values):
+            raise SearchSpaceError(f"{where}: {name} is an integer; got values {values}")
+        if len(set(values)) != len(values):
+            raise SearchSpaceError(f"{where}: values repeat: {values}")
+        return Parameter(name, kind_type, values=tuple(sorted(param_type(v) for v in values)))
+    if kind_type == "integer" and param_type is not int:
+        raise SearchSpaceError(f"{where}: {name} is a float; use type double")
+    low, high, scale = spec.get("min"), spec.get("max"), spec.get("scale", "linear")
+    if not (_is_number(low) and _is_number(high)) or not low < high:
+        raise SearchSpaceError(f"{where}: needs numbers min < max, got {low!r} and {high!r}")
+    if kind_type == "integer" and not (float(low).is_integer() and float(high).is_integer()):
+        raise SearchSpaceError(f"{where}: integer bounds must be whole numbers")
+    if scale not in SCALES:
+        raise SearchSpaceError(f"{where}: scale {scale!r} must be one of {list(SCALES)}")
+    if scale == "log" and low <= 0:
+        raise SearchSpaceError(f"{where}: a log scale needs min > 0, got {low}")
+    cast = int if kind_type == "integer" else float
+    return Parameter(name, kind_type, min=cast(low), max=cast(high), scale=scale)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def default_space(kind: str) -> SearchSpace:
+    """The space used when no file is given."""
+    return parse_space(kind, DEFAULT_SPACES[kind], f"default {kind} space")
+
+
+def read_space(kind: str, path: str | None = None) -> SearchSpace:
+    """The space in the JSON file `path`, or the default space of `kind` when None.
+
+    Raises:
+        SearchSpaceError: The file is not JSON or not a valid space (see `parse_space`).
+    """
+    if not path:
+        return default_space(kind)
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise SearchSpaceError(f"{path}: not JSON ({err})") from err
+    return parse_space(kind, data, path)
+
+
+def coerce(kind: str, name: str, value: Any) -> int | float:
+    """A trial's value of tunable parameter `name` as the trainer takes it.
+
+    Vertex passes every value as text and discrete ones as floats ("32.0").
+
+    Raises:
+        SearchSpaceError: Not a number, or a fractional value of an integer parameter.
+    """
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as err:
+        raise SearchSpaceError(f"{name}={value!r} is not a number") from err
+    if TUNABLE[kind][name] is int:
+        if not number.is_integer():
+            raise SearchSpaceError(f"{name}={value!r} must be a whole number")
+        return int(number)
+    return number

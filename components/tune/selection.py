@@ -1,0 +1,144 @@
+"""The best trial of a finished Vertex hyperparameter tuning job, by the study's own metric.
+
+Vertex's `HyperparameterTuningJob` lists its trials with their parameters and final
+measurement (the best or last epoch value, as the study's measurement selection says)
+but names no best trial: this module ranks them by the study's metric and goal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from components.tune.contract import TUNABLE, coerce
+
+# What GCPC's launcher writes to gcp_resources: the job's REST URI.
+_JOB_URI = re.compile(r"(projects/[^/]+/locations/(?P<location>[^/]+)/"
+                      r"hyperparameterTuningJobs/[^/]+)$")
+TRIALS_FILE = "trials.json"
+
+
+class TuningError(RuntimeError):
+    """No trial can be chosen; the message says why and where to look."""
+
+
+def tuning_job_name(gcp_resources: str) -> str:
+    """The job's resource name from GCPC's `gcp_resources` JSON.
+
+    Raises:
+        TuningError: It names no HyperparameterTuningJob.
+    """
+    resources = json.loads(gcp_resources).get("resources", [])
+    for resource in resources:
+        match = _JOB_URI.search(resource.get("resourceUri", ""))
+        if resource.get("resourceType") == "HyperparameterTuningJob" and match:
+            return match.group(1)
+    raise TuningError(f"gcp_resources names no HyperparameterTuningJob: {gcp_resources}")
+
+
+def fetch_tuning_job(name: str):
+    """Reads the job from Vertex (the regional endpoint of its location)."""
+    from google.cloud import aiplatform_v1
+
+    location = _JOB_URI.search(name).group("location")
+    client = aiplatform_v1.JobServiceClient(
+        client_options={"api_endpoint": f"{location}-aiplatform.googleapis.com"})
+    return client.get_hyperparameter_tuning_job(name=name)
+
+
+def trial_table(job) -> list[dict[str, Any]]:
+    """One row per trial: id, state, parameters, the study metric's final value (or None),
+    and its folder (`<base output directory>/<id>`: the trial's model/, logs/).
+
+    Args:
+        job: An `aiplatform_v1.HyperparameterTuningJob`.
+    """
+    metric = job.study_spec.metrics[0].metric_id
+    base = job.trial_job_spec.base_output_directory.output_uri_prefix.rstrip("/")
+    rows = []
+    for trial in job.trials:
+        values = {m.metric_id: m.value for m in trial.final_measurement.metrics}
+        value = values.get(metric)
+        rows.append({
+            "id": trial.id,
+            "state": trial.state.name,
+            # proto-plus gives a parameter's Value as a Python number or string
+            "parameters": {p.parameter_id: p.value for p in trial.parameters},
+            "metric": value if value is not None and math.isfinite(value) else None,
+            "folder": f"{base}/{trial.id}" if base else None,
+        })
+    return rows
+
+
+def best_trial(job) -> dict[str, Any]:
+    """The succeeded trial whose final metric ranks first for the study's goal.
+
+    Ties go to the earlier trial.
+
+    Raises:
+        TuningError: No trial succeeded with a value of the metric.
+    """
+    spec = job.study_spec.metrics[0]
+    maximize = spec.goal.name == "MAXIMIZE"
+    rows = [r for r in trial_table(job) if r["state"] == "SUCCEEDED" and r["metric"] is not None]
+    if not rows:
+        states = sorted({r["state"] for r in trial_table(job)})
+        raise TuningError(f"tuning job {job.name}: no trial succeeded with a final "
+                          f"{spec.metric_id} (trial states: {states}); see the trials' logs "
+                          "in the console")
+    best = rows[0]
+    for row in rows[1:]:
+        if (row["metric"] > best["metric"]) if maximize else (row["metric"] < best["metric"]):
+            best = row
+    return best
+
+
+def best_values(kind: str, job, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Every tunable parameter of `kind`: the best trial's value where the study searched
+    it, else the run's value in `defaults`."""
+    best = best_trial(job)
+    return {name: coerce(kind, name, best["parameters"][name]) if name in best["parameters"]
+            else defaults[name] for name in TUNABLE[kind]}
+
+
+def choose(kind: str, gcp_resources: str, defaults: Mapping[str, Any], trials,
+           fetch=fetch_tuning_job) -> dict[str, Any]:
+    """Reads the tuning job, writes `trials.json` into the `trials` artifact, and returns
+    every tunable parameter of `kind` (see `best_values`).
+
+    Args:
+        kind: "image" or "text".
+        gcp_resources: The tuning step's `gcp_resources` output.
+        defaults: The run's values of the tunable parameters.
+        trials: Output artifact (`.path` a folder, `.metadata` a dict).
+        fetch: Reads the job by resource name (the Vertex API; tests pass a stand-in).
+
+    Raises:
+        TuningError: No trial succeeded with a value of the study's metric.
+    """
+    import os
+
+    from components.common.storage import write_json_atomically
+
+    job = fetch(tuning_job_name(gcp_resources))
+    table = trial_table(job)
+    spec = job.study_spec.metrics[0]
+    summary = {"job": job.name, "metric": spec.metric_id, "goal": spec.goal.name.lower(),
+               "trials": table}
+    os.makedirs(trials.path, exist_ok=True)
+    try:
+        best = best_trial(job)
+    except TuningError:
+        write_json_atomically(os.path.join(trials.path, TRIALS_FILE), {**summary, "best": None})
+        raise
+    values = best_values(kind, job, defaults)
+    summary["best"] = {**best, "values": values}
+    write_json_atomically(os.path.join(trials.path, TRIALS_FILE), summary)
+    trials.metadata.update({"job": job.name, "best_trial": best["id"],
+                            f"best_{spec.metric_id}": best["metric"],
+                            "succeeded": sum(r["state"] == "SUCCEEDED" for r in table),
+                            "trials": len(table)})
+    return values

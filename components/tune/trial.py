@@ -1,0 +1,162 @@
+"""One trial of a Vertex hyperparameter tuning job: the trainer component with the trial's values.
+
+    python3 -m components.tune.trial --kind image|text --metric NAME \
+        --executor_input JSON [--PARAMETER=VALUE ...]
+
+A tuning job's trials run a plain container: Vertex appends the trial's values as
+`--name=value` arguments and reads the metric the trainer reports (hypertune). The
+tuning step (`pipelines.tuning.as_tuning_job`) puts the training step's executor input
+in the trial's arguments, resolved by the pipeline backend like a custom job's; this
+module overrides the tuned parameters in it, points the outputs into the trial's own
+folder (AIP_MODEL_DIR is `<tuning folder>/<trial id>/model`) and runs the trainer component
+through KFP's executor, as the pipeline's training step would run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import os
+import sys
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from components.tune.contract import TUNABLE, SearchSpaceError, coerce
+
+# The trainer component function each kind's trials run.
+TRAINERS = {
+    "image": ("components.train_image.component", "train_image_classifier"),
+    "text": ("components.train_text.component", "train_text_classifier"),
+}
+METRIC_PARAMETER = "hypertune_metric"
+
+
+class TrialError(ValueError):
+    """The trial cannot run as given; the message says what is missing."""
+
+
+def parse_hyperparameters(kind: str, extra: Sequence[str]) -> dict[str, int | float]:
+    """The `--name=value` arguments Vertex appends, typed as the trainer takes them.
+
+    Raises:
+        TrialError: An argument that is not `--name=value` of a tunable parameter.
+    """
+    values: dict[str, int | float] = {}
+    items = list(extra)
+    while items:
+        item = items.pop(0)
+        name, sep, value = item[2:].partition("=") if item.startswith("--") else ("", "", "")
+        if name and not sep and items:  # `--name value`
+            value, sep = items.pop(0), "="
+        if not (name and sep):
+            raise TrialError(f"unexpected trial argument {item!r}; Vertex passes --name=value")
+        if name not in TUNABLE[kind]:
+            raise TrialError(f"--{name}: the {kind} trainer cannot tune it; tunable: "
+                             f"{sorted(TUNABLE[kind])}")
+        try:
+            values[name] = coerce(kind, name, value)
+        except SearchSpaceError as err:
+            raise TrialError(f"--{name}: {err}") from err
+    return values
+
+
+def output_definitions(function) -> dict[str, str]:
+    """Output artifact name -> schema title (e.g. "system.Model") of a component function."""
+    from kfp.dsl.types import type_annotations
+
+    titles = {}
+    for name, hint in typing.get_type_hints(function, include_extras=True).items():
+        if type_annotations.is_artifact_wrapped_in_Output(hint):
+            titles[name] = type_annotations.get_io_artifact_class(hint).schema_title
+    return titles
+
+
+def trial_folder(environ: Mapping[str, str]) -> str:
+    """gs:// folder of this trial: the parent of Vertex's AIP_MODEL_DIR for it.
+
+    Raises:
+        TrialError: No AIP_MODEL_DIR (not a trial of a job with a base output directory).
+    """
+    model_dir = environ.get("AIP_MODEL_DIR", "").rstrip("/")
+    if not model_dir:
+        raise TrialError("AIP_MODEL_DIR is not set: this runs as a trial of a Vertex tuning "
+                         "job whose base output directory is set (pipelines.tuning does it)")
+    return os.path.dirname(model_dir)
+
+
+def trial_executor_input(executor_input: Mapping[str, Any], outputs: Mapping[str, str],
+                         hyperparameters: Mapping[str, Any], metric: str,
+                         folder: str) -> dict[str, Any]:
+    """The training step's executor input, rewritten for one trial.
+
+    Args:
+        executor_input: What the backend resolved for the tuning step: its inputs are the
+            training step's (parameters and the dataset).
+        outputs: The trainer's output artifacts, name -> schema title.
+        hyperparameters: This trial's values, overriding the run's.
+        metric: Epoch value the trainer reports to the tuning service.
+        folder: This trial's gs:// (or local) folder; outputs go to `<folder>/<name>`.
+
+    Returns:
+        A new executor input (the given one is not changed).
+    """
+    result = copy.deepcopy(dict(executor_input))
+    inputs = result.setdefault("inputs", {})
+    inputs["parameterValues"] = {**inputs.get("parameterValues", {}), **hyperparameters,
+                                 METRIC_PARAMETER: metric}
+    result["outputs"] = {
+        "parameters": {},
+        "artifacts": {name: {"artifacts": [{"name": name, "type": {"schemaTitle": title},
+                                            "uri": f"{folder}/{name}", "metadata": {}}]}
+                      for name, title in outputs.items()},
+        "outputFile": _local(f"{folder}/executor_output.json"),
+    }
+    return result
+
+
+def _local(uri: str) -> str:
+    """gs://B/P as the /gcs/B/P file Vertex mounts (KFP's own mapping, which the
+    rehearsal points elsewhere)."""
+    from kfp.dsl import Artifact
+
+    return Artifact(uri=uri).path if uri.startswith("gs://") else uri
+
+
+def run(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Runs one trial; returns the executor input it ran with."""
+    parser = argparse.ArgumentParser(prog="python3 -m components.tune.trial")
+    parser.add_argument("--kind", required=True, choices=sorted(TRAINERS))
+    parser.add_argument("--metric", required=True,
+                        help="epoch value reported to the tuning service")
+    parser.add_argument("--executor_input", required=True,
+                        help="the training step's executor input (JSON)")
+    args, extra = parser.parse_known_args(argv)
+    environ = os.environ if environ is None else environ
+    hyperparameters = parse_hyperparameters(args.kind, extra)
+    module, name = TRAINERS[args.kind]
+    function = getattr(importlib.import_module(module), name)
+    executor_input = trial_executor_input(
+        json.loads(args.executor_input), output_definitions(function), hyperparameters,
+        args.metric, trial_folder(environ))
+    print(f"trial of {args.kind} tuning: {json.dumps(hyperparameters, sort_keys=True)}, "
+          f"reporting {args.metric}", flush=True)
+    from kfp.dsl.executor import Executor
+
+    Executor(executor_input=executor_input, function_to_execute=function).execute()
+    return executor_input
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        run(sys.argv[1:] if argv is None else argv)
+    except TrialError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Vertex hyperparameter tuning of a trainer component: the tuning step and its cost.
+
+`as_tuning_job` turns a trainer component into a step that runs GCPC's
+`HyperparameterTuningJobRunOp` launcher, the way GCPC's `create_custom_training_job_from_component`
+turns a component into a custom job: the step takes the trainer's inputs, and each trial's
+container gets the training step's executor input (resolved by the pipeline backend) and
+runs `components.tune.trial`, which applies the trial's values and reports the study
+metric through hypertune. Trials write under the step's `trials` artifact
+(`<trials>/<trial id>/model`), so runs never share a folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+
+from components.tune.contract import SearchSpace
+from pipelines.vertex import Machine, VertexSettings
+
+ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
+TRIALS_OUTPUT = "trials"
+# Vertex AI custom training, on demand, us-central1, USD per hour, as we last read the
+# pricing page (2025): machines and each GPU are billed separately. Check
+# https://cloud.google.com/vertex-ai/pricing before relying on them.
+HOURLY_PRICE_USD = {
+    "n1-standard-4": 0.2185, "n1-standard-8": 0.4370, "n1-standard-16": 0.8740,
+    "n1-highmem-8": 0.5442, "n1-highcpu-16": 0.6522,
+    "NVIDIA_TESLA_T4": 0.4025, "NVIDIA_TESLA_V100": 2.8520, "NVIDIA_TESLA_P100": 1.6790,
+}
+PRICES_READ = "2025, us-central1, on-demand list prices"
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningSettings:
+    """How the tuning variants search.
+
+    Attributes:
+        spaces: Search space per pipeline kind ("image", "text").
+        max_trials: Trials per tuning job.
+        parallel_trials: Trials running at once (each on the training step's machines).
+        max_failed_trials: Failed trials that fail the job; 0 lets Vertex decide.
+        algorithm: Vertex's search: ALGORITHM_UNSPECIFIED (Bayesian), GRID_SEARCH, RANDOM_SEARCH.
+    """
+
+    spaces: Mapping[str, SearchSpace]
+    max_trials: int = 12
+    parallel_trials: int = 3
+    max_failed_trials: int = 0
+    algorithm: str = "ALGORITHM_UNSPECIFIED"
+
+    def problems(self) -> list[str]:
+        """What Vertex would refuse in these settings, each naming the compile option."""
+        problems = []
+        if self.max_trials < 1:
+            problems.append(f"--tune-trials must be >= 1, got {self.max_trials}")
+        if not 1 <= self.parallel_trials <= max(self.max_trials, 1):
+            problems.append(f"--tune-parallel-trials must be in 1..--tune-trials "
+                            f"({self.max_trials}), got {self.parallel_trials}")
+        if self.max_failed_trials < 0:
+            problems.append(f"--tune-max-failed-trials must be >= 0, got "
+                            f"{self.max_failed_trials}")
+        if self.algorithm not in ALGORITHMS:
+            problems.append(f"--tune-algorithm must be one of {ALGORITHMS}, got "
+                            f"{self.algorithm!r}")
+        if self.algorithm == "GRID_SEARCH":
+            for kind, space in self.spaces.items():
+                ranges = [p.name for p in space.parameters if p.type == "double"]
+                if ranges:
+                    problems.append(f"GRID_SEARCH cannot search the double range(s) {ranges} "
+                                    f"of the {kind} space; give them discrete values")
+        return problems
+
+
+def study_parameters(space: SearchSpace) -> list[dict]:
+    """The space as the tuning job's `study_spec.parameters` (Vertex SDK classes)."""
+    from google.cloud.aiplatform import hyperparameter_tuning as hpt
+    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import (
+        serialize_parameters,
+    )
+
+    specs = {}
+    for p in space.parameters:
+        if p.type == "double":
+            specs[p.name] = hpt.DoubleParameterSpec(min=p.min, max=p.max, scale=p.scale)
+        elif p.type == "integer":
+            specs[p.name] = hpt.IntegerParameterSpec(min=p.min, max=p.max, scale=p.scale)
+        elif p.type == "discrete":
+            specs[p.name] = hpt.DiscreteParameterSpec(values=list(p.values), scale="linear")
+        else:
+            specs[p.name] = hpt.CategoricalParameterSpec(values=list(p.values))
+    return serialize_parameters(specs)
+
+
+def study_metrics(space: SearchSpace) -> list[dict]:
+    """The space's metric as the tuning job's `study_spec.metrics`."""
+    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_metrics
+
+    return serialize_metrics({space.metric: space.goal})
+
+
+def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine) -> dict:
+    """The trials' one worker pool: the trainer's image and machines, one replica.
+
+    The container gets the step's executor input (`{{$.json_escape[1]}}`, resolved by
+    the backend inside the launcher's payload, as in GCPC's custom-job wrapper); Vertex
+    appends the trial's `--name=value` arguments.
+    """
+    machine_spec = {"machine_type": machine.machine_type}
+    if machine.accelerator_type:
+        machine_spec.update(accelerator_type=machine.accelerator_type,
+                            accelerator_count=machine.accelerator_count)
+    return {
+        "machine_spec": machine_spec,
+        "replica_count": 1,
+        "disk_spec": {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": machine.boot_disk_size_gb},
+        "container_spec": {
+            "image_uri": image,
+            "command": ["python3", "-m", "components.tune.trial"],
+            "args": ["--kind", kind, "--metric", metric, "--executor_input",
+                     "{{$.json_escape[1]}}"],
+        },
+    }
+
+
+def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: TuningSettings,
+                  vertex: VertexSettings, machine: Machine, display_name: str) -> Callable:
+    """A component that tunes `trainer` in a Vertex hyperparameter tuning job.
+
+    Args:
+        trainer: The (unwrapped) trainer component the trials run.
+        kind: "image" or "text" (which trial runner).
+        space: What the study searches and its metric.
+        settings: Trial counts and algorithm.
+        vertex: Job-wide settings (network, encryption key; the service account is the
+            step's `service_account` input).
+        machine: Each trial's machines (the training step's).
+        display_name: Name of the tuning job in the console.
+
+    Returns:
+        A component with the trainer's inputs (the tuned ones are the run's values,
+        overridden per trial), the launcher's job inputs, and outputs `gcp_resources`
+        (the job) and `trials` (the folder every trial writes under).
+
+    Raises:
+        ValueError: The trainer's inputs clash with the launcher's.
+    """
+    from google.protobuf import json_format
+    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import (
+        HyperparameterTuningJobRunOp,
+    )
+    from kfp import components
+
+    spec = json_format.MessageToDict(HyperparameterTuningJobRunOp.pipeline_spec)
+    user = json_format.MessageToDict(trainer.pipeline_spec)
+    (container,) = [e["container"] for e in user["deploymentSpec"]["executors"].values()]
+    (job_key,) = spec["components"]
+    (user_key,) = user["components"]
+    job_component, user_component = spec["components"][job_key], user["components"][user_key]
+
+    defaults = {
+        "display_name": display_name,
+        "base_output_directory": "{{$.outputs.artifacts['" + TRIALS_OUTPUT + "'].uri}}",
+        "worker_pool_specs": [trial_worker_pool(container["image"], kind, space.metric,
+                                                machine)],
+        "study_spec_metrics": study_metrics(space),
+        "study_spec_parameters": study_parameters(space),
+        "max_trial_count": settings.max_trials,
+        "parallel_trial_count": settings.parallel_trials,
+        "max_failed_trial_count": settings.max_failed_trials,
+        "study_spec_algorithm": settings.algorithm,
+        # The epoch that ranked best, so an overfitting trial keeps its best epoch's
+        # value (the trainers keep their best weights too).
+        "study_spec_measurement_selection_type": "BEST_MEASUREMENT",
+        "location": "{{$.pipeline_google_cloud_location}}",
+        "network": vertex.network,
+        "encryption_spec_key_name": vertex.encryption_spec_key_name,
+        "service_account": vertex.service_account,
+    }
+    job_parameters = job_component["inputDefinitions"]["parameters"]
+    for name, value in defaults.items():
+        job_parameters[name]["defaultValue"] = value
+        job_parameters[name]["isOptional"] = True
+    trainer_parameters = {name: definition for name, definition
+                          in user_component["inputDefinitions"].get("parameters", {}).items()
+                          if name != "hypertune_metric"}  # the trial runner sets it
+    clash = sorted(set(trainer_parameters) & set(job_parameters))
+    if clash:
+        raise ValueError(f"trainer inputs {clash} clash with the tuning job's own inputs")
+    job_parameters.update(trainer_parameters)
+    job_component["inputDefinitions"]["artifacts"] = copy.deepcopy(
+        user_component["inputDefinitions"].get("artifacts", {}))
+    job_component["outputDefinitions"].setdefault("artifacts", {})[TRIALS_OUTPUT] = {
+        "artifactType": {"schemaTitle": "system.Artifact", "schemaVersion": "0.0.1"}}
+    spec["root"]["inputDefinitions"] = copy.deepcopy(job_component["inputDefinitions"])
+    spec["root"]["outputDefinitions"] = copy.deepcopy(job_component["outputDefinitions"])
+    (job_task,) = spec["root"]["dag"]["tasks"].values()
+    (user_task,) = user["root"]["dag"]["tasks"].values()
+    job_task["inputs"] = {**job_task.get("inputs", {}), **{
+        kind_: {name: source for name, source in sources.items() if name != "hypertune_metric"}
+        for kind_, sources in user_task.get("inputs", {}).items()}}
+    component = components.load_component_from_text(json.dumps(spec))
+    component.component_spec.name = f"tune-{trainer.component_spec.name}"
+    component.description = (f"Vertex hyperparameter tuning of {trainer.component_spec.name}: "
+                             f"{settings.max_trials} trials, {space.goal} {space.metric}.")
+    return component
+
+
+def machine_price(machine: Machine) -> float | None:
+    """USD per hour of one replica of `machine` (machine + GPUs), None if a price is unknown."""
+    machine_price_ = HOURLY_PRICE_USD.get(machine.machine_type)
+    gpu = (HOURLY_PRICE_USD.get(machine.accelerator_type) if machine.accelerator_type
+           else 0.0)
+    if machine_price_ is None or gpu is None:
+        return None
+    return machine_price_ + gpu * (machine.accelerator_count if machine.accelerator_type else 0)
+
+
+def cost_warning(kind: str, settings: TuningSettings, machine: Machine) -> str:
+    """What a tuning job of `kind` costs per hour of trial time, for the compile output."""
+    gpus = (f" + {machine.accelerator_count} x {machine.accelerator_type}"
+            if machine.accelerator_type else "")
+    head = (f"warning: the {kind} tuning pipeline runs up to {settings.max_trials} trials, "
+            f"{settings.parallel_trials} at a time, each on {machine.machine_type}{gpus}")
+    price = machine_price(machine)
+    if price is None:
+        return head + "; no list price known here for those machines: check the pricing page"
+    return (f"{head} at ${price:.2f}/h ({PRICES_READ}): ${price * settings.max_trials:.2f} "
+            f"for every hour one trial takes (e.g. ${price * settings.max_trials / 2:.2f} at "
+            f"30 minutes a trial), then one more training run with the best values")

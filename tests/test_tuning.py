@@ -1,0 +1,347 @@
+"""Hyperparameter tuning: search spaces, the compiled Vertex tuning jobs, trials, the best trial.
+
+The Vertex service itself cannot exist here: the compiled tuning job is parsed into
+Vertex's own `HyperparameterTuningJob` message and handed to GCPC's launcher code with a
+stand-in client; the best-trial selection reads real `aiplatform_v1` messages built here.
+A whole tuning pipeline runs in `test_rehearse`-style rehearsal below (trials as processes).
+"""
+
+import json
+import math
+import os
+
+import pytest
+from google.cloud import aiplatform_v1
+
+import compile as compile_cli
+from components.tune import component as tune_component
+from components.tune import selection, trial
+from components.tune.contract import (
+    DEFAULT_SPACES,
+    TUNABLE,
+    SearchSpaceError,
+    coerce,
+    default_space,
+    parse_space,
+    read_space,
+)
+from pipelines import rehearse, tuning
+from pipelines.vertex import DEFAULT_MACHINES
+
+REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
+
+
+# --------------------------------------------------------------------------- spaces
+
+
+@pytest.mark.parametrize("kind", ["image", "text"])
+def test_default_spaces_search_only_tunable_parameters_by_a_reported_metric(kind):
+    space = default_space(kind)
+    assert set(space.names()) <= set(TUNABLE[kind])
+    assert space.to_json() == json.loads(json.dumps(DEFAULT_SPACES[kind]))
+    assert parse_space(kind, space.to_json()) == space
+
+
+@pytest.mark.parametrize("kind, data, message", [
+    ("image", {"parameters": {"epochs": {"type": "integer", "min": 1, "max": 3}}},
+     r"parameters.epochs: the image trainer cannot search 'epochs'"),
+    ("image", {"metric": "f1_score", "parameters": {"dropout": {
+        "type": "double", "min": 0, "max": 0.5}}}, "metric 'f1_score' is not reported"),
+    ("image", {"goal": "up", "parameters": {"dropout": {"type": "double", "min": 0, "max": 1}}},
+     "goal 'up'"),
+    ("image", {"parameters": {"dropout": {"type": "double", "min": 0.5, "max": 0.1}}},
+     "parameters.dropout: needs numbers min < max"),
+    ("image", {"parameters": {"learning_rate": {"type": "double", "min": 0, "max": 0.1,
+                                                "scale": "log"}}},
+     "learning_rate: a log scale needs min > 0"),
+    ("image", {"parameters": {"batch_size": {"type": "discrete", "values": [16, 24.5]}}},
+     "batch_size is an integer"),
+    ("image", {"parameters": {"dropout": {"type": "integer", "min": 0, "max": 1}}},
+     "dropout is a float; use type double"),
+    ("text", {"parameters": {"drop_mult": {"type": "double", "min": 0.1, "max": 0.5,
+                                           "step": 0.1}}}, r"unknown key\(s\) \['step'\]"),
+    ("text", {"parameters": {}}, "parameters must be a non-empty object"),
+    ("text", {"metrics": "f1_score", "parameters": {}}, r"unknown key\(s\) \['metrics'\]"),
+    ("text", {"parameters": {"batch_size": {"type": "categorical", "values": ["a"]}}},
+     "use discrete values"),
+])
+def test_bad_spaces_are_refused_naming_the_entry(kind, data, message):
+    with pytest.raises(SearchSpaceError, match=message):
+        parse_space(kind, data, "space.json")
+
+
+def test_space_files_are_read_and_missing_entries_take_the_defaults(tmp_path):
+    path = tmp_path / "space.json"
+    path.write_text(json.dumps({"parameters": {"drop_mult": {"type": "double", "min": 0.2,
+                                                              "max": 0.6}}}))
+    space = read_space("text", str(path))
+    assert (space.metric, space.goal, space.names()) == ("f1_score", "maximize", ["drop_mult"])
+    path.write_text("{not json")
+    with pytest.raises(SearchSpaceError, match="space.json: not JSON"):
+        read_space("text", str(path))
+    assert read_space("image", None) == default_space("image")
+
+
+def test_trial_values_are_typed_as_the_trainer_takes_them():
+    # Vertex passes every value as text, discrete ones as floats
+    assert coerce("image", "batch_size", "32.0") == 32
+    assert coerce("image", "dropout", "0.25") == 0.25
+    with pytest.raises(SearchSpaceError, match="whole number"):
+        coerce("image", "unfreeze_blocks", "1.5")
+
+
+def test_best_trial_steps_return_exactly_the_tunable_parameters():
+    """The retraining step takes what the best-trial step returns, by name and type."""
+    for kind, function in tune_component.BEST_TRIAL.items():
+        component = tune_component.build_best_trial(kind, "img:1")
+        outputs = component.component_spec.outputs
+        assert {k: v.type for k, v in outputs.items() if k != "trials"} == {
+            name: {int: "Integer", float: "Float"}[t] for name, t in TUNABLE[kind].items()}
+        inputs = component.component_spec.inputs
+        assert set(inputs) == {"gcp_resources", *TUNABLE[kind]}
+        assert function.__name__ in rehearse.BEST_TRIAL_STEPS
+
+
+# --------------------------------------------------------------------------- the best trial
+
+
+def _job(goal: str, trials: list[tuple[str, str, dict, float | None]]):
+    return aiplatform_v1.HyperparameterTuningJob(
+        name="projects/1/locations/europe-west4/hyperparameterTuningJobs/77",
+        study_spec=aiplatform_v1.StudySpec(metrics=[aiplatform_v1.StudySpec.MetricSpec(
+            metric_id="val_accuracy", goal=goal)]),
+        trials=[aiplatform_v1.Trial(
+            id=trial_id, state=state,
+            parameters=[aiplatform_v1.Trial.Parameter(parameter_id=k, value=v)
+                        for k, v in values.items()],
+            final_measurement=aiplatform_v1.Measurement(metrics=[] if value is None else [
+                aiplatform_v1.Measurement.Metric(metric_id="val_accuracy", value=value)]))
+            for trial_id, state, values, value in trials])
+
+
+def test_the_best_trial_ranks_by_the_study_goal_among_succeeded_trials():
+    trials = [("1", "SUCCEEDED", {"learning_rate": 0.01, "batch_size": 32.0}, 0.7),
+              ("2", "INFEASIBLE", {"learning_rate": 0.1}, 0.99),  # failed: never chosen
+              ("3", "SUCCEEDED", {"learning_rate": 0.001, "batch_size": 16.0}, 0.9),
+              ("4", "SUCCEEDED", {"learning_rate": 0.002}, math.nan),
+              ("5", "SUCCEEDED", {"learning_rate": 0.003}, 0.9)]  # a tie goes to the earlier
+    assert selection.best_trial(_job("MAXIMIZE", trials))["id"] == "3"
+    assert selection.best_trial(_job("MINIMIZE", trials))["id"] == "1"
+    defaults = {"learning_rate": 1e-3, "fine_tune_learning_rate": 1e-4, "dropout": 0.2,
+                "batch_size": 32, "unfreeze_blocks": 1}
+    assert selection.best_values("image", _job("MAXIMIZE", trials), defaults) == {
+        **defaults, "learning_rate": 0.001, "batch_size": 16}
+
+
+def test_no_succeeded_trial_is_an_error_and_the_trial_table_is_kept(tmp_path):
+    job = _job("MAXIMIZE", [("1", "INFEASIBLE", {}, None), ("2", "SUCCEEDED", {}, None)])
+    resources = json.dumps({"resources": [{
+        "resourceType": "HyperparameterTuningJob",
+        "resourceUri": f"https://europe-west4-aiplatform.googleapis.com/v1/{job.name}"}]})
+
+    class Trials:
+        path, metadata = str(tmp_path / "trials"), {}
+
+    with pytest.raises(selection.TuningError, match="no trial succeeded with a final "
+                                                     "val_accuracy"):
+        selection.choose("image", resources, {}, Trials, fetch={job.name: job}.__getitem__)
+    written = json.loads((tmp_path / "trials" / selection.TRIALS_FILE).read_text())
+    assert written["best"] is None and [t["state"] for t in written["trials"]] == [
+        "INFEASIBLE", "SUCCEEDED"]
+    with pytest.raises(selection.TuningError, match="names no HyperparameterTuningJob"):
+        selection.tuning_job_name(json.dumps({"resources": [{"resourceType": "CustomJob",
+                                                             "resourceUri": "x"}]}))
+
+
+# --------------------------------------------------------------------------- trials
+
+
+def test_trial_arguments_are_the_tunable_parameters_as_vertex_passes_them():
+    assert trial.parse_hyperparameters("image", ["--learning_rate=0.003", "--batch_size",
+                                                 "64.0"]) == {"learning_rate": 0.003,
+                                                              "batch_size": 64}
+    with pytest.raises(trial.TrialError, match="--epochs: the image trainer cannot tune it"):
+        trial.parse_hyperparameters("image", ["--epochs=3"])
+    with pytest.raises(trial.TrialError, match="unexpected trial argument 'x'"):
+        trial.parse_hyperparameters("text", ["x"])
+    with pytest.raises(trial.TrialError, match="AIP_MODEL_DIR is not set"):
+        trial.trial_folder({})
+    assert trial.trial_folder({"AIP_MODEL_DIR": "gs://b/t/4/model/"}) == "gs://b/t/4"
+
+
+def test_a_trial_runs_the_training_step_with_its_values_in_its_own_folder():
+    step = {"inputs": {"parameterValues": {"learning_rate": 0.001, "epochs": 3},
+                       "artifacts": {"dataset": {"artifacts": [{"uri": "gs://b/d"}]}}},
+            "outputs": {"parameters": {"gcp_resources": {"outputFile": "/gcs/x"}},
+                        "artifacts": {"trials": {}}, "outputFile": "/gcs/y"}}
+    result = trial.trial_executor_input(step, {"model": "system.Model"},
+                                        {"learning_rate": 0.01}, "val_accuracy", "gs://b/t/2")
+    assert result["inputs"]["parameterValues"] == {"learning_rate": 0.01, "epochs": 3,
+                                                   "hypertune_metric": "val_accuracy"}
+    assert result["inputs"]["artifacts"] == step["inputs"]["artifacts"]
+    assert result["outputs"]["artifacts"]["model"]["artifacts"][0]["uri"] == "gs://b/t/2/model"
+    assert result["outputs"]["outputFile"].endswith("/b/t/2/executor_output.json")
+    assert step["inputs"]["parameterValues"]["learning_rate"] == 0.001  # not changed
+
+
+# --------------------------------------------------------------------------- compiled
+
+
+def _compile(tmp_path, *extra, capsys=None):
+    out = tmp_path / "build"
+    assert compile_cli.main(["--output-dir", str(out), "--registry", REGISTRY,
+                             "--tag", "0a1b2c3", *extra]) == 0
+    return out
+
+
+def _tuning_request(spec: dict, component: str) -> aiplatform_v1.HyperparameterTuningJob:
+    """The job GCPC's launcher creates for `component`, from the compiled defaults (the
+    trials' executor input left as the placeholder the backend fills)."""
+    from google_cloud_pipeline_components.container.v1.gcp_launcher.utils import json_util
+    from google_cloud_pipeline_components.container.v1.hyperparameter_tuning_job import (
+        remote_runner,
+    )
+
+    params = spec["components"][f"comp-{component}"]["inputDefinitions"]["parameters"]
+    executor = spec["components"][f"comp-{component}"]["executorLabel"]
+    container = spec["deploymentSpec"]["executors"][executor]["container"]
+    assert container["command"][-1] == rehearse.TUNING_JOB_LAUNCHER
+    args = container["args"]
+    parts = json.loads(args[args.index("--payload") + 1])["Concat"]
+
+    def value(part: str) -> str:
+        if not part.startswith("{{$.inputs.parameters['"):
+            return part
+        default = params[part[len("{{$.inputs.parameters['"):-len("']}}")]].get("defaultValue")
+        return json.dumps(default)[1:-1] if isinstance(default, str) else json.dumps(default)
+
+    payload = json_util.recursive_remove_empty(json.loads(
+        "".join(map(value, parts)), strict=False,
+        parse_float=lambda s: int(float(s)) if float(s).is_integer() else float(s)))
+    sent = []
+
+    class Client:  # stands in for Vertex's JobServiceClient
+        def create_hyperparameter_tuning_job(self, parent, hyperparameter_tuning_job):
+            sent.append(aiplatform_v1.CreateHyperparameterTuningJobRequest(
+                parent=parent, hyperparameter_tuning_job=hyperparameter_tuning_job))
+            return sent[-1].hyperparameter_tuning_job
+
+    remote_runner.create_hyperparameter_tuning_job_with_client(
+        Client(), "projects/p/locations/europe-west4", payload)
+    return sent[0].hyperparameter_tuning_job
+
+
+def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path, capsys):
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps({"metric": "val_loss", "goal": "minimize", "parameters": {
+        "learning_rate": {"type": "double", "min": 1e-4, "max": 1e-2, "scale": "log"},
+        "unfreeze_blocks": {"type": "integer", "min": 1, "max": 4}}}))
+    out = _compile(tmp_path, "--tune-trials", "8", "--tune-parallel-trials", "2",
+                   "--image-search-space", str(space), "--train-text-accelerator-type",
+                   "NVIDIA_L4", "--train-text-machine-type", "g2-standard-8")
+    image = _tuning_request(json.loads((out / "image_tuning_pipeline.json").read_text()),
+                            "tune-train-image-classifier")
+    assert (image.max_trial_count, image.parallel_trial_count) == (8, 2)
+    assert [(m.metric_id, m.goal.name) for m in image.study_spec.metrics] == [
+        ("val_loss", "MINIMIZE")]
+    params = {p.parameter_id: p for p in image.study_spec.parameters}
+    assert params["learning_rate"].scale_type.name == "UNIT_LOG_SCALE"
+    assert (params["learning_rate"].double_value_spec.min_value,
+            params["learning_rate"].double_value_spec.max_value) == (1e-4, 1e-2)
+    assert (params["unfreeze_blocks"].integer_value_spec.min_value,
+            params["unfreeze_blocks"].integer_value_spec.max_value) == (1, 4)
+    assert image.study_spec.measurement_selection_type.name == "BEST_MEASUREMENT"
+    (pool,) = image.trial_job_spec.worker_pool_specs
+    machine = DEFAULT_MACHINES["train_image"]
+    assert (pool.machine_spec.machine_type, pool.machine_spec.accelerator_type.name,
+            pool.machine_spec.accelerator_count, pool.replica_count) == (
+        machine.machine_type, machine.accelerator_type, machine.accelerator_count, 1)
+    assert pool.container_spec.image_uri == f"{REGISTRY}/tensorflow:0a1b2c3"
+    assert list(pool.container_spec.command) == ["python3", "-m", "components.tune.trial"]
+    assert list(pool.container_spec.args)[:4] == ["--kind", "image", "--metric", "val_loss"]
+    # every run tunes in its own folder: the step's `trials` output
+    assert image.trial_job_spec.base_output_directory.output_uri_prefix == \
+        "{{$.outputs.artifacts['trials'].uri}}"
+
+    text = _tuning_request(json.loads((out / "text_tuning_pipeline.json").read_text()),
+                           "tune-train-text-classifier")
+    assert [(m.metric_id, m.goal.name) for m in text.study_spec.metrics] == [
+        ("f1_score", "MAXIMIZE")]
+    assert {p.parameter_id for p in text.study_spec.parameters} == set(
+        DEFAULT_SPACES["text"]["parameters"])
+    (pool,) = text.trial_job_spec.worker_pool_specs
+    assert (pool.machine_spec.machine_type, pool.machine_spec.accelerator_type.name) == (
+        "g2-standard-8", "NVIDIA_L4")
+    assert pool.container_spec.image_uri == f"{REGISTRY}/fastai:0a1b2c3"
+    # the cost of a run is printed at compile time: known V100 prices, unknown L4
+    err = capsys.readouterr().err
+    price = tuning.machine_price(machine)
+    assert "image tuning pipeline runs up to 8 trials, 2 at a time" in err
+    assert f"${price:.2f}/h" in err and f"${price * 8:.2f} for every hour" in err
+    assert "text tuning pipeline" in err and "no list price known" in err
+
+
+def test_the_best_values_feed_the_training_step_and_tuning_runs_after_the_data(tmp_path):
+    spec = json.loads((_compile(tmp_path) / "image_tuning_pipeline.json").read_text())
+    tasks = spec["root"]["dag"]["tasks"]
+    assert tasks["tune-train-image-classifier"]["dependentTasks"] == ["shard-images"]
+    train = tasks["train-image-classifier"]["inputs"]["parameters"]
+    for name in TUNABLE["image"]:
+        assert train[name] == {"taskOutputParameter": {"outputParameterKey": name,
+                                                       "producerTask": "best-image-trial"}}
+    assert train["epochs"] == {"componentInputParameter": "epochs"}
+    assert spec["pipelineInfo"]["name"] == "image-classifier-tuning"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tune-parallel-trials", "5", "--tune-trials", "4"], "--tune-parallel-trials must be in"),
+    (["--tune-trials", "0"], "--tune-trials must be >= 1"),
+    (["--tune-algorithm", "GRID_SEARCH"], "GRID_SEARCH cannot search the double range"),
+    (["--text-search-space", "/nonexistent/space.json"], "No such file"),
+])
+def test_bad_tuning_options_are_refused(tmp_path, flags, message):
+    with pytest.raises(SystemExit, match=message):
+        compile_cli.main(["--output-dir", str(tmp_path), *flags])
+
+
+# --------------------------------------------------------------------------- rehearsed
+
+
+@pytest.mark.slow
+def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrain(tmp_path):
+    """Two trials run as Vertex runs them (the trial container with `--name=value`
+    arguments and AIP_* folders per trial), report the study metric through hypertune,
+    and the training step gets the best trial's values."""
+    from pipelines.demo_text import write_reviews_csv
+
+    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1")
+    csv = tmp_path / "reviews.csv"
+    write_reviews_csv(str(csv), rows=80, seed=3)
+    small = {"epochs": "2", "lm_epochs": "0", "min_freq": "1",
+             "model_config": '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'}
+    summary = rehearse.rehearse(str(out / "text_tuning_pipeline.json"), str(tmp_path / "r"),
+                                {"data_uri": str(csv), **small})
+    tasks = {t["display_name"]: t for t in summary["rehearsal"]["tasks"]}
+    assert (tasks["tune-text"]["state"], tasks["tune-text"]["replicas"]) == ("succeeded", 2)
+    request = json.loads((tmp_path / "r" / "vertex-requests" /
+                          "tune-train-text-classifier.json").read_text())
+    assert request["type"] == "HyperparameterTuningJob"
+    (trials_json,) = (tmp_path / "r" / "gcs").rglob(selection.TRIALS_FILE)
+    table = json.loads(trials_json.read_text())
+    assert [t["state"] for t in table["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
+    for row in table["trials"]:
+        # each trial trained in its own folder and reported one value per classifier epoch
+        assert row["folder"].endswith(f"/trials/{row['id']}")
+        folder = tmp_path / "r" / "gcs" / row["folder"][len("gs://"):]
+        reports = (folder / "hypertune.metrics").read_text().splitlines()
+        assert len(reports) == 2 and all("f1_score" in json.loads(r) for r in reports)
+        assert row["metric"] == max(float(json.loads(r)["f1_score"]) for r in reports)
+        assert (folder / "model" / "export.pkl").exists()
+        assert row["parameters"]["batch_size"] in (16.0, 32.0, 64.0)
+    best = table["best"]
+    # the retrained model was trained with the best trial's values
+    model_meta = json.loads(open(os.path.join(summary["artifacts"]["model"],
+                                              "metrics.json")).read())
+    config = model_meta["config"]
+    assert {k: config[k] for k in TUNABLE["text"]} == pytest.approx(best["values"])
+    assert tasks["train-text"]["state"] == "succeeded"
