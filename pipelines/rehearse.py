@@ -19,6 +19,12 @@ prefix is pointed at that folder in each step process (`rehearsal_site/sitecusto
 With `--runtime image` each step runs inside the image the JSON names, built here by
 `make images-local`, as the image's user, with the folder mounted at `/gcs`.
 
+A hyperparameter tuning job (the tuning variants) is parsed into Vertex's
+`HyperparameterTuningJob` and its trials run one by one, values drawn at random (seeded)
+from the study spec and appended as `--name=value`, each with its own `AIP_*` folders; the
+metric a trial reports through hypertune is its measurement, and the best-trial step's
+selection runs on that job instead of reading it from the Vertex API.
+
 Every CustomJob request is written to `DIR/vertex-requests/<task>.json` as the launcher
 would send it. Not executed: tasks that call the Vertex API themselves (the Model
 Registry upload): their request is built with GCPC's own code, checked against Vertex's

@@ -6,10 +6,14 @@
         [--<param> <value> ...]
     python -m pipelines.run_local lm --data <corpus folder, .txt or .csv> --output <dir> \
         --lang <lang> [--epochs N ...]
+    python -m pipelines.run_local tune image|text --data ... --output <dir> --trials N \
+        [--space <search space .json>] [--search-seed N] [--<param> <value> ...]
 
 Each pipeline parameter is a flag (`image_size` -> `--image-size`). Steps run as
 subprocesses of this Python (no containers); outputs land under `<output>/kfp/`, and
-`<output>/summary.json` collects what the run produced.
+`<output>/summary.json` collects what the run produced. `tune` searches the Vertex tuning
+variant's space (the default, or --space) with optuna, one local run per trial under
+`<output>/trials/<n>/`, and keeps the best trial's model (`pipelines.tune_local`).
 """
 
 from __future__ import annotations
@@ -125,11 +129,52 @@ def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, 
     return summary
 
 
+def tune_main(argv: list[str]) -> int:
+    """`tune image|text ...`: the local hyperparameter search."""
+    from components.tune.contract import TUNABLE, SearchSpaceError, read_space
+    from pipelines import tune_local
+
+    if not argv or argv[0] not in TUNABLE:
+        print(f"usage: python -m pipelines.run_local tune {{{','.join(TUNABLE)}}} --data ... "
+              "--output DIR --trials N [--space FILE] [--search-seed N] [--<param> <value> ...]",
+              file=sys.stderr)
+        return 2
+    kind = argv[0]
+    parser = pipeline_parser(kind, PIPELINES[kind](LOCAL_IMAGE))
+    parser.prog = f"python -m pipelines.run_local tune {kind}"
+    parser.add_argument("--trials", type=int, required=True, help="number of trials")
+    parser.add_argument("--space", default=None,
+                        help="search space JSON file (default: the Vertex variant's default)")
+    parser.add_argument("--search-seed", dest="search_seed", type=int, default=0,
+                        help="seed of the search's sampler (default 0)")
+    args = vars(parser.parse_args(argv[1:]))
+    data, output = args.pop("data"), args.pop("output")
+    trials, space_file, search_seed = args.pop("trials"), args.pop("space"), args.pop(
+        "search_seed")
+    if trials < 1:
+        parser.error(f"--trials must be >= 1, got {trials}")
+    try:
+        space = read_space(kind, space_file)
+    except (SearchSpaceError, OSError) as err:
+        parser.error(str(err))
+    params = {k: v for k, v in args.items() if v is not None}
+    summary = tune_local.tune(kind, data, output, space, trials, params, seed=search_seed)
+    print(json.dumps({k: summary[k] for k in ("trials", "best")}, indent=2))
+    print(f"\nsummary: {os.path.join(os.path.abspath(output), 'summary.json')}")
+    best = summary["best"]
+    print(f"best of {trials} trials: #{best['number']} {space.metric} {best['metric']:.4f} "
+          f"with {json.dumps(best['parameters'], sort_keys=True)}")
+    print(headline(kind, summary))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "tune":
+        return tune_main(argv[1:])
     if not argv or argv[0] not in PIPELINES:
         print(__doc__.strip(), file=sys.stderr)
-        print(f"\npipelines: {', '.join(PIPELINES)}", file=sys.stderr)
+        print(f"\npipelines: {', '.join(PIPELINES)}; tune: image, text", file=sys.stderr)
         return 2
     kind = argv[0]
     args = vars(pipeline_parser(kind, PIPELINES[kind](LOCAL_IMAGE)).parse_args(argv[1:]))

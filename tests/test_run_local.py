@@ -117,3 +117,57 @@ def test_flags_are_the_pipeline_parameters():
 def test_unknown_pipeline_prints_usage(capsys):
     assert run_local.main(["video"]) == 2
     assert "pipelines: image, text" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_local_tuning_runs_the_trials_and_keeps_the_best_by_the_study_metric(tmp_path, capsys):
+    """`run_local tune text`: two trials drawn by optuna from a space file, each a whole
+    local run; each trial's metric is its best classifier epoch of the study metric (as
+    Vertex's BEST_MEASUREMENT), and the summary takes the best trial's test metrics."""
+    from pipelines.demo_text import write_reviews_csv
+    from pipelines.tune_local import epoch_values
+
+    csv = tmp_path / "reviews.csv"
+    write_reviews_csv(str(csv), rows=80, seed=3)
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps({"metric": "valid_loss", "goal": "minimize", "parameters": {
+        "drop_mult": {"type": "double", "min": 0.1, "max": 0.6},
+        "batch_size": {"type": "discrete", "values": [8, 16]}}}))
+    out = tmp_path / "tuned"
+    assert run_local.main([
+        "tune", "text", "--data", str(csv), "--output", str(out), "--trials", "2",
+        "--space", str(space), "--epochs", "2", "--lm-epochs", "0", "--min-freq", "1",
+        "--model-config", '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}']) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["trials"]) == 2
+    for trial in summary["trials"]:
+        assert 0.1 <= trial["parameters"]["drop_mult"] <= 0.6
+        assert trial["parameters"]["batch_size"] in (8, 16)
+        run = json.loads((out / "trials" / str(trial["number"]) / "summary.json").read_text())
+        losses = epoch_values("text", run["artifacts"]["model"], "valid_loss")
+        assert len(losses) == 2 and trial["metric"] == min(losses)
+        # the trial ran with its own values
+        with open(os.path.join(run["artifacts"]["model"], "metrics.json")) as f:
+            config = json.load(f)["config"]
+        assert config["batch_size"] == trial["parameters"]["batch_size"]
+        assert config["drop_mult"] == pytest.approx(trial["parameters"]["drop_mult"])
+    best = min(summary["trials"], key=lambda t: t["metric"])
+    assert summary["best"] == {k: best[k] for k in ("number", "parameters", "metric")}
+    best_run = json.loads((out / "trials" / str(best["number"]) / "summary.json").read_text())
+    assert summary["metrics"] == best_run["metrics"]
+    assert summary["artifacts"]["model"] == best_run["artifacts"]["model"]
+    assert summary["study"]["space"]["metric"] == "valid_loss"
+    printed = capsys.readouterr().out
+    assert f"best of 2 trials: #{best['number']} valid_loss" in printed
+
+
+def test_local_tuning_refuses_a_bad_space_before_any_trial(tmp_path, capsys):
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps({"parameters": {"epochs": {"type": "integer", "min": 1,
+                                                           "max": 3}}}))
+    with pytest.raises(SystemExit):
+        run_local.main(["tune", "image", "--data", str(tmp_path), "--output",
+                        str(tmp_path / "o"), "--trials", "2", "--space", str(space)])
+    assert "cannot search 'epochs'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    assert run_local.main(["tune", "lm"]) == 2

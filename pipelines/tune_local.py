@@ -1,0 +1,121 @@
+"""Hyperparameter search on this machine: the Vertex tuning variant's study, run with optuna.
+
+Each trial is one local run of the pipeline (`pipelines.run_local.run`, through `kfp.local`)
+with the trial's values, in `<output>/trials/<n>/`. A trial's value is the study metric as
+the trainer reports it to Vertex, one value per epoch (the image trainer's Keras history,
+both phases; the text classifier's epochs), and, as Vertex's BEST_MEASUREMENT, its best
+epoch counts. The best trial's model is kept (not retrained): `summary.json` takes its test
+metrics and artifacts, beside every trial's values and metric.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from components.common.storage import write_json_atomically
+from components.tune.contract import SearchSpace
+
+
+def epoch_values(kind: str, model_dir: str, metric: str) -> list[float]:
+    """The values of `metric` a trial of `kind` reports, one per epoch, in order.
+
+    Raises:
+        KeyError: The trainer recorded no such value (the message lists those it has).
+    """
+    from components.track.tracking import image_record, text_record
+
+    if kind == "image":
+        series, name = image_record(model_dir, {}, model_dir, None).series, metric
+    else:  # the study ranks the classifier, not the language model
+        series, name = text_record(model_dir, {}, model_dir, None).series, f"classifier/{metric}"
+    if name not in series:
+        raise KeyError(f"{model_dir}: the trainer recorded no {name!r}; it has {sorted(series)}")
+    return [value for _, value in series[name]]
+
+
+def trial_metric(values: list[float], goal: str) -> float:
+    """A trial's measurement: its best finite epoch value (NaN when it has none)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return math.nan
+    return max(finite) if goal == "maximize" else min(finite)
+
+
+def suggest(trial, space: SearchSpace) -> dict[str, Any]:
+    """The trial's values of every parameter of `space`, drawn by optuna."""
+    values = {}
+    for p in space.parameters:
+        if p.type == "double":
+            values[p.name] = trial.suggest_float(p.name, p.min, p.max, log=p.scale == "log")
+        elif p.type == "integer":
+            values[p.name] = trial.suggest_int(p.name, p.min, p.max, log=p.scale == "log")
+        else:
+            values[p.name] = trial.suggest_categorical(p.name, list(p.values))
+    return values
+
+
+def tune(kind: str, data: str, output: str, space: SearchSpace, trials: int,
+         params: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
+    """Searches `space` with `trials` local pipeline runs; writes `<output>/summary.json`.
+
+    Args:
+        kind: "image" or "text".
+        data: The pipeline's data (folder, CSV or gs:// URI).
+        output: Local folder: trials/<n>/ (each a run_local output) and summary.json.
+        space: What to search and the metric to rank by.
+        trials: Number of trials.
+        params: Pipeline parameters every trial shares (the searched ones are overridden).
+        seed: Seed of optuna's sampler (TPE), so a search can be repeated.
+
+    Returns:
+        The summary: `study`, `trials` (parameters, metric, folder), `best`, and the best
+        trial's `metrics` (test split) and `artifacts`.
+
+    Raises:
+        RuntimeError: No trial produced a finite metric.
+    """
+    import optuna
+
+    from pipelines import run_local
+
+    output = os.path.abspath(output)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction=space.goal,
+                                sampler=optuna.samplers.TPESampler(seed=seed))
+    runs: dict[int, dict[str, Any]] = {}
+
+    def objective(trial) -> float:
+        values = suggest(trial, space)
+        folder = os.path.join(output, "trials", str(trial.number))
+        summary = run_local.run(kind, data, folder, {**params, **values})
+        metric = trial_metric(epoch_values(kind, summary["artifacts"]["model"], space.metric),
+                              space.goal)
+        runs[trial.number] = {"summary": summary, "folder": folder}
+        print(f"trial {trial.number}: {json.dumps(values, sort_keys=True)} -> "
+              f"{space.metric} {metric:.4f}", flush=True)
+        return metric  # NaN: optuna records the trial as failed and goes on
+
+    study.optimize(objective, n_trials=trials)
+    table = [{"number": t.number, "parameters": t.params, "state": t.state.name,
+              "metric": t.value, "folder": runs.get(t.number, {}).get("folder")}
+             for t in study.trials]
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not done:
+        raise RuntimeError(f"no trial of {trials} reported a finite {space.metric}; see "
+                           f"{os.path.join(output, 'trials')}")
+    best = study.best_trial
+    best_run = runs[best.number]["summary"]
+    summary = {
+        "study": {"kind": kind, "space": space.to_json(), "trials": trials,
+                  "sampler": f"optuna {optuna.__version__} TPE, seed {seed}"},
+        "trials": table,
+        "best": {"number": best.number, "parameters": best.params, "metric": best.value},
+        "metrics": best_run["metrics"],
+        "artifacts": best_run["artifacts"],
+    }
+    write_json_atomically(os.path.join(output, "summary.json"), summary, sort_keys=False)
+    return summary
