@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: venv compile run test bench lint lock images images-local rehearse-images compile-vertex clean
+.PHONY: venv compile run test browser bench lint lock images images-local rehearse-images compile-vertex clean
 
 # The venv is rebuilt only when the pins change.
 $(STAMP): pyproject.toml constraints.txt
@@ -44,6 +44,13 @@ bench: venv
 
 # Container images (containers/): lint, regenerate the per-image locks after changing
 # pyproject.toml or constraints.txt, build + push with Cloud Build (tag = the commit).
+# Debian's Chromium, in which the tests render the HTML evaluation reports (tests/browser.py);
+# without it those checks skip (CI installs it: .ci/run).
+browser:
+	test -x /usr/bin/chromium || { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" = 0 ] || echo sudo ) \
+		apt-get install -y -q --no-install-recommends chromium; }
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/hadolint --config containers/.hadolint.yaml containers/*/Dockerfile

@@ -9,6 +9,7 @@ from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Metrics, Model
 
 from components.common.metrics import read_evaluation
+from components.common.report_html import REPORT_HTML_FILE
 from components.evaluate_image import component as evaluate_component
 from components.predict import component as predict_component
 from components.preflight import component as preflight_component
@@ -250,6 +251,8 @@ def summarize(outputs: dict) -> dict:
         "provenance": {key: outputs["model"].metadata.get(key)
                        for key in ("git_sha", "data_sha256", "parameters")},
         "registration": registry.local_registration(outputs["register"]),
-        "artifacts": {name: outputs[name].path
-                      for name in ("dataset", "model", "metrics", "evaluation")},
+        "artifacts": {**{name: outputs[name].path
+                         for name in ("dataset", "model", "metrics", "evaluation")},
+                      "report_html": os.path.join(outputs["evaluation"].path,
+                                                  REPORT_HTML_FILE)},
     }

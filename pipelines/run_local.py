@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=2))
     print(f"\nsummary: {os.path.join(os.path.abspath(output), 'summary.json')}")
     print(headline(kind, summary))
+    if "report_html" in summary["artifacts"]:
+        print(f"report: {summary['artifacts']['report_html']} (open it in a browser)")
     if "predictions" in summary:
         counts = summary["predictions"]
         print(f"predictions: {counts['predicted']} of {counts['inputs']} inputs labelled, "

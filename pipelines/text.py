@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
+from components.common.report_html import REPORT_HTML_FILE
 from components.evaluate_text import component as evaluate_component
 from components.predict import component as predict_component
 from components.preflight import component as preflight_component
@@ -311,5 +312,6 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
             "unfreeze": run.get("unfreeze"),
             "found_learning_rates": run.get("found_learning_rates", {}),
         }
-    summary["artifacts"] = dict(artifacts)
+    summary["artifacts"] = {**artifacts, "report_html": os.path.join(artifacts["evaluation"],
+                                                                     REPORT_HTML_FILE)}
     return summary

@@ -409,3 +409,48 @@ def test_component_runs_in_kfp_local(tmp_path_factory, tmp_path):
     assert [point["falsePositiveRate"] for point in roc] == written["roc"]["fpr"]
     assert written["num_examples"] == 8 and written["roc_auc"] == 1.0
     assert open(f"{folder}/report.md").read().startswith("# Image classifier evaluation")
+
+
+def test_the_worst_mistakes_are_the_most_confident_wrong_predictions():
+    from components.evaluate_image.report import pick, worst_mistakes
+    from components.evaluate_text.report import worst_mistakes as worst_texts
+
+    y_true = np.array([0, 1, 2, 0, 1])
+    y_prob = np.array([[0.9, 0.1, 0], [0.8, 0.2, 0], [0.3, 0.3, 0.4], [0.1, 0.6, 0.3],
+                       [0.2, 0.1, 0.7]])
+    assert worst_mistakes(y_true, y_prob) == [1, 4, 3]  # right ones (0, 2) never
+    assert worst_mistakes(y_true, y_prob, limit=2) == [1, 4]
+    assert list(pick(iter(["a", "b", "c", "d", "e"]), [3, 1])) == [1, 3]
+    truth = np.array([[1, 0], [0, 1], [1, 1]])
+    probs = np.array([[0.9, 0.1], [0.6, 0.3], [0.5, 0.55]])
+    predicted = (probs >= 0.5).astype(int)
+    assert worst_texts(truth, probs, predicted) == [1]
+
+
+def test_image_report_shows_confusions_training_and_mistakes_in_a_browser(
+        rgb_dataset, tmp_path):
+    """A model that takes red for green: the report (rendered in Chromium) has every plot,
+    the phases of the trainer's history, and the red test images shown as mistakes."""
+    from components.evaluate_image.evaluation import evaluate_image_model
+    from components.shard.contract import read_manifest
+    from tests.browser import check_report
+
+    model = save_model(tmp_path / "model", ["blue", "green", "red"])
+    import tf_keras
+
+    keras_model = tf_keras.models.load_model(model / "model.keras")
+    kernel, bias = keras_model.layers[-1].get_weights()
+    kernel[0] = [0, 10, 0]  # red pixels vote green
+    keras_model.layers[-1].set_weights([kernel, bias])
+    keras_model.save(model / "model.keras")
+    rows = [{"epoch": e, "loss": 1 / (e + 1), "val_loss": 1.2 / (e + 1),
+             "accuracy": e / 4, "val_accuracy": e / 5} for e in range(3)]
+    (model / "history.json").write_text(json.dumps({"head": rows[:2], "fine_tune": rows[2:]}))
+    result = evaluate_image_model(str(model), str(rgb_dataset), str(tmp_path / "eval"))
+    manifest = read_manifest(str(rgb_dataset))
+    red = manifest["splits"]["test"]["class_counts"]["red"]
+    assert result["confusion_matrix"]["matrix"][2] == [0, red, 0]
+    page = check_report(tmp_path / "eval" / "report.html", tmp_path / "shot.png",
+                        {"confusion", "per-class", "curves", "training"},
+                        ["blue", "green", "red"], manifest["splits"]["test"]["count"])
+    assert page.count("true red") == red and "head" in page and "fine_tune" in page

@@ -10,6 +10,7 @@ import pytest
 
 from components.predict.contract import read_predictions
 from pipelines import run_local
+from tests.browser import check_report
 from tests.conftest import plant_bad_files, write_class_images
 
 
@@ -53,6 +54,14 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
     assert provenance["parameters"]["epochs"] == 6 and provenance["parameters"]["seed"] == 7
     printed = capsys.readouterr().out
     assert str(output / "summary.json") in printed
+    # the HTML report, as a browser shows it: every plot, the classes and the test count
+    # read from the page; its path printed and in the summary
+    report = summary["artifacts"]["report_html"]
+    assert f"report: {report}" in printed
+    page = check_report(report, tmp_path / "image_report.png",
+                        {"confusion", "per-class", "curves", "training"},
+                        ["cat", "dog", "eel"], sharding["written"]["test"])
+    assert "Most confident mistakes" in page
 
     # batch prediction over the same folder: a line per file, the bad ones with their reason
     lines = read_predictions(summary["artifacts"]["predictions"])

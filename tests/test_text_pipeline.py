@@ -14,6 +14,7 @@ from components.predict.contract import read_predictions
 from pipelines import demo_text, text
 from pipelines import predict as predict_cli
 from pipelines.vertex import VertexSettings
+from tests.browser import check_report
 
 # Small enough for a CPU test, big enough to learn the demo in 8 epochs.
 SMALL = json.dumps({"emb_sz": 32, "n_hid": 64, "n_layers": 1})
@@ -112,6 +113,11 @@ def test_text_pipeline_end_to_end_with_kfp_local(tmp_path, monkeypatch):
     assert "micro_f1" in per_label and "macro_f1" in per_label
     report = open(artifacts["report"]).read()
     assert "Per-label thresholds tuned on the validation split" in report
+    # the HTML report in a browser: plots, labels and the test split's size from the page
+    page = check_report(summary["artifacts"]["report_html"], tmp_path / "text_report.png",
+                        {"per-label", "curves", "cooccurrence", "training-classifier"},
+                        labels, summary["preparation"]["splits"]["test"])
+    assert "Largest mistakes" in page and "tuned threshold" in page
 
     # reproducibility: the model names its code, data and parameters
     model_meta = task.outputs["model"].metadata

@@ -102,8 +102,13 @@ def write_json_atomically(path: str, payload: Any, *, sort_keys: bool = True,
     A process killed mid-write leaves the previous file (or none), never half of one.
     `allow_nan=False` refuses NaN and infinities (not JSON) instead of writing them.
     """
+    write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=sort_keys,
+                                           allow_nan=allow_nan) + "\n")
+
+
+def write_text_atomically(path: str, text: str) -> None:
+    """Writes a text file under a temporary name, then renames it: whole or not at all."""
     temporary = os.path.join(os.path.dirname(path), TMP_PREFIX + os.path.basename(path))
     with open(temporary, "w") as out:
-        json.dump(payload, out, indent=2, sort_keys=sort_keys, allow_nan=allow_nan)
-        out.write("\n")
+        out.write(text)
     os.replace(temporary, path)

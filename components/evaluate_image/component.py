@@ -3,7 +3,8 @@
 Outputs: `metrics` (Metrics: headline scalars in metadata), `classification_metrics`
 (ClassificationMetrics: confusion matrix, and the ROC curve for two classes, which
 the Vertex UI draws), `report` (Markdown: the report as one file, which the UI
-renders) and `evaluation` (Artifact: a folder with `metrics.json` and `report.md`).
+renders), `report_html` (HTML: the report in plots, rendered by the UI too) and
+`evaluation` (Artifact: a folder with `metrics.json`, `report.md` and `report.html`).
 Metrics artifacts hold metadata only and a Markdown artifact is one file, so the
 full results that a later step (a deployment gate, a comparison) reads as files
 live in the `evaluation` folder.
@@ -11,6 +12,7 @@ live in the `evaluation` folder.
 
 from kfp import dsl
 from kfp.dsl import (
+    HTML,
     Artifact,
     ClassificationMetrics,
     Dataset,
@@ -28,6 +30,7 @@ def evaluate_image_classifier(
     metrics: Output[Metrics],
     classification_metrics: Output[ClassificationMetrics],
     report: Output[Markdown],
+    report_html: Output[HTML],
     evaluation: Output[Artifact],
     split: str = "test",
     batch_size: int = 64,
@@ -40,18 +43,21 @@ def evaluate_image_classifier(
         metrics: Headline scalars: num_examples, accuracy, macro/weighted F1, macro precision/recall, roc_auc (two classes), f1_<class> (up to 20 classes).
         classification_metrics: Confusion matrix (rows true, columns predicted) and, for two classes, the ROC curve of the second class.
         report: The evaluation report in Markdown.
-        evaluation: Folder with `metrics.json` (every number, per class included) and `report.md`.
+        report_html: The report as a self-contained HTML page (plots inline, no scripts), which the Vertex console renders: confusions, per-class figures, ROC/precision-recall curves, training curves, the worst mistakes.
+        evaluation: Folder with `metrics.json` (every number, per class included), `report.md` and `report.html`.
         split: Split to evaluate: "train", "validation" or "test".
         batch_size: Images per forward pass.
     """
     import shutil
 
     from components.common.metrics import REPORT_FILE, scalar_summary
+    from components.common.report_html import REPORT_HTML_FILE
     from components.evaluate_image.evaluation import evaluate_image_model
 
     result = evaluate_image_model(model.path, dataset.path, evaluation.path, split=split,
                                   batch_size=batch_size)
     shutil.copyfile(f"{evaluation.path}/{REPORT_FILE}", report.path)
+    shutil.copyfile(f"{evaluation.path}/{REPORT_HTML_FILE}", report_html.path)
     for name, value in scalar_summary(result).items():
         metrics.log_metric(name, value)
     classification_metrics.log_confusion_matrix(result["confusion_matrix"]["labels"],

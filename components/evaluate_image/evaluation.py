@@ -8,11 +8,13 @@ in output-column order. The model is loaded with `tf_keras`, not `tf.keras`
 under MultiWorkerMirroredStrategy: keras-team/keras#20585).
 
 Outputs in `output_dir`: `metrics.json` (the dict `single_label_metrics` returns,
-plus `split`, `model_dir`, `dataset_dir`) and `report.md`.
+plus `split`, `model_dir`, `dataset_dir`), `report.md`, and `report.html` (plots, the
+trainer's curves and the most confident mistakes; `report.image_report`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -27,8 +29,16 @@ from components.common.metrics import (
     single_label_metrics,
     write_outputs,
 )
+from components.common.report_html import REPORT_HTML_FILE
+from components.common.storage import write_text_atomically
+from components.evaluate_image.report import image_report
 from components.shard.contract import make_dataset, read_manifest
-from components.train_image.contract import MODEL_FILE, load_class_names, load_keras_model
+from components.train_image.contract import (
+    HISTORY_FILE,
+    MODEL_FILE,
+    load_class_names,
+    load_keras_model,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +131,9 @@ def evaluate_model(
     split: str = "test",
     batch_size: int = 64,
     source: dict[str, str] | None = None,
+    history: dict[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    """Evaluates an in-memory model on one split and writes metrics.json and report.md.
+    """Evaluates an in-memory model on one split; writes metrics.json, report.md, report.html.
 
     Args:
         model: A tf-keras model: float32 pixels 0..255 in, softmax probabilities out.
@@ -132,6 +143,8 @@ def evaluate_model(
         split: "train", "validation" or "test".
         batch_size: Images per forward pass.
         source: Extra string fields recorded in the result (e.g. `model_dir`).
+        history: The trainer's per-epoch history (phase -> rows) for the HTML report's
+            training curves; None leaves them out.
 
     Returns:
         The metrics dict (see `single_label_metrics`) with `split`, `dataset_dir`
@@ -170,6 +183,10 @@ def evaluate_model(
     result = {"split": split, "dataset_dir": dataset_dir, **(source or {}), **metrics}
     write_outputs(result, output_dir,
                   markdown_report(result, f"Image classifier evaluation: {split} split"))
+    images = (image.numpy() for image, _ in
+              make_dataset(dataset_dir, split, manifest=manifest, deterministic=True))
+    write_text_atomically(os.path.join(output_dir, REPORT_HTML_FILE),
+                          image_report(result, y_true, y_prob, history, images))
     return result
 
 
@@ -202,5 +219,10 @@ def evaluate_image_model(
     # Fail on a class mismatch before paying for loading the model.
     check_classes(class_names, read_manifest(dataset_dir)["classes"])
     model = load_model(model_dir)
+    history = None
+    if os.path.exists(os.path.join(model_dir, HISTORY_FILE)):
+        with open(os.path.join(model_dir, HISTORY_FILE)) as f:
+            history = json.load(f)
     return evaluate_model(model, class_names, dataset_dir, output_dir, split=split,
-                          batch_size=batch_size, source={"model_dir": model_dir})
+                          batch_size=batch_size, source={"model_dir": model_dir},
+                          history=history)

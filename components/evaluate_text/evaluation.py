@@ -3,11 +3,14 @@
 Multi-label models are scored at the fixed threshold they were trained with (or one
 given) and at the per-label thresholds tuned on the validation split, side by
 side; single-label ones get accuracy, per-class figures and the confusion matrix.
+Besides metrics.json and report.md, `report.html` shows it in plots (`report.text_report`).
 Only `fastai.text` is imported (never `fastai.vision`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from typing import Any
 
@@ -19,6 +22,9 @@ from components.common.metrics import (
     single_label_metrics,
     write_outputs,
 )
+from components.common.report_html import REPORT_HTML_FILE
+from components.common.storage import write_text_atomically
+from components.evaluate_text.report import text_report
 
 
 def _demote(markdown: str) -> str:
@@ -94,4 +100,18 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
         result.update(context)
         report = markdown_report(result, f"Text classifier on {split}")
     write_outputs(result, output_dir, report)
+    write_text_atomically(os.path.join(output_dir, REPORT_HTML_FILE), text_report(
+        result, frame[manifest["text_column"]].tolist(), truth, probs,
+        _read_training(model_dir)))
     return result
+
+
+def _read_training(model_dir: str) -> dict[str, Any] | None:
+    """The trainer's metrics.json (per-epoch history), None for a model without one."""
+    from components.train_text.contract import TRAINING_METRICS_FILE
+
+    path = os.path.join(model_dir, TRAINING_METRICS_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
