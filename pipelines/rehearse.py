@@ -800,8 +800,9 @@ class Rehearsal:
             trials.append(trial)
             print(f"[rehearse] {record.display_name}: trial {trial_id} {values} -> "
                   f"{metric.metric_id} {measured[-1:] or 'none reported'}")
+        job_id = int(hashlib.sha1(f"{self.job_uuid}/{record.name}".encode()).hexdigest()[:9], 16)
         job.name = (f"projects/{PROJECT_NUMBER}/locations/{LOCATION}/hyperparameterTuningJobs/"
-                    f"{abs(hash((self.job_uuid, record.name))) % 10**12}")
+                    f"{job_id}")
         job.trials = trials
         job.state = "JOB_STATE_SUCCEEDED"
         self.tuning_jobs[job.name] = job
