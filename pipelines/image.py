@@ -19,7 +19,6 @@ from components.shard.contract import MANIFEST_NAME
 from components.track import component as track_component
 from components.train_image import component as train_component
 from components.tune import component as tune_component
-from components.tune.contract import TUNABLE
 from pipelines import registry, tuning
 from pipelines.vertex import VertexSettings
 
@@ -182,11 +181,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             reduce_lr_patience=reduce_lr_patience, steps_per_epoch=steps_per_epoch,
         )
         if tune is not None:
-            search = tune_op(**training, **job).set_display_name("tune-densenet121")
-            best = best_op(gcp_resources=search.outputs["gcp_resources"],
-                           **{name: training[name] for name in TUNABLE["image"]},
-                           ).set_display_name("best-trial")
-            training.update({name: best.outputs[name] for name in TUNABLE["image"]})
+            training = tuning.searched(tune_op, best_op, "image", training, job, "tune-densenet121")
         train = train_op(**training, **job).set_display_name("train-densenet121")
         evaluate = evaluate_op(
             model=train.outputs["model"], dataset=shard.outputs["dataset"], split="test",

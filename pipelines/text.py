@@ -19,7 +19,6 @@ from components.register import component as register_component
 from components.track import component as track_component
 from components.train_text import component as train_component
 from components.tune import component as tune_component
-from components.tune.contract import TUNABLE
 from pipelines import registry, tuning
 from pipelines.vertex import VertexSettings
 
@@ -187,11 +186,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             mixed_precision=mixed_precision, model_config=model_config, seed=seed,
         )
         if tune is not None:
-            search = tune_op(**training, **job).set_display_name("tune-text")
-            best = best_op(gcp_resources=search.outputs["gcp_resources"],
-                           **{name: training[name] for name in TUNABLE["text"]},
-                           ).set_display_name("best-trial")
-            training.update({name: best.outputs[name] for name in TUNABLE["text"]})
+            training = tuning.searched(tune_op, best_op, "text", training, job, "tune-text")
         train = train_op(**training, **job).set_display_name("train-text")
         evaluate = evaluate_op(
             model=train.outputs["model"], dataset=prepare.outputs["dataset"], split=eval_split,

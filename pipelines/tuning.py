@@ -16,7 +16,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping
 
-from components.tune.contract import SearchSpace
+from components.tune.contract import TUNABLE, SearchSpace
 from pipelines.vertex import Machine, VertexSettings
 
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
@@ -205,6 +205,28 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
     component.description = (f"Vertex hyperparameter tuning of {trainer.component_spec.name}: "
                              f"{settings.max_trials} trials, {space.goal} {space.metric}.")
     return component
+
+
+def searched(tune_op: Callable, best_op: Callable, kind: str, training: dict, job: dict,
+             display_name: str) -> dict:
+    """Adds the tuning job and the best-trial step to the pipeline being defined.
+
+    Args:
+        tune_op: The `as_tuning_job` component.
+        best_op: The kind's best-trial component.
+        kind: "image" or "text".
+        training: The training step's arguments (the run's values).
+        job: Custom-job arguments of the run (the service account).
+        display_name: The tuning step's name in the run graph.
+
+    Returns:
+        `training` with every tunable parameter taken from the best trial.
+    """
+    search = tune_op(**training, **job).set_display_name(display_name)
+    best = best_op(gcp_resources=search.outputs["gcp_resources"],
+                   **{name: training[name] for name in TUNABLE[kind]},
+                   ).set_display_name("best-trial")
+    return {**training, **{name: best.outputs[name] for name in TUNABLE[kind]}}
 
 
 def machine_price(machine: Machine) -> float | None:
