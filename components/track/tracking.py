@@ -97,6 +97,13 @@ def _test_metrics(evaluation: Mapping[str, Any] | None) -> dict[str, float]:
     return {f"test_{name}": value for name, value in scalar_summary(evaluation).items()}
 
 
+def _numbers(row: Mapping[str, Any], skip: tuple[str, ...]) -> Iterator[tuple[str, float]]:
+    """The numeric values of one history row (no booleans), but those named in `skip`."""
+    for name, value in row.items():
+        if name not in skip and isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield name, float(value)
+
+
 def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
                  evaluation: Mapping[str, Any] | None) -> RunRecord:
     """The run record of the DenseNet trainer: Keras history per epoch, both phases.
@@ -121,9 +128,8 @@ def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
             phases.append(f"{phase} from epoch {rows[0].get('epoch', step)}")
         for row in rows:
             step = int(row.get("epoch", step))
-            for name, value in row.items():
-                if name != "epoch" and isinstance(value, (int, float)):
-                    series.setdefault(name, []).append((step, float(value)))
+            for name, value in _numbers(row, ("epoch",)):
+                series.setdefault(name, []).append((step, value))
             step += 1
     tags = _provenance_tags(metadata, model_uri)
     tags["phases"] = "; ".join(phases)
@@ -153,10 +159,8 @@ def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
     counts: dict[str, int] = {}
     for row in training["history"]:
         step = counts[row["model"]] = counts.get(row["model"], 0) + 1
-        for name, value in row.items():
-            if name not in ("epoch", "stage", "model") and isinstance(value, (int, float)) \
-                    and not isinstance(value, bool):
-                series.setdefault(f"{row['model']}/{name}", []).append((step, float(value)))
+        for name, value in _numbers(row, ("epoch", "stage", "model")):
+            series.setdefault(f"{row['model']}/{name}", []).append((step, value))
     tags = _provenance_tags(metadata, model_uri)
     tags["precision"] = str(training["run"].get("precision"))
     tags["unfreeze"] = _param_text(training["run"].get("unfreeze"))
