@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: venv compile run test browser bench lint lock images images-local rehearse-images compile-vertex clean
+.PHONY: venv compile run test test-all browser bench lint lock images images-local rehearse-images compile-vertex clean
 
 # The venv is rebuilt only when the pins change.
 $(STAMP): pyproject.toml constraints.txt
@@ -34,9 +34,16 @@ run: compile
 		--model-config '{"emb_sz": 64, "n_hid": 128, "n_layers": 2}' \
 		--predict-uri $(DEMO)/reviews.csv
 
+# The fast tier (a few minutes): unit tests, contracts, compiled specs, single steps through
+# kfp.local. `test-all` adds everything marked slow (training runs, whole pipelines,
+# rehearsals, seeds on real text); CI runs it.
 test: venv
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow" --durations=15
+
+test-all: venv
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest --durations=30
 
 bench: venv
 	$(PY) bench/shard_bench.py

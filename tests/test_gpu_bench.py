@@ -34,6 +34,7 @@ def _smoke(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[dict, s
     return json.loads(out.read_text()), run.stdout
 
 
+@pytest.mark.slow
 def test_smoke_measures_every_section_on_a_cpu(tmp_path):
     results, printed = _smoke(tmp_path)
 
@@ -63,6 +64,7 @@ def test_smoke_measures_every_section_on_a_cpu(tmp_path):
         assert line in printed
 
 
+@pytest.mark.slow
 def test_keras3_engine_and_host_cores(tmp_path):
     # The engine the H100 figures were taken with (there on JAX); here on TensorFlow.
     results, printed = _smoke(tmp_path, "--engine", "keras3", "--sections", "densenet",

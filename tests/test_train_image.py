@@ -610,6 +610,7 @@ def test_two_workers_train_together(background_jobs):
     assert leftovers == [], leftovers
 
 
+@pytest.mark.slow
 def test_a_tuning_trial_reports_its_metric_after_every_epoch_of_both_phases(
         image_dataset, base_weights, tmp_path, monkeypatch):
     from tests.test_hypertune import read_reports

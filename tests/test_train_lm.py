@@ -161,6 +161,7 @@ def test_assets_in_the_text_trainers_layout_with_held_out_metrics(reviews, tmp_p
     assert weights["0.encoder.weight"].shape == (len(load_pickle(assets.vocab)), 16)
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_and_never_retrains_a_finished_direction(reviews, tmp_path):
     out, config = str(tmp_path / "assets"), LMConfig(lang="fr", backwards=True,
                                                     **{**FAST, "epochs": 3})
