@@ -111,6 +111,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         register_model: bool = True,
         registration_metric: str = "accuracy",
         registration_threshold: float = 0.8,
+        registration_beats_baselines: bool = False,
         model_display_name: str = "densenet121-image-classifier",
         predict_uri: str = "",
         tracking_uri: str = "",
@@ -151,6 +152,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             register_model: Upload the model to the Vertex Model Registry when it clears the threshold.
             registration_metric: Evaluation metric compared with the threshold: "accuracy" or "macro_f1".
             registration_threshold: Register only when the metric on the test split is at least this.
+            registration_beats_baselines: Also require the metric above every cheap baseline scored on the same split (logistic regression on TF-IDF or downscaled pixels, and the constant answer).
             model_display_name: Name of the model in the Model Registry.
             predict_uri: gs:// folder of new images (any depth) to label with the trained model, one JSON line each; empty skips prediction.
             tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
@@ -190,6 +192,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         gate = gate_op(
             evaluation=evaluate.outputs["evaluation"], metric=registration_metric,
             threshold=registration_threshold, enabled=register_model,
+            beat_baselines=registration_beats_baselines,
         ).set_display_name("registration-gate")
         if vertex is not None and vertex.serving_image:
             registry.add_upload(image, gate, train.outputs["model"], model_display_name,
@@ -223,7 +226,8 @@ def summarize(outputs: dict) -> dict:
         outputs: The pipeline's outputs from `kfp.local` (artifacts and the gate's decision).
 
     Returns:
-        `{"metrics": {...}, "sharding": {...}, "registration": {...}, "artifacts": {...}}`.
+        `{"metrics": {...}, "baseline": {pixels_logreg: {...}, majority_class: {...}},
+        "sharding": {...}, "provenance": {...}, "registration": {...}, "artifacts": {...}}`.
     """
     with open(os.path.join(outputs["dataset"].path, MANIFEST_NAME)) as f:
         manifest = json.load(f)
@@ -237,6 +241,8 @@ def summarize(outputs: dict) -> dict:
                 for name, values in metrics["per_class"].items()
             },
         },
+        # Cheap models on the same split, with the same metric names (common.baselines).
+        "baseline": metrics.get("baseline", {}),
         "sharding": {
             "examples_in": manifest["examples_in"],
             "written": {s: v["count"] for s, v in manifest["splits"].items()},

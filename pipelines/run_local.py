@@ -78,10 +78,16 @@ def headline(kind: str, summary: dict[str, Any]) -> str:
                 f"{summary['artifacts']['lm_assets']}")
     support = sum(v["support"] for v in metrics["per_label"].values())
     if "accuracy" in metrics:
-        return (f"{kind} pipeline: test accuracy {metrics['accuracy']:.3f}, macro F1 "
+        line = (f"{kind} pipeline: test accuracy {metrics['accuracy']:.3f}, macro F1 "
                 f"{metrics['macro_f1']:.3f} over {support} examples")
-    return (f"{kind} pipeline: test micro F1 {metrics['micro_f1']:.3f}, macro F1 "
-            f"{metrics['macro_f1']:.3f} ({support} label occurrences)")
+        names = ("accuracy", "macro_f1")
+    else:
+        line = (f"{kind} pipeline: test micro F1 {metrics['micro_f1']:.3f}, macro F1 "
+                f"{metrics['macro_f1']:.3f} ({support} label occurrences)")
+        names = ("micro_f1", "macro_f1")
+    beside = [f"{name} {values[names[0]]:.3f}/{values[names[1]]:.3f}"
+              for name, values in summary.get("baseline", {}).items()]
+    return line + (f"; baselines on the same split: {', '.join(beside)}" if beside else "")
 
 
 def _predictions(model_path: str) -> dict[str, Any]:

@@ -120,6 +120,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         register_model: bool = True,
         registration_metric: str = "micro_f1",
         registration_threshold: float = 0.5,
+        registration_beats_baselines: bool = False,
         model_display_name: str = "ulmfit-text-classifier",
         predict_uri: str = "",
         tracking_uri: str = "",
@@ -159,6 +160,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             register_model: Upload the model to the Vertex Model Registry when it clears the threshold.
             registration_metric: Evaluation metric compared with the threshold: "micro_f1" (the accuracy for one class per row) or "macro_f1".
             registration_threshold: Register only when the metric on the evaluated split is at least this.
+            registration_beats_baselines: Also require the metric above every cheap baseline scored on the same split (logistic regression on TF-IDF or downscaled pixels, and the constant answer).
             model_display_name: Name of the model in the Model Registry; a later run adds a version to it.
             predict_uri: gs:// CSV of new texts (the training text column) to label with the trained model, one JSON line per row; empty skips prediction.
             tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
@@ -195,6 +197,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         gate = gate_op(
             evaluation=evaluate.outputs["evaluation"], metric=registration_metric,
             threshold=registration_threshold, enabled=register_model,
+            beat_baselines=registration_beats_baselines,
         ).set_display_name("registration-gate")
         if vertex is not None:
             registry.add_upload(image, gate, train.outputs["model"], model_display_name, image,
@@ -256,8 +259,8 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     Returns:
         `{"metrics": {task, split, micro_f1, macro_f1, per_label: {label: {precision,
         recall, f1, support}}, and for multi-label threshold, tuned_micro_f1,
-        tuned_macro_f1, tuned_thresholds}, "preparation": {...}, "training": {...},
-        "artifacts": {...}}`. Single-label runs report per class, micro F1 being the
+        tuned_macro_f1, tuned_thresholds}, "baseline": {tfidf_logreg: {...}, every_label or
+        majority_class: {...}}, "preparation": {...}, "training": {...}, "artifacts": {...}}`. Single-label runs report per class, micro F1 being the
         accuracy.
     """
     result = _read_json(os.path.join(artifacts["evaluation"], "metrics.json"))
@@ -282,7 +285,8 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
             "tuned_macro_f1": tuned["macro_f1"],
             "tuned_thresholds": dict(zip(tuned["labels"], tuned["thresholds"])),
         })
-    summary: dict[str, Any] = {"metrics": metrics}
+    # Cheap models on the same split, with the same metric names (common.baselines).
+    summary: dict[str, Any] = {"metrics": metrics, "baseline": result.get("baseline", {})}
     manifest = _read_json(os.path.join(artifacts.get("dataset", ""), "manifest.json"))
     if manifest:
         summary["preparation"] = {
@@ -306,6 +310,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
             "precision": run["precision"],
             "unfreeze": run.get("unfreeze"),
             "found_learning_rates": run.get("found_learning_rates", {}),
+            "restarts": run.get("restarts", []),
         }
     summary["artifacts"] = {**artifacts, "report_html": os.path.join(artifacts["evaluation"],
                                                                      REPORT_HTML_FILE)}

@@ -68,7 +68,8 @@ def rendered(report: str | os.PathLike, screenshot: str | os.PathLike):
 
 
 def check_report(report: str | os.PathLike, screenshot: str | os.PathLike,
-                 plots: set[str], names: list[str], examples: int) -> str:
+                 plots: set[str], names: list[str], examples: int,
+                 baselines: list[str]) -> str:
     """Renders an evaluation report and checks what a reader sees.
 
     Args:
@@ -78,6 +79,7 @@ def check_report(report: str | os.PathLike, screenshot: str | os.PathLike,
         names: Class or label names (from the data, not the report's generator): each
             must be written on the page.
         examples: The evaluated split's size (from the data): the summary must show it.
+        baselines: Names of the baselines the table beside the model must list, in order.
 
     Returns:
         The page's visible text.
@@ -94,6 +96,9 @@ def check_report(report: str | os.PathLike, screenshot: str | os.PathLike,
         summary = dict(row.inner_text().split("\t") for row in
                        seen.page.query_selector_all("table.summary tr"))
         assert int(next(v for k, v in summary.items() if k in ("examples", "texts"))) == examples
+        rows = seen.page.query_selector_all("table#baselines tr")
+        assert [row.inner_text().split("\t")[0] for row in rows[1:]] == [
+            "this model", *baselines]
         text = seen.page.inner_text("body")
         for name in names:
             assert name in text, name

@@ -329,6 +329,16 @@ def test_evaluate_image_model_end_to_end(rgb_dataset, rgb_model, tmp_path):
     assert {c: v["support"] for c, v in result["per_class"].items()} == test_counts
     report = (out / "report.md").read_text()
     assert "**Examples:** 12" in report and "| red | 0 | 0 | 4 |" in report
+    # Beside it, on the same 12 images: pixels (one colour per class: all right) and the
+    # majority class of the train split (a third of a balanced test split).
+    linear, majority = result["baseline"]["pixels_logreg"], result["baseline"]["majority_class"]
+    assert linear["accuracy"] == 1.0 and linear["C"] in (1.0, 10.0, 100.0)
+    train_counts = manifest["splits"]["train"]["class_counts"]
+    most = max(sorted(train_counts), key=train_counts.get)
+    assert majority["accuracy"] == pytest.approx(test_counts[most] / 12)
+    assert set(linear) - {"C"} == set(majority) == {"accuracy", "micro_f1", "macro_f1",
+                                                     "weighted_f1"}
+    assert "| pixels_logreg | 1.0000 |" in report and "| majority_class |" in report
 
     validation = evaluate_image_model(str(rgb_model), str(rgb_dataset), str(tmp_path / "v"),
                                       split="validation")
@@ -452,5 +462,6 @@ def test_image_report_shows_confusions_training_and_mistakes_in_a_browser(
     assert result["confusion_matrix"]["matrix"][2] == [0, red, 0]
     page = check_report(tmp_path / "eval" / "report.html", tmp_path / "shot.png",
                         {"confusion", "per-class", "curves", "training"},
-                        ["blue", "green", "red"], manifest["splits"]["test"]["count"])
+                        ["blue", "green", "red"], manifest["splits"]["test"]["count"],
+                        ["pixels_logreg", "majority_class"])
     assert page.count("true red") == red and "head" in page and "fine_tune" in page

@@ -46,6 +46,22 @@ def test_registers_at_exactly_the_threshold():
     assert reason == "accuracy = 0.8 >= 0.8: registering"
 
 
+@pytest.mark.parametrize("linear, register", [(0.79, True), (0.8, False), (0.85, False)])
+def test_beat_baselines_requires_the_metric_above_every_baseline(linear, register):
+    metrics = {**METRICS, "baseline": {"pixels_logreg": {"accuracy": linear},
+                                       "majority_class": {"accuracy": 0.5}}}
+    decided, reason = _gate(metrics, "accuracy", 0.7, beat_baselines=True)
+    assert decided is register, reason
+    assert ("pixels_logreg" in reason) is not register
+    # off (the default), the baselines do not count
+    assert _gate(metrics, "accuracy", 0.7)[0] is True
+
+
+def test_beat_baselines_without_baselines_does_not_register():
+    decided, reason = _gate(dict(METRICS), "accuracy", 0.7, beat_baselines=True)
+    assert decided is False and "no baseline" in reason
+
+
 def test_refuses_just_below_the_threshold():
     just_below = math.nextafter(0.8, 0.0)
     register, reason = _gate({**METRICS, "accuracy": just_below}, "accuracy", 0.8)
@@ -350,7 +366,8 @@ def test_gate_component_shows_its_decision(tmp_path):
     assert (tmp_path / "decision.md").read_text() == (
         "# Model Registry: not registered\n\naccuracy = 0.75 < 0.8: not registering\n")
     assert decision.metadata == {"register": False, "metric": "accuracy", "threshold": 0.8,
-                                 "reason": "accuracy = 0.75 < 0.8: not registering"}
+                                 "reason": "accuracy = 0.75 < 0.8: not registering",
+                                 "beat_baselines": False}
 
 
 def test_whole_model_folder_can_be_served(tmp_path):

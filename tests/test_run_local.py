@@ -60,7 +60,8 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
     assert f"report: {report}" in printed
     page = check_report(report, tmp_path / "image_report.png",
                         {"confusion", "per-class", "curves", "training"},
-                        ["cat", "dog", "eel"], sharding["written"]["test"])
+                        ["cat", "dog", "eel"], sharding["written"]["test"],
+                        ["pixels_logreg", "majority_class"])
     assert "Most confident mistakes" in page
 
     # batch prediction over the same folder: a line per file, the bad ones with their reason

@@ -346,6 +346,8 @@ def scalar_summary(result: dict[str, Any], max_per_class: int = 20) -> dict[str,
         result: From `single_label_metrics` or `multi_label_metrics`.
         max_per_class: Add `f1_<name>` per class or label when there are at most this
             many (names reduced to letters, digits and `_`).
+        With a `baseline` entry (common.baselines), its figures follow as
+        `baseline_<metric>` (the linear model) and `<constant answer>_<metric>`.
 
     Returns:
         Metric name to value; values that are None (e.g. AUC of one-class data) are left out.
@@ -369,6 +371,11 @@ def scalar_summary(result: dict[str, Any], max_per_class: int = 20) -> dict[str,
     if result.get("tuned"):  # multi-label: F1 at the thresholds tuned on validation
         scalars["tuned_micro_f1"] = float(result["tuned"]["micro_f1"])
         scalars["tuned_macro_f1"] = float(result["tuned"]["macro_f1"])
+    # Baselines on the same split (common.baselines): the linear model as baseline_<metric>,
+    # the constant answer as every_label_<metric> / majority_class_<metric>.
+    for name, numbers in (result.get("baseline") or {}).items():
+        prefix = "baseline" if name.endswith("_logreg") else name
+        scalars.update({f"{prefix}_{k}": float(v) for k, v in numbers.items() if k != "C"})
     return scalars
 
 

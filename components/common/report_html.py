@@ -20,7 +20,8 @@ REPORT_HTML_FILE = "report.html"
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1f2328}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #d0d7de}
-table.summary td{padding:2px 14px 2px 0}figure.plot{margin:12px 0}
+table.summary td,table.baselines td,table.baselines th{padding:2px 14px 2px 0}
+figure.plot{margin:12px 0}
 figure.plot svg{max-width:100%;height:auto}figcaption{color:#57606a;font-size:13px}
 .grid{display:flex;flex-wrap:wrap;gap:10px}.cell{width:150px;font-size:12px}
 .cell img{width:140px;height:140px;object-fit:contain;image-rendering:pixelated;
@@ -81,6 +82,20 @@ def page(title: str, summary: Mapping[str, Any], sections: Iterable[tuple[str, s
             f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
             f"<h1>{html.escape(title)}</h1><table class=\"summary\">{rows}</table>{body}"
             "</body></html>")
+
+
+def baseline_table(result: Mapping[str, Any], names: Sequence[str]) -> str:
+    """The model beside each baseline on the same split (`result["baseline"]`), or ""."""
+    if not result.get("baseline"):
+        return ""
+    header = "".join(f"<th>{html.escape(n)}</th>" for n in ("model", *names))
+    rows = [("this model", result)] + list(result["baseline"].items())
+    body = "".join(
+        f'<tr class="{"model" if i == 0 else "baseline"}"><td>{html.escape(name)}</td>'
+        + "".join(f"<td>{html.escape(_fmt(numbers[n])) if n in numbers else ''}</td>"
+                  for n in names) + "</tr>"
+        for i, (name, numbers) in enumerate(rows))
+    return f'<table class="baselines" id="baselines"><tr>{header}</tr>{body}</table>'
 
 
 def _fmt(value: Any) -> str:

@@ -84,5 +84,10 @@ def image_report(result: Mapping[str, Any], y_true: np.ndarray, y_prob: np.ndarr
         mistakes, pick(images, mistakes), y_true, y_prob, classes)))
     summary = {"split": result["split"], "examples": result["num_examples"],
                "accuracy": result["accuracy"], "macro F1": result["macro_f1"]}
+    linear = (result.get("baseline") or {}).get("pixels_logreg")
+    if linear:
+        summary["logistic regression on downscaled pixels, accuracy"] = linear["accuracy"]
+        sections.insert(0, ("Baselines on the same split", report_html.baseline_table(
+            result, ["accuracy", "macro_f1", "weighted_f1"])))
     return report_html.page(f"Image classifier evaluation: {result['split']} split", summary,
                             sections)

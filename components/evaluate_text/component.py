@@ -37,7 +37,7 @@ def evaluate_text_classifier(
     Args:
         model: Folder from the text training step: `export.pkl` (fastai learner) and `labels.json` (labels, task, threshold, tuned thresholds).
         dataset: Folder from the text preparation step; its labels must equal the model's.
-        metrics: Headline scalars: num_examples; multi-label: micro/macro F1, precision, recall, subset accuracy, Hamming loss, f1_<label>, and tuned_micro_f1/tuned_macro_f1 at the tuned thresholds; single-label: accuracy, macro/weighted F1, f1_<class>.
+        metrics: Headline scalars: num_examples; multi-label: micro/macro F1, precision, recall, subset accuracy, Hamming loss, f1_<label>, and tuned_micro_f1/tuned_macro_f1 at the tuned thresholds; single-label: accuracy, macro/weighted F1, f1_<class>; beside them baseline_<metric> (TF-IDF + logistic regression fitted on the train split) and every_label_<metric> or majority_class_<metric> (the constant answer), scored on the same split.
         classification_metrics: Confusion matrix (rows true, columns predicted) of a single-label model; empty for multi-label.
         report: The evaluation report in Markdown (multi-label: fixed and tuned thresholds side by side).
         report_html: The report as a self-contained HTML page (plots inline, no scripts), which the Vertex console renders: confusions, per-class figures, ROC/precision-recall curves, training curves, the worst mistakes.

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from components.common import baselines
 from components.common.metrics import (
     markdown_report,
     multi_label_metrics,
@@ -49,7 +50,8 @@ def predict(model_dir: str, texts: list[str], batch_size: int = 64) -> np.ndarra
 
 
 def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split: str = "test",
-                        threshold: float | None = None, batch_size: int = 64) -> dict[str, Any]:
+                        threshold: float | None = None, batch_size: int = 64,
+                        baseline: bool = True) -> dict[str, Any]:
     """Scores a trained text classifier on one split and writes metrics.json and report.md.
 
     Args:
@@ -59,11 +61,15 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
         split: "train", "validation" or "test".
         threshold: Fixed multi-label threshold; None uses the model's.
         batch_size: Texts per forward pass.
+        baseline: Also fit TF-IDF + logistic regression on the train split and score it,
+            and the constant answer, on the same split (`baselines.text_baselines`).
 
     Returns:
         The metrics: the `multi_label_metrics` or `single_label_metrics` result at the
-        fixed threshold, plus `split`, `model_dir`, `dataset_dir`, and for multi-label
-        `tuned` (the result at the thresholds tuned on validation data).
+        fixed threshold, plus `split`, `model_dir`, `dataset_dir`, for multi-label
+        `tuned` (the result at the thresholds tuned on validation data), and `baseline`
+        (`{"tfidf_logreg": {...}, "every_label" or "majority_class": {...}}`, the same
+        metric names; empty when `baseline` is False).
 
     Raises:
         ValueError: The split is empty or the labels disagree.
@@ -96,14 +102,34 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
             {**result["tuned"], "split": split},
             "Per-label thresholds tuned on the validation split"))
     else:
+        fixed_threshold = None
         result = single_label_metrics(truth.argmax(axis=1), probs, labels)
         result.update(context)
         report = markdown_report(result, f"Text classifier on {split}")
+    result["baseline"] = (_baselines(dataset_dir, manifest, frame, result["task"], fixed_threshold)
+                          if baseline else {})
+    report += baselines.markdown_table(result)
     write_outputs(result, output_dir, report)
     write_text_atomically(os.path.join(output_dir, REPORT_HTML_FILE), text_report(
         result, frame[manifest["text_column"]].tolist(), truth, probs,
         _read_training(model_dir)))
     return result
+
+
+def _baselines(dataset_dir: str, manifest: dict[str, Any], frame, task: str,
+               threshold: float | None) -> dict[str, Any]:
+    from components.prepare_text.contract import read_split
+
+    text, labels = manifest["text_column"], manifest["labels"]
+
+    def pair(split_frame):
+        return split_frame[text].astype(str).tolist(), split_frame[labels].to_numpy()
+
+    train, valid = read_split(dataset_dir, "train"), read_split(dataset_dir, "validation")
+    if train.empty or valid.empty:
+        return {}
+    return baselines.text_baselines(pair(train), pair(valid), pair(frame), labels, task,
+                                    threshold)
 
 
 def _read_training(model_dir: str) -> dict[str, Any] | None:

@@ -103,6 +103,11 @@ def text_report(result: Mapping[str, Any], texts: Sequence[str], truth: np.ndarr
             sections.append((title, report_html.training_curves(
                 f"training-{model}", stages, pairs,
                 "Per epoch; dotted lines mark where each stage starts (gradual unfreezing).")))
+    if result.get("baseline"):
+        deep = {**result, "tuned_micro_f1": (result.get("tuned") or {}).get("micro_f1")}
+        names = ["micro_f1", "macro_f1"] + (["tuned_micro_f1"] if multi else ["accuracy"])
+        sections.insert(0, ("Baselines on the same split", report_html.baseline_table(
+            deep, names)))
     mistakes = worst_mistakes(truth, probs, predicted)
     sections.append((f"Largest mistakes ({len(mistakes)} shown)", mistakes_list(
         mistakes, texts, truth, predicted, probs, labels)))
@@ -110,5 +115,8 @@ def text_report(result: Mapping[str, Any], texts: Sequence[str], truth: np.ndarr
                "micro F1": result["micro_f1"], "macro F1": result["macro_f1"]}
     if multi:
         summary.update({"micro F1, tuned thresholds": result["tuned"]["micro_f1"]})
+    linear = (result.get("baseline") or {}).get("tfidf_logreg")
+    if linear:
+        summary["TF-IDF + logistic regression, micro F1"] = linear["micro_f1"]
     return report_html.page(f"Text classifier evaluation: {result['split']} split", summary,
                             sections)

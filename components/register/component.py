@@ -16,6 +16,7 @@ def registration_gate(
     metric: str,
     threshold: float,
     enabled: bool = True,
+    beat_baselines: bool = False,
 ) -> bool:
     """Says whether the evaluated model is good enough to register.
 
@@ -25,6 +26,7 @@ def registration_gate(
         metric: Top-level number of metrics.json compared with the threshold, e.g. "accuracy", "micro_f1" or "macro_f1" (each pipeline has its own default).
         threshold: Register when the metric is at least this.
         enabled: False never registers.
+        beat_baselines: Also require the metric above every cheap baseline the evaluation scored on the same split (TF-IDF or pixel logistic regression, the constant answer).
 
     Returns:
         True when the model should be uploaded to the Model Registry.
@@ -32,13 +34,14 @@ def registration_gate(
     from components.common.metrics import read_evaluation
     from components.register.registration import gate
 
-    register, reason = gate(read_evaluation(evaluation.path), metric, threshold, enabled)
+    register, reason = gate(read_evaluation(evaluation.path), metric, threshold, enabled,
+                            beat_baselines)
     print(reason)
     verdict = "registered" if register else "not registered"
     with open(decision.path, "w") as f:
         f.write(f"# Model Registry: {verdict}\n\n{reason}\n")
     decision.metadata.update({"register": register, "reason": reason, "metric": metric,
-                              "threshold": threshold})
+                              "threshold": threshold, "beat_baselines": beat_baselines})
     return register
 
 

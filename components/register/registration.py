@@ -13,9 +13,11 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
+from components.common.baselines import beats
+
 
 def gate(metrics: dict[str, Any], metric: str, threshold: float, enabled: bool = True,
-         ) -> tuple[bool, str]:
+         beat_baselines: bool = False) -> tuple[bool, str]:
     """Decides whether the model clears the bar for registration.
 
     Args:
@@ -23,6 +25,9 @@ def gate(metrics: dict[str, Any], metric: str, threshold: float, enabled: bool =
         metric: Name of a top-level number in it, e.g. "accuracy" or "macro_f1".
         threshold: The model is registered when `metrics[metric] >= threshold`.
         enabled: False never registers.
+        beat_baselines: Also require `metric` above every baseline the evaluation scored
+            on the same split (`metrics["baseline"]`, common.baselines); an evaluation
+            without baselines then does not register.
 
     Returns:
         `(register, reason)`: the decision and a sentence saying why.
@@ -44,9 +49,14 @@ def gate(metrics: dict[str, Any], metric: str, threshold: float, enabled: bool =
         return False, "registration is switched off (register_model=false)"
     value = metrics[metric]
     # repr, not a rounded figure: 0.79996 must not read as 0.8000 < 0.8.
-    if value >= threshold:
-        return True, f"{metric} = {value!r} >= {threshold}: registering"
-    return False, f"{metric} = {value!r} < {threshold}: not registering"
+    if value < threshold:
+        return False, f"{metric} = {value!r} < {threshold}: not registering"
+    if beat_baselines:
+        beaten, why = beats(metrics, metric)
+        if not beaten:
+            return False, f"{why}: not registering (beat_baselines is on)"
+        return True, f"{metric} = {value!r} >= {threshold} and {why}: registering"
+    return True, f"{metric} = {value!r} >= {threshold}: registering"
 
 
 def copy_serving_model(model_dir: str, subdir: str, out_dir: str) -> None:
