@@ -148,3 +148,28 @@ def served_as_on_vertex(aip: dict[str, str], log_path: str):
             # uvicorn shuts down gracefully on SIGTERM, then dies of it (as Vertex expects)
             assert process.wait(timeout=30) in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in open(log_path).read()
+
+
+def write_fastai_lm_stand_in(fastai_home, vocab: list[str], backwards: bool = False,
+                             seed: int = 0) -> str:
+    """A stand-in for fastai's WikiText-103 AWD-LSTM archive, extracted where fastai keeps it.
+
+    `untar_data(URLs.WT103_FWD, c_key="model")` returns `<FASTAI_HOME>/models/wt103-fwd`
+    when that folder exists (fastdownload's `get`), and `language_model_learner` takes its
+    first `*.pth` and `*.pkl`: the same names as the real archive's, an AWD-LSTM of
+    fastai's default size (random weights) over `vocab`.
+
+    Returns:
+        The folder written.
+    """
+    import torch
+    from fastai.text.all import AWD_LSTM, awd_lstm_lm_config, get_language_model, save_pickle
+
+    torch.manual_seed(seed)
+    model = get_language_model(AWD_LSTM, len(vocab), config=dict(awd_lstm_lm_config))
+    name = "bwd" if backwards else "fwd"
+    folder = os.path.join(str(fastai_home), "models", f"wt103-{name}")
+    os.makedirs(folder, exist_ok=True)
+    torch.save(model.state_dict(), os.path.join(folder, f"lstm_{name}.pth"))
+    save_pickle(os.path.join(folder, "itos_wt103.pkl"), list(vocab))
+    return folder

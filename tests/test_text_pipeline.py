@@ -105,6 +105,14 @@ def test_text_pipeline_end_to_end_with_kfp_local(tmp_path, monkeypatch):
     scalars = task.outputs["metrics"].metadata
     assert scalars["micro_f1"] == pytest.approx(metrics["micro_f1"])
     assert "tuned_macro_f1" in scalars and "f1_prix" in scalars
+    # beside them, the baselines fitted on the same train split and scored on the same test
+    baseline = summary["baseline"]
+    assert set(baseline) == {"tfidf_logreg", "every_label"}
+    assert scalars["baseline_micro_f1"] == pytest.approx(baseline["tfidf_logreg"]["micro_f1"])
+    assert scalars["every_label_micro_f1"] == pytest.approx(baseline["every_label"]["micro_f1"])
+    # the templated reviews are learnt by any model; predicting every label is not
+    assert baseline["tfidf_logreg"]["micro_f1"] > baseline["every_label"]["micro_f1"] + 0.3
+    assert summary["training"]["restarts"] == []
     model_files = sorted(os.listdir(artifacts["model"]))
     assert model_files == ["export.pkl", "labels.json", "metrics.json", "per_label_metrics.json"]
     per_label = json.loads(open(os.path.join(artifacts["model"], "per_label_metrics.json")).read())
@@ -116,7 +124,8 @@ def test_text_pipeline_end_to_end_with_kfp_local(tmp_path, monkeypatch):
     # the HTML report in a browser: plots, labels and the test split's size from the page
     page = check_report(summary["artifacts"]["report_html"], tmp_path / "text_report.png",
                         {"per-label", "curves", "cooccurrence", "training-classifier"},
-                        labels, summary["preparation"]["splits"]["test"])
+                        labels, summary["preparation"]["splits"]["test"],
+                        ["tfidf_logreg", "every_label"])
     assert "Largest mistakes" in page and "tuned threshold" in page
 
     # reproducibility: the model names its code, data and parameters

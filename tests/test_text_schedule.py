@@ -2,6 +2,7 @@
 
 import os
 
+import numpy as np
 import pytest
 
 from components.common.fastai_text import choose_precision, choose_rate
@@ -66,18 +67,24 @@ NAN = float("nan")
 
 
 @pytest.mark.parametrize("suggestions, used, rule", [
-    ({"steep": 6.3e-3, "minimum": 2e-3}, 6.3e-3, "steep"),      # sane: taken as it is
-    # the curve's first point (noise on a few batches): minimum/10 instead
-    ({"steep": 1.2e-7, "minimum": 2.5e-2}, 2.5e-2, "minimum"),
-    ({"steep": 0.9, "minimum": 3e-3}, 3e-3, "minimum"),          # the edge of divergence
-    ({"steep": 0.9, "minimum": 0.5}, 5e-2, "steep, held to the bounds"),
-    ({"steep": 3e-6, "minimum": NAN}, 1e-4, "steep, held to the bounds"),
-    ({"steep": NAN, "minimum": NAN}, (1e-4 * 5e-2) ** 0.5, "middle of the bounds"),
-    ({"steep": 0.0, "minimum": 1.0}, (1e-4 * 5e-2) ** 0.5, "middle of the bounds"),
+    ({"valley": 3e-3, "steep": 6.3e-7, "minimum": 7.6e-8}, 3e-3, "valley"),  # noise ignored
+    ({"valley": 5.2e-3, "steep": 4.4e-5, "minimum": 6.9e-3}, 5.2e-3, "valley"),
+    ({"valley": 8.3e-4, "steep": 3e-3}, 1e-3, "valley, held to the bounds"),
+    ({"valley": 0.3, "steep": 3e-3}, 1e-2, "valley, held to the bounds"),
+    ({"valley": NAN, "steep": 3e-3}, (1e-3 * 1e-2) ** 0.5, "middle of the bounds"),
+    ({"valley": 0.0}, (1e-3 * 1e-2) ** 0.5, "middle of the bounds"),
 ])
-def test_found_rate_is_a_believable_suggestion(suggestions, used, rule):
-    rate, why = choose_rate(suggestions, schedule.MIN_FOUND_LR, schedule.MAX_FOUND_LR)
+def test_found_rate_is_the_valley_held_to_the_bounds(suggestions, used, rule):
+    whole = schedule.Stage("classifier-all", "classifier", 6, 0)
+    rate, why = choose_rate(suggestions, *schedule.found_rate_bounds(whole))
     assert rate == pytest.approx(used) and why.startswith(rule)
+
+
+def test_a_head_on_a_frozen_encoder_may_take_higher_rates_than_a_whole_model():
+    head = schedule.Stage("classifier-head", "classifier", 1, 0, freeze_to=-1)
+    whole = schedule.Stage("classifier-all", "classifier", 6, 0)
+    assert choose_rate({"valley": 3e-2}, *schedule.found_rate_bounds(head))[0] == 3e-2
+    assert choose_rate({"valley": 3e-2}, *schedule.found_rate_bounds(whole))[0] == 1e-2
 
 
 @pytest.mark.parametrize("mode, batches, used", [
@@ -229,3 +236,36 @@ def test_asset_config_forms():
         assets.parse_config('{"arch": "AWD_QRNN"}', "c")
     with pytest.raises(assets.AssetConfigError, match="not valid JSON"):
         assets.parse_config("{", "c")
+
+
+def test_constant_answer_is_the_label_frequencies_cut_at_the_threshold():
+    train = np.array([[1, 0], [1, 0], [0, 1], [1, 0]])  # frequencies 0.75, 0.25
+    valid = np.array([[1, 0], [0, 1]])
+    multi = schedule.constant_answer(valid, train, multi_label=True, threshold=0.3)
+    # BCE of (0.75, 0.25) on the two rows, averaged over the 4 decisions
+    expected = -(np.log(0.75) + np.log(0.75) + np.log(0.25) + np.log(0.25)) / 4
+    assert multi["valid_loss"] == pytest.approx(expected)
+    # 0.75 >= 0.3: label 0 always predicted (F1 2/3); 0.25 < 0.3: label 1 never (F1 0)
+    assert multi["f1_score"] == pytest.approx((2 / 3 + 0) / 2)
+    single = schedule.constant_answer(valid, train, multi_label=False, threshold=0.3)
+    assert single["valid_loss"] == pytest.approx(-(np.log(0.75) + np.log(0.25)) / 2)
+    assert single["f1_score"] == pytest.approx((2 / 3) / 2)  # the majority class only
+
+
+CONSTANT = {"valid_loss": 0.40, "f1_score": 0.10}
+
+
+@pytest.mark.parametrize("rows, flagged", [
+    # the collapse of the issue: loss and score flat at the constant answer's
+    ([{"valid_loss": 0.41, "f1_score": 0.0}, {"valid_loss": 0.40, "f1_score": 0.04},
+      {"valid_loss": 0.399, "f1_score": 0.11}], True),
+    # a loss that falls is learning, even before the score moves (one-cycle warm-up)
+    ([{"valid_loss": 0.40, "f1_score": 0.0}, {"valid_loss": 0.35, "f1_score": 0.0}], False),
+    # a score clearly above the constant answer's is learning
+    ([{"valid_loss": 0.40, "f1_score": 0.30}], False),
+    # NaN losses (a diverged run) learnt nothing
+    ([{"valid_loss": float("nan"), "f1_score": 0.0}], True),
+])
+def test_a_stage_that_learnt_nothing_is_told_from_one_that_learns(rows, flagged):
+    reason = schedule.learnt_nothing(rows, CONSTANT)
+    assert (reason is not None) == flagged, reason

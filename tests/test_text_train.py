@@ -9,9 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from fastai.callback.schedule import ParamScheduler
 from fastai.text.all import (
     AWD_LSTM,
     Callback,
+    CancelBatchException,
     ColReader,
     ColSplitter,
     DataBlock,
@@ -33,7 +35,7 @@ from components.train_text.contract import (
     parse_model_config,
     save_lm_assets,
 )
-from components.train_text.training import train_text_classifier
+from components.train_text.training import train_text_classifier, validation_scalars
 from pipelines.demo_text import write_reviews_csv
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
@@ -330,7 +332,11 @@ def test_the_classifier_starts_at_the_label_frequencies():
 
 @pytest.mark.slow
 def test_a_tuning_trial_reports_the_classifier_metric_each_epoch(dataset, tmp_path, monkeypatch):
+    from components.train_text import schedule
     from tests.test_hypertune import read_reports
+
+    # The tiny model learns too little on 60 rows to count as learning: no restarts here.
+    monkeypatch.setattr(schedule, "MAX_RESTARTS", 0)
 
     metric_file = tmp_path / "output.metrics"
     monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
@@ -341,3 +347,70 @@ def test_a_tuning_trial_reports_the_classifier_metric_each_epoch(dataset, tmp_pa
     # the LM fine-tuning epoch is not the study's: only the classifier's two are reported
     assert [(r["global_step"], float(r["valid_loss"])) for r in read_reports(metric_file)] == [
         (str(i), pytest.approx(row["valid_loss"])) for i, row in enumerate(classifier, 1)]
+
+
+class NothingLearntInFirstFits(Callback):
+    """A classifier that learns nothing in its first `n` fit calls, as when a rate too high
+    leaves it where it started: its output layer says the label frequencies whatever the
+    text (weights zeroed, the bias `start_at_label_frequencies` set) and no batch trains."""
+
+    order = ParamScheduler.order + 1  # sees each batch's scheduled rate
+
+    def __init__(self, n: int):
+        self.n, self.fits, self.rates = n, 0, []
+
+    def _ours(self) -> bool:
+        return type(self.learn).__name__ == "TextLearner"
+
+    def before_fit(self):
+        if self._ours():
+            self.fits += 1
+            self.rates.append(0.0)
+            if self.fits <= self.n:
+                linear = [m for m in self.learn.model[1].modules()
+                          if isinstance(m, torch.nn.Linear)][-1]
+                with torch.no_grad():
+                    linear.weight.zero_()
+
+    def before_batch(self):
+        if self._ours() and self.training:
+            self.rates[-1] = max(self.rates[-1], *(h["lr"] for h in self.learn.opt.hypers))
+            if self.fits <= self.n:
+                raise CancelBatchException()
+
+
+def test_a_classifier_that_learnt_nothing_trains_again_at_a_quarter_of_the_rate(tmp_path):
+    write_reviews_csv(str(tmp_path / "reviews.csv"), rows=200, seed=1)
+    prepare_text_dataset(str(tmp_path / "reviews.csv"), str(tmp_path / "dataset"),
+                         PrepareConfig())
+    blocked = NothingLearntInFirstFits(1)
+    config = TrainConfig(pretrained=False, lm_epochs=0, epochs=4, model_config=TINY,
+                         learning_rate=3e-2, **FAST)
+    result = train_text_classifier(str(tmp_path / "dataset"), str(tmp_path / "model"), config,
+                                   callbacks=[blocked])
+    run = result["run"]
+    [restart] = run["restarts"]
+    assert "for predicting the label frequencies" in restart["reason"]
+    assert restart["rate_scale"] == 1.0 and run["learnt_nothing"] is None
+    # the second attempt at a quarter of the rate; only its epochs are the history
+    assert blocked.fits == 2
+    assert blocked.rates[1] == pytest.approx(blocked.rates[0] / 4, rel=0.05)
+    assert [h["epoch"] for h in result["history"]] == [1, 2, 3, 4]
+    assert min(h["valid_loss"] for h in result["history"]) < \
+        run["constant_answer"]["valid_loss"] * 0.98
+    assert max(h["f1_score"] for h in result["history"]) > \
+        run["constant_answer"]["f1_score"] + 0.1
+    assert validation_scalars(result)["classifier_restarts"] == 1.0
+
+
+def test_a_classifier_that_never_learns_stops_after_the_restarts_and_says_so(
+        dataset, tmp_path):
+    config = TrainConfig(pretrained=False, lm_epochs=0, epochs=1, model_config=TINY,
+                         learning_rate=1e-2, **FAST)
+    result = train_text_classifier(dataset, str(tmp_path / "model"), config,
+                                   callbacks=[NothingLearntInFirstFits(99)])
+    run = result["run"]
+    assert [r["rate_scale"] for r in run["restarts"]] == [1.0, 0.25]
+    assert "label frequencies" in run["learnt_nothing"]
+    assert len(result["history"]) == 1  # the last attempt's epoch
+    assert os.path.exists(tmp_path / "model" / "export.pkl")  # still a model, and says so

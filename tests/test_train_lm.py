@@ -122,11 +122,11 @@ def test_paragraphs_and_the_held_out_draw():
 
 
 def test_found_rates_are_bounded():
-    def rate(steep, minimum=float("nan")):
-        return choose_rate({"steep": steep, "minimum": minimum}, MIN_FOUND_LR, MAX_FOUND_LR)[0]
-    assert rate(3e-3) == 3e-3 and rate(1e-7, 4e-3) == 4e-3
-    assert rate(1.0) == 3e-2 and rate(1e-7) == 1e-4
-    assert 1e-4 < rate(float("nan")) < 3e-2
+    def rate(valley, steep=float("nan")):
+        return choose_rate({"valley": valley, "steep": steep}, MIN_FOUND_LR, MAX_FOUND_LR)[0]
+    assert rate(3e-3) == 3e-3 and rate(1e-7, 4e-3) == 1e-3
+    assert rate(1.0) == 3e-2 and rate(5.8e-4) == 1e-3
+    assert 1e-3 < rate(float("nan")) < 3e-2
 
 
 def test_bad_settings_name_the_setting():

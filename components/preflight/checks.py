@@ -155,7 +155,12 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
         PreflightError: Every problem found, each naming its parameter.
     """
     from components.prepare_text.contract import PrepareConfig
-    from components.train_text.contract import TrainConfig, missing_files, parse_model_config
+    from components.train_text.contract import (
+        FASTAI_PRETRAINED_LANG,
+        TrainConfig,
+        missing_files,
+        parse_model_config,
+    )
 
     problems = []
     try:
@@ -179,10 +184,13 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
     if pretrained:
         root = str(parameters.get("lm_assets", ""))
         lang = str(parameters.get("lang", config.lang if config else ""))
-        if not root:
+        if not root and lang.strip() == FASTAI_PRETRAINED_LANG:
+            pass  # fastai's English WikiText-103 model, fetched by the training step
+        elif not root:
             problems.append("pretrained is true but lm_assets is empty: give the folder of "
-                            "the pretrained language models, or set pretrained to false to "
-                            "train from scratch")
+                            "the pretrained language models (only lang="
+                            f"{FASTAI_PRETRAINED_LANG!r} starts from fastai's model without "
+                            "one), or set pretrained to false to train from scratch")
         else:
             backwards = coerce(parameters.get("backwards", False), bool)
             missing = missing_files(root, lang, backwards)

@@ -10,8 +10,14 @@ Layout under the assets URI, one folder per language:
 or `learn.save`), `vocab.pkl` the pickled list of its tokens (`dls.vocab`), and
 `config.json` names the architecture and its sizes, e.g.
 `{"arch": "AWD_LSTM", "emb_sz": 400, "n_hid": 1152, "n_layers": 3}` (any key of
-fastai's `awd_lstm_lm_config`; the rest keep fastai's defaults). Nothing is ever
-downloaded from the internet at run time.
+fastai's `awd_lstm_lm_config`; the rest keep fastai's defaults).
+
+English without assets: fastai's own pretrained AWD-LSTM (WikiText-103, forward or
+backward), fetched exactly as `language_model_learner(..., pretrained=True)` fetches it
+(`untar_data` of the architecture's URL into fastai's `model` folder under FASTAI_HOME,
+then its first `*.pth` and first `*.pkl`): the ULMFiT starting point. A job without
+internet takes a copy staged once in a bucket (`python -m pipelines.stage_wt103`), which
+is then ordinary assets. Nothing else is ever downloaded at run time.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 from components.common.storage import filesystem
 from components.train_text.contract import (
+    FASTAI_PRETRAINED_LANG,
     asset_uri,
     direction,
     missing_files,
@@ -85,6 +92,57 @@ def parse_config(text: str, source: str) -> tuple[str, dict[str, Any]]:
     return arch, dict(settings)
 
 
+def fastai_pretrained_url(backwards: bool) -> str:
+    """The URL `language_model_learner(AWD_LSTM, pretrained=True)` downloads."""
+    from fastai.text.all import AWD_LSTM
+    from fastai.text.models.core import _model_meta
+
+    return _model_meta[AWD_LSTM]["url_bwd" if backwards else "url"]
+
+
+def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
+    """fastai's English WikiText-103 AWD-LSTM, as `language_model_learner` fetches it.
+
+    `untar_data(url, c_key="model")` reuses the extracted folder under fastai's `model`
+    folder (`$FASTAI_HOME/models/wt103-fwd` or `wt103-bwd`) when it is there and
+    downloads the archive otherwise; the first `*.pth` is the weights, the first `*.pkl`
+    the vocabulary (fastai's own rule). The architecture is fastai's default AWD-LSTM.
+
+    Raises:
+        MissingAssetsError: The folder lacks a `.pth` or a `.pkl`, or the download failed
+            (no internet: stage a copy with `python -m pipelines.stage_wt103`).
+    """
+    from fastai.text.all import untar_data
+
+    url = fastai_pretrained_url(backwards)
+    try:
+        folder = untar_data(url, c_key="model")
+    except Exception as err:  # urllib, HTTP and archive errors alike
+        raise MissingAssetsError(
+            f"could not fetch fastai's pretrained English language model from {url} ({err}); "
+            "a job without internet needs a copy in a bucket: run `python -m "
+            "pipelines.stage_wt103 --output gs://BUCKET/lm` once and pass lm_assets="
+            "gs://BUCKET/lm") from err
+    weights, vocab = sorted(folder.glob("*.pth")), sorted(folder.glob("*.pkl"))
+    if not weights or not vocab:
+        raise MissingAssetsError(f"{folder} (fastai's copy of {url}) lacks a "
+                                 f"{'.pth' if not weights else '.pkl'} file: delete the "
+                                 "folder so that fastai fetches it again")
+    return LMAssets(config={}, weights=str(weights[0]), vocab=str(vocab[0]), spm_model=None)
+
+
+def uses_fastai_pretrained(assets_uri: str, lang: str) -> bool:
+    """Whether a pretrained run without assets starts from fastai's English model."""
+    return not assets_uri.strip() and lang.strip() == FASTAI_PRETRAINED_LANG
+
+
+def resolve_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) -> LMAssets:
+    """The pretrained LM of a run: `fetch_assets`, or fastai's English model without assets."""
+    if uses_fastai_pretrained(assets_uri, lang):
+        return fetch_fastai_pretrained(backwards)
+    return fetch_assets(assets_uri, lang, backwards, local_dir)
+
+
 def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) -> LMAssets:
     """Checks that a language and direction's LM files exist and copies them locally.
 
@@ -104,8 +162,9 @@ def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) ->
     if not assets_uri.strip():
         raise MissingAssetsError(
             "pretrained=True needs lm_assets_uri, a folder laid out as "
-            f"{', '.join(required_files(lang, backwards))}; or set pretrained=False "
-            "to train the language model from scratch")
+            f"{', '.join(required_files(lang, backwards))} (only lang="
+            f"{FASTAI_PRETRAINED_LANG!r} has fastai's model without one); or set "
+            "pretrained=False to train the language model from scratch")
     missing = missing_files(assets_uri, lang, backwards)
     if missing:
         raise MissingAssetsError(

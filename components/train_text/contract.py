@@ -24,6 +24,9 @@ PER_LABEL_FILE = "per_label_metrics.json"
 SPM_LANGS = frozenset({"ja", "ko", "zh"})
 LM_FILES = ("config.json", "vocab.pkl", "weights.pth")
 SPM_FILE = "spm/spm.model"
+# The language of fastai's own pretrained AWD-LSTM (WikiText-103), which a pretrained run
+# without lm_assets starts from (assets.fetch_fastai_pretrained).
+FASTAI_PRETRAINED_LANG = "en"
 # The text column of the frames the learner was trained on, and predicts from.
 TEXT_FIELD = "text"
 # What `monitor` may name: the losses, and the metric of multi- or single-label models.

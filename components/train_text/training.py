@@ -44,6 +44,7 @@ from fastai.text.all import (
     DataBlock,
     F1Score,
     F1ScoreMulti,
+    GradientClip,
     MultiCategoryBlock,
     TextBlock,
     accuracy,
@@ -71,7 +72,12 @@ from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.train_text import schedule
-from components.train_text.assets import LMAssets, fetch_assets
+from components.train_text.assets import (
+    LMAssets,
+    fastai_pretrained_url,
+    resolve_assets,
+    uses_fastai_pretrained,
+)
 from components.train_text.contract import (
     EXPORT_FILE,
     LABELS_FILE,
@@ -91,6 +97,9 @@ ENCODER_FILE = "lm_encoder.pth"
 _TEXT, _VALID, _CLASS = TEXT_FIELD, "is_valid", "__class__"
 # Settings that shape the encoder; the LM's dropouts do not carry over to the classifier.
 _ENCODER_KEYS = ("emb_sz", "n_hid", "n_layers", "pad_token", "bidir")
+# Largest gradient norm of a step (AWD-LSTM's recipe clips too): one bad batch at the
+# peak rate cannot throw the LSTM into saturation, the collapse seen on real text.
+GRADIENT_CLIP = 1.0
 
 
 def _check_arch_config(config: dict[str, Any], source: str) -> None:
@@ -154,10 +163,11 @@ class _Run:
 
     def __init__(self, folder: str, plan: list[schedule.Stage], state: dict[str, Any],
                  monitor: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
-                 trial: TrialReporter):
+                 trial: TrialReporter, constant: dict[str, float] | None = None):
         self.folder, self.plan, self.state = folder, plan, state
         self.monitor, self.callbacks = monitor, list(callbacks)
         self.tensorboard, self.trial = tensorboard, trial
+        self.constant = constant  # the classifier's constant answer (schedule.constant_answer)
 
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
@@ -171,7 +181,8 @@ class _Run:
         os.replace(tmp, self.path(name))
 
     def _drop(self, name: str | None, keep: str | None) -> None:
-        if name and name != keep and os.path.exists(self.path(name)):
+        start = (self.state.get("stage_start") or {}).get("file")
+        if name and name not in (keep, start) and os.path.exists(self.path(name)):
             os.remove(self.path(name))
 
     def restore(self, learn) -> bool:
@@ -198,9 +209,52 @@ class _Run:
         found = self.state.setdefault("found_lr", {})
         if stage.model not in found:
             log.info("finding the %s's rate", stage.model)
-            found[stage.model] = find_rate(learn, schedule.MIN_FOUND_LR, schedule.MAX_FOUND_LR)
+            found[stage.model] = find_rate(learn, *schedule.found_rate_bounds(stage))
             self.save()
         return found[stage.model]["used"] * stage.lr_share
+
+    def fit_classifier(self, learn, indices: Sequence[int]) -> None:
+        """Runs the classifier's stages; again, at a lower rate, if they learnt nothing.
+
+        When the classifier's epochs show no learning (`schedule.learnt_nothing`: the
+        validation loss and score still those of the label frequencies), its weights go
+        back to where its first stage started and every classifier stage runs again at
+        `RESTART_RATE_SHARE` of its rate, at most `MAX_RESTARTS` times; each attempt is
+        recorded in the state (`restarts`), and a run that never learns says so.
+        """
+        while True:
+            for index in indices:
+                self.fit(learn, index)
+            rows = [r for r in self.state["history"] if r["model"] == schedule.CLASSIFIER]
+            reason = None if self.state.get("gave_up") or self.constant is None else \
+                schedule.learnt_nothing(rows, self.constant)
+            if reason is None:
+                return
+            if len(self.state["restarts"]) >= schedule.MAX_RESTARTS:
+                log.warning("the classifier learnt nothing after %d restarts (%s): going on "
+                            "with its best epoch", len(self.state["restarts"]), reason)
+                self.state["gave_up"] = reason
+                self.save()
+                return
+            self._restart(learn, indices[0], rows, reason)
+
+    def _restart(self, learn, first: int, rows: list[dict[str, Any]], reason: str) -> None:
+        """Back to the classifier's first weights at a lower rate; the failed epochs kept aside."""
+        scale = self.state.get("rate_scale", 1.0)
+        self.state["rate_scale"] = scale * schedule.RESTART_RATE_SHARE
+        log.warning("the classifier learnt nothing (%s): restarting it from its first weights "
+                    "at %.3g x its rates", reason, self.state["rate_scale"])
+        self.state["restarts"].append({"reason": reason, "rate_scale": scale, "epochs": rows})
+        self.state["history"] = [r for r in self.state["history"] if r not in rows]
+        start = self.state["stage_start"]
+        load_model(self.path(start["file"]), learn.model, None, with_opt=False,
+                   device=learn.dls.device)
+        learn.opt = None  # a fresh optimizer: the failed run's moments go with it
+        self._drop(self.state.get("checkpoint"), start["file"])
+        # A resumed job restores the start weights (they hold no optimizer state).
+        self.state.update(stage=first, epochs_done=0, checkpoint=start["file"],
+                          best=start["best"])
+        self.save()
 
     def fit(self, learn, index: int) -> None:
         """Runs stage `index`, or what is left of it."""
@@ -211,11 +265,20 @@ class _Run:
         start = self.state["epochs_done"] if current == index else 0
         if start >= stage.epochs:
             return
+        if start == 0 and stage.model == schedule.CLASSIFIER and \
+                self.state.get("stage_start") is None:
+            # The weights a restart goes back to (fit_classifier): the classifier's first.
+            name = "classifier-start.pth"
+            self._save_model(learn, name, with_opt=False)
+            self.state["stage_start"] = {"index": index, "file": name,
+                                         "best": self.state["best"]}
+            self.save()
         if stage.freeze_to is None:
             learn.unfreeze()
         else:
             learn.freeze_to(stage.freeze_to)
-        top = stage.lr or self.found_rate(learn, stage)
+        top = (stage.lr or self.found_rate(learn, stage)) * \
+            (self.state.get("rate_scale", 1.0) if stage.model == schedule.CLASSIFIER else 1.0)
         lr = top
         if stage.discriminative:
             groups = len(learn.opt.param_groups)
@@ -250,8 +313,9 @@ class _Run:
             if new_best and best:
                 self._drop(best.get("file"), new_best)
 
+        clip = [GradientClip(GRADIENT_CLIP)] if GRADIENT_CLIP else []
         learn.fit_one_cycle(stage.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=start,
-                            cbs=[EpochEnd(on_epoch), *self.callbacks])
+                            cbs=[EpochEnd(on_epoch), *clip, *self.callbacks])
 
 
 def _reset_folder(folder: str) -> None:
@@ -275,6 +339,7 @@ def validation_scalars(result: dict[str, Any]) -> dict[str, float]:
         scalars = {"valid_accuracy": fixed["accuracy"], "valid_macro_f1": fixed["macro_f1"]}
     seconds = result["run"]["classifier_epoch_seconds"]
     scalars["classifier_epochs"] = len(seconds)
+    scalars["classifier_restarts"] = len(result["run"].get("restarts", []))
     if seconds:
         scalars["classifier_epoch_seconds"] = sum(seconds) / len(seconds)
     return {name: float(value) for name, value in scalars.items()}
@@ -345,7 +410,7 @@ def train_text_classifier(
                 raise TextTrainingError(
                     "model_config applies to training from scratch; a pretrained LM's "
                     "settings come from its config.json")
-            assets = fetch_assets(lm_assets_uri, config.lang, config.backwards, scratch)
+            assets = resolve_assets(lm_assets_uri, config.lang, config.backwards, scratch)
             arch_config = assets.config
             _check_arch_config(arch_config, f"{lm_assets_uri} config.json")
         else:
@@ -368,8 +433,10 @@ def train_text_classifier(
             resumed_from = {"stage": plan[min(state["stage"], len(plan) - 1)].name,
                             "epochs_done": state["epochs_done"]}
             log.info("resuming from %s", resumed_from)
+        constant = schedule.constant_answer(valid[labels].to_numpy(), train[labels].to_numpy(),
+                                            task == MULTI_LABEL, config.threshold)
         run = _Run(folder, plan, state, config.monitor, callbacks, tensorboard,
-                   TrialReporter(hypertune_metric))
+                   TrialReporter(hypertune_metric), constant)
         set_seed(config.seed)
 
         frame = _frame(train, valid, text_column, labels, task)
@@ -414,8 +481,7 @@ def train_text_classifier(
                 learn.load_encoder(ENCODER_FILE[:-len(".pth")])
             elif assets:
                 learn.load_pretrained(assets.weights, assets.vocab, model=learn.model[0])
-        for index in clas_indices:
-            run.fit(learn, index)
+        run.fit_classifier(learn, clas_indices)
 
         best = state["best"]
         if best and best.get("file") and os.path.exists(run.path(best["file"])):
@@ -443,6 +509,9 @@ def train_text_classifier(
                 "arch": "AWD_LSTM",
                 "arch_config": {k: lm_config[k] for k in _ENCODER_KEYS},
                 "pretrained": config.pretrained,
+                "pretrained_from": (_pretrained_source(lm_assets_uri, config.lang,
+                                                       config.backwards)
+                                    if config.pretrained else None),
                 "precision": precision,
                 "device": str(learn.dls.device),
                 "resumed_from": resumed_from,
@@ -451,6 +520,11 @@ def train_text_classifier(
                 "unfreeze": {"used": unfreeze, "reason": unfreeze_reason},
                 "stages": [dataclasses.asdict(s) for s in plan],
                 "found_learning_rates": state.get("found_lr", {}),
+                # Stages that learnt nothing and ran again at a lower rate (schedule.py).
+                "restarts": [{k: v for k, v in r.items() if k != "epochs"}
+                             for r in state.get("restarts", [])],
+                "learnt_nothing": state.get("gave_up"),
+                "constant_answer": constant,
             },
             "config": dataclasses.asdict(config),
         })
@@ -465,6 +539,13 @@ def train_text_classifier(
         # Under the model output they would ship with the model; they served their purpose.
         shutil.rmtree(folder, ignore_errors=True)
     return result
+
+
+def _pretrained_source(lm_assets_uri: str, lang: str, backwards: bool) -> str:
+    """Where the pretrained LM came from: the assets root, or fastai's archive URL."""
+    if uses_fastai_pretrained(lm_assets_uri, lang):
+        return fastai_pretrained_url(backwards)
+    return lm_assets_uri
 
 
 def start_at_label_frequencies(learn, truth: np.ndarray, task: str) -> None:

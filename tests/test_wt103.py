@@ -1,0 +1,118 @@
+"""fastai's pretrained English LM out of the box, offline, against a stand-in archive.
+
+No internet here: a stand-in for the WikiText-103 AWD-LSTM (fastai's default size, random
+weights, the archive's file names) lies where `untar_data` extracts it,
+`$FASTAI_HOME/models/wt103-fwd`. Everything after that is the real path: fastai's
+`untar_data` finds the folder, the trainer takes its first `.pth` and `.pkl` as fastai
+does, `load_pretrained` maps its vocabulary onto the task's. What only a real run shows:
+that the download of the real archive works from a Vertex job (README).
+"""
+
+import json
+import os
+
+import pandas as pd
+import pytest
+import torch
+from fastai.data.external import fastai_cfg
+from fastai.text.all import load_pickle
+
+from components.preflight.checks import PreflightError, check_text_run
+from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
+from components.train_text import assets
+from components.train_text.contract import TrainConfig
+from components.train_text.training import train_text_classifier
+from pipelines import stage_wt103
+from pipelines.demo_text import write_reviews_csv
+from tests.conftest import write_fastai_lm_stand_in
+
+# Tokens the task has and the stand-in's vocabulary shares, and ones it lacks.
+SHARED = ["xxunk", "xxpad", "xxbos", "xxeos", "xxfld", "xxrep", "xxwrep", "xxup", "xxmaj",
+          "the", "le", "la", "et", ".", ","]
+
+
+@pytest.fixture
+def fastai_home(tmp_path, monkeypatch):
+    home = tmp_path / "fastai_home"
+    monkeypatch.setenv("FASTAI_HOME", str(home))
+    monkeypatch.delenv("AIP_CHECKPOINT_DIR", raising=False)
+    fastai_cfg.cache_clear()  # fastai reads FASTAI_HOME once per process
+    yield home
+    fastai_cfg.cache_clear()
+
+
+def test_english_without_assets_resolves_to_fastais_folder(fastai_home, tmp_path):
+    folder = write_fastai_lm_stand_in(fastai_home, SHARED + ["wikipedia"])
+    found = assets.resolve_assets("", "en", False, str(tmp_path))
+    assert found.weights == os.path.join(folder, "lstm_fwd.pth")
+    assert found.vocab == os.path.join(folder, "itos_wt103.pkl")
+    assert found.config == {}  # fastai's default AWD-LSTM
+    assert assets.fastai_pretrained_url(False).endswith("/wt103-fwd.tgz")
+    assert assets.fastai_pretrained_url(True).endswith("/wt103-bwd.tgz")
+    # other languages have no such model: lm_assets stays required, and says so
+    with pytest.raises(assets.MissingAssetsError, match="only lang='en'"):
+        assets.resolve_assets("", "fr", False, str(tmp_path))
+
+
+def test_an_incomplete_fastai_folder_is_named(fastai_home, tmp_path):
+    folder = write_fastai_lm_stand_in(fastai_home, SHARED)
+    os.remove(os.path.join(folder, "itos_wt103.pkl"))
+    with pytest.raises(assets.MissingAssetsError, match=r"lacks a \.pkl"):
+        assets.resolve_assets("", "en", False, str(tmp_path))
+
+
+def test_preflight_lets_english_start_from_fastais_model(tmp_path):
+    data = tmp_path / "reviews.csv"
+    write_reviews_csv(str(data), rows=40)
+    check_text_run({"data_uri": str(data), "lang": "en", "pretrained": True, "lm_assets": ""})
+    with pytest.raises(PreflightError, match="lm_assets is empty"):
+        check_text_run({"data_uri": str(data), "lang": "fr", "pretrained": True, "lm_assets": ""})
+
+
+def test_staged_copy_is_ordinary_assets_with_the_same_files(fastai_home, tmp_path):
+    folder = write_fastai_lm_stand_in(fastai_home, SHARED, backwards=True)
+    write_fastai_lm_stand_in(fastai_home, SHARED + ["forward"])
+    out = tmp_path / "bucket" / "lm"
+    assert stage_wt103.main(["--output", str(out), "--direction", "both"]) == 0
+    staged = assets.fetch_assets(str(out), "en", True, str(tmp_path / "copy"))
+    assert load_pickle(staged.vocab) == SHARED
+    original = torch.load(os.path.join(folder, "lstm_bwd.pth"))
+    copied = torch.load(staged.weights)
+    assert original.keys() == copied.keys()
+    assert all(torch.equal(original[k], copied[k]) for k in original)
+    config = json.loads((out / "en" / "backward" / "config.json").read_text())
+    assert config == {"arch": "AWD_LSTM", "emb_sz": 400, "n_hid": 1152, "n_layers": 3}
+    assert load_pickle(str(out / "en" / "forward" / "vocab.pkl"))[-1] == "forward"
+
+
+def test_unreachable_download_says_how_to_stage_a_copy(fastai_home, tmp_path, monkeypatch):
+    # No stand-in and no internet (a proxy on a closed loopback port makes sure of it, on
+    # any machine): fastai's download fails, and the error says what to do.
+    for name in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    with pytest.raises(assets.MissingAssetsError, match="pipelines.stage_wt103"):
+        assets.resolve_assets("", "en", False, str(tmp_path))
+
+
+@pytest.mark.slow
+def test_classifier_starts_from_fastais_english_model(fastai_home, tmp_path):
+    data = tmp_path / "reviews.csv"
+    write_reviews_csv(str(data), rows=60, seed=3)
+    prepare_text_dataset(str(data), str(tmp_path / "dataset"), PrepareConfig())
+    words = pd.read_csv(data)["text"].str.split().explode().str.lower()
+    # the stand-in knows half of the task's frequent words: the rest start at the mean
+    known = SHARED + sorted(set(words.value_counts().index[:40:2]))
+    write_fastai_lm_stand_in(fastai_home, known)
+    result = train_text_classifier(
+        str(tmp_path / "dataset"), str(tmp_path / "model"),
+        TrainConfig(lang="en", pretrained=True, lm_epochs=1, epochs=1, batch_size=8,
+                    min_freq=1, seq_len=24))
+    run = result["run"]
+    assert run["pretrained"] is True
+    assert run["pretrained_from"] == assets.fastai_pretrained_url(False)
+    assert run["arch_config"] == {"emb_sz": 400, "n_hid": 1152, "n_layers": 3,
+                                  "pad_token": 1, "bidir": False}
+    assert [h["stage"] for h in result["history"]] == ["lm-head", "classifier-all"]
+    assert os.path.exists(tmp_path / "model" / "export.pkl")
