@@ -1,11 +1,12 @@
 """The text classifier on real text: the standard library's docstrings (pipelines.docstring_corpus).
 
-The demo CSV's templated reviews are learnt by anything; real prose is not. The first run
-is the user's own command from the issue that found the collapse (a classifier from
-scratch, no language model, 6 epochs, batch 32): it must beat the trivial answer clearly.
-The second starts from a language model the LM pipeline made here, on every other
-docstring of the standard library (the task's texts held out), at the same classifier
-epochs: it must be no worse than from scratch.
+The demo CSV's templated reviews are learnt by anything; real prose is not. A console user
+who sets only the data and the language runs the defaults, so the defaults are what is
+judged, on several seeds (each seed draws another split, initialisation and batch
+order), next to the baselines the evaluation fits on the same split: every run must beat
+predicting every label by 0.25 micro F1 and come within 0.15 of TF-IDF + logistic
+regression. Then a language model the LM pipeline made here must be no worse a start
+than none.
 """
 
 import json
@@ -41,33 +42,45 @@ def _arch(summary):
         return json.load(f)["run"]["arch_config"]
 
 
+SEEDS = (1, 2, 3)
+
+
 @pytest.fixture(scope="module")
-def task(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("docstrings")
-    corpus = folder / "docs.csv"
-    docstring_corpus.write_docstring_corpus(str(corpus))
-    scratch = _text_run(corpus, folder / "scratch", "--pretrained", "false", "--lm-epochs", "0",
-                        "--model-config", SMALL_LSTM)
-    return corpus, scratch
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("docstrings") / "docs.csv"
+    docstring_corpus.write_docstring_corpus(str(path))
+    return path
 
 
 @pytest.mark.slow
-def test_from_scratch_classifier_clearly_beats_predicting_every_label(task):
-    _, summary = task
-    metrics = summary["metrics"]
-    rows, every = _every_label(summary)
-    assert metrics["num_examples"] == rows
-    # the collapse this guards against scored 0.0 (no label) or the baseline (every label)
-    assert metrics["micro_f1"] > every["micro_f1"] + 0.1, (metrics, every["micro_f1"])
-    assert metrics["macro_f1"] > every["macro_f1"] + 0.1
-    assert metrics["tuned_micro_f1"] > every["micro_f1"] + 0.25
-    found = summary["training"]["found_learning_rates"]["classifier"]
-    assert 1e-4 <= found["used"] <= 5e-2
+@pytest.mark.parametrize("recipe, flags", [
+    ("from scratch", ["--pretrained", "false", "--lm-epochs", "0"]),
+    ("defaults, LM fine-tuned on the task's texts", ["--pretrained", "false"]),
+])
+def test_defaults_learn_on_every_seed_next_to_the_baselines(corpus, tmp_path, recipe, flags):
+    scores = []
+    for seed in SEEDS:
+        out = tmp_path / f"seed{seed}"
+        assert run_local.main(["text", "--data", str(corpus), "--output", str(out),
+                               "--lang", "en", "--seed", str(seed), *flags]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        deep, baseline = summary["metrics"], summary["baseline"]
+        rows, every = _every_label(summary)
+        assert deep["num_examples"] == rows
+        # the evaluation's constant answer is predicting every label, on the same split
+        assert baseline["every_label"]["micro_f1"] == pytest.approx(every["micro_f1"])
+        scores.append((seed, round(deep["micro_f1"], 3), round(deep["macro_f1"], 3),
+                       round(baseline["tfidf_logreg"]["micro_f1"], 3),
+                       round(every["micro_f1"], 3), summary["training"]["restarts"]))
+    for _seed, micro, _, tfidf, every, _ in scores:
+        assert micro >= every + 0.25, (recipe, scores)
+        assert micro >= tfidf - 0.15, (recipe, scores)
 
 
 @pytest.mark.slow
-def test_language_model_made_here_is_no_worse_than_scratch(task, tmp_path):
-    corpus, scratch = task
+def test_language_model_made_here_is_no_worse_than_scratch(corpus, tmp_path):
+    scratch = _text_run(corpus, tmp_path / "scratch", "--pretrained", "false", "--lm-epochs",
+                        "0", "--model-config", SMALL_LSTM)
     texts = pd.read_csv(corpus)["text"].tolist()
     lm_corpus = tmp_path / "lm-corpus"
     counts = docstring_corpus.write_source_corpus(str(lm_corpus), hold_out=texts)

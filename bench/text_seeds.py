@@ -1,0 +1,99 @@
+"""The text pipeline over several seeds on real text, next to the baselines of each split.
+
+    python bench/text_seeds.py [--corpus docstrings|debian|FILE.csv] [--text-column C]
+        [--seeds 1,2,3] [--output DIR] [-- <run_local text flags, e.g. --pretrained false>]
+
+Each seed is one `python -m pipelines.run_local text` run (the seed draws the split, the
+initialisation and the batch order); the evaluation scores TF-IDF + logistic regression and
+predicting every label on the same test split. Prints one row per seed (micro/macro F1 of
+the model and of each baseline, restarts, CPU seconds per classifier epoch) and the worst
+margins over the seeds, the figures the seeds test holds the defaults to
+(tests/test_text_real.py: every label + 0.25, TF-IDF - 0.15).
+
+Corpora, both real English text nobody here wrote, made offline: `docstrings`, the
+standard library's docstrings (7 labels, pipelines.docstring_corpus); `debian`, Debian's
+package descriptions with debtags (8 labels, pipelines.debian_corpus; needs apt's index).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pipelines import debian_corpus, docstring_corpus, run_local  # noqa: E402
+
+
+def corpus_csv(name: str, folder: str) -> tuple[str, str]:
+    """`(csv path, text column)` of a named corpus written into `folder`, or a given CSV."""
+    if name == "docstrings":
+        path = os.path.join(folder, "docstrings.csv")
+        docstring_corpus.write_docstring_corpus(path)
+        return path, "text"
+    if name == "debian":
+        path = os.path.join(folder, "debian.csv")
+        debian_corpus.write_debian_corpus(path)
+        return path, "description"
+    return name, ""
+
+
+def run_seed(data: str, text_column: str, seed: int, output: str, flags: list[str]) -> dict:
+    """One run_local text run; its summary.json."""
+    args = ["text", "--data", data, "--output", output, "--lang", "en", "--seed", str(seed)]
+    if text_column:
+        args += ["--text-column", text_column]
+    if run_local.main(args + flags) != 0:
+        raise SystemExit(f"seed {seed} failed; see {output}")
+    with open(os.path.join(output, "summary.json")) as f:
+        return json.load(f)
+
+
+def row(seed: int, summary: dict) -> dict:
+    """The figures printed for one seed."""
+    metrics, baseline, training = summary["metrics"], summary["baseline"], summary["training"]
+    seconds = training["classifier_epoch_seconds"]
+    constant = "every_label" if "every_label" in baseline else "majority_class"
+    return {"seed": seed, "micro_f1": metrics["micro_f1"], "macro_f1": metrics["macro_f1"],
+            "tfidf_micro_f1": baseline["tfidf_logreg"]["micro_f1"],
+            "tfidf_macro_f1": baseline["tfidf_logreg"]["macro_f1"],
+            "constant_micro_f1": baseline[constant]["micro_f1"],
+            "restarts": len(training.get("restarts", [])),
+            "epoch_seconds": sum(seconds) / len(seconds) if seconds else float("nan")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    flags = argv[argv.index("--") + 1:] if "--" in argv else []
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", default="docstrings")
+    parser.add_argument("--text-column", default="")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--output", default="")
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    output = args.output or tempfile.mkdtemp(prefix="text_seeds_")
+    os.makedirs(output, exist_ok=True)
+    data, column = corpus_csv(args.corpus, output)
+    rows = [row(seed, run_seed(data, args.text_column or column, seed,
+                               os.path.join(output, f"seed{seed}"), flags))
+            for seed in (int(s) for s in args.seeds.split(","))]
+    print(f"\n{args.corpus}, flags {flags or 'none (defaults)'}; outputs under {output}")
+    print("seed  micro_f1 macro_f1 | tfidf micro/macro | every-label micro | restarts "
+          "| s/epoch")
+    for r in rows:
+        print(f"{r['seed']:>4}  {r['micro_f1']:.3f}    {r['macro_f1']:.3f}    | "
+              f"{r['tfidf_micro_f1']:.3f} / {r['tfidf_macro_f1']:.3f}     | "
+              f"{r['constant_micro_f1']:.3f}             | {r['restarts']:>8} | "
+              f"{r['epoch_seconds']:.1f}")
+    over_constant = min(r["micro_f1"] - r["constant_micro_f1"] for r in rows)
+    to_tfidf = min(r["micro_f1"] - r["tfidf_micro_f1"] for r in rows)
+    print(f"worst micro F1 over predicting every label: {over_constant:+.3f} (test: >= +0.25); "
+          f"worst against TF-IDF: {to_tfidf:+.3f} (test: >= -0.15)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

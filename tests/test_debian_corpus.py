@@ -1,0 +1,57 @@
+"""The Debian package-description corpus (pipelines.debian_corpus), from an index excerpt."""
+
+import pandas as pd
+import pytest
+
+from pipelines import debian_corpus
+
+INDEX = """Package: vlc-bin
+Source: vlc
+Description: binaries from the VLC media player
+Tag: role::program, works-with::video
+Section: video
+
+Package: vlc-plugin-base
+Source: vlc
+Description: multimedia player and streamer (base plugins)
+Tag: works-with::audio,
+ works-with::image:raster
+Section: video
+
+Package: zstd
+Description: fast lossless compression algorithm -- CLI tool
+Tag: works-with::archive, works-with::file
+Section: utils
+
+Package: hello
+Description: example package based on GNU hello
+Tag: role::program
+Section: devel
+
+Package: untagged
+Description: no debtags at all
+Section: misc
+"""
+
+
+def test_one_row_per_source_with_the_labels_of_all_its_binaries(tmp_path):
+    index = tmp_path / "Packages"
+    index.write_text(INDEX)
+    counts = debian_corpus.write_debian_corpus(str(tmp_path / "debian.csv"), str(index))
+    frame = pd.read_csv(tmp_path / "debian.csv")
+    assert list(frame.columns) == ["description", *debian_corpus.LABEL_NAMES]
+    # vlc: its first tagged binary's text, video + audio + image (raster folds into image);
+    # hello has no works-with tag of the eight and is left out, as is the untagged package
+    assert frame.description.tolist() == ["binaries from the VLC media player",
+                                          "fast lossless compression algorithm -- CLI tool"]
+    vlc, zstd = frame.iloc[0], frame.iloc[1]
+    assert {n for n in debian_corpus.LABEL_NAMES if vlc[n]} == {"video", "audio", "image"}
+    assert {n for n in debian_corpus.LABEL_NAMES if zstd[n]} == {"archive"}
+    assert counts["rows"] == 2 and counts["video"] == 1
+
+
+def test_no_index_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(debian_corpus, "APT_LISTS", str(tmp_path))
+    assert debian_corpus.find_package_index(str(tmp_path)) is None
+    with pytest.raises(FileNotFoundError, match="apt-get update"):
+        debian_corpus.write_debian_corpus(str(tmp_path / "out.csv"))
