@@ -379,6 +379,7 @@ class NothingLearntInFirstFits(Callback):
                 raise CancelBatchException()
 
 
+@pytest.mark.slow
 def test_a_classifier_that_learnt_nothing_trains_again_at_a_quarter_of_the_rate(tmp_path):
     write_reviews_csv(str(tmp_path / "reviews.csv"), rows=200, seed=1)
     prepare_text_dataset(str(tmp_path / "reviews.csv"), str(tmp_path / "dataset"),
