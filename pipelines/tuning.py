@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from collections.abc import Callable, Mapping
+
+import yaml
 
 from components.tune.contract import TUNABLE, SearchSpace
 from pipelines.vertex import Machine, VertexSettings
@@ -200,7 +201,9 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
     job_task["inputs"] = {**job_task.get("inputs", {}), **{
         kind_: {name: source for name, source in sources.items() if name != "hypertune_metric"}
         for kind_, sources in user_task.get("inputs", {}).items()}}
-    component = components.load_component_from_text(json.dumps(spec))
+    # kfp reads component text as YAML 1.1, which takes JSON's 1e-05 for a string (GCPC's
+    # launcher then refuses the study); PyYAML writes floats that read back as floats.
+    component = components.load_component_from_text(yaml.safe_dump(spec, sort_keys=False))
     component.component_spec.name = f"tune-{trainer.component_spec.name}"
     component.description = (f"Vertex hyperparameter tuning of {trainer.component_spec.name}: "
                              f"{settings.max_trials} trials, {space.goal} {space.metric}.")

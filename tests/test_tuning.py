@@ -281,6 +281,21 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
     assert "text tuning pipeline" in err and "no list price known" in err
 
 
+def test_default_spaces_reach_vertex_as_numbers(tmp_path):
+    """The default image space has 1e-05 (fine_tune_learning_rate): YAML 1.1 reads that
+    spelling as a string, which GCPC's launcher refused ("must be real number, not str")."""
+    out = _compile(tmp_path)
+    for kind, component in (("image", "tune-train-image-classifier"),
+                            ("text", "tune-train-text-classifier")):
+        job = _tuning_request(json.loads((out / f"{kind}_tuning_pipeline.json").read_text()),
+                              component)
+        sent = {p.parameter_id: p for p in job.study_spec.parameters}
+        for name, wanted in DEFAULT_SPACES[kind]["parameters"].items():
+            if wanted["type"] == "double":
+                spec = sent[name].double_value_spec
+                assert (spec.min_value, spec.max_value) == (wanted["min"], wanted["max"]), name
+
+
 def test_the_best_values_feed_the_training_step_and_tuning_runs_after_the_data(tmp_path):
     spec = json.loads((_compile(tmp_path) / "image_tuning_pipeline.json").read_text())
     tasks = spec["root"]["dag"]["tasks"]
