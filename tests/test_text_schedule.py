@@ -269,3 +269,15 @@ CONSTANT = {"valid_loss": 0.40, "f1_score": 0.10}
 def test_a_stage_that_learnt_nothing_is_told_from_one_that_learns(rows, flagged):
     reason = schedule.learnt_nothing(rows, CONSTANT)
     assert (reason is not None) == flagged, reason
+
+
+@pytest.mark.parametrize("accuracies, unigram, discarded", [
+    ([0.056, 0.1104, 0.1104, 0.1104], 0.1102, True),   # the docstring corpus, defaults
+    ([0.1056, 0.1356, 0.1418], 0.1359, True),           # Debian descriptions: barely moved
+    ([0.12, 0.21, 0.26], 0.1102, False),                # a language model that learnt
+    ([], 0.1, False),                                   # no LM epochs: nothing to judge
+])
+def test_a_language_model_stuck_at_the_most_frequent_token_is_not_a_start(
+        accuracies, unigram, discarded):
+    reason = schedule.lm_learnt_nothing([{"accuracy": a} for a in accuracies], unigram)
+    assert (reason is not None) == discarded, reason

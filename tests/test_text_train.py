@@ -415,3 +415,27 @@ def test_a_classifier_that_never_learns_stops_after_the_restarts_and_says_so(
     assert "label frequencies" in run["learnt_nothing"]
     assert len(result["history"]) == 1  # the last attempt's epoch
     assert os.path.exists(tmp_path / "model" / "export.pkl")  # still a model, and says so
+
+
+class NoLMTraining(Callback):
+    """The language model's batches never train: it ends where it started."""
+
+    order = ParamScheduler.order + 1
+
+    def before_batch(self):
+        if type(self.learn).__name__ == "LMLearner" and self.training:
+            raise CancelBatchException()
+
+
+def test_a_language_model_that_learnt_nothing_is_not_the_classifiers_start(dataset, tmp_path):
+    seen = Capture()
+    config = TrainConfig(pretrained=False, lm_epochs=1, epochs=1, model_config=TINY, **FAST)
+    folder = tmp_path / "checkpoints"
+    result = train_text_classifier(dataset, str(tmp_path / "model"), config,
+                                   checkpoint_folder=str(folder),
+                                   callbacks=[seen, NoLMTraining()])
+    assert "most frequent token" in result["run"]["lm_discarded"]
+    encoder = torch.load(folder / "lm_encoder.pth", weights_only=False)
+    encoder = encoder.get("model", encoder)["encoder.weight"]
+    clas_start = [f for f in seen.fits if f[0] == "TextLearner"][0][1]  # lr_find's, first
+    assert clas_start.shape == encoder.shape and not torch.equal(clas_start, encoder)

@@ -138,6 +138,12 @@ def _lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
     return dsets.dataloaders(bs=bs, val_bs=val_bs, seq_len=config.seq_len, num_workers=0)
 
 
+def _unigram_accuracy(dls_lm) -> float:
+    """Share of the most frequent token in the language model's validation texts."""
+    tokens = torch.cat([item[0].flatten() for item in dls_lm.valid_ds])
+    return float(torch.bincount(tokens).max()) / max(1, tokens.numel())
+
+
 def _classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: TrainConfig):
     text_block = TextBlock.from_df(_TEXT, vocab=vocab, seq_len=config.seq_len,
                                    backwards=config.backwards, tok=tokenizer,
@@ -458,7 +464,13 @@ def train_text_classifier(
             for index in lm_indices:
                 run.fit(learn_lm, index)
             learn_lm.save_encoder(ENCODER_FILE[:-len(".pth")])
-            state.update(encoder_saved=True, checkpoint=None)
+            lm_rows = [r for r in state["history"] if r["model"] == schedule.LM]
+            discarded = schedule.lm_learnt_nothing(lm_rows, _unigram_accuracy(dls_lm))
+            if discarded:
+                log.warning("the language model learnt nothing (%s): the classifier starts "
+                            "from %s instead", discarded,
+                            "the pretrained weights" if assets else "random weights")
+            state.update(encoder_saved=True, checkpoint=None, lm_discarded=discarded)
             run.save()
             del learn_lm, dls_lm
 
@@ -477,7 +489,7 @@ def train_text_classifier(
         start_at_label_frequencies(learn, train[labels].to_numpy(), task)
         learn = mixed_precision(learn, precision)
         if not (clas_indices and run.started(clas_indices[0]) and run.restore(learn)):
-            if state["encoder_saved"]:
+            if state["encoder_saved"] and not state.get("lm_discarded"):
                 learn.load_encoder(ENCODER_FILE[:-len(".pth")])
             elif assets:
                 learn.load_pretrained(assets.weights, assets.vocab, model=learn.model[0])
@@ -524,6 +536,7 @@ def train_text_classifier(
                 "restarts": [{k: v for k, v in r.items() if k != "epochs"}
                              for r in state.get("restarts", [])],
                 "learnt_nothing": state.get("gave_up"),
+                "lm_discarded": state.get("lm_discarded"),
                 "constant_answer": constant,
             },
             "config": dataclasses.asdict(config),
