@@ -311,6 +311,8 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
             "unfreeze": run.get("unfreeze"),
             "found_learning_rates": run.get("found_learning_rates", {}),
             "restarts": run.get("restarts", []),
+            "learnt_nothing": run.get("learnt_nothing"),
+            "lm_discarded": run.get("lm_discarded"),
         }
     summary["artifacts"] = {**artifacts, "report_html": os.path.join(artifacts["evaluation"],
                                                                      REPORT_HTML_FILE)}
