@@ -19,6 +19,7 @@ variant's space (the default, or --space) with optuna, one local run per trial u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -120,6 +121,9 @@ def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, 
     """
     output = os.path.abspath(output)
     os.makedirs(output, exist_ok=True)
+    # A failed re-run must not leave the last run's summary looking like its own.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(output, "summary.json"))
     # Local runs ignore display names and never pull the image: say nothing about it.
     warnings.filterwarnings("ignore", ".*have no effect in the current local runner")
     warnings.filterwarnings("ignore", "You may be attemping to run a task that uses custom")

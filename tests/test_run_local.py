@@ -181,3 +181,12 @@ def test_local_tuning_refuses_a_bad_space_before_any_trial(tmp_path, capsys):
     assert "cannot search 'epochs'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     assert run_local.main(["tune", "lm"]) == 2
+
+
+def test_a_failed_rerun_leaves_no_summary_of_the_run_before(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text('{"metrics": {"micro_f1": 0.9}}')  # an earlier run's
+    with pytest.raises(RuntimeError):  # preflight refuses the missing CSV
+        run_local.main(["text", "--data", str(tmp_path / "missing.csv"), "--output", str(out)])
+    assert not (out / "summary.json").exists()
