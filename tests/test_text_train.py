@@ -429,7 +429,8 @@ class NoLMTraining(Callback):
 
 def test_a_language_model_that_learnt_nothing_is_not_the_classifiers_start(dataset, tmp_path):
     seen = Capture()
-    config = TrainConfig(pretrained=False, lm_epochs=1, epochs=1, model_config=TINY, **FAST)
+    config = TrainConfig(pretrained=False, lm_epochs=1, epochs=2, model_config=TINY,
+                         unfreeze="gradual", **FAST)
     folder = tmp_path / "checkpoints"
     result = train_text_classifier(dataset, str(tmp_path / "model"), config,
                                    checkpoint_folder=str(folder),
@@ -439,3 +440,7 @@ def test_a_language_model_that_learnt_nothing_is_not_the_classifiers_start(datas
     encoder = encoder.get("model", encoder)["encoder.weight"]
     clas_start = [f for f in seen.fits if f[0] == "TextLearner"][0][1]  # lr_find's, first
     assert clas_start.shape == encoder.shape and not torch.equal(clas_start, encoder)
+    # a random encoder trains whole, not in ULMFiT's gradual stages
+    assert [h["stage"] for h in result["history"]] == ["lm-all", "classifier-all",
+                                                       "classifier-all"]
+    assert result["run"]["unfreeze"]["used"] == "all"

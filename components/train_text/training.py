@@ -474,6 +474,16 @@ def train_text_classifier(
             run.save()
             del learn_lm, dls_lm
 
+        if state.get("lm_discarded") and not config.pretrained and \
+                any(s.freeze_to is not None for s in plan):
+            # A random encoder gains nothing from gradual unfreezing: train it whole, as
+            # from scratch (the same plan on a resume: lm_discarded is in the state).
+            plan = [s for s in plan if s.model == schedule.LM] + schedule.plan_stages(
+                0, config.epochs, config.lm_learning_rate, config.learning_rate, False, "all")
+            run.plan = plan
+            clas_indices = [i for i, s in enumerate(plan) if s.model == schedule.CLASSIFIER]
+            unfreeze, unfreeze_reason = "all", ("the language model learnt nothing: the "
+                                                "random encoder trains whole from the start")
         dls = _classifier_dataloaders(frame, tokenizer, vocab, labels, task, config)
         if vocab is None:
             vocab = list(dls.vocab[0])
