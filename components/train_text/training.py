@@ -169,11 +169,13 @@ class _Run:
 
     def __init__(self, folder: str, plan: list[schedule.Stage], state: dict[str, Any],
                  monitor: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
-                 trial: TrialReporter, constant: dict[str, float] | None = None):
+                 trial: TrialReporter, constant: dict[str, float] | None = None,
+                 n_hid: int = schedule.BOUNDS_N_HID):
         self.folder, self.plan, self.state = folder, plan, state
         self.monitor, self.callbacks = monitor, list(callbacks)
         self.tensorboard, self.trial = tensorboard, trial
         self.constant = constant  # the classifier's constant answer (schedule.constant_answer)
+        self.n_hid = n_hid  # the AWD-LSTM's hidden size, which the rate bounds scale with
 
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
@@ -215,7 +217,7 @@ class _Run:
         found = self.state.setdefault("found_lr", {})
         if stage.model not in found:
             log.info("finding the %s's rate", stage.model)
-            found[stage.model] = find_rate(learn, *schedule.found_rate_bounds(stage))
+            found[stage.model] = find_rate(learn, *schedule.found_rate_bounds(stage, self.n_hid))
             self.save()
         return found[stage.model]["used"] * stage.lr_share
 
@@ -442,7 +444,8 @@ def train_text_classifier(
         constant = schedule.constant_answer(valid[labels].to_numpy(), train[labels].to_numpy(),
                                             task == MULTI_LABEL, config.threshold)
         run = _Run(folder, plan, state, config.monitor, callbacks, tensorboard,
-                   TrialReporter(hypertune_metric), constant)
+                   TrialReporter(hypertune_metric), constant,
+                   int({**awd_lstm_lm_config, **arch_config}["n_hid"]))
         set_seed(config.seed)
 
         frame = _frame(train, valid, text_column, labels, task)
