@@ -191,7 +191,7 @@ def evaluate_model(
                           if baseline else {})
     write_outputs(result, output_dir,
                   markdown_report(result, f"Image classifier evaluation: {split} split")
-                  + baseline_markdown(result))
+                  + baselines.markdown_table(result))
     images = (image.numpy() for image, _ in
               make_dataset(dataset_dir, split, manifest=manifest, deterministic=True))
     write_text_atomically(os.path.join(output_dir, REPORT_HTML_FILE),
@@ -253,11 +253,6 @@ def pixel_baselines(dataset_dir: str, manifest: dict[str, Any], split: str, y_tr
     return baselines.linear_and_constant(
         baselines.PIXELS, read("train", BASELINE_MAX_TRAIN), read("validation"),
         (x_test, one_hot[y_true]), class_names, "single_label")
-
-
-def baseline_markdown(result: dict[str, Any]) -> str:
-    """The model beside each baseline on the same split, as a Markdown table ("" if none)."""
-    return baselines.markdown_table(result)
 
 
 def evaluate_image_model(

@@ -278,8 +278,7 @@ class _Run:
             # The weights a restart goes back to (fit_classifier): the classifier's first.
             name = "classifier-start.pth"
             self._save_model(learn, name, with_opt=False)
-            self.state["stage_start"] = {"index": index, "file": name,
-                                         "best": self.state["best"]}
+            self.state["stage_start"] = {"file": name, "best": self.state["best"]}
             self.save()
         if stage.freeze_to is None:
             learn.unfreeze()
@@ -441,18 +440,18 @@ def train_text_classifier(
             resumed_from = {"stage": plan[min(state["stage"], len(plan) - 1)].name,
                             "epochs_done": state["epochs_done"]}
             log.info("resuming from %s", resumed_from)
+        lm_config = {**awd_lstm_lm_config, **arch_config}
         constant = schedule.constant_answer(valid[labels].to_numpy(), train[labels].to_numpy(),
                                             task == MULTI_LABEL, config.threshold)
         run = _Run(folder, plan, state, config.monitor, callbacks, tensorboard,
                    TrialReporter(hypertune_metric), constant,
-                   int({**awd_lstm_lm_config, **arch_config}["n_hid"]))
+                   int(lm_config["n_hid"]))
         set_seed(config.seed)
 
         frame = _frame(train, valid, text_column, labels, task)
         vocab = load_pickle(run.path(VOCAB_FILE)) if state["vocab_saved"] else None
         lm_indices = [i for i, s in enumerate(plan) if s.model == schedule.LM]
         clas_indices = [i for i, s in enumerate(plan) if s.model == schedule.CLASSIFIER]
-        lm_config = {**awd_lstm_lm_config, **arch_config}
 
         if lm_indices and not state["encoder_saved"]:
             dls_lm = _lm_dataloaders(frame, tokenizer, vocab, config)
@@ -545,7 +544,7 @@ def train_text_classifier(
                 "unfreeze": {"used": unfreeze, "reason": unfreeze_reason},
                 "stages": [dataclasses.asdict(s) for s in plan],
                 "found_learning_rates": state.get("found_lr", {}),
-                # Stages that learnt nothing and ran again at a lower rate (schedule.py).
+                # Classifier runs that learnt nothing and ran again at a lower rate.
                 "restarts": [{k: v for k, v in r.items() if k != "epochs"}
                              for r in state.get("restarts", [])],
                 "learnt_nothing": state.get("gave_up"),
