@@ -58,6 +58,7 @@ from typing import Any
 
 from components.common.storage import write_json_atomically
 from pipelines import gcs_api, image, lm, text
+from pipelines.params import parse_value
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rehearsal_site")
 MOUNT_ENV = "REHEARSAL_GCS_MOUNT"
@@ -112,21 +113,6 @@ def typed_value(value: Any, parameter_type: str) -> Any:
     if parameter_type == "NUMBER_DOUBLE":
         return float(value)
     return value
-
-
-def parse_param(text_value: str, parameter_type: str) -> Any:
-    """A `--param NAME=VALUE` value, typed by the pipeline parameter's type."""
-    if parameter_type == "STRING":
-        return text_value
-    if parameter_type == "BOOLEAN":
-        if text_value.lower() in ("true", "false"):
-            return text_value.lower() == "true"
-        raise ValueError(f"expected true or false, got {text_value!r}")
-    if parameter_type == "NUMBER_INTEGER":
-        return int(text_value)
-    if parameter_type == "NUMBER_DOUBLE":
-        return float(text_value)
-    return json.loads(text_value)  # LIST, STRUCT
 
 
 def render(value: Any) -> str:
@@ -348,7 +334,7 @@ class Rehearsal:
             kind = definition["parameterType"]
             if name in params:
                 try:
-                    values[name] = parse_param(params[name], kind)
+                    values[name] = parse_value(params[name], kind)
                 except ValueError as err:
                     raise RehearsalError(f"--param {name}: {err}") from err
             elif "defaultValue" in definition:

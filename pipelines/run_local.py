@@ -31,6 +31,8 @@ from kfp import local
 
 from components.common.storage import write_json_atomically
 from pipelines import image, lm, text
+from pipelines.params import argparse_type
+from pipelines.step_log import StepFailed, steps_reported
 
 # The local variant never pulls images; the URI only fills the spec.
 LOCAL_IMAGE = "local/vertex-gpu-pipelines:dev"
@@ -40,17 +42,8 @@ SUMMARIES = {
     "text": text.summarize_run,
     "lm": lambda outputs: lm.summarize({name: a.path for name, a in outputs.items()}),
 }
-_TYPES = {"String": str, "Integer": int, "Float": float, "Boolean": None}
 # Filled from --data, not a flag of their own.
 _DATA_PARAMS = {"image": "data_uri", "text": "data_uri", "lm": "corpus_uri"}
-
-
-def _parse_bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def pipeline_parser(kind: str, pipeline) -> argparse.ArgumentParser:
@@ -61,10 +54,9 @@ def pipeline_parser(kind: str, pipeline) -> argparse.ArgumentParser:
     for name, spec in pipeline.component_spec.inputs.items():
         if name == _DATA_PARAMS[kind]:
             continue
-        kind_type = _TYPES.get(spec.type)
         parser.add_argument(
             "--" + name.replace("_", "-"), dest=name, default=None,
-            type=_parse_bool if kind_type is None else kind_type,
+            type=argparse_type(spec.type),
             help=f"{spec.description or ''} (default: {spec.default})",
         )
     return parser
@@ -118,6 +110,9 @@ def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, 
 
     Returns:
         The summary written.
+
+    Raises:
+        StepFailed: A step failed; its message is the step's own error.
     """
     output = os.path.abspath(output)
     os.makedirs(output, exist_ok=True)
@@ -130,13 +125,22 @@ def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, 
     local.init(runner=local.SubprocessRunner(use_venv=False),
                pipeline_root=os.path.join(output, "kfp"))
     pipeline = PIPELINES[kind](LOCAL_IMAGE)
-    task = pipeline(**{_DATA_PARAMS[kind]: data}, **params)
+    print(f"running the {kind} pipeline locally; step logs: {os.path.join(output, 'logs')}")
+    with steps_reported(os.path.join(output, "logs")):
+        task = pipeline(**{_DATA_PARAMS[kind]: data}, **params)
     summary = SUMMARIES[kind](task.outputs)
     if params.get("predict_uri"):
         summary["predictions"] = _predictions(task.outputs["model"].path)
         summary["artifacts"]["predictions"] = summary["predictions"].pop("file")
     write_json_atomically(os.path.join(output, "summary.json"), summary, sort_keys=False)
     return summary
+
+
+def report_failure(failed: StepFailed) -> int:
+    """Says which step failed and why, its log's path above and its own error last."""
+    print(f"\nfull log of step {failed.task!r}: {failed.log_path}", file=sys.stderr)
+    print(f"error: {failed}", file=sys.stderr)
+    return 1
 
 
 def tune_main(argv: list[str]) -> int:
@@ -168,7 +172,10 @@ def tune_main(argv: list[str]) -> int:
     except (SearchSpaceError, OSError) as err:
         parser.error(str(err))
     params = {k: v for k, v in args.items() if v is not None}
-    summary = tune_local.tune(kind, data, output, space, trials, params, seed=search_seed)
+    try:
+        summary = tune_local.tune(kind, data, output, space, trials, params, seed=search_seed)
+    except StepFailed as failed:
+        return report_failure(failed)
     print(json.dumps({k: summary[k] for k in ("trials", "best")}, indent=2))
     print(f"\nsummary: {os.path.join(os.path.abspath(output), 'summary.json')}")
     best = summary["best"]
@@ -190,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(pipeline_parser(kind, PIPELINES[kind](LOCAL_IMAGE)).parse_args(argv[1:]))
     data, output = args.pop("data"), args.pop("output")
     params = {k: v for k, v in args.items() if v is not None}
-    summary = run(kind, data, output, params)
-    print(json.dumps(summary, indent=2))
+    try:
+        summary = run(kind, data, output, params)
+    except StepFailed as failed:
+        return report_failure(failed)
     print(f"\nsummary: {os.path.join(os.path.abspath(output), 'summary.json')}")
     print(headline(kind, summary))
     if "report_html" in summary["artifacts"]:

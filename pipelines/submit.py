@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -30,10 +29,10 @@ from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform
 
+from pipelines.params import parse_value
+
 # Older IR (schema <= 2.0.0) declared `type` instead of `parameterType`.
 _LEGACY_TYPES = {"INT": "NUMBER_INTEGER", "DOUBLE": "NUMBER_DOUBLE", "STRING": "STRING"}
-_TRUE = frozenset({"true", "1", "yes", "y", "on"})
-_FALSE = frozenset({"false", "0", "no", "n", "off"})
 # GCP label keys and values: lowercase letters, digits, `_` and `-`; keys start with a letter.
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -124,49 +123,13 @@ def declared_parameters(spec: Mapping) -> dict[str, dict]:
 def convert_value(name: str, text: str, parameter_type: str) -> Any:
     """Converts the text of `--param name=text` to the type the pipeline declares.
 
-    Args:
-        name: Parameter name (for messages).
-        text: The value as typed on the command line.
-        parameter_type: NUMBER_INTEGER, NUMBER_DOUBLE, BOOLEAN, STRING, LIST or STRUCT.
-
-    Returns:
-        int, float, bool, str, list or dict.
-
     Raises:
-        SubmitError: The text is not a value of that type.
+        SubmitError: The text is not a value of that type (`pipelines.params.parse_value`).
     """
-    if parameter_type == "STRING":
-        return text
-    if parameter_type == "NUMBER_INTEGER":
-        try:
-            return int(text)
-        except ValueError:
-            raise SubmitError(f"--param {name}: expected an integer, got {text!r}") from None
-    if parameter_type == "NUMBER_DOUBLE":
-        try:
-            value = float(text)
-        except ValueError:
-            raise SubmitError(f"--param {name}: expected a number, got {text!r}") from None
-        if not math.isfinite(value):  # JSON (the request) has no NaN or infinity
-            raise SubmitError(f"--param {name}: expected a finite number, got {text!r}")
-        return value
-    if parameter_type == "BOOLEAN":
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
-        raise SubmitError(f"--param {name}: expected true or false, got {text!r}")
-    if parameter_type in ("LIST", "STRUCT"):
-        want = list if parameter_type == "LIST" else dict
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = None
-        if not isinstance(value, want):
-            shape = "a JSON list, e.g. [1, 2]" if want is list else 'a JSON object, e.g. {"k": 1}'
-            raise SubmitError(f"--param {name}: expected {shape}, got {text!r}")
-        return value
-    raise SubmitError(f"--param {name}: parameters of type {parameter_type} cannot be set")
+    try:
+        return parse_value(text, parameter_type)
+    except ValueError as err:
+        raise SubmitError(f"--param {name}: {err}") from None
 
 
 def parse_params(items: Sequence[str], declared: Mapping[str, Mapping]) -> dict[str, Any]:

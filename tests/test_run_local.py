@@ -183,10 +183,49 @@ def test_local_tuning_refuses_a_bad_space_before_any_trial(tmp_path, capsys):
     assert run_local.main(["tune", "lm"]) == 2
 
 
-def test_a_failed_rerun_leaves_no_summary_of_the_run_before(tmp_path):
+def test_a_failed_rerun_leaves_no_summary_of_the_run_before(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "summary.json").write_text('{"metrics": {"micro_f1": 0.9}}')  # an earlier run's
-    with pytest.raises(RuntimeError):  # preflight refuses the missing CSV
-        run_local.main(["text", "--data", str(tmp_path / "missing.csv"), "--output", str(out)])
+    # preflight refuses the missing CSV
+    assert run_local.main(["text", "--data", str(tmp_path / "missing.csv"),
+                           "--output", str(out)]) == 1
     assert not (out / "summary.json").exists()
+    assert "missing.csv" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_failed_step_is_named_with_its_own_error_on_the_last_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    reviews = tmp_path / "reviews.csv"
+    reviews.write_text("text,label\n" + "good,pos\nbad,neg\n" * 10)
+    code = run_local.main(["text", "--data", str(reviews), "--output", str(out),
+                           "--model-config", "{"])
+    assert code == 1
+    printed = capsys.readouterr()
+    last = printed.err.strip().splitlines()[-1]
+    assert last.startswith("error: step 'preflight-text' failed: ")
+    assert "model_config is not valid JSON" in last
+    # the step's whole log is kept, and its path printed; the terminal got one line for it
+    log = out / "logs" / "preflight-text.log"
+    assert f"full log of step 'preflight-text': {log}" in printed.err
+    assert "Traceback" in log.read_text() and "PreflightError" in log.read_text()
+    assert "executor_input" not in printed.out and "preflight-text" in printed.out
+
+
+@pytest.mark.parametrize("flag, text, message", [
+    ("--validation-fraction", "nan", "expected a finite number, got 'nan'"),
+    ("--learning-rate", "inf", "expected a finite number, got 'inf'"),
+    ("--epochs", "2.5", "expected an integer"),
+    ("--pretrained", "maybe", "expected true or false"),
+])
+def test_flags_are_parsed_as_submit_parses_them(tmp_path, capsys, flag, text, message):
+    with pytest.raises(SystemExit) as exit_:
+        run_local.main(["text", "--data", "x.csv", "--output", str(tmp_path), flag, text])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err
+
+
+def test_yes_means_true_here_as_in_submit_and_the_rehearsal():
+    parser = run_local.pipeline_parser("text", run_local.PIPELINES["text"](run_local.LOCAL_IMAGE))
+    args = parser.parse_args(["--data", "x", "--output", "y", "--pretrained", "yes"])
+    assert args.pretrained is True

@@ -1,0 +1,82 @@
+"""One reading of a pipeline parameter typed on a command line, for every tool.
+
+`run_local`, `submit` and `rehearse` all take pipeline parameters as text; they share this
+parser so that "yes", "1e-3" or "nan" mean the same thing (or are refused the same way)
+wherever a user types them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+TRUE = frozenset({"true", "1", "yes", "y", "on"})
+FALSE = frozenset({"false", "0", "no", "n", "off"})
+# A component spec's type names (kfp's `component_spec.inputs[...].type`) in the IR's terms.
+SPEC_TYPES = {"String": "STRING", "Integer": "NUMBER_INTEGER", "Float": "NUMBER_DOUBLE",
+              "Boolean": "BOOLEAN", "List": "LIST", "Dict": "STRUCT"}
+
+
+def parse_value(text: str, parameter_type: str) -> Any:
+    """The value of a parameter typed as text, in the type the pipeline declares.
+
+    Args:
+        text: The value as typed on the command line.
+        parameter_type: The IR's type: NUMBER_INTEGER, NUMBER_DOUBLE, BOOLEAN, STRING, LIST
+            or STRUCT (or a component spec's Integer, Float, ...).
+
+    Returns:
+        int, float, bool, str, list or dict.
+
+    Raises:
+        ValueError: The text is not a value of that type; the message says what is expected
+            and does not name the parameter (callers know how the user spelt it).
+    """
+    parameter_type = SPEC_TYPES.get(parameter_type, parameter_type)
+    if parameter_type == "STRING":
+        return text
+    if parameter_type == "NUMBER_INTEGER":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {text!r}") from None
+    if parameter_type == "NUMBER_DOUBLE":
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):  # JSON (the spec, the request) has no NaN or infinity
+            raise ValueError(f"expected a finite number, got {text!r}")
+        return value
+    if parameter_type == "BOOLEAN":
+        if text.lower() in TRUE:
+            return True
+        if text.lower() in FALSE:
+            return False
+        raise ValueError(f"expected true or false, got {text!r}")
+    if parameter_type in ("LIST", "STRUCT"):
+        want = list if parameter_type == "LIST" else dict
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, want):
+            shape = "a JSON list, e.g. [1, 2]" if want is list else 'a JSON object, e.g. {"k": 1}'
+            raise ValueError(f"expected {shape}, got {text!r}")
+        return value
+    raise ValueError(f"parameters of type {parameter_type} cannot be set")
+
+
+def argparse_type(parameter_type: str):
+    """An argparse `type=` callable that parses like `parse_value` (argparse names the flag)."""
+    import argparse
+
+    def convert(text: str) -> Any:
+        try:
+            return parse_value(text, parameter_type)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = SPEC_TYPES.get(parameter_type, parameter_type).lower()
+    return convert
