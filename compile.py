@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
 import sys
 import warnings
 from importlib.metadata import version
@@ -49,8 +50,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--yaml", action="store_true", help="also write YAML (KFP's preferred format)")
     p.add_argument("--registry", default=PLACEHOLDER_REGISTRY,
                    help="Artifact Registry repository, REGION-docker.pkg.dev/PROJECT/REPO")
-    p.add_argument("--tag", default=version("vertex-gpu-pipelines"),
-                   help="image tag (the git sha the images were built from); never 'latest'")
+    p.add_argument("--tag", default=None,
+                   help="image tag: the commit the images were built from (default: this "
+                        "checkout's commit, as `make images` tags them); never 'latest'")
     p.add_argument("--image", action="append", default=[], metavar="RUNTIME=URI",
                    help=f"full image URI for a runtime ({', '.join(RUNTIMES)}); repeatable")
     g = p.add_argument_group("machines (per step: " + ", ".join(DEFAULT_MACHINES) + ")")
@@ -96,8 +98,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser()
     first, _ = p.parse_known_args(argv)
     if first.config:
-        with open(first.config) as f:
-            defaults = json.load(f)
+        try:
+            with open(first.config) as f:
+                defaults = json.load(f)
+        except OSError as err:
+            p.error(f"--config {first.config}: {err.strerror}")
+        except ValueError as err:
+            p.error(f"--config {first.config} is not valid JSON: {err}")
+        if not isinstance(defaults, dict):
+            p.error(f"--config {first.config} must hold a JSON object of option names, e.g. "
+                    '{"registry": "REGION-docker.pkg.dev/PROJECT/REPO"}')
         # keys are the long flags' names with underscores:
         # --shard-machine-type -> shard_machine_type
         dests = {o[2:].replace("-", "_"): a.dest for a in p._actions for o in a.option_strings
@@ -125,8 +135,22 @@ def is_pinned(uri: str) -> bool:
     return bool(name and colon) and tag not in ("", "latest")
 
 
+def checkout_commit() -> str | None:
+    """This checkout's commit as `make images` tags images (12 hex digits); None outside git."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], check=True,
+                              capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def image_uris(args: argparse.Namespace) -> dict[str, str]:
     """Image URI per runtime from --registry/--tag, overridden by --image."""
+    if args.tag is None:
+        # Images are tagged with the commit they were built from (Makefile `images`); the
+        # package version would name no image at all.
+        args.tag = checkout_commit() or version("vertex-gpu-pipelines")
     if args.tag in ("latest", ""):
         raise SystemExit("error: --tag must name a build (e.g. the git sha), not 'latest'")
     uris = {r: f"{args.registry.rstrip('/')}/{r}:{args.tag}" for r in RUNTIMES}

@@ -7,6 +7,7 @@ from our JSON, with anonymous credentials and no network.
 import json
 import os
 import re
+import subprocess
 
 import pytest
 import yaml
@@ -321,6 +322,26 @@ def test_config_file_values_must_have_the_option_type(tmp_path, capsys, settings
     with pytest.raises(SystemExit):
         _compile(tmp_path, "--config", str(config))
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"spot": true,}', "is not valid JSON: Expecting property name"),
+    ('["spot"]', "must hold a JSON object of option names"),
+])
+def test_a_malformed_config_file_is_named(tmp_path, capsys, text, message):
+    config = tmp_path / "settings.json"
+    config.write_text(text)
+    with pytest.raises(SystemExit):
+        _compile(tmp_path, "--config", str(config))
+    assert f"--config {config} {message}" in capsys.readouterr().err
+
+
+def test_images_default_to_the_checkouts_commit_as_make_images_tags_them():
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                            text=True, check=True, cwd=os.path.dirname(compile_cli.__file__))
+    uris = compile_cli.image_uris(compile_cli.parse_args(["--registry", REGISTRY]))
+    assert uris == {runtime: f"{REGISTRY}/{runtime}:{commit.stdout.strip()}"
+                    for runtime in compile_cli.RUNTIMES}
 
 
 def test_multi_replica_jobs_restart_as_a_whole(tmp_path):
