@@ -64,6 +64,15 @@ def test_default_spaces_search_only_tunable_parameters_by_a_reported_metric(kind
     ("text", {"metrics": "f1_score", "parameters": {}}, r"unknown key\(s\) \['metrics'\]"),
     ("text", {"parameters": {"batch_size": {"type": "categorical", "values": ["a"]}}},
      "use discrete values"),
+    # values the trainers' own settings refuse
+    ("image", {"parameters": {"batch_size": {"type": "discrete", "values": [0, -4]}}},
+     r"parameters.batch_size: the image trainer refuses batch_size=-4: batch_size must be >= 1"),
+    ("image", {"parameters": {"dropout": {"type": "double", "min": 0.5, "max": 1.5}}},
+     r"parameters.dropout: the image trainer refuses dropout=1.5: dropout must be in \[0, 1\)"),
+    ("image", {"parameters": {"unfreeze_blocks": {"type": "integer", "min": 1, "max": 6}}},
+     "refuses unfreeze_blocks=6"),
+    ("text", {"parameters": {"drop_mult": {"type": "double", "min": -0.5, "max": 0.5}}},
+     "the text trainer refuses drop_mult=-0.5"),
 ])
 def test_bad_spaces_are_refused_naming_the_entry(kind, data, message):
     with pytest.raises(SearchSpaceError, match=message):

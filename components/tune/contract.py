@@ -168,6 +168,8 @@ def parse_space(kind: str, data: Mapping[str, Any], source: str = "search space"
         raise SearchSpaceError(f"{source}: parameters must be a non-empty object of "
                                f"{sorted(TUNABLE[kind])}")
     parameters = tuple(_parameter(kind, name, spec, source) for name, spec in entries.items())
+    for parameter in parameters:
+        _check_trainer_takes(kind, parameter, f"{source}: parameters.{parameter.name}")
     return SearchSpace(kind=kind, metric=metric, goal=goal, parameters=parameters)
 
 
@@ -211,6 +213,24 @@ def _parameter(kind: str, name: str, spec: Any, source: str) -> Parameter:
         raise SearchSpaceError(f"{where}: a log scale needs min > 0, got {low}")
     cast = int if kind_type == "integer" else float
     return Parameter(name, kind_type, min=cast(low), max=cast(high), scale=scale)
+
+
+def _check_trainer_takes(kind: str, parameter: Parameter, where: str) -> None:
+    """Refuses a range or value the trainer's own settings refuse (e.g. dropout 1.5).
+
+    The trainer's settings class is the one judge of a value; its limits are intervals, so
+    a range's two ends stand for every value between them.
+    """
+    if kind == "image":
+        from components.train_image.contract import TrainConfig
+    else:
+        from components.train_text.contract import TrainConfig
+    for value in parameter.values or (parameter.min, parameter.max):
+        try:
+            TrainConfig(**{parameter.name: value})
+        except (ValueError, RuntimeError) as err:
+            raise SearchSpaceError(f"{where}: the {kind} trainer refuses {parameter.name}="
+                                   f"{value}: {err}") from None
 
 
 def _is_number(value: Any) -> bool:
