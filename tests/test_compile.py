@@ -300,8 +300,34 @@ def test_no_upload_without_a_pinned_serving_image(tmp_path):
     (["--train-image-replica-count", "0"], "--train-image-replica-count must be >= 1, got 0"),
     (["--shard-replica-count", "2"], "--shard-replica-count must be 1"),
     (["--train-text-machine-type", "a2-highgpu-1g"],
-     "--train-text-machine-type 'a2-highgpu-1g' cannot carry NVIDIA_TESLA_T4"),
+     "--train-text-machine-type 'a2-highgpu-1g' cannot carry 1 x NVIDIA_TESLA_T4: it comes "
+     "with 1 x NVIDIA_TESLA_A100"),
     (["--shard-machine-type", "N1 standard"], "--shard-machine-type 'N1 standard' is not a"),
+    # pairs Vertex's machine table refuses (configure-compute#gpu-compatibility-table)
+    (["--train-text-accelerator-count", "8"],
+     r"--train-text-accelerator-count must be one of \[1, 2, 4\] with NVIDIA_TESLA_T4, got 8"),
+    (["--train-image-accelerator-count", "16"],
+     r"must be one of \[1, 2, 4, 8\] with NVIDIA_TESLA_V100, got 16"),
+    (["--train-text-machine-type", "g2-standard-8", "--train-text-accelerator-type", "NVIDIA_L4",
+      "--train-text-accelerator-count", "2"],
+     "'g2-standard-8' cannot carry 2 x NVIDIA_L4: it comes with 1 x NVIDIA_L4"),
+    (["--train-text-machine-type", "a2-highgpu-1g", "--train-text-accelerator-type",
+      "NVIDIA_TESLA_A100", "--train-text-accelerator-count", "4"],
+     "'a2-highgpu-1g' cannot carry 4 x NVIDIA_TESLA_A100: it comes with 1 x"),
+    (["--train-text-machine-type", "a2-ultragpu-1g", "--train-text-accelerator-type",
+      "NVIDIA_TESLA_A100"], "it comes with 1 x NVIDIA_A100_80GB"),
+    (["--train-text-machine-type", "a3-highgpu-8g", "--train-text-accelerator-type",
+      "NVIDIA_H100_MEGA_80GB", "--train-text-accelerator-count", "8"],
+     "it comes with 8 x NVIDIA_H100_80GB"),
+    (["--train-image-machine-type", "n1-standard-32", "--train-image-accelerator-count", "1"],
+     "'n1-standard-32' has 32 vCPUs; 1 x NVIDIA_TESLA_V100 allows at most 12 .* or 4 GPUs"),
+    (["--shard-machine-type", "n1-standrad-8"],
+     r"'n1-standrad-8' is not a machine type Vertex custom training offers; did you mean "
+     r"\['n1-standard-8'"),
+    (["--train-text-machine-type", "e2-standard-8"], "'e2-standard-8' cannot carry "
+     "NVIDIA_TESLA_T4: it needs an n1 machine"),
+    (["--train-text-accelerator-type", "NVIDIA_L4"], "'n1-standard-8' cannot carry NVIDIA_L4: "
+     "it comes on g2-standard-12"),
 ])
 def test_bad_machine_settings_are_refused_naming_the_option(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -480,3 +506,19 @@ def test_tensorboard_needs_its_output_folder_account_and_a_resource_name(tmp_pat
     with pytest.raises(SystemExit, match=re.escape(message)):
         _compile(tmp_path, *flags)
     assert not (tmp_path / "build").exists()
+
+
+def test_every_pair_of_vertexs_machine_table_passes():
+    from pipelines.vertex import (
+        DEFAULT_MACHINES,
+        GPU_MACHINES,
+        N1_GPU_VCPUS,
+        Machine,
+        machine_problems,
+    )
+    pairs = [Machine(name, gpu, count) for name, (gpu, count) in GPU_MACHINES.items()]
+    pairs += [Machine(f"n1-standard-{max(n for n in (4, 8, 16, 32, 64, 96) if n <= most)}",
+                      gpu, count) for gpu, limits in N1_GPU_VCPUS.items()
+              for count, most in limits.items()]
+    pairs += list(DEFAULT_MACHINES.values()) + [Machine("n1-highmem-16", "NVIDIA_TESLA_V100", 2)]
+    assert {m: machine_problems("train_image", m) for m in pairs} == {m: [] for m in pairs}
