@@ -49,6 +49,7 @@ def test_counts_label_map_and_skip_reasons(two_runs, bucket_like_folder):
     assert totals == {name: len(paths) for name, paths in written.items()}
     # what the console shows
     assert dataset.metadata["written"] == 30 and dataset.metadata["skipped"] == 3
+    assert dataset.metadata["missing_classes"] == len(manifest["missing_classes"])
     assert dataset.metadata["train_examples"] == manifest["splits"]["train"]["count"]
 
 

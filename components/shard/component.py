@@ -55,6 +55,7 @@ def shard_images(
         "written": manifest["written"],
         "skipped": len(manifest["skipped"]),
         "ignored": len(manifest["ignored"]),
+        "missing_classes": len(manifest["missing_classes"]),
         "classes": manifest["classes"],
         **{f"{split}_examples": s["count"] for split, s in manifest["splits"].items()},
         "image_size": image_size,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import logging
 import math
 import multiprocessing
 import os
@@ -34,13 +36,18 @@ from components.shard.contract import (
     ShardingError,
 )
 
+log = logging.getLogger(__name__)
+
 _READ_BATCH = 32  # files fetched concurrently per request (gcsfs fetches a batch in parallel)
 # Images encoded up front to estimate the bytes of a record: ~0.5% of the input, so
 # the serial estimate stays small next to the parallel write, and 4..32 images.
 _SIZE_SAMPLE_SHARE, _SIZE_SAMPLE_MIN, _SIZE_SAMPLE_MAX = 0.005, 4, 32
-# The files this step writes into its output folder; nothing else there is touched.
+# The names this step writes into its output folder. One there that it cannot prove
+# its own (`own_files`) stops the run; files with other names are never touched.
 _OWN_FILE = re.compile(rf"^({re.escape(TMP_PREFIX)})?"
                        rf"(({'|'.join(SPLITS)})-\d{{5}}-of-\d{{5}}\.tfrecord|{re.escape(MANIFEST_NAME)})$")
+# Names the files a run is writing until its manifest does (see `claim_output`).
+_CLAIM_NAME = ".shard-claim.json"
 
 
 # --------------------------------------------------------------------------- listing
@@ -86,8 +93,9 @@ def list_labelled_files(data_uri: str) -> Listing:
         else:
             ignored.append({"path": name, "reason": "outside class folders"})
     # Listed folder by folder: `find` on the root does not enter linked folders.
+    listed = {os.path.realpath(f"{root}/{folder}") for folder in files}
     for folder in sorted(folders):
-        for path in sorted(fs.find(f"{root}/{folder}")):
+        for path in _find_following_links(fs, f"{root}/{folder}", listed, ignored, root):
             relative = path[len(root):].lstrip("/")
             parts = relative.split("/")
             if folder not in files:  # a hidden top-level folder such as .git/
@@ -108,6 +116,38 @@ def list_labelled_files(data_uri: str) -> Listing:
         )
     classes = sorted(files)
     return Listing(classes=classes, files={c: files[c] for c in classes}, ignored=ignored)
+
+
+def _find_following_links(fs, top: str, listed: set[str], ignored: list[dict[str, str]],
+                          root: str) -> list[str]:
+    """Files under `top` (sorted), entering symbolic links to folders as `find` does not.
+
+    A linked folder that holds the link (a loop) or overlaps a folder listed already
+    (another class, another link) is not entered but recorded in `ignored`: entering it
+    would never end, or read the same images twice, perhaps under two labels.
+    `listed` holds the real paths of the class folders and grows with each linked
+    folder entered (links exist on local disks only: gs:// listings have none).
+    """
+    found, pending = [], [top]
+    while pending:
+        for path, info in sorted(fs.find(pending.pop(), detail=True).items()):
+            hidden = any(p.startswith(".") for p in path[len(root):].split("/"))
+            if not (info.get("islink") and fs.isdir(path)) or hidden:
+                found.append(path)
+                continue
+            target = os.path.realpath(path)
+            relative = path[len(root):].lstrip("/")
+            holder = os.path.realpath(os.path.dirname(path))
+            if os.path.commonpath([target, holder]) == target:
+                ignored.append({"path": relative, "reason": f"symbolic link loop: {target} "
+                                "holds the link; not entered"})
+            elif any(os.path.commonpath([target, seen]) in (target, seen) for seen in listed):
+                ignored.append({"path": relative, "reason": "symbolic link to a folder listed "
+                                f"already ({target}); not entered, so no image is read twice"})
+            else:
+                listed.add(target)
+                pending.append(path)
+    return sorted(found)
 
 
 # --------------------------------------------------------------------------- split
@@ -270,17 +310,67 @@ def estimate_record_bytes(data_uri: str, sample: list[str], config: ShardConfig)
     return sum(sizes) / len(sizes) if sizes else config.image_size ** 2 * 3.0
 
 
+def own_files(out_dir: str) -> set[str]:
+    """Names in `out_dir` this step can prove it wrote: the manifest and the shards it
+    names, and what an unfinished run's claim names, each with its temporary name.
+    A manifest that is not this step's (not JSON, other keys) proves nothing."""
+    names = {_CLAIM_NAME}
+    try:
+        with open(os.path.join(out_dir, MANIFEST_NAME)) as f:
+            manifest = json.load(f)
+        if manifest["format_version"] == MANIFEST_VERSION:
+            names |= {MANIFEST_NAME} | {str(shard["file"]) for split in SPLITS
+                                        for shard in manifest["splits"][split]["shards"]}
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    try:
+        with open(os.path.join(out_dir, _CLAIM_NAME)) as f:
+            names |= {str(name) for name in json.load(f)["files"]}
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    return names | {TMP_PREFIX + name for name in names}
+
+
+def claim_output(out_dir: str, names: list[str]) -> None:
+    """Records the files a run is about to write, before it writes them: a run killed
+    mid-way leaves no manifest, and the claim is what proves its leftovers ours."""
+    write_json_atomically(os.path.join(out_dir, _CLAIM_NAME),
+                          {"files": sorted(set(names) | {MANIFEST_NAME})})
+
+
+def remove_own_files(out_dir: str) -> None:
+    """Removes the files `own_files` proves ours: the manifest first, so nothing looks
+    whole, and the claim last, so a kill half-way still leaves the rest provably ours."""
+    present = set(os.listdir(out_dir)) if os.path.isdir(out_dir) else set()
+    claims = [name for name in (_CLAIM_NAME, TMP_PREFIX + _CLAIM_NAME) if name in present]
+    doomed = sorted((present & own_files(out_dir)) - set(claims))
+    if doomed:
+        claim_output(out_dir, doomed)
+        claims = [_CLAIM_NAME]
+    for name in sorted(doomed, key=lambda n: n != MANIFEST_NAME) + claims:
+        os.remove(os.path.join(out_dir, name))
+
+
 def clear_output(out_dir: str) -> None:
-    """Removes what an earlier run of this step wrote (the manifest first, so nothing
-    looks whole); any other file in the folder is left alone."""
+    """Removes what an earlier run of this step wrote; other files are left alone.
+
+    Raises:
+        ShardingError: The folder holds files named like this step's output that no
+            manifest or claim of this step names (another dataset's shards, another
+            tool's manifest): they are kept, and nothing is removed.
+    """
     if not os.path.isdir(out_dir):
         return
-    manifest = os.path.join(out_dir, MANIFEST_NAME)
-    if os.path.exists(manifest):
-        os.remove(manifest)
-    for name in os.listdir(out_dir):
-        if _OWN_FILE.match(name):
-            os.remove(os.path.join(out_dir, name))
+    foreign = sorted(name for name in set(os.listdir(out_dir)) - own_files(out_dir)
+                     if _OWN_FILE.match(name))
+    if foreign:
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise ShardingError(
+            f"output folder {out_dir!r} holds {', '.join(foreign[:5])}{more}, named like this "
+            "step's output but named by no manifest of this step, so perhaps another "
+            "dataset's; they are left alone: choose an empty output folder, or move or "
+            "remove those files")
+    remove_own_files(out_dir)
 
 
 def check_output_folder(data_uri: str, out_dir: str) -> None:
@@ -337,7 +427,8 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
     Args:
         data_uri: Local folder or `gs://bucket/prefix` with one sub-folder per class.
         out_dir: Local folder for the shards and manifest (on Vertex a /gcs/ FUSE path).
-            Shards and a manifest left there by an earlier run are replaced.
+            Shards and a manifest left there by an earlier run (or a killed one) are
+            replaced; other files are kept.
         config: How to shard.
         progress: Show a progress bar on stderr.
 
@@ -346,7 +437,8 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
 
     Raises:
         ShardingError: Bad layout, a class with no usable image, or too many unusable
-            files; no manifest or shard is left behind then.
+            files (no manifest or shard is left behind then), or files named like
+            shards in `out_dir` that are not this step's (nothing is touched then).
     """
     check_output_folder(data_uri, out_dir)
     listing = list_labelled_files(data_uri)
@@ -368,6 +460,7 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
         for index, items in enumerate(chunk(splits[split], n_shards)):
             filename = f"{split}-{index:05d}-of-{n_shards:05d}.tfrecord"
             tasks.append(ShardTask(data_uri, out_dir, filename, items, config))
+    claim_output(out_dir, [task.filename for task in tasks])
 
     workers = config.num_workers or os.cpu_count() or 1
     try:
@@ -375,9 +468,13 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
         manifest = build_manifest(data_uri, listing, config, examples_in, results)
         check_manifest(manifest)
     except BaseException:
-        clear_output(out_dir)
+        remove_own_files(out_dir)
         raise
+    for gap in manifest["missing_classes"]:
+        log.warning("class %r has no example in %s (manifest: missing_classes): %s",
+                    gap["class"], ", ".join(gap["splits"]), gap["reason"])
     write_json_atomically(os.path.join(out_dir, MANIFEST_NAME), manifest, allow_nan=False)
+    os.remove(os.path.join(out_dir, _CLAIM_NAME))  # the manifest now names the shards
     return manifest
 
 
@@ -420,9 +517,48 @@ def build_manifest(data_uri: str, listing: Listing, config: ShardConfig, example
         "written": sum(s["count"] for s in splits_out.values()),
         "skipped": skipped,
         "ignored": listing.ignored,
+        "missing_classes": missing_classes(splits_out, listing.files, config.fractions),
         "max_skipped_fraction": config.max_skipped_fraction,
         "splits": splits_out,
     }
+
+
+def missing_classes(splits_out: dict[str, Any], files: dict[str, list[str]],
+                    fractions: dict[str, float]) -> list[dict[str, Any]]:
+    """Classes with no example in a split that was asked for (fraction > 0).
+
+    A class of a few images rounds to no validation or test example, or loses the one
+    it drew to an unreadable file: that split then says nothing about it (and with no
+    train example the model never sees it). The splits stay usable for the other
+    classes, so this is recorded and warned about, not refused.
+
+    Args:
+        splits_out: The manifest's splits, with their per-class counts.
+        files: Class name to its listed files, in label order.
+        fractions: Split name to share.
+
+    Returns:
+        `[{"class", "splits", "reason"}]`, in label order.
+    """
+    gaps = []
+    for name, paths in files.items():
+        missing = [s for s in SPLITS
+                   if fractions[s] > 0 and splits_out[s]["class_counts"][name] == 0]
+        if not missing:
+            continue
+        drawn = split_counts(len(paths), fractions)
+        too_few = [s for s in missing if not drawn[s]]
+        lost = [s for s in missing if drawn[s]]
+        reasons = []
+        if too_few:
+            asked = ", ".join(f"{s}_fraction={fractions[s]:g}" for s in too_few)
+            reasons.append(f"{len(paths)} file(s) listed: too few for one example in "
+                           f"{', '.join(too_few)} at {asked}; add images to this class")
+        if lost:
+            reasons.append(f"the file(s) drawn for {', '.join(lost)} are unusable (see "
+                           "skipped); fix or replace them")
+        gaps.append({"class": name, "splits": missing, "reason": "; ".join(reasons)})
+    return gaps
 
 
 def check_manifest(manifest: dict[str, Any]) -> None:

@@ -1,0 +1,174 @@
+"""The sharding step's bad inputs: a foreign output folder, linked folders, tiny classes."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from PIL import Image
+
+from components.shard import sharding
+from components.shard.sharding import ShardConfig, ShardingError
+from tests.conftest import write_class_images
+
+SMALL = dict(image_size=16, min_shards_per_split=2, num_workers=1)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _listed(manifest) -> list[str]:
+    return sorted(s["file"] for split in manifest["splits"].values() for s in split["shards"])
+
+
+# ----------------------------------------------------------------------- output folder
+
+@pytest.mark.parametrize("name,content", [
+    ("train-00000-of-00016.tfrecord", b"someone else's shard"),
+    ("manifest.json", b'{"dataset": "someone else\'s"}'),
+])
+def test_foreign_files_named_like_ours_are_refused_and_kept(tmp_path, image_folder, name,
+                                                            content):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_bytes(content)
+    with pytest.raises(ShardingError) as err:
+        sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    message = str(err.value)
+    assert str(out) in message and name in message
+    assert "empty output folder" in message and "remove" in message
+    assert os.listdir(out) == [name]
+    assert (out / name).read_bytes() == content
+
+
+def test_a_file_our_manifest_does_not_name_is_not_ours(tmp_path, image_folder):
+    out = tmp_path / "out"
+    sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    (out / "train-00000-of-00016.tfrecord").write_bytes(b"copied in by hand")
+    before = sorted(os.listdir(out))
+    with pytest.raises(ShardingError, match="train-00000-of-00016.tfrecord"):
+        sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    assert sorted(os.listdir(out)) == before  # the earlier output is still whole
+
+
+# A re-run over our own output: tests/test_sharding.py::test_rerun_replaces_previous_output
+
+
+def test_rerun_after_a_killed_run_removes_its_leftovers(tmp_path, image_folder):
+    out = tmp_path / "out"
+    sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    # A run killed (no exception handler runs) after one shard and half of another.
+    script = textwrap.dedent(f"""
+        import os
+        from components.shard import sharding
+
+        def killed(tasks, workers, progress):
+            sharding.write_shard(tasks[0])
+            with open(os.path.join({str(out)!r}, ".tmp-" + tasks[1].filename), "wb") as f:
+                f.write(b"half a shard")
+            os._exit(9)
+
+        sharding.run_tasks = killed
+        config = sharding.ShardConfig(image_size=16, min_shards_per_split=3, num_workers=1)
+        sharding.shard_dataset({image_folder!r}, {str(out)!r}, config, progress=False)
+    """)
+    assert subprocess.run([sys.executable, "-c", script], cwd=REPO).returncode == 9
+    left = os.listdir(out)
+    assert "manifest.json" not in left and "train-00000-of-00003.tfrecord" in left
+    manifest = sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL),
+                                      progress=False)
+    assert sorted(os.listdir(out)) == sorted(_listed(manifest) + ["manifest.json"])
+
+
+def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch):
+    out = tmp_path / "out"
+    sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+
+    def fails(tasks, workers, progress):
+        sharding.write_shard(tasks[0])
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(sharding, "run_tasks", fails)
+    with pytest.raises(RuntimeError, match="disk full"):
+        sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    assert os.listdir(out) == []
+
+
+# ----------------------------------------------------------------------- linked folders
+
+def test_linked_folder_inside_a_class_is_followed_and_loops_are_not(tmp_path):
+    root = tmp_path / "data"
+    write_class_images(str(root), per_class=6)
+    elsewhere = tmp_path / "elsewhere" / "more"
+    elsewhere.mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (20, 20), (220, 40, 40)).save(elsewhere / f"x{i}.jpg")
+    os.symlink(elsewhere, root / "cat" / "sub")
+    os.symlink(root / "cat", root / "cat" / "sub-loop")     # the class folder itself
+    os.symlink(elsewhere.parent, elsewhere / "up")          # a loop inside the linked folder
+    os.symlink(root / "dog", root / "cat" / "dogs")         # another class's folder
+
+    manifest = sharding.shard_dataset(str(root), str(tmp_path / "out"), ShardConfig(**SMALL),
+                                      progress=False)
+    assert manifest["skipped"] == []
+    assert manifest["examples_in"] == manifest["written"] == 18 + 3
+    totals = {c: sum(s["class_counts"][c] for s in manifest["splits"].values())
+              for c in manifest["classes"]}
+    assert totals == {"cat": 9, "dog": 6, "eel": 6}
+    ignored = {i["path"]: i["reason"] for i in manifest["ignored"]}
+    assert ignored["cat/sub-loop"].startswith("symbolic link loop")
+    assert ignored["cat/sub/up"].startswith("symbolic link loop")
+    assert ignored["cat/dogs"].startswith("symbolic link to a folder listed already")
+    assert str(root / "dog") in ignored["cat/dogs"]
+    assert len(ignored) == 3
+
+
+# ----------------------------------------------------------------------- tiny classes
+
+@pytest.mark.parametrize("n_images", [1, 2])
+def test_class_too_small_for_every_split_is_warned_and_recorded(tmp_path, caplog, n_images):
+    root = tmp_path / "data"
+    write_class_images(str(root), per_class=10)
+    (root / "solo").mkdir()
+    for i in range(n_images):
+        Image.new("RGB", (20, 20), (90, 90, 90)).save(root / "solo" / f"{i}.jpg")
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING, logger=sharding.__name__):
+        manifest = sharding.shard_dataset(str(root), str(out), ShardConfig(**SMALL),
+                                          progress=False)
+    assert manifest["splits"]["train"]["class_counts"]["solo"] == n_images
+    gaps = manifest["missing_classes"]
+    assert [(g["class"], g["splits"]) for g in gaps] == [("solo", ["validation", "test"])]
+    assert gaps[0]["reason"].startswith(f"{n_images} file(s) listed: too few")
+    assert "validation_fraction=0.1" in gaps[0]["reason"]
+    with open(out / "manifest.json") as f:
+        assert json.load(f)["missing_classes"] == gaps
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "'solo'" in warnings[0] and "validation, test" in warnings[0]
+
+
+def test_a_class_whose_only_test_file_is_unreadable_is_recorded(tmp_path):
+    root = tmp_path / "data"
+    written = write_class_images(str(root), per_class=10)
+    config = ShardConfig(**SMALL, max_skipped_fraction=0.5)
+    splits = sharding.stratified_split(written, sorted(written), config.fractions, config.seed)
+    [drawn] = [path for path, _ in splits["test"] if path.startswith("dog/")]
+    (root / drawn).write_bytes(b"")
+    manifest = sharding.shard_dataset(str(root), str(tmp_path / "out"), config, progress=False)
+    assert [s["path"] for s in manifest["skipped"]] == [drawn]
+    [gap] = manifest["missing_classes"]
+    assert gap["class"] == "dog" and gap["splits"] == ["test"]
+    assert gap["reason"] == ("the file(s) drawn for test are unusable (see skipped); fix or "
+                             "replace them")
+
+
+def test_a_split_asked_to_be_empty_is_no_gap(tmp_path):
+    root = tmp_path / "data"
+    write_class_images(str(root), per_class=10)
+    manifest = sharding.shard_dataset(
+        str(root), str(tmp_path / "out"),
+        ShardConfig(**SMALL, train_fraction=0.9, validation_fraction=0.1, test_fraction=0.0),
+        progress=False)
+    assert manifest["missing_classes"] == []
