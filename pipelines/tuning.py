@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 
 import yaml
@@ -160,9 +161,9 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
     (user_key,) = user["components"]
     job_component, user_component = spec["components"][job_key], user["components"][user_key]
 
+    _write_trials_under_output(spec)
     defaults = {
         "display_name": display_name,
-        "base_output_directory": "{{$.outputs.artifacts['" + TRIALS_OUTPUT + "'].uri}}",
         "worker_pool_specs": [trial_worker_pool(container["image"], kind, space.metric,
                                                 machine)],
         "study_spec_metrics": study_metrics(space),
@@ -208,6 +209,30 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
     component.description = (f"Vertex hyperparameter tuning of {trainer.component_spec.name}: "
                              f"{settings.max_trials} trials, {space.goal} {space.metric}.")
     return component
+
+
+def _write_trials_under_output(spec: dict) -> None:
+    """Points the job's base output directory at the step's `trials` output.
+
+    As GCPC's own launchers get output URIs (`--gcp_resources {{$.outputs...}}`), the
+    placeholder goes into the launcher's payload, where the backend resolves it, and the
+    `base_output_directory` input it replaces is dropped: an output placeholder in a
+    parameter's default has no precedent in GCPC.
+    """
+    (executor,) = spec["deploymentSpec"]["executors"].values()
+    args = executor["container"]["args"]
+    at = args.index("--payload") + 1
+    payload = json.loads(args[at])
+    source = "{{$.inputs.parameters['base_output_directory']}}"
+    if payload["Concat"].count(source) != 1:
+        raise ValueError("GCPC's tuning payload no longer reads base_output_directory once")
+    payload["Concat"][payload["Concat"].index(source)] = (
+        "{{$.outputs.artifacts['" + TRIALS_OUTPUT + "'].uri}}")
+    args[at] = json.dumps(payload)
+    (component,) = spec["components"].values()
+    del component["inputDefinitions"]["parameters"]["base_output_directory"]
+    for task in spec["root"]["dag"]["tasks"].values():
+        task.get("inputs", {}).get("parameters", {}).pop("base_output_directory", None)
 
 
 def searched(tune_op: Callable, best_op: Callable, kind: str, training: dict, job: dict,

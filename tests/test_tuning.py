@@ -305,6 +305,23 @@ def test_default_spaces_reach_vertex_as_numbers(tmp_path):
                 assert (spec.min_value, spec.max_value) == (wanted["min"], wanted["max"]), name
 
 
+def test_trials_folder_reaches_the_launcher_as_gcpc_passes_output_uris(tmp_path):
+    """The output URI sits in the launcher's payload, where the backend resolves it, not in
+    a parameter default (which has no precedent in GCPC)."""
+    out = _compile(tmp_path)
+    for kind in ("image", "text"):
+        spec = json.loads((out / f"{kind}_tuning_pipeline.json").read_text())
+        (component,) = [c for name, c in spec["components"].items() if name.startswith("comp-tune")]
+        defaults = json.dumps({name: p.get("defaultValue") for name, p in
+                               component["inputDefinitions"]["parameters"].items()})
+        assert "{{$.outputs" not in defaults and "base_output_directory" not in defaults
+        (args,) = [e["container"]["args"] for name, e in spec["deploymentSpec"]["executors"].items()
+                   if name.startswith("exec-tune")]
+        payload = json.loads(args[args.index("--payload") + 1])["Concat"]
+        at = payload.index("{{$.outputs.artifacts['trials'].uri}}")
+        assert payload[at - 1].endswith('"output_uri_prefix": "')
+
+
 def test_the_best_values_feed_the_training_step_and_tuning_runs_after_the_data(tmp_path):
     spec = json.loads((_compile(tmp_path) / "image_tuning_pipeline.json").read_text())
     tasks = spec["root"]["dag"]["tasks"]
