@@ -15,7 +15,10 @@ from components.preflight.checks import (
     check_text_run,
     coerce,
     data_fingerprint,
+    lang_problems,
+    model_config_problems,
     preflight,
+    weights_problems,
 )
 from pipelines import image, lm, text
 from tests.conftest import write_class_images
@@ -71,6 +74,10 @@ def test_values_arrive_as_text_or_typed():
     ({"registration_metric": "auc"}, "registration_metric must be"),
     ({"registration_threshold": 1.5}, "registration_threshold must be in"),
     ({"batch_size": "2.5"}, "batch_size: expected a whole number"),
+    ({"learning_rate": float("inf")}, "training: learning_rate: expected a finite number, got inf"),
+    ({"target_shard_mb": "inf"}, "sharding: target_shard_mb: expected a finite number"),
+    ({"train_fraction": float("nan")}, "train_fraction: expected a finite number, got nan"),
+    ({"weights": "resnet"}, "weights 'resnet' is neither 'imagenet', 'none' nor an existing file"),
 ])
 def test_image_settings_a_later_step_refuses(changes, message):
     with pytest.raises(PreflightError, match=message):
@@ -79,7 +86,7 @@ def test_image_settings_a_later_step_refuses(changes, message):
 
 @pytest.mark.parametrize("changes, message", [
     ({"threshold": 1.5}, r"threshold must be in \(0, 1\), got 1.5"),
-    ({"threshold": float("nan")}, "threshold must be in"),
+    ({"threshold": float("nan")}, "threshold: expected a finite number, got nan"),
     ({"epochs": 0}, "epochs must be >= 1"),
     ({"monitor": "auc"}, "monitor must be one of"),
     ({"validation_fraction": 0.0}, "preparation: validation_fraction must be in"),
@@ -91,6 +98,15 @@ def test_image_settings_a_later_step_refuses(changes, message):
     ({"registration_metric": "accuracy"},
      r"registration_metric must be one of \['micro_f1', 'macro_f1'\]"),
     ({"registration_threshold": -0.1}, "registration_threshold must be in"),
+    ({"learning_rate": float("inf")}, "training: learning_rate: expected a finite number, got inf"),
+    ({"validation_fraction": float("nan")}, "validation_fraction: expected a finite number"),
+    ({"model_config": '{"emb_sz": "big"}'},
+     "model_config: emb_sz must be a whole number like the default 400, got 'big'"),
+    ({"model_config": '{"embsz": 400}'},
+     r"model_config: unknown AWD_LSTM setting\(s\) \['embsz'\]"),
+    ({"pretrained": True, "lang": "en", "model_config": '{"emb_sz": 400}'},
+     "model_config applies to training from scratch"),
+    ({"lang": "klingon"}, "lang: spaCy has no tokenizer for lang='klingon'.*give a language code"),
 ])
 def test_text_settings_a_later_step_refuses(changes, message):
     with pytest.raises(PreflightError, match=message):
@@ -156,3 +172,48 @@ def test_a_corpus_the_language_model_could_not_read_is_refused_first(tmp_path):
                                    "validation_fraction": "1.5"})
     with pytest.raises(PreflightError, match="model_config"):
         check_lm_run({**LM_DEFAULTS, "model_config": "[1]"})
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"learning_rate": float("inf")}, "training: learning_rate: expected a finite number, got inf"),
+    ({"validation_fraction": "nan"}, "training: validation_fraction: expected a finite number"),
+    ({"model_config": '{"emb_sz": "big"}'}, "model_config: emb_sz must be a whole number"),
+    ({"model_config": '{"embsz": 400}'},
+     r"model_config: unknown AWD_LSTM setting\(s\) \['embsz'\]"),
+    ({"lang": "klingon"}, "lang: spaCy has no tokenizer for lang='klingon'"),
+])
+def test_lm_settings_the_training_step_refuses(changes, message):
+    with pytest.raises(PreflightError, match=message):
+        check_lm_run({**LM_DEFAULTS, **changes})
+
+
+def test_model_config_values_take_the_type_of_fastais_defaults():
+    defaults = {"emb_sz": 400, "hidden_p": 0.15, "bidir": False}
+    assert model_config_problems({"emb_sz": 200, "hidden_p": 0, "bidir": True}, defaults) == []
+    problems = model_config_problems(
+        {"emb_sz": 400.5, "hidden_p": float("nan"), "bidir": 1, "init": "x"}, defaults)
+    assert problems == [
+        "model_config: unknown AWD_LSTM setting(s) ['init']; known: ['bidir', 'emb_sz', "
+        "'hidden_p']",
+        "model_config: emb_sz must be a whole number like the default 400, got 400.5",
+        "model_config: hidden_p must be a finite number like the default 0.15, got nan",
+        "model_config: bidir must be true or false like the default False, got 1",
+    ]
+
+
+def test_languages_are_those_the_tokenizer_builds():
+    assert lang_problems("fr") == [] and lang_problems("ja") == []  # spaCy; SentencePiece
+    assert "lang='klingon'" in lang_problems("klingon")[0]
+
+
+def test_weights_are_imagenet_none_or_an_existing_file(tmp_path):
+    weights = tmp_path / "densenet121_notop.h5"
+    weights.write_bytes(b"x")
+    for ok in ("imagenet", "none", "", str(weights), "gs://bucket/w/densenet121_notop.h5"):
+        assert weights_problems(ok) == [], ok
+    for wrong in (str(tmp_path / "gone.h5"), str(tmp_path), "resnet", "ImageNet"):
+        [problem] = weights_problems(wrong)
+        assert problem.startswith(f"weights {wrong!r} is neither 'imagenet', 'none' nor an "
+                                  "existing file: give"), problem
+    with pytest.raises(PreflightError, match="weights .*gone.h5' is neither"):
+        check_image_run({**IMAGE_DEFAULTS, "weights": str(tmp_path / "gone.h5")})

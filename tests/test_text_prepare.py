@@ -184,3 +184,55 @@ def test_a_single_binary_column_with_typos_names_the_rows(tmp_path):
 def test_a_folder_as_the_csv_is_named(tmp_path):
     with pytest.raises(TextDataError, match="is a folder; give the CSV file inside it"):
         prepare_text_dataset(str(tmp_path), str(tmp_path / "out"), PrepareConfig())
+
+
+def test_missing_label_markers_are_dropped_and_counted_not_a_class(tmp_path):
+    # "NaN", "NA", "null" are how tools write a missing value: not a class called "NaN".
+    rows = [f"text {i},{'pos' if i % 2 else 'neg'}" for i in range(20)]
+    rows[2], rows[4], rows[7] = "text 2,NaN", 'text 4," NA "', "text 7,null"
+    rows[9] = ",NaN"  # empty text too: counted once, as empty text
+    data = _csv(tmp_path, "text,label\n" + "\n".join(rows) + "\n")
+    manifest = prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig())
+    assert manifest["labels"] == ["neg", "pos"]
+    assert manifest["dropped"]["missing_label"] == {"count": 3, "rows": [3, 5, 8]}
+    assert manifest["dropped"]["empty_text"] == {"count": 1, "rows": [10]}
+    assert manifest["rows_kept"] == 16 and manifest["given_other"] == 0
+    # An empty cell still means "no label": the other label, as documented.
+    _, info = preparation.normalize(
+        preparation.read_csv(_csv(tmp_path, "text,label\na,x\nb,\nc,NaN\n", "e.csv")),
+        PrepareConfig())
+    assert info["given_other"] == 1 and info["labels"] == ["x", "other"]
+    assert info["dropped"]["missing_label"] == {"count": 1, "rows": [3]}
+
+
+def test_a_0_1_column_with_missing_markers_names_them(tmp_path):
+    # Missing cells do not turn a binary column into the class names "0" and "1".
+    rows = [f"t{i},{i % 2}" for i in range(10)] + ["t10,NaN", "t11,NaN"]
+    data = _csv(tmp_path, "text,spam\n" + "\n".join(rows) + "\n")
+    with pytest.raises(TextDataError, match="label column 'spam' holds values other than 0/1.*"
+                                            "'NaN' at row 11"):
+        prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig())
+
+
+@pytest.mark.parametrize("other", [";", "|"])
+def test_labels_joined_by_another_delimiter_are_refused(tmp_path, other):
+    rows = ["a,food{0}tech", "b,food", "c,tech{0}sport", "d,sport", "e,food"]
+    data = _csv(tmp_path, "text,topics\n" + "\n".join(r.format(other) for r in rows) + "\n")
+    with pytest.raises(TextDataError) as err:
+        preparation.normalize(preparation.read_csv(data), PrepareConfig())
+    message = str(err.value)
+    assert "label column 'topics'" in message and f"'food{other}tech' at row 1" in message
+    assert f"label_delimiter={other!r}" in message and "label_delimiter=''" in message
+    # Told the delimiter, the same file is multi-label.
+    _, info = preparation.normalize(preparation.read_csv(data),
+                                    PrepareConfig(label_delimiter=other))
+    assert info["labels"] == ["food", "sport", "tech"] and info["task"] == "multi_label"
+    # label_delimiter='' keeps class names whole (a class may contain the character).
+    _, info = preparation.normalize(preparation.read_csv(data), PrepareConfig(label_delimiter=""))
+    assert f"food{other}tech" in info["labels"] and info["task"] == "single_label"
+
+
+def test_a_class_name_with_another_delimiter_passes_when_the_delimiter_is_used(tmp_path):
+    data = _csv(tmp_path, 'text,tags\na,"r&d;ops,sales"\nb,sales\nc,"sales,hr"\n')
+    _, info = preparation.normalize(preparation.read_csv(data), PrepareConfig())
+    assert info["labels"] == ["hr", "r&d;ops", "sales"]

@@ -1,7 +1,8 @@
 """What the pipelines check before their first paid job, and the data fingerprint.
 
-Every rule is the later step's own (its config class raises on bad values), run here on
-the pipeline's parameters, plus the few rules that only the pipeline knows (it evaluates
+Every rule is the later step's own (its config class raises on bad values; the text
+trainers' tokenizer and fastai's AWD_LSTM settings; the image trainer's weights), run here
+on the pipeline's parameters, plus the few rules that only the pipeline knows (it evaluates
 the test split, so the test split must not be empty). The data fingerprint lists the
 input (names, sizes and versions, no contents) so a changed bucket changes the cache
 key of the steps that read it.
@@ -13,8 +14,10 @@ import csv
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
+import tempfile
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,7 +48,13 @@ def coerce(value: Any, annotation: Any) -> Any:
             raise PreflightError(f"expected a whole number, got {value!r}")
         return int(number)
     if annotation is float:
-        return float(value)
+        try:
+            number = float(value)
+        except (TypeError, ValueError) as err:
+            raise PreflightError(f"expected a number, got {value!r}") from err
+        if not math.isfinite(number):  # NaN or inf slips through every range check
+            raise PreflightError(f"expected a finite number, got {value!r}")
+        return number
     return value if value is None else str(value)
 
 
@@ -115,6 +124,92 @@ def _registration_problems(parameters: Mapping[str, Any], metrics: tuple[str, ..
     return problems
 
 
+def weights_problems(weights: str) -> list[str]:
+    """What the image trainer would refuse in `weights`, late, after sharding.
+
+    Args:
+        weights: "imagenet", "none"/"" (from scratch), or a DenseNet121 no-top weights
+            file, local or gs:// (gs:// files are not looked up: the trainer reads them
+            with its own service account).
+
+    Returns:
+        A message naming `weights` and what to give when a local file is not there (the
+        trainer takes any other value for a path); empty when fine.
+    """
+    from components.train_image.contract import normalize_weights
+
+    value = normalize_weights(weights)
+    if value is None or value == "imagenet" or value.startswith("gs://") or os.path.isfile(value):
+        return []
+    return [f"weights {weights!r} is neither 'imagenet', 'none' nor an existing file: give "
+            "'imagenet' (DenseNet121's ImageNet weights, downloaded), 'none' (train from "
+            "scratch) or the path of a DenseNet121 no-top .h5 weights file (local or gs://)"]
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    """Whether a JSON value is a `kind` (bool, int or float), as AWD_LSTM uses it."""
+    if kind is bool or isinstance(value, bool):  # JSON true is not the number 1
+        return kind is bool and isinstance(value, bool)
+    if kind is int:  # 400.0 is no layer size torch takes
+        return isinstance(value, int)
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+_KIND_NAMES = {bool: "true or false", int: "a whole number", float: "a finite number"}
+
+
+def model_config_problems(config: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """What AWD_LSTM would refuse in `model_config`, late, on the GPU.
+
+    Args:
+        config: The parsed model_config.
+        defaults: fastai's AWD_LSTM settings (`awd_lstm_lm_config`): the known keys,
+            each value's type taken from its default.
+
+    Returns:
+        One message per problem (an unknown key, a value of another type than the
+        default's, a non-finite number); empty when fine.
+    """
+    problems = []
+    unknown = sorted(set(config) - set(defaults))
+    if unknown:  # the trainers' own wording
+        problems.append(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
+                        f"{sorted(defaults)}")
+    for key, value in config.items():
+        kind = next((k for k in _KIND_NAMES if isinstance(defaults.get(key), k)), None)
+        if kind is not None and not _is_kind(value, kind):
+            problems.append(f"model_config: {key} must be {_KIND_NAMES[kind]} like the default "
+                            f"{defaults[key]!r}, got {value!r}")
+    return problems
+
+
+def _awd_lstm_problems(config: Mapping[str, Any]) -> list[str]:
+    if not config:
+        return []
+    from fastai.text.models.awdlstm import awd_lstm_lm_config  # what both trainers build from
+
+    return model_config_problems(config, awd_lstm_lm_config)
+
+
+def lang_problems(lang: str) -> list[str]:
+    """Whether the text trainers can tokenize `lang`: builds their tokenizer for it.
+
+    Returns:
+        A message naming `lang` and what to give when it cannot; empty when it can.
+    """
+    from components.train_text.contract import SPM_LANGS, TextTrainingError, make_tokenizer
+
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            make_tokenizer(lang, None, scratch)
+        except TextTrainingError as err:
+            if lang in SPM_LANGS:  # the message says which package the image lacks
+                return [f"lang: {err}"]
+            return [f"lang: {err}; give a language code spaCy has a tokenizer for (e.g. en, "
+                    f"fr, de, or xx for several languages), or one of {sorted(SPM_LANGS)}"]
+    return []
+
+
 def check_image_run(parameters: Mapping[str, Any]) -> None:
     """Refuses image pipeline parameters that the sharding, training or evaluation step
     would refuse after the steps before them ran.
@@ -139,6 +234,7 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
         if name in parameters and not _number(parameters, name) > 0:
             problems.append(f"{name} must be > 0: the pipeline trains on the train split and "
                             "evaluates on the test split")
+    problems += weights_problems(str(parameters.get("weights", TrainConfig.weights)))
     problems += _registration_problems(parameters, IMAGE_REGISTRATION_METRICS)
     if "eval_batch_size" in parameters and not _number(parameters, "eval_batch_size") >= 1:
         problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
@@ -167,9 +263,10 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
         build(PrepareConfig, parameters, label_columns=())
     except PreflightError as err:
         problems.append(f"preparation: {err}")
+    model_config: dict[str, Any] = {}
     try:
-        config = build(TrainConfig, parameters,
-                       model_config=parse_model_config(str(parameters.get("model_config", ""))))
+        model_config = parse_model_config(str(parameters.get("model_config", "")))
+        config = build(TrainConfig, parameters, model_config=model_config)
     except PreflightError as err:
         problems.append(f"training: {err}")
         config = None
@@ -181,6 +278,11 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
     except PreflightError as err:
         problems.append(f"pretrained: {err}")
         pretrained = False
+    if pretrained and model_config:  # the trainer's rule
+        problems.append("model_config applies to training from scratch; a pretrained LM's "
+                        "settings come from its config.json: leave model_config empty")
+    problems += _awd_lstm_problems(model_config)
+    problems += lang_problems(str(parameters.get("lang", TrainConfig.lang)))
     if pretrained:
         root = str(parameters.get("lm_assets", ""))
         lang = str(parameters.get("lang", config.lang if config else ""))
@@ -219,13 +321,17 @@ def check_lm_run(parameters: Mapping[str, Any]) -> None:
     from components.train_lm.contract import LMConfig
     from components.train_text.contract import parse_model_config
 
+    problems = []
+    model_config: dict[str, Any] = {}
     try:
-        build(LMConfig, parameters,
-              model_config=parse_model_config(str(parameters.get("model_config", ""))))
-    except RuntimeError as err:  # model_config that is not a JSON object
-        raise PreflightError(f"training: {err}") from err
-    except PreflightError as err:
-        raise PreflightError(f"training: {err}") from err
+        model_config = parse_model_config(str(parameters.get("model_config", "")))
+        build(LMConfig, parameters, model_config=model_config)
+    except (RuntimeError, PreflightError) as err:  # RuntimeError: model_config not a JSON object
+        problems.append(f"training: {err}")
+    problems += _awd_lstm_problems(model_config)
+    problems += lang_problems(str(parameters.get("lang", LMConfig.lang)))
+    if problems:
+        raise PreflightError("; ".join(problems))
 
 
 def check_corpus(uri: str, text_column: str) -> None:

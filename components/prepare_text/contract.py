@@ -33,7 +33,8 @@ class PrepareConfig:
     Attributes:
         text_column: Column holding the texts.
         label_columns: Label columns; empty means every column but the text.
-        label_delimiter: Separates several class names in a single class-name column.
+        label_delimiter: Separates several class names in a single class-name column;
+            empty keeps each cell one class name.
         other_label: Label given to rows with no label set; empty drops those rows.
         validation_fraction: Share of the rows left after the test split that validate.
         test_fraction: Share of all rows held out for the final test.

@@ -7,11 +7,14 @@ Accepted inputs:
   per row when separated by the label delimiter.
 
 A single label column whose values are all 0/1 or True/False is read as one-hot
-(one label, rows without it get the other label). Rows with no label get the
-other label (when it is not empty). Rows with an empty or missing text are
-dropped and counted; anything else that is wrong with the file is an error that
-names the column and the rows ("row N" counts data rows from 1, the header
-excluded).
+(one label, rows without it get the other label). Rows with no label (all 0, or an
+empty class-name cell) get the other label (when it is not empty). A class-name cell
+holding a missing-value marker ("NaN", "NA", "null", ...: what pandas reads as missing)
+is a missing label, not a class: the row is dropped and counted. Rows with an empty or
+missing text are dropped and counted; anything else that is wrong with the file is an
+error that names the column and the rows ("row N" counts data rows from 1, the header
+excluded). Class names joined by a common delimiter (",", ";", "|") other than
+`label_delimiter`, which no cell holds, are an error that says which delimiter to set.
 
 The task is decided by the data: multi-label when some row has two labels or more,
 single-label otherwise.
@@ -49,6 +52,13 @@ _TRUE = frozenset({"1", "true", "1.0"})
 _FALSE = frozenset({"0", "false", "0.0"})
 _MAX_LISTED_ROWS = 100  # rows named in the manifest per kind of drop; the count is always exact
 _MAX_ROWS_IN_ERROR = 5
+# How tools write a missing value: pandas read_csv's default na_values, without the empty
+# cell (which means "no label" here). Matched case-sensitively after stripping, as pandas does.
+_MISSING = frozenset({"#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND",
+                      "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
+# Delimiters people join several class names with; one of them in the cells while the
+# configured one is in none means the setting does not match the file.
+_COMMON_DELIMITERS = (",", ";", "|")
 
 
 def read_bytes(uri: str) -> bytes:
@@ -126,6 +136,29 @@ def _one_hot(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame(out, index=frame.index)
 
 
+def _missing(values: pd.Series) -> np.ndarray:
+    """True where a cell is a missing-value marker (not an empty cell)."""
+    return values.astype(str).str.strip().isin(_MISSING).to_numpy()
+
+
+def _check_delimiter(values: pd.Series, column: str, delimiter: str) -> None:
+    """Refuses class names joined by a common delimiter that is not `delimiter`.
+
+    Raises:
+        TextDataError: `delimiter` is in no cell while another common one is.
+    """
+    if not delimiter or values.str.contains(delimiter, regex=False).any():
+        return  # "" keeps class names whole, as asked; a used delimiter is the right one
+    for other in _COMMON_DELIMITERS:
+        joined = np.flatnonzero(values.str.contains(other, regex=False).to_numpy())
+        if other != delimiter and joined.size:
+            raise TextDataError(
+                f"label column {column!r}: {joined.size} value(s) hold {other!r} and none the "
+                f"label delimiter {delimiter!r}: {_describe(values, joined)}; set "
+                f"label_delimiter={other!r} if these are several labels per row, or "
+                f"label_delimiter='' if {other!r} is part of the class names")
+
+
 def _from_class_names(values: pd.Series, delimiter: str) -> pd.DataFrame:
     """0/1 label columns (sorted class names) from a column of delimited class names."""
     names_per_row = [
@@ -157,7 +190,8 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
 
     Raises:
         TextDataError: A named column is missing, a label cell is not 0/1 or
-            True/False, or no usable row remains.
+            True/False, class names are joined by another delimiter than
+            `label_delimiter`, or no usable row remains.
     """
     columns = [str(c) for c in frame.columns]
     text = config.text_column
@@ -177,20 +211,27 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
         raise TextDataError(f"the CSV has no label column besides the text column {text!r}")
 
     frame = frame.reset_index(drop=True)
-    # A single column that is almost all 0/1 is one binary label with typos, not the
-    # class names "0", "1", "2", "yes": _one_hot then names the bad rows.
+    values = frame[label_columns[0]].astype(str)
+    missing = _missing(values) if len(label_columns) == 1 else np.zeros(len(frame), dtype=bool)
+    known = values[~missing]
+    # A single column that is almost all 0/1 (missing cells aside) is one binary label
+    # with typos, not the class names "0", "1", "2", "yes": _one_hot then names the bad rows.
     if len(label_columns) == 1 and \
-            _bool_like(frame[label_columns[0]].astype(str)).mean() < _BINARY_SHARE:
+            (_bool_like(known).mean() if len(known) else 0.0) < _BINARY_SHARE:
         label_source = "class_names"
-        labels = _from_class_names(frame[label_columns[0]], config.label_delimiter)
+        _check_delimiter(values, label_columns[0], config.label_delimiter)
+        labels = _from_class_names(values.where(~missing, ""), config.label_delimiter)
     else:
         label_source = "one_hot"
+        missing = np.zeros(len(frame), dtype=bool)  # _one_hot names missing 0/1 cells
         labels = _one_hot(frame, label_columns)
 
     texts = frame[text].astype(str)
     empty_text = texts.str.strip() == ""
-    no_label = (labels.sum(axis=1) == 0).to_numpy()
+    no_label = (labels.sum(axis=1) == 0).to_numpy() & ~missing
     dropped = {"empty_text": np.flatnonzero(empty_text.to_numpy())}
+    if missing.any():
+        dropped["missing_label"] = np.flatnonzero(missing & ~empty_text.to_numpy())
     other = config.other_label.strip()
     given_other = 0
     if other:
