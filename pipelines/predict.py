@@ -34,8 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from components.predict.prediction import copy_model_locally, predict_to_file
+    from components.predict.prediction import copy_model_locally, predict_to_file, same_file
 
+    if same_file(args.data, args.output):  # before anything is read or written
+        print(f"error: --output {args.output!r} is the same file as --data {args.data!r}: "
+              "the predictions would replace the input; give --output another file",
+              file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as workdir:
         try:
             model_dir = copy_model_locally(args.model, workdir)

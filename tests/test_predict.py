@@ -90,3 +90,41 @@ def test_cli_writes_one_line_per_image(colour_model, tmp_path, capsys):
                              "--output", str(out), "--no-progress"]) == 0
     assert json.loads(capsys.readouterr().out)["predicted"] == 3
     assert len(read_predictions(str(out))) == 4
+
+
+@pytest.mark.parametrize("name", ["IMG [1].jpg", "a*b?.jpg", "[x].jpg"])
+def test_file_names_with_glob_characters_are_predicted(colour_model, tmp_path, name):
+    """fsspec's cat expands "[", "*" and "?": such names must be read as they are."""
+    folder = tmp_path / "photos [2024]"
+    folder.mkdir()
+    Image.new("RGB", (40, 40), COLOURS["red"]).save(folder / name, "JPEG")
+    Image.new("RGB", (40, 40), COLOURS["blue"]).save(folder / "plain.jpg")
+    for data, expected in [(folder, {name: ["red"], "plain.jpg": ["blue"]}),
+                           (folder / name, {name: ["red"]})]:  # a folder, or the one file
+        out = tmp_path / "p.jsonl"
+        counts = predict_to_file(str(colour_model), str(data), str(out))
+        assert (counts["predicted"], counts["errors"]) == (len(expected), 0)
+        assert {line["input"].split("/")[-1]: line["labels"]
+                for line in read_predictions(str(out))} == expected
+
+
+def test_cli_refuses_an_output_that_is_the_input(colour_model, tmp_path, capsys, monkeypatch):
+    data = tmp_path / "new.jpg"
+    Image.new("RGB", (40, 40), COLOURS["red"]).save(data)
+    before = data.read_bytes()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.jpg").symlink_to(data)
+    monkeypatch.chdir(tmp_path)
+    for output in [str(data), "new.jpg", "sub/../new.jpg", str(tmp_path / "link.jpg")]:
+        assert predict_cli.main(["--model", str(colour_model), "--data", str(data),
+                                 "--output", output, "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert "--output" in err and "--data" in err and "same file" in err, err
+        assert data.read_bytes() == before  # the input untouched
+    with pytest.raises(PredictionError, match="is the same file as the input"):
+        predict_to_file(str(colour_model), "new.jpg", str(tmp_path / "link.jpg"))
+    assert data.read_bytes() == before
+    # gs:// URIs compare as strings: the same one is refused before anything is read
+    assert predict_cli.main(["--model", str(colour_model), "--data", "gs://b/new.csv",
+                             "--output", "gs://b/new.csv"]) == 2
+    assert "same file" in capsys.readouterr().err

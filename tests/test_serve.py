@@ -75,6 +75,15 @@ def test_instances_are_texts_or_objects_holding_one():
         assert caught.value.status == status and message in str(caught.value), caught.value
 
 
+def test_deeply_nested_json_is_a_400_not_a_crash():
+    """json.loads raises RecursionError on deep nesting: a bad request, not a server error."""
+    for body in [b"[" * 100_000 + b"]" * 100_000,
+                 b'{"instances": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001]:
+        with pytest.raises(RequestError) as caught:
+            parse_instances(body, ("text",), 3)
+        assert caught.value.status == 400 and "nested too deeply" in str(caught.value)
+
+
 def test_cli_serves_text_models_only(tmp_path, monkeypatch, capsys):
     for name in AIP_VARS:
         monkeypatch.delenv(name, raising=False)
@@ -188,6 +197,7 @@ def _batch(model, folder):
     (json.dumps({"instances": ["a"] * (LIMIT_INSTANCES + 1)}).encode(), 413,
      f"at most {LIMIT_INSTANCES}"),
     (json.dumps({"instances": ["a" * LIMIT_BYTES]}).encode(), 413, f"at most {LIMIT_BYTES}"),
+    (b"[" * 10_000 + b"]" * 10_000, 400, "nested too deeply"),
 ])
 def test_bad_requests_get_a_json_error_and_the_server_serves_on(server, body, status, message):
     got, answer = _predict(server, body)
@@ -256,3 +266,50 @@ def test_concurrent_requests_each_get_their_own_answers(server):
         together = list(pool.map(lambda b: _predict(server, {"instances": b})[1], batches))
     assert together == alone
     assert [len(a["predictions"]) for a in together] == [1, 2, 3, 4, 5, 6]
+
+
+# ------------------------------------------------------------------ texts over the limit
+
+def _long_text(chars: int) -> str:
+    words = "Livraison rapide prix correct service client nul qualité excellente".split()
+    text = " ".join(words[i % len(words)] for i in range(chars // 5))
+    return (text + " " + text)[:chars]
+
+
+@pytest.mark.slow
+def test_a_text_over_spacys_limit_is_read_up_to_the_limit_in_batch_and_online(
+        text_model, tmp_path):
+    """A 1.4-million-character text (spaCy refuses over 1,000,000) is read up to
+    MAX_TEXT_CHARS: its row is predicted and flagged, every other row predicted as usual."""
+    from components.predict.serving import TextPredictor
+    from components.train_text.contract import MAX_TEXT_CHARS
+
+    long = _long_text(1_400_000)
+    pd.DataFrame({"avis": [TEXTS[0], long, TEXTS[1]]}).to_csv(tmp_path / "new.csv",
+                                                                index=False)
+    counts = _batch(text_model, tmp_path)
+    assert (counts["predicted"], counts["errors"], counts["truncated"]) == (3, 0, 1)
+    assert counts["max_text_chars"] == MAX_TEXT_CHARS
+    lines = read_predictions(str(tmp_path / "p.jsonl"))
+    assert [line.get("truncated") for line in lines] == [None, True, None]
+    # what was read is the text's start: the same scores as for that start alone
+    pd.DataFrame({"avis": [long[:MAX_TEXT_CHARS]]}).to_csv(tmp_path / "new.csv", index=False)
+    assert _batch(text_model, tmp_path)["truncated"] == 0
+    start = read_predictions(str(tmp_path / "p.jsonl"))[0]
+    assert start["scores"] == lines[1]["scores"] and "truncated" not in start
+    # the server's predictor: the same answer, not an error
+    online = TextPredictor(text_model).predict([TEXTS[0], long])
+    assert online[1] == {"labels": start["labels"], "scores": start["scores"],
+                         "truncated": True}
+    assert "truncated" not in online[0]
+
+
+@pytest.mark.slow
+def test_server_answers_a_text_over_the_limit(server):
+    from components.train_text.contract import MAX_TEXT_CHARS
+
+    text = _long_text(MAX_TEXT_CHARS + 5000)  # under the test server's body limit
+    status, answer = _predict(server, {"instances": [text, "ok"]})
+    assert status == 200, answer
+    assert answer["predictions"][0]["truncated"] is True
+    assert "truncated" not in answer["predictions"][1]

@@ -2,9 +2,11 @@
 
 Output: one JSON object per line (`predictions.jsonl`), one per input, in input order:
 `{"input": <file URI or CSV row index>, "labels": [...], "scores": {<label>: <probability>}}`,
-or `{"input": ..., "error": <reason>}` when the input cannot be read. Image inputs are
-files (any depth under a folder); text inputs are the rows of a CSV, numbered from 0 as
-data rows (the header is not a row). Nothing here imports TensorFlow, torch or fastai.
+or `{"input": ..., "error": <reason>}` when the input cannot be read. A text over
+`MAX_TEXT_CHARS` characters (train_text's contract) is read up to it, and its line adds
+`"truncated": true`. Image inputs are files (any depth under a folder); text inputs are
+the rows of a CSV, numbered from 0 as data rows (the header is not a row). Nothing here
+imports TensorFlow, torch or fastai.
 """
 
 from __future__ import annotations

@@ -157,12 +157,14 @@ def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
     with _progress(len(files), "img", progress) as bar:
         for start in range(0, len(files), batch_size):
             batch = files[start:start + batch_size]
-            # one request for the batch: gcsfs fetches the files concurrently
-            contents = fs.cat([filesystem(uri)[1] for uri in batch], on_error="return")
+            # one request for the batch: gcsfs fetches the files concurrently. cat_ranges,
+            # not cat: cat expands glob characters ("[", "*", "?"), common in file names.
+            paths = [filesystem(uri)[1] for uri in batch]
+            contents = fs.cat_ranges(paths, [None] * len(paths), [None] * len(paths),
+                                     on_error="return")
             lines: list[dict[str, Any] | None] = []
             pixels = []
-            for uri in batch:
-                data = contents[filesystem(uri)[1]]
+            for uri, data in zip(batch, contents):
                 try:
                     if isinstance(data, Exception):
                         raise BadImage(f"unreadable file: {data}")
@@ -211,14 +213,20 @@ def decision_threshold(labels_info: dict[str, Any]) -> float | None:
 
 def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                    progress: bool, text_column: str) -> dict[str, Any]:
-    from components.train_text.contract import load_text_learner, read_labels, text_probabilities
+    from components.train_text.contract import (
+        MAX_TEXT_CHARS,
+        load_text_learner,
+        read_labels,
+        text_probabilities,
+    )
 
     info = read_labels(model_dir)
     labels = info["labels"]
     threshold = decision_threshold(info)
     column = text_column or info.get("text_column") or "text"
     learn = load_text_learner(model_dir)
-    counts = {"inputs": 0, "predicted": 0, "errors": 0, "text_column": column}
+    counts = {"inputs": 0, "predicted": 0, "errors": 0, "truncated": 0,
+              "max_text_chars": MAX_TEXT_CHARS, "text_column": column}
     row = 0
     with _progress(None, "row", progress) as bar:
         for chunk in _read_csv_chunks(data_uri):
@@ -234,6 +242,9 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                 if i in scored:
                     line = prediction_line(row + i, scored[i], labels, threshold)
                     counts["predicted"] += 1
+                    if len(texts[i]) > MAX_TEXT_CHARS:  # read up to the limit only
+                        line["truncated"] = True
+                        counts["truncated"] += 1
                 else:
                     line = {"input": row + i, "error": f"empty text in column {column!r}"}
                     counts["errors"] += 1
@@ -243,10 +254,24 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
     counts["inputs"] = row
     if not row:
         raise PredictionError(f"{data_uri!r} has no data rows")
+    if counts["truncated"]:
+        log.warning("%d text(s) over %d characters: each read up to its first %d (marked "
+                    '"truncated" in the output)', counts["truncated"], MAX_TEXT_CHARS,
+                    MAX_TEXT_CHARS)
     return counts
 
 
 # ------------------------------------------------------------------------------- entry
+
+
+def same_file(data_uri: str, output: str) -> bool:
+    """Whether `output` names the input `data_uri` itself (writing it would destroy it).
+
+    Local paths compare resolved (relative, "..", symbolic links); gs:// URIs as strings.
+    """
+    if data_uri.startswith("gs://") or output.startswith("gs://"):
+        return data_uri == output
+    return os.path.realpath(data_uri) == os.path.realpath(output)
 
 
 def predict_to_file(model_dir: str, data_uri: str, output: str, batch_size: int = 64,
@@ -264,14 +289,21 @@ def predict_to_file(model_dir: str, data_uri: str, output: str, batch_size: int 
             was trained on.
 
     Returns:
-        `{"family", "inputs", "predicted", "errors", "output", ...}`.
+        `{"family", "inputs", "predicted", "errors", "output", ...}`; text models add
+        `truncated`, the texts over `max_text_chars` characters, read up to it (their
+        lines say `"truncated": true`).
 
     Raises:
         PredictionError: Not a model folder, no input there, a CSV without the column,
-            or every input unreadable (the message says which and why).
+            every input unreadable, or the output naming the input itself (the message
+            says which and why).
     """
     if batch_size < 1:
         raise PredictionError(f"batch_size must be >= 1, got {batch_size}")
+    if same_file(data_uri, output):
+        raise PredictionError(f"the output {output!r} is the same file as the input "
+                              f"{data_uri!r}: writing it would replace the input; choose "
+                              "another output file")
     family = model_family(model_dir)
     with _whole_or_nothing(output) as out:
         if family == IMAGE:

@@ -5,7 +5,8 @@ answers GET on `AIP_HEALTH_ROUTE` once the model is loaded, and POST on
 `AIP_PREDICT_ROUTE` with `{"instances": [...]}`, answering `{"predictions": [...]}` in the
 same order. An instance is a text, or an object holding it under "text" (or under the
 model's training text column); a prediction is batch prediction's line without "input":
-`{"labels": [...], "scores": {<label>: <probability>}}`, or `{"error": ...}` for an empty
+`{"labels": [...], "scores": {<label>: <probability>}}` (plus `"truncated": true` for a
+text read only up to `MAX_TEXT_CHARS` characters), or `{"error": ...}` for an empty
 text, as batch prediction writes it. A request that cannot be answered gets a 4xx
 `{"error": <what to change>}` and the server carries on.
 
@@ -26,6 +27,7 @@ from typing import Any
 
 from components.predict.contract import TEXT, PredictionError, model_family
 from components.predict.prediction import copy_model_locally, decision_threshold, prediction_line
+from components.train_text.contract import MAX_TEXT_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +117,16 @@ def parse_instances(body: bytes, text_keys: Sequence[str], max_instances: int) -
 
     Raises:
         RequestError: 400 for a body that is not `{"instances": [...]}` of texts (naming the
-            first bad instance's index), 413 for too many instances.
+            first bad instance's index) or is nested too deeply to parse, 413 for too many
+            instances.
     """
     try:
         payload = json.loads(body)
     except ValueError as err:  # JSONDecodeError and UnicodeDecodeError alike
         raise RequestError(400, f"the body is not valid JSON: {err}") from None
+    except RecursionError:  # arrays/objects nested deeper than Python's recursion limit
+        raise RequestError(400, "the body's JSON is nested too deeply; send "
+                                '{"instances": [...]} of texts') from None
     if not isinstance(payload, dict) or "instances" not in payload:
         raise RequestError(400, 'the body must be a JSON object {"instances": [...]}')
     instances = payload["instances"]
@@ -146,6 +152,9 @@ def prediction_objects(texts: Sequence[str], probabilities_of, labels: Sequence[
                        threshold: float | None) -> list[dict[str, Any]]:
     """One prediction per text, as batch prediction's lines without their "input".
 
+    A text over `MAX_TEXT_CHARS` characters is read up to it (`text_probabilities`), and
+    its prediction adds `"truncated": true`.
+
     Args:
         texts: The texts.
         probabilities_of: texts -> array (len(texts), len(labels)) of probabilities; called
@@ -160,6 +169,8 @@ def prediction_objects(texts: Sequence[str], probabilities_of, labels: Sequence[
         if i in scored:
             line = prediction_line(None, scored[i], labels, threshold)
             del line["input"]
+            if len(texts[i]) > MAX_TEXT_CHARS:  # as batch prediction: read up to the limit
+                line["truncated"] = True
         else:  # as batch prediction: an empty text has nothing to score
             line = {"error": "empty text"}
         out.append(line)

@@ -29,6 +29,13 @@ SPM_FILE = "spm/spm.model"
 FASTAI_PRETRAINED_LANG = "en"
 # The text column of the frames the learner was trained on, and predicts from.
 TEXT_FIELD = "text"
+# The most characters of one text the classifier reads: its first ones (`clip_text`).
+# spaCy refuses a text over 1,000,000 characters (E088), after fastai's rules, which can
+# make a text up to ~4x longer (spaces around "/", "#" and newlines; xxrep markers); the
+# AWD-LSTM reads every token one after another (2.5 ms a token measured on one CPU core
+# at fastai's default size), while it pools over the last 1,440 only. 20,000 characters
+# (~4,000 words) keeps one text around 10 s on a CPU endpoint.
+MAX_TEXT_CHARS = 20_000
 # What `monitor` may name: the losses, and the metric of multi- or single-label models.
 MONITORS = ("valid_loss", "train_loss", "f1_score", "accuracy_multi", "accuracy")
 # How a learnt encoder is unfrozen: ULMFiT's stages, everything at once, or by data size.
@@ -136,12 +143,24 @@ def load_text_learner(model_dir: str):
         return load_learner(path, cpu=not torch.cuda.is_available())
 
 
+def clip_text(text: str) -> str:
+    """The part of `text` a classifier reads: its first `MAX_TEXT_CHARS` characters.
+
+    Whatever feeds texts to a classifier cuts them here (`text_probabilities` does, for
+    evaluation, batch prediction and serving), so that a text over the limit is read the
+    same way in training and prediction; callers count the texts cut
+    (`len(text) > MAX_TEXT_CHARS`) and report them.
+    """
+    return text[:MAX_TEXT_CHARS]
+
+
 def text_probabilities(learn, texts: list[str], batch_size: int = 64):
     """Probabilities of a text learner for `texts`, in their order.
 
     Args:
         learn: From `load_text_learner`.
-        texts: Raw texts (tokenized here with the model's own tokenizer and vocab).
+        texts: Raw texts (tokenized here with the model's own tokenizer and vocab), each
+            read up to `MAX_TEXT_CHARS` characters (`clip_text`).
         batch_size: Texts per forward pass.
 
     Returns:
@@ -150,7 +169,8 @@ def text_probabilities(learn, texts: list[str], batch_size: int = 64):
     """
     import pandas as pd
 
-    dl = learn.dls.test_dl(pd.DataFrame({TEXT_FIELD: texts}), bs=batch_size, num_workers=0)
+    frame = pd.DataFrame({TEXT_FIELD: [clip_text(t) for t in texts]})
+    dl = learn.dls.test_dl(frame, bs=batch_size, num_workers=0)
     probs, _ = learn.get_preds(dl=dl)  # reorder=True undoes the sorting by length
     return probs.float().cpu().numpy()
 
