@@ -26,6 +26,7 @@ from fastai.text.all import (
 from fastai.text.learner import _get_text_vocab
 
 from components.evaluate_text.evaluation import evaluate_text_model
+from components.prepare_text.contract import read_split
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.train_text.assets import MissingAssetsError
 from components.train_text.contract import (
@@ -450,3 +451,20 @@ def test_a_language_model_that_learnt_nothing_is_not_the_classifiers_start(datas
     assert [h["stage"] for h in result["history"]] == ["lm-all", "classifier-all",
                                                        "classifier-all"]
     assert result["run"]["unfreeze"]["used"] == "all"
+
+
+@pytest.mark.slow
+def test_a_text_over_spacys_limit_is_read_up_to_the_limit_and_counted(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = [(" ".join(rng.choice(["super", "nul", "bien", "raté"], 4)), "pos" if i % 2 else "neg")
+            for i in range(30)]
+    for i in (3, 4, 5, 6):  # 1.44M characters each: spaCy refuses over 1M (E088)
+        rows[i] = ("super " * 240_000, rows[i][1])
+    pd.DataFrame(rows, columns=["avis", "sentiment"]).to_csv(tmp_path / "s.csv", index=False)
+    prepare_text_dataset(str(tmp_path / "s.csv"), str(tmp_path / "ds"),
+                         PrepareConfig(text_column="avis"))
+    config = TrainConfig(pretrained=False, lm_epochs=0, epochs=1, model_config=TINY, **FAST)
+    result = train_text_classifier(str(tmp_path / "ds"), str(tmp_path / "model"), config)
+    read = pd.concat([read_split(str(tmp_path / "ds"), split) for split in ("train", "validation")])
+    assert result["run"]["max_text_chars"] == 20_000
+    assert result["run"]["texts_truncated"] == (read["avis"].str.len() > 20_000).sum() > 0

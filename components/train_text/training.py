@@ -81,11 +81,13 @@ from components.train_text.assets import (
 from components.train_text.contract import (
     EXPORT_FILE,
     LABELS_FILE,
+    MAX_TEXT_CHARS,
     PER_LABEL_FILE,
     TEXT_FIELD,
     TRAINING_METRICS_FILE,
     TextTrainingError,
     TrainConfig,
+    clip_text,
     make_tokenizer,
 )
 
@@ -449,6 +451,12 @@ def train_text_classifier(
         set_seed(config.seed)
 
         frame = _frame(train, valid, text_column, labels, task)
+        # Read as prediction reads them (spaCy refuses texts over 1M characters).
+        truncated = int((frame[_TEXT].str.len() > MAX_TEXT_CHARS).sum())
+        frame[_TEXT] = frame[_TEXT].map(clip_text)
+        if truncated:
+            log.warning("%d text(s) over %d characters: read up to the limit", truncated,
+                        MAX_TEXT_CHARS)
         vocab = load_pickle(run.path(VOCAB_FILE)) if state["vocab_saved"] else None
         lm_indices = [i for i, s in enumerate(plan) if s.model == schedule.LM]
         clas_indices = [i for i, s in enumerate(plan) if s.model == schedule.CLASSIFIER]
@@ -527,6 +535,8 @@ def train_text_classifier(
             "best": best,
             "run": {
                 "rows": {"train": len(train), "validation": len(valid)},
+                "texts_truncated": truncated,
+                "max_text_chars": MAX_TEXT_CHARS,
                 "train_tokens": train_tokens,
                 "vocab_size": len(vocab),
                 "parameters": int(n_params),
