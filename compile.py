@@ -52,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
                    help="Artifact Registry repository, REGION-docker.pkg.dev/PROJECT/REPO")
     p.add_argument("--tag", default=None,
                    help="image tag: the commit the images were built from (default: this "
-                        "checkout's commit, as `make images` tags them); never 'latest'")
+                        "checkout's commit, as `make images` tags them; the package version "
+                        "for the placeholder registry's local images); never 'latest'")
     p.add_argument("--image", action="append", default=[], metavar="RUNTIME=URI",
                    help=f"full image URI for a runtime ({', '.join(RUNTIMES)}); repeatable")
     g = p.add_argument_group("machines (per step: " + ", ".join(DEFAULT_MACHINES) + ")")
@@ -148,9 +149,12 @@ def checkout_commit() -> str | None:
 def image_uris(args: argparse.Namespace) -> dict[str, str]:
     """Image URI per runtime from --registry/--tag, overridden by --image."""
     if args.tag is None:
-        # Images are tagged with the commit they were built from (Makefile `images`); the
-        # package version would name no image at all.
-        args.tag = checkout_commit() or version("vertex-gpu-pipelines")
+        # Registry images are tagged with the commit they were built from (Makefile
+        # `images`); the package version would name no image there. Local images (the
+        # placeholder registry, `make images-local`) keep one tag, so they are not rebuilt
+        # for every commit.
+        local = args.registry == PLACEHOLDER_REGISTRY
+        args.tag = (None if local else checkout_commit()) or version("vertex-gpu-pipelines")
     if args.tag in ("latest", ""):
         raise SystemExit("error: --tag must name a build (e.g. the git sha), not 'latest'")
     uris = {r: f"{args.registry.rstrip('/')}/{r}:{args.tag}" for r in RUNTIMES}

@@ -165,7 +165,8 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         preflight.set_display_name("preflight").set_caching_options(False)
         job = {"service_account": job_service_account} if vertex is not None else {}
         shard = shard_op(
-            data_uri=data_uri, data_fingerprint=preflight.output, image_size=image_size,
+            data_uri=data_uri, data_fingerprint=preflight.outputs["data_fingerprint"],
+            image_size=image_size,
             image_format=image_format,
             jpeg_quality=jpeg_quality, resize_method=resize_method,
             train_fraction=train_fraction, validation_fraction=validation_fraction,
@@ -174,7 +175,8 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             max_skipped_fraction=max_skipped_fraction, num_workers=shard_workers, **job,
         ).set_display_name("shard-images")
         training = dict(
-            dataset=shard.outputs["dataset"], weights=weights, epochs=epochs,
+            dataset=shard.outputs["dataset"], weights=weights,
+            weights_fingerprint=preflight.outputs["weights_fingerprint"], epochs=epochs,
             fine_tune_epochs=fine_tune_epochs, batch_size=batch_size,
             learning_rate=learning_rate, fine_tune_learning_rate=fine_tune_learning_rate,
             unfreeze_blocks=unfreeze_blocks, dropout=dropout, flip=flip, rotation=rotation,
@@ -200,7 +202,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         with dsl.If(predict_uri != "", name="prediction-requested"):
             predict_op(
                 model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
-                **job,
+                data_fingerprint=preflight.outputs["predict_fingerprint"], **job,
             ).set_display_name("predict")
         with dsl.If(tracking_uri != "", name="tracking-requested"):
             track_op(

@@ -173,14 +173,16 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         preflight.set_display_name("preflight").set_caching_options(False)
         job = {"service_account": job_service_account} if vertex is not None else {}
         prepare = prepare_op(
-            data_uri=data_uri, data_fingerprint=preflight.output, text_column=text_column,
+            data_uri=data_uri, data_fingerprint=preflight.outputs["data_fingerprint"],
+            text_column=text_column,
             label_columns=label_columns,
             label_delimiter=label_delimiter, other_label=other_label,
             validation_fraction=validation_fraction, test_fraction=test_fraction, seed=seed,
             **job,
         ).set_display_name("prepare-text")
         training = dict(
-            dataset=prepare.outputs["dataset"], lm_assets_uri=lm_assets, lang=lang,
+            dataset=prepare.outputs["dataset"], lm_assets_uri=lm_assets,
+            lm_assets_fingerprint=preflight.outputs["lm_assets_fingerprint"], lang=lang,
             pretrained=pretrained, backwards=backwards, lm_epochs=lm_epochs, epochs=epochs,
             batch_size=batch_size, drop_mult=drop_mult, threshold=threshold, monitor=monitor,
             unfreeze=unfreeze, learning_rate=learning_rate, lm_learning_rate=lm_learning_rate,
@@ -206,7 +208,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         with dsl.If(predict_uri != "", name="prediction-requested"):
             predict_op(
                 model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
-                **job,
+                data_fingerprint=preflight.outputs["predict_fingerprint"], **job,
             ).set_display_name("predict")
         with dsl.If(tracking_uri != "", name="tracking-requested"):
             # The run is named after the pipeline run; never cached: a re-run logs again.

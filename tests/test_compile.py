@@ -386,8 +386,29 @@ def test_data_steps_are_keyed_on_the_preflight_fingerprint(tmp_path):
         tasks = json.loads((out / f"{pipeline}.json").read_text())["root"]["dag"]["tasks"]
         assert tasks[check]["cachingOptions"] == {}  # enableCache absent: off
         assert tasks[reader]["inputs"]["parameters"]["data_fingerprint"] == {
-            "taskOutputParameter": {"outputParameterKey": "Output", "producerTask": check}}
+            "taskOutputParameter": {"outputParameterKey": "data_fingerprint",
+                                    "producerTask": check}}
         assert tasks[reader]["dependentTasks"] == [check]
+
+
+@pytest.mark.parametrize("pipeline, check, trainer, files", [
+    ("image_pipeline", "preflight-image", "train-image-classifier", "weights"),
+    ("text_pipeline", "preflight-text", "train-text-classifier", "lm_assets"),
+])
+def test_steps_reading_files_by_uri_are_keyed_on_their_fingerprints(tmp_path, pipeline, check,
+                                                                    trainer, files):
+    """A step's cache key holds only its inputs: new images under the same predict_uri, or
+    weights / language models rewritten in place, must reach the key as a fingerprint."""
+    spec = json.loads((_compile(tmp_path) / f"{pipeline}.json").read_text())
+    tasks = spec["root"]["dag"]["tasks"]
+    assert tasks[trainer]["inputs"]["parameters"][f"{files}_fingerprint"] == {
+        "taskOutputParameter": {"outputParameterKey": f"{files}_fingerprint",
+                                "producerTask": check}}
+    (condition,) = [c for name, c in spec["components"].items()
+                    if name.startswith("comp-condition") and "predict" in c["dag"]["tasks"]]
+    channel = condition["dag"]["tasks"]["predict"]["inputs"]["parameters"]["data_fingerprint"]
+    assert channel == {"componentInputParameter":
+                       f"pipelinechannel--{check}-predict_fingerprint"}
 
 
 def test_placeholder_images_compile_outside_the_upload_folder(tmp_path, monkeypatch, capsys):

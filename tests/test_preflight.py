@@ -15,6 +15,7 @@ from components.preflight.checks import (
     check_text_run,
     coerce,
     data_fingerprint,
+    input_fingerprints,
     lang_problems,
     model_config_problems,
     preflight,
@@ -124,6 +125,29 @@ def test_every_problem_is_reported_at_once():
     with pytest.raises(PreflightError) as err:
         check_text_run({**TEXT_DEFAULTS, "threshold": 2.0, "eval_split": "x"})
     assert "threshold" in str(err.value) and "eval_split" in str(err.value)
+
+
+def test_files_read_by_uri_are_fingerprinted_for_the_steps_that_read_them(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.jpg").write_bytes(b"a")
+    weights = tmp_path / "densenet.h5"
+    weights.write_bytes(b"w")
+    image = {"weights": str(weights), "predict_uri": str(photos)}
+    first = input_fingerprints("image", image)
+    assert first == {"weights_fingerprint": data_fingerprint(str(weights), "weights"),
+                     "predict_fingerprint": data_fingerprint(str(photos), "predict_uri")}
+    (photos / "b.jpg").write_bytes(b"b")  # a new image under the same folder
+    assert input_fingerprints("image", image)["predict_fingerprint"] != first["predict_fingerprint"]
+    assert input_fingerprints("image", {"weights": "imagenet", "predict_uri": ""}) == {
+        "weights_fingerprint": "", "predict_fingerprint": ""}
+    assets = tmp_path / "assets"
+    (assets / "fr" / "forward").mkdir(parents=True)
+    (assets / "fr" / "forward" / "weights.pth").write_bytes(b"lm")
+    text = {"pretrained": True, "lm_assets": str(assets), "predict_uri": ""}
+    assert input_fingerprints("text", text)["lm_assets_fingerprint"].endswith(":1")
+    assert input_fingerprints("text", {**text, "pretrained": False}) == {
+        "lm_assets_fingerprint": "", "predict_fingerprint": ""}
 
 
 def test_fingerprint_follows_the_listing(tmp_path):

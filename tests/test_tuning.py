@@ -325,7 +325,9 @@ def test_trials_folder_reaches_the_launcher_as_gcpc_passes_output_uris(tmp_path)
 def test_the_best_values_feed_the_training_step_and_tuning_runs_after_the_data(tmp_path):
     spec = json.loads((_compile(tmp_path) / "image_tuning_pipeline.json").read_text())
     tasks = spec["root"]["dag"]["tasks"]
-    assert tasks["tune-train-image-classifier"]["dependentTasks"] == ["shard-images"]
+    # after the data (and the weights' fingerprint from preflight)
+    assert tasks["tune-train-image-classifier"]["dependentTasks"] == ["preflight-image",
+                                                                      "shard-images"]
     train = tasks["train-image-classifier"]["inputs"]["parameters"]
     for name in TUNABLE["image"]:
         assert train[name] == {"taskOutputParameter": {"outputParameterKey": name,

@@ -394,6 +394,40 @@ def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
     return f"sha256:{digest}:{len(listing)}"
 
 
+def input_fingerprints(kind: str, parameters: Mapping[str, Any]) -> dict[str, str]:
+    """Fingerprints of the files a run reads by URI besides its data, one per step input.
+
+    Each goes to the step that reads the files (never cached: a step's cache key holds
+    only its inputs' values, so new images under the same `predict_uri`, or weights
+    rewritten in place, would otherwise reuse the last run's output). Empty where the run
+    reads no such file.
+
+    Args:
+        kind: "image" or "text".
+        parameters: The pipeline's parameters by name.
+
+    Returns:
+        image: {"weights_fingerprint", "predict_fingerprint"}; text:
+        {"lm_assets_fingerprint", "predict_fingerprint"}.
+    """
+    from components.train_image.contract import normalize_weights
+
+    def of(name: str, uri: str) -> str:
+        return data_fingerprint(uri, name) if uri else ""
+
+    fingerprints = {}
+    if kind == "image":
+        weights = normalize_weights(str(parameters.get("weights", "imagenet")))
+        fingerprints["weights_fingerprint"] = of("weights", "" if weights in (None, "imagenet")
+                                                 else weights)
+    else:
+        pretrained = str(parameters.get("pretrained", False)).lower() == "true"
+        fingerprints["lm_assets_fingerprint"] = of(
+            "lm_assets", str(parameters.get("lm_assets", "")) if pretrained else "")
+    fingerprints["predict_fingerprint"] = of("predict_uri", str(parameters.get("predict_uri", "")))
+    return fingerprints
+
+
 # A service account's e-mail (user-managed, or a default compute / App Engine account).
 _SERVICE_ACCOUNT = re.compile(r"^[a-z0-9][a-z0-9-]*@[a-z0-9][a-z0-9.-]*\.gserviceaccount\.com$")
 

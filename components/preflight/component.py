@@ -4,6 +4,8 @@ Each signature repeats its pipeline's parameters (a test keeps them equal): they
 typed, one input each, which every backend resolves the same way.
 """
 
+from typing import NamedTuple
+
 from kfp import dsl
 
 
@@ -45,23 +47,30 @@ def preflight_image(
     predict_uri: str = "",
     tracking_uri: str = "",
     job_service_account: str = "",
-) -> str:
+) -> NamedTuple("Outputs", [("data_fingerprint", str), ("weights_fingerprint", str),
+                            ("predict_fingerprint", str)]):
     """Refuses image pipeline settings that a later step would refuse, before any paid job
-    starts, and fingerprints the input folder. Never cached: the fingerprint is an input of
-    the sharding step, so its cache key changes exactly when the data changes.
+    starts, and fingerprints the input folder, the weights file and the folder to label.
+    Never cached: each fingerprint is an input of the step that reads those files, so its
+    cache key changes exactly when they change.
 
     Args:
         data_uri: See the pipeline. Every other parameter is the pipeline's, checked by the step that uses it.
 
     Returns:
-        "sha256:<digest>:<files>", a digest of the input's listing (names, sizes, versions).
+        data_fingerprint: "sha256:<digest>:<files>", a digest of the input's listing (names, sizes, versions).
+        weights_fingerprint: The same of a weights file; empty for imagenet or none.
+        predict_fingerprint: The same of predict_uri; empty when nothing is to be labelled.
     """
-    from components.preflight.checks import preflight
+    from collections import namedtuple
+
+    from components.preflight.checks import input_fingerprints, preflight
 
     settings = {name: value for name, value in locals().items() if name != "data_uri"}
     fingerprint = preflight("image", data_uri, settings)
-    print(f"settings accepted; data fingerprint {fingerprint}")
-    return fingerprint
+    others = input_fingerprints("image", settings)
+    print(f"settings accepted; data fingerprint {fingerprint}; {others}")
+    return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())
 
 
 def preflight_text(
@@ -101,23 +110,30 @@ def preflight_text(
     predict_uri: str = "",
     tracking_uri: str = "",
     job_service_account: str = "",
-) -> str:
+) -> NamedTuple("Outputs", [("data_fingerprint", str), ("lm_assets_fingerprint", str),
+                            ("predict_fingerprint", str)]):
     """Refuses text pipeline settings that a later step would refuse (and a missing
-    pretrained language model), before any paid job starts, and fingerprints the CSV.
-    Never cached: the fingerprint is an input of the preparation step.
+    pretrained language model), before any paid job starts, and fingerprints the CSV, the
+    pretrained language models and the CSV to label. Never cached: each fingerprint is an
+    input of the step that reads those files.
 
     Args:
         data_uri: See the pipeline. Every other parameter is the pipeline's, checked by the step that uses it.
 
     Returns:
-        "sha256:<digest>:<files>", a digest of the input's listing (name, size, version).
+        data_fingerprint: "sha256:<digest>:<files>", a digest of the input's listing (name, size, version).
+        lm_assets_fingerprint: The same of lm_assets when pretrained; else empty.
+        predict_fingerprint: The same of predict_uri; empty when nothing is to be labelled.
     """
-    from components.preflight.checks import preflight
+    from collections import namedtuple
+
+    from components.preflight.checks import input_fingerprints, preflight
 
     settings = {name: value for name, value in locals().items() if name != "data_uri"}
     fingerprint = preflight("text", data_uri, settings)
-    print(f"settings accepted; data fingerprint {fingerprint}")
-    return fingerprint
+    others = input_fingerprints("text", settings)
+    print(f"settings accepted; data fingerprint {fingerprint}; {others}")
+    return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())
 
 
 def preflight_lm(

@@ -16,6 +16,7 @@ def train_image_classifier(
     unfreeze_blocks: int = 1,
     dropout: float = 0.2,
     weights: str = "imagenet",
+    weights_fingerprint: str = "",
     flip: bool = True,
     rotation: float = 0.05,
     zoom: float = 0.1,
@@ -44,6 +45,7 @@ def train_image_classifier(
         unfreeze_blocks: Dense blocks (1-4, counted from the top) trained in fine-tuning; BatchNorm layers stay frozen.
         dropout: Dropout rate before the classification layer.
         weights: "imagenet" (downloaded by Keras), "none" (train from scratch), or the URI (gs:// or local) of a DenseNet121 no-top weights .h5 file.
+        weights_fingerprint: Digest of the weights file's listing from the preflight step; not read, it only makes the cache key change when the file does. Recorded in the model metadata.
         flip: Random horizontal flips of training images.
         rotation: Random rotation of training images as a fraction of a full turn (0.05 = up to 18 degrees); 0 turns it off.
         zoom: Random zoom of training images by a factor in [1 - zoom, 1 + zoom]; 0 turns it off.
@@ -91,6 +93,7 @@ def train_image_classifier(
         "precision": result["precision"],
         "strategy": result["strategy"],
         "replicas": result["replicas"],
+        "weights_fingerprint": weights_fingerprint,
         **provenance(os.path.join(dataset.path, MANIFEST_NAME), dataclasses.asdict(config)),
     })
 

@@ -9,6 +9,7 @@ def train_text_classifier(
     model: Output[Model],
     metrics: Output[Metrics],
     lm_assets_uri: str = "",
+    lm_assets_fingerprint: str = "",
     lang: str = "fr",
     pretrained: bool = False,
     backwards: bool = False,
@@ -37,6 +38,7 @@ def train_text_classifier(
         model: Output folder: `export.pkl` (fastai learner for `load_learner`), `labels.json` (labels, task, threshold, per-label tuned thresholds), `metrics.json` and `per_label_metrics.json` (validation figures per label at the fixed and tuned thresholds).
         metrics: Validation scalars: micro/macro F1 at the threshold and at tuned thresholds (multi-label), or accuracy and macro F1 (single-label); epochs and seconds per classifier epoch.
         lm_assets_uri: Root (gs:// or local) of pretrained LMs laid out as `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` and `<lang>/spm/spm.model` for ja, ko, zh; needed when pretrained is true.
+        lm_assets_fingerprint: Digest of lm_assets_uri's listing from the preflight step; not read, it only makes the cache key change when the language models do. Recorded in the model metadata.
         lang: Language of the texts (en, fr, de, ...; ja, ko and zh use SentencePiece); picks the tokenizer and the assets folder.
         pretrained: Start from the pretrained LM in lm_assets_uri (missing files are an error that lists them); false trains from scratch.
         backwards: Read texts backwards (use the backward LM).
@@ -87,6 +89,7 @@ def train_text_classifier(
         "task": result["task"],
         "labels": result["labels"],
         "lang": lang,
+        "lm_assets_fingerprint": lm_assets_fingerprint,
         "files": sorted(os.listdir(model.path)),
         **provenance(os.path.join(dataset.path, MANIFEST),
                      {**dataclasses.asdict(config), "lm_assets_uri": lm_assets_uri}),
