@@ -161,7 +161,7 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
     (user_key,) = user["components"]
     job_component, user_component = spec["components"][job_key], user["components"][user_key]
 
-    _write_trials_under_output(spec)
+    _complete_trial_job_spec(spec, vertex)
     defaults = {
         "display_name": display_name,
         "worker_pool_specs": [trial_worker_pool(container["image"], kind, space.metric,
@@ -211,24 +211,34 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
     return component
 
 
-def _write_trials_under_output(spec: dict) -> None:
-    """Points the job's base output directory at the step's `trials` output.
+def _complete_trial_job_spec(spec: dict, vertex: VertexSettings) -> None:
+    """Edits GCPC's tuning payload: the trials' output folder, Spot VMs and TensorBoard.
 
-    As GCPC's own launchers get output URIs (`--gcp_resources {{$.outputs...}}`), the
-    placeholder goes into the launcher's payload, where the backend resolves it, and the
-    `base_output_directory` input it replaces is dropped: an output placeholder in a
-    parameter's default has no precedent in GCPC.
+    The base output directory becomes the step's `trials` output: as GCPC's own launchers
+    get output URIs (`--gcp_resources {{$.outputs...}}`), the placeholder goes into the
+    launcher's payload, where the backend resolves it, and the `base_output_directory`
+    input it replaces is dropped (an output placeholder in a parameter's default has no
+    precedent in GCPC). GCPC's payload has no `scheduling` or `tensorboard` of the trials'
+    CustomJobSpec: `--spot` and `--tensorboard` are written in beside it, as the training
+    jobs get them.
     """
     (executor,) = spec["deploymentSpec"]["executors"].values()
     args = executor["container"]["args"]
     at = args.index("--payload") + 1
-    payload = json.loads(args[at])
+    parts = json.loads(args[at])["Concat"]
     source = "{{$.inputs.parameters['base_output_directory']}}"
-    if payload["Concat"].count(source) != 1:
+    opening = ', "base_output_directory": {'
+    if parts.count(source) != 1 or parts.count(opening) != 1:
         raise ValueError("GCPC's tuning payload no longer reads base_output_directory once")
-    payload["Concat"][payload["Concat"].index(source)] = (
-        "{{$.outputs.artifacts['" + TRIALS_OUTPUT + "'].uri}}")
-    args[at] = json.dumps(payload)
+    parts[parts.index(source)] = "{{$.outputs.artifacts['" + TRIALS_OUTPUT + "'].uri}}"
+    extra = {}
+    if vertex.spot:
+        extra["scheduling"] = {"strategy": "SPOT"}
+    if vertex.tensorboard:
+        extra["tensorboard"] = vertex.tensorboard
+    if extra:
+        parts.insert(parts.index(opening), ", " + json.dumps(extra)[1:-1])
+    args[at] = json.dumps({"Concat": parts})
     (component,) = spec["components"].values()
     del component["inputDefinitions"]["parameters"]["base_output_directory"]
     for task in spec["root"]["dag"]["tasks"].values():

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from google_cloud_pipeline_components.v1.custom_job import (
     create_custom_training_job_from_component,
 )
+from kfp import dsl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +209,18 @@ class VertexSettings:
                              tensorboard=self.tensorboard if step in TRAINING_STEPS else "")
 
 
+def job_output_directory(base: str, display_name: str) -> str:
+    """Each job's own folder under `--base-output-directory`: `<base>/<run>/<job>`.
+
+    Vertex derives AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR from it;
+    one folder for every job of every run would mix their TensorBoard logs. The run's
+    name is a placeholder Vertex fills at run time (as GCPC's own project default is).
+    """
+    if not base:
+        return ""
+    return f"{base.rstrip('/')}/{dsl.PIPELINE_JOB_NAME_PLACEHOLDER}/{display_name}"
+
+
 def as_custom_job(component: Callable, machine: Machine, settings: VertexSettings,
                   display_name: str, tensorboard: str = "") -> Callable:
     """Wraps a component so it runs as a Vertex custom training job on `machine`.
@@ -239,7 +252,7 @@ def as_custom_job(component: Callable, machine: Machine, settings: VertexSetting
         service_account=settings.service_account,
         network=settings.network,
         encryption_spec_key_name=settings.encryption_spec_key_name,
-        base_output_directory=settings.base_output_directory,
+        base_output_directory=job_output_directory(settings.base_output_directory, display_name),
         tensorboard=tensorboard,
         timeout=settings.timeout,
     )

@@ -485,7 +485,10 @@ def test_tensorboard_reaches_only_the_training_jobs(tmp_path):
         job = _custom_job_request(spec, train).custom_job
         assert job.job_spec.tensorboard == TENSORBOARD
         assert job.job_spec.service_account == "sa@p.iam.gserviceaccount.com"
-        assert job.job_spec.base_output_directory.output_uri_prefix == "gs://b/out"
+        # each job of each run in its own folder: TensorBoard logs of runs never mix
+        assert job.job_spec.base_output_directory.output_uri_prefix == (
+            "gs://b/out/{{$.pipeline_job_name}}/" + job.display_name)
+        assert job.display_name.startswith("train-")
         assert aiplatform_v1.TensorboardServiceClient.parse_tensorboard_path(
             job.job_spec.tensorboard) == {"project": "p", "location": "us-central1",
                                           "tensorboard": "123"}

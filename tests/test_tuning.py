@@ -322,6 +322,24 @@ def test_trials_folder_reaches_the_launcher_as_gcpc_passes_output_uris(tmp_path)
         assert payload[at - 1].endswith('"output_uri_prefix": "')
 
 
+@pytest.mark.parametrize("flags, spot, tensorboard", [
+    ([], False, ""),
+    (["--spot", "--tensorboard", "projects/p/locations/us-central1/tensorboards/123",
+      "--base-output-directory", "gs://b/o", "--service-account", "sa@p.iam.gserviceaccount.com"],
+     True, "projects/p/locations/us-central1/tensorboards/123"),
+])
+def test_trials_run_on_spot_vms_and_report_to_tensorboard_as_training_does(tmp_path, flags, spot,
+                                                                          tensorboard):
+    out = _compile(tmp_path, *flags)
+    for kind in ("image", "text"):
+        job = _tuning_request(json.loads((out / f"{kind}_tuning_pipeline.json").read_text()),
+                              f"tune-train-{kind}-classifier")
+        assert (job.trial_job_spec.scheduling.strategy.name == "SPOT") is spot
+        assert job.trial_job_spec.tensorboard == tensorboard
+        assert job.trial_job_spec.base_output_directory.output_uri_prefix == \
+            "{{$.outputs.artifacts['trials'].uri}}"
+
+
 def test_the_best_values_feed_the_training_step_and_tuning_runs_after_the_data(tmp_path):
     spec = json.loads((_compile(tmp_path) / "image_tuning_pipeline.json").read_text())
     tasks = spec["root"]["dag"]["tasks"]
