@@ -62,6 +62,10 @@ from pipelines.params import parse_value
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rehearsal_site")
 MOUNT_ENV = "REHEARSAL_GCS_MOUNT"
+# Where Vertex has a trial write its metrics (CLOUD_ML_HP_METRIC_FILE), as its users report
+# it (GoogleCloudPlatform/cloudml-hypertune#6: writable only by root unless the image makes
+# /var/hypertune its user's).
+VERTEX_METRIC_FILE = "/var/hypertune/output.metrics"
 PROJECT = "rehearsal-project"
 PROJECT_NUMBER = "123456789012"
 LOCATION = "us-central1"
@@ -260,6 +264,15 @@ class ImageContainers:
                 "--volume", f"{gcs_folder}:{GCS_MOUNT}",
                 *[f"--env={key}={value}" for key, value in {**self.env, **env}.items()],
                 self.container(image), "--", *command]
+
+    def take_file(self, image: str, path: str) -> str:
+        """The text of `path` inside `image`'s container (empty if none), then removes it,
+        as the next job would start from the image afresh on Vertex."""
+        result = subprocess.run([*BUILDAH, "run", "--isolation", "chroot",
+                                 self.container(image), "--", "sh", "-c",
+                                 f"cat {path} 2>/dev/null; rm -f {path}"],
+                                capture_output=True, text=True)
+        return result.stdout
 
     def remove_all(self) -> None:
         for name in self.names.values():
@@ -761,9 +774,12 @@ class Rehearsal:
             trial_id = str(number)
             values = {p.parameter_id: _draw(p, draw) for p in job.study_spec.parameters}
             reports = self.local(f"{base}/{trial_id}/hypertune.metrics")
+            # Inside the image, the metric file is where Vertex puts it, written as the
+            # image's user; in-process, a file of the rehearsal's.
+            metric_file = VERTEX_METRIC_FILE if self.containers else self.step_path(
+                f"{base}/{trial_id}/hypertune.metrics")
             env = {**aip_env(f"{base}/{trial_id}"), "CLOUD_ML_TRIAL_ID": trial_id,
-                   "CLOUD_ML_HP_METRIC_FILE": self.step_path(f"{base}/{trial_id}/"
-                                                             "hypertune.metrics")}
+                   "CLOUD_ML_HP_METRIC_FILE": metric_file}
             command = [*pool.command, *pool.args, *(f"--{k}={v}" for k, v in values.items())]
             trial = aiplatform_v1.Trial(id=trial_id, state="SUCCEEDED", parameters=[
                 aiplatform_v1.Trial.Parameter(parameter_id=k, value=v) for k, v in values.items()])
@@ -776,6 +792,10 @@ class Rehearsal:
                 if len([t for t in trials if t.state.name != "SUCCEEDED"]) + 1 > max(
                         job.max_failed_trial_count, 1):
                     raise
+            if self.containers:
+                os.makedirs(os.path.dirname(reports), exist_ok=True)
+                with open(reports, "w") as f:
+                    f.write(self.containers.take_file(pool.image_uri, VERTEX_METRIC_FILE))
             measured = [float(r[metric.metric_id]) for r in _read_reports(reports)
                         if metric.metric_id in r]
             if trial.state.name == "SUCCEEDED" and measured:

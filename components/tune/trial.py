@@ -125,6 +125,28 @@ def _local(uri: str) -> str:
     return Artifact(uri=uri).path if uri.startswith("gs://") else uri
 
 
+def check_metric_file(environ: Mapping[str, str]) -> str:
+    """Where hypertune will write the trial's metric, checked writable before training.
+
+    Vertex names the file (CLOUD_ML_HP_METRIC_FILE); a folder the image's user cannot
+    write would fail the trial only after its first paid epoch.
+
+    Raises:
+        TrialError: The folder cannot be made or written, naming it and the user.
+    """
+    path = environ.get("CLOUD_ML_HP_METRIC_FILE") or "/tmp/hypertune/output.metrics"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as err:
+        raise TrialError(
+            f"cannot write the tuning metric file {path} as uid {os.getuid()} ({err.strerror}): "
+            "the image must make that folder its user's (containers/*/Dockerfile makes "
+            "/var/hypertune uid 1000's; GoogleCloudPlatform/cloudml-hypertune#6)") from err
+    return path
+
+
 def run(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Runs one trial; returns the executor input it ran with."""
     parser = argparse.ArgumentParser(prog="python3 -m components.tune.trial")
@@ -136,6 +158,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[s
     args, extra = parser.parse_known_args(argv)
     environ = os.environ if environ is None else environ
     hyperparameters = parse_hyperparameters(args.kind, extra)
+    check_metric_file(environ)
     module, name = TRAINERS[args.kind]
     function = getattr(importlib.import_module(module), name)
     executor_input = trial_executor_input(
