@@ -67,7 +67,7 @@ def _start_once(log_path: Path) -> tuple[subprocess.Popen, int] | None:
     token = f"emulator-{uuid.uuid4().hex}"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+            [sys.executable, "-m", "pipelines.gcs_api", "start", "--host", "127.0.0.1",
              "--port", str(port), "--in-memory", "--quiet", "--default-bucket", token],
             stdout=subprocess.DEVNULL, stderr=log,
         )
@@ -124,3 +124,26 @@ def seed(url: str, folder: str | os.PathLike) -> int:
                     str(path))
                 count += 1
     return count
+
+
+# The emulator's one-threaded HTTPServer keeps socketserver's listen backlog of 5: gcsfs
+# reads a batch of files over ~30 connections at once, the kernel drops the SYNs past the
+# backlog, and each dropped one costs a 1-3 s retransmission (1.8 files/s; 1,100 one at a
+# time). Requests are still served one at a time (the emulator's storage is not made for
+# threads), only none is dropped.
+LISTEN_BACKLOG = 1024
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m pipelines.gcs_api start ...`: gcp-storage-emulator's command line, with a
+    listen backlog that takes a whole batch of concurrent reads."""
+    from http import server
+
+    from gcp_storage_emulator.__main__ import main as emulator_main
+
+    server.HTTPServer.request_queue_size = LISTEN_BACKLOG
+    emulator_main(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()
