@@ -369,6 +369,37 @@ def test_bad_tuning_options_are_refused(tmp_path, flags, message):
 
 
 @pytest.mark.slow
+def test_image_tuning_pipeline_rehearsed_with_the_default_space(tmp_path):
+    """The default image space (1e-05 among its bounds, which once reached GCPC's launcher
+    as a string) creates its job, and two trials report val_accuracy."""
+    from tests.conftest import write_class_images
+
+    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1")
+    data = tmp_path / "images"
+    write_class_images(str(data), per_class=16)
+    small = {"image_size": "32", "min_shards_per_split": "1", "weights": "none",
+             "epochs": "1", "fine_tune_epochs": "0", "registration_threshold": "0.0"}
+    summary = rehearse.rehearse(str(out / "image_tuning_pipeline.json"), str(tmp_path / "r"),
+                                {"data_uri": str(data), **small})
+    tasks = {t["display_name"]: t for t in summary["rehearsal"]["tasks"]}
+    assert (tasks["tune-densenet121"]["state"], tasks["tune-densenet121"]["replicas"]) == (
+        "succeeded", 2)
+    (trials_json,) = (tmp_path / "r" / "gcs").rglob(selection.TRIALS_FILE)
+    table = json.loads(trials_json.read_text())
+    assert [t["state"] for t in table["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
+    space = DEFAULT_SPACES["image"]["parameters"]
+    for row in table["trials"]:
+        folder = tmp_path / "r" / "gcs" / row["folder"][len("gs://"):]
+        (report,) = [json.loads(r) for r in (folder / "hypertune.metrics").read_text()
+                     .splitlines()]  # one epoch: one val_accuracy, through hypertune
+        assert row["metric"] == float(report["val_accuracy"])
+        rate = row["parameters"]["fine_tune_learning_rate"]
+        assert space["fine_tune_learning_rate"]["min"] <= rate <= space[
+            "fine_tune_learning_rate"]["max"]
+    assert tasks["train-densenet121"]["state"] == "succeeded"
+
+
+@pytest.mark.slow
 def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrain(tmp_path):
     """Two trials run as Vertex runs them (the trial container with `--name=value`
     arguments and AIP_* folders per trial), report the study metric through hypertune,
