@@ -170,6 +170,20 @@ def test_fingerprint_follows_the_listing(tmp_path):
         data_fingerprint(str(tmp_path / "empty"))
 
 
+def test_fingerprint_enters_linked_folders_as_sharding_does(tmp_path):
+    root = tmp_path / "images"
+    write_class_images(str(root), per_class=2)
+    elsewhere = tmp_path / "more-cats"
+    elsewhere.mkdir()
+    (elsewhere / "a.jpg").write_bytes(b"a")
+    (root / "cat" / "more").symlink_to(elsewhere)
+    (elsewhere / "loop").symlink_to(elsewhere)  # a loop is listed once, not followed
+    first = data_fingerprint(str(root))
+    assert first.endswith(":9")  # 6 images, the link, the image in it, the loop (not entered)
+    (elsewhere / "b.jpg").write_bytes(b"b")  # a new image inside the linked folder
+    assert data_fingerprint(str(root)) != first
+
+
 def test_fingerprint_of_a_gcs_object_follows_its_generation(gcs):
     bucket = gcs.create_bucket("fp-data")
     blob = bucket.blob("texts/reviews.csv")

@@ -380,6 +380,17 @@ def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
         raise PreflightError(f"{parameter} {uri!r} does not exist")
     if fs.isdir(path):
         entries = fs.find(path, detail=True)
+        # Sharding enters linked folders (`find` does not): so must the fingerprint.
+        linked = [p for p, info in entries.items() if info.get("islink") and fs.isdir(p)]
+        seen = {os.path.realpath(path)}
+        while linked:
+            link = linked.pop()
+            if os.path.realpath(link) in seen:  # a loop, or a folder listed already
+                continue
+            seen.add(os.path.realpath(link))
+            found = fs.find(link, detail=True)
+            entries.update(found)
+            linked += [p for p, info in found.items() if info.get("islink") and fs.isdir(p)]
     else:
         entries = {path: fs.info(path)}
     if not entries:
