@@ -135,7 +135,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             pretrained: Start from the pretrained LM in lm_assets; false trains from scratch.
             text_column: Name of the text column.
             label_columns: Comma-separated label columns; empty uses every column but the text.
-            label_delimiter: Separates several class names in one cell of a class-name column.
+            label_delimiter: Separates several class names in one cell of a class-name column; empty keeps each cell one class name.
             other_label: Label of rows with no label set; empty drops those rows.
             validation_fraction: Share of the non-test rows used for validation.
             test_fraction: Share of all rows held out for the test.
