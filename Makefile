@@ -99,6 +99,15 @@ rehearse-images: compile
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/reviews.csv \
 		--param lm_epochs=0 --param epochs=6 --param min_freq=1 \
 		--param 'model_config={"emb_sz": 64, "n_hid": 128, "n_layers": 2}'
+	# The image tuning pipeline with the default space, 2 trials: each trial reports its
+	# metric as the image's user, where Vertex has it written (/var/hypertune).
+	$(PY) compile.py --output-dir $(IMG_RUNS)/build --tune-trials 2 --tune-parallel-trials 1
+	$(PY) -m pipelines.demo digits $(IMG_RUNS)/tuning/gcs/rehearsal-bucket/data/digits --per-class 40
+	$(PY) -m pipelines.rehearse $(IMG_RUNS)/build/image_tuning_pipeline.json \
+		--output $(IMG_RUNS)/tuning --runtime image \
+		--param data_uri=gs://rehearsal-bucket/data/digits --param image_size=32 \
+		--param min_shards_per_split=4 --param weights=none --param epochs=2 \
+		--param fine_tune_epochs=0 --param registration_threshold=0.3
 
 # Compile against the images `make images` pushed.
 compile-vertex: venv

@@ -118,7 +118,8 @@ def test_exif_orientation_defaults_to_upright():
     out_of_range = _with_app_segments(plain, (0xE1, b"Exif\0\0" + _tiff_ifd(9, "II")))
     assert serving.exif_orientation(tf.constant(out_of_range)).numpy() == 1
     truncated = _with_app_segments(plain, (0xE1, b"Exif\0\0" + _tiff_ifd(6, "II")))[:40]
-    assert serving.exif_orientation(tf.constant(truncated)).numpy() in (1, 6)  # no crash
+    # the segment is cut before its orientation: nothing to read, so upright (and no crash)
+    assert serving.exif_orientation(tf.constant(truncated)).numpy() == 1
 
 
 def test_unreadable_bytes_fail_the_request():

@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -148,7 +149,8 @@ def test_language_model_run_is_tracked(mlflow_server, tmp_path):
     assert [step for step, _ in _history(client, run, "lm/perplexity")] == [1, 2]
     assert run.data.metrics["lm/final_perplexity"] == pytest.approx(
         summary["metrics"]["perplexity"])
-    assert run.data.params["lang"] == "fr" and run.data.tags["data_sha256"]
+    assert run.data.params["lang"] == "fr"
+    assert re.fullmatch(r"[0-9a-f]{64}", run.data.tags["data_sha256"])
 
 
 def test_image_epochs_are_counted_across_the_head_and_fine_tune_phases(tmp_path):
