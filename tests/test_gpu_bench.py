@@ -1,6 +1,6 @@
 """bench/gpu_bench.py: its smoke mode runs every section on a CPU, and its arithmetic.
 
-The figures the bench prints on a GPU are in the README; here the tiny CPU run checks that
+The figures the bench prints on a GPU are in docs/measurements.md; here the tiny CPU run checks that
 every section measures something and that the report says what the selection logic chose.
 """
 

@@ -5,7 +5,7 @@ weights, the archive's file names) lies where `untar_data` extracts it,
 `$FASTAI_HOME/models/wt103-fwd`. Everything after that is the real path: fastai's
 `untar_data` finds the folder, the trainer takes its first `.pth` and `.pkl` as fastai
 does, `load_pretrained` maps its vocabulary onto the task's. What only a real run shows:
-that the download of the real archive works from a Vertex job (README).
+that the download of the real archive works from a Vertex job (docs/users.md).
 """
 
 import json
