@@ -57,7 +57,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common.storage import write_json_atomically
-from pipelines import gcs_api, image, lm, text
+from pipelines import gcs_api
+from pipelines.catalogue import SUMMARIES_BY_NAME
 from pipelines.params import parse_value
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rehearsal_site")
@@ -79,13 +80,6 @@ REGISTRY_LOOKUP = "find_registered_model"
 # Our best-trial steps (components.tune.component) read the tuning job from Vertex: the
 # rehearsal runs their selection code on the job it rehearsed instead.
 BEST_TRIAL_STEPS = {"best_image_trial": "image", "best_text_trial": "text"}
-SUMMARIES = {image.PIPELINE_NAME: image.summarize,
-             image.TUNING_PIPELINE_NAME: image.summarize,
-             text.PIPELINE_NAME: text.summarize_run,
-             text.TUNING_PIPELINE_NAME: text.summarize_run,
-             lm.PIPELINE_NAME: lambda outputs: lm.summarize(
-                 {name: a.path for name, a in outputs.items() if hasattr(a, "path")})}
-
 RUNTIMES = ("local", "image")
 GCS_MOUNT = "/gcs"
 BUILDAH = ("buildah", "--storage-driver", "vfs")
@@ -1083,7 +1077,7 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
         os.makedirs(runner.output, exist_ok=True)
         write_json_atomically(os.path.join(runner.output, "rehearsal.json"), report,
                               sort_keys=False)
-    summarize = SUMMARIES.get(spec["pipelineInfo"]["name"])
+    summarize = SUMMARIES_BY_NAME.get(spec["pipelineInfo"]["name"])
     summary = summarize(outputs) if summarize else {
         "outputs": {k: getattr(v, "path", v) for k, v in outputs.items()}}
     if "registration" in summary:

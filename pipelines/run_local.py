@@ -19,31 +19,19 @@ variant's space (the default, or --space) with optuna, one local run per trial u
 from __future__ import annotations
 
 import argparse
-import contextlib
-import glob
 import json
 import os
 import sys
-import warnings
 from typing import Any
 
-from kfp import local
-
-from components.common.storage import write_json_atomically
-from pipelines import image, lm, text
+from pipelines.catalogue import BUILDERS, DATA_PARAMETERS
+from pipelines.local_run import LOCAL_IMAGE, run
 from pipelines.params import argparse_type
-from pipelines.step_log import StepFailed, steps_reported
+from pipelines.step_log import StepFailed
 
-# The local variant never pulls images; the URI only fills the spec.
-LOCAL_IMAGE = "local/vertex-gpu-pipelines:dev"
-PIPELINES = {"image": image.build, "text": text.build, "lm": lm.build}
-SUMMARIES = {
-    "image": image.summarize,
-    "text": text.summarize_run,
-    "lm": lambda outputs: lm.summarize({name: a.path for name, a in outputs.items()}),
-}
-# Filled from --data, not a flag of their own.
-_DATA_PARAMS = {"image": "data_uri", "text": "data_uri", "lm": "corpus_uri"}
+__all__ = ["LOCAL_IMAGE", "PIPELINES", "headline", "main", "pipeline_parser", "run"]
+
+PIPELINES = BUILDERS
 
 
 def pipeline_parser(kind: str, pipeline) -> argparse.ArgumentParser:
@@ -52,7 +40,7 @@ def pipeline_parser(kind: str, pipeline) -> argparse.ArgumentParser:
     parser.add_argument("--data", required=True, help="input folder or gs:// URI")
     parser.add_argument("--output", required=True, help="local folder for outputs and summary.json")
     for name, spec in pipeline.component_spec.inputs.items():
-        if name == _DATA_PARAMS[kind]:
+        if name == DATA_PARAMETERS[kind]:
             continue
         parser.add_argument(
             "--" + name.replace("_", "-"), dest=name, default=None,
@@ -81,59 +69,6 @@ def headline(kind: str, summary: dict[str, Any]) -> str:
     beside = [f"{name} {values[names[0]]:.3f}/{values[names[1]]:.3f}"
               for name, values in summary.get("baseline", {}).items()]
     return line + (f"; baselines on the same split: {', '.join(beside)}" if beside else "")
-
-
-def _predictions(model_path: str) -> dict[str, Any]:
-    """Where the run's prediction step wrote, with counts and the first few lines.
-
-    kfp.local keeps each task's outputs under `<run folder>/<task>/<output>`; the
-    prediction step's output is not a pipeline output (it runs only on request).
-    """
-    from components.predict.contract import PREDICTIONS_FILE, read_predictions
-
-    run_folder = os.path.dirname(os.path.dirname(model_path))
-    (path,) = glob.glob(os.path.join(run_folder, "predict", "*", PREDICTIONS_FILE))
-    lines = read_predictions(path)
-    errors = sum("error" in line for line in lines)
-    return {"file": path, "inputs": len(lines), "predicted": len(lines) - errors,
-            "errors": errors, "first": lines[:3]}
-
-
-def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Runs pipeline `kind` locally and writes `<output>/summary.json`.
-
-    Args:
-        kind: "image", "text" or "lm".
-        data: Input folder, file or gs:// URI.
-        output: Local folder for the run's outputs.
-        params: Pipeline parameters other than the data URI.
-
-    Returns:
-        The summary written.
-
-    Raises:
-        StepFailed: A step failed; its message is the step's own error.
-    """
-    output = os.path.abspath(output)
-    os.makedirs(output, exist_ok=True)
-    # A failed re-run must not leave the last run's summary looking like its own.
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(output, "summary.json"))
-    # Local runs ignore display names and never pull the image: say nothing about it.
-    warnings.filterwarnings("ignore", ".*have no effect in the current local runner")
-    warnings.filterwarnings("ignore", "You may be attemping to run a task that uses custom")
-    local.init(runner=local.SubprocessRunner(use_venv=False),
-               pipeline_root=os.path.join(output, "kfp"))
-    pipeline = PIPELINES[kind](LOCAL_IMAGE)
-    print(f"running the {kind} pipeline locally; step logs: {os.path.join(output, 'logs')}")
-    with steps_reported(os.path.join(output, "logs")):
-        task = pipeline(**{_DATA_PARAMS[kind]: data}, **params)
-    summary = SUMMARIES[kind](task.outputs)
-    if params.get("predict_uri"):
-        summary["predictions"] = _predictions(task.outputs["model"].path)
-        summary["artifacts"]["predictions"] = summary["predictions"].pop("file")
-    write_json_atomically(os.path.join(output, "summary.json"), summary, sort_keys=False)
-    return summary
 
 
 def report_failure(failed: StepFailed) -> int:

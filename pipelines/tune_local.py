@@ -1,6 +1,6 @@
 """Hyperparameter search on this machine: the Vertex tuning variant's study, run with optuna.
 
-Each trial is one local run of the pipeline (`pipelines.run_local.run`, through `kfp.local`)
+Each trial is one local run of the pipeline (`pipelines.local_run.run`, through `kfp.local`)
 with the trial's values, in `<output>/trials/<n>/`. A trial's value is the study metric as
 the trainer reports it to Vertex, one value per epoch (the image trainer's Keras history,
 both phases; the text classifier's epochs), and, as Vertex's BEST_MEASUREMENT, its best
@@ -80,7 +80,7 @@ def tune(kind: str, data: str, output: str, space: SearchSpace, trials: int,
     """
     import optuna
 
-    from pipelines import run_local
+    from pipelines.local_run import run
 
     output = os.path.abspath(output)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -91,7 +91,7 @@ def tune(kind: str, data: str, output: str, space: SearchSpace, trials: int,
     def objective(trial) -> float:
         values = suggest(trial, space)
         folder = os.path.join(output, "trials", str(trial.number))
-        summary = run_local.run(kind, data, folder, {**params, **values})
+        summary = run(kind, data, folder, {**params, **values})
         metric = trial_metric(epoch_values(kind, summary["artifacts"]["model"], space.metric),
                               space.goal)
         runs[trial.number] = {"summary": summary, "folder": folder}

@@ -312,9 +312,9 @@ def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path
 
 @pytest.mark.slow
 def test_text_pipeline_rehearsed_with_only_the_data_and_cached_until_the_data_changes(tmp_path):
-    """docs/operators.md step 4 sets only data_uri; a re-run reuses cached steps while the CSV is the
-    same, and re-reads it once it changed (the preflight fingerprint is in the cache key).
-    The model clears the gate (threshold 0), no model has the display name yet, so the
+    """docs/operators.md step 4 sets only data_uri; a re-run reuses cached steps while the
+    CSV is the same, and re-reads it once it changed (the preflight fingerprint is in the
+    cache key). The model clears the gate (threshold 0), no model has the display name yet, so the
     upload creates one; the uploaded folder serves with the upload's own container spec."""
     path = os.path.join(_compile(tmp_path), "text_pipeline.json")
     csv = tmp_path / "reviews.csv"

@@ -152,3 +152,53 @@ def test_both_kinds_of_dataset_name_their_splits_alike():
     from components.shard.contract import SPLITS as IMAGE_SPLITS
 
     assert TEXT_SPLITS == IMAGE_SPLITS == ("train", "validation", "test")
+
+
+def _module_graph(root: pathlib.Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports, at module level or inside functions
+    (`from pipelines import image` counts as pipelines.image)."""
+    modules = {f"{package}.{p.stem}": p for p in (root / package).glob("*.py")
+               if p.stem != "__init__"}
+    graph = {}
+    for name, path in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = {m for m in imported if m in modules and m != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` (its modules in order), or [] when there is none."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_the_pipelines_and_tools_import_no_circle():
+    """Deferred imports inside functions count: a circle is a circle whenever it closes."""
+    graph = _module_graph(ROOT.parent, "pipelines")
+    assert "pipelines.local_run" in graph["pipelines.tune_local"]
+    assert _cycle(graph) == []
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    # `from pipelines import run_local` inside a function is an edge too
+    assert "pipelines.tune_local" in graph["pipelines.run_local"]

@@ -138,9 +138,9 @@ def test_text_pipeline_end_to_end_with_kfp_local(tmp_path, monkeypatch):
     assert model_meta["parameters"]["epochs"] == 8 and model_meta["parameters"]["lang"] == "fr"
 
     # the predict step labelled every row of the CSV it was given
-    from pipelines import run_local
+    from pipelines import local_run
 
-    predicted = run_local._predictions(artifacts["model"])
+    predicted = local_run._predictions(artifacts["model"])
     assert (predicted["inputs"], predicted["errors"]) == (200, 0)
     assert [line["input"] for line in predicted["first"]] == [0, 1, 2]
     # the CLI on the test split, with two rows that cannot be labelled, agrees with the

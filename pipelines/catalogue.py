@@ -1,0 +1,28 @@
+"""The pipelines by kind: how each is built, what its data parameter is, how a run of it is
+summarised. The one table the tools (`run_local`, `tune_local`, `rehearse`) read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pipelines import image, lm, text
+
+BUILDERS: Mapping[str, Callable] = {"image": image.build, "text": text.build, "lm": lm.build}
+# The parameter a run's input fills (`--data` of run_local).
+DATA_PARAMETERS: Mapping[str, str] = {"image": "data_uri", "text": "data_uri",
+                                      "lm": "corpus_uri"}
+
+
+def _summarize_lm(outputs: Mapping[str, Any]) -> dict[str, Any]:
+    return lm.summarize({name: a.path for name, a in outputs.items() if hasattr(a, "path")})
+
+
+# A run's outputs (artifacts by name) -> its summary.json, by kind.
+SUMMARIES: Mapping[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    "image": image.summarize, "text": text.summarize_run, "lm": _summarize_lm}
+# The same by the compiled pipeline's name (pipelineInfo.name), tuning variants included.
+SUMMARIES_BY_NAME = {
+    image.PIPELINE_NAME: image.summarize, image.TUNING_PIPELINE_NAME: image.summarize,
+    text.PIPELINE_NAME: text.summarize_run, text.TUNING_PIPELINE_NAME: text.summarize_run,
+    lm.PIPELINE_NAME: _summarize_lm}
