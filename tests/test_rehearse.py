@@ -279,8 +279,9 @@ def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path
     assert "full epoch 0:" not in second and "full epoch 1:" in second
     history = json.loads(open(os.path.join(summary["artifacts"]["model"], "history.json")).read())
     assert [r["epoch"] for r in history["full"]] == [0, 1]
-    # The checkpoint folder was this task's own under AIP_CHECKPOINT_DIR, removed when done.
-    checkpoints = out / "gcs" / "acme-jobs" / "out" / "checkpoints"
+    # The checkpoint folder was this task's own under AIP_CHECKPOINT_DIR (in the job's own
+    # folder of the base output directory, <base>/<run>/<job>), removed when done.
+    (checkpoints,) = (out / "gcs" / "acme-jobs" / "out").glob("*/train-densenet121/checkpoints")
     assert checkpoints.is_dir() and not glob.glob(str(checkpoints / "**" / "run.json"),
                                                   recursive=True)
     # Gate passed (threshold 0): the registry holds the display name, so the upload is a
