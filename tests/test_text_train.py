@@ -25,6 +25,7 @@ from fastai.text.all import (
 )
 from fastai.text.learner import _get_text_vocab
 
+from components.common.text_scores import validation_scalars
 from components.evaluate_text.evaluation import evaluate_text_model
 from components.prepare_text.contract import read_split
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
@@ -36,7 +37,7 @@ from components.train_text.contract import (
     parse_model_config,
     save_lm_assets,
 )
-from components.train_text.training import train_text_classifier, validation_scalars
+from components.train_text.training import train_text_classifier
 from pipelines.demo_text import write_reviews_csv
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}

@@ -34,19 +34,19 @@ def _demote(markdown: str) -> str:
 
 
 def predict(model_dir: str, texts: list[str], batch_size: int = 64) -> np.ndarray:
-    """Probabilities of a fastai text classifier export for `texts`, in their order.
+    """Probabilities of a trained text classifier (either trainer's) for `texts`, in order.
 
     Args:
-        model_dir: Folder with `export.pkl`.
+        model_dir: A text training step's model folder (`load_text_model`).
         texts: Raw texts (tokenized here with the model's own tokenizer and vocab).
         batch_size: Texts per forward pass.
 
     Returns:
         Shape (len(texts), k): sigmoid per label (multi-label) or softmax (single-label).
     """
-    from components.train_text.contract import load_text_learner, text_probabilities
+    from components.train_text.contract import load_text_model
 
-    return text_probabilities(load_text_learner(model_dir), texts, batch_size)
+    return load_text_model(model_dir).probabilities(texts, batch_size)
 
 
 def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split: str = "test",
@@ -55,7 +55,7 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
     """Scores a trained text classifier on one split and writes metrics.json and report.md.
 
     Args:
-        model_dir: Training step output: `export.pkl` and `labels.json`.
+        model_dir: A text training step's output (fastai or transformer) with `labels.json`.
         dataset_dir: Preparation step output; its labels must equal the model's.
         output_dir: Folder for `metrics.json` and `report.md`.
         split: "train", "validation" or "test".

@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from components.train_image.contract import MODEL_FILE
-from components.train_text.contract import EXPORT_FILE
+from components.train_text.contract import EXPORT_FILE, is_text_model_folder
 
 PREDICTIONS_FILE = "predictions.jsonl"
 IMAGE, TEXT = "image", "text"
@@ -27,18 +27,18 @@ class PredictionError(ValueError):
 
 
 def model_family(model_dir: str) -> str:
-    """"image" for a DenseNet model folder, "text" for a fastai one.
+    """"image" for a DenseNet model folder, "text" for a fastai or transformer one.
 
     Raises:
         PredictionError: The folder holds neither (the message names what was looked for).
     """
-    if os.path.isfile(os.path.join(model_dir, EXPORT_FILE)):
+    if is_text_model_folder(model_dir):
         return TEXT
     if os.path.isfile(os.path.join(model_dir, MODEL_FILE)):
         return IMAGE
     raise PredictionError(f"{model_dir!r} is not a trained model folder: it has neither "
-                          f"{MODEL_FILE} (image model) nor {EXPORT_FILE} (text model); give the "
-                          "training step's model output")
+                          f"{MODEL_FILE} (image model) nor {EXPORT_FILE} or config.json (text "
+                          "model); give the training step's model output")
 
 
 def read_predictions(path: str) -> list[dict[str, Any]]:

@@ -213,18 +213,13 @@ def decision_threshold(labels_info: dict[str, Any]) -> float | None:
 
 def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                    progress: bool, text_column: str) -> dict[str, Any]:
-    from components.train_text.contract import (
-        MAX_TEXT_CHARS,
-        load_text_learner,
-        read_labels,
-        text_probabilities,
-    )
+    from components.train_text.contract import MAX_TEXT_CHARS, load_text_model
 
-    info = read_labels(model_dir)
+    model = load_text_model(model_dir)
+    info = model.info
     labels = info["labels"]
     threshold = decision_threshold(info)
     column = text_column or info.get("text_column") or "text"
-    learn = load_text_learner(model_dir)
     counts = {"inputs": 0, "predicted": 0, "errors": 0, "truncated": 0,
               "max_text_chars": MAX_TEXT_CHARS, "text_column": column}
     row = 0
@@ -235,7 +230,7 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                                       f"{list(chunk.columns)}); pass the text column's name")
             texts = [str(t) for t in chunk[column]]
             usable = [i for i, t in enumerate(texts) if t.strip()]
-            probs = text_probabilities(learn, [texts[i] for i in usable], batch_size) \
+            probs = model.probabilities([texts[i] for i in usable], batch_size) \
                 if usable else np.zeros((0, len(labels)))
             scored = dict(zip(usable, probs))
             for i in range(len(texts)):

@@ -184,25 +184,24 @@ class TextPredictor:
     """A loaded text model: labels, decision rule and learner, safe to call from threads."""
 
     def __init__(self, model_dir: str, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
-        from components.train_text.contract import TEXT_FIELD, load_text_learner, read_labels
+        from components.train_text.contract import TEXT_FIELD, load_text_model
 
         check_servable(model_dir)
-        info = read_labels(model_dir)
+        self._model = load_text_model(model_dir)
+        info = self._model.info
         self.labels: list[str] = list(info["labels"])
         self.threshold = decision_threshold(info)  # batch prediction's decision rule
         self.text_keys = tuple(dict.fromkeys([TEXT_FIELD, info.get("text_column") or TEXT_FIELD]))
         self.batch_size = batch_size
-        self._learn = load_text_learner(model_dir)
         # fastai's learner keeps per-call state (dls, callbacks): one prediction at a time
         self._lock = threading.Lock()
 
     def predict(self, texts: Sequence[str]) -> list[dict[str, Any]]:
         """Predictions for `texts`, in order (blocking: run it off the event loop)."""
-        from components.train_text.contract import text_probabilities
 
         def probabilities(usable: list[str]):
             with self._lock:
-                return text_probabilities(self._learn, usable, self.batch_size)
+                return self._model.probabilities(usable, self.batch_size)
 
         return prediction_objects(texts, probabilities, self.labels, self.threshold)
 

@@ -65,10 +65,10 @@ def train_text_classifier(
     import os
 
     from components.common.provenance import provenance
+    from components.common.text_scores import validation_scalars
     from components.prepare_text.contract import MANIFEST
     from components.train_text.contract import TrainConfig, parse_model_config
     from components.train_text.training import train_text_classifier as train
-    from components.train_text.training import validation_scalars
 
     logging.basicConfig(level=logging.INFO)  # one line per epoch in the job's log
     config = TrainConfig(

@@ -136,11 +136,56 @@ def load_text_learner(model_dir: str):
     path = os.path.join(model_dir, EXPORT_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: {model_dir!r} is not a trained text model "
-                                f"folder (expected {EXPORT_FILE} and {LABELS_FILE})")
+                                f"folder (expected {EXPORT_FILE} and {LABELS_FILE} of the fastai "
+                                f"trainer, or a transformer's config.json, model.safetensors "
+                                f"and {LABELS_FILE})")
     with warnings.catch_warnings():
         # fastai warns that pickles can run code: this is the export of our own training step.
         warnings.filterwarnings("ignore", message=".*insecure pickle")
         return load_learner(path, cpu=not torch.cuda.is_available())
+
+
+class _FastaiTextModel:
+    """A fastai text classifier export with the interface of every text model."""
+
+    def __init__(self, model_dir: str) -> None:
+        self._learn = load_text_learner(model_dir)  # names what is missing
+        self.info = read_labels(model_dir)
+
+    def probabilities(self, texts: list[str], batch_size: int = 64):
+        """See `text_probabilities`."""
+        return text_probabilities(self._learn, texts, batch_size)
+
+
+def is_text_model_folder(model_dir: str) -> bool:
+    """Whether a folder holds a trained text classifier of either trainer."""
+    from components.train_transformer.contract import is_transformer_folder
+
+    return os.path.isfile(os.path.join(model_dir, EXPORT_FILE)) or (
+        is_transformer_folder(model_dir) and os.path.isfile(os.path.join(model_dir, LABELS_FILE)))
+
+
+def load_text_model(model_dir: str):
+    """The text classifier of a model folder: the fastai trainer's or the transformer's.
+
+    Both answer the same way, so evaluation, prediction and serving read either.
+
+    Args:
+        model_dir: A training step's model output (local).
+
+    Returns:
+        An object with `info` (the folder's labels.json: labels, task, threshold,
+        thresholds, text_column) and `probabilities(texts, batch_size)` (sigmoid per
+        label for multi-label, softmax for single-label; texts cut by `clip_text`).
+
+    Raises:
+        FileNotFoundError: The folder holds neither kind of model.
+    """
+    from components.train_transformer.contract import is_transformer_folder, load_transformer_model
+
+    if is_transformer_folder(model_dir):
+        return load_transformer_model(model_dir)
+    return _FastaiTextModel(model_dir)
 
 
 def clip_text(text: str) -> str:

@@ -67,9 +67,9 @@ from components.common.fastai_text import (
     quiet,
 )
 from components.common.hypertune import TrialReporter
-from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
 from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
+from components.common.text_scores import per_label_summary, validation_result
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.train_text import schedule
 from components.train_text.assets import (
@@ -337,23 +337,6 @@ def _reset_folder(folder: str) -> None:
             os.remove(os.path.join(folder, name))
 
 
-def validation_scalars(result: dict[str, Any]) -> dict[str, float]:
-    """The console's training scalars from `train_text_classifier`'s result."""
-    fixed = result["fixed"]
-    if result["task"] == MULTI_LABEL:
-        scalars = {"valid_micro_f1": fixed["micro_f1"], "valid_macro_f1": fixed["macro_f1"],
-                   "valid_tuned_micro_f1": result["tuned"]["micro_f1"],
-                   "valid_tuned_macro_f1": result["tuned"]["macro_f1"]}
-    else:
-        scalars = {"valid_accuracy": fixed["accuracy"], "valid_macro_f1": fixed["macro_f1"]}
-    seconds = result["run"]["classifier_epoch_seconds"]
-    scalars["classifier_epochs"] = len(seconds)
-    scalars["classifier_restarts"] = len(result["run"].get("restarts", []))
-    if seconds:
-        scalars["classifier_epoch_seconds"] = sum(seconds) / len(seconds)
-    return {name: float(value) for name, value in scalars.items()}
-
-
 def train_text_classifier(
     dataset_dir: str,
     model_dir: str,
@@ -524,7 +507,7 @@ def train_text_classifier(
         probs, _ = learn.get_preds(ds_idx=1)
         probs = probs.float().cpu().numpy()
         truth = valid[labels].to_numpy()
-        result = _score(truth, probs, labels, task, config.threshold)
+        result = validation_result(truth, probs, labels, task, config.threshold)
         learn.export(os.path.abspath(os.path.join(model_dir, EXPORT_FILE)))
 
         n_params = sum(p.numel() for p in learn.model.parameters())
@@ -612,49 +595,6 @@ def _loss_and_metrics(task: str, threshold: float) -> tuple[Any, list]:
                 [partial(accuracy_multi, thresh=threshold),
                  F1ScoreMulti(thresh=threshold, average="macro")])
     return CrossEntropyLossFlat(), [accuracy, F1Score(average="macro")]
-
-
-def _score(truth: np.ndarray, probs: np.ndarray, labels: Sequence[str], task: str,
-           threshold: float) -> dict[str, Any]:
-    """Validation results: at the fixed threshold and, multi-label, at tuned thresholds."""
-    if task == MULTI_LABEL:
-        fixed = multi_label_metrics(truth, probs, labels, threshold)
-        tuned_thresholds = tune_thresholds(truth, probs)
-        tuned = multi_label_metrics(truth, probs, labels, tuned_thresholds)
-        return {"task": task, "labels": list(labels), "split": "validation", "threshold": threshold,
-                "fixed": fixed, "tuned": tuned,
-                "tuned_thresholds": dict(zip(labels, tuned_thresholds.tolist()))}
-    fixed = single_label_metrics(truth.argmax(axis=1), probs, labels)
-    return {"task": task, "labels": list(labels), "split": "validation", "threshold": None,
-            "fixed": fixed, "tuned": None, "tuned_thresholds": None}
-
-
-def per_label_summary(result: dict[str, Any]) -> dict[str, Any]:
-    """The per-label JSON: precision, recall, F1, accuracy and support of each label
-    at the fixed threshold, with the tuned threshold's figures beside them, plus
-    micro and macro F1 (single-label: per class, micro F1 = accuracy).
-    """
-    fixed, tuned = result["fixed"], result.get("tuned")
-    if result["task"] == MULTI_LABEL:
-        per = {}
-        for name, v in fixed["per_label"].items():
-            t = tuned["per_label"][name]
-            per[name] = {k: v[k] for k in ("precision", "recall", "f1", "accuracy", "support")}
-            per[name].update({"tuned_threshold": t["threshold"], "tuned_precision": t["precision"],
-                              "tuned_recall": t["recall"], "tuned_f1": t["f1"],
-                              "tuned_accuracy": t["accuracy"]})
-        return {"split": result["split"], "threshold": result["threshold"], "labels": per,
-                "micro_f1": fixed["micro_f1"], "macro_f1": fixed["macro_f1"],
-                "tuned_micro_f1": tuned["micro_f1"], "tuned_macro_f1": tuned["macro_f1"]}
-    matrix = np.asarray(fixed["confusion_matrix"]["matrix"])
-    n = matrix.sum()
-    per = {}
-    for i, (name, v) in enumerate(fixed["per_class"].items()):
-        tn = n - matrix[i].sum() - matrix[:, i].sum() + matrix[i, i]
-        per[name] = {k: v[k] for k in ("precision", "recall", "f1", "support")}
-        per[name]["accuracy"] = float((matrix[i, i] + tn) / n)
-    return {"split": result["split"], "threshold": None, "labels": per,
-            "micro_f1": fixed["accuracy"], "macro_f1": fixed["macro_f1"]}
 
 
 def _write_outputs(model_dir: str, result: dict[str, Any], labels: Sequence[str], task: str,

@@ -1,0 +1,93 @@
+"""The transformer trainer's contract: its settings and the model folder it writes.
+
+Model folder: the Hugging Face model and tokenizer as `save_pretrained` writes them
+(`config.json`, `model.safetensors`, `tokenizer.json`, ...), so `from_pretrained(folder)`
+loads it; `labels.json` (labels, task, thresholds, text column, `"framework":
+"transformers"`, `max_length`), `metrics.json` (validation scores and training history)
+and `per_label_metrics.json`, the same three files the fastai text trainer writes, so
+evaluation, prediction, serving and tracking read either. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+# The same file names as the fastai text trainer (train_text's contract), read the same way.
+LABELS_FILE = "labels.json"
+TRAINING_METRICS_FILE = "metrics.json"
+PER_LABEL_FILE = "per_label_metrics.json"
+# What `save_pretrained` writes and `from_pretrained` needs of a model folder.
+MODEL_CONFIG_FILE = "config.json"
+WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
+FRAMEWORK = "transformers"
+# The default encoder: multilingual (about 100 languages, the fastai trainer's fr default and
+# ja/ko/zh included, with no per-language tokenizer to pick) and the usual strong base-size
+# baseline for classification (Conneau et al. 2020, XNLI/MLQA). 278M parameters, 86M of
+# them outside the embeddings: one L4 or T4 fine-tunes it at 256 tokens, batch 16.
+DEFAULT_MODEL_NAME = "FacebookAI/xlm-roberta-base"
+# What `monitor` may name: the validation loss, or micro/macro F1 at the threshold.
+MONITORS = ("loss", "micro_f1", "macro_f1")
+
+
+class TransformerTrainingError(RuntimeError):
+    """Training cannot start as configured; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Settings of one fine-tuning run (see the component for each one's meaning)."""
+
+    model_name: str = DEFAULT_MODEL_NAME
+    epochs: int = 4
+    batch_size: int = 16
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    max_length: int = 256
+    threshold: float = 0.5
+    monitor: str = "loss"
+    early_stopping_patience: int = 2
+    mixed_precision: bool = True
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.model_name.strip():
+            problems.append("model_name must name a Hub model or a model folder")
+        for name in ("epochs", "batch_size", "max_length"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.early_stopping_patience < 0:
+            problems.append("early_stopping_patience must be >= 0 (0: no early stopping), "
+                            f"got {self.early_stopping_patience}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.warmup_ratio < 1:  # also refuses NaN
+            problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0 < self.threshold < 1:
+            problems.append(f"threshold must be in (0, 1), got {self.threshold}")
+        if self.monitor not in MONITORS:
+            problems.append(f"monitor must be one of {MONITORS}, got {self.monitor!r}")
+        if problems:
+            raise TransformerTrainingError("; ".join(problems))
+
+
+def is_transformer_folder(model_dir: str) -> bool:
+    """Whether a local folder holds a Hugging Face model (`config.json` and weights)."""
+    return os.path.isfile(os.path.join(model_dir, MODEL_CONFIG_FILE)) and any(
+        os.path.isfile(os.path.join(model_dir, name)) for name in WEIGHTS_FILES)
+
+
+def load_transformer_model(model_dir: str):
+    """The trained transformer classifier of a model folder, on a GPU when there is one.
+
+    Returns:
+        An object with `info` (labels.json) and `probabilities(texts, batch_size)`.
+    """
+    from components.train_transformer.inference import TransformerTextModel
+
+    return TransformerTextModel(model_dir)

@@ -1,0 +1,116 @@
+"""Where one training process stands in a PyTorch DDP job: read from what Vertex sets.
+
+Vertex runs the same container on every replica of a custom job. It sets `CLUSTER_SPEC`
+on each (cloud.google.com/vertex-ai/docs/training/distributed-training: `{"cluster":
+{"workerpool0": ["host:port"], "workerpool1": [...]}, "task": {"type": "workerpool1",
+"index": 0}}`), and for PyTorch also torchrun's variables `MASTER_ADDR`, `MASTER_PORT`,
+`WORLD_SIZE` (replicas) and `RANK` (this replica), as AI Platform documented for its
+PyTorch containers (cloud.google.com/ai-platform/training/docs/distributed-pytorch).
+Those are used when all four are there; otherwise they are derived from `CLUSTER_SPEC`
+the way Vertex orders replicas (workerpool0's primary is rank 0, then workerpool1's).
+
+Each replica runs one process per GPU (one on a CPU machine): process ranks are
+`node_rank * procs_per_node + local_rank`, and Hugging Face's `Trainer` joins the group
+from the torchrun variables that `process_environment` returns. Pure functions, so the
+choice is unit-tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+
+TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+_TRAINING_POOLS = ("workerpool0", "workerpool1")  # primary, then workers
+LOOPBACK = "127.0.0.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The machines of a job, as this replica sees them.
+
+    Attributes:
+        master_addr: Host of the rank 0 replica (the rendezvous).
+        master_port: Its port.
+        nodes: Replicas (machines) in the job.
+        node_rank: This replica's place among them, from 0.
+    """
+
+    master_addr: str
+    master_port: int
+    nodes: int
+    node_rank: int
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or not 0 <= self.node_rank < self.nodes:
+            raise ValueError(f"node_rank {self.node_rank} is not within {self.nodes} replica(s)")
+
+
+def _from_cluster_spec(text: str) -> Cluster | None:
+    try:
+        spec = json.loads(text)
+        cluster, task = spec["cluster"], spec["task"]
+        pools = [(name, list(cluster.get(name) or [])) for name in _TRAINING_POOLS]
+        index = int(task.get("index", 0))
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"CLUSTER_SPEC is not Vertex's cluster spec ({err}): {text[:200]}") \
+            from err
+    if cluster.get("workerpool2"):
+        raise ValueError("CLUSTER_SPEC has parameter servers or a reduction server "
+                         "(workerpool2): PyTorch DDP uses none; drop that worker pool")
+    hosts = [host for _, members in pools for host in members]
+    if len(hosts) < 2:
+        return None
+    offsets = {"workerpool0": 0, "workerpool1": len(pools[0][1])}
+    if task.get("type") not in offsets:
+        raise ValueError(f"CLUSTER_SPEC task type {task.get('type')!r} is not a training "
+                         f"replica ({', '.join(_TRAINING_POOLS)})")
+    addr, _, port = hosts[0].rpartition(":")
+    if not addr or not port.isdigit():
+        raise ValueError(f"CLUSTER_SPEC's primary replica {hosts[0]!r} is not host:port")
+    return Cluster(addr, int(port), len(hosts), offsets[task["type"]] + index)
+
+
+def cluster_from_environment(environ: Mapping[str, str]) -> Cluster | None:
+    """The job's replicas from the environment, or None for a single machine.
+
+    Args:
+        environ: The process environment (`os.environ`).
+
+    Raises:
+        ValueError: The variables are there but malformed, or name a cluster PyTorch DDP
+            cannot use; the message names the variable.
+    """
+    if all(environ.get(name) for name in TORCHRUN_VARIABLES):
+        try:
+            nodes, rank = int(environ["WORLD_SIZE"]), int(environ["RANK"])
+            port = int(environ["MASTER_PORT"])
+        except ValueError as err:
+            raise ValueError(f"WORLD_SIZE, RANK and MASTER_PORT must be integers: {err}") \
+                from err
+        return Cluster(environ["MASTER_ADDR"], port, nodes, rank) if nodes > 1 else None
+    if environ.get("CLUSTER_SPEC"):
+        return _from_cluster_spec(environ["CLUSTER_SPEC"])
+    return None
+
+
+def process_environment(cluster: Cluster, procs_per_node: int, local_rank: int
+                        ) -> dict[str, str]:
+    """torchrun's variables for one process of `cluster` (what `Trainer` reads).
+
+    Args:
+        cluster: The job's machines.
+        procs_per_node: Processes on each machine (its GPUs, or 1).
+        local_rank: This process's place on its machine (its GPU index).
+    """
+    if not 0 <= local_rank < procs_per_node:
+        raise ValueError(f"local_rank {local_rank} is not within {procs_per_node} process(es)")
+    return {
+        "MASTER_ADDR": cluster.master_addr,
+        "MASTER_PORT": str(cluster.master_port),
+        "WORLD_SIZE": str(cluster.nodes * procs_per_node),
+        "RANK": str(cluster.node_rank * procs_per_node + local_rank),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(procs_per_node),
+    }

@@ -1,0 +1,366 @@
+"""Fine-tunes a Hugging Face encoder on the text data step's split with `Trainer`.
+
+The whole model trains at a small rate (AdamW, linear warmup then decay), evaluated each
+epoch on the validation split; the best epoch (by `monitor`) is kept, training stops after
+`early_stopping_patience` epochs without improvement. Every epoch is a full checkpoint
+(model, optimizer, scheduler, RNG) in the checkpoint folder, so a job restarted after
+preemption resumes from its last epoch. Under DDP each process runs this function with
+torchrun's variables set (`distributed.process_environment`); `Trainer` joins the group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from components.common.hypertune import TrialReporter
+from components.common.metrics import multi_label_metrics, single_label_metrics
+from components.common.precision import BF16, FP16, choose_precision
+from components.common.storage import TMP_PREFIX, filesystem, run_folder, write_json_atomically
+from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
+from components.common.text_scores import per_label_summary, validation_result
+from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
+from components.train_text.contract import MAX_TEXT_CHARS, clip_text
+from components.train_transformer.contract import (
+    FRAMEWORK,
+    LABELS_FILE,
+    PER_LABEL_FILE,
+    TRAINING_METRICS_FILE,
+    TransformerConfig,
+    TransformerTrainingError,
+)
+from components.train_transformer.inference import import_transformers
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"  # the fingerprint of the run a checkpoint folder belongs to
+CLASSIFIER = "classifier"  # the history rows' model, as the fastai trainer's
+
+
+def checkpoint_folder(model_dir: str, environ=None) -> str:
+    """Under `AIP_CHECKPOINT_DIR` in this task's folder, else `<model_dir>/checkpoints`."""
+    return run_folder("AIP_CHECKPOINT_DIR", model_dir, os.path.join(model_dir, "checkpoints"),
+                      environ)
+
+
+def model_source(model_name: str, scratch: str) -> str:
+    """What `from_pretrained` is given for `model_name`: a local folder, or a Hub name.
+
+    A gs:// folder is copied into `scratch` first; a local path must exist.
+
+    Raises:
+        TransformerTrainingError: A path (local or gs://) with no model in it.
+    """
+    name = model_name.strip()
+    if name.startswith("gs://"):
+        fs, root = filesystem(name)
+        if not fs.isfile(root.rstrip("/") + "/config.json"):
+            raise TransformerTrainingError(f"model_name {name!r} has no config.json: give a "
+                                           "folder written by save_pretrained")
+        local = os.path.join(scratch, "model")
+        fs.get(root.rstrip("/") + "/", local + "/", recursive=True)
+        return local
+    if os.path.isabs(name) or name.startswith(".") or os.path.exists(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise TransformerTrainingError(f"model_name {name!r} is not a model folder (no "
+                                           "config.json in it): give a folder written by "
+                                           "save_pretrained, or a Hub model name")
+        return name
+    return name  # a Hub name, e.g. FacebookAI/xlm-roberta-base
+
+
+def run_fingerprint(config: TransformerConfig, manifest: dict[str, Any], model_dir: str) -> str:
+    """What defines a run: a checkpoint folder of another run is refused, not resumed."""
+    text = json.dumps({"config": dataclasses.asdict(config), "data": manifest.get("source"),
+                       "labels": manifest["labels"], "model_dir": os.path.abspath(model_dir)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def claim_checkpoints(folder: str, fingerprint: str) -> str | None:
+    """The last checkpoint of this run in `folder` to resume from, or None to start.
+
+    Raises:
+        TransformerTrainingError: The folder holds another run's checkpoints.
+    """
+    path = os.path.join(folder, RUN_FILE)
+    if os.path.exists(path):
+        with open(path) as f:
+            if json.load(f).get("fingerprint") != fingerprint:
+                raise TransformerTrainingError(
+                    f"checkpoint folder {folder!r} holds the checkpoints of a different run "
+                    "(other settings, data or model folder); resuming them would mix the two. "
+                    "Use another checkpoint folder or delete that one.")
+        from transformers.trainer_utils import get_last_checkpoint
+
+        return get_last_checkpoint(folder)
+    return None
+
+
+def epoch_history(log_history: Sequence[dict[str, Any]], multi: bool) -> list[dict[str, Any]]:
+    """One row per evaluated epoch from `Trainer.state.log_history`, in the fastai
+    trainer's field names (so reports and tracking read both).
+
+    Rows: `model`, `stage`, `epoch`, `train_loss`, `valid_loss`, `micro_f1`,
+    `f1_score` (macro F1), `accuracy_multi` or `accuracy`, `seconds`.
+    """
+    by_epoch: dict[int, dict[str, Any]] = {}
+    for entry in log_history:
+        if "epoch" not in entry:
+            continue
+        epoch = int(round(entry["epoch"]))
+        row = by_epoch.setdefault(epoch, {"model": CLASSIFIER, "stage": 0, "epoch": epoch})
+        if "loss" in entry:
+            row["train_loss"] = float(entry["loss"])
+        if "eval_loss" in entry:
+            row["valid_loss"] = float(entry["eval_loss"])
+            row["micro_f1"] = float(entry["eval_micro_f1"])
+            row["f1_score"] = float(entry["eval_macro_f1"])
+            row["accuracy_multi" if multi else "accuracy"] = float(entry["eval_accuracy"])
+        if "epoch_seconds" in entry:
+            row["seconds"] = float(entry["epoch_seconds"])
+    return [by_epoch[e] for e in sorted(by_epoch) if "valid_loss" in by_epoch[e]]
+
+
+def _probabilities(logits: np.ndarray, multi: bool) -> np.ndarray:
+    logits = logits.astype(np.float64)
+    if multi:
+        return 1.0 / (1.0 + np.exp(-logits))
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def _scores(probs: np.ndarray, truth: np.ndarray, labels: Sequence[str], multi: bool,
+            threshold: float) -> dict[str, float]:
+    """micro/macro F1 and accuracy of one evaluation (what `monitor` may name)."""
+    if multi:
+        result = multi_label_metrics(truth, probs, labels, threshold)
+        accuracy = 1.0 - result["hamming_loss"]  # fastai's accuracy_multi
+    else:
+        result = single_label_metrics(truth.astype(int), probs, labels)
+        accuracy = result["accuracy"]
+    return {"micro_f1": float(result["micro_f1"]), "macro_f1": float(result["macro_f1"]),
+            "accuracy": float(accuracy)}
+
+
+class _Encoded:
+    """Tokenized texts and their labels, as `Trainer` reads a dataset (a torch Dataset)."""
+
+    def __init__(self, encodings: dict[str, list], labels: np.ndarray):
+        self.encodings, self.labels = encodings, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = {name: values[i] for name, values in self.encodings.items()}
+        item["labels"] = self.labels[i]
+        return item
+
+
+def _encode(tokenizer, texts: Sequence[str], labels: np.ndarray, max_length: int) -> _Encoded:
+    encodings = tokenizer([clip_text(t) for t in texts], truncation=True,
+                          max_length=max_length)
+    return _Encoded(dict(encodings), labels)
+
+
+def _epoch_callback(transformers, scalars: ScalarLog, reporter: TrialReporter, multi: bool):
+    """Times each epoch into the log history and writes its point once evaluated."""
+
+    class EpochEnd(transformers.TrainerCallback):
+        started = None
+
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            self.started = time.monotonic()
+
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            seconds = time.monotonic() - (self.started or time.monotonic())
+            # Into the history the checkpoint saves next: a resumed run keeps every epoch's.
+            state.log_history.append({"epoch": state.epoch, "epoch_seconds": round(seconds, 3),
+                                      "step": state.global_step})
+            if not state.is_world_process_zero:
+                return
+            row = epoch_history(state.log_history, multi)[-1]
+            log.info("epoch %d: %s", row["epoch"], {k: round(v, 4) for k, v in row.items()
+                                                    if isinstance(v, float)})
+            scalars.write(epoch_scalars(CLASSIFIER, row), row["epoch"])
+            reporter.report(row, row["epoch"])
+
+    return EpochEnd()
+
+
+def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfig, *,
+                      tensorboard_folder: str | None = None, hypertune_metric: str | None = None,
+                      checkpoints: str | None = None) -> dict[str, Any]:
+    """Fine-tunes `config.model_name` on a prepared text dataset and writes the model folder.
+
+    Args:
+        dataset_dir: The text preparation step's folder (train/validation CSVs, manifest).
+        model_dir: Output folder (see the contract); written by the rank 0 process only.
+        config: The run's settings.
+        tensorboard_folder: Explicit TensorBoard folder; None: `AIP_TENSORBOARD_LOG_DIR`'s
+            task folder, else no logs.
+        hypertune_metric: History field reported to Vertex's tuning service each epoch.
+        checkpoints: Checkpoint folder; None: `checkpoint_folder(model_dir)`.
+
+    Returns:
+        The validation result (`text_scores.validation_result`) plus `history`, `best`,
+        `run` and `config`, as written to `metrics.json`.
+    """
+    import torch
+
+    transformers = import_transformers()
+    started = time.monotonic()
+    manifest = read_manifest(dataset_dir)
+    labels, task, text_column = manifest["labels"], manifest["task"], manifest["text_column"]
+    multi = task == MULTI_LABEL
+    train, valid = read_split(dataset_dir, "train"), read_split(dataset_dir, "validation")
+    for name, frame in (("train", train), ("validation", valid)):
+        if frame.empty:
+            raise TransformerTrainingError(f"the {name} split of {dataset_dir} has no rows; "
+                                           "give the preparation step more data")
+    folder = checkpoints or checkpoint_folder(model_dir)
+    fingerprint = run_fingerprint(config, manifest, model_dir)
+    resume_from = claim_checkpoints(folder, fingerprint)
+    os.makedirs(folder, exist_ok=True)
+    write_json_atomically(os.path.join(folder, RUN_FILE), {"fingerprint": fingerprint})
+
+    cuda = torch.cuda.is_available()
+    precision = choose_precision(config.mixed_precision, cuda,
+                                 torch.cuda.get_device_capability() if cuda else None)
+    transformers.set_seed(config.seed)
+    scratch = tempfile.mkdtemp(prefix=TMP_PREFIX)
+    scalars = ScalarLog(log_folder(model_dir, tensorboard_folder))
+    try:
+        source = model_source(config.model_name, scratch)
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+            model = transformers.AutoModelForSequenceClassification.from_pretrained(
+                source, num_labels=len(labels),
+                problem_type="multi_label_classification" if multi
+                else "single_label_classification",
+                id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)},
+                ignore_mismatched_sizes=True)  # the head is new: sized for these labels
+        except OSError as err:
+            raise TransformerTrainingError(
+                f"cannot load model_name {config.model_name!r}: {err}. Give a Hub name this "
+                "job can download, or a folder (gs:// or local) written by save_pretrained"
+            ) from err
+        truth_train = train[labels].to_numpy()
+        truth_valid = valid[labels].to_numpy()
+        targets = (lambda t: t.astype(np.float32)) if multi else (lambda t: t.argmax(axis=1))
+        train_set = _encode(tokenizer, train[text_column].tolist(), targets(truth_train),
+                            config.max_length)
+        valid_set = _encode(tokenizer, valid[text_column].tolist(), targets(truth_valid),
+                            config.max_length)
+        truncated = int(sum(len(t) > MAX_TEXT_CHARS for t in train[text_column]))
+
+        def compute_metrics(prediction) -> dict[str, float]:
+            probs = _probabilities(np.asarray(prediction.predictions), multi)
+            gold = np.asarray(prediction.label_ids)
+            return _scores(probs, gold, labels, multi, config.threshold)
+
+        monitor = "eval_loss" if config.monitor == "loss" else f"eval_{config.monitor}"
+        args = transformers.TrainingArguments(
+            output_dir=folder, num_train_epochs=config.epochs,
+            per_device_train_batch_size=config.batch_size,
+            per_device_eval_batch_size=config.batch_size * 2,
+            learning_rate=config.learning_rate, weight_decay=config.weight_decay,
+            warmup_steps=config.warmup_ratio, lr_scheduler_type="linear",
+            eval_strategy="epoch", save_strategy="epoch", logging_strategy="epoch",
+            save_total_limit=2, load_best_model_at_end=True, metric_for_best_model=monitor,
+            greater_is_better=config.monitor != "loss", bf16=precision == BF16,
+            fp16=precision == FP16, use_cpu=not cuda, seed=config.seed, data_seed=config.seed,
+            report_to="none", disable_tqdm=True, dataloader_num_workers=0)
+        callbacks = [_epoch_callback(transformers, scalars, TrialReporter(hypertune_metric),
+                                     multi)]
+        if config.early_stopping_patience:
+            callbacks.append(transformers.EarlyStoppingCallback(config.early_stopping_patience))
+        trainer = transformers.Trainer(
+            model=model, args=args, train_dataset=train_set, eval_dataset=valid_set,
+            processing_class=tokenizer, compute_metrics=compute_metrics, callbacks=callbacks,
+            data_collator=transformers.DataCollatorWithPadding(tokenizer))
+        if resume_from:
+            log.info("resuming from %s", resume_from)
+        trainer.train(resume_from_checkpoint=resume_from)
+        # Every process takes part (the predictions are gathered across them).
+        probs = _probabilities(trainer.predict(valid_set).predictions, multi)
+        world_size = int(trainer.args.world_size)
+        result = validation_result(truth_valid, probs, labels, task, config.threshold)
+        history = epoch_history(trainer.state.log_history, multi)
+        best_checkpoint = trainer.state.best_model_checkpoint
+        result.update({
+            "history": history,
+            "best": {"monitor": config.monitor, "value": trainer.state.best_metric,
+                     "epoch": _checkpoint_epoch(best_checkpoint, history,
+                                                trainer.state.global_step)},
+            "run": {
+                "rows": {"train": len(train), "validation": len(valid)},
+                "texts_truncated": truncated,
+                "max_text_chars": MAX_TEXT_CHARS,
+                "train_tokens": int(sum(len(ids) for ids in train_set.encodings["input_ids"])),
+                "parameters": int(sum(p.numel() for p in model.parameters())),
+                "arch": type(model).__name__,
+                "model_name": config.model_name,
+                "precision": precision,
+                "device": str(trainer.args.device),
+                "world_size": world_size,
+                "resumed_from": resume_from,
+                "classifier_epoch_seconds": [r.get("seconds") for r in history],
+                "stopped_early": len(history) < config.epochs,
+                "seconds": round(time.monotonic() - started, 3),
+            },
+            "config": dataclasses.asdict(config),
+        })
+        trainer.save_model(model_dir)  # model and tokenizer; the main process only
+        if trainer.is_world_process_zero():
+            _write_outputs(model_dir, result, labels, task, text_column, config)
+    finally:
+        scalars.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    if checkpoints is None and os.path.abspath(folder) == \
+            os.path.abspath(os.path.join(model_dir, "checkpoints")) and \
+            int(os.environ.get("RANK", "0")) == 0:
+        # Under the model output they would ship with the model; they served their purpose.
+        shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+def _checkpoint_epoch(checkpoint: str | None, history: list[dict[str, Any]],
+                      steps: int) -> int | None:
+    """The epoch of the best checkpoint (`checkpoint-<step>`), from the steps per epoch."""
+    if not checkpoint or not history:
+        return None
+    step = int(os.path.basename(checkpoint).rsplit("-", 1)[-1])
+    per_epoch = steps / max(1, history[-1]["epoch"])
+    return int(round(step / per_epoch)) if per_epoch else None
+
+
+def _write_outputs(model_dir: str, result: dict[str, Any], labels: Sequence[str], task: str,
+                   text_column: str, config: TransformerConfig) -> None:
+    def dump(name: str, value: Any) -> None:
+        write_json_atomically(os.path.join(model_dir, name), value, sort_keys=False)
+
+    dump(LABELS_FILE, {
+        "labels": list(labels),
+        "task": task,
+        "threshold": config.threshold if task == MULTI_LABEL else None,
+        "thresholds": result["tuned_thresholds"],
+        "text_column": text_column,
+        "framework": FRAMEWORK,
+        "arch": result["run"]["arch"],
+        "model_name": config.model_name,
+        "max_length": config.max_length,
+    })
+    dump(TRAINING_METRICS_FILE, result)
+    dump(PER_LABEL_FILE, per_label_summary(result))
