@@ -101,9 +101,9 @@ def test_cli_serves_text_models_only(tmp_path, monkeypatch, capsys):
 
 # ------------------------------------------------------------------ a real server
 
-@pytest.fixture(scope="module")
-def text_model(tmp_path_factory):
-    """A tiny multi-label model whose training text column is "avis"."""
+@pytest.fixture(scope="module", params=["fastai", "transformer"])
+def text_model(request, tmp_path_factory):
+    """A tiny multi-label model of each text trainer whose training text column is "avis"."""
     from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
     from components.train_text.contract import TrainConfig
     from components.train_text.training import train_text_classifier
@@ -116,11 +116,20 @@ def text_model(tmp_path_factory):
     frame.to_csv(root / "reviews.csv", index=False)
     prepare_text_dataset(str(root / "reviews.csv"), str(root / "dataset"),
                          PrepareConfig(text_column="avis"))
-    config = TrainConfig(pretrained=False, lm_epochs=0, epochs=1, model_config=TINY,
-                         learning_rate=1e-2, **FAST)  # a given rate: no lr_find
     with pytest.MonkeyPatch.context() as patch:  # checkpoints beside the model, not Vertex's
         patch.delenv("AIP_CHECKPOINT_DIR", raising=False)
-        train_text_classifier(str(root / "dataset"), str(root / "model"), config)
+        if request.param == "transformer":
+            from components.train_transformer.contract import TransformerConfig
+            from components.train_transformer.tiny import write_tiny_model
+            from components.train_transformer.training import train_transformer
+
+            write_tiny_model(frame["avis"], str(root / "tiny"), hidden_size=32)
+            train_transformer(str(root / "dataset"), str(root / "model"), TransformerConfig(
+                model_name=str(root / "tiny"), epochs=1, batch_size=8, learning_rate=1e-3))
+        else:
+            config = TrainConfig(pretrained=False, lm_epochs=0, epochs=1, model_config=TINY,
+                                 learning_rate=1e-2, **FAST)  # a given rate: no lr_find
+            train_text_classifier(str(root / "dataset"), str(root / "model"), config)
     return str(root / "model")
 
 
@@ -239,13 +248,13 @@ def test_other_paths_and_methods_answer_json(server):
 @pytest.mark.slow
 def test_cli_as_vertex_runs_it_with_the_model_on_gcs(text_model, gcs, tmp_path):
     """`python -m pipelines.serve` with only Vertex's variables: port, routes, gs:// model."""
-    bucket = gcs.create_bucket("models")
+    bucket = gcs.create_bucket(f"models-{os.path.basename(os.path.dirname(text_model))}")
     for name in os.listdir(text_model):
         bucket.blob(f"text/{name}").upload_from_filename(os.path.join(text_model, name))
     port = free_port()
     route = "/v1/endpoints/1/deployedModels/2:predict"
     aip = {"AIP_HTTP_PORT": str(port), "AIP_HEALTH_ROUTE": "/v1/health",
-           "AIP_PREDICT_ROUTE": route, "AIP_STORAGE_URI": "gs://models/text"}
+           "AIP_PREDICT_ROUTE": route, "AIP_STORAGE_URI": f"gs://{bucket.name}/text"}
     log = str(tmp_path / "serve.log")
     with served_as_on_vertex(aip, log) as address:
         status, answer = http_json(address, "POST", route,
