@@ -276,3 +276,17 @@ def test_the_tiny_model_command_writes_a_folder_the_trainer_takes(tmp_path, caps
                                   "--text-column", "body", "--hidden-size", "16"]) == 0
     assert "learnt from 2 texts" in capsys.readouterr().out
     assert model_source(str(tmp_path / "m"), str(tmp_path)) == str(tmp_path / "m")
+
+
+@pytest.mark.slow
+def test_a_machine_with_two_devices_spawns_one_process_each(dataset, tmp_path, monkeypatch):
+    """The several-GPU path, run on CPU: `gpus=2` spawns two processes on loopback (gloo);
+    rank 0 writes the model and the result both trained."""
+    from components.train_transformer.launch import train
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = TransformerConfig(model_name=dataset["tiny"], epochs=1, **FAST)
+    result = train(dataset["dataset"], str(tmp_path / "model"), config, gpus=2)
+    assert result["run"]["world_size"] == 2
+    assert [row["epoch"] for row in result["history"]] == [1]
+    assert load_text_model(str(tmp_path / "model")).info["framework"] == "transformers"
