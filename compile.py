@@ -5,10 +5,11 @@
                       [--tune-trials N] [--tune-parallel-trials N] [--image-search-space FILE]
 
 Images are `<registry>/<runtime>:<tag>` unless given whole with `--image RUNTIME=URI`.
-Besides the image, text and language-model pipelines it writes their tuning variants
-(`image_tuning_pipeline.json`, `text_tuning_pipeline.json`): a Vertex hyperparameter
-tuning job over the trainer, then training with the best trial's values; the search space
-and trial counts are compile-time options, and the cost per trial-hour is printed.
+Besides the image, text, transformer and language-model pipelines it writes their tuning
+variants (`image_tuning_pipeline.json`, `text_tuning_pipeline.json`,
+`transformer_tuning_pipeline.json`): a Vertex hyperparameter tuning job over the trainer,
+then training with the best trial's values; the search space and trial counts are
+compile-time options, and the cost per trial-hour is printed.
 Machine settings are compile-time options: Vertex bakes them into each step's
 `worker_pool_specs`, pipeline parameters cannot change them at run time.
 `--config FILE` reads a JSON object whose keys are these options' names
@@ -30,11 +31,14 @@ from importlib.metadata import version
 from kfp import compiler
 
 from components.tune.contract import SearchSpaceError, read_space
-from pipelines import image, lm, text, tuning
+from pipelines import image, lm, text, transformer, tuning
 from pipelines.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
 
 PLACEHOLDER_REGISTRY = "us-central1-docker.pkg.dev/your-project/vertex-gpu-pipelines"
 RUNTIMES = ("tensorflow", "fastai")
+# Pipeline kinds with a tuning variant, and the machine table's step their trials run on.
+TUNED_KINDS = {"image": "train_image", "text": "train_text",
+               "transformer": transformer.MACHINE}
 # A Vertex AI TensorBoard instance: project id or number, region, numeric instance id.
 TENSORBOARD_NAME = re.compile(r"^projects/[a-z0-9][a-z0-9.:-]*/locations/[a-z]+-[a-z]+[0-9]+/"
                               r"tensorboards/[0-9]+$")
@@ -88,7 +92,7 @@ def parser() -> argparse.ArgumentParser:
                    help="failed trials that fail the job; 0 lets Vertex decide")
     t.add_argument("--tune-algorithm", default="ALGORITHM_UNSPECIFIED",
                    help=f"one of {', '.join(tuning.ALGORITHMS)} (unspecified: Bayesian)")
-    for kind in ("image", "text"):
+    for kind in TUNED_KINDS:
         t.add_argument(f"--{kind}-search-space", default="", metavar="FILE",
                        help=f"JSON search space of the {kind} trainer (default: "
                             "components/tune/contract.py DEFAULT_SPACES)")
@@ -218,7 +222,7 @@ def tuning_settings(args: argparse.Namespace) -> tuning.TuningSettings:
     """The tuning variants' settings; exits naming the option or file at fault."""
     try:
         spaces = {kind: read_space(kind, getattr(args, f"{kind}_search_space") or None)
-                  for kind in ("image", "text")}
+                  for kind in TUNED_KINDS}
     except (SearchSpaceError, OSError) as err:
         raise SystemExit(f"error: {err}") from err
     settings = tuning.TuningSettings(
@@ -242,6 +246,8 @@ def compile_all(args: argparse.Namespace) -> list[str]:
         "lm_pipeline": lm.build(uris["fastai"], settings),
         "image_tuning_pipeline": image.build(uris["tensorflow"], settings, tune),
         "text_tuning_pipeline": text.build(uris["fastai"], settings, tune),
+        "transformer_pipeline": transformer.build(uris["fastai"], settings),
+        "transformer_tuning_pipeline": transformer.build(uris["fastai"], settings, tune),
     }
     written = []
     for name, pipeline in pipelines.items():
@@ -270,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in compile_all(args):
         print(path)
     tune = tuning_settings(args)
-    for kind, step in (("image", "train_image"), ("text", "train_text")):
+    for kind, step in TUNED_KINDS.items():
         print(tuning.cost_warning(kind, tune, vertex_settings(args).machines[step]),
               file=sys.stderr)
     return 0

@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipelines import image, lm, text
+from pipelines import image, lm, text, transformer
 
-BUILDERS: Mapping[str, Callable] = {"image": image.build, "text": text.build, "lm": lm.build}
+BUILDERS: Mapping[str, Callable] = {"image": image.build, "text": text.build, "lm": lm.build,
+                                    "transformer": transformer.build}
 # The parameter a run's input fills (`--data` of run_local).
 DATA_PARAMETERS: Mapping[str, str] = {"image": "data_uri", "text": "data_uri",
-                                      "lm": "corpus_uri"}
+                                      "lm": "corpus_uri", "transformer": "data_uri"}
 
 
 def _summarize_lm(outputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -20,9 +21,11 @@ def _summarize_lm(outputs: Mapping[str, Any]) -> dict[str, Any]:
 
 # A run's outputs (artifacts by name) -> its summary.json, by kind.
 SUMMARIES: Mapping[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-    "image": image.summarize, "text": text.summarize_run, "lm": _summarize_lm}
+    "image": image.summarize, "text": text.summarize_run, "lm": _summarize_lm,
+    "transformer": transformer.summarize_run}
 # The same by the compiled pipeline's name (pipelineInfo.name), tuning variants included.
 SUMMARIES_BY_NAME = {
     image.PIPELINE_NAME: image.summarize, image.TUNING_PIPELINE_NAME: image.summarize,
     text.PIPELINE_NAME: text.summarize_run, text.TUNING_PIPELINE_NAME: text.summarize_run,
-    lm.PIPELINE_NAME: _summarize_lm}
+    lm.PIPELINE_NAME: _summarize_lm, transformer.PIPELINE_NAME: transformer.summarize_run,
+    transformer.TUNING_PIPELINE_NAME: transformer.summarize_run}

@@ -39,7 +39,7 @@ def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, 
     """Runs pipeline `kind` locally and writes `<output>/summary.json`.
 
     Args:
-        kind: "image", "text" or "lm".
+        kind: A key of `pipelines.catalogue.BUILDERS` ("image", "text", "lm", "transformer").
         data: Input folder, file or gs:// URI.
         output: Local folder for the run's outputs.
         params: Pipeline parameters other than the data URI.

@@ -79,7 +79,8 @@ GCPC_LAUNCHER_PREFIX = "google_cloud_pipeline_components.container."
 REGISTRY_LOOKUP = "find_registered_model"
 # Our best-trial steps (components.tune.component) read the tuning job from Vertex: the
 # rehearsal runs their selection code on the job it rehearsed instead.
-BEST_TRIAL_STEPS = {"best_image_trial": "image", "best_text_trial": "text"}
+BEST_TRIAL_STEPS = {"best_image_trial": "image", "best_text_trial": "text",
+                    "best_transformer_trial": "transformer"}
 RUNTIMES = ("local", "image")
 GCS_MOUNT = "/gcs"
 BUILDAH = ("buildah", "--storage-driver", "vfs")

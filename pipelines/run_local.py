@@ -6,8 +6,10 @@
         [--<param> <value> ...]
     python -m pipelines.run_local lm --data <corpus folder, .txt or .csv> --output <dir> \
         --lang <lang> [--epochs N ...]
-    python -m pipelines.run_local tune image|text --data ... --output <dir> --trials N \
-        [--space <search space .json>] [--search-seed N] [--<param> <value> ...]
+    python -m pipelines.run_local transformer --data <csv or gs://...> --output <dir> \
+        [--model-name <Hub name or model folder> --epochs N ...]
+    python -m pipelines.run_local tune image|text|transformer --data ... --output <dir> \
+        --trials N [--space <search space .json>] [--search-seed N] [--<param> <value> ...]
 
 Each pipeline parameter is a flag (`image_size` -> `--image-size`). Steps run as
 subprocesses of this Python (no containers); outputs land under `<output>/kfp/`, and
@@ -79,7 +81,7 @@ def report_failure(failed: StepFailed) -> int:
 
 
 def tune_main(argv: list[str]) -> int:
-    """`tune image|text ...`: the local hyperparameter search."""
+    """`tune image|text|transformer ...`: the local hyperparameter search."""
     from components.tune.contract import TUNABLE, SearchSpaceError, read_space
     from pipelines import tune_local
 
@@ -126,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         return tune_main(argv[1:])
     if not argv or argv[0] not in PIPELINES:
         print(__doc__.strip(), file=sys.stderr)
-        print(f"\npipelines: {', '.join(PIPELINES)}; tune: image, text", file=sys.stderr)
+        from components.tune.contract import TUNABLE
+
+        print(f"\npipelines: {', '.join(PIPELINES)}; tune: {', '.join(TUNABLE)}",
+              file=sys.stderr)
         return 2
     kind = argv[0]
     args = vars(pipeline_parser(kind, PIPELINES[kind](LOCAL_IMAGE)).parse_args(argv[1:]))

@@ -61,22 +61,15 @@ def build(image: str, vertex: "VertexSettings | None" = None,
     if tune is not None and vertex is None:
         raise ValueError("the tuning variant runs on Vertex: give vertex settings")
     preflight_op = preflight_component.build_text(image)
-    prepare_op = prepare_component.build(image)
     train_op = train_component.build(image)
-    evaluate_op = evaluate_component.build(image)
-    gate_op = register_component.build_gate(image)
-    predict_op = predict_component.build(image)
-    track_op = track_component.build_classifier(image)
     if tune is not None:
         tune_op = tuning.as_tuning_job(train_op, "text", tune.spaces["text"], tune, vertex,
                                        vertex.machines["train_text"], "tune-text")
         best_op = tune_component.build_best_trial("text", image)
     if vertex is not None:
         # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
-        prepare_op = vertex.wrap(prepare_op, "prepare_text", "prepare-text")
         train_op = vertex.wrap(train_op, "train_text", "train-text")
-        evaluate_op = vertex.wrap(evaluate_op, "evaluate_text", "evaluate-text")
-        predict_op = vertex.wrap(predict_op, "predict_text", "predict-texts")
+    prepare_op, ops = shared_ops(image, vertex)
 
     # The jobs' account is a run-time choice (GCPC passes it as a parameter of the job);
     # its default is compile.py's --service-account.
@@ -172,14 +165,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
                                     if name in preflight_op.component_spec.inputs})
         preflight.set_display_name("preflight").set_caching_options(False)
         job = {"service_account": job_service_account} if vertex is not None else {}
-        prepare = prepare_op(
-            data_uri=data_uri, data_fingerprint=preflight.outputs["data_fingerprint"],
-            text_column=text_column,
-            label_columns=label_columns,
-            label_delimiter=label_delimiter, other_label=other_label,
-            validation_fraction=validation_fraction, test_fraction=test_fraction, seed=seed,
-            **job,
-        ).set_display_name("prepare-text")
+        prepare = prepare_task(prepare_op, preflight, job, locals())
         training = dict(
             dataset=prepare.outputs["dataset"], lm_assets_uri=lm_assets,
             lm_assets_fingerprint=preflight.outputs["lm_assets_fingerprint"], lang=lang,
@@ -192,49 +178,123 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         if tune is not None:
             training = tuning.searched(tune_op, best_op, "text", training, job, "tune-text")
         train = train_op(**training, **job).set_display_name("train-text")
-        evaluate = evaluate_op(
-            model=train.outputs["model"], dataset=prepare.outputs["dataset"], split=eval_split,
-            batch_size=eval_batch_size, **job,
-        ).set_display_name("evaluate-text")
-        gate = gate_op(
-            evaluation=evaluate.outputs["evaluation"], metric=registration_metric,
-            threshold=registration_threshold, enabled=register_model,
-            beat_baselines=registration_beats_baselines,
-        ).set_display_name("registration-gate")
-        if vertex is not None:
-            registry.add_upload(image, gate, train.outputs["model"], model_display_name, image,
-                                vertex.encryption_spec_key_name, subdir=".",
-                                port=SERVING_PORT, **SERVING_ROUTES)
-        with dsl.If(predict_uri != "", name="prediction-requested"):
-            predict_op(
-                model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
-                data_fingerprint=preflight.outputs["predict_fingerprint"], **job,
-            ).set_display_name("predict")
-        with dsl.If(tracking_uri != "", name="tracking-requested"):
-            # The run is named after the pipeline run; never cached: a re-run logs again.
-            track_op(
-                model=train.outputs["model"], evaluation=evaluate.outputs["evaluation"],
-                tracking_uri=tracking_uri, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-                experiment=PIPELINE_NAME, kind="text",
-            ).set_display_name("track-run").set_caching_options(False)
-        return Outputs(metrics=evaluate.outputs["metrics"], report=evaluate.outputs["report"],
-                       evaluation=evaluate.outputs["evaluation"], model=train.outputs["model"],
-                       dataset=prepare.outputs["dataset"], register=gate.outputs["Output"])
+        return after_training(ops, image, vertex, preflight, prepare, train, job,
+                              PIPELINE_NAME, locals())
 
     return text_pipeline
 
 
-def summarize_run(outputs: Mapping[str, Any]) -> dict[str, Any]:
+class StepOps(NamedTuple):
+    """The components of the steps after training, as `build` made them."""
+
+    evaluate: Any
+    gate: Any
+    predict: Any
+    track: Any
+
+
+def shared_ops(image: str, vertex: "VertexSettings | None"):
+    """The components every text pipeline shares: preparation and those of `after_training`,
+    made as Vertex jobs on their machines when `vertex` is given.
+
+    Returns:
+        (the preparation component, `StepOps`).
+    """
+    prepare_op = prepare_component.build(image)
+    evaluate_op = evaluate_component.build(image)
+    predict_op = predict_component.build(image)
+    if vertex is not None:
+        # Wrapped before a pipeline body uses them (kubeflow/pipelines#9320).
+        prepare_op = vertex.wrap(prepare_op, "prepare_text", "prepare-text")
+        evaluate_op = vertex.wrap(evaluate_op, "evaluate_text", "evaluate-text")
+        predict_op = vertex.wrap(predict_op, "predict_text", "predict-texts")
+    return prepare_op, StepOps(evaluate_op, register_component.build_gate(image), predict_op,
+                               track_component.build_classifier(image))
+
+
+def prepare_task(prepare_op, preflight, job: Mapping[str, Any], params: Mapping[str, Any]):
+    """The preparation step of a text pipeline, inside its `@dsl.pipeline` body.
+
+    Args:
+        prepare_op: The (wrapped) preparation component.
+        preflight: The preflight task (its `data_fingerprint` keys the cache).
+        job: The custom-job settings every job of the run takes (its service account).
+        params: The pipeline body's `locals()`: its parameters by name.
+    """
+    names = ("data_uri", "text_column", "label_columns", "label_delimiter", "other_label",
+             "validation_fraction", "test_fraction", "seed")
+    return prepare_op(
+        data_fingerprint=preflight.outputs["data_fingerprint"],
+        **{name: params[name] for name in names}, **job,
+    ).set_display_name("prepare-text")
+
+
+def after_training(ops: StepOps, image: str, vertex: "VertexSettings | None", preflight,
+                   prepare, train, job: Mapping[str, Any], experiment: str,
+                   params: Mapping[str, Any]) -> Outputs:
+    """The steps every text pipeline runs on its trained model, inside its pipeline body:
+    evaluation, the registration gate, the Model Registry upload (Vertex only; served by
+    `image`'s server), prediction when `predict_uri` is set, tracking when `tracking_uri` is.
+
+    Args:
+        ops: The components (prediction and evaluation wrapped as Vertex jobs there).
+        image: The image that serves the model.
+        vertex: The Vertex settings; None for the local variant.
+        preflight: The preflight task (its `predict_fingerprint`).
+        prepare: The preparation task (its `dataset`).
+        train: The training task (its `model`, any text trainer's).
+        job: The custom-job settings every job of the run takes.
+        experiment: The tracking experiment (the pipeline's name).
+        params: The pipeline body's `locals()`: its parameters by name.
+
+    Returns:
+        The pipeline's outputs.
+    """
+    model, dataset = train.outputs["model"], prepare.outputs["dataset"]
+    evaluate = ops.evaluate(
+        model=model, dataset=dataset, split=params["eval_split"],
+        batch_size=params["eval_batch_size"], **job,
+    ).set_display_name("evaluate-text")
+    gate = ops.gate(
+        evaluation=evaluate.outputs["evaluation"], metric=params["registration_metric"],
+        threshold=params["registration_threshold"], enabled=params["register_model"],
+        beat_baselines=params["registration_beats_baselines"],
+    ).set_display_name("registration-gate")
+    if vertex is not None:
+        registry.add_upload(image, gate, model, params["model_display_name"], image,
+                            vertex.encryption_spec_key_name, subdir=".",
+                            port=SERVING_PORT, **SERVING_ROUTES)
+    with dsl.If(params["predict_uri"] != "", name="prediction-requested"):
+        ops.predict(
+            model=model, data_uri=params["predict_uri"], batch_size=params["eval_batch_size"],
+            data_fingerprint=preflight.outputs["predict_fingerprint"], **job,
+        ).set_display_name("predict")
+    with dsl.If(params["tracking_uri"] != "", name="tracking-requested"):
+        # The run is named after the pipeline run; never cached: a re-run logs again. Both
+        # text trainers' histories have the same rows (model, stage, epoch, ...): "text".
+        ops.track(
+            model=model, evaluation=evaluate.outputs["evaluation"],
+            tracking_uri=params["tracking_uri"], run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+            experiment=experiment, kind="text",
+        ).set_display_name("track-run").set_caching_options(False)
+    return Outputs(metrics=evaluate.outputs["metrics"], report=evaluate.outputs["report"],
+                   evaluation=evaluate.outputs["evaluation"], model=model, dataset=dataset,
+                   register=gate.outputs["Output"])
+
+
+def summarize_run(outputs: Mapping[str, Any], summarize_artifacts=None) -> dict[str, Any]:
     """What a run of the text pipeline produced, from its outputs as a runner returns them.
 
     Args:
         outputs: Output name to artifact (with `.path`), and "register" to the gate's
             decision, as `kfp.local` (or the rehearsal) returns the pipeline's outputs.
+        summarize_artifacts: Summarizes the artifacts' paths; `summarize` when None (the
+            transformer pipeline passes its own).
 
     Returns:
-        `summarize` of the artifacts, plus `registration` when the gate's decision is there.
+        The summary of the artifacts, plus `registration` when the gate's decision is there.
     """
-    summary = summarize({name: value.path for name, value in outputs.items()
+    summary = (summarize_artifacts or summarize)({name: value.path for name, value in outputs.items()
                          if hasattr(value, "path")})
     if "register" in outputs:
         summary["registration"] = registry.local_registration(outputs["register"])
@@ -242,7 +302,7 @@ def summarize_run(outputs: Mapping[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
+def read_json_if_present(path: str) -> dict[str, Any] | None:
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -265,7 +325,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
         majority_class: {...}}, "preparation": {...}, "training": {...}, "artifacts": {...}}`. Single-label runs report per class, micro F1 being the
         accuracy.
     """
-    result = _read_json(os.path.join(artifacts["evaluation"], "metrics.json"))
+    result = read_json_if_present(os.path.join(artifacts["evaluation"], "metrics.json"))
     if result is None:
         raise FileNotFoundError(f"no metrics.json in {artifacts['evaluation']}")
     multi = result["task"] == "multi_label"
@@ -289,7 +349,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
         })
     # Cheap models on the same split, with the same metric names (common.baselines).
     summary: dict[str, Any] = {"metrics": metrics, "baseline": result.get("baseline", {})}
-    manifest = _read_json(os.path.join(artifacts.get("dataset", ""), "manifest.json"))
+    manifest = read_json_if_present(os.path.join(artifacts.get("dataset", ""), "manifest.json"))
     if manifest:
         summary["preparation"] = {
             "rows_in": manifest["rows_in"],
@@ -299,7 +359,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
             "labels": manifest["labels"],
             "splits": {s: v["rows"] for s, v in manifest["splits"].items()},
         }
-    training = _read_json(os.path.join(artifacts.get("model", ""), "metrics.json"))
+    training = read_json_if_present(os.path.join(artifacts.get("model", ""), "metrics.json"))
     if training:
         run = training["run"]
         summary["training"] = {

@@ -2,12 +2,13 @@
 
     python -m pipelines.tiny_transformer --data CSV --output DIR [--text-column text]
 
-Trains a WordPiece tokenizer on the CSV's text column and saves it with a randomly
+Counts a WordPiece vocabulary on the CSV's text column and saves it with a randomly
 initialised 2-layer BERT (hidden 128) as `save_pretrained` writes a Hub model. The
 transformer pipeline takes the folder as its model name:
 
     python -m pipelines.run_local transformer --data CSV --output RUN --model-name DIR \\
-        --learning-rate 1e-3 --batch-size 8 --epochs 15 --max-length 96
+        --learning-rate 1e-3 --batch-size 8 --epochs 15 --max-length 96 \\
+        --early-stopping-patience 3
 
 It has learnt nothing before fine-tuning: it shows the pipeline working, not what a
 pretrained encoder scores (it needs the higher rate and the small batches above: many
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.exit(2, f"error: {err}\n")
     print(f"wrote a {made['parameters']:,}-parameter BERT (vocabulary {made['vocab_size']}, "
-          f"learnt from {len(texts)} texts) to {args.output}; pass it as --model-name")
+          f"counted on {len(texts)} texts) to {args.output}; pass it as --model-name")
     return 0
 
 

@@ -3,9 +3,9 @@
 Each trial is one local run of the pipeline (`pipelines.local_run.run`, through `kfp.local`)
 with the trial's values, in `<output>/trials/<n>/`. A trial's value is the study metric as
 the trainer reports it to Vertex, one value per epoch (the image trainer's Keras history,
-both phases; the text classifier's epochs), and, as Vertex's BEST_MEASUREMENT, its best
-epoch counts. The best trial's model is kept (not retrained): `summary.json` takes its test
-metrics and artifacts, beside every trial's values and metric.
+both phases; the text classifiers' epochs, ULMFiT or transformer), and, as Vertex's
+BEST_MEASUREMENT, its best epoch counts. The best trial's model is kept (not retrained):
+`summary.json` takes its test metrics and artifacts, beside every trial's values and metric.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def tune(kind: str, data: str, output: str, space: SearchSpace, trials: int,
     """Searches `space` with `trials` local pipeline runs; writes `<output>/summary.json`.
 
     Args:
-        kind: "image" or "text".
+        kind: "image", "text" or "transformer".
         data: The pipeline's data (folder, CSV or gs:// URI).
         output: Local folder: trials/<n>/ (each a run_local output) and summary.json.
         space: What to search and the metric to rank by.

@@ -39,7 +39,7 @@ class TuningSettings:
     """How the tuning variants search.
 
     Attributes:
-        spaces: Search space per pipeline kind ("image", "text").
+        spaces: Search space per pipeline kind ("image", "text", "transformer").
         max_trials: Trials per tuning job.
         parallel_trials: Trials running at once (each on the training step's machines).
         max_failed_trials: Failed trials that fail the job; 0 lets Vertex decide.
@@ -132,7 +132,7 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
 
     Args:
         trainer: The (unwrapped) trainer component the trials run.
-        kind: "image" or "text" (which trial runner).
+        kind: "image", "text" or "transformer" (which trial runner).
         space: What the study searches and its metric.
         settings: Trial counts and algorithm.
         vertex: Job-wide settings (network, encryption key; the service account is the
@@ -252,7 +252,7 @@ def searched(tune_op: Callable, best_op: Callable, kind: str, training: dict, jo
     Args:
         tune_op: The `as_tuning_job` component.
         best_op: The kind's best-trial component.
-        kind: "image" or "text".
+        kind: "image", "text" or "transformer".
         training: The training step's arguments (the run's values).
         job: Custom-job arguments of the run (the service account).
         display_name: The tuning step's name in the run graph.

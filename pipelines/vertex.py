@@ -38,8 +38,9 @@ class Machine:
 
 # Where each step runs unless compile.py is told otherwise. Sharding is CPU-bound
 # (many cores, no GPU); the image trainer gets the ancestor's 2 x V100; the text
-# trainer and the language model a T4 each (an AWD-LSTM does not fill a bigger GPU);
-# evaluation is small.
+# trainer and the language model a T4 each (an AWD-LSTM does not fill a bigger GPU), and
+# so does the transformer trainer (a base-size encoder fine-tunes at 256 tokens, batch
+# 16, on one T4: train_transformer's contract); evaluation is small.
 DEFAULT_MACHINES: Mapping[str, Machine] = {
     "shard": Machine("n1-highcpu-16"),
     "train_image": Machine("n1-standard-8", "NVIDIA_TESLA_V100", 2),
@@ -48,6 +49,7 @@ DEFAULT_MACHINES: Mapping[str, Machine] = {
     "train_text": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
     "evaluate_text": Machine("n1-standard-4"),
     "train_lm": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
+    "train_transformer": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
     # batch prediction, when predict_uri is set; CPU unless given a GPU
     "predict_image": Machine("n1-standard-8"),
     "predict_text": Machine("n1-standard-4"),
@@ -56,10 +58,10 @@ DEFAULT_MACHINES: Mapping[str, Machine] = {
 
 # Steps whose code uses several replicas (multi-worker training); in any other step
 # extra replicas would all run the same step and race on its outputs.
-MULTI_REPLICA_STEPS = ("train_image",)
+MULTI_REPLICA_STEPS = ("train_image", "train_transformer")
 # Steps that write per-epoch TensorBoard series; only these get `--tensorboard` (the
 # others write none, and an idle uploader would only add a run to the instance).
-TRAINING_STEPS = ("train_image", "train_text", "train_lm")
+TRAINING_STEPS = ("train_image", "train_text", "train_lm", "train_transformer")
 # Vertex AI custom training's machine table, "Configure compute resources for custom
 # training" (https://cloud.google.com/vertex-ai/docs/training/configure-compute, its machine
 # types and GPU compatibility table), with N1's vCPU limits per GPU count from Compute

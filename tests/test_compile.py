@@ -83,7 +83,8 @@ def test_json_loads_in_vertex_pipeline_job_offline(tmp_path):
 
 @pytest.mark.parametrize("pipeline, data", [("image_pipeline", "data_uri"),
                                             ("text_pipeline", "data_uri"),
-                                            ("lm_pipeline", "corpus_uri")])
+                                            ("lm_pipeline", "corpus_uri"),
+                                            ("transformer_pipeline", "data_uri")])
 def test_every_pipeline_parameter_has_a_default_or_is_the_data_and_a_description(tmp_path,
                                                                                  pipeline, data):
     spec = json.loads((_compile(tmp_path) / f"{pipeline}.json").read_text())
@@ -96,7 +97,7 @@ def test_every_pipeline_parameter_has_a_default_or_is_the_data_and_a_description
 
 def test_yaml_on_request_and_no_latest_tags(tmp_path):
     out = _compile(tmp_path, "--yaml")
-    for name in ("image_pipeline", "text_pipeline", "lm_pipeline"):
+    for name in ("image_pipeline", "text_pipeline", "lm_pipeline", "transformer_pipeline"):
         as_yaml = yaml.safe_load((out / f"{name}.yaml").read_text())
         assert as_yaml == json.loads((out / f"{name}.json").read_text())
     with pytest.raises(SystemExit, match="latest"):
@@ -119,7 +120,7 @@ def test_no_credentials_in_compiled_json(tmp_path, monkeypatch):
                                "client_email": "ci@acme.iam.gserviceaccount.com"}))
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
     out = _compile(tmp_path)
-    for name in ("image_pipeline.json", "text_pipeline.json"):
+    for name in ("image_pipeline.json", "text_pipeline.json", "transformer_pipeline.json"):
         text = (out / name).read_text()
         for marker in ("MARKER-5e1d", "key-7f3a9c", "ci@acme", "private_key"):
             assert marker not in text, (name, marker)
@@ -165,6 +166,10 @@ SERVING = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15@sha256:" + "b" * 
     ("text_pipeline.json", {"serving_image": f"{REGISTRY}/fastai:0a1b2c3", "subdir": ".",
                             "port": 8080, "health_route": "/health",
                             "predict_route": "/predict"}),
+    # the transformer model: served the same way (pipelines.serve reads either folder)
+    ("transformer_pipeline.json", {"serving_image": f"{REGISTRY}/fastai:0a1b2c3",
+                                   "subdir": ".", "port": 8080, "health_route": "/health",
+                                   "predict_route": "/predict"}),
 ])
 def test_model_upload_only_when_the_gate_says_so(tmp_path, pipeline, served):
     spec = json.loads((_compile(tmp_path, "--serving-image", SERVING, "--encryption-key",
@@ -212,6 +217,7 @@ def test_model_upload_only_when_the_gate_says_so(tmp_path, pipeline, served):
 @pytest.mark.parametrize("pipeline, machine", [
     ("image_pipeline.json", "n1-standard-8"),
     ("text_pipeline.json", "n1-standard-4"),
+    ("transformer_pipeline.json", "n1-standard-4"),
 ])
 def test_prediction_is_a_cpu_job_run_only_when_predict_uri_is_set(tmp_path, pipeline, machine):
     spec = json.loads((_compile(tmp_path) / pipeline).read_text())
@@ -263,7 +269,8 @@ def test_every_pipeline_loads_in_pipeline_job(tmp_path):
     out = _compile(tmp_path)
     for name, param, data in (("image_pipeline", "data_uri", "gs://acme/pets"),
                               ("text_pipeline", "data_uri", "gs://acme/r.csv"),
-                              ("lm_pipeline", "corpus_uri", "gs://acme/wiki")):
+                              ("lm_pipeline", "corpus_uri", "gs://acme/wiki"),
+                              ("transformer_pipeline", "data_uri", "gs://acme/r.csv")):
         job = aiplatform.PipelineJob(
             display_name=name, template_path=str(out / f"{name}.json"),
             pipeline_root="gs://acme-ml-pipelines/root", parameter_values={param: data},
@@ -382,7 +389,9 @@ def test_multi_replica_jobs_restart_as_a_whole(tmp_path):
 def test_data_steps_are_keyed_on_the_preflight_fingerprint(tmp_path):
     out = _compile(tmp_path)
     for pipeline, check, reader in (("image_pipeline", "preflight-image", "shard-images"),
-                                    ("text_pipeline", "preflight-text", "prepare-text-data")):
+                                    ("text_pipeline", "preflight-text", "prepare-text-data"),
+                                    ("transformer_pipeline", "preflight-transformer",
+                                     "prepare-text-data")):
         tasks = json.loads((out / f"{pipeline}.json").read_text())["root"]["dag"]["tasks"]
         assert tasks[check]["cachingOptions"] == {}  # enableCache absent: off
         assert tasks[reader]["inputs"]["parameters"]["data_fingerprint"] == {
@@ -394,6 +403,7 @@ def test_data_steps_are_keyed_on_the_preflight_fingerprint(tmp_path):
 @pytest.mark.parametrize("pipeline, check, trainer, files", [
     ("image_pipeline", "preflight-image", "train-image-classifier", "weights"),
     ("text_pipeline", "preflight-text", "train-text-classifier", "lm_assets"),
+    ("transformer_pipeline", "preflight-transformer", "train-transformer-classifier", "model"),
 ])
 def test_steps_reading_files_by_uri_are_keyed_on_their_fingerprints(tmp_path, pipeline, check,
                                                                     trainer, files):
@@ -424,10 +434,13 @@ TENSORBOARD_FLAGS = ("--tensorboard", TENSORBOARD, "--base-output-directory", "g
 # Custom jobs of each pipeline: the training ones upload to the TensorBoard, the rest do not.
 TRAINING_JOBS = {"image_pipeline": "train-image-classifier",
                  "text_pipeline": "train-text-classifier",
-                 "lm_pipeline": "train-language-model"}
+                 "lm_pipeline": "train-language-model",
+                 "transformer_pipeline": "train-transformer-classifier"}
 OTHER_JOBS = {"image_pipeline": ("shard-images", "evaluate-image-classifier", "predict"),
               "text_pipeline": ("prepare-text-data", "evaluate-text-classifier", "predict"),
-              "lm_pipeline": ()}
+              "lm_pipeline": (),
+              "transformer_pipeline": ("prepare-text-data", "evaluate-text-classifier",
+                                       "predict")}
 
 
 def _tensorboards(spec: dict) -> dict[str, str]:

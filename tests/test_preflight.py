@@ -13,6 +13,7 @@ from components.preflight.checks import (
     check_image_run,
     check_lm_run,
     check_text_run,
+    check_transformer_run,
     coerce,
     data_fingerprint,
     input_fingerprints,
@@ -21,7 +22,7 @@ from components.preflight.checks import (
     preflight,
     weights_problems,
 )
-from pipelines import image, lm, text
+from pipelines import image, lm, text, transformer
 from tests.conftest import write_class_images
 
 
@@ -33,12 +34,14 @@ def _defaults(function) -> dict:
 IMAGE_DEFAULTS = _defaults(preflight_component.preflight_image)
 TEXT_DEFAULTS = _defaults(preflight_component.preflight_text)
 LM_DEFAULTS = _defaults(preflight_component.preflight_lm)
+TRANSFORMER_DEFAULTS = _defaults(preflight_component.preflight_transformer)
 
 
 @pytest.mark.parametrize("component, pipeline", [
     (preflight_component.preflight_image, image.build("img:1")),
     (preflight_component.preflight_text, text.build("img:1")),
     (preflight_component.preflight_lm, lm.build("img:1")),
+    (preflight_component.preflight_transformer, transformer.build("img:1")),
 ])
 def test_preflight_takes_exactly_the_pipeline_parameters(component, pipeline):
     inputs = pipeline.component_spec.inputs
@@ -51,6 +54,7 @@ def test_default_settings_pass():
     check_image_run(IMAGE_DEFAULTS)
     check_text_run(TEXT_DEFAULTS)
     check_lm_run(LM_DEFAULTS)
+    check_transformer_run(TRANSFORMER_DEFAULTS)
 
 
 def test_values_arrive_as_text_or_typed():

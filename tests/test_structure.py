@@ -21,7 +21,9 @@ from components.train_lm.contract import LMConfig
 from components.train_text import component as train_text
 from components.train_text.contract import TrainConfig as TextTrainConfig
 from components.train_text.contract import parse_model_config
-from pipelines import image, lm, text
+from components.train_transformer import component as train_transformer
+from components.train_transformer.contract import TransformerConfig
+from pipelines import image, lm, text, transformer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "components"
 # Frameworks a contract must not load when imported (light steps import contracts).
@@ -89,7 +91,8 @@ def _defaults(function) -> dict:
 
 
 @pytest.mark.parametrize("pipeline, least", [(image.build("img:1"), 20),
-                                             (text.build("img:1"), 20), (lm.build("img:1"), 12)])
+                                             (text.build("img:1"), 20), (lm.build("img:1"), 12),
+                                             (transformer.build("img:1"), 20)])
 def test_pipeline_defaults_equal_the_defaults_of_the_steps_they_feed(pipeline, least):
     """Each pipeline parameter passed to a step has that step's own default."""
     spec = pipeline.pipeline_spec
@@ -121,6 +124,7 @@ PARSED = {"label_columns": parse_label_columns, "model_config": parse_model_conf
     (prepare_text.prepare_text_data, PrepareConfig),
     (train_text.train_text_classifier, TextTrainConfig),
     (train_lm.train_language_model, LMConfig),
+    (train_transformer.train_transformer_classifier, TransformerConfig),
 ])
 def test_component_defaults_equal_the_config_defaults(component, config):
     fields = {f.name: f for f in dataclasses.fields(config)}

@@ -274,7 +274,7 @@ def test_the_tiny_model_command_writes_a_folder_the_trainer_takes(tmp_path, caps
     assert exit_info.value.code == 2 and "no column 'text'" in capsys.readouterr().err
     assert tiny_transformer.main(["--data", str(csv), "--output", str(tmp_path / "m"),
                                   "--text-column", "body", "--hidden-size", "16"]) == 0
-    assert "learnt from 2 texts" in capsys.readouterr().out
+    assert "counted on 2 texts" in capsys.readouterr().out
     assert model_source(str(tmp_path / "m"), str(tmp_path)) == str(tmp_path / "m")
 
 
@@ -290,3 +290,26 @@ def test_a_machine_with_two_devices_spawns_one_process_each(dataset, tmp_path, m
     assert result["run"]["world_size"] == 2
     assert [row["epoch"] for row in result["history"]] == [1]
     assert load_text_model(str(tmp_path / "model")).info["framework"] == "transformers"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_tiny_model_learns_real_text_on_every_seed(seed, tmp_path):
+    """The docstring corpus (real prose, 7 labels) split by three seeds, a tiny BERT made on
+    each train split, fine-tuned as docs/users.md says: every seed clears micro F1 0.6 and
+    predict-every-label + 0.25 on the test split. Measured (2026-11-24): 0.613, 0.693,
+    0.715; TF-IDF + logistic regression 0.690, 0.696, 0.686."""
+    from pipelines import docstring_corpus
+
+    docstring_corpus.write_docstring_corpus(str(tmp_path / "docstrings.csv"))
+    dataset = str(tmp_path / "dataset")
+    prepare_text_dataset(str(tmp_path / "docstrings.csv"), dataset, PrepareConfig(seed=seed))
+    write_tiny_model(read_split(dataset, "train")["text"], str(tmp_path / "tiny"), seed=seed)
+    config = TransformerConfig(model_name=str(tmp_path / "tiny"), seed=seed, epochs=15,
+                               batch_size=8, learning_rate=1e-3, max_length=96,
+                               early_stopping_patience=3)
+    train_transformer(dataset, str(tmp_path / "model"), config)
+    result = evaluate_text_model(str(tmp_path / "model"), dataset, str(tmp_path / "eval"))
+    every_label = result["baseline"]["every_label"]["micro_f1"]
+    assert result["micro_f1"] >= 0.6, result["baseline"]
+    assert result["micro_f1"] >= every_label + 0.25

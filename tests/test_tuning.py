@@ -34,7 +34,7 @@ REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
 # --------------------------------------------------------------------------- spaces
 
 
-@pytest.mark.parametrize("kind", ["image", "text"])
+@pytest.mark.parametrize("kind", ["image", "text", "transformer"])
 def test_default_spaces_search_only_tunable_parameters_by_a_reported_metric(kind):
     space = default_space(kind)
     assert set(space.names()) <= set(TUNABLE[kind])
@@ -73,6 +73,13 @@ def test_default_spaces_search_only_tunable_parameters_by_a_reported_metric(kind
      "refuses unfreeze_blocks=6"),
     ("text", {"parameters": {"drop_mult": {"type": "double", "min": -0.5, "max": 0.5}}},
      "the text trainer refuses drop_mult=-0.5"),
+    ("transformer", {"parameters": {"warmup_ratio": {"type": "double", "min": 0.0,
+                                                     "max": 1.0}}},
+     r"the transformer trainer refuses warmup_ratio=1.0: warmup_ratio must be in \[0, 1\)"),
+    ("transformer", {"parameters": {"drop_mult": {"type": "double", "min": 0.1, "max": 0.5}}},
+     "the transformer trainer cannot search 'drop_mult'"),
+    ("transformer", {"metric": "val_accuracy", "parameters": {"batch_size": {
+        "type": "discrete", "values": [16]}}}, "metric 'val_accuracy' is not reported"),
 ])
 def test_bad_spaces_are_refused_naming_the_entry(kind, data, message):
     with pytest.raises(SearchSpaceError, match=message):
@@ -295,7 +302,8 @@ def test_default_spaces_reach_vertex_as_numbers(tmp_path):
     spelling as a string, which GCPC's launcher refused ("must be real number, not str")."""
     out = _compile(tmp_path)
     for kind, component in (("image", "tune-train-image-classifier"),
-                            ("text", "tune-train-text-classifier")):
+                            ("text", "tune-train-text-classifier"),
+                            ("transformer", "tune-train-transformer-classifier")):
         job = _tuning_request(json.loads((out / f"{kind}_tuning_pipeline.json").read_text()),
                               component)
         sent = {p.parameter_id: p for p in job.study_spec.parameters}
@@ -309,7 +317,7 @@ def test_trials_folder_reaches_the_launcher_as_gcpc_passes_output_uris(tmp_path)
     """The output URI sits in the launcher's payload, where the backend resolves it, not in
     a parameter default (which has no precedent in GCPC)."""
     out = _compile(tmp_path)
-    for kind in ("image", "text"):
+    for kind in ("image", "text", "transformer"):
         spec = json.loads((out / f"{kind}_tuning_pipeline.json").read_text())
         (component,) = [c for name, c in spec["components"].items() if name.startswith("comp-tune")]
         defaults = json.dumps({name: p.get("defaultValue") for name, p in
@@ -331,7 +339,7 @@ def test_trials_folder_reaches_the_launcher_as_gcpc_passes_output_uris(tmp_path)
 def test_trials_run_on_spot_vms_and_report_to_tensorboard_as_training_does(tmp_path, flags, spot,
                                                                           tensorboard):
     out = _compile(tmp_path, *flags)
-    for kind in ("image", "text"):
+    for kind in ("image", "text", "transformer"):
         job = _tuning_request(json.loads((out / f"{kind}_tuning_pipeline.json").read_text()),
                               f"tune-train-{kind}-classifier")
         assert (job.trial_job_spec.scheduling.strategy.name == "SPOT") is spot

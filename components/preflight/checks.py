@@ -1,7 +1,8 @@
 """What the pipelines check before their first paid job, and the data fingerprint.
 
 Every rule is the later step's own (its config class raises on bad values; the text
-trainers' tokenizer and fastai's AWD_LSTM settings; the image trainer's weights), run here
+trainers' tokenizer and fastai's AWD_LSTM settings; the image trainer's weights; the
+transformer trainer's model folder), run here
 on the pipeline's parameters, plus the few rules that only the pipeline knows (it evaluates
 the test split, so the test split must not be empty). The data fingerprint lists the
 input (names, sizes and versions, no contents) so a changed bucket changes the cache
@@ -298,6 +299,14 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
             missing = missing_files(root, lang, backwards)
             if missing:
                 problems.append(f"lm_assets {root!r} lacks {missing} for lang={lang!r}")
+    problems += _text_evaluation_problems(parameters)
+    if problems:
+        raise PreflightError("; ".join(problems))
+
+
+def _text_evaluation_problems(parameters: Mapping[str, Any]) -> list[str]:
+    """What the text evaluation and the registration gate would refuse (both text kinds)."""
+    problems = []
     if parameters.get("eval_split", "test") not in ("test", "validation", "train"):
         problems.append(f"eval_split must be test, validation or train, got "
                         f"{parameters['eval_split']!r}")
@@ -307,7 +316,95 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
                         "evaluates on the test split)")
     if "eval_batch_size" in parameters and not _number(parameters, "eval_batch_size") >= 1:
         problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
-    problems += _registration_problems(parameters, TEXT_REGISTRATION_METRICS)
+    return problems + _registration_problems(parameters, TEXT_REGISTRATION_METRICS)
+
+
+# A Hugging Face Hub model id as `from_pretrained` takes it: [organisation/]name, letters,
+# digits, "_", "-" and "." (huggingface_hub's REPO_ID_REGEX; it also refuses "--", ".." and
+# ids over 96 characters).
+_HUB_MODEL_NAME = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+_HUB_NAME_MAX_CHARS = 96
+
+
+def model_folder_files(model_dir: str) -> set[str]:
+    """Names of the files directly in a model folder (local or gs://); empty when it is not
+    a folder."""
+    fs, path = filesystem(model_dir)
+    fs.invalidate_cache(path)  # gcsfs keeps listings: the folder may have changed since
+    if not fs.isdir(path):
+        return set()
+    return {os.path.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
+
+
+def model_name_problems(model_name: str) -> list[str]:
+    """What the transformer trainer would refuse in `model_name`, late, on the GPU.
+
+    A folder (gs:// or local) must hold what `save_pretrained` writes: config.json and a
+    weights file (`contract.WEIGHTS_FILES`, or the index of their shards). A Hub name
+    must look like `[organisation/]name`; it is not looked up (the training job downloads
+    it, with its own network access).
+
+    Args:
+        model_name: The pipeline's model_name.
+
+    Returns:
+        One message naming `model_name` and what to give; empty when fine (or empty,
+        which TransformerConfig refuses).
+    """
+    from components.train_transformer.contract import (
+        DEFAULT_MODEL_NAME,
+        MODEL_CONFIG_FILE,
+        WEIGHTS_FILES,
+        has_weights,
+        model_name_is_path,
+    )
+
+    name = model_name.strip()
+    if not name:
+        return []
+    give = (f"give a folder written by save_pretrained ({MODEL_CONFIG_FILE} and "
+            f"{WEIGHTS_FILES[0]}) or a Hub model name such as {DEFAULT_MODEL_NAME}")
+    if model_name_is_path(name):
+        files = model_folder_files(name)
+        if not files:
+            return [f"model_name {model_name!r} is not a folder (or an empty one): {give}"]
+        missing = [] if MODEL_CONFIG_FILE in files else [MODEL_CONFIG_FILE]
+        if not has_weights(files):
+            missing.append(" or ".join(WEIGHTS_FILES))
+        if missing:
+            return [f"model_name {model_name!r} is not a model folder: it has no "
+                    f"{' and no '.join(missing)}; {give}"]
+        return []
+    if not _HUB_MODEL_NAME.match(name) or "--" in name or ".." in name \
+            or len(name) > _HUB_NAME_MAX_CHARS:
+        return [f"model_name {model_name!r} is neither an existing folder (gs:// or local "
+                "path) nor a Hub model name ([organisation/]name: letters, digits, '_', '-', "
+                f"'.', no spaces); {give}"]
+    return []
+
+
+def check_transformer_run(parameters: Mapping[str, Any]) -> None:
+    """Refuses transformer pipeline parameters that the preparation, training or evaluation
+    step would refuse after the steps before them ran, and a model_name folder without a
+    model in it.
+
+    Raises:
+        PreflightError: Every problem found, each naming its parameter.
+    """
+    from components.prepare_text.contract import PrepareConfig
+    from components.train_transformer.contract import DEFAULT_MODEL_NAME, TransformerConfig
+
+    problems = []
+    for name, check in (
+        ("preparation", lambda: build(PrepareConfig, parameters, label_columns=())),
+        ("training", lambda: build(TransformerConfig, parameters)),
+    ):
+        try:
+            check()
+        except PreflightError as err:
+            problems.append(f"{name}: {err}")
+    problems += model_name_problems(str(parameters.get("model_name", DEFAULT_MODEL_NAME)))
+    problems += _text_evaluation_problems(parameters)
     if problems:
         raise PreflightError("; ".join(problems))
 
@@ -364,7 +461,8 @@ def check_corpus(uri: str, text_column: str) -> None:
 
 
 CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
-    "image": check_image_run, "text": check_text_run, "lm": check_lm_run}
+    "image": check_image_run, "text": check_text_run, "lm": check_lm_run,
+    "transformer": check_transformer_run}
 
 
 def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
@@ -414,12 +512,14 @@ def input_fingerprints(kind: str, parameters: Mapping[str, Any]) -> dict[str, st
     reads no such file.
 
     Args:
-        kind: "image" or "text".
+        kind: "image", "text" or "transformer".
         parameters: The pipeline's parameters by name.
 
     Returns:
         image: {"weights_fingerprint", "predict_fingerprint"}; text:
-        {"lm_assets_fingerprint", "predict_fingerprint"}.
+        {"lm_assets_fingerprint", "predict_fingerprint"}; transformer:
+        {"model_fingerprint" (of a model_name folder; empty for a Hub name),
+        "predict_fingerprint"}.
     """
     from components.train_image.contract import normalize_weights
 
@@ -431,6 +531,12 @@ def input_fingerprints(kind: str, parameters: Mapping[str, Any]) -> dict[str, st
         weights = normalize_weights(str(parameters.get("weights", "imagenet")))
         fingerprints["weights_fingerprint"] = of("weights", "" if weights in (None, "imagenet")
                                                  else weights)
+    elif kind == "transformer":
+        from components.train_transformer.contract import model_name_is_path
+
+        name = str(parameters.get("model_name", "")).strip()
+        fingerprints["model_fingerprint"] = of("model_name",
+                                               name if model_name_is_path(name) else "")
     else:
         pretrained = str(parameters.get("pretrained", False)).lower() == "true"
         fingerprints["lm_assets_fingerprint"] = of(
@@ -491,7 +597,7 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     """Checks a run of pipeline `kind` and returns its data fingerprint.
 
     Args:
-        kind: "image", "text" or "lm".
+        kind: "image", "text", "transformer" or "lm".
         data_uri: The pipeline's input (folder of class folders, CSV, or text corpus).
         parameters: The pipeline's other parameters by name.
 
@@ -502,7 +608,9 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
         raise PreflightError(f"unknown pipeline kind {kind!r}; known: {sorted(CHECKS)}")
     CHECKS[kind](parameters)
     check_job_account(parameters)
-    check_predict_uri(str(parameters.get("predict_uri", "")), kind)
+    # Both text kinds label a CSV of texts.
+    check_predict_uri(str(parameters.get("predict_uri", "")),
+                      "image" if kind == "image" else "text")
     check_tracking(parameters)
     if kind == "lm":
         check_corpus(data_uri, str(parameters.get("text_column", "text")))

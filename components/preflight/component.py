@@ -136,6 +136,62 @@ def preflight_text(
     return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())
 
 
+def preflight_transformer(
+    data_uri: str,
+    text_column: str = "text",
+    label_columns: str = "",
+    label_delimiter: str = ",",
+    other_label: str = "other",
+    validation_fraction: float = 0.2,
+    test_fraction: float = 0.25,
+    seed: int = 42,
+    model_name: str = "FacebookAI/xlm-roberta-base",
+    epochs: int = 4,
+    batch_size: int = 16,
+    learning_rate: float = 2e-5,
+    weight_decay: float = 0.01,
+    warmup_ratio: float = 0.1,
+    max_length: int = 256,
+    threshold: float = 0.5,
+    monitor: str = "loss",
+    early_stopping_patience: int = 2,
+    mixed_precision: bool = True,
+    eval_split: str = "test",
+    eval_batch_size: int = 64,
+    register_model: bool = True,
+    registration_metric: str = "micro_f1",
+    registration_threshold: float = 0.5,
+    registration_beats_baselines: bool = False,
+    model_display_name: str = "transformer-text-classifier",
+    predict_uri: str = "",
+    tracking_uri: str = "",
+    job_service_account: str = "",
+) -> NamedTuple("Outputs", [("data_fingerprint", str), ("model_fingerprint", str),
+                            ("predict_fingerprint", str)]):
+    """Refuses transformer pipeline settings that a later step would refuse (and a
+    model_name folder without a model in it), before any paid job starts, and fingerprints
+    the CSV, the model_name folder and the CSV to label. Never cached: each fingerprint is
+    an input of the step that reads those files.
+
+    Args:
+        data_uri: See the pipeline. Every other parameter is the pipeline's, checked by the step that uses it.
+
+    Returns:
+        data_fingerprint: "sha256:<digest>:<files>", a digest of the input's listing (name, size, version).
+        model_fingerprint: The same of model_name when it is a folder (gs:// or local); empty for a Hub name.
+        predict_fingerprint: The same of predict_uri; empty when nothing is to be labelled.
+    """
+    from collections import namedtuple
+
+    from components.preflight.checks import input_fingerprints, preflight
+
+    settings = {name: value for name, value in locals().items() if name != "data_uri"}
+    fingerprint = preflight("transformer", data_uri, settings)
+    others = input_fingerprints("transformer", settings)
+    print(f"settings accepted; data fingerprint {fingerprint}; {others}")
+    return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())
+
+
 def preflight_lm(
     corpus_uri: str,
     lang: str = "fr",
@@ -181,6 +237,11 @@ def build_image(image: str):
 def build_text(image: str):
     """The text pipeline's preflight component, run in the container `image`."""
     return dsl.component(preflight_text, base_image=image, install_kfp_package=False)
+
+
+def build_transformer(image: str):
+    """The transformer pipeline's preflight component, run in the container `image`."""
+    return dsl.component(preflight_transformer, base_image=image, install_kfp_package=False)
 
 
 def build_lm(image: str):

@@ -76,10 +76,25 @@ class TransformerConfig:
             raise TransformerTrainingError("; ".join(problems))
 
 
+def has_weights(files: set[str]) -> bool:
+    """Whether a model folder's file names include its weights (one file, or the index of
+    their shards, as `save_pretrained` writes a large model)."""
+    return any(name in files or f"{name}.index.json" in files for name in WEIGHTS_FILES)
+
+
 def is_transformer_folder(model_dir: str) -> bool:
     """Whether a local folder holds a Hugging Face model (`config.json` and weights)."""
-    return os.path.isfile(os.path.join(model_dir, MODEL_CONFIG_FILE)) and any(
-        os.path.isfile(os.path.join(model_dir, name)) for name in WEIGHTS_FILES)
+    if not os.path.isfile(os.path.join(model_dir, MODEL_CONFIG_FILE)):
+        return False
+    return has_weights(set(os.listdir(model_dir)))
+
+
+def model_name_is_path(model_name: str) -> bool:
+    """Whether `model_name` names a folder (gs://, an absolute or ./ path, or a path that
+    exists here) rather than a Hub model; the trainer and the preflight decide alike."""
+    name = model_name.strip()
+    return (name.startswith("gs://") or os.path.isabs(name) or name.startswith(".")
+            or os.path.exists(name))
 
 
 def load_transformer_model(model_dir: str):

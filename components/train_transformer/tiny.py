@@ -1,6 +1,6 @@
 """A small BERT made from scratch on a corpus: a model folder with no Hub download.
 
-A WordPiece tokenizer trained on the texts and a BERT with random weights (2 layers, hidden
+A WordPiece vocabulary counted on the texts and a BERT with random weights (2 layers, hidden
 128 by default), saved as `save_pretrained` writes a Hub model, so the transformer trainer
 takes the folder as `model_name`. For trying the pipeline offline and for tests; it has
 learnt nothing before fine-tuning, so it needs a higher rate than a pretrained encoder
@@ -17,10 +17,34 @@ from components.train_transformer.inference import import_transformers
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
+def wordpiece_vocabulary(texts: Iterable[str], size: int) -> list[str]:
+    """A WordPiece vocabulary of at most `size` tokens, the same for the same texts.
+
+    The special tokens, every character seen (alone and as a `##` continuation, so no
+    word is ever unknown), then the most frequent words (ties in alphabetical order), cut
+    as BERT's tokenizer cuts them (lower case, accents stripped, punctuation apart).
+    Counted here rather than learnt with `tokenizers`' WordPiece trainer, whose merges
+    break ties in hash order: the same texts gave a different vocabulary in each process.
+    """
+    from collections import Counter
+
+    from tokenizers import normalizers, pre_tokenizers
+
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    splitter = pre_tokenizers.BertPreTokenizer()
+    words: Counter[str] = Counter()
+    for text in texts:
+        words.update(w for w, _ in splitter.pre_tokenize_str(normalizer.normalize_str(text)))
+    chars = sorted({c for word in words for c in word})
+    tokens = [*SPECIAL_TOKENS, *chars, *(f"##{c}" for c in chars)]
+    ranked = sorted((w for w in words if len(w) > 1), key=lambda w: (-words[w], w))
+    return tokens + ranked[:max(0, size - len(tokens))]
+
+
 def write_tiny_model(texts: Iterable[str], folder: str, *, vocab_size: int = 4000,
                      hidden_size: int = 128, layers: int = 2, heads: int = 2,
                      max_length: int = 512, seed: int = 0) -> dict[str, int]:
-    """Trains a WordPiece tokenizer on `texts` and saves it with a random BERT in `folder`.
+    """Makes a WordPiece vocabulary of `texts` and saves it with a random BERT in `folder`.
 
     Args:
         texts: The corpus (e.g. the training CSV's text column).
@@ -39,21 +63,13 @@ def write_tiny_model(texts: Iterable[str], folder: str, *, vocab_size: int = 400
     Raises:
         ValueError: No text to learn a vocabulary from, or heads not dividing hidden_size.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
     texts = [t for t in texts if isinstance(t, str) and t.strip()]
     if not texts:
         raise ValueError("no non-empty text to learn a vocabulary from")
     if hidden_size % heads:
         raise ValueError(f"heads ({heads}) must divide hidden_size ({hidden_size})")
     transformers = import_transformers()
-    wordpiece = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    wordpiece.normalizer = normalizers.BertNormalizer(lowercase=True)
-    wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    wordpiece.decoder = decoders.WordPiece()
-    wordpiece.train_from_iterator(texts, trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False))
-    vocab = wordpiece.get_vocab()
+    vocab = {token: i for i, token in enumerate(wordpiece_vocabulary(texts, vocab_size))}
     tokenizer = transformers.BertTokenizer(vocab=vocab, do_lower_case=True,
                                            model_max_length=max_length)
     transformers.set_seed(seed)

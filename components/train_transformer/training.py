@@ -10,6 +10,7 @@ torchrun's variables set (`distributed.process_environment`); `Trainer` joins th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -38,6 +39,7 @@ from components.train_transformer.contract import (
     TRAINING_METRICS_FILE,
     TransformerConfig,
     TransformerTrainingError,
+    model_name_is_path,
 )
 from components.train_transformer.inference import import_transformers
 
@@ -70,7 +72,7 @@ def model_source(model_name: str, scratch: str) -> str:
         local = os.path.join(scratch, "model")
         fs.get(root.rstrip("/") + "/", local + "/", recursive=True)
         return local
-    if os.path.isabs(name) or name.startswith(".") or os.path.exists(name):
+    if model_name_is_path(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise TransformerTrainingError(f"model_name {name!r} is not a model folder (no "
                                            "config.json in it): give a folder written by "
@@ -324,6 +326,9 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         })
         trainer.save_model(model_dir)  # model and tokenizer; the main process only
         if trainer.is_world_process_zero():
+            # Trainer's own pickle of its arguments: not needed to load or serve the model.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(model_dir, "training_args.bin"))
             _write_outputs(model_dir, result, labels, task, text_column, config)
     finally:
         scalars.close()

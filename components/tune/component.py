@@ -69,11 +69,39 @@ def best_text_trial(
     return best["learning_rate"], best["lm_learning_rate"], best["drop_mult"], best["batch_size"]
 
 
-BEST_TRIAL = {"image": best_image_trial, "text": best_text_trial}
+def best_transformer_trial(
+    gcp_resources: str,
+    trials: Output[Artifact],
+    learning_rate: float,
+    batch_size: int,
+    warmup_ratio: float,
+    weight_decay: float,
+) -> NamedTuple("BestTransformerTrial", [("learning_rate", float), ("batch_size", int),
+                                         ("warmup_ratio", float), ("weight_decay", float)]):
+    """Reads the finished tuning job and returns the best trial's values for the transformer trainer.
+
+    Args:
+        gcp_resources: The tuning step's output: which HyperparameterTuningJob ran.
+        trials: Output file trials.json: every trial's id, state, parameters and metric, the study's metric and goal, and the best trial.
+        learning_rate: The run's peak learning rate, kept when the study did not search it.
+        batch_size: The run's batch size, kept when not searched.
+        warmup_ratio: The run's warmup share of the steps, kept when not searched.
+        weight_decay: The run's AdamW weight decay, kept when not searched.
+    """
+    from components.tune.selection import choose
+
+    best = choose("transformer", gcp_resources, dict(
+        learning_rate=learning_rate, batch_size=batch_size, warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay), trials)
+    return best["learning_rate"], best["batch_size"], best["warmup_ratio"], best["weight_decay"]
+
+
+BEST_TRIAL = {"image": best_image_trial, "text": best_text_trial,
+              "transformer": best_transformer_trial}
 
 
 def build_best_trial(kind: str, image: str):
-    """The best-trial step of `kind` ("image" or "text"), run in the container `image`.
+    """The best-trial step of `kind` ("image", "text" or "transformer"), run in `image`.
 
     Args:
         kind: Which trainer's parameters it returns.

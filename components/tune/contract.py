@@ -34,12 +34,16 @@ TUNABLE: Mapping[str, Mapping[str, type]] = {
               "batch_size": int, "unfreeze_blocks": int},
     "text": {"learning_rate": float, "lm_learning_rate": float, "drop_mult": float,
              "batch_size": int},
+    "transformer": {"learning_rate": float, "batch_size": int, "warmup_ratio": float,
+                    "weight_decay": float},
 }
 # Epoch values each trainer reports to the tuning service (hypertune), per kind. The
 # text classifier's names come from fastai (f1_score is the macro F1 at the threshold).
 REPORTED_METRICS: Mapping[str, tuple[str, ...]] = {
     "image": ("val_accuracy", "val_loss", "accuracy", "loss"),
     "text": ("f1_score", "valid_loss", "accuracy", "accuracy_multi", "train_loss"),
+    # The transformer trainer's epoch rows carry the fastai trainer's names, and micro_f1.
+    "transformer": ("micro_f1", "f1_score", "valid_loss", "accuracy", "accuracy_multi"),
 }
 
 DEFAULT_SPACES: Mapping[str, Mapping[str, Any]] = {
@@ -66,6 +70,17 @@ DEFAULT_SPACES: Mapping[str, Mapping[str, Any]] = {
             "lm_learning_rate": {"type": "double", "min": 5e-4, "max": 1e-2, "scale": "log"},
             "drop_mult": {"type": "double", "min": 0.1, "max": 0.8, "scale": "linear"},
             "batch_size": {"type": "discrete", "values": [16, 32, 64]},
+        },
+    },
+    # Fine-tuning a pretrained encoder: the usual rates around the trainer's 2e-5, the
+    # batch (a T4 holds 32 texts of 256 tokens of a base-size model) and the warmup;
+    # ranked by the validation micro F1 (the registration gate's default metric).
+    "transformer": {
+        "metric": "micro_f1", "goal": "maximize",
+        "parameters": {
+            "learning_rate": {"type": "double", "min": 1e-5, "max": 5e-5, "scale": "log"},
+            "batch_size": {"type": "discrete", "values": [16, 32]},
+            "warmup_ratio": {"type": "double", "min": 0.0, "max": 0.2, "scale": "linear"},
         },
     },
 }
@@ -101,7 +116,7 @@ class SearchSpace:
     """What a study searches and how it ranks trials.
 
     Attributes:
-        kind: "image" or "text".
+        kind: "image", "text" or "transformer".
         metric: Epoch value the trials report (a name in `REPORTED_METRICS[kind]`).
         goal: "maximize" or "minimize".
         parameters: The searched parameters, in the file's order.
@@ -136,7 +151,7 @@ def parse_space(kind: str, data: Mapping[str, Any], source: str = "search space"
     """Checks a space file's content and returns the space.
 
     Args:
-        kind: "image" or "text" (which trainer the trials run).
+        kind: "image", "text" or "transformer" (which trainer the trials run).
         data: The parsed JSON object.
         source: Names the file in messages.
 
@@ -223,6 +238,8 @@ def _check_trainer_takes(kind: str, parameter: Parameter, where: str) -> None:
     """
     if kind == "image":
         from components.train_image.contract import TrainConfig
+    elif kind == "transformer":
+        from components.train_transformer.contract import TransformerConfig as TrainConfig
     else:
         from components.train_text.contract import TrainConfig
     for value in parameter.values or (parameter.min, parameter.max):

@@ -110,7 +110,7 @@ def choose(kind: str, gcp_resources: str, defaults: Mapping[str, Any], trials,
     every tunable parameter of `kind` (see `best_values`).
 
     Args:
-        kind: "image" or "text".
+        kind: "image", "text" or "transformer".
         gcp_resources: The tuning step's `gcp_resources` output.
         defaults: The run's values of the tunable parameters.
         trials: Output artifact (`.path` a folder, `.metadata` a dict).

@@ -1,6 +1,6 @@
 """One trial of a Vertex hyperparameter tuning job: the trainer component with the trial's values.
 
-    python3 -m components.tune.trial --kind image|text --metric NAME \
+    python3 -m components.tune.trial --kind image|text|transformer --metric NAME \
         --executor_input JSON [--PARAMETER=VALUE ...]
 
 A tuning job's trials run a plain container: Vertex appends the trial's values as
@@ -30,6 +30,7 @@ from components.tune.contract import TUNABLE, SearchSpaceError, coerce
 TRAINERS = {
     "image": ("components.train_image.component", "train_image_classifier"),
     "text": ("components.train_text.component", "train_text_classifier"),
+    "transformer": ("components.train_transformer.component", "train_transformer_classifier"),
 }
 METRIC_PARAMETER = "hypertune_metric"
 

@@ -1,0 +1,211 @@
+"""The transformer text pipeline: prepare/split a labelled CSV, fine-tune a Hugging Face encoder,
+evaluate (-> register).
+
+The text pipeline's steps around another trainer: the same preparation, evaluation (metrics,
+thresholds, report, baselines), registration gate, Model Registry upload (served by the same
+image and server), prediction and tracking; only training differs.
+"""
+# No `from __future__ import annotations` here: KFP reads the pipeline signature's real types.
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kfp import dsl
+
+from components.preflight import component as preflight_component
+from components.train_transformer import component as train_component
+from components.tune import component as tune_component
+from pipelines import text, tuning
+from pipelines.text import Outputs
+from pipelines.vertex import VertexSettings
+
+PIPELINE_NAME = "text-transformer"
+TUNING_PIPELINE_NAME = "text-transformer-tuning"
+# The trainer's step in pipelines.vertex's machine table and the tuning spaces.
+MACHINE = "train_transformer"
+KIND = "transformer"
+
+
+def build(image: str, vertex: "VertexSettings | None" = None,
+          tune: "tuning.TuningSettings | None" = None):
+    """Builds the transformer text pipeline.
+
+    Args:
+        image: URI of the fastai runtime image every step runs in (it holds transformers).
+        vertex: Where each step runs on Vertex; None for the local (`kfp.local`) variant,
+            whose steps run as plain components and which skips the Model Registry upload.
+            On Vertex a model that clears the gate is uploaded with `image` as its
+            serving container (its default command is the prediction server).
+        tune: Compiles the tuning variant (Vertex only): after preparation, a Vertex
+            hyperparameter tuning job searches `tune.spaces["transformer"]`, and the model
+            is trained with the best trial's values.
+
+    Returns:
+        A `@dsl.pipeline` function whose outputs are `metrics` (the evaluation's
+        scalars), `report`, `evaluation` (folder with metrics.json), `model`, `dataset`
+        and `register` (the registration gate's decision).
+    """
+    if tune is not None and vertex is None:
+        raise ValueError("the tuning variant runs on Vertex: give vertex settings")
+    preflight_op = preflight_component.build_transformer(image)
+    train_op = train_component.build(image)
+    if tune is not None:
+        tune_op = tuning.as_tuning_job(train_op, KIND, tune.spaces[KIND], tune, vertex,
+                                       vertex.machines[MACHINE], "tune-transformer")
+        best_op = tune_component.build_best_trial(KIND, image)
+    if vertex is not None:
+        # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
+        train_op = vertex.wrap(train_op, MACHINE, "train-transformer")
+    prepare_op, ops = text.shared_ops(image, vertex)
+
+    # The jobs' account is a run-time choice (GCPC passes it as a parameter of the job);
+    # its default is compile.py's --service-account.
+    default_job_account = vertex.service_account if vertex is not None else ""
+
+    @dsl.pipeline(name=PIPELINE_NAME if tune is None else TUNING_PIPELINE_NAME,
+                  description="Splits a labelled text CSV, "
+                              + ("" if tune is None else "tunes hyperparameters in a Vertex "
+                                 "tuning job, ")
+                              + "fine-tunes a Hugging Face transformer encoder, evaluates it "
+                                "on the test split and registers it.")
+    def transformer_pipeline(
+        data_uri: str,
+        text_column: str = "text",
+        label_columns: str = "",
+        label_delimiter: str = ",",
+        other_label: str = "other",
+        validation_fraction: float = 0.2,
+        test_fraction: float = 0.25,
+        seed: int = 42,
+        model_name: str = "FacebookAI/xlm-roberta-base",
+        epochs: int = 4,
+        batch_size: int = 16,
+        learning_rate: float = 2e-5,
+        weight_decay: float = 0.01,
+        warmup_ratio: float = 0.1,
+        max_length: int = 256,
+        threshold: float = 0.5,
+        monitor: str = "loss",
+        early_stopping_patience: int = 2,
+        mixed_precision: bool = True,
+        eval_split: str = "test",
+        eval_batch_size: int = 64,
+        register_model: bool = True,
+        registration_metric: str = "micro_f1",
+        registration_threshold: float = 0.5,
+        registration_beats_baselines: bool = False,
+        model_display_name: str = "transformer-text-classifier",
+        predict_uri: str = "",
+        tracking_uri: str = "",
+        job_service_account: str = default_job_account,
+    ) -> Outputs:
+        """Prepares a labelled text CSV, fine-tunes a transformer classifier and evaluates it.
+
+        Args:
+            data_uri: CSV (gs:// or local) with a text column and 0/1 (or True/False) label columns, or one column of class names.
+            text_column: Name of the text column.
+            label_columns: Comma-separated label columns; empty uses every column but the text.
+            label_delimiter: Separates several class names in one cell of a class-name column; empty keeps each cell one class name.
+            other_label: Label of rows with no label set; empty drops those rows.
+            validation_fraction: Share of the non-test rows used for validation.
+            test_fraction: Share of all rows held out for the test.
+            seed: Seed of the split, the classification head's initialisation and the batch order.
+            model_name: Hub model name (e.g. FacebookAI/xlm-roberta-base, google-bert/bert-base-uncased) or a folder (gs:// or local) written by save_pretrained; its classification head is replaced by one sized for the labels.
+            epochs: Most epochs (early stopping may end sooner).
+            batch_size: Texts per batch on each GPU (or process).
+            learning_rate: Peak AdamW learning rate: 2e-5 fine-tunes a pretrained encoder; a model from scratch (pipelines.tiny_transformer) needs about 1e-3.
+            weight_decay: AdamW weight decay.
+            warmup_ratio: Share of the steps the rate warms up over, linearly from 0; it then decays linearly to 0.
+            max_length: Tokens of each text the model reads (longer texts are cut).
+            threshold: Multi-label decision threshold on each label's probability.
+            monitor: What picks the best epoch and stops training: loss (validation loss), micro_f1 or macro_f1.
+            early_stopping_patience: Epochs without improvement of the monitored value before training stops; 0 never stops early.
+            mixed_precision: bf16 on GPUs of compute capability >= 8.0 (A100, L4, H100), fp16 on 7.x (V100, T4); never on CPU.
+            eval_split: Split the evaluation scores: test, validation or train.
+            eval_batch_size: Texts per forward pass in the evaluation (and prediction).
+            register_model: Upload the model to the Vertex Model Registry when it clears the threshold.
+            registration_metric: Evaluation metric compared with the threshold: "micro_f1" (the accuracy for one class per row) or "macro_f1".
+            registration_threshold: Register only when the metric on the evaluated split is at least this.
+            registration_beats_baselines: Also require the metric above every cheap baseline scored on the same split (logistic regression on TF-IDF, and the constant answer).
+            model_display_name: Name of the model in the Model Registry; a later run adds a version to it.
+            predict_uri: gs:// CSV of new texts (the training text column) to label with the trained model, one JSON line per row; empty skips prediction.
+            tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
+            job_service_account: Service account the custom jobs (preparation, training, evaluation, prediction) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
+        """
+        # First, before anything else is named: every pipeline parameter, checked on a
+        # light machine before the first paid job; never cached (it fingerprints the data
+        # and a model_name folder).
+        preflight = preflight_op(**{name: value for name, value in locals().items()
+                                    if name in preflight_op.component_spec.inputs})
+        preflight.set_display_name("preflight").set_caching_options(False)
+        job = {"service_account": job_service_account} if vertex is not None else {}
+        prepare = text.prepare_task(prepare_op, preflight, job, locals())
+        training = dict(
+            dataset=prepare.outputs["dataset"], model_name=model_name,
+            model_fingerprint=preflight.outputs["model_fingerprint"], epochs=epochs,
+            batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
+            warmup_ratio=warmup_ratio, max_length=max_length, threshold=threshold,
+            monitor=monitor, early_stopping_patience=early_stopping_patience,
+            mixed_precision=mixed_precision, seed=seed,
+        )
+        if tune is not None:
+            training = tuning.searched(tune_op, best_op, KIND, training, job,
+                                       "tune-transformer")
+        train = train_op(**training, **job).set_display_name("train-transformer")
+        return text.after_training(ops, image, vertex, preflight, prepare, train, job,
+                                   PIPELINE_NAME, locals())
+
+    return transformer_pipeline
+
+
+def training_summary(training: Mapping[str, Any]) -> dict[str, Any]:
+    """The `training` section of a run's summary, from the trainer's metrics.json.
+
+    Args:
+        training: The transformer trainer's metrics.json (`history`, `best`, `run`).
+
+    Returns:
+        `{epochs, best, model_name, arch, classifier_epoch_seconds, train_tokens,
+        parameters, device, precision, world_size, stopped_early, resumed_from,
+        texts_truncated, seconds}`; a value the file lacks is None.
+    """
+    run = training.get("run", {})
+    return {
+        "epochs": len(training.get("history", [])),
+        "best": training.get("best"),
+        **{key: run.get(key) for key in (
+            "model_name", "arch", "classifier_epoch_seconds", "train_tokens", "parameters",
+            "device", "precision", "world_size", "stopped_early", "resumed_from",
+            "texts_truncated", "seconds")},
+    }
+
+
+def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
+    """What a local run of the transformer pipeline produced, in the shape of `summary.json`.
+
+    Args:
+        artifacts: Output name to local path, as `pipelines.text.summarize` takes them.
+
+    Returns:
+        `pipelines.text.summarize`'s summary of the evaluation and the dataset (metrics,
+        baseline, preparation), the transformer trainer's `training` section
+        (`training_summary`), then `artifacts`.
+    """
+    # The fastai trainer's training section is not this trainer's: the model is read here.
+    summary = text.summarize({name: path for name, path in artifacts.items() if name != "model"})
+    training = text.read_json_if_present(os.path.join(artifacts.get("model", ""), "metrics.json"))
+    if training:
+        summary["training"] = training_summary(training)
+    summary["artifacts"] = {**artifacts, **summary.pop("artifacts")}
+    return summary
+
+
+def summarize_run(outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """`pipelines.text.summarize_run` with this pipeline's `summarize`.
+
+    Args:
+        outputs: Output name to artifact (with `.path`), and "register" to the gate's
+            decision, as `kfp.local` (or the rehearsal) returns the pipeline's outputs.
+    """
+    return text.summarize_run(outputs, summarize)
