@@ -82,7 +82,7 @@ images-local: venv
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah debootstrap; }
 	$(PY) containers/local_build.py
 
-# Rehearse both compiled pipelines with every step inside those images, on tiny data
+# Rehearse the compiled pipelines with every step inside those images, on tiny data
 # staged where the steps see it: the rehearsal's gcs/ folder (mounted at /gcs, and served
 # by a Cloud Storage API emulator: ~2,000 files/s read, bench/gcs_emulator_bench.py).
 IMG_RUNS := runs/images
@@ -99,6 +99,16 @@ rehearse-images: compile
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/reviews.csv \
 		--param lm_epochs=0 --param epochs=6 --param min_freq=1 \
 		--param 'model_config={"emb_sz": 64, "n_hid": 128, "n_layers": 2}'
+	# The transformer pipeline on the same CSV, from a tiny BERT made here and staged in
+	# the bucket (the image has no Hub access): model_name is a gs:// folder.
+	mkdir -p $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/data
+	cp $(IMG_RUNS)/text/gcs/rehearsal-bucket/data/reviews.csv $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/data/
+	$(PY) -m pipelines.tiny_transformer --data $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/data/reviews.csv \
+		--output $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/models/tiny-bert
+	$(PY) -m pipelines.rehearse build/local/transformer_pipeline.json --output $(IMG_RUNS)/transformer \
+		--runtime image --param data_uri=gs://rehearsal-bucket/data/reviews.csv \
+		--param model_name=gs://rehearsal-bucket/models/tiny-bert --param learning_rate=0.001 \
+		--param batch_size=8 --param epochs=15 --param max_length=96 --param early_stopping_patience=3
 	# The image tuning pipeline with the default space, 2 trials: each trial reports its
 	# metric as the image's user, where Vertex has it written (/var/hypertune).
 	$(PY) compile.py --output-dir $(IMG_RUNS)/build --tune-trials 2 --tune-parallel-trials 1
