@@ -24,7 +24,7 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
         "image", "--data", data, "--output", str(output), "--image-size", "32",
         "--min-shards-per-split", "2", "--max-skipped-fraction", "0.2", "--seed", "7",
         "--test-fraction", "0.2", "--validation-fraction", "0.2", "--train-fraction", "0.6",
-        "--weights", "none", "--epochs", "6", "--fine-tune-epochs", "0", "--batch-size", "16",
+        "--weights", "none", "--epochs", "10", "--fine-tune-epochs", "0", "--batch-size", "16",
         "--registration-threshold", "0.5", "--predict-uri", data,
     ])
     assert code == 0
@@ -38,8 +38,10 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
     assert set(per_label) == {"cat", "dog", "eel"}
     assert sum(v["support"] for v in per_label.values()) == sharding["written"]["test"] >= 15
     # three classes: chance is 1/3; colour alone separates them. CPU training here is not
-    # reproducible run to run (unordered tf.data reads, threaded reductions): this run's
-    # accuracy was 0.65 once and 0.8-1.0 otherwise; 0.6 is well clear of chance.
+    # reproducible run to run (unordered tf.data reads, threaded reductions): at 6 epochs
+    # (~24 steps) this run's accuracy was 0.65 once and 0.59 once in a clean-clone CI run
+    # (2026-11-24), 0.8-1.0 otherwise; 10 epochs give a slow start room to recover (0.94,
+    # 0.94 measured). 0.6 is well clear of chance.
     assert metrics["accuracy"] >= 0.6, metrics
     assert summary["registration"]["would_register"] is True
     assert summary["registration"]["uploaded"] is False
@@ -51,7 +53,7 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
     # reproducibility: the model names the data and parameters it was trained with
     provenance = summary["provenance"]
     assert provenance["data_sha256"] == hashlib.sha256(manifest_path.read_bytes()).hexdigest()
-    assert provenance["parameters"]["epochs"] == 6 and provenance["parameters"]["seed"] == 7
+    assert provenance["parameters"]["epochs"] == 10 and provenance["parameters"]["seed"] == 7
     printed = capsys.readouterr().out
     assert str(output / "summary.json") in printed
     # the HTML report, as a browser shows it: every plot, the classes and the test count
