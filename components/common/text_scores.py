@@ -87,3 +87,27 @@ def validation_scalars(result: dict[str, Any]) -> dict[str, float]:
     if seconds:
         scalars["classifier_epoch_seconds"] = sum(seconds) / len(seconds)
     return {name: float(value) for name, value in scalars.items()}
+
+
+def labels_info(result: dict[str, Any], text_column: str, threshold: float,
+                **extra: Any) -> dict[str, Any]:
+    """The `labels.json` a text trainer writes beside its model, from its validation result.
+
+    Evaluation, prediction and serving read the labels and decision rule from it, whichever
+    trainer wrote it.
+
+    Args:
+        result: `validation_result`'s output (labels, task, tuned thresholds).
+        text_column: The training CSV's text column (a request may name it).
+        threshold: The multi-label decision threshold (None is written for single-label).
+        **extra: What the trainer adds about its model (arch, language, max length, ...).
+    """
+    return {
+        "labels": list(result["labels"]),
+        "task": result["task"],
+        "threshold": threshold if result["task"] == MULTI_LABEL else None,
+        "thresholds": result["tuned_thresholds"],
+        "text_column": text_column,
+        **extra,
+    }
+

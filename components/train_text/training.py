@@ -69,7 +69,7 @@ from components.common.fastai_text import (
 from components.common.hypertune import TrialReporter
 from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
-from components.common.text_scores import per_label_summary, validation_result
+from components.common.text_scores import labels_info, per_label_summary, validation_result
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.train_text import schedule
 from components.train_text.assets import (
@@ -546,7 +546,7 @@ def train_text_classifier(
             },
             "config": dataclasses.asdict(config),
         })
-        _write_outputs(model_dir, result, labels, task, text_column, config)
+        _write_outputs(model_dir, result, text_column, config)
         state["finished"] = True
         run.save()
     finally:
@@ -597,20 +597,12 @@ def _loss_and_metrics(task: str, threshold: float) -> tuple[Any, list]:
     return CrossEntropyLossFlat(), [accuracy, F1Score(average="macro")]
 
 
-def _write_outputs(model_dir: str, result: dict[str, Any], labels: Sequence[str], task: str,
+def _write_outputs(model_dir: str, result: dict[str, Any],
                    text_column: str, config: TrainConfig) -> None:
     def dump(name: str, value: Any) -> None:
         write_json_atomically(os.path.join(model_dir, name), value, sort_keys=False)
 
-    dump(LABELS_FILE, {
-        "labels": list(labels),
-        "task": task,
-        "threshold": config.threshold if task == MULTI_LABEL else None,
-        "thresholds": result["tuned_thresholds"],
-        "text_column": text_column,
-        "lang": config.lang,
-        "backwards": config.backwards,
-        "arch": "AWD_LSTM",
-    })
+    dump(LABELS_FILE, labels_info(result, text_column, config.threshold, lang=config.lang,
+                                  backwards=config.backwards, arch="AWD_LSTM"))
     dump(TRAINING_METRICS_FILE, result)
     dump(PER_LABEL_FILE, per_label_summary(result))

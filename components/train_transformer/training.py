@@ -29,7 +29,7 @@ from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
 from components.common.storage import TMP_PREFIX, filesystem, run_folder, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
-from components.common.text_scores import per_label_summary, validation_result
+from components.common.text_scores import labels_info, per_label_summary, validation_result
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.train_text.contract import MAX_TEXT_CHARS, clip_text
 from components.train_transformer.contract import (
@@ -329,7 +329,7 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
             # Trainer's own pickle of its arguments: not needed to load or serve the model.
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(model_dir, "training_args.bin"))
-            _write_outputs(model_dir, result, labels, task, text_column, config)
+            _write_outputs(model_dir, result, text_column, config)
     finally:
         scalars.close()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -351,21 +351,13 @@ def _checkpoint_epoch(checkpoint: str | None, history: list[dict[str, Any]],
     return int(round(step / per_epoch)) if per_epoch else None
 
 
-def _write_outputs(model_dir: str, result: dict[str, Any], labels: Sequence[str], task: str,
+def _write_outputs(model_dir: str, result: dict[str, Any],
                    text_column: str, config: TransformerConfig) -> None:
     def dump(name: str, value: Any) -> None:
         write_json_atomically(os.path.join(model_dir, name), value, sort_keys=False)
 
-    dump(LABELS_FILE, {
-        "labels": list(labels),
-        "task": task,
-        "threshold": config.threshold if task == MULTI_LABEL else None,
-        "thresholds": result["tuned_thresholds"],
-        "text_column": text_column,
-        "framework": FRAMEWORK,
-        "arch": result["run"]["arch"],
-        "model_name": config.model_name,
-        "max_length": config.max_length,
-    })
+    dump(LABELS_FILE, labels_info(result, text_column, config.threshold, framework=FRAMEWORK,
+                                  arch=result["run"]["arch"], model_name=config.model_name,
+                                  max_length=config.max_length))
     dump(TRAINING_METRICS_FILE, result)
     dump(PER_LABEL_FILE, per_label_summary(result))
