@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     for step, machine in DEFAULT_MACHINES.items():
         flag = step.replace("_", "-")
         for field in dataclasses.fields(Machine):
-            g.add_argument(f"--{flag}-{field.name.replace('_', '-')}", dest=f"{step}__{field.name}",
+            g.add_argument(f"--{flag}-{field.name.replace('_', '-')}", dest=f"{step}_{field.name}",
                            type=type(getattr(machine, field.name)), metavar=field.name.upper(),
                            default=getattr(machine, field.name), help=argparse.SUPPRESS
                            if field.name == "boot_disk_size_gb" else None)
@@ -85,12 +85,16 @@ def parser() -> argparse.ArgumentParser:
                         "to, projects/PROJECT/locations/REGION/tensorboards/ID (the pipeline's "
                         "region); needs --base-output-directory and --service-account")
     t = p.add_argument_group("tuning variants (Vertex hyperparameter tuning jobs)")
-    t.add_argument("--tune-trials", type=int, default=12, help="trials per tuning job")
-    t.add_argument("--tune-parallel-trials", type=int, default=3,
+    # Their defaults are TuningSettings' own: one home for each.
+    tune_defaults = tuning.TuningSettings(spaces={})
+    t.add_argument("--tune-trials", type=int, default=tune_defaults.max_trials,
+                   help="trials per tuning job")
+    t.add_argument("--tune-parallel-trials", type=int, default=tune_defaults.parallel_trials,
                    help="trials running at once, each on the training step's machines")
-    t.add_argument("--tune-max-failed-trials", type=int, default=0,
+    t.add_argument("--tune-max-failed-trials", type=int,
+                   default=tune_defaults.max_failed_trials,
                    help="failed trials that fail the job; 0 lets Vertex decide")
-    t.add_argument("--tune-algorithm", default="ALGORITHM_UNSPECIFIED",
+    t.add_argument("--tune-algorithm", default=tune_defaults.algorithm,
                    help=f"one of {', '.join(tuning.ALGORITHMS)} (unspecified: Bayesian)")
     for kind in TUNED_KINDS:
         t.add_argument(f"--{kind}-search-space", default="", metavar="FILE",
@@ -113,22 +117,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not isinstance(defaults, dict):
             p.error(f"--config {first.config} must hold a JSON object of option names, e.g. "
                     '{"registry": "REGION-docker.pkg.dev/PROJECT/REPO"}')
-        # keys are the long flags' names with underscores:
-        # --shard-machine-type -> shard_machine_type
-        dests = {o[2:].replace("-", "_"): a.dest for a in p._actions for o in a.option_strings
-                 if o.startswith("--")}
-        unknown = sorted(set(defaults) - set(dests))
+        # Keys are the options' destinations, the long flags with underscores
+        # (--shard-machine-type -> shard_machine_type); each takes the type of its default.
+        own = vars(p.parse_args([]))
+        del own["config"]
+        unknown = sorted(set(defaults) - set(own))
         if unknown:
             p.error(f"{first.config}: unknown option(s) {unknown}")
-        actions = {a.dest: a for a in p._actions}
         for key, value in defaults.items():
-            action = actions[dests[key]]
-            wanted = bool if action.const is True else (action.type or str)
+            default = own[key]
+            wanted = str if default is None else type(default)
             # JSON true/false only for switches: {"spot": "false"} must not mean SPOT.
             if type(value) is not wanted and not (wanted is float and type(value) is int):
                 p.error(f"{first.config}: {key} must be a JSON {wanted.__name__}, got "
                         f"{json.dumps(value)}")
-        p.set_defaults(**{dests[k]: v for k, v in defaults.items()})
+        p.set_defaults(**defaults)
     return p.parse_args(argv)
 
 
@@ -197,7 +200,7 @@ def vertex_settings(args: argparse.Namespace) -> VertexSettings:
                          "or a tag other than latest")
     values = vars(args)
     machines = {
-        step: Machine(**{f.name: values[f"{step}__{f.name}"] for f in dataclasses.fields(Machine)})
+        step: Machine(**{f.name: values[f"{step}_{f.name}"] for f in dataclasses.fields(Machine)})
         for step in DEFAULT_MACHINES
     }
     problems = [problem for step, machine in machines.items()
