@@ -1,7 +1,8 @@
 """KFP faces of the preflight step: each pipeline's parameters mapped onto `checks.preflight`.
 
-Each signature repeats its pipeline's parameters (a test keeps them equal): they arrive
-typed, one input each, which every backend resolves the same way.
+Each parameter list is its pipeline's, written here by `python -m pipelines.signatures`
+(a test fails when it is stale): they arrive typed, one input each, which every backend
+resolves the same way.
 """
 
 from typing import NamedTuple

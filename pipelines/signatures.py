@@ -1,0 +1,262 @@
+"""Parameter lists written from one home: `python -m pipelines.signatures [--check]`.
+
+KFP reads a step's inputs and their defaults from its function's signature, and for the
+lightweight components used here it pastes the function's source into the compiled JSON,
+where the executor reads that signature again at run time. A default therefore has to
+stand as a literal in the source of every function that declares it: the step, the
+pipeline that feeds it and the pipeline's preflight step. Instead of being typed there, it
+is written there from its home:
+
+- a configured step's default comes from its settings class (e.g. `TrainConfig`);
+- a pipeline parameter's default comes from the step it feeds (the preflight aside);
+- a preflight step's whole parameter list is its pipeline's.
+
+A value that is already right keeps its spelling (`1e-3` is not rewritten as `0.001`), so
+the compiled JSON changes only when a value does. `--check` rewrites nothing and exits 1
+naming the stale files (a test runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import json
+import pathlib
+import sys
+from typing import Any
+
+from kfp.dsl import utils as kfp_utils
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Configured steps: (component module, function, settings class "module:Class").
+CONFIGURED = (
+    ("components.shard.component", "shard_images", "components.shard.contract:ShardConfig"),
+    ("components.train_image.component", "train_image_classifier",
+     "components.train_image.contract:TrainConfig"),
+    ("components.prepare_text.component", "prepare_text_data",
+     "components.prepare_text.contract:PrepareConfig"),
+    ("components.train_text.component", "train_text_classifier",
+     "components.train_text.contract:TrainConfig"),
+    ("components.train_lm.component", "train_language_model",
+     "components.train_lm.contract:LMConfig"),
+    ("components.train_transformer.component", "train_transformer_classifier",
+     "components.train_transformer.contract:TransformerConfig"),
+)
+# Pipelines: (module with build(image), pipeline function, preflight function).
+PIPELINES = (
+    ("pipelines.image", "image_pipeline", "preflight_image"),
+    ("pipelines.text", "text_pipeline", "preflight_text"),
+    ("pipelines.transformer", "transformer_pipeline", "preflight_transformer"),
+    ("pipelines.lm", "lm_pipeline", "preflight_lm"),
+)
+PREFLIGHT_MODULE = "components.preflight.component"
+# Step modules whose functions a compiled pipeline may name (comp-<function name>).
+STEP_MODULES = ("components.shard.component", "components.train_image.component",
+                "components.prepare_text.component", "components.train_text.component",
+                "components.train_lm.component", "components.train_transformer.component",
+                "components.evaluate_image.component", "components.evaluate_text.component",
+                "components.register.component", "components.predict.component",
+                "components.track.component", "components.tune.component")
+
+
+def as_step_value(name: str, value: Any) -> Any:
+    """A settings value as the step's typed input carries it: no None, tuple or dict
+    (KFP inputs are scalars), so 0 stands for None and text for lists and objects."""
+    if value is None:
+        return 0
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, dict):
+        return json.dumps(value) if value else ""
+    return value
+
+
+def config_defaults(config: type) -> dict[str, Any]:
+    """Each field's default of a settings dataclass, as a step input carries it."""
+    defaults = {}
+    for field in dataclasses.fields(config):
+        if field.default is not dataclasses.MISSING:
+            defaults[field.name] = as_step_value(field.name, field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            defaults[field.name] = as_step_value(field.name, field.default_factory())
+    return defaults
+
+
+def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
+    found = [node for node in ast.walk(tree)
+             if isinstance(node, ast.FunctionDef) and node.name == name]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} functions named {name}")
+    return found[0]
+
+
+def _with_defaults(function: ast.FunctionDef) -> list[tuple[ast.arg, ast.expr]]:
+    args = function.args.args
+    return list(zip(args[len(args) - len(function.args.defaults):], function.args.defaults))
+
+
+def _offset(lines: list[str], line: int, col: int) -> int:
+    return sum(len(text) for text in lines[:line - 1]) + col
+
+
+def _replace(source: str, spans: list[tuple[int, int, int, int, str]]) -> str:
+    """Source with each (line, col, end_line, end_col) span replaced, last first."""
+    lines = source.splitlines(keepends=True)
+    for line, col, end_line, end_col, text in sorted(spans, reverse=True):
+        start, end = _offset(lines, line, col), _offset(lines, end_line, end_col)
+        source = source[:start] + text + source[end:]
+    return source
+
+
+def literal(value: Any) -> str:
+    """Python source of a default value, strings in double quotes as the house writes them."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
+
+
+def rewrite_defaults(source: str, function: str, values: dict[str, Any]) -> str:
+    """`source` with the defaults of `function`'s parameters named in `values` set to
+    those values; a literal that already equals its value is left as written.
+
+    Raises:
+        LookupError: `source` holds no or several functions of that name.
+    """
+    spans = []
+    for arg, default in _with_defaults(_function(ast.parse(source), function)):
+        if arg.arg not in values:
+            continue
+        try:
+            if ast.literal_eval(default) == values[arg.arg] and \
+                    type(ast.literal_eval(default)) is type(values[arg.arg]):
+                continue
+        except ValueError:  # not a literal (e.g. a name): the caller's value is the home
+            pass
+        spans.append((default.lineno, default.col_offset, default.end_lineno,
+                      default.end_col_offset, literal(values[arg.arg])))
+    return _replace(source, spans)
+
+
+def parameter_lines(source: str, function: str, indent: str = "    ") -> list[str]:
+    """`function`'s parameters as `name: type = default,` lines; a default that is not a
+    literal (a value known when the pipeline is built) is written as its type's empty."""
+    tree = ast.parse(source)
+    node = _function(tree, function)
+    defaults = dict((arg.arg, default) for arg, default in _with_defaults(node))
+    lines = []
+    for arg in node.args.args:
+        text = f"{indent}{arg.arg}: {ast.get_source_segment(source, arg.annotation)}"
+        if arg.arg in defaults:
+            default = defaults[arg.arg]
+            try:
+                ast.literal_eval(default)
+                text += f" = {ast.get_source_segment(source, default)}"
+            except ValueError:
+                text += " = " + literal(_empty(ast.get_source_segment(source, arg.annotation)))
+        lines.append(text + ",")
+    return lines
+
+
+def _empty(annotation: str) -> Any:
+    return {"str": "", "int": 0, "float": 0.0, "bool": False}[annotation]
+
+
+def rewrite_parameters(source: str, function: str, lines: list[str]) -> str:
+    """`source` with `function`'s parameter list replaced by `lines` (one a parameter)."""
+    node = _function(ast.parse(source), function)
+    first, last = node.args.args[0], node.args.args[-1]
+    defaults = _with_defaults(node)
+    end = defaults[-1][1] if defaults and defaults[-1][0] is last else last
+    # The list's own trailing comma and closing bracket stay as they are.
+    text = "\n".join(lines).strip().rstrip(",")
+    return _replace(source, [(first.lineno, first.col_offset, end.end_lineno,
+                              end.end_col_offset, text)])
+
+
+def _source_path(module: str) -> pathlib.Path:
+    return ROOT / (module.replace(".", "/") + ".py")
+
+
+def _load(spec: str) -> Any:
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def step_defaults(sources: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Every step function's defaults, by its compiled component name (comp-...), read
+    from `sources` (module -> source text) so that values just written count."""
+    defaults = {}
+    for module in STEP_MODULES:
+        tree = ast.parse(sources[module])
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.args.defaults:
+                values = {}
+                for arg, default in _with_defaults(node):
+                    try:
+                        values[arg.arg] = ast.literal_eval(default)
+                    except ValueError:
+                        continue
+                name = "comp-" + kfp_utils.maybe_rename_for_k8s(node.name)
+                defaults[name] = values
+    return defaults
+
+
+def pipeline_defaults(module: str, steps: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A pipeline's parameter defaults as the steps they feed declare them (the first
+    step that takes a parameter; preflight steps, which take every one, do not count)."""
+    pipeline = importlib.import_module(module).build("img:1")
+    spec = pipeline.pipeline_spec
+    values = {}
+    for task in spec.root.dag.tasks.values():
+        name = task.component_ref.name
+        base = name.rsplit("-", 1)[0] if name[-1].isdigit() and name not in steps else name
+        if base.startswith("comp-preflight") or base not in steps:
+            continue
+        for input_name, source in task.inputs.parameters.items():
+            parameter = source.component_input_parameter
+            if parameter and input_name in steps[base]:
+                values.setdefault(parameter, steps[base][input_name])
+    return values
+
+
+def written(sources: dict[str, str]) -> dict[str, str]:
+    """Every generated file's text as it should be, from `sources` (module -> text)."""
+    sources = dict(sources)
+    for module, function, config in CONFIGURED:
+        sources[module] = rewrite_defaults(sources[module], function,
+                                           config_defaults(_load(config)))
+    steps = step_defaults(sources)
+    for module, function, preflight in PIPELINES:
+        sources[module] = rewrite_defaults(sources[module], function,
+                                           pipeline_defaults(module, steps))
+        sources[PREFLIGHT_MODULE] = rewrite_parameters(
+            sources[PREFLIGHT_MODULE], preflight, parameter_lines(sources[module], function))
+    return sources
+
+
+def _modules() -> list[str]:
+    return sorted({m for m, _, _ in CONFIGURED} | {m for m, _, _ in PIPELINES}
+                  | set(STEP_MODULES) | {PREFLIGHT_MODULE})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 naming the files that are stale")
+    args = parser.parse_args(argv)
+    sources = {module: _source_path(module).read_text() for module in _modules()}
+    wanted = written(sources)
+    stale = [module for module, text in wanted.items() if text != sources[module]]
+    for module in stale:
+        path = _source_path(module)
+        if args.check:
+            print(f"{path.relative_to(ROOT)} is stale: run python -m pipelines.signatures")
+        else:
+            path.write_text(wanted[module])
+            print(f"wrote {path.relative_to(ROOT)}")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Defaults have one home: the generator writes them into steps, pipelines and preflights."""
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from components.train_image.contract import TrainConfig as ImageTrainConfig
+from components.train_transformer.contract import TransformerConfig
+from pipelines import signatures
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_written_signature_is_current(capsys):
+    assert signatures.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_a_value_already_right_keeps_its_spelling_and_a_stale_one_is_rewritten():
+    source = "def f(\n    a: float = 1e-3,\n    b: int = 2,\n    c: str = 'x',\n):\n    pass\n"
+    assert signatures.rewrite_defaults(source, "f", {"a": 0.001, "b": 2}) == source
+    assert signatures.rewrite_defaults(source, "f", {"b": 5, "c": "y"}) == (
+        "def f(\n    a: float = 1e-3,\n    b: int = 5,\n    c: str = \"y\",\n):\n    pass\n")
+    # 1 is not 1.0 to KFP (an int literal makes an integer default): the type counts too
+    assert "a: float = 1.0" in signatures.rewrite_defaults(source, "f", {"a": 1.0})
+
+
+def test_a_parameter_list_is_copied_whole_and_built_values_become_empty():
+    pipeline = ("def build(x):\n    def p(\n        data_uri: str,\n        seed: int = 42,\n"
+                "        account: str = x,\n    ):\n        pass\n")
+    lines = signatures.parameter_lines(pipeline, "p")
+    assert lines == ["    data_uri: str,", "    seed: int = 42,", '    account: str = "",']
+    preflight = "def check(\n    data_uri: str,\n    old: int = 1,\n) -> str:\n    return ''\n"
+    assert signatures.rewrite_parameters(preflight, "check", lines) == (
+        "def check(\n    data_uri: str,\n    seed: int = 42,\n    account: str = \"\",\n"
+        ") -> str:\n    return ''\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class BiggerBatches(ImageTrainConfig):
+    batch_size: int = 64
+
+
+def test_a_settings_default_reaches_the_step_its_pipeline_and_the_preflight(monkeypatch):
+    """Changing TrainConfig.batch_size is one edit: the generator writes the rest."""
+    real_load = signatures._load
+    monkeypatch.setattr(signatures, "_load", lambda spec: BiggerBatches
+                        if spec == "components.train_image.contract:TrainConfig"
+                        else real_load(spec))
+    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
+    wanted = signatures.written(sources)
+    changed = {m for m in sources if wanted[m] != sources[m]}
+    assert changed == {"components.train_image.component", "pipelines.image",
+                       "components.preflight.component"}
+    assert "    batch_size: int = 64," in wanted["components.train_image.component"]
+    assert "        batch_size: int = 64," in wanted["pipelines.image"]
+    preflight = wanted["components.preflight.component"]
+    image_part = preflight[preflight.index("def preflight_image"):
+                           preflight.index("def preflight_text")]
+    assert "    batch_size: int = 64," in image_part
+    # the text pipelines' own batch_size is untouched
+    assert wanted["pipelines.text"] == sources["pipelines.text"]
+
+
+def test_the_transformer_recipe_table_shows_the_settings_defaults():
+    """docs/users.md's recipe table quotes TransformerConfig's defaults."""
+    users = (ROOT / "docs" / "users.md").read_text()
+    table = users[users.index("| recipe |"):].split("\n\n")[0]
+    quoted = dict(re.findall(r"`(\w+)` ([0-9.e-]+)", table))
+    defaults = dataclasses.asdict(TransformerConfig())
+    assert len(quoted) >= 6
+    for name, text in quoted.items():
+        assert float(text) == pytest.approx(defaults[name]), name
