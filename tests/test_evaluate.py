@@ -105,6 +105,43 @@ def test_roc_of_one_class_data_is_none():
     assert_no_nan(result)
 
 
+def test_roc_keeps_the_top_scores_point_on_a_straight_first_segment():
+    # Perfect ranking: (0, 0) -> (0, 0.5) -> (0, 1) is straight, but (0, 0.5) is a real
+    # operating point (threshold 0.9, one true positive) and scikit-learn keeps it.
+    scores = np.array([0.1, 0.2, 0.3, 0.8, 0.9])
+    roc = m.roc_curve(np.array([0, 0, 0, 1, 1]) == 1, scores)
+    assert roc["fpr"] == [0.0, 0.0, 0.0, 1.0]
+    assert roc["tpr"] == [0.0, 0.5, 1.0, 1.0]
+    assert roc["thresholds"] == [1.0, 0.9, 0.8, 0.1]
+    assert roc["auc"] == 1.0
+
+
+def test_roc_of_data_without_positives_is_none():
+    assert m.roc_curve(np.zeros(4, bool), np.array([0.1, 0.9, 0.5, 0.5])) is None
+    result = m.single_label_metrics(np.array([0, 0]), one_hot_probs([0, 1], 2), ["a", "b"])
+    assert result["roc"] is None and result["roc_auc"] is None
+
+
+def test_single_class_data_among_three_classes_by_hand():
+    # Every example is "a"; predicted a, a, b, c.
+    result = m.single_label_metrics(np.array([0, 0, 0, 0]), one_hot_probs([0, 0, 1, 2], 3),
+                                    ["a", "b", "c"])
+    a, b = result["per_class"]["a"], result["per_class"]["b"]
+    assert (a["precision"], a["recall"], a["f1"]) == pytest.approx((1.0, 0.5, 2 / 3))
+    assert (b["precision"], b["recall"], b["f1"], b["support"], b["predicted"]) == (0, 0, 0, 0, 1)
+    assert result["accuracy"] == 0.5
+    assert result["macro_f1"] == pytest.approx(2 / 9)
+    assert result["weighted_f1"] == pytest.approx(2 / 3)  # all the support is on "a"
+    assert result["confusion_matrix"]["matrix"] == [[2, 1, 1], [0, 0, 0], [0, 0, 0]]
+    assert_no_nan(result)
+
+
+def test_argmax_ties_pick_the_lowest_class():
+    result = m.single_label_metrics(np.array([1, 1]), np.full((2, 3), 1 / 3), ["a", "b", "c"])
+    assert result["confusion_matrix"]["matrix"] == [[0, 0, 0], [2, 0, 0], [0, 0, 0]]
+    assert result["accuracy"] == 0.0
+
+
 def test_roc_is_thinned_but_auc_is_exact():
     metrics_sk = pytest.importorskip("sklearn.metrics")
     rng = np.random.default_rng(0)
@@ -201,6 +238,55 @@ def test_multi_label_agrees_with_sklearn():
             metrics_sk.f1_score(y_true, y_pred, average=average, zero_division=0))
     assert result["hamming_loss"] == pytest.approx(metrics_sk.hamming_loss(y_true, y_pred))
     assert result["subset_accuracy"] == pytest.approx(metrics_sk.accuracy_score(y_true, y_pred))
+
+
+def test_multi_label_with_one_label_by_hand():
+    # One column must stay one label (scikit-learn would read it as two classes).
+    result = m.multi_label_metrics(ML_TRUE[:, :1], ML_PROB[:, :1], ["x"], threshold=0.5)
+    assert list(result["per_label"]) == ["x"]
+    x = result["per_label"]["x"]  # predicted [1, 1, 1, 0]: tp 2, fp 1, fn 0, tn 1
+    assert (x["precision"], x["recall"], x["f1"]) == pytest.approx((2 / 3, 1.0, 4 / 5))
+    assert (x["accuracy"], x["support"], x["predicted"]) == (0.75, 2, 3)
+    assert (result["micro_f1"], result["macro_f1"]) == pytest.approx((4 / 5, 4 / 5))
+    assert (result["subset_accuracy"], result["hamming_loss"]) == (0.75, 0.25)
+    assert m.tune_thresholds(ML_TRUE[:, :1], ML_PROB[:, :1]).tolist() == [0.5]
+
+
+def test_multi_label_with_nothing_true_and_nothing_predicted_is_zero_not_nan():
+    result = m.multi_label_metrics(np.zeros((3, 2), int), np.full((3, 2), 0.1), ["x", "y"])
+    for key in ("micro_precision", "micro_recall", "micro_f1", "macro_f1", "hamming_loss"):
+        assert result[key] == 0.0
+    assert result["subset_accuracy"] == 1.0
+    assert result["per_label"]["x"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0,
+                                        "accuracy": 1.0, "support": 0, "predicted": 0,
+                                        "threshold": 0.5}
+    assert_no_nan(result)
+
+
+def test_multi_label_rejects_bad_input():
+    with pytest.raises(ValueError, match="no examples"):
+        m.multi_label_metrics(np.zeros((0, 2), int), np.zeros((0, 2)), ["x", "y"])
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        m.multi_label_metrics(np.array([[2, 0]]), np.array([[0.5, 0.5]]), ["x", "y"])
+    with pytest.raises(ValueError, match="must both be"):
+        m.tune_thresholds(np.zeros((2, 2), int), np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="grid is empty"):
+        m.tune_thresholds(ML_TRUE, ML_PROB, grid=[])
+
+
+def test_tuned_f1_is_the_best_f1_on_the_grid():
+    # tune_thresholds counts F1 itself (speed); it must agree with multi_label_metrics'.
+    rng = np.random.default_rng(4)
+    y_true = (rng.random((250, 5)) < [0.0, 0.05, 0.2, 0.4, 0.6]).astype(int)
+    y_prob = np.clip(0.3 * y_true + rng.random((250, 5)) * 0.7, 0, 1).round(2)
+    names = list("abcde")
+    grid = [0.1, 0.3, 0.5, 0.7]
+    tuned = m.multi_label_metrics(y_true, y_prob, names, m.tune_thresholds(y_true, y_prob, grid))
+    for name in names:
+        at_grid = [m.multi_label_metrics(y_true, y_prob, names, t)["per_label"][name]["f1"]
+                   for t in grid]
+        assert tuned["per_label"][name]["f1"] == max(at_grid)
+    assert tuned["per_label"]["a"]["threshold"] == 0.5  # no positives: F1 0 everywhere
 
 
 def test_tune_thresholds_by_hand():
