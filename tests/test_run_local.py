@@ -1,10 +1,13 @@
 """`python -m pipelines.run_local image`: the whole image pipeline through kfp.local."""
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -14,26 +17,62 @@ from tests.browser import check_report
 from tests.conftest import plant_bad_files, write_class_images
 
 
-@pytest.mark.slow
-def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
-    data = str(tmp_path / "images")
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory):
+    """One whole local image run on 30 images per class and a bucket's bad files, read by
+    the tests below (each checks one thing the run must have done)."""
+    root = tmp_path_factory.mktemp("image-run")
+    data = str(root / "images")
     write_class_images(data, per_class=30)
     bad = plant_bad_files(data)
-    output = tmp_path / "run"
-    code = run_local.main([
-        "image", "--data", data, "--output", str(output), "--image-size", "32",
-        "--min-shards-per-split", "2", "--max-skipped-fraction", "0.2", "--seed", "7",
-        "--test-fraction", "0.2", "--validation-fraction", "0.2", "--train-fraction", "0.6",
-        "--weights", "none", "--epochs", "10", "--fine-tune-epochs", "0", "--batch-size", "16",
-        "--registration-threshold", "0.5", "--predict-uri", data,
-    ])
-    assert code == 0
+    output = root / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = run_local.main([
+            "image", "--data", data, "--output", str(output), "--image-size", "32",
+            "--min-shards-per-split", "2", "--max-skipped-fraction", "0.2", "--seed", "7",
+            "--test-fraction", "0.2", "--validation-fraction", "0.2", "--train-fraction", "0.6",
+            "--weights", "none", "--epochs", "10", "--fine-tune-epochs", "0",
+            "--batch-size", "16", "--registration-threshold", "0.5", "--predict-uri", data,
+        ])
+    assert code == 0, printed.getvalue()[-3000:]
     summary = json.loads((output / "summary.json").read_text())
-    sharding = summary["sharding"]
-    assert sharding["examples_in"] == 90 + len(bad)
+    artifacts = {name: root / path for name, path in summary["artifacts"].items()}
+    return types.SimpleNamespace(root=root, data=data, bad=bad, output=output,
+                                 summary=summary, artifacts=artifacts,
+                                 printed=printed.getvalue())
+
+
+def _test_files(run) -> list[str]:
+    from components.shard.contract import make_dataset
+
+    return [key.decode() for _, _, key in make_dataset(
+        str(run.artifacts["dataset"]), "test", with_keys=True).as_numpy_iterator()]
+
+
+def _predictions_by_file(run) -> dict:
+    lines = read_predictions(run.summary["artifacts"]["predictions"])
+    return {os.path.relpath(line["input"], run.data): line for line in lines}
+
+
+@pytest.mark.slow
+def test_image_run_shards_every_readable_file_and_names_each_skip(image_run):
+    sharding = image_run.summary["sharding"]
+    assert sharding["examples_in"] == 90 + len(image_run.bad)
     assert sum(sharding["written"].values()) == 90
-    assert {s["path"] for s in sharding["skipped"]} == set(bad)
-    metrics = summary["metrics"]
+    assert {s["path"] for s in sharding["skipped"]} == set(image_run.bad)
+    manifest_path = image_run.artifacts["dataset"] / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["seed"] == 7 and manifest["image"]["height"] == 32
+    # reproducibility: the model names the data and parameters it was trained with
+    provenance = image_run.summary["provenance"]
+    assert provenance["data_sha256"] == hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+    assert provenance["parameters"]["epochs"] == 10 and provenance["parameters"]["seed"] == 7
+
+
+@pytest.mark.slow
+def test_image_run_learns_and_would_register(image_run):
+    metrics, sharding = image_run.summary["metrics"], image_run.summary["sharding"]
     per_label = metrics["per_label"]
     assert set(per_label) == {"cat", "dog", "eel"}
     assert sum(v["support"] for v in per_label.values()) == sharding["written"]["test"] >= 15
@@ -43,45 +82,39 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
     # (2026-11-24), 0.8-1.0 otherwise; 10 epochs give a slow start room to recover (0.94,
     # 0.94 measured). 0.6 is well clear of chance.
     assert metrics["accuracy"] >= 0.6, metrics
-    assert summary["registration"]["would_register"] is True
-    assert summary["registration"]["uploaded"] is False
-    model_dir = tmp_path / summary["artifacts"]["model"]
+    assert image_run.summary["registration"]["would_register"] is True
+    assert image_run.summary["registration"]["uploaded"] is False
+    model_dir = image_run.artifacts["model"]
     assert (model_dir / "model.keras").exists() and (model_dir / "saved_model").is_dir()
-    manifest_path = tmp_path / summary["artifacts"]["dataset"] / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    assert manifest["seed"] == 7 and manifest["image"]["height"] == 32
-    # reproducibility: the model names the data and parameters it was trained with
-    provenance = summary["provenance"]
-    assert provenance["data_sha256"] == hashlib.sha256(manifest_path.read_bytes()).hexdigest()
-    assert provenance["parameters"]["epochs"] == 10 and provenance["parameters"]["seed"] == 7
-    printed = capsys.readouterr().out
-    assert str(output / "summary.json") in printed
-    # the HTML report, as a browser shows it: every plot, the classes and the test count
-    # read from the page; its path printed and in the summary
-    report = summary["artifacts"]["report_html"]
-    assert f"report: {report}" in printed
-    page = check_report(report, tmp_path / "image_report.png",
+    assert str(image_run.output / "summary.json") in image_run.printed
+
+
+@pytest.mark.slow
+def test_image_report_shows_every_plot_the_classes_and_the_test_count(image_run):
+    """The HTML report as a browser shows it; its path printed and in the summary."""
+    report = image_run.summary["artifacts"]["report_html"]
+    assert f"report: {report}" in image_run.printed
+    page = check_report(report, image_run.root / "image_report.png",
                         {"confusion", "per-class", "curves", "training"},
-                        ["cat", "dog", "eel"], sharding["written"]["test"],
+                        ["cat", "dog", "eel"], image_run.summary["sharding"]["written"]["test"],
                         ["pixels_logreg", "majority_class"])
     assert "Most confident mistakes" in page
 
-    # batch prediction over the same folder: a line per file, the bad ones with their reason
-    lines = read_predictions(summary["artifacts"]["predictions"])
-    by_file = {os.path.relpath(line["input"], data): line for line in lines}
-    assert len(lines) == 90 + len(bad) + 1  # README.md is a file too (an error line)
-    assert summary["predictions"]["errors"] == len(bad) + 1
+
+@pytest.mark.slow
+def test_image_predictions_label_every_file_and_agree_with_the_evaluation(image_run):
+    by_file = _predictions_by_file(image_run)
+    bad = image_run.bad
+    assert len(by_file) == 90 + len(bad) + 1  # README.md is a file too (an error line)
+    assert image_run.summary["predictions"]["errors"] == len(bad) + 1
     for path, reason in bad.items():
         assert by_file[path]["error"].startswith(reason)
     assert ".DS_Store" not in by_file and "cat/.hidden.jpg" not in by_file  # hidden: left out
-    assert "predictions: 90 of 94 inputs labelled, 4 unreadable" in printed
+    assert "predictions: 90 of 94 inputs labelled, 4 unreadable" in image_run.printed
     # on the test split the predictions are the evaluation's: same confusion matrix
-    from components.shard.contract import make_dataset
-
-    test_files = [key.decode() for _, _, key in make_dataset(
-        str(manifest_path.parent), "test", with_keys=True).as_numpy_iterator()]
-    evaluation = json.loads((tmp_path / summary["artifacts"]["evaluation"] /
-                             "metrics.json").read_text())
+    test_files = _test_files(image_run)
+    assert len(test_files) == image_run.summary["sharding"]["written"]["test"]
+    evaluation = json.loads((image_run.artifacts["evaluation"] / "metrics.json").read_text())
     classes = evaluation["confusion_matrix"]["labels"]
     matrix = [[0] * len(classes) for _ in classes]
     for path in test_files:
@@ -89,15 +122,22 @@ def test_image_pipeline_end_to_end_learns_and_summarizes(tmp_path, capsys):
         matrix[classes.index(path.split("/")[0])][classes.index(line["labels"][0])] += 1
         assert sum(line["scores"].values()) == pytest.approx(1, abs=1e-4)
     assert matrix == evaluation["confusion_matrix"]["matrix"]
-    assert len(test_files) == sharding["written"]["test"]
 
-    # the SavedModel as a Vertex endpoint runs it: the files' bytes in, decoded in the
-    # graph, with TensorFlow alone (this package blocked) -> the batch predictions
-    request = tmp_path / "request.json"
-    request.write_text(json.dumps([os.path.join(data, path) for path in test_files]))
+
+@pytest.mark.slow
+def test_saved_model_serves_the_batch_predictions_from_the_files_bytes(image_run):
+    """The SavedModel as a Vertex endpoint runs it: the files' bytes in, decoded in the
+    graph, with TensorFlow alone (this package blocked) -> the batch predictions."""
+    by_file = _predictions_by_file(image_run)
+    test_files = _test_files(image_run)
+    classes = json.loads((image_run.artifacts["evaluation"] / "metrics.json").read_text())[
+        "confusion_matrix"]["labels"]
+    request = image_run.root / "request.json"
+    request.write_text(json.dumps([os.path.join(image_run.data, path) for path in test_files]))
     served = subprocess.run(
-        [sys.executable, "-c", _SERVE_FROM_BYTES, str(model_dir / "saved_model"), str(request)],
-        capture_output=True, text=True, cwd=tmp_path, check=True)
+        [sys.executable, "-c", _SERVE_FROM_BYTES,
+         str(image_run.artifacts["model"] / "saved_model"), str(request)],
+        capture_output=True, text=True, cwd=image_run.root, check=True)
     response = json.loads(served.stdout.splitlines()[-1])
     for path, probabilities, label in zip(test_files, response["probabilities"],
                                           response["label"]):
