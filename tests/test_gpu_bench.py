@@ -44,8 +44,12 @@ def test_smoke_measures_every_section_on_a_cpu(tmp_path):
     assert (densenet["engine"], densenet["device"], densenet["image_size"]) == (
         "tf-keras", "CPU", 32)
     for precision in ("mixed_float16", "float32"):
-        assert densenet[precision]["images_per_second"] > 0
-        assert densenet[precision]["share_of_peak"] is None  # no peak for a CPU
+        rate = densenet[precision]["images_per_second"]
+        # the report's arithmetic: FLOP/s from the rate at this size, no peak for a CPU
+        assert densenet[precision]["tflops"] == pytest.approx(gpu_bench.train_tflops(rate, 32))
+        assert densenet[precision]["share_of_peak"] is None
+    assert densenet["amp_speedup"] == pytest.approx(
+        densenet["mixed_float16"]["images_per_second"] / densenet["float32"]["images_per_second"])
     feed = results["feed"]
     assert feed["precision"] == "float32"  # the policy the selection logic chose here
     assert feed["host_cores"] >= 1 and feed["shard_images"] == 40
@@ -55,8 +59,10 @@ def test_smoke_measures_every_section_on_a_cpu(tmp_path):
     assert feed["pipeline_images_per_second"] > 0
     fastai = results["fastai"]
     assert fastai["fp32"]["speedup"] == 1.0
-    for precision in gpu_bench.TEXT_PRECISIONS:
-        assert fastai[precision]["tokens_per_second"] > 0
+    for precision in gpu_bench.TEXT_PRECISIONS:  # a speed-up is a ratio of the two rates
+        assert fastai[precision]["speedup"] == pytest.approx(
+            fastai[precision]["tokens_per_second"] / fastai["fp32"]["tokens_per_second"])
+    assert fastai["arch"] == {"emb_sz": 16, "n_hid": 32, "n_layers": 1}  # the smoke's size
     assert "skipped" not in results
 
     for line in ("strategy         default", "keras precision  float32",
@@ -71,7 +77,10 @@ def test_keras3_engine_and_host_cores(tmp_path):
                               "--host-cores", "1", env={"KERAS_BACKEND": "tensorflow"})
     assert set(results) == {"densenet"}
     assert results["densenet"]["engine"] == "keras3"
-    assert results["densenet"]["mixed_float16"]["images_per_second"] > 0
+    assert results["densenet"]["image_size"] == 32 and results["densenet"]["batch"] == 4
+    assert results["densenet"]["amp_speedup"] == pytest.approx(
+        results["densenet"]["mixed_float16"]["images_per_second"]
+        / results["densenet"]["float32"]["images_per_second"])
     assert "DenseNet121 32px batch 4 (keras3, CPU)" in printed
 
 

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import types
 
 import numpy as np
 import pandas as pd
@@ -66,27 +67,38 @@ def test_demo_csv_is_reproducible(tmp_path):
     assert len((tmp_path / "c.csv").read_text().splitlines()) == 6  # header + 5 rows
 
 
-@pytest.mark.slow
-def test_text_pipeline_end_to_end_with_kfp_local(tmp_path, monkeypatch):
-    monkeypatch.delenv("AIP_CHECKPOINT_DIR", raising=False)
-    data = str(tmp_path / "reviews.csv")
+LABELS = [*demo_text.LABEL_WORDS, "other"]
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    """One whole text pipeline run through kfp.local on 200 generated reviews, read by the
+    tests below (each checks one thing the run must have done)."""
+    root = tmp_path_factory.mktemp("text-run")
+    data = str(root / "reviews.csv")
     demo_text.write_reviews_csv(data, rows=200, seed=2)
-    local.init(runner=local.SubprocessRunner(use_venv=False),
-               pipeline_root=str(tmp_path / "kfp"))
-    task = text.build("local/vertex-gpu-pipelines:dev")(
-        data_uri=data, pretrained=False, lm_epochs=0, epochs=8, batch_size=16, min_freq=1,
-        seq_len=24, model_config=SMALL, predict_uri=data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("AIP_CHECKPOINT_DIR", raising=False)
+        local.init(runner=local.SubprocessRunner(use_venv=False),
+                   pipeline_root=str(root / "kfp"))
+        task = text.build("local/vertex-gpu-pipelines:dev")(
+            data_uri=data, pretrained=False, lm_epochs=0, epochs=8, batch_size=16,
+            min_freq=1, seq_len=24, model_config=SMALL, predict_uri=data)
     artifacts = {name: artifact.path for name, artifact in task.outputs.items()
                  if name != "register"}
-    summary = text.summarize_run(task.outputs)
+    return types.SimpleNamespace(root=root, data=data, task=task, artifacts=artifacts,
+                                 summary=text.summarize_run(task.outputs))
+
+
+@pytest.mark.slow
+def test_text_run_learns_past_every_label_and_the_gate_decides(text_run):
+    summary = text_run.summary
     # the gate (micro F1 >= 0.5 by default) decided; a local run never uploads
     assert summary["registration"]["would_register"] is (summary["metrics"]["micro_f1"] >= 0.5)
     assert summary["registration"]["uploaded"] is False
-
-    labels = [*demo_text.LABEL_WORDS, "other"]
     metrics = summary["metrics"]
     assert metrics["task"] == "multi_label" and metrics["split"] == "test"
-    assert list(metrics["per_label"]) == labels
+    assert list(metrics["per_label"]) == LABELS
     for values in metrics["per_label"].values():
         assert set(values) == {"precision", "recall", "f1", "support"}
     assert sum(v["support"] for v in metrics["per_label"].values()) >= 20
@@ -96,67 +108,83 @@ def test_text_pipeline_end_to_end_with_kfp_local(tmp_path, monkeypatch):
     share = positives / (metrics["num_examples"] * len(metrics["per_label"]))
     every_label = 2 * share / (1 + share)
     assert metrics["micro_f1"] > every_label + 0.2, (metrics["micro_f1"], every_label)
-    assert metrics["threshold"] == 0.3 and set(metrics["tuned_thresholds"]) == set(labels)
+    assert metrics["threshold"] == 0.3 and set(metrics["tuned_thresholds"]) == set(LABELS)
     assert summary["preparation"]["splits"] == {"train": 120, "validation": 30, "test": 50}
     assert summary["training"]["epochs"] == 8  # classifier only (the LM stage: test_text_train)
     assert len(summary["training"]["classifier_epoch_seconds"]) == 8
+    assert summary["training"]["restarts"] == []
 
-    # the pipeline's Metrics output carries the evaluation's scalars (KFP metadata)
-    scalars = task.outputs["metrics"].metadata
+
+@pytest.mark.slow
+def test_text_metrics_output_carries_the_scores_beside_the_baselines(text_run):
+    """The pipeline's Metrics output (KFP metadata, the console's scalars) carries the
+    evaluation's scores and the baselines fitted on the same train split."""
+    metrics, baseline = text_run.summary["metrics"], text_run.summary["baseline"]
+    scalars = text_run.task.outputs["metrics"].metadata
     assert scalars["micro_f1"] == pytest.approx(metrics["micro_f1"])
     assert "tuned_macro_f1" in scalars and "f1_prix" in scalars
-    # beside them, the baselines fitted on the same train split and scored on the same test
-    baseline = summary["baseline"]
     assert set(baseline) == {"tfidf_logreg", "every_label"}
     assert scalars["baseline_micro_f1"] == pytest.approx(baseline["tfidf_logreg"]["micro_f1"])
     assert scalars["every_label_micro_f1"] == pytest.approx(baseline["every_label"]["micro_f1"])
     # the templated reviews are learnt by any model; predicting every label is not
     assert baseline["tfidf_logreg"]["micro_f1"] > baseline["every_label"]["micro_f1"] + 0.3
-    assert summary["training"]["restarts"] == []
-    model_files = sorted(os.listdir(artifacts["model"]))
-    assert model_files == ["export.pkl", "labels.json", "metrics.json", "per_label_metrics.json"]
-    per_label = json.loads(open(os.path.join(artifacts["model"], "per_label_metrics.json")).read())
-    assert set(per_label["labels"]["prix"]) >= {"precision", "recall", "f1", "accuracy", "support",
-                                                "tuned_threshold", "tuned_f1"}
+
+
+@pytest.mark.slow
+def test_text_model_folder_and_reports(text_run):
+    model = text_run.artifacts["model"]
+    assert sorted(os.listdir(model)) == ["export.pkl", "labels.json", "metrics.json",
+                                         "per_label_metrics.json"]
+    per_label = json.loads(open(os.path.join(model, "per_label_metrics.json")).read())
+    assert set(per_label["labels"]["prix"]) >= {"precision", "recall", "f1", "accuracy",
+                                                "support", "tuned_threshold", "tuned_f1"}
     assert "micro_f1" in per_label and "macro_f1" in per_label
-    report = open(artifacts["report"]).read()
+    report = open(text_run.artifacts["report"]).read()
     assert "Per-label thresholds tuned on the validation split" in report
     # the HTML report in a browser: plots, labels and the test split's size from the page
-    page = check_report(summary["artifacts"]["report_html"], tmp_path / "text_report.png",
+    summary = text_run.summary
+    page = check_report(summary["artifacts"]["report_html"], text_run.root / "text_report.png",
                         {"per-label", "curves", "cooccurrence", "training-classifier"},
-                        labels, summary["preparation"]["splits"]["test"],
+                        LABELS, summary["preparation"]["splits"]["test"],
                         ["tfidf_logreg", "every_label"])
     assert "Largest mistakes" in page and "tuned threshold" in page
 
-    # reproducibility: the model names its code, data and parameters
-    model_meta = task.outputs["model"].metadata
+
+@pytest.mark.slow
+def test_text_model_names_its_code_data_and_parameters(text_run):
+    model_meta = text_run.task.outputs["model"].metadata
     assert model_meta["git_sha"] == "unknown"  # set by the container image, not here
-    manifest_path = os.path.join(artifacts["dataset"], "manifest.json")
-    assert model_meta["data_sha256"] == hashlib.sha256(open(manifest_path, "rb").read()).hexdigest()
+    manifest_path = os.path.join(text_run.artifacts["dataset"], "manifest.json")
+    assert model_meta["data_sha256"] == hashlib.sha256(
+        open(manifest_path, "rb").read()).hexdigest()
     assert json.load(open(manifest_path))["source_sha256"] == hashlib.sha256(
-        open(data, "rb").read()).hexdigest()
+        open(text_run.data, "rb").read()).hexdigest()
     assert model_meta["parameters"]["epochs"] == 8 and model_meta["parameters"]["lang"] == "fr"
 
-    # the predict step labelled every row of the CSV it was given
+
+@pytest.mark.slow
+def test_text_predictions_label_every_row_and_agree_with_the_evaluation(text_run, tmp_path):
     from pipelines import local_run
 
-    predicted = local_run._predictions(artifacts["model"])
+    model = text_run.artifacts["model"]
+    # the predict step labelled every row of the CSV it was given
+    predicted = local_run._predictions(model)
     assert (predicted["inputs"], predicted["errors"]) == (200, 0)
     assert [line["input"] for line in predicted["first"]] == [0, 1, 2]
     # the CLI on the test split, with two rows that cannot be labelled, agrees with the
     # evaluation: same micro F1 from the predicted label sets
-    test = pd.read_csv(os.path.join(artifacts["dataset"], "test.csv"))
+    test = pd.read_csv(os.path.join(text_run.artifacts["dataset"], "test.csv"))
     with_blanks = tmp_path / "new.csv"
     pd.concat([test, pd.DataFrame({"text": ["", "  "]})]).to_csv(with_blanks, index=False)
     out = tmp_path / "predictions.jsonl"
-    assert predict_cli.main(["--model", artifacts["model"], "--data", str(with_blanks),
+    assert predict_cli.main(["--model", model, "--data", str(with_blanks),
                              "--output", str(out), "--no-progress"]) == 0
     lines = read_predictions(str(out))
     assert [line["error"] for line in lines[-2:]] == ["empty text in column 'text'"] * 2
-    chosen = np.array([[label in line["labels"] for label in labels] for line in lines[:-2]])
-    scored = multi_label_metrics(test[labels].to_numpy(), chosen.astype(float), labels, 0.5)
-    assert scored["micro_f1"] == pytest.approx(metrics["micro_f1"])
+    chosen = np.array([[label in line["labels"] for label in LABELS] for line in lines[:-2]])
+    scored = multi_label_metrics(test[LABELS].to_numpy(), chosen.astype(float), LABELS, 0.5)
+    assert scored["micro_f1"] == pytest.approx(text_run.summary["metrics"]["micro_f1"])
     pd.DataFrame({"review": ["x"]}).to_csv(tmp_path / "other.csv", index=False)
-    assert predict_cli.main(["--model", artifacts["model"], "--data", str(tmp_path / "other.csv"),
+    assert predict_cli.main(["--model", model, "--data", str(tmp_path / "other.csv"),
                              "--output", str(tmp_path / "o.jsonl")]) == 2
     assert not (tmp_path / "o.jsonl").exists()
