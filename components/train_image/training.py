@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -41,6 +40,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
+from components.common import run_state
 from components.common.hypertune import TrialReporter
 from components.common.storage import filesystem, local_path, run_folder, write_json_atomically
 from components.shard.contract import make_dataset, read_manifest
@@ -266,6 +266,8 @@ def _read_json(path: str) -> Any:
 
 _write_json = write_json_atomically  # checkpoint folders are local paths (gs:// via /gcs/)
 
+RUN_FILE = "run.json"  # the run's fingerprint (run_state.claim), config and replicas
+
 
 class RunState:
     """The resume state under the checkpoint folder (layout in the module docstring).
@@ -285,21 +287,11 @@ class RunState:
 
     def claim(self, fingerprint: str, description: dict[str, Any]) -> None:
         """Records the run's fingerprint, or fails if the folder holds another run."""
-        path = self._path("run.json")
-        if tf.io.gfile.exists(path):
-            found = _read_json(path).get("fingerprint")
-            if found != fingerprint:
-                raise TrainingError(
-                    f"checkpoint folder {self.root!r} holds the state of a different run "
-                    "(other config, dataset or number of replicas); resuming it would mix "
-                    "the two. Use another checkpoint_dir or delete that folder."
-                )
+        if run_state.claim(self.root, RUN_FILE, fingerprint, error=TrainingError,
+                           differs="other config, dataset or number of replicas",
+                           record=description, write=self.chief):
             log.info("checkpoint folder %s belongs to this run: finished work is reused",
                      self.root)
-            return
-        if self.chief:
-            tf.io.gfile.makedirs(self.root)
-            _write_json(path, {"fingerprint": fingerprint, **description})
 
     def finished(self, phase: str) -> dict[str, Any] | None:
         """The marker of a finished phase, or None."""
@@ -332,7 +324,7 @@ class RunState:
         """Deletes the state once the model is exported (and the folder if left empty)."""
         if not self.chief or not tf.io.gfile.exists(self.root):
             return
-        names = ["run.json"]
+        names = [RUN_FILE]
         for phase in phases:
             names += [f"backup-{phase}", f"history-{phase}.json", f"{phase}.weights.npz",
                       f"{phase}.done.json"]
@@ -380,7 +372,7 @@ def fingerprint(config: TrainConfig, manifest: dict[str, Any], replicas: int) ->
               for split, info in manifest["splits"].items()}
     payload = {"config": dataclasses.asdict(config), "classes": manifest["classes"],
                "shards": shards, "replicas": replicas}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return run_state.fingerprint(payload, length=64)  # the whole digest, as run.json holds
 
 
 @contextlib.contextmanager
@@ -427,6 +419,43 @@ def _callbacks(config: TrainConfig, state: RunState, phase: Phase, recorder: Epo
     return callbacks
 
 
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What `train` settles before it builds the model: distribution, data, resume state."""
+
+    strategy: tf.distribute.Strategy
+    kind: str  # distribute's name of the strategy
+    precision: str
+    chief: bool
+    replicas: int
+    global_batch: int
+    steps: int  # per epoch
+    manifest: dict[str, Any]
+    state: RunState
+    phases: list[Phase]
+    finished: dict[str, dict[str, Any] | None]  # phase -> its marker from an earlier attempt
+
+    @property
+    def classes(self) -> list[str]:
+        return self.manifest["classes"]
+
+    @property
+    def image_size(self) -> int:
+        return self.manifest["image"]["height"]
+
+    def count(self, split: str) -> int:
+        return self.manifest["splits"][split]["count"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """The input pipelines and the value the LR schedule and early stopping watch."""
+
+    train: tf.data.Dataset
+    validation: tf.data.Dataset | None
+    monitor: str  # "val_loss", or "loss" without a validation batch
+
+
 def train(
     dataset_dir: str,
     output_dir: str,
@@ -465,6 +494,37 @@ def train(
         TrainingError: Bad settings, or a checkpoint folder of another run.
         FileNotFoundError: The dataset folder is not a complete sharded dataset.
     """
+    setup = _prepare(dataset_dir, output_dir, config, checkpoint_dir, strategy)
+    tensorboard_dir = tensorboard_dir or os.path.join(output_dir, "tensorboard")
+    inputs = _inputs(dataset_dir, config, setup)
+    trial = TrialReporter(hypertune_metric)
+    with dtype_policy(setup.precision), tempfile.TemporaryDirectory() as workdir:
+        weights = fetch_weights(config.weights, workdir)
+        with setup.strategy.scope():
+            model = build_model(len(setup.classes), setup.image_size, weights, config.dropout)
+        history, epoch = _run_phases(model, setup, config, inputs, tensorboard_dir,
+                                     trial, callbacks)
+        final = {}
+        if inputs.validation is not None:
+            final = model.evaluate(inputs.validation, verbose=0, return_dict=True)
+        snapshot = weight_snapshot(model)
+
+    metrics = _metrics(setup, history, final, epoch)
+    if setup.chief:
+        write_artifact(output_dir, snapshot, setup.manifest, config, history, metrics)
+        setup.state.clear([p.name for p in setup.phases])
+    _barrier(setup.strategy)
+    log.info("finished: %s", metrics)
+    return metrics
+
+
+def _prepare(dataset_dir: str, output_dir: str, config: TrainConfig,
+             checkpoint_dir: str | None, strategy: tf.distribute.Strategy | None) -> _Setup:
+    """Chooses the strategy and precision, reads the manifest, claims the checkpoint folder.
+
+    Raises:
+        TrainingError: An empty train split, or a checkpoint folder of another run.
+    """
     # The strategy comes first: MultiWorkerMirroredStrategy must exist before any
     # TensorFlow op runs.
     if strategy is None:
@@ -480,124 +540,139 @@ def train(
     global_batch = config.batch_size * replicas
 
     manifest = read_manifest(dataset_dir)
-    classes = manifest["classes"]
-    image_size = manifest["image"]["height"]
     train_count = manifest["splits"]["train"]["count"]
-    validation_count = manifest["splits"]["validation"]["count"]
     if train_count == 0:
         raise TrainingError(f"the train split of {dataset_dir!r} is empty")
     steps = config.steps_per_epoch or math.ceil(train_count / global_batch)
-    monitor = "val_loss"
 
-    checkpoint_dir = checkpoint_dir or os.path.join(output_dir, "checkpoints")
-    tensorboard_dir = tensorboard_dir or os.path.join(output_dir, "tensorboard")
-    state = RunState(checkpoint_dir, chief)
+    state = RunState(checkpoint_dir or os.path.join(output_dir, "checkpoints"), chief)
     state.claim(fingerprint(config, manifest, replicas),
                 {"config": dataclasses.asdict(config), "replicas": replicas})
     phases = plan_phases(config)
-    finished = {p.name: state.finished(p.name) for p in phases}
-
+    setup = _Setup(strategy, kind, precision, chief, replicas, global_batch, steps, manifest,
+                   state, phases, {p.name: state.finished(p.name) for p in phases})
     log.info("training on %d examples of %d classes: strategy %s, %d replica(s), global "
-             "batch %d, %d steps/epoch, precision %s, phases %s", train_count, len(classes),
-             kind, replicas, global_batch, steps, precision, [p.name for p in phases])
+             "batch %d, %d steps/epoch, precision %s, phases %s", train_count,
+             len(setup.classes), kind, replicas, global_batch, steps, precision,
+             [p.name for p in phases])
+    return setup
+
+
+def _inputs(dataset_dir: str, config: TrainConfig, setup: _Setup) -> _Inputs:
+    """Seeds tf-keras, then builds the training and validation pipelines."""
     tf_keras.utils.set_random_seed(config.seed)
+    manifest, global_batch = setup.manifest, setup.global_batch
     train_data = train_input(dataset_dir, manifest, config, global_batch)
-    even_batches = replicas > 1 and not distribute.gpu_compute_capabilities()
+    validation_count = setup.count("validation")
+    even_batches = setup.replicas > 1 and not distribute.gpu_compute_capabilities()
     if even_batches and validation_count % global_batch:
         log.warning("several CPU replicas: validation uses whole batches only, %d of %d "
                     "examples are left out", validation_count % global_batch, validation_count)
     if validation_count and (not even_batches or validation_count >= global_batch):
-        validation_data = validation_input(dataset_dir, manifest, config, global_batch,
-                                           even_batches)
-    else:
-        validation_data = None
-        monitor = "loss"
-        log.warning("no validation batch: early stopping and the LR schedule watch the "
-                    "training loss, and no validation metrics are reported")
+        return _Inputs(train_data, validation_input(dataset_dir, manifest, config,
+                                                    global_batch, even_batches), "val_loss")
+    log.warning("no validation batch: early stopping and the LR schedule watch the "
+                "training loss, and no validation metrics are reported")
+    return _Inputs(train_data, None, "loss")
 
+
+def _run_phases(model, setup: _Setup, config: TrainConfig, inputs: _Inputs,
+                tensorboard_dir: str, trial: TrialReporter,
+                callbacks: Sequence[tf_keras.callbacks.Callback],
+                ) -> tuple[dict[str, list[dict[str, Any]]], int]:
+    """Runs every phase in turn; one finished in an earlier attempt is loaded, not rerun.
+
+    Leaves the model compiled, ready to evaluate.
+
+    Returns:
+        `(history: phase -> per-epoch records, the number of epochs run in all)`.
+    """
     history: dict[str, list[dict[str, Any]]] = {}
     epoch = 0
-    trial = TrialReporter(hypertune_metric)
-    with dtype_policy(precision), tempfile.TemporaryDirectory() as workdir:
-        weights = fetch_weights(config.weights, workdir)
-        with strategy.scope():
-            model = build_model(len(classes), image_size, weights, config.dropout)
-        compiled = False
-        for phase in phases:
-            learning_rate = phase.learning_rate * replicas  # linear scaling rule
-            with strategy.scope():
-                trainable = set_trainable(model, phase.name, config.unfreeze_blocks)
-            if finished[phase.name] is not None:
-                marker = finished[phase.name]
-                with strategy.scope():
-                    load_snapshot(model, state.finished_weights(phase.name))
-                history[phase.name] = marker["history"]
-                epoch = marker["next_epoch"]
-                log.info("phase %s finished in an earlier attempt: weights loaded", phase.name)
-                continue
-            with strategy.scope():
-                _compile(model, learning_rate)
-            compiled = True
-            log.info("phase %s: epochs %d-%d, learning rate %g, %d trainable base layers",
-                     phase.name, epoch, epoch + phase.epochs - 1, learning_rate, len(trainable))
-            recorder = EpochRecorder(state, phase.name)
-            model.fit(
-                train_data,
-                epochs=epoch + phase.epochs,
-                initial_epoch=epoch,
-                steps_per_epoch=steps,
-                validation_data=validation_data,
-                callbacks=_callbacks(config, state, phase, recorder, tensorboard_dir,
-                                     monitor) + [TrialReport(trial)] + list(callbacks),
-                verbose=0,
-            )
-            # Epochs run in this process; none means BackupAndRestore found the phase
-            # already at its end (restarted after its last epoch was saved).
-            next_epoch = (recorder.records[-1]["epoch"] + 1 if recorder.records
-                          else epoch + phase.epochs)
-            records = state.history(phase.name) if chief else recorder.records
-            history[phase.name] = records
-            snapshot = weight_snapshot(model)  # every worker: may all-reduce
-            state.finish(phase.name, snapshot, {"history": records, "next_epoch": next_epoch,
-                                                "epochs_run": next_epoch - epoch})
-            epoch = next_epoch
+    compiled = False
+    for phase in setup.phases:
+        with setup.strategy.scope():
+            trainable = set_trainable(model, phase.name, config.unfreeze_blocks)
+        marker = setup.finished[phase.name]
+        if marker is not None:
+            with setup.strategy.scope():
+                load_snapshot(model, setup.state.finished_weights(phase.name))
+            history[phase.name] = marker["history"]
+            epoch = marker["next_epoch"]
+            log.info("phase %s finished in an earlier attempt: weights loaded", phase.name)
+            continue
+        history[phase.name], epoch = _fit_phase(model, setup, config, inputs, phase, epoch,
+                                                len(trainable), tensorboard_dir,
+                                                [TrialReport(trial), *callbacks])
+        compiled = True
+    if not compiled:  # every phase was finished earlier: compile to evaluate
+        with setup.strategy.scope():
+            _compile(model, setup.phases[-1].learning_rate * setup.replicas)
+    return history, epoch
 
-        if not compiled:  # every phase was finished earlier: compile to evaluate
-            with strategy.scope():
-                _compile(model, phases[-1].learning_rate * replicas)
-        final = {}
-        if validation_data is not None:
-            final = model.evaluate(validation_data, verbose=0, return_dict=True)
-        snapshot = weight_snapshot(model)
 
+def _fit_phase(model, setup: _Setup, config: TrainConfig, inputs: _Inputs, phase: Phase,
+               epoch: int, trainable: int, tensorboard_dir: str,
+               extra: Sequence[tf_keras.callbacks.Callback],
+               ) -> tuple[list[dict[str, Any]], int]:
+    """Compiles and fits one phase from `epoch` (BackupAndRestore resumes it), then saves
+    its weights and marker.
+
+    Returns:
+        `(the phase's per-epoch records, the epoch the next phase starts at)`.
+    """
+    learning_rate = phase.learning_rate * setup.replicas  # linear scaling rule
+    with setup.strategy.scope():
+        _compile(model, learning_rate)
+    log.info("phase %s: epochs %d-%d, learning rate %g, %d trainable base layers",
+             phase.name, epoch, epoch + phase.epochs - 1, learning_rate, trainable)
+    recorder = EpochRecorder(setup.state, phase.name)
+    model.fit(
+        inputs.train,
+        epochs=epoch + phase.epochs,
+        initial_epoch=epoch,
+        steps_per_epoch=setup.steps,
+        validation_data=inputs.validation,
+        callbacks=_callbacks(config, setup.state, phase, recorder, tensorboard_dir,
+                             inputs.monitor) + list(extra),
+        verbose=0,
+    )
+    # Epochs run in this process; none means BackupAndRestore found the phase
+    # already at its end (restarted after its last epoch was saved).
+    next_epoch = (recorder.records[-1]["epoch"] + 1 if recorder.records
+                  else epoch + phase.epochs)
+    records = setup.state.history(phase.name) if setup.chief else recorder.records
+    snapshot = weight_snapshot(model)  # every worker: may all-reduce
+    setup.state.finish(phase.name, snapshot, {"history": records, "next_epoch": next_epoch,
+                                              "epochs_run": next_epoch - epoch})
+    return records, next_epoch
+
+
+def _metrics(setup: _Setup, history: dict[str, list[dict[str, Any]]], final: dict[str, Any],
+             epochs: int) -> dict[str, Any]:
+    """The run's final metrics and facts (`train`'s Returns), None values left out."""
     last = next((records[-1] for records in reversed(history.values()) if records), {})
     metrics: dict[str, Any] = {
         "train_loss": last.get("loss"),
         "train_accuracy": last.get("accuracy"),
         "val_loss": final.get("loss"),
         "val_accuracy": final.get("accuracy"),
-        "epochs_run": epoch,
+        "epochs_run": epochs,
         **{f"{name}_epochs": len(records) for name, records in history.items()},
-        "replicas": replicas,
-        "global_batch_size": global_batch,
-        "steps_per_epoch": steps,
-        "learning_rate": phases[0].learning_rate * replicas,
-        "precision": precision,
-        "strategy": kind,
-        "num_classes": len(classes),
-        "classes": list(classes),
-        "image_size": image_size,
-        "train_examples": train_count,
-        "validation_examples": validation_count,
+        "replicas": setup.replicas,
+        "global_batch_size": setup.global_batch,
+        "steps_per_epoch": setup.steps,
+        "learning_rate": setup.phases[0].learning_rate * setup.replicas,
+        "precision": setup.precision,
+        "strategy": setup.kind,
+        "num_classes": len(setup.classes),
+        "classes": list(setup.classes),
+        "image_size": setup.image_size,
+        "train_examples": setup.count("train"),
+        "validation_examples": setup.count("validation"),
         "framework": f"tf-keras {tf_keras.__version__}",
     }
-    metrics = {k: v for k, v in metrics.items() if v is not None}
-    if chief:
-        write_artifact(output_dir, snapshot, manifest, config, history, metrics)
-        state.clear([p.name for p in phases])
-    _barrier(strategy)
-    log.info("finished: %s", metrics)
-    return metrics
+    return {k: v for k, v in metrics.items() if v is not None}
 
 
 def _barrier(strategy) -> None:

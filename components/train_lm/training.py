@@ -17,8 +17,6 @@ Steps of `train_language_model`:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -44,6 +42,7 @@ from fastai.text.all import (
     set_seed,
 )
 
+from components.common import run_state
 from components.common.fastai_text import (
     FP32,
     EpochEnd,
@@ -52,7 +51,7 @@ from components.common.fastai_text import (
     lm_learner,
     precision_here,
 )
-from components.common.storage import TMP_PREFIX, run_folder, write_json_atomically
+from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
 from components.train_lm.corpus import Corpus, read_corpus
@@ -96,28 +95,25 @@ def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:
     return mask
 
 
-def _fingerprint(values: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def _load_state(folder: str, run_fingerprint: str) -> dict[str, Any]:
-    path = os.path.join(folder, STATE_FILE)
-    if not os.path.exists(path):
-        for name in os.listdir(folder):  # another run's leftovers (no state: nothing to resume)
-            if name.endswith((".pth", ".pth.tmp")) or name in (VOCAB_FILE, SPM_MODEL, STAGING):
-                target = os.path.join(folder, name)
-                shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
+    """This run's saved state, or a new one (another run's leftovers are removed).
+
+    Raises:
+        LMTrainingError: The folder holds another run's state.
+    """
+    state = run_state.load(folder, STATE_FILE, run_fingerprint, error=LMTrainingError,
+                           differs="other corpus, settings or output", version=STATE_VERSION)
+    if state is None:  # another run's leftovers (no state: nothing to resume)
+        run_state.remove_leftovers(folder, names=(VOCAB_FILE, SPM_MODEL, STAGING),
+                                   suffixes=(".pth", ".pth.tmp"))
         return {"version": STATE_VERSION, "fingerprint": run_fingerprint, "spm_saved": False,
                 "vocab_saved": False, "directions": {}, "finished": False}
-    with open(path) as f:
-        state = json.load(f)
-    if state.get("version") != STATE_VERSION or state.get("fingerprint") != run_fingerprint:
-        raise LMTrainingError(
-            f"checkpoint folder {folder!r} holds the state of a different run (other corpus, "
-            "settings or output); resuming it would mix the two. Use another checkpoint "
-            "folder or delete that one.")
     log.info("resuming: %s", {d: s["epochs_done"] for d, s in state["directions"].items()})
     return state
+
+
+def _save_state(folder: str, state: dict[str, Any]) -> None:
+    run_state.save(folder, STATE_FILE, state)
 
 
 class _Direction:
@@ -134,7 +130,7 @@ class _Direction:
         return os.path.join(self.folder, name)
 
     def save(self) -> None:
-        write_json_atomically(self.path(STATE_FILE), self.state, sort_keys=False)
+        _save_state(self.folder, self.state)
 
     def restore(self, learn) -> None:
         if self.mine["checkpoint"]:
@@ -196,7 +192,7 @@ def _sentencepiece(folder: str, state: dict[str, Any], texts: Sequence[str], con
         shutil.copyfile(trained, path + ".tmp")
         os.replace(path + ".tmp", path)
         state["spm_saved"] = True
-        write_json_atomically(os.path.join(folder, STATE_FILE), state, sort_keys=False)
+        _save_state(folder, state)
     return path
 
 
@@ -259,17 +255,11 @@ def train_language_model(
         LMTrainingError: A corpus or settings that cannot be trained.
     """
     started = time.monotonic()
-    unknown = sorted(set(config.model_config) - set(awd_lstm_lm_config))
-    if unknown:
-        raise LMTrainingError(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
-                              f"{sorted(awd_lstm_lm_config)}")
-    corpus: Corpus = read_corpus(corpus_uri, config.text_column)
-    is_valid = split_documents(len(corpus.documents), config.validation_fraction, config.seed)
-    frame = pd.DataFrame({_TEXT: corpus.documents, _VALID: is_valid})
-    default_folder = os.path.join(output_dir, "checkpoints")
-    folder = checkpoint_folder or run_folder("AIP_CHECKPOINT_DIR", output_dir, default_folder)
+    _check_model_config(config)
+    corpus, frame = _read_frame(corpus_uri, config)
+    folder = checkpoint_folder or run_state.checkpoint_folder(output_dir)
     os.makedirs(folder, exist_ok=True)
-    state = _load_state(folder, _fingerprint({
+    state = _load_state(folder, run_state.fingerprint({
         "config": dataclasses.asdict(config), "corpus": corpus.report["sha256"],
         "output": os.path.abspath(output_dir)}))
     arch_config = {**awd_lstm_lm_config, **config.model_config}
@@ -280,52 +270,92 @@ def train_language_model(
     try:
         spm = None
         if config.lang in SPM_LANGS:
-            spm = _sentencepiece(folder, state, frame[_TEXT][~is_valid], config, scratch)
+            spm = _sentencepiece(folder, state, frame[_TEXT][~frame[_VALID]], config, scratch)
         tokenizer = make_tokenizer(config.lang, spm, scratch)
         vocab = load_pickle(os.path.join(folder, VOCAB_FILE)) if state["vocab_saved"] else None
         for backwards in config.directions():
             run = _Direction(folder, state, direction(backwards), tensorboard)
-            if run.mine["done"]:
-                continue
-            set_seed(config.seed + int(backwards))
-            dls, tokens = _dataloaders(frame, tokenizer, vocab, config, backwards)
-            if vocab is None:
-                vocab = list(dls.vocab)
-                save_pickle(os.path.join(folder, VOCAB_FILE), vocab)
-                state["vocab_saved"] = True
-                run.save()
-            learn = lm_learner(dls, arch_config, config.drop_mult, folder, precision)
-            run.restore(learn)
-            lr = run.rate(learn, config)
-            log.info("%s language model: epochs %d..%d at peak rate %.2e", run.name,
-                     run.mine["epochs_done"] + 1, config.epochs, lr)
-            learn.fit_one_cycle(
-                config.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=run.mine["epochs_done"],
-                cbs=[EpochEnd(lambda done, values, seconds, learn=learn, run=run:
-                              run.on_epoch(learn, done, values, seconds)), *callbacks])
-            if precision != FP32:
-                learn = learn.to_fp32()
-            save_lm_assets(learn, staging, config.lang, backwards, arch_config)
-            run.mine.update(tokens=tokens, device=str(dls.device),
-                            parameters=sum(p.numel() for p in learn.model.parameters()))
-            run.finish()
-            del learn, dls
-        if spm:
-            spm_target = os.path.join(staging, config.lang, SPM_FILE)
-            os.makedirs(os.path.dirname(spm_target), exist_ok=True)
-            shutil.copyfile(spm, spm_target)
-        os.makedirs(output_dir, exist_ok=True)
-        _publish(staging, output_dir, config.lang)
-        result = _result(state, config, corpus, len(vocab), precision, arch_config,
-                         time.monotonic() - started)
-        write_json_atomically(os.path.join(output_dir, METRICS_FILE), result, sort_keys=False)
-        state["finished"] = True
-        write_json_atomically(os.path.join(folder, STATE_FILE), state, sort_keys=False)
+            if not run.mine["done"]:
+                vocab = _train_direction(run, frame, tokenizer, vocab, config, backwards,
+                                         arch_config, precision, staging, callbacks)
+        result = _export(folder, state, staging, spm, output_dir, config, corpus, len(vocab),
+                         precision, arch_config, started)
     finally:
         tensorboard.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    if checkpoint_folder is None and os.path.abspath(folder) == os.path.abspath(default_folder):
+    if checkpoint_folder is None and run_state.inside_output(folder, output_dir):
         shutil.rmtree(folder, ignore_errors=True)  # they would ship inside the assets
+    return result
+
+
+def _check_model_config(config: LMConfig) -> None:
+    """Refuses AWD-LSTM settings fastai does not know."""
+    unknown = sorted(set(config.model_config) - set(awd_lstm_lm_config))
+    if unknown:
+        raise LMTrainingError(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
+                              f"{sorted(awd_lstm_lm_config)}")
+
+
+def _read_frame(corpus_uri: str, config: LMConfig) -> tuple[Corpus, pd.DataFrame]:
+    """The corpus, and its documents as fastai reads them with the held-out ones marked."""
+    corpus: Corpus = read_corpus(corpus_uri, config.text_column)
+    is_valid = split_documents(len(corpus.documents), config.validation_fraction, config.seed)
+    return corpus, pd.DataFrame({_TEXT: corpus.documents, _VALID: is_valid})
+
+
+def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: list | None,
+                     config: LMConfig, backwards: bool, arch_config: dict[str, Any],
+                     precision: str, staging: str, callbacks: Sequence[Callback]) -> list:
+    """Trains one direction's model (or what is left of it) and stages its assets.
+
+    Returns:
+        The vocabulary: `vocab`, or this direction's data's when `vocab` was None (then
+        saved, so that the other direction and a resumed run number tokens alike).
+    """
+    set_seed(config.seed + int(backwards))
+    dls, tokens = _dataloaders(frame, tokenizer, vocab, config, backwards)
+    if vocab is None:
+        vocab = list(dls.vocab)
+        save_pickle(run.path(VOCAB_FILE), vocab)
+        run.state["vocab_saved"] = True
+        run.save()
+    learn = lm_learner(dls, arch_config, config.drop_mult, run.folder, precision)
+    run.restore(learn)
+    lr = run.rate(learn, config)
+    log.info("%s language model: epochs %d..%d at peak rate %.2e", run.name,
+             run.mine["epochs_done"] + 1, config.epochs, lr)
+    learn.fit_one_cycle(
+        config.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=run.mine["epochs_done"],
+        cbs=[EpochEnd(lambda done, values, seconds, learn=learn:
+                      run.on_epoch(learn, done, values, seconds)), *callbacks])
+    if precision != FP32:
+        learn = learn.to_fp32()
+    save_lm_assets(learn, staging, config.lang, backwards, arch_config)
+    run.mine.update(tokens=tokens, device=str(dls.device),
+                    parameters=sum(p.numel() for p in learn.model.parameters()))
+    run.finish()
+    return vocab
+
+
+def _export(folder: str, state: dict[str, Any], staging: str, spm: str | None,
+            output_dir: str, config: LMConfig, corpus: Corpus, vocab_size: int,
+            precision: str, arch_config: dict[str, Any], started: float) -> dict[str, Any]:
+    """Publishes the staged assets (with the SentencePiece model) and `lm_metrics.json`.
+
+    Returns:
+        The content of lm_metrics.json; the state then records the run as finished.
+    """
+    if spm:
+        spm_target = os.path.join(staging, config.lang, SPM_FILE)
+        os.makedirs(os.path.dirname(spm_target), exist_ok=True)
+        shutil.copyfile(spm, spm_target)
+    os.makedirs(output_dir, exist_ok=True)
+    _publish(staging, output_dir, config.lang)
+    result = _result(state, config, corpus, vocab_size, precision, arch_config,
+                     time.monotonic() - started)
+    write_json_atomically(os.path.join(output_dir, METRICS_FILE), result, sort_keys=False)
+    state["finished"] = True
+    _save_state(folder, state)
     return result
 
 

@@ -16,13 +16,10 @@ which puts the one-cycle schedule where it was.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
-from components.common.storage import run_folder, write_json_atomically
+from components.common import run_state
 from components.train_text.contract import UNFREEZE_MODES, TextTrainingError
 
 STATE_FILE = "state.json"
@@ -283,7 +280,7 @@ def found_rate_bounds(stage: Stage, n_hid: int = BOUNDS_N_HID) -> tuple[float, f
 
 
 def checkpoint_dir(model_dir: str, environ: Mapping[str, str] | None = None) -> str:
-    """Where checkpoints and the state file go.
+    """Where checkpoints and the state file go (`run_state.checkpoint_folder`).
 
     Under `AIP_CHECKPOINT_DIR` (set by Vertex when the job has a base output directory)
     in a folder of this pipeline task (`storage.run_folder`), else under the model
@@ -296,14 +293,12 @@ def checkpoint_dir(model_dir: str, environ: Mapping[str, str] | None = None) -> 
     Returns:
         A local folder path.
     """
-    return run_folder("AIP_CHECKPOINT_DIR", model_dir, os.path.join(model_dir, "checkpoints"),
-                      environ)
+    return run_state.checkpoint_folder(model_dir, environ)
 
 
 def fingerprint(values: Mapping[str, Any]) -> str:
     """A stable hash of what defines a run; a state file of another run is not resumed."""
-    text = json.dumps(values, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return run_state.fingerprint(values)
 
 
 def new_state(run_fingerprint: str) -> dict[str, Any]:
@@ -335,23 +330,14 @@ def load_state(folder: str, run_fingerprint: str) -> dict[str, Any] | None:
             does, it is refused rather than resumed (which would mix two runs) or deleted
             (which would destroy the other run's work).
     """
-    path = os.path.join(folder, STATE_FILE)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        state = json.load(f)
-    if state.get("version") != STATE_VERSION or state.get("fingerprint") != run_fingerprint:
-        raise TextTrainingError(
-            f"checkpoint folder {folder!r} holds the state of a different run (other config, "
-            "dataset or model folder); resuming it would mix the two. Use another "
-            "checkpoint folder or delete that one.")
-    return state
+    return run_state.load(folder, STATE_FILE, run_fingerprint, error=TextTrainingError,
+                          differs="other config, dataset or model folder",
+                          version=STATE_VERSION)
 
 
 def save_state(folder: str, state: Mapping[str, Any]) -> None:
     """Writes the state file whole or not at all (a kill mid-write keeps the old one)."""
-    os.makedirs(folder, exist_ok=True)
-    write_json_atomically(os.path.join(folder, STATE_FILE), state, sort_keys=False)
+    run_state.save(folder, STATE_FILE, state)
 
 
 def lower_is_better(metric: str) -> bool:

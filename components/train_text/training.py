@@ -56,6 +56,7 @@ from fastai.text.all import (
     text_classifier_learner,
 )
 
+from components.common import run_state
 from components.common.fastai_text import (
     FP32,
     EpochEnd,
@@ -184,6 +185,20 @@ class _Run:
 
     def save(self) -> None:
         schedule.save_state(self.folder, self.state)
+
+    def indices(self, model: str) -> list[int]:
+        """Positions in the plan of `model`'s stages (schedule.LM or schedule.CLASSIFIER)."""
+        return [i for i, s in enumerate(self.plan) if s.model == model]
+
+    def saved_vocab(self) -> list[str] | None:
+        """The vocabulary an earlier attempt of this run saved, or None."""
+        return load_pickle(self.path(VOCAB_FILE)) if self.state["vocab_saved"] else None
+
+    def save_vocab(self, vocab: list[str]) -> None:
+        """Keeps the vocabulary first made: a resumed run must number tokens alike."""
+        save_pickle(self.path(VOCAB_FILE), vocab)
+        self.state["vocab_saved"] = True
+        self.save()
 
     def _save_model(self, learn, name: str, with_opt: bool) -> None:
         tmp = self.path(name + ".tmp")
@@ -329,12 +344,39 @@ class _Run:
 
 def _reset_folder(folder: str) -> None:
     """Removes this step's files from a checkpoint folder (another run's, or none)."""
-    if not os.path.isdir(folder):
-        return
-    for name in os.listdir(folder):
-        if name.endswith((".pth", ".pth.tmp")) or name in (
-                schedule.STATE_FILE, TMP_PREFIX + schedule.STATE_FILE, VOCAB_FILE):
-            os.remove(os.path.join(folder, name))
+    run_state.remove_leftovers(
+        folder, names=(schedule.STATE_FILE, TMP_PREFIX + schedule.STATE_FILE, VOCAB_FILE),
+        suffixes=(".pth", ".pth.tmp"))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dataset:
+    """The prepared dataset's manifest facts and its two splits used in training."""
+
+    manifest: dict[str, Any]
+    labels: list[str]
+    task: str
+    text_column: str
+    train: pd.DataFrame
+    valid: pd.DataFrame
+
+
+@dataclasses.dataclass
+class _Job:
+    """What the stages of one `train_text_classifier` call share."""
+
+    data: _Dataset
+    config: TrainConfig
+    run: _Run
+    assets: LMAssets | None  # the pretrained LM's local files, when pretrained
+    arch_config: dict[str, Any]  # the AWD-LSTM settings given (config.json or model_config)
+    lm_config: dict[str, Any]  # fastai's defaults updated with them
+    tokenizer: Any
+    precision: str
+    frame: pd.DataFrame  # what fastai reads (_frame), texts clipped to MAX_TEXT_CHARS
+    truncated: int  # texts that were clipped
+    resumed_from: dict[str, Any] | None
+    unfreeze: tuple[str, str]  # (mode used, why)
 
 
 def train_text_classifier(
@@ -377,186 +419,282 @@ def train_text_classifier(
         TextTrainingError: Settings or data that cannot be trained.
     """
     started = time.monotonic()
-    manifest = read_manifest(dataset_dir)
-    labels, task, text_column = manifest["labels"], manifest["task"], manifest["text_column"]
-    train, valid = read_split(dataset_dir, "train"), read_split(dataset_dir, "validation")
-    loss, metrics = _loss_and_metrics(task, config.threshold)
-    known = ["train_loss", "valid_loss", *(mk_metric(m).name for m in metrics)]
-    if config.monitor not in known:
-        raise TextTrainingError(f"monitor {config.monitor!r} is not a metric of this "
-                                f"{task.replace('_', '-')} model; choose one of {known}")
+    data = _read_dataset(dataset_dir)
+    loss, metrics = _loss_and_metrics(data.task, config.threshold)
+    _check_monitor(config.monitor, data.task, metrics)
     folder = checkpoint_folder or schedule.checkpoint_dir(model_dir)
     os.makedirs(folder, exist_ok=True)
     os.makedirs(model_dir, exist_ok=True)
     # fastai drops the last partial training batch
-    unfreeze, unfreeze_reason = schedule.resolve_unfreeze(
-        config.unfreeze, len(train) // config.batch_size)
+    unfreeze = schedule.resolve_unfreeze(config.unfreeze, len(data.train) // config.batch_size)
     plan = schedule.plan_stages(config.lm_epochs, config.epochs, config.lm_learning_rate,
-                                config.learning_rate, config.pretrained, unfreeze)
+                                config.learning_rate, config.pretrained, unfreeze[0])
     tensorboard = ScalarLog(log_folder(model_dir, tensorboard_folder))
     scratch = tempfile.mkdtemp(prefix="train_text_")
     try:
-        assets: LMAssets | None = None
-        if config.pretrained:
-            if config.model_config:
-                raise TextTrainingError(
-                    "model_config applies to training from scratch; a pretrained LM's "
-                    "settings come from its config.json")
-            assets = resolve_assets(lm_assets_uri, config.lang, config.backwards, scratch)
-            arch_config = assets.config
-            _check_arch_config(arch_config, f"{lm_assets_uri} config.json")
-        else:
-            arch_config = dict(config.model_config)
-            _check_arch_config(arch_config, "model_config")
-        tokenizer = make_tokenizer(config.lang, assets.spm_model if assets else None, scratch)
-        precision = precision_here(config.mixed_precision)
-
-        run_fingerprint = schedule.fingerprint({
-            "config": dataclasses.asdict(config), "plan": [dataclasses.asdict(s) for s in plan],
-            "manifest": manifest, "model_dir": os.path.abspath(model_dir),
-            "assets": lm_assets_uri if config.pretrained else "",
-        })
-        state = schedule.load_state(folder, run_fingerprint)
-        resumed_from = None
-        if state is None:
-            _reset_folder(folder)
-            state = schedule.new_state(run_fingerprint)
-        else:
-            resumed_from = {"stage": plan[min(state["stage"], len(plan) - 1)].name,
-                            "epochs_done": state["epochs_done"]}
-            log.info("resuming from %s", resumed_from)
-        lm_config = {**awd_lstm_lm_config, **arch_config}
-        constant = schedule.constant_answer(valid[labels].to_numpy(), train[labels].to_numpy(),
-                                            task == MULTI_LABEL, config.threshold)
-        run = _Run(folder, plan, state, config.monitor, callbacks, tensorboard,
-                   TrialReporter(hypertune_metric), constant,
-                   int(lm_config["n_hid"]))
-        set_seed(config.seed)
-
-        frame = _frame(train, valid, text_column, labels, task)
-        # Read as prediction reads them (spaCy refuses texts over 1M characters).
-        truncated = int((frame[_TEXT].str.len() > MAX_TEXT_CHARS).sum())
-        frame[_TEXT] = frame[_TEXT].map(clip_text)
-        if truncated:
-            log.warning("%d text(s) over %d characters: read up to the limit", truncated,
-                        MAX_TEXT_CHARS)
-        vocab = load_pickle(run.path(VOCAB_FILE)) if state["vocab_saved"] else None
-        lm_indices = [i for i, s in enumerate(plan) if s.model == schedule.LM]
-        clas_indices = [i for i, s in enumerate(plan) if s.model == schedule.CLASSIFIER]
-
-        if lm_indices and not state["encoder_saved"]:
-            dls_lm = _lm_dataloaders(frame, tokenizer, vocab, config)
-            if vocab is None:
-                vocab = list(dls_lm.vocab)
-                save_pickle(run.path(VOCAB_FILE), vocab)
-                state["vocab_saved"] = True
-                run.save()
-            learn_lm = lm_learner(dls_lm, lm_config, config.drop_mult, folder, precision)
-            if not run.restore(learn_lm) and assets:
-                learn_lm.load_pretrained(assets.weights, assets.vocab)
-            for index in lm_indices:
-                run.fit(learn_lm, index)
-            learn_lm.save_encoder(ENCODER_FILE[:-len(".pth")])
-            lm_rows = [r for r in state["history"] if r["model"] == schedule.LM]
-            discarded = schedule.lm_learnt_nothing(lm_rows, _unigram_accuracy(dls_lm))
-            if discarded:
-                log.warning("the language model learnt nothing (%s): the classifier starts "
-                            "from %s instead", discarded,
-                            "the pretrained weights" if assets else "random weights")
-            state.update(encoder_saved=True, checkpoint=None, lm_discarded=discarded)
-            run.save()
-            del learn_lm, dls_lm
-
-        if state.get("lm_discarded") and not config.pretrained and \
-                any(s.freeze_to is not None for s in plan):
-            # A random encoder gains nothing from gradual unfreezing: train it whole, as
-            # from scratch (the same plan on a resume: lm_discarded is in the state).
-            plan = [s for s in plan if s.model == schedule.LM] + schedule.plan_stages(
-                0, config.epochs, config.lm_learning_rate, config.learning_rate, False, "all")
-            run.plan = plan
-            clas_indices = [i for i, s in enumerate(plan) if s.model == schedule.CLASSIFIER]
-            unfreeze, unfreeze_reason = "all", ("the language model learnt nothing: the "
-                                                "random encoder trains whole from the start")
-        dls = _classifier_dataloaders(frame, tokenizer, vocab, labels, task, config)
-        if vocab is None:
-            vocab = list(dls.vocab[0])
-            save_pickle(run.path(VOCAB_FILE), vocab)
-            state["vocab_saved"] = True
-            run.save()
-        clas_config = {k: v for k, v in arch_config.items() if k in _ENCODER_KEYS}
-        learn = text_classifier_learner(
-            dls, AWD_LSTM, seq_len=config.seq_len, config=clas_config, pretrained=False,
-            drop_mult=config.drop_mult, loss_func=loss, metrics=metrics, path=folder,
-            model_dir=".")
-        quiet(learn)
-        start_at_label_frequencies(learn, train[labels].to_numpy(), task)
-        learn = mixed_precision(learn, precision)
-        if not (clas_indices and run.started(clas_indices[0]) and run.restore(learn)):
-            if state["encoder_saved"] and not state.get("lm_discarded"):
-                learn.load_encoder(ENCODER_FILE[:-len(".pth")])
-            elif assets:
-                learn.load_pretrained(assets.weights, assets.vocab, model=learn.model[0])
-        run.fit_classifier(learn, clas_indices)
-
-        best = state["best"]
-        if best and best.get("file") and os.path.exists(run.path(best["file"])):
-            load_model(run.path(best["file"]), learn.model, None, with_opt=False,
-                       device=learn.dls.device)
-        if precision != FP32:
-            learn = learn.to_fp32()
-        probs, _ = learn.get_preds(ds_idx=1)
-        probs = probs.float().cpu().numpy()
-        truth = valid[labels].to_numpy()
-        result = validation_result(truth, probs, labels, task, config.threshold)
-        learn.export(os.path.abspath(os.path.join(model_dir, EXPORT_FILE)))
-
-        n_params = sum(p.numel() for p in learn.model.parameters())
-        train_tokens = int(dls.train.items["text_length"].sum())
-        clas_epochs = [h for h in state["history"] if h["model"] == schedule.CLASSIFIER]
-        result.update({
-            "history": state["history"],
-            "best": best,
-            "run": {
-                "rows": {"train": len(train), "validation": len(valid)},
-                "texts_truncated": truncated,
-                "max_text_chars": MAX_TEXT_CHARS,
-                "train_tokens": train_tokens,
-                "vocab_size": len(vocab),
-                "parameters": int(n_params),
-                "arch": "AWD_LSTM",
-                "arch_config": {k: lm_config[k] for k in _ENCODER_KEYS},
-                "pretrained": config.pretrained,
-                "pretrained_from": (_pretrained_source(lm_assets_uri, config.lang,
-                                                       config.backwards)
-                                    if config.pretrained else None),
-                "precision": precision,
-                "device": str(learn.dls.device),
-                "resumed_from": resumed_from,
-                "classifier_epoch_seconds": [h["seconds"] for h in clas_epochs],
-                "seconds": round(time.monotonic() - started, 3),
-                "unfreeze": {"used": unfreeze, "reason": unfreeze_reason},
-                "stages": [dataclasses.asdict(s) for s in plan],
-                "found_learning_rates": state.get("found_lr", {}),
-                # Classifier runs that learnt nothing and ran again at a lower rate.
-                "restarts": [{k: v for k, v in r.items() if k != "epochs"}
-                             for r in state.get("restarts", [])],
-                "learnt_nothing": state.get("gave_up"),
-                "lm_discarded": state.get("lm_discarded"),
-                "constant_answer": constant,
-            },
-            "config": dataclasses.asdict(config),
-        })
-        _write_outputs(model_dir, result, text_column, config)
-        state["finished"] = True
-        run.save()
+        job = _prepare(data, config, plan, unfreeze, lm_assets_uri, model_dir, folder, scratch,
+                       callbacks, tensorboard, hypertune_metric)
+        vocab = _fine_tune_lm(job, job.run.saved_vocab())
+        _train_random_encoder_whole(job)
+        learn, dls, vocab = _classifier_learner(job, vocab, loss, metrics)
+        job.run.fit_classifier(learn, job.run.indices(schedule.CLASSIFIER))
+        learn, result = _validate_and_export(job, learn, model_dir)
+        result.update(_report(job, learn, dls, vocab, lm_assets_uri, started))
+        _write_outputs(model_dir, result, data.text_column, config)
+        job.run.state["finished"] = True
+        job.run.save()
     finally:
         tensorboard.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    if checkpoint_folder is None and \
-            os.path.abspath(folder) == os.path.abspath(os.path.join(model_dir, "checkpoints")):
+    if checkpoint_folder is None and run_state.inside_output(folder, model_dir):
         # Under the model output they would ship with the model; they served their purpose.
         shutil.rmtree(folder, ignore_errors=True)
     return result
+
+
+def _read_dataset(dataset_dir: str) -> _Dataset:
+    """The manifest's labels, task and text column, and the train and validation splits."""
+    manifest = read_manifest(dataset_dir)
+    return _Dataset(manifest, manifest["labels"], manifest["task"], manifest["text_column"],
+                    read_split(dataset_dir, "train"), read_split(dataset_dir, "validation"))
+
+
+def _check_monitor(monitor: str, task: str, metrics: Sequence) -> None:
+    """Refuses a `monitor` that no epoch of this task's model reports."""
+    known = ["train_loss", "valid_loss", *(mk_metric(m).name for m in metrics)]
+    if monitor not in known:
+        raise TextTrainingError(f"monitor {monitor!r} is not a metric of this "
+                                f"{task.replace('_', '-')} model; choose one of {known}")
+
+
+def _prepare(data: _Dataset, config: TrainConfig, plan: list[schedule.Stage],
+             unfreeze: tuple[str, str], lm_assets_uri: str, model_dir: str, folder: str,
+             scratch: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
+             hypertune_metric: str | None) -> _Job:
+    """Checks the model's settings, resumes (or starts) the run, builds fastai's frame.
+
+    Args:
+        data: The dataset.
+        config: Training settings.
+        plan: The stages (`schedule.plan_stages`), part of the run's fingerprint.
+        unfreeze: `schedule.resolve_unfreeze`'s answer.
+        lm_assets_uri: Root of the pretrained LM assets (when `config.pretrained`).
+        model_dir: The output folder (part of the run's fingerprint).
+        folder: The checkpoint folder.
+        scratch: Local folder for copied assets and the tokenizer's files.
+        callbacks: Extra fastai callbacks for every fit.
+        tensorboard: The epochs' scalar log.
+        hypertune_metric: The classifier's value reported to a tuning study, or None.
+
+    Raises:
+        TextTrainingError: Bad model settings, or a checkpoint folder of another run.
+    """
+    assets, arch_config = _architecture(config, lm_assets_uri, scratch)
+    tokenizer = make_tokenizer(config.lang, assets.spm_model if assets else None, scratch)
+    precision = precision_here(config.mixed_precision)
+    state, resumed_from = _load_or_start_state(folder, plan, schedule.fingerprint({
+        "config": dataclasses.asdict(config), "plan": [dataclasses.asdict(s) for s in plan],
+        "manifest": data.manifest, "model_dir": os.path.abspath(model_dir),
+        "assets": lm_assets_uri if config.pretrained else "",
+    }))
+    lm_config = {**awd_lstm_lm_config, **arch_config}
+    constant = schedule.constant_answer(
+        data.valid[data.labels].to_numpy(), data.train[data.labels].to_numpy(),
+        data.task == MULTI_LABEL, config.threshold)
+    run = _Run(folder, plan, state, config.monitor, callbacks, tensorboard,
+               TrialReporter(hypertune_metric), constant, int(lm_config["n_hid"]))
+    set_seed(config.seed)
+    frame, truncated = _fastai_frame(data)
+    return _Job(data, config, run, assets, arch_config, lm_config, tokenizer, precision,
+                frame, truncated, resumed_from, unfreeze)
+
+
+def _fastai_frame(data: _Dataset) -> tuple[pd.DataFrame, int]:
+    """The frame fastai reads (`_frame`), texts clipped; and how many were clipped."""
+    frame = _frame(data.train, data.valid, data.text_column, data.labels, data.task)
+    # Read as prediction reads them (spaCy refuses texts over 1M characters).
+    truncated = int((frame[_TEXT].str.len() > MAX_TEXT_CHARS).sum())
+    frame[_TEXT] = frame[_TEXT].map(clip_text)
+    if truncated:
+        log.warning("%d text(s) over %d characters: read up to the limit", truncated,
+                    MAX_TEXT_CHARS)
+    return frame, truncated
+
+
+def _architecture(config: TrainConfig, lm_assets_uri: str,
+                  scratch: str) -> tuple[LMAssets | None, dict[str, Any]]:
+    """The pretrained LM's assets (copied into `scratch`) and the AWD-LSTM settings given."""
+    if not config.pretrained:
+        arch_config = dict(config.model_config)
+        _check_arch_config(arch_config, "model_config")
+        return None, arch_config
+    if config.model_config:
+        raise TextTrainingError(
+            "model_config applies to training from scratch; a pretrained LM's "
+            "settings come from its config.json")
+    assets = resolve_assets(lm_assets_uri, config.lang, config.backwards, scratch)
+    _check_arch_config(assets.config, f"{lm_assets_uri} config.json")
+    return assets, assets.config
+
+
+def _load_or_start_state(folder: str, plan: list[schedule.Stage], run_fingerprint: str,
+                         ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """This run's saved state and where it resumes, or a new state (another run's files go).
+
+    Raises:
+        TextTrainingError: The folder holds another run's state.
+    """
+    state = schedule.load_state(folder, run_fingerprint)
+    if state is None:
+        _reset_folder(folder)
+        return schedule.new_state(run_fingerprint), None
+    resumed_from = {"stage": plan[min(state["stage"], len(plan) - 1)].name,
+                    "epochs_done": state["epochs_done"]}
+    log.info("resuming from %s", resumed_from)
+    return state, resumed_from
+
+
+def _fine_tune_lm(job: _Job, vocab: list[str] | None) -> list[str] | None:
+    """Runs the LM stages and saves the encoder, unless there are none or it is saved.
+
+    Returns:
+        The vocabulary: `vocab`, or the LM data's when `vocab` was None (then saved).
+    """
+    run, state, config = job.run, job.run.state, job.config
+    lm_indices = run.indices(schedule.LM)
+    if not lm_indices or state["encoder_saved"]:
+        return vocab
+    dls_lm = _lm_dataloaders(job.frame, job.tokenizer, vocab, config)
+    if vocab is None:
+        vocab = list(dls_lm.vocab)
+        run.save_vocab(vocab)
+    learn_lm = lm_learner(dls_lm, job.lm_config, config.drop_mult, run.folder, job.precision)
+    if not run.restore(learn_lm) and job.assets:
+        learn_lm.load_pretrained(job.assets.weights, job.assets.vocab)
+    for index in lm_indices:
+        run.fit(learn_lm, index)
+    learn_lm.save_encoder(ENCODER_FILE[:-len(".pth")])
+    lm_rows = [r for r in state["history"] if r["model"] == schedule.LM]
+    discarded = schedule.lm_learnt_nothing(lm_rows, _unigram_accuracy(dls_lm))
+    if discarded:
+        log.warning("the language model learnt nothing (%s): the classifier starts "
+                    "from %s instead", discarded,
+                    "the pretrained weights" if job.assets else "random weights")
+    state.update(encoder_saved=True, checkpoint=None, lm_discarded=discarded)
+    run.save()
+    return vocab
+
+
+def _train_random_encoder_whole(job: _Job) -> None:
+    """Replaces gradual unfreezing by one whole stage when the LM's encoder was discarded.
+
+    A random encoder gains nothing from gradual unfreezing: it trains whole, as from
+    scratch (the same plan on a resume: lm_discarded is in the state).
+    """
+    run, config = job.run, job.config
+    if not (run.state.get("lm_discarded") and not config.pretrained and
+            any(s.freeze_to is not None for s in run.plan)):
+        return
+    run.plan = [s for s in run.plan if s.model == schedule.LM] + \
+        schedule.plan_stages(0, config.epochs, config.lm_learning_rate, config.learning_rate,
+                             False, "all")
+    job.unfreeze = ("all", "the language model learnt nothing: the random encoder trains "
+                    "whole from the start")
+
+
+def _classifier_learner(job: _Job, vocab: list[str] | None, loss, metrics):
+    """The classifier's learner, from its last checkpoint, else its starting weights.
+
+    It starts from the fine-tuned encoder, else the pretrained one, else random weights.
+
+    Returns:
+        `(learner, its dataloaders, the vocabulary)`; a vocabulary first made here is saved.
+    """
+    run, state, config, data = job.run, job.run.state, job.config, job.data
+    dls = _classifier_dataloaders(job.frame, job.tokenizer, vocab, data.labels, data.task,
+                                  config)
+    if vocab is None:
+        vocab = list(dls.vocab[0])
+        run.save_vocab(vocab)
+    clas_config = {k: v for k, v in job.arch_config.items() if k in _ENCODER_KEYS}
+    learn = text_classifier_learner(
+        dls, AWD_LSTM, seq_len=config.seq_len, config=clas_config, pretrained=False,
+        drop_mult=config.drop_mult, loss_func=loss, metrics=metrics, path=run.folder,
+        model_dir=".")
+    quiet(learn)
+    start_at_label_frequencies(learn, data.train[data.labels].to_numpy(), data.task)
+    learn = mixed_precision(learn, job.precision)
+    clas_indices = run.indices(schedule.CLASSIFIER)
+    if not (clas_indices and run.started(clas_indices[0]) and run.restore(learn)):
+        if state["encoder_saved"] and not state.get("lm_discarded"):
+            learn.load_encoder(ENCODER_FILE[:-len(".pth")])
+        elif job.assets:
+            learn.load_pretrained(job.assets.weights, job.assets.vocab, model=learn.model[0])
+    return learn, dls, vocab
+
+
+def _validate_and_export(job: _Job, learn, model_dir: str) -> tuple[Any, dict[str, Any]]:
+    """Loads the best epoch's weights, scores the validation split, writes `export.pkl`.
+
+    Returns:
+        `(learner in float32, text_scores.validation_result of the validation split)`.
+    """
+    run, data = job.run, job.data
+    best = run.state["best"]
+    if best and best.get("file") and os.path.exists(run.path(best["file"])):
+        load_model(run.path(best["file"]), learn.model, None, with_opt=False,
+                   device=learn.dls.device)
+    if job.precision != FP32:
+        learn = learn.to_fp32()
+    probs, _ = learn.get_preds(ds_idx=1)
+    probs = probs.float().cpu().numpy()
+    truth = data.valid[data.labels].to_numpy()
+    result = validation_result(truth, probs, data.labels, data.task, job.config.threshold)
+    learn.export(os.path.abspath(os.path.join(model_dir, EXPORT_FILE)))
+    return learn, result
+
+
+def _report(job: _Job, learn, dls, vocab: list[str], lm_assets_uri: str,
+            started: float) -> dict[str, Any]:
+    """metrics.json's `history`, `best`, `run` (sizes, timings, resume facts) and `config`."""
+    state, config = job.run.state, job.config
+    n_params = sum(p.numel() for p in learn.model.parameters())
+    train_tokens = int(dls.train.items["text_length"].sum())
+    clas_epochs = [h for h in state["history"] if h["model"] == schedule.CLASSIFIER]
+    unfreeze, unfreeze_reason = job.unfreeze
+    return {
+        "history": state["history"],
+        "best": state["best"],
+        "run": {
+            "rows": {"train": len(job.data.train), "validation": len(job.data.valid)},
+            "texts_truncated": job.truncated,
+            "max_text_chars": MAX_TEXT_CHARS,
+            "train_tokens": train_tokens,
+            "vocab_size": len(vocab),
+            "parameters": int(n_params),
+            "arch": "AWD_LSTM",
+            "arch_config": {k: job.lm_config[k] for k in _ENCODER_KEYS},
+            "pretrained": config.pretrained,
+            "pretrained_from": (_pretrained_source(lm_assets_uri, config.lang,
+                                                   config.backwards)
+                                if config.pretrained else None),
+            "precision": job.precision,
+            "device": str(learn.dls.device),
+            "resumed_from": job.resumed_from,
+            "classifier_epoch_seconds": [h["seconds"] for h in clas_epochs],
+            "seconds": round(time.monotonic() - started, 3),
+            "unfreeze": {"used": unfreeze, "reason": unfreeze_reason},
+            "stages": [dataclasses.asdict(s) for s in job.run.plan],
+            "found_learning_rates": state.get("found_lr", {}),
+            # Classifier runs that learnt nothing and ran again at a lower rate.
+            "restarts": [{k: v for k, v in r.items() if k != "epochs"}
+                         for r in state.get("restarts", [])],
+            "learnt_nothing": state.get("gave_up"),
+            "lm_discarded": state.get("lm_discarded"),
+            "constant_answer": job.run.constant,
+        },
+        "config": dataclasses.asdict(config),
+    }
 
 
 def _pretrained_source(lm_assets_uri: str, lang: str, backwards: bool) -> str:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -24,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from components.common import run_state
 from components.common.hypertune import TrialReporter
 from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
-from components.common.storage import TMP_PREFIX, filesystem, run_folder, write_json_atomically
+from components.common.storage import TMP_PREFIX, filesystem, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.common.text_scores import labels_info, per_label_summary, validation_result
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
@@ -51,8 +50,7 @@ CLASSIFIER = "classifier"  # the history rows' model, as the fastai trainer's
 
 def checkpoint_folder(model_dir: str, environ=None) -> str:
     """Under `AIP_CHECKPOINT_DIR` in this task's folder, else `<model_dir>/checkpoints`."""
-    return run_folder("AIP_CHECKPOINT_DIR", model_dir, os.path.join(model_dir, "checkpoints"),
-                      environ)
+    return run_state.checkpoint_folder(model_dir, environ)
 
 
 def model_source(model_name: str, scratch: str) -> str:
@@ -83,10 +81,9 @@ def model_source(model_name: str, scratch: str) -> str:
 
 def run_fingerprint(config: TransformerConfig, manifest: dict[str, Any], model_dir: str) -> str:
     """What defines a run: a checkpoint folder of another run is refused, not resumed."""
-    text = json.dumps({"config": dataclasses.asdict(config), "data": manifest.get("source"),
-                       "labels": manifest["labels"], "model_dir": os.path.abspath(model_dir)},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return run_state.fingerprint({"config": dataclasses.asdict(config),
+                                  "data": manifest.get("source"), "labels": manifest["labels"],
+                                  "model_dir": os.path.abspath(model_dir)})
 
 
 def claim_checkpoints(folder: str, fingerprint: str) -> str | None:
@@ -95,14 +92,8 @@ def claim_checkpoints(folder: str, fingerprint: str) -> str | None:
     Raises:
         TransformerTrainingError: The folder holds another run's checkpoints.
     """
-    path = os.path.join(folder, RUN_FILE)
-    if os.path.exists(path):
-        with open(path) as f:
-            if json.load(f).get("fingerprint") != fingerprint:
-                raise TransformerTrainingError(
-                    f"checkpoint folder {folder!r} holds the checkpoints of a different run "
-                    "(other settings, data or model folder); resuming them would mix the two. "
-                    "Use another checkpoint folder or delete that one.")
+    if run_state.load(folder, RUN_FILE, fingerprint, error=TransformerTrainingError,
+                      differs="other settings, data or model folder") is not None:
         from transformers.trainer_utils import get_last_checkpoint
 
         return get_last_checkpoint(folder)
@@ -234,8 +225,7 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
     folder = checkpoints or checkpoint_folder(model_dir)
     fingerprint = run_fingerprint(config, manifest, model_dir)
     resume_from = claim_checkpoints(folder, fingerprint)
-    os.makedirs(folder, exist_ok=True)
-    write_json_atomically(os.path.join(folder, RUN_FILE), {"fingerprint": fingerprint})
+    run_state.save(folder, RUN_FILE, {"fingerprint": fingerprint}, sort_keys=True)
 
     cuda = torch.cuda.is_available()
     precision = choose_precision(config.mixed_precision, cuda,
@@ -333,8 +323,7 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
     finally:
         scalars.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    if checkpoints is None and os.path.abspath(folder) == \
-            os.path.abspath(os.path.join(model_dir, "checkpoints")) and \
+    if checkpoints is None and run_state.inside_output(folder, model_dir) and \
             int(os.environ.get("RANK", "0")) == 0:
         # Under the model output they would ship with the model; they served their purpose.
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,173 @@
+"""The state file that ties a checkpoint folder to one training run, for every trainer.
+
+A trainer that resumes after a restart keeps a JSON state file in its checkpoint folder
+whose "fingerprint" is a hash of what defines the run (settings, data, output folder...).
+A restarted job of the same run finds its own fingerprint and resumes; a run with another
+fingerprint is refused, never resumed (that would mix the two runs) nor wiped (that would
+destroy the other run's work). A folder with no state file is free: another run's
+leftovers there are removed (`remove_leftovers`), since there is nothing to resume.
+
+The file names and contents stay each trainer's (`run.json`, `state.json`,
+`lm_state.json`); this module holds what they share. It imports neither TensorFlow nor
+torch: the tf-keras and the fastai images both use it.
+
+Checkpoint folders are local paths: a gs:// folder reaches the trainers as its Cloud
+Storage FUSE path (`storage.local_path`, `storage.run_folder`), as their checkpoints do;
+a gs:// URI itself is refused (`load`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from components.common.storage import local_path, run_folder, write_json_atomically
+
+# The default checkpoint folder inside a step's output (when Vertex names none).
+CHECKPOINTS = "checkpoints"
+
+
+def fingerprint(values: Mapping[str, Any], length: int = 16) -> str:
+    """A stable hash of what defines a run (key order does not matter).
+
+    Args:
+        values: JSON-like description of the run; other values are hashed as `str()`.
+        length: Hex digits kept (64: the whole SHA-256).
+
+    Returns:
+        The first `length` hex digits of the SHA-256 of the sorted JSON.
+    """
+    text = json.dumps(values, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def checkpoint_folder(output_dir: str, environ: Mapping[str, str] | None = None) -> str:
+    """Where a trainer's checkpoints and state file go when none is given.
+
+    Under `AIP_CHECKPOINT_DIR` (set by Vertex when the job has a base output directory)
+    in a folder of this pipeline task (`storage.run_folder`), else `<output_dir>/checkpoints`,
+    which a restarted job of the same pipeline task writes to again.
+
+    Args:
+        output_dir: The step's output folder.
+        environ: Environment to read; `os.environ` (at call time) when None.
+
+    Returns:
+        A local folder path.
+    """
+    return run_folder("AIP_CHECKPOINT_DIR", output_dir, os.path.join(output_dir, CHECKPOINTS),
+                      environ)
+
+
+def inside_output(folder: str, output_dir: str) -> bool:
+    """Whether `folder` is the default one inside the output (`<output_dir>/checkpoints`).
+
+    There its files would ship with the output, so a trainer removes it once done.
+    """
+    return os.path.abspath(folder) == os.path.abspath(os.path.join(output_dir, CHECKPOINTS))
+
+
+def load(folder: str, name: str, run_fingerprint: str, *, error: type[Exception],
+         differs: str, version: int | None = None) -> dict[str, Any] | None:
+    """The state file `name` of this run in `folder`, or None when the folder holds none.
+
+    Args:
+        folder: The checkpoint folder.
+        name: The state file's name in it.
+        run_fingerprint: This run's `fingerprint`.
+        error: The trainer's exception class, raised for another run's state.
+        differs: What may differ in another run, for the message (e.g. "other config,
+            dataset or model folder").
+        version: The state format this trainer writes; a file of another version is
+            refused like another run's. None: the file has no version.
+
+    Returns:
+        The file's content (a dict), or None when there is no such file.
+
+    Raises:
+        error: The file belongs to another run (or another state version), or `folder`
+            is a gs:// URI (its FUSE path is what the trainers write to).
+    """
+    if folder.startswith("gs://"):
+        # os would take it for a relative folder named "gs:" and resume nothing on Vertex.
+        raise error(f"checkpoint folder {folder!r} is a gs:// URI; give its Cloud Storage "
+                    f"FUSE path ({local_path(folder)!r}): checkpoints are local files")
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        state = json.load(f)
+    if state.get("fingerprint") != run_fingerprint or \
+            (version is not None and state.get("version") != version):
+        raise error(
+            f"checkpoint folder {folder!r} holds the state of a different run ({differs}); "
+            "resuming it would mix the two. Use another checkpoint folder or delete that one.")
+    return state
+
+
+def save(folder: str, name: str, state: Mapping[str, Any], *, sort_keys: bool = False) -> None:
+    """Writes the state file whole or not at all (a kill mid-write keeps the old one).
+
+    Args:
+        folder: The checkpoint folder; created when missing.
+        name: The state file's name in it.
+        state: The state, holding this run's "fingerprint".
+        sort_keys: Sort the JSON's keys (the formats the trainers have always written).
+    """
+    os.makedirs(folder, exist_ok=True)
+    write_json_atomically(os.path.join(folder, name), state, sort_keys=sort_keys)
+
+
+def claim(folder: str, name: str, run_fingerprint: str, *, error: type[Exception],
+          differs: str, record: Mapping[str, Any] | None = None, write: bool = True) -> bool:
+    """Ties `folder` to this run with a marker file `{"fingerprint": ..., **record}`.
+
+    For trainers whose resume state lives elsewhere (Keras backups, `Trainer`
+    checkpoints) and only need the folder's owner on record.
+
+    Args:
+        folder: The checkpoint folder.
+        name: The marker file's name in it.
+        run_fingerprint: This run's `fingerprint`.
+        error: The trainer's exception class, raised for another run's marker.
+        differs: What may differ in another run, for the message.
+        record: More to write into a new marker (e.g. the settings, for people).
+        write: Whether this process writes a new marker (False on non-chief workers).
+
+    Returns:
+        True when the folder already belonged to this run (its work can be resumed),
+        False when it was free.
+
+    Raises:
+        error: The folder holds another run's marker.
+    """
+    if load(folder, name, run_fingerprint, error=error, differs=differs) is not None:
+        return True
+    if write:
+        save(folder, name, {"fingerprint": run_fingerprint, **(record or {})}, sort_keys=True)
+    return False
+
+
+def remove_leftovers(folder: str, names: Iterable[str] = (), suffixes: Iterable[str] = ()
+                     ) -> None:
+    """Removes a trainer's files from a folder that holds no state (another run's, or none).
+
+    Only the named files and folders and the files ending in `suffixes` go: the folder
+    may be shared with other steps' files.
+
+    Args:
+        folder: The checkpoint folder (nothing happens when it does not exist).
+        names: Files or folders to remove.
+        suffixes: Endings of files to remove (e.g. ".pth").
+    """
+    if not os.path.isdir(folder):
+        return
+    names, suffixes = set(names), tuple(suffixes)
+    for entry in os.listdir(folder):
+        if entry in names or (suffixes and entry.endswith(suffixes)):
+            path = os.path.join(folder, entry)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)

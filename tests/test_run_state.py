@@ -1,0 +1,89 @@
+"""The run-state file every trainer keeps in its checkpoint folder (components.common.run_state)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from components.common import run_state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class OwnError(RuntimeError):
+    """Stands for a trainer's own exception class."""
+
+
+def _load(folder, fingerprint, version=None):
+    return run_state.load(str(folder), "state.json", fingerprint, error=OwnError,
+                          differs="other settings", version=version)
+
+
+def test_the_same_run_resumes_its_state_and_another_run_is_refused(tmp_path):
+    folder = tmp_path / "ckpt"
+    assert _load(folder, "abc") is None  # no folder yet: nothing to resume
+    state = {"version": 1, "fingerprint": "abc", "epochs_done": 2}
+    run_state.save(str(folder), "state.json", state)
+    assert _load(folder, "abc", version=1) == state
+    with pytest.raises(OwnError, match=r"holds the state of a different run \(other settings\)"):
+        _load(folder, "other-run", version=1)
+    with pytest.raises(OwnError, match="different run"):  # another state format
+        _load(folder, "abc", version=2)
+    assert _load(folder, "abc", version=1) == state  # refused, never deleted
+    assert os.listdir(folder) == ["state.json"]  # written atomically: no temporary left
+
+
+def test_a_claim_marks_a_free_folder_and_keeps_workers_from_writing(tmp_path):
+    folder = str(tmp_path / "ckpt")
+    claim = dict(error=OwnError, differs="other settings")
+    assert not run_state.claim(folder, "run.json", "abc", write=False, **claim)
+    assert not os.path.exists(folder)  # a non-chief worker only checks
+    assert not run_state.claim(folder, "run.json", "abc", record={"replicas": 2}, **claim)
+    with open(os.path.join(folder, "run.json")) as f:
+        assert json.load(f) == {"fingerprint": "abc", "replicas": 2}
+    assert run_state.claim(folder, "run.json", "abc", **claim)  # the same run: resume
+    with pytest.raises(OwnError, match="different run"):
+        run_state.claim(folder, "run.json", "xyz", **claim)
+
+
+def test_a_gs_uri_is_refused_naming_its_fuse_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OwnError, match="'/gcs/bucket/ckpt'"):
+        _load("gs://bucket/ckpt", "abc")
+    assert os.listdir(tmp_path) == []  # no local folder named "gs:"
+
+
+def test_fingerprints_ignore_key_order_and_keep_the_digits_asked_for():
+    first = run_state.fingerprint({"a": 1, "b": [2]})
+    assert first == run_state.fingerprint({"b": [2], "a": 1}) and len(first) == 16
+    assert run_state.fingerprint({"a": 1, "b": [2]}, length=64).startswith(first)
+    assert run_state.fingerprint({"a": 2, "b": [2]}) != first
+
+
+def test_leftovers_of_another_run_go_and_nothing_else(tmp_path):
+    for name in ("lm-1.pth", "lm-2.pth.tmp", "vocab.pkl", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "assets" / "fr").mkdir(parents=True)
+    run_state.remove_leftovers(str(tmp_path), names=("vocab.pkl", "assets"),
+                               suffixes=(".pth", ".pth.tmp"))
+    assert os.listdir(tmp_path) == ["notes.txt"]
+    run_state.remove_leftovers(str(tmp_path / "missing"), names=("x",))  # no folder: no error
+
+
+def test_the_default_folder_is_inside_the_output_unless_vertex_names_one():
+    assert run_state.checkpoint_folder("/out/model", environ={}) == "/out/model/checkpoints"
+    assert run_state.inside_output("/out/model/checkpoints/", "/out/model")
+    folder = run_state.checkpoint_folder("/out/job-1/train/model",
+                                         environ={"AIP_CHECKPOINT_DIR": "/mnt/ckpt"})
+    assert folder == "/mnt/ckpt/job-1/train"
+    assert not run_state.inside_output(folder, "/out/job-1/train/model")
+
+
+def test_both_images_can_import_it_without_the_other_framework():
+    code = ("import sys; import components.common.run_state; "
+            "print(sorted({'tensorflow', 'tf_keras', 'torch', 'fastai'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
