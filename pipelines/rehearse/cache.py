@@ -1,0 +1,93 @@
+"""Vertex's execution cache, as a rehearsal keeps it across rehearsals (`--cache-index`).
+
+A task compiled with caching enabled is keyed by its component's interface, its container,
+its input values and the names of its input artifacts; a key seen in an earlier rehearsal
+reuses that run's outputs, whose files are copied into this rehearsal's bucket folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from components.common.storage import write_json_atomically
+from pipelines.rehearse.records import ArtifactRef
+
+
+def cache_key(component: Mapping[str, Any], container: Mapping[str, Any],
+              values: Mapping[str, Any], inputs: Mapping[str, ArtifactRef]) -> str:
+    """The key a container task's outputs are cached under.
+
+    Args:
+        component: The component the task runs (its input and output definitions count).
+        container: Its executor's container spec (image, command, args).
+        values: Its input parameter values.
+        inputs: Its input artifacts (their names count: a new artifact is a new key).
+
+    Returns:
+        A short hex digest.
+    """
+    payload = {"component": {k: component.get(k) for k in ("inputDefinitions",
+                                                            "outputDefinitions")},
+               "container": container, "parameters": values,
+               "artifacts": {k: a.name for k, a in inputs.items()}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+
+
+class TaskCache:
+    """The cache entries of a rehearsal: read from `index` (if any), saved back to it.
+
+    Args:
+        index: The JSON file kept across rehearsals; None keeps entries in this one only.
+        local: The rehearsal's file for a gs:// URI (where a hit's files are copied).
+    """
+
+    def __init__(self, index: str | None, local: Callable[[str], str]) -> None:
+        self.index = index
+        self.local = local
+        self.entries: dict[str, Any] = {}
+        if index and os.path.exists(index):
+            with open(index) as f:
+                self.entries = json.load(f)
+
+    def lookup(self, key: str) -> dict[str, Any] | None:
+        """The outputs cached under `key` (their files brought here), None on a miss."""
+        hit = self.entries.get(key)
+        if not hit:
+            return None
+        self._bring_outputs(hit)
+        return {"parameters": hit["parameters"],
+                "artifacts": {k: ArtifactRef(**{**a, "path": self.local(a["uri"])})
+                              for k, a in hit["artifacts"].items()}}
+
+    def store(self, key: str, result: Mapping[str, Any]) -> None:
+        """Keeps a task's outputs (`{"parameters", "artifacts"}`) under `key`."""
+        self.entries[key] = {
+            "parameters": result["parameters"],
+            "artifacts": {k: dataclasses.asdict(a) for k, a in result["artifacts"].items()}}
+
+    def save(self) -> None:
+        """Writes the entries to the index file, if there is one."""
+        if self.index:
+            os.makedirs(os.path.dirname(os.path.abspath(self.index)), exist_ok=True)
+            write_json_atomically(self.index, self.entries)
+
+    def _bring_outputs(self, hit: Mapping[str, Any]) -> None:
+        """Copies a cache hit's artifact files from the rehearsal that wrote them into this
+        one's bucket folder, at the same gs:// URIs: on Vertex every run reads one bucket,
+        so a later step can read a cached step's outputs. (An artifact may have no file,
+        e.g. a `Metrics` output holds only metadata.)"""
+        for artifact in hit["artifacts"].values():
+            source, target = artifact["path"], self.local(artifact["uri"])
+            if not os.path.exists(source) or os.path.exists(target):
+                continue
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if os.path.isdir(source):
+                shutil.copytree(source, target)
+            else:
+                shutil.copy2(source, target)

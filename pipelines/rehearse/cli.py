@@ -1,0 +1,111 @@
+"""Rehearse a compiled Vertex pipeline (the JSON users upload) on this machine.
+
+    python -m pipelines.rehearse build/image_pipeline.json --output DIR [--param NAME=VALUE ...]
+        [--pipeline-root gs://BUCKET/root] [--cache-index FILE] [--preempt TASK=GLOB ...]
+        [--runtime local|image]
+
+The file runs as Vertex Pipelines would run it, not as the Python pipeline function:
+the DAG, `dsl.If` conditions, pipeline parameter defaults and each task's inputs are read
+from the JSON; placeholders are resolved as the Vertex backend resolves them; each GCPC
+custom-job task is unwrapped from its launcher payload (the payload is parsed into
+Vertex's own `CustomJob` message, so a field or enum Vertex would reject fails here), and
+every replica of every worker pool runs as its own process with the environment Vertex
+sets (`CLUSTER_SPEC` and `TF_CONFIG` for multi-replica jobs, `AIP_MODEL_DIR`,
+`AIP_CHECKPOINT_DIR`, `AIP_TENSORBOARD_LOG_DIR` when the job has a base output
+directory). `gs://BUCKET/...` is the folder `DIR/gcs/BUCKET/...`, which stands in for
+Vertex's `/gcs/` Cloud Storage FUSE mount. With `--runtime local` (the default) steps run
+in this Python environment (`python3` on the PATH is this interpreter) and KFP's mount
+prefix is pointed at that folder in each step process (`rehearsal_site/sitecustomize.py`).
+With `--runtime image` each step runs inside the image the JSON names, built here by
+`make images-local`, as the image's user, with the folder mounted at `/gcs`.
+
+A hyperparameter tuning job (the tuning variants) is parsed into Vertex's
+`HyperparameterTuningJob` and its trials run one by one, values drawn at random (seeded)
+from the study spec and appended as `--name=value`, each with its own `AIP_*` folders; the
+metric a trial reports through hypertune is its measurement, and the best-trial step's
+selection runs on that job instead of reading it from the Vertex API.
+
+Every CustomJob request is written to `DIR/vertex-requests/<task>.json` as the launcher
+would send it. Not executed: tasks that call the Vertex API themselves (the Model
+Registry upload): their request is built with GCPC's own code, checked against Vertex's
+`Model` message and written there too. Cache decisions are reported per task; with
+`--cache-index FILE` a task whose cache key was seen in an earlier rehearsal is reused as
+Vertex reuses it. `--preempt TASK=GLOB` kills the first replica of TASK once a file
+matching GLOB exists under `DIR/gcs/`, and restarts it as Vertex restarts a preempted
+worker (the whole job when it was compiled with `restart_job_on_worker_restart`).
+
+Writes `DIR/summary.json` in the shape of `pipelines.run_local`, with a `rehearsal`
+section (each task's state, cache decision, replicas, attempts and seconds).
+"""
+# The docstring above is the command's --help.
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from pipelines.rehearse.driver import rehearse
+from pipelines.rehearse.jobs import Preemption
+from pipelines.rehearse.records import RehearsalError
+from pipelines.rehearse.runtimes import RUNTIMES
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m pipelines.rehearse` (its help is this module's doc)."""
+    p = argparse.ArgumentParser(prog="python -m pipelines.rehearse", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("pipeline", help="compiled pipeline JSON")
+    p.add_argument("--output", required=True, help="local folder of the rehearsal")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--pipeline-root", default="gs://rehearsal-bucket/pipeline-root")
+    p.add_argument("--cache-index", help="JSON file of cache entries kept across rehearsals")
+    p.add_argument("--preempt", action="append", default=[], metavar="TASK=GLOB",
+                   help="kill TASK's first replica once GLOB matches under OUTPUT/gcs/")
+    p.add_argument("--runtime", choices=RUNTIMES, default="local",
+                   help="local: steps run in this venv; image: each step runs in the image "
+                        "the JSON names, built here by `make images-local` (data must be "
+                        "under OUTPUT/gcs/ and passed as gs:// URIs)")
+    p.add_argument("--registered-model", action="append", default=[],
+                   metavar="DISPLAY_NAME=RESOURCE_NAME",
+                   help="a model the stand-in Model Registry holds (the upload then adds a "
+                        "version to it); none by default")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `python -m pipelines.rehearse`; returns the exit status (1: the rehearsal failed).
+
+    Args:
+        argv: The arguments (default: the command line's).
+    """
+    p = parser()
+    args = p.parse_args(argv)
+
+    def pairs(items: list[str], flag: str, form: str) -> list[tuple[str, str]]:
+        found = []
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep:
+                p.error(f"{flag} takes {form}, got {item!r}")
+            found.append((key, value))
+        return found
+
+    params = dict(pairs(args.param, "--param", "NAME=VALUE"))
+    preempt = [Preemption(task, pattern)
+               for task, pattern in pairs(args.preempt, "--preempt", "TASK=GLOB")]
+    registry = dict(pairs(args.registered_model, "--registered-model",
+                          "DISPLAY_NAME=RESOURCE_NAME"))
+    try:
+        summary = rehearse(args.pipeline, args.output, params, pipeline_root=args.pipeline_root,
+                           cache_index=args.cache_index, preempt=preempt,
+                           runtime=args.runtime, registry=registry)
+    except RehearsalError as err:
+        print(f"rehearsal failed: {err}", file=sys.stderr)
+        return 1
+    for task in summary["rehearsal"]["tasks"]:
+        print(f"  {task['display_name']:<28} {task['state']:<13} cache {task['cache']:<8} "
+              f"replicas {task['replicas']} attempts {task['attempts']} "
+              f"{task['seconds']:.1f}s {task['note']}")
+    print(f"summary: {os.path.join(os.path.abspath(args.output), 'summary.json')}")
+    return 0

@@ -1,0 +1,253 @@
+"""The rehearsal itself: walks a compiled pipeline's DAG task by task, as Vertex would.
+
+`Rehearsal` reads the spec (`spec`), decides for each task whether it is skipped, cached
+(`cache`) or run, and hands a container task to the stand-in Vertex service (`jobs`), whose
+processes run where the `runtimes.Runtime` says; then reads back what the task wrote.
+`rehearse` runs one from a file and writes `summary.json` and `rehearsal.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pipelines.rehearse.spec as ir
+from components.common.storage import write_json_atomically
+from pipelines.catalogue import SUMMARIES_BY_NAME
+from pipelines.rehearse.cache import TaskCache, cache_key
+from pipelines.rehearse.jobs import Preemption, VertexCalls, VertexJobs, task_kind
+from pipelines.rehearse.records import ArtifactRef, RehearsalError, TaskRecord
+from pipelines.rehearse.runtimes import Runtime
+
+
+class Rehearsal:
+    """One rehearsal of a compiled pipeline; `run()` executes it.
+
+    Args:
+        spec: The compiled pipeline.
+        output: Local folder of the rehearsal (gcs/, logs/, vertex-requests/).
+        params: Pipeline parameters as strings, typed by the pipeline's definitions.
+        pipeline_root: The gs:// pipeline root the outputs are planned under.
+        cache_index: JSON file of cache entries kept across rehearsals (none: no reuse).
+        preempt: Replicas to kill and restart (`--preempt`).
+        runtime: "local" (processes of this venv) or "image" (inside the images).
+        registry: The stand-in Model Registry: display name -> model resource name.
+    """
+
+    def __init__(self, spec: dict[str, Any], output: str, params: Mapping[str, str],
+                 pipeline_root: str = "gs://rehearsal-bucket/pipeline-root",
+                 cache_index: str | None = None, preempt: list[Preemption] | None = None,
+                 runtime: str = "local", registry: Mapping[str, str] | None = None):
+        self.output = os.path.abspath(output)
+        self.runtime = Runtime(runtime, self.output)
+        self.spec = spec
+        if not pipeline_root.startswith("gs://"):
+            raise RehearsalError(f"--pipeline-root must be a gs:// URI, got {pipeline_root!r}")
+        self.job = ir.PipelineJob(
+            name=f"{spec['pipelineInfo']['name']}-{time.strftime('%Y%m%d%H%M%S')}",
+            uuid=hashlib.sha1(f"{self.output}{time.time()}".encode()).hexdigest()[:16],
+            root=pipeline_root.rstrip("/"))
+        self.cache = TaskCache(cache_index, self.runtime.local)
+        self.jobs = VertexJobs(self.runtime, self.output, self.job.uuid, preempt or [])
+        self.calls = VertexCalls(self.runtime, self.output, registry or {})
+        self.records: list[TaskRecord] = []
+        self.inputs = ir.pipeline_inputs(spec, params)
+        self.runtime.check_visible(self.inputs)
+
+    @property
+    def job_name(self) -> str:
+        """The pipeline job's name (the pipeline's, then the time it started)."""
+        return self.job.name
+
+    @property
+    def pipeline_root(self) -> str:
+        """The gs:// pipeline root, without a trailing slash."""
+        return self.job.root
+
+    @property
+    def gcs(self) -> str:
+        """The local folder that stands in for gs:// (`gs://B/x` is `GCS/B/x`)."""
+        return self.runtime.gcs
+
+    def step_path(self, uri: str) -> str:
+        """A gs:// URI as a step sees it (see `Runtime.step_path`)."""
+        return self.runtime.step_path(uri)
+
+    def host_path(self, step_path: str) -> str:
+        """The local file behind a path a step was given (see `Runtime.host_path`)."""
+        return self.runtime.host_path(step_path)
+
+    # -- DAG ----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Runs the pipeline; returns its outputs (artifacts as objects with .path/.metadata)."""
+        with self.runtime.session():
+            outputs = self._run_dag(self.spec["root"], self.inputs, {}, prefix="")
+        self.cache.save()
+        return outputs
+
+    def _run_dag(self, component: dict[str, Any], parameters: dict[str, Any],
+                 artifacts: dict[str, Any], prefix: str) -> dict[str, Any]:
+        tasks = component["dag"]["tasks"]
+        results: dict[str, dict[str, Any]] = {}
+        for name in ir.topological_order(tasks):
+            results[name] = self._run_task(prefix + name, tasks[name], parameters, artifacts,
+                                           results)
+        return ir.dag_outputs(component, results)
+
+    def _run_task(self, name: str, task: dict[str, Any], parameters: dict[str, Any],
+                  artifacts: dict[str, Any], results: dict[str, dict]) -> dict[str, Any]:
+        component = self.spec["components"][task["componentRef"]["name"]]
+        record = TaskRecord(name, task.get("taskInfo", {}).get("name", name))
+        self.records.append(record)
+        if any(results.get(d, {}).get("skipped") for d in task.get("dependentTasks", [])):
+            record.state, record.note = "skipped", "an upstream task did not run"
+            return {"skipped": True, "parameters": {}, "artifacts": {}}
+        values, inputs = ir.task_inputs(task, component, parameters, artifacts, results,
+                                        self.job)
+        condition = task.get("triggerPolicy", {}).get("condition")
+        if condition and not ir.evaluate_condition(condition, values):
+            record.state, record.note = "skipped", f"condition false: {condition}"
+            print(f"[rehearse] {record.display_name}: skipped ({condition} is false)")
+            return {"skipped": True, "parameters": {}, "artifacts": {}}
+        if "dag" in component:
+            started = time.monotonic()
+            outputs = self._run_dag(component, values, inputs, prefix=name + "/")
+            record.state, record.seconds = "succeeded", time.monotonic() - started
+            return {"parameters": {k: v for k, v in outputs.items() if not hasattr(v, "uri")},
+                    "artifacts": {k: v for k, v in outputs.items() if hasattr(v, "uri")}}
+        executor = self.spec["deploymentSpec"]["executors"][component["executorLabel"]]
+        if "container" not in executor:
+            raise RehearsalError(f"task {name!r}: executor {sorted(executor)} is not a container")
+        return self._run_container(record, task, component, executor["container"], values,
+                                   inputs)
+
+    # -- one container task -------------------------------------------------------------
+
+    def _run_container(self, record: TaskRecord, task, component, container, values,
+                       inputs) -> dict[str, Any]:
+        started = time.monotonic()
+        record.cache_key = cache_key(component, container, values, inputs)
+        if task.get("cachingOptions", {}).get("enableCache", False):
+            hit = self.cache.lookup(record.cache_key)
+            record.cache = "hit" if hit else "miss"
+            if hit:
+                record.state = "cached"
+                print(f"[rehearse] {record.display_name}: cache hit, outputs of an earlier run "
+                      "reused")
+                return hit
+        task_uuid = hashlib.sha1(f"{self.job.uuid}/{record.name}".encode()).hexdigest()[:12]
+        executor_input = ir.executor_input(self.job, record.name, component, values, inputs,
+                                           task_uuid, self.runtime.step_path)
+        placeholders = ir.Placeholders(
+            executor_input, component.get("inputDefinitions", {}).get("parameters", {}),
+            record.name, task_uuid, self.job, self.runtime.step_path)
+        command = placeholders.resolve_args(container.get("command", []))
+        args = placeholders.resolve_args(container.get("args", []))
+        print(f"[rehearse] {record.display_name}: running")
+        kind = task_kind(container, command, args)
+        # Tasks that call the Vertex API are answered, not run: nothing to read back or cache.
+        if kind == "api-call":
+            self.calls.gcpc_call(record, args, executor_input)
+            record.seconds = time.monotonic() - started
+            return {"parameters": {}, "artifacts": {}}
+        if kind == "registry-lookup":
+            return self.calls.registry_lookup(record, executor_input)
+        if kind == "best-trial":
+            return self.jobs.best_trial(record, args, executor_input)
+        if kind == "custom-job":
+            self.jobs.custom_job(record, args)
+        elif kind == "tuning-job":
+            self.jobs.tuning_job(record, args)
+        else:
+            self.jobs.container_task(record, command + args, container["image"])
+        record.state, record.seconds = "succeeded", time.monotonic() - started
+        result = self._collect(component, executor_input)
+        if record.cache != "disabled":
+            self.cache.store(record.cache_key, result)
+        return result
+
+    def _collect(self, component, executor_input) -> dict[str, Any]:
+        """Reads what the task wrote (executor_output.json, output files)."""
+        path = self.runtime.host_path(executor_input["outputs"]["outputFile"])
+        written = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                written = json.load(f)
+        artifacts = {}
+        for key, entry in executor_input["outputs"]["artifacts"].items():
+            artifact = entry["artifacts"][0]
+            updated = (written.get("artifacts", {}).get(key, {}).get("artifacts") or [{}])[0]
+            uri = updated.get("uri", artifact["uri"])
+            artifacts[key] = ArtifactRef.of(artifact, path=self.runtime.local(uri), uri=uri,
+                                            metadata=updated.get("metadata", {}))
+        parameters = dict(written.get("parameterValues", {}))
+        definitions = component.get("outputDefinitions", {}).get("parameters", {})
+        for key, entry in executor_input["outputs"]["parameters"].items():
+            output_file = self.runtime.host_path(entry["outputFile"])
+            if key not in parameters and os.path.exists(output_file):
+                with open(output_file) as f:
+                    raw = f.read()
+                # The backend reads an output file as JSON unless the output is a string.
+                kind = definitions.get(key, {}).get("parameterType", "STRING")
+                parameters[key] = raw if kind == "STRING" else json.loads(raw)
+        return {"parameters": parameters, "artifacts": artifacts}
+
+
+def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
+             **options: Any) -> dict[str, Any]:
+    """Rehearses the compiled pipeline at `path`; writes and returns `output/summary.json`.
+
+    Args:
+        path: Compiled pipeline JSON (or YAML) as `compile.py` wrote it.
+        output: Local folder of the rehearsal (gcs/, logs/, summary.json).
+        params: Pipeline parameters as strings, typed by the pipeline's definitions.
+        **options: `pipeline_root`, `cache_index`, `preempt`, `runtime`, `registry` (see
+            `Rehearsal`).
+
+    Returns:
+        The summary: the pipeline's own (as `run_local` writes it) plus `rehearsal`.
+    """
+    with open(path) as f:
+        spec = json.load(f) if path.endswith(".json") else _yaml(f)
+    runner = Rehearsal(spec, output, params or {}, **options)
+    try:
+        outputs = runner.run()
+    finally:
+        report = [dataclasses.asdict(r) for r in runner.records]
+        os.makedirs(runner.output, exist_ok=True)
+        write_json_atomically(os.path.join(runner.output, "rehearsal.json"), report,
+                              sort_keys=False)
+    summary = _summary(spec, outputs, runner.records)
+    summary["rehearsal"] = {"pipeline": path, "job_name": runner.job_name,
+                            "pipeline_root": runner.pipeline_root, "gcs_folder": runner.gcs,
+                            "tasks": report}
+    write_json_atomically(os.path.join(runner.output, "summary.json"), summary, sort_keys=False)
+    return summary
+
+
+def _summary(spec: Mapping[str, Any], outputs: Mapping[str, Any],
+             records: list[TaskRecord]) -> dict[str, Any]:
+    """The pipeline's own summary of its outputs, its registration marked as not sent."""
+    summarize = SUMMARIES_BY_NAME.get(spec["pipelineInfo"]["name"])
+    summary = summarize(outputs) if summarize else {
+        "outputs": {k: getattr(v, "path", v) for k, v in outputs.items()}}
+    if "registration" in summary:
+        request_built = any(r.state == "not-executed" and "register-model" in r.name
+                            for r in records)
+        summary["registration"].update(
+            uploaded=False,
+            note="rehearsal: the Model Registry request was built and checked, not sent"
+            if request_built else "rehearsal: no upload task ran (not compiled in, or gated off)")
+    return summary
+
+
+def _yaml(f) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(f)

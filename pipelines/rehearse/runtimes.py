@@ -1,0 +1,211 @@
+"""Where a step's process runs: here, in this Python environment, or inside its image.
+
+`--runtime local` starts each command as a process of this venv (`python3` on the PATH is
+this interpreter), with KFP's mount prefix pointed at the rehearsal's gcs/ folder
+(`rehearsal_site/sitecustomize.py`). `--runtime image` runs it with buildah inside the image
+the JSON names, built here by `make images-local`, with that folder mounted at /gcs and the
+Cloud Storage API an emulator seeded with it. Both show a step `gs://BUCKET/x` as the file
+`OUTPUT/gcs/BUCKET/x`: here at that path, inside an image at `/gcs/BUCKET/x`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pipelines import gcs_api
+from pipelines.rehearse.records import RehearsalError
+
+SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "rehearsal_site")
+MOUNT_ENV = "REHEARSAL_GCS_MOUNT"
+RUNTIMES = ("local", "image")
+GCS_MOUNT = "/gcs"
+BUILDAH = ("buildah", "--storage-driver", "vfs")
+
+
+def open_mount(folder: str) -> None:
+    """Gives every file under the stand-in for /gcs the modes of a shared FUSE mount.
+
+    gcsfuse shows all objects with its mount's one directory mode and file mode (chmod and
+    chown are ignored), whoever wrote them. Vertex does not document the modes it mounts
+    /gcs with; its own KFP executor writes outputs there from the image's user, so the
+    rehearsal mounts it writable to all users (0777 folders, 0666 files), and files written
+    here by root (staged data, earlier outputs) look the same as the ones a step wrote.
+    """
+    for root, _, files in os.walk(folder):
+        os.chmod(root, 0o777)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o666)
+
+
+class ImageContainers:
+    """Runs steps inside locally built images (`make images-local`) with buildah.
+
+    One working container per image per rehearsal (vfs storage copies a whole image per
+    container, minutes for the fastai one), so steps of one image share its filesystem
+    outside /gcs; on Vertex each job starts from the image afresh. Steps run as the image's
+    user (USER in its Dockerfile), in its working folder, with its environment plus the
+    job's, and chroot isolation on the host's network (loopback TF_CONFIG addresses work).
+    The Cloud Storage API the steps read raw inputs through is an emulator on loopback
+    (`STORAGE_EMULATOR_HOST`), seeded with the rehearsal's gcs/ folder.
+    """
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self.env: dict[str, str] = {}  # for every step: where the Cloud Storage API is
+
+    def container(self, image: str) -> str:
+        """The working container of `image`, made on first use."""
+        if image not in self.names:
+            if not shutil.which(BUILDAH[0]):
+                raise RehearsalError("--runtime image runs steps with buildah, which is not "
+                                     "installed here: `make images-local` installs it and "
+                                     "builds the images")
+            name = "rehearse-" + hashlib.sha1(f"{image}{time.time()}".encode()).hexdigest()[:12]
+            result = subprocess.run([*BUILDAH, "from", "--pull=never", "--name", name, image],
+                                    capture_output=True, text=True)
+            if result.returncode:
+                raise RehearsalError(f"image {image} is not in this machine's buildah storage "
+                                     f"({result.stderr.strip()}): build it with "
+                                     "`make images-local`")
+            self.names[image] = name
+        return self.names[image]
+
+    def run_command(self, image: str, command: list[str], gcs_folder: str,
+                    env: Mapping[str, str]) -> list[str]:
+        """The command line that runs `command` in `image` with `gcs_folder` at /gcs."""
+        return [*BUILDAH, "run", "--isolation", "chroot",
+                "--volume", f"{gcs_folder}:{GCS_MOUNT}",
+                *[f"--env={key}={value}" for key, value in {**self.env, **env}.items()],
+                self.container(image), "--", *command]
+
+    def take_file(self, image: str, path: str) -> str:
+        """The text of `path` inside `image`'s container (empty if none), then removes it,
+        as the next job would start from the image afresh on Vertex."""
+        result = subprocess.run([*BUILDAH, "run", "--isolation", "chroot",
+                                 self.container(image), "--", "sh", "-c",
+                                 f"cat {path} 2>/dev/null; rm -f {path}"],
+                                capture_output=True, text=True)
+        return result.stdout
+
+    def remove_all(self) -> None:
+        """Removes the working containers (the images stay)."""
+        for name in self.names.values():
+            subprocess.run([*BUILDAH, "rm", name], capture_output=True)
+        self.names.clear()
+
+
+class Runtime:
+    """Where one rehearsal's steps run and the paths they see.
+
+    Args:
+        kind: One of `RUNTIMES`.
+        output: The rehearsal's folder (absolute); gcs/ and logs/ are in it.
+    """
+
+    def __init__(self, kind: str, output: str) -> None:
+        if kind not in RUNTIMES:
+            raise RehearsalError(f"--runtime must be one of {RUNTIMES}, got {kind!r}")
+        self.kind = kind
+        self.gcs = os.path.join(output, "gcs")
+        self.logs = os.path.join(output, "logs")
+        self.containers = ImageContainers() if kind == "image" else None
+
+    # -- paths --------------------------------------------------------------------------
+
+    def local(self, uri: str) -> str:
+        """The rehearsal's file for a gs:// URI (what /gcs/ would show on Vertex)."""
+        if uri.startswith("gs://"):
+            return os.path.join(self.gcs, uri[len("gs://"):])
+        return uri
+
+    def step_path(self, uri: str) -> str:
+        """A gs:// URI as a step sees it: `/gcs/...` inside an image, else the local file."""
+        if self.kind == "image" and uri.startswith("gs://"):
+            return GCS_MOUNT + "/" + uri[len("gs://"):]
+        return self.local(uri)
+
+    def host_path(self, step_path: str) -> str:
+        """The local file behind a path a step was given (see `step_path`)."""
+        if self.kind == "image" and step_path.startswith(GCS_MOUNT + "/"):
+            return os.path.join(self.gcs, step_path[len(GCS_MOUNT) + 1:])
+        return step_path
+
+    def check_visible(self, inputs: Mapping[str, Any]) -> None:
+        """Inside an image a step sees only /gcs: a local path parameter would not exist."""
+        if self.kind != "image":
+            return
+        for name, value in inputs.items():
+            if isinstance(value, str) and value and not value.startswith("gs://") and \
+                    os.path.exists(value):
+                raise RehearsalError(
+                    f"--param {name}={value} is a local path, which a step inside the image "
+                    f"cannot see: copy it under {self.gcs}/BUCKET/... and pass gs://BUCKET/...")
+
+    # -- processes ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Makes gcs/; inside images also serves it through the Cloud Storage API emulator
+        and removes the working containers at the end."""
+        os.makedirs(self.gcs, exist_ok=True)
+        if not self.containers:
+            yield
+            return
+        # Raw inputs are read through the Cloud Storage API: an emulator holding what
+        # gcs/ holds now (later outputs are read back through /gcs, as on Vertex).
+        api, url = gcs_api.start_emulator(self.logs)
+        count = gcs_api.seed(url, self.gcs)
+        self.containers.env = {"STORAGE_EMULATOR_HOST": url}
+        print(f"[rehearse] Cloud Storage API: {count} files of {self.gcs} on {url}")
+        try:
+            yield
+        finally:
+            self.containers.remove_all()
+            gcs_api.stop(api)
+
+    def before_job(self) -> None:
+        """Readies gcs/ for a job's processes (inside images: writable by the image's user)."""
+        if self.containers:
+            open_mount(self.gcs)
+
+    def start(self, command: list[str], env: Mapping[str, str], image: str,
+              log_path: str) -> subprocess.Popen:
+        """Starts one replica's process, its output to `log_path`.
+
+        Args:
+            command: The replica's command line.
+            env: The job's variables for it (CLUSTER_SPEC, AIP_*, ...).
+            image: The image it runs in with `--runtime image`.
+            log_path: Its log file.
+
+        Returns:
+            The process, in a session of its own (killed as a group on preemption).
+        """
+        if self.containers:
+            command = self.containers.run_command(image, command, self.gcs, env)
+            full_env = dict(os.environ)
+        else:
+            full_env = {**self._local_env(), **env}
+        return subprocess.Popen(command, env=full_env,
+                                stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+                                start_new_session=True)  # in the caller's folder
+
+    def _local_env(self) -> dict[str, str]:
+        """This venv first on the PATH, the project and the mount redirect importable."""
+        return {**os.environ,
+                "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+                "PYTHONPATH": os.pathsep.join(
+                    [SITE_DIR, os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "")
+                                               .split(os.pathsep) if p]),
+                MOUNT_ENV: self.gcs, "PYTHONUNBUFFERED": "1"}

@@ -1,0 +1,407 @@
+"""Reading a compiled pipeline (KFP's IR, the JSON Vertex runs) as the Vertex backend reads it.
+
+The pipeline's parameters typed from their definitions and the command line, values as the
+backend types and renders them, `dsl.If` trigger conditions, the order tasks run in, a
+task's inputs and its executor input, and every placeholder of its command line resolved
+as the backend resolves them. Nothing here runs or writes anything: `driver` walks the DAG
+with these functions, the paths a step sees come from `runtimes`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pipelines.params import parse_value
+from pipelines.rehearse.records import RehearsalError
+
+# The project and region a rehearsal pretends to run in (placeholders and names show them).
+PROJECT = "rehearsal-project"
+PROJECT_NUMBER = "123456789012"
+LOCATION = "us-central1"
+
+_PLACEHOLDER = re.compile(r"\{\{\$(?P<body>[^{}]*)\}\}")
+_INPUT_PARAM = re.compile(
+    r"^\.inputs\.parameters\['(?P<name>[^']+)'\](?P<escape>\.json_escape\[0\])?$")
+_OUTPUT_PARAM_FILE = re.compile(r"^\.outputs\.parameters\['(?P<name>[^']+)'\]\.output_file$")
+_ARTIFACT = re.compile(
+    r"^\.(?P<io>inputs|outputs)\.artifacts\['(?P<name>[^']+)'\]\.(?P<field>uri|path|metadata)"
+    r"(?:\['(?P<key>[^']+)'\])?$")
+
+
+# --------------------------------------------------------------------------- values
+
+
+def typed_value(value: Any, parameter_type: str) -> Any:
+    """A parameter value as Vertex hands it to a task (JSON numbers are floats in the spec).
+
+    Values from the spec (defaults, constants) are JSON already; text typed on a command
+    line is read by `pipelines.params.parse_value` instead (see `pipeline_inputs`).
+    """
+    if value is None:
+        return None
+    if parameter_type == "NUMBER_INTEGER":
+        if isinstance(value, float) and not value.is_integer():
+            raise RehearsalError(f"{value!r} is not an integer")
+        return int(value)
+    if parameter_type == "NUMBER_DOUBLE":
+        return float(value)
+    return value
+
+
+def render(value: Any) -> str:
+    """A parameter value inside a command line, as the backend writes it: strings raw,
+    everything else as JSON with whole numbers written without a fraction (protobuf
+    numbers are doubles; Go's formatting of 100.0 is `100`)."""
+    def whole(v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, list):
+            return [whole(x) for x in v]
+        if isinstance(v, dict):
+            return {k: whole(x) for k, x in v.items()}
+        return v
+
+    return value if isinstance(value, str) else json.dumps(whole(value))
+
+
+def pipeline_inputs(spec: Mapping[str, Any], params: Mapping[str, str]) -> dict[str, Any]:
+    """The pipeline's parameter values: those given as text, typed, else the defaults.
+
+    Args:
+        spec: The compiled pipeline.
+        params: Parameter values as typed on the command line.
+
+    Returns:
+        A value for every parameter that has one (optional ones without a default omitted).
+
+    Raises:
+        RehearsalError: An unknown parameter, a value not of its type, or a required
+            parameter without a value.
+    """
+    definitions = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    unknown = sorted(set(params) - set(definitions))
+    if unknown:
+        raise RehearsalError(f"unknown pipeline parameter(s) {unknown}; the pipeline "
+                             f"takes {sorted(definitions)}")
+    values = {}
+    for name, definition in definitions.items():
+        kind = definition["parameterType"]
+        if name in params:
+            try:
+                values[name] = parse_value(params[name], kind)
+            except ValueError as err:
+                raise RehearsalError(f"--param {name}: {err}") from err
+        elif "defaultValue" in definition:
+            values[name] = typed_value(definition["defaultValue"], kind)
+        elif not definition.get("isOptional"):
+            raise RehearsalError(f"pipeline parameter {name!r} has no default: pass "
+                                 f"--param {name}=VALUE")
+    return values
+
+
+# --------------------------------------------------------------------------- the DAG
+
+
+def evaluate_condition(condition: str, values: Mapping[str, Any]) -> bool:
+    """Evaluates a KFP trigger condition (the CEL subset KFP compiles) over a task's inputs.
+
+    Supports `inputs.parameter_values['NAME']`, comparisons, `&&`, `||`, `!`, `int(...)`,
+    `double(...)` and string, number and boolean literals; anything else is refused.
+    """
+    def value_of(match: re.Match) -> str:
+        if match.group(1) not in values:
+            raise RehearsalError(f"condition {condition!r} reads unknown input {match.group(1)!r}")
+        return repr(values[match.group(1)])
+
+    expression = re.sub(r"inputs\.parameter_values\['([^']+)'\]", value_of, condition)
+    expression = re.sub(r"\btrue\b", "True", re.sub(r"\bfalse\b", "False", expression))
+    expression = re.sub(r"!(?!=)", " not ", expression.replace("&&", " and ")
+                        .replace("||", " or "))
+    tree = ast.parse(expression.strip(), mode="eval")
+    allowed = (ast.Expression, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Not, ast.And, ast.Or,
+               ast.Constant, ast.Call, ast.Name, ast.Load, ast.Eq, ast.NotEq, ast.Lt, ast.LtE,
+               ast.Gt, ast.GtE, ast.USub)
+    for node in ast.walk(tree):
+        if not isinstance(node, allowed) or (isinstance(node, ast.Name)
+                                             and node.id not in ("int", "double")):
+            raise RehearsalError(f"condition {condition!r} uses something this rehearsal "
+                                 "cannot evaluate")
+    return bool(eval(compile(tree, "<condition>", "eval"), {"__builtins__": {}},
+                     {"int": int, "double": float}))
+
+
+def topological_order(tasks: Mapping[str, dict[str, Any]]) -> list[str]:
+    """Task names so that each comes after the tasks it depends on (ties by name)."""
+    order: list[str] = []
+    pending = dict(tasks)
+    while pending:
+        ready = sorted(n for n, t in pending.items()
+                       if all(d in order for d in t.get("dependentTasks", [])))
+        if not ready:
+            raise RehearsalError(f"tasks {sorted(pending)} depend on each other in a cycle")
+        order.append(ready[0])
+        del pending[ready[0]]
+    return order
+
+
+def dag_outputs(component: Mapping[str, Any],
+                results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """A DAG component's outputs, picked from its tasks' results as its spec selects them.
+
+    Args:
+        component: The DAG component (the pipeline's root or a `dsl.If` branch).
+        results: Each task's `{"parameters", "artifacts"}` (a skipped task's are empty).
+
+    Returns:
+        Output name -> value or artifact, for each output a task produced.
+    """
+    outputs: dict[str, Any] = {}
+    selected = component["dag"].get("outputs", {})
+    for key, selector in selected.get("artifacts", {}).items():
+        chosen = selector["artifactSelectors"][0]
+        produced = results.get(chosen["producerSubtask"], {}).get("artifacts", {})
+        if chosen["outputArtifactKey"] in produced:
+            outputs[key] = produced[chosen["outputArtifactKey"]]
+    for key, selector in selected.get("parameters", {}).items():
+        chosen = selector["valueFromParameter"]
+        produced = results.get(chosen["producerSubtask"], {}).get("parameters", {})
+        if chosen["outputParameterKey"] in produced:
+            outputs[key] = produced[chosen["outputParameterKey"]]
+    return outputs
+
+
+# --------------------------------------------------------------------------- the job
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineJob:
+    """The pipeline job as its `{{$.pipeline_*}}` placeholders and output URIs show it."""
+
+    name: str
+    uuid: str
+    root: str  # the pipeline root, gs://, without a trailing slash
+
+    def system(self, name: str, task: str = "", task_uuid: str = "") -> str | None:
+        """The value of the system placeholder `{{$.NAME}}`, None if there is no such one."""
+        return {
+            "pipeline_google_cloud_project_id": PROJECT,
+            "pipeline_google_cloud_location": LOCATION,
+            "pipeline_persistent_resource_id": "",
+            "pipeline_job_name": self.name,
+            "pipeline_job_uuid": self.uuid,
+            "pipeline_job_resource_name":
+                f"projects/{PROJECT_NUMBER}/locations/{LOCATION}/pipelineJobs/{self.name}",
+            "pipeline_root": self.root,
+            "pipeline_task_name": task,
+            "pipeline_task_uuid": task_uuid,
+        }.get(name)
+
+    def resolve_system(self, value: Any) -> Any:
+        """Resolves `{{$.pipeline_*}}` inside parameter values, as Vertex does at run time."""
+        if isinstance(value, str):
+            def sub(match: re.Match) -> str:
+                body = match.group("body")
+                resolved = self.system(body[1:]) if body.startswith(".pipeline_") else None
+                return match.group(0) if resolved is None else resolved
+            return _PLACEHOLDER.sub(sub, value)
+        if isinstance(value, list):
+            return [self.resolve_system(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.resolve_system(v) for k, v in value.items()}
+        return value
+
+
+def task_inputs(task: Mapping[str, Any], component: Mapping[str, Any],
+                parameters: Mapping[str, Any], artifacts: Mapping[str, Any],
+                results: Mapping[str, dict[str, Any]],
+                job: PipelineJob) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A task's input parameter values and artifacts, as Vertex hands them to it.
+
+    Args:
+        task: The task in its DAG.
+        component: The component it runs.
+        parameters: The enclosing DAG's parameter values.
+        artifacts: The enclosing DAG's input artifacts.
+        results: The outputs of the tasks that ran before it in that DAG.
+        job: The pipeline job (system placeholders in values are resolved).
+
+    Returns:
+        (parameter name -> typed value, artifact name -> artifact).
+    """
+    values: dict[str, Any] = {}
+    for key, source in task.get("inputs", {}).get("parameters", {}).items():
+        if "componentInputParameter" in source:
+            if source["componentInputParameter"] in parameters:
+                values[key] = parameters[source["componentInputParameter"]]
+        elif "taskOutputParameter" in source:
+            ref = source["taskOutputParameter"]
+            values[key] = results[ref["producerTask"]]["parameters"][ref["outputParameterKey"]]
+        elif "runtimeValue" in source:
+            values[key] = source["runtimeValue"]["constant"]
+        else:
+            raise RehearsalError(f"input {key!r}: unsupported source {sorted(source)}")
+    for key, definition in component.get("inputDefinitions", {}).get("parameters", {}).items():
+        if key not in values and "defaultValue" in definition:
+            values[key] = definition["defaultValue"]
+        if key in values:
+            values[key] = job.resolve_system(typed_value(values[key],
+                                                         definition["parameterType"]))
+    found: dict[str, Any] = {}
+    for key, source in task.get("inputs", {}).get("artifacts", {}).items():
+        if "componentInputArtifact" in source:
+            found[key] = artifacts[source["componentInputArtifact"]]
+        else:
+            ref = source["taskOutputArtifact"]
+            found[key] = results[ref["producerTask"]]["artifacts"][ref["outputArtifactKey"]]
+    return values, found
+
+
+def executor_input(job: PipelineJob, task_name: str, component: Mapping[str, Any],
+                   values: Mapping[str, Any], inputs: Mapping[str, Any], task_uuid: str,
+                   step_path: Callable[[str], str]) -> dict[str, Any]:
+    """The executor input Vertex gives a container task (`{{$}}`).
+
+    Args:
+        job: The pipeline job; outputs are planned under its root.
+        task_name: The task's name (nested ones as `branch/task`).
+        component: The component it runs.
+        values: Its input parameter values.
+        inputs: Its input artifacts (`ArtifactRef`s).
+        task_uuid: Its id within the job.
+        step_path: A gs:// URI as the step sees it (the output files are paths).
+
+    Returns:
+        The executor input, as JSON-able dicts.
+    """
+    task_root = (f"{job.root}/{PROJECT_NUMBER}/{job.name}/"
+                 f"{task_name.replace('/', '-')}_{task_uuid}")
+    outputs = component.get("outputDefinitions", {})
+    return {
+        "inputs": {
+            "parameterValues": values,
+            "artifacts": {key: {"artifacts": [{
+                "name": artifact.name, "type": {"schemaTitle": artifact.schema_title,
+                                                "schemaVersion": "0.0.1"},
+                "uri": artifact.uri, "metadata": artifact.metadata}]}
+                for key, artifact in inputs.items()},
+        },
+        "outputs": {
+            "parameters": {key: {"outputFile": step_path(f"{task_root}/{key}")}
+                           for key in outputs.get("parameters", {})},
+            "artifacts": {key: {"artifacts": [{
+                "name": f"projects/{PROJECT_NUMBER}/locations/{LOCATION}/metadataStores/"
+                        f"default/artifacts/{task_uuid}-{key}",
+                "type": definition["artifactType"],
+                "uri": f"{task_root}/{key}", "metadata": {}}]}
+                for key, definition in outputs.get("artifacts", {}).items()},
+            # The executor writes this file itself; on Vertex it is under /gcs/.
+            "outputFile": step_path(f"{task_root}/executor_output.json"),
+        },
+    }
+
+
+# --------------------------------------------------------------------------- placeholders
+
+
+@dataclasses.dataclass
+class Placeholders:
+    """Resolves the placeholders of one task's command line, as the Vertex backend does."""
+
+    executor_input: dict[str, Any]
+    definitions: dict[str, Any]  # the component's input parameter definitions
+    task_name: str
+    task_uuid: str
+    job: PipelineJob
+    step_path: Callable[[str], str]  # a gs:// URI as the step sees it
+
+    def resolve(self, text_value: str) -> str:
+        """Resolves every placeholder of one command-line item.
+
+        Parameter values are inserted verbatim and the executor placeholders they carry
+        (GCPC's payload holds the wrapped component's `{{$.json_escape[1]}}`) are
+        resolved in them once; a placeholder left over is an error.
+        """
+        executor_json = json.dumps(self.executor_input)
+
+        def one(match: re.Match, nested: bool = False) -> str:
+            body = match.group("body")
+            if body == "":
+                return executor_json
+            if body == ".json_escape[1]":
+                return json.dumps(executor_json)[1:-1]
+            if body.startswith(".pipeline_"):
+                value = self.job.system(body[1:], self.task_name, self.task_uuid)
+                if value is not None:
+                    return value
+            m = _INPUT_PARAM.match(body)
+            if m and not nested:
+                value = _PLACEHOLDER.sub(lambda n: one(n, nested=True),
+                                         self._input_value(m.group("name")))
+                return json.dumps(value)[1:-1] if m.group("escape") else value
+            m = _OUTPUT_PARAM_FILE.match(body)
+            if m:
+                return self.executor_input["outputs"]["parameters"][m.group("name")][
+                    "outputFile"]
+            m = _ARTIFACT.match(body)
+            if m:
+                return self._artifact_field(m)
+            raise RehearsalError(f"{self.task_name}: placeholder {match.group(0)!r} is not one "
+                                 "Vertex resolves")
+
+        return _PLACEHOLDER.sub(one, text_value)
+
+    def _input_value(self, name: str) -> str:
+        """An input parameter as the command line shows it (an optional one unset: empty)."""
+        values = self.executor_input["inputs"]["parameterValues"]
+        definition = self.definitions.get(name, {})
+        if name in values:
+            return render(values[name])
+        if definition.get("isOptional"):
+            return "" if definition["parameterType"] == "STRING" else "null"
+        raise RehearsalError(f"{self.task_name}: no value for input {name!r}")
+
+    def _artifact_field(self, m: re.Match) -> str:
+        artifact = self.executor_input[m.group("io")]["artifacts"][m.group("name")][
+            "artifacts"][0]
+        if m.group("field") == "uri":
+            return artifact["uri"]
+        if m.group("field") == "path":
+            return self.step_path(artifact["uri"])
+        metadata = artifact["metadata"]
+        return render(metadata[m.group("key")] if m.group("key") else metadata)
+
+    def resolve_args(self, items: list[str]) -> list[str]:
+        """A container's command or args resolved, `Concat` and `IfPresent` structures too."""
+        resolved: list[str] = []
+        for item in items:
+            structure = _structured(item)
+            if structure is None:
+                resolved.append(self.resolve(item))
+            elif "Concat" in structure:
+                resolved.append("".join(self.resolve_args(structure["Concat"])))
+            elif "IfPresent" in structure:
+                branch = structure["IfPresent"]
+                present = self.executor_input["inputs"]
+                chosen = branch.get("Then" if branch["InputName"] in present["artifacts"]
+                                    or branch["InputName"] in present["parameterValues"]
+                                    else "Else", [])
+                resolved += self.resolve_args(chosen if isinstance(chosen, list) else [chosen])
+            else:
+                raise RehearsalError(f"{self.task_name}: unknown argument structure "
+                                     f"{sorted(structure)}")
+        return resolved
+
+
+def _structured(item: str) -> dict | None:
+    if not item.startswith("{\""):
+        return None
+    try:
+        value = json.loads(item)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) and set(value) & {"Concat", "IfPresent"} else None
