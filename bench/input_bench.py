@@ -25,6 +25,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from bench.shard_bench import make_images  # noqa: E402
+from components.formats.shards import make_dataset  # noqa: E402
 from components.shard import contract, sharding  # noqa: E402
 from components.shard.sharding import ShardConfig  # noqa: E402
 
@@ -68,7 +69,7 @@ def reader_efficiency(root: str, tmp: str, image_format: str, size: int) -> tupl
 
     bare = (tf.data.Dataset.from_tensor_slices(blobs)
             .map(bare_decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False))
-    shards = contract.make_dataset(out, "train", manifest=manifest, deterministic=False)
+    shards = make_dataset(out, "train", manifest=manifest, deterministic=False)
     # alternate the measurements so machine drift hits both alike; best of each
     bare_rates, shard_rates = [], []
     for _ in range(4):

@@ -10,14 +10,17 @@ from typing import Any, NamedTuple
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
+from components.common.metrics import EVALUATION_FILE
 from components.common.report_html import REPORT_HTML_FILE
 from components.evaluate_text import component as evaluate_component
 from components.predict import component as predict_component
 from components.preflight import component as preflight_component
 from components.prepare_text import component as prepare_component
+from components.prepare_text.contract import MANIFEST, MULTI_LABEL
 from components.register import component as register_component
 from components.track import component as track_component
 from components.train_text import component as train_component
+from components.train_text.contract import TRAINING_METRICS_FILE
 from components.tune import component as tune_component
 from pipelines import registry, tuning
 from pipelines.vertex import VertexSettings
@@ -325,10 +328,10 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
         majority_class: {...}}, "preparation": {...}, "training": {...}, "artifacts": {...}}`. Single-label runs report per class, micro F1 being the
         accuracy.
     """
-    result = read_json_if_present(os.path.join(artifacts["evaluation"], "metrics.json"))
+    result = read_json_if_present(os.path.join(artifacts["evaluation"], EVALUATION_FILE))
     if result is None:
-        raise FileNotFoundError(f"no metrics.json in {artifacts['evaluation']}")
-    multi = result["task"] == "multi_label"
+        raise FileNotFoundError(f"no {EVALUATION_FILE} in {artifacts['evaluation']}")
+    multi = result["task"] == MULTI_LABEL
     per = result["per_label"] if multi else result["per_class"]
     metrics: dict[str, Any] = {
         "task": result["task"],
@@ -349,7 +352,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
         })
     # Cheap models on the same split, with the same metric names (common.baselines).
     summary: dict[str, Any] = {"metrics": metrics, "baseline": result.get("baseline", {})}
-    manifest = read_json_if_present(os.path.join(artifacts.get("dataset", ""), "manifest.json"))
+    manifest = read_json_if_present(os.path.join(artifacts.get("dataset", ""), MANIFEST))
     if manifest:
         summary["preparation"] = {
             "rows_in": manifest["rows_in"],
@@ -359,7 +362,8 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
             "labels": manifest["labels"],
             "splits": {s: v["rows"] for s, v in manifest["splits"].items()},
         }
-    training = read_json_if_present(os.path.join(artifacts.get("model", ""), "metrics.json"))
+    training = read_json_if_present(os.path.join(artifacts.get("model", ""),
+                                                 TRAINING_METRICS_FILE))
     if training:
         run = training["run"]
         summary["training"] = {

@@ -15,6 +15,7 @@ from kfp import dsl
 
 from components.preflight import component as preflight_component
 from components.train_transformer import component as train_component
+from components.train_transformer.contract import TRAINING_METRICS_FILE
 from components.tune import component as tune_component
 from pipelines import text, tuning
 from pipelines.text import Outputs
@@ -194,7 +195,8 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     """
     # The fastai trainer's training section is not this trainer's: the model is read here.
     summary = text.summarize({name: path for name, path in artifacts.items() if name != "model"})
-    training = text.read_json_if_present(os.path.join(artifacts.get("model", ""), "metrics.json"))
+    training = text.read_json_if_present(os.path.join(artifacts.get("model", ""),
+                                                      TRAINING_METRICS_FILE))
     if training:
         summary["training"] = training_summary(training)
     summary["artifacts"] = {**artifacts, **summary.pop("artifacts")}

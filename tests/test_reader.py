@@ -5,8 +5,9 @@ import os
 import numpy as np
 import pytest
 
+from components.formats.shards import make_dataset
 from components.shard import sharding
-from components.shard.contract import make_dataset, read_manifest
+from components.shard.contract import read_manifest
 from components.shard.sharding import ShardConfig
 
 

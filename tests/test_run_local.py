@@ -44,7 +44,7 @@ def image_run(tmp_path_factory):
 
 
 def _test_files(run) -> list[str]:
-    from components.shard.contract import make_dataset
+    from components.formats.shards import make_dataset
 
     return [key.decode() for _, _, key in make_dataset(
         str(run.artifacts["dataset"]), "test", with_keys=True).as_numpy_iterator()]

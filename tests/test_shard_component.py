@@ -7,8 +7,9 @@ import os
 import pytest
 from kfp import local
 
+from components.formats.shards import make_dataset
 from components.shard import component
-from components.shard.contract import make_dataset, read_manifest
+from components.shard.contract import read_manifest
 from tests.conftest import plant_bad_files, write_class_images
 
 PARAMS = dict(image_size=16, min_shards_per_split=3, max_skipped_fraction=0.2, num_workers=2)

@@ -256,15 +256,15 @@ def _read_back(out: str) -> dict[str, np.ndarray]:
     """Every stored image by its source path, decoded."""
     import tensorflow as tf
 
-    from components.shard import records
+    from components.shard.contract import IMAGE_KEY, KEY_KEY
 
     images = {}
     for name in _shard_files(out):
         for raw in tf.data.TFRecordDataset(os.path.join(out, name)):
             example = tf.train.Example.FromString(raw.numpy())
             features = example.features.feature
-            key = features[records.KEY_KEY].bytes_list.value[0].decode()
-            encoded = features[records.IMAGE_KEY].bytes_list.value[0]
+            key = features[KEY_KEY].bytes_list.value[0].decode()
+            encoded = features[IMAGE_KEY].bytes_list.value[0]
             images[key] = np.asarray(Image.open(io.BytesIO(encoded)))
     return images
 

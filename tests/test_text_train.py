@@ -27,15 +27,14 @@ from fastai.text.learner import _get_text_vocab
 
 from components.common.text_scores import validation_scalars
 from components.evaluate_text.evaluation import evaluate_text_model
+from components.formats.lm_assets import make_tokenizer, save_lm_assets
 from components.prepare_text.contract import read_split
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.train_text.assets import MissingAssetsError
 from components.train_text.contract import (
     TextTrainingError,
     TrainConfig,
-    make_tokenizer,
     parse_model_config,
-    save_lm_assets,
 )
 from components.train_text.training import train_text_classifier
 from pipelines.demo_text import write_reviews_csv

@@ -22,9 +22,11 @@ from PIL import Image
 tf = pytest.importorskip("tensorflow")
 tf_keras = pytest.importorskip("tf_keras")
 
-from components.shard.contract import make_dataset, read_manifest  # noqa: E402
+from components.formats.image_models import load_keras_model  # noqa: E402
+from components.formats.shards import make_dataset  # noqa: E402
+from components.shard.contract import read_manifest  # noqa: E402
 from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
-from components.train_image import contract, distribute, training  # noqa: E402
+from components.train_image import distribute, training  # noqa: E402
 from components.train_image import model as model_lib  # noqa: E402
 from components.train_image.training import TrainConfig, TrainingError  # noqa: E402
 
@@ -443,7 +445,7 @@ def _check_artifact(out: Path, image_dataset: str) -> None:
     served = predict(images)["probabilities"].numpy()
     assert served.shape == (len(images), len(CLASSES))
     np.testing.assert_allclose(served.sum(axis=1), 1.0, atol=1e-5)
-    keras_model = contract.load_keras_model(str(out / "model.keras"))
+    keras_model = load_keras_model(str(out / "model.keras"))
     np.testing.assert_allclose(keras_model.predict(images, verbose=0), served, atol=1e-5)
 
 

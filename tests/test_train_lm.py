@@ -14,6 +14,7 @@ from fastai.text.all import Callback, load_pickle
 from fastai.text.learner import _get_text_vocab
 
 from components.common.fastai_text import choose_rate
+from components.formats.lm_assets import make_tokenizer
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
 from components.train_lm.corpus import paragraphs, read_corpus
@@ -24,7 +25,7 @@ from components.train_lm.training import (
     train_language_model,
 )
 from components.train_text.assets import fetch_assets
-from components.train_text.contract import TrainConfig, make_tokenizer, required_files
+from components.train_text.contract import TrainConfig, required_files
 from components.train_text.training import train_text_classifier
 from pipelines.demo_text import write_reviews_csv
 

@@ -13,10 +13,10 @@ import pytest
 
 from components.common.text_scores import validation_scalars
 from components.evaluate_text.evaluation import evaluate_text_model
+from components.formats.text_models import load_text_model
 from components.predict.contract import TEXT, model_family
 from components.prepare_text.contract import read_split
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
-from components.train_text.contract import load_text_model
 from components.train_transformer import distributed
 from components.train_transformer.contract import (
     LABELS_FILE,

@@ -33,13 +33,10 @@ from components.common.metrics import (
 from components.common.report_html import REPORT_HTML_FILE
 from components.common.storage import write_text_atomically
 from components.evaluate_image.report import image_report
-from components.shard.contract import make_dataset, read_manifest
-from components.train_image.contract import (
-    HISTORY_FILE,
-    MODEL_FILE,
-    load_class_names,
-    load_keras_model,
-)
+from components.formats.image_models import load_keras_model
+from components.formats.shards import make_dataset
+from components.shard.contract import read_manifest
+from components.train_image.contract import HISTORY_FILE, MODEL_FILE, load_class_names
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ def predict(model_dir: str, texts: list[str], batch_size: int = 64) -> np.ndarra
     Returns:
         Shape (len(texts), k): sigmoid per label (multi-label) or softmax (single-label).
     """
-    from components.train_text.contract import load_text_model
+    from components.formats.text_models import load_text_model
 
     return load_text_model(model_dir).probabilities(texts, batch_size)
 

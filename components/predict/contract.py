@@ -15,8 +15,9 @@ import json
 import os
 from typing import Any
 
+from components.formats.text_models import is_text_model_folder
 from components.train_image.contract import MODEL_FILE
-from components.train_text.contract import EXPORT_FILE, is_text_model_folder
+from components.train_text.contract import EXPORT_FILE
 
 PREDICTIONS_FILE = "predictions.jsonl"
 IMAGE, TEXT = "image", "text"

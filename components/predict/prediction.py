@@ -139,12 +139,8 @@ def preprocess_image(data: bytes, preprocessing: dict[str, Any]) -> np.ndarray:
 
 def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                     progress: bool) -> dict[str, Any]:
-    from components.train_image.contract import (
-        MODEL_FILE,
-        PREPROCESSING_FILE,
-        load_class_names,
-        load_keras_model,
-    )
+    from components.formats.image_models import load_keras_model
+    from components.train_image.contract import MODEL_FILE, PREPROCESSING_FILE, load_class_names
 
     files, hidden = list_inputs(data_uri)
     classes = load_class_names(model_dir)
@@ -213,7 +209,8 @@ def decision_threshold(labels_info: dict[str, Any]) -> float | None:
 
 def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                    progress: bool, text_column: str) -> dict[str, Any]:
-    from components.train_text.contract import MAX_TEXT_CHARS, load_text_model
+    from components.formats.text_models import load_text_model
+    from components.train_text.contract import MAX_TEXT_CHARS
 
     model = load_text_model(model_dir)
     info = model.info

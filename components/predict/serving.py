@@ -152,7 +152,7 @@ def prediction_objects(texts: Sequence[str], probabilities_of, labels: Sequence[
                        threshold: float | None) -> list[dict[str, Any]]:
     """One prediction per text, as batch prediction's lines without their "input".
 
-    A text over `MAX_TEXT_CHARS` characters is read up to it (`text_probabilities`), and
+    A text over `MAX_TEXT_CHARS` characters is read up to it (`clip_text`), and
     its prediction adds `"truncated": true`.
 
     Args:
@@ -184,7 +184,8 @@ class TextPredictor:
     """A loaded text model: labels, decision rule and learner, safe to call from threads."""
 
     def __init__(self, model_dir: str, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
-        from components.train_text.contract import TEXT_FIELD, load_text_model
+        from components.formats.text_models import load_text_model
+        from components.train_text.contract import TEXT_FIELD
 
         check_servable(model_dir)
         self._model = load_text_model(model_dir)

@@ -198,7 +198,8 @@ def lang_problems(lang: str) -> list[str]:
     Returns:
         A message naming `lang` and what to give when it cannot; empty when it can.
     """
-    from components.train_text.contract import SPM_LANGS, TextTrainingError, make_tokenizer
+    from components.formats.lm_assets import make_tokenizer
+    from components.train_text.contract import SPM_LANGS, TextTrainingError
 
     with tempfile.TemporaryDirectory() as scratch:
         try:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 MANIFEST = "manifest.json"
 # The same split names as the image shards.
@@ -77,6 +77,10 @@ def read_manifest(dataset_dir: str) -> dict[str, Any]:
 
 def read_split(dataset_dir: str, split: str) -> pd.DataFrame:
     """One split of a prepared dataset: the text column (str) and 0/1 label columns."""
+    # pandas only here: the pipelines and light steps import this module for its names.
+    import numpy as np
+    import pandas as pd
+
     manifest = read_manifest(dataset_dir)
     text = manifest["text_column"]
     frame = pd.read_csv(split_path(dataset_dir, split), dtype={text: str},

@@ -2,8 +2,8 @@
 
 The sharding workers write records without importing TensorFlow: importing it in
 every worker process costs seconds and hundreds of MB each, and the two formats
-involved are small and stable. The reader (``contract.py``) parses them with
-TensorFlow, and the tests check that TensorFlow reads back what is written here.
+involved are small and stable. The reader (``components.formats.shards``) parses
+them with TensorFlow, and the tests check that TensorFlow reads back what is written here.
 """
 
 from __future__ import annotations
@@ -11,11 +11,6 @@ from __future__ import annotations
 import struct
 
 import google_crc32c
-
-# Feature keys shared by the writer and the reader.
-IMAGE_KEY = "image"
-LABEL_KEY = "label"
-KEY_KEY = "key"
 
 _CRC_MASK_DELTA = 0xA282EAD8
 

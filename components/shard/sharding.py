@@ -29,6 +29,9 @@ from components.common.images import BadImage, decode_image, encode_image, resiz
 from components.common.storage import TMP_PREFIX, filesystem, local_path, write_json_atomically
 from components.shard import records
 from components.shard.contract import (
+    IMAGE_KEY,
+    KEY_KEY,
+    LABEL_KEY,
     MANIFEST_NAME,
     MANIFEST_VERSION,
     SPLITS,
@@ -251,9 +254,9 @@ def read_files(data_uri: str, paths: list[str]) -> Iterable[tuple[str, bytes | E
 def make_record(path: str, label: int, encoded_image: bytes) -> bytes:
     """One framed TFRecord holding an Example with the image, its label and source path."""
     return records.frame_record(records.encode_example({
-        records.IMAGE_KEY: encoded_image,
-        records.LABEL_KEY: label,
-        records.KEY_KEY: path.encode(),
+        IMAGE_KEY: encoded_image,
+        LABEL_KEY: label,
+        KEY_KEY: path.encode(),
     }))
 
 
@@ -509,8 +512,7 @@ def build_manifest(data_uri: str, listing: Listing, config: ShardConfig, example
             "jpeg_quality": config.jpeg_quality if config.image_format == "jpeg" else None,
             "resize_method": config.resize_method,
         },
-        "features": {"image": records.IMAGE_KEY, "label": records.LABEL_KEY,
-                     "key": records.KEY_KEY},
+        "features": {"image": IMAGE_KEY, "label": LABEL_KEY, "key": KEY_KEY},
         "classes": listing.classes,
         "label_map": {name: i for i, name in enumerate(listing.classes)},
         "examples_in": examples_in,

@@ -6,18 +6,15 @@ Model folder: `model.keras` (tf-keras, i.e. Keras 2: float32 RGB pixels 0..255 o
 the graph as sharding did) -> "probabilities" and "label"; signature `serving_pixels`:
 "image" float32 pixels -> "probabilities"), `labels.json`
 (`{"classes": [...]}` in output-column order), `preprocessing.json`, `history.json`.
-Other steps import this module only, never the trainer; TensorFlow is imported by
-`load_keras_model` when called.
+Other steps import this module only, never the trainer, and load `model.keras` with
+`components.formats.image_models`; nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import os
-import tempfile
-import zipfile
 
 from components.common.storage import filesystem
 
@@ -173,34 +170,3 @@ def load_class_names(model_dir: str) -> list[str]:
     if not isinstance(classes, list) or not classes:
         raise ContractError(f'{path} must hold {{"classes": [name, ...]}}')
     return [str(c) for c in classes]
-
-
-def load_keras_model(path: str, compile: bool = True):
-    """Loads a tf-keras `.keras` file about 10x faster than `tf_keras.models.load_model`.
-
-    tf-keras reads the HDF5 weights straight out of the zip archive, and on Python
-    3.11 every backward seek in a zip member re-reads it from the start: loading
-    DenseNet121 takes ~80 s that way. Here the weights file is extracted first.
-
-    Args:
-        path: A `.keras` file written by tf-keras (local or gs://).
-        compile: Restore the training configuration (loss, metrics, optimizer).
-
-    Returns:
-        The model.
-    """
-    import tensorflow as tf
-    import tf_keras
-
-    with tf.io.gfile.GFile(path, "rb") as f:
-        archive = zipfile.ZipFile(io.BytesIO(f.read()))
-    with archive, tempfile.TemporaryDirectory() as workdir:
-        config = json.loads(archive.read("config.json"))
-        if not compile:
-            config["compile_config"] = None
-        weights_path = os.path.join(workdir, "model.weights.h5")
-        with open(weights_path, "wb") as out:
-            out.write(archive.read("model.weights.h5"))
-        model = tf_keras.saving.deserialize_keras_object(config)
-        model.load_weights(weights_path)
-    return model

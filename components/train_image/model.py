@@ -6,8 +6,8 @@ never `tf.keras`. In TF 2.21 `tf.keras` is Keras 3, whose `model.fit` fails unde
 tf-keras 2.21 trains on several workers with `BackupAndRestore`. Mixing the two in one
 model does not work, so every layer, callback and saver here comes from `tf_keras`.
 
-The model takes float32 RGB pixels in 0..255 (what `components.shard.contract.make_dataset` yields,
-cast to float) and does DenseNet's own input scaling inside, so serving needs no
+The model takes float32 RGB pixels in 0..255 (what `components.formats.shards.make_dataset`
+yields, cast to float) and does DenseNet's own input scaling inside, so serving needs no
 preprocessing code: image -> scaling -> DenseNet121 (no top) -> global average pool
 -> dropout -> dense softmax (float32 even under mixed precision).
 """

@@ -43,7 +43,8 @@ import tf_keras
 from components.common import run_state
 from components.common.hypertune import TrialReporter
 from components.common.storage import filesystem, local_path, run_folder, write_json_atomically
-from components.shard.contract import make_dataset, read_manifest
+from components.formats.shards import make_dataset
+from components.shard.contract import read_manifest
 from components.train_image import distribute, serving
 from components.train_image.contract import (
     BYTES_INPUT_NAME,

@@ -3,9 +3,9 @@
 Steps of `train_language_model`:
 1. Read the corpus (corpus.py) and hold out `validation_fraction` of its documents
    (seeded), on which perplexity and accuracy are measured.
-2. Tokenize as the text trainer will (contract.make_tokenizer): spaCy's rules, or for
-   ja/ko/zh a SentencePiece model trained here on the training documents and shipped
-   with the assets.
+2. Tokenize as the text trainer will (`formats.lm_assets.make_tokenizer`): spaCy's rules,
+   or for ja/ko/zh a SentencePiece model trained here on the training documents and
+   shipped with the assets.
 3. Train the forward model (and the backward one on request) with `fit_one_cycle`,
    checkpointing model and optimizer after every epoch: a restarted job resumes at the
    next epoch of the direction it was in, and never retrains a finished direction.
@@ -53,15 +53,10 @@ from components.common.fastai_text import (
 )
 from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
+from components.formats.lm_assets import make_tokenizer, save_lm_assets
 from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
 from components.train_lm.corpus import Corpus, read_corpus
-from components.train_text.contract import (
-    SPM_FILE,
-    SPM_LANGS,
-    direction,
-    make_tokenizer,
-    save_lm_assets,
-)
+from components.train_text.contract import SPM_FILE, SPM_LANGS, direction
 
 log = logging.getLogger(__name__)
 

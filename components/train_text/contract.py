@@ -2,8 +2,10 @@
 
 Model folder: `export.pkl` (the fastai learner; it reads a frame whose text column is
 `TEXT_FIELD`), `labels.json` (labels, task, thresholds), `metrics.json` (validation
-scores and training history), `per_label_metrics.json`. Other steps import this module
-only, never the trainer; nothing here imports fastai or torch.
+scores and training history), `per_label_metrics.json`; and the layout of pretrained
+language model assets it reads. Other steps import this module only, never the trainer;
+nothing here imports fastai or torch. `components.formats.text_models` loads the model
+folder, `components.formats.lm_assets` holds the tokenizer and the assets writer.
 """
 
 from __future__ import annotations
@@ -119,105 +121,15 @@ def read_labels(model_dir: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def load_text_learner(model_dir: str):
-    """The exported fastai learner of a trained model folder, on a GPU when there is one.
-
-    Args:
-        model_dir: Folder with `export.pkl` (local).
-
-    Raises:
-        FileNotFoundError: The folder has no `export.pkl`.
-    """
-    import warnings
-
-    import torch
-    from fastai.learner import load_learner
-
-    path = os.path.join(model_dir, EXPORT_FILE)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found: {model_dir!r} is not a trained text model "
-                                f"folder (expected {EXPORT_FILE} and {LABELS_FILE} of the fastai "
-                                f"trainer, or a transformer's config.json, model.safetensors "
-                                f"and {LABELS_FILE})")
-    with warnings.catch_warnings():
-        # fastai warns that pickles can run code: this is the export of our own training step.
-        warnings.filterwarnings("ignore", message=".*insecure pickle")
-        return load_learner(path, cpu=not torch.cuda.is_available())
-
-
-class _FastaiTextModel:
-    """A fastai text classifier export with the interface of every text model."""
-
-    def __init__(self, model_dir: str) -> None:
-        self._learn = load_text_learner(model_dir)  # names what is missing
-        self.info = read_labels(model_dir)
-
-    def probabilities(self, texts: list[str], batch_size: int = 64):
-        """See `text_probabilities`."""
-        return text_probabilities(self._learn, texts, batch_size)
-
-
-def is_text_model_folder(model_dir: str) -> bool:
-    """Whether a folder holds a trained text classifier of either trainer."""
-    from components.train_transformer.contract import is_transformer_folder
-
-    return os.path.isfile(os.path.join(model_dir, EXPORT_FILE)) or (
-        is_transformer_folder(model_dir) and os.path.isfile(os.path.join(model_dir, LABELS_FILE)))
-
-
-def load_text_model(model_dir: str):
-    """The text classifier of a model folder: the fastai trainer's or the transformer's.
-
-    Both answer the same way, so evaluation, prediction and serving read either.
-
-    Args:
-        model_dir: A training step's model output (local).
-
-    Returns:
-        An object with `info` (the folder's labels.json: labels, task, threshold,
-        thresholds, text_column) and `probabilities(texts, batch_size)` (sigmoid per
-        label for multi-label, softmax for single-label; texts cut by `clip_text`).
-
-    Raises:
-        FileNotFoundError: The folder holds neither kind of model.
-    """
-    from components.train_transformer.contract import is_transformer_folder, load_transformer_model
-
-    if is_transformer_folder(model_dir):
-        return load_transformer_model(model_dir)
-    return _FastaiTextModel(model_dir)
-
-
 def clip_text(text: str) -> str:
     """The part of `text` a classifier reads: its first `MAX_TEXT_CHARS` characters.
 
-    Whatever feeds texts to a classifier cuts them here (`text_probabilities` does, for
-    evaluation, batch prediction and serving), so that a text over the limit is read the
-    same way in training and prediction; callers count the texts cut
+    Whatever feeds texts to a classifier cuts them here (`components.formats.text_models`
+    does, for evaluation, batch prediction and serving), so that a text over the limit is
+    read the same way in training and prediction; callers count the texts cut
     (`len(text) > MAX_TEXT_CHARS`) and report them.
     """
     return text[:MAX_TEXT_CHARS]
-
-
-def text_probabilities(learn, texts: list[str], batch_size: int = 64):
-    """Probabilities of a text learner for `texts`, in their order.
-
-    Args:
-        learn: From `load_text_learner`.
-        texts: Raw texts (tokenized here with the model's own tokenizer and vocab), each
-            read up to `MAX_TEXT_CHARS` characters (`clip_text`).
-        batch_size: Texts per forward pass.
-
-    Returns:
-        A numpy array (len(texts), k): sigmoid per label (multi-label) or softmax
-        (single-label).
-    """
-    import pandas as pd
-
-    frame = pd.DataFrame({TEXT_FIELD: [clip_text(t) for t in texts]})
-    dl = learn.dls.test_dl(frame, bs=batch_size, num_workers=0)
-    probs, _ = learn.get_preds(dl=dl)  # reorder=True undoes the sorting by length
-    return probs.float().cpu().numpy()
 
 
 def direction(backwards: bool) -> str:
@@ -244,69 +156,3 @@ def missing_files(assets_uri: str, lang: str, backwards: bool) -> list[str]:
     fs, root = filesystem(assets_uri)
     return [asset_uri(assets_uri, rel) for rel in required_files(lang, backwards)
             if not fs.isfile(asset_uri(root, rel))]
-
-
-# ------------------------------------------------- shared with the language model step
-# The LM that writes assets and the classifier that reads them must cut text into the
-# same tokens, so the tokenizer choice lives here with the layout.
-
-
-def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
-    """The word tokenizer of a language: spaCy's rules, or SentencePiece for ja/ko/zh.
-
-    Args:
-        lang: Language code.
-        spm_model: Path of a trained SentencePiece model (ja, ko, zh); None for the
-            others, or to have fastai train one on the texts it first sees.
-        cache_dir: Where fastai's SentencePiece tokenizer keeps its files.
-
-    Raises:
-        TextTrainingError: A SentencePiece language without the sentencepiece package,
-            or a language spaCy has no tokenizer for.
-    """
-    from fastai.text.all import SentencePieceTokenizer, SpacyTokenizer
-
-    if lang in SPM_LANGS:
-        try:
-            import sentencepiece  # noqa: F401
-        except ImportError as err:
-            raise TextTrainingError(
-                f"lang={lang!r} is tokenized with SentencePiece, but the sentencepiece "
-                "package is not installed in this runtime; add it to the fastai image") from err
-        return SentencePieceTokenizer(lang=lang, sp_model=spm_model, cache_dir=cache_dir)
-    try:
-        return SpacyTokenizer(lang=lang)
-    except (ImportError, OSError, KeyError) as err:
-        raise TextTrainingError(f"spaCy has no tokenizer for lang={lang!r}: {err}") from err
-
-
-def save_lm_assets(learn, root: str, lang: str, backwards: bool,
-                   config: dict[str, Any]) -> list[str]:
-    """Writes a language model learner in the assets layout (config.json, vocab.pkl, weights.pth).
-
-    The language model step writes its assets with it; use it also to publish an LM you
-    pretrained elsewhere (e.g. on a Wikipedia dump).
-
-    Args:
-        learn: A fastai language model learner (`language_model_learner`).
-        root: Assets root folder (local).
-        lang: Language folder name.
-        backwards: Whether `learn` reads texts backwards.
-        config: Its AWD_LSTM settings (as passed to `language_model_learner`).
-
-    Returns:
-        The paths written.
-    """
-    import torch
-    from fastai.text.all import save_pickle
-    from fastai.text.learner import _get_text_vocab
-
-    from components.common.storage import write_json_atomically
-
-    folder = os.path.join(root, lang, direction(backwards))
-    os.makedirs(folder, exist_ok=True)
-    paths = [os.path.join(folder, n) for n in LM_FILES]
-    write_json_atomically(paths[0], {"arch": "AWD_LSTM", **config})
-    save_pickle(paths[1], list(_get_text_vocab(learn.dls)))
-    torch.save(learn.model.state_dict(), paths[2])
-    return paths

@@ -71,6 +71,7 @@ from components.common.hypertune import TrialReporter
 from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
 from components.common.text_scores import labels_info, per_label_summary, validation_result
+from components.formats.lm_assets import make_tokenizer
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.train_text import schedule
 from components.train_text.assets import (
@@ -89,7 +90,6 @@ from components.train_text.contract import (
     TextTrainingError,
     TrainConfig,
     clip_text,
-    make_tokenizer,
 )
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,8 @@ Model folder: the Hugging Face model and tokenizer as `save_pretrained` writes t
 loads it; `labels.json` (labels, task, thresholds, text column, `"framework":
 "transformers"`, `max_length`), `metrics.json` (validation scores and training history)
 and `per_label_metrics.json`, the same three files the fastai text trainer writes, so
-evaluation, prediction, serving and tracking read either. Nothing here imports torch.
+evaluation, prediction, serving and tracking read either (`components.formats.text_models`
+loads the folder). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -95,14 +96,3 @@ def model_name_is_path(model_name: str) -> bool:
     name = model_name.strip()
     return (name.startswith("gs://") or os.path.isabs(name) or name.startswith(".")
             or os.path.exists(name))
-
-
-def load_transformer_model(model_dir: str):
-    """The trained transformer classifier of a model folder, on a GPU when there is one.
-
-    Returns:
-        An object with `info` (labels.json) and `probabilities(texts, batch_size)`.
-    """
-    from components.train_transformer.inference import TransformerTextModel
-
-    return TransformerTextModel(model_dir)

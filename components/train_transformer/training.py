@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from components.common import run_state
+from components.common.hf_transformers import import_transformers
 from components.common.hypertune import TrialReporter
 from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
@@ -40,7 +41,6 @@ from components.train_transformer.contract import (
     TransformerTrainingError,
     model_name_is_path,
 )
-from components.train_transformer.inference import import_transformers
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ from typing import Any
 
 from components.tune.contract import TUNABLE, SearchSpaceError, coerce
 
-# The trainer component function each kind's trials run.
+# The trainer component function each kind's trials run: the component, as a pipeline
+# imports it, never the trainer's logic (an exception tests/test_structure.py names).
 TRAINERS = {
     "image": ("components.train_image.component", "train_image_classifier"),
     "text": ("components.train_text.component", "train_text_classifier"),

@@ -1,0 +1,77 @@
+"""Pretrained language model assets: the tokenizer both fastai text trainers cut text with,
+and the writer of a language model in the assets layout.
+
+The layout (`<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}`,
+`<lang>/spm/spm.model`) is the text classifier's contract (`components.train_text.contract`),
+which reads the assets; the language model step writes them with `save_lm_assets`. The LM
+that writes assets and the classifier that reads them must cut text into the same tokens,
+so both take their tokenizer from `make_tokenizer`. fastai and torch are imported when
+called.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from components.common.storage import write_json_atomically
+from components.train_text.contract import LM_FILES, SPM_LANGS, TextTrainingError, direction
+
+
+def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
+    """The word tokenizer of a language: spaCy's rules, or SentencePiece for ja/ko/zh.
+
+    Args:
+        lang: Language code.
+        spm_model: Path of a trained SentencePiece model (ja, ko, zh); None for the
+            others, or to have fastai train one on the texts it first sees.
+        cache_dir: Where fastai's SentencePiece tokenizer keeps its files.
+
+    Raises:
+        TextTrainingError: A SentencePiece language without the sentencepiece package,
+            or a language spaCy has no tokenizer for.
+    """
+    from fastai.text.all import SentencePieceTokenizer, SpacyTokenizer
+
+    if lang in SPM_LANGS:
+        try:
+            import sentencepiece  # noqa: F401
+        except ImportError as err:
+            raise TextTrainingError(
+                f"lang={lang!r} is tokenized with SentencePiece, but the sentencepiece "
+                "package is not installed in this runtime; add it to the fastai image") from err
+        return SentencePieceTokenizer(lang=lang, sp_model=spm_model, cache_dir=cache_dir)
+    try:
+        return SpacyTokenizer(lang=lang)
+    except (ImportError, OSError, KeyError) as err:
+        raise TextTrainingError(f"spaCy has no tokenizer for lang={lang!r}: {err}") from err
+
+
+def save_lm_assets(learn, root: str, lang: str, backwards: bool,
+                   config: dict[str, Any]) -> list[str]:
+    """Writes a language model learner in the assets layout (config.json, vocab.pkl, weights.pth).
+
+    The language model step writes its assets with it; use it also to publish an LM you
+    pretrained elsewhere (e.g. on a Wikipedia dump).
+
+    Args:
+        learn: A fastai language model learner (`language_model_learner`).
+        root: Assets root folder (local).
+        lang: Language folder name.
+        backwards: Whether `learn` reads texts backwards.
+        config: Its AWD_LSTM settings (as passed to `language_model_learner`).
+
+    Returns:
+        The paths written.
+    """
+    import torch
+    from fastai.text.all import save_pickle
+    from fastai.text.learner import _get_text_vocab
+
+    folder = os.path.join(root, lang, direction(backwards))
+    os.makedirs(folder, exist_ok=True)
+    paths = [os.path.join(folder, n) for n in LM_FILES]
+    write_json_atomically(paths[0], {"arch": "AWD_LSTM", **config})
+    save_pickle(paths[1], list(_get_text_vocab(learn.dls)))
+    torch.save(learn.model.state_dict(), paths[2])
+    return paths

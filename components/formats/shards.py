@@ -1,0 +1,130 @@
+"""The reader of the sharding step's TFRecords: one split as a `tf.data.Dataset`.
+
+The layout, the manifest and the feature keys are the sharding step's contract
+(`components.shard.contract`); TensorFlow is imported by the functions when called.
+
+The reader interleaves across shard files and parses and decodes in parallel;
+`deterministic=False` lets fast shards go first (training), `True` keeps a repeatable
+order (evaluation, tests).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from components.shard.contract import (
+    IMAGE_KEY,
+    KEY_KEY,
+    LABEL_KEY,
+    read_manifest,
+    shard_files,
+)
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+# Records are parsed 64 at a time: one vectorised parse_example per batch costs far
+# less than one parse_single_example per record (measured in bench/input_bench.py).
+_PARSE_BATCH = 64
+
+
+def parse_fn(manifest: dict[str, Any], with_keys: bool = False):
+    """A function from a batch of serialized Examples to a dict of batched features.
+
+    Raw images are decoded here, in the batch (a reshape); JPEGs stay encoded for
+    `decode_fn`, which decodes them one by one in parallel.
+    """
+    import tensorflow as tf
+
+    image = manifest["image"]
+    shape = (image["height"], image["width"], image["channels"])
+    spec = {
+        IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
+        LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
+    }
+    if with_keys:
+        spec[KEY_KEY] = tf.io.FixedLenFeature([], tf.string)
+    raw = image["format"] == "raw"
+
+    def parse(serialized):
+        features = tf.io.parse_example(serialized, spec)
+        if raw:
+            pixels = tf.io.decode_raw(features[IMAGE_KEY], tf.uint8)
+            features[IMAGE_KEY] = tf.reshape(pixels, (-1, *shape))
+        features[LABEL_KEY] = tf.cast(features[LABEL_KEY], tf.int32)
+        return features
+
+    return parse
+
+
+def decode_fn(manifest: dict[str, Any], with_keys: bool = False):
+    """A function from one parsed example to `(image uint8 HxWx3, label int32[, key])`."""
+    import tensorflow as tf
+
+    image = manifest["image"]
+    shape = (image["height"], image["width"], image["channels"])
+    jpeg = image["format"] == "jpeg"
+
+    def decode(features):
+        pixels = features[IMAGE_KEY]
+        if jpeg:
+            pixels = tf.ensure_shape(tf.io.decode_jpeg(pixels, channels=3), shape)
+        if with_keys:
+            return pixels, features[LABEL_KEY], features[KEY_KEY]
+        return pixels, features[LABEL_KEY]
+
+    return decode
+
+
+def make_dataset(
+    dataset_dir: str,
+    split: str,
+    *,
+    manifest: dict[str, Any] | None = None,
+    shuffle_files: bool = False,
+    seed: int | None = None,
+    deterministic: bool = True,
+    with_keys: bool = False,
+    cycle_length: int | None = None,
+) -> tf.data.Dataset:
+    """A `tf.data.Dataset` of one split's examples, decoded.
+
+    Args:
+        dataset_dir: Folder written by the sharding step.
+        split: "train", "validation" or "test".
+        manifest: The dataset's manifest, if already loaded.
+        shuffle_files: Shuffle the order of shard files (each epoch).
+        seed: Seed of the file shuffle.
+        deterministic: Keep a repeatable element order; False is faster for training.
+        with_keys: Also yield each example's source path (bytes).
+        cycle_length: Shards read at once; default: all of them up to 16.
+
+    Returns:
+        Elements `(image uint8 [H, W, 3], label int32)`, plus `key` with `with_keys`.
+        Not batched, shuffled or repeated: the caller decides.
+    """
+    import tensorflow as tf
+
+    manifest = manifest or read_manifest(dataset_dir)
+    files = shard_files(dataset_dir, manifest, split)
+    if not files:
+        raise ValueError(f"split {split!r} of {dataset_dir!r} has no examples")
+    file_ds = tf.data.Dataset.from_tensor_slices(files)
+    if shuffle_files:
+        file_ds = file_ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    dataset = file_ds.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=cycle_length or min(len(files), 16),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=deterministic,
+    )
+    parse, decode = parse_fn(manifest, with_keys), decode_fn(manifest, with_keys)
+    if manifest["image"]["format"] == "raw":
+        # Nothing left to decode per image: split the decoded batch straight into examples.
+        return dataset.batch(_PARSE_BATCH).map(
+            lambda serialized: decode(parse(serialized)),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic,
+        ).unbatch()
+    dataset = dataset.batch(_PARSE_BATCH).map(
+        parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic).unbatch()
+    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)

@@ -1,0 +1,161 @@
+"""A trained text classifier of either trainer, as one kind of model.
+
+The fastai trainer's folder (`export.pkl`, `labels.json`: `components.train_text.contract`)
+and the transformer trainer's (`save_pretrained`'s files, `labels.json`:
+`components.train_transformer.contract`) both load here as an object with `info` (the
+folder's labels.json) and `probabilities(texts, batch_size)`, so evaluation, prediction
+and serving read either. fastai, torch and transformers are imported when a model loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from components.common.hf_transformers import import_transformers
+from components.prepare_text.contract import MULTI_LABEL
+from components.train_text.contract import (
+    EXPORT_FILE,
+    LABELS_FILE,
+    TEXT_FIELD,
+    clip_text,
+    read_labels,
+)
+from components.train_transformer.contract import is_transformer_folder
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+def load_text_learner(model_dir: str):
+    """The exported fastai learner of a trained model folder, on a GPU when there is one.
+
+    Args:
+        model_dir: Folder with `export.pkl` (local).
+
+    Raises:
+        FileNotFoundError: The folder has no `export.pkl`.
+    """
+    import warnings
+
+    import torch
+    from fastai.learner import load_learner
+
+    path = os.path.join(model_dir, EXPORT_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: {model_dir!r} is not a trained text model "
+                                f"folder (expected {EXPORT_FILE} and {LABELS_FILE} of the fastai "
+                                f"trainer, or a transformer's config.json, model.safetensors "
+                                f"and {LABELS_FILE})")
+    with warnings.catch_warnings():
+        # fastai warns that pickles can run code: this is the export of our own training step.
+        warnings.filterwarnings("ignore", message=".*insecure pickle")
+        return load_learner(path, cpu=not torch.cuda.is_available())
+
+
+def text_probabilities(learn, texts: list[str], batch_size: int = 64):
+    """Probabilities of a text learner for `texts`, in their order.
+
+    Args:
+        learn: From `load_text_learner`.
+        texts: Raw texts (tokenized here with the model's own tokenizer and vocab), each
+            read up to `MAX_TEXT_CHARS` characters (`clip_text`).
+        batch_size: Texts per forward pass.
+
+    Returns:
+        A numpy array (len(texts), k): sigmoid per label (multi-label) or softmax
+        (single-label).
+    """
+    import pandas as pd
+
+    frame = pd.DataFrame({TEXT_FIELD: [clip_text(t) for t in texts]})
+    dl = learn.dls.test_dl(frame, bs=batch_size, num_workers=0)
+    probs, _ = learn.get_preds(dl=dl)  # reorder=True undoes the sorting by length
+    return probs.float().cpu().numpy()
+
+
+class _FastaiTextModel:
+    """A fastai text classifier export with the interface of every text model."""
+
+    def __init__(self, model_dir: str) -> None:
+        self._learn = load_text_learner(model_dir)  # names what is missing
+        self.info = read_labels(model_dir)
+
+    def probabilities(self, texts: list[str], batch_size: int = 64):
+        """See `text_probabilities`."""
+        return text_probabilities(self._learn, texts, batch_size)
+
+
+class TransformerTextModel:
+    """A trained transformer classifier: its labels.json and a `probabilities` method."""
+
+    def __init__(self, model_dir: str) -> None:
+        """Loads the model folder written by the transformer trainer.
+
+        Raises:
+            FileNotFoundError: The folder holds no Hugging Face model.
+        """
+        import torch
+
+        if not is_transformer_folder(model_dir):
+            raise FileNotFoundError(f"{model_dir!r} holds no Hugging Face model (config.json "
+                                    "and model.safetensors)")
+        transformers = import_transformers()
+        with open(os.path.join(model_dir, LABELS_FILE)) as f:
+            self.info: dict[str, Any] = json.load(f)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        self.model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            model_dir).to(self.device).eval()
+        self.max_length = int(self.info.get("max_length") or 512)
+
+    def probabilities(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Sigmoid per label (multi-label) or softmax (single-label) for `texts`, in order.
+
+        Each text is read up to `MAX_TEXT_CHARS` characters (`clip_text`), then up to the
+        model's `max_length` tokens, as in training.
+        """
+        import numpy as np
+        import torch
+
+        k = len(self.info["labels"])
+        out = [np.zeros((0, k), dtype=np.float32)]
+        multi = self.info["task"] == MULTI_LABEL
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                batch = self.tokenizer([clip_text(t) for t in texts[start:start + batch_size]],
+                                       truncation=True, max_length=self.max_length,
+                                       padding=True, return_tensors="pt").to(self.device)
+                logits = self.model(**batch).logits.float()
+                probs = torch.sigmoid(logits) if multi else torch.softmax(logits, dim=-1)
+                out.append(probs.cpu().numpy())
+        return np.concatenate(out)
+
+
+def is_text_model_folder(model_dir: str) -> bool:
+    """Whether a folder holds a trained text classifier of either trainer."""
+    return os.path.isfile(os.path.join(model_dir, EXPORT_FILE)) or (
+        is_transformer_folder(model_dir) and os.path.isfile(os.path.join(model_dir, LABELS_FILE)))
+
+
+def load_text_model(model_dir: str):
+    """The text classifier of a model folder: the fastai trainer's or the transformer's.
+
+    Both answer the same way, so evaluation, prediction and serving read either.
+
+    Args:
+        model_dir: A training step's model output (local).
+
+    Returns:
+        An object with `info` (the folder's labels.json: labels, task, threshold,
+        thresholds, text_column) and `probabilities(texts, batch_size)` (sigmoid per
+        label for multi-label, softmax for single-label; texts cut by `clip_text`).
+
+    Raises:
+        FileNotFoundError: The folder holds neither kind of model.
+    """
+    if is_transformer_folder(model_dir):
+        return TransformerTextModel(model_dir)
+    return _FastaiTextModel(model_dir)
