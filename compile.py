@@ -31,8 +31,8 @@ from importlib.metadata import version
 from kfp import compiler
 
 from components.tune.contract import SearchSpaceError, read_space
-from pipelines import image, lm, text, transformer, tuning
-from pipelines.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
+from pipelines.definitions import image, lm, text, transformer, tuning
+from pipelines.definitions.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
 
 PLACEHOLDER_REGISTRY = "us-central1-docker.pkg.dev/your-project/vertex-gpu-pipelines"
 RUNTIMES = ("tensorflow", "fastai")

@@ -77,8 +77,8 @@ class Image:
 
 
 # cu126 for torch: PyTorch 2.13 ships CUDA 12.6 and 13.0 builds (13.2 experimental); only
-# the 12.6 build still carries Volta (sm_70, the V100 in pipelines/vertex.py) besides Turing
-# (T4) and newer, and CUDA 12 keeps the driver requirement of the TensorFlow image.
+# the 12.6 build still carries Volta (sm_70, the V100 in pipelines/definitions/vertex.py)
+# besides Turing (T4) and newer, and CUDA 12 keeps the driver requirement of the TensorFlow image.
 TORCH_CUDA = "cu126"
 IMAGES: Mapping[str, Image] = {
     "tensorflow": Image("tensorflow", "tensorflow", gpu_extras={"tensorflow": ("and-cuda",)}),

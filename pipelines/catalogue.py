@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipelines import image, lm, text, transformer
+from pipelines.definitions import image, lm, text, transformer
 
 BUILDERS: Mapping[str, Callable] = {"image": image.build, "text": text.build, "lm": lm.build,
                                     "transformer": transformer.build}

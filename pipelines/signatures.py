@@ -47,10 +47,10 @@ CONFIGURED = (
 )
 # Pipelines: (module with build(image), pipeline function, preflight function).
 PIPELINES = (
-    ("pipelines.image", "image_pipeline", "preflight_image"),
-    ("pipelines.text", "text_pipeline", "preflight_text"),
-    ("pipelines.transformer", "transformer_pipeline", "preflight_transformer"),
-    ("pipelines.lm", "lm_pipeline", "preflight_lm"),
+    ("pipelines.definitions.image", "image_pipeline", "preflight_image"),
+    ("pipelines.definitions.text", "text_pipeline", "preflight_text"),
+    ("pipelines.definitions.transformer", "transformer_pipeline", "preflight_transformer"),
+    ("pipelines.definitions.lm", "lm_pipeline", "preflight_lm"),
 )
 PREFLIGHT_MODULE = "components.preflight.component"
 # Step modules whose functions a compiled pipeline may name (comp-<function name>).

@@ -546,7 +546,7 @@ def test_tensorboard_needs_its_output_folder_account_and_a_resource_name(tmp_pat
 
 
 def test_every_pair_of_vertexs_machine_table_passes():
-    from pipelines.vertex import (
+    from pipelines.definitions.vertex import (
         DEFAULT_MACHINES,
         GPU_MACHINES,
         N1_GPU_VCPUS,

@@ -22,7 +22,7 @@ from components.preflight.checks import (
     preflight,
     weights_problems,
 )
-from pipelines import image, lm, text, transformer
+from pipelines.definitions import image, lm, text, transformer
 from tests.conftest import write_class_images
 
 

@@ -51,16 +51,16 @@ def test_a_settings_default_reaches_the_step_its_pipeline_and_the_preflight(monk
     sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
     wanted = signatures.written(sources)
     changed = {m for m in sources if wanted[m] != sources[m]}
-    assert changed == {"components.train_image.component", "pipelines.image",
+    assert changed == {"components.train_image.component", "pipelines.definitions.image",
                        "components.preflight.component"}
     assert "    batch_size: int = 64," in wanted["components.train_image.component"]
-    assert "        batch_size: int = 64," in wanted["pipelines.image"]
+    assert "        batch_size: int = 64," in wanted["pipelines.definitions.image"]
     preflight = wanted["components.preflight.component"]
     image_part = preflight[preflight.index("def preflight_image"):
                            preflight.index("def preflight_text")]
     assert "    batch_size: int = 64," in image_part
     # the text pipelines' own batch_size is untouched
-    assert wanted["pipelines.text"] == sources["pipelines.text"]
+    assert wanted["pipelines.definitions.text"] == sources["pipelines.definitions.text"]
 
 
 def test_the_transformer_recipe_table_shows_the_settings_defaults():

@@ -26,7 +26,7 @@ from components.train_text.contract import TrainConfig as TextTrainConfig
 from components.train_text.contract import parse_model_config
 from components.train_transformer import component as train_transformer
 from components.train_transformer.contract import TransformerConfig
-from pipelines import image, lm, text, transformer
+from pipelines.definitions import image, lm, text, transformer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "components"
 # Frameworks a contract or format must not load when imported (light steps import them).
@@ -220,10 +220,13 @@ def test_both_kinds_of_dataset_name_their_splits_alike():
 
 
 def _module_graph(root: pathlib.Path, package: str) -> dict[str, set[str]]:
-    """Module -> the modules of `package` it imports, at module level or inside functions
-    (`from pipelines import image` counts as pipelines.image)."""
-    modules = {f"{package}.{p.stem}": p for p in (root / package).glob("*.py")
-               if p.stem != "__init__"}
+    """Module -> the modules of `package` (sub-packages included) it imports, at module
+    level or inside functions (`from pipelines import run_local` counts as
+    pipelines.run_local; a package's `__init__` is the package)."""
+    modules = {}
+    for path in (root / package).rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph = {}
     for name, path in modules.items():
         imported = set()
@@ -267,3 +270,14 @@ def test_the_pipelines_and_tools_import_no_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     # `from pipelines import run_local` inside a function is an edge too
     assert "pipelines.tune_local" in graph["pipelines.run_local"]
+    assert "pipelines.rehearse.spec" in graph["pipelines.rehearse.driver"]  # sub-packages too
+
+
+def test_pipeline_definitions_import_no_tool():
+    """The definitions (what compile.py builds) stand apart from the tools that run,
+    rehearse, submit, serve and predict them: tools import definitions, never back."""
+    graph = _module_graph(ROOT.parent, "pipelines")
+    definitions = {m for m in graph if m.startswith("pipelines.definitions")}
+    assert {"pipelines.definitions.image", "pipelines.definitions.vertex"} <= definitions
+    tools = {m: sorted(graph[m] - definitions) for m in definitions if graph[m] - definitions}
+    assert tools == {}

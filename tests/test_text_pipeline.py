@@ -12,9 +12,10 @@ from kfp import compiler, local
 
 from components.common.metrics import multi_label_metrics
 from components.predict.contract import read_predictions
-from pipelines import demo_text, text
+from pipelines import demo_text
 from pipelines import predict as predict_cli
-from pipelines.vertex import VertexSettings
+from pipelines.definitions import text
+from pipelines.definitions.vertex import VertexSettings
 from tests.browser import check_report
 
 # Small enough for a CPU test, big enough to learn the demo in 8 epochs.

@@ -206,7 +206,7 @@ def test_text_path_never_imports_fastai_vision():
     # In a fresh interpreter: other test modules may have tried fastai.vision here.
     code = ("import sys, components.train_text.training, components.train_text.component, "
             "components.evaluate_text.evaluation, components.evaluate_text.component, "
-            "pipelines.text; "
+            "pipelines.definitions.text; "
             "print([m for m in sys.modules if m.startswith('fastai.vision')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -21,7 +21,8 @@ from components.prepare_text.contract import PrepareConfig, read_split
 from components.train_transformer import component as train_component
 from components.tune import selection, trial
 from components.tune.contract import DEFAULT_SPACES, TUNABLE
-from pipelines import docstring_corpus, rehearse, run_local, transformer
+from pipelines import docstring_corpus, rehearse, run_local
+from pipelines.definitions import transformer
 from tests.conftest import free_port, http_json, served_as_on_vertex
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"

@@ -25,8 +25,9 @@ from components.tune.contract import (
     parse_space,
     read_space,
 )
-from pipelines import rehearse, tuning
-from pipelines.vertex import DEFAULT_MACHINES
+from pipelines import rehearse
+from pipelines.definitions import tuning
+from pipelines.definitions.vertex import DEFAULT_MACHINES
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
 

@@ -1,6 +1,6 @@
 """Search spaces of hyperparameter tuning: what a study searches and the metric it ranks by.
 
-One space drives both searches: the Vertex tuning job (`pipelines.tuning` turns it into
+One space drives both searches: the Vertex tuning job (`pipelines.definitions.tuning` turns it into
 the job's study spec) and the local search (`pipelines.tune_local`, optuna). A space file
 is JSON:
 

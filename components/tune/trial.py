@@ -5,7 +5,7 @@
 
 A tuning job's trials run a plain container: Vertex appends the trial's values as
 `--name=value` arguments and reads the metric the trainer reports (hypertune). The
-tuning step (`pipelines.tuning.as_tuning_job`) puts the training step's executor input
+tuning step (`pipelines.definitions.tuning.as_tuning_job`) puts the training step's executor input
 in the trial's arguments, resolved by the pipeline backend like a custom job's; this
 module overrides the tuned parameters in it, points the outputs into the trial's own
 folder (AIP_MODEL_DIR is `<tuning folder>/<trial id>/model`) and runs the trainer component
@@ -85,7 +85,8 @@ def trial_folder(environ: Mapping[str, str]) -> str:
     model_dir = environ.get("AIP_MODEL_DIR", "").rstrip("/")
     if not model_dir:
         raise TrialError("AIP_MODEL_DIR is not set: this runs as a trial of a Vertex tuning "
-                         "job whose base output directory is set (pipelines.tuning does it)")
+                         "job whose base output directory is set "
+                         "(pipelines.definitions.tuning does it)")
     return os.path.dirname(model_dir)
 
 

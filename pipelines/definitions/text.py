@@ -22,8 +22,8 @@ from components.track import component as track_component
 from components.train_text import component as train_component
 from components.train_text.contract import TRAINING_METRICS_FILE
 from components.tune import component as tune_component
-from pipelines import registry, tuning
-from pipelines.vertex import VertexSettings
+from pipelines.definitions import registry, tuning
+from pipelines.definitions.vertex import VertexSettings
 
 PIPELINE_NAME = "text-classifier"
 TUNING_PIPELINE_NAME = "text-classifier-tuning"

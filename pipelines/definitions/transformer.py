@@ -17,13 +17,13 @@ from components.preflight import component as preflight_component
 from components.train_transformer import component as train_component
 from components.train_transformer.contract import TRAINING_METRICS_FILE
 from components.tune import component as tune_component
-from pipelines import text, tuning
-from pipelines.text import Outputs
-from pipelines.vertex import VertexSettings
+from pipelines.definitions import text, tuning
+from pipelines.definitions.text import Outputs
+from pipelines.definitions.vertex import VertexSettings
 
 PIPELINE_NAME = "text-transformer"
 TUNING_PIPELINE_NAME = "text-transformer-tuning"
-# The trainer's step in pipelines.vertex's machine table and the tuning spaces.
+# The trainer's step in pipelines.definitions.vertex's machine table and the tuning spaces.
 MACHINE = "train_transformer"
 KIND = "transformer"
 
@@ -186,10 +186,10 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     """What a local run of the transformer pipeline produced, in the shape of `summary.json`.
 
     Args:
-        artifacts: Output name to local path, as `pipelines.text.summarize` takes them.
+        artifacts: Output name to local path, as `pipelines.definitions.text.summarize` takes them.
 
     Returns:
-        `pipelines.text.summarize`'s summary of the evaluation and the dataset (metrics,
+        `pipelines.definitions.text.summarize`'s summary of the evaluation and the dataset (metrics,
         baseline, preparation), the transformer trainer's `training` section
         (`training_summary`), then `artifacts`.
     """
@@ -204,7 +204,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
 
 
 def summarize_run(outputs: Mapping[str, Any]) -> dict[str, Any]:
-    """`pipelines.text.summarize_run` with this pipeline's `summarize`.
+    """`pipelines.definitions.text.summarize_run` with this pipeline's `summarize`.
 
     Args:
         outputs: Output name to artifact (with `.path`), and "register" to the gate's

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 import yaml
 
 from components.tune.contract import TUNABLE, SearchSpace
-from pipelines.vertex import Machine, VertexSettings
+from pipelines.definitions.vertex import Machine, VertexSettings
 
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
 TRIALS_OUTPUT = "trials"

@@ -13,7 +13,7 @@ from components.preflight import component as preflight_component
 from components.track import component as track_component
 from components.train_lm import component as train_lm_component
 from components.train_lm.contract import METRICS_FILE
-from pipelines.vertex import VertexSettings
+from pipelines.definitions.vertex import VertexSettings
 
 PIPELINE_NAME = "language-model"
 

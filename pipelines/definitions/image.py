@@ -19,8 +19,8 @@ from components.shard.contract import MANIFEST_NAME
 from components.track import component as track_component
 from components.train_image import component as train_component
 from components.tune import component as tune_component
-from pipelines import registry, tuning
-from pipelines.vertex import VertexSettings
+from pipelines.definitions import registry, tuning
+from pipelines.definitions.vertex import VertexSettings
 
 PIPELINE_NAME = "image-classifier"
 TUNING_PIPELINE_NAME = "image-classifier-tuning"

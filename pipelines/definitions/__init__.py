@@ -1,0 +1,8 @@
+"""The pipeline definitions: what `compile.py` turns into the JSON users upload.
+
+`image`, `text`, `transformer` and `lm` build one pipeline each (a local variant for
+`kfp.local` and a Vertex one); `tuning` wraps a trainer in a Vertex tuning job, `vertex`
+places each step on its machine, `registry` uploads a model that cleared the gate. The
+tools that run, rehearse, submit, serve and predict with them are the modules beside
+this package (`python -m pipelines.run_local`, `pipelines.rehearse`, ...).
+"""
