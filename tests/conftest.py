@@ -1,22 +1,64 @@
-"""Shared fixtures: tiny labelled image folders written by the tests themselves."""
+"""Shared fixtures: tiny labelled image folders written by the tests themselves; how the
+suite shares the machine's cores when it runs on several processes."""
 
 from __future__ import annotations
 
-import contextlib
-import http.client
-import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 
-import numpy as np
-import pytest
-from PIL import Image
+# `make test` and `make test-all` run test files on several processes (pytest-xdist). Left
+# alone, every process's frameworks start a thread per core: two processes with two
+# OpenMP threads each on two cores made torch training ~10x slower (the tiny BERT's seeds:
+# ~20 s alone, 200-240 s beside another process). So each process gets its share of the
+# cores, set before numpy, torch or TensorFlow are imported; the kfp.local steps and other
+# subprocesses the tests start inherit it. (TensorFlow's inter-op pool is left alone:
+# collectives across logical CPU devices need more than one thread there.)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                  "TF_NUM_INTRAOP_THREADS"):
+        os.environ.setdefault(_name, _THREADS)
 
-from pipelines import gcs_api
+import contextlib  # noqa: E402
+import http.client  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from pipelines import gcs_api  # noqa: E402
+
+# The longest test files, most CPU first (seconds in a serial clean-clone `make test-all`,
+# 2026-11-24): started first, so that on several processes (files are dealt out whole,
+# in this order) the last file to start is a short one. In collection order the real-text
+# seeds started last and ran ~10 minutes alone at the end.
+LONGEST_FIRST = (
+    "test_text_real.py",  # ~600: the text defaults on real text, 3 seeds
+    "test_rehearse.py",  # ~270
+    "test_train_image.py",  # ~250
+    "test_tuning.py",  # ~230
+    "test_gpu_bench.py",  # ~210
+    "test_run_local.py",  # ~200
+    "test_tracking.py",  # ~150
+    "test_train_transformer.py",  # ~130
+    "test_transformer_pipeline.py",  # ~120
+    "test_lm_pipeline.py",  # ~60
+    "test_text_pipeline.py",  # ~60
+    "test_wt103.py",  # ~45
+)
+
+
+def pytest_collection_modifyitems(items):
+    """Runs the files of LONGEST_FIRST first, in that order; every other file, and the
+    tests within each file, keep their order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 # A colour per class keeps tiny datasets learnable by tiny models.
 CLASS_COLOURS = {"cat": (220, 40, 40), "dog": (40, 200, 40), "eel": (40, 40, 220)}
