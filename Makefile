@@ -37,18 +37,19 @@ run: compile
 # The fast tier (a few minutes): unit tests, contracts, compiled specs, single steps through
 # kfp.local. `test-all` adds everything marked slow (training runs, whole pipelines,
 # rehearsals, seeds on real text); CI runs it. Test files run on JOBS processes
-# (pytest-xdist; a file's tests stay in one, so its module fixtures run once): run
+# (pytest-xdist; a file's tests stay in one, so its module fixtures run once; files are
+# dealt out in tests/conftest.py's order, longest first): run
 # serially, the suite keeps one of two cores busy on average. Each process may train a
 # model, so raise JOBS with memory in mind (about 2 GB each).
 JOBS ?= 2
 
 test: venv
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "not slow" -n $(JOBS) --dist loadfile --durations=15
+	$(PY) -m pytest -m "not slow" -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=15
 
 test-all: venv
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(JOBS) --dist loadfile --durations=30
+	$(PY) -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=30
 
 bench: venv
 	$(PY) bench/shard_bench.py
