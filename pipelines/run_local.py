@@ -53,7 +53,7 @@ def pipeline_parser(kind: str, pipeline) -> argparse.ArgumentParser:
 
 
 def headline(kind: str, summary: dict[str, Any]) -> str:
-    """One line with the test metrics of a run."""
+    """One line with the test metrics of a run (and a warning when the classifier learnt nothing)."""
     metrics = summary["metrics"]
     if kind == "lm":
         return (f"lm pipeline: held-out perplexity {metrics['perplexity']:.1f}, next-token "
@@ -70,7 +70,9 @@ def headline(kind: str, summary: dict[str, Any]) -> str:
         names = ("micro_f1", "macro_f1")
     beside = [f"{name} {values[names[0]]:.3f}/{values[names[1]]:.3f}"
               for name, values in summary.get("baseline", {}).items()]
-    return line + (f"; baselines on the same split: {', '.join(beside)}" if beside else "")
+    line += f"; baselines on the same split: {', '.join(beside)}" if beside else ""
+    nothing = summary.get("training", {}).get("learnt_nothing")
+    return line + (f"\nwarning: the classifier learnt nothing ({nothing})" if nothing else "")
 
 
 def report_failure(failed: StepFailed) -> int:

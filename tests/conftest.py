@@ -40,6 +40,7 @@ from pipelines import gcs_api  # noqa: E402
 # seeds started last and ran ~10 minutes alone at the end.
 LONGEST_FIRST = (
     "test_text_real.py",  # ~600: the text defaults on real text, 3 seeds
+    "test_transformer_real.py",  # ~700: MiniLM on two real corpora, 3 seeds each
     "test_rehearse.py",  # ~270
     "test_train_image.py",  # ~250
     "test_tuning.py",  # ~230

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from components.common import text_scores
 from components.common.fastai_text import choose_precision, choose_rate
 from components.train_text import assets, contract, schedule
 from components.train_text.contract import TextTrainingError
@@ -250,13 +251,13 @@ def test_asset_config_forms():
 def test_constant_answer_is_the_label_frequencies_cut_at_the_threshold():
     train = np.array([[1, 0], [1, 0], [0, 1], [1, 0]])  # frequencies 0.75, 0.25
     valid = np.array([[1, 0], [0, 1]])
-    multi = schedule.constant_answer(valid, train, multi_label=True, threshold=0.3)
+    multi = text_scores.constant_answer(valid, train, multi_label=True, threshold=0.3)
     # BCE of (0.75, 0.25) on the two rows, averaged over the 4 decisions
     expected = -(np.log(0.75) + np.log(0.75) + np.log(0.25) + np.log(0.25)) / 4
     assert multi["valid_loss"] == pytest.approx(expected)
     # 0.75 >= 0.3: label 0 always predicted (F1 2/3); 0.25 < 0.3: label 1 never (F1 0)
     assert multi["f1_score"] == pytest.approx((2 / 3 + 0) / 2)
-    single = schedule.constant_answer(valid, train, multi_label=False, threshold=0.3)
+    single = text_scores.constant_answer(valid, train, multi_label=False, threshold=0.3)
     assert single["valid_loss"] == pytest.approx(-(np.log(0.75) + np.log(0.25)) / 2)
     assert single["f1_score"] == pytest.approx((2 / 3) / 2)  # the majority class only
 
@@ -276,7 +277,7 @@ CONSTANT = {"valid_loss": 0.40, "f1_score": 0.10}
     ([{"valid_loss": float("nan"), "f1_score": 0.0}], True),
 ])
 def test_a_stage_that_learnt_nothing_is_told_from_one_that_learns(rows, flagged):
-    reason = schedule.learnt_nothing(rows, CONSTANT)
+    reason = text_scores.learnt_nothing(rows, CONSTANT)
     assert (reason is not None) == flagged, reason
 
 

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from components.common.hf_transformers import import_transformers
 from components.common.text_scores import validation_scalars
 from components.evaluate_text.evaluation import evaluate_text_model
 from components.formats.text_models import load_text_model
@@ -29,8 +30,10 @@ from components.train_transformer.training import (
     epoch_history,
     model_source,
     run_fingerprint,
+    start_at_label_frequencies,
     train_transformer,
 )
+from pipelines import run_local
 from pipelines.demo_text import write_reviews_csv
 from tests.conftest import free_port
 
@@ -151,6 +154,55 @@ def test_another_runs_checkpoints_are_refused_not_resumed(tmp_path):
     with pytest.raises(TransformerTrainingError, match="different run"):
         claim_checkpoints(str(tmp_path), "mine")
     assert claim_checkpoints(str(tmp_path / "empty"), "mine") is None
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-np.asarray(x, dtype=float)))
+
+
+@pytest.mark.parametrize("architecture", ["bert", "xlm-roberta"])
+def test_the_new_head_starts_at_the_label_frequencies(architecture):
+    """BERT's head is one Linear; RoBERTa's a dense layer, then `out_proj`: only the output
+    layer's bias is set, so an untrained model answers the training frequencies."""
+    import torch
+
+    transformers = import_transformers()  # keeps the venv's mismatched torchvision out
+    config = transformers.AutoConfig.for_model(architecture, vocab_size=50, hidden_size=8,
+                                  num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=8, num_labels=3)
+    model = transformers.AutoModelForSequenceClassification.from_config(config)
+    truth = np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0], [1, 0, 0]])  # 3/4, 2/4, none
+    start_at_label_frequencies(model, truth, "multi_label")
+    output = model.classifier.out_proj if architecture == "xlm-roberta" else model.classifier
+    assert _sigmoid(output.bias.detach().numpy()) == pytest.approx([0.75, 0.5, 1e-3])
+    if architecture == "xlm-roberta":  # the dense layer before it keeps its initial zeros
+        assert not model.classifier.dense.bias.detach().any()
+
+    start_at_label_frequencies(model, np.eye(3)[[0, 0, 1, 2]], "single_label")
+    assert torch.softmax(output.bias.detach(), 0).numpy() == pytest.approx([0.5, 0.25, 0.25])
+
+
+def test_a_run_that_learnt_nothing_says_so(dataset, tmp_path):
+    """At a rate too small to move it, the model still answers the label frequencies: the
+    run says so (metrics.json, the component's metadata, the local summary's headline)."""
+    config = TransformerConfig(model_name=dataset["tiny"], epochs=1, **{**FAST,
+                               "learning_rate": 1e-9})
+    result = train_transformer(dataset["dataset"], str(tmp_path / "model"), config)
+    assert "label frequencies" in result["run"]["learnt_nothing"]
+    # it starts at the constant answer, so its loss is that answer's, not 0.69 per label
+    assert result["history"][0]["valid_loss"] == pytest.approx(
+        result["run"]["constant_answer"]["valid_loss"], rel=0.05)
+
+
+def test_the_headline_warns_when_the_classifier_learnt_nothing():
+    summary = {"metrics": {"micro_f1": 0.0, "macro_f1": 0.0, "per_label": {"a": {"support": 3}}},
+               "baseline": {"every_label": {"micro_f1": 0.4, "macro_f1": 0.4}},
+               "training": {"learnt_nothing": "best valid_loss 0.41 vs 0.41"}}
+    lines = run_local.headline("transformer", summary).splitlines()
+    assert lines[0].startswith("transformer pipeline: test micro F1 0.000")
+    assert lines[1] == "warning: the classifier learnt nothing (best valid_loss 0.41 vs 0.41)"
+    summary["training"]["learnt_nothing"] = None
+    assert len(run_local.headline("transformer", summary).splitlines()) == 1
 
 
 # ------------------------------------------------------------------ training

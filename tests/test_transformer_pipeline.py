@@ -312,14 +312,17 @@ def test_run_local_fine_tunes_a_small_bert_on_real_text(corpus_and_tiny_model, t
 
 
 @pytest.mark.slow
-def test_compiled_pipeline_rehearsed_as_vertex_runs_it(corpus_and_tiny_model, tmp_path):
-    """The compiled JSON runs as Vertex would run it: preflight fingerprints the model
-    folder, the GPU job's payload is Vertex's, the model clears the gate and its upload
-    request is built with the text model's serving container."""
-    csv, tiny, _ = corpus_and_tiny_model
+def test_compiled_pipeline_rehearsed_as_vertex_runs_it(corpus_and_tiny_model, minilm,
+                                                      tmp_path):
+    """The compiled JSON runs as Vertex would run it, from a real pretrained encoder (all-
+    MiniLM-L6-v2 as a model folder) at the pipeline's defaults but for a short, faster
+    schedule: preflight fingerprints the model folder, the GPU job's payload is Vertex's,
+    the model clears the gate and its upload request is built with the text model's
+    serving container, which serves the fine-tuned encoder."""
+    csv, _, _ = corpus_and_tiny_model
     path = os.path.join(_compile(tmp_path), "transformer_pipeline.json")
-    params = {"data_uri": str(csv), "model_name": str(tiny), "registration_threshold": "0",
-              **{k: str(v) for k, v in SMALL.items()}, "epochs": "3"}
+    params = {"data_uri": str(csv), "model_name": minilm, "registration_threshold": "0",
+              "epochs": "2", "learning_rate": "1e-4"}
     summary = rehearse.rehearse(path, str(tmp_path / "r"), params)
     states = {t["display_name"]: t["state"] for t in summary["rehearsal"]["tasks"]}
     assert {name: states[name] for name in (
@@ -353,7 +356,8 @@ def test_compiled_pipeline_rehearsed_as_vertex_runs_it(corpus_and_tiny_model, tm
     assert status == 200 and set(answer["predictions"][0]) == {"labels", "scores"}
     assert set(answer["predictions"][0]["scores"]) == set(evaluation["per_label"])
     assert summary["metrics"]["micro_f1"] == evaluation["micro_f1"]
-    assert summary["training"]["model_name"] == str(tiny)
+    assert summary["training"]["model_name"] == minilm
+    assert summary["training"]["parameters"] > 20_000_000
     assert summary["registration"]["would_register"] is True
 
 

@@ -56,7 +56,7 @@ from fastai.text.all import (
     text_classifier_learner,
 )
 
-from components.common import run_state
+from components.common import run_state, text_scores
 from components.common.fastai_text import (
     FP32,
     EpochEnd,
@@ -177,7 +177,7 @@ class _Run:
         self.folder, self.plan, self.state = folder, plan, state
         self.monitor, self.callbacks = monitor, list(callbacks)
         self.tensorboard, self.trial = tensorboard, trial
-        self.constant = constant  # the classifier's constant answer (schedule.constant_answer)
+        self.constant = constant  # the classifier's constant answer (text_scores.constant_answer)
         self.n_hid = n_hid  # the AWD-LSTM's hidden size, which the rate bounds scale with
 
     def path(self, name: str) -> str:
@@ -241,7 +241,7 @@ class _Run:
     def fit_classifier(self, learn, indices: Sequence[int]) -> None:
         """Runs the classifier's stages; again, at a lower rate, if they learnt nothing.
 
-        When the classifier's epochs show no learning (`schedule.learnt_nothing`: the
+        When the classifier's epochs show no learning (`text_scores.learnt_nothing`: the
         validation loss and score still those of the label frequencies), its weights go
         back to where its first stage started and every classifier stage runs again at
         `RESTART_RATE_SHARE` of its rate, at most `MAX_RESTARTS` times; each attempt is
@@ -252,7 +252,7 @@ class _Run:
                 self.fit(learn, index)
             rows = [r for r in self.state["history"] if r["model"] == schedule.CLASSIFIER]
             reason = None if self.state.get("gave_up") or self.constant is None else \
-                schedule.learnt_nothing(rows, self.constant)
+                text_scores.learnt_nothing(rows, self.constant)
             if reason is None:
                 return
             if len(self.state["restarts"]) >= schedule.MAX_RESTARTS:
@@ -498,7 +498,7 @@ def _prepare(data: _Dataset, config: TrainConfig, plan: list[schedule.Stage],
         "assets": lm_assets_uri if config.pretrained else "",
     }))
     lm_config = {**awd_lstm_lm_config, **arch_config}
-    constant = schedule.constant_answer(
+    constant = text_scores.constant_answer(
         data.valid[data.labels].to_numpy(), data.train[data.labels].to_numpy(),
         data.task == MULTI_LABEL, config.threshold)
     run = _Run(folder, plan, state, config.monitor, callbacks, tensorboard,

@@ -29,7 +29,14 @@ from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
 from components.common.storage import TMP_PREFIX, filesystem, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
-from components.common.text_scores import labels_info, per_label_summary, validation_result
+from components.common.text_scores import (
+    constant_answer,
+    frequency_bias,
+    labels_info,
+    learnt_nothing,
+    per_label_summary,
+    validation_result,
+)
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.train_text.contract import MAX_TEXT_CHARS, clip_text
 from components.train_transformer.contract import (
@@ -250,6 +257,7 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
             ) from err
         truth_train = train[labels].to_numpy()
         truth_valid = valid[labels].to_numpy()
+        start_at_label_frequencies(model, truth_train, task)
         targets = (lambda t: t.astype(np.float32)) if multi else (lambda t: t.argmax(axis=1))
         train_set = _encode(tokenizer, train[text_column].tolist(), targets(truth_train),
                             config.max_length)
@@ -291,6 +299,12 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         result = validation_result(truth_valid, probs, labels, task, config.threshold)
         history = epoch_history(trainer.state.log_history, multi)
         best_checkpoint = trainer.state.best_model_checkpoint
+        constant = constant_answer(truth_valid, truth_train, multi, config.threshold)
+        nothing = learnt_nothing(history, constant)
+        if nothing:
+            log.warning("the classifier learnt nothing (%s): it still answers the label "
+                        "frequencies whatever the text; train longer or at a higher "
+                        "learning_rate", nothing)
         result.update({
             "history": history,
             "best": {"monitor": config.monitor, "value": trainer.state.best_metric,
@@ -310,6 +324,8 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
                 "resumed_from": resume_from,
                 "classifier_epoch_seconds": [r.get("seconds") for r in history],
                 "stopped_early": len(history) < config.epochs,
+                "constant_answer": constant,
+                "learnt_nothing": nothing,
                 "seconds": round(time.monotonic() - started, 3),
             },
             "config": dataclasses.asdict(config),
@@ -328,6 +344,28 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         # Under the model output they would ship with the model; they served their purpose.
         shutil.rmtree(folder, ignore_errors=True)
     return result
+
+
+def start_at_label_frequencies(model, truth: np.ndarray, task: str) -> None:
+    """Sets the new classification head's output bias to the label frequencies' log-odds
+    (`text_scores.frequency_bias`), so training starts at the constant answer, not at 0.5.
+
+    The head's output layer is the model's last `Linear` with one output per label (BERT's
+    `classifier`, RoBERTa's `classifier.out_proj`). A resumed run loads its checkpoint over it.
+
+    Raises:
+        TransformerTrainingError: No such layer (an architecture this trainer does not know).
+    """
+    import torch
+
+    outputs = [m for m in model.modules()
+               if isinstance(m, torch.nn.Linear) and m.out_features == truth.shape[1]]
+    if not outputs or outputs[-1].bias is None:
+        raise TransformerTrainingError(f"{type(model).__name__} has no output layer with a bias "
+                                       f"and {truth.shape[1]} outputs to start from the label "
+                                       "frequencies")
+    with torch.no_grad():
+        outputs[-1].bias.copy_(torch.as_tensor(frequency_bias(truth, task)))
 
 
 def _checkpoint_epoch(checkpoint: str | None, history: list[dict[str, Any]],
