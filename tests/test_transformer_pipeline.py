@@ -102,8 +102,8 @@ def test_compiled_pipeline_trains_on_a_gpu_job_between_the_text_steps(tmp_path):
         "model_name", "epochs", "batch_size", "learning_rate", "weight_decay", "warmup_ratio",
         "max_length", "threshold", "monitor", "early_stopping_patience", "mixed_precision",
         "registration_metric", "model_display_name")} == {
-        "model_name": "FacebookAI/xlm-roberta-base", "epochs": 4, "batch_size": 16,
-        "learning_rate": 2e-5, "weight_decay": 0.01, "warmup_ratio": 0.1, "max_length": 256,
+        "model_name": "FacebookAI/xlm-roberta-base", "epochs": 6, "batch_size": 16,
+        "learning_rate": 5e-5, "weight_decay": 0.01, "warmup_ratio": 0.1, "max_length": 256,
         "threshold": 0.5, "monitor": "loss", "early_stopping_patience": 2,
         "mixed_precision": True, "registration_metric": "micro_f1",
         "model_display_name": "transformer-text-classifier"}
