@@ -4,8 +4,9 @@
 
 The model folder is the text training step's output (local or gs://). POST
 `{"instances": ["a text", {"text": "another"}]}` to /predict; the answer is
-`{"predictions": [{"labels": [...], "scores": {...}}, ...]}`, in the same order. GET
-/health answers 200 once the model is loaded.
+`{"predictions": [{"labels": [...], "scores": {...}}, ...]}`, in the same order. The port
+opens at once; GET /health answers 503 while the model loads, 200 once it is loaded. A
+model that fails to load stops the server (exit status 1, the error on stderr).
 
 Inside Vertex AI (the fastai image as a model's serving container, command
 `python -m pipelines.serve`), AIP_HTTP_PORT, AIP_HEALTH_ROUTE, AIP_PREDICT_ROUTE and
@@ -20,7 +21,6 @@ import argparse
 import logging
 import os
 import sys
-import tempfile
 
 from components.predict.contract import PredictionError
 
@@ -50,33 +50,39 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
 
-    from components.predict.prediction import copy_model_locally
+    try:
+        settings = serving.serve_settings(os.environ, args.model, args.port)
+        if not settings.model.startswith("gs://"):
+            serving.check_servable(settings.model)  # a clear exit now, not a failed load
+    except (PredictionError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    failed: list[str] = []
 
-    # the copy of a gs:// model lives as long as the server
-    with tempfile.TemporaryDirectory(prefix="serve-") as workdir:
-        try:
-            settings = serving.serve_settings(os.environ, args.model, args.port)
-            model_dir = copy_model_locally(settings.model, workdir)
-            serving.check_servable(model_dir)  # before loading: a clear exit, not a failed startup
-        except (PredictionError, FileNotFoundError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        app = serving.build_app(model_dir, settings.health_route, settings.predict_route,
-                                max_request_bytes=args.max_request_bytes,
-                                max_instances=args.max_instances, batch_size=args.batch_size)
-        import uvicorn
+    def stop(error: str) -> None:  # the container exits and its log says why
+        failed.append(error)
+        server.should_exit = True
 
-        url = f"http://{settings.host}:{settings.port}"
-        log.info("serving %s at %s: GET %s, POST %s", settings.model, url,
-                 settings.health_route, settings.predict_route)
-        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
-                                               lifespan="on", log_level="info"))
-        try:
-            server.run()
-        except KeyboardInterrupt:  # uvicorn shuts down on Ctrl+C, then raises it again
-            pass
-    # not started: the model failed to load (uvicorn logged why)
-    return 0 if server.started else 1
+    # The port opens at once; the model (copied first when on gs://) loads behind it.
+    app = serving.build_app(settings.model, settings.health_route, settings.predict_route,
+                            max_request_bytes=args.max_request_bytes,
+                            max_instances=args.max_instances, batch_size=args.batch_size,
+                            on_load_error=stop)
+    import uvicorn
+
+    url = f"http://{settings.host}:{settings.port}"
+    log.info("serving %s at %s: GET %s, POST %s", settings.model, url,
+             settings.health_route, settings.predict_route)
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                           lifespan="on", log_level="info"))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn shuts down on Ctrl+C, then raises it again
+        pass
+    if failed:
+        print(f"error: the model failed to load: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0 if server.started else 1  # not started: uvicorn logged why
 
 
 if __name__ == "__main__":

@@ -183,8 +183,9 @@ def served_as_on_vertex(aip: dict[str, str], log_path: str):
                 try:
                     if http_json(("127.0.0.1", port), "GET", aip["AIP_HEALTH_ROUTE"])[0] == 200:
                         break
-                except OSError:  # not listening yet: the model is loading
-                    time.sleep(0.2)
+                except OSError:  # not listening yet: python is still importing
+                    pass
+                time.sleep(0.2)  # 503 while the model loads
             yield ("127.0.0.1", port)
         finally:
             process.terminate()

@@ -379,3 +379,34 @@ def test_whole_model_folder_can_be_served(tmp_path):
     (model / "labels.json").write_text("{}")
     copy_serving_model(str(model), ".", str(tmp_path / "out"))
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["export.pkl", "labels.json"]
+
+
+# --- the uploaded container spec --------------------------------------------------------
+
+
+def test_a_custom_server_gets_probes_that_wait_for_a_large_model_to_load():
+    """Our server opens its port at once and answers 503 while it loads: Vertex must give
+    that load time (startup probe, deployment timeout), then check health as usual. The
+    spec is what Vertex's API parses: read back through its ModelContainerSpec."""
+    import json
+
+    from google.cloud.aiplatform_v1.types import ModelContainerSpec
+
+    from components.register.registration import STARTUP_ALLOWANCE_S, container_spec
+
+    spec = container_spec("img:1", 0, "/health", "/predict")
+    parsed = ModelContainerSpec.from_json(json.dumps(spec))
+    startup, health = parsed.startup_probe, parsed.health_probe
+    assert (startup.http_get.path, startup.http_get.port) == ("/health", 8080)
+    assert startup.period_seconds * startup.failure_threshold == STARTUP_ALLOWANCE_S >= 600
+    assert (health.http_get.path, health.failure_threshold) == ("/health", 3)
+    assert parsed.deployment_timeout.total_seconds() > STARTUP_ALLOWANCE_S
+    assert (parsed.health_route, parsed.predict_route) == ("/health", "/predict")
+    assert container_spec("img:1", 9000, "/h")["startupProbe"]["httpGet"]["port"] == 9000
+
+
+def test_a_prebuilt_serving_image_keeps_vertexs_defaults():
+    from components.register.registration import container_spec
+
+    assert container_spec("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15") == {
+        "imageUri": "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15"}

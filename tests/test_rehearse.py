@@ -366,6 +366,10 @@ def test_text_pipeline_rehearsed_with_only_the_data_and_cached_until_the_data_ch
            "AIP_HEALTH_ROUTE": container["health_route"],
            "AIP_PREDICT_ROUTE": container["predict_route"]}
     assert container["ports"] == [{"container_port": 8080}]  # Vertex's port, set as the port
+    # the server answers 503 while the model loads: Vertex is told to wait for it
+    startup = container["startup_probe"]
+    assert startup["http_get"] == {"path": container["health_route"], "port": 8080}
+    assert startup["period_seconds"] * startup["failure_threshold"] >= 600
     with served_as_on_vertex(aip, str(tmp_path / "serve.log")) as address:
         status, answer = http_json(address, "POST", container["predict_route"],
                                    json.dumps({"instances": ["livraison rapide"]}).encode())

@@ -99,6 +99,98 @@ def test_cli_serves_text_models_only(tmp_path, monkeypatch, capsys):
     assert "no model to serve" in capsys.readouterr().err
 
 
+def _start(app):
+    """uvicorn serving `app` in a thread on a free loopback port: (server, thread, address)."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    return server, thread, sock.getsockname()
+
+
+def _gated_predictor(monkeypatch, gate: threading.Event, error: Exception | None = None):
+    """TextPredictor stand-in whose load waits for `gate` (a large model still copying),
+    then fails with `error` or loads a model of one label."""
+    from components.predict import serving
+
+    class SlowPredictor:
+        labels, text_keys = ["a"], ("text",)
+
+        def __init__(self, model_dir, batch_size):
+            assert gate.wait(timeout=30)
+            if error:
+                raise error
+
+        def predict(self, texts):
+            return [{"labels": ["a"], "scores": {"a": 0.9}} for _ in texts]
+
+    monkeypatch.setattr(serving, "TextPredictor", SlowPredictor)
+
+
+def test_the_port_answers_at_once_while_the_model_loads(tmp_path, monkeypatch):
+    """Vertex probes a container seconds after it starts: the server must answer (503 and
+    why) while the model loads, then 200, instead of opening its port only once loaded."""
+    import uvicorn  # noqa: F401 - imported before the clock starts
+
+    gate = threading.Event()
+    _gated_predictor(monkeypatch, gate)
+    started = time.monotonic()
+    server, thread, address = _start(build_app(str(tmp_path)))
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        health = http_json(address, "GET", "/health")
+        assert time.monotonic() - started < 1.0  # the load has not even begun to finish
+        assert health == (503, {"error": "the model is loading"})
+        assert _predict(address, {"instances": ["x"]}) == (503, {"error": "the model is loading"})
+        gate.set()
+        deadline = time.monotonic() + 10
+        while http_json(address, "GET", "/health")[0] != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert _predict(address, {"instances": ["x"]})[0] == 200
+    finally:
+        gate.set()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_a_model_that_fails_to_load_answers_why_and_is_reported(tmp_path, monkeypatch):
+    gate, reported = threading.Event(), []
+    gate.set()
+    _gated_predictor(monkeypatch, gate, error=PredictionError("no labels.json in it"))
+    server, thread, address = _start(build_app(str(tmp_path), on_load_error=reported.append))
+    try:
+        deadline = time.monotonic() + 10
+        while not reported:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert reported == ["PredictionError: no labels.json in it"]
+        status, answer = http_json(address, "GET", "/health")
+        assert status == 503 and "failed to load: PredictionError: no labels.json" in \
+            answer["error"]
+        assert _predict(address, {"instances": ["x"]})[0] == 503
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_cli_stops_with_the_error_when_a_gcs_model_fails_to_load(gcs, tmp_path, monkeypatch,
+                                                                  capsys):
+    """A gs:// model is checked as it loads, behind the open port: an image model there
+    stops the server (exit 1) naming why, so the container's log says it."""
+    for name in AIP_VARS:
+        monkeypatch.delenv(name, raising=False)
+    bucket = gcs.create_bucket("models-image")
+    bucket.blob("image/model.keras").upload_from_string(b"")
+    assert serve_cli.main(["--model", "gs://models-image/image", "--port",
+                           str(free_port())]) == 1
+    assert "image (Keras) model" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ a real server
 
 @pytest.fixture(scope="module", params=["fastai", "transformer"])
@@ -147,6 +239,9 @@ def server(text_model):
     deadline = time.monotonic() + 60
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    while http_json(sock.getsockname(), "GET", "/health")[0] != 200:  # the model loads
+        assert time.monotonic() < deadline, "the model did not load"
         time.sleep(0.05)
     try:
         yield sock.getsockname()

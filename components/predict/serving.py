@@ -1,14 +1,14 @@
 """Online prediction with a trained text model: an HTTP server for Vertex AI endpoints.
 
-Follows Vertex AI's custom-container contract: the server listens on `AIP_HTTP_PORT`,
-answers GET on `AIP_HEALTH_ROUTE` once the model is loaded, and POST on
-`AIP_PREDICT_ROUTE` with `{"instances": [...]}`, answering `{"predictions": [...]}` in the
-same order. An instance is a text, or an object holding it under "text" (or under the
-model's training text column); a prediction is batch prediction's line without "input":
-`{"labels": [...], "scores": {<label>: <probability>}}` (plus `"truncated": true` for a
-text read only up to `MAX_TEXT_CHARS` characters), or `{"error": ...}` for an empty
-text, as batch prediction writes it. A request that cannot be answered gets a 4xx
-`{"error": <what to change>}` and the server carries on.
+Follows Vertex AI's custom-container contract: the server listens on `AIP_HTTP_PORT` as
+soon as it starts, answers GET on `AIP_HEALTH_ROUTE` with 200 once the model is loaded (503
+while it loads), and POST on `AIP_PREDICT_ROUTE` with `{"instances": [...]}`, answering
+`{"predictions": [...]}` in the same order. An instance is a text, or an object holding it
+under "text" (or under the model's training text column); a prediction is batch
+prediction's line without "input": `{"labels": [...], "scores": {<label>: <probability>}}`
+(plus `"truncated": true` for a text read only up to `MAX_TEXT_CHARS` characters), or
+`{"error": ...}` for an empty text, as batch prediction writes it. A request that cannot be
+answered gets a 4xx `{"error": <what to change>}` and the server carries on.
 
 Only text (fastai) models are served here: image models are Keras models, served by
 Vertex's prebuilt TensorFlow serving image.
@@ -21,7 +21,7 @@ import json
 import logging
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,19 +228,26 @@ async def _read_body(request, limit: int) -> bytes:
 def build_app(model_dir: str, health_route: str = "/health", predict_route: str = "/predict",
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
               max_instances: int = DEFAULT_MAX_INSTANCES,
-              batch_size: int = DEFAULT_BATCH_SIZE):
+              batch_size: int = DEFAULT_BATCH_SIZE,
+              on_load_error: Callable[[str], None] | None = None):
     """The Starlette app serving a text model (run it with uvicorn).
 
-    The model is loaded once, when the server starts (a gs:// folder is copied to a
-    temporary folder first, removed at shutdown); the server listens only once it is.
+    The server listens at once and loads the model in a worker thread (a gs:// folder is
+    copied to a temporary folder first, removed at shutdown): Vertex probes a container a
+    few seconds after it starts and restarts one that does not answer, and copying a
+    base-size encoder (~1 GB) and importing torch can take longer than that. Until the
+    model is loaded both routes answer 503 with the reason; a model that fails to load
+    keeps answering 503 with the error, and `on_load_error` is called with it.
 
     Args:
         model_dir: The training step's model folder (local or gs://).
-        health_route: GET path answering 200 once the model is loaded.
+        health_route: GET path answering 200 once the model is loaded, 503 before.
         predict_route: POST path taking `{"instances": [...]}`.
         max_request_bytes: Largest body accepted (413 beyond).
         max_instances: Most instances in one request (413 beyond).
         batch_size: Texts per forward pass.
+        on_load_error: Called (in the loading thread) with the error when loading fails,
+            e.g. to stop the server so the container exits and says why.
     """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -249,20 +256,44 @@ def build_app(model_dir: str, health_route: str = "/health", predict_route: str 
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
+    def load(app, workdir: str) -> None:
+        try:
+            local = copy_model_locally(model_dir, workdir)
+            app.state.predictor = TextPredictor(local, batch_size)
+        except Exception as err:  # noqa: BLE001 - any failure is the answer to every request
+            app.state.load_error = f"{type(err).__name__}: {err}"
+            log.error("model %s failed to load: %s", model_dir, app.state.load_error)
+            if on_load_error:
+                on_load_error(app.state.load_error)
+            return
+        log.info("model %s loaded: %d labels", model_dir, len(app.state.predictor.labels))
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        app.state.predictor, app.state.load_error = None, None
         with tempfile.TemporaryDirectory(prefix="serve-") as workdir:
-            local = await run_in_threadpool(copy_model_locally, model_dir, workdir)
-            app.state.predictor = await run_in_threadpool(TextPredictor, local, batch_size)
-            log.info("model %s loaded: %d labels", model_dir, len(app.state.predictor.labels))
+            loader = threading.Thread(target=load, args=(app, workdir), daemon=True,
+                                      name="load-model")
+            loader.start()
             yield
+            # a copy under way must not write into the removed folder
+            await run_in_threadpool(loader.join)
+
+    def not_ready(request: Request) -> JSONResponse | None:
+        """The 503 answer while the model is not loaded, else None."""
+        if request.app.state.predictor is not None:
+            return None
+        error = request.app.state.load_error
+        return JSONResponse({"error": f"the model failed to load: {error}" if error
+                             else "the model is loading"}, status_code=503)
 
     async def health(request: Request) -> JSONResponse:
-        if getattr(request.app.state, "predictor", None) is None:
-            return JSONResponse({"error": "the model is loading"}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        return not_ready(request) or JSONResponse({"status": "ok"})
 
     async def predict(request: Request) -> JSONResponse:
+        waiting = not_ready(request)
+        if waiting is not None:
+            return waiting
         predictor: TextPredictor = request.app.state.predictor
         try:
             body = await _read_body(request, max_request_bytes)

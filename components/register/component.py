@@ -64,7 +64,7 @@ def serving_model(
         subdir: Folder inside the model that is served ("." for all of it).
         run_name: The pipeline run, recorded as the model version's "pipeline_run" label.
         port: Port the serving container listens on; 0 for Vertex's default (8080).
-        health_route: Health-check path of a custom serving container; empty for the default.
+        health_route: Health-check path of a custom serving container (it gets startup and health probes that allow 20 minutes for loading the model); empty for the default.
         predict_route: Prediction path of a custom serving container; empty for the default.
 
     Returns:
@@ -72,13 +72,11 @@ def serving_model(
     """
     from collections import namedtuple
 
-    from components.register.registration import copy_serving_model, model_labels
+    from components.register.registration import container_spec, copy_serving_model, model_labels
 
     copy_serving_model(model.path, subdir, unmanaged_model.path)
-    spec = {"imageUri": serving_image, "healthRoute": health_route,
-            "predictRoute": predict_route,
-            "ports": [{"containerPort": port}] if port else []}
-    unmanaged_model.metadata["containerSpec"] = {k: v for k, v in spec.items() if v}
+    unmanaged_model.metadata["containerSpec"] = container_spec(serving_image, port,
+                                                               health_route, predict_route)
     for key in ("git_sha", "data_sha256", "classes"):
         if key in model.metadata:
             unmanaged_model.metadata[key] = model.metadata[key]
