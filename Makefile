@@ -84,7 +84,9 @@ lock: venv
 REGION  ?= us-central1
 PROJECT ?= $(shell gcloud config get-value project 2>/dev/null)
 REPO    ?= vertex-gpu-pipelines
-TAG     ?= $(shell git rev-parse --short=12 HEAD)
+# The commit's first 7 hex digits: Cloud Build's SHORT_SHA, what a trigger tags images with
+# and what compile.py bakes in by default (compile.TAG_DIGITS).
+TAG     ?= $(shell git rev-parse HEAD | cut -c1-7)
 images:
 	@git diff --quiet HEAD -- || { echo "commit first: the image tag names the commit"; exit 1; }
 	gcloud builds submit --project=$(PROJECT) --config=containers/cloudbuild.yaml \

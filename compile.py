@@ -143,14 +143,21 @@ def is_pinned(uri: str) -> bool:
     return bool(name and colon) and tag not in ("", "latest")
 
 
+# One tag rule for every image build: the commit's first 7 hex digits, which is Cloud
+# Build's SHORT_SHA (what a trigger tags with; containers/cloudbuild.yaml) and what `make
+# images` passes (the Makefile's TAG). `git rev-parse --short` may give more digits.
+TAG_DIGITS = 7
+
+
 def checkout_commit() -> str | None:
-    """This checkout's commit as `make images` tags images (12 hex digits); None outside git."""
+    """This checkout's commit as images built from it are tagged (TAG_DIGITS hex digits, as
+    Cloud Build's SHORT_SHA); None outside git."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], check=True,
-                              capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], check=True, capture_output=True,
+                             text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+    return sha.strip()[:TAG_DIGITS]
 
 
 def image_uris(args: argparse.Namespace) -> dict[str, str]:

@@ -369,12 +369,23 @@ def test_a_malformed_config_file_is_named(tmp_path, capsys, text, message):
     assert f"--config {config} {message}" in capsys.readouterr().err
 
 
-def test_images_default_to_the_checkouts_commit_as_make_images_tags_them():
-    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                            text=True, check=True, cwd=os.path.dirname(compile_cli.__file__))
+def test_one_tag_rule_for_the_trigger_make_images_and_compile():
+    """Cloud Build triggers tag images with SHORT_SHA, the commit's first 7 hex digits;
+    `make images` and compile.py's default must name the same tag, or a pipeline compiled
+    here looks for an image no trigger pushed (they used `git rev-parse --short=12`)."""
+    root = os.path.dirname(compile_cli.__file__)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                         check=True, cwd=root).stdout.strip()
+    short_sha = sha[:7]  # Cloud Build's SHORT_SHA
+    with open(os.path.join(root, "containers", "cloudbuild.yaml")) as f:
+        assert yaml.safe_load(f)["substitutions"]["_TAG"] == "${SHORT_SHA}"
     uris = compile_cli.image_uris(compile_cli.parse_args(["--registry", REGISTRY]))
-    assert uris == {runtime: f"{REGISTRY}/{runtime}:{commit.stdout.strip()}"
+    assert uris == {runtime: f"{REGISTRY}/{runtime}:{short_sha}"
                     for runtime in compile_cli.RUNTIMES}
+    make = subprocess.run(["make", "-s", "-n", "--no-print-directory", "images",
+                           "PROJECT=acme"], capture_output=True, text=True, check=True,
+                          cwd=root).stdout
+    assert f"_TAG={short_sha}," in make, make
 
 
 def test_multi_replica_jobs_restart_as_a_whole(tmp_path):
