@@ -53,7 +53,7 @@ def pipeline_parser(kind: str, pipeline) -> argparse.ArgumentParser:
 
 
 def headline(kind: str, summary: dict[str, Any]) -> str:
-    """One line with the test metrics of a run (and a warning when the classifier learnt nothing)."""
+    """One line with the test metrics of a run, and a warning when the classifier learnt nothing."""
     metrics = summary["metrics"]
     if kind == "lm":
         return (f"lm pipeline: held-out perplexity {metrics['perplexity']:.1f}, next-token "

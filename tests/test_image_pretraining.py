@@ -1,0 +1,173 @@
+"""A learned start for the image trainer: the glyph set, the base-weights file, BatchNorm modes.
+
+The bench (`bench/image_pretrain_bench.py`) measures what the start is worth; these check
+the parts: letters of real fonts as class folders, a trained model's DenseNet121 written
+as the no-top file `weights=` takes, and BatchNormalization in inference mode whenever a
+pretrained base trains (head phase and fine-tuning), in training mode from scratch.
+"""
+
+import json
+import os
+import shutil
+
+import matplotlib
+import numpy as np
+import pytest
+import tf_keras
+from PIL import Image
+
+from components.formats.image_models import load_keras_model
+from components.train_image import model as model_lib
+from components.train_image.training import _compile
+from pipelines import base_weights, font_glyphs, glyph_start
+
+SIZE = 32
+# Fonts every venv has: matplotlib ships DejaVu, STIX and Computer Modern faces, and
+# LastResort, cmex10 and cmsy10, which map Latin letters to boxes and math symbols.
+MPL_FONTS = os.path.join(matplotlib.get_data_path(), "fonts", "ttf")
+
+
+# --------------------------------------------------------------------------- glyphs
+
+
+def test_glyphs_are_letters_of_distinct_real_faces(tmp_path):
+    paths = font_glyphs.find_fonts([MPL_FONTS])
+    # The same file under another name is one face, not two.
+    twin = tmp_path / "fonts" / "copy-of-dejavu.ttf"
+    twin.parent.mkdir()
+    shutil.copy(os.path.join(MPL_FONTS, "DejaVuSans.ttf"), twin)
+    counts = font_glyphs.write_glyphs(str(tmp_path / "out"), [*paths, str(twin)], "AbQ", SIZE)
+
+    faces = dict(font_glyphs.select_fonts([*paths, str(twin)], "AbQ"))
+    names = {os.path.basename(p) for p in faces}
+    assert "copy-of-dejavu.ttf" not in names and "DejaVuSans.ttf" in names
+    # Symbol fonts whose cmap sends Latin letters to other glyphs are left out.
+    assert not names & {"LastResortHE-Regular.ttf", "cmex10.ttf", "cmsy10.ttf"}
+    assert {"cmr10.ttf", "STIXGeneral.ttf", "DejaVuSerif-Italic.ttf"} <= names
+    assert counts == {"fonts": len(faces), "images": len(faces) * 3 * 2, "classes": 3}
+    assert sorted(os.listdir(tmp_path / "out")) == ["lower_b", "upper_A", "upper_Q"]
+
+    upper = np.asarray(Image.open(tmp_path / "out" / "upper_A" / "dejavu-sans-book-0.png"))
+    lower = np.asarray(Image.open(tmp_path / "out" / "lower_b" / "dejavu-sans-book-0.png"))
+    assert upper.shape == (SIZE, SIZE) and upper.dtype == np.uint8
+    assert upper.max() == 255 and upper[0].max() == 0 and upper[:, 0].max() == 0  # ink on black
+    assert upper[SIZE // 2 - 4:SIZE // 2 + 4].max() > 128  # centred
+    # One baseline, one cap height per face: `b` stands on the line `A` stands on.
+    assert np.nonzero(upper.max(axis=1) > 64)[0][-1] == np.nonzero(lower.max(axis=1) > 64)[0][-1]
+
+
+def test_glyphs_command_line(tmp_path, capsys):
+    assert font_glyphs.main([str(tmp_path), "--fonts", MPL_FONTS, "--chars", "xy",
+                             "--variants", "1"]) == 0
+    assert "of 2 characters from" in capsys.readouterr().out
+    assert all(len(os.listdir(tmp_path / name)) > 5 for name in ("lower_x", "lower_y"))
+    empty = tmp_path / "no-fonts"
+    empty.mkdir()
+    assert font_glyphs.main([str(tmp_path / "o"), "--fonts", str(empty)]) == 2
+    assert font_glyphs.class_name("7") == "digit_7" and font_glyphs.class_name("é") == "u00e9"
+    assert font_glyphs.main(["--debian-packages"]) == 0
+    packages = capsys.readouterr().out.split()
+    assert "fonts-urw-base35" in packages and len(packages) == len(set(packages)) > 40
+
+
+# --------------------------------------------------------------------------- base weights
+
+
+@pytest.fixture(scope="module")
+def random_base(tmp_path_factory) -> str:
+    """A DenseNet121 no-top weights file (random init), as ImageNet's would be."""
+    path = tmp_path_factory.mktemp("weights") / "densenet121_notop.h5"
+    tf_keras.applications.DenseNet121(include_top=False, weights=None,
+                                      input_shape=(SIZE, SIZE, 3)).save_weights(str(path))
+    return str(path)
+
+
+def test_base_weights_finds_the_model_of_a_run(tmp_path):
+    folder = tmp_path / "kfp" / "train" / "model"
+    folder.mkdir(parents=True)
+    (folder / "model.keras").write_bytes(b"")
+    (tmp_path / "summary.json").write_text(json.dumps({"artifacts": {"model": str(folder)}}))
+    assert base_weights.model_file(str(tmp_path)) == str(folder / "model.keras")
+    assert base_weights.model_file(str(folder)) == str(folder / "model.keras")
+    with pytest.raises(FileNotFoundError, match="summary.json"):
+        base_weights.model_file(str(tmp_path / "kfp"))
+    assert base_weights.main([str(tmp_path / "kfp"), str(tmp_path / "w.h5")]) == 2
+
+
+@pytest.mark.slow  # trains a DenseNet121 for two steps, saves and loads it (~1 min)
+def test_a_glyph_start_is_a_weights_file_the_trainer_starts_from(tmp_path, capsys):
+    out = tmp_path / "start.h5"
+    assert glyph_start.main([str(out), "--work", str(tmp_path / "work"), "--fonts", MPL_FONTS,
+                             "--epochs", "1", "--steps-per-epoch", "2"]) == 0
+    assert "typefaces" in capsys.readouterr().out
+    facts = json.loads((tmp_path / "start.json").read_text())
+    assert facts["classes"] == 52 and facts["epochs_run"] == 1 and facts["fonts"] > 10
+    trained = load_keras_model(str(tmp_path / "work" / "model" / "model.keras"), compile=False)
+    # Another number of classes, another size: the head is not in the file.
+    started = model_lib.build_model(3, 48, str(out))
+    for got, want in zip(model_lib.get_base(started).weights,
+                         model_lib.get_base(trained).weights, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+# --------------------------------------------------------------------------- BatchNorm
+
+
+def _batchnorm_state(model) -> list[np.ndarray]:
+    return [w.numpy().copy() for layer in model_lib.get_base(model).layers
+            if isinstance(layer, tf_keras.layers.BatchNormalization) for w in layer.weights]
+
+
+def _one_step(model, phase: str) -> dict[str, np.ndarray]:
+    """Weights by name before one optimizer step of `phase` on random pixels."""
+    model_lib.set_trainable(model, phase, unfreeze_blocks=1)
+    _compile(model, 1e-2)
+    before = {w.name: w.numpy().copy() for w in model.weights}
+    rng = np.random.default_rng(1)
+    model.fit(rng.uniform(0, 255, (8, SIZE, SIZE, 3)).astype("float32"),
+              rng.integers(0, 3, 8), batch_size=8, epochs=1, verbose=0)
+    return before
+
+
+def _changed(model, before, name_part: str) -> list[bool]:
+    return [not np.array_equal(before[w.name], w.numpy()) for w in model.weights
+            if name_part in w.name]
+
+
+def test_batchnorm_modes_pretrained_and_from_scratch(random_base):
+    """Forward passes only: what `training=True` (as `fit` calls it) does to BatchNorm."""
+    pixels = np.random.default_rng(2).uniform(0, 255, (4, SIZE, SIZE, 3)).astype("float32")
+    pretrained = model_lib.build_model(3, SIZE, random_base, dropout=0.0)
+    statistics = _batchnorm_state(pretrained)
+    # training=True reaches no BatchNorm of a pretrained base: the output of inference,
+    # and the moving statistics stay as the file had them.
+    np.testing.assert_allclose(pretrained(pixels, training=True),
+                               pretrained(pixels, training=False), atol=1e-6)
+    for got, want in zip(_batchnorm_state(pretrained), statistics, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    scratch = model_lib.build_model(3, SIZE, None, dropout=0.0)
+    statistics = _batchnorm_state(scratch)
+    assert not np.allclose(scratch(pixels, training=True), scratch(pixels, training=False))
+    moving = [not np.array_equal(got, want) for got, want in
+              zip(_batchnorm_state(scratch), statistics, strict=True)]
+    assert sum(moving) == 2 * len(moving) // 4  # every moving mean and variance, no gamma/beta
+    assert moving[2::4] == moving[3::4] == [True] * (len(moving) // 4)
+
+
+@pytest.mark.slow
+def test_batchnorm_stays_frozen_through_both_phases_of_a_pretrained_base(random_base):
+    model = model_lib.build_model(3, SIZE, random_base, dropout=0.0)
+    statistics = _batchnorm_state(model)
+
+    before = _one_step(model, "head")
+    assert all(_changed(model, before, "probabilities"))
+    assert not any(_changed(model, before, "conv"))  # the base is frozen whole
+    for got, want in zip(_batchnorm_state(model), statistics, strict=True):
+        np.testing.assert_array_equal(got, want)  # gamma, beta, moving mean and variance
+
+    before = _one_step(model, "fine_tune")
+    assert all(_changed(model, before, "conv5_block16_2_conv"))
+    assert not any(_changed(model, before, "conv4_block24_2_conv"))
+    for got, want in zip(_batchnorm_state(model), statistics, strict=True):
+        np.testing.assert_array_equal(got, want)  # still the file's
