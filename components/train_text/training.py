@@ -720,8 +720,7 @@ def start_at_label_frequencies(learn, truth: np.ndarray, task: str) -> None:
         task: MULTI_LABEL or SINGLE_LABEL.
     """
     linear = [m for m in learn.model[1].modules() if isinstance(m, torch.nn.Linear)][-1]
-    rates = np.clip(truth.mean(axis=0), 1e-3, 1 - 1e-3)
-    bias = np.log(rates / (1 - rates)) if task == MULTI_LABEL else np.log(rates / rates.sum())
+    bias = text_scores.frequency_bias(truth, task)
     linear.bias = torch.nn.Parameter(torch.as_tensor(bias, dtype=linear.weight.dtype,
                                                      device=linear.weight.device))
 
