@@ -164,8 +164,9 @@ def test_a_model_that_fails_to_load_answers_why_and_is_reported(tmp_path, monkey
     _gated_predictor(monkeypatch, gate, error=PredictionError("no labels.json in it"))
     server, thread, address = _start(build_app(str(tmp_path), on_load_error=reported.append))
     try:
+        # The load (a thread the startup hook begins) may fail before uvicorn listens.
         deadline = time.monotonic() + 10
-        while not reported:
+        while not (reported and server.started):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert reported == ["PredictionError: no labels.json in it"]
