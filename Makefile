@@ -118,6 +118,7 @@ rehearse-images: compile
 		--param epochs=8 --param fine_tune_epochs=0 --param registration_threshold=0.3
 	$(PY) -m pipelines.rehearse build/local/text_pipeline.json --output $(IMG_RUNS)/text \
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/reviews.csv \
+		--param lang=fr --param pretrained=false \
 		--param lm_epochs=0 --param epochs=6 --param min_freq=1 \
 		--param 'model_config={"emb_sz": 64, "n_hid": 128, "n_layers": 2}'
 	# The transformer pipeline on the same CSV, from a tiny BERT made here and staged in

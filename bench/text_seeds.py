@@ -10,6 +10,10 @@ the model and of each baseline, restarts, CPU seconds per classifier epoch) and 
 margins over the seeds, the figures the seeds test holds the defaults to
 (tests/test_text_real.py: every label + 0.25, TF-IDF - 0.15).
 
+The defaults start English from fastai's WikiText-103 language model: where it cannot be
+fetched (no internet), stage it (`python -m pipelines.stage_wt103`) and pass
+`-- --lm-assets DIR`, or measure the recipe from random weights with `-- --pretrained false`.
+
 Corpora, both real English text nobody here wrote, made offline: `docstrings`, the
 standard library's docstrings (7 labels, pipelines.docstring_corpus); `debian`, Debian's
 package descriptions with debtags (8 labels, pipelines.debian_corpus; needs apt's index).

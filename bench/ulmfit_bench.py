@@ -1,15 +1,31 @@
-"""From scratch vs from a language model made with the LM pipeline, on real text, side by side.
+"""From scratch vs from a language model made with the LM pipeline, on real text, per seed.
 
-    python bench/ulmfit_bench.py [--lm-epochs 6] [--epochs 6] [--output runs/ulmfit]
-        [--model-config '{"emb_sz": 100, "n_hid": 256, "n_layers": 2}']
+    python bench/ulmfit_bench.py [--corpus debian|docstrings] [--seeds 1,2,3]
+        [--output runs/ulmfit] [--lm-assets DIR] [--lm-epochs N]
+        [--model-config '{"emb_sz": 200, "n_hid": 512, "n_layers": 2}']
+        [--epochs 6] [--fine-tune-epochs 2] [--batch-size 32]
 
-The task: the standard library's docstrings, 7 packages as labels
-(pipelines.docstring_corpus). The language model's corpus: every other docstring of the
-standard library, the task's texts held out (`write_source_corpus(hold_out=...)`), trained
-with `run_local lm`. Then the text pipeline twice at the same classifier epochs and batch:
-`--pretrained false --lm-epochs 0` and `--pretrained true --lm-assets <those assets>`.
-Prints test micro/macro F1 of both, the every-label baseline, LM perplexity and CPU seconds
-per epoch. Several minutes on a laptop CPU; not part of `make test`.
+Pretraining (skipped with `--lm-assets`, the assets of an earlier run): `run_local lm` on a
+corpus much larger than the task that exists offline here, the task's own texts held out:
+
+- `debian`: the task is Debian's one-line package descriptions with their `works-with`
+  debtags (8 labels, `pipelines.debian_corpus`); the LM corpus every other package's
+  description (`write_lm_corpus`: the task's source packages, their -dev/-doc twins and any
+  equal text left out).
+- `docstrings`: the task is the standard library's docstrings, 7 packages as labels
+  (`pipelines.docstring_corpus`); the LM corpus the standard library's other docstrings plus
+  a fixed sample of the installed packages' (`write_source_corpus(hold_out=...,
+  roots=[site-packages], max_characters=...)`), the task's paragraphs held out.
+
+Then, for each seed (which draws the split, the initialisation and the batch order), the
+text pipeline twice at the same classifier epochs and batch: `--pretrained false
+--lm-epochs 0` with the LM's architecture, and `--pretrained true --lm-assets <assets>`
+(`--fine-tune-epochs` of LM fine-tuning on the task's texts first). Prints per seed the
+test micro / macro F1 of both, TF-IDF + logistic regression and predicting every label on
+the same split, and CPU seconds per epoch (the training process's own, not the wall clock
+of a shared machine); then the LM's held-out perplexity, accuracy, tokens and CPU seconds
+per epoch. Writes everything to `<output>/results.json`. The weights stay under the output
+folder (runs/ is not in git): this script is the record of how they were made.
 """
 
 from __future__ import annotations
@@ -21,68 +37,156 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from components.common.metrics import multi_label_metrics  # noqa: E402
-from pipelines import docstring_corpus, run_local  # noqa: E402
+from pipelines import debian_corpus, docstring_corpus, run_local  # noqa: E402
+
+# Packages of the installed environment whose docstrings are generated API references
+# (cloud clients), left out of the docstring LM corpus: repetitive, and most of its bulk.
+GENERATED_DOCS = ("google", "kubernetes")
+LM_ARCH = '{"emb_sz": 200, "n_hid": 512, "n_layers": 2}'
 
 
-def _classifier(data: str, output: str, epochs: int, extra: list[str]) -> dict:
-    args = ["text", "--data", data, "--output", output, "--lang", "en", "--epochs", str(epochs),
-            "--batch-size", "32", *extra]
-    assert run_local.main(args) == 0
+def write_task_and_corpus(name: str, folder: str, max_characters: int,
+                          ) -> tuple[str, str, str, dict]:
+    """`(task CSV, its text column, LM corpus path, counts)` of a named corpus."""
+    os.makedirs(folder, exist_ok=True)
+    if name == "debian":
+        task = os.path.join(folder, "debian.csv")
+        counts = {"task": debian_corpus.write_debian_corpus(task)}
+        corpus = os.path.join(folder, "debian-lm.csv")
+        counts["lm_corpus"] = debian_corpus.write_lm_corpus(corpus)
+        return task, "description", corpus, counts
+    task = os.path.join(folder, "docstrings.csv")
+    counts = {"task": docstring_corpus.write_docstring_corpus(task)}
+    corpus = os.path.join(folder, "lm-corpus")
+    counts["lm_corpus"] = docstring_corpus.write_source_corpus(
+        corpus, exclude=GENERATED_DOCS, hold_out=pd.read_csv(task)["text"].tolist(),
+        roots=[docstring_corpus.installed_packages_root()], max_characters=max_characters)
+    return task, "text", corpus, counts
+
+
+def pretrain(corpus: str, output: str, args) -> dict:
+    """The LM pipeline on the corpus; lm_metrics.json of the assets it wrote."""
+    flags = ["lm", "--data", corpus, "--output", output, "--lang", "en",
+             "--epochs", str(args.lm_epochs), "--batch-size", "32", "--min-freq", "3",
+             "--max-vocab", str(args.max_vocab), "--model-config", args.model_config]
+    if corpus.endswith(".csv"):
+        flags += ["--text-column", "text"]
+    assert run_local.main(flags) == 0
     with open(os.path.join(output, "summary.json")) as f:
-        return json.load(f)
+        assets = json.load(f)["artifacts"]["lm_assets"]
+    return read_lm(assets)
+
+
+def read_lm(assets: str) -> dict:
+    with open(os.path.join(assets, "lm_metrics.json")) as f:
+        return {"assets": assets, **json.load(f)}
+
+
+def classifier(data: str, column: str, output: str, seed: int, args, extra: list[str]) -> dict:
+    """One text pipeline run: the test scores, the baselines, the training record."""
+    flags = ["text", "--data", data, "--text-column", column, "--output", output,
+             "--lang", "en", "--seed", str(seed), "--epochs", str(args.epochs),
+             "--batch-size", str(args.batch_size), *extra]
+    assert run_local.main(flags) == 0
+    with open(os.path.join(output, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(summary["artifacts"]["model"], "metrics.json")) as f:
+        run = json.load(f)["run"]
+    return {"metrics": summary["metrics"], "baseline": summary["baseline"], "run": run}
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def seed_row(seed: int, scratch: dict, pretrained: dict) -> dict:
+    baseline = scratch["baseline"]
+    return {
+        "seed": seed,
+        "scratch": {k: scratch["metrics"][k] for k in ("micro_f1", "macro_f1")},
+        "from_lm": {k: pretrained["metrics"][k] for k in ("micro_f1", "macro_f1")},
+        "tfidf": {k: baseline["tfidf_logreg"][k] for k in ("micro_f1", "macro_f1")},
+        "every_label": {k: baseline["every_label"][k] for k in ("micro_f1", "macro_f1")},
+        "cpu_seconds_per_epoch": {
+            "scratch": _mean(scratch["run"]["classifier_epoch_cpu_seconds"]),
+            "from_lm": _mean(pretrained["run"]["classifier_epoch_cpu_seconds"])},
+        "lm_discarded": pretrained["run"]["lm_discarded"],
+        "vocab_size": {"scratch": scratch["run"]["vocab_size"],
+                       "from_lm": pretrained["run"]["vocab_size"]},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", choices=("debian", "docstrings"), default="debian")
+    parser.add_argument("--seeds", default="1,2,3", help="comma-separated")
     parser.add_argument("--output", default="runs/ulmfit")
+    parser.add_argument("--lm-assets", default="",
+                        help="assets of an earlier run of this bench: skip pretraining")
     parser.add_argument("--lm-epochs", type=int, default=6, help="language model pretraining")
+    parser.add_argument("--model-config", default=LM_ARCH, help="the LM's AWD_LSTM sizes")
+    parser.add_argument("--max-vocab", type=int, default=15000)
+    parser.add_argument("--max-characters", type=int, default=4_000_000,
+                        help="docstrings: size of the LM corpus")
     parser.add_argument("--fine-tune-epochs", type=int, default=2,
                         help="LM fine-tuning on the task's texts (the text pipeline's lm_epochs)")
     parser.add_argument("--epochs", type=int, default=6, help="classifier epochs, both runs")
-    parser.add_argument("--model-config", default='{"emb_sz": 100, "n_hid": 256, "n_layers": 2}')
+    parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     out = os.path.abspath(args.output)
-    task = os.path.join(out, "docstrings.csv")
-    counts = docstring_corpus.write_docstring_corpus(task)
-    texts = pd.read_csv(task)["text"].tolist()
-    corpus = os.path.join(out, "lm-corpus")
-    corpus_counts = docstring_corpus.write_source_corpus(corpus, hold_out=texts)
+    task, column, corpus, counts = write_task_and_corpus(args.corpus, out, args.max_characters)
+    lm = read_lm(args.lm_assets) if args.lm_assets else \
+        pretrain(corpus, os.path.join(out, "lm"), args)
+    arch = {k: lm["run"]["arch_config"][k] for k in ("emb_sz", "n_hid", "n_layers")}
 
-    assert run_local.main(["lm", "--data", corpus, "--output", os.path.join(out, "lm"),
-                           "--lang", "en", "--epochs", str(args.lm_epochs), "--batch-size", "32",
-                           "--min-freq", "2", "--model-config", args.model_config]) == 0
-    with open(os.path.join(out, "lm", "summary.json")) as f:
-        lm = json.load(f)
-    scratch = _classifier(task, os.path.join(out, "scratch"), args.epochs,
-                          ["--pretrained", "false", "--lm-epochs", "0",
-                           "--model-config", args.model_config])
-    pretrained = _classifier(task, os.path.join(out, "pretrained"), args.epochs,
-                             ["--pretrained", "true", "--lm-assets", lm["artifacts"]["lm_assets"],
-                              "--lm-epochs", str(args.fine_tune_epochs)])
-
-    labels = scratch["preparation"]["labels"]
-    test = pd.read_csv(os.path.join(scratch["artifacts"]["dataset"], "test.csv"))
-    every = multi_label_metrics(test[labels].to_numpy(), np.ones((len(test), len(labels))),
-                                labels, 0.5)
-    print(f"\ntask: {counts['rows']} rows, {len(labels)} labels; LM corpus: "
-          f"{corpus_counts['files']} files, {corpus_counts['characters']} characters, "
-          f"{corpus_counts['held_out']} task paragraphs held out")
-    print(f"LM: perplexity {lm['metrics']['perplexity']:.1f}, accuracy "
-          f"{lm['metrics']['accuracy']:.3f}, {lm['metrics']['tokens']['train']} train tokens, "
-          f"s/epoch {np.mean(lm['training']['epoch_seconds']['forward']):.1f}")
-    print(f"every label: micro F1 {every['micro_f1']:.3f}, macro {every['macro_f1']:.3f}")
-    for name, run in (("from scratch", scratch), ("from the LM", pretrained)):
-        metrics, training = run["metrics"], run["training"]
-        print(f"{name:>13}: test micro F1 {metrics['micro_f1']:.3f}, macro "
-              f"{metrics['macro_f1']:.3f} (tuned {metrics['tuned_micro_f1']:.3f} / "
-              f"{metrics['tuned_macro_f1']:.3f}); classifier s/epoch "
-              f"{np.mean(training['classifier_epoch_seconds']):.2f}")
+    rows = []
+    for seed in seeds:
+        scratch = classifier(task, column, os.path.join(out, f"seed{seed}", "scratch"), seed,
+                             args, ["--pretrained", "false", "--lm-epochs", "0",
+                                    "--model-config", json.dumps(arch)])
+        pretrained = classifier(task, column, os.path.join(out, f"seed{seed}", "from-lm"), seed,
+                                args, ["--pretrained", "true", "--lm-assets", lm["assets"],
+                                       "--lm-epochs", str(args.fine_tune_epochs)])
+        rows.append(seed_row(seed, scratch, pretrained))
+    forward = lm["directions"]["forward"]
+    record = {"corpus": args.corpus, "counts": counts, "args": vars(args), "seeds": rows,
+              "lm": {"assets": lm["assets"], "perplexity": lm["perplexity"],
+                     "accuracy": lm["accuracy"], "tokens": lm["tokens"],
+                     "vocab_size": lm["vocab_size"], "arch": arch,
+                     "parameters": lm["run"]["parameters"], "epochs": forward["epochs"],
+                     "epoch_seconds": forward["epoch_seconds"],
+                     "epoch_cpu_seconds": forward.get("epoch_cpu_seconds")}}
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    print_record(record)
     return 0
+
+
+def print_record(record: dict) -> None:
+    lm, counts = record["lm"], record["counts"]
+    print(f"\n{record['corpus']}: task {counts['task']}; LM corpus {counts['lm_corpus']}")
+    cpu = lm["epoch_cpu_seconds"] or []
+    print(f"LM {lm['arch']} ({lm['parameters'] / 1e6:.1f}M parameters, vocabulary "
+          f"{lm['vocab_size']}): {lm['tokens']['train']} training tokens, {lm['epochs']} "
+          f"epochs; held-out perplexity {lm['perplexity']:.1f}, next-token accuracy "
+          f"{lm['accuracy']:.3f}; CPU s/epoch {_mean(cpu):.0f} (wall "
+          f"{_mean(lm['epoch_seconds']):.0f})")
+    print(f"{'seed':>4} | {'scratch':>13} | {'from the LM':>13} | {'TF-IDF':>13} | "
+          f"{'every label':>13} | CPU s/epoch scratch, LM")
+    for row in record["seeds"]:
+        cells = [f"{row[k]['micro_f1']:.3f} / {row[k]['macro_f1']:.3f}"
+                 for k in ("scratch", "from_lm", "tfidf", "every_label")]
+        seconds = row["cpu_seconds_per_epoch"]
+        print(f"{row['seed']:>4} | " + " | ".join(f"{c:>13}" for c in cells) +
+              f" | {seconds['scratch']:.2f}, {seconds['from_lm']:.2f}")
+    wins = sum(r["from_lm"]["micro_f1"] > r["scratch"]["micro_f1"] for r in record["seeds"])
+    print(f"micro F1 (/ macro): from the LM beats from scratch on {wins} of "
+          f"{len(record['seeds'])} seeds")
 
 
 if __name__ == "__main__":

@@ -61,16 +61,24 @@ def _records(text: str) -> Iterator[dict[str, str]]:
             yield fields
 
 
+def _source(fields: dict[str, str]) -> str:
+    return fields.get("Source", fields.get("Package", "")).split()[0]
+
+
+def _labels(fields: dict[str, str]) -> set[str]:
+    tags = {t.strip() for t in fields["Tag"].split(",")}
+    return {LABELS[t[len("works-with::"):]] for t in tags
+            if t.startswith("works-with::") and t[len("works-with::"):] in LABELS}
+
+
 def corpus_rows(index_text: str) -> list[dict[str, object]]:
     """One row per source package: its description and the labels of all its binaries."""
     by_source: dict[str, dict[str, object]] = {}
     for fields in _records(index_text):
         if "Tag" not in fields or "Description" not in fields:
             continue
-        source = fields.get("Source", fields.get("Package", "")).split()[0]
-        tags = {t.strip() for t in fields["Tag"].split(",")}
-        labels = {LABELS[t[len("works-with::"):]] for t in tags
-                  if t.startswith("works-with::") and t[len("works-with::"):] in LABELS}
+        source = _source(fields)
+        labels = _labels(fields)
         row = by_source.setdefault(source, {"text": fields["Description"], "labels": set()})
         row["labels"] |= labels
     return [{"description": row["text"],
@@ -98,6 +106,46 @@ def write_debian_corpus(path: str, index_path: str | None = None) -> dict[str, i
         writer.writeheader()
         writer.writerows(rows)
     return {"rows": len(rows), **{name: sum(r[name] for r in rows) for name in LABEL_NAMES}}
+
+
+def lm_corpus_texts(index_text: str) -> tuple[list[str], int]:
+    """Descriptions for pretraining a language model, the labelled task's packages left out.
+
+    Every binary package's one-line description, once each, except those of a source
+    package that has a row in the labelled corpus (`corpus_rows`): not only the rows'
+    own texts but their `-dev`, `-doc`, plugin twins, so that no test text is pretrained on
+    in another spelling; and a description equal to a row's (another source package's
+    "transitional package") is left out too.
+
+    Returns:
+        `(texts in index order, descriptions held out)`.
+    """
+    records = [f for f in _records(index_text) if "Description" in f]
+    task = {_source(f) for f in records if "Tag" in f and _labels(f)}
+    rows = {row["description"] for row in corpus_rows(index_text)}
+    kept = [f["Description"] for f in records
+            if _source(f) not in task and f["Description"] not in rows]
+    return list(dict.fromkeys(kept)), len(records) - len(kept)
+
+
+def write_lm_corpus(path: str, index_path: str | None = None) -> dict[str, int]:
+    """Writes `lm_corpus_texts` as a CSV with one `text` column (the LM pipeline's corpus).
+
+    Returns:
+        `{"documents": ..., "words": ..., "held_out": descriptions of the task's packages}`.
+    """
+    index_path = index_path or find_package_index()
+    if not index_path:
+        raise FileNotFoundError(f"no apt package index under {APT_LISTS}: run `apt-get update`"
+                                " or pass --packages FILE")
+    texts, held_out = lm_corpus_texts(_read_index(index_path))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text"])
+        writer.writerows([t] for t in texts)
+    return {"documents": len(texts), "words": sum(len(t.split()) for t in texts),
+            "held_out": held_out}
 
 
 def main(argv: list[str] | None = None) -> int:

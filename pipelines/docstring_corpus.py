@@ -122,23 +122,14 @@ def _module_docstrings(path: str) -> list[str]:
     return [doc for doc in docs if doc and len(doc) >= MIN_CHARS]
 
 
-def write_source_corpus(folder: str, exclude: Sequence[str] = (),
-                        hold_out: Sequence[str] = ()) -> dict[str, int]:
-    """Writes the standard library's docstrings as .txt files, for language model pretraining.
+def installed_packages_root() -> str:
+    """The running interpreter's site-packages (the project venv's, under .venv/bin/python)."""
+    return sysconfig.get_paths()["purelib"]
 
-    Args:
-        folder: Output folder; `<module path>.txt` per source file with docstrings.
-        exclude: Top-level packages left out.
-        hold_out: Texts never written: a paragraph equal to one of them (once its white
-            space is collapsed) is dropped, so a classifier's texts are not pretrained on.
 
-    Returns:
-        `{"files": ..., "docstrings": ..., "characters": ..., "held_out": paragraphs dropped}`.
-    """
-    root = sysconfig.get_paths()["stdlib"]
-    skipped = set(exclude) | set(_NOT_PROSE)
-    held = set(hold_out)
-    counts = {"files": 0, "docstrings": 0, "characters": 0, "held_out": 0}
+def _source_files(root: str, skipped: set[str], prefix: str) -> list[tuple[str, str]]:
+    """(path, output name) of each .py file under `root` outside the skipped folders."""
+    found = []
     for directory, subfolders, files in os.walk(root):
         parts = os.path.relpath(directory, root).split(os.sep)
         if skipped & set(parts) or any(p.startswith(("config-", "__")) for p in parts):
@@ -148,22 +139,58 @@ def write_source_corpus(folder: str, exclude: Sequence[str] = (),
         for name in sorted(files):
             if not name.endswith(".py") or (parts == ["."] and name[:-3] in skipped):
                 continue
-            docs = []
-            for doc in _module_docstrings(os.path.join(directory, name)):
-                kept = [p for p in re.split(r"\n\s*\n", doc) if " ".join(p.split()) not in held]
-                counts["held_out"] += len(re.split(r"\n\s*\n", doc)) - len(kept)
-                if kept:
-                    docs.append("\n\n".join(kept))
-            if not docs:
-                continue
             relative = os.path.join(*[p for p in parts if p != "."], name[:-3])
-            target = os.path.join(folder, relative.replace(os.sep, ".") + ".txt")
-            os.makedirs(folder, exist_ok=True)
-            with open(target, "w", encoding="utf-8") as out:
-                out.write("\n\n".join(docs) + "\n")
-            counts["files"] += 1
-            counts["docstrings"] += len(docs)
-            counts["characters"] += sum(map(len, docs))
+            found.append((os.path.join(directory, name),
+                          prefix + relative.replace(os.sep, ".") + ".txt"))
+    return found
+
+
+def write_source_corpus(folder: str, exclude: Sequence[str] = (),
+                        hold_out: Sequence[str] = (), roots: Sequence[str] = (),
+                        max_characters: int = 0) -> dict[str, int]:
+    """Writes Python docstrings as .txt files, for language model pretraining.
+
+    Args:
+        folder: Output folder; `<module path>.txt` per source file with docstrings (files
+            of `roots` are named `<root folder name>.<module path>.txt`).
+        exclude: Top-level packages left out.
+        hold_out: Texts never written: a paragraph equal to one of them (once its white
+            space is collapsed) is dropped, so a classifier's texts are not pretrained on.
+        roots: More source trees read after the standard library, e.g.
+            `installed_packages_root()` (third-party docstrings: much more text about code).
+        max_characters: Stop once this many characters are written (0: no limit). The
+            standard library comes whole first, then the files of `roots` in the order of
+            their output names' SHA-256: a fixed sample across packages rather than the
+            first ones alphabetically.
+
+    Returns:
+        `{"files": ..., "docstrings": ..., "characters": ..., "held_out": paragraphs dropped}`.
+    """
+    skipped = set(exclude) | set(_NOT_PROSE)
+    more = [found for root in roots for found in
+            _source_files(root, skipped, os.path.basename(os.path.normpath(root)) + ".")]
+    if max_characters:
+        more.sort(key=lambda item: hashlib.sha256(item[1].encode()).hexdigest())
+    files = _source_files(sysconfig.get_paths()["stdlib"], skipped, "") + more
+    held = set(hold_out)
+    counts = {"files": 0, "docstrings": 0, "characters": 0, "held_out": 0}
+    for path, target in files:
+        if max_characters and counts["characters"] >= max_characters:
+            break
+        docs = []
+        for doc in _module_docstrings(path):
+            kept = [p for p in re.split(r"\n\s*\n", doc) if " ".join(p.split()) not in held]
+            counts["held_out"] += len(re.split(r"\n\s*\n", doc)) - len(kept)
+            if kept:
+                docs.append("\n\n".join(kept))
+        if not docs:
+            continue
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, target), "w", encoding="utf-8") as out:
+            out.write("\n\n".join(docs) + "\n")
+        counts["files"] += 1
+        counts["docstrings"] += len(docs)
+        counts["characters"] += sum(map(len, docs))
     return counts
 
 

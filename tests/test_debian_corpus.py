@@ -55,3 +55,27 @@ def test_no_index_is_a_clear_error(tmp_path, monkeypatch):
     assert debian_corpus.find_package_index(str(tmp_path)) is None
     with pytest.raises(FileNotFoundError, match="apt-get update"):
         debian_corpus.write_debian_corpus(str(tmp_path / "out.csv"))
+
+
+def test_the_language_model_corpus_leaves_the_tasks_packages_out(tmp_path):
+    index = tmp_path / "Packages"
+    # hello's twin says what zstd's row says; vlc-doc is a binary of a task source
+    index.write_text(INDEX + """
+Package: vlc-doc
+Source: vlc (3.0)
+Description: documentation of the VLC media player
+
+Package: hello-twin
+Source: hello
+Description: fast lossless compression algorithm -- CLI tool
+
+Package: hello-dbg
+Source: hello
+Description: example package based on GNU hello
+""")
+    counts = debian_corpus.write_lm_corpus(str(tmp_path / "lm.csv"), str(index))
+    texts = pd.read_csv(tmp_path / "lm.csv")["text"].tolist()
+    # every vlc and zstd binary (task rows) goes, and the text equal to zstd's row; the
+    # rest once each, in index order
+    assert texts == ["example package based on GNU hello", "no debtags at all"]
+    assert counts == {"documents": 2, "words": 10, "held_out": 5}

@@ -1,6 +1,7 @@
 """The real-text corpus the text tests learn on: CPython's own docstrings, made offline."""
 
 import csv
+import os
 
 from pipelines import docstring_corpus
 
@@ -26,3 +27,28 @@ def test_corpus_is_real_prose_with_one_hot_labels_some_rows_two(tmp_path):
     again = tmp_path / "again.csv"
     docstring_corpus.write_docstring_corpus(str(again))
     assert again.read_bytes() == path.read_bytes()
+
+
+def test_the_lm_corpus_takes_more_source_trees_up_to_a_size_task_texts_held_out(tmp_path):
+    root = tmp_path / "site-packages"
+    (root / "pkg").mkdir(parents=True)
+    held = "The first paragraph of a classifier's text, never pretrained on."
+    (root / "pkg" / "a.py").write_text(f'"""{held}\n\nA second paragraph that stays."""\n')
+    (root / "pkg" / "b.py").write_text('def f():\n    """Another module\'s docstring, long '
+                                       'enough to be kept."""\n')
+    (root / "tests").mkdir()
+    (root / "tests" / "t.py").write_text('"""A test module\'s docstring, which is left out."""\n')
+    whole = docstring_corpus.write_source_corpus(str(tmp_path / "all"), roots=[str(root)],
+                                                 hold_out=[held])
+    files = sorted(os.listdir(tmp_path / "all"))
+    assert "site-packages.pkg.a.txt" in files and "site-packages.pkg.b.txt" in files
+    assert not any("tests" in name for name in files)
+    text = (tmp_path / "all" / "site-packages.pkg.a.txt").read_text()
+    assert held not in text and "A second paragraph that stays." in text
+    # the standard library alone, as before, then the extra tree on top of it
+    stdlib = docstring_corpus.write_source_corpus(str(tmp_path / "stdlib"))
+    assert whole["files"] == stdlib["files"] + 2 and whole["held_out"] == stdlib["held_out"] + 1
+    # a size limit keeps the whole standard library and stops in the extra tree
+    capped = docstring_corpus.write_source_corpus(
+        str(tmp_path / "capped"), roots=[str(root)], max_characters=stdlib["characters"] + 1)
+    assert capped["files"] == stdlib["files"] + 1

@@ -98,7 +98,8 @@ def test_image_settings_a_later_step_refuses(changes, message):
     ({"test_fraction": 0.0}, "test_fraction must be > 0 when eval_split is test"),
     ({"eval_split": "holdout"}, "eval_split must be"),
     ({"model_config": "[1]"}, "model_config must be a JSON object"),
-    ({"pretrained": True}, "pretrained is true but lm_assets is empty"),
+    # pretrained by default: only English has fastai's model without lm_assets
+    ({"lang": "fr"}, "pretrained is true but lm_assets is empty"),
     # accuracy is the image pipeline's: multi-label evaluations have no top-level accuracy
     ({"registration_metric": "accuracy"},
      r"registration_metric must be one of \['micro_f1', 'macro_f1'\]"),
@@ -122,7 +123,7 @@ def test_missing_language_model_files_are_listed(tmp_path):
     (tmp_path / "fr" / "forward").mkdir(parents=True)
     (tmp_path / "fr" / "forward" / "weights.pth").write_bytes(b"x")
     with pytest.raises(PreflightError, match="lacks .*fr/forward/config.json.*vocab.pkl"):
-        check_text_run({**TEXT_DEFAULTS, "pretrained": True, "lm_assets": str(tmp_path)})
+        check_text_run({**TEXT_DEFAULTS, "lang": "fr", "lm_assets": str(tmp_path)})
 
 
 def test_every_problem_is_reported_at_once():

@@ -321,13 +321,14 @@ def test_text_pipeline_rehearsed_with_only_the_data_and_cached_until_the_data_ch
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=80, seed=3)
     small = {"epochs": "1", "lm_epochs": "0", "min_freq": "1", "registration_threshold": "0",
-             "model_config": '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'}
+             "pretrained": "false", "model_config": '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'}
     index = str(tmp_path / "cache.json")
 
     # With only data_uri set, the defaults must at least be valid and run through.
     defaults_only = rehearse.Rehearsal(json.loads(open(path).read()), str(tmp_path / "d"),
                                        {"data_uri": str(csv)})
-    assert defaults_only.inputs["pretrained"] is False
+    # English, from fastai's WikiText-103 model (test_wt103 runs that start offline)
+    assert (defaults_only.inputs["lang"], defaults_only.inputs["pretrained"]) == ("en", True)
 
     first = rehearse.rehearse(path, str(tmp_path / "r1"), {"data_uri": str(csv), **small},
                               cache_index=index)

@@ -189,7 +189,8 @@ def test_local_tuning_runs_the_trials_and_keeps_the_best_by_the_study_metric(tmp
     assert run_local.main([
         "tune", "text", "--data", str(csv), "--output", str(out), "--trials", "2",
         "--space", str(space), "--epochs", "2", "--lm-epochs", "0", "--min-freq", "1",
-        "--model-config", '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}']) == 0
+        "--pretrained", "false", "--model-config", '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'
+    ]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["trials"]) == 2
     for trial in summary["trials"]:

@@ -50,7 +50,9 @@ def test_compiled_spec_runs_training_on_a_t4(tmp_path):
     # every parameter but the data has a default, every one a description
     assert [n for n, p in params.items() if not p.get("isOptional")] == ["data_uri"]
     assert all(p.get("description") for p in params.values())
-    assert params["lang"]["defaultValue"] == "fr" and params["epochs"]["defaultValue"] == 8
+    assert params["epochs"]["defaultValue"] == 8
+    # a console user who sets only data_uri starts from fastai's English model
+    assert (params["lang"]["defaultValue"], params["pretrained"]["defaultValue"]) == ("en", True)
     assert set(root["outputDefinitions"]["artifacts"]) == {
         "metrics", "report", "evaluation", "model", "dataset"}
     assert set(root["outputDefinitions"]["parameters"]) == {"register"}
@@ -83,7 +85,7 @@ def text_run(tmp_path_factory):
         local.init(runner=local.SubprocessRunner(use_venv=False),
                    pipeline_root=str(root / "kfp"))
         task = text.build("local/vertex-gpu-pipelines:dev")(
-            data_uri=data, pretrained=False, lm_epochs=0, epochs=8, batch_size=16,
+            data_uri=data, lang="fr", pretrained=False, lm_epochs=0, epochs=8, batch_size=16,
             min_freq=1, seq_len=24, model_config=SMALL, predict_uri=data)
     artifacts = {name: artifact.path for name, artifact in task.outputs.items()
                  if name != "register"}

@@ -291,3 +291,20 @@ def test_a_language_model_stuck_at_the_most_frequent_token_is_not_a_start(
         accuracies, unigram, discarded):
     reason = schedule.lm_learnt_nothing([{"accuracy": a} for a in accuracies], unigram)
     assert (reason is not None) == discarded, reason
+
+
+def test_a_pretrained_lm_keeps_the_rarer_task_tokens_it_knows_after_fastais_own():
+    from collections import Counter
+
+    from components.train_text.vocabulary import FAKE, with_pretrained_tokens
+
+    counts = Counter({"xxbos": 9, "the": 9, "codec": 5, "flac": 2, "ogg": 1, "zzq": 1})
+    task = ["xxunk", "xxpad", "xxbos", "the", "codec", FAKE, FAKE, FAKE]  # make_vocab, min_freq 3
+    lm = ["xxunk", "xxpad", "xxbos", "the", "ogg", "flac", "player", FAKE]
+    vocab = with_pretrained_tokens(task, counts, lm, max_vocab=60000)
+    # fastai's tokens first and in its order, then the rarer known ones by frequency; the
+    # LM's tokens the task never shows ("player") and unknown rare ones ("zzq") stay out
+    assert vocab == ["xxunk", "xxpad", "xxbos", "the", "codec", "flac", "ogg", FAKE]
+    assert len(with_pretrained_tokens(task, counts, lm, max_vocab=6)) == 8  # 6 + 2 padding
+    assert with_pretrained_tokens(task, counts, lm, max_vocab=6)[:6] == vocab[:6]
+    assert with_pretrained_tokens(task, counts, [], max_vocab=60000) == task  # knows nothing

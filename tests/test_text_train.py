@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -22,6 +23,8 @@ from fastai.text.all import (
     awd_lstm_lm_config,
     language_model_learner,
     load_pickle,
+    save_pickle,
+    tokenize_df,
 )
 from fastai.text.learner import _get_text_vocab
 
@@ -152,6 +155,34 @@ def test_pretrained_lm_read_from_gcs_is_fine_tuned(dataset, lm_assets, tmp_path,
     _assert_rows_copied(f"{lm_assets}/fr/forward/weights.pth", f"{lm_assets}/fr/forward/vocab.pkl",
                         weights, vocab)
     assert [h["stage"] for h in result["history"]] == ["lm-head", "classifier-all"]
+
+
+def test_tokens_rarer_than_min_freq_keep_what_the_pretrained_lm_learnt(dataset, lm_assets,
+                                                                      tmp_path):
+    """fastai numbers only the task's tokens seen min_freq times; a rarer one the pretrained
+    LM has learnt keeps its pretrained embedding instead of becoming xxunk (on a small task
+    that was most of what the LM knew: components/train_text/vocabulary.py)."""
+    frame = pd.concat([read_split(dataset, "train"), read_split(dataset, "validation")])
+    _, counts = tokenize_df(frame[["text"]], ["text"], tok=SpacyTokenizer("fr"))
+    rare = sorted(t for t, c in counts.items() if c < 3)
+    # an LM that knows every rare token of the task but the first
+    assets = tmp_path / "assets"
+    shutil.copytree(lm_assets, assets)
+    lm_vocab = load_pickle(str(assets / "fr/forward/vocab.pkl"))
+    assert set(rare) <= set(lm_vocab) and len(rare) >= 2
+    lm_vocab[lm_vocab.index(rare[0])] = "unseen-here"
+    save_pickle(str(assets / "fr/forward/vocab.pkl"), lm_vocab)
+    capture = Capture()
+    config = TrainConfig(pretrained=True, lm_epochs=0, epochs=1, learning_rate=1e-2,
+                         **{**FAST, "min_freq": 3})
+    result = train_text_classifier(dataset, str(tmp_path / "model"), config,
+                                   lm_assets_uri=str(assets), callbacks=[capture])
+    _, weights, vocab = capture.fits[0]
+    assert set(rare[1:]) <= set(vocab) and rare[0] not in vocab  # xxunk, as fastai makes it
+    assert {t for t, c in counts.items() if c >= 3} <= set(vocab)  # fastai's own, as before
+    _assert_rows_copied(f"{assets}/fr/forward/weights.pth", f"{assets}/fr/forward/vocab.pkl",
+                        weights, vocab)
+    assert result["run"]["vocab_size"] == len(vocab)
 
 
 def test_missing_lm_assets_fail_before_training(dataset, tmp_path):
@@ -347,7 +378,7 @@ def test_a_tuning_trial_reports_the_classifier_metric_each_epoch(dataset, tmp_pa
 
     metric_file = tmp_path / "output.metrics"
     monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
-    config = TrainConfig(lm_epochs=1, epochs=2, model_config=TINY, **FAST)
+    config = TrainConfig(pretrained=False, lm_epochs=1, epochs=2, model_config=TINY, **FAST)
     result = train_text_classifier(dataset, str(tmp_path / "model"), config,
                                    hypertune_metric="valid_loss")
     classifier = [row for row in result["history"] if row["model"] == "classifier"]

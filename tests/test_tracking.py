@@ -92,7 +92,8 @@ def test_text_run_is_tracked_with_epochs_test_metrics_and_provenance(mlflow_serv
     write_reviews_csv(str(data), rows=80, seed=3)
     out = tmp_path / "text"
     summary = run_local.run("text", str(data), str(out), {
-        "pretrained": False, "lm_epochs": 0, "epochs": 3, "min_freq": 1, "seq_len": 16,
+        "lang": "fr", "pretrained": False, "lm_epochs": 0, "epochs": 3, "min_freq": 1,
+        "seq_len": 16,
         "model_config": TINY_TEXT, "tracking_uri": mlflow_server})
     client = MlflowClient(tracking_uri=mlflow_server)
     run_name = os.path.basename(os.path.dirname(os.path.dirname(

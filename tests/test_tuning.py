@@ -418,7 +418,7 @@ def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrai
     out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1")
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=80, seed=3)
-    small = {"epochs": "2", "lm_epochs": "0", "min_freq": "1",
+    small = {"epochs": "2", "lm_epochs": "0", "min_freq": "1", "pretrained": "false",
              "model_config": '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'}
     summary = rehearse.rehearse(str(out / "text_tuning_pipeline.json"), str(tmp_path / "r"),
                                 {"data_uri": str(csv), **small})

@@ -64,6 +64,7 @@ def test_an_incomplete_fastai_folder_is_named(fastai_home, tmp_path):
 def test_preflight_lets_english_start_from_fastais_model(tmp_path):
     data = tmp_path / "reviews.csv"
     write_reviews_csv(str(data), rows=40)
+    check_text_run({"data_uri": str(data)})  # the defaults: English, pretrained, no lm_assets
     check_text_run({"data_uri": str(data), "lang": "en", "pretrained": True, "lm_assets": ""})
     with pytest.raises(PreflightError, match="lm_assets is empty"):
         check_text_run({"data_uri": str(data), "lang": "fr", "pretrained": True, "lm_assets": ""})
@@ -107,8 +108,7 @@ def test_classifier_starts_from_fastais_english_model(fastai_home, tmp_path):
     write_fastai_lm_stand_in(fastai_home, known)
     result = train_text_classifier(
         str(tmp_path / "dataset"), str(tmp_path / "model"),
-        TrainConfig(lang="en", pretrained=True, lm_epochs=1, epochs=1, batch_size=8,
-                    min_freq=1, seq_len=24))
+        TrainConfig(lm_epochs=1, epochs=1, batch_size=8, min_freq=1, seq_len=24))  # en, pretrained
     run = result["run"]
     assert run["pretrained"] is True
     assert run["pretrained_from"] == assets.fastai_pretrained_url(False)
@@ -116,3 +116,28 @@ def test_classifier_starts_from_fastais_english_model(fastai_home, tmp_path):
                                   "pad_token": 1, "bidir": False}
     assert [h["stage"] for h in result["history"]] == ["lm-head", "classifier-all"]
     assert os.path.exists(tmp_path / "model" / "export.pkl")
+
+
+@pytest.mark.slow
+def test_a_text_pipeline_given_only_its_data_starts_from_fastais_english_model(fastai_home,
+                                                                              tmp_path):
+    """What a console user who sets only data_uri runs: every setting at its default
+    (English, pretrained, LM fine-tuning, then the classifier), through kfp.local, the
+    stand-in lying where fastai's download would put the real model."""
+    from pipelines import local_run
+
+    data = tmp_path / "reviews.csv"
+    write_reviews_csv(str(data), rows=60, seed=3)
+    words = pd.read_csv(data)["text"].str.split().explode().str.lower()
+    write_fastai_lm_stand_in(fastai_home, SHARED + sorted(set(words.value_counts().index[:40])))
+    summary = local_run.run("text", str(data), str(tmp_path / "run"), {})
+    with open(os.path.join(summary["artifacts"]["model"], "metrics.json")) as f:
+        trained = json.load(f)
+    assert trained["config"]["lang"] == "en" and trained["config"]["pretrained"] is True
+    assert trained["run"]["pretrained_from"] == assets.fastai_pretrained_url(False)
+    assert trained["run"]["arch_config"]["n_hid"] == 1152  # fastai's AWD-LSTM, not ours
+    stages = [h["stage"] for h in trained["history"]]
+    # the pretrained LM: its head first, then all of it, on the task's texts; then the classifier
+    assert stages[:4] == ["lm-head", "lm-all", "lm-all", "lm-all"]
+    assert len([s for s in stages if s.startswith("classifier")]) == 8
+    assert summary["metrics"]["num_examples"] == summary["preparation"]["splits"]["test"]

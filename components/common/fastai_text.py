@@ -31,16 +31,18 @@ LR_FIND_ITERATIONS = 100  # fastai's default
 
 
 class EpochEnd(Callback):
-    """Calls `on_epoch(epochs_done, values, seconds)` after each epoch a fit really trained."""
+    """Calls `on_epoch(epochs_done, values, seconds, cpu_seconds)` after each epoch a fit
+    really trained: its wall-clock seconds, and the CPU seconds this process spent in it
+    (all its threads; on a shared machine the wall clock also counts other processes')."""
 
     order = Recorder.order + 1  # after the Recorder has the epoch's losses and metrics
-    _trained, _start = False, 0.0
+    _trained, _start, _start_cpu = False, 0.0, 0.0
 
     def __init__(self, on_epoch):
         self.on_epoch = on_epoch
 
     def before_epoch(self):
-        self._trained, self._start = False, time.monotonic()
+        self._trained, self._start, self._start_cpu = False, time.monotonic(), time.process_time()
 
     def after_train(self):
         self._trained = True
@@ -52,10 +54,10 @@ class EpochEnd(Callback):
         names = self.recorder.metric_names[1:1 + len(self.learn.final_record)]
         values = {name: float(v) for name, v in zip(names, self.learn.final_record)
                   if v is not None}
-        seconds = time.monotonic() - self._start
-        log.info("epoch %d/%d: %s (%.1f s)", self.epoch + 1, self.n_epoch,
-                 ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds)
-        self.on_epoch(self.epoch + 1, values, seconds)
+        seconds, cpu = time.monotonic() - self._start, time.process_time() - self._start_cpu
+        log.info("epoch %d/%d: %s (%.1f s, %.1f CPU s)", self.epoch + 1, self.n_epoch,
+                 ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds, cpu)
+        self.on_epoch(self.epoch + 1, values, seconds, cpu)
 
 
 def quiet(learn):

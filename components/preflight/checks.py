@@ -276,7 +276,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
         problems.append(f"training: {err}")
         config = None
     try:
-        pretrained = coerce(parameters.get("pretrained", False), bool)
+        pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
     except PreflightError as err:
         problems.append(f"pretrained: {err}")
         pretrained = False
@@ -296,7 +296,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
                             f"{FASTAI_PRETRAINED_LANG!r} starts from fastai's model without "
                             "one), or set pretrained to false to train from scratch")
         else:
-            backwards = coerce(parameters.get("backwards", False), bool)
+            backwards = coerce(parameters.get("backwards", TrainConfig.backwards), bool)
             missing = missing_files(root, lang, backwards)
             if missing:
                 problems.append(f"lm_assets {root!r} lacks {missing} for lang={lang!r}")
@@ -539,7 +539,9 @@ def input_fingerprints(kind: str, parameters: Mapping[str, Any]) -> dict[str, st
         fingerprints["model_fingerprint"] = of("model_name",
                                                name if model_name_is_path(name) else "")
     else:
-        pretrained = str(parameters.get("pretrained", False)).lower() == "true"
+        from components.train_text.contract import TrainConfig
+
+        pretrained = str(parameters.get("pretrained", TrainConfig.pretrained)).lower() == "true"
         fingerprints["lm_assets_fingerprint"] = of(
             "lm_assets", str(parameters.get("lm_assets", "")) if pretrained else "")
     fingerprints["predict_fingerprint"] = of("predict_uri", str(parameters.get("predict_uri", "")))

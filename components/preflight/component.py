@@ -77,8 +77,8 @@ def preflight_image(
 def preflight_text(
     data_uri: str,
     lm_assets: str = "",
-    lang: str = "fr",
-    pretrained: bool = False,
+    lang: str = "en",
+    pretrained: bool = True,
     text_column: str = "text",
     label_columns: str = "",
     label_delimiter: str = ",",
@@ -195,7 +195,7 @@ def preflight_transformer(
 
 def preflight_lm(
     corpus_uri: str,
-    lang: str = "fr",
+    lang: str = "en",
     text_column: str = "text",
     backwards: bool = False,
     epochs: int = 10,

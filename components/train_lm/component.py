@@ -8,7 +8,7 @@ def train_language_model(
     corpus_uri: str,
     lm_assets: Output[Artifact],
     metrics: Output[Metrics],
-    lang: str = "fr",
+    lang: str = "en",
     text_column: str = "text",
     backwards: bool = False,
     epochs: int = 10,

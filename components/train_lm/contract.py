@@ -25,7 +25,7 @@ class LMTrainingError(RuntimeError):
 class LMConfig:
     """Settings of one language model run (see the component for each one's meaning)."""
 
-    lang: str = "fr"
+    lang: str = "en"
     text_column: str = "text"
     backwards: bool = False
     epochs: int = 10

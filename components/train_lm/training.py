@@ -142,11 +142,13 @@ class _Direction:
             self.save()
         return self.mine["found_lr"]["used"]
 
-    def on_epoch(self, learn, epochs_done: int, values: dict[str, float], seconds: float) -> None:
+    def on_epoch(self, learn, epochs_done: int, values: dict[str, float], seconds: float,
+                 cpu_seconds: float) -> None:
         previous, name = self.mine["checkpoint"], f"{self.name}-{epochs_done}.pth"
         save_model(self.path(name + ".tmp"), learn.model, learn.opt, with_opt=True)
         os.replace(self.path(name + ".tmp"), self.path(name))
-        row = {"epoch": epochs_done, "seconds": round(seconds, 3), **values}
+        row = {"epoch": epochs_done, "seconds": round(seconds, 3),
+               "cpu_seconds": round(cpu_seconds, 3), **values}
         self.mine["history"].append(row)
         self.mine.update(epochs_done=epochs_done, checkpoint=name)
         self.save()
@@ -321,8 +323,8 @@ def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: lis
              run.mine["epochs_done"] + 1, config.epochs, lr)
     learn.fit_one_cycle(
         config.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=run.mine["epochs_done"],
-        cbs=[EpochEnd(lambda done, values, seconds, learn=learn:
-                      run.on_epoch(learn, done, values, seconds)), *callbacks])
+        cbs=[EpochEnd(lambda done, values, seconds, cpu, learn=learn:
+                      run.on_epoch(learn, done, values, seconds, cpu)), *callbacks])
     if precision != FP32:
         learn = learn.to_fp32()
     save_lm_assets(learn, staging, config.lang, backwards, arch_config)
@@ -363,7 +365,9 @@ def _result(state: dict[str, Any], config: LMConfig, corpus: Corpus, vocab_size:
         directions[name] = {
             "valid_loss": last.get("valid_loss"), "perplexity": last.get("perplexity"),
             "accuracy": last.get("accuracy"), "epochs": len(run["history"]),
-            "epoch_seconds": seconds_per_epoch, "found_learning_rates": run["found_lr"],
+            "epoch_seconds": seconds_per_epoch,
+            "epoch_cpu_seconds": [h.get("cpu_seconds") for h in run["history"]],
+            "found_learning_rates": run["found_lr"],
             "history": run["history"]}
     forward, trained = directions[direction(False)], state["directions"][direction(False)]
     return {

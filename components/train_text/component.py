@@ -10,8 +10,8 @@ def train_text_classifier(
     metrics: Output[Metrics],
     lm_assets_uri: str = "",
     lm_assets_fingerprint: str = "",
-    lang: str = "fr",
-    pretrained: bool = False,
+    lang: str = "en",
+    pretrained: bool = True,
     backwards: bool = False,
     lm_epochs: int = 4,
     epochs: int = 8,
@@ -40,7 +40,7 @@ def train_text_classifier(
         lm_assets_uri: Root (gs:// or local) of pretrained LMs laid out as `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` and `<lang>/spm/spm.model` for ja, ko, zh; needed when pretrained is true.
         lm_assets_fingerprint: Digest of lm_assets_uri's listing from the preflight step; not read, it only makes the cache key change when the language models do. Recorded in the model metadata.
         lang: Language of the texts (en, fr, de, ...; ja, ko and zh use SentencePiece); picks the tokenizer and the assets folder.
-        pretrained: Start from the pretrained LM in lm_assets_uri (missing files are an error that lists them); false trains from scratch.
+        pretrained: Start from a pretrained LM: the one in lm_assets_uri (missing files are an error that lists them), or with lang=en and no lm_assets_uri fastai's WikiText-103 AWD-LSTM, downloaded as fastai does (stage a copy with python -m pipelines.stage_wt103 for jobs without internet); false trains from scratch.
         backwards: Read texts backwards (use the backward LM).
         lm_epochs: Language model fine-tuning epochs on the dataset's texts; 0 skips it.
         epochs: Classifier epochs (see unfreeze).

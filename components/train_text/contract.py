@@ -52,8 +52,10 @@ class TextTrainingError(RuntimeError):
 class TrainConfig:
     """Settings of one training run (see the component for each one's meaning)."""
 
-    lang: str = "fr"
-    pretrained: bool = False
+    # English from fastai's WikiText-103 AWD-LSTM unless told otherwise: a console user who
+    # sets only data_uri starts pretrained (assets.fetch_fastai_pretrained, or lm_assets).
+    lang: str = "en"
+    pretrained: bool = True
     backwards: bool = False
     lm_epochs: int = 4
     epochs: int = 8

@@ -6,7 +6,10 @@ Only `fastai.text` is imported: `fastai.vision` fails to import in this stack
 Steps of `train_text_classifier`:
 1. Read the prepared dataset (components/prepare_text): train and validation splits.
 2. Pretrained LM assets (when `pretrained`) are checked and copied locally; a
-   missing file is an error naming every missing one. Nothing is downloaded.
+   missing file is an error naming every missing one. English without assets takes
+   fastai's WikiText-103 model, fetched as fastai fetches it (assets.py); nothing else is
+   downloaded. The vocabulary keeps the task's tokens the pretrained LM knows, however
+   rare in the task (vocabulary.py).
 3. The LM is fine-tuned on the train+validation texts (`lm_epochs`; 0 skips it) and its
    encoder saved; the classifier starts from that encoder (or from the pretrained
    weights when the LM is skipped) and unfreezes gradually, or all at once when an epoch
@@ -51,9 +54,11 @@ from fastai.text.all import (
     accuracy_multi,
     awd_lstm_lm_config,
     load_pickle,
+    make_vocab,
     save_pickle,
     set_seed,
     text_classifier_learner,
+    tokenize_df,
 )
 
 from components.common import run_state, text_scores
@@ -91,6 +96,7 @@ from components.train_text.contract import (
     TrainConfig,
     clip_text,
 )
+from components.train_text.vocabulary import FAKE, with_pretrained_tokens
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +316,8 @@ class _Run:
         log.info("stage %s: epochs %d..%d of %d", stage.name, start + 1, stage.epochs,
                  stage.epochs)
 
-        def on_epoch(epochs_done: int, values: dict[str, float], seconds: float) -> None:
+        def on_epoch(epochs_done: int, values: dict[str, float], seconds: float,
+                     cpu_seconds: float) -> None:
             previous = self.state.get("checkpoint")
             name = f"{stage.model}-{index}-{epochs_done}.pth"
             self._save_model(learn, name, with_opt=True)
@@ -324,7 +331,7 @@ class _Run:
                                       "epoch": epochs_done, "file": new_best}
             self.state.update(stage=index, epochs_done=epochs_done, checkpoint=name)
             row = {"stage": stage.name, "model": stage.model, "epoch": epochs_done,
-                   "seconds": round(seconds, 3), **values}
+                   "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3), **values}
             self.state["history"].append(row)
             self.save()
             # After the save: a resumed run never trains (and logs) this epoch again.
@@ -564,6 +571,7 @@ def _fine_tune_lm(job: _Job, vocab: list[str] | None) -> list[str] | None:
     lm_indices = run.indices(schedule.LM)
     if not lm_indices or state["encoder_saved"]:
         return vocab
+    vocab = _vocab_with_pretrained_tokens(job, vocab)
     dls_lm = _lm_dataloaders(job.frame, job.tokenizer, vocab, config)
     if vocab is None:
         vocab = list(dls_lm.vocab)
@@ -582,6 +590,28 @@ def _fine_tune_lm(job: _Job, vocab: list[str] | None) -> list[str] | None:
                     "the pretrained weights" if job.assets else "random weights")
     state.update(encoder_saved=True, checkpoint=None, lm_discarded=discarded)
     run.save()
+    return vocab
+
+
+def _vocab_with_pretrained_tokens(job: _Job, vocab: list[str] | None) -> list[str] | None:
+    """The run's vocabulary: `vocab` when it has one; from a pretrained LM, fastai's plus the
+    task's rarer tokens the LM has learnt (`vocabulary.with_pretrained_tokens`), saved;
+    else None (the first dataloaders make fastai's own).
+    """
+    if vocab is not None or job.assets is None:
+        return vocab
+    # Counted as TextBlock.from_df counts (the same tokenizer and rules, train + validation);
+    # the dataloaders tokenize the texts again: a pretrained run pays that once (the
+    # vocabulary is saved, and a resumed run reads it).
+    _, counts = tokenize_df(job.frame[[_TEXT]], [_TEXT], tok=job.tokenizer)
+    config = job.config
+    frequent = make_vocab(counts, config.min_freq, config.max_vocab)
+    vocab = with_pretrained_tokens(frequent, counts, load_pickle(job.assets.vocab),
+                                   config.max_vocab)
+    log.info("vocabulary: %d tokens seen %d times or more, %d rarer ones the pretrained "
+             "language model knows", sum(t != FAKE for t in frequent), config.min_freq,
+             sum(t != FAKE for t in vocab) - sum(t != FAKE for t in frequent))
+    job.run.save_vocab(vocab)
     return vocab
 
 
@@ -611,6 +641,7 @@ def _classifier_learner(job: _Job, vocab: list[str] | None, loss, metrics):
         `(learner, its dataloaders, the vocabulary)`; a vocabulary first made here is saved.
     """
     run, state, config, data = job.run, job.run.state, job.config, job.data
+    vocab = _vocab_with_pretrained_tokens(job, vocab)
     dls = _classifier_dataloaders(job.frame, job.tokenizer, vocab, data.labels, data.task,
                                   config)
     if vocab is None:
@@ -682,6 +713,7 @@ def _report(job: _Job, learn, dls, vocab: list[str], lm_assets_uri: str,
             "device": str(learn.dls.device),
             "resumed_from": job.resumed_from,
             "classifier_epoch_seconds": [h["seconds"] for h in clas_epochs],
+            "classifier_epoch_cpu_seconds": [h.get("cpu_seconds") for h in clas_epochs],
             "seconds": round(time.monotonic() - started, 3),
             "unfreeze": {"used": unfreeze, "reason": unfreeze_reason},
             "stages": [dataclasses.asdict(s) for s in job.run.plan],

@@ -48,7 +48,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
                               "as the pretrained LM assets the text pipeline starts from.")
     def lm_pipeline(
         corpus_uri: str,
-        lang: str = "fr",
+        lang: str = "en",
         text_column: str = "text",
         backwards: bool = False,
         epochs: int = 10,

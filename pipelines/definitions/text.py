@@ -87,8 +87,8 @@ def build(image: str, vertex: "VertexSettings | None" = None,
     def text_pipeline(
         data_uri: str,
         lm_assets: str = "",
-        lang: str = "fr",
-        pretrained: bool = False,
+        lang: str = "en",
+        pretrained: bool = True,
         text_column: str = "text",
         label_columns: str = "",
         label_delimiter: str = ",",
@@ -128,7 +128,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             data_uri: CSV (gs:// or local) with a text column and 0/1 (or True/False) label columns, or one column of class names.
             lm_assets: Root of pretrained LMs: <lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth} (+ <lang>/spm/spm.model for ja, ko, zh).
             lang: Language of the texts (en, fr, ja, ko, zh, ...).
-            pretrained: Start from the pretrained LM in lm_assets; false trains from scratch.
+            pretrained: Start from the pretrained LM in lm_assets, or with lang=en and no lm_assets from fastai's WikiText-103 AWD-LSTM; false trains from scratch.
             text_column: Name of the text column.
             label_columns: Comma-separated label columns; empty uses every column but the text.
             label_delimiter: Separates several class names in one cell of a class-name column; empty keeps each cell one class name.
