@@ -39,6 +39,9 @@ models: $(MINILM)/model.safetensors
 run: compile models
 	test -d $(DEMO)/digits || $(PY) -m pipelines.demo digits $(DEMO)/digits
 	test -f $(DEMO)/docstrings.csv || $(PY) -m pipelines.docstring_corpus $(DEMO)/docstrings.csv
+	@echo "image demo: DenseNet121 from random weights. No package registry ships ImageNet weights" \
+		"that Keras' DenseNet121 loads, and a start learnt here (font glyphs) lost to random" \
+		"weights on 1 of 3 seeds (docs/measurements.md); on Vertex weights=imagenet is the default."
 	$(PY) -m pipelines.run_local image --data $(DEMO)/digits --output $(DEMO)/image \
 		--image-size 32 --min-shards-per-split 4 --weights none --epochs 6 \
 		--fine-tune-epochs 0 --flip false --registration-threshold 0.7 \
