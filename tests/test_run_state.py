@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,12 +64,14 @@ def test_fingerprints_ignore_key_order_and_keep_the_digits_asked_for():
 
 
 def test_leftovers_of_another_run_go_and_nothing_else(tmp_path):
-    for name in ("lm-1.pth", "lm-2.pth.tmp", "vocab.pkl", "notes.txt"):
+    # .tmp-state.json.k3x9: what a save killed mid-write leaves (unique per process)
+    for name in ("lm-1.pth", "lm-2.pth.tmp", "vocab.pkl", "notes.txt", "state.json",
+                 ".tmp-state.json.k3x9", ".tmp-notes.txt.k3x9"):
         (tmp_path / name).write_text("x")
     (tmp_path / "assets" / "fr").mkdir(parents=True)
-    run_state.remove_leftovers(str(tmp_path), names=("vocab.pkl", "assets"),
+    run_state.remove_leftovers(str(tmp_path), names=("vocab.pkl", "assets", "state.json"),
                                suffixes=(".pth", ".pth.tmp"))
-    assert os.listdir(tmp_path) == ["notes.txt"]
+    assert sorted(os.listdir(tmp_path)) == [".tmp-notes.txt.k3x9", "notes.txt"]
     run_state.remove_leftovers(str(tmp_path / "missing"), names=("x",))  # no folder: no error
 
 
@@ -87,3 +90,31 @@ def test_both_images_can_import_it_without_the_other_framework():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_two_processes_saving_at_once_never_fail_and_leave_a_whole_file(tmp_path):
+    """300 saves each from 2 processes started together: with one fixed temporary name
+    they renamed each other's file away (FileNotFoundError 5 and 4 times in 300)."""
+    folder, go = str(tmp_path / "ckpt"), tmp_path / "go"
+    code = (
+        "import os, sys, time\n"
+        "from components.common import run_state\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'ready-' + sys.argv[1]), 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+        "for i in range(300):\n"
+        f"    run_state.save({folder!r}, 'run.json', "
+        "{'fingerprint': sys.argv[1], 'i': i, 'pad': 'x' * 4000})\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, name], cwd=ROOT, env=env,
+                              stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready-{n}").exists() for n in "ab"):  # both imported
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.01)
+    go.write_text("")  # they start their loops together
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    with open(os.path.join(folder, "run.json")) as f:
+        state = json.load(f)
+    assert state["fingerprint"] in ("a", "b") and state["i"] == 299
+    assert os.listdir(folder) == ["run.json"]  # no temporary file left behind

@@ -1,5 +1,6 @@
 """The transformer trainer: settings, where a process stands in a DDP job, a tiny offline
-BERT fine-tuned on real files, two processes on loopback agreeing, resuming after a kill."""
+BERT fine-tuned on real files, replicas on loopback as separate machines (rank 0 alone
+writes, the others wait for it), resuming after a kill."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -26,8 +28,10 @@ from components.train_transformer.contract import (
 )
 from components.train_transformer.tiny import write_tiny_model
 from components.train_transformer.training import (
+    SLOW_RANK0_VARIABLE,
     claim_checkpoints,
     epoch_history,
+    last_complete_checkpoint,
     model_source,
     run_fingerprint,
     start_at_label_frequencies,
@@ -156,6 +160,17 @@ def test_another_runs_checkpoints_are_refused_not_resumed(tmp_path):
     assert claim_checkpoints(str(tmp_path / "empty"), "mine") is None
 
 
+def test_a_checkpoint_whose_save_did_not_finish_is_not_resumed(tmp_path):
+    """`Trainer` writes trainer_state.json last: a folder without it was cut off mid-save."""
+    for step, finished in ((10, True), (20, True), (30, False)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if finished:
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-best").mkdir()
+    assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-20")
+    assert last_complete_checkpoint(str(tmp_path / "missing")) is None
+
+
 def _sigmoid(x):
     return 1 / (1 + np.exp(-np.asarray(x, dtype=float)))
 
@@ -243,44 +258,238 @@ def test_fine_tunes_a_tiny_offline_bert_and_every_reader_loads_it(dataset, tmp_p
     assert evaluation["micro_f1"] == pytest.approx(result["fixed"]["micro_f1"])
 
 
-def _run_replica(dataset, model_dir, out, env, epochs):
-    """One Vertex replica in its own process: the trainer as the component starts it."""
+def _run_replica(dataset, model_dir, out, env, epochs, gpus=0):
+    """One Vertex replica in its own process group (a machine: killed whole), starting the
+    trainer as the component does; writes the result (or None) to `out`, its log to
+    `out`.log."""
     code = (
         "import json, sys\n"
         "from components.train_transformer.contract import TransformerConfig\n"
         "from components.train_transformer.launch import train\n"
         f"config = TransformerConfig(model_name={dataset['tiny']!r}, epochs={epochs}, "
         f"**{FAST!r})\n"
-        f"r = train({dataset['dataset']!r}, {model_dir!r}, config, gpus=0)\n"
-        f"json.dump({{'fixed': r['fixed'], 'history': r['history'], "
-        f"'world_size': r['run']['world_size']}}, open({out!r}, 'w'))\n")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        f"r = train({dataset['dataset']!r}, {model_dir!r}, config, gpus={gpus})\n"
+        f"json.dump(r and {{'fixed': r['fixed'], 'history': r['history'], 'run': r['run']}}, "
+        f"open({out!r}, 'w'))\n")
+    with open(out + ".log", "w") as log:
+        return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for(procs, timeout):
+    """Waits for every process (killing every group on the way out); the times they ended."""
+    ended, deadline = {}, time.monotonic() + timeout
+    try:
+        while len(ended) < len(procs):
+            for i, proc in enumerate(procs):
+                if i not in ended and proc.poll() is not None:
+                    ended[i] = time.time()
+            assert time.monotonic() < deadline, "the replicas did not finish"
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            _kill_machine(proc)
+    return [ended[i] for i in range(len(procs))]
+
+
+def _kill_machine(proc):
+    """SIGKILL to a replica's process group: the launcher and the processes it spawned."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _log(out):
+    with open(out + ".log") as f:
+        return f.read()[-4000:]
 
 
 @pytest.mark.slow
-def test_two_replicas_on_loopback_train_one_model_and_agree(dataset, tmp_path):
+def test_two_replicas_on_loopback_train_one_model(dataset, tmp_path):
     """Two processes given what Vertex gives two replicas (CLUSTER_SPEC) join one gloo group
-    and end with the same model: both score the validation split the same."""
+    and train one model; the primary returns the result, the other replica None."""
     port = free_port()
     cluster = {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": [f"127.0.0.1:{port}"]}
     model_dir = str(tmp_path / "model")  # shared, as the /gcs/ output of both replicas
-    procs = []
+    procs, outs = [], []
     for task in ({"type": "workerpool0", "index": 0}, {"type": "workerpool1", "index": 0}):
         env = {k: v for k, v in os.environ.items() if k not in distributed.TORCHRUN_VARIABLES}
         env.update(OMP_NUM_THREADS="1", CLUSTER_SPEC=json.dumps(
             {"cluster": cluster, "task": task, "environment": "cloud"}))
-        out = str(tmp_path / f"{task['type']}.json")
-        procs.append((out, _run_replica(dataset, model_dir, out, env, epochs=2)))
-    for _, proc in procs:
-        log = proc.communicate(timeout=300)[0]
-        assert proc.returncode == 0, log[-3000:]
-    primary, worker = (json.load(open(out)) for out, _ in procs)
-    assert primary["world_size"] == worker["world_size"] == 2
-    assert primary["fixed"] == worker["fixed"]
-    assert [r["valid_loss"] for r in primary["history"]] == \
-        [r["valid_loss"] for r in worker["history"]]
+        outs.append(str(tmp_path / f"{task['type']}.json"))
+        procs.append(_run_replica(dataset, model_dir, outs[-1], env, epochs=2))
+    _wait_for(procs, 300)
+    for out, proc in zip(outs, procs):
+        assert proc.returncode == 0, _log(out)
+    primary, worker = (json.load(open(out)) for out in outs)
+    assert primary["run"]["world_size"] == 2 and worker is None
+    assert [r["epoch"] for r in primary["history"]] == [1, 2]
     assert json.load(open(os.path.join(model_dir, LABELS_FILE)))["framework"] == "transformers"
+
+
+# Put on the replicas' PYTHONPATH as sitecustomize.py, so that every process of a replica
+# (the spawned ones too) records each file it opens, renames or removes under the shared
+# folder, on which machine and as which rank (RANK; None in a replica's launcher).
+_FILE_AUDIT = """
+import json, os, sys
+
+_log = os.environ["FILE_AUDIT_LOG"]
+_shared = os.path.realpath(os.environ["FILE_AUDIT_SHARED"]) + os.sep
+_busy = []
+
+
+def _audit(event, args):
+    if _busy or event not in ("open", "os.rename", "os.remove", "shutil.rmtree"):
+        return
+    path = args[1] if event == "os.rename" else args[0]
+    if isinstance(path, int):
+        return
+    _busy.append(1)
+    try:
+        path = os.path.realpath(os.fsdecode(path))
+        if path.startswith(_shared):
+            write = event != "open" or bool(args[2] & (os.O_WRONLY | os.O_RDWR))
+            with open(os.path.join(_log, f"{os.getpid()}.jsonl"), "a") as f:
+                f.write(json.dumps({"machine": os.environ["FILE_AUDIT_MACHINE"],
+                                    "rank": os.environ.get("RANK"), "event": event,
+                                    "write": write, "path": path[len(_shared):]}) + "\\n")
+    finally:
+        _busy.clear()
+
+
+sys.addaudithook(_audit)
+"""
+
+
+def _separate_machines(tmp_path, port, **more):
+    """The environments of 2 replicas as separate machines sharing one folder (/gcs).
+
+    Each has its own local disk (TMPDIR), its own view of the shared folder (a symlink)
+    as `AIP_CHECKPOINT_DIR`, and Vertex's CLUSTER_SPEC; file access is audited.
+
+    Returns:
+        (shared folder, model folder: the same path on both, as KFP's /gcs/ artifact
+        path, [environment of replica 0, of replica 1]).
+    """
+    shared, hook, audit = tmp_path / "shared", tmp_path / "hook", tmp_path / "audit"
+    for folder in (shared, hook, audit):
+        folder.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(_FILE_AUDIT)
+    cluster = {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": [f"127.0.0.1:{port}"]}
+    envs = []
+    for index in (0, 1):
+        machine = tmp_path / f"machine{index}"
+        (machine / "tmp").mkdir(parents=True, exist_ok=True)
+        if not (machine / "gcs").exists():
+            (machine / "gcs").symlink_to(shared, target_is_directory=True)
+        env = {k: v for k, v in os.environ.items() if k not in distributed.TORCHRUN_VARIABLES}
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TMPDIR=str(machine / "tmp"),
+                   AIP_CHECKPOINT_DIR=str(machine / "gcs" / "checkpoints"),
+                   CLUSTER_SPEC=json.dumps({"cluster": cluster, "environment": "cloud",
+                                            "task": {"type": f"workerpool{index}", "index": 0}}),
+                   PYTHONPATH=os.pathsep.join([str(hook), ROOT]), FILE_AUDIT_LOG=str(audit),
+                   FILE_AUDIT_SHARED=str(shared), FILE_AUDIT_MACHINE=str(index), **more)
+        envs.append(env)
+    return shared, str(shared / "job-1" / "train" / "model"), envs
+
+
+def _audited(tmp_path):
+    """Every file access recorded so far (see `_FILE_AUDIT`); the log is emptied."""
+    records = []
+    for name in os.listdir(tmp_path / "audit"):
+        path = tmp_path / "audit" / name
+        records += [json.loads(line) for line in path.read_text().splitlines()]
+        path.unlink()
+    return records
+
+
+@pytest.mark.slow
+def test_replicas_on_separate_machines_wait_for_a_slow_rank0_that_alone_writes(dataset,
+                                                                              tmp_path):
+    """2 replicas x 2 processes (gloo on loopback), each replica with its own disk and its
+    own view of the shared folder; rank 0 sleeps before writing the model. The other
+    replica finishes cleanly, after rank 0 has written, without reading its outputs; the
+    model folder, its metrics and the run state are written by rank 0 alone, once."""
+    shared, model_dir, envs = _separate_machines(tmp_path, free_port(),
+                                                 **{SLOW_RANK0_VARIABLE: "8"})
+    outs = [str(tmp_path / f"replica{i}.json") for i in (0, 1)]
+    procs = [_run_replica(dataset, model_dir, out, env, epochs=1, gpus=2)
+             for out, env in zip(outs, envs)]
+    ended = _wait_for(procs, 420)
+    for out, proc in zip(outs, procs):
+        assert proc.returncode == 0 and "Traceback" not in _log(out), _log(out)
+    primary, worker = (json.load(open(out)) for out in outs)
+    assert primary["run"]["world_size"] == 4 and worker is None
+    metrics = os.path.join(model_dir, "metrics.json")
+    assert os.path.getmtime(metrics) <= ended[1]  # the other replica waited for rank 0
+    assert load_text_model(model_dir).info["framework"] == "transformers"
+
+    audit = _audited(tmp_path)
+    writes = [r for r in audit if r["write"]]
+    model = [r for r in audit if r["path"].startswith("job-1/train/model/")]
+    # Rank 0 writes; the primary's launcher reads the result its own rank 0 wrote.
+    assert {(r["machine"], r["rank"], r["write"]) for r in model} == {
+        ("0", "0", True), ("0", None, False)}
+    renamed = Counter(os.path.basename(r["path"]) for r in model if r["event"] == "os.rename")
+    assert renamed == {"metrics.json": 1, LABELS_FILE: 1, "per_label_metrics.json": 1}
+    run_state_writes = [r for r in writes if "run.json" in os.path.basename(r["path"])]
+    assert run_state_writes and {r["rank"] for r in run_state_writes} == {"0"}
+    # The others write at most Trainer's own RNG state, a file name per rank (torch's
+    # writer is not audited: checked by name below).
+    assert all(os.path.basename(r["path"]) == f"rng_state_{r['rank']}.pth"
+               for r in writes if r["rank"] != "0")
+    checkpoint = last_complete_checkpoint(str(shared / "checkpoints" / "job-1" / "train"))
+    assert {f"rng_state_{rank}.pth" for rank in range(4)} <= set(os.listdir(checkpoint))
+    temporaries = [r["path"] for r in writes if r["event"] == "open" and
+                   os.path.basename(r["path"]).startswith(".tmp-")]
+    assert temporaries and len(temporaries) == len(set(temporaries))
+    assert not list(shared.rglob(".tmp-*"))
+
+
+@pytest.mark.slow
+def test_a_replica_killed_mid_run_and_restarted_resumes_on_every_process(dataset, tmp_path):
+    """2 replicas x 2 processes; replica 1's machine dies after the first checkpoint. The
+    surviving replica fails instead of hanging, and the restarted job (both replicas, as
+    Vertex restarts it) resumes from that checkpoint on all four processes."""
+    shared, model_dir, envs = _separate_machines(tmp_path, free_port())
+    checkpoints = shared / "checkpoints" / "job-1" / "train"
+    outs = [str(tmp_path / f"first{i}.json") for i in (0, 1)]
+    procs = [_run_replica(dataset, model_dir, out, env, epochs=3, gpus=2)
+             for out, env in zip(outs, envs)]
+    try:
+        deadline = time.monotonic() + 300
+        while not last_complete_checkpoint(str(checkpoints)):
+            assert all(p.poll() is None for p in procs), [_log(out) for out in outs]
+            assert time.monotonic() < deadline, "no checkpoint was saved"
+            time.sleep(0.05)
+        _kill_machine(procs[1])  # preempted: no chance to clean up
+        procs[0].wait(timeout=120)  # its peers are gone: it fails, it does not hang
+    finally:
+        for proc in procs:
+            _kill_machine(proc)
+    assert procs[0].returncode != 0 and not os.path.exists(os.path.join(model_dir,
+                                                                          LABELS_FILE))
+    resume = last_complete_checkpoint(str(checkpoints))
+    with open(os.path.join(resume, "trainer_state.json")) as f:
+        before = [e for e in json.load(f)["log_history"] if "eval_loss" in e]
+    _audited(tmp_path)
+
+    _, _, envs = _separate_machines(tmp_path, free_port())  # the same machines, restarted
+    outs = [str(tmp_path / f"restart{i}.json") for i in (0, 1)]
+    procs = [_run_replica(dataset, model_dir, out, env, epochs=3, gpus=2)
+             for out, env in zip(outs, envs)]
+    _wait_for(procs, 420)
+    for out, proc in zip(outs, procs):
+        assert proc.returncode == 0, _log(out)
+    primary = json.load(open(outs[0]))
+    assert os.path.realpath(primary["run"]["resumed_from"]) == os.path.realpath(resume)
+    assert [row["epoch"] for row in primary["history"]] == [1, 2, 3]
+    assert primary["history"][0]["valid_loss"] == pytest.approx(before[0]["eval_loss"])
+    state = os.path.relpath(os.path.join(resume, "trainer_state.json"), shared)
+    assert {r["rank"] for r in _audited(tmp_path) if r["path"] == state} >= {"0", "1", "2", "3"}
+    assert load_text_model(model_dir).info["framework"] == "transformers"
 
 
 @pytest.mark.slow

@@ -73,7 +73,7 @@ from components.common.fastai_text import (
     quiet,
 )
 from components.common.hypertune import TrialReporter
-from components.common.storage import TMP_PREFIX, write_json_atomically
+from components.common.storage import write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
 from components.common.text_scores import labels_info, per_label_summary, validation_result
 from components.formats.lm_assets import make_tokenizer
@@ -352,7 +352,7 @@ class _Run:
 def _reset_folder(folder: str) -> None:
     """Removes this step's files from a checkpoint folder (another run's, or none)."""
     run_state.remove_leftovers(
-        folder, names=(schedule.STATE_FILE, TMP_PREFIX + schedule.STATE_FILE, VOCAB_FILE),
+        folder, names=(schedule.STATE_FILE, VOCAB_FILE),
         suffixes=(".pth", ".pth.tmp"))
 
 

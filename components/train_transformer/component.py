@@ -65,6 +65,8 @@ def train_transformer_classifier(
     )
     result = train(dataset.path, model.path, config, tensorboard_folder=tensorboard_dir or None,
                    hypertune_metric=hypertune_metric or None)
+    if result is None:  # another replica: the primary's outputs are the step's (KFP writes
+        return  # the executor output of workerpool0 only), and its files may not show here
     for name, value in validation_scalars(result).items():
         metrics.log_metric(name, float(value))
     model.metadata.update({

@@ -4,6 +4,10 @@ A single CPU or GPU machine trains in this process. Otherwise each process gets 
 variables (`distributed.process_environment`): several GPUs on one machine are spawned
 here, one process each, and the replicas of a multi-replica Vertex job find each other
 through the primary replica's address (`distributed.cluster_from_environment`).
+
+Rank 0 (on the primary replica) writes every output; the other replicas return None once
+their processes are through the closing barrier, without reading its files: on another
+machine they may not be visible yet.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ def _process(local_rank: int, env: Mapping[str, str], dataset_dir: str, model_di
 
 def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
           environ: Mapping[str, str] | None = None, gpus: int | None = None,
-          **kwargs: Any) -> dict[str, Any]:
+          **kwargs: Any) -> dict[str, Any] | None:
     """Trains on every GPU of every replica; returns the result rank 0 wrote.
 
     Args:
@@ -54,7 +58,8 @@ def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
             checkpoints).
 
     Returns:
-        The training result (`metrics.json`'s content).
+        The training result (`metrics.json`'s content) on the primary replica; None on the
+        others, where there is nothing to report (KFP keeps the primary's outputs only).
     """
     import torch
 
@@ -78,6 +83,8 @@ def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
         first = distributed.process_environment(cluster, procs, 0)
         mp.start_processes(_process, args=(first, dataset_dir, model_dir, config, kwargs),
                            nprocs=procs, start_method="spawn")
-        with open(os.path.join(model_dir, TRAINING_METRICS_FILE)) as f:
-            result = json.load(f)
-    return result
+        result = None
+        if cluster.node_rank == 0:  # rank 0 is this machine's first process, now finished
+            with open(os.path.join(model_dir, TRAINING_METRICS_FILE)) as f:
+                result = json.load(f)
+    return result if cluster.node_rank == 0 else None

@@ -6,6 +6,11 @@ epoch on the validation split; the best epoch (by `monitor`) is kept, training s
 (model, optimizer, scheduler, RNG) in the checkpoint folder, so a job restarted after
 preemption resumes from its last epoch. Under DDP each process runs this function with
 torchrun's variables set (`distributed.process_environment`); `Trainer` joins the group.
+
+Under DDP the replicas are separate machines sharing only Cloud Storage (/gcs/): rank 0
+alone writes the run state, the model folder and its metrics, and every other process
+waits for it at a barrier before leaving, so that no replica's job ends (or reads an
+output) before rank 0 has written it.
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ from components.train_transformer.contract import (
 log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"  # the fingerprint of the run a checkpoint folder belongs to
+TRAINER_STATE = "trainer_state.json"  # what `Trainer` writes last into a checkpoint
+# Tests only: seconds rank 0 sleeps before it writes the model folder, read at call time,
+# so that the other ranks reach the end first (tests/test_train_transformer.py).
+SLOW_RANK0_VARIABLE = "TRAIN_TRANSFORMER_TEST_RANK0_DELAY"
 CLASSIFIER = "classifier"  # the history rows' model, as the fastai trainer's
 
 
@@ -101,10 +110,51 @@ def claim_checkpoints(folder: str, fingerprint: str) -> str | None:
     """
     if run_state.load(folder, RUN_FILE, fingerprint, error=TransformerTrainingError,
                       differs="other settings, data or model folder") is not None:
-        from transformers.trainer_utils import get_last_checkpoint
-
-        return get_last_checkpoint(folder)
+        return last_complete_checkpoint(folder)
     return None
+
+
+def last_complete_checkpoint(folder: str) -> str | None:
+    """The `checkpoint-<step>` folder of the highest step whose save finished, or None.
+
+    `Trainer` writes `trainer_state.json` last; a job killed mid-save leaves a folder
+    without it, which `transformers.trainer_utils.get_last_checkpoint` would still pick.
+    """
+    steps = {}
+    for entry in os.listdir(folder) if os.path.isdir(folder) else ():
+        prefix, _, step = entry.partition("-")
+        if prefix == "checkpoint" and step.isdigit() and \
+                os.path.isfile(os.path.join(folder, entry, TRAINER_STATE)):
+            steps[int(step)] = os.path.join(folder, entry)
+    return steps[max(steps)] if steps else None
+
+
+def _is_rank0() -> bool:
+    """Whether this process is rank 0 (torchrun's RANK; a lone process has none)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _slow_down_for_tests() -> None:
+    """Sleeps `SLOW_RANK0_VARIABLE` seconds when a test sets it; nothing otherwise."""
+    delay = float(os.environ.get(SLOW_RANK0_VARIABLE) or 0)
+    if delay > 0:
+        log.warning("%s=%s: rank 0 waits %.1f s before writing (a test)",
+                    SLOW_RANK0_VARIABLE, delay, delay)
+        time.sleep(delay)
+
+
+def _finish_together() -> None:
+    """Holds every DDP process until all reach here, then leaves the process group.
+
+    Rank 0 reaches it only after writing every output: the other ranks, on other machines,
+    must not end their replica (nor anyone read its files) before that. `Trainer.save_model`
+    has no barrier of its own. Nothing happens outside a process group.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def epoch_history(log_history: Sequence[dict[str, Any]], multi: bool) -> list[dict[str, Any]]:
@@ -232,7 +282,8 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
     folder = checkpoints or checkpoint_folder(model_dir)
     fingerprint = run_fingerprint(config, manifest, model_dir)
     resume_from = claim_checkpoints(folder, fingerprint)
-    run_state.save(folder, RUN_FILE, {"fingerprint": fingerprint}, sort_keys=True)
+    if _is_rank0():  # the others only read it: one writer on the shared folder
+        run_state.save(folder, RUN_FILE, {"fingerprint": fingerprint}, sort_keys=True)
 
     cuda = torch.cuda.is_available()
     precision = choose_precision(config.mixed_precision, cuda,
@@ -330,7 +381,9 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
             },
             "config": dataclasses.asdict(config),
         })
-        trainer.save_model(model_dir)  # model and tokenizer; the main process only
+        if trainer.is_world_process_zero():
+            _slow_down_for_tests()
+        trainer.save_model(model_dir)  # model and tokenizer; writes on rank 0 only
         if trainer.is_world_process_zero():
             # Trainer's own pickle of its arguments: not needed to load or serve the model.
             with contextlib.suppress(FileNotFoundError):
@@ -339,10 +392,10 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
     finally:
         scalars.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    if checkpoints is None and run_state.inside_output(folder, model_dir) and \
-            int(os.environ.get("RANK", "0")) == 0:
+    if checkpoints is None and run_state.inside_output(folder, model_dir) and _is_rank0():
         # Under the model output they would ship with the model; they served their purpose.
         shutil.rmtree(folder, ignore_errors=True)
+    _finish_together()
     return result
 
 
