@@ -31,6 +31,7 @@ from importlib.metadata import version
 from kfp import compiler
 
 from components.tune.contract import SearchSpaceError, read_space
+from pipelines import quota
 from pipelines.definitions import image, lm, text, transformer, tuning
 from pipelines.definitions.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
 
@@ -283,8 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.serving_image:
         print("note: no --serving-image: the image pipeline evaluates models but does not "
               "upload them to the Model Registry", file=sys.stderr)
-    for path in compile_all(args):
+    written = compile_all(args)
+    for path in written:
         print(path)
+    # What each run holds at once, for a check of the region's GPU quota before a run.
+    for path in (p for p in written if p.endswith(".json")):
+        with open(path) as f:
+            gpus = quota.gpus_at_once(json.load(f))
+        name = os.path.basename(path)[:-len(".json")]
+        print(f"quota: {name} holds {quota.describe(gpus)} at once", file=sys.stderr)
     tune = tuning_settings(args)
     for kind, step in TUNED_KINDS.items():
         print(tuning.cost_warning(kind, tune, vertex_settings(args).machines[step]),

@@ -9,7 +9,10 @@ is written there from its home:
 
 - a configured step's default comes from its settings class (e.g. `TrainConfig`);
 - a pipeline parameter's default comes from the step it feeds (the preflight aside);
-- a preflight step's whole parameter list is its pipeline's.
+- a preflight step's whole parameter list is its pipeline's, plus the compile-time
+  settings it checks the run against (`PREFLIGHT_SETTINGS`);
+- the help of `learning_rate=0` (fastai's lr_find) is the sentence beside `choose_rate`
+  with the bounds each trainer holds the found rate to.
 
 A value that is already right keeps its spelling (`1e-3` is not rewritten as `0.001`), so
 the compiled JSON changes only when a value does. `--check` rewrites nothing and exits 1
@@ -53,6 +56,19 @@ PIPELINES = (
     ("pipelines.definitions.lm", "lm_pipeline", "preflight_lm"),
 )
 PREFLIGHT_MODULE = "components.preflight.component"
+# Preflight inputs that are no pipeline parameter: compile-time settings the pipeline passes
+# (pipelines.definitions.vertex.preflight_inputs), last in each preflight's list.
+PREFLIGHT_SETTINGS = ('tensorboard: str = ""',)
+# learning_rate's help: the sentence FOUND_RATE_HELP beside `choose_rate`, with the bounds
+# of each trainer (read from the modules' text: they import fastai, which takes seconds).
+RATE_HELP_HOME = "components.common.fastai_text"
+RATE_BOUNDS = {"text": "components.train_text.schedule", "lm": "components.train_lm.training"}
+RATE_HELP = (
+    ("components.train_text.component", "train_text_classifier", "text"),
+    ("pipelines.definitions.text", "text_pipeline", "text"),
+    ("components.train_lm.component", "train_language_model", "lm"),
+    ("pipelines.definitions.lm", "lm_pipeline", "lm"),
+)
 # Step modules whose functions a compiled pipeline may name (comp-<function name>).
 STEP_MODULES = ("components.shard.component", "components.train_image.component",
                 "components.prepare_text.component", "components.train_text.component",
@@ -174,6 +190,64 @@ def rewrite_parameters(source: str, function: str, lines: list[str]) -> str:
                               end.end_col_offset, text)])
 
 
+def module_constants(source: str) -> dict[str, Any]:
+    """The literal values a module's text assigns at its top level (`A = 1`, `B, C = 2, 3`),
+    read without importing it."""
+    values = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            pairs = ([(target, node.value)] if isinstance(target, ast.Name) else
+                     list(zip(target.elts, node.value.elts))
+                     if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                     else [])
+            for name, value in pairs:
+                try:
+                    values[name.id] = ast.literal_eval(value)
+                except ValueError:  # not a literal
+                    continue
+    return values
+
+
+def rate_text(value: float) -> str:
+    """A learning rate as the help writes it: 0.003 -> "3e-3", 0.0025 -> "2.5e-3"."""
+    mantissa, exponent = f"{value:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def found_rate_help(kind: str, sources: dict[str, str]) -> str:
+    """What learning_rate=0 does in the `kind` ("text" or "lm") trainer, from `sources`."""
+    template = module_constants(sources[RATE_HELP_HOME])["FOUND_RATE_HELP"]
+    bounds = module_constants(sources[RATE_BOUNDS[kind]])
+    low = rate_text(bounds["MIN_FOUND_LR"])
+    if kind == "lm":
+        return template.format(bounds=f"{low}..{rate_text(bounds['MAX_FOUND_LR'])}")
+    # schedule.found_rate_bounds: the head's window, or a whole model's scaled by width
+    head, whole = rate_text(bounds["MAX_FOUND_LR_HEAD"]), rate_text(bounds["MAX_FOUND_LR_WHOLE"])
+    return template.format(bounds=f"{low}..{head} when gradual unfreezing trains the head "
+                                  f"first, else {low}..{whole} times "
+                                  f"{bounds['BOUNDS_N_HID']}/n_hid, capped at {head}")
+
+
+def rewrite_help(source: str, function: str, name: str, sentence: str) -> str:
+    """`source` with the help of `function`'s parameter `name` (its docstring line `name:
+    what it is; ...`) ending in `sentence` after its first "; ".
+
+    Raises:
+        LookupError: The docstring has no line for `name`.
+    """
+    node = _function(ast.parse(source), function)
+    lines = source.splitlines(keepends=True)
+    for number in range(node.body[0].lineno, node.body[0].end_lineno + 1):
+        text = lines[number - 1]
+        if text.lstrip().startswith(name + ": "):
+            head = text.rstrip("\n").split("; ", 1)[0]
+            lines[number - 1] = f"{head}; {sentence}\n"
+            return "".join(lines)
+    raise LookupError(f"no `{name}:` line in the docstring of {function}")
+
+
 def _source_path(module: str) -> pathlib.Path:
     return ROOT / (module.replace(".", "/") + ".py")
 
@@ -231,13 +305,18 @@ def written(sources: dict[str, str]) -> dict[str, str]:
         sources[module] = rewrite_defaults(sources[module], function,
                                            pipeline_defaults(module, steps))
         sources[PREFLIGHT_MODULE] = rewrite_parameters(
-            sources[PREFLIGHT_MODULE], preflight, parameter_lines(sources[module], function))
+            sources[PREFLIGHT_MODULE], preflight, parameter_lines(sources[module], function)
+            + [f"    {line}," for line in PREFLIGHT_SETTINGS])
+    for module, function, kind in RATE_HELP:
+        sources[module] = rewrite_help(sources[module], function, "learning_rate",
+                                       found_rate_help(kind, sources))
     return sources
 
 
 def _modules() -> list[str]:
     return sorted({m for m, _, _ in CONFIGURED} | {m for m, _, _ in PIPELINES}
-                  | set(STEP_MODULES) | {PREFLIGHT_MODULE})
+                  | set(STEP_MODULES) | {PREFLIGHT_MODULE, RATE_HELP_HOME}
+                  | set(RATE_BOUNDS.values()) | {m for m, _, _ in RATE_HELP})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform
 
+from pipelines import quota
 from pipelines.params import parse_value
 
 # Older IR (schema <= 2.0.0) declared `type` instead of `parameterType`.
@@ -408,6 +409,10 @@ def main(argv: list[str] | None = None, credentials=None) -> int:
         print("error: no Google Cloud credentials: run `gcloud auth application-default "
               "login` (or run where a service account is attached)", file=sys.stderr)
         return 1
+    # Vertex checks the region's GPU quota only when each job starts, deep into a run.
+    gpus = quota.gpus_at_once(load_pipeline_spec(submission.template_path))
+    print(f"quota: this run holds {quota.describe(gpus)} at once in {submission.region} "
+          "(Vertex custom training GPUs per region)", file=sys.stderr)
     if args.dry_run:
         print(json.dumps(describe(job, schedule), indent=2, sort_keys=True))
         return 0

@@ -458,8 +458,8 @@ def _tensorboards(spec: dict) -> dict[str, str]:
     """The TensorBoard each custom job of the pipeline carries, by component."""
     return {name[len("comp-"):]: params["tensorboard"]["defaultValue"]
             for name, component in spec["components"].items()
-            if "tensorboard" in (params := component.get("inputDefinitions", {})
-                                 .get("parameters", {}))}
+            if {"tensorboard", "worker_pool_specs"} <= set(
+                params := component.get("inputDefinitions", {}).get("parameters", {}))}
 
 
 def _custom_job_request(spec: dict, component: str) -> aiplatform_v1.CreateCustomJobRequest:
@@ -570,3 +570,85 @@ def test_every_pair_of_vertexs_machine_table_passes():
               for count, most in limits.items()]
     pairs += list(DEFAULT_MACHINES.values()) + [Machine("n1-highmem-16", "NVIDIA_TESLA_V100", 2)]
     assert {m: machine_problems("train_image", m) for m in pairs} == {m: [] for m in pairs}
+
+
+# A3 Ultra and A4 machines (their fixed GPUs) for the image and text trainers.
+HYPERDISK_FLAGS = ("--train-image-machine-type", "a3-ultragpu-8g",
+                   "--train-image-accelerator-type", "NVIDIA_H200_141GB",
+                   "--train-image-accelerator-count", "8",
+                   "--train-text-machine-type", "a4-highgpu-8g",
+                   "--train-text-accelerator-type", "NVIDIA_B200",
+                   "--train-text-accelerator-count", "8")
+
+
+def test_every_machine_gets_a_boot_disk_type_vertex_takes():
+    from pipelines.definitions.vertex import CPU_MACHINE_TYPES, GPU_MACHINES, boot_disk_type
+
+    # DiskSpec.boot_disk_type's documented values (google.cloud.aiplatform_v1.DiskSpec)
+    valid = {"pd-ssd", "pd-standard", "hyperdisk-balanced"}
+    assert {boot_disk_type(m) for m in CPU_MACHINE_TYPES | set(GPU_MACHINES)} <= valid
+    assert boot_disk_type("a3-ultragpu-8g") == boot_disk_type("a4-highgpu-8g") == (
+        "hyperdisk-balanced")
+    assert boot_disk_type("a3-highgpu-8g") == boot_disk_type("n1-standard-8") == "pd-ssd"
+
+
+@pytest.mark.parametrize("pipeline, component, disk", [
+    ("image_pipeline", "train-image-classifier", "hyperdisk-balanced"),
+    ("image_pipeline", "shard-images", "pd-ssd"),
+    ("image_tuning_pipeline", "tune-train-image-classifier", "hyperdisk-balanced"),
+    ("image_tuning_pipeline", "train-image-classifier", "hyperdisk-balanced"),
+    ("text_pipeline", "train-text-classifier", "hyperdisk-balanced"),
+    ("text_pipeline", "evaluate-text-classifier", "pd-ssd"),
+    ("text_tuning_pipeline", "tune-train-text-classifier", "hyperdisk-balanced"),
+])
+def test_boot_disk_type_follows_the_machine_family(tmp_path, pipeline, component, disk):
+    """A3 Ultra and A4 boot from Hyperdisk only: their jobs and tuning trials ask for it."""
+    spec = json.loads((_compile(tmp_path, *HYPERDISK_FLAGS) / f"{pipeline}.json").read_text())
+    for pool in _pools(spec, component):
+        parsed = aiplatform_v1.WorkerPoolSpec.from_json(json.dumps(pool))
+        assert parsed.disk_spec.boot_disk_type == disk
+    if not component.startswith("tune-"):
+        # the CustomJob GCPC's launcher sends carries it too
+        job = _custom_job_request(spec, component).custom_job
+        assert {p.disk_spec.boot_disk_type for p in job.job_spec.worker_pool_specs} == {disk}
+
+
+def _gpus(out, pipeline: str) -> dict[str, int]:
+    from pipelines.quota import gpus_at_once
+
+    return gpus_at_once(json.loads((out / f"{pipeline}.json").read_text()))
+
+
+def test_compile_prints_the_gpus_each_pipeline_holds_at_once(tmp_path, capsys):
+    out = _compile(tmp_path)
+    # trials at once x GPUs of a trial: 3 x 2; training after the tuning job adds none
+    assert _gpus(out, "image_tuning_pipeline") == {"NVIDIA_TESLA_V100": 6}
+    assert _gpus(out, "image_pipeline") == {"NVIDIA_TESLA_V100": 2}
+    assert _gpus(out, "text_tuning_pipeline") == {"NVIDIA_TESLA_T4": 3}
+    assert _gpus(out, "lm_pipeline") == {"NVIDIA_TESLA_T4": 1}
+    err = capsys.readouterr().err
+    assert "quota: image_tuning_pipeline holds 6 x NVIDIA_TESLA_V100 at once" in err
+    assert "quota: text_pipeline holds 1 x NVIDIA_TESLA_T4 at once" in err
+
+
+def test_gpus_of_steps_that_run_side_by_side_add_up(tmp_path):
+    flags = ["--tune-parallel-trials", "4"]
+    for step in ("train-image", "evaluate-image", "predict-image"):
+        flags += [f"--{step}-accelerator-type", "NVIDIA_TESLA_T4",
+                  f"--{step}-accelerator-count", "1"]
+    out = _compile(tmp_path, *flags)
+    # evaluation and prediction both follow training, not each other: 1 + 1 at once
+    assert _gpus(out, "image_pipeline") == {"NVIDIA_TESLA_T4": 2}
+    # four trials of one replica each, then training, evaluation and prediction
+    assert _gpus(out, "image_tuning_pipeline") == {"NVIDIA_TESLA_T4": 4}
+
+
+def test_the_preflight_step_gets_the_tensorboard_set_at_compile_time(tmp_path):
+    for flags, expected in ((TENSORBOARD_FLAGS, TENSORBOARD), ((), None)):
+        out = _compile(tmp_path, *flags)
+        for pipeline in TRAINING_JOBS:
+            spec = json.loads((out / f"{pipeline}.json").read_text())
+            (preflight,) = [t for name, t in spec["root"]["dag"]["tasks"].items()
+                            if name.startswith("preflight")]
+            value = preflight["inputs"]["parameters"].get("tensorboard")
+            assert (value and value["runtimeValue"]["constant"]) == expected, pipeline

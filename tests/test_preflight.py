@@ -45,9 +45,10 @@ TRANSFORMER_DEFAULTS = _defaults(preflight_component.preflight_transformer)
 ])
 def test_preflight_takes_exactly_the_pipeline_parameters(component, pipeline):
     inputs = pipeline.component_spec.inputs
-    assert list(inspect.signature(component).parameters) == list(inputs)
+    # and last, the compile-time settings the pipeline passes (vertex.preflight_inputs)
+    assert list(inspect.signature(component).parameters) == [*inputs, "tensorboard"]
     for name, value in _defaults(component).items():
-        assert inputs[name].default == value, name
+        assert inputs[name].default == value if name in inputs else value == "", name
 
 
 def test_default_settings_pass():
@@ -260,3 +261,30 @@ def test_weights_are_imagenet_none_or_an_existing_file(tmp_path):
                                   "existing file: give"), problem
     with pytest.raises(PreflightError, match="weights .*gone.h5' is neither"):
         check_image_run({**IMAGE_DEFAULTS, "weights": str(tmp_path / "gone.h5")})
+
+
+TENSORBOARD = "projects/p/locations/us-central1/tensorboards/123"
+
+
+@pytest.mark.parametrize("kind, defaults", [("image", IMAGE_DEFAULTS), ("text", TEXT_DEFAULTS),
+                                            ("transformer", TRANSFORMER_DEFAULTS),
+                                            ("lm", LM_DEFAULTS)])
+def test_a_tensorboard_run_without_a_job_account_is_refused_naming_both_ways_out(
+        tmp_path, kind, defaults):
+    """compile.py --tensorboard checks its own --service-account; the run may clear it."""
+    settings = {**defaults, "tensorboard": TENSORBOARD, "job_service_account": ""}
+    with pytest.raises(PreflightError) as refused:
+        preflight(kind, str(tmp_path / "data"), settings)
+    message = str(refused.value)
+    assert "set job_service_account" in message, message
+    assert "compile without --tensorboard" in message
+
+
+def test_a_tensorboard_run_with_a_job_account_goes_on(tmp_path):
+    csv = tmp_path / "c.csv"
+    csv.write_text("text\nsome text\n")
+    settings = {**LM_DEFAULTS, "tensorboard": TENSORBOARD,
+                "job_service_account": "trainer@p.iam.gserviceaccount.com"}
+    assert preflight("lm", str(csv), settings).startswith("sha256:")
+    # compiled without --tensorboard, an empty account is Vertex's default: fine
+    assert preflight("lm", str(csv), {**LM_DEFAULTS, "job_service_account": ""})

@@ -72,3 +72,57 @@ def test_the_transformer_recipe_table_shows_the_settings_defaults():
     assert len(quoted) >= 6
     for name, text in quoted.items():
         assert float(text) == pytest.approx(defaults[name]), name
+
+
+# learning_rate's help in each function that declares it, and the trainer whose rule it is.
+LEARNING_RATE_HELP = (
+    ("components.train_text.component", "train_text_classifier", "text"),
+    ("pipelines.definitions.text", "text_pipeline", "text"),
+    ("components.train_lm.component", "train_language_model", "lm"),
+    ("pipelines.definitions.lm", "lm_pipeline", "lm"),
+)
+
+
+def _help(module: str, function: str, name: str, source: str | None = None) -> str:
+    import ast
+
+    source = source or signatures._source_path(module).read_text()
+    doc = ast.get_docstring(signatures._function(ast.parse(source), function))
+    (line,) = [text.strip() for text in doc.splitlines() if text.strip().startswith(name + ":")]
+    return line
+
+
+def test_learning_rate_help_names_the_rule_and_bounds_the_code_uses():
+    """learning_rate=0: fastai's valley, held to each trainer's bounds (choose_rate)."""
+    from components.train_lm import training as lm_training
+    from components.train_text import schedule
+
+    def rate(value: float) -> str:
+        return signatures.rate_text(value)
+
+    bounds = {
+        "text": (rate(schedule.MIN_FOUND_LR), rate(schedule.MAX_FOUND_LR_WHOLE),
+                 rate(schedule.MAX_FOUND_LR_HEAD), str(schedule.BOUNDS_N_HID)),
+        "lm": (f"{rate(lm_training.MIN_FOUND_LR)}..{rate(lm_training.MAX_FOUND_LR)}",),
+    }
+    for module, function, kind in LEARNING_RATE_HELP:
+        line = _help(module, function, "learning_rate")
+        assert "valley" in line and "steep" not in line and "minimum" not in line, line
+        for text in bounds[kind]:
+            assert text in line, (module, text)
+
+
+def test_the_learning_rate_sentence_is_written_from_beside_choose_rate():
+    """Changing the sentence next to choose_rate is one edit: the generator writes the rest."""
+    home = "components.common.fastai_text"
+    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
+    assert home in sources
+    old = 'FOUND_RATE_HELP = ("0 finds it'
+    assert old in sources[home]
+    sources[home] = sources[home].replace(old, 'FOUND_RATE_HELP = ("0 asks lr_find: it')
+    wanted = signatures.written(sources)
+    changed = {m for m in sources if wanted[m] != sources[m]}
+    assert changed == {m for m, _, _ in LEARNING_RATE_HELP}
+    for module, function, _ in LEARNING_RATE_HELP:
+        line = _help(module, function, "learning_rate", wanted[module])
+        assert "; 0 asks lr_find: it" in line and "0 finds it" not in line

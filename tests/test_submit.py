@@ -189,6 +189,13 @@ def test_dry_run_prints_the_request_without_credentials(pipeline_json, capsys):
     assert "pipelineSpec" not in request
 
 
+def test_submit_names_the_gpus_the_run_holds_at_once(pipeline_json, capsys):
+    assert submit.main(_argv(pipeline_json, "--dry-run")) == 0
+    out, err = capsys.readouterr()
+    json.loads(out)  # the request alone on stdout
+    assert f"quota: this run holds 2 x NVIDIA_TESLA_V100 at once in {REGION}" in err
+
+
 # ---------------------------------------------------------------- bad input: exit code 2
 
 @pytest.mark.parametrize("extra, message", [

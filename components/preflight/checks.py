@@ -565,6 +565,25 @@ def check_job_account(parameters: Mapping[str, Any]) -> None:
             "(NAME@PROJECT.iam.gserviceaccount.com); leave it empty for Vertex's default")
 
 
+def check_tensorboard_account(parameters: Mapping[str, Any]) -> None:
+    """Refuses a run whose training jobs upload to a TensorBoard but run as no user-managed
+    service account, which Vertex refuses when the first training job starts.
+
+    `tensorboard` is set when the pipeline was compiled with `--tensorboard`; compile.py
+    checks its own `--service-account`, but a run may set `job_service_account` to "".
+
+    Raises:
+        PreflightError: Naming both ways out.
+    """
+    tensorboard = str(parameters.get("tensorboard", "") or "")
+    if tensorboard and not str(parameters.get("job_service_account", "") or ""):
+        raise PreflightError(
+            f"job_service_account is empty, but this pipeline was compiled with --tensorboard "
+            f"{tensorboard} and Vertex refuses TensorBoard uploads from jobs without a "
+            "user-managed service account: set job_service_account "
+            "(NAME@PROJECT.iam.gserviceaccount.com), or compile without --tensorboard")
+
+
 def check_predict_uri(uri: str, kind: str) -> None:
     """Refuses a `predict_uri` that is not there: a folder (images) or a file (texts).
 
@@ -611,6 +630,7 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
         raise PreflightError(f"unknown pipeline kind {kind!r}; known: {sorted(CHECKS)}")
     CHECKS[kind](parameters)
     check_job_account(parameters)
+    check_tensorboard_account(parameters)
     # Both text kinds label a CSV of texts.
     check_predict_uri(str(parameters.get("predict_uri", "")),
                       "image" if kind == "image" else "text")

@@ -48,6 +48,7 @@ def preflight_image(
     predict_uri: str = "",
     tracking_uri: str = "",
     job_service_account: str = "",
+    tensorboard: str = "",
 ) -> NamedTuple("Outputs", [("data_fingerprint", str), ("weights_fingerprint", str),
                             ("predict_fingerprint", str)]):
     """Refuses image pipeline settings that a later step would refuse, before any paid job
@@ -56,7 +57,8 @@ def preflight_image(
     cache key changes exactly when they change.
 
     Args:
-        data_uri: See the pipeline. Every other parameter is the pipeline's, checked by the step that uses it.
+        data_uri: See the pipeline. Every other parameter but tensorboard is the pipeline's, checked by the step that uses it.
+        tensorboard: Not a pipeline parameter: the TensorBoard the training jobs upload to, set at compile time (compile.py --tensorboard); with one, an empty job_service_account is refused (Vertex would refuse the training job).
 
     Returns:
         data_fingerprint: "sha256:<digest>:<files>", a digest of the input's listing (names, sizes, versions).
@@ -111,6 +113,7 @@ def preflight_text(
     predict_uri: str = "",
     tracking_uri: str = "",
     job_service_account: str = "",
+    tensorboard: str = "",
 ) -> NamedTuple("Outputs", [("data_fingerprint", str), ("lm_assets_fingerprint", str),
                             ("predict_fingerprint", str)]):
     """Refuses text pipeline settings that a later step would refuse (and a missing
@@ -119,7 +122,8 @@ def preflight_text(
     input of the step that reads those files.
 
     Args:
-        data_uri: See the pipeline. Every other parameter is the pipeline's, checked by the step that uses it.
+        data_uri: See the pipeline. Every other parameter but tensorboard is the pipeline's, checked by the step that uses it.
+        tensorboard: Not a pipeline parameter: the TensorBoard the training jobs upload to, set at compile time (compile.py --tensorboard); with one, an empty job_service_account is refused (Vertex would refuse the training job).
 
     Returns:
         data_fingerprint: "sha256:<digest>:<files>", a digest of the input's listing (name, size, version).
@@ -167,6 +171,7 @@ def preflight_transformer(
     predict_uri: str = "",
     tracking_uri: str = "",
     job_service_account: str = "",
+    tensorboard: str = "",
 ) -> NamedTuple("Outputs", [("data_fingerprint", str), ("model_fingerprint", str),
                             ("predict_fingerprint", str)]):
     """Refuses transformer pipeline settings that a later step would refuse (and a
@@ -175,7 +180,8 @@ def preflight_transformer(
     an input of the step that reads those files.
 
     Args:
-        data_uri: See the pipeline. Every other parameter is the pipeline's, checked by the step that uses it.
+        data_uri: See the pipeline. Every other parameter but tensorboard is the pipeline's, checked by the step that uses it.
+        tensorboard: Not a pipeline parameter: the TensorBoard the training jobs upload to, set at compile time (compile.py --tensorboard); with one, an empty job_service_account is refused (Vertex would refuse the training job).
 
     Returns:
         data_fingerprint: "sha256:<digest>:<files>", a digest of the input's listing (name, size, version).
@@ -212,12 +218,14 @@ def preflight_lm(
     seed: int = 42,
     tracking_uri: str = "",
     job_service_account: str = "",
+    tensorboard: str = "",
 ) -> str:
     """Refuses language model pipeline settings and a corpus the training step would
     refuse, before the GPU job starts, and fingerprints the corpus. Never cached.
 
     Args:
-        corpus_uri: See the pipeline. Every other parameter is the pipeline's, checked by the step that uses it.
+        corpus_uri: See the pipeline. Every other parameter but tensorboard is the pipeline's, checked by the step that uses it.
+        tensorboard: Not a pipeline parameter: the TensorBoard the training jobs upload to, set at compile time (compile.py --tensorboard); with one, an empty job_service_account is refused (Vertex would refuse the training job).
 
     Returns:
         "sha256:<digest>:<files>", a digest of the corpus listing (name, size, version).

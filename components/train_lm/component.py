@@ -38,7 +38,7 @@ def train_language_model(
         epochs: Epochs of each direction's one-cycle schedule.
         batch_size: Token streams per batch.
         seq_len: Tokens per backpropagation-through-time step.
-        learning_rate: Peak learning rate; 0 finds it with fastai's lr_find (its steep point, else its minimum/10, within 1e-4..3e-2).
+        learning_rate: Peak learning rate; 0 finds it with fastai's lr_find: its valley, held to 1e-3..3e-2; without a valley, the bounds' geometric middle.
         drop_mult: Multiplier of every AWD-LSTM dropout.
         min_freq: Tokens seen fewer times become xxunk.
         max_vocab: Largest vocabulary kept.

@@ -49,7 +49,7 @@ def train_text_classifier(
         threshold: Multi-label decision threshold on each label's probability.
         monitor: Metric whose best epoch is kept: valid_loss, f1_score (macro F1), accuracy_multi (multi-label) or accuracy (single-label).
         unfreeze: How a pretrained or LM-fine-tuned encoder is unfrozen: "gradual" (ULMFiT: head, top 2 groups, top 3, then everything, one epoch each, discriminative rates), "all" (everything from the first epoch at one rate), or "auto": gradual when an epoch has at least 50 batches, else all (on small data gradual stages are too short to learn). A random encoder always trains everything at once.
-        learning_rate: Peak learning rate of the classifier's first stage (with gradual unfreezing, later stages use 1/2, 1/4, then 1/20 of it); 0 finds it with fastai's lr_find (its steep point, else its minimum/10, within 1e-4..5e-2).
+        learning_rate: Peak learning rate of the classifier's first stage (with gradual unfreezing, later stages use 1/2, 1/4, then 1/20 of it); 0 finds it with fastai's lr_find: its valley, held to 3e-3..5e-2 when gradual unfreezing trains the head first, else 3e-3..5e-3 times 1152/n_hid, capped at 5e-2; without a valley, the bounds' geometric middle.
         lm_learning_rate: Peak learning rate of the unfrozen language model epochs (its frozen first epoch uses 10x).
         seq_len: Tokens per backpropagation-through-time step.
         min_freq: Tokens seen fewer times in the training texts become xxunk.

@@ -20,7 +20,7 @@ from components.track import component as track_component
 from components.train_image import component as train_component
 from components.tune import component as tune_component
 from pipelines.definitions import registry, tuning
-from pipelines.definitions.vertex import VertexSettings
+from pipelines.definitions.vertex import VertexSettings, preflight_inputs
 
 PIPELINE_NAME = "image-classifier"
 TUNING_PIPELINE_NAME = "image-classifier-tuning"
@@ -161,7 +161,8 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         # First, before anything else is named: every pipeline parameter, checked on a
         # light machine before the first paid job; never cached (it fingerprints the data).
         preflight = preflight_op(**{name: value for name, value in locals().items()
-                                    if name in preflight_op.component_spec.inputs})
+                                    if name in preflight_op.component_spec.inputs},
+                                 **preflight_inputs(vertex))
         preflight.set_display_name("preflight").set_caching_options(False)
         job = {"service_account": job_service_account} if vertex is not None else {}
         shard = shard_op(

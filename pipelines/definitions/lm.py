@@ -13,7 +13,7 @@ from components.preflight import component as preflight_component
 from components.track import component as track_component
 from components.train_lm import component as train_lm_component
 from components.train_lm.contract import METRICS_FILE
-from pipelines.definitions.vertex import VertexSettings
+from pipelines.definitions.vertex import VertexSettings, preflight_inputs
 
 PIPELINE_NAME = "language-model"
 
@@ -76,7 +76,7 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             epochs: Epochs per direction (one-cycle schedule).
             batch_size: Token streams per batch.
             seq_len: Tokens per backpropagation-through-time step.
-            learning_rate: Peak learning rate; 0 finds it with lr_find (steep point, else minimum/10).
+            learning_rate: Peak learning rate; 0 finds it with fastai's lr_find: its valley, held to 1e-3..3e-2; without a valley, the bounds' geometric middle.
             drop_mult: Multiplier of every AWD-LSTM dropout.
             min_freq: Rarer tokens become xxunk.
             max_vocab: Largest vocabulary kept.
@@ -91,7 +91,8 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         # Checked on a light machine before the GPU job; never cached (it fingerprints
         # the corpus, which keys the training step's cache).
         preflight = preflight_op(**{name: value for name, value in locals().items()
-                                    if name in preflight_op.component_spec.inputs})
+                                    if name in preflight_op.component_spec.inputs},
+                                 **preflight_inputs(vertex))
         preflight.set_display_name("preflight").set_caching_options(False)
         job = {"service_account": job_service_account} if vertex is not None else {}
         train = train_op(

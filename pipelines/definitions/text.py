@@ -23,7 +23,7 @@ from components.train_text import component as train_component
 from components.train_text.contract import TRAINING_METRICS_FILE
 from components.tune import component as tune_component
 from pipelines.definitions import registry, tuning
-from pipelines.definitions.vertex import VertexSettings
+from pipelines.definitions.vertex import VertexSettings, preflight_inputs
 
 PIPELINE_NAME = "text-classifier"
 TUNING_PIPELINE_NAME = "text-classifier-tuning"
@@ -144,7 +144,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             threshold: Multi-label decision threshold.
             monitor: Metric whose best epoch is kept (valid_loss, f1_score, accuracy_multi or accuracy).
             unfreeze: How a pretrained or fine-tuned encoder is unfrozen: gradual (ULMFiT), all (at once) or auto (gradual from 50 batches per epoch).
-            learning_rate: Peak learning rate of the classifier's first stage; 0 finds it with lr_find (steep point, else minimum/10).
+            learning_rate: Peak learning rate of the classifier's first stage; 0 finds it with fastai's lr_find: its valley, held to 3e-3..5e-2 when gradual unfreezing trains the head first, else 3e-3..5e-3 times 1152/n_hid, capped at 5e-2; without a valley, the bounds' geometric middle.
             lm_learning_rate: Peak learning rate of the unfrozen LM epochs.
             seq_len: Tokens per backpropagation-through-time step.
             min_freq: Rarer tokens become xxunk.
@@ -165,7 +165,8 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         # First, before anything else is named: every pipeline parameter, checked on a
         # light machine before the first paid job; never cached (it fingerprints the data).
         preflight = preflight_op(**{name: value for name, value in locals().items()
-                                    if name in preflight_op.component_spec.inputs})
+                                    if name in preflight_op.component_spec.inputs},
+                                 **preflight_inputs(vertex))
         preflight.set_display_name("preflight").set_caching_options(False)
         job = {"service_account": job_service_account} if vertex is not None else {}
         prepare = prepare_task(prepare_op, preflight, job, locals())

@@ -19,7 +19,7 @@ from components.train_transformer.contract import TRAINING_METRICS_FILE
 from components.tune import component as tune_component
 from pipelines.definitions import text, tuning
 from pipelines.definitions.text import Outputs
-from pipelines.definitions.vertex import VertexSettings
+from pipelines.definitions.vertex import VertexSettings, preflight_inputs
 
 PIPELINE_NAME = "text-transformer"
 TUNING_PIPELINE_NAME = "text-transformer-tuning"
@@ -138,7 +138,8 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         # light machine before the first paid job; never cached (it fingerprints the data
         # and a model_name folder).
         preflight = preflight_op(**{name: value for name, value in locals().items()
-                                    if name in preflight_op.component_spec.inputs})
+                                    if name in preflight_op.component_spec.inputs},
+                                 **preflight_inputs(vertex))
         preflight.set_display_name("preflight").set_caching_options(False)
         job = {"service_account": job_service_account} if vertex is not None else {}
         prepare = text.prepare_task(prepare_op, preflight, job, locals())

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 import yaml
 
 from components.tune.contract import TUNABLE, SearchSpace
-from pipelines.definitions.vertex import Machine, VertexSettings
+from pipelines.definitions.vertex import Machine, VertexSettings, boot_disk_type
 
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
 TRIALS_OUTPUT = "trials"
@@ -116,7 +116,8 @@ def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine) -> d
     return {
         "machine_spec": machine_spec,
         "replica_count": 1,
-        "disk_spec": {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": machine.boot_disk_size_gb},
+        "disk_spec": {"boot_disk_type": boot_disk_type(machine.machine_type),
+                      "boot_disk_size_gb": machine.boot_disk_size_gb},
         "container_spec": {
             "image_uri": image,
             "command": ["python3", "-m", "components.tune.trial"],

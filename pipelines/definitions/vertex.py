@@ -91,6 +91,11 @@ GPU_MACHINES: Mapping[str, tuple[str, int]] = {
     "a3-ultragpu-8g": ("NVIDIA_H200_141GB", 8),
     "a4-highgpu-8g": ("NVIDIA_B200", 8),
 }
+# Vertex's DiskSpec.boot_disk_type takes "pd-ssd" (its default), "pd-standard" or
+# "hyperdisk-balanced", its default for A3 Ultra (aiplatform_v1.DiskSpec's docstring;
+# https://cloud.google.com/vertex-ai/docs/reference/rest/v1/DiskSpec). A3 Ultra and A4
+# machines boot from Hyperdisk only (Compute Engine); every other machine here takes pd-ssd.
+HYPERDISK_MACHINE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-")
 # GPUs attached to N1 machines: GPU count -> the most vCPUs an N1 machine may have with them.
 N1_GPU_VCPUS: Mapping[str, Mapping[int, int]] = {
     "NVIDIA_TESLA_T4": {1: 48, 2: 48, 4: 96},
@@ -99,6 +104,20 @@ N1_GPU_VCPUS: Mapping[str, Mapping[int, int]] = {
     "NVIDIA_TESLA_P4": {1: 24, 2: 48, 4: 96},
     "NVIDIA_TESLA_K80": {1: 8, 2: 16, 4: 32, 8: 64},
 }
+
+
+def boot_disk_type(machine_type: str) -> str:
+    """The boot disk type Vertex takes for `machine_type`'s family.
+
+    Args:
+        machine_type: Compute Engine machine type, e.g. "a3-ultragpu-8g".
+
+    Returns:
+        "hyperdisk-balanced" for A3 Ultra and A4 machines, else "pd-ssd".
+    """
+    if machine_type.startswith(HYPERDISK_MACHINE_PREFIXES):
+        return "hyperdisk-balanced"
+    return "pd-ssd"
 
 
 def machine_problems(step: str, machine: Machine) -> list[str]:
@@ -211,6 +230,18 @@ class VertexSettings:
                              tensorboard=self.tensorboard if step in TRAINING_STEPS else "")
 
 
+def preflight_inputs(vertex: VertexSettings | None) -> dict[str, str]:
+    """Compile-time settings the preflight step checks a run's parameters against.
+
+    The TensorBoard the training jobs upload to, when there is one: Vertex refuses it for
+    jobs without a user-managed account, and `job_service_account` is a run-time parameter.
+    Nothing for the local variant, or without a TensorBoard (the step's default is "").
+    """
+    if vertex is None or not vertex.tensorboard:
+        return {}
+    return {"tensorboard": vertex.tensorboard}
+
+
 def job_output_directory(base: str, display_name: str) -> str:
     """Each job's own folder under `--base-output-directory`: `<base>/<run>/<job>`.
 
@@ -245,6 +276,7 @@ def as_custom_job(component: Callable, machine: Machine, settings: VertexSetting
         accelerator_type=machine.accelerator_type,
         accelerator_count=machine.accelerator_count,
         replica_count=machine.replica_count,
+        boot_disk_type=boot_disk_type(machine.machine_type),
         boot_disk_size_gb=machine.boot_disk_size_gb,
         strategy="SPOT" if settings.spot else "STANDARD",
         # Multi-worker all-reduce cannot go on without a lost worker: restart them all,

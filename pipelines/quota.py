@@ -1,0 +1,103 @@
+"""The GPUs a compiled pipeline holds at once, per type: what to check against the region's
+Vertex custom training quota before a run (`compile.py` and `pipelines.submit` print it).
+
+Read from the compiled JSON alone: each custom job's `worker_pool_specs` default (replicas x
+GPUs of every pool), times `parallel_trial_count` for a hyperparameter tuning job. Steps one
+after another do not add up; steps that may run side by side (neither waits for the other,
+e.g. evaluation and prediction after training) do.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+
+def step_gpus(component: Mapping) -> dict[str, int]:
+    """GPUs of each type one step holds while it runs; empty for a step without any.
+
+    Args:
+        component: A compiled component (`spec["components"][name]`).
+    """
+    parameters = component.get("inputDefinitions", {}).get("parameters", {})
+    pools = parameters.get("worker_pool_specs", {}).get("defaultValue") or []
+    # A tuning job runs this many trials, each on the pools, at once.
+    trials = int(parameters.get("parallel_trial_count", {}).get("defaultValue", 1))
+    gpus: dict[str, int] = {}
+    for pool in pools:
+        spec = pool.get("machine_spec", {})
+        if spec.get("accelerator_type"):
+            count = int(pool.get("replica_count", 1)) * int(spec.get("accelerator_count", 0))
+            gpus[spec["accelerator_type"]] = gpus.get(spec["accelerator_type"], 0) + trials * count
+    return gpus
+
+
+def _gpu_tasks(spec: Mapping, dag: Mapping, path: tuple[str, ...] = ()):
+    """(task names from the root dag down, GPUs) of every step holding GPUs, inside
+    sub-DAGs (`dsl.If` groups) too."""
+    for name, task in dag["tasks"].items():
+        component = spec["components"][task["componentRef"]["name"]]
+        if "dag" in component:
+            yield from _gpu_tasks(spec, component["dag"], path + (name,))
+        elif gpus := step_gpus(component):
+            yield path + (name,), gpus
+
+
+def _dag_at(spec: Mapping, path: tuple[str, ...]) -> Mapping:
+    dag = spec["root"]["dag"]
+    for name in path:
+        dag = spec["components"][dag["tasks"][name]["componentRef"]["name"]]["dag"]
+    return dag
+
+
+def _upstream(dag: Mapping) -> dict[str, set[str]]:
+    """Each task of `dag` to every task it waits for, directly or not."""
+    direct = {name: set(task.get("dependentTasks", [])) for name, task in dag["tasks"].items()}
+    seen: dict[str, set[str]] = {}
+
+    def visit(name: str) -> set[str]:
+        if name not in seen:
+            seen[name] = set()
+            for before in direct[name]:
+                seen[name] |= {before} | visit(before)
+        return seen[name]
+
+    return {name: visit(name) for name in direct}
+
+
+def _side_by_side(spec: Mapping, a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Whether steps `a` and `b` (paths from the root dag) may run at the same time: in the
+    dag where their paths part, neither's task waits for the other's."""
+    at = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    upstream = _upstream(_dag_at(spec, a[:at]))
+    return a[at] not in upstream[b[at]] and b[at] not in upstream[a[at]]
+
+
+def gpus_at_once(spec: Mapping) -> dict[str, int]:
+    """The most GPUs of each type the pipeline holds at one time.
+
+    For each type, the largest sum over steps that may all run side by side (every
+    subset of the steps with that GPU is tried: a pipeline has a handful). Branches of a
+    `dsl.If`/`dsl.Else` pair count as if both ran, which can only overstate.
+
+    Args:
+        spec: The compiled pipeline (its JSON as a dict).
+
+    Returns:
+        GPU type (e.g. "NVIDIA_TESLA_V100") to count; empty without GPUs.
+    """
+    tasks = list(_gpu_tasks(spec, spec["root"]["dag"]))
+    most: dict[str, int] = {}
+    for gpu in sorted({g for _, gpus in tasks for g in gpus}):
+        using = [(path, gpus[gpu]) for path, gpus in tasks if gpu in gpus]
+        for size in range(1, len(using) + 1):
+            for group in itertools.combinations(using, size):
+                if all(_side_by_side(spec, a, b)
+                       for (a, _), (b, _) in itertools.combinations(group, 2)):
+                    most[gpu] = max(most.get(gpu, 0), sum(n for _, n in group))
+    return most
+
+
+def describe(gpus: Mapping[str, int]) -> str:
+    """`gpus_at_once`'s answer as "6 x NVIDIA_TESLA_V100" (", "-joined), or "no GPU"."""
+    return ", ".join(f"{n} x {gpu}" for gpu, n in sorted(gpus.items())) or "no GPU"
