@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -73,6 +74,9 @@ from components.train_image.model import (
 
 log = logging.getLogger(__name__)
 
+# Tests only: seconds the chief sleeps before writing the model folder (read at call time),
+# so that a worker which did not wait for the chief would finish before the outputs exist.
+SLOW_CHIEF_VARIABLE = "TRAIN_IMAGE_TEST_CHIEF_DELAY"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,7 +481,8 @@ def train(
         config: How to train.
         checkpoint_dir: Folder of the resume state; default `<output_dir>/checkpoints`.
             Must be shared by all workers (gs:// on Vertex).
-        tensorboard_dir: TensorBoard logs; default `<output_dir>/tensorboard`.
+        tensorboard_dir: TensorBoard logs; default `<output_dir>/tensorboard`. Written by
+            the chief only (other workers log to their local disk, then delete it).
         strategy: A strategy to use instead of the one chosen from TF_CONFIG /
             CLUSTER_SPEC and the GPUs (tests use this for logical devices).
         callbacks: Extra tf-keras callbacks, run after the built-in ones each phase.
@@ -503,8 +508,12 @@ def train(
         weights = fetch_weights(config.weights, workdir)
         with setup.strategy.scope():
             model = build_model(len(setup.classes), setup.image_size, weights, config.dropout)
-        history, epoch = _run_phases(model, setup, config, inputs, tensorboard_dir,
-                                     trial, callbacks)
+        # Every worker runs the TensorBoard callback; tf-keras has the others write their
+        # own copy into `<log_dir>/workertemp_<task>` and delete it at the end. In the
+        # default log folder that is inside the model folder, which only the chief writes
+        # (a killed worker's copy would ship with the model): theirs stay on local disk.
+        logs = tensorboard_dir if setup.chief else os.path.join(workdir, "tensorboard")
+        history, epoch = _run_phases(model, setup, config, inputs, logs, trial, callbacks)
         final = {}
         if inputs.validation is not None:
             final = model.evaluate(inputs.validation, verbose=0, return_dict=True)
@@ -512,6 +521,7 @@ def train(
 
     metrics = _metrics(setup, history, final, epoch)
     if setup.chief:
+        _slow_down_for_tests()
         write_artifact(output_dir, snapshot, setup.manifest, config, history, metrics)
         setup.state.clear([p.name for p in setup.phases])
     _barrier(setup.strategy)
@@ -674,6 +684,15 @@ def _metrics(setup: _Setup, history: dict[str, list[dict[str, Any]]], final: dic
         "framework": f"tf-keras {tf_keras.__version__}",
     }
     return {k: v for k, v in metrics.items() if v is not None}
+
+
+def _slow_down_for_tests() -> None:
+    """Sleeps `SLOW_CHIEF_VARIABLE` seconds when a test sets it; nothing otherwise."""
+    delay = float(os.environ.get(SLOW_CHIEF_VARIABLE) or 0)
+    if delay > 0:
+        log.warning("%s=%s: the chief waits %.1f s before writing (a test)",
+                    SLOW_CHIEF_VARIABLE, delay, delay)
+        time.sleep(delay)
 
 
 def _barrier(strategy) -> None:
