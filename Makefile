@@ -37,8 +37,8 @@ models: $(MINILM)/model.safetensors
 # transformer pipeline fine-tuning all-MiniLM-L6-v2 (a small encoder's recipe: 1e-4, 4
 # epochs; docs/users.md). Prints the metrics beside baselines fitted on the same split.
 run: compile models
-	test -d $(DEMO)/digits || $(PY) -m pipelines.demo digits $(DEMO)/digits
-	test -f $(DEMO)/docstrings.csv || $(PY) -m pipelines.docstring_corpus $(DEMO)/docstrings.csv
+	test -d $(DEMO)/digits || $(PY) -m datamakers.demo digits $(DEMO)/digits
+	test -f $(DEMO)/docstrings.csv || $(PY) -m datamakers.docstring_corpus $(DEMO)/docstrings.csv
 	@echo "image demo: DenseNet121 from random weights. No package registry ships ImageNet weights" \
 		"that Keras' DenseNet121 loads, and a start learnt here (font glyphs) lost to random" \
 		"weights on 1 of 3 seeds (docs/measurements.md); on Vertex weights=imagenet is the default."
@@ -112,14 +112,14 @@ images-local: venv
 IMG_RUNS := runs/images
 rehearse-images: compile
 	rm -rf $(IMG_RUNS)
-	$(PY) -m pipelines.demo digits $(IMG_RUNS)/image/gcs/rehearsal-bucket/data/digits --per-class 40
+	$(PY) -m datamakers.demo digits $(IMG_RUNS)/image/gcs/rehearsal-bucket/data/digits --per-class 40
 	mkdir -p $(IMG_RUNS)/text/gcs/rehearsal-bucket/data
-	$(PY) -m pipelines.demo_text $(IMG_RUNS)/text/gcs/rehearsal-bucket/data/reviews.csv --rows 300
-	$(PY) -m pipelines.rehearse build/local/image_pipeline.json --output $(IMG_RUNS)/image \
+	$(PY) -m datamakers.demo_text $(IMG_RUNS)/text/gcs/rehearsal-bucket/data/reviews.csv --rows 300
+	$(PY) -m rehearsal build/local/image_pipeline.json --output $(IMG_RUNS)/image \
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/digits \
 		--param image_size=32 --param min_shards_per_split=4 --param weights=none \
 		--param epochs=8 --param fine_tune_epochs=0 --param registration_threshold=0.3
-	$(PY) -m pipelines.rehearse build/local/text_pipeline.json --output $(IMG_RUNS)/text \
+	$(PY) -m rehearsal build/local/text_pipeline.json --output $(IMG_RUNS)/text \
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/reviews.csv \
 		--param lang=fr --param pretrained=false \
 		--param lm_epochs=0 --param epochs=6 --param min_freq=1 \
@@ -130,15 +130,15 @@ rehearse-images: compile
 	cp $(IMG_RUNS)/text/gcs/rehearsal-bucket/data/reviews.csv $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/data/
 	$(PY) -m pipelines.tiny_transformer --data $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/data/reviews.csv \
 		--output $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/models/tiny-bert
-	$(PY) -m pipelines.rehearse build/local/transformer_pipeline.json --output $(IMG_RUNS)/transformer \
+	$(PY) -m rehearsal build/local/transformer_pipeline.json --output $(IMG_RUNS)/transformer \
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/reviews.csv \
 		--param model_name=gs://rehearsal-bucket/models/tiny-bert --param learning_rate=0.001 \
 		--param batch_size=8 --param epochs=15 --param max_length=96 --param early_stopping_patience=3
 	# The image tuning pipeline with the default space, 2 trials: each trial reports its
 	# metric as the image's user, where Vertex has it written (/var/hypertune).
 	$(PY) compile.py --output-dir $(IMG_RUNS)/build --tune-trials 2 --tune-parallel-trials 1
-	$(PY) -m pipelines.demo digits $(IMG_RUNS)/tuning/gcs/rehearsal-bucket/data/digits --per-class 40
-	$(PY) -m pipelines.rehearse $(IMG_RUNS)/build/image_tuning_pipeline.json \
+	$(PY) -m datamakers.demo digits $(IMG_RUNS)/tuning/gcs/rehearsal-bucket/data/digits --per-class 40
+	$(PY) -m rehearsal $(IMG_RUNS)/build/image_tuning_pipeline.json \
 		--output $(IMG_RUNS)/tuning --runtime image \
 		--param data_uri=gs://rehearsal-bucket/data/digits --param image_size=32 \
 		--param min_shards_per_split=4 --param weights=none --param epochs=2 \

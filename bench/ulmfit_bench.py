@@ -9,11 +9,11 @@ Pretraining (skipped with `--lm-assets`, the assets of an earlier run): `run_loc
 corpus much larger than the task that exists offline here, the task's own texts held out:
 
 - `debian`: the task is Debian's one-line package descriptions with their `works-with`
-  debtags (8 labels, `pipelines.debian_corpus`); the LM corpus every other package's
+  debtags (8 labels, `datamakers.debian_corpus`); the LM corpus every other package's
   description (`write_lm_corpus`: the task's source packages, their -dev/-doc twins and any
   equal text left out).
 - `docstrings`: the task is the standard library's docstrings, 7 packages as labels
-  (`pipelines.docstring_corpus`); the LM corpus the standard library's other docstrings plus
+  (`datamakers.docstring_corpus`); the LM corpus the standard library's other docstrings plus
   a fixed sample of the installed packages' (`write_source_corpus(hold_out=...,
   roots=[site-packages], max_characters=...)`), the task's paragraphs held out.
 
@@ -39,7 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pandas as pd  # noqa: E402
 
-from pipelines import debian_corpus, docstring_corpus, run_local  # noqa: E402
+from datamakers import debian_corpus, docstring_corpus  # noqa: E402
+from pipelines import run_local  # noqa: E402
 
 # Packages of the installed environment whose docstrings are generated API references
 # (cloud clients), left out of the docstring LM corpus: repetitive, and most of its bulk.

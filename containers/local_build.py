@@ -21,7 +21,7 @@ daemon, no user namespaces):
    is written into an image.
 
 Images are tagged with the URIs `compile.py` bakes into `build/local/*.json` (the placeholder
-registry), so `python -m pipelines.rehearse build/local/image_pipeline.json --runtime image`
+registry), so `python -m rehearsal build/local/image_pipeline.json --runtime image`
 runs each step in them. Build times and image sizes go to `build/images/report.json`.
 """
 

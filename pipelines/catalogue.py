@@ -1,5 +1,5 @@
 """The pipelines by kind: how each is built, what its data parameter is, how a run of it is
-summarised. The one table the tools (`run_local`, `tune_local`, `rehearse`) read."""
+summarised. The one table the tools (`run_local`, `tune_local`, `rehearsal`) read."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One reading of a pipeline parameter typed on a command line, for every tool.
 
-`run_local`, `submit` and `rehearse` all take pipeline parameters as text; they share this
+`run_local`, `submit` and `rehearsal` all take pipeline parameters as text; they share this
 parser so that "yes", "1e-3" or "nan" mean the same thing (or are refused the same way)
 wherever a user types them.
 """

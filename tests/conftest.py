@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from pipelines import gcs_api  # noqa: E402
+from rehearsal import gcs_api  # noqa: E402
 
 # The longest test files, most CPU first (seconds in a serial clean-clone `make test-all`,
 # 2026-11-24): started first, so that on several processes (files are dealt out whole,
@@ -42,6 +42,7 @@ LONGEST_FIRST = (
     "test_text_real.py",  # ~600: the text defaults on real text, 3 seeds
     "test_transformer_real.py",  # ~700: MiniLM on two real corpora, 3 seeds each
     "test_rehearse.py",  # ~270
+    "test_image_replicas.py",  # ~205 (2 TF workers, 3 runs; measured with load ~4 on 2 cores)
     "test_train_image.py",  # ~250
     "test_tuning.py",  # ~230
     "test_gpu_bench.py",  # ~210

@@ -19,7 +19,8 @@ from PIL import Image
 from components.formats.image_models import load_keras_model
 from components.train_image import model as model_lib
 from components.train_image.training import _compile
-from pipelines import base_weights, font_glyphs, glyph_start
+from datamakers import font_glyphs, glyph_start
+from pipelines import base_weights
 
 SIZE = 32
 # Fonts every venv has: matplotlib ships DejaVu, STIX and Computer Modern faces, and

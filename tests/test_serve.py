@@ -23,7 +23,7 @@ from components.predict.serving import (
     parse_instances,
     serve_settings,
 )
-from components.train_text.contract import read_labels
+from components.text_common.contract import read_labels
 from pipelines import serve as serve_cli
 from tests.conftest import free_port, http_json, served_as_on_vertex
 
@@ -200,7 +200,7 @@ def text_model(request, tmp_path_factory):
     from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
     from components.train_text.contract import TrainConfig
     from components.train_text.training import train_text_classifier
-    from pipelines.demo_text import write_reviews_csv
+    from datamakers.demo_text import write_reviews_csv
     from tests.test_text_train import FAST, TINY
 
     root = tmp_path_factory.mktemp("serve")
@@ -387,7 +387,7 @@ def test_a_text_over_spacys_limit_is_read_up_to_the_limit_in_batch_and_online(
     """A 1.4-million-character text (spaCy refuses over 1,000,000) is read up to
     MAX_TEXT_CHARS: its row is predicted and flagged, every other row predicted as usual."""
     from components.predict.serving import TextPredictor
-    from components.train_text.contract import MAX_TEXT_CHARS
+    from components.text_common.contract import MAX_TEXT_CHARS
 
     long = _long_text(1_400_000)
     pd.DataFrame({"avis": [TEXTS[0], long, TEXTS[1]]}).to_csv(tmp_path / "new.csv",
@@ -411,7 +411,7 @@ def test_a_text_over_spacys_limit_is_read_up_to_the_limit_in_batch_and_online(
 
 @pytest.mark.slow
 def test_server_answers_a_text_over_the_limit(server):
-    from components.train_text.contract import MAX_TEXT_CHARS
+    from components.text_common.contract import MAX_TEXT_CHARS
 
     text = _long_text(MAX_TEXT_CHARS + 5000)  # under the test server's body limit
     status, answer = _predict(server, {"instances": [text, "ok"]})

@@ -31,9 +31,13 @@ from pipelines.definitions import image, lm, text, transformer
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "components"
 # Frameworks a contract or format must not load when imported (light steps import them).
 HEAVY = ("tensorflow", "tf_keras", "torch", "fastai", "transformers", "kfp")
-# What every step may import besides contracts: `common` (which imports no step) and
-# `formats` (the readers and writers of the steps' outputs, which import contracts only).
-SHARED = ("common", "formats")
+# What every step may import besides contracts: `common` (which imports no step),
+# `formats` (the readers and writers of the steps' outputs, which import contracts only) and
+# `text_common` (what both text trainers share: model folder, text clipping, scores, reader).
+SHARED = ("common", "formats", "text_common")
+# The text trainers stand side by side on `text_common`: neither imports the other (not even
+# its contract), and `text_common` imports neither.
+TEXT_TRAINERS = ("train_text", "train_transformer")
 # A module named in a string, as `importlib.import_module` takes it ("a.b", or "a.b:name").
 MODULE_STRING = re.compile(r"components(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?")
 # Cross-step imports the rule lets through, each with its reason.
@@ -82,6 +86,8 @@ def _violations(path: pathlib.Path) -> list[str]:
         other = parts[1]
         if step == "common" and other != "common":
             problems.append(f"{path}:{line}: common imports {module}")
+        elif step in (*TEXT_TRAINERS, "text_common") and other in TEXT_TRAINERS and other != step:
+            problems.append(f"{path}:{line}: {step} imports the text trainer {module}")
         elif other not in (step, *SHARED) and parts[2:3] != ["contract"]:
             problems.append(f"{path}:{line}: {step} imports {module}, not {other}'s contract")
     return problems
@@ -116,11 +122,26 @@ def test_the_rule_catches_a_format_importing_step_logic_and_common_importing_a_f
         "from components.shard.contract import MANIFEST_NAME\n"  # a format reads contracts
         "from components.shard import records\n"
         "from components.formats import shards\n"))
-    assert len(_violations(ROOT / "formats" / "text_models.py")) == 1
+    assert len(_violations(ROOT / "formats" / "shards.py")) == 1
     assert len(_violations(ROOT / "common" / "storage.py")) == 3
 
 
-LIGHT = sorted(ROOT.glob("*/contract.py")) + sorted((ROOT / "formats").glob("*.py"))
+def test_the_text_trainers_stand_side_by_side(monkeypatch):
+    """Neither text trainer imports the other, even its contract; what both need is in
+    text_common, which imports neither."""
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self: (
+        "from components.train_text.contract import TrainConfig\n"
+        "from components.train_transformer.contract import FRAMEWORK\n"
+        "from components.text_common.contract import clip_text\n"  # shared: allowed
+        "from components.prepare_text.contract import MULTI_LABEL\n"))  # a contract: allowed
+    assert len(_violations(ROOT / "train_transformer" / "training.py")) == 1
+    assert len(_violations(ROOT / "train_text" / "training.py")) == 1
+    assert len(_violations(ROOT / "text_common" / "models.py")) == 2
+    assert len(_violations(ROOT / "evaluate_text" / "evaluation.py")) == 0
+
+
+LIGHT = (sorted(ROOT.glob("*/contract.py")) + sorted((ROOT / "formats").glob("*.py"))
+         + sorted((ROOT / "text_common").glob("*.py")))
 
 
 def test_contracts_and_formats_are_light_to_import():
@@ -219,14 +240,15 @@ def test_both_kinds_of_dataset_name_their_splits_alike():
     assert TEXT_SPLITS == IMAGE_SPLITS == ("train", "validation", "test")
 
 
-def _module_graph(root: pathlib.Path, package: str) -> dict[str, set[str]]:
-    """Module -> the modules of `package` (sub-packages included) it imports, at module
+def _module_graph(root: pathlib.Path, *packages: str) -> dict[str, set[str]]:
+    """Module -> the modules of `packages` (sub-packages included) it imports, at module
     level or inside functions (`from pipelines import run_local` counts as
     pipelines.run_local; a package's `__init__` is the package)."""
     modules = {}
-    for path in (root / package).rglob("*.py"):
-        parts = path.relative_to(root).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph = {}
     for name, path in modules.items():
         imported = set()
@@ -262,21 +284,72 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
+# The packages, lowest layer first: each imports only packages of lower layers (and
+# itself), never one above it or one beside it. The rehearsal (the Vertex stand-in that
+# runs compiled JSON) and the data makers both use pipelines' tools, never each other.
+LAYERS = {"components": 0, "pipelines": 1, "rehearsal": 2, "datamakers": 2}
+
+
 def test_the_pipelines_and_tools_import_no_circle():
     """Deferred imports inside functions count: a circle is a circle whenever it closes."""
-    graph = _module_graph(ROOT.parent, "pipelines")
+    graph = _module_graph(ROOT.parent, "pipelines", "rehearsal", "datamakers")
     assert "pipelines.local_run" in graph["pipelines.tune_local"]
     assert _cycle(graph) == []
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     # `from pipelines import run_local` inside a function is an edge too
     assert "pipelines.tune_local" in graph["pipelines.run_local"]
-    assert "pipelines.rehearse.spec" in graph["pipelines.rehearse.driver"]  # sub-packages too
+    assert "rehearsal.spec" in graph["rehearsal.driver"]  # across packages too
+    assert "pipelines.catalogue" in graph["rehearsal.driver"]
+    assert "datamakers.font_glyphs" in graph["datamakers.glyph_start"]
+
+
+def _package_imports(path: pathlib.Path) -> set[str]:
+    """The packages of LAYERS a file imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found & set(LAYERS)
+
+
+def _layer_violations(root: pathlib.Path) -> list[tuple[str, str]]:
+    """(file, package it imports) for every import of a package of the same or a higher
+    layer than the file's own."""
+    return [(path.relative_to(root).as_posix(), other)
+            for package, layer in LAYERS.items()
+            for path in sorted((root / package).rglob("*.py"))
+            for other in sorted(_package_imports(path) - {package}) if LAYERS[other] >= layer]
+
+
+def test_packages_import_only_the_layers_below_them():
+    """components imports none of pipelines, rehearsal, datamakers; pipelines imports
+    neither the rehearsal nor the data makers; those two do not import each other."""
+    assert _layer_violations(ROOT.parent) == []
+    root = ROOT.parent
+    assert _package_imports(root / "rehearsal" / "driver.py") >= {"components", "pipelines"}
+    # imports inside a function count
+    assert _package_imports(root / "datamakers" / "glyph_start.py") >= {"components", "pipelines"}
+
+
+def test_the_layer_rule_catches_an_import_upward_or_sideways(monkeypatch):
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self: (
+        "from components.common.storage import filesystem\n"
+        "def f():\n    import rehearsal.gcs_api\n"
+        "from datamakers import demo_text\n"
+        "import pipelines.params as params\n"))
+    seen = {(path.split("/")[0], other) for path, other in _layer_violations(ROOT.parent)}
+    assert seen == {("components", "pipelines"), ("components", "rehearsal"),
+                    ("components", "datamakers"), ("pipelines", "rehearsal"),
+                    ("pipelines", "datamakers"), ("rehearsal", "datamakers"),
+                    ("datamakers", "rehearsal")}
 
 
 def test_pipeline_definitions_import_no_tool():
     """The definitions (what compile.py builds) stand apart from the tools that run,
     rehearse, submit, serve and predict them: tools import definitions, never back."""
-    graph = _module_graph(ROOT.parent, "pipelines")
+    graph = _module_graph(ROOT.parent, "pipelines", "rehearsal", "datamakers")
     definitions = {m for m in graph if m.startswith("pipelines.definitions")}
     assert {"pipelines.definitions.image", "pipelines.definitions.vertex"} <= definitions
     tools = {m: sorted(graph[m] - definitions) for m in definitions if graph[m] - definitions}

@@ -12,12 +12,13 @@ from tensorboard.backend.event_processing.event_file_loader import LegacyEventFi
 
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
+from components.text_common.contract import TRAINING_METRICS_FILE
 from components.train_lm.contract import METRICS_FILE, LMConfig
 from components.train_lm.training import tensorboard_prefix, train_language_model
 from components.train_text import schedule
-from components.train_text.contract import TRAINING_METRICS_FILE, TrainConfig
+from components.train_text.contract import TrainConfig
 from components.train_text.training import train_text_classifier
-from pipelines.demo_text import write_reviews_csv
+from datamakers.demo_text import write_reviews_csv
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FIELDS = ("train_loss", "valid_loss", "seconds")

@@ -12,7 +12,7 @@ from kfp import compiler, local
 
 from components.common.metrics import multi_label_metrics
 from components.predict.contract import read_predictions
-from pipelines import demo_text
+from datamakers import demo_text
 from pipelines import predict as predict_cli
 from pipelines.definitions import text
 from pipelines.definitions.vertex import VertexSettings

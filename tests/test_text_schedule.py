@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from components.common import text_scores
 from components.common.fastai_text import choose_precision, choose_rate
+from components.text_common import scores as text_scores
 from components.train_text import assets, contract, schedule
 from components.train_text.contract import TextTrainingError
 

@@ -28,11 +28,11 @@ from fastai.text.all import (
 )
 from fastai.text.learner import _get_text_vocab
 
-from components.common.text_scores import validation_scalars
 from components.evaluate_text.evaluation import evaluate_text_model
 from components.formats.lm_assets import make_tokenizer, save_lm_assets
 from components.prepare_text.contract import read_split
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
+from components.text_common.scores import validation_scalars
 from components.train_text.assets import MissingAssetsError
 from components.train_text.contract import (
     TextTrainingError,
@@ -40,7 +40,7 @@ from components.train_text.contract import (
     parse_model_config,
 )
 from components.train_text.training import train_text_classifier
-from pipelines.demo_text import write_reviews_csv
+from datamakers.demo_text import write_reviews_csv
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FAST = dict(batch_size=8, min_freq=1, seq_len=24, lang="fr")

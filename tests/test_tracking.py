@@ -22,8 +22,8 @@ from components.track.tracking import (
     log_run,
     tracking_store,
 )
+from datamakers.demo_text import write_reviews_csv
 from pipelines import run_local
-from pipelines.demo_text import write_reviews_csv
 from tests.conftest import free_port, write_class_images
 
 TINY_TEXT = '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'

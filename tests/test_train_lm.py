@@ -27,7 +27,7 @@ from components.train_lm.training import (
 from components.train_text.assets import fetch_assets
 from components.train_text.contract import TrainConfig, required_files
 from components.train_text.training import train_text_classifier
-from pipelines.demo_text import write_reviews_csv
+from datamakers.demo_text import write_reviews_csv
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FAST = dict(batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=2)

@@ -14,18 +14,15 @@ import numpy as np
 import pytest
 
 from components.common.hf_transformers import import_transformers
-from components.common.text_scores import validation_scalars
 from components.evaluate_text.evaluation import evaluate_text_model
-from components.formats.text_models import load_text_model
 from components.predict.contract import TEXT, model_family
 from components.prepare_text.contract import read_split
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
+from components.text_common.contract import LABELS_FILE
+from components.text_common.models import load_text_model
+from components.text_common.scores import validation_scalars
 from components.train_transformer import distributed
-from components.train_transformer.contract import (
-    LABELS_FILE,
-    TransformerConfig,
-    TransformerTrainingError,
-)
+from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
 from components.train_transformer.tiny import write_tiny_model
 from components.train_transformer.training import (
     SLOW_RANK0_VARIABLE,
@@ -37,8 +34,8 @@ from components.train_transformer.training import (
     start_at_label_frequencies,
     train_transformer,
 )
+from datamakers.demo_text import write_reviews_csv
 from pipelines import run_local
-from pipelines.demo_text import write_reviews_csv
 from tests.conftest import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -561,7 +558,7 @@ def test_the_tiny_model_learns_real_text_on_every_seed(seed, tmp_path):
     label by 0.25 micro F1 and comes within 0.15 of TF-IDF + logistic regression on the
     test split, the text defaults' bars. Measured (2026-11-24): 0.613, 0.693, 0.715 on two
     torch threads, 0.564, 0.672, 0.654 on one; TF-IDF 0.690, 0.696, 0.686."""
-    from pipelines import docstring_corpus
+    from datamakers import docstring_corpus
 
     docstring_corpus.write_docstring_corpus(str(tmp_path / "docstrings.csv"))
     dataset = str(tmp_path / "dataset")

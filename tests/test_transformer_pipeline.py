@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 import compile as compile_cli
+import rehearsal as rehearse
 from components.preflight.checks import (
     PreflightError,
     check_transformer_run,
@@ -21,7 +22,8 @@ from components.prepare_text.contract import PrepareConfig, read_split
 from components.train_transformer import component as train_component
 from components.tune import selection, trial
 from components.tune.contract import DEFAULT_SPACES, TUNABLE
-from pipelines import docstring_corpus, rehearse, run_local
+from datamakers import docstring_corpus
+from pipelines import run_local
 from pipelines.definitions import transformer
 from tests.conftest import free_port, http_json, served_as_on_vertex
 

@@ -16,7 +16,8 @@ import json
 
 import pytest
 
-from pipelines import debian_corpus, docstring_corpus, run_local
+from datamakers import debian_corpus, docstring_corpus
+from pipelines import run_local
 
 SEEDS = (1, 2, 3)
 # The recipe for a small pretrained encoder on a few hundred texts (docs/users.md): at the

@@ -22,8 +22,8 @@ from components.prepare_text.preparation import PrepareConfig, prepare_text_data
 from components.train_text import assets
 from components.train_text.contract import TrainConfig
 from components.train_text.training import train_text_classifier
+from datamakers.demo_text import write_reviews_csv
 from pipelines import stage_wt103
-from pipelines.demo_text import write_reviews_csv
 from tests.conftest import write_fastai_lm_stand_in
 
 # Tokens the task has and the stand-in's vocabulary shares, and ones it lacks.

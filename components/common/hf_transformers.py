@@ -1,5 +1,5 @@
 """Importing Hugging Face `transformers` in our runtimes: the transformer trainer and the
-text-model reader (`components.formats.text_models`) both go through here.
+text-model reader (`components.text_common.models`) both go through here.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def gcs_mount_prefix() -> str:
     """Where Vertex's Cloud Storage FUSE mount shows buckets: KFP's `/gcs/`.
 
     Read from KFP at call time (not copied) so that artifact paths and our own gs://
-    mapping always agree, also in `pipelines.rehearse`, which points it elsewhere.
+    mapping always agree, also in `rehearsal`, which points it elsewhere.
     """
     from kfp.dsl.types import artifact_types
 

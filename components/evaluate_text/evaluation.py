@@ -44,7 +44,7 @@ def predict(model_dir: str, texts: list[str], batch_size: int = 64) -> np.ndarra
     Returns:
         Shape (len(texts), k): sigmoid per label (multi-label) or softmax (single-label).
     """
-    from components.formats.text_models import load_text_model
+    from components.text_common.models import load_text_model
 
     return load_text_model(model_dir).probabilities(texts, batch_size)
 
@@ -75,7 +75,7 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
         ValueError: The split is empty or the labels disagree.
     """
     from components.prepare_text.contract import read_manifest, read_split
-    from components.train_text.contract import read_labels
+    from components.text_common.contract import read_labels
 
     info = read_labels(model_dir)
     manifest = read_manifest(dataset_dir)
@@ -134,7 +134,7 @@ def _baselines(dataset_dir: str, manifest: dict[str, Any], frame, task: str,
 
 def _read_training(model_dir: str) -> dict[str, Any] | None:
     """The trainer's metrics.json (per-epoch history), None for a model without one."""
-    from components.train_text.contract import TRAINING_METRICS_FILE
+    from components.text_common.contract import TRAINING_METRICS_FILE
 
     path = os.path.join(model_dir, TRAINING_METRICS_FILE)
     if not os.path.exists(path):

@@ -6,8 +6,6 @@ framework to read or write those outputs lives here, one module per format:
 
 - `shards`: the tf.data reader of the sharding step's TFRecords.
 - `image_models`: the tf-keras loader of the image trainer's `model.keras`.
-- `text_models`: either text trainer's model folder as one kind of classifier (fastai
-  learner or Hugging Face model).
 - `lm_assets`: the tokenizer both fastai text trainers cut text with, and the writer of
   pretrained language model assets.
 

@@ -3,7 +3,7 @@
 Output: one JSON object per line (`predictions.jsonl`), one per input, in input order:
 `{"input": <file URI or CSV row index>, "labels": [...], "scores": {<label>: <probability>}}`,
 or `{"input": ..., "error": <reason>}` when the input cannot be read. A text over
-`MAX_TEXT_CHARS` characters (train_text's contract) is read up to it, and its line adds
+`MAX_TEXT_CHARS` characters (`components.text_common.contract`) is read up to it, and its line adds
 `"truncated": true`. Image inputs are files (any depth under a folder); text inputs are
 the rows of a CSV, numbered from 0 as data rows (the header is not a row). Nothing here
 imports TensorFlow, torch or fastai.
@@ -15,9 +15,9 @@ import json
 import os
 from typing import Any
 
-from components.formats.text_models import is_text_model_folder
+from components.text_common.contract import EXPORT_FILE
+from components.text_common.models import is_text_model_folder
 from components.train_image.contract import MODEL_FILE
-from components.train_text.contract import EXPORT_FILE
 
 PREDICTIONS_FILE = "predictions.jsonl"
 IMAGE, TEXT = "image", "text"

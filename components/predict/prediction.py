@@ -209,8 +209,8 @@ def decision_threshold(labels_info: dict[str, Any]) -> float | None:
 
 def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                    progress: bool, text_column: str) -> dict[str, Any]:
-    from components.formats.text_models import load_text_model
-    from components.train_text.contract import MAX_TEXT_CHARS
+    from components.text_common.contract import MAX_TEXT_CHARS
+    from components.text_common.models import load_text_model
 
     model = load_text_model(model_dir)
     info = model.info

@@ -27,7 +27,7 @@ from typing import Any
 
 from components.predict.contract import TEXT, PredictionError, model_family
 from components.predict.prediction import copy_model_locally, decision_threshold, prediction_line
-from components.train_text.contract import MAX_TEXT_CHARS
+from components.text_common.contract import MAX_TEXT_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +184,8 @@ class TextPredictor:
     """A loaded text model: labels, decision rule and learner, safe to call from threads."""
 
     def __init__(self, model_dir: str, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
-        from components.formats.text_models import load_text_model
-        from components.train_text.contract import TEXT_FIELD
+        from components.text_common.contract import TEXT_FIELD
+        from components.text_common.models import load_text_model
 
         check_servable(model_dir)
         self._model = load_text_model(model_dir)

@@ -341,7 +341,7 @@ def model_name_problems(model_name: str) -> list[str]:
     """What the transformer trainer would refuse in `model_name`, late, on the GPU.
 
     A folder (gs:// or local) must hold what `save_pretrained` writes: config.json and a
-    weights file (`contract.WEIGHTS_FILES`, or the index of their shards). A Hub name
+    weights file (`text_common.contract.WEIGHTS_FILES`, or the index of their shards). A Hub name
     must look like `[organisation/]name`; it is not looked up (the training job downloads
     it, with its own network access).
 
@@ -352,13 +352,8 @@ def model_name_problems(model_name: str) -> list[str]:
         One message naming `model_name` and what to give; empty when fine (or empty,
         which TransformerConfig refuses).
     """
-    from components.train_transformer.contract import (
-        DEFAULT_MODEL_NAME,
-        MODEL_CONFIG_FILE,
-        WEIGHTS_FILES,
-        has_weights,
-        model_name_is_path,
-    )
+    from components.text_common.contract import MODEL_CONFIG_FILE, WEIGHTS_FILES, has_weights
+    from components.train_transformer.contract import DEFAULT_MODEL_NAME, model_name_is_path
 
     name = model_name.strip()
     if not name:

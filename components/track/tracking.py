@@ -151,7 +151,7 @@ def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
         model_uri: The model artifact's URI.
         evaluation: The evaluation's metrics.json, or None.
     """
-    from components.train_text.contract import TRAINING_METRICS_FILE
+    from components.text_common.contract import TRAINING_METRICS_FILE
 
     with open(os.path.join(model_dir, TRAINING_METRICS_FILE)) as f:
         training = json.load(f)

@@ -65,8 +65,8 @@ def train_text_classifier(
     import os
 
     from components.common.provenance import provenance
-    from components.common.text_scores import validation_scalars
     from components.prepare_text.contract import MANIFEST
+    from components.text_common.scores import validation_scalars
     from components.train_text.contract import TrainConfig, parse_model_config
     from components.train_text.training import train_text_classifier as train
 

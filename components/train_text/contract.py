@@ -1,26 +1,21 @@
-"""The text trainer's contract: its settings and the model folder it writes.
+"""The ULMFiT text trainer's contract: its settings and the pretrained LM assets it reads.
 
-Model folder: `export.pkl` (the fastai learner; it reads a frame whose text column is
-`TEXT_FIELD`), `labels.json` (labels, task, thresholds), `metrics.json` (validation
-scores and training history), `per_label_metrics.json`; and the layout of pretrained
+Its model folder (`export.pkl`, `labels.json`, `metrics.json`, `per_label_metrics.json`)
+is the one both text trainers write: `components.text_common.contract` names it and
+`components.text_common.models` loads it. Here: the settings, and the layout of pretrained
 language model assets it reads. Other steps import this module only, never the trainer;
-nothing here imports fastai or torch. `components.formats.text_models` loads the model
-folder, `components.formats.lm_assets` holds the tokenizer and the assets writer.
+nothing here imports fastai or torch. `components.formats.lm_assets` holds the tokenizer
+and the assets writer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any
 
 from components.common.storage import filesystem
 
-EXPORT_FILE = "export.pkl"
-LABELS_FILE = "labels.json"
-TRAINING_METRICS_FILE = "metrics.json"
-PER_LABEL_FILE = "per_label_metrics.json"
 # Pretrained language models, under the lm_assets root (see assets.py):
 # <lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}, <lang>/spm/spm.model.
 SPM_LANGS = frozenset({"ja", "ko", "zh"})
@@ -29,15 +24,6 @@ SPM_FILE = "spm/spm.model"
 # The language of fastai's own pretrained AWD-LSTM (WikiText-103), which a pretrained run
 # without lm_assets starts from (assets.fetch_fastai_pretrained).
 FASTAI_PRETRAINED_LANG = "en"
-# The text column of the frames the learner was trained on, and predicts from.
-TEXT_FIELD = "text"
-# The most characters of one text the classifier reads: its first ones (`clip_text`).
-# spaCy refuses a text over 1,000,000 characters (E088), after fastai's rules, which can
-# make a text up to ~4x longer (spaces around "/", "#" and newlines; xxrep markers); the
-# AWD-LSTM reads every token one after another (2.5 ms a token measured on one CPU core
-# at fastai's default size), while it pools over the last 1,440 only. 20,000 characters
-# (~4,000 words) keeps one text around 10 s on a CPU endpoint.
-MAX_TEXT_CHARS = 20_000
 # What `monitor` may name: the losses, and the metric of multi- or single-label models.
 MONITORS = ("valid_loss", "train_loss", "f1_score", "accuracy_multi", "accuracy")
 # How a learnt encoder is unfrozen: ULMFiT's stages, everything at once, or by data size.
@@ -115,23 +101,6 @@ def parse_model_config(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TextTrainingError("model_config must be a JSON object, e.g. {\"emb_sz\": 400}")
     return value
-
-
-def read_labels(model_dir: str) -> dict[str, Any]:
-    """labels.json of a trained model folder."""
-    with open(os.path.join(model_dir, LABELS_FILE)) as f:
-        return json.load(f)
-
-
-def clip_text(text: str) -> str:
-    """The part of `text` a classifier reads: its first `MAX_TEXT_CHARS` characters.
-
-    Whatever feeds texts to a classifier cuts them here (`components.formats.text_models`
-    does, for evaluation, batch prediction and serving), so that a text over the limit is
-    read the same way in training and prediction; callers count the texts cut
-    (`len(text) > MAX_TEXT_CHARS`) and report them.
-    """
-    return text[:MAX_TEXT_CHARS]
 
 
 def direction(backwards: bool) -> str:

@@ -61,7 +61,7 @@ from fastai.text.all import (
     tokenize_df,
 )
 
-from components.common import run_state, text_scores
+from components.common import run_state
 from components.common.fastai_text import (
     FP32,
     EpochEnd,
@@ -75,9 +75,19 @@ from components.common.fastai_text import (
 from components.common.hypertune import TrialReporter
 from components.common.storage import write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
-from components.common.text_scores import labels_info, per_label_summary, validation_result
 from components.formats.lm_assets import make_tokenizer
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
+from components.text_common import scores as text_scores
+from components.text_common.contract import (
+    EXPORT_FILE,
+    LABELS_FILE,
+    MAX_TEXT_CHARS,
+    PER_LABEL_FILE,
+    TEXT_FIELD,
+    TRAINING_METRICS_FILE,
+    clip_text,
+)
+from components.text_common.scores import labels_info, per_label_summary, validation_result
 from components.train_text import schedule
 from components.train_text.assets import (
     LMAssets,
@@ -85,17 +95,7 @@ from components.train_text.assets import (
     resolve_assets,
     uses_fastai_pretrained,
 )
-from components.train_text.contract import (
-    EXPORT_FILE,
-    LABELS_FILE,
-    MAX_TEXT_CHARS,
-    PER_LABEL_FILE,
-    TEXT_FIELD,
-    TRAINING_METRICS_FILE,
-    TextTrainingError,
-    TrainConfig,
-    clip_text,
-)
+from components.train_text.contract import TextTrainingError, TrainConfig
 from components.train_text.vocabulary import FAKE, with_pretrained_tokens
 
 log = logging.getLogger(__name__)

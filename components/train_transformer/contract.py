@@ -5,8 +5,9 @@ Model folder: the Hugging Face model and tokenizer as `save_pretrained` writes t
 loads it; `labels.json` (labels, task, thresholds, text column, `"framework":
 "transformers"`, `max_length`), `metrics.json` (validation scores and training history)
 and `per_label_metrics.json`, the same three files the fastai text trainer writes, so
-evaluation, prediction, serving and tracking read either (`components.formats.text_models`
-loads the folder). Nothing here imports torch.
+evaluation, prediction, serving and tracking read either (`components.text_common.contract`
+names the files, `components.text_common.models` loads the folder). Nothing here imports
+torch.
 """
 
 from __future__ import annotations
@@ -15,13 +16,6 @@ import dataclasses
 import math
 import os
 
-# The same file names as the fastai text trainer (train_text's contract), read the same way.
-LABELS_FILE = "labels.json"
-TRAINING_METRICS_FILE = "metrics.json"
-PER_LABEL_FILE = "per_label_metrics.json"
-# What `save_pretrained` writes and `from_pretrained` needs of a model folder.
-MODEL_CONFIG_FILE = "config.json"
-WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
 FRAMEWORK = "transformers"
 # The default encoder: multilingual (about 100 languages, the fastai trainer's fr default and
 # ja/ko/zh included, with no per-language tokenizer to pick) and the usual strong base-size
@@ -79,19 +73,6 @@ class TransformerConfig:
             problems.append(f"monitor must be one of {MONITORS}, got {self.monitor!r}")
         if problems:
             raise TransformerTrainingError("; ".join(problems))
-
-
-def has_weights(files: set[str]) -> bool:
-    """Whether a model folder's file names include its weights (one file, or the index of
-    their shards, as `save_pretrained` writes a large model)."""
-    return any(name in files or f"{name}.index.json" in files for name in WEIGHTS_FILES)
-
-
-def is_transformer_folder(model_dir: str) -> bool:
-    """Whether a local folder holds a Hugging Face model (`config.json` and weights)."""
-    if not os.path.isfile(os.path.join(model_dir, MODEL_CONFIG_FILE)):
-        return False
-    return has_weights(set(os.listdir(model_dir)))
 
 
 def model_name_is_path(model_name: str) -> bool:

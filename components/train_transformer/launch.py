@@ -19,9 +19,10 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from components.common.text_scores import validation_scalars  # noqa: F401 (the component's)
+from components.text_common.contract import TRAINING_METRICS_FILE
+from components.text_common.scores import validation_scalars  # noqa: F401 (the component's)
 from components.train_transformer import distributed
-from components.train_transformer.contract import TRAINING_METRICS_FILE, TransformerConfig
+from components.train_transformer.contract import TransformerConfig
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,15 @@ from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
 from components.common.storage import TMP_PREFIX, filesystem, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
-from components.common.text_scores import (
+from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
+from components.text_common.contract import (
+    LABELS_FILE,
+    MAX_TEXT_CHARS,
+    PER_LABEL_FILE,
+    TRAINING_METRICS_FILE,
+    clip_text,
+)
+from components.text_common.scores import (
     constant_answer,
     frequency_bias,
     labels_info,
@@ -42,13 +50,8 @@ from components.common.text_scores import (
     per_label_summary,
     validation_result,
 )
-from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
-from components.train_text.contract import MAX_TEXT_CHARS, clip_text
 from components.train_transformer.contract import (
     FRAMEWORK,
-    LABELS_FILE,
-    PER_LABEL_FILE,
-    TRAINING_METRICS_FILE,
     TransformerConfig,
     TransformerTrainingError,
     model_name_is_path,

@@ -3,6 +3,7 @@
 `image`, `text`, `transformer` and `lm` build one pipeline each (a local variant for
 `kfp.local` and a Vertex one); `tuning` wraps a trainer in a Vertex tuning job, `vertex`
 places each step on its machine, `registry` uploads a model that cleared the gate. The
-tools that run, rehearse, submit, serve and predict with them are the modules beside
-this package (`python -m pipelines.run_local`, `pipelines.rehearse`, ...).
+commands that run, submit, serve and predict with them are the modules beside this
+package (`python -m pipelines.run_local`, ...); the rehearsal of their compiled JSON is
+the package `rehearsal`.
 """

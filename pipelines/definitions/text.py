@@ -18,9 +18,9 @@ from components.preflight import component as preflight_component
 from components.prepare_text import component as prepare_component
 from components.prepare_text.contract import MANIFEST, MULTI_LABEL
 from components.register import component as register_component
+from components.text_common.contract import TRAINING_METRICS_FILE
 from components.track import component as track_component
 from components.train_text import component as train_component
-from components.train_text.contract import TRAINING_METRICS_FILE
 from components.tune import component as tune_component
 from pipelines.definitions import registry, tuning
 from pipelines.definitions.vertex import VertexSettings, preflight_inputs

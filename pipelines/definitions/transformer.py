@@ -14,8 +14,8 @@ from typing import Any
 from kfp import dsl
 
 from components.preflight import component as preflight_component
+from components.text_common.contract import TRAINING_METRICS_FILE
 from components.train_transformer import component as train_component
-from components.train_transformer.contract import TRAINING_METRICS_FILE
 from components.tune import component as tune_component
 from pipelines.definitions import text, tuning
 from pipelines.definitions.text import Outputs

@@ -1,6 +1,6 @@
 """What the parts of a rehearsal hand each other: its error, task records and artifacts.
 
-Kept apart from the logic so that every module of `pipelines.rehearse` can use them
+Kept apart from the logic so that every module of `rehearsal` can use them
 without importing another's.
 """
 

@@ -67,7 +67,7 @@ def _start_once(log_path: Path) -> tuple[subprocess.Popen, int] | None:
     token = f"emulator-{uuid.uuid4().hex}"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.gcs_api", "start", "--host", "127.0.0.1",
+            [sys.executable, "-m", "rehearsal.gcs_api", "start", "--host", "127.0.0.1",
              "--port", str(port), "--in-memory", "--quiet", "--default-bucket", token],
             stdout=subprocess.DEVNULL, stderr=log,
         )
@@ -135,7 +135,7 @@ LISTEN_BACKLOG = 1024
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m pipelines.gcs_api start ...`: gcp-storage-emulator's command line, with a
+    """`python -m rehearsal.gcs_api start ...`: gcp-storage-emulator's command line, with a
     listen backlog that takes a whole batch of concurrent reads."""
     from http import server
 

@@ -2,7 +2,7 @@
 
 `--runtime local` starts each command as a process of this venv (`python3` on the PATH is
 this interpreter), with KFP's mount prefix pointed at the rehearsal's gcs/ folder
-(`rehearsal_site/sitecustomize.py`). `--runtime image` runs it with buildah inside the image
+(`step_site/sitecustomize.py`). `--runtime image` runs it with buildah inside the image
 the JSON names, built here by `make images-local`, with that folder mounted at /gcs and the
 Cloud Storage API an emulator seeded with it. Both show a step `gs://BUCKET/x` as the file
 `OUTPUT/gcs/BUCKET/x`: here at that path, inside an image at `/gcs/BUCKET/x`.
@@ -20,11 +20,10 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pipelines import gcs_api
-from pipelines.rehearse.records import RehearsalError
+from rehearsal import gcs_api
+from rehearsal.records import RehearsalError
 
-SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "rehearsal_site")
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "step_site")
 MOUNT_ENV = "REHEARSAL_GCS_MOUNT"
 RUNTIMES = ("local", "image")
 GCS_MOUNT = "/gcs"

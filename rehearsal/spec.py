@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipelines.params import parse_value
-from pipelines.rehearse.records import RehearsalError
+from rehearsal.records import RehearsalError
 
 # The project and region a rehearsal pretends to run in (placeholders and names show them).
 PROJECT = "rehearsal-project"

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
-
-MULTI_LABEL = "multi_label"  # the task name the text preparation step writes (its contract)
+from components.prepare_text.contract import MULTI_LABEL
 
 
 def validation_result(truth: np.ndarray, probs: np.ndarray, labels: Sequence[str], task: str,

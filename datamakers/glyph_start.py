@@ -1,16 +1,16 @@
 """A learned start made offline: DenseNet121 trained on the letters of real typefaces,
 written as the no-top weights file the image trainer's `weights` takes.
 
-    python -m pipelines.glyph_start OUT.h5 [--work DIR] [--epochs 14] [--steps-per-epoch 250]
+    python -m datamakers.glyph_start OUT.h5 [--work DIR] [--epochs 14] [--steps-per-epoch 250]
         [--seed 0] [--fonts DIR ...]
 
-Letters of every installed font (`pipelines.font_glyphs`) -> shards at 32 px (the
+Letters of every installed font (`datamakers.font_glyphs`) -> shards at 32 px (the
 sharding step) -> the image trainer from scratch (one phase; no flips: letters have a
 handedness) -> its DenseNet121 as OUT.h5 (`pipelines.base_weights`), with OUT.json beside
 it saying what it was made from and how well it reads letters it did not train on. No
 weights are downloaded: ImageNet's cannot be fetched here, and no package registry ships
 a file Keras' DenseNet121 loads. With those fonts installed (`--debian-packages` of
-`pipelines.font_glyphs`): 433 faces, 45,032 images; 14 epochs of 250 steps (112,000
+`datamakers.font_glyphs`): 433 faces, 45,032 images; 14 epochs of 250 steps (112,000
 images seen) took ~20 minutes on one core and read held-out letters at 98.4%. What it
 is worth on the digits demo, beside training from scratch: bench/image_pretrain_bench.py.
 """
@@ -50,7 +50,8 @@ def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int 
     from components.shard.sharding import shard_dataset
     from components.train_image import training
     from components.train_image.contract import TrainConfig
-    from pipelines import base_weights, font_glyphs
+    from datamakers import font_glyphs
+    from pipelines import base_weights
 
     start = time.perf_counter()
     glyphs, shards, model = (os.path.join(work, name) for name in ("glyphs", "shards", "model"))
@@ -78,7 +79,7 @@ def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.glyph_start",
+    parser = argparse.ArgumentParser(prog="python -m datamakers.glyph_start",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("output", help="the .h5 weights file to write")
     parser.add_argument("--work", default=None,
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.output.endswith(".h5"):
         parser.error("the output must be a .h5 file (what DenseNet121(weights=...) loads)")
-    from pipelines import font_glyphs
+    from datamakers import font_glyphs
 
     fonts = font_glyphs.find_fonts(args.fonts) if args.fonts else None
     with tempfile.TemporaryDirectory() as temporary:

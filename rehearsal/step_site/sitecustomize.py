@@ -1,4 +1,4 @@
-"""Loaded only by the step processes `pipelines.rehearse` starts (it puts this folder on
+"""Loaded only by the step processes `rehearsal` starts (it puts this folder on
 PYTHONPATH): points KFP's Cloud Storage FUSE prefix (`/gcs/`, which Vertex mounts) at the
 rehearsal's stand-in folder, so `artifact.path` and `components.common.storage.local_path`
 land there. Nothing else changes; outside a rehearsal this file is never imported.

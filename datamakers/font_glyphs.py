@@ -1,7 +1,7 @@
 """A real image set made offline: the letters of many typefaces, one class folder a letter.
 
-    python -m pipelines.font_glyphs OUT_DIR [--fonts DIR ...] [--size 32] [--chars CHARS]
-    python -m pipelines.font_glyphs --debian-packages   # what to apt-get install
+    python -m datamakers.font_glyphs OUT_DIR [--fonts DIR ...] [--size 32] [--chars CHARS]
+    python -m datamakers.font_glyphs --debian-packages   # what to apt-get install
 
 Each image is one character of one installed font (TrueType/OpenType): white ink on
 black, drawn as the typeface's designer drew it, at the font's own proportions (every
@@ -9,9 +9,9 @@ font scaled so its capital H is the same height; lower case sits on the same bas
 so `o` and `O` differ in size as on a page). The fonts are real work by many type
 designers (the Debian `fonts-*` packages the Makefile installs hold several hundred
 faces: serif, sans, monospace, script, handwriting, display); nothing here is generated
-beyond rasterising their outlines. It is the pretraining set of `pipelines.glyph_start`:
+beyond rasterising their outlines. It is the pretraining set of `datamakers.glyph_start`:
 DenseNet121 learns strokes, curves and their arrangement from 52 letter classes, then
-fine-tunes on a different set (scikit-learn's handwritten digits, `pipelines.demo`), as
+fine-tunes on a different set (scikit-learn's handwritten digits, `datamakers.demo`), as
 ImageNet weights would be fine-tuned on a user's photos. Digits are left out of the
 default classes on purpose, so the two sets share no class.
 
@@ -237,7 +237,7 @@ def write_glyphs(out_dir: str, font_paths: Sequence[str] | None = None, chars: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.font_glyphs",
+    parser = argparse.ArgumentParser(prog="python -m datamakers.font_glyphs",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", nargs="?")
     parser.add_argument("--debian-packages", action="store_true",

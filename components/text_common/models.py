@@ -1,10 +1,10 @@
 """A trained text classifier of either trainer, as one kind of model.
 
-The fastai trainer's folder (`export.pkl`, `labels.json`: `components.train_text.contract`)
-and the transformer trainer's (`save_pretrained`'s files, `labels.json`:
-`components.train_transformer.contract`) both load here as an object with `info` (the
-folder's labels.json) and `probabilities(texts, batch_size)`, so evaluation, prediction
-and serving read either. fastai, torch and transformers are imported when a model loads.
+The fastai trainer's folder (`export.pkl`, `labels.json`) and the transformer trainer's
+(`save_pretrained`'s files, `labels.json`), both named in `components.text_common.contract`,
+load here as an object with `info` (the folder's labels.json) and
+`probabilities(texts, batch_size)`, so evaluation, prediction and serving read either.
+fastai, torch and transformers are imported when a model loads.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from components.common.hf_transformers import import_transformers
 from components.prepare_text.contract import MULTI_LABEL
-from components.train_text.contract import (
+from components.text_common.contract import (
     EXPORT_FILE,
     LABELS_FILE,
     TEXT_FIELD,
     clip_text,
+    is_transformer_folder,
     read_labels,
 )
-from components.train_transformer.contract import is_transformer_folder
 
 if TYPE_CHECKING:
     import numpy as np

@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.common.storage import write_json_atomically
-from pipelines import gcs_api
-from pipelines.rehearse.records import ArtifactRef, RehearsalError, TaskRecord
-from pipelines.rehearse.runtimes import Runtime
-from pipelines.rehearse.spec import LOCATION, PROJECT_NUMBER
+from rehearsal import gcs_api
+from rehearsal.records import ArtifactRef, RehearsalError, TaskRecord
+from rehearsal.runtimes import Runtime
+from rehearsal.spec import LOCATION, PROJECT_NUMBER
 
 # Where Vertex has a trial write its metrics (CLOUD_ML_HP_METRIC_FILE), as its users report
 # it (GoogleCloudPlatform/cloudml-hypertune#6: writable only by root unless the image makes

@@ -16,13 +16,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import pipelines.rehearse.spec as ir
+import rehearsal.spec as ir
 from components.common.storage import write_json_atomically
 from pipelines.catalogue import SUMMARIES_BY_NAME
-from pipelines.rehearse.cache import TaskCache, cache_key
-from pipelines.rehearse.jobs import Preemption, VertexCalls, VertexJobs, task_kind
-from pipelines.rehearse.records import ArtifactRef, RehearsalError, TaskRecord
-from pipelines.rehearse.runtimes import Runtime
+from rehearsal.cache import TaskCache, cache_key
+from rehearsal.jobs import Preemption, VertexCalls, VertexJobs, task_kind
+from rehearsal.records import ArtifactRef, RehearsalError, TaskRecord
+from rehearsal.runtimes import Runtime
 
 
 class Rehearsal:
