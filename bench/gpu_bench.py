@@ -120,12 +120,11 @@ class TfKerasEngine:
     def model(self, classes: int, size: int, precision: str):
         import tf_keras
 
-        from components.train_image.model import build_model
-        from components.train_image.training import dtype_policy
+        from components.train_image.model import build_model, dtype_policy
 
         with dtype_policy(precision):
             model = build_model(classes, size, weights=None)
-            # as the trainer compiles (training._compile); the policy wraps the optimizer
+            # as the trainer compiles (phases._compile); the policy wraps the optimizer
             # in a LossScaleOptimizer under mixed_float16
             model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
                           loss="sparse_categorical_crossentropy")
@@ -261,7 +260,7 @@ def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
          images: int) -> dict:
     """Step time fed by the trainer's input pipeline over real shards vs by a batch in memory."""
     from components.train_image.contract import TrainConfig
-    from components.train_image.training import train_input
+    from components.train_image.inputs import train_input
 
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as workdir:
         shards, manifest = make_shards(workdir, images, size)

@@ -23,8 +23,10 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from components.shard import sharding  # noqa: E402
-from components.shard.sharding import ShardConfig, ShardTask  # noqa: E402
+from components.shard import planning, sharding, writing  # noqa: E402
+from components.shard.listing import list_labelled_files  # noqa: E402
+from components.shard.sharding import ShardConfig  # noqa: E402
+from components.shard.writing import ShardTask  # noqa: E402
 
 CLASSES = 5
 
@@ -46,19 +48,19 @@ def make_images(root: str, count: int, seed: int = 0) -> None:
 
 def bare_worker(task: ShardTask) -> dict:
     """Decode, resize and encode each image of the task; write nothing."""
-    for _, data in sharding.read_files(task.data_uri, [p for p, _ in task.items]):
-        sharding.process_image(data, task.config)
+    for _, data in writing.read_files(task.data_uri, [p for p, _ in task.items]):
+        writing.process_image(data, task.config)
     return {"file": task.filename}
 
 
 def bare_rate(root: str, workers: int, config: ShardConfig) -> float:
-    listing = sharding.list_labelled_files(root)
+    listing = list_labelled_files(root)
     paths = [(p, 0) for files in listing.files.values() for p in files]
     # the same number of tasks as the sharder writes shards
     tasks = [ShardTask(root, "", f"t{i}", items, config)
-             for i, items in enumerate(sharding.chunk(paths, 3 * config.min_shards_per_split))]
+             for i, items in enumerate(planning.chunk(paths, 3 * config.min_shards_per_split))]
     start = time.perf_counter()
-    sharding.run_tasks(tasks, workers, worker_fn=bare_worker, progress=False)
+    writing.run_tasks(tasks, workers, worker_fn=bare_worker, progress=False)
     return len(paths) / (time.perf_counter() - start)
 
 

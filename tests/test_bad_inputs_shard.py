@@ -10,8 +10,9 @@ import textwrap
 import pytest
 from PIL import Image
 
-from components.shard import sharding
-from components.shard.sharding import ShardConfig, ShardingError
+from components.shard import planning, sharding, writing
+from components.shard.contract import ShardingError
+from components.shard.sharding import ShardConfig
 from tests.conftest import write_class_images
 
 SMALL = dict(image_size=16, min_shards_per_split=2, num_workers=1)
@@ -61,10 +62,10 @@ def test_rerun_after_a_killed_run_removes_its_leftovers(tmp_path, image_folder):
     # A run killed (no exception handler runs) after one shard and half of another.
     script = textwrap.dedent(f"""
         import os
-        from components.shard import sharding
+        from components.shard import sharding, writing
 
         def killed(tasks, workers, progress):
-            sharding.write_shard(tasks[0])
+            writing.write_shard(tasks[0])
             with open(os.path.join({str(out)!r}, ".tmp-" + tasks[1].filename), "wb") as f:
                 f.write(b"half a shard")
             os._exit(9)
@@ -86,7 +87,7 @@ def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch)
     sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
 
     def fails(tasks, workers, progress):
-        sharding.write_shard(tasks[0])
+        writing.write_shard(tasks[0])
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(sharding, "run_tasks", fails)
@@ -153,7 +154,7 @@ def test_a_class_whose_only_test_file_is_unreadable_is_recorded(tmp_path):
     root = tmp_path / "data"
     written = write_class_images(str(root), per_class=10)
     config = ShardConfig(**SMALL, max_skipped_fraction=0.5)
-    splits = sharding.stratified_split(written, sorted(written), config.fractions, config.seed)
+    splits = planning.stratified_split(written, sorted(written), config.fractions, config.seed)
     [drawn] = [path for path, _ in splits["test"] if path.startswith("dog/")]
     (root / drawn).write_bytes(b"")
     manifest = sharding.shard_dataset(str(root), str(tmp_path / "out"), config, progress=False)

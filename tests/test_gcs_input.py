@@ -5,6 +5,8 @@ import socket
 import urllib.parse
 
 from components.shard import sharding
+from components.shard.contract import ShardingError
+from components.shard.listing import list_labelled_files
 from components.shard.sharding import ShardConfig
 from tests.conftest import http_json, plant_bad_files, write_class_images
 
@@ -38,8 +40,8 @@ def test_shards_a_gs_folder_like_a_local_one(gcs, tmp_path):
 def test_missing_gs_folder_is_a_clear_error(gcs, tmp_path):
     gcs.create_bucket("empty-bucket")
     try:
-        sharding.list_labelled_files("gs://empty-bucket/nothing-here")
-    except sharding.ShardingError as err:
+        list_labelled_files("gs://empty-bucket/nothing-here")
+    except ShardingError as err:
         assert "gs://empty-bucket/nothing-here" in str(err) and "does not exist" in str(err)
     else:
         raise AssertionError("no error for a missing gs:// folder")

@@ -18,7 +18,7 @@ from PIL import Image
 
 from components.formats.image_models import load_keras_model
 from components.train_image import model as model_lib
-from components.train_image.training import _compile
+from components.train_image.phases import _compile
 from datamakers import font_glyphs, glyph_start
 from pipelines import base_weights
 

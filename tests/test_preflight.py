@@ -8,18 +8,16 @@ import time
 import pytest
 
 from components.preflight import component as preflight_component
-from components.preflight.checks import (
-    PreflightError,
+from components.preflight.checks import input_fingerprints, preflight
+from components.preflight.data import data_fingerprint
+from components.preflight.parameters import PreflightError, coerce
+from components.preflight.pipeline_checks import (
     check_image_run,
     check_lm_run,
     check_text_run,
     check_transformer_run,
-    coerce,
-    data_fingerprint,
-    input_fingerprints,
     lang_problems,
     model_config_problems,
-    preflight,
     weights_problems,
 )
 from pipelines.definitions import image, lm, text, transformer

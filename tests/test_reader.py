@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from components.common import images
 from components.formats.shards import make_dataset
 from components.shard import sharding
 from components.shard.contract import read_manifest
@@ -26,7 +27,7 @@ def test_pixels_labels_and_keys_round_trip(tmp_path, image_folder, image_format)
     assert len(seen) == manifest["written"] == 36
     for path, (image, label) in seen.items():
         with open(os.path.join(image_folder, path), "rb") as f:
-            expected = np.asarray(sharding.resize(sharding.decode_image(f.read(), 24), 24, "crop"))
+            expected = np.asarray(images.resize(images.decode_image(f.read(), 24), 24, "crop"))
         assert label == manifest["label_map"][path.split("/")[0]]
         assert image.shape == (24, 24, 3) and image.dtype == np.uint8
         if image_format == "raw":

@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.shard import sharding
-from components.shard.sharding import BadImage, ShardConfig, ShardingError
+from components.common import images
+from components.common.images import BadImage
+from components.shard import planning, sharding
+from components.shard.contract import ShardingError
+from components.shard.listing import list_labelled_files
+from components.shard.sharding import ShardConfig
 from tests.conftest import plant_bad_files, write_class_images
 
 SMALL = dict(image_size=16, min_shards_per_split=2, num_workers=1)
@@ -20,42 +24,42 @@ SMALL = dict(image_size=16, min_shards_per_split=2, num_workers=1)
 
 def test_split_counts_round_val_and_test_and_give_train_the_rest():
     f = {"train": 0.8, "validation": 0.1, "test": 0.1}
-    assert sharding.split_counts(100, f) == {"train": 80, "validation": 10, "test": 10}
-    assert sharding.split_counts(7, f) == {"train": 5, "validation": 1, "test": 1}
-    assert sharding.split_counts(1, f) == {"train": 1, "validation": 0, "test": 0}
-    assert sharding.split_counts(2, {"train": 0, "validation": 0.5, "test": 0.5}) == {
+    assert planning.split_counts(100, f) == {"train": 80, "validation": 10, "test": 10}
+    assert planning.split_counts(7, f) == {"train": 5, "validation": 1, "test": 1}
+    assert planning.split_counts(1, f) == {"train": 1, "validation": 0, "test": 0}
+    assert planning.split_counts(2, {"train": 0, "validation": 0.5, "test": 0.5}) == {
         "train": 0, "validation": 1, "test": 1}
 
 
 def test_stratified_split_is_per_class_complete_and_seeded():
     files = {"a": [f"a/{i}" for i in range(50)], "b": [f"b/{i}" for i in range(10)]}
     fractions = {"train": 0.6, "validation": 0.2, "test": 0.2}
-    splits = sharding.stratified_split(files, ["a", "b"], fractions, seed=1)
+    splits = planning.stratified_split(files, ["a", "b"], fractions, seed=1)
     per_split = {s: Counter(label for _, label in items) for s, items in splits.items()}
     assert per_split["train"] == {0: 30, 1: 6}
     assert per_split["validation"] == {0: 10, 1: 2}
     assert per_split["test"] == {0: 10, 1: 2}
     everything = sorted(p for items in splits.values() for p, _ in items)
     assert everything == sorted(files["a"] + files["b"])
-    assert splits == sharding.stratified_split(files, ["a", "b"], fractions, seed=1)
-    assert splits != sharding.stratified_split(files, ["a", "b"], fractions, seed=2)
+    assert splits == planning.stratified_split(files, ["a", "b"], fractions, seed=1)
+    assert splits != planning.stratified_split(files, ["a", "b"], fractions, seed=2)
     # Input order does not matter: the listing order of a bucket is not a contract.
     shuffled = {"a": list(reversed(files["a"])), "b": files["b"]}
-    assert splits == sharding.stratified_split(shuffled, ["a", "b"], fractions, seed=1)
+    assert splits == planning.stratified_split(shuffled, ["a", "b"], fractions, seed=1)
 
 
 def test_shard_count_follows_size_target_with_floor_and_cap():
     # 10_000 records of 100 kB = 1 GB -> 10 shards of 100 MB
-    assert sharding.shard_count(10_000, 100e3, 100.0, min_shards=4) == 10
+    assert planning.shard_count(10_000, 100e3, 100.0, min_shards=4) == 10
     # small data: the floor keeps several files to interleave
-    assert sharding.shard_count(1_000, 30e3, 100.0, min_shards=16) == 16
+    assert planning.shard_count(1_000, 30e3, 100.0, min_shards=16) == 16
     # never more shards than examples, none for an empty split
-    assert sharding.shard_count(5, 30e3, 100.0, min_shards=16) == 5
-    assert sharding.shard_count(0, 30e3, 100.0, min_shards=16) == 0
+    assert planning.shard_count(5, 30e3, 100.0, min_shards=16) == 5
+    assert planning.shard_count(0, 30e3, 100.0, min_shards=16) == 0
 
 
 def test_chunk_is_contiguous_and_balanced():
-    parts = sharding.chunk(list(range(10)), 3)
+    parts = planning.chunk(list(range(10)), 3)
     assert parts == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
     assert sum(parts, []) == list(range(10))
 
@@ -84,7 +88,7 @@ def test_every_colour_mode_becomes_rgb(mode, fmt):
     if mode == "I;16":  # a real 16-bit image spans 0..65535 (Pillow's convert keeps 0..255)
         grey16 = Image.new("RGB", (1, 1), colour).convert("L").getpixel((0, 0)) * 257
         image = Image.fromarray(np.full((10, 20), grey16, dtype=np.uint16))
-    decoded = sharding.decode_image(_encoded(image, fmt), 8)
+    decoded = images.decode_image(_encoded(image, fmt), 8)
     assert decoded.mode == "RGB" and decoded.size == (20, 10)
     # The colour survives (grey for the one-channel modes), not inverted or clipped.
     grey = Image.new("RGB", (1, 1), colour).convert("L").getpixel((0, 0))
@@ -94,14 +98,14 @@ def test_every_colour_mode_becomes_rgb(mode, fmt):
 
 def test_transparent_pixels_become_white_not_hidden_colour():
     image = Image.new("RGBA", (4, 4), (255, 0, 0, 0))  # fully transparent red
-    decoded = sharding.decode_image(_encoded(image, "PNG"), 4)
+    decoded = images.decode_image(_encoded(image, "PNG"), 4)
     assert decoded.getpixel((0, 0)) == (255, 255, 255)
 
 
 def test_crop_fills_the_square_and_pad_letterboxes_with_black():
     image = Image.new("RGB", (40, 20), (255, 255, 255))
-    cropped = sharding.resize(image, 16, "crop")
-    padded = sharding.resize(image, 16, "pad")
+    cropped = images.resize(image, 16, "crop")
+    padded = images.resize(image, 16, "pad")
     assert cropped.size == padded.size == (16, 16)
     assert np.asarray(cropped).min() == 255
     rows = np.asarray(padded).mean(axis=(1, 2))
@@ -110,11 +114,11 @@ def test_crop_fills_the_square_and_pad_letterboxes_with_black():
 
 def test_raw_and_jpeg_encodings():
     image = Image.new("RGB", (16, 16), (10, 20, 30))
-    raw = sharding.encode_image(image, "raw", 95)
+    raw = images.encode_image(image, "raw", 95)
     assert len(raw) == 16 * 16 * 3 and raw[:3] == bytes([10, 20, 30])
-    jpeg = sharding.encode_image(image, "jpeg", 90)
+    jpeg = images.encode_image(image, "jpeg", 90)
     assert jpeg[:2] == b"\xff\xd8" and Image.open(io.BytesIO(jpeg)).size == (16, 16)
-    assert jpeg == sharding.encode_image(image, "jpeg", 90)  # deterministic
+    assert jpeg == images.encode_image(image, "jpeg", 90)  # deterministic
 
 
 @pytest.mark.parametrize("data,reason", [
@@ -123,13 +127,13 @@ def test_raw_and_jpeg_encodings():
 ])
 def test_bad_bytes_raise_bad_image_with_reason(data, reason):
     with pytest.raises(BadImage, match=reason):
-        sharding.decode_image(data, 8)
+        images.decode_image(data, 8)
 
 
 def test_truncated_jpeg_is_bad():
     data = _encoded(Image.new("RGB", (64, 64), (1, 2, 3)), "JPEG")
     with pytest.raises(BadImage, match="unreadable image"):
-        sharding.decode_image(data[: len(data) // 2], 8)
+        images.decode_image(data[: len(data) // 2], 8)
 
 
 # ----------------------------------------------------------------------- listing
@@ -140,7 +144,7 @@ def test_listing_ignores_stray_and_hidden_files(tmp_path):
     plant_bad_files(root)
     os.makedirs(tmp_path / ".git")
     (tmp_path / ".git" / "HEAD").write_text("ref")
-    listing = sharding.list_labelled_files(root)
+    listing = list_labelled_files(root)
     assert listing.classes == ["cat", "dog", "eel"]
     assert "cat/.hidden.jpg" not in listing.files["cat"]
     assert "eel/notes.txt" in listing.files["eel"]  # tried, then skipped as not an image
@@ -151,16 +155,16 @@ def test_listing_ignores_stray_and_hidden_files(tmp_path):
 
 def test_listing_errors_name_the_problem(tmp_path):
     with pytest.raises(ShardingError, match="does not exist"):
-        sharding.list_labelled_files(str(tmp_path / "missing"))
+        list_labelled_files(str(tmp_path / "missing"))
     write_class_images(str(tmp_path), per_class=1)
     os.makedirs(tmp_path / "zebra")
     with pytest.raises(ShardingError, match=r"\['zebra'\].*hold no files"):
-        sharding.list_labelled_files(str(tmp_path))
+        list_labelled_files(str(tmp_path))
     one = tmp_path / "one"
     (one / "only").mkdir(parents=True)
     Image.new("RGB", (4, 4)).save(one / "only" / "a.png")
     with pytest.raises(ShardingError, match="at least two"):
-        sharding.list_labelled_files(str(one))
+        list_labelled_files(str(one))
 
 
 # ----------------------------------------------------------------------- whole runs
@@ -289,7 +293,7 @@ def test_symlinked_class_folder_is_a_class(tmp_path):
     os.rename(root / "eel", elsewhere)
     os.symlink(elsewhere, root / "eel")
     os.symlink(tmp_path / "gone", root / "broken")
-    listing = sharding.list_labelled_files(str(root))
+    listing = list_labelled_files(str(root))
     assert listing.classes == ["cat", "dog", "eel"]
     assert len(listing.files["eel"]) == 3
     assert {"path": "broken", "reason": "symbolic link to nothing"} in listing.ignored
@@ -304,7 +308,7 @@ def test_exif_orientation_is_applied(tmp_path):
     exif = image.getexif()
     exif[0x0112] = 6
     data = _encoded(image, "PNG", exif=exif.tobytes())
-    upright = sharding.decode_image(data, 8)
+    upright = images.decode_image(data, 8)
     assert upright.size == (20, 30)  # turned: now portrait
     top, bottom = np.asarray(upright)[2, 10], np.asarray(upright)[-3, 10]
     assert top[0] > 200 and bottom[2] > 200  # what was left (red) is on top
@@ -327,10 +331,10 @@ def test_images_too_large_to_decode_are_skipped_without_decoding():
            + chunk(b"IDAT", data) + chunk(b"IEND", b""))
     assert len(png) < 1_000_000
     with pytest.raises(BadImage, match="too large to decode: 13000x13000 pixels"):
-        sharding.decode_image(png, 224)
+        images.decode_image(png, 224)
     # A big JPEG is fine: the decoder scales it down while reading.
     big = _encoded(Image.new("RGB", (9000, 6000), (10, 20, 30)), "JPEG")
-    assert sharding.decode_image(big, 224).size[1] >= 224
+    assert images.decode_image(big, 224).size[1] >= 224
 
 
 def test_only_this_steps_files_are_removed_from_the_output_folder(tmp_path, image_folder):

@@ -350,7 +350,7 @@ def test_the_classifier_starts_at_the_label_frequencies():
     )
 
     from components.prepare_text.contract import MULTI_LABEL
-    from components.train_text.training import start_at_label_frequencies
+    from components.train_text.learners import start_at_label_frequencies
 
     frame = pd.DataFrame({"text": [f"word{i % 5} other{i % 3}" for i in range(40)],
                           "a": [1] * 30 + [0] * 10, "b": [0] * 36 + [1] * 4})

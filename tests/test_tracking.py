@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 from mlflow import MlflowClient
 
-from components.preflight.checks import PreflightError, check_tracking
+from components.preflight.checks import check_tracking
+from components.preflight.parameters import PreflightError
 from components.track.contract import TrackingError, check_tracking_uri
 from components.track.tracking import (
     FILE_STORE_SWITCH,

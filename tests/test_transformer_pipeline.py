@@ -11,13 +11,9 @@ import pytest
 
 import compile as compile_cli
 import rehearsal as rehearse
-from components.preflight.checks import (
-    PreflightError,
-    check_transformer_run,
-    input_fingerprints,
-    model_name_problems,
-    preflight,
-)
+from components.preflight.checks import input_fingerprints, preflight
+from components.preflight.parameters import PreflightError
+from components.preflight.pipeline_checks import check_transformer_run, model_name_problems
 from components.prepare_text.contract import PrepareConfig, read_split
 from components.train_transformer import component as train_component
 from components.tune import selection, trial

@@ -17,7 +17,8 @@ import torch
 from fastai.data.external import fastai_cfg
 from fastai.text.all import load_pickle
 
-from components.preflight.checks import PreflightError, check_text_run
+from components.preflight.parameters import PreflightError
+from components.preflight.pipeline_checks import check_text_run
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.train_text import assets
 from components.train_text.contract import TrainConfig

@@ -8,7 +8,8 @@ import dataclasses
 import json
 import sys
 
-from components.shard.sharding import ShardConfig, ShardingError, shard_dataset
+from components.shard.contract import ShardingError
+from components.shard.sharding import ShardConfig, shard_dataset
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,7 +65,8 @@ def train_image_classifier(
 
     from components.common.provenance import provenance
     from components.shard.contract import MANIFEST_NAME
-    from components.train_image.training import SERVING_SIGNATURE, TrainConfig, resolve_dirs, train
+    from components.train_image.contract import SERVING_SIGNATURE
+    from components.train_image.training import TrainConfig, resolve_dirs, train
 
     config = TrainConfig(
         epochs=epochs, fine_tune_epochs=fine_tune_epochs, batch_size=batch_size,

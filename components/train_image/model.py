@@ -1,4 +1,5 @@
-"""The DenseNet121 classifier: building it, freezing and unfreezing it, moving its weights.
+"""The DenseNet121 classifier: building it (and the dtype policy it is built under),
+freezing and unfreezing it, moving its weights.
 
 Keras choice: this trainer uses tf-keras (Keras 2, `import tf_keras`) everywhere and
 never `tf.keras`. In TF 2.21 `tf.keras` is Keras 3, whose `model.fit` fails under
@@ -14,6 +15,7 @@ preprocessing code: image -> scaling -> DenseNet121 (no top) -> global average p
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 
@@ -207,3 +209,14 @@ def read_snapshot(path: str) -> dict[str, np.ndarray]:
     with tf.io.gfile.GFile(path, "rb") as f:
         with np.load(io.BytesIO(f.read()), allow_pickle=False) as data:
             return {key: data[key] for key in data.files}
+
+
+@contextlib.contextmanager
+def dtype_policy(name: str):
+    """Sets the global tf-keras dtype policy for the block, restoring the old one."""
+    previous = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)

@@ -7,95 +7,56 @@ everything for `epochs + fine_tune_epochs` epochs at `learning_rate`.
 Epochs are numbered across phases (fine-tuning continues the head's count), so
 TensorBoard shows one continuous curve.
 
-Restarts (Vertex may restart a worker at any time) resume from the last finished
-epoch. Under `checkpoint_dir`:
-  run.json                 fingerprint of config + dataset + replicas; a different
-                           run refuses to resume someone else's state
-  backup-<phase>/          tf-keras BackupAndRestore of the running phase (weights,
-                           optimizer, epoch); one folder per phase because each phase
-                           has its own optimizer and trainable set
-  history-<phase>.json     per-epoch metrics so far (survives restarts)
-  <phase>.weights.npz      the phase's final weights (after EarlyStopping restored the
-                           best ones), then
-  <phase>.done.json        the marker, written last: the phase is finished
-A restarted run loads the weights of finished phases, skips them, and lets
-BackupAndRestore resume the unfinished one. Everything here is deleted once the
-model is exported.
+Restarts resume from the last finished epoch: the resume state under `checkpoint_dir`
+is described in `components.train_image.state`. The input pipelines are in `inputs`,
+the phases' plan and callbacks in `phases`, the artifact writing in `artifact`.
 
 Keras: tf-keras everywhere, see `components.train_image.model` for why.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
 import tf_keras
 
-from components.common import run_state
 from components.common.hypertune import TrialReporter
-from components.common.storage import filesystem, local_path, run_folder, write_json_atomically
-from components.formats.shards import make_dataset
+from components.common.storage import filesystem, local_path, run_folder
 from components.shard.contract import read_manifest
-from components.train_image import distribute, serving
-from components.train_image.contract import (
-    BYTES_INPUT_NAME,
-    HISTORY_FILE,
-    LABEL_OUTPUT_NAME,
-    LABELS_FILE,
-    MODEL_FILE,
-    PIXELS_SIGNATURE,
-    PREPROCESSING_FILE,
-    SAVED_MODEL_DIR,
-    SERVING_SIGNATURE,
-    TrainConfig,
-    TrainingError,
-    normalize_weights,
-)
+from components.train_image import distribute
+from components.train_image.artifact import write_artifact
+from components.train_image.contract import TrainConfig, TrainingError, normalize_weights
+from components.train_image.inputs import train_input, validation_input
 from components.train_image.model import (
-    INPUT_NAME,
-    OUTPUT_NAME,
     build_model,
+    dtype_policy,
     load_snapshot,
-    read_snapshot,
-    save_snapshot,
     set_trainable,
     weight_snapshot,
 )
+from components.train_image.phases import (
+    EpochRecorder,
+    Phase,
+    TrialReport,
+    _callbacks,
+    _compile,
+    plan_phases,
+)
+from components.train_image.state import RunState, fingerprint
 
 log = logging.getLogger(__name__)
 
 # Tests only: seconds the chief sleeps before writing the model folder (read at call time),
 # so that a worker which did not wait for the chief would finish before the outputs exist.
 SLOW_CHIEF_VARIABLE = "TRAIN_IMAGE_TEST_CHIEF_DELAY"
-
-
-@dataclasses.dataclass(frozen=True)
-class Phase:
-    """One `model.fit` with its own trainable set and optimizer."""
-
-    name: str  # "head", "fine_tune" or "full"; also the set_trainable phase
-    epochs: int
-    learning_rate: float  # for one replica
-
-
-def plan_phases(config: TrainConfig) -> list[Phase]:
-    """The phases to run, leaving out those with zero epochs."""
-    if not config.pretrained:
-        phases = [Phase("full", config.epochs + config.fine_tune_epochs, config.learning_rate)]
-    else:
-        phases = [Phase("head", config.epochs, config.learning_rate),
-                  Phase("fine_tune", config.fine_tune_epochs, config.fine_tune_learning_rate)]
-    return [p for p in phases if p.epochs > 0]
 
 
 def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
@@ -144,284 +105,7 @@ def fetch_weights(weights: str | None, workdir: str) -> str | None:
     return local
 
 
-# --------------------------------------------------------------------------- input
-
-
-def random_affine(batch_size, height: int, width: int, seed, flip: bool, rotation: float,
-                  zoom: float) -> tf.Tensor:
-    """Per-image random flip/rotation/zoom as projective transforms (output -> input).
-
-    One transform per image combines all three, so each image is resampled once.
-
-    Args:
-        batch_size: Number of images (scalar tensor).
-        height: Image height.
-        width: Image width.
-        seed: Shape [2] int seed for the stateless random ops.
-        flip: Mirror left-right with probability 1/2.
-        rotation: Rotate by up to +-rotation of a full turn.
-        zoom: Scale by a factor in [1 - zoom, 1 + zoom] (> 1 shows more: zoom out).
-
-    Returns:
-        [batch_size, 8] float32 transforms for `ImageProjectiveTransformV3`.
-    """
-    seeds = tf.random.experimental.stateless_split(seed, 3)
-    shape = tf.reshape(batch_size, [1])
-    ones = tf.ones(shape, tf.float32)
-    sign = ones
-    if flip:
-        sign = tf.where(tf.random.stateless_uniform(shape, seeds[0]) < 0.5, -ones, ones)
-    angle = tf.random.stateless_uniform(shape, seeds[1], -rotation, rotation) * 2.0 * math.pi
-    scale = tf.random.stateless_uniform(shape, seeds[2], 1.0 - zoom, 1.0 + zoom)
-    cos, sin = tf.cos(angle), tf.sin(angle)
-    # input = scale * R(angle) @ diag(sign, 1) @ (output - center) + center
-    a0, a1 = scale * cos * sign, -scale * sin
-    b0, b1 = scale * sin * sign, scale * cos
-    cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
-    a2 = cx - a0 * cx - a1 * cy
-    b2 = cy - b0 * cx - b1 * cy
-    zeros = tf.zeros_like(ones)
-    return tf.stack([a0, a1, a2, b0, b1, b2, zeros, zeros], axis=1)
-
-
-def augment_images(images: tf.Tensor, seed, flip: bool, rotation: float,
-                   zoom: float) -> tf.Tensor:
-    """Randomly flips, rotates and zooms a float32 batch [N, H, W, 3].
-
-    Borders are filled by reflection, so no black corners teach the model a shortcut.
-    """
-    if not flip and rotation == 0 and zoom == 0:
-        return images
-    height, width = images.shape[1], images.shape[2]
-    transforms = random_affine(tf.shape(images)[0], height, width, seed, flip, rotation, zoom)
-    return tf.raw_ops.ImageProjectiveTransformV3(
-        images=images, transforms=transforms, output_shape=tf.constant([height, width]),
-        fill_value=0.0, interpolation="BILINEAR", fill_mode="REFLECT")
-
-
-def _to_float(images, labels):
-    return tf.cast(images, tf.float32), labels
-
-
-def train_input(dataset_dir: str, manifest: dict[str, Any], config: TrainConfig,
-                global_batch: int) -> tf.data.Dataset:
-    """The training pipeline: endless, shuffled, live-augmented batches.
-
-    Files are read in shuffled, interleaved, non-deterministic order; examples are
-    shuffled, batched, then augmented one batch at a time (one vectorised op per
-    batch is much cheaper than one per image) with fresh randomness every epoch.
-    Under MultiWorkerMirroredStrategy, Keras shards the files across workers.
-    """
-    count = manifest["splits"]["train"]["count"]
-    dataset = make_dataset(dataset_dir, "train", manifest=manifest, shuffle_files=True,
-                           seed=config.seed, deterministic=False)
-    dataset = dataset.shuffle(min(config.shuffle_buffer, max(count, 1)), seed=config.seed,
-                              reshuffle_each_iteration=True)
-    # Endless, with steps_per_epoch fixed, so every worker runs the same number of
-    # steps even when their file shards hold different numbers of examples.
-    dataset = dataset.repeat().batch(global_batch, drop_remainder=True)
-    # A generator (not stateful ops with a seed, which replay the same numbers each
-    # epoch, nor a zipped Dataset.random, which defeats file-level auto-sharding).
-    with tf.device("/cpu:0"):
-        generator = tf.random.Generator.from_seed(config.seed)
-
-    def augment(images, labels):
-        images = tf.cast(images, tf.float32)
-        seed = generator.make_seeds(1)[:, 0]
-        return augment_images(images, seed, config.flip, config.rotation, config.zoom), labels
-
-    dataset = dataset.map(augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    return dataset.prefetch(tf.data.AUTOTUNE)
-
-
-def validation_input(dataset_dir: str, manifest: dict[str, Any], config: TrainConfig,
-                     global_batch: int, even_batches: bool = False) -> tf.data.Dataset:
-    """The validation pipeline: every example once, in order, never augmented.
-
-    Args:
-        dataset_dir: Folder written by the sharding step.
-        manifest: Its manifest.
-        config: How to train (validation_steps).
-        global_batch: Examples per step over all replicas.
-        even_batches: Only whole global batches, and every worker reads all of them.
-            Needed with several CPU replicas: a replica handed an empty batch (the
-            tail of an uneven split) makes oneDNN's Conv2D return its input unchanged
-            and BatchNorm then fails on the channel count (TF 2.21). Drops up to
-            global_batch - 1 examples; metrics stay exact means. GPUs are not affected.
-    """
-    dataset = make_dataset(dataset_dir, "validation", manifest=manifest)
-    dataset = dataset.batch(global_batch, drop_remainder=even_batches)
-    dataset = dataset.map(_to_float, num_parallel_calls=tf.data.AUTOTUNE)
-    if even_batches:
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        dataset = dataset.with_options(options)
-    if config.validation_steps:
-        dataset = dataset.take(config.validation_steps)
-    return dataset.prefetch(tf.data.AUTOTUNE)
-
-
-# --------------------------------------------------------------------------- state
-
-
-def _read_json(path: str) -> Any:
-    with tf.io.gfile.GFile(path) as f:
-        return json.load(f)
-
-
-_write_json = write_json_atomically  # checkpoint folders are local paths (gs:// via /gcs/)
-
-RUN_FILE = "run.json"  # the run's fingerprint (run_state.claim), config and replicas
-
-
-class RunState:
-    """The resume state under the checkpoint folder (layout in the module docstring).
-
-    Only the chief writes; every worker reads the finished phases at start-up.
-    """
-
-    def __init__(self, root: str, chief: bool):
-        self.root = root
-        self.chief = chief
-
-    def _path(self, name: str) -> str:
-        return os.path.join(self.root, name)
-
-    def backup_dir(self, phase: str) -> str:
-        return self._path(f"backup-{phase}")
-
-    def claim(self, fingerprint: str, description: dict[str, Any]) -> None:
-        """Records the run's fingerprint, or fails if the folder holds another run."""
-        if run_state.claim(self.root, RUN_FILE, fingerprint, error=TrainingError,
-                           differs="other config, dataset or number of replicas",
-                           record=description, write=self.chief):
-            log.info("checkpoint folder %s belongs to this run: finished work is reused",
-                     self.root)
-
-    def finished(self, phase: str) -> dict[str, Any] | None:
-        """The marker of a finished phase, or None."""
-        path = self._path(f"{phase}.done.json")
-        return _read_json(path) if tf.io.gfile.exists(path) else None
-
-    def finished_weights(self, phase: str):
-        return read_snapshot(self._path(f"{phase}.weights.npz"))
-
-    def finish(self, phase: str, snapshot, marker: dict[str, Any]) -> None:
-        """Saves a finished phase: weights first, then the marker that vouches for them."""
-        if self.chief:
-            save_snapshot(snapshot, self._path(f"{phase}.weights.npz"))
-            _write_json(self._path(f"{phase}.done.json"), marker)
-
-    def history(self, phase: str) -> list[dict[str, Any]]:
-        path = self._path(f"history-{phase}.json")
-        return _read_json(path) if tf.io.gfile.exists(path) else []
-
-    def record_epoch(self, phase: str, record: dict[str, Any]) -> None:
-        """Adds one epoch's metrics; a redone epoch replaces its earlier record."""
-        if not self.chief:
-            return
-        records = [r for r in self.history(phase) if r["epoch"] != record["epoch"]]
-        records.append(record)
-        # Rewritten whole: gs:// objects cannot be appended to.
-        _write_json(self._path(f"history-{phase}.json"), sorted(records, key=lambda r: r["epoch"]))
-
-    def clear(self, phases: Sequence[str]) -> None:
-        """Deletes the state once the model is exported (and the folder if left empty)."""
-        if not self.chief or not tf.io.gfile.exists(self.root):
-            return
-        names = [RUN_FILE]
-        for phase in phases:
-            names += [f"backup-{phase}", f"history-{phase}.json", f"{phase}.weights.npz",
-                      f"{phase}.done.json"]
-        for name in names:
-            path = self._path(name)
-            if tf.io.gfile.isdir(path):
-                tf.io.gfile.rmtree(path)
-            elif tf.io.gfile.exists(path):
-                tf.io.gfile.remove(path)
-        if not tf.io.gfile.listdir(self.root):
-            tf.io.gfile.rmtree(self.root)
-
-
-class EpochRecorder(tf_keras.callbacks.Callback):
-    """Keeps each epoch's metrics in memory and (chief) in the run state; logs a line."""
-
-    def __init__(self, state: RunState, phase: str):
-        super().__init__()
-        self.state = state
-        self.phase = phase
-        self.records: list[dict[str, Any]] = []
-
-    def on_epoch_end(self, epoch, logs=None):
-        record = {"epoch": int(epoch), **{k: float(v) for k, v in (logs or {}).items()}}
-        self.records.append(record)
-        self.state.record_epoch(self.phase, record)
-        log.info("%s epoch %d: %s", self.phase, epoch,
-                 ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
-
-
-class TrialReport(tf_keras.callbacks.Callback):
-    """Reports the tuning metric after each epoch (epochs counted across both phases)."""
-
-    def __init__(self, reporter: TrialReporter):
-        super().__init__()
-        self.reporter = reporter
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.reporter.report(logs or {}, int(epoch) + 1)
-
-
-def fingerprint(config: TrainConfig, manifest: dict[str, Any], replicas: int) -> str:
-    """Identifies a run: config, dataset content (shard digests) and replica count."""
-    shards = {split: [s["sha256"] for s in info["shards"]]
-              for split, info in manifest["splits"].items()}
-    payload = {"config": dataclasses.asdict(config), "classes": manifest["classes"],
-               "shards": shards, "replicas": replicas}
-    return run_state.fingerprint(payload, length=64)  # the whole digest, as run.json holds
-
-
-@contextlib.contextmanager
-def dtype_policy(name: str):
-    """Sets the global tf-keras dtype policy for the block, restoring the old one."""
-    previous = tf_keras.mixed_precision.global_policy()
-    tf_keras.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        tf_keras.mixed_precision.set_global_policy(previous)
-
-
 # --------------------------------------------------------------------------- training
-
-
-def _compile(model, learning_rate: float) -> None:
-    model.compile(
-        optimizer=tf_keras.optimizers.Adam(learning_rate=learning_rate),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
-
-
-def _callbacks(config: TrainConfig, state: RunState, phase: Phase, recorder: EpochRecorder,
-               tensorboard_dir: str, monitor: str) -> list:
-    # Order matters: the LR change and early stopping of an epoch happen before its
-    # metrics are recorded and before BackupAndRestore saves it.
-    callbacks = []
-    if config.reduce_lr_patience:
-        callbacks.append(tf_keras.callbacks.ReduceLROnPlateau(
-            monitor=monitor, factor=config.reduce_lr_factor,
-            patience=config.reduce_lr_patience, min_lr=1e-7))
-    if config.early_stopping_patience:
-        callbacks.append(tf_keras.callbacks.EarlyStopping(
-            monitor=monitor, patience=config.early_stopping_patience,
-            restore_best_weights=True))
-    callbacks += [
-        recorder,
-        tf_keras.callbacks.BackupAndRestore(backup_dir=state.backup_dir(phase.name)),
-        tf_keras.callbacks.TensorBoard(log_dir=tensorboard_dir, histogram_freq=0,
-                                       write_graph=False, profile_batch=0),
-    ]
-    return callbacks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -701,110 +385,3 @@ def _barrier(strategy) -> None:
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         strategy.reduce(tf.distribute.ReduceOp.SUM,
                         strategy.run(lambda: tf.constant(1.0)), axis=None)
-
-
-def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: TrainConfig,
-                   history: dict[str, list], metrics: dict[str, Any]) -> None:
-    """Writes model.keras, saved_model/, labels.json, preprocessing.json, history.json.
-
-    The saved model is a float32 copy, whatever the training precision: float16
-    on a CPU (a likely place for evaluation or serving) is ~95x slower, and the
-    weights are float32 anyway. It is built outside any strategy scope, so it holds
-    plain variables.
-    """
-    image_size = manifest["image"]["height"]
-    classes = manifest["classes"]
-    tf.io.gfile.makedirs(output_dir)
-    with dtype_policy("float32"):
-        model = build_model(len(classes), image_size, None, config.dropout,
-                            frozen_batchnorm=config.pretrained)
-    load_snapshot(model, snapshot)
-    last_lr = plan_phases(config)[-1].learning_rate
-    _compile(model, last_lr)
-    model.save(os.path.join(output_dir, MODEL_FILE))
-    preprocessing = {
-        "image_size": image_size,
-        "input": "float32 RGB 0..255",
-        "scaling": "densenet121 preprocess_input inside the model",
-        "resize_method": manifest["image"].get("resize_method"),
-        # how the shards stored the pixels: prediction repeats the JPEG round trip
-        "image_format": manifest["image"]["format"],
-        "jpeg_quality": manifest["image"].get("jpeg_quality"),
-        "serving_signature": SERVING_SIGNATURE,
-        "serving_input": f"{BYTES_INPUT_NAME}: encoded image files (JSON {{\"b64\": ...}})",
-        "serving_outputs": [OUTPUT_NAME, LABEL_OUTPUT_NAME],
-        "pixels_signature": PIXELS_SIGNATURE,
-        "input_name": INPUT_NAME,
-        "output_name": OUTPUT_NAME,
-        "dtype": "float32",
-        "training_precision": metrics.get("precision"),
-    }
-    export_saved_model(model, os.path.join(output_dir, SAVED_MODEL_DIR), preprocessing, classes)
-    _write_json(os.path.join(output_dir, LABELS_FILE), {"classes": classes})
-    _write_json(os.path.join(output_dir, PREPROCESSING_FILE), preprocessing)
-    _write_json(os.path.join(output_dir, HISTORY_FILE), history)
-    log.info("model written to %s", output_dir)
-
-
-def export_saved_model(model: tf_keras.Model, path: str, preprocessing: Mapping[str, Any],
-                       classes: Sequence[str]) -> None:
-    """Exports a SavedModel with two signatures.
-
-    `serving_default`: "image_bytes" (a batch of JPEG/PNG/GIF/BMP files) -> "probabilities"
-    and "label" (the top class name), decoding and resizing in the graph as the sharding
-    step did (`serving.preprocess_batch`): what Vertex endpoints call with `{"b64": ...}`.
-    `serving_pixels`: "image" float32 RGB 0..255 at the model's size -> "probabilities".
-
-    Uses tf-keras's ExportArchive: it saves the forward pass and the variables, not
-    the Keras object graph, so loading needs neither Keras nor this package.
-    """
-    size = preprocessing["image_size"]
-    method = preprocessing.get("resize_method") or "crop"
-    quality = preprocessing.get("jpeg_quality") if preprocessing.get("image_format") == "jpeg" \
-        else None
-    archive = tf_keras.export.ExportArchive()
-    archive.track(model)
-    names = tf.constant(list(classes))
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=BYTES_INPUT_NAME)])
-    def serve_bytes(image_bytes):
-        pixels = serving.preprocess_batch(image_bytes, size, method, quality)
-        probabilities = model(pixels, training=False)
-        return {OUTPUT_NAME: probabilities,
-                LABEL_OUTPUT_NAME: tf.gather(names, tf.argmax(probabilities, axis=1))}
-
-    @tf.function(input_signature=[
-        tf.TensorSpec([None, size, size, 3], tf.float32, name=INPUT_NAME)])
-    def serve_pixels(image):
-        return {OUTPUT_NAME: model(image, training=False)}
-
-    archive.add_endpoint(SERVING_SIGNATURE, serve_bytes)
-    archive.add_endpoint(PIXELS_SIGNATURE, serve_pixels)
-    # write_out prints every captured variable to stdout unless interactive
-    # logging is off; it then goes to the logging module instead.
-    interactive = tf_keras.utils.is_interactive_logging_enabled()
-    tf_keras.utils.disable_interactive_logging()
-    try:
-        archive.write_out(path)
-    finally:
-        if interactive:
-            tf_keras.utils.enable_interactive_logging()
-
-
-def predict_fn(saved_model_dir: str, signature: str = PIXELS_SIGNATURE
-               ) -> Callable[[Any], dict[str, tf.Tensor]]:
-    """A signature of an exported SavedModel as a function of its one input.
-
-    `PIXELS_SIGNATURE` takes float32 images, `SERVING_SIGNATURE` encoded files' bytes;
-    both return a dict of outputs ("probabilities", and "label" for the bytes one).
-    """
-    loaded = tf.saved_model.load(saved_model_dir)
-    input_name = BYTES_INPUT_NAME if signature == SERVING_SIGNATURE else INPUT_NAME
-    dtype = tf.string if signature == SERVING_SIGNATURE else tf.float32
-
-    def predict(inputs):
-        # Looked up through `loaded`, which must stay alive: it owns the variables.
-        function = loaded.signatures[signature]
-        return function(**{input_name: tf.convert_to_tensor(inputs, dtype)})
-
-    return predict

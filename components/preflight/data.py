@@ -1,0 +1,102 @@
+"""The checks of what a run reads by URI, and the data fingerprint.
+
+A corpus the language model step could not read, a `predict_uri` that is not there, and
+the fingerprint of the input: its listing (names, sizes and versions, no contents), so a
+changed bucket changes the cache key of the steps that read it.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+
+from components.common.storage import filesystem
+from components.preflight.parameters import PreflightError
+
+
+def check_corpus(uri: str, text_column: str) -> None:
+    """Refuses a corpus the language model step could not read, from its listing (and a
+    CSV's header line): a folder without .txt files, a file of another kind, a CSV
+    without the text column.
+
+    Raises:
+        PreflightError: The problem, naming the URI and what to give instead.
+    """
+    from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX
+
+    fs, path = filesystem(uri)
+    if not fs.exists(path):
+        return  # data_fingerprint says so
+    if fs.isdir(path):
+        if not any(name.endswith(TEXT_SUFFIX) for name in fs.find(path)):
+            raise PreflightError(f"corpus_uri {uri!r} holds no {TEXT_SUFFIX} files; give a "
+                                 f"folder of UTF-8 {TEXT_SUFFIX} files or a CSV file")
+    elif path.endswith(CSV_SUFFIX):
+        with fs.open(path, "rb") as f:
+            header = f.readline().decode("utf-8", errors="replace")
+        columns = next(csv.reader([header]), [])
+        if text_column not in columns:
+            raise PreflightError(f"corpus_uri {uri!r} has no column {text_column!r} (header: "
+                                 f"{columns}); set text_column")
+    elif not path.endswith(TEXT_SUFFIX):
+        raise PreflightError(f"corpus_uri {uri!r} is neither a folder, a {TEXT_SUFFIX} nor a "
+                             f"{CSV_SUFFIX} file")
+
+
+def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
+    """A digest of what sits at `uri` (a file or a folder, local or gs://), read from the
+    listing only: each file's relative name, size and version (GCS generation, or the
+    local modification time). Any added, removed, replaced or rewritten file changes it.
+
+    Raises:
+        PreflightError: Nothing is there.
+    """
+    fs, path = filesystem(uri)
+    if not fs.exists(path):
+        raise PreflightError(f"{parameter} {uri!r} does not exist")
+    if fs.isdir(path):
+        entries = fs.find(path, detail=True)
+        # Sharding enters linked folders (`find` does not): so must the fingerprint.
+        linked = [p for p, info in entries.items() if info.get("islink") and fs.isdir(p)]
+        seen = {os.path.realpath(path)}
+        while linked:
+            link = linked.pop()
+            if os.path.realpath(link) in seen:  # a loop, or a folder listed already
+                continue
+            seen.add(os.path.realpath(link))
+            found = fs.find(link, detail=True)
+            entries.update(found)
+            linked += [p for p, info in found.items() if info.get("islink") and fs.isdir(p)]
+    else:
+        entries = {path: fs.info(path)}
+    if not entries:
+        raise PreflightError(f"{parameter} {uri!r} is an empty folder")
+    listing = []
+    for name, info in sorted(entries.items()):
+        version = info.get("generation") or info.get("mtime") or info.get("updated") \
+            or info.get("md5Hash") or info.get("crc32c")
+        listing.append([os.path.relpath(name, path) if name != path else os.path.basename(name),
+                        info.get("size"), str(version)])
+    digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+    return f"sha256:{digest}:{len(listing)}"
+
+
+def check_predict_uri(uri: str, kind: str) -> None:
+    """Refuses a `predict_uri` that is not there: a folder (images) or a file (texts).
+
+    Empty means no prediction. Checked before training, so a typo does not cost a run.
+
+    Raises:
+        PreflightError: Naming the URI and what it should be.
+    """
+    if not uri:
+        return
+    fs, path = filesystem(uri)
+    if kind == "text" and not fs.isfile(path):
+        raise PreflightError(f"predict_uri {uri!r} is not a file: give the CSV of texts to "
+                             "label (with the training text column), or leave it empty")
+    if kind == "image" and not (fs.isdir(path) or fs.isfile(path)):
+        raise PreflightError(f"predict_uri {uri!r} does not exist: give the folder of images "
+                             "to label, or leave it empty")

@@ -1,0 +1,344 @@
+"""The per-pipeline checks: what each pipeline kind's later steps would refuse.
+
+Every rule is the later step's own (its config class raises on bad values; the text
+trainers' tokenizer and fastai's AWD_LSTM settings; the image trainer's weights; the
+transformer trainer's model folder), run on the pipeline's parameters, plus the few rules
+that only the pipeline knows (it evaluates the test split, so the test split must not be
+empty). `CHECKS` maps each pipeline kind to its check.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from components.common.storage import filesystem
+from components.preflight.parameters import PreflightError, _number, _steps, build, coerce
+
+# Evaluation metrics a pipeline's registration gate may compare with its threshold (every
+# one is in metrics.json for every task the pipeline trains); the first is the default.
+IMAGE_REGISTRATION_METRICS = ("accuracy", "macro_f1")
+TEXT_REGISTRATION_METRICS = ("micro_f1", "macro_f1")
+
+
+def _registration_problems(parameters: Mapping[str, Any], metrics: tuple[str, ...]) -> list[str]:
+    problems = []
+    if parameters.get("registration_metric", metrics[0]) not in metrics:
+        problems.append(f"registration_metric must be one of {list(metrics)}, got "
+                        f"{parameters['registration_metric']!r}")
+    if "registration_threshold" in parameters and \
+            not 0 <= _number(parameters, "registration_threshold") <= 1:
+        problems.append("registration_threshold must be in [0, 1], got "
+                        f"{parameters['registration_threshold']}")
+    return problems
+
+
+def weights_problems(weights: str) -> list[str]:
+    """What the image trainer would refuse in `weights`, late, after sharding.
+
+    Args:
+        weights: "imagenet", "none"/"" (from scratch), or a DenseNet121 no-top weights
+            file, local or gs:// (gs:// files are not looked up: the trainer reads them
+            with its own service account).
+
+    Returns:
+        A message naming `weights` and what to give when a local file is not there (the
+        trainer takes any other value for a path); empty when fine.
+    """
+    from components.train_image.contract import normalize_weights
+
+    value = normalize_weights(weights)
+    if value is None or value == "imagenet" or value.startswith("gs://") or os.path.isfile(value):
+        return []
+    return [f"weights {weights!r} is neither 'imagenet', 'none' nor an existing file: give "
+            "'imagenet' (DenseNet121's ImageNet weights, downloaded), 'none' (train from "
+            "scratch) or the path of a DenseNet121 no-top .h5 weights file (local or gs://)"]
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    """Whether a JSON value is a `kind` (bool, int or float), as AWD_LSTM uses it."""
+    if kind is bool or isinstance(value, bool):  # JSON true is not the number 1
+        return kind is bool and isinstance(value, bool)
+    if kind is int:  # 400.0 is no layer size torch takes
+        return isinstance(value, int)
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+_KIND_NAMES = {bool: "true or false", int: "a whole number", float: "a finite number"}
+
+
+def model_config_problems(config: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """What AWD_LSTM would refuse in `model_config`, late, on the GPU.
+
+    Args:
+        config: The parsed model_config.
+        defaults: fastai's AWD_LSTM settings (`awd_lstm_lm_config`): the known keys,
+            each value's type taken from its default.
+
+    Returns:
+        One message per problem (an unknown key, a value of another type than the
+        default's, a non-finite number); empty when fine.
+    """
+    problems = []
+    unknown = sorted(set(config) - set(defaults))
+    if unknown:  # the trainers' own wording
+        problems.append(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
+                        f"{sorted(defaults)}")
+    for key, value in config.items():
+        kind = next((k for k in _KIND_NAMES if isinstance(defaults.get(key), k)), None)
+        if kind is not None and not _is_kind(value, kind):
+            problems.append(f"model_config: {key} must be {_KIND_NAMES[kind]} like the default "
+                            f"{defaults[key]!r}, got {value!r}")
+    return problems
+
+
+def _awd_lstm_problems(config: Mapping[str, Any]) -> list[str]:
+    if not config:
+        return []
+    from fastai.text.models.awdlstm import awd_lstm_lm_config  # what both trainers build from
+
+    return model_config_problems(config, awd_lstm_lm_config)
+
+
+def lang_problems(lang: str) -> list[str]:
+    """Whether the text trainers can tokenize `lang`: builds their tokenizer for it.
+
+    Returns:
+        A message naming `lang` and what to give when it cannot; empty when it can.
+    """
+    from components.formats.lm_assets import make_tokenizer
+    from components.train_text.contract import SPM_LANGS, TextTrainingError
+
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            make_tokenizer(lang, None, scratch)
+        except TextTrainingError as err:
+            if lang in SPM_LANGS:  # the message says which package the image lacks
+                return [f"lang: {err}"]
+            return [f"lang: {err}; give a language code spaCy has a tokenizer for (e.g. en, "
+                    f"fr, de, or xx for several languages), or one of {sorted(SPM_LANGS)}"]
+    return []
+
+
+def check_image_run(parameters: Mapping[str, Any]) -> None:
+    """Refuses image pipeline parameters that the sharding, training or evaluation step
+    would refuse after the steps before them ran.
+
+    Raises:
+        PreflightError: Every problem found, each naming its parameter.
+    """
+    from components.shard.contract import ShardConfig
+    from components.train_image.contract import TrainConfig
+
+    problems = []
+    for name, check in (
+        ("sharding", lambda: build(ShardConfig, parameters, {"num_workers": "shard_workers"})),
+        ("training", lambda: build(TrainConfig, parameters,
+                                   steps_per_epoch=_steps(parameters) or None)),
+    ):
+        try:
+            check()
+        except PreflightError as err:
+            problems.append(f"{name}: {err}")
+    for name in ("train_fraction", "test_fraction"):
+        if name in parameters and not _number(parameters, name) > 0:
+            problems.append(f"{name} must be > 0: the pipeline trains on the train split and "
+                            "evaluates on the test split")
+    problems += weights_problems(str(parameters.get("weights", TrainConfig.weights)))
+    problems += _registration_problems(parameters, IMAGE_REGISTRATION_METRICS)
+    if "eval_batch_size" in parameters and not _number(parameters, "eval_batch_size") >= 1:
+        problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
+    if problems:
+        raise PreflightError("; ".join(problems))
+
+
+def check_text_run(parameters: Mapping[str, Any]) -> None:
+    """Refuses text pipeline parameters that the preparation, training or evaluation step
+    would refuse after the steps before them ran; checks that the pretrained language
+    model files are there when `pretrained` is true.
+
+    Raises:
+        PreflightError: Every problem found, each naming its parameter.
+    """
+    from components.prepare_text.contract import PrepareConfig
+    from components.train_text.contract import (
+        FASTAI_PRETRAINED_LANG,
+        TrainConfig,
+        missing_files,
+        parse_model_config,
+    )
+
+    problems = []
+    try:
+        build(PrepareConfig, parameters, label_columns=())
+    except PreflightError as err:
+        problems.append(f"preparation: {err}")
+    model_config: dict[str, Any] = {}
+    try:
+        model_config = parse_model_config(str(parameters.get("model_config", "")))
+        config = build(TrainConfig, parameters, model_config=model_config)
+    except PreflightError as err:
+        problems.append(f"training: {err}")
+        config = None
+    except RuntimeError as err:  # model_config that is not a JSON object
+        problems.append(f"training: {err}")
+        config = None
+    try:
+        pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
+    except PreflightError as err:
+        problems.append(f"pretrained: {err}")
+        pretrained = False
+    if pretrained and model_config:  # the trainer's rule
+        problems.append("model_config applies to training from scratch; a pretrained LM's "
+                        "settings come from its config.json: leave model_config empty")
+    problems += _awd_lstm_problems(model_config)
+    problems += lang_problems(str(parameters.get("lang", TrainConfig.lang)))
+    if pretrained:
+        root = str(parameters.get("lm_assets", ""))
+        lang = str(parameters.get("lang", config.lang if config else ""))
+        if not root and lang.strip() == FASTAI_PRETRAINED_LANG:
+            pass  # fastai's English WikiText-103 model, fetched by the training step
+        elif not root:
+            problems.append("pretrained is true but lm_assets is empty: give the folder of "
+                            "the pretrained language models (only lang="
+                            f"{FASTAI_PRETRAINED_LANG!r} starts from fastai's model without "
+                            "one), or set pretrained to false to train from scratch")
+        else:
+            backwards = coerce(parameters.get("backwards", TrainConfig.backwards), bool)
+            missing = missing_files(root, lang, backwards)
+            if missing:
+                problems.append(f"lm_assets {root!r} lacks {missing} for lang={lang!r}")
+    problems += _text_evaluation_problems(parameters)
+    if problems:
+        raise PreflightError("; ".join(problems))
+
+
+def _text_evaluation_problems(parameters: Mapping[str, Any]) -> list[str]:
+    """What the text evaluation and the registration gate would refuse (both text kinds)."""
+    problems = []
+    if parameters.get("eval_split", "test") not in ("test", "validation", "train"):
+        problems.append(f"eval_split must be test, validation or train, got "
+                        f"{parameters['eval_split']!r}")
+    elif parameters.get("eval_split", "test") == "test" and "test_fraction" in parameters \
+            and not _number(parameters, "test_fraction") > 0:
+        problems.append("test_fraction must be > 0 when eval_split is test (the pipeline "
+                        "evaluates on the test split)")
+    if "eval_batch_size" in parameters and not _number(parameters, "eval_batch_size") >= 1:
+        problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
+    return problems + _registration_problems(parameters, TEXT_REGISTRATION_METRICS)
+
+
+# A Hugging Face Hub model id as `from_pretrained` takes it: [organisation/]name, letters,
+# digits, "_", "-" and "." (huggingface_hub's REPO_ID_REGEX; it also refuses "--", ".." and
+# ids over 96 characters).
+_HUB_MODEL_NAME = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+_HUB_NAME_MAX_CHARS = 96
+
+
+def model_folder_files(model_dir: str) -> set[str]:
+    """Names of the files directly in a model folder (local or gs://); empty when it is not
+    a folder."""
+    fs, path = filesystem(model_dir)
+    fs.invalidate_cache(path)  # gcsfs keeps listings: the folder may have changed since
+    if not fs.isdir(path):
+        return set()
+    return {os.path.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
+
+
+def model_name_problems(model_name: str) -> list[str]:
+    """What the transformer trainer would refuse in `model_name`, late, on the GPU.
+
+    A folder (gs:// or local) must hold what `save_pretrained` writes: config.json and a
+    weights file (`text_common.contract.WEIGHTS_FILES`, or the index of their shards). A Hub name
+    must look like `[organisation/]name`; it is not looked up (the training job downloads
+    it, with its own network access).
+
+    Args:
+        model_name: The pipeline's model_name.
+
+    Returns:
+        One message naming `model_name` and what to give; empty when fine (or empty,
+        which TransformerConfig refuses).
+    """
+    from components.text_common.contract import MODEL_CONFIG_FILE, WEIGHTS_FILES, has_weights
+    from components.train_transformer.contract import DEFAULT_MODEL_NAME, model_name_is_path
+
+    name = model_name.strip()
+    if not name:
+        return []
+    give = (f"give a folder written by save_pretrained ({MODEL_CONFIG_FILE} and "
+            f"{WEIGHTS_FILES[0]}) or a Hub model name such as {DEFAULT_MODEL_NAME}")
+    if model_name_is_path(name):
+        files = model_folder_files(name)
+        if not files:
+            return [f"model_name {model_name!r} is not a folder (or an empty one): {give}"]
+        missing = [] if MODEL_CONFIG_FILE in files else [MODEL_CONFIG_FILE]
+        if not has_weights(files):
+            missing.append(" or ".join(WEIGHTS_FILES))
+        if missing:
+            return [f"model_name {model_name!r} is not a model folder: it has no "
+                    f"{' and no '.join(missing)}; {give}"]
+        return []
+    if not _HUB_MODEL_NAME.match(name) or "--" in name or ".." in name \
+            or len(name) > _HUB_NAME_MAX_CHARS:
+        return [f"model_name {model_name!r} is neither an existing folder (gs:// or local "
+                "path) nor a Hub model name ([organisation/]name: letters, digits, '_', '-', "
+                f"'.', no spaces); {give}"]
+    return []
+
+
+def check_transformer_run(parameters: Mapping[str, Any]) -> None:
+    """Refuses transformer pipeline parameters that the preparation, training or evaluation
+    step would refuse after the steps before them ran, and a model_name folder without a
+    model in it.
+
+    Raises:
+        PreflightError: Every problem found, each naming its parameter.
+    """
+    from components.prepare_text.contract import PrepareConfig
+    from components.train_transformer.contract import DEFAULT_MODEL_NAME, TransformerConfig
+
+    problems = []
+    for name, check in (
+        ("preparation", lambda: build(PrepareConfig, parameters, label_columns=())),
+        ("training", lambda: build(TransformerConfig, parameters)),
+    ):
+        try:
+            check()
+        except PreflightError as err:
+            problems.append(f"{name}: {err}")
+    problems += model_name_problems(str(parameters.get("model_name", DEFAULT_MODEL_NAME)))
+    problems += _text_evaluation_problems(parameters)
+    if problems:
+        raise PreflightError("; ".join(problems))
+
+
+def check_lm_run(parameters: Mapping[str, Any]) -> None:
+    """Refuses language model pipeline parameters the training step would refuse.
+
+    Raises:
+        PreflightError: Every problem found, each naming its parameter.
+    """
+    from components.train_lm.contract import LMConfig
+    from components.train_text.contract import parse_model_config
+
+    problems = []
+    model_config: dict[str, Any] = {}
+    try:
+        model_config = parse_model_config(str(parameters.get("model_config", "")))
+        build(LMConfig, parameters, model_config=model_config)
+    except (RuntimeError, PreflightError) as err:  # RuntimeError: model_config not a JSON object
+        problems.append(f"training: {err}")
+    problems += _awd_lstm_problems(model_config)
+    problems += lang_problems(str(parameters.get("lang", LMConfig.lang)))
+    if problems:
+        raise PreflightError("; ".join(problems))
+
+
+CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
+    "image": check_image_run, "text": check_text_run, "lm": check_lm_run,
+    "transformer": check_transformer_run}

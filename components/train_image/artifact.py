@@ -1,0 +1,147 @@
+"""The image trainer's model artifact: writing it, exporting the SavedModel, loading it back.
+
+The artifact: model.keras, saved_model/ (the serving signatures), labels.json,
+preprocessing.json, history.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+import tf_keras
+
+from components.common.storage import write_json_atomically as _write_json
+from components.train_image import serving
+from components.train_image.contract import (
+    BYTES_INPUT_NAME,
+    HISTORY_FILE,
+    LABEL_OUTPUT_NAME,
+    LABELS_FILE,
+    MODEL_FILE,
+    PIXELS_SIGNATURE,
+    PREPROCESSING_FILE,
+    SAVED_MODEL_DIR,
+    SERVING_SIGNATURE,
+    TrainConfig,
+)
+from components.train_image.model import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    build_model,
+    dtype_policy,
+    load_snapshot,
+)
+from components.train_image.phases import _compile, plan_phases
+
+log = logging.getLogger(__name__)
+
+
+def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: TrainConfig,
+                   history: dict[str, list], metrics: dict[str, Any]) -> None:
+    """Writes model.keras, saved_model/, labels.json, preprocessing.json, history.json.
+
+    The saved model is a float32 copy, whatever the training precision: float16
+    on a CPU (a likely place for evaluation or serving) is ~95x slower, and the
+    weights are float32 anyway. It is built outside any strategy scope, so it holds
+    plain variables.
+    """
+    image_size = manifest["image"]["height"]
+    classes = manifest["classes"]
+    tf.io.gfile.makedirs(output_dir)
+    with dtype_policy("float32"):
+        model = build_model(len(classes), image_size, None, config.dropout,
+                            frozen_batchnorm=config.pretrained)
+    load_snapshot(model, snapshot)
+    last_lr = plan_phases(config)[-1].learning_rate
+    _compile(model, last_lr)
+    model.save(os.path.join(output_dir, MODEL_FILE))
+    preprocessing = {
+        "image_size": image_size,
+        "input": "float32 RGB 0..255",
+        "scaling": "densenet121 preprocess_input inside the model",
+        "resize_method": manifest["image"].get("resize_method"),
+        # how the shards stored the pixels: prediction repeats the JPEG round trip
+        "image_format": manifest["image"]["format"],
+        "jpeg_quality": manifest["image"].get("jpeg_quality"),
+        "serving_signature": SERVING_SIGNATURE,
+        "serving_input": f"{BYTES_INPUT_NAME}: encoded image files (JSON {{\"b64\": ...}})",
+        "serving_outputs": [OUTPUT_NAME, LABEL_OUTPUT_NAME],
+        "pixels_signature": PIXELS_SIGNATURE,
+        "input_name": INPUT_NAME,
+        "output_name": OUTPUT_NAME,
+        "dtype": "float32",
+        "training_precision": metrics.get("precision"),
+    }
+    export_saved_model(model, os.path.join(output_dir, SAVED_MODEL_DIR), preprocessing, classes)
+    _write_json(os.path.join(output_dir, LABELS_FILE), {"classes": classes})
+    _write_json(os.path.join(output_dir, PREPROCESSING_FILE), preprocessing)
+    _write_json(os.path.join(output_dir, HISTORY_FILE), history)
+    log.info("model written to %s", output_dir)
+
+
+def export_saved_model(model: tf_keras.Model, path: str, preprocessing: Mapping[str, Any],
+                       classes: Sequence[str]) -> None:
+    """Exports a SavedModel with two signatures.
+
+    `serving_default`: "image_bytes" (a batch of JPEG/PNG/GIF/BMP files) -> "probabilities"
+    and "label" (the top class name), decoding and resizing in the graph as the sharding
+    step did (`serving.preprocess_batch`): what Vertex endpoints call with `{"b64": ...}`.
+    `serving_pixels`: "image" float32 RGB 0..255 at the model's size -> "probabilities".
+
+    Uses tf-keras's ExportArchive: it saves the forward pass and the variables, not
+    the Keras object graph, so loading needs neither Keras nor this package.
+    """
+    size = preprocessing["image_size"]
+    method = preprocessing.get("resize_method") or "crop"
+    quality = preprocessing.get("jpeg_quality") if preprocessing.get("image_format") == "jpeg" \
+        else None
+    archive = tf_keras.export.ExportArchive()
+    archive.track(model)
+    names = tf.constant(list(classes))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=BYTES_INPUT_NAME)])
+    def serve_bytes(image_bytes):
+        pixels = serving.preprocess_batch(image_bytes, size, method, quality)
+        probabilities = model(pixels, training=False)
+        return {OUTPUT_NAME: probabilities,
+                LABEL_OUTPUT_NAME: tf.gather(names, tf.argmax(probabilities, axis=1))}
+
+    @tf.function(input_signature=[
+        tf.TensorSpec([None, size, size, 3], tf.float32, name=INPUT_NAME)])
+    def serve_pixels(image):
+        return {OUTPUT_NAME: model(image, training=False)}
+
+    archive.add_endpoint(SERVING_SIGNATURE, serve_bytes)
+    archive.add_endpoint(PIXELS_SIGNATURE, serve_pixels)
+    # write_out prints every captured variable to stdout unless interactive
+    # logging is off; it then goes to the logging module instead.
+    interactive = tf_keras.utils.is_interactive_logging_enabled()
+    tf_keras.utils.disable_interactive_logging()
+    try:
+        archive.write_out(path)
+    finally:
+        if interactive:
+            tf_keras.utils.enable_interactive_logging()
+
+
+def predict_fn(saved_model_dir: str, signature: str = PIXELS_SIGNATURE
+               ) -> Callable[[Any], dict[str, tf.Tensor]]:
+    """A signature of an exported SavedModel as a function of its one input.
+
+    `PIXELS_SIGNATURE` takes float32 images, `SERVING_SIGNATURE` encoded files' bytes;
+    both return a dict of outputs ("probabilities", and "label" for the bytes one).
+    """
+    loaded = tf.saved_model.load(saved_model_dir)
+    input_name = BYTES_INPUT_NAME if signature == SERVING_SIGNATURE else INPUT_NAME
+    dtype = tf.string if signature == SERVING_SIGNATURE else tf.float32
+
+    def predict(inputs):
+        # Looked up through `loaded`, which must stay alive: it owns the variables.
+        function = loaded.signatures[signature]
+        return function(**{input_name: tf.convert_to_tensor(inputs, dtype)})
+
+    return predict

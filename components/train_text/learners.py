@@ -1,0 +1,184 @@
+"""The fastai learners: the language model's fine-tuning and the classifier's learner.
+
+`_fine_tune_lm` runs the LM's stages and saves its encoder; `_classifier_learner` builds the
+classifier from that encoder (else the pretrained weights, else random ones), its output
+layer starting at the label frequencies (`start_at_label_frequencies`), with the loss and
+metrics of the task (`_loss_and_metrics`). A pretrained LM's vocabulary keeps the task's
+rarer tokens it knows (`_vocab_with_pretrained_tokens`).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from fastai.text.all import (
+    AWD_LSTM,
+    BCEWithLogitsLossFlat,
+    CrossEntropyLossFlat,
+    F1Score,
+    F1ScoreMulti,
+    accuracy,
+    accuracy_multi,
+    load_pickle,
+    make_vocab,
+    text_classifier_learner,
+    tokenize_df,
+)
+
+from components.common.fastai_text import lm_learner, mixed_precision, quiet
+from components.prepare_text.contract import MULTI_LABEL
+from components.text_common import scores as text_scores
+from components.train_text import schedule
+from components.train_text.data import (
+    _TEXT,
+    _classifier_dataloaders,
+    _lm_dataloaders,
+    _unigram_accuracy,
+)
+from components.train_text.runner import _Job
+from components.train_text.vocabulary import FAKE, with_pretrained_tokens
+
+log = logging.getLogger(__name__)
+
+ENCODER_FILE = "lm_encoder.pth"
+
+# Settings that shape the encoder; the LM's dropouts do not carry over to the classifier.
+_ENCODER_KEYS = ("emb_sz", "n_hid", "n_layers", "pad_token", "bidir")
+
+
+def _fine_tune_lm(job: _Job, vocab: list[str] | None) -> list[str] | None:
+    """Runs the LM stages and saves the encoder, unless there are none or it is saved.
+
+    Returns:
+        The vocabulary: `vocab`, or the LM data's when `vocab` was None (then saved).
+    """
+    run, state, config = job.run, job.run.state, job.config
+    lm_indices = run.indices(schedule.LM)
+    if not lm_indices or state["encoder_saved"]:
+        return vocab
+    vocab = _vocab_with_pretrained_tokens(job, vocab)
+    dls_lm = _lm_dataloaders(job.frame, job.tokenizer, vocab, config)
+    if vocab is None:
+        vocab = list(dls_lm.vocab)
+        run.save_vocab(vocab)
+    learn_lm = lm_learner(dls_lm, job.lm_config, config.drop_mult, run.folder, job.precision)
+    if not run.restore(learn_lm) and job.assets:
+        learn_lm.load_pretrained(job.assets.weights, job.assets.vocab)
+    for index in lm_indices:
+        run.fit(learn_lm, index)
+    learn_lm.save_encoder(ENCODER_FILE[:-len(".pth")])
+    lm_rows = [r for r in state["history"] if r["model"] == schedule.LM]
+    discarded = schedule.lm_learnt_nothing(lm_rows, _unigram_accuracy(dls_lm))
+    if discarded:
+        log.warning("the language model learnt nothing (%s): the classifier starts "
+                    "from %s instead", discarded,
+                    "the pretrained weights" if job.assets else "random weights")
+    state.update(encoder_saved=True, checkpoint=None, lm_discarded=discarded)
+    run.save()
+    return vocab
+
+
+def _vocab_with_pretrained_tokens(job: _Job, vocab: list[str] | None) -> list[str] | None:
+    """The run's vocabulary: `vocab` when it has one; from a pretrained LM, fastai's plus the
+    task's rarer tokens the LM has learnt (`vocabulary.with_pretrained_tokens`), saved;
+    else None (the first dataloaders make fastai's own).
+    """
+    if vocab is not None or job.assets is None:
+        return vocab
+    # Counted as TextBlock.from_df counts (the same tokenizer and rules, train + validation);
+    # the dataloaders tokenize the texts again: a pretrained run pays that once (the
+    # vocabulary is saved, and a resumed run reads it).
+    _, counts = tokenize_df(job.frame[[_TEXT]], [_TEXT], tok=job.tokenizer)
+    config = job.config
+    frequent = make_vocab(counts, config.min_freq, config.max_vocab)
+    vocab = with_pretrained_tokens(frequent, counts, load_pickle(job.assets.vocab),
+                                   config.max_vocab)
+    log.info("vocabulary: %d tokens seen %d times or more, %d rarer ones the pretrained "
+             "language model knows", sum(t != FAKE for t in frequent), config.min_freq,
+             sum(t != FAKE for t in vocab) - sum(t != FAKE for t in frequent))
+    job.run.save_vocab(vocab)
+    return vocab
+
+
+def _train_random_encoder_whole(job: _Job) -> None:
+    """Replaces gradual unfreezing by one whole stage when the LM's encoder was discarded.
+
+    A random encoder gains nothing from gradual unfreezing: it trains whole, as from
+    scratch (the same plan on a resume: lm_discarded is in the state).
+    """
+    run, config = job.run, job.config
+    if not (run.state.get("lm_discarded") and not config.pretrained and
+            any(s.freeze_to is not None for s in run.plan)):
+        return
+    run.plan = [s for s in run.plan if s.model == schedule.LM] + \
+        schedule.plan_stages(0, config.epochs, config.lm_learning_rate, config.learning_rate,
+                             False, "all")
+    job.unfreeze = ("all", "the language model learnt nothing: the random encoder trains "
+                    "whole from the start")
+
+
+def _classifier_learner(job: _Job, vocab: list[str] | None, loss, metrics):
+    """The classifier's learner, from its last checkpoint, else its starting weights.
+
+    It starts from the fine-tuned encoder, else the pretrained one, else random weights.
+
+    Returns:
+        `(learner, its dataloaders, the vocabulary)`; a vocabulary first made here is saved.
+    """
+    run, state, config, data = job.run, job.run.state, job.config, job.data
+    vocab = _vocab_with_pretrained_tokens(job, vocab)
+    dls = _classifier_dataloaders(job.frame, job.tokenizer, vocab, data.labels, data.task,
+                                  config)
+    if vocab is None:
+        vocab = list(dls.vocab[0])
+        run.save_vocab(vocab)
+    clas_config = {k: v for k, v in job.arch_config.items() if k in _ENCODER_KEYS}
+    learn = text_classifier_learner(
+        dls, AWD_LSTM, seq_len=config.seq_len, config=clas_config, pretrained=False,
+        drop_mult=config.drop_mult, loss_func=loss, metrics=metrics, path=run.folder,
+        model_dir=".")
+    quiet(learn)
+    start_at_label_frequencies(learn, data.train[data.labels].to_numpy(), data.task)
+    learn = mixed_precision(learn, job.precision)
+    clas_indices = run.indices(schedule.CLASSIFIER)
+    if not (clas_indices and run.started(clas_indices[0]) and run.restore(learn)):
+        if state["encoder_saved"] and not state.get("lm_discarded"):
+            learn.load_encoder(ENCODER_FILE[:-len(".pth")])
+        elif job.assets:
+            learn.load_pretrained(job.assets.weights, job.assets.vocab, model=learn.model[0])
+    return learn, dls, vocab
+
+
+def start_at_label_frequencies(learn, truth: np.ndarray, task: str) -> None:
+    """Gives the classifier's output layer a bias that predicts each label's frequency.
+
+    fastai's head ends in BatchNorm then a Linear layer without bias, so an untrained model
+    says 0.5 for every label (multi-label) and spends its first epochs only learning that
+    labels are rare; with a random encoder and 6 epochs it often never gets further (the
+    model answers "no label"). Starting from the training split's frequencies (the
+    log-odds per label; log-priors for softmax) puts that knowledge in from the start.
+    Rates are clipped to [1e-3, 1 - 1e-3]: a label with no training row is not -inf.
+
+    Args:
+        learn: A fresh `text_classifier_learner` (before any checkpoint is loaded into it).
+        truth: 0/1 label matrix of the training split, shape (rows, labels).
+        task: MULTI_LABEL or SINGLE_LABEL.
+    """
+    linear = [m for m in learn.model[1].modules() if isinstance(m, torch.nn.Linear)][-1]
+    bias = text_scores.frequency_bias(truth, task)
+    linear.bias = torch.nn.Parameter(torch.as_tensor(bias, dtype=linear.weight.dtype,
+                                                     device=linear.weight.device))
+
+
+def _loss_and_metrics(task: str, threshold: float) -> tuple[Any, list]:
+    """Multi-label: sigmoid per label (BCE), thresholded; single-label: softmax (cross-entropy)."""
+    if task == MULTI_LABEL:
+        return (BCEWithLogitsLossFlat(thresh=threshold),
+                [partial(accuracy_multi, thresh=threshold),
+                 F1ScoreMulti(thresh=threshold, average="macro")])
+    return CrossEntropyLossFlat(), [accuracy, F1Score(average="macro")]
+

@@ -1,0 +1,113 @@
+"""The run's outputs: the best epoch scored on the validation split and exported
+(`export.pkl`), metrics.json's report of the run, and the JSON files of the model folder
+(`labels.json`, `metrics.json`, `per_label_metrics.json`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+from fastai.learner import load_model
+
+from components.common.fastai_text import FP32
+from components.common.storage import write_json_atomically
+from components.text_common.contract import (
+    EXPORT_FILE,
+    LABELS_FILE,
+    MAX_TEXT_CHARS,
+    PER_LABEL_FILE,
+    TRAINING_METRICS_FILE,
+)
+from components.text_common.scores import labels_info, per_label_summary, validation_result
+from components.train_text import schedule
+from components.train_text.assets import fastai_pretrained_url, uses_fastai_pretrained
+from components.train_text.contract import TrainConfig
+from components.train_text.learners import _ENCODER_KEYS
+from components.train_text.runner import _Job
+
+
+def _validate_and_export(job: _Job, learn, model_dir: str) -> tuple[Any, dict[str, Any]]:
+    """Loads the best epoch's weights, scores the validation split, writes `export.pkl`.
+
+    Returns:
+        `(learner in float32, text_scores.validation_result of the validation split)`.
+    """
+    run, data = job.run, job.data
+    best = run.state["best"]
+    if best and best.get("file") and os.path.exists(run.path(best["file"])):
+        load_model(run.path(best["file"]), learn.model, None, with_opt=False,
+                   device=learn.dls.device)
+    if job.precision != FP32:
+        learn = learn.to_fp32()
+    probs, _ = learn.get_preds(ds_idx=1)
+    probs = probs.float().cpu().numpy()
+    truth = data.valid[data.labels].to_numpy()
+    result = validation_result(truth, probs, data.labels, data.task, job.config.threshold)
+    learn.export(os.path.abspath(os.path.join(model_dir, EXPORT_FILE)))
+    return learn, result
+
+
+def _report(job: _Job, learn, dls, vocab: list[str], lm_assets_uri: str,
+            started: float) -> dict[str, Any]:
+    """metrics.json's `history`, `best`, `run` (sizes, timings, resume facts) and `config`."""
+    state, config = job.run.state, job.config
+    n_params = sum(p.numel() for p in learn.model.parameters())
+    train_tokens = int(dls.train.items["text_length"].sum())
+    clas_epochs = [h for h in state["history"] if h["model"] == schedule.CLASSIFIER]
+    unfreeze, unfreeze_reason = job.unfreeze
+    return {
+        "history": state["history"],
+        "best": state["best"],
+        "run": {
+            "rows": {"train": len(job.data.train), "validation": len(job.data.valid)},
+            "texts_truncated": job.truncated,
+            "max_text_chars": MAX_TEXT_CHARS,
+            "train_tokens": train_tokens,
+            "vocab_size": len(vocab),
+            "parameters": int(n_params),
+            "arch": "AWD_LSTM",
+            "arch_config": {k: job.lm_config[k] for k in _ENCODER_KEYS},
+            "pretrained": config.pretrained,
+            "pretrained_from": (_pretrained_source(lm_assets_uri, config.lang,
+                                                   config.backwards)
+                                if config.pretrained else None),
+            "precision": job.precision,
+            "device": str(learn.dls.device),
+            "resumed_from": job.resumed_from,
+            "classifier_epoch_seconds": [h["seconds"] for h in clas_epochs],
+            "classifier_epoch_cpu_seconds": [h.get("cpu_seconds") for h in clas_epochs],
+            "seconds": round(time.monotonic() - started, 3),
+            "unfreeze": {"used": unfreeze, "reason": unfreeze_reason},
+            "stages": [dataclasses.asdict(s) for s in job.run.plan],
+            "found_learning_rates": state.get("found_lr", {}),
+            # Classifier runs that learnt nothing and ran again at a lower rate.
+            "restarts": [{k: v for k, v in r.items() if k != "epochs"}
+                         for r in state.get("restarts", [])],
+            "learnt_nothing": state.get("gave_up"),
+            "lm_discarded": state.get("lm_discarded"),
+            "constant_answer": job.run.constant,
+        },
+        "config": dataclasses.asdict(config),
+    }
+
+
+def _pretrained_source(lm_assets_uri: str, lang: str, backwards: bool) -> str:
+    """Where the pretrained LM came from: the assets root, or fastai's archive URL."""
+    if uses_fastai_pretrained(lm_assets_uri, lang):
+        return fastai_pretrained_url(backwards)
+    return lm_assets_uri
+
+
+def _write_outputs(model_dir: str, result: dict[str, Any],
+                   text_column: str, config: TrainConfig) -> None:
+    def dump(name: str, value: Any) -> None:
+        write_json_atomically(os.path.join(model_dir, name), value, sort_keys=False)
+
+    dump(LABELS_FILE, labels_info(result, text_column, config.threshold, lang=config.lang,
+                                  backwards=config.backwards, arch="AWD_LSTM"))
+    dump(TRAINING_METRICS_FILE, result)
+    dump(PER_LABEL_FILE, per_label_summary(result))
+

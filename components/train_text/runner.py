@@ -1,0 +1,257 @@
+"""The stage runner: the plan, the state file and the checkpoints of one run (`_Run`), and
+what the steps of one `train_text_classifier` call share (`_Job`).
+
+`_Run.fit` runs a stage, or what is left of it, checkpointing each epoch with the state
+file (schedule.py) so that a restarted job resumes at the next epoch; `_Run.fit_classifier`
+runs the classifier's stages again, at a lower rate, when they learnt nothing.
+`_load_or_start_state` resumes this run's state or starts a new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from fastai.learner import load_model, save_model
+from fastai.text.all import Callback, GradientClip, load_pickle, save_pickle
+
+from components.common import run_state
+from components.common.fastai_text import EpochEnd, find_rate
+from components.common.hypertune import TrialReporter
+from components.common.tensorboard import ScalarLog, epoch_scalars, model_step
+from components.text_common import scores as text_scores
+from components.train_text import schedule
+from components.train_text.assets import LMAssets
+from components.train_text.contract import TrainConfig
+from components.train_text.data import _Dataset
+
+log = logging.getLogger(__name__)
+
+VOCAB_FILE = "vocab.pkl"
+
+# Largest gradient norm of a step (AWD-LSTM's recipe clips too): one bad batch at the
+# peak rate cannot throw the LSTM into saturation, the collapse seen on real text.
+GRADIENT_CLIP = 1.0
+
+
+class _Run:
+    """The plan, the state file and the checkpoints of one run."""
+
+    def __init__(self, folder: str, plan: list[schedule.Stage], state: dict[str, Any],
+                 monitor: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
+                 trial: TrialReporter, constant: dict[str, float] | None = None,
+                 n_hid: int = schedule.BOUNDS_N_HID):
+        self.folder, self.plan, self.state = folder, plan, state
+        self.monitor, self.callbacks = monitor, list(callbacks)
+        self.tensorboard, self.trial = tensorboard, trial
+        self.constant = constant  # the classifier's constant answer (text_scores.constant_answer)
+        self.n_hid = n_hid  # the AWD-LSTM's hidden size, which the rate bounds scale with
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+    def save(self) -> None:
+        schedule.save_state(self.folder, self.state)
+
+    def indices(self, model: str) -> list[int]:
+        """Positions in the plan of `model`'s stages (schedule.LM or schedule.CLASSIFIER)."""
+        return [i for i, s in enumerate(self.plan) if s.model == model]
+
+    def saved_vocab(self) -> list[str] | None:
+        """The vocabulary an earlier attempt of this run saved, or None."""
+        return load_pickle(self.path(VOCAB_FILE)) if self.state["vocab_saved"] else None
+
+    def save_vocab(self, vocab: list[str]) -> None:
+        """Keeps the vocabulary first made: a resumed run must number tokens alike."""
+        save_pickle(self.path(VOCAB_FILE), vocab)
+        self.state["vocab_saved"] = True
+        self.save()
+
+    def _save_model(self, learn, name: str, with_opt: bool) -> None:
+        tmp = self.path(name + ".tmp")
+        save_model(tmp, learn.model, learn.opt, with_opt=with_opt)
+        os.replace(tmp, self.path(name))
+
+    def _drop(self, name: str | None, keep: str | None) -> None:
+        start = (self.state.get("stage_start") or {}).get("file")
+        if name and name not in (keep, start) and os.path.exists(self.path(name)):
+            os.remove(self.path(name))
+
+    def restore(self, learn) -> bool:
+        """Loads the latest checkpoint of this learner's model kind, if training began."""
+        name = self.state.get("checkpoint")
+        if not name:
+            return False
+        if learn.opt is None:
+            learn.create_opt()
+        load_model(self.path(name), learn.model, learn.opt, with_opt=True,
+                   device=learn.dls.device)
+        return True
+
+    def started(self, index: int) -> bool:
+        """Whether stage `index` or a later one has a checkpointed epoch."""
+        return (self.state["stage"], self.state["epochs_done"]) > (index, 0)
+
+    def found_rate(self, learn, stage: schedule.Stage) -> float:
+        """`lr_find`'s rate for the stage's model times the stage's share.
+
+        Found once per model, at its first stage (after that stage's freezing); kept in the
+        state so that a resumed run trains on the same rates.
+        """
+        found = self.state.setdefault("found_lr", {})
+        if stage.model not in found:
+            log.info("finding the %s's rate", stage.model)
+            found[stage.model] = find_rate(learn, *schedule.found_rate_bounds(stage, self.n_hid))
+            self.save()
+        return found[stage.model]["used"] * stage.lr_share
+
+    def fit_classifier(self, learn, indices: Sequence[int]) -> None:
+        """Runs the classifier's stages; again, at a lower rate, if they learnt nothing.
+
+        When the classifier's epochs show no learning (`text_scores.learnt_nothing`: the
+        validation loss and score still those of the label frequencies), its weights go
+        back to where its first stage started and every classifier stage runs again at
+        `RESTART_RATE_SHARE` of its rate, at most `MAX_RESTARTS` times; each attempt is
+        recorded in the state (`restarts`), and a run that never learns says so.
+        """
+        while True:
+            for index in indices:
+                self.fit(learn, index)
+            rows = [r for r in self.state["history"] if r["model"] == schedule.CLASSIFIER]
+            reason = None if self.state.get("gave_up") or self.constant is None else \
+                text_scores.learnt_nothing(rows, self.constant)
+            if reason is None:
+                return
+            if len(self.state["restarts"]) >= schedule.MAX_RESTARTS:
+                log.warning("the classifier learnt nothing after %d restarts (%s): going on "
+                            "with its best epoch", len(self.state["restarts"]), reason)
+                self.state["gave_up"] = reason
+                self.save()
+                return
+            self._restart(learn, indices[0], rows, reason)
+
+    def _restart(self, learn, first: int, rows: list[dict[str, Any]], reason: str) -> None:
+        """Back to the classifier's first weights at a lower rate; the failed epochs kept aside."""
+        scale = self.state.get("rate_scale", 1.0)
+        self.state["rate_scale"] = scale * schedule.RESTART_RATE_SHARE
+        log.warning("the classifier learnt nothing (%s): restarting it from its first weights "
+                    "at %.3g x its rates", reason, self.state["rate_scale"])
+        self.state["restarts"].append({"reason": reason, "rate_scale": scale, "epochs": rows})
+        self.state["history"] = [r for r in self.state["history"] if r not in rows]
+        start = self.state["stage_start"]
+        load_model(self.path(start["file"]), learn.model, None, with_opt=False,
+                   device=learn.dls.device)
+        learn.opt = None  # a fresh optimizer: the failed run's moments go with it
+        self._drop(self.state.get("checkpoint"), start["file"])
+        # A resumed job restores the start weights (they hold no optimizer state).
+        self.state.update(stage=first, epochs_done=0, checkpoint=start["file"],
+                          best=start["best"])
+        self.save()
+
+    def fit(self, learn, index: int) -> None:
+        """Runs stage `index`, or what is left of it."""
+        stage = self.plan[index]
+        current = self.state["stage"]
+        if current > index:
+            return
+        start = self.state["epochs_done"] if current == index else 0
+        if start >= stage.epochs:
+            return
+        if start == 0 and stage.model == schedule.CLASSIFIER and \
+                self.state.get("stage_start") is None:
+            # The weights a restart goes back to (fit_classifier): the classifier's first.
+            name = "classifier-start.pth"
+            self._save_model(learn, name, with_opt=False)
+            self.state["stage_start"] = {"file": name, "best": self.state["best"]}
+            self.save()
+        if stage.freeze_to is None:
+            learn.unfreeze()
+        else:
+            learn.freeze_to(stage.freeze_to)
+        top = (stage.lr or self.found_rate(learn, stage)) * \
+            (self.state.get("rate_scale", 1.0) if stage.model == schedule.CLASSIFIER else 1.0)
+        lr = top
+        if stage.discriminative:
+            groups = len(learn.opt.param_groups)
+            lr = slice(top / schedule.LR_DECAY_PER_GROUP ** (groups - 1), top)
+        log.info("stage %s: epochs %d..%d of %d", stage.name, start + 1, stage.epochs,
+                 stage.epochs)
+
+        def on_epoch(epochs_done: int, values: dict[str, float], seconds: float,
+                     cpu_seconds: float) -> None:
+            previous = self.state.get("checkpoint")
+            name = f"{stage.model}-{index}-{epochs_done}.pth"
+            self._save_model(learn, name, with_opt=True)
+            best = self.state["best"]
+            new_best = None
+            if stage.model == schedule.CLASSIFIER and self.monitor in values and \
+                    schedule.improved(values[self.monitor], best and best["value"], self.monitor):
+                new_best = f"best-{index}-{epochs_done}.pth"
+                self._save_model(learn, new_best, with_opt=False)
+                self.state["best"] = {"value": values[self.monitor], "stage": stage.name,
+                                      "epoch": epochs_done, "file": new_best}
+            self.state.update(stage=index, epochs_done=epochs_done, checkpoint=name)
+            row = {"stage": stage.name, "model": stage.model, "epoch": epochs_done,
+                   "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3), **values}
+            self.state["history"].append(row)
+            self.save()
+            # After the save: a resumed run never trains (and logs) this epoch again.
+            step = model_step(self.state["history"], stage.model)
+            self.tensorboard.write(epoch_scalars(stage.model, row), step)
+            if stage.model == schedule.CLASSIFIER:  # the study ranks classifiers
+                self.trial.report(values, step)
+            # Older files go only once the state no longer points at them.
+            self._drop(previous, name)
+            if new_best and best:
+                self._drop(best.get("file"), new_best)
+
+        clip = [GradientClip(GRADIENT_CLIP)] if GRADIENT_CLIP else []
+        learn.fit_one_cycle(stage.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=start,
+                            cbs=[EpochEnd(on_epoch), *clip, *self.callbacks])
+
+
+def _reset_folder(folder: str) -> None:
+    """Removes this step's files from a checkpoint folder (another run's, or none)."""
+    run_state.remove_leftovers(
+        folder, names=(schedule.STATE_FILE, VOCAB_FILE),
+        suffixes=(".pth", ".pth.tmp"))
+
+
+def _load_or_start_state(folder: str, plan: list[schedule.Stage], run_fingerprint: str,
+                         ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """This run's saved state and where it resumes, or a new state (another run's files go).
+
+    Raises:
+        TextTrainingError: The folder holds another run's state.
+    """
+    state = schedule.load_state(folder, run_fingerprint)
+    if state is None:
+        _reset_folder(folder)
+        return schedule.new_state(run_fingerprint), None
+    resumed_from = {"stage": plan[min(state["stage"], len(plan) - 1)].name,
+                    "epochs_done": state["epochs_done"]}
+    log.info("resuming from %s", resumed_from)
+    return state, resumed_from
+
+
+@dataclasses.dataclass
+class _Job:
+    """What the stages of one `train_text_classifier` call share."""
+
+    data: _Dataset
+    config: TrainConfig
+    run: _Run
+    assets: LMAssets | None  # the pretrained LM's local files, when pretrained
+    arch_config: dict[str, Any]  # the AWD-LSTM settings given (config.json or model_config)
+    lm_config: dict[str, Any]  # fastai's defaults updated with them
+    tokenizer: Any
+    precision: str
+    frame: pd.DataFrame  # what fastai reads (_frame), texts clipped to MAX_TEXT_CHARS
+    truncated: int  # texts that were clipped
+    resumed_from: dict[str, Any] | None
+    unfreeze: tuple[str, str]  # (mode used, why)
+
