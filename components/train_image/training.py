@@ -21,13 +21,13 @@ import logging
 import math
 import os
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
 import tf_keras
 
+from components.common import run_state
 from components.common.hypertune import TrialReporter
 from components.common.storage import filesystem, local_path, run_folder
 from components.shard.contract import read_manifest
@@ -205,7 +205,7 @@ def train(
 
     metrics = _metrics(setup, history, final, epoch)
     if setup.chief:
-        _slow_down_for_tests()
+        run_state.delay_for_tests(SLOW_CHIEF_VARIABLE, "the chief")
         write_artifact(output_dir, snapshot, setup.manifest, config, history, metrics)
         setup.state.clear([p.name for p in setup.phases])
     _barrier(setup.strategy)
@@ -369,14 +369,6 @@ def _metrics(setup: _Setup, history: dict[str, list[dict[str, Any]]], final: dic
     }
     return {k: v for k, v in metrics.items() if v is not None}
 
-
-def _slow_down_for_tests() -> None:
-    """Sleeps `SLOW_CHIEF_VARIABLE` seconds when a test sets it; nothing otherwise."""
-    delay = float(os.environ.get(SLOW_CHIEF_VARIABLE) or 0)
-    if delay > 0:
-        log.warning("%s=%s: the chief waits %.1f s before writing (a test)",
-                    SLOW_CHIEF_VARIABLE, delay, delay)
-        time.sleep(delay)
 
 
 def _barrier(strategy) -> None:

@@ -137,14 +137,6 @@ def _is_rank0() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _slow_down_for_tests() -> None:
-    """Sleeps `SLOW_RANK0_VARIABLE` seconds when a test sets it; nothing otherwise."""
-    delay = float(os.environ.get(SLOW_RANK0_VARIABLE) or 0)
-    if delay > 0:
-        log.warning("%s=%s: rank 0 waits %.1f s before writing (a test)",
-                    SLOW_RANK0_VARIABLE, delay, delay)
-        time.sleep(delay)
-
 
 def _finish_together() -> None:
     """Holds every DDP process until all reach here, then leaves the process group.
@@ -385,7 +377,7 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
             "config": dataclasses.asdict(config),
         })
         if trainer.is_world_process_zero():
-            _slow_down_for_tests()
+            run_state.delay_for_tests(SLOW_RANK0_VARIABLE, "rank 0")
         trainer.save_model(model_dir)  # model and tokenizer; writes on rank 0 only
         if trainer.is_world_process_zero():
             # Trainer's own pickle of its arguments: not needed to load or serve the model.
