@@ -33,13 +33,13 @@ from kfp import compiler
 from components.tune.contract import SearchSpaceError, read_space
 from pipelines import quota
 from pipelines.definitions import image, lm, text, transformer, tuning
+from pipelines.definitions.steps import STEPS, TUNING_JOBS
 from pipelines.definitions.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
 
 PLACEHOLDER_REGISTRY = "us-central1-docker.pkg.dev/your-project/vertex-gpu-pipelines"
 RUNTIMES = ("tensorflow", "fastai")
 # Pipeline kinds with a tuning variant, and the machine table's step their trials run on.
-TUNED_KINDS = {"image": "train_image", "text": "train_text",
-               "transformer": transformer.MACHINE}
+TUNED_KINDS = {kind: STEPS[kind]["train"].machine for kind in TUNING_JOBS}
 # A Vertex AI TensorBoard instance: project id or number, region, numeric instance id.
 TENSORBOARD_NAME = re.compile(r"^projects/[a-z0-9][a-z0-9.:-]*/locations/[a-z]+-[a-z]+[0-9]+/"
                               r"tensorboards/[0-9]+$")

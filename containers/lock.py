@@ -217,16 +217,41 @@ def resolve(image: Image, pyproject: Mapping, constraints: Mapping[str, tuple[st
         LockError: A requirement is neither installed nor pinnable, or the venv and
             constraints.txt disagree, or pyproject pins another version than constraints.txt.
     """
+    gpu_extras = {normalize(k): tuple(normalize(e) for e in v)
+                  for k, v in image.gpu_extras.items()}
+    labels = {normalize(k): v for k, v in image.local_labels.items()}
+    wanted, gpu_only = _required(_roots(image, pyproject), constraints, gpu_extras,
+                                 version_of, requires_of)
+    pins = [_pin(name, version_of(name), constraints, labels.get(name), image.index_url)
+            for name in wanted]
+    pins.extend(p for n, p in gpu_only.items() if n not in wanted)
+    return sorted(pins, key=lambda p: normalize(p.name))
+
+
+def _roots(image: Image, pyproject: Mapping) -> list[str]:
+    """The requirements an image installs first: build requirements, dependencies, extra.
+
+    Raises:
+        LockError: pyproject.toml has no such extra.
+    """
     project = pyproject["project"]
     extras_table = project.get("optional-dependencies", {})
     if image.extra not in extras_table:
         raise LockError(f"pyproject.toml has no optional-dependencies group {image.extra!r}")
-    roots = [*pyproject.get("build-system", {}).get("requires", []),
-             *project.get("dependencies", []), *extras_table[image.extra]]
-    gpu_extras = {normalize(k): tuple(normalize(e) for e in v)
-                  for k, v in image.gpu_extras.items()}
-    labels = {normalize(k): v for k, v in image.local_labels.items()}
+    return [*pyproject.get("build-system", {}).get("requires", []),
+            *project.get("dependencies", []), *extras_table[image.extra]]
 
+
+def _required(roots: Iterable[str], constraints: Mapping[str, tuple[str, str]],
+              gpu_extras: Mapping[str, tuple[str, ...]], version_of,
+              requires_of) -> tuple[dict[str, set[str]], dict[str, Pin]]:
+    """`(wanted, gpu_only)`: every package `roots` pull in (normalised name: the extras
+    asked of it), and the GPU libraries the CPU venv lacks, pinned at their lower bound.
+
+    Raises:
+        LockError: A requirement is not installed, or pyproject pins another version than
+            constraints.txt.
+    """
     wanted: dict[str, set[str]] = {}
     gpu_only: dict[str, Pin] = {}
     queue: list[str] = []
@@ -243,16 +268,9 @@ def resolve(image: Image, pyproject: Mapping, constraints: Mapping[str, tuple[st
 
     for text in roots:
         req = parse_requirement(text)
-        if not applies(req):
-            continue
-        name = normalize(req.name)
-        for spec in req.specifier:
-            if spec.operator == "==" and name in constraints:
-                pinned = public_version(spec.version)
-                if pinned != constraints[name][1]:
-                    raise LockError(f"pyproject.toml pins {name}=={pinned} but constraints.txt "
-                                    f"has {constraints[name][1]}")
-        want(req)
+        if applies(req):
+            _check_pyproject_pin(req, constraints)
+            want(req)
 
     while queue:
         name = queue.pop()
@@ -275,27 +293,44 @@ def resolve(image: Image, pyproject: Mapping, constraints: Mapping[str, tuple[st
                                     f"{name}[{','.join(by_extra)}] lower bound")
             else:
                 raise LockError(f"{name} requires {text!r}, which is not installed here")
+    return wanted, gpu_only
 
-    pins = []
-    for name in wanted:
-        installed = version_of(name)
-        if name in constraints:
-            written, version = constraints[name]
-            if public_version(installed) != version:
-                raise LockError(f"the venv has {name} {installed} but constraints.txt pins "
-                                f"{version}: reinstall the venv (make venv)")
-            note = ""
-        elif name in FREEZE_OMITS:
-            written, version = name, public_version(installed)
-            note = "pip freeze omits it: the venv's version"
-        else:
-            raise LockError(f"{name} is required but constraints.txt does not pin it")
-        if name in labels:
-            version = f"{version}+{labels[name]}"
-            note = f"{labels[name]} build from {image.index_url}"
-        pins.append(Pin(written, version, note))
-    pins.extend(p for n, p in gpu_only.items() if n not in wanted)
-    return sorted(pins, key=lambda p: normalize(p.name))
+
+def _check_pyproject_pin(req: Requirement, constraints: Mapping[str, tuple[str, str]]) -> None:
+    """Raises LockError when pyproject.toml pins `req` (==) at another version than
+    constraints.txt."""
+    name = normalize(req.name)
+    for spec in req.specifier:
+        if spec.operator == "==" and name in constraints:
+            pinned = public_version(spec.version)
+            if pinned != constraints[name][1]:
+                raise LockError(f"pyproject.toml pins {name}=={pinned} but constraints.txt "
+                                f"has {constraints[name][1]}")
+
+
+def _pin(name: str, installed: str | None, constraints: Mapping[str, tuple[str, str]],
+         label: str | None, index_url: str) -> Pin:
+    """The lock line of a wanted package, `installed` at that version in the venv, with
+    its image's local `label` (the build from `index_url`) when it has one.
+
+    Raises:
+        LockError: constraints.txt does not pin it, or pins another version.
+    """
+    if name in constraints:
+        written, version = constraints[name]
+        if public_version(installed) != version:
+            raise LockError(f"the venv has {name} {installed} but constraints.txt pins "
+                            f"{version}: reinstall the venv (make venv)")
+        note = ""
+    elif name in FREEZE_OMITS:
+        written, version = name, public_version(installed)
+        note = "pip freeze omits it: the venv's version"
+    else:
+        raise LockError(f"{name} is required but constraints.txt does not pin it")
+    if label is not None:
+        version = f"{version}+{label}"
+        note = f"{label} build from {index_url}"
+    return Pin(written, version, note)
 
 
 def render(image: Image, pins: Iterable[Pin]) -> str:

@@ -25,6 +25,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+from components.common.commands import reports
+
 # works-with:: tag -> label; sub-kinds (image:raster, software:source) fold into their kind.
 LABELS = {"text": "plain_text", "audio": "audio", "image": "image", "image:raster": "image",
           "image:vector": "image", "mail": "mail", "db": "database",
@@ -148,17 +150,14 @@ def write_lm_corpus(path: str, index_path: str | None = None) -> dict[str, int]:
             "held_out": held_out}
 
 
+@reports(FileNotFoundError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m datamakers.debian_corpus",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("output", help="CSV to write")
     parser.add_argument("--packages", help="an apt Packages index (default: apt's own)")
     args = parser.parse_args(argv)
-    try:
-        counts = write_debian_corpus(args.output, args.packages)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    counts = write_debian_corpus(args.output, args.packages)
     print(f"{args.output}: {counts}")
     return 0
 

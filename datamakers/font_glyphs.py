@@ -36,6 +36,8 @@ from collections.abc import Iterable, Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
+from components.common.commands import reports
+
 FONT_FOLDERS = ("/usr/share/fonts",)
 # Debian packages of faces (433 once deduplicated, with the base image's DejaVu; ~230 MB
 # in /usr/share/fonts, ~25 s to install): serif, sans, monospace, display, handwriting and
@@ -236,6 +238,7 @@ def write_glyphs(out_dir: str, font_paths: Sequence[str] | None = None, chars: s
     return {"fonts": len(faces), "images": written, "classes": len(chars)}
 
 
+@reports(FileNotFoundError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m datamakers.font_glyphs",
                                      description=__doc__.splitlines()[0])
@@ -256,12 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("OUT_DIR is required")
     if not 1 <= args.variants <= len(VARIANTS):
         parser.error(f"--variants must be in 1..{len(VARIANTS)}")
-    try:
-        counts = write_glyphs(args.out_dir, find_fonts(args.fonts or FONT_FOLDERS), args.chars,
-                              args.size, VARIANTS[:args.variants])
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    counts = write_glyphs(args.out_dir, find_fonts(args.fonts or FONT_FOLDERS), args.chars,
+                          args.size, VARIANTS[:args.variants])
     print(f"wrote {counts['images']} images of {counts['classes']} characters from "
           f"{counts['fonts']} typefaces to {args.out_dir}")
     return 0

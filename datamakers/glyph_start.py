@@ -26,6 +26,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from components.common.commands import reports
+
 IMAGE_SIZE = 32
 
 
@@ -78,6 +80,7 @@ def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int 
     return facts
 
 
+@reports(FileNotFoundError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m datamakers.glyph_start",
                                      description=__doc__.splitlines()[0])
@@ -96,12 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
     fonts = font_glyphs.find_fonts(args.fonts) if args.fonts else None
     with tempfile.TemporaryDirectory() as temporary:
-        try:
-            facts = make_start(args.output, args.work or temporary, args.epochs,
-                               args.steps_per_epoch, args.seed, fonts)
-        except FileNotFoundError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+        facts = make_start(args.output, args.work or temporary, args.epochs,
+                           args.steps_per_epoch, args.seed, fonts)
     print(f"wrote {args.output}: DenseNet121 trained on {facts['images']} images of "
           f"{facts['classes']} letters from {facts['fonts']} typefaces, held-out accuracy "
           f"{facts['val_accuracy'] or float('nan'):.3f}, {facts['seconds']:.0f} s")

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 
+from components.common.commands import reports
 from components.train_image.contract import MODEL_FILE
 
 
@@ -57,6 +58,7 @@ def save_base_weights(model: str, out_path: str) -> int:
     return len(base.weights)
 
 
+@reports(FileNotFoundError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.base_weights",
                                      description=__doc__.splitlines()[0])
@@ -65,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.output.endswith(".h5"):
         parser.error("the output must be a .h5 file (what DenseNet121(weights=...) loads)")
-    try:
-        count = save_base_weights(args.model, args.output)
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    count = save_base_weights(args.model, args.output)
     print(f"wrote {count} DenseNet121 weight tensors to {args.output}")
     return 0
 

@@ -15,8 +15,11 @@ is written there from its home:
   with the bounds each trainer holds the found rate to.
 
 A value that is already right keeps its spelling (`1e-3` is not rewritten as `0.001`), so
-the compiled JSON changes only when a value does. `--check` rewrites nothing and exits 1
-naming the stale files (a test runs it).
+the compiled JSON changes only when a value does. Each function it writes carries a comment
+on the line above its `def` (and decorators) saying where its values come from; KFP pastes
+a step's function from its `def` on, so the comment stays out of the compiled JSON.
+`--check` rewrites nothing and exits 1 naming the stale files, a missing or outdated
+comment included (a test runs it).
 """
 
 from __future__ import annotations
@@ -69,6 +72,14 @@ RATE_HELP = (
     ("components.train_lm.component", "train_language_model", "lm"),
     ("pipelines.definitions.lm", "lm_pipeline", "lm"),
 )
+# The comment above each function whose parameters are written here (MARKED finds one).
+MARKED = "written by python -m pipelines.signatures"
+STEP_MARKER = ("# Defaults written by python -m pipelines.signatures from contract.{config} "
+               "(edit there).")
+PIPELINE_MARKER = ("# Defaults written by python -m pipelines.signatures from the steps they "
+                   "feed (edit there).")
+PREFLIGHT_MARKER = ("# Parameters written by python -m pipelines.signatures from {pipeline} "
+                    "(edit there).")
 # Step modules whose functions a compiled pipeline may name (comp-<function name>).
 STEP_MODULES = ("components.shard.component", "components.train_image.component",
                 "components.prepare_text.component", "components.train_text.component",
@@ -190,6 +201,26 @@ def rewrite_parameters(source: str, function: str, lines: list[str]) -> str:
                               end.end_col_offset, text)])
 
 
+def mark(source: str, function: str, marker: str) -> str:
+    """`source` with the comment `marker` on the line above `function`'s `def` and
+    decorators, in their indentation, in place of an earlier comment of this command there.
+
+    Raises:
+        LookupError: `source` holds no or several functions of that name.
+    """
+    node = _function(ast.parse(source), function)
+    first = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list])
+    lines = source.splitlines(keepends=True)
+    head = lines[first - 1]
+    line = head[:len(head) - len(head.lstrip())] + marker + "\n"
+    above = lines[first - 2] if first > 1 else ""
+    if above.lstrip().startswith("#") and MARKED in above:
+        lines[first - 2] = line
+    else:
+        lines.insert(first - 1, line)
+    return "".join(lines)
+
+
 def module_constants(source: str) -> dict[str, Any]:
     """The literal values a module's text assigns at its top level (`A = 1`, `B, C = 2, 3`),
     read without importing it."""
@@ -298,15 +329,18 @@ def written(sources: dict[str, str]) -> dict[str, str]:
     """Every generated file's text as it should be, from `sources` (module -> text)."""
     sources = dict(sources)
     for module, function, config in CONFIGURED:
-        sources[module] = rewrite_defaults(sources[module], function,
-                                           config_defaults(_load(config)))
+        sources[module] = mark(rewrite_defaults(sources[module], function,
+                                                config_defaults(_load(config))),
+                               function, STEP_MARKER.format(config=config.split(":")[1]))
     steps = step_defaults(sources)
     for module, function, preflight in PIPELINES:
-        sources[module] = rewrite_defaults(sources[module], function,
-                                           pipeline_defaults(module, steps))
-        sources[PREFLIGHT_MODULE] = rewrite_parameters(
+        sources[module] = mark(rewrite_defaults(sources[module], function,
+                                                pipeline_defaults(module, steps)),
+                               function, PIPELINE_MARKER)
+        sources[PREFLIGHT_MODULE] = mark(rewrite_parameters(
             sources[PREFLIGHT_MODULE], preflight, parameter_lines(sources[module], function)
-            + [f"    {line}," for line in PREFLIGHT_SETTINGS])
+            + [f"    {line}," for line in PREFLIGHT_SETTINGS]),
+            preflight, PREFLIGHT_MARKER.format(pipeline=function))
     for module, function, kind in RATE_HELP:
         sources[module] = rewrite_help(sources[module], function, "learning_rate",
                                        found_rate_help(kind, sources))

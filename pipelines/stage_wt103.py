@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from components.common.commands import reports
 from components.common.storage import filesystem
 from components.train_text import assets
 from components.train_text.contract import FASTAI_PRETRAINED_LANG, asset_uri, required_files
@@ -50,19 +51,16 @@ def stage(output: str, backwards: bool) -> list[str]:
     return [asset_uri(output, rel) for rel in required_files(FASTAI_PRETRAINED_LANG, backwards)]
 
 
+@reports(assets.MissingAssetsError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.stage_wt103",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, help="assets root, gs:// or local")
     parser.add_argument("--direction", choices=sorted(DIRECTIONS), default="forward")
     args = parser.parse_args(argv)
-    try:
-        for backwards in DIRECTIONS[args.direction]:
-            for uri in stage(args.output, backwards):
-                print(uri)
-    except assets.MissingAssetsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    for backwards in DIRECTIONS[args.direction]:
+        for uri in stage(args.output, backwards):
+            print(uri)
     print(f"now run the text pipeline with lang=en, pretrained=true, lm_assets={args.output}")
     return 0
 

@@ -465,13 +465,14 @@ def test_component_runs_in_kfp_local(tmp_path_factory, tmp_path):
     from kfp import dsl, local
     from kfp.dsl import Artifact, ClassificationMetrics, Dataset, Metrics, Model
 
-    from components.evaluate_image.component import build
+    from components.evaluate_image.component import evaluate_image_classifier
+    from pipelines.definitions.steps import component
 
     dataset_dir = make_dataset(tmp_path_factory, ["blue", "red"])
     model_dir = save_model(tmp_path / "model", ["blue", "red"], scale=3.0)
     local.init(runner=local.SubprocessRunner(use_venv=False),
                pipeline_root=str(tmp_path / "root"), workspace_root=str(tmp_path / "ws"))
-    evaluate = build("python:3.11")
+    evaluate = component(evaluate_image_classifier, "python:3.11")
 
     class Outputs(NamedTuple):
         metrics: Metrics

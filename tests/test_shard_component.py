@@ -10,6 +10,7 @@ from kfp import local
 from components.formats.shards import make_dataset
 from components.shard import component
 from components.shard.contract import read_manifest
+from pipelines.definitions.steps import component as step_component
 from tests.conftest import plant_bad_files, write_class_images
 
 PARAMS = dict(image_size=16, min_shards_per_split=3, max_skipped_fraction=0.2, num_workers=2)
@@ -28,7 +29,7 @@ def two_runs(bucket_like_folder, tmp_path_factory):
     root, _, _ = bucket_like_folder
     local.init(runner=local.SubprocessRunner(use_venv=False),
                pipeline_root=str(tmp_path_factory.mktemp("kfp-root")))
-    shard = component.build("local/unused:dev")
+    shard = step_component(component.shard_images, "local/unused:dev")
     return [shard(data_uri=root, **PARAMS).outputs["dataset"] for _ in range(2)]
 
 

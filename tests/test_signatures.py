@@ -126,3 +126,33 @@ def test_the_learning_rate_sentence_is_written_from_beside_choose_rate():
     for module, function, _ in LEARNING_RATE_HELP:
         line = _help(module, function, "learning_rate", wanted[module])
         assert "; 0 asks lr_find: it" in line and "0 finds it" not in line
+
+
+def test_every_written_function_is_marked_above_its_def_and_decorators():
+    """The comment stands above the decorators, in the def's indentation; a stale one is
+    replaced, not doubled; one already right leaves the text as it is."""
+    marker = "# Defaults written by python -m pipelines.signatures from here (edit there)."
+    source = ("def build(x):\n    @dsl.pipeline(\n        name='p')\n    def p(\n"
+              "        a: int = 1,\n    ):\n        pass\n")
+    marked = signatures.mark(source, "p", marker)
+    assert marked == source.replace("    @dsl", f"    {marker}\n    @dsl")
+    assert signatures.mark(marked, "p", marker) == marked
+    moved = marker.replace("from here", "from there")
+    assert signatures.mark(marked, "p", moved) == source.replace("    @dsl",
+                                                                 f"    {moved}\n    @dsl")
+    step = "import x\n\n\n# a comment of its own\ndef f(\n    a: int = 1,\n):\n    pass\n"
+    assert signatures.mark(step, "f", marker) == step.replace("def f", f"{marker}\ndef f")
+
+
+def test_the_mark_stays_out_of_the_source_kfp_pastes():
+    """KFP pastes a step's function from its def on: the compiled JSON never holds the mark."""
+    import inspect
+
+    from components.preflight import component as preflight
+    from components.train_image import component as train_image
+
+    for function in (train_image.train_image_classifier, preflight.preflight_image):
+        lines, first = inspect.getsourcelines(function)
+        assert signatures.MARKED not in "".join(lines)
+        above = inspect.getsource(inspect.getmodule(function)).splitlines()[first - 2]
+        assert signatures.MARKED in above

@@ -354,3 +354,76 @@ def test_pipeline_definitions_import_no_tool():
     assert {"pipelines.definitions.image", "pipelines.definitions.vertex"} <= definitions
     tools = {m: sorted(graph[m] - definitions) for m in definitions if graph[m] - definitions}
     assert tools == {}
+
+
+# --------------------------------------------------------------------------- sizes
+
+# Rooms a reader can hold: no source file over MAX_FILE_LINES lines, no function over
+# MAX_FUNCTION_LINES (its docstring and the functions nested in it left out, each nested one
+# counted on its own). The tests are not held to them, nor what is not the project's source.
+MAX_FILE_LINES = 500
+MAX_FUNCTION_LINES = 60
+UNSIZED = ("tests", ".venv", "runs")
+
+
+def _sources(root: pathlib.Path) -> list[pathlib.Path]:
+    """The project's Python files below `root`, but those under UNSIZED or hidden folders."""
+    found = []
+    for top in sorted(root.iterdir()):
+        if top.name in UNSIZED or top.name.startswith("."):
+            continue
+        found += [top] if top.suffix == ".py" else sorted(top.rglob("*.py")) if top.is_dir() else []
+    return found
+
+
+def _function_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's lines from its `def` to its end, less its docstring and its nested
+    functions (blank lines and comments count)."""
+    lines = set(range(function.lineno, function.end_lineno + 1))
+    first = function.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+            and isinstance(first.value.value, str):
+        lines -= set(range(first.lineno, first.end_lineno + 1))
+    for node in ast.walk(function):
+        if node is not function and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines -= set(range(node.lineno, node.end_lineno + 1))
+    return len(lines)
+
+
+def _long_functions(path: pathlib.Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    return [f"{path}:{node.lineno} {node.name}: {_function_lines(node)} lines"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and _function_lines(node) > limit]
+
+
+def test_no_source_file_is_over_500_lines():
+    sources = _sources(ROOT.parent)
+    assert ROOT / "common" / "metrics.py" in sources and ROOT.parent / "compile.py" in sources
+    assert not [p for p in sources if "tests" in p.relative_to(ROOT.parent).parts]
+    long = [f"{p}: {n} lines" for p in sources if (n := len(p.read_text().splitlines()))
+            > MAX_FILE_LINES]
+    assert long == []
+
+
+def test_no_function_is_over_60_lines():
+    long = [line for path in _sources(ROOT.parent) for line in _long_functions(path)]
+    assert long == []
+
+
+def test_the_function_rule_counts_code_not_docstrings_or_nested_functions(monkeypatch):
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self: (
+        "def outer():\n"
+        '    """A docstring\n    of two lines."""\n'
+        "    a = 1\n"
+        "\n"
+        "    def inner():\n        return 2\n"
+        "    # a comment counts\n"
+        "    return a + inner()\n"
+        "class C:\n    def method(self):\n        '''One line.'''\n        return 3\n"))
+    functions = {node.name: node for node in ast.walk(ast.parse(pathlib.Path().read_text()))
+                 if isinstance(node, ast.FunctionDef)}
+    assert {name: _function_lines(f) for name, f in functions.items()} == {
+        "outer": 5, "inner": 2, "method": 2}
+    assert [line.split()[-3] for line in _long_functions(pathlib.Path("f.py"), limit=4)] == [
+        "outer:"]

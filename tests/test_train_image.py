@@ -262,7 +262,8 @@ def test_fetch_weights_copies_gs_files(tmp_path, monkeypatch):
 
 
 def test_component_defaults_match_train_config():
-    from components.train_image.component import build, train_image_classifier
+    from components.train_image.component import train_image_classifier
+    from pipelines.definitions.steps import component
 
     parameters = inspect.signature(train_image_classifier).parameters
     defaults = TrainConfig()
@@ -272,7 +273,8 @@ def test_component_defaults_match_train_config():
             if field.name in ("steps_per_epoch", "validation_steps"):
                 given = given or None  # 0 in the component means "not limited"
             assert given == getattr(defaults, field.name), field.name
-    spec = build("europe-west4-docker.pkg.dev/p/r/tensorflow:1").component_spec
+    spec = component(train_image_classifier,
+                     "europe-west4-docker.pkg.dev/p/r/tensorflow:1").component_spec
     for name, spec_input in spec.inputs.items():
         assert spec_input.description, f"parameter {name} has no help text"
 

@@ -27,6 +27,7 @@ from components.tune.contract import (
     read_space,
 )
 from pipelines.definitions import tuning
+from pipelines.definitions.steps import component as step_component
 from pipelines.definitions.vertex import DEFAULT_MACHINES
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
@@ -110,7 +111,7 @@ def test_trial_values_are_typed_as_the_trainer_takes_them():
 def test_best_trial_steps_return_exactly_the_tunable_parameters():
     """The retraining step takes what the best-trial step returns, by name and type."""
     for kind, function in tune_component.BEST_TRIAL.items():
-        component = tune_component.build_best_trial(kind, "img:1")
+        component = step_component(function, "img:1")
         outputs = component.component_spec.outputs
         assert {k: v.type for k, v in outputs.items() if k != "trials"} == {
             name: {int: "Integer", float: "Float"}[t] for name, t in TUNABLE[kind].items()}

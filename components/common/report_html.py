@@ -187,6 +187,28 @@ def curves(plot_id: str, truth: np.ndarray, scores: np.ndarray, labels: Sequence
     return plot(plot_id, fig, caption)
 
 
+def single_label_sections(result: Mapping[str, Any], truth: np.ndarray, scores: np.ndarray,
+                          classes: Sequence[str],
+                          bars_id: str = "per-class") -> list[tuple[str, str]]:
+    """A single-label evaluation's sections: the confusion matrix, each class's precision,
+    recall and F1 (the plot `bars_id`), and each class's ROC and precision-recall curves.
+
+    Args:
+        result: The evaluation's metrics (`single_label_metrics`).
+        truth: One-hot true classes (n, k).
+        scores: Probabilities (n, k).
+        classes: The k class names.
+        bars_id: Element id of the per-class bars.
+    """
+    return [
+        ("Confusion matrix", confusion_heatmap(result["confusion_matrix"]["matrix"], classes)),
+        ("Per class", metric_bars(bars_id, result["per_class"],
+                                  "Precision, recall and F1 of each class.")),
+        ("ROC and precision-recall", curves("curves", truth, scores, classes,
+                                            "One class against the rest.")),
+    ]
+
+
 def training_curves(plot_id: str, phases: Mapping[str, Sequence[Mapping[str, float]]],
                     pairs: Sequence[tuple[str, str]], caption: str) -> str:
     """Per-epoch training and validation series, epochs counted across the phases, each

@@ -10,7 +10,6 @@ full results that a later step (a deployment gate, a comparison) reads as files
 live in the `evaluation` folder.
 """
 
-from kfp import dsl
 from kfp.dsl import (
     HTML,
     Artifact,
@@ -74,15 +73,3 @@ def evaluate_image_classifier(
         "accuracy": result["accuracy"],
         "macro_f1": result["macro_f1"],
     })
-
-
-def build(image: str):
-    """The evaluation component, run in the container `image`.
-
-    Args:
-        image: Container image URI holding this package, TensorFlow, tf-keras and kfp (nothing is pip-installed at run time).
-
-    Returns:
-        A KFP component.
-    """
-    return dsl.component(evaluate_image_classifier, base_image=image, install_kfp_package=False)

@@ -67,14 +67,7 @@ def image_report(result: Mapping[str, Any], y_true: np.ndarray, y_prob: np.ndarr
     classes = result["classes"]
     onehot = np.eye(len(classes), dtype=int)[y_true]
     mistakes = worst_mistakes(y_true, y_prob)
-    sections = [
-        ("Confusion matrix", report_html.confusion_heatmap(
-            result["confusion_matrix"]["matrix"], classes)),
-        ("Per class", report_html.metric_bars(
-            "per-class", result["per_class"], "Precision, recall and F1 of each class.")),
-        ("ROC and precision-recall", report_html.curves(
-            "curves", onehot, y_prob, classes, "One class against the rest.")),
-    ]
+    sections = report_html.single_label_sections(result, onehot, y_prob, classes)
     if history:
         sections.append(("Training", report_html.training_curves(
             "training", history, [("loss", "val_loss"), ("accuracy", "val_accuracy")],

@@ -6,7 +6,6 @@ label, whose figures are in `metrics` and `evaluation`), `report` (Markdown) and
 `evaluation` (a folder with `metrics.json` and `report.md`).
 """
 
-from kfp import dsl
 from kfp.dsl import (
     HTML,
     Artifact,
@@ -68,15 +67,3 @@ def evaluate_text_classifier(
         "num_examples": result["num_examples"],
         "macro_f1": result["macro_f1"],
     })
-
-
-def build(image: str):
-    """The text evaluation component, run in the container `image`.
-
-    Args:
-        image: Container image URI holding this package, fastai (text) and kfp (nothing is pip-installed at run time).
-
-    Returns:
-        A KFP component.
-    """
-    return dsl.component(evaluate_text_classifier, base_image=image, install_kfp_package=False)

@@ -83,14 +83,8 @@ def text_report(result: Mapping[str, Any], texts: Sequence[str], truth: np.ndarr
         ]
     else:
         predicted = np.eye(len(labels), dtype=int)[probs.argmax(axis=1)]
-        sections = [
-            ("Confusion matrix", report_html.confusion_heatmap(
-                result["confusion_matrix"]["matrix"], labels)),
-            ("Per class", report_html.metric_bars(
-                "per-label", result["per_class"], "Precision, recall and F1 of each class.")),
-            ("ROC and precision-recall", report_html.curves(
-                "curves", truth, probs, labels, "One class against the rest.")),
-        ]
+        sections = report_html.single_label_sections(result, truth, probs, labels,
+                                                     bars_id="per-label")
     history = (training or {}).get("history", [])
     for model, title, pairs in (
             ("lm", "Language model fine-tuning", [("train_loss", "valid_loss"),

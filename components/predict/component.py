@@ -4,7 +4,6 @@ One component function for both families; each pipeline builds it in its own ima
 (TensorFlow for images, fastai for texts).
 """
 
-from kfp import dsl
 from kfp.dsl import Artifact, Input, Model, Output
 
 
@@ -36,15 +35,3 @@ def predict(
                              os.path.join(predictions.path, PREDICTIONS_FILE), batch_size)
     predictions.metadata.update({**counts, "output": PREDICTIONS_FILE, "data_uri": data_uri,
                                  "data_fingerprint": data_fingerprint})
-
-
-def build(image: str):
-    """The batch prediction component, run in the container `image`.
-
-    Args:
-        image: Container image URI holding this package and the model family's framework (TensorFlow or fastai) and kfp.
-
-    Returns:
-        A KFP component.
-    """
-    return dsl.component(predict, base_image=image, install_kfp_package=False)

@@ -7,9 +7,8 @@ resolves the same way.
 
 from typing import NamedTuple
 
-from kfp import dsl
 
-
+# Parameters written by python -m pipelines.signatures from image_pipeline (edit there).
 def preflight_image(
     data_uri: str,
     image_size: int = 224,
@@ -76,6 +75,7 @@ def preflight_image(
     return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())
 
 
+# Parameters written by python -m pipelines.signatures from text_pipeline (edit there).
 def preflight_text(
     data_uri: str,
     lm_assets: str = "",
@@ -141,6 +141,7 @@ def preflight_text(
     return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())
 
 
+# Parameters written by python -m pipelines.signatures from transformer_pipeline (edit there).
 def preflight_transformer(
     data_uri: str,
     text_column: str = "text",
@@ -199,6 +200,7 @@ def preflight_transformer(
     return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())
 
 
+# Parameters written by python -m pipelines.signatures from lm_pipeline (edit there).
 def preflight_lm(
     corpus_uri: str,
     lang: str = "en",
@@ -236,23 +238,3 @@ def preflight_lm(
     fingerprint = preflight("lm", corpus_uri, settings)
     print(f"settings accepted; corpus fingerprint {fingerprint}")
     return fingerprint
-
-
-def build_image(image: str):
-    """The image pipeline's preflight component, run in the container `image`."""
-    return dsl.component(preflight_image, base_image=image, install_kfp_package=False)
-
-
-def build_text(image: str):
-    """The text pipeline's preflight component, run in the container `image`."""
-    return dsl.component(preflight_text, base_image=image, install_kfp_package=False)
-
-
-def build_transformer(image: str):
-    """The transformer pipeline's preflight component, run in the container `image`."""
-    return dsl.component(preflight_transformer, base_image=image, install_kfp_package=False)
-
-
-def build_lm(image: str):
-    """The language model pipeline's preflight component, run in the container `image`."""
-    return dsl.component(preflight_lm, base_image=image, install_kfp_package=False)

@@ -1,9 +1,9 @@
 """KFP face of the text preparation step: the typed signature mapped onto `prepare_text_dataset`."""
 
-from kfp import dsl
 from kfp.dsl import Dataset, Output
 
 
+# Defaults written by python -m pipelines.signatures from contract.PrepareConfig (edit there).
 def prepare_text_data(
     data_uri: str,
     dataset: Output[Dataset],
@@ -49,15 +49,3 @@ def prepare_text_data(
         "given_other": manifest["given_other"],
         **{f"{split}_rows": s["rows"] for split, s in manifest["splits"].items()},
     })
-
-
-def build(image: str):
-    """The text preparation component, run in the container `image`.
-
-    Args:
-        image: Container image URI holding this package, pandas and kfp (nothing is pip-installed at run time).
-
-    Returns:
-        A KFP component.
-    """
-    return dsl.component(prepare_text_data, base_image=image, install_kfp_package=False)

@@ -193,57 +193,12 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
             True/False, class names are joined by another delimiter than
             `label_delimiter`, or no usable row remains.
     """
-    columns = [str(c) for c in frame.columns]
     text = config.text_column
-    if text not in columns:
-        raise TextDataError(f"text column {text!r} is not in the CSV; its columns are {columns}")
-    if config.label_columns:
-        unknown = [c for c in config.label_columns if c not in columns]
-        if unknown:
-            raise TextDataError(
-                f"label column(s) {unknown} not in the CSV; its columns are {columns}")
-        if text in config.label_columns:
-            raise TextDataError(f"column {text!r} cannot be both the text and a label column")
-        label_columns = list(dict.fromkeys(config.label_columns))
-    else:
-        label_columns = [c for c in columns if c != text]
-    if not label_columns:
-        raise TextDataError(f"the CSV has no label column besides the text column {text!r}")
-
+    label_columns = _label_columns([str(c) for c in frame.columns], config)
     frame = frame.reset_index(drop=True)
-    values = frame[label_columns[0]].astype(str)
-    missing = _missing(values) if len(label_columns) == 1 else np.zeros(len(frame), dtype=bool)
-    known = values[~missing]
-    # A single column that is almost all 0/1 (missing cells aside) is one binary label
-    # with typos, not the class names "0", "1", "2", "yes": _one_hot then names the bad rows.
-    if len(label_columns) == 1 and \
-            (_bool_like(known).mean() if len(known) else 0.0) < _BINARY_SHARE:
-        label_source = "class_names"
-        _check_delimiter(values, label_columns[0], config.label_delimiter)
-        labels = _from_class_names(values.where(~missing, ""), config.label_delimiter)
-    else:
-        label_source = "one_hot"
-        missing = np.zeros(len(frame), dtype=bool)  # _one_hot names missing 0/1 cells
-        labels = _one_hot(frame, label_columns)
-
+    labels, missing, label_source = _labels(frame, label_columns, config.label_delimiter)
     texts = frame[text].astype(str)
-    empty_text = texts.str.strip() == ""
-    no_label = (labels.sum(axis=1) == 0).to_numpy() & ~missing
-    dropped = {"empty_text": np.flatnonzero(empty_text.to_numpy())}
-    if missing.any():
-        dropped["missing_label"] = np.flatnonzero(missing & ~empty_text.to_numpy())
-    other = config.other_label.strip()
-    given_other = 0
-    if other:
-        given = no_label & ~empty_text.to_numpy()
-        given_other = int(given.sum())
-        if other not in labels.columns:
-            if given_other:
-                labels[other] = 0
-        if given_other:
-            labels.loc[given, other] = 1
-    else:
-        dropped["no_label"] = np.flatnonzero(no_label & ~empty_text.to_numpy())
+    dropped, given_other = _drops(labels, texts, missing, config.other_label.strip())
 
     keep = np.ones(len(frame), dtype=bool)
     for positions in dropped.values():
@@ -269,6 +224,74 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
         "given_other": given_other,
     }
     return data, info
+
+
+def _label_columns(columns: list[str], config: PrepareConfig) -> list[str]:
+    """The CSV's label columns: those `config` names, else every column but the text.
+
+    Raises:
+        TextDataError: The text column or a named label column is missing, the text column
+            is named a label too, or no label column remains.
+    """
+    text = config.text_column
+    if text not in columns:
+        raise TextDataError(f"text column {text!r} is not in the CSV; its columns are {columns}")
+    if config.label_columns:
+        unknown = [c for c in config.label_columns if c not in columns]
+        if unknown:
+            raise TextDataError(
+                f"label column(s) {unknown} not in the CSV; its columns are {columns}")
+        if text in config.label_columns:
+            raise TextDataError(f"column {text!r} cannot be both the text and a label column")
+        label_columns = list(dict.fromkeys(config.label_columns))
+    else:
+        label_columns = [c for c in columns if c != text]
+    if not label_columns:
+        raise TextDataError(f"the CSV has no label column besides the text column {text!r}")
+    return label_columns
+
+
+def _labels(frame: pd.DataFrame, label_columns: list[str],
+            delimiter: str) -> tuple[pd.DataFrame, np.ndarray, str]:
+    """`(labels, missing, label_source)`: 0/1 label columns of every row, which rows have
+    no label cell (class names only: a missing 0/1 cell is an error), and "one_hot" or
+    "class_names"."""
+    values = frame[label_columns[0]].astype(str)
+    missing = _missing(values) if len(label_columns) == 1 else np.zeros(len(frame), dtype=bool)
+    known = values[~missing]
+    # A single column that is almost all 0/1 (missing cells aside) is one binary label
+    # with typos, not the class names "0", "1", "2", "yes": _one_hot then names the bad rows.
+    if len(label_columns) == 1 and \
+            (_bool_like(known).mean() if len(known) else 0.0) < _BINARY_SHARE:
+        _check_delimiter(values, label_columns[0], delimiter)
+        return (_from_class_names(values.where(~missing, ""), delimiter), missing,
+                "class_names")
+    # _one_hot names missing 0/1 cells
+    return _one_hot(frame, label_columns), np.zeros(len(frame), dtype=bool), "one_hot"
+
+
+def _drops(labels: pd.DataFrame, texts: pd.Series, missing: np.ndarray,
+           other: str) -> tuple[dict[str, np.ndarray], int]:
+    """`(dropped, given_other)`: the positions of the rows dropped, by why, and how many
+    rows with no label were given the `other` label instead (set in `labels`, which gains
+    that column when it needs it; "" drops them)."""
+    empty_text = texts.str.strip() == ""
+    no_label = (labels.sum(axis=1) == 0).to_numpy() & ~missing
+    dropped = {"empty_text": np.flatnonzero(empty_text.to_numpy())}
+    if missing.any():
+        dropped["missing_label"] = np.flatnonzero(missing & ~empty_text.to_numpy())
+    given_other = 0
+    if other:
+        given = no_label & ~empty_text.to_numpy()
+        given_other = int(given.sum())
+        if other not in labels.columns:
+            if given_other:
+                labels[other] = 0
+        if given_other:
+            labels.loc[given, other] = 1
+    else:
+        dropped["no_label"] = np.flatnonzero(no_label & ~empty_text.to_numpy())
+    return dropped, given_other
 
 
 def split_rows(data: pd.DataFrame, labels: Sequence[str], task: str,

@@ -6,7 +6,6 @@ from google_cloud_pipeline_components.types.artifact_types import (
     UnmanagedContainerModel,
     VertexModel,
 )
-from kfp import dsl
 from kfp.dsl import Artifact, Input, Markdown, Model, Output
 
 
@@ -111,18 +110,3 @@ def find_registered_model(
         parent.metadata["resourceName"] = name
         parent.uri = f"https://{location}-aiplatform.googleapis.com/v1/{name}"
     return namedtuple("Outputs", ["exists"])(name is not None)
-
-
-def build_gate(image: str):
-    """The registration gate component, run in the container `image`."""
-    return dsl.component(registration_gate, base_image=image, install_kfp_package=False)
-
-
-def build_serving_model(image: str):
-    """The serving-model component, run in the container `image`."""
-    return dsl.component(serving_model, base_image=image, install_kfp_package=False)
-
-
-def build_find_model(image: str):
-    """The Model Registry lookup component, run in the container `image`."""
-    return dsl.component(find_registered_model, base_image=image, install_kfp_package=False)

@@ -8,10 +8,12 @@ import dataclasses
 import json
 import sys
 
+from components.common.commands import reports
 from components.shard.contract import ShardingError
 from components.shard.sharding import ShardConfig, shard_dataset
 
 
+@reports(ShardingError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components.shard", description=__doc__)
     parser.add_argument("data_uri", help="folder (local or gs://) with one sub-folder per class")
@@ -21,11 +23,7 @@ def main(argv: list[str] | None = None) -> int:
                             default=field.default)
     args = vars(parser.parse_args(argv))
     data_uri, out_dir = args.pop("data_uri"), args.pop("out_dir")
-    try:
-        manifest = shard_dataset(data_uri, out_dir, ShardConfig(**args))
-    except ShardingError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    manifest = shard_dataset(data_uri, out_dir, ShardConfig(**args))
     summary = {k: manifest[k] for k in ("examples_in", "written", "classes")}
     summary["splits"] = {s: v["count"] for s, v in manifest["splits"].items()}
     summary["skipped"] = manifest["skipped"]

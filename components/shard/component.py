@@ -1,9 +1,9 @@
 """KFP face of the sharding step: the typed signature mapped onto `sharding.shard_dataset`."""
 
-from kfp import dsl
 from kfp.dsl import Dataset, Output
 
 
+# Defaults written by python -m pipelines.signatures from contract.ShardConfig (edit there).
 def shard_images(
     data_uri: str,
     dataset: Output[Dataset],
@@ -62,15 +62,3 @@ def shard_images(
         "image_format": image_format,
         "data_fingerprint": data_fingerprint,
     })
-
-
-def build(image: str):
-    """The sharding component, run in the container `image`.
-
-    Args:
-        image: Container image URI holding this package and kfp (nothing is pip-installed at run time).
-
-    Returns:
-        A KFP component.
-    """
-    return dsl.component(shard_images, base_image=image, install_kfp_package=False)

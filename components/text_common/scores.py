@@ -3,18 +3,22 @@
 `validation_result` scores probabilities at the fixed threshold and at thresholds tuned on
 the same rows; `per_label_summary` is the per-label file beside the model; `constant_answer`,
 `learnt_nothing` and `frequency_bias` judge and set a classifier against the answer that
-ignores the text. Pure numpy.
+ignores the text. Pure numpy, but `write_result_files`, which writes the model folder's
+JSON files.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
+from components.common.storage import write_json_atomically
 from components.prepare_text.contract import MULTI_LABEL
+from components.text_common.contract import LABELS_FILE, PER_LABEL_FILE, TRAINING_METRICS_FILE
 
 
 def validation_result(truth: np.ndarray, probs: np.ndarray, labels: Sequence[str], task: str,
@@ -112,6 +116,15 @@ def labels_info(result: dict[str, Any], text_column: str, threshold: float,
         **extra,
     }
 
+
+def write_result_files(model_dir: str, result: dict[str, Any], text_column: str,
+                       threshold: float, **model: Any) -> None:
+    """Writes the JSON files of a text model folder: labels.json (`labels_info`, with what
+    the trainer says of its `model`), metrics.json (`result`) and per_label_metrics.json."""
+    for name, value in ((LABELS_FILE, labels_info(result, text_column, threshold, **model)),
+                        (TRAINING_METRICS_FILE, result),
+                        (PER_LABEL_FILE, per_label_summary(result))):
+        write_json_atomically(os.path.join(model_dir, name), value, sort_keys=False)
 
 
 def frequency_bias(truth: np.ndarray, task: str) -> np.ndarray:

@@ -1,6 +1,5 @@
 """KFP faces of the tracking step: one MLflow run per pipeline run, after training."""
 
-from kfp import dsl
 from kfp.dsl import Artifact, Input, Model
 
 
@@ -64,13 +63,3 @@ def track_language_model(
     print(f"MLflow run {run_id} ({run_name!r} in experiment {experiment!r}): "
           f"{len(record.params)} parameters, {len(record.series)} series")
     return run_id
-
-
-def build_classifier(image: str):
-    """The classifier tracking component, run in the container `image`."""
-    return dsl.component(track_classifier, base_image=image, install_kfp_package=False)
-
-
-def build_language_model(image: str):
-    """The language model tracking component, run in the container `image`."""
-    return dsl.component(track_language_model, base_image=image, install_kfp_package=False)

@@ -104,6 +104,21 @@ def _numbers(row: Mapping[str, Any], skip: tuple[str, ...]) -> Iterator[tuple[st
             yield name, float(value)
 
 
+def _read_json(folder: str, name: str) -> Any:
+    with open(os.path.join(folder, name)) as f:
+        return json.load(f)
+
+
+def _classifier_record(metadata: Mapping[str, Any], model_uri: str,
+                       evaluation: Mapping[str, Any] | None,
+                       series: dict[str, list[tuple[int, float]]], **tags: str) -> RunRecord:
+    """A classifier's run record: the parameters of its model's `metadata`, `series`, the
+    evaluation's test metrics, and the provenance tags followed by `tags`."""
+    params = {k: _param_text(v) for k, v in metadata.get("parameters", {}).items()}
+    return RunRecord(params, series, _test_metrics(evaluation),
+                     {**_provenance_tags(metadata, model_uri), **tags})
+
+
 def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
                  evaluation: Mapping[str, Any] | None) -> RunRecord:
     """The run record of the DenseNet trainer: Keras history per epoch, both phases.
@@ -119,8 +134,7 @@ def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
     """
     from components.train_image.contract import HISTORY_FILE
 
-    with open(os.path.join(model_dir, HISTORY_FILE)) as f:
-        history = json.load(f)
+    history = _read_json(model_dir, HISTORY_FILE)
     series: dict[str, list[tuple[int, float]]] = {}
     phases, step = [], 0
     for phase, rows in history.items():
@@ -131,10 +145,8 @@ def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
             for name, value in _numbers(row, ("epoch",)):
                 series.setdefault(name, []).append((step, value))
             step += 1
-    tags = _provenance_tags(metadata, model_uri)
-    tags["phases"] = "; ".join(phases)
-    params = {k: _param_text(v) for k, v in metadata.get("parameters", {}).items()}
-    return RunRecord(params, series, _test_metrics(evaluation), tags)
+    return _classifier_record(metadata, model_uri, evaluation, series,
+                              phases="; ".join(phases))
 
 
 def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
@@ -153,19 +165,16 @@ def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
     """
     from components.text_common.contract import TRAINING_METRICS_FILE
 
-    with open(os.path.join(model_dir, TRAINING_METRICS_FILE)) as f:
-        training = json.load(f)
+    training = _read_json(model_dir, TRAINING_METRICS_FILE)
     series: dict[str, list[tuple[int, float]]] = {}
     counts: dict[str, int] = {}
     for row in training["history"]:
         step = counts[row["model"]] = counts.get(row["model"], 0) + 1
         for name, value in _numbers(row, ("epoch", "stage", "model")):
             series.setdefault(f"{row['model']}/{name}", []).append((step, value))
-    tags = _provenance_tags(metadata, model_uri)
-    tags["precision"] = str(training["run"].get("precision"))
-    tags["unfreeze"] = _param_text(training["run"].get("unfreeze"))
-    params = {k: _param_text(v) for k, v in metadata.get("parameters", {}).items()}
-    return RunRecord(params, series, _test_metrics(evaluation), tags)
+    return _classifier_record(metadata, model_uri, evaluation, series,
+                              precision=str(training["run"].get("precision")),
+                              unfreeze=_param_text(training["run"].get("unfreeze")))
 
 
 def lm_record(assets_dir: str, metadata: Mapping[str, Any], assets_uri: str) -> RunRecord:
@@ -181,8 +190,7 @@ def lm_record(assets_dir: str, metadata: Mapping[str, Any], assets_uri: str) -> 
     """
     from components.train_lm.contract import METRICS_FILE
 
-    with open(os.path.join(assets_dir, METRICS_FILE)) as f:
-        result = json.load(f)
+    result = _read_json(assets_dir, METRICS_FILE)
     series: dict[str, list[tuple[int, float]]] = {}
     final: dict[str, float] = {}
     for direction, run in result["directions"].items():

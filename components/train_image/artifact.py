@@ -6,6 +6,7 @@ preprocessing.json, history.json.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -14,7 +15,9 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
+from components.common.provenance import provenance
 from components.common.storage import write_json_atomically as _write_json
+from components.shard.contract import MANIFEST_NAME
 from components.train_image import serving
 from components.train_image.contract import (
     BYTES_INPUT_NAME,
@@ -81,6 +84,33 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
     _write_json(os.path.join(output_dir, PREPROCESSING_FILE), preprocessing)
     _write_json(os.path.join(output_dir, HISTORY_FILE), history)
     log.info("model written to %s", output_dir)
+
+
+def model_metadata(result: Mapping[str, Any], config: TrainConfig, dataset_dir: str,
+                   weights_fingerprint: str) -> dict[str, Any]:
+    """The `Model` artifact's metadata: what the model is and takes, how it was trained,
+    and its provenance (code, the sharded dataset's manifest, `config`).
+
+    Args:
+        result: What `training.train` returned.
+        config: The run's settings.
+        dataset_dir: The sharding step's folder (its manifest pins the data).
+        weights_fingerprint: The preflight step's digest of the pretrained weights file.
+    """
+    return {
+        "framework": result["framework"],
+        "architecture": "DenseNet121",
+        "classes": result["classes"],
+        "num_classes": result["num_classes"],
+        "image_size": result["image_size"],
+        "input": "float32 RGB 0..255, preprocessing inside the model",
+        "serving_signature": SERVING_SIGNATURE,
+        "precision": result["precision"],
+        "strategy": result["strategy"],
+        "replicas": result["replicas"],
+        "weights_fingerprint": weights_fingerprint,
+        **provenance(os.path.join(dataset_dir, MANIFEST_NAME), dataclasses.asdict(config)),
+    }
 
 
 def export_saved_model(model: tf_keras.Model, path: str, preprocessing: Mapping[str, Any],

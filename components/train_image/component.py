@@ -1,9 +1,9 @@
 """KFP face of the DenseNet121 trainer: the typed signature mapped onto `training.train`."""
 
-from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
 
+# Defaults written by python -m pipelines.signatures from contract.TrainConfig (edit there).
 def train_image_classifier(
     dataset: Input[Dataset],
     model: Output[Model],
@@ -60,12 +60,7 @@ def train_image_classifier(
         tensorboard_dir: Folder of TensorBoard logs; empty: $AIP_TENSORBOARD_LOG_DIR, else model/tensorboard.
         hypertune_metric: Set by the trials of a Vertex tuning job: the epoch value (e.g. val_accuracy) reported to the tuning service after each epoch; empty reports nothing.
     """
-    import dataclasses
-    import os
-
-    from components.common.provenance import provenance
-    from components.shard.contract import MANIFEST_NAME
-    from components.train_image.contract import SERVING_SIGNATURE
+    from components.train_image.artifact import model_metadata
     from components.train_image.training import TrainConfig, resolve_dirs, train
 
     config = TrainConfig(
@@ -83,30 +78,4 @@ def train_image_classifier(
     for name, value in result.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics.log_metric(name, float(value))
-    model.metadata.update({
-        "framework": result["framework"],
-        "architecture": "DenseNet121",
-        "classes": result["classes"],
-        "num_classes": result["num_classes"],
-        "image_size": result["image_size"],
-        "input": "float32 RGB 0..255, preprocessing inside the model",
-        "serving_signature": SERVING_SIGNATURE,
-        "precision": result["precision"],
-        "strategy": result["strategy"],
-        "replicas": result["replicas"],
-        "weights_fingerprint": weights_fingerprint,
-        **provenance(os.path.join(dataset.path, MANIFEST_NAME), dataclasses.asdict(config)),
-    })
-
-
-def build(image: str):
-    """The DenseNet121 training component, run in the container `image`.
-
-    Args:
-        image: Container image URI holding this package, TensorFlow, tf-keras and kfp
-            (nothing is pip-installed at run time).
-
-    Returns:
-        A KFP component.
-    """
-    return dsl.component(train_image_classifier, base_image=image, install_kfp_package=False)
+    model.metadata.update(model_metadata(result, config, dataset.path, weights_fingerprint))

@@ -1,9 +1,9 @@
 """KFP face of the language model step: the typed signature mapped onto `train_language_model`."""
 
-from kfp import dsl
 from kfp.dsl import Artifact, Metrics, Output
 
 
+# Defaults written by python -m pipelines.signatures from contract.LMConfig (edit there).
 def train_language_model(
     corpus_uri: str,
     lm_assets: Output[Artifact],
@@ -87,15 +87,3 @@ def train_language_model(
         "corpus_fingerprint": corpus_fingerprint,
         "config": dataclasses.asdict(config),
     })
-
-
-def build(image: str):
-    """The language model component, run in the container `image`.
-
-    Args:
-        image: Container image URI holding this package, fastai, torch and kfp (nothing is pip-installed at run time).
-
-    Returns:
-        A KFP component.
-    """
-    return dsl.component(train_language_model, base_image=image, install_kfp_package=False)

@@ -1,9 +1,9 @@
 """KFP face of the text training step: the typed signature mapped onto `train_text_classifier`."""
 
-from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
 
+# Defaults written by python -m pipelines.signatures from contract.TrainConfig (edit there).
 def train_text_classifier(
     dataset: Input[Dataset],
     model: Output[Model],
@@ -60,14 +60,11 @@ def train_text_classifier(
         tensorboard_dir: Folder (gs:// or local) of TensorBoard logs, one point per epoch: lm/<field> and classifier/<field> for each field of the training history (train_loss, valid_loss, metrics, seconds), the step counting each model's epochs; empty: $AIP_TENSORBOARD_LOG_DIR (this task's sub-folder), else none (the model folder holds only the files above).
         hypertune_metric: Set by the trials of a Vertex tuning job: the classifier's epoch value (e.g. f1_score, valid_loss) reported to the tuning service after each of its epochs; empty reports nothing.
     """
-    import dataclasses
     import logging
-    import os
 
-    from components.common.provenance import provenance
-    from components.prepare_text.contract import MANIFEST
     from components.text_common.scores import validation_scalars
     from components.train_text.contract import TrainConfig, parse_model_config
+    from components.train_text.outputs import model_metadata
     from components.train_text.training import train_text_classifier as train
 
     logging.basicConfig(level=logging.INFO)  # one line per epoch in the job's log
@@ -83,26 +80,5 @@ def train_text_classifier(
                    tensorboard_folder=tensorboard_dir, hypertune_metric=hypertune_metric or None)
     for name, value in validation_scalars(result).items():
         metrics.log_metric(name, float(value))
-    model.metadata.update({
-        "framework": "fastai",
-        "arch": "AWD_LSTM",
-        "task": result["task"],
-        "labels": result["labels"],
-        "lang": lang,
-        "lm_assets_fingerprint": lm_assets_fingerprint,
-        "files": sorted(os.listdir(model.path)),
-        **provenance(os.path.join(dataset.path, MANIFEST),
-                     {**dataclasses.asdict(config), "lm_assets_uri": lm_assets_uri}),
-    })
-
-
-def build(image: str):
-    """The text training component, run in the container `image`.
-
-    Args:
-        image: Container image URI holding this package, fastai, torch and kfp (nothing is pip-installed at run time).
-
-    Returns:
-        A KFP component.
-    """
-    return dsl.component(train_text_classifier, base_image=image, install_kfp_package=False)
+    model.metadata.update(model_metadata(result, config, model.path, dataset.path,
+                                         lm_assets_uri, lm_assets_fingerprint))

@@ -13,20 +13,42 @@ from typing import Any
 from fastai.learner import load_model
 
 from components.common.fastai_text import FP32
-from components.common.storage import write_json_atomically
-from components.text_common.contract import (
-    EXPORT_FILE,
-    LABELS_FILE,
-    MAX_TEXT_CHARS,
-    PER_LABEL_FILE,
-    TRAINING_METRICS_FILE,
-)
-from components.text_common.scores import labels_info, per_label_summary, validation_result
+from components.common.provenance import provenance
+from components.prepare_text.contract import MANIFEST
+from components.text_common.contract import EXPORT_FILE, MAX_TEXT_CHARS
+from components.text_common.scores import validation_result, write_result_files
 from components.train_text import schedule
 from components.train_text.assets import fastai_pretrained_url, uses_fastai_pretrained
 from components.train_text.contract import TrainConfig
 from components.train_text.learners import _ENCODER_KEYS
 from components.train_text.runner import _Job
+
+
+def model_metadata(result: dict[str, Any], config: TrainConfig, model_dir: str,
+                   dataset_dir: str, lm_assets_uri: str,
+                   lm_assets_fingerprint: str) -> dict[str, Any]:
+    """The `Model` artifact's metadata: what the model is, the files of `model_dir`, and
+    its provenance (code, the prepared dataset's manifest, `config` and `lm_assets_uri`).
+
+    Args:
+        result: What `training.train_text_classifier` returned.
+        config: The run's settings.
+        model_dir: The model folder, written.
+        dataset_dir: The text preparation step's folder (its manifest pins the data).
+        lm_assets_uri: The root of the pretrained LM assets the step was given.
+        lm_assets_fingerprint: The preflight step's digest of their listing.
+    """
+    return {
+        "framework": "fastai",
+        "arch": "AWD_LSTM",
+        "task": result["task"],
+        "labels": result["labels"],
+        "lang": config.lang,
+        "lm_assets_fingerprint": lm_assets_fingerprint,
+        "files": sorted(os.listdir(model_dir)),
+        **provenance(os.path.join(dataset_dir, MANIFEST),
+                     {**dataclasses.asdict(config), "lm_assets_uri": lm_assets_uri}),
+    }
 
 
 def _validate_and_export(job: _Job, learn, model_dir: str) -> tuple[Any, dict[str, Any]]:
@@ -103,11 +125,6 @@ def _pretrained_source(lm_assets_uri: str, lang: str, backwards: bool) -> str:
 
 def _write_outputs(model_dir: str, result: dict[str, Any],
                    text_column: str, config: TrainConfig) -> None:
-    def dump(name: str, value: Any) -> None:
-        write_json_atomically(os.path.join(model_dir, name), value, sort_keys=False)
-
-    dump(LABELS_FILE, labels_info(result, text_column, config.threshold, lang=config.lang,
-                                  backwards=config.backwards, arch="AWD_LSTM"))
-    dump(TRAINING_METRICS_FILE, result)
-    dump(PER_LABEL_FILE, per_label_summary(result))
+    write_result_files(model_dir, result, text_column, config.threshold, lang=config.lang,
+                       backwards=config.backwards, arch="AWD_LSTM")
 

@@ -1,9 +1,9 @@
 """KFP face of the transformer training step: the typed signature mapped onto `launch.train`."""
 
-from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
 
+# Defaults written by python -m pipelines.signatures from contract.TransformerConfig (edit there).
 def train_transformer_classifier(
     dataset: Input[Dataset],
     model: Output[Model],
@@ -79,16 +79,3 @@ def train_transformer_classifier(
         "files": sorted(os.listdir(model.path)),
         **provenance(os.path.join(dataset.path, MANIFEST), dataclasses.asdict(config)),
     })
-
-
-def build(image: str):
-    """The transformer training component, run in the container `image`.
-
-    Args:
-        image: Container image URI holding this package, transformers, torch and kfp (nothing is pip-installed at run time).
-
-    Returns:
-        A KFP component.
-    """
-    return dsl.component(train_transformer_classifier, base_image=image,
-                         install_kfp_package=False)

@@ -32,26 +32,19 @@ from components.common.hf_transformers import import_transformers
 from components.common.hypertune import TrialReporter
 from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
-from components.common.storage import TMP_PREFIX, filesystem, write_json_atomically
+from components.common.storage import TMP_PREFIX, filesystem
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import (
-    LABELS_FILE,
     MAX_TEXT_CHARS,
-    PER_LABEL_FILE,
-    TRAINING_METRICS_FILE,
     clip_text,
 )
 from components.text_common.scores import (
-    constant_answer,
     frequency_bias,
-    labels_info,
-    learnt_nothing,
-    per_label_summary,
     validation_result,
 )
+from components.train_transformer import results
 from components.train_transformer.contract import (
-    FRAMEWORK,
     TransformerConfig,
     TransformerTrainingError,
     model_name_is_path,
@@ -262,128 +255,57 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         The validation result (`text_scores.validation_result`) plus `history`, `best`,
         `run` and `config`, as written to `metrics.json`.
     """
-    import torch
-
     transformers = import_transformers()
     started = time.monotonic()
-    manifest = read_manifest(dataset_dir)
+    manifest, train, valid = _read_splits(dataset_dir)
     labels, task, text_column = manifest["labels"], manifest["task"], manifest["text_column"]
     multi = task == MULTI_LABEL
-    train, valid = read_split(dataset_dir, "train"), read_split(dataset_dir, "validation")
-    for name, frame in (("train", train), ("validation", valid)):
-        if frame.empty:
-            raise TransformerTrainingError(f"the {name} split of {dataset_dir} has no rows; "
-                                           "give the preparation step more data")
     folder = checkpoints or checkpoint_folder(model_dir)
-    fingerprint = run_fingerprint(config, manifest, model_dir)
-    resume_from = claim_checkpoints(folder, fingerprint)
-    if _is_rank0():  # the others only read it: one writer on the shared folder
-        run_state.save(folder, RUN_FILE, {"fingerprint": fingerprint}, sort_keys=True)
-
-    cuda = torch.cuda.is_available()
-    precision = choose_precision(config.mixed_precision, cuda,
-                                 torch.cuda.get_device_capability() if cuda else None)
+    resume_from = _claim_run(folder, run_fingerprint(config, manifest, model_dir))
+    cuda, precision = _device_precision(config)
     transformers.set_seed(config.seed)
     scratch = tempfile.mkdtemp(prefix=TMP_PREFIX)
     scalars = ScalarLog(log_folder(model_dir, tensorboard_folder))
     try:
-        source = model_source(config.model_name, scratch)
-        try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-            model = transformers.AutoModelForSequenceClassification.from_pretrained(
-                source, num_labels=len(labels),
-                problem_type="multi_label_classification" if multi
-                else "single_label_classification",
-                id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)},
-                ignore_mismatched_sizes=True)  # the head is new: sized for these labels
-        except OSError as err:
-            raise TransformerTrainingError(
-                f"cannot load model_name {config.model_name!r}: {err}. Give a Hub name this "
-                "job can download, or a folder (gs:// or local) written by save_pretrained"
-            ) from err
-        truth_train = train[labels].to_numpy()
-        truth_valid = valid[labels].to_numpy()
+        tokenizer, model = _load_model(transformers, config, labels, multi, scratch)
+        truth_train, truth_valid = train[labels].to_numpy(), valid[labels].to_numpy()
         start_at_label_frequencies(model, truth_train, task)
-        targets = (lambda t: t.astype(np.float32)) if multi else (lambda t: t.argmax(axis=1))
-        train_set = _encode(tokenizer, train[text_column].tolist(), targets(truth_train),
+        train_set = _encode(tokenizer, train[text_column].tolist(), _targets(truth_train, multi),
                             config.max_length)
-        valid_set = _encode(tokenizer, valid[text_column].tolist(), targets(truth_valid),
+        valid_set = _encode(tokenizer, valid[text_column].tolist(), _targets(truth_valid, multi),
                             config.max_length)
-        truncated = int(sum(len(t) > MAX_TEXT_CHARS for t in train[text_column]))
 
         def compute_metrics(prediction) -> dict[str, float]:
             probs = _probabilities(np.asarray(prediction.predictions), multi)
             gold = np.asarray(prediction.label_ids)
             return _scores(probs, gold, labels, multi, config.threshold)
 
-        monitor = "eval_loss" if config.monitor == "loss" else f"eval_{config.monitor}"
-        args = transformers.TrainingArguments(
-            output_dir=folder, num_train_epochs=config.epochs,
-            per_device_train_batch_size=config.batch_size,
-            per_device_eval_batch_size=config.batch_size * 2,
-            learning_rate=config.learning_rate, weight_decay=config.weight_decay,
-            warmup_steps=config.warmup_ratio, lr_scheduler_type="linear",
-            eval_strategy="epoch", save_strategy="epoch", logging_strategy="epoch",
-            save_total_limit=2, load_best_model_at_end=True, metric_for_best_model=monitor,
-            greater_is_better=config.monitor != "loss", bf16=precision == BF16,
-            fp16=precision == FP16, use_cpu=not cuda, seed=config.seed, data_seed=config.seed,
-            report_to="none", disable_tqdm=True, dataloader_num_workers=0)
-        callbacks = [_epoch_callback(transformers, scalars, TrialReporter(hypertune_metric),
-                                     multi)]
-        if config.early_stopping_patience:
-            callbacks.append(transformers.EarlyStoppingCallback(config.early_stopping_patience))
         trainer = transformers.Trainer(
-            model=model, args=args, train_dataset=train_set, eval_dataset=valid_set,
-            processing_class=tokenizer, compute_metrics=compute_metrics, callbacks=callbacks,
+            model=model, args=_training_arguments(transformers, config, folder, precision, cuda),
+            train_dataset=train_set, eval_dataset=valid_set,
+            processing_class=tokenizer, compute_metrics=compute_metrics,
+            callbacks=_callbacks(transformers, config, scalars, hypertune_metric, multi),
             data_collator=transformers.DataCollatorWithPadding(tokenizer))
         if resume_from:
             log.info("resuming from %s", resume_from)
         trainer.train(resume_from_checkpoint=resume_from)
         # Every process takes part (the predictions are gathered across them).
         probs = _probabilities(trainer.predict(valid_set).predictions, multi)
-        world_size = int(trainer.args.world_size)
         result = validation_result(truth_valid, probs, labels, task, config.threshold)
         history = epoch_history(trainer.state.log_history, multi)
-        best_checkpoint = trainer.state.best_model_checkpoint
-        constant = constant_answer(truth_valid, truth_train, multi, config.threshold)
-        nothing = learnt_nothing(history, constant)
-        if nothing:
-            log.warning("the classifier learnt nothing (%s): it still answers the label "
-                        "frequencies whatever the text; train longer or at a higher "
-                        "learning_rate", nothing)
+        constant, nothing = results.check_learning(history, truth_valid, truth_train, multi,
+                                                   config.threshold)
         result.update({
             "history": history,
-            "best": {"monitor": config.monitor, "value": trainer.state.best_metric,
-                     "epoch": _checkpoint_epoch(best_checkpoint, history,
-                                                trainer.state.global_step)},
-            "run": {
-                "rows": {"train": len(train), "validation": len(valid)},
-                "texts_truncated": truncated,
-                "max_text_chars": MAX_TEXT_CHARS,
-                "train_tokens": int(sum(len(ids) for ids in train_set.encodings["input_ids"])),
-                "parameters": int(sum(p.numel() for p in model.parameters())),
-                "arch": type(model).__name__,
-                "model_name": config.model_name,
-                "precision": precision,
-                "device": str(trainer.args.device),
-                "world_size": world_size,
-                "resumed_from": resume_from,
-                "classifier_epoch_seconds": [r.get("seconds") for r in history],
-                "stopped_early": len(history) < config.epochs,
-                "constant_answer": constant,
-                "learnt_nothing": nothing,
-                "seconds": round(time.monotonic() - started, 3),
-            },
+            "best": results.best_epoch(trainer.state, config.monitor, history),
+            "run": results.run_record(
+                trainer, model, config, history, train_set, precision, started,
+                rows={"train": len(train), "validation": len(valid)},
+                texts_truncated=int(sum(len(t) > MAX_TEXT_CHARS for t in train[text_column])),
+                resumed_from=resume_from, constant=constant, nothing=nothing),
             "config": dataclasses.asdict(config),
         })
-        if trainer.is_world_process_zero():
-            run_state.delay_for_tests(SLOW_RANK0_VARIABLE, "rank 0")
-        trainer.save_model(model_dir)  # model and tokenizer; writes on rank 0 only
-        if trainer.is_world_process_zero():
-            # Trainer's own pickle of its arguments: not needed to load or serve the model.
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(model_dir, "training_args.bin"))
-            _write_outputs(model_dir, result, text_column, config)
+        _save_model(trainer, model_dir, result, text_column, config)
     finally:
         scalars.close()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -392,6 +314,107 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         shutil.rmtree(folder, ignore_errors=True)
     _finish_together()
     return result
+
+
+def _read_splits(dataset_dir: str) -> tuple[dict[str, Any], Any, Any]:
+    """The prepared dataset's manifest and its train and validation frames.
+
+    Raises:
+        TransformerTrainingError: Either split has no rows.
+    """
+    manifest = read_manifest(dataset_dir)
+    train, valid = read_split(dataset_dir, "train"), read_split(dataset_dir, "validation")
+    for name, frame in (("train", train), ("validation", valid)):
+        if frame.empty:
+            raise TransformerTrainingError(f"the {name} split of {dataset_dir} has no rows; "
+                                           "give the preparation step more data")
+    return manifest, train, valid
+
+
+def _claim_run(folder: str, fingerprint: str) -> str | None:
+    """The checkpoint to resume from (`claim_checkpoints`); rank 0 records the run."""
+    resume_from = claim_checkpoints(folder, fingerprint)
+    if _is_rank0():  # the others only read it: one writer on the shared folder
+        run_state.save(folder, RUN_FILE, {"fingerprint": fingerprint}, sort_keys=True)
+    return resume_from
+
+
+def _load_model(transformers, config: TransformerConfig, labels: Sequence[str], multi: bool,
+                scratch: str):
+    """The tokenizer and the classifier (a new head sized for `labels`) of `model_name`.
+
+    Raises:
+        TransformerTrainingError: The model cannot be found or loaded.
+    """
+    source = model_source(config.model_name, scratch)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=len(labels),
+            problem_type="multi_label_classification" if multi
+            else "single_label_classification",
+            id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)},
+            ignore_mismatched_sizes=True)  # the head is new: sized for these labels
+    except OSError as err:
+        raise TransformerTrainingError(
+            f"cannot load model_name {config.model_name!r}: {err}. Give a Hub name this "
+            "job can download, or a folder (gs:// or local) written by save_pretrained"
+        ) from err
+    return tokenizer, model
+
+
+def _device_precision(config: TransformerConfig) -> tuple[bool, str]:
+    """Whether a CUDA device is there, and the precision to train in on it."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return cuda, choose_precision(config.mixed_precision, cuda,
+                                  torch.cuda.get_device_capability() if cuda else None)
+
+
+def _targets(truth: np.ndarray, multi: bool) -> np.ndarray:
+    """What the model is trained to answer: the 0/1 matrix (multi-label), else the class."""
+    return truth.astype(np.float32) if multi else truth.argmax(axis=1)
+
+
+def _callbacks(transformers, config: TransformerConfig, scalars: ScalarLog,
+               hypertune_metric: str | None, multi: bool) -> list:
+    """Each epoch timed, logged and reported; early stopping when `config` asks for it."""
+    callbacks = [_epoch_callback(transformers, scalars, TrialReporter(hypertune_metric),
+                                 multi)]
+    if config.early_stopping_patience:
+        callbacks.append(transformers.EarlyStoppingCallback(config.early_stopping_patience))
+    return callbacks
+
+
+def _training_arguments(transformers, config: TransformerConfig, folder: str, precision: str,
+                        cuda: bool):
+    """`Trainer`'s arguments: an evaluation and a checkpoint each epoch, the best kept."""
+    monitor = "eval_loss" if config.monitor == "loss" else f"eval_{config.monitor}"
+    return transformers.TrainingArguments(
+        output_dir=folder, num_train_epochs=config.epochs,
+        per_device_train_batch_size=config.batch_size,
+        per_device_eval_batch_size=config.batch_size * 2,
+        learning_rate=config.learning_rate, weight_decay=config.weight_decay,
+        warmup_steps=config.warmup_ratio, lr_scheduler_type="linear",
+        eval_strategy="epoch", save_strategy="epoch", logging_strategy="epoch",
+        save_total_limit=2, load_best_model_at_end=True, metric_for_best_model=monitor,
+        greater_is_better=config.monitor != "loss", bf16=precision == BF16,
+        fp16=precision == FP16, use_cpu=not cuda, seed=config.seed, data_seed=config.seed,
+        report_to="none", disable_tqdm=True, dataloader_num_workers=0)
+
+
+def _save_model(trainer, model_dir: str, result: dict[str, Any], text_column: str,
+                config: TransformerConfig) -> None:
+    """Writes the model folder: the model and tokenizer, labels and metrics (rank 0 only)."""
+    if trainer.is_world_process_zero():
+        run_state.delay_for_tests(SLOW_RANK0_VARIABLE, "rank 0")
+    trainer.save_model(model_dir)  # model and tokenizer; writes on rank 0 only
+    if trainer.is_world_process_zero():
+        # Trainer's own pickle of its arguments: not needed to load or serve the model.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(model_dir, "training_args.bin"))
+        results.write_outputs(model_dir, result, text_column, config)
 
 
 def start_at_label_frequencies(model, truth: np.ndarray, task: str) -> None:
@@ -414,25 +437,3 @@ def start_at_label_frequencies(model, truth: np.ndarray, task: str) -> None:
                                        "frequencies")
     with torch.no_grad():
         outputs[-1].bias.copy_(torch.as_tensor(frequency_bias(truth, task)))
-
-
-def _checkpoint_epoch(checkpoint: str | None, history: list[dict[str, Any]],
-                      steps: int) -> int | None:
-    """The epoch of the best checkpoint (`checkpoint-<step>`), from the steps per epoch."""
-    if not checkpoint or not history:
-        return None
-    step = int(os.path.basename(checkpoint).rsplit("-", 1)[-1])
-    per_epoch = steps / max(1, history[-1]["epoch"])
-    return int(round(step / per_epoch)) if per_epoch else None
-
-
-def _write_outputs(model_dir: str, result: dict[str, Any],
-                   text_column: str, config: TransformerConfig) -> None:
-    def dump(name: str, value: Any) -> None:
-        write_json_atomically(os.path.join(model_dir, name), value, sort_keys=False)
-
-    dump(LABELS_FILE, labels_info(result, text_column, config.threshold, framework=FRAMEWORK,
-                                  arch=result["run"]["arch"], model_name=config.model_name,
-                                  max_length=config.max_length))
-    dump(TRAINING_METRICS_FILE, result)
-    dump(PER_LABEL_FILE, per_label_summary(result))

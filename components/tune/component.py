@@ -7,7 +7,6 @@ takes them the way it takes pipeline parameters.
 
 from typing import NamedTuple
 
-from kfp import dsl
 from kfp.dsl import Artifact, Output
 
 
@@ -98,16 +97,3 @@ def best_transformer_trial(
 
 BEST_TRIAL = {"image": best_image_trial, "text": best_text_trial,
               "transformer": best_transformer_trial}
-
-
-def build_best_trial(kind: str, image: str):
-    """The best-trial step of `kind` ("image", "text" or "transformer"), run in `image`.
-
-    Args:
-        kind: Which trainer's parameters it returns.
-        image: Container image URI holding this package and the Vertex SDK.
-
-    Returns:
-        A KFP component.
-    """
-    return dsl.component(BEST_TRIAL[kind], base_image=image, install_kfp_package=False)

@@ -24,6 +24,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from components.common.commands import reports
 from components.tune.contract import TUNABLE, SearchSpaceError, coerce
 
 # The trainer component function each kind's trials run: the component, as a pipeline
@@ -175,12 +176,9 @@ def run(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[s
     return executor_input
 
 
+@reports(TrialError)
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        run(sys.argv[1:] if argv is None else argv)
-    except TrialError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    run(sys.argv[1:] if argv is None else argv)
     return 0
 
 

@@ -10,17 +10,10 @@ from kfp.dsl import Artifact, Dataset, Metrics, Model
 
 from components.common.metrics import read_evaluation
 from components.common.report_html import REPORT_HTML_FILE
-from components.evaluate_image import component as evaluate_component
-from components.predict import component as predict_component
-from components.preflight import component as preflight_component
-from components.register import component as register_component
-from components.shard import component as shard_component
 from components.shard.contract import MANIFEST_NAME
-from components.track import component as track_component
-from components.train_image import component as train_component
-from components.tune import component as tune_component
 from pipelines.definitions import registry, tuning
-from pipelines.definitions.vertex import VertexSettings, preflight_inputs
+from pipelines.definitions.steps import Steps
+from pipelines.definitions.vertex import VertexSettings
 
 PIPELINE_NAME = "image-classifier"
 TUNING_PIPELINE_NAME = "image-classifier-tuning"
@@ -42,29 +35,8 @@ def build(image: str, vertex: "VertexSettings | None" = None,
     Returns:
         A `@dsl.pipeline` function.
     """
-    if tune is not None and vertex is None:
-        raise ValueError("the tuning variant runs on Vertex: give vertex settings")
-    preflight_op = preflight_component.build_image(image)
-    shard_op = shard_component.build(image)
-    train_op = train_component.build(image)
-    evaluate_op = evaluate_component.build(image)
-    gate_op = register_component.build_gate(image)
-    predict_op = predict_component.build(image)
-    track_op = track_component.build_classifier(image)
-    if tune is not None:
-        tune_op = tuning.as_tuning_job(train_op, "image", tune.spaces["image"], tune, vertex,
-                                       vertex.machines["train_image"], "tune-densenet121")
-        best_op = tune_component.build_best_trial("image", image)
-    if vertex is not None:
-        # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
-        shard_op = vertex.wrap(shard_op, "shard", "shard-images")
-        train_op = vertex.wrap(train_op, "train_image", "train-densenet121")
-        evaluate_op = vertex.wrap(evaluate_op, "evaluate_image", "evaluate-image-classifier")
-        predict_op = vertex.wrap(predict_op, "predict_image", "predict-images")
-
-    # The jobs' account is a run-time choice (GCPC passes it as a parameter of the job);
-    # its default is compile.py's --service-account.
-    default_job_account = vertex.service_account if vertex is not None else ""
+    steps = Steps("image", image, vertex, tune)
+    default_job_account = steps.default_job_account
 
     class Outputs(NamedTuple):
         dataset: Dataset
@@ -73,6 +45,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         evaluation: Artifact
         register: bool
 
+    # Defaults written by python -m pipelines.signatures from the steps they feed (edit there).
     @dsl.pipeline(name=PIPELINE_NAME if tune is None else TUNING_PIPELINE_NAME,
                   description="Shards a bucket folder of class sub-folders into TFRecords, "
                               + ("" if tune is None else "tunes hyperparameters in a Vertex "
@@ -158,66 +131,19 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
             job_service_account: Service account the custom jobs (sharding, training, evaluation) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
         """
-        # First, before anything else is named: every pipeline parameter, checked on a
-        # light machine before the first paid job; never cached (it fingerprints the data).
-        preflight = preflight_op(**{name: value for name, value in locals().items()
-                                    if name in preflight_op.component_spec.inputs},
-                                 **preflight_inputs(vertex))
-        preflight.set_display_name("preflight").set_caching_options(False)
-        job = {"service_account": job_service_account} if vertex is not None else {}
-        shard = shard_op(
-            data_uri=data_uri, data_fingerprint=preflight.outputs["data_fingerprint"],
-            image_size=image_size,
-            image_format=image_format,
-            jpeg_quality=jpeg_quality, resize_method=resize_method,
-            train_fraction=train_fraction, validation_fraction=validation_fraction,
-            test_fraction=test_fraction, seed=seed, target_shard_mb=target_shard_mb,
-            min_shards_per_split=min_shards_per_split,
-            max_skipped_fraction=max_skipped_fraction, num_workers=shard_workers, **job,
-        ).set_display_name("shard-images")
-        training = dict(
-            dataset=shard.outputs["dataset"], weights=weights,
-            weights_fingerprint=preflight.outputs["weights_fingerprint"], epochs=epochs,
-            fine_tune_epochs=fine_tune_epochs, batch_size=batch_size,
-            learning_rate=learning_rate, fine_tune_learning_rate=fine_tune_learning_rate,
-            unfreeze_blocks=unfreeze_blocks, dropout=dropout, flip=flip, rotation=rotation,
-            zoom=zoom, precision=precision, seed=seed,
-            early_stopping_patience=early_stopping_patience,
-            reduce_lr_patience=reduce_lr_patience, steps_per_epoch=steps_per_epoch,
-        )
-        if tune is not None:
-            training = tuning.searched(tune_op, best_op, "image", training, job, "tune-densenet121")
-        train = train_op(**training, **job).set_display_name("train-densenet121")
-        evaluate = evaluate_op(
-            model=train.outputs["model"], dataset=shard.outputs["dataset"], split="test",
-            batch_size=eval_batch_size, **job,
-        ).set_display_name("evaluate")
-        gate = gate_op(
-            evaluation=evaluate.outputs["evaluation"], metric=registration_metric,
-            threshold=registration_threshold, enabled=register_model,
-            beat_baselines=registration_beats_baselines,
-        ).set_display_name("registration-gate")
-        if vertex is not None and vertex.serving_image:
-            registry.add_upload(image, gate, train.outputs["model"], model_display_name,
-                                vertex.serving_image, vertex.encryption_spec_key_name)
-        with dsl.If(predict_uri != "", name="prediction-requested"):
-            predict_op(
-                model=train.outputs["model"], data_uri=predict_uri, batch_size=eval_batch_size,
-                data_fingerprint=preflight.outputs["predict_fingerprint"], **job,
-            ).set_display_name("predict")
-        with dsl.If(tracking_uri != "", name="tracking-requested"):
-            track_op(
-                model=train.outputs["model"], evaluation=evaluate.outputs["evaluation"],
-                tracking_uri=tracking_uri, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-                experiment=PIPELINE_NAME, kind="image",
-            ).set_display_name("track-run").set_caching_options(False)
-        return Outputs(
-            dataset=shard.outputs["dataset"],
-            model=train.outputs["model"],
-            metrics=evaluate.outputs["metrics"],
-            evaluation=evaluate.outputs["evaluation"],
-            register=gate.outputs["Output"],
-        )
+        params = locals()  # the pipeline parameters, before anything else is named
+        preflight = steps.preflight(params)
+        shard = steps.run("shard", params, data_fingerprint=preflight.outputs["data_fingerprint"],
+                          num_workers=shard_workers)
+        train = steps.train(params, dataset=shard.outputs["dataset"],
+                            weights_fingerprint=preflight.outputs["weights_fingerprint"])
+        model, dataset = train.outputs["model"], shard.outputs["dataset"]
+        evaluate, gate = steps.evaluate_and_publish(
+            params, model, dataset, split="test",
+            predict_fingerprint=preflight.outputs["predict_fingerprint"],
+            experiment=PIPELINE_NAME, kind="image")
+        return Outputs(dataset=dataset, model=model, metrics=evaluate.outputs["metrics"],
+                       evaluation=evaluate.outputs["evaluation"], register=gate.outputs["Output"])
 
     return image_pipeline
 

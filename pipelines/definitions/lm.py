@@ -9,11 +9,9 @@ from typing import Any, NamedTuple
 from kfp import dsl
 from kfp.dsl import Artifact, Metrics
 
-from components.preflight import component as preflight_component
-from components.track import component as track_component
-from components.train_lm import component as train_lm_component
 from components.train_lm.contract import METRICS_FILE
-from pipelines.definitions.vertex import VertexSettings, preflight_inputs
+from pipelines.definitions.steps import Steps
+from pipelines.definitions.vertex import VertexSettings
 
 PIPELINE_NAME = "language-model"
 
@@ -35,14 +33,10 @@ def build(image: str, vertex: "VertexSettings | None" = None):
         A `@dsl.pipeline` function whose outputs are `metrics` (perplexity, accuracy) and
         `lm_assets` (the folder to pass as the text pipeline's `lm_assets`).
     """
-    preflight_op = preflight_component.build_lm(image)
-    train_op = train_lm_component.build(image)
-    track_op = track_component.build_language_model(image)
-    if vertex is not None:
-        # Wrapped before the pipeline body uses it (kubeflow/pipelines#9320).
-        train_op = vertex.wrap(train_op, "train_lm", "train-language-model")
-    default_job_account = vertex.service_account if vertex is not None else ""
+    steps = Steps("lm", image, vertex)
+    default_job_account = steps.default_job_account
 
+    # Defaults written by python -m pipelines.signatures from the steps they feed (edit there).
     @dsl.pipeline(name=PIPELINE_NAME,
                   description="Trains an AWD-LSTM language model on a text corpus and writes it "
                               "as the pretrained LM assets the text pipeline starts from.")
@@ -88,26 +82,11 @@ def build(image: str, vertex: "VertexSettings | None" = None):
             tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
             job_service_account: Service account the training job runs as on Vertex; empty: Vertex's Custom Code Service Agent. Ignored by local runs.
         """
-        # Checked on a light machine before the GPU job; never cached (it fingerprints
-        # the corpus, which keys the training step's cache).
-        preflight = preflight_op(**{name: value for name, value in locals().items()
-                                    if name in preflight_op.component_spec.inputs},
-                                 **preflight_inputs(vertex))
-        preflight.set_display_name("preflight").set_caching_options(False)
-        job = {"service_account": job_service_account} if vertex is not None else {}
-        train = train_op(
-            corpus_uri=corpus_uri, lang=lang, text_column=text_column, backwards=backwards,
-            epochs=epochs, batch_size=batch_size, seq_len=seq_len, learning_rate=learning_rate,
-            drop_mult=drop_mult, min_freq=min_freq, max_vocab=max_vocab,
-            spm_vocab_size=spm_vocab_size, validation_fraction=validation_fraction,
-            mixed_precision=mixed_precision, model_config=model_config, seed=seed,
-            corpus_fingerprint=preflight.output, **job,
-        ).set_display_name("train-language-model")
-        with dsl.If(tracking_uri != "", name="tracking-requested"):
-            track_op(
-                lm_assets=train.outputs["lm_assets"], tracking_uri=tracking_uri,
-                run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, experiment=PIPELINE_NAME,
-            ).set_display_name("track-run").set_caching_options(False)
+        params = locals()  # the pipeline parameters, before anything else is named
+        # The corpus's fingerprint keys the training step's cache.
+        preflight = steps.preflight(params)
+        train = steps.train(params, corpus_fingerprint=preflight.output)
+        steps.track(params, PIPELINE_NAME, lm_assets=train.outputs["lm_assets"])
         return Outputs(metrics=train.outputs["metrics"], lm_assets=train.outputs["lm_assets"])
 
     return lm_pipeline

@@ -1,13 +1,35 @@
 """The Model Registry part of a pipeline: upload a model that cleared the gate, as a new
 version of the model with the same display name when one exists (Vertex only)."""
 
-from kfp import dsl
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
-from components.register import component as register_component
+from kfp import dsl
 
 # Filled in by Vertex at run time: the project and region the pipeline runs in.
 PIPELINE_LOCATION = "{{$.pipeline_google_cloud_location}}"
 PIPELINE_PROJECT = "{{$.pipeline_google_cloud_project_id}}"
+# Where the fastai image's server (`python -m pipelines.serve`, its default command) listens
+# when Vertex serves a registered text model: `serving_model`'s arguments.
+SERVING_PORT = 8080
+SERVING_ROUTES = {"health_route": "/health", "predict_route": "/predict"}
+RUNTIME_SERVING = {"subdir": ".", "port": SERVING_PORT, **SERVING_ROUTES}
+
+
+class UploadOps(NamedTuple):
+    """What the upload of one pipeline kind's models takes, made with its other steps.
+
+    Attributes:
+        serving_model: The `serving_model` component (the served files and their container).
+        find_model: The `find_registered_model` component.
+        serving_image: The pinned image that serves the model.
+        serving: More `serving_model` arguments (subdir, port, routes).
+    """
+
+    serving_model: Callable
+    find_model: Callable
+    serving_image: str
+    serving: Mapping[str, Any]
 
 
 def local_registration(would_register: bool) -> dict:
@@ -16,8 +38,8 @@ def local_registration(would_register: bool) -> dict:
             "note": "the local run never uploads to the Vertex Model Registry"}
 
 
-def add_upload(image: str, gate, model, display_name, serving_image: str,
-               encryption_spec_key_name: str, **serving) -> None:
+def add_upload(ops: UploadOps, gate, model, display_name,
+               encryption_spec_key_name: str) -> None:
     """Adds, inside a pipeline body, the steps that upload `model` when `gate` says so.
 
     Under the gate's condition: `serving-model` (the served files, their container and
@@ -26,24 +48,20 @@ def add_upload(image: str, gate, model, display_name, serving_image: str,
     the model exists, `register-model` creating it otherwise.
 
     Args:
-        image: The runtime image of the light steps.
+        ops: The light steps' components and the serving container.
         gate: The registration gate task (its "Output" is the decision).
         model: The trained model output to upload.
         display_name: The Model Registry display name (a pipeline parameter).
-        serving_image: The pinned image that serves the model.
         encryption_spec_key_name: CMEK key for the model, or "".
-        **serving: More `serving_model` arguments (subdir, port, routes).
     """
     from google_cloud_pipeline_components.v1.model import ModelUploadOp
 
-    serving_op = register_component.build_serving_model(image)
-    find_op = register_component.build_find_model(image)
     with dsl.If(gate.outputs["Output"] == True, name="model-clears-threshold"):  # noqa: E712
-        served = serving_op(model=model, serving_image=serving_image,
-                            run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **serving,
-                            ).set_display_name("serving-model")
-        found = find_op(display_name=display_name, location=PIPELINE_LOCATION,
-                        project=PIPELINE_PROJECT).set_display_name("find-registered-model")
+        served = ops.serving_model(model=model, serving_image=ops.serving_image,
+                                   run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **ops.serving,
+                                   ).set_display_name("serving-model")
+        found = ops.find_model(display_name=display_name, location=PIPELINE_LOCATION,
+                               project=PIPELINE_PROJECT).set_display_name("find-registered-model")
         found.set_caching_options(False)  # the registry changes between runs
         upload = {"display_name": display_name, "location": PIPELINE_LOCATION,
                   "unmanaged_container_model": served.outputs["unmanaged_model"],

@@ -12,25 +12,14 @@ from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
 from components.common.metrics import EVALUATION_FILE
 from components.common.report_html import REPORT_HTML_FILE
-from components.evaluate_text import component as evaluate_component
-from components.predict import component as predict_component
-from components.preflight import component as preflight_component
-from components.prepare_text import component as prepare_component
 from components.prepare_text.contract import MANIFEST, MULTI_LABEL
-from components.register import component as register_component
 from components.text_common.contract import TRAINING_METRICS_FILE
-from components.track import component as track_component
-from components.train_text import component as train_component
-from components.tune import component as tune_component
 from pipelines.definitions import registry, tuning
-from pipelines.definitions.vertex import VertexSettings, preflight_inputs
+from pipelines.definitions.steps import Steps
+from pipelines.definitions.vertex import VertexSettings
 
 PIPELINE_NAME = "text-classifier"
 TUNING_PIPELINE_NAME = "text-classifier-tuning"
-# Where the fastai image's server (`python -m pipelines.serve`, its default command) listens
-# when Vertex serves a registered text model.
-SERVING_PORT = 8080
-SERVING_ROUTES = {"health_route": "/health", "predict_route": "/predict"}
 
 
 class Outputs(NamedTuple):
@@ -61,23 +50,10 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         scalars), `report`, `evaluation` (folder with metrics.json), `model`, `dataset`
         and `register` (the registration gate's decision).
     """
-    if tune is not None and vertex is None:
-        raise ValueError("the tuning variant runs on Vertex: give vertex settings")
-    preflight_op = preflight_component.build_text(image)
-    train_op = train_component.build(image)
-    if tune is not None:
-        tune_op = tuning.as_tuning_job(train_op, "text", tune.spaces["text"], tune, vertex,
-                                       vertex.machines["train_text"], "tune-text")
-        best_op = tune_component.build_best_trial("text", image)
-    if vertex is not None:
-        # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
-        train_op = vertex.wrap(train_op, "train_text", "train-text")
-    prepare_op, ops = shared_ops(image, vertex)
+    steps = Steps("text", image, vertex, tune)
+    default_job_account = steps.default_job_account
 
-    # The jobs' account is a run-time choice (GCPC passes it as a parameter of the job);
-    # its default is compile.py's --service-account.
-    default_job_account = vertex.service_account if vertex is not None else ""
-
+    # Defaults written by python -m pipelines.signatures from the steps they feed (edit there).
     @dsl.pipeline(name=PIPELINE_NAME if tune is None else TUNING_PIPELINE_NAME,
                   description="Splits a labelled text CSV, "
                               + ("" if tune is None else "tunes hyperparameters in a Vertex "
@@ -162,128 +138,23 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
             job_service_account: Service account the custom jobs (preparation, training, evaluation, prediction) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
         """
-        # First, before anything else is named: every pipeline parameter, checked on a
-        # light machine before the first paid job; never cached (it fingerprints the data).
-        preflight = preflight_op(**{name: value for name, value in locals().items()
-                                    if name in preflight_op.component_spec.inputs},
-                                 **preflight_inputs(vertex))
-        preflight.set_display_name("preflight").set_caching_options(False)
-        job = {"service_account": job_service_account} if vertex is not None else {}
-        prepare = prepare_task(prepare_op, preflight, job, locals())
-        training = dict(
-            dataset=prepare.outputs["dataset"], lm_assets_uri=lm_assets,
-            lm_assets_fingerprint=preflight.outputs["lm_assets_fingerprint"], lang=lang,
-            pretrained=pretrained, backwards=backwards, lm_epochs=lm_epochs, epochs=epochs,
-            batch_size=batch_size, drop_mult=drop_mult, threshold=threshold, monitor=monitor,
-            unfreeze=unfreeze, learning_rate=learning_rate, lm_learning_rate=lm_learning_rate,
-            seq_len=seq_len, min_freq=min_freq, max_vocab=max_vocab,
-            mixed_precision=mixed_precision, model_config=model_config, seed=seed,
-        )
-        if tune is not None:
-            training = tuning.searched(tune_op, best_op, "text", training, job, "tune-text")
-        train = train_op(**training, **job).set_display_name("train-text")
-        return after_training(ops, image, vertex, preflight, prepare, train, job,
-                              PIPELINE_NAME, locals())
+        params = locals()  # the pipeline parameters, before anything else is named
+        preflight = steps.preflight(params)
+        prepare = steps.run("prepare", params,
+                            data_fingerprint=preflight.outputs["data_fingerprint"])
+        train = steps.train(params, dataset=prepare.outputs["dataset"], lm_assets_uri=lm_assets,
+                            lm_assets_fingerprint=preflight.outputs["lm_assets_fingerprint"])
+        model, dataset = train.outputs["model"], prepare.outputs["dataset"]
+        # Both text trainers' histories have the same rows (model, stage, epoch, ...): "text".
+        evaluate, gate = steps.evaluate_and_publish(
+            params, model, dataset, split=eval_split,
+            predict_fingerprint=preflight.outputs["predict_fingerprint"],
+            experiment=PIPELINE_NAME, kind="text")
+        return Outputs(metrics=evaluate.outputs["metrics"], report=evaluate.outputs["report"],
+                       evaluation=evaluate.outputs["evaluation"], model=model, dataset=dataset,
+                       register=gate.outputs["Output"])
 
     return text_pipeline
-
-
-class StepOps(NamedTuple):
-    """The components of the steps after training, as `build` made them."""
-
-    evaluate: Any
-    gate: Any
-    predict: Any
-    track: Any
-
-
-def shared_ops(image: str, vertex: "VertexSettings | None"):
-    """The components every text pipeline shares: preparation and those of `after_training`,
-    made as Vertex jobs on their machines when `vertex` is given.
-
-    Returns:
-        (the preparation component, `StepOps`).
-    """
-    prepare_op = prepare_component.build(image)
-    evaluate_op = evaluate_component.build(image)
-    predict_op = predict_component.build(image)
-    if vertex is not None:
-        # Wrapped before a pipeline body uses them (kubeflow/pipelines#9320).
-        prepare_op = vertex.wrap(prepare_op, "prepare_text", "prepare-text")
-        evaluate_op = vertex.wrap(evaluate_op, "evaluate_text", "evaluate-text")
-        predict_op = vertex.wrap(predict_op, "predict_text", "predict-texts")
-    return prepare_op, StepOps(evaluate_op, register_component.build_gate(image), predict_op,
-                               track_component.build_classifier(image))
-
-
-def prepare_task(prepare_op, preflight, job: Mapping[str, Any], params: Mapping[str, Any]):
-    """The preparation step of a text pipeline, inside its `@dsl.pipeline` body.
-
-    Args:
-        prepare_op: The (wrapped) preparation component.
-        preflight: The preflight task (its `data_fingerprint` keys the cache).
-        job: The custom-job settings every job of the run takes (its service account).
-        params: The pipeline body's `locals()`: its parameters by name.
-    """
-    names = ("data_uri", "text_column", "label_columns", "label_delimiter", "other_label",
-             "validation_fraction", "test_fraction", "seed")
-    return prepare_op(
-        data_fingerprint=preflight.outputs["data_fingerprint"],
-        **{name: params[name] for name in names}, **job,
-    ).set_display_name("prepare-text")
-
-
-def after_training(ops: StepOps, image: str, vertex: "VertexSettings | None", preflight,
-                   prepare, train, job: Mapping[str, Any], experiment: str,
-                   params: Mapping[str, Any]) -> Outputs:
-    """The steps every text pipeline runs on its trained model, inside its pipeline body:
-    evaluation, the registration gate, the Model Registry upload (Vertex only; served by
-    `image`'s server), prediction when `predict_uri` is set, tracking when `tracking_uri` is.
-
-    Args:
-        ops: The components (prediction and evaluation wrapped as Vertex jobs there).
-        image: The image that serves the model.
-        vertex: The Vertex settings; None for the local variant.
-        preflight: The preflight task (its `predict_fingerprint`).
-        prepare: The preparation task (its `dataset`).
-        train: The training task (its `model`, any text trainer's).
-        job: The custom-job settings every job of the run takes.
-        experiment: The tracking experiment (the pipeline's name).
-        params: The pipeline body's `locals()`: its parameters by name.
-
-    Returns:
-        The pipeline's outputs.
-    """
-    model, dataset = train.outputs["model"], prepare.outputs["dataset"]
-    evaluate = ops.evaluate(
-        model=model, dataset=dataset, split=params["eval_split"],
-        batch_size=params["eval_batch_size"], **job,
-    ).set_display_name("evaluate-text")
-    gate = ops.gate(
-        evaluation=evaluate.outputs["evaluation"], metric=params["registration_metric"],
-        threshold=params["registration_threshold"], enabled=params["register_model"],
-        beat_baselines=params["registration_beats_baselines"],
-    ).set_display_name("registration-gate")
-    if vertex is not None:
-        registry.add_upload(image, gate, model, params["model_display_name"], image,
-                            vertex.encryption_spec_key_name, subdir=".",
-                            port=SERVING_PORT, **SERVING_ROUTES)
-    with dsl.If(params["predict_uri"] != "", name="prediction-requested"):
-        ops.predict(
-            model=model, data_uri=params["predict_uri"], batch_size=params["eval_batch_size"],
-            data_fingerprint=preflight.outputs["predict_fingerprint"], **job,
-        ).set_display_name("predict")
-    with dsl.If(params["tracking_uri"] != "", name="tracking-requested"):
-        # The run is named after the pipeline run; never cached: a re-run logs again. Both
-        # text trainers' histories have the same rows (model, stage, epoch, ...): "text".
-        ops.track(
-            model=model, evaluation=evaluate.outputs["evaluation"],
-            tracking_uri=params["tracking_uri"], run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-            experiment=experiment, kind="text",
-        ).set_display_name("track-run").set_caching_options(False)
-    return Outputs(metrics=evaluate.outputs["metrics"], report=evaluate.outputs["report"],
-                   evaluation=evaluate.outputs["evaluation"], model=model, dataset=dataset,
-                   register=gate.outputs["Output"])
 
 
 def summarize_run(outputs: Mapping[str, Any], summarize_artifacts=None) -> dict[str, Any]:

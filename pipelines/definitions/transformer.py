@@ -13,19 +13,14 @@ from typing import Any
 
 from kfp import dsl
 
-from components.preflight import component as preflight_component
 from components.text_common.contract import TRAINING_METRICS_FILE
-from components.train_transformer import component as train_component
-from components.tune import component as tune_component
 from pipelines.definitions import text, tuning
+from pipelines.definitions.steps import Steps
 from pipelines.definitions.text import Outputs
-from pipelines.definitions.vertex import VertexSettings, preflight_inputs
+from pipelines.definitions.vertex import VertexSettings
 
 PIPELINE_NAME = "text-transformer"
 TUNING_PIPELINE_NAME = "text-transformer-tuning"
-# The trainer's step in pipelines.definitions.vertex's machine table and the tuning spaces.
-MACHINE = "train_transformer"
-KIND = "transformer"
 
 
 def build(image: str, vertex: "VertexSettings | None" = None,
@@ -47,23 +42,10 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         scalars), `report`, `evaluation` (folder with metrics.json), `model`, `dataset`
         and `register` (the registration gate's decision).
     """
-    if tune is not None and vertex is None:
-        raise ValueError("the tuning variant runs on Vertex: give vertex settings")
-    preflight_op = preflight_component.build_transformer(image)
-    train_op = train_component.build(image)
-    if tune is not None:
-        tune_op = tuning.as_tuning_job(train_op, KIND, tune.spaces[KIND], tune, vertex,
-                                       vertex.machines[MACHINE], "tune-transformer")
-        best_op = tune_component.build_best_trial(KIND, image)
-    if vertex is not None:
-        # Wrapped before the pipeline body uses them (kubeflow/pipelines#9320).
-        train_op = vertex.wrap(train_op, MACHINE, "train-transformer")
-    prepare_op, ops = text.shared_ops(image, vertex)
+    steps = Steps("transformer", image, vertex, tune)
+    default_job_account = steps.default_job_account
 
-    # The jobs' account is a run-time choice (GCPC passes it as a parameter of the job);
-    # its default is compile.py's --service-account.
-    default_job_account = vertex.service_account if vertex is not None else ""
-
+    # Defaults written by python -m pipelines.signatures from the steps they feed (edit there).
     @dsl.pipeline(name=PIPELINE_NAME if tune is None else TUNING_PIPELINE_NAME,
                   description="Splits a labelled text CSV, "
                               + ("" if tune is None else "tunes hyperparameters in a Vertex "
@@ -134,29 +116,21 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
             job_service_account: Service account the custom jobs (preparation, training, evaluation, prediction) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
         """
-        # First, before anything else is named: every pipeline parameter, checked on a
-        # light machine before the first paid job; never cached (it fingerprints the data
-        # and a model_name folder).
-        preflight = preflight_op(**{name: value for name, value in locals().items()
-                                    if name in preflight_op.component_spec.inputs},
-                                 **preflight_inputs(vertex))
-        preflight.set_display_name("preflight").set_caching_options(False)
-        job = {"service_account": job_service_account} if vertex is not None else {}
-        prepare = text.prepare_task(prepare_op, preflight, job, locals())
-        training = dict(
-            dataset=prepare.outputs["dataset"], model_name=model_name,
-            model_fingerprint=preflight.outputs["model_fingerprint"], epochs=epochs,
-            batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
-            warmup_ratio=warmup_ratio, max_length=max_length, threshold=threshold,
-            monitor=monitor, early_stopping_patience=early_stopping_patience,
-            mixed_precision=mixed_precision, seed=seed,
-        )
-        if tune is not None:
-            training = tuning.searched(tune_op, best_op, KIND, training, job,
-                                       "tune-transformer")
-        train = train_op(**training, **job).set_display_name("train-transformer")
-        return text.after_training(ops, image, vertex, preflight, prepare, train, job,
-                                   PIPELINE_NAME, locals())
+        params = locals()  # the pipeline parameters, before anything else is named
+        preflight = steps.preflight(params)  # it fingerprints a model_name folder too
+        prepare = steps.run("prepare", params,
+                            data_fingerprint=preflight.outputs["data_fingerprint"])
+        train = steps.train(params, dataset=prepare.outputs["dataset"],
+                            model_fingerprint=preflight.outputs["model_fingerprint"])
+        model, dataset = train.outputs["model"], prepare.outputs["dataset"]
+        # Both text trainers' histories have the same rows (model, stage, epoch, ...): "text".
+        evaluate, gate = steps.evaluate_and_publish(
+            params, model, dataset, split=eval_split,
+            predict_fingerprint=preflight.outputs["predict_fingerprint"],
+            experiment=PIPELINE_NAME, kind="text")
+        return Outputs(metrics=evaluate.outputs["metrics"], report=evaluate.outputs["report"],
+                       evaluation=evaluate.outputs["evaluation"], model=model, dataset=dataset,
+                       register=gate.outputs["Output"])
 
     return transformer_pipeline
 

@@ -158,10 +158,6 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
     spec = json_format.MessageToDict(HyperparameterTuningJobRunOp.pipeline_spec)
     user = json_format.MessageToDict(trainer.pipeline_spec)
     (container,) = [e["container"] for e in user["deploymentSpec"]["executors"].values()]
-    (job_key,) = spec["components"]
-    (user_key,) = user["components"]
-    job_component, user_component = spec["components"][job_key], user["components"][user_key]
-
     _complete_trial_job_spec(spec, vertex)
     defaults = {
         "display_name": display_name,
@@ -181,6 +177,31 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
         "encryption_spec_key_name": vertex.encryption_spec_key_name,
         "service_account": vertex.service_account,
     }
+    _take_trainer_inputs(spec, user, defaults)
+    # kfp reads component text as YAML 1.1, which takes JSON's 1e-05 for a string (GCPC's
+    # launcher then refuses the study); PyYAML writes floats that read back as floats.
+    component = components.load_component_from_text(yaml.safe_dump(spec, sort_keys=False))
+    component.component_spec.name = f"tune-{trainer.component_spec.name}"
+    component.description = (f"Vertex hyperparameter tuning of {trainer.component_spec.name}: "
+                             f"{settings.max_trials} trials, {space.goal} {space.metric}.")
+    return component
+
+
+def _take_trainer_inputs(spec: dict, user: dict, defaults: Mapping) -> None:
+    """Edits GCPC's tuning job spec: `defaults` become its inputs' defaults, and the
+    trainer's inputs (but `hypertune_metric`, which the trial runner sets) and the `trials`
+    output are added, to the component, the root and the task.
+
+    Args:
+        spec: GCPC's `HyperparameterTuningJobRunOp` pipeline spec, as a dict.
+        user: The trainer component's pipeline spec, as a dict.
+        defaults: The launcher's inputs to set: name to default value.
+
+    Raises:
+        ValueError: The trainer's inputs clash with the launcher's.
+    """
+    (job_component,) = spec["components"].values()
+    (user_component,) = user["components"].values()
     job_parameters = job_component["inputDefinitions"]["parameters"]
     for name, value in defaults.items():
         job_parameters[name]["defaultValue"] = value
@@ -201,15 +222,8 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
     (job_task,) = spec["root"]["dag"]["tasks"].values()
     (user_task,) = user["root"]["dag"]["tasks"].values()
     job_task["inputs"] = {**job_task.get("inputs", {}), **{
-        kind_: {name: source for name, source in sources.items() if name != "hypertune_metric"}
-        for kind_, sources in user_task.get("inputs", {}).items()}}
-    # kfp reads component text as YAML 1.1, which takes JSON's 1e-05 for a string (GCPC's
-    # launcher then refuses the study); PyYAML writes floats that read back as floats.
-    component = components.load_component_from_text(yaml.safe_dump(spec, sort_keys=False))
-    component.component_spec.name = f"tune-{trainer.component_spec.name}"
-    component.description = (f"Vertex hyperparameter tuning of {trainer.component_spec.name}: "
-                             f"{settings.max_trials} trials, {space.goal} {space.metric}.")
-    return component
+        kind: {name: source for name, source in sources.items() if name != "hypertune_metric"}
+        for kind, sources in user_task.get("inputs", {}).items()}}
 
 
 def _complete_trial_job_spec(spec: dict, vertex: VertexSettings) -> None:

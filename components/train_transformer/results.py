@@ -1,0 +1,81 @@
+"""What a transformer run records: its scores against the constant answer, its `best` and
+`run` parts of metrics.json, and the files written beside the model."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from components.text_common.contract import MAX_TEXT_CHARS
+from components.text_common.scores import constant_answer, learnt_nothing, write_result_files
+from components.train_transformer.contract import FRAMEWORK, TransformerConfig
+
+log = logging.getLogger(__name__)
+
+
+def check_learning(history: list[dict[str, Any]], truth_valid: np.ndarray,
+                   truth_train: np.ndarray, multi: bool,
+                   threshold: float) -> tuple[dict[str, float], str | None]:
+    """The constant answer's scores and whether the classifier learnt nothing beyond it
+    (`text_scores.learnt_nothing`), warned of when so."""
+    constant = constant_answer(truth_valid, truth_train, multi, threshold)
+    nothing = learnt_nothing(history, constant)
+    if nothing:
+        log.warning("the classifier learnt nothing (%s): it still answers the label "
+                    "frequencies whatever the text; train longer or at a higher "
+                    "learning_rate", nothing)
+    return constant, nothing
+
+
+def run_record(trainer, model, config: TransformerConfig, history: list[dict[str, Any]],
+               train_set, precision: str, started: float, *, rows: dict[str, int],
+               texts_truncated: int, resumed_from: str | None, constant: dict[str, float],
+               nothing: str | None) -> dict[str, Any]:
+    """The `run` part of metrics.json: data, model, device and how the run went
+    (`train_set`: the encoded training split, `started`: `time.monotonic()` at the start)."""
+    return {
+        "rows": rows,
+        "texts_truncated": texts_truncated,
+        "max_text_chars": MAX_TEXT_CHARS,
+        "train_tokens": int(sum(len(ids) for ids in train_set.encodings["input_ids"])),
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "arch": type(model).__name__,
+        "model_name": config.model_name,
+        "precision": precision,
+        "device": str(trainer.args.device),
+        "world_size": int(trainer.args.world_size),
+        "resumed_from": resumed_from,
+        "classifier_epoch_seconds": [r.get("seconds") for r in history],
+        "stopped_early": len(history) < config.epochs,
+        "constant_answer": constant,
+        "learnt_nothing": nothing,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def best_epoch(state, monitor: str, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `best` part of metrics.json, from the trainer's final `state`."""
+    return {"monitor": monitor, "value": state.best_metric,
+            "epoch": checkpoint_epoch(state.best_model_checkpoint, history, state.global_step)}
+
+
+def checkpoint_epoch(checkpoint: str | None, history: list[dict[str, Any]],
+                     steps: int) -> int | None:
+    """The epoch of the best checkpoint (`checkpoint-<step>`), from the steps per epoch."""
+    if not checkpoint or not history:
+        return None
+    step = int(os.path.basename(checkpoint).rsplit("-", 1)[-1])
+    per_epoch = steps / max(1, history[-1]["epoch"])
+    return int(round(step / per_epoch)) if per_epoch else None
+
+
+def write_outputs(model_dir: str, result: dict[str, Any],
+                  text_column: str, config: TransformerConfig) -> None:
+    """Writes labels.json, the training metrics and the per-label summary into `model_dir`."""
+    write_result_files(model_dir, result, text_column, config.threshold, framework=FRAMEWORK,
+                       arch=result["run"]["arch"], model_name=config.model_name,
+                       max_length=config.max_length)

@@ -1,0 +1,290 @@
+"""The steps of one pipeline build, made once from the image and the settings.
+
+A pipeline definition makes one `Steps` for its kind from the runtime image, the Vertex
+settings and the tuning settings, before its `@dsl.pipeline` body: each step's component
+runs in the image and installs nothing at run time, those that run as Vertex custom jobs
+are wrapped on their machines, and in the tuning variant the trainer's tuning job is made
+beside it. The body then calls the steps in the order they run, by role ("prepare",
+"train", "evaluate", ...), each call taking the body's `params` (its `locals()` before
+anything else is named: the pipeline parameters by name). Besides `Steps`, only the Model
+Registry upload of text models (the image serves them) and the tuning job's trials (they
+run the trainer's container) see the image.
+
+`STEPS` names, per pipeline kind, each role's component function, its name in the run
+graph and where it runs on Vertex. A step with settings (sharding, text preparation,
+training) takes every pipeline parameter named as one of its inputs, as the preflight step
+takes every parameter; the body passes the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kfp import dsl
+
+from components.evaluate_image import component as evaluate_image
+from components.evaluate_text import component as evaluate_text
+from components.predict import component as predict
+from components.preflight import component as preflight
+from components.prepare_text import component as prepare_text
+from components.register import component as register
+from components.shard import component as shard
+from components.track import component as track
+from components.train_image import component as train_image
+from components.train_lm import component as train_lm
+from components.train_text import component as train_text
+from components.train_transformer import component as train_transformer
+from components.tune import component as tune_component
+from pipelines.definitions import registry, tuning
+from pipelines.definitions.vertex import VertexSettings, preflight_inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of a pipeline kind.
+
+    Attributes:
+        function: The step's KFP function (`components.<step>.component`).
+        display_name: The task's name in the run graph.
+        machine: Its key in `vertex.DEFAULT_MACHINES` when it runs as a Vertex custom job;
+            empty for a light step, which runs where the pipeline's own steps run.
+        job_name: The custom job's name in the console.
+        settings: It takes every pipeline parameter named as one of its inputs (its
+            settings, whose defaults `python -m pipelines.signatures` keeps alike).
+    """
+
+    function: Callable
+    display_name: str
+    machine: str = ""
+    job_name: str = ""
+    settings: bool = False
+
+
+# What every classifier pipeline runs after its evaluation.
+_AFTER_EVALUATION = {
+    "gate": Step(register.registration_gate, "registration-gate"),
+    "track": Step(track.track_classifier, "track-run"),
+}
+_TEXT = {
+    "prepare": Step(prepare_text.prepare_text_data, "prepare-text", "prepare_text",
+                    "prepare-text", settings=True),
+    "evaluate": Step(evaluate_text.evaluate_text_classifier, "evaluate-text", "evaluate_text",
+                     "evaluate-text"),
+    "predict": Step(predict.predict, "predict", "predict_text", "predict-texts"),
+    **_AFTER_EVALUATION,
+}
+# Each pipeline kind's steps by role.
+STEPS: Mapping[str, Mapping[str, Step]] = {
+    "image": {
+        "preflight": Step(preflight.preflight_image, "preflight"),
+        "shard": Step(shard.shard_images, "shard-images", "shard", "shard-images",
+                      settings=True),
+        "train": Step(train_image.train_image_classifier, "train-densenet121", "train_image",
+                      "train-densenet121", settings=True),
+        "evaluate": Step(evaluate_image.evaluate_image_classifier, "evaluate",
+                         "evaluate_image", "evaluate-image-classifier"),
+        "predict": Step(predict.predict, "predict", "predict_image", "predict-images"),
+        **_AFTER_EVALUATION,
+    },
+    "text": {
+        "preflight": Step(preflight.preflight_text, "preflight"),
+        "train": Step(train_text.train_text_classifier, "train-text", "train_text",
+                      "train-text", settings=True),
+        **_TEXT,
+    },
+    "transformer": {
+        "preflight": Step(preflight.preflight_transformer, "preflight"),
+        "train": Step(train_transformer.train_transformer_classifier, "train-transformer",
+                      "train_transformer", "train-transformer", settings=True),
+        **_TEXT,
+    },
+    "lm": {
+        "preflight": Step(preflight.preflight_lm, "preflight"),
+        "train": Step(train_lm.train_language_model, "train-language-model", "train_lm",
+                      "train-language-model", settings=True),
+        "track": Step(track.track_language_model, "track-run"),
+    },
+}
+# Kinds with a tuning variant: the tuning step's name in the run graph and the console.
+TUNING_JOBS = {"image": "tune-densenet121", "text": "tune-text",
+               "transformer": "tune-transformer"}
+# Kinds whose registered models the runtime image serves (its default command is the
+# prediction server); image models are served by `--serving-image`.
+SERVED_BY_THE_RUNTIME = ("text", "transformer")
+
+
+def component(function: Callable, image: str):
+    """A step's KFP component: `function` run in the container `image`.
+
+    Args:
+        function: The step's KFP function.
+        image: Container image URI holding this package, the step's frameworks and kfp:
+            nothing is pip-installed at run time.
+
+    Returns:
+        A lightweight KFP component.
+    """
+    return dsl.component(function, base_image=image, install_kfp_package=False)
+
+
+class Steps:
+    """One pipeline build's steps, made before its body and called in it by role.
+
+    Args:
+        kind: The pipeline kind, a key of `STEPS`.
+        image: URI of the runtime image every step runs in.
+        vertex: Where each step runs on Vertex; None for the local (`kfp.local`) variant,
+            whose steps run as plain components and which skips the Model Registry upload.
+        tune: Compiles the tuning variant (Vertex only): a Vertex hyperparameter tuning
+            job searches `tune.spaces[kind]` before training, which takes the best trial's
+            values.
+
+    Attributes:
+        default_job_account: The default of the pipeline's `job_service_account`:
+            compile.py's `--service-account` ("" locally). The jobs' account is a run-time
+            choice (GCPC passes it as a parameter of the job).
+        ops: Role to its component, wrapped as a Vertex custom job on its machines where
+            the step has some.
+        tuning_ops: The tuning job and the best trial's step; None but in the tuning variant.
+        upload_ops: What the Model Registry upload takes; None where nothing is uploaded.
+
+    Raises:
+        ValueError: `tune` without `vertex`.
+    """
+
+    def __init__(self, kind: str, image: str, vertex: VertexSettings | None = None,
+                 tune: tuning.TuningSettings | None = None):
+        if tune is not None and vertex is None:
+            raise ValueError("the tuning variant runs on Vertex: give vertex settings")
+        self.kind, self.vertex, self.table = kind, vertex, STEPS[kind]
+        self.default_job_account = vertex.service_account if vertex is not None else ""
+        made = {role: component(step.function, image) for role, step in self.table.items()}
+        # All made here, before a body makes a task (kubeflow/pipelines#9320); the tuning
+        # job's trials run the trainer unwrapped.
+        self.tuning_ops = None
+        if tune is not None:
+            machines = vertex.machines[self.table["train"].machine]
+            self.tuning_ops = (
+                tuning.as_tuning_job(made["train"], kind, tune.spaces[kind], tune, vertex,
+                                     machines, TUNING_JOBS[kind]),
+                component(tune_component.BEST_TRIAL[kind], image))
+        self.ops = {role: self._on_machines(role, op) for role, op in made.items()}
+        self.upload_ops = _upload_ops(kind, image, vertex)
+
+    def _on_machines(self, role: str, op: Callable) -> Callable:
+        """`op` as a Vertex custom job on the step's machines; as it is locally, or for a
+        light step."""
+        step = self.table[role]
+        if self.vertex is None or not step.machine:
+            return op
+        return self.vertex.wrap(op, step.machine, step.job_name)
+
+    def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """What every custom job of the run takes: on Vertex, the run's `job_service_account`."""
+        return {"service_account": params["job_service_account"]} if self.vertex else {}
+
+    def preflight(self, params: Mapping[str, Any]):
+        """The preflight task: every pipeline parameter, checked on a light machine before
+        the first paid job, with the compile-time settings they are checked against; never
+        cached (it fingerprints the data)."""
+        op = self.ops["preflight"]
+        task = op(**{name: value for name, value in params.items()
+                     if name in op.component_spec.inputs}, **preflight_inputs(self.vertex))
+        return task.set_display_name("preflight").set_caching_options(False)
+
+    def run(self, role: str, params: Mapping[str, Any], **arguments):
+        """The task of the step `role`.
+
+        Args:
+            role: A key of the kind's `STEPS`.
+            params: The pipeline parameters by name (the body's `locals()`).
+            **arguments: The step's inputs; a step with `settings` also takes every pipeline
+                parameter named as one of its inputs (`arguments` win).
+
+        Returns:
+            The task, named in the run graph; a custom job takes `job(params)` as well.
+        """
+        step = self.table[role]
+        if step.settings:
+            arguments = {**_named_inputs(step.function, params), **arguments}
+        job = self.job(params) if step.machine else {}
+        return self.ops[role](**arguments, **job).set_display_name(step.display_name)
+
+    def train(self, params: Mapping[str, Any], **arguments):
+        """The training task (`run("train", ...)`); in the tuning variant the tuning job and
+        the best trial's step come first, and training takes the best trial's values."""
+        if self.tuning_ops is None:
+            return self.run("train", params, **arguments)
+        tune_op, best_op = self.tuning_ops
+        training = {**_named_inputs(self.table["train"].function, params), **arguments}
+        training = tuning.searched(tune_op, best_op, self.kind, training, self.job(params),
+                                   TUNING_JOBS[self.kind])
+        return self.run("train", params, **training)
+
+    def evaluate_and_publish(self, params: Mapping[str, Any], model, dataset, split,
+                             predict_fingerprint, experiment: str, kind: str):
+        """What follows training in every classifier pipeline, in its order: the evaluation
+        of `model` on `dataset`'s `split`, the registration gate on it, the upload under
+        the gate, prediction when `predict_uri` is set (`predict_fingerprint`: the
+        preflight's of its data) and tracking as `kind` in `experiment` when `tracking_uri`
+        is. Returns the evaluation and gate tasks (the pipeline's outputs)."""
+        evaluate = self.run("evaluate", params, model=model, dataset=dataset, split=split,
+                            batch_size=params["eval_batch_size"])
+        gate = self.gate(params, evaluate)
+        self.upload(params, gate, model)
+        self.predict(params, model=model, data_fingerprint=predict_fingerprint)
+        self.track(params, experiment, model=model, evaluation=evaluate.outputs["evaluation"],
+                   kind=kind)
+        return evaluate, gate
+
+    def gate(self, params: Mapping[str, Any], evaluate):
+        """The registration gate on `evaluate`'s evaluation, as the `registration_*` and
+        `register_model` parameters set it; its "Output" is the decision."""
+        return self.run("gate", params, evaluation=evaluate.outputs["evaluation"],
+                        metric=params["registration_metric"],
+                        threshold=params["registration_threshold"],
+                        enabled=params["register_model"],
+                        beat_baselines=params["registration_beats_baselines"])
+
+    def upload(self, params: Mapping[str, Any], gate, model) -> None:
+        """On Vertex, the Model Registry upload of `model` under `gate` (`registry.add_upload`)
+        as `model_display_name`; none locally, nor for image models without a serving image."""
+        if self.upload_ops is not None:
+            registry.add_upload(self.upload_ops, gate, model, params["model_display_name"],
+                                self.vertex.encryption_spec_key_name)
+
+    def predict(self, params: Mapping[str, Any], **arguments) -> None:
+        """Batch prediction of `predict_uri`'s data (`arguments`: the model and the data's
+        fingerprint), when it is set."""
+        with dsl.If(params["predict_uri"] != "", name="prediction-requested"):
+            self.run("predict", params, data_uri=params["predict_uri"],
+                     batch_size=params["eval_batch_size"], **arguments)
+
+    def track(self, params: Mapping[str, Any], experiment: str, **arguments) -> None:
+        """One MLflow run of `arguments` (the step's outputs) in `experiment`, named after the
+        pipeline run, when `tracking_uri` is set; never cached: a re-run logs again."""
+        with dsl.If(params["tracking_uri"] != "", name="tracking-requested"):
+            self.run("track", params, tracking_uri=params["tracking_uri"],
+                     run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, experiment=experiment,
+                     **arguments).set_caching_options(False)
+
+
+def _upload_ops(kind: str, image: str, vertex: VertexSettings | None):
+    """What the Model Registry upload of `kind`'s models takes, on Vertex: text models are
+    served by the runtime image, image models by `vertex.serving_image` (none without it)."""
+    if vertex is None or not (kind in SERVED_BY_THE_RUNTIME or vertex.serving_image):
+        return None
+    by_the_runtime = kind in SERVED_BY_THE_RUNTIME
+    return registry.UploadOps(component(register.serving_model, image),
+                              component(register.find_registered_model, image),
+                              image if by_the_runtime else vertex.serving_image,
+                              registry.RUNTIME_SERVING if by_the_runtime else {})
+
+
+def _named_inputs(function: Callable, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The pipeline parameters named as `function`'s inputs."""
+    return {name: params[name] for name in inspect.signature(function).parameters
+            if name in params}
