@@ -7,8 +7,9 @@ fine-tuned on handwritten digits, beside the same network from scratch, per seed
 
 1. The start (`datamakers.glyph_start`; skipped when --weights names one made before):
    the letters of every installed typeface (`datamakers.font_glyphs`; Debian's fonts-*
-   packages), sharded at 32 px, trained from scratch by the image trainer (no flips:
-   letters have a handedness), its DenseNet121 written as a no-top .h5: the file the
+   packages), each scanned as the UCI digits were (`font_glyphs.scan`), sharded at 32
+   px, trained from scratch by the image trainer (no flips: letters have a
+   handedness), its DenseNet121 written as a no-top .h5: the file the
    trainer's `weights` takes in place of ImageNet's.
 2. The digits of `make run` (`datamakers.demo digits`: scikit-learn's 8x8 handwritten
    digits at 32 px), sharded as `make run` shards them (split seed 42, 4 shards a split).
@@ -25,20 +26,23 @@ fine-tuned on handwritten digits, beside the same network from scratch, per seed
    without flips (0.989; from scratch without flips 0.927, with them 0.876).
 
 Measured here (2026-11-25, one thread each, on 2 cores shared with other work; test split
-of 179 digits, so one digit is 0.0056; the start: 433 faces, 14 x 250 steps, held-out
-letters 0.984, 1290 s):
+of 179 digits, so one digit is 0.0056; the start: 433 faces scanned as the digits were, 14
+x 250 steps, held-out letters 0.908, 1234 s; `--arms glyph_start scratch`):
 
-    seed  scratch_make_run  scratch  glyph_start  pixels_logreg  majority_class
-      42            0.9553   0.9777       0.9274         0.9385          0.1006
-      43            0.9218   0.9553       0.9721         0.9385          0.1006
-      44            0.8939   0.9553       0.9665         0.9385          0.1006
-    mean            0.9236   0.9628       0.9553
+    seed  glyph_start  scratch  pixels_logreg  majority_class
+      42       0.9832   0.9665         0.9385          0.1006
+      43       0.9777   0.9162         0.9385          0.1006
+      44       0.9888   0.9497         0.9385          0.1006
+      45       0.9777   0.9330         0.9385          0.1006
+      46       0.9832   0.9162         0.9385          0.1006
+    mean       0.9821   0.9363
 
-The start beats `make run`'s scratch run and the pixel baseline on 2 of 3 seeds, but not
-the scratch run without flips (mean 0.955 vs 0.963, within a digit or two per seed);
-longer fine-tuning (4 -> 8 epochs, early stopping on) gave 0.9665, 0.9441, 0.9385. What
-wins on this set is switching flips off. Seconds per epoch: 13.7 scratch, 9.6 from the
-start (its 2 head epochs cost ~3.5 s each), 16.4 scratch with flips (a busier machine).
+The start beats from scratch and the pixel baseline on every seed. Seconds per epoch:
+~9-9.5 from the start (its 2 head epochs ~3 each), 12-19 from scratch. A crisp start (the
+same letters unscanned, `glyph_start --scan-side 0`; held-out letters 0.984) did not:
+0.9274 / 0.9721 / 0.9665 on seeds 42-44 beside 0.9777 / 0.9553 / 0.9553 from scratch
+without flips and 0.9553 / 0.9218 / 0.8939 with them (`scratch_make_run`); longer
+fine-tuning of it (4 -> 8 epochs) gave 0.9665 / 0.9441 / 0.9385.
 
 Prints one line per seed and the mean, and seconds per epoch of each run. Threads: TF's
 intra-op pool (--threads, 0 = TensorFlow's default of one per core).

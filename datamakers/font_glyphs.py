@@ -34,6 +34,7 @@ import string
 import sys
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from components.common.commands import reports
@@ -64,6 +65,11 @@ MISSING = "\U0010fffd"
 # fractions of the image side.
 VARIANTS = ((0.62, 0.0, 0.0), (0.5, 0.04, -0.04))
 OVERSAMPLE = 4  # drawn this many times larger, then shrunk (anti-aliased edges)
+# How the UCI handwritten digits (scikit-learn's `load_digits`) were made from their 32x32
+# bitmaps: 4x4 blocks of ink counted, so 8x8 images of 17 grey levels (0..16).
+SCAN_BLOCK = 4
+# Ink darker than this (of 255) counts as paper when a glyph is binarised for a scan.
+SCAN_INK = 64
 
 
 def class_name(char: str) -> str:
@@ -170,6 +176,35 @@ def render(font_path: str, char: str, size: int, cap: float = VARIANTS[0][0],
     return canvas.resize((size, size), Image.Resampling.BOX)
 
 
+def scan(image: Image.Image, side: int) -> Image.Image:
+    """`image` as the UCI digits were scanned, drawn back at its own size.
+
+    The ink is scaled to fill a `SCAN_BLOCK * side` square (keeping its proportions,
+    centred), binarised, and each `SCAN_BLOCK` x `SCAN_BLOCK` block's count of ink pixels
+    becomes one pixel of a `side` x `side` image (17 grey levels for blocks of 4); that is
+    drawn back bilinearly at `image`'s size, as `datamakers.demo` draws the digits. A
+    glyph made so looks like a digit of the demo set in all but its shape.
+
+    Args:
+        image: A glyph, white ink on black (`render`).
+        side: Side of the scan in pixels (8 for the UCI digits).
+    """
+    full = SCAN_BLOCK * side
+    canvas = Image.new("L", (full, full), 0)
+    box = image.point(lambda v: 255 if v >= SCAN_INK else 0).getbbox()
+    if box:
+        ink = image.crop(box)
+        scale = full / max(ink.size)
+        ink = ink.resize((max(1, round(ink.width * scale)), max(1, round(ink.height * scale))),
+                         Image.Resampling.LANCZOS)
+        canvas.paste(ink, ((full - ink.width) // 2, (full - ink.height) // 2))
+    bits = (np.asarray(canvas) >= SCAN_INK).astype(np.uint8)
+    counts = bits.reshape(side, SCAN_BLOCK, side, SCAN_BLOCK).sum(axis=(1, 3))
+    levels = SCAN_BLOCK * SCAN_BLOCK
+    small = Image.fromarray((counts * (255.0 / levels)).astype(np.uint8), mode="L")
+    return small.resize(image.size, Image.Resampling.BILINEAR)
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "font"
 
@@ -203,7 +238,7 @@ def select_fonts(paths: Sequence[str], chars: str, size: int = 32) -> list[tuple
 
 def write_glyphs(out_dir: str, font_paths: Sequence[str] | None = None, chars: str = LETTERS,
                  size: int = 32, variants: Sequence[tuple[float, float, float]] = VARIANTS,
-                 ) -> dict[str, int]:
+                 scan_side: int = 0) -> dict[str, int]:
     """Writes every usable face's `chars` as PNG class folders `<out_dir>/<class_name>/`.
 
     Args:
@@ -212,6 +247,8 @@ def write_glyphs(out_dir: str, font_paths: Sequence[str] | None = None, chars: s
         chars: The characters, one class each.
         size: Side of the images in pixels.
         variants: `(cap height, x shift, y shift)` per image of a glyph (`VARIANTS`).
+        scan_side: Each image as a `scan` of this side (8: as the UCI digits); 0 keeps
+            the crisp glyph.
 
     Returns:
         `{"fonts": faces used, "images": images written, "classes": len(chars)}`.
@@ -233,6 +270,8 @@ def write_glyphs(out_dir: str, font_paths: Sequence[str] | None = None, chars: s
             os.makedirs(folder, exist_ok=True)
             for index, (cap, dx, dy) in enumerate(variants):
                 image = render(path, char, size, cap, (dx, dy))
+                if scan_side:
+                    image = scan(image, scan_side)
                 image.save(os.path.join(folder, f"{stem}-{index}.png"))
                 written += 1
     return {"fonts": len(faces), "images": written, "classes": len(chars)}
@@ -251,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chars", default=LETTERS, help="characters, one class each")
     parser.add_argument("--variants", type=int, default=len(VARIANTS),
                         help=f"images per glyph, 1..{len(VARIANTS)}")
+    parser.add_argument("--scan-side", type=int, default=0,
+                        help="draw each glyph as a scan of this side, as the UCI digits were "
+                             "(8); 0: crisp")
     args = parser.parse_args(argv)
     if args.debian_packages:
         print(" ".join(DEBIAN_FONT_PACKAGES))
@@ -260,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.variants <= len(VARIANTS):
         parser.error(f"--variants must be in 1..{len(VARIANTS)}")
     counts = write_glyphs(args.out_dir, find_fonts(args.fonts or FONT_FOLDERS), args.chars,
-                          args.size, VARIANTS[:args.variants])
+                          args.size, VARIANTS[:args.variants], args.scan_side)
     print(f"wrote {counts['images']} images of {counts['classes']} characters from "
           f"{counts['fonts']} typefaces to {args.out_dir}")
     return 0

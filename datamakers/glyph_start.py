@@ -2,17 +2,22 @@
 written as the no-top weights file the image trainer's `weights` takes.
 
     python -m datamakers.glyph_start OUT.h5 [--work DIR] [--epochs 14] [--steps-per-epoch 250]
-        [--seed 0] [--fonts DIR ...]
+        [--seed 0] [--fonts DIR ...] [--scan-side 8]
 
-Letters of every installed font (`datamakers.font_glyphs`) -> shards at 32 px (the
+Letters of every installed font (`datamakers.font_glyphs`), each drawn as the UCI
+digits were scanned (`font_glyphs.scan`: ink fitted to a 32 px square, binarised, 4x4
+blocks counted into 8x8 pixels of 17 grey levels, drawn back at 32 px; `--scan-side 0`
+keeps the crisp glyphs) -> shards at 32 px (the
 sharding step) -> the image trainer from scratch (one phase; no flips: letters have a
 handedness) -> its DenseNet121 as OUT.h5 (`pipelines.base_weights`), with OUT.json beside
 it saying what it was made from and how well it reads letters it did not train on. No
 weights are downloaded: ImageNet's cannot be fetched here, and no package registry ships
 a file Keras' DenseNet121 loads. With those fonts installed (`--debian-packages` of
 `datamakers.font_glyphs`): 433 faces, 45,032 images; 14 epochs of 250 steps (112,000
-images seen) took ~20 minutes on one core and read held-out letters at 98.4%. What it
-is worth on the digits demo, beside training from scratch: bench/image_pretrain_bench.py.
+images seen) took ~20 minutes on one core and read held-out letters at 90.8% as scans
+(98.4% crisp: at 8x8, l and I, O and o are hard to tell apart). What it is worth on the
+digits demo, beside training from scratch: bench/image_pretrain_bench.py (scanned, the
+start wins; crisp, it did not).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ IMAGE_SIZE = 32
 
 def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int = 250,
                seed: int = 0, font_paths: Sequence[str] | None = None,
-               chars: str | None = None) -> dict[str, Any]:
+               chars: str | None = None, scan_side: int = 8) -> dict[str, Any]:
     """Makes the weights file; returns (and writes to `<out_path minus .h5>.json`) its facts.
 
     Args:
@@ -44,6 +49,7 @@ def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int 
         seed: Seed of the split and the training.
         font_paths: Font files; default every installed one.
         chars: The classes; default the 52 letters.
+        scan_side: Glyphs drawn as scans of this side (`font_glyphs.scan`); 0: crisp.
 
     Raises:
         FileNotFoundError: No installed font covers the characters.
@@ -58,7 +64,7 @@ def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int 
     start = time.perf_counter()
     glyphs, shards, model = (os.path.join(work, name) for name in ("glyphs", "shards", "model"))
     counts = font_glyphs.write_glyphs(glyphs, font_paths, chars or font_glyphs.LETTERS,
-                                      IMAGE_SIZE)
+                                      IMAGE_SIZE, scan_side=scan_side)
     manifest = shard_dataset(glyphs, shards, ShardConfig(
         image_size=IMAGE_SIZE, min_shards_per_split=4, seed=seed, num_workers=1),
         progress=False)
@@ -71,7 +77,7 @@ def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int 
         "fonts": counts["fonts"], "images": counts["images"], "classes": counts["classes"],
         "splits": {name: split["count"] for name, split in manifest["splits"].items()},
         "image_size": IMAGE_SIZE, "epochs_run": metrics["epochs_run"],
-        "steps_per_epoch": steps_per_epoch, "seed": seed,
+        "steps_per_epoch": steps_per_epoch, "seed": seed, "scan_side": scan_side,
         "val_accuracy": metrics.get("val_accuracy"),
         "seconds": round(time.perf_counter() - start, 1),
     }
@@ -92,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fonts", action="append", default=None,
                         help="folder of .ttf/.otf files (repeatable; default /usr/share/fonts)")
+    parser.add_argument("--scan-side", type=int, default=8,
+                        help="glyphs drawn as scans of this side, as the UCI digits (8); 0: crisp")
     args = parser.parse_args(argv)
     if not args.output.endswith(".h5"):
         parser.error("the output must be a .h5 file (what DenseNet121(weights=...) loads)")
@@ -100,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     fonts = font_glyphs.find_fonts(args.fonts) if args.fonts else None
     with tempfile.TemporaryDirectory() as temporary:
         facts = make_start(args.output, args.work or temporary, args.epochs,
-                           args.steps_per_epoch, args.seed, fonts)
+                           args.steps_per_epoch, args.seed, fonts, scan_side=args.scan_side)
     print(f"wrote {args.output}: DenseNet121 trained on {facts['images']} images of "
           f"{facts['classes']} letters from {facts['fonts']} typefaces, held-out accuracy "
           f"{facts['val_accuracy'] or float('nan'):.3f}, {facts['seconds']:.0f} s")

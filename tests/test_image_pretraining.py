@@ -57,6 +57,27 @@ def test_glyphs_are_letters_of_distinct_real_faces(tmp_path):
     assert np.nonzero(upper.max(axis=1) > 64)[0][-1] == np.nonzero(lower.max(axis=1) > 64)[0][-1]
 
 
+def test_a_scanned_glyph_is_made_as_the_uci_digits_were():
+    from sklearn.datasets import load_digits
+
+    font = os.path.join(MPL_FONTS, "DejaVuSans.ttf")
+    glyph = font_glyphs.render(font, "l", SIZE)
+    scanned = font_glyphs.scan(glyph, 8)
+    assert scanned.size == glyph.size and scanned.mode == "L"
+    # A thin letter fills the scan's height, as a digit fills the UCI box: ink on the
+    # top and bottom rows of pixels, none at the left and right edges.
+    rows = np.asarray(scanned).max(axis=1)
+    cols = np.asarray(scanned).max(axis=0)
+    assert rows[1] > 0 and rows[-2] > 0 and cols[0] == 0 and cols[-1] == 0
+    # Its grey levels are 4x4 block counts (0..16): an 8x8 scan drawn back at 8 px holds
+    # only those 17 levels.
+    at_eight = np.asarray(font_glyphs.scan(glyph.resize((8, 8)), 8))
+    assert set(np.unique(at_eight)) <= {int(k * 255 / 16) for k in range(17)}
+    digits = load_digits().images  # the demo's set: 8x8, 0..16, ink filling the box
+    assert digits.max() == 16 and digits.shape[1:] == (8, 8)
+    assert font_glyphs.scan(Image.new("L", (SIZE, SIZE), 0), 8).getbbox() is None  # no ink
+
+
 def test_glyphs_command_line(tmp_path, capsys):
     assert font_glyphs.main([str(tmp_path), "--fonts", MPL_FONTS, "--chars", "xy",
                              "--variants", "1"]) == 0
