@@ -3,7 +3,7 @@
     python bench/ulmfit_bench.py [--corpus debian|docstrings] [--seeds 1,2,3]
         [--output runs/ulmfit] [--lm-assets DIR] [--lm-epochs N]
         [--model-config '{"emb_sz": 200, "n_hid": 512, "n_layers": 2}']
-        [--epochs 6] [--fine-tune-epochs 2] [--batch-size 32]
+        [--epochs 12] [--monitor f1_score] [--fine-tune-epochs 2] [--batch-size 32]
 
 Pretraining (skipped with `--lm-assets`, the assets of an earlier run): `run_local lm` on a
 corpus much larger than the task that exists offline here, the task's own texts held out:
@@ -18,7 +18,9 @@ corpus much larger than the task that exists offline here, the task's own texts 
   roots=[site-packages], max_characters=...)`), the task's paragraphs held out.
 
 Then, for each seed (which draws the split, the initialisation and the batch order), the
-text pipeline twice at the same classifier epochs and batch: `--pretrained false
+text pipeline twice at the same classifier epochs, batch and monitor (the trainer's
+defaults: 12 epochs, the epoch of best validation F1 kept; `--epochs 6 --monitor
+valid_loss` ran the first table of docs/measurements.md): `--pretrained false
 --lm-epochs 0` with the LM's architecture, and `--pretrained true --lm-assets <assets>`
 (`--fine-tune-epochs` of LM fine-tuning on the task's texts first). Prints per seed the
 test micro / macro F1 of both, TF-IDF + logistic regression and predicting every label on
@@ -89,6 +91,7 @@ def classifier(data: str, column: str, output: str, seed: int, args, extra: list
     """One text pipeline run: the test scores, the baselines, the training record."""
     flags = ["text", "--data", data, "--text-column", column, "--output", output,
              "--lang", "en", "--seed", str(seed), "--epochs", str(args.epochs),
+             "--monitor", args.monitor,
              "--batch-size", str(args.batch_size), *extra]
     assert run_local.main(flags) == 0
     with open(os.path.join(output, "summary.json")) as f:
@@ -135,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="docstrings: size of the LM corpus")
     parser.add_argument("--fine-tune-epochs", type=int, default=2,
                         help="LM fine-tuning on the task's texts (the text pipeline's lm_epochs)")
-    parser.add_argument("--epochs", type=int, default=6, help="classifier epochs, both runs")
+    parser.add_argument("--epochs", type=int, default=12, help="classifier epochs, both runs")
+    parser.add_argument("--monitor", default="f1_score",
+                        help="the metric whose best epoch each run keeps, both runs")
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
