@@ -140,5 +140,7 @@ def test_a_text_pipeline_given_only_its_data_starts_from_fastais_english_model(f
     stages = [h["stage"] for h in trained["history"]]
     # the pretrained LM: its head first, then all of it, on the task's texts; then the classifier
     assert stages[:4] == ["lm-head", "lm-all", "lm-all", "lm-all"]
-    assert len([s for s in stages if s.startswith("classifier")]) == 8
+    defaults = TrainConfig()  # the whole default budget ran, its best epoch kept by F1
+    assert len([s for s in stages if s.startswith("classifier")]) == defaults.epochs
+    assert trained["config"]["monitor"] == defaults.monitor == "f1_score"
     assert summary["metrics"]["num_examples"] == summary["preparation"]["splits"]["test"]
