@@ -137,13 +137,10 @@ def build(image: str, vertex: "VertexSettings | None" = None,
                           num_workers=shard_workers)
         train = steps.train(params, dataset=shard.outputs["dataset"],
                             weights_fingerprint=preflight.outputs["weights_fingerprint"])
-        model, dataset = train.outputs["model"], shard.outputs["dataset"]
-        evaluate, gate = steps.evaluate_and_publish(
-            params, model, dataset, split="test",
+        return steps.evaluate_and_publish(
+            Outputs, params, train, shard.outputs["dataset"], split="test",
             predict_fingerprint=preflight.outputs["predict_fingerprint"],
             experiment=PIPELINE_NAME, kind="image")
-        return Outputs(dataset=dataset, model=model, metrics=evaluate.outputs["metrics"],
-                       evaluation=evaluate.outputs["evaluation"], register=gate.outputs["Output"])
 
     return image_pipeline
 

@@ -224,13 +224,19 @@ class Steps:
                                    TUNING_JOBS[self.kind])
         return self.run("train", params, **training)
 
-    def evaluate_and_publish(self, params: Mapping[str, Any], model, dataset, split,
-                             predict_fingerprint, experiment: str, kind: str):
+    def evaluate_and_publish(self, outputs: type, params: Mapping[str, Any], train, dataset,
+                             split, predict_fingerprint, experiment: str, kind: str):
         """What follows training in every classifier pipeline, in its order: the evaluation
-        of `model` on `dataset`'s `split`, the registration gate on it, the upload under
-        the gate, prediction when `predict_uri` is set (`predict_fingerprint`: the
+        of `train`'s model on `dataset`'s `split`, the registration gate on it, the upload
+        under the gate, prediction when `predict_uri` is set (`predict_fingerprint`: the
         preflight's of its data) and tracking as `kind` in `experiment` when `tracking_uri`
-        is. Returns the evaluation and gate tasks (the pipeline's outputs)."""
+        is.
+
+        Returns:
+            The pipeline's `outputs` (its NamedTuple), each field taken by name from the
+            model, `dataset`, the evaluation's outputs and the gate's decision ("register").
+        """
+        model = train.outputs["model"]
         evaluate = self.run("evaluate", params, model=model, dataset=dataset, split=split,
                             batch_size=params["eval_batch_size"])
         gate = self.gate(params, evaluate)
@@ -238,7 +244,9 @@ class Steps:
         self.predict(params, model=model, data_fingerprint=predict_fingerprint)
         self.track(params, experiment, model=model, evaluation=evaluate.outputs["evaluation"],
                    kind=kind)
-        return evaluate, gate
+        named = {**evaluate.outputs, "model": model, "dataset": dataset,
+                 "register": gate.outputs["Output"]}
+        return outputs(**{field: named[field] for field in outputs._fields})
 
     def gate(self, params: Mapping[str, Any], evaluate):
         """The registration gate on `evaluate`'s evaluation, as the `registration_*` and

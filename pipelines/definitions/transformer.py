@@ -122,15 +122,11 @@ def build(image: str, vertex: "VertexSettings | None" = None,
                             data_fingerprint=preflight.outputs["data_fingerprint"])
         train = steps.train(params, dataset=prepare.outputs["dataset"],
                             model_fingerprint=preflight.outputs["model_fingerprint"])
-        model, dataset = train.outputs["model"], prepare.outputs["dataset"]
         # Both text trainers' histories have the same rows (model, stage, epoch, ...): "text".
-        evaluate, gate = steps.evaluate_and_publish(
-            params, model, dataset, split=eval_split,
+        return steps.evaluate_and_publish(
+            Outputs, params, train, prepare.outputs["dataset"], split=eval_split,
             predict_fingerprint=preflight.outputs["predict_fingerprint"],
             experiment=PIPELINE_NAME, kind="text")
-        return Outputs(metrics=evaluate.outputs["metrics"], report=evaluate.outputs["report"],
-                       evaluation=evaluate.outputs["evaluation"], model=model, dataset=dataset,
-                       register=gate.outputs["Output"])
 
     return transformer_pipeline
 
