@@ -34,9 +34,7 @@ models: $(MINILM)/model.safetensors
 # `python -m datamakers.font_glyphs --debian-packages` prints (install them first).
 GLYPH_START := $(MODELS)/densenet121_glyphs_scan8_notop.h5
 $(GLYPH_START): | $(STAMP)
-	@echo "making the image demo's start from $$(ls /usr/share/fonts -R | grep -ciE '\.(ttf|otf)$$')" \
-		"font files; the measured one used the Debian packages of:" \
-		"$(PY) -m datamakers.font_glyphs --debian-packages"
+	@echo "the measured start used the fonts of: $(PY) -m datamakers.font_glyphs --debian-packages"
 	$(PY) -m datamakers.glyph_start $@
 
 glyph-start: $(GLYPH_START)

@@ -58,8 +58,6 @@ def test_glyphs_are_letters_of_distinct_real_faces(tmp_path):
 
 
 def test_a_scanned_glyph_is_made_as_the_uci_digits_were():
-    from sklearn.datasets import load_digits
-
     font = os.path.join(MPL_FONTS, "DejaVuSans.ttf")
     glyph = font_glyphs.render(font, "l", SIZE)
     scanned = font_glyphs.scan(glyph, 8)
@@ -73,8 +71,6 @@ def test_a_scanned_glyph_is_made_as_the_uci_digits_were():
     # only those 17 levels.
     at_eight = np.asarray(font_glyphs.scan(glyph.resize((8, 8)), 8))
     assert set(np.unique(at_eight)) <= {int(k * 255 / 16) for k in range(17)}
-    digits = load_digits().images  # the demo's set: 8x8, 0..16, ink filling the box
-    assert digits.max() == 16 and digits.shape[1:] == (8, 8)
     assert font_glyphs.scan(Image.new("L", (SIZE, SIZE), 0), 8).getbbox() is None  # no ink
 
 
