@@ -188,7 +188,12 @@ def scan(image: Image.Image, side: int) -> Image.Image:
     Args:
         image: A glyph, white ink on black (`render`).
         side: Side of the scan in pixels (8 for the UCI digits).
+
+    Raises:
+        ValueError: `side` is below 1.
     """
+    if side < 1:
+        raise ValueError(f"a scan's side must be at least 1 pixel, got {side}")
     full = SCAN_BLOCK * side
     canvas = Image.new("L", (full, full), 0)
     box = image.point(lambda v: 255 if v >= SCAN_INK else 0).getbbox()
@@ -301,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("OUT_DIR is required")
     if not 1 <= args.variants <= len(VARIANTS):
         parser.error(f"--variants must be in 1..{len(VARIANTS)}")
+    if args.scan_side < 0:
+        parser.error(f"--scan-side must be 0 (crisp) or a side in pixels, got {args.scan_side}")
     counts = write_glyphs(args.out_dir, find_fonts(args.fonts or FONT_FOLDERS), args.chars,
                           args.size, VARIANTS[:args.variants], args.scan_side)
     print(f"wrote {counts['images']} images of {counts['classes']} characters from "

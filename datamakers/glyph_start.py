@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.output.endswith(".h5"):
         parser.error("the output must be a .h5 file (what DenseNet121(weights=...) loads)")
+    if args.scan_side < 0:
+        parser.error(f"--scan-side must be 0 (crisp) or a side in pixels, got {args.scan_side}")
     from datamakers import font_glyphs
 
     fonts = font_glyphs.find_fonts(args.fonts) if args.fonts else None

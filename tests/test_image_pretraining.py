@@ -72,6 +72,11 @@ def test_a_scanned_glyph_is_made_as_the_uci_digits_were():
     at_eight = np.asarray(font_glyphs.scan(glyph.resize((8, 8)), 8))
     assert set(np.unique(at_eight)) <= {int(k * 255 / 16) for k in range(17)}
     assert font_glyphs.scan(Image.new("L", (SIZE, SIZE), 0), 8).getbbox() is None  # no ink
+    with pytest.raises(ValueError, match="at least 1 pixel"):
+        font_glyphs.scan(glyph, 0)
+    for command in (font_glyphs.main, glyph_start.main):  # refused before any work
+        with pytest.raises(SystemExit):
+            command(["/tmp/never-written.h5", "--scan-side", "-8"])
 
 
 def test_glyphs_command_line(tmp_path, capsys):
