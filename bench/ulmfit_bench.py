@@ -1,6 +1,6 @@
 """From scratch vs from a language model made with the LM pipeline, on real text, per seed.
 
-    python bench/ulmfit_bench.py [--corpus debian|docstrings] [--seeds 1,2,3]
+    python bench/ulmfit_bench.py [--corpus debian|debian-sections|docstrings] [--seeds 1,2,3]
         [--output runs/ulmfit] [--lm-assets DIR] [--lm-epochs N]
         [--model-config '{"emb_sz": 200, "n_hid": 512, "n_layers": 2}']
         [--epochs 12] [--monitor f1_score] [--fine-tune-epochs 2] [--batch-size 32]
@@ -12,10 +12,16 @@ corpus much larger than the task that exists offline here, the task's own texts 
   debtags (8 labels, `datamakers.debian_corpus`); the LM corpus every other package's
   description (`write_lm_corpus`: the task's source packages, their -dev/-doc twins and any
   equal text left out).
+- `debian-sections`: the same packages labelled by archive section instead (sound, perl,
+  graphics, mail, ...; one label each, `debian_corpus --by section`), the same LM corpus.
 - `docstrings`: the task is the standard library's docstrings, 7 packages as labels
   (`datamakers.docstring_corpus`); the LM corpus the standard library's other docstrings plus
   a fixed sample of the installed packages' (`write_source_corpus(hold_out=...,
   roots=[site-packages], max_characters=...)`), the task's paragraphs held out.
+
+`--task CSV --text-column COL` runs your own labelled CSV instead (one-hot label columns,
+as the text pipeline takes it) from the LM of `--lm-assets`: keep the task's texts out of
+that LM's corpus yourself.
 
 Then, for each seed (which draws the split, the initialisation and the batch order), the
 text pipeline twice at the same classifier epochs, batch and monitor (the trainer's
@@ -54,9 +60,10 @@ def write_task_and_corpus(name: str, folder: str, max_characters: int,
                           ) -> tuple[str, str, str, dict]:
     """`(task CSV, its text column, LM corpus path, counts)` of a named corpus."""
     os.makedirs(folder, exist_ok=True)
-    if name == "debian":
-        task = os.path.join(folder, "debian.csv")
-        counts = {"task": debian_corpus.write_debian_corpus(task)}
+    if name in ("debian", "debian-sections"):
+        task = os.path.join(folder, f"{name}.csv")
+        by = "section" if name == "debian-sections" else "works-with"
+        counts = {"task": debian_corpus.write_debian_corpus(task, by=by)}
         corpus = os.path.join(folder, "debian-lm.csv")
         counts["lm_corpus"] = debian_corpus.write_lm_corpus(corpus)
         return task, "description", corpus, counts
@@ -126,7 +133,11 @@ def seed_row(seed: int, scratch: dict, pretrained: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", choices=("debian", "docstrings"), default="debian")
+    parser.add_argument("--corpus", choices=("debian", "debian-sections", "docstrings"),
+                        default="debian")
+    parser.add_argument("--task", default="",
+                        help="your own labelled CSV in place of --corpus (needs --lm-assets)")
+    parser.add_argument("--text-column", default="text", help="with --task: the text column")
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated")
     parser.add_argument("--output", default="runs/ulmfit")
     parser.add_argument("--lm-assets", default="",
@@ -145,7 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     out = os.path.abspath(args.output)
-    task, column, corpus, counts = write_task_and_corpus(args.corpus, out, args.max_characters)
+    if args.task:
+        if not args.lm_assets:
+            parser.error("--task needs --lm-assets: an LM whose corpus left the task's texts out")
+        task, column, counts = args.task, args.text_column, {"task": args.task, "lm_corpus": "-"}
+        args.corpus = os.path.basename(args.task)
+    else:
+        task, column, corpus, counts = write_task_and_corpus(args.corpus, out,
+                                                             args.max_characters)
     lm = read_lm(args.lm_assets) if args.lm_assets else \
         pretrain(corpus, os.path.join(out, "lm"), args)
     arch = {k: lm["run"]["arch_config"][k] for k in ("emb_sz", "n_hid", "n_layers")}

@@ -1,6 +1,6 @@
 """A second real English corpus made offline: Debian's package descriptions and debtags.
 
-    python -m datamakers.debian_corpus OUT.csv [--packages FILE]
+    python -m datamakers.debian_corpus OUT.csv [--packages FILE] [--by works-with|section]
 
 Each row is the one-line description Debian maintainers wrote for a source package
 (its first binary package that carries debtags), with one-hot label columns for the
@@ -10,6 +10,11 @@ hundreds of people and not templated: a different kind of text from the standard
 library's docstrings (datamakers.docstring_corpus), and multi-label (a media player works
 with audio and video). One row per source package, so a `-dev`/`-doc` twin of a training
 text cannot land in the test split.
+
+`--by section` cuts the same packages another way: one label each, the Debian archive
+section of the row's binary package (sound, perl, graphics, mail, ...), the eight
+largest sections among them; a single-label task of short texts on the same rows, so
+the language model corpus below leaves it out too.
 
 The input is apt's package index (`/var/lib/apt/lists/*_Packages[.lz4]`, present on a
 Debian machine after `apt-get update`), read as it is; nothing is downloaded.
@@ -23,6 +28,7 @@ import glob
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 
 from components.common.commands import reports
@@ -33,6 +39,8 @@ LABELS = {"text": "plain_text", "audio": "audio", "image": "image", "image:raste
           "software:source": "source_code", "video": "video", "archive": "archive"}
 LABEL_NAMES = tuple(dict.fromkeys(LABELS.values()))
 APT_LISTS = "/var/lib/apt/lists"
+LABELINGS = ("works-with", "section")
+SECTIONS = 8
 
 
 def find_package_index(folder: str | None = None) -> str | None:
@@ -88,26 +96,58 @@ def corpus_rows(index_text: str) -> list[dict[str, object]]:
             for row in by_source.values() if row["labels"]]
 
 
-def write_debian_corpus(path: str, index_path: str | None = None) -> dict[str, int]:
+def section_rows(index_text: str, sections: int = SECTIONS) -> tuple[list[dict], list[str]]:
+    """The rows of `corpus_rows` labelled by archive section instead: one label each.
+
+    A row's section is that of the binary package whose description it carries (its
+    source's first binary with a works-with tag); rows outside the `sections` largest
+    sections are left out (ties go to the name first in alphabetical order).
+
+    Returns:
+        `(rows with a description and one 0/1 column per section, the section names)`.
+    """
+    by_source: dict[str, dict[str, str]] = {}
+    for fields in _records(index_text):
+        if "Tag" in fields and "Description" in fields and _labels(fields):
+            by_source.setdefault(_source(fields), {
+                "text": fields["Description"], "section": fields.get("Section", "")})
+    sizes = Counter(row["section"] for row in by_source.values() if row["section"])
+    names = sorted(sorted(sizes), key=lambda name: -sizes[name])[:sections]
+    return [{"description": row["text"], **{n: int(n == row["section"]) for n in names}}
+            for row in by_source.values() if row["section"] in names], names
+
+
+def write_debian_corpus(path: str, index_path: str | None = None,
+                        by: str = "works-with") -> dict[str, int]:
     """Writes the labelled CSV (`description` + one 0/1 column per label).
+
+    Args:
+        path: The CSV to write.
+        index_path: An apt `Packages` index; default apt's own (`find_package_index`).
+        by: `works-with` (eight kinds of data, multi-label) or `section` (the eight
+            largest archive sections among the same packages, one label each).
 
     Returns:
         Row count and rows per label.
 
     Raises:
         FileNotFoundError: No package index is on this machine (run `apt-get update`).
+        ValueError: `by` is neither.
     """
+    if by not in LABELINGS:
+        raise ValueError(f"by must be one of {LABELINGS}, got {by!r}")
     index_path = index_path or find_package_index()
     if not index_path:
         raise FileNotFoundError(f"no apt package index under {APT_LISTS}: run `apt-get update`"
                                 " or pass --packages FILE")
-    rows = corpus_rows(_read_index(index_path))
+    text = _read_index(index_path)
+    rows, names = section_rows(text) if by == "section" else (corpus_rows(text), LABEL_NAMES)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, ["description", *LABEL_NAMES])
+        writer = csv.DictWriter(f, ["description", *names])
         writer.writeheader()
         writer.writerows(rows)
-    return {"rows": len(rows), **{name: sum(r[name] for r in rows) for name in LABEL_NAMES}}
+    return {"rows": len(rows), **{name: sum(r[name] for r in rows) for name in names}}
 
 
 def lm_corpus_texts(index_text: str) -> tuple[list[str], int]:
@@ -156,8 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("output", help="CSV to write")
     parser.add_argument("--packages", help="an apt Packages index (default: apt's own)")
+    parser.add_argument("--by", choices=LABELINGS, default="works-with",
+                        help="labels: the works-with debtags (multi-label) or the archive "
+                             "section (one label each)")
     args = parser.parse_args(argv)
-    counts = write_debian_corpus(args.output, args.packages)
+    counts = write_debian_corpus(args.output, args.packages, args.by)
     print(f"{args.output}: {counts}")
     return 0
 

@@ -79,3 +79,38 @@ Description: example package based on GNU hello
     # rest once each, in index order
     assert texts == ["example package based on GNU hello", "no debtags at all"]
     assert counts == {"documents": 2, "words": 10, "held_out": 5}
+
+
+def test_by_section_one_label_each_from_the_same_packages(tmp_path):
+    index = tmp_path / "Packages"
+    index.write_text(INDEX + """
+Package: gimp
+Description: GNU Image Manipulation Program
+Tag: works-with::image:raster
+Section: graphics
+
+Package: sox
+Description: Swiss army knife of sound processing
+Tag: works-with::audio
+Section: sound
+
+Package: lame
+Description: MP3 encoding library
+Tag: works-with::audio
+Section: sound
+""")
+    rows, names = debian_corpus.section_rows(index.read_text(), sections=2)
+    # the two largest sections among the tagged packages (sound 2; graphics, utils and
+    # video 1 each: the tie goes to the first name); hello (no works-with tag) never counts
+    assert names == ["sound", "graphics"]
+    assert [(r["description"], r["sound"], r["graphics"]) for r in rows] == [
+        ("GNU Image Manipulation Program", 0, 1),
+        ("Swiss army knife of sound processing", 1, 0),
+        ("MP3 encoding library", 1, 0)]
+    counts = debian_corpus.write_debian_corpus(str(tmp_path / "s.csv"), str(index), by="section")
+    frame = pd.read_csv(tmp_path / "s.csv")
+    assert list(frame.columns) == ["description", "sound", "graphics", "utils", "video"]
+    assert (frame.drop(columns="description").sum(axis=1) == 1).all()
+    assert counts["rows"] == len(frame) == 5
+    with pytest.raises(ValueError, match="by must be one of"):
+        debian_corpus.write_debian_corpus(str(tmp_path / "x.csv"), str(index), by="priority")

@@ -94,8 +94,10 @@ def test_unreachable_download_says_how_to_stage_a_copy(fastai_home, tmp_path, mo
         monkeypatch.setenv(name, "http://127.0.0.1:9")
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
-    with pytest.raises(assets.MissingAssetsError, match="pipelines.stage_wt103"):
+    with pytest.raises(assets.MissingAssetsError, match="pipelines.stage_wt103") as err:
         assets.resolve_assets("", "en", False, str(tmp_path))
+    # and the two ways out that need no internet at all
+    assert "the LM pipeline wrote" in str(err.value) and "pretrained=false" in str(err.value)
 
 
 @pytest.mark.slow

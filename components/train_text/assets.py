@@ -121,8 +121,10 @@ def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
         raise MissingAssetsError(
             f"could not fetch fastai's pretrained English language model from {url} ({err}); "
             "a job without internet needs a copy in a bucket: run `python -m "
-            "pipelines.stage_wt103 --output gs://BUCKET/lm` once and pass lm_assets="
-            "gs://BUCKET/lm") from err
+            "pipelines.stage_wt103 --output gs://BUCKET/lm` once where there is internet and "
+            "pass lm_assets=gs://BUCKET/lm; with none anywhere, pass lm_assets= the folder the "
+            "LM pipeline wrote from your own corpus (the lm_assets output of `run_local lm`), "
+            "or pretrained=false to train from scratch (weaker on small data)") from err
     weights, vocab = sorted(folder.glob("*.pth")), sorted(folder.glob("*.pkl"))
     if not weights or not vocab:
         raise MissingAssetsError(f"{folder} (fastai's copy of {url}) lacks a "
