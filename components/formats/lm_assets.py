@@ -1,12 +1,12 @@
-"""Pretrained language model assets: the tokenizer both fastai text trainers cut text with,
-and the writer of a language model in the assets layout.
+"""Pretrained language model assets: their layout, the tokenizer both fastai text trainers
+cut text with, and the writer of a language model in the assets layout.
 
 The layout (`<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}`,
-`<lang>/spm/spm.model`) is the text classifier's contract (`components.train_text.contract`),
-which reads the assets; the language model step writes them with `save_lm_assets`. The LM
-that writes assets and the classifier that reads them must cut text into the same tokens,
-so both take their tokenizer from `make_tokenizer`. fastai and torch are imported when
-called.
+`<lang>/spm/spm.model`) is named here: the language model step writes it with
+`save_lm_assets`, and the text classifier reads it (`components.train_text.contract`
+lists the files a language and direction need). The LM that writes assets and the
+classifier that reads them must cut text into the same tokens, so both take their
+tokenizer from `make_tokenizer`. fastai and torch are imported when called.
 """
 
 from __future__ import annotations
@@ -15,7 +15,21 @@ import os
 from typing import Any
 
 from components.common.storage import write_json_atomically
-from components.train_text.contract import LM_FILES, SPM_LANGS, TextTrainingError, direction
+
+# Pretrained language models, under the lm_assets root:
+# <lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}, <lang>/spm/spm.model.
+SPM_LANGS = frozenset({"ja", "ko", "zh"})
+LM_FILES = ("config.json", "vocab.pkl", "weights.pth")
+SPM_FILE = "spm/spm.model"
+
+
+class TokenizerError(RuntimeError):
+    """No tokenizer can be built for a language here; the message says why."""
+
+
+def direction(backwards: bool) -> str:
+    """Folder name of a direction: "backward" or "forward"."""
+    return "backward" if backwards else "forward"
 
 
 def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
@@ -28,7 +42,7 @@ def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
         cache_dir: Where fastai's SentencePiece tokenizer keeps its files.
 
     Raises:
-        TextTrainingError: A SentencePiece language without the sentencepiece package,
+        TokenizerError: A SentencePiece language without the sentencepiece package,
             or a language spaCy has no tokenizer for.
     """
     from fastai.text.all import SentencePieceTokenizer, SpacyTokenizer
@@ -37,14 +51,14 @@ def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
         try:
             import sentencepiece  # noqa: F401
         except ImportError as err:
-            raise TextTrainingError(
+            raise TokenizerError(
                 f"lang={lang!r} is tokenized with SentencePiece, but the sentencepiece "
                 "package is not installed in this runtime; add it to the fastai image") from err
         return SentencePieceTokenizer(lang=lang, sp_model=spm_model, cache_dir=cache_dir)
     try:
         return SpacyTokenizer(lang=lang)
     except (ImportError, OSError, KeyError) as err:
-        raise TextTrainingError(f"spaCy has no tokenizer for lang={lang!r}: {err}") from err
+        raise TokenizerError(f"spaCy has no tokenizer for lang={lang!r}: {err}") from err
 
 
 def save_lm_assets(learn, root: str, lang: str, backwards: bool,

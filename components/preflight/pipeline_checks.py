@@ -110,13 +110,12 @@ def lang_problems(lang: str) -> list[str]:
     Returns:
         A message naming `lang` and what to give when it cannot; empty when it can.
     """
-    from components.formats.lm_assets import make_tokenizer
-    from components.train_text.contract import SPM_LANGS, TextTrainingError
+    from components.formats.lm_assets import SPM_LANGS, TokenizerError, make_tokenizer
 
     with tempfile.TemporaryDirectory() as scratch:
         try:
             make_tokenizer(lang, None, scratch)
-        except TextTrainingError as err:
+        except TokenizerError as err:
             if lang in SPM_LANGS:  # the message says which package the image lacks
                 return [f"lang: {err}"]
             return [f"lang: {err}; give a language code spaCy has a tokenizer for (e.g. en, "

@@ -53,10 +53,15 @@ from components.common.fastai_text import (
 )
 from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
-from components.formats.lm_assets import make_tokenizer, save_lm_assets
+from components.formats.lm_assets import (
+    SPM_FILE,
+    SPM_LANGS,
+    direction,
+    make_tokenizer,
+    save_lm_assets,
+)
 from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
 from components.train_lm.corpus import Corpus, read_corpus
-from components.train_text.contract import SPM_FILE, SPM_LANGS, direction
 
 log = logging.getLogger(__name__)
 

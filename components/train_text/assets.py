@@ -28,10 +28,10 @@ import os
 from typing import Any
 
 from components.common.storage import filesystem
+from components.formats.lm_assets import direction
 from components.train_text.contract import (
     FASTAI_PRETRAINED_LANG,
     asset_uri,
-    direction,
     missing_files,
     required_files,
 )

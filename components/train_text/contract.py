@@ -2,10 +2,10 @@
 
 Its model folder (`export.pkl`, `labels.json`, `metrics.json`, `per_label_metrics.json`)
 is the one both text trainers write: `components.text_common.contract` names it and
-`components.text_common.models` loads it. Here: the settings, and the layout of pretrained
+`components.text_common.models` loads it. Here: the settings, and the files of pretrained
 language model assets it reads. Other steps import this module only, never the trainer;
-nothing here imports fastai or torch. `components.formats.lm_assets` holds the tokenizer
-and the assets writer.
+nothing here imports fastai or torch. `components.formats.lm_assets` names the assets'
+layout and holds the tokenizer and the assets writer.
 """
 
 from __future__ import annotations
@@ -15,12 +15,8 @@ import json
 from typing import Any
 
 from components.common.storage import filesystem
+from components.formats.lm_assets import LM_FILES, SPM_FILE, SPM_LANGS, direction
 
-# Pretrained language models, under the lm_assets root (see assets.py):
-# <lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}, <lang>/spm/spm.model.
-SPM_LANGS = frozenset({"ja", "ko", "zh"})
-LM_FILES = ("config.json", "vocab.pkl", "weights.pth")
-SPM_FILE = "spm/spm.model"
 # The language of fastai's own pretrained AWD-LSTM (WikiText-103), which a pretrained run
 # without lm_assets starts from (assets.fetch_fastai_pretrained).
 FASTAI_PRETRAINED_LANG = "en"
@@ -107,11 +103,6 @@ def parse_model_config(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TextTrainingError("model_config must be a JSON object, e.g. {\"emb_sz\": 400}")
     return value
-
-
-def direction(backwards: bool) -> str:
-    """Folder name of a direction: "backward" or "forward"."""
-    return "backward" if backwards else "forward"
 
 
 def required_files(lang: str, backwards: bool) -> list[str]:
