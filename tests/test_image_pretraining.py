@@ -18,6 +18,8 @@ from PIL import Image
 
 from components.formats.image_models import load_keras_model
 from components.train_image import model as model_lib
+from components.train_image import phases
+from components.train_image.contract import TrainConfig
 from components.train_image.phases import _compile
 from datamakers import font_glyphs, glyph_start
 from pipelines import base_weights
@@ -194,3 +196,33 @@ def test_batchnorm_stays_frozen_through_both_phases_of_a_pretrained_base(random_
     assert not any(_changed(model, before, "conv4_block24_2_conv"))
     for got, want in zip(_batchnorm_state(model), statistics, strict=True):
         np.testing.assert_array_equal(got, want)  # still the file's
+
+
+@pytest.mark.slow  # builds DenseNet121 twice (~30 s alone, minutes on a busy machine)
+def test_the_default_start_is_imagenets_as_keras_fetches_it(random_base, monkeypatch):
+    """The trainer's default asks Keras for ImageNet's no-top DenseNet121 file and starts
+    pretrained from it (frozen BatchNorm, head then fine-tuning). The download is the one
+    part that cannot happen here (Keras checks the file's MD5, so no stand-in can sit in
+    its cache): it is served the random-init file of the same shape."""
+    from tf_keras.src.applications import densenet
+
+    asked = []
+
+    def download(fname, origin, cache_subdir, file_hash):
+        asked.append((fname, origin, cache_subdir))
+        return random_base
+
+    monkeypatch.setattr(densenet.data_utils, "get_file", download)
+    config = TrainConfig()
+    assert config.weights == "imagenet"
+    model = model_lib.build_model(3, SIZE, config.weights, dropout=0.0)
+    assert asked == [("densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5",
+                      densenet.DENSENET121_WEIGHT_PATH_NO_TOP, "models")]
+    from_file = model_lib.build_model(3, SIZE, random_base, dropout=0.0)
+    for got, want in zip(model_lib.get_base(model).weights,
+                         model_lib.get_base(from_file).weights, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    pixels = np.random.default_rng(3).uniform(0, 255, (2, SIZE, SIZE, 3)).astype("float32")
+    np.testing.assert_allclose(model(pixels, training=True), model(pixels, training=False),
+                               atol=1e-6)
+    assert [phase.name for phase in phases.plan_phases(config)] == ["head", "fine_tune"]
