@@ -4,13 +4,15 @@ This module holds the entry points: `preflight`, which runs a pipeline kind's ch
 (`pipeline_checks`: every rule a later step would apply to the pipeline's parameters,
 built with `parameters`), the run-wide ones here (job service account, TensorBoard
 account, tracking URI) and the data checks (`data`), and returns the data fingerprint;
-and `input_fingerprints`, the fingerprints of the other files a run reads by URI, so a
-changed bucket changes the cache key of the steps that read it.
+`input_fingerprints`, the fingerprints of the other files a run reads by URI, so a
+changed bucket changes the cache key of the steps that read it; and `run_preflight`,
+both for one pipeline kind, the whole body of each preflight step (`component`).
 """
 
 from __future__ import annotations
 
 import re
+from collections import namedtuple
 from collections.abc import Mapping
 from typing import Any
 
@@ -136,3 +138,30 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
         check_corpus(data_uri, str(parameters.get("text_column", "text")))
         return data_fingerprint(data_uri, "corpus_uri")
     return data_fingerprint(data_uri)
+
+
+def run_preflight(kind: str, parameters: Mapping[str, Any]) -> Any:
+    """The preflight step of pipeline `kind`: `preflight`, then `input_fingerprints`.
+
+    Args:
+        kind: "image", "text", "transformer" or "lm".
+        parameters: The step's inputs by name: the data's URI (`corpus_uri` for "lm",
+            else `data_uri`), then the pipeline's other parameters and the compile-time
+            settings.
+
+    Returns:
+        What the step returns: for "lm" the corpus fingerprint; else a namedtuple of the
+        data fingerprint (`data_fingerprint`) then each of `input_fingerprints`, by name.
+
+    Raises:
+        PreflightError: As `preflight`.
+    """
+    data = "corpus_uri" if kind == "lm" else "data_uri"
+    settings = {name: value for name, value in parameters.items() if name != data}
+    fingerprint = preflight(kind, parameters[data], settings)
+    if kind == "lm":
+        print(f"settings accepted; corpus fingerprint {fingerprint}")
+        return fingerprint
+    others = input_fingerprints(kind, settings)
+    print(f"settings accepted; data fingerprint {fingerprint}; {others}")
+    return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())

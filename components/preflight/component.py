@@ -1,8 +1,9 @@
-"""KFP faces of the preflight step: each pipeline's parameters mapped onto `checks.preflight`.
+"""KFP faces of the preflight step: each pipeline's parameters handed to `checks.run_preflight`.
 
 Each parameter list is its pipeline's, written here by `python -m pipelines.signatures`
 (a test fails when it is stale): they arrive typed, one input each, which every backend
-resolves the same way.
+resolves the same way. Each body takes its inputs (`locals()`) first, then imports the
+one function it calls: KFP pastes only the function's source into the compiled pipeline.
 """
 
 from typing import NamedTuple
@@ -64,15 +65,10 @@ def preflight_image(
         weights_fingerprint: The same of a weights file; empty for imagenet or none.
         predict_fingerprint: The same of predict_uri; empty when nothing is to be labelled.
     """
-    from collections import namedtuple
+    parameters = dict(locals())  # the step's inputs, before the import names one more
+    from components.preflight.checks import run_preflight
 
-    from components.preflight.checks import input_fingerprints, preflight
-
-    settings = {name: value for name, value in locals().items() if name != "data_uri"}
-    fingerprint = preflight("image", data_uri, settings)
-    others = input_fingerprints("image", settings)
-    print(f"settings accepted; data fingerprint {fingerprint}; {others}")
-    return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())
+    return run_preflight("image", parameters)
 
 
 # Parameters written by python -m pipelines.signatures from text_pipeline (edit there).
@@ -130,15 +126,10 @@ def preflight_text(
         lm_assets_fingerprint: The same of lm_assets when pretrained; else empty.
         predict_fingerprint: The same of predict_uri; empty when nothing is to be labelled.
     """
-    from collections import namedtuple
+    parameters = dict(locals())  # the step's inputs, before the import names one more
+    from components.preflight.checks import run_preflight
 
-    from components.preflight.checks import input_fingerprints, preflight
-
-    settings = {name: value for name, value in locals().items() if name != "data_uri"}
-    fingerprint = preflight("text", data_uri, settings)
-    others = input_fingerprints("text", settings)
-    print(f"settings accepted; data fingerprint {fingerprint}; {others}")
-    return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())
+    return run_preflight("text", parameters)
 
 
 # Parameters written by python -m pipelines.signatures from transformer_pipeline (edit there).
@@ -189,15 +180,10 @@ def preflight_transformer(
         model_fingerprint: The same of model_name when it is a folder (gs:// or local); empty for a Hub name.
         predict_fingerprint: The same of predict_uri; empty when nothing is to be labelled.
     """
-    from collections import namedtuple
+    parameters = dict(locals())  # the step's inputs, before the import names one more
+    from components.preflight.checks import run_preflight
 
-    from components.preflight.checks import input_fingerprints, preflight
-
-    settings = {name: value for name, value in locals().items() if name != "data_uri"}
-    fingerprint = preflight("transformer", data_uri, settings)
-    others = input_fingerprints("transformer", settings)
-    print(f"settings accepted; data fingerprint {fingerprint}; {others}")
-    return namedtuple("Outputs", ["data_fingerprint", *others])(fingerprint, *others.values())
+    return run_preflight("transformer", parameters)
 
 
 # Parameters written by python -m pipelines.signatures from lm_pipeline (edit there).
@@ -232,9 +218,7 @@ def preflight_lm(
     Returns:
         "sha256:<digest>:<files>", a digest of the corpus listing (name, size, version).
     """
-    from components.preflight.checks import preflight
+    parameters = dict(locals())  # the step's inputs, before the import names one more
+    from components.preflight.checks import run_preflight
 
-    settings = {name: value for name, value in locals().items() if name != "corpus_uri"}
-    fingerprint = preflight("lm", corpus_uri, settings)
-    print(f"settings accepted; corpus fingerprint {fingerprint}")
-    return fingerprint
+    return run_preflight("lm", parameters)

@@ -5,7 +5,6 @@ import json
 import os
 from typing import NamedTuple
 
-from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Metrics, Model
 
 from components.common.metrics import read_evaluation
@@ -46,11 +45,9 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         register: bool
 
     # Defaults written by python -m pipelines.signatures from the steps they feed (edit there).
-    @dsl.pipeline(name=PIPELINE_NAME if tune is None else TUNING_PIPELINE_NAME,
-                  description="Shards a bucket folder of class sub-folders into TFRecords, "
-                              + ("" if tune is None else "tunes hyperparameters in a Vertex "
-                                 "tuning job, ")
-                              + "fine-tunes DenseNet121 on GPUs, evaluates it and registers it.")
+    @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME,
+                    "Shards a bucket folder of class sub-folders into TFRecords, ",
+                    "fine-tunes DenseNet121 on GPUs, evaluates it and registers it.")
     def image_pipeline(
         data_uri: str,
         image_size: int = 224,
@@ -139,8 +136,7 @@ def build(image: str, vertex: "VertexSettings | None" = None,
                             weights_fingerprint=preflight.outputs["weights_fingerprint"])
         return steps.evaluate_and_publish(
             Outputs, params, train, shard.outputs["dataset"], split="test",
-            predict_fingerprint=preflight.outputs["predict_fingerprint"],
-            experiment=PIPELINE_NAME, kind="image")
+            predict_fingerprint=preflight.outputs["predict_fingerprint"])
 
     return image_pipeline
 

@@ -1,14 +1,15 @@
 """The steps of one pipeline build, made once from the image and the settings.
 
 A pipeline definition makes one `Steps` for its kind from the runtime image, the Vertex
-settings and the tuning settings, before its `@dsl.pipeline` body: each step's component
-runs in the image and installs nothing at run time, those that run as Vertex custom jobs
-are wrapped on their machines, and in the tuning variant the trainer's tuning job is made
-beside it. The body then calls the steps in the order they run, by role ("prepare",
-"train", "evaluate", ...), each call taking the body's `params` (its `locals()` before
-anything else is named: the pipeline parameters by name). Besides `Steps`, only the Model
-Registry upload of text models (the image serves them) and the tuning job's trials (they
-run the trainer's container) see the image.
+settings and the tuning settings, before its `@dsl.pipeline` body (decorated by
+`Steps.pipeline` in the classifier pipelines): each step's component runs in the image and
+installs nothing at run time, those that run as Vertex custom jobs are wrapped on their
+machines, and in the tuning variant the trainer's tuning job is made beside it. The body
+then calls the steps in the order they run, by role ("prepare", "train", "evaluate", ...),
+each call taking the body's `params` (its `locals()` before anything else is named: the
+pipeline parameters by name). Besides `Steps`, only the Model Registry upload of text
+models (the image serves them) and the tuning job's trials (they run the trainer's
+container) see the image.
 
 `STEPS` names, per pipeline kind, each role's component function, its name in the run
 graph and where it runs on Vertex. A step with settings (sharding, text preparation,
@@ -111,6 +112,11 @@ STEPS: Mapping[str, Mapping[str, Step]] = {
 # Kinds with a tuning variant: the tuning step's name in the run graph and the console.
 TUNING_JOBS = {"image": "tune-densenet121", "text": "tune-text",
                "transformer": "tune-transformer"}
+# The tracking step's `kind` for each classifier pipeline kind: the rows of its trainer's
+# history. Both text trainers' have the same rows (model, stage, epoch, ...).
+TRACKED_AS = {"image": "image", "text": "text", "transformer": "text"}
+# The description of a tuning variant, between a pipeline's first words and the rest.
+TUNING_CLAUSE = "tunes hyperparameters in a Vertex tuning job, "
 # Kinds whose registered models the runtime image serves (its default command is the
 # prediction server); image models are served by `--serving-image`.
 SERVED_BY_THE_RUNTIME = ("text", "transformer")
@@ -150,6 +156,8 @@ class Steps:
             the step has some.
         tuning_ops: The tuning job and the best trial's step; None but in the tuning variant.
         upload_ops: What the Model Registry upload takes; None where nothing is uploaded.
+        experiment: The MLflow experiment `evaluate_and_publish` tracks the run in: the
+            pipeline's name given to `pipeline` (the tuning variant's runs too).
 
     Raises:
         ValueError: `tune` without `vertex`.
@@ -173,6 +181,21 @@ class Steps:
                 component(tune_component.BEST_TRIAL[kind], image))
         self.ops = {role: self._on_machines(role, op) for role, op in made.items()}
         self.upload_ops = _upload_ops(kind, image, vertex)
+        self.experiment = ""
+
+    def pipeline(self, name: str, tuning_name: str, lead: str, rest: str):
+        """The build's `@dsl.pipeline` decorator.
+
+        Args:
+            name: The pipeline's name, and the experiment its runs are tracked in.
+            tuning_name: The tuning variant's name.
+            lead, rest: The description: `lead`, then in the tuning variant `TUNING_CLAUSE`,
+                then `rest`.
+        """
+        self.experiment = name
+        tuned = self.tuning_ops is not None
+        return dsl.pipeline(name=tuning_name if tuned else name,
+                            description=lead + (TUNING_CLAUSE if tuned else "") + rest)
 
     def _on_machines(self, role: str, op: Callable) -> Callable:
         """`op` as a Vertex custom job on the step's machines; as it is locally, or for a
@@ -225,25 +248,31 @@ class Steps:
         return self.run("train", params, **training)
 
     def evaluate_and_publish(self, outputs: type, params: Mapping[str, Any], train, dataset,
-                             split, predict_fingerprint, experiment: str, kind: str):
+                             split, predict_fingerprint):
         """What follows training in every classifier pipeline, in its order: the evaluation
         of `train`'s model on `dataset`'s `split`, the registration gate on it, the upload
         under the gate, prediction when `predict_uri` is set (`predict_fingerprint`: the
-        preflight's of its data) and tracking as `kind` in `experiment` when `tracking_uri`
-        is.
+        preflight's of its data) and tracking (as `TRACKED_AS[kind]`, in `experiment`) when
+        `tracking_uri` is.
 
         Returns:
             The pipeline's `outputs` (its NamedTuple), each field taken by name from the
             model, `dataset`, the evaluation's outputs and the gate's decision ("register").
+
+        Raises:
+            ValueError: Called in a body not decorated by `pipeline` (no experiment).
         """
+        if not self.experiment:
+            raise ValueError("decorate the pipeline body with steps.pipeline(...): it names "
+                             "the experiment the run is tracked in")
         model = train.outputs["model"]
         evaluate = self.run("evaluate", params, model=model, dataset=dataset, split=split,
                             batch_size=params["eval_batch_size"])
         gate = self.gate(params, evaluate)
         self.upload(params, gate, model)
         self.predict(params, model=model, data_fingerprint=predict_fingerprint)
-        self.track(params, experiment, model=model, evaluation=evaluate.outputs["evaluation"],
-                   kind=kind)
+        self.track(params, self.experiment, model=model,
+                   evaluation=evaluate.outputs["evaluation"], kind=TRACKED_AS[self.kind])
         named = {**evaluate.outputs, "model": model, "dataset": dataset,
                  "register": gate.outputs["Output"]}
         return outputs(**{field: named[field] for field in outputs._fields})

@@ -7,7 +7,6 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
 from components.common.metrics import EVALUATION_FILE
@@ -54,12 +53,9 @@ def build(image: str, vertex: "VertexSettings | None" = None,
     default_job_account = steps.default_job_account
 
     # Defaults written by python -m pipelines.signatures from the steps they feed (edit there).
-    @dsl.pipeline(name=PIPELINE_NAME if tune is None else TUNING_PIPELINE_NAME,
-                  description="Splits a labelled text CSV, "
-                              + ("" if tune is None else "tunes hyperparameters in a Vertex "
-                                 "tuning job, ")
-                              + "trains a fastai ULMFiT classifier, evaluates it on the test "
-                                "split and registers it.")
+    @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
+                    "trains a fastai ULMFiT classifier, evaluates it on the test split and "
+                    "registers it.")
     def text_pipeline(
         data_uri: str,
         lm_assets: str = "",
@@ -144,11 +140,9 @@ def build(image: str, vertex: "VertexSettings | None" = None,
                             data_fingerprint=preflight.outputs["data_fingerprint"])
         train = steps.train(params, dataset=prepare.outputs["dataset"], lm_assets_uri=lm_assets,
                             lm_assets_fingerprint=preflight.outputs["lm_assets_fingerprint"])
-        # Both text trainers' histories have the same rows (model, stage, epoch, ...): "text".
         return steps.evaluate_and_publish(
             Outputs, params, train, prepare.outputs["dataset"], split=eval_split,
-            predict_fingerprint=preflight.outputs["predict_fingerprint"],
-            experiment=PIPELINE_NAME, kind="text")
+            predict_fingerprint=preflight.outputs["predict_fingerprint"])
 
     return text_pipeline
 

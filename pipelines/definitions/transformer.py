@@ -11,8 +11,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from kfp import dsl
-
 from components.text_common.contract import TRAINING_METRICS_FILE
 from pipelines.definitions import text, tuning
 from pipelines.definitions.steps import Steps
@@ -25,33 +23,16 @@ TUNING_PIPELINE_NAME = "text-transformer-tuning"
 
 def build(image: str, vertex: "VertexSettings | None" = None,
           tune: "tuning.TuningSettings | None" = None):
-    """Builds the transformer text pipeline.
-
-    Args:
-        image: URI of the fastai runtime image every step runs in (it holds transformers).
-        vertex: Where each step runs on Vertex; None for the local (`kfp.local`) variant,
-            whose steps run as plain components and which skips the Model Registry upload.
-            On Vertex a model that clears the gate is uploaded with `image` as its
-            serving container (its default command is the prediction server).
-        tune: Compiles the tuning variant (Vertex only): after preparation, a Vertex
-            hyperparameter tuning job searches `tune.spaces["transformer"]`, and the model
-            is trained with the best trial's values.
-
-    Returns:
-        A `@dsl.pipeline` function whose outputs are `metrics` (the evaluation's
-        scalars), `report`, `evaluation` (folder with metrics.json), `model`, `dataset`
-        and `register` (the registration gate's decision).
-    """
+    """Builds the transformer text pipeline, as `text.build` builds the text pipeline (the
+    same arguments, steps and outputs) but for its trainer: `image` holds transformers, and
+    the tuning variant searches `tune.spaces["transformer"]`."""
     steps = Steps("transformer", image, vertex, tune)
     default_job_account = steps.default_job_account
 
     # Defaults written by python -m pipelines.signatures from the steps they feed (edit there).
-    @dsl.pipeline(name=PIPELINE_NAME if tune is None else TUNING_PIPELINE_NAME,
-                  description="Splits a labelled text CSV, "
-                              + ("" if tune is None else "tunes hyperparameters in a Vertex "
-                                 "tuning job, ")
-                              + "fine-tunes a Hugging Face transformer encoder, evaluates it "
-                                "on the test split and registers it.")
+    @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
+                    "fine-tunes a Hugging Face transformer encoder, evaluates it on the test "
+                    "split and registers it.")
     def transformer_pipeline(
         data_uri: str,
         text_column: str = "text",
@@ -122,11 +103,9 @@ def build(image: str, vertex: "VertexSettings | None" = None,
                             data_fingerprint=preflight.outputs["data_fingerprint"])
         train = steps.train(params, dataset=prepare.outputs["dataset"],
                             model_fingerprint=preflight.outputs["model_fingerprint"])
-        # Both text trainers' histories have the same rows (model, stage, epoch, ...): "text".
         return steps.evaluate_and_publish(
             Outputs, params, train, prepare.outputs["dataset"], split=eval_split,
-            predict_fingerprint=preflight.outputs["predict_fingerprint"],
-            experiment=PIPELINE_NAME, kind="text")
+            predict_fingerprint=preflight.outputs["predict_fingerprint"])
 
     return transformer_pipeline
 
