@@ -1,4 +1,4 @@
-"""Parameter lists written from one home: `python -m pipelines.signatures [--check]`.
+"""Parameter lists and help written from one home: `python -m pipelines.signatures [--check]`.
 
 KFP reads a step's inputs and their defaults from its function's signature, and for the
 lightweight components used here it pastes the function's source into the compiled JSON,
@@ -11,13 +11,21 @@ is written there from its home:
 - a pipeline parameter's default comes from the step it feeds (the preflight aside);
 - a preflight step's whole parameter list is its pipeline's, plus the compile-time
   settings it checks the run against (`PREFLIGHT_SETTINGS`);
+- a pipeline parameter's help (its docstring's `Args:` entry, the input's description in
+  the Vertex console) is the `Args:` entry of the step input it feeds, unless the pipeline
+  gives it its own in `pipelines/definitions/help_text.py` (`OWN_HELP[pipeline]`, else
+  `HELP` for every pipeline with the parameter). Own help is required where no single
+  step's help says it (it feeds no step, or steps whose help differs) and refused where it
+  repeats its step's; in a step's help, a snake_case name of that step's inputs is written
+  as the parameter that feeds it (`lm_assets_uri` -> `lm_assets`). So every `Args:` entry
+  of a pipeline is written, none typed there;
 - the help of `learning_rate=0` (fastai's lr_find) is the sentence beside `choose_rate`
-  with the bounds each trainer holds the found rate to.
+  with the bounds each trainer holds the found rate to (in the steps, hence their pipelines).
 
 A value that is already right keeps its spelling (`1e-3` is not rewritten as `0.001`), so
 the compiled JSON changes only when a value does. Each function it writes carries a comment
-on the line above its `def` (and decorators) saying where its values come from; KFP pastes
-a step's function from its `def` on, so the comment stays out of the compiled JSON.
+above its `def` (and decorators) saying where its values come from; KFP pastes a step's
+function from its `def` on, so the comment stays out of the compiled JSON.
 `--check` rewrites nothing and exits 1 naming the stale files, a missing or outdated
 comment included (a test runs it).
 """
@@ -34,6 +42,8 @@ import sys
 from typing import Any
 
 from kfp.dsl import utils as kfp_utils
+
+from pipelines import signature_help
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -68,16 +78,14 @@ RATE_HELP_HOME = "components.common.fastai_text"
 RATE_BOUNDS = {"text": "components.train_text.schedule", "lm": "components.train_lm.training"}
 RATE_HELP = (
     ("components.train_text.component", "train_text_classifier", "text"),
-    ("pipelines.definitions.text", "text_pipeline", "text"),
     ("components.train_lm.component", "train_language_model", "lm"),
-    ("pipelines.definitions.lm", "lm_pipeline", "lm"),
 )
 # The comment above each function whose parameters are written here (MARKED finds one).
 MARKED = "written by python -m pipelines.signatures"
 STEP_MARKER = ("# Defaults written by python -m pipelines.signatures from contract.{config} "
                "(edit there).")
-PIPELINE_MARKER = ("# Defaults written by python -m pipelines.signatures from the steps they "
-                   "feed (edit there).")
+PIPELINE_MARKER = ("# Defaults and Args help written by python -m pipelines.signatures from the\n"
+                   "# steps they feed and pipelines/definitions/help_text.py (edit there).")
 PREFLIGHT_MARKER = ("# Parameters written by python -m pipelines.signatures from {pipeline} "
                     "(edit there).")
 # Step modules whose functions a compiled pipeline may name (comp-<function name>).
@@ -202,22 +210,24 @@ def rewrite_parameters(source: str, function: str, lines: list[str]) -> str:
 
 
 def mark(source: str, function: str, marker: str) -> str:
-    """`source` with the comment `marker` on the line above `function`'s `def` and
-    decorators, in their indentation, in place of an earlier comment of this command there.
+    """`source` with the comment `marker` (its lines split at "\\n") above `function`'s `def`
+    and decorators, in their indentation, in place of an earlier comment of this command
+    there (from the comment line naming this command down to the `def`).
 
     Raises:
         LookupError: `source` holds no or several functions of that name.
     """
     node = _function(ast.parse(source), function)
-    first = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list])
+    first = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list]) - 1
     lines = source.splitlines(keepends=True)
-    head = lines[first - 1]
-    line = head[:len(head) - len(head.lstrip())] + marker + "\n"
-    above = lines[first - 2] if first > 1 else ""
-    if above.lstrip().startswith("#") and MARKED in above:
-        lines[first - 2] = line
-    else:
-        lines.insert(first - 1, line)
+    head = lines[first]
+    written = [head[:len(head) - len(head.lstrip())] + text + "\n"
+               for text in marker.split("\n")]
+    top = first
+    while top > 0 and lines[top - 1].lstrip().startswith("#"):
+        top -= 1
+    ours = [number for number in range(top, first) if MARKED in lines[number]]
+    lines[ours[0] if ours else first:first] = written
     return "".join(lines)
 
 
@@ -288,35 +298,49 @@ def _load(spec: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def _step_functions(sources: dict[str, str]):
+    """(compiled component name (comp-...), function node, its module's source) of every
+    top-level function of the step modules in `sources`."""
+    for module in STEP_MODULES:
+        for node in ast.parse(sources[module]).body:
+            if isinstance(node, ast.FunctionDef):
+                yield "comp-" + kfp_utils.maybe_rename_for_k8s(node.name), node, sources[module]
+
+
 def step_defaults(sources: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Every step function's defaults, by its compiled component name (comp-...), read
     from `sources` (module -> source text) so that values just written count."""
     defaults = {}
-    for module in STEP_MODULES:
-        tree = ast.parse(sources[module])
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.args.defaults:
-                values = {}
-                for arg, default in _with_defaults(node):
-                    try:
-                        values[arg.arg] = ast.literal_eval(default)
-                    except ValueError:
-                        continue
-                name = "comp-" + kfp_utils.maybe_rename_for_k8s(node.name)
-                defaults[name] = values
+    for name, node, _ in _step_functions(sources):
+        if node.args.defaults:
+            values = {}
+            for arg, default in _with_defaults(node):
+                try:
+                    values[arg.arg] = ast.literal_eval(default)
+                except ValueError:
+                    continue
+            defaults[name] = values
     return defaults
 
 
-def pipeline_defaults(module: str, steps: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def step_help(sources: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Every step function's `Args:` help by input, by its compiled component name."""
+    found = {}
+    for name, node, source in _step_functions(sources):
+        args = signature_help.read_args(source, node)
+        if args is not None:
+            found[name] = args.entries
+    return found
+
+
+def pipeline_defaults(spec: Any, steps: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A pipeline's parameter defaults as the steps they feed declare them (the first
-    step that takes a parameter; preflight steps, which take every one, do not count)."""
-    pipeline = importlib.import_module(module).build("img:1")
-    spec = pipeline.pipeline_spec
+    step of its root DAG that takes a parameter; preflight steps, which take every one, do
+    not count), from its compiled `spec`."""
     values = {}
     for task in spec.root.dag.tasks.values():
-        name = task.component_ref.name
-        base = name.rsplit("-", 1)[0] if name[-1].isdigit() and name not in steps else name
-        if base.startswith("comp-preflight") or base not in steps:
+        base = signature_help.step_of(task.component_ref.name, steps)
+        if base is None:
             continue
         for input_name, source in task.inputs.parameters.items():
             parameter = source.component_input_parameter
@@ -325,25 +349,45 @@ def pipeline_defaults(module: str, steps: dict[str, dict[str, Any]]) -> dict[str
     return values
 
 
+def _pipeline_written(source: str, module: str, function: str, steps: dict[str, Any],
+                      helps: dict[str, dict[str, str]], home: Any) -> tuple[str, list[str]]:
+    """A pipeline module's text with `function`'s defaults and Args help written, and the
+    function's parameter names."""
+    spec = importlib.import_module(module).build("img:1").pipeline_spec
+    source = rewrite_defaults(source, function, pipeline_defaults(spec, steps))
+    node = _function(ast.parse(source), function)
+    names = [arg.arg for arg in node.args.args]
+    source = signature_help.write_args(source, node, signature_help.pipeline_help(
+        function, names, signature_help.fed_inputs(spec), helps, home))
+    return mark(source, function, PIPELINE_MARKER), names
+
+
 def written(sources: dict[str, str]) -> dict[str, str]:
-    """Every generated file's text as it should be, from `sources` (module -> text)."""
+    """Every generated file's text as it should be, from `sources` (module -> text).
+
+    Raises:
+        LookupError: A pipeline parameter's help has no home, or two (`pipeline_help`), or
+            `signature_help.HELP_HOME` gives help to what is no parameter.
+    """
     sources = dict(sources)
     for module, function, config in CONFIGURED:
         sources[module] = mark(rewrite_defaults(sources[module], function,
                                                 config_defaults(_load(config))),
                                function, STEP_MARKER.format(config=config.split(":")[1]))
-    steps = step_defaults(sources)
+    for module, function, kind in RATE_HELP:  # before the pipelines copy it
+        sources[module] = rewrite_help(sources[module], function, "learning_rate",
+                                       found_rate_help(kind, sources))
+    steps, helps = step_defaults(sources), step_help(sources)
+    home = importlib.import_module(signature_help.HELP_HOME)  # only read
+    parameters = {}
     for module, function, preflight in PIPELINES:
-        sources[module] = mark(rewrite_defaults(sources[module], function,
-                                                pipeline_defaults(module, steps)),
-                               function, PIPELINE_MARKER)
+        sources[module], parameters[function] = _pipeline_written(
+            sources[module], module, function, steps, helps, home)
         sources[PREFLIGHT_MODULE] = mark(rewrite_parameters(
             sources[PREFLIGHT_MODULE], preflight, parameter_lines(sources[module], function)
             + [f"    {line}," for line in PREFLIGHT_SETTINGS]),
             preflight, PREFLIGHT_MARKER.format(pipeline=function))
-    for module, function, kind in RATE_HELP:
-        sources[module] = rewrite_help(sources[module], function, "learning_rate",
-                                       found_rate_help(kind, sources))
+    signature_help.check_help_home(home, parameters)
     return sources
 
 

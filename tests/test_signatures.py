@@ -9,6 +9,7 @@ import pytest
 from components.train_image.contract import TrainConfig as ImageTrainConfig
 from components.train_transformer.contract import TransformerConfig
 from pipelines import signatures
+from pipelines.definitions import help_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,3 +157,89 @@ def test_the_mark_stays_out_of_the_source_kfp_pastes():
         assert signatures.MARKED not in "".join(lines)
         above = inspect.getsource(inspect.getmodule(function)).splitlines()[first - 2]
         assert signatures.MARKED in above
+
+
+def test_a_two_line_mark_is_replaced_whole_and_an_own_comment_above_it_stays():
+    marker = "# Defaults written by python -m pipelines.signatures from\n# here (edit there)."
+    source = "# my own\ndef f(\n    a: int = 1,\n):\n    pass\n"
+    marked = signatures.mark(source, "f", marker)
+    assert marked == source.replace("def f", f"{marker}\ndef f")
+    assert signatures.mark(marked, "f", marker) == marked
+    one_line = "# Defaults written by python -m pipelines.signatures from there (edit there)."
+    assert signatures.mark(marked, "f", one_line) == source.replace("def f",
+                                                                    f"{one_line}\ndef f")
+
+
+def test_args_entries_are_read_with_their_continuations_and_written_one_line_each():
+    import ast
+
+    from pipelines import signature_help
+
+    source = ('def f(a, b):\n    """Does f.\n\n    Args:\n        a: The a,\n'
+              '            said over two lines.\n        b: The b.\n\n    Returns:\n'
+              '        Nothing.\n    """\n')
+    node = ast.parse(source).body[0]
+    args = signature_help.read_args(source, node)
+    assert args.entries == {"a": "The a, said over two lines.", "b": "The b."}
+    assert signature_help.write_args(source, node, {"a": "A.", "b": "B."}) == source.replace(
+        "a: The a,\n            said over two lines.\n        b: The b.", "a: A.\n        b: B.")
+    with pytest.raises(ValueError, match="cannot stand"):
+        signature_help.write_args(source, node, {"a": 'say """', "b": "B."})
+    closed = 'def f(a):\n    """Does f.\n\n    Args:\n        a: The a."""\n'
+    node = ast.parse(closed).body[0]
+    assert signature_help.read_args(closed, node).entries == {"a": "The a."}
+    with pytest.raises(LookupError, match="closing quotes"):
+        signature_help.write_args(closed, node, {"a": "A."})
+
+
+def test_a_steps_help_reaches_the_pipelines_it_feeds():
+    """Changing a step's Args entry is one edit: the generator writes the pipelines' help."""
+    step = "components.prepare_text.component"
+    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
+    old = "        text_column: Name of the column holding the texts.\n"
+    assert old in sources[step]
+    sources[step] = sources[step].replace(old, "        text_column: Column of the texts.\n")
+    wanted = signatures.written(sources)
+    changed = {m for m in sources if wanted[m] != sources[m]}
+    assert changed == {"pipelines.definitions.text", "pipelines.definitions.transformer"}
+    for module, function in (("pipelines.definitions.text", "text_pipeline"),
+                             ("pipelines.definitions.transformer", "transformer_pipeline")):
+        assert _help(module, function, "text_column", wanted[module]) == (
+            "text_column: Column of the texts.")
+
+
+def test_a_pipelines_own_help_comes_from_help_text_and_a_step_input_takes_its_name(
+        monkeypatch):
+    text = "pipelines.definitions.text"
+    # the trainer's help names its input lm_assets_uri: the pipeline's parameter is lm_assets
+    line = _help(text, "text_pipeline", "pretrained")
+    assert "lm_assets_uri" not in line and "the one in lm_assets " in line
+    own = help_text.OWN_HELP["text_pipeline"]["seed"]
+    assert _help(text, "text_pipeline", "seed") == f"seed: {own}"
+    # changing a help every pipeline shares is one edit too
+    monkeypatch.setitem(help_text.HELP, "tracking_uri", "Where MLflow is.")
+    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
+    wanted = signatures.written(sources)
+    changed = {m for m in sources if wanted[m] != sources[m]}
+    assert changed == {module for module, _, _ in signatures.PIPELINES}
+    for module, function, _ in signatures.PIPELINES:
+        assert _help(module, function, "tracking_uri", wanted[module]) == (
+            "tracking_uri: Where MLflow is.")
+
+
+def test_help_with_no_home_or_two_homes_or_for_no_parameter_is_refused(monkeypatch):
+    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
+    # seed feeds the split and the trainer, whose help differs: the pipeline must say it
+    monkeypatch.delitem(help_text.OWN_HELP["text_pipeline"], "seed")
+    with pytest.raises(LookupError, match="text_pipeline.seed feeds no step input, or"):
+        signatures.written(sources)
+    monkeypatch.undo()
+    # help the step already gives, said again here, is a second home
+    monkeypatch.setitem(help_text.OWN_HELP["text_pipeline"], "text_column",
+                        "Name of the column holding the texts.")
+    with pytest.raises(LookupError, match="text_pipeline.text_column: its help in"):
+        signatures.written(sources)
+    monkeypatch.undo()
+    monkeypatch.setitem(help_text.HELP, "no_such_parameter", "Help.")
+    with pytest.raises(LookupError, match="HELP\\['no_such_parameter'\\]"):
+        signatures.written(sources)

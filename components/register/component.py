@@ -25,7 +25,7 @@ def registration_gate(
         metric: Top-level number of metrics.json compared with the threshold, e.g. "accuracy", "micro_f1" or "macro_f1" (each pipeline has its own default).
         threshold: Register when the metric is at least this.
         enabled: False never registers.
-        beat_baselines: Also require the metric above every cheap baseline the evaluation scored on the same split (TF-IDF or pixel logistic regression, the constant answer).
+        beat_baselines: Also require the metric above every cheap baseline the evaluation scored on the same split (logistic regression on TF-IDF or downscaled pixels, and the constant answer).
 
     Returns:
         True when the model should be uploaded to the Model Registry.

@@ -26,18 +26,18 @@ def shard_images(
     Args:
         data_uri: Folder (gs://bucket/prefix or local path) with one sub-folder of images per class.
         dataset: Output folder: `<split>-NNNNN-of-MMMMM.tfrecord` shards and `manifest.json`.
-        image_size: Height and width in pixels of the stored images.
-        image_format: "jpeg" (about 4x smaller, decoded when read) or "raw" (uint8, no decode).
+        image_size: Height and width in pixels the images are resized to and stored at (the model is trained at this size).
+        image_format: Shard image encoding: "jpeg" (about 4x smaller, decoded when read) or "raw" (uint8, no decode).
         jpeg_quality: JPEG quality 1-95 when image_format is "jpeg".
         resize_method: "crop" scales the shorter side to image_size and center-crops; "pad" scales the longer side and pads with black.
         train_fraction: Share of each class for training.
-        validation_fraction: Share of each class for validation.
+        validation_fraction: Share of each class for validation (early stopping, learning-rate schedule).
         test_fraction: Share of each class for the final test.
         seed: Seed of the split and of the order of examples; same inputs and seed give identical shards.
         target_shard_mb: Aimed shard size in MB (TensorFlow advises 10 MB+, ideally ~100 MB).
         min_shards_per_split: Fewest shards per split so readers can interleave (capped at the number of examples).
         max_skipped_fraction: Fail when more than this share of the files is unreadable.
-        num_workers: Writer processes; 0 uses every CPU core.
+        num_workers: Sharding processes; 0 uses every CPU core of the machine.
         data_fingerprint: Digest of the input listing from the preflight step; not read, it only makes the cache key change when the data changes. Recorded in the dataset metadata.
     """
     from components.shard.sharding import ShardConfig, shard_dataset

@@ -38,13 +38,13 @@ def train_image_classifier(
         model: Output folder: model.keras, saved_model/ (serving_default: "image_bytes" encoded image files, decoded and resized as sharding did -> "probabilities", "label"; serving_pixels: "image" float32 RGB 0..255 -> "probabilities"), labels.json, preprocessing.json, history.json, and tensorboard/ unless tensorboard_dir or $AIP_TENSORBOARD_LOG_DIR is set.
         metrics: Final metrics: train/validation loss and accuracy, epochs run, replicas.
         epochs: Epochs training only the new top on the frozen pretrained base (from scratch: epochs + fine_tune_epochs of full training).
-        fine_tune_epochs: Epochs fine-tuning the top dense blocks after the head phase.
+        fine_tune_epochs: Epochs fine-tuning the top dense blocks after the head phase, at fine_tune_learning_rate.
         batch_size: Examples per replica (GPU) per step; the global batch is this times the number of replicas.
         learning_rate: Adam learning rate of the head phase for one replica; scaled linearly with the replicas.
         fine_tune_learning_rate: Adam learning rate of the fine-tune phase for one replica; scaled linearly with the replicas.
         unfreeze_blocks: Dense blocks (1-4, counted from the top) trained in fine-tuning; BatchNorm layers stay frozen.
         dropout: Dropout rate before the classification layer.
-        weights: "imagenet" (downloaded by Keras), "none" (train from scratch), or the URI (gs:// or local) of a DenseNet121 no-top weights .h5 file.
+        weights: DenseNet121 base weights: "imagenet" (downloaded by Keras), "none" (train from scratch), or the URI (gs:// or local) of a no-top weights .h5 file.
         weights_fingerprint: Digest of the weights file's listing from the preflight step; not read, it only makes the cache key change when the file does. Recorded in the model metadata.
         flip: Random horizontal flips of training images.
         rotation: Random rotation of training images as a fraction of a full turn (0.05 = up to 18 degrees); 0 turns it off.

@@ -32,9 +32,9 @@ def train_language_model(
         corpus_uri: The corpus (gs:// or local): a folder of UTF-8 .txt files (each cut into paragraphs at blank lines), one .txt file, or a CSV file with a text column.
         lm_assets: Output folder, the assets root the text pipeline's lm_assets takes: `<lang>/forward/` (and `<lang>/backward/`) with config.json, vocab.pkl and weights.pth, `<lang>/spm/spm.model` for ja, ko and zh, and lm_metrics.json.
         metrics: Held-out perplexity and accuracy of the forward model (and the backward one), tokens, vocabulary size and seconds per epoch.
-        lang: Language of the corpus (en, fr, de, ...; ja, ko and zh are cut with a SentencePiece model trained here); names the assets folder.
+        lang: Language of the corpus (en, fr, de, ...; ja, ko and zh are cut with a SentencePiece model trained here); names the assets folder, which the text pipeline's lang must match.
         text_column: Column of the texts when the corpus is a CSV file.
-        backwards: Also train a backward model (texts read right to left), for a backward or bidirectional ensemble classifier.
+        backwards: Also train a backward model (texts read right to left), for the text pipeline's backwards=true (a backward classifier, or half of a bidirectional ensemble).
         epochs: Epochs of each direction's one-cycle schedule.
         batch_size: Token streams per batch.
         seq_len: Tokens per backpropagation-through-time step.
@@ -43,7 +43,7 @@ def train_language_model(
         min_freq: Tokens seen fewer times become xxunk.
         max_vocab: Largest vocabulary kept.
         spm_vocab_size: SentencePiece vocabulary size for ja, ko and zh; 0 lets fastai choose from the corpus.
-        validation_fraction: Share of the documents held out to measure perplexity.
+        validation_fraction: Share of the documents held out to measure perplexity and accuracy.
         mixed_precision: Train in mixed precision on a GPU: bf16 on compute capability 8.0 or more (A100, L4, H100), fp16 on 7.x (V100, T4); never on CPU.
         model_config: JSON object of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}); empty for fastai's defaults. Written to config.json, so the text pipeline builds the same encoder.
         seed: Seed of the held-out draw, initialisation and batch order.

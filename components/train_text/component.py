@@ -37,7 +37,7 @@ def train_text_classifier(
         dataset: Folder from the text preparation step: train/validation/test CSVs and manifest.json (labels, task).
         model: Output folder: `export.pkl` (fastai learner for `load_learner`), `labels.json` (labels, task, threshold, per-label tuned thresholds), `metrics.json` and `per_label_metrics.json` (validation figures per label at the fixed and tuned thresholds).
         metrics: Validation scalars: micro/macro F1 at the threshold and at tuned thresholds (multi-label), or accuracy and macro F1 (single-label); epochs and seconds per classifier epoch.
-        lm_assets_uri: Root (gs:// or local) of pretrained LMs laid out as `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` and `<lang>/spm/spm.model` for ja, ko, zh; needed when pretrained is true.
+        lm_assets_uri: Root (gs:// or local) of pretrained LMs laid out as `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` and `<lang>/spm/spm.model` for ja, ko, zh; needed when pretrained is true, except with lang=en (fastai's WikiText-103 model then).
         lm_assets_fingerprint: Digest of lm_assets_uri's listing from the preflight step; not read, it only makes the cache key change when the language models do. Recorded in the model metadata.
         lang: Language of the texts (en, fr, de, ...; ja, ko and zh use SentencePiece); picks the tokenizer and the assets folder.
         pretrained: Start from a pretrained LM: the one in lm_assets_uri (missing files are an error that lists them), or with lang=en and no lm_assets_uri fastai's WikiText-103 AWD-LSTM, downloaded as fastai does (stage a copy with python -m pipelines.stage_wt103 for jobs without internet); false trains from scratch.

@@ -29,7 +29,8 @@ def build(image: str, vertex: "VertexSettings | None" = None,
     steps = Steps("transformer", image, vertex, tune)
     default_job_account = steps.default_job_account
 
-    # Defaults written by python -m pipelines.signatures from the steps they feed (edit there).
+    # Defaults and Args help written by python -m pipelines.signatures from the
+    # steps they feed and pipelines/definitions/help_text.py (edit there).
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "fine-tunes a Hugging Face transformer encoder, evaluates it on the test "
                     "split and registers it.")
@@ -67,13 +68,13 @@ def build(image: str, vertex: "VertexSettings | None" = None,
         """Prepares a labelled text CSV, fine-tunes a transformer classifier and evaluates it.
 
         Args:
-            data_uri: CSV (gs:// or local) with a text column and 0/1 (or True/False) label columns, or one column of class names.
-            text_column: Name of the text column.
-            label_columns: Comma-separated label columns; empty uses every column but the text.
-            label_delimiter: Separates several class names in one cell of a class-name column; empty keeps each cell one class name.
-            other_label: Label of rows with no label set; empty drops those rows.
-            validation_fraction: Share of the non-test rows used for validation.
-            test_fraction: Share of all rows held out for the test.
+            data_uri: CSV (gs://bucket/path.csv or local path) with a text column and either one 0/1 (or True/False) column per label or one column of class names.
+            text_column: Name of the column holding the texts.
+            label_columns: Comma-separated label column names; empty uses every column but the text.
+            label_delimiter: Separates several class names inside one cell of a class-name column; empty keeps each cell one class name (for names holding ";" or "|").
+            other_label: Label given to rows with no label set; empty drops those rows instead.
+            validation_fraction: Share of the rows left after the test split used for validation.
+            test_fraction: Share of all rows held out for the final test.
             seed: Seed of the split, the classification head's initialisation and the batch order.
             model_name: Hub model name (e.g. FacebookAI/xlm-roberta-base, google-bert/bert-base-uncased) or a folder (gs:// or local) written by save_pretrained; its classification head is replaced by one sized for the labels.
             epochs: Most epochs (early stopping may end sooner).
@@ -86,12 +87,12 @@ def build(image: str, vertex: "VertexSettings | None" = None,
             monitor: What picks the best epoch and stops training: loss (validation loss), micro_f1 or macro_f1.
             early_stopping_patience: Epochs without improvement of the monitored value before training stops; 0 never stops early.
             mixed_precision: bf16 on GPUs of compute capability >= 8.0 (A100, L4, H100), fp16 on 7.x (V100, T4); never on CPU.
-            eval_split: Split the evaluation scores: test, validation or train.
+            eval_split: Split to evaluate: "train", "validation" or "test".
             eval_batch_size: Texts per forward pass in the evaluation (and prediction).
             register_model: Upload the model to the Vertex Model Registry when it clears the threshold.
             registration_metric: Evaluation metric compared with the threshold: "micro_f1" (the accuracy for one class per row) or "macro_f1".
             registration_threshold: Register only when the metric on the evaluated split is at least this.
-            registration_beats_baselines: Also require the metric above every cheap baseline scored on the same split (logistic regression on TF-IDF, and the constant answer).
+            registration_beats_baselines: Also require the metric above every cheap baseline the evaluation scored on the same split (logistic regression on TF-IDF, and the constant answer).
             model_display_name: Name of the model in the Model Registry; a later run adds a version to it.
             predict_uri: gs:// CSV of new texts (the training text column) to label with the trained model, one JSON line per row; empty skips prediction.
             tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.

@@ -1,0 +1,68 @@
+"""The help of the pipeline parameters that is no step's: `python -m pipelines.signatures`
+writes each pipeline's `Args:` entries (the descriptions of its inputs in the Vertex
+console) from here, or else from the step input the parameter feeds (edit a step's help in
+its `components/<step>/component.py`).
+
+A parameter needs help here when no single step's help says it: it feeds no step
+(`model_display_name`, `job_service_account`), several steps whose help differs (`seed`:
+the split and the training), or a step that knows less than the pipeline (the registration
+gate's `enabled` is the pipeline's `register_model`). Plain text on one line each: no line
+break, backslash or three double quotes.
+"""
+
+# What a job's account is, after the jobs it runs.
+_JOB_ACCOUNT = ("as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline "
+                "run's own account. Ignored by local runs.")
+
+# Help of a parameter in every pipeline that has it, unless OWN_HELP gives that pipeline its own.
+HELP = {
+    "eval_batch_size": "Texts per forward pass in the evaluation (and prediction).",
+    "register_model": "Upload the model to the Vertex Model Registry when it clears the "
+                      "threshold.",
+    "registration_metric": 'Evaluation metric compared with the threshold: "micro_f1" (the '
+                           'accuracy for one class per row) or "macro_f1".',
+    "registration_threshold": "Register only when the metric on the evaluated split is at "
+                              "least this.",
+    "registration_beats_baselines": "Also require the metric above every cheap baseline the "
+                                    "evaluation scored on the same split (logistic regression "
+                                    "on TF-IDF, and the constant answer).",
+    "model_display_name": "Name of the model in the Model Registry; a later run adds a "
+                          "version to it.",
+    "predict_uri": "gs:// CSV of new texts (the training text column) to label with the "
+                   "trained model, one JSON line per row; empty skips prediction.",
+    "tracking_uri": "MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// "
+                    "folder used as a file store; one MLflow run per pipeline run, named "
+                    "after it. Empty: no tracking.",
+    "job_service_account": "Service account the custom jobs (preparation, training, "
+                           "evaluation, prediction) run " + _JOB_ACCOUNT,
+}
+
+# One pipeline's own help (by its function's name), over HELP and the steps'.
+OWN_HELP = {
+    "image_pipeline": {
+        "seed": "Seed of the split, shuffles, initialisation and augmentation.",
+        "eval_batch_size": "Images per forward pass in the evaluation (and prediction).",
+        "registration_metric": 'Evaluation metric compared with the threshold: "accuracy" or '
+                               '"macro_f1".',
+        "registration_threshold": "Register only when the metric on the test split is at "
+                                  "least this.",
+        "registration_beats_baselines": "Also require the metric above every cheap baseline "
+                                        "the evaluation scored on the same split (logistic "
+                                        "regression on downscaled pixels, and the constant "
+                                        "answer).",
+        "predict_uri": "gs:// folder of new images (any depth) to label with the trained "
+                       "model, one JSON line each; empty skips prediction.",
+        "job_service_account": "Service account the custom jobs (sharding, training, "
+                               "evaluation, prediction) run " + _JOB_ACCOUNT,
+    },
+    "text_pipeline": {
+        "seed": "Seed of the split, initialisation and batch order.",
+    },
+    "transformer_pipeline": {
+        "seed": "Seed of the split, the classification head's initialisation and the batch "
+                "order.",
+    },
+    "lm_pipeline": {
+        "job_service_account": "Service account the training job runs " + _JOB_ACCOUNT,
+    },
+}
