@@ -499,3 +499,24 @@ def test_a_text_over_spacys_limit_is_read_up_to_the_limit_and_counted(tmp_path):
     read = pd.concat([read_split(str(tmp_path / "ds"), split) for split in ("train", "validation")])
     assert result["run"]["max_text_chars"] == 20_000
     assert result["run"]["texts_truncated"] == (read["avis"].str.len() > 20_000).sum() > 0
+
+
+def test_single_label_outputs_keep_the_datasets_label_order(tmp_path):
+    """fastai sorts a given category vocabulary unless told not to: with label columns out
+    of alphabetical order, every prediction was read as another label (test accuracy below
+    chance beside 0.60 in fastai's own validation, on Debian's archive sections)."""
+    from components.train_text.data import _classifier_dataloaders, _frame
+
+    labels = ["sound", "perl", "graphics"]
+    rows = [("plays music and audio files", "sound"), ("a perl module for parsing", "perl"),
+            ("draws vector images", "graphics")] * 4
+    table = pd.DataFrame({"text": [text for text, _ in rows],
+                          **{name: [int(label == name) for _, label in rows]
+                             for name in labels}})
+    frame = _frame(table.iloc[:9], table.iloc[9:], "text", labels, "single_label")
+    config = TrainConfig(**FAST)
+    dls = _classifier_dataloaders(frame, make_tokenizer("fr", None, str(tmp_path)), None,
+                                  labels, "single_label", config)
+    assert list(dls.vocab[1]) == labels
+    # a "perl" row is target 1: the index labels.json, the evaluation and the server read
+    assert [int(y) for _, y in dls.valid_ds] == [0, 1, 2]

@@ -110,7 +110,9 @@ def _classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: Train
         columns = [f"__label_{i}" for i in range(len(labels))]
         y_block, get_y = MultiCategoryBlock(encoded=True, vocab=list(labels)), ColReader(columns)
     else:
-        y_block, get_y = CategoryBlock(vocab=list(labels)), ColReader(_CLASS)
+        # sort=False: the outputs stay in the manifest's label order, which labels.json,
+        # the evaluation and the server read them in (fastai sorts a given vocab by default).
+        y_block, get_y = CategoryBlock(vocab=list(labels), sort=False), ColReader(_CLASS)
     block = DataBlock(blocks=(text_block, y_block), get_x=ColReader(_TEXT), get_y=get_y,
                       splitter=ColSplitter(_VALID))
     n_train = int((~frame[_VALID]).sum())

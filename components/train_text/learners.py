@@ -33,6 +33,7 @@ from components.common.fastai_text import lm_learner, mixed_precision, quiet
 from components.prepare_text.contract import MULTI_LABEL
 from components.text_common import scores as text_scores
 from components.train_text import schedule
+from components.train_text.contract import TextTrainingError
 from components.train_text.data import (
     _TEXT,
     _classifier_dataloaders,
@@ -133,6 +134,9 @@ def _classifier_learner(job: _Job, vocab: list[str] | None, loss, metrics):
     vocab = _vocab_with_pretrained_tokens(job, vocab)
     dls = _classifier_dataloaders(job.frame, job.tokenizer, vocab, data.labels, data.task,
                                   config)
+    if list(dls.vocab[1]) != list(data.labels):  # outputs are read in the labels' order
+        raise TextTrainingError(f"the classifier's outputs are ordered {list(dls.vocab[1])}, "
+                                f"not as the dataset's labels {list(data.labels)}")
     if vocab is None:
         vocab = list(dls.vocab[0])
         run.save_vocab(vocab)
