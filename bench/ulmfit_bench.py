@@ -31,10 +31,11 @@ valid_loss` ran the first table of docs/measurements.md): `--pretrained false
 --lm-epochs 0` with the LM's architecture, and `--pretrained true --lm-assets <assets>`
 (`--fine-tune-epochs` of LM fine-tuning on the task's texts first). Prints per seed the
 test micro / macro F1 of both, TF-IDF + logistic regression and the constant answer (every
-label; the majority class for one label a row) on the same split, and CPU seconds per epoch (the training process's own, not the wall clock
-of a shared machine); then the LM's held-out perplexity, accuracy, tokens and CPU seconds
-per epoch. Writes everything to `<output>/results.json`. The weights stay under the output
-folder (runs/ is not in git): this script is the record of how they were made.
+label; the majority class for one label a row) on the same split, and CPU seconds per
+epoch (the training process's own, not the wall clock of a shared machine); then the LM's
+held-out perplexity, accuracy, tokens and CPU seconds per epoch. Writes everything to
+`<output>/results.json`. The weights stay under the output folder (runs/ is not in git):
+this script is the record of how they were made.
 """
 
 from __future__ import annotations
