@@ -58,8 +58,9 @@ run: compile models
 	test -d $(DEMO)/digits || $(PY) -m datamakers.demo digits $(DEMO)/digits
 	test -f $(DEMO)/docstrings.csv || $(PY) -m datamakers.docstring_corpus $(DEMO)/docstrings.csv
 	@echo "image demo: DenseNet121 $(if $(wildcard $(GLYPH_START)),from the glyph start" \
-		"$(GLYPH_START),from random weights: \`make glyph-start\` (~20 CPU minutes, once) makes" \
-		"a learned start that beat them on every seed measured (docs/measurements.md)). No" \
+		"$(GLYPH_START),from random weights (near the pixel baseline, above or below it from run to" \
+		"run): \`make glyph-start\` (~20 CPU minutes, once) makes a learned start that beat" \
+		"both on every seed measured (docs/measurements.md)). No" \
 		"registry ships ImageNet weights Keras' DenseNet121 loads; on Vertex weights=imagenet" \
 		"is the default."
 	$(PY) -m pipelines.run_local image --data $(DEMO)/digits --output $(DEMO)/image \
