@@ -134,7 +134,7 @@ def seed_row(seed: int, scratch: dict, pretrained: dict) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", choices=("debian", "debian-sections", "docstrings"),
@@ -159,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--drop-mult", type=float, default=0.3,
                         help="AWD-LSTM dropout multiplier of both classifiers (the trainer's 0.3)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     out = os.path.abspath(args.output)
