@@ -4,6 +4,7 @@ fine-tuned on handwritten digits, beside the same network from scratch, per seed
     python bench/image_pretrain_bench.py [--work DIR] [--weights FILE.h5] [--seeds 42 43 44]
         [--threads 1] [--pretrain-epochs 14 --pretrain-steps 250]
         [--head-epochs 3 --fine-tune-epochs 3 --unfreeze-blocks 1]
+        [--arms scratch --scratch-epochs 15] [--split-seed 42]
 
 1. The start (`datamakers.glyph_start`; skipped when --weights names one made before):
    the letters of every installed typeface (`datamakers.font_glyphs`; Debian's fonts-*
@@ -153,7 +154,7 @@ def print_table(rows: list[dict], arms) -> None:
               "s per training run")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default=None, help="folder kept for the outputs "
                         "(default: a temporary one)")
@@ -170,9 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flip", action=argparse.BooleanOptionalAction, default=False,
                         help="random flips in the scratch and glyph_start arms (digits "
                         "have a handedness: off)")
-    parser.add_argument("--scratch-epochs", type=int, default=6, help="make run's 6")
+    parser.add_argument("--scratch-epochs", type=int, default=6,
+                        help="the scratch arms' epochs: 6, the glyph start's budget (make run's "
+                        "from random weights: 15)")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    args = parser.parse_args(argv)
+    parser.add_argument("--split-seed", type=int, default=42,
+                        help="the seed that splits the digits (make run's 42)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     _threads(args.threads)
     import dataclasses
 
@@ -191,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             print("start:", json.dumps(facts), flush=True)
         digits = os.path.join(work, "digits")
         demo.write_digits(digits)
-        manifest = _shard(digits, os.path.join(work, "digit-shards"))
+        manifest = _shard(digits, os.path.join(work, "digit-shards"), args.split_seed)
         print("digits:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
         dataset = os.path.join(work, "digit-shards")
         rows = []
