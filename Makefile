@@ -39,9 +39,9 @@ $(GLYPH_START): | $(STAMP)
 
 glyph-start: $(GLYPH_START)
 
-# The image demo's training: from the learned start when `make glyph-start` made it (two
-# phases, 6 epochs, the recipe of bench/image_pretrain_bench.py), else from random weights
-# for 15 epochs (at 6 they sat near the pixel baseline, above or below it by the seed).
+# The image demo's training (why these epochs: the comment of `run` below): from the
+# learned start when `make glyph-start` made it (the recipe of
+# bench/image_pretrain_bench.py), else from random weights.
 IMAGE_START = $(if $(wildcard $(GLYPH_START)),--weights $(GLYPH_START) --epochs 2 \
 	--fine-tune-epochs 4 --unfreeze-blocks 4 --fine-tune-learning-rate 3e-4,--weights none \
 	--epochs 15 --fine-tune-epochs 0)
@@ -51,8 +51,9 @@ IMAGE_START = $(if $(wildcard $(GLYPH_START)),--weights $(GLYPH_START) --epochs 
 # folders, DenseNet121 at 32 px, no random flips (a mirrored digit is another shape): 6
 # epochs from the glyph start above when it was made (it beat random weights at the same
 # budget and the pixel baseline on every seed measured, docs/measurements.md), else 15
-# from random weights (ahead of the pixel baseline on every seed measured, at 2.5 times
-# the time). No registry ships ImageNet weights Keras' DenseNet121 loads.
+# from random weights (at 6 they sat near the pixel baseline, above or below it by the
+# seed; at 15 ahead of it on every seed and split measured, at 2.5 times the time). No
+# registry ships ImageNet weights Keras' DenseNet121 loads.
 # Text: the standard library's docstrings (real English, 7 packages as labels), the
 # transformer pipeline fine-tuning all-MiniLM-L6-v2 (a small encoder's recipe: 1e-4, 4
 # epochs; docs/users.md). Prints the metrics beside baselines fitted on the same split.
