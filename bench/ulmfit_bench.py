@@ -4,7 +4,7 @@
         [--output runs/ulmfit] [--lm-assets DIR] [--lm-epochs N]
         [--model-config '{"emb_sz": 200, "n_hid": 512, "n_layers": 2}']
         [--epochs 12] [--monitor f1_score] [--fine-tune-epochs 2] [--batch-size 32]
-        [--drop-mult 0.3]
+        [--drop-mult 0.3] [--lm-corpus task|english] [--man-characters 8000000]
 
 Pretraining (skipped with `--lm-assets`, the assets of an earlier run): `run_local lm` on a
 corpus much larger than the task that exists offline here, the task's own texts held out:
@@ -19,6 +19,11 @@ corpus much larger than the task that exists offline here, the task's own texts 
   (`datamakers.docstring_corpus`); the LM corpus the standard library's other docstrings plus
   a fixed sample of the installed packages' (`write_source_corpus(hold_out=...,
   roots=[site-packages], max_characters=...)`), the task's paragraphs held out.
+
+`--lm-corpus english` pretrains one LM for all three tasks instead (`write_english_corpus`):
+apt's descriptions, the docstrings and `--man-characters` of the installed manual pages
+(`datamakers.manpage_corpus`), every task's texts held out (~14.5M characters, ~3M tokens
+at the defaults); its assets then serve `--lm-assets` for the other two corpora.
 
 `--task CSV --text-column COL` runs your own labelled CSV instead (one-hot label columns,
 as the text pipeline takes it) from the LM of `--lm-assets`: keep the task's texts out of
@@ -49,13 +54,39 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pandas as pd  # noqa: E402
 
-from datamakers import debian_corpus, docstring_corpus  # noqa: E402
+from datamakers import debian_corpus, docstring_corpus, manpage_corpus  # noqa: E402
 from pipelines import run_local  # noqa: E402
 
 # Packages of the installed environment whose docstrings are generated API references
 # (cloud clients), left out of the docstring LM corpus: repetitive, and most of its bulk.
 GENERATED_DOCS = ("google", "kubernetes")
 LM_ARCH = '{"emb_sz": 200, "n_hid": 512, "n_layers": 2}'
+
+
+def write_english_corpus(folder: str, max_characters: int, man_characters: int) -> dict:
+    """One LM corpus from all three offline sources, every task's texts held out.
+
+    Apt's package descriptions (`debian_corpus.lm_corpus_texts`: the Debian tasks' packages
+    left out), Python docstrings (`write_source_corpus`, the docstring task's paragraphs left
+    out) and the manual pages (`manpage_corpus`, the Debian tasks' packages' pages left out),
+    as .txt files in `folder`: an LM made from it may start any of the three tasks.
+    """
+    index = debian_corpus.read_index(debian_corpus.find_package_index())
+    descriptions, held_out = debian_corpus.lm_corpus_texts(index)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "debian.descriptions.txt"), "w", encoding="utf-8") as f:
+        f.write("\n\n".join(descriptions) + "\n")
+    counts = {"debian": {"documents": len(descriptions), "held_out": held_out,
+                         "characters": sum(map(len, descriptions))}}
+    task = os.path.join(folder, os.pardir, "docstrings-held-out.csv")
+    docstring_corpus.write_docstring_corpus(task)
+    counts["docstrings"] = docstring_corpus.write_source_corpus(
+        folder, exclude=GENERATED_DOCS, hold_out=pd.read_csv(task)["text"].tolist(),
+        roots=[docstring_corpus.installed_packages_root()], max_characters=max_characters)
+    counts["manpages"] = manpage_corpus.write_manpage_corpus(
+        folder, hold_out_sources=debian_corpus.task_sources(index),
+        max_characters=man_characters)
+    return counts
 
 
 def write_task_and_corpus(name: str, folder: str, max_characters: int,
@@ -151,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-vocab", type=int, default=15000)
     parser.add_argument("--max-characters", type=int, default=4_000_000,
                         help="docstrings: size of the LM corpus")
+    parser.add_argument("--lm-corpus", choices=("task", "english"), default="task",
+                        help="pretrain on the task's own kind of text (above), or on all "
+                             "three sources plus the manual pages, every task held out")
+    parser.add_argument("--man-characters", type=int, default=8_000_000,
+                        help="english: characters of manual pages")
     parser.add_argument("--fine-tune-epochs", type=int, default=2,
                         help="LM fine-tuning on the task's texts (the text pipeline's lm_epochs)")
     parser.add_argument("--epochs", type=int, default=12, help="classifier epochs, both runs")
@@ -175,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         task, column, corpus, counts = write_task_and_corpus(args.corpus, out,
                                                              args.max_characters)
+        if args.lm_corpus == "english" and not args.lm_assets:
+            corpus = os.path.join(out, "english-lm")
+            counts["lm_corpus"] = write_english_corpus(corpus, args.max_characters,
+                                                       args.man_characters)
     lm = read_lm(args.lm_assets) if args.lm_assets else \
         pretrain(corpus, os.path.join(out, "lm"), args)
     arch = {k: lm["run"]["arch_config"][k] for k in ("emb_sz", "n_hid", "n_layers")}

@@ -49,7 +49,7 @@ def find_package_index(folder: str | None = None) -> str | None:
     return max(found, key=os.path.getsize) if found else None
 
 
-def _read_index(path: str) -> str:
+def read_index(path: str) -> str:
     if path.endswith(".lz4"):
         return subprocess.run(["lz4", "-dc", path], check=True, capture_output=True,
                               text=True).stdout
@@ -140,7 +140,7 @@ def write_debian_corpus(path: str, index_path: str | None = None,
     if not index_path:
         raise FileNotFoundError(f"no apt package index under {APT_LISTS}: run `apt-get update`"
                                 " or pass --packages FILE")
-    text = _read_index(index_path)
+    text = read_index(index_path)
     rows, names = section_rows(text) if by == "section" else (corpus_rows(text), LABEL_NAMES)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
@@ -148,6 +148,12 @@ def write_debian_corpus(path: str, index_path: str | None = None,
         writer.writeheader()
         writer.writerows(rows)
     return {"rows": len(rows), **{name: sum(r[name] for r in rows) for name in names}}
+
+
+def task_sources(index_text: str) -> set[str]:
+    """The source packages of the labelled corpus's rows (both labellings cut the same)."""
+    return {_source(f) for f in _records(index_text)
+            if "Description" in f and "Tag" in f and _labels(f)}
 
 
 def lm_corpus_texts(index_text: str) -> tuple[list[str], int]:
@@ -163,7 +169,7 @@ def lm_corpus_texts(index_text: str) -> tuple[list[str], int]:
         `(texts in index order, descriptions held out)`.
     """
     records = [f for f in _records(index_text) if "Description" in f]
-    task = {_source(f) for f in records if "Tag" in f and _labels(f)}
+    task = task_sources(index_text)
     rows = {row["description"] for row in corpus_rows(index_text)}
     kept = [f["Description"] for f in records
             if _source(f) not in task and f["Description"] not in rows]
@@ -180,7 +186,7 @@ def write_lm_corpus(path: str, index_path: str | None = None) -> dict[str, int]:
     if not index_path:
         raise FileNotFoundError(f"no apt package index under {APT_LISTS}: run `apt-get update`"
                                 " or pass --packages FILE")
-    texts, held_out = lm_corpus_texts(_read_index(index_path))
+    texts, held_out = lm_corpus_texts(read_index(index_path))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)

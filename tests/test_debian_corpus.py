@@ -114,3 +114,8 @@ Section: sound
     assert counts["rows"] == len(frame) == 5
     with pytest.raises(ValueError, match="by must be one of"):
         debian_corpus.write_debian_corpus(str(tmp_path / "x.csv"), str(index), by="priority")
+
+
+def test_task_sources_name_the_labelled_rows_packages_by_source():
+    # vlc's binaries carry works-with tags, zstd's too; hello's tags name no kind of data
+    assert debian_corpus.task_sources(INDEX) == {"vlc", "zstd"}
