@@ -50,6 +50,7 @@ def find_package_index(folder: str | None = None) -> str | None:
 
 
 def read_index(path: str) -> str:
+    """The text of an apt `Packages` index (lz4-compressed as apt keeps it, or plain)."""
     if path.endswith(".lz4"):
         return subprocess.run(["lz4", "-dc", path], check=True, capture_output=True,
                               text=True).stdout

@@ -105,8 +105,13 @@ def roff_to_text(source: str) -> str:
 
 
 def installed_sources(status_path: str = DPKG_STATUS) -> dict[str, str]:
-    """{installed binary package: its source package}, from dpkg's status file."""
+    """{installed binary package: its source package}, from dpkg's status file.
+
+    Empty where there is none (not a Debian system): no page is then known as a package's.
+    """
     sources, package = {}, None
+    if not os.path.exists(status_path):
+        return sources
     with open(status_path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if line.startswith("Package: "):

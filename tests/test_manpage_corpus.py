@@ -77,3 +77,18 @@ def test_max_characters_stops_after_the_page_that_reaches_it(tmp_path):
     counts = manpage_corpus.write_manpage_corpus(
         str(tmp_path / "out"), max_characters=50, root=str(root), owners={}, sources={})
     assert counts["pages"] == 1 and counts["characters"] >= 50
+
+
+def test_without_dpkg_no_page_is_known_as_a_package(tmp_path):
+    assert manpage_corpus.installed_sources(str(tmp_path / "no-status")) == {}
+    assert manpage_corpus.page_owners(str(tmp_path)) == {}
+
+
+def test_pages_are_traced_to_their_source_package(tmp_path):
+    (tmp_path / "status").write_text("Package: vlc-bin\nSource: vlc (3.0.20-1)\nVersion: 1\n\n"
+                                     "Package: coreutils\nVersion: 9.1\n")
+    (tmp_path / "vlc-bin:amd64.list").write_text("/usr/bin/vlc\n/usr/share/man/man1/vlc.1.gz\n")
+    assert manpage_corpus.installed_sources(str(tmp_path / "status")) == {
+        "vlc-bin": "vlc", "coreutils": "coreutils"}
+    assert manpage_corpus.page_owners(str(tmp_path)) == {
+        "/usr/share/man/man1/vlc.1.gz": "vlc-bin"}
