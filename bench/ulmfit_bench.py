@@ -71,11 +71,7 @@ def write_english_corpus(folder: str, max_characters: int, man_characters: int) 
     out) and the manual pages (`manpage_corpus`, the Debian tasks' packages' pages left out),
     as .txt files in `folder`: an LM made from it may start any of the three tasks.
     """
-    index_path = debian_corpus.find_package_index()
-    if not index_path:
-        raise FileNotFoundError(f"no apt package index under {debian_corpus.APT_LISTS}: "
-                                "run `apt-get update`")
-    index = debian_corpus.read_index(index_path)
+    index = debian_corpus.read_index()
     descriptions, held_out = debian_corpus.lm_corpus_texts(index)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "debian.descriptions.txt"), "w", encoding="utf-8") as f:

@@ -49,8 +49,19 @@ def find_package_index(folder: str | None = None) -> str | None:
     return max(found, key=os.path.getsize) if found else None
 
 
-def read_index(path: str) -> str:
-    """The text of an apt `Packages` index (lz4-compressed as apt keeps it, or plain)."""
+def read_index(path: str | None = None) -> str:
+    """The text of an apt `Packages` index (lz4-compressed as apt keeps it, or plain).
+
+    Args:
+        path: The index; default: apt's own (`find_package_index`).
+
+    Raises:
+        FileNotFoundError: No path given and apt has no index here.
+    """
+    path = path or find_package_index()
+    if not path:
+        raise FileNotFoundError(f"no apt package index under {APT_LISTS}: run `apt-get update`"
+                                " or pass --packages FILE")
     if path.endswith(".lz4"):
         return subprocess.run(["lz4", "-dc", path], check=True, capture_output=True,
                               text=True).stdout
@@ -137,10 +148,6 @@ def write_debian_corpus(path: str, index_path: str | None = None,
     """
     if by not in LABELINGS:
         raise ValueError(f"by must be one of {LABELINGS}, got {by!r}")
-    index_path = index_path or find_package_index()
-    if not index_path:
-        raise FileNotFoundError(f"no apt package index under {APT_LISTS}: run `apt-get update`"
-                                " or pass --packages FILE")
     text = read_index(index_path)
     rows, names = section_rows(text) if by == "section" else (corpus_rows(text), LABEL_NAMES)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -183,10 +190,6 @@ def write_lm_corpus(path: str, index_path: str | None = None) -> dict[str, int]:
     Returns:
         `{"documents": ..., "words": ..., "held_out": descriptions of the task's packages}`.
     """
-    index_path = index_path or find_package_index()
-    if not index_path:
-        raise FileNotFoundError(f"no apt package index under {APT_LISTS}: run `apt-get update`"
-                                " or pass --packages FILE")
     texts, held_out = lm_corpus_texts(read_index(index_path))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
