@@ -70,7 +70,7 @@ PIPELINES = (
 )
 PREFLIGHT_MODULE = "components.preflight.component"
 # Preflight inputs that are no pipeline parameter: compile-time settings the pipeline passes
-# (pipelines.definitions.vertex.preflight_inputs), last in each preflight's list.
+# (VertexSettings.preflight_inputs), last in each preflight's list.
 PREFLIGHT_SETTINGS = ('tensorboard: str = ""',)
 # learning_rate's help: the sentence FOUND_RATE_HELP beside `choose_rate`, with the bounds
 # of each trainer (read from the modules' text: they import fastai, which takes seconds).

@@ -11,30 +11,30 @@ from components.common.metrics import read_evaluation
 from components.common.report_html import REPORT_HTML_FILE
 from components.shard.contract import MANIFEST_NAME
 from pipelines.definitions import registry, tuning
-from pipelines.definitions.steps import Steps
-from pipelines.definitions.vertex import VertexSettings
+from pipelines.definitions.steps import Steps, Target
 
 PIPELINE_NAME = "image-classifier"
 TUNING_PIPELINE_NAME = "image-classifier-tuning"
 
 
-def build(image: str, vertex: "VertexSettings | None" = None,
+def build(image: str, target: "Target | None" = None,
           tune: "tuning.TuningSettings | None" = None):
     """Builds the image pipeline.
 
     Args:
         image: URI of the TensorFlow runtime image every step runs in.
-        vertex: Where each step runs on Vertex; None for the local (`kfp.local`) variant,
-            whose steps run as plain components and which skips the Model Registry upload.
-            The upload is compiled in only when `vertex.serving_image` names a pinned image.
-        tune: Compiles the tuning variant (Vertex only): after sharding, a Vertex
-            hyperparameter tuning job searches `tune.spaces["image"]`, and the model is
-            trained with the best trial's values.
+        target: Where each step runs: `VertexSettings` (custom jobs; the Model Registry
+            upload is compiled in only when `target.serving_image` names a pinned image) or
+            `KubeflowSettings` (pods); None for the local (`kfp.local`) variant, whose steps
+            run as plain components and which skips the model registry.
+        tune: Compiles the tuning variant: after sharding, the target's search (a Vertex
+            tuning job, or trials in a ParallelFor) explores `tune.spaces["image"]`, and
+            the model is trained with the best trial's values.
 
     Returns:
         A `@dsl.pipeline` function.
     """
-    steps = Steps("image", image, vertex, tune)
+    steps = Steps("image", image, target, tune)
     default_job_account = steps.default_job_account
 
     class Outputs(NamedTuple):

@@ -10,8 +10,7 @@ from kfp import dsl
 from kfp.dsl import Artifact, Metrics
 
 from components.train_lm.contract import METRICS_FILE
-from pipelines.definitions.steps import Steps
-from pipelines.definitions.vertex import VertexSettings
+from pipelines.definitions.steps import Steps, Target
 
 PIPELINE_NAME = "language-model"
 
@@ -21,19 +20,19 @@ class Outputs(NamedTuple):
     lm_assets: Artifact
 
 
-def build(image: str, vertex: "VertexSettings | None" = None):
+def build(image: str, target: "Target | None" = None):
     """Builds the language model pipeline.
 
     Args:
         image: URI of the fastai runtime image both steps run in.
-        vertex: Where the training step runs on Vertex; None for the local (`kfp.local`)
-            variant.
+        target: Where the training step runs (`VertexSettings`, `KubeflowSettings`); None
+            for the local (`kfp.local`) variant.
 
     Returns:
         A `@dsl.pipeline` function whose outputs are `metrics` (perplexity, accuracy) and
         `lm_assets` (the folder to pass as the text pipeline's `lm_assets`).
     """
-    steps = Steps("lm", image, vertex)
+    steps = Steps("lm", image, target)
     default_job_account = steps.default_job_account
 
     # Defaults and Args help written by python -m pipelines.signatures from the

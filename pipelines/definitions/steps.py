@@ -1,10 +1,12 @@
 """The steps of one pipeline build, made once from the image and the settings.
 
-A pipeline definition makes one `Steps` for its kind from the runtime image, the Vertex
-settings and the tuning settings, before its `@dsl.pipeline` body (decorated by
-`Steps.pipeline` in the classifier pipelines): each step's component runs in the image and
-installs nothing at run time, those that run as Vertex custom jobs are wrapped on their
-machines, and in the tuning variant the trainer's tuning job is made beside it. The body
+A pipeline definition makes one `Steps` for its kind from the runtime image, the target
+(where the steps run: `vertex.VertexSettings` or `kubeflow.KubeflowSettings`; None locally)
+and the tuning settings, before its `@dsl.pipeline` body (decorated by `Steps.pipeline` in
+the classifier pipelines): each step's component runs in the image and installs nothing at
+run time, the target wraps those with machines (Vertex custom jobs) and places every task
+(Kubernetes pods), and in the tuning variant the target's search is made beside the
+trainer. The definitions never ask which target they compile for. The body
 then calls the steps in the order they run, by role ("prepare", "train", "evaluate", ...),
 each call taking the body's `params` (its `locals()` before anything else is named: the
 pipeline parameters by name). Besides `Steps`, only the Model Registry upload of text
@@ -22,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from kfp import dsl
 
@@ -38,9 +40,31 @@ from components.train_image import component as train_image
 from components.train_lm import component as train_lm
 from components.train_text import component as train_text
 from components.train_transformer import component as train_transformer
-from components.tune import component as tune_component
 from pipelines.definitions import registry, tuning
-from pipelines.definitions.vertex import VertexSettings, preflight_inputs
+
+
+class Target(Protocol):
+    """Where a pipeline's steps run, as `Steps` asks it: `vertex.VertexSettings` and
+    `kubeflow.KubeflowSettings` answer alike, so a definition reads the same for both."""
+
+    model_registry: str  # "vertex": models that clear the gate go to Vertex's registry
+    default_job_account: str
+
+    def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
+        """The component of a step with machines (`step`), as it runs there."""
+
+    def place(self, task, step: str):
+        """The task on its nodes; `step` is empty for a light step."""
+
+    def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """What every job of the run takes from the pipeline parameters."""
+
+    def preflight_inputs(self) -> dict[str, str]:
+        """Compile-time settings the preflight checks a run against."""
+
+    def search(self, trainer: Callable, kind: str, tune: tuning.TuningSettings, step: str,
+               display_name: str, image: str) -> Callable:
+        """The tuning variant's `search(training, job) -> training`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +74,8 @@ class Step:
     Attributes:
         function: The step's KFP function (`components.<step>.component`).
         display_name: The task's name in the run graph.
-        machine: Its key in `vertex.DEFAULT_MACHINES` when it runs as a Vertex custom job;
-            empty for a light step, which runs where the pipeline's own steps run.
+        machine: Its key in `vertex.DEFAULT_MACHINES` when it runs on machines of its own
+            (a Vertex custom job, a sized Kubernetes pod); empty for a light step.
         job_name: The custom job's name in the console.
         settings: It takes every pipeline parameter named as one of its inputs (its
             settings, whose defaults `python -m pipelines.signatures` keeps alike).
@@ -142,45 +166,43 @@ class Steps:
     Args:
         kind: The pipeline kind, a key of `STEPS`.
         image: URI of the runtime image every step runs in.
-        vertex: Where each step runs on Vertex; None for the local (`kfp.local`) variant,
-            whose steps run as plain components and which skips the Model Registry upload.
-        tune: Compiles the tuning variant (Vertex only): a Vertex hyperparameter tuning
-            job searches `tune.spaces[kind]` before training, which takes the best trial's
-            values.
+        target: Where each step runs: `VertexSettings` (custom jobs) or `KubeflowSettings`
+            (pods); None for the local (`kfp.local`) variant, whose steps run as plain
+            components and which skips the model registry.
+        tune: Compiles the tuning variant (a target's): the target's search (a Vertex
+            tuning job, or trials in a `ParallelFor`) explores `tune.spaces[kind]` before
+            training, which takes the best trial's values.
 
     Attributes:
         default_job_account: The default of the pipeline's `job_service_account`:
-            compile.py's `--service-account` ("" locally). The jobs' account is a run-time
-            choice (GCPC passes it as a parameter of the job).
-        ops: Role to its component, wrapped as a Vertex custom job on its machines where
-            the step has some.
-        tuning_ops: The tuning job and the best trial's step; None but in the tuning variant.
+            compile.py's `--service-account` on Vertex, else "". The jobs' account is a
+            run-time choice (GCPC passes it as a parameter of the job).
+        ops: Role to its component, as the target wraps it where the step has machines.
+        search: Adds the tuning tasks and returns the training arguments with the best
+            trial's values; None but in the tuning variant.
         upload_ops: What the Model Registry upload takes; None where nothing is uploaded.
         experiment: The MLflow experiment `evaluate_and_publish` tracks the run in: the
             pipeline's name given to `pipeline` (the tuning variant's runs too).
 
     Raises:
-        ValueError: `tune` without `vertex`.
+        ValueError: `tune` without a target.
     """
 
-    def __init__(self, kind: str, image: str, vertex: VertexSettings | None = None,
+    def __init__(self, kind: str, image: str, target: Target | None = None,
                  tune: tuning.TuningSettings | None = None):
-        if tune is not None and vertex is None:
-            raise ValueError("the tuning variant runs on Vertex: give vertex settings")
-        self.kind, self.vertex, self.table = kind, vertex, STEPS[kind]
-        self.default_job_account = vertex.service_account if vertex is not None else ""
+        if tune is not None and target is None:
+            raise ValueError("the tuning variant runs on a target: give its settings")
+        self.kind, self.target, self.table = kind, target, STEPS[kind]
+        self.default_job_account = target.default_job_account if target is not None else ""
         made = {role: component(step.function, image) for role, step in self.table.items()}
-        # All made here, before a body makes a task (kubeflow/pipelines#9320); the tuning
-        # job's trials run the trainer unwrapped.
-        self.tuning_ops = None
+        # All made here, before a body makes a task (kubeflow/pipelines#9320); the
+        # trials run the trainer unwrapped.
+        self.search = None
         if tune is not None:
-            machines = vertex.machines[self.table["train"].machine]
-            self.tuning_ops = (
-                tuning.as_tuning_job(made["train"], kind, tune.spaces[kind], tune, vertex,
-                                     machines, TUNING_JOBS[kind]),
-                component(tune_component.BEST_TRIAL[kind], image))
+            self.search = target.search(made["train"], kind, tune, self.table["train"].machine,
+                                        TUNING_JOBS[kind], image)
         self.ops = {role: self._on_machines(role, op) for role, op in made.items()}
-        self.upload_ops = _upload_ops(kind, image, vertex)
+        self.upload_ops = _upload_ops(kind, image, target)
         self.experiment = ""
 
     def pipeline(self, name: str, tuning_name: str, lead: str, rest: str):
@@ -193,30 +215,38 @@ class Steps:
                 then `rest`.
         """
         self.experiment = name
-        tuned = self.tuning_ops is not None
+        tuned = self.search is not None
         return dsl.pipeline(name=tuning_name if tuned else name,
                             description=lead + (TUNING_CLAUSE if tuned else "") + rest)
 
     def _on_machines(self, role: str, op: Callable) -> Callable:
-        """`op` as a Vertex custom job on the step's machines; as it is locally, or for a
-        light step."""
+        """`op` as the target wraps it on the step's machines (a Vertex custom job); as it
+        is locally, or for a light step."""
         step = self.table[role]
-        if self.vertex is None or not step.machine:
+        if self.target is None or not step.machine:
             return op
-        return self.vertex.wrap(op, step.machine, step.job_name)
+        return self.target.wrap(op, step.machine, step.job_name)
+
+    def _placed(self, task, role: str):
+        """`task` as the target places it (a Kubernetes pod's resources and nodes)."""
+        if self.target is None:
+            return task
+        return self.target.place(task, self.table[role].machine)
 
     def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """What every custom job of the run takes: on Vertex, the run's `job_service_account`."""
-        return {"service_account": params["job_service_account"]} if self.vertex else {}
+        """What every job of the run takes: on Vertex, the run's `job_service_account`."""
+        return self.target.job(params) if self.target is not None else {}
 
     def preflight(self, params: Mapping[str, Any]):
         """The preflight task: every pipeline parameter, checked on a light machine before
         the first paid job, with the compile-time settings they are checked against; never
         cached (it fingerprints the data)."""
         op = self.ops["preflight"]
+        settings = self.target.preflight_inputs() if self.target is not None else {}
         task = op(**{name: value for name, value in params.items()
-                     if name in op.component_spec.inputs}, **preflight_inputs(self.vertex))
-        return task.set_display_name("preflight").set_caching_options(False)
+                     if name in op.component_spec.inputs}, **settings)
+        task = task.set_display_name("preflight").set_caching_options(False)
+        return self._placed(task, "preflight")
 
     def run(self, role: str, params: Mapping[str, Any], **arguments):
         """The task of the step `role`.
@@ -234,18 +264,16 @@ class Steps:
         if step.settings:
             arguments = {**_named_inputs(step.function, params), **arguments}
         job = self.job(params) if step.machine else {}
-        return self.ops[role](**arguments, **job).set_display_name(step.display_name)
+        return self._placed(self.ops[role](**arguments, **job).set_display_name(
+            step.display_name), role)
 
     def train(self, params: Mapping[str, Any], **arguments):
-        """The training task (`run("train", ...)`); in the tuning variant the tuning job and
-        the best trial's step come first, and training takes the best trial's values."""
-        if self.tuning_ops is None:
+        """The training task (`run("train", ...)`); in the tuning variant the target's search
+        comes first, and training takes the best trial's values."""
+        if self.search is None:
             return self.run("train", params, **arguments)
-        tune_op, best_op = self.tuning_ops
         training = {**_named_inputs(self.table["train"].function, params), **arguments}
-        training = tuning.searched(tune_op, best_op, self.kind, training, self.job(params),
-                                   TUNING_JOBS[self.kind])
-        return self.run("train", params, **training)
+        return self.run("train", params, **self.search(training, self.job(params)))
 
     def evaluate_and_publish(self, outputs: type, params: Mapping[str, Any], train, dataset,
                              split, predict_fingerprint):
@@ -288,10 +316,11 @@ class Steps:
 
     def upload(self, params: Mapping[str, Any], gate, model) -> None:
         """On Vertex, the Model Registry upload of `model` under `gate` (`registry.add_upload`)
-        as `model_display_name`; none locally, nor for image models without a serving image."""
+        as `model_display_name`; none locally or on Kubeflow, nor for image models without a
+        serving image."""
         if self.upload_ops is not None:
             registry.add_upload(self.upload_ops, gate, model, params["model_display_name"],
-                                self.vertex.encryption_spec_key_name)
+                                self.target.encryption_spec_key_name)
 
     def predict(self, params: Mapping[str, Any], **arguments) -> None:
         """Batch prediction of `predict_uri`'s data (`arguments`: the model and the data's
@@ -309,10 +338,13 @@ class Steps:
                      **arguments).set_caching_options(False)
 
 
-def _upload_ops(kind: str, image: str, vertex: VertexSettings | None):
-    """What the Model Registry upload of `kind`'s models takes, on Vertex: text models are
-    served by the runtime image, image models by `vertex.serving_image` (none without it)."""
-    if vertex is None or not (kind in SERVED_BY_THE_RUNTIME or vertex.serving_image):
+def _upload_ops(kind: str, image: str, target):
+    """What the Vertex Model Registry upload of `kind`'s models takes, for a target that
+    uploads there: text models are served by the runtime image, image models by
+    `target.serving_image` (none without it)."""
+    vertex = target
+    if (getattr(target, "model_registry", "") != "vertex"
+            or not (kind in SERVED_BY_THE_RUNTIME or vertex.serving_image)):
         return None
     by_the_runtime = kind in SERVED_BY_THE_RUNTIME
     return registry.UploadOps(component(register.serving_model, image),

@@ -14,8 +14,7 @@ from components.common.report_html import REPORT_HTML_FILE
 from components.prepare_text.contract import MANIFEST, MULTI_LABEL
 from components.text_common.contract import TRAINING_METRICS_FILE
 from pipelines.definitions import registry, tuning
-from pipelines.definitions.steps import Steps
-from pipelines.definitions.vertex import VertexSettings
+from pipelines.definitions.steps import Steps, Target
 
 PIPELINE_NAME = "text-classifier"
 TUNING_PIPELINE_NAME = "text-classifier-tuning"
@@ -30,26 +29,27 @@ class Outputs(NamedTuple):
     register: bool
 
 
-def build(image: str, vertex: "VertexSettings | None" = None,
+def build(image: str, target: "Target | None" = None,
           tune: "tuning.TuningSettings | None" = None):
     """Builds the text pipeline.
 
     Args:
         image: URI of the fastai runtime image every step runs in.
-        vertex: Where each step runs on Vertex; None for the local (`kfp.local`) variant,
-            whose steps run as plain components and which skips the Model Registry upload.
-            On Vertex a model that clears the gate is uploaded with `image` as its
-            serving container (its default command is the prediction server).
-        tune: Compiles the tuning variant (Vertex only): after preparation, a Vertex
-            hyperparameter tuning job searches `tune.spaces["text"]`, and the model is
-            trained with the best trial's values.
+        target: Where each step runs: `VertexSettings` (custom jobs; a model that clears
+            the gate is uploaded with `image` as its serving container, whose default
+            command is the prediction server) or `KubeflowSettings` (pods); None for the
+            local (`kfp.local`) variant, whose steps run as plain components and which
+            skips the model registry.
+        tune: Compiles the tuning variant: after preparation, the target's search (a
+            Vertex tuning job, or trials in a ParallelFor) explores `tune.spaces["text"]`,
+            and the model is trained with the best trial's values.
 
     Returns:
         A `@dsl.pipeline` function whose outputs are `metrics` (the evaluation's
         scalars), `report`, `evaluation` (folder with metrics.json), `model`, `dataset`
         and `register` (the registration gate's decision).
     """
-    steps = Steps("text", image, vertex, tune)
+    steps = Steps("text", image, target, tune)
     default_job_account = steps.default_job_account
 
     # Defaults and Args help written by python -m pipelines.signatures from the

@@ -13,20 +13,19 @@ from typing import Any
 
 from components.text_common.contract import TRAINING_METRICS_FILE
 from pipelines.definitions import text, tuning
-from pipelines.definitions.steps import Steps
+from pipelines.definitions.steps import Steps, Target
 from pipelines.definitions.text import Outputs
-from pipelines.definitions.vertex import VertexSettings
 
 PIPELINE_NAME = "text-transformer"
 TUNING_PIPELINE_NAME = "text-transformer-tuning"
 
 
-def build(image: str, vertex: "VertexSettings | None" = None,
+def build(image: str, target: "Target | None" = None,
           tune: "tuning.TuningSettings | None" = None):
     """Builds the transformer text pipeline, as `text.build` builds the text pipeline (the
     same arguments, steps and outputs) but for its trainer: `image` holds transformers, and
     the tuning variant searches `tune.spaces["transformer"]`."""
-    steps = Steps("transformer", image, vertex, tune)
+    steps = Steps("transformer", image, target, tune)
     default_job_account = steps.default_job_account
 
     # Defaults and Args help written by python -m pipelines.signatures from the

@@ -260,6 +260,36 @@ def _complete_trial_job_spec(spec: dict, vertex: VertexSettings) -> None:
         task.get("inputs", {}).get("parameters", {}).pop("base_output_directory", None)
 
 
+def vertex_search(trainer: Callable, kind: str, tune: TuningSettings, vertex: VertexSettings,
+                  machine: Machine, display_name: str, image: str) -> Callable:
+    """The tuning variant's search on Vertex, made before the pipeline body.
+
+    Args:
+        trainer: The (unwrapped) trainer component.
+        kind: "image", "text" or "transformer".
+        tune: The tuning settings (`tune.spaces[kind]` is searched).
+        vertex: Job-wide settings.
+        machine: Each trial's machines (the training step's).
+        display_name: The tuning step's name in the run graph and the console.
+        image: The runtime image the best-trial step runs in.
+
+    Returns:
+        `search(training, job)`: adds the tuning job and the best-trial step to the body
+        being defined and returns `training` with the best trial's values (`searched`).
+    """
+    from components.tune.component import BEST_TRIAL
+    from pipelines.definitions.steps import component
+
+    tune_op = as_tuning_job(trainer, kind, tune.spaces[kind], tune, vertex, machine,
+                            display_name)
+    best_op = component(BEST_TRIAL[kind], image)
+
+    def search(training: dict, job: dict) -> dict:
+        return searched(tune_op, best_op, kind, training, job, display_name)
+
+    return search
+
+
 def searched(tune_op: Callable, best_op: Callable, kind: str, training: dict, job: dict,
              display_name: str) -> dict:
     """Adds the tuning job and the best-trial step to the pipeline being defined.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from google_cloud_pipeline_components.v1.custom_job import (
     create_custom_training_job_from_component,
@@ -224,22 +225,44 @@ class VertexSettings:
     serving_image: str = ""
     tensorboard: str = ""
 
+    # Models that clear the gate go to the Vertex Model Registry (`registry.add_upload`).
+    model_registry = "vertex"
+
+    @property
+    def default_job_account(self) -> str:
+        """The pipeline's `job_service_account` default: the compile-time service account."""
+        return self.service_account
+
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
         """`as_custom_job` with this step's machines (and the TensorBoard, if it trains)."""
         return as_custom_job(component, self.machines[step], self, display_name,
                              tensorboard=self.tensorboard if step in TRAINING_STEPS else "")
 
+    def place(self, task, step: str):
+        """`task` as it is: a custom job's machines are in its wrapper (`wrap`)."""
+        return task
 
-def preflight_inputs(vertex: VertexSettings | None) -> dict[str, str]:
-    """Compile-time settings the preflight step checks a run's parameters against.
+    def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """What every custom job of the run takes: the run's `job_service_account`."""
+        return {"service_account": params["job_service_account"]}
 
-    The TensorBoard the training jobs upload to, when there is one: Vertex refuses it for
-    jobs without a user-managed account, and `job_service_account` is a run-time parameter.
-    Nothing for the local variant, or without a TensorBoard (the step's default is "").
-    """
-    if vertex is None or not vertex.tensorboard:
-        return {}
-    return {"tensorboard": vertex.tensorboard}
+    def preflight_inputs(self) -> dict[str, str]:
+        """Compile-time settings the preflight step checks a run's parameters against.
+
+        The TensorBoard the training jobs upload to, when there is one: Vertex refuses it
+        for jobs without a user-managed account, and `job_service_account` is a run-time
+        parameter. Nothing without a TensorBoard (the step's default is "").
+        """
+        return {"tensorboard": self.tensorboard} if self.tensorboard else {}
+
+    def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
+               image: str) -> Callable:
+        """The tuning variant's search: a Vertex hyperparameter tuning job over `trainer`
+        on `step`'s machines, then the best trial's values (`tuning.vertex_search`)."""
+        from pipelines.definitions import tuning
+
+        return tuning.vertex_search(trainer, kind, tune, self, self.machines[step],
+                                    display_name, image)
 
 
 def job_output_directory(base: str, display_name: str) -> str:
