@@ -1,6 +1,8 @@
-"""Compile the pipelines to JSON (and YAML on request) for upload to Vertex AI Pipelines.
+"""Compile the pipelines to JSON (and YAML on request) for upload to Vertex AI Pipelines,
+or with `--target kubeflow` to KFP IR YAML for open-source Kubeflow Pipelines.
 
-    python compile.py [--registry us-central1-docker.pkg.dev/PROJECT/REPO] [--tag GIT_SHA]
+    python compile.py [--target vertex|kubeflow]
+                      [--registry us-central1-docker.pkg.dev/PROJECT/REPO] [--tag GIT_SHA]
                       [--output-dir build] [--yaml] [--config settings.json] [machine options]
                       [--tune-trials N] [--tune-parallel-trials N] [--image-search-space FILE]
 
@@ -14,6 +16,11 @@ Machine settings are compile-time options: Vertex bakes them into each step's
 `worker_pool_specs`, pipeline parameters cannot change them at run time.
 `--config FILE` reads a JSON object whose keys are these options' names
 (e.g. {"registry": "...", "shard_machine_type": "n1-highcpu-32"}); flags override it.
+
+`--target kubeflow` writes the same pipelines (and tuning variants: random trials in a
+ParallelFor) under build/kubeflow/ as YAML, each step a pod sized from the same machine
+options (or --<step>-cpu/--<step>-memory), its GPUs on nodes labelled with their type;
+Vertex-only options are refused. docs/kubeflow.md says what a cluster needs.
 """
 
 from __future__ import annotations
@@ -32,12 +39,19 @@ from kfp import compiler
 
 from components.tune.contract import SearchSpaceError, read_space
 from pipelines import quota
-from pipelines.definitions import image, lm, text, transformer, tuning
+from pipelines.definitions import image, kubeflow, lm, text, transformer, tuning
 from pipelines.definitions.steps import STEPS, TUNING_JOBS
 from pipelines.definitions.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
 
 PLACEHOLDER_REGISTRY = "us-central1-docker.pkg.dev/your-project/vertex-gpu-pipelines"
 RUNTIMES = ("tensorflow", "fastai")
+TARGETS = ("vertex", "kubeflow")
+# Options only one target can honour: refused for the other when set (not dropped).
+VERTEX_ONLY = ("restart_job_on_worker_restart", "service_account", "network", "encryption_key",
+               "serving_image", "base_output_directory", "tensorboard")
+KUBEFLOW_ONLY = ("gpu_node_label", "gpu_product", "spot_node_selector", "spot_toleration",
+                 "image_pull_secret", *(f"{step}_{field}" for step in DEFAULT_MACHINES
+                                        for field in ("cpu", "memory", "shm_size")))
 # Pipeline kinds with a tuning variant, and the machine table's step their trials run on.
 TUNED_KINDS = {kind: STEPS[kind]["train"].machine for kind in TUNING_JOBS}
 # A Vertex AI TensorBoard instance: project id or number, region, numeric instance id.
@@ -49,6 +63,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="JSON file of option defaults")
+    p.add_argument("--target", choices=TARGETS, default="vertex",
+                   help="vertex: JSON for Vertex AI Pipelines (custom jobs); kubeflow: YAML "
+                        "for open-source Kubeflow Pipelines on a Kubernetes cluster with GPUs "
+                        "(docs/kubeflow.md)")
     p.add_argument("--output-dir", default=None,
                    help="where the JSON is written (default: build/, or build/local/ when the "
                         "images are the placeholder registry's: those files are not for upload)")
@@ -70,7 +88,10 @@ def parser() -> argparse.ArgumentParser:
                            default=getattr(machine, field.name), help=argparse.SUPPRESS
                            if field.name == "boot_disk_size_gb" else None)
     j = p.add_argument_group("every job")
-    j.add_argument("--spot", action="store_true", help="run the jobs on Spot VMs")
+    j.add_argument("--spot", action="store_true",
+                   help="run the jobs on Spot VMs (Kubeflow: on the spot node pool)")
+    j.add_argument("--step-timeout", type=int, default=604800, metavar="SECONDS",
+                   help="longest a step may run (a custom job's timeout, a pod's deadline)")
     j.add_argument("--restart-job-on-worker-restart", action="store_true")
     j.add_argument("--service-account", default="", help="service account the jobs run as")
     j.add_argument("--network", default="", help="projects/NUMBER/global/networks/NAME")
@@ -85,7 +106,36 @@ def parser() -> argparse.ArgumentParser:
                    help="Vertex AI TensorBoard the training jobs upload their per-epoch series "
                         "to, projects/PROJECT/locations/REGION/tensorboards/ID (the pipeline's "
                         "region); needs --base-output-directory and --service-account")
-    t = p.add_argument_group("tuning variants (Vertex hyperparameter tuning jobs)")
+    k = p.add_argument_group("Kubeflow target (--target kubeflow)")
+    for step in DEFAULT_MACHINES:
+        flag = step.replace("_", "-")
+        k.add_argument(f"--{flag}-cpu", dest=f"{step}_cpu", default="", metavar="QUANTITY",
+                       help=argparse.SUPPRESS)
+        k.add_argument(f"--{flag}-memory", dest=f"{step}_memory", default="",
+                       metavar="QUANTITY", help=argparse.SUPPRESS)
+        k.add_argument(f"--{flag}-shm-size", dest=f"{step}_shm_size", default="",
+                       metavar="QUANTITY", help=argparse.SUPPRESS)
+    k.add_argument("--gpu-node-label", choices=("gfd", "gke", "none"), default="gfd",
+                   help="node label that names the GPU type: gfd (NVIDIA GPU Feature "
+                        "Discovery's nvidia.com/gpu.product), gke (cloud.google.com/"
+                        "gke-accelerator) or none (any GPU node). Per step, "
+                        "--<step>-cpu/--<step>-memory/--<step>-shm-size (Kubernetes "
+                        "quantities) override what the machine type maps to")
+    k.add_argument("--gpu-product", action="append", default=[], metavar="GPU=VALUE",
+                   help="the label's value for a Vertex GPU name, e.g. "
+                        "NVIDIA_TESLA_V100=Tesla-V100-PCIE-32GB; repeatable")
+    k.add_argument("--spot-node-selector", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"the spot pool's node label with --spot (default "
+                        f"{kubeflow.GKE_SPOT_SELECTOR}; EKS: eks.amazonaws.com/"
+                        "capacityType=SPOT); repeatable")
+    k.add_argument("--spot-toleration", action="append", default=[],
+                   metavar="KEY=VALUE:EFFECT",
+                   help=f"the spot pool's taint to tolerate with --spot (default "
+                        f"{kubeflow.GKE_SPOT_TOLERATION}); repeatable")
+    k.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                   help="Kubernetes secret the pods pull the images with; repeatable")
+    t = p.add_argument_group("tuning variants (Vertex hyperparameter tuning jobs; on "
+                             "Kubeflow, random trials in a ParallelFor)")
     # Their defaults are TuningSettings' own: one home for each.
     tune_defaults = tuning.TuningSettings(spaces={})
     t.add_argument("--tune-trials", type=int, default=tune_defaults.max_trials,
@@ -96,7 +146,10 @@ def parser() -> argparse.ArgumentParser:
                    default=tune_defaults.max_failed_trials,
                    help="failed trials that fail the job; 0 lets Vertex decide")
     t.add_argument("--tune-algorithm", default=tune_defaults.algorithm,
-                   help=f"one of {', '.join(tuning.ALGORITHMS)} (unspecified: Bayesian)")
+                   help=f"one of {', '.join(tuning.ALGORITHMS)} (unspecified: Bayesian; "
+                        "Kubeflow: random search only)")
+    t.add_argument("--tune-seed", type=int, default=tune_defaults.seed,
+                   help="seed of the points the Kubeflow target's trials try (drawn here)")
     for kind in TUNED_KINDS:
         t.add_argument(f"--{kind}-search-space", default="", metavar="FILE",
                        help=f"JSON search space of the {kind} trainer (default: "
@@ -224,9 +277,76 @@ def vertex_settings(args: argparse.Namespace) -> VertexSettings:
         network=args.network,
         encryption_spec_key_name=args.encryption_key,
         base_output_directory=args.base_output_directory,
+        timeout=f"{args.step_timeout}s",
         serving_image=args.serving_image,
         tensorboard=args.tensorboard,
     )
+
+
+def other_target_options(args: argparse.Namespace) -> list[str]:
+    """The options set that the chosen target cannot honour, each named with its target."""
+    own = vars(parser().parse_args([]))
+    other, name = (VERTEX_ONLY, "Vertex") if args.target == "kubeflow" else (
+        KUBEFLOW_ONLY, "Kubeflow")
+    problems = [f"--{option.replace('_', '-')} is a {name} option; --target {args.target} "
+                "cannot honour it (docs/kubeflow.md: what differs)"
+                for option in other if getattr(args, option) != own[option]]
+    if args.target == "kubeflow" and args.tune_algorithm not in (
+            "ALGORITHM_UNSPECIFIED", "RANDOM_SEARCH"):
+        problems.append(f"--tune-algorithm {args.tune_algorithm}: the Kubeflow target's trials "
+                        "are a random search drawn at compile time (RANDOM_SEARCH)")
+    return problems
+
+
+def kubeflow_settings(args: argparse.Namespace) -> kubeflow.KubeflowSettings:
+    """The Kubeflow target's settings; exits naming every option at fault."""
+    values = vars(args)
+    machines = {
+        step: Machine(**{f.name: values[f"{step}_{f.name}"] for f in dataclasses.fields(Machine)})
+        for step in DEFAULT_MACHINES
+    }
+    problems = other_target_options(args) + kubeflow.replica_problems(machines)
+    pods, spot = {}, {}
+    for step, machine in machines.items():
+        try:
+            pods[step] = kubeflow.pod_resources(step, machine, kubeflow.PodOverrides(
+                values[f"{step}_cpu"], values[f"{step}_memory"], values[f"{step}_shm_size"]))
+        except ValueError as err:
+            problems.append(str(err))
+    label, products = ("", {}) if args.gpu_node_label == "none" else kubeflow.GPU_LABELS[
+        args.gpu_node_label]
+    products = dict(products)
+    try:
+        for item in args.gpu_product:
+            gpu, value = kubeflow.parse_label(item, "--gpu-product")
+            products[gpu] = value
+        spot = {"spot_selectors": tuple(kubeflow.parse_label(item, "--spot-node-selector")
+                                        for item in args.spot_node_selector or
+                                        [kubeflow.GKE_SPOT_SELECTOR]),
+                "spot_tolerations": tuple(kubeflow.parse_toleration(item, "--spot-toleration")
+                                          for item in args.spot_toleration or
+                                          [kubeflow.GKE_SPOT_TOLERATION])}
+    except ValueError as err:
+        problems.append(str(err))
+    problems += [problem for step, pod in pods.items()
+                 for problem in kubeflow.gpu_problems(step, pod, label, products)]
+    if args.step_timeout < 1:
+        problems.append(f"--step-timeout must be >= 1 second, got {args.step_timeout}")
+    if problems:
+        raise SystemExit("error: " + "\nerror: ".join(problems))
+    return kubeflow.KubeflowSettings(
+        pods=pods, gpu_label=label, gpu_products=products, spot=args.spot, **spot,
+        image_pull_secrets=tuple(args.image_pull_secret), timeout_seconds=args.step_timeout)
+
+
+def target_settings(args: argparse.Namespace):
+    """The chosen target's settings (`--target`); exits naming the options at fault."""
+    if args.target == "kubeflow":
+        return kubeflow_settings(args)
+    problems = other_target_options(args)
+    if problems:
+        raise SystemExit("error: " + "\nerror: ".join(problems))
+    return vertex_settings(args)
 
 
 def tuning_settings(args: argparse.Namespace) -> tuning.TuningSettings:
@@ -238,7 +358,8 @@ def tuning_settings(args: argparse.Namespace) -> tuning.TuningSettings:
         raise SystemExit(f"error: {err}") from err
     settings = tuning.TuningSettings(
         spaces=spaces, max_trials=args.tune_trials, parallel_trials=args.tune_parallel_trials,
-        max_failed_trials=args.tune_max_failed_trials, algorithm=args.tune_algorithm)
+        max_failed_trials=args.tune_max_failed_trials, algorithm=args.tune_algorithm,
+        seed=args.tune_seed)
     problems = settings.problems()
     if problems:
         raise SystemExit("error: " + "\nerror: ".join(problems))
@@ -248,7 +369,7 @@ def tuning_settings(args: argparse.Namespace) -> tuning.TuningSettings:
 def compile_all(args: argparse.Namespace) -> list[str]:
     """Compiles every pipeline; returns the paths written."""
     uris = image_uris(args)
-    settings = vertex_settings(args)
+    settings = target_settings(args)
     tune = tuning_settings(args)
     os.makedirs(args.output_dir, exist_ok=True)
     pipelines = {
@@ -260,9 +381,12 @@ def compile_all(args: argparse.Namespace) -> list[str]:
         "transformer_pipeline": transformer.build(uris["fastai"], settings),
         "transformer_tuning_pipeline": transformer.build(uris["fastai"], settings, tune),
     }
+    # Kubeflow's platform settings live in the YAML's second document: YAML only.
+    extensions = ("yaml",) if args.target == "kubeflow" else (
+        ("json", "yaml") if args.yaml else ("json",))
     written = []
     for name, pipeline in pipelines.items():
-        for ext in ("json", "yaml") if args.yaml else ("json",):
+        for ext in extensions:
             path = os.path.join(args.output_dir, f"{name}.{ext}")
             with warnings.catch_warnings():
                 # kfp 2.17 prefers YAML; JSON is what the Vertex console upload takes here.
@@ -275,6 +399,8 @@ def compile_all(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     placeholder = args.registry == PLACEHOLDER_REGISTRY and not args.image
+    if args.target == "kubeflow":
+        return main_kubeflow(args, placeholder)
     if args.output_dir is None:
         args.output_dir = os.path.join("build", "local") if placeholder else "build"
     if placeholder:
@@ -297,6 +423,27 @@ def main(argv: list[str] | None = None) -> int:
     for kind, step in TUNED_KINDS.items():
         print(tuning.cost_warning(kind, tune, vertex_settings(args).machines[step]),
               file=sys.stderr)
+    return 0
+
+
+def main_kubeflow(args: argparse.Namespace, placeholder: bool) -> int:
+    """`main` for --target kubeflow: the YAML under build/kubeflow/ and each pod's size."""
+    if args.output_dir is None:
+        args.output_dir = os.path.join("build", "kubeflow")
+    if placeholder:
+        print(f"note: images point at the placeholder registry {PLACEHOLDER_REGISTRY}; pass "
+              "--registry (and --tag) or --image for images your cluster can pull",
+              file=sys.stderr)
+    written = compile_all(args)
+    for path in written:
+        print(path)
+    settings = kubeflow_settings(args)
+    for step, pod in settings.pods.items():
+        print(f"pod: {kubeflow.describe(step, pod, settings)}", file=sys.stderr)
+    tune = tuning_settings(args)
+    print(f"note: the tuning pipelines run {tune.max_trials} trials, "
+          f"{tune.parallel_trials} at a time, each a pod of its training step; then one more "
+          "training with the best values", file=sys.stderr)
     return 0
 
 

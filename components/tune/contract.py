@@ -293,3 +293,38 @@ def coerce(kind: str, name: str, value: Any) -> int | float:
             raise SearchSpaceError(f"{name}={value!r} must be a whole number")
         return int(number)
     return number
+
+
+def draw_points(space: SearchSpace, count: int, seed: int) -> list[dict[str, int | float]]:
+    """`count` points of `space` drawn at random (a random search's trials), reproducibly.
+
+    Doubles and integers are drawn uniformly on their scale (log: uniform in the
+    logarithm), discrete values with equal chances. The same space, count and seed give
+    the same points, so a compiled pipeline names its trials before it runs.
+
+    Args:
+        space: The search space.
+        count: Points to draw.
+        seed: Seed of the draw.
+
+    Returns:
+        One dict per point: parameter name to value, typed as the trainer takes it.
+    """
+    import random
+
+    rng = random.Random(seed)
+    points = []
+    for _ in range(count):
+        point: dict[str, int | float] = {}
+        for p in space.parameters:
+            if p.values:
+                point[p.name] = rng.choice(p.values)
+                continue
+            if p.scale == "log":
+                value = math.exp(rng.uniform(math.log(p.min), math.log(p.max)))
+            else:
+                value = rng.uniform(p.min, p.max)
+            point[p.name] = (min(int(p.max), max(int(p.min), round(value)))
+                             if p.type == "integer" else value)
+        points.append(point)
+    return points

@@ -142,3 +142,58 @@ def choose(kind: str, gcp_resources: str, defaults: Mapping[str, Any], trials,
                             "succeeded": sum(r["state"] == "SUCCEEDED" for r in table),
                             "trials": len(table)})
     return values
+
+
+def choose_from_results(kind: str, results: list[Mapping[str, Any]], goal: str,
+                        max_failed_trials: int, defaults: Mapping[str, Any],
+                        trials) -> dict[str, Any]:
+    """Ranks the trials a pipeline ran itself (`components.tune.task_trial`), writes
+    `trials.json` into the `trials` artifact and returns every tunable parameter of
+    `kind`: the best trial's value where it was searched, else the run's.
+
+    Args:
+        kind: "image", "text" or "transformer".
+        results: One `run_trial` result per trial, in the order they were drawn.
+        goal: "maximize" or "minimize".
+        max_failed_trials: Failed trials that fail the search, as a Vertex tuning job's:
+            0 fails it only when no trial succeeded with a value of the metric.
+        defaults: The run's values of the tunable parameters.
+        trials: Output artifact (`.path` a folder, `.metadata` a dict).
+
+    Raises:
+        TuningError: Too many trials failed, or none has a value; `trials.json` is written
+            first, naming each trial's error.
+    """
+    import os
+
+    from components.common.storage import write_json_atomically
+
+    table = [{"id": str(i + 1), **dict(r)} for i, r in enumerate(results)]
+    failed = [row for row in table if row.get("state") != "SUCCEEDED"]
+    ranked = [row for row in table if row.get("state") == "SUCCEEDED"
+              and row.get("metric") is not None]
+    summary = {"goal": goal, "max_failed_trials": max_failed_trials, "trials": table}
+    os.makedirs(trials.path, exist_ok=True)
+    problem = None
+    if max_failed_trials and len(failed) >= max_failed_trials:
+        problem = (f"{len(failed)} of {len(table)} trials failed, at least "
+                   f"max_failed_trials={max_failed_trials}")
+    elif not ranked:
+        problem = f"no trial of {len(table)} succeeded with a value of the study metric"
+    if problem:
+        write_json_atomically(os.path.join(trials.path, TRIALS_FILE), {**summary, "best": None})
+        errors = sorted({row["error"] for row in failed if row.get("error")})
+        raise TuningError(f"{problem}; errors: {errors or 'none recorded'} (every trial's "
+                          f"values and error: {os.path.join(trials.uri, TRIALS_FILE)})")
+    best = ranked[0]
+    for row in ranked[1:]:
+        if (row["metric"] > best["metric"]) if goal == "maximize" else (
+                row["metric"] < best["metric"]):
+            best = row
+    values = {name: coerce(kind, name, best["parameters"][name])
+              if name in best["parameters"] else defaults[name] for name in TUNABLE[kind]}
+    summary["best"] = {**best, "values": values}
+    write_json_atomically(os.path.join(trials.path, TRIALS_FILE), summary)
+    trials.metadata.update({"best_trial": best["id"], "best_metric": best["metric"],
+                            "succeeded": len(table) - len(failed), "trials": len(table)})
+    return values

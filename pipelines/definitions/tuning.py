@@ -44,6 +44,8 @@ class TuningSettings:
         parallel_trials: Trials running at once (each on the training step's machines).
         max_failed_trials: Failed trials that fail the job; 0 lets Vertex decide.
         algorithm: Vertex's search: ALGORITHM_UNSPECIFIED (Bayesian), GRID_SEARCH, RANDOM_SEARCH.
+        seed: Seed of the points a target without a tuning service draws at compile time
+            (`pipelines.definitions.trials`; random search).
     """
 
     spaces: Mapping[str, SearchSpace]
@@ -51,6 +53,7 @@ class TuningSettings:
     parallel_trials: int = 3
     max_failed_trials: int = 0
     algorithm: str = "ALGORITHM_UNSPECIFIED"
+    seed: int = 0
 
     def problems(self) -> list[str]:
         """What Vertex would refuse in these settings, each naming the compile option."""

@@ -1,0 +1,311 @@
+"""Where each step runs on open-source Kubeflow Pipelines: pod resources and scheduling.
+
+The Kubeflow target compiles the same DAG that `kfp.local` runs (no GCPC launcher) and
+puts each task on a node of the user's cluster with what a Vertex machine gave it: CPU and
+memory (requests = limits: Guaranteed QoS, so a training pod is the last evicted), its
+GPUs (`nvidia.com/gpu`) with a node selector for the GPU type and the GPU toleration, a
+memory-backed `/dev/shm`, the step timeout and image pull secrets (`kfp-kubernetes`; the
+platform settings land in the compiled YAML's second document). The same compile-time
+`Machine` options pick them: a machine type maps to a node's capacity with headroom left
+for the kubelet and the node's daemons, or the quantities are given directly. KFP's IR
+has no ephemeral-storage request: the launcher's copies of inputs and outputs go to the
+node's disk (docs/kubeflow.md sizes it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pipelines.definitions.vertex import GPU_MACHINES, Machine
+
+# A Compute Engine machine type's vCPUs and memory (GiB), for the nodes a cluster on GKE
+# would run the step on, and as a size other clusters can read ("n1-standard-8": 8 cores,
+# 30 GiB). Families from Compute Engine's machine type pages (read 2026-11).
+GIB_PER_VCPU = {
+    "n1-standard": 3.75, "n1-highmem": 6.5, "n1-highcpu": 0.9,
+    "n2-standard": 4.0, "n2-highmem": 8.0, "n2-highcpu": 1.0,
+    "e2-standard": 4.0, "e2-highmem": 8.0, "e2-highcpu": 1.0,
+    "c2-standard": 4.0, "g2-standard": 4.0,
+}
+# Accelerator-optimised and memory-optimised machines: (vCPUs, GiB).
+FIXED_SHAPES: Mapping[str, tuple[int, float]] = {
+    **{f"a2-highgpu-{n}g": (12 * n, 85.0 * n) for n in (1, 2, 4, 8)},
+    "a2-megagpu-16g": (96, 1360.0),
+    **{f"a2-ultragpu-{n}g": (12 * n, 170.0 * n) for n in (1, 2, 4, 8)},
+    **{f"a3-highgpu-{n}g": (26 * n, 234.0 * n) for n in (1, 2, 4, 8)},
+    "a3-megagpu-8g": (208, 1872.0), "a3-ultragpu-8g": (224, 2952.0),
+    "a4-highgpu-8g": (224, 3968.0),
+    "m1-ultramem-40": (40, 961.0), "m1-ultramem-80": (80, 1922.0),
+    "m1-ultramem-160": (160, 3844.0), "m1-megamem-96": (96, 1433.6),
+}
+# Left to the node: the kubelet, the container runtime and daemon sets (GKE reserves
+# about 6% of the first core and 25% of the first 4 GiB, less after; other distributions
+# alike), so a pod sized to the whole machine would never schedule.
+CPU_SHARE, CPU_KEPT = 0.9, 0.3
+MEMORY_SHARE, MEMORY_KEPT_GIB = 0.85, 1.0
+# /dev/shm (PyTorch's DataLoader workers and NCCL pass tensors through it; a container's
+# own is 64 MiB): a quarter of the pod's memory, counted inside its limit.
+SHM_SHARE, SHM_MAX_GIB = 0.25, 16
+
+# Labels that name a node's GPU type: NVIDIA GPU Feature Discovery's product label (GPU
+# operator, any cloud or on-premises; the product name nvidia-smi prints, spaces as "-"),
+# or GKE's accelerator label. Vertex's GPU name -> the label's value.
+GPU_LABELS: Mapping[str, tuple[str, Mapping[str, str]]] = {
+    "gfd": ("nvidia.com/gpu.product", {
+        "NVIDIA_TESLA_K80": "Tesla-K80", "NVIDIA_TESLA_P4": "Tesla-P4",
+        "NVIDIA_TESLA_P100": "Tesla-P100-PCIE-16GB", "NVIDIA_TESLA_V100": "Tesla-V100-SXM2-16GB",
+        "NVIDIA_TESLA_T4": "Tesla-T4", "NVIDIA_TESLA_A100": "NVIDIA-A100-SXM4-40GB",
+        "NVIDIA_A100_80GB": "NVIDIA-A100-SXM4-80GB", "NVIDIA_L4": "NVIDIA-L4",
+        "NVIDIA_H100_80GB": "NVIDIA-H100-80GB-HBM3", "NVIDIA_H100_MEGA_80GB":
+        "NVIDIA-H100-80GB-HBM3", "NVIDIA_H200_141GB": "NVIDIA-H200", "NVIDIA_B200": "NVIDIA-B200",
+    }),
+    "gke": ("cloud.google.com/gke-accelerator", {
+        "NVIDIA_TESLA_K80": "nvidia-tesla-k80", "NVIDIA_TESLA_P4": "nvidia-tesla-p4",
+        "NVIDIA_TESLA_P100": "nvidia-tesla-p100", "NVIDIA_TESLA_V100": "nvidia-tesla-v100",
+        "NVIDIA_TESLA_T4": "nvidia-tesla-t4", "NVIDIA_TESLA_A100": "nvidia-tesla-a100",
+        "NVIDIA_A100_80GB": "nvidia-a100-80gb", "NVIDIA_L4": "nvidia-l4",
+        "NVIDIA_H100_80GB": "nvidia-h100-80gb", "NVIDIA_H100_MEGA_80GB": "nvidia-h100-mega-80gb",
+        "NVIDIA_H200_141GB": "nvidia-h200-141gb", "NVIDIA_B200": "nvidia-b200",
+    }),
+}
+GPU_RESOURCE = "nvidia.com/gpu"
+# The taint GPU node pools carry (GKE: nvidia.com/gpu=present:NoSchedule; the GPU
+# operator's guides alike): tolerated whatever its value.
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+# GKE's spot node pools; EKS (eks.amazonaws.com/capacityType=SPOT) and AKS
+# (kubernetes.azure.com/scalesetpriority=spot, tainted alike) are given as options.
+GKE_SPOT_SELECTOR = "cloud.google.com/gke-spot=true"
+GKE_SPOT_TOLERATION = "cloud.google.com/gke-spot=true:NoSchedule"
+SHM_VOLUME = "dshm"
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
+DOCS = "docs/kubeflow.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class PodResources:
+    """One step's pod: what it requests (and is limited to) and where it is scheduled.
+
+    Attributes:
+        cpu: CPU cores, a Kubernetes quantity ("6.9", "500m").
+        memory: Memory, a Kubernetes quantity ("24Gi"); /dev/shm is counted inside it.
+        shm: Size of the memory-backed /dev/shm.
+        gpu_type: Vertex's GPU name ("NVIDIA_TESLA_T4"); empty for none.
+        gpu_count: GPUs of the pod (all on one node).
+    """
+
+    cpu: str
+    memory: str
+    shm: str
+    gpu_type: str = ""
+    gpu_count: int = 0
+
+
+def machine_shape(machine_type: str) -> tuple[int, float] | None:
+    """(vCPUs, GiB) of a Compute Engine machine type; None when it is not one known here."""
+    if machine_type in FIXED_SHAPES:
+        return FIXED_SHAPES[machine_type]
+    family, _, size = machine_type.rpartition("-")
+    if family in GIB_PER_VCPU and size.isdigit():
+        return int(size), GIB_PER_VCPU[family] * int(size)
+    return None
+
+
+def _gib(value: float) -> str:
+    return f"{max(1, math.floor(value))}Gi"
+
+
+def _quantity_gib(quantity: str) -> float:
+    """A memory quantity in GiB (for sizing /dev/shm inside it)."""
+    number, unit = re.match(r"^([0-9.]+)([A-Za-z]*)$", quantity).groups()
+    scale = {"": 2**-30, "k": 1e3 / 2**30, "Ki": 2**-20, "M": 1e6 / 2**30, "Mi": 2**-10,
+             "G": 1e9 / 2**30, "Gi": 1.0, "T": 1e12 / 2**30, "Ti": 1024.0, "m": 1e-3 / 2**30}
+    return float(number) * scale[unit]
+
+
+@dataclasses.dataclass(frozen=True)
+class PodOverrides:
+    """Quantities given directly for one step (`--<step>-cpu` ...); empty: from the machine."""
+
+    cpu: str = ""
+    memory: str = ""
+    shm: str = ""
+
+
+def pod_resources(step: str, machine: Machine,
+                  overrides: PodOverrides = PodOverrides()) -> PodResources:
+    """The pod of `step` on `machine`, each quantity from the machine unless overridden.
+
+    Args:
+        step: A key of DEFAULT_MACHINES (names the options in messages).
+        machine: The step's machine options, as for Vertex.
+        overrides: Quantities given directly.
+
+    Returns:
+        The pod's resources.
+
+    Raises:
+        ValueError: The machine type is unknown and CPU or memory are not given, a quantity
+            is not a Kubernetes quantity, or the shm does not fit in the memory; the
+            message names the option.
+    """
+    flag = "--" + step.replace("_", "-")
+    for name, value in dataclasses.asdict(overrides).items():
+        if value and not QUANTITY.match(value):
+            raise ValueError(f"{flag}-{name.replace('_', '-')} {value!r} is not a Kubernetes "
+                             "quantity (e.g. 8, 500m, 24Gi)")
+    shape = machine_shape(machine.machine_type)
+    if shape is None and not (overrides.cpu and overrides.memory):
+        raise ValueError(f"{flag}-machine-type {machine.machine_type!r} has no known size: give "
+                         f"{flag}-cpu and {flag}-memory (the pod's request, below a node's "
+                         "allocatable capacity)")
+    vcpus, gib = shape or (0, 0.0)
+    cpu = overrides.cpu or f"{math.floor((vcpus * CPU_SHARE - CPU_KEPT) * 10) / 10:g}"
+    memory = overrides.memory or _gib(gib * MEMORY_SHARE - MEMORY_KEPT_GIB)
+    memory_gib = _quantity_gib(memory)
+    shm = overrides.shm or _gib(min(SHM_MAX_GIB, memory_gib * SHM_SHARE))
+    if _quantity_gib(shm) >= memory_gib:
+        raise ValueError(f"{flag}-shm-size {shm} must be less than the pod's memory {memory}: "
+                         "/dev/shm is memory the pod's limit counts")
+    gpu_type, gpu_count = machine.accelerator_type, machine.accelerator_count
+    if machine.machine_type in GPU_MACHINES and not gpu_type:
+        gpu_type, gpu_count = GPU_MACHINES[machine.machine_type]
+    return PodResources(cpu=cpu, memory=memory, shm=shm,
+                        gpu_type=gpu_type if gpu_count else "", gpu_count=gpu_count if gpu_type
+                        else 0)
+
+
+def parse_label(text: str, option: str) -> tuple[str, str]:
+    """KEY=VALUE as a node label; ValueError naming `option` otherwise."""
+    key, sep, value = text.partition("=")
+    if not (key and sep and value):
+        raise ValueError(f"{option} {text!r} must be KEY=VALUE (a node label)")
+    return key, value
+
+
+def parse_toleration(text: str, option: str) -> dict[str, str]:
+    """KEY=VALUE:EFFECT (operator Equal) or KEY:EFFECT (operator Exists) as a toleration."""
+    head, sep, effect = text.rpartition(":")
+    if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute") or not head:
+        raise ValueError(f"{option} {text!r} must be KEY=VALUE:EFFECT or KEY:EFFECT with EFFECT "
+                         "NoSchedule, PreferNoSchedule or NoExecute")
+    key, eq, value = head.partition("=")
+    if eq:
+        return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    return {"key": key, "operator": "Exists", "effect": effect}
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeflowSettings:
+    """Settings of every pod the pipeline starts on a Kubernetes cluster.
+
+    Attributes:
+        pods: Step name (a key of DEFAULT_MACHINES) to its pod.
+        gpu_label: Node label naming the GPU type ("nvidia.com/gpu.product"); empty: any
+            GPU node.
+        gpu_products: Vertex GPU name -> that label's value.
+        spot_selectors: Node labels of the spot pool (with `spot`), (key, value) pairs.
+        spot_tolerations: Tolerations of the spot pool's taints.
+        spot: Run the steps with machines on spot nodes.
+        image_pull_secrets: Secrets the pods pull the images with.
+        timeout_seconds: Longest a step may run (the pod's activeDeadlineSeconds).
+    """
+
+    pods: Mapping[str, PodResources]
+    gpu_label: str = GPU_LABELS["gfd"][0]
+    gpu_products: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: dict(GPU_LABELS["gfd"][1]))
+    spot: bool = False
+    spot_selectors: tuple[tuple[str, str], ...] = ()
+    spot_tolerations: tuple[Mapping[str, str], ...] = ()
+    image_pull_secrets: tuple[str, ...] = ()
+    timeout_seconds: int = 604800
+
+    # What `Steps` asks of a target (steps.Target; VertexSettings answers the same).
+    default_job_account = ""
+    # Models that clear the gate are not uploaded to Vertex's registry.
+    model_registry = "mlflow"
+
+    def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
+        """The component as it is: on Kubeflow a step is a pod (`place` sizes it)."""
+        return component
+
+    def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Nothing: the run's Kubernetes service account is chosen when it is submitted."""
+        return {}
+
+    def preflight_inputs(self) -> dict[str, str]:
+        """Nothing: there is no compile-time setting for the preflight to check here."""
+        return {}
+
+    def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
+               image: str) -> Callable:
+        """The tuning variant's search: random trials in a ParallelFor, each a pod on
+        `step`'s nodes, then the best trial's values (`trials.parallel_search`)."""
+        from pipelines.definitions import trials
+
+        return trials.parallel_search(trainer, kind, tune, display_name, image, self.place,
+                                      step)
+
+    def place(self, task, step: str):
+        """Puts `task` on its nodes: every task gets the pull secrets and the timeout; a
+        step with machines (`step`, a key of DEFAULT_MACHINES) its pod's resources, GPUs,
+        /dev/shm and, with `spot`, the spot pool."""
+        from kfp import kubernetes
+
+        if self.image_pull_secrets:
+            kubernetes.set_image_pull_secrets(task, list(self.image_pull_secrets))
+        kubernetes.set_timeout(task, self.timeout_seconds)
+        if not step:
+            return task
+        pod = self.pods[step]
+        task.set_cpu_request(pod.cpu).set_cpu_limit(pod.cpu)
+        task.set_memory_request(pod.memory).set_memory_limit(pod.memory)
+        kubernetes.empty_dir_mount(task, volume_name=SHM_VOLUME, mount_path="/dev/shm",
+                                   medium="Memory", size_limit=pod.shm)
+        if pod.gpu_count:
+            task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(pod.gpu_count)
+            if self.gpu_label:
+                kubernetes.add_node_selector(task, self.gpu_label,
+                                             self.gpu_products[pod.gpu_type])
+            kubernetes.add_toleration(task, **GPU_TOLERATION)
+        if self.spot:
+            for key, value in self.spot_selectors:
+                kubernetes.add_node_selector(task, key, value)
+            for toleration in self.spot_tolerations:
+                kubernetes.add_toleration(task, **toleration)
+        return task
+
+
+def gpu_problems(step: str, pod: PodResources, label: str,
+                 products: Mapping[str, str]) -> list[str]:
+    """What cannot place `step`'s GPUs: a count without a type (or the reverse), or a GPU
+    type whose node label value is unknown."""
+    flag = "--" + step.replace("_", "-")
+    if pod.gpu_count < 0:
+        return [f"{flag}-accelerator-count must be >= 0, got {pod.gpu_count}"]
+    if pod.gpu_type and label and pod.gpu_type not in products:
+        return [f"{flag}-accelerator-type {pod.gpu_type!r}: no {label} value known for it; "
+                f"give --gpu-product {pod.gpu_type}=VALUE (known: {sorted(products)})"]
+    return []
+
+
+def describe(step: str, pod: PodResources, settings: KubeflowSettings) -> str:
+    """One line of what `step`'s pod asks for, for the compile output."""
+    gpus = ""
+    if pod.gpu_count:
+        where = (f" on {settings.gpu_label}={settings.gpu_products[pod.gpu_type]}"
+                 if settings.gpu_label else " on any GPU node")
+        gpus = f", {pod.gpu_count} x {GPU_RESOURCE} ({pod.gpu_type}){where}"
+    return f"{step}: cpu {pod.cpu}, memory {pod.memory} (/dev/shm {pod.shm}){gpus}"
+
+
+def replica_problems(machines: Mapping[str, Machine]) -> list[str]:
+    """Replicas past one pod, refused: KFP has no multi-pod step (Vertex's worker pools)."""
+    return [f"--{step.replace('_', '-')}-replica-count {machine.replica_count}: a Kubeflow "
+            "step is one pod, with all the GPUs of one node (MirroredStrategy or DDP inside "
+            f"it); past one node, see {DOCS} (Kubeflow Trainer for the PyTorch trainers)"
+            for step, machine in machines.items() if machine.replica_count > 1]

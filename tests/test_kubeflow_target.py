@@ -1,0 +1,264 @@
+"""The Kubeflow target (`compile.py --target kubeflow`): the compiled IR YAML, read with
+KFP's own loaders, and what a cluster's scheduler would be asked for per step.
+
+No Kubernetes or KFP backend can run here: these tests check the compiled files (the
+pipeline spec and the `kfp-kubernetes` platform spec beside it), the options refused, and
+the trials' own code run through KFP's executor.
+"""
+
+import json
+import math
+
+import pytest
+import yaml
+from kfp import components
+from kfp.dsl import Model
+from kfp.dsl.executor import Executor
+
+import compile as compile_cli
+from components.tune import selection
+from components.tune.contract import TUNABLE, default_space, draw_points
+from components.tune.task_trial import as_trial, run_trial
+from pipelines.definitions import kubeflow
+from pipelines.definitions.vertex import Machine
+
+REGISTRY = "registry.example.com/ml"
+PIPELINES = ("image_pipeline", "text_pipeline", "lm_pipeline", "transformer_pipeline",
+             "image_tuning_pipeline", "text_tuning_pipeline", "transformer_tuning_pipeline")
+# Each pipeline's GPU tasks' executors, and the GPU they ask for by default.
+GPU_EXECUTORS = {
+    "image_pipeline": {"exec-train-image-classifier": ("Tesla-V100-SXM2-16GB", 2)},
+    "text_pipeline": {"exec-train-text-classifier": ("Tesla-T4", 1)},
+    "lm_pipeline": {"exec-train-language-model": ("Tesla-T4", 1)},
+    "transformer_pipeline": {"exec-train-transformer-classifier": ("Tesla-T4", 1)},
+    "image_tuning_pipeline": {"exec-train-image-classifier": ("Tesla-V100-SXM2-16GB", 2),
+                              "exec-trial-train-image-classifier": ("Tesla-V100-SXM2-16GB", 2)},
+}
+
+
+def _compile(tmp_path, *extra):
+    out = tmp_path / "kubeflow"
+    assert compile_cli.main(["--target", "kubeflow", "--output-dir", str(out), "--registry",
+                             REGISTRY, "--tag", "0a1b2c3", *extra]) == 0
+    return out
+
+
+def _documents(path):
+    """(pipeline spec, platform spec's executors) of one compiled file."""
+    spec, platform = yaml.safe_load_all(path.read_text())
+    return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return _compile(tmp_path_factory.mktemp("kf"))
+
+
+def test_every_pipeline_and_tuning_variant_compiles_to_yaml_kfp_loads(compiled):
+    assert sorted(p.name for p in compiled.iterdir()) == sorted(f"{n}.yaml" for n in PIPELINES)
+    for name in PIPELINES:
+        text = (compiled / f"{name}.yaml").read_text()
+        component = components.load_component_from_file(str(compiled / f"{name}.yaml"))
+        assert component.pipeline_spec.root.dag.tasks, name
+        # Nothing of Vertex's: no GCPC launcher, job specs or Vertex-only placeholders.
+        for vertex_only in ("gcp_resources", "worker_pool_specs", "pipeline_google_cloud",
+                            "google_cloud_pipeline_components", "CustomJob"):
+            assert vertex_only not in text, (name, vertex_only)
+        spec, _ = yaml.safe_load_all(text)
+        images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+        assert images <= {f"{REGISTRY}/tensorflow:0a1b2c3", f"{REGISTRY}/fastai:0a1b2c3"}
+
+
+@pytest.mark.parametrize("name", list(GPU_EXECUTORS))
+def test_gpu_steps_get_their_gpus_node_toleration_shm_and_guaranteed_resources(compiled, name):
+    spec, platform = _documents(compiled / f"{name}.yaml")
+    for executor, (product, count) in GPU_EXECUTORS[name].items():
+        resources = spec["deploymentSpec"]["executors"][executor]["container"]["resources"]
+        assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
+        assert resources["accelerator"]["resourceCount"] == str(count)
+        # requests = limits (Guaranteed QoS), below an n1-standard-8 node's 8 cores / 30 GiB
+        assert resources["resourceCpuRequest"] == resources["resourceCpuLimit"] == "6.9"
+        assert resources["resourceMemoryRequest"] == resources["resourceMemoryLimit"] == "24Gi"
+        pod = platform[executor]
+        assert pod["nodeSelector"]["labels"] == {"nvidia.com/gpu.product": product}
+        assert {"key": "nvidia.com/gpu", "operator": "Exists",
+                "effect": "NoSchedule"} in pod["tolerations"]
+        (shm,) = pod["emptyDirMounts"]
+        assert shm["mountPath"] == "/dev/shm" and shm["medium"] == "Memory"
+        assert shm["sizeLimit"] == "6Gi"  # inside the 24Gi the pod's limit counts
+        assert pod["activeDeadlineSeconds"] == "604800"
+
+
+def test_cpu_steps_get_no_gpu_and_light_steps_no_sizing(compiled):
+    spec, platform = _documents(compiled / "image_pipeline.yaml")
+    executors = spec["deploymentSpec"]["executors"]
+    shard = executors["exec-shard-images"]["container"]["resources"]
+    assert "accelerator" not in shard
+    assert shard["resourceCpuRequest"] == "14.1"  # n1-highcpu-16 less the node's share
+    assert "nodeSelector" not in platform["exec-shard-images"]
+    assert "resources" not in executors["exec-preflight-image"]["container"]
+    assert platform["exec-preflight-image"] == {"activeDeadlineSeconds": "604800"}
+
+
+def test_options_reach_the_pods(tmp_path):
+    out = _compile(tmp_path, "--spot", "--gpu-node-label", "gke", "--image-pull-secret",
+                   "regcred", "--step-timeout", "7200", "--train-image-machine-type",
+                   "a2-highgpu-1g", "--train-image-accelerator-type", "NVIDIA_TESLA_A100",
+                   "--train-image-accelerator-count", "1", "--train-text-cpu", "3",
+                   "--train-text-memory", "12Gi", "--train-text-shm-size", "2Gi")
+    spec, platform = _documents(out / "image_pipeline.yaml")
+    pod = platform["exec-train-image-classifier"]
+    assert pod["nodeSelector"]["labels"] == {"cloud.google.com/gke-accelerator":
+                                             "nvidia-tesla-a100",
+                                             "cloud.google.com/gke-spot": "true"}
+    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+            "effect": "NoSchedule"} in pod["tolerations"]
+    assert [secret["secretName"] for secret in pod["imagePullSecret"]] == ["regcred"]
+    assert pod["activeDeadlineSeconds"] == "7200"
+    resources = spec["deploymentSpec"]["executors"]["exec-train-image-classifier"][
+        "container"]["resources"]
+    assert resources["resourceCpuRequest"] == "10.5"  # 12 vCPUs of a2-highgpu-1g
+    assert [secret["secretName"] for secret in
+            platform["exec-preflight-image"]["imagePullSecret"]] == ["regcred"]
+    spec, platform = _documents(out / "text_pipeline.yaml")
+    text = spec["deploymentSpec"]["executors"]["exec-train-text-classifier"]["container"]
+    assert text["resources"]["resourceCpuLimit"] == "3"
+    assert text["resources"]["resourceMemoryLimit"] == "12Gi"
+    assert platform["exec-train-text-classifier"]["emptyDirMounts"][0]["sizeLimit"] == "2Gi"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--train-image-replica-count", "2"], "one pod"),
+    (["--train-transformer-replica-count", "3"], "Kubeflow Trainer"),
+    (["--tensorboard", "projects/p/locations/us-central1/tensorboards/1"], "Vertex option"),
+    (["--encryption-key", "projects/p/locations/l/keyRings/r/cryptoKeys/k"], "--encryption-key"),
+    (["--serving-image", "img:1"], "--serving-image is a Vertex option"),
+    (["--service-account", "a@p.iam.gserviceaccount.com"], "--service-account"),
+    (["--tune-algorithm", "GRID_SEARCH"], "random search"),
+    (["--train-text-machine-type", "my-node"], "--train-text-cpu"),
+    (["--train-text-memory", "lots"], "not a Kubernetes quantity"),
+    (["--train-text-shm-size", "64Gi"], "must be less than the pod's memory"),
+    (["--train-text-accelerator-type", "NVIDIA_RTX_9000"], "--gpu-product"),
+    (["--spot", "--spot-toleration", "pool=spot"], "KEY=VALUE:EFFECT"),
+])
+def test_what_a_cluster_cannot_do_is_refused_naming_the_option(tmp_path, capsys, flags,
+                                                               message):
+    with pytest.raises(SystemExit) as exit_:
+        _compile(tmp_path, *flags)
+    assert message in str(exit_.value)
+    assert not (tmp_path / "kubeflow").exists()
+
+
+def test_kubeflow_options_are_refused_for_vertex(tmp_path):
+    with pytest.raises(SystemExit, match="--image-pull-secret is a Kubeflow option"):
+        compile_cli.main(["--output-dir", str(tmp_path), "--image-pull-secret", "regcred"])
+
+
+def test_machine_types_map_to_pods_below_the_node():
+    pod = kubeflow.pod_resources("train_image", Machine("a3-highgpu-8g"))
+    assert (pod.gpu_type, pod.gpu_count) == ("NVIDIA_H100_80GB", 8)  # the machine's own GPUs
+    assert float(pod.cpu) < 208 and pod.memory == f"{math.floor(1872 * 0.85 - 1)}Gi"
+    assert pod.shm == "16Gi"  # capped
+    small = kubeflow.pod_resources("evaluate_text", Machine("n1-standard-4"))
+    assert (small.cpu, small.memory, small.gpu_count) == ("3.3", "11Gi", 0)
+
+
+# --------------------------------------------------------------------------- trials
+
+
+def test_trial_points_are_drawn_inside_the_space_the_same_way_each_compile():
+    space = default_space("image")
+    points = draw_points(space, 40, seed=3)
+    assert points == draw_points(space, 40, seed=3) != draw_points(space, 40, seed=4)
+    for point in points:
+        assert set(point) == set(space.names())
+        assert 1e-4 <= point["learning_rate"] <= 1e-2
+        assert point["batch_size"] in (16, 32, 64)
+        assert isinstance(point["unfreeze_blocks"], int) and 1 <= point["unfreeze_blocks"] <= 3
+    rates = sorted(p["learning_rate"] for p in points)
+    assert rates[len(rates) // 2] < 3e-3  # log scale: the median near the geometric middle
+
+
+def test_tuning_variant_loops_over_the_drawn_points_and_collects_every_trial(compiled):
+    spec, _ = _documents(compiled / "text_tuning_pipeline.yaml")
+    tasks = spec["root"]["dag"]["tasks"]
+    ((loop_key, loop),) = [(k, t) for k, t in tasks.items() if "parameterIterator" in t]
+    assert loop["taskInfo"]["name"] == "trials"
+    items = json.loads(loop["parameterIterator"]["items"]["raw"])
+    assert items == draw_points(default_space("text"), 12, seed=0)
+    assert loop["iteratorPolicy"]["parallelismLimit"] == 3
+    select = tasks["select-text-trial"]
+    assert select["taskInfo"]["name"] == "tune-text"
+    results = select["inputs"]["parameters"]["results"]["taskOutputParameter"]
+    assert results["producerTask"] == loop_key
+    training = tasks["train-text-classifier"]["inputs"]["parameters"]
+    for name in TUNABLE["text"]:
+        assert training[name]["taskOutputParameter"]["producerTask"] == "select-text-trial"
+
+
+def test_a_failed_trial_is_a_result_and_too_many_failures_fail_the_search(tmp_path):
+    runs = []
+
+    def trainer(model, learning_rate: float, batch_size: int):
+        runs.append((learning_rate, batch_size))
+        if learning_rate > 0.01:
+            raise RuntimeError("loss is NaN")
+
+    model = Model(uri=str(tmp_path / "m"))
+    failed = run_trial(trainer, "text", "f1_score", "maximize",
+                       {"learning_rate": 0.05, "batch_size": 32.0}, {"model": model,
+                                                                    "learning_rate": 1e-3,
+                                                                    "batch_size": 16})
+    assert runs == [(0.05, 32)]  # the trial's values, typed, over the run's
+    assert failed["state"] == "FAILED" and "loss is NaN" in failed["error"]
+    unknown = run_trial(trainer, "text", "f1_score", "maximize", {"momentum": 0.9},
+                        {"model": model})
+    assert unknown["state"] == "FAILED" and "momentum" in unknown["error"]
+
+    ok = {"state": "SUCCEEDED", "parameters": {"learning_rate": 0.002, "batch_size": 64},
+          "metric": 0.7, "error": None}
+    better = {**ok, "parameters": {"learning_rate": 0.004}, "metric": 0.8}
+    trials = Model(uri=str(tmp_path / "trials"))
+    defaults = {"learning_rate": 1e-3, "lm_learning_rate": 2e-3, "drop_mult": 0.3,
+                "batch_size": 16}
+    best = selection.choose_from_results("text", [ok, failed, better], "maximize", 0,
+                                         defaults, trials)
+    assert best == {**defaults, "learning_rate": 0.004}  # unsearched values stay the run's
+    table = json.loads((tmp_path / "trials" / "trials.json").read_text())
+    assert [t["state"] for t in table["trials"]] == ["SUCCEEDED", "FAILED", "SUCCEEDED"]
+    assert table["best"]["id"] == "3"
+    with pytest.raises(selection.TuningError, match="2 of 3 trials failed"):
+        selection.choose_from_results("text", [ok, failed, unknown], "maximize", 2, defaults,
+                                      trials)
+    with pytest.raises(selection.TuningError, match="no trial of 2 succeeded"):
+        selection.choose_from_results("text", [failed, unknown], "maximize", 0, defaults,
+                                      trials)
+    assert json.loads((tmp_path / "trials" / "trials.json").read_text())["best"] is None
+
+
+def test_kfp_runs_a_trial_with_the_trainers_signature(tmp_path):
+    """KFP's executor reads the trial's signature (the trainer's and `trial_point`), passes
+    the task's inputs and output artifact, and stores the result as the `Output` struct."""
+    seen = {}
+
+    def train(model: __import__("kfp").dsl.Output[Model], learning_rate: float,
+              batch_size: int):
+        seen.update(learning_rate=learning_rate, batch_size=batch_size, path=model.path)
+        raise ValueError("out of memory")
+
+    trial = as_trial(train, "text", "f1_score", "maximize")
+    output_file = tmp_path / "executor_output.json"
+    executor_input = {
+        "inputs": {"parameterValues": {"learning_rate": 0.001, "batch_size": 16,
+                                       "trial_point": {"batch_size": 32.0}}},
+        "outputs": {"artifacts": {"model": {"artifacts": [{
+            "name": "model", "type": {"schemaTitle": "system.Model"},
+            "uri": str(tmp_path / "model"), "metadata": {}}]}},
+            "parameters": {"Output": {"outputFile": str(tmp_path / "Output")}},
+            "outputFile": str(output_file)},
+    }
+    Executor(executor_input=executor_input, function_to_execute=trial).execute()
+    assert seen["learning_rate"] == 0.001 and seen["batch_size"] == 32
+    result = json.loads(output_file.read_text())["parameterValues"]["Output"]
+    assert result["state"] == "FAILED" and "out of memory" in result["error"]
+    assert result["parameters"] == {"batch_size": 32}
