@@ -106,7 +106,38 @@ def parser() -> argparse.ArgumentParser:
                    help="Vertex AI TensorBoard the training jobs upload their per-epoch series "
                         "to, projects/PROJECT/locations/REGION/tensorboards/ID (the pipeline's "
                         "region); needs --base-output-directory and --service-account")
-    k = p.add_argument_group("Kubeflow target (--target kubeflow)")
+    add_kubeflow_options(p)
+    add_tuning_options(p)
+    return p
+
+
+def add_tuning_options(parser_: argparse.ArgumentParser) -> None:
+    """The tuning variants' options (their defaults are TuningSettings' own)."""
+    t = parser_.add_argument_group("tuning variants (Vertex hyperparameter tuning jobs; on "
+                             "Kubeflow, random trials in a ParallelFor)")
+    # Their defaults are TuningSettings' own: one home for each.
+    tune_defaults = tuning.TuningSettings(spaces={})
+    t.add_argument("--tune-trials", type=int, default=tune_defaults.max_trials,
+                   help="trials per tuning job")
+    t.add_argument("--tune-parallel-trials", type=int, default=tune_defaults.parallel_trials,
+                   help="trials running at once, each on the training step's machines")
+    t.add_argument("--tune-max-failed-trials", type=int,
+                   default=tune_defaults.max_failed_trials,
+                   help="failed trials that fail the job; 0 lets Vertex decide")
+    t.add_argument("--tune-algorithm", default=tune_defaults.algorithm,
+                   help=f"one of {', '.join(tuning.ALGORITHMS)} (unspecified: Bayesian; "
+                        "Kubeflow: random search only)")
+    t.add_argument("--tune-seed", type=int, default=tune_defaults.seed,
+                   help="seed of the points the Kubeflow target's trials try (drawn here)")
+    for kind in TUNED_KINDS:
+        t.add_argument(f"--{kind}-search-space", default="", metavar="FILE",
+                       help=f"JSON search space of the {kind} trainer (default: "
+                            "components/tune/contract.py DEFAULT_SPACES)")
+
+
+def add_kubeflow_options(parser_: argparse.ArgumentParser) -> None:
+    """The options only --target kubeflow honours (KUBEFLOW_ONLY)."""
+    k = parser_.add_argument_group("Kubeflow target (--target kubeflow)")
     for step in DEFAULT_MACHINES:
         flag = step.replace("_", "-")
         k.add_argument(f"--{flag}-cpu", dest=f"{step}_cpu", default="", metavar="QUANTITY",
@@ -134,27 +165,6 @@ def parser() -> argparse.ArgumentParser:
                         f"{kubeflow.GKE_SPOT_TOLERATION}); repeatable")
     k.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
                    help="Kubernetes secret the pods pull the images with; repeatable")
-    t = p.add_argument_group("tuning variants (Vertex hyperparameter tuning jobs; on "
-                             "Kubeflow, random trials in a ParallelFor)")
-    # Their defaults are TuningSettings' own: one home for each.
-    tune_defaults = tuning.TuningSettings(spaces={})
-    t.add_argument("--tune-trials", type=int, default=tune_defaults.max_trials,
-                   help="trials per tuning job")
-    t.add_argument("--tune-parallel-trials", type=int, default=tune_defaults.parallel_trials,
-                   help="trials running at once, each on the training step's machines")
-    t.add_argument("--tune-max-failed-trials", type=int,
-                   default=tune_defaults.max_failed_trials,
-                   help="failed trials that fail the job; 0 lets Vertex decide")
-    t.add_argument("--tune-algorithm", default=tune_defaults.algorithm,
-                   help=f"one of {', '.join(tuning.ALGORITHMS)} (unspecified: Bayesian; "
-                        "Kubeflow: random search only)")
-    t.add_argument("--tune-seed", type=int, default=tune_defaults.seed,
-                   help="seed of the points the Kubeflow target's trials try (drawn here)")
-    for kind in TUNED_KINDS:
-        t.add_argument(f"--{kind}-search-space", default="", metavar="FILE",
-                       help=f"JSON search space of the {kind} trainer (default: "
-                            "components/tune/contract.py DEFAULT_SPACES)")
-    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -47,6 +47,9 @@ ALLOWED = {
     ("tune/trial.py", "components.train_image.component"),
     ("tune/trial.py", "components.train_text.component"),
     ("tune/trial.py", "components.train_transformer.component"),
+    # A trial's measurement is the study metric in the trainer's records, read as the
+    # tracking step reads them (one reader of those records).
+    ("tune/measure.py", "components.track.tracking"),
 }
 
 

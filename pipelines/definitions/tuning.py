@@ -15,11 +15,12 @@ import copy
 import dataclasses
 import json
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import yaml
 
 from components.tune.contract import TUNABLE, SearchSpace
-from pipelines.definitions.vertex import Machine, VertexSettings, boot_disk_type
+from pipelines.definitions.machine import Machine, boot_disk_type
 
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
 TRIALS_OUTPUT = "trials"
@@ -131,7 +132,7 @@ def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine) -> d
 
 
 def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: TuningSettings,
-                  vertex: VertexSettings, machine: Machine, display_name: str) -> Callable:
+                  vertex: Any, machine: Machine, display_name: str) -> Callable:
     """A component that tunes `trainer` in a Vertex hyperparameter tuning job.
 
     Args:
@@ -229,7 +230,7 @@ def _take_trainer_inputs(spec: dict, user: dict, defaults: Mapping) -> None:
         for kind, sources in user_task.get("inputs", {}).items()}}
 
 
-def _complete_trial_job_spec(spec: dict, vertex: VertexSettings) -> None:
+def _complete_trial_job_spec(spec: dict, vertex: Any) -> None:
     """Edits GCPC's tuning payload: the trials' output folder, Spot VMs and TensorBoard.
 
     The base output directory becomes the step's `trials` output: as GCPC's own launchers
@@ -261,36 +262,6 @@ def _complete_trial_job_spec(spec: dict, vertex: VertexSettings) -> None:
     del component["inputDefinitions"]["parameters"]["base_output_directory"]
     for task in spec["root"]["dag"]["tasks"].values():
         task.get("inputs", {}).get("parameters", {}).pop("base_output_directory", None)
-
-
-def vertex_search(trainer: Callable, kind: str, tune: TuningSettings, vertex: VertexSettings,
-                  machine: Machine, display_name: str, image: str) -> Callable:
-    """The tuning variant's search on Vertex, made before the pipeline body.
-
-    Args:
-        trainer: The (unwrapped) trainer component.
-        kind: "image", "text" or "transformer".
-        tune: The tuning settings (`tune.spaces[kind]` is searched).
-        vertex: Job-wide settings.
-        machine: Each trial's machines (the training step's).
-        display_name: The tuning step's name in the run graph and the console.
-        image: The runtime image the best-trial step runs in.
-
-    Returns:
-        `search(training, job)`: adds the tuning job and the best-trial step to the body
-        being defined and returns `training` with the best trial's values (`searched`).
-    """
-    from components.tune.component import BEST_TRIAL
-    from pipelines.definitions.steps import component
-
-    tune_op = as_tuning_job(trainer, kind, tune.spaces[kind], tune, vertex, machine,
-                            display_name)
-    best_op = component(BEST_TRIAL[kind], image)
-
-    def search(training: dict, job: dict) -> dict:
-        return searched(tune_op, best_op, kind, training, job, display_name)
-
-    return search
 
 
 def searched(tune_op: Callable, best_op: Callable, kind: str, training: dict, job: dict,

@@ -17,25 +17,11 @@ from google_cloud_pipeline_components.v1.custom_job import (
 )
 from kfp import dsl
 
-
-@dataclasses.dataclass(frozen=True)
-class Machine:
-    """One step's machines.
-
-    Attributes:
-        machine_type: Compute Engine machine type, e.g. "n1-standard-8".
-        accelerator_type: e.g. "NVIDIA_TESLA_V100"; empty for none.
-        accelerator_count: Accelerators per replica (ignored without a type).
-        replica_count: Machines in the job; more than one runs multi-worker training.
-        boot_disk_size_gb: Boot disk of each replica.
-    """
-
-    machine_type: str
-    accelerator_type: str = ""
-    accelerator_count: int = 0
-    replica_count: int = 1
-    boot_disk_size_gb: int = 100
-
+from pipelines.definitions.machine import (  # noqa: F401 (their home for callers)
+    HYPERDISK_MACHINE_PREFIXES,
+    Machine,
+    boot_disk_type,
+)
 
 # Where each step runs unless compile.py is told otherwise. Sharding is CPU-bound
 # (many cores, no GPU); the image trainer gets the ancestor's 2 x V100; the text
@@ -92,11 +78,6 @@ GPU_MACHINES: Mapping[str, tuple[str, int]] = {
     "a3-ultragpu-8g": ("NVIDIA_H200_141GB", 8),
     "a4-highgpu-8g": ("NVIDIA_B200", 8),
 }
-# Vertex's DiskSpec.boot_disk_type takes "pd-ssd" (its default), "pd-standard" or
-# "hyperdisk-balanced", its default for A3 Ultra (aiplatform_v1.DiskSpec's docstring;
-# https://cloud.google.com/vertex-ai/docs/reference/rest/v1/DiskSpec). A3 Ultra and A4
-# machines boot from Hyperdisk only (Compute Engine); every other machine here takes pd-ssd.
-HYPERDISK_MACHINE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-")
 # GPUs attached to N1 machines: GPU count -> the most vCPUs an N1 machine may have with them.
 N1_GPU_VCPUS: Mapping[str, Mapping[int, int]] = {
     "NVIDIA_TESLA_T4": {1: 48, 2: 48, 4: 96},
@@ -105,20 +86,6 @@ N1_GPU_VCPUS: Mapping[str, Mapping[int, int]] = {
     "NVIDIA_TESLA_P4": {1: 24, 2: 48, 4: 96},
     "NVIDIA_TESLA_K80": {1: 8, 2: 16, 4: 32, 8: 64},
 }
-
-
-def boot_disk_type(machine_type: str) -> str:
-    """The boot disk type Vertex takes for `machine_type`'s family.
-
-    Args:
-        machine_type: Compute Engine machine type, e.g. "a3-ultragpu-8g".
-
-    Returns:
-        "hyperdisk-balanced" for A3 Ultra and A4 machines, else "pd-ssd".
-    """
-    if machine_type.startswith(HYPERDISK_MACHINE_PREFIXES):
-        return "hyperdisk-balanced"
-    return "pd-ssd"
 
 
 def machine_problems(step: str, machine: Machine) -> list[str]:
@@ -258,11 +225,20 @@ class VertexSettings:
     def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
                image: str) -> Callable:
         """The tuning variant's search: a Vertex hyperparameter tuning job over `trainer`
-        on `step`'s machines, then the best trial's values (`tuning.vertex_search`)."""
+        on `step`'s machines (`tuning.as_tuning_job`), then the best trial's values
+        (`tuning.searched`)."""
+        from components.tune.component import BEST_TRIAL
         from pipelines.definitions import tuning
+        from pipelines.definitions.steps import component
 
-        return tuning.vertex_search(trainer, kind, tune, self, self.machines[step],
-                                    display_name, image)
+        tune_op = tuning.as_tuning_job(trainer, kind, tune.spaces[kind], tune, self,
+                                       self.machines[step], display_name)
+        best_op = component(BEST_TRIAL[kind], image)
+
+        def search(training: dict, job: dict) -> dict:
+            return tuning.searched(tune_op, best_op, kind, training, job, display_name)
+
+        return search
 
 
 def job_output_directory(base: str, display_name: str) -> str:
