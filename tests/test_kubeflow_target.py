@@ -262,3 +262,43 @@ def test_kfp_runs_a_trial_with_the_trainers_signature(tmp_path):
     result = json.loads(output_file.read_text())["parameterValues"]["Output"]
     assert result["state"] == "FAILED" and "out of memory" in result["error"]
     assert result["parameters"] == {"batch_size": 32}
+
+
+@pytest.mark.slow
+def test_kubeflow_tuning_variant_runs_its_trials_in_a_loop_and_retrains_with_the_best(
+        tmp_path):
+    """The Kubeflow text tuning pipeline run whole through `kfp.local` (which ignores the
+    pod settings): two trials in the ParallelFor, each the trainer with its point, their
+    results collected, the selection step's trials.json, then training with the best
+    values."""
+    from kfp import local
+
+    from components.tune.contract import parse_space
+    from datamakers.demo_text import write_reviews_csv
+    from pipelines.definitions import text, tuning
+    from pipelines.local_run import LOCAL_IMAGE
+
+    csv = tmp_path / "reviews.csv"
+    write_reviews_csv(str(csv), rows=80, seed=3)
+    space = parse_space("text", {"metric": "valid_loss", "goal": "minimize", "parameters": {
+        "drop_mult": {"type": "double", "min": 0.1, "max": 0.6},
+        "batch_size": {"type": "discrete", "values": [8, 16]}}})
+    tune = tuning.TuningSettings(spaces={"text": space}, max_trials=2, parallel_trials=2,
+                                 seed=5)
+    settings = compile_cli.kubeflow_settings(compile_cli.parse_args(["--target", "kubeflow"]))
+    local.init(runner=local.SubprocessRunner(use_venv=False),
+               pipeline_root=str(tmp_path / "kfp"))
+    pipeline = text.build(LOCAL_IMAGE, settings, tune)
+    run = pipeline(data_uri=str(csv), epochs=2, lm_epochs=0, min_freq=1, pretrained=False,
+                   model_config='{"emb_sz": 16, "n_hid": 24, "n_layers": 1}')
+    points = draw_points(space, 2, seed=5)
+    (trials_json,) = (tmp_path / "kfp").rglob("trials.json")
+    table = json.loads(trials_json.read_text())
+    assert [t["state"] for t in table["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
+    assert [t["parameters"] for t in table["trials"]] == points
+    best = min(table["trials"], key=lambda t: t["metric"])
+    assert table["best"]["id"] == best["id"]
+    with open(f"{run.outputs['model'].path}/metrics.json") as f:
+        config = json.load(f)["config"]
+    assert config["batch_size"] == best["parameters"]["batch_size"]
+    assert config["drop_mult"] == pytest.approx(best["parameters"]["drop_mult"])

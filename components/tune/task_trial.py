@@ -37,14 +37,15 @@ def run_trial(trainer: Callable, kind: str, metric: str, goal: str, point: Mappi
         arguments: The trainer's other arguments (the run's values, its artifacts).
 
     Returns:
-        `{"state", "parameters", "metric", "model", "error"}`: state SUCCEEDED with the best
-        epoch's value (None when no epoch had a finite one) or FAILED with the error.
+        `{"state", "parameters", "model"}` and, when SUCCEEDED, the best epoch's `metric`
+        (absent when no epoch had a finite one), when FAILED the `error`. No key is ever
+        None: a pipeline output struct carries no null on every runner (kfp.local refuses).
     """
     from components.tune.measure import epoch_values, trial_metric
 
     model = arguments["model"]
-    result: dict[str, Any] = {"state": FAILED, "parameters": dict(point), "metric": None,
-                              "model": getattr(model, "uri", ""), "error": None}
+    result: dict[str, Any] = {"state": FAILED, "parameters": dict(point),
+                              "model": getattr(model, "uri", "")}
     try:
         unknown = sorted(set(point) - set(TUNABLE[kind]))
         if unknown:
@@ -59,7 +60,9 @@ def run_trial(trainer: Callable, kind: str, metric: str, goal: str, point: Mappi
         logging.error("trial failed:\n%s", traceback.format_exc())
         result["error"] = f"{type(err).__name__}: {err}"[:2000]
         return result
-    result.update(state=SUCCEEDED, metric=measured if math.isfinite(measured) else None)
+    result["state"] = SUCCEEDED
+    if math.isfinite(measured):
+        result["metric"] = measured
     return result
 
 
