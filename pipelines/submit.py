@@ -1,4 +1,5 @@
-"""Submit a compiled pipeline to Vertex AI Pipelines, once or on a schedule.
+"""Submit a compiled pipeline to Vertex AI Pipelines, once or on a schedule
+(`--target kubeflow`: to a Kubeflow Pipelines server, `pipelines.submit_kubeflow`).
 
     python -m pipelines.submit build/image_pipeline.json --project P --region R \\
         --pipeline-root gs://BUCKET/pipeline-root --param data_uri=gs://BUCKET/pets \\
@@ -98,7 +99,9 @@ def load_pipeline_spec(path: str) -> dict:
     except OSError as e:
         raise SubmitError(f"cannot read {path}: {e.strerror}") from e
     try:
-        spec = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        # A Kubeflow file's second YAML document holds its Kubernetes settings.
+        spec = json.loads(text) if path.endswith(".json") else next(
+            yaml.safe_load_all(text), None)
     except (ValueError, yaml.YAMLError) as e:
         raise SubmitError(f"{path} is not valid JSON/YAML: {e}") from e
     if isinstance(spec, dict) and isinstance(spec.get("pipelineSpec"), dict):
@@ -384,6 +387,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _target(argv: list[str]) -> tuple[str, list[str]]:
+    """`--target vertex|kubeflow` (default vertex) and the other arguments."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--target", choices=("vertex", "kubeflow"), default="vertex")
+    known, rest = p.parse_known_args(argv)
+    return known.target, rest
+
+
 def main(argv: list[str] | None = None, credentials=None) -> int:
     """Runs the command line.
 
@@ -394,8 +405,14 @@ def main(argv: list[str] | None = None, credentials=None) -> int:
     Returns:
         0 on success, 1 without credentials; bad input exits with code 2.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    target, rest = _target(argv)
+    if target == "kubeflow":
+        from pipelines import submit_kubeflow
+
+        return submit_kubeflow.main(rest)
     p = parser()
-    args = p.parse_args(argv)
+    args = p.parse_args(rest)
     if credentials is None and args.dry_run:
         credentials = AnonymousCredentials()  # a dry run sends nothing
     try:

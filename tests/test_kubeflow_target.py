@@ -302,3 +302,119 @@ def test_kubeflow_tuning_variant_runs_its_trials_in_a_loop_and_retrains_with_the
         config = json.load(f)["config"]
     assert config["batch_size"] == best["parameters"]["batch_size"]
     assert config["drop_mult"] == pytest.approx(best["parameters"]["drop_mult"])
+
+
+# --------------------------------------------------------------------------- submit
+
+
+class _KfpApiStub:
+    """A loopback stand-in for the KFP API server (none can run here): it records every
+    request kfp.Client sends and answers the experiment and run calls as KFP's v2beta1
+    REST API does."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.requests = []
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"null")
+                stub.requests.append({"method": self.command, "path": self.path,
+                                      "auth": self.headers.get("Authorization"),
+                                      "body": body})
+                path = self.path.split("?")[0]
+                if self.command == "GET" and path == "/apis/v2beta1/experiments":
+                    answer = {"experiments": []}
+                elif self.command == "POST" and path == "/apis/v2beta1/experiments":
+                    answer = {**body, "experiment_id": "exp-1"}
+                elif self.command == "POST" and path == "/apis/v2beta1/runs":
+                    answer = {"run_id": "run-1", "display_name": body["display_name"],
+                              "experiment_id": body["experiment_id"], "state": "PENDING"}
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def test_submit_starts_a_run_with_the_pod_settings_checked_parameters_and_the_token(
+        compiled, tmp_path, capsys, monkeypatch):
+    from pipelines import submit
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client's context file
+    token = tmp_path / "token"
+    token.write_text("secret-token\n")
+    stub = _KfpApiStub()
+    try:
+        assert submit.main(["--target", "kubeflow", str(compiled / "image_pipeline.yaml"),
+                            "--host", stub.url, "--namespace", "team-a", "--experiment",
+                            "pets", "--service-account", "pipeline-runner", "--token-file",
+                            str(token), "--param", "data_uri=gs://b/pets",
+                            "--param", "image_size=160", "--no-cache"]) == 0
+    finally:
+        stub.close()
+    assert "started run run-1 in experiment 'pets'" in capsys.readouterr().out
+    (create_experiment,) = [r for r in stub.requests if r["method"] == "POST"
+                            and r["path"].startswith("/apis/v2beta1/experiments")]
+    assert create_experiment["body"]["display_name"] == "pets"
+    assert create_experiment["body"]["namespace"] == "team-a"
+    (run,) = [r for r in stub.requests if r["path"] == "/apis/v2beta1/runs"]
+    assert all(r["auth"] == "Bearer secret-token" for r in stub.requests)
+    body = run["body"]
+    assert body["experiment_id"] == "exp-1" and body["service_account"] == "pipeline-runner"
+    assert body["runtime_config"]["parameters"] == {"data_uri": "gs://b/pets", "image_size": 160}
+    spec = body["pipeline_spec"]
+    assert spec["pipeline_spec"]["pipelineInfo"]["name"] == "image-classifier"
+    executors = spec["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert executors["exec-train-image-classifier"]["nodeSelector"]["labels"] == {
+        "nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB"}
+    # --no-cache reaches every task
+    tasks = spec["pipeline_spec"]["root"]["dag"]["tasks"]
+    assert not any(t.get("cachingOptions", {}).get("enableCache") for t in tasks.values())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--param", "image_size=big"], "image_size"),
+    (["--param", "colour=red"], "colour"),
+    (["--host", "kfp.example.com"], "--host"),
+    (["--service-account", "sa@p.iam.gserviceaccount.com"], "not an email"),
+    (["--namespace", "Team_A"], "--namespace"),
+])
+def test_submit_refuses_bad_input_before_sending(compiled, capsys, flags, message):
+    from pipelines import submit
+
+    argv = ["--target", "kubeflow", str(compiled / "image_pipeline.yaml"), "--host",
+            "http://127.0.0.1:9", "--param", "data_uri=gs://b/pets", *flags]
+    assert submit.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_submit_refuses_a_vertex_file_for_kubeflow(tmp_path, capsys):
+    from pipelines import submit
+
+    out = tmp_path / "vertex"
+    compile_cli.main(["--output-dir", str(out)])
+    assert submit.main(["--target", "kubeflow", str(out / "image_pipeline.json"), "--host",
+                        "http://127.0.0.1:9"]) == 2
+    assert "compiled for Vertex" in capsys.readouterr().err

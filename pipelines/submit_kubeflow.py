@@ -1,0 +1,169 @@
+"""Start a run of a compiled Kubeflow pipeline (`compile.py --target kubeflow`) on a KFP server.
+
+    python -m pipelines.submit --target kubeflow build/kubeflow/image_pipeline.yaml \\
+        --host https://KFP_HOST [--namespace NS] [--experiment NAME] \\
+        [--service-account KSA] [--token-file PATH] --param data_uri=gs://BUCKET/pets \\
+        [--param image_size=160 ...] [--display-name N] [--no-cache] [--dry-run]
+
+The run carries the file's pipeline spec and its Kubernetes settings (the YAML's second
+document) to the KFP API server through `kfp.Client`, in the experiment named (created when
+missing). `--param` values are checked and typed as for Vertex (`pipelines.submit`).
+`--service-account` is the Kubernetes service account the run's pods use; a multi-user
+install needs `--namespace` (the profile's) and a bearer token (`--token-file`, e.g. the
+output of `kubectl create token`). Bad input exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlparse
+
+from pipelines.submit import (
+    SubmitError,
+    declared_parameters,
+    load_pipeline_spec,
+    parse_params,
+)
+
+# Kubernetes names: a namespace is a DNS-1123 label, a service account a DNS-1123 subdomain.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeflowSubmission:
+    """A run to start on a KFP server, checked and typed.
+
+    Attributes:
+        template_path: The compiled pipeline (YAML from `compile.py --target kubeflow`).
+        host: The KFP API server (or the UI's endpoint that proxies it), http(s)://...
+        namespace: The run's namespace (a profile's in multi-user installs).
+        experiment: The experiment the run is filed under; created when missing.
+        service_account: Kubernetes service account of the run's pods; empty: the
+            namespace's default for pipelines.
+        token: Bearer token for the server; empty for none.
+        params: Pipeline parameters, typed as the pipeline declares them.
+        display_name: The run's name.
+        enable_caching: False re-runs every step; None keeps the compiled settings.
+    """
+
+    template_path: str
+    host: str
+    namespace: str
+    experiment: str
+    service_account: str
+    token: str
+    params: dict[str, Any]
+    display_name: str
+    enable_caching: bool | None
+
+
+def plan(args: argparse.Namespace) -> KubeflowSubmission:
+    """Checks the command line and the file; nothing is sent.
+
+    Raises:
+        SubmitError: A file that is not a Kubeflow pipeline, an unknown or mistyped
+            parameter, a malformed host, namespace or account, an unreadable token file.
+    """
+    spec = load_pipeline_spec(args.template)
+    text = json.dumps(spec)
+    if "pipeline_google_cloud" in text or "worker_pool_specs" in text:
+        raise SubmitError(f"{args.template} was compiled for Vertex: compile with `python "
+                          "compile.py --target kubeflow` (build/kubeflow/*.yaml)")
+    params = parse_params(args.param, declared_parameters(spec))
+    url = urlparse(args.host)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise SubmitError(f"--host {args.host!r} must be the KFP endpoint's URL, "
+                          "http(s)://HOST[:PORT][/PATH]")
+    if not _DNS_LABEL.match(args.namespace):
+        raise SubmitError(f"--namespace {args.namespace!r} is not a Kubernetes namespace name")
+    if args.service_account and not _DNS_SUBDOMAIN.match(args.service_account):
+        raise SubmitError(f"--service-account {args.service_account!r} is not a Kubernetes "
+                          "service account name (not an email: runs use a Kubernetes account)")
+    token = ""
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                token = f.read().strip()
+        except OSError as err:
+            raise SubmitError(f"--token-file {args.token_file}: {err.strerror}") from err
+        if not token:
+            raise SubmitError(f"--token-file {args.token_file} is empty")
+    return KubeflowSubmission(
+        template_path=args.template, host=args.host.rstrip("/"), namespace=args.namespace,
+        experiment=args.experiment or spec["pipelineInfo"]["name"],
+        service_account=args.service_account, token=token, params=params,
+        display_name=args.display_name or spec["pipelineInfo"]["name"],
+        enable_caching=False if args.no_cache else None)
+
+
+def describe(submission: KubeflowSubmission) -> dict[str, Any]:
+    """What would be sent, for --dry-run (the token left out)."""
+    return {"host": submission.host, "namespace": submission.namespace,
+            "experiment": submission.experiment, "run": submission.display_name,
+            "service_account": submission.service_account or "(the namespace's default)",
+            "authenticated": bool(submission.token), "parameters": submission.params,
+            "caching": "off" if submission.enable_caching is False else "as compiled"}
+
+
+def launch(submission: KubeflowSubmission, client_class: Callable | None = None) -> str:
+    """Starts the run; returns its id.
+
+    Args:
+        submission: The checked run.
+        client_class: `kfp.Client` (tests give the same class; it reaches a loopback server).
+    """
+    if client_class is None:
+        from kfp import Client as client_class
+
+    client = client_class(host=submission.host, namespace=submission.namespace,
+                          existing_token=submission.token or None)
+    result = client.create_run_from_pipeline_package(
+        submission.template_path, arguments=submission.params,
+        run_name=submission.display_name, experiment_name=submission.experiment,
+        namespace=submission.namespace, enable_caching=submission.enable_caching,
+        service_account=submission.service_account or None)
+    return result.run_id
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipelines.submit --target kubeflow",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("template", help="compiled pipeline, e.g. build/kubeflow/image_pipeline.yaml")
+    p.add_argument("--host", required=True, help="KFP endpoint, e.g. https://kfp.example.com")
+    p.add_argument("--namespace", default="kubeflow",
+                   help="the run's namespace (multi-user: your profile's)")
+    p.add_argument("--experiment", default="", help="default: the pipeline's name")
+    p.add_argument("--service-account", default="",
+                   help="Kubernetes service account of the run's pods")
+    p.add_argument("--token-file", default="",
+                   help="file holding a bearer token for the server (multi-user installs)")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="pipeline parameter; repeatable")
+    p.add_argument("--display-name", default="", help="default: the pipeline's name")
+    p.add_argument("--no-cache", action="store_true", help="re-run every step")
+    p.add_argument("--dry-run", action="store_true", help="print the request, send nothing")
+    return p
+
+
+def main(argv: Sequence[str], client_class: Callable | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        submission = plan(args)
+    except SubmitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(json.dumps(describe(submission), indent=2, sort_keys=True))
+        return 0
+    run_id = launch(submission, client_class)
+    print(f"started run {run_id} in experiment {submission.experiment!r} "
+          f"({submission.host}/#/runs/details/{run_id})")
+    return 0
