@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 
+from components.common.storage import is_remote
 from components.predict.contract import PredictionError
 
 log = logging.getLogger("pipelines.serve")
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         settings = serving.serve_settings(os.environ, args.model, args.port)
-        if not settings.model.startswith("gs://"):
+        if not is_remote(settings.model):
             serving.check_servable(settings.model)  # a clear exit now, not a failed load
     except (PredictionError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

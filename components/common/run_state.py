@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from components.common.storage import TMP_PREFIX, local_path, run_folder
+from components.common.storage import TMP_PREFIX, is_remote, local_path, run_folder
 
 # The default checkpoint folder inside a step's output (when Vertex names none).
 CHECKPOINTS = "checkpoints"
@@ -96,10 +96,11 @@ def load(folder: str, name: str, run_fingerprint: str, *, error: type[Exception]
         error: The file belongs to another run (or another state version), or `folder`
             is a gs:// URI (its FUSE path is what the trainers write to).
     """
-    if folder.startswith("gs://"):
+    if is_remote(folder):
         # os would take it for a relative folder named "gs:" and resume nothing on Vertex.
-        raise error(f"checkpoint folder {folder!r} is a gs:// URI; give its Cloud Storage "
-                    f"FUSE path ({local_path(folder)!r}): checkpoints are local files")
+        raise error(f"checkpoint folder {folder!r} is an object store URI; give a local "
+                    f"path (gs://: its Cloud Storage FUSE path {local_path(folder)!r}): "
+                    "checkpoints are local files")
     path = os.path.join(folder, name)
     if not os.path.exists(path):
         return None

@@ -1,7 +1,9 @@
-"""Uniform access to local paths and gs:// URIs.
+"""Uniform access to local paths and object store URIs (gs://, s3://).
 
 gs:// goes through fsspec/gcsfs (which honours `STORAGE_EMULATOR_HOST`, used by the
-tests), never through the `gsutil` command or TensorFlow's own GCS client.
+tests), never through the `gsutil` command or TensorFlow's own GCS client. s3:// (AWS, or
+MinIO and Ceph through `AWS_ENDPOINT_URL`) goes through s3fs, with botocore's own
+credentials chain (the environment, a mounted profile, the pod's role).
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from fsspec.core import url_to_fs
 
 # Files being written carry this prefix until they are complete (then renamed).
 TMP_PREFIX = ".tmp-"
+# Object stores reached through fsspec rather than as local files.
+REMOTE_SCHEMES = ("gs://", "s3://")
+
+
+def is_remote(uri: str) -> bool:
+    """Whether `uri` names an object store location (gs://, s3://), not a local path."""
+    return uri.startswith(REMOTE_SCHEMES)
 
 
 def _gcs_options() -> dict:
@@ -25,11 +34,17 @@ def _gcs_options() -> dict:
     return {}
 
 
+def _s3_options() -> dict:
+    # Read at call time: MinIO, Ceph and the tests' S3 server are named by an endpoint.
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
+
+
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """Returns the filesystem serving `uri` and the path inside it.
 
     Args:
-        uri: A local path or a `gs://bucket/prefix` URI.
+        uri: A local path, a `gs://bucket/prefix` or an `s3://bucket/prefix` URI.
 
     Returns:
         `(fs, path)`: an fsspec filesystem and the path to pass to its methods.
@@ -37,6 +52,8 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     if uri.startswith("gs://"):
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
         return url_to_fs(uri, **_gcs_options())
+    if uri.startswith("s3://"):
+        return url_to_fs(uri, **_s3_options())
     return url_to_fs(os.path.abspath(uri))
 
 

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from components.common.images import BadImage, decode_image, encode_image, resize
-from components.common.storage import TMP_PREFIX, filesystem
+from components.common.storage import TMP_PREFIX, filesystem, is_remote
 from components.predict.contract import IMAGE, PredictionError, model_family
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def _whole_or_nothing(output: str) -> Iterator[TextIO]:
     `output`.
     """
     fs, path = filesystem(output)
-    parent = os.path.dirname(path) if not output.startswith("gs://") else None
+    parent = os.path.dirname(path) if not is_remote(output) else None
     if parent:
         os.makedirs(parent, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".jsonl", dir=parent)
@@ -261,7 +261,7 @@ def same_file(data_uri: str, output: str) -> bool:
 
     Local paths compare resolved (relative, "..", symbolic links); gs:// URIs as strings.
     """
-    if data_uri.startswith("gs://") or output.startswith("gs://"):
+    if is_remote(data_uri) or is_remote(output):
         return data_uri == output
     return os.path.realpath(data_uri) == os.path.realpath(output)
 
@@ -313,7 +313,7 @@ def predict_to_file(model_dir: str, data_uri: str, output: str, batch_size: int 
 
 def copy_model_locally(model_uri: str, workdir: str) -> str:
     """A local copy of a gs:// model folder (a local folder is returned as it is)."""
-    if not model_uri.startswith("gs://"):
+    if not is_remote(model_uri):
         return model_uri
     fs, path = filesystem(model_uri)
     target = os.path.join(workdir, "model")

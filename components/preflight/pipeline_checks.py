@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from components.common.storage import filesystem
+from components.common.storage import filesystem, is_remote
 from components.preflight.parameters import PreflightError, _number, _steps, build, coerce
 
 # Evaluation metrics a pipeline's registration gate may compare with its threshold (every
@@ -52,11 +52,11 @@ def weights_problems(weights: str) -> list[str]:
     from components.train_image.contract import normalize_weights
 
     value = normalize_weights(weights)
-    if value is None or value == "imagenet" or value.startswith("gs://") or os.path.isfile(value):
+    if value is None or value == "imagenet" or is_remote(value) or os.path.isfile(value):
         return []
     return [f"weights {weights!r} is neither 'imagenet', 'none' nor an existing file: give "
             "'imagenet' (DenseNet121's ImageNet weights, downloaded), 'none' (train from "
-            "scratch) or the path of a DenseNet121 no-top .h5 weights file (local or gs://)"]
+            "scratch) or the path of a DenseNet121 no-top .h5 weights file (local, gs:// or s3://)"]
 
 
 def _is_kind(value: Any, kind: type) -> bool:

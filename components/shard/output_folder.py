@@ -93,6 +93,8 @@ def check_output_folder(data_uri: str, out_dir: str) -> None:
     Raises:
         ShardingError: The two folders overlap.
     """
+    if data_uri.startswith("s3://"):
+        return  # an S3 bucket is never a local folder
     source = os.path.realpath(local_path(data_uri) if data_uri.startswith("gs://")
                               else data_uri)
     target = os.path.realpath(out_dir)

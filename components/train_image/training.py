@@ -29,7 +29,7 @@ import tf_keras
 
 from components.common import run_state
 from components.common.hypertune import TrialReporter
-from components.common.storage import filesystem, local_path, run_folder
+from components.common.storage import filesystem, is_remote, local_path, run_folder
 from components.shard.contract import read_manifest
 from components.train_image import distribute
 from components.train_image.artifact import write_artifact
@@ -96,7 +96,7 @@ def fetch_weights(weights: str | None, workdir: str) -> str | None:
         "imagenet", None, or a local file path.
     """
     weights = normalize_weights(weights)
-    if weights is None or weights == "imagenet" or not weights.startswith("gs://"):
+    if weights is None or weights == "imagenet" or not is_remote(weights):
         return weights
     fs, path = filesystem(weights)
     local = os.path.join(workdir, os.path.basename(path.rstrip("/")) or "weights.h5")

@@ -27,7 +27,7 @@ import json
 import os
 from typing import Any
 
-from components.common.storage import filesystem
+from components.common.storage import filesystem, is_remote
 from components.formats.lm_assets import direction
 from components.train_text.contract import (
     FASTAI_PRETRAINED_LANG,
@@ -177,7 +177,7 @@ def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) ->
     paths = {}
     for rel in required_files(lang, backwards):
         source = asset_uri(root, rel)
-        if assets_uri.startswith("gs://"):
+        if is_remote(assets_uri):
             target = os.path.join(local_dir, rel)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             fs.get(source, target)

@@ -16,6 +16,8 @@ import dataclasses
 import math
 import os
 
+from components.common.storage import is_remote
+
 FRAMEWORK = "transformers"
 # The default encoder: multilingual (about 100 languages, the fastai trainer's fr default and
 # ja/ko/zh included, with no per-language tokenizer to pick) and the usual strong base-size
@@ -76,8 +78,8 @@ class TransformerConfig:
 
 
 def model_name_is_path(model_name: str) -> bool:
-    """Whether `model_name` names a folder (gs://, an absolute or ./ path, or a path that
+    """Whether `model_name` names a folder (gs://, s3://, an absolute or ./ path, or a path that
     exists here) rather than a Hub model; the trainer and the preflight decide alike."""
     name = model_name.strip()
-    return (name.startswith("gs://") or os.path.isabs(name) or name.startswith(".")
+    return (is_remote(name) or os.path.isabs(name) or name.startswith(".")
             or os.path.exists(name))

@@ -32,7 +32,7 @@ from components.common.hf_transformers import import_transformers
 from components.common.hypertune import TrialReporter
 from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
-from components.common.storage import TMP_PREFIX, filesystem
+from components.common.storage import TMP_PREFIX, filesystem, is_remote
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import (
@@ -74,7 +74,7 @@ def model_source(model_name: str, scratch: str) -> str:
         TransformerTrainingError: A path (local or gs://) with no model in it.
     """
     name = model_name.strip()
-    if name.startswith("gs://"):
+    if is_remote(name):
         fs, root = filesystem(name)
         if not fs.isfile(root.rstrip("/") + "/config.json"):
             raise TransformerTrainingError(f"model_name {name!r} has no config.json: give a "
