@@ -50,8 +50,9 @@ TARGETS = ("vertex", "kubeflow")
 VERTEX_ONLY = ("restart_job_on_worker_restart", "service_account", "network", "encryption_key",
                "serving_image", "base_output_directory", "tensorboard")
 KUBEFLOW_ONLY = ("gpu_node_label", "gpu_product", "spot_node_selector", "spot_toleration",
-                 "image_pull_secret", *(f"{step}_{field}" for step in DEFAULT_MACHINES
-                                        for field in ("cpu", "memory", "shm_size")))
+                 "image_pull_secret", "checkpoint_root", "storage_secret", "s3_endpoint",
+                 *(f"{step}_{field}" for step in DEFAULT_MACHINES
+                   for field in ("cpu", "memory", "shm_size")))
 # Pipeline kinds with a tuning variant, and the machine table's step their trials run on.
 TUNED_KINDS = {kind: STEPS[kind]["train"].machine for kind in TUNING_JOBS}
 # A Vertex AI TensorBoard instance: project id or number, region, numeric instance id.
@@ -165,6 +166,14 @@ def add_kubeflow_options(parser_: argparse.ArgumentParser) -> None:
                         f"{kubeflow.GKE_SPOT_TOLERATION}); repeatable")
     k.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
                    help="Kubernetes secret the pods pull the images with; repeatable")
+    k.add_argument("--checkpoint-root", default="", metavar="URI",
+                   help="gs:// or s3:// folder for the training steps' checkpoints and "
+                        "TensorBoard logs, written there directly so a retried step resumes")
+    k.add_argument("--storage-secret", default="", metavar="NAME",
+                   help="Kubernetes secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                        "given to every pod for s3:// data and checkpoints")
+    k.add_argument("--s3-endpoint", default="", metavar="URL",
+                   help="S3 API of MinIO or Ceph, e.g. http://minio.kubeflow:9000")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -342,11 +351,18 @@ def kubeflow_settings(args: argparse.Namespace) -> kubeflow.KubeflowSettings:
                  for problem in kubeflow.gpu_problems(step, pod, label, products)]
     if args.step_timeout < 1:
         problems.append(f"--step-timeout must be >= 1 second, got {args.step_timeout}")
+    if args.checkpoint_root and not args.checkpoint_root.startswith(("gs://", "s3://")):
+        problems.append(f"--checkpoint-root {args.checkpoint_root!r} must be a gs:// or s3:// "
+                        "folder: a folder in the pod dies with it")
+    if args.s3_endpoint and not args.s3_endpoint.startswith(("http://", "https://")):
+        problems.append(f"--s3-endpoint {args.s3_endpoint!r} must be an http(s):// URL")
     if problems:
         raise SystemExit("error: " + "\nerror: ".join(problems))
     return kubeflow.KubeflowSettings(
         pods=pods, gpu_label=label, gpu_products=products, spot=args.spot, **spot,
-        image_pull_secrets=tuple(args.image_pull_secret), timeout_seconds=args.step_timeout)
+        image_pull_secrets=tuple(args.image_pull_secret), timeout_seconds=args.step_timeout,
+        checkpoint_root=args.checkpoint_root, storage_secret=args.storage_secret,
+        s3_endpoint=args.s3_endpoint)
 
 
 def target_settings(args: argparse.Namespace):

@@ -92,3 +92,96 @@ def test_kubeflow_prepares_an_s3_csv(s3, tmp_path):
     assert remote["splits"] == here["splits"]
     assert remote["source_sha256"] == here["source_sha256"]
     assert remote["source"] == "s3://texts/in/reviews.csv"
+
+
+# ------------------------------------------------------------------ what outlives a pod
+
+
+@pytest.fixture
+def mirrors(monkeypatch):
+    """No mirror of an earlier test (a new process starts with none)."""
+    from components.common import storage
+
+    monkeypatch.setattr(storage, "_MIRRORS", {})
+    return storage
+
+
+def test_kubeflow_checkpoint_folder_mirrors_s3_and_a_new_pod_finds_it(s3, mirrors, tmp_path):
+    s3.create_bucket(Bucket="ckpt")
+    environ = {"AIP_CHECKPOINT_DIR": "s3://ckpt/root"}
+    output = str(tmp_path / "pod" / "run-1" / "train" / "model")
+    folder = mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ)
+    assert not folder.startswith(str(tmp_path)) and os.path.isdir(folder)
+    tmp = os.path.join(folder, ".tmp-state.json.x")
+    with open(os.path.join(folder, "weights.pth"), "w") as f:
+        f.write("epoch 1")
+    with open(tmp, "w") as f:
+        f.write("half a file")
+    from components.common import run_state
+
+    run_state.save(folder, "state.json", {"fingerprint": "f", "epochs_done": 1})
+    listed = sorted(k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"])
+    assert listed == ["root/run-1/train/state.json", "root/run-1/train/weights.pth"]
+    # the trainer replaces its checkpoint: the old one goes from the bucket too
+    os.remove(os.path.join(folder, "weights.pth"))
+    with open(os.path.join(folder, "weights-2.pth"), "w") as f:
+        f.write("epoch 2")
+    run_state.save(folder, "state.json", {"fingerprint": "f", "epochs_done": 2})
+    listed = sorted(k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"])
+    assert listed == ["root/run-1/train/state.json", "root/run-1/train/weights-2.pth"]
+    # a retried pod: nothing local, the same task's output path
+    mirrors._MIRRORS.clear()
+    again = mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ)
+    assert again != folder
+    assert run_state.load(again, "state.json", "f", error=ValueError, differs="")[
+        "epochs_done"] == 2
+    with open(os.path.join(again, "weights-2.pth")) as f:
+        assert f.read() == "epoch 2"
+
+
+def test_kubeflow_gs_is_mirrored_only_where_it_is_not_mounted(mirrors):
+    environ = {"AIP_CHECKPOINT_DIR": "gs://b/root"}
+    output = "/gcs/b/root/run-1/train/model"
+    assert mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ) == \
+        mirrors.local_path("gs://b/root") + "/run-1/train"  # Vertex's FUSE mount
+
+
+@pytest.mark.slow
+def test_kubeflow_a_killed_training_pod_resumes_from_s3_on_retry(s3, mirrors, tmp_path,
+                                                                 monkeypatch):
+    """The text trainer killed after its first LM epoch (a pod lost), then retried in a new
+    pod: the launcher's folders start empty, the checkpoints come back from S3."""
+    import shutil
+
+    from components.train_text.contract import TrainConfig
+    from components.train_text.training import train_text_classifier
+    from datamakers.demo_text import write_reviews_csv
+    from tests.test_text_train import FAST, TINY, Capture, StopAfter
+
+    s3.create_bucket(Bucket="ckpt")
+    monkeypatch.setenv("AIP_CHECKPOINT_DIR", "s3://ckpt/checkpoints")
+    write_reviews_csv(str(tmp_path / "reviews.csv"), rows=60, seed=1)
+    dataset = str(tmp_path / "dataset")
+    prepare_text_dataset(str(tmp_path / "reviews.csv"), dataset, PrepareConfig())
+    from components.train_text import schedule
+
+    monkeypatch.setattr(schedule, "LM_ACCURACY_MARGIN", -1.0)
+    monkeypatch.setattr(schedule, "MAX_RESTARTS", 0)
+    config = TrainConfig(pretrained=False, lm_epochs=2, epochs=1, model_config=TINY, **FAST)
+    model_dir = str(tmp_path / "run-7" / "train-text" / "model")  # the same on a retry
+    first = Capture()
+    with pytest.raises(KeyboardInterrupt):  # the pod dies after LM epoch 1
+        train_text_classifier(dataset, model_dir, config,
+                              callbacks=[first, StopAfter("LMLearner", 1)])
+    keys = [k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]]
+    assert "checkpoints/run-7/train-text/state.json" in keys
+    # the new pod: no launcher folder, no local mirror
+    for mirror in mirrors._MIRRORS.values():
+        shutil.rmtree(mirror.local)
+    mirrors._MIRRORS.clear()
+    shutil.rmtree(tmp_path / "run-7")
+    second = Capture()
+    result = train_text_classifier(dataset, model_dir, config, callbacks=[second])
+    assert first.epochs == [("LMLearner", 0)]
+    assert second.epochs[0] == ("LMLearner", 1)  # resumed: the second LM epoch only
+    assert result["run"]["resumed_from"]["stage"] == "lm-all"

@@ -418,3 +418,30 @@ def test_submit_refuses_a_vertex_file_for_kubeflow(tmp_path, capsys):
     assert submit.main(["--target", "kubeflow", str(out / "image_pipeline.json"), "--host",
                         "http://127.0.0.1:9"]) == 2
     assert "compiled for Vertex" in capsys.readouterr().err
+
+
+def test_training_steps_keep_checkpoints_in_the_object_store_and_pods_get_storage(tmp_path):
+    out = _compile(tmp_path, "--checkpoint-root", "s3://ckpt/runs/", "--storage-secret",
+                   "s3-keys", "--s3-endpoint", "http://minio.kubeflow:9000")
+    spec, platform = _documents(out / "image_tuning_pipeline.yaml")
+    executors = spec["deploymentSpec"]["executors"]
+
+    def env(executor):
+        return {e["name"]: e["value"] for e in executors[executor]["container"].get("env", [])}
+
+    assert env("exec-train-image-classifier") == {
+        "AWS_ENDPOINT_URL": "http://minio.kubeflow:9000",
+        "AIP_CHECKPOINT_DIR": "s3://ckpt/runs/checkpoints",
+        "AIP_TENSORBOARD_LOG_DIR": "s3://ckpt/runs/tensorboard", "OBJECT_STORE_MOUNTED": "0"}
+    # trials of a loop share a task name, so they keep no checkpoints there
+    assert "AIP_CHECKPOINT_DIR" not in env("exec-trial-train-image-classifier")
+    assert env("exec-shard-images") == {"AWS_ENDPOINT_URL": "http://minio.kubeflow:9000"}
+    for executor in ("exec-shard-images", "exec-preflight-image", "exec-train-image-classifier"):
+        (secret,) = platform[executor]["secretAsEnv"]
+        assert secret["secretName"] == "s3-keys"
+        assert {k["envVar"] for k in secret["keyToEnv"]} == {"AWS_ACCESS_KEY_ID",
+                                                              "AWS_SECRET_ACCESS_KEY"}
+    text = (out / "image_tuning_pipeline.yaml").read_text()
+    assert "AWS_SECRET_ACCESS_KEY:" not in text.replace("envVar: AWS_SECRET_ACCESS_KEY", "")
+    with pytest.raises(SystemExit, match="--checkpoint-root '/mnt/ckpt' must be a gs://"):
+        _compile(tmp_path, "--checkpoint-root", "/mnt/ckpt")

@@ -29,7 +29,13 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from components.common.storage import TMP_PREFIX, is_remote, local_path, run_folder
+from components.common.storage import (
+    TMP_PREFIX,
+    is_remote,
+    local_path,
+    push_mirrors,
+    run_folder,
+)
 
 # The default checkpoint folder inside a step's output (when Vertex names none).
 CHECKPOINTS = "checkpoints"
@@ -139,6 +145,9 @@ def save(folder: str, name: str, state: Mapping[str, Any], *, sort_keys: bool = 
         with contextlib.suppress(FileNotFoundError):
             os.remove(temporary)
         raise
+    # A saved state marks a whole checkpoint: where the folder mirrors an object store
+    # (open-source Kubeflow), it is pushed now, so a retried pod resumes from it.
+    push_mirrors(folder)
 
 
 def claim(folder: str, name: str, run_fingerprint: str, *, error: type[Exception],

@@ -8,8 +8,11 @@ credentials chain (the environment, a mounted profile, the pod's role).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,7 +96,10 @@ def run_folder(variable: str, output_path: str, default: str | None,
     job's base output directory, a compile-time setting that every run of the pipeline
     shares. A sub-folder named after the task's output (`<pipeline job>/<task>`) keeps
     runs apart, while a restarted job of the same task, which gets the same output
-    path, finds its own state again. gs:// is reached through the FUSE mount.
+    path, finds its own state again. gs:// is reached through the FUSE mount on Vertex.
+    Where no object store is mounted (open-source Kubeflow: s3://, or gs:// with
+    `OBJECT_STORE_MOUNTED=0`), the folder is a local mirror of the remote one
+    (`mirrored_folder`): pulled now, pushed whenever a state file is saved and at exit.
 
     Args:
         variable: The environment variable, e.g. "AIP_CHECKPOINT_DIR".
@@ -109,7 +115,81 @@ def run_folder(variable: str, output_path: str, default: str | None,
     if not root:
         return default
     run = os.path.normpath(output_path).split(os.sep)[-3:-1]
+    if root.startswith("s3://") or (is_remote(root) and
+                                    environ.get(MOUNTED_VARIABLE, "1") == "0"):
+        return mirrored_folder("/".join([root.rstrip("/"), *run]))
     return os.path.join(local_path(root), *run)
+
+
+# Set to "0" where gs:// is not mounted at /gcs (open-source KFP's /gcs is a scratch folder
+# the launcher fills; what is written there dies with the pod).
+MOUNTED_VARIABLE = "OBJECT_STORE_MOUNTED"
+# Files pushed after the others (a checkpoint's pointer and the trainers' state files),
+# so a pod killed mid-push leaves the remote pointing at a checkpoint that is whole.
+_POINTERS = ("checkpoint", "run.json", "state.json", "lm_state.json", "trainer_state.json")
+_MIRRORS: dict[str, Mirror] = {}
+
+
+class Mirror:
+    """A local folder kept as a copy of an object store folder, for what must outlive a
+    pod (checkpoints, TensorBoard logs) where the store is not mounted.
+
+    Args:
+        remote: The gs:// or s3:// folder.
+        local: The local folder the trainer writes (filled from `remote` now).
+    """
+
+    def __init__(self, remote: str, local: str):
+        self.remote, self.local = remote.rstrip("/"), local
+        self.fs, self.root = filesystem(self.remote)
+        self.pushed: dict[str, tuple[int, int]] = {}
+        os.makedirs(local, exist_ok=True)
+        if self.fs.isdir(self.root):
+            self.fs.get(self.root + "/", local.rstrip("/") + "/", recursive=True)
+        self.pushed = self._local_files()
+
+    def _local_files(self) -> dict[str, tuple[int, int]]:
+        files = {}
+        for folder, _, names in os.walk(self.local):
+            for name in names:
+                if not name.startswith(TMP_PREFIX):
+                    path = os.path.join(folder, name)
+                    stat = os.stat(path)
+                    files[os.path.relpath(path, self.local)] = (stat.st_size, stat.st_mtime_ns)
+        return files
+
+    def push(self) -> None:
+        """Uploads what changed (pointers and state files last), then removes what the
+        trainer removed: the remote never points at a checkpoint it does not hold."""
+        files = self._local_files()
+        changed = [rel for rel, stat in files.items() if self.pushed.get(rel) != stat]
+        for rel in sorted(changed, key=lambda rel: os.path.basename(rel) in _POINTERS):
+            self.fs.put(os.path.join(self.local, rel), f"{self.root}/{rel}")
+        for rel in set(self.pushed) - set(files):
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(f"{self.root}/{rel}")
+        self.pushed = files
+
+
+def mirrored_folder(remote: str) -> str:
+    """The local mirror of `remote` (made and filled on first use in this process)."""
+    if remote not in _MIRRORS:
+        if not _MIRRORS:
+            atexit.register(push_mirrors)
+        local = tempfile.mkdtemp(prefix="mirror-")
+        _MIRRORS[remote] = Mirror(remote, local)
+    return _MIRRORS[remote].local
+
+
+def push_mirrors(folder: str | None = None) -> None:
+    """Pushes every mirror (or the one holding `folder`) to its object store folder.
+
+    Called when a trainer saves its state (`run_state.save`) and at exit; a no-op where
+    nothing is mirrored (Vertex, local runs).
+    """
+    for mirror in _MIRRORS.values():
+        if folder is None or os.path.abspath(folder).startswith(os.path.abspath(mirror.local)):
+            mirror.push()
 
 
 def write_json_atomically(path: str, payload: Any, *, sort_keys: bool = True,

@@ -15,6 +15,7 @@ from typing import Any
 import tf_keras
 
 from components.common.hypertune import TrialReporter
+from components.common.storage import push_mirrors
 from components.train_image.contract import TrainConfig
 from components.train_image.state import RunState
 
@@ -57,6 +58,14 @@ class EpochRecorder(tf_keras.callbacks.Callback):
                  ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
 
 
+class MirrorPush(tf_keras.callbacks.Callback):
+    """Pushes the checkpoint and log folders where they mirror an object store (open-source
+    Kubeflow), once the epoch's backup and logs are written: a retried pod resumes there."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        push_mirrors()
+
+
 class TrialReport(tf_keras.callbacks.Callback):
     """Reports the tuning metric after each epoch (epochs counted across both phases)."""
 
@@ -94,5 +103,6 @@ def _callbacks(config: TrainConfig, state: RunState, phase: Phase, recorder: Epo
         tf_keras.callbacks.BackupAndRestore(backup_dir=state.backup_dir(phase.name)),
         tf_keras.callbacks.TensorBoard(log_dir=tensorboard_dir, histogram_freq=0,
                                        write_graph=False, profile_batch=0),
+        MirrorPush(),
     ]
     return callbacks

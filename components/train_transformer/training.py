@@ -32,7 +32,7 @@ from components.common.hf_transformers import import_transformers
 from components.common.hypertune import TrialReporter
 from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
-from components.common.storage import TMP_PREFIX, filesystem, is_remote
+from components.common.storage import TMP_PREFIX, filesystem, is_remote, push_mirrors
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import (
@@ -233,6 +233,11 @@ def _epoch_callback(transformers, scalars: ScalarLog, reporter: TrialReporter, m
                                                     if isinstance(v, float)})
             scalars.write(epoch_scalars(CLASSIFIER, row), row["epoch"])
             reporter.report(row, row["epoch"])
+
+        def on_save(self, args, state, control, **kwargs):
+            # Where the checkpoint folder mirrors an object store (open-source Kubeflow).
+            if state.is_world_process_zero:
+                push_mirrors()
 
     return EpochEnd()
 

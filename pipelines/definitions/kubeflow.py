@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipelines.definitions.vertex import GPU_MACHINES, Machine
+from pipelines.definitions.vertex import GPU_MACHINES, TRAINING_STEPS, Machine
 
 # A Compute Engine machine type's vCPUs and memory (GiB), for the nodes a cluster on GKE
 # would run the step on, and as a size other clusters can read ("n1-standard-8": 8 cores,
@@ -81,6 +81,8 @@ GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedu
 GKE_SPOT_SELECTOR = "cloud.google.com/gke-spot=true"
 GKE_SPOT_TOLERATION = "cloud.google.com/gke-spot=true:NoSchedule"
 SHM_VOLUME = "dshm"
+# The keys of `--storage-secret` the pods read as environment variables (botocore's).
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
 DOCS = "docs/kubeflow.md"
 
@@ -212,6 +214,12 @@ class KubeflowSettings:
         spot: Run the steps with machines on spot nodes.
         image_pull_secrets: Secrets the pods pull the images with.
         timeout_seconds: Longest a step may run (the pod's activeDeadlineSeconds).
+        checkpoint_root: gs:// or s3:// folder the training steps keep their checkpoints
+            and TensorBoard logs under, written there directly (a launcher folder dies
+            with the pod), so a retried step resumes; empty: inside the pod only.
+        storage_secret: Kubernetes secret holding S3 keys (`S3_SECRET_KEYS`), given to
+            every pod as environment variables; empty for none (e.g. a pod role).
+        s3_endpoint: The S3 API's URL for MinIO or Ceph (`AWS_ENDPOINT_URL`); empty: AWS.
     """
 
     pods: Mapping[str, PodResources]
@@ -223,6 +231,9 @@ class KubeflowSettings:
     spot_tolerations: tuple[Mapping[str, str], ...] = ()
     image_pull_secrets: tuple[str, ...] = ()
     timeout_seconds: int = 604800
+    checkpoint_root: str = ""
+    storage_secret: str = ""
+    s3_endpoint: str = ""
 
     # What `Steps` asks of a target (steps.Target; VertexSettings answers the same).
     default_job_account = ""
@@ -250,15 +261,29 @@ class KubeflowSettings:
         return trials.parallel_search(trainer, kind, tune, display_name, image, self.place,
                                       step)
 
-    def place(self, task, step: str):
-        """Puts `task` on its nodes: every task gets the pull secrets and the timeout; a
-        step with machines (`step`, a key of DEFAULT_MACHINES) its pod's resources, GPUs,
-        /dev/shm and, with `spot`, the spot pool."""
+    def place(self, task, step: str, resumable: bool = True):
+        """Puts `task` on its nodes: every task gets the pull secrets, the timeout and the
+        storage settings; a step with machines (`step`, a key of DEFAULT_MACHINES) its
+        pod's resources, GPUs, /dev/shm and, with `spot`, the spot pool; a `resumable`
+        training step its checkpoint and log folders under `checkpoint_root`. Trials are
+        not resumable: the iterations of a loop share a task name, so they would share
+        one checkpoint folder (KFP names outputs `<root>/<run>/<task>/<output>`)."""
         from kfp import kubernetes
 
         if self.image_pull_secrets:
             kubernetes.set_image_pull_secrets(task, list(self.image_pull_secrets))
         kubernetes.set_timeout(task, self.timeout_seconds)
+        if self.storage_secret:
+            kubernetes.use_secret_as_env(task, self.storage_secret,
+                                         {key: key for key in S3_SECRET_KEYS})
+        if self.s3_endpoint:
+            task.set_env_variable("AWS_ENDPOINT_URL", self.s3_endpoint)
+        if step in TRAINING_STEPS and self.checkpoint_root and resumable:
+            root = self.checkpoint_root.rstrip("/")
+            # The trainers' own contract (Vertex's names); never the /gcs scratch folder.
+            task.set_env_variable("AIP_CHECKPOINT_DIR", f"{root}/checkpoints")
+            task.set_env_variable("AIP_TENSORBOARD_LOG_DIR", f"{root}/tensorboard")
+            task.set_env_variable("OBJECT_STORE_MOUNTED", "0")
         if not step:
             return task
         pod = self.pods[step]

@@ -82,8 +82,9 @@ def parallel_search(trainer, kind: str, tune, display_name: str, image: str,
         tune: The tuning settings: `tune.spaces[kind]`, trial counts and the draw's seed.
         display_name: The selection step's name stem (the Vertex variant's tuning step).
         image: The runtime image the selection step runs in.
-        place: The target's `place(task, step)`: a trial on the training step's nodes
-            (`step`), the selection on a light step's.
+        place: The target's `place(task, step, resumable)`: a trial on the training step's
+            nodes (`step`; not resumable: a failed trial is a result), the selection on a
+            light step's.
         step: The training step's key in DEFAULT_MACHINES.
 
     Returns:
@@ -104,7 +105,7 @@ def parallel_search(trainer, kind: str, tune, display_name: str, image: str,
         with dsl.ParallelFor(points, parallelism=tune.parallel_trials,
                              name=TRIALS_LOOP) as point:
             trial = place(trial_op(**training, **job, **{POINT_INPUT: point})
-                          .set_display_name(TRIAL_DISPLAY_NAME), step)
+                          .set_display_name(TRIAL_DISPLAY_NAME), step, resumable=False)
         best = select_op(results=dsl.Collected(trial.outputs["Output"]), goal=space.goal,
                          max_failed_trials=tune.max_failed_trials,
                          **{name: training[name] for name in TUNABLE[kind]},
