@@ -445,3 +445,83 @@ def test_training_steps_keep_checkpoints_in_the_object_store_and_pods_get_storag
     assert "AWS_SECRET_ACCESS_KEY:" not in text.replace("envVar: AWS_SECRET_ACCESS_KEY", "")
     with pytest.raises(SystemExit, match="--checkpoint-root '/mnt/ckpt' must be a gs://"):
         _compile(tmp_path, "--checkpoint-root", "/mnt/ckpt")
+
+
+# --------------------------------------------------------------------------- registration
+
+
+@pytest.mark.parametrize("name", ["image_pipeline", "text_pipeline", "transformer_pipeline"])
+def test_a_model_that_clears_the_gate_is_registered_in_mlflow_when_tracking_is_set(compiled,
+                                                                                   name):
+    spec, _ = _documents(compiled / f"{name}.yaml")
+    gate = [t for t in spec["root"]["dag"]["tasks"].values()
+            if "registration-gate-Output" in t.get("triggerPolicy", {}).get("condition", "")]
+    (outer,) = gate
+    inner_dag = spec["components"][outer["componentRef"]["name"]]["dag"]["tasks"]
+    ((_, tracked),) = inner_dag.items()
+    assert tracked["triggerPolicy"]["condition"].endswith("['pipelinechannel--tracking_uri'] != ''")
+    ((key, register),) = spec["components"][tracked["componentRef"]["name"]]["dag"][
+        "tasks"].items()
+    assert key == "register-in-mlflow" and register["taskInfo"]["name"] == "register-model"
+    assert register["cachingOptions"] == {}  # never cached: the registry changes
+    kind = name.split("_")[0]
+    assert register["inputs"]["parameters"]["kind"]["runtimeValue"]["constant"] == kind
+    assert "ModelUploadOp" not in json.dumps(spec) and "model-upload" not in json.dumps(spec)
+
+
+def test_registration_adds_an_mlflow_version_with_the_challenger_alias(tmp_path):
+    from mlflow import MlflowClient
+
+    from components.register import mlflow_registry as registry
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    first = registry.register_version(uri, "pets", "s3://models/run-1/served",
+                                      {"pipeline_run": "run-1"})
+    second = registry.register_version(uri, "pets", "s3://models/run-2/served",
+                                       {"pipeline_run": "run-2"})
+    assert (first, second) == ("1", "2")
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    version = client.get_model_version_by_alias("pets", "challenger")
+    assert str(version.version) == "2" and version.source == "s3://models/run-2/served"
+    assert version.tags == {"pipeline_run": "run-2"}
+
+
+def test_inference_services_serve_image_models_on_tf_serving_and_text_on_our_server():
+    from components.register import mlflow_registry as registry
+
+    image = registry.inference_service("pets", "image", "s3://m/served", "", {"v": "1"})
+    assert image["apiVersion"] == "serving.kserve.io/v1beta1"
+    assert image["spec"]["predictor"]["model"] == {
+        "modelFormat": {"name": "tensorflow"}, "runtimeVersion": "2.21.0",
+        "storageUri": "s3://m/served"}
+    text = registry.inference_service("reviews", "text", "s3://m/model", "reg/fastai:abc", {})
+    (container,) = text["spec"]["predictor"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert container["image"] == "reg/fastai:abc"
+    # KServe's storage initializer copies STORAGE_URI to /mnt/models; the server reads AIP_*
+    assert env["STORAGE_URI"] == "s3://m/model" and env["AIP_STORAGE_URI"] == "/mnt/models"
+    assert container["ports"] == [{"containerPort": int(env["AIP_HTTP_PORT"]),
+                                   "protocol": "TCP"}]
+    probe = container["startupProbe"]
+    assert probe["timeoutSeconds"] < probe["periodSeconds"]
+    assert registry.service_name("DenseNet121 Image_Classifier!") == \
+        "densenet121-image-classifier"
+    assert registry.service_name("2024 model") == "m-2024-model"
+    assert len(registry.service_name("x" * 80)) == 45
+    with pytest.raises(ValueError, match="no letter or digit"):
+        registry.service_name("---")
+
+
+def test_an_image_model_is_staged_in_tf_servings_numbered_layout(tmp_path):
+    from components.register import mlflow_registry as registry
+
+    saved = tmp_path / "model" / "saved_model"
+    (saved / "variables").mkdir(parents=True)
+    (saved / "saved_model.pb").write_bytes(b"pb")
+    (saved / "variables" / "variables.index").write_bytes(b"ix")
+    out = registry.stage_tf_serving(str(tmp_path / "model"), str(tmp_path / "served"))
+    assert (tmp_path / "served" / "1" / "saved_model.pb").read_bytes() == b"pb"
+    assert (tmp_path / "served" / "1" / "variables" / "variables.index").exists()
+    assert out == str(tmp_path / "served")
+    with pytest.raises(FileNotFoundError, match="no saved_model.pb"):
+        registry.stage_tf_serving(str(tmp_path / "served"), str(tmp_path / "again"))

@@ -110,3 +110,56 @@ def find_registered_model(
         parent.metadata["resourceName"] = name
         parent.uri = f"https://{location}-aiplatform.googleapis.com/v1/{name}"
     return namedtuple("Outputs", ["exists"])(name is not None)
+
+
+def register_in_mlflow(
+    model: Input[Model],
+    registered: Output[Artifact],
+    tracking_uri: str,
+    model_display_name: str,
+    kind: str,
+    serving_image: str = "",
+    run_name: str = "",
+) -> NamedTuple("Registered", [("version", str)]):
+    """Registers the model in MLflow's Model Registry and writes the KServe InferenceService that serves it (where there is no Vertex Model Registry).
+
+    Args:
+        model: The trainer's model folder.
+        registered: Output folder: inferenceservice.yaml (kubectl apply -f it) and, for image models, the SavedModel in TF Serving's numbered layout (served/1/).
+        tracking_uri: MLflow tracking server URL (http/https) or sqlite:///FILE; its Model Registry gets the version.
+        model_display_name: The registered model's name (a later run adds a version); also names the InferenceService.
+        kind: "image" (served by KServe's TensorFlow Serving runtime) or "text"/"transformer" (served by the runtime image's own server).
+        serving_image: The image that serves text models (the runtime image); unused for image models.
+        run_name: The pipeline run, recorded as a tag of the version.
+
+    Returns:
+        version: The MLflow model version, which the alias "challenger" now names.
+    """
+    import os
+    from collections import namedtuple
+
+    import yaml
+
+    from components.register import mlflow_registry as registry
+    from components.register.registration import model_labels
+
+    if kind == "image":
+        source = registered.uri.rstrip("/") + "/" + registry.SERVED_FOLDER
+        registry.stage_tf_serving(model.path, os.path.join(registered.path,
+                                                           registry.SERVED_FOLDER))
+    else:
+        source = model.uri
+    tags = model_labels(run_name, model.metadata)
+    version = registry.register_version(tracking_uri, model_display_name, source, tags)
+    name = registry.service_name(model_display_name)
+    manifest = registry.inference_service(name, kind, source, serving_image, {
+        "mlflow-model": name, "mlflow-version": version})
+    os.makedirs(registered.path, exist_ok=True)
+    with open(os.path.join(registered.path, registry.MANIFEST_FILE), "w") as f:
+        yaml.safe_dump(manifest, f, sort_keys=False)
+    registered.metadata.update({"mlflow_model": model_display_name, "version": version,
+                                "alias": registry.ALIAS, "storage_uri": source,
+                                "inference_service": name})
+    print(f"registered {model_display_name} version {version} ({registry.ALIAS}) in "
+          f"{tracking_uri}; serve it: kubectl apply -f {registered.uri}/{registry.MANIFEST_FILE}")
+    return namedtuple("Registered", ["version"])(version)

@@ -237,8 +237,6 @@ class KubeflowSettings:
 
     # What `Steps` asks of a target (steps.Target; VertexSettings answers the same).
     default_job_account = ""
-    # Models that clear the gate are not uploaded to Vertex's registry.
-    model_registry = "mlflow"
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
         """The component as it is: on Kubeflow a step is a pod (`place` sizes it)."""
@@ -260,6 +258,31 @@ class KubeflowSettings:
 
         return trials.parallel_search(trainer, kind, tune, display_name, image, self.place,
                                       step)
+
+    def registration(self, kind: str, image: str) -> Callable:
+        """A model that clears the gate, when the run names a `tracking_uri`: a version in
+        MLflow's Model Registry and the KServe InferenceService that serves it
+        (`register_in_mlflow`); the gate's decision alone otherwise."""
+        from kfp import dsl
+
+        from components.register.component import register_in_mlflow
+        from pipelines.definitions.steps import component
+
+        op = component(register_in_mlflow, image)
+
+        def add(params: Mapping[str, Any], gate, model) -> None:
+            with dsl.If(gate.outputs["Output"] == True,  # noqa: E712
+                        name="model-clears-threshold"):
+                with dsl.If(params["tracking_uri"] != "", name="registry-named"):
+                    task = op(model=model, tracking_uri=params["tracking_uri"],
+                              model_display_name=params["model_display_name"], kind=kind,
+                              serving_image="" if kind == "image" else image,
+                              run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)
+                    # the registry changes between runs: never a cached registration
+                    self.place(task.set_display_name("register-model")
+                               .set_caching_options(False), "")
+
+        return add
 
     def place(self, task, step: str, resumable: bool = True):
         """Puts `task` on its nodes: every task gets the pull secrets, the timeout and the

@@ -40,14 +40,13 @@ from components.train_image import component as train_image
 from components.train_lm import component as train_lm
 from components.train_text import component as train_text
 from components.train_transformer import component as train_transformer
-from pipelines.definitions import registry, tuning
+from pipelines.definitions import tuning
 
 
 class Target(Protocol):
     """Where a pipeline's steps run, as `Steps` asks it: `vertex.VertexSettings` and
     `kubeflow.KubeflowSettings` answer alike, so a definition reads the same for both."""
 
-    model_registry: str  # "vertex": models that clear the gate go to Vertex's registry
     default_job_account: str
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
@@ -65,6 +64,10 @@ class Target(Protocol):
     def search(self, trainer: Callable, kind: str, tune: tuning.TuningSettings, step: str,
                display_name: str, image: str) -> Callable:
         """The tuning variant's `search(training, job) -> training`."""
+
+    def registration(self, kind: str, image: str) -> Callable | None:
+        """`add(params, gate, model)`: the steps that register a model that cleared the
+        gate; None where nothing is registered."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +183,8 @@ class Steps:
         ops: Role to its component, as the target wraps it where the step has machines.
         search: Adds the tuning tasks and returns the training arguments with the best
             trial's values; None but in the tuning variant.
-        upload_ops: What the Model Registry upload takes; None where nothing is uploaded.
+        registration: Adds the steps that register a model that cleared the gate (the
+            target's `registration`); None where nothing is registered.
         experiment: The MLflow experiment `evaluate_and_publish` tracks the run in: the
             pipeline's name given to `pipeline` (the tuning variant's runs too).
 
@@ -202,7 +206,8 @@ class Steps:
             self.search = target.search(made["train"], kind, tune, self.table["train"].machine,
                                         TUNING_JOBS[kind], image)
         self.ops = {role: self._on_machines(role, op) for role, op in made.items()}
-        self.upload_ops = _upload_ops(kind, image, target)
+        self.registration = (target.registration(kind, image)
+                             if target is not None and "gate" in self.table else None)
         self.experiment = ""
 
     def pipeline(self, name: str, tuning_name: str, lead: str, rest: str):
@@ -315,12 +320,11 @@ class Steps:
                         beat_baselines=params["registration_beats_baselines"])
 
     def upload(self, params: Mapping[str, Any], gate, model) -> None:
-        """On Vertex, the Model Registry upload of `model` under `gate` (`registry.add_upload`)
-        as `model_display_name`; none locally or on Kubeflow, nor for image models without a
-        serving image."""
-        if self.upload_ops is not None:
-            registry.add_upload(self.upload_ops, gate, model, params["model_display_name"],
-                                self.target.encryption_spec_key_name)
+        """The target's registration of `model` under `gate` as `model_display_name`: the
+        Vertex Model Registry (`registry.add_upload`; not for image models without a
+        serving image), or MLflow's with a KServe manifest on Kubeflow; none locally."""
+        if self.registration is not None:
+            self.registration(params, gate, model)
 
     def predict(self, params: Mapping[str, Any], **arguments) -> None:
         """Batch prediction of `predict_uri`'s data (`arguments`: the model and the data's
@@ -336,21 +340,6 @@ class Steps:
             self.run("track", params, tracking_uri=params["tracking_uri"],
                      run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, experiment=experiment,
                      **arguments).set_caching_options(False)
-
-
-def _upload_ops(kind: str, image: str, target):
-    """What the Vertex Model Registry upload of `kind`'s models takes, for a target that
-    uploads there: text models are served by the runtime image, image models by
-    `target.serving_image` (none without it)."""
-    vertex = target
-    if (getattr(target, "model_registry", "") != "vertex"
-            or not (kind in SERVED_BY_THE_RUNTIME or vertex.serving_image)):
-        return None
-    by_the_runtime = kind in SERVED_BY_THE_RUNTIME
-    return registry.UploadOps(component(register.serving_model, image),
-                              component(register.find_registered_model, image),
-                              image if by_the_runtime else vertex.serving_image,
-                              registry.RUNTIME_SERVING if by_the_runtime else {})
 
 
 def _named_inputs(function: Callable, params: Mapping[str, Any]) -> dict[str, Any]:

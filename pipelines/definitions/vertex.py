@@ -192,9 +192,6 @@ class VertexSettings:
     serving_image: str = ""
     tensorboard: str = ""
 
-    # Models that clear the gate go to the Vertex Model Registry (`registry.add_upload`).
-    model_registry = "vertex"
-
     @property
     def default_job_account(self) -> str:
         """The pipeline's `job_service_account` default: the compile-time service account."""
@@ -221,6 +218,28 @@ class VertexSettings:
         parameter. Nothing without a TensorBoard (the step's default is "").
         """
         return {"tensorboard": self.tensorboard} if self.tensorboard else {}
+
+    def registration(self, kind: str, image: str) -> Callable | None:
+        """The Model Registry upload (`registry.add_upload`) of `kind`'s models that clear
+        the gate: text models served by the runtime image, image models by
+        `serving_image` (None without it: nothing is uploaded)."""
+        from components.register import component as register
+        from pipelines.definitions import registry
+        from pipelines.definitions.steps import SERVED_BY_THE_RUNTIME, component
+
+        by_the_runtime = kind in SERVED_BY_THE_RUNTIME
+        if not (by_the_runtime or self.serving_image):
+            return None
+        ops = registry.UploadOps(component(register.serving_model, image),
+                                 component(register.find_registered_model, image),
+                                 image if by_the_runtime else self.serving_image,
+                                 registry.RUNTIME_SERVING if by_the_runtime else {})
+
+        def add(params: Mapping[str, Any], gate, model) -> None:
+            registry.add_upload(ops, gate, model, params["model_display_name"],
+                                self.encryption_spec_key_name)
+
+        return add
 
     def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
                image: str) -> Callable:

@@ -1,0 +1,127 @@
+"""Registration where there is no Vertex Model Registry (open-source Kubeflow): a version of
+the model in MLflow's Model Registry, and the KServe `InferenceService` that serves it.
+
+The version's source is the folder KServe loads; it gets the alias `challenger` (MLflow's
+aliases replace the deprecated stages): promoting it to `champion` stays a person's call.
+Image models are served by KServe's TensorFlow Serving runtime, which wants numbered
+version folders (`<storageUri>/1/saved_model.pb`); text models by the project's own server
+(the runtime image's default command), told where KServe put the model through the same
+AIP_* variables Vertex sets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from components.common.storage import filesystem, is_remote
+from components.train_image.contract import SAVED_MODEL_DIR
+
+ALIAS = "challenger"
+# KServe's TensorFlow runtime runs tensorflow/serving:<runtimeVersion>: the release that
+# matches the trainer's TensorFlow (2.21), so every op the SavedModel uses is known.
+TF_SERVING_VERSION = "2.21.0"
+SERVED_FOLDER = "served"
+MANIFEST_FILE = "inferenceservice.yaml"
+# Where KServe's storage initializer puts a custom container's STORAGE_URI.
+KSERVE_MODEL_MOUNT = "/mnt/models"
+SERVER_PORT = 8080
+# Knative Serving names a route after the service: KServe advises at most 45 characters.
+_MAX_NAME = 45
+
+
+def service_name(display_name: str) -> str:
+    """A Kubernetes name for the InferenceService from the model's display name.
+
+    Raises:
+        ValueError: Nothing of the name is left (no letter or digit).
+    """
+    name = re.sub(r"[^a-z0-9-]+", "-", display_name.lower()).strip("-")[:_MAX_NAME].strip("-")
+    if not name or not name[0].isalpha():
+        name = f"m-{name}".strip("-")[:_MAX_NAME]
+    if not re.search(r"[a-z0-9]", name.removeprefix("m")):
+        raise ValueError(f"model_display_name {display_name!r} has no letter or digit to name "
+                         "the InferenceService with")
+    return name
+
+
+def inference_service(name: str, kind: str, storage_uri: str, serving_image: str,
+                      labels: Mapping[str, str]) -> dict[str, Any]:
+    """The KServe v1beta1 `InferenceService` of one registered model version.
+
+    Args:
+        name: Its Kubernetes name (`service_name`).
+        kind: "image" (TF Serving) or "text"/"transformer" (the project's server).
+        storage_uri: The served folder (gs://, s3:// or pvc://).
+        serving_image: The runtime image whose default command is the server (text).
+        labels: Kubernetes labels (the MLflow model and version).
+    """
+    if kind == "image":
+        predictor: dict[str, Any] = {"model": {
+            "modelFormat": {"name": "tensorflow"}, "runtimeVersion": TF_SERVING_VERSION,
+            "storageUri": storage_uri}}
+    else:
+        env = {"STORAGE_URI": storage_uri, "AIP_STORAGE_URI": KSERVE_MODEL_MOUNT,
+               "AIP_HTTP_PORT": str(SERVER_PORT), "AIP_HEALTH_ROUTE": "/health",
+               "AIP_PREDICT_ROUTE": "/predict"}
+        probe = {"httpGet": {"path": "/health", "port": SERVER_PORT}, "periodSeconds": 10,
+                 "timeoutSeconds": 5}
+        predictor = {"containers": [{
+            "name": "kserve-container", "image": serving_image,
+            "env": [{"name": k, "value": v} for k, v in env.items()],
+            "ports": [{"containerPort": SERVER_PORT, "protocol": "TCP"}],
+            # a large model loads for minutes: the server answers 503 meanwhile
+            "readinessProbe": probe,
+            "startupProbe": {**probe, "failureThreshold": 120},
+        }]}
+    return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+            "metadata": {"name": name, "labels": dict(labels)},
+            "spec": {"predictor": predictor}}
+
+
+def stage_tf_serving(model_dir: str, out_dir: str, subdir: str = SAVED_MODEL_DIR) -> str:
+    """Copies the image model's SavedModel into TF Serving's layout `<out_dir>/1/`.
+
+    Returns:
+        `out_dir`, the folder KServe's storageUri names.
+
+    Raises:
+        FileNotFoundError: The model folder has no SavedModel.
+    """
+    fs, root = filesystem(model_dir)
+    source = root.rstrip("/") + "/" + subdir
+    if not fs.isfile(source + "/saved_model.pb"):
+        raise FileNotFoundError(f"{model_dir}/{subdir} has no saved_model.pb: not an image "
+                                "model folder the trainer wrote")
+    target = os.path.join(out_dir, "1")
+    if is_remote(model_dir):
+        fs.get(source + "/", target + "/", recursive=True)
+    else:
+        import shutil
+
+        shutil.copytree(source, target, dirs_exist_ok=True)
+    return out_dir
+
+
+def register_version(tracking_uri: str, name: str, source: str,
+                     tags: Mapping[str, str]) -> str:
+    """Adds a version of model `name` (created when new) whose source is `source`, with
+    `tags`, and points the alias `challenger` at it.
+
+    Returns:
+        The version number, as MLflow gives it.
+    """
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    try:
+        client.create_registered_model(name)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    version = client.create_model_version(name, source=source, tags=dict(tags))
+    client.set_registered_model_alias(name, ALIAS, version.version)
+    return str(version.version)
