@@ -185,3 +185,52 @@ def test_kubeflow_a_killed_training_pod_resumes_from_s3_on_retry(s3, mirrors, tm
     assert first.epochs == [("LMLearner", 0)]
     assert second.epochs[0] == ("LMLearner", 1)  # resumed: the second LM epoch only
     assert result["run"]["resumed_from"]["stage"] == "lm-all"
+
+
+# ------------------------------------------------------------------ a whole Kubeflow run
+
+
+@pytest.mark.slow
+def test_kubeflow_transformer_pipeline_on_s3_ends_with_a_registered_model(s3, tmp_path):
+    """The Kubeflow target's transformer pipeline (the DAG its YAML holds, run through
+    kfp.local, which ignores the pod settings) with the CSV and the encoder on s3:// (moto's
+    S3 server) and an MLflow registry in SQLite: the model clears the gate, gets a version
+    with the alias challenger, and register-model writes its InferenceService."""
+    import yaml
+    from kfp import local
+    from mlflow import MlflowClient
+
+    import compile as compile_cli
+    from components.prepare_text.contract import read_split
+    from components.train_transformer.tiny import write_tiny_model
+    from datamakers import docstring_corpus
+    from pipelines.definitions import transformer
+    from pipelines.local_run import LOCAL_IMAGE
+    from tests.test_transformer_pipeline import SMALL
+
+    csv = tmp_path / "docstrings.csv"
+    docstring_corpus.write_docstring_corpus(str(csv))
+    prepare_text_dataset(str(csv), str(tmp_path / "prepared"), PrepareConfig())
+    write_tiny_model(read_split(str(tmp_path / "prepared"), "train")["text"],
+                     str(tmp_path / "tiny"))
+    _upload(s3, "ml-data", str(tmp_path / "tiny"), "encoders/tiny/")
+    s3.upload_file(str(csv), "ml-data", "data/docstrings.csv")
+    settings = compile_cli.kubeflow_settings(compile_cli.parse_args(["--target", "kubeflow"]))
+    local.init(runner=local.SubprocessRunner(use_venv=False),
+               pipeline_root=str(tmp_path / "kfp"))
+    tracking = f"sqlite:///{tmp_path}/mlflow.db"
+    run = transformer.build(LOCAL_IMAGE, settings)(
+        data_uri="s3://ml-data/data/docstrings.csv", model_name="s3://ml-data/encoders/tiny",
+        tracking_uri=tracking, model_display_name="Docstring Packages",
+        registration_threshold=0.3, **SMALL)
+    assert run.outputs["register"] is True
+    client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
+    version = client.get_model_version_by_alias("Docstring Packages", "challenger")
+    assert version.source == run.outputs["model"].uri
+    (manifest_path,) = (tmp_path / "kfp").rglob("inferenceservice.yaml")
+    manifest = yaml.safe_load(manifest_path.read_text())
+    assert manifest["metadata"]["name"] == "docstring-packages"
+    assert manifest["metadata"]["labels"]["mlflow-version"] == str(version.version)
+    (container,) = manifest["spec"]["predictor"]["containers"]
+    assert container["image"] == LOCAL_IMAGE
+    assert {"name": "STORAGE_URI", "value": version.source} in container["env"]
