@@ -234,3 +234,42 @@ def test_kubeflow_transformer_pipeline_on_s3_ends_with_a_registered_model(s3, tm
     (container,) = manifest["spec"]["predictor"]["containers"]
     assert container["image"] == LOCAL_IMAGE
     assert {"name": "STORAGE_URI", "value": version.source} in container["env"]
+
+
+@pytest.mark.slow
+def test_kubeflow_image_pipeline_on_s3_ends_with_a_model_tf_serving_can_load(s3, tmp_path):
+    """The Kubeflow target's image pipeline through kfp.local with its class folders on
+    s3://: sharded from S3, trained, gated, registered in MLflow, and staged for KServe's
+    TensorFlow Serving runtime (a numbered version folder holding the SavedModel)."""
+    import yaml
+    from kfp import local
+    from mlflow import MlflowClient
+
+    import compile as compile_cli
+    from pipelines.definitions import image
+    from pipelines.local_run import LOCAL_IMAGE
+
+    data = str(tmp_path / "images")
+    write_class_images(data, per_class=20)
+    _upload(s3, "pets-data", data, "sets/pets/")
+    settings = compile_cli.kubeflow_settings(compile_cli.parse_args(["--target", "kubeflow"]))
+    local.init(runner=local.SubprocessRunner(use_venv=False),
+               pipeline_root=str(tmp_path / "kfp"))
+    tracking = f"sqlite:///{tmp_path}/mlflow.db"
+    run = image.build(LOCAL_IMAGE, settings)(
+        data_uri="s3://pets-data/sets/pets", image_size=32, min_shards_per_split=2,
+        weights="none", epochs=4, fine_tune_epochs=0, batch_size=16, flip=False,
+        registration_threshold=0.0, tracking_uri=tracking, model_display_name="pets")
+    assert run.outputs["register"] is True
+    version = MlflowClient(tracking_uri=tracking, registry_uri=tracking
+                           ).get_model_version_by_alias("pets", "challenger")
+    (manifest_path,) = (tmp_path / "kfp").rglob("inferenceservice.yaml")
+    served = manifest_path.parent / "served"
+    assert version.source.endswith("/served")
+    manifest = yaml.safe_load(manifest_path.read_text())
+    assert manifest["spec"]["predictor"]["model"]["storageUri"] == version.source
+    assert (served / "1" / "saved_model.pb").exists()
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(served / "1"))  # what TF Serving loads
+    assert "serving_default" in loaded.signatures
