@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
-from pipelines.submit import (
+from pipelines.compiled import (
     SubmitError,
     declared_parameters,
     load_pipeline_spec,

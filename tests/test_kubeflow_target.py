@@ -457,9 +457,16 @@ def test_a_model_that_clears_the_gate_is_registered_in_mlflow_when_tracking_is_s
     gate = [t for t in spec["root"]["dag"]["tasks"].values()
             if "registration-gate-Output" in t.get("triggerPolicy", {}).get("condition", "")]
     (outer,) = gate
-    inner_dag = spec["components"][outer["componentRef"]["name"]]["dag"]["tasks"]
-    ((_, tracked),) = inner_dag.items()
+    ((_, branches),) = spec["components"][outer["componentRef"]["name"]]["dag"]["tasks"].items()
+    inner_dag = spec["components"][branches["componentRef"]["name"]]["dag"]["tasks"]
+    untracked, tracked = sorted(inner_dag.values(), key=lambda t: t["taskInfo"]["name"])
     assert tracked["triggerPolicy"]["condition"].endswith("['pipelinechannel--tracking_uri'] != ''")
+    # without a registry the run says so, in a step of its own
+    assert untracked["taskInfo"]["name"] == "no-registry"
+    ((_, note),) = spec["components"][untracked["componentRef"]["name"]]["dag"]["tasks"].items()
+    assert note["taskInfo"]["name"] == "nothing-registered"
+    assert "nothing was registered" in note["inputs"]["parameters"]["reason"][
+        "runtimeValue"]["constant"]
     ((key, register),) = spec["components"][tracked["componentRef"]["name"]]["dag"][
         "tasks"].items()
     assert key == "register-in-mlflow" and register["taskInfo"]["name"] == "register-model"

@@ -163,3 +163,16 @@ def register_in_mlflow(
     print(f"registered {model_display_name} version {version} ({registry.ALIAS}) in "
           f"{tracking_uri}; serve it: kubectl apply -f {registered.uri}/{registry.MANIFEST_FILE}")
     return namedtuple("Registered", ["version"])(version)
+
+
+def registration_skipped(reason: str, note: Output[Markdown]) -> None:
+    """Says in the run why a model that cleared the gate was not registered.
+
+    Args:
+        reason: What was missing and how to register next time.
+        note: The reason, shown in the run's console.
+    """
+    print(reason)
+    with open(note.path, "w") as f:
+        f.write(f"# Model Registry: nothing registered\n\n{reason}\n")
+    note.metadata["reason"] = reason

@@ -85,6 +85,9 @@ SHM_VOLUME = "dshm"
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
 DOCS = "docs/kubeflow.md"
+NO_REGISTRY = ("The model cleared the registration gate, but the run names no tracking_uri: "
+               "nothing was registered. Set tracking_uri to an MLflow server with a Model "
+               f"Registry to register it and get its KServe InferenceService ({DOCS}).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,13 +265,14 @@ class KubeflowSettings:
     def registration(self, kind: str, image: str) -> Callable:
         """A model that clears the gate, when the run names a `tracking_uri`: a version in
         MLflow's Model Registry and the KServe InferenceService that serves it
-        (`register_in_mlflow`); the gate's decision alone otherwise."""
+        (`register_in_mlflow`); otherwise a step that says nothing was registered."""
         from kfp import dsl
 
-        from components.register.component import register_in_mlflow
+        from components.register.component import register_in_mlflow, registration_skipped
         from pipelines.definitions.steps import component
 
-        op = component(register_in_mlflow, image)
+        op, skipped = component(register_in_mlflow, image), component(registration_skipped,
+                                                                      image)
 
         def add(params: Mapping[str, Any], gate, model) -> None:
             with dsl.If(gate.outputs["Output"] == True,  # noqa: E712
@@ -281,6 +285,9 @@ class KubeflowSettings:
                     # the registry changes between runs: never a cached registration
                     self.place(task.set_display_name("register-model")
                                .set_caching_options(False), "")
+                with dsl.Else(name="no-registry"):
+                    self.place(skipped(reason=NO_REGISTRY).set_display_name(
+                        "nothing-registered"), "")
 
         return add
 
