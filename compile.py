@@ -51,6 +51,7 @@ VERTEX_ONLY = ("restart_job_on_worker_restart", "service_account", "network", "e
                "serving_image", "base_output_directory", "tensorboard")
 KUBEFLOW_ONLY = ("gpu_node_label", "gpu_product", "spot_node_selector", "spot_toleration",
                  "image_pull_secret", "checkpoint_root", "storage_secret", "s3_endpoint",
+                 "training_retries", "tune_seed",
                  *(f"{step}_{field}" for step in DEFAULT_MACHINES
                    for field in ("cpu", "memory", "shm_size")))
 # Pipeline kinds with a tuning variant, and the machine table's step their trials run on.
@@ -174,6 +175,10 @@ def add_kubeflow_options(parser_: argparse.ArgumentParser) -> None:
                         "given to every pod for s3:// data and checkpoints")
     k.add_argument("--s3-endpoint", default="", metavar="URL",
                    help="S3 API of MinIO or Ceph, e.g. http://minio.kubeflow:9000")
+    k.add_argument("--training-retries", type=int, default=0, metavar="N",
+                   help="times a failed training pod starts again, resuming from "
+                        "--checkpoint-root (a preempted spot node); each retry re-bills its "
+                        "GPUs, and bad data fails again")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -348,7 +353,12 @@ def kubeflow_settings(args: argparse.Namespace) -> kubeflow.KubeflowSettings:
     except ValueError as err:
         problems.append(str(err))
     problems += [problem for step, pod in pods.items()
-                 for problem in kubeflow.gpu_problems(step, pod, label, products)]
+                 for problem in kubeflow.gpu_problems(step, machines[step], pod, label, products)]
+    if not args.spot and (args.spot_node_selector or args.spot_toleration):
+        problems.append("--spot-node-selector and --spot-toleration describe the spot pool "
+                        "--spot runs on: add --spot, or leave them out")
+    if args.training_retries < 0:
+        problems.append(f"--training-retries must be >= 0, got {args.training_retries}")
     if args.step_timeout < 1:
         problems.append(f"--step-timeout must be >= 1 second, got {args.step_timeout}")
     if args.checkpoint_root and not args.checkpoint_root.startswith(("gs://", "s3://")):
@@ -362,7 +372,7 @@ def kubeflow_settings(args: argparse.Namespace) -> kubeflow.KubeflowSettings:
         pods=pods, gpu_label=label, gpu_products=products, spot=args.spot, **spot,
         image_pull_secrets=tuple(args.image_pull_secret), timeout_seconds=args.step_timeout,
         checkpoint_root=args.checkpoint_root, storage_secret=args.storage_secret,
-        s3_endpoint=args.s3_endpoint)
+        s3_endpoint=args.s3_endpoint, training_retries=args.training_retries)
 
 
 def target_settings(args: argparse.Namespace):

@@ -119,17 +119,43 @@ def launch(submission: KubeflowSubmission, client_class: Callable | None = None)
         submission: The checked run.
         client_class: `kfp.Client` (tests give the same class; it reaches a loopback server).
     """
+    import os
+    import tempfile
+
     if client_class is None:
         from kfp import Client as client_class
 
     client = client_class(host=submission.host, namespace=submission.namespace,
                           existing_token=submission.token or None)
-    result = client.create_run_from_pipeline_package(
-        submission.template_path, arguments=submission.params,
-        run_name=submission.display_name, experiment_name=submission.experiment,
-        namespace=submission.namespace, enable_caching=submission.enable_caching,
-        service_account=submission.service_account or None)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = submission.template_path
+        if submission.enable_caching is False:
+            # kfp.Client's own override reaches only the top-level tasks, not those in
+            # loops and conditions (the trials, registration, prediction)
+            path = os.path.join(scratch, os.path.basename(path))
+            write_without_cache(submission.template_path, path)
+        result = client.create_run_from_pipeline_package(
+            path, arguments=submission.params, run_name=submission.display_name,
+            experiment_name=submission.experiment, namespace=submission.namespace,
+            service_account=submission.service_account or None)
     return result.run_id
+
+
+def write_without_cache(source: str, target: str) -> None:
+    """Copies the compiled file `source` to `target` with caching off for every task, at
+    every depth of the DAG."""
+    import yaml
+
+    with open(source) as f:
+        documents = list(yaml.safe_load_all(f))
+    spec = documents[0]
+    dags = [spec["root"]["dag"], *(c["dag"] for c in spec.get("components", {}).values()
+                                   if "dag" in c)]
+    for dag in dags:
+        for task in dag.get("tasks", {}).values():
+            task["cachingOptions"] = {"enableCache": False}
+    with open(target, "w") as f:
+        yaml.safe_dump_all(documents, f, sort_keys=False)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -98,11 +98,17 @@ def test_kubeflow_prepares_an_s3_csv(s3, tmp_path):
 
 
 @pytest.fixture
-def mirrors(monkeypatch):
-    """No mirror of an earlier test (a new process starts with none)."""
+def mirrors(monkeypatch, tmp_path):
+    """No mirror of an earlier test (a new process starts with none), in a temporary
+    folder of this test's (a new pod's /tmp)."""
+    import tempfile
+
     from components.common import storage
 
     monkeypatch.setattr(storage, "_MIRRORS", {})
+    (tmp_path / "pod-tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "pod-tmp"))
+    monkeypatch.delenv("RANK", raising=False)
     return storage
 
 
@@ -111,7 +117,7 @@ def test_kubeflow_checkpoint_folder_mirrors_s3_and_a_new_pod_finds_it(s3, mirror
     environ = {"AIP_CHECKPOINT_DIR": "s3://ckpt/root"}
     output = str(tmp_path / "pod" / "run-1" / "train" / "model")
     folder = mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ)
-    assert not folder.startswith(str(tmp_path)) and os.path.isdir(folder)
+    assert not folder.startswith(str(tmp_path / "pod") + os.sep) and os.path.isdir(folder)
     tmp = os.path.join(folder, ".tmp-state.json.x")
     with open(os.path.join(folder, "weights.pth"), "w") as f:
         f.write("epoch 1")
@@ -130,20 +136,65 @@ def test_kubeflow_checkpoint_folder_mirrors_s3_and_a_new_pod_finds_it(s3, mirror
     listed = sorted(k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"])
     assert listed == ["root/run-1/train/state.json", "root/run-1/train/weights-2.pth"]
     # a retried pod: nothing local, the same task's output path
+    import shutil
+
     mirrors._MIRRORS.clear()
+    shutil.rmtree(folder)
     again = mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ)
-    assert again != folder
     assert run_state.load(again, "state.json", "f", error=ValueError, differs="")[
         "epochs_done"] == 2
     with open(os.path.join(again, "weights-2.pth")) as f:
         assert f.read() == "epoch 2"
 
 
-def test_kubeflow_gs_is_mirrored_only_where_it_is_not_mounted(mirrors):
+def test_kubeflow_gs_is_mirrored_only_where_it_is_not_mounted(mirrors, monkeypatch):
     environ = {"AIP_CHECKPOINT_DIR": "gs://b/root"}
     output = "/gcs/b/root/run-1/train/model"
     assert mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ) == \
         mirrors.local_path("gs://b/root") + "/run-1/train"  # Vertex's FUSE mount
+    assert mirrors._MIRRORS == {}
+    made = []
+    monkeypatch.setattr(mirrors, "mirrored_folder", lambda remote: made.append(remote) or "x")
+    environ["OBJECT_STORE_MOUNTED"] = "0"  # open-source KFP: /gcs is a scratch folder
+    assert mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ) == "x"
+    assert made == ["gs://b/root/run-1/train"]
+
+
+def test_kubeflow_mirror_pushes_pointers_last_retries_failures_and_only_from_rank_0(
+        s3, mirrors, monkeypatch):
+    s3.create_bucket(Bucket="ckpt")
+    folder = mirrors.mirrored_folder("s3://ckpt/job/task")
+    (mirror,) = mirrors._MIRRORS.values()
+    os.makedirs(os.path.join(folder, "backup", "chief"))
+    for rel in ("backup/chief/checkpoint", "backup/chief/ckpt-1.index",
+                "backup/chief/ckpt-1.data-00000-of-00001", "run.json"):
+        with open(os.path.join(folder, rel), "w") as f:
+            f.write(rel)
+    order, calls, put = [], [], mirror.fs.put
+
+    def flaky_put(local, remote):
+        order.append(remote.split("task/")[1])
+        calls.append(remote)
+        if len(calls) == 1:
+            raise OSError("503 Slow Down")
+        put(local, remote)
+
+    monkeypatch.setattr(mirror.fs, "put", flaky_put)
+    mirrors.push_mirrors(folder)  # the store fails: logged, nothing marked pushed
+    assert len(order) == 1 and order[0] not in ("backup/chief/checkpoint", "run.json")
+    order.clear()
+    mirrors.push_mirrors(os.path.join(folder, "backup"))
+    assert set(order[:2]) == {"backup/chief/ckpt-1.data-00000-of-00001",
+                              "backup/chief/ckpt-1.index"}
+    assert set(order[2:]) == {"backup/chief/checkpoint", "run.json"}  # pointers last
+    order.clear()
+    monkeypatch.setenv("RANK", "1")  # another DDP process of the pod: rank 0 pushes
+    with open(os.path.join(folder, "run.json"), "w") as f:
+        f.write("changed")
+    mirrors.push_mirrors()
+    assert order == []
+    # every process of the pod shares one local folder, filled once
+    assert mirrors.Mirror("s3://ckpt/job/task").local == folder
 
 
 @pytest.mark.slow

@@ -136,8 +136,14 @@ def test_options_reach_the_pods(tmp_path):
     (["--service-account", "a@p.iam.gserviceaccount.com"], "--service-account"),
     (["--tune-algorithm", "GRID_SEARCH"], "random search"),
     (["--train-text-machine-type", "my-node"], "--train-text-cpu"),
-    (["--train-text-memory", "lots"], "not a Kubernetes quantity"),
-    (["--train-text-shm-size", "64Gi"], "must be less than the pod's memory"),
+    (["--train-text-memory", "lots"], "not a memory quantity KFP takes"),
+    (["--train-text-memory", "1.5Gi"], "not a memory quantity KFP takes"),
+    (["--train-text-cpu", "2Gi"], "not a CPU quantity KFP takes"),
+    (["--train-text-accelerator-count", "2", "--train-text-accelerator-type", ""],
+     "go together"),
+    (["--spot-node-selector", "pool=spot"], "add --spot"),
+    (["--training-retries", "-1"], "--training-retries must be >= 0"),
+    (["--train-text-shm-size", "64Gi"], "less than the pod's memory"),
     (["--train-text-accelerator-type", "NVIDIA_RTX_9000"], "--gpu-product"),
     (["--spot", "--spot-toleration", "pool=spot"], "KEY=VALUE:EFFECT"),
 ])
@@ -149,9 +155,11 @@ def test_what_a_cluster_cannot_do_is_refused_naming_the_option(tmp_path, capsys,
     assert not (tmp_path / "kubeflow").exists()
 
 
-def test_kubeflow_options_are_refused_for_vertex(tmp_path):
-    with pytest.raises(SystemExit, match="--image-pull-secret is a Kubeflow option"):
-        compile_cli.main(["--output-dir", str(tmp_path), "--image-pull-secret", "regcred"])
+@pytest.mark.parametrize("flags", [["--image-pull-secret", "regcred"], ["--tune-seed", "3"],
+                                   ["--training-retries", "2"]])
+def test_kubeflow_options_are_refused_for_vertex(tmp_path, flags):
+    with pytest.raises(SystemExit, match=f"{flags[0]} is a Kubeflow option"):
+        compile_cli.main(["--output-dir", str(tmp_path), *flags])
 
 
 def test_machine_types_map_to_pods_below_the_node():
@@ -161,6 +169,10 @@ def test_machine_types_map_to_pods_below_the_node():
     assert pod.shm == "16Gi"  # capped
     small = kubeflow.pod_resources("evaluate_text", Machine("n1-standard-4"))
     assert (small.cpu, small.memory, small.gpu_count) == ("3.3", "11Gi", 0)
+    assert small.shm == "2816Mi"  # a quarter of 11Gi
+    tiny = kubeflow.pod_resources("evaluate_text", Machine("my-node"),
+                                  kubeflow.PodOverrides(cpu="500m", memory="768Mi"))
+    assert (tiny.cpu, tiny.memory, tiny.shm) == ("500m", "768Mi", "192Mi")
 
 
 # --------------------------------------------------------------------------- trials
@@ -185,6 +197,7 @@ def test_tuning_variant_loops_over_the_drawn_points_and_collects_every_trial(com
     ((loop_key, loop),) = [(k, t) for k, t in tasks.items() if "parameterIterator" in t]
     assert loop["taskInfo"]["name"] == "trials"
     items = json.loads(loop["parameterIterator"]["items"]["raw"])
+    assert [item.pop("trial") for item in items] == list(range(1, 13))  # each names its trial
     assert items == draw_points(default_space("text"), 12, seed=0)
     assert loop["iteratorPolicy"]["parallelismLimit"] == 3
     select = tasks["select-text-trial"]
@@ -389,9 +402,13 @@ def test_submit_starts_a_run_with_the_pod_settings_checked_parameters_and_the_to
     executors = spec["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert executors["exec-train-image-classifier"]["nodeSelector"]["labels"] == {
         "nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB"}
-    # --no-cache reaches every task
-    tasks = spec["pipeline_spec"]["root"]["dag"]["tasks"]
-    assert not any(t.get("cachingOptions", {}).get("enableCache") for t in tasks.values())
+    # --no-cache reaches every task, in conditions too (kfp.Client's own reaches the top)
+    pipeline = spec["pipeline_spec"]
+    tasks = [t for dag in [pipeline["root"]["dag"], *(c["dag"] for c in pipeline[
+        "components"].values() if "dag" in c)] for t in dag["tasks"].values()]
+    assert "predict" in {t["taskInfo"]["name"] for t in tasks}  # inside prediction-requested
+    # (compiled, each says enableCache: true; proto3 drops a false)
+    assert not any(t.get("cachingOptions", {}).get("enableCache") for t in tasks)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -422,7 +439,8 @@ def test_submit_refuses_a_vertex_file_for_kubeflow(tmp_path, capsys):
 
 def test_training_steps_keep_checkpoints_in_the_object_store_and_pods_get_storage(tmp_path):
     out = _compile(tmp_path, "--checkpoint-root", "s3://ckpt/runs/", "--storage-secret",
-                   "s3-keys", "--s3-endpoint", "http://minio.kubeflow:9000")
+                   "s3-keys", "--s3-endpoint", "http://minio.kubeflow:9000",
+                   "--training-retries", "2")
     spec, platform = _documents(out / "image_tuning_pipeline.yaml")
     executors = spec["deploymentSpec"]["executors"]
 
@@ -430,12 +448,16 @@ def test_training_steps_keep_checkpoints_in_the_object_store_and_pods_get_storag
         return {e["name"]: e["value"] for e in executors[executor]["container"].get("env", [])}
 
     assert env("exec-train-image-classifier") == {
-        "AWS_ENDPOINT_URL": "http://minio.kubeflow:9000",
+        "AWS_ENDPOINT_URL_S3": "http://minio.kubeflow:9000",
         "AIP_CHECKPOINT_DIR": "s3://ckpt/runs/checkpoints",
         "AIP_TENSORBOARD_LOG_DIR": "s3://ckpt/runs/tensorboard", "OBJECT_STORE_MOUNTED": "0"}
-    # trials of a loop share a task name, so they keep no checkpoints there
+    # a failed trial is a result: no checkpoints to resume from, no retries
     assert "AIP_CHECKPOINT_DIR" not in env("exec-trial-train-image-classifier")
-    assert env("exec-shard-images") == {"AWS_ENDPOINT_URL": "http://minio.kubeflow:9000"}
+    tasks = {t["taskInfo"]["name"]: t for c in [spec["root"], *spec["components"].values()]
+             if "dag" in c for t in c["dag"]["tasks"].values()}
+    assert tasks["train-densenet121"]["retryPolicy"]["maxRetryCount"] == 2
+    assert "retryPolicy" not in tasks["trial"] and "retryPolicy" not in tasks["shard-images"]
+    assert env("exec-shard-images") == {"AWS_ENDPOINT_URL_S3": "http://minio.kubeflow:9000"}
     for executor in ("exec-shard-images", "exec-preflight-image", "exec-train-image-classifier"):
         (secret,) = platform[executor]["secretAsEnv"]
         assert secret["secretName"] == "s3-keys"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -127,68 +128,92 @@ MOUNTED_VARIABLE = "OBJECT_STORE_MOUNTED"
 # Files pushed after the others (a checkpoint's pointer and the trainers' state files),
 # so a pod killed mid-push leaves the remote pointing at a checkpoint that is whole.
 _POINTERS = ("checkpoint", "run.json", "state.json", "lm_state.json", "trainer_state.json")
-_MIRRORS: dict[str, Mirror] = {}
+_MIRRORS: dict[str, Mirror] = {}  # remote -> its mirror in this process
 
 
 class Mirror:
     """A local folder kept as a copy of an object store folder, for what must outlive a
     pod (checkpoints, TensorBoard logs) where the store is not mounted.
 
+    The local folder is the same for every process of the pod (a name derived from the
+    remote), filled once under a file lock: the per-GPU processes of a DDP run share it as
+    they share a checkpoint folder. Only the first process (RANK 0, or no RANK) pushes.
+
     Args:
         remote: The gs:// or s3:// folder.
-        local: The local folder the trainer writes (filled from `remote` now).
     """
 
-    def __init__(self, remote: str, local: str):
-        self.remote, self.local = remote.rstrip("/"), local
+    def __init__(self, remote: str):
+        import fcntl
+        import hashlib
+
+        self.remote = remote.rstrip("/")
         self.fs, self.root = filesystem(self.remote)
-        self.pushed: dict[str, tuple[int, int]] = {}
-        os.makedirs(local, exist_ok=True)
-        if self.fs.isdir(self.root):
-            self.fs.get(self.root + "/", local.rstrip("/") + "/", recursive=True)
+        digest = hashlib.sha1(self.remote.encode()).hexdigest()[:16]
+        self.local = os.path.join(tempfile.gettempdir(), "mirrors", digest)
+        os.makedirs(self.local, exist_ok=True)
+        filled = os.path.join(self.local, f"{TMP_PREFIX}filled")
+        with open(os.path.join(self.local, f"{TMP_PREFIX}lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(filled):
+                if self.fs.isdir(self.root):
+                    self.fs.get(self.root + "/", self.local + "/", recursive=True)
+                open(filled, "w").close()
         self.pushed = self._local_files()
 
-    def _local_files(self) -> dict[str, tuple[int, int]]:
+    def _local_files(self) -> dict[str, tuple[int, int, int]]:
         files = {}
         for folder, _, names in os.walk(self.local):
             for name in names:
                 if not name.startswith(TMP_PREFIX):
                     path = os.path.join(folder, name)
                     stat = os.stat(path)
-                    files[os.path.relpath(path, self.local)] = (stat.st_size, stat.st_mtime_ns)
+                    # the inode too: os.replace of a same-size file in one mtime tick
+                    files[os.path.relpath(path, self.local)] = (
+                        stat.st_size, stat.st_mtime_ns, stat.st_ino)
         return files
 
     def push(self) -> None:
         """Uploads what changed (pointers and state files last), then removes what the
-        trainer removed: the remote never points at a checkpoint it does not hold."""
+        trainer removed: the remote never points at a checkpoint it does not hold. A
+        failed upload is logged and tried again at the next push, not raised: a store
+        that hiccups must not end hours of training."""
+        if os.environ.get("RANK", "0") != "0":
+            return
         files = self._local_files()
         changed = [rel for rel, stat in files.items() if self.pushed.get(rel) != stat]
-        for rel in sorted(changed, key=lambda rel: os.path.basename(rel) in _POINTERS):
-            self.fs.put(os.path.join(self.local, rel), f"{self.root}/{rel}")
-        for rel in set(self.pushed) - set(files):
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(f"{self.root}/{rel}")
+        try:
+            for rel in sorted(changed, key=lambda rel: os.path.basename(rel) in _POINTERS):
+                self.fs.put(os.path.join(self.local, rel), f"{self.root}/{rel}")
+            for rel in set(self.pushed) - set(files):
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(f"{self.root}/{rel}")
+        except Exception as err:  # any store error: the next push retries all of it
+            logging.getLogger(__name__).warning("could not push %s to %s (%s); the next "
+                                                "push tries again", self.local, self.remote,
+                                                err)
+            return
         self.pushed = files
 
 
 def mirrored_folder(remote: str) -> str:
-    """The local mirror of `remote` (made and filled on first use in this process)."""
+    """The local mirror of `remote` (made, and filled once per pod, on first use)."""
     if remote not in _MIRRORS:
         if not _MIRRORS:
             atexit.register(push_mirrors)
-        local = tempfile.mkdtemp(prefix="mirror-")
-        _MIRRORS[remote] = Mirror(remote, local)
+        _MIRRORS[remote] = Mirror(remote)
     return _MIRRORS[remote].local
 
 
 def push_mirrors(folder: str | None = None) -> None:
     """Pushes every mirror (or the one holding `folder`) to its object store folder.
 
-    Called when a trainer saves its state (`run_state.save`) and at exit; a no-op where
-    nothing is mirrored (Vertex, local runs).
+    Called when a trainer saves its state (`run_state.save`), at a Keras epoch's end or a
+    Trainer save, and at exit; a no-op where nothing is mirrored (Vertex, local runs).
     """
     for mirror in _MIRRORS.values():
-        if folder is None or os.path.abspath(folder).startswith(os.path.abspath(mirror.local)):
+        if folder is None or os.path.commonpath(
+                [os.path.abspath(folder), mirror.local]) == mirror.local:
             mirror.push()
 
 

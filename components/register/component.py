@@ -149,6 +149,7 @@ def register_in_mlflow(
                                                            registry.SERVED_FOLDER))
     else:
         source = model.uri
+    source = registry.served_uri(source)
     tags = model_labels(run_name, model.metadata)
     version = registry.register_version(tracking_uri, model_display_name, source, tags)
     name = registry.service_name(model_display_name)

@@ -32,6 +32,13 @@ SERVER_PORT = 8080
 _MAX_NAME = 45
 
 
+def served_uri(uri: str) -> str:
+    """The URI KServe's storage initializer reads for an artifact URI: KFP's default store
+    names MinIO objects `minio://bucket/key`, which KServe reads as `s3://bucket/key`
+    (with the cluster's S3 endpoint and credentials on its service account)."""
+    return "s3://" + uri[len("minio://"):] if uri.startswith("minio://") else uri
+
+
 def service_name(display_name: str) -> str:
     """A Kubernetes name for the InferenceService from the model's display name.
 

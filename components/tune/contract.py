@@ -320,6 +320,9 @@ def draw_points(space: SearchSpace, count: int, seed: int) -> list[dict[str, int
             if p.values:
                 point[p.name] = rng.choice(p.values)
                 continue
+            if p.type == "integer" and p.scale == "linear":
+                point[p.name] = rng.randint(int(p.min), int(p.max))  # each value alike
+                continue
             if p.scale == "log":
                 value = math.exp(rng.uniform(math.log(p.min), math.log(p.max)))
             else:

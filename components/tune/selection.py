@@ -168,7 +168,10 @@ def choose_from_results(kind: str, results: list[Mapping[str, Any]], goal: str,
 
     from components.common.storage import write_json_atomically
 
-    table = [{"id": str(i + 1), **dict(r)} for i, r in enumerate(results)]
+    # In the order the points were drawn (a result names its trial), whatever order the
+    # loop's outputs were collected in; ties go to the earlier trial.
+    table = sorted(({"id": str(i + 1), **dict(r)} for i, r in enumerate(results)),
+                   key=lambda row: int(row["id"]))
     failed = [row for row in table if row.get("state") != "SUCCEEDED"]
     ranked = [row for row in table if row.get("state") == "SUCCEEDED"
               and row.get("metric") is not None]

@@ -20,6 +20,7 @@ from typing import Any
 from components.tune.contract import TUNABLE, SearchSpaceError, coerce
 
 POINT_INPUT = "trial_point"
+TRIAL_ID = "trial"  # the point's number in the drawn list, carried into its result
 FAILED, SUCCEEDED = "FAILED", "SUCCEEDED"
 
 
@@ -37,15 +38,19 @@ def run_trial(trainer: Callable, kind: str, metric: str, goal: str, point: Mappi
         arguments: The trainer's other arguments (the run's values, its artifacts).
 
     Returns:
-        `{"state", "parameters", "model"}` and, when SUCCEEDED, the best epoch's `metric`
+        `{"state", "parameters", "model"}`, the trial's `id` when the point carries one
+        (`TRIAL_ID`) and, when SUCCEEDED, the best epoch's `metric`
         (absent when no epoch had a finite one), when FAILED the `error`. No key is ever
         None: a pipeline output struct carries no null on every runner (kfp.local refuses).
     """
     from components.tune.measure import epoch_values, trial_metric
 
     model = arguments["model"]
-    result: dict[str, Any] = {"state": FAILED, "parameters": dict(point),
-                              "model": getattr(model, "uri", "")}
+    point = dict(point)
+    result: dict[str, Any] = {"state": FAILED, "model": getattr(model, "uri", "")}
+    if TRIAL_ID in point:
+        result["id"] = str(int(point.pop(TRIAL_ID)))  # kfp.local hands ints back as floats
+    result["parameters"] = dict(point)
     try:
         unknown = sorted(set(point) - set(TUNABLE[kind]))
         if unknown:

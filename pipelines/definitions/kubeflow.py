@@ -83,7 +83,10 @@ GKE_SPOT_TOLERATION = "cloud.google.com/gke-spot=true:NoSchedule"
 SHM_VOLUME = "dshm"
 # The keys of `--storage-secret` the pods read as environment variables (botocore's).
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
+# The quantities KFP's own setters take (kfp.dsl.PipelineTask.set_cpu_limit and
+# set_memory_limit): whole memory amounts, CPU as cores or millicores.
+CPU_QUANTITY = re.compile(r"^([0-9]*[.])?[0-9]+m?$")
+MEMORY_QUANTITY = re.compile(r"^[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$")
 DOCS = "docs/kubeflow.md"
 NO_REGISTRY = ("The model cleared the registration gate, but the run names no tracking_uri: "
                "nothing was registered. Set tracking_uri to an MLflow server with a Model "
@@ -123,12 +126,18 @@ def _gib(value: float) -> str:
     return f"{max(1, math.floor(value))}Gi"
 
 
-def _quantity_gib(quantity: str) -> float:
-    """A memory quantity in GiB (for sizing /dev/shm inside it)."""
-    number, unit = re.match(r"^([0-9.]+)([A-Za-z]*)$", quantity).groups()
-    scale = {"": 2**-30, "k": 1e3 / 2**30, "Ki": 2**-20, "M": 1e6 / 2**30, "Mi": 2**-10,
-             "G": 1e9 / 2**30, "Gi": 1.0, "T": 1e12 / 2**30, "Ti": 1024.0, "m": 1e-3 / 2**30}
-    return float(number) * scale[unit]
+def _mib(value: float) -> str:
+    mib = math.floor(value)
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def _quantity_mib(quantity: str) -> float:
+    """A memory quantity (MEMORY_QUANTITY) in MiB, for sizing /dev/shm inside it."""
+    number, unit = re.match(r"^([0-9]+)([A-Za-z]*)$", quantity).groups()
+    decimal = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+    if unit.endswith("i"):
+        return int(number) * 1024.0 ** ("KMGTPE".index(unit[0]) + 1) / 2**20
+    return int(number) * decimal[unit] / 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,10 +167,13 @@ def pod_resources(step: str, machine: Machine,
             message names the option.
     """
     flag = "--" + step.replace("_", "-")
-    for name, value in dataclasses.asdict(overrides).items():
-        if value and not QUANTITY.match(value):
-            raise ValueError(f"{flag}-{name.replace('_', '-')} {value!r} is not a Kubernetes "
-                             "quantity (e.g. 8, 500m, 24Gi)")
+    if overrides.cpu and not CPU_QUANTITY.match(overrides.cpu):
+        raise ValueError(f"{flag}-cpu {overrides.cpu!r} is not a CPU quantity KFP takes "
+                         "(cores or millicores: 8, 7.5, 500m)")
+    for name, value in (("memory", overrides.memory), ("shm-size", overrides.shm)):
+        if value and not MEMORY_QUANTITY.match(value):
+            raise ValueError(f"{flag}-{name} {value!r} is not a memory quantity KFP takes "
+                             "(a whole number with an optional unit: 24Gi, 1536Mi)")
     shape = machine_shape(machine.machine_type)
     if shape is None and not (overrides.cpu and overrides.memory):
         raise ValueError(f"{flag}-machine-type {machine.machine_type!r} has no known size: give "
@@ -170,11 +182,11 @@ def pod_resources(step: str, machine: Machine,
     vcpus, gib = shape or (0, 0.0)
     cpu = overrides.cpu or f"{math.floor((vcpus * CPU_SHARE - CPU_KEPT) * 10) / 10:g}"
     memory = overrides.memory or _gib(gib * MEMORY_SHARE - MEMORY_KEPT_GIB)
-    memory_gib = _quantity_gib(memory)
-    shm = overrides.shm or _gib(min(SHM_MAX_GIB, memory_gib * SHM_SHARE))
-    if _quantity_gib(shm) >= memory_gib:
-        raise ValueError(f"{flag}-shm-size {shm} must be less than the pod's memory {memory}: "
-                         "/dev/shm is memory the pod's limit counts")
+    memory_mib = _quantity_mib(memory)
+    shm = overrides.shm or _mib(min(SHM_MAX_GIB * 1024, memory_mib * SHM_SHARE))
+    if _quantity_mib(shm) >= memory_mib or _quantity_mib(shm) < 1:
+        raise ValueError(f"{flag}-shm-size {shm} must be at least 1Mi and less than the pod's "
+                         f"memory {memory}: /dev/shm is memory the pod's limit counts")
     gpu_type, gpu_count = machine.accelerator_type, machine.accelerator_count
     if machine.machine_type in GPU_MACHINES and not gpu_type:
         gpu_type, gpu_count = GPU_MACHINES[machine.machine_type]
@@ -222,7 +234,9 @@ class KubeflowSettings:
             with the pod), so a retried step resumes; empty: inside the pod only.
         storage_secret: Kubernetes secret holding S3 keys (`S3_SECRET_KEYS`), given to
             every pod as environment variables; empty for none (e.g. a pod role).
-        s3_endpoint: The S3 API's URL for MinIO or Ceph (`AWS_ENDPOINT_URL`); empty: AWS.
+        s3_endpoint: The S3 API's URL for MinIO or Ceph (`AWS_ENDPOINT_URL_S3`); empty: AWS.
+        training_retries: Times a failed training pod is started again (it resumes from
+            `checkpoint_root`); 0: a failure fails the run.
     """
 
     pods: Mapping[str, PodResources]
@@ -237,6 +251,7 @@ class KubeflowSettings:
     checkpoint_root: str = ""
     storage_secret: str = ""
     s3_endpoint: str = ""
+    training_retries: int = 0
 
     # What `Steps` asks of a target (steps.Target; VertexSettings answers the same).
     default_job_account = ""
@@ -295,9 +310,9 @@ class KubeflowSettings:
         """Puts `task` on its nodes: every task gets the pull secrets, the timeout and the
         storage settings; a step with machines (`step`, a key of DEFAULT_MACHINES) its
         pod's resources, GPUs, /dev/shm and, with `spot`, the spot pool; a `resumable`
-        training step its checkpoint and log folders under `checkpoint_root`. Trials are
-        not resumable: the iterations of a loop share a task name, so they would share
-        one checkpoint folder (KFP names outputs `<root>/<run>/<task>/<output>`)."""
+        training step its retries and its checkpoint and log folders under
+        `checkpoint_root`. Trials are not resumable: a failed trial is a result, not a
+        retry."""
         from kfp import kubernetes
 
         if self.image_pull_secrets:
@@ -307,7 +322,10 @@ class KubeflowSettings:
             kubernetes.use_secret_as_env(task, self.storage_secret,
                                          {key: key for key in S3_SECRET_KEYS})
         if self.s3_endpoint:
-            task.set_env_variable("AWS_ENDPOINT_URL", self.s3_endpoint)
+            # S3's own variable: other AWS clients in the pod (STS) keep their endpoints
+            task.set_env_variable("AWS_ENDPOINT_URL_S3", self.s3_endpoint)
+        if step in TRAINING_STEPS and resumable and self.training_retries:
+            task.set_retry(self.training_retries, backoff_duration="60s", backoff_factor=2.0)
         if step in TRAINING_STEPS and self.checkpoint_root and resumable:
             root = self.checkpoint_root.rstrip("/")
             # The trainers' own contract (Vertex's names); never the /gcs scratch folder.
@@ -335,13 +353,18 @@ class KubeflowSettings:
         return task
 
 
-def gpu_problems(step: str, pod: PodResources, label: str,
+def gpu_problems(step: str, machine: Machine, pod: PodResources, label: str,
                  products: Mapping[str, str]) -> list[str]:
     """What cannot place `step`'s GPUs: a count without a type (or the reverse), or a GPU
     type whose node label value is unknown."""
     flag = "--" + step.replace("_", "-")
-    if pod.gpu_count < 0:
-        return [f"{flag}-accelerator-count must be >= 0, got {pod.gpu_count}"]
+    if machine.accelerator_count < 0:
+        return [f"{flag}-accelerator-count must be >= 0, got {machine.accelerator_count}"]
+    if bool(machine.accelerator_type) != bool(machine.accelerator_count) and \
+            machine.machine_type not in GPU_MACHINES:
+        return [f"{flag}-accelerator-type and {flag}-accelerator-count go together (a GPU "
+                f"type and at least one), got {machine.accelerator_type!r} x "
+                f"{machine.accelerator_count}"]
     if pod.gpu_type and label and pod.gpu_type not in products:
         return [f"{flag}-accelerator-type {pod.gpu_type!r}: no {label} value known for it; "
                 f"give --gpu-product {pod.gpu_type}=VALUE (known: {sorted(products)})"]

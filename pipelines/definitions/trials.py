@@ -20,7 +20,7 @@ from collections.abc import Callable
 import yaml
 
 from components.tune.contract import TUNABLE, draw_points
-from components.tune.task_trial import POINT_INPUT
+from components.tune.task_trial import POINT_INPUT, TRIAL_ID
 
 TRIAL_DISPLAY_NAME = "trial"
 TRIALS_LOOP = "trials"
@@ -97,7 +97,9 @@ def parallel_search(trainer, kind: str, tune, display_name: str, image: str,
     from pipelines.definitions.steps import component
 
     space = tune.spaces[kind]
-    points = draw_points(space, tune.max_trials, tune.seed)
+    # Each point carries its trial's number: dsl.Collected promises no order.
+    points = [{TRIAL_ID: number, **point} for number, point
+              in enumerate(draw_points(space, tune.max_trials, tune.seed), start=1)]
     trial_op = trial_component(trainer, kind, space.metric, space.goal)
     select_op = component(SELECT_TRIAL[kind], image)
 
