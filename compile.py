@@ -337,9 +337,9 @@ def kubeflow_settings(args: argparse.Namespace) -> kubeflow.KubeflowSettings:
                 values[f"{step}_cpu"], values[f"{step}_memory"], values[f"{step}_shm_size"]))
         except ValueError as err:
             problems.append(str(err))
-    label, products = ("", {}) if args.gpu_node_label == "none" else kubeflow.GPU_LABELS[
+    label, known = ("", {}) if args.gpu_node_label == "none" else kubeflow.GPU_LABELS[
         args.gpu_node_label]
-    products = dict(products)
+    products = dict(known)
     try:
         for item in args.gpu_product:
             gpu, value = kubeflow.parse_label(item, "--gpu-product")

@@ -14,7 +14,7 @@ by two lines), so it takes exactly the training task's inputs and runs the same 
 
 from __future__ import annotations
 
-import json
+import copy
 from collections.abc import Callable
 
 import yaml
@@ -58,8 +58,8 @@ def trial_component(trainer, kind: str, metric: str, goal: str):
     parameters[POINT_INPUT] = {"parameterType": "STRUCT"}
     component["outputDefinitions"].setdefault("parameters", {})["Output"] = {
         "parameterType": "STRUCT"}
-    spec["root"]["inputDefinitions"] = json.loads(json.dumps(component["inputDefinitions"]))
-    spec["root"]["outputDefinitions"] = json.loads(json.dumps(component["outputDefinitions"]))
+    spec["root"]["inputDefinitions"] = copy.deepcopy(component["inputDefinitions"])
+    spec["root"]["outputDefinitions"] = copy.deepcopy(component["outputDefinitions"])
     ((_, task),) = spec["root"]["dag"]["tasks"].items()
     task.setdefault("inputs", {}).setdefault("parameters", {})[POINT_INPUT] = {
         "componentInputParameter": POINT_INPUT}
