@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: venv models glyph-start compile run test test-all browser bench lint lock images images-local rehearse-images compile-vertex clean
+.PHONY: venv models glyph-start compile run test test-all browser bench lint lock images images-local rehearse-images rehearse-kubeflow-images compile-vertex clean
 
 # The venv is rebuilt only when the pins change.
 $(STAMP): pyproject.toml constraints.txt
@@ -166,6 +166,16 @@ rehearse-images: compile
 		--param data_uri=gs://rehearsal-bucket/data/digits --param image_size=32 \
 		--param min_shards_per_split=4 --param weights=none --param epochs=2 \
 		--param fine_tune_epochs=0 --param registration_threshold=0.3
+
+# The Kubeflow YAML rehearsed with every step inside those images, as open-source KFP runs
+# it: the pipeline root, the data and the checkpoints on an S3 API on loopback (moto's
+# server), an MLflow server for the registry; the image training pod killed after its first
+# checkpoint and retried (rehearsal/kubeflow_demo.py).
+KF_RUNS := runs/kubeflow-images
+rehearse-kubeflow-images: venv
+	rm -rf $(KF_RUNS)
+	$(PY) -m datamakers.kubeflow_demo_data $(KF_RUNS)/data
+	$(PY) -m rehearsal.kubeflow_demo --data $(KF_RUNS)/data --output $(KF_RUNS) --runtime image
 
 # Compile against the images `make images` pushed.
 compile-vertex: venv

@@ -1,4 +1,5 @@
-"""Rehearse a compiled Vertex pipeline (the JSON users upload) on this machine.
+"""Rehearse a compiled pipeline on this machine: the Vertex JSON users upload, or the
+Kubeflow YAML (`rehearsal.kubeflow`).
 
 The file runs as Vertex Pipelines would run it, not as the Python pipeline function; only
 the Vertex service is stood in for. `python -m rehearsal --help` (the doc of `cli`) says
@@ -18,6 +19,10 @@ takes from `pipelines` only the parameter parser (`params`) and the run summarie
               preemption, tuning jobs and the best trial, API calls answered and written
     driver    `Rehearsal`, which walks the DAG task by task, and `rehearse`
     cli       the command line (`__main__` runs it)
+    launcher  open-source KFP's pods and launcher (copies in, uploads on success)
+    kubeflow  the Kubeflow YAML rehearsed as KFP's driver runs it (`python -m
+              rehearsal.kubeflow`), retries, loops and `Collected` included
+    kubeflow_demo  the image and transformer Kubeflow pipelines on loopback S3 and MLflow
     step_site/sitecustomize.py   loaded by local step processes only (KFP's /gcs prefix)
 
 The names other code uses as `rehearsal.<name>` are re-exported here.

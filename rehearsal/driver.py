@@ -8,7 +8,6 @@ processes run where the `runtimes.Runtime` says; then reads back what the task w
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -18,10 +17,9 @@ from typing import Any
 
 import rehearsal.spec as ir
 from components.common.storage import write_json_atomically
-from pipelines.catalogue import SUMMARIES_BY_NAME
 from rehearsal.cache import TaskCache, cache_key
 from rehearsal.jobs import Preemption, VertexCalls, VertexJobs, task_kind
-from rehearsal.records import ArtifactRef, RehearsalError, TaskRecord
+from rehearsal.records import RehearsalError, TaskRecord, pipeline_summary, write_report
 from rehearsal.runtimes import Runtime
 
 
@@ -174,29 +172,12 @@ class Rehearsal:
 
     def _collect(self, component, executor_input) -> dict[str, Any]:
         """Reads what the task wrote (executor_output.json, output files)."""
-        path = self.runtime.host_path(executor_input["outputs"]["outputFile"])
-        written = {}
-        if os.path.exists(path):
-            with open(path) as f:
-                written = json.load(f)
-        artifacts = {}
-        for key, entry in executor_input["outputs"]["artifacts"].items():
-            artifact = entry["artifacts"][0]
-            updated = (written.get("artifacts", {}).get(key, {}).get("artifacts") or [{}])[0]
-            uri = updated.get("uri", artifact["uri"])
-            artifacts[key] = ArtifactRef.of(artifact, path=self.runtime.local(uri), uri=uri,
-                                            metadata=updated.get("metadata", {}))
-        parameters = dict(written.get("parameterValues", {}))
-        definitions = component.get("outputDefinitions", {}).get("parameters", {})
-        for key, entry in executor_input["outputs"]["parameters"].items():
-            output_file = self.runtime.host_path(entry["outputFile"])
-            if key not in parameters and os.path.exists(output_file):
-                with open(output_file) as f:
-                    raw = f.read()
-                # The backend reads an output file as JSON unless the output is a string.
-                kind = definitions.get(key, {}).get("parameterType", "STRING")
-                parameters[key] = raw if kind == "STRING" else json.loads(raw)
-        return {"parameters": parameters, "artifacts": artifacts}
+        outputs = executor_input["outputs"]
+        return ir.read_task_outputs(
+            component, executor_input, self.runtime.host_path(outputs["outputFile"]),
+            parameter_file=lambda key: self.runtime.host_path(
+                outputs["parameters"][key]["outputFile"]),
+            artifact_path=self.runtime.local)
 
 
 def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
@@ -219,10 +200,7 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
     try:
         outputs = runner.run()
     finally:
-        report = [dataclasses.asdict(r) for r in runner.records]
-        os.makedirs(runner.output, exist_ok=True)
-        write_json_atomically(os.path.join(runner.output, "rehearsal.json"), report,
-                              sort_keys=False)
+        report = write_report(runner.output, runner.records)
     summary = _summary(spec, outputs, runner.records)
     summary["rehearsal"] = {"pipeline": path, "job_name": runner.job_name,
                             "pipeline_root": runner.pipeline_root, "gcs_folder": runner.gcs,
@@ -234,9 +212,7 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
 def _summary(spec: Mapping[str, Any], outputs: Mapping[str, Any],
              records: list[TaskRecord]) -> dict[str, Any]:
     """The pipeline's own summary of its outputs, its registration marked as not sent."""
-    summarize = SUMMARIES_BY_NAME.get(spec["pipelineInfo"]["name"])
-    summary = summarize(outputs) if summarize else {
-        "outputs": {k: getattr(v, "path", v) for k, v in outputs.items()}}
+    summary = pipeline_summary(spec, outputs)
     if "registration" in summary:
         request_built = any(r.state == "not-executed" and "register-model" in r.name
                             for r in records)

@@ -7,6 +7,7 @@ without importing another's.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 
@@ -56,3 +57,22 @@ class ArtifactRef:
         return cls(name=artifact["name"], uri=artifact["uri"] if uri is None else uri,
                    schema_title=artifact["type"]["schemaTitle"],
                    metadata={} if metadata is None else metadata, path=path)
+
+
+def write_report(output: str, records: list[TaskRecord]) -> list[dict[str, Any]]:
+    """Writes each task's record to `output/rehearsal.json`; returns them as dicts."""
+    from components.common.storage import write_json_atomically
+
+    report = [dataclasses.asdict(r) for r in records]
+    os.makedirs(output, exist_ok=True)
+    write_json_atomically(os.path.join(output, "rehearsal.json"), report, sort_keys=False)
+    return report
+
+
+def pipeline_summary(spec: dict[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline's own summary of its outputs (as `run_local` writes it)."""
+    from pipelines.catalogue import SUMMARIES_BY_NAME
+
+    summarize = SUMMARIES_BY_NAME.get(spec["pipelineInfo"]["name"])
+    return summarize(outputs) if summarize else {
+        "outputs": {k: getattr(v, "path", v) for k, v in outputs.items()}}

@@ -80,11 +80,12 @@ class ImageContainers:
             self.names[image] = name
         return self.names[image]
 
-    def run_command(self, image: str, command: list[str], gcs_folder: str,
+    def run_command(self, image: str, command: list[str], volumes: Mapping[str, str],
                     env: Mapping[str, str]) -> list[str]:
-        """The command line that runs `command` in `image` with `gcs_folder` at /gcs."""
+        """The command line that runs `command` in `image` with each local folder of
+        `volumes` mounted where it names (`{OUTPUT/gcs: "/gcs"}` on Vertex)."""
         return [*BUILDAH, "run", "--isolation", "chroot",
-                "--volume", f"{gcs_folder}:{GCS_MOUNT}",
+                *[f"--volume={local}:{mount}" for local, mount in volumes.items()],
                 *[f"--env={key}={value}" for key, value in {**self.env, **env}.items()],
                 self.container(image), "--", *command]
 
@@ -192,7 +193,7 @@ class Runtime:
             The process, in a session of its own (killed as a group on preemption).
         """
         if self.containers:
-            command = self.containers.run_command(image, command, self.gcs, env)
+            command = self.containers.run_command(image, command, {self.gcs: GCS_MOUNT}, env)
             full_env = dict(os.environ)
         else:
             full_env = {**self._local_env(), **env}

@@ -12,12 +12,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipelines.params import parse_value
-from rehearsal.records import RehearsalError
+from rehearsal.records import ArtifactRef, RehearsalError
 
 # The project and region a rehearsal pretends to run in (placeholders and names show them).
 PROJECT = "rehearsal-project"
@@ -27,6 +28,7 @@ LOCATION = "us-central1"
 _PLACEHOLDER = re.compile(r"\{\{\$(?P<body>[^{}]*)\}\}")
 _INPUT_PARAM = re.compile(
     r"^\.inputs\.parameters\['(?P<name>[^']+)'\](?P<escape>\.json_escape\[0\])?$")
+_ITEM_FIELD = re.compile(r'^parseJson\(string_value\)\["(?P<field>[^"]+)"\]$')
 _OUTPUT_PARAM_FILE = re.compile(r"^\.outputs\.parameters\['(?P<name>[^']+)'\]\.output_file$")
 _ARTIFACT = re.compile(
     r"^\.(?P<io>inputs|outputs)\.artifacts\['(?P<name>[^']+)'\]\.(?P<field>uri|path|metadata)"
@@ -237,7 +239,8 @@ def task_inputs(task: Mapping[str, Any], component: Mapping[str, Any],
     for key, source in task.get("inputs", {}).get("parameters", {}).items():
         if "componentInputParameter" in source:
             if source["componentInputParameter"] in parameters:
-                values[key] = parameters[source["componentInputParameter"]]
+                values[key] = select(parameters[source["componentInputParameter"]],
+                                     source.get("parameterExpressionSelector", ""), key)
         elif "taskOutputParameter" in source:
             ref = source["taskOutputParameter"]
             values[key] = results[ref["producerTask"]]["parameters"][ref["outputParameterKey"]]
@@ -261,6 +264,19 @@ def task_inputs(task: Mapping[str, Any], component: Mapping[str, Any],
     return values, found
 
 
+def select(value: Any, selector: str, key: str) -> Any:
+    """A field of a loop item, as `parameterExpressionSelector` picks it (`item.field`
+    compiles to `parseJson(string_value)["field"]`); the whole value without one."""
+    if not selector:
+        return value
+    m = _ITEM_FIELD.match(selector)
+    if not m:
+        raise RehearsalError(f"input {key!r}: selector {selector!r} is not one this "
+                             "rehearsal evaluates")
+    item = json.loads(value) if isinstance(value, str) else value
+    return item[m.group("field")]
+
+
 def executor_input(job: PipelineJob, task_name: str, component: Mapping[str, Any],
                    values: Mapping[str, Any], inputs: Mapping[str, Any], task_uuid: str,
                    step_path: Callable[[str], str]) -> dict[str, Any]:
@@ -280,6 +296,34 @@ def executor_input(job: PipelineJob, task_name: str, component: Mapping[str, Any
     """
     task_root = (f"{job.root}/{PROJECT_NUMBER}/{job.name}/"
                  f"{task_name.replace('/', '-')}_{task_uuid}")
+    return planned_executor_input(
+        component, values, inputs, task_root,
+        artifact_name=lambda key: (f"projects/{PROJECT_NUMBER}/locations/{LOCATION}/"
+                                   f"metadataStores/default/artifacts/{task_uuid}-{key}"),
+        parameter_file=lambda key: step_path(f"{task_root}/{key}"),
+        # The executor writes this file itself; on Vertex it is under /gcs/.
+        output_file=step_path(f"{task_root}/executor_output.json"))
+
+
+def planned_executor_input(component: Mapping[str, Any], values: Mapping[str, Any],
+                           inputs: Mapping[str, Any], task_root: str,
+                           artifact_name: Callable[[str], str],
+                           parameter_file: Callable[[str], str],
+                           output_file: str) -> dict[str, Any]:
+    """An executor input with its outputs planned as a backend plans them.
+
+    Args:
+        component: The component the task runs.
+        values: Its input parameter values.
+        inputs: Its input artifacts (`ArtifactRef`s).
+        task_root: The remote folder its output artifacts go to (`<root>/<output>`).
+        artifact_name: An output artifact's resource name, from its output key.
+        parameter_file: The file an output parameter is written to, from its key.
+        output_file: The executor output file (as the step sees it).
+
+    Returns:
+        The executor input, as JSON-able dicts.
+    """
     outputs = component.get("outputDefinitions", {})
     return {
         "inputs": {
@@ -291,16 +335,13 @@ def executor_input(job: PipelineJob, task_name: str, component: Mapping[str, Any
                 for key, artifact in inputs.items()},
         },
         "outputs": {
-            "parameters": {key: {"outputFile": step_path(f"{task_root}/{key}")}
+            "parameters": {key: {"outputFile": parameter_file(key)}
                            for key in outputs.get("parameters", {})},
             "artifacts": {key: {"artifacts": [{
-                "name": f"projects/{PROJECT_NUMBER}/locations/{LOCATION}/metadataStores/"
-                        f"default/artifacts/{task_uuid}-{key}",
-                "type": definition["artifactType"],
+                "name": artifact_name(key), "type": definition["artifactType"],
                 "uri": f"{task_root}/{key}", "metadata": {}}]}
                 for key, definition in outputs.get("artifacts", {}).items()},
-            # The executor writes this file itself; on Vertex it is under /gcs/.
-            "outputFile": step_path(f"{task_root}/executor_output.json"),
+            "outputFile": output_file,
         },
     }
 
@@ -405,3 +446,44 @@ def _structured(item: str) -> dict | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) and set(value) & {"Concat", "IfPresent"} else None
+
+
+def read_task_outputs(component: Mapping[str, Any], executor_input: Mapping[str, Any],
+                      output_file: str, parameter_file: Callable[[str], str],
+                      artifact_path: Callable[[str], str]) -> dict[str, Any]:
+    """What a finished task wrote, read as the backend reads it.
+
+    Args:
+        component: The component it ran.
+        executor_input: Its executor input (the planned outputs).
+        output_file: The local executor output file (none written: nothing updated).
+        parameter_file: The local file of an output parameter, from its key.
+        artifact_path: The local file or folder behind an output artifact's URI.
+
+    Returns:
+        `{"parameters", "artifacts"}`: the executor output's parameter values, else each
+        output file's text (typed unless a string); artifacts with the URI and metadata
+        the executor output gives them.
+    """
+    written: dict[str, Any] = {}
+    if os.path.exists(output_file):
+        with open(output_file) as f:
+            written = json.load(f)
+    artifacts = {}
+    for key, entry in executor_input["outputs"]["artifacts"].items():
+        artifact = entry["artifacts"][0]
+        updated = (written.get("artifacts", {}).get(key, {}).get("artifacts") or [{}])[0]
+        uri = updated.get("uri", artifact["uri"])
+        artifacts[key] = ArtifactRef.of(artifact, path=artifact_path(uri), uri=uri,
+                                        metadata=updated.get("metadata", {}))
+    parameters = dict(written.get("parameterValues", {}))
+    definitions = component.get("outputDefinitions", {}).get("parameters", {})
+    for key in executor_input["outputs"]["parameters"]:
+        path = parameter_file(key)
+        if key not in parameters and os.path.exists(path):
+            with open(path) as f:
+                raw = f.read()
+            # The backend reads an output file as JSON unless the output is a string.
+            kind = definitions.get(key, {}).get("parameterType", "STRING")
+            parameters[key] = raw if kind == "STRING" else json.loads(raw)
+    return {"parameters": parameters, "artifacts": artifacts}

@@ -25,13 +25,10 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
 @pytest.fixture(scope="module")
 def s3_server():
     """moto's S3 server on a free loopback port: its endpoint URL."""
-    from moto.server import ThreadedMotoServer
+    from rehearsal.kubeflow_demo import s3_server as serve
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with serve() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
@@ -238,89 +235,5 @@ def test_kubeflow_a_killed_training_pod_resumes_from_s3_on_retry(s3, mirrors, tm
     assert result["run"]["resumed_from"]["stage"] == "lm-all"
 
 
-# ------------------------------------------------------------------ a whole Kubeflow run
-
-
-@pytest.mark.slow
-def test_kubeflow_transformer_pipeline_on_s3_ends_with_a_registered_model(s3, tmp_path):
-    """The Kubeflow target's transformer pipeline (the DAG its YAML holds, run through
-    kfp.local, which ignores the pod settings) with the CSV and the encoder on s3:// (moto's
-    S3 server) and an MLflow registry in SQLite: the model clears the gate, gets a version
-    with the alias challenger, and register-model writes its InferenceService."""
-    import yaml
-    from kfp import local
-    from mlflow import MlflowClient
-
-    import compile as compile_cli
-    from components.prepare_text.contract import read_split
-    from components.train_transformer.tiny import write_tiny_model
-    from datamakers import docstring_corpus
-    from pipelines.definitions import transformer
-    from pipelines.local_run import LOCAL_IMAGE
-    from tests.test_transformer_pipeline import SMALL
-
-    csv = tmp_path / "docstrings.csv"
-    docstring_corpus.write_docstring_corpus(str(csv))
-    prepare_text_dataset(str(csv), str(tmp_path / "prepared"), PrepareConfig())
-    write_tiny_model(read_split(str(tmp_path / "prepared"), "train")["text"],
-                     str(tmp_path / "tiny"))
-    _upload(s3, "ml-data", str(tmp_path / "tiny"), "encoders/tiny/")
-    s3.upload_file(str(csv), "ml-data", "data/docstrings.csv")
-    settings = compile_cli.kubeflow_settings(compile_cli.parse_args(["--target", "kubeflow"]))
-    local.init(runner=local.SubprocessRunner(use_venv=False),
-               pipeline_root=str(tmp_path / "kfp"))
-    tracking = f"sqlite:///{tmp_path}/mlflow.db"
-    run = transformer.build(LOCAL_IMAGE, settings)(
-        data_uri="s3://ml-data/data/docstrings.csv", model_name="s3://ml-data/encoders/tiny",
-        tracking_uri=tracking, model_display_name="Docstring Packages",
-        registration_threshold=0.3, **SMALL)
-    assert run.outputs["register"] is True
-    client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
-    version = client.get_model_version_by_alias("Docstring Packages", "challenger")
-    assert version.source == run.outputs["model"].uri
-    (manifest_path,) = (tmp_path / "kfp").rglob("inferenceservice.yaml")
-    manifest = yaml.safe_load(manifest_path.read_text())
-    assert manifest["metadata"]["name"] == "docstring-packages"
-    assert manifest["metadata"]["labels"]["mlflow-version"] == str(version.version)
-    (container,) = manifest["spec"]["predictor"]["containers"]
-    assert container["image"] == LOCAL_IMAGE
-    assert {"name": "STORAGE_URI", "value": version.source} in container["env"]
-
-
-@pytest.mark.slow
-def test_kubeflow_image_pipeline_on_s3_ends_with_a_model_tf_serving_can_load(s3, tmp_path):
-    """The Kubeflow target's image pipeline through kfp.local with its class folders on
-    s3://: sharded from S3, trained, gated, registered in MLflow, and staged for KServe's
-    TensorFlow Serving runtime (a numbered version folder holding the SavedModel)."""
-    import yaml
-    from kfp import local
-    from mlflow import MlflowClient
-
-    import compile as compile_cli
-    from pipelines.definitions import image
-    from pipelines.local_run import LOCAL_IMAGE
-
-    data = str(tmp_path / "images")
-    write_class_images(data, per_class=20)
-    _upload(s3, "pets-data", data, "sets/pets/")
-    settings = compile_cli.kubeflow_settings(compile_cli.parse_args(["--target", "kubeflow"]))
-    local.init(runner=local.SubprocessRunner(use_venv=False),
-               pipeline_root=str(tmp_path / "kfp"))
-    tracking = f"sqlite:///{tmp_path}/mlflow.db"
-    run = image.build(LOCAL_IMAGE, settings)(
-        data_uri="s3://pets-data/sets/pets", image_size=32, min_shards_per_split=2,
-        weights="none", epochs=4, fine_tune_epochs=0, batch_size=16, flip=False,
-        registration_threshold=0.0, tracking_uri=tracking, model_display_name="pets")
-    assert run.outputs["register"] is True
-    version = MlflowClient(tracking_uri=tracking, registry_uri=tracking
-                           ).get_model_version_by_alias("pets", "challenger")
-    (manifest_path,) = (tmp_path / "kfp").rglob("inferenceservice.yaml")
-    served = manifest_path.parent / "served"
-    assert version.source.endswith("/served")
-    manifest = yaml.safe_load(manifest_path.read_text())
-    assert manifest["spec"]["predictor"]["model"]["storageUri"] == version.source
-    assert (served / "1" / "saved_model.pb").exists()
-    import tensorflow as tf
-
-    loaded = tf.saved_model.load(str(served / "1"))  # what TF Serving loads
-    assert "serving_default" in loaded.signatures
+# A whole Kubeflow run of the image and transformer pipelines, on s3:// to a registered
+# model: tests/test_kubeflow_rehearsal.py (the compiled YAML, rehearsed pod by pod).

@@ -4,10 +4,6 @@
 import json
 import os
 import re
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 from mlflow import MlflowClient
@@ -25,7 +21,8 @@ from components.track.tracking import (
 )
 from datamakers.demo_text import write_reviews_csv
 from pipelines import run_local
-from tests.conftest import free_port, write_class_images
+from rehearsal import kubeflow_demo
+from tests.conftest import write_class_images
 
 TINY_TEXT = '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'
 
@@ -33,30 +30,8 @@ TINY_TEXT = '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """`mlflow server` on a free loopback port, as a team would run it (SQLite store)."""
-    root = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    log = open(root / "server.log", "w+")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-         "--default-artifact-root", str(root / "artifacts"), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            assert process.poll() is None, (root / "server.log").read_text()
-            assert time.monotonic() < deadline, (root / "server.log").read_text()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:  # the body is plain "OK"
-                        break
-            except OSError:  # not listening yet
-                time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
+    with kubeflow_demo.mlflow_server(str(tmp_path_factory.mktemp("mlflow"))) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,166 @@
+"""Open-source KFP's launcher as a rehearsal stands in for it: pods, and the copies in and out.
+
+On open-source Kubeflow Pipelines nothing is mounted: `/gcs`, `/minio` and `/s3` are plain
+folders of the pod. Before a step, KFP's launcher (backend/src/v2/component/launcher_v2.go)
+copies each input artifact from the object store to `LocalPathForURI(uri)`
+(`s3://B/K` -> `/s3/B/K`); after it, it uploads each output artifact from there, but only
+if the step succeeded; output parameters are read from `/tmp/kfp/outputs/NAME`. A pod here
+is a fresh folder per attempt standing for that filesystem: with `--runtime local` its
+folders are where KFP's prefixes point in the step's process (`step_site/sitecustomize.py`)
+and `TMPDIR` is its `tmp/`; with `--runtime image` they are mounted at `/gcs`, `/minio`,
+`/s3` and `/tmp` of the image's container. What a step leaves in a pod is lost with it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from components.common.storage import filesystem
+from rehearsal.records import RehearsalError
+from rehearsal.runtimes import RUNTIMES, SITE_DIR, ImageContainers, open_mount
+
+# KFP's LocalPathForURI: the pod folder an object store URI is copied to.
+MOUNTS = {"gs://": "/gcs/", "minio://": "/minio/", "s3://": "/s3/"}
+# Where the launcher has a step write its output parameters (driver.go, provisionOutputs).
+PARAMETER_OUTPUTS = "/tmp/kfp/outputs"
+POD_ENV = "REHEARSAL_POD_ROOT"
+
+
+def mount_path(uri: str) -> str:
+    """The path in a pod that KFP's launcher gives an object store URI."""
+    for scheme, mount in MOUNTS.items():
+        if uri.startswith(scheme):
+            return mount + uri[len(scheme):]
+    raise RehearsalError(f"{uri!r} is not a gs://, minio:// or s3:// URI: KFP's launcher "
+                         "has no local path for it")
+
+
+def store_uri(uri: str) -> str:
+    """The URI fsspec reads `uri` with (a MinIO bucket is an S3 bucket at its endpoint)."""
+    return "s3://" + uri[len("minio://"):] if uri.startswith("minio://") else uri
+
+
+class ObjectStore:
+    """The pipeline root's object store, read and written as the launcher does (fsspec)."""
+
+    def download(self, uri: str, local: str) -> bool:
+        """Copies the object or folder at `uri` to `local`; False if there is none."""
+        fs, path = filesystem(store_uri(uri))
+        fs.invalidate_cache()
+        if fs.isdir(path):
+            os.makedirs(local, exist_ok=True)
+            fs.get(path.rstrip("/") + "/", local.rstrip("/") + "/", recursive=True)
+            return True
+        if fs.isfile(path):
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            fs.get(path, local)
+            return True
+        return False
+
+    def upload(self, local: str, uri: str) -> bool:
+        """Copies the file or folder `local` to `uri`; False if the step wrote nothing."""
+        if not os.path.exists(local):
+            return False
+        fs, path = filesystem(store_uri(uri))
+        try:
+            if os.path.isdir(local):
+                for folder, _, names in os.walk(local):
+                    for name in names:
+                        source = os.path.join(folder, name)
+                        fs.put_file(source, f"{path}/{os.path.relpath(source, local)}")
+            else:
+                fs.put_file(local, path)
+        except OSError as err:
+            raise RehearsalError(f"failed to upload {local} to {uri}: {err}") from err
+        fs.invalidate_cache()
+        return True
+
+    def check_bucket(self, uri: str) -> None:
+        """Refuses a pipeline root whose bucket does not exist (every upload would fail)."""
+        fs, path = filesystem(store_uri(uri))
+        bucket = path.split("/", 1)[0]
+        try:
+            found = fs.exists(bucket)
+        except OSError as err:
+            raise RehearsalError(f"the object store of {uri} cannot be reached: {err}") from err
+        if not found:
+            raise RehearsalError(f"the pipeline root's bucket {bucket!r} does not exist: "
+                                 "make it, or pass another --pipeline-root")
+
+    def matches(self, pattern: str) -> bool:
+        """Whether an object matches `pattern` (`BUCKET/glob`, `**` for any folders)."""
+        bucket, _, rest = pattern.partition("/")
+        fs, path = filesystem(f"s3://{bucket}")
+        fs.invalidate_cache()
+        try:
+            keys = fs.find(path)
+        except FileNotFoundError:
+            return False
+        return any(fnmatch.fnmatch(key, f"{bucket}/{rest}") for key in keys)
+
+
+class Pods:
+    """Where a task's attempts run, each in a pod folder of its own.
+
+    Args:
+        kind: One of `runtimes.RUNTIMES`.
+        output: The rehearsal's folder (pods/ and logs/ are made in it).
+    """
+
+    def __init__(self, kind: str, output: str) -> None:
+        if kind not in RUNTIMES:
+            raise RehearsalError(f"--runtime must be one of {RUNTIMES}, got {kind!r}")
+        self.kind = kind
+        self.root = os.path.join(output, "pods")
+        self.logs = os.path.join(output, "logs")
+        self.containers = ImageContainers() if kind == "image" else None
+
+    def new(self, task: str, attempt: int) -> str:
+        """A fresh pod folder for `task`'s attempt (counted from 1), with empty mounts."""
+        pod = os.path.join(self.root, task.replace("/", "-"), f"attempt{attempt}")
+        for folder in ("gcs", "minio", "s3", "tmp" + PARAMETER_OUTPUTS[len("/tmp"):]):
+            os.makedirs(os.path.join(pod, folder), exist_ok=True)
+        return pod
+
+    def hand_over(self, pod: str) -> None:
+        """Makes what the launcher wrote in `pod` the step's: KFP's launcher runs in the
+        step's container as its user; here it wrote as this process's (root, in images)."""
+        if self.containers:
+            open_mount(pod)
+
+    def step_path(self, pod: str, path: str) -> str:
+        """A path of the pod (`/s3/...`, `/tmp/...`) as the step's process sees it."""
+        return path if self.containers else os.path.join(pod, path.lstrip("/"))
+
+    def host_path(self, pod: str, path: str) -> str:
+        """The local file behind a path of the pod."""
+        return os.path.join(pod, path.lstrip("/"))
+
+    def start(self, pod: str, command: list[str], env: Mapping[str, str], image: str,
+              log_path: str) -> subprocess.Popen:
+        """Starts the step's process in `pod`, its output to `log_path`."""
+        if self.containers:
+            volumes = {os.path.join(pod, name): "/" + name
+                       for name in ("gcs", "minio", "s3", "tmp")}
+            command = self.containers.run_command(image, command, volumes, env)
+            full_env = dict(os.environ)
+        else:
+            # A pod has only its own environment: the launcher's credentials stay here.
+            own = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+            full_env = {
+                **own, **env,
+                "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+                "PYTHONPATH": os.pathsep.join([SITE_DIR, os.getcwd()]),
+                POD_ENV: pod, "TMPDIR": os.path.join(pod, "tmp"), "PYTHONUNBUFFERED": "1"}
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        return subprocess.Popen(command, env=full_env, stdout=open(log_path, "w"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def remove_all(self) -> None:
+        """Removes the image containers the pods ran in (the images stay)."""
+        if self.containers:
+            self.containers.remove_all()
