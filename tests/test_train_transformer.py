@@ -150,6 +150,29 @@ def test_a_model_name_path_without_a_model_is_refused(tmp_path):
         "FacebookAI/xlm-roberta-base"
 
 
+def test_a_model_folder_without_its_tokenizer_or_with_too_few_positions_is_refused_at_load(
+        dataset, tmp_path):
+    """Checked again where the model loads (a Hub name has no folder preflight can read):
+    without its tokenizer files, transformers makes one of the special tokens alone."""
+    import shutil
+
+    from components.text_common.contract import TOKENIZER_CONFIG_FILE, TOKENIZER_FILES
+
+    folder = tmp_path / "no-tokenizer"
+    shutil.copytree(dataset["tiny"], folder)
+    for name in (*TOKENIZER_FILES, TOKENIZER_CONFIG_FILE, "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    config = TransformerConfig(model_name=str(folder), epochs=1, **FAST)
+    with pytest.raises(TransformerTrainingError, match=r"loads a tokenizer of \d+ tokens for a "
+                                                       r"model of \d+ token embeddings"):
+        train_transformer(dataset["dataset"], str(tmp_path / "model"), config)
+    config = TransformerConfig(model_name=dataset["tiny"], epochs=1,
+                               **{**FAST, "max_length": 100000})
+    with pytest.raises(TransformerTrainingError, match="max_length 100000 is more than "
+                                                       ".* at most 64 tokens"):
+        train_transformer(dataset["dataset"], str(tmp_path / "model2"), config)
+
+
 def test_another_runs_checkpoints_are_refused_not_resumed(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"fingerprint": "someone-else"}))
     with pytest.raises(TransformerTrainingError, match="different run"):

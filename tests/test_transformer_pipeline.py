@@ -233,8 +233,47 @@ def test_a_gcs_model_folder_is_checked_by_its_listing(gcs):
     bucket.blob("tiny/config.json").upload_from_string("{}")
     assert "it has no model.safetensors" in model_name_problems("gs://tf-models/tiny")[0]
     bucket.blob("tiny/model.safetensors").upload_from_string("w")
+    assert "it has no tokenizer (tokenizer.json or vocab.txt" in model_name_problems(
+        "gs://tf-models/tiny")[0]
+    bucket.blob("tiny/vocab.txt").upload_from_string("[PAD]\n[UNK]\n")
     assert model_name_problems("gs://tf-models/tiny") == []
     assert "is not a folder" in model_name_problems("gs://tf-models/none")[0]
+
+
+def test_a_model_folder_without_its_tokenizer_is_refused_before_any_paid_step(tmp_path):
+    """config.json and weights alone pass for a model, but transformers then builds a
+    tokenizer of the special tokens: every word [UNK], a model that learns nothing."""
+    folder = tmp_path / "no-tokenizer"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    [problem] = model_name_problems(str(folder))
+    assert "it has no tokenizer (tokenizer.json or vocab.txt" in problem
+    assert "tokenizer.save_pretrained(folder) writes it" in problem
+
+
+@pytest.mark.parametrize("config, tokenizer, limit", [
+    ({"model_type": "bert", "max_position_embeddings": 512}, {"model_max_length": 512}, 512),
+    # XLM-R: 514 positions, of which 512 hold tokens (positions start after padding id 1)
+    ({"model_type": "xlm-roberta", "max_position_embeddings": 514, "pad_token_id": 1},
+     {"model_max_length": 1000000000000000019884624838656}, 512),
+    ({"model_type": "bert", "max_position_embeddings": 64}, {}, 64),
+    ({"model_type": "bert", "max_position_embeddings": 512}, {"model_max_length": 128}, 128),
+])
+def test_max_length_beyond_the_models_positions_is_refused_naming_the_limit(
+        tmp_path, config, tokenizer, limit):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "tokenizer.json").write_text("{}")
+    assert model_name_problems(str(folder), limit) == []
+    [problem] = model_name_problems(str(folder), 100000)
+    assert problem.startswith(f"max_length 100000 is more than model_name {str(folder)!r} "
+                              f"reads: at most {limit} tokens"), problem
+    with pytest.raises(PreflightError, match=f"at most {limit} tokens"):
+        check_transformer_run({**_defaults(), "model_name": str(folder), "max_length": 100000})
 
 
 # --------------------------------------------------------------------------- whole runs

@@ -9,6 +9,7 @@ empty). `CHECKS` maps each pipeline kind to its check.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -248,29 +249,39 @@ def model_folder_files(model_dir: str) -> set[str]:
     return {os.path.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
 
 
-def model_name_problems(model_name: str) -> list[str]:
+def model_name_problems(model_name: str, max_length: int | None = None) -> list[str]:
     """What the transformer trainer would refuse in `model_name`, late, on the GPU.
 
-    A folder (gs:// or local) must hold what `save_pretrained` writes: config.json and a
-    weights file (`text_common.contract.WEIGHTS_FILES`, or the index of their shards). A Hub name
-    must look like `[organisation/]name`; it is not looked up (the training job downloads
-    it, with its own network access).
+    A folder (gs:// or local) must hold what `save_pretrained` writes for the model and
+    its tokenizer: config.json, a weights file (`text_common.contract.WEIGHTS_FILES`, or
+    the index of their shards) and a tokenizer (`TOKENIZER_FILES`); and `max_length` must
+    fit its positions and its tokenizer's `model_max_length`. A Hub name must look like
+    `[organisation/]name`; it is not looked up (the training job downloads it, with its own
+    network access, and checks the same there).
 
     Args:
         model_name: The pipeline's model_name.
+        max_length: The pipeline's max_length (None: not checked).
 
     Returns:
-        One message naming `model_name` and what to give; empty when fine (or empty,
-        which TransformerConfig refuses).
+        Messages naming `model_name` (or `max_length`) and what to give; empty when fine
+        (or empty, which TransformerConfig refuses).
     """
-    from components.text_common.contract import MODEL_CONFIG_FILE, WEIGHTS_FILES, has_weights
+    from components.text_common.contract import (
+        MODEL_CONFIG_FILE,
+        TOKENIZER_FILES,
+        WEIGHTS_FILES,
+        has_tokenizer,
+        has_weights,
+    )
     from components.train_transformer.contract import DEFAULT_MODEL_NAME, model_name_is_path
 
     name = model_name.strip()
     if not name:
         return []
-    give = (f"give a folder written by save_pretrained ({MODEL_CONFIG_FILE} and "
-            f"{WEIGHTS_FILES[0]}) or a Hub model name such as {DEFAULT_MODEL_NAME}")
+    give = (f"give a folder written by save_pretrained ({MODEL_CONFIG_FILE}, "
+            f"{WEIGHTS_FILES[0]} and the tokenizer's files) or a Hub model name such as "
+            f"{DEFAULT_MODEL_NAME}")
     if model_name_is_path(name):
         files = model_folder_files(name)
         if not files:
@@ -278,16 +289,44 @@ def model_name_problems(model_name: str) -> list[str]:
         missing = [] if MODEL_CONFIG_FILE in files else [MODEL_CONFIG_FILE]
         if not has_weights(files):
             missing.append(" or ".join(WEIGHTS_FILES))
+        if not has_tokenizer(files):
+            missing.append("tokenizer (" + " or ".join(TOKENIZER_FILES) + "; "
+                           "tokenizer.save_pretrained(folder) writes it)")
         if missing:
             return [f"model_name {model_name!r} is not a model folder: it has no "
                     f"{' and no '.join(missing)}; {give}"]
-        return []
+        return _max_length_problems(name, files, max_length)
     if not _HUB_MODEL_NAME.match(name) or "--" in name or ".." in name \
             or len(name) > _HUB_NAME_MAX_CHARS:
         return [f"model_name {model_name!r} is neither an existing folder (gs:// or local "
                 "path) nor a Hub model name ([organisation/]name: letters, digits, '_', '-', "
                 f"'.', no spaces); {give}"]
     return []
+
+
+def _max_length_problems(folder: str, files: set[str], max_length: int | None) -> list[str]:
+    """`max_length` held to the model folder's config.json and tokenizer_config.json."""
+    from components.text_common.contract import (
+        MODEL_CONFIG_FILE,
+        TOKENIZER_CONFIG_FILE,
+        max_length_problem,
+    )
+
+    if max_length is None:
+        return []
+    read = {}
+    for name in (MODEL_CONFIG_FILE, TOKENIZER_CONFIG_FILE):
+        if name in files:
+            fs, path = filesystem(f"{folder.rstrip('/')}/{name}")
+            try:
+                read[name] = json.loads(fs.cat_file(path))
+            except ValueError as err:
+                return [f"model_name {folder!r}: {name} is not JSON ({err}); write the "
+                        "folder again with save_pretrained"]
+    problem = max_length_problem(max_length, read.get(MODEL_CONFIG_FILE, {}),
+                                 read.get(TOKENIZER_CONFIG_FILE, {}).get("model_max_length"),
+                                 folder)
+    return [problem] if problem else []
 
 
 def check_transformer_run(parameters: Mapping[str, Any]) -> None:
@@ -310,10 +349,20 @@ def check_transformer_run(parameters: Mapping[str, Any]) -> None:
             check()
         except PreflightError as err:
             problems.append(f"{name}: {err}")
-    problems += model_name_problems(str(parameters.get("model_name", DEFAULT_MODEL_NAME)))
+    problems += model_name_problems(str(parameters.get("model_name", DEFAULT_MODEL_NAME)),
+                                    _int_or_none(parameters.get("max_length",
+                                                                TransformerConfig.max_length)))
     problems += _text_evaluation_problems(parameters)
     if problems:
         raise PreflightError("; ".join(problems))
+
+
+def _int_or_none(value: Any) -> int | None:
+    """A parameter as an int, None where it is not one (its own check reports that)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def check_lm_run(parameters: Mapping[str, Any]) -> None:

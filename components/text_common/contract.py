@@ -23,6 +23,18 @@ PER_LABEL_FILE = "per_label_metrics.json"
 # What `save_pretrained` writes and `from_pretrained` needs of a transformer's model folder.
 MODEL_CONFIG_FILE = "config.json"
 WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
+# A tokenizer as `tokenizer.save_pretrained` writes it: a fast tokenizer's tokenizer.json,
+# or a slow one's vocabulary (WordPiece, BPE, SentencePiece). Without one, transformers
+# builds a tokenizer of the special tokens alone from config.json: every word is [UNK].
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model",
+                   "spiece.model", "tokenizer.model")
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# Encoders whose position ids start after the padding index (RoBERTa's scheme): of
+# XLM-R's 514 positions, 512 hold tokens.
+OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert",
+                          "data2vec-text", "mpnet", "longformer")
+# Tokenizers without a length limit say so with a huge model_max_length (1e30).
+_NO_LIMIT = 1_000_000
 # The text column of the frames the fastai learner was trained on, and predicts from.
 TEXT_FIELD = "text"
 # The most characters of one text the classifier reads: its first ones (`clip_text`).
@@ -62,3 +74,51 @@ def is_transformer_folder(model_dir: str) -> bool:
     if not os.path.isfile(os.path.join(model_dir, MODEL_CONFIG_FILE)):
         return False
     return has_weights(set(os.listdir(model_dir)))
+
+
+def has_tokenizer(files: set[str]) -> bool:
+    """Whether a model folder's file names include a tokenizer (`TOKENIZER_FILES`)."""
+    return any(name in files for name in TOKENIZER_FILES)
+
+
+def token_limit(config: dict[str, Any], model_max_length: float | None) -> int | None:
+    """The most tokens one text can have for this encoder: the smaller of its tokenizer's
+    `model_max_length` and its usable position embeddings; None if neither sets one.
+
+    Args:
+        config: The model's config.json (`max_position_embeddings`, `model_type`,
+            `pad_token_id`).
+        model_max_length: The tokenizer's limit (tokenizer_config.json), if any.
+    """
+    limits = []
+    positions = config.get("max_position_embeddings")
+    if isinstance(positions, int) and positions > 0:
+        if config.get("model_type") in OFFSET_POSITION_MODELS:
+            positions -= int(config.get("pad_token_id") or 0) + 1
+        limits.append(positions)
+    if model_max_length and 0 < model_max_length < _NO_LIMIT:
+        limits.append(int(model_max_length))
+    return min(limits) if limits else None
+
+
+def max_length_problem(max_length: int, config: dict[str, Any],
+                       model_max_length: float | None, model_name: str) -> str:
+    """Why `max_length` is too long for the model `model_name`; empty when it fits."""
+    limit = token_limit(config, model_max_length)
+    if limit is None or max_length <= limit:
+        return ""
+    return (f"max_length {max_length} is more than model_name {model_name!r} reads: at most "
+            f"{limit} tokens (its positions and its tokenizer's model_max_length); set "
+            f"max_length to {limit} or less")
+
+
+def tokenizer_problem(tokens: int, config: dict[str, Any], model_name: str) -> str:
+    """Why a loaded tokenizer cannot be the model's own (far fewer tokens than the model
+    has embeddings: built from config.json alone); empty when it can."""
+    embeddings = config.get("vocab_size")
+    if not isinstance(embeddings, int) or tokens * 2 >= embeddings:
+        return ""
+    return (f"model_name {model_name!r} loads a tokenizer of {tokens} tokens for a model of "
+            f"{embeddings} token embeddings: its tokenizer files ({', '.join(TOKENIZER_FILES)}) "
+            "are missing, so every word would be unknown; save them beside the model with "
+            "tokenizer.save_pretrained(folder)")

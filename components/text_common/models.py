@@ -23,6 +23,7 @@ from components.text_common.contract import (
     clip_text,
     is_transformer_folder,
     read_labels,
+    token_limit,
 )
 
 if TYPE_CHECKING:
@@ -109,7 +110,11 @@ class TransformerTextModel:
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         self.model = transformers.AutoModelForSequenceClassification.from_pretrained(
             model_dir).to(self.device).eval()
-        self.max_length = int(self.info.get("max_length") or 512)
+        saved = int(self.info.get("max_length") or 512)
+        limit = token_limit(self.model.config.to_dict(), self.tokenizer.model_max_length)
+        # A model saved with a max_length beyond its positions (training refuses one now)
+        # reads what fits, instead of failing on every long text.
+        self.max_length = min(saved, limit) if limit else saved
 
     def probabilities(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
         """Sigmoid per label (multi-label) or softmax (single-label) for `texts`, in order.

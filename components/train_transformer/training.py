@@ -38,6 +38,8 @@ from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_sp
 from components.text_common.contract import (
     MAX_TEXT_CHARS,
     clip_text,
+    max_length_problem,
+    tokenizer_problem,
 )
 from components.text_common.scores import (
     frequency_bias,
@@ -365,6 +367,12 @@ def _load_model(transformers, config: TransformerConfig, labels: Sequence[str], 
             f"cannot load model_name {config.model_name!r}: {err}. Give a Hub name this "
             "job can download, or a folder (gs:// or local) written by save_pretrained"
         ) from err
+    settings = model.config.to_dict()
+    problem = (tokenizer_problem(len(tokenizer), settings, config.model_name)
+               or max_length_problem(config.max_length, settings,
+                                     tokenizer.model_max_length, config.model_name))
+    if problem:
+        raise TransformerTrainingError(problem)
     return tokenizer, model
 
 
