@@ -128,3 +128,13 @@ def test_cli_refuses_an_output_that_is_the_input(colour_model, tmp_path, capsys,
     assert predict_cli.main(["--model", str(colour_model), "--data", "gs://b/new.csv",
                              "--output", "gs://b/new.csv"]) == 2
     assert "same file" in capsys.readouterr().err
+
+
+def test_an_empty_csv_to_label_is_a_clear_error_not_a_pandas_traceback(tmp_path):
+    from components.predict.contract import PredictionError
+    from components.predict.prediction import _read_csv_chunks
+
+    empty = tmp_path / "new.csv"
+    empty.write_bytes(b"")
+    with pytest.raises(PredictionError, match=f"'{empty}' is empty: give a CSV with a header"):
+        list(_read_csv_chunks(str(empty)))

@@ -286,3 +286,55 @@ def test_a_tensorboard_run_with_a_job_account_goes_on(tmp_path):
     assert preflight("lm", str(csv), settings).startswith("sha256:")
     # compiled without --tensorboard, an empty account is Vertex's default: fine
     assert preflight("lm", str(csv), {**LM_DEFAULTS, "job_service_account": ""})
+
+
+# ------------------------------------------------------------------ predict_uri's contents
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", r"is empty: give a CSV with a header row naming the text column \('text'\)"),
+    (b"\n\n", "is empty"),
+    (b"review,stars\nnice,5\n", r"has no column 'text' \(its header: \['review', 'stars'\]\)"),
+    (b"text,stars\n", "has no text in column 'text' in its first rows"),
+    (b"text\n  \n\"\"\n", "has no text in column 'text'"),
+    (b"text\n\xff\xfeb\x00a\x00d\x00\n", "is not UTF-8 text"),
+])
+def test_a_predict_csv_that_cannot_be_labelled_is_refused_before_training(
+        tmp_path, content, message):
+    """Before, only the file's existence was checked: an empty export trained and
+    evaluated, then died in prediction with pandas' EmptyDataError."""
+    from components.preflight.data import check_predict_uri
+
+    path = tmp_path / "new.csv"
+    path.write_bytes(content)
+    with pytest.raises(PreflightError, match=f"predict_uri '{path}' {message}"):
+        check_predict_uri(str(path), "text")
+    path.write_bytes(b"\xef\xbb\xbftext,id\n\xc3\xa9t\xc3\xa9 bien,1\n")  # BOM, accents
+    check_predict_uri(str(path), "text")
+
+
+def test_a_predict_csv_is_read_for_the_training_text_column_and_its_head_only(tmp_path):
+    from components.preflight import data
+
+    path = tmp_path / "new.csv"
+    path.write_text("body\n" + "word " * 5 + "\n")
+    with pytest.raises(PreflightError, match="has no column 'text'"):
+        preflight("text", str(path), {**TEXT_DEFAULTS, "predict_uri": str(path)})
+    data.check_predict_uri(str(path), "text", "body")
+    # a file far larger than the head, cut inside a two-byte character, is read by its head
+    row = "é" * 40 + "\n"
+    path.write_text("body\n" + row * 20000, encoding="utf-8")
+    assert os.path.getsize(path) > 20 * data._HEAD_BYTES
+    data.check_predict_uri(str(path), "body")
+
+
+def test_an_image_predict_folder_with_nothing_in_it_is_refused(tmp_path):
+    from components.preflight.data import check_predict_uri
+
+    folder = tmp_path / "photos"
+    (folder / "sub").mkdir(parents=True)
+    (folder / ".DS_Store").write_bytes(b"x")
+    with pytest.raises(PreflightError, match="holds no file \\(hidden ones aside\\)"):
+        check_predict_uri(str(folder), "image")
+    (folder / "sub" / "cat.jpg").write_bytes(b"jpeg")
+    check_predict_uri(str(folder), "image")

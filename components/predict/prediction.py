@@ -197,6 +197,9 @@ def _read_csv_chunks(data_uri: str) -> Iterator[Any]:
         except UnicodeDecodeError as err:
             raise PredictionError(f"{data_uri!r} is not UTF-8 text ({err}); save the CSV as "
                                   "UTF-8") from err
+        except pd.errors.EmptyDataError as err:
+            raise PredictionError(f"{data_uri!r} is empty: give a CSV with a header row "
+                                  "naming the text column and a row per text") from err
         except pd.errors.ParserError as err:
             raise PredictionError(f"{data_uri!r} is not a readable CSV: {err}") from err
 

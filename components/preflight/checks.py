@@ -132,7 +132,8 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     check_tensorboard_account(parameters)
     # Both text kinds label a CSV of texts.
     check_predict_uri(str(parameters.get("predict_uri", "")),
-                      "image" if kind == "image" else "text")
+                      "image" if kind == "image" else "text",
+                      str(parameters.get("text_column", "text") or "text"))
     check_tracking(parameters)
     if kind == "lm":
         check_corpus(data_uri, str(parameters.get("text_column", "text")))

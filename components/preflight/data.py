@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
 
@@ -83,10 +84,12 @@ def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
     return f"sha256:{digest}:{len(listing)}"
 
 
-def check_predict_uri(uri: str, kind: str) -> None:
-    """Refuses a `predict_uri` that is not there: a folder (images) or a file (texts).
+def check_predict_uri(uri: str, kind: str, text_column: str = "text") -> None:
+    """Refuses a `predict_uri` the prediction step could not label: a folder with no
+    image in it (images), or a file that is no CSV with `text_column` and a row of text.
 
-    Empty means no prediction. Checked before training, so a typo does not cost a run.
+    Empty means no prediction. Checked before training, so a typo or an empty export does
+    not cost a run that ends without its predictions.
 
     Raises:
         PreflightError: Naming the URI and what it should be.
@@ -94,9 +97,66 @@ def check_predict_uri(uri: str, kind: str) -> None:
     if not uri:
         return
     fs, path = filesystem(uri)
-    if kind == "text" and not fs.isfile(path):
-        raise PreflightError(f"predict_uri {uri!r} is not a file: give the CSV of texts to "
-                             "label (with the training text column), or leave it empty")
-    if kind == "image" and not (fs.isdir(path) or fs.isfile(path)):
+    if kind == "text":
+        if not fs.isfile(path):
+            raise PreflightError(f"predict_uri {uri!r} is not a file: give the CSV of texts "
+                                 "to label (with the training text column), or leave it empty")
+        check_predict_csv(uri, _head(fs, path), text_column)
+        return
+    if fs.isfile(path):
+        return
+    if not fs.isdir(path):
         raise PreflightError(f"predict_uri {uri!r} does not exist: give the folder of images "
                              "to label, or leave it empty")
+    root = path.rstrip("/") + "/"
+    if not any(not any(part.startswith(".") for part in f[len(root):].split("/"))
+               for f in fs.find(path)):
+        raise PreflightError(f"predict_uri {uri!r} holds no file (hidden ones aside): give "
+                             "the folder of images to label, or leave it empty")
+
+
+# Enough of a CSV to read its header and first rows.
+_HEAD_BYTES = 1 << 16
+
+
+def _head(fs, path: str) -> bytes:
+    with fs.open(path, "rb") as f:
+        return f.read(_HEAD_BYTES)
+
+
+def check_predict_csv(uri: str, head: bytes, text_column: str) -> None:
+    """Refuses a CSV of texts to label from its first bytes: empty, not UTF-8, without
+    `text_column` in its header, or with no row of text after it.
+
+    Args:
+        uri: Its URI (named in the message).
+        head: Its first bytes (`_HEAD_BYTES`; a row cut at the end is ignored).
+        text_column: The column the model reads (the training text column).
+
+    Raises:
+        PreflightError: The problem and what to give.
+    """
+    cut = len(head) == _HEAD_BYTES
+    try:
+        text = head.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        if not (cut and err.start >= len(head) - 3):  # not a character cut at the end
+            raise PreflightError(f"predict_uri {uri!r} is not UTF-8 text ({err}); save the "
+                                 "CSV as UTF-8") from err
+        text = head[:err.start].decode("utf-8-sig")
+    rows = [r for r in csv.reader(io.StringIO(text)) if any(c.strip() for c in r)]
+    if cut and len(rows) > 1:
+        rows = rows[:-1]  # the last one may be cut short
+    if not rows:
+        raise PreflightError(f"predict_uri {uri!r} is empty: give a CSV with a header row "
+                             f"naming the text column ({text_column!r}) and a row per text, "
+                             "or leave predict_uri empty")
+    header = [c.strip() for c in rows[0]]
+    if text_column not in header:
+        raise PreflightError(f"predict_uri {uri!r} has no column {text_column!r} (its header: "
+                             f"{header[:20]}); give a CSV whose text column is the training "
+                             "data's (text_column)")
+    index = header.index(text_column)
+    if not any(len(r) > index and r[index].strip() for r in rows[1:]):
+        raise PreflightError(f"predict_uri {uri!r} has no text in column {text_column!r} in "
+                             f"its first rows ({len(rows) - 1} rows read): nothing to label")
