@@ -232,7 +232,50 @@ def test_labels_joined_by_another_delimiter_are_refused(tmp_path, other):
     assert f"food{other}tech" in info["labels"] and info["task"] == "single_label"
 
 
-def test_a_class_name_with_another_delimiter_passes_when_the_delimiter_is_used(tmp_path):
+def test_a_label_column_mixing_delimiters_is_refused_naming_the_rows(tmp_path):
+    """Before, "," in some cells made "," the delimiter and "delivery;price" a class of
+    its own, without a word."""
+    data = _csv(tmp_path, 'text,tags\na,"delivery;price"\nb,price\nc,"price,quality"\n'
+                          'd,"quality|delivery"\n')
+    with pytest.raises(TextDataError) as err:
+        preparation.normalize(preparation.read_csv(data), PrepareConfig())
+    message = str(err.value)
+    assert "label column 'tags': 1 value(s) hold ';': 'delivery;price' at row 1" in message
+    assert "1 value(s) hold '|': 'quality|delivery' at row 4" in message
+    assert "(1 hold ',')" in message and "label_delimiter=','" in message
+
+
+def test_a_class_name_with_another_delimiter_passes_when_the_delimiter_is_declared(tmp_path):
     data = _csv(tmp_path, 'text,tags\na,"r&d;ops,sales"\nb,sales\nc,"sales,hr"\n')
-    _, info = preparation.normalize(preparation.read_csv(data), PrepareConfig())
+    with pytest.raises(TextDataError, match="'r&d;ops,sales' at row 1"):
+        preparation.normalize(preparation.read_csv(data), PrepareConfig())
+    _, info = preparation.normalize(preparation.read_csv(data),
+                                    PrepareConfig(label_delimiter=","))
     assert info["labels"] == ["hr", "r&d;ops", "sales"]
+    assert info["label_delimiter_used"] == ","
+
+
+def test_duplicate_texts_stay_in_one_split_and_are_counted_with_their_conflicts(tmp_path):
+    """Before, copies of a text landed on both sides of the split: a test set that the
+    model (and TF-IDF) had seen in training."""
+    rows = []
+    for i in range(60):
+        text = f"review number {i} of the shop"
+        rows.append(f"{text},{'price' if i % 2 else 'delivery'}")
+        if i % 3 == 0:  # a copy, changed in case and spacing only
+            rows.append(f"  {text.upper()}  ,{'price' if i % 2 else 'delivery'}")
+    rows.append("review number 0 of the shop,price")  # a copy with another label
+    data = _csv(tmp_path, "text,topic\n" + "\n".join(rows) + "\n")
+    manifest = prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig(seed=3))
+
+    def folded(split):
+        frame = pd.read_csv(tmp_path / "out" / f"{split}.csv", keep_default_na=False)
+        return {" ".join(t.split()).casefold() for t in frame["text"]}
+
+    train, valid, test = folded("train"), folded("validation"), folded("test")
+    assert not (train & test) and not (train & valid) and not (valid & test)
+    assert manifest["duplicate_texts"]["rows"] == 20 + 21  # 20 texts twice, one thrice
+    assert manifest["duplicate_texts"]["texts"] == 20
+    assert manifest["duplicate_texts"]["conflicting_labels"] == {"count": 3, "rows": [1, 2, 81]}
+    assert manifest["split_rule"]["version"] == 2
+    assert sum(manifest["splits"][s]["rows"] for s in ("train", "validation", "test")) == 81

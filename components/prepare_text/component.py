@@ -9,7 +9,7 @@ def prepare_text_data(
     dataset: Output[Dataset],
     text_column: str = "text",
     label_columns: str = "",
-    label_delimiter: str = ",",
+    label_delimiter: str = "auto",
     other_label: str = "other",
     validation_fraction: float = 0.2,
     test_fraction: float = 0.25,
@@ -23,7 +23,7 @@ def prepare_text_data(
         dataset: Output folder: `train.csv`, `validation.csv`, `test.csv` (text then one 0/1 column per label) and `manifest.json` (labels, task, dropped rows, split counts).
         text_column: Name of the column holding the texts.
         label_columns: Comma-separated label column names; empty uses every column but the text.
-        label_delimiter: Separates several class names inside one cell of a class-name column; empty keeps each cell one class name (for names holding ";" or "|").
+        label_delimiter: Separates several class names inside one cell of a class-name column: "auto" reads "," and refuses a cell holding ";" or "|" (one file mixing them would make "a;b" a class); "," declares ";" and "|" part of class names; ";" or "|" separate with that; empty keeps each cell one class name.
         other_label: Label given to rows with no label set; empty drops those rows instead.
         validation_fraction: Share of the rows left after the test split used for validation.
         test_fraction: Share of all rows held out for the final test.

@@ -22,6 +22,10 @@ MULTI_LABEL = "multi_label"
 SINGLE_LABEL = "single_label"
 
 
+# The label_delimiter that reads "," and refuses the other common delimiters in a cell.
+AUTO_DELIMITER = "auto"
+
+
 class TextDataError(ValueError):
     """The CSV cannot be used as given; the message names the column and rows."""
 
@@ -33,8 +37,10 @@ class PrepareConfig:
     Attributes:
         text_column: Column holding the texts.
         label_columns: Label columns; empty means every column but the text.
-        label_delimiter: Separates several class names in a single class-name column;
-            empty keeps each cell one class name.
+        label_delimiter: Separates several class names in a single class-name column:
+            "auto" is "," with cells holding ";" or "|" refused; "," declares those part
+            of class names; ";" or "|" separate with that; empty keeps each cell one
+            class name.
         other_label: Label given to rows with no label set; empty drops those rows.
         validation_fraction: Share of the rows left after the test split that validate.
         test_fraction: Share of all rows held out for the final test.
@@ -43,7 +49,7 @@ class PrepareConfig:
 
     text_column: str = "text"
     label_columns: tuple[str, ...] = ()
-    label_delimiter: str = ","
+    label_delimiter: str = "auto"
     other_label: str = "other"
     validation_fraction: float = 0.2
     test_fraction: float = 0.25

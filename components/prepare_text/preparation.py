@@ -13,8 +13,9 @@ holding a missing-value marker ("NaN", "NA", "null", ...: what pandas reads as m
 is a missing label, not a class: the row is dropped and counted. Rows with an empty or
 missing text are dropped and counted; anything else that is wrong with the file is an
 error that names the column and the rows ("row N" counts data rows from 1, the header
-excluded). Class names joined by a common delimiter (",", ";", "|") other than
-`label_delimiter`, which no cell holds, are an error that says which delimiter to set.
+excluded). Class names are joined by "," unless `label_delimiter` declares another
+(`label_delimiter_of`): with the default ("auto"), a cell holding ";" or "|" is an
+error naming the rows and the setting that reads them.
 
 The task is decided by the data: multi-label when some row has two labels or more,
 single-label otherwise.
@@ -37,6 +38,7 @@ import pandas as pd
 
 from components.common.storage import filesystem, write_json_atomically
 from components.prepare_text.contract import (
+    AUTO_DELIMITER,
     MANIFEST,
     MULTI_LABEL,
     SINGLE_LABEL,
@@ -141,22 +143,44 @@ def _missing(values: pd.Series) -> np.ndarray:
     return values.astype(str).str.strip().isin(_MISSING).to_numpy()
 
 
-def _check_delimiter(values: pd.Series, column: str, delimiter: str) -> None:
-    """Refuses class names joined by a common delimiter that is not `delimiter`.
+def label_delimiter_of(values: pd.Series, column: str, delimiter: str) -> str:
+    """The delimiter that joins class names in a class-name column, as `delimiter` says.
+
+    "auto" (the default) is ",": a cell holding ";" or "|" is refused, whether or not
+    others use ",", since one file mixing them would turn "delivery;price" into a class
+    of its own. Declaring "," keeps ";" and "|" inside class names; declaring ";" or "|"
+    splits on it; "" keeps each cell one class name.
 
     Raises:
-        TextDataError: `delimiter` is in no cell while another common one is.
+        TextDataError: "auto" with cells holding ";" or "|" (the rows named, with the
+            settings that read them), or a declared delimiter in no cell while another
+            common one is.
     """
-    if not delimiter or values.str.contains(delimiter, regex=False).any():
-        return  # "" keeps class names whole, as asked; a used delimiter is the right one
-    for other in _COMMON_DELIMITERS:
-        joined = np.flatnonzero(values.str.contains(other, regex=False).to_numpy())
-        if other != delimiter and joined.size:
+    if delimiter == AUTO_DELIMITER:
+        others = {d: np.flatnonzero(values.str.contains(d, regex=False).to_numpy())
+                  for d in _COMMON_DELIMITERS[1:]}
+        others = {d: rows for d, rows in others.items() if rows.size}
+        if others:
+            commas = int(values.str.contains(",", regex=False).sum())
+            held = "; ".join(f"{rows.size} value(s) hold {d!r}: {_describe(values, rows)}"
+                             for d, rows in others.items())
+            first = next(iter(others))
             raise TextDataError(
-                f"label column {column!r}: {joined.size} value(s) hold {other!r} and none the "
-                f"label delimiter {delimiter!r}: {_describe(values, joined)}; set "
-                f"label_delimiter={other!r} if these are several labels per row, or "
-                f"label_delimiter='' if {other!r} is part of the class names")
+                f"label column {column!r}: {held} ({commas} hold ','): "
+                f"set label_delimiter={first!r} if it separates the labels of a row, "
+                f"label_delimiter=',' if ',' does and {first!r} is part of class names, or "
+                "label_delimiter='' to keep each cell one class name")
+        return ","
+    if delimiter and not values.str.contains(delimiter, regex=False).any():
+        for other in _COMMON_DELIMITERS:
+            joined = np.flatnonzero(values.str.contains(other, regex=False).to_numpy())
+            if other != delimiter and joined.size:
+                raise TextDataError(
+                    f"label column {column!r}: {joined.size} value(s) hold {other!r} and none "
+                    f"the label delimiter {delimiter!r}: {_describe(values, joined)}; set "
+                    f"label_delimiter={other!r} if these are several labels per row, or "
+                    f"label_delimiter='' if {other!r} is part of the class names")
+    return delimiter
 
 
 def _from_class_names(values: pd.Series, delimiter: str) -> pd.DataFrame:
@@ -196,7 +220,8 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
     text = config.text_column
     label_columns = _label_columns([str(c) for c in frame.columns], config)
     frame = frame.reset_index(drop=True)
-    labels, missing, label_source = _labels(frame, label_columns, config.label_delimiter)
+    labels, missing, label_source, delimiter = _labels(frame, label_columns,
+                                                       config.label_delimiter)
     texts = frame[text].astype(str)
     dropped, given_other = _drops(labels, texts, missing, config.other_label.strip())
 
@@ -218,6 +243,7 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
         "labels": present,
         "unused_labels": [c for c in labels.columns if c not in present],
         "label_source": label_source,
+        "label_delimiter_used": delimiter,
         "rows_in": int(len(frame)),
         "dropped": {kind: {"count": int(len(p)), "rows": _rows(p[:_MAX_LISTED_ROWS])}
                     for kind, p in dropped.items()},
@@ -252,10 +278,10 @@ def _label_columns(columns: list[str], config: PrepareConfig) -> list[str]:
 
 
 def _labels(frame: pd.DataFrame, label_columns: list[str],
-            delimiter: str) -> tuple[pd.DataFrame, np.ndarray, str]:
-    """`(labels, missing, label_source)`: 0/1 label columns of every row, which rows have
-    no label cell (class names only: a missing 0/1 cell is an error), and "one_hot" or
-    "class_names"."""
+            delimiter: str) -> tuple[pd.DataFrame, np.ndarray, str, str | None]:
+    """`(labels, missing, label_source, delimiter)`: 0/1 label columns of every row, which
+    rows have no label cell (class names only: a missing 0/1 cell is an error), "one_hot"
+    or "class_names", and the delimiter class names were split on (None: one-hot)."""
     values = frame[label_columns[0]].astype(str)
     missing = _missing(values) if len(label_columns) == 1 else np.zeros(len(frame), dtype=bool)
     known = values[~missing]
@@ -263,11 +289,12 @@ def _labels(frame: pd.DataFrame, label_columns: list[str],
     # with typos, not the class names "0", "1", "2", "yes": _one_hot then names the bad rows.
     if len(label_columns) == 1 and \
             (_bool_like(known).mean() if len(known) else 0.0) < _BINARY_SHARE:
-        _check_delimiter(values, label_columns[0], delimiter)
+        delimiter = label_delimiter_of(values[~missing], label_columns[0], delimiter)
         return (_from_class_names(values.where(~missing, ""), delimiter), missing,
-                "class_names")
+                "class_names", delimiter)
     # _one_hot names missing 0/1 cells
-    return _one_hot(frame, label_columns), np.zeros(len(frame), dtype=bool), "one_hot"
+    return (_one_hot(frame, label_columns), np.zeros(len(frame), dtype=bool), "one_hot",
+            None)
 
 
 def _drops(labels: pd.DataFrame, texts: pd.Series, missing: np.ndarray,
@@ -294,13 +321,29 @@ def _drops(labels: pd.DataFrame, texts: pd.Series, missing: np.ndarray,
     return dropped, given_other
 
 
+# The rule that assigns rows to splits, recorded in the manifest: a change of it is a
+# change of every split. 2: rows of one text stay together (1 split row by row).
+SPLIT_RULE = {"version": 2, "rule": "stratified by class (single-label) or at random "
+              "(multi-label); rows whose texts are equal once whitespace is collapsed and "
+              "case folded go to one split together"}
+
+
+def text_groups(texts: pd.Series) -> np.ndarray:
+    """Each row's group: rows whose texts are equal once whitespace is collapsed and case
+    folded share one, numbered in the order they first appear."""
+    keys = texts.astype(str).map(lambda t: " ".join(t.split()).casefold())
+    return pd.factorize(keys)[0]
+
+
 def split_rows(data: pd.DataFrame, labels: Sequence[str], task: str,
                config: PrepareConfig) -> dict[str, np.ndarray]:
-    """Assigns every row to train, validation or test.
+    """Assigns every row to train, validation or test (`SPLIT_RULE`).
 
     The test split takes `test_fraction` of the rows, validation takes
     `validation_fraction` of the rest. Single-label data is split class by class
-    so each split keeps the class mix; multi-label data is split at random.
+    so each split keeps the class mix; multi-label data is split at random. Rows of one
+    text (`text_groups`) move together, so no test text is also a training text; without
+    such rows the split is the one row by row.
 
     Returns:
         Split name to the sorted positions (0-based, in `data`) of its rows.
@@ -309,20 +352,27 @@ def split_rows(data: pd.DataFrame, labels: Sequence[str], task: str,
         TextDataError: Train or validation would be empty.
     """
     rng = np.random.default_rng(config.seed)
+    groups = text_groups(data[config.text_column])
+    firsts = np.unique(groups, return_index=True)[1]  # each group's first row
+    sizes = np.bincount(groups)
     if task == SINGLE_LABEL:
-        klass = data[list(labels)].to_numpy().argmax(axis=1)
-        groups = [np.flatnonzero(klass == k) for k in range(len(labels))]
+        klass = data[list(labels)].to_numpy().argmax(axis=1)[firsts]
+        strata = [np.flatnonzero(klass == k) for k in range(len(labels))]
     else:
-        groups = [np.arange(len(data))]
-    parts: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
-    for group in groups:
-        group = rng.permutation(group)
-        n_test = int(round(len(group) * config.test_fraction))
-        n_valid = int(round((len(group) - n_test) * config.validation_fraction))
-        parts["test"].append(group[:n_test])
-        parts["validation"].append(group[n_test:n_test + n_valid])
-        parts["train"].append(group[n_test + n_valid:])
-    splits = {s: np.sort(np.concatenate(p)).astype(np.int64) for s, p in parts.items()}
+        strata = [np.arange(len(firsts))]
+    chosen: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+    for stratum in strata:
+        order = rng.permutation(stratum)
+        rows_before = np.concatenate([[0], np.cumsum(sizes[order])[:-1]])
+        n_test = int(round(sizes[order].sum() * config.test_fraction))
+        n_valid = int(round((sizes[order].sum() - n_test) * config.validation_fraction))
+        test = rows_before < n_test
+        valid = ~test & (rows_before < n_test + n_valid)
+        chosen["test"].append(order[test])
+        chosen["validation"].append(order[valid])
+        chosen["train"].append(order[~test & ~valid])
+    splits = {s: np.flatnonzero(np.isin(groups, np.concatenate(g))).astype(np.int64)
+              for s, g in chosen.items()}
     for needed in ("train", "validation"):
         if splits[needed].size == 0:
             raise TextDataError(
@@ -330,6 +380,22 @@ def split_rows(data: pd.DataFrame, labels: Sequence[str], task: str,
                 f"validation_fraction={config.validation_fraction}, "
                 f"test_fraction={config.test_fraction}; give more rows or change the fractions")
     return splits
+
+
+def duplicate_texts(data: pd.DataFrame, labels: Sequence[str],
+                    text_column: str) -> dict[str, Any]:
+    """The manifest's count of rows sharing a text (`text_groups`), and of those whose
+    copies carry different labels (rows numbered from 1 without the header)."""
+    groups = text_groups(data[text_column])
+    repeated = np.bincount(groups)[groups] > 1
+    frame = pd.DataFrame(data[list(labels)].to_numpy()[repeated], index=groups[repeated])
+    conflicting = frame.groupby(level=0).nunique().max(axis=1) > 1 if len(frame) else \
+        pd.Series(dtype=bool)
+    clashing = np.flatnonzero(repeated & np.isin(groups, conflicting.index[conflicting]))
+    rows = (data.index.to_numpy()[clashing] + 1).tolist()
+    return {"rows": int(repeated.sum()),
+            "texts": int(len(np.unique(groups[repeated]))),
+            "conflicting_labels": {"count": len(rows), "rows": rows[:_MAX_LISTED_ROWS]}}
 
 
 def prepare_text_dataset(data_uri: str, out_dir: str, config: PrepareConfig) -> dict[str, Any]:
@@ -376,6 +442,8 @@ def prepare_text_dataset(data_uri: str, out_dir: str, config: PrepareConfig) -> 
         "rows_kept": int(len(data)),
         "label_counts": {label: int(data[label].sum()) for label in labels},
         "splits": split_info,
+        "split_rule": SPLIT_RULE,
+        "duplicate_texts": duplicate_texts(data, labels, config.text_column),
         "validation_fraction": config.validation_fraction,
         "test_fraction": config.test_fraction,
         "seed": config.seed,
