@@ -366,3 +366,30 @@ def test_output_folder_overlapping_the_input_is_refused(tmp_path, inside):
 def test_fractions_that_are_not_numbers_are_refused(fractions):
     with pytest.raises(ShardingError, match="split fractions must be >= 0 and sum to 1"):
         ShardConfig(**fractions)
+
+
+def test_the_same_image_in_two_class_folders_is_counted_and_named(tmp_path):
+    """One image under two labels teaches the model a contradiction; one under two splits
+    is tested on after being trained on. Both are counted in the manifest."""
+    import shutil
+
+    root = tmp_path / "images"
+    written = write_class_images(str(root), per_class=12)
+    first, second = sorted(written)[:2]
+    source = written[first][0]
+    copy_name = f"copied{os.path.splitext(source)[1]}"
+    shutil.copy(root / source, root / second / copy_name)  # the same bytes, another label
+    manifest = sharding.shard_dataset(str(root), str(tmp_path / "out"),
+                                      ShardConfig(image_size=16, num_workers=1),
+                                      progress=False)
+    duplicates = manifest["duplicate_files"]
+    assert duplicates["files"] == 2 and duplicates["images"] == 1
+    assert duplicates["across_classes"] == {"count": 1,
+                                            "copies": [sorted([source, f"{second}/{copy_name}"])]}
+    assert duplicates["across_splits"]["count"] in (0, 1)  # wherever the split put them
+    os.remove(root / second / copy_name)
+    clean = sharding.shard_dataset(str(root), str(tmp_path / "out3"),
+                                   ShardConfig(image_size=16, num_workers=1), progress=False)
+    assert clean["duplicate_files"] == {"files": 0, "images": 0,
+                                        "across_classes": {"count": 0, "copies": []},
+                                        "across_splits": {"count": 0, "copies": []}}

@@ -57,9 +57,40 @@ def build_manifest(data_uri: str, listing: Listing, config: ShardConfig, example
         "skipped": skipped,
         "ignored": listing.ignored,
         "missing_classes": missing_classes(splits_out, listing.files, config.fractions),
+        "duplicate_files": duplicate_files(results),
         "max_skipped_fraction": config.max_skipped_fraction,
         "splits": splits_out,
     }
+
+
+# Copies listed per kind in the manifest (all are counted).
+_LISTED_COPIES = 20
+
+
+def duplicate_files(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Files written more than once (the same bytes under two paths): how many, and the
+    copies that sit in two class folders (one image, two labels) or in two splits (an
+    image the model trains on, then is tested on), up to `_LISTED_COPIES` of each listed.
+
+    Args:
+        results: The shard writers' results (their `contents`; paths relative to the
+            input root, so a path's class is its first folder).
+    """
+    copies: dict[str, list[tuple[str, str]]] = {}
+    for result in results:
+        split = result["file"].split("-", 1)[0]
+        for path, digest in result.get("contents", {}).items():
+            copies.setdefault(digest, []).append((path, split))
+    repeated = [sorted(group) for group in copies.values() if len(group) > 1]
+    across_classes = sorted([path for path, _ in group] for group in repeated
+                            if len({path.split("/", 1)[0] for path, _ in group}) > 1)
+    across_splits = sorted([path for path, _ in group] for group in repeated
+                           if len({split for _, split in group}) > 1)
+    return {"files": sum(len(group) for group in repeated), "images": len(repeated),
+            "across_classes": {"count": len(across_classes),
+                               "copies": across_classes[:_LISTED_COPIES]},
+            "across_splits": {"count": len(across_splits),
+                              "copies": across_splits[:_LISTED_COPIES]}}
 
 
 def missing_classes(splits_out: dict[str, Any], files: dict[str, list[str]],

@@ -95,6 +95,10 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
     for gap in manifest["missing_classes"]:
         log.warning("class %r has no example in %s (manifest: missing_classes): %s",
                     gap["class"], ", ".join(gap["splits"]), gap["reason"])
+    copies = manifest["duplicate_files"]["across_classes"]
+    if copies["count"]:
+        log.warning("%d image(s) are in two class folders or more, one label each (manifest: "
+                    "duplicate_files): %s", copies["count"], copies["copies"][:3])
     write_json_atomically(os.path.join(out_dir, MANIFEST_NAME), manifest, allow_nan=False)
     os.remove(os.path.join(out_dir, _CLAIM_NAME))  # the manifest now names the shards
     return manifest

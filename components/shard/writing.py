@@ -67,15 +67,22 @@ def make_record(path: str, label: int, encoded_image: bytes) -> bytes:
     }))
 
 
+# Enough of a file's SHA-256 to tell copies apart in a data set (64 bits), kept short
+# because the manifest step holds one per file.
+CONTENT_DIGEST_CHARS = 16
+
+
 def write_shard(task: ShardTask) -> dict[str, Any]:
     """Writes one shard under a temporary name, renaming it when complete.
 
     Returns:
-        `{"file", "records", "sha256", "bytes", "labels": {label: n}, "skipped": [...]}`.
+        `{"file", "records", "sha256", "bytes", "labels": {label: n}, "skipped": [...],
+        "contents": {path: digest of the file's bytes}}` (for `duplicate_files`).
     """
     digest = hashlib.sha256()
     labels: Counter[int] = Counter()
     skipped = []
+    contents = {}
     size = 0
     final = os.path.join(task.out_dir, task.filename)
     temporary = os.path.join(task.out_dir, TMP_PREFIX + task.filename)
@@ -90,6 +97,7 @@ def write_shard(task: ShardTask) -> dict[str, Any]:
                 skipped.append({"path": path, "reason": str(err)})
                 continue
             label = label_of[path]
+            contents[path] = hashlib.sha256(data).hexdigest()[:CONTENT_DIGEST_CHARS]
             record = make_record(path, label, encoded)
             out.write(record)
             digest.update(record)
@@ -103,6 +111,7 @@ def write_shard(task: ShardTask) -> dict[str, Any]:
         "bytes": size,
         "labels": dict(labels),
         "skipped": skipped,
+        "contents": contents,
     }
 
 
