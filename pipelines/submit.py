@@ -22,7 +22,7 @@ import dataclasses
 import json
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from google.auth import exceptions as auth_exceptions
@@ -122,6 +122,83 @@ def check_schedule(cron: str) -> str:
     return cron
 
 
+# A Vertex TensorBoard or Cloud KMS key named in a compiled pipeline (compile.py's
+# --tensorboard and --encryption-key), with its region.
+_REGIONAL_NAME = re.compile(r"projects/[^/\"\s\\]+/locations/(?P<location>[a-z0-9-]+)/"
+                            r"(?:tensorboards|keyRings)/[^\"\s\\]+")
+# Cloud Storage locations holding several regions: each to what its regions' names start
+# with (multi-regions) or are (the predefined dual-regions).
+_MULTI_REGIONS = {
+    "us": ("us-",), "eu": ("europe-",), "asia": ("asia-",),
+    "nam4": ("us-central1", "us-east1"), "eur4": ("europe-north1", "europe-west4"),
+    "eur5": ("europe-west1", "europe-west2"), "eur7": ("europe-west3", "europe-west4"),
+    "eur8": ("europe-west3", "europe-west6"), "asia1": ("asia-northeast1", "asia-northeast2"),
+}
+
+
+def compiled_regions(spec: Mapping[str, Any]) -> dict[str, str]:
+    """Each TensorBoard or KMS key resource name the compiled pipeline carries, to its
+    region (in job payloads and parameter defaults alike)."""
+    return {m.group(0): m["location"] for m in _REGIONAL_NAME.finditer(json.dumps(spec))}
+
+
+def check_compiled_regions(spec: Mapping[str, Any], region: str) -> None:
+    """Refuses a run in `region` of a pipeline compiled with a TensorBoard or a key of
+    another region: Vertex refuses each such job when it starts, mid-run.
+
+    Raises:
+        SubmitError: Naming each resource, its region, and both ways out.
+    """
+    elsewhere = {name: where for name, where in compiled_regions(spec).items()
+                 if where != region}
+    if elsewhere:
+        named = "; ".join(f"{name} (in {where})" for name, where in sorted(elsewhere.items()))
+        raise SubmitError(f"the pipeline was compiled with {named}, but the run is in "
+                          f"{region!r}, and Vertex needs them in the run's region: submit with "
+                          f"--region {next(iter(elsewhere.values()))}, or compile again with "
+                          f"a TensorBoard and key in {region}")
+
+
+def in_region(location: str, region: str) -> bool | None:
+    """Whether a Cloud Storage location (e.g. "EUROPE-WEST4", "EU", "NAM4") holds
+    `region`; None for a location this table does not know."""
+    location = location.lower()
+    if location == region:
+        return True
+    if location in _MULTI_REGIONS:
+        return any(region == r or (r.endswith("-") and region.startswith(r))
+                   for r in _MULTI_REGIONS[location])
+    return False if re.match(r"^[a-z]+-[a-z]+\d+$", location) else None
+
+
+def bucket_warnings(uris: Sequence[str], region: str,
+                    locate: Callable[[str], str]) -> list[str]:
+    """Warnings for the gs:// inputs whose bucket is outside `region` (reads then cross
+    regions: slower, and billed as network egress); not refused, data may live anywhere.
+
+    Args:
+        uris: The run's gs:// inputs (others are ignored).
+        region: The run's region.
+        locate: A bucket's location from its name (raises when it cannot be read).
+    """
+    warnings = []
+    for bucket in sorted({u[len("gs://"):].split("/", 1)[0] for u in uris
+                          if isinstance(u, str) and u.startswith("gs://")}):
+        try:
+            location = locate(bucket)
+        except Exception as err:  # permissions, a missing bucket: the run will say
+            warnings.append(f"could not read the location of bucket {bucket!r} "
+                            f"({type(err).__name__}): not compared with {region}")
+            continue
+        inside = in_region(location, region)
+        if not inside:
+            warnings.append(f"bucket {bucket!r} is in {location}"
+                            + (", not in" if inside is False else ", which may not hold")
+                            + f" the run's region {region}: its data is read across regions "
+                            "(slower, and billed as network egress)")
+    return warnings
+
+
 def plan(args: argparse.Namespace) -> Submission:
     """Checks and types the command line; reads only the pipeline file.
 
@@ -157,6 +234,7 @@ def plan(args: argparse.Namespace) -> Submission:
         # The SDK links a run to an experiment after creating it; scheduled runs are
         # created by Vertex later, so nothing would link them.
         raise SubmitError("--experiment cannot be combined with --schedule")
+    check_compiled_regions(spec, args.region)
     display_name = args.display_name or spec["pipelineInfo"]["name"]
     if len(display_name) > 128:
         raise SubmitError("--display-name: at most 128 characters")
@@ -281,6 +359,14 @@ def console_url(resource_name: str, project: str) -> str:
             f"{page}/{name}?project={project}")
 
 
+def _bucket_locator(submission: Submission, credentials) -> Callable[[str], str]:
+    """A bucket's location through the Cloud Storage API, with the run's credentials."""
+    from google.cloud import storage
+
+    client = storage.Client(project=submission.project, credentials=credentials)
+    return lambda bucket: client.get_bucket(bucket).location
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of `python -m pipelines.submit`."""
     p = argparse.ArgumentParser(prog="python -m pipelines.submit", description=__doc__,
@@ -355,6 +441,10 @@ def main(argv: list[str] | None = None, credentials=None) -> int:
     if args.dry_run:
         print(json.dumps(describe(job, schedule), indent=2, sort_keys=True))
         return 0
+    for warning in bucket_warnings([submission.pipeline_root,
+                                    *submission.parameter_values.values()],
+                                   submission.region, _bucket_locator(submission, credentials)):
+        print(f"warning: {warning}", file=sys.stderr)
     name = launch(submission, job, schedule)
     print(name)
     url = console_url(name, submission.project)

@@ -400,6 +400,8 @@ def test_a_custom_server_gets_probes_that_wait_for_a_large_model_to_load():
     assert (startup.http_get.path, startup.http_get.port) == ("/health", 8080)
     assert startup.period_seconds * startup.failure_threshold == STARTUP_ALLOWANCE_S >= 600
     assert (health.http_get.path, health.failure_threshold) == ("/health", 3)
+    for probe in (startup, health):  # Vertex's Probe: the period less than the timeout
+        assert probe.period_seconds < probe.timeout_seconds
     assert parsed.deployment_timeout.total_seconds() > STARTUP_ALLOWANCE_S
     assert (parsed.health_route, parsed.predict_route) == ("/health", "/predict")
     assert container_spec("img:1", 9000, "/h")["startupProbe"]["httpGet"]["port"] == 9000

@@ -340,3 +340,62 @@ def test_experiment_is_passed_to_submit(pipeline_json, monkeypatch):
     assert submit.main(_argv(pipeline_json, "--experiment", "pets-densenet"),
                        credentials=AnonymousCredentials()) == 0
     assert calls == [{"service_account": None, "network": None, "experiment": "pets-densenet"}]
+
+
+# ---------------------------------------------------------------- regions
+
+
+def test_a_tensorboard_or_key_compiled_for_another_region_is_refused(tmp_path, capsys):
+    board = "projects/acme-ml/locations/us-central1/tensorboards/123"
+    key = f"projects/{PROJECT}/locations/us-central1/keyRings/ml/cryptoKeys/jobs"
+    assert compile_cli.main(["--output-dir", str(tmp_path), "--registry",
+                             "europe-west4-docker.pkg.dev/p/r", "--tag", "abc1234",
+                             "--tensorboard", board, "--service-account", SA,
+                             "--base-output-directory", "gs://acme-us/jobs",
+                             "--encryption-key", key]) == 0
+    template = str(tmp_path / "image_pipeline.json")
+    assert submit.compiled_regions(submit.load_pipeline_spec(template)) == {
+        board: "us-central1", key: "us-central1"}
+    with pytest.raises(SystemExit) as exit_:
+        submit.main(_argv(template, "--dry-run"))
+    assert exit_.value.code == 2
+    message = capsys.readouterr().err
+    assert f"compiled with {key} (in us-central1); {board} (in us-central1)" in message
+    assert "submit with --region us-central1, or compile again" in message
+    assert submit.main([template, "--project", PROJECT, "--region", "us-central1",
+                        "--pipeline-root", ROOT, "--param", "data_uri=gs://d/pets",
+                        "--dry-run"]) == 0
+
+
+@pytest.mark.parametrize("location, region, inside", [
+    ("EUROPE-WEST4", "europe-west4", True), ("US-CENTRAL1", "europe-west4", False),
+    ("EU", "europe-west4", True), ("EU", "us-central1", False), ("US", "us-east4", True),
+    ("NAM4", "us-central1", True), ("NAM4", "us-west1", False), ("XY-NEW9", "us-east1", False),
+    ("MARS1", "us-east1", None)])
+def test_bucket_locations_are_held_to_the_run_region(location, region, inside):
+    assert submit.in_region(location, region) is inside
+
+
+def test_inputs_in_another_region_are_warned_about_not_refused(gcs):
+    """The GCS emulator keeps no location (every bucket is "US"): the locations here are
+    a stand-in for the API's answers; the real lookup is checked against the emulator."""
+    where = {"data-in-us": "US-CENTRAL1", "data-in-eu": "EU"}
+
+    def locate(bucket):
+        if bucket not in where:
+            raise PermissionError(bucket)
+        return where[bucket]
+
+    warnings = submit.bucket_warnings(
+        ["gs://data-in-us/pets", "gs://data-in-eu/x", "/local", 3, "gs://nowhere-xyz/a"],
+        "europe-west4", locate)
+    assert warnings[0].startswith("bucket 'data-in-us' is in US-CENTRAL1, not in the run's "
+                                  "region europe-west4: its data is read across regions")
+    assert warnings[1] == ("could not read the location of bucket 'nowhere-xyz' "
+                           "(PermissionError): not compared with europe-west4")
+    assert len(warnings) == 2
+    if not gcs.bucket("data-in-us").exists():
+        gcs.create_bucket("data-in-us")
+    plan = submit.Submission(template_path="", project=PROJECT, region=REGION,
+                             pipeline_root=ROOT, parameter_values={}, display_name="x")
+    assert submit._bucket_locator(plan, AnonymousCredentials())("data-in-us") == "US"

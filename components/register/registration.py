@@ -83,8 +83,10 @@ def copy_serving_model(model_dir: str, subdir: str, out_dir: str) -> None:
 # it: copying a base-size encoder (~1.1 GB for XLM-R base) from the bucket and importing
 # torch takes minutes on a cold replica. Checked every PROBE_PERIOD_S seconds once it starts.
 STARTUP_ALLOWANCE_S = 1200
+# Vertex's Probe reference: "period must be less than timeout" (Kubernetes allows either).
+# A /health answer takes milliseconds; 15 s lets a replica busy with a large batch answer.
 PROBE_PERIOD_S = 10
-PROBE_TIMEOUT_S = 5
+PROBE_TIMEOUT_S = 15
 VERTEX_DEFAULT_PORT = 8080
 
 
