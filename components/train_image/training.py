@@ -28,6 +28,7 @@ import tensorflow as tf
 import tf_keras
 
 from components.common import run_state
+from components.common.gpus import require_tensorflow_gpus
 from components.common.hypertune import TrialReporter
 from components.common.storage import filesystem, is_remote, local_path, run_folder
 from components.shard.contract import read_manifest
@@ -184,6 +185,7 @@ def train(
         TrainingError: Bad settings, or a checkpoint folder of another run.
         FileNotFoundError: The dataset folder is not a complete sharded dataset.
     """
+    require_tensorflow_gpus()  # before anything is read: a job without its GPUs ends now
     setup = _prepare(dataset_dir, output_dir, config, checkpoint_dir, strategy)
     tensorboard_dir = tensorboard_dir or os.path.join(output_dir, "tensorboard")
     inputs = _inputs(dataset_dir, config, setup)

@@ -51,6 +51,7 @@ from components.common.fastai_text import (
     lm_learner,
     precision_here,
 )
+from components.common.gpus import require_torch_gpus
 from components.common.storage import TMP_PREFIX, write_json_atomically
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.formats.lm_assets import (
@@ -256,6 +257,7 @@ def train_language_model(
     Raises:
         LMTrainingError: A corpus or settings that cannot be trained.
     """
+    require_torch_gpus()  # before anything is read: a job without its GPUs ends now
     started = time.monotonic()
     _check_model_config(config)
     corpus, frame = _read_frame(corpus_uri, config)

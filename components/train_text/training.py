@@ -40,6 +40,7 @@ from fastai.text.all import Callback, awd_lstm_lm_config, set_seed
 
 from components.common import run_state
 from components.common.fastai_text import precision_here
+from components.common.gpus import require_torch_gpus
 from components.common.hypertune import TrialReporter
 from components.common.tensorboard import ScalarLog, log_folder
 from components.formats.lm_assets import make_tokenizer
@@ -105,6 +106,7 @@ def train_text_classifier(
         MissingAssetsError: Pretrained LM files are missing (each one is named).
         TextTrainingError: Settings or data that cannot be trained.
     """
+    require_torch_gpus()  # before anything is read: a job without its GPUs ends now
     started = time.monotonic()
     data = _read_dataset(dataset_dir)
     loss, metrics = _loss_and_metrics(data.task, config.threshold)

@@ -19,6 +19,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from components.common.gpus import require_torch_gpus
 from components.text_common.contract import TRAINING_METRICS_FILE
 from components.text_common.scores import validation_scalars  # noqa: F401 (the component's)
 from components.train_transformer import distributed
@@ -62,6 +63,7 @@ def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
         The training result (`metrics.json`'s content) on the primary replica; None on the
         others, where there is nothing to report (KFP keeps the primary's outputs only).
     """
+    require_torch_gpus()  # before anything is read: a job without its GPUs ends now
     import torch
 
     from components.train_transformer.training import train_transformer

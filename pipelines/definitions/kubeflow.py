@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from components.common.gpus import EXPECTED_GPUS_VARIABLE
 from pipelines.definitions.vertex import GPU_MACHINES, TRAINING_STEPS, Machine
 
 # A Compute Engine machine type's vCPUs and memory (GiB), for the nodes a cluster on GKE
@@ -341,6 +342,7 @@ class KubeflowSettings:
                                    medium="Memory", size_limit=pod.shm)
         if pod.gpu_count:
             task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(pod.gpu_count)
+            task.set_env_variable(EXPECTED_GPUS_VARIABLE, str(pod.gpu_count))
             if self.gpu_label:
                 kubernetes.add_node_selector(task, self.gpu_label,
                                              self.gpu_products[pod.gpu_type])

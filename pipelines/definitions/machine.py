@@ -28,6 +28,16 @@ class Machine:
     boot_disk_size_gb: int = 100
 
 
+def gpu_environment(machine: Machine) -> dict[str, str]:
+    """What a step on `machine` is told of its GPUs (`components.common.gpus`), so it fails
+    at once when it cannot see them; empty on a machine without GPUs."""
+    from components.common.gpus import EXPECTED_GPUS_VARIABLE
+
+    if not (machine.accelerator_type and machine.accelerator_count):
+        return {}
+    return {EXPECTED_GPUS_VARIABLE: str(machine.accelerator_count)}
+
+
 # Vertex's DiskSpec.boot_disk_type takes "pd-ssd" (its default), "pd-standard" or
 # "hyperdisk-balanced", its default for A3 Ultra (aiplatform_v1.DiskSpec's docstring;
 # https://cloud.google.com/vertex-ai/docs/reference/rest/v1/DiskSpec). A3 Ultra and A4

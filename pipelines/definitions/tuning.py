@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from components.tune.contract import TUNABLE, SearchSpace
-from pipelines.definitions.machine import Machine, boot_disk_type
+from pipelines.definitions.machine import Machine, boot_disk_type, gpu_environment
 
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
 TRIALS_OUTPUT = "trials"
@@ -127,6 +127,8 @@ def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine) -> d
             "command": ["python3", "-m", "components.tune.trial"],
             "args": ["--kind", kind, "--metric", metric, "--executor_input",
                      "{{$.json_escape[1]}}"],
+            **({"env": [{"name": k, "value": v} for k, v in gpu_environment(machine).items()]}
+               if gpu_environment(machine) else {}),
         },
     }
 

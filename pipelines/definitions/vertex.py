@@ -21,6 +21,7 @@ from pipelines.definitions.machine import (  # noqa: F401 (their home for caller
     HYPERDISK_MACHINE_PREFIXES,
     Machine,
     boot_disk_type,
+    gpu_environment,
 )
 
 # Where each step runs unless compile.py is told otherwise. Sharding is CPU-bound
@@ -307,4 +308,5 @@ def as_custom_job(component: Callable, machine: Machine, settings: VertexSetting
         base_output_directory=job_output_directory(settings.base_output_directory, display_name),
         tensorboard=tensorboard,
         timeout=settings.timeout,
+        env=[{"name": k, "value": v} for k, v in gpu_environment(machine).items()] or None,
     )
