@@ -40,6 +40,7 @@ from kfp import compiler
 from components.tune.contract import SearchSpaceError, read_space
 from pipelines import quota
 from pipelines.definitions import image, kubeflow, lm, text, transformer, tuning
+from pipelines.definitions.scheduling import scheduling_problems
 from pipelines.definitions.steps import STEPS, TUNING_JOBS
 from pipelines.definitions.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
 
@@ -48,7 +49,9 @@ RUNTIMES = ("tensorflow", "fastai")
 TARGETS = ("vertex", "kubeflow")
 # Options only one target can honour: refused for the other when set (not dropped).
 VERTEX_ONLY = ("restart_job_on_worker_restart", "service_account", "network", "encryption_key",
-               "serving_image", "base_output_directory", "tensorboard")
+               "serving_image", "base_output_directory", "tensorboard",
+               *(f"{step}_{field}" for step in DEFAULT_MACHINES
+                 for field in ("scheduling_strategy", "max_wait", "reservation")))
 KUBEFLOW_ONLY = ("gpu_node_label", "gpu_product", "spot_node_selector", "spot_toleration",
                  "image_pull_secret", "checkpoint_root", "storage_secret", "s3_endpoint",
                  "training_retries", "tune_seed",
@@ -289,7 +292,8 @@ def vertex_settings(args: argparse.Namespace) -> VertexSettings:
         for step in DEFAULT_MACHINES
     }
     problems = [problem for step, machine in machines.items()
-                for problem in machine_problems(step, machine)]
+                for problem in machine_problems(step, machine)
+                + scheduling_problems(step, machine, args.spot, args.step_timeout)]
     problems += tensorboard_problems(args)
     if problems:
         raise SystemExit("error: " + "\nerror: ".join(problems))
@@ -452,9 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     # What each run holds at once, for a check of the region's GPU quota before a run.
     for path in (p for p in written if p.endswith(".json")):
         with open(path) as f:
-            gpus = quota.gpus_at_once(json.load(f))
+            spec = json.load(f)
         name = os.path.basename(path)[:-len(".json")]
-        print(f"quota: {name} holds {quota.describe(gpus)} at once", file=sys.stderr)
+        print(f"quota: {name} holds {quota.describe(quota.gpus_at_once(spec))} at once "
+              f"({quota.quota_note(quota.quotas(spec)) or 'no GPU quota'})", file=sys.stderr)
     tune = tuning_settings(args)
     for kind, step in TUNED_KINDS.items():
         print(tuning.cost_warning(kind, tune, vertex_settings(args).machines[step]),

@@ -10,7 +10,14 @@ e.g. evaluation and prediction after training) do.
 from __future__ import annotations
 
 import itertools
+import json
+import re
 from collections.abc import Mapping
+
+# The regional quota a job's GPUs count against, by its scheduling strategy: Spot and
+# flex-start draw on the preemptible GPU quota, a reservation on its own machines.
+QUOTA_OF = {"STANDARD": "on-demand", "SPOT": "preemptible", "FLEX_START": "preemptible"}
+RESERVED = "reserved"
 
 
 def step_gpus(component: Mapping) -> dict[str, int]:
@@ -101,3 +108,40 @@ def gpus_at_once(spec: Mapping) -> dict[str, int]:
 def describe(gpus: Mapping[str, int]) -> str:
     """`gpus_at_once`'s answer as "6 x NVIDIA_TESLA_V100" (", "-joined), or "no GPU"."""
     return ", ".join(f"{n} x {gpu}" for gpu, n in sorted(gpus.items())) or "no GPU"
+
+
+def step_quota(spec: Mapping, component: Mapping) -> str:
+    """The quota a GPU step's jobs draw on: "on-demand", "preemptible" or "reserved"."""
+    parameters = component.get("inputDefinitions", {}).get("parameters", {})
+    pools = parameters.get("worker_pool_specs", {}).get("defaultValue") or []
+    if any(pool.get("machine_spec", {}).get("reservation_affinity") for pool in pools):
+        return RESERVED
+    strategy = parameters.get("strategy", {}).get("defaultValue")
+    if strategy is None:  # a tuning job: the trials' scheduling is in its launcher payload
+        executor = spec["deploymentSpec"]["executors"].get(component.get("executorLabel"), {})
+        text = json.dumps(executor)
+        strategy = next((s for s in ("FLEX_START", "SPOT") if re.search(rf"\b{s}\b", text)),
+                        "STANDARD")
+    return QUOTA_OF.get(strategy, "on-demand")
+
+
+def quotas(spec: Mapping) -> dict[str, list[str]]:
+    """Each GPU type the pipeline uses to the quotas its steps draw on (`step_quota`)."""
+    found: dict[str, set[str]] = {}
+    for path, gpus in _gpu_tasks(spec, spec["root"]["dag"]):
+        component = spec["components"][_dag_at(spec, path[:-1])["tasks"][path[-1]][
+            "componentRef"]["name"]]
+        for gpu in gpus:
+            found.setdefault(gpu, set()).add(step_quota(spec, component))
+    return {gpu: sorted(kinds) for gpu, kinds in sorted(found.items())}
+
+
+def quota_note(kinds: Mapping[str, list[str]]) -> str:
+    """Which regional quota the GPUs count against, for the quota line ("" without GPUs)."""
+    if not kinds:
+        return ""
+    names = {"on-demand": "the on-demand GPU quota",
+             "preemptible": "the preemptible GPU quota (Spot and flex-start jobs draw on it)",
+             "reserved": "the reservation's machines (not the on-demand quota)"}
+    return "; ".join(f"{gpu}: {' and '.join(names[k] for k in used)}"
+                     for gpu, used in kinds.items())

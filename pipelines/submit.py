@@ -435,9 +435,10 @@ def main(argv: list[str] | None = None, credentials=None) -> int:
               "login` (or run where a service account is attached)", file=sys.stderr)
         return 1
     # Vertex checks the region's GPU quota only when each job starts, deep into a run.
-    gpus = quota.gpus_at_once(load_pipeline_spec(submission.template_path))
-    print(f"quota: this run holds {quota.describe(gpus)} at once in {submission.region} "
-          "(Vertex custom training GPUs per region)", file=sys.stderr)
+    spec = load_pipeline_spec(submission.template_path)
+    print(f"quota: this run holds {quota.describe(quota.gpus_at_once(spec))} at once in "
+          f"{submission.region} (Vertex custom training GPUs per region: "
+          f"{quota.quota_note(quota.quotas(spec)) or 'none'})", file=sys.stderr)
     if args.dry_run:
         print(json.dumps(describe(job, schedule), indent=2, sort_keys=True))
         return 0

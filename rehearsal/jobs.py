@@ -26,7 +26,7 @@ from typing import Any
 from components.common.storage import write_json_atomically
 from rehearsal import gcs_api
 from rehearsal.records import ArtifactRef, RehearsalError, TaskRecord
-from rehearsal.runtimes import Runtime
+from rehearsal.runtimes import Runtime, without_gpus
 from rehearsal.spec import LOCATION, PROJECT_NUMBER
 
 # Where Vertex has a trial write its metrics (CLOUD_ML_HP_METRIC_FILE), as its users report
@@ -220,8 +220,8 @@ class VertexJobs:
         sizes = [int(p.get("replica_count", 0)) if p else 0 for p in pools]
         commands = [[p["container_spec"].get("command", []) + p["container_spec"].get("args", [])
                      ] * size for p, size in zip(pools, sizes)]
-        env = {e["name"]: e["value"] for p in pools if p
-               for e in p["container_spec"].get("env", [])}
+        env = without_gpus({e["name"]: e["value"] for p in pools if p
+                            for e in p["container_spec"].get("env", [])})
         env.update(aip_env(spec.get("base_output_directory", {}).get("output_uri_prefix", "")))
         restart_all = bool(spec.get("scheduling", {}).get("restart_job_on_worker_restart"))
         record.replicas = sum(sizes)
@@ -296,7 +296,8 @@ class VertexJobs:
         # image's user; in-process, a file of the rehearsal's.
         metric_file = VERTEX_METRIC_FILE if containers else self.runtime.step_path(
             f"{base}/{trial_id}/hypertune.metrics")
-        env = {**aip_env(f"{base}/{trial_id}"), "CLOUD_ML_TRIAL_ID": trial_id,
+        env = {**without_gpus({e.name: e.value for e in pool.env}),
+               **aip_env(f"{base}/{trial_id}"), "CLOUD_ML_TRIAL_ID": trial_id,
                "CLOUD_ML_HP_METRIC_FILE": metric_file}
         command = [*pool.command, *pool.args, *(f"--{k}={v}" for k, v in values.items())]
         trial = aiplatform_v1.Trial(id=trial_id, state="SUCCEEDED", parameters=[

@@ -51,6 +51,7 @@ from rehearsal.records import (
     pipeline_summary,
     write_report,
 )
+from rehearsal.runtimes import without_gpus
 
 _WHOLE_PLACEHOLDER = re.compile(r"^\{\{\$\.(?P<name>pipeline_[a-z_]+)\}\}$")
 
@@ -101,7 +102,7 @@ def pod_env(container: Mapping[str, Any], settings: Mapping[str, Any],
         RehearsalError: A secret (or key) the pod needs is not given: on a cluster the
             pod would not start (CreateContainerConfigError).
     """
-    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    env = without_gpus({e["name"]: e["value"] for e in container.get("env", [])})
     for mount in settings.get("secretAsEnv", []):
         name = mount["secretName"]
         for pair in mount["keyToEnv"]:

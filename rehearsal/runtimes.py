@@ -30,6 +30,15 @@ GCS_MOUNT = "/gcs"
 BUILDAH = ("buildah", "--storage-driver", "vfs")
 
 
+def without_gpus(env: Mapping[str, str]) -> dict[str, str]:
+    """A job's variables as a step on this machine gets them: the job's machines have GPUs,
+    this one has none, so the count a GPU step holds itself to is 0 here (the check itself
+    is tested with counts it cannot see: tests/test_gpus.py)."""
+    from components.common.gpus import EXPECTED_GPUS_VARIABLE
+
+    return {**env, EXPECTED_GPUS_VARIABLE: "0"} if EXPECTED_GPUS_VARIABLE in env else dict(env)
+
+
 def open_mount(folder: str) -> None:
     """Gives every file under the stand-in for /gcs the modes of a shared FUSE mount.
 

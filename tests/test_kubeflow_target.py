@@ -298,7 +298,11 @@ def test_kubeflow_tuning_variant_runs_its_trials_in_a_loop_and_retrains_with_the
         "batch_size": {"type": "discrete", "values": [8, 16]}}})
     tune = tuning.TuningSettings(spaces={"text": space}, max_trials=2, parallel_trials=2,
                                  seed=5)
-    settings = compile_cli.kubeflow_settings(compile_cli.parse_args(["--target", "kubeflow"]))
+    # kfp.local runs every pod here, with its environment: the training pod on a CPU node
+    # (a GPU pod would stop at its GPU check, tests/test_gpus.py)
+    settings = compile_cli.kubeflow_settings(compile_cli.parse_args(
+        ["--target", "kubeflow", "--train-text-accelerator-type", "",
+         "--train-text-accelerator-count", "0"]))
     local.init(runner=local.SubprocessRunner(use_venv=False),
                pipeline_root=str(tmp_path / "kfp"))
     pipeline = text.build(LOCAL_IMAGE, settings, tune)

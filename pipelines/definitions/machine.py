@@ -19,6 +19,11 @@ class Machine:
         accelerator_count: Accelerators per replica (ignored without a type).
         replica_count: Machines in the job; more than one runs multi-worker training.
         boot_disk_size_gb: Boot disk of each replica.
+        scheduling_strategy: "standard", "spot" or "flex-start" (Vertex); empty follows
+            `--spot` (`scheduling`).
+        max_wait: With flex-start, the longest wait for the machines ("2h", "86400s").
+        reservation: A Compute Engine reservation to run on (Vertex): "any", or
+            projects/PROJECT/zones/ZONE/reservations/NAME.
     """
 
     machine_type: str
@@ -26,6 +31,9 @@ class Machine:
     accelerator_count: int = 0
     replica_count: int = 1
     boot_disk_size_gb: int = 100
+    scheduling_strategy: str = ""
+    max_wait: str = ""
+    reservation: str = ""
 
 
 def gpu_environment(machine: Machine) -> dict[str, str]:

@@ -21,6 +21,7 @@ import yaml
 
 from components.tune.contract import TUNABLE, SearchSpace
 from pipelines.definitions.machine import Machine, boot_disk_type, gpu_environment
+from pipelines.definitions.scheduling import trial_scheduling
 
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
 TRIALS_OUTPUT = "trials"
@@ -106,7 +107,8 @@ def study_metrics(space: SearchSpace) -> list[dict]:
     return serialize_metrics({space.metric: space.goal})
 
 
-def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine) -> dict:
+def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine,
+                      spot: bool = False) -> dict:
     """The trials' one worker pool: the trainer's image and machines, one replica.
 
     The container gets the step's executor input (`{{$.json_escape[1]}}`, resolved by
@@ -117,6 +119,9 @@ def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine) -> d
     if machine.accelerator_type:
         machine_spec.update(accelerator_type=machine.accelerator_type,
                             accelerator_count=machine.accelerator_count)
+    _, affinity = trial_scheduling(machine, spot)
+    if affinity:
+        machine_spec["reservation_affinity"] = affinity
     return {
         "machine_spec": machine_spec,
         "replica_count": 1,
@@ -164,11 +169,11 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
     spec = json_format.MessageToDict(HyperparameterTuningJobRunOp.pipeline_spec)
     user = json_format.MessageToDict(trainer.pipeline_spec)
     (container,) = [e["container"] for e in user["deploymentSpec"]["executors"].values()]
-    _complete_trial_job_spec(spec, vertex)
+    _complete_trial_job_spec(spec, vertex, machine)
     defaults = {
         "display_name": display_name,
         "worker_pool_specs": [trial_worker_pool(container["image"], kind, space.metric,
-                                                machine)],
+                                                machine, vertex.spot)],
         "study_spec_metrics": study_metrics(space),
         "study_spec_parameters": study_parameters(space),
         "max_trial_count": settings.max_trials,
@@ -232,16 +237,16 @@ def _take_trainer_inputs(spec: dict, user: dict, defaults: Mapping) -> None:
         for kind, sources in user_task.get("inputs", {}).items()}}
 
 
-def _complete_trial_job_spec(spec: dict, vertex: Any) -> None:
-    """Edits GCPC's tuning payload: the trials' output folder, Spot VMs and TensorBoard.
+def _complete_trial_job_spec(spec: dict, vertex: Any, machine: Machine) -> None:
+    """Edits GCPC's tuning payload: the trials' output folder, scheduling and TensorBoard.
 
     The base output directory becomes the step's `trials` output: as GCPC's own launchers
     get output URIs (`--gcp_resources {{$.outputs...}}`), the placeholder goes into the
     launcher's payload, where the backend resolves it, and the `base_output_directory`
     input it replaces is dropped (an output placeholder in a parameter's default has no
     precedent in GCPC). GCPC's payload has no `scheduling` or `tensorboard` of the trials'
-    CustomJobSpec: `--spot` and `--tensorboard` are written in beside it, as the training
-    jobs get them.
+    CustomJobSpec: the step's scheduling (`--spot`, flex-start and its wait) and
+    `--tensorboard` are written in beside it, as the training jobs get them.
     """
     (executor,) = spec["deploymentSpec"]["executors"].values()
     args = executor["container"]["args"]
@@ -253,8 +258,9 @@ def _complete_trial_job_spec(spec: dict, vertex: Any) -> None:
         raise ValueError("GCPC's tuning payload no longer reads base_output_directory once")
     parts[parts.index(source)] = "{{$.outputs.artifacts['" + TRIALS_OUTPUT + "'].uri}}"
     extra = {}
-    if vertex.spot:
-        extra["scheduling"] = {"strategy": "SPOT"}
+    scheduling, _ = trial_scheduling(machine, vertex.spot)
+    if scheduling:
+        extra["scheduling"] = scheduling
     if vertex.tensorboard:
         extra["tensorboard"] = vertex.tensorboard
     if extra:

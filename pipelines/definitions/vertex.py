@@ -23,6 +23,7 @@ from pipelines.definitions.machine import (  # noqa: F401 (their home for caller
     boot_disk_type,
     gpu_environment,
 )
+from pipelines.definitions.scheduling import job_scheduling
 
 # Where each step runs unless compile.py is told otherwise. Sharding is CPU-bound
 # (many cores, no GPU); the image trainer gets the ancestor's 2 x V100; the text
@@ -297,7 +298,7 @@ def as_custom_job(component: Callable, machine: Machine, settings: VertexSetting
         replica_count=machine.replica_count,
         boot_disk_type=boot_disk_type(machine.machine_type),
         boot_disk_size_gb=machine.boot_disk_size_gb,
-        strategy="SPOT" if settings.spot else "STANDARD",
+        **job_scheduling(machine, settings.spot),
         # Multi-worker all-reduce cannot go on without a lost worker: restart them all,
         # and every replica resumes from the shared checkpoints.
         restart_job_on_worker_restart=(settings.restart_job_on_worker_restart

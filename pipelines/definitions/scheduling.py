@@ -1,0 +1,129 @@
+"""How a Vertex job gets its machines: on demand, Spot, flex-start, or from a reservation.
+
+H100, H200 and B200 machines are scarce on demand. Vertex's Dynamic Workload Scheduler
+(`FLEX_START`) queues a job until its machines are free, up to a maximum wait; a
+reservation holds them for the project. Both are set per step (`--<step>-scheduling-
+strategy`, `--<step>-max-wait`, `--<step>-reservation`) and refused here where Vertex would
+refuse them when the job starts: flex-start on other GPUs or beyond a 7-day timeout, a
+maximum wait without flex-start, a reservation with Spot or flex-start (neither consumes
+one), a reservation name Vertex cannot read. Whether a named reservation's machine type and
+GPUs match the step's is checked by Vertex only (the reservation is not read at compile).
+No retry policy comes with any of them: a retry re-bills GPUs on bad data.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pipelines.definitions.machine import Machine
+
+# The step option's values and Vertex's Scheduling.Strategy for each.
+STRATEGIES = {"standard": "STANDARD", "spot": "SPOT", "flex-start": "FLEX_START"}
+# GPUs whose machines (G2, A2, A3, A4) flex-start provisions.
+FLEX_START_GPUS = ("NVIDIA_L4", "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_H100_80GB",
+                   "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB", "NVIDIA_B200")
+FLEX_START_MAX_TIMEOUT_S = 7 * 86400
+# A Compute Engine reservation, as Vertex's ReservationAffinity names one.
+RESERVATION_NAME = re.compile(r"^projects/[a-z0-9][a-z0-9:.-]*/zones/[a-z]+-[a-z]+\d+-[a-z]/"
+                              r"reservations/[a-z]([-a-z0-9]*[a-z0-9])?$")
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+_DURATION = re.compile(r"^(\d+)([smhd]?)$")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def strategy(machine: Machine, spot: bool) -> str:
+    """Vertex's scheduling strategy for a step: its own, else Spot under `--spot`."""
+    return STRATEGIES.get(machine.scheduling_strategy, "SPOT" if spot else "STANDARD")
+
+
+def seconds(duration: str) -> int:
+    """A duration such as "90m", "2h", "1d" or "3600s" (bare: seconds) in seconds.
+
+    Raises:
+        ValueError: Not a whole number with one of those units.
+    """
+    m = _DURATION.match(duration.strip())
+    if not m:
+        raise ValueError(f"{duration!r} is not a duration such as 90m, 2h, 1d or 3600s")
+    return int(m.group(1)) * _SECONDS[m.group(2)]
+
+
+def scheduling_problems(step: str, machine: Machine, spot: bool, timeout_s: int) -> list[str]:
+    """What Vertex would refuse in a step's scheduling, each naming the option.
+
+    Args:
+        step: A key of DEFAULT_MACHINES (names the `--<step>-...` options).
+        machine: The step's machines and scheduling.
+        spot: `--spot` (every step's default strategy).
+        timeout_s: The jobs' timeout (`--step-timeout`).
+    """
+    flag = "--" + step.replace("_", "-")
+    chosen = machine.scheduling_strategy
+    if chosen and chosen not in STRATEGIES:
+        return [f"{flag}-scheduling-strategy must be one of {sorted(STRATEGIES)}, got "
+                f"{chosen!r}"]
+    problems = []
+    flex = strategy(machine, spot) == "FLEX_START"
+    if flex and machine.accelerator_type not in FLEX_START_GPUS:
+        problems.append(
+            f"{flag}-scheduling-strategy flex-start: Vertex's flex-start provisions L4, A100, "
+            f"H100, H200 and B200 machines only; this step has "
+            f"{machine.accelerator_type or 'no GPU'} (use standard or spot, or such a GPU)")
+    if flex and timeout_s > FLEX_START_MAX_TIMEOUT_S:
+        problems.append(f"{flag}-scheduling-strategy flex-start: a flex-start job runs at most "
+                        f"7 days; --step-timeout is {timeout_s}s")
+    if machine.max_wait:
+        try:
+            seconds(machine.max_wait)
+        except ValueError as err:
+            problems.append(f"{flag}-max-wait: {err}")
+        if not flex:
+            problems.append(f"{flag}-max-wait is how long a flex-start job waits for its "
+                            f"machines: add {flag}-scheduling-strategy flex-start")
+    problems += _reservation_problems(flag, machine, strategy(machine, spot))
+    return problems
+
+
+def _reservation_problems(flag: str, machine: Machine, chosen: str) -> list[str]:
+    name = machine.reservation
+    if not name:
+        return []
+    if name != "any" and not RESERVATION_NAME.match(name):
+        return [f"{flag}-reservation takes 'any' or projects/PROJECT/zones/ZONE/reservations/"
+                f"NAME, got {name!r}"]
+    if chosen in ("SPOT", "FLEX_START"):
+        return [f"{flag}-reservation: a {chosen.lower().replace('_', '-')} job does not use "
+                "reservations; drop one of them (a reservation runs on demand)"]
+    return []
+
+
+def job_scheduling(machine: Machine, spot: bool) -> dict[str, Any]:
+    """GCPC's custom-job arguments for the step's scheduling and reservation."""
+    arguments: dict[str, Any] = {"strategy": strategy(machine, spot)}
+    if machine.max_wait:
+        arguments["max_wait_duration"] = f"{seconds(machine.max_wait)}s"
+    if machine.reservation == "any":
+        arguments["reservation_affinity_type"] = "ANY_RESERVATION"
+    elif machine.reservation:
+        arguments.update(reservation_affinity_type="SPECIFIC_RESERVATION",
+                         reservation_affinity_key=RESERVATION_KEY,
+                         reservation_affinity_values=[machine.reservation])
+    return arguments
+
+
+def trial_scheduling(machine: Machine, spot: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tuning trials' CustomJobSpec `scheduling` and MachineSpec `reservation_affinity`
+    (empty where nothing differs from Vertex's defaults)."""
+    arguments = job_scheduling(machine, spot)
+    scheduling = {} if arguments["strategy"] == "STANDARD" else {
+        "strategy": arguments["strategy"]}
+    if "max_wait_duration" in arguments:
+        scheduling["max_wait_duration"] = arguments["max_wait_duration"]
+    affinity = {}
+    if "reservation_affinity_type" in arguments:
+        affinity = {"reservation_affinity_type": arguments["reservation_affinity_type"]}
+        if "reservation_affinity_key" in arguments:
+            affinity.update(key=arguments["reservation_affinity_key"],
+                            values=arguments["reservation_affinity_values"])
+    return scheduling, affinity
