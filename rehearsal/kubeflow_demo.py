@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rehearsal.gcs_api import free_port
@@ -99,12 +99,19 @@ def _wait_healthy(process: subprocess.Popen, url: str, log_path: str) -> None:
             time.sleep(0.5)
 
 
-def use_store(endpoint: str) -> None:
-    """Points this process (the launcher's side) at the S3 server with its credentials."""
+def use_store(endpoint: str, setenv: Callable[[str, str], None] = os.environ.__setitem__
+              ) -> None:
+    """Points this process (the launcher's side) at the S3 server with its credentials.
+
+    Args:
+        endpoint: The server's URL.
+        setenv: Sets one variable (tests pass pytest's `monkeypatch.setenv`, undone after).
+    """
     import fsspec
 
-    os.environ.update({**CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1",
-                       "AWS_ENDPOINT_URL_S3": endpoint})
+    for name, value in {**CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_ENDPOINT_URL_S3": endpoint}.items():
+        setenv(name, value)
     fsspec.filesystem("s3").clear_instance_cache()  # s3fs caches per endpoint settings
 
 

@@ -26,11 +26,9 @@ def s3_endpoint():
 
 @pytest.fixture
 def store(s3_endpoint, monkeypatch):
-    """This process pointed at the S3 server (the launcher's side), its root bucket made."""
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-                 "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(name, raising=False)  # restored after the test
-    kubeflow_demo.use_store(s3_endpoint)
+    """This process pointed at the S3 server (the launcher's side), its root bucket made;
+    the variables are undone after the test (other tests' servers have other ports)."""
+    kubeflow_demo.use_store(s3_endpoint, monkeypatch.setenv)
     kubeflow_demo.make_bucket(kubeflow_demo.ROOT)
     return s3_endpoint
 
