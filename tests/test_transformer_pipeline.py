@@ -276,6 +276,17 @@ def test_max_length_beyond_the_models_positions_is_refused_naming_the_limit(
         check_transformer_run({**_defaults(), "model_name": str(folder), "max_length": 100000})
 
 
+def test_a_model_folder_whose_config_is_not_json_is_refused_naming_the_file(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{'model_type': 'bert'")  # cut off, single quotes
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "vocab.txt").write_text("[PAD]\n")
+    [problem] = model_name_problems(str(folder), 128)
+    assert problem.startswith(f"model_name {str(folder)!r}: config.json is not JSON (")
+    assert problem.endswith("write the folder again with save_pretrained")
+
+
 # --------------------------------------------------------------------------- whole runs
 
 
