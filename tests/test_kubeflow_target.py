@@ -454,7 +454,8 @@ def test_training_steps_keep_checkpoints_in_the_object_store_and_pods_get_storag
     assert env("exec-train-image-classifier") == {
         "AWS_ENDPOINT_URL_S3": "http://minio.kubeflow:9000",
         "AIP_CHECKPOINT_DIR": "s3://ckpt/runs/checkpoints",
-        "AIP_TENSORBOARD_LOG_DIR": "s3://ckpt/runs/tensorboard", "OBJECT_STORE_MOUNTED": "0"}
+        "AIP_TENSORBOARD_LOG_DIR": "s3://ckpt/runs/tensorboard", "OBJECT_STORE_MOUNTED": "0",
+        "EXPECTED_GPU_COUNT": "2"}  # its GPUs, checked before it trains
     # a failed trial is a result: no checkpoints to resume from, no retries
     assert "AIP_CHECKPOINT_DIR" not in env("exec-trial-train-image-classifier")
     tasks = {t["taskInfo"]["name"]: t for c in [spec["root"], *spec["components"].values()]
