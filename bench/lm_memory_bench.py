@@ -23,25 +23,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from datamakers.zipf_corpus import write_zipf_corpus  # noqa: E402 (after the path)
+
 VARIANTS = ("fixed", "as-is")
-
-
-def write_corpus(path: str, tokens: int, types: int, seed: int = 0) -> None:
-    """Paragraphs of 40-200 made-up words, drawn with Zipf's law."""
-    rng = np.random.default_rng(seed)
-    words = [f"w{i:x}" for i in range(types)]
-    weights = 1.0 / np.arange(1, types + 1)
-    ids = rng.choice(types, size=tokens, p=weights / weights.sum())
-    paragraphs, at = [], 0
-    while at < tokens:
-        n = int(rng.integers(40, 200))
-        paragraphs.append(" ".join(words[j] for j in ids[at:at + n]) + " .")
-        at += n
-    with open(path, "w") as f:
-        f.write("\n\n".join(paragraphs) + "\n")
 
 
 def _rss_mb() -> float:
@@ -52,7 +39,6 @@ def _rss_mb() -> float:
 
 def child(variant: str, corpus: str, output: str, epochs: int, model_config: dict) -> None:
     """One training run, printing a JSON line per epoch."""
-    sys.path.insert(0, ROOT)
     from fastai.text.all import Callback
 
     from components.common.fastai_text import EpochEnd
@@ -96,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
               json.loads(args.model_config))
         return 0
     os.makedirs(args.output, exist_ok=True)
-    write_corpus(corpus, args.tokens, args.types)
+    write_zipf_corpus(corpus, args.tokens, args.types)
     print(f"corpus: {args.tokens} tokens of {args.types} words; model {args.model_config}; "
           f"{args.epochs} epochs", flush=True)
     rows = {}

@@ -28,6 +28,7 @@ from components.train_text.assets import fetch_assets
 from components.train_text.contract import TrainConfig, required_files
 from components.train_text.training import train_text_classifier
 from datamakers.demo_text import write_reviews_csv
+from datamakers.zipf_corpus import write_zipf_corpus
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FAST = dict(batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=2)
@@ -246,20 +247,6 @@ def test_the_text_trainer_starts_from_these_assets_new_tokens_at_the_mean(review
     assert np.mean([t in old_index for t in capture.vocab]) > 0.5
 
 
-def _zipf_corpus(path, tokens: int, types: int, seed: int = 0) -> None:
-    """Paragraphs of made-up words drawn with Zipf's law (a real corpus's word shape)."""
-    rng = np.random.default_rng(seed)
-    words = [f"w{i:x}" for i in range(types)]
-    weights = 1.0 / np.arange(1, types + 1)
-    ids = rng.choice(types, size=tokens, p=weights / weights.sum())
-    paragraphs_, at = [], 0
-    while at < tokens:
-        n = int(rng.integers(40, 200))
-        paragraphs_.append(" ".join(words[j] for j in ids[at:at + n]) + " .")
-        at += n
-    path.write_text("\n\n".join(paragraphs_) + "\n")
-
-
 class _TensorCount(Callback):
     """Counts the tensors alive (gc-visible) at given training batches."""
 
@@ -286,7 +273,7 @@ def test_training_keeps_no_tensor_per_batch(tmp_path):
     tiny tensors do not fragment. Before the fix: 137 -> 347 tensors; after: ~97 -> 107
     (the epoch boundary)."""
     corpus = tmp_path / "corpus.txt"
-    _zipf_corpus(corpus, tokens=12_000, types=3000)
+    write_zipf_corpus(str(corpus), tokens=12_000, types=3000)
     probe = _TensorCount(at=(20, 120))
     train_language_model(str(corpus), str(tmp_path / "out"), LMConfig(**FAST),
                          callbacks=[probe])
