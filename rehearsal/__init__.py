@@ -17,6 +17,7 @@ takes from `pipelines` only the parameter parser (`params`) and the run summarie
     cache     Vertex's execution cache, kept across rehearsals
     jobs      the Vertex service: CustomJobs with replicas, CLUSTER_SPEC/TF_CONFIG/AIP_*,
               preemption, tuning jobs and the best trial, API calls answered and written
+    walk      the DAG walk both rehearsals share (order, records, skips)
     driver    `Rehearsal`, which walks the DAG task by task, and `rehearse`
     cli       the command line (`__main__` runs it)
     launcher  open-source KFP's pods and launcher (copies in, uploads on success)

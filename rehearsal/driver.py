@@ -21,9 +21,10 @@ from rehearsal.cache import TaskCache, cache_key
 from rehearsal.jobs import Preemption, VertexCalls, VertexJobs, task_kind
 from rehearsal.records import RehearsalError, TaskRecord, pipeline_summary, write_report
 from rehearsal.runtimes import Runtime
+from rehearsal.walk import SKIPPED, DagWalk
 
 
-class Rehearsal:
+class Rehearsal(DagWalk):
     """One rehearsal of a compiled pipeline; `run()` executes it.
 
     Args:
@@ -89,30 +90,12 @@ class Rehearsal:
         self.cache.save()
         return outputs
 
-    def _run_dag(self, component: dict[str, Any], parameters: dict[str, Any],
-                 artifacts: dict[str, Any], prefix: str) -> dict[str, Any]:
-        tasks = component["dag"]["tasks"]
-        results: dict[str, dict[str, Any]] = {}
-        for name in ir.topological_order(tasks):
-            results[name] = self._run_task(prefix + name, tasks[name], parameters, artifacts,
-                                           results)
-        return ir.dag_outputs(component, results)
-
     def _run_task(self, name: str, task: dict[str, Any], parameters: dict[str, Any],
                   artifacts: dict[str, Any], results: dict[str, dict]) -> dict[str, Any]:
-        component = self.spec["components"][task["componentRef"]["name"]]
-        record = TaskRecord(name, task.get("taskInfo", {}).get("name", name))
-        self.records.append(record)
-        if any(results.get(d, {}).get("skipped") for d in task.get("dependentTasks", [])):
-            record.state, record.note = "skipped", "an upstream task did not run"
-            return {"skipped": True, "parameters": {}, "artifacts": {}}
-        values, inputs = ir.task_inputs(task, component, parameters, artifacts, results,
-                                        self.job)
-        condition = task.get("triggerPolicy", {}).get("condition")
-        if condition and not ir.evaluate_condition(condition, values):
-            record.state, record.note = "skipped", f"condition false: {condition}"
-            print(f"[rehearse] {record.display_name}: skipped ({condition} is false)")
-            return {"skipped": True, "parameters": {}, "artifacts": {}}
+        record, component, values, inputs = self._open_task(name, task, parameters, artifacts,
+                                                            results)
+        if values is None:
+            return dict(SKIPPED)
         if "dag" in component:
             started = time.monotonic()
             outputs = self._run_dag(component, values, inputs, prefix=name + "/")

@@ -52,6 +52,7 @@ from rehearsal.records import (
     write_report,
 )
 from rehearsal.runtimes import without_gpus
+from rehearsal.walk import SKIPPED, DagWalk
 
 _WHOLE_PLACEHOLDER = re.compile(r"^\{\{\$\.(?P<name>pipeline_[a-z_]+)\}\}$")
 
@@ -141,7 +142,7 @@ def retry_policy(task: Mapping[str, Any]) -> tuple[int, float, float]:
         policy.get("backoffFactor", 2.0))
 
 
-class KubeflowRehearsal:
+class KubeflowRehearsal(DagWalk):
     """One rehearsal of a compiled Kubeflow pipeline; `run()` executes it.
 
     Args:
@@ -186,29 +187,11 @@ class KubeflowRehearsal:
                 self.store.download(value.uri, value.path)
         return outputs
 
-    def _run_dag(self, component, parameters, artifacts, prefix: str) -> dict[str, Any]:
-        tasks = component["dag"]["tasks"]
-        results: dict[str, dict[str, Any]] = {}
-        for name in ir.topological_order(tasks):
-            results[name] = self._run_task(prefix + name, tasks[name], parameters, artifacts,
-                                           results)
-        return ir.dag_outputs(component, results)
-
     def _run_task(self, name: str, task, parameters, artifacts, results) -> dict[str, Any]:
-        component = self.spec["components"][task["componentRef"]["name"]]
-        record = TaskRecord(name, task.get("taskInfo", {}).get("name", name))
-        self.records.append(record)
-        skipped = {"skipped": True, "parameters": {}, "artifacts": {}}
-        if any(results.get(d, {}).get("skipped") for d in task.get("dependentTasks", [])):
-            record.state, record.note = "skipped", "an upstream task did not run"
-            return skipped
-        values, inputs = ir.task_inputs(task, component, parameters, artifacts, results,
-                                        self.job)
-        condition = task.get("triggerPolicy", {}).get("condition")
-        if condition and not ir.evaluate_condition(condition, values):
-            record.state, record.note = "skipped", f"condition false: {condition}"
-            print(f"[rehearse] {record.display_name}: skipped ({condition} is false)")
-            return skipped
+        record, component, values, inputs = self._open_task(name, task, parameters, artifacts,
+                                                            results)
+        if values is None:
+            return dict(SKIPPED)
         started = time.monotonic()
         if "dag" in component and "parameterIterator" in task:
             result = self._run_loop(name, task, component, values, inputs, record)
