@@ -80,14 +80,24 @@ def build(config_class: type, parameters: Mapping[str, Any], renames: Mapping[st
         raise PreflightError(str(err)) from err
 
 
-def _number(parameters: Mapping[str, Any], name: str) -> float:
+def number_parameter(parameters: Mapping[str, Any], name: str) -> float:
+    """The parameter `name` as a float.
+
+    Raises:
+        PreflightError: Its value is not a number.
+    """
     try:
         return float(parameters[name])
     except ValueError as err:
         raise PreflightError(f"{name}: expected a number, got {parameters[name]!r}") from err
 
 
-def _steps(parameters: Mapping[str, Any]) -> int:
+def steps_per_epoch(parameters: Mapping[str, Any]) -> int:
+    """The `steps_per_epoch` parameter as a whole number (0, for all, when not given).
+
+    Raises:
+        PreflightError: Its value is not a whole number.
+    """
     try:
         return coerce(parameters.get("steps_per_epoch", 0), int)
     except (PreflightError, ValueError) as err:

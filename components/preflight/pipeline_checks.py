@@ -18,7 +18,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.common.storage import filesystem, is_remote
-from components.preflight.parameters import PreflightError, _number, _steps, build, coerce
+from components.preflight.parameters import (
+    PreflightError,
+    build,
+    coerce,
+    number_parameter,
+    steps_per_epoch,
+)
 
 # Evaluation metrics a pipeline's registration gate may compare with its threshold (every
 # one is in metrics.json for every task the pipeline trains); the first is the default.
@@ -32,7 +38,7 @@ def _registration_problems(parameters: Mapping[str, Any], metrics: tuple[str, ..
         problems.append(f"registration_metric must be one of {list(metrics)}, got "
                         f"{parameters['registration_metric']!r}")
     if "registration_threshold" in parameters and \
-            not 0 <= _number(parameters, "registration_threshold") <= 1:
+            not 0 <= number_parameter(parameters, "registration_threshold") <= 1:
         problems.append("registration_threshold must be in [0, 1], got "
                         f"{parameters['registration_threshold']}")
     return problems
@@ -138,19 +144,19 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
     for name, check in (
         ("sharding", lambda: build(ShardConfig, parameters, {"num_workers": "shard_workers"})),
         ("training", lambda: build(TrainConfig, parameters,
-                                   steps_per_epoch=_steps(parameters) or None)),
+                                   steps_per_epoch=steps_per_epoch(parameters) or None)),
     ):
         try:
             check()
         except PreflightError as err:
             problems.append(f"{name}: {err}")
     for name in ("train_fraction", "test_fraction"):
-        if name in parameters and not _number(parameters, name) > 0:
+        if name in parameters and not number_parameter(parameters, name) > 0:
             problems.append(f"{name} must be > 0: the pipeline trains on the train split and "
                             "evaluates on the test split")
     problems += weights_problems(str(parameters.get("weights", TrainConfig.weights)))
     problems += _registration_problems(parameters, IMAGE_REGISTRATION_METRICS)
-    if "eval_batch_size" in parameters and not _number(parameters, "eval_batch_size") >= 1:
+    if "eval_batch_size" in parameters and not number_parameter(parameters, "eval_batch_size") >= 1:
         problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
     if problems:
         raise PreflightError("; ".join(problems))
@@ -224,10 +230,10 @@ def _text_evaluation_problems(parameters: Mapping[str, Any]) -> list[str]:
         problems.append(f"eval_split must be test, validation or train, got "
                         f"{parameters['eval_split']!r}")
     elif parameters.get("eval_split", "test") == "test" and "test_fraction" in parameters \
-            and not _number(parameters, "test_fraction") > 0:
+            and not number_parameter(parameters, "test_fraction") > 0:
         problems.append("test_fraction must be > 0 when eval_split is test (the pipeline "
                         "evaluates on the test split)")
-    if "eval_batch_size" in parameters and not _number(parameters, "eval_batch_size") >= 1:
+    if "eval_batch_size" in parameters and not number_parameter(parameters, "eval_batch_size") >= 1:
         problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
     return problems + _registration_problems(parameters, TEXT_REGISTRATION_METRICS)
 
