@@ -20,14 +20,14 @@ from components.shard.contract import MANIFEST_NAME, MANIFEST_VERSION, SPLITS, S
 _OWN_FILE = re.compile(rf"^({re.escape(TMP_PREFIX)})?"
                        rf"(({'|'.join(SPLITS)})-\d{{5}}-of-\d{{5}}\.tfrecord|{re.escape(MANIFEST_NAME)})$")
 # Names the files a run is writing until its manifest does (see `claim_output`).
-_CLAIM_NAME = ".shard-claim.json"
+CLAIM_NAME = ".shard-claim.json"
 
 
 def own_files(out_dir: str) -> set[str]:
     """Names in `out_dir` this step can prove it wrote: the manifest and the shards it
     names, and what an unfinished run's claim names, each with its temporary name.
     A manifest that is not this step's (not JSON, other keys) proves nothing."""
-    names = {_CLAIM_NAME}
+    names = {CLAIM_NAME}
     try:
         with open(os.path.join(out_dir, MANIFEST_NAME)) as f:
             manifest = json.load(f)
@@ -37,7 +37,7 @@ def own_files(out_dir: str) -> set[str]:
     except (OSError, ValueError, TypeError, KeyError):
         pass
     try:
-        with open(os.path.join(out_dir, _CLAIM_NAME)) as f:
+        with open(os.path.join(out_dir, CLAIM_NAME)) as f:
             names |= {str(name) for name in json.load(f)["files"]}
     except (OSError, ValueError, TypeError, KeyError):
         pass
@@ -47,7 +47,7 @@ def own_files(out_dir: str) -> set[str]:
 def claim_output(out_dir: str, names: list[str]) -> None:
     """Records the files a run is about to write, before it writes them: a run killed
     mid-way leaves no manifest, and the claim is what proves its leftovers ours."""
-    write_json_atomically(os.path.join(out_dir, _CLAIM_NAME),
+    write_json_atomically(os.path.join(out_dir, CLAIM_NAME),
                           {"files": sorted(set(names) | {MANIFEST_NAME})})
 
 
@@ -55,11 +55,11 @@ def remove_own_files(out_dir: str) -> None:
     """Removes the files `own_files` proves ours: the manifest first, so nothing looks
     whole, and the claim last, so a kill half-way still leaves the rest provably ours."""
     present = set(os.listdir(out_dir)) if os.path.isdir(out_dir) else set()
-    claims = [name for name in (_CLAIM_NAME, TMP_PREFIX + _CLAIM_NAME) if name in present]
+    claims = [name for name in (CLAIM_NAME, TMP_PREFIX + CLAIM_NAME) if name in present]
     doomed = sorted((present & own_files(out_dir)) - set(claims))
     if doomed:
         claim_output(out_dir, doomed)
-        claims = [_CLAIM_NAME]
+        claims = [CLAIM_NAME]
     for name in sorted(doomed, key=lambda n: n != MANIFEST_NAME) + claims:
         os.remove(os.path.join(out_dir, name))
 

@@ -26,7 +26,7 @@ from components.shard.contract import MANIFEST_NAME, SPLITS, ShardConfig
 from components.shard.listing import list_labelled_files
 from components.shard.manifest import build_manifest, check_manifest
 from components.shard.output_folder import (
-    _CLAIM_NAME,
+    CLAIM_NAME,
     check_output_folder,
     claim_output,
     clear_output,
@@ -100,5 +100,5 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
         log.warning("%d image(s) are in two class folders or more, one label each (manifest: "
                     "duplicate_files): %s", copies["count"], copies["copies"][:3])
     write_json_atomically(os.path.join(out_dir, MANIFEST_NAME), manifest, allow_nan=False)
-    os.remove(os.path.join(out_dir, _CLAIM_NAME))  # the manifest now names the shards
+    os.remove(os.path.join(out_dir, CLAIM_NAME))  # the manifest now names the shards
     return manifest
