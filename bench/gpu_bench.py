@@ -124,7 +124,7 @@ class TfKerasEngine:
 
         with dtype_policy(precision):
             model = build_model(classes, size, weights=None)
-            # as the trainer compiles (phases._compile); the policy wraps the optimizer
+            # as the trainer compiles (phases.compile_model); the policy wraps the optimizer
             # in a LossScaleOptimizer under mixed_float16
             model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
                           loss="sparse_categorical_crossentropy")

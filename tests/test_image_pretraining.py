@@ -20,7 +20,7 @@ from components.formats.image_models import load_keras_model
 from components.train_image import model as model_lib
 from components.train_image import phases
 from components.train_image.contract import TrainConfig
-from components.train_image.phases import _compile
+from components.train_image.phases import compile_model
 from datamakers import font_glyphs, glyph_start
 from pipelines import base_weights
 
@@ -146,7 +146,7 @@ def _batchnorm_state(model) -> list[np.ndarray]:
 def _one_step(model, phase: str) -> dict[str, np.ndarray]:
     """Weights by name before one optimizer step of `phase` on random pixels."""
     model_lib.set_trainable(model, phase, unfreeze_blocks=1)
-    _compile(model, 1e-2)
+    compile_model(model, 1e-2)
     before = {w.name: w.numpy().copy() for w in model.weights}
     rng = np.random.default_rng(1)
     model.fit(rng.uniform(0, 255, (8, SIZE, SIZE, 3)).astype("float32"),

@@ -38,7 +38,7 @@ from components.train_image.model import (
     dtype_policy,
     load_snapshot,
 )
-from components.train_image.phases import _compile, plan_phases
+from components.train_image.phases import compile_model, plan_phases
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
                             frozen_batchnorm=config.pretrained)
     load_snapshot(model, snapshot)
     last_lr = plan_phases(config)[-1].learning_rate
-    _compile(model, last_lr)
+    compile_model(model, last_lr)
     model.save(os.path.join(output_dir, MODEL_FILE))
     preprocessing = {
         "image_size": image_size,

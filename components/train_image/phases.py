@@ -77,7 +77,8 @@ class TrialReport(tf_keras.callbacks.Callback):
         self.reporter.report(logs or {}, int(epoch) + 1)
 
 
-def _compile(model, learning_rate: float) -> None:
+def compile_model(model, learning_rate: float) -> None:
+    """Compiles `model` for training: Adam at `learning_rate`, sparse cross-entropy, accuracy."""
     model.compile(
         optimizer=tf_keras.optimizers.Adam(learning_rate=learning_rate),
         loss="sparse_categorical_crossentropy",
@@ -85,8 +86,13 @@ def _compile(model, learning_rate: float) -> None:
     )
 
 
-def _callbacks(config: TrainConfig, state: RunState, phase: Phase, recorder: EpochRecorder,
-               tensorboard_dir: str, monitor: str) -> list:
+def phase_callbacks(config: TrainConfig, state: RunState, phase: Phase,
+                    recorder: EpochRecorder, tensorboard_dir: str, monitor: str) -> list:
+    """The Keras callbacks of one phase's `model.fit`.
+
+    Learning-rate reduction and early stopping on `monitor` (when configured), then
+    `recorder`, the phase's BackupAndRestore, TensorBoard logs and the mirror push.
+    """
     # Order matters: the LR change and early stopping of an epoch happen before its
     # metrics are recorded and before BackupAndRestore saves it.
     callbacks = []

@@ -47,8 +47,8 @@ from components.train_image.phases import (
     EpochRecorder,
     Phase,
     TrialReport,
-    _callbacks,
-    _compile,
+    compile_model,
+    phase_callbacks,
     plan_phases,
 )
 from components.train_image.state import RunState, fingerprint
@@ -304,7 +304,7 @@ def _run_phases(model, setup: _Setup, config: TrainConfig, inputs: _Inputs,
         compiled = True
     if not compiled:  # every phase was finished earlier: compile to evaluate
         with setup.strategy.scope():
-            _compile(model, setup.phases[-1].learning_rate * setup.replicas)
+            compile_model(model, setup.phases[-1].learning_rate * setup.replicas)
     return history, epoch
 
 
@@ -320,7 +320,7 @@ def _fit_phase(model, setup: _Setup, config: TrainConfig, inputs: _Inputs, phase
     """
     learning_rate = phase.learning_rate * setup.replicas  # linear scaling rule
     with setup.strategy.scope():
-        _compile(model, learning_rate)
+        compile_model(model, learning_rate)
     log.info("phase %s: epochs %d-%d, learning rate %g, %d trainable base layers",
              phase.name, epoch, epoch + phase.epochs - 1, learning_rate, trainable)
     recorder = EpochRecorder(setup.state, phase.name)
@@ -330,8 +330,8 @@ def _fit_phase(model, setup: _Setup, config: TrainConfig, inputs: _Inputs, phase
         initial_epoch=epoch,
         steps_per_epoch=setup.steps,
         validation_data=inputs.validation,
-        callbacks=_callbacks(config, setup.state, phase, recorder, tensorboard_dir,
-                             inputs.monitor) + list(extra),
+        callbacks=phase_callbacks(config, setup.state, phase, recorder, tensorboard_dir,
+                                  inputs.monitor) + list(extra),
         verbose=0,
     )
     # Epochs run in this process; none means BackupAndRestore found the phase
