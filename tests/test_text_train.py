@@ -505,7 +505,7 @@ def test_single_label_outputs_keep_the_datasets_label_order(tmp_path):
     """fastai sorts a given category vocabulary unless told not to: with label columns out
     of alphabetical order, every prediction was read as another label (test accuracy below
     chance beside 0.60 in fastai's own validation, on Debian's archive sections)."""
-    from components.train_text.data import _classifier_dataloaders, _frame
+    from components.train_text.data import _frame, classifier_dataloaders
 
     labels = ["sound", "perl", "graphics"]
     rows = [("plays music and audio files", "sound"), ("a perl module for parsing", "perl"),
@@ -515,8 +515,8 @@ def test_single_label_outputs_keep_the_datasets_label_order(tmp_path):
                              for name in labels}})
     frame = _frame(table.iloc[:9], table.iloc[9:], "text", labels, "single_label")
     config = TrainConfig(**FAST)
-    dls = _classifier_dataloaders(frame, make_tokenizer("fr", None, str(tmp_path)), None,
-                                  labels, "single_label", config)
+    dls = classifier_dataloaders(frame, make_tokenizer("fr", None, str(tmp_path)), None,
+                                 labels, "single_label", config)
     assert list(dls.vocab[1]) == labels
     # a "perl" row is target 1: the index labels.json, the evaluation and the server read
     assert [int(y) for _, y in dls.valid_ds] == [0, 1, 2]

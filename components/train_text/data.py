@@ -1,9 +1,9 @@
 """The prepared dataset and fastai's data: the splits, the frame fastai reads, the dataloaders.
 
-`_Dataset` holds the manifest's facts and the train and validation splits (`_read_dataset`);
-`_frame` and `_fastai_frame` make the one frame fastai reads, texts clipped as prediction
-clips them; `_lm_dataloaders` and `_classifier_dataloaders` tokenize it for the language
-model and for the classifier.
+`PreparedDataset` holds the manifest's facts and the train and validation splits
+(`read_dataset`); `_frame` and `fastai_frame` make the one frame fastai reads, texts clipped
+as prediction clips them; `lm_dataloaders` and `classifier_dataloaders` tokenize it for the
+language model and for the classifier.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from components.train_text.contract import TrainConfig
 log = logging.getLogger(__name__)
 
 # Columns of the frames handed to fastai: fixed names, so no user label can clash with them.
-_TEXT, _VALID, _CLASS = TEXT_FIELD, "is_valid", "__class__"
+# FRAME_TEXT is the texts' column (the learners count the vocabulary's tokens there).
+FRAME_TEXT, _VALID, _CLASS = TEXT_FIELD, "is_valid", "__class__"
 
 
 @dataclasses.dataclass(frozen=True)
-class _Dataset:
+class PreparedDataset:
     """The prepared dataset's manifest facts and its two splits used in training."""
 
     manifest: dict[str, Any]
@@ -48,18 +49,19 @@ class _Dataset:
     valid: pd.DataFrame
 
 
-def _read_dataset(dataset_dir: str) -> _Dataset:
+def read_dataset(dataset_dir: str) -> PreparedDataset:
     """The manifest's labels, task and text column, and the train and validation splits."""
     manifest = read_manifest(dataset_dir)
-    return _Dataset(manifest, manifest["labels"], manifest["task"], manifest["text_column"],
-                    read_split(dataset_dir, "train"), read_split(dataset_dir, "validation"))
+    return PreparedDataset(manifest, manifest["labels"], manifest["task"],
+                           manifest["text_column"], read_split(dataset_dir, "train"),
+                           read_split(dataset_dir, "validation"))
 
 
 def _frame(train: pd.DataFrame, valid: pd.DataFrame, text_column: str,
            labels: Sequence[str], task: str) -> pd.DataFrame:
     """One frame for fastai: text, is_valid, then the targets under fixed names."""
     both = pd.concat([train, valid], ignore_index=True)
-    out = pd.DataFrame({_TEXT: both[text_column].astype(str),
+    out = pd.DataFrame({FRAME_TEXT: both[text_column].astype(str),
                         _VALID: [False] * len(train) + [True] * len(valid)})
     if task == MULTI_LABEL:
         for i, label in enumerate(labels):
@@ -69,24 +71,28 @@ def _frame(train: pd.DataFrame, valid: pd.DataFrame, text_column: str,
     return out
 
 
-def _fastai_frame(data: _Dataset) -> tuple[pd.DataFrame, int]:
+def fastai_frame(data: PreparedDataset) -> tuple[pd.DataFrame, int]:
     """The frame fastai reads (`_frame`), texts clipped; and how many were clipped."""
     frame = _frame(data.train, data.valid, data.text_column, data.labels, data.task)
     # Read as prediction reads them (spaCy refuses texts over 1M characters).
-    truncated = int((frame[_TEXT].str.len() > MAX_TEXT_CHARS).sum())
-    frame[_TEXT] = frame[_TEXT].map(clip_text)
+    truncated = int((frame[FRAME_TEXT].str.len() > MAX_TEXT_CHARS).sum())
+    frame[FRAME_TEXT] = frame[FRAME_TEXT].map(clip_text)
     if truncated:
         log.warning("%d text(s) over %d characters: read up to the limit", truncated,
                     MAX_TEXT_CHARS)
     return frame, truncated
 
 
-def _lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
-    block = TextBlock.from_df(_TEXT, vocab=vocab, is_lm=True, seq_len=config.seq_len,
+def lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
+    """The language model's dataloaders: `frame`'s texts (train and validation) tokenized.
+
+    Batch sizes shrink below `config.batch_size` when a split has too few tokens for it.
+    """
+    block = TextBlock.from_df(FRAME_TEXT, vocab=vocab, is_lm=True, seq_len=config.seq_len,
                               backwards=config.backwards, tok=tokenizer,
                               min_freq=config.min_freq, max_vocab=config.max_vocab)
-    dsets = DataBlock(blocks=block, get_x=ColReader(_TEXT),
-                      splitter=ColSplitter(_VALID)).datasets(frame[[_TEXT, _VALID]])
+    dsets = DataBlock(blocks=block, get_x=ColReader(FRAME_TEXT),
+                      splitter=ColSplitter(_VALID)).datasets(frame[[FRAME_TEXT, _VALID]])
     bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)
     val_bs = lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
     if bs < config.batch_size or val_bs < config.batch_size:
@@ -96,14 +102,18 @@ def _lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
     return dsets.dataloaders(bs=bs, val_bs=val_bs, seq_len=config.seq_len, num_workers=0)
 
 
-def _unigram_accuracy(dls_lm) -> float:
+def unigram_accuracy(dls_lm) -> float:
     """Share of the most frequent token in the language model's validation texts."""
     tokens = torch.cat([item[0].flatten() for item in dls_lm.valid_ds])
     return float(torch.bincount(tokens).max()) / max(1, tokens.numel())
 
 
-def _classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: TrainConfig):
-    text_block = TextBlock.from_df(_TEXT, vocab=vocab, seq_len=config.seq_len,
+def classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: TrainConfig):
+    """The classifier's dataloaders: `frame`'s texts tokenized, its targets in `labels`' order.
+
+    The batch size shrinks to the training rows when there are fewer than `config.batch_size`.
+    """
+    text_block = TextBlock.from_df(FRAME_TEXT, vocab=vocab, seq_len=config.seq_len,
                                    backwards=config.backwards, tok=tokenizer,
                                    min_freq=config.min_freq, max_vocab=config.max_vocab)
     if task == MULTI_LABEL:
@@ -113,7 +123,7 @@ def _classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: Train
         # sort=False: the outputs stay in the manifest's label order, which labels.json,
         # the evaluation and the server read them in (fastai sorts a given vocab by default).
         y_block, get_y = CategoryBlock(vocab=list(labels), sort=False), ColReader(_CLASS)
-    block = DataBlock(blocks=(text_block, y_block), get_x=ColReader(_TEXT), get_y=get_y,
+    block = DataBlock(blocks=(text_block, y_block), get_x=ColReader(FRAME_TEXT), get_y=get_y,
                       splitter=ColSplitter(_VALID))
     n_train = int((~frame[_VALID]).sum())
     # The training loader drops the last partial batch: never ask for more rows than exist.

@@ -1,9 +1,9 @@
 """The fastai learners: the language model's fine-tuning and the classifier's learner.
 
-`_fine_tune_lm` runs the LM's stages and saves its encoder; `_classifier_learner` builds the
+`fine_tune_lm` runs the LM's stages and saves its encoder; `classifier_learner` builds the
 classifier from that encoder (else the pretrained weights, else random ones), its output
 layer starting at the label frequencies (`start_at_label_frequencies`), with the loss and
-metrics of the task (`_loss_and_metrics`). A pretrained LM's vocabulary keeps the task's
+metrics of the task (`loss_and_metrics`). A pretrained LM's vocabulary keeps the task's
 rarer tokens it knows (`_vocab_with_pretrained_tokens`).
 """
 
@@ -35,12 +35,12 @@ from components.text_common import scores as text_scores
 from components.train_text import schedule
 from components.train_text.contract import TextTrainingError
 from components.train_text.data import (
-    _TEXT,
-    _classifier_dataloaders,
-    _lm_dataloaders,
-    _unigram_accuracy,
+    FRAME_TEXT,
+    classifier_dataloaders,
+    lm_dataloaders,
+    unigram_accuracy,
 )
-from components.train_text.runner import _Job
+from components.train_text.runner import TrainingJob
 from components.train_text.vocabulary import FAKE, with_pretrained_tokens
 
 log = logging.getLogger(__name__)
@@ -48,10 +48,10 @@ log = logging.getLogger(__name__)
 ENCODER_FILE = "lm_encoder.pth"
 
 # Settings that shape the encoder; the LM's dropouts do not carry over to the classifier.
-_ENCODER_KEYS = ("emb_sz", "n_hid", "n_layers", "pad_token", "bidir")
+ENCODER_KEYS = ("emb_sz", "n_hid", "n_layers", "pad_token", "bidir")
 
 
-def _fine_tune_lm(job: _Job, vocab: list[str] | None) -> list[str] | None:
+def fine_tune_lm(job: TrainingJob, vocab: list[str] | None) -> list[str] | None:
     """Runs the LM stages and saves the encoder, unless there are none or it is saved.
 
     Returns:
@@ -62,7 +62,7 @@ def _fine_tune_lm(job: _Job, vocab: list[str] | None) -> list[str] | None:
     if not lm_indices or state["encoder_saved"]:
         return vocab
     vocab = _vocab_with_pretrained_tokens(job, vocab)
-    dls_lm = _lm_dataloaders(job.frame, job.tokenizer, vocab, config)
+    dls_lm = lm_dataloaders(job.frame, job.tokenizer, vocab, config)
     if vocab is None:
         vocab = list(dls_lm.vocab)
         run.save_vocab(vocab)
@@ -73,7 +73,7 @@ def _fine_tune_lm(job: _Job, vocab: list[str] | None) -> list[str] | None:
         run.fit(learn_lm, index)
     learn_lm.save_encoder(ENCODER_FILE[:-len(".pth")])
     lm_rows = [r for r in state["history"] if r["model"] == schedule.LM]
-    discarded = schedule.lm_learnt_nothing(lm_rows, _unigram_accuracy(dls_lm))
+    discarded = schedule.lm_learnt_nothing(lm_rows, unigram_accuracy(dls_lm))
     if discarded:
         log.warning("the language model learnt nothing (%s): the classifier starts "
                     "from %s instead", discarded,
@@ -83,7 +83,8 @@ def _fine_tune_lm(job: _Job, vocab: list[str] | None) -> list[str] | None:
     return vocab
 
 
-def _vocab_with_pretrained_tokens(job: _Job, vocab: list[str] | None) -> list[str] | None:
+def _vocab_with_pretrained_tokens(job: TrainingJob,
+                                  vocab: list[str] | None) -> list[str] | None:
     """The run's vocabulary: `vocab` when it has one; from a pretrained LM, fastai's plus the
     task's rarer tokens the LM has learnt (`vocabulary.with_pretrained_tokens`), saved;
     else None (the first dataloaders make fastai's own).
@@ -93,7 +94,7 @@ def _vocab_with_pretrained_tokens(job: _Job, vocab: list[str] | None) -> list[st
     # Counted as TextBlock.from_df counts (the same tokenizer and rules, train + validation);
     # the dataloaders tokenize the texts again: a pretrained run pays that once (the
     # vocabulary is saved, and a resumed run reads it).
-    _, counts = tokenize_df(job.frame[[_TEXT]], [_TEXT], tok=job.tokenizer)
+    _, counts = tokenize_df(job.frame[[FRAME_TEXT]], [FRAME_TEXT], tok=job.tokenizer)
     config = job.config
     frequent = make_vocab(counts, config.min_freq, config.max_vocab)
     vocab = with_pretrained_tokens(frequent, counts, load_pickle(job.assets.vocab),
@@ -105,7 +106,7 @@ def _vocab_with_pretrained_tokens(job: _Job, vocab: list[str] | None) -> list[st
     return vocab
 
 
-def _train_random_encoder_whole(job: _Job) -> None:
+def train_random_encoder_whole(job: TrainingJob) -> None:
     """Replaces gradual unfreezing by one whole stage when the LM's encoder was discarded.
 
     A random encoder gains nothing from gradual unfreezing: it trains whole, as from
@@ -122,7 +123,7 @@ def _train_random_encoder_whole(job: _Job) -> None:
                     "whole from the start")
 
 
-def _classifier_learner(job: _Job, vocab: list[str] | None, loss, metrics):
+def classifier_learner(job: TrainingJob, vocab: list[str] | None, loss, metrics):
     """The classifier's learner, from its last checkpoint, else its starting weights.
 
     It starts from the fine-tuned encoder, else the pretrained one, else random weights.
@@ -132,15 +133,15 @@ def _classifier_learner(job: _Job, vocab: list[str] | None, loss, metrics):
     """
     run, state, config, data = job.run, job.run.state, job.config, job.data
     vocab = _vocab_with_pretrained_tokens(job, vocab)
-    dls = _classifier_dataloaders(job.frame, job.tokenizer, vocab, data.labels, data.task,
-                                  config)
+    dls = classifier_dataloaders(job.frame, job.tokenizer, vocab, data.labels, data.task,
+                                 config)
     if list(dls.vocab[1]) != list(data.labels):  # outputs are read in the labels' order
         raise TextTrainingError(f"the classifier's outputs are ordered {list(dls.vocab[1])}, "
                                 f"not as the dataset's labels {list(data.labels)}")
     if vocab is None:
         vocab = list(dls.vocab[0])
         run.save_vocab(vocab)
-    clas_config = {k: v for k, v in job.arch_config.items() if k in _ENCODER_KEYS}
+    clas_config = {k: v for k, v in job.arch_config.items() if k in ENCODER_KEYS}
     learn = text_classifier_learner(
         dls, AWD_LSTM, seq_len=config.seq_len, config=clas_config, pretrained=False,
         drop_mult=config.drop_mult, loss_func=loss, metrics=metrics, path=run.folder,
@@ -178,7 +179,7 @@ def start_at_label_frequencies(learn, truth: np.ndarray, task: str) -> None:
                                                      device=linear.weight.device))
 
 
-def _loss_and_metrics(task: str, threshold: float) -> tuple[Any, list]:
+def loss_and_metrics(task: str, threshold: float) -> tuple[Any, list]:
     """Multi-label: sigmoid per label (BCE), thresholded; single-label: softmax (cross-entropy)."""
     if task == MULTI_LABEL:
         return (BCEWithLogitsLossFlat(thresh=threshold),

@@ -20,8 +20,8 @@ from components.text_common.scores import validation_result, write_result_files
 from components.train_text import schedule
 from components.train_text.assets import fastai_pretrained_url, uses_fastai_pretrained
 from components.train_text.contract import TrainConfig
-from components.train_text.learners import _ENCODER_KEYS
-from components.train_text.runner import _Job
+from components.train_text.learners import ENCODER_KEYS
+from components.train_text.runner import TrainingJob
 
 
 def model_metadata(result: dict[str, Any], config: TrainConfig, model_dir: str,
@@ -51,7 +51,7 @@ def model_metadata(result: dict[str, Any], config: TrainConfig, model_dir: str,
     }
 
 
-def _validate_and_export(job: _Job, learn, model_dir: str) -> tuple[Any, dict[str, Any]]:
+def validate_and_export(job: TrainingJob, learn, model_dir: str) -> tuple[Any, dict[str, Any]]:
     """Loads the best epoch's weights, scores the validation split, writes `export.pkl`.
 
     Returns:
@@ -72,8 +72,8 @@ def _validate_and_export(job: _Job, learn, model_dir: str) -> tuple[Any, dict[st
     return learn, result
 
 
-def _report(job: _Job, learn, dls, vocab: list[str], lm_assets_uri: str,
-            started: float) -> dict[str, Any]:
+def run_report(job: TrainingJob, learn, dls, vocab: list[str], lm_assets_uri: str,
+               started: float) -> dict[str, Any]:
     """metrics.json's `history`, `best`, `run` (sizes, timings, resume facts) and `config`."""
     state, config = job.run.state, job.config
     n_params = sum(p.numel() for p in learn.model.parameters())
@@ -91,7 +91,7 @@ def _report(job: _Job, learn, dls, vocab: list[str], lm_assets_uri: str,
             "vocab_size": len(vocab),
             "parameters": int(n_params),
             "arch": "AWD_LSTM",
-            "arch_config": {k: job.lm_config[k] for k in _ENCODER_KEYS},
+            "arch_config": {k: job.lm_config[k] for k in ENCODER_KEYS},
             "pretrained": config.pretrained,
             "pretrained_from": (_pretrained_source(lm_assets_uri, config.lang,
                                                    config.backwards)
@@ -123,8 +123,9 @@ def _pretrained_source(lm_assets_uri: str, lang: str, backwards: bool) -> str:
     return lm_assets_uri
 
 
-def _write_outputs(model_dir: str, result: dict[str, Any],
-                   text_column: str, config: TrainConfig) -> None:
+def write_outputs(model_dir: str, result: dict[str, Any],
+                  text_column: str, config: TrainConfig) -> None:
+    """Writes the model folder's JSON files (labels.json, metrics.json, per_label_metrics.json)."""
     write_result_files(model_dir, result, text_column, config.threshold, lang=config.lang,
                        backwards=config.backwards, arch="AWD_LSTM")
 

@@ -1,10 +1,12 @@
-"""The stage runner: the plan, the state file and the checkpoints of one run (`_Run`), and
-what the steps of one `train_text_classifier` call share (`_Job`).
+"""The stage runner: the plan, the state file and the checkpoints of one run
+(`StageRunner`), and what the steps of one `train_text_classifier` call share
+(`TrainingJob`).
 
-`_Run.fit` runs a stage, or what is left of it, checkpointing each epoch with the state
-file (schedule.py) so that a restarted job resumes at the next epoch; `_Run.fit_classifier`
-runs the classifier's stages again, at a lower rate, when they learnt nothing.
-`_load_or_start_state` resumes this run's state or starts a new one.
+`StageRunner.fit` runs a stage, or what is left of it, checkpointing each epoch with the
+state file (schedule.py) so that a restarted job resumes at the next epoch;
+`StageRunner.fit_classifier` runs the classifier's stages again, at a lower rate, when they
+learnt nothing.
+`load_or_start_state` resumes this run's state or starts a new one.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from components.text_common import scores as text_scores
 from components.train_text import schedule
 from components.train_text.assets import LMAssets
 from components.train_text.contract import TrainConfig
-from components.train_text.data import _Dataset
+from components.train_text.data import PreparedDataset
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,8 @@ VOCAB_FILE = "vocab.pkl"
 GRADIENT_CLIP = 1.0
 
 
-class _Run:
-    """The plan, the state file and the checkpoints of one run."""
+class StageRunner:
+    """Runs the stages of one run's plan, keeping its state file and checkpoints."""
 
     def __init__(self, folder: str, plan: list[schedule.Stage], state: dict[str, Any],
                  monitor: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
@@ -52,9 +54,11 @@ class _Run:
         self.n_hid = n_hid  # the AWD-LSTM's hidden size, which the rate bounds scale with
 
     def path(self, name: str) -> str:
+        """The path of the file `name` in the checkpoint folder."""
         return os.path.join(self.folder, name)
 
     def save(self) -> None:
+        """Writes the state file."""
         schedule.save_state(self.folder, self.state)
 
     def indices(self, model: str) -> list[int]:
@@ -221,8 +225,8 @@ def _reset_folder(folder: str) -> None:
         suffixes=(".pth", ".pth.tmp"))
 
 
-def _load_or_start_state(folder: str, plan: list[schedule.Stage], run_fingerprint: str,
-                         ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def load_or_start_state(folder: str, plan: list[schedule.Stage], run_fingerprint: str,
+                        ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """This run's saved state and where it resumes, or a new state (another run's files go).
 
     Raises:
@@ -239,12 +243,12 @@ def _load_or_start_state(folder: str, plan: list[schedule.Stage], run_fingerprin
 
 
 @dataclasses.dataclass
-class _Job:
+class TrainingJob:
     """What the stages of one `train_text_classifier` call share."""
 
-    data: _Dataset
+    data: PreparedDataset
     config: TrainConfig
-    run: _Run
+    run: StageRunner
     assets: LMAssets | None  # the pretrained LM's local files, when pretrained
     arch_config: dict[str, Any]  # the AWD-LSTM settings given (config.json or model_config)
     lm_config: dict[str, Any]  # fastai's defaults updated with them

@@ -49,15 +49,15 @@ from components.text_common import scores as text_scores
 from components.train_text import schedule
 from components.train_text.assets import LMAssets, resolve_assets
 from components.train_text.contract import TextTrainingError, TrainConfig
-from components.train_text.data import _Dataset, _fastai_frame, _read_dataset
+from components.train_text.data import PreparedDataset, fastai_frame, read_dataset
 from components.train_text.learners import (
-    _classifier_learner,
-    _fine_tune_lm,
-    _loss_and_metrics,
-    _train_random_encoder_whole,
+    classifier_learner,
+    fine_tune_lm,
+    loss_and_metrics,
+    train_random_encoder_whole,
 )
-from components.train_text.outputs import _report, _validate_and_export, _write_outputs
-from components.train_text.runner import _Job, _load_or_start_state, _Run
+from components.train_text.outputs import run_report, validate_and_export, write_outputs
+from components.train_text.runner import StageRunner, TrainingJob, load_or_start_state
 
 
 def _check_arch_config(config: dict[str, Any], source: str) -> None:
@@ -108,8 +108,8 @@ def train_text_classifier(
     """
     require_torch_gpus()  # before anything is read: a job without its GPUs ends now
     started = time.monotonic()
-    data = _read_dataset(dataset_dir)
-    loss, metrics = _loss_and_metrics(data.task, config.threshold)
+    data = read_dataset(dataset_dir)
+    loss, metrics = loss_and_metrics(data.task, config.threshold)
     _check_monitor(config.monitor, data.task, metrics)
     folder = checkpoint_folder or schedule.checkpoint_dir(model_dir)
     os.makedirs(folder, exist_ok=True)
@@ -123,13 +123,13 @@ def train_text_classifier(
     try:
         job = _prepare(data, config, plan, unfreeze, lm_assets_uri, model_dir, folder, scratch,
                        callbacks, tensorboard, hypertune_metric)
-        vocab = _fine_tune_lm(job, job.run.saved_vocab())
-        _train_random_encoder_whole(job)
-        learn, dls, vocab = _classifier_learner(job, vocab, loss, metrics)
+        vocab = fine_tune_lm(job, job.run.saved_vocab())
+        train_random_encoder_whole(job)
+        learn, dls, vocab = classifier_learner(job, vocab, loss, metrics)
         job.run.fit_classifier(learn, job.run.indices(schedule.CLASSIFIER))
-        learn, result = _validate_and_export(job, learn, model_dir)
-        result.update(_report(job, learn, dls, vocab, lm_assets_uri, started))
-        _write_outputs(model_dir, result, data.text_column, config)
+        learn, result = validate_and_export(job, learn, model_dir)
+        result.update(run_report(job, learn, dls, vocab, lm_assets_uri, started))
+        write_outputs(model_dir, result, data.text_column, config)
         job.run.state["finished"] = True
         job.run.save()
     finally:
@@ -149,10 +149,10 @@ def _check_monitor(monitor: str, task: str, metrics: Sequence) -> None:
                                 f"{task.replace('_', '-')} model; choose one of {known}")
 
 
-def _prepare(data: _Dataset, config: TrainConfig, plan: list[schedule.Stage],
+def _prepare(data: PreparedDataset, config: TrainConfig, plan: list[schedule.Stage],
              unfreeze: tuple[str, str], lm_assets_uri: str, model_dir: str, folder: str,
              scratch: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
-             hypertune_metric: str | None) -> _Job:
+             hypertune_metric: str | None) -> TrainingJob:
     """Checks the model's settings, resumes (or starts) the run, builds fastai's frame.
 
     Args:
@@ -174,7 +174,7 @@ def _prepare(data: _Dataset, config: TrainConfig, plan: list[schedule.Stage],
     assets, arch_config = _architecture(config, lm_assets_uri, scratch)
     tokenizer = make_tokenizer(config.lang, assets.spm_model if assets else None, scratch)
     precision = precision_here(config.mixed_precision)
-    state, resumed_from = _load_or_start_state(folder, plan, schedule.fingerprint({
+    state, resumed_from = load_or_start_state(folder, plan, schedule.fingerprint({
         "config": dataclasses.asdict(config), "plan": [dataclasses.asdict(s) for s in plan],
         "manifest": data.manifest, "model_dir": os.path.abspath(model_dir),
         "assets": lm_assets_uri if config.pretrained else "",
@@ -183,12 +183,12 @@ def _prepare(data: _Dataset, config: TrainConfig, plan: list[schedule.Stage],
     constant = text_scores.constant_answer(
         data.valid[data.labels].to_numpy(), data.train[data.labels].to_numpy(),
         data.task == MULTI_LABEL, config.threshold)
-    run = _Run(folder, plan, state, config.monitor, callbacks, tensorboard,
-               TrialReporter(hypertune_metric), constant, int(lm_config["n_hid"]))
+    run = StageRunner(folder, plan, state, config.monitor, callbacks, tensorboard,
+                      TrialReporter(hypertune_metric), constant, int(lm_config["n_hid"]))
     set_seed(config.seed)
-    frame, truncated = _fastai_frame(data)
-    return _Job(data, config, run, assets, arch_config, lm_config, tokenizer, precision,
-                frame, truncated, resumed_from, unfreeze)
+    frame, truncated = fastai_frame(data)
+    return TrainingJob(data, config, run, assets, arch_config, lm_config, tokenizer,
+                       precision, frame, truncated, resumed_from, unfreeze)
 
 
 def _architecture(config: TrainConfig, lm_assets_uri: str,
