@@ -69,6 +69,7 @@ def gcs_mount_prefix() -> str:
     """
     from kfp.dsl.types import artifact_types
 
+    # KFP's private name: KFP offers the prefix under no public one.
     return artifact_types._GCS_LOCAL_MOUNT_PREFIX
 
 

@@ -86,6 +86,8 @@ def save_lm_assets(learn, root: str, lang: str, backwards: bool,
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, n) for n in LM_FILES]
     write_json_atomically(paths[0], {"arch": "AWD_LSTM", **config})
+    # fastai's private helper (no public one): the texts' vocabulary as `load_pretrained`
+    # reads it (a classifier's dls hold (texts, labels) vocabularies).
     save_pickle(paths[1], list(_get_text_vocab(learn.dls)))
     torch.save(learn.model.state_dict(), paths[2])
     return paths

@@ -97,6 +97,7 @@ def fastai_pretrained_url(backwards: bool) -> str:
     from fastai.text.all import AWD_LSTM
     from fastai.text.models.core import _model_meta
 
+    # fastai's private table of each architecture's pretrained URLs (no public one).
     return _model_meta[AWD_LSTM]["url_bwd" if backwards else "url"]
 
 
