@@ -395,6 +395,89 @@ def test_pipeline_definitions_import_no_tool():
     assert tools == {}
 
 
+# --------------------------------------------------------------------------- private names
+
+# Our own packages: a private name (one leading underscore) of a module of theirs stays in
+# that module. Another module of components that needs it gets a public name (the tests may
+# still reach in). Third-party private names (fastai's, kfp's) are outside the rule.
+OURS = ("components", "pipelines")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    """A file's module name below `root` (a package's `__init__` is the package)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _private_uses(path: pathlib.Path, root: pathlib.Path = ROOT.parent) -> list[str]:
+    """Where a file reaches into another module of ours for a private name.
+
+    `from components.x import _y` (relative imports resolved), and `m._y`, `m.n._y` where
+    `m` is a name the file bound to something of ours by an import (at module level or in
+    a function): `import components.x as m`, `from components import x as m`, `import
+    components.x` (then `components.x._y`). Its own module's names do not count.
+    """
+    tree = ast.parse(path.read_text())
+    own = _module_name(path, root)
+    package = own.split(".") if path.name == "__init__.py" else own.split(".")[:-1]
+    bound: set[str] = set()  # local names of what the file imported from our packages
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound |= {alias.asname or alias.name.split(".")[0] for alias in node.names
+                      if alias.name.split(".")[0] in OURS}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            if module.split(".")[0] not in OURS:
+                continue
+            for alias in node.names:
+                if not _private(alias.name):
+                    bound.add(alias.asname or alias.name)
+                elif module != own:
+                    found.append(f"{path}:{node.lineno}: from {module} import {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            chain = node.value
+            while isinstance(chain, ast.Attribute):
+                chain = chain.value
+            if isinstance(chain, ast.Name) and chain.id in bound:
+                found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_of_components_uses_another_modules_private_names():
+    problems = [p for path in sorted(ROOT.rglob("*.py")) for p in _private_uses(path)]
+    assert problems == []
+
+
+def test_the_private_name_rule_catches_imports_and_attributes_not_third_party(monkeypatch):
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self: (
+        "from components.preflight.parameters import PreflightError, _number, _steps\n"
+        "from components.train_text import runner\n"
+        "import components.shard.output_folder as folder\n"
+        "import components.common.storage\n"
+        "from . import _sibling\n"  # components.train_text._sibling
+        "from .data import _frame, _VALID\n"  # its own module's names
+        "def f(self):\n"
+        "    from components.preflight import parameters as p\n"
+        "    return (runner._reset_folder, folder._OWN_FILE.match, p._x,\n"
+        "            components.common.storage._gcs_options, self._y, runner.__name__)\n"
+        "from fastai.text.learner import _get_text_vocab\n"  # third-party: allowed
+        "from kfp.dsl.types import artifact_types\n"
+        "PREFIX = artifact_types._GCS_LOCAL_MOUNT_PREFIX\n"))  # third-party: allowed
+    found = _private_uses(ROOT / "train_text" / "data.py")
+    assert sorted(line.split(": ", 1)[1] for line in found) == [
+        "components.common.storage._gcs_options", "folder._OWN_FILE",
+        "from components.preflight.parameters import _number",
+        "from components.preflight.parameters import _steps",
+        "from components.train_text import _sibling", "p._x", "runner._reset_folder"]
+
+
 # --------------------------------------------------------------------------- sizes
 
 # Rooms a reader can hold: no source file over MAX_FILE_LINES lines, no function over
