@@ -30,12 +30,12 @@ models: $(MINILM)/model.safetensors
 
 # A learned start for the image demo (~20 minutes of one CPU core, once): DenseNet121
 # trained on the letters of the installed typefaces, each drawn as the demo's digits were
-# scanned (datamakers.glyph_start). Measured with the 433 faces of the Debian packages that
-# `python -m datamakers.font_glyphs --debian-packages` prints (install them first).
+# scanned (tools.datamakers.glyph_start). Measured with the 433 faces of the Debian packages that
+# `python -m tools.datamakers.font_glyphs --debian-packages` prints (install them first).
 GLYPH_START := $(MODELS)/densenet121_glyphs_scan8_notop.h5
 $(GLYPH_START): | $(STAMP)
-	@echo "the measured start used the fonts of: $(PY) -m datamakers.font_glyphs --debian-packages"
-	$(PY) -m datamakers.glyph_start $@
+	@echo "the measured start used the fonts of: $(PY) -m tools.datamakers.font_glyphs --debian-packages"
+	$(PY) -m tools.datamakers.glyph_start $@
 
 glyph-start: $(GLYPH_START)
 
@@ -58,8 +58,8 @@ IMAGE_START = $(if $(wildcard $(GLYPH_START)),--weights $(GLYPH_START) --epochs 
 # transformer pipeline fine-tuning all-MiniLM-L6-v2 (a small encoder's recipe: 1e-4, 4
 # epochs; docs/users.md). Prints the metrics beside baselines fitted on the same split.
 run: compile models
-	test -d $(DEMO)/digits || $(PY) -m datamakers.demo digits $(DEMO)/digits
-	test -f $(DEMO)/docstrings.csv || $(PY) -m datamakers.docstring_corpus $(DEMO)/docstrings.csv
+	test -d $(DEMO)/digits || $(PY) -m tools.datamakers.demo digits $(DEMO)/digits
+	test -f $(DEMO)/docstrings.csv || $(PY) -m tools.datamakers.docstring_corpus $(DEMO)/docstrings.csv
 	@echo "image demo: DenseNet121 $(if $(wildcard $(GLYPH_START)),from the glyph start" \
 		"$(GLYPH_START) (6 epochs),from random weights (15 epochs: \`make glyph-start\`," \
 		"~20 CPU minutes once, makes a learned start that needs 6, docs/measurements.md)). No" \
@@ -108,7 +108,7 @@ lint: venv
 	$(VENV)/bin/hadolint --config containers/.hadolint.yaml containers/*/Dockerfile
 
 lock: venv
-	$(PY) containers/lock.py
+	$(PY) tools/lock.py
 
 REGION  ?= us-central1
 PROJECT ?= $(shell gcloud config get-value project 2>/dev/null)
@@ -127,7 +127,7 @@ images:
 images-local: venv
 	command -v buildah >/dev/null && command -v debootstrap >/dev/null || { \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah debootstrap; }
-	$(PY) containers/local_build.py
+	$(PY) tools/local_build.py
 
 # Rehearse the compiled pipelines with every step inside those images, on tiny data
 # staged where the steps see it: the rehearsal's gcs/ folder (mounted at /gcs, and served
@@ -135,14 +135,14 @@ images-local: venv
 IMG_RUNS := runs/images
 rehearse-images: compile
 	rm -rf $(IMG_RUNS)
-	$(PY) -m datamakers.demo digits $(IMG_RUNS)/image/gcs/rehearsal-bucket/data/digits --per-class 40
+	$(PY) -m tools.datamakers.demo digits $(IMG_RUNS)/image/gcs/rehearsal-bucket/data/digits --per-class 40
 	mkdir -p $(IMG_RUNS)/text/gcs/rehearsal-bucket/data
-	$(PY) -m datamakers.demo_text $(IMG_RUNS)/text/gcs/rehearsal-bucket/data/reviews.csv --rows 300
-	$(PY) -m rehearsal build/local/image_pipeline.json --output $(IMG_RUNS)/image \
+	$(PY) -m tools.datamakers.demo_text $(IMG_RUNS)/text/gcs/rehearsal-bucket/data/reviews.csv --rows 300
+	$(PY) -m tools.rehearsal build/local/image_pipeline.json --output $(IMG_RUNS)/image \
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/digits \
 		--param image_size=32 --param min_shards_per_split=4 --param weights=none \
 		--param epochs=8 --param fine_tune_epochs=0 --param registration_threshold=0.3
-	$(PY) -m rehearsal build/local/text_pipeline.json --output $(IMG_RUNS)/text \
+	$(PY) -m tools.rehearsal build/local/text_pipeline.json --output $(IMG_RUNS)/text \
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/reviews.csv \
 		--param lang=fr --param pretrained=false \
 		--param lm_epochs=0 --param epochs=6 --param min_freq=1 \
@@ -151,17 +151,17 @@ rehearse-images: compile
 	# the bucket (the image has no Hub access): model_name is a gs:// folder.
 	mkdir -p $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/data
 	cp $(IMG_RUNS)/text/gcs/rehearsal-bucket/data/reviews.csv $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/data/
-	$(PY) -m pipelines.tiny_transformer --data $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/data/reviews.csv \
+	$(PY) -m tools.datamakers.tiny_transformer --data $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/data/reviews.csv \
 		--output $(IMG_RUNS)/transformer/gcs/rehearsal-bucket/models/tiny-bert
-	$(PY) -m rehearsal build/local/transformer_pipeline.json --output $(IMG_RUNS)/transformer \
+	$(PY) -m tools.rehearsal build/local/transformer_pipeline.json --output $(IMG_RUNS)/transformer \
 		--runtime image --param data_uri=gs://rehearsal-bucket/data/reviews.csv \
 		--param model_name=gs://rehearsal-bucket/models/tiny-bert --param learning_rate=0.001 \
 		--param batch_size=8 --param epochs=15 --param max_length=96 --param early_stopping_patience=3
 	# The image tuning pipeline with the default space, 2 trials: each trial reports its
 	# metric as the image's user, where Vertex has it written (/var/hypertune).
 	$(PY) compile.py --output-dir $(IMG_RUNS)/build --tune-trials 2 --tune-parallel-trials 1
-	$(PY) -m datamakers.demo digits $(IMG_RUNS)/tuning/gcs/rehearsal-bucket/data/digits --per-class 40
-	$(PY) -m rehearsal $(IMG_RUNS)/build/image_tuning_pipeline.json \
+	$(PY) -m tools.datamakers.demo digits $(IMG_RUNS)/tuning/gcs/rehearsal-bucket/data/digits --per-class 40
+	$(PY) -m tools.rehearsal $(IMG_RUNS)/build/image_tuning_pipeline.json \
 		--output $(IMG_RUNS)/tuning --runtime image \
 		--param data_uri=gs://rehearsal-bucket/data/digits --param image_size=32 \
 		--param min_shards_per_split=4 --param weights=none --param epochs=2 \
@@ -170,12 +170,12 @@ rehearse-images: compile
 # The Kubeflow YAML rehearsed with every step inside those images, as open-source KFP runs
 # it: the pipeline root, the data and the checkpoints on an S3 API on loopback (moto's
 # server), an MLflow server for the registry; the image training pod killed after its first
-# checkpoint and retried (rehearsal/kubeflow_demo.py).
+# checkpoint and retried (tools/rehearsal/kubeflow_demo.py).
 KF_RUNS := runs/kubeflow-images
 rehearse-kubeflow-images: venv
 	rm -rf $(KF_RUNS)
-	$(PY) -m datamakers.kubeflow_demo_data $(KF_RUNS)/data
-	$(PY) -m rehearsal.kubeflow_demo --data $(KF_RUNS)/data --output $(KF_RUNS) --runtime image
+	$(PY) -m tools.datamakers.kubeflow_demo_data $(KF_RUNS)/data
+	$(PY) -m tools.rehearsal.kubeflow_demo --data $(KF_RUNS)/data --output $(KF_RUNS) --runtime image
 
 # Compile against the images `make images` pushed.
 compile-vertex: venv

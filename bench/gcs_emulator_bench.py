@@ -3,7 +3,7 @@
     python bench/gcs_emulator_bench.py [--files 600]
 
 speed-up = files/s of gcsfs's batched read (`cat_ranges`, as sharding and prediction read)
-    through `rehearsal.gcs_api`'s emulator (listen backlog 1024) / through the emulator as
+    through `tools.rehearsal.gcs_api`'s emulator (listen backlog 1024) / through the emulator as
     it ships (backlog 5: the kernel drops the SYNs past it). Target: a few thousand files
     in a few minutes, i.e. >= 20 files/s.
 """
@@ -19,8 +19,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from datamakers import demo  # noqa: E402
-from rehearsal import gcs_api  # noqa: E402
+from tools.datamakers import demo  # noqa: E402
+from tools.rehearsal import gcs_api  # noqa: E402
 
 
 def files_per_second(command: list[str], folder: str, limit: int) -> float:
@@ -59,12 +59,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         demo.write_digits(os.path.join(folder, "bench", "digits"),
                           per_class=max(1, args.files // 10))
-        ours = files_per_second([sys.executable, "-m", "rehearsal.gcs_api", "start"], folder,
+        ours = files_per_second([sys.executable, "-m", "tools.rehearsal.gcs_api", "start"], folder,
                                 args.files)
         # The shipped server crawls: a fifth of the files tells its rate.
         shipped = files_per_second([sys.executable, "-m", "gcp_storage_emulator", "start"],
                                    folder, max(20, args.files // 5))
-    print(f"files/s: rehearsal.gcs_api {ours:.1f}, gcp-storage-emulator as shipped "
+    print(f"files/s: tools.rehearsal.gcs_api {ours:.1f}, gcp-storage-emulator as shipped "
           f"{shipped:.1f}; speed-up {ours / shipped:.0f}x "
           f"({'meets' if ours >= 20 else 'MISSES'} >= 20 files/s)")
 

@@ -6,13 +6,13 @@ fine-tuned on handwritten digits, beside the same network from scratch, per seed
         [--head-epochs 3 --fine-tune-epochs 3 --unfreeze-blocks 1]
         [--arms scratch --scratch-epochs 15] [--split-seed 42]
 
-1. The start (`datamakers.glyph_start`; skipped when --weights names one made before):
-   the letters of every installed typeface (`datamakers.font_glyphs`; Debian's fonts-*
+1. The start (`tools.datamakers.glyph_start`; skipped when --weights names one made before):
+   the letters of every installed typeface (`tools.datamakers.font_glyphs`; Debian's fonts-*
    packages), each scanned as the UCI digits were (`font_glyphs.scan`), sharded at 32
    px, trained from scratch by the image trainer (no flips: letters have a
    handedness), its DenseNet121 written as a no-top .h5: the file the
    trainer's `weights` takes in place of ImageNet's.
-2. The digits of `make run` (`datamakers.demo digits`: scikit-learn's 8x8 handwritten
+2. The digits of `make run` (`tools.datamakers.demo digits`: scikit-learn's 8x8 handwritten
    digits at 32 px), sharded as `make run` shards them (split seed 42, 4 shards a split).
 3. Per seed, on that one split, three arms scored on the test split by the evaluation
    step, whose baselines (logistic regression on 16x16 pixels, the majority class) sit
@@ -185,14 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     _threads(args.threads)
     import dataclasses
 
-    from datamakers import demo
+    from tools.datamakers import demo
 
     with tempfile.TemporaryDirectory() as temporary:
         work = args.work or temporary
         os.makedirs(work, exist_ok=True)
         weights, facts = args.weights, None
         if weights is None:
-            from datamakers import glyph_start
+            from tools.datamakers import glyph_start
 
             weights = os.path.join(work, "densenet121_glyphs_notop.h5")
             facts = glyph_start.make_start(weights, os.path.join(work, "start"),

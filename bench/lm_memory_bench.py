@@ -26,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from datamakers.zipf_corpus import write_zipf_corpus  # noqa: E402 (after the path)
+from tools.datamakers.zipf_corpus import write_zipf_corpus  # noqa: E402 (after the path)
 
 VARIANTS = ("fixed", "as-is")
 

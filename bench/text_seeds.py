@@ -15,8 +15,8 @@ fetched (no internet), stage it (`python -m pipelines.stage_wt103`) and pass
 `-- --lm-assets DIR`, or measure the recipe from random weights with `-- --pretrained false`.
 
 Corpora, both real English text nobody here wrote, made offline: `docstrings`, the
-standard library's docstrings (7 labels, datamakers.docstring_corpus); `debian`, Debian's
-package descriptions with debtags (8 labels, datamakers.debian_corpus; needs apt's index).
+standard library's docstrings (7 labels, tools.datamakers.docstring_corpus); `debian`, Debian's
+package descriptions with debtags (8 labels, tools.datamakers.debian_corpus; needs apt's index).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from datamakers import debian_corpus, docstring_corpus  # noqa: E402
 from pipelines import run_local  # noqa: E402
+from tools.datamakers import debian_corpus, docstring_corpus  # noqa: E402
 
 
 def corpus_csv(name: str, folder: str) -> tuple[str, str]:

@@ -10,19 +10,19 @@ Pretraining (skipped with `--lm-assets`, the assets of an earlier run): `run_loc
 corpus much larger than the task that exists offline here, the task's own texts held out:
 
 - `debian`: the task is Debian's one-line package descriptions with their `works-with`
-  debtags (8 labels, `datamakers.debian_corpus`); the LM corpus every other package's
+  debtags (8 labels, `tools.datamakers.debian_corpus`); the LM corpus every other package's
   description (`write_lm_corpus`: the task's source packages, their -dev/-doc twins and any
   equal text left out).
 - `debian-sections`: the same packages labelled by archive section instead (sound, perl,
   graphics, mail, ...; one label each, `debian_corpus --by section`), the same LM corpus.
 - `docstrings`: the task is the standard library's docstrings, 7 packages as labels
-  (`datamakers.docstring_corpus`); the LM corpus the standard library's other docstrings plus
+  (`tools.datamakers.docstring_corpus`); the LM corpus the standard library's other docstrings plus
   a fixed sample of the installed packages' (`write_source_corpus(hold_out=...,
   roots=[site-packages], max_characters=...)`), the task's paragraphs held out.
 
 `--lm-corpus english` pretrains one LM for all three tasks instead (`write_english_corpus`):
 apt's descriptions, the docstrings and `--man-characters` of the installed manual pages
-(`datamakers.manpage_corpus`), every task's texts held out (~14.5M characters, ~3M tokens
+(`tools.datamakers.manpage_corpus`), every task's texts held out (~14.5M characters, ~3M tokens
 at the defaults); its assets then serve `--lm-assets` for the other two corpora.
 
 `--task CSV --text-column COL` runs your own labelled CSV instead (one-hot label columns,
@@ -54,8 +54,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pandas as pd  # noqa: E402
 
-from datamakers import debian_corpus, docstring_corpus, manpage_corpus  # noqa: E402
 from pipelines import run_local  # noqa: E402
+from tools.datamakers import debian_corpus, docstring_corpus, manpage_corpus  # noqa: E402
 
 # Packages of the installed environment whose docstrings are generated API references
 # (cloud clients), left out of the docstring LM corpus: repetitive, and most of its bulk.

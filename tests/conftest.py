@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from rehearsal import gcs_api  # noqa: E402
+from tools.rehearsal import gcs_api  # noqa: E402
 
 # The longest test files, most CPU first (seconds in a serial clean-clone `make test-all`,
 # 2026-11-24): started first, so that on several processes (files are dealt out whole,

@@ -6,7 +6,7 @@ import pytest
 
 from components.common import baselines
 from components.common.metrics import multi_label_metrics, scalar_summary
-from datamakers import docstring_corpus
+from tools.datamakers import docstring_corpus
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import sys
 import pytest
 import yaml
 
-from containers import lock
+from tools import lock
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONTAINERS = ROOT / "containers"
@@ -199,9 +199,9 @@ def _pins(image: str) -> dict[str, str]:
 def test_locks_are_what_lock_py_generates_now():
     """Fails when pyproject.toml or constraints.txt changed and the locks were not rebuilt."""
     for path, text in lock.generate().items():
-        assert path.exists(), f"{path} missing: run .venv/bin/python containers/lock.py"
+        assert path.exists(), f"{path} missing: run .venv/bin/python tools/lock.py"
         assert path.read_text() == text, (
-            f"{path.relative_to(ROOT)} is stale: run .venv/bin/python containers/lock.py")
+            f"{path.relative_to(ROOT)} is stale: run .venv/bin/python tools/lock.py")
 
 
 @pytest.mark.parametrize("image", IMAGES)

@@ -1,9 +1,9 @@
-"""The Debian package-description corpus (datamakers.debian_corpus), from an index excerpt."""
+"""The Debian package-description corpus (tools.datamakers.debian_corpus), from an index excerpt."""
 
 import pandas as pd
 import pytest
 
-from datamakers import debian_corpus
+from tools.datamakers import debian_corpus
 
 INDEX = """Package: vlc-bin
 Source: vlc

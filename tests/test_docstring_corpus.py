@@ -3,7 +3,7 @@
 import csv
 import os
 
-from datamakers import docstring_corpus
+from tools.datamakers import docstring_corpus
 
 
 def test_corpus_is_real_prose_with_one_hot_labels_some_rows_two(tmp_path):

@@ -21,8 +21,8 @@ from components.train_image import model as model_lib
 from components.train_image import phases
 from components.train_image.contract import TrainConfig
 from components.train_image.phases import compile_model
-from datamakers import font_glyphs, glyph_start
 from pipelines import base_weights
+from tools.datamakers import font_glyphs, glyph_start
 
 SIZE = 32
 # Fonts every venv has: matplotlib ships DejaVu, STIX and Computer Modern faces, and

@@ -1,4 +1,4 @@
-"""The Kubeflow rehearsal (`rehearsal.kubeflow`): compiled YAML run as the project models
+"""The Kubeflow rehearsal (`tools.rehearsal.kubeflow`): compiled YAML run as the project models
 open-source KFP's driver and launcher, with the pipeline root on a real S3 API on loopback
 (moto's server). This tests that model of KFP, not Argo, Kubernetes or its scheduler.
 """
@@ -11,11 +11,11 @@ import yaml
 from kfp import compiler, dsl, kubernetes
 
 from pipelines.local_run import LOCAL_IMAGE
-from rehearsal import kubeflow_demo
-from rehearsal.kubeflow import KubeflowJob, rehearse_kubeflow, retry_policy, scheduling_note
-from rehearsal.launcher import mount_path
-from rehearsal.records import RehearsalError
-from rehearsal.spec import select
+from tools.rehearsal import kubeflow_demo
+from tools.rehearsal.kubeflow import KubeflowJob, rehearse_kubeflow, retry_policy, scheduling_note
+from tools.rehearsal.launcher import mount_path
+from tools.rehearsal.records import RehearsalError
+from tools.rehearsal.spec import select
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ def test_kubeflow_rehearsal_gives_the_pod_its_secret_and_not_the_launchers_crede
 
 
 def test_kubeflow_rehearsal_reads_the_compiled_platform_settings(probe_yaml):
-    from rehearsal.kubeflow import load
+    from tools.rehearsal.kubeflow import load
 
     spec, executors = load(probe_yaml)
     assert spec["pipelineInfo"]["name"] == "kubeflow-rehearsal-probe"
@@ -186,7 +186,7 @@ def test_kubeflow_image_and_transformer_pipelines_rehearsed_on_s3_end_registered
     from mlflow import MlflowClient
 
     from components.common.storage import filesystem
-    from datamakers.kubeflow_demo_data import write_demo_data
+    from tools.datamakers.kubeflow_demo_data import write_demo_data
 
     write_demo_data(str(tmp_path / "data"))
     kubeflow_demo.stage(str(tmp_path / "data"))

@@ -25,7 +25,7 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
 @pytest.fixture(scope="module")
 def s3_server():
     """moto's S3 server on a free loopback port: its endpoint URL."""
-    from rehearsal.kubeflow_demo import s3_server as serve
+    from tools.rehearsal.kubeflow_demo import s3_server as serve
 
     with serve() as endpoint:
         yield endpoint
@@ -203,8 +203,8 @@ def test_kubeflow_a_killed_training_pod_resumes_from_s3_on_retry(s3, mirrors, tm
 
     from components.train_text.contract import TrainConfig
     from components.train_text.training import train_text_classifier
-    from datamakers.demo_text import write_reviews_csv
     from tests.test_text_train import FAST, TINY, Capture, StopAfter
+    from tools.datamakers.demo_text import write_reviews_csv
 
     s3.create_bucket(Bucket="ckpt")
     monkeypatch.setenv("AIP_CHECKPOINT_DIR", "s3://ckpt/checkpoints")

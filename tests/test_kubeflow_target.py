@@ -287,9 +287,9 @@ def test_kubeflow_tuning_variant_runs_its_trials_in_a_loop_and_retrains_with_the
     from kfp import local
 
     from components.tune.contract import parse_space
-    from datamakers.demo_text import write_reviews_csv
     from pipelines.definitions import text, tuning
     from pipelines.local_run import LOCAL_IMAGE
+    from tools.datamakers.demo_text import write_reviews_csv
 
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=80, seed=3)

@@ -9,9 +9,9 @@ import pytest
 from fastai.text.all import load_pickle
 
 import compile as compile_cli
-import rehearsal as rehearse
-from datamakers.demo_text import write_reviews_csv
+import tools.rehearsal as rehearse
 from pipelines import run_local
+from tools.datamakers.demo_text import write_reviews_csv
 
 TINY = '{"emb_sz": 16, "n_hid": 24, "n_layers": 2}'
 SMALL = ["--epochs", "2", "--batch-size", "8", "--seq-len", "16", "--min-freq", "1",

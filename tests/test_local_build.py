@@ -2,7 +2,7 @@
 
 Building the images takes many minutes and GBs, so `make test` never does; these tests hold
 the recipe to the Dockerfiles and the locks instead. The build itself and
-`python -m rehearsal --runtime image` are run by hand (docs/contributors.md: "Building and
+`python -m tools.rehearsal --runtime image` are run by hand (docs/contributors.md: "Building and
 running the images here").
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from containers import local_build, lock
-from containers.local_build import BuildError
+from tools import local_build, lock
+from tools.local_build import BuildError
 
 IMAGES = local_build.RUNTIMES
 

@@ -16,9 +16,9 @@ import tempfile
 import pytest
 
 import compile as compile_cli
-import rehearsal as rehearse
-from datamakers.demo_text import write_reviews_csv
+import tools.rehearsal as rehearse
 from tests.conftest import free_port, http_json, served_as_on_vertex, write_class_images
+from tools.datamakers.demo_text import write_reviews_csv
 
 SERVING = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15@sha256:" + "c" * 64
 
@@ -144,7 +144,7 @@ def test_a_missing_buildah_or_image_is_a_clear_error(monkeypatch):
 
 def test_the_api_stand_in_serves_what_the_gcs_folder_holds(tmp_path, gcs_emulator, monkeypatch):
     from components.common.storage import filesystem
-    from rehearsal import gcs_api
+    from tools.rehearsal import gcs_api
 
     (tmp_path / "b" / "data" / "cat").mkdir(parents=True)
     (tmp_path / "b" / "data" / "cat" / "1.jpg").write_bytes(b"jpeg")

@@ -177,7 +177,7 @@ def test_local_tuning_runs_the_trials_and_keeps_the_best_by_the_study_metric(tmp
     local run; each trial's metric is its best classifier epoch of the study metric (as
     Vertex's BEST_MEASUREMENT), and the summary takes the best trial's test metrics."""
     from components.tune.measure import epoch_values
-    from datamakers.demo_text import write_reviews_csv
+    from tools.datamakers.demo_text import write_reviews_csv
 
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=80, seed=3)

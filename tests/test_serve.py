@@ -200,8 +200,8 @@ def text_model(request, tmp_path_factory):
     from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
     from components.train_text.contract import TrainConfig
     from components.train_text.training import train_text_classifier
-    from datamakers.demo_text import write_reviews_csv
     from tests.test_text_train import FAST, TINY
+    from tools.datamakers.demo_text import write_reviews_csv
 
     root = tmp_path_factory.mktemp("serve")
     write_reviews_csv(str(root / "reviews.csv"), rows=60, seed=1)

@@ -287,23 +287,45 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-# The packages, lowest layer first: each imports only packages of lower layers (and
-# itself), never one above it or one beside it. The rehearsal (the Vertex stand-in that
-# runs compiled JSON) and the data makers both use pipelines' tools, never each other.
-LAYERS = {"components": 0, "pipelines": 1, "rehearsal": 2, "datamakers": 2}
+# The layers, lowest first: each imports only layers below it (and itself), never one above
+# it or one beside it. The product (components, pipelines, compile.py: what the wheel and
+# the images hold) imports nothing of the workshop above it; in the workshop, the rehearsal
+# (the Vertex and Kubeflow stand-in that runs compiled pipelines) and the data makers both
+# use the product, never each other; tools/' own scripts (image build, locks) and the
+# benches use any of it. A module's layer is the longest key that prefixes its name.
+LAYERS = {"components": 0, "pipelines": 1, "compile": 2, "tools.rehearsal": 3,
+          "tools.datamakers": 3, "tools": 4, "bench": 5}
+PRODUCT = ("components", "pipelines", "compile")
+
+
+def _layer(module: str) -> str | None:
+    """The key of LAYERS a module belongs to (the longest that prefixes it), or None."""
+    keys = [k for k in LAYERS if module == k or module.startswith(k + ".")]
+    return max(keys, key=len) if keys else None
+
+
+def _layer_files(root: pathlib.Path) -> dict[str, list[pathlib.Path]]:
+    """Layer -> its source files (a file of tools/rehearsal is tools.rehearsal's, not tools')."""
+    found: dict[str, list[pathlib.Path]] = {}
+    for path in sorted([root / "compile.py", *(f for top in ("components", "pipelines", "tools",
+                                                             "bench")
+                                               for f in (root / top).rglob("*.py"))]):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        found.setdefault(_layer(module), []).append(path)
+    return found
 
 
 def test_the_pipelines_and_tools_import_no_circle():
     """Deferred imports inside functions count: a circle is a circle whenever it closes."""
-    graph = _module_graph(ROOT.parent, "pipelines", "rehearsal", "datamakers")
+    graph = _module_graph(ROOT.parent, "pipelines", "tools")
     assert "pipelines.local_run" in graph["pipelines.tune_local"]
     assert _cycle(graph) == []
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     # `from pipelines import run_local` inside a function is an edge too
     assert "pipelines.tune_local" in graph["pipelines.run_local"]
-    assert "rehearsal.spec" in graph["rehearsal.driver"]  # across packages too
-    assert "pipelines.catalogue" in graph["rehearsal.records"]
-    assert "datamakers.font_glyphs" in graph["datamakers.glyph_start"]
+    assert "tools.rehearsal.spec" in graph["tools.rehearsal.driver"]  # across packages too
+    assert "pipelines.catalogue" in graph["tools.rehearsal.records"]
+    assert "tools.datamakers.font_glyphs" in graph["tools.datamakers.glyph_start"]
 
 
 def _component_packages(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
@@ -343,52 +365,85 @@ def test_the_package_circle_check_sees_a_format_importing_its_users_contract(mon
 
 
 def _package_imports(path: pathlib.Path) -> set[str]:
-    """The packages of LAYERS a file imports, at module level or inside functions."""
+    """The layers a file imports, at module level or inside functions."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
+            found |= {_layer(alias.name) for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module.split(".")[0])
-    return found & set(LAYERS)
+            found |= {_layer(f"{node.module}.{alias.name}") for alias in node.names}
+    return found - {None}
 
 
 def _layer_violations(root: pathlib.Path) -> list[tuple[str, str]]:
-    """(file, package it imports) for every import of a package of the same or a higher
-    layer than the file's own."""
+    """(file, layer it imports) for every import of a layer beside or above the file's own."""
     return [(path.relative_to(root).as_posix(), other)
-            for package, layer in LAYERS.items()
-            for path in sorted((root / package).rglob("*.py"))
-            for other in sorted(_package_imports(path) - {package}) if LAYERS[other] >= layer]
+            for layer, paths in _layer_files(root).items() if layer
+            for path in paths
+            for other in sorted(_package_imports(path) - {layer})
+            if LAYERS[other] >= LAYERS[layer]]
 
 
 def test_packages_import_only_the_layers_below_them():
-    """components imports none of pipelines, rehearsal, datamakers; pipelines imports
-    neither the rehearsal nor the data makers; those two do not import each other."""
-    assert _layer_violations(ROOT.parent) == []
+    """The product imports nothing of the workshop (tools/, bench/); components imports
+    nothing of pipelines; the rehearsal and the data makers do not import each other."""
     root = ROOT.parent
-    assert _package_imports(root / "rehearsal" / "records.py") >= {"components", "pipelines"}
+    assert _layer_violations(root) == []
+    files = _layer_files(root)
+    assert root / "compile.py" in files["compile"]
+    assert root / "tools" / "lock.py" in files["tools"]
+    assert root / "tools" / "rehearsal" / "records.py" in files["tools.rehearsal"]
+    assert _package_imports(root / "tools" / "rehearsal" / "records.py") >= {
+        "components", "pipelines"}
     # imports inside a function count
-    assert _package_imports(root / "datamakers" / "glyph_start.py") >= {"components", "pipelines"}
+    assert _package_imports(root / "tools" / "datamakers" / "glyph_start.py") >= {
+        "components", "pipelines"}
 
 
 def test_the_layer_rule_catches_an_import_upward_or_sideways(monkeypatch):
     monkeypatch.setattr(pathlib.Path, "read_text", lambda self: (
         "from components.common.storage import filesystem\n"
-        "def f():\n    import rehearsal.gcs_api\n"
-        "from datamakers import demo_text\n"
+        "def f():\n    import tools.rehearsal.gcs_api\n"
+        "from tools.datamakers import demo_text\n"
+        "from tools import lock\n"
         "import pipelines.params as params\n"))
-    seen = {(path.split("/")[0], other) for path, other in _layer_violations(ROOT.parent)}
-    assert seen == {("components", "pipelines"), ("components", "rehearsal"),
-                    ("components", "datamakers"), ("pipelines", "rehearsal"),
-                    ("pipelines", "datamakers"), ("rehearsal", "datamakers"),
-                    ("datamakers", "rehearsal")}
+    seen = {(_layer(".".join(pathlib.Path(path).with_suffix("").parts)), other)
+            for path, other in _layer_violations(ROOT.parent)}
+    product = {("components", "pipelines"), ("components", "tools.rehearsal"),
+               ("components", "tools.datamakers"), ("components", "tools"),
+               ("pipelines", "tools.rehearsal"), ("pipelines", "tools.datamakers"),
+               ("pipelines", "tools"), ("compile", "tools.rehearsal"),
+               ("compile", "tools.datamakers"), ("compile", "tools")}
+    workshop = {("tools.rehearsal", "tools.datamakers"), ("tools.datamakers", "tools.rehearsal"),
+                ("tools.rehearsal", "tools"), ("tools.datamakers", "tools")}
+    assert seen == product | workshop
+
+
+def test_the_wheel_and_the_images_hold_the_product_alone():
+    """What pip installs (pyproject's package list) and what the Dockerfiles copy: the
+    product's packages and compile.py, none of the workshop."""
+    import tomllib
+
+    import setuptools
+
+    root = ROOT.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    found = setuptools.find_packages(
+        str(root), include=config["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert {"components", "pipelines", "pipelines.definitions", "components.shard"} <= set(found)
+    assert {_layer(package) for package in found} == {"components", "pipelines"}
+    for dockerfile in (root / "containers").glob("*/Dockerfile"):
+        copied = re.findall(r"^COPY (?:--\S+ )*(\S+)", dockerfile.read_text(), re.M)
+        sources = {c.rstrip("/") for c in copied}
+        assert {"components", "pipelines", "compile.py"} <= sources, dockerfile
+        assert not {s for s in sources if _layer(s.replace("/", ".").removesuffix(".py"))
+                    and _layer(s.replace("/", ".").removesuffix(".py")) not in PRODUCT}, dockerfile
 
 
 def test_pipeline_definitions_import_no_tool():
     """The definitions (what compile.py builds) stand apart from the tools that run,
     rehearse, submit, serve and predict them: tools import definitions, never back."""
-    graph = _module_graph(ROOT.parent, "pipelines", "rehearsal", "datamakers")
+    graph = _module_graph(ROOT.parent, "pipelines", "tools")
     definitions = {m for m in graph if m.startswith("pipelines.definitions")}
     assert {"pipelines.definitions.image", "pipelines.definitions.vertex"} <= definitions
     tools = {m: sorted(graph[m] - definitions) for m in definitions if graph[m] - definitions}

@@ -18,7 +18,7 @@ from components.train_lm.training import tensorboard_prefix, train_language_mode
 from components.train_text import schedule
 from components.train_text.contract import TrainConfig
 from components.train_text.training import train_text_classifier
-from datamakers.demo_text import write_reviews_csv
+from tools.datamakers.demo_text import write_reviews_csv
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FIELDS = ("train_loss", "valid_loss", "seconds")

@@ -12,11 +12,11 @@ from kfp import compiler, local
 
 from components.common.metrics import multi_label_metrics
 from components.predict.contract import read_predictions
-from datamakers import demo_text
 from pipelines import predict as predict_cli
 from pipelines.definitions import text
 from pipelines.definitions.vertex import VertexSettings
 from tests.browser import check_report
+from tools.datamakers import demo_text
 
 # Small enough for a CPU test, big enough to learn the demo in 8 epochs.
 SMALL = json.dumps({"emb_sz": 32, "n_hid": 64, "n_layers": 1})

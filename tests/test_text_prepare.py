@@ -7,7 +7,7 @@ import pytest
 
 from components.prepare_text import contract, preparation
 from components.prepare_text.preparation import PrepareConfig, TextDataError, prepare_text_dataset
-from datamakers.demo_text import LABEL_WORDS, write_reviews_csv
+from tools.datamakers.demo_text import LABEL_WORDS, write_reviews_csv
 
 
 def _csv(tmp_path, text: str, name: str = "data.csv") -> str:

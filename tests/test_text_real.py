@@ -1,4 +1,4 @@
-"""The text classifier on real text: Python's own docstrings (datamakers.docstring_corpus).
+"""The text classifier on real text: Python's own docstrings (tools.datamakers.docstring_corpus).
 
 The demo CSV's templated reviews are learnt by anything; real prose is not. The recipe is
 judged on several seeds (each seed draws another split, initialisation and batch order),
@@ -24,8 +24,8 @@ import pandas as pd
 import pytest
 
 from components.common.metrics import multi_label_metrics
-from datamakers import docstring_corpus
 from pipelines import run_local
+from tools.datamakers import docstring_corpus
 
 
 def _every_label(summary):

@@ -40,7 +40,7 @@ from components.train_text.contract import (
     parse_model_config,
 )
 from components.train_text.training import train_text_classifier
-from datamakers.demo_text import write_reviews_csv
+from tools.datamakers.demo_text import write_reviews_csv
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FAST = dict(batch_size=8, min_freq=1, seq_len=24, lang="fr")

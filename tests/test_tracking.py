@@ -19,10 +19,10 @@ from components.track.tracking import (
     log_run,
     tracking_store,
 )
-from datamakers.demo_text import write_reviews_csv
 from pipelines import run_local
-from rehearsal import kubeflow_demo
 from tests.conftest import write_class_images
+from tools.datamakers.demo_text import write_reviews_csv
+from tools.rehearsal import kubeflow_demo
 
 TINY_TEXT = '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'
 

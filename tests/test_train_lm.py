@@ -27,8 +27,8 @@ from components.train_lm.training import (
 from components.train_text.assets import fetch_assets
 from components.train_text.contract import TrainConfig, required_files
 from components.train_text.training import train_text_classifier
-from datamakers.demo_text import write_reviews_csv
-from datamakers.zipf_corpus import write_zipf_corpus
+from tools.datamakers.demo_text import write_reviews_csv
+from tools.datamakers.zipf_corpus import write_zipf_corpus
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FAST = dict(batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=2)

@@ -34,9 +34,9 @@ from components.train_transformer.training import (
     start_at_label_frequencies,
     train_transformer,
 )
-from datamakers.demo_text import write_reviews_csv
 from pipelines import run_local
 from tests.conftest import free_port
+from tools.datamakers.demo_text import write_reviews_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The tiny model from scratch: it needs many small steps at a high rate (measured on the
@@ -546,7 +546,7 @@ def test_a_run_killed_after_an_epoch_resumes_from_its_checkpoint(dataset, tmp_pa
 
 
 def test_the_tiny_model_command_writes_a_folder_the_trainer_takes(tmp_path, capsys):
-    from pipelines import tiny_transformer
+    from tools.datamakers import tiny_transformer
 
     csv = tmp_path / "texts.csv"
     csv.write_text("body,label\nthe cat sat,a\nthe dog ran,b\n,a\n")
@@ -581,7 +581,7 @@ def test_the_tiny_model_learns_real_text_on_every_seed(seed, tmp_path):
     label by 0.25 micro F1 and comes within 0.15 of TF-IDF + logistic regression on the
     test split, the text defaults' bars. Measured (2026-11-24): 0.613, 0.693, 0.715 on two
     torch threads, 0.564, 0.672, 0.654 on one; TF-IDF 0.690, 0.696, 0.686."""
-    from datamakers import docstring_corpus
+    from tools.datamakers import docstring_corpus
 
     docstring_corpus.write_docstring_corpus(str(tmp_path / "docstrings.csv"))
     dataset = str(tmp_path / "dataset")

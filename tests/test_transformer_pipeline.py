@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import compile as compile_cli
-import rehearsal as rehearse
+import tools.rehearsal as rehearse
 from components.preflight.checks import input_fingerprints, preflight
 from components.preflight.parameters import PreflightError
 from components.preflight.pipeline_checks import check_transformer_run, model_name_problems
@@ -18,10 +18,10 @@ from components.prepare_text.contract import PrepareConfig, read_split
 from components.train_transformer import component as train_component
 from components.tune import selection, trial
 from components.tune.contract import DEFAULT_SPACES, TUNABLE
-from datamakers import docstring_corpus
 from pipelines import run_local
 from pipelines.definitions import transformer
 from tests.conftest import free_port, http_json, served_as_on_vertex
+from tools.datamakers import docstring_corpus
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
 IMAGE = f"{REGISTRY}/fastai:0a1b2c3"

@@ -16,8 +16,8 @@ import json
 
 import pytest
 
-from datamakers import debian_corpus, docstring_corpus
 from pipelines import run_local
+from tools.datamakers import debian_corpus, docstring_corpus
 
 SEEDS = (1, 2, 3)
 # The recipe for a small pretrained encoder on a few hundred texts (docs/users.md): at the

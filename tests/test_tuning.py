@@ -14,7 +14,7 @@ import pytest
 from google.cloud import aiplatform_v1
 
 import compile as compile_cli
-import rehearsal as rehearse
+import tools.rehearsal as rehearse
 from components.tune import component as tune_component
 from components.tune import selection, trial
 from components.tune.contract import (
@@ -414,7 +414,7 @@ def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrai
     """Two trials run as Vertex runs them (the trial container with `--name=value`
     arguments and AIP_* folders per trial), report the study metric through hypertune,
     and the training step gets the best trial's values."""
-    from datamakers.demo_text import write_reviews_csv
+    from tools.datamakers.demo_text import write_reviews_csv
 
     out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1")
     csv = tmp_path / "reviews.csv"

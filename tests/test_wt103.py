@@ -23,9 +23,9 @@ from components.prepare_text.preparation import PrepareConfig, prepare_text_data
 from components.train_text import assets
 from components.train_text.contract import TrainConfig
 from components.train_text.training import train_text_classifier
-from datamakers.demo_text import write_reviews_csv
 from pipelines import stage_wt103
 from tests.conftest import write_fastai_lm_stand_in
+from tools.datamakers.demo_text import write_reviews_csv
 
 # Tokens the task has and the stand-in's vocabulary shares, and ones it lacks.
 SHARED = ["xxunk", "xxpad", "xxbos", "xxeos", "xxfld", "xxrep", "xxwrep", "xxup", "xxmaj",

@@ -34,7 +34,7 @@ def train_transformer_classifier(
         model_fingerprint: Digest of a model_name folder's listing from the preflight step; not read, it only makes the cache key change when the folder does. Recorded in the model metadata.
         epochs: Most epochs (early stopping may end sooner).
         batch_size: Texts per batch on each GPU (or process).
-        learning_rate: Peak AdamW learning rate: 5e-5 fine-tunes a pretrained encoder (a small one such as all-MiniLM-L6-v2 on a few hundred texts learns faster at 1e-4); a model from scratch (pipelines.tiny_transformer) needs about 1e-3.
+        learning_rate: Peak AdamW learning rate: 5e-5 fine-tunes a pretrained encoder (a small one such as all-MiniLM-L6-v2 on a few hundred texts learns faster at 1e-4); a model trained from scratch needs about 1e-3.
         weight_decay: AdamW weight decay.
         warmup_ratio: Share of the steps the rate warms up over, linearly from 0; it then decays linearly to 0.
         max_length: Tokens of each text the model reads (longer texts are cut).

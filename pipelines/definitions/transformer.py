@@ -78,7 +78,7 @@ def build(image: str, target: "Target | None" = None,
             model_name: Hub model name (e.g. FacebookAI/xlm-roberta-base, google-bert/bert-base-uncased) or a folder (gs:// or local) written by save_pretrained; its classification head is replaced by one sized for the labels.
             epochs: Most epochs (early stopping may end sooner).
             batch_size: Texts per batch on each GPU (or process).
-            learning_rate: Peak AdamW learning rate: 5e-5 fine-tunes a pretrained encoder (a small one such as all-MiniLM-L6-v2 on a few hundred texts learns faster at 1e-4); a model from scratch (pipelines.tiny_transformer) needs about 1e-3.
+            learning_rate: Peak AdamW learning rate: 5e-5 fine-tunes a pretrained encoder (a small one such as all-MiniLM-L6-v2 on a few hundred texts learns faster at 1e-4); a model trained from scratch needs about 1e-3.
             weight_decay: AdamW weight decay.
             warmup_ratio: Share of the steps the rate warms up over, linearly from 0; it then decays linearly to 0.
             max_length: Tokens of each text the model reads (longer texts are cut).

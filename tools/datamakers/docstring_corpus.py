@@ -1,7 +1,7 @@
 """Real English text made offline: the Python standard library's own docstrings.
 
-    python -m datamakers.docstring_corpus OUT.csv
-    python -m datamakers.docstring_corpus --lm-corpus OUT_FOLDER
+    python -m tools.datamakers.docstring_corpus OUT.csv
+    python -m tools.datamakers.docstring_corpus --lm-corpus OUT_FOLDER
 
 Each row is the first paragraph (40 to 400 characters) of the docstring of a public class,
 function or method of one of seven standard-library packages, with one-hot label columns
@@ -195,7 +195,7 @@ def write_source_corpus(folder: str, exclude: Sequence[str] = (),
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datamakers.docstring_corpus",
+    parser = argparse.ArgumentParser(prog="python -m tools.datamakers.docstring_corpus",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="CSV file to write (a folder with --lm-corpus)")

@@ -1,10 +1,10 @@
 """A learned start made offline: DenseNet121 trained on the letters of real typefaces,
 written as the no-top weights file the image trainer's `weights` takes.
 
-    python -m datamakers.glyph_start OUT.h5 [--work DIR] [--epochs 14] [--steps-per-epoch 250]
+    python -m tools.datamakers.glyph_start OUT.h5 [--work DIR] [--epochs 14] [--steps-per-epoch 250]
         [--seed 0] [--fonts DIR ...] [--scan-side 8]
 
-Letters of every installed font (`datamakers.font_glyphs`), each drawn as the UCI
+Letters of every installed font (`tools.datamakers.font_glyphs`), each drawn as the UCI
 digits were scanned (`font_glyphs.scan`: ink fitted to a 32 px square, binarised, 4x4
 blocks counted into 8x8 pixels of 17 grey levels, drawn back at 32 px; `--scan-side 0`
 keeps the crisp glyphs) -> shards at 32 px (the
@@ -13,7 +13,7 @@ handedness) -> its DenseNet121 as OUT.h5 (`pipelines.base_weights`), with OUT.js
 it saying what it was made from and how well it reads letters it did not train on. No
 weights are downloaded: ImageNet's cannot be fetched here, and no package registry ships
 a file Keras' DenseNet121 loads. With those fonts installed (`--debian-packages` of
-`datamakers.font_glyphs`): 433 faces, 45,032 images; 14 epochs of 250 steps (112,000
+`tools.datamakers.font_glyphs`): 433 faces, 45,032 images; 14 epochs of 250 steps (112,000
 images seen) took ~20 minutes on one core and read held-out letters at 90.8% as scans
 (98.4% crisp: at 8x8, l and I, O and o are hard to tell apart). What it is worth on the
 digits demo, beside training from scratch: bench/image_pretrain_bench.py (scanned, the
@@ -58,8 +58,8 @@ def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int 
     from components.shard.sharding import shard_dataset
     from components.train_image import training
     from components.train_image.contract import TrainConfig
-    from datamakers import font_glyphs
     from pipelines import base_weights
+    from tools.datamakers import font_glyphs
 
     start = time.perf_counter()
     glyphs, shards, model = (os.path.join(work, name) for name in ("glyphs", "shards", "model"))
@@ -88,7 +88,7 @@ def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int 
 
 @reports(FileNotFoundError)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datamakers.glyph_start",
+    parser = argparse.ArgumentParser(prog="python -m tools.datamakers.glyph_start",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("output", help="the .h5 weights file to write")
     parser.add_argument("--work", default=None,
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the output must be a .h5 file (what DenseNet121(weights=...) loads)")
     if args.scan_side < 0:
         parser.error(f"--scan-side must be 0 (crisp) or a side in pixels, got {args.scan_side}")
-    from datamakers import font_glyphs
+    from tools.datamakers import font_glyphs
 
     fonts = font_glyphs.find_fonts(args.fonts) if args.fonts else None
     with tempfile.TemporaryDirectory() as temporary:

@@ -1,7 +1,7 @@
 """A real image set made offline: the letters of many typefaces, one class folder a letter.
 
-    python -m datamakers.font_glyphs OUT_DIR [--fonts DIR ...] [--size 32] [--chars CHARS]
-    python -m datamakers.font_glyphs --debian-packages   # what to apt-get install
+    python -m tools.datamakers.font_glyphs OUT_DIR [--fonts DIR ...] [--size 32] [--chars CHARS]
+    python -m tools.datamakers.font_glyphs --debian-packages   # what to apt-get install
 
 Each image is one character of one installed font (TrueType/OpenType): white ink on
 black, drawn as the typeface's designer drew it, at the font's own proportions (every
@@ -9,9 +9,9 @@ font scaled so its capital H is the same height; lower case sits on the same bas
 so `o` and `O` differ in size as on a page). The fonts are real work by many type
 designers (the Debian `fonts-*` packages the Makefile installs hold several hundred
 faces: serif, sans, monospace, script, handwriting, display); nothing here is generated
-beyond rasterising their outlines. It is the pretraining set of `datamakers.glyph_start`:
+beyond rasterising their outlines. It is the pretraining set of `tools.datamakers.glyph_start`:
 DenseNet121 learns strokes, curves and their arrangement from 52 letter classes, then
-fine-tunes on a different set (scikit-learn's handwritten digits, `datamakers.demo`), as
+fine-tunes on a different set (scikit-learn's handwritten digits, `tools.datamakers.demo`), as
 ImageNet weights would be fine-tuned on a user's photos. Digits are left out of the
 default classes on purpose, so the two sets share no class.
 
@@ -182,7 +182,7 @@ def scan(image: Image.Image, side: int) -> Image.Image:
     The ink is scaled to fill a `SCAN_BLOCK * side` square (keeping its proportions,
     centred), binarised, and each `SCAN_BLOCK` x `SCAN_BLOCK` block's count of ink pixels
     becomes one pixel of a `side` x `side` image (17 grey levels for blocks of 4); that is
-    drawn back bilinearly at `image`'s size, as `datamakers.demo` draws the digits. A
+    drawn back bilinearly at `image`'s size, as `tools.datamakers.demo` draws the digits. A
     glyph made so looks like a digit of the demo set in all but its shape.
 
     Args:
@@ -284,7 +284,7 @@ def write_glyphs(out_dir: str, font_paths: Sequence[str] | None = None, chars: s
 
 @reports(FileNotFoundError)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datamakers.font_glyphs",
+    parser = argparse.ArgumentParser(prog="python -m tools.datamakers.font_glyphs",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", nargs="?")
     parser.add_argument("--debian-packages", action="store_true",

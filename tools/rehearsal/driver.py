@@ -15,13 +15,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import rehearsal.spec as ir
+import tools.rehearsal.spec as ir
 from components.common.storage import write_json_atomically
-from rehearsal.cache import TaskCache, cache_key
-from rehearsal.jobs import Preemption, VertexCalls, VertexJobs, task_kind
-from rehearsal.records import RehearsalError, TaskRecord, pipeline_summary, write_report
-from rehearsal.runtimes import Runtime
-from rehearsal.walk import SKIPPED, DagWalk
+from tools.rehearsal.cache import TaskCache, cache_key
+from tools.rehearsal.jobs import Preemption, VertexCalls, VertexJobs, task_kind
+from tools.rehearsal.records import RehearsalError, TaskRecord, pipeline_summary, write_report
+from tools.rehearsal.runtimes import Runtime
+from tools.rehearsal.walk import SKIPPED, DagWalk
 
 
 class Rehearsal(DagWalk):

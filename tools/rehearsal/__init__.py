@@ -1,8 +1,8 @@
 """Rehearse a compiled pipeline on this machine: the Vertex JSON users upload, or the
-Kubeflow YAML (`rehearsal.kubeflow`).
+Kubeflow YAML (`tools.rehearsal.kubeflow`).
 
 The file runs as Vertex Pipelines would run it, not as the Python pipeline function; only
-the Vertex service is stood in for. `python -m rehearsal --help` (the doc of `cli`) says
+the Vertex service is stood in for. `python -m tools.rehearsal --help` (the doc of `cli`) says
 what is rehearsed and how; `rehearse(path, output, params)` is the same from Python. A
 package of its own beside `pipelines`: it runs the compiled JSON, not the definitions, and
 takes from `pipelines` only the parameter parser (`params`) and the run summaries
@@ -22,7 +22,7 @@ takes from `pipelines` only the parameter parser (`params`) and the run summarie
     cli       the command line (`__main__` runs it)
     launcher  open-source KFP's pods and launcher (copies in, uploads on success)
     kubeflow  the Kubeflow YAML rehearsed as KFP's driver runs it (`python -m
-              rehearsal.kubeflow`), retries, loops and `Collected` included
+              tools.rehearsal.kubeflow`), retries, loops and `Collected` included
     kubeflow_demo  the image and transformer Kubeflow pipelines on loopback S3 and MLflow
     step_site/sitecustomize.py   loaded by local step processes only (KFP's /gcs prefix)
 
@@ -33,7 +33,7 @@ import importlib
 from typing import Any
 
 # Each re-exported name and the module it lives in, imported when first asked for: the
-# emulator (`python -m rehearsal.gcs_api`, started for every rehearsal in images and by the
+# emulator (`python -m tools.rehearsal.gcs_api`, started for every rehearsal in images and by the
 # tests) imports this package first, and must not load KFP and the pipelines with it.
 _HOMES = {
     "records": ("ArtifactRef", "RehearsalError", "TaskRecord"),

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import rehearsal.spec as ir
-from rehearsal.records import TaskRecord
+import tools.rehearsal.spec as ir
+from tools.rehearsal.records import TaskRecord
 
 SKIPPED = {"skipped": True, "parameters": {}, "artifacts": {}}
 

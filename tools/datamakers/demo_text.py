@@ -1,6 +1,6 @@
 """A small synthetic review CSV made on the spot, so the text pipeline runs with nothing downloaded.
 
-    python -m datamakers.demo_text OUT.csv [--rows 200] [--seed 0]
+    python -m tools.datamakers.demo_text OUT.csv [--rows 200] [--seed 0]
 
 French reviews (the pipeline's default language) with four one-hot labels (prix,
 livraison, qualite, service); each label has its own words, so even a tiny model
@@ -66,8 +66,9 @@ def write_reviews_csv(path: str, rows: int = 200, seed: int = 0) -> dict[str, in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datamakers.demo_text", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.datamakers.demo_text", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="CSV file to write")
     parser.add_argument("--rows", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.common.storage import write_json_atomically
-from rehearsal.records import ArtifactRef
+from tools.rehearsal.records import ArtifactRef
 
 
 def cache_key(component: Mapping[str, Any], container: Mapping[str, Any],

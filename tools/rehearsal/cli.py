@@ -1,6 +1,6 @@
 """Rehearse a compiled Vertex pipeline (the JSON users upload) on this machine.
 
-    python -m rehearsal build/image_pipeline.json --output DIR [--param NAME=VALUE ...]
+    python -m tools.rehearsal build/image_pipeline.json --output DIR [--param NAME=VALUE ...]
         [--pipeline-root gs://BUCKET/root] [--cache-index FILE] [--preempt TASK=GLOB ...]
         [--runtime local|image]
 
@@ -15,7 +15,8 @@ sets (`CLUSTER_SPEC` and `TF_CONFIG` for multi-replica jobs, `AIP_MODEL_DIR`,
 directory). `gs://BUCKET/...` is the folder `DIR/gcs/BUCKET/...`, which stands in for
 Vertex's `/gcs/` Cloud Storage FUSE mount. With `--runtime local` (the default) steps run
 in this Python environment (`python3` on the PATH is this interpreter) and KFP's mount
-prefix is pointed at that folder in each step process (`rehearsal/step_site/sitecustomize.py`).
+prefix is pointed at that folder in each step process
+(`tools/rehearsal/step_site/sitecustomize.py`).
 With `--runtime image` each step runs inside the image the JSON names, built here by
 `make images-local`, as the image's user, with the folder mounted at `/gcs`.
 
@@ -45,15 +46,15 @@ import argparse
 import os
 import sys
 
-from rehearsal.driver import rehearse
-from rehearsal.jobs import Preemption
-from rehearsal.records import RehearsalError
-from rehearsal.runtimes import RUNTIMES
+from tools.rehearsal.driver import rehearse
+from tools.rehearsal.jobs import Preemption
+from tools.rehearsal.records import RehearsalError
+from tools.rehearsal.runtimes import RUNTIMES
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line of `python -m rehearsal` (its help is this module's doc)."""
-    p = argparse.ArgumentParser(prog="python -m rehearsal", description=__doc__,
+    """The command line of `python -m tools.rehearsal` (its help is this module's doc)."""
+    p = argparse.ArgumentParser(prog="python -m tools.rehearsal", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("pipeline", help="compiled pipeline JSON")
     p.add_argument("--output", required=True, help="local folder of the rehearsal")
@@ -74,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs `python -m rehearsal`; returns the exit status (1: the rehearsal failed).
+    """Runs `python -m tools.rehearsal`; returns the exit status (1: the rehearsal failed).
 
     Args:
         argv: The arguments (default: the command line's).

@@ -1,6 +1,6 @@
 """A small BERT from scratch on a CSV's texts: a `--model-name` folder with no Hub access.
 
-    python -m pipelines.tiny_transformer --data CSV --output DIR [--text-column text]
+    python -m tools.datamakers.tiny_transformer --data CSV --output DIR [--text-column text]
 
 Counts a WordPiece vocabulary on the CSV's text column and saves it with a randomly
 initialised 2-layer BERT (hidden 128) as `save_pretrained` writes a Hub model. The
@@ -44,7 +44,7 @@ def read_texts(data_uri: str, text_column: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from components.train_transformer.tiny import write_tiny_model
 
-    parser = argparse.ArgumentParser(prog="python -m pipelines.tiny_transformer",
+    parser = argparse.ArgumentParser(prog="python -m tools.datamakers.tiny_transformer",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="CSV (gs:// or local) with the texts")

@@ -20,8 +20,8 @@ import sys
 from collections.abc import Mapping
 
 from components.common.storage import filesystem
-from rehearsal.records import RehearsalError
-from rehearsal.runtimes import RUNTIMES, SITE_DIR, ImageContainers, open_mount
+from tools.rehearsal.records import RehearsalError
+from tools.rehearsal.runtimes import RUNTIMES, SITE_DIR, ImageContainers, open_mount
 
 # KFP's LocalPathForURI: the pod folder an object store URI is copied to.
 MOUNTS = {"gs://": "/gcs/", "minio://": "/minio/", "s3://": "/s3/"}

@@ -18,6 +18,8 @@ from pathlib import Path
 
 ATTEMPTS = 5
 START_SECONDS = 15
+# The repository root: `tools` is not installed, it imports from there.
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -67,9 +69,10 @@ def _start_once(log_path: Path) -> tuple[subprocess.Popen, int] | None:
     token = f"emulator-{uuid.uuid4().hex}"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "rehearsal.gcs_api", "start", "--host", "127.0.0.1",
+            [sys.executable, "-m", "tools.rehearsal.gcs_api", "start", "--host", "127.0.0.1",
              "--port", str(port), "--in-memory", "--quiet", "--default-bucket", token],
             stdout=subprocess.DEVNULL, stderr=log,
+            cwd=REPO,  # where `tools` imports from, whatever the caller's folder
         )
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline and process.poll() is None:
@@ -135,7 +138,7 @@ LISTEN_BACKLOG = 1024
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m rehearsal.gcs_api start ...`: gcp-storage-emulator's command line, with a
+    """`python -m tools.rehearsal.gcs_api start ...`: gcp-storage-emulator's command line, with a
     listen backlog that takes a whole batch of concurrent reads."""
     from http import server
 

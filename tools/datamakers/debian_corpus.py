@@ -1,13 +1,13 @@
 """A second real English corpus made offline: Debian's package descriptions and debtags.
 
-    python -m datamakers.debian_corpus OUT.csv [--packages FILE] [--by works-with|section]
+    python -m tools.datamakers.debian_corpus OUT.csv [--packages FILE] [--by works-with|section]
 
 Each row is the one-line description Debian maintainers wrote for a source package
 (its first binary package that carries debtags), with one-hot label columns for the
 `works-with::` debtags of any of its binary packages among eight kinds of data (text,
 audio, image, mail, database, source code, video, archive). Short, terse, written by
 hundreds of people and not templated: a different kind of text from the standard
-library's docstrings (datamakers.docstring_corpus), and multi-label (a media player works
+library's docstrings (tools.datamakers.docstring_corpus), and multi-label (a media player works
 with audio and video). One row per source package, so a `-dev`/`-doc` twin of a training
 text cannot land in the test split.
 
@@ -202,7 +202,7 @@ def write_lm_corpus(path: str, index_path: str | None = None) -> dict[str, int]:
 
 @reports(FileNotFoundError)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datamakers.debian_corpus",
+    parser = argparse.ArgumentParser(prog="python -m tools.datamakers.debian_corpus",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("output", help="CSV to write")
     parser.add_argument("--packages", help="an apt Packages index (default: apt's own)")

@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.common.storage import write_json_atomically
-from rehearsal import gcs_api
-from rehearsal.records import ArtifactRef, RehearsalError, TaskRecord
-from rehearsal.runtimes import Runtime, without_gpus
-from rehearsal.spec import LOCATION, PROJECT_NUMBER
+from tools.rehearsal import gcs_api
+from tools.rehearsal.records import ArtifactRef, RehearsalError, TaskRecord
+from tools.rehearsal.runtimes import Runtime, without_gpus
+from tools.rehearsal.spec import LOCATION, PROJECT_NUMBER
 
 # Where Vertex has a trial write its metrics (CLOUD_ML_HP_METRIC_FILE), as its users report
 # it (GoogleCloudPlatform/cloudml-hypertune#6: writable only by root unless the image makes

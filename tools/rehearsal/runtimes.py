@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from rehearsal import gcs_api
-from rehearsal.records import RehearsalError
+from tools.rehearsal import gcs_api
+from tools.rehearsal.records import RehearsalError
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "step_site")
 MOUNT_ENV = "REHEARSAL_GCS_MOUNT"

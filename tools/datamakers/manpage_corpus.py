@@ -1,6 +1,6 @@
 """Real English prose made offline: the manual pages installed on this machine.
 
-    python -m datamakers.manpage_corpus OUT_FOLDER [--max-characters N]
+    python -m tools.datamakers.manpage_corpus OUT_FOLDER [--max-characters N]
 
 Unlabelled text for pretraining a language model: every English manual page under
 `/usr/share/man/man1`-`man8` (the translations in `/usr/share/man/<lang>` are not read),
@@ -195,7 +195,7 @@ def write_manpage_corpus(folder: str, hold_out_sources: Iterable[str] = (),
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datamakers.manpage_corpus",
+    parser = argparse.ArgumentParser(prog="python -m tools.datamakers.manpage_corpus",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("output", help="folder to write the .txt files to")
     parser.add_argument("--max-characters", type=int, default=0, help="0: every page")

@@ -1,6 +1,6 @@
 """Small labelled datasets made on the spot, so the pipelines run with nothing downloaded.
 
-    python -m datamakers.demo digits OUT_DIR
+    python -m tools.datamakers.demo digits OUT_DIR
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def write_digits(out_dir: str, size: int = 32, per_class: int | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datamakers.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tools.datamakers.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kind", choices=["digits"])
     parser.add_argument("out_dir")

@@ -1,8 +1,8 @@
 """The image and transformer pipelines compiled for Kubeflow and rehearsed end to end on
 tiny data, against an S3 API (moto's server) and an MLflow server, both on loopback.
 
-    python -m datamakers.kubeflow_demo_data runs/kubeflow/data
-    python -m rehearsal.kubeflow_demo --data runs/kubeflow/data --output runs/kubeflow
+    python -m tools.datamakers.kubeflow_demo_data runs/kubeflow/data
+    python -m tools.rehearsal.kubeflow_demo --data runs/kubeflow/data --output runs/kubeflow
         [--runtime local|image]
 
 The data, the encoder and the pipeline root are on s3://; the steps get their S3
@@ -29,9 +29,9 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rehearsal.gcs_api import free_port
-from rehearsal.kubeflow import Kill, rehearse_kubeflow
-from rehearsal.launcher import ObjectStore
+from tools.rehearsal.gcs_api import free_port
+from tools.rehearsal.kubeflow import Kill, rehearse_kubeflow
+from tools.rehearsal.launcher import ObjectStore
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal"}
 SECRET = "s3-credentials"
@@ -132,12 +132,12 @@ def upload(local: str, uri: str) -> None:
 
 
 def stage(folder: str) -> None:
-    """Uploads the tiny data sets and encoder in `folder` (`datamakers.kubeflow_demo_data`
+    """Uploads the tiny data sets and encoder in `folder` (`tools.datamakers.kubeflow_demo_data`
     writes them) where the parameters name them, and makes the buckets the runs write to."""
     for name in ("pets", "docstrings.csv", "tiny"):
         if not os.path.exists(os.path.join(folder, name)):
             raise FileNotFoundError(f"{folder}/{name} is missing: write the data with "
-                                    f"`python -m datamakers.kubeflow_demo_data {folder}`")
+                                    f"`python -m tools.datamakers.kubeflow_demo_data {folder}`")
     upload(os.path.join(folder, "pets"), IMAGE_PARAMS["data_uri"])
     upload(os.path.join(folder, "docstrings.csv"), TRANSFORMER_PARAMS["data_uri"])
     upload(os.path.join(folder, "tiny"), TRANSFORMER_PARAMS["model_name"])
@@ -173,11 +173,11 @@ def rehearse_both(build: str, output: str, tracking_uri: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs `python -m rehearsal.kubeflow_demo`; prints the summaries and registrations."""
-    p = argparse.ArgumentParser(prog="python -m rehearsal.kubeflow_demo", description=__doc__,
+    """Runs `python -m tools.rehearsal.kubeflow_demo`; prints the summaries and registrations."""
+    p = argparse.ArgumentParser(prog="python -m tools.rehearsal.kubeflow_demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True,
-                   help="folder `python -m datamakers.kubeflow_demo_data` wrote")
+                   help="folder `python -m tools.datamakers.kubeflow_demo_data` wrote")
     p.add_argument("--output", required=True, help="local folder of the rehearsals")
     p.add_argument("--runtime", choices=("local", "image"), default="local")
     args = p.parse_args(argv)

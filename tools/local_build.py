@@ -1,6 +1,6 @@
 """Build the two runtime images on this machine, with no registry reachable: `make images-local`.
 
-    python containers/local_build.py [--runtime tensorflow|fastai ...] [--report FILE]
+    python tools/local_build.py [--runtime tensorflow|fastai ...] [--report FILE]
 
 Cloud Build builds `containers/*/Dockerfile` FROM the public python image pinned by digest.
 Here no registry can be pulled from, so this script first makes a stand-in for that base
@@ -21,7 +21,7 @@ daemon, no user namespaces):
    is written into an image.
 
 Images are tagged with the URIs `compile.py` bakes into `build/local/*.json` (the placeholder
-registry), so `python -m rehearsal build/local/image_pipeline.json --runtime image`
+registry), so `python -m tools.rehearsal build/local/image_pipeline.json --runtime image`
 runs each step in them. Build times and image sizes go to `build/images/report.json`.
 """
 

@@ -1,6 +1,6 @@
-"""The tiny data `python -m rehearsal.kubeflow_demo` uploads to S3 before its rehearsals.
+"""The tiny data `python -m tools.rehearsal.kubeflow_demo` uploads to S3 before its rehearsals.
 
-    python -m datamakers.kubeflow_demo_data DIR
+    python -m tools.datamakers.kubeflow_demo_data DIR
 
 Writes `DIR/pets/` (class folders of digit images), `DIR/docstrings.csv` (this venv's
 module docstrings labelled by package) and `DIR/tiny/` (a tiny BERT-style encoder whose
@@ -15,8 +15,8 @@ import sys
 from components.prepare_text.contract import PrepareConfig, read_split
 from components.prepare_text.preparation import prepare_text_dataset
 from components.train_transformer.tiny import write_tiny_model
-from datamakers.demo import write_digits
-from datamakers.docstring_corpus import write_docstring_corpus
+from tools.datamakers.demo import write_digits
+from tools.datamakers.docstring_corpus import write_docstring_corpus
 
 
 def write_demo_data(folder: str) -> None:

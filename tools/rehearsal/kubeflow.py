@@ -1,7 +1,7 @@
 """Rehearse a compiled Kubeflow pipeline (the YAML `compile.py --target kubeflow` writes) as
 open-source Kubeflow Pipelines runs it, on this machine.
 
-    python -m rehearsal.kubeflow build/kubeflow/image_pipeline.yaml --output DIR
+    python -m tools.rehearsal.kubeflow build/kubeflow/image_pipeline.yaml --output DIR
         --pipeline-root s3://BUCKET/root [--param NAME=VALUE ...] [--secret NAME=KEY=VALUE ...]
         [--kill TASK=BUCKET/GLOB ...] [--runtime local|image]
 
@@ -41,18 +41,18 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import rehearsal.spec as ir
+import tools.rehearsal.spec as ir
 from components.common.storage import write_json_atomically
-from rehearsal.launcher import PARAMETER_OUTPUTS, ObjectStore, Pods, mount_path
-from rehearsal.records import (
+from tools.rehearsal.launcher import PARAMETER_OUTPUTS, ObjectStore, Pods, mount_path
+from tools.rehearsal.records import (
     ArtifactRef,
     RehearsalError,
     TaskRecord,
     pipeline_summary,
     write_report,
 )
-from rehearsal.runtimes import without_gpus
-from rehearsal.walk import SKIPPED, DagWalk
+from tools.rehearsal.runtimes import without_gpus
+from tools.rehearsal.walk import SKIPPED, DagWalk
 
 _WHOLE_PLACEHOLDER = re.compile(r"^\{\{\$\.(?P<name>pipeline_[a-z_]+)\}\}$")
 
@@ -373,8 +373,8 @@ def rehearse_kubeflow(path: str, output: str, params: Mapping[str, str] | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs `python -m rehearsal.kubeflow`; returns the exit status (1: it failed)."""
-    p = argparse.ArgumentParser(prog="python -m rehearsal.kubeflow", description=__doc__,
+    """Runs `python -m tools.rehearsal.kubeflow`; returns the exit status (1: it failed)."""
+    p = argparse.ArgumentParser(prog="python -m tools.rehearsal.kubeflow", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("pipeline", help="compiled pipeline YAML (build/kubeflow/...)")
     p.add_argument("--output", required=True, help="local folder of the rehearsal")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipelines.params import parse_value
-from rehearsal.records import ArtifactRef, RehearsalError
+from tools.rehearsal.records import ArtifactRef, RehearsalError
 
 # The project and region a rehearsal pretends to run in (placeholders and names show them).
 PROJECT = "rehearsal-project"

@@ -1,6 +1,6 @@
 """Data made on this machine, with nothing downloaded, for the demos, tests and benchmarks.
 
-Each module is a command (`python -m datamakers.<name> --help`) that writes a data set in
+Each module is a command (`python -m tools.datamakers.<name> --help`) that writes a data set in
 the layout a pipeline reads (image class folders, a labelled CSV, a text corpus):
 
     demo              scikit-learn's handwritten digits as JPEG class folders
