@@ -359,12 +359,18 @@ def console_url(resource_name: str, project: str) -> str:
             f"{page}/{name}?project={project}")
 
 
+LOCATE_SECONDS = 10
+
+
 def _bucket_locator(submission: Submission, credentials) -> Callable[[str], str]:
     """A bucket's location through the Cloud Storage API, with the run's credentials."""
     from google.cloud import storage
 
     client = storage.Client(project=submission.project, credentials=credentials)
-    return lambda bucket: client.get_bucket(bucket).location
+    # Only a warning hangs on it: one short try, not the client's minutes of retries (a
+    # machine that cannot reach the API would otherwise wait there before submitting).
+    return lambda bucket: client.get_bucket(bucket, timeout=LOCATE_SECONDS,
+                                            retry=None).location
 
 
 def parser() -> argparse.ArgumentParser:
