@@ -50,8 +50,8 @@ def launch_config(cluster: distributed.Cluster | None, procs: int) -> LaunchConf
     """
     from torch.distributed.launcher.api import LaunchConfig
 
-    # A failed process fails the replica, as Vertex restarts a job whole (from its
-    # checkpoints); the launcher restarting it alone would wait for peers that left.
+    # No restarts here: a failure (a bad setting, out of memory) fails the job at once,
+    # and Vertex's own restart of the job resumes from its checkpoints.
     common = dict(nproc_per_node=procs, run_id=RUN_ID, max_restarts=0)
     if cluster is None:
         return LaunchConfig(min_nodes=1, max_nodes=1, rdzv_backend="c10d",
