@@ -109,11 +109,20 @@ def test_a_cluster_ddp_cannot_use_is_refused_naming_the_variable(env, message):
         distributed.cluster_from_environment(env)
 
 
-def test_each_gpu_process_gets_its_global_rank():
+def test_replicas_meet_at_the_primary_keeping_vertexs_node_ranks():
+    """torch's static rendezvous: the primary is node 0 (so rank 0, the writer, runs
+    there); one machine alone meets as torchrun --standalone; no process is restarted."""
+    from components.train_transformer.launch import RUN_ID, launch_config
+
     cluster = distributed.Cluster("primary", 2222, nodes=2, node_rank=1)
-    env = distributed.process_environment(cluster, procs_per_node=4, local_rank=3)
-    assert env == {"MASTER_ADDR": "primary", "MASTER_PORT": "2222", "WORLD_SIZE": "8",
-                   "RANK": "7", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}
+    config = launch_config(cluster, procs=4)
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 4)
+    assert (config.rdzv_backend, config.rdzv_endpoint) == ("static", "primary:2222")
+    assert config.rdzv_configs["rank"] == 1 and config.max_restarts == 0
+    assert config.run_id == RUN_ID  # the same on every replica
+    alone = launch_config(None, procs=2)
+    assert (alone.max_nodes, alone.nproc_per_node) == (1, 2)
+    assert (alone.rdzv_backend, alone.rdzv_endpoint) == ("c10d", "localhost:0")
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -449,9 +458,8 @@ def test_replicas_on_separate_machines_wait_for_a_slow_rank0_that_alone_writes(d
     audit = _audited(tmp_path)
     writes = [r for r in audit if r["write"]]
     model = [r for r in audit if r["path"].startswith("job-1/train/model/")]
-    # Rank 0 writes; the primary's launcher reads the result its own rank 0 wrote.
-    assert {(r["machine"], r["rank"], r["write"]) for r in model} == {
-        ("0", "0", True), ("0", None, False)}
+    # Rank 0 writes; the primary's launcher gets the result from it, not from its files.
+    assert {(r["machine"], r["rank"], r["write"]) for r in model} == {("0", "0", True)}
     renamed = Counter(os.path.basename(r["path"]) for r in model if r["event"] == "os.rename")
     assert renamed == {"metrics.json": 1, LABELS_FILE: 1, "per_label_metrics.json": 1}
     run_state_writes = [r for r in writes if "run.json" in os.path.basename(r["path"])]
@@ -561,7 +569,7 @@ def test_the_tiny_model_command_writes_a_folder_the_trainer_takes(tmp_path, caps
 
 @pytest.mark.slow
 def test_a_machine_with_two_devices_spawns_one_process_each(dataset, tmp_path, monkeypatch):
-    """The several-GPU path, run on CPU: `gpus=2` spawns two processes on loopback (gloo);
+    """The several-GPU path, run on CPU: `gpus=2` launches two processes on loopback (gloo);
     rank 0 writes the model and the result both trained."""
     from components.train_transformer.launch import train
 

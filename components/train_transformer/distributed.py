@@ -1,4 +1,4 @@
-"""Where one training process stands in a PyTorch DDP job: read from what Vertex sets.
+"""Where this replica stands in a PyTorch DDP job: read from what Vertex sets.
 
 Vertex runs the same container on every replica of a custom job. It sets `CLUSTER_SPEC`
 on each (cloud.google.com/vertex-ai/docs/training/distributed-training: `{"cluster":
@@ -9,11 +9,9 @@ PyTorch containers (cloud.google.com/ai-platform/training/docs/distributed-pytor
 Those are used when all four are there; otherwise they are derived from `CLUSTER_SPEC`
 the way Vertex orders replicas (workerpool0's primary is rank 0, then workerpool1's).
 
-Each replica runs one process per GPU (one on a CPU machine): process ranks are
-`node_rank * procs_per_node + local_rank`, and Hugging Face's `Trainer` joins the group
-from the torchrun variables that `process_environment` returns. Pure functions, so the
-choice is unit-tested without a cluster.
-"""
+Only the machines are read here: torch's launcher (`launch.py`) starts the processes of
+each and gives them their ranks. A pure function, so the reading is unit-tested without
+a cluster."""
 
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ from collections.abc import Mapping
 
 TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 _TRAINING_POOLS = ("workerpool0", "workerpool1")  # primary, then workers
-LOOPBACK = "127.0.0.1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,23 +91,3 @@ def cluster_from_environment(environ: Mapping[str, str]) -> Cluster | None:
         return _from_cluster_spec(environ["CLUSTER_SPEC"])
     return None
 
-
-def process_environment(cluster: Cluster, procs_per_node: int, local_rank: int
-                        ) -> dict[str, str]:
-    """torchrun's variables for one process of `cluster` (what `Trainer` reads).
-
-    Args:
-        cluster: The job's machines.
-        procs_per_node: Processes on each machine (its GPUs, or 1).
-        local_rank: This process's place on its machine (its GPU index).
-    """
-    if not 0 <= local_rank < procs_per_node:
-        raise ValueError(f"local_rank {local_rank} is not within {procs_per_node} process(es)")
-    return {
-        "MASTER_ADDR": cluster.master_addr,
-        "MASTER_PORT": str(cluster.master_port),
-        "WORLD_SIZE": str(cluster.nodes * procs_per_node),
-        "RANK": str(cluster.node_rank * procs_per_node + local_rank),
-        "LOCAL_RANK": str(local_rank),
-        "LOCAL_WORLD_SIZE": str(procs_per_node),
-    }

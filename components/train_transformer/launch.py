@@ -1,48 +1,66 @@
 """Runs the transformer trainer as one process per GPU on each replica of the job.
 
-A single CPU or GPU machine trains in this process. Otherwise each process gets torchrun's
-variables (`distributed.process_environment`): several GPUs on one machine are spawned
-here, one process each, and the replicas of a multi-replica Vertex job find each other
-through the primary replica's address (`distributed.cluster_from_environment`).
+A single CPU or GPU machine trains in this process. Otherwise torch's own launcher
+(`elastic_launch`, what `torchrun` runs) starts one process per GPU (one on a CPU machine)
+with torchrun's variables set, and `Trainer` joins the group from them. The replicas of a
+multi-replica Vertex job meet at the primary replica's address
+(`distributed.cluster_from_environment`) through torch's static rendezvous, which keeps
+the node ranks Vertex gives: the primary is node 0, so rank 0, which writes every output,
+runs where KFP keeps the outputs. One machine with several GPUs meets as
+`torchrun --standalone` does (c10d on a free loopback port).
 
-Rank 0 (on the primary replica) writes every output; the other replicas return None once
-their processes are through the closing barrier, without reading its files: on another
-machine they may not be visible yet.
+Rank 0 hands its result back to the primary's launcher; the other replicas return None
+once their processes are through the closing barrier, without reading its files: on
+another machine they may not be visible yet.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.common.gpus import require_torch_gpus
-from components.text_common.contract import TRAINING_METRICS_FILE
 from components.text_common.scores import validation_scalars  # noqa: F401 (the component's)
 from components.train_transformer import distributed
 from components.train_transformer.contract import TransformerConfig
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from torch.distributed.launcher.api import LaunchConfig
+
+# The rendezvous store's key prefix: every replica's launcher must give the same one
+# (torch makes up a random one per launcher when it is empty).
+RUN_ID = "train_transformer"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((distributed.LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
-def _process(local_rank: int, env: Mapping[str, str], dataset_dir: str, model_dir: str,
-             config: TransformerConfig, kwargs: dict[str, Any]) -> None:
-    """One spawned process: its torchrun variables, then the trainer."""
+def _worker(job: tuple[str, str, TransformerConfig, dict[str, Any]]) -> dict[str, Any]:
+    """One launched process (torchrun's variables set): the trainer; its result."""
     from components.train_transformer.training import train_transformer
 
-    os.environ.update(env)
-    os.environ.update({"RANK": str(int(env["RANK"]) + local_rank),
-                       "LOCAL_RANK": str(local_rank)})
-    train_transformer(dataset_dir, model_dir, config, **kwargs)
+    dataset_dir, model_dir, config, kwargs = job
+    return train_transformer(dataset_dir, model_dir, config, **kwargs)
+
+
+def launch_config(cluster: distributed.Cluster | None, procs: int) -> LaunchConfig:
+    """torch's launch settings: `procs` processes on each of the cluster's machines.
+
+    Args:
+        cluster: The job's replicas; None for this machine alone.
+        procs: Processes on each machine (its GPUs, or 1).
+    """
+    from torch.distributed.launcher.api import LaunchConfig
+
+    # No restarts here: a failure (a bad setting, out of memory) fails the job at once,
+    # and Vertex's own restart of the job resumes from its checkpoints.
+    common = dict(nproc_per_node=procs, run_id=RUN_ID, max_restarts=0)
+    if cluster is None:
+        return LaunchConfig(min_nodes=1, max_nodes=1, rdzv_backend="c10d",
+                            rdzv_endpoint="localhost:0", **common)
+    # Static, not c10d: c10d ranks the machines in the order they arrive.
+    return LaunchConfig(min_nodes=cluster.nodes, max_nodes=cluster.nodes,
+                        rdzv_backend="static",
+                        rdzv_endpoint=f"{cluster.master_addr}:{cluster.master_port}",
+                        rdzv_configs={"rank": cluster.node_rank}, **common)
 
 
 def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
@@ -62,32 +80,23 @@ def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
     Returns:
         The training result (`metrics.json`'s content) on the primary replica; None on the
         others, where there is nothing to report (KFP keeps the primary's outputs only).
+
+    Raises:
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: A launched
+            process failed (its error and traceback are in the message).
     """
     require_torch_gpus()  # before anything is read: a job without its GPUs ends now
     import torch
-
-    from components.train_transformer.training import train_transformer
 
     environ = os.environ if environ is None else environ
     procs = max(1, torch.cuda.device_count() if gpus is None else gpus)
     cluster = distributed.cluster_from_environment(environ)
     if cluster is None and procs == 1:
-        return train_transformer(dataset_dir, model_dir, config, **kwargs)
-    cluster = cluster or distributed.Cluster(distributed.LOOPBACK, _free_port(), 1, 0)
-    log.info("training on %d replica(s) x %d process(es); this replica is %d, rendezvous "
-             "at %s:%d", cluster.nodes, procs, cluster.node_rank, cluster.master_addr,
-             cluster.master_port)
-    if procs == 1:
-        os.environ.update(distributed.process_environment(cluster, 1, 0))
-        result = train_transformer(dataset_dir, model_dir, config, **kwargs)
-    else:
-        import torch.multiprocessing as mp
+        return _worker((dataset_dir, model_dir, config, kwargs))
+    from torch.distributed.launcher.api import elastic_launch
 
-        first = distributed.process_environment(cluster, procs, 0)
-        mp.start_processes(_process, args=(first, dataset_dir, model_dir, config, kwargs),
-                           nprocs=procs, start_method="spawn")
-        result = None
-        if cluster.node_rank == 0:  # rank 0 is this machine's first process, now finished
-            with open(os.path.join(model_dir, TRAINING_METRICS_FILE)) as f:
-                result = json.load(f)
-    return result if cluster.node_rank == 0 else None
+    # One tuple argument: torch rewrites string arguments (${local_rank}, and $$ to $).
+    results = elastic_launch(launch_config(cluster, procs), _worker)(
+        (dataset_dir, model_dir, config, kwargs))
+    # Keyed by global rank, this machine's only: rank 0 is the primary's first process.
+    return results[0] if cluster is None or cluster.node_rank == 0 else None

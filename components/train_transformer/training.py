@@ -5,7 +5,7 @@ epoch on the validation split; the best epoch (by `monitor`) is kept, training s
 `early_stopping_patience` epochs without improvement. Every epoch is a full checkpoint
 (model, optimizer, scheduler, RNG) in the checkpoint folder, so a job restarted after
 preemption resumes from its last epoch. Under DDP each process runs this function with
-torchrun's variables set (`distributed.process_environment`); `Trainer` joins the group.
+torchrun's variables set by torch's launcher (`launch.py`); `Trainer` joins the group.
 
 Under DDP the replicas are separate machines sharing only Cloud Storage (/gcs/): rank 0
 alone writes the run state, the model folder and its metrics, and every other process
