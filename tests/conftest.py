@@ -22,10 +22,12 @@ if _WORKERS > 1:
 import contextlib  # noqa: E402
 import http.client  # noqa: E402
 import json  # noqa: E402
+import pathlib  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -61,6 +63,29 @@ def pytest_collection_modifyitems(items):
     tests within each file, keep their order."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+# compile.py's outputs by argument list, for this test process (compile_once).
+_COMPILED: dict[tuple[str, ...], pathlib.Path] = {}
+
+
+def compile_once(tmp_path: pathlib.Path, *args: str) -> pathlib.Path:
+    """The folder `python compile.py --output-dir DIR *args` writes, compiled once per test
+    process and argument list (every pipeline and variant takes ~5 s to compile; most tests
+    only read the files). For tests that read the files and nothing else: a test of what
+    compile prints, of the environment it compiles in, or of a refusal compiles itself.
+
+    Args:
+        tmp_path: The test's tmp_path; the folder is made beside it, in the session's.
+        *args: compile.py's arguments other than --output-dir.
+    """
+    if args not in _COMPILED:
+        import compile as compile_cli
+
+        out = pathlib.Path(tempfile.mkdtemp(prefix="compiled-", dir=tmp_path.parent))
+        assert compile_cli.main(["--output-dir", str(out), *args]) == 0
+        _COMPILED[args] = out
+    return _COMPILED[args]
+
 
 # A colour per class keeps tiny datasets learnable by tiny models.
 CLASS_COLOURS = {"cat": (220, 40, 40), "dog": (40, 200, 40), "eel": (40, 40, 220)}

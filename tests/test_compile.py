@@ -15,11 +15,18 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform, aiplatform_v1
 
 import compile as compile_cli
+from tests.conftest import compile_once
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
 
 
 def _compile(tmp_path, *extra):
+    """The compiled folder, shared by the tests that pass the same flags (read only)."""
+    return compile_once(tmp_path, "--registry", REGISTRY, "--tag", "0a1b2c3", *extra)
+
+
+def _compile_here(tmp_path, *extra):
+    """A compile of this test's own: what it prints, or in its own environment."""
     out = tmp_path / "build"
     assert compile_cli.main(["--output-dir", str(out), "--registry", REGISTRY,
                              "--tag", "0a1b2c3", *extra]) == 0
@@ -119,7 +126,7 @@ def test_no_credentials_in_compiled_json(tmp_path, monkeypatch):
     key.write_text(json.dumps({"type": "service_account", "private_key": "MARKER-5e1d",
                                "client_email": "ci@acme.iam.gserviceaccount.com"}))
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
-    out = _compile(tmp_path)
+    out = _compile_here(tmp_path)
     for name in ("image_pipeline.json", "text_pipeline.json", "transformer_pipeline.json"):
         text = (out / name).read_text()
         for marker in ("MARKER-5e1d", "key-7f3a9c", "ci@acme", "private_key"):
@@ -292,7 +299,7 @@ def test_no_upload_without_a_pinned_serving_image(tmp_path):
     assert "comp-model-upload" not in spec["components"]
     assert "comp-registration-gate" in spec["components"]  # the decision is still reported
     with pytest.raises(SystemExit, match="--serving-image"):
-        _compile(tmp_path, "--serving-image",
+        _compile_here(tmp_path, "--serving-image",
                  "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest")
 
 
@@ -338,7 +345,7 @@ def test_no_upload_without_a_pinned_serving_image(tmp_path):
 ])
 def test_bad_machine_settings_are_refused_naming_the_option(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:
-        _compile(tmp_path, *flags)
+        _compile_here(tmp_path, *flags)
     assert exit_info.value.code != 0
     assert re.search(message, str(exit_info.value.code))
     assert not (tmp_path / "build").exists()
@@ -353,7 +360,7 @@ def test_config_file_values_must_have_the_option_type(tmp_path, capsys, settings
     config = tmp_path / "settings.json"
     config.write_text(json.dumps(settings))
     with pytest.raises(SystemExit):
-        _compile(tmp_path, "--config", str(config))
+        _compile_here(tmp_path, "--config", str(config))
     assert message in capsys.readouterr().err
 
 
@@ -365,7 +372,7 @@ def test_a_malformed_config_file_is_named(tmp_path, capsys, text, message):
     config = tmp_path / "settings.json"
     config.write_text(text)
     with pytest.raises(SystemExit):
-        _compile(tmp_path, "--config", str(config))
+        _compile_here(tmp_path, "--config", str(config))
     assert f"--config {config} {message}" in capsys.readouterr().err
 
 
@@ -552,7 +559,7 @@ def test_tensorboard_needs_its_output_folder_account_and_a_resource_name(tmp_pat
     if drop:
         del flags[flags.index(drop):flags.index(drop) + 2]
     with pytest.raises(SystemExit, match=re.escape(message)):
-        _compile(tmp_path, *flags)
+        _compile_here(tmp_path, *flags)
     assert not (tmp_path / "build").exists()
 
 
@@ -620,7 +627,7 @@ def _gpus(out, pipeline: str) -> dict[str, int]:
 
 
 def test_compile_prints_the_gpus_each_pipeline_holds_at_once(tmp_path, capsys):
-    out = _compile(tmp_path)
+    out = _compile_here(tmp_path)
     # trials at once x GPUs of a trial: 3 x 2; training after the tuning job adds none
     assert _gpus(out, "image_tuning_pipeline") == {"NVIDIA_TESLA_V100": 6}
     assert _gpus(out, "image_pipeline") == {"NVIDIA_TESLA_V100": 2}

@@ -9,7 +9,6 @@ import os
 import pandas as pd
 import pytest
 
-import compile as compile_cli
 import tools.rehearsal as rehearse
 from components.preflight.checks import input_fingerprints, preflight
 from components.preflight.parameters import PreflightError
@@ -20,7 +19,7 @@ from components.tune import selection, trial
 from components.tune.contract import DEFAULT_SPACES, TUNABLE
 from pipelines import run_local
 from pipelines.definitions import transformer
-from tests.conftest import free_port, http_json, served_as_on_vertex
+from tests.conftest import compile_once, free_port, http_json, served_as_on_vertex
 from tools.datamakers import docstring_corpus
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
@@ -47,10 +46,8 @@ TFIDF_MARGIN = 0.15
 
 
 def _compile(tmp_path, *extra):
-    out = tmp_path / "build"
-    assert compile_cli.main(["--output-dir", str(out), "--registry", REGISTRY,
-                             "--tag", "0a1b2c3", *extra]) == 0
-    return out
+    """The compiled folder, shared by the tests that pass the same flags (read only)."""
+    return compile_once(tmp_path, "--registry", REGISTRY, "--tag", "0a1b2c3", *extra)
 
 
 def _pools(spec: dict) -> dict[str, list[dict]]:

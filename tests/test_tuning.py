@@ -29,6 +29,7 @@ from components.tune.contract import (
 from pipelines.definitions import tuning
 from pipelines.definitions.steps import component as step_component
 from pipelines.definitions.vertex import DEFAULT_MACHINES
+from tests.conftest import compile_once
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
 
@@ -205,7 +206,13 @@ def test_a_trial_runs_the_training_step_with_its_values_in_its_own_folder():
 # --------------------------------------------------------------------------- compiled
 
 
-def _compile(tmp_path, *extra, capsys=None):
+def _compile(tmp_path, *extra):
+    """The compiled folder, shared by the tests that pass the same flags (read only)."""
+    return compile_once(tmp_path, "--registry", REGISTRY, "--tag", "0a1b2c3", *extra)
+
+
+def _compile_here(tmp_path, *extra):
+    """A compile of this test's own (what it prints is read)."""
     out = tmp_path / "build"
     assert compile_cli.main(["--output-dir", str(out), "--registry", REGISTRY,
                              "--tag", "0a1b2c3", *extra]) == 0
@@ -254,7 +261,7 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
     space.write_text(json.dumps({"metric": "val_loss", "goal": "minimize", "parameters": {
         "learning_rate": {"type": "double", "min": 1e-4, "max": 1e-2, "scale": "log"},
         "unfreeze_blocks": {"type": "integer", "min": 1, "max": 4}}}))
-    out = _compile(tmp_path, "--tune-trials", "8", "--tune-parallel-trials", "2",
+    out = _compile_here(tmp_path, "--tune-trials", "8", "--tune-parallel-trials", "2",
                    "--image-search-space", str(space), "--train-text-accelerator-type",
                    "NVIDIA_L4", "--train-text-machine-type", "g2-standard-8")
     image = _tuning_request(json.loads((out / "image_tuning_pipeline.json").read_text()),
