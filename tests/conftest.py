@@ -37,24 +37,26 @@ from PIL import Image  # noqa: E402
 from tools.rehearsal import gcs_api  # noqa: E402
 
 # The longest test files, most CPU first (seconds in a serial clean-clone `make test-all`,
-# 2026-11-24): started first, so that on several processes (files are dealt out whole,
-# in this order) the last file to start is a short one. In collection order the real-text
-# seeds started last and ran ~10 minutes alone at the end.
+# 2026-11-27, estimated from the test durations of the CI before): started first, so that
+# on several processes (files are dealt out whole, in this order) the last file to start
+# is a short one.
 LONGEST_FIRST = (
-    "test_text_real.py",  # ~600: the text defaults on real text, 3 seeds
-    "test_transformer_real.py",  # ~700: MiniLM on two real corpora, 3 seeds each
-    "test_rehearse.py",  # ~270
-    "test_image_replicas.py",  # ~205 (2 TF workers, 3 runs; measured with load ~4 on 2 cores)
-    "test_train_image.py",  # ~250
-    "test_tuning.py",  # ~230
-    "test_gpu_bench.py",  # ~210
-    "test_run_local.py",  # ~200
-    "test_tracking.py",  # ~150
-    "test_train_transformer.py",  # ~130
-    "test_transformer_pipeline.py",  # ~120
-    "test_lm_pipeline.py",  # ~60
+    "test_gpu_bench.py",  # ~480
+    "test_tuning.py",  # ~410
+    "test_image_replicas.py",  # ~410 (2 TF workers, 3 runs)
+    "test_train_image.py",  # ~400
+    "test_rehearse.py",  # ~380
+    "test_kubeflow_rehearsal.py",  # ~370
+    "test_transformer_pipeline.py",  # ~320
+    "test_train_transformer.py",  # ~300
+    "test_wt103.py",  # ~290
+    "test_run_local.py",  # ~250
+    "test_transformer_real.py",  # ~200: MiniLM on real text, one seed
+    "test_tracking.py",  # ~200
+    "test_image_pretraining.py",  # ~150
+    "test_text_real.py",  # ~100: a small ULMFiT on real text
+    "test_lm_pipeline.py",  # ~90
     "test_text_pipeline.py",  # ~60
-    "test_wt103.py",  # ~45
 )
 
 
@@ -63,6 +65,7 @@ def pytest_collection_modifyitems(items):
     tests within each file, keep their order."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 # compile.py's outputs by argument list, for this test process (compile_once).
 _COMPILED: dict[tuple[str, ...], pathlib.Path] = {}
