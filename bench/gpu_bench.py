@@ -1,7 +1,8 @@
 """What the training steps get out of an accelerator, measured side by side in one run.
 
     python bench/gpu_bench.py [--engine tf-keras|keras3] [--sections choices,densenet,feed,fastai]
-        [--image-size 224] [--batch 64] [--steps 30] [--host-cores N] [--json FILE] [--smoke]
+        [--image-size 224] [--batch 64] [--steps 30] [--precisions mixed_float16,float32]
+        [--host-cores N] [--json FILE] [--smoke]
 
 choices   what our selection logic picks on the devices this process sees: the strategy
           (components.train_image.distribute), the Keras precision policy and fastai's fp16.
@@ -36,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECTIONS = ("choices", "densenet", "feed", "fastai")
 ENGINES = ("tf-keras", "keras3")
 TEXT_PRECISIONS = ("fp32", "fp16", "bf16")
+KERAS_PRECISIONS = ("mixed_float16", "float32")
 # DenseNet121 forward pass at 224 px is 2.87 GMAC = 5.73 GFLOP; training ~3x forward.
 TRAIN_GFLOP_224 = 17.2
 
@@ -199,14 +201,15 @@ def keras3_memory_batch(batch: int, size: int, classes: int):
 
 
 def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
-             rounds: int) -> dict:
-    """Training images/s under mixed_float16 and float32, alternated `rounds` times (best kept)."""
+             rounds: int, precisions: tuple[str, ...] = KERAS_PRECISIONS) -> dict:
+    """Training images/s under each of `precisions` (mixed_float16, float32), alternated
+    `rounds` times (best kept); the AMP speed-up when both were measured."""
     classes = 10
     try:
         data = memory_batch(batch, size, classes)
     except ImportError:
         data = keras3_memory_batch(batch, size, classes)
-    models = {p: engine.model(classes, size, p) for p in ("mixed_float16", "float32")}
+    models = {p: engine.model(classes, size, p) for p in precisions}
     best = {p: float("inf") for p in models}
     for _ in range(rounds):  # alternate so drift (clocks, heat) hits both alike
         for precision, model in models.items():
@@ -220,7 +223,8 @@ def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup
         out[precision] = {"images_per_second": rate, "tflops": tflops,
                           "share_of_peak": tflops / peak if peak else None}
     out["amp_speedup"] = (out["mixed_float16"]["images_per_second"]
-                          / out["float32"]["images_per_second"])
+                          / out["float32"]["images_per_second"]
+                          if set(KERAS_PRECISIONS) <= set(best) else None)
     return out
 
 
@@ -367,13 +371,14 @@ def report(results: dict) -> str:
         d = results["densenet"]
         lines.append(f"DenseNet121 {d['image_size']}px batch {d['batch']} ({d['engine']}, "
                      f"{d['device']})")
-        for precision in ("mixed_float16", "float32"):
+        for precision in (p for p in KERAS_PRECISIONS if p in d):
             p = d[precision]
             share = p["share_of_peak"]
             lines.append(f"  {precision:<14} {p['images_per_second']:9.1f} img/s "
                          f"{p['tflops']:8.2f} TFLOP/s  "
                          f"{_fmt(share and 100 * share)}% of peak")
-        lines.append(f"  AMP speed-up   {d['amp_speedup']:.2f}x")
+        if d["amp_speedup"] is not None:
+            lines.append(f"  AMP speed-up   {d['amp_speedup']:.2f}x")
     if "feed" in results:
         f = results["feed"]
         lines += [f"feed ({f['precision']}, {f['host_cores']} host cores, "
@@ -411,10 +416,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc-tokens", type=int, default=400)
     parser.add_argument("--text-batches", type=int, default=20)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--precisions", default=",".join(KERAS_PRECISIONS),
+                        help="the DenseNet section's Keras precisions, comma-separated")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes: checks the bench runs, measures nothing useful")
     args = parser.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
+    precisions = tuple(p for p in args.precisions.split(",") if p)
+    if not precisions or set(precisions) - set(KERAS_PRECISIONS):
+        parser.error(f"--precisions takes some of {list(KERAS_PRECISIONS)}, "
+                     f"got {args.precisions!r}")
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
@@ -435,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     picked = choices(gpus)
     results: dict = {"choices": picked} if "choices" in sections else {}
     runs = {
-        "densenet": lambda: densenet(engine, gpus, size, batch, steps, warmup, args.rounds),
+        "densenet": lambda: densenet(engine, gpus, size, batch, steps, warmup, args.rounds,
+                                     precisions),
         "feed": lambda: feed(engine, picked["keras_precision"], size, batch, steps, warmup,
                              args.shard_images),
         "fastai": lambda: fastai_tokens(gpus, args.text_batch, args.doc_tokens,
