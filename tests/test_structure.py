@@ -419,6 +419,19 @@ def test_the_layer_rule_catches_an_import_upward_or_sideways(monkeypatch):
     assert seen == product | workshop
 
 
+def test_every_documented_module_command_names_a_module():
+    """`python -m X` in the README, the docs and the Makefile: X is there to run (a command
+    moved, as tools/ moved the rehearsal, moves in its docs in the same commit)."""
+    import importlib.util
+
+    root = ROOT.parent
+    texts = [root / "README.md", root / "Makefile", *sorted((root / "docs").glob("*.md"))]
+    named = {m for path in texts
+             for m in re.findall(r"python3? -m ([A-Za-z_][\w.]*\w)", path.read_text())}
+    assert {"pipelines.run_local", "tools.rehearsal", "tools.datamakers.demo"} <= named
+    assert sorted(m for m in named if importlib.util.find_spec(m) is None) == []
+
+
 def test_the_wheel_and_the_images_hold_the_product_alone():
     """What pip installs (pyproject's package list) and what the Dockerfiles copy: the
     product's packages and compile.py, none of the workshop."""
