@@ -400,6 +400,14 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _precisions(parser: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
+    """--precisions as a tuple; a usage error unless it names some of KERAS_PRECISIONS."""
+    precisions = tuple(p for p in text.split(",") if p)
+    if not precisions or set(precisions) - set(KERAS_PRECISIONS):
+        parser.error(f"--precisions takes some of {list(KERAS_PRECISIONS)}, got {text!r}")
+    return precisions
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -416,16 +424,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc-tokens", type=int, default=400)
     parser.add_argument("--text-batches", type=int, default=20)
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--precisions", default=",".join(KERAS_PRECISIONS),
-                        help="the DenseNet section's Keras precisions, comma-separated")
+    parser.add_argument("--precisions", default=",".join(KERAS_PRECISIONS))  # DenseNet's
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes: checks the bench runs, measures nothing useful")
     args = parser.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
-    precisions = tuple(p for p in args.precisions.split(",") if p)
-    if not precisions or set(precisions) - set(KERAS_PRECISIONS):
-        parser.error(f"--precisions takes some of {list(KERAS_PRECISIONS)}, "
-                     f"got {args.precisions!r}")
+    precisions = _precisions(parser, args.precisions)
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")

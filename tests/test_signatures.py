@@ -8,8 +8,8 @@ import pytest
 
 from components.train_image.contract import TrainConfig as ImageTrainConfig
 from components.train_transformer.contract import TransformerConfig
-from pipelines import signatures
 from pipelines.definitions import help_text
+from tools import signatures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,7 +132,7 @@ def test_the_learning_rate_sentence_is_written_from_beside_choose_rate():
 def test_every_written_function_is_marked_above_its_def_and_decorators():
     """The comment stands above the decorators, in the def's indentation; a stale one is
     replaced, not doubled; one already right leaves the text as it is."""
-    marker = "# Defaults written by python -m pipelines.signatures from here (edit there)."
+    marker = "# Defaults written by python -m tools.signatures from here (edit there)."
     source = ("def build(x):\n    @dsl.pipeline(\n        name='p')\n    def p(\n"
               "        a: int = 1,\n    ):\n        pass\n")
     marked = signatures.mark(source, "p", marker)
@@ -160,12 +160,12 @@ def test_the_mark_stays_out_of_the_source_kfp_pastes():
 
 
 def test_a_two_line_mark_is_replaced_whole_and_an_own_comment_above_it_stays():
-    marker = "# Defaults written by python -m pipelines.signatures from\n# here (edit there)."
+    marker = "# Defaults written by python -m tools.signatures from\n# here (edit there)."
     source = "# my own\ndef f(\n    a: int = 1,\n):\n    pass\n"
     marked = signatures.mark(source, "f", marker)
     assert marked == source.replace("def f", f"{marker}\ndef f")
     assert signatures.mark(marked, "f", marker) == marked
-    one_line = "# Defaults written by python -m pipelines.signatures from there (edit there)."
+    one_line = "# Defaults written by python -m tools.signatures from there (edit there)."
     assert signatures.mark(marked, "f", one_line) == source.replace("def f",
                                                                     f"{one_line}\ndef f")
 
@@ -173,7 +173,7 @@ def test_a_two_line_mark_is_replaced_whole_and_an_own_comment_above_it_stays():
 def test_args_entries_are_read_with_their_continuations_and_written_one_line_each():
     import ast
 
-    from pipelines import signature_help
+    from tools import signature_help
 
     source = ('def f(a, b):\n    """Does f.\n\n    Args:\n        a: The a,\n'
               '            said over two lines.\n        b: The b.\n\n    Returns:\n'

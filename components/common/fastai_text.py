@@ -125,7 +125,7 @@ def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, precision:
 
 
 # What learning_rate=0 does, as the trainers' and pipelines' help says it: `python -m
-# pipelines.signatures` writes it there with each trainer's bounds. Keep it `choose_rate`'s.
+# tools.signatures` writes it there with each trainer's bounds. Keep it `choose_rate`'s.
 FOUND_RATE_HELP = ("0 finds it with fastai's lr_find: its valley, held to {bounds}; "
                    "without a valley, the bounds' geometric middle.")
 

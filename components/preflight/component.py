@@ -1,6 +1,6 @@
 """KFP faces of the preflight step: each pipeline's parameters handed to `checks.run_preflight`.
 
-Each parameter list is its pipeline's, written here by `python -m pipelines.signatures`
+Each parameter list is its pipeline's, written here by `python -m tools.signatures`
 (a test fails when it is stale): they arrive typed, one input each, which every backend
 resolves the same way. Each body takes its inputs (`locals()`) first, then imports the
 one function it calls: KFP pastes only the function's source into the compiled pipeline.
@@ -9,7 +9,7 @@ one function it calls: KFP pastes only the function's source into the compiled p
 from typing import NamedTuple
 
 
-# Parameters written by python -m pipelines.signatures from image_pipeline (edit there).
+# Parameters written by python -m tools.signatures from image_pipeline (edit there).
 def preflight_image(
     data_uri: str,
     image_size: int = 224,
@@ -71,7 +71,7 @@ def preflight_image(
     return run_preflight("image", parameters)
 
 
-# Parameters written by python -m pipelines.signatures from text_pipeline (edit there).
+# Parameters written by python -m tools.signatures from text_pipeline (edit there).
 def preflight_text(
     data_uri: str,
     lm_assets: str = "",
@@ -132,7 +132,7 @@ def preflight_text(
     return run_preflight("text", parameters)
 
 
-# Parameters written by python -m pipelines.signatures from transformer_pipeline (edit there).
+# Parameters written by python -m tools.signatures from transformer_pipeline (edit there).
 def preflight_transformer(
     data_uri: str,
     text_column: str = "text",
@@ -186,7 +186,7 @@ def preflight_transformer(
     return run_preflight("transformer", parameters)
 
 
-# Parameters written by python -m pipelines.signatures from lm_pipeline (edit there).
+# Parameters written by python -m tools.signatures from lm_pipeline (edit there).
 def preflight_lm(
     corpus_uri: str,
     lang: str = "en",

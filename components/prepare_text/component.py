@@ -3,7 +3,7 @@
 from kfp.dsl import Dataset, Output
 
 
-# Defaults written by python -m pipelines.signatures from contract.PrepareConfig (edit there).
+# Defaults written by python -m tools.signatures from contract.PrepareConfig (edit there).
 def prepare_text_data(
     data_uri: str,
     dataset: Output[Dataset],

@@ -3,7 +3,7 @@
 from kfp.dsl import Dataset, Output
 
 
-# Defaults written by python -m pipelines.signatures from contract.ShardConfig (edit there).
+# Defaults written by python -m tools.signatures from contract.ShardConfig (edit there).
 def shard_images(
     data_uri: str,
     dataset: Output[Dataset],

@@ -3,7 +3,7 @@
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
 
-# Defaults written by python -m pipelines.signatures from contract.TrainConfig (edit there).
+# Defaults written by python -m tools.signatures from contract.TrainConfig (edit there).
 def train_image_classifier(
     dataset: Input[Dataset],
     model: Output[Model],

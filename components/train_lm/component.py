@@ -3,7 +3,7 @@
 from kfp.dsl import Artifact, Metrics, Output
 
 
-# Defaults written by python -m pipelines.signatures from contract.LMConfig (edit there).
+# Defaults written by python -m tools.signatures from contract.LMConfig (edit there).
 def train_language_model(
     corpus_uri: str,
     lm_assets: Output[Artifact],

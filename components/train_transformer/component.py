@@ -3,7 +3,7 @@
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
 
-# Defaults written by python -m pipelines.signatures from contract.TransformerConfig (edit there).
+# Defaults written by python -m tools.signatures from contract.TransformerConfig (edit there).
 def train_transformer_classifier(
     dataset: Input[Dataset],
     model: Output[Model],

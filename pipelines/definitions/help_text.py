@@ -1,4 +1,4 @@
-"""The help of the pipeline parameters that is no step's: `python -m pipelines.signatures`
+"""The help of the pipeline parameters that is no step's: `python -m tools.signatures`
 writes each pipeline's `Args:` entries (the descriptions of its inputs in the Vertex
 console) from here, or else from the step input the parameter feeds (edit a step's help in
 its `components/<step>/component.py`).

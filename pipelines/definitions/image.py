@@ -44,7 +44,7 @@ def build(image: str, target: "Target | None" = None,
         evaluation: Artifact
         register: bool
 
-    # Defaults and Args help written by python -m pipelines.signatures from the
+    # Defaults and Args help written by python -m tools.signatures from the
     # steps they feed and pipelines/definitions/help_text.py (edit there).
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME,
                     "Shards a bucket folder of class sub-folders into TFRecords, ",

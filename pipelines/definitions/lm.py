@@ -35,7 +35,7 @@ def build(image: str, target: "Target | None" = None):
     steps = Steps("lm", image, target)
     default_job_account = steps.default_job_account
 
-    # Defaults and Args help written by python -m pipelines.signatures from the
+    # Defaults and Args help written by python -m tools.signatures from the
     # steps they feed and pipelines/definitions/help_text.py (edit there).
     @dsl.pipeline(name=PIPELINE_NAME,
                   description="Trains an AWD-LSTM language model on a text corpus and writes it "

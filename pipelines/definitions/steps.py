@@ -81,7 +81,7 @@ class Step:
             (a Vertex custom job, a sized Kubernetes pod); empty for a light step.
         job_name: The custom job's name in the console.
         settings: It takes every pipeline parameter named as one of its inputs (its
-            settings, whose defaults `python -m pipelines.signatures` keeps alike).
+            settings, whose defaults `python -m tools.signatures` keeps alike).
     """
 
     function: Callable

@@ -52,7 +52,7 @@ def build(image: str, target: "Target | None" = None,
     steps = Steps("text", image, target, tune)
     default_job_account = steps.default_job_account
 
-    # Defaults and Args help written by python -m pipelines.signatures from the
+    # Defaults and Args help written by python -m tools.signatures from the
     # steps they feed and pipelines/definitions/help_text.py (edit there).
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "trains a fastai ULMFiT classifier, evaluates it on the test split and "

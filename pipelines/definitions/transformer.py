@@ -28,7 +28,7 @@ def build(image: str, target: "Target | None" = None,
     steps = Steps("transformer", image, target, tune)
     default_job_account = steps.default_job_account
 
-    # Defaults and Args help written by python -m pipelines.signatures from the
+    # Defaults and Args help written by python -m tools.signatures from the
     # steps they feed and pipelines/definitions/help_text.py (edit there).
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "fine-tunes a Hugging Face transformer encoder, evaluates it on the test "

@@ -1,4 +1,4 @@
-"""Parameter lists and help written from one home: `python -m pipelines.signatures [--check]`.
+"""Parameter lists and help written from one home: `python -m tools.signatures [--check]`.
 
 KFP reads a step's inputs and their defaults from its function's signature, and for the
 lightweight components used here it pastes the function's source into the compiled JSON,
@@ -43,7 +43,7 @@ from typing import Any
 
 from kfp.dsl import utils as kfp_utils
 
-from pipelines import signature_help
+from tools import signature_help
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -81,12 +81,12 @@ RATE_HELP = (
     ("components.train_lm.component", "train_language_model", "lm"),
 )
 # The comment above each function whose parameters are written here (MARKED finds one).
-MARKED = "written by python -m pipelines.signatures"
-STEP_MARKER = ("# Defaults written by python -m pipelines.signatures from contract.{config} "
+MARKED = "written by python -m tools.signatures"
+STEP_MARKER = ("# Defaults written by python -m tools.signatures from contract.{config} "
                "(edit there).")
-PIPELINE_MARKER = ("# Defaults and Args help written by python -m pipelines.signatures from the\n"
+PIPELINE_MARKER = ("# Defaults and Args help written by python -m tools.signatures from the\n"
                    "# steps they feed and pipelines/definitions/help_text.py (edit there).")
-PREFLIGHT_MARKER = ("# Parameters written by python -m pipelines.signatures from {pipeline} "
+PREFLIGHT_MARKER = ("# Parameters written by python -m tools.signatures from {pipeline} "
                     "(edit there).")
 # Step modules whose functions a compiled pipeline may name (comp-<function name>).
 STEP_MODULES = ("components.shard.component", "components.train_image.component",
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     for module in stale:
         path = _source_path(module)
         if args.check:
-            print(f"{path.relative_to(ROOT)} is stale: run python -m pipelines.signatures")
+            print(f"{path.relative_to(ROOT)} is stale: run python -m tools.signatures")
         else:
             path.write_text(wanted[module])
             print(f"wrote {path.relative_to(ROOT)}")

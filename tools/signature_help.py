@@ -1,4 +1,4 @@
-"""The help half of `python -m pipelines.signatures`: `Args:` entries read and written as
+"""The help half of `python -m tools.signatures`: `Args:` entries read and written as
 source text, and where each pipeline parameter's help comes from.
 
 An entry is `name: help` in the section's indentation; a deeper line continues the entry
