@@ -22,6 +22,7 @@ a gs:// URI itself is refused (`load`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
@@ -236,9 +237,10 @@ def open_run(folder: str, file: StateFile, run_values: Mapping[str, Any], *,
     if saved is not None:
         return Resume(folder, file, saved, resumed=True)
     version = {} if file.version is None else {"version": file.version}
-    resume = Resume(folder, file, {**version, "fingerprint": run_fingerprint, **(fresh or {})},
-                    resumed=False)
-    if write:
+    # A copy: the trainer updates its state in place, never the `fresh` it was given.
+    state = {**version, "fingerprint": run_fingerprint, **copy.deepcopy(dict(fresh or {}))}
+    resume = Resume(folder, file, state, resumed=False)
+    if write:  # the others' removals could take the writer's temporary file mid-save
         remove_leftovers(folder, (file.name, *file.leftovers), file.leftover_suffixes)
         if file.marker:
             resume.save()
