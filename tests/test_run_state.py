@@ -1,5 +1,6 @@
 """The run-state file every trainer keeps in its checkpoint folder (components.common.run_state)."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -36,17 +37,50 @@ def test_the_same_run_resumes_its_state_and_another_run_is_refused(tmp_path):
     assert os.listdir(folder) == ["state.json"]  # written atomically: no temporary left
 
 
-def test_a_claim_marks_a_free_folder_and_keeps_workers_from_writing(tmp_path):
-    folder = str(tmp_path / "ckpt")
-    claim = dict(error=OwnError, differs="other settings")
-    assert not run_state.claim(folder, "run.json", "abc", write=False, **claim)
-    assert not os.path.exists(folder)  # a non-chief worker only checks
-    assert not run_state.claim(folder, "run.json", "abc", record={"replicas": 2}, **claim)
-    with open(os.path.join(folder, "run.json")) as f:
-        assert json.load(f) == {"fingerprint": "abc", "replicas": 2}
-    assert run_state.claim(folder, "run.json", "abc", **claim)  # the same run: resume
+STATE = run_state.StateFile("state.json", OwnError, "other settings", version=1,
+                            leftovers=("vocab.pkl", "assets"), leftover_suffixes=(".pth",))
+MARKER = run_state.StateFile("run.json", OwnError, "other settings", marker=True,
+                             sort_keys=True, digits=64)
+
+
+def test_a_fresh_run_clears_leftovers_and_saves_its_state_when_told(tmp_path):
+    folder = tmp_path / "ckpt"
+    (folder / "assets").mkdir(parents=True)  # another run's, with no state to resume
+    for name in ("lm-1.pth", "vocab.pkl", "notes.txt", ".tmp-state.json.k3x9"):
+        (folder / name).write_text("x")
+    resume = run_state.open_run(str(folder), STATE, {"lr": 0.1}, fresh={"epochs_done": 0})
+    assert not resume.resumed and os.listdir(folder) == ["notes.txt"]
+    assert resume.state == {"version": 1, "fingerprint": run_state.fingerprint({"lr": 0.1}),
+                            "epochs_done": 0}
+    resume.state["epochs_done"] = 2
+    resume.save()
+    again = run_state.open_run(str(folder), STATE, {"lr": 0.1}, fresh={"epochs_done": 0})
+    assert again.resumed and again.state["epochs_done"] == 2
+
+
+def test_another_run_is_refused_and_nothing_of_it_is_removed(tmp_path):
+    folder = tmp_path / "ckpt"
+    run_state.open_run(str(folder), STATE, {"lr": 0.1}).save()
+    (folder / "vocab.pkl").write_text("x")
+    with pytest.raises(OwnError, match=r"holds the state of a different run \(other settings\)"):
+        run_state.open_run(str(folder), STATE, {"lr": 0.2})
+    assert sorted(os.listdir(folder)) == ["state.json", "vocab.pkl"]
+    with pytest.raises(OwnError, match="different run"):  # another state format
+        run_state.open_run(str(folder), dataclasses.replace(STATE, version=2), {"lr": 0.1})
+    assert run_state.open_run(str(folder), STATE, {"lr": 0.1}).resumed
+
+
+def test_a_marker_claims_a_free_folder_and_only_the_writer_writes(tmp_path):
+    folder = tmp_path / "ckpt"
+    worker = run_state.open_run(str(folder), MARKER, {"a": 1}, write=False)
+    assert not worker.resumed and not folder.exists()  # a non-chief worker only checks
+    chief = run_state.open_run(str(folder), MARKER, {"a": 1}, fresh={"replicas": 2})
+    with open(folder / "run.json") as f:
+        assert json.load(f) == {"fingerprint": run_state.fingerprint({"a": 1}, length=64),
+                                "replicas": 2} == chief.state
+    assert run_state.open_run(str(folder), MARKER, {"a": 1}, write=False).resumed
     with pytest.raises(OwnError, match="different run"):
-        run_state.claim(folder, "run.json", "xyz", **claim)
+        run_state.open_run(str(folder), MARKER, {"a": 2})
 
 
 def test_a_gs_uri_is_refused_naming_its_fuse_path(tmp_path, monkeypatch):

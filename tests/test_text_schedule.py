@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from components.common import run_state
 from components.common.fastai_text import choose_precision, choose_rate
 from components.text_common import scores as text_scores
 from components.train_text import assets, contract, schedule
@@ -192,16 +193,20 @@ def test_checkpoint_dir_reads_the_environment_at_call_time(monkeypatch):
 
 def test_state_round_trip_and_other_runs_are_refused(tmp_path):
     folder = str(tmp_path / "ckpt")
-    assert schedule.load_state(folder, "abc") is None
-    state = schedule.new_state("abc")
+    run = {"config": {"epochs": 2}}
+    resume = run_state.open_run(folder, schedule.STATE, run, fresh=schedule.new_state())
+    assert not resume.resumed
+    state = resume.state  # the keys state.json has always had, version and fingerprint first
+    assert list(state)[:4] == ["version", "fingerprint", "stage", "epochs_done"]
+    assert state["fingerprint"] == run_state.fingerprint(run) and state["version"] == 1
     state.update(stage=2, epochs_done=1)
-    schedule.save_state(folder, state)
-    assert schedule.load_state(folder, "abc") == state
+    resume.save()
+    again = run_state.open_run(folder, schedule.STATE, run, fresh=schedule.new_state())
+    assert again.resumed and again.state == state
     with pytest.raises(TextTrainingError, match="holds the state of a different run"):
-        schedule.load_state(folder, "other-run")
-    assert schedule.load_state(folder, "abc") == state  # nothing deleted
+        run_state.open_run(folder, schedule.STATE, {"config": {"epochs": 3}})
+    assert run_state.open_run(folder, schedule.STATE, run).state == state  # nothing deleted
     assert os.listdir(folder) == [schedule.STATE_FILE]  # no temporary file left behind
-    assert schedule.fingerprint({"a": 1, "b": [2]}) == schedule.fingerprint({"b": [2], "a": 1})
 
 
 def test_monitor_direction():

@@ -13,6 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from components.common import run_state
 from components.common.hf_transformers import import_transformers
 from components.evaluate_text.evaluation import evaluate_text_model
 from components.predict.contract import TEXT, model_family
@@ -30,7 +31,7 @@ from components.train_transformer.training import (
     epoch_history,
     last_complete_checkpoint,
     model_source,
-    run_fingerprint,
+    run_values,
     start_at_label_frequencies,
     train_transformer,
 )
@@ -185,8 +186,8 @@ def test_a_model_folder_without_its_tokenizer_or_with_too_few_positions_is_refus
 def test_another_runs_checkpoints_are_refused_not_resumed(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"fingerprint": "someone-else"}))
     with pytest.raises(TransformerTrainingError, match="different run"):
-        claim_checkpoints(str(tmp_path), "mine")
-    assert claim_checkpoints(str(tmp_path / "empty"), "mine") is None
+        claim_checkpoints(str(tmp_path), {"run": "mine"})
+    assert claim_checkpoints(str(tmp_path / "empty"), {"run": "mine"}) is None
 
 
 def test_a_checkpoint_whose_save_did_not_finish_is_not_resumed(tmp_path):
@@ -549,8 +550,8 @@ def test_a_run_killed_after_an_epoch_resumes_from_its_checkpoint(dataset, tmp_pa
     assert [row["epoch"] for row in result["history"]] == [1, 2, 3]
     assert result["history"][0]["valid_loss"] == pytest.approx(before[0]["eval_loss"])
     manifest = json.load(open(os.path.join(dataset["dataset"], "manifest.json")))
-    assert json.load(open(checkpoints / "run.json"))["fingerprint"] == run_fingerprint(
-        config, manifest, model_dir)
+    assert json.load(open(checkpoints / "run.json"))["fingerprint"] == run_state.fingerprint(
+        run_values(config, manifest, model_dir))
 
 
 def test_the_tiny_model_command_writes_a_folder_the_trainer_takes(tmp_path, capsys):

@@ -7,9 +7,12 @@ fingerprint is refused, never resumed (that would mix the two runs) nor wiped (t
 destroy the other run's work). A folder with no state file is free: another run's
 leftovers there are removed (`remove_leftovers`), since there is nothing to resume.
 
-The file names and contents stay each trainer's (`run.json`, `state.json`,
-`lm_state.json`); this module holds what they share. It imports neither TensorFlow nor
-torch: the tf-keras and the fastai images both use it.
+Every trainer resumes the same way, through `open_run`: what differs between them is
+data, a `StateFile` (its name, `run.json`, `state.json` or `lm_state.json`; its format
+version; the leftovers a free folder loses; whether it only marks the folder's owner).
+`open_run` returns a `Resume`: this run's saved state (resumed) or a fresh one, which the
+trainer updates and `save`s. This module imports neither TensorFlow nor torch: the tf-keras
+and the fastai images both use it.
 
 Checkpoint folders are local paths: a gs:// folder reaches the trainers as its Cloud
 Storage FUSE path (`storage.local_path`, `storage.run_folder`), as their checkpoints do;
@@ -19,6 +22,8 @@ a gs:// URI itself is refused (`load`).
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -150,34 +155,96 @@ def save(folder: str, name: str, state: Mapping[str, Any], *, sort_keys: bool = 
     push_mirrors(folder)
 
 
-def claim(folder: str, name: str, run_fingerprint: str, *, error: type[Exception],
-          differs: str, record: Mapping[str, Any] | None = None, write: bool = True) -> bool:
-    """Ties `folder` to this run with a marker file `{"fingerprint": ..., **record}`.
+@dataclasses.dataclass(frozen=True)
+class StateFile:
+    """What a trainer's state file is: everything `open_run` does differently per trainer.
 
-    For trainers whose resume state lives elsewhere (Keras backups, `Trainer`
-    checkpoints) and only need the folder's owner on record.
+    Attributes:
+        name: The file's name in the checkpoint folder.
+        error: The trainer's exception class, raised for another run's state.
+        differs: What may differ in another run, for the message (e.g. "other config,
+            dataset or model folder").
+        version: The state format the trainer writes; a file of another version is refused
+            like another run's. None: the file has no version.
+        leftovers: Files and folders of the trainer that a free folder loses (another run's,
+            with nothing to resume them); the temporaries of this file go too.
+        leftover_suffixes: Endings of such files (e.g. ".pth").
+        marker: The file only marks the folder's owner (the resume state lives elsewhere:
+            Keras backups, `Trainer` checkpoints), so a free folder is claimed at once.
+        sort_keys: Sort the JSON's keys (the formats the trainers have always written).
+        digits: Hex digits of the fingerprint (`fingerprint`'s `length`).
+    """
+
+    name: str
+    error: type[Exception]
+    differs: str
+    version: int | None = None
+    leftovers: tuple[str, ...] = ()
+    leftover_suffixes: tuple[str, ...] = ()
+    marker: bool = False
+    sort_keys: bool = False
+    digits: int = 16
+
+
+@dataclasses.dataclass
+class Resume:
+    """One run's state in its checkpoint folder (`open_run`).
+
+    Attributes:
+        folder: The checkpoint folder.
+        file: What the state file is.
+        state: The saved state when `resumed`, else a fresh one; the trainer updates it.
+        resumed: Whether the folder already held this run's state.
+    """
+
+    folder: str
+    file: StateFile
+    state: dict[str, Any]
+    resumed: bool
+
+    def save(self) -> None:
+        """Writes `state` to the state file (`save`: whole or not at all)."""
+        save(self.folder, self.file.name, self.state, sort_keys=self.file.sort_keys)
+
+
+def open_run(folder: str, file: StateFile, run_values: Mapping[str, Any], *,
+             fresh: Mapping[str, Any] | None = None, write: bool = True) -> Resume:
+    """Resumes this run's state in `folder`, or starts a fresh one there.
+
+    A folder holding this run's state file resumes it; one holding another run's is
+    refused. A free folder loses `file.leftovers`, and a marker file is written at once.
 
     Args:
-        folder: The checkpoint folder.
-        name: The marker file's name in it.
-        run_fingerprint: This run's `fingerprint`.
-        error: The trainer's exception class, raised for another run's marker.
-        differs: What may differ in another run, for the message.
-        record: More to write into a new marker (e.g. the settings, for people).
-        write: Whether this process writes a new marker (False on non-chief workers).
+        folder: The checkpoint folder (a local path; gs:// arrives as its FUSE path).
+        file: What the trainer's state file is.
+        run_values: What defines the run (settings, data, output folder...), hashed into
+            the state's "fingerprint" (`fingerprint`).
+        fresh: The state of a run that has done nothing yet, after its "version" and
+            "fingerprint" (a marker: more for people to read, e.g. the settings).
+        write: Whether this process writes (False on all but one of a multi-machine job's:
+            they only check, and leave the one writer's files alone).
 
     Returns:
-        True when the folder already belonged to this run (its work can be resumed),
-        False when it was free.
+        The run's `Resume`.
 
     Raises:
-        error: The folder holds another run's marker.
+        file.error: The folder holds another run's state (or another version of it), or
+            `folder` is a gs:// URI.
     """
-    if load(folder, name, run_fingerprint, error=error, differs=differs) is not None:
-        return True
-    if write:
-        save(folder, name, {"fingerprint": run_fingerprint, **(record or {})}, sort_keys=True)
-    return False
+    run_fingerprint = fingerprint(run_values, file.digits)
+    saved = load(folder, file.name, run_fingerprint, error=file.error, differs=file.differs,
+                 version=file.version)
+    if saved is not None:
+        return Resume(folder, file, saved, resumed=True)
+    version = {} if file.version is None else {"version": file.version}
+    # A copy: the trainer updates its state in place, never the `fresh` it was given.
+    state = {**version, "fingerprint": run_fingerprint, **copy.deepcopy(dict(fresh or {}))}
+    resume = Resume(folder, file, state, resumed=False)
+    if write:  # the others' removals could take the writer's temporary file mid-save
+        remove_leftovers(folder, (file.name, *file.leftovers), file.leftover_suffixes)
+        if file.marker:
+            resume.save()
+    return resume
 
 
 def remove_leftovers(folder: str, names: Iterable[str] = (), suffixes: Iterable[str] = ()

@@ -1,4 +1,4 @@
-"""The image trainer's resume state under the checkpoint folder, and the run's fingerprint.
+"""The image trainer's resume state under the checkpoint folder, and what defines its run.
 
 Restarts (Vertex may restart a worker at any time) resume from the last finished
 epoch. Under `checkpoint_dir`:
@@ -42,7 +42,11 @@ def _read_json(path: str) -> Any:
 
 _write_json = write_json_atomically  # checkpoint folders are local paths (gs:// via /gcs/)
 
-RUN_FILE = "run.json"  # the run's fingerprint (run_state.claim), config and replicas
+RUN_FILE = "run.json"  # the run's fingerprint, config and replicas
+# It only marks the folder's owner: BackupAndRestore and the phase files hold the state.
+# The whole digest, as run.json has always held.
+RUN = run_state.StateFile(RUN_FILE, TrainingError, "other config, dataset or number of replicas",
+                          marker=True, sort_keys=True, digits=64)
 
 
 class RunState:
@@ -61,11 +65,15 @@ class RunState:
     def backup_dir(self, phase: str) -> str:
         return self._path(f"backup-{phase}")
 
-    def claim(self, fingerprint: str, description: dict[str, Any]) -> None:
-        """Records the run's fingerprint, or fails if the folder holds another run."""
-        if run_state.claim(self.root, RUN_FILE, fingerprint, error=TrainingError,
-                           differs="other config, dataset or number of replicas",
-                           record=description, write=self.chief):
+    def claim(self, values: dict[str, Any], description: dict[str, Any]) -> None:
+        """Records the run's fingerprint, or fails if the folder holds another run.
+
+        Args:
+            values: What defines the run (`run_values`), hashed into run.json.
+            description: More for run.json, for people (the settings).
+        """
+        if run_state.open_run(self.root, RUN, values, fresh=description,
+                              write=self.chief).resumed:
             log.info("checkpoint folder %s belongs to this run: finished work is reused",
                      self.root)
 
@@ -114,10 +122,10 @@ class RunState:
             tf.io.gfile.rmtree(self.root)
 
 
-def fingerprint(config: TrainConfig, manifest: dict[str, Any], replicas: int) -> str:
-    """Identifies a run: config, dataset content (shard digests) and replica count."""
+def run_values(config: TrainConfig, manifest: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """What defines a run, for its fingerprint: config, dataset content (shard digests)
+    and replica count."""
     shards = {split: [s["sha256"] for s in info["shards"]]
               for split, info in manifest["splits"].items()}
-    payload = {"config": dataclasses.asdict(config), "classes": manifest["classes"],
-               "shards": shards, "replicas": replicas}
-    return run_state.fingerprint(payload, length=64)  # the whole digest, as run.json holds
+    return {"config": dataclasses.asdict(config), "classes": manifest["classes"],
+            "shards": shards, "replicas": replicas}

@@ -51,7 +51,7 @@ from components.train_image.phases import (
     phase_callbacks,
     plan_phases,
 )
-from components.train_image.state import RunState, fingerprint
+from components.train_image.state import RunState, run_values
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def _prepare(dataset_dir: str, output_dir: str, config: TrainConfig,
     steps = config.steps_per_epoch or math.ceil(train_count / global_batch)
 
     state = RunState(checkpoint_dir or os.path.join(output_dir, "checkpoints"), chief)
-    state.claim(fingerprint(config, manifest, replicas),
+    state.claim(run_values(config, manifest, replicas),
                 {"config": dataclasses.asdict(config), "replicas": replicas})
     phases = plan_phases(config)
     setup = _Setup(strategy, kind, precision, chief, replicas, global_batch, steps, manifest,

@@ -71,6 +71,10 @@ STATE_VERSION = 1
 VOCAB_FILE = "vocab.pkl"
 SPM_MODEL = "spm.model"
 STAGING = "assets"  # in the checkpoint folder: directions finished so far
+# The state file (`run_state.open_run`); a free folder loses another run's files.
+STATE = run_state.StateFile(STATE_FILE, LMTrainingError, "other corpus, settings or output",
+                            version=STATE_VERSION, leftovers=(VOCAB_FILE, SPM_MODEL, STAGING),
+                            leftover_suffixes=(".pth", ".pth.tmp"))
 _TEXT, _VALID = "text", "is_valid"
 # Bounds on the rate lr_find suggests (learning_rate=0; its valley, `choose_rate`). On the
 # standard library's docstrings (230k tokens, a small AWD-LSTM) valley said 5.8e-4, while a
@@ -96,34 +100,27 @@ def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:
     return mask
 
 
-def _load_state(folder: str, run_fingerprint: str) -> dict[str, Any]:
+def _open_run(folder: str, run_values: dict[str, Any]) -> run_state.Resume:
     """This run's saved state, or a new one (another run's leftovers are removed).
 
     Raises:
         LMTrainingError: The folder holds another run's state.
     """
-    state = run_state.load(folder, STATE_FILE, run_fingerprint, error=LMTrainingError,
-                           differs="other corpus, settings or output", version=STATE_VERSION)
-    if state is None:  # another run's leftovers (no state: nothing to resume)
-        run_state.remove_leftovers(folder, names=(VOCAB_FILE, SPM_MODEL, STAGING),
-                                   suffixes=(".pth", ".pth.tmp"))
-        return {"version": STATE_VERSION, "fingerprint": run_fingerprint, "spm_saved": False,
-                "vocab_saved": False, "directions": {}, "finished": False}
-    log.info("resuming: %s", {d: s["epochs_done"] for d, s in state["directions"].items()})
-    return state
-
-
-def _save_state(folder: str, state: dict[str, Any]) -> None:
-    run_state.save(folder, STATE_FILE, state)
+    resume = run_state.open_run(folder, STATE, run_values, fresh={
+        "spm_saved": False, "vocab_saved": False, "directions": {}, "finished": False})
+    if resume.resumed:
+        log.info("resuming: %s",
+                 {d: s["epochs_done"] for d, s in resume.state["directions"].items()})
+    return resume
 
 
 class _Direction:
     """Checkpoints and state of one direction's model."""
 
-    def __init__(self, folder: str, state: dict[str, Any], name: str, tensorboard: ScalarLog):
-        self.folder, self.state, self.name = folder, state, name
-        self.tensorboard = tensorboard
-        self.mine = state["directions"].setdefault(name, {
+    def __init__(self, resume: run_state.Resume, name: str, tensorboard: ScalarLog):
+        self.resume, self.name, self.tensorboard = resume, name, tensorboard
+        self.folder, self.state = resume.folder, resume.state
+        self.mine = self.state["directions"].setdefault(name, {
             "epochs_done": 0, "checkpoint": None, "done": False, "found_lr": None,
             "history": []})
 
@@ -131,7 +128,7 @@ class _Direction:
         return os.path.join(self.folder, name)
 
     def save(self) -> None:
-        _save_state(self.folder, self.state)
+        self.resume.save()
 
     def restore(self, learn) -> None:
         if self.mine["checkpoint"]:
@@ -177,11 +174,11 @@ def tensorboard_prefix(name: str) -> str:
     return "lm" if name == direction(False) else f"lm_{name}"
 
 
-def _sentencepiece(folder: str, state: dict[str, Any], texts: Sequence[str], config: LMConfig,
+def _sentencepiece(resume: run_state.Resume, texts: Sequence[str], config: LMConfig,
                    scratch: str) -> str:
     """Trains the SentencePiece model of a ja/ko/zh corpus once; returns its path."""
-    path = os.path.join(folder, SPM_MODEL)
-    if not state["spm_saved"]:
+    path = os.path.join(resume.folder, SPM_MODEL)
+    if not resume.state["spm_saved"]:
         trainer = SentencePieceTokenizer(lang=config.lang, cache_dir=scratch,
                                          vocab_sz=config.spm_vocab_size or None)
         # The same rules as fastai's Tokenizer applies before the pieces are cut.
@@ -194,8 +191,8 @@ def _sentencepiece(folder: str, state: dict[str, Any], texts: Sequence[str], con
                 "from the corpus)") from err
         shutil.copyfile(trained, path + ".tmp")
         os.replace(path + ".tmp", path)
-        state["spm_saved"] = True
-        _save_state(folder, state)
+        resume.state["spm_saved"] = True
+        resume.save()
     return path
 
 
@@ -263,9 +260,9 @@ def train_language_model(
     corpus, frame = _read_frame(corpus_uri, config)
     folder = checkpoint_folder or run_state.checkpoint_folder(output_dir)
     os.makedirs(folder, exist_ok=True)
-    state = _load_state(folder, run_state.fingerprint({
+    resume = _open_run(folder, {
         "config": dataclasses.asdict(config), "corpus": corpus.report["sha256"],
-        "output": os.path.abspath(output_dir)}))
+        "output": os.path.abspath(output_dir)})
     arch_config = {**awd_lstm_lm_config, **config.model_config}
     precision = precision_here(config.mixed_precision)
     tensorboard = ScalarLog(log_folder(output_dir, tensorboard_folder))
@@ -274,15 +271,16 @@ def train_language_model(
     try:
         spm = None
         if config.lang in SPM_LANGS:
-            spm = _sentencepiece(folder, state, frame[_TEXT][~frame[_VALID]], config, scratch)
+            spm = _sentencepiece(resume, frame[_TEXT][~frame[_VALID]], config, scratch)
         tokenizer = make_tokenizer(config.lang, spm, scratch)
-        vocab = load_pickle(os.path.join(folder, VOCAB_FILE)) if state["vocab_saved"] else None
+        vocab = load_pickle(os.path.join(folder, VOCAB_FILE)) \
+            if resume.state["vocab_saved"] else None
         for backwards in config.directions():
-            run = _Direction(folder, state, direction(backwards), tensorboard)
+            run = _Direction(resume, direction(backwards), tensorboard)
             if not run.mine["done"]:
                 vocab = _train_direction(run, frame, tokenizer, vocab, config, backwards,
                                          arch_config, precision, staging, callbacks)
-        result = _export(folder, state, staging, spm, output_dir, config, corpus, len(vocab),
+        result = _export(resume, staging, spm, output_dir, config, corpus, len(vocab),
                          precision, arch_config, started)
     finally:
         tensorboard.close()
@@ -341,7 +339,7 @@ def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: lis
     return vocab
 
 
-def _export(folder: str, state: dict[str, Any], staging: str, spm: str | None,
+def _export(resume: run_state.Resume, staging: str, spm: str | None,
             output_dir: str, config: LMConfig, corpus: Corpus, vocab_size: int,
             precision: str, arch_config: dict[str, Any], started: float) -> dict[str, Any]:
     """Publishes the staged assets (with the SentencePiece model) and `lm_metrics.json`.
@@ -355,11 +353,11 @@ def _export(folder: str, state: dict[str, Any], staging: str, spm: str | None,
         shutil.copyfile(spm, spm_target)
     os.makedirs(output_dir, exist_ok=True)
     _publish(staging, output_dir, config.lang)
-    result = _result(state, config, corpus, vocab_size, precision, arch_config,
+    result = _result(resume.state, config, corpus, vocab_size, precision, arch_config,
                      time.monotonic() - started)
     write_json_atomically(os.path.join(output_dir, METRICS_FILE), result, sort_keys=False)
-    state["finished"] = True
-    _save_state(folder, state)
+    resume.state["finished"] = True
+    resume.save()
     return result
 
 

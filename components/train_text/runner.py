@@ -6,7 +6,7 @@
 state file (schedule.py) so that a restarted job resumes at the next epoch;
 `StageRunner.fit_classifier` runs the classifier's stages again, at a lower rate, when they
 learnt nothing.
-`load_or_start_state` resumes this run's state or starts a new one.
+`resume_run` resumes this run's state or starts a new one (`run_state.open_run`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -33,8 +33,6 @@ from components.train_text.data import PreparedDataset
 
 log = logging.getLogger(__name__)
 
-VOCAB_FILE = "vocab.pkl"
-
 # Largest gradient norm of a step (AWD-LSTM's recipe clips too): one bad batch at the
 # peak rate cannot throw the LSTM into saturation, the collapse seen on real text.
 GRADIENT_CLIP = 1.0
@@ -43,11 +41,12 @@ GRADIENT_CLIP = 1.0
 class StageRunner:
     """Runs the stages of one run's plan, keeping its state file and checkpoints."""
 
-    def __init__(self, folder: str, plan: list[schedule.Stage], state: dict[str, Any],
+    def __init__(self, resume: run_state.Resume, plan: list[schedule.Stage],
                  monitor: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
                  trial: TrialReporter, constant: dict[str, float] | None = None,
                  n_hid: int = schedule.BOUNDS_N_HID):
-        self.folder, self.plan, self.state = folder, plan, state
+        self.resume, self.plan = resume, plan
+        self.folder, self.state = resume.folder, resume.state
         self.monitor, self.callbacks = monitor, list(callbacks)
         self.tensorboard, self.trial = tensorboard, trial
         self.constant = constant  # the classifier's constant answer (text_scores.constant_answer)
@@ -59,7 +58,7 @@ class StageRunner:
 
     def save(self) -> None:
         """Writes the state file."""
-        schedule.save_state(self.folder, self.state)
+        self.resume.save()
 
     def indices(self, model: str) -> list[int]:
         """Positions in the plan of `model`'s stages (schedule.LM or schedule.CLASSIFIER)."""
@@ -67,11 +66,11 @@ class StageRunner:
 
     def saved_vocab(self) -> list[str] | None:
         """The vocabulary an earlier attempt of this run saved, or None."""
-        return load_pickle(self.path(VOCAB_FILE)) if self.state["vocab_saved"] else None
+        return load_pickle(self.path(schedule.VOCAB_FILE)) if self.state["vocab_saved"] else None
 
     def save_vocab(self, vocab: list[str]) -> None:
         """Keeps the vocabulary first made: a resumed run must number tokens alike."""
-        save_pickle(self.path(VOCAB_FILE), vocab)
+        save_pickle(self.path(schedule.VOCAB_FILE), vocab)
         self.state["vocab_saved"] = True
         self.save()
 
@@ -218,28 +217,26 @@ class StageRunner:
                             cbs=[EpochEnd(on_epoch), *clip, *self.callbacks])
 
 
-def _reset_folder(folder: str) -> None:
-    """Removes this step's files from a checkpoint folder (another run's, or none)."""
-    run_state.remove_leftovers(
-        folder, names=(schedule.STATE_FILE, VOCAB_FILE),
-        suffixes=(".pth", ".pth.tmp"))
-
-
-def load_or_start_state(folder: str, plan: list[schedule.Stage], run_fingerprint: str,
-                        ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def resume_run(folder: str, plan: list[schedule.Stage], run_values: Mapping[str, Any],
+               ) -> tuple[run_state.Resume, dict[str, Any] | None]:
     """This run's saved state and where it resumes, or a new state (another run's files go).
+
+    Args:
+        folder: The checkpoint folder.
+        plan: The stages, to name where the run resumes.
+        run_values: What defines the run, hashed into its fingerprint.
 
     Raises:
         TextTrainingError: The folder holds another run's state.
     """
-    state = schedule.load_state(folder, run_fingerprint)
-    if state is None:
-        _reset_folder(folder)
-        return schedule.new_state(run_fingerprint), None
+    resume = run_state.open_run(folder, schedule.STATE, run_values, fresh=schedule.new_state())
+    if not resume.resumed:
+        return resume, None
+    state = resume.state
     resumed_from = {"stage": plan[min(state["stage"], len(plan) - 1)].name,
                     "epochs_done": state["epochs_done"]}
     log.info("resuming from %s", resumed_from)
-    return state, resumed_from
+    return resume, resumed_from
 
 
 @dataclasses.dataclass

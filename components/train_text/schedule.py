@@ -24,6 +24,12 @@ from components.train_text.contract import UNFREEZE_MODES, TextTrainingError
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
+VOCAB_FILE = "vocab.pkl"  # the classifier's vocabulary, saved once (runner.py)
+# The state file (`run_state.open_run`); a free folder loses another run's vocabulary and
+# checkpoints.
+STATE = run_state.StateFile(STATE_FILE, TextTrainingError,
+                            "other config, dataset or model folder", version=STATE_VERSION,
+                            leftovers=(VOCAB_FILE,), leftover_suffixes=(".pth", ".pth.tmp"))
 LM = "lm"
 CLASSIFIER = "classifier"
 # ULMFiT (Howard & Ruder 2018): the lower layer groups learn 2.6x slower than the one above.
@@ -225,16 +231,10 @@ def checkpoint_dir(model_dir: str, environ: Mapping[str, str] | None = None) -> 
     return run_state.checkpoint_folder(model_dir, environ)
 
 
-def fingerprint(values: Mapping[str, Any]) -> str:
-    """A stable hash of what defines a run; a state file of another run is not resumed."""
-    return run_state.fingerprint(values)
-
-
-def new_state(run_fingerprint: str) -> dict[str, Any]:
-    """The state of a run that has trained nothing yet."""
+def new_state() -> dict[str, Any]:
+    """The state of a run that has trained nothing yet (`open_run` puts its version and
+    fingerprint first)."""
     return {
-        "version": STATE_VERSION,
-        "fingerprint": run_fingerprint,
         "stage": 0,          # index in the plan of the stage in progress
         "epochs_done": 0,    # epochs of that stage finished and checkpointed
         "vocab_saved": False,
@@ -249,24 +249,6 @@ def new_state(run_fingerprint: str) -> dict[str, Any]:
         "gave_up": None,     # why, when the classifier learnt nothing even after restarts
         "finished": False,
     }
-
-
-def load_state(folder: str, run_fingerprint: str) -> dict[str, Any] | None:
-    """The saved state of this run, or None when the folder holds none.
-
-    Raises:
-        TextTrainingError: The folder holds another run's state; as the image trainer
-            does, it is refused rather than resumed (which would mix two runs) or deleted
-            (which would destroy the other run's work).
-    """
-    return run_state.load(folder, STATE_FILE, run_fingerprint, error=TextTrainingError,
-                          differs="other config, dataset or model folder",
-                          version=STATE_VERSION)
-
-
-def save_state(folder: str, state: Mapping[str, Any]) -> None:
-    """Writes the state file whole or not at all (a kill mid-write keeps the old one)."""
-    run_state.save(folder, STATE_FILE, state)
 
 
 def lower_is_better(metric: str) -> bool:

@@ -57,7 +57,7 @@ from components.train_text.learners import (
     train_random_encoder_whole,
 )
 from components.train_text.outputs import run_report, validate_and_export, write_outputs
-from components.train_text.runner import StageRunner, TrainingJob, load_or_start_state
+from components.train_text.runner import StageRunner, TrainingJob, resume_run
 
 
 def _check_arch_config(config: dict[str, Any], source: str) -> None:
@@ -174,16 +174,16 @@ def _prepare(data: PreparedDataset, config: TrainConfig, plan: list[schedule.Sta
     assets, arch_config = _architecture(config, lm_assets_uri, scratch)
     tokenizer = make_tokenizer(config.lang, assets.spm_model if assets else None, scratch)
     precision = precision_here(config.mixed_precision)
-    state, resumed_from = load_or_start_state(folder, plan, schedule.fingerprint({
+    resume, resumed_from = resume_run(folder, plan, {
         "config": dataclasses.asdict(config), "plan": [dataclasses.asdict(s) for s in plan],
         "manifest": data.manifest, "model_dir": os.path.abspath(model_dir),
         "assets": lm_assets_uri if config.pretrained else "",
-    }))
+    })
     lm_config = {**awd_lstm_lm_config, **arch_config}
     constant = text_scores.constant_answer(
         data.valid[data.labels].to_numpy(), data.train[data.labels].to_numpy(),
         data.task == MULTI_LABEL, config.threshold)
-    run = StageRunner(folder, plan, state, config.monitor, callbacks, tensorboard,
+    run = StageRunner(resume, plan, config.monitor, callbacks, tensorboard,
                       TrialReporter(hypertune_metric), constant, int(lm_config["n_hid"]))
     set_seed(config.seed)
     frame, truncated = fastai_frame(data)

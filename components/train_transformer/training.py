@@ -55,6 +55,9 @@ from components.train_transformer.contract import (
 log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"  # the fingerprint of the run a checkpoint folder belongs to
+# It only marks the folder's owner: `Trainer`'s checkpoints hold the state.
+RUN = run_state.StateFile(RUN_FILE, TransformerTrainingError,
+                          "other settings, data or model folder", marker=True, sort_keys=True)
 TRAINER_STATE = "trainer_state.json"  # what `Trainer` writes last into a checkpoint
 # Tests only: seconds rank 0 sleeps before it writes the model folder, read at call time,
 # so that the other ranks reach the end first (tests/test_train_transformer.py).
@@ -93,21 +96,27 @@ def model_source(model_name: str, scratch: str) -> str:
     return name  # a Hub name, e.g. FacebookAI/xlm-roberta-base
 
 
-def run_fingerprint(config: TransformerConfig, manifest: dict[str, Any], model_dir: str) -> str:
-    """What defines a run: a checkpoint folder of another run is refused, not resumed."""
-    return run_state.fingerprint({"config": dataclasses.asdict(config),
-                                  "data": manifest.get("source"), "labels": manifest["labels"],
-                                  "model_dir": os.path.abspath(model_dir)})
+def run_values(config: TransformerConfig, manifest: dict[str, Any], model_dir: str
+               ) -> dict[str, Any]:
+    """What defines a run, for its fingerprint: a checkpoint folder of another run is
+    refused, not resumed."""
+    return {"config": dataclasses.asdict(config), "data": manifest.get("source"),
+            "labels": manifest["labels"], "model_dir": os.path.abspath(model_dir)}
 
 
-def claim_checkpoints(folder: str, fingerprint: str) -> str | None:
+def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -> str | None:
     """The last checkpoint of this run in `folder` to resume from, or None to start.
+
+    Args:
+        folder: The checkpoint folder.
+        values: What defines the run (`run_values`).
+        write: Whether this process records the run in a free folder (rank 0 alone: one
+            writer on the shared folder).
 
     Raises:
         TransformerTrainingError: The folder holds another run's checkpoints.
     """
-    if run_state.load(folder, RUN_FILE, fingerprint, error=TransformerTrainingError,
-                      differs="other settings, data or model folder") is not None:
+    if run_state.open_run(folder, RUN, values, write=write).resumed:
         return last_complete_checkpoint(folder)
     return None
 
@@ -268,7 +277,8 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
     labels, task, text_column = manifest["labels"], manifest["task"], manifest["text_column"]
     multi = task == MULTI_LABEL
     folder = checkpoints or checkpoint_folder(model_dir)
-    resume_from = _claim_run(folder, run_fingerprint(config, manifest, model_dir))
+    resume_from = claim_checkpoints(folder, run_values(config, manifest, model_dir),
+                                    write=_is_rank0())
     cuda, precision = _device_precision(config)
     transformers.set_seed(config.seed)
     scratch = tempfile.mkdtemp(prefix=TMP_PREFIX)
@@ -336,14 +346,6 @@ def _read_splits(dataset_dir: str) -> tuple[dict[str, Any], Any, Any]:
             raise TransformerTrainingError(f"the {name} split of {dataset_dir} has no rows; "
                                            "give the preparation step more data")
     return manifest, train, valid
-
-
-def _claim_run(folder: str, fingerprint: str) -> str | None:
-    """The checkpoint to resume from (`claim_checkpoints`); rank 0 records the run."""
-    resume_from = claim_checkpoints(folder, fingerprint)
-    if _is_rank0():  # the others only read it: one writer on the shared folder
-        run_state.save(folder, RUN_FILE, {"fingerprint": fingerprint}, sort_keys=True)
-    return resume_from
 
 
 def _load_model(transformers, config: TransformerConfig, labels: Sequence[str], multi: bool,
