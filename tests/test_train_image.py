@@ -679,3 +679,36 @@ def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
     rows = history["head"] + history["fine_tune"]
     assert [float(r["val_accuracy"]) for r in read_reports(tmp_path / "output.metrics")] == \
         pytest.approx([row["val_accuracy"] for row in rows])
+
+
+def test_a_clean_up_cut_short_leaves_the_folder_marked_as_this_runs(tmp_path, monkeypatch):
+    """The run file goes last: finished phases never outlive their owner, or a run with
+    other settings would find the folder free and take them up as its own."""
+    import tensorflow as tf
+
+    from components.train_image.contract import TrainingError
+    from components.train_image.state import RUN_FILE, RunState
+
+    root = str(tmp_path / "checkpoints")
+    state = RunState(root, chief=True)
+    state.claim({"config": {"epochs": 2}}, {"settings": "a"})
+    for name in ("head.done.json", "head.weights.npz", "history-head.json"):
+        (tmp_path / "checkpoints" / name).write_text("{}")
+    remove = tf.io.gfile.remove
+    removed = []
+
+    def killed_after_one(path):  # the job is preempted during the clean-up
+        if removed:
+            raise KeyboardInterrupt
+        removed.append(path)
+        remove(path)
+
+    monkeypatch.setattr(tf.io.gfile, "remove", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        state.clear(["head"])
+    assert (tmp_path / "checkpoints" / RUN_FILE).exists()
+    with pytest.raises(TrainingError, match="different run"):
+        RunState(root, chief=True).claim({"config": {"epochs": 3}}, {"settings": "b"})
+    monkeypatch.setattr(tf.io.gfile, "remove", remove)
+    state.clear(["head"])
+    assert not (tmp_path / "checkpoints").exists()

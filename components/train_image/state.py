@@ -108,10 +108,14 @@ class RunState:
         """Deletes the state once the model is exported (and the folder if left empty)."""
         if not self.chief or not tf.io.gfile.exists(self.root):
             return
-        names = [RUN_FILE]
+        # The run file last: a job killed part-way through leaves a folder still marked as
+        # this run's, never finished phases without their owner, which a run with other
+        # settings would find free and take up as its own.
+        names = []
         for phase in phases:
             names += [f"backup-{phase}", f"history-{phase}.json", f"{phase}.weights.npz",
                       f"{phase}.done.json"]
+        names.append(RUN_FILE)
         for name in names:
             path = self._path(name)
             if tf.io.gfile.isdir(path):
