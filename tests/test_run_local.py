@@ -15,32 +15,36 @@ from components.predict.contract import read_predictions
 from pipelines import run_local
 from tests.browser import check_report
 from tests.conftest import plant_bad_files, write_class_images
+from tools.rehearsal import kubeflow_demo
 
 
 @pytest.fixture(scope="module")
 def image_run(tmp_path_factory):
-    """One whole local image run on 30 images per class and a bucket's bad files, read by
-    the tests below (each checks one thing the run must have done)."""
+    """One whole local image run on 30 images per class and a bucket's bad files, tracked
+    on an MLflow server on loopback, read by the tests below (each checks one thing the run
+    must have done)."""
     root = tmp_path_factory.mktemp("image-run")
     data = str(root / "images")
     write_class_images(data, per_class=30)
     bad = plant_bad_files(data)
     output = root / "run"
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with (kubeflow_demo.mlflow_server(str(root / "mlflow")) as tracking,
+          contextlib.redirect_stdout(printed)):
         code = run_local.main([
             "image", "--data", data, "--output", str(output), "--image-size", "32",
             "--min-shards-per-split", "2", "--max-skipped-fraction", "0.2", "--seed", "7",
             "--test-fraction", "0.2", "--validation-fraction", "0.2", "--train-fraction", "0.6",
             "--weights", "none", "--epochs", "10", "--fine-tune-epochs", "0",
             "--batch-size", "16", "--registration-threshold", "0.5", "--predict-uri", data,
+            "--tracking-uri", tracking,
         ])
-    assert code == 0, printed.getvalue()[-3000:]
-    summary = json.loads((output / "summary.json").read_text())
-    artifacts = {name: root / path for name, path in summary["artifacts"].items()}
-    return types.SimpleNamespace(root=root, data=data, bad=bad, output=output,
-                                 summary=summary, artifacts=artifacts,
-                                 printed=printed.getvalue())
+        assert code == 0, printed.getvalue()[-3000:]
+        summary = json.loads((output / "summary.json").read_text())
+        artifacts = {name: root / path for name, path in summary["artifacts"].items()}
+        yield types.SimpleNamespace(root=root, data=data, bad=bad, output=output,
+                                    summary=summary, artifacts=artifacts,
+                                    printed=printed.getvalue(), tracking=tracking)
 
 
 def _test_files(run) -> list[str]:
@@ -272,3 +276,22 @@ def test_yes_means_true_here_as_in_submit_and_the_rehearsal():
     parser = run_local.pipeline_parser("text", run_local.PIPELINES["text"](run_local.LOCAL_IMAGE))
     args = parser.parse_args(["--data", "x", "--output", "y", "--pretrained", "yes"])
     assert args.pretrained is True
+
+
+@pytest.mark.slow
+def test_image_run_is_tracked_epoch_by_epoch(image_run):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=image_run.tracking)
+    (run,) = client.search_runs([client.get_experiment_by_name("image-classifier").experiment_id])
+    history = json.loads((image_run.artifacts["model"] / "history.json").read_text())
+    rows = [row for phase in history.values() for row in phase]
+    val_loss = sorted(client.get_metric_history(run.info.run_id, "val_loss"),
+                      key=lambda m: m.step)
+    assert [(m.step, m.value) for m in val_loss] == [
+        (step, pytest.approx(row["val_loss"])) for step, row in enumerate(rows)]
+    # from scratch every epoch trains the whole network: one phase
+    assert len(rows) >= 4 and run.data.tags["phases"] == "full from epoch 0"
+    assert run.data.params["epochs"] == "10" and run.data.params["fine_tune_epochs"] == "0"
+    assert run.data.metrics["test_accuracy"] == pytest.approx(
+        image_run.summary["metrics"]["accuracy"])

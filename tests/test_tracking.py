@@ -1,5 +1,6 @@
 """MLflow tracking: tiny pipelines run through kfp.local against a real MLflow server on
-127.0.0.1 (SQLite backend), read back through MLflow's own client."""
+127.0.0.1 (SQLite backend), read back through MLflow's own client. The image pipeline's
+tracking is read from tests/test_run_local.py's image run (one image run fewer)."""
 
 import json
 import os
@@ -20,7 +21,6 @@ from components.track.tracking import (
     tracking_store,
 )
 from pipelines import run_local
-from tests.conftest import write_class_images
 from tools.datamakers.demo_text import write_reviews_csv
 from tools.rehearsal import kubeflow_demo
 
@@ -91,26 +91,6 @@ def test_text_run_is_tracked_with_epochs_test_metrics_and_provenance(mlflow_serv
     assert run.data.tags["data_sha256"] == metadata["data_sha256"]
     assert run.data.tags["model_uri"].endswith("/model")
     assert run.data.tags["pipeline"] == "text-classifier"
-
-
-@pytest.mark.slow
-def test_image_run_is_tracked_epoch_by_epoch(mlflow_server, tmp_path):
-    data = tmp_path / "images"
-    write_class_images(str(data), per_class=10, size=(24, 24))
-    summary = run_local.run("image", str(data), str(tmp_path / "image"), {
-        "image_size": 32, "min_shards_per_split": 2, "shard_workers": 1, "weights": "none",
-        "epochs": 2, "fine_tune_epochs": 1, "batch_size": 8, "tracking_uri": mlflow_server})
-    client = MlflowClient(tracking_uri=mlflow_server)
-    (run,) = client.search_runs([client.get_experiment_by_name("image-classifier").experiment_id])
-    history = json.loads(open(os.path.join(summary["artifacts"]["model"],
-                                           "history.json")).read())
-    rows = [row for phase in history.values() for row in phase]
-    assert _history(client, run, "val_loss") == [
-        (step, pytest.approx(row["val_loss"])) for step, row in enumerate(rows)]
-    # from scratch every epoch trains the whole network: one phase
-    assert len(rows) == 3 and run.data.tags["phases"] == "full from epoch 0"
-    assert run.data.params["fine_tune_epochs"] == "1"
-    assert run.data.metrics["test_accuracy"] == pytest.approx(summary["metrics"]["accuracy"])
 
 
 @pytest.mark.slow
