@@ -86,8 +86,8 @@ def margins(rows: list[dict], over_every_label: float | None = None,
     Args:
         rows: One `row()` per seed.
         over_every_label: The least margin over predicting every label asked of every seed.
-        over_tfidf: The least margin over TF-IDF asked of every seed; 0 asks for a win (a
-            tie misses it).
+        over_tfidf: The margin over TF-IDF every seed must exceed; 0 asks for a win (a tie
+            misses it).
 
     Returns:
         (worst margin over every label, worst margin over TF-IDF, what was missed).
@@ -97,8 +97,7 @@ def margins(rows: list[dict], over_every_label: float | None = None,
     missed = []
     if over_every_label is not None and not over_constant >= over_every_label:
         missed.append(f"over every label {over_constant:+.3f} < {over_every_label:+.3f}")
-    if over_tfidf is not None and not (to_tfidf > over_tfidf if over_tfidf == 0
-                                       else to_tfidf >= over_tfidf):
+    if over_tfidf is not None and not to_tfidf > over_tfidf:
         missed.append(f"over TF-IDF {to_tfidf:+.3f} < {over_tfidf:+.3f}")
     return over_constant, to_tfidf, missed
 
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--over-every-label", type=float, default=None,
                         help="exit 1 when a seed's micro F1 is not this far above every label")
     parser.add_argument("--over-tfidf", type=float, default=None,
-                        help="exit 1 when a seed's micro F1 is not this far above TF-IDF")
+                        help="exit 1 when a seed's micro F1 is not above TF-IDF's by more")
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     output = args.output or tempfile.mkdtemp(prefix="text_seeds_")
     os.makedirs(output, exist_ok=True)
