@@ -1,10 +1,11 @@
-"""The DenseNet121 inside a trained image model, as the weights file a new training starts from.
+"""The DenseNet inside a trained image model, as the weights file a new training starts from.
 
     python -m pipelines.base_weights MODEL OUT.h5
 
 MODEL is the image trainer's model folder (with `model.keras`) or a `run_local image`
-output folder (its `summary.json` names the model). OUT.h5 is a DenseNet121 no-top
-weights file, the format of Keras' `densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5`:
+output folder (its `summary.json` names the model). OUT.h5 is a no-top weights file of
+the model's DenseNet (DenseNet121 unless it was trained from another), the format of
+Keras' `densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5`:
 pass it as the image pipeline's `weights` (`--weights OUT.h5` locally, a gs:// copy on
 Vertex), and the trainer runs its two phases from it (frozen base, then fine-tuning) as
 from ImageNet's. The head (pooling, dropout, the classes' dense layer) is left behind;
@@ -42,7 +43,7 @@ def model_file(model: str) -> str:
 
 
 def save_base_weights(model: str, out_path: str) -> int:
-    """Writes the DenseNet121 base of a trained model as a no-top `.h5` weights file.
+    """Writes the DenseNet base of a trained model as a no-top `.h5` weights file.
 
     Returns:
         The number of weight tensors written.
@@ -66,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output", help="the .h5 file to write")
     args = parser.parse_args(argv)
     if not args.output.endswith(".h5"):
-        parser.error("the output must be a .h5 file (what DenseNet121(weights=...) loads)")
+        parser.error("the output must be a .h5 file (what Keras' DenseNet(weights=...) loads)")
     count = save_base_weights(args.model, args.output)
-    print(f"wrote {count} DenseNet121 weight tensors to {args.output}")
+    print(f"wrote {count} weight tensors to {args.output}")
     return 0
 
 

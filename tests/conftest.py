@@ -90,6 +90,23 @@ def compile_once(tmp_path: pathlib.Path, *args: str) -> pathlib.Path:
     return _COMPILED[args]
 
 
+# Dense blocks per stage of the DenseNet that tests of the image trainer's plumbing
+# (phases, resume, replicas, export) start from: the layers, names and phases of
+# DenseNet121's (6, 12, 24, 16), traced and exported in a fifth of the time.
+ONE_BLOCK_DENSENET = (1, 1, 1, 1)
+
+
+def write_densenet_weights(path: pathlib.Path, image_size: int,
+                           layout: tuple[int, ...] = ONE_BLOCK_DENSENET) -> str:
+    """Writes a no-top DenseNet weights file (random init, tf-keras HDF5), standing in for
+    ImageNet's; the trainer reads its layout from it."""
+    from components.train_image.model import keras_densenet
+
+    keras_densenet(list(layout), include_top=False, weights=None,
+                   input_shape=(image_size, image_size, 3)).save_weights(str(path))
+    return str(path)
+
+
 # A colour per class keeps tiny datasets learnable by tiny models.
 CLASS_COLOURS = {"cat": (220, 40, 40), "dog": (40, 200, 40), "eel": (40, 40, 220)}
 

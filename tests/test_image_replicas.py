@@ -36,6 +36,7 @@ tf_keras = pytest.importorskip("tf_keras")
 
 from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
 from components.train_image.training import SLOW_CHIEF_VARIABLE  # noqa: E402
+from tests.conftest import write_densenet_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "fox"]
@@ -65,12 +66,9 @@ def dataset(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory) -> str:
-    """A DenseNet121 no-top weights file (random init), standing in for ImageNet's."""
-    path = tmp_path_factory.mktemp("replica_weights") / "densenet121_notop.h5"
-    tf_keras.applications.DenseNet121(include_top=False, weights=None,
-                                      input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3)).save_weights(
-        str(path))
-    return str(path)
+    """A no-top weights file of a one-block-per-stage DenseNet (conftest)."""
+    return write_densenet_weights(tmp_path_factory.mktemp("replica_weights") / "notop.h5",
+                                  IMAGE_SIZE)
 
 
 # Preloaded into each worker: records every successful open (reads too), fopen, rename,

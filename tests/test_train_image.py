@@ -29,6 +29,7 @@ from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
 from components.train_image import artifact, distribute, inputs, phases, training  # noqa: E402
 from components.train_image import model as model_lib  # noqa: E402
 from components.train_image.training import TrainConfig, TrainingError  # noqa: E402
+from tests.conftest import ONE_BLOCK_DENSENET, write_densenet_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "fox"]
@@ -59,12 +60,8 @@ def image_dataset(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def base_weights(tmp_path_factory) -> str:
-    """A DenseNet121 no-top weights file (random init), standing in for ImageNet's."""
-    path = tmp_path_factory.mktemp("weights") / "densenet121_notop.h5"
-    base = tf_keras.applications.DenseNet121(include_top=False, weights=None,
-                                             input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3))
-    base.save_weights(str(path))
-    return str(path)
+    """A no-top weights file of a one-block-per-stage DenseNet (conftest)."""
+    return write_densenet_weights(tmp_path_factory.mktemp("weights") / "notop.h5", IMAGE_SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -389,15 +386,41 @@ def test_output_is_float32_under_mixed_precision():
     assert model.get_layer("densenet_preprocess").compute_dtype == "float32"
 
 
-def test_weights_file_loads_and_snapshot_survives_phase_change(scratch_model, base_weights):
+def test_the_densenet_is_the_one_its_weights_file_holds(scratch_model, tmp_path):
+    assert model_lib.dense_layout(layer.name for layer in
+                                  model_lib.get_base(scratch_model).layers) == (6, 12, 24, 16)
+    assert model_lib.architecture(scratch_model) == "DenseNet121"  # weights none or imagenet
+    assert model_lib.architecture_name((6, 12, 32, 32)) == "DenseNet169"
+    assert model_lib.architecture_name((2, 3, 4, 2)) == "DenseNet(2-3-4-2)"
+    # Files that hold no DenseNet are refused with their name, before anything loads.
+    not_densenet = tmp_path / "mlp.h5"
+    tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(2)]).save_weights(
+        str(not_densenet))
+    not_hdf5 = tmp_path / "notes.h5"
+    not_hdf5.write_text("not weights")
+    for path in (not_densenet, not_hdf5):
+        with pytest.raises(ValueError, match=f"{path.name}.*not the no-top weights"):
+            model_lib.build_model(len(CLASSES), IMAGE_SIZE, str(path))
+    with pytest.raises(ValueError, match="'imagenet' is DenseNet121's"):
+        model_lib.build_model(len(CLASSES), IMAGE_SIZE, "imagenet", layout=(1, 1, 1, 1))
+
+
+def test_weights_file_loads_and_snapshot_survives_phase_change(base_weights):
     pretrained = model_lib.build_model(len(CLASSES), IMAGE_SIZE, base_weights)
-    reference = tf_keras.applications.DenseNet121(include_top=False, weights=None,
-                                                  input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3))
+    # the file's DenseNet, not DenseNet121
+    assert model_lib.architecture(pretrained) == "DenseNet(1-1-1-1)"
+    reference = model_lib.keras_densenet(list(ONE_BLOCK_DENSENET), include_top=False,
+                                         weights=None, input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3))
     reference.load_weights(base_weights)
-    for got, want in zip(model_lib.get_base(pretrained).weights, reference.weights):
+    for got, want in zip(model_lib.get_base(pretrained).weights, reference.weights,
+                         strict=True):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
     with pytest.raises(ValueError, match="does not exist"):
         model_lib.build_model(len(CLASSES), IMAGE_SIZE, "/no/such/weights.h5")
+    # a copy built without the file, as the artifact is, takes the layout from the weights
+    scratch_model = model_lib.build_model(
+        len(CLASSES), IMAGE_SIZE, None,
+        layout=model_lib.dense_layout(model_lib.weight_snapshot(pretrained)))
 
     # A snapshot taken in one phase loads into a model set up for another phase
     # (get_weights order would not: it follows the trainable flags).
@@ -587,6 +610,7 @@ def test_interrupted_training_resumes_across_phases(image_dataset, base_weights,
     assert right == pytest.approx(round(right), abs=1e-4) and validation == 3
     assert model.metadata["classes"] == CLASSES and model.metadata["image_size"] == IMAGE_SIZE
     assert model.metadata["framework"].startswith("tf-keras 2.21")
+    assert model.metadata["architecture"] == "DenseNet(1-1-1-1)"  # the weights file's
     assert not checkpoints.exists()  # state removed once the model is exported
     _check_artifact(out, image_dataset)
 

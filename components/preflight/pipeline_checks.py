@@ -48,7 +48,7 @@ def weights_problems(weights: str) -> list[str]:
     """What the image trainer would refuse in `weights`, late, after sharding.
 
     Args:
-        weights: "imagenet", "none"/"" (from scratch), or a DenseNet121 no-top weights
+        weights: "imagenet", "none"/"" (from scratch), or a DenseNet no-top weights
             file, local or gs:// (gs:// files are not looked up: the trainer reads them
             with its own service account).
 
@@ -63,7 +63,7 @@ def weights_problems(weights: str) -> list[str]:
         return []
     return [f"weights {weights!r} is neither 'imagenet', 'none' nor an existing file: give "
             "'imagenet' (DenseNet121's ImageNet weights, downloaded), 'none' (train from "
-            "scratch) or the path of a DenseNet121 no-top .h5 weights file (local, gs:// or s3://)"]
+            "scratch) or the path of a DenseNet no-top .h5 weights file (local, gs:// or s3://)"]
 
 
 def _is_kind(value: Any, kind: type) -> bool:

@@ -35,6 +35,7 @@ from components.train_image.model import (
     INPUT_NAME,
     OUTPUT_NAME,
     build_model,
+    dense_layout,
     dtype_policy,
     load_snapshot,
 )
@@ -57,7 +58,7 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
     tf.io.gfile.makedirs(output_dir)
     with dtype_policy("float32"):
         model = build_model(len(classes), image_size, None, config.dropout,
-                            frozen_batchnorm=config.pretrained)
+                            frozen_batchnorm=config.pretrained, layout=dense_layout(snapshot))
     load_snapshot(model, snapshot)
     last_lr = plan_phases(config)[-1].learning_rate
     compile_model(model, last_lr)
@@ -65,7 +66,7 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
     preprocessing = {
         "image_size": image_size,
         "input": "float32 RGB 0..255",
-        "scaling": "densenet121 preprocess_input inside the model",
+        "scaling": "DenseNet's preprocess_input (ImageNet mean and std) inside the model",
         "resize_method": manifest["image"].get("resize_method"),
         # how the shards stored the pixels: prediction repeats the JPEG round trip
         "image_format": manifest["image"]["format"],
@@ -99,7 +100,7 @@ def model_metadata(result: Mapping[str, Any], config: TrainConfig, dataset_dir: 
     """
     return {
         "framework": result["framework"],
-        "architecture": "DenseNet121",
+        "architecture": result["architecture"],
         "classes": result["classes"],
         "num_classes": result["num_classes"],
         "image_size": result["image_size"],

@@ -1,4 +1,4 @@
-"""KFP face of the DenseNet121 trainer: the typed signature mapped onto `training.train`."""
+"""KFP face of the DenseNet trainer: the typed signature mapped onto `training.train`."""
 
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
@@ -31,7 +31,7 @@ def train_image_classifier(
     tensorboard_dir: str = "",
     hypertune_metric: str = "",
 ):
-    """Trains a DenseNet121 image classifier (tf-keras) on sharded TFRecords.
+    """Trains a DenseNet image classifier (tf-keras) on sharded TFRecords.
 
     Args:
         dataset: Output of the sharding step: TFRecord shards and manifest.json.
@@ -44,7 +44,7 @@ def train_image_classifier(
         fine_tune_learning_rate: Adam learning rate of the fine-tune phase for one replica; scaled linearly with the replicas.
         unfreeze_blocks: Dense blocks (1-4, counted from the top) trained in fine-tuning; BatchNorm layers stay frozen.
         dropout: Dropout rate before the classification layer.
-        weights: DenseNet121 base weights: "imagenet" (downloaded by Keras), "none" (train from scratch), or the URI (gs:// or local) of a no-top weights .h5 file.
+        weights: Base weights: "imagenet" (DenseNet121's, downloaded by Keras), "none" (DenseNet121 from scratch), or the URI (gs:// or local) of a no-top .h5 weights file of a tf-keras DenseNet: 121, 169, 201 or another layout, read from the file.
         weights_fingerprint: Digest of the weights file's listing from the preflight step; not read, it only makes the cache key change when the file does. Recorded in the model metadata.
         flip: Random horizontal flips of training images.
         rotation: Random rotation of training images as a fraction of a full turn (0.05 = up to 18 degrees); 0 turns it off.

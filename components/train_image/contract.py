@@ -69,8 +69,9 @@ class TrainConfig:
         fine_tune_learning_rate: Same for the fine-tune phase.
         unfreeze_blocks: Dense blocks (1-4, from the top) that fine-tuning trains.
         dropout: Dropout rate before the classification layer.
-        weights: "imagenet", a DenseNet121 no-top weights .h5 file (local or gs://),
-            or None/"none" to train from scratch.
+        weights: "imagenet" (DenseNet121's), a no-top .h5 weights file of a tf-keras
+            DenseNet (local or gs://; its layout is read from the file), or None/"none"
+            to train DenseNet121 from scratch.
         flip: Random horizontal flips of training images.
         rotation: Random rotation of training images, as a fraction of a full turn
             (0.05 = up to +-18 degrees); 0 turns it off.

@@ -1,5 +1,8 @@
-"""The DenseNet121 classifier: building it (and the dtype policy it is built under),
+"""The DenseNet classifier: building it (and the dtype policy it is built under),
 freezing and unfreezing it, moving its weights.
+
+The base is DenseNet121 unless a weights file holds another DenseNet: Keras' DenseNet169
+and 201, or any other count of dense blocks per stage, read from the file's layer names.
 
 Keras choice: this trainer uses tf-keras (Keras 2, `import tf_keras`) everywhere and
 never `tf.keras`. In TF 2.21 `tf.keras` is Keras 3, whose `model.fit` fails under
@@ -9,7 +12,7 @@ model does not work, so every layer, callback and saver here comes from `tf_kera
 
 The model takes float32 RGB pixels in 0..255 (what `components.formats.shards.make_dataset`
 yields, cast to float) and does DenseNet's own input scaling inside, so serving needs no
-preprocessing code: image -> scaling -> DenseNet121 (no top) -> global average pool
+preprocessing code: image -> scaling -> DenseNet (no top) -> global average pool
 -> dropout -> dense softmax (float32 even under mixed precision).
 """
 
@@ -18,33 +21,92 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
 
+# Keras exports DenseNet121/169/201 as fixed layouts only; its builder takes any layout,
+# which a weights file of another DenseNet needs.
+from tf_keras.src.applications.densenet import DenseNet as keras_densenet
+
 from components.train_image.contract import IMAGENET_MEAN, IMAGENET_STD, normalize_weights
 
-BASE_NAME = "densenet121"
+BASE_PREFIX = "densenet"  # Keras names the base densenet121, densenet169, ... or densenet
+# Dense blocks per stage (conv2 to conv5) of the layouts Keras names and has ImageNet
+# weights for.
+KERAS_LAYOUTS = {(6, 12, 24, 16): "DenseNet121", (6, 12, 32, 32): "DenseNet169",
+                 (6, 12, 48, 32): "DenseNet201"}
+DENSENET121 = (6, 12, 24, 16)
 INPUT_NAME = "image"
 OUTPUT_NAME = "probabilities"
 DENSE_BLOCKS = ("conv2", "conv3", "conv4", "conv5")
 PHASES = ("head", "fine_tune", "full")
 
 
+def dense_layout(names: Iterable[str]) -> tuple[int, ...]:
+    """Dense blocks per stage (conv2 to conv5) of a DenseNet, from its layer names.
+
+    Args:
+        names: Layer names (`conv3_block12_1_conv`, ...); snapshot keys also do.
+
+    Raises:
+        ValueError: A stage without blocks: the names are not a DenseNet's.
+    """
+    blocks = [0, 0, 0, 0]
+    for name in names:
+        match = re.match(r"conv([2-5])_block(\d+)_", name)
+        if match:
+            stage = int(match.group(1)) - 2
+            blocks[stage] = max(blocks[stage], int(match.group(2)))
+    if 0 in blocks:
+        raise ValueError("not a DenseNet: no dense blocks in stage conv"
+                         f"{blocks.index(0) + 2} (layers named conv<stage>_block<n>_...)")
+    return tuple(blocks)
+
+
+def architecture_name(layout: Sequence[int]) -> str:
+    """"DenseNet121", "DenseNet169", "DenseNet201", or e.g. "DenseNet(1-2-2-1)"."""
+    return KERAS_LAYOUTS.get(tuple(layout), f"DenseNet({'-'.join(map(str, layout))})")
+
+
+def weights_file_layout(path: str) -> tuple[int, ...]:
+    """The layout of a no-top DenseNet weights file (tf-keras HDF5, as Keras ships them).
+
+    Raises:
+        ValueError: The file is no such weights file; the message names it.
+    """
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            names = [n.decode() if isinstance(n, bytes) else str(n)
+                     for n in f.attrs.get("layer_names", [])]
+        return dense_layout(names)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"weights file {path!r} is not the no-top weights of a tf-keras "
+                         f"DenseNet (.h5, e.g. Keras' densenet121_weights_tf_dim_ordering_"
+                         f"tf_kernels_notop.h5): {err}") from err
+
+
 def build_model(num_classes: int, image_size: int, weights: str | None = None,
-                dropout: float = 0.2, frozen_batchnorm: bool | None = None) -> tf_keras.Model:
+                dropout: float = 0.2, frozen_batchnorm: bool | None = None,
+                layout: Sequence[int] | None = None) -> tf_keras.Model:
     """Builds the classifier under the current dtype policy and strategy scope.
 
     Args:
         num_classes: Number of output classes.
         image_size: Height and width of the input images (at least 32).
-        weights: "imagenet" (downloads), a local path to a DenseNet121 no-top
-            weights `.h5` file, or None/"none" for random initialisation.
+        weights: "imagenet" (DenseNet121's, downloaded), a local path to a no-top
+            DenseNet weights `.h5` file (its layout is read from it), or None/"none"
+            for random initialisation.
         dropout: Dropout rate before the classification layer.
         frozen_batchnorm: Call the base with `training=False`; default: when
             `weights` is pretrained. (A copy of a fine-tuned model is built with
             weights=None and frozen_batchnorm=True.)
+        layout: Dense blocks per stage (`dense_layout`) of a model built without a
+            weights file, e.g. a copy of a trained one; default DenseNet121's.
 
     Returns:
         An uncompiled `tf_keras.Model` with input "image" (float32, [N, H, W, 3],
@@ -53,15 +115,21 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
         always use their ImageNet statistics; from scratch they train normally.
 
     Raises:
-        ValueError: Bad sizes, or a weights file that does not fit DenseNet121 (no top).
+        ValueError: Bad sizes, or a weights file that is no DenseNet's (no top).
     """
     if num_classes < 2:
         raise ValueError(f"need at least 2 classes, got {num_classes}")
     if image_size < 32:
-        raise ValueError(f"DenseNet121 needs images of at least 32x32, got {image_size}")
+        raise ValueError(f"DenseNet needs images of at least 32x32, got {image_size}")
     weights = normalize_weights(weights)
-    if weights not in (None, "imagenet") and not tf.io.gfile.exists(weights):
-        raise ValueError(f"weights file {weights!r} does not exist")
+    if weights not in (None, "imagenet"):
+        if not tf.io.gfile.exists(weights):
+            raise ValueError(f"weights file {weights!r} does not exist")
+        layout = weights_file_layout(weights)
+    layout = tuple(layout or DENSENET121)
+    if weights == "imagenet" and layout != DENSENET121:
+        raise ValueError("weights='imagenet' is DenseNet121's; give another DenseNet's "
+                         "weights as a file")
     shape = (image_size, image_size, 3)
     inputs = tf_keras.Input(shape=shape, dtype="float32", name=INPUT_NAME)
     # float32 on purpose: the scaling is cheap and its precision matters; the base
@@ -72,12 +140,12 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
         dtype="float32", name="densenet_preprocess",
     )(inputs)
     try:
-        base = tf_keras.applications.DenseNet121(
-            include_top=False, weights=weights, input_shape=shape)
+        base = keras_densenet(list(layout), include_top=False, weights=weights,
+                              input_shape=shape)
     except ValueError as err:
         raise ValueError(
-            f"cannot load DenseNet121 weights {weights!r} (expected the no-top "
-            f"'densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5'): {err}"
+            f"cannot load {architecture_name(layout)} weights {weights!r} (expected a no-top "
+            f"file such as 'densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5'): {err}"
         ) from err
     if frozen_batchnorm is None:
         frozen_batchnorm = weights is not None
@@ -89,21 +157,28 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
     # float32 output: a float16 softmax loses precision and can overflow the loss.
     outputs = tf_keras.layers.Dense(num_classes, activation="softmax", dtype="float32",
                                     name=OUTPUT_NAME)(x)
-    return tf_keras.Model(inputs, outputs, name="densenet121_classifier")
+    return tf_keras.Model(inputs, outputs, name=f"{base.name}_classifier")
 
 
 def get_base(model: tf_keras.Model) -> tf_keras.Model:
-    """The DenseNet121 inside the classifier (or `model` itself if it is the base)."""
-    try:
-        return model.get_layer(BASE_NAME)
-    except ValueError:
-        if model.name == BASE_NAME:
-            return model
-        raise ValueError(f"model {model.name!r} holds no {BASE_NAME!r} layer") from None
+    """The DenseNet inside the classifier (or `model` itself if it is the base)."""
+    nested = [layer for layer in model.layers if isinstance(layer, tf_keras.Model)
+              and layer.name.startswith(BASE_PREFIX)]
+    if len(nested) == 1:
+        return nested[0]
+    if not nested and model.name.startswith(BASE_PREFIX) \
+            and not model.name.endswith("_classifier"):
+        return model
+    raise ValueError(f"model {model.name!r} holds no DenseNet base")
+
+
+def architecture(model: tf_keras.Model) -> str:
+    """The name of the classifier's DenseNet (`architecture_name`)."""
+    return architecture_name(dense_layout(layer.name for layer in get_base(model).layers))
 
 
 def layer_stage(name: str) -> int:
-    """Position of a DenseNet121 layer: 1 stem, 2-5 dense block convN and the
+    """Position of a DenseNet layer: 1 stem, 2-5 dense block convN and the
     transition poolN that follows it, 6 the final "bn"/"relu"."""
     match = re.match(r"^(conv|pool)(\d)[_/]", name + "_")
     if match:
@@ -117,7 +192,7 @@ def set_trainable(model: tf_keras.Model, phase: str, unfreeze_blocks: int = 1) -
     """Freezes and unfreezes layers for a training phase (recompile afterwards).
 
     Args:
-        model: The classifier from `build_model`, or its DenseNet121 base.
+        model: The classifier from `build_model`, or its DenseNet base.
         phase: "head": the whole base is frozen, only the new top trains.
             "fine_tune": the top `unfreeze_blocks` dense blocks train (conv5 is the
             last; each with the transition layer after it), up to the base's output;

@@ -1,4 +1,4 @@
-"""Train the DenseNet121 image classifier on a sharded dataset.
+"""Train the DenseNet image classifier on a sharded dataset.
 
 Two phases with pretrained weights: "head" trains only the new top on a frozen
 base, then "fine_tune" unfreezes the top dense blocks at a lower learning rate.
@@ -37,6 +37,7 @@ from components.train_image.artifact import write_artifact
 from components.train_image.contract import TrainConfig, TrainingError, normalize_weights
 from components.train_image.inputs import train_input, validation_input
 from components.train_image.model import (
+    architecture,
     build_model,
     dtype_policy,
     load_snapshot,
@@ -179,7 +180,8 @@ def train(
         val_loss, val_accuracy (final model on the validation split), epochs_run,
         <phase>_epochs, replicas, global_batch_size, steps_per_epoch, learning_rate
         (scaled), precision, strategy, num_classes, classes (label index order),
-        image_size, train_examples, validation_examples, framework.
+        image_size, train_examples, validation_examples, framework, architecture
+        (e.g. "DenseNet121").
 
     Raises:
         TrainingError: Bad settings, or a checkpoint folder of another run.
@@ -205,7 +207,7 @@ def train(
             final = model.evaluate(inputs.validation, verbose=0, return_dict=True)
         snapshot = weight_snapshot(model)
 
-    metrics = _metrics(setup, history, final, epoch)
+    metrics = _metrics(setup, history, final, epoch, architecture(model))
     if setup.chief:
         run_state.delay_for_tests(SLOW_CHIEF_VARIABLE, "the chief")
         write_artifact(output_dir, snapshot, setup.manifest, config, history, metrics)
@@ -346,7 +348,7 @@ def _fit_phase(model, setup: _Setup, config: TrainConfig, inputs: _Inputs, phase
 
 
 def _metrics(setup: _Setup, history: dict[str, list[dict[str, Any]]], final: dict[str, Any],
-             epochs: int) -> dict[str, Any]:
+             epochs: int, architecture: str) -> dict[str, Any]:
     """The run's final metrics and facts (`train`'s Returns), None values left out."""
     last = next((records[-1] for records in reversed(history.values()) if records), {})
     metrics: dict[str, Any] = {
@@ -368,6 +370,7 @@ def _metrics(setup: _Setup, history: dict[str, list[dict[str, Any]]], final: dic
         "train_examples": setup.count("train"),
         "validation_examples": setup.count("validation"),
         "framework": f"tf-keras {tf_keras.__version__}",
+        "architecture": architecture,
     }
     return {k: v for k, v in metrics.items() if v is not None}
 
