@@ -17,7 +17,13 @@ import pytest
 
 import compile as compile_cli
 import tools.rehearsal as rehearse
-from tests.conftest import free_port, http_json, served_as_on_vertex, write_class_images
+from tests.conftest import (
+    free_port,
+    http_json,
+    served_as_on_vertex,
+    write_class_images,
+    write_densenet_weights,
+)
 from tools.datamakers.demo_text import write_reviews_csv
 
 SERVING = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15@sha256:" + "c" * 64
@@ -253,7 +259,8 @@ REGISTERED = "projects/123456789012/locations/us-central1/models/8541"
 def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path):
     """Two replicas train (MultiWorkerMirroredStrategy over CLUSTER_SPEC/TF_CONFIG); once
     the first epoch is checkpointed the job is killed and restarted, as Vertex restarts a
-    preempted multi-worker job, and training resumes at the next epoch."""
+    preempted multi-worker job, and training resumes at the next epoch. The base is a
+    one-block-per-stage DenseNet from a weights file (conftest): the head phase trains."""
     build = _compile(tmp_path, "--train-image-replica-count", "2", "--base-output-directory",
                      "gs://acme-jobs/out", "--serving-image", SERVING)
     data = tmp_path / "images"
@@ -262,9 +269,10 @@ def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path
     summary = rehearse.rehearse(
         os.path.join(build, "image_pipeline.json"), str(out),
         {"data_uri": str(data), "image_size": "32", "min_shards_per_split": "2",
-         "shard_workers": "1", "weights": "none", "epochs": "2", "fine_tune_epochs": "0",
-         "batch_size": "4", "registration_threshold": "0", "eval_batch_size": "8"},
-        preempt=[rehearse.Preemption("train-densenet121", "**/backup-full/chief/checkpoint")],
+         "shard_workers": "1", "weights": write_densenet_weights(tmp_path / "notop.h5", 32),
+         "epochs": "2", "fine_tune_epochs": "0", "batch_size": "4",
+         "registration_threshold": "0", "eval_batch_size": "8"},
+        preempt=[rehearse.Preemption("train-densenet121", "**/backup-head/chief/checkpoint")],
         registry={"densenet121-image-classifier": REGISTERED})
 
     tasks = {t["name"]: t for t in summary["rehearsal"]["tasks"]}
@@ -275,10 +283,10 @@ def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path
     logs = out / "logs" / "train-image-classifier"
     first = (logs / "workerpool0-0.attempt1.log").read_text()
     second = (logs / "workerpool0-0.attempt2.log").read_text()
-    assert "full epoch 0:" in first
-    assert "full epoch 0:" not in second and "full epoch 1:" in second
+    assert "head epoch 0:" in first
+    assert "head epoch 0:" not in second and "head epoch 1:" in second
     history = json.loads(open(os.path.join(summary["artifacts"]["model"], "history.json")).read())
-    assert [r["epoch"] for r in history["full"]] == [0, 1]
+    assert [r["epoch"] for r in history["head"]] == [0, 1]
     # The checkpoint folder was this task's own under AIP_CHECKPOINT_DIR (in the job's own
     # folder of the base output directory, <base>/<run>/<job>), removed when done.
     (checkpoints,) = (out / "gcs" / "acme-jobs" / "out").glob("*/train-densenet121/checkpoints")

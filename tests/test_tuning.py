@@ -388,13 +388,15 @@ def test_bad_tuning_options_are_refused(tmp_path, flags, message):
 @pytest.mark.slow
 def test_image_tuning_pipeline_rehearsed_with_the_default_space(tmp_path):
     """The default image space (1e-05 among its bounds, which once reached GCPC's launcher
-    as a string) creates its job, and two trials report val_accuracy."""
-    from tests.conftest import write_class_images
+    as a string) creates its job, and two trials report val_accuracy. The base is a
+    one-block-per-stage DenseNet from a weights file (conftest)."""
+    from tests.conftest import write_class_images, write_densenet_weights
 
     out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1")
     data = tmp_path / "images"
     write_class_images(str(data), per_class=16)
-    small = {"image_size": "32", "min_shards_per_split": "1", "weights": "none",
+    small = {"image_size": "32", "min_shards_per_split": "1",
+             "weights": write_densenet_weights(tmp_path / "notop.h5", 32),
              "epochs": "1", "fine_tune_epochs": "0", "registration_threshold": "0.0"}
     summary = rehearse.rehearse(str(out / "image_tuning_pipeline.json"), str(tmp_path / "r"),
                                 {"data_uri": str(data), **small})
