@@ -186,13 +186,19 @@ def test_kubeflow_image_and_transformer_pipelines_rehearsed_on_s3_end_registered
     from mlflow import MlflowClient
 
     from components.common.storage import filesystem
+    from tests.conftest import write_densenet_weights
     from tools.datamakers.kubeflow_demo_data import write_demo_data
 
     write_demo_data(str(tmp_path / "data"))
     kubeflow_demo.stage(str(tmp_path / "data"))
+    # The image training starts from a one-block-per-stage DenseNet (conftest) in S3:
+    # its head phase is killed and resumed.
+    weights = "s3://datasets/weights/notop.h5"
+    kubeflow_demo.upload(write_densenet_weights(tmp_path / "notop.h5", 32), weights)
     build = kubeflow_demo.compile_for(store, str(tmp_path / "build"))
     with kubeflow_demo.mlflow_server(str(tmp_path / "mlflow")) as tracking:
-        summaries = kubeflow_demo.rehearse_both(build, str(tmp_path), tracking)
+        summaries = kubeflow_demo.rehearse_both(build, str(tmp_path), tracking,
+                                                image_params={"weights": weights})
         client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
         image = client.get_model_version_by_alias("pets", "challenger")
         text = client.get_model_version_by_alias("Docstring Packages", "challenger")
@@ -202,9 +208,9 @@ def test_kubeflow_image_and_transformer_pipelines_rehearsed_on_s3_end_registered
     assert train["attempts"] == 2 and "pod lost" in train["note"]
     logs = tmp_path / "image" / "logs" / "train-image-classifier"
     first, second = (logs / "attempt1.log").read_text(), (logs / "attempt2.log").read_text()
-    assert "full epoch 0:" in first and "full epoch 3:" not in first
+    assert "head epoch 0:" in first and "head epoch 3:" not in first
     assert "belongs to this run: finished work is reused" in second
-    assert "full epoch 0:" not in second and "full epoch 3:" in second
+    assert "head epoch 0:" not in second and "head epoch 3:" in second
     fs, _ = filesystem(image.source)
     assert image.source.startswith("s3://pipelines/root/image-classifier/")
     fs.get(image.source + "/", str(tmp_path / "served") + "/", recursive=True)

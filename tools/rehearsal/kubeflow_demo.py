@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from tools.rehearsal.gcs_api import free_port
@@ -155,14 +155,24 @@ def compile_for(endpoint: str, build: str) -> str:
     return build
 
 
-def rehearse_both(build: str, output: str, tracking_uri: str,
-                  runtime: str = "local") -> dict[str, Any]:
-    """Rehearses the image pipeline (its training killed once) and the transformer one."""
+def rehearse_both(build: str, output: str, tracking_uri: str, runtime: str = "local",
+                  image_params: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Rehearses the image pipeline (its training killed once) and the transformer one.
+
+    Args:
+        build: The folder `compile_for` wrote.
+        output: Local folder of the rehearsals (image/ and transformer/ in it).
+        tracking_uri: The MLflow server both runs register in.
+        runtime: "local" (this venv) or "image" (every step in the built images).
+        image_params: Image pipeline parameters over IMAGE_PARAMS (tests start from a
+            small DenseNet's weights file).
+    """
     secrets = {SECRET: dict(CREDENTIALS)}
     return {
         "image": rehearse_kubeflow(
             os.path.join(build, "image_pipeline.yaml"), os.path.join(output, "image"),
-            {**IMAGE_PARAMS, "tracking_uri": tracking_uri}, pipeline_root=ROOT,
+            {**IMAGE_PARAMS, **(image_params or {}), "tracking_uri": tracking_uri},
+            pipeline_root=ROOT,
             runtime=runtime, secrets=secrets, kill=[Kill("train-densenet121",
                                                          FIRST_CHECKPOINT)]),
         "transformer": rehearse_kubeflow(
