@@ -21,7 +21,7 @@ from components.preflight.pipeline_checks import (
     weights_problems,
 )
 from pipelines.definitions import image, lm, text, transformer
-from tests.conftest import write_class_images
+from tests.conftest import write_class_images, write_densenet_weights
 
 
 def _defaults(function) -> dict:
@@ -249,10 +249,16 @@ def test_languages_are_those_the_tokenizer_builds():
 
 
 def test_weights_are_imagenet_none_or_an_existing_file(tmp_path):
-    weights = tmp_path / "densenet121_notop.h5"
-    weights.write_bytes(b"x")
-    for ok in ("imagenet", "none", "", str(weights), "gs://bucket/w/densenet121_notop.h5"):
+    pytest.importorskip("tensorflow")
+    weights = write_densenet_weights(tmp_path / "densenet_notop.h5", 32)
+    for ok in ("imagenet", "none", "", weights, "gs://bucket/w/densenet121_notop.h5"):
         assert weights_problems(ok) == [], ok
+    # A file that holds no DenseNet is refused before the data is sharded.
+    not_weights = tmp_path / "densenet121_notop.h5"
+    not_weights.write_bytes(b"x")
+    [problem] = weights_problems(str(not_weights))
+    assert problem.startswith(f"weights file {str(not_weights)!r} is not the no-top weights "
+                              "of a tf-keras DenseNet"), problem
     for wrong in (str(tmp_path / "gone.h5"), str(tmp_path), "resnet", "ImageNet"):
         [problem] = weights_problems(wrong)
         assert problem.startswith(f"weights {wrong!r} is neither 'imagenet', 'none' nor an "

@@ -54,12 +54,18 @@ def weights_problems(weights: str) -> list[str]:
 
     Returns:
         A message naming `weights` and what to give when a local file is not there (the
-        trainer takes any other value for a path); empty when fine.
+        trainer takes any other value for a path) or holds no DenseNet; empty when fine.
     """
-    from components.train_image.contract import normalize_weights
+    from components.train_image.contract import normalize_weights, weights_file_layout
 
     value = normalize_weights(weights)
-    if value is None or value == "imagenet" or is_remote(value) or os.path.isfile(value):
+    if value is None or value == "imagenet" or is_remote(value):
+        return []
+    if os.path.isfile(value):
+        try:
+            weights_file_layout(value)
+        except ValueError as err:
+            return [str(err)]
         return []
     return [f"weights {weights!r} is neither 'imagenet', 'none' nor an existing file: give "
             "'imagenet' (DenseNet121's ImageNet weights, downloaded), 'none' (train from "

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+from collections.abc import Iterable, Sequence
 
 from components.common.storage import filesystem
 
@@ -48,6 +50,58 @@ def normalize_weights(weights: str | None) -> str | None:
     if weights is None or str(weights).strip().lower() in ("", "none", "null"):
         return None
     return str(weights)
+
+
+# Dense blocks per stage (conv2 to conv5) of the layouts Keras names and has ImageNet
+# weights for; a weights file may hold any other (the trainer reads it from the file).
+KERAS_LAYOUTS = {(6, 12, 24, 16): "DenseNet121", (6, 12, 32, 32): "DenseNet169",
+                 (6, 12, 48, 32): "DenseNet201"}
+DENSENET121 = (6, 12, 24, 16)
+
+
+def dense_layout(names: Iterable[str]) -> tuple[int, ...]:
+    """Dense blocks per stage (conv2 to conv5) of a DenseNet, from its layer names.
+
+    Args:
+        names: Layer names (`conv3_block12_1_conv`, ...); snapshot keys also do.
+
+    Raises:
+        ValueError: A stage without blocks: the names are not a DenseNet's.
+    """
+    blocks = [0, 0, 0, 0]
+    for name in names:
+        match = re.match(r"conv([2-5])_block(\d+)_", name)
+        if match:
+            stage = int(match.group(1)) - 2
+            blocks[stage] = max(blocks[stage], int(match.group(2)))
+    if 0 in blocks:
+        raise ValueError("not a DenseNet: no dense blocks in stage conv"
+                         f"{blocks.index(0) + 2} (layers named conv<stage>_block<n>_...)")
+    return tuple(blocks)
+
+
+def architecture_name(layout: Sequence[int]) -> str:
+    """"DenseNet121", "DenseNet169", "DenseNet201", or e.g. "DenseNet(1-2-2-1)"."""
+    return KERAS_LAYOUTS.get(tuple(layout), f"DenseNet({'-'.join(map(str, layout))})")
+
+
+def weights_file_layout(path: str) -> tuple[int, ...]:
+    """The layout of a no-top DenseNet weights file (tf-keras HDF5, as Keras ships them).
+
+    Raises:
+        ValueError: The file is no such weights file; the message names it.
+    """
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            names = [n.decode() if isinstance(n, bytes) else str(n)
+                     for n in f.attrs.get("layer_names", [])]
+        return dense_layout(names)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"weights file {path!r} is not the no-top weights of a tf-keras "
+                         f"DenseNet (.h5, e.g. Keras' densenet121_weights_tf_dim_ordering_"
+                         f"tf_kernels_notop.h5): {err}") from err
 
 
 class TrainingError(ValueError):
