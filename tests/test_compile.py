@@ -659,3 +659,31 @@ def test_the_preflight_step_gets_the_tensorboard_set_at_compile_time(tmp_path):
                             if name.startswith("preflight")]
             value = preflight["inputs"]["parameters"].get("tensorboard")
             assert (value and value["runtimeValue"]["constant"]) == expected, pipeline
+
+
+def test_task_settings_still_name_their_caller_while_a_pipeline_is_defined():
+    """`defined_quickly` swaps kfp's source-reading `inspect.stack` for the frames alone
+    while a body runs: kfp's error still names the setting misused, and `inspect` is kfp's
+    own again afterwards, failure or not."""
+    import inspect
+
+    from kfp import dsl
+    from kfp.dsl import pipeline_task
+
+    from pipelines.definitions.steps import defined_quickly
+
+    @dsl.component
+    def step() -> str:
+        return "x"
+
+    @defined_quickly(dsl.pipeline(name="fine"))
+    def fine():
+        step().set_env_variable("A", "1").set_cpu_limit("1")
+
+    assert pipeline_task.inspect is inspect
+    with pytest.raises(ValueError, match="^set_env_variable can only be used on single-step"):
+        @defined_quickly(dsl.pipeline(name="misused"))
+        def misused():
+            dsl.importer(artifact_uri="gs://b/x", artifact_class=dsl.Artifact,
+                         reimport=False).set_env_variable("A", "1")
+    assert pipeline_task.inspect is inspect
