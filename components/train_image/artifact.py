@@ -30,12 +30,12 @@ from components.train_image.contract import (
     SAVED_MODEL_DIR,
     SERVING_SIGNATURE,
     TrainConfig,
+    dense_layout,
 )
 from components.train_image.model import (
     INPUT_NAME,
     OUTPUT_NAME,
     build_model,
-    dense_layout,
     dtype_policy,
     load_snapshot,
 )
