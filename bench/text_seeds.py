@@ -10,8 +10,9 @@ predicting every label on the same test split. Prints one row per seed (micro/ma
 the model and of each baseline, restarts, CPU seconds per classifier epoch) and the worst
 margins over the seeds; exits 1 when a seed misses a margin asked for (`--over-every-label`,
 `--over-tfidf`). These runs are measurements (minutes to tens of minutes a seed), not tests:
-the suite trains a small model once on the same real text (tests/test_text_real.py,
-tests/test_transformer_real.py); the figures are in docs/measurements.md.
+the suite trains a small ULMFiT once on the same real text (tests/test_text_real.py) and
+fine-tunes the real encoder for two epochs in the transformer pipeline's Vertex rehearsal;
+the figures are in docs/measurements.md.
 
 The recipes measured (docs/measurements.md says what each gave):
 - the ULMFiT defaults from random weights: `-- --pretrained false --lang en`, with

@@ -49,7 +49,6 @@ LONGEST_FIRST = (
     "test_run_local.py",  # ~260 (the image run, tracked, read by six tests)
     "test_rehearse.py",  # ~200
     "test_train_transformer.py",  # ~200
-    "test_transformer_real.py",  # ~180: MiniLM on real text, one seed
     "test_tuning.py",  # ~150
     "test_image_pretraining.py",  # ~130
     "test_train_image.py",  # ~120 (its resume test runs beside two background jobs)
