@@ -2,13 +2,15 @@
 
     python bench/gpu_bench.py [--engine tf-keras|keras3] [--sections choices,densenet,feed,fastai]
         [--image-size 224] [--batch 64] [--steps 30] [--precisions mixed_float16,float32]
-        [--host-cores N] [--json FILE] [--smoke]
+        [--layout 6,12,24,16] [--host-cores N] [--json FILE] [--smoke]
 
 choices   what our selection logic picks on the devices this process sees: the strategy
           (components.train_image.distribute), the Keras precision policy and fastai's fp16.
-densenet  DenseNet121 training images/s under mixed_float16 and float32, same batch, fed
-          from one batch held in host memory; achieved TFLOP/s (17.2 GFLOP per 224 px
-          training image, scaled by area) as a share of the device's peak for that precision.
+densenet  DenseNet121 (or the --layout given) training images/s under mixed_float16 and
+          float32, same batch, fed from one batch held in host memory; achieved TFLOP/s as a
+          share of the device's peak for that precision. FLOPs are counted from the model's
+          convolutions and dense layers (DenseNet121 at 224 px: 5.7 GFLOP forward), and a
+          training step is taken as 3x the forward pass.
 feed      the same step (the policy `choices` picked) fed from real shards through the
           trainer's own input pipeline (read, decode, shuffle, augment on the host) vs from
           the batch in memory: feed ratio = step time from shards / from memory (1.0 = the
@@ -20,7 +22,8 @@ fastai    the text trainer's AWD-LSTM classifier (fastai's text_classifier_learn
 on TensorFlow. --engine keras3 builds the same network with Keras 3 on whatever backend
 KERAS_BACKEND names (jax, torch, tensorflow): for accelerators where TensorFlow's CUDA build
 cannot be installed; the feed section still needs TensorFlow (CPU is enough) for tf.data.
---smoke: tiny sizes, for `make test` on a CPU.
+--smoke: tiny sizes (32 px, batch 4, one dense block per stage unless --layout says), for
+the test suite on a CPU.
 """
 
 from __future__ import annotations
@@ -38,8 +41,11 @@ SECTIONS = ("choices", "densenet", "feed", "fastai")
 ENGINES = ("tf-keras", "keras3")
 TEXT_PRECISIONS = ("fp32", "fp16", "bf16")
 KERAS_PRECISIONS = ("mixed_float16", "float32")
-# DenseNet121 forward pass at 224 px is 2.87 GMAC = 5.73 GFLOP; training ~3x forward.
-TRAIN_GFLOP_224 = 17.2
+# A training step (forward, then gradients for activations and for weights) is ~3x the
+# forward pass's FLOPs.
+TRAIN_PER_FORWARD = 3
+DENSENET121 = (6, 12, 24, 16)
+SMOKE_LAYOUT = (1, 1, 1, 1)
 
 # Dense (no sparsity) peak TFLOP/s: (16-bit tensor cores, float32 as Keras runs it:
 # TF32 tensor cores on Ampere and newer, else plain FP32), from NVIDIA's data sheets.
@@ -65,9 +71,35 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
     return None
 
 
-def train_tflops(images_per_second: float, image_size: int) -> float:
-    """Achieved training TFLOP/s of DenseNet121 at `image_size`."""
-    return images_per_second * TRAIN_GFLOP_224 * (image_size / 224) ** 2 / 1000
+def forward_flops(model) -> int:
+    """FLOPs of one image's forward pass: 2 x the multiply-adds of every convolution and
+    dense layer, nested models included (Keras 2 or 3; BatchNorm, pooling and activations,
+    a few percent of a DenseNet's, are not counted, as in the usual figures)."""
+    total = 0
+    for layer in _leaf_layers(model):
+        kind = type(layer).__name__
+        if kind == "Conv2D":
+            height, width, channels_out = layer.output.shape[1:]
+            kernel_height, kernel_width, channels_in, _ = layer.kernel.shape
+            total += 2 * height * width * channels_out * kernel_height * kernel_width * (
+                channels_in)
+        elif kind == "Dense":
+            total += 2 * int(layer.kernel.shape[0]) * int(layer.kernel.shape[1])
+    return int(total)
+
+
+def _leaf_layers(model):
+    for layer in model.layers:
+        if hasattr(layer, "layers"):  # a nested model, e.g. the DenseNet base
+            yield from _leaf_layers(layer)
+        else:
+            yield layer
+
+
+def train_tflops(images_per_second: float, forward_flops_per_image: int) -> float:
+    """Achieved training TFLOP/s at `images_per_second`, a training step taken as
+    TRAIN_PER_FORWARD forward passes."""
+    return images_per_second * TRAIN_PER_FORWARD * forward_flops_per_image / 1e12
 
 
 # ---------------------------------------------------------------------------- devices
@@ -119,13 +151,13 @@ class TfKerasEngine:
 
     name = "tf-keras"
 
-    def model(self, classes: int, size: int, precision: str):
+    def model(self, classes: int, size: int, precision: str, layout=DENSENET121):
         import tf_keras
 
         from components.train_image.model import build_model, dtype_policy
 
         with dtype_policy(precision):
-            model = build_model(classes, size, weights=None)
+            model = build_model(classes, size, weights=None, layout=layout)
             # as the trainer compiles (phases.compile_model); the policy wraps the optimizer
             # in a LossScaleOptimizer under mixed_float16
             model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
@@ -138,8 +170,11 @@ class Keras3Engine:
 
     name = "keras3"
 
-    def model(self, classes: int, size: int, precision: str):
+    def model(self, classes: int, size: int, precision: str, layout=DENSENET121):
         import keras
+
+        # DenseNet121/169/201 are this builder at fixed layouts; Keras exports only those.
+        from keras.src.applications.densenet import DenseNet
 
         from components.train_image.contract import IMAGENET_MEAN, IMAGENET_STD
 
@@ -150,8 +185,8 @@ class Keras3Engine:
             scaled = keras.layers.Normalization(
                 mean=[255.0 * m for m in IMAGENET_MEAN],
                 variance=[(255.0 * s) ** 2 for s in IMAGENET_STD], dtype="float32")(inputs)
-            base = keras.applications.DenseNet121(include_top=False, weights=None,
-                                                  input_shape=(size, size, 3))
+            base = DenseNet(list(layout), include_top=False, weights=None,
+                            input_shape=(size, size, 3))
             x = keras.layers.GlobalAveragePooling2D()(base(scaled))
             x = keras.layers.Dropout(0.2)(x)
             outputs = keras.layers.Dense(classes, activation="softmax", dtype="float32")(x)
@@ -201,24 +236,29 @@ def keras3_memory_batch(batch: int, size: int, classes: int):
 
 
 def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
-             rounds: int, precisions: tuple[str, ...] = KERAS_PRECISIONS) -> dict:
+             rounds: int, precisions: tuple[str, ...] = KERAS_PRECISIONS,
+             layout: tuple[int, ...] = DENSENET121) -> dict:
     """Training images/s under each of `precisions` (mixed_float16, float32), alternated
     `rounds` times (best kept); the AMP speed-up when both were measured."""
+    from components.train_image.contract import architecture_name
+
     classes = 10
     try:
         data = memory_batch(batch, size, classes)
     except ImportError:
         data = keras3_memory_batch(batch, size, classes)
-    models = {p: engine.model(classes, size, p) for p in precisions}
+    models = {p: engine.model(classes, size, p, layout) for p in precisions}
+    flops = forward_flops(next(iter(models.values())))
     best = {p: float("inf") for p in models}
     for _ in range(rounds):  # alternate so drift (clocks, heat) hits both alike
         for precision, model in models.items():
             best[precision] = min(best[precision], step_seconds(model, data, steps, warmup))
     device = gpus[0]["name"] if gpus else "CPU"
-    out = {"engine": engine.name, "device": device, "image_size": size, "batch": batch}
+    out = {"engine": engine.name, "device": device, "image_size": size, "batch": batch,
+           "architecture": architecture_name(layout), "forward_gflop": flops / 1e9}
     for precision, seconds in best.items():
         rate = batch / seconds
-        tflops = train_tflops(rate, size)
+        tflops = train_tflops(rate, flops)
         peak = peak_tflops(device, precision) if gpus else None
         out[precision] = {"images_per_second": rate, "tflops": tflops,
                           "share_of_peak": tflops / peak if peak else None}
@@ -261,7 +301,7 @@ def pipeline_images_per_second(dataset, batch: int, batches: int) -> float:
 
 
 def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
-         images: int) -> dict:
+         images: int, layout: tuple[int, ...] = DENSENET121) -> dict:
     """Step time fed by the trainer's input pipeline over real shards vs by a batch in memory."""
     from components.train_image.contract import TrainConfig
     from components.train_image.inputs import train_input
@@ -271,7 +311,7 @@ def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
         classes = len(manifest["classes"])
         config = TrainConfig(weights="none", batch_size=batch)
         dataset = train_input(shards, manifest, config, batch)
-        model = engine.model(classes, size, precision)
+        model = engine.model(classes, size, precision, layout)
         memory = memory_batch(batch, size, classes)
         from_memory = step_seconds(model, memory, steps, warmup)
         from_shards = step_seconds(model, dataset, steps, warmup)
@@ -369,8 +409,8 @@ def report(results: dict) -> str:
                   f"fastai precision {c['fastai_precision']}"]
     if "densenet" in results:
         d = results["densenet"]
-        lines.append(f"DenseNet121 {d['image_size']}px batch {d['batch']} ({d['engine']}, "
-                     f"{d['device']})")
+        lines.append(f"{d['architecture']} {d['image_size']}px batch {d['batch']} "
+                     f"({d['engine']}, {d['device']}; {d['forward_gflop']:.3g} GFLOP forward)")
         for precision in (p for p in KERAS_PRECISIONS if p in d):
             p = d[precision]
             share = p["share_of_peak"]
@@ -408,6 +448,18 @@ def _precisions(parser: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
     return precisions
 
 
+def _layout(parser: argparse.ArgumentParser, text: str) -> tuple[int, ...]:
+    """--layout as a tuple; a usage error unless it is four positive block counts."""
+    try:
+        layout = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        layout = ()
+    if len(layout) != 4 or min(layout) < 1:
+        parser.error(f"--layout takes four positive block counts (conv2..conv5), e.g. "
+                     f"6,12,24,16; got {text!r}")
+    return layout
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -425,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-batches", type=int, default=20)
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--precisions", default=",".join(KERAS_PRECISIONS))  # DenseNet's
+    parser.add_argument("--layout", default=None,
+                        help="dense blocks per stage, e.g. 6,12,32,32 for DenseNet169 "
+                             "(default DenseNet121's 6,12,24,16; --smoke: 1,1,1,1)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes: checks the bench runs, measures nothing useful")
     args = parser.parse_args(argv)
@@ -438,9 +493,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"the cores this process may use; got {args.host_cores}")
     if args.host_cores:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.host_cores])
+    layout = _layout(parser, args.layout) if args.layout else DENSENET121
     size, batch, steps, warmup, arch = args.image_size, args.batch, args.steps, 5, {}
     if args.smoke:
         size, batch, steps, warmup = 32, 4, 2, 1
+        layout = _layout(parser, args.layout) if args.layout else SMOKE_LAYOUT
         args.shard_images, args.rounds = 40, 1
         args.text_batch, args.doc_tokens, args.text_batches = 4, 24, 2
         arch = {"emb_sz": 16, "n_hid": 32, "n_layers": 1}
@@ -451,9 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"choices": picked} if "choices" in sections else {}
     runs = {
         "densenet": lambda: densenet(engine, gpus, size, batch, steps, warmup, args.rounds,
-                                     precisions),
+                                     precisions, layout),
         "feed": lambda: feed(engine, picked["keras_precision"], size, batch, steps, warmup,
-                             args.shard_images),
+                             args.shard_images, layout),
         "fastai": lambda: fastai_tokens(gpus, args.text_batch, args.doc_tokens,
                                         args.text_batches, args.rounds, arch),
     }

@@ -1,7 +1,9 @@
 """bench/gpu_bench.py: its smoke mode runs every section on a CPU, and its arithmetic.
 
 The figures the bench prints on a GPU are in docs/measurements.md; here the tiny CPU run checks that
-every section measures something and that the report says what the selection logic chose.
+every section measures something and that the report says what the selection logic chose. The
+smoke runs a one-block-per-stage DenseNet (the same builder and phases as DenseNet121's, a
+fifth of the tracing); DenseNet121's FLOP count is checked on its own.
 """
 
 from __future__ import annotations
@@ -43,10 +45,13 @@ def test_smoke_measures_every_section_on_a_cpu(tmp_path):
     densenet = results["densenet"]
     assert (densenet["engine"], densenet["device"], densenet["image_size"]) == (
         "tf-keras", "CPU", 32)
+    assert densenet["architecture"] == "DenseNet(1-1-1-1)"  # the smoke's layout
+    flops = densenet["forward_gflop"] * 1e9
+    assert 1e7 < flops < 1e8  # a small DenseNet at 32 px (DenseNet121 there: ~1.2e8)
     for precision in ("mixed_float16", "float32"):
         rate = densenet[precision]["images_per_second"]
-        # the report's arithmetic: FLOP/s from the rate at this size, no peak for a CPU
-        assert densenet[precision]["tflops"] == pytest.approx(gpu_bench.train_tflops(rate, 32))
+        # the report's arithmetic: FLOP/s from the rate and the model's count, no peak for a CPU
+        assert densenet[precision]["tflops"] == pytest.approx(gpu_bench.train_tflops(rate, flops))
         assert densenet[precision]["share_of_peak"] is None
     assert densenet["amp_speedup"] == pytest.approx(
         densenet["mixed_float16"]["images_per_second"] / densenet["float32"]["images_per_second"])
@@ -82,10 +87,28 @@ def test_keras3_engine_and_host_cores(tmp_path):
     assert densenet["engine"] == "keras3"
     assert densenet["image_size"] == 32 and densenet["batch"] == 4
     assert "mixed_float16" not in densenet and densenet["amp_speedup"] is None
-    assert densenet["float32"]["tflops"] == pytest.approx(
-        gpu_bench.train_tflops(densenet["float32"]["images_per_second"], 32))
-    assert "DenseNet121 32px batch 4 (keras3, CPU)" in printed
+    # Keras 3's builder at the same layout: the same convolutions, the same count
+    assert densenet["architecture"] == "DenseNet(1-1-1-1)"
+    assert densenet["forward_gflop"] == pytest.approx(_tf_keras_smoke_gflop())
+    assert densenet["float32"]["tflops"] == pytest.approx(gpu_bench.train_tflops(
+        densenet["float32"]["images_per_second"], densenet["forward_gflop"] * 1e9))
+    assert "DenseNet(1-1-1-1) 32px batch 4 (keras3, CPU; " in printed
     assert "AMP speed-up" not in printed
+
+
+def _tf_keras_smoke_gflop() -> float:
+    from components.train_image.model import build_model
+
+    return gpu_bench.forward_flops(
+        build_model(10, 32, weights=None, layout=gpu_bench.SMOKE_LAYOUT)) / 1e9
+
+
+@pytest.mark.parametrize("layout", ["1,1,1", "6,12,24,0", "a,b,c,d"])
+def test_a_bad_layout_is_refused(layout):
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_bench.py"),
+                          "--layout", layout], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "--layout takes four positive block counts (conv2..conv5)" in run.stderr
 
 
 def test_unknown_section_is_refused(tmp_path):
@@ -126,7 +149,28 @@ def test_peak_by_device_name(name, precision, peak):
     assert gpu_bench.peak_tflops(name, precision) == peak
 
 
-def test_training_flops_scale_with_area():
-    # 2031 img/s at 224 px (the H100 mixed-precision figure) is 34.9 TFLOP/s
-    assert gpu_bench.train_tflops(2031.4, 224) == pytest.approx(34.94, abs=0.01)
-    assert gpu_bench.train_tflops(1000, 112) == pytest.approx(17.2 / 4)
+def test_flops_are_counted_from_the_convolutions_and_dense_layers_nested_too():
+    import tf_keras
+
+    inner = tf_keras.Sequential([tf_keras.Input((10, 10, 3)),
+                                 tf_keras.layers.Conv2D(8, 3),  # valid: 8x8x8 out
+                                 tf_keras.layers.BatchNormalization()], name="base")
+    inputs = tf_keras.Input((10, 10, 3))
+    x = tf_keras.layers.GlobalAveragePooling2D()(inner(inputs))
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(x))
+    assert gpu_bench.forward_flops(model) == 2 * (8 * 8 * 8 * 3 * 3 * 3) + 2 * (8 * 2)
+
+
+def test_training_flops_are_three_forward_passes():
+    # 2031 img/s (the H100 mixed-precision figure) at DenseNet121's 5.67 GFLOP at 224 px
+    assert gpu_bench.train_tflops(2031.4, 5.666e9) == pytest.approx(34.53, abs=0.01)
+    assert gpu_bench.train_tflops(1000, 1e9) == pytest.approx(3.0)
+
+
+@pytest.mark.slow  # builds DenseNet121 at 224 px (~10 s), no training
+def test_densenet121_counts_the_published_flops():
+    from components.train_image.model import build_model
+
+    flops = gpu_bench.forward_flops(build_model(10, 224, weights=None))
+    # 2.87 GMAC published (convolutions, dense and the rest): within 2% of it
+    assert flops == pytest.approx(5.73e9, rel=0.02)
