@@ -600,6 +600,7 @@ def test_interrupted_training_resumes_across_phases(image_dataset, base_weights,
                            metrics=metrics, checkpoint_dir=str(checkpoints), **params)
     assert _epochs_logged(caplog.records) == [("fine_tune", 3)]  # resumed after epoch 2
     history = json.loads((out / "history.json").read_text())
+    assert list(history) == ["head", "fine_tune"]  # as they ran, whatever the state's order
     assert [r["epoch"] for r in history["head"]] == [0, 1]
     assert [r["epoch"] for r in history["fine_tune"]] == [2, 3]
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= history["fine_tune"][-1].keys()
