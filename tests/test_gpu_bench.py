@@ -22,7 +22,7 @@ pytest.importorskip("fastai")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import gpu_bench  # noqa: E402
+from bench import flops, gpu_bench  # noqa: E402
 
 
 def _smoke(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[dict, str]:
@@ -46,12 +46,12 @@ def test_smoke_measures_every_section_on_a_cpu(tmp_path):
     assert (densenet["engine"], densenet["device"], densenet["image_size"]) == (
         "tf-keras", "CPU", 32)
     assert densenet["architecture"] == "DenseNet(1-1-1-1)"  # the smoke's layout
-    flops = densenet["forward_gflop"] * 1e9
-    assert 1e7 < flops < 1e8  # a small DenseNet at 32 px (DenseNet121 there: ~1.2e8)
+    counted = densenet["forward_gflop"] * 1e9
+    assert 1e7 < counted < 1e8  # a small DenseNet at 32 px (DenseNet121 there: ~1.2e8)
     for precision in ("mixed_float16", "float32"):
         rate = densenet[precision]["images_per_second"]
         # the report's arithmetic: FLOP/s from the rate and the model's count, no peak for a CPU
-        assert densenet[precision]["tflops"] == pytest.approx(gpu_bench.train_tflops(rate, flops))
+        assert densenet[precision]["tflops"] == pytest.approx(flops.train_tflops(rate, counted))
         assert densenet[precision]["share_of_peak"] is None
     assert densenet["amp_speedup"] == pytest.approx(
         densenet["mixed_float16"]["images_per_second"] / densenet["float32"]["images_per_second"])
@@ -90,7 +90,7 @@ def test_keras3_engine_and_host_cores(tmp_path):
     # Keras 3's builder at the same layout: the same convolutions, the same count
     assert densenet["architecture"] == "DenseNet(1-1-1-1)"
     assert densenet["forward_gflop"] == pytest.approx(_tf_keras_smoke_gflop())
-    assert densenet["float32"]["tflops"] == pytest.approx(gpu_bench.train_tflops(
+    assert densenet["float32"]["tflops"] == pytest.approx(flops.train_tflops(
         densenet["float32"]["images_per_second"], densenet["forward_gflop"] * 1e9))
     assert "DenseNet(1-1-1-1) 32px batch 4 (keras3, CPU; " in printed
     assert "AMP speed-up" not in printed
@@ -99,7 +99,7 @@ def test_keras3_engine_and_host_cores(tmp_path):
 def _tf_keras_smoke_gflop() -> float:
     from components.train_image.model import build_model
 
-    return gpu_bench.forward_flops(
+    return flops.forward_flops(
         build_model(10, 32, weights=None, layout=gpu_bench.SMOKE_LAYOUT)) / 1e9
 
 
@@ -146,7 +146,7 @@ def test_more_host_cores_than_the_machine_has_is_refused():
     ("Some Future GPU", "float32", None),
 ])
 def test_peak_by_device_name(name, precision, peak):
-    assert gpu_bench.peak_tflops(name, precision) == peak
+    assert flops.peak_tflops(name, precision) == peak
 
 
 def test_flops_are_counted_from_the_convolutions_and_dense_layers_nested_too():
@@ -158,19 +158,19 @@ def test_flops_are_counted_from_the_convolutions_and_dense_layers_nested_too():
     inputs = tf_keras.Input((10, 10, 3))
     x = tf_keras.layers.GlobalAveragePooling2D()(inner(inputs))
     model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(x))
-    assert gpu_bench.forward_flops(model) == 2 * (8 * 8 * 8 * 3 * 3 * 3) + 2 * (8 * 2)
+    assert flops.forward_flops(model) == 2 * (8 * 8 * 8 * 3 * 3 * 3) + 2 * (8 * 2)
 
 
 def test_training_flops_are_three_forward_passes():
     # 2031 img/s (the H100 mixed-precision figure) at DenseNet121's 5.67 GFLOP at 224 px
-    assert gpu_bench.train_tflops(2031.4, 5.666e9) == pytest.approx(34.53, abs=0.01)
-    assert gpu_bench.train_tflops(1000, 1e9) == pytest.approx(3.0)
+    assert flops.train_tflops(2031.4, 5.666e9) == pytest.approx(34.53, abs=0.01)
+    assert flops.train_tflops(1000, 1e9) == pytest.approx(3.0)
 
 
 @pytest.mark.slow  # builds DenseNet121 at 224 px (~10 s), no training
 def test_densenet121_counts_the_published_flops():
     from components.train_image.model import build_model
 
-    flops = gpu_bench.forward_flops(build_model(10, 224, weights=None))
+    counted = flops.forward_flops(build_model(10, 224, weights=None))
     # 2.87 GMAC published (convolutions, dense and the rest): within 2% of it
-    assert flops == pytest.approx(5.73e9, rel=0.02)
+    assert counted == pytest.approx(5.73e9, rel=0.02)
