@@ -213,6 +213,35 @@ def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path, monkeypatch
                                                          ("prepare-text-data", "pending")]
 
 
+def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path):
+    """As on Vertex: one replica's error ends the job; a peer left waiting on it (here for
+    ever, as a worker waits on a lost chief's all-reduce) is stopped, not waited on."""
+    import sys
+    import time
+
+    from tools.rehearsal.jobs import VertexJobs
+    from tools.rehearsal.records import TaskRecord
+    from tools.rehearsal.runtimes import Runtime
+
+    def pool(code: str) -> dict:
+        return {"replica_count": 1, "machine_spec": {"machine_type": "n1-standard-4"},
+                "container_spec": {"image_uri": "europe-docker.pkg.dev/acme/x:1",
+                                   "command": [sys.executable, "-c", code]}}
+
+    job = {"display_name": "two", "job_spec": {
+        "worker_pool_specs": [pool("import time; time.sleep(600)"),
+                              pool("import sys; print('bad data'); sys.exit(3)")],
+        "scheduling": {"restart_job_on_worker_restart": True}}}
+    output = str(tmp_path / "r")
+    jobs = VertexJobs(Runtime("local", output), output, "job-1", [])
+    record = TaskRecord(name="train", display_name="train")
+    started = time.monotonic()
+    with pytest.raises(rehearse.RehearsalError,
+                       match=r"(?s)train: workerpool1 replica 0 exited with 3; .*bad data"):
+        jobs.custom_job(record, ["--payload", json.dumps(job)])
+    assert time.monotonic() - started < 60 and record.state == "failed"
+
+
 def test_jobs_run_as_the_account_chosen_at_run_time(tmp_path):
     """GCPC takes the jobs' service account as a job parameter: the pipeline exposes it."""
     build = _compile(tmp_path, "--service-account", "compiled@acme.iam.gserviceaccount.com")

@@ -375,7 +375,18 @@ class VertexJobs:
         procs = {(p, i): start(p, i, attempt, envs)
                  for p in range(len(commands)) for i in range(len(commands[p]))}
         record.attempts = 1
-        while any(proc.poll() is None for proc in procs.values()):
+        failed = None
+        while True:
+            codes = {key: proc.poll() for key, proc in procs.items()}  # every one polled
+            if None not in codes.values():
+                break
+            failed = next((key for key, code in codes.items() if code), None)
+            if failed:
+                # Vertex fails the job when a replica fails and stops the others (which
+                # would otherwise wait on the lost peer's all-reduce for ever).
+                for proc in procs.values():
+                    _kill(proc)
+                break
             if rule and not rule.done and glob.glob(os.path.join(self.runtime.gcs, rule.pattern),
                                                     recursive=True):
                 rule.done = True
@@ -392,9 +403,9 @@ class VertexJobs:
                 for key in victims:
                     procs[key] = start(*key, attempt, envs)
             time.sleep(0.2)
-        failed = {key: proc.returncode for key, proc in procs.items() if proc.returncode}
+        failed = failed or next((key for key, proc in procs.items() if proc.returncode), None)
         if failed:
-            (pool, index), code = next(iter(failed.items()))
+            (pool, index), code = failed, procs[failed].returncode
             log_path = os.path.join(logs, f"workerpool{pool}-{index}.attempt{attempt}.log")
             with open(log_path) as f:
                 tail = f.read()[-3000:]
