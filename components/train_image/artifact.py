@@ -60,7 +60,6 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
         model = build_model(len(classes), image_size, None, config.dropout,
                             frozen_batchnorm=config.pretrained, layout=dense_layout(snapshot))
     load_snapshot(model, snapshot)
-    planned = [phase.name for phase in plan_phases(config)]
     last_lr = plan_phases(config)[-1].learning_rate
     compile_model(model, last_lr)
     model.save(os.path.join(output_dir, MODEL_FILE))
@@ -84,11 +83,9 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
     export_saved_model(model, os.path.join(output_dir, SAVED_MODEL_DIR), preprocessing, classes)
     _write_json(os.path.join(output_dir, LABELS_FILE), {"classes": classes})
     _write_json(os.path.join(output_dir, PREPROCESSING_FILE), preprocessing)
-    # The phases in the order they ran (the report and the tracker draw them so); the
-    # run's state keeps them in key order, fine_tune before head.
-    in_order = sorted(history, key=lambda p: planned.index(p) if p in planned else len(planned))
-    _write_json(os.path.join(output_dir, HISTORY_FILE), {p: history[p] for p in in_order},
-                sort_keys=False)
+    # Unsorted: the phases in the order they ran, as the report and the tracker draw them
+    # (sorted, fine_tune came before head).
+    _write_json(os.path.join(output_dir, HISTORY_FILE), history, sort_keys=False)
     log.info("model written to %s", output_dir)
 
 
