@@ -213,33 +213,48 @@ def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path, monkeypatch
                                                          ("prepare-text-data", "pending")]
 
 
-def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path):
-    """As on Vertex: one replica's error ends the job; a peer left waiting on it (here for
-    ever, as a worker waits on a lost chief's all-reduce) is stopped, not waited on."""
+def _two_replica_job(chief: str, worker: str, restart_all: bool) -> str:
+    """A CustomJob payload of a chief and one worker, each a Python one-liner."""
     import sys
-    import time
-
-    from tools.rehearsal.jobs import VertexJobs
-    from tools.rehearsal.records import TaskRecord
-    from tools.rehearsal.runtimes import Runtime
 
     def pool(code: str) -> dict:
         return {"replica_count": 1, "machine_spec": {"machine_type": "n1-standard-4"},
                 "container_spec": {"image_uri": "europe-docker.pkg.dev/acme/x:1",
                                    "command": [sys.executable, "-c", code]}}
 
-    job = {"display_name": "two", "job_spec": {
-        "worker_pool_specs": [pool("import time; time.sleep(600)"),
-                              pool("import sys; print('bad data'); sys.exit(3)")],
-        "scheduling": {"restart_job_on_worker_restart": True}}}
+    return json.dumps({"display_name": "two", "job_spec": {
+        "worker_pool_specs": [pool(chief), pool(worker)],
+        "scheduling": {"restart_job_on_worker_restart": restart_all}}})
+
+
+@pytest.mark.parametrize("preempted", [False, True])
+def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path, preempted):
+    """As on Vertex: one replica's error ends the job; a peer left waiting on it (here for
+    ever, as a worker waits on a lost chief's all-reduce) is stopped, not waited on. The
+    error quotes the failed replica's own log, also when only the chief was restarted."""
+    import time
+
+    from tools.rehearsal.jobs import Preemption, VertexJobs
+    from tools.rehearsal.records import TaskRecord
+    from tools.rehearsal.runtimes import Runtime
+
     output = str(tmp_path / "r")
-    jobs = VertexJobs(Runtime("local", output), output, "job-1", [])
+    mark = os.path.join(output, "gcs", "mark")
+    os.makedirs(os.path.dirname(mark))  # the rehearsal's session makes it
+    chief = f"import time; open({mark!r}, 'w').close(); time.sleep(600)"
+    # the worker fails once the chief has been preempted (or at once)
+    worker = (f"import os, sys, time\nwhile {preempted} and not os.path.exists({mark!r}): "
+              "time.sleep(0.1)\ntime.sleep(2 if {preempted} else 0); print('bad data'); "
+              "sys.exit(3)").replace("{preempted}", str(preempted))
+    preempt = [Preemption("train", "mark")] if preempted else []
+    jobs = VertexJobs(Runtime("local", output), output, "job-1", preempt)
     record = TaskRecord(name="train", display_name="train")
     started = time.monotonic()
-    with pytest.raises(rehearse.RehearsalError,
-                       match=r"(?s)train: workerpool1 replica 0 exited with 3; .*bad data"):
-        jobs.custom_job(record, ["--payload", json.dumps(job)])
+    with pytest.raises(rehearse.RehearsalError, match=r"(?s)train: workerpool1 replica 0 "
+                       r"exited with 3; log .*workerpool1-0\.attempt1\.log:.*bad data"):
+        jobs.custom_job(record, ["--payload", _two_replica_job(chief, worker, False)])
     assert time.monotonic() - started < 60 and record.state == "failed"
+    assert record.attempts == (2 if preempted else 1)
 
 
 def test_jobs_run_as_the_account_chosen_at_run_time(tmp_path):

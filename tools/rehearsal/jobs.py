@@ -365,8 +365,11 @@ class VertexJobs:
                      (record.name, record.display_name)), None)
         self.runtime.before_job()
 
+        log_paths: dict[tuple[int, int], str] = {}  # each replica's current log
+
         def start(pool: int, index: int, attempt: int, envs) -> subprocess.Popen:
             log_path = os.path.join(logs, f"workerpool{pool}-{index}.attempt{attempt}.log")
+            log_paths[pool, index] = log_path
             return self.runtime.start(commands[pool][index], envs[pool][index], images[pool],
                                       log_path)
 
@@ -405,8 +408,7 @@ class VertexJobs:
             time.sleep(0.2)
         failed = failed or next((key for key, proc in procs.items() if proc.returncode), None)
         if failed:
-            (pool, index), code = failed, procs[failed].returncode
-            log_path = os.path.join(logs, f"workerpool{pool}-{index}.attempt{attempt}.log")
+            (pool, index), code, log_path = failed, procs[failed].returncode, log_paths[failed]
             with open(log_path) as f:
                 tail = f.read()[-3000:]
             record.state = "failed"
