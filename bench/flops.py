@@ -32,9 +32,11 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
 
 
 def forward_flops(model) -> int:
-    """FLOPs of one image's forward pass: 2 x the multiply-adds of every convolution and
-    dense layer, nested models included (Keras 2 or 3; BatchNorm, pooling and activations,
-    a few percent of a DenseNet's, are not counted, as in the usual figures)."""
+    """FLOPs of one image's forward pass: 2 x the multiply-adds of every Conv2D and Dense
+    layer (a Dense on 2-D inputs, each layer called once), nested models included, in
+    Keras 2 or 3. BatchNorm, pooling and activations, a few percent of a DenseNet's, are
+    not counted, as in the usual figures; other layer kinds (depthwise, transposed
+    convolutions) are not counted either: a DenseNet has none."""
     total = 0
     for layer in _leaf_layers(model):
         kind = type(layer).__name__
