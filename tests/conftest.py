@@ -89,6 +89,17 @@ def compile_once(tmp_path: pathlib.Path, *args: str) -> pathlib.Path:
     return _COMPILED[args]
 
 
+def forbid_tokenizer_pool(monkeypatch) -> None:
+    """Makes fastai's tokenizer fail if it starts a process pool: the trainers tokenize in
+    their own process (components.common.fastai_text.TOKENIZER_WORKERS)."""
+    import fastai.text.core
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("fastai's tokenizer started a process pool (a fork)")
+
+    monkeypatch.setattr(fastai.text.core, "ProcessPoolExecutor", refuse)
+
+
 # Dense blocks per stage of the DenseNet that tests of the image trainer's plumbing
 # (phases, resume, replicas, export) start from: the layers, names and phases of
 # DenseNet121's (6, 12, 24, 16), traced and exported in a fifth of the time.

@@ -40,6 +40,7 @@ from components.train_text.contract import (
     parse_model_config,
 )
 from components.train_text.training import train_text_classifier
+from tests.conftest import forbid_tokenizer_pool
 from tools.datamakers.demo_text import write_reviews_csv
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
@@ -47,8 +48,9 @@ FAST = dict(batch_size=8, min_freq=1, seq_len=24, lang="fr")
 
 
 @pytest.fixture(autouse=True)
-def _no_vertex_checkpoint_dir(monkeypatch):
+def _no_vertex_checkpoint_dir_nor_forks(monkeypatch):
     monkeypatch.delenv("AIP_CHECKPOINT_DIR", raising=False)
+    forbid_tokenizer_pool(monkeypatch)  # tokenized in this process
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from components.train_lm.training import (
 from components.train_text.assets import fetch_assets
 from components.train_text.contract import TrainConfig, required_files
 from components.train_text.training import train_text_classifier
+from tests.conftest import forbid_tokenizer_pool
 from tools.datamakers.demo_text import write_reviews_csv
 from tools.datamakers.zipf_corpus import write_zipf_corpus
 
@@ -35,8 +36,9 @@ FAST = dict(batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=2)
 
 
 @pytest.fixture(autouse=True)
-def _no_vertex_checkpoint_dir(monkeypatch):
+def _no_vertex_checkpoint_dir_nor_forks(monkeypatch):
     monkeypatch.delenv("AIP_CHECKPOINT_DIR", raising=False)
+    forbid_tokenizer_pool(monkeypatch)  # tokenized in this process
 
 
 @pytest.fixture(scope="module")

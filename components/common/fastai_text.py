@@ -28,6 +28,10 @@ from components.common.precision import BF16, FP16, FP32, choose_precision
 log = logging.getLogger(__name__)
 
 LR_FIND_ITERATIONS = 100  # fastai's default
+# Tokenize in this process (fastai's n_workers). fastai's default forks a process pool,
+# and a fork of a process that has threads running (torch's, a storage client's, a test
+# runner's servers) can deadlock in the child: the step would hang, not fail.
+TOKENIZER_WORKERS = 0
 
 
 class EpochEnd(Callback):

@@ -45,6 +45,7 @@ from fastai.text.all import (
 from components.common import run_state
 from components.common.fastai_text import (
     FP32,
+    TOKENIZER_WORKERS,
     EpochEnd,
     find_rate,
     lm_batch_size,
@@ -199,7 +200,7 @@ def _sentencepiece(resume: run_state.Resume, texts: Sequence[str], config: LMCon
 def _dataloaders(frame: pd.DataFrame, tokenizer, vocab, config: LMConfig, backwards: bool):
     block = TextBlock.from_df(_TEXT, vocab=vocab, is_lm=True, seq_len=config.seq_len,
                               backwards=backwards, tok=tokenizer, min_freq=config.min_freq,
-                              max_vocab=config.max_vocab)
+                              max_vocab=config.max_vocab, n_workers=TOKENIZER_WORKERS)
     dsets = DataBlock(blocks=block, get_x=ColReader(_TEXT),
                       splitter=ColSplitter(_VALID)).datasets(frame)
     bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)

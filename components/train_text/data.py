@@ -25,7 +25,7 @@ from fastai.text.all import (
     TextBlock,
 )
 
-from components.common.fastai_text import lm_batch_size
+from components.common.fastai_text import TOKENIZER_WORKERS, lm_batch_size
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import MAX_TEXT_CHARS, TEXT_FIELD, clip_text
 from components.train_text.contract import TrainConfig
@@ -90,7 +90,8 @@ def lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
     """
     block = TextBlock.from_df(FRAME_TEXT, vocab=vocab, is_lm=True, seq_len=config.seq_len,
                               backwards=config.backwards, tok=tokenizer,
-                              min_freq=config.min_freq, max_vocab=config.max_vocab)
+                              min_freq=config.min_freq, max_vocab=config.max_vocab,
+                              n_workers=TOKENIZER_WORKERS)
     dsets = DataBlock(blocks=block, get_x=ColReader(FRAME_TEXT),
                       splitter=ColSplitter(_VALID)).datasets(frame[[FRAME_TEXT, _VALID]])
     bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)
@@ -115,7 +116,8 @@ def classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: TrainC
     """
     text_block = TextBlock.from_df(FRAME_TEXT, vocab=vocab, seq_len=config.seq_len,
                                    backwards=config.backwards, tok=tokenizer,
-                                   min_freq=config.min_freq, max_vocab=config.max_vocab)
+                                   min_freq=config.min_freq, max_vocab=config.max_vocab,
+                                   n_workers=TOKENIZER_WORKERS)
     if task == MULTI_LABEL:
         columns = [f"__label_{i}" for i in range(len(labels))]
         y_block, get_y = MultiCategoryBlock(encoded=True, vocab=list(labels)), ColReader(columns)

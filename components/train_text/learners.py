@@ -29,7 +29,7 @@ from fastai.text.all import (
     tokenize_df,
 )
 
-from components.common.fastai_text import lm_learner, mixed_precision, quiet
+from components.common.fastai_text import TOKENIZER_WORKERS, lm_learner, mixed_precision, quiet
 from components.prepare_text.contract import MULTI_LABEL
 from components.text_common import scores as text_scores
 from components.train_text import schedule
@@ -94,7 +94,8 @@ def _vocab_with_pretrained_tokens(job: TrainingJob,
     # Counted as TextBlock.from_df counts (the same tokenizer and rules, train + validation);
     # the dataloaders tokenize the texts again: a pretrained run pays that once (the
     # vocabulary is saved, and a resumed run reads it).
-    _, counts = tokenize_df(job.frame[[FRAME_TEXT]], [FRAME_TEXT], tok=job.tokenizer)
+    _, counts = tokenize_df(job.frame[[FRAME_TEXT]], [FRAME_TEXT], tok=job.tokenizer,
+                            n_workers=TOKENIZER_WORKERS)
     config = job.config
     frequent = make_vocab(counts, config.min_freq, config.max_vocab)
     vocab = with_pretrained_tokens(frequent, counts, load_pickle(job.assets.vocab),
