@@ -28,6 +28,7 @@ from fastai.text.all import (
 )
 from fastai.text.learner import _get_text_vocab
 
+from components.common.fastai_text import TOKENIZER_WORKERS
 from components.evaluate_text.evaluation import evaluate_text_model
 from components.formats.lm_assets import make_tokenizer, save_lm_assets
 from components.prepare_text.contract import read_split
@@ -68,7 +69,8 @@ def lm_assets(tmp_path_factory):
     write_reviews_csv(str(root / "corpus.csv"), rows=40, seed=99)
     texts = pd.read_csv(root / "corpus.csv")["text"]
     frame = pd.DataFrame({"text": texts, "is_valid": np.arange(len(texts)) % 5 == 0})
-    block = TextBlock.from_df("text", is_lm=True, tok=SpacyTokenizer("fr"), min_freq=1, seq_len=16)
+    block = TextBlock.from_df("text", is_lm=True, tok=SpacyTokenizer("fr"), min_freq=1, seq_len=16,
+                              n_workers=TOKENIZER_WORKERS)
     dls = DataBlock(blocks=block, get_x=ColReader("text"),
                     splitter=ColSplitter("is_valid")).dataloaders(frame, bs=4, seq_len=16)
     learn = language_model_learner(dls, AWD_LSTM, config={**awd_lstm_lm_config, **TINY},
@@ -165,7 +167,8 @@ def test_tokens_rarer_than_min_freq_keep_what_the_pretrained_lm_learnt(dataset, 
     LM has learnt keeps its pretrained embedding instead of becoming xxunk (on a small task
     that was most of what the LM knew: components/train_text/vocabulary.py)."""
     frame = pd.concat([read_split(dataset, "train"), read_split(dataset, "validation")])
-    _, counts = tokenize_df(frame[["text"]], ["text"], tok=SpacyTokenizer("fr"))
+    _, counts = tokenize_df(frame[["text"]], ["text"], tok=SpacyTokenizer("fr"),
+                            n_workers=TOKENIZER_WORKERS)
     rare = sorted(t for t, c in counts.items() if c < 3)
     # an LM that knows every rare token of the task but the first
     assets = tmp_path / "assets"
@@ -356,7 +359,7 @@ def test_the_classifier_starts_at_the_label_frequencies():
 
     frame = pd.DataFrame({"text": [f"word{i % 5} other{i % 3}" for i in range(40)],
                           "a": [1] * 30 + [0] * 10, "b": [0] * 36 + [1] * 4})
-    dls = DataBlock(blocks=(TextBlock.from_df("text", seq_len=8),
+    dls = DataBlock(blocks=(TextBlock.from_df("text", seq_len=8, n_workers=TOKENIZER_WORKERS),
                             MultiCategoryBlock(encoded=True, vocab=["a", "b"])),
                     get_x=ColReader("text"), get_y=ColReader(["a", "b"]),
                     splitter=RandomSplitter(0.2, seed=0)).dataloaders(frame, bs=8)
