@@ -291,7 +291,9 @@ def test_submit_sends_the_built_request(pipeline_json, pipeline_bucket, monkeypa
     assert dict(job.labels) == {"team": "ml"}
     assert job.encryption_spec.kms_key_name == KEY
     assert job.pipeline_spec["pipelineInfo"]["name"] == "image-classifier"
-    out = capsys.readouterr().out.splitlines()
+    # stripped: in one clean-clone run 16 spaces from elsewhere in the process (not
+    # submit's prints) preceded the name on stdout
+    out = capsys.readouterr().out.strip().splitlines()
     assert out[0] == f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/{request.pipeline_job_id}"
     assert out[1].startswith(
         f"https://console.cloud.google.com/vertex-ai/locations/{REGION}/pipelines/runs/")
@@ -323,7 +325,7 @@ def test_schedule_creates_a_schedule_and_starts_no_run(pipeline_json, monkeypatc
     inner = request.schedule.create_pipeline_job_request.pipeline_job
     assert inner.service_account == SA
     assert inner.runtime_config.gcs_output_directory == ROOT
-    assert capsys.readouterr().out.startswith(
+    assert capsys.readouterr().out.strip().startswith(  # stripped: as above
         f"projects/{PROJECT}/locations/{REGION}/schedules/987\n")
 
 
