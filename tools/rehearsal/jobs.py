@@ -378,13 +378,10 @@ class VertexJobs:
         procs = {(p, i): start(p, i, attempt, envs)
                  for p in range(len(commands)) for i in range(len(commands[p]))}
         record.attempts = 1
-        failed = None
         while True:
             codes = {key: proc.poll() for key, proc in procs.items()}  # every one polled
-            if None not in codes.values():
-                break
             failed = next((key for key, code in codes.items() if code), None)
-            if failed:
+            if failed or None not in codes.values():
                 # Vertex fails the job when a replica fails and stops the others (which
                 # would otherwise wait on the lost peer's all-reduce for ever).
                 for proc in procs.values():
@@ -406,7 +403,6 @@ class VertexJobs:
                 for key in victims:
                     procs[key] = start(*key, attempt, envs)
             time.sleep(0.2)
-        failed = failed or next((key for key, proc in procs.items() if proc.returncode), None)
         if failed:
             (pool, index), code, log_path = failed, procs[failed].returncode, log_paths[failed]
             with open(log_path) as f:
