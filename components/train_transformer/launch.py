@@ -33,8 +33,13 @@ if TYPE_CHECKING:
 RUN_ID = "train_transformer"
 
 
-def _worker(job: tuple[str, str, TransformerConfig, dict[str, Any]]) -> dict[str, Any]:
-    """One launched process (torchrun's variables set): the trainer; its result."""
+def launched_process(job: tuple[str, str, TransformerConfig, dict[str, Any]]) -> dict[str, Any]:
+    """One process of the launcher's (torchrun's variables set): the trainer; its result.
+
+    Args:
+        job: `train_transformer`'s dataset folder, model folder, config and keyword
+            arguments, in one tuple (torch rewrites string arguments: `${local_rank}`).
+    """
     from components.train_transformer.training import train_transformer
 
     dataset_dir, model_dir, config, kwargs = job
@@ -92,11 +97,11 @@ def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
     procs = max(1, torch.cuda.device_count() if gpus is None else gpus)
     cluster = distributed.cluster_from_environment(environ)
     if cluster is None and procs == 1:
-        return _worker((dataset_dir, model_dir, config, kwargs))
+        return launched_process((dataset_dir, model_dir, config, kwargs))
     from torch.distributed.launcher.api import elastic_launch
 
     # One tuple argument: torch rewrites string arguments (${local_rank}, and $$ to $).
-    results = elastic_launch(launch_config(cluster, procs), _worker)(
+    results = elastic_launch(launch_config(cluster, procs), launched_process)(
         (dataset_dir, model_dir, config, kwargs))
     # Keyed by global rank, this machine's only: rank 0 is the primary's first process.
     return results[0] if cluster is None or cluster.node_rank == 0 else None

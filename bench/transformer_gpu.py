@@ -1,0 +1,172 @@
+"""The transformer trainer on the device at hand: speed, memory and test scores per precision
+and batch, over seeds, next to TF-IDF on the same split.
+
+    python bench/transformer_gpu.py --dataset DIR [--dataset DIR ...] --model FOLDER
+        [--precisions mixed,fp32] [--batches 16] [--seeds 1,2,3] [--epochs 4]
+        [--learning-rate 1e-4] [--launcher] [--json FILE] [--smoke]
+
+Each run is the training step's own entry (`components.train_transformer.launch.train`) on a
+prepared text dataset (the text preparation step's folder: one fixed split, the seed draws
+the initialisation of the head and the batch order), then the evaluation step's scoring on
+its test split, which also fits TF-IDF + logistic regression on the same train split.
+`mixed` is the step's default (`mixed_precision=True`: bf16 on compute capability 8.0+,
+fp16 on 7.x, fp32 on a CPU); `fp32` turns it off.
+
+Printed per run: the precision the trainer chose, the mean epoch time (the training pass
+and the validation pass), training tokens a second over it, the whole step's seconds (load,
+checkpoints, export), the peak GPU memory torch allocated, and test micro / macro F1 beside
+TF-IDF's micro F1.
+
+--launcher: one more run per dataset through torch's elastic launcher with one process,
+the path a machine with several GPUs takes (its process group, the result handed back from
+the launched process), at the first precision, batch and seed.
+--smoke: a tiny BERT made here on generated reviews, one epoch: for the test suite on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from components.evaluate_text.evaluation import evaluate_text_model  # noqa: E402
+from components.train_transformer import launch  # noqa: E402
+from components.train_transformer.contract import TransformerConfig  # noqa: E402
+
+PRECISIONS = {"mixed": True, "fp32": False}
+SMOKE = dict(max_length=48, epochs=1, learning_rate=1e-3, early_stopping_patience=0)
+
+
+def peak_memory_reset() -> None:
+    """Starts counting the peak of torch's GPU allocations afresh (nothing without a GPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_mib() -> float | None:
+    """The most GPU memory torch allocated in this process since the reset, in MiB."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+
+
+def run_row(result: dict, evaluation: dict, *, dataset: str, mixed: bool, batch: int, seed: int,
+            launcher: bool, memory_mib: float | None) -> dict:
+    """One run's figures from the trainer's result (metrics.json) and the test evaluation."""
+    run, history = result["run"], result["history"]
+    epoch_seconds = [row["seconds"] for row in history]
+    mean_epoch = sum(epoch_seconds) / len(epoch_seconds)
+    return {
+        "dataset": dataset, "mixed_precision": mixed, "precision": run["precision"],
+        "batch": batch, "seed": seed, "launcher": launcher, "world_size": run["world_size"],
+        "device": run["device"], "epochs": len(history),
+        "epoch_seconds": round(mean_epoch, 3),
+        "train_tokens_per_second": round(run["train_tokens"] / mean_epoch, 1),
+        "step_seconds": run["seconds"], "peak_gpu_mib": memory_mib,
+        "test_micro_f1": evaluation["micro_f1"], "test_macro_f1": evaluation["macro_f1"],
+        "tfidf_micro_f1": evaluation["baseline"]["tfidf_logreg"]["micro_f1"],
+    }
+
+
+def one_run(dataset: str, config: TransformerConfig, launcher: bool) -> dict:
+    """Trains and evaluates once in a scratch folder it removes; the row of figures."""
+    scratch = tempfile.mkdtemp(prefix="transformer_gpu_")
+    try:
+        model_dir = os.path.join(scratch, "model")
+        peak_memory_reset()
+        if launcher:
+            from torch.distributed.launcher.api import elastic_launch
+
+            result = elastic_launch(launch.launch_config(None, 1), launch.launched_process)(
+                (dataset, model_dir, config, {}))[0]
+        else:
+            result = launch.train(dataset, model_dir, config)
+        memory = None if launcher else peak_memory_mib()  # a launched process's is its own
+        evaluation = evaluate_text_model(model_dir, dataset, os.path.join(scratch, "eval"))
+        return run_row(result, evaluation, dataset=os.path.basename(dataset.rstrip("/")),
+                       mixed=config.mixed_precision, batch=config.batch_size,
+                       seed=config.seed, launcher=launcher, memory_mib=memory)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def smoke_inputs(folder: str) -> tuple[str, str]:
+    """A prepared review dataset and a tiny BERT made on its texts, for a CPU run."""
+    from components.prepare_text.contract import read_split
+    from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
+    from components.train_transformer.tiny import write_tiny_model
+    from tools.datamakers.demo_text import write_reviews_csv
+
+    csv, dataset = os.path.join(folder, "reviews.csv"), os.path.join(folder, "reviews")
+    write_reviews_csv(csv, rows=120, seed=3)
+    prepare_text_dataset(csv, dataset, PrepareConfig())
+    model = os.path.join(folder, "tiny")
+    write_tiny_model(read_split(dataset, "train")["text"], model, hidden_size=32, heads=2,
+                     max_length=64)
+    return dataset, model
+
+
+def print_row(row: dict) -> None:
+    memory = "-" if row["peak_gpu_mib"] is None else f"{row['peak_gpu_mib']:.0f}"
+    print(f"{row['dataset']:<12} {row['precision']:<5} {row['batch']:>5} {row['seed']:>4} "
+          f"{'elastic' if row['launcher'] else 'direct':<7} {row['epochs']:>2} "
+          f"{row['epoch_seconds']:>8.2f} {row['train_tokens_per_second']:>10.0f} "
+          f"{row['step_seconds']:>7.1f} {memory:>7} | {row['test_micro_f1']:.3f} / "
+          f"{row['test_macro_f1']:.3f} | {row['tfidf_micro_f1']:.3f}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", action="append", default=[])
+    parser.add_argument("--model", default="")
+    parser.add_argument("--precisions", default="mixed,fp32")
+    parser.add_argument("--batches", default="16")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--launcher", action="store_true")
+    parser.add_argument("--json", default="")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args(argv)
+    settings = dict(epochs=args.epochs, learning_rate=args.learning_rate)
+    if args.smoke:
+        dataset, args.model = smoke_inputs(tempfile.mkdtemp(prefix="transformer_smoke_"))
+        args.dataset = [dataset]
+        settings = SMOKE
+    if not args.dataset or not args.model:
+        parser.error("--dataset and --model are needed (or --smoke)")
+    unknown = set(args.precisions.split(",")) - set(PRECISIONS)
+    if unknown:
+        parser.error(f"--precisions: {sorted(unknown)} not among {sorted(PRECISIONS)}")
+    plan = [(dataset, precision, int(batch), int(seed), False) for dataset in args.dataset
+            for precision in args.precisions.split(",") for batch in args.batches.split(",")
+            for seed in args.seeds.split(",")]
+    if args.launcher:
+        plan += [(dataset, *plan[0][1:4], True) for dataset in args.dataset]
+    print("dataset      prec  batch seed launch  ep  s/epoch   tokens/s  step s peakMiB "
+          "| test micro / macro F1 | TF-IDF micro")
+    rows, started = [], time.monotonic()
+    for dataset, precision, batch, seed, launcher in plan:
+        config = TransformerConfig(model_name=args.model, batch_size=batch, seed=seed,
+                                   mixed_precision=PRECISIONS[precision], **settings)
+        rows.append(one_run(dataset, config, launcher))
+        print_row(rows[-1])
+        if args.json:  # after every run: a run cut off at a time limit keeps what was done
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows, "seconds": round(time.monotonic() - started, 1)}, f,
+                          indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
