@@ -114,7 +114,7 @@ REGION  ?= us-central1
 PROJECT ?= $(shell gcloud config get-value project 2>/dev/null)
 REPO    ?= vertex-gpu-pipelines
 # The commit's first 7 hex digits: Cloud Build's SHORT_SHA, what a trigger tags images with
-# and what compile.py bakes in by default (compile.TAG_DIGITS).
+# and what compile.py bakes in by default (pipelines/images.py TAG_DIGITS).
 TAG     ?= $(shell git rev-parse HEAD | cut -c1-7)
 images:
 	@git diff --quiet HEAD -- || { echo "commit first: the image tag names the commit"; exit 1; }
@@ -159,7 +159,8 @@ rehearse-images: compile
 		--param batch_size=8 --param epochs=15 --param max_length=96 --param early_stopping_patience=3
 	# The image tuning pipeline with the default space, 2 trials: each trial reports its
 	# metric as the image's user, where Vertex has it written (/var/hypertune).
-	$(PY) compile.py --output-dir $(IMG_RUNS)/build --tune-trials 2 --tune-parallel-trials 1
+	$(PY) compile.py --output-dir $(IMG_RUNS)/build --tune-trials 2 --tune-parallel-trials 1 \
+		--pipelines image_tuning_pipeline
 	$(PY) -m tools.datamakers.demo digits $(IMG_RUNS)/tuning/gcs/rehearsal-bucket/data/digits --per-class 40
 	$(PY) -m tools.rehearsal $(IMG_RUNS)/build/image_tuning_pipeline.json \
 		--output $(IMG_RUNS)/tuning --runtime image \

@@ -30,10 +30,8 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 import warnings
-from importlib.metadata import version
 
 from kfp import compiler
 
@@ -43,10 +41,11 @@ from pipelines.definitions import image, kubeflow, lm, text, transformer, tuning
 from pipelines.definitions.scheduling import scheduling_problems
 from pipelines.definitions.steps import STEPS, TUNING_JOBS
 from pipelines.definitions.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
+from pipelines.images import PLACEHOLDER_REGISTRY, RUNTIMES, image_uris, is_pinned
 
-PLACEHOLDER_REGISTRY = "us-central1-docker.pkg.dev/your-project/vertex-gpu-pipelines"
-RUNTIMES = ("tensorflow", "fastai")
 TARGETS = ("vertex", "kubeflow")
+PIPELINES = ("image_pipeline", "text_pipeline", "lm_pipeline", "image_tuning_pipeline",
+             "text_tuning_pipeline", "transformer_pipeline", "transformer_tuning_pipeline")
 # Options only one target can honour: refused for the other when set (not dropped).
 VERTEX_ONLY = ("restart_job_on_worker_restart", "service_account", "network", "encryption_key",
                "serving_image", "base_output_directory", "tensorboard",
@@ -76,6 +75,8 @@ def parser() -> argparse.ArgumentParser:
                    help="where the JSON is written (default: build/, or build/local/ when the "
                         "images are the placeholder registry's: those files are not for upload)")
     p.add_argument("--yaml", action="store_true", help="also write YAML (KFP's preferred format)")
+    p.add_argument("--pipelines", default=",".join(PIPELINES), metavar="NAME[,NAME]",
+                   help="the pipelines to write (default: all): " + ", ".join(PIPELINES))
     p.add_argument("--registry", default=PLACEHOLDER_REGISTRY,
                    help="Artifact Registry repository, REGION-docker.pkg.dev/PROJECT/REPO")
     p.add_argument("--tag", default=None,
@@ -216,53 +217,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def is_pinned(uri: str) -> bool:
-    """True for an image URI with a digest, or a tag other than `latest`."""
-    if "@sha256:" in uri:
-        return True
-    name, colon, tag = uri.rsplit("/", 1)[-1].rpartition(":")
-    return bool(name and colon) and tag not in ("", "latest")
-
-
-# One tag rule for every image build: the commit's first 7 hex digits, which is Cloud
-# Build's SHORT_SHA (what a trigger tags with; containers/cloudbuild.yaml) and what `make
-# images` passes (the Makefile's TAG). `git rev-parse --short` may give more digits.
-TAG_DIGITS = 7
-
-
-def checkout_commit() -> str | None:
-    """This checkout's commit as images built from it are tagged (TAG_DIGITS hex digits, as
-    Cloud Build's SHORT_SHA); None outside git."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], check=True, capture_output=True,
-                             text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return sha.strip()[:TAG_DIGITS]
-
-
-def image_uris(args: argparse.Namespace) -> dict[str, str]:
-    """Image URI per runtime from --registry/--tag, overridden by --image."""
-    if args.tag is None:
-        # Registry images are tagged with the commit they were built from (Makefile
-        # `images`); the package version would name no image there. Local images (the
-        # placeholder registry, `make images-local`) keep one tag, so they are not rebuilt
-        # for every commit.
-        local = args.registry == PLACEHOLDER_REGISTRY
-        args.tag = (None if local else checkout_commit()) or version("vertex-gpu-pipelines")
-    if args.tag in ("latest", ""):
-        raise SystemExit("error: --tag must name a build (e.g. the git sha), not 'latest'")
-    uris = {r: f"{args.registry.rstrip('/')}/{r}:{args.tag}" for r in RUNTIMES}
-    for item in args.image:
-        runtime, sep, uri = item.partition("=")
-        if not sep or runtime not in RUNTIMES:
-            raise SystemExit(f"error: --image takes RUNTIME=URI with RUNTIME in {RUNTIMES}")
-        if not is_pinned(uri):
-            raise SystemExit(f"error: --image {uri!r} must carry a tag or digest other than latest")
-        uris[runtime] = uri
-    return uris
-
-
 def tensorboard_problems(args: argparse.Namespace) -> list[str]:
     """What Vertex would reject in a custom job with `--tensorboard`, each naming the option."""
     if not args.tensorboard:
@@ -282,15 +236,18 @@ def tensorboard_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def step_machines(args: argparse.Namespace) -> dict[str, Machine]:
+    """Each step's machines from its --<step>-* options."""
+    values = vars(args)
+    return {step: Machine(**{f.name: values[f"{step}_{f.name}"]
+                             for f in dataclasses.fields(Machine)}) for step in DEFAULT_MACHINES}
+
+
 def vertex_settings(args: argparse.Namespace) -> VertexSettings:
     if args.serving_image and not is_pinned(args.serving_image):
         raise SystemExit(f"error: --serving-image {args.serving_image!r} must carry a digest "
                          "or a tag other than latest")
-    values = vars(args)
-    machines = {
-        step: Machine(**{f.name: values[f"{step}_{f.name}"] for f in dataclasses.fields(Machine)})
-        for step in DEFAULT_MACHINES
-    }
+    machines = step_machines(args)
     problems = [problem for step, machine in machines.items()
                 for problem in machine_problems(step, machine)
                 + scheduling_problems(step, machine, args.spot, args.step_timeout)]
@@ -328,11 +285,7 @@ def other_target_options(args: argparse.Namespace) -> list[str]:
 
 def kubeflow_settings(args: argparse.Namespace) -> kubeflow.KubeflowSettings:
     """The Kubeflow target's settings; exits naming every option at fault."""
-    values = vars(args)
-    machines = {
-        step: Machine(**{f.name: values[f"{step}_{f.name}"] for f in dataclasses.fields(Machine)})
-        for step in DEFAULT_MACHINES
-    }
+    values, machines = vars(args), step_machines(args)
     problems = other_target_options(args) + kubeflow.replica_problems(machines)
     pods, spot = {}, {}
     for step, machine in machines.items():
@@ -406,26 +359,38 @@ def tuning_settings(args: argparse.Namespace) -> tuning.TuningSettings:
     return settings
 
 
+def chosen_pipelines(args: argparse.Namespace) -> list[str]:
+    """The names --pipelines asks for, in PIPELINES' order; exits naming an unknown one."""
+    names = {name.strip() for name in args.pipelines.split(",") if name.strip()}
+    unknown = sorted(names - set(PIPELINES))
+    if unknown or not names:
+        raise SystemExit(f"error: --pipelines {args.pipelines!r}: {unknown or 'none'} is not "
+                         f"among {', '.join(PIPELINES)}")
+    return [name for name in PIPELINES if name in names]
+
+
 def compile_all(args: argparse.Namespace) -> list[str]:
-    """Compiles every pipeline; returns the paths written."""
+    """Compiles the pipelines --pipelines names; returns the paths written."""
     uris = image_uris(args)
     settings = target_settings(args)
     tune = tuning_settings(args)
     os.makedirs(args.output_dir, exist_ok=True)
-    pipelines = {
-        "image_pipeline": image.build(uris["tensorflow"], settings),
-        "text_pipeline": text.build(uris["fastai"], settings),
-        "lm_pipeline": lm.build(uris["fastai"], settings),
-        "image_tuning_pipeline": image.build(uris["tensorflow"], settings, tune),
-        "text_tuning_pipeline": text.build(uris["fastai"], settings, tune),
-        "transformer_pipeline": transformer.build(uris["fastai"], settings),
-        "transformer_tuning_pipeline": transformer.build(uris["fastai"], settings, tune),
+    tf, fastai = uris["tensorflow"], uris["fastai"]
+    builds = {  # built only when chosen: each takes a second or two
+        "image_pipeline": lambda: image.build(tf, settings),
+        "text_pipeline": lambda: text.build(fastai, settings),
+        "lm_pipeline": lambda: lm.build(fastai, settings),
+        "image_tuning_pipeline": lambda: image.build(tf, settings, tune),
+        "text_tuning_pipeline": lambda: text.build(fastai, settings, tune),
+        "transformer_pipeline": lambda: transformer.build(fastai, settings),
+        "transformer_tuning_pipeline": lambda: transformer.build(fastai, settings, tune),
     }
     # Kubeflow's platform settings live in the YAML's second document: YAML only.
     extensions = ("yaml",) if args.target == "kubeflow" else (
         ("json", "yaml") if args.yaml else ("json",))
     written = []
-    for name, pipeline in pipelines.items():
+    for name in chosen_pipelines(args):
+        pipeline = builds[name]()
         for ext in extensions:
             path = os.path.join(args.output_dir, f"{name}.{ext}")
             with warnings.catch_warnings():
@@ -460,10 +425,11 @@ def main(argv: list[str] | None = None) -> int:
         name = os.path.basename(path)[:-len(".json")]
         print(f"quota: {name} holds {quota.describe(quota.gpus_at_once(spec))} at once "
               f"({quota.quota_note(quota.quotas(spec)) or 'no GPU quota'})", file=sys.stderr)
-    tune = tuning_settings(args)
+    tune, chosen = tuning_settings(args), chosen_pipelines(args)
     for kind, step in TUNED_KINDS.items():
-        print(tuning.cost_warning(kind, tune, vertex_settings(args).machines[step]),
-              file=sys.stderr)
+        if f"{kind}_tuning_pipeline" in chosen:
+            print(tuning.cost_warning(kind, tune, vertex_settings(args).machines[step]),
+                  file=sys.stderr)
     return 0
 
 
@@ -482,9 +448,10 @@ def main_kubeflow(args: argparse.Namespace, placeholder: bool) -> int:
     for step, pod in settings.pods.items():
         print(f"pod: {kubeflow.describe(step, pod, settings)}", file=sys.stderr)
     tune = tuning_settings(args)
-    print(f"note: the tuning pipelines run {tune.max_trials} trials, "
-          f"{tune.parallel_trials} at a time, each a pod of its training step; then one more "
-          "training with the best values", file=sys.stderr)
+    if any(name.endswith("_tuning_pipeline") for name in chosen_pipelines(args)):
+        print(f"note: the tuning pipelines run {tune.max_trials} trials, "
+              f"{tune.parallel_trials} at a time, each a pod of its training step; then one "
+              "more training with the best values", file=sys.stderr)
     return 0
 
 

@@ -56,8 +56,8 @@ def test_machine_options_reach_the_job(tmp_path):
     config = tmp_path / "settings.json"
     config.write_text(json.dumps({"shard_machine_type": "n2-highcpu-32",
                                   "service_account": "runner@acme-ml.iam.gserviceaccount.com"}))
-    out = _compile(tmp_path, "--config", str(config), "--spot", "--network",
-                   "projects/123/global/networks/ml", "--encryption-key",
+    out = _compile(tmp_path, "--pipelines", "image_pipeline", "--config", str(config), "--spot",
+                   "--network", "projects/123/global/networks/ml", "--encryption-key",
                    "projects/acme-ml/locations/europe-west4/keyRings/r/cryptoKeys/k")
     spec = json.loads((out / "image_pipeline.json").read_text())
     params = spec["components"]["comp-shard-images"]["inputDefinitions"]["parameters"]
@@ -103,8 +103,10 @@ def test_every_pipeline_parameter_has_a_default_or_is_the_data_and_a_description
 
 
 def test_yaml_on_request_and_no_latest_tags(tmp_path):
-    out = _compile(tmp_path, "--yaml")
-    for name in ("image_pipeline", "text_pipeline", "lm_pipeline", "transformer_pipeline"):
+    names = ("image_pipeline", "text_tuning_pipeline")  # one plain, one tuning variant
+    out = _compile(tmp_path, "--yaml", "--pipelines", ",".join(names))
+    assert sorted(os.listdir(out)) == sorted(f"{n}.{e}" for n in names for e in ("json", "yaml"))
+    for name in names:
         as_yaml = yaml.safe_load((out / f"{name}.yaml").read_text())
         assert as_yaml == json.loads((out / f"{name}.json").read_text())
     with pytest.raises(SystemExit, match="latest"):
@@ -115,7 +117,7 @@ def test_yaml_on_request_and_no_latest_tags(tmp_path):
 
 def test_full_image_uri_override(tmp_path):
     uri = "europe-west4-docker.pkg.dev/acme-ml/pipelines/tf@sha256:" + "a" * 64
-    out = _compile(tmp_path, "--image", f"tensorflow={uri}")
+    out = _compile(tmp_path, "--image", f"tensorflow={uri}", "--pipelines", "image_pipeline")
     spec = json.loads((out / "image_pipeline.json").read_text())
     assert _pools(spec, "shard-images")[0]["container_spec"]["image_uri"] == uri
 
@@ -144,7 +146,8 @@ def test_trainer_runs_on_gpus_with_replicas_and_restart_settings(tmp_path):
     evaluate = _pools(spec, "evaluate-image-classifier")[0]
     assert evaluate["machine_spec"] == {"machine_type": "n1-standard-4"}
 
-    out = _compile(tmp_path, "--train-image-accelerator-type", "NVIDIA_L4",
+    out = _compile(tmp_path, "--pipelines", "image_pipeline",
+                   "--train-image-accelerator-type", "NVIDIA_L4",
                    "--train-image-accelerator-count", "4", "--train-image-machine-type",
                    "g2-standard-48", "--train-image-replica-count", "3", "--spot",
                    "--restart-job-on-worker-restart")
@@ -245,7 +248,8 @@ def test_prediction_is_a_cpu_job_run_only_when_predict_uri_is_set(tmp_path, pipe
 
 
 def test_language_model_trains_on_a_gpu_after_a_light_preflight(tmp_path):
-    spec = json.loads((_compile(tmp_path, "--train-lm-accelerator-type", "NVIDIA_L4",
+    spec = json.loads((_compile(tmp_path, "--pipelines", "lm_pipeline",
+                                "--train-lm-accelerator-type", "NVIDIA_L4",
                                 "--train-lm-machine-type", "g2-standard-8")
                        / "lm_pipeline.json").read_text())
     (pool,) = _pools(spec, "train-language-model")
@@ -396,7 +400,8 @@ def test_one_tag_rule_for_the_trigger_make_images_and_compile():
 
 
 def test_multi_replica_jobs_restart_as_a_whole(tmp_path):
-    spec = json.loads((_compile(tmp_path, "--train-image-replica-count", "2")
+    spec = json.loads((_compile(tmp_path, "--train-image-replica-count", "2",
+                                "--pipelines", "image_pipeline")
                        / "image_pipeline.json").read_text())
     params = spec["components"]["comp-train-image-classifier"]["inputDefinitions"]["parameters"]
     assert params["restart_job_on_worker_restart"]["defaultValue"] is True
@@ -441,14 +446,15 @@ def test_steps_reading_files_by_uri_are_keyed_on_their_fingerprints(tmp_path, pi
 
 def test_placeholder_images_compile_outside_the_upload_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert compile_cli.main([]) == 0
+    assert compile_cli.main(["--pipelines", "lm_pipeline"]) == 0
     assert sorted(os.listdir(tmp_path / "build")) == ["local"]
     assert "not for upload" in capsys.readouterr().err
 
 
 TENSORBOARD = "projects/p/locations/us-central1/tensorboards/123"
 TENSORBOARD_FLAGS = ("--tensorboard", TENSORBOARD, "--base-output-directory", "gs://b/out",
-                     "--service-account", "sa@p.iam.gserviceaccount.com")
+                     "--service-account", "sa@p.iam.gserviceaccount.com",
+                     "--pipelines", "image_pipeline,text_pipeline,lm_pipeline,transformer_pipeline")
 # Custom jobs of each pipeline: the training ones upload to the TensorBoard, the rest do not.
 TRAINING_JOBS = {"image_pipeline": "train-image-classifier",
                  "text_pipeline": "train-text-classifier",
@@ -531,7 +537,8 @@ def test_tensorboard_from_the_config_file(tmp_path):
     config = tmp_path / "settings.json"
     config.write_text(json.dumps({"tensorboard": TENSORBOARD, "base_output_directory": "gs://b/o",
                                   "service_account": "sa@p.iam.gserviceaccount.com"}))
-    spec = json.loads((_compile(tmp_path, "--config", str(config)) / "lm_pipeline.json")
+    spec = json.loads((_compile(tmp_path, "--config", str(config), "--pipelines", "lm_pipeline")
+                       / "lm_pipeline.json")
                       .read_text())
     assert _tensorboards(spec) == {"train-language-model": TENSORBOARD}
 
@@ -638,12 +645,22 @@ def test_compile_prints_the_gpus_each_pipeline_holds_at_once(tmp_path, capsys):
     assert "quota: text_pipeline holds 1 x NVIDIA_TESLA_T4 at once" in err
 
 
+def test_only_the_pipelines_asked_for_are_written(tmp_path, capsys):
+    out = _compile_here(tmp_path, "--pipelines", "text_tuning_pipeline, lm_pipeline")
+    assert sorted(os.listdir(out)) == ["lm_pipeline.json", "text_tuning_pipeline.json"]
+    err = capsys.readouterr().err
+    # the cost of the tuning variants written, and only theirs
+    assert "the text tuning pipeline runs up to" in err and "image tuning" not in err
+    with pytest.raises(SystemExit, match=r"\['text'\] is not among image_pipeline, "):
+        _compile_here(tmp_path, "--pipelines", "text")
+
+
 def test_gpus_of_steps_that_run_side_by_side_add_up(tmp_path):
     flags = ["--tune-parallel-trials", "4"]
     for step in ("train-image", "evaluate-image", "predict-image"):
         flags += [f"--{step}-accelerator-type", "NVIDIA_TESLA_T4",
                   f"--{step}-accelerator-count", "1"]
-    out = _compile(tmp_path, *flags)
+    out = _compile(tmp_path, *flags, "--pipelines", "image_pipeline,image_tuning_pipeline")
     # evaluation and prediction both follow training, not each other: 1 + 1 at once
     assert _gpus(out, "image_pipeline") == {"NVIDIA_TESLA_T4": 2}
     # four trials of one replica each, then training, evaluation and prediction

@@ -94,7 +94,8 @@ def test_every_compiled_gpu_job_and_trial_is_told_its_gpu_count(tmp_path):
     assert {EXPECTED_GPUS_VARIABLE: "2"} in [
         {e["name"]: e["value"] for e in pool["container_spec"]["env"]}
         for _, pool in _pools(transformer) if pool["machine_spec"].get("accelerator_count")]
-    assert compile_cli.main(["--output-dir", str(tmp_path / "k"), "--target", "kubeflow"]) == 0
+    assert compile_cli.main(["--output-dir", str(tmp_path / "k"), "--target", "kubeflow",
+                             "--pipelines", "image_pipeline"]) == 0
     spec = yaml.safe_load_all((tmp_path / "k" / "image_pipeline.yaml").read_text())
     executors = next(spec)["deploymentSpec"]["executors"]
     for name, executor in executors.items():

@@ -101,7 +101,8 @@ def test_cpu_steps_get_no_gpu_and_light_steps_no_sizing(compiled):
 
 
 def test_options_reach_the_pods(tmp_path):
-    out = _compile(tmp_path, "--spot", "--gpu-node-label", "gke", "--image-pull-secret",
+    out = _compile(tmp_path, "--pipelines", "image_pipeline,text_pipeline", "--spot",
+                   "--gpu-node-label", "gke", "--image-pull-secret",
                    "regcred", "--step-timeout", "7200", "--train-image-machine-type",
                    "a2-highgpu-1g", "--train-image-accelerator-type", "NVIDIA_TESLA_A100",
                    "--train-image-accelerator-count", "1", "--train-text-cpu", "3",
@@ -435,7 +436,7 @@ def test_submit_refuses_a_vertex_file_for_kubeflow(tmp_path, capsys):
     from pipelines import submit
 
     out = tmp_path / "vertex"
-    compile_cli.main(["--output-dir", str(out)])
+    compile_cli.main(["--output-dir", str(out), "--pipelines", "image_pipeline"])
     assert submit.main(["--target", "kubeflow", str(out / "image_pipeline.json"), "--host",
                         "http://127.0.0.1:9"]) == 2
     assert "compiled for Vertex" in capsys.readouterr().err
@@ -444,7 +445,7 @@ def test_submit_refuses_a_vertex_file_for_kubeflow(tmp_path, capsys):
 def test_training_steps_keep_checkpoints_in_the_object_store_and_pods_get_storage(tmp_path):
     out = _compile(tmp_path, "--checkpoint-root", "s3://ckpt/runs/", "--storage-secret",
                    "s3-keys", "--s3-endpoint", "http://minio.kubeflow:9000",
-                   "--training-retries", "2")
+                   "--training-retries", "2", "--pipelines", "image_tuning_pipeline")
     spec, platform = _documents(out / "image_tuning_pipeline.yaml")
     executors = spec["deploymentSpec"]["executors"]
 

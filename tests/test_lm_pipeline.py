@@ -60,7 +60,7 @@ def test_run_local_lm_writes_assets_the_text_pipeline_starts_from(tmp_path, caps
 def test_lm_pipeline_rehearsed_from_its_compiled_json(tmp_path):
     """The compiled JSON as Vertex would run it: placeholders resolved, each step a job."""
     build = tmp_path / "build"
-    assert compile_cli.main(["--output-dir", str(build)]) == 0
+    assert compile_cli.main(["--output-dir", str(build), "--pipelines", "lm_pipeline"]) == 0
     corpus = tmp_path / "corpus.csv"
     write_reviews_csv(str(corpus), rows=60, seed=2)
     result = rehearse.rehearse(

@@ -29,12 +29,19 @@ from tools.datamakers.demo_text import write_reviews_csv
 SERVING = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15@sha256:" + "c" * 64
 
 
-def _compile(tmp_path, *extra) -> str:
+def _compile(tmp_path, pipeline: str, *extra) -> str:
+    """The folder holding `pipeline`.json, compiled alone."""
     out = tmp_path / "build"
     assert compile_cli.main(["--output-dir", str(out), "--registry",
                              "europe-west4-docker.pkg.dev/acme/pipes", "--tag", "abc123",
-                             *extra]) == 0
+                             "--pipelines", pipeline, *extra]) == 0
     return str(out)
+
+
+def _spec(tmp_path, pipeline: str) -> dict:
+    """`pipeline`'s compiled JSON, read."""
+    with open(os.path.join(_compile(tmp_path, pipeline), f"{pipeline}.json")) as f:
+        return json.load(f)
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -90,7 +97,7 @@ def test_cluster_environment_of_each_replica():
 
 
 def test_parameters_are_typed_and_checked(tmp_path):
-    spec = json.loads(open(os.path.join(_compile(tmp_path), "image_pipeline.json")).read())
+    spec = _spec(tmp_path, "image_pipeline")
     runner = rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": "/d", "epochs": "3",
                                                             "flip": "false"})
     assert runner.inputs["epochs"] == 3 and runner.inputs["flip"] is False
@@ -102,7 +109,7 @@ def test_parameters_are_typed_and_checked(tmp_path):
 
 
 def test_in_an_image_steps_see_gcs_uris_under_the_mount_and_no_local_paths(tmp_path):
-    spec = json.loads(open(os.path.join(_compile(tmp_path), "image_pipeline.json")).read())
+    spec = _spec(tmp_path, "image_pipeline")
     runner = rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": "gs://b/data"},
                                 runtime="image")
     assert runner.step_path("gs://b/root/x/metrics") == "/gcs/b/root/x/metrics"
@@ -196,7 +203,7 @@ def _write_as_another_user(tmp_path):
 
 def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path, monkeypatch):
     """The CustomJob payload is parsed into Vertex's own message, as the launcher sends it."""
-    path = os.path.join(_compile(tmp_path), "text_pipeline.json")
+    path = os.path.join(_compile(tmp_path, "text_pipeline"), "text_pipeline.json")
     spec = json.loads(open(path).read())
     pools = spec["components"]["comp-prepare-text-data"]["inputDefinitions"]["parameters"][
         "worker_pool_specs"]["defaultValue"]
@@ -259,7 +266,8 @@ def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path, preempted
 
 def test_jobs_run_as_the_account_chosen_at_run_time(tmp_path):
     """GCPC takes the jobs' service account as a job parameter: the pipeline exposes it."""
-    build = _compile(tmp_path, "--service-account", "compiled@acme.iam.gserviceaccount.com")
+    build = _compile(tmp_path, "text_pipeline", "--service-account",
+                     "compiled@acme.iam.gserviceaccount.com")
     path = os.path.join(build, "text_pipeline.json")
     spec = json.loads(open(path).read())
     defaults = spec["root"]["inputDefinitions"]["parameters"]["job_service_account"]
@@ -284,7 +292,7 @@ def test_jobs_run_as_the_account_chosen_at_run_time(tmp_path):
 
 
 def test_bad_settings_stop_the_run_before_the_first_job(tmp_path):
-    path = os.path.join(_compile(tmp_path), "text_pipeline.json")
+    path = os.path.join(_compile(tmp_path, "text_pipeline"), "text_pipeline.json")
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=40, seed=3)
     with pytest.raises(rehearse.RehearsalError, match="threshold must be in .0, 1., got 1.5"):
@@ -305,8 +313,8 @@ def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path
     the first epoch is checkpointed the job is killed and restarted, as Vertex restarts a
     preempted multi-worker job, and training resumes at the next epoch. The base is a
     one-block-per-stage DenseNet from a weights file (conftest): the head phase trains."""
-    build = _compile(tmp_path, "--train-image-replica-count", "2", "--base-output-directory",
-                     "gs://acme-jobs/out", "--serving-image", SERVING)
+    build = _compile(tmp_path, "image_pipeline", "--train-image-replica-count", "2",
+                     "--base-output-directory", "gs://acme-jobs/out", "--serving-image", SERVING)
     data = tmp_path / "images"
     write_class_images(str(data), per_class=8, size=(24, 24))
     out = tmp_path / "rehearsal"
@@ -369,7 +377,7 @@ def test_text_pipeline_rehearsed_with_only_the_data_and_cached_until_the_data_ch
     CSV is the same, and re-reads it once it changed (the preflight fingerprint is in the
     cache key). The model clears the gate (threshold 0), no model has the display name yet, so the
     upload creates one; the uploaded folder serves with the upload's own container spec."""
-    path = os.path.join(_compile(tmp_path), "text_pipeline.json")
+    path = os.path.join(_compile(tmp_path, "text_pipeline"), "text_pipeline.json")
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=80, seed=3)
     small = {"epochs": "1", "lm_epochs": "0", "min_freq": "1", "registration_threshold": "0",

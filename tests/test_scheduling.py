@@ -19,9 +19,10 @@ RESERVATION = "projects/acme-ml/zones/us-central1-a/reservations/h100-pool"
 
 
 def _compile(tmp_path, *flags):
-    assert compile_cli.main(["--output-dir", str(tmp_path), *flags]) == 0
-    return {name: json.loads((tmp_path / f"{name}.json").read_text())
-            for name in ("transformer_pipeline", "transformer_tuning_pipeline")}
+    names = ("transformer_pipeline", "transformer_tuning_pipeline")
+    assert compile_cli.main(["--output-dir", str(tmp_path), "--pipelines", ",".join(names),
+                             *flags]) == 0
+    return {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in names}
 
 
 def _training_job(spec):

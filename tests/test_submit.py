@@ -37,7 +37,8 @@ KEY = f"projects/{PROJECT}/locations/{REGION}/keyRings/ml/cryptoKeys/pipelines"
 def pipeline_json(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("build")
     assert compile_cli.main(["--output-dir", str(out), "--registry",
-                             "europe-west4-docker.pkg.dev/p/r", "--tag", "abc1234"]) == 0
+                             "europe-west4-docker.pkg.dev/p/r", "--tag", "abc1234",
+                             "--pipelines", "image_pipeline"]) == 0
     return str(out / "image_pipeline.json")
 
 
@@ -174,7 +175,8 @@ def test_schedule_holds_the_cron_and_the_job_it_starts(pipeline_json):
 
 def test_yaml_pipelines_are_read_too(tmp_path):
     assert compile_cli.main(["--output-dir", str(tmp_path), "--yaml", "--registry",
-                             "europe-west4-docker.pkg.dev/p/r", "--tag", "abc1234"]) == 0
+                             "europe-west4-docker.pkg.dev/p/r", "--tag", "abc1234",
+                             "--pipelines", "image_pipeline"]) == 0
     plan = _plan(str(tmp_path / "image_pipeline.yaml"), "--param", "seed=3")
     assert plan.parameter_values["seed"] == 3
 
@@ -354,7 +356,7 @@ def test_a_tensorboard_or_key_compiled_for_another_region_is_refused(tmp_path, c
                              "europe-west4-docker.pkg.dev/p/r", "--tag", "abc1234",
                              "--tensorboard", board, "--service-account", SA,
                              "--base-output-directory", "gs://acme-us/jobs",
-                             "--encryption-key", key]) == 0
+                             "--encryption-key", key, "--pipelines", "image_pipeline"]) == 0
     template = str(tmp_path / "image_pipeline.json")
     assert submit.compiled_regions(submit.load_pipeline_spec(template)) == {
         board: "us-central1", key: "us-central1"}

@@ -124,7 +124,7 @@ def test_compiled_pipeline_trains_on_a_gpu_job_between_the_text_steps(tmp_path):
 def test_machine_options_reach_the_transformer_job_and_replicas_restart_together(tmp_path):
     out = _compile(tmp_path, "--train-transformer-machine-type", "g2-standard-8",
                    "--train-transformer-accelerator-type", "NVIDIA_L4",
-                   "--train-transformer-replica-count", "2")
+                   "--train-transformer-replica-count", "2", "--pipelines", "transformer_pipeline")
     spec = json.loads((out / "transformer_pipeline.json").read_text())
     pools = _pools(spec)["comp-train-transformer-classifier"]
     # DDP across replicas: pool 0 the primary, pool 1 the other replica
@@ -413,7 +413,8 @@ def test_tuning_variant_rehearsed_trials_report_micro_f1_and_the_best_values_ret
     AIP_* folders per trial), report the study metric through hypertune each epoch, and
     the training step gets the best trial's values."""
     csv, tiny, _ = corpus_and_tiny_model
-    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1")
+    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1",
+                   "--pipelines", "transformer_tuning_pipeline")
     params = {"data_uri": str(csv), "model_name": str(tiny), "epochs": "2",
               "max_length": "64", "registration_threshold": "0"}
     summary = rehearse.rehearse(str(out / "transformer_tuning_pipeline.json"),

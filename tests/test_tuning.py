@@ -262,8 +262,9 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
         "learning_rate": {"type": "double", "min": 1e-4, "max": 1e-2, "scale": "log"},
         "unfreeze_blocks": {"type": "integer", "min": 1, "max": 4}}}))
     out = _compile_here(tmp_path, "--tune-trials", "8", "--tune-parallel-trials", "2",
-                   "--image-search-space", str(space), "--train-text-accelerator-type",
-                   "NVIDIA_L4", "--train-text-machine-type", "g2-standard-8")
+                        "--image-search-space", str(space), "--train-text-accelerator-type",
+                        "NVIDIA_L4", "--train-text-machine-type", "g2-standard-8",
+                        "--pipelines", "image_tuning_pipeline,text_tuning_pipeline")
     image = _tuning_request(json.loads((out / "image_tuning_pipeline.json").read_text()),
                             "tune-train-image-classifier")
     assert (image.max_trial_count, image.parallel_trial_count) == (8, 2)
@@ -347,7 +348,8 @@ def test_trials_folder_reaches_the_launcher_as_gcpc_passes_output_uris(tmp_path)
 ])
 def test_trials_run_on_spot_vms_and_report_to_tensorboard_as_training_does(tmp_path, flags, spot,
                                                                           tensorboard):
-    out = _compile(tmp_path, *flags)
+    out = _compile(tmp_path, *flags, "--pipelines", ",".join(
+        f"{kind}_tuning_pipeline" for kind in ("image", "text", "transformer")))
     for kind in ("image", "text", "transformer"):
         job = _tuning_request(json.loads((out / f"{kind}_tuning_pipeline.json").read_text()),
                               f"tune-train-{kind}-classifier")
@@ -392,7 +394,8 @@ def test_image_tuning_pipeline_rehearsed_with_the_default_space(tmp_path):
     one-block-per-stage DenseNet from a weights file (conftest)."""
     from tests.conftest import write_class_images, write_densenet_weights
 
-    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1")
+    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1",
+                   "--pipelines", "image_tuning_pipeline,text_tuning_pipeline")
     data = tmp_path / "images"
     write_class_images(str(data), per_class=16)
     small = {"image_size": "32", "min_shards_per_split": "1",
@@ -425,7 +428,8 @@ def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrai
     and the training step gets the best trial's values."""
     from tools.datamakers.demo_text import write_reviews_csv
 
-    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1")
+    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1",
+                   "--pipelines", "image_tuning_pipeline,text_tuning_pipeline")
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=80, seed=3)
     small = {"epochs": "2", "lm_epochs": "0", "min_freq": "1", "pretrained": "false",

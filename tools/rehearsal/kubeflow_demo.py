@@ -150,7 +150,8 @@ def compile_for(endpoint: str, build: str) -> str:
     tags); returns its folder."""
     subprocess.run([sys.executable, "compile.py", "--target", "kubeflow", "--output-dir", build,
                     "--s3-endpoint", endpoint, "--storage-secret", SECRET,
-                    "--checkpoint-root", "s3://checkpoints/root", "--training-retries", "1"],
+                    "--checkpoint-root", "s3://checkpoints/root", "--training-retries", "1",
+                    "--pipelines", "image_pipeline,transformer_pipeline"],
                    check=True, capture_output=True)
     return build
 
