@@ -74,8 +74,9 @@ run: compile models
 		--predict-uri $(DEMO)/docstrings.csv
 
 # The fast tier (a few minutes): unit tests, contracts, compiled specs, single steps through
-# kfp.local. `test-all` adds everything marked slow (training runs, whole pipelines,
-# rehearsals, seeds on real text); CI runs it. Test files run on JOBS processes
+# kfp.local; its tests are dealt out one by one (worksteal: 2 min 20 s against 2 min 35 s
+# by file). `test-all` adds everything marked slow (training runs, whole pipelines,
+# rehearsals, seeds on real text); CI runs it. Its test files run on JOBS processes
 # (pytest-xdist; a file's tests stay in one, so its module fixtures run once; files are
 # dealt out in tests/conftest.py's order, longest first): run
 # serially, the suite keeps one of two cores busy on average. Each process may train a
@@ -84,7 +85,7 @@ JOBS ?= 2
 
 test: venv models
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "not slow" -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=15
+	$(PY) -m pytest -m "not slow" -n $(JOBS) --dist worksteal --durations=15
 
 test-all: venv models
 	$(VENV)/bin/ruff check .

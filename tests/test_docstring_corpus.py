@@ -3,6 +3,8 @@
 import csv
 import os
 
+import pytest
+
 from tools.datamakers import docstring_corpus
 
 
@@ -38,17 +40,38 @@ def test_the_lm_corpus_takes_more_source_trees_up_to_a_size_task_texts_held_out(
                                        'enough to be kept."""\n')
     (root / "tests").mkdir()
     (root / "tests" / "t.py").write_text('"""A test module\'s docstring, which is left out."""\n')
+    # a standard library of two modules (the real one takes ~8 s to read)
+    lib = tmp_path / "lib"
+    (lib / "json").mkdir(parents=True)
+    (lib / "json" / "decoder.py").write_text('"""Decodes JSON text into Python objects, one '
+                                             'value at a time."""\n')
+    (lib / "shlex.py").write_text('"""A lexical analyzer class for simple shell-like '
+                                  'syntaxes."""\n')
     whole = docstring_corpus.write_source_corpus(str(tmp_path / "all"), roots=[str(root)],
-                                                 hold_out=[held])
+                                                 hold_out=[held], stdlib=str(lib))
     files = sorted(os.listdir(tmp_path / "all"))
     assert "site-packages.pkg.a.txt" in files and "site-packages.pkg.b.txt" in files
     assert not any("tests" in name for name in files)
     text = (tmp_path / "all" / "site-packages.pkg.a.txt").read_text()
     assert held not in text and "A second paragraph that stays." in text
     # the standard library alone, as before, then the extra tree on top of it
-    stdlib = docstring_corpus.write_source_corpus(str(tmp_path / "stdlib"))
+    stdlib = docstring_corpus.write_source_corpus(str(tmp_path / "stdlib"), stdlib=str(lib))
+    assert stdlib["files"] == 2
     assert whole["files"] == stdlib["files"] + 2 and whole["held_out"] == stdlib["held_out"] + 1
     # a size limit keeps the whole standard library and stops in the extra tree
     capped = docstring_corpus.write_source_corpus(
-        str(tmp_path / "capped"), roots=[str(root)], max_characters=stdlib["characters"] + 1)
+        str(tmp_path / "capped"), roots=[str(root)], max_characters=stdlib["characters"] + 1,
+        stdlib=str(lib))
     assert capped["files"] == stdlib["files"] + 1
+
+
+@pytest.mark.slow
+def test_the_real_standard_library_gives_a_corpus_of_prose_only(tmp_path):
+    """The interpreter's own standard library (~8 s to read): its tests, GUI demos and
+    Python 2 fixtures left out, every other module with docstrings one file."""
+    counts = docstring_corpus.write_source_corpus(str(tmp_path / "stdlib"))
+    names = os.listdir(tmp_path / "stdlib")
+    assert counts["files"] == len(names) > 400 and counts["characters"] > 1_000_000
+    assert "json.decoder.txt" in names and "email.message.txt" in names
+    skipped = ("test.", "tkinter.", "idlelib.", "lib2to3.", "turtledemo.", "site-packages.")
+    assert not [name for name in names if name.startswith(skipped)]

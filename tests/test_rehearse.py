@@ -201,6 +201,7 @@ def _write_as_another_user(tmp_path):
     assert (gcs / "b" / "data" / "out" / "y").stat().st_uid == 1000
 
 
+@pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
 def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path, monkeypatch):
     """The CustomJob payload is parsed into Vertex's own message, as the launcher sends it."""
     path = os.path.join(_compile(tmp_path, "text_pipeline"), "text_pipeline.json")
@@ -264,6 +265,7 @@ def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path, preempted
     assert record.attempts == (2 if preempted else 1)
 
 
+@pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
 def test_jobs_run_as_the_account_chosen_at_run_time(tmp_path):
     """GCPC takes the jobs' service account as a job parameter: the pipeline exposes it."""
     build = _compile(tmp_path, "text_pipeline", "--service-account",
@@ -291,6 +293,7 @@ def test_jobs_run_as_the_account_chosen_at_run_time(tmp_path):
                           {"data_uri": str(csv), "job_service_account": "trainer"})
 
 
+@pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
 def test_bad_settings_stop_the_run_before_the_first_job(tmp_path):
     path = os.path.join(_compile(tmp_path, "text_pipeline"), "text_pipeline.json")
     csv = tmp_path / "reviews.csv"

@@ -234,6 +234,7 @@ def test_local_tuning_refuses_a_bad_space_before_any_trial(tmp_path, capsys):
     assert run_local.main(["tune", "lm"]) == 2
 
 
+@pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
 def test_a_failed_rerun_leaves_no_summary_of_the_run_before(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
@@ -245,6 +246,7 @@ def test_a_failed_rerun_leaves_no_summary_of_the_run_before(tmp_path, capsys):
     assert "missing.csv" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
 def test_a_failed_step_is_named_with_its_own_error_on_the_last_line(tmp_path, capsys):
     out = tmp_path / "out"
     reviews = tmp_path / "reviews.csv"

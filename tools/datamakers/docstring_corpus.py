@@ -147,7 +147,7 @@ def _source_files(root: str, skipped: set[str], prefix: str) -> list[tuple[str, 
 
 def write_source_corpus(folder: str, exclude: Sequence[str] = (),
                         hold_out: Sequence[str] = (), roots: Sequence[str] = (),
-                        max_characters: int = 0) -> dict[str, int]:
+                        max_characters: int = 0, stdlib: str = "") -> dict[str, int]:
     """Writes Python docstrings as .txt files, for language model pretraining.
 
     Args:
@@ -162,6 +162,7 @@ def write_source_corpus(folder: str, exclude: Sequence[str] = (),
             standard library comes whole first, then the files of `roots` in the order of
             their output names' SHA-256: a fixed sample across packages rather than the
             first ones alphabetically.
+        stdlib: The standard library's folder; "" for this interpreter's.
 
     Returns:
         `{"files": ..., "docstrings": ..., "characters": ..., "held_out": paragraphs dropped}`.
@@ -171,7 +172,7 @@ def write_source_corpus(folder: str, exclude: Sequence[str] = (),
             _source_files(root, skipped, os.path.basename(os.path.normpath(root)) + ".")]
     if max_characters:
         more.sort(key=lambda item: hashlib.sha256(item[1].encode()).hexdigest())
-    files = _source_files(sysconfig.get_paths()["stdlib"], skipped, "") + more
+    files = _source_files(stdlib or sysconfig.get_paths()["stdlib"], skipped, "") + more
     held = set(hold_out)
     counts = {"files": 0, "docstrings": 0, "characters": 0, "held_out": 0}
     for path, target in files:
