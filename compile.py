@@ -44,8 +44,17 @@ from pipelines.definitions.vertex import DEFAULT_MACHINES, Machine, VertexSettin
 from pipelines.images import PLACEHOLDER_REGISTRY, RUNTIMES, image_uris, is_pinned
 
 TARGETS = ("vertex", "kubeflow")
-PIPELINES = ("image_pipeline", "text_pipeline", "lm_pipeline", "image_tuning_pipeline",
-             "text_tuning_pipeline", "transformer_pipeline", "transformer_tuning_pipeline")
+# Each file written, in this order: its definition, the runtime it runs in, whether it is
+# the tuning variant.
+PIPELINES = {
+    "image_pipeline": (image, "tensorflow", False),
+    "text_pipeline": (text, "fastai", False),
+    "lm_pipeline": (lm, "fastai", False),
+    "image_tuning_pipeline": (image, "tensorflow", True),
+    "text_tuning_pipeline": (text, "fastai", True),
+    "transformer_pipeline": (transformer, "fastai", False),
+    "transformer_tuning_pipeline": (transformer, "fastai", True),
+}
 # Options only one target can honour: refused for the other when set (not dropped).
 VERTEX_ONLY = ("restart_job_on_worker_restart", "service_account", "network", "encryption_key",
                "serving_image", "base_output_directory", "tensorboard",
@@ -375,22 +384,13 @@ def compile_all(args: argparse.Namespace) -> list[str]:
     settings = target_settings(args)
     tune = tuning_settings(args)
     os.makedirs(args.output_dir, exist_ok=True)
-    tf, fastai = uris["tensorflow"], uris["fastai"]
-    builds = {  # built only when chosen: each takes a second or two
-        "image_pipeline": lambda: image.build(tf, settings),
-        "text_pipeline": lambda: text.build(fastai, settings),
-        "lm_pipeline": lambda: lm.build(fastai, settings),
-        "image_tuning_pipeline": lambda: image.build(tf, settings, tune),
-        "text_tuning_pipeline": lambda: text.build(fastai, settings, tune),
-        "transformer_pipeline": lambda: transformer.build(fastai, settings),
-        "transformer_tuning_pipeline": lambda: transformer.build(fastai, settings, tune),
-    }
     # Kubeflow's platform settings live in the YAML's second document: YAML only.
     extensions = ("yaml",) if args.target == "kubeflow" else (
         ("json", "yaml") if args.yaml else ("json",))
     written = []
-    for name in chosen_pipelines(args):
-        pipeline = builds[name]()
+    for name in chosen_pipelines(args):  # built only when chosen: each takes a second or two
+        definition, runtime, tuned = PIPELINES[name]
+        pipeline = definition.build(uris[runtime], settings, *([tune] if tuned else []))
         for ext in extensions:
             path = os.path.join(args.output_dir, f"{name}.{ext}")
             with warnings.catch_warnings():
@@ -448,7 +448,7 @@ def main_kubeflow(args: argparse.Namespace, placeholder: bool) -> int:
     for step, pod in settings.pods.items():
         print(f"pod: {kubeflow.describe(step, pod, settings)}", file=sys.stderr)
     tune = tuning_settings(args)
-    if any(name.endswith("_tuning_pipeline") for name in chosen_pipelines(args)):
+    if any(PIPELINES[name][2] for name in chosen_pipelines(args)):
         print(f"note: the tuning pipelines run {tune.max_trials} trials, "
               f"{tune.parallel_trials} at a time, each a pod of its training step; then one "
               "more training with the best values", file=sys.stderr)

@@ -453,8 +453,7 @@ def test_placeholder_images_compile_outside_the_upload_folder(tmp_path, monkeypa
 
 TENSORBOARD = "projects/p/locations/us-central1/tensorboards/123"
 TENSORBOARD_FLAGS = ("--tensorboard", TENSORBOARD, "--base-output-directory", "gs://b/out",
-                     "--service-account", "sa@p.iam.gserviceaccount.com",
-                     "--pipelines", "image_pipeline,text_pipeline,lm_pipeline,transformer_pipeline")
+                     "--service-account", "sa@p.iam.gserviceaccount.com")
 # Custom jobs of each pipeline: the training ones upload to the TensorBoard, the rest do not.
 TRAINING_JOBS = {"image_pipeline": "train-image-classifier",
                  "text_pipeline": "train-text-classifier",
@@ -465,6 +464,7 @@ OTHER_JOBS = {"image_pipeline": ("shard-images", "evaluate-image-classifier", "p
               "lm_pipeline": (),
               "transformer_pipeline": ("prepare-text-data", "evaluate-text-classifier",
                                        "predict")}
+ONLY_TRAINING_JOBS = ("--pipelines", ",".join(TRAINING_JOBS))  # the files these tests read
 
 
 def _tensorboards(spec: dict) -> dict[str, str]:
@@ -510,7 +510,7 @@ def _custom_job_request(spec: dict, component: str) -> aiplatform_v1.CreateCusto
 
 
 def test_tensorboard_reaches_only_the_training_jobs(tmp_path):
-    out = _compile(tmp_path, *TENSORBOARD_FLAGS)
+    out = _compile(tmp_path, *TENSORBOARD_FLAGS, *ONLY_TRAINING_JOBS)
     for pipeline, train in TRAINING_JOBS.items():
         spec = json.loads((out / f"{pipeline}.json").read_text())
         tensorboards = _tensorboards(spec)
@@ -668,7 +668,8 @@ def test_gpus_of_steps_that_run_side_by_side_add_up(tmp_path):
 
 
 def test_the_preflight_step_gets_the_tensorboard_set_at_compile_time(tmp_path):
-    for flags, expected in ((TENSORBOARD_FLAGS, TENSORBOARD), ((), None)):
+    for flags, expected in (((*TENSORBOARD_FLAGS, *ONLY_TRAINING_JOBS), TENSORBOARD),
+                            ((), None)):
         out = _compile(tmp_path, *flags)
         for pipeline in TRAINING_JOBS:
             spec = json.loads((out / f"{pipeline}.json").read_text())
