@@ -5,14 +5,17 @@ AWS itself cannot be reached here; moto's server answers S3's REST API on 127.0.
 the code under test talks to it as to MinIO or Ceph (`AWS_ENDPOINT_URL`).
 """
 
+import dataclasses
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from components.preflight.data import data_fingerprint
 from components.prepare_text.contract import PrepareConfig
 from components.prepare_text.preparation import prepare_text_dataset
-from components.shard import sharding
 from components.shard.contract import ShardingError
 from components.shard.listing import list_labelled_files
 from components.shard.sharding import ShardConfig
@@ -51,6 +54,23 @@ def _upload(client, bucket, root, prefix):
             client.upload_file(path, bucket, prefix + os.path.relpath(path, root))
 
 
+def _shard_as_a_step(uri: str, out: str, config: ShardConfig) -> dict:
+    """`shard_dataset` in a new interpreter, as the step runs it: its workers fork from a
+    process holding only its own threads. Forked from this test process, which runs the S3
+    server's threads (and earlier tests' TensorFlow pools), a worker can inherit a lock held
+    at the fork and wait for ever: in one CI run it did, and the orphaned child kept the
+    test runner waiting after the test's timeout."""
+    code = ("import json, sys; from components.shard import sharding; "
+            "config = sharding.ShardConfig(**json.loads(sys.argv[3])); "
+            "print(json.dumps(sharding.shard_dataset(sys.argv[1], sys.argv[2], config, "
+            "progress=False)))")
+    run = subprocess.run([sys.executable, "-c", code, uri, out,
+                          json.dumps(dataclasses.asdict(config))],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def test_kubeflow_shards_an_s3_folder_like_a_local_one(s3, tmp_path):
     root = str(tmp_path / "images")
     write_class_images(root, per_class=6)
@@ -58,9 +78,8 @@ def test_kubeflow_shards_an_s3_folder_like_a_local_one(s3, tmp_path):
     _upload(s3, "train-data", root, "datasets/pets/")
     config = ShardConfig(image_size=16, min_shards_per_split=2, max_skipped_fraction=0.5,
                          num_workers=2)
-    remote = sharding.shard_dataset("s3://train-data/datasets/pets", str(tmp_path / "remote"),
-                                    config, progress=False)
-    here = sharding.shard_dataset(root, str(tmp_path / "here"), config, progress=False)
+    remote = _shard_as_a_step("s3://train-data/datasets/pets", str(tmp_path / "remote"), config)
+    here = _shard_as_a_step(root, str(tmp_path / "here"), config)
     assert remote["input_uri"] == "s3://train-data/datasets/pets"
     assert remote["classes"] == ["cat", "dog", "eel"]
     assert {s["path"] for s in remote["skipped"]} == set(bad)
