@@ -48,6 +48,7 @@ from components.common.fastai_text import (
     TOKENIZER_WORKERS,
     EpochEnd,
     find_rate,
+    language_model_loaders,
     lm_batch_size,
     lm_learner,
     precision_here,
@@ -210,7 +211,7 @@ def _dataloaders(frame: pd.DataFrame, tokenizer, vocab, config: LMConfig, backwa
                     bs, val_bs, config.batch_size)
     tokens = {"train": int(dsets.train.items["text_length"].sum()),
               "validation": int(dsets.valid.items["text_length"].sum())}
-    return dsets.dataloaders(bs=bs, val_bs=val_bs, seq_len=config.seq_len, num_workers=0), tokens
+    return language_model_loaders(dsets, bs, val_bs, config.seq_len), tokens
 
 
 def _publish(staging: str, output_dir: str, lang: str) -> None:

@@ -25,7 +25,11 @@ from fastai.text.all import (
     TextBlock,
 )
 
-from components.common.fastai_text import TOKENIZER_WORKERS, lm_batch_size
+from components.common.fastai_text import (
+    TOKENIZER_WORKERS,
+    language_model_loaders,
+    lm_batch_size,
+)
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import MAX_TEXT_CHARS, TEXT_FIELD, clip_text
 from components.train_text.contract import TrainConfig
@@ -99,8 +103,7 @@ def lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
     if bs < config.batch_size or val_bs < config.batch_size:
         log.warning("few tokens: language model batch size %d (train) / %d (valid) instead of %d",
                     bs, val_bs, config.batch_size)
-    # num_workers=0: batches of token ids are cheap; worker processes only add start-up time.
-    return dsets.dataloaders(bs=bs, val_bs=val_bs, seq_len=config.seq_len, num_workers=0)
+    return language_model_loaders(dsets, bs, val_bs, config.seq_len)
 
 
 def unigram_accuracy(dls_lm) -> float:
