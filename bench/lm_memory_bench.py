@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     write_zipf_corpus(corpus, args.tokens, args.types)
     print(f"corpus: {args.tokens} tokens of {args.types} words; model {args.model_config}; "
           f"batch {args.batch_size}; {args.epochs} epochs", flush=True)
-    rows, finals = {}, {}
+    rows, finals, failed = {}, {}, []
     for precision in args.precisions.split(","):
         for variant in args.variants.split(","):
             run_name = f"{variant}/{precision}"
@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[run_name] = [row for row in lines if "epoch" in row]
             finals[run_name] = next((row for row in lines if "perplexity" in row), {})
             if run.returncode:
+                failed.append(run_name)
                 print(f"{run_name} failed ({run.returncode}):\n{run.stderr[-3000:]}", flush=True)
             for row in rows[run_name]:
                 _print_epoch(run_name, row)
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"epochs": rows, "final": finals, "args": vars(args)}, f, indent=1)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
