@@ -104,7 +104,8 @@ def language_model_loaders(dsets, bs: int, val_bs: int, seq_len: int):
     corpus, so the 2 kept are never the next ones asked for: every epoch made every text's
     ids again, in Python, between GPU steps. On an H100 that was 78% of an AWD-LSTM epoch
     (500k tokens: 21 of 27 s making batches). Kept for every text, they take 8 bytes a
-    token beside the tokenized frame's ~60.
+    token plus ~1.5 KB a text (~20 bytes a token at 120 tokens a text, ~54 at 32), beside
+    the ~150 a token the tokenized texts hold already.
 
     Args:
         dsets: The `Datasets` of a language model `TextBlock` (train and validation).
