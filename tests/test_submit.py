@@ -293,10 +293,11 @@ def test_submit_sends_the_built_request(pipeline_json, pipeline_bucket, monkeypa
     assert dict(job.labels) == {"team": "ml"}
     assert job.encryption_spec.kms_key_name == KEY
     assert job.pipeline_spec["pipelineInfo"]["name"] == "image-classifier"
-    # stripped: in one clean-clone run 16 spaces from elsewhere in the process (not
-    # submit's prints) preceded the name on stdout
-    out = capsys.readouterr().out.strip().splitlines()
-    assert out[0] == f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/{request.pipeline_job_id}"
+    # Each line stripped: in clean-clone runs 16 and 4 spaces from elsewhere in the
+    # process (not submit's prints) preceded the name or the link on stdout.
+    out = [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip()]
+    name = f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/{request.pipeline_job_id}"
+    assert out[0] == name
     assert out[1].startswith(
         f"https://console.cloud.google.com/vertex-ai/locations/{REGION}/pipelines/runs/")
     # the SDK's bucket check passed against the emulator (it logs, not raises, on failure)

@@ -336,6 +336,15 @@ def _log(out):
         return f.read()[-4000:]
 
 
+def _tracebacks(log: str) -> list[str]:
+    """The tracebacks in a replica's log, less torch's exit-barrier race: a machine's
+    launcher logs one when the machine hosting the rendezvous store (rank 0's, which
+    writes last) exits first, after the run has succeeded, and exits 0 all the same
+    (pytorch/pytorch#69520, open; seen in 1 of ~10 clean-clone runs)."""
+    blocks = log.split("Traceback (most recent call last):")[1:]
+    return [block for block in blocks if "in _exit_barrier" not in block[:1000]]
+
+
 @pytest.mark.slow
 def test_two_replicas_on_loopback_train_one_model(dataset, tmp_path):
     """Two processes given what Vertex gives two replicas (CLUSTER_SPEC) join one gloo group
@@ -449,7 +458,7 @@ def test_replicas_on_separate_machines_wait_for_a_slow_rank0_that_alone_writes(d
              for out, env in zip(outs, envs)]
     ended = _wait_for(procs, 420)
     for out, proc in zip(outs, procs):
-        assert proc.returncode == 0 and "Traceback" not in _log(out), _log(out)
+        assert proc.returncode == 0 and not _tracebacks(_log(out)), _log(out)
     primary, worker = (json.load(open(out)) for out in outs)
     assert primary["run"]["world_size"] == 4 and worker is None
     metrics = os.path.join(model_dir, "metrics.json")
