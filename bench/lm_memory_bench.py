@@ -25,7 +25,6 @@ import os
 import resource
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -67,31 +66,33 @@ def child(variant: str, corpus: str, output: str, epochs: int, model_config: dic
     if variant == "as-is":
         EpochEnd.after_batch = lambda self: None  # the Recorder's tensors stay, as before
 
+    memory = []  # at each epoch's end; the trainer's own history has the rest
+
     class Probe(Callback):
         order = 99
 
         def before_epoch(self):
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
-            self.cpu, self.wall = time.process_time(), time.monotonic()
 
         def after_epoch(self):
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            print(json.dumps({"variant": variant, "epoch": self.epoch + 1,
-                              "rss_mb": round(_rss_mb(), 1),
+            memory.append({"rss_mb": round(_rss_mb(), 1),
                               "peak_mb": round(resource.getrusage(
-                                  resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                              "cpu_s": round(time.process_time() - self.cpu, 1),
-                              "wall_s": round(time.monotonic() - self.wall, 2),
-                              "valid_loss": round(float(self.recorder.values[-1][1]), 4),
-                              **_gpu_mb()}), flush=True)
+                                  resource.RUSAGE_SELF).ru_maxrss / 1024, 1), **_gpu_mb()})
 
     config = LMConfig(epochs=epochs, model_config=model_config, mixed_precision=mixed,
                       batch_size=batch_size)
     metrics = train_language_model(corpus, output, config, callbacks=[Probe()])
-    print(json.dumps({"variant": variant, "precision": metrics.get("run", {}).get("precision"),
-                      "perplexity": metrics.get("perplexity")}), flush=True)
+    history = metrics["directions"]["forward"]["history"]  # one direction: the default
+    for at_end, epoch in zip(memory, history, strict=True):
+        print(json.dumps({"variant": variant, "epoch": epoch["epoch"], **at_end,
+                          "cpu_s": round(epoch["cpu_seconds"], 1),
+                          "wall_s": round(epoch["seconds"], 2),
+                          "valid_loss": round(epoch["valid_loss"], 4)}), flush=True)
+    print(json.dumps({"variant": variant, "precision": metrics["run"]["precision"],
+                      "perplexity": metrics["perplexity"]}), flush=True)
 
 
 def _print_epoch(run: str, row: dict) -> None:

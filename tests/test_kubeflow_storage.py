@@ -55,20 +55,22 @@ def _upload(client, bucket, root, prefix):
 
 
 def _shard_as_a_step(uri: str, out: str, config: ShardConfig) -> dict:
-    """`shard_dataset` in a new interpreter, as the step runs it: its workers fork from a
-    process holding only its own threads. Forked from this test process, which runs the S3
-    server's threads (and earlier tests' TensorFlow pools), a worker can inherit a lock held
-    at the fork and wait for ever: in one CI run it did, and the orphaned child kept the
-    test runner waiting after the test's timeout."""
-    code = ("import json, sys; from components.shard import sharding; "
-            "config = sharding.ShardConfig(**json.loads(sys.argv[3])); "
-            "print(json.dumps(sharding.shard_dataset(sys.argv[1], sys.argv[2], config, "
-            "progress=False)))")
-    run = subprocess.run([sys.executable, "-c", code, uri, out,
-                          json.dumps(dataclasses.asdict(config))],
+    """The sharding step's own command (`python -m components.shard`) in a new interpreter:
+    its workers fork from a process holding only its own threads. Forked from this test
+    process, which runs the S3 server's threads (and earlier tests' TensorFlow pools), a
+    worker can inherit a lock held at the fork and wait for ever: in one CI run it did, and
+    the orphaned child kept the test runner waiting after the test's timeout.
+
+    Returns:
+        The manifest the step wrote.
+    """
+    flags = [f"--{name.replace('_', '-')}={value}"
+             for name, value in dataclasses.asdict(config).items()]
+    run = subprocess.run([sys.executable, "-m", "components.shard", uri, out, *flags],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    with open(os.path.join(out, "manifest.json")) as f:
+        return json.load(f)
 
 
 def test_kubeflow_shards_an_s3_folder_like_a_local_one(s3, tmp_path):
