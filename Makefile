@@ -108,8 +108,18 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/hadolint --config containers/.hadolint.yaml containers/*/Dockerfile
 
+# Each image's lock: pyproject.toml's dependencies with the image's extra and its
+# requirements.in, pinned to constraints.txt, resolved by uv from PyPI for the images'
+# platform (the Dockerfiles' base: CPython 3.11.16, linux x86_64, manylinux 2.28). uv
+# writes the command it ran at the top of each lock; tests/test_containers.py holds the
+# locks to the pins and to the Dockerfiles' base.
+UV_LOCK = $(VENV)/bin/uv pip compile --quiet --annotation-style line --constraint constraints.txt \
+	--python-version 3.11.16 --python-platform x86_64-manylinux_2_28
 lock: venv
-	$(PY) tools/lock.py
+	$(UV_LOCK) pyproject.toml containers/tensorflow/requirements.in --extra tensorflow \
+		--output-file containers/tensorflow/requirements.txt
+	$(UV_LOCK) pyproject.toml containers/fastai/requirements.in --extra fastai \
+		--excludes containers/fastai/excludes.txt --output-file containers/fastai/requirements.txt
 
 REGION  ?= us-central1
 PROJECT ?= $(shell gcloud config get-value project 2>/dev/null)

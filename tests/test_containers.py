@@ -1,25 +1,29 @@
 """The runtime images: Dockerfiles, their requirement locks and the Cloud Build config.
 
 No Docker engine runs here, so the images are checked by lint (hadolint), by reading the
-Dockerfiles, and by holding the locks to pyproject.toml, constraints.txt and the venv
-installed from them.
+Dockerfiles, and by holding the locks (made by `make lock`: uv) to pyproject.toml,
+constraints.txt and each image's requirements.in.
 """
 
+import importlib.metadata
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import pytest
 import yaml
-
-from tools import lock
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONTAINERS = ROOT / "containers"
-IMAGES = sorted(lock.IMAGES)
+IMAGES = ["fastai", "tensorflow"]
 SOURCE_PATHS = ("pyproject.toml", "components", "pipelines", "compile.py")
 
 
@@ -97,12 +101,13 @@ def test_every_base_image_is_pinned_by_tag_and_digest(image):
 
 
 @pytest.mark.parametrize("image", IMAGES)
-def test_python_3_11_base_matches_the_lock_target(image):
+def test_each_lock_is_resolved_for_the_python_of_the_images_base(image):
     [ref] = _base_refs(image)
-    m = re.match(r"^python:(\d+\.\d+\.\d+)-slim-", ref)
+    m = re.match(r"^python:(3\.11\.\d+)-slim-", ref)
     assert m, ref
-    assert m[1] == lock.TARGET_ENV["python_full_version"]
-    assert m[1].startswith(lock.TARGET_ENV["python_version"] + ".")
+    command = _lock_command(image)
+    assert command[command.index("--python-version") + 1] == m[1]
+    assert command[command.index("--python-platform") + 1] == "x86_64-manylinux_2_28"
 
 
 @pytest.mark.parametrize("image", IMAGES)
@@ -170,66 +175,105 @@ def test_locked_dependencies_install_before_the_source_is_copied(image):
         assert (ROOT / source).exists(), source
 
 
-def test_torch_index_in_the_fastai_image_serves_the_locked_build():
+def test_torch_index_in_the_fastai_image_serves_the_build_it_labels_the_lock_with(tmp_path):
     text = _dockerfile("fastai").read_text()
     m = re.search(r"^ARG TORCH_INDEX_URL=(\S+)$", text, re.M)
-    assert m and m[1] == lock.IMAGES["fastai"].index_url
+    assert m and m[1] == "https://download.pytorch.org/whl/cu126"
     assert '${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"}' in text
-    assert re.search(r"^ARG TORCH_LOCAL_LABEL=" + lock.TORCH_CUDA + "$", text, re.M)
-    pins = _pins("fastai")
-    assert pins["torch"] == f"2.13.0+{lock.TORCH_CUDA}"
-    assert pins["torchvision"].endswith(f"+{lock.TORCH_CUDA}")
-    assert m[1].endswith("/" + lock.TORCH_CUDA)
+    assert re.search(r"^ARG TORCH_LOCAL_LABEL=cu126$", text, re.M)
+    assert _pins("fastai")["torch"] == "2.13.0"  # PyPI's version; the image labels it
+    # The install's first command, run as the image's shell runs it on a copy of the lock:
+    # the CUDA build's label on torch and torchvision and nowhere else; none when emptied.
+    [install] = [a for kw, a in instructions(_dockerfile("fastai"))
+                 if kw == "RUN" and "-r requirements.txt" in a]
+    labelling = install.split(" && ")[0].strip()
+    assert labelling.startswith("if ") and labelling.endswith("fi")
+    lock_text = (CONTAINERS / "fastai" / "requirements.txt").read_text()
+    for label in ("cu126", ""):
+        (tmp_path / "requirements.txt").write_text(lock_text)
+        subprocess.run(["sh", "-ec", labelling], cwd=tmp_path, check=True,
+                       env={**os.environ, "TORCH_LOCAL_LABEL": label})
+        labelled = (tmp_path / "requirements.txt").read_text()
+        changed = [(a, b) for a, b in zip(lock_text.splitlines(), labelled.splitlines())
+                   if a != b]
+        suffix = f"+{label}" if label else ""
+        assert [b.split()[0] for _, b in changed] == (
+            [f"torch==2.13.0{suffix}", f"torchvision==0.28.0{suffix}"] if label else [])
     # the TensorFlow image needs no second index: its CUDA libraries are on PyPI
     assert "index-url" not in _dockerfile("tensorflow").read_text()
 
 
 # ---------------------------------------------------------------- the locks
+# Made by `make lock` (uv pip compile; the command is at the top of each lock). Resolving
+# needs PyPI, so the suite does not re-resolve: it holds each lock to what it was made from.
+
+# pip freeze, which wrote constraints.txt, leaves these out.
+FREEZE_OMITS = ("pip", "setuptools", "wheel")
+
 
 def _pins(image: str) -> dict[str, str]:
+    """The lock's `name==version` lines: {canonical name: version}."""
     pins = {}
-    for line in lock.lock_path(lock.IMAGES[image]).read_text().splitlines():
+    for line in (CONTAINERS / image / "requirements.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             name, _, version = line.partition("==")
-            pins[lock.normalize(name)] = version
+            pins[canonicalize_name(name)] = version.strip()
     return pins
 
 
-def test_locks_are_what_lock_py_generates_now():
-    """Fails when pyproject.toml or constraints.txt changed and the locks were not rebuilt."""
-    for path, text in lock.generate().items():
-        assert path.exists(), f"{path} missing: run .venv/bin/python tools/lock.py"
-        assert path.read_text() == text, (
-            f"{path.relative_to(ROOT)} is stale: run .venv/bin/python tools/lock.py")
+def _requirements(path: pathlib.Path) -> dict[str, Requirement]:
+    """A requirements file's requirements (comments and blanks skipped), by canonical name."""
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return {canonicalize_name(r.name): r for r in map(Requirement, filter(None, lines))}
+
+
+def _lock_command(image: str) -> list[str]:
+    """The command uv recorded at the top of the image's lock."""
+    lines = (CONTAINERS / image / "requirements.txt").read_text().splitlines()
+    assert lines[0] == "# This file was autogenerated by uv via the following command:"
+    return shlex.split(lines[1].removeprefix("#"))
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_each_lock_is_what_make_lock_runs_for_its_image(image):
+    """`make lock` is the one way a lock is made: uv's recorded command is the Makefile's."""
+    dry_run = subprocess.run(["make", "--always-make", "--dry-run", "lock"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    commands = [shlex.split(c) for c in dry_run.replace("\\\n", " ").splitlines()
+                if " pip compile " in c]
+    [made] = [c for c in commands if f"containers/{image}/requirements.txt" in c]
+    assert made[0].endswith("/uv") and "--quiet" in made
+    assert _lock_command(image) == ["uv"] + [a for a in made[1:] if a != "--quiet"]
+    assert made[made.index("--extra") + 1] == image
+    assert f"containers/{image}/requirements.in" in made
+    assert made[made.index("--constraint") + 1] == "constraints.txt"
 
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_lock_versions_are_the_project_pins(image):
-    """Independent of lock.py's resolution: every pin is the version the project pins."""
-    import tomllib
-
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    constraints = lock.read_constraints((ROOT / "constraints.txt").read_text())
+    """Every pin is the version constraints.txt (the venv the tests ran in) names; what it
+    cannot name is the venv's setuptools and wheel (pip freeze omits them), the image's own
+    requirements.in, or (fastai) triton, which only torch's GPU builds require. Every
+    dependency pyproject.toml gives the image is locked at its pin."""
+    constraints = _requirements(ROOT / "constraints.txt")
+    image_only = _requirements(CONTAINERS / image / "requirements.in")
     pins = _pins(image)
-    tf_cuda = {}
-    for req in map(lock.parse_requirement, lock.installed_requires("tensorflow")):
-        if "and-cuda" in str(req.marker):
-            tf_cuda[lock.normalize(req.name)] = lock.lower_bound(req.specifier)
     for name, version in pins.items():
-        public = lock.public_version(version)  # torch 2.13.0+cu126 is torch 2.13.0
         if name in constraints:
-            assert public == constraints[name][1], name
-        elif name in lock.FREEZE_OMITS:
-            assert public == lock.installed_version(name), name
+            assert constraints[name].specifier == SpecifierSet(f"=={version}"), name
+        elif name in FREEZE_OMITS:  # left out of constraints.txt: the venv's own
+            assert version == importlib.metadata.version(name), name
         else:
-            assert image == "tensorflow" and tf_cuda.get(name) == version, name
-    project = pyproject["project"]
+            assert name in image_only or (image, name) == ("fastai", "triton"), name
+    for name, requirement in image_only.items():
+        assert name in pins and requirement.specifier.contains(pins[name]), name
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     for text in project["dependencies"] + project["optional-dependencies"][image]:
-        req = lock.parse_requirement(text)
-        name = lock.normalize(req.name)
-        assert lock.public_version(pins[name]) == str(req.specifier).removeprefix("=="), name
-    assert lock.normalize(image) in pins
+        requirement = Requirement(text)
+        assert requirement.specifier == SpecifierSet(
+            f"=={pins[canonicalize_name(requirement.name)]}"), requirement
+    assert canonicalize_name(image) in pins
 
 
 def test_tensorflow_gpu_libraries_are_cuda_12_5_and_cudnn_9_3():
@@ -237,80 +281,11 @@ def test_tensorflow_gpu_libraries_are_cuda_12_5_and_cudnn_9_3():
     assert pins["nvidia-cuda-runtime-cu12"].startswith("12.5.")
     assert pins["nvidia-cudnn-cu12"].startswith("9.3.")
     assert "torch" not in pins and "fastai" not in pins
-    assert not any(n.startswith("nvidia-") for n in _pins("fastai"))  # torch brings its own
-
-
-def test_lock_check_mode_reports_stale_locks_and_writes_nothing(tmp_path, monkeypatch, capsys):
-    assert lock.main(["--check"]) == 0 and capsys.readouterr().out == ""  # committed: fresh
-    path = tmp_path / "requirements.txt"
-    path.write_text("numpy==1.0\n")
-    monkeypatch.setattr(lock, "ROOT", tmp_path)
-    monkeypatch.setattr(lock, "generate", lambda: {path: "numpy==2.4.6\n"})
-    assert lock.main(["--check"]) == 1
-    assert "stale requirements.txt" in capsys.readouterr().out
-    assert path.read_text() == "numpy==1.0\n"
-    assert lock.main([]) == 0 and path.read_text() == "numpy==2.4.6\n"
-
-
-def test_requirements_are_read_for_the_image_platform_not_this_machine():
-    def applies(text, extra=""):
-        return lock.applies(lock.parse_requirement(text), extra)
-
-    assert applies("a")
-    assert applies('a; sys_platform == "linux" and platform_machine == "x86_64"')
-    assert not applies('a; sys_platform == "darwin" or python_version < "3.11"')
-    assert applies('a; python_full_version >= "3.11.1" and implementation_name == "cpython"')
-    assert not applies('a; extra == "and-cuda"')
-    assert applies('a; extra == "and_CUDA"', "and-cuda")  # PEP 685: extras compare normalised
-    assert lock.lower_bound(lock.parse_requirement("a<13,>=12.5.3").specifier) == "12.5.3"
-    with pytest.raises(lock.LockError, match="no lower bound"):
-        lock.lower_bound(lock.parse_requirement("a==12.*").specifier)
-    with pytest.raises(lock.LockError, match="cannot parse requirement"):
-        lock.parse_requirement("a; no_such_variable == '1'")
-
-
-# A tiny fake world for the resolver: name -> (installed version, Requires-Dist).
-WORLD = {
-    "app": ("1.0", ["lib>=1", "gpu-lib>=12.5.1; extra == 'cuda'", "old; python_version < '3.10'"]),
-    "lib": ("2.0", ["dep[fast]"]),
-    "dep": ("3.0+cpu", ["speedup; extra == 'fast'"]),
-    "speedup": ("4.0", []),
-    "setuptools": ("80.0", []),
-}
-PYPROJECT = {"build-system": {"requires": ["setuptools>=68"]},
-             "project": {"dependencies": ["lib==2.0"],
-                         "optional-dependencies": {"x": ["app==1.0"]}}}
-CONSTRAINTS = {"app": ("app", "1.0"), "lib": ("lib", "2.0"), "dep": ("dep", "3.0"),
-               "speedup": ("speedup", "4.0")}
-
-
-def _resolve(image, pyproject=PYPROJECT, constraints=CONSTRAINTS, world=WORLD):
-    return {p.name: p.version for p in lock.resolve(
-        image, pyproject, constraints,
-        version_of=lambda n: world.get(n, (None,))[0],
-        requires_of=lambda n: world[n][1])}
-
-
-def test_resolver_follows_extras_markers_gpu_extras_and_labels():
-    image = lock.Image("x", "x", gpu_extras={"app": ("cuda",)}, local_labels={"dep": "cu1"},
-                       index_url="https://example.invalid/cu1")
-    assert _resolve(image) == {"app": "1.0", "lib": "2.0", "dep": "3.0+cu1", "speedup": "4.0",
-                               "setuptools": "80.0", "gpu-lib": "12.5.1"}
-    # without the GPU extra, the GPU library is not wanted at all
-    assert "gpu-lib" not in _resolve(lock.Image("x", "x"))
-
-
-def test_resolver_refuses_drift_between_pins_and_venv():
-    image = lock.Image("x", "x")
-    with pytest.raises(lock.LockError, match="venv has speedup 4.0 but constraints.txt pins 4.1"):
-        _resolve(image, constraints={**CONSTRAINTS, "speedup": ("speedup", "4.1")})
-    with pytest.raises(lock.LockError, match="pyproject.toml pins lib==1.9"):
-        _resolve(image, pyproject={**PYPROJECT, "project": {
-            **PYPROJECT["project"], "dependencies": ["lib==1.9"]}})
-    with pytest.raises(lock.LockError, match="constraints.txt does not pin it"):
-        _resolve(image, constraints={k: v for k, v in CONSTRAINTS.items() if k != "speedup"})
-    with pytest.raises(lock.LockError, match="not installed here"):
-        _resolve(image, world={**WORLD, "speedup": ("4.0", ["missing>=1"])})
+    # the fastai image's torch build brings its own CUDA libraries; PyPI's CUDA 13 ones
+    # (what uv saw) are left out by the excludes
+    fastai = _pins("fastai")
+    assert not any(n.startswith(("nvidia-", "cuda-")) for n in fastai), fastai
+    assert set(_requirements(CONTAINERS / "fastai" / "excludes.txt")).isdisjoint(fastai)
 
 
 # ---------------------------------------------------------------- Cloud Build
@@ -368,7 +343,7 @@ def test_cloudbuild_refuses_an_empty_or_latest_tag(tmp_path, tag, sha, ok):
     version = tmp_path / ".package-version"
     assert version.exists() is ok
     if ok:  # the package version the images are labelled with, read from pyproject.toml
-        pyproject = lock.read_pyproject(ROOT / "pyproject.toml")
+        pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
         assert version.read_text() == pyproject["project"]["version"]
     builds = [s for s in _cloudbuild()["steps"] if s["id"].startswith("build-")]
     assert builds and all(s["waitFor"] == ["check-tag"] for s in builds)
@@ -414,5 +389,5 @@ def test_installed_check_lists_what_the_lock_does_not_pin_and_who_pulled_it_in()
 def test_installed_check_reads_the_real_locks(image):
     from containers import check_installed as check
 
-    pins = check.read_lock(lock.lock_path(lock.IMAGES[image]).read_text())
-    assert pins == {lock.normalize(k): v for k, v in _pins(image).items()}
+    pins = check.read_lock((CONTAINERS / image / "requirements.txt").read_text())
+    assert pins == _pins(image) and len(pins) > 100

@@ -291,7 +291,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
 # it or one beside it. The product (components, pipelines, compile.py: what the wheel and
 # the images hold) imports nothing of the workshop above it; in the workshop, the rehearsal
 # (the Vertex and Kubeflow stand-in that runs compiled pipelines) and the data makers both
-# use the product, never each other; tools/' own scripts (image build, locks) and the
+# use the product, never each other; tools/' own scripts (image build, help texts) and the
 # benches use any of it. A module's layer is the longest key that prefixes its name.
 LAYERS = {"components": 0, "pipelines": 1, "compile": 2, "tools.rehearsal": 3,
           "tools.datamakers": 3, "tools": 4, "bench": 5}
@@ -391,7 +391,7 @@ def test_packages_import_only_the_layers_below_them():
     assert _layer_violations(root) == []
     files = _layer_files(root)
     assert root / "compile.py" in files["compile"]
-    assert root / "tools" / "lock.py" in files["tools"]
+    assert root / "tools" / "local_build.py" in files["tools"]
     assert root / "tools" / "rehearsal" / "records.py" in files["tools.rehearsal"]
     assert _package_imports(root / "tools" / "rehearsal" / "records.py") >= {
         "components", "pipelines"}
@@ -405,7 +405,7 @@ def test_the_layer_rule_catches_an_import_upward_or_sideways(monkeypatch):
         "from components.common.storage import filesystem\n"
         "def f():\n    import tools.rehearsal.gcs_api\n"
         "from tools.datamakers import demo_text\n"
-        "from tools import lock\n"
+        "from tools import local_build\n"
         "import pipelines.params as params\n"))
     seen = {(_layer(".".join(pathlib.Path(path).with_suffix("").parts)), other)
             for path, other in _layer_violations(ROOT.parent)}

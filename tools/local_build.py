@@ -12,10 +12,10 @@ daemon, no user namespaces):
    and this machine's CPython of the same minor version copied to `/usr/local` where the
    official image keeps its own (standard library only: no site-packages, no tests).
    Debian 12's own python3.11 is 3.11.2, and the fastai lock needs >= 3.11.5.
-2. Each Dockerfile builds with `--build-arg BASE_IMAGE=<stand-in>`. The fastai image's
-   `torch==2.13.0+cu126` comes from PyTorch's own index, which is not reachable here: the
-   local build passes `TORCH_LOCAL_LABEL=` (empty), so pip installs PyPI's build of the same
-   version (2.13.0, CUDA 13.0) instead. Only this local build does that.
+2. Each Dockerfile builds with `--build-arg BASE_IMAGE=<stand-in>`. The fastai image labels
+   the lock's torch `+cu126`, a build from PyTorch's own index, which is not reachable here:
+   the local build passes `TORCH_LOCAL_LABEL=` (empty), so pip installs PyPI's build of the
+   same version (2.13.0, CUDA 13.0) instead. Only this local build does that.
 3. This machine's CA bundle (its package mirror is reached through a TLS-intercepting proxy)
    is bind-mounted into the build's RUN steps with a pip.conf that points pip at it; neither
    is written into an image.
