@@ -34,6 +34,21 @@ def mlflow_server(tmp_path_factory):
         yield url
 
 
+@pytest.mark.slow
+def test_the_tracking_server_starts_no_job_consumers(mlflow_server):
+    """MLflow's job execution (7 huey consumers polling the store, ~0.5 of a core while the
+    server lives) is off: the server is its process and uvicorn's."""
+    import psutil
+
+    port = mlflow_server.rsplit(":", 1)[1]
+    (server,) = [p for p in psutil.process_iter(["cmdline"])
+                 if "mlflow" in " ".join(p.info["cmdline"] or [])
+                 and "server" in (p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])]
+    commands = [" ".join(p.cmdline()) for p in server.children(recursive=True)]
+    assert len(commands) == 1 and "uvicorn" in commands[0], commands
+    assert server.is_running()
+
+
 @pytest.fixture(autouse=True)
 def _no_vertex_dirs(monkeypatch):
     for name in ("AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR"):
