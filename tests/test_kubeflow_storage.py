@@ -36,9 +36,15 @@ def s3_server():
 
 @pytest.fixture
 def s3(s3_server, monkeypatch):
-    """A boto3 client of the loopback server, with the environment the steps read."""
+    """A boto3 client of the loopback server, emptied (tests reuse bucket names and may run
+    in any order), with the environment the steps read."""
+    import urllib.request
+
     import boto3
     import fsspec
+
+    urllib.request.urlopen(urllib.request.Request(f"{s3_server}/moto-api/reset",
+                                                  method="POST"), timeout=30).close()
 
     for name, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3_server}.items():
         monkeypatch.setenv(name, value)
