@@ -36,26 +36,26 @@ from PIL import Image  # noqa: E402
 
 from tools.rehearsal import gcs_api  # noqa: E402
 
-# The longest test files, most first (seconds of their slowest tests in the clean-clone
-# `make test-all` of 2026-11-27 on 2 processes, less what the one-block DenseNets and the
-# tests moved to bench/ took off since): started first, so that on several processes
-# (files are dealt out whole, in this order) the last file to start is a short one.
+# The longest test files, most first (seconds of their tests in `make test-all` on 2
+# processes, 2026-11-28): started first, so that on several processes (files are dealt
+# out whole, in this order) the last file to start is a short one.
 LONGEST_FIRST = (
-    "test_kubeflow_rehearsal.py",  # ~400
-    "test_transformer_pipeline.py",  # ~340
-    "test_run_local.py",  # ~220 (the image run, tracked, read by six tests; local tuning)
+    "test_transformer_pipeline.py",  # ~330
+    "test_train_transformer.py",  # ~300 (replicas killed and resumed; three seeds)
+    "test_run_local.py",  # ~240 (the image run, tracked, read by six tests; local tuning)
+    "test_wt103.py",  # ~240 (lr_find on fastai's full-size AWD-LSTM: half of it)
     "test_rehearse.py",  # ~200
-    "test_train_transformer.py",  # ~200
-    "test_image_pretraining.py",  # ~200 (the glyph start trains a DenseNet121)
-    "test_wt103.py",  # ~190
+    "test_kubeflow_rehearsal.py",  # ~200
+    "test_image_pretraining.py",  # ~170 (the glyph start traces a DenseNet121)
     "test_tuning.py",  # ~150
-    "test_lm_pipeline.py",  # ~130
-    "test_train_image.py",  # ~120 (its resume test runs beside two background jobs)
+    "test_train_image.py",  # ~135 (its resume test runs beside two background jobs)
+    "test_lm_pipeline.py",  # ~125
     "test_image_replicas.py",  # ~110 (2 TF workers, 2 runs)
     "test_tracking.py",  # ~100
-    "test_gpu_bench.py",  # ~75
-    "test_text_pipeline.py",  # ~65
-    "test_text_real.py",  # ~45: a small ULMFiT on real text
+    "test_text_pipeline.py",  # ~75
+    "test_gpu_bench.py",  # ~70
+    "test_kubeflow_target.py",  # ~65
+    "test_text_real.py",  # ~40: a small ULMFiT on real text
 )
 
 
