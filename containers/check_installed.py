@@ -4,7 +4,7 @@
 
 Fails when a locked distribution is missing or at another version. Lists what pip installed
 beyond the lock, each with what required it: torch's CUDA builds pull their CUDA libraries
-and triton in with exact (`==`) pins of their own, which the lock cannot copy because PyTorch's
+in with exact (`==`) pins of their own, which the lock cannot copy because PyTorch's
 cu126 index, where that metadata lives, is not readable where the lock is generated; anything
 pulled in by a range is marked as floating. Writes every installed distribution and version
 to `--record`, so the image says exactly what it holds. Standard library only.

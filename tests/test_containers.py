@@ -5,7 +5,6 @@ Dockerfiles, and by holding the locks (made by `make lock`: uv) to pyproject.tom
 constraints.txt and each image's requirements.in.
 """
 
-import importlib.metadata
 import os
 import pathlib
 import re
@@ -192,10 +191,6 @@ def test_torch_index_in_the_fastai_image_serves_the_build_it_labels_the_lock_wit
 # Made by `make lock` (uv pip compile; the command is at the top of each lock). Resolving
 # needs PyPI, so the suite does not re-resolve: it holds each lock to what it was made from.
 
-# pip freeze, which wrote constraints.txt, leaves these out.
-FREEZE_OMITS = ("pip", "setuptools", "wheel")
-
-
 def _pins(image: str) -> dict[str, str]:
     """The lock's `name==version` lines: {canonical name: version}."""
     pins = {}
@@ -238,8 +233,8 @@ def test_each_lock_is_what_make_lock_runs_for_its_image(image):
 @pytest.mark.parametrize("image", IMAGES)
 def test_lock_versions_are_the_project_pins(image):
     """Every pin is the version constraints.txt (the venv the tests ran in) names; what it
-    cannot name is the venv's setuptools and wheel (pip freeze omits them), the image's own
-    requirements.in, or (fastai) triton, which only torch's GPU builds require. Every
+    cannot name is the image's own requirements.in, or (fastai) triton, which only torch's
+    GPU builds require (its version is PyPI's torch's pin, as uv resolved it). Every
     dependency pyproject.toml gives the image is locked at its pin."""
     constraints = _requirements(ROOT / "constraints.txt")
     image_only = _requirements(CONTAINERS / image / "requirements.in")
@@ -247,8 +242,6 @@ def test_lock_versions_are_the_project_pins(image):
     for name, version in pins.items():
         if name in constraints:
             assert constraints[name].specifier == SpecifierSet(f"=={version}"), name
-        elif name in FREEZE_OMITS:  # left out of constraints.txt: the venv's own
-            assert version == importlib.metadata.version(name), name
         else:
             assert name in image_only or (image, name) == ("fastai", "triton"), name
     for name, requirement in image_only.items():
