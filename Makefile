@@ -96,7 +96,8 @@ bench: venv
 	$(PY) bench/input_bench.py
 
 # Container images (containers/): lint, regenerate the per-image locks after changing
-# pyproject.toml, constraints.txt or containers/*/requirements.in or excludes.txt, build + push with Cloud Build (tag = the commit).
+# pyproject.toml, constraints.txt, containers/*/requirements.in or containers/fastai/
+# excludes.txt, build + push with Cloud Build (tag = the commit).
 # Debian's Chromium, in which the tests render the HTML evaluation reports (tests/browser.py);
 # without it those checks skip (CI installs it: .ci/run).
 browser:

@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONTAINERS = ROOT / "containers"
-IMAGES = ["fastai", "tensorflow"]
+IMAGES = sorted(path.parent.name for path in CONTAINERS.glob("*/Dockerfile"))
 SOURCE_PATHS = ("pyproject.toml", "components", "pipelines", "compile.py")
 
 

@@ -42,8 +42,8 @@ def test_the_tracking_server_starts_no_job_consumers(mlflow_server):
 
     port = mlflow_server.rsplit(":", 1)[1]
     (server,) = [p for p in psutil.process_iter(["cmdline"])
-                 if "mlflow" in " ".join(p.info["cmdline"] or [])
-                 and "server" in (p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])]
+                 if (p.info["cmdline"] or [])[1:4] == ["-m", "mlflow", "server"]
+                 and port in p.info["cmdline"]]
     commands = [" ".join(p.cmdline()) for p in server.children(recursive=True)]
     assert len(commands) == 1 and "uvicorn" in commands[0], commands
     assert server.is_running()
