@@ -1,8 +1,10 @@
 """The sharding step's bad inputs: a foreign output folder, linked folders, tiny classes."""
 
+import functools
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -93,6 +95,25 @@ def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch)
     monkeypatch.setattr(sharding, "run_tasks", fails)
     with pytest.raises(RuntimeError, match="disk full"):
         sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    assert os.listdir(out) == []
+
+
+
+def _killed_on_validation(task: writing.ShardTask) -> dict:
+    """write_shard, but the worker is killed (as for lack of memory) on a validation shard."""
+    if task.filename.startswith("validation"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return writing.write_shard(task)
+
+
+def test_a_worker_killed_mid_run_fails_the_step_and_leaves_nothing(tmp_path, image_folder,
+                                                                    monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(sharding, "run_tasks",
+                        functools.partial(writing.run_tasks, worker_fn=_killed_on_validation))
+    with pytest.raises(ShardingError, match="worker process died.*num_workers"):
+        sharding.shard_dataset(image_folder, str(out),
+                               ShardConfig(**{**SMALL, "num_workers": 2}), progress=False)
     assert os.listdir(out) == []
 
 

@@ -58,6 +58,14 @@ def test_shard_count_follows_size_target_with_floor_and_cap():
     assert planning.shard_count(0, 30e3, 100.0, min_shards=16) == 0
 
 
+def test_worker_count_is_asked_for_or_one_per_core_for_enough_images():
+    assert planning.worker_count(0, 100_000, 64, cpus=8) == 8  # every core
+    assert planning.worker_count(0, 500, 12, cpus=8) == 2  # one per 200 images
+    assert planning.worker_count(0, 150, 12, cpus=8) == 1  # in the step's own process
+    assert planning.worker_count(3, 10, 12, cpus=8) == 3  # asked for: kept
+    assert planning.worker_count(16, 100_000, 6, cpus=8) == 6  # never more than the shards
+
+
 def test_chunk_is_contiguous_and_balanced():
     parts = planning.chunk(list(range(10)), 3)
     assert parts == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]

@@ -37,7 +37,7 @@ def shard_images(
         target_shard_mb: Aimed shard size in MB (TensorFlow advises 10 MB+, ideally ~100 MB).
         min_shards_per_split: Fewest shards per split so readers can interleave (capped at the number of examples).
         max_skipped_fraction: Fail when more than this share of the files is unreadable.
-        num_workers: Sharding processes; 0 uses every CPU core of the machine.
+        num_workers: Sharding processes; 0 uses every CPU core of the machine, fewer for a small dataset (one per 200 images).
         data_fingerprint: Digest of the input listing from the preflight step; not read, it only makes the cache key change when the data changes. Recorded in the dataset metadata.
     """
     from components.shard.sharding import ShardConfig, shard_dataset

@@ -48,7 +48,8 @@ class ShardConfig:
         min_shards_per_split: Fewest shards a split is written to (so readers can
             interleave), unless it has fewer examples than that.
         max_skipped_fraction: Fail when more than this share of the input is unusable.
-        num_workers: Writer processes; 0 means one per CPU core.
+        num_workers: Writer processes; 0 means one per CPU core, fewer for a small
+            dataset (`planning.worker_count`).
     """
 
     image_size: int = 224

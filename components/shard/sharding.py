@@ -32,7 +32,7 @@ from components.shard.output_folder import (
     clear_output,
     remove_own_files,
 )
-from components.shard.planning import chunk, shard_count, stratified_split
+from components.shard.planning import chunk, shard_count, stratified_split, worker_count
 from components.shard.writing import ShardTask, estimate_record_bytes, run_tasks
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,9 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
             tasks.append(ShardTask(data_uri, out_dir, filename, items, config))
     claim_output(out_dir, [task.filename for task in tasks])
 
-    workers = config.num_workers or os.cpu_count() or 1
+    workers = worker_count(config.num_workers, examples_in, len(tasks), os.cpu_count() or 1)
     try:
-        results = run_tasks(tasks, min(workers, max(1, len(tasks))), progress=progress)
+        results = run_tasks(tasks, workers, progress=progress)
         manifest = build_manifest(data_uri, listing, config, examples_in, results)
         check_manifest(manifest)
     except BaseException:

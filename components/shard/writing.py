@@ -13,12 +13,14 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from components.common.images import BadImage, decode_image, encode_image, resize
 from components.common.storage import TMP_PREFIX, filesystem
 from components.shard import records
-from components.shard.contract import IMAGE_KEY, KEY_KEY, LABEL_KEY, ShardConfig
+from components.shard.contract import IMAGE_KEY, KEY_KEY, LABEL_KEY, ShardConfig, ShardingError
 
 _READ_BATCH = 32  # files fetched concurrently per request (gcsfs fetches a batch in parallel)
 
@@ -133,9 +135,17 @@ def run_tasks(tasks: list[ShardTask], workers: int, worker_fn: Callable = write_
               progress: bool = True) -> list[dict[str, Any]]:
     """Runs `worker_fn` over tasks in `workers` processes with a progress bar.
 
-    Workers are forked: spawning would re-import the caller's `__main__` (kfp's
-    executor, a notebook, a script on stdin) in every worker. fsspec resets its
-    event loop and instance cache after a fork, so gcsfs is safe in the children.
+    Workers are spawned, not forked: a fork copies a process's locks but not its threads
+    (gcsfs's event loop, a notebook's, TensorFlow's or torch's pools), so a lock one of
+    them held stays held in the child for ever (a CI run hung in this pool, its shards
+    written, with TensorFlow and torch loaded in the parent). Each worker starts a
+    fresh interpreter (~0.4 s); the caller's `__main__` is imported again under another
+    name, so a script must keep its entry point under `if __name__ == "__main__":`.
+
+    Raises:
+        ShardingError: A worker died before returning its shard (killed for memory,
+            say): the step fails instead of waiting for ever for the result, as
+            `multiprocessing.Pool` would.
     """
     from tqdm import tqdm
 
@@ -148,12 +158,19 @@ def run_tasks(tasks: list[ShardTask], workers: int, worker_fn: Callable = write_
                 results.append(worker_fn(task))
                 bar.update(len(task.items))
             return results
-        context = multiprocessing.get_context("fork")
-        with context.Pool(workers) as pool:
-            sizes = {t.filename: len(t.items) for t in tasks}
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        try:
             # Longest tasks first keeps all workers busy until the end.
             ordered = sorted(tasks, key=lambda t: -len(t.items))
-            for result in pool.imap_unordered(worker_fn, ordered):
-                results.append(result)
-                bar.update(sizes[result["file"]])
+            pending = {pool.submit(worker_fn, task): task for task in ordered}
+            for future in as_completed(pending):
+                results.append(future.result())
+                bar.update(len(pending[future].items))
+        except BrokenProcessPool as err:
+            raise ShardingError(
+                f"a sharding worker process died before returning its shard ({err}); a "
+                "worker killed for lack of memory is the usual cause: give the step more "
+                "memory or lower num_workers") from err
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     return results

@@ -103,7 +103,7 @@ def build(image: str, target: "Target | None" = None,
             target_shard_mb: Aimed shard size in MB (TensorFlow advises 10 MB+, ideally ~100 MB).
             min_shards_per_split: Fewest shards per split so readers can interleave (capped at the number of examples).
             max_skipped_fraction: Fail when more than this share of the files is unreadable.
-            shard_workers: Sharding processes; 0 uses every CPU core of the machine.
+            shard_workers: Sharding processes; 0 uses every CPU core of the machine, fewer for a small dataset (one per 200 images).
             weights: Base weights: "imagenet" (DenseNet121's, downloaded by Keras), "none" (DenseNet121 from scratch), or the URI (gs:// or local) of a no-top .h5 weights file of a tf-keras DenseNet: 121, 169, 201 or another layout, read from the file.
             epochs: Epochs training only the new top on the frozen pretrained base (from scratch: epochs + fine_tune_epochs of full training).
             fine_tune_epochs: Epochs fine-tuning the top dense blocks after the head phase, at fine_tune_learning_rate.
