@@ -20,6 +20,7 @@ if _WORKERS > 1:
         os.environ.setdefault(_name, _THREADS)
 
 import contextlib  # noqa: E402
+import faulthandler  # noqa: E402
 import http.client  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
@@ -28,6 +29,7 @@ import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -65,6 +67,55 @@ def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
+
+
+# A hung test must fail by name, with its threads' stacks, and not hold up the run.
+# pytest-timeout's own timer does not promise that under xdist: it prints to the worker's
+# stdout (/dev/null there), its thread needs the GIL (a hang holding it never times out),
+# and a child the worker forked keeps the worker's pipes to the controller open, so the
+# controller never hears that the worker died. (A CI run waited so for 58 minutes, saying
+# nothing, until it was killed.) Here, at the limit, a timer prints every thread's stack
+# to the real stderr, kills the worker's child processes and ends the worker: xdist
+# reports the test as crashed and goes on. faulthandler's watchdog (a C thread: no GIL
+# needed) does the same, without the kills, where the timer could not run.
+_STDERR_FD = -1
+
+
+def pytest_configure(config):
+    global _STDERR_FD
+    _STDERR_FD = os.dup(2)  # taken while pytest does not capture fd 2
+
+
+def _kill_child_processes() -> None:
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """Arms this suite's timeout (above) instead of pytest-timeout's."""
+    def expire():
+        os.write(_STDERR_FD, f"\n+++ {item.nodeid} ran past its {settings.timeout:.0f} s: "
+                             "its threads' stacks, then its process ends +++\n".encode())
+        faulthandler.dump_traceback(file=_STDERR_FD, all_threads=True)
+        _kill_child_processes()
+        os._exit(1)
+
+    timer = threading.Timer(settings.timeout, expire)
+    timer.daemon = True
+    backstop = settings.timeout + min(60, settings.timeout)
+    faulthandler.dump_traceback_later(backstop, exit=True, file=_STDERR_FD)
+
+    def cancel():
+        timer.cancel()
+        faulthandler.cancel_dump_traceback_later()
+
+    item.cancel_timeout = cancel  # what pytest-timeout's cancel hook calls
+    timer.start()
+    return True
 
 # compile.py's outputs by argument list, for this test process (compile_once).
 _COMPILED: dict[tuple[str, ...], pathlib.Path] = {}
