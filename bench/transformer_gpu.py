@@ -100,17 +100,23 @@ def one_run(dataset: str, config: TransformerConfig, launcher: bool) -> dict:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def smoke_inputs(folder: str) -> tuple[str, str]:
-    """A prepared review dataset and a tiny BERT made on its texts, for a CPU run."""
-    from components.prepare_text.contract import read_split
+def smoke_dataset(folder: str) -> str:
+    """A prepared multi-label review dataset (120 generated rows), for a CPU run."""
     from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
-    from components.train_transformer.tiny import write_tiny_model
     from tools.datamakers.demo_text import write_reviews_csv
 
     csv, dataset = os.path.join(folder, "reviews.csv"), os.path.join(folder, "reviews")
     write_reviews_csv(csv, rows=120, seed=3)
     prepare_text_dataset(csv, dataset, PrepareConfig())
-    model = os.path.join(folder, "tiny")
+    return dataset
+
+
+def smoke_inputs(folder: str) -> tuple[str, str]:
+    """`smoke_dataset` and a tiny BERT made on its texts, for a CPU run."""
+    from components.prepare_text.contract import read_split
+    from components.train_transformer.tiny import write_tiny_model
+
+    dataset, model = smoke_dataset(folder), os.path.join(folder, "tiny")
     write_tiny_model(read_split(dataset, "train")["text"], model, hidden_size=32, heads=2,
                      max_length=64)
     return dataset, model

@@ -1,0 +1,161 @@
+"""The ULMFiT text classifier on the device at hand: speed, GPU memory epoch by epoch and test
+scores per precision and batch, over seeds, next to the baselines on the same split.
+
+    python bench/ulmfit_gpu.py --dataset DIR [--dataset DIR ...] [--precisions mixed,fp32]
+        [--batches 16] [--seeds 1,2,3] [--epochs 12] [--learning-rate 0] [--json FILE]
+        [--smoke]
+
+Each run is the training step's own entry (`train_text_classifier`) from random weights
+(`pretrained=False`: no language model to carry to a device) on a prepared text dataset
+(the text preparation step's folder: one fixed split; the seed draws the initialisation and
+the batch order), then the evaluation step's scoring on its test split, which also scores
+TF-IDF + logistic regression and the constant answer (every label, or the majority class)
+on the same split. `mixed` is the step's default (bf16 on compute capability 8.0+, fp16 on
+7.x, fp32 on a CPU); `fp32` turns it off. The other settings are the step's defaults
+(AWD-LSTM 400/1152/3, 12 epochs, the epoch of best validation F1 kept, the rate found by
+lr_find when `--learning-rate` is 0).
+
+Printed per run: the precision the trainer chose, the mean classifier epoch (training and
+validation pass), training tokens a second over it, the whole step's seconds (lr_find, the
+checkpoints and the export included), what torch holds on the GPU at the end of the first
+and of the last epoch and the run's peak, then test micro / macro F1 beside TF-IDF's and the
+constant answer's micro F1.
+--smoke: a tiny AWD-LSTM on generated reviews, one epoch: for the test suite on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.transformer_gpu import PRECISIONS, peak_memory_mib, peak_memory_reset  # noqa: E402
+from components.evaluate_text.evaluation import evaluate_text_model  # noqa: E402
+from components.train_text.contract import TrainConfig  # noqa: E402
+
+SMOKE = dict(lm_epochs=1, epochs=1, learning_rate=1e-2, model_config={"emb_sz": 16, "n_hid": 24,
+                                                          "n_layers": 1})
+
+
+def held_gpu_mib() -> float | None:
+    """What torch holds on the GPU now, in MiB (None without a GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    return round(torch.cuda.memory_allocated() / 2**20, 1)
+
+
+def run_row(result: dict, evaluation: dict, held_mib: dict, *, dataset: str, mixed: bool,
+            batch: int, seed: int, peak_mib: float | None) -> dict:
+    """One run's figures from the trainer's result (metrics.json), the GPU memory held at
+    each epoch's end (`{"lm": [...], "classifier": [...]}`) and the test evaluation."""
+    run = result["run"]
+    epoch_seconds = run["classifier_epoch_seconds"]
+    mean_epoch = sum(epoch_seconds) / len(epoch_seconds)
+    (constant,) = [v for k, v in evaluation["baseline"].items() if k != "tfidf_logreg"]
+    return {
+        "dataset": dataset, "mixed_precision": mixed, "precision": run["precision"],
+        "batch": batch, "seed": seed, "device": run["device"], "epochs": len(epoch_seconds),
+        "epoch_seconds": round(mean_epoch, 3),
+        "train_tokens_per_second": round(run["train_tokens"] / mean_epoch, 1),
+        "step_seconds": run["seconds"], "lm_discarded": run["lm_discarded"],
+        "held_gpu_mib": held_mib, "peak_gpu_mib": peak_mib,
+        "test_micro_f1": evaluation["micro_f1"], "test_macro_f1": evaluation["macro_f1"],
+        "tfidf_micro_f1": evaluation["baseline"]["tfidf_logreg"]["micro_f1"],
+        "constant_micro_f1": constant["micro_f1"],
+    }
+
+
+def one_run(dataset: str, config: TrainConfig) -> dict:
+    """Trains and evaluates once in a scratch folder it removes; the row of figures."""
+    from fastai.callback.core import Callback
+    from fastai.text.models.core import LinearDecoder
+
+    from components.train_text.training import train_text_classifier
+
+    held = {"lm": [], "classifier": []}  # at each epoch's end, lr_find's left out
+
+    class HeldAtEpochEnd(Callback):
+        order = 99
+
+        def after_epoch(self):
+            if not hasattr(self.learn, "lr_finder"):
+                lm = isinstance(self.learn.model[-1], LinearDecoder)
+                held["lm" if lm else "classifier"].append(held_gpu_mib())
+
+    scratch = tempfile.mkdtemp(prefix="ulmfit_gpu_")
+    try:
+        model_dir = os.path.join(scratch, "model")
+        peak_memory_reset()
+        result = train_text_classifier(dataset, model_dir, config, callbacks=[HeldAtEpochEnd()])
+        peak = peak_memory_mib()
+        evaluation = evaluate_text_model(model_dir, dataset, os.path.join(scratch, "eval"))
+        return run_row(result, evaluation, held, dataset=os.path.basename(dataset.rstrip("/")),
+                       mixed=config.mixed_precision, batch=config.batch_size, seed=config.seed,
+                       peak_mib=peak)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def print_row(row: dict) -> None:
+    held = row["held_gpu_mib"]["classifier"]
+    memory = ("-" if held[0] is None else
+              f"{held[0]:.0f}->{held[-1]:.0f} ({row['peak_gpu_mib']:.0f})")
+    print(f"{row['dataset']:<12} {row['precision']:<5} {row['batch']:>5} {row['seed']:>4} "
+          f"{row['epochs']:>2} {row['epoch_seconds']:>8.2f} "
+          f"{row['train_tokens_per_second']:>10.0f} {row['step_seconds']:>7.1f} "
+          f"{memory:>18} | {row['test_micro_f1']:.3f} / {row['test_macro_f1']:.3f} | "
+          f"{row['tfidf_micro_f1']:.3f} {row['constant_micro_f1']:.3f}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", action="append", default=[])
+    parser.add_argument("--precisions", default="mixed,fp32")
+    parser.add_argument("--batches", default="16")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    parser.add_argument("--learning-rate", type=float, default=0.0)
+    parser.add_argument("--json", default="")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args(argv)
+    settings = dict(epochs=args.epochs, learning_rate=args.learning_rate)
+    if args.smoke:
+        from bench.transformer_gpu import smoke_dataset
+
+        args.dataset = [smoke_dataset(tempfile.mkdtemp(prefix="ulmfit_smoke_"))]
+        settings = SMOKE
+    if not args.dataset:
+        parser.error("--dataset is needed (or --smoke)")
+    unknown = set(args.precisions.split(",")) - set(PRECISIONS)
+    if unknown:
+        parser.error(f"--precisions: {sorted(unknown)} not among {sorted(PRECISIONS)}")
+    print("dataset      prec  batch seed ep  s/epoch   tokens/s  step s  GPU MiB 1st->last "
+          "(peak) | test micro / macro F1 | TF-IDF, constant micro")
+    rows, started = [], time.monotonic()
+    for dataset in args.dataset:
+        for precision in args.precisions.split(","):
+            for batch in args.batches.split(","):
+                for seed in args.seeds.split(","):
+                    config = TrainConfig(pretrained=False, batch_size=int(batch), seed=int(seed),
+                                         mixed_precision=PRECISIONS[precision], **settings)
+                    rows.append(one_run(dataset, config))
+                    print_row(rows[-1])
+                    if args.json:  # after every run: a run cut off keeps what was done
+                        with open(args.json, "w") as f:
+                            json.dump({"rows": rows,
+                                       "seconds": round(time.monotonic() - started, 1)}, f,
+                                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
