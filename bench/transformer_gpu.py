@@ -122,6 +122,15 @@ def smoke_inputs(folder: str) -> tuple[str, str]:
     return dataset, model
 
 
+def save_rows(path: str, rows: list[dict], started: float) -> None:
+    """Writes the rows so far and the seconds since `started` (monotonic) to `path` (none
+    when empty): after every run, so that a run cut off at a time limit keeps what was done."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({"rows": rows, "seconds": round(time.monotonic() - started, 1)}, f,
+                      indent=1)
+
+
 def print_row(row: dict) -> None:
     memory = "-" if row["peak_gpu_mib"] is None else f"{row['peak_gpu_mib']:.0f}"
     print(f"{row['dataset']:<12} {row['precision']:<5} {row['batch']:>5} {row['seed']:>4} "
@@ -167,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                                    mixed_precision=PRECISIONS[precision], **settings)
         rows.append(one_run(dataset, config, launcher))
         print_row(rows[-1])
-        if args.json:  # after every run: a run cut off at a time limit keeps what was done
-            with open(args.json, "w") as f:
-                json.dump({"rows": rows, "seconds": round(time.monotonic() - started, 1)}, f,
-                          indent=1)
+        save_rows(args.json, rows, started)
     return 0
 
 

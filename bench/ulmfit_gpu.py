@@ -26,7 +26,6 @@ constant answer's micro F1.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -35,12 +34,17 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.transformer_gpu import PRECISIONS, peak_memory_mib, peak_memory_reset  # noqa: E402
+from bench.transformer_gpu import (  # noqa: E402
+    PRECISIONS,
+    peak_memory_mib,
+    peak_memory_reset,
+    save_rows,
+)
 from components.evaluate_text.evaluation import evaluate_text_model  # noqa: E402
 from components.train_text.contract import TrainConfig  # noqa: E402
 
-SMOKE = dict(lm_epochs=1, epochs=1, learning_rate=1e-2, model_config={"emb_sz": 16, "n_hid": 24,
-                                                          "n_layers": 1})
+SMOKE = dict(lm_epochs=1, epochs=1, learning_rate=1e-2,
+             model_config={"emb_sz": 16, "n_hid": 24, "n_layers": 1})
 
 
 def held_gpu_mib() -> float | None:
@@ -149,11 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                                          mixed_precision=PRECISIONS[precision], **settings)
                     rows.append(one_run(dataset, config))
                     print_row(rows[-1])
-                    if args.json:  # after every run: a run cut off keeps what was done
-                        with open(args.json, "w") as f:
-                            json.dump({"rows": rows,
-                                       "seconds": round(time.monotonic() - started, 1)}, f,
-                                      indent=1)
+                    save_rows(args.json, rows, started)
     return 0
 
 

@@ -68,7 +68,6 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
-
 # A hung test must fail by name, with its threads' stacks, and not hold up the run.
 # pytest-timeout's own timer does not promise that under xdist: it prints to the worker's
 # stdout (/dev/null there), its thread needs the GIL (a hang holding it never times out),
@@ -116,6 +115,7 @@ def pytest_timeout_set_timer(item, settings):
     item.cancel_timeout = cancel  # what pytest-timeout's cancel hook calls
     timer.start()
     return True
+
 
 # compile.py's outputs by argument list, for this test process (compile_once).
 _COMPILED: dict[tuple[str, ...], pathlib.Path] = {}

@@ -68,8 +68,8 @@ def shard_count(n_examples: int, bytes_per_example: float, target_shard_mb: floa
 
 
 # A writer process takes ~0.4 s to start (a fresh interpreter: writing.run_tasks) and
-# ~1 s to write 200 images at 224 px: fewer images than this a worker are written by
-# fewer workers when the count is left to the step.
+# ~1 s to write 200 images at 224 px: when the count is left to the step, each worker
+# gets at least this many images.
 IMAGES_PER_WORKER = 200
 
 
