@@ -32,6 +32,7 @@ from components.train_transformer.training import (
     last_complete_checkpoint,
     model_source,
     run_values,
+    seal_checkpoint,
     start_at_label_frequencies,
     train_transformer,
 )
@@ -191,11 +192,14 @@ def test_another_runs_checkpoints_are_refused_not_resumed(tmp_path):
 
 
 def test_a_checkpoint_whose_save_did_not_finish_is_not_resumed(tmp_path):
-    """`Trainer` writes trainer_state.json last: a folder without it was cut off mid-save."""
-    for step, finished in ((10, True), (20, True), (30, False)):
+    """Only a sealed checkpoint is resumed: checkpoint-30 has rank 0's trainer_state.json,
+    but another process's RNG state was cut off mid-write (the job was killed then)."""
+    for step in (10, 20, 30):
         (tmp_path / f"checkpoint-{step}").mkdir()
-        if finished:
-            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+        (tmp_path / f"checkpoint-{step}" / "rng_state_1.pth").write_bytes(b"PK\x03")
+        if step < 30:
+            seal_checkpoint(str(tmp_path), step)
     (tmp_path / "checkpoint-best").mkdir()
     assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-20")
     assert last_complete_checkpoint(str(tmp_path / "missing")) is None
@@ -336,6 +340,11 @@ def _log(out):
         return f.read()[-4000:]
 
 
+def _logs(outs):
+    """Every replica's log: a peer's failure shows in another replica's log first."""
+    return "\n".join(f"--- {os.path.basename(out)}.log:\n{_log(out)}" for out in outs)
+
+
 def _tracebacks(log: str) -> list[str]:
     """The tracebacks in a replica's log, less torch's exit-barrier race: a machine's
     launcher logs one when the machine hosting the rendezvous store (rank 0's, which
@@ -360,8 +369,7 @@ def test_two_replicas_on_loopback_train_one_model(dataset, tmp_path):
         outs.append(str(tmp_path / f"{task['type']}.json"))
         procs.append(_run_replica(dataset, model_dir, outs[-1], env, epochs=2))
     _wait_for(procs, 300)
-    for out, proc in zip(outs, procs):
-        assert proc.returncode == 0, _log(out)
+    assert [proc.returncode for proc in procs] == [0, 0], _logs(outs)
     primary, worker = (json.load(open(out)) for out in outs)
     assert primary["run"]["world_size"] == 2 and worker is None
     assert [r["epoch"] for r in primary["history"]] == [1, 2]
@@ -499,7 +507,7 @@ def test_a_replica_killed_mid_run_and_restarted_resumes_on_every_process(dataset
     try:
         deadline = time.monotonic() + 300
         while not last_complete_checkpoint(str(checkpoints)):
-            assert all(p.poll() is None for p in procs), [_log(out) for out in outs]
+            assert all(p.poll() is None for p in procs), _logs(outs)
             assert time.monotonic() < deadline, "no checkpoint was saved"
             time.sleep(0.05)
         _kill_machine(procs[1])  # preempted: no chance to clean up
@@ -510,6 +518,8 @@ def test_a_replica_killed_mid_run_and_restarted_resumes_on_every_process(dataset
     assert procs[0].returncode != 0 and not os.path.exists(os.path.join(model_dir,
                                                                           LABELS_FILE))
     resume = last_complete_checkpoint(str(checkpoints))
+    # Sealed once every process had saved its RNG state (the kill came right after).
+    assert {f"rng_state_{rank}.pth" for rank in range(4)} <= set(os.listdir(resume))
     with open(os.path.join(resume, "trainer_state.json")) as f:
         before = [e for e in json.load(f)["log_history"] if "eval_loss" in e]
     _audited(tmp_path)
@@ -519,8 +529,7 @@ def test_a_replica_killed_mid_run_and_restarted_resumes_on_every_process(dataset
     procs = [_run_replica(dataset, model_dir, out, env, epochs=3, gpus=2)
              for out, env in zip(outs, envs)]
     _wait_for(procs, 420)
-    for out, proc in zip(outs, procs):
-        assert proc.returncode == 0, _log(out)
+    assert [proc.returncode for proc in procs] == [0, 0], _logs(outs)
     primary = json.load(open(outs[0]))
     assert os.path.realpath(primary["run"]["resumed_from"]) == os.path.realpath(resume)
     assert [row["epoch"] for row in primary["history"]] == [1, 2, 3]

@@ -126,9 +126,10 @@ def run_folder(variable: str, output_path: str, default: str | None,
 # Set to "0" where gs:// is not mounted at /gcs (open-source KFP's /gcs is a scratch folder
 # the launcher fills; what is written there dies with the pod).
 MOUNTED_VARIABLE = "OBJECT_STORE_MOUNTED"
-# Files pushed after the others (a checkpoint's pointer and the trainers' state files),
-# so a pod killed mid-push leaves the remote pointing at a checkpoint that is whole.
-_POINTERS = ("checkpoint", "run.json", "state.json", "lm_state.json", "trainer_state.json")
+# Files pushed after the others (a checkpoint's pointer, the trainers' state files and the
+# transformer checkpoints' seal), so a pod killed mid-push leaves the remote pointing at a
+# checkpoint that is whole.
+_POINTERS = ("checkpoint", "run.json", "state.json", "lm_state.json", "sealed")
 _MIRRORS: dict[str, Mirror] = {}  # remote -> its mirror in this process
 
 

@@ -58,7 +58,10 @@ RUN_FILE = "run.json"  # the fingerprint of the run a checkpoint folder belongs 
 # It only marks the folder's owner: `Trainer`'s checkpoints hold the state.
 RUN = run_state.StateFile(RUN_FILE, TransformerTrainingError,
                           "other settings, data or model folder", marker=True, sort_keys=True)
-TRAINER_STATE = "trainer_state.json"  # what `Trainer` writes last into a checkpoint
+# Written by rank 0 into a checkpoint once every process has saved its part (rank 0 the
+# model, optimizer and `trainer_state.json`, each process its RNG state): only a sealed
+# checkpoint is resumed.
+SEALED_FILE = "sealed"
 # Tests only: seconds rank 0 sleeps before it writes the model folder, read at call time,
 # so that the other ranks reach the end first (tests/test_train_transformer.py).
 SLOW_RANK0_VARIABLE = "TRAIN_TRANSFORMER_TEST_RANK0_DELAY"
@@ -124,22 +127,34 @@ def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -
 def last_complete_checkpoint(folder: str) -> str | None:
     """The `checkpoint-<step>` folder of the highest step whose save finished, or None.
 
-    `Trainer` writes `trainer_state.json` last; a job killed mid-save leaves a folder
-    without it, which `transformers.trainer_utils.get_last_checkpoint` would still pick.
+    A save finished when the checkpoint is sealed (`SEALED_FILE`). `trainer_state.json`
+    does not say it: rank 0 writes it while the other processes may still be writing
+    their RNG states, and a job killed then leaves a file that cannot be loaded on resume.
     """
     steps = {}
     for entry in os.listdir(folder) if os.path.isdir(folder) else ():
         prefix, _, step = entry.partition("-")
         if prefix == "checkpoint" and step.isdigit() and \
-                os.path.isfile(os.path.join(folder, entry, TRAINER_STATE)):
+                os.path.isfile(os.path.join(folder, entry, SEALED_FILE)):
             steps[int(step)] = os.path.join(folder, entry)
     return steps[max(steps)] if steps else None
+
+
+def seal_checkpoint(folder: str, step: int) -> None:
+    """Marks `checkpoint-<step>` in `folder` complete, once every process has saved its
+    part (a barrier where there are several); the mark is written by rank 0."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    if _is_rank0():
+        with open(os.path.join(folder, f"checkpoint-{step}", SEALED_FILE), "w") as f:
+            f.write("")
 
 
 def _is_rank0() -> bool:
     """Whether this process is rank 0 (torchrun's RANK; a lone process has none)."""
     return int(os.environ.get("RANK", "0")) == 0
-
 
 
 def _finish_together() -> None:
@@ -246,7 +261,9 @@ def _epoch_callback(transformers, scalars: ScalarLog, reporter: TrialReporter, m
             reporter.report(row, row["epoch"])
 
         def on_save(self, args, state, control, **kwargs):
-            # Where the checkpoint folder mirrors an object store (open-source Kubeflow).
+            seal_checkpoint(args.output_dir, state.global_step)
+            # Where the checkpoint folder mirrors an object store (open-source Kubeflow):
+            # sealed, so with every process's part.
             if state.is_world_process_zero:
                 push_mirrors()
 
