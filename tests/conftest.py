@@ -19,8 +19,16 @@ if _WORKERS > 1:
                   "TF_NUM_INTRAOP_THREADS"):
         os.environ.setdefault(_name, _THREADS)
 
+# Every process the tests start skips the garbage collection of interpreter teardown
+# (tests/site/sitecustomize.py): ~1.7 s less for each step that imported a framework.
+_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
+if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [_SITE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
 import contextlib  # noqa: E402
 import faulthandler  # noqa: E402
+import gc  # noqa: E402
 import http.client  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
@@ -59,6 +67,21 @@ LONGEST_FIRST = (
     "test_kubeflow_target.py",  # ~65
     "test_text_real.py",  # ~40: a small ULMFiT on real text
 )
+
+
+# Collecting imports TensorFlow, torch, transformers, fastai and the Vertex SDK: millions of
+# objects the garbage collector would scan again and again (~20% of the import time).
+# None of them is garbage: collection runs with the collector off, and what it loaded is
+# then frozen out of its reach, so the tests' own collections scan only what they made.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session):
+    gc.disable()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    gc.enable()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items):

@@ -4,9 +4,18 @@ PYTHONPATH): points KFP's mount prefixes at the rehearsal's stand-in folders, so
 Cloud Storage FUSE prefix (`/gcs/`) is the rehearsal's gcs/ folder; on open-source KFP,
 `/gcs/`, `/minio/` and `/s3/` are folders of the pod, which a rehearsal makes afresh for
 each attempt. Nothing else changes; outside a rehearsal this file is never imported.
+
+A step's process ends once its outputs are written: at exit (this handler, registered
+first, runs last) every object leaves the garbage collector's reach, so that teardown
+skips its full collections (~2 s in a process that imported torch or TensorFlow, against
+~0.3 s; tests/site/sitecustomize.py does the same for the tests' other processes).
 """
 
+import atexit
+import gc
 import os
+
+atexit.register(gc.freeze)
 
 _gcs = os.environ.get("REHEARSAL_GCS_MOUNT")
 _pod = os.environ.get("REHEARSAL_POD_ROOT")
