@@ -205,6 +205,23 @@ def test_a_checkpoint_whose_save_did_not_finish_is_not_resumed(tmp_path):
     assert last_complete_checkpoint(str(tmp_path / "missing")) is None
 
 
+def test_a_resumed_run_removes_the_checkpoints_whose_save_was_cut_off(tmp_path):
+    """Left in place, `Trainer`'s rotation could take checkpoint-30 for the newest and
+    delete the one the resumed run saves next. Only rank 0 (write) removes them."""
+    values = {"run": "mine"}
+    assert claim_checkpoints(str(tmp_path), values) is None  # the run's first start
+    for step in (10, 20, 30):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    seal_checkpoint(str(tmp_path), 10)
+    assert claim_checkpoints(str(tmp_path), values, write=False) == str(
+        tmp_path / "checkpoint-10")
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
+        "checkpoint-10", "checkpoint-20", "checkpoint-30"]
+    assert claim_checkpoints(str(tmp_path), values) == str(tmp_path / "checkpoint-10")
+    assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-10"]
+
+
 def _sigmoid(x):
     return 1 / (1 + np.exp(-np.asarray(x, dtype=float)))
 
@@ -552,7 +569,7 @@ def test_a_run_killed_after_an_epoch_resumes_from_its_checkpoint(dataset, tmp_pa
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 180
-    while not list(checkpoints.glob("checkpoint-*/trainer_state.json")):
+    while not last_complete_checkpoint(str(checkpoints)):
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was saved"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)  # preempted: no chance to clean up

@@ -113,15 +113,17 @@ def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -
     Args:
         folder: The checkpoint folder.
         values: What defines the run (`run_values`).
-        write: Whether this process records the run in a free folder (rank 0 alone: one
-            writer on the shared folder).
+        write: Whether this process records the run in a free folder and removes the
+            checkpoints a killed save left (rank 0 alone: one writer on the shared folder).
 
     Raises:
         TransformerTrainingError: The folder holds another run's checkpoints.
     """
-    if run_state.open_run(folder, RUN, values, write=write).resumed:
-        return last_complete_checkpoint(folder)
-    return None
+    if not run_state.open_run(folder, RUN, values, write=write).resumed:
+        return None
+    if write:
+        remove_unsealed_checkpoints(folder)
+    return last_complete_checkpoint(folder)
 
 
 def last_complete_checkpoint(folder: str) -> str | None:
@@ -138,6 +140,18 @@ def last_complete_checkpoint(folder: str) -> str | None:
                 os.path.isfile(os.path.join(folder, entry, SEALED_FILE)):
             steps[int(step)] = os.path.join(folder, entry)
     return steps[max(steps)] if steps else None
+
+
+def remove_unsealed_checkpoints(folder: str) -> None:
+    """Deletes the checkpoints whose save was cut off (unsealed): `Trainer` rotates
+    checkpoints by age or step, and would keep such a folder in place of a whole one."""
+    for entry in os.listdir(folder) if os.path.isdir(folder) else ():
+        prefix, _, step = entry.partition("-")
+        path = os.path.join(folder, entry)
+        if prefix == "checkpoint" and step.isdigit() and \
+                not os.path.isfile(os.path.join(path, SEALED_FILE)):
+            log.info("removing %s: its save did not finish", path)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def seal_checkpoint(folder: str, step: int) -> None:
