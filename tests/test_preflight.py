@@ -248,6 +248,34 @@ def test_languages_are_those_the_tokenizer_builds():
     assert "lang='klingon'" in lang_problems("klingon")[0]
 
 
+# th and vi: spaCy has their rules, but their tokenizers need packages the image lacks.
+@pytest.mark.parametrize("lang", ["en", "de", "xx", "ja", "th", "vi", "klingon"])
+def test_the_language_check_agrees_with_the_tokenizer_the_trainers_build(lang, tmp_path):
+    """The preflight's check (no fastai, no torch) passes where the trainers' tokenizer
+    can be built, and fails with the same message where it cannot."""
+    from components.formats.lm_assets import TokenizerError, check_language, make_tokenizer
+
+    errors = []
+    for call in (lambda: check_language(lang), lambda: make_tokenizer(lang, None, str(tmp_path))):
+        try:
+            call()
+            errors.append(None)
+        except TokenizerError as err:
+            errors.append(str(err))
+    assert errors[0] == errors[1]
+    assert (errors[0] is None) is (lang in ("en", "de", "xx", "ja"))
+
+
+def test_a_sentencepiece_language_without_the_package_is_refused(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sentencepiece" else find_spec(name, *a))
+    [problem] = lang_problems("zh")
+    assert "sentencepiece package is not installed" in problem and "fastai image" in problem
+
+
 def test_weights_are_imagenet_none_or_an_existing_file(tmp_path):
     pytest.importorskip("tensorflow")
     weights = write_densenet_weights(tmp_path / "densenet_notop.h5", 32)

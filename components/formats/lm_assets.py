@@ -32,6 +32,31 @@ def direction(backwards: bool) -> str:
     return "backward" if backwards else "forward"
 
 
+def check_language(lang: str) -> None:
+    """Whether `make_tokenizer` can build a tokenizer for `lang` here, without fastai and
+    torch (the preflight asks: spaCy's blank pipeline for the language is what fastai's
+    `SpacyTokenizer` builds).
+
+    Raises:
+        TokenizerError: A SentencePiece language without the sentencepiece package, or a
+            language spaCy has no tokenizer for (the message says which).
+    """
+    if lang in SPM_LANGS:
+        import importlib.util
+
+        if importlib.util.find_spec("sentencepiece") is None:
+            raise TokenizerError(
+                f"lang={lang!r} is tokenized with SentencePiece, but the sentencepiece "
+                "package is not installed in this runtime; add it to the fastai image")
+        return
+    import spacy
+
+    try:
+        spacy.blank(lang)
+    except (ImportError, OSError, KeyError) as err:
+        raise TokenizerError(f"spaCy has no tokenizer for lang={lang!r}: {err}") from err
+
+
 def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
     """The word tokenizer of a language: spaCy's rules, or SentencePiece for ja/ko/zh.
 
@@ -42,23 +67,14 @@ def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
         cache_dir: Where fastai's SentencePiece tokenizer keeps its files.
 
     Raises:
-        TokenizerError: A SentencePiece language without the sentencepiece package,
-            or a language spaCy has no tokenizer for.
+        TokenizerError: As `check_language`.
     """
+    check_language(lang)
     from fastai.text.all import SentencePieceTokenizer, SpacyTokenizer
 
     if lang in SPM_LANGS:
-        try:
-            import sentencepiece  # noqa: F401
-        except ImportError as err:
-            raise TokenizerError(
-                f"lang={lang!r} is tokenized with SentencePiece, but the sentencepiece "
-                "package is not installed in this runtime; add it to the fastai image") from err
         return SentencePieceTokenizer(lang=lang, sp_model=spm_model, cache_dir=cache_dir)
-    try:
-        return SpacyTokenizer(lang=lang)
-    except (ImportError, OSError, KeyError) as err:
-        raise TokenizerError(f"spaCy has no tokenizer for lang={lang!r}: {err}") from err
+    return SpacyTokenizer(lang=lang)
 
 
 def save_lm_assets(learn, root: str, lang: str, backwards: bool,

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -118,21 +117,21 @@ def _awd_lstm_problems(config: Mapping[str, Any]) -> list[str]:
 
 
 def lang_problems(lang: str) -> list[str]:
-    """Whether the text trainers can tokenize `lang`: builds their tokenizer for it.
+    """Whether the text trainers can tokenize `lang` (`lm_assets.check_language`: what
+    their tokenizer is built from, without importing fastai and torch).
 
     Returns:
         A message naming `lang` and what to give when it cannot; empty when it can.
     """
-    from components.formats.lm_assets import SPM_LANGS, TokenizerError, make_tokenizer
+    from components.formats.lm_assets import SPM_LANGS, TokenizerError, check_language
 
-    with tempfile.TemporaryDirectory() as scratch:
-        try:
-            make_tokenizer(lang, None, scratch)
-        except TokenizerError as err:
-            if lang in SPM_LANGS:  # the message says which package the image lacks
-                return [f"lang: {err}"]
-            return [f"lang: {err}; give a language code spaCy has a tokenizer for (e.g. en, "
-                    f"fr, de, or xx for several languages), or one of {sorted(SPM_LANGS)}"]
+    try:
+        check_language(lang)
+    except TokenizerError as err:
+        if lang in SPM_LANGS:  # the message says which package the image lacks
+            return [f"lang: {err}"]
+        return [f"lang: {err}; give a language code spaCy has a tokenizer for (e.g. en, "
+                f"fr, de, or xx for several languages), or one of {sorted(SPM_LANGS)}"]
     return []
 
 
