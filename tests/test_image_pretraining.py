@@ -127,6 +127,7 @@ def test_a_glyph_start_is_a_weights_file_the_trainer_starts_from(tmp_path, capsy
     facts = json.loads((tmp_path / "start.json").read_text())
     assert facts["classes"] == 52 and facts["epochs_run"] == 1 and facts["fonts"] > 10
     trained = load_keras_model(str(tmp_path / "work" / "model" / "model.keras"), compile=False)
+    assert not (tmp_path / "work" / "model" / "saved_model").exists()  # kept for its weights
     # Another number of classes, another size: the head is not in the file.
     started = model_lib.build_model(3, 48, str(out))
     for got, want in zip(model_lib.get_base(started).weights,

@@ -45,13 +45,15 @@ log = logging.getLogger(__name__)
 
 
 def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: TrainConfig,
-                   history: dict[str, list], metrics: dict[str, Any]) -> None:
+                   history: dict[str, list], metrics: dict[str, Any],
+                   serving: bool = True) -> None:
     """Writes model.keras, saved_model/, labels.json, preprocessing.json, history.json.
 
     The saved model is a float32 copy, whatever the training precision: float16
     on a CPU (a likely place for evaluation or serving) is ~95x slower, and the
     weights are float32 anyway. It is built outside any strategy scope, so it holds
-    plain variables.
+    plain variables. `serving` False leaves saved_model/ out (tracing its signatures
+    takes ~20 s for a DenseNet121): a model kept for its weights alone.
     """
     image_size = manifest["image"]["height"]
     classes = manifest["classes"]
@@ -80,7 +82,9 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
         "dtype": "float32",
         "training_precision": metrics.get("precision"),
     }
-    export_saved_model(model, os.path.join(output_dir, SAVED_MODEL_DIR), preprocessing, classes)
+    if serving:
+        export_saved_model(model, os.path.join(output_dir, SAVED_MODEL_DIR), preprocessing,
+                           classes)
     _write_json(os.path.join(output_dir, LABELS_FILE), {"classes": classes})
     _write_json(os.path.join(output_dir, PREPROCESSING_FILE), preprocessing)
     # Unsorted: the phases in the order they ran, as the report and the tracker draw them

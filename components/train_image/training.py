@@ -157,6 +157,7 @@ def train(
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[tf_keras.callbacks.Callback] = (),
     hypertune_metric: str | None = None,
+    serving: bool = True,
 ) -> dict[str, Any]:
     """Trains the classifier and writes the model artifact.
 
@@ -174,6 +175,8 @@ def train(
         callbacks: Extra tf-keras callbacks, run after the built-in ones each phase.
         hypertune_metric: In a Vertex tuning trial, the epoch value reported to the
             tuning service after each epoch (e.g. "val_accuracy"); None reports nothing.
+        serving: False leaves saved_model/ out of the artifact: a model kept for its
+            weights alone (tools.datamakers.glyph_start).
 
     Returns:
         Final metrics and facts of the run: train_loss, train_accuracy (last epoch),
@@ -210,7 +213,8 @@ def train(
     metrics = _metrics(setup, history, final, epoch, architecture(model))
     if setup.chief:
         run_state.delay_for_tests(SLOW_CHIEF_VARIABLE, "the chief")
-        write_artifact(output_dir, snapshot, setup.manifest, config, history, metrics)
+        write_artifact(output_dir, snapshot, setup.manifest, config, history, metrics,
+                       serving=serving)
         setup.state.clear([p.name for p in setup.phases])
     _barrier(setup.strategy)
     log.info("finished: %s", metrics)

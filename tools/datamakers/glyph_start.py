@@ -70,7 +70,7 @@ def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int 
         progress=False)
     config = TrainConfig(weights=None, epochs=epochs, fine_tune_epochs=0, flip=False,
                          seed=seed, steps_per_epoch=steps_per_epoch, early_stopping_patience=4)
-    metrics = training.train(shards, model, config)
+    metrics = training.train(shards, model, config, serving=False)  # its weights alone
     tensors = base_weights.save_base_weights(model, out_path)
     facts = {
         "weights": os.path.abspath(out_path), "tensors": tensors,
