@@ -126,6 +126,18 @@ def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -
     return last_complete_checkpoint(folder)
 
 
+def _checkpoints(folder: str) -> dict[int, str]:
+    """`Trainer`'s `checkpoint-<step>` folders in `folder`, by step."""
+    entries = os.listdir(folder) if os.path.isdir(folder) else ()
+    return {int(step): os.path.join(folder, entry) for entry in entries
+            for prefix, _, step in [entry.partition("-")]
+            if prefix == "checkpoint" and step.isdigit()}
+
+
+def _sealed(checkpoint: str) -> bool:
+    return os.path.isfile(os.path.join(checkpoint, SEALED_FILE))
+
+
 def last_complete_checkpoint(folder: str) -> str | None:
     """The `checkpoint-<step>` folder of the highest step whose save finished, or None.
 
@@ -133,23 +145,15 @@ def last_complete_checkpoint(folder: str) -> str | None:
     does not say it: rank 0 writes it while the other processes may still be writing
     their RNG states, and a job killed then leaves a file that cannot be loaded on resume.
     """
-    steps = {}
-    for entry in os.listdir(folder) if os.path.isdir(folder) else ():
-        prefix, _, step = entry.partition("-")
-        if prefix == "checkpoint" and step.isdigit() and \
-                os.path.isfile(os.path.join(folder, entry, SEALED_FILE)):
-            steps[int(step)] = os.path.join(folder, entry)
-    return steps[max(steps)] if steps else None
+    sealed = {step: path for step, path in _checkpoints(folder).items() if _sealed(path)}
+    return sealed[max(sealed)] if sealed else None
 
 
 def remove_unsealed_checkpoints(folder: str) -> None:
     """Deletes the checkpoints whose save was cut off (unsealed): `Trainer` rotates
     checkpoints by age or step, and would keep such a folder in place of a whole one."""
-    for entry in os.listdir(folder) if os.path.isdir(folder) else ():
-        prefix, _, step = entry.partition("-")
-        path = os.path.join(folder, entry)
-        if prefix == "checkpoint" and step.isdigit() and \
-                not os.path.isfile(os.path.join(path, SEALED_FILE)):
+    for path in _checkpoints(folder).values():
+        if not _sealed(path):
             log.info("removing %s: its save did not finish", path)
             shutil.rmtree(path, ignore_errors=True)
 
@@ -162,8 +166,7 @@ def seal_checkpoint(folder: str, step: int) -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     if _is_rank0():
-        with open(os.path.join(folder, f"checkpoint-{step}", SEALED_FILE), "w") as f:
-            f.write("")
+        open(os.path.join(folder, f"checkpoint-{step}", SEALED_FILE), "w").close()
 
 
 def _is_rank0() -> bool:
