@@ -705,3 +705,27 @@ def test_task_settings_still_name_their_caller_while_a_pipeline_is_defined():
             dsl.importer(artifact_uri="gs://b/x", artifact_class=dsl.Artifact,
                          reimport=False).set_env_variable("A", "1")
     assert pipeline_task.inspect is inspect
+
+
+def test_components_pass_through_libyaml_with_the_same_values_and_pyyaml_is_put_back():
+    """`yaml_in_c`: GCPC's wrapper and the tuning job round-trip each component through
+    YAML text; in there PyYAML's safe functions run on libyaml, and the values read back
+    are the ones written, then the pure-Python functions are PyYAML's again, failure or
+    not."""
+    import yaml
+
+    from pipelines.definitions.steps import yaml_in_c
+
+    assert yaml.__with_libyaml__  # PyPI's wheels carry it; else yaml_in_c changes nothing
+    spec = {"rate": 1e-05, "count": 3, "flag": True, "none": None, "text": "a: b\n\tc ü",
+            "when": "2026-11-28", "list": [1.5, "01", "yes", {"nested": "0x1F"}]}
+    pure = yaml.safe_dump, yaml.safe_load, yaml.safe_load_all
+    with yaml_in_c():
+        assert yaml.safe_dump is not pure[0]
+        text = yaml.safe_dump(spec, sort_keys=False)
+        assert yaml.safe_load(text) == spec == yaml.load(text, Loader=yaml.SafeLoader)
+        assert list(yaml.safe_load_all(text + "---\n{x: 1}\n")) == [spec, {"x": 1}]
+    assert (yaml.safe_dump, yaml.safe_load, yaml.safe_load_all) == pure
+    with pytest.raises(RuntimeError), yaml_in_c():
+        raise RuntimeError("a component the wrapper refuses")
+    assert (yaml.safe_dump, yaml.safe_load, yaml.safe_load_all) == pure
