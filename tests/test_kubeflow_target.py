@@ -45,7 +45,7 @@ def _compile(tmp_path, *extra):
 
 def _documents(path):
     """(pipeline spec, platform spec's executors) of one compiled file."""
-    spec, platform = yaml.safe_load_all(path.read_text())
+    spec, platform = yaml.load_all(path.read_text(), Loader=yaml.CSafeLoader)  # libyaml's
     return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
 
 
@@ -64,7 +64,7 @@ def test_every_pipeline_and_tuning_variant_compiles_to_yaml_kfp_loads(compiled):
         for vertex_only in ("gcp_resources", "worker_pool_specs", "pipeline_google_cloud",
                             "google_cloud_pipeline_components", "CustomJob"):
             assert vertex_only not in text, (name, vertex_only)
-        spec, _ = yaml.safe_load_all(text)
+        spec, _ = yaml.load_all(text, Loader=yaml.CSafeLoader)
         images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
         assert images <= {f"{REGISTRY}/tensorflow:0a1b2c3", f"{REGISTRY}/fastai:0a1b2c3"}
 

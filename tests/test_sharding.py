@@ -332,7 +332,8 @@ def test_images_too_large_to_decode_are_skipped_without_decoding():
         return struct.pack(">I", len(payload)) + body + struct.pack(">I", zlib.crc32(body))
 
     side = 13000
-    compressor = zlib.compressobj(9)
+    # run-length deflate: the same bytes as level 9 for rows of zeros, in half the time
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 15, 9, zlib.Z_RLE)
     row = b"\0" * (1 + side * 4)
     data = b"".join(compressor.compress(row) for _ in range(side)) + compressor.flush()
     png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 6, 0, 0, 0))

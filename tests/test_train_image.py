@@ -377,8 +377,9 @@ def test_preprocessing_matches_densenet(scratch_model):
 
 
 def test_output_is_float32_under_mixed_precision():
-    with model_lib.dtype_policy("mixed_float16"):
-        model = model_lib.build_model(len(CLASSES), IMAGE_SIZE, None)
+    with model_lib.dtype_policy("mixed_float16"):  # DenseNet121's layers, one block a stage
+        model = model_lib.build_model(len(CLASSES), IMAGE_SIZE, None,
+                                      layout=ONE_BLOCK_DENSENET)
     assert tf_keras.mixed_precision.global_policy().name == "float32"  # restored
     assert model_lib.get_base(model).compute_dtype == "float16"
     assert model.get_layer("probabilities").compute_dtype == "float32"

@@ -88,7 +88,7 @@ def load(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     import yaml
 
     with open(path) as f:
-        documents = [d for d in yaml.safe_load_all(f) if d]
+        documents = [d for d in yaml.load_all(f, Loader=yaml.CSafeLoader) if d]  # libyaml
     spec = documents[0]
     platform = next((d for d in documents[1:] if "platforms" in d), {})
     return spec, platform.get("platforms", {}).get("kubernetes", {}).get(
