@@ -50,22 +50,23 @@ from tools.rehearsal import gcs_api  # noqa: E402
 # processes, 2026-11-28): started first, so that on several processes (files are dealt
 # out whole, in this order) the last file to start is a short one.
 LONGEST_FIRST = (
-    "test_transformer_pipeline.py",  # ~330
-    "test_train_transformer.py",  # ~300 (replicas killed and resumed; three seeds)
-    "test_run_local.py",  # ~240 (the image run, tracked, read by six tests; local tuning)
-    "test_wt103.py",  # ~240 (lr_find on fastai's full-size AWD-LSTM: half of it)
-    "test_rehearse.py",  # ~200
-    "test_kubeflow_rehearsal.py",  # ~200
-    "test_image_pretraining.py",  # ~170 (the glyph start traces a DenseNet121)
-    "test_tuning.py",  # ~150
-    "test_train_image.py",  # ~135 (its resume test runs beside two background jobs)
-    "test_lm_pipeline.py",  # ~125
-    "test_image_replicas.py",  # ~110 (2 TF workers, 2 runs)
-    "test_tracking.py",  # ~100
-    "test_text_pipeline.py",  # ~75
-    "test_gpu_bench.py",  # ~70
-    "test_kubeflow_target.py",  # ~65
-    "test_text_real.py",  # ~40: a small ULMFiT on real text
+    "test_train_transformer.py",  # ~305 (replicas killed and resumed; three seeds)
+    "test_transformer_pipeline.py",  # ~295
+    "test_wt103.py",  # ~195 (lr_find on fastai's full-size AWD-LSTM: half of it)
+    "test_kubeflow_rehearsal.py",  # ~195
+    "test_rehearse.py",  # ~185
+    "test_run_local.py",  # ~170 (the image run, tracked, read by seven tests; local tuning)
+    "test_image_replicas.py",  # ~150 (2 TF workers, 2 runs)
+    "test_image_pretraining.py",  # ~145 (the glyph start)
+    "test_tuning.py",  # ~145
+    "test_lm_pipeline.py",  # ~140 (the LM run is tracked too)
+    "test_train_image.py",  # ~130 (its resume test runs beside two background jobs)
+    "test_text_pipeline.py",  # ~100 (the text run, tracked, read by six tests)
+    "test_gpu_bench.py",  # ~65
+    "test_kubeflow_target.py",  # ~60
+    "test_text_real.py",  # ~50: a small ULMFiT on real text
+    "test_text_train.py",  # ~45
+    "test_serve.py",  # ~40
 )
 
 

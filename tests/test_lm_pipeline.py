@@ -3,6 +3,7 @@ text pipeline starting from what it wrote."""
 
 import json
 import os
+import re
 
 import pandas as pd
 import pytest
@@ -11,6 +12,7 @@ from fastai.text.all import load_pickle
 import compile as compile_cli
 import tools.rehearsal as rehearse
 from pipelines import run_local
+from tests.mlflow_reads import metric_history
 from tools.datamakers.demo_text import write_reviews_csv
 
 TINY = '{"emb_sz": 16, "n_hid": 24, "n_layers": 2}'
@@ -24,7 +26,14 @@ def _no_vertex_checkpoint_dir(monkeypatch):
 
 
 @pytest.mark.slow
-def test_run_local_lm_writes_assets_the_text_pipeline_starts_from(tmp_path, capsys):
+def test_run_local_lm_writes_assets_the_text_pipeline_starts_from(tmp_path, capsys,
+                                                                 monkeypatch):
+    """A language model from a folder of text files, tracked in an MLflow file store; then
+    a text classifier starting from what it wrote."""
+    from mlflow import MlflowClient
+
+    from components.track.tracking import FILE_STORE_SWITCH, tracking_store
+
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     write_reviews_csv(str(tmp_path / "other.csv"), rows=80, seed=5)
@@ -32,8 +41,9 @@ def test_run_local_lm_writes_assets_the_text_pipeline_starts_from(tmp_path, caps
     for i in range(4):  # a folder of .txt files, paragraphs apart
         (corpus / f"part{i}.txt").write_text("\n\n".join(texts[i::4]))
     out = tmp_path / "lm"
+    mlruns = str(tmp_path / "mlruns")
     assert run_local.main(["lm", "--data", str(corpus), "--output", str(out), "--lang", "fr",
-                           *SMALL]) == 0
+                           "--tracking-uri", mlruns, *SMALL]) == 0
     summary = json.loads((out / "summary.json").read_text())
     # better than a uniform guess over its vocabulary (which would be its perplexity)
     vocab = load_pickle(os.path.join(summary["artifacts"]["lm_assets"], "fr", "forward",
@@ -44,6 +54,15 @@ def test_run_local_lm_writes_assets_the_text_pipeline_starts_from(tmp_path, caps
     assert sorted(os.listdir(os.path.join(assets, "fr", "forward"))) == [
         "config.json", "vocab.pkl", "weights.pth"]
     assert "held-out perplexity" in capsys.readouterr().out
+    # tracked epoch by epoch, with the corpus it read
+    monkeypatch.setenv(FILE_STORE_SWITCH, "true")  # as a reader of a file store sets it
+    client = MlflowClient(tracking_uri=tracking_store(mlruns))
+    (run,) = client.search_runs([client.get_experiment_by_name("language-model").experiment_id])
+    assert [step for step, _ in metric_history(client, run, "lm/perplexity")] == [1, 2]
+    assert run.data.metrics["lm/final_perplexity"] == pytest.approx(
+        summary["metrics"]["perplexity"])
+    assert run.data.params["lang"] == "fr"
+    assert re.fullmatch(r"[0-9a-f]{64}", run.data.tags["data_sha256"])
 
     reviews = tmp_path / "reviews.csv"
     write_reviews_csv(str(reviews), rows=60, seed=1)

@@ -285,6 +285,21 @@ def test_yes_means_true_here_as_in_submit_and_the_rehearsal():
 
 
 @pytest.mark.slow
+def test_the_tracking_server_starts_no_job_consumers(image_run):
+    """MLflow's job execution (7 huey consumers polling the store, ~0.5 of a core while the
+    server lives) is off: the server is its process and uvicorn's."""
+    import psutil
+
+    port = image_run.tracking.rsplit(":", 1)[1]
+    (server,) = [p for p in psutil.process_iter(["cmdline"])
+                 if (p.info["cmdline"] or [])[1:4] == ["-m", "mlflow", "server"]
+                 and port in p.info["cmdline"]]
+    commands = [" ".join(p.cmdline()) for p in server.children(recursive=True)]
+    assert len(commands) == 1 and "uvicorn" in commands[0], commands
+    assert server.is_running()
+
+
+@pytest.mark.slow
 def test_image_run_is_tracked_epoch_by_epoch(image_run):
     from mlflow import MlflowClient
 

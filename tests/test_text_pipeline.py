@@ -16,6 +16,7 @@ from pipelines import predict as predict_cli
 from pipelines.definitions import text
 from pipelines.definitions.vertex import VertexSettings
 from tests.browser import check_report
+from tests.mlflow_reads import metric_history, model_metadata, only_run
 from tools.datamakers import demo_text
 
 # Small enough for a CPU test, big enough to learn the demo in 8 epochs.
@@ -77,8 +78,9 @@ LABELS = [*demo_text.LABEL_WORDS, "other"]
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
-    """One whole text pipeline run through kfp.local on 200 generated reviews, read by the
-    tests below (each checks one thing the run must have done)."""
+    """One whole text pipeline run through kfp.local on 200 generated reviews, tracked in
+    an MLflow file store, read by the tests below (each checks one thing the run must have
+    done)."""
     root = tmp_path_factory.mktemp("text-run")
     data = str(root / "reviews.csv")
     demo_text.write_reviews_csv(data, rows=200, seed=2)
@@ -88,7 +90,8 @@ def text_run(tmp_path_factory):
                    pipeline_root=str(root / "kfp"))
         task = text.build("local/vertex-gpu-pipelines:dev")(
             data_uri=data, lang="fr", pretrained=False, lm_epochs=0, epochs=8, batch_size=16,
-            min_freq=1, seq_len=24, model_config=SMALL, predict_uri=data)
+            min_freq=1, seq_len=24, model_config=SMALL, predict_uri=data,
+            tracking_uri=str(root / "mlruns"))
     artifacts = {name: artifact.path for name, artifact in task.outputs.items()
                  if name != "register"}
     return types.SimpleNamespace(root=root, data=data, task=task, artifacts=artifacts,
@@ -153,6 +156,35 @@ def test_text_model_folder_and_reports(text_run):
                         LABELS, summary["preparation"]["splits"]["test"],
                         ["tfidf_logreg", "every_label"])
     assert "Largest mistakes" in page and "tuned threshold" in page
+
+
+@pytest.mark.slow
+def test_text_run_is_tracked_with_epochs_test_metrics_and_provenance(text_run, monkeypatch):
+    from mlflow import MlflowClient
+
+    from components.track.tracking import FILE_STORE_SWITCH, tracking_store
+
+    monkeypatch.setenv(FILE_STORE_SWITCH, "true")  # as a reader of a file store sets it
+    client = MlflowClient(tracking_uri=tracking_store(str(text_run.root / "mlruns")))
+    model = text_run.artifacts["model"]
+    run_name = os.path.basename(os.path.dirname(os.path.dirname(model)))  # kfp.local's run
+    run = only_run(client, "text-classifier", run_name)
+
+    assert run.info.run_name == run_name and run.info.status == "FINISHED"
+    assert run.data.params["epochs"] == "8" and run.data.params["lang"] == "fr"
+    assert json.loads(run.data.params["model_config"]) == json.loads(SMALL)
+    training = json.loads(open(os.path.join(model, "metrics.json")).read())
+    losses = [row["valid_loss"] for row in training["history"]]
+    assert metric_history(client, run, "classifier/valid_loss") == [
+        (step, pytest.approx(value)) for step, value in enumerate(losses, start=1)]
+    assert len(metric_history(client, run, "classifier/train_loss")) == 8
+    assert run.data.metrics["test_micro_f1"] == pytest.approx(
+        text_run.summary["metrics"]["micro_f1"])
+    metadata = model_metadata(text_run.root / "kfp")
+    assert run.data.tags["git_sha"] == metadata["git_sha"] == "unknown"  # set by the images
+    assert run.data.tags["data_sha256"] == metadata["data_sha256"]
+    assert run.data.tags["model_uri"].endswith("/model")
+    assert run.data.tags["pipeline"] == "text-classifier"
 
 
 @pytest.mark.slow
