@@ -52,7 +52,7 @@ from tools.rehearsal import gcs_api  # noqa: E402
 LONGEST_FIRST = (
     "test_train_transformer.py",  # ~305 (replicas killed and resumed; three seeds)
     "test_transformer_pipeline.py",  # ~295
-    "test_wt103.py",  # ~195 (lr_find on fastai's full-size AWD-LSTM: half of it)
+    "test_wt103.py",  # ~195 (fastai's full-size AWD-LSTM; lr_find was half of it)
     "test_kubeflow_rehearsal.py",  # ~195
     "test_rehearse.py",  # ~185
     "test_run_local.py",  # ~170 (the image run, tracked, read by seven tests; local tuning)

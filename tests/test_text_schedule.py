@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from components.common import run_state
-from components.common.fastai_text import choose_precision, choose_rate
+from components.common.fastai_text import choose_precision, choose_rate, sweep_length
 from components.text_common import scores as text_scores
 from components.train_text import assets, contract, schedule
 from components.train_text.contract import TextTrainingError
@@ -79,6 +79,12 @@ def test_found_rate_is_the_valley_held_to_the_bounds(suggestions, used, rule):
     whole = schedule.Stage("classifier-all", "classifier", 6, 0)
     rate, why = choose_rate(suggestions, *schedule.found_rate_bounds(whole))
     assert rate == pytest.approx(used) and why.startswith(rule)
+
+
+def test_lr_find_sweeps_no_longer_than_the_training_but_long_enough_for_a_valley():
+    assert sweep_length(12 * 3) == 36  # 12 epochs of 3 batches
+    assert sweep_length(4) == 30  # the fewest that leave a valley a few points a decade
+    assert sweep_length(100) == sweep_length(12 * 500) == 100  # fastai's own from there
 
 
 def test_narrower_models_take_higher_rates():

@@ -255,7 +255,7 @@ def test_interrupted_run_resumes_at_the_next_epoch(dataset, tmp_path, monkeypatc
     finds = []
     lr_find = Learner.lr_find
     monkeypatch.setattr(Learner, "lr_find", lambda self, *args, **kwargs: (
-        finds.append(type(self).__name__), lr_find(self, *args, **kwargs))[1])
+        finds.append((type(self).__name__, kwargs["num_it"])), lr_find(self, *args, **kwargs))[1])
     model_dir = str(tmp_path / "model")
     # The tiny LM and classifier learn too little on 60 rows to count as learning; this
     # test is about resuming through every stage, so neither is judged here.
@@ -296,10 +296,12 @@ def test_interrupted_run_resumes_at_the_next_epoch(dataset, tmp_path, monkeypatc
     assert result["run"]["resumed_from"] == {"stage": "classifier-all", "epochs_done": 1}
     # the rate was found once, by the run that reached the classifier; the resumed run
     # trained its last stage on that same rate
-    assert finds == ["TextLearner"]
+    sweep = state["found_lr"]["classifier"]["sweep"]
+    assert finds == [("TextLearner", sweep)]
+    assert 30 <= sweep < 100  # the classifier's 5 epochs of 60 rows: fewer steps than 100
     assert result["run"]["found_learning_rates"] == state["found_lr"]
     assert set(state["found_lr"]["classifier"]) == {"valley", "minimum", "steep", "slide",
-                                                    "used", "rule"}
+                                                    "used", "rule", "sweep"}
     # the last run started from the checkpoint, with the vocabulary of the first run
     assert torch.equal(third.fits[0][1], saved)
     assert third.fits[0][2] == second.fits[1][2] == first.fits[0][2]

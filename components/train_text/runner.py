@@ -108,7 +108,9 @@ class StageRunner:
         found = self.state.setdefault("found_lr", {})
         if stage.model not in found:
             log.info("finding the %s's rate", stage.model)
-            found[stage.model] = find_rate(learn, *schedule.found_rate_bounds(stage, self.n_hid))
+            epochs = sum(s.epochs for s in self.plan if s.model == stage.model)
+            found[stage.model] = find_rate(learn, *schedule.found_rate_bounds(stage, self.n_hid),
+                                           training_steps=epochs * len(learn.dls.train))
             self.save()
         return found[stage.model]["used"] * stage.lr_share
 
