@@ -145,6 +145,18 @@ def test_bad_settings_name_the_setting():
 # ---------------------------------------------------------------------------- training
 
 
+def test_a_found_rate_sweeps_no_more_batches_than_the_training_and_is_kept(reviews, tmp_path):
+    from components.common.fastai_text import LR_FIND_MIN_ITERATIONS
+    from components.train_lm.training import MAX_FOUND_LR, MIN_FOUND_LR
+
+    result = train_language_model(reviews, str(tmp_path / "assets"),
+                                  LMConfig(lang="fr", **{**FAST, "learning_rate": 0}))
+    found = result["directions"]["forward"]["found_learning_rates"]
+    # 2 epochs of 60 short reviews are fewer batches than the sweep's floor
+    assert found["sweep"] == LR_FIND_MIN_ITERATIONS
+    assert MIN_FOUND_LR <= found["used"] <= MAX_FOUND_LR
+
+
 def test_assets_in_the_text_trainers_layout_with_held_out_metrics(reviews, tmp_path):
     out = tmp_path / "assets"
     result = train_language_model(reviews, str(out), LMConfig(lang="fr", **FAST))

@@ -201,21 +201,21 @@ def sweep_length(training_steps: int) -> int:
     return max(LR_FIND_MIN_ITERATIONS, min(LR_FIND_ITERATIONS, training_steps))
 
 
-def find_rate(learn, floor: float, ceiling: float, training_steps: int = LR_FIND_ITERATIONS,
-              ) -> dict[str, float | str]:
+def find_rate(learn, floor: float, ceiling: float, epochs: int) -> dict[str, float | str]:
     """Runs `lr_find` on `learn` as it is (frozen or not) and chooses a rate (`choose_rate`).
 
     Args:
         learn: The learner, frozen as the rate's first stage trains it.
         floor: Smallest rate believed.
         ceiling: Largest rate believed.
-        training_steps: Batches the model trains for with the rate (`sweep_length`).
+        epochs: Epochs the model trains for with the rate: the sweep is no longer than
+            their batches (`sweep_length`).
 
     Returns:
         The four suggestions, `used` (the rate), `rule` (which suggestion it is) and
         `sweep` (the batches swept).
     """
-    sweep = sweep_length(training_steps)
+    sweep = sweep_length(epochs * len(learn.dls.train))
     found = learn.lr_find(suggest_funcs=(valley, minimum, steep, slide), show_plot=False,
                           num_it=sweep)
     rates: dict[str, float | str] = {name: float(getattr(found, name))

@@ -143,8 +143,7 @@ class _Direction:
             return config.learning_rate
         if self.mine["found_lr"] is None:  # found once: a resumed run keeps its rate
             log.info("finding the %s language model's rate", self.name)
-            self.mine["found_lr"] = find_rate(learn, MIN_FOUND_LR, MAX_FOUND_LR,
-                                              config.epochs * len(learn.dls.train))
+            self.mine["found_lr"] = find_rate(learn, MIN_FOUND_LR, MAX_FOUND_LR, config.epochs)
             self.save()
         return self.mine["found_lr"]["used"]
 

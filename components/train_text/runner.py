@@ -110,7 +110,7 @@ class StageRunner:
             log.info("finding the %s's rate", stage.model)
             epochs = sum(s.epochs for s in self.plan if s.model == stage.model)
             found[stage.model] = find_rate(learn, *schedule.found_rate_bounds(stage, self.n_hid),
-                                           training_steps=epochs * len(learn.dls.train))
+                                           epochs)
             self.save()
         return found[stage.model]["used"] * stage.lr_share
 
