@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: venv models glyph-start compile run test test-all browser bench lint lock images images-local rehearse-images rehearse-kubeflow-images compile-vertex clean
+.PHONY: venv models backends glyph-start compile run test test-all browser bench lint lock images images-local rehearse-images rehearse-kubeflow-images compile-vertex clean
 
 # The venv is rebuilt only when the pins change.
 $(STAMP): pyproject.toml constraints.txt
@@ -27,6 +27,12 @@ $(MINILM)/model.safetensors: | $(STAMP)
 	$(PY) -m pipelines.pretrained_encoder --cache $(MODELS)
 
 models: $(MINILM)/model.safetensors
+
+# The definitions of each KFP backend the Kubeflow files support (docs/kubeflow.md), one
+# folder each with the protobuf it pins, cached: tests/test_kubeflow_backends.py parses
+# every compiled file strictly with them (`python -m tools.kfp_backends FILE...` too).
+backends: venv
+	$(PY) -c "import tools.kfp_backends as b; [b.environment(v) for v in b.BACKENDS]"
 
 # A learned start for the image demo (~20 minutes of one CPU core, once): DenseNet121
 # trained on the letters of the installed typefaces, each drawn as the demo's digits were
@@ -83,11 +89,11 @@ run: compile models
 # model, so raise JOBS with memory in mind (about 2 GB each).
 JOBS ?= 2
 
-test: venv models
+test: venv models backends
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "not slow" -n $(JOBS) --dist worksteal --durations=15
 
-test-all: venv models
+test-all: venv models backends
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=30
 

@@ -82,6 +82,8 @@ GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedu
 GKE_SPOT_SELECTOR = "cloud.google.com/gke-spot=true"
 GKE_SPOT_TOLERATION = "cloud.google.com/gke-spot=true:NoSchedule"
 SHM_VOLUME = "dshm"
+# A failed training pod starts again after 60 s, then 120 s, ... (Argo's back-off).
+RETRY_BACKOFF_S, RETRY_FACTOR = 60, 2
 # The keys of `--storage-secret` the pods read as environment variables (botocore's).
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # The quantities KFP's own setters take (kfp.dsl.PipelineTask.set_cpu_limit and
@@ -322,11 +324,14 @@ class KubeflowSettings:
         if self.storage_secret:
             kubernetes.use_secret_as_env(task, self.storage_secret,
                                          {key: key for key in S3_SECRET_KEYS})
+            without_default_optional(task)
         if self.s3_endpoint:
             # S3's own variable: other AWS clients in the pod (STS) keep their endpoints
             task.set_env_variable("AWS_ENDPOINT_URL_S3", self.s3_endpoint)
         if step in TRAINING_STEPS and resumable and self.training_retries:
-            task.set_retry(self.training_retries, backoff_duration="60s", backoff_factor=2.0)
+            task.set_retry(self.training_retries, backoff_duration=f"{RETRY_BACKOFF_S}s",
+                           backoff_factor=RETRY_FACTOR, backoff_max_duration=(
+                               f"{retry_window(self.training_retries, self.timeout_seconds)}s"))
         if step in TRAINING_STEPS and self.checkpoint_root and resumable:
             root = self.checkpoint_root.rstrip("/")
             # The trainers' own contract (Vertex's names); never the /gcs scratch folder.
@@ -353,6 +358,28 @@ class KubeflowSettings:
             for toleration in self.spot_tolerations:
                 kubernetes.add_toleration(task, **toleration)
         return task
+
+
+def retry_window(retries: int, timeout_seconds: int) -> int:
+    """Argo's `backoff.maxDuration` for a step retried `retries` times: every attempt at
+    its full timeout plus every back-off.
+
+    Argo counts the bound from the first attempt's start and neither retries nor lets a
+    retry run past it; KFP's default (3600 s) would end a training step's retries an hour
+    in. The bound is only Argo's: each attempt still ends at the step timeout.
+    """
+    backoffs = sum(RETRY_BACKOFF_S * RETRY_FACTOR ** attempt for attempt in range(retries))
+    return (retries + 1) * timeout_seconds + math.ceil(backoffs)
+
+
+def without_default_optional(task) -> None:
+    """Compatibility with KFP 2.14 (`tools.kfp_backends` checks it): kfp-kubernetes 2.17
+    writes `secretAsEnv[].optional: false`, a field 2.14's API server does not know and
+    refuses at Create run. False is the field's default (the secret must exist), so the
+    settings without it mean the same on every backend. Drops only that default value."""
+    for entry in task.platform_config.get("kubernetes", {}).get("secretAsEnv", []):
+        if entry.get("optional") is False:
+            del entry["optional"]
 
 
 def gpu_problems(step: str, machine: Machine, pod: PodResources, label: str,

@@ -23,7 +23,6 @@ from components.tune.contract import TUNABLE, draw_points
 from components.tune.task_trial import POINT_INPUT, TRIAL_ID
 
 TRIAL_DISPLAY_NAME = "trial"
-TRIALS_LOOP = "trials"
 
 
 def trial_component(trainer, kind: str, metric: str, goal: str):
@@ -104,8 +103,10 @@ def parallel_search(trainer, kind: str, tune, display_name: str, image: str,
     select_op = component(SELECT_TRIAL[kind], image)
 
     def search(training: dict, job: dict) -> dict:
-        with dsl.ParallelFor(points, parallelism=tune.parallel_trials,
-                             name=TRIALS_LOOP) as point:
+        # No display name for the loop: the 2.14/2.15 driver records a loop under its
+        # display name, and `Collected` finds it by task key (kubeflow/pipelines#13239,
+        # fixed in 2.16 by #12808); KFP's default name is the task key.
+        with dsl.ParallelFor(points, parallelism=tune.parallel_trials) as point:
             trial = place(trial_op(**training, **job, **{POINT_INPUT: point})
                           .set_display_name(TRIAL_DISPLAY_NAME), step, resumable=False)
         best = select_op(results=dsl.Collected(trial.outputs["Output"]), goal=space.goal,
