@@ -130,6 +130,7 @@ def mirrors(monkeypatch, tmp_path):
     from components.common import storage
 
     monkeypatch.setattr(storage, "_MIRRORS", {})
+    monkeypatch.setattr(storage, "PUSH_BACKOFF_S", 0.01)  # seconds in a pod; not here
     (tmp_path / "pod-tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "pod-tmp"))
     monkeypatch.delenv("RANK", raising=False)
@@ -184,41 +185,190 @@ def test_kubeflow_gs_is_mirrored_only_where_it_is_not_mounted(mirrors, monkeypat
     assert made == ["gs://b/root/run-1/train"]
 
 
-def test_kubeflow_mirror_pushes_pointers_last_retries_failures_and_only_from_rank_0(
-        s3, mirrors, monkeypatch):
+def _write(folder, rel, text):
+    os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
+    with open(os.path.join(folder, rel), "w") as f:
+        f.write(text)
+
+
+def test_kubeflow_mirror_retries_a_failed_upload_pushes_pointers_last_and_only_from_rank_0(
+        s3, mirrors, monkeypatch, caplog):
+    """An upload that fails once, then succeeds: the push tries again from that file on and
+    everything lands, with no error. The failure is a stand-in for a store's transient
+    one (an OSError from the filesystem's `put`, as s3fs raises after its own retries)."""
     s3.create_bucket(Bucket="ckpt")
     folder = mirrors.mirrored_folder("s3://ckpt/job/task")
     (mirror,) = mirrors._MIRRORS.values()
-    os.makedirs(os.path.join(folder, "backup", "chief"))
     for rel in ("backup/chief/checkpoint", "backup/chief/ckpt-1.index",
                 "backup/chief/ckpt-1.data-00000-of-00001", "run.json"):
-        with open(os.path.join(folder, rel), "w") as f:
-            f.write(rel)
-    order, calls, put = [], [], mirror.fs.put
+        _write(folder, rel, rel)
+    order, put = [], mirror.fs.put
 
     def flaky_put(local, remote):
         order.append(remote.split("task/")[1])
-        calls.append(remote)
-        if len(calls) == 1:
+        if len(order) == 1:
             raise OSError("503 Slow Down")
         put(local, remote)
 
     monkeypatch.setattr(mirror.fs, "put", flaky_put)
-    mirrors.push_mirrors(folder)  # the store fails: logged, nothing marked pushed
-    assert len(order) == 1 and order[0] not in ("backup/chief/checkpoint", "run.json")
-    order.clear()
     mirrors.push_mirrors(os.path.join(folder, "backup"))
-    assert set(order[:2]) == {"backup/chief/ckpt-1.data-00000-of-00001",
-                              "backup/chief/ckpt-1.index"}
-    assert set(order[2:]) == {"backup/chief/checkpoint", "run.json"}  # pointers last
+    assert order[0] == order[1]  # the failed file, tried again; then on from there
+    assert set(order[1:3]) == {"backup/chief/ckpt-1.data-00000-of-00001",
+                               "backup/chief/ckpt-1.index"}
+    assert set(order[3:]) == {"backup/chief/checkpoint", "run.json"}  # pointers last
+    listed = {k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]}
+    assert listed == {f"job/task/{rel}" for rel in order}
+    assert "503 Slow Down" in caplog.text  # the try that failed is in the log
     order.clear()
     monkeypatch.setenv("RANK", "1")  # another DDP process of the pod: rank 0 pushes
-    with open(os.path.join(folder, "run.json"), "w") as f:
-        f.write("changed")
+    _write(folder, "run.json", "changed")
     mirrors.push_mirrors()
     assert order == []
-    # every process of the pod shares one local folder, filled once
+    # every process of the pod's job shares one local folder, filled once
     assert mirrors.Mirror("s3://ckpt/job/task").local == folder
+
+
+def test_kubeflow_a_push_that_keeps_failing_fails_after_its_attempts(s3, mirrors,
+                                                                    monkeypatch):
+    s3.create_bucket(Bucket="ckpt")
+    folder = mirrors.mirrored_folder("s3://ckpt/job/task")
+    (mirror,) = mirrors._MIRRORS.values()
+    _write(folder, "weights.pth", "epoch 1")
+    tries, put = [], mirror.fs.put
+
+    def down(local, remote):
+        tries.append(remote)
+        raise OSError("503 Slow Down")
+
+    monkeypatch.setattr(mirror.fs, "put", down)
+    with pytest.raises(mirrors.CheckpointStoreError,
+                       match=r"pushing .* to s3://ckpt/job/task .*503 Slow Down.* after 4 "
+                             r"attempts; check that the bucket exists"):
+        mirrors.push_mirrors(folder)  # an epoch's push: the step fails here
+    assert len(tries) == mirrors.PUSH_ATTEMPTS == 4
+    monkeypatch.setattr(mirror.fs, "put", put)  # the store is back: nothing was marked done
+    mirrors.push_mirrors()
+    assert [k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]] == [
+        "job/task/weights.pth"]
+
+
+def test_kubeflow_a_checkpoint_root_in_no_bucket_fails_before_training(s3, mirrors,
+                                                                      tmp_path):
+    """What a trainer asks first (its checkpoint folder) fails, naming the root and the
+    store's error, at once: no retry mends a bucket that does not exist."""
+    environ = {"AIP_CHECKPOINT_DIR": "s3://no-such-bucket/root"}
+    output = str(tmp_path / "pod" / "run-1" / "train" / "model")
+    with pytest.raises(mirrors.CheckpointStoreError,
+                       match=r"s3://no-such-bucket/root/run-1/train failed "
+                             r"\(FileNotFoundError: The specified bucket does not exist\) "
+                             r"after 1 attempt; check that the bucket exists"):
+        mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ)
+    assert mirrors._MIRRORS == {}
+
+
+def test_kubeflow_a_checkpoint_root_behind_a_refusing_endpoint_fails_before_training(
+        s3, mirrors, monkeypatch, tmp_path):
+    import socket
+    import time
+
+    import fsspec
+
+    with socket.socket() as sock:  # a loopback port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries: seconds each
+    fsspec.filesystem("s3").clear_instance_cache()
+    monkeypatch.setattr(mirrors, "PUSH_ATTEMPTS", 2)
+    started = time.monotonic()
+    with pytest.raises(mirrors.CheckpointStoreError,
+                       match=r"s3://ckpt/root/run-1/train failed \(EndpointConnectionError: "
+                             r"Could not connect .*\) after 2 attempts"):
+        mirrors.run_folder("AIP_CHECKPOINT_DIR", str(tmp_path / "run-1" / "train" / "model"),
+                           None, {"AIP_CHECKPOINT_DIR": "s3://ckpt/root"})
+    assert time.monotonic() - started < 10
+
+
+_FINAL_PUSH = """
+import os, sys
+import boto3
+from fsspec.asyn import sync
+from components.common import storage
+storage.PUSH_BACKOFF_S = 0.01
+folder = storage.mirrored_folder("s3://ckpt/job/task")
+(mirror,) = storage._MIRRORS.values()
+put = mirror.fs.put
+
+def put_on_a_new_connection(local, remote):  # the last one idled out in a long epoch:
+    # aiohttp resolves the endpoint's name on its loop's thread pool, as here
+    sync(mirror.fs.loop, mirror.fs.loop.getaddrinfo, "localhost", None)
+    put(local, remote)
+
+mirror.fs.put = put_on_a_new_connection
+if sys.argv[1] == "lose-the-bucket":  # the store goes away while the step trains
+    boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).delete_bucket(Bucket="ckpt")
+with open(os.path.join(folder, "events.out"), "w") as f:
+    f.write("the last epoch's logs")  # written after the last save: the exit pushes it
+"""
+
+
+def test_kubeflow_a_failed_final_push_fails_the_process(s3, tmp_path):
+    """The push at exit is the step's last: it opens connections as any push does (not
+    after Python shut its thread pools down), and failed, the process exits non-zero (an
+    exception raised at exit alone would leave it at 0)."""
+    s3.create_bucket(Bucket="ckpt")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def step(how):
+        return subprocess.run([sys.executable, "-c", _FINAL_PUSH, how], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    kept = step("keep-the-bucket")
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    assert [k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]] == [
+        "job/task/events.out"]
+    s3.delete_object(Bucket="ckpt", Key="job/task/events.out")
+    lost = step("lose-the-bucket")
+    assert lost.returncode == 1
+    assert "to s3://ckpt/job/task" in lost.stderr
+    assert "The specified bucket does not exist" in lost.stderr
+
+
+_LAUNCH = """
+import json
+from torch.distributed.launcher.api import elastic_launch
+from components.common.storage import mirror_path
+from components.train_transformer.launch import launch_config
+
+if __name__ == "__main__":
+    print(json.dumps(elastic_launch(launch_config(None, 2), mirror_path)("s3://ckpt/job/task")))
+"""
+
+
+def test_kubeflow_local_mirrors_are_shared_by_the_ranks_of_one_launch_only(tmp_path):
+    """The DDP ranks torch's launcher starts (as the transformer step does, with its fixed
+    run id) share a local mirror; two launches, or two lone processes (the Keras and fastai
+    trainers), on one machine and naming the same remote, do not."""
+    script = tmp_path / "launch.py"
+    script.write_text(_LAUNCH)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": root}
+    lone = ["-c", "from components.common.storage import mirror_path; "
+                  "print(mirror_path('s3://ckpt/job/task'))"]
+    runs = [subprocess.Popen([sys.executable, *args], cwd=root, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for args in ([str(script)], [str(script)], lone, lone)]
+    outputs = []
+    for run in runs:
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+        outputs.append(out.strip().splitlines()[-1])
+    first, second = (json.loads(out) for out in outputs[:2])
+    assert first["0"] == first["1"] and second["0"] == second["1"]  # one launch: shared
+    folders = [first["0"], second["0"], *outputs[2:]]
+    assert len(set(folders)) == 4  # everything else: its own
+    assert all(f.startswith(os.path.join(str(tmp_path), "mirrors") + os.sep) for f in folders)
 
 
 @pytest.mark.slow

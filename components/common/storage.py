@@ -8,13 +8,15 @@ credentials chain (the environment, a mounted profile, the pod's role).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
 import os
+import sys
 import tempfile
-from collections.abc import Mapping
+import time
+import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import fsspec
@@ -101,7 +103,8 @@ def run_folder(variable: str, output_path: str, default: str | None,
     path, finds its own state again. gs:// is reached through the FUSE mount on Vertex.
     Where no object store is mounted (open-source Kubeflow: s3://, or gs:// with
     `OBJECT_STORE_MOUNTED=0`), the folder is a local mirror of the remote one
-    (`mirrored_folder`): pulled now, pushed whenever a state file is saved and at exit.
+    (`mirrored_folder`): checked and pulled now, before any training, pushed whenever a
+    state file is saved and at exit.
 
     Args:
         variable: The environment variable, e.g. "AIP_CHECKPOINT_DIR".
@@ -111,6 +114,9 @@ def run_folder(variable: str, output_path: str, default: str | None,
 
     Returns:
         A local folder path, or `default`.
+
+    Raises:
+        CheckpointStoreError: The remote folder cannot be listed, written or read.
     """
     environ = os.environ if environ is None else environ
     root = environ.get(variable, "").strip()
@@ -131,37 +137,130 @@ MOUNTED_VARIABLE = "OBJECT_STORE_MOUNTED"
 # checkpoint that is whole.
 _POINTERS = ("checkpoint", "run.json", "state.json", "lm_state.json", "sealed")
 _MIRRORS: dict[str, Mirror] = {}  # remote -> its mirror in this process
+# A push (or the check when a mirror is made) is tried this many times, waiting
+# PUSH_BACKOFF_S, then twice that, ... in between: a store that hiccups (a 503, a MinIO
+# restarting) costs seconds, one that stays down fails the step within about a minute.
+PUSH_ATTEMPTS = 4
+PUSH_BACKOFF_S = 2.0
+# Errors no retry mends: no such bucket (or local file), no permission.
+_PERMANENT = (FileNotFoundError, PermissionError)
+_ADVICE = ("check that the bucket exists, that the step's credentials may list, write and "
+           "delete there (Kubeflow: the --storage-secret keys) and that the store's endpoint "
+           "answers (--s3-endpoint, AWS_ENDPOINT_URL_S3)")
+
+
+class CheckpointStoreError(RuntimeError):
+    """The object store folder a mirror keeps (checkpoints, TensorBoard logs) cannot be
+    listed, written or pushed to: what the step saves would not outlive its pod."""
+
+
+def _process_start(pid: int) -> str:
+    """The start time of process `pid` (clock ticks since boot; "" without /proc): with
+    the pid, a name no later process of the machine takes again."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]  # field 22, after the name
+    except (OSError, IndexError):
+        return ""
+
+
+def mirror_path(remote: str) -> str:
+    """The local folder of this process's mirror of `remote` (not made here).
+
+    Named by the remote and by the process that started the step's job in this pod: under
+    torch's launcher (`torchrun`, `elastic_launch`; TORCHELASTIC_RUN_ID set) the DDP
+    ranks are its children and share their parent's folder, as they share a checkpoint
+    folder; any other process (the Keras and fastai trainers, a lone transformer process)
+    is its own. Two unrelated processes of the machine naming the same remote never share
+    one: each would pull, change and push the other's files.
+
+    Args:
+        remote: The gs:// or s3:// folder.
+    """
+    import hashlib
+
+    pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
+    key = f"{remote.rstrip('/')}\n{pid}.{_process_start(pid)}"
+    return os.path.join(tempfile.gettempdir(), "mirrors",
+                        hashlib.sha1(key.encode()).hexdigest()[:16])
+
+
+def _retrying(action: Callable[[], None], attempts: int, backoff_s: float, what: str) -> None:
+    """Runs `action`, again after a failure (waiting backoff_s, 2 x backoff_s, ...), at
+    most `attempts` times; errors no retry mends (`_PERMANENT`) end it at once.
+
+    Raises:
+        CheckpointStoreError: The last failure, with `what` and the store's error.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except Exception as err:  # any store error: botocore's, gcsfs's, an OSError
+            if attempt == attempts or isinstance(err, _PERMANENT):
+                raise CheckpointStoreError(
+                    f"{what} failed ({type(err).__name__}: {err}) after {attempt} attempt"
+                    f"{'s' if attempt > 1 else ''}; {_ADVICE}") from err
+            logging.getLogger(__name__).warning("%s failed (%s: %s); trying again", what,
+                                                type(err).__name__, err)
+            time.sleep(backoff_s * 2 ** (attempt - 1))
 
 
 class Mirror:
     """A local folder kept as a copy of an object store folder, for what must outlive a
     pod (checkpoints, TensorBoard logs) where the store is not mounted.
 
-    The local folder is the same for every process of the pod (a name derived from the
-    remote), filled once under a file lock: the per-GPU processes of a DDP run share it as
-    they share a checkpoint folder. Only the first process (RANK 0, or no RANK) pushes.
+    The local folder is shared by the DDP ranks of the pod's job and by nothing else
+    (`mirror_path`), filled once under a file lock. Only the first process (RANK 0, or no
+    RANK) pushes. Made when a trainer asks for its folder, before it trains: the process
+    that pushes checks there that it can write, list and delete in the remote folder, so
+    a store it cannot keep anything in ends the step before hours of training are lost.
 
     Args:
         remote: The gs:// or s3:// folder.
+        attempts: Tries of each push and of the first check; default `PUSH_ATTEMPTS`.
+        backoff_s: Wait after the first failed try, doubled after each next one; default
+            `PUSH_BACKOFF_S`.
+
+    Raises:
+        CheckpointStoreError: The remote folder cannot be listed, written or read.
     """
 
-    def __init__(self, remote: str):
+    def __init__(self, remote: str, attempts: int | None = None,
+                 backoff_s: float | None = None):
         import fcntl
-        import hashlib
 
         self.remote = remote.rstrip("/")
+        self.attempts = PUSH_ATTEMPTS if attempts is None else attempts
+        self.backoff_s = PUSH_BACKOFF_S if backoff_s is None else backoff_s
         self.fs, self.root = filesystem(self.remote)
-        digest = hashlib.sha1(self.remote.encode()).hexdigest()[:16]
-        self.local = os.path.join(tempfile.gettempdir(), "mirrors", digest)
+        if _pushes():
+            # Before the pull: a bucket that does not exist reads as an empty folder.
+            _retrying(self._probe, self.attempts, self.backoff_s,
+                      f"listing and writing the object store folder {self.remote}")
+        self.local = mirror_path(self.remote)
         os.makedirs(self.local, exist_ok=True)
         filled = os.path.join(self.local, f"{TMP_PREFIX}filled")
         with open(os.path.join(self.local, f"{TMP_PREFIX}lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not os.path.exists(filled):
-                if self.fs.isdir(self.root):
-                    self.fs.get(self.root + "/", self.local + "/", recursive=True)
+                _retrying(self._pull, self.attempts, self.backoff_s,
+                          f"reading the object store folder {self.remote}")
                 open(filled, "w").close()
         self.pushed = self._local_files()
+
+    def _probe(self) -> None:
+        """Writes a small object in the remote folder, lists the folder, deletes it."""
+        probe = f"{self.root}/{TMP_PREFIX}probe-{uuid.uuid4().hex}"
+        self.fs.pipe(probe, b"can this step keep its checkpoints here?")
+        try:
+            self.fs.invalidate_cache(self.root)
+            self.fs.ls(self.root, detail=False)  # holds the probe: not found is an error
+        finally:
+            self.fs.rm(probe)
+
+    def _pull(self) -> None:
+        if self.fs.isdir(self.root):
+            self.fs.get(self.root + "/", self.local + "/", recursive=True)
 
     def _local_files(self) -> dict[str, tuple[int, int, int]]:
         files = {}
@@ -177,34 +276,73 @@ class Mirror:
 
     def push(self) -> None:
         """Uploads what changed (pointers and state files last), then removes what the
-        trainer removed: the remote never points at a checkpoint it does not hold. A
-        failed upload is logged and tried again at the next push, not raised: a store
-        that hiccups must not end hours of training."""
-        if os.environ.get("RANK", "0") != "0":
+        trainer removed: the remote never points at a checkpoint it does not hold.
+
+        A failed upload is tried again (`attempts`, from the file that failed on). One
+        that still fails raises, an epoch's push as well as the last: going on would train
+        for hours while the store keeps nothing, and a retried pod would resume from an
+        old checkpoint or none.
+
+        Raises:
+            CheckpointStoreError: The store refused the push `attempts` times.
+        """
+        if not _pushes():
             return
         files = self._local_files()
-        changed = [rel for rel, stat in files.items() if self.pushed.get(rel) != stat]
-        try:
-            for rel in sorted(changed, key=lambda rel: os.path.basename(rel) in _POINTERS):
-                self.fs.put(os.path.join(self.local, rel), f"{self.root}/{rel}")
-            for rel in set(self.pushed) - set(files):
+        todo = sorted((rel for rel, stat in files.items() if self.pushed.get(rel) != stat),
+                      key=lambda rel: os.path.basename(rel) in _POINTERS)
+        gone = sorted(set(self.pushed) - set(files))
+
+        def upload() -> None:
+            while todo:  # what is done stays done across tries
+                local = os.path.join(self.local, todo[0])
+                if os.path.exists(local):  # else removed since listed: gone next push
+                    self.fs.put(local, f"{self.root}/{todo[0]}")
+                todo.pop(0)
+            while gone:
                 with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm(f"{self.root}/{rel}")
-        except Exception as err:  # any store error: the next push retries all of it
-            logging.getLogger(__name__).warning("could not push %s to %s (%s); the next "
-                                                "push tries again", self.local, self.remote,
-                                                err)
-            return
+                    self.fs.rm(f"{self.root}/{gone[0]}")
+                gone.pop(0)
+
+        _retrying(upload, self.attempts, self.backoff_s,
+                  f"pushing {self.local} to {self.remote} (what this step saved there since "
+                  "its last push is not kept)")
         self.pushed = files
 
 
+def _pushes() -> bool:
+    """Whether this process pushes: the first DDP rank, or a process outside DDP."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def mirrored_folder(remote: str) -> str:
-    """The local mirror of `remote` (made, and filled once per pod, on first use)."""
+    """The local mirror of `remote` (made, checked and filled on first use).
+
+    Raises:
+        CheckpointStoreError: `remote` cannot be listed, written or read.
+    """
     if remote not in _MIRRORS:
+        mirror = Mirror(remote)
         if not _MIRRORS:
-            atexit.register(push_mirrors)
-        _MIRRORS[remote] = Mirror(remote)
+            _at_exit(_push_at_exit)
+        _MIRRORS[remote] = mirror
     return _MIRRORS[remote].local
+
+
+def _at_exit(push: Callable[[], None]) -> None:
+    """Runs `push` when the main thread ends, before Python shuts its thread pools down.
+
+    Not `atexit`: its handlers run after that, when s3fs can no longer open a connection
+    (aiohttp resolves the endpoint's name in a thread pool: "cannot schedule new futures
+    after shutdown"), which it must once the last push's connection has idled out.
+    `threading._register_atexit` is CPython's hook for this (concurrent.futures' own);
+    its handlers run last registered first: concurrent.futures registers first, so its
+    pools shut down after this push.
+    """
+    import concurrent.futures.thread  # noqa: F401 (registers its pools' shutdown now)
+    import threading
+
+    threading._register_atexit(push)
 
 
 def push_mirrors(folder: str | None = None) -> None:
@@ -212,11 +350,31 @@ def push_mirrors(folder: str | None = None) -> None:
 
     Called when a trainer saves its state (`run_state.save`), at a Keras epoch's end or a
     Trainer save, and at exit; a no-op where nothing is mirrored (Vertex, local runs).
+
+    Raises:
+        CheckpointStoreError: A push failed (see `Mirror.push`).
     """
     for mirror in _MIRRORS.values():
         if folder is None or os.path.commonpath(
                 [os.path.abspath(folder), mirror.local]) == mirror.local:
             mirror.push()
+
+
+def _push_at_exit() -> None:
+    """The last push, at exit (what changed since the trainer's last save: TensorBoard's
+    last events, a checkpoint rotated out). Where it fails, the process exits with 1: an
+    exception raised at exit is printed but leaves the exit status as it was (0 after a
+    finished training), and the step must not pass with its state lost. Here, not in each
+    trainer: it covers every trainer and every DDP rank 0, ending well or not, in one
+    place."""
+    try:
+        push_mirrors()
+    except Exception as err:
+        logging.getLogger(__name__).error("%s", err)
+        logging.shutdown()  # os._exit skips the handlers that flush
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def write_json_atomically(path: str, payload: Any, *, sort_keys: bool = True,
