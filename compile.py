@@ -32,16 +32,20 @@ import os
 import re
 import sys
 import warnings
+from typing import TYPE_CHECKING
 
 from kfp import compiler
 
 from components.tune.contract import SearchSpaceError, read_space
 from pipelines import quota
 from pipelines.definitions import image, kubeflow, lm, text, transformer, tuning
+from pipelines.definitions.machine import DEFAULT_MACHINES, Machine
 from pipelines.definitions.scheduling import scheduling_problems
 from pipelines.definitions.steps import STEPS, TUNING_JOBS
-from pipelines.definitions.vertex import DEFAULT_MACHINES, Machine, VertexSettings, machine_problems
 from pipelines.images import PLACEHOLDER_REGISTRY, RUNTIMES, image_uris, is_pinned
+
+if TYPE_CHECKING:  # imported when a Vertex compile needs it: a Kubeflow one imports no GCPC
+    from pipelines.definitions.vertex import VertexSettings
 
 TARGETS = ("vertex", "kubeflow")
 # Each file written, in this order: its definition, the runtime it runs in, whether it is
@@ -253,6 +257,8 @@ def step_machines(args: argparse.Namespace) -> dict[str, Machine]:
 
 
 def vertex_settings(args: argparse.Namespace) -> VertexSettings:
+    from pipelines.definitions.vertex import VertexSettings, machine_problems
+
     if args.serving_image and not is_pinned(args.serving_image):
         raise SystemExit(f"error: --serving-image {args.serving_image!r} must carry a digest "
                          "or a tag other than latest")

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -705,6 +706,111 @@ def test_task_settings_still_name_their_caller_while_a_pipeline_is_defined():
             dsl.importer(artifact_uri="gs://b/x", artifact_class=dsl.Artifact,
                          reimport=False).set_env_variable("A", "1")
     assert pipeline_task.inspect is inspect
+
+
+def test_a_targets_words_drop_its_parameters_and_say_its_help():
+    """`steps.spoken`: a parameter the target drops is none of the pipeline's (the body
+    takes its default), the target's help replaces the docstring's in the compiled
+    descriptions; words that change nothing leave the body as it is."""
+    from kfp import dsl
+
+    from pipelines.definitions.help_text import Words
+    from pipelines.definitions.steps import spoken
+
+    @dsl.component
+    def step(text: str) -> str:
+        return text
+
+    seen = {}
+
+    def body(data_uri: str, account: str = "sa@p.iam.gserviceaccount.com",
+             register: bool = True):
+        """Trains.
+
+        Args:
+            data_uri: The data.
+            account: The jobs' service account.
+            register: Upload the model to the Vertex Model Registry.
+        """
+        seen.update(locals())
+        step(text=data_uri)
+
+    words = Words("", help={"register": "Register the model in MLflow."}, dropped=("account",))
+    inputs = dsl.pipeline(name="p")(spoken(body, words)).pipeline_spec.root.input_definitions
+    assert set(inputs.parameters) == {"data_uri", "register"}
+    assert inputs.parameters["register"].description == "Register the model in MLflow."
+    assert inputs.parameters["data_uri"].description == "The data."
+    assert seen["account"] == "sa@p.iam.gserviceaccount.com"
+    assert spoken(body, Words("", help={"other": "Help."})) is body
+    assert spoken(body, None) is body
+
+    def bare(account: str = ""):
+        """No Args section."""
+
+    with pytest.raises(LookupError, match=r"bare: no Args entry for \['account'\]"):
+        spoken(bare, words)
+
+
+# A fresh interpreter that refuses GCPC and the Vertex SDK at import, then runs compile.py's
+# main with its arguments; it fails if anything of theirs was imported all the same.
+WITHOUT_VERTEX = """
+import sys
+
+VERTEX = ("google_cloud_pipeline_components", "google.cloud.aiplatform")
+
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(VERTEX):
+            raise ImportError(f"{name} refused: the Kubeflow target needs nothing of Vertex")
+
+
+sys.meta_path.insert(0, Refuse())
+import compile
+
+code = compile.main(sys.argv[1:])
+assert not [name for name in sys.modules if name.startswith(VERTEX)]
+sys.exit(code)
+"""
+
+
+def test_a_kubeflow_compile_needs_neither_gcpc_nor_the_vertex_sdk(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def compile_without_vertex(out, *flags):
+        return subprocess.run([sys.executable, "-c", WITHOUT_VERTEX, "--output-dir", str(out),
+                               "--registry", REGISTRY, "--tag", "0a1b2c3", *flags], cwd=root,
+                              capture_output=True, text=True, timeout=300)
+
+    done = compile_without_vertex(tmp_path / "kubeflow", "--target", "kubeflow")
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(tmp_path / "kubeflow")) == sorted(
+        f"{name}.yaml" for name in compile_cli.PIPELINES)
+    # the refusal bites: a Vertex compile cannot go without them
+    vertex = compile_without_vertex(tmp_path / "vertex", "--pipelines", "lm_pipeline")
+    assert vertex.returncode != 0 and "refused: the Kubeflow target" in vertex.stderr
+
+
+def test_each_target_offers_the_parameters_that_mean_something_there(tmp_path):
+    """The same parameters and defaults on both targets but `job_service_account` (Vertex's
+    custom jobs' account; a Kubeflow run's Kubernetes account is chosen when it is
+    created), and the registration's own words: Vertex's Model Registry or MLflow's."""
+    vertex, kubeflow = _compile(tmp_path), _compile(tmp_path, "--target", "kubeflow")
+    for name in compile_cli.PIPELINES:
+        spec = json.loads((vertex / f"{name}.json").read_text())
+        ours = spec["root"]["inputDefinitions"]["parameters"]
+        kf_spec, _ = yaml.safe_load_all((kubeflow / f"{name}.yaml").read_text())
+        theirs = kf_spec["root"]["inputDefinitions"]["parameters"]
+        assert set(ours) - set(theirs) == {"job_service_account"} and set(theirs) <= set(ours)
+        assert {n: p.get("defaultValue") for n, p in theirs.items()} == {
+            n: ours[n].get("defaultValue") for n in theirs}
+        reworded = {n for n, p in theirs.items() if p["description"] != ours[n]["description"]}
+        assert reworded == {"register_model", "model_display_name"} & set(ours), name
+        if "register_model" in ours:
+            assert "Vertex Model Registry" in ours["register_model"]["description"]
+            assert "MLflow Model Registry" in theirs["register_model"]["description"]
+        tuned = compile_cli.PIPELINES[name][2]
+        assert ("Vertex tuning job" in spec["pipelineInfo"]["description"]) == tuned, name
 
 
 def test_components_pass_through_libyaml_with_the_same_values_and_pyyaml_is_put_back():

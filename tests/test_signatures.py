@@ -243,3 +243,17 @@ def test_help_with_no_home_or_two_homes_or_for_no_parameter_is_refused(monkeypat
     monkeypatch.setitem(help_text.HELP, "no_such_parameter", "Help.")
     with pytest.raises(LookupError, match="HELP\\['no_such_parameter'\\]"):
         signatures.written(sources)
+
+
+def test_a_targets_words_speak_of_parameters_there_are_in_one_line(monkeypatch):
+    """`help_text.Words`: a target's help or dropped parameter names a pipeline parameter,
+    and its help can stand in a docstring (`steps.spoken` writes it into one)."""
+    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
+    monkeypatch.setattr(help_text, "KUBEFLOW", dataclasses.replace(
+        help_text.KUBEFLOW, dropped=("job_service_acount",)))
+    with pytest.raises(LookupError, match="KUBEFLOW: 'job_service_acount'"):
+        signatures.written(sources)
+    monkeypatch.setattr(help_text, "KUBEFLOW", dataclasses.replace(
+        help_text.KUBEFLOW, help={"register_model": "Registers.\nIn MLflow."}))
+    with pytest.raises(ValueError, match="KUBEFLOW.help\\['register_model'\\]"):
+        signatures.written(sources)

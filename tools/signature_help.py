@@ -157,14 +157,25 @@ def pipeline_help(function: str, names: list[str], fed: dict[str, list[tuple[str
 
 def check_help_home(home: Any, parameters: dict[str, list[str]]) -> None:
     """Refuses help in `home` for what is no parameter of its pipeline (`parameters`:
-    each pipeline function's parameter names).
+    each pipeline function's parameter names), a target's words (`home.Words`) of what is
+    no pipeline's parameter, and a target's help that could not stand in a docstring.
 
     Raises:
         LookupError: Naming each such entry.
+        ValueError: A target's help holds a line break, a backslash or three double quotes.
     """
-    stray = [f"HELP[{name!r}]" for name in home.HELP
-             if not any(name in names for names in parameters.values())]
+    known = {name for names in parameters.values() for name in names}
+    stray = [f"HELP[{name!r}]" for name in home.HELP if name not in known]
     stray += [f"OWN_HELP[{function!r}][{name!r}]" for function, own in home.OWN_HELP.items()
               for name in own if name not in parameters.get(function, ())]
+    for target, words in vars(home).items():
+        if not isinstance(words, home.Words):
+            continue
+        stray += [f"{target}: {name!r}" for name in [*words.help, *words.dropped]
+                  if name not in known]
+        for name, text in words.help.items():
+            if "\n" in text or "\\" in text or QUOTES in text:
+                raise ValueError(f"{target}.help[{name!r}]: {text!r} cannot stand in a "
+                                 "docstring")
     if stray:
         raise LookupError(f"{HELP_HOME}: no such pipeline parameter: {', '.join(stray)}")

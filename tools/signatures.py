@@ -93,8 +93,9 @@ STEP_MODULES = ("components.shard.component", "components.train_image.component"
                 "components.prepare_text.component", "components.train_text.component",
                 "components.train_lm.component", "components.train_transformer.component",
                 "components.evaluate_image.component", "components.evaluate_text.component",
-                "components.register.component", "components.predict.component",
-                "components.track.component", "components.tune.component")
+                "components.register.component", "components.register.vertex_upload",
+                "components.predict.component", "components.track.component",
+                "components.tune.component")
 
 
 def as_step_value(name: str, value: Any) -> Any:

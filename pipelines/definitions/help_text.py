@@ -8,7 +8,16 @@ A parameter needs help here when no single step's help says it: it feeds no step
 the split and the training), or a step that knows less than the pipeline (the registration
 gate's `enabled` is the pipeline's `register_model`). Plain text on one line each: no line
 break, backslash or three double quotes.
+
+Those `Args:` entries speak of Vertex, where the pipelines began. Each target speaks its own
+words (`Words`, the `words` a target's settings give `Steps`): the Kubeflow target's files
+drop what means nothing on a cluster and say what the same parameter does there.
 """
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
 
 # What a job's account is, after the jobs it runs.
 _JOB_ACCOUNT = ("as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline "
@@ -66,3 +75,38 @@ OWN_HELP = {
         "job_service_account": "Service account the training job runs " + _JOB_ACCOUNT,
     },
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Words:
+    """What one target's pipelines say to whoever starts a run, where the targets differ.
+
+    Attributes:
+        tuning_clause: The tuning variant's description, between the pipeline's first words
+            and the rest.
+        help: Parameter -> its help on this target, over its `Args:` entry (the entries
+            `python -m tools.signatures` writes from HELP, OWN_HELP or the step's help).
+        dropped: Parameters that mean nothing on this target: its pipelines do not have
+            them (the body takes their defaults).
+    """
+
+    tuning_clause: str
+    help: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
+
+
+VERTEX = Words("tunes hyperparameters in a Vertex tuning job, ")
+KUBEFLOW = Words(
+    "tunes hyperparameters by random search (trials side by side, each a pod of a "
+    "ParallelFor), ",
+    help={
+        "register_model": "Register the model when it clears the threshold: a version in the "
+                          "MLflow Model Registry of tracking_uri, with the KServe "
+                          "InferenceService manifest that serves it; without tracking_uri "
+                          "nothing is registered.",
+        "model_display_name": "Name of the registered model in the MLflow Model Registry; a "
+                              "later run adds a version to it.",
+    },
+    # the run's Kubernetes service account is chosen when the run is created
+    dropped=("job_service_account",),
+)

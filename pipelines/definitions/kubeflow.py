@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.common.gpus import EXPECTED_GPUS_VARIABLE
-from pipelines.definitions.vertex import GPU_MACHINES, TRAINING_STEPS, Machine
+from pipelines.definitions.help_text import KUBEFLOW as KUBEFLOW_WORDS
+from pipelines.definitions.machine import GPU_MACHINES, TRAINING_STEPS, Machine
 
 # A Compute Engine machine type's vCPUs and memory (GiB), for the nodes a cluster on GKE
 # would run the step on, and as a size other clusters can read ("n1-standard-8": 8 cores,
@@ -258,6 +259,7 @@ class KubeflowSettings:
 
     # What `Steps` asks of a target (steps.Target; VertexSettings answers the same).
     default_job_account = ""
+    words = KUBEFLOW_WORDS
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
         """The component as it is: on Kubeflow a step is a pod (`place` sizes it)."""

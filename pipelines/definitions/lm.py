@@ -10,7 +10,7 @@ from kfp import dsl
 from kfp.dsl import Artifact, Metrics
 
 from components.train_lm.contract import METRICS_FILE
-from pipelines.definitions.steps import Steps, Target, defined_quickly
+from pipelines.definitions.steps import Steps, Target
 
 PIPELINE_NAME = "language-model"
 
@@ -37,7 +37,7 @@ def build(image: str, target: "Target | None" = None):
 
     # Defaults and Args help written by python -m tools.signatures from the
     # steps they feed and pipelines/definitions/help_text.py (edit there).
-    @defined_quickly(dsl.pipeline(
+    @steps.defined(dsl.pipeline(
         name=PIPELINE_NAME,
         description="Trains an AWD-LSTM language model on a text corpus and writes it as the "
                     "pretrained LM assets the text pipeline starts from."))

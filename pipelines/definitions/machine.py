@@ -1,12 +1,16 @@
 """One step's machines as compile.py's options give them, for every target.
 
 Vertex runs a step on these machines (`vertex`); Kubeflow sizes a pod from them
-(`kubeflow`); the tuning job's trials take the training step's.
+(`kubeflow`); the tuning job's trials take the training step's. The words both targets
+share live here (the steps with machines, their defaults, the GPUs a machine type comes
+with, the training steps), so that neither target's module imports the other's: a
+Kubeflow compile imports no GCPC.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +38,44 @@ class Machine:
     scheduling_strategy: str = ""
     max_wait: str = ""
     reservation: str = ""
+
+
+# Where each step runs unless compile.py is told otherwise. Sharding is CPU-bound
+# (many cores, no GPU); the image trainer gets the ancestor's 2 x V100; the text
+# trainer and the language model a T4 each (an AWD-LSTM does not fill a bigger GPU), and
+# so does the transformer trainer (a base-size encoder fine-tunes at 256 tokens, batch
+# 16, on one T4: train_transformer's contract); evaluation is small.
+DEFAULT_MACHINES: Mapping[str, Machine] = {
+    "shard": Machine("n1-highcpu-16"),
+    "train_image": Machine("n1-standard-8", "NVIDIA_TESLA_V100", 2),
+    "evaluate_image": Machine("n1-standard-4"),
+    "prepare_text": Machine("n1-standard-4"),
+    "train_text": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
+    "evaluate_text": Machine("n1-standard-4"),
+    "train_lm": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
+    "train_transformer": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
+    # batch prediction, when predict_uri is set; CPU unless given a GPU
+    "predict_image": Machine("n1-standard-8"),
+    "predict_text": Machine("n1-standard-4"),
+}
+# Steps that write per-epoch TensorBoard series and checkpoints: on Vertex only these get
+# `--tensorboard` (the others write none, and an idle uploader would only add a run to the
+# instance); on Kubeflow, only these keep checkpoints under `--checkpoint-root` and retry.
+TRAINING_STEPS = ("train_image", "train_text", "train_lm", "train_transformer")
+# Accelerator-optimised machines come with a fixed GPU type and count (Vertex AI custom
+# training's machine table, `vertex.CPU_MACHINE_TYPES` says where it was read).
+GPU_MACHINES: Mapping[str, tuple[str, int]] = {
+    **{f"a2-highgpu-{n}g": ("NVIDIA_TESLA_A100", n) for n in (1, 2, 4, 8)},
+    "a2-megagpu-16g": ("NVIDIA_TESLA_A100", 16),
+    **{f"a2-ultragpu-{n}g": ("NVIDIA_A100_80GB", n) for n in (1, 2, 4, 8)},
+    **{f"g2-standard-{n}": ("NVIDIA_L4", 1) for n in (4, 8, 12, 16, 32)},
+    "g2-standard-24": ("NVIDIA_L4", 2), "g2-standard-48": ("NVIDIA_L4", 4),
+    "g2-standard-96": ("NVIDIA_L4", 8),
+    **{f"a3-highgpu-{n}g": ("NVIDIA_H100_80GB", n) for n in (1, 2, 4, 8)},
+    "a3-megagpu-8g": ("NVIDIA_H100_MEGA_80GB", 8),
+    "a3-ultragpu-8g": ("NVIDIA_H200_141GB", 8),
+    "a4-highgpu-8g": ("NVIDIA_B200", 8),
+}
 
 
 def gpu_environment(machine: Machine) -> dict[str, str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -44,7 +45,7 @@ from components.train_image import component as train_image
 from components.train_lm import component as train_lm
 from components.train_text import component as train_text
 from components.train_transformer import component as train_transformer
-from pipelines.definitions import tuning
+from pipelines.definitions import help_text, tuning
 
 
 class Target(Protocol):
@@ -52,6 +53,8 @@ class Target(Protocol):
     `kubeflow.KubeflowSettings` answer alike, so a definition reads the same for both."""
 
     default_job_account: str
+    # What its pipelines say where the targets differ (`help_text.Words`).
+    words: help_text.Words
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
         """The component of a step with machines (`step`), as it runs there."""
@@ -81,7 +84,7 @@ class Step:
     Attributes:
         function: The step's KFP function (`components.<step>.component`).
         display_name: The task's name in the run graph.
-        machine: Its key in `vertex.DEFAULT_MACHINES` when it runs on machines of its own
+        machine: Its key in `machine.DEFAULT_MACHINES` when it runs on machines of its own
             (a Vertex custom job, a sized Kubernetes pod); empty for a light step.
         job_name: The custom job's name in the console.
         settings: It takes every pipeline parameter named as one of its inputs (its
@@ -146,8 +149,6 @@ TUNING_JOBS = {"image": "tune-densenet121", "text": "tune-text",
 # The tracking step's `kind` for each classifier pipeline kind: the rows of its trainer's
 # history. Both text trainers' have the same rows (model, stage, epoch, ...).
 TRACKED_AS = {"image": "image", "text": "text", "transformer": "text"}
-# The description of a tuning variant, between a pipeline's first words and the rest.
-TUNING_CLAUSE = "tunes hyperparameters in a Vertex tuning job, "
 # Kinds whose registered models the runtime image serves (its default command is the
 # prediction server); image models are served by `--serving-image`.
 SERVED_BY_THE_RUNTIME = ("text", "transformer")
@@ -242,7 +243,8 @@ class Steps:
     Attributes:
         default_job_account: The default of the pipeline's `job_service_account`:
             compile.py's `--service-account` on Vertex, else "". The jobs' account is a
-            run-time choice (GCPC passes it as a parameter of the job).
+            run-time choice (GCPC passes it as a parameter of the job); the Kubeflow
+            target's words drop the parameter (a run's pods take its Kubernetes account).
         ops: Role to its component, as the target wraps it where the step has machines.
         search: Adds the tuning tasks and returns the training arguments with the best
             trial's values; None but in the tuning variant.
@@ -250,6 +252,8 @@ class Steps:
             target's `registration`); None where nothing is registered.
         experiment: The MLflow experiment `evaluate_and_publish` tracks the run in: the
             pipeline's name given to `pipeline` (the tuning variant's runs too).
+        words: What the target's pipelines say where the targets differ (its tuning clause,
+            its parameters and their help: `spoken`); None locally.
 
     Raises:
         ValueError: `tune` without a target.
@@ -261,6 +265,7 @@ class Steps:
             raise ValueError("the tuning variant runs on a target: give its settings")
         self.kind, self.target, self.table = kind, target, STEPS[kind]
         self.default_job_account = target.default_job_account if target is not None else ""
+        self.words = target.words if target is not None else None
         made = {role: component(step.function, image) for role, step in self.table.items()}
         # All made here, before a body makes a task (kubeflow/pipelines#9320); the
         # trials run the trainer unwrapped.
@@ -280,14 +285,20 @@ class Steps:
         Args:
             name: The pipeline's name, and the experiment its runs are tracked in.
             tuning_name: The tuning variant's name.
-            lead, rest: The description: `lead`, then in the tuning variant `TUNING_CLAUSE`,
-                then `rest`.
+            lead, rest: The description: `lead`, then in the tuning variant the target's
+                tuning clause (`words`), then `rest`.
         """
         self.experiment = name
         tuned = self.search is not None
-        return defined_quickly(dsl.pipeline(name=tuning_name if tuned else name,
-                                            description=lead + (TUNING_CLAUSE if tuned else "")
-                                            + rest))
+        clause = self.words.tuning_clause if tuned else ""
+        return self.defined(dsl.pipeline(name=tuning_name if tuned else name,
+                                         description=lead + clause + rest))
+
+    def defined(self, decorate: Callable) -> Callable:
+        """`decorate` (a `dsl.pipeline(...)`) over the body as the target says it
+        (`spoken`), its task settings made quickly (`defined_quickly`)."""
+        quickly = defined_quickly(decorate)
+        return lambda body: quickly(spoken(body, self.words))
 
     def _on_machines(self, role: str, op: Callable) -> Callable:
         """`op` as the target wraps it on the step's machines (a Vertex custom job); as it
@@ -313,8 +324,9 @@ class Steps:
         cached (it fingerprints the data)."""
         op = self.ops["preflight"]
         settings = self.target.preflight_inputs() if self.target is not None else {}
+        dropped = self.words.dropped if self.words is not None else ()
         task = op(**{name: value for name, value in params.items()
-                     if name in op.component_spec.inputs}, **settings)
+                     if name in op.component_spec.inputs and name not in dropped}, **settings)
         task = task.set_display_name("preflight").set_caching_options(False)
         return self._placed(task, "preflight")
 
@@ -405,6 +417,53 @@ class Steps:
             self.run("track", params, tracking_uri=params["tracking_uri"],
                      run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, experiment=experiment,
                      **arguments).set_caching_options(False)
+
+
+def spoken(body: Callable, words: help_text.Words | None) -> Callable:
+    """A pipeline function as a target's `words` say it: without the parameters that mean
+    nothing there (the body takes their defaults), the target's help in its docstring's
+    `Args:` (KFP's descriptions of the parameters); `body` itself where nothing changes
+    (Vertex's words are the docstrings', and locally there are none).
+
+    Raises:
+        LookupError: A parameter the words speak of has no one-line `Args:` entry (as
+            `python -m tools.signatures` writes them).
+    """
+    if words is None:
+        return body
+    signature = inspect.signature(body)
+    dropped = [name for name in words.dropped if name in signature.parameters]
+    helps = {name: text for name, text in words.help.items() if name in signature.parameters}
+    if not (dropped or helps):
+        return body
+    kept = signature.replace(parameters=[parameter for parameter in signature.parameters.values()
+                                         if parameter.name not in dropped])
+
+    @functools.wraps(body)
+    def spoken_body(*args, **kwargs):
+        return body(**kept.bind(*args, **kwargs).arguments)
+
+    spoken_body.__signature__ = kept
+    spoken_body.__doc__ = _spoken_args(body, helps, dropped)
+    return spoken_body
+
+
+def _spoken_args(body: Callable, helps: Mapping[str, str], dropped: list[str]) -> str:
+    """`body`'s docstring with the `Args:` entries of `dropped` left out and those of
+    `helps` saying its help."""
+    written, found = [], set()
+    for line in body.__doc__.split("\n"):
+        name, sep, _ = line.strip().partition(": ")
+        if not sep or name in found or not (name in helps or name in dropped):
+            written.append(line)
+            continue
+        found.add(name)
+        if name in helps:
+            written.append(f"{line[:len(line) - len(line.lstrip())]}{name}: {helps[name]}")
+    missing = sorted((set(helps) | set(dropped)) - found)
+    if missing:
+        raise LookupError(f"{body.__name__}: no Args entry for {missing}")
+    return "\n".join(written)
 
 
 def _named_inputs(function: Callable, params: Mapping[str, Any]) -> dict[str, Any]:

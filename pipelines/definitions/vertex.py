@@ -2,7 +2,8 @@
 
 Machine settings cannot be pipeline parameters: GCPC's custom-job wrapper bakes them
 into `worker_pool_specs` at compile time (kubeflow/pipelines#10902), so they are
-`compile.py` options. Locally (`kfp.local`) the same components run unwrapped.
+`compile.py` options. Locally (`kfp.local`) the same components run unwrapped. The machine
+table both targets read is `machine`'s; this module is imported by a Vertex compile alone.
 """
 
 from __future__ import annotations
@@ -17,40 +18,21 @@ from google_cloud_pipeline_components.v1.custom_job import (
 )
 from kfp import dsl
 
+from pipelines.definitions.help_text import VERTEX as VERTEX_WORDS
 from pipelines.definitions.machine import (  # noqa: F401 (their home for callers)
+    DEFAULT_MACHINES,
+    GPU_MACHINES,
     HYPERDISK_MACHINE_PREFIXES,
+    TRAINING_STEPS,
     Machine,
     boot_disk_type,
     gpu_environment,
 )
 from pipelines.definitions.scheduling import job_scheduling
 
-# Where each step runs unless compile.py is told otherwise. Sharding is CPU-bound
-# (many cores, no GPU); the image trainer gets the ancestor's 2 x V100; the text
-# trainer and the language model a T4 each (an AWD-LSTM does not fill a bigger GPU), and
-# so does the transformer trainer (a base-size encoder fine-tunes at 256 tokens, batch
-# 16, on one T4: train_transformer's contract); evaluation is small.
-DEFAULT_MACHINES: Mapping[str, Machine] = {
-    "shard": Machine("n1-highcpu-16"),
-    "train_image": Machine("n1-standard-8", "NVIDIA_TESLA_V100", 2),
-    "evaluate_image": Machine("n1-standard-4"),
-    "prepare_text": Machine("n1-standard-4"),
-    "train_text": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
-    "evaluate_text": Machine("n1-standard-4"),
-    "train_lm": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
-    "train_transformer": Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1),
-    # batch prediction, when predict_uri is set; CPU unless given a GPU
-    "predict_image": Machine("n1-standard-8"),
-    "predict_text": Machine("n1-standard-4"),
-}
-
-
 # Steps whose code uses several replicas (multi-worker training); in any other step
 # extra replicas would all run the same step and race on its outputs.
 MULTI_REPLICA_STEPS = ("train_image", "train_transformer")
-# Steps that write per-epoch TensorBoard series; only these get `--tensorboard` (the
-# others write none, and an idle uploader would only add a run to the instance).
-TRAINING_STEPS = ("train_image", "train_text", "train_lm", "train_transformer")
 # Vertex AI custom training's machine table, "Configure compute resources for custom
 # training" (https://cloud.google.com/vertex-ai/docs/training/configure-compute, its machine
 # types and GPU compatibility table), with N1's vCPU limits per GPU count from Compute
@@ -67,19 +49,6 @@ CPU_MACHINE_TYPES = frozenset(
     + [f"n1-highcpu-{n}" for n in (16, 32, 64, 96)]
     + [f"c2-standard-{n}" for n in (4, 8, 16, 30, 60)]
     + ["m1-ultramem-40", "m1-ultramem-80", "m1-ultramem-160", "m1-megamem-96"])
-# Accelerator-optimised machines come with a fixed GPU type and count.
-GPU_MACHINES: Mapping[str, tuple[str, int]] = {
-    **{f"a2-highgpu-{n}g": ("NVIDIA_TESLA_A100", n) for n in (1, 2, 4, 8)},
-    "a2-megagpu-16g": ("NVIDIA_TESLA_A100", 16),
-    **{f"a2-ultragpu-{n}g": ("NVIDIA_A100_80GB", n) for n in (1, 2, 4, 8)},
-    **{f"g2-standard-{n}": ("NVIDIA_L4", 1) for n in (4, 8, 12, 16, 32)},
-    "g2-standard-24": ("NVIDIA_L4", 2), "g2-standard-48": ("NVIDIA_L4", 4),
-    "g2-standard-96": ("NVIDIA_L4", 8),
-    **{f"a3-highgpu-{n}g": ("NVIDIA_H100_80GB", n) for n in (1, 2, 4, 8)},
-    "a3-megagpu-8g": ("NVIDIA_H100_MEGA_80GB", 8),
-    "a3-ultragpu-8g": ("NVIDIA_H200_141GB", 8),
-    "a4-highgpu-8g": ("NVIDIA_B200", 8),
-}
 # GPUs attached to N1 machines: GPU count -> the most vCPUs an N1 machine may have with them.
 N1_GPU_VCPUS: Mapping[str, Mapping[int, int]] = {
     "NVIDIA_TESLA_T4": {1: 48, 2: 48, 4: 96},
@@ -194,6 +163,9 @@ class VertexSettings:
     serving_image: str = ""
     tensorboard: str = ""
 
+    # What its pipelines say (steps.Target): the docstrings' Args, a Vertex tuning job.
+    words = VERTEX_WORDS
+
     @property
     def default_job_account(self) -> str:
         """The pipeline's `job_service_account` default: the compile-time service account."""
@@ -225,7 +197,7 @@ class VertexSettings:
         """The Model Registry upload (`registry.add_upload`) of `kind`'s models that clear
         the gate: text models served by the runtime image, image models by
         `serving_image` (None without it: nothing is uploaded)."""
-        from components.register import component as register
+        from components.register import vertex_upload as register
         from pipelines.definitions import registry
         from pipelines.definitions.steps import SERVED_BY_THE_RUNTIME, component
 
