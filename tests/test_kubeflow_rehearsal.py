@@ -3,6 +3,7 @@ open-source KFP's driver and launcher, with the pipeline root on a real S3 API o
 (moto's server). This tests that model of KFP, not Argo, Kubernetes or its scheduler.
 """
 
+import json
 import os
 from typing import NamedTuple
 
@@ -12,8 +13,21 @@ from kfp import compiler, dsl, kubernetes
 
 from pipelines.local_run import LOCAL_IMAGE
 from tools.rehearsal import kubeflow_demo
-from tools.rehearsal.kubeflow import KubeflowJob, rehearse_kubeflow, retry_policy, scheduling_note
-from tools.rehearsal.launcher import mount_path
+from tools.rehearsal.kubeflow import (
+    KubeflowJob,
+    load,
+    main,
+    rehearse_kubeflow,
+    renamed_loops,
+    retry_kubeflow,
+)
+from tools.rehearsal.launcher import (
+    Kill,
+    ObjectStore,
+    mount_path,
+    retry_policy,
+    scheduling_note,
+)
 from tools.rehearsal.records import RehearsalError
 from tools.rehearsal.spec import select
 
@@ -64,6 +78,11 @@ def test_kubeflow_retry_policy_and_scheduling_are_read_from_the_yaml():
          "emptyDirMounts": [{"mountPath": "/dev/shm", "sizeLimit": "6Gi"}]})
     assert note == ("cpu 6.9; memory 24Gi; 2 x nvidia.com/gpu; node nvidia.com/gpu.product="
                     "NVIDIA-H100-80GB-HBM3; tolerates nvidia.com/gpu; /dev/shm 6Gi")
+
+
+def test_a_kill_ends_an_attempt_failed_and_a_pod_deletion_as_error():
+    assert Kill("train", "b/**/checkpoint").ended()[0] == "Failed"  # retried (OnFailure)
+    assert Kill("train", "b/**/checkpoint", deleted=True).ended()[0] == "Error"  # not
 
 
 def test_a_loop_items_field_is_selected_as_the_compiled_selector_says():
@@ -165,12 +184,166 @@ def test_kubeflow_rehearsal_gives_the_pod_its_secret_and_not_the_launchers_crede
 
 
 def test_kubeflow_rehearsal_reads_the_compiled_platform_settings(probe_yaml):
-    from tools.rehearsal.kubeflow import load
-
     spec, executors = load(probe_yaml)
     assert spec["pipelineInfo"]["name"] == "kubeflow-rehearsal-probe"
     (mount,) = executors["exec-flaky-writer"]["secretAsEnv"]
     assert mount["secretName"] == "api"
+
+
+# ------------------------------------------------------------------ a loop's name, per backend
+
+
+def _loop_pipeline(name):
+    @dsl.pipeline(name="kubeflow-loop-name")
+    def loop(xs: list[int] = [1]) -> int:  # noqa: B006 (the compiled default)
+        with dsl.ParallelFor(xs, name=name) as x:
+            doubled = double(x=x)
+        return total(xs=dsl.Collected(doubled.output)).output
+
+    return loop
+
+
+@pytest.fixture(scope="module")
+def loop_yamls(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("loops")
+    paths = {}
+    for name in ("renamed", None):
+        paths[name] = str(folder / f"{name}.yaml")
+        compiler.Compiler().compile(_loop_pipeline(name), paths[name])
+    return paths
+
+
+def test_before_kfp_2_16_a_named_loops_consumer_does_not_find_it(store, loop_yamls, tmp_path):
+    """The 2.14/2.15 compiler gives a loop's driver no task name: the loop is recorded under
+    its display name, and `Collected` looks its producer up by key (kubeflow/pipelines#13239,
+    fixed in 2.16). Other tasks are recorded under their keys on every version."""
+    spec, _ = load(loop_yamls["renamed"])
+    assert renamed_loops(spec) == {"for-loop-1": "renamed"}
+    with pytest.raises(RehearsalError) as failed:
+        rehearse_kubeflow(loop_yamls["renamed"], str(tmp_path / "r15"), {},
+                          pipeline_root=kubeflow_demo.ROOT, backend="2.15")
+    for named in ("'for-loop-1'", "'renamed'", "2.15", "#13239"):
+        assert named in str(failed.value)
+    report = json.loads((tmp_path / "r15" / "rehearsal.json").read_text())
+    states = {r["display_name"]: (r["state"], r["note"]) for r in report}
+    assert states["renamed"][0] == "succeeded" and "recorded as 'renamed'" in states[
+        "renamed"][1]
+    assert states["total"][0] == "failed"  # its driver: the producer is not found
+    summary = rehearse_kubeflow(loop_yamls["renamed"], str(tmp_path / "r16"), {},
+                                pipeline_root=kubeflow_demo.ROOT, backend="2.16")
+    assert summary["outputs"]["Output"] == 2 and summary["rehearsal"]["backend"] == "2.16"
+    assert renamed_loops(load(loop_yamls[None])[0]) == {}
+    for backend in ("2.15", "2.17"):
+        summary = rehearse_kubeflow(loop_yamls[None], str(tmp_path / backend), {"xs": "[1]"},
+                                    pipeline_root=kubeflow_demo.ROOT, backend=backend)
+        assert summary["outputs"]["Output"] == 2
+
+
+def test_the_kubeflow_tuning_variants_loop_is_shown_under_its_key(tmp_path):
+    """The tuning pipelines' trial loop carries no name, so a 2.14/2.15 backend finds it."""
+    import compile as compile_cli
+
+    assert compile_cli.main(["--target", "kubeflow", "--output-dir", str(tmp_path),
+                             "--tune-trials", "2", "--tune-parallel-trials", "2",
+                             "--pipelines", "text_tuning_pipeline"]) == 0
+    spec, _ = load(str(tmp_path / "text_tuning_pipeline.yaml"))
+    loops = {key: task for c in [spec["root"], *spec["components"].values()]
+             for key, task in c.get("dag", {}).get("tasks", {}).items()
+             if "parameterIterator" in task}
+    assert len(loops) == 1 and renamed_loops(spec) == {}
+    ((key, loop),) = loops.items()
+    assert loop["taskInfo"]["name"] == key
+
+
+# ------------------------------------------------------------------ a deleted pod; run retry
+
+
+@dsl.component(base_image=LOCAL_IMAGE, install_kfp_package=False)
+def prepare(data: dsl.Output[dsl.Dataset]):
+    import os
+
+    os.makedirs(data.path, exist_ok=True)
+    with open(os.path.join(data.path, "rows.txt"), "w") as f:
+        f.write("3")
+
+
+@dsl.component(base_image=LOCAL_IMAGE, install_kfp_package=False)
+def resumable_train(data: dsl.Input[dsl.Dataset], run_id: str) -> str:
+    """A trainer in miniature: its first phase's checkpoint goes to the object store
+    (AIP_CHECKPOINT_DIR, the run's id below it); a pod that finds it resumes there."""
+    import os
+    import time
+
+    from components.common.storage import filesystem
+
+    with open(os.path.join(data.path, "rows.txt")) as f:
+        rows = f.read()
+    fs, root = filesystem(f"{os.environ['AIP_CHECKPOINT_DIR']}/{run_id}")
+    if fs.exists(f"{root}/phase1.done"):
+        return f"resumed after phase 1 of {rows} rows"
+    fs.pipe(f"{root}/phase1.done", b"done")
+    time.sleep(120)  # phase 2: its pod is deleted before it ends
+    return "ran whole"
+
+
+def _retry_pipeline(endpoint):
+    @dsl.pipeline(name="kubeflow-retry-probe")
+    def retried() -> str:
+        data = prepare()
+        train = resumable_train(data=data.outputs["data"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        train.set_retry(num_retries=2)  # not for a deleted pod: Argo's OnFailure
+        train.set_env_variable("AIP_CHECKPOINT_DIR", "s3://checkpoints/retry")
+        train.set_env_variable("AWS_ENDPOINT_URL_S3", endpoint)
+        kubernetes.use_secret_as_env(train, secret_name=kubeflow_demo.SECRET,
+                                     secret_key_to_env={k: k for k in kubeflow_demo.CREDENTIALS})
+        return train.output
+
+    return retried
+
+
+def test_a_deleted_pod_is_not_retried_and_a_run_retry_resumes_it(store, tmp_path, capsys):
+    """--delete-pod: the training pod deleted after its first checkpoint ends Error, which
+    the retry policy does not retry, and the run fails. --retry-run (KFP's run retry): the
+    same run id, `prepare` kept (not run again, its output reused), the training step run
+    again in a new pod, which finds its checkpoint and resumes."""
+    kubeflow_demo.make_bucket("s3://checkpoints")
+    path, out = str(tmp_path / "retry.yaml"), str(tmp_path / "r")
+    compiler.Compiler().compile(_retry_pipeline(store), path)
+    secret = [f"--secret={kubeflow_demo.SECRET}={k}={v}"
+              for k, v in kubeflow_demo.CREDENTIALS.items()]
+    assert main([path, "--output", out, "--pipeline-root", kubeflow_demo.ROOT, *secret,
+                 "--delete-pod", "resumable-train=checkpoints/retry/*/phase1.done"]) == 1
+    assert "ended Error" in capsys.readouterr().err
+    first = {r["display_name"]: r for r in json.loads((tmp_path / "r" / "rehearsal.json")
+                                                      .read_text())}
+    train = first["resumable-train"]
+    assert train["state"] == "failed" and train["attempts"] == 1  # two retries left, unused
+    assert "ended Error (pod deleted with its node" in train["note"]
+    assert "not retried" in train["note"]
+    run = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert run["state"] == "failed" and run["tasks"]["resumable-train"]["phase"] == "Error"
+    assert ObjectStore().matches(f"checkpoints/retry/{run['run_id']}/phase1.done")
+    with pytest.raises(RehearsalError, match="no rehearsed run"):
+        retry_kubeflow(str(tmp_path / "none"))
+
+    assert main(["--retry-run", "--output", out, *secret]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["outputs"]["Output"] == "resumed after phase 1 of 3 rows"
+    rehearsal = summary["rehearsal"]
+    assert rehearsal["run_id"] == run["run_id"] and rehearsal["retries"] == 1
+    tasks = {t["display_name"]: t for t in rehearsal["tasks"]}
+    assert tasks["prepare"]["attempts"] == 0 and tasks["prepare"]["note"].startswith("kept")
+    assert tasks["resumable-train"]["attempts"] == 1
+    logs = tmp_path / "r" / "logs"
+    assert sorted(p.name for p in (logs / "prepare").iterdir()) == ["attempt1.log"]
+    assert sorted(p.name for p in (logs / "resumable-train").iterdir()) == [
+        "attempt1.log", "retry1-attempt1.log"]
+    again = json.loads((tmp_path / "r" / "run.json").read_text())
+    # the driver had run: the retried step writes where the deleted pod would have
+    assert again["tasks"]["resumable-train"]["task_root"] == run["tasks"][
+        "resumable-train"]["task_root"]
+    with pytest.raises(RehearsalError, match="succeeded: KFP retries only a failed run"):
+        retry_kubeflow(out)
 
 
 # ------------------------------------------------------------------ the real pipelines
@@ -205,7 +378,7 @@ def test_kubeflow_image_and_transformer_pipelines_rehearsed_on_s3_end_registered
 
     tasks = {t["display_name"]: t for t in summaries["image"]["rehearsal"]["tasks"]}
     train = tasks["train-densenet121"]
-    assert train["attempts"] == 2 and "pod lost" in train["note"]
+    assert train["attempts"] == 2 and "container killed" in train["note"]
     logs = tmp_path / "image" / "logs" / "train-image-classifier"
     first, second = (logs / "attempt1.log").read_text(), (logs / "attempt2.log").read_text()
     assert "head epoch 0:" in first and "head epoch 3:" not in first

@@ -3,7 +3,9 @@ open-source Kubeflow Pipelines runs it, on this machine.
 
     python -m tools.rehearsal.kubeflow build/kubeflow/image_pipeline.yaml --output DIR
         --pipeline-root s3://BUCKET/root [--param NAME=VALUE ...] [--secret NAME=KEY=VALUE ...]
-        [--kill TASK=BUCKET/GLOB ...] [--runtime local|image]
+        [--kill TASK=BUCKET/GLOB ...] [--delete-pod TASK=BUCKET/GLOB ...]
+        [--backend 2.14|2.15|2.16|2.17] [--runtime local|image]
+    python -m tools.rehearsal.kubeflow --retry-run --output DIR [--secret ...] [--kill ...]
 
 This is the project's model of KFP's backend (its v2 driver and launcher, read from
 kubeflow/pipelines backend/src/v2), not Argo, Kubernetes or its scheduler:
@@ -11,20 +13,32 @@ kubeflow/pipelines backend/src/v2), not Argo, Kubernetes or its scheduler:
   parallelism limit is reported) and `dsl.Collected` (each output as the list of the
   iterations' values) are read from the YAML; a runtime constant that is exactly a
   `{{$.pipeline_*}}` placeholder is resolved as the driver resolves it;
+- `--backend` (default 2.14, the oldest supported): before 2.16 the compiler gives a
+  loop's driver no task name, so the loop is recorded under its display name, and a
+  consumer, which looks its producer up by task key, does not find a loop given
+  `dsl.ParallelFor(name=...)` (kubeflow/pipelines#13239, fixed in 2.16 by #12808);
 - output artifacts are planned at `ROOT/PIPELINE/RUN_ID/TASK/SALT/OUTPUT`, the salt drawn
   once per task, so a retry writes where the failed attempt would have;
 - each attempt of a task is a new pod (`launcher.Pods`): inputs copied in, outputs
   uploaded only if the step succeeds (`launcher.ObjectStore`, the pipeline root's store:
   s3:// or minio:// at `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`, or gs://);
-- the task's `retryPolicy` (attempts; the back-off is reported, not waited, and
-  `KFP_RETRY_INDEX` is set), the step timeout (`activeDeadlineSeconds`), the container's
-  environment and `secretAsEnv` (from `--secret`; a missing secret stops the pod, as
-  Kubernetes does) are honoured; node selectors, tolerations, resource requests, GPUs and
-  `/dev/shm` are reported, not enforced (one machine, no GPU);
-- `--kill TASK=BUCKET/GLOB` ends TASK's first attempt once an object matching the glob is in
-  the store: a pod lost after its first checkpoint, to show that a retry resumes.
-No execution cache: every task runs. Writes `DIR/summary.json` (the pipeline's own summary
-and a `rehearsal` section) and `DIR/rehearsal.json`.
+- the task's `retryPolicy` (the back-off reported, not waited; `KFP_RETRY_INDEX` set)
+  retries an attempt that ended `Failed` (its container ended non-zero), not one that
+  ended `Error` (its pod deleted): KFP sets no Argo retryPolicy, whose default is
+  OnFailure; `activeDeadlineSeconds`, the container's environment and `secretAsEnv` (from
+  `--secret`; a missing secret stops the pod) are honoured; node selectors, tolerations,
+  resource requests, GPUs and `/dev/shm` are reported, not enforced;
+- `--kill TASK=BUCKET/GLOB` kills TASK's first attempt's container once an object matching
+  the glob is in the store (a node shut down gracefully: `Failed`, retried);
+  `--delete-pod TASK=BUCKET/GLOB` deletes its pod instead (a node drained, a spot node
+  reclaimed without a graceful shutdown: `Error`, not retried, the run fails);
+- `--retry-run` retries the failed run in DIR as KFP's run retry does (the UI's Retry,
+  `POST /apis/v2beta1/runs/RUN_ID:retry`): the same run id and pipeline, the tasks that
+  succeeded kept with their outputs (no pod), the others run again (retry policies
+  afresh; output URIs as their drivers planned), a training step from its checkpoints.
+No execution cache: every task runs. Writes `DIR/summary.json` (the pipeline's summary and
+a `rehearsal` section), `DIR/rehearsal.json` (task records), `DIR/run.json` and
+`DIR/pipeline.yaml` (the run, as `--retry-run` reads it back).
 """
 # The docstring above is the command's --help.
 
@@ -35,6 +49,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import sys
 import time
 import uuid
@@ -43,27 +58,27 @@ from typing import Any
 
 import tools.rehearsal.spec as ir
 from components.common.storage import write_json_atomically
-from tools.rehearsal.launcher import PARAMETER_OUTPUTS, ObjectStore, Pods, mount_path
+from tools.rehearsal import launcher
+from tools.rehearsal.launcher import PARAMETER_OUTPUTS, Kill, ObjectStore, Pods, mount_path
 from tools.rehearsal.records import (
     ArtifactRef,
     RehearsalError,
     TaskRecord,
     pipeline_summary,
+    print_report,
+    registration,
+    saved_outputs,
     write_report,
 )
-from tools.rehearsal.runtimes import without_gpus
 from tools.rehearsal.walk import SKIPPED, DagWalk
 
 _WHOLE_PLACEHOLDER = re.compile(r"^\{\{\$\.(?P<name>pipeline_[a-z_]+)\}\}$")
-
-
-@dataclasses.dataclass
-class Kill:
-    """End the first attempt of `task` once an object matching `pattern` exists, once."""
-
-    task: str
-    pattern: str
-    done: bool = False
+# The backends modelled, oldest first, and the first whose compiler gives a loop's driver
+# its task key (kubeflow/pipelines#12808): before it, the loop is recorded under its
+# display name and a consumer that names it by key does not find it (#13239).
+BACKENDS = ("2.14", "2.15", "2.16", "2.17")
+LOOP_KEYED_FROM = "2.16"
+RUN_STATE, MANIFEST = "run.json", "pipeline.yaml"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,51 +110,18 @@ def load(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
         "deploymentSpec", {}).get("executors", {})
 
 
-def pod_env(container: Mapping[str, Any], settings: Mapping[str, Any],
-            secrets: Mapping[str, Mapping[str, str]], task: str) -> dict[str, str]:
-    """The step's environment: the container's own, then its secrets' keys.
-
-    Raises:
-        RehearsalError: A secret (or key) the pod needs is not given: on a cluster the
-            pod would not start (CreateContainerConfigError).
-    """
-    env = without_gpus({e["name"]: e["value"] for e in container.get("env", [])})
-    for mount in settings.get("secretAsEnv", []):
-        name = mount["secretName"]
-        for pair in mount["keyToEnv"]:
-            value = secrets.get(name, {}).get(pair["secretKey"])
-            if value is None and not mount.get("optional"):
-                raise RehearsalError(
-                    f"{task}: the pod reads key {pair['secretKey']!r} of secret {name!r}, "
-                    f"which the namespace does not hold: pass --secret "
-                    f"{name}={pair['secretKey']}=VALUE")
-            if value is not None:
-                env[pair["envVar"]] = value
-    return env
+def renamed_loops(spec: Mapping[str, Any]) -> dict[str, str]:
+    """Each loop whose display name is not its task key (`dsl.ParallelFor(name=...)`):
+    key -> display name. Before KFP 2.16 a consumer of such a loop fails (#13239)."""
+    dags = [spec["root"], *spec.get("components", {}).values()]
+    return {key: task["taskInfo"]["name"] for dag in dags
+            for key, task in dag.get("dag", {}).get("tasks", {}).items()
+            if ("parameterIterator" in task or "artifactIterator" in task)
+            and task.get("taskInfo", {}).get("name", key) != key}
 
 
-def scheduling_note(container: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
-    """What the pod asks of a node, which one machine cannot honour: reported."""
-    resources = container.get("resources", {})
-    parts = [f"{name} {resources[key]}" for name, key in (
-        ("cpu", "resourceCpuLimit"), ("memory", "resourceMemoryLimit")) if key in resources]
-    accelerator = resources.get("accelerator", {})
-    if accelerator:
-        parts.append(f"{accelerator.get('resourceCount')} x {accelerator.get('resourceType')}")
-    labels = settings.get("nodeSelector", {}).get("labels", {})
-    parts += [f"node {k}={v}" for k, v in sorted(labels.items())]
-    parts += [f"tolerates {t['key']}" for t in settings.get("tolerations", [])]
-    parts += [f"{m['mountPath']} {m.get('sizeLimit', '')}".strip()
-              for m in settings.get("emptyDirMounts", [])]
-    return "; ".join(parts)
-
-
-def retry_policy(task: Mapping[str, Any]) -> tuple[int, float, float]:
-    """(attempts, first back-off in seconds, factor) of a task's `retryPolicy`."""
-    policy = task.get("retryPolicy", {})
-    backoff = float(str(policy.get("backoffDuration", "0s")).rstrip("s") or 0)
-    return 1 + int(policy.get("maxRetryCount", 0)), backoff, float(
-        policy.get("backoffFactor", 2.0))
+def _version(backend: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in backend.split("."))
 
 
 class KubeflowRehearsal(DagWalk):
@@ -154,26 +136,43 @@ class KubeflowRehearsal(DagWalk):
         runtime: "local" (processes of this venv) or "image" (inside the images).
         secrets: The namespace's secrets: name -> key -> value.
         kill: Attempts to end (`Kill`).
+        backend: The KFP version modelled (`BACKENDS`).
+        earlier: The failed run this one retries (its `run.json`), or None.
     """
 
     def __init__(self, spec: dict[str, Any], executors: Mapping[str, Any], output: str,
                  params: Mapping[str, str], pipeline_root: str, runtime: str = "local",
                  secrets: Mapping[str, Mapping[str, str]] | None = None,
-                 kill: list[Kill] | None = None):
+                 kill: list[Kill] | None = None, backend: str = BACKENDS[0],
+                 earlier: Mapping[str, Any] | None = None):
+        if backend not in BACKENDS:
+            raise RehearsalError(f"--backend must be one of {BACKENDS}, got {backend!r}")
         mount_path(pipeline_root)  # a root the launcher can copy from
-        self.spec, self.executors = spec, executors
+        self.spec, self.executors, self.backend = spec, executors, backend
+        self.params, self.pipeline_root = dict(params), pipeline_root
         self.output = os.path.abspath(output)
         self.pods = Pods(runtime, self.output)
         self.store = ObjectStore()
         self.store.check_bucket(pipeline_root)
         self.secrets, self.kill = secrets or {}, kill or []
+        self.earlier = dict(earlier or {})
+        self.tasks: dict[str, dict[str, Any]] = {}  # each container task's state (run.json)
         pipeline = spec["pipelineInfo"]["name"]
-        run_id = str(uuid.uuid4())
-        self.job = KubeflowJob(name=f"{pipeline}-{time.strftime('%Y%m%d%H%M%S')}",
-                               uuid=run_id,
-                               root=f"{pipeline_root.rstrip('/')}/{pipeline}/{run_id}")
+        if earlier:  # KFP's retry: the same run, its id and output URIs
+            self.job = KubeflowJob(name=earlier["job_name"], uuid=earlier["run_id"],
+                                   root=earlier["run_root"])
+            self.pods.series = f"retry{earlier['retries'] + 1}-"
+        else:
+            run_id = str(uuid.uuid4())
+            self.job = KubeflowJob(name=f"{pipeline}-{time.strftime('%Y%m%d%H%M%S')}",
+                                   uuid=run_id,
+                                   root=f"{pipeline_root.rstrip('/')}/{pipeline}/{run_id}")
         self.records: list[TaskRecord] = []
         self.inputs = ir.pipeline_inputs(spec, params)
+        if _version(backend) < _version(LOOP_KEYED_FROM):
+            for key, shown in renamed_loops(spec).items():
+                print(f"[rehearse] KFP {backend}: loop {key!r} is named {shown!r}; its "
+                      "consumers will not find it (kubeflow/pipelines#13239)")
 
     def run(self) -> dict[str, Any]:
         """Runs the pipeline; returns its outputs (artifacts copied to OUTPUT/store/)."""
@@ -187,24 +186,53 @@ class KubeflowRehearsal(DagWalk):
                 self.store.download(value.uri, value.path)
         return outputs
 
+    def run_state(self, state: str, pipeline: str) -> dict[str, Any]:
+        """The run as `--retry-run` reads it back (`run.json`)."""
+        return {"pipeline": pipeline, "pipeline_root": self.pipeline_root,
+                "params": self.params, "backend": self.backend, "runtime": self.pods.kind,
+                "run_id": self.job.uuid, "job_name": self.job.name,
+                "run_root": self.job.root, "state": state,
+                "retries": self.earlier["retries"] + 1 if self.earlier else 0,
+                "tasks": {**self.earlier.get("tasks", {}), **self.tasks}}
+
     def _run_task(self, name: str, task, parameters, artifacts, results) -> dict[str, Any]:
         record, component, values, inputs = self._open_task(name, task, parameters, artifacts,
                                                             results)
         if values is None:
             return dict(SKIPPED)
         started = time.monotonic()
-        if "dag" in component and "parameterIterator" in task:
-            result = self._run_loop(name, task, component, values, inputs, record)
-        elif "dag" in component:
-            outputs = self._run_dag(component, values, inputs, prefix=name + "/")
-            result = {"parameters": {k: v for k, v in outputs.items()
-                                     if not isinstance(v, ArtifactRef)},
-                      "artifacts": {k: v for k, v in outputs.items()
-                                    if isinstance(v, ArtifactRef)}}
-        else:
-            result = self._run_container(record, task, component, values, inputs)
-        record.state, record.seconds = "succeeded", time.monotonic() - started
+        try:
+            if "dag" in component and "parameterIterator" in task:
+                result = self._run_loop(name, task, component, values, inputs, record)
+                result["recorded_as"] = self._loop_recorded_as(name, record)
+            elif "dag" in component:
+                outputs = self._run_dag(component, values, inputs, prefix=name + "/")
+                result = {"parameters": {k: v for k, v in outputs.items()
+                                         if not isinstance(v, ArtifactRef)},
+                          "artifacts": {k: v for k, v in outputs.items()
+                                        if isinstance(v, ArtifactRef)}}
+            else:
+                result = self._run_container(record, task, component, values, inputs)
+        finally:
+            record.seconds = time.monotonic() - started
+        record.state = "succeeded"
         return result
+
+    def _loop_recorded_as(self, name: str, record: TaskRecord) -> str:
+        """The name the driver records a loop's execution under: its key from 2.16 on, its
+        display name before (the compiler gave the loop's driver no task name)."""
+        key = name.rsplit("/", 1)[-1]
+        if _version(self.backend) >= _version(LOOP_KEYED_FROM) or record.display_name == key:
+            return key
+        record.note += (f"; recorded as {record.display_name!r}, not {key!r}: the "
+                        f"{self.backend} compiler gives a loop's driver no task name")
+        return record.display_name
+
+    def _unfound(self, key: str, recorded: str) -> str:
+        return (f"the KFP {self.backend} driver cannot find producer task {key!r}: the loop "
+                f"{key!r} was recorded under its display name {recorded!r} (dsl.ParallelFor("
+                f"name=...); kubeflow/pipelines#13239, fixed in {LOOP_KEYED_FROM} by #12808): "
+                f"drop the loop's name, or run on KFP >= {LOOP_KEYED_FROM}")
 
     def _run_loop(self, name, task, component, values, inputs, record) -> dict[str, Any]:
         """`dsl.ParallelFor`: the loop's DAG once per item; outputs collected as lists."""
@@ -229,15 +257,22 @@ class KubeflowRehearsal(DagWalk):
         return {"parameters": collected, "artifacts": {}}
 
     def _run_container(self, record, task, component, values, inputs) -> dict[str, Any]:
-        """One container task: its pods, attempt after attempt, as the retry policy allows."""
+        """One container task: its pods, attempt after attempt, as the retry policy allows
+        (one that succeeded before a run retry is kept)."""
+        earlier = self.earlier.get("tasks", {}).get(record.name, {})
+        if earlier.get("phase") == launcher.SUCCEEDED:
+            return self._keep(record, earlier)
         label = component["executorLabel"]
         container = self.spec["deploymentSpec"]["executors"][label]["container"]
         settings = self.executors.get(label, {})
-        env = pod_env(container, settings, self.secrets, record.name)
-        task_root = f"{self.job.root}/{record.name.rsplit('/', 1)[-1]}/{uuid.uuid4()}"
-        attempts, backoff, factor = retry_policy(task)
+        env = launcher.pod_env(container, settings, self.secrets, record.name)
+        # its driver's plan: kept by a run retry once the driver had run (a succeeded node)
+        task_root = earlier.get("task_root") or (
+            f"{self.job.root}/{record.name.rsplit('/', 1)[-1]}/{uuid.uuid4()}")
+        state = self.tasks[record.name] = {"phase": "Pending", "task_root": task_root}
+        attempts, backoff, factor = launcher.retry_policy(task)
         deadline = float(settings.get("activeDeadlineSeconds", 0) or 0)
-        notes = [scheduling_note(container, settings)]
+        notes = [launcher.scheduling_note(container, settings)]
         print(f"[rehearse] {record.display_name}: running")
         for attempt in range(attempts):
             pod = self.pods.new(record.name, attempt + 1)
@@ -245,19 +280,34 @@ class KubeflowRehearsal(DagWalk):
             self._copy_inputs(planned, pod)
             self.pods.hand_over(pod)
             record.attempts = attempt + 1
-            failure = self._run_pod(record, pod, planned, container, component,
-                                    {**env, "KFP_RETRY_INDEX": str(attempt)}, deadline)
-            if not failure:
+            state["phase"], failure = self._run_pod(
+                record, pod, planned, container, component,
+                {**env, "KFP_RETRY_INDEX": str(attempt)}, deadline)
+            if state["phase"] == launcher.SUCCEEDED:
                 break
-            notes.append(f"attempt {attempt + 1} failed ({failure})")
-            if attempt + 1 == attempts:
+            deleted = state["phase"] == launcher.ERROR
+            notes.append(f"attempt {attempt + 1} ended {state['phase']} ({failure})" + (
+                ": not retried (KFP sets no retryPolicy; Argo's default OnFailure retries a "
+                "Failed container only)" if deleted else ""))
+            if deleted or attempt + 1 == attempts:
                 record.state, record.note = "failed", "; ".join(n for n in notes if n)
-                raise RehearsalError(f"{record.display_name}: {failure}")
+                raise RehearsalError(f"{record.display_name}: {notes[-1]}")
             notes.append(f"retried after a back-off of {backoff * factor ** attempt:.0f}s "
                          "(not waited here)")
         record.replicas = 1
         record.note = "; ".join(n for n in notes if n)
-        return self._collect(component, planned, pod, task_root)
+        result = self._collect(component, planned, pod, task_root)
+        state["outputs"] = saved_outputs(result)
+        return result
+
+    def _keep(self, record: TaskRecord, earlier: dict[str, Any]) -> dict[str, Any]:
+        """A task that succeeded before the run was retried: its node and outputs kept."""
+        self.tasks[record.name] = earlier
+        record.replicas = 1
+        record.note = ("kept: it succeeded before the run was retried (its outputs reused, "
+                       "no pod)")
+        print(f"[rehearse] {record.display_name}: kept from the failed run")
+        return saved_outputs(earlier["outputs"], restore=True)
 
     def _executor_input(self, component, values, inputs, task_root, pod) -> dict[str, Any]:
         """The executor input KFP's driver plans (paths as the step's process sees them)."""
@@ -275,35 +325,19 @@ class KubeflowRehearsal(DagWalk):
                 print(f"[rehearse] input {key}: nothing at {uri} (the step wrote no file)")
 
     def _run_pod(self, record, pod, planned, container, component, env,
-                 deadline: float) -> str:
-        """Runs the step's command in `pod`; returns why it failed, empty if it succeeded."""
+                 deadline: float) -> tuple[str, str]:
+        """Runs the step's command in `pod`; returns Argo's phase of the attempt and, if it
+        did not succeed, why."""
         placeholders = ir.Placeholders(
             planned, component.get("inputDefinitions", {}).get("parameters", {}),
             record.name, "", self.job, lambda uri: self.pods.step_path(pod, mount_path(uri)))
         command = (placeholders.resolve_args(container.get("command", []))
                    + placeholders.resolve_args(container.get("args", [])))
-        log_path = os.path.join(self.pods.logs, record.name.replace("/", "-"),
-                                f"attempt{record.attempts}.log")
-        proc = self.pods.start(pod, command, env, container["image"], log_path)
         rule = next((k for k in self.kill if not k.done and k.task in
                      (record.name, record.display_name)), None)
-        started, checked = time.monotonic(), 0.0
-        while proc.poll() is None:
-            time.sleep(0.2)
-            if deadline and time.monotonic() - started > deadline:
-                _stop(proc)
-                return f"activeDeadlineSeconds {deadline:.0f} passed"
-            if rule and time.monotonic() - checked > 1.0:
-                checked = time.monotonic()
-                if self.store.matches(rule.pattern):
-                    rule.done = True
-                    _stop(proc)
-                    return f"pod lost: killed once {rule.pattern} was in the store"
-        if proc.returncode:
-            with open(log_path) as f:
-                lines = f.read().strip().splitlines() or [""]
-            return f"exited with {proc.returncode}: {lines[-1][-300:]} (log {log_path})"
-        return ""
+        return self.pods.run(pod, command, env, container["image"],
+                             self.pods.log_path(record.name, record.attempts), deadline,
+                             rule, self.store)
 
     def _collect(self, component, planned, pod, task_root: str) -> dict[str, Any]:
         """The launcher's last act: outputs uploaded (the step succeeded), parameters read."""
@@ -317,77 +351,118 @@ class KubeflowRehearsal(DagWalk):
         return result
 
 
-def _stop(proc) -> None:
-    """Kills a step's process group, as a pod's containers end with it."""
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def registration(decided: Mapping[str, Any], records: list[TaskRecord]) -> dict[str, Any]:
-    """The summary's `registration`: the gate's decision, and what the run registered."""
-    states = {r.display_name: r for r in records}
-    registered = getattr(states.get("register-model"), "state", "") == "succeeded"
-    skipped = states.get("no-registry")
-    note = ("registered in MLflow's Model Registry at tracking_uri (alias challenger), "
-            "with its KServe InferenceService manifest beside the model" if registered else
-            "nothing registered: " + ("no tracking_uri was given" if skipped and
-                                      skipped.state == "succeeded" else
-                                      "the model did not clear the gate"))
-    return {"would_register": bool(decided.get("would_register")), "uploaded": False,
-            "registered_in_mlflow": registered, "note": note}
-
-
 def rehearse_kubeflow(path: str, output: str, params: Mapping[str, str] | None = None,
                       **options: Any) -> dict[str, Any]:
     """Rehearses the compiled Kubeflow pipeline at `path`; writes and returns the summary.
 
     Args:
         path: The YAML `compile.py --target kubeflow` wrote.
-        output: Local folder of the rehearsal (summary.json, rehearsal.json, pods/, logs/).
+        output: Local folder of the rehearsal (summary.json, rehearsal.json, run.json,
+            pipeline.yaml, pods/, logs/).
         params: Pipeline parameters as strings, typed by the pipeline's definitions.
-        **options: `pipeline_root` (required), `runtime`, `secrets`, `kill` (see
-            `KubeflowRehearsal`).
+        **options: `pipeline_root` (required), `runtime`, `secrets`, `kill`, `backend`
+            (see `KubeflowRehearsal`).
 
     Returns:
         The pipeline's own summary (as `run_local` writes it) plus `rehearsal`.
     """
     spec, executors = load(path)
     runner = KubeflowRehearsal(spec, executors, output, params or {}, **options)
+    manifest = os.path.join(runner.output, MANIFEST)
+    os.makedirs(runner.output, exist_ok=True)
+    if os.path.abspath(path) != manifest:
+        shutil.copyfile(path, manifest)  # the run's own copy, as KFP keeps its manifest
+    return _finish(runner, path)
+
+
+def retry_kubeflow(output: str, runtime: str | None = None, **options: Any) -> dict[str, Any]:
+    """Retries the failed run rehearsed in `output` as KFP's run retry does; writes and
+    returns the summary.
+
+    Args:
+        output: The failed rehearsal's folder (its run.json and pipeline.yaml).
+        runtime: "local" or "image"; None: the run's.
+        **options: `secrets`, `kill` for this pass (see `KubeflowRehearsal`).
+
+    Raises:
+        RehearsalError: No run there, or a run that did not fail (KFP retries a run whose
+            workflow Failed or Errored only), or the retried run failed.
+    """
+    try:
+        with open(os.path.join(output, RUN_STATE)) as f:
+            earlier = json.load(f)
+    except FileNotFoundError as err:
+        raise RehearsalError(f"{output} holds no rehearsed run ({RUN_STATE}) to retry") from err
+    if earlier["state"] != "failed":
+        raise RehearsalError(f"the run in {output} {earlier['state']}: KFP retries only a "
+                             "failed run")
+    spec, executors = load(os.path.join(output, MANIFEST))
+    runner = KubeflowRehearsal(spec, executors, output, earlier["params"],
+                               earlier["pipeline_root"], runtime or earlier["runtime"],
+                               backend=earlier["backend"], earlier=earlier, **options)
+    return _finish(runner, earlier["pipeline"])
+
+
+def _finish(runner: KubeflowRehearsal, path: str) -> dict[str, Any]:
+    """Runs the rehearsal; writes its records and run state whatever the end, and the
+    summary when it succeeded."""
+    state = "failed"
     try:
         outputs = runner.run()
+        state = "succeeded"
     finally:
         report = write_report(runner.output, runner.records)
-    summary = pipeline_summary(spec, outputs)
+        write_json_atomically(os.path.join(runner.output, RUN_STATE),
+                              runner.run_state(state, path), sort_keys=False)
+    summary = pipeline_summary(runner.spec, outputs)
     if "registration" in summary:
         summary["registration"] = registration(summary["registration"], runner.records)
-    summary["rehearsal"] = {"pipeline": path, "target": "kubeflow",
-                            "job_name": runner.job.name, "run_root": runner.job.root,
+    summary["rehearsal"] = {"pipeline": path, "target": "kubeflow", "backend": runner.backend,
+                            "job_name": runner.job.name, "run_id": runner.job.uuid,
+                            "run_root": runner.job.root,
+                            "retries": runner.earlier.get("retries", -1) + 1,
                             "tasks": report}
     write_json_atomically(os.path.join(runner.output, "summary.json"), summary, sort_keys=False)
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs `python -m tools.rehearsal.kubeflow`; returns the exit status (1: it failed)."""
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tools.rehearsal.kubeflow", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("pipeline", help="compiled pipeline YAML (build/kubeflow/...)")
+    p.add_argument("pipeline", nargs="?", help="compiled pipeline YAML (build/kubeflow/...)")
     p.add_argument("--output", required=True, help="local folder of the rehearsal")
-    p.add_argument("--pipeline-root", required=True, help="s3://, minio:// or gs:// folder")
+    p.add_argument("--pipeline-root", help="s3://, minio:// or gs:// folder")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--secret", action="append", default=[], metavar="NAME=KEY=VALUE",
                    help="a key of a secret the namespace holds")
     p.add_argument("--kill", action="append", default=[], metavar="TASK=BUCKET/GLOB",
-                   help="end TASK's first attempt once GLOB matches an object")
-    p.add_argument("--runtime", choices=("local", "image"), default="local")
+                   help="kill TASK's first attempt's container once GLOB matches an object "
+                        "(Failed: retried)")
+    p.add_argument("--delete-pod", action="append", default=[], metavar="TASK=BUCKET/GLOB",
+                   help="delete TASK's first attempt's pod once GLOB matches an object "
+                        "(Error: not retried, the run fails)")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help=f"the KFP backend modelled (default {BACKENDS[0]})")
+    p.add_argument("--retry-run", action="store_true",
+                   help="retry the failed run in --output as KFP's Retry does: succeeded "
+                        "tasks kept, the others run again (no pipeline, --param, "
+                        "--pipeline-root or --backend: the run's own)")
+    p.add_argument("--runtime", choices=("local", "image"), default=None,
+                   help="default local (a retried run: its own)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `python -m tools.rehearsal.kubeflow`; returns the exit status (1: it failed)."""
+    p = _parser()
     args = p.parse_args(argv)
+    if args.retry_run and (args.pipeline or args.param or args.pipeline_root or args.backend):
+        p.error("--retry-run retries the run in --output with its own pipeline, parameters, "
+                "root and backend: give none of them")
+    if not args.retry_run and not (args.pipeline and args.pipeline_root):
+        p.error("give the compiled pipeline and --pipeline-root (or --retry-run)")
     for flag, items, parts in (("--param", args.param, 2), ("--secret", args.secret, 3),
-                               ("--kill", args.kill, 2)):
+                               ("--kill", args.kill, 2), ("--delete-pod", args.delete_pod, 2)):
         for item in items:
             if len(item.split("=", parts - 1)) != parts:
                 p.error(f"{flag} takes {p._option_string_actions[flag].metavar}, got {item!r}")
@@ -395,17 +470,21 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.secret:
         name, key, value = item.split("=", 2)
         secrets.setdefault(name, {})[key] = value
+    kill = [Kill(*i.split("=", 1)) for i in args.kill] + [
+        Kill(*i.split("=", 1), deleted=True) for i in args.delete_pod]
     try:
-        summary = rehearse_kubeflow(
-            args.pipeline, args.output, dict(i.split("=", 1) for i in args.param),
-            pipeline_root=args.pipeline_root, runtime=args.runtime, secrets=secrets,
-            kill=[Kill(*i.split("=", 1)) for i in args.kill])
+        if args.retry_run:
+            retry_kubeflow(args.output, args.runtime, secrets=secrets, kill=kill)
+        else:
+            rehearse_kubeflow(
+                args.pipeline, args.output, dict(i.split("=", 1) for i in args.param),
+                pipeline_root=args.pipeline_root, runtime=args.runtime or "local",
+                secrets=secrets, kill=kill, backend=args.backend or BACKENDS[0])
     except RehearsalError as err:
         print(f"rehearsal failed: {err}", file=sys.stderr)
         return 1
-    for task in summary["rehearsal"]["tasks"]:
-        print(f"  {task['display_name']:<28} {task['state']:<10} attempts {task['attempts']} "
-              f"{task['seconds']:.1f}s {task['note']}")
+    finally:
+        print_report(args.output)
     print(f"summary: {os.path.join(os.path.abspath(args.output), 'summary.json')}")
     return 0
 

@@ -9,25 +9,42 @@ is a fresh folder per attempt standing for that filesystem: with `--runtime loca
 folders are where KFP's prefixes point in the step's process (`step_site/sitecustomize.py`)
 and `TMPDIR` is its `tmp/`; with `--runtime image` they are mounted at `/gcs`, `/minio`,
 `/s3` and `/tmp` of the image's container. What a step leaves in a pod is lost with it.
+
+How an attempt ends is Argo's node phase: `Succeeded`; `Failed`, the main container ended
+non-zero (or was killed: a node shut down gracefully), which Argo's default retryPolicy
+`OnFailure` retries; `Error`, the pod deleted with its node (drained, a spot node reclaimed
+without a graceful shutdown), which `OnFailure` does not retry (KFP sets no retryPolicy).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
+from typing import Any
 
 from components.common.storage import filesystem
 from tools.rehearsal.records import RehearsalError
-from tools.rehearsal.runtimes import RUNTIMES, SITE_DIR, ImageContainers, open_mount
+from tools.rehearsal.runtimes import (
+    RUNTIMES,
+    SITE_DIR,
+    ImageContainers,
+    open_mount,
+    without_gpus,
+)
 
 # KFP's LocalPathForURI: the pod folder an object store URI is copied to.
 MOUNTS = {"gs://": "/gcs/", "minio://": "/minio/", "s3://": "/s3/"}
 # Where the launcher has a step write its output parameters (driver.go, provisionOutputs).
 PARAMETER_OUTPUTS = "/tmp/kfp/outputs"
 POD_ENV = "REHEARSAL_POD_ROOT"
+# Argo's phases of an attempt's node (a pod).
+SUCCEEDED, FAILED, ERROR = "Succeeded", "Failed", "Error"
 
 
 def mount_path(uri: str) -> str:
@@ -118,10 +135,16 @@ class Pods:
         self.root = os.path.join(output, "pods")
         self.logs = os.path.join(output, "logs")
         self.containers = ImageContainers() if kind == "image" else None
+        self.series = ""  # "retry1-": the pods of a run's first retry, beside the earlier ones
+
+    def log_path(self, task: str, attempt: int) -> str:
+        """Where the step's output of `task`'s attempt (counted from 1) is written."""
+        return os.path.join(self.logs, task.replace("/", "-"),
+                            f"{self.series}attempt{attempt}.log")
 
     def new(self, task: str, attempt: int) -> str:
         """A fresh pod folder for `task`'s attempt (counted from 1), with empty mounts."""
-        pod = os.path.join(self.root, task.replace("/", "-"), f"attempt{attempt}")
+        pod = os.path.join(self.root, task.replace("/", "-"), f"{self.series}attempt{attempt}")
         for folder in ("gcs", "minio", "s3", "tmp" + PARAMETER_OUTPUTS[len("/tmp"):]):
             os.makedirs(os.path.join(pod, folder), exist_ok=True)
         return pod
@@ -160,7 +183,106 @@ class Pods:
         return subprocess.Popen(command, env=full_env, stdout=open(log_path, "w"),
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
+    def run(self, pod: str, command: list[str], env: Mapping[str, str], image: str,
+            log_path: str, deadline: float, rule: Kill | None,
+            store: ObjectStore) -> tuple[str, str]:
+        """Runs the step's command in `pod` until it ends, its `activeDeadlineSeconds`
+        pass or `rule` ends it; returns Argo's phase of the attempt and, unless it
+        succeeded, why."""
+        proc = self.start(pod, command, env, image, log_path)
+        started, checked = time.monotonic(), 0.0
+        while proc.poll() is None:
+            time.sleep(0.2)
+            if deadline and time.monotonic() - started > deadline:
+                stop(proc)
+                return FAILED, f"activeDeadlineSeconds {deadline:.0f} passed"
+            if rule and time.monotonic() - checked > 1.0:
+                checked = time.monotonic()
+                if store.matches(rule.pattern):
+                    rule.done = True
+                    stop(proc)
+                    return rule.ended()
+        if proc.returncode:
+            with open(log_path) as f:
+                lines = f.read().strip().splitlines() or [""]
+            return FAILED, f"exited with {proc.returncode}: {lines[-1][-300:]} (log {log_path})"
+        return SUCCEEDED, ""
+
     def remove_all(self) -> None:
         """Removes the image containers the pods ran in (the images stay)."""
         if self.containers:
             self.containers.remove_all()
+
+
+@dataclasses.dataclass
+class Kill:
+    """End the first attempt of `task` once an object matching `pattern` exists, once:
+    its container killed (`Failed`, retried) or, `deleted`, its pod deleted with its node
+    (`Error`, not retried)."""
+
+    task: str
+    pattern: str
+    deleted: bool = False
+    done: bool = False
+
+    def ended(self) -> tuple[str, str]:
+        """(Argo's phase of the attempt it ended, why)."""
+        if self.deleted:
+            return ERROR, f"pod deleted with its node once {self.pattern} was in the store"
+        return FAILED, f"container killed once {self.pattern} was in the store"
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Kills a step's process group, as a pod's containers end with it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def pod_env(container: Mapping[str, Any], settings: Mapping[str, Any],
+            secrets: Mapping[str, Mapping[str, str]], task: str) -> dict[str, str]:
+    """The step's environment: the container's own, then its secrets' keys.
+
+    Raises:
+        RehearsalError: A secret (or key) the pod needs is not given: on a cluster the
+            pod would not start (CreateContainerConfigError).
+    """
+    env = without_gpus({e["name"]: e["value"] for e in container.get("env", [])})
+    for mount in settings.get("secretAsEnv", []):
+        name = mount["secretName"]
+        for pair in mount["keyToEnv"]:
+            value = secrets.get(name, {}).get(pair["secretKey"])
+            if value is None and not mount.get("optional"):
+                raise RehearsalError(
+                    f"{task}: the pod reads key {pair['secretKey']!r} of secret {name!r}, "
+                    f"which the namespace does not hold: pass --secret "
+                    f"{name}={pair['secretKey']}=VALUE")
+            if value is not None:
+                env[pair["envVar"]] = value
+    return env
+
+
+def scheduling_note(container: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
+    """What the pod asks of a node, which one machine cannot honour: reported."""
+    resources = container.get("resources", {})
+    parts = [f"{name} {resources[key]}" for name, key in (
+        ("cpu", "resourceCpuLimit"), ("memory", "resourceMemoryLimit")) if key in resources]
+    accelerator = resources.get("accelerator", {})
+    if accelerator:
+        parts.append(f"{accelerator.get('resourceCount')} x {accelerator.get('resourceType')}")
+    labels = settings.get("nodeSelector", {}).get("labels", {})
+    parts += [f"node {k}={v}" for k, v in sorted(labels.items())]
+    parts += [f"tolerates {t['key']}" for t in settings.get("tolerations", [])]
+    parts += [f"{m['mountPath']} {m.get('sizeLimit', '')}".strip()
+              for m in settings.get("emptyDirMounts", [])]
+    return "; ".join(parts)
+
+
+def retry_policy(task: Mapping[str, Any]) -> tuple[int, float, float]:
+    """(attempts, first back-off in seconds, factor) of a task's `retryPolicy`."""
+    policy = task.get("retryPolicy", {})
+    backoff = float(str(policy.get("backoffDuration", "0s")).rstrip("s") or 0)
+    return 1 + int(policy.get("maxRetryCount", 0)), backoff, float(
+        policy.get("backoffFactor", 2.0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -69,6 +70,26 @@ def write_report(output: str, records: list[TaskRecord]) -> list[dict[str, Any]]
     return report
 
 
+def print_report(output: str) -> None:
+    """Prints each task's line of `output/rehearsal.json`, if the rehearsal wrote it."""
+    import json
+
+    path = os.path.join(output, "rehearsal.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            for task in json.load(f):
+                print(f"  {task['display_name']:<28} {task['state']:<10} attempts "
+                      f"{task['attempts']} {task['seconds']:.1f}s {task['note']}")
+
+
+def saved_outputs(outputs: Mapping[str, Any], restore: bool = False) -> dict[str, Any]:
+    """A task's `{"parameters", "artifacts"}` as JSON keeps them (artifacts as dicts), or,
+    `restore`, back from there (artifacts as `ArtifactRef`)."""
+    artifacts = {k: ArtifactRef(**v) if restore else dataclasses.asdict(v)
+                 for k, v in outputs["artifacts"].items()}
+    return {"parameters": dict(outputs["parameters"]), "artifacts": artifacts}
+
+
 def pipeline_summary(spec: dict[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
     """The pipeline's own summary of its outputs (as `run_local` writes it)."""
     from pipelines.catalogue import SUMMARIES_BY_NAME
@@ -76,3 +97,18 @@ def pipeline_summary(spec: dict[str, Any], outputs: dict[str, Any]) -> dict[str,
     summarize = SUMMARIES_BY_NAME.get(spec["pipelineInfo"]["name"])
     return summarize(outputs) if summarize else {
         "outputs": {k: getattr(v, "path", v) for k, v in outputs.items()}}
+
+
+def registration(decided: Mapping[str, Any], records: list[TaskRecord]) -> dict[str, Any]:
+    """The Kubeflow summary's `registration`: the gate's decision, and what the run
+    registered."""
+    states = {r.display_name: r for r in records}
+    registered = getattr(states.get("register-model"), "state", "") == "succeeded"
+    skipped = states.get("no-registry")
+    note = ("registered in MLflow's Model Registry at tracking_uri (alias challenger), "
+            "with its KServe InferenceService manifest beside the model" if registered else
+            "nothing registered: " + ("no tracking_uri was given" if skipped and
+                                      skipped.state == "succeeded" else
+                                      "the model did not clear the gate"))
+    return {"would_register": bool(decided.get("would_register")), "uploaded": False,
+            "registered_in_mlflow": registered, "note": note}

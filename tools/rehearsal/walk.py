@@ -1,13 +1,14 @@
 """What both rehearsals (Vertex's `driver`, open-source KFP's `kubeflow`) do alike: walk a
-DAG in dependency order, record each task, and skip one whose upstream did not run or
-whose `dsl.If` condition is false."""
+DAG in dependency order, record each task, find its producers by task key among the
+tasks recorded before it, and skip one whose upstream did not run or whose `dsl.If`
+condition is false."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import tools.rehearsal.spec as ir
-from tools.rehearsal.records import TaskRecord
+from tools.rehearsal.records import RehearsalError, TaskRecord
 
 SKIPPED = {"skipped": True, "parameters": {}, "artifacts": {}}
 
@@ -43,6 +44,7 @@ class DagWalk:
         if any(results.get(d, {}).get("skipped") for d in task.get("dependentTasks", [])):
             record.state, record.note = "skipped", "an upstream task did not run"
             return record, component, None, None
+        self._find_producers(record, task, results)
         values, inputs = ir.task_inputs(task, component, parameters, artifacts, results,
                                         self.job)
         condition = task.get("triggerPolicy", {}).get("condition")
@@ -51,3 +53,22 @@ class DagWalk:
             print(f"[rehearse] {record.display_name}: skipped ({condition} is false)")
             return record, component, None, None
         return record, component, values, inputs
+
+    def _find_producers(self, record: TaskRecord, task: dict[str, Any],
+                        results: dict[str, dict]) -> None:
+        """The driver looks each producer up by its task key among the executions recorded
+        in the DAG; one recorded under another name (`recorded_as` in its result) is not
+        found, and the task fails."""
+        inputs = task.get("inputs", {})
+        for source in (*inputs.get("parameters", {}).values(),
+                       *inputs.get("artifacts", {}).values()):
+            ref = source.get("taskOutputParameter") or source.get("taskOutputArtifact")
+            key = ref["producerTask"] if ref else ""
+            recorded = results.get(key, {}).get("recorded_as", key)
+            if recorded != key:
+                record.state, record.note = "failed", self._unfound(key, recorded)
+                raise RehearsalError(f"{record.display_name}: {record.note}")
+
+    def _unfound(self, key: str, recorded: str) -> str:
+        """Why producer `key`, recorded as `recorded`, was not found."""
+        return f"cannot find producer task {key!r} (recorded as {recorded!r})"
