@@ -4,6 +4,8 @@
         --host https://KFP_HOST [--namespace NS] [--experiment NAME] \\
         [--service-account KSA] [--token-file PATH] --param data_uri=gs://BUCKET/pets \\
         [--param image_size=160 ...] [--display-name N] [--no-cache] [--dry-run]
+    python -m pipelines.submit --target kubeflow --retry RUN_ID --host https://KFP_HOST \\
+        [--namespace NS] [--token-file PATH] [--dry-run]
 
 The run carries the file's pipeline spec and its Kubernetes settings (the YAML's second
 document) to the KFP API server through `kfp.Client`, in the experiment named (created when
@@ -11,6 +13,12 @@ missing). `--param` values are checked and typed as for Vertex (`pipelines.submi
 `--service-account` is the Kubernetes service account the run's pods use; a multi-user
 install needs `--namespace` (the profile's) and a bearer token (`--token-file`, e.g. the
 output of `kubectl create token`). Bad input exits with code 2.
+
+`--retry RUN_ID` continues a failed (or terminated) run, as the UI's Retry button does
+(`POST /apis/v2beta1/runs/RUN_ID:retry`): KFP starts the run's Argo workflow again with the
+same run id, keeping the steps that finished (their outputs are reused, they do not run
+again) and running the failed and unrun ones, under the same output URIs; a training step
+compiled with `--checkpoint-root` resumes from its checkpoints there.
 """
 
 from __future__ import annotations
@@ -77,30 +85,42 @@ def plan(args: argparse.Namespace) -> KubeflowSubmission:
         raise SubmitError(f"{args.template} was compiled for Vertex: compile with `python "
                           "compile.py --target kubeflow` (build/kubeflow/*.yaml)")
     params = parse_params(args.param, declared_parameters(spec))
-    url = urlparse(args.host)
-    if url.scheme not in ("http", "https") or not url.netloc:
-        raise SubmitError(f"--host {args.host!r} must be the KFP endpoint's URL, "
-                          "http(s)://HOST[:PORT][/PATH]")
-    if not _DNS_LABEL.match(args.namespace):
-        raise SubmitError(f"--namespace {args.namespace!r} is not a Kubernetes namespace name")
+    check_host(args.host, args.namespace)
     if args.service_account and not _DNS_SUBDOMAIN.match(args.service_account):
         raise SubmitError(f"--service-account {args.service_account!r} is not a Kubernetes "
                           "service account name (not an email: runs use a Kubernetes account)")
-    token = ""
-    if args.token_file:
-        try:
-            with open(args.token_file) as f:
-                token = f.read().strip()
-        except OSError as err:
-            raise SubmitError(f"--token-file {args.token_file}: {err.strerror}") from err
-        if not token:
-            raise SubmitError(f"--token-file {args.token_file} is empty")
+    token = read_token(args.token_file)
     return KubeflowSubmission(
         template_path=args.template, host=args.host.rstrip("/"), namespace=args.namespace,
         experiment=args.experiment or spec["pipelineInfo"]["name"],
         service_account=args.service_account, token=token, params=params,
         display_name=args.display_name or spec["pipelineInfo"]["name"],
         enable_caching=False if args.no_cache else None)
+
+
+def check_host(host: str, namespace: str) -> None:
+    """Refuses a malformed KFP endpoint or namespace (SubmitError)."""
+    url = urlparse(host)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise SubmitError(f"--host {host!r} must be the KFP endpoint's URL, "
+                          "http(s)://HOST[:PORT][/PATH]")
+    if not _DNS_LABEL.match(namespace):
+        raise SubmitError(f"--namespace {namespace!r} is not a Kubernetes namespace name")
+
+
+def read_token(path: str) -> str:
+    """The bearer token in the file at `path` ("" for no file); SubmitError if unreadable
+    or empty."""
+    if not path:
+        return ""
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+    except OSError as err:
+        raise SubmitError(f"--token-file {path}: {err.strerror}") from err
+    if not token:
+        raise SubmitError(f"--token-file {path} is empty")
+    return token
 
 
 def describe(submission: KubeflowSubmission) -> dict[str, Any]:
@@ -141,6 +161,30 @@ def launch(submission: KubeflowSubmission, client_class: Callable | None = None)
     return result.run_id
 
 
+# The run states KFP's retry takes: its workflow Failed or Errored (a terminated run too).
+RETRYABLE_STATES = ("FAILED", "CANCELED")
+
+
+def retry(host: str, namespace: str, token: str, run_id: str,
+          client_class: Callable | None = None) -> str:
+    """Retries the failed run `run_id` (KFP's run retry); returns its name.
+
+    Raises:
+        SubmitError: The run is not one KFP retries (running, or it succeeded).
+    """
+    if client_class is None:
+        from kfp import Client as client_class
+
+    client = client_class(host=host, namespace=namespace, existing_token=token or None)
+    run = client.get_run(run_id)
+    if str(run.state) not in RETRYABLE_STATES:
+        raise SubmitError(f"run {run_id} ({run.display_name}) is {run.state}: KFP retries a "
+                          "failed or terminated run only")
+    # kfp.Client (2.17) has no method of its own for it: its run API's, as the UI calls it
+    client._run_api.run_service_retry_run(run_id=run_id)
+    return run.display_name
+
+
 def write_without_cache(source: str, target: str) -> None:
     """Copies the compiled file `source` to `target` with caching off for every task, at
     every depth of the DAG."""
@@ -162,7 +206,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipelines.submit --target kubeflow",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("template", help="compiled pipeline, e.g. build/kubeflow/image_pipeline.yaml")
+    p.add_argument("template", nargs="?",
+                   help="compiled pipeline, e.g. build/kubeflow/image_pipeline.yaml")
+    p.add_argument("--retry", default="", metavar="RUN_ID",
+                   help="continue this failed run instead of starting one: its finished "
+                        "steps are kept and the others run again; the training step "
+                        "resumes from its checkpoints when compiled with --checkpoint-root")
     p.add_argument("--host", required=True, help="KFP endpoint, e.g. https://kfp.example.com")
     p.add_argument("--namespace", default="kubeflow",
                    help="the run's namespace (multi-user: your profile's)")
@@ -180,7 +229,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str], client_class: Callable | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if bool(args.retry) == bool(args.template):
+        p.error("give either the compiled pipeline or --retry RUN_ID")
+    if args.retry:
+        return _retry(args, client_class)
     try:
         submission = plan(args)
     except SubmitError as err:
@@ -192,4 +246,31 @@ def main(argv: Sequence[str], client_class: Callable | None = None) -> int:
     run_id = launch(submission, client_class)
     print(f"started run {run_id} in experiment {submission.experiment!r} "
           f"({submission.host}/#/runs/details/{run_id})")
+    return 0
+
+
+def _retry(args: argparse.Namespace, client_class: Callable | None) -> int:
+    """`--retry RUN_ID`: checks the options, then asks the server to retry the run."""
+    from kfp_server_api.exceptions import ApiException
+
+    try:
+        check_host(args.host, args.namespace)
+        token = read_token(args.token_file)
+        if args.param or args.display_name or args.no_cache or args.service_account:
+            raise SubmitError("--retry keeps the run's parameters and settings: give only "
+                              "--host, --namespace and --token-file with it")
+        if args.dry_run:
+            print(json.dumps({"host": args.host.rstrip("/"), "namespace": args.namespace,
+                              "retry": args.retry, "authenticated": bool(token)}, indent=2))
+            return 0
+        name = retry(args.host.rstrip("/"), args.namespace, token, args.retry, client_class)
+    except SubmitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ApiException as err:  # the server refused it (no such run, not allowed)
+        print(f"error: KFP did not retry run {args.retry}: {err.status} {err.reason} "
+              f"{err.body or ''}".rstrip(), file=sys.stderr)
+        return 1
+    print(f"retrying run {args.retry} ({name}): finished steps kept, the others run again "
+          f"({args.host.rstrip('/')}/#/runs/details/{args.retry})")
     return 0

@@ -404,3 +404,100 @@ def test_inputs_in_another_region_are_warned_about_not_refused(gcs):
     plan = submit.Submission(template_path="", project=PROJECT, region=REGION,
                              pipeline_root=ROOT, parameter_values={}, display_name="x")
     assert submit._bucket_locator(plan, AnonymousCredentials())("data-in-us") == "US"
+
+
+# --------------------------------------------------------------------------- Kubeflow: retry
+
+
+class _KfpRunsStub:
+    """A loopback stand-in for KFP's run API (none can run here): it records every request
+    kfp.Client sends, answers a run's GET with `runs` (run id -> state), its retry as KFP's
+    v2beta1 REST API does (an empty body), and the health check (single-user)."""
+
+    def __init__(self, runs: dict[str, str]):
+        import http.server
+        import threading
+
+        self.requests = []
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                stub.requests.append({"method": self.command, "path": self.path,
+                                      "auth": self.headers.get("Authorization")})
+                path = self.path.split("?")[0]
+                run_id = path.rsplit("/", 1)[-1].removesuffix(":retry")
+                if path == "/apis/v2beta1/healthz":  # kfp.Client's, in namespace kubeflow
+                    answer = {"multi_user": False}
+                elif run_id not in runs or not path.startswith("/apis/v2beta1/runs/"):
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                else:
+                    answer = {} if path.endswith(":retry") else {
+                        "run_id": run_id, "display_name": "image-classifier",
+                        "state": runs[run_id]}
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def test_kubeflow_retry_continues_a_failed_run_through_kfps_retry_endpoint(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client's context file
+    token = tmp_path / "token"
+    token.write_text("secret-token\n")
+    stub = _KfpRunsStub({"run-7": "FAILED", "run-8": "SUCCEEDED"})
+    try:
+        assert submit.main(["--target", "kubeflow", "--retry", "run-7", "--host", stub.url,
+                            "--namespace", "team-a", "--token-file", str(token)]) == 0
+        assert "retrying run run-7 (image-classifier)" in capsys.readouterr().out
+        retries = [r for r in stub.requests if r["method"] == "POST"]
+        assert [r["path"] for r in retries] == ["/apis/v2beta1/runs/run-7:retry"]
+        assert retries[0]["auth"] == "Bearer secret-token"
+        # a run that succeeded is not KFP's to retry: refused before anything is sent
+        assert submit.main(["--target", "kubeflow", "--retry", "run-8", "--host",
+                            stub.url]) == 2
+        assert "is SUCCEEDED: KFP retries a failed or terminated run only" in \
+            capsys.readouterr().err
+        assert submit.main(["--target", "kubeflow", "--retry", "run-9", "--host",
+                            stub.url]) == 1  # no such run: the server's answer, named
+        assert "KFP did not retry run run-9: 404" in capsys.readouterr().err
+        assert [r["path"] for r in stub.requests if r["method"] == "POST"] == [
+            "/apis/v2beta1/runs/run-7:retry"]
+    finally:
+        stub.close()
+
+
+def test_kubeflow_retry_takes_no_pipeline_and_says_what_it_keeps(capsys):
+    from pipelines import submit_kubeflow
+
+    for argv in (["--retry", "run-7", "build/x.yaml", "--host", "http://127.0.0.1:9"],
+                 ["--host", "http://127.0.0.1:9"]):
+        with pytest.raises(SystemExit):
+            submit_kubeflow.main(argv)
+        assert "either the compiled pipeline or --retry RUN_ID" in capsys.readouterr().err
+    assert submit_kubeflow.main(["--retry", "run-7", "--host", "http://127.0.0.1:9",
+                                 "--param", "seed=3"]) == 2
+    assert "--retry keeps the run's parameters" in capsys.readouterr().err
+    assert submit_kubeflow.main(["--retry", "run-7", "--host", "http://127.0.0.1:9",
+                                 "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["retry"] == "run-7"
+    help_text = " ".join(submit_kubeflow.parser().format_help().split())
+    assert "its finished steps are kept and the others run again" in help_text
+    assert "resumes from its checkpoints when compiled with --checkpoint-root" in help_text
