@@ -108,7 +108,9 @@ def parser() -> argparse.ArgumentParser:
                            if field.name == "boot_disk_size_gb" else None)
     j = p.add_argument_group("every job")
     j.add_argument("--spot", action="store_true",
-                   help="run the jobs on Spot VMs (Kubeflow: on the spot node pool)")
+                   help="run the jobs on Spot VMs (Kubeflow: on the spot node pool; a spot "
+                        "node reclaimed without a graceful shutdown deletes the pod, which "
+                        "Argo does not retry: retry the run, docs/kubeflow.md)")
     j.add_argument("--step-timeout", type=int, default=604800, metavar="SECONDS",
                    help="longest a step may run (a custom job's timeout, a pod's deadline)")
     j.add_argument("--restart-job-on-worker-restart", action="store_true")
@@ -191,11 +193,16 @@ def add_kubeflow_options(parser_: argparse.ArgumentParser) -> None:
                    help="Kubernetes secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                         "given to every pod for s3:// data and checkpoints")
     k.add_argument("--s3-endpoint", default="", metavar="URL",
-                   help="S3 API of MinIO or Ceph, e.g. http://minio.kubeflow:9000")
+                   help="S3 API of MinIO, SeaweedFS or Ceph, e.g. KFP's own store: "
+                        "http://minio-service.kubeflow:9000 (2.14, 2.15), "
+                        "http://seaweedfs.kubeflow:9000 (2.16 on)")
     k.add_argument("--training-retries", type=int, default=0, metavar="N",
-                   help="times a failed training pod starts again, resuming from "
-                        "--checkpoint-root (a preempted spot node); each retry re-bills its "
-                        "GPUs, and bad data fails again")
+                   help="times a training pod whose container failed (an error, killed "
+                        "for memory, a spot node's graceful shutdown) starts again, resuming "
+                        "from --checkpoint-root; a pod deleted with its node (a drain, a "
+                        "reclaim without graceful shutdown) is not retried by Argo: retry "
+                        "the run (pipelines.submit --retry RUN_ID, or the UI). Each retry "
+                        "re-bills its GPUs, and bad data fails again")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -10,9 +10,12 @@
 The run carries the file's pipeline spec and its Kubernetes settings (the YAML's second
 document) to the KFP API server through `kfp.Client`, in the experiment named (created when
 missing). `--param` values are checked and typed as for Vertex (`pipelines.submit`).
-`--service-account` is the Kubernetes service account the run's pods use; a multi-user
-install needs `--namespace` (the profile's) and a bearer token (`--token-file`, e.g. the
-output of `kubectl create token`). Bad input exits with code 2.
+`--service-account` is the Kubernetes service account the run's pods use (left out: the
+server's default, `default-editor` in a multi-user profile, `pipeline-runner` in a
+single-user install); a multi-user install needs `--namespace` (the profile's) and a
+bearer token for the audience `pipelines.kubeflow.org` (`--token-file`, e.g. the output of
+`kubectl create token default-editor -n NS --audience=pipelines.kubeflow.org`). Bad input
+exits with code 2.
 
 `--retry RUN_ID` continues a failed (or terminated) run, as the UI's Retry button does
 (`POST /apis/v2beta1/runs/RUN_ID:retry`): KFP starts the run's Argo workflow again with the
@@ -217,9 +220,11 @@ def parser() -> argparse.ArgumentParser:
                    help="the run's namespace (multi-user: your profile's)")
     p.add_argument("--experiment", default="", help="default: the pipeline's name")
     p.add_argument("--service-account", default="",
-                   help="Kubernetes service account of the run's pods")
+                   help="Kubernetes service account of the run's pods; empty: the "
+                        "server's default (default-editor in a multi-user profile)")
     p.add_argument("--token-file", default="",
-                   help="file holding a bearer token for the server (multi-user installs)")
+                   help="file holding a bearer token for the server (multi-user installs: "
+                        "audience pipelines.kubeflow.org)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="pipeline parameter; repeatable")
     p.add_argument("--display-name", default="", help="default: the pipeline's name")

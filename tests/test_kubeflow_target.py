@@ -564,6 +564,10 @@ def test_inference_services_serve_image_models_on_tf_serving_and_text_on_our_ser
                                    "protocol": "TCP"}]
     probe = container["startupProbe"]
     assert probe["timeoutSeconds"] < probe["periodSeconds"]
+    # Knative fails a revision not ready by its progress deadline (600 s by default)
+    deadline = text["metadata"]["annotations"]["serving.knative.dev/progress-deadline"]
+    assert int(deadline.rstrip("s")) > probe["periodSeconds"] * probe["failureThreshold"] > 600
+    assert "annotations" not in image["metadata"]
     assert registry.service_name("DenseNet121 Image_Classifier!") == \
         "densenet121-image-classifier"
     assert registry.service_name("2024 model") == "m-2024-model"

@@ -30,6 +30,12 @@ KSERVE_MODEL_MOUNT = "/mnt/models"
 SERVER_PORT = 8080
 # Knative Serving names a route after the service: KServe advises at most 45 characters.
 _MAX_NAME = 45
+# The text server's start-up window: a large model loads for minutes (it answers 503
+# meanwhile). A startupProbe needs Knative Serving >= 1.15 (older versions drop the field);
+# a revision not ready within Knative's progress deadline (600 s by default) fails, so the
+# manifest asks for the window plus a margin (the annotation: Knative >= 1.4).
+STARTUP_PERIOD_S, STARTUP_CHECKS = 10, 120
+PROGRESS_DEADLINE = "serving.knative.dev/progress-deadline"
 
 
 def served_uri(uri: str) -> str:
@@ -73,19 +79,21 @@ def inference_service(name: str, kind: str, storage_uri: str, serving_image: str
         env = {"STORAGE_URI": storage_uri, "AIP_STORAGE_URI": KSERVE_MODEL_MOUNT,
                "AIP_HTTP_PORT": str(SERVER_PORT), "AIP_HEALTH_ROUTE": "/health",
                "AIP_PREDICT_ROUTE": "/predict"}
-        probe = {"httpGet": {"path": "/health", "port": SERVER_PORT}, "periodSeconds": 10,
-                 "timeoutSeconds": 5}
+        probe = {"httpGet": {"path": "/health", "port": SERVER_PORT},
+                 "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 5}
         predictor = {"containers": [{
             "name": "kserve-container", "image": serving_image,
             "env": [{"name": k, "value": v} for k, v in env.items()],
             "ports": [{"containerPort": SERVER_PORT, "protocol": "TCP"}],
-            # a large model loads for minutes: the server answers 503 meanwhile
             "readinessProbe": probe,
-            "startupProbe": {**probe, "failureThreshold": 120},
+            "startupProbe": {**probe, "failureThreshold": STARTUP_CHECKS},
         }]}
+    metadata: dict[str, Any] = {"name": name, "labels": dict(labels)}
+    if kind != "image":
+        window = STARTUP_PERIOD_S * STARTUP_CHECKS
+        metadata["annotations"] = {PROGRESS_DEADLINE: f"{window + 300}s"}
     return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-            "metadata": {"name": name, "labels": dict(labels)},
-            "spec": {"predictor": predictor}}
+            "metadata": metadata, "spec": {"predictor": predictor}}
 
 
 def stage_tf_serving(model_dir: str, out_dir: str, subdir: str = SAVED_MODEL_DIR) -> str:

@@ -2,10 +2,11 @@
 
 The Kubeflow target compiles the same DAG that `kfp.local` runs (no GCPC launcher) and
 puts each task on a node of the user's cluster with what a Vertex machine gave it: CPU and
-memory (requests = limits: Guaranteed QoS, so a training pod is the last evicted), its
-GPUs (`nvidia.com/gpu`) with a node selector for the GPU type and the GPU toleration, a
-memory-backed `/dev/shm`, the step timeout and image pull secrets (`kfp-kubernetes`; the
-platform settings land in the compiled YAML's second document). The same compile-time
+memory (requests = limits on its container; KFP's launcher init container keeps the pod
+Burstable, docs/kubeflow.md), its GPUs (`nvidia.com/gpu`) with a node selector for the
+GPU type and the GPU toleration, a memory-backed `/dev/shm`, the step timeout and image
+pull secrets (`kfp-kubernetes`; the platform settings land in the compiled YAML's second
+document, which every supported backend parses: `tools.kfp_backends`). The same compile-time
 `Machine` options pick them: a machine type maps to a node's capacity with headroom left
 for the kubelet and the node's daemons, or the quantities are given directly. KFP's IR
 has no ephemeral-storage request: the launcher's copies of inputs and outputs go to the
@@ -239,8 +240,9 @@ class KubeflowSettings:
         storage_secret: Kubernetes secret holding S3 keys (`S3_SECRET_KEYS`), given to
             every pod as environment variables; empty for none (e.g. a pod role).
         s3_endpoint: The S3 API's URL for MinIO or Ceph (`AWS_ENDPOINT_URL_S3`); empty: AWS.
-        training_retries: Times a failed training pod is started again (it resumes from
-            `checkpoint_root`); 0: a failure fails the run.
+        training_retries: Times a training pod whose container failed is started again
+            (it resumes from `checkpoint_root`), within `retry_window`; 0: a failure
+            fails the run. Argo (2.14-2.16) does not retry a pod deleted with its node.
     """
 
     pods: Mapping[str, PodResources]
