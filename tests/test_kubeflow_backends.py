@@ -121,12 +121,20 @@ def test_an_environment_holds_its_backends_pins_and_is_made_once():
     assert os.stat(f"{folder}/.installed").st_mtime_ns == made  # not installed again
 
 
-def test_the_command_reports_each_backend(compiled_variants, capsys):
+def test_the_command_reports_each_backend_and_fails_on_a_refusal(compiled_variants, capsys,
+                                                                 tmp_path):
     documents = compiled_variants["plain"]
     path = next(p for p in documents if p.endswith("/lm_pipeline.yaml"))
     assert kfp_backends.main([path, "--backend", "2.14", "--backend", "2.17"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["KFP 2.14: 1 files, all parse",
-                                                    "KFP 2.17: 1 files, all parse"]
+    out = capsys.readouterr().out  # other tests' threads may write here too: lines, not all
+    assert "KFP 2.14: 1 files, all parse" in out and "KFP 2.17: 1 files, all parse" in out
+    spec, platform = copy.deepcopy(documents[path])
+    spec["pipelineInfo"]["owner"] = "someone"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(spec) + "---\n" + yaml.safe_dump(platform))
+    assert kfp_backends.main([str(bad), "--backend", "2.16"]) == 1
+    out = capsys.readouterr().out
+    assert "KFP 2.16: 1 files, refused: 1" in out and '"owner"' in out
 
 
 def test_documents_are_read_as_kfp_writes_them(tmp_path):
