@@ -184,7 +184,14 @@ def retry(host: str, namespace: str, token: str, run_id: str,
         raise SubmitError(f"run {run_id} ({run.display_name}) is {run.state}: KFP retries a "
                           "failed or terminated run only")
     # kfp.Client (2.17) has no method of its own for it: its run API's, as the UI calls it
-    client._run_api.run_service_retry_run(run_id=run_id)
+    run_api = getattr(client, "_run_api", None)
+    if run_api is None or not hasattr(run_api, "run_service_retry_run"):
+        import kfp
+
+        raise SubmitError(f"this kfp ({kfp.__version__}) does not reach KFP's run retry as "
+                          "2.17 did (kfp.Client._run_api.run_service_retry_run): retry the "
+                          "run from the UI, or POST /apis/v2beta1/runs/RUN_ID:retry")
+    run_api.run_service_retry_run(run_id=run_id)
     return run.display_name
 
 
@@ -261,7 +268,8 @@ def _retry(args: argparse.Namespace, client_class: Callable | None) -> int:
     try:
         check_host(args.host, args.namespace)
         token = read_token(args.token_file)
-        if args.param or args.display_name or args.no_cache or args.service_account:
+        if (args.param or args.display_name or args.no_cache or args.service_account
+                or args.experiment):
             raise SubmitError("--retry keeps the run's parameters and settings: give only "
                               "--host, --namespace and --token-file with it")
         if args.dry_run:

@@ -794,7 +794,8 @@ def test_a_kubeflow_compile_needs_neither_gcpc_nor_the_vertex_sdk(tmp_path):
 def test_each_target_offers_the_parameters_that_mean_something_there(tmp_path):
     """The same parameters and defaults on both targets but `job_service_account` (Vertex's
     custom jobs' account; a Kubeflow run's Kubernetes account is chosen when it is
-    created), and the registration's own words: Vertex's Model Registry or MLflow's."""
+    created), the registration's own words (Vertex's Model Registry or MLflow's), the
+    stores the steps read (s3:// too on Kubeflow) and tracking to a server there."""
     vertex, kubeflow = _compile(tmp_path), _compile(tmp_path, "--target", "kubeflow")
     for name in compile_cli.PIPELINES:
         spec = json.loads((vertex / f"{name}.json").read_text())
@@ -805,7 +806,13 @@ def test_each_target_offers_the_parameters_that_mean_something_there(tmp_path):
         assert {n: p.get("defaultValue") for n, p in theirs.items()} == {
             n: ours[n].get("defaultValue") for n in theirs}
         reworded = {n for n, p in theirs.items() if p["description"] != ours[n]["description"]}
-        assert reworded == {"register_model", "model_display_name"} & set(ours), name
+        stores = {n for n, p in ours.items() if "gs://" in p["description"]} - {"tracking_uri"}
+        assert reworded == ({"register_model", "model_display_name", "tracking_uri"}
+                            & set(ours)) | stores, name
+        for n in stores:  # the steps read s3:// as they read gs://
+            assert theirs[n]["description"] == ours[n]["description"].replace(
+                "gs://", "s3:// or gs://")
+        assert "gs://" not in theirs["tracking_uri"]["description"]  # /gcs is scratch there
         if "register_model" in ours:
             assert "Vertex Model Registry" in ours["register_model"]["description"]
             assert "MLflow Model Registry" in theirs["register_model"]["description"]

@@ -104,11 +104,12 @@ def test_training_retries_outlast_every_attempt_at_its_timeout(compiled_variants
                 if policy:
                     retried += 1
                     assert policy["maxRetryCount"] == 2
-                    # 3 attempts of a day each, and the back-offs of 60 s and 120 s
-                    assert policy["backoffMaxDuration"] == f"{3 * 86400 + 180}s"
+                    # 3 attempts of a day each, an hour each to be scheduled, and the
+                    # back-offs of 60 s and 120 s
+                    assert policy["backoffMaxDuration"] == f"{3 * (86400 + 3600) + 180}s"
     assert retried == 7  # one training step per pipeline
-    assert kubeflow.retry_window(0, 3600) == 3600
-    assert kubeflow.retry_window(3, 604800) == 4 * 604800 + 60 + 120 + 240
+    assert kubeflow.retry_window(0, 3600) == 7200
+    assert kubeflow.retry_window(3, 604800) == 4 * (604800 + 3600) + 60 + 120 + 240
 
 
 def test_an_environment_holds_its_backends_pins_and_is_made_once():

@@ -307,6 +307,17 @@ def put_on_a_new_connection(local, remote):  # the last one idled out in a long 
 mirror.fs.put = put_on_a_new_connection
 if sys.argv[1] == "lose-the-bucket":  # the store goes away while the step trains
     boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).delete_bucket(Bucket="ckpt")
+if sys.argv[1] == "fork-a-child":  # a data loader's worker: it inherits the exit hook
+    import multiprocessing
+
+    def child():
+        mirror.fs.put = None  # a push from here would fail, and exit 1
+        open(os.path.join(folder, "child.txt"), "w").close()
+
+    worker = multiprocessing.get_context("fork").Process(target=child)
+    worker.start()
+    worker.join()
+    print("child exit code", worker.exitcode)
 with open(os.path.join(folder, "events.out"), "w") as f:
     f.write("the last epoch's logs")  # written after the last save: the exit pushes it
 """
@@ -329,6 +340,12 @@ def test_kubeflow_a_failed_final_push_fails_the_process(s3, tmp_path):
     assert [k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]] == [
         "job/task/events.out"]
     s3.delete_object(Bucket="ckpt", Key="job/task/events.out")
+    forked = step("fork-a-child")  # only the process that made the mirror pushes
+    assert forked.returncode == 0 and "child exit code 0" in forked.stdout, forked.stderr
+    assert sorted(k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]) == [
+        "job/task/child.txt", "job/task/events.out"]
+    for key in ("job/task/child.txt", "job/task/events.out"):
+        s3.delete_object(Bucket="ckpt", Key=key)
     lost = step("lose-the-bucket")
     assert lost.returncode == 1
     assert "to s3://ckpt/job/task" in lost.stderr

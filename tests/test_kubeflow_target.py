@@ -488,7 +488,9 @@ def test_training_steps_keep_checkpoints_in_the_object_store_and_pods_get_storag
              if "dag" in c for t in c["dag"]["tasks"].values()}
     assert tasks["train-densenet121"]["retryPolicy"]["maxRetryCount"] == 2
     assert "retryPolicy" not in tasks["trial"] and "retryPolicy" not in tasks["shard-images"]
-    assert env("exec-shard-images") == {"AWS_ENDPOINT_URL_S3": "http://minio.kubeflow:9000"}
+    # every pod: /gcs is KFP's scratch folder, not a bucket mount
+    assert env("exec-shard-images") == {"AWS_ENDPOINT_URL_S3": "http://minio.kubeflow:9000",
+                                        "OBJECT_STORE_MOUNTED": "0"}
     for executor in ("exec-shard-images", "exec-preflight-image", "exec-train-image-classifier"):
         (secret,) = platform[executor]["secretAsEnv"]
         assert secret["secretName"] == "s3-keys"

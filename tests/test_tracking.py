@@ -61,3 +61,8 @@ def test_tracking_uris_a_step_could_not_use_are_refused():
     # gs:// is a file store through Vertex's /gcs mount; here there is none
     with pytest.raises(TrackingError, match="mount, which this machine lacks"):
         tracking_store("gs://bucket/mlruns")
+    # open-source KFP's pods have a /gcs, a scratch folder: refused there, not lost
+    kubeflow_pod = {"OBJECT_STORE_MOUNTED": "0"}
+    with pytest.raises(TrackingError, match="scratch folder of the pod"):
+        check_tracking_uri("gs://bucket/mlruns", kubeflow_pod)
+    check_tracking_uri("http://mlflow.mlflow:5000", kubeflow_pod)

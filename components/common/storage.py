@@ -9,6 +9,7 @@ credentials chain (the environment, a mounted profile, the pod's role).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -255,8 +256,11 @@ class Mirror:
         try:
             self.fs.invalidate_cache(self.root)
             self.fs.ls(self.root, detail=False)  # holds the probe: not found is an error
-        finally:
-            self.fs.rm(probe)
+        except Exception:
+            with contextlib.suppress(Exception):  # the listing's error is the one to name
+                self.fs.rm(probe)
+            raise
+        self.fs.rm(probe)
 
     def _pull(self) -> None:
         if self.fs.isdir(self.root):
@@ -296,8 +300,12 @@ class Mirror:
         def upload() -> None:
             while todo:  # what is done stays done across tries
                 local = os.path.join(self.local, todo[0])
-                if os.path.exists(local):  # else removed since listed: gone next push
+                try:
                     self.fs.put(local, f"{self.root}/{todo[0]}")
+                except FileNotFoundError:
+                    if os.path.exists(local):  # the store's: no such bucket
+                        raise
+                    # removed by the trainer since it was listed: gone at the next push
                 todo.pop(0)
             while gone:
                 with contextlib.suppress(FileNotFoundError):
@@ -324,7 +332,7 @@ def mirrored_folder(remote: str) -> str:
     if remote not in _MIRRORS:
         mirror = Mirror(remote)
         if not _MIRRORS:
-            _at_exit(_push_at_exit)
+            _at_exit(functools.partial(_push_at_exit, os.getpid()))
         _MIRRORS[remote] = mirror
     return _MIRRORS[remote].local
 
@@ -342,7 +350,14 @@ def _at_exit(push: Callable[[], None]) -> None:
     import concurrent.futures.thread  # noqa: F401 (registers its pools' shutdown now)
     import threading
 
-    threading._register_atexit(push)
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # a Python without the hook: atexit, whose push can fail late
+        import atexit
+
+        logging.getLogger(__name__).warning("threading._register_atexit is missing: the "
+                                            "last checkpoint push runs at interpreter exit")
+        register = atexit.register
+    register(push)
 
 
 def push_mirrors(folder: str | None = None) -> None:
@@ -360,13 +375,20 @@ def push_mirrors(folder: str | None = None) -> None:
             mirror.push()
 
 
-def _push_at_exit() -> None:
+def _push_at_exit(pid: int) -> None:
     """The last push, at exit (what changed since the trainer's last save: TensorBoard's
     last events, a checkpoint rotated out). Where it fails, the process exits with 1: an
     exception raised at exit is printed but leaves the exit status as it was (0 after a
     finished training), and the step must not pass with its state lost. Here, not in each
     trainer: it covers every trainer and every DDP rank 0, ending well or not, in one
-    place."""
+    place. Only in the process that made the mirrors (`pid`): a forked child (a data
+    loader's worker) inherits the hook, and multiprocessing runs it when the child ends.
+
+    Args:
+        pid: The process that registered the push.
+    """
+    if os.getpid() != pid:
+        return
     try:
         push_mirrors()
     except Exception as err:

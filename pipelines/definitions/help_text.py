@@ -88,11 +88,14 @@ class Words:
             `python -m tools.signatures` writes from HELP, OWN_HELP or the step's help).
         dropped: Parameters that mean nothing on this target: its pipelines do not have
             them (the body takes their defaults).
+        rewrites: (old, new) texts replaced in every other parameter's help: the stores
+            the steps read from on this target.
     """
 
     tuning_clause: str
     help: Mapping[str, str] = dataclasses.field(default_factory=dict)
     dropped: tuple[str, ...] = ()
+    rewrites: tuple[tuple[str, str], ...] = ()
 
 
 VERTEX = Words("tunes hyperparameters in a Vertex tuning job, ")
@@ -106,7 +109,12 @@ KUBEFLOW = Words(
                           "nothing is registered.",
         "model_display_name": "Name of the registered model in the MLflow Model Registry; a "
                               "later run adds a version to it.",
+        # a gs:// file store is written through Vertex's /gcs mount, a scratch folder here
+        "tracking_uri": "MLflow tracking server URL (http/https) the pods reach; one MLflow "
+                        "run per pipeline run, named after it. Empty: no tracking.",
     },
     # the run's Kubernetes service account is chosen when the run is created
     dropped=("job_service_account",),
+    # the steps read s3:// (AWS, MinIO, SeaweedFS, Ceph) as they read gs://
+    rewrites=(("gs://", "s3:// or gs://"),),
 )

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.common.gpus import EXPECTED_GPUS_VARIABLE
+from components.common.storage import MOUNTED_VARIABLE
 from pipelines.definitions.help_text import KUBEFLOW as KUBEFLOW_WORDS
 from pipelines.definitions.machine import GPU_MACHINES, TRAINING_STEPS, Machine
 
@@ -86,6 +87,8 @@ GKE_SPOT_TOLERATION = "cloud.google.com/gke-spot=true:NoSchedule"
 SHM_VOLUME = "dshm"
 # A failed training pod starts again after 60 s, then 120 s, ... (Argo's back-off).
 RETRY_BACKOFF_S, RETRY_FACTOR = 60, 2
+# What an attempt may wait to be scheduled, in the retries' bound (a GPU node scaled up).
+RETRY_SCHEDULING_S = 3600
 # The keys of `--storage-secret` the pods read as environment variables (botocore's).
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # The quantities KFP's own setters take (kfp.dsl.PipelineTask.set_cpu_limit and
@@ -325,6 +328,8 @@ class KubeflowSettings:
         if self.image_pull_secrets:
             kubernetes.set_image_pull_secrets(task, list(self.image_pull_secrets))
         kubernetes.set_timeout(task, self.timeout_seconds)
+        # KFP's /gcs is a scratch folder the launcher fills, not Vertex's bucket mount
+        task.set_env_variable(MOUNTED_VARIABLE, "0")
         if self.storage_secret:
             kubernetes.use_secret_as_env(task, self.storage_secret,
                                          {key: key for key in S3_SECRET_KEYS})
@@ -341,7 +346,6 @@ class KubeflowSettings:
             # The trainers' own contract (Vertex's names); never the /gcs scratch folder.
             task.set_env_variable("AIP_CHECKPOINT_DIR", f"{root}/checkpoints")
             task.set_env_variable("AIP_TENSORBOARD_LOG_DIR", f"{root}/tensorboard")
-            task.set_env_variable("OBJECT_STORE_MOUNTED", "0")
         if not step:
             return task
         pod = self.pods[step]
@@ -365,22 +369,35 @@ class KubeflowSettings:
 
 
 def retry_window(retries: int, timeout_seconds: int) -> int:
-    """Argo's `backoff.maxDuration` for a step retried `retries` times: every attempt at
-    its full timeout plus every back-off.
+    """Argo's `backoff.maxDuration` for a step retried `retries` times.
 
     Argo counts the bound from the first attempt's start and neither retries nor lets a
     retry run past it; KFP's default (3600 s) would end a training step's retries an hour
     in. The bound is only Argo's: each attempt still ends at the step timeout.
+
+    Args:
+        retries: Times the step is retried.
+        timeout_seconds: The step timeout (each attempt's activeDeadlineSeconds).
+
+    Returns:
+        Seconds: every attempt at its full timeout plus `RETRY_SCHEDULING_S` to be
+        scheduled (the deadline counts from the pod's start, not from a GPU node being
+        brought up for it), and every back-off.
     """
     backoffs = sum(RETRY_BACKOFF_S * RETRY_FACTOR ** attempt for attempt in range(retries))
-    return (retries + 1) * timeout_seconds + math.ceil(backoffs)
+    return (retries + 1) * (timeout_seconds + RETRY_SCHEDULING_S) + math.ceil(backoffs)
 
 
 def without_default_optional(task) -> None:
     """Compatibility with KFP 2.14 (`tools.kfp_backends` checks it): kfp-kubernetes 2.17
     writes `secretAsEnv[].optional: false`, a field 2.14's API server does not know and
     refuses at Create run. False is the field's default (the secret must exist), so the
-    settings without it mean the same on every backend. Drops only that default value."""
+    settings without it mean the same on every backend. Drops only that default value.
+
+    Args:
+        task: A task `kubernetes.use_secret_as_env` has just set up (its platform config
+            is kfp-kubernetes' dict of the executor's Kubernetes settings).
+    """
     for entry in task.platform_config.get("kubernetes", {}).get("secretAsEnv", []):
         if entry.get("optional") is False:
             del entry["optional"]

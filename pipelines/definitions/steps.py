@@ -434,7 +434,7 @@ def spoken(body: Callable, words: help_text.Words | None) -> Callable:
     signature = inspect.signature(body)
     dropped = [name for name in words.dropped if name in signature.parameters]
     helps = {name: text for name, text in words.help.items() if name in signature.parameters}
-    if not (dropped or helps):
+    if not (dropped or helps or words.rewrites):
         return body
     kept = signature.replace(parameters=[parameter for parameter in signature.parameters.values()
                                          if parameter.name not in dropped])
@@ -444,17 +444,21 @@ def spoken(body: Callable, words: help_text.Words | None) -> Callable:
         return body(**kept.bind(*args, **kwargs).arguments)
 
     spoken_body.__signature__ = kept
-    spoken_body.__doc__ = _spoken_args(body, helps, dropped)
+    spoken_body.__doc__ = _spoken_args(body, helps, dropped, words.rewrites)
     return spoken_body
 
 
-def _spoken_args(body: Callable, helps: Mapping[str, str], dropped: list[str]) -> str:
-    """`body`'s docstring with the `Args:` entries of `dropped` left out and those of
-    `helps` saying its help."""
-    written, found = [], set()
+def _spoken_args(body: Callable, helps: Mapping[str, str], dropped: list[str],
+                 rewrites: tuple[tuple[str, str], ...] = ()) -> str:
+    """`body`'s docstring with the `Args:` entries of `dropped` left out, those of
+    `helps` saying its help, and `rewrites` made in the other entries."""
+    written, found, in_args = [], set(), False
     for line in body.__doc__.split("\n"):
         name, sep, _ = line.strip().partition(": ")
+        in_args = in_args or line.strip() == "Args:"
         if not sep or name in found or not (name in helps or name in dropped):
+            for old, new in rewrites if in_args else ():
+                line = line.replace(old, new)
             written.append(line)
             continue
         found.add(name)

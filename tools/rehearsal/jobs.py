@@ -37,7 +37,7 @@ CUSTOM_JOB_LAUNCHER = "google_cloud_pipeline_components.container.v1.custom_job.
 TUNING_JOB_LAUNCHER = ("google_cloud_pipeline_components.container.v1."
                        "hyperparameter_tuning_job.launcher")
 GCPC_LAUNCHER_PREFIX = "google_cloud_pipeline_components.container."
-# Our Model Registry lookup (components.register.component.find_registered_model): a
+# Our Model Registry lookup (components.register.vertex_upload.find_registered_model): a
 # Vertex API call like GCPC's, so it is stood in for, from the `registry` given.
 REGISTRY_LOOKUP = "find_registered_model"
 # Our best-trial steps (components.tune.component) read the tuning job from Vertex: the

@@ -284,7 +284,12 @@ class KubeflowRehearsal(DagWalk):
                 record, pod, planned, container, component,
                 {**env, "KFP_RETRY_INDEX": str(attempt)}, deadline)
             if state["phase"] == launcher.SUCCEEDED:
-                break
+                try:  # the launcher reads and uploads the outputs in the pod: a failure
+                    # there fails the container, which the retry policy retries
+                    result = self._collect(component, planned, pod, task_root)
+                    break
+                except (RehearsalError, OSError, ValueError, KeyError) as err:
+                    state["phase"], failure = launcher.FAILED, f"outputs not kept: {err}"
             deleted = state["phase"] == launcher.ERROR
             notes.append(f"attempt {attempt + 1} ended {state['phase']} ({failure})" + (
                 ": not retried (KFP sets no retryPolicy; Argo's default OnFailure retries a "
@@ -296,7 +301,6 @@ class KubeflowRehearsal(DagWalk):
                          "(not waited here)")
         record.replicas = 1
         record.note = "; ".join(n for n in notes if n)
-        result = self._collect(component, planned, pod, task_root)
         state["outputs"] = saved_outputs(result)
         return result
 
