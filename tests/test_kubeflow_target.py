@@ -22,6 +22,7 @@ from components.tune.contract import TUNABLE, default_space, draw_points
 from components.tune.task_trial import as_trial, run_trial
 from pipelines.definitions import kubeflow
 from pipelines.definitions.machine import Machine
+from tests.kfp_api import KfpApiStub
 
 REGISTRY = "registry.example.com/ml"
 PIPELINES = ("image_pipeline", "text_pipeline", "lm_pipeline", "transformer_pipeline",
@@ -350,57 +351,6 @@ def test_kubeflow_tuning_variant_runs_its_trials_in_a_loop_and_retrains_with_the
 # --------------------------------------------------------------------------- submit
 
 
-class _KfpApiStub:
-    """A loopback stand-in for the KFP API server (none can run here): it records every
-    request kfp.Client sends and answers the experiment and run calls as KFP's v2beta1
-    REST API does."""
-
-    def __init__(self):
-        import http.server
-        import threading
-
-        self.requests = []
-        stub = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _answer(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"null")
-                stub.requests.append({"method": self.command, "path": self.path,
-                                      "auth": self.headers.get("Authorization"),
-                                      "body": body})
-                path = self.path.split("?")[0]
-                if self.command == "GET" and path == "/apis/v2beta1/experiments":
-                    answer = {"experiments": []}
-                elif self.command == "POST" and path == "/apis/v2beta1/experiments":
-                    answer = {**body, "experiment_id": "exp-1"}
-                elif self.command == "POST" and path == "/apis/v2beta1/runs":
-                    answer = {"run_id": "run-1", "display_name": body["display_name"],
-                              "experiment_id": body["experiment_id"], "state": "PENDING"}
-                else:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-
-
 def test_submit_starts_a_run_with_the_pod_settings_checked_parameters_and_the_token(
         compiled, tmp_path, capsys, monkeypatch):
     from pipelines import submit
@@ -408,7 +358,7 @@ def test_submit_starts_a_run_with_the_pod_settings_checked_parameters_and_the_to
     monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client's context file
     token = tmp_path / "token"
     token.write_text("secret-token\n")
-    stub = _KfpApiStub()
+    stub = KfpApiStub()
     try:
         assert submit.main(["--target", "kubeflow", str(compiled / "image_pipeline.yaml"),
                             "--host", stub.url, "--namespace", "team-a", "--experiment",

@@ -23,6 +23,7 @@ from google.cloud.aiplatform_v1.types import PipelineJob, Schedule
 
 import compile as compile_cli
 from pipelines import submit
+from tests.kfp_api import KfpApiStub
 
 PROJECT = "acme-ml"
 REGION = "europe-west4"
@@ -409,60 +410,12 @@ def test_inputs_in_another_region_are_warned_about_not_refused(gcs):
 # --------------------------------------------------------------------------- Kubeflow: retry
 
 
-class _KfpRunsStub:
-    """A loopback stand-in for KFP's run API (none can run here): it records every request
-    kfp.Client sends, answers a run's GET with `runs` (run id -> state), its retry as KFP's
-    v2beta1 REST API does (an empty body), and the health check (single-user)."""
-
-    def __init__(self, runs: dict[str, str]):
-        import http.server
-        import threading
-
-        self.requests = []
-        stub = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _answer(self):
-                stub.requests.append({"method": self.command, "path": self.path,
-                                      "auth": self.headers.get("Authorization")})
-                path = self.path.split("?")[0]
-                run_id = path.rsplit("/", 1)[-1].removesuffix(":retry")
-                if path == "/apis/v2beta1/healthz":  # kfp.Client's, in namespace kubeflow
-                    answer = {"multi_user": False}
-                elif run_id not in runs or not path.startswith("/apis/v2beta1/runs/"):
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                else:
-                    answer = {} if path.endswith(":retry") else {
-                        "run_id": run_id, "display_name": "image-classifier",
-                        "state": runs[run_id]}
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-
-
 def test_kubeflow_retry_continues_a_failed_run_through_kfps_retry_endpoint(
         tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client's context file
     token = tmp_path / "token"
     token.write_text("secret-token\n")
-    stub = _KfpRunsStub({"run-7": "FAILED", "run-8": "SUCCEEDED"})
+    stub = KfpApiStub({"run-7": "FAILED", "run-8": "SUCCEEDED"})
     try:
         assert submit.main(["--target", "kubeflow", "--retry", "run-7", "--host", stub.url,
                             "--namespace", "team-a", "--token-file", str(token)]) == 0
