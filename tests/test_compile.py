@@ -572,13 +572,8 @@ def test_tensorboard_needs_its_output_folder_account_and_a_resource_name(tmp_pat
 
 
 def test_every_pair_of_vertexs_machine_table_passes():
-    from pipelines.definitions.vertex import (
-        DEFAULT_MACHINES,
-        GPU_MACHINES,
-        N1_GPU_VCPUS,
-        Machine,
-        machine_problems,
-    )
+    from pipelines.definitions.machine import DEFAULT_MACHINES, GPU_MACHINES, Machine
+    from pipelines.definitions.vertex import N1_GPU_VCPUS, machine_problems
     pairs = [Machine(name, gpu, count) for name, (gpu, count) in GPU_MACHINES.items()]
     pairs += [Machine(f"n1-standard-{max(n for n in (4, 8, 16, 32, 64, 96) if n <= most)}",
                       gpu, count) for gpu, limits in N1_GPU_VCPUS.items()
@@ -597,7 +592,8 @@ HYPERDISK_FLAGS = ("--train-image-machine-type", "a3-ultragpu-8g",
 
 
 def test_every_machine_gets_a_boot_disk_type_vertex_takes():
-    from pipelines.definitions.vertex import CPU_MACHINE_TYPES, GPU_MACHINES, boot_disk_type
+    from pipelines.definitions.machine import GPU_MACHINES, boot_disk_type
+    from pipelines.definitions.vertex import CPU_MACHINE_TYPES
 
     # DiskSpec.boot_disk_type's documented values (google.cloud.aiplatform_v1.DiskSpec)
     valid = {"pd-ssd", "pd-standard", "hyperdisk-balanced"}

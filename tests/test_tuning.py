@@ -27,8 +27,8 @@ from components.tune.contract import (
     read_space,
 )
 from pipelines.definitions import tuning
+from pipelines.definitions.machine import DEFAULT_MACHINES
 from pipelines.definitions.steps import component as step_component
-from pipelines.definitions.vertex import DEFAULT_MACHINES
 from tests.conftest import compile_once
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"

@@ -19,10 +19,9 @@ from google_cloud_pipeline_components.v1.custom_job import (
 from kfp import dsl
 
 from pipelines.definitions.help_text import VERTEX as VERTEX_WORDS
-from pipelines.definitions.machine import (  # noqa: F401 (their home for callers)
+from pipelines.definitions.machine import (
     DEFAULT_MACHINES,
     GPU_MACHINES,
-    HYPERDISK_MACHINE_PREFIXES,
     TRAINING_STEPS,
     Machine,
     boot_disk_type,
