@@ -67,8 +67,11 @@ def test_images_from_gcs_to_gcs_with_unreadable_files_as_error_lines(colour_mode
 
 def test_bad_requests_fail_clearly_and_leave_no_output(colour_model, tmp_path, capsys):
     out = tmp_path / "out.jsonl"
-    with pytest.raises(PredictionError, match="neither model.keras .* nor export.pkl"):
-        model_family(str(tmp_path))
+    with pytest.raises(PredictionError, match="does not exist"):
+        model_family(str(tmp_path / "broken"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PredictionError, match="is not a trained model folder: it holds nothing"):
+        model_family(str(tmp_path / "empty"))
     with pytest.raises(PredictionError, match="does not exist"):
         predict_to_file(str(colour_model), str(tmp_path / "nowhere"), str(out))
     only_broken = tmp_path / "broken"

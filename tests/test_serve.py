@@ -88,7 +88,8 @@ def test_cli_serves_text_models_only(tmp_path, monkeypatch, capsys):
     for name in AIP_VARS:
         monkeypatch.delenv(name, raising=False)
     (tmp_path / "image").mkdir()
-    (tmp_path / "image" / "model.keras").write_bytes(b"")  # what model_family reads
+    for name in ("model.keras", "labels.json", "preprocessing.json"):  # what model_family reads
+        (tmp_path / "image" / name).write_bytes(b"")
     assert serve_cli.main(["--model", str(tmp_path / "image")]) == 2
     err = capsys.readouterr().err
     assert "image (Keras) model" in err and "TF Serving" in err and "pipelines.predict" in err
@@ -119,7 +120,7 @@ def _gated_predictor(monkeypatch, gate: threading.Event, error: Exception | None
     class SlowPredictor:
         labels, text_keys = ["a"], ("text",)
 
-        def __init__(self, model_dir, batch_size):
+        def __init__(self, model_dir, batch_size, name=""):
             assert gate.wait(timeout=30)
             if error:
                 raise error
@@ -186,7 +187,8 @@ def test_cli_stops_with_the_error_when_a_gcs_model_fails_to_load(gcs, tmp_path, 
     for name in AIP_VARS:
         monkeypatch.delenv(name, raising=False)
     bucket = gcs.create_bucket("models-image")
-    bucket.blob("image/model.keras").upload_from_string(b"")
+    for name in ("model.keras", "labels.json", "preprocessing.json"):
+        bucket.blob(f"image/{name}").upload_from_string(b"")
     assert serve_cli.main(["--model", "gs://models-image/image", "--port",
                            str(free_port())]) == 1
     assert "image (Keras) model" in capsys.readouterr().err

@@ -15,9 +15,7 @@ import json
 import os
 from typing import Any
 
-from components.text_common.contract import EXPORT_FILE
-from components.text_common.models import is_text_model_folder
-from components.train_image.contract import MODEL_FILE
+from components.formats.input_kinds import FolderKindError, folder_files, model_folder_kind
 
 PREDICTIONS_FILE = "predictions.jsonl"
 IMAGE, TEXT = "image", "text"
@@ -27,19 +25,25 @@ class PredictionError(ValueError):
     """Prediction cannot run as asked; the message says what to change."""
 
 
-def model_family(model_dir: str) -> str:
+def model_family(model_dir: str, name: str = "") -> str:
     """"image" for a DenseNet model folder, "text" for a fastai or transformer one.
 
+    Args:
+        model_dir: The model folder (local).
+        name: How messages name the folder (default: the folder's path).
+
     Raises:
-        PredictionError: The folder holds neither (the message names what was looked for).
+        PredictionError: The folder is not a whole model folder of either family: the
+            message names the file it lacks, or what it holds instead.
     """
-    if is_text_model_folder(model_dir):
-        return TEXT
-    if os.path.isfile(os.path.join(model_dir, MODEL_FILE)):
-        return IMAGE
-    raise PredictionError(f"{model_dir!r} is not a trained model folder: it has neither "
-                          f"{MODEL_FILE} (image model) nor {EXPORT_FILE} or config.json (text "
-                          "model); give the training step's model output")
+    if not os.path.isdir(model_dir):
+        raise PredictionError(f"model folder {model_dir!r} does not exist (or is a file): give "
+                              "the training step's model output folder")
+    try:
+        kind = model_folder_kind(name or f"model folder {model_dir!r}", folder_files(model_dir))
+    except FolderKindError as err:
+        raise PredictionError(str(err)) from None
+    return IMAGE if kind == "image" else TEXT
 
 
 def read_predictions(path: str) -> list[dict[str, Any]]:

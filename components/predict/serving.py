@@ -95,11 +95,18 @@ def serve_settings(environ: Mapping[str, str], model: str | None,
                          predict_route=environ.get("AIP_PREDICT_ROUTE") or "/predict")
 
 
-def check_servable(model_dir: str) -> None:
-    """Raises PredictionError unless `model_dir` (local) is a text model folder."""
-    if model_family(model_dir) != TEXT:
+def check_servable(model_dir: str, name: str = "") -> None:
+    """Raises PredictionError unless `model_dir` (local) is a text model folder.
+
+    Args:
+        model_dir: The local folder.
+        name: The folder as the user gave it (a gs:// URI copied to `model_dir`), for
+            the message.
+    """
+    name = name or model_dir
+    if model_family(model_dir, f"model folder {name!r}") != TEXT:
         raise PredictionError(
-            f"{model_dir!r} holds an image (Keras) model: this server serves text models only. "
+            f"{name!r} holds an image (Keras) model: this server serves text models only. "
             "Serve image models with Vertex AI's prebuilt TensorFlow serving image (TF Serving), "
             "or label files here with `python -m pipelines.predict`")
 
@@ -183,11 +190,12 @@ def prediction_objects(texts: Sequence[str], probabilities_of, labels: Sequence[
 class TextPredictor:
     """A loaded text model: labels, decision rule and learner, safe to call from threads."""
 
-    def __init__(self, model_dir: str, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+    def __init__(self, model_dir: str, batch_size: int = DEFAULT_BATCH_SIZE,
+                 name: str = "") -> None:
         from components.text_common.contract import TEXT_FIELD
         from components.text_common.models import load_text_model
 
-        check_servable(model_dir)
+        check_servable(model_dir, name)
         self._model = load_text_model(model_dir)
         info = self._model.info
         self.labels: list[str] = list(info["labels"])
@@ -259,7 +267,7 @@ def build_app(model_dir: str, health_route: str = "/health", predict_route: str 
     def load(app, workdir: str) -> None:
         try:
             local = copy_model_locally(model_dir, workdir)
-            app.state.predictor = TextPredictor(local, batch_size)
+            app.state.predictor = TextPredictor(local, batch_size, name=model_dir)
         except Exception as err:  # noqa: BLE001 - any failure is the answer to every request
             app.state.load_error = f"{type(err).__name__}: {err}"
             log.error("model %s failed to load: %s", model_dir, app.state.load_error)

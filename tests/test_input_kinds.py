@@ -1,0 +1,108 @@
+"""The descriptions of input kinds: what text is, and which model folder a folder is."""
+
+import gzip
+import itertools
+
+import pytest
+
+from components.formats.input_kinds import (
+    FolderKindError,
+    NotTextError,
+    decode_text,
+    model_folder_kind,
+    text_problem,
+)
+
+IMAGE = {"model.keras", "labels.json", "preprocessing.json", "history.json"}
+FASTAI = {"export.pkl", "labels.json", "metrics.json", "per_label_metrics.json"}
+TRANSFORMER = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "labels.json", "metrics.json"}
+REQUIRED = {"image": ["model.keras", "labels.json", "preprocessing.json"],
+            "fastai": ["export.pkl", "labels.json"],
+            "transformer": ["config.json", "model.safetensors", "tokenizer.json", "labels.json"]}
+
+
+@pytest.mark.parametrize("kind,files", [("image", IMAGE), ("fastai", FASTAI),
+                                        ("transformer", TRANSFORMER)])
+def test_a_whole_model_folder_is_its_kind(kind, files):
+    assert model_folder_kind("model", files) == kind
+
+
+def test_sharded_weights_count_as_weights():
+    files = TRANSFORMER - {"model.safetensors"} | {"model.safetensors.index.json"}
+    assert model_folder_kind("model", files) == "transformer"
+
+
+@pytest.mark.parametrize("kind,missing", [(k, name) for k, names in REQUIRED.items()
+                                          for name in names])
+def test_a_folder_missing_one_required_file_is_told_which(kind, missing):
+    files = {"image": IMAGE, "fastai": FASTAI, "transformer": TRANSFORMER}[kind] - {missing}
+    if not any(name in files for name in ("model.keras", "preprocessing.json", "export.pkl",
+                                          "config.json", "model.safetensors")):
+        return  # no mark left: the folder no longer says what it was meant to be
+    with pytest.raises(FolderKindError) as err:
+        model_folder_kind("model_uri 'gs://b/m'", files)
+    message = str(err.value)
+    assert "model_uri 'gs://b/m'" in message and missing in message
+    assert "neither" not in message  # named, not guessed at as another kind
+
+
+def test_the_issue_case_a_transformer_folder_without_labels():
+    with pytest.raises(FolderKindError, match=r"transformer text model folder \(config.json, "
+                                              r"model.safetensors found\) but has no labels.json"):
+        model_folder_kind("m", TRANSFORMER - {"labels.json"})
+
+
+@pytest.mark.parametrize("files,said", [
+    ({"lm_metrics.json", "en"}, "language model assets"),
+    ({"manifest.json", "train-00000-of-00001.tfrecord"}, "dataset"),
+    (set(), "holds nothing"),
+    ({"notes.txt", "a.csv"}, "holds a.csv, notes.txt"),
+])
+def test_a_folder_of_another_kind_is_named_as_what_it_is(files, said):
+    with pytest.raises(FolderKindError, match=said):
+        model_folder_kind("m", files)
+
+
+def test_text_passes_with_its_own_control_characters():
+    text = "Chapter 1\r\n\tIt was a dark night.\x0c\nChapter 2\x0b" + "é" * 50
+    assert decode_text(("\ufeff" + text).encode("utf-8"), "f.txt") == text
+    assert text_problem(text) == ""
+    long = "word " * 2000 + "\x1b"  # one stray escape in 10,000 characters
+    assert decode_text(long.encode(), "f.txt") == long
+
+
+@pytest.mark.parametrize("raw,offset,said", [
+    (b"\0" * 20_000, 0, "control characters"),
+    ("hello world".encode("utf-16"), 0, "UTF-16"),
+    ("hello world, long enough".encode("utf-16-le"), 1, "UTF-16 text without a byte-order"),
+    ("café au lait".encode("latin-1"), 3, "not UTF-8"),
+    (gzip.compress(b"some text " * 100), 1, "gzip"),
+    (b"abc" + bytes(range(1, 32)) * 3, 3, "control characters"),
+])
+def test_bytes_that_are_not_text_are_refused_naming_file_and_offset(raw, offset, said):
+    with pytest.raises(NotTextError) as err:
+        decode_text(raw, "corpus file 'a.txt'")
+    message = str(err.value)
+    assert "corpus file 'a.txt'" in message and said in message
+    assert f"offset {offset}" in message
+
+
+def test_a_cell_with_a_nul_is_not_text():
+    assert "NUL" in text_problem("abc\0def" + "x" * 10_000)
+    assert "control characters" in text_problem("\x07" * 5 + "abc")
+    assert text_problem("") == "" and text_problem("plain") == ""
+
+
+def test_every_required_file_of_every_kind_is_checked():
+    # Removing any two required files of a kind still names one of them.
+    for kind, names in REQUIRED.items():
+        whole = {"image": IMAGE, "fastai": FASTAI, "transformer": TRANSFORMER}[kind]
+        for pair in itertools.combinations(names, 2):
+            files = whole - set(pair)
+            try:
+                model_folder_kind("m", files)
+            except FolderKindError as err:
+                assert any(name in str(err) for name in pair)
+            else:
+                pytest.fail(f"{kind} without {pair} was accepted")
