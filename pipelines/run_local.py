@@ -56,9 +56,16 @@ def headline(kind: str, summary: dict[str, Any]) -> str:
     """One line with the test metrics of a run, and a warning when the classifier learnt nothing."""
     metrics = summary["metrics"]
     if kind == "lm":
-        return (f"lm pipeline: held-out perplexity {metrics['perplexity']:.1f}, next-token "
-                f"accuracy {metrics['accuracy']:.3f}; lm_assets: "
+        unigram = metrics.get("unigram") or {}
+        floor = (f" (a unigram model of the training tokens: {unigram['perplexity']:.1f}, "
+                 f"{unigram['accuracy']:.3f})" if unigram.get("perplexity") else "")
+        line = (f"lm pipeline: held-out perplexity {metrics['perplexity']:.1f}, next-token "
+                f"accuracy {metrics['accuracy']:.3f}{floor}; lm_assets: "
                 f"{summary['artifacts']['lm_assets']}")
+        nothing = metrics.get("learnt_nothing")
+        return line + (f"\nwarning: the language model is no better than a unigram model; "
+                       f"the text pipeline refuses these lm_assets ({nothing})" if nothing
+                       else "")
     support = sum(v["support"] for v in metrics["per_label"].values())
     if "accuracy" in metrics:
         line = (f"{kind} pipeline: test accuracy {metrics['accuracy']:.3f}, macro F1 "

@@ -16,8 +16,10 @@ from tests.mlflow_reads import metric_history
 from tools.datamakers.demo_text import write_reviews_csv
 
 TINY = '{"emb_sz": 16, "n_hid": 24, "n_layers": 2}'
-SMALL = ["--epochs", "2", "--batch-size", "8", "--seq-len", "16", "--min-freq", "1",
-         "--model-config", TINY]
+# 6 epochs at 3e-2: the tiny model beats a unigram model of its training tokens (2 epochs
+# at 1e-2 did not: held-out perplexity 60 vs 44), so the text pipeline takes its assets.
+SMALL = ["--epochs", "6", "--learning-rate", "0.03", "--batch-size", "8", "--seq-len", "16",
+         "--min-freq", "1", "--model-config", TINY]
 
 
 @pytest.fixture(autouse=True)
@@ -53,12 +55,16 @@ def test_run_local_lm_writes_assets_the_text_pipeline_starts_from(tmp_path, caps
     assets = summary["artifacts"]["lm_assets"]
     assert sorted(os.listdir(os.path.join(assets, "fr", "forward"))) == [
         "config.json", "vocab.pkl", "weights.pth"]
-    assert "held-out perplexity" in capsys.readouterr().out
+    assert summary["metrics"]["directions"]["forward"]["beats_unigram"] is True
+    assert summary["metrics"]["perplexity"] < summary["metrics"]["unigram"]["perplexity"]
+    printed = capsys.readouterr().out
+    assert "held-out perplexity" in printed and "a unigram model of the training" in printed
+    assert "no better than a unigram" not in printed
     # tracked epoch by epoch, with the corpus it read
     monkeypatch.setenv(FILE_STORE_SWITCH, "true")  # as a reader of a file store sets it
     client = MlflowClient(tracking_uri=tracking_store(mlruns))
     (run,) = client.search_runs([client.get_experiment_by_name("language-model").experiment_id])
-    assert [step for step, _ in metric_history(client, run, "lm/perplexity")] == [1, 2]
+    assert [step for step, _ in metric_history(client, run, "lm/perplexity")] == list(range(1, 7))
     assert run.data.metrics["lm/final_perplexity"] == pytest.approx(
         summary["metrics"]["perplexity"])
     assert run.data.params["lang"] == "fr"
@@ -73,6 +79,23 @@ def test_run_local_lm_writes_assets_the_text_pipeline_starts_from(tmp_path, caps
                            "--min-freq", "1", "--seq-len", "16"]) == 0
     training = json.loads((text_out / "summary.json").read_text())["training"]
     assert training["epochs"] == 3  # one LM epoch on the task's texts, then the classifier's two
+
+
+def test_the_headline_says_when_the_language_model_is_no_better_than_a_unigram_model():
+    summary = {"metrics": {"perplexity": 60.4, "accuracy": 0.083,
+                           "unigram": {"perplexity": 43.5, "accuracy": 0.069},
+                           "learnt_nothing": "forward: no better than a unigram model ..."},
+               "artifacts": {"lm_assets": "/out/lm"}}
+    first, warning = run_local.headline("lm", summary).splitlines()
+    assert first == ("lm pipeline: held-out perplexity 60.4, next-token accuracy 0.083 (a "
+                     "unigram model of the training tokens: 43.5, 0.069); lm_assets: /out/lm")
+    assert warning.startswith("warning: the language model is no better than a unigram model; "
+                              "the text pipeline refuses these lm_assets (forward: no better")
+    summary["metrics"].update(perplexity=30.0, learnt_nothing=None)
+    assert len(run_local.headline("lm", summary).splitlines()) == 1
+    del summary["metrics"]["unigram"]  # a summary from before the unigram was measured
+    assert run_local.headline("lm", summary).startswith(
+        "lm pipeline: held-out perplexity 30.0, next-token accuracy 0.083; lm_assets")
 
 
 @pytest.mark.slow

@@ -23,7 +23,9 @@ from components.train_lm.training import (
     MIN_FOUND_LR,
     split_documents,
     train_language_model,
+    unigram_of,
 )
+from components.train_lm.unigram import compare, lm_target_batches, unigram_baseline
 from components.train_text.assets import fetch_assets
 from components.train_text.contract import TrainConfig, required_files
 from components.train_text.training import train_text_classifier
@@ -33,6 +35,9 @@ from tools.datamakers.zipf_corpus import write_zipf_corpus
 
 TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FAST = dict(batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=2)
+# Long enough for the tiny model to beat a unigram model of its training tokens on the
+# reviews (FAST does not: held-out perplexity 60 vs 44), as the text trainer requires.
+LEARNT = {**FAST, "epochs": 6, "learning_rate": 3e-2}
 
 
 @pytest.fixture(autouse=True)
@@ -142,6 +147,73 @@ def test_bad_settings_name_the_setting():
         LMConfig(lang="")
 
 
+def test_the_unigram_baseline_by_hand():
+    """Training ids [2, 2, 2, 3] over 4 ids: add-one probabilities 1/8, 1/8, 4/8, 2/8. The
+    held-out stream [0, 2, 2, 3, 2, 2, 1] in 2 rows of 3 (the loader drops no token here),
+    batches of 2 columns: targets [[2, 2], [2, 2]] then [[3], [1]]. Batch losses log 2 and
+    (log 4 + log 8) / 2 = 2.5 log 2, averaged per batch as fastai does: 1.75 log 2, so
+    perplexity 2 ** 1.75 (a per-token mean would say 1.5 log 2); accuracy of always saying
+    2: (1 + 0) / 2."""
+    stream = np.array([0, 2, 2, 3, 2, 2, 1])
+    batches = lm_target_batches(stream, bs=2, seq_len=2)
+    assert [b.tolist() for b in batches] == [[[2, 2], [2, 2]], [[3], [1]]]
+    result = unigram_baseline([2, 2, 2, 3], stream, vocab_size=4, bs=2, seq_len=2)
+    assert result["perplexity"] == pytest.approx(2 ** 1.75)
+    assert result["valid_loss"] == pytest.approx(1.75 * math.log(2))
+    assert result["accuracy"] == pytest.approx(0.5)
+    assert (result["most_frequent_id"], result["train_tokens"], result["targets"]) == (2, 4, 6)
+    # a held-out id never seen in training (0, 1) still has a probability: add-one
+    assert unigram_baseline([2], [2, 0, 1], 4, bs=1, seq_len=8)["perplexity"] == pytest.approx(5.0)
+    # the loader's tail: 8 tokens in 3 rows keep (8 - 1) // 3 = 2 targets a row
+    assert [b.tolist() for b in lm_target_batches(np.arange(8), 3, 5)] == [[[1, 2], [3, 4],
+                                                                             [5, 6]]]
+    assert unigram_baseline([1], [1], 2, bs=1, seq_len=4)["perplexity"] is None
+    with pytest.raises(ValueError, match="outside the vocabulary of 4"):
+        unigram_baseline([2], [2, 9], 4, bs=1, seq_len=4)
+
+
+def test_a_model_that_does_not_beat_the_unigram_says_why():
+    unigram = {"perplexity": 20.0, "accuracy": 0.25}
+    assert compare(19.9, 0.3, unigram) == (True, None)
+    for ppl in (20.0, 31.0, float("nan"), None):
+        beats, why = compare(ppl, 0.2, unigram)
+        assert beats is False and "no better than a unigram model" in why and "20.00" in why
+    assert "accuracy 0.200 vs 0.250" in compare(25.0, 0.2, unigram)[1]
+    assert compare(5.0, 0.5, None) == (None, None)  # a run from before it was measured
+
+
+def test_the_unigram_is_scored_on_the_targets_the_loader_gives(tmp_path):
+    """The targets `lm_target_batches` lays out are those of fastai's held-out batches, and
+    the unigram's figures are those fastai's metrics would give it there."""
+    from fastai.text.all import ColReader, ColSplitter, DataBlock, TextBlock
+
+    from components.common.fastai_text import TOKENIZER_WORKERS, language_model_loaders
+
+    corpus = tmp_path / "corpus.txt"
+    write_zipf_corpus(str(corpus), tokens=3_000, types=300)
+    texts = corpus.read_text().split("\n\n")
+    frame = pd.DataFrame({"text": texts, "valid": [i % 4 == 0 for i in range(len(texts))]})
+    dsets = DataBlock(blocks=TextBlock.from_df("text", is_lm=True, seq_len=16,
+                                               n_workers=TOKENIZER_WORKERS),
+                      get_x=ColReader("text"), splitter=ColSplitter("valid")).datasets(frame)
+    dls = language_model_loaders(dsets, bs=8, val_bs=5, seq_len=16)
+    stream = np.concatenate([np.asarray(dls.valid.items[i]) for i in range(len(dsets.valid))])
+    ours = lm_target_batches(stream, dls.valid.bs, dls.valid.seq_len)
+    theirs = [y.numpy() for _, y in dls.valid]
+    assert len(ours) == len(theirs) > 1 and theirs[-1].shape[1] < 16  # a shorter last batch
+    for mine, loaders in zip(ours, theirs, strict=True):
+        assert np.array_equal(mine, loaders)
+    unigram = unigram_of(dls)
+    train = torch.cat([x[0] for x in dsets.train])
+    counts = torch.bincount(train, minlength=len(dls.vocab)).double()
+    log_p = torch.log((counts + 1) / (counts.sum() + len(dls.vocab)))
+    losses = [-log_p[torch.as_tensor(y)].mean() for y in theirs]  # fastai: mean of batch means
+    assert unigram["perplexity"] == pytest.approx(float(torch.exp(torch.stack(losses).mean())))
+    top = int(counts.argmax())
+    assert unigram["accuracy"] == pytest.approx(np.mean([(y == top).mean() for y in theirs]))
+    assert unigram["train_tokens"] == len(train)
+
+
 # ---------------------------------------------------------------------------- training
 
 
@@ -172,6 +244,15 @@ def test_assets_in_the_text_trainers_layout_with_held_out_metrics(reviews, tmp_p
     assert 0 < result["accuracy"] < 1
     assert result["corpus"]["documents"] == 60 and result["tokens"]["validation"] > 0
     assert json.loads((out / METRICS_FILE).read_text())["perplexity"] == result["perplexity"]
+    # beside a unigram model of its training tokens on the same held-out targets
+    unigram = forward["unigram"]
+    assert 1 < unigram["perplexity"] < result["vocab_size"] and 0 < unigram["accuracy"] < 1
+    assert forward["beats_unigram"] == (forward["perplexity"] < unigram["perplexity"])
+    assert (forward["learnt_nothing"] is None) == forward["beats_unigram"]
+    assert result["learnt_nothing"] == (None if forward["beats_unigram"]
+                                        else f"forward: {forward['learnt_nothing']}")
+    print(f"tiny LM: perplexity {forward['perplexity']:.2f} accuracy {forward['accuracy']:.3f}; "
+          f"unigram {unigram['perplexity']:.2f} / {unigram['accuracy']:.3f}")
     # the weights are the trained model's: they load into a fresh one of config.json's shape
     weights = torch.load(assets.weights, weights_only=False)
     assert weights["0.encoder.weight"].shape == (len(load_pickle(assets.vocab)), 16)
@@ -244,7 +325,7 @@ def test_the_text_trainer_starts_from_these_assets_new_tokens_at_the_mean(review
     without = texts.str.replace(re.escape(unseen), "", case=False, regex=True)
     pd.DataFrame({"text": without}).to_csv(corpus, index=False)
     assets = tmp_path / "assets"
-    train_language_model(str(corpus), str(assets), LMConfig(lang="fr", **FAST))
+    train_language_model(str(corpus), str(assets), LMConfig(lang="fr", **LEARNT))
     dataset = tmp_path / "dataset"
     prepare_text_dataset(reviews, str(dataset), PrepareConfig())
     capture = FirstEncoder()

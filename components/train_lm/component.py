@@ -31,7 +31,7 @@ def train_language_model(
     Args:
         corpus_uri: The corpus (gs:// or local): a folder of UTF-8 .txt files (each cut into paragraphs at blank lines), one .txt file, or a CSV file with a text column.
         lm_assets: Output folder, the assets root the text pipeline's lm_assets takes: `<lang>/forward/` (and `<lang>/backward/`) with config.json, vocab.pkl and weights.pth, `<lang>/spm/spm.model` for ja, ko and zh, and lm_metrics.json.
-        metrics: Held-out perplexity and accuracy of the forward model (and the backward one), tokens, vocabulary size and seconds per epoch.
+        metrics: Held-out perplexity and accuracy of the forward model (and the backward one), beside those of a unigram model of the same training tokens on the same held-out tokens (unigram_perplexity, unigram_accuracy; beats_unigram 1 or 0), tokens, vocabulary size and seconds per epoch.
         lang: Language of the corpus (en, fr, de, ...; ja, ko and zh are cut with a SentencePiece model trained here); names the assets folder, which the text pipeline's lang must match.
         text_column: Column of the texts when the corpus is a CSV file.
         backwards: Also train a backward model (texts read right to left), for the text pipeline's backwards=true (a backward classifier, or half of a bidirectional ensemble).
@@ -72,6 +72,10 @@ def train_language_model(
         for key in ("perplexity", "accuracy", "valid_loss"):
             if run[key] is not None:
                 metrics.log_metric(prefix + key, float(run[key]))
+            if (run.get("unigram") or {}).get(key) is not None:
+                metrics.log_metric(f"{prefix}unigram_{key}", float(run["unigram"][key]))
+        if run.get("beats_unigram") is not None:
+            metrics.log_metric(prefix + "beats_unigram", float(run["beats_unigram"]))
         if run["epoch_seconds"]:
             metrics.log_metric(prefix + "epoch_seconds",
                                sum(run["epoch_seconds"]) / len(run["epoch_seconds"]))
@@ -83,6 +87,8 @@ def train_language_model(
         "lang": lang,
         "directions": sorted(result["directions"]),
         "perplexity": result["perplexity"],
+        # Why a direction is no better than a unigram model; the text pipeline refuses it.
+        "learnt_nothing": result["learnt_nothing"] or "",
         "corpus": {k: result["corpus"][k] for k in ("uri", "documents", "sha256")},
         "corpus_fingerprint": corpus_fingerprint,
         "config": dataclasses.asdict(config),

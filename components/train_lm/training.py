@@ -11,7 +11,9 @@ Steps of `train_language_model`:
    next epoch of the direction it was in, and never retrains a finished direction.
 4. Write `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` (and
    `<lang>/spm/spm.model`) under the output folder only once every direction is done,
-   plus `lm_metrics.json`.
+   plus `lm_metrics.json`, which sets each direction beside a unigram model of the same
+   training tokens on the same held-out targets (`unigram.py`) and flags a model that
+   does not beat it (`learnt_nothing`; the text pipeline refuses such assets).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from components.formats.lm_assets import (
 )
 from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
 from components.train_lm.corpus import Corpus, read_corpus
+from components.train_lm.unigram import compare, unigram_baseline
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +217,20 @@ def _dataloaders(frame: pd.DataFrame, tokenizer, vocab, config: LMConfig, backwa
     return language_model_loaders(dsets, bs, val_bs, config.seq_len), tokens
 
 
+def _ids(items) -> np.ndarray:
+    """The token ids of an LM loader's texts (`dls.train.items`), one after another."""
+    return np.concatenate([np.asarray(items[i]).ravel() for i in range(len(items))]
+                          or [np.zeros(0, dtype=np.int64)])
+
+
+def unigram_of(dls) -> dict[str, Any]:
+    """`unigram_baseline` of a language model's loaders: the training texts' ids counted
+    over the vocabulary, scored on the held-out loader's targets (its texts in its order,
+    which it never shuffles; the loaders keep every text's ids, so nothing is made twice)."""
+    return unigram_baseline(_ids(dls.train.items), _ids(dls.valid.items), len(dls.vocab),
+                            dls.valid.bs, dls.valid.seq_len)
+
+
 def _publish(staging: str, output_dir: str, lang: str) -> None:
     """Moves the finished `<lang>` folder into the output, replacing an older one."""
     target = os.path.join(output_dir, lang)
@@ -250,7 +267,11 @@ def train_language_model(
     Returns:
         The content of lm_metrics.json: `lang`, `perplexity` and `accuracy` (the forward
         model's, on the held-out documents), `directions` (per direction: the final
-        `valid_loss`, `perplexity`, `accuracy`, `history`, epoch seconds, found rates),
+        `valid_loss`, `perplexity`, `accuracy`, `history`, epoch seconds, found rates,
+        `unigram` (`unigram_baseline`'s perplexity, accuracy, valid_loss and targets on the
+        same held-out targets), `beats_unigram` (perplexity lower than the unigram's) and
+        `learnt_nothing` (why not, else None)), `learnt_nothing` (every direction's reason,
+        "<direction>: <why>", or None),
         `corpus` (corpus.read_corpus's report), `tokens`, `vocab_size`, `run`, `config`.
 
     Raises:
@@ -323,6 +344,9 @@ def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: lis
         save_pickle(run.path(VOCAB_FILE), vocab)
         run.state["vocab_saved"] = True
         run.save()
+    if run.mine.get("unigram") is None:
+        run.mine["unigram"] = unigram_of(dls)
+        run.save()
     learn = lm_learner(dls, arch_config, config.drop_mult, run.folder, precision)
     run.restore(learn)
     lr = run.rate(learn, config)
@@ -369,9 +393,17 @@ def _result(state: dict[str, Any], config: LMConfig, corpus: Corpus, vocab_size:
     for name, run in state["directions"].items():
         last = run["history"][-1] if run["history"] else {}
         seconds_per_epoch = [h["seconds"] for h in run["history"]]
+        unigram = run.get("unigram")
+        beats, nothing = compare(last.get("perplexity"), last.get("accuracy"), unigram)
+        if nothing:
+            log.warning("the %s language model learnt nothing: %s", name, nothing)
         directions[name] = {
             "valid_loss": last.get("valid_loss"), "perplexity": last.get("perplexity"),
-            "accuracy": last.get("accuracy"), "epochs": len(run["history"]),
+            "accuracy": last.get("accuracy"),
+            "unigram": None if unigram is None else {
+                k: unigram[k] for k in ("perplexity", "accuracy", "valid_loss", "targets")},
+            "beats_unigram": beats, "learnt_nothing": nothing,
+            "epochs": len(run["history"]),
             "epoch_seconds": seconds_per_epoch,
             "epoch_cpu_seconds": [h.get("cpu_seconds") for h in run["history"]],
             "found_learning_rates": run["found_lr"],
@@ -381,6 +413,10 @@ def _result(state: dict[str, Any], config: LMConfig, corpus: Corpus, vocab_size:
         "lang": config.lang,
         "perplexity": forward["perplexity"],
         "accuracy": forward["accuracy"],
+        # Why a direction's model is no better than a unigram model ("forward: ..."), or None.
+        "learnt_nothing": "; ".join(f"{name}: {d['learnt_nothing']}"
+                                    for name, d in directions.items()
+                                    if d["learnt_nothing"]) or None,
         "directions": directions,
         "corpus": corpus.report,
         "tokens": trained["tokens"],

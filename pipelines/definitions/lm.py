@@ -100,7 +100,10 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
         artifacts: Output name to local path; "lm_assets" is required.
 
     Returns:
-        `{"metrics": {perplexity, accuracy, per direction ..., tokens, vocab_size},
+        `{"metrics": {perplexity, accuracy, directions (per direction: perplexity,
+        accuracy, valid_loss, unigram, beats_unigram, learnt_nothing), unigram (the
+        forward model's: perplexity, accuracy, ...), learnt_nothing (why a direction is
+        no better than a unigram model, or None), tokens, vocab_size},
         "corpus": {...}, "training": {...}, "artifacts": {"lm_assets": <folder holding
         <lang>/...>, ...}}`.
     """
@@ -114,8 +117,12 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
         "metrics": {
             "perplexity": result["perplexity"],
             "accuracy": result["accuracy"],
-            "directions": {name: {k: run[k] for k in ("perplexity", "accuracy", "valid_loss")}
-                           for name, run in directions.items()},
+            "directions": {name: {k: run.get(k) for k in (
+                "perplexity", "accuracy", "valid_loss", "unigram", "beats_unigram",
+                "learnt_nothing")} for name, run in directions.items()},
+            # The forward model's floor: a unigram model of its training tokens, same targets.
+            "unigram": directions.get("forward", {}).get("unigram"),
+            "learnt_nothing": result.get("learnt_nothing"),
             "tokens": result["tokens"],
             "vocab_size": result["vocab_size"],
         },

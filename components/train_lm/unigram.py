@@ -1,0 +1,113 @@
+"""The language model's floor: a unigram model of its training tokens, scored as the LM is.
+
+A language model that predicts no better than the frequency of each token in its training
+text has learnt nothing from the order of the words, and its encoder carries nothing into a
+classifier (a corpus of NUL bytes trained to held-out perplexity 15.0 and accuracy 0.667,
+figures that looked like learning until set beside this floor). `unigram_baseline` scores
+that model on exactly the targets the LM's held-out perplexity and accuracy are measured
+on (`lm_target_batches`: fastai's `LMDataLoader` layout), with the same averaging.
+
+Pure numpy: no fastai, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def lm_target_batches(stream: np.ndarray, bs: int, seq_len: int) -> list[np.ndarray]:
+    """The targets of each batch fastai's `LMDataLoader` makes of a token stream.
+
+    The loader drops the stream's tail so that `bs` rows of `bl = (len - 1) // bs` tokens
+    remain, row `i` reading tokens `i*bl .. (i+1)*bl` (one more than its length: the last
+    one is only a target); batch `k` is columns `k*seq_len ..` of every row, the last
+    batch shorter. Its targets are the next tokens: column `j` of row `i` is
+    `stream[i*bl + j + 1]`.
+
+    Args:
+        stream: The held-out texts' token ids, in the loader's order, one after another.
+        bs: The loader's batch size (rows).
+        seq_len: Its tokens per sequence.
+
+    Returns:
+        One (bs, <= seq_len) array per batch.
+    """
+    stream = np.asarray(stream)
+    bl = (len(stream) - 1) // bs if bs >= 1 else 0
+    if bl < 1 or seq_len < 1:
+        return []
+    rows = np.stack([stream[i * bl + 1:(i + 1) * bl + 1] for i in range(bs)])
+    return [rows[:, start:start + seq_len] for start in range(0, bl, seq_len)]
+
+
+def unigram_baseline(train_ids: np.ndarray, valid_stream: np.ndarray, vocab_size: int,
+                     bs: int, seq_len: int) -> dict[str, Any]:
+    """Held-out perplexity and next-token accuracy of a unigram model of the training tokens.
+
+    The model gives token `t` the probability `(count(t) + 1) / (N + V)` (add-one smoothing
+    over the LM's vocabulary of V ids, N training tokens), so no held-out token has
+    probability 0; its prediction is always the most frequent training token (the lowest id
+    among ties). Scored as fastai scores the LM on the same loader: the mean cross-entropy
+    of each batch's targets, averaged over batches (each batch has `bs` rows; fastai's
+    `Perplexity` and `accuracy` weigh batches by rows, so the shorter last batch counts as
+    much as the others), perplexity its exponential.
+
+    Args:
+        train_ids: Every token id of the training texts.
+        valid_stream: The held-out token stream (`lm_target_batches`).
+        vocab_size: Ids the LM predicts over (its vocabulary's length).
+        bs: The held-out loader's batch size.
+        seq_len: Its tokens per sequence.
+
+    Returns:
+        `{"perplexity", "accuracy", "valid_loss", "most_frequent_id", "train_tokens",
+        "targets"}`; perplexity, accuracy and loss are None when the stream gives no batch.
+
+    Raises:
+        ValueError: An id outside the vocabulary, or no vocabulary.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    train_ids = np.asarray(train_ids, dtype=np.int64).ravel()
+    batches = lm_target_batches(np.asarray(valid_stream, dtype=np.int64).ravel(), bs, seq_len)
+    for name, ids in (("training", train_ids), *(("held-out", b) for b in batches)):
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ValueError(f"a {name} token id is outside the vocabulary of {vocab_size}")
+    counts = np.bincount(train_ids, minlength=vocab_size).astype(np.float64)
+    log_probs = np.log(counts + 1.0) - math.log(len(train_ids) + vocab_size)
+    top = int(np.argmax(counts))
+    result: dict[str, Any] = {"perplexity": None, "accuracy": None, "valid_loss": None,
+                              "most_frequent_id": top, "train_tokens": int(len(train_ids)),
+                              "targets": int(sum(b.size for b in batches))}
+    if batches:
+        loss = float(np.mean([-log_probs[b].mean() for b in batches]))
+        result.update(valid_loss=loss, perplexity=math.exp(loss),
+                      accuracy=float(np.mean([(b == top).mean() for b in batches])))
+    return result
+
+
+def compare(perplexity: float | None, accuracy: float | None,
+            unigram: dict[str, Any] | None) -> tuple[bool | None, str | None]:
+    """Whether a language model beats the unigram model, and why not when it does not.
+
+    It beats it when its held-out perplexity is lower than the unigram's (a NaN or missing
+    perplexity does not). Without a unigram figure (a run from before it was measured)
+    there is no verdict: `(None, None)`.
+
+    Returns:
+        `(beats_unigram, learnt_nothing)`: the reason is None when it beats it.
+    """
+    if not unigram or unigram.get("perplexity") is None:
+        return None, None
+    if perplexity is not None and perplexity < unigram["perplexity"]:
+        return True, None
+    shown = "none" if perplexity is None else f"{perplexity:.2f}"
+    why = (f"no better than a unigram model of its training tokens: held-out perplexity "
+           f"{shown} vs the unigram's {unigram['perplexity']:.2f}")
+    if accuracy is not None and unigram.get("accuracy") is not None:
+        why += (f" (next-token accuracy {accuracy:.3f} vs {unigram['accuracy']:.3f} for always "
+                "predicting the most frequent token)")
+    return False, why
