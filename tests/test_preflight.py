@@ -125,6 +125,27 @@ def test_missing_language_model_files_are_listed(tmp_path):
         check_text_run({**TEXT_DEFAULTS, "lang": "fr", "lm_assets": str(tmp_path)})
 
 
+def test_language_model_assets_that_learnt_nothing_are_refused(tmp_path):
+    """Assets whose lm_metrics.json says the LM is no better than a unigram model are
+    refused before any step runs, as the trainer refuses them; without the file (converted
+    or staged weights) they pass."""
+    import json
+
+    for name in ("config.json", "vocab.pkl", "weights.pth"):
+        (tmp_path / "fr" / "forward").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fr" / "forward" / name).write_bytes(b"x")
+    run = {**TEXT_DEFAULTS, "lang": "fr", "lm_assets": str(tmp_path)}
+    check_text_run(run)
+    (tmp_path / "lm_metrics.json").write_text(json.dumps({"lang": "fr", "directions": {
+        "forward": {"perplexity": 15.0, "unigram": {"perplexity": 12.5},
+                    "beats_unigram": False}}}))
+    with pytest.raises(PreflightError, match=r"lm_assets refused: .*lm_metrics.json says its "
+                                             r"forward language model .*no better than a "
+                                             r"unigram model.*perplexity 15.00 vs the "
+                                             r"unigram's 12.50.*Train the language model"):
+        check_text_run(run)
+
+
 def test_every_problem_is_reported_at_once():
     with pytest.raises(PreflightError) as err:
         check_text_run({**TEXT_DEFAULTS, "threshold": 2.0, "eval_split": "x"})
@@ -214,6 +235,30 @@ def test_a_corpus_the_language_model_could_not_read_is_refused_first(tmp_path):
                                    "validation_fraction": "1.5"})
     with pytest.raises(PreflightError, match="model_config"):
         check_lm_run({**LM_DEFAULTS, "model_config": "[1]"})
+
+
+def test_a_corpus_that_is_not_text_is_refused_before_training(tmp_path):
+    """The issue's case: two 20 KB files of NUL bytes became an LM."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (corpus / name).write_bytes(b"\0" * 20_000)
+    with pytest.raises(PreflightError, match=r"2 of the first 2 .txt files are not text, e.g. "
+                                             r"file 'a.txt' is not text: 20000 of its .*offset 0"):
+        preflight("lm", str(corpus), LM_DEFAULTS)
+    (corpus / "c.txt").write_text("Plain text.\n" * 100)
+    (corpus / "d.txt").write_text("More text.\n" * 100)
+    (corpus / "e.txt").write_text("And more.\n" * 100)
+    assert preflight("lm", str(corpus), LM_DEFAULTS).startswith("sha256:")  # mostly text
+    single = tmp_path / "one.txt"
+    single.write_bytes("a corpus saved as UTF-16".encode("utf-16"))
+    with pytest.raises(PreflightError, match=r"file 'one.txt' is not UTF-8 text: byte 0xff at "
+                                             r"offset 0 .*looks like UTF-16"):
+        preflight("lm", str(single), LM_DEFAULTS)
+    binary = tmp_path / "c.csv"
+    binary.write_bytes(b"\x1f\x8b\x08" + bytes(range(256)))
+    with pytest.raises(PreflightError, match="gzip archive"):
+        preflight("lm", str(binary), LM_DEFAULTS)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -331,7 +376,8 @@ def test_a_tensorboard_run_with_a_job_account_goes_on(tmp_path):
     (b"review,stars\nnice,5\n", r"has no column 'text' \(its header: \['review', 'stars'\]\)"),
     (b"text,stars\n", "has no text in column 'text' in its first rows"),
     (b"text\n  \n\"\"\n", "has no text in column 'text'"),
-    (b"text\n\xff\xfeb\x00a\x00d\x00\n", "is not UTF-8 text"),
+    (b"text\n\xff\xfeb\x00a\x00d\x00\n", "is not UTF-8 text: byte 0xff at offset 5"),
+    (b"text\n" + b"\x00" * 100 + b"\n", "is not text: 100 of its 106 characters are control"),
 ])
 def test_a_predict_csv_that_cannot_be_labelled_is_refused_before_training(
         tmp_path, content, message):

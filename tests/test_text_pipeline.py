@@ -212,13 +212,15 @@ def test_text_predictions_label_every_row_and_agree_with_the_evaluation(text_run
     # evaluation: same micro F1 from the predicted label sets
     test = pd.read_csv(os.path.join(text_run.artifacts["dataset"], "test.csv"))
     with_blanks = tmp_path / "new.csv"
-    pd.concat([test, pd.DataFrame({"text": ["", "  "]})]).to_csv(with_blanks, index=False)
+    pd.concat([test, pd.DataFrame({"text": ["", "  ", "\0\0\0"]})]).to_csv(with_blanks,
+                                                                        index=False)
     out = tmp_path / "predictions.jsonl"
     assert predict_cli.main(["--model", model, "--data", str(with_blanks),
                              "--output", str(out), "--no-progress"]) == 0
     lines = read_predictions(str(out))
-    assert [line["error"] for line in lines[-2:]] == ["empty text in column 'text'"] * 2
-    chosen = np.array([[label in line["labels"] for label in LABELS] for line in lines[:-2]])
+    assert [line["error"] for line in lines[-3:-1]] == ["empty text in column 'text'"] * 2
+    assert lines[-1]["error"].startswith("not text: a NUL character at character 0")
+    chosen = np.array([[label in line["labels"] for label in LABELS] for line in lines[:-3]])
     scored = multi_label_metrics(test[LABELS].to_numpy(), chosen.astype(float), LABELS, 0.5)
     assert scored["micro_f1"] == pytest.approx(text_run.summary["metrics"]["micro_f1"])
     pd.DataFrame({"review": ["x"]}).to_csv(tmp_path / "other.csv", index=False)

@@ -104,6 +104,24 @@ def test_bad_label_values_name_column_and_rows(tmp_path):
     assert "'' at row 5" in message and "(3 rows)" in message
 
 
+def test_cells_that_are_not_text_are_dropped_and_counted_and_a_binary_file_refused(tmp_path):
+    rows = ["text,a,b"] + [f"text number {i},{i % 2},{1 - i % 2}" for i in range(40)]
+    rows[5] = "\x01\x02\x03,1,0"  # a cell of control characters: text to pandas
+    data = _csv(tmp_path, "\n".join(rows) + "\n")
+    manifest = prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig())
+    assert manifest["dropped"]["not_text"] == {"count": 1, "rows": [5]}
+    assert manifest["rows_kept"] == 39
+    path = tmp_path / "binary.csv"
+    path.write_bytes(b"text,a\n" + b"\0" * 500)
+    with pytest.raises(TextDataError, match=r"data_uri '.*binary.csv' is not text: 500 of its "
+                                            r"507 characters are control characters .*offset 7"):
+        prepare_text_dataset(str(path), str(tmp_path / "out2"), PrepareConfig())
+    path.write_bytes("text,a\nun café,1\n".encode("cp1252"))
+    with pytest.raises(TextDataError, match="is not UTF-8 text: byte 0xe9 at offset 13"):
+        prepare_text_dataset(str(path), str(tmp_path / "out3"), PrepareConfig())
+    assert not (tmp_path / "out2").exists() and not (tmp_path / "out3").exists()
+
+
 def test_empty_texts_are_dropped_and_counted(tmp_path):
     rows = ["text,a,b"] + [f"text number {i},{i % 2},{1 - i % 2}" for i in range(20)]
     rows[3] = ",1,0"          # empty

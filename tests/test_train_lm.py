@@ -87,9 +87,41 @@ def test_a_folder_of_text_files_is_read_as_paragraphs_and_skips_are_counted(tmp_
     assert result.documents == ["First paragraph still first.", "Second one.", "Third."]
     skipped = result.report["skipped"]
     assert skipped["empty file"] == {"count": 1, "examples": ["empty.txt"]}
-    assert skipped["not UTF-8"] == {"count": 1, "examples": ["latin1.txt"]}
+    assert skipped["not text"]["count"] == 1
+    assert "'latin1.txt' is not UTF-8 text: byte 0xe9 at offset 3" in \
+        skipped["not text"]["examples"][0]
     assert skipped["not a .txt file"] == {"count": 1, "examples": ["notes.md"]}
     assert result.report["files"] == 4 and result.report["documents"] == 3
+
+
+@pytest.mark.parametrize("raw", [b"\0" * 20_000, "two paragraphs\n\nof text".encode("utf-16"),
+                                 bytes(range(256)) * 80])
+def test_a_corpus_that_is_not_text_never_becomes_a_model(tmp_path, raw):
+    """The issue's case: two 20 KB files of NUL bytes trained an LM of perplexity 15."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (corpus / name).write_bytes(raw)
+    with pytest.raises(LMTrainingError, match=r"2 of its 2 .txt files are not text, e.g. "
+                                              r"corpus file 'a.txt' .*offset \d+"):
+        read_corpus(str(corpus))
+    with pytest.raises(LMTrainingError, match=r"corpus file 'a.txt' is not .*offset"):
+        read_corpus(str(corpus / "a.txt"))
+    (corpus / "c.txt").write_text("One paragraph.\n\nAnother.\n\nA third.")
+    with pytest.raises(LMTrainingError, match="2 of its 3"):  # mostly not text
+        read_corpus(str(corpus))
+
+
+def test_csv_rows_that_are_not_text_are_counted_or_refused(tmp_path):
+    path = tmp_path / "c.csv"
+    pd.DataFrame({"text": ["one text", "nul\0here" * 3, "two text"]}).to_csv(path, index=False)
+    result = read_corpus(str(path))
+    assert result.documents == ["one text", "two text"]
+    assert result.report["skipped"]["not text"]["count"] == 1
+    assert "line 3: not text: a NUL" in result.report["skipped"]["not text"]["examples"][0]
+    pd.DataFrame({"text": ["\0\0\0"] * 5 + ["fine text"]}).to_csv(path, index=False)
+    with pytest.raises(LMTrainingError, match="5 of its rows in column 'text' are not text"):
+        read_corpus(str(path))
 
 
 def test_a_csv_column_is_read_row_by_row(tmp_path):

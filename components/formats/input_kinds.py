@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import unicodedata
+import re
 from collections.abc import Iterable
 
 # ------------------------------------------------------------------------------ text
@@ -28,8 +28,8 @@ TEXT_ENCODING = "utf-8-sig"  # UTF-8; a byte-order mark at the start is dropped
 # Characters of category Cc that text holds: tab, newline, vertical tab, form feed (man
 # pages and books carry page breaks), carriage return. Any other (NUL, escape, backspace,
 # the C1 controls) in more than this share of the characters is not text.
-TEXT_CONTROLS = frozenset("\t\n\x0b\x0c\r")
-CONTROL_SHARE = 0.001
+_CONTROLS = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")  # Cc but \t \n \v \f \r
+CONTROL_SHARE = 0.01
 # The first bytes of files that are often given where text belongs, by what they are.
 _SIGNATURES = (
     (b"\xff\xfe", "UTF-16 (little-endian) text: re-save it as UTF-8"),
@@ -61,18 +61,17 @@ def looks_like(head: bytes) -> str:
     return ""
 
 
-def _is_control(char: str) -> bool:
-    return char not in TEXT_CONTROLS and unicodedata.category(char) == "Cc"
-
-
 def control_problem(text: str) -> str:
     """Why a decoded text is not text: control characters beyond `CONTROL_SHARE` (a NUL
     counts too), naming the first one's character offset; "" when it is text."""
-    bad = [i for i, char in enumerate(text) if _is_control(char)]
-    if not bad or len(bad) <= CONTROL_SHARE * len(text):
+    first = _CONTROLS.search(text)
+    if first is None:
         return ""
-    first = bad[0]
-    return (f"{len(bad)} of its {len(text)} characters are control characters (the first, "
+    bad = len(_CONTROLS.findall(text))
+    if bad <= CONTROL_SHARE * len(text):
+        return ""
+    first = first.start()
+    return (f"{bad} of its {len(text)} characters are control characters (the first, "
             f"{text[first]!r}, at character {first}); text holds at most "
             f"{CONTROL_SHARE:.1%} of them")
 
@@ -103,7 +102,7 @@ def decode_text(raw: bytes, name: str) -> str:
     problem = control_problem(text)
     if problem:
         what = looks_like(raw[:8])
-        first = next(i for i, char in enumerate(text) if _is_control(char))
+        first = _CONTROLS.search(text).start()
         offset = len(text[:first].encode("utf-8"))
         raise NotTextError(f"{name} is not text: {problem} (byte offset {offset})"
                            + (f"; it looks like {what}" if what else "; give a text file"))

@@ -212,6 +212,7 @@ def decision_threshold(labels_info: dict[str, Any]) -> float | None:
 
 def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                    progress: bool, text_column: str) -> dict[str, Any]:
+    from components.formats.input_kinds import text_problem
     from components.text_common.contract import MAX_TEXT_CHARS
     from components.text_common.models import load_text_model
 
@@ -229,7 +230,9 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                 raise PredictionError(f"{data_uri!r} has no column {column!r} (its columns: "
                                       f"{list(chunk.columns)}); pass the text column's name")
             texts = [str(t) for t in chunk[column]]
-            usable = [i for i, t in enumerate(texts) if t.strip()]
+            problems = [text_problem(t) if t.strip() else f"empty text in column {column!r}"
+                        for t in texts]
+            usable = [i for i, problem in enumerate(problems) if not problem]
             probs = model.probabilities([texts[i] for i in usable], batch_size) \
                 if usable else np.zeros((0, len(labels)))
             scored = dict(zip(usable, probs))
@@ -241,7 +244,7 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                         line["truncated"] = True
                         counts["truncated"] += 1
                 else:
-                    line = {"input": row + i, "error": f"empty text in column {column!r}"}
+                    line = {"input": row + i, "error": problems[i]}
                     counts["errors"] += 1
                 out.write(json.dumps(line) + "\n")
             row += len(texts)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from components.formats.input_kinds import text_problem
 from components.predict.contract import TEXT, PredictionError, model_family
 from components.predict.prediction import copy_model_locally, decision_threshold, prediction_line
 from components.text_common.contract import MAX_TEXT_CHARS
@@ -124,12 +125,17 @@ def parse_instances(body: bytes, text_keys: Sequence[str], max_instances: int) -
 
     Raises:
         RequestError: 400 for a body that is not `{"instances": [...]}` of texts (naming the
-            first bad instance's index) or is nested too deeply to parse, 413 for too many
+            first bad instance's index; a text is what `input_kinds.text_problem` accepts) or is nested too deeply to parse, 413 for too many
             instances.
     """
     try:
-        payload = json.loads(body)
-    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError alike
+        # UTF-8 declared: json.loads would take UTF-16 and UTF-32 bytes as well.
+        payload = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise RequestError(400, f"the body is not UTF-8: byte {body[err.start]:#04x} at offset "
+                                f"{err.start} does not decode; send JSON encoded as UTF-8"
+                           ) from None
+    except ValueError as err:  # JSONDecodeError
         raise RequestError(400, f"the body is not valid JSON: {err}") from None
     except RecursionError:  # arrays/objects nested deeper than Python's recursion limit
         raise RequestError(400, "the body's JSON is nested too deeply; send "
@@ -151,6 +157,9 @@ def parse_instances(body: bytes, text_keys: Sequence[str], max_instances: int) -
         if not isinstance(instance, str):
             raise RequestError(400, f"instances[{i}] must be a string or an object {shape} "
                                     "whose value is a string")
+        problem = text_problem(instance)
+        if problem:
+            raise RequestError(400, f"instances[{i}] is {problem}; send UTF-8 text")
         texts.append(instance)
     return texts
 

@@ -14,16 +14,22 @@ import json
 import os
 
 from components.common.storage import filesystem
+from components.formats.input_kinds import NotTextError, decode_text
 from components.preflight.parameters import PreflightError
+
+# Corpus files whose first bytes preflight reads (the LM step reads them all).
+_SAMPLED_FILES = 16
 
 
 def check_corpus(uri: str, text_column: str) -> None:
-    """Refuses a corpus the language model step could not read, from its listing (and a
-    CSV's header line): a folder without .txt files, a file of another kind, a CSV
-    without the text column.
+    """Refuses a corpus the language model step would refuse, from its listing and the
+    first bytes of its files: a folder without .txt files or whose sampled files are
+    mostly not text, a .txt or CSV that is not text, a CSV without the text column, a file
+    of another kind.
 
     Raises:
-        PreflightError: The problem, naming the URI and what to give instead.
+        PreflightError: The problem, naming the URI (and file, and first bad offset) and
+            what to give instead.
     """
     from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX
 
@@ -31,19 +37,59 @@ def check_corpus(uri: str, text_column: str) -> None:
     if not fs.exists(path):
         return  # data_fingerprint says so
     if fs.isdir(path):
-        if not any(name.endswith(TEXT_SUFFIX) for name in fs.find(path)):
+        files = sorted(name for name in fs.find(path) if name.endswith(TEXT_SUFFIX))
+        if not files:
             raise PreflightError(f"corpus_uri {uri!r} holds no {TEXT_SUFFIX} files; give a "
                                  f"folder of UTF-8 {TEXT_SUFFIX} files or a CSV file")
-    elif path.endswith(CSV_SUFFIX):
-        with fs.open(path, "rb") as f:
-            header = f.readline().decode("utf-8", errors="replace")
-        columns = next(csv.reader([header]), [])
-        if text_column not in columns:
-            raise PreflightError(f"corpus_uri {uri!r} has no column {text_column!r} (header: "
-                                 f"{columns}); set text_column")
-    elif not path.endswith(TEXT_SUFFIX):
+        sampled = files[:_SAMPLED_FILES]
+        problems = [p for p in (_text_head_problem(fs, f, os.path.relpath(f, path))
+                                for f in sampled) if p]
+        if len(problems) * 2 > len(sampled):  # the LM step's rule: mostly not text
+            raise PreflightError(f"corpus_uri {uri!r}: {len(problems)} of the first "
+                                 f"{len(sampled)} {TEXT_SUFFIX} files are not text, e.g. "
+                                 f"{problems[0]}")
+    elif path.endswith(CSV_SUFFIX) or path.endswith(TEXT_SUFFIX):
+        problem = _text_head_problem(fs, path, os.path.basename(path))
+        if problem:
+            raise PreflightError(f"corpus_uri {uri!r}: {problem}")
+        if path.endswith(CSV_SUFFIX):
+            with fs.open(path, "rb") as f:
+                header = f.readline().decode("utf-8-sig", errors="replace")
+            columns = next(csv.reader([header]), [])
+            if text_column not in columns:
+                raise PreflightError(f"corpus_uri {uri!r} has no column {text_column!r} "
+                                     f"(header: {columns}); set text_column")
+    else:
         raise PreflightError(f"corpus_uri {uri!r} is neither a folder, a {TEXT_SUFFIX} nor a "
                              f"{CSV_SUFFIX} file")
+
+
+def _text_head_problem(fs, path: str, name: str) -> str:
+    """Why the first bytes of a file are not text (`input_kinds.decode_text`); ""."""
+    return head_text_problem(_head(fs, path), f"file {name!r}")
+
+
+def head_text_problem(head: bytes, name: str) -> str:
+    """Why a file's first `_HEAD_BYTES` are not text; "" when they are (a character cut
+    at the end of a full head is not a problem)."""
+    if len(head) == _HEAD_BYTES:
+        head = head[:len(head) - _cut_tail(head)]
+    try:
+        decode_text(head, name)
+    except NotTextError as err:
+        return str(err)
+    return ""
+
+
+def _cut_tail(head: bytes) -> int:
+    """How many bytes at the end of `head` start a UTF-8 character it cuts short."""
+    for back in range(1, 4):
+        byte = head[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII): cut if its sequence is longer
+            length = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else \
+                4 if byte >> 3 == 0b11110 else 1
+            return back if length > back else 0
+    return 0
 
 
 def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
@@ -137,13 +183,10 @@ def check_predict_csv(uri: str, head: bytes, text_column: str) -> None:
         PreflightError: The problem and what to give.
     """
     cut = len(head) == _HEAD_BYTES
-    try:
-        text = head.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        if not (cut and err.start >= len(head) - 3):  # not a character cut at the end
-            raise PreflightError(f"predict_uri {uri!r} is not UTF-8 text ({err}); save the "
-                                 "CSV as UTF-8") from err
-        text = head[:err.start].decode("utf-8-sig")
+    problem = head_text_problem(head, f"predict_uri {uri!r}")
+    if problem:
+        raise PreflightError(problem)
+    text = head[:len(head) - _cut_tail(head) if cut else len(head)].decode("utf-8-sig")
     rows = [r for r in csv.reader(io.StringIO(text)) if any(c.strip() for c in r)]
     if cut and len(rows) > 1:
         rows = rows[:-1]  # the last one may be cut short

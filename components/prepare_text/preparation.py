@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from components.common.storage import filesystem, write_json_atomically
+from components.formats.input_kinds import NotTextError, decode_text, text_problem
 from components.prepare_text.contract import (
     AUTO_DELIMITER,
     MANIFEST,
@@ -86,9 +87,14 @@ def read_csv(uri: str, data: bytes | None = None) -> pd.DataFrame:
         data: Its bytes, if already read; read from `uri` otherwise.
 
     Raises:
-        TextDataError: The file is missing, empty or not a CSV.
+        TextDataError: The file is missing, empty, not text (`input_kinds.decode_text`) or
+            not a CSV.
     """
     data = read_bytes(uri) if data is None else data
+    try:
+        decode_text(data, f"data_uri {uri!r}")
+    except NotTextError as err:
+        raise TextDataError(str(err)) from None
     try:
         # Strings only: "NA" or "null" is a text, not a missing value.
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_filter=False)
@@ -302,9 +308,13 @@ def _drops(labels: pd.DataFrame, texts: pd.Series, missing: np.ndarray,
     """`(dropped, given_other)`: the positions of the rows dropped, by why, and how many
     rows with no label were given the `other` label instead (set in `labels`, which gains
     that column when it needs it; "" drops them)."""
-    empty_text = texts.str.strip() == ""
+    # A cell of control characters reads as text to pandas; the row is dropped, counted.
+    not_text = texts.map(lambda t: bool(text_problem(t))).to_numpy(dtype=bool)
+    empty_text = (texts.str.strip() == "") | not_text
     no_label = (labels.sum(axis=1) == 0).to_numpy() & ~missing
-    dropped = {"empty_text": np.flatnonzero(empty_text.to_numpy())}
+    dropped = {"empty_text": np.flatnonzero(empty_text.to_numpy() & ~not_text)}
+    if not_text.any():
+        dropped["not_text"] = np.flatnonzero(not_text)
     if missing.any():
         dropped["missing_label"] = np.flatnonzero(missing & ~empty_text.to_numpy())
     given_other = 0

@@ -1,9 +1,12 @@
 """Reads a language model's corpus: a CSV column, a .txt file or a folder of .txt files.
 
 A .txt file is cut into documents at blank lines (paragraphs: a Wikipedia article or a
-book chapter is not one 'text'); a CSV row is one document. What cannot be read is
-skipped and counted with the reason and the first few names, never dropped silently;
-a corpus left with fewer than two documents is an error (nothing to hold out).
+book chapter is not one 'text'); a CSV row is one document. Text is what
+`components.formats.input_kinds` says it is. In a folder, a file that is not text is
+skipped and counted with the reason and the first few names (with the first bad offset),
+never dropped silently; a corpus given as one file that is not text, a folder with more
+such files than text files, a CSV with more such rows than text rows, or a corpus left
+with fewer than two documents is an error: it would train a model of something else.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from typing import Any
 import pandas as pd
 
 from components.common.storage import filesystem
+from components.formats.input_kinds import NotTextError, decode_text, text_problem
 from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX, LMTrainingError
 
 _PARAGRAPH = re.compile(r"\n[ \t\r\f\v]*\n")
 _EXAMPLES = 5  # names kept per skip reason
+NOT_TEXT = "not text"
 
 
 @dataclasses.dataclass
@@ -64,31 +69,47 @@ def _read_csv(fs, path: str, uri: str, column: str, skips: _Skips) -> list[str]:
     if column not in frame.columns:
         raise LMTrainingError(f"{uri} has no column {column!r} (columns: {list(frame.columns)}); "
                               "set text_column to the column of the texts")
-    documents = []
+    documents, not_text = [], 0
     for row, text in enumerate(frame[column], start=2):  # line 1 is the header
+        problem = text_problem(str(text))
         text = " ".join(str(text).split())
-        if text:
+        if problem:
+            not_text += 1
+            skips.add(NOT_TEXT, f"{uri} line {row}: {problem}")
+        elif text:
             documents.append(text)
         else:
             skips.add("empty text", f"{uri} line {row}")
+    if not_text > len(documents):
+        raise LMTrainingError(f"corpus {uri!r}: {not_text} of its rows in column {column!r} are "
+                              f"not text ({skips.reasons[NOT_TEXT]['examples'][0]}); give a CSV "
+                              "of texts")
     return documents
 
 
-def _read_texts(fs, files: list[str], root: str, skips: _Skips) -> list[str]:
-    documents = []
+def _read_texts(fs, files: list[str], root: str, uri: str, skips: _Skips) -> list[str]:
+    documents, read, not_text = [], 0, []
     for path in files:
         name = os.path.relpath(path, root) if path != root else os.path.basename(path)
         with fs.open(path, "rb") as f:
             raw = f.read()
         try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            skips.add("not UTF-8", name)
+            text = decode_text(raw, f"corpus file {name!r}")
+        except NotTextError as err:
+            if path == root:  # the corpus is this one file
+                raise LMTrainingError(f"corpus {uri!r}: {err}") from None
+            not_text.append(str(err))
+            skips.add(NOT_TEXT, str(err))
             continue
+        read += 1
         found = paragraphs(text)
         if not found:
             skips.add("empty file", name)
         documents += found
+    if len(not_text) > read:
+        raise LMTrainingError(f"corpus {uri!r}: {len(not_text)} of its {len(files)} "
+                              f"{TEXT_SUFFIX} files are not text, e.g. {not_text[0]}; a "
+                              "language model of them would model something else")
     return documents
 
 
@@ -121,13 +142,13 @@ def read_corpus(uri: str, text_column: str = "text") -> Corpus:
             raise LMTrainingError(
                 f"corpus folder {uri!r} holds no {TEXT_SUFFIX} files ({len(found)} other files); "
                 f"give a folder of UTF-8 {TEXT_SUFFIX} files, or a CSV file and text_column")
-        kind, documents = "txt", _read_texts(fs, files, path, skips)
+        kind, documents = "txt", _read_texts(fs, files, path, uri, skips)
     elif path.endswith(CSV_SUFFIX):
         files = [path]
         kind, documents = "csv", _read_csv(fs, path, uri, text_column, skips)
     elif path.endswith(TEXT_SUFFIX):
         files = [path]
-        kind, documents = "txt", _read_texts(fs, files, path, skips)
+        kind, documents = "txt", _read_texts(fs, files, path, uri, skips)
     else:
         raise LMTrainingError(f"corpus {uri!r} is neither a folder, a {TEXT_SUFFIX} file nor a "
                               f"{CSV_SUFFIX} file")
