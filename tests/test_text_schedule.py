@@ -249,6 +249,44 @@ def test_missing_assets_are_all_listed(tmp_path):
         assets.fetch_assets("", "fr", False, str(tmp_path / "copy"))
 
 
+def _lm_metrics(root, lang="fr", **directions):
+    """An lm_metrics.json as the LM step writes it: per direction, whether it beat the
+    unigram model (None: a file from before that was measured)."""
+    import json
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "lm_metrics.json").write_text(json.dumps({"lang": lang, "directions": {
+        name: {"perplexity": 60.38, "unigram": {"perplexity": 43.5, "accuracy": 0.069},
+               "beats_unigram": beats} for name, beats in directions.items()}}))
+
+
+def test_assets_whose_language_model_learnt_nothing_are_refused(tmp_path):
+    """The LM step's own metrics say the model is no better than a unigram model: the
+    trainer refuses its assets before copying them, naming the file and the perplexities."""
+    root = tmp_path / "lm"
+    for name in contract.required_files("fr", False) + contract.required_files("fr", True):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text('{"arch": "AWD_LSTM"}')
+    assert assets.fetch_assets(str(root), "fr", False, str(tmp_path / "c")).config == {}
+    _lm_metrics(root, forward=False, backward=True)
+    with pytest.raises(assets.UnlearntAssetsError) as err:
+        assets.fetch_assets(str(root), "fr", False, str(tmp_path / "c"))
+    message = str(err.value)
+    assert f"{root}/lm_metrics.json says its forward language model (lang='fr') is no better " \
+           "than a unigram model of its training tokens: held-out perplexity 60.38 vs the " \
+           "unigram's 43.50" in message
+    assert "Train the language model longer or on more text" in message
+    assert "other lm_assets" in message
+    # the backward model beat it: a backward run takes it
+    assert assets.fetch_assets(str(root), "fr", True, str(tmp_path / "c")).config == {}
+    for kept in ({"lang": "de", "forward": False},  # another language's report
+                 {"forward": None}):  # written before the unigram was measured
+        _lm_metrics(root, **kept)
+        assert contract.unlearnt_lm(str(root), "fr", False) is None
+    (root / "lm_metrics.json").write_text("not json")
+    assert contract.unlearnt_lm(str(root), "fr", False) is None
+
+
 def test_asset_config_forms():
     assert assets.parse_config('{"arch": "AWD_LSTM", "emb_sz": 8}', "c") == (
         "AWD_LSTM", {"emb_sz": 8})

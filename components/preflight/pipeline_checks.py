@@ -170,7 +170,8 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
 def check_text_run(parameters: Mapping[str, Any]) -> None:
     """Refuses text pipeline parameters that the preparation, training or evaluation step
     would refuse after the steps before them ran; checks that the pretrained language
-    model files are there when `pretrained` is true.
+    model files are there when `pretrained` is true, and that their lm_metrics.json, when
+    they have one, does not say the model is no better than a unigram model.
 
     Raises:
         PreflightError: Every problem found, each naming its parameter.
@@ -181,6 +182,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
         TrainConfig,
         missing_files,
         parse_model_config,
+        unlearnt_lm,
     )
 
     problems = []
@@ -223,6 +225,9 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
             missing = missing_files(root, lang, backwards)
             if missing:
                 problems.append(f"lm_assets {root!r} lacks {missing} for lang={lang!r}")
+            unlearnt = unlearnt_lm(root, lang, backwards)  # as the trainer checks them
+            if unlearnt:
+                problems.append(f"lm_assets refused: {unlearnt}")
     problems += _text_evaluation_problems(parameters)
     if problems:
         raise PreflightError("; ".join(problems))

@@ -34,6 +34,7 @@ from components.train_text.contract import (
     asset_uri,
     missing_files,
     required_files,
+    unlearnt_lm,
 )
 
 SUPPORTED_ARCHS = ("AWD_LSTM",)
@@ -45,6 +46,11 @@ class MissingAssetsError(FileNotFoundError):
 
 class AssetConfigError(ValueError):
     """config.json names an architecture or settings this runtime cannot build."""
+
+
+class UnlearntAssetsError(ValueError):
+    """The assets' own lm_metrics.json says their language model learnt nothing
+    (`contract.unlearnt_lm`); the message names the file, the perplexities and what to do."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +166,8 @@ def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) ->
 
     Raises:
         MissingAssetsError: Some files are absent; the message lists every one.
+        UnlearntAssetsError: Their lm_metrics.json says the model is no better than a
+            unigram model of its training tokens (`contract.unlearnt_lm`).
         AssetConfigError: config.json cannot be used.
     """
     if not assets_uri.strip():
@@ -174,6 +182,9 @@ def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) ->
             f"pretrained LM assets for lang={lang!r} ({direction(backwards)}) are incomplete; "
             f"missing: {', '.join(missing)}. Provide them or set pretrained=False to train "
             "from scratch")
+    unlearnt = unlearnt_lm(assets_uri, lang, backwards)
+    if unlearnt:
+        raise UnlearntAssetsError(f"pretrained LM assets refused: {unlearnt}")
     fs, root = filesystem(assets_uri)
     paths = {}
     for rel in required_files(lang, backwards):

@@ -16,6 +16,7 @@ from typing import Any
 
 from components.common.storage import filesystem
 from components.formats.lm_assets import LM_FILES, SPM_FILE, SPM_LANGS, direction
+from components.train_lm.contract import METRICS_FILE as LM_METRICS_FILE
 
 # The language of fastai's own pretrained AWD-LSTM (WikiText-103), which a pretrained run
 # without lm_assets starts from (assets.fetch_fastai_pretrained).
@@ -124,3 +125,49 @@ def missing_files(assets_uri: str, lang: str, backwards: bool) -> list[str]:
     fs, root = filesystem(assets_uri)
     return [asset_uri(assets_uri, rel) for rel in required_files(lang, backwards)
             if not fs.isfile(asset_uri(root, rel))]
+
+
+def unlearnt_lm(assets_uri: str, lang: str, backwards: bool) -> str | None:
+    """Why the language model a run would take from `assets_uri` learnt nothing, or None.
+
+    The LM step writes `lm_metrics.json` at the assets root, where each direction says
+    whether it beat a unigram model of its training tokens on its held-out text
+    (`beats_unigram`, `components.train_lm.unigram`). One that did not carries nothing
+    into a classifier, and both the preflight and the trainer refuse it through this
+    check. Assets without the file (fastai's WikiText-103 model staged, converted
+    weights), with one of another language, one from before the unigram was measured, or
+    one that is not the LM step's JSON are not judged: None.
+
+    Args:
+        assets_uri: Root of the assets layout, a local path or gs:// URI.
+        lang: The run's language.
+        backwards: Whether the run takes the backward model.
+
+    Returns:
+        The refusal, naming the file, both perplexities and what to do; or None.
+    """
+    fs, root = filesystem(assets_uri)
+    path = asset_uri(root, LM_METRICS_FILE)
+    try:
+        if not fs.isfile(path):
+            return None
+        metrics = json.loads(fs.cat_file(path))
+    except (OSError, ValueError):  # unreadable, or not JSON: not the LM step's report
+        return None
+    if not isinstance(metrics, dict) or str(metrics.get("lang", lang)) != lang.strip():
+        return None
+    entry = (metrics.get("directions") or {}).get(direction(backwards))
+    if not isinstance(entry, dict) or entry.get("beats_unigram") is not False:
+        return None
+
+    def shown(value: Any) -> str:
+        return f"{value:.2f}" if isinstance(value, (int, float)) else str(value)
+
+    unigram = entry.get("unigram") or {}
+    return (f"{asset_uri(assets_uri, LM_METRICS_FILE)} says its {direction(backwards)} "
+            f"language model (lang={lang!r}) is no better than a unigram model of its "
+            f"training tokens: held-out perplexity {shown(entry.get('perplexity'))} vs the "
+            f"unigram's {shown(unigram.get('perplexity'))}, so its encoder would bring the "
+            "classifier nothing. Train the language model longer or on more text (the LM "
+            "pipeline's epochs or learning_rate, a larger corpus) until it beats the unigram "
+            "model, or pass other lm_assets (or pretrained=false to train from scratch)")
