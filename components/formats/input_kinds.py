@@ -177,6 +177,18 @@ def _model_folder_kinds() -> dict[str, FolderKind]:
     }
 
 
+def base_transformer_folder() -> FolderKind:
+    """A transformer to start training from, as `save_pretrained` writes it with its
+    tokenizer: the `model_name` folder the transformer trainer and preflight check."""
+    from components.text_common.contract import MODEL_CONFIG_FILE, TOKENIZER_FILES, WEIGHTS_FILES
+
+    return FolderKind(
+        "a transformer model folder", marks=(MODEL_CONFIG_FILE, *WEIGHTS_FILES),
+        required=((MODEL_CONFIG_FILE,), WEIGHTS_FILES, TOKENIZER_FILES),
+        made_by="a folder written by model.save_pretrained(folder) and "
+                "tokenizer.save_pretrained(folder)")
+
+
 # Folders of other kinds, told apart from a model folder by a file they hold.
 _OTHER_FOLDERS = (
     ("lm_metrics.json", "language model assets (the LM step's lm_assets), which the text "

@@ -34,6 +34,7 @@ from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
 from components.common.storage import TMP_PREFIX, filesystem, is_remote, push_mirrors
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
+from components.formats.input_kinds import base_transformer_folder
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import (
     MAX_TEXT_CHARS,
@@ -82,20 +83,22 @@ def model_source(model_name: str, scratch: str) -> str:
         TransformerTrainingError: A path (local or gs://) with no model in it.
     """
     name = model_name.strip()
+    if not (is_remote(name) or model_name_is_path(name)):
+        return name  # a Hub name, e.g. FacebookAI/xlm-roberta-base
+    fs, root = filesystem(name)
+    files = {os.path.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)} \
+        if fs.isdir(root) else set()
+    kind = base_transformer_folder()
+    missing = kind.missing(files)
+    if missing:
+        found = "nothing" if not files else ", ".join(sorted(files)[:8])
+        raise TransformerTrainingError(f"model_name {name!r} is not {kind.name}: it has no "
+                                       f"{' and no '.join(missing)} (it holds {found}); give "
+                                       f"{kind.made_by}, or a Hub model name")
     if is_remote(name):
-        fs, root = filesystem(name)
-        if not fs.isfile(root.rstrip("/") + "/config.json"):
-            raise TransformerTrainingError(f"model_name {name!r} has no config.json: give a "
-                                           "folder written by save_pretrained")
         local = os.path.join(scratch, "model")
         fs.get(root.rstrip("/") + "/", local + "/", recursive=True)
         return local
-    if model_name_is_path(name):
-        if not os.path.isfile(os.path.join(name, "config.json")):
-            raise TransformerTrainingError(f"model_name {name!r} is not a model folder (no "
-                                           "config.json in it): give a folder written by "
-                                           "save_pretrained, or a Hub model name")
-        return name
     return name  # a Hub name, e.g. FacebookAI/xlm-roberta-base
 
 
