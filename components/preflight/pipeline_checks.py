@@ -283,33 +283,21 @@ def model_name_problems(model_name: str, max_length: int | None = None) -> list[
         Messages naming `model_name` (or `max_length`) and what to give; empty when fine
         (or empty, which TransformerConfig refuses).
     """
-    from components.text_common.contract import (
-        MODEL_CONFIG_FILE,
-        TOKENIZER_FILES,
-        WEIGHTS_FILES,
-        has_tokenizer,
-        has_weights,
-    )
+    from components.formats.input_kinds import base_transformer_folder
     from components.train_transformer.contract import DEFAULT_MODEL_NAME, model_name_is_path
 
     name = model_name.strip()
     if not name:
         return []
-    give = (f"give a folder written by save_pretrained ({MODEL_CONFIG_FILE}, "
-            f"{WEIGHTS_FILES[0]} and the tokenizer's files) or a Hub model name such as "
-            f"{DEFAULT_MODEL_NAME}")
+    kind = base_transformer_folder()
+    give = f"give {kind.made_by}, or a Hub model name such as {DEFAULT_MODEL_NAME}"
     if model_name_is_path(name):
         files = model_folder_files(name)
         if not files:
             return [f"model_name {model_name!r} is not a folder (or an empty one): {give}"]
-        missing = [] if MODEL_CONFIG_FILE in files else [MODEL_CONFIG_FILE]
-        if not has_weights(files):
-            missing.append(" or ".join(WEIGHTS_FILES))
-        if not has_tokenizer(files):
-            missing.append("tokenizer (" + " or ".join(TOKENIZER_FILES) + "; "
-                           "tokenizer.save_pretrained(folder) writes it)")
+        missing = kind.missing(files)
         if missing:
-            return [f"model_name {model_name!r} is not a model folder: it has no "
+            return [f"model_name {model_name!r} is not {kind.name}: it has no "
                     f"{' and no '.join(missing)}; {give}"]
         return _max_length_problems(name, files, max_length)
     if not _HUB_MODEL_NAME.match(name) or "--" in name or ".." in name \
