@@ -26,6 +26,7 @@ import os
 import sys
 from typing import Any
 
+from components.common.baselines import no_better_than_constant
 from pipelines.catalogue import BUILDERS, DATA_PARAMETERS
 from pipelines.local_run import LOCAL_IMAGE, run
 from pipelines.params import argparse_type
@@ -53,7 +54,10 @@ def pipeline_parser(kind: str, pipeline) -> argparse.ArgumentParser:
 
 
 def headline(kind: str, summary: dict[str, Any]) -> str:
-    """One line with the test metrics of a run, and a warning when the classifier learnt nothing."""
+    """One line with the test metrics of a run, then a warning for a model that learnt
+    nothing: a classifier whose headline metric is not above the constant answer's on
+    the same split (`baselines.no_better_than_constant`), one whose training saw no
+    learning, a language model no better than a unigram model."""
     metrics = summary["metrics"]
     if kind == "lm":
         unigram = metrics.get("unigram") or {}
@@ -78,6 +82,9 @@ def headline(kind: str, summary: dict[str, Any]) -> str:
     beside = [f"{name} {values[names[0]]:.3f}/{values[names[1]]:.3f}"
               for name, values in summary.get("baseline", {}).items()]
     line += f"; baselines on the same split: {', '.join(beside)}" if beside else ""
+    constant = no_better_than_constant(metrics[names[0]], summary.get("baseline", {}), names[0])
+    if constant:
+        line += f"\nwarning: the model is no better than the constant answer ({constant})"
     nothing = summary.get("training", {}).get("learnt_nothing")
     return line + (f"\nwarning: the classifier learnt nothing ({nothing})" if nothing else "")
 

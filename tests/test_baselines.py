@@ -63,3 +63,48 @@ def test_console_scalars_and_the_gate_comparison():
     beaten, reason = baselines.beats(result, "macro_f1")
     assert not beaten and "tfidf_logreg" in reason
     assert not baselines.beats({**result, "baseline": {}}, "micro_f1")[0]
+
+
+def test_a_model_no_better_than_the_constant_answer_is_named_with_both_scores():
+    majority = {baselines.MAJORITY: {"accuracy": 0.4, "macro_f1": 0.19},
+                baselines.PIXELS: {"accuracy": 0.7}}
+    assert baselines.no_better_than_constant(0.41, majority, "accuracy") is None
+    for value in (0.4, 0.2, float("nan"), None):
+        why = baselines.no_better_than_constant(value, majority, "accuracy")
+        assert why.startswith("accuracy ") and why.endswith(
+            "is not above the 0.400 of always answering the majority class")
+    every = {baselines.EVERY_LABEL: {"micro_f1": 0.35}}
+    assert baselines.no_better_than_constant(0.0, every, "micro_f1") == (
+        "micro_f1 0.000 is not above the 0.350 of answering every label for every example")
+    # no constant answer scored with that metric (or no baseline at all): nothing to say
+    assert baselines.no_better_than_constant(0.0, majority, "micro_f1") is None
+    assert baselines.no_better_than_constant(0.0, {}, "accuracy") is None
+
+
+@pytest.mark.parametrize("kind, metrics, baseline, warned", [
+    ("image", {"accuracy": 0.4, "macro_f1": 0.19}, {"majority_class": {
+        "accuracy": 0.4, "macro_f1": 0.19}, "pixels_logreg": {"accuracy": 0.6, "macro_f1": 0.5}},
+     "accuracy 0.400 is not above the 0.400 of always answering the majority class"),
+    ("image", {"accuracy": 0.9, "macro_f1": 0.88}, {"majority_class": {
+        "accuracy": 0.4, "macro_f1": 0.19}}, None),
+    ("text", {"micro_f1": 0.5, "macro_f1": 0.3}, {"majority_class": {
+        "accuracy": 0.5, "micro_f1": 0.5, "macro_f1": 0.22}},
+     "micro_f1 0.500 is not above the 0.500 of always answering the majority class"),
+    ("transformer", {"micro_f1": 0.2, "macro_f1": 0.1}, {"every_label": {
+        "micro_f1": 0.35, "macro_f1": 0.3}},
+     "micro_f1 0.200 is not above the 0.350 of answering every label for every example"),
+    ("transformer", {"micro_f1": 0.7, "macro_f1": 0.6}, {"every_label": {
+        "micro_f1": 0.35, "macro_f1": 0.3}}, None),
+])
+def test_every_familys_headline_says_when_the_model_is_no_better_than_the_constant_answer(
+        kind, metrics, baseline, warned):
+    from pipelines import run_local
+
+    summary = {"metrics": {**metrics, "per_label": {"a": {"support": 5}}}, "baseline": baseline}
+    lines = run_local.headline(kind, summary).splitlines()
+    assert lines[0].startswith(f"{kind} pipeline: test ")
+    if warned is None:
+        assert len(lines) == 1
+    else:
+        assert lines[1:] == [f"warning: the model is no better than the constant answer "
+                             f"({warned})"]

@@ -267,8 +267,14 @@ def test_the_headline_warns_when_the_classifier_learnt_nothing():
                "training": {"learnt_nothing": "best valid_loss 0.41 vs 0.41"}}
     lines = run_local.headline("transformer", summary).splitlines()
     assert lines[0].startswith("transformer pipeline: test micro F1 0.000")
-    assert lines[1] == "warning: the classifier learnt nothing (best valid_loss 0.41 vs 0.41)"
+    # on the test split (the evaluation's constant answer), then in training
+    assert lines[1:] == [
+        "warning: the model is no better than the constant answer (micro_f1 0.000 is not "
+        "above the 0.400 of answering every label for every example)",
+        "warning: the classifier learnt nothing (best valid_loss 0.41 vs 0.41)"]
     summary["training"]["learnt_nothing"] = None
+    assert len(run_local.headline("transformer", summary).splitlines()) == 2
+    summary["metrics"]["micro_f1"] = 0.5
     assert len(run_local.headline("transformer", summary).splitlines()) == 1
 
 

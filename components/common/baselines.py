@@ -12,7 +12,7 @@ Pure logic over arrays and texts: scikit-learn only, no TensorFlow, no fastai.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -183,6 +183,41 @@ def markdown_table(result: dict[str, Any]) -> str:
              "| model | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+# What each constant answer is, in words.
+CONSTANT_ANSWERS = {MAJORITY: "always answering the majority class",
+                    EVERY_LABEL: "answering every label for every example"}
+
+
+def no_better_than_constant(value: float | None, baseline: Mapping[str, Mapping[str, Any]],
+                            metric: str) -> str | None:
+    """Why a model is no better than the constant answer on `metric`, or None when it is.
+
+    The constant answer (`constant_scores`: the majority class, or every label) is the
+    baseline entry MAJORITY or EVERY_LABEL of an evaluation; a model whose `metric` is not
+    above that entry's has learnt nothing the evaluation can see. Every family's run
+    summary says so through this (`pipelines.run_local.headline`).
+
+    Args:
+        value: The model's `metric` on the evaluated split (None or NaN: not above).
+        baseline: An evaluation's `baseline` section (`linear_and_constant`).
+        metric: The metric compared, e.g. "accuracy" or "micro_f1".
+
+    Returns:
+        E.g. "accuracy 0.400 is not above the 0.400 of always answering the majority
+        class"; None when the model is above it, or the evaluation scored no constant
+        answer with `metric`.
+    """
+    for name, words in CONSTANT_ANSWERS.items():
+        constant = (baseline or {}).get(name, {}).get(metric)
+        if constant is None:
+            continue
+        if isinstance(value, (int, float)) and value > constant:
+            return None
+        shown = f"{value:.3f}" if isinstance(value, (int, float)) else str(value)
+        return f"{metric} {shown} is not above the {constant:.3f} of {words}"
+    return None
 
 
 def beats(result: dict[str, Any], metric: str) -> tuple[bool, str]:
