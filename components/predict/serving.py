@@ -124,9 +124,10 @@ def parse_instances(body: bytes, text_keys: Sequence[str], max_instances: int) -
         max_instances: The most instances one request may hold.
 
     Raises:
-        RequestError: 400 for a body that is not `{"instances": [...]}` of texts (naming the
-            first bad instance's index; a text is what `input_kinds.text_problem` accepts) or is nested too deeply to parse, 413 for too many
-            instances.
+        RequestError: 400 for a body that is not UTF-8 `{"instances": [...]}` of texts
+            (naming the first bad instance's index; a text is what
+            `input_kinds.text_problem` accepts) or is nested too deeply to parse, 413 for
+            too many instances.
     """
     try:
         # UTF-8 declared: json.loads would take UTF-16 and UTF-32 bytes as well.

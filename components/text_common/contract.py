@@ -76,11 +76,6 @@ def is_transformer_folder(model_dir: str) -> bool:
     return has_weights(set(os.listdir(model_dir)))
 
 
-def has_tokenizer(files: set[str]) -> bool:
-    """Whether a model folder's file names include a tokenizer (`TOKENIZER_FILES`)."""
-    return any(name in files for name in TOKENIZER_FILES)
-
-
 def token_limit(config: dict[str, Any], model_max_length: float | None) -> int | None:
     """The most tokens one text can have for this encoder: the smaller of its tokenizer's
     `model_max_length` and its usable position embeddings; None if neither sets one.

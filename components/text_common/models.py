@@ -139,12 +139,6 @@ class TransformerTextModel:
         return np.concatenate(out)
 
 
-def is_text_model_folder(model_dir: str) -> bool:
-    """Whether a folder holds a trained text classifier of either trainer."""
-    return os.path.isfile(os.path.join(model_dir, EXPORT_FILE)) or (
-        is_transformer_folder(model_dir) and os.path.isfile(os.path.join(model_dir, LABELS_FILE)))
-
-
 def load_text_model(model_dir: str):
     """The text classifier of a model folder: the fastai trainer's or the transformer's.
 
