@@ -1,17 +1,18 @@
-"""The descriptions of input kinds: what text is, and which model folder a folder is."""
+"""The descriptions of input kinds: what text is (common.input_kinds), and which trained
+model folder a folder is (predict.contract.MODEL_FOLDERS)."""
 
 import gzip
 import itertools
 
 import pytest
 
-from components.formats.input_kinds import (
+from components.common.input_kinds import (
     FolderKindError,
     NotTextError,
     decode_text,
-    model_folder_kind,
     text_problem,
 )
+from components.predict.contract import model_folder_kind
 
 IMAGE = {"model.keras", "labels.json", "preprocessing.json", "history.json"}
 FASTAI = {"export.pkl", "labels.json", "metrics.json", "per_label_metrics.json"}

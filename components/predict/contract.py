@@ -13,9 +13,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from typing import Any
 
-from components.formats.input_kinds import FolderKindError, folder_files, model_folder_kind
+from components.common.input_kinds import FolderKind, FolderKindError, folder_files
+from components.text_common.contract import (
+    EXPORT_FILE,
+    LABELS_FILE,
+    MODEL_CONFIG_FILE,
+    TOKENIZER_FILES,
+    WEIGHTS_FILES,
+)
+from components.train_image.contract import MODEL_FILE, PREPROCESSING_FILE
 
 PREDICTIONS_FILE = "predictions.jsonl"
 IMAGE, TEXT = "image", "text"
@@ -23,6 +32,67 @@ IMAGE, TEXT = "image", "text"
 
 class PredictionError(ValueError):
     """Prediction cannot run as asked; the message says what to change."""
+
+
+_TRAINED = "the training step's model output"
+# The trained model folders prediction, serving and evaluation read, one description each.
+MODEL_FOLDERS = {
+    "image": FolderKind(
+        "an image model folder", marks=(MODEL_FILE, PREPROCESSING_FILE),
+        required=((MODEL_FILE,), (LABELS_FILE,), (PREPROCESSING_FILE,)),
+        made_by=f"{_TRAINED} (the image trainer)"),
+    "fastai": FolderKind(
+        "a fastai text model folder", marks=(EXPORT_FILE,),
+        required=((EXPORT_FILE,), (LABELS_FILE,)), made_by=f"{_TRAINED} (the text trainer)"),
+    "transformer": FolderKind(
+        "a transformer text model folder", marks=(MODEL_CONFIG_FILE, *WEIGHTS_FILES),
+        required=((MODEL_CONFIG_FILE,), WEIGHTS_FILES, TOKENIZER_FILES, (LABELS_FILE,)),
+        made_by=f"{_TRAINED} (the transformer trainer)"),
+}
+# Folders of other kinds, told apart from a model folder by a file they hold.
+_OTHER_FOLDERS = (
+    ("lm_metrics.json", "language model assets (the LM step's lm_assets), which the text "
+                        "pipeline starts from; they label nothing"),
+    ("manifest.json", "the sharding or preparation step's dataset, not a trained model"),
+    ("predictions.jsonl", "a prediction step's output, not a model"),
+)
+
+
+def model_folder_kind(name: str, files: Iterable[str]) -> str:
+    """Which trained model folder `files` make: "image", "fastai" or "transformer".
+
+    The folder is taken to be the kind whose marks it holds; a kind it is marked as but
+    lacks a required file of is named with that file, never guessed at as another kind.
+
+    Args:
+        name: The folder, as the message names it (a parameter and URI).
+        files: The names of the files directly in it.
+
+    Raises:
+        FolderKindError: Naming `name`, the kind it looks like and the file it lacks, or
+            what it holds instead of a model.
+    """
+    files = set(files)
+    kinds = MODEL_FOLDERS
+    for key, kind in kinds.items():
+        if kind.marked(files) and not kind.missing(files):
+            return key
+    marked = [kind for kind in kinds.values() if kind.marked(files)]
+    if marked:
+        kind = max(marked, key=lambda k: len(k.marked(files)))
+        raise FolderKindError(
+            f"{name} looks like {kind.name} ({', '.join(kind.marked(files))} found) but has no "
+            f"{' and no '.join(kind.missing(files))}; give {kind.made_by}, whole")
+    for mark, what in _OTHER_FOLDERS:
+        if mark in files:
+            raise FolderKindError(f"{name} holds {mark}: it is {what}; give a trained "
+                                  "model folder (the training step's model output)")
+    found = ", ".join(sorted(files)[:8]) + (", ..." if len(files) > 8 else "") if files \
+        else "nothing"
+    wanted = "; ".join(f"{kind.name}: {', '.join(' or '.join(g) for g in kind.required)}"
+                       for kind in kinds.values())
+    raise FolderKindError(f"{name} is not a trained model folder: it holds {found}. "
+                          f"Expected {wanted}; give the training step's model output")
 
 
 def model_family(model_dir: str, name: str = "") -> str:

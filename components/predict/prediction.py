@@ -212,7 +212,7 @@ def decision_threshold(labels_info: dict[str, Any]) -> float | None:
 
 def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                    progress: bool, text_column: str) -> dict[str, Any]:
-    from components.formats.input_kinds import text_problem
+    from components.common.input_kinds import text_problem
     from components.text_common.contract import MAX_TEXT_CHARS
     from components.text_common.models import load_text_model
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from components.formats.input_kinds import text_problem
+from components.common.input_kinds import text_problem
 from components.predict.contract import TEXT, PredictionError, model_family
 from components.predict.prediction import copy_model_locally, decision_threshold, prediction_line
 from components.text_common.contract import MAX_TEXT_CHARS

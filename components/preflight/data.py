@@ -13,8 +13,8 @@ import io
 import json
 import os
 
+from components.common.input_kinds import NotTextError, decode_text
 from components.common.storage import filesystem
-from components.formats.input_kinds import NotTextError, decode_text
 from components.preflight.parameters import PreflightError
 
 # Corpus files whose first bytes preflight reads (the LM step reads them all).

@@ -283,13 +283,16 @@ def model_name_problems(model_name: str, max_length: int | None = None) -> list[
         Messages naming `model_name` (or `max_length`) and what to give; empty when fine
         (or empty, which TransformerConfig refuses).
     """
-    from components.formats.input_kinds import base_transformer_folder
-    from components.train_transformer.contract import DEFAULT_MODEL_NAME, model_name_is_path
+    from components.train_transformer.contract import (
+        BASE_MODEL_FOLDER,
+        DEFAULT_MODEL_NAME,
+        model_name_is_path,
+    )
 
     name = model_name.strip()
     if not name:
         return []
-    kind = base_transformer_folder()
+    kind = BASE_MODEL_FOLDER
     give = f"give {kind.made_by}, or a Hub model name such as {DEFAULT_MODEL_NAME}"
     if model_name_is_path(name):
         files = model_folder_files(name)

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from components.common.input_kinds import NotTextError, decode_text, text_problem
 from components.common.storage import filesystem, write_json_atomically
-from components.formats.input_kinds import NotTextError, decode_text, text_problem
 from components.prepare_text.contract import (
     AUTO_DELIMITER,
     MANIFEST,

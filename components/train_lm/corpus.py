@@ -2,7 +2,7 @@
 
 A .txt file is cut into documents at blank lines (paragraphs: a Wikipedia article or a
 book chapter is not one 'text'); a CSV row is one document. Text is what
-`components.formats.input_kinds` says it is. In a folder, a file that is not text is
+`components.common.input_kinds` says it is. In a folder, a file that is not text is
 skipped and counted with the reason and the first few names (with the first bad offset),
 never dropped silently; a corpus given as one file that is not text, a folder with more
 such files than text files, a CSV with more such rows than text rows, or a corpus left
@@ -19,8 +19,8 @@ from typing import Any
 
 import pandas as pd
 
+from components.common.input_kinds import NotTextError, decode_text, text_problem
 from components.common.storage import filesystem
-from components.formats.input_kinds import NotTextError, decode_text, text_problem
 from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX, LMTrainingError
 
 _PARAGRAPH = re.compile(r"\n[ \t\r\f\v]*\n")

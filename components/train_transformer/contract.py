@@ -16,7 +16,9 @@ import dataclasses
 import math
 import os
 
+from components.common.input_kinds import FolderKind
 from components.common.storage import is_remote
+from components.text_common.contract import MODEL_CONFIG_FILE, TOKENIZER_FILES, WEIGHTS_FILES
 
 FRAMEWORK = "transformers"
 # The default encoder: multilingual (about 100 languages, the fastai trainer's fr default and
@@ -83,3 +85,12 @@ def model_name_is_path(model_name: str) -> bool:
     name = model_name.strip()
     return (is_remote(name) or os.path.isabs(name) or name.startswith(".")
             or os.path.exists(name))
+
+
+# A transformer to start training from (`model_name` as a folder), as `save_pretrained`
+# writes it with its tokenizer: what the trainer and preflight hold such a folder to.
+BASE_MODEL_FOLDER = FolderKind(
+    "a transformer model folder", marks=(MODEL_CONFIG_FILE, *WEIGHTS_FILES),
+    required=((MODEL_CONFIG_FILE,), WEIGHTS_FILES, TOKENIZER_FILES),
+    made_by="a folder written by model.save_pretrained(folder) and "
+            "tokenizer.save_pretrained(folder)")

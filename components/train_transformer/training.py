@@ -34,7 +34,6 @@ from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
 from components.common.storage import TMP_PREFIX, filesystem, is_remote, push_mirrors
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
-from components.formats.input_kinds import base_transformer_folder
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import (
     MAX_TEXT_CHARS,
@@ -48,6 +47,7 @@ from components.text_common.scores import (
 )
 from components.train_transformer import results
 from components.train_transformer.contract import (
+    BASE_MODEL_FOLDER,
     TransformerConfig,
     TransformerTrainingError,
     model_name_is_path,
@@ -88,7 +88,7 @@ def model_source(model_name: str, scratch: str) -> str:
     fs, root = filesystem(name)
     files = {os.path.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)} \
         if fs.isdir(root) else set()
-    kind = base_transformer_folder()
+    kind = BASE_MODEL_FOLDER
     missing = kind.missing(files)
     if missing:
         found = "nothing" if not files else ", ".join(sorted(files)[:8])

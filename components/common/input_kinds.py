@@ -1,0 +1,162 @@
+"""The vocabulary of input kinds: what text is, and what a folder of a kind holds.
+
+**Text** (LM corpora, CSV cells, rows to label, request texts) is UTF-8 (a byte-order
+mark is allowed), with no more control characters than `CONTROL_SHARE` of the characters
+(tabs, newlines, carriage returns, form and vertical feeds are text). Bytes that do not
+decode, or NUL and other control characters beyond that share, say the input is of
+another kind (binary, UTF-16, Latin-1): the error names the input, the first bad offset
+and, where the first bytes tell, what it is instead (`looks_like`). Preflight, the steps,
+`pipelines.predict` and `pipelines.serve` read text through this module only.
+
+**A folder kind** (`FolderKind`) is the files a folder must hold and the files that mark
+it as meant to be that kind, so a folder missing one is told which, never guessed at as
+another kind. Each kind is declared once, by the contract of the step that reads it:
+trained model folders in `components.predict.contract.MODEL_FOLDERS`, a transformer to
+start from in `components.train_transformer.contract.BASE_MODEL_FOLDER`. The other kinds
+have one description each where their step's contract holds it: language model assets
+(`train_text.contract.required_files`), image weights (`train_image.contract.
+weights_file_layout`), an image folder of class folders (`shard.listing`), a labelled CSV
+(`prepare_text.preparation.read_csv` and `normalize`), a request body
+(`predict.serving.parse_instances`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+TEXT_ENCODING = "utf-8-sig"  # UTF-8; a byte-order mark at the start is dropped
+# Characters of category Cc that text holds: tab, newline, vertical tab, form feed (man
+# pages and books carry page breaks), carriage return. Any other (NUL, escape, backspace,
+# the C1 controls) in more than this share of the characters is not text.
+_CONTROLS = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")  # Cc but \t \n \v \f \r
+CONTROL_SHARE = 0.01
+# The first bytes of files that are often given where text belongs, by what they are.
+_SIGNATURES = (
+    (b"\xff\xfe", "UTF-16 (little-endian) text: re-save it as UTF-8"),
+    (b"\xfe\xff", "UTF-16 (big-endian) text: re-save it as UTF-8"),
+    (b"\x1f\x8b", "a gzip archive: decompress it first"),
+    (b"PK\x03\x04", "a ZIP archive (or an .xlsx/.docx): extract or export it as text first"),
+    (b"%PDF", "a PDF document: extract its text first"),
+    (b"\x89PNG", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF8", "a GIF image"),
+    (b"BZh", "a bzip2 archive: decompress it first"),
+    (b"\xfd7zXZ", "an xz archive: decompress it first"),
+    (b"\x80", "a Python pickle"),
+)
+
+
+class NotTextError(ValueError):
+    """An input that should be text is not; the message names it, the first bad offset
+    and what to do."""
+
+
+def looks_like(head: bytes) -> str:
+    """What a file that should be text is, from its first bytes ("" when unknown)."""
+    for signature, what in _SIGNATURES:
+        if head.startswith(signature):
+            return what
+    if len(head) >= 4 and head[1:4:2] == b"\0\0" and head[0] and head[2]:
+        return "UTF-16 text without a byte-order mark: re-save it as UTF-8"
+    return ""
+
+
+def control_problem(text: str) -> str:
+    """Why a decoded text is not text: control characters beyond `CONTROL_SHARE` (a NUL
+    counts too), naming the first one's character offset; "" when it is text."""
+    first = _CONTROLS.search(text)
+    if first is None:
+        return ""
+    bad = len(_CONTROLS.findall(text))
+    if bad <= CONTROL_SHARE * len(text):
+        return ""
+    first = first.start()
+    return (f"{bad} of its {len(text)} characters are control characters (the first, "
+            f"{text[first]!r}, at character {first}); text holds at most "
+            f"{CONTROL_SHARE:.1%} of them")
+
+
+def decode_text(raw: bytes, name: str) -> str:
+    """`raw` as text, by `TEXT_ENCODING` and the control-character rule.
+
+    Args:
+        raw: The file's bytes (or a whole cell's, a request's).
+        name: The input, named in the message (a parameter and URI, a file, a row).
+
+    Returns:
+        The decoded text.
+
+    Raises:
+        NotTextError: Bytes that do not decode, or too many control characters: naming
+            `name`, the first bad byte offset and, where its first bytes tell, what the
+            file is instead.
+    """
+    try:
+        text = raw.decode(TEXT_ENCODING)
+    except UnicodeDecodeError as err:
+        what = looks_like(raw[:8])
+        raise NotTextError(
+            f"{name} is not UTF-8 text: byte {raw[err.start]:#04x} at offset {err.start} does "
+            f"not decode ({err.reason})" + (f"; it looks like {what}" if what
+                                            else "; re-save it as UTF-8")) from None
+    problem = control_problem(text)
+    if problem:
+        what = looks_like(raw[:8])
+        first = _CONTROLS.search(text).start()
+        offset = len(text[:first].encode("utf-8"))
+        raise NotTextError(f"{name} is not text: {problem} (byte offset {offset})"
+                           + (f"; it looks like {what}" if what else "; give a text file"))
+    return text
+
+
+def text_problem(text: str) -> str:
+    """Why one decoded text (a CSV cell, a request's text) is not text; "" when it is.
+
+    The row-level form of `decode_text`'s rule, for inputs whose contract counts a bad
+    row as skipped (or answers it with an error line) instead of refusing the file.
+    """
+    if "\0" in text:
+        return f"not text: a NUL character at character {text.index(chr(0))}"
+    problem = control_problem(text)
+    return f"not text: {problem}" if problem else ""
+
+
+# ------------------------------------------------------------------------ folders
+
+
+@dataclasses.dataclass(frozen=True)
+class FolderKind:
+    """One kind of folder an input may be.
+
+    Attributes:
+        name: What it is, as a message says it ("a transformer text model folder").
+        marks: Files whose presence says a folder is meant to be this kind.
+        required: Groups of files; each group needs one of its files (alternatives).
+        made_by: What writes such a folder, for the message's "give ...".
+    """
+
+    name: str
+    marks: tuple[str, ...]
+    required: tuple[tuple[str, ...], ...]
+    made_by: str
+
+    def missing(self, files: set[str]) -> list[str]:
+        """The required groups none of whose files is in `files`, each spelled "a or b"."""
+        return [" or ".join(group) for group in self.required
+                if not any(name in files or f"{name}.index.json" in files for name in group)]
+
+    def marked(self, files: set[str]) -> list[str]:
+        """The marks of this kind found in `files`."""
+        return [name for name in self.marks if name in files]
+
+
+class FolderKindError(ValueError):
+    """A folder is not the kind it was given as; the message says which file is missing
+    or what the folder is instead."""
+
+
+def folder_files(path: str) -> set[str]:
+    """Names of the files directly in a local folder (empty when it is not one)."""
+    return set(os.listdir(path)) if os.path.isdir(path) else set()
