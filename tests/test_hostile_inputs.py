@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from components.common.images import BadImage, decode_image
+from components.common.input_kinds import InputKindError
 from components.predict.contract import PredictionError
 from components.predict.prediction import (
     _read_csv_chunks,
@@ -704,33 +705,23 @@ def _model_case(family, missing, how, xfail_reason=None):
 
 MODEL_CASES = [
     _model_case("image", "model.keras", "absent"),
-    _model_case("image", "model.keras", "a folder in its place",
-                "a folder named model.keras passes the checks: Keras fails on it later"),
+    _model_case("image", "model.keras", "a folder in its place"),
     _model_case("image", "labels.json", "absent"),
-    _model_case("image", "labels.json", "a folder in its place",
-                "load_class_names opens a folder named labels.json: IsADirectoryError"),
+    _model_case("image", "labels.json", "a folder in its place"),
     _model_case("image", "preprocessing.json", "absent"),
-    _model_case("image", "preprocessing.json", "a folder in its place",
-                "prediction opens preprocessing.json unchecked: IsADirectoryError"),
+    _model_case("image", "preprocessing.json", "a folder in its place"),
     _model_case("fastai", "export.pkl", "absent"),
-    _model_case("fastai", "export.pkl", "a folder in its place",
-                "check_servable accepts a folder named export.pkl as the learner"),
+    _model_case("fastai", "export.pkl", "a folder in its place"),
     _model_case("fastai", "labels.json", "absent"),
-    _model_case("fastai", "labels.json", "a folder in its place",
-                "check_servable/model_family accept a fastai folder whose labels.json is a "
-                "folder"),
+    _model_case("fastai", "labels.json", "a folder in its place"),
     _model_case("transformer", "config.json", "absent"),
-    _model_case("transformer", "config.json", "a folder in its place",
-                "check_servable accepts a folder named config.json as the config"),
+    _model_case("transformer", "config.json", "a folder in its place"),
     _model_case("transformer", "model.safetensors", "absent"),
-    _model_case("transformer", "model.safetensors", "a folder in its place",
-                "a folder named model.safetensors counts as the weights"),
+    _model_case("transformer", "model.safetensors", "a folder in its place"),
     _model_case("transformer", "tokenizer.json", "absent"),
-    _model_case("transformer", "tokenizer.json", "a folder in its place",
-                "check_servable accepts a transformer folder whose tokenizer is a folder"),
+    _model_case("transformer", "tokenizer.json", "a folder in its place"),
     _model_case("transformer", "labels.json", "absent"),
-    _model_case("transformer", "labels.json", "a folder in its place",
-                "the message guesses instead of naming labels.json"),
+    _model_case("transformer", "labels.json", "a folder in its place"),
 ]
 
 
@@ -775,18 +766,15 @@ LABELS_CONTENT = st.one_of(
 
 
 @pytest.mark.parametrize("reader", [
-    pytest.param("image load_class_names", marks=known_gap(
-        "a labels.json that is not UTF-8 JSON, or not an object, raises UnicodeDecodeError, "
-        "JSONDecodeError, AttributeError or RecursionError")),
-    pytest.param("text read_labels", marks=known_gap(
-        "read_labels json.loads labels.json unchecked: UnicodeDecodeError, JSONDecodeError")),
+    "image load_class_names",
+    "text read_labels",
 ])
 def test_model_labels_json_that_is_not_a_json_object_is_refused_naming_it(reader):
     def body(bad):
         with folder() as d:
             write(os.path.join(d, "labels.json"), bad.data)
             call = load_class_names if reader.startswith("image") else read_labels
-            _, err = outcome(lambda: call(d), ContractError, PredictionError)
+            _, err = outcome(lambda: call(d), ContractError, PredictionError, InputKindError)
             assert err is not None, f"{bad} read as labels"
             assert_names(err, "labels.json")
 
@@ -911,9 +899,7 @@ TRANSFORMER_PARTS = {"config.json": ("config.json",),
 
 @pytest.mark.parametrize("how", [
     "absent",
-    pytest.param("a folder in its place", marks=known_gap(
-        "model_name_problems checks names in the listing: a folder named config.json, "
-        "model.safetensors or tokenizer.json passes as the file")),
+    "a folder in its place",
 ])
 def test_transformer_model_name_missing_one_part_is_named(how):
     def body(case):
@@ -1034,8 +1020,6 @@ def test_image_weights_hdf5_without_densenet_layers_is_refused_naming_it():
     holds(FAST, st.tuples(layers, st.sampled_from([1.0, 0.5, 0.9, 0.1])), body, examples=12)
 
 
-@known_gap("an HDF5 whose layer_names attribute is a number (not a list) raises TypeError "
-           "out of weights_file_layout")
 def test_image_weights_hdf5_with_odd_layer_names_is_refused_naming_it():
     h5py = pytest.importorskip("h5py")
 
@@ -1131,8 +1115,6 @@ def test_request_texts_that_are_not_text_are_refused_naming_the_instance():
           _request_text_refused, examples=15)
 
 
-@known_gap("a request text holding a lone surrogate (JSON \\ud800, valid JSON, no Unicode "
-           "text: it cannot be encoded as UTF-8) is accepted as a text")
 def test_request_texts_with_lone_surrogates_are_refused_naming_the_instance():
     bad = st.builds(lambda t, c: t + c, SENTENCES, st.sampled_from(["\ud800", "\udfff"]))
     holds(FAST, st.tuples(st.lists(SENTENCES, max_size=3), bad, st.integers(0, 3)),

@@ -23,8 +23,10 @@ weights_file_layout`), an image folder of class folders (`shard.listing`), a lab
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+from typing import Any
 
 TEXT_ENCODING = "utf-8-sig"  # UTF-8; a byte-order mark at the start is dropped
 # Characters of category Cc that text holds: tab, newline, vertical tab, form feed (man
@@ -48,7 +50,12 @@ _SIGNATURES = (
 )
 
 
-class NotTextError(ValueError):
+class InputKindError(ValueError):
+    """An input is not of its kind; the message names it, what is wrong or missing, what
+    was found instead and what to do."""
+
+
+class NotTextError(InputKindError):
     """An input that should be text is not; the message names it, the first bad offset
     and what to do."""
 
@@ -119,6 +126,10 @@ def text_problem(text: str) -> str:
     """
     if "\0" in text:
         return f"not text: a NUL character at character {text.index(chr(0))}"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate, e.g. JSON's "\ud800"
+        return f"not text: a lone surrogate at character {err.start} (no Unicode character)"
     problem = control_problem(text)
     return f"not text: {problem}" if problem else ""
 
@@ -152,11 +163,40 @@ class FolderKind:
         return [name for name in self.marks if name in files]
 
 
-class FolderKindError(ValueError):
+class FolderKindError(InputKindError):
     """A folder is not the kind it was given as; the message says which file is missing
     or what the folder is instead."""
 
 
 def folder_files(path: str) -> set[str]:
-    """Names of the files directly in a local folder (empty when it is not one)."""
-    return set(os.listdir(path)) if os.path.isdir(path) else set()
+    """Names of the files directly in a local folder (empty when it is not one); a folder
+    named like a file is not that file."""
+    if not os.path.isdir(path):
+        return set()
+    return {name for name in os.listdir(path) if os.path.isfile(os.path.join(path, name))}
+
+
+def read_json_object(raw: bytes, name: str) -> dict[str, Any]:
+    """A JSON file that must hold an object (labels.json, config.json, ...), read as text.
+
+    Args:
+        raw: The file's bytes.
+        name: The file, as the message names it.
+
+    Raises:
+        InputKindError: Not text, not JSON, nested too deeply to parse, or not an object:
+            naming `name` and what was found.
+    """
+    text = decode_text(raw, name)
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise InputKindError(f"{name} is not JSON ({err}); write it again, or give the "
+                             "folder its step wrote") from None
+    except RecursionError:
+        raise InputKindError(f"{name} is JSON nested too deeply to read; write it "
+                             "again") from None
+    if not isinstance(value, dict):
+        raise InputKindError(f"{name} must hold a JSON object, found a "
+                             f"{type(value).__name__}; write it again")
+    return value

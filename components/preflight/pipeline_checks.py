@@ -9,13 +9,13 @@ empty). `CHECKS` maps each pipeline kind to its check.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from components.common.input_kinds import InputKindError, read_json_object
 from components.common.storage import filesystem, is_remote
 from components.preflight.parameters import (
     PreflightError,
@@ -256,13 +256,15 @@ _HUB_NAME_MAX_CHARS = 96
 
 
 def model_folder_files(model_dir: str) -> set[str]:
-    """Names of the files directly in a model folder (local or gs://); empty when it is not
-    a folder."""
+    """Names of the files directly in a model folder (local or gs://), not of its folders;
+    empty when it is not a folder."""
     fs, path = filesystem(model_dir)
     fs.invalidate_cache(path)  # gcsfs keeps listings: the folder may have changed since
     if not fs.isdir(path):
         return set()
-    return {os.path.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
+    # a folder named like a file (config.json/) is not that file
+    return {os.path.basename(entry["name"].rstrip("/")) for entry in fs.ls(path, detail=True)
+            if entry.get("type") == "file"}
 
 
 def model_name_problems(model_name: str, max_length: int | None = None) -> list[str]:
@@ -326,10 +328,9 @@ def _max_length_problems(folder: str, files: set[str], max_length: int | None) -
         if name in files:
             fs, path = filesystem(f"{folder.rstrip('/')}/{name}")
             try:
-                read[name] = json.loads(fs.cat_file(path))
-            except ValueError as err:
-                return [f"model_name {folder!r}: {name} is not JSON ({err}); write the "
-                        "folder again with save_pretrained"]
+                read[name] = read_json_object(fs.cat_file(path), f"model_name {folder!r}: {name}")
+            except InputKindError as err:
+                return [f"{err} (save_pretrained writes it)"]
     problem = max_length_problem(max_length, read.get(MODEL_CONFIG_FILE, {}),
                                  read.get(TOKENIZER_CONFIG_FILE, {}).get("model_max_length"),
                                  folder)

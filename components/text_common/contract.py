@@ -12,9 +12,10 @@ trainer; nothing here imports fastai, torch or transformers.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
+
+from components.common.input_kinds import read_json_object
 
 EXPORT_FILE = "export.pkl"  # the fastai trainer's learner
 LABELS_FILE = "labels.json"
@@ -47,9 +48,14 @@ MAX_TEXT_CHARS = 20_000
 
 
 def read_labels(model_dir: str) -> dict[str, Any]:
-    """labels.json of a trained model folder."""
-    with open(os.path.join(model_dir, LABELS_FILE)) as f:
-        return json.load(f)
+    """labels.json of a trained model folder.
+
+    Raises:
+        InputKindError: It is not a JSON object (naming the file).
+    """
+    path = os.path.join(model_dir, LABELS_FILE)
+    with open(path, "rb") as f:
+        return read_json_object(f.read(), f"model file {path!r}")
 
 
 def clip_text(text: str) -> str:
@@ -89,9 +95,11 @@ def token_limit(config: dict[str, Any], model_max_length: float | None) -> int |
     positions = config.get("max_position_embeddings")
     if isinstance(positions, int) and positions > 0:
         if config.get("model_type") in OFFSET_POSITION_MODELS:
-            positions -= int(config.get("pad_token_id") or 0) + 1
+            pad = config.get("pad_token_id")
+            positions -= (pad if isinstance(pad, int) else 0) + 1
         limits.append(positions)
-    if model_max_length and 0 < model_max_length < _NO_LIMIT:
+    if isinstance(model_max_length, (int, float)) and not isinstance(model_max_length, bool) \
+            and 0 < model_max_length < _NO_LIMIT:
         limits.append(int(model_max_length))
     return min(limits) if limits else None
 
@@ -111,7 +119,7 @@ def tokenizer_problem(tokens: int, config: dict[str, Any], model_name: str) -> s
     """Why a loaded tokenizer cannot be the model's own (far fewer tokens than the model
     has embeddings: built from config.json alone); empty when it can."""
     embeddings = config.get("vocab_size")
-    if not isinstance(embeddings, int) or tokens * 2 >= embeddings:
+    if not isinstance(embeddings, int) or isinstance(embeddings, bool) or tokens * 2 >= embeddings:
         return ""
     return (f"model_name {model_name!r} loads a tokenizer of {tokens} tokens for a model of "
             f"{embeddings} token embeddings: its tokenizer files ({', '.join(TOKENIZER_FILES)}) "

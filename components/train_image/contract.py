@@ -13,11 +13,11 @@ Other steps import this module only, never the trainer, and load `model.keras` w
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from collections.abc import Iterable, Sequence
 
+from components.common.input_kinds import InputKindError, read_json_object
 from components.common.storage import filesystem
 
 MODEL_FILE = "model.keras"
@@ -95,8 +95,11 @@ def weights_file_layout(path: str) -> tuple[int, ...]:
 
     try:
         with h5py.File(path, "r") as f:
-            names = [n.decode() if isinstance(n, bytes) else str(n)
-                     for n in f.attrs.get("layer_names", [])]
+            names = f.attrs.get("layer_names", [])
+            if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+                raise ValueError(f"its layer_names attribute is {names!r}, not a list of "
+                                 "layer names")
+            names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
         return dense_layout(names)
     except (OSError, ValueError) as err:
         raise ValueError(f"weights file {path!r} is not the no-top weights of a tf-keras "
@@ -220,8 +223,11 @@ def load_class_names(model_dir: str) -> list[str]:
     if not fs.exists(path):
         raise ContractError(f"{path} not found: {model_dir!r} is not a trained model folder "
                               f"(expected {MODEL_FILE} and {LABELS_FILE})")
-    with fs.open(path) as f:
-        classes = json.load(f).get("classes")
+    with fs.open(path, "rb") as f:
+        try:
+            classes = read_json_object(f.read(), f"model file {path!r}").get("classes")
+        except InputKindError as err:
+            raise ContractError(str(err)) from None
     if not isinstance(classes, list) or not classes:
         raise ContractError(f'{path} must hold {{"classes": [name, ...]}}')
     return [str(c) for c in classes]
