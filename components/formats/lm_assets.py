@@ -21,6 +21,9 @@ from components.common.storage import write_json_atomically
 SPM_LANGS = frozenset({"ja", "ko", "zh"})
 LM_FILES = ("config.json", "vocab.pkl", "weights.pth")
 SPM_FILE = "spm/spm.model"
+# At the root, beside <lang>/: the language model step's report (perplexity, accuracy and
+# a unigram model's per direction); the text trainer reads its `beats_unigram`.
+LM_METRICS_FILE = "lm_metrics.json"
 
 
 class TokenizerError(RuntimeError):

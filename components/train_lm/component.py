@@ -53,7 +53,7 @@ def train_language_model(
     import dataclasses
     import logging
 
-    from components.train_lm.contract import LMConfig
+    from components.train_lm.contract import LMConfig, console_metrics
     from components.train_lm.training import train_language_model as train
     from components.train_text.contract import parse_model_config
 
@@ -67,20 +67,8 @@ def train_language_model(
         seed=seed,
     )
     result = train(corpus_uri, lm_assets.path, config, tensorboard_folder=tensorboard_dir)
-    for name, run in result["directions"].items():
-        prefix = "" if name == "forward" else f"{name}_"
-        for key in ("perplexity", "accuracy", "valid_loss"):
-            if run[key] is not None:
-                metrics.log_metric(prefix + key, float(run[key]))
-            if (run.get("unigram") or {}).get(key) is not None:
-                metrics.log_metric(f"{prefix}unigram_{key}", float(run["unigram"][key]))
-        if run.get("beats_unigram") is not None:
-            metrics.log_metric(prefix + "beats_unigram", float(run["beats_unigram"]))
-        if run["epoch_seconds"]:
-            metrics.log_metric(prefix + "epoch_seconds",
-                               sum(run["epoch_seconds"]) / len(run["epoch_seconds"]))
-    metrics.log_metric("train_tokens", float(result["tokens"]["train"]))
-    metrics.log_metric("vocab_size", float(result["vocab_size"]))
+    for name, value in console_metrics(result).items():
+        metrics.log_metric(name, value)
     lm_assets.metadata.update({
         "framework": "fastai",
         "arch": "AWD_LSTM",

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-METRICS_FILE = "lm_metrics.json"
+from components.formats.lm_assets import LM_METRICS_FILE
+
+METRICS_FILE = LM_METRICS_FILE
 # Where the texts of a corpus come from: a CSV column, or .txt files (one or a folder).
 TEXT_SUFFIX = ".txt"
 CSV_SUFFIX = ".csv"
@@ -67,3 +69,25 @@ class LMConfig:
     def directions(self) -> list[bool]:
         """`backwards` flags of the models to train: forward, then backward on request."""
         return [False, True] if self.backwards else [False]
+
+
+def console_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The step's console scalars from its lm_metrics.json content: per direction (the
+    backward ones prefixed `backward_`) perplexity, accuracy and valid_loss, the unigram
+    model's (`unigram_perplexity`, ...), `beats_unigram` (1 or 0) and the mean
+    `epoch_seconds`; then `train_tokens` and `vocab_size`. Missing values are left out."""
+    scalars: dict[str, float] = {}
+    for name, run in result["directions"].items():
+        prefix = "" if name == "forward" else f"{name}_"
+        for key in ("perplexity", "accuracy", "valid_loss"):
+            for field, source in ((key, run), (f"unigram_{key}", run.get("unigram") or {})):
+                if source.get(key) is not None:
+                    scalars[prefix + field] = float(source[key])
+        if run.get("beats_unigram") is not None:
+            scalars[prefix + "beats_unigram"] = float(run["beats_unigram"])
+        if run.get("epoch_seconds"):
+            scalars[prefix + "epoch_seconds"] = sum(run["epoch_seconds"]) / len(
+                run["epoch_seconds"])
+    scalars["train_tokens"] = float(result["tokens"]["train"])
+    scalars["vocab_size"] = float(result["vocab_size"])
+    return scalars

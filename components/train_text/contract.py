@@ -15,8 +15,13 @@ import json
 from typing import Any
 
 from components.common.storage import filesystem
-from components.formats.lm_assets import LM_FILES, SPM_FILE, SPM_LANGS, direction
-from components.train_lm.contract import METRICS_FILE as LM_METRICS_FILE
+from components.formats.lm_assets import (
+    LM_FILES,
+    LM_METRICS_FILE,
+    SPM_FILE,
+    SPM_LANGS,
+    direction,
+)
 
 # The language of fastai's own pretrained AWD-LSTM (WikiText-103), which a pretrained run
 # without lm_assets starts from (assets.fetch_fastai_pretrained).
