@@ -79,7 +79,7 @@ from tests.hostile import (
 # ------------------------------------------------------------------------------ tiers
 
 FAST, BIG = 1, 20  # the scale of the enormous dimensions
-EXAMPLES = {FAST: 25, BIG: 200}
+EXAMPLES = {FAST: 25, BIG: 100}
 TIERS = [pytest.param(FAST, id="fast"),
          pytest.param(BIG, id="big", marks=pytest.mark.slow)]
 pytestmark = pytest.mark.timeout(300)  # a hang is a failure, named, not a stuck CI
@@ -261,7 +261,9 @@ def csv_case(draw, scale: int, labelled: bool = False):
     elif mutation == "missing text column":
         data = csv_bytes([[("body" if c == "text" else c) for c in header], *rows])
     elif mutation == "many columns":
-        extra = 1000 * scale
+        # 5,000 at most: prepare_text's duplicate-column check is quadratic in the columns
+        # (10,000 take 1.5 s a read, 20,000 ~6 s), and the one-hot labels a loop per column
+        extra = 1000 * min(scale, 5)
         zeros = ["0"] * extra
         if labelled:  # one-hot: the extra label columns hold 0, the first one 1
             data = csv_bytes([["text", *[f"c{i}" for i in range(extra)]],
@@ -345,10 +347,8 @@ CSV_READERS = {  # entry point -> (call, its error type)
 }
 
 
-@pytest.mark.parametrize("entry", [
-    pytest.param("lm read_corpus", marks=known_gap(
-        "read_corpus lets pandas' EmptyDataError out of an empty or blank CSV")),
-    "lm check_corpus", "prepare_text", "predict check_predict_uri", "predict CSV reading"])
+@pytest.mark.parametrize("entry", ["lm read_corpus", "lm check_corpus", "prepare_text",
+                                   "predict check_predict_uri", "predict CSV reading"])
 def test_csv_that_is_empty_or_blank_is_refused_naming_it(entry):
     call, error = CSV_READERS[entry]
 
@@ -362,18 +362,8 @@ def test_csv_that_is_empty_or_blank_is_refused_naming_it(entry):
     holds(FAST, st.sampled_from([b"", b"\n", b"  \n\n", b"\r\n", b"\t\n"]), body, examples=5)
 
 
-@pytest.mark.parametrize("entry", [
-    pytest.param("lm read_corpus", marks=known_gap(
-        "read_corpus reads the first of two 'text' columns (pandas renames the second "
-        "text.1) without a word")),
-    pytest.param("lm check_corpus", marks=known_gap(
-        "check_corpus accepts a header naming the text column twice")),
-    "prepare_text",
-    pytest.param("predict check_predict_uri", marks=known_gap(
-        "check_predict_csv takes the first of two text columns")),
-    pytest.param("predict CSV reading", marks=known_gap(
-        "prediction reads the first of two text columns (pandas renames the other)")),
-])
+@pytest.mark.parametrize("entry", ["lm read_corpus", "lm check_corpus", "prepare_text",
+                                   "predict check_predict_uri", "predict CSV reading"])
 def test_csv_with_a_duplicated_column_is_refused_naming_it(entry):
     call, error = CSV_READERS[entry]
 
@@ -628,9 +618,6 @@ def test_predict_csv_mutations_are_refused_before_training_or_read(scale):
     holds(scale, csv_case(scale).filter(lambda c: c[1].strip()), body)
 
 
-@known_gap("a prediction CSV whose last quote is never closed passes preflight (its head is "
-           "read by Python's lenient csv module) and is refused by prediction after training "
-           "(pandas: 'EOF inside string')")
 def test_predict_csv_with_an_unclosed_quote_is_refused_by_preflight():
     def body(texts):
         data = csv_bytes([["text"], *[[t] for t in texts]]) + b'"never closed\nmore\n'
@@ -935,8 +922,13 @@ def _transformer_folder(d, config: bytes, tokenizer_config: bytes | None = None)
 
 
 def test_transformer_config_json_not_utf8_or_truncated_is_named():
+    read_from = {"positions as a string": "config.json", "pad id as a string": "config.json",
+                 "model_max_length as a string": "tokenizer_config.json"}
+
     def body(case):
         bad, which = case
+        if read_from.get(bad.kind, which) != which:
+            return  # a field the checks do not read in this file
         with folder() as d:
             model = _transformer_folder(
                 d, bad.data if which == "config.json" else b"{}",
@@ -952,12 +944,14 @@ def test_transformer_config_json_not_utf8_or_truncated_is_named():
           examples=15)
 
 
-@known_gap("config.json or tokenizer_config.json that is JSON but not an object (a list, a "
-           "deep nesting) or holds a value of another type gives AttributeError, "
-           "RecursionError, TypeError or ValueError out of model_name_problems")
 def test_transformer_config_json_of_another_shape_is_named():
+    read_from = {"positions as a string": "config.json", "pad id as a string": "config.json",
+                 "model_max_length as a string": "tokenizer_config.json"}
+
     def body(case):
         bad, which = case
+        if read_from.get(bad.kind, which) != which:
+            return  # a field the checks do not read in this file
         with folder() as d:
             model = _transformer_folder(
                 d, bad.data if which == "config.json" else b"{}",
