@@ -85,12 +85,14 @@ def control_problem(text: str) -> str:
             f"{CONTROL_SHARE:.1%} of them")
 
 
-def decode_text(raw: bytes, name: str) -> str:
+def decode_text(raw: bytes, name: str, controls: bool = True) -> str:
     """`raw` as text, by `TEXT_ENCODING` and the control-character rule.
 
     Args:
         raw: The file's bytes (or a whole cell's, a request's).
         name: The input, named in the message (a parameter and URI, a file, a row).
+        controls: Hold the whole to the control-character rule; False for a CSV, whose
+            cells are each held to it (`text_problem`) where a bad row is counted.
 
     Returns:
         The decoded text.
@@ -108,7 +110,7 @@ def decode_text(raw: bytes, name: str) -> str:
             f"{name} is not UTF-8 text: byte {raw[err.start]:#04x} at offset {err.start} does "
             f"not decode ({err.reason})" + (f"; it looks like {what}" if what
                                             else "; re-save it as UTF-8")) from None
-    problem = control_problem(text)
+    problem = control_problem(text) if controls else ""
     if problem:
         what = looks_like(raw[:8])
         first = _CONTROLS.search(text).start()
@@ -132,6 +134,13 @@ def text_problem(text: str) -> str:
         return f"not text: a lone surrogate at character {err.start} (no Unicode character)"
     problem = control_problem(text)
     return f"not text: {problem}" if problem else ""
+
+
+def repeated_columns(header: list[str]) -> list[str]:
+    """The column names a CSV header holds more than once (pandas would rename the
+    second "text" to "text.1" and a reader would take the first without a word)."""
+    names = [name.strip() for name in header]
+    return sorted({name for name in names if names.count(name) > 1})
 
 
 # ------------------------------------------------------------------------ folders

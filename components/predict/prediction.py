@@ -12,6 +12,7 @@ temporary name and appears whole, or not at all.
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
 import logging
@@ -24,6 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from components.common.images import BadImage, decode_image, encode_image, resize
+from components.common.input_kinds import repeated_columns
 from components.common.storage import TMP_PREFIX, filesystem, is_remote
 from components.predict.contract import IMAGE, PredictionError, model_family
 
@@ -192,6 +194,12 @@ def _read_csv_chunks(data_uri: str) -> Iterator[Any]:
         raise PredictionError(f"{data_uri!r} is not a file: give a CSV with a text column")
     with fs.open(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8-sig") as f:
         try:
+            header = next(csv.reader([f.readline()]), [])
+            if repeated_columns(header):
+                raise PredictionError(f"{data_uri!r}: column name(s) {repeated_columns(header)} "
+                                      "appear more than once in the header; rename them so "
+                                      "each column has its own name")
+            f.seek(0)
             yield from pd.read_csv(f, chunksize=_CSV_CHUNK_ROWS, dtype=str,
                                    keep_default_na=False)
         except UnicodeDecodeError as err:

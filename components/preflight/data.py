@@ -13,7 +13,12 @@ import io
 import json
 import os
 
-from components.common.input_kinds import NotTextError, decode_text
+from components.common.input_kinds import (
+    NotTextError,
+    decode_text,
+    repeated_columns,
+    text_problem,
+)
 from components.common.storage import filesystem
 from components.preflight.parameters import PreflightError
 
@@ -49,13 +54,19 @@ def check_corpus(uri: str, text_column: str) -> None:
                                  f"{len(sampled)} {TEXT_SUFFIX} files are not text, e.g. "
                                  f"{problems[0]}")
     elif path.endswith(CSV_SUFFIX) or path.endswith(TEXT_SUFFIX):
-        problem = _text_head_problem(fs, path, os.path.basename(path))
+        problem = _text_head_problem(fs, path, os.path.basename(path),
+                                     controls=path.endswith(TEXT_SUFFIX))
         if problem:
             raise PreflightError(f"corpus_uri {uri!r}: {problem}")
         if path.endswith(CSV_SUFFIX):
             with fs.open(path, "rb") as f:
                 header = f.readline().decode("utf-8-sig", errors="replace")
             columns = next(csv.reader([header]), [])
+            repeated = repeated_columns(columns)
+            if repeated:
+                raise PreflightError(f"corpus_uri {uri!r}: column name(s) {repeated} appear more "
+                                     "than once in the header; rename them so each column has "
+                                     "its own name")
             if text_column not in columns:
                 raise PreflightError(f"corpus_uri {uri!r} has no column {text_column!r} "
                                      f"(header: {columns}); set text_column")
@@ -64,18 +75,18 @@ def check_corpus(uri: str, text_column: str) -> None:
                              f"{CSV_SUFFIX} file")
 
 
-def _text_head_problem(fs, path: str, name: str) -> str:
+def _text_head_problem(fs, path: str, name: str, controls: bool = True) -> str:
     """Why the first bytes of a file are not text (`input_kinds.decode_text`); ""."""
-    return head_text_problem(_head(fs, path), f"file {name!r}")
+    return head_text_problem(_head(fs, path), f"file {name!r}", controls)
 
 
-def head_text_problem(head: bytes, name: str) -> str:
+def head_text_problem(head: bytes, name: str, controls: bool = True) -> str:
     """Why a file's first `_HEAD_BYTES` are not text; "" when they are (a character cut
-    at the end of a full head is not a problem)."""
+    at the end of a full head is not a problem). `controls`: as `decode_text`'s."""
     if len(head) == _HEAD_BYTES:
         head = head[:len(head) - _cut_tail(head)]
     try:
-        decode_text(head, name)
+        decode_text(head, name, controls)
     except NotTextError as err:
         return str(err)
     return ""
@@ -183,11 +194,17 @@ def check_predict_csv(uri: str, head: bytes, text_column: str) -> None:
         PreflightError: The problem and what to give.
     """
     cut = len(head) == _HEAD_BYTES
-    problem = head_text_problem(head, f"predict_uri {uri!r}")
+    problem = head_text_problem(head, f"predict_uri {uri!r}", controls=False)
     if problem:
         raise PreflightError(problem)
     text = head[:len(head) - _cut_tail(head) if cut else len(head)].decode("utf-8-sig")
-    rows = [r for r in csv.reader(io.StringIO(text)) if any(c.strip() for c in r)]
+    try:
+        # strict: a quote never closed is an error (the file is read whole when not cut)
+        rows = [r for r in csv.reader(io.StringIO(text), strict=not cut)
+                if any(c.strip() for c in r)]
+    except csv.Error as err:
+        raise PreflightError(f"predict_uri {uri!r} is not a readable CSV ({err}); check its "
+                             "quotes, or save it again as CSV") from None
     if cut and len(rows) > 1:
         rows = rows[:-1]  # the last one may be cut short
     if not rows:
@@ -195,11 +212,21 @@ def check_predict_csv(uri: str, head: bytes, text_column: str) -> None:
                              f"naming the text column ({text_column!r}) and a row per text, "
                              "or leave predict_uri empty")
     header = [c.strip() for c in rows[0]]
+    if repeated_columns(header):
+        raise PreflightError(f"predict_uri {uri!r}: column name(s) {repeated_columns(header)} "
+                             "appear more than once in the header; rename them so each "
+                             "column has its own name")
     if text_column not in header:
         raise PreflightError(f"predict_uri {uri!r} has no column {text_column!r} (its header: "
                              f"{header[:20]}); give a CSV whose text column is the training "
                              "data's (text_column)")
     index = header.index(text_column)
-    if not any(len(r) > index and r[index].strip() for r in rows[1:]):
+    texts = [r[index] for r in rows[1:] if len(r) > index and r[index].strip()]
+    not_text = [problem for problem in map(text_problem, texts) if problem]
+    if len(not_text) * 2 > len(texts):  # prediction would answer most rows with an error
+        raise PreflightError(f"predict_uri {uri!r} holds {len(not_text)} texts that are not "
+                             f"text in its first {len(texts)} rows (the first: {not_text[0]}); "
+                             "save the CSV as UTF-8 text")
+    if not texts:
         raise PreflightError(f"predict_uri {uri!r} has no text in column {text_column!r} in "
                              f"its first rows ({len(rows) - 1} rows read): nothing to label")

@@ -318,6 +318,7 @@ def _max_length_problems(folder: str, files: set[str], max_length: int | None) -
     from components.text_common.contract import (
         MODEL_CONFIG_FILE,
         TOKENIZER_CONFIG_FILE,
+        field_problems,
         max_length_problem,
     )
 
@@ -331,6 +332,9 @@ def _max_length_problems(folder: str, files: set[str], max_length: int | None) -
                 read[name] = read_json_object(fs.cat_file(path), f"model_name {folder!r}: {name}")
             except InputKindError as err:
                 return [f"{err} (save_pretrained writes it)"]
+    problems = [p for name, values in read.items() for p in field_problems(name, values, folder)]
+    if problems:
+        return problems
     problem = max_length_problem(max_length, read.get(MODEL_CONFIG_FILE, {}),
                                  read.get(TOKENIZER_CONFIG_FILE, {}).get("model_max_length"),
                                  folder)

@@ -36,7 +36,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from components.common.input_kinds import NotTextError, decode_text, text_problem
+from components.common.input_kinds import (
+    NotTextError,
+    decode_text,
+    repeated_columns,
+    text_problem,
+)
 from components.common.storage import filesystem, write_json_atomically
 from components.prepare_text.contract import (
     AUTO_DELIMITER,
@@ -92,7 +97,7 @@ def read_csv(uri: str, data: bytes | None = None) -> pd.DataFrame:
     """
     data = read_bytes(uri) if data is None else data
     try:
-        decode_text(data, f"data_uri {uri!r}")
+        decode_text(data, f"data_uri {uri!r}", controls=False)
     except NotTextError as err:
         raise TextDataError(str(err)) from None
     try:
@@ -104,7 +109,7 @@ def read_csv(uri: str, data: bytes | None = None) -> pd.DataFrame:
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
         raise TextDataError(f"{uri} is not a readable UTF-8 CSV: {err}") from err
     # pandas renames a repeated column ("price" -> "price.1"): say so instead.
-    repeated = sorted({name for name in header if header.count(name) > 1})
+    repeated = repeated_columns(header)
     if repeated:
         raise TextDataError(f"{uri}: column name(s) {repeated} appear more than once in the "
                             "header; rename them so each column has its own name")

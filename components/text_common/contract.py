@@ -82,6 +82,23 @@ def is_transformer_folder(model_dir: str) -> bool:
     return has_weights(set(os.listdir(model_dir)))
 
 
+# The fields of a transformer folder's JSON files that the checks read, and their types.
+_NUMBER_FIELDS = {MODEL_CONFIG_FILE: {"max_position_embeddings": int, "pad_token_id": int,
+                                      "vocab_size": int},
+                  TOKENIZER_CONFIG_FILE: {"model_max_length": (int, float)}}
+
+
+def field_problems(name: str, values: dict[str, Any], folder: str) -> list[str]:
+    """The fields of `name` (config.json or tokenizer_config.json) read here that hold a
+    value of another type, each named with what it must be."""
+    return [f"model_name {folder!r}: {name} field {field!r} is {value!r}, not a "
+            f"{'number' if kind is not int else 'whole number'}; save the folder again with "
+            "save_pretrained"
+            for field, kind in _NUMBER_FIELDS.get(name, {}).items()
+            for value in [values.get(field)]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind))]
+
+
 def token_limit(config: dict[str, Any], model_max_length: float | None) -> int | None:
     """The most tokens one text can have for this encoder: the smaller of its tokenizer's
     `model_max_length` and its usable position embeddings; None if neither sets one.

@@ -11,15 +11,22 @@ with fewer than two documents is an error: it would train a model of something e
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
+import io
 import os
 import re
 from typing import Any
 
 import pandas as pd
 
-from components.common.input_kinds import NotTextError, decode_text, text_problem
+from components.common.input_kinds import (
+    NotTextError,
+    decode_text,
+    repeated_columns,
+    text_problem,
+)
 from components.common.storage import filesystem
 from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX, LMTrainingError
 
@@ -60,12 +67,21 @@ class _Skips:
 
 def _read_csv(fs, path: str, uri: str, column: str, skips: _Skips) -> list[str]:
     with fs.open(path, "rb") as f:
-        try:
-            frame = pd.read_csv(f, dtype=str, keep_default_na=False, encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise LMTrainingError(f"{uri} is not UTF-8 text ({err}); re-save it as UTF-8") from err
-        except pd.errors.ParserError as err:
-            raise LMTrainingError(f"{uri} is not a readable CSV: {err}") from err
+        raw = f.read()
+    try:
+        text = decode_text(raw, f"corpus {uri!r}", controls=False)
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except NotTextError as err:
+        raise LMTrainingError(str(err)) from None
+    except pd.errors.EmptyDataError:
+        raise LMTrainingError(f"corpus {uri!r} is empty: give a CSV with a header row naming "
+                              "the text column and a row per text") from None
+    except pd.errors.ParserError as err:
+        raise LMTrainingError(f"{uri} is not a readable CSV: {err}") from err
+    repeated = repeated_columns(next(csv.reader(io.StringIO(text)), []))
+    if repeated:
+        raise LMTrainingError(f"corpus {uri!r}: column name(s) {repeated} appear more than once "
+                              "in the header; rename them so each column has its own name")
     if column not in frame.columns:
         raise LMTrainingError(f"{uri} has no column {column!r} (columns: {list(frame.columns)}); "
                               "set text_column to the column of the texts")
