@@ -377,7 +377,8 @@ def test_a_tensorboard_run_with_a_job_account_goes_on(tmp_path):
     (b"text,stars\n", "has no text in column 'text' in its first rows"),
     (b"text\n  \n\"\"\n", "has no text in column 'text'"),
     (b"text\n\xff\xfeb\x00a\x00d\x00\n", "is not UTF-8 text: byte 0xff at offset 5"),
-    (b"text\n" + b"\x00" * 100 + b"\n", r"holds 1 texts that are not text in its first 1 rows \(the first: not text: a NUL"),
+    (b"text\n" + b"\x00" * 100 + b"\n",
+     r"holds 1 texts that are not text in its first 1 rows \(the first: not text: a NUL"),
 ])
 def test_a_predict_csv_that_cannot_be_labelled_is_refused_before_training(
         tmp_path, content, message):

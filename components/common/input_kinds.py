@@ -22,6 +22,7 @@ weights_file_layout`), an image folder of class folders (`shard.listing`), a lab
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -139,8 +140,8 @@ def text_problem(text: str) -> str:
 def repeated_columns(header: list[str]) -> list[str]:
     """The column names a CSV header holds more than once (pandas would rename the
     second "text" to "text.1" and a reader would take the first without a word)."""
-    names = [name.strip() for name in header]
-    return sorted({name for name in names if names.count(name) > 1})
+    counts = collections.Counter(name.strip() for name in header)  # linear: wide CSVs exist
+    return sorted(name for name, count in counts.items() if count > 1)
 
 
 # ------------------------------------------------------------------------ folders
