@@ -20,7 +20,9 @@ import dataclasses
 import gzip
 import io
 import os
+import pickle
 import string
+import zipfile
 
 import hypothesis.strategies as st
 import numpy as np
@@ -160,3 +162,16 @@ def write(path: str, data: bytes) -> str:
     with open(path, "wb") as f:
         f.write(data)
     return path
+
+
+def _zip_bytes() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", pickle.dumps({}))
+    return buffer.getvalue()
+
+
+# Language model asset files whose first and last bytes are those of their kinds (a
+# pickle, a torch.save zip archive), for checks that read no more than that.
+LM_FILE_BYTES = {"config.json": b'{"arch": "AWD_LSTM"}', "vocab.pkl": pickle.dumps(["xxunk"]),
+                 "weights.pth": _zip_bytes()}

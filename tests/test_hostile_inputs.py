@@ -62,6 +62,7 @@ from components.train_text.assets import AssetConfigError, MissingAssetsError, f
 from components.train_text.contract import missing_files, required_files
 from tests.hostile import (
     CONTROLS,
+    LM_FILE_BYTES,
     SENTENCES,
     TEXTS,
     Hostile,
@@ -787,9 +788,8 @@ def lm_assets_case(draw):
 def _write_assets(root, lang, backwards, skip=None, contents=None):
     for rel in required_files(lang, backwards):
         if rel != skip:
-            data = (contents or {}).get(rel.rsplit("/", 1)[-1], b"x")
-            if rel.endswith("config.json") and not contents:
-                data = b'{"arch": "AWD_LSTM"}'
+            name = rel.rsplit("/", 1)[-1]
+            data = (contents or {}).get(name, LM_FILE_BYTES.get(name, b"x"))
             write(os.path.join(root, rel), data)
 
 
@@ -835,15 +835,14 @@ def test_lm_assets_config_json_that_is_no_config_is_refused_naming_it():
         with folder() as d:
             root = os.path.join(d, "lm")
             _write_assets(root, "en", False, contents={"config.json": bad.data})
-            _, err = outcome(lambda: fetch_assets(root, "en", False, d), AssetConfigError)
+            _, err = outcome(lambda: fetch_assets(root, "en", False, d), AssetConfigError,
+                             MissingAssetsError)  # an empty file is as good as missing
             assert err is not None, f"{bad} taken as config.json"
             assert_names(err, "config.json")
 
     holds(FAST, LM_CONFIG_HANDLED, body, examples=12)
 
 
-@known_gap("fetch_assets opens config.json as text unchecked: UnicodeDecodeError for Latin-1, "
-           "UTF-16 or binary; RecursionError for deep nesting")
 def test_lm_assets_config_json_not_utf8_or_nested_deep_is_refused_naming_it():
     def body(bad):
         with folder() as d:
@@ -858,8 +857,6 @@ def test_lm_assets_config_json_not_utf8_or_nested_deep_is_refused_naming_it():
           body, examples=15)
 
 
-@known_gap("preflight (and the trainer's fetch_assets) accept empty (0-byte) or truncated "
-           "vocab.pkl and weights.pth; the failure comes in training, from pickle or torch")
 def test_lm_assets_empty_or_truncated_file_is_refused_naming_it():
     def body(case):
         name, data = case

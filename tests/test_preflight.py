@@ -131,9 +131,11 @@ def test_language_model_assets_that_learnt_nothing_are_refused(tmp_path):
     or staged weights) they pass."""
     import json
 
-    for name in ("config.json", "vocab.pkl", "weights.pth"):
+    from tests.hostile import LM_FILE_BYTES
+
+    for name, data in LM_FILE_BYTES.items():
         (tmp_path / "fr" / "forward").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "fr" / "forward" / name).write_bytes(b"x")
+        (tmp_path / "fr" / "forward" / name).write_bytes(data)
     run = {**TEXT_DEFAULTS, "lang": "fr", "lm_assets": str(tmp_path)}
     check_text_run(run)
     (tmp_path / "lm_metrics.json").write_text(json.dumps({"lang": "fr", "directions": {

@@ -263,10 +263,12 @@ def _lm_metrics(root, lang="fr", **directions):
 def test_assets_whose_language_model_learnt_nothing_are_refused(tmp_path):
     """The LM step's own metrics say the model is no better than a unigram model: the
     trainer refuses its assets before copying them, naming the file and the perplexities."""
+    from tests.hostile import LM_FILE_BYTES
+
     root = tmp_path / "lm"
     for name in contract.required_files("fr", False) + contract.required_files("fr", True):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text('{"arch": "AWD_LSTM"}')
+        (root / name).write_bytes(LM_FILE_BYTES[name.rsplit("/", 1)[-1]])
     assert assets.fetch_assets(str(root), "fr", False, str(tmp_path / "c")).config == {}
     _lm_metrics(root, forward=False, backward=True)
     with pytest.raises(assets.UnlearntAssetsError) as err:
@@ -293,7 +295,7 @@ def test_asset_config_forms():
     assert assets.parse_config('{"config": {"n_hid": 4}}', "c") == ("AWD_LSTM", {"n_hid": 4})
     with pytest.raises(assets.AssetConfigError, match="AWD_QRNN.*no longer ships"):
         assets.parse_config('{"arch": "AWD_QRNN"}', "c")
-    with pytest.raises(assets.AssetConfigError, match="not valid JSON"):
+    with pytest.raises(assets.AssetConfigError, match="c is not JSON"):
         assets.parse_config("{", "c")
 
 

@@ -26,6 +26,36 @@ SPM_FILE = "spm/spm.model"
 LM_METRICS_FILE = "lm_metrics.json"
 
 
+# How much of a file's start and end `lm_file_problem` reads: a zip's end record sits in
+# its last 22 bytes plus a comment of up to 64 KB.
+LM_FILE_HEAD, LM_FILE_TAIL = 16, 65_558
+# What `torch.save` writes: a zip archive, or (before torch 1.6) pickles that open with
+# its magic number.
+_TORCH_ZIP, _ZIP_END = b"PK\x03\x04", b"PK\x05\x06"
+_TORCH_LEGACY = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
+
+
+def lm_file_problem(name: str, head: bytes, tail: bytes) -> str:
+    """Why an assets file cannot be what its name says, from its first `LM_FILE_HEAD` and
+    last `LM_FILE_TAIL` bytes (read without unpickling anything); "" when it can.
+
+    vocab.pkl must end with pickle's STOP opcode; weights.pth must be a whole zip archive
+    or torch's legacy format; no file may be empty.
+    """
+    if not head:
+        return "is empty"
+    if name.endswith(".pkl") and not tail.endswith(b"."):
+        return "is cut short (a pickle ends with its STOP opcode '.'): copy it again"
+    if name.endswith(".pth"):
+        if head.startswith(_TORCH_ZIP):
+            if _ZIP_END not in tail:
+                return "is a zip archive cut short (no end record): copy it again"
+        elif not head.startswith(_TORCH_LEGACY):
+            return ("is not a file torch.save wrote (neither a zip archive nor torch's "
+                    "legacy format): give the weights learn.save or torch.save wrote")
+    return ""
+
+
 class TokenizerError(RuntimeError):
     """No tokenizer can be built for a language here; the message says why."""
 

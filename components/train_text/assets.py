@@ -23,10 +23,10 @@ is then ordinary assets. Nothing else is ever downloaded at run time.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
+from components.common.input_kinds import InputKindError, read_json_object
 from components.common.storage import filesystem, is_remote
 from components.formats.lm_assets import direction
 from components.train_text.contract import (
@@ -70,8 +70,8 @@ class LMAssets:
     spm_model: str | None
 
 
-def parse_config(text: str, source: str) -> tuple[str, dict[str, Any]]:
-    """Architecture name and settings from config.json's text.
+def parse_config(text: str | bytes, source: str) -> tuple[str, dict[str, Any]]:
+    """Architecture name and settings from config.json's text (or bytes).
 
     Accepts `{"arch": NAME, <settings>...}` or `{"arch": NAME, "config": {<settings>}}`;
     a missing arch means AWD_LSTM.
@@ -80,11 +80,9 @@ def parse_config(text: str, source: str) -> tuple[str, dict[str, Any]]:
         AssetConfigError: Not a JSON object, or an architecture fastai 2.8 lacks.
     """
     try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise AssetConfigError(f"{source} is not valid JSON: {err}") from err
-    if not isinstance(raw, dict):
-        raise AssetConfigError(f"{source} must hold a JSON object, got {type(raw).__name__}")
+        raw = read_json_object(text.encode("utf-8") if isinstance(text, str) else text, source)
+    except InputKindError as err:
+        raise AssetConfigError(str(err)) from None
     arch = str(raw.get("arch", "AWD_LSTM"))
     settings = raw.get("config", {k: v for k, v in raw.items() if k != "arch"})
     if not isinstance(settings, dict):
@@ -196,7 +194,7 @@ def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) ->
         else:
             target = source
         paths[rel.rsplit("/", 1)[-1]] = target
-    with open(paths["config.json"]) as f:
+    with open(paths["config.json"], "rb") as f:
         source = asset_uri(assets_uri, required_files(lang, backwards)[0])
         _, config = parse_config(f.read(), source)
     return LMAssets(config=config, weights=paths["weights.pth"],

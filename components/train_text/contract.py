@@ -16,11 +16,14 @@ from typing import Any
 
 from components.common.storage import filesystem
 from components.formats.lm_assets import (
+    LM_FILE_HEAD,
+    LM_FILE_TAIL,
     LM_FILES,
     LM_METRICS_FILE,
     SPM_FILE,
     SPM_LANGS,
     direction,
+    lm_file_problem,
 )
 
 # The language of fastai's own pretrained AWD-LSTM (WikiText-103), which a pretrained run
@@ -126,10 +129,25 @@ def asset_uri(uri: str, relative: str) -> str:
 
 
 def missing_files(assets_uri: str, lang: str, backwards: bool) -> list[str]:
-    """Full URIs of the files a language and direction need that are absent."""
+    """Full URIs of the files a language and direction need that are absent, each of the
+    others that cannot be what its name says followed by why (`lm_file_problem`: empty,
+    cut short, not what torch.save wrote)."""
     fs, root = filesystem(assets_uri)
-    return [asset_uri(assets_uri, rel) for rel in required_files(lang, backwards)
-            if not fs.isfile(asset_uri(root, rel))]
+    found = []
+    for rel in required_files(lang, backwards):
+        path = asset_uri(root, rel)
+        if not fs.isfile(path):
+            found.append(asset_uri(assets_uri, rel))
+            continue
+        size = fs.size(path)
+        with fs.open(path, "rb") as f:
+            head = f.read(LM_FILE_HEAD)
+            f.seek(max(0, size - LM_FILE_TAIL))
+            tail = f.read()
+        problem = lm_file_problem(rel, head, tail)
+        if problem:
+            found.append(f"{asset_uri(assets_uri, rel)} ({problem})")
+    return found
 
 
 def unlearnt_lm(assets_uri: str, lang: str, backwards: bool) -> str | None:
