@@ -186,12 +186,13 @@ def folder_files(path: str) -> set[str]:
     return {name for name in os.listdir(path) if os.path.isfile(os.path.join(path, name))}
 
 
-def read_json_object(raw: bytes, name: str) -> dict[str, Any]:
+def read_json_object(raw: bytes, name: str, remedy: str = "write it again") -> dict[str, Any]:
     """A JSON file that must hold an object (labels.json, config.json, ...), read as text.
 
     Args:
         raw: The file's bytes.
         name: The file, as the message names it.
+        remedy: What to do, ending the message.
 
     Raises:
         InputKindError: Not text, not JSON, nested too deeply to parse, or not an object:
@@ -201,12 +202,10 @@ def read_json_object(raw: bytes, name: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as err:
-        raise InputKindError(f"{name} is not JSON ({err}); write it again, or give the "
-                             "folder its step wrote") from None
+        raise InputKindError(f"{name} is not JSON ({err}); {remedy}") from None
     except RecursionError:
-        raise InputKindError(f"{name} is JSON nested too deeply to read; write it "
-                             "again") from None
+        raise InputKindError(f"{name} is JSON nested too deeply to read; {remedy}") from None
     if not isinstance(value, dict):
         raise InputKindError(f"{name} must hold a JSON object, found a "
-                             f"{type(value).__name__}; write it again")
+                             f"{type(value).__name__}; {remedy}")
     return value

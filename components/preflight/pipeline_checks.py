@@ -329,9 +329,10 @@ def _max_length_problems(folder: str, files: set[str], max_length: int | None) -
         if name in files:
             fs, path = filesystem(f"{folder.rstrip('/')}/{name}")
             try:
-                read[name] = read_json_object(fs.cat_file(path), f"model_name {folder!r}: {name}")
+                read[name] = read_json_object(fs.cat_file(path), f"model_name {folder!r}: {name}",
+                                              "write the folder again with save_pretrained")
             except InputKindError as err:
-                return [f"{err} (save_pretrained writes it)"]
+                return [str(err)]
     problems = [p for name, values in read.items() for p in field_problems(name, values, folder)]
     if problems:
         return problems

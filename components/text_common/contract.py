@@ -55,7 +55,8 @@ def read_labels(model_dir: str) -> dict[str, Any]:
     """
     path = os.path.join(model_dir, LABELS_FILE)
     with open(path, "rb") as f:
-        return read_json_object(f.read(), f"model file {path!r}")
+        return read_json_object(f.read(), f"model file {path!r}",
+                                "give the training step's model output, whole")
 
 
 def clip_text(text: str) -> str:

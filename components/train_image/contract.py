@@ -225,7 +225,9 @@ def load_class_names(model_dir: str) -> list[str]:
                               f"(expected {MODEL_FILE} and {LABELS_FILE})")
     with fs.open(path, "rb") as f:
         try:
-            classes = read_json_object(f.read(), f"model file {path!r}").get("classes")
+            classes = read_json_object(f.read(), f"model file {path!r}",
+                                       "give the training step's model output, whole"
+                                       ).get("classes")
         except InputKindError as err:
             raise ContractError(str(err)) from None
     if not isinstance(classes, list) or not classes:
