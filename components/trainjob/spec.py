@@ -1,0 +1,314 @@
+"""The TrainJob a launcher step creates: Kubeflow Trainer 2.3 (`trainer.kubeflow.org/v1alpha1`).
+
+Every part is built as `kubeflow-trainer-api`'s typed model (pinned at 2.3.0, the models of
+Trainer 2.3's CRDs) and serialised by the models' own `to_dict` (their aliases, None left
+out), so each field set here is one the 2.3 API has, of the type it takes. The models ignore
+keys they do not know, so `validate_manifest` reads a manifest back through them and
+refuses any key they would drop or value they would change: the check this project holds
+the launcher's job to (no CRD schema ships in a package).
+
+What a TrainJob carries and where (Trainer 2.3):
+
+- `spec.runtimeRef`: a ClusterTrainingRuntime, `torch-distributed` by default; its one
+  replicated job and its container are both named `node` (`manifests/base/runtimes/
+  torch_distributed.yaml`).
+- `spec.trainer`: `numNodes`, `numProcPerNode`, `resourcesPerNode` (requests = limits: GPUs
+  as `nvidia.com/gpu`, CPU, memory), `image`, `command`, `args` and `env` (plain values and
+  the storage secret's keys as `secretKeyRef`; Trainer's webhook refuses the torchrun
+  variables it sets itself, `PET_*`, and envs of the `node` container given anywhere else).
+- The pod settings a TrainJob may change: Trainer 2.0 had `podSpecOverrides`, 2.1-2.2
+  `podTemplateOverrides`; 2.3 has `spec.runtimePatches`, a list of patches keyed by a
+  `manager` (a domain-prefixed path), each a strategic merge patch of the runtime's JobSet
+  template restricted to what a `PodSpecPatch` has. Here one patch of the `node` replicated
+  job sets the node selector, tolerations, image pull secrets, an optional service account,
+  a memory-backed `/dev/shm` (volume, and its mount on the `node` container) and the pods'
+  labels.
+- `metadata`: name, namespace, labels, and an ownerReference to the launcher pod, so the
+  job is garbage-collected with the pod object (the launcher deletes it before that).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from components.common.gpus import EXPECTED_GPUS_VARIABLE
+
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
+TRAINER_VERSION = "2.3"  # the Trainer release these manifests are written for
+DEFAULT_RUNTIME = "torch-distributed"
+# The replicated job and container of Trainer's torch runtimes (pkg/constants: Node).
+NODE = "node"
+GPU_RESOURCE = "nvidia.com/gpu"
+SHM_VOLUME = "dshm"
+# Who owns the runtime patch (Trainer 2.3 requires a domain-prefixed path).
+DEFAULT_MANAGER = "vertex-gpu-pipelines/trainjob-launcher"
+# The variables Trainer's torch runtime sets on each node; its webhook refuses them in env.
+RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+                "PET_MASTER_PORT")
+# The keys of the storage secret the nodes read as environment variables (botocore's),
+# as the one-pod step does (`pipelines.definitions.kubeflow.S3_SECRET_KEYS`).
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# JobSet names each node's pod (and its DNS host) <job>-node-<job index>-<pod index> and
+# refuses a job whose names pass 63 characters; names made here stay well below.
+MAX_NAME = 40
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[mkMGTPE])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DOMAIN_PATH = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+
+
+class ManifestError(ValueError):
+    """A TrainJob setting the API would refuse; the message names it."""
+
+
+def trainjob_name(run_id: str, task: str, attempt: int | str) -> str:
+    """The TrainJob's name for one attempt of one task of one run.
+
+    A DNS-1035 label of at most `MAX_NAME` characters: the task's name (cut short) for
+    people reading `kubectl get trainjobs`, a digest of the run and the task, and the
+    attempt, so the same attempt always gets the same name and every attempt another.
+
+    Args:
+        run_id: The pipeline run's id.
+        task: The task's name (or id) within the run.
+        attempt: The attempt: a number from 0, or a string unique to it (the launcher
+            pod's name or uid, which a retry changes).
+
+    Raises:
+        ManifestError: An empty run id or task, or a negative attempt.
+    """
+    if not run_id or not task:
+        raise ManifestError(f"trainjob_name needs a run id and a task, got {run_id!r}, {task!r}")
+    if isinstance(attempt, int) and attempt < 0:
+        raise ManifestError(f"attempt must be >= 0, got {attempt}")
+    digest = hashlib.sha256(f"{run_id}\0{task}".encode()).hexdigest()[:10]
+    tail = (f"a{attempt}" if isinstance(attempt, int)
+            else "a" + hashlib.sha256(str(attempt).encode()).hexdigest()[:8])
+    room = MAX_NAME - len(digest) - len(tail) - 2 - len("tj-")
+    slug = re.sub(r"[^a-z0-9]+", "-", task.lower())[:room].strip("-")
+    name = "-".join(part for part in ("tj", slug, digest, tail) if part)
+    if not DNS_1035.match(name) or len(name) > MAX_NAME:  # cannot happen: a guard for edits
+        raise ManifestError(f"made an invalid TrainJob name {name!r}")
+    return name
+
+
+def _models():
+    """`kubeflow_trainer_api.models`, imported when a manifest is built or read (~0.4 s)."""
+    from kubeflow_trainer_api import models
+
+    return models
+
+
+def _check_labels(labels: Mapping[str, str], what: str) -> None:
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        if (not _LABEL_NAME.match(name) or len(name) > 63 or len(prefix) > 253
+                or (prefix and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", prefix))):
+            raise ManifestError(f"{what} key {key!r} is not a Kubernetes label name")
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            raise ManifestError(f"{what} {key}={value!r} is not a Kubernetes label value "
+                                "(63 characters at most: letters, digits, -, _ and .)")
+
+
+def _check_settings(name: str, num_nodes: int, procs_per_node: int | None, gpus: int,
+                    quantities: Mapping[str, str], env: Mapping[str, str],
+                    secret_keys: Sequence[str], manager: str) -> None:
+    if not DNS_1035.match(name) or len(name) > 63:
+        raise ManifestError(f"TrainJob name {name!r} must be a DNS-1035 label (Trainer 2.3)")
+    if num_nodes < 1 or (procs_per_node is not None and procs_per_node < 1) or gpus < 0:
+        raise ManifestError(f"num_nodes and procs_per_node must be >= 1 and gpus >= 0, got "
+                            f"{num_nodes}, {procs_per_node}, {gpus}")
+    if len(f"{name}-{NODE}-0-{num_nodes - 1}") > 63:
+        raise ManifestError(f"TrainJob name {name!r} is too long for {num_nodes} nodes: JobSet "
+                            "refuses pod names over 63 characters")
+    for what, value in quantities.items():
+        if not QUANTITY.match(value):
+            raise ManifestError(f"{what} {value!r} is not a Kubernetes quantity (8, 7.5, 500m, "
+                                "24Gi)")
+    names = [*env, *secret_keys, *([EXPECTED_GPUS_VARIABLE] if gpus else [])]
+    reserved = sorted(set(names) & set(RESERVED_ENV))
+    if reserved:
+        raise ManifestError(f"env {reserved}: Trainer's torch runtime sets these on each node "
+                            "and refuses a TrainJob that gives them")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ManifestError(f"env {repeated} given more than once")
+    if not _DOMAIN_PATH.match(manager):
+        raise ManifestError(f"runtime patch manager {manager!r} must be a domain-prefixed path "
+                            "(such as acme.io/launcher)")
+
+
+def _trainer(m, *, image: str, command: Sequence[str], args: Sequence[str], num_nodes: int,
+             procs_per_node: int | None, gpus: int, cpu: str, memory: str,
+             env: Mapping[str, str], storage_secret: str, secret_keys: Sequence[str]):
+    """`spec.trainer`: the nodes, what each holds and runs, and its environment."""
+    quantity = m.IoK8sApimachineryPkgApiResourceQuantity
+    amounts = {"cpu": cpu, "memory": memory, **({GPU_RESOURCE: str(gpus)} if gpus else {})}
+    resources = m.IoK8sApiCoreV1ResourceRequirements(
+        requests={key: quantity(value) for key, value in amounts.items()},
+        limits={key: quantity(value) for key, value in amounts.items()})
+    variables = [m.IoK8sApiCoreV1EnvVar(name=key, value=value) for key, value in env.items()]
+    if gpus:
+        variables.append(m.IoK8sApiCoreV1EnvVar(name=EXPECTED_GPUS_VARIABLE, value=str(gpus)))
+    variables += [m.IoK8sApiCoreV1EnvVar(name=key, value_from=m.IoK8sApiCoreV1EnvVarSource(
+        secret_key_ref=m.IoK8sApiCoreV1SecretKeySelector(name=storage_secret, key=key)))
+        for key in (secret_keys if storage_secret else ())]
+    return m.TrainerV1alpha1Trainer(
+        image=image, command=list(command), args=list(args) or None, env=variables or None,
+        num_nodes=num_nodes, num_proc_per_node=procs_per_node, resources_per_node=resources)
+
+
+def _runtime_patch(m, *, manager: str, shm: str, node_selector: Mapping[str, str],
+                   tolerations: Sequence[Mapping[str, Any]], image_pull_secrets: Sequence[str],
+                   service_account: str, labels: Mapping[str, str]):
+    """`spec.runtimePatches[0]`: the pod settings of the `node` replicated job."""
+    volumes, mounts = None, None
+    if shm:
+        volumes = [m.IoK8sApiCoreV1Volume(name=SHM_VOLUME, empty_dir=(
+            m.IoK8sApiCoreV1EmptyDirVolumeSource(
+                medium="Memory", size_limit=m.IoK8sApimachineryPkgApiResourceQuantity(shm))))]
+        mounts = [m.TrainerV1alpha1ContainerPatch(name=NODE, volume_mounts=[
+            m.IoK8sApiCoreV1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")])]
+    pod_spec = m.TrainerV1alpha1PodSpecPatch(
+        node_selector=dict(node_selector) or None,
+        tolerations=[_strict(m.IoK8sApiCoreV1Toleration, dict(t), "toleration")
+                     for t in tolerations] or None,
+        image_pull_secrets=[m.IoK8sApiCoreV1LocalObjectReference(name=secret)
+                            for secret in image_pull_secrets] or None,
+        service_account_name=service_account or None, volumes=volumes, containers=mounts)
+    pod = m.TrainerV1alpha1PodTemplatePatch(
+        metadata=m.IoK8sApimachineryPkgApisMetaV1ObjectMeta(labels=dict(labels) or None),
+        spec=pod_spec)
+    job = m.TrainerV1alpha1ReplicatedJobPatch(name=NODE, template=m.TrainerV1alpha1JobTemplatePatch(
+        spec=m.TrainerV1alpha1JobSpecPatch(template=pod)))
+    return m.TrainerV1alpha1RuntimePatch(
+        manager=manager, training_runtime_spec=m.TrainerV1alpha1TrainingRuntimeSpecPatch(
+            template=m.TrainerV1alpha1JobSetTemplatePatch(
+                spec=m.TrainerV1alpha1JobSetSpecPatch(replicated_jobs=[job]))))
+
+
+def trainjob_manifest(
+    *, name: str, namespace: str, image: str, command: Sequence[str],
+    args: Sequence[str] = (), num_nodes: int, procs_per_node: int | None = None,
+    gpus: int = 0, cpu: str, memory: str, shm: str = "", env: Mapping[str, str] | None = None,
+    storage_secret: str = "", secret_keys: Sequence[str] = S3_SECRET_KEYS,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, Any]] = (), image_pull_secrets: Sequence[str] = (),
+    service_account: str = "", labels: Mapping[str, str] | None = None,
+    owner_pod: str = "", owner_uid: str = "", runtime: str = DEFAULT_RUNTIME,
+    manager: str = DEFAULT_MANAGER, active_deadline_seconds: int | None = None,
+) -> dict[str, Any]:
+    """The TrainJob of `num_nodes` nodes, as a dict the Kubernetes API takes.
+
+    Args:
+        name: The job's name (`trainjob_name`).
+        namespace: The run's namespace (the launcher pod's).
+        image: The nodes' image (the trainer's, as one pod runs it).
+        command: The node's entry point (replaces the runtime's).
+        args: Its arguments.
+        num_nodes: Nodes (pods), one per machine.
+        procs_per_node: Processes per node (`PET_NPROC_PER_NODE`); None: Trainer's `auto`
+            (the GPUs, or the CPUs of a node without).
+        gpus: GPUs of each node (`nvidia.com/gpu`, and `EXPECTED_GPU_COUNT` when > 0).
+        cpu: CPU of each node, a Kubernetes quantity (requests = limits).
+        memory: Memory of each node (requests = limits; /dev/shm counts inside it).
+        shm: Size of each node's memory-backed /dev/shm; empty: the container's own.
+        env: Environment variables of the node container (plain values).
+        storage_secret: Kubernetes secret whose `secret_keys` the nodes get as variables.
+        secret_keys: The secret's keys, each the variable of its own name.
+        node_selector: Node labels the nodes must have (GPU type, spot pool).
+        tolerations: Tolerations (dicts of key, operator, value, effect), as a pod's.
+        image_pull_secrets: Secrets the nodes pull the image with.
+        service_account: The nodes' Kubernetes service account; empty: the namespace's
+            default (set it for workload identity to object storage).
+        labels: Labels of the TrainJob and of its node pods.
+        owner_pod: The launcher pod's name: the job's owner; empty for none.
+        owner_uid: That pod's uid (given with `owner_pod`).
+        runtime: The ClusterTrainingRuntime to run on.
+        manager: Who owns the runtime patch (a domain-prefixed path).
+        active_deadline_seconds: Longest the job may run; None: no limit of its own.
+
+    Returns:
+        The manifest (camelCase keys, as `kubeflow-trainer-api` 2.3 serialises it).
+
+    Raises:
+        ManifestError: A setting the API or Trainer's webhook would refuse.
+        pydantic.ValidationError: A value of a type the models do not take.
+    """
+    env, labels = dict(env or {}), dict(labels or {})
+    _check_settings(name, num_nodes, procs_per_node, gpus,
+                    {"cpu": cpu, "memory": memory, **({"shm": shm} if shm else {})}, env,
+                    secret_keys if storage_secret else (), manager)
+    _check_labels(labels, "label")
+    _check_labels(dict(node_selector or {}), "node selector")
+    if bool(owner_pod) != bool(owner_uid):
+        raise ManifestError("owner_pod and owner_uid go together (the launcher pod's name and "
+                            f"uid), got {owner_pod!r}, {owner_uid!r}")
+    m = _models()
+    owners = [m.IoK8sApimachineryPkgApisMetaV1OwnerReference(
+        api_version="v1", kind="Pod", name=owner_pod, uid=owner_uid)] if owner_pod else None
+    job = m.TrainerV1alpha1TrainJob(
+        api_version=API_VERSION, kind=KIND,
+        metadata=m.IoK8sApimachineryPkgApisMetaV1ObjectMeta(
+            name=name, namespace=namespace, labels=labels or None, owner_references=owners),
+        spec=m.TrainerV1alpha1TrainJobSpec(
+            runtime_ref=m.TrainerV1alpha1RuntimeRef(
+                api_group=GROUP, kind="ClusterTrainingRuntime", name=runtime),
+            active_deadline_seconds=active_deadline_seconds,
+            trainer=_trainer(m, image=image, command=command, args=args, num_nodes=num_nodes,
+                             procs_per_node=procs_per_node, gpus=gpus, cpu=cpu, memory=memory,
+                             env=env, storage_secret=storage_secret, secret_keys=secret_keys),
+            runtime_patches=[_runtime_patch(
+                m, manager=manager, shm=shm, node_selector=node_selector or {},
+                tolerations=tolerations, image_pull_secrets=image_pull_secrets,
+                service_account=service_account, labels=labels)]))
+    manifest = job.to_dict()
+    validate_manifest(manifest)
+    return manifest
+
+
+def _differences(given: Any, read: Any, path: str = "") -> list[str]:
+    """Where `read` (a manifest as the models read it back) differs from `given`."""
+    if isinstance(given, Mapping) and isinstance(read, Mapping):
+        return [problem for key in sorted(set(given) | set(read))
+                for problem in (_differences(given.get(key), read.get(key), f"{path}.{key}")
+                                if key in given and key in read else
+                                [f"{path}.{key}: " + ("not a field of the models"
+                                                      if key in given else "added")])]
+    if isinstance(given, list) and isinstance(read, list) and len(given) == len(read):
+        return [p for i, (a, b) in enumerate(zip(given, read))
+                for p in _differences(a, b, f"{path}[{i}]")]
+    return [] if given == read else [f"{path}: {given!r} is read as {read!r}"]
+
+
+def _strict(model, data: Mapping[str, Any], what: str):
+    """`model` read from `data`, refusing keys it does not have (its from_dict drops them)."""
+    made = model.from_dict(dict(data))
+    problems = _differences(dict(data), made.to_dict())
+    if problems:
+        raise ManifestError(f"{what} {dict(data)}: {'; '.join(problems)}")
+    return made
+
+
+def validate_manifest(manifest: Mapping[str, Any]) -> None:
+    """Reads a TrainJob manifest through Trainer 2.3's typed models; refuses what they do not.
+
+    Raises:
+        ManifestError: A key no model of Trainer 2.3's API has (dropped on reading), or a
+            value read as another one; the message names each by its path.
+        pydantic.ValidationError: A value of a type the models do not take.
+    """
+    m = _models()
+    if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
+        raise ManifestError(f"not a {API_VERSION} {KIND}: apiVersion "
+                            f"{manifest.get('apiVersion')!r}, kind {manifest.get('kind')!r}")
+    read = m.TrainerV1alpha1TrainJob.from_dict(dict(manifest)).to_dict()
+    problems = _differences(dict(manifest), read)
+    if problems:
+        raise ManifestError("the TrainJob has what Trainer 2.3's API does not: "
+                            + "; ".join(problems))
