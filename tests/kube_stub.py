@@ -1,0 +1,227 @@
+"""A loopback stand-in of the Kubernetes API server for the TrainJob launcher's tests.
+
+It answers the calls the launcher makes, as the API server does for a cluster with
+Kubeflow Trainer installed, and records every request (method, path, query, body):
+
+- trainjobs (`/apis/trainer.kubeflow.org/v1alpha1/namespaces/NS/trainjobs[/NAME]`): create
+  (409 when the name exists), get (404 when absent), list by label selector, delete
+  (foreground: the job stays, with a deletionTimestamp, for `linger` more reads);
+- pods (`/api/v1/namespaces/NS/pods`): the node pods of each job (JobSet's and the Job
+  controller's labels), listed by label selector; each node's log
+  (`.../pods/NAME/log`), served whole and closed (a finished container's followed log).
+
+A job's status follows its `Plan`: the conditions it reports on its 1st, 2nd, ... read
+(the last repeats). The real `kubernetes` client talks to it over HTTP on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+TRAINJOBS = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/"
+PODS = "/api/v1/namespaces/"
+NOW = "2026-11-27T10:00:00Z"
+
+
+@dataclasses.dataclass
+class Plan:
+    """How one TrainJob runs: its conditions read after read, node 0's log, its deletion.
+
+    Attributes:
+        conditions: Conditions (a list, maybe empty) the 1st, 2nd, ... read of the job
+            reports; the last repeats.
+        log: Node 0's log lines.
+        linger: Reads a deleted job still answers (deletionTimestamp set) before it is gone.
+    """
+
+    conditions: list[list[dict[str, Any]]] = dataclasses.field(default_factory=lambda: [[]])
+    log: list[str] = dataclasses.field(default_factory=list)
+    linger: int = 0
+
+
+def condition(kind: str, reason: str, message: str) -> dict[str, Any]:
+    """A TrainJob status condition that is true."""
+    return {"type": kind, "status": "True", "reason": reason, "message": message,
+            "lastTransitionTime": NOW}
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    pairs = [term.split("=", 1) for term in selector.split(",") if term]
+    return all(labels.get(key) == value for key, value in pairs)
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+class KubeStub:
+    """The API's state (jobs, their plans and reads) and the requests it was sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str, dict[str, str], Any]] = []
+        self.codes: list[int] = []  # the status answered to each request, in order
+        self.jobs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.plans: dict[str, Plan] = {}
+        self.reads: dict[tuple[str, str], int] = {}
+        self.lingering: dict[tuple[str, str], int] = {}
+        self.server: ThreadingHTTPServer | None = None
+
+    @property
+    def host(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def add_job(self, namespace: str, job: dict[str, Any]) -> None:
+        """A job the API already holds (as if an earlier launcher had created it)."""
+        job = json.loads(json.dumps(job))
+        job["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()),
+                               creationTimestamp=NOW)
+        self.jobs[(namespace, job["metadata"]["name"])] = job
+        self.reads.pop((namespace, job["metadata"]["name"]), None)
+
+    def calls(self, method: str | None = None, contains: str = "") -> list[tuple]:
+        """The recorded requests, those of `method` whose path holds `contains`."""
+        with self.lock:
+            return [r for r in self.requests if (method is None or r[0] == method)
+                    and contains in r[1]]
+
+    # -- trainjobs ----------------------------------------------------------------------
+    def _read(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        """The job as a read finds it (status by its plan), or None when gone."""
+        job = self.jobs.get(key)
+        if job is None:
+            return None
+        if key in self.lingering:
+            if self.lingering[key] <= 0:
+                del self.jobs[key], self.lingering[key]
+                return None
+            self.lingering[key] -= 1
+            return job
+        plan = self.plans.get(key[1], Plan())
+        count = self.reads.get(key, 0)
+        self.reads[key] = count + 1
+        job["status"] = {"conditions": plan.conditions[min(count, len(plan.conditions) - 1)]}
+        return job
+
+    def trainjobs(self, method: str, namespace: str, name: str, query: dict[str, str],
+                  body: Any) -> tuple[int, Any]:
+        key = (namespace, name)
+        if method == "POST":
+            name = body["metadata"]["name"]
+            if (namespace, name) in self.jobs:
+                return 409, _status(409, "AlreadyExists",
+                                    f'trainjobs.trainer.kubeflow.org "{name}" already exists')
+            self.add_job(namespace, body)
+            return 201, self.jobs[(namespace, name)]
+        if method == "GET" and not name:
+            items = [job for (ns, _), job in self.jobs.items() if ns == namespace
+                     and _matches(job["metadata"].get("labels") or {},
+                                  query.get("labelSelector", ""))]
+            return 200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJobList",
+                         "metadata": {}, "items": items}
+        job = self._read(key) if method == "GET" else self.jobs.get(key)
+        if job is None:
+            return 404, _status(404, "NotFound",
+                                f'trainjobs.trainer.kubeflow.org "{name}" not found')
+        if method == "DELETE":
+            if key not in self.lingering:
+                self.lingering[key] = self.plans.get(name, Plan()).linger
+                job["metadata"]["deletionTimestamp"] = NOW
+            return 200, job
+        return 200, job
+
+    # -- pods ---------------------------------------------------------------------------
+    def _pods(self, namespace: str) -> list[dict[str, Any]]:
+        """Each job's node pods, their phase by the job's state."""
+        pods = []
+        for (ns, name), job in self.jobs.items():
+            if ns != namespace or (ns, name) in self.lingering:
+                continue
+            ended = [c["type"] for c in job.get("status", {}).get("conditions", [])]
+            phase = ("Succeeded" if "Complete" in ended else "Failed" if "Failed" in ended
+                     else "Running" if self.reads.get((ns, name), 0) else "Pending")
+            for index in range(job["spec"]["trainer"].get("numNodes", 1)):
+                pods.append({"metadata": {
+                    "name": f"{name}-node-0-{index}-x7k2q", "namespace": ns,
+                    "uid": f"{job['metadata']['uid']}-{index}", "creationTimestamp": NOW,
+                    "labels": {"jobset.sigs.k8s.io/jobset-name": name,
+                               "jobset.sigs.k8s.io/replicatedjob-name": "node",
+                               "batch.kubernetes.io/job-completion-index": str(index)}},
+                    "status": {"phase": phase}})
+        return pods
+
+    def pods(self, namespace: str, rest: str, query: dict[str, str]) -> tuple[int, Any]:
+        if not rest:
+            items = [pod for pod in self._pods(namespace)
+                     if _matches(pod["metadata"]["labels"], query.get("labelSelector", ""))]
+            return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+        pod, _, what = rest.partition("/")
+        found = [p for p in self._pods(namespace) if p["metadata"]["name"] == pod]
+        if what != "log" or not found:
+            return 404, _status(404, "NotFound", f'pods "{pod}" not found')
+        job = found[0]["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"]
+        index = found[0]["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]
+        lines = self.plans.get(job, Plan()).log if index == "0" else [f"node {index}"]
+        return 200, "".join(line + "\n" for line in lines)
+
+    # -- HTTP ---------------------------------------------------------------------------
+    def answer(self, method: str, url: str, body: Any) -> tuple[int, Any]:
+        parts = urlsplit(url)
+        query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+        with self.lock:
+            self.requests.append((method, parts.path, query, body))
+            code, payload = self._route(method, parts.path, query, body)
+            self.codes.append(code)
+            return code, payload
+
+    def _route(self, method: str, path: str, query: dict[str, str],
+               body: Any) -> tuple[int, Any]:
+        if path.startswith(TRAINJOBS):
+            namespace, _, rest = path[len(TRAINJOBS):].partition("/")
+            plural, _, name = rest.partition("/")
+            if plural == "trainjobs":
+                return self.trainjobs(method, namespace, name, query, body)
+        if path.startswith(PODS) and method == "GET":
+            namespace, _, rest = path[len(PODS):].partition("/")
+            if rest.startswith("pods"):
+                return self.pods(namespace, rest[len("pods/"):], query)
+        return 404, _status(404, "NotFound", f"the stub does not serve {method} {path}")
+
+    def start(self) -> KubeStub:
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                code, payload = stub.answer(self.command, self.path,
+                                            json.loads(raw) if raw else None)
+                text = isinstance(payload, str)
+                data = (payload if text else json.dumps(payload)).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_DELETE = _handle
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,355 @@
+"""The transformer trainer past one pod on Kubeflow: the TrainJob, its nodes, its launcher.
+
+- The manifest is built through `kubeflow-trainer-api` 2.3's typed models and read back
+  through them; a field Trainer 2.3 does not have is refused (the check can fail).
+- The node environment: Trainer's `PET_*` variables onto what the trainer reads.
+- The launcher against a loopback stub of the Kubernetes API (`tests.kube_stub`), through
+  the real `kubernetes` client: a job that completes, one that fails, a cancelled step
+  (stop event and SIGTERM) and a job left by an earlier attempt.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import threading
+
+import pydantic
+import pytest
+
+from components.train_transformer import distributed
+from components.trainjob import launcher, node, spec
+from tests.kube_stub import KubeStub, Plan, condition
+
+NS = "kubeflow-user"
+TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+               {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+                "effect": "NoSchedule"}]
+SELECTOR = {"nvidia.com/gpu.product": "Tesla-T4", "cloud.google.com/gke-spot": "true"}
+FAST = launcher.Timing(poll_seconds=0.02, clear_seconds=5, log_grace_seconds=5)
+
+
+def full_manifest(name: str = "", **changes) -> dict:
+    """2 nodes x 2 processes with every setting the launcher step gives."""
+    settings = dict(
+        name=name or spec.trainjob_name("run-7f3a", "train-transformer-classifier", 0),
+        namespace=NS, image="europe-docker.pkg.dev/p/r/fastai:abc1234",
+        command=["python", "-m", "node_entry_point"], args=["--epochs", "2"],
+        num_nodes=2, procs_per_node=2, gpus=2, cpu="14.1", memory="48Gi", shm="12Gi",
+        env={"AIP_CHECKPOINT_DIR": "s3://bucket/run/checkpoints", "KFP_STORAGE": "0"},
+        storage_secret="s3-keys", node_selector=SELECTOR, tolerations=TOLERATIONS,
+        image_pull_secrets=["regcred"], service_account="pipeline-runner",
+        labels={"vertex-gpu-pipelines/run": "run-7f3a", "vertex-gpu-pipelines/task": "train"},
+        owner_pod="train-transformer-launcher-pod",
+        owner_uid="0b1c2d3e-0000-1111-2222-333344445555",
+        active_deadline_seconds=604800)
+    settings.update(changes)
+    return spec.trainjob_manifest(**settings)
+
+
+def _pod_patch(manifest: dict) -> dict:
+    [patch] = manifest["spec"]["runtimePatches"]
+    [job] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert job["name"] == "node"
+    return job["template"]["spec"]["template"]
+
+
+def test_trainjob_manifest_two_nodes_two_procs_every_setting():
+    from kubeflow_trainer_api import models
+
+    manifest = full_manifest()
+    assert manifest["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
+    assert manifest["kind"] == "TrainJob"
+    meta = manifest["metadata"]
+    assert meta["namespace"] == NS and meta["labels"]["vertex-gpu-pipelines/task"] == "train"
+    assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod",
+                                        "name": "train-transformer-launcher-pod",
+                                        "uid": "0b1c2d3e-0000-1111-2222-333344445555"}]
+    assert manifest["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
+                                              "kind": "ClusterTrainingRuntime",
+                                              "name": "torch-distributed"}
+    assert manifest["spec"]["activeDeadlineSeconds"] == 604800
+    trainer = manifest["spec"]["trainer"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 2)
+    amounts = {"cpu": "14.1", "memory": "48Gi", "nvidia.com/gpu": "2"}
+    assert trainer["resourcesPerNode"] == {"requests": amounts, "limits": amounts}
+    assert trainer["image"].endswith("fastai:abc1234") and trainer["args"] == ["--epochs", "2"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in trainer["env"]}
+    assert env == {"AIP_CHECKPOINT_DIR": "s3://bucket/run/checkpoints", "KFP_STORAGE": "0",
+                   "EXPECTED_GPU_COUNT": "2",
+                   **{key: {"secretKeyRef": {"name": "s3-keys", "key": key}}
+                      for key in spec.S3_SECRET_KEYS}}
+    pod = _pod_patch(manifest)
+    assert pod["metadata"]["labels"] == meta["labels"]
+    assert pod["spec"]["nodeSelector"] == SELECTOR
+    assert pod["spec"]["tolerations"] == TOLERATIONS
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["spec"]["serviceAccountName"] == "pipeline-runner"
+    assert pod["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                                     "sizeLimit": "12Gi"}}]
+    assert pod["spec"]["containers"] == [{"name": "node", "volumeMounts": [
+        {"name": "dshm", "mountPath": "/dev/shm"}]}]
+    # Read back through Trainer 2.3's models: every field survives, typed.
+    job = models.TrainerV1alpha1TrainJob.from_dict(manifest)
+    assert job.to_dict() == manifest
+    assert job.spec.trainer.num_nodes == 2 and job.spec.runtime_patches[0].manager == \
+        spec.DEFAULT_MANAGER
+    spec.validate_manifest(manifest)
+
+
+def test_trainjob_manifest_without_gpus_or_shm_sets_neither():
+    manifest = full_manifest(gpus=0, shm="", procs_per_node=None, storage_secret="",
+                             owner_pod="", owner_uid="")
+    trainer = manifest["spec"]["trainer"]
+    assert "numProcPerNode" not in trainer  # Trainer's auto
+    assert "nvidia.com/gpu" not in trainer["resourcesPerNode"]["limits"]
+    assert [e["name"] for e in trainer["env"]] == ["AIP_CHECKPOINT_DIR", "KFP_STORAGE"]
+    assert "volumes" not in _pod_patch(manifest)["spec"]
+    assert "ownerReferences" not in manifest["metadata"]
+
+
+@pytest.mark.parametrize("where, key, value", [
+    (("spec",), "podTemplateOverrides", [{"targetJobs": [{"name": "node"}]}]),  # Trainer 2.1
+    (("spec", "trainer"), "nodeSelector", {"a": "b"}),  # a pod field at the wrong level
+    (("metadata",), "label", {"a": "b"}),  # a typo
+])
+def test_trainjob_validation_refuses_a_field_trainer_2_3_does_not_have(where, key, value):
+    manifest = copy.deepcopy(full_manifest())
+    target = manifest
+    for part in where:
+        target = target[part]
+    target[key] = value
+    with pytest.raises(spec.ManifestError, match=rf"\.{'.'.join(where)}\.{key}: not a field"):
+        spec.validate_manifest(manifest)
+
+
+def test_trainjob_validation_refuses_a_value_of_the_wrong_type():
+    manifest = copy.deepcopy(full_manifest())
+    manifest["spec"]["trainer"]["numNodes"] = "2"
+    with pytest.raises(pydantic.ValidationError, match="numNodes"):
+        spec.validate_manifest(manifest)
+    with pytest.raises(spec.ManifestError, match="not a trainer.kubeflow.org/v1alpha1"):
+        spec.validate_manifest({**full_manifest(), "apiVersion": "kubeflow.org/v1"})
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"env": {"PET_NNODES": "2"}}, "Trainer's torch runtime sets these"),
+    ({"env": {"AWS_ACCESS_KEY_ID": "x"}}, "given more than once"),
+    ({"cpu": "lots"}, "not a Kubernetes quantity"),
+    ({"shm": "12 GB"}, "not a Kubernetes quantity"),
+    ({"num_nodes": 0}, "must be >= 1"),
+    ({"name": "Train_Job"}, "DNS-1035"),
+    ({"name": "a" * 56}, "too long for 2 nodes"),
+    ({"labels": {"run": "x" * 64}}, "not a Kubernetes label value"),
+    ({"owner_uid": ""}, "go together"),
+    ({"manager": "launcher"}, "domain-prefixed path"),
+    ({"tolerations": [{"key": "k", "effect": "NoSchedule", "tolerate": True}]},
+     "tolerate: not a field"),
+])
+def test_trainjob_manifest_refuses_what_the_api_would(changes, words):
+    with pytest.raises(spec.ManifestError, match=words):
+        full_manifest(**changes)
+
+
+def test_trainjob_name_is_a_short_dns_label_per_run_task_and_attempt():
+    name = spec.trainjob_name("run-7f3a", "train-transformer-classifier", 0)
+    assert name == spec.trainjob_name("run-7f3a", "train-transformer-classifier", 0)
+    others = {spec.trainjob_name("run-7f3a", "train-transformer-classifier", 1),
+              spec.trainjob_name("run-7f3b", "train-transformer-classifier", 0),
+              spec.trainjob_name("run-7f3a", "train-transformer-tuned", 0),
+              spec.trainjob_name("run-7f3a", "train-transformer-classifier", "pod-abc"),
+              spec.trainjob_name("run-7f3a", "train-transformer-classifier", "pod-abd")}
+    assert len(others | {name}) == 6
+    for made in (*others, name, spec.trainjob_name("r", "9 Ünïcode_TASK " * 9, 12345),
+                 spec.trainjob_name("r", "---", 0)):
+        assert spec.DNS_1035.match(made) and len(made) <= spec.MAX_NAME, made
+    assert name.startswith("tj-train-transformer") and name.endswith("-a0")
+    with pytest.raises(spec.ManifestError):
+        spec.trainjob_name("", "task", 0)
+    with pytest.raises(spec.ManifestError):
+        spec.trainjob_name("run", "task", -1)
+
+
+# -- the node environment ------------------------------------------------------------------
+PET = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1",
+       "PET_MASTER_ADDR": "tj-x-node-0-0.tj-x", "PET_MASTER_PORT": "29500"}
+
+
+def test_trainjob_node_environment_maps_onto_what_the_trainer_reads():
+    mapped = node.torchrun_environment(PET)
+    assert mapped == {"MASTER_ADDR": "tj-x-node-0-0.tj-x", "MASTER_PORT": "29500",
+                      "WORLD_SIZE": "2", "RANK": "1"}
+    assert tuple(mapped) == distributed.TORCHRUN_VARIABLES
+    cluster = distributed.cluster_from_environment({**PET, **mapped})
+    assert cluster == distributed.Cluster("tj-x-node-0-0.tj-x", 29500, 2, 1)
+    assert node.torchrun_environment({"HOME": "/root"}) == {}  # not a Trainer node
+    assert node.torchrun_environment({**PET, "MASTER_PORT": "29500"}) == mapped  # agrees
+
+
+@pytest.mark.parametrize("environ, words", [
+    ({**PET, "PET_NODE_RANK": ""}, "PET_NODE_RANK missing or empty"),
+    ({"PET_NNODES": "2"}, "PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT"),
+    ({**PET, "PET_NODE_RANK": "2"}, "not within PET_NNODES=2"),
+    ({**PET, "PET_NNODES": "two"}, "PET_NNODES='two' must be a whole number >= 1"),
+    ({**PET, "PET_MASTER_PORT": "70000"}, "not a port"),
+    ({**PET, "PET_NPROC_PER_NODE": "0"}, "PET_NPROC_PER_NODE='0'"),
+    ({**PET, "WORLD_SIZE": "4"}, "WORLD_SIZE='4'"),
+])
+def test_trainjob_node_environment_names_what_is_missing_or_bad(environ, words):
+    with pytest.raises(node.NodeEnvironmentError, match=words):
+        node.torchrun_environment(environ)
+
+
+def test_trainjob_node_processes_auto_is_one_per_gpu():
+    auto = {**PET, "PET_NPROC_PER_NODE": "auto"}
+    assert node.torchrun_environment(auto)["WORLD_SIZE"] == "2"
+    assert node.processes_per_node(auto, gpus=4) == 4
+    assert node.processes_per_node(auto, gpus=0) == 1
+    assert node.processes_per_node(PET, gpus=0) == 2  # 2 CPU processes (gloo)
+    assert node.processes_per_node({}, gpus=2) == 2
+
+
+# -- the launcher against a loopback Kubernetes API ---------------------------------------
+@pytest.fixture
+def kube():
+    """The stub, and a real `kubernetes` client pointed at it."""
+    from kubernetes import client
+
+    stub = KubeStub().start()
+    configuration = client.Configuration()
+    configuration.host = stub.host
+    api = client.ApiClient(configuration)
+    yield stub, api
+    api.close()
+    stub.stop()
+
+
+def _name_of(manifest: dict) -> str:
+    return manifest["metadata"]["name"]
+
+
+def _job_path(name: str) -> str:
+    return f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs/{name}"
+
+
+def test_trainjob_launcher_follows_a_job_to_complete_streams_node0_and_deletes_it(kube):
+    stub, api = kube
+    manifest = full_manifest()
+    name = _name_of(manifest)
+    done = condition("Complete", "JobsCompleted", "jobset completed")
+    stub.plans[name] = Plan(conditions=[[], [], [done]],
+                            log=["epoch 1 loss 0.9", "epoch 2 loss 0.5", "saved the model"])
+    lines: list[str] = []
+    job = launcher.launch(api, manifest, write=lines.append, timing=FAST)
+    assert launcher.job_outcome(job) == ("Complete", "JobsCompleted", "jobset completed")
+    [create] = stub.calls("POST")
+    assert create[1] == f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs"
+    assert create[3] == manifest  # what was built is what was sent
+    query = stub.calls("GET", "/log")[0][2]  # the client writes True; Go's ParseBool takes it
+    assert query["container"] == "node" and query["follow"].lower() == "true"
+    [pods] = {r[2]["labelSelector"] for r in stub.calls("GET", "/pods") if "/log" not in r[1]}
+    assert pods == launcher.node0_selector(name)
+    log = lines.index("epoch 1 loss 0.9")
+    assert lines[log:log + 3] == ["epoch 1 loss 0.9", "epoch 2 loss 0.5", "saved the model"]
+    [delete] = stub.calls("DELETE")
+    assert delete[1] == _job_path(name) and delete[2]["propagationPolicy"] == "Foreground"
+    assert lines[-1] == f"[launcher] TrainJob {NS}/{name} deleted"
+    assert stub.requests.index(delete) > stub.requests.index(create)
+
+
+def test_trainjob_launcher_fails_with_the_jobs_reason_and_deletes_it(kube):
+    stub, api = kube
+    manifest = full_manifest()
+    name = _name_of(manifest)
+    stub.plans[name] = Plan(
+        conditions=[[], [condition("Failed", "FailedJobs",
+                                   "jobset failed: job node-0 failed: BackoffLimitExceeded")]],
+        log=["Traceback (most recent call last):", "RuntimeError: CUDA out of memory"])
+    lines: list[str] = []
+    with pytest.raises(launcher.TrainJobFailed,
+                       match=rf"TrainJob {NS}/{name} failed: FailedJobs: jobset failed"):
+        launcher.launch(api, manifest, write=lines.append, timing=FAST)
+    assert "RuntimeError: CUDA out of memory" in lines  # node 0's error, in the step's log
+    assert [r[1] for r in stub.calls("DELETE")] == [_job_path(name)]
+    assert (NS, name) in stub.lingering or (NS, name) not in stub.jobs
+
+
+def test_trainjob_launcher_cancelled_by_the_stop_event_deletes_the_job(kube):
+    stub, api = kube
+    manifest = full_manifest()
+    name = _name_of(manifest)
+    stub.plans[name] = Plan(conditions=[[]] * 500 + [[condition("Complete", "X", "late")]])
+    stop = threading.Event()
+    lines: list[str] = []
+
+    def write(line: str) -> None:
+        lines.append(line)
+        if "created" in line:
+            stop.set()  # as if cancelled once the job runs
+
+    with pytest.raises(launcher.TrainJobCancelled):
+        launcher.launch(api, manifest, stop=stop, write=write, timing=FAST)
+    assert [r[1] for r in stub.calls("DELETE")] == [_job_path(name)]
+    assert len(stub.calls("GET", _job_path(name))) < 500
+
+
+def test_trainjob_launcher_deletes_the_job_on_sigterm_and_restores_the_handler(kube):
+    stub, api = kube
+    manifest = full_manifest()
+    name = _name_of(manifest)
+    stub.plans[name] = Plan(conditions=[[]] * 500 + [[condition("Complete", "X", "late")]])
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
+    try:
+        def write(line: str) -> None:
+            if "created" in line:
+                os.kill(os.getpid(), signal.SIGTERM)  # KFP stops the launcher's pod
+
+        with pytest.raises(launcher.TrainJobCancelled):
+            launcher.launch(api, manifest, write=write, timing=FAST)
+        assert caught == []  # the launcher's handler took it
+        assert [r[1] for r in stub.calls("DELETE")] == [_job_path(name)]
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert caught == [signal.SIGTERM]  # and gave the old one back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_trainjob_launcher_clears_a_job_left_by_an_earlier_attempt_before_creating(kube):
+    stub, api = kube
+    manifest = full_manifest()
+    name = _name_of(manifest)
+    earlier = full_manifest(name=spec.trainjob_name("run-7f3a", "train-transformer-classifier",
+                                                    "earlier-pod"))
+    for job in (manifest, earlier):
+        stub.add_job(NS, job)
+        stub.plans[_name_of(job)] = Plan(linger=3)  # foreground: gone after its pods
+    stub.plans[name].conditions = [[condition("Complete", "JobsCompleted", "done")]]
+    lines: list[str] = []
+    launcher.launch(api, manifest, write=lines.append, timing=FAST,
+                    task_selector="vertex-gpu-pipelines/task=train")
+    methods = [(r[0], r[1]) for r in stub.requests if "trainjobs" in r[1]]
+    create = methods.index(("POST", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}"
+                                    "/trainjobs"))
+    deletes = [m for m in methods[:create] if m[0] == "DELETE"]
+    assert sorted(deletes) == sorted([("DELETE", _job_path(name)),
+                                      ("DELETE", _job_path(_name_of(earlier)))])
+    # both were read as gone (404) before the new job was created: never two at once
+    before = stub.requests.index(stub.calls("POST")[0])
+    gone = {r[1] for r, code in zip(stub.requests[:before], stub.codes[:before])
+            if r[0] == "GET" and code == 404}
+    assert {_job_path(name), _job_path(_name_of(earlier))} <= gone
+    assert any("left from an earlier attempt" in line for line in lines)
+    assert len(stub.calls("POST")) == 1 and len(stub.calls("DELETE")) == 3
+
+
+def test_trainjob_launcher_refuses_to_wait_forever_for_a_job_that_will_not_go(kube):
+    stub, api = kube
+    manifest = full_manifest()
+    stub.add_job(NS, manifest)
+    stub.plans[_name_of(manifest)] = Plan(linger=10**6)  # a finalizer nobody removes
+    with pytest.raises(launcher.TrainJobError, match="still there"):
+        launcher.launch(api, manifest, write=lambda line: None,
+                        timing=launcher.Timing(poll_seconds=0.02, clear_seconds=0.2))
+    assert stub.calls("POST") == []
