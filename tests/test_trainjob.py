@@ -102,7 +102,8 @@ def test_trainjob_manifest_without_gpus_or_shm_sets_neither():
     manifest = full_manifest(gpus=0, shm="", procs_per_node=None, storage_secret="",
                              owner_pod="", owner_uid="")
     trainer = manifest["spec"]["trainer"]
-    assert "numProcPerNode" not in trainer  # Trainer's auto
+    assert trainer["numProcPerNode"] == 1  # not Trainer's auto: a CPU node's CPUs
+    assert full_manifest(procs_per_node=None)["spec"]["trainer"]["numProcPerNode"] == 2  # GPUs
     assert "nvidia.com/gpu" not in trainer["resourcesPerNode"]["limits"]
     assert [e["name"] for e in trainer["env"]] == ["AIP_CHECKPOINT_DIR", "KFP_STORAGE"]
     assert "volumes" not in _pod_patch(manifest)["spec"]
@@ -139,6 +140,8 @@ def test_trainjob_validation_refuses_a_value_of_the_wrong_type():
     ({"cpu": "lots"}, "not a Kubernetes quantity"),
     ({"shm": "12 GB"}, "not a Kubernetes quantity"),
     ({"num_nodes": 0}, "must be >= 1"),
+    ({"procs_per_node": 0}, "must be >= 1"),
+    ({"active_deadline_seconds": 0}, "active_deadline_seconds must be >= 1"),
     ({"name": "Train_Job"}, "DNS-1035"),
     ({"name": "a" * 56}, "too long for 2 nodes"),
     ({"labels": {"run": "x" * 64}}, "not a Kubernetes label value"),
@@ -192,6 +195,7 @@ def test_trainjob_node_environment_maps_onto_what_the_trainer_reads():
     ({"PET_NNODES": "2"}, "PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT"),
     ({**PET, "PET_NODE_RANK": "2"}, "not within PET_NNODES=2"),
     ({**PET, "PET_NNODES": "two"}, "PET_NNODES='two' must be a whole number >= 1"),
+    ({**PET, "PET_NODE_RANK": "\u00b2"}, "PET_NODE_RANK="),
     ({**PET, "PET_MASTER_PORT": "70000"}, "not a port"),
     ({**PET, "PET_NPROC_PER_NODE": "0"}, "PET_NPROC_PER_NODE='0'"),
     ({**PET, "WORLD_SIZE": "4"}, "WORLD_SIZE='4'"),

@@ -36,7 +36,7 @@ class NodeEnvironmentError(ValueError):
 
 def _whole(environ: Mapping[str, str], name: str, least: int) -> int:
     raw = environ[name].strip()
-    if not raw.isdigit() or int(raw) < least:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < least:
         raise NodeEnvironmentError(f"{name}={environ[name]!r} must be a whole number >= {least}")
     return int(raw)
 

@@ -212,8 +212,9 @@ def trainjob_manifest(
         command: The node's entry point (replaces the runtime's).
         args: Its arguments.
         num_nodes: Nodes (pods), one per machine.
-        procs_per_node: Processes per node (`PET_NPROC_PER_NODE`); None: Trainer's `auto`
-            (the GPUs, or the CPUs of a node without).
+        procs_per_node: Processes per node (`PET_NPROC_PER_NODE`); None: one per GPU, one
+            on a node without, as the trainer runs in one pod (Trainer's own default,
+            `auto`, would give a node without GPUs as many as its CPUs).
         gpus: GPUs of each node (`nvidia.com/gpu`, and `EXPECTED_GPU_COUNT` when > 0).
         cpu: CPU of each node, a Kubernetes quantity (requests = limits).
         memory: Memory of each node (requests = limits; /dev/shm counts inside it).
@@ -249,6 +250,10 @@ def trainjob_manifest(
     if bool(owner_pod) != bool(owner_uid):
         raise ManifestError("owner_pod and owner_uid go together (the launcher pod's name and "
                             f"uid), got {owner_pod!r}, {owner_uid!r}")
+    if active_deadline_seconds is not None and active_deadline_seconds < 1:
+        raise ManifestError(f"active_deadline_seconds must be >= 1 (Trainer 2.3), got "
+                            f"{active_deadline_seconds}")
+    procs_per_node = max(1, gpus) if procs_per_node is None else procs_per_node
     m = _models()
     owners = [m.IoK8sApimachineryPkgApisMetaV1OwnerReference(
         api_version="v1", kind="Pod", name=owner_pod, uid=owner_uid)] if owner_pod else None
