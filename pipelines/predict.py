@@ -17,6 +17,7 @@ import logging
 import sys
 import tempfile
 
+from components.common.input_kinds import InputKindError
 from components.predict.contract import PredictionError
 
 
@@ -46,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = copy_model_locally(args.model, workdir)
             counts = predict_to_file(model_dir, args.data, args.output, args.batch_size,
                                      progress=not args.no_progress,
-                                     text_column=args.text_column)
-        except (PredictionError, FileNotFoundError) as err:
+                                     text_column=args.text_column, model_uri=args.model)
+        except (PredictionError, InputKindError, FileNotFoundError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
     print(json.dumps(counts, indent=2))

@@ -141,3 +141,24 @@ def test_an_empty_csv_to_label_is_a_clear_error_not_a_pandas_traceback(tmp_path)
     empty.write_bytes(b"")
     with pytest.raises(PredictionError, match=f"'{empty}' is empty: give a CSV with a header"):
         list(_read_csv_chunks(str(empty)))
+
+
+def test_the_cli_names_the_file_a_model_folder_lacks_not_another_kind(tmp_path, capsys):
+    """The issue's case: a transformer folder without labels.json was told it had
+    'neither model.keras nor export.pkl or config.json' while config.json was there."""
+    model = tmp_path / "transformer"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (model / name).write_text("{}")
+    data = tmp_path / "new.csv"
+    data.write_text("text\nhello\n")
+    assert predict_cli.main(["--model", str(model), "--data", str(data), "--output",
+                             str(tmp_path / "out.jsonl"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"model folder '{model}' looks like a transformer text model folder (config.json, " \
+           "model.safetensors found) but has no labels.json" in err
+    assert "neither" not in err and not (tmp_path / "out.jsonl").exists()
+    (model / "labels.json").write_text("[]")  # there, but not what a labels.json holds
+    assert predict_cli.main(["--model", str(model), "--data", str(data), "--output",
+                             str(tmp_path / "out.jsonl"), "--no-progress"]) == 2
+    assert "labels.json' must hold a JSON object, found a list" in capsys.readouterr().err

@@ -281,7 +281,8 @@ def same_file(data_uri: str, output: str) -> bool:
 
 
 def predict_to_file(model_dir: str, data_uri: str, output: str, batch_size: int = 64,
-                    progress: bool = False, text_column: str = "") -> dict[str, Any]:
+                    progress: bool = False, text_column: str = "",
+                    model_uri: str = "") -> dict[str, Any]:
     """Predicts every input with a trained model and writes one JSON line per input.
 
     Args:
@@ -293,6 +294,7 @@ def predict_to_file(model_dir: str, data_uri: str, output: str, batch_size: int 
         progress: Show a progress bar on stderr.
         text_column: Text models: the CSV's text column; empty uses the one the model
             was trained on.
+        model_uri: Where `model_dir` was copied from (a gs:// folder), for messages.
 
     Returns:
         `{"family", "inputs", "predicted", "errors", "output", ...}`; text models add
@@ -310,7 +312,7 @@ def predict_to_file(model_dir: str, data_uri: str, output: str, batch_size: int 
         raise PredictionError(f"the output {output!r} is the same file as the input "
                               f"{data_uri!r}: writing it would replace the input; choose "
                               "another output file")
-    family = model_family(model_dir)
+    family = model_family(model_dir, f"model folder {model_uri or model_dir!r}")
     with _whole_or_nothing(output) as out:
         if family == IMAGE:
             counts = _predict_images(model_dir, data_uri, out, batch_size, progress)

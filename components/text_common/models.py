@@ -9,7 +9,6 @@ fastai, torch and transformers are imported when a model loads.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -81,8 +80,8 @@ class _FastaiTextModel:
     """A fastai text classifier export with the interface of every text model."""
 
     def __init__(self, model_dir: str) -> None:
+        self.info = read_labels(model_dir)  # before the learner: it names a bad labels.json
         self._learn = load_text_learner(model_dir)  # names what is missing
-        self.info = read_labels(model_dir)
 
     def probabilities(self, texts: list[str], batch_size: int = 64):
         """See `text_probabilities`."""
@@ -103,9 +102,8 @@ class TransformerTextModel:
         if not is_transformer_folder(model_dir):
             raise FileNotFoundError(f"{model_dir!r} holds no Hugging Face model (config.json "
                                     "and model.safetensors)")
+        self.info: dict[str, Any] = read_labels(model_dir)  # before anything heavy loads
         transformers = import_transformers()
-        with open(os.path.join(model_dir, LABELS_FILE)) as f:
-            self.info: dict[str, Any] = json.load(f)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         self.model = transformers.AutoModelForSequenceClassification.from_pretrained(
