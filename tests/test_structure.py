@@ -50,6 +50,10 @@ ALLOWED = {
     # A trial's measurement is the study metric in the trainer's records, read as the
     # tracking step reads them (one reader of those records).
     ("tune/measure.py", "components.track.tracking"),
+    # The transformer step past one pod on Kubeflow: its launcher makes and runs the
+    # TrainJob with the TrainJob package's builder and launcher (which import no step).
+    ("train_transformer/multinode.py", "components.trainjob.spec"),
+    ("train_transformer/multinode.py", "components.trainjob.launcher"),
 }
 
 

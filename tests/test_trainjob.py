@@ -19,7 +19,8 @@ import pydantic
 import pytest
 
 from components.train_transformer import distributed
-from components.trainjob import launcher, node, spec
+from components.trainjob import contract as node
+from components.trainjob import launcher, spec
 from tests.kube_stub import KubeStub, Plan, condition
 
 NS = "kubeflow-user"

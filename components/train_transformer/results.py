@@ -79,3 +79,40 @@ def write_outputs(model_dir: str, result: dict[str, Any],
     write_result_files(model_dir, result, text_column, config.threshold, framework=FRAMEWORK,
                        arch=result["run"]["arch"], model_name=config.model_name,
                        max_length=config.max_length)
+
+
+def record_outputs(result: dict[str, Any], model, metrics, dataset_dir: str,
+                   config: TransformerConfig, model_fingerprint: str) -> None:
+    """What the training step reports of the model folder it made: the validation scalars
+    in `metrics` and the model's metadata (framework, labels, provenance, files).
+
+    The one-pod component (`component.train_transformer_classifier`) does the same inline:
+    KFP compiles a component's own source, and the compiled single-pod files stay as they
+    were; the TrainJob launcher (`train_transformer_trainjob`) calls this.
+
+    Args:
+        result: The training result (the model's metrics.json).
+        model: The step's `Output[Model]`, the model folder at its `path`.
+        metrics: The step's `Output[Metrics]`.
+        dataset_dir: The preparation step's folder (its manifest fingerprints the data).
+        config: The run's settings.
+        model_fingerprint: The preflight's digest of a `model_name` folder.
+    """
+    import dataclasses
+
+    from components.common.provenance import provenance
+    from components.prepare_text.contract import MANIFEST
+    from components.text_common.scores import validation_scalars
+
+    for name, value in validation_scalars(result).items():
+        metrics.log_metric(name, float(value))
+    model.metadata.update({
+        "framework": "transformers",
+        "arch": result["run"]["arch"],
+        "task": result["task"],
+        "labels": result["labels"],
+        "model_fingerprint": model_fingerprint,
+        "learnt_nothing": result["run"]["learnt_nothing"] or "",
+        "files": sorted(os.listdir(model.path)),
+        **provenance(os.path.join(dataset_dir, MANIFEST), dataclasses.asdict(config)),
+    })

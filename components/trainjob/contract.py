@@ -1,4 +1,6 @@
-"""One node of a TrainJob: Trainer's torchrun settings as the transformer trainer reads them.
+"""The node contract of a TrainJob: Trainer's torchrun settings as the trainer reads them.
+
+A contract (what a node is given), so a step's node entry point may import it.
 
 Trainer 2.3's `torch-distributed` runtime gives each node's `node` container (its
 `pkg/runtime/framework/plugins/torch/torch.go`, names in `pkg/constants`):

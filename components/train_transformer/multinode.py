@@ -1,0 +1,199 @@
+"""The transformer step past one pod on Kubeflow: the launcher's side of the TrainJob.
+
+With `--target kubeflow` and `--train-transformer-replica-count N` (N > 1) the training
+step is a small pod without GPUs (`component.train_transformer_trainjob`) that:
+
+1. stages the dataset where the nodes can read it: the preparation step's artifact URI
+   when it is s3:// or gs://, else (KFP's own store, `minio://`, which a node has no
+   credentials for) a copy under the checkpoint root;
+2. builds the TrainJob of N nodes (`components.trainjob.spec`: Kubeflow Trainer 2.3), each
+   running `python -m components.train_transformer.node` in the step's image with the
+   compiled node settings (`NodeSettings`), owned by the launcher pod (KFP's executor gets
+   its name and uid as `KFP_POD_NAME` and `KFP_POD_UID`, 2.14 on: `backend/src/v2/
+   compiler/argocompiler/common.go`, `commonEnvs`);
+3. runs it with `components.trainjob.launcher.launch` (one job of the task at a time,
+   node 0's log in the step's, deleted on the way out), in-cluster with the pod's
+   service account;
+4. copies the model node 0 uploaded into the step's `Output[Model]` and hands back its
+   metrics.json (the training result) for the step to report as one pod does.
+
+The job's name comes from the model's URI (unique to the run and the task) and the pod's
+uid (each retry of the step a new one): a retried step deletes the earlier attempt's job
+(labelled with the task) before creating its own, whose nodes resume from the checkpoints
+the earlier ones sealed under the same task folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from components.common.storage import MOUNTED_VARIABLE, is_remote
+from components.text_common.contract import TRAINING_METRICS_FILE
+from components.train_transformer.node import COMMAND, copy_folder
+from components.trainjob import launcher, spec
+
+# The namespace of the pod's service account (every pod that has one has this file).
+NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+# KFP's executor container gets these (the downward API), 2.14 on.
+POD_NAME, POD_UID = "KFP_POD_NAME", "KFP_POD_UID"
+# The label every TrainJob of one task carries, all attempts (launcher.launch's selector).
+TASK_LABEL = "vertex-gpu-pipelines/task"
+TASK = "train-transformer"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSettings:
+    """The TrainJob's nodes, as compiled into the launcher's inputs.
+
+    Attributes:
+        num_nodes: Nodes (pods, one machine each).
+        procs_per_node: Processes per node (`numProcPerNode`): its GPUs, or 1.
+        gpus: GPUs per node; 0 for CPU nodes.
+        cpu: CPU per node (a Kubernetes quantity; requests = limits).
+        memory: Memory per node.
+        shm: Size of each node's memory-backed /dev/shm; empty: the container's own.
+        node_selector: Node labels the nodes must have.
+        tolerations: Tolerations of the nodes, as a pod's.
+        image_pull_secrets: Secrets the nodes pull the image with.
+        storage_secret: Secret whose `secret_keys` the nodes get as variables; empty: none.
+        secret_keys: Its keys.
+        runtime: The ClusterTrainingRuntime (`torch-distributed`).
+        image: The nodes' image (the step's own).
+        checkpoint_root: gs:// or s3:// folder of checkpoints, logs, the model and the
+            staged dataset.
+        s3_endpoint: The S3 API's URL (MinIO, Ceph); empty: AWS.
+        deadline_seconds: Longest the job may run.
+    """
+
+    num_nodes: int
+    procs_per_node: int
+    gpus: int
+    cpu: str
+    memory: str
+    shm: str = ""
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    image_pull_secrets: Sequence[str] = ()
+    storage_secret: str = ""
+    secret_keys: Sequence[str] = spec.S3_SECRET_KEYS
+    runtime: str = spec.DEFAULT_RUNTIME
+    image: str = ""
+    checkpoint_root: str = ""
+    s3_endpoint: str = ""
+    deadline_seconds: int | None = None
+
+
+def task_folder(model_path: str) -> list[str]:
+    """The two folders before an output's name in KFP's path (`.../<run>/<task>/model`):
+    the model's task, as `storage.run_folder` names the checkpoint folder."""
+    return os.path.normpath(model_path).split(os.sep)[-3:-1]
+
+
+def node_environment(settings: NodeSettings) -> dict[str, str]:
+    """The plain variables of every node: no bucket mounted, the S3 endpoint."""
+    env = {MOUNTED_VARIABLE: "0"}
+    if settings.s3_endpoint:
+        env["AWS_ENDPOINT_URL_S3"] = settings.s3_endpoint
+    return env
+
+
+def node_arguments(dataset_uri: str, model_uri: str, config: Mapping[str, Any],
+                   checkpoint_root: str, tensorboard_dir: str = "") -> list[str]:
+    """The arguments of `python -m components.train_transformer.node`."""
+    args = ["--dataset-uri", dataset_uri, "--model-uri", model_uri,
+            "--config", json.dumps(dict(config), sort_keys=True),
+            "--checkpoint-root", checkpoint_root]
+    return args + (["--tensorboard-dir", tensorboard_dir] if tensorboard_dir else [])
+
+
+def trainjob(settings: NodeSettings, *, dataset_uri: str, model_uri: str,
+             config: Mapping[str, Any], tensorboard_dir: str, namespace: str,
+             environ: Mapping[str, str]) -> tuple[dict[str, Any], str]:
+    """The TrainJob of this attempt and the label selector of every job of the task.
+
+    Args:
+        environ: The launcher's environment: `KFP_POD_NAME` and `KFP_POD_UID` name the
+            attempt and own the job (without them, as outside KFP, attempt 0, no owner).
+    """
+    digest = hashlib.sha256(f"{model_uri}\0{TASK}".encode()).hexdigest()[:16]
+    pod, uid = environ.get(POD_NAME, ""), environ.get(POD_UID, "")
+    name = spec.trainjob_name(model_uri, TASK, uid or 0)
+    manifest = spec.trainjob_manifest(
+        name=name, namespace=namespace, image=settings.image, command=COMMAND,
+        args=node_arguments(dataset_uri, model_uri, config, settings.checkpoint_root,
+                            tensorboard_dir),
+        num_nodes=settings.num_nodes, procs_per_node=settings.procs_per_node,
+        gpus=settings.gpus, cpu=settings.cpu, memory=settings.memory, shm=settings.shm,
+        env=node_environment(settings), storage_secret=settings.storage_secret,
+        secret_keys=tuple(settings.secret_keys), node_selector=settings.node_selector,
+        tolerations=settings.tolerations, image_pull_secrets=settings.image_pull_secrets,
+        labels={TASK_LABEL: digest}, owner_pod=pod if uid else "", owner_uid=uid if pod else "",
+        runtime=settings.runtime, active_deadline_seconds=settings.deadline_seconds)
+    return manifest, f"{TASK_LABEL}={digest}"
+
+
+def stage_dataset(dataset_uri: str, dataset_path: str, root: str, task: Sequence[str]) -> str:
+    """Where the nodes read the dataset: its URI when on s3:// or gs://, else a copy of
+    the launcher's local folder under `<root>/datasets/<run>/<task>`."""
+    if is_remote(dataset_uri):
+        return dataset_uri
+    staged = "/".join([root.rstrip("/"), "datasets", *task, "dataset"])
+    copy_folder(dataset_path, staged)
+    return staged
+
+
+def _namespace() -> str:
+    with open(NAMESPACE_FILE) as f:
+        return f.read().strip()
+
+
+def train_on_nodes(settings: NodeSettings, *, dataset_uri: str, dataset_path: str,
+                   model_path: str, config: Mapping[str, Any], tensorboard_dir: str = "",
+                   api=None, namespace: str | None = None,
+                   environ: Mapping[str, str] | None = None,
+                   write: Callable[[str], None] | None = None,
+                   timing: launcher.Timing | None = None) -> dict[str, Any]:
+    """Runs the training as a TrainJob; returns its result with the model in `model_path`.
+
+    Args:
+        settings: The nodes.
+        dataset_uri, dataset_path: The dataset input's URI and local path.
+        model_path: The step's `Output[Model]` path.
+        config: `TransformerConfig`'s fields.
+        tensorboard_dir: The step's TensorBoard folder; empty: under the checkpoint root.
+        api: A `kubernetes.client.ApiClient`; None: in-cluster (the pod's account).
+        namespace: The job's namespace; None: the pod's.
+        environ: The launcher's environment; `os.environ` when None.
+        write: Where the launcher's lines go (stdout when None).
+        timing: The launcher's polling; its defaults when None.
+
+    Returns:
+        The training result (the model's metrics.json).
+
+    Raises:
+        components.trainjob.launcher.TrainJobError: The job failed or was cancelled.
+    """
+    environ = os.environ if environ is None else environ
+    task = task_folder(model_path)
+    root = settings.checkpoint_root.rstrip("/")
+    model_uri = "/".join([root, "models", *task, "model"])
+    staged = stage_dataset(dataset_uri, dataset_path, root, task)
+    manifest, selector = trainjob(settings, dataset_uri=staged, model_uri=model_uri,
+                                  config=config, tensorboard_dir=tensorboard_dir,
+                                  namespace=namespace or _namespace(), environ=environ)
+    if api is None:
+        from kubernetes import client
+        from kubernetes import config as kube_config
+
+        kube_config.load_incluster_config()
+        api = client.ApiClient()
+    launcher.launch(api, manifest, task_selector=selector, write=write,
+                    timing=timing or launcher.Timing())
+    copy_folder(model_uri, model_path)
+    with open(os.path.join(model_path, TRAINING_METRICS_FILE)) as f:
+        return json.load(f)

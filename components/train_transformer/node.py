@@ -1,0 +1,188 @@
+"""One node of the transformer step's TrainJob: the trainer as a Kubeflow Trainer node runs it.
+
+    python -m components.train_transformer.node --dataset-uri URI --model-uri URI \
+        --config JSON [--checkpoint-root URI] [--tensorboard-dir URI]
+
+Past one pod on Kubeflow the training step is a launcher (`multinode`) that creates a
+TrainJob (Kubeflow Trainer 2.3, `components.trainjob`) whose every node runs this command
+in the step's own image. A node is no KFP pod: nothing downloads its inputs or uploads its
+outputs, so it reads and writes the object store itself:
+
+1. the `PET_*` variables Trainer's `torch-distributed` runtime sets are mapped onto what
+   the trainer reads (`components.trainjob.contract.torchrun_environment`), and the
+   processes to start from `PET_NPROC_PER_NODE` (`processes_per_node`);
+2. the dataset (the preparation step's folder, s3://, gs:// or local) is fetched;
+3. `launch.train` trains on every process of every node, as one pod's launcher does on
+   Vertex replicas, its checkpoints under `--checkpoint-root` (`AIP_CHECKPOINT_DIR`) in
+   the folder of the model's task (the model URI's `<run>/<task>/model`, as a KFP step's
+   output path names it), so a node started again resumes from the last sealed one;
+4. node 0 (rank 0, which writes every output) uploads the model folder to `--model-uri`,
+   where the launcher copies it into its `Output[Model]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
+
+from components.common.storage import MOUNTED_VARIABLE, filesystem, is_remote
+from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
+from components.trainjob.contract import processes_per_node, torchrun_environment
+
+# The module a TrainJob node runs (`python -m ...`), as the launcher writes its command.
+COMMAND = ("python", "-m", "components.train_transformer.node")
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePlan:
+    """What one node does, read from its arguments and environment.
+
+    Attributes:
+        dataset_uri: The preparation step's folder.
+        model_uri: Where node 0 uploads the model folder.
+        config: The trainer's settings.
+        tensorboard_dir: TensorBoard folder; empty: `AIP_TENSORBOARD_LOG_DIR`'s.
+        environment: Variables to set before training: the trainer's torchrun variables
+            and the checkpoint and log folders.
+    """
+
+    dataset_uri: str
+    model_uri: str
+    config: TransformerConfig
+    tensorboard_dir: str
+    environment: Mapping[str, str]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m components.train_transformer.node",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset-uri", required=True, help="the preparation step's folder")
+    p.add_argument("--model-uri", required=True,
+                   help="s3://, gs:// or local folder node 0 writes the model to")
+    p.add_argument("--config", required=True, help="TransformerConfig's fields as one JSON object")
+    p.add_argument("--checkpoint-root", default="",
+                   help="gs:// or s3:// root of the checkpoints (<root>/checkpoints) and "
+                        "TensorBoard logs (<root>/tensorboard); empty: the environment's")
+    p.add_argument("--tensorboard-dir", default="", help="TensorBoard folder (the step's input)")
+    return p
+
+
+def read_config(text: str) -> TransformerConfig:
+    """`TransformerConfig` from a JSON object of its fields; refuses another field by name.
+
+    Raises:
+        TransformerTrainingError: Not a JSON object, a field the config has not, or a
+            value it refuses.
+    """
+    try:
+        values = json.loads(text)
+    except ValueError as err:
+        raise TransformerTrainingError(f"--config is not JSON: {err}") from err
+    if not isinstance(values, dict):
+        raise TransformerTrainingError(f"--config must be a JSON object, got {text[:80]!r}")
+    known = {field.name for field in dataclasses.fields(TransformerConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TransformerTrainingError(f"--config has {unknown}: not fields of "
+                                       f"TransformerConfig ({sorted(known)})")
+    return TransformerConfig(**values)
+
+
+def plan(argv: Sequence[str], environ: Mapping[str, str]) -> NodePlan:
+    """The node's plan from its command line and environment.
+
+    Raises:
+        TransformerTrainingError: A bad `--config`.
+        components.trainjob.contract.NodeEnvironmentError: Trainer's `PET_*` variables
+            are incomplete or malformed.
+        SystemExit: A missing or unknown argument (argparse's message).
+    """
+    args = parser().parse_args(list(argv))
+    environment = dict(torchrun_environment(environ))
+    root = args.checkpoint_root.rstrip("/")
+    if root:
+        # the trainers' own contract (Vertex's names), as the one-pod step is given it
+        environment.setdefault("AIP_CHECKPOINT_DIR", f"{root}/checkpoints")
+        environment.setdefault("AIP_TENSORBOARD_LOG_DIR", f"{root}/tensorboard")
+    if is_remote(root) or is_remote(args.model_uri):
+        environment.setdefault(MOUNTED_VARIABLE, "0")  # no bucket is mounted on a node
+    return NodePlan(args.dataset_uri, args.model_uri.rstrip("/"), read_config(args.config),
+                    args.tensorboard_dir, environment)
+
+
+def copy_folder(source: str, target: str) -> None:
+    """Copies the folder `source` to `target` (each s3://, gs:// or local), replacing
+    what `target` held (an earlier attempt's files)."""
+    if is_remote(source) and is_remote(target):
+        raise ValueError(f"copy {source} to {target}: one side must be local")
+    if not is_remote(target):
+        shutil.rmtree(target, ignore_errors=True)
+        if is_remote(source):
+            fs, path = filesystem(source)
+            fs.get(path.rstrip("/") + "/", target.rstrip("/") + "/", recursive=True)
+        else:
+            shutil.copytree(source, target)
+        return
+    fs, path = filesystem(target)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+    fs.put(source.rstrip("/") + "/", path.rstrip("/") + "/", recursive=True)
+
+
+def local_model_dir(model_uri: str, scratch: str) -> str:
+    """The node's model folder: `scratch` + the URI's last three parts (`<run>/<task>/
+    model`), so the trainer's checkpoint folder (`storage.run_folder`, the two parts
+    before the output's name) is the model's task's, on every node and every attempt."""
+    parts = [part for part in model_uri.rstrip("/").split("/") if part][-3:]
+    return os.path.join(scratch, *parts)
+
+
+def run(plan_: NodePlan, environ: MutableMapping[str, str], scratch: str) -> dict[str, Any] | None:
+    """Trains this node's processes; node 0 uploads the model. Returns node 0's result.
+
+    Args:
+        plan_: The node's plan.
+        environ: The process environment (`os.environ`): the plan's variables are set in
+            it, for the processes torch's launcher starts.
+        scratch: A local folder for the dataset and the model.
+    """
+    from components.train_transformer import launch
+
+    environ.update(plan_.environment)
+    dataset = plan_.dataset_uri
+    if is_remote(dataset):
+        dataset = os.path.join(scratch, "dataset")
+        copy_folder(plan_.dataset_uri, dataset)
+    model_dir = local_model_dir(plan_.model_uri, scratch)
+    os.makedirs(model_dir, exist_ok=True)
+    gpus = processes_per_node(environ, _visible_gpus())
+    result = launch.train(dataset, model_dir, plan_.config, environ=environ, gpus=gpus,
+                          tensorboard_folder=plan_.tensorboard_dir or None)
+    if result is not None:  # node 0: rank 0 wrote the model here
+        copy_folder(model_dir, plan_.model_uri)
+        print(f"[node] model uploaded to {plan_.model_uri}", flush=True)
+    return result
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    node_plan = plan(sys.argv[1:] if argv is None else argv, os.environ)
+    with tempfile.TemporaryDirectory(prefix="trainjob-node-") as scratch:
+        run(node_plan, os.environ, scratch)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The transformer step past one pod on Kubeflow, wired (issue 57): the node entry point,
+the launcher step against the loopback Kubernetes API stub, and the compiled launcher.
+
+No training here (the node's `launch.train` is replaced by one that writes a model folder
+as rank 0 does); `pytest -k trainjob` runs these with tests/test_trainjob.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from components.train_transformer import launch, multinode, node
+from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
+from components.trainjob import launcher, spec
+from components.trainjob.contract import NodeEnvironmentError
+from tests.kube_stub import Plan, condition
+
+NS = "kubeflow-user"
+FAST = launcher.Timing(poll_seconds=0.05, clear_seconds=5, log_grace_seconds=5)
+PET = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1",
+       "PET_MASTER_ADDR": "tj-x-node-0-0.tj-x", "PET_MASTER_PORT": "29500"}
+CONFIG = {"model_name": "./tiny", "epochs": 2, "batch_size": 4}
+
+
+def _argv(**changes) -> list[str]:
+    values = {"--dataset-uri": "s3://data/run/prepare/dataset",
+              "--model-uri": "s3://ckpt/models/run-7/train-transformer/model",
+              "--config": json.dumps(CONFIG), "--checkpoint-root": "s3://ckpt", **changes}
+    return [item for key, value in values.items() if value is not None
+            for item in (key, value)]
+
+
+def test_trainjob_node_plan_reads_its_arguments_and_maps_trainers_environment():
+    plan = node.plan(_argv(), PET)
+    assert plan.config == TransformerConfig(**CONFIG)
+    assert plan.dataset_uri == "s3://data/run/prepare/dataset"
+    assert plan.environment == {
+        "MASTER_ADDR": "tj-x-node-0-0.tj-x", "MASTER_PORT": "29500", "WORLD_SIZE": "2",
+        "RANK": "1", "AIP_CHECKPOINT_DIR": "s3://ckpt/checkpoints",
+        "AIP_TENSORBOARD_LOG_DIR": "s3://ckpt/tensorboard", "OBJECT_STORE_MOUNTED": "0"}
+    assert node.local_model_dir(plan.model_uri, "/scratch") == \
+        "/scratch/run-7/train-transformer/model"  # the task's checkpoint folder, every node
+    alone = node.plan(_argv(**{"--checkpoint-root": None, "--model-uri": "/out/r/t/model"}),
+                      {})
+    assert alone.environment == {}  # not a Trainer node, nothing remote: nothing to set
+
+
+@pytest.mark.parametrize("config, words", [
+    ("[1]", "a JSON object"), ("{", "not JSON"), ('{"epoch": 2}', "'epoch'"),
+    ('{"epochs": 0}', "epochs must be >= 1")])
+def test_trainjob_node_refuses_a_config_naming_what_is_wrong(config, words):
+    with pytest.raises(TransformerTrainingError, match=words):
+        node.plan(_argv(**{"--config": config}), PET)
+
+
+def test_trainjob_node_refuses_an_incomplete_trainer_environment_and_missing_arguments():
+    with pytest.raises(NodeEnvironmentError, match="PET_NODE_RANK"):
+        node.plan(_argv(), {k: v for k, v in PET.items() if k != "PET_NODE_RANK"})
+    with pytest.raises(SystemExit):
+        node.plan(_argv(**{"--model-uri": None}), PET)
+
+
+def _fake_train(calls: list, rank: int):
+    def train(dataset_dir, model_dir, config, environ=None, gpus=None, **kwargs):
+        calls.append({"dataset": sorted(os.listdir(dataset_dir)), "model_dir": model_dir,
+                      "gpus": gpus, "rank": environ["RANK"], "config": config, **kwargs})
+        if rank:
+            return None
+        with open(os.path.join(model_dir, "metrics.json"), "w") as f:
+            json.dump({"ok": 1}, f)
+        return {"ok": 1}
+    return train
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_trainjob_node_runs_the_trainer_and_node0_uploads_the_model(tmp_path, monkeypatch,
+                                                                    rank):
+    dataset = tmp_path / "data"
+    dataset.mkdir()
+    (dataset / "train.csv").write_text("text,label\n")
+    calls: list = []
+    monkeypatch.setattr(launch, "train", _fake_train(calls, rank))
+    monkeypatch.setattr(node, "_visible_gpus", lambda: 0)
+    model_uri = str(tmp_path / "store" / "run-7" / "train" / "model")
+    (tmp_path / "store" / "run-7" / "train" / "model").mkdir(parents=True)
+    (tmp_path / "store" / "run-7" / "train" / "model" / "stale.bin").write_text("old")
+    plan = node.plan(_argv(**{"--dataset-uri": str(dataset), "--model-uri": model_uri,
+                              "--checkpoint-root": None}), {**PET, "PET_NODE_RANK": str(rank)})
+    environ: dict[str, str] = dict(PET)
+    result = node.run(plan, environ, str(tmp_path / "scratch"))
+    [call] = calls
+    assert call["gpus"] == 2 and call["rank"] == str(rank)  # PET_NPROC_PER_NODE on CPU
+    assert call["dataset"] == ["train.csv"] and call["tensorboard_folder"] is None
+    assert call["model_dir"].endswith("/run-7/train/model")
+    assert environ["WORLD_SIZE"] == "2"  # set for the processes torch's launcher starts
+    uploaded = sorted(os.listdir(model_uri))
+    assert (result, uploaded) == (({"ok": 1}, ["metrics.json"]) if rank == 0
+                                  else (None, ["stale.bin"]))
+
+
+@pytest.fixture
+def kube():
+    from kubernetes import client
+
+    from tests.kube_stub import KubeStub
+
+    stub = KubeStub().start()
+    configuration = client.Configuration()
+    configuration.host = stub.host
+    api = client.ApiClient(configuration)
+    yield stub, api
+    api.close()
+    stub.stop()
+
+
+SETTINGS = multinode.NodeSettings(
+    num_nodes=2, procs_per_node=2, gpus=1, cpu="6.9", memory="24Gi", shm="6Gi",
+    node_selector={"nvidia.com/gpu.product": "Tesla-T4"},
+    tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    image_pull_secrets=["regcred"], storage_secret="s3-keys", image="registry/fastai:1",
+    s3_endpoint="http://minio:9000", deadline_seconds=3600)
+
+
+def _launcher_files(tmp_path, root: str):
+    dataset = tmp_path / "minio" / "run-7" / "prepare-text" / "dataset"
+    dataset.mkdir(parents=True)
+    (dataset / "manifest.json").write_text("{}")
+    model_path = str(tmp_path / "minio" / "run-7" / "train-transformer" / "model")
+    uploaded = os.path.join(root, "models", "run-7", "train-transformer", "model")
+    return dataset, model_path, uploaded
+
+
+def test_trainjob_launcher_step_runs_the_job_and_copies_node0s_model(tmp_path, kube):
+    stub, api = kube
+    root = str(tmp_path / "ckpt")
+    dataset, model_path, uploaded = _launcher_files(tmp_path, root)
+    os.makedirs(uploaded)  # as node 0 would have uploaded it
+    with open(os.path.join(uploaded, "metrics.json"), "w") as f:
+        json.dump({"task": "multi_label"}, f)
+    settings = multinode.NodeSettings(**{**SETTINGS.__dict__, "checkpoint_root": root})
+    environ = {"KFP_POD_NAME": "run-7-train-transformer-launcher", "KFP_POD_UID": "uid-1"}
+    manifest, _ = multinode.trainjob(settings, dataset_uri="d", model_uri=uploaded, config={},
+                                     tensorboard_dir="", namespace=NS, environ=environ)
+    stub.plans[manifest["metadata"]["name"]] = Plan(
+        conditions=[[], [condition("Complete", "JobsCompleted", "done")]], log=["epoch 1"])
+    lines: list[str] = []
+    result = multinode.train_on_nodes(
+        settings, dataset_uri="minio://mlpipeline/v2/run-7/prepare-text/dataset",
+        dataset_path=str(dataset), model_path=model_path, config=CONFIG, api=api,
+        namespace=NS, environ=environ, write=lines.append, timing=FAST)
+    assert result == {"task": "multi_label"}
+    assert os.listdir(model_path) == ["metrics.json"]
+    [create] = stub.calls("POST")
+    job = create[3]
+    spec.validate_manifest(job)
+    assert job["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod",
+                                                   "name": environ["KFP_POD_NAME"],
+                                                   "uid": "uid-1"}]
+    trainer = job["spec"]["trainer"]
+    assert trainer["command"] == list(node.COMMAND) and trainer["numNodes"] == 2
+    staged = os.path.join(root, "datasets", "run-7", "train-transformer", "dataset")
+    assert os.listdir(staged) == ["manifest.json"]  # minio:// is no store a node reads
+    args = dict(zip(trainer["args"][::2], trainer["args"][1::2]))
+    assert args["--dataset-uri"] == staged and args["--model-uri"] == uploaded
+    assert json.loads(args["--config"]) == CONFIG and args["--checkpoint-root"] == root
+    env = {e["name"]: e.get("value") or e["valueFrom"]["secretKeyRef"]["key"]
+           for e in trainer["env"]}
+    assert env == {"OBJECT_STORE_MOUNTED": "0", "AWS_ENDPOINT_URL_S3": "http://minio:9000",
+                   "EXPECTED_GPU_COUNT": "1", "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
+                   "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+    [listing] = [r for r in stub.calls("GET", "/trainjobs") if "labelSelector" in r[2]]
+    assert listing[2]["labelSelector"].startswith(multinode.TASK_LABEL + "=")
+    assert "epoch 1" in lines and len(stub.calls("DELETE")) == 1
+
+
+def test_trainjob_launcher_step_fails_with_the_jobs_reason_and_copies_nothing(tmp_path,
+                                                                              kube):
+    stub, api = kube
+    root = str(tmp_path / "ckpt")
+    dataset, model_path, uploaded = _launcher_files(tmp_path, root)
+    settings = multinode.NodeSettings(**{**SETTINGS.__dict__, "checkpoint_root": root})
+    manifest, _ = multinode.trainjob(settings, dataset_uri="d", model_uri=uploaded, config={},
+                                     tensorboard_dir="", namespace=NS, environ={})
+    stub.plans[manifest["metadata"]["name"]] = Plan(
+        conditions=[[condition("Failed", "FailedJobs", "node-1 OOMKilled")]])
+    with pytest.raises(launcher.TrainJobFailed, match="node-1 OOMKilled"):
+        multinode.train_on_nodes(settings, dataset_uri="s3://data/d", dataset_path=str(dataset),
+                                 model_path=model_path, config=CONFIG, api=api, namespace=NS,
+                                 environ={}, write=lambda line: None, timing=FAST)
+    assert not os.path.exists(model_path) and not os.path.exists(os.path.join(root, "datasets"))
+    assert len(stub.calls("DELETE")) == 1
