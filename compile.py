@@ -66,7 +66,7 @@ VERTEX_ONLY = ("restart_job_on_worker_restart", "service_account", "network", "e
                  for field in ("scheduling_strategy", "max_wait", "reservation")))
 KUBEFLOW_ONLY = ("gpu_node_label", "gpu_product", "spot_node_selector", "spot_toleration",
                  "image_pull_secret", "checkpoint_root", "storage_secret", "s3_endpoint",
-                 "training_retries", "tune_seed",
+                 "training_retries", "tune_seed", "trainjob_runtime",
                  *(f"{step}_{field}" for step in DEFAULT_MACHINES
                    for field in ("cpu", "memory", "shm_size")))
 # Pipeline kinds with a tuning variant, and the machine table's step their trials run on.
@@ -203,6 +203,10 @@ def add_kubeflow_options(parser_: argparse.ArgumentParser) -> None:
                         "reclaim without graceful shutdown) is not retried by Argo: retry "
                         "the run (pipelines.submit --retry RUN_ID, or the UI). Each retry "
                         "re-bills its GPUs, and bad data fails again")
+    k.add_argument("--trainjob-runtime", default=kubeflow.DEFAULT_TRAINJOB_RUNTIME,
+                   metavar="NAME", help="ClusterTrainingRuntime of the TrainJob the "
+                   "transformer step creates with --train-transformer-replica-count > 1 "
+                   "(Kubeflow Trainer 2.3; docs/kubeflow.md)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -308,7 +312,13 @@ def other_target_options(args: argparse.Namespace) -> list[str]:
 def kubeflow_settings(args: argparse.Namespace) -> kubeflow.KubeflowSettings:
     """The Kubeflow target's settings; exits naming every option at fault."""
     values, machines = vars(args), step_machines(args)
-    problems = other_target_options(args) + kubeflow.replica_problems(machines)
+    tuned = tuple(TUNED_KINDS[name[:-len("_tuning_pipeline")]]
+                  for name in chosen_pipelines(args) if PIPELINES[name][2])
+    problems = other_target_options(args) + kubeflow.replica_problems(
+        machines, args.checkpoint_root, tuned)
+    if not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", args.trainjob_runtime):
+        problems.append(f"--trainjob-runtime {args.trainjob_runtime!r} is not a runtime name "
+                        "(lowercase letters, digits, - and .)")
     pods, spot = {}, {}
     for step, machine in machines.items():
         try:
@@ -351,7 +361,9 @@ def kubeflow_settings(args: argparse.Namespace) -> kubeflow.KubeflowSettings:
         pods=pods, gpu_label=label, gpu_products=products, spot=args.spot, **spot,
         image_pull_secrets=tuple(args.image_pull_secret), timeout_seconds=args.step_timeout,
         checkpoint_root=args.checkpoint_root, storage_secret=args.storage_secret,
-        s3_endpoint=args.s3_endpoint, training_retries=args.training_retries)
+        s3_endpoint=args.s3_endpoint, training_retries=args.training_retries,
+        nodes={step: machine.replica_count for step, machine in machines.items()
+               if machine.replica_count > 1}, trainjob_runtime=args.trainjob_runtime)
 
 
 def target_settings(args: argparse.Namespace):

@@ -192,3 +192,104 @@ def test_trainjob_launcher_step_fails_with_the_jobs_reason_and_copies_nothing(tm
                                  environ={}, write=lambda line: None, timing=FAST)
     assert not os.path.exists(model_path) and not os.path.exists(os.path.join(root, "datasets"))
     assert len(stub.calls("DELETE")) == 1
+
+
+TRAINJOB_FLAGS = ("--target", "kubeflow", "--pipelines", "transformer_pipeline",
+                  "--registry", "registry.example.com/ml", "--tag", "0a1b2c3",
+                  "--train-transformer-replica-count", "2", "--checkpoint-root",
+                  "s3://ckpt/runs", "--storage-secret", "s3-keys", "--s3-endpoint",
+                  "http://minio-service.kubeflow:9000", "--spot", "--image-pull-secret",
+                  "regcred", "--training-retries", "2")
+
+
+def _compiled(tmp_path, *flags):
+    import yaml
+
+    import compile as compile_cli
+
+    assert compile_cli.main([*flags, "--output-dir", str(tmp_path)]) == 0
+    return list(yaml.safe_load_all((tmp_path / "transformer_pipeline.yaml").read_text()))
+
+
+def test_trainjob_compiled_launcher_holds_no_gpu_and_its_inputs_make_a_two_node_job(tmp_path):
+    spec_, platform = _compiled(tmp_path, *TRAINJOB_FLAGS)
+    executors = spec_["deploymentSpec"]["executors"]
+    assert "exec-train-transformer-classifier" not in executors
+    container = executors["exec-train-transformer-trainjob"]["container"]
+    assert "resources" not in container  # no GPU, CPU or memory of its own: a light pod
+    assert container["image"] == "registry.example.com/ml/fastai:0a1b2c3"
+    pod = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
+        "exec-train-transformer-trainjob"]
+    assert not {"nodeSelector", "tolerations", "emptyDirMounts"} & set(pod)
+    assert [s["secretName"] for s in pod["secretAsEnv"]] == ["s3-keys"]
+    task = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]
+    assert task["taskInfo"]["name"] == "train-transformer"
+    assert task["retryPolicy"]["maxRetryCount"] == 2  # a retry starts a new TrainJob
+    inputs = {name: value["runtimeValue"]["constant"]
+              for name, value in task["inputs"]["parameters"].items() if "runtimeValue" in value}
+    settings = multinode.NodeSettings(
+        num_nodes=int(inputs["num_nodes"]), procs_per_node=int(inputs["procs_per_node"]),
+        gpus=int(inputs["gpus_per_node"]), cpu=inputs["cpu_per_node"],
+        memory=inputs["memory_per_node"], shm=inputs["shm_per_node"],
+        node_selector=inputs["node_selector"], tolerations=inputs["tolerations"],
+        image_pull_secrets=inputs["image_pull_secrets"],
+        storage_secret=inputs["storage_secret"], secret_keys=inputs["storage_secret_keys"],
+        runtime=inputs["runtime"], image=inputs["node_image"],
+        checkpoint_root=inputs["checkpoint_root"], s3_endpoint=inputs["s3_endpoint"],
+        deadline_seconds=int(inputs["deadline_seconds"]))
+    assert (settings.num_nodes, settings.gpus, settings.procs_per_node) == (2, 1, 1)
+    assert settings.node_selector == {"nvidia.com/gpu.product": "Tesla-T4",
+                                      "cloud.google.com/gke-spot": "true"}
+    assert settings.runtime == "torch-distributed" and settings.image == container["image"]
+    manifest, _ = multinode.trainjob(
+        settings, dataset_uri="s3://ckpt/runs/datasets/r/t/dataset",
+        model_uri="s3://ckpt/runs/models/r/t/model", config=CONFIG, tensorboard_dir="",
+        namespace=NS, environ={"KFP_POD_NAME": "p", "KFP_POD_UID": "u"})
+    spec.validate_manifest(manifest)  # through kubeflow-trainer-api 2.3's models
+    trainer = manifest["spec"]["trainer"]
+    assert trainer["resourcesPerNode"]["limits"] == {"cpu": "6.9", "memory": "24Gi",
+                                                      "nvidia.com/gpu": "1"}
+    assert manifest["spec"]["runtimeRef"]["name"] == "torch-distributed"
+    assert manifest["spec"]["activeDeadlineSeconds"] == 604800
+
+
+def test_trainjob_runtime_is_a_kubeflow_option(tmp_path):
+    spec_, _ = _compiled(tmp_path, *TRAINJOB_FLAGS, "--trainjob-runtime", "torch-gpu")
+    task = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]
+    assert task["inputs"]["parameters"]["runtime"]["runtimeValue"]["constant"] == "torch-gpu"
+    import compile as compile_cli
+
+    with pytest.raises(SystemExit, match="--trainjob-runtime is a Kubeflow option"):
+        compile_cli.main(["--output-dir", str(tmp_path), "--trainjob-runtime", "x"])
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--train-image-replica-count", "2"], "no TensorFlow runtime"),
+    (["--train-text-replica-count", "2"], "fastai text trainer"),
+    (["--train-lm-replica-count", "2"], "fastai language model"),
+    (["--shard-replica-count", "2"], "race on its outputs"),
+    (["--pipelines", "transformer_tuning_pipeline", "--checkpoint-root", "s3://c",
+      "--train-transformer-replica-count", "2"], "trials stay one pod"),
+    (["--pipelines", "transformer_pipeline", "--train-transformer-replica-count", "2"],
+     "--checkpoint-root"),
+    (["--pipelines", "transformer_pipeline", "--checkpoint-root", "s3://c",
+      "--train-transformer-replica-count", "2", "--trainjob-runtime", "Torch!"],
+     "not a runtime name"),
+])
+def test_trainjob_replicas_refused_where_no_trainjob_runs_them_naming_why(tmp_path, flags,
+                                                                          words):
+    import compile as compile_cli
+
+    with pytest.raises(SystemExit, match=words):
+        compile_cli.main(["--target", "kubeflow", "--output-dir", str(tmp_path), *flags])
+
+
+def test_trainjob_launcher_takes_every_input_of_the_one_pod_trainer_alike():
+    import inspect
+
+    from components.train_transformer import component
+
+    one = inspect.signature(component.train_transformer_classifier).parameters
+    launcher_ = inspect.signature(component.train_transformer_trainjob).parameters
+    assert {name: (p.default, p.annotation) for name, p in one.items()} == {
+        name: (launcher_[name].default, launcher_[name].annotation) for name in one}

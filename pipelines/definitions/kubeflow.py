@@ -23,8 +23,10 @@ from typing import Any
 
 from components.common.gpus import EXPECTED_GPUS_VARIABLE
 from components.common.storage import MOUNTED_VARIABLE
+from components.trainjob.spec import DEFAULT_RUNTIME as DEFAULT_TRAINJOB_RUNTIME
 from pipelines.definitions.help_text import KUBEFLOW as KUBEFLOW_WORDS
 from pipelines.definitions.machine import GPU_MACHINES, TRAINING_STEPS, Machine
+from pipelines.definitions.trainjob import LAUNCHERS, ONE_POD, launcher_op
 
 # A Compute Engine machine type's vCPUs and memory (GiB), for the nodes a cluster on GKE
 # would run the step on, and as a size other clusters can read ("n1-standard-8": 8 cores,
@@ -246,6 +248,9 @@ class KubeflowSettings:
         training_retries: Times a training pod whose container failed is started again
             (it resumes from `checkpoint_root`), within `retry_window`; 0: a failure
             fails the run. Argo (2.14-2.16) does not retry a pod deleted with its node.
+        nodes: Steps run past one pod (a key of `trainjob.LAUNCHERS`) -> their nodes: the
+            step is a launcher pod without GPUs of a TrainJob of that many `pods[step]`.
+        trainjob_runtime: The ClusterTrainingRuntime those TrainJobs run on.
     """
 
     pods: Mapping[str, PodResources]
@@ -261,13 +266,18 @@ class KubeflowSettings:
     storage_secret: str = ""
     s3_endpoint: str = ""
     training_retries: int = 0
+    nodes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    trainjob_runtime: str = DEFAULT_TRAINJOB_RUNTIME
 
     # What `Steps` asks of a target (steps.Target; VertexSettings answers the same).
     default_job_account = ""
     words = KUBEFLOW_WORDS
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
-        """The component as it is: on Kubeflow a step is a pod (`place` sizes it)."""
+        """The component as it is: on Kubeflow a step is a pod (`place` sizes it); past one
+        pod (`nodes`), the launcher of its TrainJob (`trainjob.launcher_op`)."""
+        if self.nodes.get(step, 1) > 1:
+            return launcher_op(component, step, self)
         return component
 
     def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -346,7 +356,7 @@ class KubeflowSettings:
             # The trainers' own contract (Vertex's names); never the /gcs scratch folder.
             task.set_env_variable("AIP_CHECKPOINT_DIR", f"{root}/checkpoints")
             task.set_env_variable("AIP_TENSORBOARD_LOG_DIR", f"{root}/tensorboard")
-        if not step:
+        if not step or self.nodes.get(step, 1) > 1:  # a TrainJob's launcher holds no GPU
             return task
         pod = self.pods[step]
         task.set_cpu_request(pod.cpu).set_cpu_limit(pod.cpu)
@@ -366,6 +376,20 @@ class KubeflowSettings:
             for toleration in self.spot_tolerations:
                 kubernetes.add_toleration(task, **toleration)
         return task
+
+
+    def placement(self, pod: PodResources) -> tuple[dict[str, str], list[dict[str, str]]]:
+        """The node selector and tolerations `place` gives `pod` (its GPUs, the spot
+        pool), for the nodes of a TrainJob."""
+        selector, tolerations = {}, []
+        if pod.gpu_count:
+            if self.gpu_label:
+                selector[self.gpu_label] = self.gpu_products[pod.gpu_type]
+            tolerations.append(dict(GPU_TOLERATION))
+        if self.spot:
+            selector.update(dict(self.spot_selectors))
+            tolerations += [dict(toleration) for toleration in self.spot_tolerations]
+        return selector, tolerations
 
 
 def retry_window(retries: int, timeout_seconds: int) -> int:
@@ -428,12 +452,36 @@ def describe(step: str, pod: PodResources, settings: KubeflowSettings) -> str:
         where = (f" on {settings.gpu_label}={settings.gpu_products[pod.gpu_type]}"
                  if settings.gpu_label else " on any GPU node")
         gpus = f", {pod.gpu_count} x {GPU_RESOURCE} ({pod.gpu_type}){where}"
-    return f"{step}: cpu {pod.cpu}, memory {pod.memory} (/dev/shm {pod.shm}){gpus}"
+    nodes = settings.nodes.get(step, 1)
+    job = (f" x {nodes} nodes of a TrainJob ({settings.trainjob_runtime}), its launcher pod "
+           "without GPUs" if nodes > 1 else "")
+    return f"{step}: cpu {pod.cpu}, memory {pod.memory} (/dev/shm {pod.shm}){gpus}{job}"
 
 
-def replica_problems(machines: Mapping[str, Machine]) -> list[str]:
-    """Replicas past one pod, refused: KFP has no multi-pod step (Vertex's worker pools)."""
-    return [f"--{step.replace('_', '-')}-replica-count {machine.replica_count}: a Kubeflow "
-            "step is one pod, with all the GPUs of one node (MirroredStrategy or DDP inside "
-            f"it); past one node, see {DOCS} (Kubeflow Trainer for the PyTorch trainers)"
-            for step, machine in machines.items() if machine.replica_count > 1]
+def replica_problems(machines: Mapping[str, Machine], checkpoint_root: str = "",
+                     tuned: tuple[str, ...] = ()) -> list[str]:
+    """Replicas past one pod that cannot run: KFP has no multi-pod step, so only the steps
+    of `trainjob.LAUNCHERS` (the transformer trainer) go past one pod, as a Kubeflow
+    Trainer TrainJob, and only in the plain pipelines (`tuned`: the steps whose tuning
+    variant is compiled, refused: its trials stay one pod each), with `checkpoint_root`
+    (where the nodes keep their checkpoints and hand the model over)."""
+    problems = []
+    for step, machine in machines.items():
+        flag = f"--{step.replace('_', '-')}-replica-count {machine.replica_count}"
+        if machine.replica_count <= 1:
+            continue
+        if step not in LAUNCHERS:
+            why = ONE_POD.get(step, "a step that is no trainer: more pods would race on its "
+                                    "outputs")
+            problems.append(f"{flag}: a Kubeflow step is one pod here ({why}); use all the "
+                            f"GPUs of one node ({DOCS})")
+            continue
+        if step in tuned:
+            problems.append(f"{flag}: the tuning variant's trials stay one pod each, and a "
+                            "Kubeflow Trainer TrainJob runs the plain pipeline's training only: "
+                            "compile the tuning variant without replicas (--pipelines "
+                            f"transformer_pipeline leaves it out; {DOCS})")
+        if not checkpoint_root:
+            problems.append(f"{flag}: a TrainJob's nodes keep their checkpoints and hand the "
+                            "model over under --checkpoint-root (gs:// or s3://): give it")
+    return problems
