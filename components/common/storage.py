@@ -263,8 +263,16 @@ class Mirror:
         self.fs.rm(probe)
 
     def _pull(self) -> None:
-        if self.fs.isdir(self.root):
-            self.fs.get(self.root + "/", self.local + "/", recursive=True)
+        """Copies the remote folder here, less the temporaries in it: another process's
+        probe (`_probe`), which it may remove between this listing and the copy (a DDP
+        rank or another node pulling while rank 0 probes: NoSuchKey, not retried)."""
+        if not self.fs.isdir(self.root):
+            return
+        keys = [key for key in self.fs.find(self.root)
+                if not os.path.basename(key).startswith(TMP_PREFIX)]
+        if keys:
+            self.fs.get(keys, [os.path.join(self.local, key[len(self.root):].lstrip("/"))
+                               for key in keys])
 
     def _local_files(self) -> dict[str, tuple[int, int, int]]:
         files = {}

@@ -23,6 +23,7 @@ outputs, so it reads and writes the object store itself:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -38,6 +39,11 @@ from components.trainjob.contract import processes_per_node, torchrun_environmen
 
 # The module a TrainJob node runs (`python -m ...`), as the launcher writes its command.
 COMMAND = ("python", "-m", "components.train_transformer.node")
+# Where a node keeps the model folder: one path on every node and every attempt (not a
+# temporary folder's random name, nor under TMPDIR), because the trainer's run fingerprint
+# holds the model folder's path: a node or a later attempt that named it otherwise would
+# refuse the run's own checkpoints as another run's.
+MODEL_ROOT = "/tmp/trainjob-node"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,22 +142,26 @@ def copy_folder(source: str, target: str) -> None:
     fs.put(source.rstrip("/") + "/", path.rstrip("/") + "/", recursive=True)
 
 
-def local_model_dir(model_uri: str, scratch: str) -> str:
-    """The node's model folder: `scratch` + the URI's last three parts (`<run>/<task>/
+def local_model_dir(model_uri: str, root: str = MODEL_ROOT) -> str:
+    """The node's model folder: `root` + the URI's last three parts (`<run>/<task>/
     model`), so the trainer's checkpoint folder (`storage.run_folder`, the two parts
-    before the output's name) is the model's task's, on every node and every attempt."""
+    before the output's name) is the model's task's, and the folder's path (in the run's
+    fingerprint) the same, on every node and every attempt."""
     parts = [part for part in model_uri.rstrip("/").split("/") if part][-3:]
-    return os.path.join(scratch, *parts)
+    return os.path.join(root, *parts)
 
 
-def run(plan_: NodePlan, environ: MutableMapping[str, str], scratch: str) -> dict[str, Any] | None:
+def run(plan_: NodePlan, environ: MutableMapping[str, str], scratch: str,
+        model_root: str = MODEL_ROOT) -> dict[str, Any] | None:
     """Trains this node's processes; node 0 uploads the model. Returns node 0's result.
 
     Args:
         plan_: The node's plan.
         environ: The process environment (`os.environ`): the plan's variables are set in
             it, for the processes torch's launcher starts.
-        scratch: A local folder for the dataset and the model.
+        scratch: A local folder for the dataset.
+        model_root: Where the model folder is made (`local_model_dir`); node 0 removes
+            it once uploaded.
     """
     from components.train_transformer import launch
 
@@ -160,14 +170,17 @@ def run(plan_: NodePlan, environ: MutableMapping[str, str], scratch: str) -> dic
     if is_remote(dataset):
         dataset = os.path.join(scratch, "dataset")
         copy_folder(plan_.dataset_uri, dataset)
-    model_dir = local_model_dir(plan_.model_uri, scratch)
+    model_dir = local_model_dir(plan_.model_uri, model_root)
     os.makedirs(model_dir, exist_ok=True)
     gpus = processes_per_node(environ, _visible_gpus())
     result = launch.train(dataset, model_dir, plan_.config, environ=environ, gpus=gpus,
                           tensorboard_folder=plan_.tensorboard_dir or None)
     if result is not None:  # node 0: rank 0 wrote the model here
         copy_folder(model_dir, plan_.model_uri)
+        shutil.rmtree(model_dir, ignore_errors=True)
         print(f"[node] model uploaded to {plan_.model_uri}", flush=True)
+    with contextlib.suppress(OSError):  # the folders left empty (another node's: kept)
+        os.removedirs(model_dir if os.path.isdir(model_dir) else os.path.dirname(model_dir))
     return result
 
 
