@@ -1,0 +1,347 @@
+"""The TrainJob node contract rehearsed (issue 57, item 4): the launcher's TrainJob played on
+this machine as Kubeflow Trainer 2.3's `torch-distributed` runtime runs it
+(`tools.rehearsal.trainjob`), its nodes the real `python -m components.train_transformer.node`
+on CPU with gloo, two processes a node, against an S3 API on loopback (moto's server).
+
+Node 1 is lost once the first sealed checkpoint is in S3; the job fails (the runtime has no
+failure policy); the launcher's retry creates a new job of the same task, whose nodes all
+resume from that checkpoint; node 0 uploads the model, which is copied into the launcher's
+`Output[Model]`, evaluated on the test split and registered in MLflow with its KServe
+manifest, as the one-pod Kubeflow path does. `pytest -k trainjob` runs these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import shutil
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from components.train_transformer import multinode
+from components.train_transformer.node import MODEL_ROOT, copy_folder
+from components.trainjob.contract import torchrun_environment
+from tools.rehearsal import kubeflow_demo
+from tools.rehearsal.launcher import ObjectStore
+from tools.rehearsal.records import RehearsalError
+from tools.rehearsal.trainjob import COMPLETE, FAILED, TrainJobRun, container_env
+
+ROOT = "s3://checkpoints/root"
+SECRETS = {kubeflow_demo.SECRET: dict(kubeflow_demo.CREDENTIALS)}
+TASK = "train-transformer"
+# The tiny BERT from scratch at test_train_transformer's settings; a checkpoint each epoch.
+CONFIG = {"model_name": "s3://datasets/encoders/tiny", "epochs": 3, "batch_size": 8,
+          "learning_rate": 1e-3, "max_length": 48, "early_stopping_patience": 0}
+
+# Put on the nodes' PYTHONPATH as sitecustomize.py, so that every process of a node (torch's
+# spawned workers too) records the checkpoint files it reads (`TRAINJOB_AUDIT`), and, where
+# `TRAINJOB_HOLD` is set, a worker stops at its second checkpoint (its os.makedirs of the
+# folder, before it saves its part there) until it is killed: the job can then seal its
+# first checkpoint and no other, however fast or slow this machine is when the kill lands.
+HOOK = r'''
+import json, os, re, sys, time
+
+_audit_folder = os.environ.get("TRAINJOB_AUDIT")
+_hold = os.environ.get("TRAINJOB_HOLD") == "1"
+_checkpoint = re.compile(r"/checkpoint-(\d+)(?:/([^/]+))?$")
+_seen = set()
+_busy = []
+
+
+def _audit(event, args):
+    if _busy or event not in ("open", "os.mkdir") or not os.environ.get("RANK"):
+        return
+    if not isinstance(args[0], (str, bytes)):
+        return
+    found = _checkpoint.search(os.fsdecode(args[0]))
+    if not found:
+        return
+    _busy.append(1)
+    try:
+        if event == "os.mkdir" and _hold:
+            _seen.add(found.group(1))
+            if len(_seen) > 1:
+                time.sleep(3600)
+        if event == "open" and _audit_folder and found.group(2):
+            flags = args[2] if isinstance(args[2], int) else 0
+            if not flags & (os.O_WRONLY | os.O_RDWR):
+                with open(os.path.join(_audit_folder, f"{os.getpid()}.jsonl"), "a") as f:
+                    f.write(json.dumps({"node": os.environ.get("PET_NODE_RANK"),
+                                        "rank": os.environ["RANK"],
+                                        "step": int(found.group(1)),
+                                        "file": found.group(2)}) + "\n")
+    finally:
+        _busy.clear()
+
+
+sys.addaudithook(_audit)
+'''
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    with kubeflow_demo.s3_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def store(s3_endpoint, monkeypatch):
+    """This process (the launcher's side) pointed at the S3 server."""
+    kubeflow_demo.use_store(s3_endpoint, monkeypatch.setenv)
+    return s3_endpoint
+
+
+def _manifest(command, args=(), num_nodes=2, secret=kubeflow_demo.SECRET, deadline=None):
+    from components.trainjob import spec
+
+    return spec.trainjob_manifest(name="tj-probe", namespace="ns", image="img",
+                                  command=command, args=args, num_nodes=num_nodes,
+                                  procs_per_node=2, cpu="1", memory="1Gi",
+                                  env={"OBJECT_STORE_MOUNTED": "0"}, storage_secret=secret,
+                                  active_deadline_seconds=deadline)
+
+
+# ------------------------------------------------------------------ the runtime, played
+
+
+def test_trainjob_rehearsal_gives_each_node_what_trainer_gives_and_no_more(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "the-launchers-own")
+    monkeypatch.setenv("RANK", "7")
+    code = "import json, os; print(json.dumps(dict(os.environ)))"
+    run = TrainJobRun(_manifest(["python", "-c", code]), str(tmp_path), SECRETS)
+    run.start()
+    assert run.wait(120).state == COMPLETE
+    envs = [json.loads(run.log(i).strip().splitlines()[-1]) for i in (0, 1)]
+    for index, env in enumerate(envs):
+        assert {k: env[k] for k in env if k.startswith("PET_")} == {
+            "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": str(index),
+            "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": envs[0]["PET_MASTER_PORT"]}
+        # the secret's keys, not the launcher's credentials nor its torchrun variables
+        assert env["AWS_SECRET_ACCESS_KEY"] == "rehearsal" and "RANK" not in env
+        assert env["OBJECT_STORE_MOUNTED"] == "0"
+        assert env["TMPDIR"] == str(tmp_path / f"node-{index}" / "tmp")
+        # the node contract reads this environment
+        assert torchrun_environment(env)["RANK"] == str(index)
+    with pytest.raises(RehearsalError, match="secret 'absent'.*would not start"):
+        container_env(_manifest(["true"], secret="absent")["spec"]["trainer"], SECRETS)
+
+
+def test_trainjob_rehearsal_fails_the_job_with_its_first_failed_node_and_stops_the_rest(
+        tmp_path):
+    code = ("import os, sys, time\n"
+            "if os.environ['PET_NODE_RANK'] == '1': sys.exit(3)\n"
+            "time.sleep(600)\n")
+    run = TrainJobRun(_manifest(["python", "-c", code]), str(tmp_path), SECRETS)
+    run.start()
+    outcome = run.wait(120)
+    assert outcome.state == FAILED and outcome.exit_codes[1] == 3
+    assert outcome.reason == "node 1 exited with 3; nodes [0] stopped"
+    assert run.processes[0].returncode == -9  # stopped with the job, not left running
+    late = TrainJobRun(_manifest(["python", "-c", "import time; time.sleep(600)"],
+                                 deadline=1), str(tmp_path / "late"), SECRETS)
+    late.start()
+    assert late.wait(120).reason.startswith("DeadlineExceeded")
+
+
+def test_trainjob_node_mirror_pulls_no_peers_probe(store, tmp_path, monkeypatch):
+    """A node's process that pulls the checkpoint folder while rank 0 probes it (writes,
+    lists and deletes a `.tmp-probe-*` object) must not copy the probe: listed, then gone,
+    it failed the resumed job's start with NoSuchKey (seen in this rehearsal)."""
+    import tempfile
+
+    from components.common import storage
+
+    monkeypatch.setattr(storage, "_MIRRORS", {})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("RANK", "1")  # a process that pulls and does not push
+    kubeflow_demo.make_bucket("s3://mirrored")
+    fs, _ = storage.filesystem("s3://mirrored")
+    fs.pipe("mirrored/run/task/checkpoint-3/trainer_state.json", b"{}")
+    probe = f"mirrored/run/task/{storage.TMP_PREFIX}probe-1234"
+    fs.pipe(probe, b"rank 0's")
+    listed = fs._find
+
+    async def listed_then_probe_removed(path, *args, **kwargs):
+        found = await listed(path, *args, **kwargs)
+        with contextlib.suppress(FileNotFoundError):
+            await fs._rm_file(probe)  # rank 0 ends its probe meanwhile
+        return found
+
+    monkeypatch.setattr(fs, "_find", listed_then_probe_removed)
+    assert storage.filesystem("s3://mirrored/run/task")[0] is fs  # the mirror's
+    local = storage.Mirror("s3://mirrored/run/task").local
+    found = sorted(os.path.relpath(os.path.join(d, n), local)
+                   for d, _, names in os.walk(local) for n in names)
+    assert [f for f in found if not f.startswith(storage.TMP_PREFIX)] == [
+        "checkpoint-3/trainer_state.json"]
+    assert f"{storage.TMP_PREFIX}probe-1234" not in found
+
+
+# ------------------------------------------------------------------ the node contract
+
+
+def _audited(folder) -> list[dict]:
+    return [json.loads(line) for name in sorted(os.listdir(folder))
+            for line in (folder / name).read_text().splitlines()]
+
+
+def _epochs_logged(log: str) -> list[int]:
+    """The epochs a node's Trainer logged a training loss for (its local rank 0 prints)."""
+    return [int(float(line.split("'epoch': '")[1].split("'")[0]))
+            for line in log.splitlines() if line.startswith("{'loss'")]
+
+
+@pytest.mark.slow
+def test_trainjob_node_lost_after_a_sealed_checkpoint_resumes_in_a_new_job_and_registers(
+        store, tmp_path):
+    """2 nodes x 2 processes; node 1 killed once the first checkpoint is sealed in S3; the
+    retried launcher's new job resumes on every node from it; the model node 0 uploaded is
+    copied into the launcher's output, evaluated and registered."""
+    wall, cpu = time.monotonic(), _cpu_seconds()
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    try:
+        _rehearse(store, tmp_path, run_id, wall, cpu)
+    finally:  # the nodes' model folders (a pod's /tmp, on a cluster gone with it)
+        shutil.rmtree(os.path.join(MODEL_ROOT, run_id), ignore_errors=True)
+
+
+def _rehearse(store, tmp_path, run_id, wall, cpu):
+    from mlflow import MlflowClient
+
+    from components.common.storage import filesystem
+    from components.evaluate_text.evaluation import evaluate_text_model
+    from components.prepare_text.contract import read_split
+    from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
+    from components.register.component import register_in_mlflow, registration_gate
+    from components.train_transformer.contract import TransformerConfig
+    from components.train_transformer.results import record_outputs
+    from components.train_transformer.tiny import write_tiny_model
+    from components.train_transformer.training import SEALED_FILE
+    from tools.datamakers.demo_text import write_reviews_csv
+
+    write_reviews_csv(str(tmp_path / "reviews.csv"), rows=120, seed=3)
+    dataset = str(tmp_path / "dataset")
+    prepare_text_dataset(str(tmp_path / "reviews.csv"), dataset, PrepareConfig())
+    write_tiny_model(read_split(dataset, "train")["text"], str(tmp_path / "tiny"),
+                     hidden_size=32, heads=2, max_length=64)
+    kubeflow_demo.upload(str(tmp_path / "tiny"), CONFIG["model_name"])
+    kubeflow_demo.make_bucket(ROOT)
+    settings = multinode.NodeSettings(
+        num_nodes=2, procs_per_node=2, gpus=0, cpu="2", memory="4Gi",
+        storage_secret=kubeflow_demo.SECRET, checkpoint_root=ROOT, s3_endpoint=store,
+        image="rehearsal", deadline_seconds=900)
+    # The launcher step's Output[Model] (KFP's local path .../<run>/<task>/model), and what
+    # train_on_nodes makes of it: the model URI node 0 uploads to, the dataset staged.
+    model = SimpleNamespace(path=str(tmp_path / "launcher" / "minio" / run_id / TASK / "model"),
+                            uri=f"s3://pipelines/root/{run_id}/{TASK}/model", metadata={})
+    task = multinode.task_folder(model.path)
+    model_uri = "/".join([ROOT, "models", *task, "model"])
+    staged = multinode.stage_dataset(f"minio://pipelines/{run_id}/prepare/dataset", dataset,
+                                     ROOT, task)
+    hooks, audit = tmp_path / "hooks", tmp_path / "audit"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(HOOK)
+    checkpoints = f"checkpoints/root/checkpoints/{run_id}/{TASK}"
+    fs, _ = filesystem(ROOT)
+
+    def attempt(number: int, node_env, **wait):
+        """One attempt of the launcher step: its TrainJob (named by the pod's uid), played."""
+        manifest, selector = multinode.trainjob(
+            settings, dataset_uri=staged, model_uri=model_uri, config=CONFIG,
+            tensorboard_dir="", namespace="rehearsal",
+            environ={multinode.POD_NAME: f"launcher-{number}",
+                     multinode.POD_UID: f"uid-{number}-{run_id}"})
+        (audit / str(number)).mkdir(parents=True)
+        job = TrainJobRun(manifest, str(tmp_path / f"attempt{number}"), SECRETS,
+                          python_path=[str(hooks)],
+                          node_env={i: {"TRAINJOB_AUDIT": str(audit / str(number)),
+                                        **node_env.get(i, {})} for i in (0, 1)})
+        job.start()
+        return job, job.wait(240, **wait), selector
+
+    def sealed() -> list[int]:
+        fs.invalidate_cache()
+        return sorted(int(path.split("/checkpoint-")[1].split("/")[0])
+                      for path in fs.glob(f"{checkpoints}/checkpoint-*/{SEALED_FILE}"))
+
+    store_ = ObjectStore()
+    first, outcome, selector = attempt(
+        1, {1: {"TRAINJOB_HOLD": "1"}}, kill_node=1,
+        when=lambda: store_.matches(f"{checkpoints}/checkpoint-*/{SEALED_FILE}"))
+    logs = "\n".join(f"--- node {i}:\n{first.log(i)[-3000:]}" for i in (0, 1))
+    assert outcome.state == FAILED, logs
+    assert outcome.reason.startswith("node 1 exited with -9 (killed)"), logs
+    [step] = sealed()  # the first checkpoint, and no other
+    parts = sorted(os.path.basename(p) for p in fs.ls(f"{checkpoints}/checkpoint-{step}"))
+    assert not fs.exists(model_uri)
+
+    second, outcome, again = attempt(2, {})
+    logs = "\n".join(f"--- node {i}:\n{second.log(i)[-4000:]}" for i in (0, 1))
+    assert outcome.state == COMPLETE, logs
+    assert second.name != first.name and again == selector  # a new job of the same task
+    # Every process of every node read that checkpoint's state, and no later one's ...
+    reads = _audited(audit / "2")
+    assert {(r["node"], r["rank"]) for r in reads if r["step"] == step
+            and r["file"] == "trainer_state.json"} == {("0", "0"), ("0", "1"), ("1", "2"),
+                                                       ("1", "3")}
+    # ... and each node trained on from the epoch after it, as node 0's result says.
+    for index in (0, 1):
+        assert _epochs_logged(first.log(index))[0] == 1
+        assert _epochs_logged(second.log(index)) == [2, 3], logs
+    assert "[node] model uploaded to " + model_uri in second.log(0)
+
+    # The launcher: the model node 0 uploaded copied into its Output[Model] (multinode's
+    # copy), its outputs recorded as the step records them.
+    copy_folder(model_uri, model.path)
+    with open(os.path.join(model.path, "metrics.json")) as f:
+        result = json.load(f)
+    assert result["run"]["resumed_from"].endswith(f"/checkpoint-{step}")
+    assert result["run"]["world_size"] == 4
+    assert [row["epoch"] for row in result["history"]] == [1, 2, 3]
+    logged: dict[str, float] = {}
+    record_outputs(result, model, SimpleNamespace(log_metric=logged.__setitem__), dataset,
+                   TransformerConfig(**CONFIG), "")
+    assert model.metadata["framework"] == "transformers" and logged
+
+    # Then as in one pod: the evaluation, the gate, and (KFP's launcher having uploaded
+    # the Output[Model]) MLflow's registry with the KServe manifest.
+    evaluation = tmp_path / "evaluation"
+    scores = evaluate_text_model(model.path, dataset, str(evaluation), split="test")
+    decision = SimpleNamespace(path=str(tmp_path / "decision.md"), metadata={})
+    assert registration_gate(SimpleNamespace(path=str(evaluation)), decision, "micro_f1",
+                             0.0) is True
+    kubeflow_demo.upload(model.path, model.uri)
+    registered = SimpleNamespace(path=str(tmp_path / "registered"),
+                                 uri=f"s3://pipelines/root/{run_id}/register/registered",
+                                 metadata={})
+    tracking = f"sqlite:///{tmp_path}/mlflow.db"
+    version = register_in_mlflow(model, registered, tracking, "trainjob-rehearsal",
+                                 "transformer", "runtime:rehearsal", run_id).version
+    client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
+    challenger = client.get_model_version_by_alias("trainjob-rehearsal", "challenger")
+    assert (str(challenger.version), challenger.source) == (version, model.uri)
+    import yaml
+
+    service = yaml.safe_load((tmp_path / "registered" / "inferenceservice.yaml").read_text())
+    assert service["kind"] == "InferenceService"
+    assert model.uri in json.dumps(service)  # KServe serves what was registered
+
+    cpu_used = _cpu_seconds() - cpu + first.killed_cpu_seconds + second.killed_cpu_seconds
+    print(f"[trainjob rehearsal] resumed from checkpoint-{step}; attempt 1 "
+          f"{first.outcome.seconds:.1f}s, attempt 2 {second.outcome.seconds:.1f}s; test "
+          f"micro_f1 {scores['micro_f1']:.3f} (validation {logged}); in S3: {parts}; "
+          f"wall {time.monotonic() - wall:.1f}s, CPU {cpu_used:.1f}s")
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of the children it has reaped."""
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                          resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
