@@ -90,7 +90,7 @@ def test_trainjob_node_runs_the_trainer_and_node0_uploads_the_model(tmp_path, mo
     plan = node.plan(_argv(**{"--dataset-uri": str(dataset), "--model-uri": model_uri,
                               "--checkpoint-root": None}), {**PET, "PET_NODE_RANK": str(rank)})
     environ: dict[str, str] = dict(PET)
-    result = node.run(plan, environ, str(tmp_path / "scratch"))
+    result = node.run(plan, environ, str(tmp_path / "scratch"), model_root=str(tmp_path / "nodes"))
     [call] = calls
     assert call["gpus"] == 2 and call["rank"] == str(rank)  # PET_NPROC_PER_NODE on CPU
     assert call["dataset"] == ["train.csv"] and call["tensorboard_folder"] is None
