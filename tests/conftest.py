@@ -62,6 +62,8 @@ LONGEST_FIRST = (
     "test_lm_pipeline.py",  # ~140 (the LM run is tracked too)
     "test_train_image.py",  # ~130 (its resume test runs beside two background jobs)
     "test_text_pipeline.py",  # ~100 (the text run, tracked, read by six tests)
+    "test_hostile_inputs.py",  # ~130 (the big tier of generated hostile inputs)
+    "test_trainjob_rehearsal.py",  # ~80 (2 nodes x 2 processes, a node killed, resumed)
     "test_gpu_bench.py",  # ~65
     "test_kubeflow_target.py",  # ~60
     "test_text_real.py",  # ~50: a small ULMFiT on real text
