@@ -107,3 +107,30 @@ def test_every_required_file_of_every_kind_is_checked():
                 assert any(name in str(err) for name in pair)
             else:
                 pytest.fail(f"{kind} without {pair} was accepted")
+
+
+@pytest.mark.parametrize("separator,said", [("\t", "tabs"), (";", "';'"), ("|", "'|'")])
+def test_a_csv_of_another_separator_is_named_by_every_reader(tmp_path, separator, said):
+    """A spreadsheet's ';' export or a TSV reads as one column: each reader says why."""
+    from components.preflight.data import check_corpus, check_predict_uri
+    from components.preflight.parameters import PreflightError
+    from components.prepare_text.contract import PrepareConfig
+    from components.prepare_text.preparation import TextDataError, prepare_text_dataset
+    from components.train_lm.contract import LMTrainingError
+    from components.train_lm.corpus import read_corpus
+
+    path = tmp_path / "data.csv"
+    path.write_text(f"text{separator}label\nhello there{separator}pos\nbad day{separator}neg\n")
+    hint = f"looks separated by {said}, not commas"
+    for call, error in [
+            (lambda: prepare_text_dataset(str(path), str(tmp_path / "o"), PrepareConfig()),
+             TextDataError),
+            (lambda: check_predict_uri(str(path), "text"), PreflightError),
+            (lambda: check_corpus(str(path), "text"), PreflightError),
+            (lambda: read_corpus(str(path)), LMTrainingError)]:
+        with pytest.raises(error, match=hint):
+            call()
+    path.write_text("text,label\nhello; there,pos\nbad day,neg\n")  # commas: no hint
+    with pytest.raises(PreflightError) as err:
+        check_predict_uri(str(path), "text", "body")
+    assert "looks separated" not in str(err.value)

@@ -144,6 +144,18 @@ def repeated_columns(header: list[str]) -> list[str]:
     return sorted(name for name, count in counts.items() if count > 1)
 
 
+def separator_hint(header: list[str]) -> str:
+    """"" or a sentence saying a CSV whose header is one column looks separated by
+    another character than a comma (a TSV, or a spreadsheet's ';' export)."""
+    if len(header) != 1:
+        return ""
+    for separator, name in (("\t", "tabs"), (";", "';'"), ("|", "'|'")):
+        if separator in header[0]:
+            return (f" It looks separated by {name}, not commas: save it as a comma-separated "
+                    "CSV.")
+    return ""
+
+
 # ------------------------------------------------------------------------ folders
 
 

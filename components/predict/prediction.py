@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from components.common.images import BadImage, decode_image, encode_image, resize
-from components.common.input_kinds import repeated_columns
+from components.common.input_kinds import repeated_columns, separator_hint
 from components.common.storage import TMP_PREFIX, filesystem, is_remote
 from components.predict.contract import IMAGE, PredictionError, model_family
 
@@ -236,7 +236,8 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
         for chunk in _read_csv_chunks(data_uri):
             if column not in chunk.columns:
                 raise PredictionError(f"{data_uri!r} has no column {column!r} (its columns: "
-                                      f"{list(chunk.columns)}); pass the text column's name")
+                                      f"{list(chunk.columns)}); pass the text column's name."
+                                      + separator_hint([str(c) for c in chunk.columns]))
             texts = [str(t) for t in chunk[column]]
             problems = [text_problem(t) if t.strip() else f"empty text in column {column!r}"
                         for t in texts]

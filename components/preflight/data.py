@@ -17,6 +17,7 @@ from components.common.input_kinds import (
     NotTextError,
     decode_text,
     repeated_columns,
+    separator_hint,
     text_problem,
 )
 from components.common.storage import filesystem
@@ -69,7 +70,8 @@ def check_corpus(uri: str, text_column: str) -> None:
                                      "its own name")
             if text_column not in columns:
                 raise PreflightError(f"corpus_uri {uri!r} has no column {text_column!r} "
-                                     f"(header: {columns}); set text_column")
+                                     f"(header: {columns}); set text_column."
+                                     + separator_hint(columns))
     else:
         raise PreflightError(f"corpus_uri {uri!r} is neither a folder, a {TEXT_SUFFIX} nor a "
                              f"{CSV_SUFFIX} file")
@@ -219,7 +221,7 @@ def check_predict_csv(uri: str, head: bytes, text_column: str) -> None:
     if text_column not in header:
         raise PreflightError(f"predict_uri {uri!r} has no column {text_column!r} (its header: "
                              f"{header[:20]}); give a CSV whose text column is the training "
-                             "data's (text_column)")
+                             "data's (text_column)." + separator_hint(header))
     index = header.index(text_column)
     texts = [r[index] for r in rows[1:] if len(r) > index and r[index].strip()]
     not_text = [problem for problem in map(text_problem, texts) if problem]

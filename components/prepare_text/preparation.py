@@ -40,6 +40,7 @@ from components.common.input_kinds import (
     NotTextError,
     decode_text,
     repeated_columns,
+    separator_hint,
     text_problem,
 )
 from components.common.storage import filesystem, write_json_atomically
@@ -272,7 +273,8 @@ def _label_columns(columns: list[str], config: PrepareConfig) -> list[str]:
     """
     text = config.text_column
     if text not in columns:
-        raise TextDataError(f"text column {text!r} is not in the CSV; its columns are {columns}")
+        raise TextDataError(f"text column {text!r} is not in the CSV; its columns are "
+                            f"{columns}.{separator_hint(columns)}")
     if config.label_columns:
         unknown = [c for c in config.label_columns if c not in columns]
         if unknown:

@@ -25,6 +25,7 @@ from components.common.input_kinds import (
     NotTextError,
     decode_text,
     repeated_columns,
+    separator_hint,
     text_problem,
 )
 from components.common.storage import filesystem
@@ -84,7 +85,8 @@ def _read_csv(fs, path: str, uri: str, column: str, skips: _Skips) -> list[str]:
                               "in the header; rename them so each column has its own name")
     if column not in frame.columns:
         raise LMTrainingError(f"{uri} has no column {column!r} (columns: {list(frame.columns)}); "
-                              "set text_column to the column of the texts")
+                              "set text_column to the column of the texts."
+                              + separator_hint([str(c) for c in frame.columns]))
     documents, not_text = [], 0
     for row, text in enumerate(frame[column], start=2):  # line 1 is the header
         problem = text_problem(str(text))
