@@ -134,3 +134,14 @@ def test_a_csv_of_another_separator_is_named_by_every_reader(tmp_path, separator
     with pytest.raises(PreflightError) as err:
         check_predict_uri(str(path), "text", "body")
     assert "looks separated" not in str(err.value)
+
+
+def test_an_image_pipeline_given_a_file_says_it_wants_a_folder_of_class_folders(tmp_path):
+    from components.shard.contract import ShardingError
+    from components.shard.listing import list_labelled_files
+
+    (tmp_path / "texts.csv").write_text("text,label\nhello,a\n")
+    with pytest.raises(ShardingError, match="is a file, not a folder of class folders"):
+        list_labelled_files(str(tmp_path / "texts.csv"))
+    with pytest.raises(ShardingError, match="does not exist"):
+        list_labelled_files(str(tmp_path / "nothing"))

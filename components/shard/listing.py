@@ -37,6 +37,10 @@ def list_labelled_files(data_uri: str) -> Listing:
     fs, root = filesystem(data_uri)
     root = root.rstrip("/")
     if not fs.isdir(root):
+        if fs.isfile(root):
+            raise ShardingError(f"data_uri {data_uri!r} is a file, not a folder of class "
+                                "folders: give the folder whose sub-folders (one per class) "
+                                "hold the images (a CSV of texts is the text pipeline's input)")
         raise ShardingError(f"input folder {data_uri!r} does not exist or is not a folder")
     files: dict[str, list[str]] = {}
     ignored: list[dict[str, str]] = []
