@@ -145,3 +145,15 @@ def test_an_image_pipeline_given_a_file_says_it_wants_a_folder_of_class_folders(
         list_labelled_files(str(tmp_path / "texts.csv"))
     with pytest.raises(ShardingError, match="does not exist"):
         list_labelled_files(str(tmp_path / "nothing"))
+
+
+def test_a_model_given_one_folder_too_high_names_its_sub_folders(tmp_path):
+    """Language model assets without lm_metrics.json, or a run's output folder: files one
+    level down are not the model's."""
+    from components.predict.contract import PredictionError, model_family
+
+    (tmp_path / "en" / "forward").mkdir(parents=True)
+    (tmp_path / "en" / "forward" / "weights.pth").write_bytes(b"w")
+    with pytest.raises(PredictionError, match=r"it holds nothing\. .* Its sub-folders \(en\) are "
+                                              r"not read: a model folder holds its files"):
+        model_family(str(tmp_path))

@@ -112,7 +112,11 @@ def model_family(model_dir: str, name: str = "") -> str:
     try:
         kind = model_folder_kind(name or f"model folder {model_dir!r}", folder_files(model_dir))
     except FolderKindError as err:
-        raise PredictionError(str(err)) from None
+        folders = sorted(entry.name for entry in os.scandir(model_dir) if entry.is_dir())
+        inside = (f" Its sub-folders ({', '.join(folders[:8])}) are not read: a model folder "
+                  "holds its files at its top; give the folder that holds them."
+                  if folders else "")
+        raise PredictionError(f"{err}{inside}") from None
     return IMAGE if kind == "image" else TEXT
 
 
