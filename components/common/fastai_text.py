@@ -42,8 +42,9 @@ LR_FIND_MIN_ITERATIONS = 30
 # WikiText-103-sized LM corpus, 100M: ~1 h, where 8 forked workers would take ~8 min).
 TOKENIZER_WORKERS = 0
 # Batches (training and validation) between two `release_freed_memory` calls of `EpochEnd`.
-# At the English LM of docs/measurements.md (15k vocabulary, batch 32) the heap kept ~6 MB
-# of freed memory a batch; a trim costs milliseconds against a batch's ~0.7 s.
+# At the English LM of docs/measurements.md (15k vocabulary, batch 32, ~1 s a batch on 2
+# cores) glibc kept up to ~0.5 GB a minute of freed memory: 20 batches hold it to a few
+# hundred MB between trims, for a trim every ~20 s.
 TRIM_EVERY_BATCHES = 20
 
 
@@ -69,11 +70,12 @@ def release_freed_memory() -> bool:
 
     The LM trainer's resident memory grew from 1.7 to 6.5 GB in its first epoch while it
     held ~1.4 GB: each batch frees large temporaries (activations, the softmax over the
-    vocabulary), and glibc keeps freed blocks in its heaps, where the live small blocks
-    between them keep the heaps from shrinking from their top; it raises its mmap threshold
-    as large blocks are freed, so later ones come from the heaps too. `malloc_trim(0)`
-    hands every free page back (it brought that process to 1.4 GB at once). Nothing lives
-    in those pages, so this is safe at any time; elsewhere than glibc it does nothing.
+    vocabulary), and glibc keeps freed blocks in its heaps (one per thread that allocates:
+    torch's), where live blocks between them keep a heap from shrinking from its top (and
+    glibc raises its mmap threshold as large blocks are freed, so later ones come from the
+    heaps too). `malloc_trim(0)` hands every free page back (it brought that process to
+    1.4 GB at once). Nothing lives in those pages, so this is safe at any time; elsewhere
+    than glibc it does nothing.
 
     Returns:
         Whether glibc gave memory back (False where there is no glibc).
