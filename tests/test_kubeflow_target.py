@@ -19,7 +19,7 @@ from kfp.dsl.executor import Executor
 import compile as compile_cli
 from components.tune import selection
 from components.tune.contract import TUNABLE, default_space, draw_points
-from components.tune.task_trial import as_trial, run_trial
+from components.tune.task_trial import run_trial
 from pipelines.definitions import kubeflow
 from pipelines.definitions.machine import Machine
 from tests.kfp_api import KfpApiStub
@@ -276,24 +276,28 @@ def test_a_failed_trial_is_a_result_and_too_many_failures_fail_the_search(tmp_pa
     assert json.loads((tmp_path / "trials" / "trials.json").read_text())["best"] is None
 
 
-def test_kfp_runs_a_trial_with_the_trainers_signature(tmp_path):
-    """KFP's executor reads the trial's signature (the trainer's and `trial_point`), passes
-    the task's inputs and output artifact, and stores the result as the `Output` struct."""
+def test_kfp_runs_a_trial_with_the_trainers_signature(tmp_path, monkeypatch):
+    """KFP's executor reads the trial step's signature (the trainer's and the point's),
+    passes the task's inputs and output artifact, and stores the result as the `Output`
+    struct."""
+    from components.train_text import component as train_text
+    from components.tune.component import trial_train_text_classifier as trial
+
     seen = {}
 
-    def train(model: __import__("kfp").dsl.Output[Model], learning_rate: float,
-              batch_size: int):
+    def train(model, learning_rate: float, batch_size: int, **rest):
         seen.update(learning_rate=learning_rate, batch_size=batch_size, path=model.path)
         raise ValueError("out of memory")
 
-    trial = as_trial(train, "text", "f1_score", "maximize")
+    monkeypatch.setattr(train_text, "train_text_classifier", train)
     output_file = tmp_path / "executor_output.json"
     executor_input = {
         "inputs": {"parameterValues": {"learning_rate": 0.001, "batch_size": 16,
-                                       "trial_point": {"batch_size": 32.0}}},
-        "outputs": {"artifacts": {"model": {"artifacts": [{
-            "name": "model", "type": {"schemaTitle": "system.Model"},
-            "uri": str(tmp_path / "model"), "metadata": {}}]}},
+                                       "trial_point": {"batch_size": 32.0},
+                                       "study_metric": "f1_score", "study_goal": "maximize"}},
+        "outputs": {"artifacts": {name: {"artifacts": [{
+            "name": name, "type": {"schemaTitle": "system.Model"},
+            "uri": str(tmp_path / name), "metadata": {}}]} for name in ("model", "metrics")},
             "parameters": {"Output": {"outputFile": str(tmp_path / "Output")}},
             "outputFile": str(output_file)},
     }

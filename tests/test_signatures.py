@@ -27,6 +27,25 @@ def test_a_value_already_right_keeps_its_spelling_and_a_stale_one_is_rewritten()
     assert "a: float = 1.0" in signatures.rewrite_defaults(source, "f", {"a": 1.0})
 
 
+def test_a_tunable_parameter_is_one_edit_of_the_table(monkeypatch):
+    """Adding a tunable parameter to contract.TUNABLE writes it into both selection steps'
+    inputs, help and outputs."""
+    real_load = signatures._load
+    tunable = {**real_load(signatures.TUNABLE_HOME)}
+    tunable["text"] = {**tunable["text"], "seq_len": int}
+    monkeypatch.setattr(signatures, "_load", lambda spec: tunable
+                        if spec == signatures.TUNABLE_HOME else real_load(spec))
+    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
+    wanted = signatures.written(sources)
+    assert {m for m in sources if wanted[m] != sources[m]} == {"components.tune.component"}
+    module = wanted["components.tune.component"]
+    for function in ("best_text_trial", "select_text_trial"):
+        text = module[module.index(f"def {function}("):]
+        text = text[:text.index("\ndef ")]
+        assert "    seq_len: int,\n" in text and '("seq_len", int)]):' in text
+        assert "seq_len: The run's value, kept when the study did not search it." in text
+
+
 def test_a_parameter_list_is_copied_whole_and_built_values_become_empty():
     pipeline = ("def build(x):\n    def p(\n        data_uri: str,\n        seed: int = 42,\n"
                 "        account: str = x,\n    ):\n        pass\n")
@@ -53,8 +72,11 @@ def test_a_settings_default_reaches_the_step_its_pipeline_and_the_preflight(monk
     wanted = signatures.written(sources)
     changed = {m for m in sources if wanted[m] != sources[m]}
     assert changed == {"components.train_image.component", "pipelines.definitions.image",
-                       "components.preflight.component"}
+                       "components.preflight.component", "components.tune.component"}
     assert "    batch_size: int = 64," in wanted["components.train_image.component"]
+    trial = wanted["components.tune.component"]  # the Kubeflow trial takes what training takes
+    trial = trial[trial.index("def trial_train_image_classifier"):]
+    assert "    batch_size: int = 64," in trial[:trial.index("def ", 4)]
     assert "        batch_size: int = 64," in wanted["pipelines.definitions.image"]
     preflight = wanted["components.preflight.component"]
     image_part = preflight[preflight.index("def preflight_image"):

@@ -20,7 +20,11 @@ is written there from its home:
   as the parameter that feeds it (`lm_assets_uri` -> `lm_assets`). So every `Args:` entry
   of a pipeline is written, none typed there;
 - the help of `learning_rate=0` (fastai's lr_find) is the sentence beside `choose_rate`
-  with the bounds each trainer holds the found rate to (in the steps, hence their pipelines).
+  with the bounds each trainer holds the found rate to (in the steps, hence their pipelines);
+- a tuning step's tunable inputs and outputs come from `contract.TUNABLE`: each kind's
+  best-trial (Vertex) and selection (Kubeflow) step takes every tunable parameter after its
+  `trials` output and returns them (`TUNED_STEPS`), and each trainer's Kubeflow trial takes
+  its point, the study's metric and goal, then its trainer's parameter list (`TRAINERS_HOME`).
 
 A value that is already right keeps its spelling (`1e-3` is not rewritten as `0.001`), so
 the compiled JSON changes only when a value does. Each function it writes carries a comment
@@ -80,12 +84,21 @@ RATE_HELP = (
     ("components.train_text.component", "train_text_classifier", "text"),
     ("components.train_lm.component", "train_language_model", "lm"),
 )
+# Tuning steps (TUNE_MODULE): per kind of contract.TUNABLE, the steps that take its tunable
+# parameters after `trials` and return them; per trainer, its trial (`trial_<trainer>`).
+TUNE_MODULE, TUNABLE_HOME = "components.tune.component", "components.tune.contract:TUNABLE"
+TUNED_STEPS = ("best_{kind}_trial", "select_{kind}_trial")
+TUNED_HELP = "The run's value, kept when the study did not search it."
+TRAINERS_HOME = "components.tune.trial:TRAINERS"  # kind: (trainer module, function)
 # The comment above each function whose parameters are written here (MARKED finds one).
 MARKED = "written by python -m tools.signatures"
 STEP_MARKER = ("# Defaults written by python -m tools.signatures from contract.{config} "
                "(edit there).")
 PIPELINE_MARKER = ("# Defaults and Args help written by python -m tools.signatures from the\n"
                    "# steps they feed and pipelines/definitions/help_text.py (edit there).")
+TUNED_MARKER = ("# Tunable inputs and outputs written by python -m tools.signatures from "
+                "contract.TUNABLE\n# (edit there).")
+TRIAL_MARKER = "# Parameters written by python -m tools.signatures from {trainer} (edit there)."
 PREFLIGHT_MARKER = ("# Parameters written by python -m tools.signatures from {pipeline} "
                     "(edit there).")
 # Step modules whose functions a compiled pipeline may name (comp-<function name>).
@@ -208,6 +221,52 @@ def rewrite_parameters(source: str, function: str, lines: list[str]) -> str:
     text = "\n".join(lines).strip().rstrip(",")
     return _replace(source, [(first.lineno, first.col_offset, end.end_lineno,
                               end.end_col_offset, text)])
+
+
+def rewrite_after(source: str, function: str, last: str, lines: list[str]) -> str:
+    """`source` with `function`'s parameters after `last` replaced by `lines`."""
+    kept = parameter_lines(source, function)
+    names = [line.split(":")[0].strip() for line in kept]
+    return rewrite_parameters(source, function, kept[:names.index(last) + 1] + lines)
+
+
+def rewrite_returns(source: str, function: str, typename: str, fields: dict[str, type]) -> str:
+    """`source` with `function`'s return annotation `NamedTuple(typename, [fields])`, its
+    fields wrapped at 100 columns under the list's bracket."""
+    returns = _function(ast.parse(source), function).returns
+    head = f'NamedTuple("{typename}", ['
+    indent, rows = " " * (returns.col_offset + len(head)), [""]
+    for field, kind in fields.items():
+        item = f'("{field}", {kind.__name__})'
+        if rows[-1] and len(indent) + len(rows[-1]) + len(item) + 5 > 100:
+            rows.append("")
+        rows[-1] += (", " if rows[-1] else "") + item
+    text = head + (",\n" + indent).join(rows) + "])"
+    return _replace(source, [(returns.lineno, returns.col_offset, returns.end_lineno,
+                              returns.end_col_offset, text)])
+
+
+def tuning_written(sources: dict[str, str], tunable: dict[str, dict[str, type]]) -> str:
+    """The tuning module's text with each kind's tunable inputs, their help and outputs
+    written in its `TUNED_STEPS`, and each trainer's parameters in its trial."""
+    source = sources[TUNE_MODULE]
+    for kind, fields in tunable.items():
+        for template in TUNED_STEPS:
+            function = template.format(kind=kind)
+            source = rewrite_after(source, function, "trials", [
+                f"    {name}: {kind_type.__name__}," for name, kind_type in fields.items()])
+            source = rewrite_returns(source, function, f"Best{kind.title()}Trial", fields)
+            node = _function(ast.parse(source), function)
+            entries = signature_help.read_args(source, node).entries
+            kept = list(entries)[:list(entries).index("trials") + 1]
+            source = signature_help.write_args(source, node, {
+                **{name: entries[name] for name in kept}, **dict.fromkeys(fields, TUNED_HELP)})
+            source = mark(source, function, TUNED_MARKER)
+    for module, trainer in _load(TRAINERS_HOME).values():
+        source = mark(rewrite_after(source, f"trial_{trainer}", "study_goal",
+                                    parameter_lines(sources[module], trainer)),
+                      f"trial_{trainer}", TRIAL_MARKER.format(trainer=trainer))
+    return source
 
 
 def mark(source: str, function: str, marker: str) -> str:
@@ -378,6 +437,7 @@ def written(sources: dict[str, str]) -> dict[str, str]:
     for module, function, kind in RATE_HELP:  # before the pipelines copy it
         sources[module] = rewrite_help(sources[module], function, "learning_rate",
                                        found_rate_help(kind, sources))
+    sources[TUNE_MODULE] = tuning_written(sources, _load(TUNABLE_HOME))
     steps, helps = step_defaults(sources), step_help(sources)
     home = importlib.import_module(signature_help.HELP_HOME)  # only read
     parameters = {}
@@ -395,7 +455,8 @@ def written(sources: dict[str, str]) -> dict[str, str]:
 def _modules() -> list[str]:
     return sorted({m for m, _, _ in CONFIGURED} | {m for m, _, _ in PIPELINES}
                   | set(STEP_MODULES) | {PREFLIGHT_MODULE, RATE_HELP_HOME}
-                  | set(RATE_BOUNDS.values()) | {m for m, _, _ in RATE_HELP})
+                  | set(RATE_BOUNDS.values()) | {m for m, _, _ in RATE_HELP}
+                  | {m for m, _ in _load(TRAINERS_HOME).values()})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """A tuning trial as a pipeline task: the trainer component with the trial's values.
 
 Targets without a tuning service (open-source Kubeflow) run the trials themselves, one
-task per point in a `ParallelFor` (`pipelines.definitions.trials`). Each task runs the
-trainer component's own code through `as_trial`: the trial's values override the run's,
+task per point in a `ParallelFor` (`pipelines.definitions.trials`). Each task is a trial
+step (`components.tune.component.trial_<trainer>`: the trainer's inputs and the point) that
+runs the trainer's own code through `run_trial`: the trial's values override the run's,
 and a trainer that fails ends in a result marked failed instead of a failed task, so one
 bad point does not fail the loop and `max_failed_trials` keeps its meaning (the selection
 step counts the failures).
@@ -10,7 +11,6 @@ step counts the failures).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import traceback
@@ -19,7 +19,7 @@ from typing import Any
 
 from components.tune.contract import TUNABLE, SearchSpaceError, coerce
 
-POINT_INPUT = "trial_point"
+POINT_INPUT, METRIC_INPUT, GOAL_INPUT = "trial_point", "study_metric", "study_goal"
 TRIAL_ID = "trial"  # the point's number in the drawn list, carried into its result
 FAILED, SUCCEEDED = "FAILED", "SUCCEEDED"
 
@@ -71,26 +71,11 @@ def run_trial(trainer: Callable, kind: str, metric: str, goal: str, point: Mappi
     return result
 
 
-def as_trial(trainer: Callable, kind: str, metric: str, goal: str) -> Callable:
-    """The trainer component function as one trial: KFP's executor calls it with the
-    trainer's inputs and outputs plus `trial_point` (the trial's values), and stores its
-    result (`run_trial`'s dict) as the task's `Output` parameter.
+def run_step(kind: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """`run_trial` of a trial step's inputs (`components.tune.component.trial_<trainer>`):
+    its point, the study's metric and goal, and `kind`'s trainer's arguments."""
+    from components.tune.trial import trainer
 
-    The signature KFP reads is the trainer's with `trial_point: dict` first and a `dict`
-    return, so the trial task takes exactly what the training task takes.
-    """
-    signature = inspect.signature(trainer)
-    point = inspect.Parameter(POINT_INPUT, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                              annotation=dict)
-
-    def trial(**arguments) -> dict:
-        values = arguments.pop(POINT_INPUT)
-        return run_trial(trainer, kind, metric, goal, values, arguments)
-
-    trial.__signature__ = signature.replace(
-        parameters=[point, *signature.parameters.values()], return_annotation=dict)
-    trial.__annotations__ = {POINT_INPUT: dict, **{
-        name: value for name, value in trainer.__annotations__.items() if name != "return"},
-        "return": dict}
-    trial.__name__ = trial.__qualname__ = f"trial_of_{trainer.__name__}"
-    return trial
+    arguments = dict(inputs)
+    return run_trial(trainer(kind), kind, arguments.pop(METRIC_INPUT), arguments.pop(GOAL_INPUT),
+                     arguments.pop(POINT_INPUT), arguments)

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from components.common.commands import reports
@@ -35,6 +35,12 @@ TRAINERS = {
     "transformer": ("components.train_transformer.component", "train_transformer_classifier"),
 }
 METRIC_PARAMETER = "hypertune_metric"
+
+
+def trainer(kind: str) -> Callable:
+    """The trainer component function of `kind`'s trials."""
+    module, name = TRAINERS[kind]
+    return getattr(importlib.import_module(module), name)
 
 
 class TrialError(ValueError):
@@ -163,8 +169,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[s
     environ = os.environ if environ is None else environ
     hyperparameters = parse_hyperparameters(args.kind, extra)
     check_metric_file(environ)
-    module, name = TRAINERS[args.kind]
-    function = getattr(importlib.import_module(module), name)
+    function = trainer(args.kind)
     executor_input = trial_executor_input(
         json.loads(args.executor_input), output_definitions(function), hyperparameters,
         args.metric, trial_folder(environ))
