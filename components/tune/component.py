@@ -226,19 +226,13 @@ def trial_train_image_classifier(
     tensorboard_dir: str = "",
     hypertune_metric: str = "",
 ) -> dict:
-    """Trains the image classifier with one trial's values and measures the study metric;
-    a failed training is a FAILED result, not a failed task.
-
-    Every other input is train_image_classifier's, as the training step takes it; the
-    point's values replace the run's.
+    """Trains the image classifier with the point's values (its other inputs are the
+    trainer's) and returns the study metric; a failed training is a FAILED result.
 
     Args:
         trial_point: The trial's values of tunable parameters and its number ("trial").
         study_metric: The epoch value the study ranks trials by.
         study_goal: "maximize" or "minimize" the study metric.
-
-    Returns:
-        The trial's result: state, values, the study metric's best epoch value, error.
     """
     inputs = dict(locals())  # the step's inputs, before the import names one more
     from components.tune.task_trial import run_step
@@ -277,19 +271,13 @@ def trial_train_text_classifier(
     tensorboard_dir: str = "",
     hypertune_metric: str = "",
 ) -> dict:
-    """Trains the text classifier with one trial's values and measures the study metric;
-    a failed training is a FAILED result, not a failed task.
-
-    Every other input is train_text_classifier's, as the training step takes it; the
-    point's values replace the run's.
+    """Trains the text classifier with the point's values (its other inputs are the
+    trainer's) and returns the study metric; a failed training is a FAILED result.
 
     Args:
         trial_point: The trial's values of tunable parameters and its number ("trial").
         study_metric: The epoch value the study ranks trials by.
         study_goal: "maximize" or "minimize" the study metric.
-
-    Returns:
-        The trial's result: state, values, the study metric's best epoch value, error.
     """
     inputs = dict(locals())  # the step's inputs, before the import names one more
     from components.tune.task_trial import run_step
@@ -321,19 +309,13 @@ def trial_train_transformer_classifier(
     tensorboard_dir: str = "",
     hypertune_metric: str = "",
 ) -> dict:
-    """Trains the transformer classifier with one trial's values and measures the study metric;
-    a failed training is a FAILED result, not a failed task.
-
-    Every other input is train_transformer_classifier's, as the training step takes it; the
-    point's values replace the run's.
+    """Trains the transformer classifier with the point's values (its other inputs are the
+    trainer's) and returns the study metric; a failed training is a FAILED result.
 
     Args:
         trial_point: The trial's values of tunable parameters and its number ("trial").
         study_metric: The epoch value the study ranks trials by.
         study_goal: "maximize" or "minimize" the study metric.
-
-    Returns:
-        The trial's result: state, values, the study metric's best epoch value, error.
     """
     inputs = dict(locals())  # the step's inputs, before the import names one more
     from components.tune.task_trial import run_step
