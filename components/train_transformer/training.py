@@ -99,7 +99,7 @@ def model_source(model_name: str, scratch: str) -> str:
         local = os.path.join(scratch, "model")
         fs.get(root.rstrip("/") + "/", local + "/", recursive=True)
         return local
-    return name  # a Hub name, e.g. FacebookAI/xlm-roberta-base
+    return name  # a local folder
 
 
 def run_values(config: TransformerConfig, manifest: dict[str, Any], model_dir: str
