@@ -225,7 +225,7 @@ def _run(run_name: str, command: list[str], output: str, time_limit: float | Non
     return rows, child.returncode
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", choices=("zipf", "english"), default="zipf")
@@ -247,7 +247,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write every row here")
     p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--precision", choices=("mixed", "fp32"), help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def _write_corpus(args, corpus: str) -> str:
+    """Writes the run's corpus; what it holds, in words."""
+    if args.corpus == "zipf":
+        write_zipf_corpus(corpus, args.tokens, args.types)
+        return f"{args.tokens} tokens of {args.types} words"
+    from ulmfit_bench import write_english_corpus  # bench/ is the script's folder
+
+    counts = write_english_corpus(corpus, 4_000_000, args.man_characters)
+    return "English: " + ", ".join(f"{name} {c['characters']:,} characters"
+                                   for name, c in counts.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     for key, value in (ENGLISH if args.corpus == "english" else ZIPF).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -258,15 +274,7 @@ def main(argv: list[str] | None = None) -> int:
               args.batch_size, args.max_vocab, args.min_freq, args.sample_every)
         return 0
     os.makedirs(args.output, exist_ok=True)
-    if args.corpus == "zipf":
-        write_zipf_corpus(corpus, args.tokens, args.types)
-        made = f"{args.tokens} tokens of {args.types} words"
-    else:
-        from ulmfit_bench import write_english_corpus  # bench/ is the script's folder
-
-        counts = write_english_corpus(corpus, 4_000_000, args.man_characters)
-        made = "English: " + ", ".join(f"{name} {c['characters']:,} characters"
-                                       for name, c in counts.items())
+    made = _write_corpus(args, corpus)
     print(f"corpus: {made}; model {args.model_config}; batch {args.batch_size}; vocabulary "
           f"<= {args.max_vocab}, min_freq {args.min_freq}; {args.epochs} epochs", flush=True)
     rows, finals, failed = {}, {}, []
