@@ -25,7 +25,7 @@ def test_smoke_reports_every_epoch_of_each_variant(tmp_path):
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(out.read_text())
-    runs = ["fixed/mixed", "as-is/mixed"]
+    runs = ["fixed/mixed", "before/mixed"]
     assert sorted(report["epochs"]) == sorted(runs)
     for name in runs:
         epochs = report["epochs"][name]
@@ -33,7 +33,7 @@ def test_smoke_reports_every_epoch_of_each_variant(tmp_path):
         assert all(row["rss_mb"] > 0 and row["wall_s"] > 0 for row in epochs)
         assert not any("gpu_mb" in row for row in epochs)  # no GPU, no GPU figures
         assert report["final"][name]["precision"] == "fp32"  # mixed asked, none on a CPU
-    # Keeping fastai's per-batch loss tensors changes memory, not what is learned.
+    # Handing freed memory back changes memory, not what is learned.
     losses = {name: [row["valid_loss"] for row in report["epochs"][name]] for name in runs}
-    assert losses["fixed/mixed"] == losses["as-is/mixed"]
+    assert losses["fixed/mixed"] == losses["before/mixed"]
     assert "MB RSS from the end of epoch 1 to the end of epoch 2" in run.stdout
