@@ -279,3 +279,19 @@ def test_a_targets_words_speak_of_parameters_there_are_in_one_line(monkeypatch):
         help_text.KUBEFLOW, help={"register_model": "Registers.\nIn MLflow."}))
     with pytest.raises(ValueError, match="KUBEFLOW.help\\['register_model'\\]"):
         signatures.written(sources)
+
+
+def test_the_trainjob_launcher_takes_the_one_pod_trainers_parameters_as_written():
+    """A setting added to the transformer trainer reaches the TrainJob launcher, after its
+    own node settings, with no second edit."""
+    module = "components.train_transformer.component"
+    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
+    sources[module] = sources[module].replace(
+        '    hypertune_metric: str = "",\n):\n    """Fine-tunes a pretrained',
+        '    hypertune_metric: str = "",\n    label_smoothing: float = 0.0,\n):\n'
+        '    """Fine-tunes a pretrained', 1)
+    launcher = signatures.written(sources)[module]
+    launcher = launcher[launcher.index("def train_transformer_trainjob"):]
+    head = launcher[:launcher.index("):")]
+    assert head.index("deadline_seconds: int,") < head.index("model_name: str")
+    assert head.rstrip().endswith("label_smoothing: float = 0.0,")

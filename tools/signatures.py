@@ -99,6 +99,13 @@ PIPELINE_MARKER = ("# Defaults and Args help written by python -m tools.signatur
 TUNED_MARKER = ("# Tunable inputs and outputs written by python -m tools.signatures from "
                 "contract.TUNABLE\n# (edit there).")
 TRIAL_MARKER = "# Parameters written by python -m tools.signatures from {trainer} (edit there)."
+# Steps that take another step's parameters after their own: (module, step, its last own
+# parameter, the other step, the other's last parameter not taken). The TrainJob launcher
+# takes the one-pod transformer trainer's settings.
+TAKEN_PARAMETERS = (("components.train_transformer.component", "train_transformer_trainjob",
+                     "deadline_seconds", "train_transformer_classifier", "metrics"),)
+TAKEN_MARKER = ("# Parameters after {last} written by python -m tools.signatures from\n"
+                "# {source} (edit there).")
 PREFLIGHT_MARKER = ("# Parameters written by python -m tools.signatures from {pipeline} "
                     "(edit there).")
 # Step modules whose functions a compiled pipeline may name (comp-<function name>).
@@ -434,6 +441,12 @@ def written(sources: dict[str, str]) -> dict[str, str]:
         sources[module] = mark(rewrite_defaults(sources[module], function,
                                                 config_defaults(_load(config))),
                                function, STEP_MARKER.format(config=config.split(":")[1]))
+    for module, function, last, source, skipped in TAKEN_PARAMETERS:
+        lines = parameter_lines(sources[module], source)
+        names = [line.split(":")[0].strip() for line in lines]
+        sources[module] = mark(rewrite_after(sources[module], function, last,
+                                             lines[names.index(skipped) + 1:]),
+                               function, TAKEN_MARKER.format(last=last, source=source))
     for module, function, kind in RATE_HELP:  # before the pipelines copy it
         sources[module] = rewrite_help(sources[module], function, "learning_rate",
                                        found_rate_help(kind, sources))

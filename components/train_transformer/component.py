@@ -81,6 +81,8 @@ def train_transformer_classifier(
     })
 
 
+# Parameters after deadline_seconds written by python -m tools.signatures from
+# train_transformer_classifier (edit there).
 def train_transformer_trainjob(
     dataset: Input[Dataset],
     model: Output[Model],
