@@ -676,32 +676,31 @@ def test_the_preflight_step_gets_the_tensorboard_set_at_compile_time(tmp_path):
             assert (value and value["runtimeValue"]["constant"]) == expected, pipeline
 
 
-def test_task_settings_still_name_their_caller_while_a_pipeline_is_defined():
-    """`defined_quickly` swaps kfp's source-reading `inspect.stack` for the frames alone
-    while a body runs: kfp's error still names the setting misused, and `inspect` is kfp's
-    own again afterwards, failure or not."""
-    import inspect
+def test_a_definition_runs_on_a_thread_of_its_own_and_its_errors_reach_the_caller():
+    """`Steps.defined` runs the body on a fresh thread (kfp's task settings then read a short
+    stack): the pipeline is the same, and a mistake in the body is raised to the caller as
+    it is, kfp's message still naming the setting misused."""
+    import threading
 
     from kfp import dsl
-    from kfp.dsl import pipeline_task
 
-    from pipelines.definitions.steps import defined_quickly
+    from pipelines.definitions.steps import Steps
 
-    @dsl.component
-    def step() -> str:
-        return "x"
+    steps = Steps("lm", "r/fastai:1")
+    threads = []
 
-    @defined_quickly(dsl.pipeline(name="fine"))
-    def fine():
-        step().set_env_variable("A", "1").set_cpu_limit("1")
+    @steps.defined(dsl.pipeline(name="fine"))
+    def fine(corpus_uri: str = "gs://b/c"):
+        threads.append(threading.current_thread())
+        steps.run("train", locals())
 
-    assert pipeline_task.inspect is inspect
+    assert threads and threads[0] is not threading.main_thread()
+    assert "train-language-model" in fine.pipeline_spec.root.dag.tasks
     with pytest.raises(ValueError, match="^set_env_variable can only be used on single-step"):
-        @defined_quickly(dsl.pipeline(name="misused"))
+        @steps.defined(dsl.pipeline(name="misused"))
         def misused():
             dsl.importer(artifact_uri="gs://b/x", artifact_class=dsl.Artifact,
                          reimport=False).set_env_variable("A", "1")
-    assert pipeline_task.inspect is inspect
 
 
 def test_a_targets_words_drop_its_parameters_and_say_its_help():
@@ -814,27 +813,3 @@ def test_each_target_offers_the_parameters_that_mean_something_there(tmp_path):
             assert "MLflow Model Registry" in theirs["register_model"]["description"]
         tuned = compile_cli.PIPELINES[name][2]
         assert ("Vertex tuning job" in spec["pipelineInfo"]["description"]) == tuned, name
-
-
-def test_components_pass_through_libyaml_with_the_same_values_and_pyyaml_is_put_back():
-    """`yaml_in_c`: GCPC's wrapper and the tuning job round-trip each component through
-    YAML text; in there PyYAML's safe functions run on libyaml, and the values read back
-    are the ones written, then the pure-Python functions are PyYAML's again, failure or
-    not."""
-    import yaml
-
-    from pipelines.definitions.steps import yaml_in_c
-
-    assert yaml.__with_libyaml__  # PyPI's wheels carry it; else yaml_in_c changes nothing
-    spec = {"rate": 1e-05, "count": 3, "flag": True, "none": None, "text": "a: b\n\tc ü",
-            "when": "2026-11-28", "list": [1.5, "01", "yes", {"nested": "0x1F"}]}
-    pure = yaml.safe_dump, yaml.safe_load, yaml.safe_load_all
-    with yaml_in_c():
-        assert yaml.safe_dump is not pure[0]
-        text = yaml.safe_dump(spec, sort_keys=False)
-        assert yaml.safe_load(text) == spec == yaml.load(text, Loader=yaml.SafeLoader)
-        assert list(yaml.safe_load_all(text + "---\n{x: 1}\n")) == [spec, {"x": 1}]
-    assert (yaml.safe_dump, yaml.safe_load, yaml.safe_load_all) == pure
-    with pytest.raises(RuntimeError), yaml_in_c():
-        raise RuntimeError("a component the wrapper refuses")
-    assert (yaml.safe_dump, yaml.safe_load, yaml.safe_load_all) == pure

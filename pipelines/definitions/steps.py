@@ -21,17 +21,14 @@ takes every parameter; the body passes the others.
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import dataclasses
 import functools
 import inspect
-import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import yaml
 from kfp import dsl
-from kfp.dsl import pipeline_task
 
 from components.evaluate_image import component as evaluate_image
 from components.evaluate_text import component as evaluate_text
@@ -154,65 +151,6 @@ TRACKED_AS = {"image": "image", "text": "text", "transformer": "text"}
 SERVED_BY_THE_RUNTIME = ("text", "transformer")
 
 
-class _InspectWithoutSource:
-    """`inspect` for kfp's `pipeline_task` module, whose every task setting
-    (`set_env_variable`, `set_cpu_limit`, ...) reads `inspect.stack()[1][3]`, its caller's
-    name, for an error message. `inspect.stack()` also finds the source of every frame on
-    the stack: ~0.1 s a call under pytest (or in a notebook), 22 of the 27 s of a Kubeflow
-    compile there, 1.3 s of an unnested one. Frames without source name the same caller."""
-
-    def __getattr__(self, name: str):
-        return getattr(inspect, name)
-
-    @staticmethod
-    def stack(context: int = 1) -> list[inspect.FrameInfo]:
-        frames, frame = [], sys._getframe(1)
-        while frame is not None:
-            code = frame.f_code
-            frames.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno,
-                                            code.co_name, None, None))
-            frame = frame.f_back
-        return frames
-
-
-def defined_quickly(decorate: Callable) -> Callable:
-    """`decorate` (a `dsl.pipeline(...)`, which runs the body to record its tasks) with
-    kfp's task settings naming their caller without reading source files."""
-
-    def define(body: Callable):
-        saved = pipeline_task.inspect
-        pipeline_task.inspect = _InspectWithoutSource()
-        try:
-            return decorate(body)
-        finally:
-            pipeline_task.inspect = saved
-
-    return define
-
-
-@contextlib.contextmanager
-def yaml_in_c() -> Iterator[None]:
-    """PyYAML's safe functions through libyaml while the targets make their components.
-
-    GCPC's custom-job wrapper and the tuning job pass each component through YAML text
-    (`yaml.safe_dump`, then kfp's `yaml.safe_load_all`): in PyYAML's pure Python that was
-    ~9 of a Vertex compile's ~11 s. libyaml's parser and emitter give the same values back
-    (the constructors and resolvers are PyYAML's own). Without libyaml, nothing changes.
-    """
-    if not yaml.__with_libyaml__:
-        yield
-        return
-    saved = yaml.safe_load, yaml.safe_load_all, yaml.safe_dump
-    yaml.safe_load = lambda stream: yaml.load(stream, Loader=yaml.CSafeLoader)
-    yaml.safe_load_all = lambda stream: yaml.load_all(stream, Loader=yaml.CSafeLoader)
-    yaml.safe_dump = lambda data, stream=None, **options: yaml.dump_all(
-        [data], stream, Dumper=yaml.CSafeDumper, **options)
-    try:
-        yield
-    finally:
-        yaml.safe_load, yaml.safe_load_all, yaml.safe_dump = saved
-
-
 def component(function: Callable, image: str):
     """A step's KFP component: `function` run in the container `image`.
 
@@ -270,11 +208,10 @@ class Steps:
         # All made here, before a body makes a task (kubeflow/pipelines#9320); the
         # trials run the trainer unwrapped.
         self.search = None
-        with yaml_in_c():
-            if tune is not None:
-                self.search = target.search(made["train"], kind, tune,
-                                            self.table["train"].machine, TUNING_JOBS[kind], image)
-            self.ops = {role: self._on_machines(role, op) for role, op in made.items()}
+        if tune is not None:
+            self.search = target.search(made["train"], kind, tune,
+                                        self.table["train"].machine, TUNING_JOBS[kind], image)
+        self.ops = {role: self._on_machines(role, op) for role, op in made.items()}
         self.registration = (target.registration(kind, image)
                              if target is not None and "gate" in self.table else None)
         self.experiment = ""
@@ -295,10 +232,20 @@ class Steps:
                                          description=lead + clause + rest))
 
     def defined(self, decorate: Callable) -> Callable:
-        """`decorate` (a `dsl.pipeline(...)`) over the body as the target says it
-        (`spoken`), its task settings made quickly (`defined_quickly`)."""
-        quickly = defined_quickly(decorate)
-        return lambda body: quickly(spoken(body, self.words))
+        """`decorate` (a `dsl.pipeline(...)`, which runs the body to record its tasks) over
+        the body as the target says it (`spoken`), on a thread of its own.
+
+        Why a thread: each of kfp's task settings (`set_env_variable`, `set_cpu_limit`, ...)
+        calls `inspect.stack()` for its error message, which looks up the module and source
+        of every frame below it. Under a deep caller in a large process (pytest with torch
+        and TensorFlow loaded: ~6,400 modules) that was ~30 ms a setting and most of a
+        Kubeflow compile; a fresh thread's stack holds only the definition's own frames.
+        """
+        def define(body: Callable):
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                return pool.submit(decorate, spoken(body, self.words)).result()
+
+        return define
 
     def _on_machines(self, role: str, op: Callable) -> Callable:
         """`op` as the target wraps it on the step's machines (a Vertex custom job); as it
