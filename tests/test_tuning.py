@@ -148,7 +148,8 @@ def test_the_best_trial_ranks_by_the_study_goal_among_succeeded_trials():
     assert selection.best_trial(_job("MINIMIZE", trials))["id"] == "1"
     defaults = {"learning_rate": 1e-3, "fine_tune_learning_rate": 1e-4, "dropout": 0.2,
                 "batch_size": 32, "unfreeze_blocks": 1}
-    assert selection.best_values("image", _job("MAXIMIZE", trials), defaults) == {
+    best = selection.best_trial(_job("MAXIMIZE", trials))
+    assert selection.best_values("image", best, defaults) == {
         **defaults, "learning_rate": 0.001, "batch_size": 16}
 
 

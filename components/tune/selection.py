@@ -73,35 +73,51 @@ def trial_table(job) -> list[dict[str, Any]]:
     return rows
 
 
-def best_trial(job) -> dict[str, Any]:
-    """The succeeded trial whose final metric ranks first for the study's goal.
+def best_row(rows: list[Mapping[str, Any]], maximize: bool) -> Mapping[str, Any] | None:
+    """The succeeded row whose metric ranks first for the goal (ties go to the earlier
+    row); None where no row succeeded with a value of the metric."""
+    ranked = [row for row in rows if row.get("state") == "SUCCEEDED"
+              and row.get("metric") is not None]
+    return max(ranked, key=lambda row: row["metric"] if maximize else -row["metric"],
+               default=None)
 
-    Ties go to the earlier trial.
+
+def best_trial(job) -> dict[str, Any]:
+    """The succeeded trial of a Vertex tuning job whose final metric ranks first for the
+    study's goal (`best_row`).
 
     Raises:
         TuningError: No trial succeeded with a value of the metric.
     """
-    spec = job.study_spec.metrics[0]
-    maximize = spec.goal.name == "MAXIMIZE"
-    rows = [r for r in trial_table(job) if r["state"] == "SUCCEEDED" and r["metric"] is not None]
-    if not rows:
-        states = sorted({r["state"] for r in trial_table(job)})
+    spec, table = job.study_spec.metrics[0], trial_table(job)
+    best = best_row(table, spec.goal.name == "MAXIMIZE")
+    if best is None:
+        states = sorted({r["state"] for r in table})
         raise TuningError(f"tuning job {job.name}: no trial succeeded with a final "
                           f"{spec.metric_id} (trial states: {states}); see the trials' logs "
                           "in the console")
-    best = rows[0]
-    for row in rows[1:]:
-        if (row["metric"] > best["metric"]) if maximize else (row["metric"] < best["metric"]):
-            best = row
     return best
 
 
-def best_values(kind: str, job, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """Every tunable parameter of `kind`: the best trial's value where the study searched
+def best_values(kind: str, best: Mapping[str, Any], defaults: Mapping[str, Any]
+                ) -> dict[str, Any]:
+    """Every tunable parameter of `kind`: the `best` trial's value where the study searched
     it, else the run's value in `defaults`."""
-    best = best_trial(job)
     return {name: coerce(kind, name, best["parameters"][name]) if name in best["parameters"]
             else defaults[name] for name in TUNABLE[kind]}
+
+
+def record(trials, summary: Mapping[str, Any], best: Mapping[str, Any] | None = None,
+           values: Mapping[str, Any] | None = None) -> None:
+    """Writes `trials.json` (`summary`, and the best trial with its `values`, or None) into
+    the `trials` artifact (`.path` a folder)."""
+    import os
+
+    from components.common.storage import write_json_atomically
+
+    os.makedirs(trials.path, exist_ok=True)
+    write_json_atomically(os.path.join(trials.path, TRIALS_FILE), {
+        **summary, "best": None if best is None else {**best, "values": values}})
 
 
 def choose(kind: str, gcp_resources: str, defaults: Mapping[str, Any], trials,
@@ -119,24 +135,18 @@ def choose(kind: str, gcp_resources: str, defaults: Mapping[str, Any], trials,
     Raises:
         TuningError: No trial succeeded with a value of the study's metric.
     """
-    import os
-
-    from components.common.storage import write_json_atomically
-
     job = fetch(tuning_job_name(gcp_resources))
     table = trial_table(job)
     spec = job.study_spec.metrics[0]
     summary = {"job": job.name, "metric": spec.metric_id, "goal": spec.goal.name.lower(),
                "trials": table}
-    os.makedirs(trials.path, exist_ok=True)
     try:
         best = best_trial(job)
     except TuningError:
-        write_json_atomically(os.path.join(trials.path, TRIALS_FILE), {**summary, "best": None})
+        record(trials, summary)
         raise
-    values = best_values(kind, job, defaults)
-    summary["best"] = {**best, "values": values}
-    write_json_atomically(os.path.join(trials.path, TRIALS_FILE), summary)
+    values = best_values(kind, best, defaults)
+    record(trials, summary, best, values)
     trials.metadata.update({"job": job.name, "best_trial": best["id"],
                             f"best_{spec.metric_id}": best["metric"],
                             "succeeded": sum(r["state"] == "SUCCEEDED" for r in table),
@@ -164,39 +174,26 @@ def choose_from_results(kind: str, results: list[Mapping[str, Any]], goal: str,
         TuningError: Too many trials failed, or none has a value; `trials.json` is written
             first, naming each trial's error.
     """
-    import os
-
-    from components.common.storage import write_json_atomically
-
     # In the order the points were drawn (a result names its trial), whatever order the
     # loop's outputs were collected in; ties go to the earlier trial.
     table = sorted(({"id": str(i + 1), **dict(r)} for i, r in enumerate(results)),
                    key=lambda row: int(row["id"]))
     failed = [row for row in table if row.get("state") != "SUCCEEDED"]
-    ranked = [row for row in table if row.get("state") == "SUCCEEDED"
-              and row.get("metric") is not None]
+    best = best_row(table, goal == "maximize")
     summary = {"goal": goal, "max_failed_trials": max_failed_trials, "trials": table}
-    os.makedirs(trials.path, exist_ok=True)
     problem = None
     if max_failed_trials and len(failed) >= max_failed_trials:
         problem = (f"{len(failed)} of {len(table)} trials failed, at least "
                    f"max_failed_trials={max_failed_trials}")
-    elif not ranked:
+    elif best is None:
         problem = f"no trial of {len(table)} succeeded with a value of the study metric"
     if problem:
-        write_json_atomically(os.path.join(trials.path, TRIALS_FILE), {**summary, "best": None})
+        record(trials, summary)
         errors = sorted({row["error"] for row in failed if row.get("error")})
         raise TuningError(f"{problem}; errors: {errors or 'none recorded'} (every trial's "
-                          f"values and error: {os.path.join(trials.uri, TRIALS_FILE)})")
-    best = ranked[0]
-    for row in ranked[1:]:
-        if (row["metric"] > best["metric"]) if goal == "maximize" else (
-                row["metric"] < best["metric"]):
-            best = row
-    values = {name: coerce(kind, name, best["parameters"][name])
-              if name in best["parameters"] else defaults[name] for name in TUNABLE[kind]}
-    summary["best"] = {**best, "values": values}
-    write_json_atomically(os.path.join(trials.path, TRIALS_FILE), summary)
+                          f"values and error: {trials.uri}/{TRIALS_FILE})")
+    values = best_values(kind, best, defaults)
+    record(trials, summary, best, values)
     trials.metadata.update({"best_trial": best["id"], "best_metric": best["metric"],
                             "succeeded": len(table) - len(failed), "trials": len(table)})
     return values
