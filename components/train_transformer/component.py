@@ -46,14 +46,11 @@ def train_transformer_classifier(
         tensorboard_dir: Folder (gs:// or local) of TensorBoard logs, one point per epoch (classifier/<field>); empty: $AIP_TENSORBOARD_LOG_DIR (this task's sub-folder), else none.
         hypertune_metric: Set by the trials of a Vertex tuning job: the epoch value (e.g. micro_f1, valid_loss) reported to the tuning service after each epoch; empty reports nothing.
     """
-    import dataclasses
     import logging
-    import os
 
-    from components.common.provenance import provenance
-    from components.prepare_text.contract import MANIFEST
     from components.train_transformer.contract import TransformerConfig
-    from components.train_transformer.launch import train, validation_scalars
+    from components.train_transformer.launch import train
+    from components.train_transformer.results import record_outputs
 
     logging.basicConfig(level=logging.INFO)  # one line per epoch in the job's log
     config = TransformerConfig(
@@ -67,18 +64,7 @@ def train_transformer_classifier(
                    hypertune_metric=hypertune_metric or None)
     if result is None:  # another replica: the primary's outputs are the step's (KFP writes
         return  # the executor output of workerpool0 only), and its files may not show here
-    for name, value in validation_scalars(result).items():
-        metrics.log_metric(name, float(value))
-    model.metadata.update({
-        "framework": "transformers",
-        "arch": result["run"]["arch"],
-        "task": result["task"],
-        "labels": result["labels"],
-        "model_fingerprint": model_fingerprint,
-        "learnt_nothing": result["run"]["learnt_nothing"] or "",
-        "files": sorted(os.listdir(model.path)),
-        **provenance(os.path.join(dataset.path, MANIFEST), dataclasses.asdict(config)),
-    })
+    record_outputs(result, model, metrics, dataset.path, config, model_fingerprint)
 
 
 # Parameters after deadline_seconds written by python -m tools.signatures from

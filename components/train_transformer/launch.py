@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from components.common.gpus import require_torch_gpus
-from components.text_common.scores import validation_scalars  # noqa: F401 (the component's)
 from components.train_transformer import distributed
 from components.train_transformer.contract import TransformerConfig
 

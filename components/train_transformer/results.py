@@ -84,11 +84,8 @@ def write_outputs(model_dir: str, result: dict[str, Any],
 def record_outputs(result: dict[str, Any], model, metrics, dataset_dir: str,
                    config: TransformerConfig, model_fingerprint: str) -> None:
     """What the training step reports of the model folder it made: the validation scalars
-    in `metrics` and the model's metadata (framework, labels, provenance, files).
-
-    The one-pod component (`component.train_transformer_classifier`) does the same inline:
-    KFP compiles a component's own source, and the compiled single-pod files stay as they
-    were; the TrainJob launcher (`train_transformer_trainjob`) calls this.
+    in `metrics` and the model's metadata (framework, labels, provenance, files); the
+    one-pod step and the TrainJob launcher alike.
 
     Args:
         result: The training result (the model's metrics.json).
