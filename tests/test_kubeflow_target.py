@@ -331,7 +331,7 @@ def test_kubeflow_tuning_variant_runs_its_trials_in_a_loop_and_retrains_with_the
                                  seed=5)
     # kfp.local runs every pod here, with its environment: the training pod on a CPU node
     # (a GPU pod would stop at its GPU check, tests/test_gpus.py)
-    settings = compile_cli.kubeflow_settings(compile_cli.parse_args(
+    settings = compile_cli.target_settings(compile_cli.parse_args(
         ["--target", "kubeflow", "--train-text-accelerator-type", "",
          "--train-text-accelerator-count", "0"]))
     local.init(runner=local.SubprocessRunner(use_venv=False),

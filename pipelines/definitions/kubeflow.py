@@ -205,26 +205,6 @@ def pod_resources(step: str, machine: Machine,
                         else 0)
 
 
-def parse_label(text: str, option: str) -> tuple[str, str]:
-    """KEY=VALUE as a node label; ValueError naming `option` otherwise."""
-    key, sep, value = text.partition("=")
-    if not (key and sep and value):
-        raise ValueError(f"{option} {text!r} must be KEY=VALUE (a node label)")
-    return key, value
-
-
-def parse_toleration(text: str, option: str) -> dict[str, str]:
-    """KEY=VALUE:EFFECT (operator Equal) or KEY:EFFECT (operator Exists) as a toleration."""
-    head, sep, effect = text.rpartition(":")
-    if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute") or not head:
-        raise ValueError(f"{option} {text!r} must be KEY=VALUE:EFFECT or KEY:EFFECT with EFFECT "
-                         "NoSchedule, PreferNoSchedule or NoExecute")
-    key, eq, value = head.partition("=")
-    if eq:
-        return {"key": key, "operator": "Equal", "value": value, "effect": effect}
-    return {"key": key, "operator": "Exists", "effect": effect}
-
-
 @dataclasses.dataclass(frozen=True)
 class KubeflowSettings:
     """Settings of every pod the pipeline starts on a Kubernetes cluster.
@@ -376,7 +356,6 @@ class KubeflowSettings:
             for toleration in self.spot_tolerations:
                 kubernetes.add_toleration(task, **toleration)
         return task
-
 
     def placement(self, pod: PodResources) -> tuple[dict[str, str], list[dict[str, str]]]:
         """The node selector and tolerations `place` gives `pod` (its GPUs, the spot

@@ -1,0 +1,177 @@
+"""The Kubeflow target's command-line options, its settings from them (each step a pod,
+`pipelines.definitions.kubeflow`) and its compile notes; docs/kubeflow.md: what differs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from pipelines.definitions import kubeflow, tuning
+from pipelines.definitions.kubeflow import GKE_SPOT_SELECTOR, GKE_SPOT_TOLERATION
+from pipelines.definitions.machine import DEFAULT_MACHINES
+from pipelines.images import PLACEHOLDER_REGISTRY
+from pipelines.target_options import fail, refused, step_machines
+
+# The searches the Kubeflow target's trials can run: random points drawn at compile time.
+RANDOM = ("ALGORITHM_UNSPECIFIED", "RANDOM_SEARCH")
+# The files written (`--yaml` or not): the pods' platform settings are YAML's second document.
+FORMATS = ("yaml",)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Declares the options only `--target kubeflow` honours, in a group of their own."""
+    k = parser.add_argument_group("Kubeflow target (--target kubeflow)")
+    k.add_argument("--gpu-node-label", choices=("gfd", "gke", "none"), default="gfd",
+                   help="node label that names the GPU type: gfd (NVIDIA GPU Feature "
+                        "Discovery's nvidia.com/gpu.product), gke (cloud.google.com/"
+                        "gke-accelerator) or none (any GPU node). Per step, "
+                        "--<step>-cpu/--<step>-memory/--<step>-shm-size (Kubernetes "
+                        "quantities) override what the machine type maps to")
+    k.add_argument("--gpu-product", action="append", default=[], metavar="GPU=VALUE",
+                   help="the label's value for a Vertex GPU name, e.g. "
+                        "NVIDIA_TESLA_V100=Tesla-V100-PCIE-32GB; repeatable")
+    k.add_argument("--spot-node-selector", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"the spot pool's node label with --spot (default {GKE_SPOT_SELECTOR}; "
+                        "EKS: eks.amazonaws.com/capacityType=SPOT); repeatable")
+    k.add_argument("--spot-toleration", action="append", default=[],
+                   metavar="KEY=VALUE:EFFECT",
+                   help=f"the spot pool's taint to tolerate with --spot (default "
+                        f"{GKE_SPOT_TOLERATION}); repeatable")
+    k.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                   help="Kubernetes secret the pods pull the images with; repeatable")
+    k.add_argument("--checkpoint-root", default="", metavar="URI",
+                   help="gs:// or s3:// folder for the training steps' checkpoints and "
+                        "TensorBoard logs, written there directly so a retried step resumes")
+    k.add_argument("--storage-secret", default="", metavar="NAME",
+                   help="Kubernetes secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                        "given to every pod for s3:// data and checkpoints")
+    k.add_argument("--s3-endpoint", default="", metavar="URL",
+                   help="S3 API of MinIO, SeaweedFS or Ceph, e.g. KFP's own store: "
+                        "http://minio-service.kubeflow:9000 (2.14, 2.15), "
+                        "http://seaweedfs.kubeflow:9000 (2.16 on)")
+    k.add_argument("--training-retries", type=int, default=0, metavar="N",
+                   help="times a training pod whose container failed (an error, killed "
+                        "for memory, a spot node's graceful shutdown) starts again, resuming "
+                        "from --checkpoint-root; a pod deleted with its node (a drain, a "
+                        "reclaim without graceful shutdown) is not retried by Argo: retry "
+                        "the run (pipelines.submit --retry RUN_ID, or the UI). Each retry "
+                        "re-bills its GPUs, and bad data fails again")
+    k.add_argument("--trainjob-runtime", default=kubeflow.DEFAULT_TRAINJOB_RUNTIME,
+                   metavar="NAME", help="ClusterTrainingRuntime of the TrainJob the "
+                   "transformer step creates with --train-transformer-replica-count > 1 "
+                   "(Kubeflow Trainer 2.3; docs/kubeflow.md)")
+    for step in DEFAULT_MACHINES:  # described in --gpu-node-label's help
+        for field in ("cpu", "memory", "shm_size"):
+            k.add_argument(f"--{step}_{field}".replace("_", "-"), dest=f"{step}_{field}",
+                           default="", metavar="QUANTITY", help=argparse.SUPPRESS)
+
+
+def settings(args: argparse.Namespace, tuned: Mapping[str, str],
+             others: Mapping[str, Mapping[str, Any]]) -> kubeflow.KubeflowSettings:
+    """The Kubeflow target's settings from the parsed flags.
+
+    Args:
+        args: The parsed flags.
+        tuned: Kinds whose tuning variant is compiled -> their trials' step (one pod each).
+        others: The other targets' options (`target_options.declared`), refused when set.
+
+    Raises:
+        SystemExit: Naming every option at fault.
+    """
+    values, machines = vars(args), step_machines(args)
+    problems = refused(args, others)
+    if args.tune_algorithm not in RANDOM:
+        problems.append(f"--tune-algorithm {args.tune_algorithm}: the Kubeflow target's trials "
+                        "are a random search drawn at compile time (RANDOM_SEARCH)")
+    problems += kubeflow.replica_problems(machines, args.checkpoint_root, tuple(tuned.values()))
+    if not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", args.trainjob_runtime):
+        problems.append(f"--trainjob-runtime {args.trainjob_runtime!r} is not a runtime name "
+                        "(lowercase letters, digits, - and .)")
+    pods, spot = {}, {}
+    for step, machine in machines.items():
+        try:
+            pods[step] = kubeflow.pod_resources(step, machine, kubeflow.PodOverrides(
+                values[f"{step}_cpu"], values[f"{step}_memory"], values[f"{step}_shm_size"]))
+        except ValueError as err:
+            problems.append(str(err))
+    label, known = ("", {}) if args.gpu_node_label == "none" else kubeflow.GPU_LABELS[
+        args.gpu_node_label]
+    products = dict(known)
+    try:
+        products.update(parse_label(item, "--gpu-product") for item in args.gpu_product)
+        spot = {"spot_selectors": tuple(parse_label(item, "--spot-node-selector") for item in
+                                        args.spot_node_selector or [GKE_SPOT_SELECTOR]),
+                "spot_tolerations": tuple(parse_toleration(item, "--spot-toleration") for item
+                                          in args.spot_toleration or [GKE_SPOT_TOLERATION])}
+    except ValueError as err:
+        problems.append(str(err))
+    problems += [problem for step, pod in pods.items()
+                 for problem in kubeflow.gpu_problems(step, machines[step], pod, label, products)]
+    if not args.spot and (args.spot_node_selector or args.spot_toleration):
+        problems.append("--spot-node-selector and --spot-toleration describe the spot pool "
+                        "--spot runs on: add --spot, or leave them out")
+    if args.training_retries < 0:
+        problems.append(f"--training-retries must be >= 0, got {args.training_retries}")
+    if args.step_timeout < 1:
+        problems.append(f"--step-timeout must be >= 1 second, got {args.step_timeout}")
+    if args.checkpoint_root and not args.checkpoint_root.startswith(("gs://", "s3://")):
+        problems.append(f"--checkpoint-root {args.checkpoint_root!r} must be a gs:// or s3:// "
+                        "folder: a folder in the pod dies with it")
+    if args.s3_endpoint and not args.s3_endpoint.startswith(("http://", "https://")):
+        problems.append(f"--s3-endpoint {args.s3_endpoint!r} must be an http(s):// URL")
+    fail(problems)
+    return kubeflow.KubeflowSettings(
+        pods=pods, gpu_label=label, gpu_products=products, spot=args.spot, **spot,
+        image_pull_secrets=tuple(args.image_pull_secret), timeout_seconds=args.step_timeout,
+        checkpoint_root=args.checkpoint_root, storage_secret=args.storage_secret,
+        s3_endpoint=args.s3_endpoint, training_retries=args.training_retries,
+        nodes={step: machine.replica_count for step, machine in machines.items()
+               if machine.replica_count > 1}, trainjob_runtime=args.trainjob_runtime)
+
+
+def parse_label(text: str, option: str) -> tuple[str, str]:
+    """KEY=VALUE as a node label; ValueError naming `option` otherwise."""
+    key, sep, value = text.partition("=")
+    if not (key and sep and value):
+        raise ValueError(f"{option} {text!r} must be KEY=VALUE (a node label)")
+    return key, value
+
+
+def parse_toleration(text: str, option: str) -> dict[str, str]:
+    """KEY=VALUE:EFFECT (operator Equal) or KEY:EFFECT (operator Exists) as a toleration."""
+    head, sep, effect = text.rpartition(":")
+    if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute") or not head:
+        raise ValueError(f"{option} {text!r} must be KEY=VALUE:EFFECT or KEY:EFFECT with EFFECT "
+                         "NoSchedule, PreferNoSchedule or NoExecute")
+    key, eq, value = head.partition("=")
+    if eq:
+        return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    return {"key": key, "operator": "Exists", "effect": effect}
+
+
+def output_dir(placeholder: bool) -> str:
+    """Where the files go unless `--output-dir` says."""
+    return os.path.join("build", "kubeflow")
+
+
+def notes(args: argparse.Namespace, placeholder: bool) -> None:
+    """What the files written will lack, printed before they are compiled."""
+    if placeholder:
+        print(f"note: images point at the placeholder registry {PLACEHOLDER_REGISTRY}; pass "
+              "--registry (and --tag) or --image for images your cluster can pull",
+              file=sys.stderr)
+
+
+def report(settings_: kubeflow.KubeflowSettings, tune: tuning.TuningSettings,
+           tuned: Mapping[str, str], written: list[str]) -> None:
+    """What each step's pod asks for, and what the tuning variants' trials run on."""
+    for step, pod in settings_.pods.items():
+        print(f"pod: {kubeflow.describe(step, pod, settings_)}", file=sys.stderr)
+    if tuned:
+        print(f"note: the tuning pipelines run {tune.max_trials} trials, "
+              f"{tune.parallel_trials} at a time, each a pod of its training step; then one "
+              "more training with the best values", file=sys.stderr)
