@@ -235,6 +235,27 @@ def _two_replica_job(chief: str, worker: str, restart_all: bool) -> str:
         "scheduling": {"restart_job_on_worker_restart": restart_all}}})
 
 
+def test_a_step_process_gets_its_jobs_variables_not_the_rehearsals(tmp_path, monkeypatch):
+    """One environment for every step's process (Vertex replica, pod, TrainJob node): the
+    rehearsal's credentials, cluster variables and PYTHONPATH stay here; the job's
+    variables go, under what stands in for the image (PATH, PYTHONPATH, mounts, TMPDIR)."""
+    import sys
+
+    from tools.rehearsal.runtimes import MOUNTS_ENV, ROOT, SITE_DIR, step_env
+
+    for name, value in (("AWS_SECRET_ACCESS_KEY", "the-rehearsals"), ("CLUSTER_SPEC", "{}"),
+                        ("RANK", "3"), ("PYTHONPATH", "/elsewhere")):
+        monkeypatch.setenv(name, value)
+    gcs, tmp = str(tmp_path / "gcs"), str(tmp_path / "tmp")
+    env = step_env({"AWS_SECRET_ACCESS_KEY": "the-jobs", "TF_CONFIG": "{}", "PATH": "/x"},
+                   {gcs: "/gcs", tmp: "/tmp"}, python_path=["/hooks"])
+    assert env["AWS_SECRET_ACCESS_KEY"] == "the-jobs" and env["TF_CONFIG"] == "{}"
+    assert "CLUSTER_SPEC" not in env and "RANK" not in env
+    assert env["PYTHONPATH"] == os.pathsep.join(["/hooks", SITE_DIR, ROOT])
+    assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    assert env["TMPDIR"] == tmp and json.loads(env[MOUNTS_ENV]) == {"/gcs": gcs}
+
+
 @pytest.mark.parametrize("preempted", [False, True])
 def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path, preempted):
     """As on Vertex: one replica's error ends the job; a peer left waiting on it (here for

@@ -13,7 +13,8 @@ takes from `pipelines` only the parameter parser (`params`) and the run summarie
     records   the error, each task's record, artifacts as they are passed on
     spec      reading the compiled IR: parameters, typed values, conditions, task order,
               executor inputs and placeholders, resolved as the Vertex backend does
-    runtimes  where a step's process runs: here (local) or in its image with buildah
+    runtimes  where a step's process runs, here (local) or in its image with buildah, and
+              `start_step`, which starts every step's process of both rehearsals
     cache     Vertex's execution cache, kept across rehearsals
     jobs      the Vertex service: CustomJobs with replicas, CLUSTER_SPEC/TF_CONFIG/AIP_*,
               preemption, tuning jobs and the best trial, API calls answered and written
@@ -39,7 +40,7 @@ _HOMES = {
     "records": ("ArtifactRef", "RehearsalError", "TaskRecord"),
     "spec": ("LOCATION", "PROJECT", "PROJECT_NUMBER", "evaluate_condition", "render",
              "topological_order", "typed_value"),
-    "runtimes": ("BUILDAH", "GCS_MOUNT", "MOUNT_ENV", "RUNTIMES", "SITE_DIR",
+    "runtimes": ("BUILDAH", "GCS_MOUNT", "RUNTIMES", "SITE_DIR",
                  "ImageContainers", "open_mount"),
     "cache": ("TaskCache", "cache_key"),
     "jobs": ("BEST_TRIAL_STEPS", "CUSTOM_JOB_LAUNCHER", "GCPC_LAUNCHER_PREFIX",

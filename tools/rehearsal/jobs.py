@@ -2,7 +2,7 @@
 
 Every container task runs as a job of one replica. A GCPC CustomJob task is unwrapped
 from its launcher payload, parsed into Vertex's own `CustomJob` message, and every replica
-of every worker pool runs as a process (of `runtimes.Runtime`) with the environment Vertex
+of every worker pool runs as a process (`runtimes.start_step`) with the environment Vertex
 sets (`CLUSTER_SPEC`, `TF_CONFIG`, `AIP_*`); a `--preempt` rule kills a replica and
 restarts it as Vertex restarts a preempted worker. A hyperparameter tuning job runs its
 trials one by one, and the best-trial steps read that rehearsed job instead of the Vertex
@@ -17,7 +17,6 @@ import glob
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -26,7 +25,7 @@ from typing import Any
 from components.common.storage import write_json_atomically
 from tools.rehearsal import gcs_api
 from tools.rehearsal.records import ArtifactRef, RehearsalError, TaskRecord
-from tools.rehearsal.runtimes import Runtime, without_gpus
+from tools.rehearsal.runtimes import GCS_MOUNT, Runtime, start_step, stop, without_gpus
 from tools.rehearsal.spec import LOCATION, PROJECT_NUMBER
 
 # Where Vertex has a trial write its metrics (CLOUD_ML_HP_METRIC_FILE), as its users report
@@ -161,12 +160,6 @@ def _flag(args: list[str], name: str) -> str:
     if name not in args:
         raise RehearsalError(f"launcher arguments have no {name}")
     return args[args.index(name) + 1]
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 # --------------------------------------------------------------------------- jobs
@@ -370,8 +363,9 @@ class VertexJobs:
         def start(pool: int, index: int, attempt: int, envs) -> subprocess.Popen:
             log_path = os.path.join(logs, f"workerpool{pool}-{index}.attempt{attempt}.log")
             log_paths[pool, index] = log_path
-            return self.runtime.start(commands[pool][index], envs[pool][index], images[pool],
-                                      log_path)
+            return start_step(commands[pool][index], envs[pool][index], log_path,
+                              {self.runtime.gcs: GCS_MOUNT}, self.runtime.containers,
+                              images[pool])
 
         envs = environments() if callable(environments) else environments
         attempt = 1
@@ -385,7 +379,7 @@ class VertexJobs:
                 # Vertex fails the job when a replica fails and stops the others (which
                 # would otherwise wait on the lost peer's all-reduce for ever).
                 for proc in procs.values():
-                    _kill(proc)
+                    stop(proc)
                 break
             if rule and not rule.done and glob.glob(os.path.join(self.runtime.gcs, rule.pattern),
                                                     recursive=True):
@@ -395,7 +389,7 @@ class VertexJobs:
                       f"{'the whole job' if restart_all else 'workerpool0 replica 0'} "
                       f"({rule.pattern} exists), then restarting")
                 for key in victims:
-                    _kill(procs[key])
+                    stop(procs[key])
                 attempt += 1
                 record.attempts = attempt
                 if restart_all:

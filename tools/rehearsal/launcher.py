@@ -21,9 +21,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -32,9 +29,10 @@ from components.common.storage import filesystem
 from tools.rehearsal.records import RehearsalError
 from tools.rehearsal.runtimes import (
     RUNTIMES,
-    SITE_DIR,
     ImageContainers,
     open_mount,
+    start_step,
+    stop,
     without_gpus,
 )
 
@@ -42,7 +40,8 @@ from tools.rehearsal.runtimes import (
 MOUNTS = {"gs://": "/gcs/", "minio://": "/minio/", "s3://": "/s3/"}
 # Where the launcher has a step write its output parameters (driver.go, provisionOutputs).
 PARAMETER_OUTPUTS = "/tmp/kfp/outputs"
-POD_ENV = "REHEARSAL_POD_ROOT"
+# A pod's own folders (its /gcs, /minio, /s3 and /tmp): each attempt's afresh.
+POD_FOLDERS = ("gcs", "minio", "s3", "tmp")
 # Argo's phases of an attempt's node (a pod).
 SUCCEEDED, FAILED, ERROR = "Succeeded", "Failed", "Error"
 
@@ -145,7 +144,7 @@ class Pods:
     def new(self, task: str, attempt: int) -> str:
         """A fresh pod folder for `task`'s attempt (counted from 1), with empty mounts."""
         pod = os.path.join(self.root, task.replace("/", "-"), f"{self.series}attempt{attempt}")
-        for folder in ("gcs", "minio", "s3", "tmp" + PARAMETER_OUTPUTS[len("/tmp"):]):
+        for folder in (*POD_FOLDERS, PARAMETER_OUTPUTS[1:]):
             os.makedirs(os.path.join(pod, folder), exist_ok=True)
         return pod
 
@@ -163,33 +162,15 @@ class Pods:
         """The local file behind a path of the pod."""
         return os.path.join(pod, path.lstrip("/"))
 
-    def start(self, pod: str, command: list[str], env: Mapping[str, str], image: str,
-              log_path: str) -> subprocess.Popen:
-        """Starts the step's process in `pod`, its output to `log_path`."""
-        if self.containers:
-            volumes = {os.path.join(pod, name): "/" + name
-                       for name in ("gcs", "minio", "s3", "tmp")}
-            command = self.containers.run_command(image, command, volumes, env)
-            full_env = dict(os.environ)
-        else:
-            # A pod has only its own environment: the launcher's credentials stay here.
-            own = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-            full_env = {
-                **own, **env,
-                "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-                "PYTHONPATH": os.pathsep.join([SITE_DIR, os.getcwd()]),
-                POD_ENV: pod, "TMPDIR": os.path.join(pod, "tmp"), "PYTHONUNBUFFERED": "1"}
-        os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        return subprocess.Popen(command, env=full_env, stdout=open(log_path, "w"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
     def run(self, pod: str, command: list[str], env: Mapping[str, str], image: str,
             log_path: str, deadline: float, rule: Kill | None,
             store: ObjectStore) -> tuple[str, str]:
         """Runs the step's command in `pod` until it ends, its `activeDeadlineSeconds`
         pass or `rule` ends it; returns Argo's phase of the attempt and, unless it
         succeeded, why."""
-        proc = self.start(pod, command, env, image, log_path)
+        proc = start_step(command, env, log_path,
+                          {os.path.join(pod, name): "/" + name for name in POD_FOLDERS},
+                          self.containers, image)
         started = time.monotonic()
         while proc.poll() is None:
             time.sleep(0.2)
@@ -230,15 +211,6 @@ class Kill:
         if self.deleted:
             return ERROR, f"pod deleted with its node once {self.pattern} was in the store"
         return FAILED, f"container killed once {self.pattern} was in the store"
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Kills a step's process group, as a pod's containers end with it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def pod_env(container: Mapping[str, Any], settings: Mapping[str, Any],

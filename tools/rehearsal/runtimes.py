@@ -1,30 +1,41 @@
 """Where a step's process runs: here, in this Python environment, or inside its image.
 
+Every step's process of every rehearsal (a Vertex replica, a KFP pod's container, a
+TrainJob node) is started by `start_step`, with the environment `step_env` writes out.
 `--runtime local` starts each command as a process of this venv (`python3` on the PATH is
-this interpreter), with KFP's mount prefix pointed at the rehearsal's gcs/ folder
+this interpreter), with KFP's mount prefixes pointed at the rehearsal's folders
 (`step_site/sitecustomize.py`). `--runtime image` runs it with buildah inside the image
-the JSON names, built here by `make images-local`, with that folder mounted at /gcs and the
-Cloud Storage API an emulator seeded with it. Both show a step `gs://BUCKET/x` as the file
-`OUTPUT/gcs/BUCKET/x`: here at that path, inside an image at `/gcs/BUCKET/x`.
+the JSON names, built here by `make images-local`, with those folders mounted and the
+Cloud Storage API an emulator seeded with gcs/. Both show a Vertex step `gs://BUCKET/x` as
+the file `OUTPUT/gcs/BUCKET/x`: here at that path, inside an image at `/gcs/BUCKET/x`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from tools.rehearsal import gcs_api
 from tools.rehearsal.records import RehearsalError
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "step_site")
-MOUNT_ENV = "REHEARSAL_GCS_MOUNT"
+ROOT = str(gcs_api.REPO)  # the repository: where steps import from
+MOUNTS_ENV = "REHEARSAL_MOUNTS"  # the step's mounts as step_site/sitecustomize.py reads them
+# What a step's process does not take from this one: the rehearsal's own credentials and
+# cluster variables (a replica, a pod or a node has only those its job gives it), and its
+# PYTHONPATH (the image's there; made afresh here).
+NOT_INHERITED_PREFIXES = ("AWS_", "PET_", "AIP_")
+NOT_INHERITED = ("CLUSTER_SPEC", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE",
+                 "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "PYTHONPATH")
 RUNTIMES = ("local", "image")
 GCS_MOUNT = "/gcs"
 BUILDAH = ("buildah", "--storage-driver", "vfs")
@@ -188,33 +199,64 @@ class Runtime:
         if self.containers:
             open_mount(self.gcs)
 
-    def start(self, command: list[str], env: Mapping[str, str], image: str,
-              log_path: str) -> subprocess.Popen:
-        """Starts one replica's process, its output to `log_path`.
 
-        Args:
-            command: The replica's command line.
-            env: The job's variables for it (CLUSTER_SPEC, AIP_*, ...).
-            image: The image it runs in with `--runtime image`.
-            log_path: Its log file.
+def step_env(variables: Mapping[str, str], mounts: Mapping[str, str],
+             python_path: Sequence[str] = ()) -> dict[str, str]:
+    """The environment of a step's process run here (`--runtime local`).
 
-        Returns:
-            The process, in a session of its own (killed as a group on preemption).
-        """
-        if self.containers:
-            command = self.containers.run_command(image, command, {self.gcs: GCS_MOUNT}, env)
-            full_env = dict(os.environ)
-        else:
-            full_env = {**self._local_env(), **env}
-        return subprocess.Popen(command, env=full_env,
-                                stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                                start_new_session=True)  # in the caller's folder
+    This process's variables but `NOT_INHERITED*`; over them `PYTHONUNBUFFERED=1` (its log
+    written as it goes) and the job's `variables`; over those what stands in here for the
+    step's image: `PATH` with this venv's bin/ first, `PYTHONPATH` of `python_path`,
+    step_site/ and the repository, `TMPDIR` the folder mounted at /tmp, and `MOUNTS_ENV` the
+    others (step_site/sitecustomize.py points KFP's mount prefixes at them).
 
-    def _local_env(self) -> dict[str, str]:
-        """This venv first on the PATH, the project and the mount redirect importable."""
-        return {**os.environ,
-                "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-                "PYTHONPATH": os.pathsep.join(
-                    [SITE_DIR, os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "")
-                                               .split(os.pathsep) if p]),
-                MOUNT_ENV: self.gcs, "PYTHONUNBUFFERED": "1"}
+    Args:
+        variables: What its job gives it (container env, secrets' keys, CLUSTER_SPEC, ...).
+        mounts: Local folder -> the path the step has it at (`/gcs`, `/s3`, `/tmp`, ...).
+        python_path: Folders put first on its PYTHONPATH (tests' hooks).
+    """
+    kept = {k: v for k, v in os.environ.items()
+            if not k.startswith(NOT_INHERITED_PREFIXES) and k not in NOT_INHERITED}
+    at = {path: local for local, path in mounts.items()}
+    tmp = {"TMPDIR": at.pop("/tmp")} if "/tmp" in at else {}
+    return {**kept, "PYTHONUNBUFFERED": "1", **variables, **tmp,
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+            "PYTHONPATH": os.pathsep.join([*python_path, SITE_DIR, ROOT]),
+            MOUNTS_ENV: json.dumps(at)}
+
+
+def start_step(command: list[str], variables: Mapping[str, str], log_path: str,
+               mounts: Mapping[str, str], containers: ImageContainers | None = None,
+               image: str = "", python_path: Sequence[str] = ()) -> subprocess.Popen:
+    """Starts a step's process in this process's folder, its output to `log_path`.
+
+    Args:
+        command: Its command line.
+        variables: What its job gives it.
+        log_path: Its log file (its folder is made).
+        mounts: Local folder -> the path the step has it at.
+        containers: Where `--runtime image` runs it, in `image`, with `mounts` mounted and
+            `variables` over the image's own environment; None: here, with `step_env`.
+        image: Its image.
+        python_path: Folders put first on its PYTHONPATH here.
+
+    Returns:
+        The process, in a session of its own (`stop` ends it with what it started).
+    """
+    if containers:
+        command, env = containers.run_command(image, command, mounts, variables), None
+    else:
+        env = step_env(variables, mounts, python_path)
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "w") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Kills a step's process group (its pod, replica or node lost), then reaps it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

@@ -7,8 +7,9 @@
 
 The manifest is the one the launcher step creates (`components.train_transformer.
 multinode.trainjob`, validated through `kubeflow-trainer-api`'s models). For each of its
-`spec.trainer.numNodes` nodes this starts `spec.trainer.command` + `args` (`python` is
-this venv's) in a process group of its own (a node's pod: killed whole), with:
+`spec.trainer.numNodes` nodes this starts `spec.trainer.command` + `args` as every step
+of a rehearsal is started (`runtimes.start_step`: `python` is this venv's, a process group
+of its own, a node's pod, killed whole), with:
 
 - the node container's `env` from the manifest: plain values, and each `secretKeyRef` read
   from `secrets` (the namespace's secrets; a missing one stops the job before it starts,
@@ -17,9 +18,10 @@ this venv's) in a process group of its own (a node's pod: killed whole), with:
   `PET_NNODES`, `PET_NPROC_PER_NODE` (`numProcPerNode`, else `auto`), `PET_NODE_RANK`
   (the node's completion index), `PET_MASTER_ADDR` and `PET_MASTER_PORT`; on a cluster
   the master is `<job>-node-0-0.<job>:29500`, here 127.0.0.1 and a free port;
-- nothing of this process's credentials or cluster variables (`AWS_*`, `PET_*`, torchrun's,
-  Vertex's `AIP_*` and `CLUSTER_SPEC`), a `TMPDIR` of its own (a pod's local disk) and
-  `OMP_NUM_THREADS=1` (several training processes share this machine's cores).
+- nothing of this process's credentials or cluster variables (`runtimes.NOT_INHERITED*`:
+  `AWS_*`, `PET_*`, torchrun's, Vertex's `AIP_*` and `CLUSTER_SPEC`), a `TMPDIR` of its own
+  (a pod's local disk) and `OMP_NUM_THREADS=1` (several training processes share this
+  machine's cores).
 
 Like the runtime, the job has no failure policy: the first node that exits non-zero fails
 the job, and the others are stopped (JobSet's failure policy restarts nothing). The job is
@@ -36,9 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -46,13 +46,9 @@ from typing import Any
 from components.trainjob.contract import PET_VARIABLES
 from tools.rehearsal.gcs_api import free_port
 from tools.rehearsal.records import RehearsalError
+from tools.rehearsal.runtimes import start_step, stop
 
 COMPLETE, FAILED = "Complete", "Failed"  # the TrainJob's conditions
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# What a node's pod does not get from the machine it is played on.
-_NOT_INHERITED_PREFIXES = ("AWS_", "PET_", "AIP_")
-_NOT_INHERITED = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-                  "LOCAL_WORLD_SIZE", "CLUSTER_SPEC", "TORCHELASTIC_RUN_ID", "PYTHONPATH")
 
 
 @dataclasses.dataclass
@@ -123,9 +119,9 @@ class TrainJobRun:
         folder: Local folder of this job: `node-<i>/tmp` (each node's TMPDIR) and
             `node-<i>.log` (its output).
         secrets: The namespace's secrets: name -> key -> value.
-        python_path: Folders put before the repository on the nodes' PYTHONPATH (tests put
-            a sitecustomize.py there); nothing else of this process's PYTHONPATH is kept.
-        node_env: Variables of one node (by index) over everything else (a test's hooks).
+        python_path: Folders put first on the nodes' PYTHONPATH (tests put a
+            sitecustomize.py there); nothing of this process's PYTHONPATH is kept.
+        node_env: Variables of one node (by index) over its others (a test's hooks).
     """
 
     def __init__(self, manifest: Mapping[str, Any], folder: str,
@@ -162,18 +158,11 @@ class TrainJobRun:
         if not command:
             raise RehearsalError(f"TrainJob {self.name} gives no command: the runtime's own "
                                  "is not played here")
-        return [sys.executable if command[0] in ("python", "python3") else command[0],
-                *command[1:]]
+        return command
 
-    def environment(self, index: int, master_port: int) -> dict[str, str]:
-        """Node `index`'s process environment."""
-        tmp = os.path.join(self.folder, f"node-{index}", "tmp")
-        os.makedirs(tmp, exist_ok=True)
-        machine = {k: v for k, v in os.environ.items()
-                   if not k.startswith(_NOT_INHERITED_PREFIXES) and k not in _NOT_INHERITED}
-        return {**machine, "PYTHONPATH": os.pathsep.join([*self.python_path, ROOT]),
-                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TMPDIR": tmp,
-                **container_env(self.trainer, self.secrets),
+    def variables(self, index: int, master_port: int) -> dict[str, str]:
+        """What node `index`'s pod gives its process (`runtimes.step_env` adds the rest)."""
+        return {"OMP_NUM_THREADS": "1", **container_env(self.trainer, self.secrets),
                 **trainer_variables(self.trainer, index, master_port),
                 **self.node_env.get(index, {})}
 
@@ -183,13 +172,13 @@ class TrainJobRun:
             raise RehearsalError(f"TrainJob {self.name} was started already")
         os.makedirs(self.folder, exist_ok=True)
         port, command = free_port(), self.command()
-        environments = [self.environment(i, port) for i in range(self.nodes)]
+        environments = [self.variables(i, port) for i in range(self.nodes)]
         self.started = time.monotonic()
         for index, env in enumerate(environments):
-            with open(self.log_path(index), "w") as log:
-                self.processes.append(subprocess.Popen(
-                    command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True))
+            tmp = os.path.join(self.folder, f"node-{index}", "tmp")
+            os.makedirs(tmp, exist_ok=True)
+            self.processes.append(start_step(command, env, self.log_path(index), {tmp: "/tmp"},
+                                             python_path=self.python_path))
         print(f"[trainjob] {self.name}: {self.nodes} nodes started (master 127.0.0.1:{port})",
               flush=True)
 
@@ -207,7 +196,7 @@ class TrainJobRun:
     def _kill(self, process: subprocess.Popen) -> None:
         if process.returncode is None:
             self.killed_cpu_seconds += _group_cpu_seconds(process.pid)
-        _kill_group(process)
+        stop(process)
 
     def poll(self) -> JobOutcome | None:
         """The job's outcome once it has ended (applying the runtime's failure policy);
@@ -276,12 +265,3 @@ def _group_cpu_seconds(group: int) -> float:
         if int(fields[2]) == group:  # pgrp; utime, stime, cutime, cstime follow
             ticks += sum(int(value) for value in fields[11:15])
     return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL to a node's process group (the node and the processes it started)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()

@@ -13,19 +13,17 @@ skips its full collections (~2 s in a process that imported torch or TensorFlow,
 
 import atexit
 import gc
+import json
 import os
 
 atexit.register(gc.freeze)
 
-_gcs = os.environ.get("REHEARSAL_GCS_MOUNT")
-_pod = os.environ.get("REHEARSAL_POD_ROOT")
-if _gcs or _pod:
+# The step's mounts (`runtimes.step_env`): its path -> the local folder behind it.
+_mounts = json.loads(os.environ.get("REHEARSAL_MOUNTS") or "{}")
+if _mounts:
     from kfp.dsl.types import artifact_types
 
-    if _gcs:
-        artifact_types._GCS_LOCAL_MOUNT_PREFIX = _gcs.rstrip("/") + "/"
-    if _pod:
-        for _name, _folder in (("_GCS_LOCAL_MOUNT_PREFIX", "gcs"),
-                               ("_MINIO_LOCAL_MOUNT_PREFIX", "minio"),
-                               ("_S3_LOCAL_MOUNT_PREFIX", "s3")):
-            setattr(artifact_types, _name, os.path.join(_pod, _folder) + "/")
+    for _name in ("_GCS_LOCAL_MOUNT_PREFIX", "_MINIO_LOCAL_MOUNT_PREFIX", "_S3_LOCAL_MOUNT_PREFIX"):
+        _folder = _mounts.get(getattr(artifact_types, _name).rstrip("/"))
+        if _folder:
+            setattr(artifact_types, _name, _folder.rstrip("/") + "/")
