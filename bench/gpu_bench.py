@@ -153,29 +153,23 @@ def step_seconds(model, data, steps: int, warmup: int) -> float:
 
 
 def memory_batch(batch: int, size: int, classes: int):
-    """One batch of random pixels and labels held in host memory, repeated forever."""
+    """One batch of random pixels and labels held in host memory, repeated forever: a
+    tf.data dataset, or a generator for Keras 3 without TensorFlow."""
     import numpy as np
-    import tensorflow as tf
 
     rng = np.random.default_rng(0)
     images = rng.uniform(0, 255, (batch, size, size, 3)).astype("float32")
     labels = rng.integers(0, classes, batch).astype("int64")
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return forever(images, labels)
     return tf.data.Dataset.from_tensors((images, labels)).repeat()
 
 
-def keras3_memory_batch(batch: int, size: int, classes: int):
-    """`memory_batch` for Keras 3 without TensorFlow: a generator of one numpy batch."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    images = rng.uniform(0, 255, (batch, size, size, 3)).astype("float32")
-    labels = rng.integers(0, classes, batch).astype("int64")
-
-    def forever():
-        while True:
-            yield images, labels
-
-    return forever()
+def forever(images, labels):
+    while True:
+        yield images, labels
 
 
 def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
@@ -186,10 +180,7 @@ def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup
     from components.train_image.contract import architecture_name
 
     classes = 10
-    try:
-        data = memory_batch(batch, size, classes)
-    except ImportError:
-        data = keras3_memory_batch(batch, size, classes)
+    data = memory_batch(batch, size, classes)
     models = {p: engine.model(classes, size, p, layout) for p in precisions}
     flops = forward_flops(next(iter(models.values())))
     best = {p: float("inf") for p in models}

@@ -122,6 +122,32 @@ def smoke_inputs(folder: str) -> tuple[str, str]:
     return dataset, model
 
 
+def grid_parser(doc: str, epochs: int, learning_rate: float) -> argparse.ArgumentParser:
+    """The options of a text trainer's GPU bench (this one's, bench/ulmfit_gpu.py's) whose
+    module docstring is `doc`: the runs' grid, epochs and rate, where rows go, the smoke."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--dataset", action="append", default=[])
+    parser.add_argument("--precisions", default="mixed,fp32")
+    parser.add_argument("--batches", default="16")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--learning-rate", type=float, default=learning_rate)
+    parser.add_argument("--json", default="")
+    parser.add_argument("--smoke", action="store_true")
+    return parser
+
+
+def grid(parser: argparse.ArgumentParser, args: argparse.Namespace
+         ) -> list[tuple[str, bool, int, int]]:
+    """(dataset, mixed precision, batch, seed) of each run the grid's options ask for."""
+    unknown = set(args.precisions.split(",")) - set(PRECISIONS)
+    if unknown:
+        parser.error(f"--precisions: {sorted(unknown)} not among {sorted(PRECISIONS)}")
+    return [(dataset, PRECISIONS[precision], int(batch), int(seed))
+            for dataset in args.dataset for precision in args.precisions.split(",")
+            for batch in args.batches.split(",") for seed in args.seeds.split(",")]
+
+
 def save_rows(path: str, rows: list[dict], started: float) -> None:
     """Writes the rows so far and the seconds since `started` (monotonic) to `path` (none
     when empty): after every run, so that a run cut off at a time limit keeps what was done."""
@@ -141,17 +167,9 @@ def print_row(row: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", action="append", default=[])
+    parser = grid_parser(__doc__, epochs=4, learning_rate=1e-4)
     parser.add_argument("--model", default="")
-    parser.add_argument("--precisions", default="mixed,fp32")
-    parser.add_argument("--batches", default="16")
-    parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--launcher", action="store_true")
-    parser.add_argument("--json", default="")
-    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     settings = dict(epochs=args.epochs, learning_rate=args.learning_rate)
     if args.smoke:
@@ -160,20 +178,15 @@ def main(argv: list[str] | None = None) -> int:
         settings = SMOKE
     if not args.dataset or not args.model:
         parser.error("--dataset and --model are needed (or --smoke)")
-    unknown = set(args.precisions.split(",")) - set(PRECISIONS)
-    if unknown:
-        parser.error(f"--precisions: {sorted(unknown)} not among {sorted(PRECISIONS)}")
-    plan = [(dataset, precision, int(batch), int(seed), False) for dataset in args.dataset
-            for precision in args.precisions.split(",") for batch in args.batches.split(",")
-            for seed in args.seeds.split(",")]
+    plan = [(*run, False) for run in grid(parser, args)]
     if args.launcher:
         plan += [(dataset, *plan[0][1:4], True) for dataset in args.dataset]
     print("dataset      prec  batch seed launch  ep  s/epoch   tokens/s  step s peakMiB "
           "| test micro / macro F1 | TF-IDF micro")
     rows, started = [], time.monotonic()
-    for dataset, precision, batch, seed, launcher in plan:
+    for dataset, mixed, batch, seed, launcher in plan:
         config = TransformerConfig(model_name=args.model, batch_size=batch, seed=seed,
-                                   mixed_precision=PRECISIONS[precision], **settings)
+                                   mixed_precision=mixed, **settings)
         rows.append(one_run(dataset, config, launcher))
         print_row(rows[-1])
         save_rows(args.json, rows, started)

@@ -25,7 +25,6 @@ constant answer's micro F1.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -35,10 +34,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.transformer_gpu import (  # noqa: E402
-    PRECISIONS,
+    grid,
+    grid_parser,
     peak_memory_mib,
     peak_memory_reset,
     save_rows,
+    smoke_dataset,
 )
 from components.evaluate_text.evaluation import evaluate_text_model  # noqa: E402
 from components.train_text.contract import TrainConfig  # noqa: E402
@@ -121,39 +122,24 @@ def print_row(row: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", action="append", default=[])
-    parser.add_argument("--precisions", default="mixed,fp32")
-    parser.add_argument("--batches", default="16")
-    parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--epochs", type=int, default=TrainConfig.epochs)
-    parser.add_argument("--learning-rate", type=float, default=0.0)
-    parser.add_argument("--json", default="")
-    parser.add_argument("--smoke", action="store_true")
+    parser = grid_parser(__doc__, epochs=TrainConfig.epochs, learning_rate=0.0)
     args = parser.parse_args(argv)
     settings = dict(epochs=args.epochs, learning_rate=args.learning_rate)
     if args.smoke:
-        from bench.transformer_gpu import smoke_dataset
-
         args.dataset = [smoke_dataset(tempfile.mkdtemp(prefix="ulmfit_smoke_"))]
         settings = SMOKE
     if not args.dataset:
         parser.error("--dataset is needed (or --smoke)")
-    unknown = set(args.precisions.split(",")) - set(PRECISIONS)
-    if unknown:
-        parser.error(f"--precisions: {sorted(unknown)} not among {sorted(PRECISIONS)}")
+    plan = grid(parser, args)
     print("dataset      prec  batch seed ep  s/epoch   tokens/s  step s  GPU MiB 1st->last "
           "(peak) | test micro / macro F1 | TF-IDF, constant micro")
     rows, started = [], time.monotonic()
-    for dataset in args.dataset:
-        for precision in args.precisions.split(","):
-            for batch in args.batches.split(","):
-                for seed in args.seeds.split(","):
-                    config = TrainConfig(pretrained=False, batch_size=int(batch), seed=int(seed),
-                                         mixed_precision=PRECISIONS[precision], **settings)
-                    rows.append(one_run(dataset, config))
-                    print_row(rows[-1])
-                    save_rows(args.json, rows, started)
+    for dataset, mixed, batch, seed in plan:
+        config = TrainConfig(pretrained=False, batch_size=batch, seed=seed,
+                             mixed_precision=mixed, **settings)
+        rows.append(one_run(dataset, config))
+        print_row(rows[-1])
+        save_rows(args.json, rows, started)
     return 0
 
 
