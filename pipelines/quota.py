@@ -40,14 +40,14 @@ def step_gpus(component: Mapping) -> dict[str, int]:
 
 
 def _gpu_tasks(spec: Mapping, dag: Mapping, path: tuple[str, ...] = ()):
-    """(task names from the root dag down, GPUs) of every step holding GPUs, inside
-    sub-DAGs (`dsl.If` groups) too."""
+    """(task names from the root dag down, GPUs, component) of every step holding GPUs,
+    inside sub-DAGs (`dsl.If` groups) too."""
     for name, task in dag["tasks"].items():
         component = spec["components"][task["componentRef"]["name"]]
         if "dag" in component:
             yield from _gpu_tasks(spec, component["dag"], path + (name,))
         elif gpus := step_gpus(component):
-            yield path + (name,), gpus
+            yield path + (name,), gpus, component
 
 
 def _dag_at(spec: Mapping, path: tuple[str, ...]) -> Mapping:
@@ -95,8 +95,8 @@ def gpus_at_once(spec: Mapping) -> dict[str, int]:
     """
     tasks = list(_gpu_tasks(spec, spec["root"]["dag"]))
     most: dict[str, int] = {}
-    for gpu in sorted({g for _, gpus in tasks for g in gpus}):
-        using = [(path, gpus[gpu]) for path, gpus in tasks if gpu in gpus]
+    for gpu in sorted({g for _, gpus, _ in tasks for g in gpus}):
+        using = [(path, gpus[gpu]) for path, gpus, _ in tasks if gpu in gpus]
         for size in range(1, len(using) + 1):
             for group in itertools.combinations(using, size):
                 if all(_side_by_side(spec, a, b)
@@ -128,9 +128,7 @@ def step_quota(spec: Mapping, component: Mapping) -> str:
 def quotas(spec: Mapping) -> dict[str, list[str]]:
     """Each GPU type the pipeline uses to the quotas its steps draw on (`step_quota`)."""
     found: dict[str, set[str]] = {}
-    for path, gpus in _gpu_tasks(spec, spec["root"]["dag"]):
-        component = spec["components"][_dag_at(spec, path[:-1])["tasks"][path[-1]][
-            "componentRef"]["name"]]
+    for _, gpus, component in _gpu_tasks(spec, spec["root"]["dag"]):
         for gpu in gpus:
             found.setdefault(gpu, set()).add(step_quota(spec, component))
     return {gpu: sorted(kinds) for gpu, kinds in sorted(found.items())}
