@@ -40,7 +40,7 @@ from pipelines.definitions import image, lm, text, transformer, tuning
 from pipelines.definitions.machine import DEFAULT_MACHINES
 from pipelines.definitions.steps import STEPS, TUNING_JOBS
 from pipelines.images import PLACEHOLDER_REGISTRY, RUNTIMES, image_uris
-from pipelines.target_options import declared
+from pipelines.target_options import declared, fail
 
 # Each target's options module: its flags, its settings from them, its notes (the first is
 # the default). A Kubeflow compile imports no GCPC: neither module imports it at import.
@@ -171,9 +171,7 @@ def tuning_settings(args: argparse.Namespace) -> tuning.TuningSettings:
         spaces=spaces, max_trials=args.tune_trials, parallel_trials=args.tune_parallel_trials,
         max_failed_trials=args.tune_max_failed_trials, algorithm=args.tune_algorithm,
         seed=args.tune_seed)
-    problems = settings.problems()
-    if problems:
-        raise SystemExit("error: " + "\nerror: ".join(problems))
+    fail(settings.problems())
     return settings
 
 
