@@ -118,6 +118,21 @@ def test_the_default_folder_is_inside_the_output_unless_vertex_names_one():
     assert not run_state.inside_output(folder, "/out/job-1/train/model")
 
 
+def test_checkpoint_folder_reads_the_environment_at_call_time(monkeypatch):
+    assert run_state.checkpoint_folder("/out/model", {}) == "/out/model/checkpoints"
+    # Every run shares AIP_CHECKPOINT_DIR: each task gets its own folder in it.
+    assert run_state.checkpoint_folder("/out/run-1/train/model",
+                                       {"AIP_CHECKPOINT_DIR": "gs://b/job/ckpt"}) \
+        == "/gcs/b/job/ckpt/run-1/train"
+    assert run_state.checkpoint_folder("/out/run-2/train/model",
+                                       {"AIP_CHECKPOINT_DIR": "gs://b/job/ckpt"}) \
+        == "/gcs/b/job/ckpt/run-2/train"
+    monkeypatch.setenv("AIP_CHECKPOINT_DIR", "/mnt/ckpt")
+    assert run_state.checkpoint_folder("/out/run-1/train/model") == "/mnt/ckpt/run-1/train"
+    monkeypatch.delenv("AIP_CHECKPOINT_DIR")
+    assert run_state.checkpoint_folder("/out/model") == "/out/model/checkpoints"
+
+
 def test_both_images_can_import_it_without_the_other_framework():
     code = ("import sys; import components.common.run_state; "
             "print(sorted({'tensorflow', 'tf_keras', 'torch', 'fastai'} & set(sys.modules)))")

@@ -182,21 +182,6 @@ def test_mixed_precision_sets_the_learner_up():
         mixed_precision(learner(), "fp8")
 
 
-def test_checkpoint_dir_reads_the_environment_at_call_time(monkeypatch):
-    assert schedule.checkpoint_dir("/out/model", {}) == "/out/model/checkpoints"
-    # Every run shares AIP_CHECKPOINT_DIR: each task gets its own folder in it.
-    assert schedule.checkpoint_dir("/out/run-1/train/model",
-                                   {"AIP_CHECKPOINT_DIR": "gs://b/job/ckpt"}) \
-        == "/gcs/b/job/ckpt/run-1/train"
-    assert schedule.checkpoint_dir("/out/run-2/train/model",
-                                   {"AIP_CHECKPOINT_DIR": "gs://b/job/ckpt"}) \
-        == "/gcs/b/job/ckpt/run-2/train"
-    monkeypatch.setenv("AIP_CHECKPOINT_DIR", "/mnt/ckpt")
-    assert schedule.checkpoint_dir("/out/run-1/train/model") == "/mnt/ckpt/run-1/train"
-    monkeypatch.delenv("AIP_CHECKPOINT_DIR")
-    assert schedule.checkpoint_dir("/out/model") == "/out/model/checkpoints"
-
-
 def test_state_round_trip_and_other_runs_are_refused(tmp_path):
     folder = str(tmp_path / "ckpt")
     run = {"config": {"epochs": 2}}

@@ -214,23 +214,6 @@ def found_rate_bounds(stage: Stage, n_hid: int = BOUNDS_N_HID) -> tuple[float, f
     return min(MIN_FOUND_LR * scale, ceiling), ceiling
 
 
-def checkpoint_dir(model_dir: str, environ: Mapping[str, str] | None = None) -> str:
-    """Where checkpoints and the state file go (`run_state.checkpoint_folder`).
-
-    Under `AIP_CHECKPOINT_DIR` (set by Vertex when the job has a base output directory)
-    in a folder of this pipeline task (`storage.run_folder`), else under the model
-    output, which a restarted job of the same pipeline task writes to again.
-
-    Args:
-        model_dir: The step's model output folder.
-        environ: Environment to read; `os.environ` (at call time) when None.
-
-    Returns:
-        A local folder path.
-    """
-    return run_state.checkpoint_folder(model_dir, environ)
-
-
 def new_state() -> dict[str, Any]:
     """The state of a run that has trained nothing yet (`open_run` puts its version and
     fingerprint first)."""

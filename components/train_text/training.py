@@ -87,7 +87,7 @@ def train_text_classifier(
         lm_assets_uri: Root of the pretrained LM assets (local or gs://); used when
             `config.pretrained`.
         checkpoint_folder: Where checkpoints and the state file go; default
-            `schedule.checkpoint_dir(model_dir)` (AIP_CHECKPOINT_DIR when set).
+            `run_state.checkpoint_folder(model_dir)` (AIP_CHECKPOINT_DIR when set).
         callbacks: Extra fastai callbacks for every fit (the tests interrupt runs with one).
         tensorboard_folder: Folder (gs:// or local) of TensorBoard logs, one point per epoch
             under `lm/<field>` and `classifier/<field>` (history fields), the step counting
@@ -111,7 +111,7 @@ def train_text_classifier(
     data = read_dataset(dataset_dir)
     loss, metrics = loss_and_metrics(data.task, config.threshold)
     _check_monitor(config.monitor, data.task, metrics)
-    folder = checkpoint_folder or schedule.checkpoint_dir(model_dir)
+    folder = checkpoint_folder or run_state.checkpoint_folder(model_dir)
     os.makedirs(folder, exist_ok=True)
     os.makedirs(model_dir, exist_ok=True)
     # fastai drops the last partial training batch

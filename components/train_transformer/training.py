@@ -69,11 +69,6 @@ SLOW_RANK0_VARIABLE = "TRAIN_TRANSFORMER_TEST_RANK0_DELAY"
 CLASSIFIER = "classifier"  # the history rows' model, as the fastai trainer's
 
 
-def checkpoint_folder(model_dir: str, environ=None) -> str:
-    """Under `AIP_CHECKPOINT_DIR` in this task's folder, else `<model_dir>/checkpoints`."""
-    return run_state.checkpoint_folder(model_dir, environ)
-
-
 def model_source(model_name: str, scratch: str) -> str:
     """What `from_pretrained` is given for `model_name`: a local folder, or a Hub name.
 
@@ -302,7 +297,7 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         tensorboard_folder: Explicit TensorBoard folder; None: `AIP_TENSORBOARD_LOG_DIR`'s
             task folder, else no logs.
         hypertune_metric: History field reported to Vertex's tuning service each epoch.
-        checkpoints: Checkpoint folder; None: `checkpoint_folder(model_dir)`.
+        checkpoints: Checkpoint folder; None: `run_state.checkpoint_folder(model_dir)`.
 
     Returns:
         The validation result (`text_scores.validation_result`) plus `history`, `best`,
@@ -313,7 +308,7 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
     manifest, train, valid = _read_splits(dataset_dir)
     labels, task, text_column = manifest["labels"], manifest["task"], manifest["text_column"]
     multi = task == MULTI_LABEL
-    folder = checkpoints or checkpoint_folder(model_dir)
+    folder = checkpoints or run_state.checkpoint_folder(model_dir)
     resume_from = claim_checkpoints(folder, run_values(config, manifest, model_dir),
                                     write=_is_rank0())
     cuda, precision = _device_precision(config)
