@@ -28,8 +28,6 @@ from collections.abc import Mapping
 NNODES, NPROC, NODE_RANK = "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK"
 MASTER_ADDR, MASTER_PORT = "PET_MASTER_ADDR", "PET_MASTER_PORT"
 PET_VARIABLES = (NNODES, NPROC, NODE_RANK, MASTER_ADDR, MASTER_PORT)
-# What the trainer reads (components.train_transformer.distributed.TORCHRUN_VARIABLES).
-TRAINER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 
 
 class NodeEnvironmentError(ValueError):

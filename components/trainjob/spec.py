@@ -35,10 +35,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from components.common.gpus import EXPECTED_GPUS_VARIABLE
+from components.trainjob.contract import PET_VARIABLES
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
-TRAINER_VERSION = "2.3"  # the Trainer release these manifests are written for
 DEFAULT_RUNTIME = "torch-distributed"
 # The replicated job and container of Trainer's torch runtimes (pkg/constants: Node).
 NODE = "node"
@@ -46,9 +46,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
 # Who owns the runtime patch (Trainer 2.3 requires a domain-prefixed path).
 DEFAULT_MANAGER = "vertex-gpu-pipelines/trainjob-launcher"
-# The variables Trainer's torch runtime sets on each node; its webhook refuses them in env.
-RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
-                "PET_MASTER_PORT")
 # The keys of the storage secret the nodes read as environment variables (botocore's),
 # as the one-pod step does (`pipelines.definitions.kubeflow.S3_SECRET_KEYS`).
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -131,7 +128,7 @@ def _check_settings(name: str, num_nodes: int, procs_per_node: int | None, gpus:
             raise ManifestError(f"{what} {value!r} is not a Kubernetes quantity (8, 7.5, 500m, "
                                 "24Gi)")
     names = [*env, *secret_keys, *([EXPECTED_GPUS_VARIABLE] if gpus else [])]
-    reserved = sorted(set(names) & set(RESERVED_ENV))
+    reserved = sorted(set(names) & set(PET_VARIABLES))
     if reserved:
         raise ManifestError(f"env {reserved}: Trainer's torch runtime sets these on each node "
                             "and refuses a TrainJob that gives them")

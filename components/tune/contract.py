@@ -131,10 +131,6 @@ class SearchSpace:
         """Names of the searched parameters."""
         return [p.name for p in self.parameters]
 
-    def better(self, a: float, b: float) -> bool:
-        """True when metric value `a` ranks above `b` for this goal."""
-        return a > b if self.goal == "maximize" else a < b
-
     def to_json(self) -> dict[str, Any]:
         """The space as a space file holds it."""
         return {"metric": self.metric, "goal": self.goal,
