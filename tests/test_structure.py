@@ -621,3 +621,63 @@ def test_the_function_rule_counts_code_not_docstrings_or_nested_functions(monkey
         "outer": 5, "inner": 2, "method": 2}
     assert [line.split()[-3] for line in _long_functions(pathlib.Path("f.py"), limit=4)] == [
         "outer:"]
+
+
+# ------------------------------------------------------------- other libraries left alone
+
+def _library_patches(path: pathlib.Path) -> list[str]:
+    """Where a file assigns to (or sets, or deletes) an attribute of another library's
+    module or of something reached through one: `yaml.safe_load = ...`,
+    `pipeline_task.inspect = ...`, `setattr(kfp.dsl, ...)`. Names bound by importing our
+    own packages or the file's own variables do not count."""
+    tree = ast.parse(path.read_text())
+    libraries: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            libraries |= {alias.asname or alias.name.split(".")[0] for alias in node.names
+                          if alias.name.split(".")[0] not in OURS}
+        elif isinstance(node, ast.ImportFrom) and not node.level and (
+                node.module.split(".")[0] not in OURS):
+            libraries |= {alias.asname or alias.name for alias in node.names}
+
+    def rooted(node: ast.AST) -> bool:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id in libraries
+
+    found = []
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+                node.func.id in ("setattr", "delattr")) and node.args:
+            targets = [ast.Attribute(value=node.args[0], attr="?")]
+        while any(isinstance(target, (ast.Tuple, ast.List)) for target in targets):
+            targets = [t for target in targets for t in (
+                target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])]
+        found += [f"{path}:{node.lineno}: {ast.unparse(target)}" for target in targets
+                  if isinstance(target, ast.Attribute) and rooted(target)]
+    return found
+
+
+def test_the_product_patches_no_other_library():
+    """No product module changes another library at run time: a swapped function is seen
+    by every caller, is not thread-safe, and an upgrade of that library breaks it silently
+    (issue 58: kfp's `pipeline_task.inspect` and PyYAML's `safe_*` were swapped to save
+    compile seconds)."""
+    files = [path for layer in PRODUCT for path in _layer_files(ROOT.parent).get(layer, [])]
+    assert len(files) > 100
+    assert [hit for path in files for hit in _library_patches(path)] == []
+
+
+def test_the_patch_rule_catches_assigning_to_a_librarys_attribute(tmp_path):
+    source = tmp_path / "patched.py"
+    source.write_text("import yaml\nfrom kfp.dsl import pipeline_task\n"
+                      "from components.common import storage\nimport os\n\n"
+                      "def f(x):\n    pipeline_task.inspect = x\n    yaml.safe_load = x\n"
+                      "    setattr(yaml, 'safe_dump', x)\n    storage.CACHE = x\n"
+                      "    os.environ['A'] = '1'\n    x.y = 1\n"
+                      "    yaml.safe_load, (yaml.safe_dump, y) = x\n")
+    hits = _library_patches(source)
+    assert sorted(hit.split(": ", 1)[1] for hit in hits) == [
+        "pipeline_task.inspect", "yaml.?", "yaml.safe_dump", "yaml.safe_load", "yaml.safe_load"]
