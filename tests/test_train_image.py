@@ -26,8 +26,10 @@ from components.formats.image_models import load_keras_model  # noqa: E402
 from components.formats.shards import make_dataset  # noqa: E402
 from components.shard.contract import read_manifest  # noqa: E402
 from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
-from components.train_image import artifact, distribute, inputs, phases, training  # noqa: E402
+from components.train_image import distribute, inputs, phases, training  # noqa: E402
 from components.train_image import model as model_lib  # noqa: E402
+from components.train_image.contract import PIXELS_SIGNATURE  # noqa: E402
+from components.train_image.model import INPUT_NAME  # noqa: E402
 from components.train_image.training import TrainConfig, TrainingError  # noqa: E402
 from tests.conftest import ONE_BLOCK_DENSENET, write_densenet_weights  # noqa: E402
 
@@ -467,8 +469,9 @@ def _check_artifact(out: Path, image_dataset: str) -> None:
     assert preprocessing["input"] == "float32 RGB 0..255"
     images = np.stack([img.numpy() for img, _ in make_dataset(image_dataset, "test")])
     images = images.astype("float32")
-    predict = artifact.predict_fn(str(out / "saved_model"))
-    served = predict(images)["probabilities"].numpy()
+    loaded = tf.saved_model.load(str(out / "saved_model"))  # owns the signature's variables
+    served = loaded.signatures[PIXELS_SIGNATURE](**{INPUT_NAME: tf.constant(images)})
+    served = served["probabilities"].numpy()
     assert served.shape == (len(images), len(CLASSES))
     np.testing.assert_allclose(served.sum(axis=1), 1.0, atol=1e-5)
     keras_model = load_keras_model(str(out / "model.keras"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -163,22 +163,3 @@ def export_saved_model(model: tf_keras.Model, path: str, preprocessing: Mapping[
     finally:
         if interactive:
             tf_keras.utils.enable_interactive_logging()
-
-
-def predict_fn(saved_model_dir: str, signature: str = PIXELS_SIGNATURE
-               ) -> Callable[[Any], dict[str, tf.Tensor]]:
-    """A signature of an exported SavedModel as a function of its one input.
-
-    `PIXELS_SIGNATURE` takes float32 images, `SERVING_SIGNATURE` encoded files' bytes;
-    both return a dict of outputs ("probabilities", and "label" for the bytes one).
-    """
-    loaded = tf.saved_model.load(saved_model_dir)
-    input_name = BYTES_INPUT_NAME if signature == SERVING_SIGNATURE else INPUT_NAME
-    dtype = tf.string if signature == SERVING_SIGNATURE else tf.float32
-
-    def predict(inputs):
-        # Looked up through `loaded`, which must stay alive: it owns the variables.
-        function = loaded.signatures[signature]
-        return function(**{input_name: tf.convert_to_tensor(inputs, dtype)})
-
-    return predict
