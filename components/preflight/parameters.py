@@ -74,9 +74,7 @@ def build(config_class: type, parameters: Mapping[str, Any], renames: Mapping[st
             raise PreflightError(f"{source}: {err}") from err
     try:
         return config_class(**values)
-    except ValueError as err:
-        raise PreflightError(str(err)) from err
-    except RuntimeError as err:  # the trainers' own error types
+    except (ValueError, RuntimeError) as err:  # RuntimeError: the trainers' own error types
         raise PreflightError(str(err)) from err
 
 

@@ -194,10 +194,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
     try:
         model_config = parse_model_config(str(parameters.get("model_config", "")))
         config = build(TrainConfig, parameters, model_config=model_config)
-    except PreflightError as err:
-        problems.append(f"training: {err}")
-        config = None
-    except RuntimeError as err:  # model_config that is not a JSON object
+    except (PreflightError, RuntimeError) as err:  # RuntimeError: model_config not an object
         problems.append(f"training: {err}")
         config = None
     try:
