@@ -140,13 +140,12 @@ def _one_hot(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     out = {}
     for column in columns:
         values = frame[column].astype(str)
-        lowered = values.str.strip().str.lower()
-        bad = np.flatnonzero(~(lowered.isin(_TRUE) | lowered.isin(_FALSE)).to_numpy())
+        bad = np.flatnonzero(~_bool_like(values))
         if bad.size:
             raise TextDataError(
                 f"label column {column!r} holds values other than 0/1 or True/False: "
                 f"{_describe(values, bad)} ({bad.size} rows)")
-        out[column] = lowered.isin(_TRUE).to_numpy().astype(np.int64)
+        out[column] = values.str.strip().str.lower().isin(_TRUE).to_numpy().astype(np.int64)
     return pd.DataFrame(out, index=frame.index)
 
 
@@ -328,10 +327,9 @@ def _drops(labels: pd.DataFrame, texts: pd.Series, missing: np.ndarray,
     if other:
         given = no_label & ~empty_text.to_numpy()
         given_other = int(given.sum())
-        if other not in labels.columns:
-            if given_other:
-                labels[other] = 0
         if given_other:
+            if other not in labels.columns:
+                labels[other] = 0
             labels.loc[given, other] = 1
     else:
         dropped["no_label"] = np.flatnonzero(no_label & ~empty_text.to_numpy())
