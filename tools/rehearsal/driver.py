@@ -21,7 +21,7 @@ from tools.rehearsal.cache import TaskCache, cache_key
 from tools.rehearsal.jobs import Preemption, VertexCalls, VertexJobs, task_kind
 from tools.rehearsal.records import RehearsalError, TaskRecord, pipeline_summary, write_report
 from tools.rehearsal.runtimes import Runtime
-from tools.rehearsal.walk import SKIPPED, DagWalk
+from tools.rehearsal.walk import DagWalk
 
 
 class Rehearsal(DagWalk):
@@ -88,23 +88,18 @@ class Rehearsal(DagWalk):
         with self.runtime.session():
             outputs = self._run_dag(self.spec["root"], self.inputs, {}, prefix="")
         self.cache.save()
-        return outputs
+        return {**outputs["artifacts"], **outputs["parameters"]}
 
-    def _run_task(self, name: str, task: dict[str, Any], parameters: dict[str, Any],
-                  artifacts: dict[str, Any], results: dict[str, dict]) -> dict[str, Any]:
-        record, component, values, inputs = self._open_task(name, task, parameters, artifacts,
-                                                            results)
-        if values is None:
-            return dict(SKIPPED)
+    def _run_task(self, record: TaskRecord, task, component, values, inputs) -> dict[str, Any]:
         if "dag" in component:
             started = time.monotonic()
-            outputs = self._run_dag(component, values, inputs, prefix=name + "/")
+            outputs = self._run_dag(component, values, inputs, prefix=record.name + "/")
             record.state, record.seconds = "succeeded", time.monotonic() - started
-            return {"parameters": {k: v for k, v in outputs.items() if not hasattr(v, "uri")},
-                    "artifacts": {k: v for k, v in outputs.items() if hasattr(v, "uri")}}
+            return outputs
         executor = self.spec["deploymentSpec"]["executors"][component["executorLabel"]]
         if "container" not in executor:
-            raise RehearsalError(f"task {name!r}: executor {sorted(executor)} is not a container")
+            raise RehearsalError(f"task {record.name!r}: executor {sorted(executor)} is not a "
+                                 "container")
         return self._run_container(record, task, component, executor["container"], values,
                                    inputs)
 

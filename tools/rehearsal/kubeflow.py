@@ -61,7 +61,6 @@ from components.common.storage import write_json_atomically
 from tools.rehearsal import launcher
 from tools.rehearsal.launcher import PARAMETER_OUTPUTS, Kill, ObjectStore, Pods, mount_path
 from tools.rehearsal.records import (
-    ArtifactRef,
     RehearsalError,
     TaskRecord,
     pipeline_summary,
@@ -70,7 +69,7 @@ from tools.rehearsal.records import (
     saved_outputs,
     write_report,
 )
-from tools.rehearsal.walk import SKIPPED, DagWalk
+from tools.rehearsal.walk import DagWalk
 
 _WHOLE_PLACEHOLDER = re.compile(r"^\{\{\$\.(?P<name>pipeline_[a-z_]+)\}\}$")
 # The backends modelled, oldest first, and the first whose compiler gives a loop's driver
@@ -120,10 +119,6 @@ def renamed_loops(spec: Mapping[str, Any]) -> dict[str, str]:
             and task.get("taskInfo", {}).get("name", key) != key}
 
 
-def _version(backend: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in backend.split("."))
-
-
 class KubeflowRehearsal(DagWalk):
     """One rehearsal of a compiled Kubeflow pipeline; `run()` executes it.
 
@@ -149,6 +144,7 @@ class KubeflowRehearsal(DagWalk):
             raise RehearsalError(f"--backend must be one of {BACKENDS}, got {backend!r}")
         mount_path(pipeline_root)  # a root the launcher can copy from
         self.spec, self.executors, self.backend = spec, executors, backend
+        self.loops_keyed = BACKENDS.index(backend) >= BACKENDS.index(LOOP_KEYED_FROM)
         self.params, self.pipeline_root = dict(params), pipeline_root
         self.output = os.path.abspath(output)
         self.pods = Pods(runtime, self.output)
@@ -169,7 +165,7 @@ class KubeflowRehearsal(DagWalk):
                                    root=f"{pipeline_root.rstrip('/')}/{pipeline}/{run_id}")
         self.records: list[TaskRecord] = []
         self.inputs = ir.pipeline_inputs(spec, params)
-        if _version(backend) < _version(LOOP_KEYED_FROM):
+        if not self.loops_keyed:
             for key, shown in renamed_loops(spec).items():
                 print(f"[rehearse] KFP {backend}: loop {key!r} is named {shown!r}; its "
                       "consumers will not find it (kubeflow/pipelines#13239)")
@@ -180,11 +176,10 @@ class KubeflowRehearsal(DagWalk):
             outputs = self._run_dag(self.spec["root"], self.inputs, {}, prefix="")
         finally:
             self.pods.remove_all()
-        for value in outputs.values():
-            if isinstance(value, ArtifactRef):
-                value.path = os.path.join(self.output, "store", mount_path(value.uri)[1:])
-                self.store.download(value.uri, value.path)
-        return outputs
+        for value in outputs["artifacts"].values():
+            value.path = os.path.join(self.output, "store", mount_path(value.uri)[1:])
+            self.store.download(value.uri, value.path)
+        return {**outputs["artifacts"], **outputs["parameters"]}
 
     def run_state(self, state: str, pipeline: str) -> dict[str, Any]:
         """The run as `--retry-run` reads it back (`run.json`)."""
@@ -195,22 +190,14 @@ class KubeflowRehearsal(DagWalk):
                 "retries": self.earlier["retries"] + 1 if self.earlier else 0,
                 "tasks": {**self.earlier.get("tasks", {}), **self.tasks}}
 
-    def _run_task(self, name: str, task, parameters, artifacts, results) -> dict[str, Any]:
-        record, component, values, inputs = self._open_task(name, task, parameters, artifacts,
-                                                            results)
-        if values is None:
-            return dict(SKIPPED)
+    def _run_task(self, record: TaskRecord, task, component, values, inputs) -> dict[str, Any]:
         started = time.monotonic()
         try:
             if "dag" in component and "parameterIterator" in task:
-                result = self._run_loop(name, task, component, values, inputs, record)
-                result["recorded_as"] = self._loop_recorded_as(name, record)
+                result = self._run_loop(record, task, component, values, inputs)
+                result["recorded_as"] = self._loop_recorded_as(record)
             elif "dag" in component:
-                outputs = self._run_dag(component, values, inputs, prefix=name + "/")
-                result = {"parameters": {k: v for k, v in outputs.items()
-                                         if not isinstance(v, ArtifactRef)},
-                          "artifacts": {k: v for k, v in outputs.items()
-                                        if isinstance(v, ArtifactRef)}}
+                result = self._run_dag(component, values, inputs, prefix=record.name + "/")
             else:
                 result = self._run_container(record, task, component, values, inputs)
         finally:
@@ -218,11 +205,11 @@ class KubeflowRehearsal(DagWalk):
         record.state = "succeeded"
         return result
 
-    def _loop_recorded_as(self, name: str, record: TaskRecord) -> str:
+    def _loop_recorded_as(self, record: TaskRecord) -> str:
         """The name the driver records a loop's execution under: its key from 2.16 on, its
         display name before (the compiler gave the loop's driver no task name)."""
-        key = name.rsplit("/", 1)[-1]
-        if _version(self.backend) >= _version(LOOP_KEYED_FROM) or record.display_name == key:
+        key = record.name.rsplit("/", 1)[-1]
+        if self.loops_keyed or record.display_name == key:
             return key
         record.note += (f"; recorded as {record.display_name!r}, not {key!r}: the "
                         f"{self.backend} compiler gives a loop's driver no task name")
@@ -234,8 +221,9 @@ class KubeflowRehearsal(DagWalk):
                 f"name=...); kubeflow/pipelines#13239, fixed in {LOOP_KEYED_FROM} by #12808): "
                 f"drop the loop's name, or run on KFP >= {LOOP_KEYED_FROM}")
 
-    def _run_loop(self, name, task, component, values, inputs, record) -> dict[str, Any]:
+    def _run_loop(self, record, task, component, values, inputs) -> dict[str, Any]:
         """`dsl.ParallelFor`: the loop's DAG once per item; outputs collected as lists."""
+        name = record.name
         iterator = task["parameterIterator"]
         items = iterator["items"]
         listed = (json.loads(items["raw"]) if "raw" in items
@@ -250,9 +238,9 @@ class KubeflowRehearsal(DagWalk):
         for index, item in enumerate(listed):
             outputs = self._run_dag(component, {**values, iterator["itemInput"]: item}, inputs,
                                     prefix=f"{name}/{index}/")
-            for key, value in outputs.items():
-                if isinstance(value, ArtifactRef):
-                    raise RehearsalError(f"{name}: collected artifacts are not rehearsed")
+            if outputs["artifacts"]:
+                raise RehearsalError(f"{name}: collected artifacts are not rehearsed")
+            for key, value in outputs["parameters"].items():
                 collected.setdefault(key, []).append(value)
         return {"parameters": collected, "artifacts": {}}
 

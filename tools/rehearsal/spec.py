@@ -160,20 +160,21 @@ def dag_outputs(component: Mapping[str, Any],
         results: Each task's `{"parameters", "artifacts"}` (a skipped task's are empty).
 
     Returns:
-        Output name -> value or artifact, for each output a task produced.
+        `{"parameters", "artifacts"}`: output name -> value or artifact, for each output a
+        task produced.
     """
-    outputs: dict[str, Any] = {}
+    outputs: dict[str, dict[str, Any]] = {"parameters": {}, "artifacts": {}}
     selected = component["dag"].get("outputs", {})
     for key, selector in selected.get("artifacts", {}).items():
         chosen = selector["artifactSelectors"][0]
         produced = results.get(chosen["producerSubtask"], {}).get("artifacts", {})
         if chosen["outputArtifactKey"] in produced:
-            outputs[key] = produced[chosen["outputArtifactKey"]]
+            outputs["artifacts"][key] = produced[chosen["outputArtifactKey"]]
     for key, selector in selected.get("parameters", {}).items():
         chosen = selector["valueFromParameter"]
         produced = results.get(chosen["producerSubtask"], {}).get("parameters", {})
         if chosen["outputParameterKey"] in produced:
-            outputs[key] = produced[chosen["outputParameterKey"]]
+            outputs["parameters"][key] = produced[chosen["outputParameterKey"]]
     return outputs
 
 

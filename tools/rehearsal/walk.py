@@ -15,7 +15,7 @@ SKIPPED = {"skipped": True, "parameters": {}, "artifacts": {}}
 
 class DagWalk:
     """A rehearsal's DAG walk; subclasses set `spec`, `job` and `records` and define
-    `_run_task(name, task, parameters, artifacts, results)`."""
+    `_run_task(record, task, component, values, inputs)` for a task that runs."""
 
     spec: dict[str, Any]
     job: ir.PipelineJob
@@ -23,15 +23,18 @@ class DagWalk:
 
     def _run_dag(self, component: dict[str, Any], parameters: dict[str, Any],
                  artifacts: dict[str, Any], prefix: str) -> dict[str, Any]:
+        """Runs a DAG's tasks in order; returns its `{"parameters", "artifacts"}`."""
         tasks = component["dag"]["tasks"]
         results: dict[str, dict[str, Any]] = {}
         for name in ir.topological_order(tasks):
-            results[name] = self._run_task(prefix + name, tasks[name], parameters, artifacts,
-                                           results)
+            record, task_component, values, inputs = self._open_task(
+                prefix + name, tasks[name], parameters, artifacts, results)
+            results[name] = dict(SKIPPED) if values is None else self._run_task(
+                record, tasks[name], task_component, values, inputs)
         return ir.dag_outputs(component, results)
 
-    def _run_task(self, name: str, task: dict[str, Any], parameters: dict[str, Any],
-                  artifacts: dict[str, Any], results: dict[str, dict]) -> dict[str, Any]:
+    def _run_task(self, record: TaskRecord, task: dict[str, Any], component: dict[str, Any],
+                  values: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
 
     def _open_task(self, name: str, task: dict[str, Any], parameters: dict[str, Any],
