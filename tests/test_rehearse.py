@@ -112,11 +112,12 @@ def test_in_an_image_steps_see_gcs_uris_under_the_mount_and_no_local_paths(tmp_p
     spec = _spec(tmp_path, "image_pipeline")
     runner = rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": "gs://b/data"},
                                 runtime="image")
-    assert runner.step_path("gs://b/root/x/metrics") == "/gcs/b/root/x/metrics"
-    assert runner.host_path("/gcs/b/root/x/metrics") == str(tmp_path / "r" / "gcs" / "b" /
-                                                            "root" / "x" / "metrics")
-    assert runner.host_path("/home/runner/x") == "/home/runner/x"
-    local = rehearse.Rehearsal(spec, str(tmp_path / "l"), {"data_uri": "gs://b/data"})
+    image = runner.runtime
+    assert image.step_path("gs://b/root/x/metrics") == "/gcs/b/root/x/metrics"
+    assert image.host_path("/gcs/b/root/x/metrics") == str(tmp_path / "r" / "gcs" / "b" /
+                                                           "root" / "x" / "metrics")
+    assert image.host_path("/home/runner/x") == "/home/runner/x"
+    local = rehearse.Rehearsal(spec, str(tmp_path / "l"), {"data_uri": "gs://b/data"}).runtime
     assert local.step_path("gs://b/x") == local.host_path(local.step_path("gs://b/x")) == \
         str(tmp_path / "l" / "gcs" / "b" / "x")
     (tmp_path / "photos").mkdir()

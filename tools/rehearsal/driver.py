@@ -58,29 +58,6 @@ class Rehearsal(DagWalk):
         self.inputs = ir.pipeline_inputs(spec, params)
         self.runtime.check_visible(self.inputs)
 
-    @property
-    def job_name(self) -> str:
-        """The pipeline job's name (the pipeline's, then the time it started)."""
-        return self.job.name
-
-    @property
-    def pipeline_root(self) -> str:
-        """The gs:// pipeline root, without a trailing slash."""
-        return self.job.root
-
-    @property
-    def gcs(self) -> str:
-        """The local folder that stands in for gs:// (`gs://B/x` is `GCS/B/x`)."""
-        return self.runtime.gcs
-
-    def step_path(self, uri: str) -> str:
-        """A gs:// URI as a step sees it (see `Runtime.step_path`)."""
-        return self.runtime.step_path(uri)
-
-    def host_path(self, step_path: str) -> str:
-        """The local file behind a path a step was given (see `Runtime.host_path`)."""
-        return self.runtime.host_path(step_path)
-
     # -- DAG ----------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
@@ -180,8 +157,8 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
     finally:
         report = write_report(runner.output, runner.records)
     summary = _summary(spec, outputs, runner.records)
-    summary["rehearsal"] = {"pipeline": path, "job_name": runner.job_name,
-                            "pipeline_root": runner.pipeline_root, "gcs_folder": runner.gcs,
+    summary["rehearsal"] = {"pipeline": path, "job_name": runner.job.name,
+                            "pipeline_root": runner.job.root, "gcs_folder": runner.runtime.gcs,
                             "tasks": report}
     write_json_atomically(os.path.join(runner.output, "summary.json"), summary, sort_keys=False)
     return summary
