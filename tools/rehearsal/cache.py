@@ -7,7 +7,6 @@ reuses that run's outputs, whose files are copied into this rehearsal's bucket f
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -16,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.common.storage import write_json_atomically
-from tools.rehearsal.records import ArtifactRef
+from tools.rehearsal.records import ArtifactRef, saved_outputs
 
 
 def cache_key(component: Mapping[str, Any], container: Mapping[str, Any],
@@ -67,9 +66,7 @@ class TaskCache:
 
     def store(self, key: str, result: Mapping[str, Any]) -> None:
         """Keeps a task's outputs (`{"parameters", "artifacts"}`) under `key`."""
-        self.entries[key] = {
-            "parameters": result["parameters"],
-            "artifacts": {k: dataclasses.asdict(a) for k, a in result["artifacts"].items()}}
+        self.entries[key] = saved_outputs(result)
 
     def save(self) -> None:
         """Writes the entries to the index file, if there is one."""
