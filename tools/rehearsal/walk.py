@@ -21,41 +21,35 @@ class DagWalk:
     job: ir.PipelineJob
     records: list[TaskRecord]
 
-    def _run_dag(self, component: dict[str, Any], parameters: dict[str, Any],
+    def _run_dag(self, dag: dict[str, Any], parameters: dict[str, Any],
                  artifacts: dict[str, Any], prefix: str) -> dict[str, Any]:
-        """Runs a DAG's tasks in order; returns its `{"parameters", "artifacts"}`."""
-        tasks = component["dag"]["tasks"]
+        """Runs a DAG component's tasks in order, each recorded, one skipped with the reason
+        in its record; returns the DAG's `{"parameters", "artifacts"}`."""
+        tasks = dag["dag"]["tasks"]
         results: dict[str, dict[str, Any]] = {}
-        for name in ir.topological_order(tasks):
-            record, task_component, values, inputs = self._open_task(
-                prefix + name, tasks[name], parameters, artifacts, results)
-            results[name] = dict(SKIPPED) if values is None else self._run_task(
-                record, tasks[name], task_component, values, inputs)
-        return ir.dag_outputs(component, results)
+        for key in ir.topological_order(tasks):
+            task = tasks[key]
+            component = self.spec["components"][task["componentRef"]["name"]]
+            record = TaskRecord(prefix + key, task.get("taskInfo", {}).get("name", prefix + key))
+            self.records.append(record)
+            results[key] = dict(SKIPPED)  # until it runs
+            if any(results.get(d, {}).get("skipped") for d in task.get("dependentTasks", [])):
+                record.state, record.note = "skipped", "an upstream task did not run"
+                continue
+            self._find_producers(record, task, results)
+            values, inputs = ir.task_inputs(task, component, parameters, artifacts, results,
+                                            self.job)
+            condition = task.get("triggerPolicy", {}).get("condition")
+            if condition and not ir.evaluate_condition(condition, values):
+                record.state, record.note = "skipped", f"condition false: {condition}"
+                print(f"[rehearse] {record.display_name}: skipped ({condition} is false)")
+                continue
+            results[key] = self._run_task(record, task, component, values, inputs)
+        return ir.dag_outputs(dag, results)
 
     def _run_task(self, record: TaskRecord, task: dict[str, Any], component: dict[str, Any],
                   values: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
-
-    def _open_task(self, name: str, task: dict[str, Any], parameters: dict[str, Any],
-                   artifacts: dict[str, Any], results: dict[str, dict]):
-        """`(record, component, values, inputs)` of a task that runs; values and inputs are
-        None when it is skipped (its record says why)."""
-        component = self.spec["components"][task["componentRef"]["name"]]
-        record = TaskRecord(name, task.get("taskInfo", {}).get("name", name))
-        self.records.append(record)
-        if any(results.get(d, {}).get("skipped") for d in task.get("dependentTasks", [])):
-            record.state, record.note = "skipped", "an upstream task did not run"
-            return record, component, None, None
-        self._find_producers(record, task, results)
-        values, inputs = ir.task_inputs(task, component, parameters, artifacts, results,
-                                        self.job)
-        condition = task.get("triggerPolicy", {}).get("condition")
-        if condition and not ir.evaluate_condition(condition, values):
-            record.state, record.note = "skipped", f"condition false: {condition}"
-            print(f"[rehearse] {record.display_name}: skipped ({condition} is false)")
-            return record, component, None, None
-        return record, component, values, inputs
 
     def _find_producers(self, record: TaskRecord, task: dict[str, Any],
                         results: dict[str, dict]) -> None:
