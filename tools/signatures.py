@@ -90,6 +90,7 @@ TUNE_MODULE, TUNABLE_HOME = "components.tune.component", "components.tune.contra
 TUNED_STEPS = ("best_{kind}_trial", "select_{kind}_trial")
 TUNED_HELP = "The run's value, kept when the study did not search it."
 TRAINERS_HOME = "components.tune.trial:TRAINERS"  # kind: (trainer module, function)
+NOT_LITERAL = object()  # a default that is no literal (`_literal`)
 # The comment above each function whose parameters are written here (MARKED finds one).
 MARKED = "written by python -m tools.signatures"
 STEP_MARKER = ("# Defaults written by python -m tools.signatures from contract.{config} "
@@ -149,6 +150,14 @@ def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
     return found[0]
 
 
+def _literal(node: ast.expr) -> Any:
+    """The value of a literal's `node`; `NOT_LITERAL` for anything else (e.g. a name)."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return NOT_LITERAL
+
+
 def _with_defaults(function: ast.FunctionDef) -> list[tuple[ast.arg, ast.expr]]:
     args = function.args.args
     return list(zip(args[len(args) - len(function.args.defaults):], function.args.defaults))
@@ -183,14 +192,10 @@ def rewrite_defaults(source: str, function: str, values: dict[str, Any]) -> str:
     for arg, default in _with_defaults(_function(ast.parse(source), function)):
         if arg.arg not in values:
             continue
-        try:
-            if ast.literal_eval(default) == values[arg.arg] and \
-                    type(ast.literal_eval(default)) is type(values[arg.arg]):
-                continue
-        except ValueError:  # not a literal (e.g. a name): the caller's value is the home
-            pass
-        spans.append((default.lineno, default.col_offset, default.end_lineno,
-                      default.end_col_offset, literal(values[arg.arg])))
+        value, written = values[arg.arg], _literal(default)  # not a literal: value is its home
+        if written != value or type(written) is not type(value):
+            spans.append((default.lineno, default.col_offset, default.end_lineno,
+                          default.end_col_offset, literal(value)))
     return _replace(source, spans)
 
 
@@ -205,11 +210,9 @@ def parameter_lines(source: str, function: str, indent: str = "    ") -> list[st
         text = f"{indent}{arg.arg}: {ast.get_source_segment(source, arg.annotation)}"
         if arg.arg in defaults:
             default = defaults[arg.arg]
-            try:
-                ast.literal_eval(default)
-                text += f" = {ast.get_source_segment(source, default)}"
-            except ValueError:
-                text += " = " + literal(_empty(ast.get_source_segment(source, arg.annotation)))
+            text += " = " + (ast.get_source_segment(source, default)
+                             if _literal(default) is not NOT_LITERAL else
+                             literal(_empty(ast.get_source_segment(source, arg.annotation))))
         lines.append(text + ",")
     return lines
 
@@ -310,11 +313,8 @@ def module_constants(source: str) -> dict[str, Any]:
                      list(zip(target.elts, node.value.elts))
                      if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
                      else [])
-            for name, value in pairs:
-                try:
-                    values[name.id] = ast.literal_eval(value)
-                except ValueError:  # not a literal
-                    continue
+            values.update((name.id, found) for name, value in pairs
+                          if (found := _literal(value)) is not NOT_LITERAL)
     return values
 
 
@@ -380,13 +380,8 @@ def step_defaults(sources: dict[str, str]) -> dict[str, dict[str, Any]]:
     defaults = {}
     for name, node, _ in _step_functions(sources):
         if node.args.defaults:
-            values = {}
-            for arg, default in _with_defaults(node):
-                try:
-                    values[arg.arg] = ast.literal_eval(default)
-                except ValueError:
-                    continue
-            defaults[name] = values
+            defaults[name] = {arg.arg: value for arg, default in _with_defaults(node)
+                              if (value := _literal(default)) is not NOT_LITERAL}
     return defaults
 
 
