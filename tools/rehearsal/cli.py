@@ -83,14 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
 
-    def pairs(items: list[str], flag: str, form: str) -> list[tuple[str, str]]:
-        found = []
+    def pairs(items: list[str], flag: str, form: str) -> list[list[str]]:
         for item in items:
-            key, sep, value = item.partition("=")
-            if not sep:
+            if "=" not in item:
                 p.error(f"{flag} takes {form}, got {item!r}")
-            found.append((key, value))
-        return found
+        return [item.split("=", 1) for item in items]
 
     params = dict(pairs(args.param, "--param", "NAME=VALUE"))
     preempt = [Preemption(task, pattern)
