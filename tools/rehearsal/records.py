@@ -7,6 +7,7 @@ without importing another's.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -72,8 +73,6 @@ def write_report(output: str, records: list[TaskRecord]) -> list[dict[str, Any]]
 
 def print_report(output: str) -> None:
     """Prints each task's line of `output/rehearsal.json`, if the rehearsal wrote it."""
-    import json
-
     path = os.path.join(output, "rehearsal.json")
     if os.path.exists(path):
         with open(path) as f:
