@@ -151,8 +151,10 @@ TRACKED_AS = {"image": "image", "text": "text", "transformer": "text"}
 SERVED_BY_THE_RUNTIME = ("text", "transformer")
 
 
+@functools.cache
 def component(function: Callable, image: str):
-    """A step's KFP component: `function` run in the container `image`.
+    """A step's KFP component: `function` run in the container `image`, made once per
+    process (the builds of one compile share it, and a target's wrapper of it).
 
     Args:
         function: The step's KFP function.
