@@ -50,6 +50,14 @@ def _check_names(names: Sequence[str], k: int, what: str) -> list[str]:
 # --------------------------------------------------------------------------- single-label
 
 
+def _per_name(names: list[str], **columns: np.ndarray) -> dict[str, dict[str, Any]]:
+    """{name: {column: its value at the name's index}}, in the order given: the counts
+    (`support`, `predicted`) as int, every other column as float."""
+    return {name: {key: (int if key in ("support", "predicted") else float)(values[i])
+                   for key, values in columns.items()}
+            for i, name in enumerate(names)}
+
+
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> np.ndarray:
     """Counts of (true, predicted) pairs: rows are true classes, columns predicted ones."""
     from sklearn.metrics import confusion_matrix as sk_confusion_matrix
@@ -167,16 +175,8 @@ def single_label_metrics(
         "macro_recall": float(recall.mean()),
         "macro_f1": float(f1.mean()),
         "weighted_f1": float(np.average(f1, weights=support)),
-        "per_class": {
-            name: {
-                "precision": float(precision[i]),
-                "recall": float(recall[i]),
-                "f1": float(f1[i]),
-                "support": int(support[i]),
-                "predicted": int(predicted[i]),
-            }
-            for i, name in enumerate(names)
-        },
+        "per_class": _per_name(names, precision=precision, recall=recall, f1=f1,
+                               support=support, predicted=predicted),
         "confusion_matrix": {"labels": names, "matrix": matrix.tolist()},
     }
     if k == 2:
@@ -268,18 +268,9 @@ def multi_label_metrics(
         "macro_f1": float(f1.mean()),
         "subset_accuracy": float(accuracy_score(truth, pred)),
         "hamming_loss": float(hamming_loss(truth, pred)),
-        "per_label": {
-            name: {
-                "precision": float(precision[i]),
-                "recall": float(recall[i]),
-                "f1": float(f1[i]),
-                "accuracy": float(accuracy[i]),
-                "support": int(support[i]),
-                "predicted": int(predicted[i]),
-                "threshold": float(thresholds[i]),
-            }
-            for i, name in enumerate(names)
-        },
+        "per_label": _per_name(names, precision=precision, recall=recall, f1=f1,
+                               accuracy=accuracy, support=support, predicted=predicted,
+                               threshold=thresholds),
     }
 
 
