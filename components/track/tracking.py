@@ -97,11 +97,13 @@ def _test_metrics(evaluation: Mapping[str, Any] | None) -> dict[str, float]:
     return {f"test_{name}": value for name, value in scalar_summary(evaluation).items()}
 
 
-def _numbers(row: Mapping[str, Any], skip: tuple[str, ...]) -> Iterator[tuple[str, float]]:
-    """The numeric values of one history row (no booleans), but those named in `skip`."""
+def _add_row(series: dict[str, list[tuple[int, float]]], step: int, row: Mapping[str, Any],
+             skip: tuple[str, ...], prefix: str = "") -> None:
+    """Appends each number of one history row (no booleans), but those named in `skip`, to
+    `series[prefix + its name]` at `step`."""
     for name, value in row.items():
         if name not in skip and isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield name, float(value)
+            series.setdefault(prefix + name, []).append((step, float(value)))
 
 
 def _read_json(folder: str, name: str) -> Any:
@@ -142,8 +144,7 @@ def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
             phases.append(f"{phase} from epoch {rows[0].get('epoch', step)}")
         for row in rows:
             step = int(row.get("epoch", step))
-            for name, value in _numbers(row, ("epoch",)):
-                series.setdefault(name, []).append((step, value))
+            _add_row(series, step, row, ("epoch",))
             step += 1
     return _classifier_record(metadata, model_uri, evaluation, series,
                               phases="; ".join(phases))
@@ -170,8 +171,7 @@ def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
     counts: dict[str, int] = {}
     for row in training["history"]:
         step = counts[row["model"]] = counts.get(row["model"], 0) + 1
-        for name, value in _numbers(row, ("epoch", "stage", "model")):
-            series.setdefault(f"{row['model']}/{name}", []).append((step, value))
+        _add_row(series, step, row, ("epoch", "stage", "model"), f"{row['model']}/")
     return _classifier_record(metadata, model_uri, evaluation, series,
                               precision=str(training["run"].get("precision")),
                               unfreeze=_param_text(training["run"].get("unfreeze")))
@@ -196,10 +196,7 @@ def lm_record(assets_dir: str, metadata: Mapping[str, Any], assets_uri: str) -> 
     for direction, run in result["directions"].items():
         prefix = "lm" if direction == "forward" else f"lm_{direction}"
         for row in run["history"]:
-            for name, value in row.items():
-                if name != "epoch" and isinstance(value, (int, float)):
-                    series.setdefault(f"{prefix}/{name}", []).append((row["epoch"],
-                                                                       float(value)))
+            _add_row(series, row["epoch"], row, ("epoch",), f"{prefix}/")
         for name in ("perplexity", "accuracy", "valid_loss"):
             if run.get(name) is not None:
                 final[f"{prefix}/final_{name}"] = float(run[name])
