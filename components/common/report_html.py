@@ -105,24 +105,33 @@ def _fmt(value: Any) -> str:
 # --------------------------------------------------------------------------- plots
 
 
-def confusion_heatmap(matrix: Sequence[Sequence[int]], labels: Sequence[str]) -> str:
-    """Confusion matrix normalised per true class, with the counts in the cells."""
-    counts = np.asarray(matrix, dtype=float)
-    rates = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+def _pair_grid(colours: np.ndarray, counts: np.ndarray, labels: Sequence[str], cmap: str,
+               dark_above: float, colorbar: str, *, zeros: bool = True,
+               scale: tuple[float | None, float | None] = (None, None), **axes: str):
+    """A k x k figure of label pairs: cells coloured by `colours` (`scale`: vmin, vmax; None:
+    the data's), each holding its count (zero counts too when `zeros`), written in white
+    where its colour is above `dark_above`. `axes`: more `Axes.set` settings (labels)."""
     k = len(labels)
     fig = figure(min(2.0 + 0.6 * k, 12), min(1.6 + 0.55 * k, 11))
     ax = fig.add_subplot()
-    image = ax.imshow(rates, cmap="Blues", vmin=0, vmax=1)
+    image = ax.imshow(colours, cmap=cmap, vmin=scale[0], vmax=scale[1])
     ax.set_xticks(range(k), labels, rotation=45, ha="right")
     ax.set_yticks(range(k), labels)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    for i in range(k):
-        for j in range(k):
-            if counts[i, j]:
-                ax.text(j, i, f"{int(counts[i, j])}", ha="center", va="center", fontsize=8,
-                        color="white" if rates[i, j] > 0.5 else "black")
-    fig.colorbar(image, ax=ax, label="share of the true class")
+    ax.set(**axes)
+    for i, j in np.ndindex(k, k):  # row by row
+        if zeros or counts[i, j]:
+            ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=8,
+                    color="white" if colours[i, j] > dark_above else "black")
+    fig.colorbar(image, ax=ax, label=colorbar)
+    return fig
+
+
+def confusion_heatmap(matrix: Sequence[Sequence[int]], labels: Sequence[str]) -> str:
+    """Confusion matrix normalised per true class, with the counts in the cells."""
+    counts = np.asarray(matrix, dtype=int)
+    rates = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    fig = _pair_grid(rates, counts, labels, "Blues", 0.5, "share of the true class",
+                     zeros=False, scale=(0, 1), xlabel="predicted", ylabel="true")
     return plot("confusion", fig, "Rows: true class, normalised to 1; cells: example counts.")
 
 
@@ -250,16 +259,6 @@ def cooccurrence(truth: np.ndarray, labels: Sequence[str]) -> str:
     """How often each pair of labels is set on the same example (the diagonal: each label's
     count)."""
     counts = truth.T.astype(int) @ truth.astype(int)
-    k = len(labels)
-    fig = figure(min(2.0 + 0.6 * k, 12), min(1.6 + 0.55 * k, 11))
-    ax = fig.add_subplot()
-    image = ax.imshow(counts, cmap="Purples")
-    ax.set_xticks(range(k), labels, rotation=45, ha="right")
-    ax.set_yticks(range(k), labels)
-    for i in range(k):
-        for j in range(k):
-            ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=8,
-                    color="white" if counts[i, j] > counts.max() / 2 else "black")
-    fig.colorbar(image, ax=ax, label="examples")
+    fig = _pair_grid(counts, counts, labels, "Purples", counts.max() / 2, "examples")
     return plot("cooccurrence", fig, "Examples with both labels (diagonal: examples with the "
                                      "label).")
