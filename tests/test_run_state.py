@@ -58,6 +58,18 @@ def test_a_fresh_run_clears_leftovers_and_saves_its_state_when_told(tmp_path):
     assert again.resumed and again.state["epochs_done"] == 2
 
 
+def test_drop_removes_a_checkpoint_unless_it_is_kept_or_missing(tmp_path):
+    resume = run_state.open_run(str(tmp_path), STATE, {"lr": 0.1})
+    for name in ("lm-1.pth", "lm-2.pth"):
+        (tmp_path / name).write_text("x")
+    assert resume.path("lm-1.pth") == str(tmp_path / "lm-1.pth")
+    resume.drop("lm-2.pth", "lm-2.pth", None)  # the one the state points at stays
+    resume.drop(None)
+    resume.drop("lm-3.pth")  # gone already
+    resume.drop("lm-1.pth", "lm-2.pth")
+    assert os.listdir(tmp_path) == ["lm-2.pth"]
+
+
 def test_another_run_is_refused_and_nothing_of_it_is_removed(tmp_path):
     folder = tmp_path / "ckpt"
     run_state.open_run(str(folder), STATE, {"lr": 0.1}).save()

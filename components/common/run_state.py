@@ -206,6 +206,19 @@ class Resume:
         """Writes `state` to the state file (`save`: whole or not at all)."""
         save(self.folder, self.file.name, self.state, sort_keys=self.file.sort_keys)
 
+    def path(self, name: str) -> str:
+        """The path of the file `name` in the checkpoint folder."""
+        return os.path.join(self.folder, name)
+
+    def drop(self, name: str | None, *keep: str | None) -> None:
+        """Removes the checkpoint file `name`, unless it is one of `keep` or missing.
+
+        Called only once the saved state no longer points at it: a job killed before that
+        save resumes from it.
+        """
+        if name and name not in keep and os.path.exists(self.path(name)):
+            os.remove(self.path(name))
+
 
 def open_run(folder: str, file: StateFile, run_values: Mapping[str, Any], *,
              fresh: Mapping[str, Any] | None = None, write: bool = True) -> Resume:

@@ -125,15 +125,10 @@ class _Direction:
     def __init__(self, resume: run_state.Resume, name: str, tensorboard: ScalarLog):
         self.resume, self.name, self.tensorboard = resume, name, tensorboard
         self.folder, self.state = resume.folder, resume.state
+        self.path, self.save = resume.path, resume.save
         self.mine = self.state["directions"].setdefault(name, {
             "epochs_done": 0, "checkpoint": None, "done": False, "found_lr": None,
             "history": []})
-
-    def path(self, name: str) -> str:
-        return os.path.join(self.folder, name)
-
-    def save(self) -> None:
-        self.resume.save()
 
     def restore(self, learn) -> None:
         if self.mine["checkpoint"]:
@@ -162,15 +157,13 @@ class _Direction:
         self.save()
         # After the save: a resumed run never trains (and logs) this epoch again.
         self.tensorboard.write(epoch_scalars(tensorboard_prefix(self.name), row), epochs_done)
-        if previous and previous != name and os.path.exists(self.path(previous)):
-            os.remove(self.path(previous))  # only once the state no longer points at it
+        self.resume.drop(previous, name)
 
     def finish(self) -> None:
         checkpoint = self.mine["checkpoint"]
         self.mine.update(done=True, checkpoint=None)
         self.save()
-        if checkpoint and os.path.exists(self.path(checkpoint)):
-            os.remove(self.path(checkpoint))
+        self.resume.drop(checkpoint)
 
 
 def tensorboard_prefix(name: str) -> str:

@@ -47,18 +47,11 @@ class StageRunner:
                  n_hid: int = schedule.BOUNDS_N_HID):
         self.resume, self.plan = resume, plan
         self.folder, self.state = resume.folder, resume.state
+        self.path, self.save = resume.path, resume.save  # a file's path; writes the state
         self.monitor, self.callbacks = monitor, list(callbacks)
         self.tensorboard, self.trial = tensorboard, trial
         self.constant = constant  # the classifier's constant answer (text_scores.constant_answer)
         self.n_hid = n_hid  # the AWD-LSTM's hidden size, which the rate bounds scale with
-
-    def path(self, name: str) -> str:
-        """The path of the file `name` in the checkpoint folder."""
-        return os.path.join(self.folder, name)
-
-    def save(self) -> None:
-        """Writes the state file."""
-        self.resume.save()
 
     def indices(self, model: str) -> list[int]:
         """Positions in the plan of `model`'s stages (schedule.LM or schedule.CLASSIFIER)."""
@@ -80,9 +73,8 @@ class StageRunner:
         os.replace(tmp, self.path(name))
 
     def _drop(self, name: str | None, keep: str | None) -> None:
-        start = (self.state.get("stage_start") or {}).get("file")
-        if name and name not in (keep, start) and os.path.exists(self.path(name)):
-            os.remove(self.path(name))
+        """Removes checkpoint `name` unless it is `keep` or the restarts' start weights."""
+        self.resume.drop(name, keep, (self.state.get("stage_start") or {}).get("file"))
 
     def restore(self, learn) -> bool:
         """Loads the latest checkpoint of this learner's model kind, if training began."""
