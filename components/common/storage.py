@@ -36,9 +36,7 @@ def is_remote(uri: str) -> bool:
 
 def _gcs_options() -> dict:
     # Read at call time, not import: against an emulator there are no credentials.
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        return {"token": "anon"}
-    return {}
+    return {"token": "anon"} if os.environ.get("STORAGE_EMULATOR_HOST") else {}
 
 
 def _s3_options() -> dict:
@@ -186,24 +184,24 @@ def mirror_path(remote: str) -> str:
                         hashlib.sha1(key.encode()).hexdigest()[:16])
 
 
-def _retrying(action: Callable[[], None], attempts: int, backoff_s: float, what: str) -> None:
-    """Runs `action`, again after a failure (waiting backoff_s, 2 x backoff_s, ...), at
-    most `attempts` times; errors no retry mends (`_PERMANENT`) end it at once.
+def _retrying(action: Callable[[], None], what: str) -> None:
+    """Runs `action`, again after a failure (waiting PUSH_BACKOFF_S, then twice that, ...),
+    at most PUSH_ATTEMPTS times; errors no retry mends (`_PERMANENT`) end it at once.
 
     Raises:
         CheckpointStoreError: The last failure, with `what` and the store's error.
     """
-    for attempt in range(1, attempts + 1):
+    for attempt in range(1, PUSH_ATTEMPTS + 1):
         try:
             return action()
         except Exception as err:  # any store error: botocore's, gcsfs's, an OSError
-            if attempt == attempts or isinstance(err, _PERMANENT):
+            if attempt == PUSH_ATTEMPTS or isinstance(err, _PERMANENT):
                 raise CheckpointStoreError(
                     f"{what} failed ({type(err).__name__}: {err}) after {attempt} attempt"
                     f"{'s' if attempt > 1 else ''}; {_ADVICE}") from err
             logging.getLogger(__name__).warning("%s failed (%s: %s); trying again", what,
                                                 type(err).__name__, err)
-            time.sleep(backoff_s * 2 ** (attempt - 1))
+            time.sleep(PUSH_BACKOFF_S * 2 ** (attempt - 1))
 
 
 class Mirror:
@@ -218,34 +216,26 @@ class Mirror:
 
     Args:
         remote: The gs:// or s3:// folder.
-        attempts: Tries of each push and of the first check; default `PUSH_ATTEMPTS`.
-        backoff_s: Wait after the first failed try, doubled after each next one; default
-            `PUSH_BACKOFF_S`.
 
     Raises:
         CheckpointStoreError: The remote folder cannot be listed, written or read.
     """
 
-    def __init__(self, remote: str, attempts: int | None = None,
-                 backoff_s: float | None = None):
+    def __init__(self, remote: str):
         import fcntl
 
         self.remote = remote.rstrip("/")
-        self.attempts = PUSH_ATTEMPTS if attempts is None else attempts
-        self.backoff_s = PUSH_BACKOFF_S if backoff_s is None else backoff_s
         self.fs, self.root = filesystem(self.remote)
         if _pushes():
             # Before the pull: a bucket that does not exist reads as an empty folder.
-            _retrying(self._probe, self.attempts, self.backoff_s,
-                      f"listing and writing the object store folder {self.remote}")
+            _retrying(self._probe, f"listing and writing the object store folder {self.remote}")
         self.local = mirror_path(self.remote)
         os.makedirs(self.local, exist_ok=True)
         filled = os.path.join(self.local, f"{TMP_PREFIX}filled")
         with open(os.path.join(self.local, f"{TMP_PREFIX}lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not os.path.exists(filled):
-                _retrying(self._pull, self.attempts, self.backoff_s,
-                          f"reading the object store folder {self.remote}")
+                _retrying(self._pull, f"reading the object store folder {self.remote}")
                 open(filled, "w").close()
         self.pushed = self._local_files()
 
@@ -290,13 +280,13 @@ class Mirror:
         """Uploads what changed (pointers and state files last), then removes what the
         trainer removed: the remote never points at a checkpoint it does not hold.
 
-        A failed upload is tried again (`attempts`, from the file that failed on). One
+        A failed upload is tried again (PUSH_ATTEMPTS, from the file that failed on). One
         that still fails raises, an epoch's push as well as the last: going on would train
         for hours while the store keeps nothing, and a retried pod would resume from an
         old checkpoint or none.
 
         Raises:
-            CheckpointStoreError: The store refused the push `attempts` times.
+            CheckpointStoreError: The store refused the push PUSH_ATTEMPTS times.
         """
         if not _pushes():
             return
@@ -320,9 +310,8 @@ class Mirror:
                     self.fs.rm(f"{self.root}/{gone[0]}")
                 gone.pop(0)
 
-        _retrying(upload, self.attempts, self.backoff_s,
-                  f"pushing {self.local} to {self.remote} (what this step saved there since "
-                  "its last push is not kept)")
+        _retrying(upload, f"pushing {self.local} to {self.remote} (what this step saved there "
+                  "since its last push is not kept)")
         self.pushed = files
 
 
