@@ -135,6 +135,17 @@ def lang_problems(lang: str) -> list[str]:
     return []
 
 
+def _step_problems(*checks: tuple[str, Callable[[], Any]]) -> list[str]:
+    """What each (step, check) pair's check refuses, as "<step>: <error>"."""
+    problems = []
+    for name, check in checks:
+        try:
+            check()
+        except PreflightError as err:
+            problems.append(f"{name}: {err}")
+    return problems
+
+
 def check_image_run(parameters: Mapping[str, Any]) -> None:
     """Refuses image pipeline parameters that the sharding, training or evaluation step
     would refuse after the steps before them ran.
@@ -145,16 +156,10 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
     from components.shard.contract import ShardConfig
     from components.train_image.contract import TrainConfig
 
-    problems = []
-    for name, check in (
+    problems = _step_problems(
         ("sharding", lambda: build(ShardConfig, parameters, {"num_workers": "shard_workers"})),
         ("training", lambda: build(TrainConfig, parameters,
-                                   steps_per_epoch=steps_per_epoch(parameters) or None)),
-    ):
-        try:
-            check()
-        except PreflightError as err:
-            problems.append(f"{name}: {err}")
+                                   steps_per_epoch=steps_per_epoch(parameters) or None)))
     for name in ("train_fraction", "test_fraction"):
         if name in parameters and not number_parameter(parameters, name) > 0:
             problems.append(f"{name} must be > 0: the pipeline trains on the train split and "
@@ -185,11 +190,8 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
         unlearnt_lm,
     )
 
-    problems = []
-    try:
-        build(PrepareConfig, parameters, label_columns=())
-    except PreflightError as err:
-        problems.append(f"preparation: {err}")
+    problems = _step_problems(
+        ("preparation", lambda: build(PrepareConfig, parameters, label_columns=())))
     model_config: dict[str, Any] = {}
     try:
         model_config = parse_model_config(str(parameters.get("model_config", "")))
@@ -350,15 +352,9 @@ def check_transformer_run(parameters: Mapping[str, Any]) -> None:
     from components.prepare_text.contract import PrepareConfig
     from components.train_transformer.contract import DEFAULT_MODEL_NAME, TransformerConfig
 
-    problems = []
-    for name, check in (
+    problems = _step_problems(
         ("preparation", lambda: build(PrepareConfig, parameters, label_columns=())),
-        ("training", lambda: build(TransformerConfig, parameters)),
-    ):
-        try:
-            check()
-        except PreflightError as err:
-            problems.append(f"{name}: {err}")
+        ("training", lambda: build(TransformerConfig, parameters)))
     problems += model_name_problems(str(parameters.get("model_name", DEFAULT_MODEL_NAME)),
                                     _int_or_none(parameters.get("max_length",
                                                                 TransformerConfig.max_length)))
