@@ -111,12 +111,10 @@ class RunState:
         # The run file last: a job killed part-way through leaves a folder still marked as
         # this run's, never finished phases without their owner, which a run with other
         # settings would find free and take up as its own.
-        names = []
-        for phase in phases:
-            names += [f"backup-{phase}", f"history-{phase}.json", f"{phase}.weights.npz",
-                      f"{phase}.done.json"]
-        names.append(RUN_FILE)
-        for name in names:
+        names = [name for phase in phases for name in (
+            f"backup-{phase}", f"history-{phase}.json", f"{phase}.weights.npz",
+            f"{phase}.done.json")]
+        for name in [*names, RUN_FILE]:
             path = self._path(name)
             if tf.io.gfile.isdir(path):
                 tf.io.gfile.rmtree(path)
