@@ -19,7 +19,6 @@ for its import.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common.storage import write_json_atomically
+from components.common.storage import read_json, write_json_atomically
 
 # What every evaluation step writes into its output folder.
 EVALUATION_FILE = "metrics.json"
@@ -442,5 +441,4 @@ def write_outputs(result: dict[str, Any], output_dir: str, report: str) -> None:
 
 def read_evaluation(evaluation_dir: str) -> dict[str, Any]:
     """Loads `metrics.json` from an evaluation step's output folder."""
-    with open(os.path.join(evaluation_dir, EVALUATION_FILE)) as f:
-        return json.load(f)
+    return read_json(os.path.join(evaluation_dir, EVALUATION_FILE))

@@ -396,6 +396,14 @@ def _push_at_exit(pid: int) -> None:
         os._exit(1)
 
 
+def read_json(path: str, *, optional: bool = False) -> Any:
+    """The value of a local JSON file; with `optional`, None where there is no such file."""
+    if optional and not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def write_json_atomically(path: str, payload: Any, *, sort_keys: bool = True,
                           allow_nan: bool = True) -> None:
     """Writes JSON under a temporary name, then renames it: whole or not at all.

@@ -14,7 +14,6 @@ trainer's curves and the most confident mistakes; `report.image_report`).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from components.common.metrics import (
     write_outputs,
 )
 from components.common.report_html import REPORT_HTML_FILE
-from components.common.storage import write_text_atomically
+from components.common.storage import read_json, write_text_atomically
 from components.evaluate_image.report import image_report
 from components.formats.image_models import load_keras_model
 from components.formats.shards import make_dataset
@@ -281,10 +280,7 @@ def evaluate_image_model(
     # Fail on a class mismatch before paying for loading the model.
     check_classes(class_names, read_manifest(dataset_dir)["classes"])
     model = load_model(model_dir)
-    history = None
-    if os.path.exists(os.path.join(model_dir, HISTORY_FILE)):
-        with open(os.path.join(model_dir, HISTORY_FILE)) as f:
-            history = json.load(f)
+    history = read_json(os.path.join(model_dir, HISTORY_FILE), optional=True)
     return evaluate_model(model, class_names, dataset_dir, output_dir, split=split,
                           batch_size=batch_size, source={"model_dir": model_dir},
                           history=history)

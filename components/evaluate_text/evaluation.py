@@ -9,7 +9,6 @@ Only `fastai.text` is imported (never `fastai.vision`).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -24,7 +23,7 @@ from components.common.metrics import (
     write_outputs,
 )
 from components.common.report_html import REPORT_HTML_FILE
-from components.common.storage import write_text_atomically
+from components.common.storage import read_json, write_text_atomically
 from components.evaluate_text.report import text_report
 
 
@@ -75,7 +74,7 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
         ValueError: The split is empty or the labels disagree.
     """
     from components.prepare_text.contract import read_manifest, read_split
-    from components.text_common.contract import read_labels
+    from components.text_common.contract import TRAINING_METRICS_FILE, read_labels
 
     info = read_labels(model_dir)
     manifest = read_manifest(dataset_dir)
@@ -112,7 +111,7 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
     write_outputs(result, output_dir, report)
     write_text_atomically(os.path.join(output_dir, REPORT_HTML_FILE), text_report(
         result, frame[manifest["text_column"]].tolist(), truth, probs,
-        _read_training(model_dir)))
+        read_json(os.path.join(model_dir, TRAINING_METRICS_FILE), optional=True)))
     return result
 
 
@@ -130,14 +129,3 @@ def _baselines(dataset_dir: str, manifest: dict[str, Any], frame, task: str,
         return {}
     return baselines.text_baselines(pair(train), pair(valid), pair(frame), labels, task,
                                     threshold)
-
-
-def _read_training(model_dir: str) -> dict[str, Any] | None:
-    """The trainer's metrics.json (per-epoch history), None for a model without one."""
-    from components.text_common.contract import TRAINING_METRICS_FILE
-
-    path = os.path.join(model_dir, TRAINING_METRICS_FILE)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)

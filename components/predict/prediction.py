@@ -26,7 +26,7 @@ import numpy as np
 
 from components.common.images import BadImage, decode_image, encode_image, resize
 from components.common.input_kinds import repeated_columns, separator_hint
-from components.common.storage import TMP_PREFIX, filesystem, is_remote
+from components.common.storage import TMP_PREFIX, filesystem, is_remote, read_json
 from components.predict.contract import IMAGE, PredictionError, model_family
 
 log = logging.getLogger(__name__)
@@ -146,8 +146,7 @@ def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
 
     files, hidden = list_inputs(data_uri)
     classes = load_class_names(model_dir)
-    with open(os.path.join(model_dir, PREPROCESSING_FILE)) as f:
-        preprocessing = json.load(f)
+    preprocessing = read_json(os.path.join(model_dir, PREPROCESSING_FILE))
     model = load_keras_model(os.path.join(model_dir, MODEL_FILE), compile=False)
     fs, _ = filesystem(data_uri)
     counts = {"inputs": len(files), "predicted": 0, "errors": 0,

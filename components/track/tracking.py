@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
-from components.common.storage import gcs_mount_prefix, local_path
+from components.common.storage import gcs_mount_prefix, local_path, read_json
 from components.track.contract import TrackingError, check_tracking_uri
 
 # Tags every run carries; `pipeline_run` finds a retried step's earlier run.
@@ -106,11 +106,6 @@ def _add_row(series: dict[str, list[tuple[int, float]]], step: int, row: Mapping
             series.setdefault(prefix + name, []).append((step, float(value)))
 
 
-def _read_json(folder: str, name: str) -> Any:
-    with open(os.path.join(folder, name)) as f:
-        return json.load(f)
-
-
 def _classifier_record(metadata: Mapping[str, Any], model_uri: str,
                        evaluation: Mapping[str, Any] | None,
                        series: dict[str, list[tuple[int, float]]], **tags: str) -> RunRecord:
@@ -136,7 +131,7 @@ def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
     """
     from components.train_image.contract import HISTORY_FILE
 
-    history = _read_json(model_dir, HISTORY_FILE)
+    history = read_json(os.path.join(model_dir, HISTORY_FILE))
     series: dict[str, list[tuple[int, float]]] = {}
     phases, step = [], 0
     for phase, rows in history.items():
@@ -166,7 +161,7 @@ def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
     """
     from components.text_common.contract import TRAINING_METRICS_FILE
 
-    training = _read_json(model_dir, TRAINING_METRICS_FILE)
+    training = read_json(os.path.join(model_dir, TRAINING_METRICS_FILE))
     series: dict[str, list[tuple[int, float]]] = {}
     counts: dict[str, int] = {}
     for row in training["history"]:
@@ -190,7 +185,7 @@ def lm_record(assets_dir: str, metadata: Mapping[str, Any], assets_uri: str) -> 
     """
     from components.train_lm.contract import METRICS_FILE
 
-    result = _read_json(assets_dir, METRICS_FILE)
+    result = read_json(os.path.join(assets_dir, METRICS_FILE))
     series: dict[str, list[tuple[int, float]]] = {}
     final: dict[str, float] = {}
     for direction, run in result["directions"].items():
