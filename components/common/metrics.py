@@ -46,15 +46,15 @@ def _check_names(names: Sequence[str], k: int, what: str) -> list[str]:
     return names
 
 
-# --------------------------------------------------------------------------- single-label
-
-
 def _per_name(names: list[str], **columns: np.ndarray) -> dict[str, dict[str, Any]]:
     """{name: {column: its value at the name's index}}, in the order given: the counts
     (`support`, `predicted`) as int, every other column as float."""
     return {name: {key: (int if key in ("support", "predicted") else float)(values[i])
                    for key, values in columns.items()}
             for i, name in enumerate(names)}
+
+
+# --------------------------------------------------------------------------- single-label
 
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> np.ndarray:
