@@ -100,7 +100,7 @@ def test_a_folder_of_text_files_is_read_as_paragraphs_and_skips_are_counted(tmp_
 
 
 @pytest.mark.parametrize("raw", [b"\0" * 20_000, "two paragraphs\n\nof text".encode("utf-16"),
-                                 bytes(range(256)) * 80])
+                                 bytes(range(256)) * 80], ids=["nul", "utf-16", "binary"])
 def test_a_corpus_that_is_not_text_never_becomes_a_model(tmp_path, raw):
     """The issue's case: two 20 KB files of NUL bytes trained an LM of perplexity 15."""
     corpus = tmp_path / "corpus"
