@@ -66,3 +66,65 @@ def test_tracking_uris_a_step_could_not_use_are_refused():
     with pytest.raises(TrackingError, match="scratch folder of the pod"):
         check_tracking_uri("gs://bucket/mlruns", kubeflow_pod)
     check_tracking_uri("http://mlflow.mlflow:5000", kubeflow_pod)
+
+
+def test_a_step_logs_once_into_the_run_kfp_made_for_it_and_the_version_links_to_it(
+        tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from components.register.component import register_in_mlflow
+    from components.track.component import track_classifier
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    # as KFP 2.17's MLflow plugin makes them: the pipeline run's, one nested run per task
+    kfp_experiment = client.create_experiment("kfp")
+    parent = client.create_run(kfp_experiment, run_name="pipeline-run-1",
+                               tags={"kfp.pipeline_run_id": "r-1"}).info.run_id
+    nested = {task: client.create_run(kfp_experiment, run_name=task,
+                                      tags={"mlflow.parentRunId": parent}).info.run_id
+              for task in ("track-run", "register-model")}
+    (tmp_path / "history.json").write_text(json.dumps(
+        {"head": [{"epoch": 0, "loss": 2.0}], "full": [{"epoch": 1, "loss": 1.5}]}))
+    (tmp_path / "metrics.json").write_text(json.dumps(
+        {"task": "single_label", "num_examples": 4, "accuracy": 0.75, "per_class": {}}))
+    model = SimpleNamespace(path=str(tmp_path), uri="s3://b/model", metadata={
+        "parameters": {"epochs": 2.0}, "git_sha": "abc"})
+    evaluation = SimpleNamespace(path=str(tmp_path))
+
+    def track(tracking_uri: str) -> str:
+        return track_classifier(model, evaluation, tracking_uri, "pipeline-run-1", "pets",
+                                "image")
+
+    def register(tracking_uri: str) -> str | None:
+        registered = SimpleNamespace(path=str(tmp_path / "registered"), metadata={},
+                                     uri="s3://b/registered")
+        version = register_in_mlflow(model, registered, tracking_uri, "pets", "text",
+                                     "img", "pipeline-run-1").version
+        return client.get_model_version("pets", version).run_id
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_RUN_ID", nested["track-run"])
+    assert track(store) == track(store) == nested["track-run"]  # the pod retried
+    run = client.get_run(nested["track-run"])
+    assert metric_history(client, run, "loss") == [(0, 2.0), (1, 1.5)]  # once each
+    assert metric_history(client, run, "test_accuracy") == [(0, 0.75)]
+    assert run.data.params == {"epochs": "2"} and run.data.tags["pipeline_run"] == "pipeline-run-1"
+    # still KFP's: its parent, its name, running until KFP's launcher ends it
+    assert (run.data.tags["mlflow.parentRunId"], run.info.run_name, run.info.status) == (
+        parent, "track-run", "RUNNING")
+    assert client.get_experiment_by_name("pets") is None  # no run of our own
+    monkeypatch.setenv("MLFLOW_RUN_ID", nested["register-model"])
+    assert register(store) == nested["register-model"]
+
+    # tracking_uri naming another store wins, as without KFP's variables: a run of its own
+    elsewhere = str(tmp_path / "mlruns")
+    assert track(elsewhere) != nested["track-run"] and register(store) == nested["register-model"]
+    monkeypatch.delenv("MLFLOW_RUN_ID")
+    assert register(store) is None
+    track(store)
+    assert len(client.search_runs([kfp_experiment])) == 3
+    assert only_run(client, "pets", "pipeline-run-1").info.status == "FINISHED"
+    monkeypatch.setenv(FILE_STORE_SWITCH, "true")
+    other = MlflowClient(tracking_uri=tracking_store(elsewhere))
+    assert only_run(other, "pets", "pipeline-run-1").data.params == {"epochs": "2"}

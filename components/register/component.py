@@ -72,6 +72,7 @@ def register_in_mlflow(
 
     from components.register import mlflow_registry as registry
     from components.register.registration import model_labels
+    from components.track.contract import platform_run
 
     if kind == "image":
         source = registered.uri.rstrip("/") + "/" + registry.SERVED_FOLDER
@@ -81,7 +82,8 @@ def register_in_mlflow(
         source = model.uri
     source = registry.served_uri(source)
     tags = model_labels(run_name, model.metadata)
-    version = registry.register_version(tracking_uri, model_display_name, source, tags)
+    version = registry.register_version(tracking_uri, model_display_name, source, tags,
+                                        platform_run(tracking_uri, os.environ))
     name = registry.service_name(model_display_name)
     manifest = registry.inference_service(name, kind, source, serving_image, {
         "mlflow-model": name, "mlflow-version": version})

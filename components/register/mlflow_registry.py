@@ -121,9 +121,10 @@ def stage_tf_serving(model_dir: str, out_dir: str, subdir: str = SAVED_MODEL_DIR
 
 
 def register_version(tracking_uri: str, name: str, source: str,
-                     tags: Mapping[str, str]) -> str:
+                     tags: Mapping[str, str], run_id: str = "") -> str:
     """Adds a version of model `name` (created when new) whose source is `source`, with
-    `tags`, and points the alias `challenger` at it.
+    `tags`, and points the alias `challenger` at it; with `run_id` (the run KFP made for
+    the step, nested under the pipeline run's) the version names that run as its own.
 
     Returns:
         The version number, as MLflow gives it.
@@ -137,6 +138,7 @@ def register_version(tracking_uri: str, name: str, source: str,
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    version = client.create_model_version(name, source=source, tags=dict(tags))
+    version = client.create_model_version(name, source=source, tags=dict(tags),
+                                          run_id=run_id or None)
     client.set_registered_model_alias(name, ALIAS, version.version)
     return str(version.version)

@@ -209,18 +209,22 @@ def _chunks(items: list, size: int) -> Iterable[list]:
 
 
 def log_run(tracking_uri: str, experiment: str, run_name: str, record: RunRecord,
-            extra_tags: Mapping[str, str] = ()) -> str:
-    """Logs a run record as one MLflow run named `run_name` in `experiment`.
+            extra_tags: Mapping[str, str] = (), run_id: str = "") -> str:
+    """Logs a run record as one MLflow run named `run_name` in `experiment`, or into the
+    run `run_id` that KFP made for the step.
 
     A run already tagged with this `run_name` (the step retried, or re-run after a
-    failure) is deleted first, so each pipeline run keeps exactly one MLflow run.
+    failure) is deleted first, so each pipeline run keeps exactly one MLflow run. KFP's
+    run is not ours to delete, end or rename: a retry logs into it only what an earlier
+    attempt did not.
 
     Args:
         tracking_uri: The pipeline's `tracking_uri` (see `tracking_store`).
-        experiment: MLflow experiment name; created when missing.
+        experiment: MLflow experiment name; created when missing (unused with `run_id`).
         run_name: The pipeline run's name.
         record: What to log.
         extra_tags: More tags (e.g. the pipeline's name).
+        run_id: KFP's run of the step (`contract.platform_run`); empty: a new run.
 
     Returns:
         The MLflow run id.
@@ -230,7 +234,7 @@ def log_run(tracking_uri: str, experiment: str, run_name: str, record: RunRecord
     store = tracking_store(tracking_uri)
     with _file_store_allowed(store):
         return _log(MlflowClient(tracking_uri=store), experiment, run_name, record,
-                    dict(extra_tags))
+                    dict(extra_tags), run_id)
 
 
 @contextlib.contextmanager
@@ -251,9 +255,9 @@ def _file_store_allowed(store: str) -> Iterator[None]:
             os.environ[FILE_STORE_SWITCH] = before
 
 
-def _log(client, experiment: str, run_name: str, record: RunRecord,
-         extra_tags: dict[str, str]) -> str:
-    from mlflow.entities import Metric, Param
+def _new_run(client, experiment: str, run_name: str, tags: dict[str, str]) -> str:
+    """A new run in `experiment` (created when missing), after deleting the runs an earlier
+    attempt of the step made there."""
     from mlflow.exceptions import MlflowException
 
     found = client.get_experiment_by_name(experiment)
@@ -268,16 +272,34 @@ def _log(client, experiment: str, run_name: str, record: RunRecord,
                                  filter_string=f"tags.{RUN_TAG} = '{run_name}'")
     for run in earlier:
         client.delete_run(run.info.run_id)
+    return client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+
+
+def _log(client, experiment: str, run_name: str, record: RunRecord,
+         extra_tags: dict[str, str], kfp_run: str) -> str:
+    from mlflow.entities import Metric, Param, RunTag
+
     tags = {RUN_TAG: run_name, **record.tags, **extra_tags}
-    run = client.create_run(experiment_id, run_name=run_name, tags=tags)
+    logged, params_logged = set(), {}
+    if kfp_run:  # a retried pod gets the same run: skip what an earlier attempt logged
+        run_id, data = kfp_run, client.get_run(kfp_run).data
+        logged = {(key, m.step) for key in data.metrics
+                  for m in client.get_metric_history(run_id, key)}
+        params_logged = data.params
+        client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
+    else:
+        run_id = _new_run(client, experiment, run_name, tags)
     now = int(time.time() * 1000)
     metrics = [Metric(name, value, now, step) for name, points in record.series.items()
                for step, value in points]
     metrics += [Metric(name, value, now, 0) for name, value in record.metrics.items()]
-    params = [Param(name, value) for name, value in record.params.items()]
+    metrics = [m for m in metrics if (m.key, m.step) not in logged]
+    params = [Param(name, value) for name, value in record.params.items()
+              if name not in params_logged]
     for chunk in _chunks(metrics, _BATCH_LIMITS["metrics"]):
-        client.log_batch(run.info.run_id, metrics=chunk)
+        client.log_batch(run_id, metrics=chunk)
     for chunk in _chunks(params, _BATCH_LIMITS["params"]):
-        client.log_batch(run.info.run_id, params=chunk)
-    client.set_terminated(run.info.run_id)
-    return run.info.run_id
+        client.log_batch(run_id, params=chunk)
+    if not kfp_run:  # KFP's launcher ends its run with the task's state
+        client.set_terminated(run_id)
+    return run_id
