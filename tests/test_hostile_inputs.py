@@ -335,7 +335,7 @@ def _prepare(uri):
 
 
 def _predict_rows(uri):
-    return [frame for frame in _read_csv_chunks(uri)]
+    return [frame for frame in _read_csv_chunks(uri, "text")]
 
 
 CSV_READERS = {  # entry point -> (call, its error type)

@@ -140,7 +140,7 @@ def test_an_empty_csv_to_label_is_a_clear_error_not_a_pandas_traceback(tmp_path)
     empty = tmp_path / "new.csv"
     empty.write_bytes(b"")
     with pytest.raises(PredictionError, match=f"'{empty}' is empty: give a CSV with a header"):
-        list(_read_csv_chunks(str(empty)))
+        list(_read_csv_chunks(str(empty), "text"))
 
 
 def test_the_cli_names_the_file_a_model_folder_lacks_not_another_kind(tmp_path, capsys):

@@ -227,7 +227,7 @@ def test_a_corpus_the_language_model_could_not_read_is_refused_first(tmp_path):
         preflight("lm", str(tmp_path), LM_DEFAULTS)
     csv = tmp_path / "c.csv"
     csv.write_text("body,label\nsome text,1\n")
-    with pytest.raises(PreflightError, match=r"no column 'text' \(header: \['body', 'label'\]\)"):
+    with pytest.raises(PreflightError, match=r"no column 'text' \(its header: \['body', 'label'\]"):
         preflight("lm", str(csv), LM_DEFAULTS)
     assert preflight("lm", str(csv), {**LM_DEFAULTS, "text_column": "body"}).startswith("sha256:")
     with pytest.raises(PreflightError, match="corpus_uri .* does not exist"):

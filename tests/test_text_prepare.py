@@ -84,13 +84,13 @@ def test_class_name_column_single_and_multi_label(tmp_path):
 
 def test_missing_text_column_is_named(tmp_path):
     data = _csv(tmp_path, "review,a,b\nhello,1,0\n")
-    with pytest.raises(TextDataError, match=r"text column 'text' is not in the CSV.*'review'"):
+    with pytest.raises(TextDataError, match=r"has no column 'text' \(its header: \['review'"):
         prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig())
 
 
 def test_unknown_label_column_is_named(tmp_path):
     data = _csv(tmp_path, "text,a,b\nhello,1,0\n")
-    with pytest.raises(TextDataError, match=r"label column\(s\) \['c'\] not in the CSV"):
+    with pytest.raises(TextDataError, match=r"has no column 'c' .*set label_columns"):
         prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig(label_columns=("a", "c")))
 
 

@@ -135,7 +135,7 @@ def test_a_csv_column_is_read_row_by_row(tmp_path):
     result = read_corpus(str(path), "body")
     assert result.documents == ["one text", "two text"]
     assert result.report["skipped"] == {"empty text": {"count": 1, "examples": [f"{path} line 3"]}}
-    with pytest.raises(LMTrainingError, match=r"no column 'text' \(columns: \['body', 'x'\]\)"):
+    with pytest.raises(LMTrainingError, match=r"no column 'text' \(its header: \['body', 'x'\]\)"):
         read_corpus(str(path), "text")
 
 

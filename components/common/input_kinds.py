@@ -17,16 +17,19 @@ have one description each where their step's contract holds it: language model a
 (`train_text.contract.required_files`), image weights (`train_image.contract.
 weights_file_layout`), an image folder of class folders (`shard.listing`), a labelled CSV
 (`prepare_text.preparation.read_csv` and `normalize`), a request body
-(`predict.serving.parse_instances`).
+(`predict.serving.parse_instances`). **A CSV's header** is checked by `csv_header`, for
+every step that reads a CSV and for the preflight.
 """
 
 from __future__ import annotations
 
 import collections
+import csv
 import dataclasses
 import json
 import os
 import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 TEXT_ENCODING = "utf-8-sig"  # UTF-8; a byte-order mark at the start is dropped
@@ -137,23 +140,45 @@ def text_problem(text: str) -> str:
     return f"not text: {problem}" if problem else ""
 
 
-def repeated_columns(header: list[str]) -> list[str]:
-    """The column names a CSV header holds more than once (pandas would rename the
-    second "text" to "text.1" and a reader would take the first without a word)."""
-    counts = collections.Counter(name.strip() for name in header)  # linear: wide CSVs exist
-    return sorted(name for name, count in counts.items() if count > 1)
+def csv_header(lines: Iterable[str], name: str, columns: Mapping[str, str]) -> list[str]:
+    """The header of a CSV, checked as every reader of a CSV checks it: its first row with
+    a non-blank cell (pandas skips blank lines too).
 
+    Args:
+        lines: The CSV's lines (an open text file, an `io.StringIO`), read up to the
+            header row only.
+        name: The file, as the messages name it ("corpus_uri 'gs://b/c.csv'").
+        columns: The columns the reader needs, each to the parameter that names it.
 
-def separator_hint(header: list[str]) -> str:
-    """"" or a sentence saying a CSV whose header is one column looks separated by
-    another character than a comma (a TSV, or a spreadsheet's ';' export)."""
-    if len(header) != 1:
-        return ""
-    for separator, name in (("\t", "tabs"), (";", "';'"), ("|", "'|'")):
-        if separator in header[0]:
-            return (f" It looks separated by {name}, not commas: save it as a comma-separated "
-                    "CSV.")
-    return ""
+    Returns:
+        The header's cells.
+
+    Raises:
+        InputKindError: No row (blank lines only), a column name twice (pandas would
+            rename the second "text" to "text.1" and a reader take the first without a
+            word), or a needed column missing (saying so when a one-cell header looks
+            separated by a tab, ';' or '|'): naming `name` and the columns.
+    """
+    header = next((row for row in csv.reader(lines) if "".join(row).strip()), [])
+    if not header:
+        naming = f" naming {', '.join(map(repr, columns))}" if columns else ""
+        raise InputKindError(f"{name} is empty: give a CSV with a header row{naming} and a row "
+                             "per text")
+    counts = collections.Counter(cell.strip() for cell in header)  # linear: wide CSVs exist
+    repeated = sorted(cell for cell, count in counts.items() if count > 1)
+    if repeated:
+        raise InputKindError(f"{name}: column name(s) {repeated} appear more than once in the "
+                             "header; rename them so each column has its own name")
+    missing = [column for column in columns if column not in header]
+    if missing:
+        hint = next((f" It looks separated by {said}, not commas: save it as a comma-separated "
+                     "CSV." for separator, said in (("\t", "tabs"), (";", "';'"), ("|", "'|'"))
+                     if len(header) == 1 and separator in header[0]), "")
+        parameters = " and ".join(dict.fromkeys(columns[column] for column in missing))
+        raise InputKindError(f"{name} has no column {', '.join(map(repr, missing))} (its header: "
+                             f"{header[:20]}); give a CSV that has it, or set {parameters} to "
+                             "one of its columns." + hint)
+    return header
 
 
 # ------------------------------------------------------------------------ folders

@@ -12,7 +12,6 @@ temporary name and appears whole, or not at all.
 from __future__ import annotations
 
 import contextlib
-import csv
 import io
 import json
 import logging
@@ -25,7 +24,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from components.common.images import BadImage, decode_image, encode_image, resize
-from components.common.input_kinds import repeated_columns, separator_hint
+from components.common.input_kinds import InputKindError, csv_header
 from components.common.storage import TMP_PREFIX, filesystem, is_remote, read_json
 from components.predict.contract import IMAGE, PredictionError, model_family
 
@@ -185,7 +184,7 @@ def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
 # ------------------------------------------------------------------------------- texts
 
 
-def _read_csv_chunks(data_uri: str) -> Iterator[Any]:
+def _read_csv_chunks(data_uri: str, column: str) -> Iterator[Any]:
     import pandas as pd
 
     fs, path = filesystem(data_uri)
@@ -193,20 +192,15 @@ def _read_csv_chunks(data_uri: str) -> Iterator[Any]:
         raise PredictionError(f"{data_uri!r} is not a file: give a CSV with a text column")
     with fs.open(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8-sig") as f:
         try:
-            header = next(csv.reader([f.readline()]), [])
-            if repeated_columns(header):
-                raise PredictionError(f"{data_uri!r}: column name(s) {repeated_columns(header)} "
-                                      "appear more than once in the header; rename them so "
-                                      "each column has its own name")
+            csv_header(f, repr(data_uri), {column: "text_column"})
             f.seek(0)
             yield from pd.read_csv(f, chunksize=_CSV_CHUNK_ROWS, dtype=str,
                                    keep_default_na=False)
+        except InputKindError as err:
+            raise PredictionError(str(err)) from None
         except UnicodeDecodeError as err:
             raise PredictionError(f"{data_uri!r} is not UTF-8 text ({err}); save the CSV as "
                                   "UTF-8") from err
-        except pd.errors.EmptyDataError as err:
-            raise PredictionError(f"{data_uri!r} is empty: give a CSV with a header row "
-                                  "naming the text column and a row per text") from err
         except pd.errors.ParserError as err:
             raise PredictionError(f"{data_uri!r} is not a readable CSV: {err}") from err
 
@@ -232,11 +226,7 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
               "max_text_chars": MAX_TEXT_CHARS, "text_column": column}
     row = 0
     with _progress(None, "row", progress) as bar:
-        for chunk in _read_csv_chunks(data_uri):
-            if column not in chunk.columns:
-                raise PredictionError(f"{data_uri!r} has no column {column!r} (its columns: "
-                                      f"{list(chunk.columns)}); pass the text column's name."
-                                      + separator_hint([str(c) for c in chunk.columns]))
+        for chunk in _read_csv_chunks(data_uri, column):
             texts = [str(t) for t in chunk[column]]
             problems = [text_problem(t) if t.strip() else f"empty text in column {column!r}"
                         for t in texts]

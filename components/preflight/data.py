@@ -14,10 +14,10 @@ import json
 import os
 
 from components.common.input_kinds import (
+    InputKindError,
     NotTextError,
+    csv_header,
     decode_text,
-    repeated_columns,
-    separator_hint,
     text_problem,
 )
 from components.common.storage import filesystem
@@ -60,18 +60,11 @@ def check_corpus(uri: str, text_column: str) -> None:
         if problem:
             raise PreflightError(f"corpus_uri {uri!r}: {problem}")
         if path.endswith(CSV_SUFFIX):
-            with fs.open(path, "rb") as f:
-                header = f.readline().decode("utf-8-sig", errors="replace")
-            columns = next(csv.reader([header]), [])
-            repeated = repeated_columns(columns)
-            if repeated:
-                raise PreflightError(f"corpus_uri {uri!r}: column name(s) {repeated} appear more "
-                                     "than once in the header; rename them so each column has "
-                                     "its own name")
-            if text_column not in columns:
-                raise PreflightError(f"corpus_uri {uri!r} has no column {text_column!r} "
-                                     f"(header: {columns}); set text_column."
-                                     + separator_hint(columns))
+            head = _head(fs, path).decode("utf-8-sig", errors="replace")
+            try:
+                csv_header(io.StringIO(head), f"corpus_uri {uri!r}", {text_column: "text_column"})
+            except InputKindError as err:
+                raise PreflightError(str(err)) from None
     else:
         raise PreflightError(f"corpus_uri {uri!r} is neither a folder, a {TEXT_SUFFIX} nor a "
                              f"{CSV_SUFFIX} file")
@@ -213,15 +206,10 @@ def check_predict_csv(uri: str, head: bytes, text_column: str) -> None:
         raise PreflightError(f"predict_uri {uri!r} is empty: give a CSV with a header row "
                              f"naming the text column ({text_column!r}) and a row per text, "
                              "or leave predict_uri empty")
-    header = [c.strip() for c in rows[0]]
-    if repeated_columns(header):
-        raise PreflightError(f"predict_uri {uri!r}: column name(s) {repeated_columns(header)} "
-                             "appear more than once in the header; rename them so each "
-                             "column has its own name")
-    if text_column not in header:
-        raise PreflightError(f"predict_uri {uri!r} has no column {text_column!r} (its header: "
-                             f"{header[:20]}); give a CSV whose text column is the training "
-                             "data's (text_column)." + separator_hint(header))
+    try:
+        header = csv_header(io.StringIO(text), f"predict_uri {uri!r}", {text_column: "text_column"})
+    except InputKindError as err:
+        raise PreflightError(str(err)) from None
     index = header.index(text_column)
     texts = [r[index] for r in rows[1:] if len(r) > index and r[index].strip()]
     not_text = [problem for problem in map(text_problem, texts) if problem]

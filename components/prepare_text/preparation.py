@@ -26,7 +26,6 @@ column per label, in label order) and `manifest.json`.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import io
 import os
@@ -37,10 +36,9 @@ import numpy as np
 import pandas as pd
 
 from components.common.input_kinds import (
-    NotTextError,
+    InputKindError,
+    csv_header,
     decode_text,
-    repeated_columns,
-    separator_hint,
     text_problem,
 )
 from components.common.storage import filesystem, write_json_atomically
@@ -85,35 +83,31 @@ def read_bytes(uri: str) -> bytes:
         return f.read()
 
 
-def read_csv(uri: str, data: bytes | None = None) -> pd.DataFrame:
+def read_csv(uri: str, data: bytes | None = None,
+             config: PrepareConfig | None = None) -> pd.DataFrame:
     """Reads a CSV, every cell as a string ("" when empty).
 
     Args:
         uri: Local path or gs:// URI of the CSV (named in errors).
         data: Its bytes, if already read; read from `uri` otherwise.
+        config: When given, its text and label columns must be in the header.
 
     Raises:
-        TextDataError: The file is missing, empty, not text (`input_kinds.decode_text`) or
-            not a CSV.
+        TextDataError: The file is missing, empty, not text (`input_kinds.decode_text`),
+            not a CSV, or its header is refused (`input_kinds.csv_header`).
     """
     data = read_bytes(uri) if data is None else data
+    columns = {} if config is None else {config.text_column: "text_column",
+                                         **dict.fromkeys(config.label_columns, "label_columns")}
     try:
-        decode_text(data, f"data_uri {uri!r}", controls=False)
-    except NotTextError as err:
-        raise TextDataError(str(err)) from None
-    try:
+        text = decode_text(data, f"data_uri {uri!r}", controls=False)
+        csv_header(io.StringIO(text), f"data_uri {uri!r}", columns)
         # Strings only: "NA" or "null" is a text, not a missing value.
-        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_filter=False)
-        header = next(csv.reader(io.StringIO(data.decode("utf-8-sig"))))
-    except pd.errors.EmptyDataError as err:
-        raise TextDataError(f"{uri} is empty") from err
-    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_filter=False)
+    except InputKindError as err:
+        raise TextDataError(str(err)) from None
+    except pd.errors.ParserError as err:
         raise TextDataError(f"{uri} is not a readable UTF-8 CSV: {err}") from err
-    # pandas renames a repeated column ("price" -> "price.1"): say so instead.
-    repeated = repeated_columns(header)
-    if repeated:
-        raise TextDataError(f"{uri}: column name(s) {repeated} appear more than once in the "
-                            "header; rename them so each column has its own name")
     return frame
 
 
@@ -214,7 +208,8 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
     """Validates a CSV's frame and turns its labels into 0/1 columns.
 
     Args:
-        frame: The CSV, every cell a string (as `read_csv` gives it).
+        frame: The CSV, every cell a string, holding `config`'s columns (as `read_csv`
+            gives it).
         config: Column names and label handling.
 
     Returns:
@@ -224,9 +219,8 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
         `dropped` ({kind: {count, rows}}) and `given_other` (rows given the other label).
 
     Raises:
-        TextDataError: A named column is missing, a label cell is not 0/1 or
-            True/False, class names are joined by another delimiter than
-            `label_delimiter`, or no usable row remains.
+        TextDataError: A label cell is not 0/1 or True/False, class names are joined by
+            another delimiter than `label_delimiter`, or no usable row remains.
     """
     text = config.text_column
     label_columns = _label_columns([str(c) for c in frame.columns], config)
@@ -264,26 +258,16 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
 
 
 def _label_columns(columns: list[str], config: PrepareConfig) -> list[str]:
-    """The CSV's label columns: those `config` names, else every column but the text.
+    """The CSV's label columns: those `config` names, else every column but the text (the
+    header holds them: `read_csv`).
 
     Raises:
-        TextDataError: The text column or a named label column is missing, the text column
-            is named a label too, or no label column remains.
+        TextDataError: The text column is named a label too, or no label column remains.
     """
     text = config.text_column
-    if text not in columns:
-        raise TextDataError(f"text column {text!r} is not in the CSV; its columns are "
-                            f"{columns}.{separator_hint(columns)}")
-    if config.label_columns:
-        unknown = [c for c in config.label_columns if c not in columns]
-        if unknown:
-            raise TextDataError(
-                f"label column(s) {unknown} not in the CSV; its columns are {columns}")
-        if text in config.label_columns:
-            raise TextDataError(f"column {text!r} cannot be both the text and a label column")
-        label_columns = list(dict.fromkeys(config.label_columns))
-    else:
-        label_columns = [c for c in columns if c != text]
+    if text in config.label_columns:
+        raise TextDataError(f"column {text!r} cannot be both the text and a label column")
+    label_columns = list(dict.fromkeys(config.label_columns)) or [c for c in columns if c != text]
     if not label_columns:
         raise TextDataError(f"the CSV has no label column besides the text column {text!r}")
     return label_columns
@@ -431,7 +415,7 @@ def prepare_text_dataset(data_uri: str, out_dir: str, config: PrepareConfig) -> 
         TextDataError: The CSV cannot be used; the message says why and where.
     """
     raw = read_bytes(data_uri)  # read once: what is parsed is what is hashed
-    frame = read_csv(data_uri, raw)
+    frame = read_csv(data_uri, raw, config)
     data, info = normalize(frame, config)
     labels = info["labels"]
     if len(labels) < 2 and info["task"] == SINGLE_LABEL:

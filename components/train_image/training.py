@@ -27,7 +27,6 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
-from components.common import run_state
 from components.common.gpus import require_tensorflow_gpus
 from components.common.hypertune import TrialReporter
 from components.common.storage import filesystem, is_remote, local_path, run_folder
@@ -55,10 +54,6 @@ from components.train_image.phases import (
 from components.train_image.state import RunState, run_values
 
 log = logging.getLogger(__name__)
-
-# Tests only: seconds the chief sleeps before writing the model folder (read at call time),
-# so that a worker which did not wait for the chief would finish before the outputs exist.
-SLOW_CHIEF_VARIABLE = "TRAIN_IMAGE_TEST_CHIEF_DELAY"
 
 
 def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
@@ -212,7 +207,6 @@ def train(
 
     metrics = _metrics(setup, history, final, epoch, architecture(model))
     if setup.chief:
-        run_state.delay_for_tests(SLOW_CHIEF_VARIABLE, "the chief")
         write_artifact(output_dir, snapshot, setup.manifest, config, history, metrics,
                        serving=serving)
         setup.state.clear([p.name for p in setup.phases])

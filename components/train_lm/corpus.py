@@ -11,7 +11,6 @@ with fewer than two documents is an error: it would train a model of something e
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
 import io
@@ -22,10 +21,10 @@ from typing import Any
 import pandas as pd
 
 from components.common.input_kinds import (
+    InputKindError,
     NotTextError,
+    csv_header,
     decode_text,
-    repeated_columns,
-    separator_hint,
     text_problem,
 )
 from components.common.storage import filesystem
@@ -71,22 +70,12 @@ def _read_csv(fs, path: str, uri: str, column: str, skips: _Skips) -> list[str]:
         raw = f.read()
     try:
         text = decode_text(raw, f"corpus {uri!r}", controls=False)
+        csv_header(io.StringIO(text), f"corpus {uri!r}", {column: "text_column"})
         frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
-    except NotTextError as err:
+    except InputKindError as err:  # not text, empty, or a header without the column
         raise LMTrainingError(str(err)) from None
-    except pd.errors.EmptyDataError:
-        raise LMTrainingError(f"corpus {uri!r} is empty: give a CSV with a header row naming "
-                              "the text column and a row per text") from None
     except pd.errors.ParserError as err:
         raise LMTrainingError(f"{uri} is not a readable CSV: {err}") from err
-    repeated = repeated_columns(next(csv.reader(io.StringIO(text)), []))
-    if repeated:
-        raise LMTrainingError(f"corpus {uri!r}: column name(s) {repeated} appear more than once "
-                              "in the header; rename them so each column has its own name")
-    if column not in frame.columns:
-        raise LMTrainingError(f"{uri} has no column {column!r} (columns: {list(frame.columns)}); "
-                              "set text_column to the column of the texts."
-                              + separator_hint([str(c) for c in frame.columns]))
     documents, not_text = [], 0
     for row, text in enumerate(frame[column], start=2):  # line 1 is the header
         problem = text_problem(str(text))
