@@ -2,17 +2,18 @@
 
 `run_local`, `submit` and `rehearsal` all take pipeline parameters as text; they share this
 parser so that "yes", "1e-3" or "nan" mean the same thing (or are refused the same way)
-wherever a user types them.
+wherever a user types them: scalars by the rule every setting is read by
+(`components.common.values`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
-TRUE = frozenset({"true", "1", "yes", "y", "on"})
-FALSE = frozenset({"false", "0", "no", "n", "off"})
+from components.common.values import coerce
+
+SCALARS = {"NUMBER_INTEGER": int, "NUMBER_DOUBLE": float, "BOOLEAN": bool}
 # A component spec's type names (kfp's `component_spec.inputs[...].type`) in the IR's terms.
 SPEC_TYPES = {"String": "STRING", "Integer": "NUMBER_INTEGER", "Float": "NUMBER_DOUBLE",
               "Boolean": "BOOLEAN", "List": "LIST", "Dict": "STRUCT"}
@@ -36,25 +37,8 @@ def parse_value(text: str, parameter_type: str) -> Any:
     parameter_type = SPEC_TYPES.get(parameter_type, parameter_type)
     if parameter_type == "STRING":
         return text
-    if parameter_type == "NUMBER_INTEGER":
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"expected an integer, got {text!r}") from None
-    if parameter_type == "NUMBER_DOUBLE":
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value):  # JSON (the spec, the request) has no NaN or infinity
-            raise ValueError(f"expected a finite number, got {text!r}")
-        return value
-    if parameter_type == "BOOLEAN":
-        if text.lower() in TRUE:
-            return True
-        if text.lower() in FALSE:
-            return False
-        raise ValueError(f"expected true or false, got {text!r}")
+    if parameter_type in SCALARS:
+        return coerce(text, SCALARS[parameter_type])
     if parameter_type in ("LIST", "STRUCT"):
         want = list if parameter_type == "LIST" else dict
         try:

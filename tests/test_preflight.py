@@ -60,10 +60,13 @@ def test_values_arrive_as_text_or_typed():
     # Vertex writes whole numbers as "32", kfp.local as "32.0"; both are 32.
     assert coerce("32", int) == coerce("32.0", int) == coerce(32.0, int) == 32
     assert coerce("true", bool) is True and coerce(False, bool) is False
+    assert coerce("yes", bool) is True  # the one rule: the command line's too
     with pytest.raises(PreflightError, match="whole number"):
         coerce("2.5", int)
     with pytest.raises(PreflightError, match="true or false"):
-        coerce("yes", bool)
+        coerce("maybe", bool)
+    with pytest.raises(PreflightError, match="finite number"):
+        coerce("nan", float)
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -268,7 +268,7 @@ def test_a_failed_step_is_named_with_its_own_error_on_the_last_line(tmp_path, ca
 @pytest.mark.parametrize("flag, text, message", [
     ("--validation-fraction", "nan", "expected a finite number, got 'nan'"),
     ("--learning-rate", "inf", "expected a finite number, got 'inf'"),
-    ("--epochs", "2.5", "expected an integer"),
+    ("--epochs", "2.5", "expected a whole number"),
     ("--pretrained", "maybe", "expected true or false"),
 ])
 def test_flags_are_parsed_as_submit_parses_them(tmp_path, capsys, flag, text, message):

@@ -81,10 +81,10 @@ def test_other_declared_types_convert(ptype, text, expected):
 
 
 @pytest.mark.parametrize("ptype, text, message", [
-    ("NUMBER_INTEGER", "1.5", "expected an integer"),
-    ("NUMBER_INTEGER", "big", "expected an integer"),
+    ("NUMBER_INTEGER", "1.5", "expected a whole number"),
+    ("NUMBER_INTEGER", "big", "expected a whole number"),
     ("NUMBER_DOUBLE", "nan", "finite"),
-    ("NUMBER_DOUBLE", "x", "expected a number"),
+    ("NUMBER_DOUBLE", "x", "expected a finite number"),
     ("BOOLEAN", "maybe", "true or false"),
     ("LIST", '{"a": 1}', "JSON list"),
     ("STRUCT", "[1]", "JSON object"),
@@ -204,7 +204,7 @@ def test_submit_names_the_gpus_the_run_holds_at_once(pipeline_json, capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--param", "num_epochs=3"],
      "unknown parameter 'num_epochs'; this pipeline takes: batch_size, data_uri"),
-    (["--param", "image_size=big"], "image_size: expected an integer"),
+    (["--param", "image_size=big"], "image_size: expected a whole number"),
     (["--param", "image_size"], "name=value"),
     (["--param", "seed=1", "--param", "seed=2"], "given twice"),
     (["--pipeline-root", "/tmp/root"], "--pipeline-root must be a Cloud Storage folder"),

@@ -8,10 +8,11 @@ fields name, so the config's own validation runs before any paid job.
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from collections.abc import Mapping
 from typing import Any
+
+from components.common.values import coerce as coerce_value
 
 
 class PreflightError(ValueError):
@@ -19,31 +20,16 @@ class PreflightError(ValueError):
 
 
 def coerce(value: Any, annotation: Any) -> Any:
-    """A parameter value as the config field's type wants it.
+    """A parameter value as the config field's type wants it (`common.values.coerce`:
+    Vertex writes every value as text, kfp.local whole numbers as "32.0").
 
-    Pipeline parameters reach this step inside a dict, where Vertex writes every value
-    as text ("32", "0.5", "true") and kfp.local writes whole numbers as "32.0".
+    Raises:
+        PreflightError: Not a value of that type.
     """
-    if annotation is bool:
-        if isinstance(value, str):
-            if value.lower() not in ("true", "false"):
-                raise PreflightError(f"expected true or false, got {value!r}")
-            return value.lower() == "true"
-        return bool(value)
-    if annotation is int:
-        number = float(value)
-        if not number.is_integer():
-            raise PreflightError(f"expected a whole number, got {value!r}")
-        return int(number)
-    if annotation is float:
-        try:
-            number = float(value)
-        except (TypeError, ValueError) as err:
-            raise PreflightError(f"expected a number, got {value!r}") from err
-        if not math.isfinite(number):  # NaN or inf slips through every range check
-            raise PreflightError(f"expected a finite number, got {value!r}")
-        return number
-    return value if value is None else str(value)
+    try:
+        return coerce_value(value, annotation)
+    except ValueError as err:
+        raise PreflightError(str(err)) from None
 
 
 def build(config_class: type, parameters: Mapping[str, Any], renames: Mapping[str, str] = (),
@@ -69,8 +55,9 @@ def build(config_class: type, parameters: Mapping[str, Any], renames: Mapping[st
         annotation = hints[field.name]
         base = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
         try:
-            values[field.name] = coerce(parameters[source], base)
-        except (PreflightError, ValueError) as err:
+            values[field.name] = (None if parameters[source] is None
+                                  else coerce(parameters[source], base))
+        except PreflightError as err:
             raise PreflightError(f"{source}: {err}") from err
     try:
         return config_class(**values)
@@ -82,12 +69,12 @@ def number_parameter(parameters: Mapping[str, Any], name: str) -> float:
     """The parameter `name` as a float.
 
     Raises:
-        PreflightError: Its value is not a number.
+        PreflightError: Its value is not a finite number.
     """
     try:
-        return float(parameters[name])
-    except ValueError as err:
-        raise PreflightError(f"{name}: expected a number, got {parameters[name]!r}") from err
+        return coerce(parameters[name], float)
+    except PreflightError as err:
+        raise PreflightError(f"{name}: {err}") from err
 
 
 def steps_per_epoch(parameters: Mapping[str, Any]) -> int:
@@ -98,5 +85,5 @@ def steps_per_epoch(parameters: Mapping[str, Any]) -> int:
     """
     try:
         return coerce(parameters.get("steps_per_epoch", 0), int)
-    except (PreflightError, ValueError) as err:
+    except PreflightError as err:
         raise PreflightError(f"steps_per_epoch: {err}") from err

@@ -10,9 +10,10 @@ is JSON:
         "batch_size": {"type": "discrete", "values": [16, 32, 64]},
         "unfreeze_blocks": {"type": "integer", "min": 1, "max": 3}}}
 
-Parameter types are Vertex's: double, integer (min..max, scale linear or log),
-discrete (numbers) and categorical (strings). Only the trainer parameters in `TUNABLE`
-can be searched; the others keep the pipeline run's values.
+Parameter types are Vertex's numeric ones: double, integer (min..max, scale linear or
+log) and discrete (numbers); every tunable parameter is a number, so Vertex's categorical
+(strings) has nothing to search. Only the trainer parameters in `TUNABLE` can be searched;
+the others keep the pipeline run's values.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from components.common.values import coerce as coerce_value
+
 GOALS = ("maximize", "minimize")
 SCALES = ("linear", "log")
-PARAMETER_TYPES = ("double", "integer", "discrete", "categorical")
+PARAMETER_TYPES = ("double", "integer", "discrete")
 
 # Trainer parameters a study may search, with their Python types, per pipeline kind.
 # (The best-trial steps return exactly these; see components.tune.component.)
@@ -96,11 +99,11 @@ class Parameter:
 
     Attributes:
         name: The trainer parameter (a key of `TUNABLE[kind]`).
-        type: "double", "integer", "discrete" or "categorical".
+        type: "double", "integer" or "discrete".
         min: Lower bound (double, integer).
         max: Upper bound (double, integer).
         scale: "linear" or "log" (double, integer).
-        values: The choices (discrete: numbers, categorical: strings).
+        values: The choices (discrete).
     """
 
     name: str
@@ -138,7 +141,7 @@ class SearchSpace:
 
 
 def _parameter_json(p: Parameter) -> dict[str, Any]:
-    if p.type in ("discrete", "categorical"):
+    if p.type == "discrete":
         return {"type": p.type, "values": list(p.values)}
     return {"type": p.type, "min": p.min, "max": p.max, "scale": p.scale}
 
@@ -190,17 +193,15 @@ def _parameter(kind: str, name: str, spec: Any, source: str) -> Parameter:
         raise SearchSpaceError(f"{where}: the {kind} trainer cannot search {name!r}; "
                                f"tunable: {sorted(TUNABLE[kind])}")
     if not isinstance(spec, Mapping) or spec.get("type") not in PARAMETER_TYPES:
-        raise SearchSpaceError(f"{where}: needs a type, one of {list(PARAMETER_TYPES)}")
+        raise SearchSpaceError(f"{where}: needs a type, one of {list(PARAMETER_TYPES)} (every "
+                               "tunable parameter is a number: use discrete values for a choice)")
     kind_type, param_type = spec["type"], TUNABLE[kind][name]
-    allowed = {"type", "values"} if kind_type in ("discrete", "categorical") else {
+    allowed = {"type", "values"} if kind_type == "discrete" else {
         "type", "min", "max", "scale"}
     extra = sorted(set(spec) - allowed)
     if extra:
         raise SearchSpaceError(f"{where}: unknown key(s) {extra} for a {kind_type} parameter; "
                                f"it takes {sorted(allowed)}")
-    if kind_type == "categorical":
-        raise SearchSpaceError(f"{where}: {name} is a number ({param_type.__name__}); use "
-                               "discrete values or a double/integer range")
     if kind_type == "discrete":
         values = spec.get("values")
         if (not isinstance(values, list) or not values
@@ -281,14 +282,9 @@ def coerce(kind: str, name: str, value: Any) -> int | float:
         SearchSpaceError: Not a number, or a fractional value of an integer parameter.
     """
     try:
-        number = float(value)
-    except (TypeError, ValueError) as err:
-        raise SearchSpaceError(f"{name}={value!r} is not a number") from err
-    if TUNABLE[kind][name] is int:
-        if not number.is_integer():
-            raise SearchSpaceError(f"{name}={value!r} must be a whole number")
-        return int(number)
-    return number
+        return coerce_value(value, TUNABLE[kind][name])
+    except ValueError as err:
+        raise SearchSpaceError(f"{name}: {err}") from None
 
 
 def draw_points(space: SearchSpace, count: int, seed: int) -> list[dict[str, int | float]]:

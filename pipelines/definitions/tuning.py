@@ -93,10 +93,8 @@ def study_parameters(space: SearchSpace) -> list[dict]:
             specs[p.name] = hpt.DoubleParameterSpec(min=p.min, max=p.max, scale=p.scale)
         elif p.type == "integer":
             specs[p.name] = hpt.IntegerParameterSpec(min=p.min, max=p.max, scale=p.scale)
-        elif p.type == "discrete":
-            specs[p.name] = hpt.DiscreteParameterSpec(values=list(p.values), scale="linear")
         else:
-            specs[p.name] = hpt.CategoricalParameterSpec(values=list(p.values))
+            specs[p.name] = hpt.DiscreteParameterSpec(values=list(p.values), scale="linear")
     return serialize_parameters(specs)
 
 
