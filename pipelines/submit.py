@@ -258,7 +258,7 @@ def plan(args: argparse.Namespace) -> Submission:
 # ---------------------------------------------------------------- SDK objects, not yet sent
 
 def build_job(submission: Submission, credentials=None) -> aiplatform.PipelineJob:
-    """The PipelineJob to send, complete: its `_gca_resource` is the request's pipeline job.
+    """The PipelineJob to send (what submit() adds as it sends: `describe`).
 
     Args:
         submission: What to run.
@@ -267,7 +267,7 @@ def build_job(submission: Submission, credentials=None) -> aiplatform.PipelineJo
     Returns:
         An unsent `aiplatform.PipelineJob`.
     """
-    job = aiplatform.PipelineJob(
+    return aiplatform.PipelineJob(
         display_name=submission.display_name,
         template_path=submission.template_path,
         pipeline_root=submission.pipeline_root,
@@ -279,18 +279,11 @@ def build_job(submission: Submission, credentials=None) -> aiplatform.PipelineJo
         location=submission.region,
         credentials=credentials,
     )
-    # The SDK fills these in at submit(); set now so the request can be shown and checked
-    # before it is sent (submit() sets the same values again).
-    if submission.service_account:
-        job._gca_resource.service_account = submission.service_account
-    if submission.network:
-        job._gca_resource.network = submission.network
-    return job
 
 
 def build_schedule(job: aiplatform.PipelineJob, submission: Submission,
                    credentials=None) -> aiplatform.PipelineJobSchedule:
-    """The PipelineJobSchedule to create, complete: cron, and the job each tick starts.
+    """The PipelineJobSchedule to create: the job each tick starts (cron: `describe`).
 
     Args:
         job: From build_job().
@@ -300,29 +293,29 @@ def build_schedule(job: aiplatform.PipelineJob, submission: Submission,
     Returns:
         An unsent `aiplatform.PipelineJobSchedule`.
     """
-    schedule = aiplatform.PipelineJobSchedule(
+    return aiplatform.PipelineJobSchedule(
         pipeline_job=job, display_name=submission.display_name, credentials=credentials,
         project=submission.project, location=submission.region)
-    # As with build_job: create() sets these; set now so the request is complete.
-    resource = schedule._gca_resource
-    resource.cron = submission.schedule
-    resource.max_concurrent_run_count = 1
-    if submission.service_account:
-        resource.create_pipeline_job_request.pipeline_job.service_account = (
-            submission.service_account)
-    if submission.network:
-        resource.create_pipeline_job_request.pipeline_job.network = submission.network
-    return schedule
 
 
-def describe(job: aiplatform.PipelineJob,
+# A schedule starts no run while its last one still runs.
+RUNS_AT_ONCE = 1
+
+
+def describe(submission: Submission, job: aiplatform.PipelineJob,
              schedule: aiplatform.PipelineJobSchedule | None = None) -> dict:
-    """The request as JSON-ready data, without the (long) pipeline spec."""
-    resource = schedule._gca_resource if schedule is not None else job._gca_resource
-    data = json.loads(type(resource).to_json(
-        resource, use_integers_for_enums=False, always_print_fields_with_no_presence=False))
+    """The request as JSON-ready data, without the (long) pipeline spec.
+
+    The SDK objects' own data, with what `launch` passes as it sends (the service account
+    and network; a schedule's cron and runs at once) filled in from `submission`.
+    """
+    data = (job if schedule is None else schedule).to_dict()
     inner = data.get("createPipelineJobRequest", {}).get("pipelineJob", data)
     inner.pop("pipelineSpec", None)
+    inner.update({key: value for key, value in (("serviceAccount", submission.service_account),
+                                                ("network", submission.network)) if value})
+    if schedule is not None:  # int64 as JSON writes it: a string
+        data.update(cron=submission.schedule, maxConcurrentRunCount=str(RUNS_AT_ONCE))
     return data
 
 
@@ -339,7 +332,7 @@ def launch(submission: Submission, job: aiplatform.PipelineJob,
         schedule.create(cron=submission.schedule,
                         service_account=submission.service_account or None,
                         network=submission.network or None,
-                        max_concurrent_run_count=1)
+                        max_concurrent_run_count=RUNS_AT_ONCE)
         return schedule.resource_name
     job.submit(service_account=submission.service_account or None,
                network=submission.network or None,
@@ -446,7 +439,7 @@ def main(argv: list[str] | None = None, credentials=None) -> int:
           f"{submission.region} (Vertex custom training GPUs per region: "
           f"{quota.quota_note(quota.quotas(spec)) or 'none'})", file=sys.stderr)
     if args.dry_run:
-        print(json.dumps(describe(job, schedule), indent=2, sort_keys=True))
+        print(json.dumps(describe(submission, job, schedule), indent=2, sort_keys=True))
         return 0
     for warning in bucket_warnings([submission.pipeline_root,
                                     *submission.parameter_values.values()],

@@ -183,15 +183,9 @@ def retry(host: str, namespace: str, token: str, run_id: str,
     if str(run.state) not in RETRYABLE_STATES:
         raise SubmitError(f"run {run_id} ({run.display_name}) is {run.state}: KFP retries a "
                           "failed or terminated run only")
-    # kfp.Client (2.17) has no method of its own for it: its run API's, as the UI calls it
-    run_api = getattr(client, "_run_api", None)
-    if run_api is None or not hasattr(run_api, "run_service_retry_run"):
-        import kfp
-
-        raise SubmitError(f"this kfp ({kfp.__version__}) does not reach KFP's run retry as "
-                          "2.17 did (kfp.Client._run_api.run_service_retry_run): retry the "
-                          "run from the UI, or POST /apis/v2beta1/runs/RUN_ID:retry")
-    run_api.run_service_retry_run(run_id=run_id)
+    # kfp.Client has no method of its own for it: the run API it exposes as `runs`
+    # (kfp_server_api's RunServiceApi), which the UI calls too.
+    client.runs.run_service_retry_run(run_id=run_id)
     return run.display_name
 
 

@@ -52,11 +52,6 @@ def _plan(template, *extra) -> submit.Submission:
     return submit.plan(submit.parser().parse_args(_argv(template, *extra)))
 
 
-def _value_kind(job, name):
-    """Which field of google.protobuf.Value carries a parameter: the type Vertex receives."""
-    return job._gca_resource._pb.runtime_config.parameter_values[name].WhichOneof("kind")
-
-
 # ---------------------------------------------------------------- parameters
 
 def test_params_take_the_types_the_pipeline_declares(pipeline_json):
@@ -126,31 +121,32 @@ def test_built_job_is_the_request_vertex_gets(pipeline_json):
                  "--service-account", SA, "--network", NETWORK, "--encryption-key", KEY,
                  "--labels", "team=ml,env=dev", "--no-cache")
     job = submit.build_job(plan, credentials=AnonymousCredentials())
-    request = job._gca_resource
-    assert request.display_name == "pets-nightly"
-    assert request.runtime_config.gcs_output_directory == ROOT
-    values = request.runtime_config.parameter_values
+    request = submit.describe(plan, job)
+    assert request["displayName"] == "pets-nightly"
+    assert request["runtimeConfig"]["gcsOutputDirectory"] == ROOT
+    # google.protobuf.Value's JSON: a number (a float) is what Vertex receives
+    values = request["runtimeConfig"]["parameterValues"]
     assert values["data_uri"] == "gs://acme-ml-data/pets"
-    assert values["image_size"] == 160 and _value_kind(job, "image_size") == "number_value"
+    assert values["image_size"] == 160 and type(values["image_size"]) is float
     # the same text, declared a string, stays a string
-    assert values["resize_method"] == "160" and _value_kind(job, "resize_method") == "string_value"
+    assert values["resize_method"] == "160"
     assert values["max_skipped_fraction"] == pytest.approx(0.2)
     assert "seed" not in values  # left to the pipeline's default
-    assert request.service_account == SA
-    assert request.network == NETWORK
-    assert dict(request.labels) == {"team": "ml", "env": "dev"}
-    assert request.encryption_spec.kms_key_name == KEY
-    tasks = request.pipeline_spec["root"]["dag"]["tasks"]
+    assert request["serviceAccount"] == SA
+    assert request["network"] == NETWORK
+    assert request["labels"] == {"team": "ml", "env": "dev"}
+    assert request["encryptionSpec"]["kmsKeyName"] == KEY
+    tasks = job.to_dict()["pipelineSpec"]["root"]["dag"]["tasks"]
     assert tasks and all(t["cachingOptions"]["enableCache"] is False for t in tasks.values())
 
 
 def test_defaults_leave_caching_and_optional_fields_alone(pipeline_json):
-    job = submit.build_job(_plan(pipeline_json), credentials=AnonymousCredentials())
-    request = job._gca_resource
-    assert request.display_name == "image-classifier"  # the pipeline's name
-    assert not request.service_account and not request.network and not request.labels
-    assert not request.encryption_spec.kms_key_name
-    tasks = request.pipeline_spec["root"]["dag"]["tasks"]
+    plan = _plan(pipeline_json)
+    job = submit.build_job(plan, credentials=AnonymousCredentials())
+    request = submit.describe(plan, job)
+    assert request["displayName"] == "image-classifier"  # the pipeline's name
+    assert not {"serviceAccount", "network", "labels", "encryptionSpec"} & set(request)
+    tasks = job.to_dict()["pipelineSpec"]["root"]["dag"]["tasks"]
     assert all(t.get("cachingOptions", {}).get("enableCache", True) for t in tasks.values())
 
 
@@ -160,18 +156,19 @@ def test_schedule_holds_the_cron_and_the_job_it_starts(pipeline_json):
                  "--encryption-key", KEY, "--param", "image_size=96")
     job = submit.build_job(plan, credentials=AnonymousCredentials())
     schedule = submit.build_schedule(job, plan, credentials=AnonymousCredentials())
-    resource = schedule._gca_resource
-    assert resource.cron == "TZ=Europe/Amsterdam 0 3 * * 1"
-    assert resource.display_name == "image-classifier"
-    assert resource.max_concurrent_run_count == 1
-    inner = resource.create_pipeline_job_request
-    assert inner.parent == f"projects/{PROJECT}/locations/{REGION}"
-    assert inner.pipeline_job.runtime_config.gcs_output_directory == ROOT
-    assert inner.pipeline_job.runtime_config.parameter_values["image_size"] == 96
-    assert inner.pipeline_job.service_account == SA
-    assert inner.pipeline_job.network == NETWORK
-    assert dict(inner.pipeline_job.labels) == {"team": "ml"}
-    assert inner.pipeline_job.encryption_spec.kms_key_name == KEY
+    resource = submit.describe(plan, job, schedule)
+    assert resource["cron"] == "TZ=Europe/Amsterdam 0 3 * * 1"
+    assert resource["displayName"] == "image-classifier"
+    assert resource["maxConcurrentRunCount"] == "1"
+    inner = resource["createPipelineJobRequest"]
+    assert inner["parent"] == f"projects/{PROJECT}/locations/{REGION}"
+    assert inner["pipelineJob"]["runtimeConfig"]["gcsOutputDirectory"] == ROOT
+    assert inner["pipelineJob"]["runtimeConfig"]["parameterValues"]["image_size"] == 96
+    assert inner["pipelineJob"]["serviceAccount"] == SA
+    assert inner["pipelineJob"]["network"] == NETWORK
+    assert inner["pipelineJob"]["labels"] == {"team": "ml"}
+    assert inner["pipelineJob"]["encryptionSpec"]["kmsKeyName"] == KEY
+    assert "pipelineSpec" not in inner["pipelineJob"]
 
 
 def test_yaml_pipelines_are_read_too(tmp_path):
@@ -337,12 +334,9 @@ def test_experiment_is_passed_to_submit(pipeline_json, monkeypatch):
     # Linking a run to an experiment is a series of Vertex Metadata calls made by the SDK
     # after the run exists: stop at the SDK's submit() and check what it was given.
     calls = []
-
-    def fake_submit(self, **kwargs):
-        calls.append(kwargs)
-        self._gca_resource.name = f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/x"
-
-    monkeypatch.setattr(aiplatform.PipelineJob, "submit", fake_submit)
+    monkeypatch.setattr(aiplatform.PipelineJob, "submit", lambda self, **kw: calls.append(kw))
+    monkeypatch.setattr(aiplatform.PipelineJob, "resource_name", property(
+        lambda self: f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/x"))
     assert submit.main(_argv(pipeline_json, "--experiment", "pets-densenet"),
                        credentials=AnonymousCredentials()) == 0
     assert calls == [{"service_account": None, "network": None, "experiment": "pets-densenet"}]

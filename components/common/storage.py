@@ -23,6 +23,8 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
+from components.common.borrowed import before_thread_pools_end
+
 # Files being written carry this prefix until they are complete (then renamed).
 TMP_PREFIX = ".tmp-"
 # Object stores reached through fsspec rather than as local files.
@@ -65,13 +67,13 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
 def gcs_mount_prefix() -> str:
     """Where Vertex's Cloud Storage FUSE mount shows buckets: KFP's `/gcs/`.
 
-    Read from KFP at call time (not copied) so that artifact paths and our own gs://
-    mapping always agree, also in `rehearsal`, which points it elsewhere.
+    Asked of KFP at call time (an artifact's `path` for the bucket-less `gs://`), not
+    copied, so that artifact paths and our own gs:// mapping always agree, also in
+    `rehearsal`, which points KFP's prefix elsewhere.
     """
-    from kfp.dsl.types import artifact_types
+    from kfp.dsl import Artifact
 
-    # KFP's private name: KFP offers the prefix under no public one.
-    return artifact_types._GCS_LOCAL_MOUNT_PREFIX
+    return Artifact(uri="gs://").path
 
 
 def local_path(uri: str) -> str:
@@ -329,32 +331,10 @@ def mirrored_folder(remote: str) -> str:
     if remote not in _MIRRORS:
         mirror = Mirror(remote)
         if not _MIRRORS:
-            _at_exit(functools.partial(_push_at_exit, os.getpid()))
+            # Not atexit: s3fs resolves the endpoint's name in a thread pool, shut by then.
+            before_thread_pools_end(functools.partial(_push_at_exit, os.getpid()))
         _MIRRORS[remote] = mirror
     return _MIRRORS[remote].local
-
-
-def _at_exit(push: Callable[[], None]) -> None:
-    """Runs `push` when the main thread ends, before Python shuts its thread pools down.
-
-    Not `atexit`: its handlers run after that, when s3fs can no longer open a connection
-    (aiohttp resolves the endpoint's name in a thread pool: "cannot schedule new futures
-    after shutdown"), which it must once the last push's connection has idled out.
-    `threading._register_atexit` is CPython's hook for this (concurrent.futures' own);
-    its handlers run last registered first: concurrent.futures registers first, so its
-    pools shut down after this push.
-    """
-    import concurrent.futures.thread  # noqa: F401 (registers its pools' shutdown now)
-    import threading
-
-    register = getattr(threading, "_register_atexit", None)
-    if register is None:  # a Python without the hook: atexit, whose push can fail late
-        import atexit
-
-        logging.getLogger(__name__).warning("threading._register_atexit is missing: the "
-                                            "last checkpoint push runs at interpreter exit")
-        register = atexit.register
-    register(push)
 
 
 def push_mirrors(folder: str | None = None) -> None:

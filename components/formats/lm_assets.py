@@ -128,15 +128,15 @@ def save_lm_assets(learn, root: str, lang: str, backwards: bool,
         The paths written.
     """
     import torch
-    from fastai.text.all import save_pickle
-    from fastai.text.learner import _get_text_vocab
+    from fastai.text.all import L, save_pickle
 
     folder = os.path.join(root, lang, direction(backwards))
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, n) for n in LM_FILES]
     write_json_atomically(paths[0], {"arch": "AWD_LSTM", **config})
-    # fastai's private helper (no public one): the texts' vocabulary as `load_pretrained`
-    # reads it (a classifier's dls hold (texts, labels) vocabularies).
-    save_pickle(paths[1], list(_get_text_vocab(learn.dls)))
+    # The texts' vocabulary, as `load_pretrained` reads it: a classifier's dls hold an `L`
+    # of (texts, labels) vocabularies.
+    vocab = learn.dls.vocab
+    save_pickle(paths[1], list(vocab[0] if isinstance(vocab, L) else vocab))
     torch.save(learn.model.state_dict(), paths[2])
     return paths

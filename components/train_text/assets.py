@@ -98,11 +98,9 @@ def parse_config(text: str | bytes, source: str) -> tuple[str, dict[str, Any]]:
 
 def fastai_pretrained_url(backwards: bool) -> str:
     """The URL `language_model_learner(AWD_LSTM, pretrained=True)` downloads."""
-    from fastai.text.all import AWD_LSTM
-    from fastai.text.models.core import _model_meta
+    from fastai.text.all import URLs
 
-    # fastai's private table of each architecture's pretrained URLs (no public one).
-    return _model_meta[AWD_LSTM]["url_bwd" if backwards else "url"]
+    return URLs.WT103_BWD if backwards else URLs.WT103_FWD
 
 
 def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
