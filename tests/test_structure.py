@@ -608,7 +608,8 @@ def test_the_borrowed_name_rule_catches_attributes_imports_and_getattr():
 # Rooms a reader can hold: no source file over MAX_FILE_LINES lines, no function over
 # MAX_FUNCTION_LINES (its docstring and the functions nested in it left out, each nested one
 # counted on its own). The tests are not held to them, nor what is not the project's source.
-MAX_FILE_LINES = 500
+# Files may be long enough that a step reads in a few of them (500 cut steps into ten).
+MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 60
 UNSIZED = ("tests", ".venv", "runs")
 
@@ -644,7 +645,7 @@ def _long_functions(path: pathlib.Path, limit: int = MAX_FUNCTION_LINES) -> list
             and _function_lines(node) > limit]
 
 
-def test_no_source_file_is_over_500_lines():
+def test_no_source_file_is_over_the_file_limit():
     sources = _sources(ROOT.parent)
     assert ROOT / "common" / "metrics.py" in sources and ROOT.parent / "compile.py" in sources
     assert not [p for p in sources if "tests" in p.relative_to(ROOT.parent).parts]
