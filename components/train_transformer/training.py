@@ -7,10 +7,12 @@ epoch on the validation split; the best epoch (by `monitor`) is kept, training s
 preemption resumes from its last epoch. Under DDP each process runs this function with
 torchrun's variables set by torch's launcher (`launch.py`); `Trainer` joins the group.
 
-Under DDP the replicas are separate machines sharing only Cloud Storage (/gcs/): rank 0
-alone writes the run state, the model folder and its metrics, and every other process
-waits for it at a barrier before leaving, so that no replica's job ends (or reads an
-output) before rank 0 has written it.
+Under DDP the replicas are separate machines sharing only Cloud Storage (/gcs/) or an
+object store that rank 0 alone pushes to (a mirror, `storage.Mirror`): rank 0 alone writes
+the run state, the checkpoints' model (with every process's RNG state, `seal_checkpoint`),
+the model folder and its metrics; it loads the best epoch at the end and sends it to the
+others (`_share_rank0_weights`), and every other process waits for it at a barrier before
+leaving, so that no replica's job ends (or reads an output) before rank 0 has written it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ from components.common.hf_transformers import import_transformers
 from components.common.hypertune import TrialReporter
 from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
-from components.common.storage import TMP_PREFIX, filesystem, is_remote, push_mirrors
+from components.common.storage import (
+    TMP_PREFIX,
+    filesystem,
+    is_remote,
+    push_mirrors,
+    read_json,
+)
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import (
@@ -60,9 +68,10 @@ RUN_FILE = "run.json"  # the fingerprint of the run a checkpoint folder belongs 
 RUN = run_state.StateFile(RUN_FILE, TransformerTrainingError,
                           "other settings, data or model folder", marker=True, sort_keys=True)
 # Written by rank 0 into a checkpoint once every process has saved its part (rank 0 the
-# model, optimizer and `trainer_state.json`, each process its RNG state): only a sealed
-# checkpoint is resumed.
+# model, optimizer and `trainer_state.json`, each process its RNG state, gathered into
+# rank 0's copy): only a sealed checkpoint is resumed.
 SEALED_FILE = "sealed"
+TRAINER_STATE = "trainer_state.json"  # `Trainer`'s state in each checkpoint
 # Tests only: seconds rank 0 sleeps before it writes the model folder, read at call time,
 # so that the other ranks reach the end first (tests/test_train_transformer.py).
 SLOW_RANK0_VARIABLE = "TRAIN_TRANSFORMER_TEST_RANK0_DELAY"
@@ -121,7 +130,29 @@ def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -
         return None
     if write:
         remove_unsealed_checkpoints(folder)
-    return last_complete_checkpoint(folder)
+    checkpoint = last_complete_checkpoint(folder)
+    if checkpoint:
+        _repoint_best(checkpoint)
+    return checkpoint
+
+
+def _repoint_best(checkpoint: str) -> None:
+    """Makes the best checkpoint that `checkpoint`'s state names this folder's copy of it.
+
+    `trainer_state.json` holds it as an absolute path, in the folder of the process that
+    saved it: a mirror's folder is another in every pod (`storage.mirror_path`), and
+    `Trainer` drops a best checkpoint it cannot find, so a run resumed at its last step
+    would keep the last epoch as the model. Every process rewrites its own copy (another
+    machine has its own), whole (`run_state.save`); where the path is found (one shared
+    folder) nothing is written.
+    """
+    state = read_json(os.path.join(checkpoint, TRAINER_STATE), optional=True) or {}
+    best = state.get("best_model_checkpoint")
+    here = best and os.path.join(os.path.dirname(checkpoint), os.path.basename(best))
+    if best and not os.path.isdir(best) and os.path.isdir(here):
+        log.info("resuming: the best checkpoint %s is %s in this folder", best, here)
+        run_state.save(checkpoint, TRAINER_STATE, {**state, "best_model_checkpoint": here},
+                       sort_keys=True)
 
 
 def _checkpoints(folder: str) -> dict[int, str]:
@@ -158,18 +189,47 @@ def remove_unsealed_checkpoints(folder: str) -> None:
 
 def seal_checkpoint(folder: str, step: int) -> None:
     """Marks `checkpoint-<step>` in `folder` complete, once every process has saved its
-    part (a barrier where there are several); the mark is written by rank 0."""
+    part; the mark is written by rank 0.
+
+    Where there are several processes, rank 0 first gathers their RNG states
+    (`rng_state_<rank>.pth`; the gather waits for all) into its copy of the checkpoint
+    where missing: a process on another machine saved its own into that machine's copy,
+    and where the folder is a mirror only rank 0's reaches the store (it alone pushes).
+    """
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+    checkpoint = os.path.join(folder, f"checkpoint-{step}")
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        name = f"rng_state_{dist.get_rank()}.pth"
+        states = [None] * dist.get_world_size() if _is_rank0() else None
+        with open(os.path.join(checkpoint, name), "rb") as f:
+            dist.gather_object((name, f.read()), states)
+        for name, data in states or ():
+            if not os.path.exists(os.path.join(checkpoint, name)):
+                with open(os.path.join(checkpoint, name), "wb") as out:
+                    out.write(data)
     if _is_rank0():
-        open(os.path.join(folder, f"checkpoint-{step}", SEALED_FILE), "w").close()
+        open(os.path.join(checkpoint, SEALED_FILE), "w").close()
 
 
 def _is_rank0() -> bool:
     """Whether this process is rank 0 (torchrun's RANK; a lone process has none)."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def _share_rank0_weights(model) -> None:
+    """Gives every DDP process rank 0's weights: the best epoch's, which it loaded.
+
+    Rank 0 alone loads them (`_training_arguments`): it alone saves a checkpoint's model,
+    and another machine's copy of the folder (a mirror) lacks it. Every process predicts
+    its share of the validation rows behind the metrics and tuned thresholds, so each
+    must hold the model saved. Nothing happens outside a process group.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        for tensor in model.state_dict().values():  # the parameters' and buffers' storage
+            dist.broadcast(tensor, src=0)
 
 
 def _finish_together() -> None:
@@ -338,6 +398,7 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         if resume_from:
             log.info("resuming from %s", resume_from)
         trainer.train(resume_from_checkpoint=resume_from)
+        _share_rank0_weights(trainer.model)
         # Every process takes part (the predictions are gathered across them).
         probs = _probabilities(trainer.predict(valid_set).predictions, multi)
         result = validation_result(truth_valid, probs, labels, task, config.threshold)
@@ -436,7 +497,8 @@ def _callbacks(transformers, config: TransformerConfig, scalars: ScalarLog,
 
 def _training_arguments(transformers, config: TransformerConfig, folder: str, precision: str,
                         cuda: bool):
-    """`Trainer`'s arguments: an evaluation and a checkpoint each epoch, the best kept."""
+    """`Trainer`'s arguments: an evaluation and a checkpoint each epoch, the best kept and
+    loaded at the end by rank 0 (`_share_rank0_weights` sends it to the others)."""
     monitor = "eval_loss" if config.monitor == "loss" else f"eval_{config.monitor}"
     return transformers.TrainingArguments(
         output_dir=folder, num_train_epochs=config.epochs,
@@ -445,7 +507,7 @@ def _training_arguments(transformers, config: TransformerConfig, folder: str, pr
         learning_rate=config.learning_rate, weight_decay=config.weight_decay,
         warmup_steps=config.warmup_ratio, lr_scheduler_type="linear",
         eval_strategy="epoch", save_strategy="epoch", logging_strategy="epoch",
-        save_total_limit=2, load_best_model_at_end=True, metric_for_best_model=monitor,
+        save_total_limit=2, load_best_model_at_end=_is_rank0(), metric_for_best_model=monitor,
         greater_is_better=config.monitor != "loss", bf16=precision == BF16,
         fp16=precision == FP16, use_cpu=not cuda, seed=config.seed, data_seed=config.seed,
         report_to="none", disable_tqdm=True, dataloader_num_workers=0)
