@@ -26,7 +26,6 @@ from components.train_transformer import distributed
 from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
 from components.train_transformer.tiny import write_tiny_model
 from components.train_transformer.training import (
-    SLOW_RANK0_VARIABLE,
     claim_checkpoints,
     epoch_history,
     last_complete_checkpoint,
@@ -41,6 +40,9 @@ from tests.conftest import free_port
 from tools.datamakers.demo_text import write_reviews_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SITE = os.path.join(ROOT, "tests", "site")  # slow_calls.py (TEST_SLOW_CALL)
+# Rank 0 alone writes the model folder's files; slowed, the other ranks reach the end first.
+SLOW_RANK0 = "components.train_transformer.results:write_outputs=8"
 # The tiny model from scratch: it needs many small steps at a high rate (measured on the
 # docstring corpus: batch 32 sat at the constant answer for 8+ epochs, batch 8 learnt).
 FAST = dict(batch_size=8, learning_rate=1e-3, max_length=48, early_stopping_patience=0)
@@ -431,6 +433,10 @@ def _audit(event, args):
 
 
 sys.addaudithook(_audit)
+
+import slow_calls  # tests/site's: only the first sitecustomize on the path runs
+
+slow_calls.install()
 """
 
 
@@ -460,7 +466,7 @@ def _separate_machines(tmp_path, port, **more):
                    AIP_CHECKPOINT_DIR=str(machine / "gcs" / "checkpoints"),
                    CLUSTER_SPEC=json.dumps({"cluster": cluster, "environment": "cloud",
                                             "task": {"type": f"workerpool{index}", "index": 0}}),
-                   PYTHONPATH=os.pathsep.join([str(hook), ROOT]), FILE_AUDIT_LOG=str(audit),
+                   PYTHONPATH=os.pathsep.join([str(hook), SITE, ROOT]), FILE_AUDIT_LOG=str(audit),
                    FILE_AUDIT_SHARED=str(shared), FILE_AUDIT_MACHINE=str(index), **more)
         envs.append(env)
     return shared, str(shared / "job-1" / "train" / "model"), envs
@@ -480,11 +486,11 @@ def _audited(tmp_path):
 def test_replicas_on_separate_machines_wait_for_a_slow_rank0_that_alone_writes(dataset,
                                                                               tmp_path):
     """2 replicas x 2 processes (gloo on loopback), each replica with its own disk and its
-    own view of the shared folder; rank 0 sleeps before writing the model. The other
+    own view of the shared folder; rank 0 sleeps before writing labels and metrics. The other
     replica finishes cleanly, after rank 0 has written, without reading its outputs; the
     model folder, its metrics and the run state are written by rank 0 alone, once."""
     shared, model_dir, envs = _separate_machines(tmp_path, free_port(),
-                                                 **{SLOW_RANK0_VARIABLE: "8"})
+                                                 TEST_SLOW_CALL=SLOW_RANK0)
     outs = [str(tmp_path / f"replica{i}.json") for i in (0, 1)]
     procs = [_run_replica(dataset, model_dir, out, env, epochs=1, gpus=2)
              for out, env in zip(outs, envs)]

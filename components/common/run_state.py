@@ -26,11 +26,9 @@ import copy
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -282,19 +280,3 @@ def remove_leftovers(folder: str, names: Iterable[str] = (), suffixes: Iterable[
                 or (suffixes and entry.endswith(suffixes))):
             path = os.path.join(folder, entry)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-
-
-def delay_for_tests(variable: str, writer: str) -> None:
-    """Sleeps the seconds the environment variable `variable` names, read now; nothing
-    when it is unset. Tests make the one writer of a multi-machine job slow with it, so a
-    process that does not wait for that writer finishes before the outputs exist.
-
-    Args:
-        variable: The environment variable a test sets.
-        writer: Who waits, for the log line (e.g. "the chief", "rank 0").
-    """
-    delay = float(os.environ.get(variable) or 0)
-    if delay > 0:
-        logging.getLogger(__name__).warning(
-            "%s=%s: %s waits %.1f s before writing (a test)", variable, delay, writer, delay)
-        time.sleep(delay)

@@ -72,9 +72,6 @@ RUN = run_state.StateFile(RUN_FILE, TransformerTrainingError,
 # rank 0's copy): only a sealed checkpoint is resumed.
 SEALED_FILE = "sealed"
 TRAINER_STATE = "trainer_state.json"  # `Trainer`'s state in each checkpoint
-# Tests only: seconds rank 0 sleeps before it writes the model folder, read at call time,
-# so that the other ranks reach the end first (tests/test_train_transformer.py).
-SLOW_RANK0_VARIABLE = "TRAIN_TRANSFORMER_TEST_RANK0_DELAY"
 CLASSIFIER = "classifier"  # the history rows' model, as the fastai trainer's
 
 
@@ -516,8 +513,6 @@ def _training_arguments(transformers, config: TransformerConfig, folder: str, pr
 def _save_model(trainer, model_dir: str, result: dict[str, Any], text_column: str,
                 config: TransformerConfig) -> None:
     """Writes the model folder: the model and tokenizer, labels and metrics (rank 0 only)."""
-    if trainer.is_world_process_zero():
-        run_state.delay_for_tests(SLOW_RANK0_VARIABLE, "rank 0")
     trainer.save_model(model_dir)  # model and tokenizer; writes on rank 0 only
     if trainer.is_world_process_zero():
         # Trainer's own pickle of its arguments: not needed to load or serve the model.
