@@ -625,9 +625,9 @@ def _sources(root: pathlib.Path) -> list[pathlib.Path]:
 
 
 def _function_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
-    """A function's lines from its `def` to its end, less its docstring and its nested
-    functions (blank lines and comments count)."""
-    lines = set(range(function.lineno, function.end_lineno + 1))
+    """A function's body lines, less its docstring and its nested functions (blank lines
+    and comments count; the signature does not: a step's is its parameter list)."""
+    lines = set(range(function.body[0].lineno, function.end_lineno + 1))
     first = function.body[0]
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
             and isinstance(first.value.value, str):
@@ -668,12 +668,13 @@ def test_the_function_rule_counts_code_not_docstrings_or_nested_functions(monkey
         "    def inner():\n        return 2\n"
         "    # a comment counts\n"
         "    return a + inner()\n"
-        "class C:\n    def method(self):\n        '''One line.'''\n        return 3\n"))
+        "class C:\n    def method(self):\n        '''One line.'''\n        return 3\n"
+        "def wide(\n    a,\n    b,\n):\n    return a\n"))
     functions = {node.name: node for node in ast.walk(ast.parse(pathlib.Path().read_text()))
                  if isinstance(node, ast.FunctionDef)}
     assert {name: _function_lines(f) for name, f in functions.items()} == {
-        "outer": 5, "inner": 2, "method": 2}
-    assert [line.split()[-3] for line in _long_functions(pathlib.Path("f.py"), limit=4)] == [
+        "outer": 4, "inner": 1, "method": 1, "wide": 1}
+    assert [line.split()[-3] for line in _long_functions(pathlib.Path("f.py"), limit=3)] == [
         "outer:"]
 
 
