@@ -30,9 +30,11 @@ models: $(MINILM)/model.safetensors
 
 # The definitions of each KFP backend the Kubeflow files support (docs/kubeflow.md), one
 # folder each with the protobuf it pins, cached: tests/test_kubeflow_backends.py parses
-# every compiled file strictly with them (`python -m tools.kfp_backends FILE...` too).
+# every compiled file strictly with them (`python -m tools.kfp_backends FILE...` too);
+# and each Kubeflow Trainer release's API models, for the TrainJob (tools.trainer_releases).
 backends: venv
 	$(PY) -c "import tools.kfp_backends as b; [b.environment(v) for v in b.BACKENDS]"
+	$(PY) -c "import tools.trainer_releases as t; [t.environment(r) for r in t.RELEASES]"
 
 # A learned start for the image demo (~20 minutes of one CPU core, once): DenseNet121
 # trained on the letters of the installed typefaces, each drawn as the demo's digits were

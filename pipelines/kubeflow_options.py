@@ -7,9 +7,11 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from components.trainjob.launcher import Timing
+from components.trainjob.spec import S3_SECRET_KEYS, secret_key_problems
 from pipelines.definitions import kubeflow, tuning
 from pipelines.definitions.kubeflow import GKE_SPOT_SELECTOR, GKE_SPOT_TOLERATION
 from pipelines.definitions.machine import DEFAULT_MACHINES
@@ -20,6 +22,8 @@ from pipelines.target_options import fail, refused, step_machines
 RANDOM = ("ALGORITHM_UNSPECIFIED", "RANDOM_SEARCH")
 # The files written (`--yaml` or not): the pods' platform settings are YAML's second document.
 FORMATS = ("yaml",)
+# A runtime, a service account or a LocalQueue: a DNS subdomain.
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +53,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     k.add_argument("--storage-secret", default="", metavar="NAME",
                    help="Kubernetes secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                         "given to every pod for s3:// data and checkpoints")
+    k.add_argument("--storage-secret-keys", default="", metavar="ACCESS,SECRET",
+                   help="the --storage-secret keys holding the access key id and the secret "
+                        "key, if not named as those variables; KFP's own MinIO secret "
+                        "mlpipeline-minio-artifact: accesskey,secretkey")
     k.add_argument("--s3-endpoint", default="", metavar="URL",
                    help="S3 API of MinIO, SeaweedFS or Ceph, e.g. KFP's own store: "
                         "http://minio-service.kubeflow:9000 (2.14, 2.15), "
@@ -63,11 +71,41 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     k.add_argument("--trainjob-runtime", default=kubeflow.DEFAULT_TRAINJOB_RUNTIME,
                    metavar="NAME", help="ClusterTrainingRuntime of the TrainJob the "
                    "transformer step creates with --train-transformer-replica-count > 1 "
-                   "(Kubeflow Trainer 2.3; docs/kubeflow.md)")
+                   "(Kubeflow Trainer 2.2 or 2.3; docs/kubeflow.md)")
+    k.add_argument("--trainjob-service-account", default="", metavar="NAME",
+                   help="service account of the TrainJob's nodes (default: the launcher "
+                        "step's, the run's)")
+    k.add_argument("--trainjob-pending-minutes", type=float,
+                   default=Timing.pending_seconds / 60, metavar="N",
+                   help="minutes a TrainJob node may wait to be scheduled before the step "
+                        "fails (default %(default)g)")
+    k.add_argument("--kueue-queue", default="", metavar="NAME",
+                   help="Kueue LocalQueue of every step pod and TrainJob "
+                        "(kueue.x-k8s.io/queue-name)")
     for step in DEFAULT_MACHINES:  # described in --gpu-node-label's help
         for field in ("cpu", "memory", "shm_size"):
             k.add_argument(f"--{step}_{field}".replace("_", "-"), dest=f"{step}_{field}",
                            default="", metavar="QUANTITY", help=argparse.SUPPRESS)
+
+
+def _platform_problems(args: argparse.Namespace, keys: Sequence[str]) -> list[str]:
+    """What is wrong with the options of the cluster's own objects: names, the Kueue queue,
+    the storage secret's keys and the nodes' pending bound."""
+    values = vars(args)
+    problems = [f"--{flag.replace('_', '-')} {values[flag]!r} is not a name (lowercase "
+                "letters, digits, - and .)" for flag in (
+                    "trainjob_runtime", "trainjob_service_account", "kueue_queue")
+                if (values[flag] or flag == "trainjob_runtime") and not NAME.match(values[flag])]
+    if len(args.kueue_queue) > 63:
+        problems.append(f"--kueue-queue {args.kueue_queue!r}: a label value has at most 63 "
+                        "characters")
+    problems += [f"--storage-secret-keys {problem}" for problem in secret_key_problems(keys)]
+    if args.storage_secret_keys and not args.storage_secret:
+        problems.append("--storage-secret-keys names keys of --storage-secret: give it")
+    if args.trainjob_pending_minutes <= 0:
+        problems.append(f"--trainjob-pending-minutes must be > 0, got "
+                        f"{args.trainjob_pending_minutes:g}")
+    return problems
 
 
 def settings(args: argparse.Namespace, tuned: Mapping[str, str],
@@ -88,9 +126,8 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
         problems.append(f"--tune-algorithm {args.tune_algorithm}: the Kubeflow target's trials "
                         "are a random search drawn at compile time (RANDOM_SEARCH)")
     problems += kubeflow.replica_problems(machines, args.checkpoint_root, tuple(tuned.values()))
-    if not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", args.trainjob_runtime):
-        problems.append(f"--trainjob-runtime {args.trainjob_runtime!r} is not a runtime name "
-                        "(lowercase letters, digits, - and .)")
+    keys = args.storage_secret_keys.split(",") if args.storage_secret_keys else S3_SECRET_KEYS
+    problems += _platform_problems(args, keys)
     pods, spot = {}, {}
     for step, machine in machines.items():
         try:
@@ -128,9 +165,13 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
         pods=pods, gpu_label=label, gpu_products=products, spot=args.spot, **spot,
         image_pull_secrets=tuple(args.image_pull_secret), timeout_seconds=args.step_timeout,
         checkpoint_root=args.checkpoint_root, storage_secret=args.storage_secret,
-        s3_endpoint=args.s3_endpoint, training_retries=args.training_retries,
+        storage_secret_keys=tuple(keys), s3_endpoint=args.s3_endpoint,
+        training_retries=args.training_retries,
         nodes={step: machine.replica_count for step, machine in machines.items()
-               if machine.replica_count > 1}, trainjob_runtime=args.trainjob_runtime)
+               if machine.replica_count > 1}, trainjob_runtime=args.trainjob_runtime,
+        trainjob_service_account=args.trainjob_service_account,
+        trainjob_pending_seconds=round(args.trainjob_pending_minutes * 60),
+        kueue_queue=args.kueue_queue)
 
 
 def parse_label(text: str, option: str) -> tuple[str, str]:

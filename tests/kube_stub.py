@@ -4,24 +4,31 @@ It answers the calls the launcher makes, as the API server does for a cluster wi
 Kubeflow Trainer installed, and records every request (method, path, query, body):
 
 - trainjobs (`/apis/trainer.kubeflow.org/v1alpha1/namespaces/NS/trainjobs[/NAME]`): create
-  (409 when the name exists), get (404 when absent), list by label selector, delete
+  (409 when the name exists; a field in `unknown_fields`, one the installed Trainer does
+  not have, is refused with `fieldValidation=Strict`, as the API server's strict decoding
+  does, and dropped without), get (404 when absent), list by label selector, delete
   (foreground: the job stays, with a deletionTimestamp, for `linger` more reads);
 - pods (`/api/v1/namespaces/NS/pods`): the node pods of each job (JobSet's and the Job
-  controller's labels), listed by label selector; each node's log
-  (`.../pods/NAME/log`), served whole and closed (a finished container's followed log).
+  controller's labels) and the pods added (`add_pod`: a launcher's), listed by label
+  selector or `metadata.name` field selector; each node's log (`.../pods/NAME/log`),
+  served whole and closed (a finished container's followed log).
 
 A job's status follows its `Plan`: the conditions it reports on its 1st, 2nd, ... read
-(the last repeats). The real `kubernetes` client talks to it over HTTP on 127.0.0.1.
+(the last repeats) and its node pods' status. Or, given `play`, each job created is
+played by what `play(manifest)` returns (`Played`: a rehearsal's processes). The real
+`kubernetes` client talks to it over HTTP on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 TRAINJOBS = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/"
@@ -38,11 +45,30 @@ class Plan:
             reports; the last repeats.
         log: Node 0's log lines.
         linger: Reads a deleted job still answers (deletionTimestamp set) before it is gone.
+        pods: Node index -> its pod's `status` (phase, conditions, containerStatuses) over
+            the one the job's conditions give it.
     """
 
     conditions: list[list[dict[str, Any]]] = dataclasses.field(default_factory=lambda: [[]])
     log: list[str] = dataclasses.field(default_factory=list)
     linger: int = 0
+    pods: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+class Played(Protocol):
+    """A job the stub plays by other means than a `Plan` (see `KubeStub(play=...)`)."""
+
+    def conditions(self) -> list[dict[str, Any]]:
+        """The job's conditions now."""
+
+    def pod_statuses(self) -> list[dict[str, Any]]:
+        """Each node's pod `status` now, by node index."""
+
+    def log(self, index: int) -> str:
+        """Node `index`'s log so far."""
+
+    def delete(self) -> None:
+        """The job deleted: its nodes stopped."""
 
 
 def condition(kind: str, reason: str, message: str) -> dict[str, Any]:
@@ -62,9 +88,19 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 
 
 class KubeStub:
-    """The API's state (jobs, their plans and reads) and the requests it was sent."""
+    """The API's state (jobs, their plans and reads) and the requests it was sent.
 
-    def __init__(self) -> None:
+    Args:
+        play: Called with each job created; what it returns plays the job.
+        unknown_fields: Dotted paths ("spec.runtimePatches") the installed Trainer does
+            not have.
+    """
+
+    def __init__(self, play: Callable[[dict[str, Any]], Played] | None = None,
+                 unknown_fields: tuple[str, ...] = ()) -> None:
+        self.play, self.unknown_fields = play, unknown_fields
+        self.played: dict[tuple[str, str], Played] = {}
+        self.other_pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, dict[str, str], Any]] = []
         self.codes: list[int] = []  # the status answered to each request, in order
@@ -85,6 +121,26 @@ class KubeStub:
                                creationTimestamp=NOW)
         self.jobs[(namespace, job["metadata"]["name"])] = job
         self.reads.pop((namespace, job["metadata"]["name"]), None)
+
+    def add_pod(self, namespace: str, name: str, uid: str, phase: str = "Running") -> None:
+        """A pod other than a node's (the launcher's); `set_phase` changes its phase."""
+        self.other_pods[(namespace, name)] = {
+            "metadata": {"name": name, "namespace": namespace, "uid": uid, "labels": {}},
+            "status": {"phase": phase}}
+
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        with self.lock:
+            self.other_pods[(namespace, name)]["status"]["phase"] = phase
+
+    def write_kubeconfig(self, path: str) -> str:
+        """A kubeconfig of this API at `path` (for a client in another process)."""
+        with open(path, "w") as f:  # JSON is YAML
+            json.dump({"apiVersion": "v1", "kind": "Config", "current-context": "stub",
+                       "clusters": [{"name": "stub", "cluster": {"server": self.host}}],
+                       "users": [{"name": "stub", "user": {}}],
+                       "contexts": [{"name": "stub",
+                                     "context": {"cluster": "stub", "user": "stub"}}]}, f)
+        return path
 
     def calls(self, method: str | None = None, contains: str = "") -> list[tuple]:
         """The recorded requests, those of `method` whose path holds `contains`."""
@@ -107,8 +163,22 @@ class KubeStub:
         plan = self.plans.get(key[1], Plan())
         count = self.reads.get(key, 0)
         self.reads[key] = count + 1
-        job["status"] = {"conditions": plan.conditions[min(count, len(plan.conditions) - 1)]}
+        job["status"] = {"conditions": self.played[key].conditions() if key in self.played
+                         else plan.conditions[min(count, len(plan.conditions) - 1)]}
         return job
+
+    def _unknown(self, body: dict[str, Any]) -> dict[str, tuple[dict[str, Any], str]]:
+        """The fields of `body` the installed Trainer does not have: path -> (the object
+        that holds it, its key)."""
+        found = {}
+        for path in self.unknown_fields:
+            *parents, last = path.split(".")
+            holder = body
+            for part in parents:
+                holder = holder.get(part) if isinstance(holder, dict) else None
+            if isinstance(holder, dict) and last in holder:
+                found[path] = (holder, last)
+        return found
 
     def trainjobs(self, method: str, namespace: str, name: str, query: dict[str, str],
                   body: Any) -> tuple[int, Any]:
@@ -118,7 +188,16 @@ class KubeStub:
             if (namespace, name) in self.jobs:
                 return 409, _status(409, "AlreadyExists",
                                     f'trainjobs.trainer.kubeflow.org "{name}" already exists')
+            unknown = self._unknown(body)
+            if unknown and query.get("fieldValidation") == "Strict":
+                return 400, _status(400, "BadRequest", "TrainJob in version \"v1alpha1\" "
+                                    "cannot be handled as a TrainJob: strict decoding error: "
+                                    + ", ".join(f'unknown field "{p}"' for p in unknown))
+            for holder, key in unknown.values():  # Warn (the server's default): pruned
+                del holder[key]
             self.add_job(namespace, body)
+            if self.play:
+                self.played[(namespace, name)] = self.play(self.jobs[(namespace, name)])
             return 201, self.jobs[(namespace, name)]
         if method == "GET" and not name:
             items = [job for (ns, _), job in self.jobs.items() if ns == namespace
@@ -134,12 +213,15 @@ class KubeStub:
             if key not in self.lingering:
                 self.lingering[key] = self.plans.get(name, Plan()).linger
                 job["metadata"]["deletionTimestamp"] = NOW
+                if key in self.played:
+                    self.played[key].delete()
             return 200, job
         return 200, job
 
     # -- pods ---------------------------------------------------------------------------
     def _pods(self, namespace: str) -> list[dict[str, Any]]:
-        """Each job's node pods, their phase by the job's state."""
+        """Each job's node pods, their phase by the job's state (or its plan's or player's
+        status), then the pods added."""
         pods = []
         for (ns, name), job in self.jobs.items():
             if ns != namespace or (ns, name) in self.lingering:
@@ -147,20 +229,26 @@ class KubeStub:
             ended = [c["type"] for c in job.get("status", {}).get("conditions", [])]
             phase = ("Succeeded" if "Complete" in ended else "Failed" if "Failed" in ended
                      else "Running" if self.reads.get((ns, name), 0) else "Pending")
-            for index in range(job["spec"]["trainer"].get("numNodes", 1)):
+            played = self.played.get((ns, name))
+            statuses = played.pod_statuses() if played else [
+                {"phase": phase, **self.plans.get(name, Plan()).pods.get(index, {})}
+                for index in range(job["spec"]["trainer"].get("numNodes", 1))]
+            for index, status in enumerate(statuses):
                 pods.append({"metadata": {
                     "name": f"{name}-node-0-{index}-x7k2q", "namespace": ns,
                     "uid": f"{job['metadata']['uid']}-{index}", "creationTimestamp": NOW,
                     "labels": {"jobset.sigs.k8s.io/jobset-name": name,
                                "jobset.sigs.k8s.io/replicatedjob-name": "node",
                                "batch.kubernetes.io/job-completion-index": str(index)}},
-                    "status": {"phase": phase}})
-        return pods
+                    "status": status})
+        return pods + [pod for (ns, _), pod in self.other_pods.items() if ns == namespace]
 
     def pods(self, namespace: str, rest: str, query: dict[str, str]) -> tuple[int, Any]:
         if not rest:
+            named = query.get("fieldSelector", "").removeprefix("metadata.name=")
             items = [pod for pod in self._pods(namespace)
-                     if _matches(pod["metadata"]["labels"], query.get("labelSelector", ""))]
+                     if _matches(pod["metadata"]["labels"], query.get("labelSelector", ""))
+                     and named in ("", pod["metadata"]["name"])]
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
         pod, _, what = rest.partition("/")
         found = [p for p in self._pods(namespace) if p["metadata"]["name"] == pod]
@@ -168,6 +256,8 @@ class KubeStub:
             return 404, _status(404, "NotFound", f'pods "{pod}" not found')
         job = found[0]["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"]
         index = found[0]["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]
+        if (namespace, job) in self.played:
+            return 200, self.played[(namespace, job)].log(int(index))
         lines = self.plans.get(job, Plan()).log if index == "0" else [f"node {index}"]
         return 200, "".join(line + "\n" for line in lines)
 
@@ -205,11 +295,14 @@ class KubeStub:
                                             json.loads(raw) if raw else None)
                 text = isinstance(payload, str)
                 data = (payload if text else json.dumps(payload)).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "text/plain" if text else "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                # the client may be gone: a node stopped by the DELETE it sent
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(code)
+                    self.send_header("Content-Type",
+                                     "text/plain" if text else "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
 
             do_GET = do_POST = do_DELETE = _handle
 

@@ -5,7 +5,9 @@ version does not know. Each supported backend's protos come from PyPI
 (`kfp-pipeline-spec`, `kfp-kubernetes` of that release), each in an environment of its own
 (`tools.kfp_backends`, cached under .cache/kfp-backends; `make backends` makes them), and
 every file is parsed strictly with each. A real API server, Argo and the driver are not
-here: what they do with a file that parses is in docs/kubeflow.md.
+here: what they do with a file that parses is in docs/kubeflow.md. The TrainJob the
+transformer's launcher creates is held alike against each Kubeflow Trainer release's own
+API models (`tools.trainer_releases`).
 """
 
 import copy
@@ -15,15 +17,17 @@ import pytest
 import yaml
 
 import compile as compile_cli
+from components.train_transformer import multinode
 from pipelines.definitions import kubeflow
-from tools import kfp_backends
+from tools import kfp_backends, trainer_releases
 
 # Every option that changes the platform settings, in one compile; and none.
 ALL_PLATFORM_OPTIONS = (
     "--storage-secret", "s3-keys", "--s3-endpoint", "http://minio-service.kubeflow:9000",
     "--checkpoint-root", "s3://ckpt/runs", "--training-retries", "2", "--spot",
     "--image-pull-secret", "regcred", "--image-pull-secret", "regcred-2",
-    "--tune-trials", "3", "--tune-parallel-trials", "2", "--step-timeout", "86400")
+    "--tune-trials", "3", "--tune-parallel-trials", "2", "--step-timeout", "86400",
+    "--storage-secret-keys", "accesskey,secretkey", "--kueue-queue", "gpu-queue")
 VARIANTS = {
     "plain": (),
     "every-option": ALL_PLATFORM_OPTIONS,
@@ -146,3 +150,31 @@ def test_documents_are_read_as_kfp_writes_them(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump({"a": 1}) + "---\n" + yaml.safe_dump({"b": 2}))
     assert kfp_backends.read_documents([str(path)]) == {str(path): [{"a": 1}, {"b": 2}]}
+
+
+@pytest.mark.parametrize("release", list(trainer_releases.RELEASES))
+def test_a_two_node_trainjob_is_taken_whole_by_the_trainer_releases_the_docs_support(release):
+    settings = multinode.NodeSettings(
+        num_nodes=2, procs_per_node=4, gpus=4, cpu="14.1", memory="48Gi", shm="12Gi",
+        node_selector={"nvidia.com/gpu.product": "Tesla-T4"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        image_pull_secrets=["regcred"], storage_secret="mlpipeline-minio-artifact",
+        secret_keys=("accesskey", "secretkey"), service_account="nodes", queue="gpu-queue",
+        image="registry/fastai:1", checkpoint_root="s3://ckpt", s3_endpoint="http://minio:9000",
+        deadline_seconds=3600)
+    manifest, _ = multinode.trainjob(settings, dataset_uri="s3://d", model_uri="s3://m/r/t/m",
+                                     config={"epochs": 2}, tensorboard_dir="", namespace="ns",
+                                     environ={"KFP_POD_NAME": "p", "KFP_POD_UID": "u"})
+    refusal = trainer_releases.refusal(manifest, release)
+    if release not in trainer_releases.SUPPORTED:  # 2.1: podTemplateOverrides, neither
+        assert ".spec.runtimePatches: not a field" in refusal
+        assert ".spec.activeDeadlineSeconds: not a field" in refusal
+        return
+    assert refusal == ""
+    # the check can fail on a release it takes: a pod field 2.3 added
+    broken = copy.deepcopy(manifest)
+    broken["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"][
+        "replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"] = 5
+    assert ("terminationGracePeriodSeconds: not a field" in trainer_releases.refusal(
+        broken, release)) == (release == "2.2")

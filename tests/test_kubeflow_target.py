@@ -172,6 +172,14 @@ def test_options_reach_the_pods(tmp_path):
     (["--train-text-shm-size", "64Gi"], "less than the pod's memory"),
     (["--train-text-accelerator-type", "NVIDIA_RTX_9000"], "--gpu-product"),
     (["--spot", "--spot-toleration", "pool=spot"], "KEY=VALUE:EFFECT"),
+    (["--storage-secret", "s", "--storage-secret-keys", "accesskey"], "--storage-secret-keys"),
+    (["--storage-secret", "s", "--storage-secret-keys", "key,key"], "two different keys"),
+    (["--storage-secret", "s", "--storage-secret-keys", "access key,s"], "not a secret key name"),
+    (["--storage-secret", "s", "--storage-secret-keys", ",secretkey"], "not a secret key name"),
+    (["--storage-secret-keys", "accesskey,secretkey"], "give it"),
+    (["--kueue-queue", "GPU queue"], "--kueue-queue 'GPU queue' is not a name"),
+    (["--trainjob-service-account", "Nodes"], "--trainjob-service-account 'Nodes' is not"),
+    (["--trainjob-pending-minutes", "0"], "--trainjob-pending-minutes must be > 0"),
 ])
 def test_what_a_cluster_cannot_do_is_refused_naming_the_option(tmp_path, capsys, flags,
                                                                message):
@@ -182,7 +190,8 @@ def test_what_a_cluster_cannot_do_is_refused_naming_the_option(tmp_path, capsys,
 
 
 @pytest.mark.parametrize("flags", [["--image-pull-secret", "regcred"], ["--tune-seed", "3"],
-                                   ["--training-retries", "2"]])
+                                   ["--training-retries", "2"], ["--kueue-queue", "q"],
+                                   ["--storage-secret-keys", "a,b"]])
 def test_kubeflow_options_are_refused_for_vertex(tmp_path, flags):
     with pytest.raises(SystemExit, match=f"{flags[0]} is a Kubeflow option"):
         compile_cli.main(["--output-dir", str(tmp_path), *flags])
@@ -423,7 +432,8 @@ def test_submit_refuses_a_vertex_file_for_kubeflow(tmp_path, capsys):
 
 def test_training_steps_keep_checkpoints_in_the_object_store_and_pods_get_storage(tmp_path):
     out = _compile(tmp_path, "--checkpoint-root", "s3://ckpt/runs/", "--storage-secret",
-                   "s3-keys", "--s3-endpoint", "http://minio.kubeflow:9000",
+                   "mlpipeline-minio-artifact", "--storage-secret-keys", "accesskey,secretkey",
+                   "--s3-endpoint", "http://minio.kubeflow:9000", "--kueue-queue", "gpu-queue",
                    "--training-retries", "2", "--pipelines", "image_tuning_pipeline")
     spec, platform = _documents(out / "image_tuning_pipeline.yaml")
     executors = spec["deploymentSpec"]["executors"]
@@ -445,11 +455,13 @@ def test_training_steps_keep_checkpoints_in_the_object_store_and_pods_get_storag
     # every pod: /gcs is KFP's scratch folder, not a bucket mount
     assert env("exec-shard-images") == {"AWS_ENDPOINT_URL_S3": "http://minio.kubeflow:9000",
                                         "OBJECT_STORE_MOUNTED": "0"}
-    for executor in ("exec-shard-images", "exec-preflight-image", "exec-train-image-classifier"):
-        (secret,) = platform[executor]["secretAsEnv"]
-        assert secret["secretName"] == "s3-keys"
-        assert {k["envVar"] for k in secret["keyToEnv"]} == {"AWS_ACCESS_KEY_ID",
-                                                              "AWS_SECRET_ACCESS_KEY"}
+    assert set(platform) == set(executors)  # every pod, the trials' too
+    for pod in platform.values():  # KFP's own MinIO secret as it is
+        (secret,) = pod["secretAsEnv"]
+        assert secret["secretName"] == "mlpipeline-minio-artifact"
+        assert {k["secretKey"]: k["envVar"] for k in secret["keyToEnv"]} == {
+            "accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
+        assert pod["podMetadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "gpu-queue"}
     text = (out / "image_tuning_pipeline.yaml").read_text()
     assert "AWS_SECRET_ACCESS_KEY:" not in text.replace("envVar: AWS_SECRET_ACCESS_KEY", "")
     with pytest.raises(SystemExit, match="--checkpoint-root '/mnt/ckpt' must be a gs://"):

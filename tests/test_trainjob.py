@@ -4,16 +4,21 @@
   through them; a field Trainer 2.3 does not have is refused (the check can fail).
 - The node environment: Trainer's `PET_*` variables onto what the trainer reads.
 - The launcher against a loopback stub of the Kubernetes API (`tests.kube_stub`), through
-  the real `kubernetes` client: a job that completes, one that fails, a cancelled step
-  (stop event and SIGTERM) and a job left by an earlier attempt.
+  the real `kubernetes` client: a job that completes, one that fails, a node pod that
+  fails it (restarted, Failed, replaced, stuck on its image or secret, unschedulable), a
+  cancelled step (stop event and SIGTERM), a job left by an earlier attempt, a field the
+  cluster's Trainer does not have, and node 0's watch of the launcher pod.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import os
 import signal
 import threading
+import time
 
 import pydantic
 import pytest
@@ -82,7 +87,7 @@ def test_trainjob_manifest_two_nodes_two_procs_every_setting():
                    **{key: {"secretKeyRef": {"name": "s3-keys", "key": key}}
                       for key in spec.S3_SECRET_KEYS}}
     pod = _pod_patch(manifest)
-    assert pod["metadata"]["labels"] == meta["labels"]
+    assert pod["metadata"]["labels"] == {**meta["labels"], spec.ISTIO_INJECT: "false"}
     assert pod["spec"]["nodeSelector"] == SELECTOR
     assert pod["spec"]["tolerations"] == TOLERATIONS
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
@@ -253,8 +258,9 @@ def test_trainjob_launcher_follows_a_job_to_complete_streams_node0_and_deletes_i
     assert create[3] == manifest  # what was built is what was sent
     query = stub.calls("GET", "/log")[0][2]  # the client writes True; Go's ParseBool takes it
     assert query["container"] == "node" and query["follow"].lower() == "true"
-    [pods] = {r[2]["labelSelector"] for r in stub.calls("GET", "/pods") if "/log" not in r[1]}
-    assert pods == launcher.node0_selector(name)
+    pods = {r[2]["labelSelector"] for r in stub.calls("GET", "/pods") if "/log" not in r[1]}
+    assert pods == {launcher.node0_selector(name), f"{launcher.JOBSET_NAME_LABEL}={name}"}
+    assert create[2]["fieldValidation"] == "Strict"
     log = lines.index("epoch 1 loss 0.9")
     assert lines[log:log + 3] == ["epoch 1 loss 0.9", "epoch 2 loss 0.5", "saved the model"]
     [delete] = stub.calls("DELETE")
@@ -278,6 +284,114 @@ def test_trainjob_launcher_fails_with_the_jobs_reason_and_deletes_it(kube):
     assert "RuntimeError: CUDA out of memory" in lines  # node 0's error, in the step's log
     assert [r[1] for r in stub.calls("DELETE")] == [_job_path(name)]
     assert (NS, name) in stub.lingering or (NS, name) not in stub.jobs
+
+
+def _terminated(code: int, reason: str) -> dict:
+    return {"terminated": {"exitCode": code, "reason": reason}}
+
+
+def _container(state: dict, restarts: int = 0, last: dict | None = None) -> dict:
+    return {"containerStatuses": [{"name": "node", "image": "i", "imageID": "", "ready": False,
+                                   "restartCount": restarts, "state": state,
+                                   "lastState": last or {}}]}
+
+
+UNSCHEDULABLE = {"phase": "Pending", "conditions": [
+    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+     "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}
+
+
+@pytest.mark.parametrize("status, words", [
+    # JobSet's OnFailure: the container restarted in place, its pod still Running
+    ({"phase": "Running", **_container({"running": {}}, 1, _terminated(137, "OOMKilled"))},
+     r"node 1 \(pod tj-\S+-node-0-1-x7k2q\): its container 'node' was restarted in place "
+     r"\(1 time\(s\)\) after it ended with exit code 137 \(OOMKilled\)"),
+    ({"phase": "Failed", "reason": "Evicted", "message": "The node was low on memory."},
+     r"node 1 .*its pod failed: Evicted: The node was low on memory\."),
+    ({"phase": "Failed", **_container(_terminated(137, "OOMKilled"))},
+     r"node 1 .*its pod failed: exit code 137 \(OOMKilled\)"),
+    ({"phase": "Pending", **_container({"waiting": {
+        "reason": "ImagePullBackOff", "message": 'Back-off pulling image "img:nope"'}})},
+     r"node 1 .*cannot start: ImagePullBackOff: Back-off pulling image \"img:nope\""),
+    ({"phase": "Pending", **_container({"waiting": {
+        "reason": "CreateContainerConfigError",
+        "message": "couldn't find key AWS_ACCESS_KEY_ID in Secret kubeflow-user/s3-keys"}})},
+     r"node 1 .*cannot start: CreateContainerConfigError: couldn't find key AWS_ACCESS_KEY_ID "
+     "in Secret kubeflow-user/s3-keys"),
+    (UNSCHEDULABLE, r"node 1 .*unschedulable for \d+ s \(pending_seconds 0\.1\): 0/3 nodes "
+                    r"are available: 3 Insufficient nvidia\.com/gpu\."),
+])
+def test_trainjob_launcher_fails_at_once_on_a_node_pods_failure_and_deletes_the_job(
+        kube, status, words):
+    stub, api = kube
+    manifest = full_manifest()
+    name = _name_of(manifest)
+    # the job's conditions never end: only its pods can tell
+    stub.plans[name] = Plan(conditions=[[]] * 500 + [[condition("Complete", "X", "late")]],
+                            pods={1: status})
+    with pytest.raises(launcher.TrainJobFailed, match=rf"TrainJob {NS}/{name} failed: {words}"):
+        launcher.launch(api, manifest, write=lambda line: None,
+                        timing=dataclasses.replace(FAST, pending_seconds=0.1))
+    assert len(stub.calls("GET", _job_path(name))) < 50
+    assert [r[1] for r in stub.calls("DELETE")] == [_job_path(name)]
+
+
+def test_trainjob_launcher_waits_for_an_unschedulable_node_up_to_the_bound(kube):
+    stub, api = kube
+    manifest = full_manifest()
+    name = _name_of(manifest)
+    stub.plans[name] = Plan(conditions=[[]] * 5 + [[condition("Complete", "X", "done")]],
+                            pods={1: UNSCHEDULABLE})  # a GPU machine being added meanwhile
+    job = launcher.launch(api, manifest, write=lambda line: None, timing=FAST)
+    assert launcher.job_outcome(job)[0] == "Complete"
+    assert launcher.Timing().pending_seconds == 900.0  # 15 minutes unless told otherwise
+
+
+def test_trainjob_launcher_fails_when_a_nodes_pod_is_replaced():
+    from kubernetes.client import V1ObjectMeta, V1Pod, V1PodStatus
+
+    def pod(uid: str) -> V1Pod:
+        return V1Pod(metadata=V1ObjectMeta(name=f"p-{uid}", uid=uid, labels={
+            launcher.COMPLETION_INDEX_LABEL: "1"}), status=V1PodStatus(phase="Running"))
+
+    seen: dict = {}
+    assert launcher.node_problem([pod("a")], seen, 0.0, 900.0) == ""
+    assert "node 1 (pod p-b) replaced the node's first pod" in launcher.node_problem(
+        [pod("b")], seen, 1.0, 900.0)
+
+
+def test_trainjob_launcher_creates_strictly_so_an_older_trainer_refuses_a_field():
+    from kubernetes import client
+
+    for strict in (True, False):  # Trainer 2.1: no runtimePatches, no activeDeadlineSeconds
+        stub = KubeStub(unknown_fields=("spec.runtimePatches", "spec.activeDeadlineSeconds"))
+        stub.start()
+        configuration = client.Configuration()
+        configuration.host = stub.host
+        custom = client.CustomObjectsApi(client.ApiClient(configuration))
+        args = (spec.GROUP, spec.VERSION, NS, spec.PLURAL, full_manifest())
+        try:
+            if strict:
+                with pytest.raises(client.ApiException) as refused:
+                    custom.create_namespaced_custom_object(*args, field_validation="Strict")
+                assert refused.value.status == 400 and stub.jobs == {}
+                assert 'unknown field "spec.runtimePatches", unknown field ' \
+                       '"spec.activeDeadlineSeconds"' in json.loads(refused.value.body)["message"]
+            else:  # the server's default (Warn) prunes them: the job would run without
+                made = custom.create_namespaced_custom_object(*args)
+                assert "runtimePatches" not in made["spec"]
+        finally:
+            stub.stop()
+    stub = KubeStub(unknown_fields=("spec.runtimePatches",)).start()
+    configuration.host = stub.host
+    try:
+        with pytest.raises(launcher.TrainJobError, match=r'unknown field "spec.runtimePatches" '
+                           r"\(strict field validation: does the cluster run Trainer 2.3\?\)"):
+            launcher.launch(client.ApiClient(configuration), full_manifest(),
+                            write=lambda line: None, timing=FAST)
+        assert stub.jobs == {}
+    finally:
+        stub.stop()
 
 
 def test_trainjob_launcher_cancelled_by_the_stop_event_deletes_the_job(kube):
@@ -307,18 +421,66 @@ def test_trainjob_launcher_deletes_the_job_on_sigterm_and_restores_the_handler(k
     caught: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
     try:
+        deleted_in_the_handler = []
+
         def write(line: str) -> None:
             if "created" in line:
                 os.kill(os.getpid(), signal.SIGTERM)  # KFP stops the launcher's pod
+                # the handler has run: Argo's emissary leaves the step a second, not 30 s
+                deleted_in_the_handler.append([r[1] for r in stub.calls("DELETE")])
 
         with pytest.raises(launcher.TrainJobCancelled):
             launcher.launch(api, manifest, write=write, timing=FAST)
         assert caught == []  # the launcher's handler took it
-        assert [r[1] for r in stub.calls("DELETE")] == [_job_path(name)]
+        assert deleted_in_the_handler == [[_job_path(name)]]
+        assert [r[1] for r in stub.calls("DELETE")] == [_job_path(name)]  # and only then
         os.kill(os.getpid(), signal.SIGTERM)
         assert caught == [signal.SIGTERM]  # and gave the old one back
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_trainjob_node0_deletes_the_job_once_the_launcher_pod_no_longer_runs(kube, tmp_path):
+    from components.train_transformer import node as train_node
+
+    stub, api = kube
+    manifest = full_manifest()
+    name, [owner] = _name_of(manifest), manifest["metadata"]["ownerReferences"]
+    stub.add_job(NS, manifest)
+    stub.add_pod(NS, owner["name"], owner["uid"])  # Running
+    environ = {**dict(zip(launcher.OWNER_VARIABLES, (name, NS, owner["name"], owner["uid"]))),
+               launcher.OWNER_POLL_VARIABLE: "0.02", "PET_NODE_RANK": "0",
+               "KUBECONFIG": stub.write_kubeconfig(str(tmp_path / "kubeconfig"))}
+    assert train_node.watch_owner({**environ, "PET_NODE_RANK": "1"}) is None  # node 0 only
+    assert train_node.watch_owner({"PET_NODE_RANK": "0"}) is None  # no owner: outside KFP
+    watch = train_node.watch_owner(environ)
+    time.sleep(0.3)
+    assert watch.is_alive() and stub.calls("DELETE") == []  # the launcher runs
+    # a KFP terminate or a step deadline: the pod object stays, no longer running
+    stub.set_phase(NS, owner["name"], "Failed")
+    watch.join(10)
+    assert not watch.is_alive()
+    assert [r[1] for r in stub.calls("DELETE")] == [_job_path(name)]
+    reads = [r[2] for r in stub.calls("GET", "/pods")]
+    assert reads and {q["fieldSelector"] for q in reads} == {f"metadata.name={owner['name']}"}
+    assert launcher.Timing().poll_seconds < launcher.OWNER_POLL_SECONDS == 30.0
+
+
+def test_trainjob_owner_stopped_names_how():
+    from kubernetes.client import V1ObjectMeta, V1Pod, V1PodStatus
+
+    def pod(uid: str, phase: str = "Running", reason=None, deleting=None) -> V1Pod:
+        return V1Pod(metadata=V1ObjectMeta(name="launcher", uid=uid,
+                                           deletion_timestamp=deleting),
+                     status=V1PodStatus(phase=phase, reason=reason))
+
+    assert launcher.owner_stopped([pod("u")], "u") == ""
+    assert launcher.owner_stopped([pod("u", "Failed", "DeadlineExceeded")], "u") == \
+        "is Failed (DeadlineExceeded)"
+    assert launcher.owner_stopped([pod("u", deleting="2026-11-27T10:00:00Z")], "u") == \
+        "is being deleted"
+    assert launcher.owner_stopped([pod("another")], "u") == "is gone"  # same name, new pod
+    assert launcher.owner_stopped([], "u") == "is gone"
 
 
 def test_trainjob_launcher_clears_a_job_left_by_an_earlier_attempt_before_creating(kube):

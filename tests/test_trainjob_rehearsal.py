@@ -3,11 +3,16 @@ this machine as Kubeflow Trainer 2.3's `torch-distributed` runtime runs it
 (`tools.rehearsal.trainjob`), its nodes the real `python -m components.train_transformer.node`
 on CPU with gloo, two processes a node, against an S3 API on loopback (moto's server).
 
-Node 1 is lost once the first sealed checkpoint is in S3; the job fails (the runtime has no
-failure policy); the launcher's retry creates a new job of the same task, whose nodes all
-resume from that checkpoint; node 0 uploads the model, which is copied into the launcher's
-`Output[Model]`, evaluated on the test split and registered in MLflow with its KServe
-manifest, as the one-pod Kubeflow path does. `pytest -k trainjob` runs these.
+The launcher (`components.trainjob.launcher`) runs each job through the stub of the
+Kubernetes API (`tests.kube_stub`), which plays it with those processes. Node 1 is killed
+once the first sealed checkpoint is in S3 and restarted in place, as JobSet does; the
+launcher sees the restart in the pods, deletes the job and fails; its retry creates a new
+job of the same task, whose nodes all resume from that checkpoint; node 0 uploads the
+model, which is copied into the launcher's `Output[Model]`, evaluated on the test split
+and registered in MLflow with its KServe manifest, as the one-pod Kubeflow path does. A
+cancelled launcher's nodes are stopped with a one-second grace: by its SIGTERM handler's
+DELETE, or, killed outright, by node 0's watch of the launcher pod. `pytest -k trainjob`
+runs these.
 """
 
 from __future__ import annotations
@@ -15,8 +20,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
+import signal
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from types import SimpleNamespace
@@ -25,13 +35,36 @@ import pytest
 
 from components.train_transformer import multinode
 from components.train_transformer.node import MODEL_ROOT, copy_folder
+from components.trainjob import launcher
 from components.trainjob.contract import torchrun_environment
+from tests.kube_stub import KubeStub
 from tools.rehearsal import kubeflow_demo
 from tools.rehearsal.launcher import ObjectStore
 from tools.rehearsal.records import RehearsalError
-from tools.rehearsal.trainjob import COMPLETE, FAILED, TrainJobRun, container_env
+from tools.rehearsal.trainjob import (
+    BACKOFF_LIMIT,
+    COMPLETE,
+    DELETED,
+    FAILED,
+    TrainJobRun,
+    container_env,
+)
 
 ROOT = "s3://checkpoints/root"
+NS = "rehearsal"
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The launcher's polling here: a tiny model's epoch takes well under a second.
+TIMING = launcher.Timing(poll_seconds=0.2, clear_seconds=30, log_grace_seconds=5)
+# The launcher step in a process of its own (a pod), so that a test can signal it.
+LAUNCHER = """
+import json, sys
+from kubernetes import client
+from components.trainjob import launcher
+configuration = client.Configuration()
+configuration.host = sys.argv[1]
+launcher.launch(client.ApiClient(configuration), json.loads(sys.argv[2]),
+                timing=launcher.Timing(poll_seconds=0.2))
+"""
 SECRETS = {kubeflow_demo.SECRET: dict(kubeflow_demo.CREDENTIALS)}
 TASK = "train-transformer"
 # The tiny BERT from scratch at test_train_transformer's settings; a checkpoint each epoch.
@@ -106,6 +139,22 @@ def _manifest(command, args=(), num_nodes=2, secret=kubeflow_demo.SECRET, deadli
                                   active_deadline_seconds=deadline)
 
 
+@pytest.fixture
+def cluster():
+    """The stub of the Kubernetes API (a test sets its `play`), and a client of it."""
+    from kubernetes import client
+
+    stub = KubeStub().start()
+    configuration = client.Configuration()
+    configuration.host = stub.host
+    api = client.ApiClient(configuration)
+    yield stub, api
+    api.close()
+    stub.stop()
+    for job in stub.played.values():
+        job.delete()  # no node left running, whatever the test's end
+
+
 # ------------------------------------------------------------------ the runtime, played
 
 
@@ -132,17 +181,22 @@ def test_trainjob_rehearsal_gives_each_node_what_trainer_gives_and_no_more(tmp_p
         container_env(_manifest(["true"], secret="absent")["spec"]["trainer"], SECRETS)
 
 
-def test_trainjob_rehearsal_fails_the_job_with_its_first_failed_node_and_stops_the_rest(
-        tmp_path):
+def test_trainjob_rehearsal_restarts_a_failed_node_in_place_as_jobset_does(tmp_path):
     code = ("import os, sys, time\n"
             "if os.environ['PET_NODE_RANK'] == '1': sys.exit(3)\n"
             "time.sleep(600)\n")
     run = TrainJobRun(_manifest(["python", "-c", code]), str(tmp_path), SECRETS)
     run.start()
     outcome = run.wait(120)
+    # restartPolicy OnFailure, backoffLimit 6: the seventh failure fails the job
     assert outcome.state == FAILED and outcome.exit_codes[1] == 3
-    assert outcome.reason == "node 1 exited with 3; nodes [0] stopped"
+    assert outcome.reason == ("BackoffLimitExceeded: node 1 exited with 3 (restarts [0, 6]); "
+                              "nodes [0] stopped")
     assert run.processes[0].returncode == -9  # stopped with the job, not left running
+    node0, node1 = (status["containerStatuses"][0] for status in run.pod_statuses())
+    assert (node1["restartCount"], node1["lastState"]["terminated"]["exitCode"]) == (
+        BACKOFF_LIMIT, 3)
+    assert (node0["restartCount"], node0["state"]["terminated"]["exitCode"]) == (0, 137)
     late = TrainJobRun(_manifest(["python", "-c", "import time; time.sleep(600)"],
                                  deadline=1), str(tmp_path / "late"), SECRETS)
     late.start()
@@ -199,30 +253,23 @@ def _epochs_logged(log: str) -> list[int]:
 
 @pytest.mark.slow
 def test_trainjob_node_lost_after_a_sealed_checkpoint_resumes_in_a_new_job_and_registers(
-        store, tmp_path):
+        store, tmp_path, cluster):
     """2 nodes x 2 processes; node 1 killed once the first checkpoint is sealed in S3; the
     retried launcher's new job resumes on every node from it; the model node 0 uploaded is
     copied into the launcher's output, evaluated and registered."""
     wall, cpu = time.monotonic(), _cpu_seconds()
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     try:
-        _rehearse(store, tmp_path, run_id, wall, cpu)
+        _rehearse(store, tmp_path, run_id, wall, cpu, cluster)
     finally:  # the nodes' model folders (a pod's /tmp, on a cluster gone with it)
         shutil.rmtree(os.path.join(MODEL_ROOT, run_id), ignore_errors=True)
 
 
-def _rehearse(store, tmp_path, run_id, wall, cpu):
-    from mlflow import MlflowClient
-
-    from components.common.storage import filesystem
-    from components.evaluate_text.evaluation import evaluate_text_model
+def _inputs(store, tmp_path) -> tuple[str, multinode.NodeSettings]:
+    """The prepared dataset (a local folder), the tiny encoder in S3, and the nodes."""
     from components.prepare_text.contract import read_split
     from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
-    from components.register.component import register_in_mlflow, registration_gate
-    from components.train_transformer.contract import TransformerConfig
-    from components.train_transformer.results import record_outputs
     from components.train_transformer.tiny import write_tiny_model
-    from components.train_transformer.training import SEALED_FILE
     from tools.datamakers.demo_text import write_reviews_csv
 
     write_reviews_csv(str(tmp_path / "reviews.csv"), rows=120, seed=3)
@@ -232,10 +279,24 @@ def _rehearse(store, tmp_path, run_id, wall, cpu):
                      hidden_size=32, heads=2, max_length=64)
     kubeflow_demo.upload(str(tmp_path / "tiny"), CONFIG["model_name"])
     kubeflow_demo.make_bucket(ROOT)
-    settings = multinode.NodeSettings(
+    return dataset, multinode.NodeSettings(
         num_nodes=2, procs_per_node=2, gpus=0, cpu="2", memory="4Gi",
         storage_secret=kubeflow_demo.SECRET, checkpoint_root=ROOT, s3_endpoint=store,
         image="rehearsal", deadline_seconds=900)
+
+
+def _rehearse(store, tmp_path, run_id, wall, cpu, cluster):
+    from mlflow import MlflowClient
+
+    from components.common.storage import filesystem
+    from components.evaluate_text.evaluation import evaluate_text_model
+    from components.register.component import register_in_mlflow, registration_gate
+    from components.train_transformer.contract import TransformerConfig
+    from components.train_transformer.results import record_outputs
+    from components.train_transformer.training import SEALED_FILE
+
+    dataset, settings = _inputs(store, tmp_path)
+    stub, api = cluster
     # The launcher step's Output[Model] (KFP's local path .../<run>/<task>/model), and what
     # train_on_nodes makes of it: the model URI node 0 uploads to, the dataset staged.
     model = SimpleNamespace(path=str(tmp_path / "launcher" / "minio" / run_id / TASK / "model"),
@@ -250,20 +311,42 @@ def _rehearse(store, tmp_path, run_id, wall, cpu):
     checkpoints = f"checkpoints/root/checkpoints/{run_id}/{TASK}"
     fs, _ = filesystem(ROOT)
 
-    def attempt(number: int, node_env, **wait):
-        """One attempt of the launcher step: its TrainJob (named by the pod's uid), played."""
+    def attempt(number: int, node_env, kill_when=None):
+        """One attempt of the launcher step: its TrainJob (named by the pod's uid), run by
+        the launcher, played; (the job, the launcher's TrainJobFailed or None, selector)."""
+        pod = f"launcher-{number}"
+        environ = {multinode.POD_NAME: pod, multinode.POD_UID: f"uid-{number}-{run_id}"}
         manifest, selector = multinode.trainjob(
             settings, dataset_uri=staged, model_uri=model_uri, config=CONFIG,
-            tensorboard_dir="", namespace="rehearsal",
-            environ={multinode.POD_NAME: f"launcher-{number}",
-                     multinode.POD_UID: f"uid-{number}-{run_id}"})
+            tensorboard_dir="", namespace=NS, environ=environ)
         (audit / str(number)).mkdir(parents=True)
-        job = TrainJobRun(manifest, str(tmp_path / f"attempt{number}"), SECRETS,
-                          python_path=[str(hooks)],
-                          node_env={i: {"TRAINJOB_AUDIT": str(audit / str(number)),
-                                        **node_env.get(i, {})} for i in (0, 1)})
-        job.start()
-        return job, job.wait(240, **wait), selector
+        stub.add_pod(NS, pod, environ[multinode.POD_UID])
+        played = []
+
+        def play(created):  # the cluster's Trainer and JobSet: the nodes started
+            job = TrainJobRun(created, str(tmp_path / f"attempt{number}"), SECRETS,
+                              python_path=[str(hooks)], kubeconfig=kubeconfig,
+                              node_env={i: {"TRAINJOB_AUDIT": str(audit / str(number)),
+                                            **node_env.get(i, {})} for i in (0, 1)})
+            if kill_when:
+                job.kill_node_when(1, kill_when)
+            job.start()
+            played.append(job)
+            return job
+
+        stub.play, stop = play, threading.Event()
+        timer = threading.Timer(240, stop.set)  # the launcher cancelled: the test fails
+        timer.start()
+        try:
+            launcher.launch(api, manifest, task_selector=selector, stop=stop,
+                            write=lambda line: None, timing=TIMING)
+            failed = None
+        except launcher.TrainJobFailed as error:
+            failed = error
+        finally:
+            timer.cancel()
+            stub.set_phase(NS, pod, "Succeeded")  # the launcher pod ends
+        return played[0], failed, selector
 
     def sealed() -> list[int]:
         fs.invalidate_cache()
@@ -271,30 +354,41 @@ def _rehearse(store, tmp_path, run_id, wall, cpu):
                       for path in fs.glob(f"{checkpoints}/checkpoint-*/{SEALED_FILE}"))
 
     store_ = ObjectStore()
-    first, outcome, selector = attempt(
-        1, {1: {"TRAINJOB_HOLD": "1"}}, kill_node=1,
-        when=lambda: store_.matches(f"{checkpoints}/checkpoint-*/{SEALED_FILE}"))
+    kubeconfig = stub.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    first, failed, selector = attempt(
+        1, {1: {"TRAINJOB_HOLD": "1"}},
+        kill_when=lambda: store_.matches(f"{checkpoints}/checkpoint-*/{SEALED_FILE}"))
     logs = "\n".join(f"--- node {i}:\n{first.log(i)[-3000:]}" for i in (0, 1))
-    assert outcome.state == FAILED, logs
-    assert outcome.reason.startswith("node 1 exited with -9 (killed)"), logs
+    # JobSet restarted node 1 in place; the launcher saw it in the pods at once, deleted
+    # the job and failed, leaving the retry to the step's
+    assert failed is not None and first.outcome.state == DELETED, logs
+    assert re.search(r"failed: node 1 \(pod \S+\): its container 'node' was restarted in "
+                     r"place \(1 time\(s\)\) after it ended with exit code 137", str(failed))
+    assert first.restarts == [0, 1]
+    assert "[owner] watching launcher pod rehearsal/launcher-1" in first.log(0)
     [step] = sealed()  # the first checkpoint, and no other
     parts = sorted(os.path.basename(p) for p in fs.ls(f"{checkpoints}/checkpoint-{step}"))
+    assert {f"rng_state_{rank}.pth" for rank in range(4)} <= set(parts)  # node 1's too
     assert not fs.exists(model_uri)
 
-    second, outcome, again = attempt(2, {})
+    second, failed, again = attempt(2, {})
     logs = "\n".join(f"--- node {i}:\n{second.log(i)[-4000:]}" for i in (0, 1))
-    assert outcome.state == COMPLETE, logs
+    assert failed is None and second.outcome.state == COMPLETE, logs
     assert second.name != first.name and again == selector  # a new job of the same task
     # Every process of every node read that checkpoint's state, and no later one's ...
     reads = _audited(audit / "2")
     assert {(r["node"], r["rank"]) for r in reads if r["step"] == step
             and r["file"] == "trainer_state.json"} == {("0", "0"), ("0", "1"), ("1", "2"),
                                                        ("1", "3")}
+    assert {(r["rank"], r["file"]) for r in reads if r["step"] == step
+            and r["file"].startswith("rng_state_")} == {
+        (str(rank), f"rng_state_{rank}.pth") for rank in range(4)}  # its own RNG state
     # ... and each node trained on from the epoch after it, as node 0's result says.
     for index in (0, 1):
         assert _epochs_logged(first.log(index))[0] == 1
         assert _epochs_logged(second.log(index)) == [2, 3], logs
     assert "[node] model uploaded to " + model_uri in second.log(0)
+    assert "Could not locate the best model" not in first.log(1) + second.log(1)
 
     # The launcher: the model node 0 uploaded copied into its Output[Model] (multinode's
     # copy), its outputs recorded as the step records them.
@@ -308,6 +402,13 @@ def _rehearse(store, tmp_path, run_id, wall, cpu):
     record_outputs(result, model, SimpleNamespace(log_metric=logged.__setitem__), dataset,
                    TransformerConfig(**CONFIG), "")
     assert model.metadata["framework"] == "transformers" and logged
+    # Both nodes validated with the model saved: its own scores on the validation split
+    # are those metrics.json has (node 1 predicted half of its rows).
+    own = evaluate_text_model(model.path, dataset, str(tmp_path / "validation"),
+                              split="validation", baseline=False)
+    for name in ("micro_f1", "macro_f1", "hamming_loss"):
+        assert (own[name], own["tuned"][name]) == pytest.approx(
+            (result["fixed"][name], result["tuned"][name])), name
 
     # Then as in one pod: the evaluation, the gate, and (KFP's launcher having uploaded
     # the Output[Model]) MLflow's registry with the KServe manifest.
@@ -337,6 +438,70 @@ def _rehearse(store, tmp_path, run_id, wall, cpu):
           f"{first.outcome.seconds:.1f}s, attempt 2 {second.outcome.seconds:.1f}s; test "
           f"micro_f1 {scores['micro_f1']:.3f} (validation {logged}); in S3: {parts}; "
           f"wall {time.monotonic() - wall:.1f}s, CPU {cpu_used:.1f}s")
+
+
+@pytest.mark.slow
+def test_trainjob_cancelled_launchers_nodes_are_stopped_within_a_one_second_grace(
+        store, tmp_path, cluster):
+    """The launcher in a process of its own, the real node command on 2 nodes: SIGTERM,
+    SIGKILL a second later (Argo's emissary), and the nodes are gone by then (its handler's
+    DELETE); SIGKILL alone (a KFP terminate, a step deadline: the pod object stays, no longer
+    running), and node 0's watch of the launcher pod deletes the job within its poll."""
+    stub, _ = cluster
+    dataset, settings = _inputs(store, tmp_path)
+    kubeconfig = stub.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    poll = 1.0
+    run_ids = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    try:
+        for run_id, grace in zip(run_ids, (1.0, None)):
+            pod, uid = f"launcher-{run_id}", f"uid-{run_id}"
+            manifest, _ = multinode.trainjob(
+                settings, dataset_uri=dataset, model_uri=f"{ROOT}/models/{run_id}/{TASK}/model",
+                config={**CONFIG, "epochs": 20}, tensorboard_dir="", namespace=NS,
+                environ={multinode.POD_NAME: pod, multinode.POD_UID: uid})
+            stub.add_pod(NS, pod, uid)
+            played = []
+
+            def play(created, folder=str(tmp_path / run_id), played=played):
+                played.append(TrainJobRun(created, folder, SECRETS, kubeconfig=kubeconfig,
+                                          node_env={0: {launcher.OWNER_POLL_VARIABLE: str(poll)}}))
+                played[0].start()
+                return played[0]
+
+            stub.play = play
+            step = subprocess.Popen([sys.executable, "-c", LAUNCHER, stub.host,
+                                     json.dumps(manifest)], cwd=REPOSITORY,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            ends = time.monotonic() + 120
+            while not (played and "[owner] watching" in played[0].log(0)):
+                assert time.monotonic() < ends and step.poll() is None, step.stdout.read()
+                time.sleep(0.2)
+            job, cancelled = played[0], time.monotonic()
+            if grace:
+                step.send_signal(signal.SIGTERM)
+                time.sleep(grace)
+                stopped_in_grace = job.outcome is not None
+                step.kill()
+                assert stopped_in_grace and job.outcome.state == DELETED, step.stdout.read()
+                assert "[owner] launcher pod" not in job.log(0)  # the handler's DELETE
+            else:
+                step.kill()  # no cleanup at all
+                stub.set_phase(NS, pod, "Failed")  # as the kubelet reports it
+                while job.outcome is None:
+                    assert time.monotonic() - cancelled < poll + 20, job.log(0)
+                    time.sleep(0.05)
+                assert f"[owner] launcher pod {NS}/{pod} is Failed: deleting TrainJob " \
+                       f"{job.name}" in job.log(0)
+            seconds = job.outcome.seconds - (cancelled - job.started)
+            assert all(process.returncode is not None for process in job.processes)
+            assert [r[1].rsplit("/", 1)[1] for r in stub.calls("DELETE")][-1] == job.name
+            print(f"[trainjob rehearsal] {'SIGTERM' if grace else 'SIGKILL'}: nodes stopped "
+                  f"{seconds:.2f}s after the launcher's (node 0's owner poll {poll:g}s)")
+            step.wait()
+            step.stdout.close()
+    finally:
+        for run_id in run_ids:
+            shutil.rmtree(os.path.join(MODEL_ROOT, run_id), ignore_errors=True)
 
 
 def _cpu_seconds() -> float:

@@ -7,6 +7,7 @@ as rank 0 does); `pytest -k trainjob` runs these with tests/test_trainjob.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -170,7 +171,9 @@ def test_trainjob_launcher_step_runs_the_job_and_copies_node0s_model(tmp_path, k
            for e in trainer["env"]}
     assert env == {"OBJECT_STORE_MOUNTED": "0", "AWS_ENDPOINT_URL_S3": "http://minio:9000",
                    "EXPECTED_GPU_COUNT": "1", "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
-                   "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+                   "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
+                   **dict(zip(launcher.OWNER_VARIABLES, (job["metadata"]["name"], NS,
+                                                         environ["KFP_POD_NAME"], "uid-1")))}
     [listing] = [r for r in stub.calls("GET", "/trainjobs") if "labelSelector" in r[2]]
     assert listing[2]["labelSelector"].startswith(multinode.TASK_LABEL + "=")
     assert "epoch 1" in lines and len(stub.calls("DELETE")) == 1
@@ -192,6 +195,55 @@ def test_trainjob_launcher_step_fails_with_the_jobs_reason_and_copies_nothing(tm
                                  environ={}, write=lambda line: None, timing=FAST)
     assert not os.path.exists(model_path) and not os.path.exists(os.path.join(root, "datasets"))
     assert len(stub.calls("DELETE")) == 1
+
+
+def test_trainjob_nodes_leave_the_mesh_run_as_the_launcher_and_join_its_queue():
+    """Istio (item 1), the launcher's service account (8), the secret's own key names (3)
+    and Kueue's queue on the TrainJob (9)."""
+    settings = dataclasses.replace(SETTINGS, secret_keys=("accesskey", "secretkey"),
+                                   queue="gpu-queue", checkpoint_root="s3://ckpt")
+    environ = {"KFP_POD_NAME": "p", "KFP_POD_UID": "u", "KFP_SERVICE_ACCOUNT": "default-editor"}
+
+    def made(settings_):
+        manifest, _ = multinode.trainjob(settings_, dataset_uri="s3://d", model_uri="s3://m/r/t/m",
+                                         config={}, tensorboard_dir="", namespace=NS,
+                                         environ=environ)
+        [patch] = manifest["spec"]["runtimePatches"]
+        [job] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        return manifest, job["template"]["spec"]["template"]
+
+    manifest, pod = made(settings)
+    assert pod["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
+    assert pod["spec"]["serviceAccountName"] == "default-editor"
+    assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert "kueue.x-k8s.io/queue-name" not in pod["metadata"]["labels"]  # the job's, admitted whole
+    secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in manifest["spec"]["trainer"]["env"]
+               if "valueFrom" in e}
+    assert secrets == {"AWS_ACCESS_KEY_ID": {"name": "s3-keys", "key": "accesskey"},
+                       "AWS_SECRET_ACCESS_KEY": {"name": "s3-keys", "key": "secretkey"}}
+    named = made(dataclasses.replace(settings, service_account="trainer-nodes"))[1]
+    assert named["spec"]["serviceAccountName"] == "trainer-nodes"
+    with pytest.raises(spec.ManifestError, match="not a secret key name"):
+        made(dataclasses.replace(settings, secret_keys=("access key", "secretkey")))
+
+
+def test_trainjob_launcher_step_waits_for_pending_nodes_as_long_as_compiled(tmp_path,
+                                                                          monkeypatch):
+    timings = []
+
+    def launch(api, manifest, task_selector, write, timing):
+        timings.append(timing)
+        raise launcher.TrainJobFailed("stop here")
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    dataset, model_path, _ = _launcher_files(tmp_path, str(tmp_path / "ckpt"))
+    settings = dataclasses.replace(SETTINGS, checkpoint_root=str(tmp_path / "ckpt"),
+                                   pending_seconds=300)
+    with pytest.raises(launcher.TrainJobFailed):
+        multinode.train_on_nodes(settings, dataset_uri="s3://d", dataset_path=str(dataset),
+                                 model_path=model_path, config=CONFIG, api=object(),
+                                 namespace=NS, environ={})
+    assert [t.pending_seconds for t in timings] == [300]
 
 
 TRAINJOB_FLAGS = ("--target", "kubeflow", "--pipelines", "transformer_pipeline",
@@ -263,6 +315,27 @@ def test_trainjob_runtime_is_a_kubeflow_option(tmp_path):
         compile_cli.main(["--output-dir", str(tmp_path), "--trainjob-runtime", "x"])
 
 
+def test_trainjob_compiled_launcher_learns_its_account_and_gets_the_nodes_options(tmp_path):
+    spec_, platform = _compiled(tmp_path, *TRAINJOB_FLAGS, "--storage-secret-keys",
+                                "accesskey,secretkey", "--kueue-queue", "gpu-queue",
+                                "--trainjob-pending-minutes", "5")
+    task = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]
+    inputs = {name: value["runtimeValue"]["constant"]
+              for name, value in task["inputs"]["parameters"].items() if "runtimeValue" in value}
+    assert (inputs["storage_secret_keys"], inputs["queue_name"], inputs["pending_seconds"],
+            inputs["service_account"]) == (["accesskey", "secretkey"], "gpu-queue", 300, "")
+    pod = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
+        "exec-train-transformer-trainjob"]
+    assert pod["fieldPathAsEnv"] == [{"name": multinode.SERVICE_ACCOUNT,
+                                      "fieldPath": "spec.serviceAccountName"}]
+    assert pod["podMetadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "gpu-queue"}
+    spec_, _ = _compiled(tmp_path, *TRAINJOB_FLAGS, "--trainjob-service-account", "nodes")
+    parameters = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]["inputs"][
+        "parameters"]
+    assert parameters["service_account"]["runtimeValue"]["constant"] == "nodes"
+    assert parameters["pending_seconds"]["runtimeValue"]["constant"] == 900  # 15 minutes
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--train-image-replica-count", "2"], "no TensorFlow runtime"),
     (["--train-text-replica-count", "2"], "fastai text trainer"),
@@ -274,7 +347,7 @@ def test_trainjob_runtime_is_a_kubeflow_option(tmp_path):
      "--checkpoint-root"),
     (["--pipelines", "transformer_pipeline", "--checkpoint-root", "s3://c",
       "--train-transformer-replica-count", "2", "--trainjob-runtime", "Torch!"],
-     "not a runtime name"),
+     "--trainjob-runtime .Torch!. is not a name"),
 ])
 def test_trainjob_replicas_refused_where_no_trainjob_runs_them_naming_why(tmp_path, flags,
                                                                           words):

@@ -92,15 +92,20 @@ def environment(backend: str, cache: str = CACHE) -> str:
     Returns:
         The folder (a `pip install --target` of BACKENDS[backend]).
     """
+    pins = [f"{name}=={version}" for name, version in BACKENDS[backend].items()]
+    return installed(backend, [*pins, COMMON_PROTOS], cache)
+
+
+def installed(name: str, pins: Sequence[str], cache: str) -> str:
+    """`<cache>/<name>`: a `pip install --no-deps --target` of `pins`, made once (its
+    `.installed` stamp names them) and again only when they change."""
     import fcntl
 
-    folder = os.path.abspath(os.path.join(cache, backend))
-    pins = [f"{name}=={version}" for name, version in BACKENDS[backend].items()]
-    pins.append(COMMON_PROTOS)
+    folder = os.path.abspath(os.path.join(cache, name))
     stamp = os.path.join(folder, ".installed")
     os.makedirs(cache, exist_ok=True)
-    # one install at a time: test workers may ask for the same backend together
-    with open(os.path.join(cache, f".{backend}.lock"), "w") as lock:
+    # one install at a time: test workers may ask for the same environment together
+    with open(os.path.join(cache, f".{name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.exists(stamp) and open(stamp).read() == " ".join(pins):
             return folder

@@ -88,6 +88,9 @@ def train_transformer_trainjob(
     node_image: str,
     checkpoint_root: str,
     s3_endpoint: str,
+    service_account: str,
+    queue_name: str,
+    pending_seconds: int,
     deadline_seconds: int,
     model_name: str = "FacebookAI/xlm-roberta-base",
     model_fingerprint: str = "",
@@ -121,11 +124,14 @@ def train_transformer_trainjob(
         tolerations: Tolerations of the nodes (key, operator, value, effect).
         image_pull_secrets: Secrets the nodes pull the image with.
         storage_secret: Kubernetes secret whose storage_secret_keys the nodes get as variables; empty for none.
-        storage_secret_keys: Its keys (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+        storage_secret_keys: Its keys whose values AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY get, in that order.
         runtime: The ClusterTrainingRuntime the job runs on (torch-distributed).
         node_image: The nodes' image (this step's).
         checkpoint_root: gs:// or s3:// folder of the checkpoints, TensorBoard logs, the model node 0 uploads and the staged dataset.
         s3_endpoint: S3 API URL of MinIO or Ceph for the nodes; empty: AWS.
+        service_account: The nodes' Kubernetes service account; empty: this pod's.
+        queue_name: Kueue LocalQueue the TrainJob is queued in (kueue.x-k8s.io/queue-name); empty: none.
+        pending_seconds: Longest a node pod may wait to be scheduled before the step fails.
         deadline_seconds: Longest the TrainJob may run.
         model_name: As train_transformer_classifier's.
         model_fingerprint: As train_transformer_classifier's.
@@ -162,6 +168,7 @@ def train_transformer_trainjob(
         node_selector=node_selector, tolerations=tolerations, image_pull_secrets=image_pull_secrets,
         storage_secret=storage_secret, secret_keys=storage_secret_keys, runtime=runtime,
         image=node_image, checkpoint_root=checkpoint_root, s3_endpoint=s3_endpoint,
+        service_account=service_account, queue=queue_name, pending_seconds=pending_seconds,
         deadline_seconds=deadline_seconds)
     result = train_on_nodes(settings, dataset_uri=dataset.uri, dataset_path=dataset.path,
                             model_path=model.path, config=dataclasses.asdict(config),

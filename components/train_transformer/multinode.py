@@ -13,7 +13,8 @@ step is a small pod without GPUs (`component.train_transformer_trainjob`) that:
    compiler/argocompiler/common.go`, `commonEnvs`);
 3. runs it with `components.trainjob.launcher.launch` (one job of the task at a time,
    node 0's log in the step's, deleted on the way out), in-cluster with the pod's
-   service account;
+   service account, which the nodes run as too (`KFP_SERVICE_ACCOUNT`, the downward API's
+   `spec.serviceAccountName`, set on the launcher task) unless the settings name another;
 4. copies the model node 0 uploaded into the step's `Output[Model]` and hands back its
    metrics.json (the training result) for the step to report as one pod does.
 
@@ -41,6 +42,8 @@ from components.trainjob import launcher, spec
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # KFP's executor container gets these (the downward API), 2.14 on.
 POD_NAME, POD_UID = "KFP_POD_NAME", "KFP_POD_UID"
+# The launcher's own service account (`pipelines.definitions.trainjob` sets it).
+SERVICE_ACCOUNT = "KFP_SERVICE_ACCOUNT"
 # The label every TrainJob of one task carries, all attempts (launcher.launch's selector).
 TASK_LABEL = "vertex-gpu-pipelines/task"
 TASK = "train-transformer"
@@ -61,7 +64,10 @@ class NodeSettings:
         tolerations: Tolerations of the nodes, as a pod's.
         image_pull_secrets: Secrets the nodes pull the image with.
         storage_secret: Secret whose `secret_keys` the nodes get as variables; empty: none.
-        secret_keys: Its keys.
+        secret_keys: Its keys of `spec.S3_SECRET_KEYS`, in that order.
+        service_account: The nodes' service account; empty: the launcher's.
+        queue: Kueue's LocalQueue of the job; empty: none.
+        pending_seconds: Longest a node pod may wait to be scheduled.
         runtime: The ClusterTrainingRuntime (`torch-distributed`).
         image: The nodes' image (the step's own).
         checkpoint_root: gs:// or s3:// folder of checkpoints, logs, the model and the
@@ -81,6 +87,9 @@ class NodeSettings:
     image_pull_secrets: Sequence[str] = ()
     storage_secret: str = ""
     secret_keys: Sequence[str] = spec.S3_SECRET_KEYS
+    service_account: str = ""
+    queue: str = ""
+    pending_seconds: float = launcher.Timing.pending_seconds
     runtime: str = spec.DEFAULT_RUNTIME
     image: str = ""
     checkpoint_root: str = ""
@@ -94,9 +103,11 @@ def task_folder(model_path: str) -> list[str]:
     return os.path.normpath(model_path).split(os.sep)[-3:-1]
 
 
-def node_environment(settings: NodeSettings) -> dict[str, str]:
-    """The plain variables of every node: no bucket mounted, the S3 endpoint."""
-    env = {MOUNTED_VARIABLE: "0"}
+def node_environment(settings: NodeSettings, owner: Sequence[str] = ()) -> dict[str, str]:
+    """The plain variables of every node: no bucket mounted, the S3 endpoint, and `owner`
+    (the job's name and namespace, the launcher pod's name and uid: what node 0 watches
+    the launcher by, `launcher.OWNER_VARIABLES`)."""
+    env = {MOUNTED_VARIABLE: "0", **dict(zip(launcher.OWNER_VARIABLES, owner))}
     if settings.s3_endpoint:
         env["AWS_ENDPOINT_URL_S3"] = settings.s3_endpoint
     return env
@@ -118,7 +129,8 @@ def trainjob(settings: NodeSettings, *, dataset_uri: str, model_uri: str,
 
     Args:
         environ: The launcher's environment: `KFP_POD_NAME` and `KFP_POD_UID` name the
-            attempt and own the job (without them, as outside KFP, attempt 0, no owner).
+            attempt and own the job (without them, as outside KFP, attempt 0, no owner);
+            `KFP_SERVICE_ACCOUNT` is the nodes' account unless `settings` names one.
     """
     digest = hashlib.sha256(f"{model_uri}\0{TASK}".encode()).hexdigest()[:16]
     pod, uid = environ.get(POD_NAME, ""), environ.get(POD_UID, "")
@@ -129,10 +141,13 @@ def trainjob(settings: NodeSettings, *, dataset_uri: str, model_uri: str,
                             tensorboard_dir),
         num_nodes=settings.num_nodes, procs_per_node=settings.procs_per_node,
         gpus=settings.gpus, cpu=settings.cpu, memory=settings.memory, shm=settings.shm,
-        env=node_environment(settings), storage_secret=settings.storage_secret,
+        env=node_environment(settings, (name, namespace, pod, uid) if pod and uid else ()),
+        storage_secret=settings.storage_secret,
         secret_keys=tuple(settings.secret_keys), node_selector=settings.node_selector,
         tolerations=settings.tolerations, image_pull_secrets=settings.image_pull_secrets,
-        labels={TASK_LABEL: digest}, owner_pod=pod if uid else "", owner_uid=uid if pod else "",
+        service_account=settings.service_account or environ.get(SERVICE_ACCOUNT, ""),
+        labels={TASK_LABEL: digest}, queue=settings.queue, owner_pod=pod if uid else "",
+        owner_uid=uid if pod else "",
         runtime=settings.runtime, active_deadline_seconds=settings.deadline_seconds)
     return manifest, f"{TASK_LABEL}={digest}"
 
@@ -170,7 +185,8 @@ def train_on_nodes(settings: NodeSettings, *, dataset_uri: str, dataset_path: st
         namespace: The job's namespace; None: the pod's.
         environ: The launcher's environment; `os.environ` when None.
         write: Where the launcher's lines go (stdout when None).
-        timing: The launcher's polling; its defaults when None.
+        timing: The launcher's polling; its defaults (and `settings.pending_seconds`)
+            when None.
 
     Returns:
         The training result (the model's metrics.json).
@@ -193,7 +209,8 @@ def train_on_nodes(settings: NodeSettings, *, dataset_uri: str, dataset_path: st
         kube_config.load_incluster_config()
         api = client.ApiClient()
     launcher.launch(api, manifest, task_selector=selector, write=write,
-                    timing=timing or launcher.Timing())
+                    timing=timing or launcher.Timing(
+                        pending_seconds=settings.pending_seconds))
     copy_folder(model_uri, model_path)
     with open(os.path.join(model_path, TRAINING_METRICS_FILE)) as f:
         return json.load(f)

@@ -18,6 +18,9 @@ outputs, so it reads and writes the object store itself:
    output path names it), so a node started again resumes from the last sealed one;
 4. node 0 (rank 0, which writes every output) uploads the model folder to `--model-uri`,
    where the launcher copies it into its `Output[Model]`.
+
+Node 0 also watches the launcher pod that owns its job (`watch_owner`), and deletes the job
+once that pod no longer runs: a cancelled or timed-out step then frees the nodes' GPUs.
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from components.common.storage import MOUNTED_VARIABLE, filesystem, is_remote
 from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
-from components.trainjob.contract import processes_per_node, torchrun_environment
+from components.trainjob import launcher
+from components.trainjob.contract import NODE_RANK, processes_per_node, torchrun_environment
 
 # The module a TrainJob node runs (`python -m ...`), as the launcher writes its command.
 COMMAND = ("python", "-m", "components.train_transformer.node")
@@ -190,8 +195,39 @@ def _visible_gpus() -> int:
     return torch.cuda.device_count()
 
 
+def watch_owner(environ: Mapping[str, str]) -> threading.Thread | None:
+    """On node 0, `launcher.watch_owner` in a daemon thread: the job is deleted once the
+    launcher pod no longer runs. None on other nodes, without an owner (outside KFP), or
+    where the API cannot be reached (a line says why).
+
+    Args:
+        environ: The node's environment: `launcher.OWNER_VARIABLES`, the pod's service
+            account, or `KUBECONFIG` (a rehearsal's API), and `OWNER_POLL_VARIABLE`.
+    """
+    if environ.get(NODE_RANK) != "0" or not all(map(environ.get, launcher.OWNER_VARIABLES)):
+        return None
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    try:
+        if environ.get("KUBECONFIG"):
+            config.load_kube_config(environ["KUBECONFIG"], client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException as error:
+        print(f"[node] not watching the launcher pod: {error}", flush=True)
+        return None
+    poll = float(environ.get(launcher.OWNER_POLL_VARIABLE) or launcher.OWNER_POLL_SECONDS)
+    thread = threading.Thread(target=launcher.watch_owner, name="owner-watch", daemon=True,
+                              args=(client.ApiClient(configuration), environ),
+                              kwargs={"poll_seconds": poll})
+    thread.start()
+    return thread
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     node_plan = plan(sys.argv[1:] if argv is None else argv, os.environ)
+    watch_owner(os.environ)
     with tempfile.TemporaryDirectory(prefix="trainjob-node-") as scratch:
         run(node_plan, os.environ, scratch)
     return 0

@@ -1,21 +1,30 @@
 """The launcher: creates the TrainJob, follows it to its end, and always deletes it.
 
 KFP cannot create a custom resource from its IR, so a small launcher pod does: it creates
-the TrainJob (`spec.trainjob_manifest`), polls its `status.conditions` until `Complete`
-or `Failed` (Trainer 2.3's terminal conditions), streams node 0's log (the pod JobSet
-labels with the job's name and the Job labels with completion index 0) into its own, and
-raises `TrainJobFailed` with the job's reason and message when it fails.
+the TrainJob (`spec.trainjob_manifest`) with strict field validation (an older Trainer
+refuses a field it lacks instead of dropping it), polls its `status.conditions` until
+`Complete` or `Failed` (Trainer 2.3's terminal conditions) and its node pods, streams node
+0's log (the pod JobSet labels with the job's name and the Job labels with completion
+index 0) into its own, and raises `TrainJobFailed` with the reason. Polling, not a watch:
+a watch connection is closed by the API server every few minutes and must be resumed from
+a resourceVersion; two GETs every `poll_seconds` cost the API server nothing.
 
-Polling, not a watch: a training job runs for hours, and a watch connection is closed by
-the API server every few minutes and must be resumed from a resourceVersion; one GET every
-`poll_seconds` costs the API server nothing and needs no resume logic.
+A failed node fails the step at once (`node_problem`). JobSet v0.12's webhook defaults the
+node pods' `restartPolicy` to `OnFailure`, the Job keeps Kubernetes' `backoffLimit: 6`, and
+a TrainJob can change neither; a runtime of the project's own with `restartPolicy: Never`
+would be one more cluster object to install and keep in step with Trainer's. So a crashed
+node restarts in place and rejoins a static rendezvous the others may wait in until NCCL's
+timeout, the job's conditions silent until the seventh failure. A container restarted, a
+pod `Failed` or replaced, a container stuck on its image or a secret (`STUCK`), or a pod
+unschedulable past `pending_seconds` ends the step naming the node and why; the job is
+deleted, and `--training-retries` starts a job that resumes from the last checkpoint.
 
-The job is deleted on the way out, whatever the way (`finally`): completed, failed, an
-error here, or the step cancelled. KFP cancels a step by stopping its pod, which sends the
-launcher SIGTERM: the handler installed here sets the stop event, the loop ends and the
-job is deleted before the pod's grace period (30 s by default) runs out. The job's
-ownerReference to the launcher pod is the backstop (garbage collection once the pod
-object is deleted).
+The job is deleted on the way out, whatever the way (`finally`). KFP cancels a step with
+SIGTERM and Argo's emissary exits within a second, not the pod's 30 s grace: the handler
+sends the DELETE itself (on connections of its own: it may interrupt a call on the
+others). A launcher stopped with no cleanup (a KFP terminate, a step deadline) leaves its
+pod object, so the job's ownerReference collects nothing until the workflow is
+garbage-collected: node 0 watches the launcher pod and deletes the job (`watch_owner`).
 
 One job of a task at a time: the name is derived from the run, the task and the attempt
 (`spec.trainjob_name`), and before creating it the launcher deletes any job of that name
@@ -35,6 +44,7 @@ the tests, one pointed at a loopback stub of the API.
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import threading
 import time
@@ -49,6 +59,14 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 COMPLETE, FAILED = "Complete", "Failed"
+# Why a node's container waits that the kubelet retries for ever, with back-off, and never
+# clears by itself: no such image (or no access to it), no such secret or secret key.
+STUCK = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError")
+# What node 0 is given to watch its owner (`watch_owner`): the job, and the launcher pod.
+OWNER_VARIABLES = ("TRAINJOB_NAME", "TRAINJOB_NAMESPACE", "TRAINJOB_OWNER_POD",
+                   "TRAINJOB_OWNER_UID")
+OWNER_POLL_VARIABLE = "TRAINJOB_OWNER_POLL_SECONDS"  # over OWNER_POLL_SECONDS (rehearsals)
+OWNER_POLL_SECONDS = 30.0
 
 
 class TrainJobError(RuntimeError):
@@ -72,12 +90,15 @@ class Timing:
         clear_seconds: Longest wait for a leftover job to be gone before creating.
         log_grace_seconds: Longest wait, once the job has ended, for node 0's log to end.
         api_retries: API errors in a row (5xx, connection) tolerated while following.
+        pending_seconds: Longest a node pod may stay unschedulable (a cluster autoscaler
+            adding a GPU machine takes minutes) before the step fails.
     """
 
     poll_seconds: float = 10.0
     clear_seconds: float = 600.0
     log_grace_seconds: float = 60.0
     api_retries: int = 5
+    pending_seconds: float = 900.0
 
 
 def node0_selector(name: str) -> str:
@@ -87,16 +108,71 @@ def node0_selector(name: str) -> str:
 
 
 def job_outcome(job: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(`Complete` or `Failed`, reason, message) once the job has ended; None before.
-
-    Args:
-        job: The TrainJob as the API returns it.
-    """
+    """(`Complete` or `Failed`, reason, message) once the job (as the API returns it) has
+    ended; None before."""
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("type") in (COMPLETE, FAILED) and condition.get("status") == "True":
             return (condition["type"], condition.get("reason") or "",
                     condition.get("message") or "")
     return None
+
+
+def _terminated(state) -> str:
+    """"exit code N (REASON)" of a container state that has terminated, else ""."""
+    ended = state and state.terminated
+    return f"exit code {ended.exit_code} ({ended.reason or 'no reason'})" if ended else ""
+
+
+def pod_problem(pod, pending_for: float, pending_seconds: float) -> str:
+    """Why node pod `pod` (a `V1Pod`) fails the job now, or "" while it may still run;
+    `pending_for`: seconds since the launcher first saw it."""
+    status = pod.status
+    containers = [*(status.init_container_statuses or []), *(status.container_statuses or [])]
+    if status.phase == FAILED:
+        ended = [_terminated(c.state) for c in containers  # not an init container's 0
+                 if c.state and c.state.terminated and c.state.terminated.exit_code]
+        why = ", ".join(filter(None, [status.reason, *ended[:1]]))
+        return f"its pod failed: {why or 'no reason'}" + (
+            f": {status.message}" if status.message else "")
+    for container in containers:
+        last = container.last_state and container.last_state.terminated
+        if container.restart_count or last:
+            return (f"its container {container.name!r} was restarted in place "
+                    f"({container.restart_count} time(s)) after it ended with "
+                    f"{_terminated(container.last_state) or 'no exit code'}")
+        waiting = container.state and container.state.waiting
+        if waiting and waiting.reason in STUCK:
+            return (f"its container {container.name!r} cannot start: {waiting.reason}: "
+                    f"{waiting.message}")
+    scheduled = next((c for c in status.conditions or [] if c.type == "PodScheduled"), None)
+    if (scheduled and scheduled.status == "False" and scheduled.reason == "Unschedulable"
+            and pending_for > pending_seconds):
+        return (f"unschedulable for {pending_for:.0f} s (pending_seconds {pending_seconds:g}): "
+                f"{scheduled.message}")
+    return ""
+
+
+def node_problem(pods, seen: dict[str, tuple[str, float]], now: float,
+                 pending_seconds: float) -> str:
+    """Why the job's node pods fail it now (the node and its pod named), or "".
+
+    Args:
+        pods: The job's `V1Pod`s, as listed now.
+        seen: Each node's (completion index's) first pod: its uid and when the launcher
+            first saw it (`now`, from `time.monotonic()`); kept across polls.
+        now, pending_seconds: The time, and `Timing.pending_seconds`.
+    """
+    for pod in sorted(pods, key=lambda pod: pod.metadata.name):
+        index = (pod.metadata.labels or {}).get(COMPLETION_INDEX_LABEL, "?")
+        uid, since = seen.setdefault(index, (pod.metadata.uid, now))
+        where = f"node {index} (pod {pod.metadata.name})"
+        if uid != pod.metadata.uid:
+            return (f"{where} replaced the node's first pod: the node was lost (its pod "
+                    "deleted or its machine gone)")
+        problem = pod_problem(pod, now - since, pending_seconds)
+        if problem:
+            return f"{where}: {problem}"
+    return ""
 
 
 def _print(line: str) -> None:
@@ -117,21 +193,31 @@ def _status(error: Exception) -> int | None:
     return getattr(error, "status", None)
 
 
-def _delete(custom, namespace: str, name: str, write: Callable[[str], None]) -> None:
-    """Deletes the job (foreground: its JobSet and pods first); gone already is fine."""
-    for attempt in range(3):
+def _message(error: Exception) -> str:
+    """The API's message in an ApiException's body, else the exception's text."""
+    try:
+        return json.loads(error.body)["message"]
+    except (AttributeError, TypeError, ValueError, KeyError):
+        return str(error)
+
+
+def _delete(custom, namespace: str, name: str, write: Callable[[str], None],
+            attempts: int = 3) -> bool:
+    """Deletes the job (foreground: its JobSet and pods first); False where there was none
+    to delete (gone already is fine) or it could not be (the message says how by hand)."""
+    for attempt in range(attempts):
         try:
             custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
                                                    propagation_policy="Foreground")
             write(f"[launcher] TrainJob {namespace}/{name} deleted")
-            return
+            return True
         except Exception as error:  # noqa: BLE001 (in a finally: never mask the cause)
             if _status(error) == 404:
-                return
-            if attempt == 2 or not _transient(error):
+                return False
+            if attempt == attempts - 1 or not _transient(error):
                 write(f"[launcher] could not delete TrainJob {namespace}/{name} ({error}): "
                       f"delete it by hand (kubectl delete trainjob -n {namespace} {name})")
-                return
+                return False
             time.sleep(1)
 
 
@@ -171,13 +257,15 @@ def _clear(custom, namespace: str, name: str, task_selector: str, timing: Timing
                                 "finalizer?): not starting another job of this task")
 
 
-def _wait(custom, namespace: str, name: str, timing: Timing,
+def _wait(custom, core, namespace: str, name: str, timing: Timing,
           stop: threading.Event) -> dict[str, Any]:
-    """Polls the job until it ends; returns it once `Complete`."""
-    errors = 0
+    """Polls the job and its pods until it ends; returns it once `Complete`."""
+    errors, seen = 0, {}
     while not stop.is_set():
         try:
             job = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            pods = core.list_namespaced_pod(
+                namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
             errors = 0
         except Exception as error:
             if _status(error) == 404:
@@ -193,6 +281,9 @@ def _wait(custom, namespace: str, name: str, timing: Timing,
             if outcome:
                 raise TrainJobFailed(f"TrainJob {namespace}/{name} failed: {outcome[1]}: "
                                      f"{outcome[2]}")
+            problem = node_problem(pods, seen, time.monotonic(), timing.pending_seconds)
+            if problem:
+                raise TrainJobFailed(f"TrainJob {namespace}/{name} failed: {problem}")
         stop.wait(timing.poll_seconds)
     raise TrainJobCancelled(f"cancelled: TrainJob {namespace}/{name} deleted")
 
@@ -249,12 +340,18 @@ def _follow_logs(core, namespace: str, name: str, write: Callable[[str], None],
         ended.wait(timing.poll_seconds)
 
 
-def _on_sigterm(stop: threading.Event) -> Callable[[], None]:
-    """Sets `stop` on SIGTERM (main thread only); returns what restores the old handler."""
+def _on_sigterm(stop: threading.Event, cancel: Callable[[], None]) -> Callable[[], None]:
+    """On SIGTERM (main thread only) sets `stop` and calls `cancel` right there; returns
+    what restores the old handler."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+
+    def handle(signum, frame) -> None:
+        stop.set()
+        cancel()
+
+    signal.signal(signal.SIGTERM, handle)
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
@@ -269,7 +366,7 @@ def launch(api, manifest: Mapping[str, Any], *, task_selector: str = "",
             namespace.
         task_selector: Label selector of every TrainJob of this task (all attempts): each
             is deleted before this one is created; empty: only a job of this name.
-        stop: Set to cancel (the SIGTERM handler sets it too); the job is deleted.
+        stop: Set to cancel (the SIGTERM handler sets it, and deletes the job itself).
         write: Where the launcher's lines and node 0's log go; stdout when None.
         timing: Polling and waiting.
 
@@ -277,29 +374,42 @@ def launch(api, manifest: Mapping[str, Any], *, task_selector: str = "",
         The TrainJob as the API returned it once `Complete`.
 
     Raises:
-        TrainJobFailed: The job ended `Failed` (its reason and message in the text).
+        TrainJobFailed: The job ended `Failed`, or a node pod failed it (`node_problem`).
         TrainJobCancelled: `stop` was set or SIGTERM came.
-        TrainJobError: A leftover job would not go, or the job vanished while it ran.
+        TrainJobError: A leftover job would not go, the job vanished while it ran, or
+            strict field validation refused a field (an older Trainer).
         kubernetes.client.exceptions.ApiException: The API refused a call (e.g. the
             service account may not create trainjobs: the message says which verb).
     """
     from kubernetes import client
 
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    spare = client.ApiClient(api.configuration)  # the SIGTERM handler's own connections
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     stop, write = stop or threading.Event(), write or _print
-    restore, owned = _on_sigterm(stop), False
+    owned, deleted = threading.Event(), threading.Event()
+
+    def cancel() -> None:  # within the second Argo's emissary leaves: one try, no line
+        if owned.is_set() and _delete(client.CustomObjectsApi(spare), namespace, name,
+                                      lambda line: None, attempts=1):
+            deleted.set()
+
+    restore = _on_sigterm(stop, cancel)
     try:
         _clear(custom, namespace, name, task_selector, timing, stop, write)
-        owned = True
+        owned.set()
         try:
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
-                                                   dict(manifest))
+                                                   dict(manifest), field_validation="Strict")
         except Exception as error:
             if _status(error) == 409:  # another launcher of this very attempt made it
-                owned = False
+                owned.clear()
                 raise TrainJobError(f"TrainJob {namespace}/{name} appeared while this step "
                                     "created it: another launcher runs this attempt") from error
+            if _status(error) == 400:
+                raise TrainJobError(
+                    f"the API refused TrainJob {namespace}/{name}: {_message(error)} (strict "
+                    "field validation: does the cluster run Trainer 2.3?)") from error
             raise
         write(f"[launcher] TrainJob {namespace}/{name} created "
               f"({manifest['spec']['trainer'].get('numNodes')} node(s))")
@@ -308,14 +418,80 @@ def launch(api, manifest: Mapping[str, Any], *, task_selector: str = "",
                                 args=(core, namespace, name, write, ended, stop, timing))
         logs.start()
         try:
-            return _wait(custom, namespace, name, timing, stop)
+            return _wait(custom, core, namespace, name, timing, stop)
         finally:
             ended.set()
             if not stop.is_set():
                 logs.join(timing.log_grace_seconds)
     finally:
         try:
-            if owned:
+            if deleted.is_set():
+                write(f"[launcher] TrainJob {namespace}/{name} deleted on SIGTERM")
+            elif owned.is_set():
                 _delete(custom, namespace, name, write)
         finally:
             restore()
+            spare.close()
+
+
+def owner_stopped(pods, uid: str) -> str:
+    """How the launcher pod no longer runs the step ("is Failed", "is gone"), or "".
+
+    Args:
+        pods: The `V1Pod`s of the owner's name, as listed now.
+        uid: The owner's uid (a pod of that name with another uid is another pod).
+    """
+    pod = next((pod for pod in pods if pod.metadata.uid == uid), None)
+    if pod is None:
+        return "is gone"
+    if pod.metadata.deletion_timestamp:
+        return "is being deleted"
+    if pod.status.phase != "Running":
+        return f"is {pod.status.phase}" + (f" ({pod.status.reason})" if pod.status.reason else "")
+    return ""
+
+
+def watch_owner(api, environ: Mapping[str, str], *, poll_seconds: float = OWNER_POLL_SECONDS,
+                stop: threading.Event | None = None,
+                write: Callable[[str], None] | None = None) -> bool:
+    """Node 0's side of a cancel: deletes the job once the launcher pod owning it stops.
+
+    Within `poll_seconds` of the pod leaving `Running` (or going), then the node pods'
+    grace period. Deleting, not exiting: a node that exits non-zero is restarted in place,
+    6 times with back-off, while the others keep their GPUs. The pod is read with a field
+    selector (the Role's `list` on pods).
+
+    Args:
+        api: A `kubernetes.client.ApiClient` (the node's service account).
+        environ: The node's environment: `OWNER_VARIABLES`.
+        poll_seconds: Between two reads of the launcher pod.
+        stop: Ends the watch when set.
+        write: Where its lines go; stdout when None.
+
+    Returns:
+        True once it deleted the job; False where the watch ended otherwise (stopped, or
+        the pod could not be read: a line says why).
+    """
+    from kubernetes import client
+
+    name, namespace, pod, uid = (environ[key] for key in OWNER_VARIABLES)
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    stop, write = stop or threading.Event(), write or _print
+    write(f"[owner] watching launcher pod {namespace}/{pod} every {poll_seconds:g} s: "
+          f"TrainJob {name} is deleted once it no longer runs")
+    while True:
+        try:
+            found = core.list_namespaced_pod(namespace,
+                                             field_selector=f"metadata.name={pod}").items
+        except Exception as error:  # noqa: BLE001 (the watch must not fail the training)
+            if not _transient(error):
+                write(f"[owner] cannot read launcher pod {namespace}/{pod} ({error}): not "
+                      "watching it")
+                return False
+        else:
+            why = owner_stopped(found, uid)
+            if why:
+                write(f"[owner] launcher pod {namespace}/{pod} {why}: deleting TrainJob {name}")
+                return _delete(custom, namespace, name, write)
+        if stop.wait(poll_seconds):
+            return False

@@ -1,11 +1,12 @@
-"""The TrainJob a launcher step creates: Kubeflow Trainer 2.3 (`trainer.kubeflow.org/v1alpha1`).
+"""The TrainJob a launcher step creates: Kubeflow Trainer 2.2-2.3 (`trainer.kubeflow.org/v1alpha1`).
 
 Every part is built as `kubeflow-trainer-api`'s typed model (pinned at 2.3.0, the models of
 Trainer 2.3's CRDs) and serialised by the models' own `to_dict` (their aliases, None left
 out), so each field set here is one the 2.3 API has, of the type it takes. The models ignore
 keys they do not know, so `validate_manifest` reads a manifest back through them and
 refuses any key they would drop or value they would change: the check this project holds
-the launcher's job to (no CRD schema ships in a package).
+the launcher's job to (no CRD schema ships in a package), on 2.2's and 2.1's models too
+(`tools.trainer_releases`: 2.2 takes the job whole, 2.1 lacks its fields).
 
 What a TrainJob carries and where (Trainer 2.3):
 
@@ -16,15 +17,18 @@ What a TrainJob carries and where (Trainer 2.3):
   as `nvidia.com/gpu`, CPU, memory), `image`, `command`, `args` and `env` (plain values and
   the storage secret's keys as `secretKeyRef`; Trainer's webhook refuses the torchrun
   variables it sets itself, `PET_*`, and envs of the `node` container given anywhere else).
-- The pod settings a TrainJob may change: Trainer 2.0 had `podSpecOverrides`, 2.1-2.2
-  `podTemplateOverrides`; 2.3 has `spec.runtimePatches`, a list of patches keyed by a
-  `manager` (a domain-prefixed path), each a strategic merge patch of the runtime's JobSet
+- The pod settings a TrainJob may change: Trainer 2.0 had `podSpecOverrides`, 2.1
+  `podTemplateOverrides`; 2.2 and 2.3 have `spec.runtimePatches`, a list of patches keyed
+  by a `manager` (a domain-prefixed path), each a strategic merge patch of the runtime's JobSet
   template restricted to what a `PodSpecPatch` has. Here one patch of the `node` replicated
   job sets the node selector, tolerations, image pull secrets, an optional service account,
   a memory-backed `/dev/shm` (volume, and its mount on the `node` container) and the pods'
-  labels.
-- `metadata`: name, namespace, labels, and an ownerReference to the launcher pod, so the
-  job is garbage-collected with the pod object (the launcher deletes it before that).
+  labels, with `sidecar.istio.io/inject: "false"`: outside the mesh, as KFP's own pods
+  are (a Kubeflow profile namespace injects sidecars, and the mesh refuses node-to-node
+  traffic through JobSet's headless service: kubeflow/trainer#2794, #2872).
+- `metadata`: name, namespace, labels (with a Kueue queue, `kueue.x-k8s.io/queue-name`:
+  Kueue reads it on the TrainJob itself), and an ownerReference to the launcher pod, so
+  the job is garbage-collected with the pod object (the launcher deletes it before that).
 """
 
 from __future__ import annotations
@@ -46,9 +50,14 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
 # Who owns the runtime patch (Trainer 2.3 requires a domain-prefixed path).
 DEFAULT_MANAGER = "vertex-gpu-pipelines/trainjob-launcher"
-# The keys of the storage secret the nodes read as environment variables (botocore's),
-# as the one-pod step does (`pipelines.definitions.kubeflow.S3_SECRET_KEYS`).
+# The variables the storage secret's two keys become (botocore's), in every pod that
+# gets it (`pipelines.definitions.kubeflow` too); by default the keys have these names.
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# KFP's own pods carry this pod label (backend template/v2_template.go), the nodes too.
+ISTIO_INJECT = "sidecar.istio.io/inject"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# A Secret's key (Kubernetes' IsConfigMapKey).
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 # JobSet names each node's pod (and its DNS host) <job>-node-<job index>-<pod index> and
 # refuses a job whose names pass 63 characters; names made here stay well below.
 MAX_NAME = 40
@@ -101,6 +110,16 @@ def _models():
     return models
 
 
+def secret_key_problems(keys: Sequence[str]) -> list[str]:
+    """What is wrong with `keys` as the storage secret's keys of `S3_SECRET_KEYS`, in
+    order: two distinct Kubernetes secret key names; empty when nothing is."""
+    if len(keys) != len(S3_SECRET_KEYS) or len(set(keys)) != len(keys):
+        return [f"{list(keys)}: two different keys, of {' and '.join(S3_SECRET_KEYS)} in that "
+                "order"]
+    return [f"{key!r} is not a secret key name (letters, digits, -, _ and .)" for key in keys
+            if not _SECRET_KEY.match(key) or key.startswith("..") or key == "."]
+
+
 def _check_labels(labels: Mapping[str, str], what: str) -> None:
     for key, value in labels.items():
         prefix, _, name = key.rpartition("/")
@@ -127,7 +146,8 @@ def _check_settings(name: str, num_nodes: int, procs_per_node: int | None, gpus:
         if not QUANTITY.match(value):
             raise ManifestError(f"{what} {value!r} is not a Kubernetes quantity (8, 7.5, 500m, "
                                 "24Gi)")
-    names = [*env, *secret_keys, *([EXPECTED_GPUS_VARIABLE] if gpus else [])]
+    names = [*env, *(S3_SECRET_KEYS if secret_keys else ()),
+             *([EXPECTED_GPUS_VARIABLE] if gpus else [])]
     reserved = sorted(set(names) & set(PET_VARIABLES))
     if reserved:
         raise ManifestError(f"env {reserved}: Trainer's torch runtime sets these on each node "
@@ -135,6 +155,8 @@ def _check_settings(name: str, num_nodes: int, procs_per_node: int | None, gpus:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ManifestError(f"env {repeated} given more than once")
+    if secret_keys and secret_key_problems(secret_keys):
+        raise ManifestError(f"storage secret keys {'; '.join(secret_key_problems(secret_keys))}")
     if not _DOMAIN_PATH.match(manager):
         raise ManifestError(f"runtime patch manager {manager!r} must be a domain-prefixed path "
                             "(such as acme.io/launcher)")
@@ -152,9 +174,9 @@ def _trainer(m, *, image: str, command: Sequence[str], args: Sequence[str], num_
     variables = [m.IoK8sApiCoreV1EnvVar(name=key, value=value) for key, value in env.items()]
     if gpus:
         variables.append(m.IoK8sApiCoreV1EnvVar(name=EXPECTED_GPUS_VARIABLE, value=str(gpus)))
-    variables += [m.IoK8sApiCoreV1EnvVar(name=key, value_from=m.IoK8sApiCoreV1EnvVarSource(
+    variables += [m.IoK8sApiCoreV1EnvVar(name=name, value_from=m.IoK8sApiCoreV1EnvVarSource(
         secret_key_ref=m.IoK8sApiCoreV1SecretKeySelector(name=storage_secret, key=key)))
-        for key in (secret_keys if storage_secret else ())]
+        for name, key in zip(S3_SECRET_KEYS, secret_keys if storage_secret else ())]
     return m.TrainerV1alpha1Trainer(
         image=image, command=list(command), args=list(args) or None, env=variables or None,
         num_nodes=num_nodes, num_proc_per_node=procs_per_node, resources_per_node=resources)
@@ -179,7 +201,8 @@ def _runtime_patch(m, *, manager: str, shm: str, node_selector: Mapping[str, str
                             for secret in image_pull_secrets] or None,
         service_account_name=service_account or None, volumes=volumes, containers=mounts)
     pod = m.TrainerV1alpha1PodTemplatePatch(
-        metadata=m.IoK8sApimachineryPkgApisMetaV1ObjectMeta(labels=dict(labels) or None),
+        metadata=m.IoK8sApimachineryPkgApisMetaV1ObjectMeta(
+            labels={**labels, ISTIO_INJECT: "false"}),
         spec=pod_spec)
     job = m.TrainerV1alpha1ReplicatedJobPatch(name=NODE, template=m.TrainerV1alpha1JobTemplatePatch(
         spec=m.TrainerV1alpha1JobSpecPatch(template=pod)))
@@ -196,7 +219,7 @@ def trainjob_manifest(
     storage_secret: str = "", secret_keys: Sequence[str] = S3_SECRET_KEYS,
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[Mapping[str, Any]] = (), image_pull_secrets: Sequence[str] = (),
-    service_account: str = "", labels: Mapping[str, str] | None = None,
+    service_account: str = "", labels: Mapping[str, str] | None = None, queue: str = "",
     owner_pod: str = "", owner_uid: str = "", runtime: str = DEFAULT_RUNTIME,
     manager: str = DEFAULT_MANAGER, active_deadline_seconds: int | None = None,
 ) -> dict[str, Any]:
@@ -218,13 +241,15 @@ def trainjob_manifest(
         shm: Size of each node's memory-backed /dev/shm; empty: the container's own.
         env: Environment variables of the node container (plain values).
         storage_secret: Kubernetes secret whose `secret_keys` the nodes get as variables.
-        secret_keys: The secret's keys, each the variable of its own name.
+        secret_keys: The secret's keys whose values `S3_SECRET_KEYS` get, in that order.
         node_selector: Node labels the nodes must have (GPU type, spot pool).
         tolerations: Tolerations (dicts of key, operator, value, effect), as a pod's.
         image_pull_secrets: Secrets the nodes pull the image with.
         service_account: The nodes' Kubernetes service account; empty: the namespace's
-            default (set it for workload identity to object storage).
+            default (the launcher gives its own: workload identity to object storage).
         labels: Labels of the TrainJob and of its node pods.
+        queue: Kueue's LocalQueue for the job (a label of the TrainJob only: Kueue admits
+            the job as a whole, and its pods are the job's); empty: none.
         owner_pod: The launcher pod's name: the job's owner; empty for none.
         owner_uid: That pod's uid (given with `owner_pod`).
         runtime: The ClusterTrainingRuntime to run on.
@@ -239,10 +264,11 @@ def trainjob_manifest(
         pydantic.ValidationError: A value of a type the models do not take.
     """
     env, labels = dict(env or {}), dict(labels or {})
+    job_labels = {**labels, **({QUEUE_LABEL: queue} if queue else {})}
     _check_settings(name, num_nodes, procs_per_node, gpus,
                     {"cpu": cpu, "memory": memory, **({"shm": shm} if shm else {})}, env,
                     secret_keys if storage_secret else (), manager)
-    _check_labels(labels, "label")
+    _check_labels(job_labels, "label")
     _check_labels(dict(node_selector or {}), "node selector")
     if bool(owner_pod) != bool(owner_uid):
         raise ManifestError("owner_pod and owner_uid go together (the launcher pod's name and "
@@ -257,7 +283,8 @@ def trainjob_manifest(
     job = m.TrainerV1alpha1TrainJob(
         api_version=API_VERSION, kind=KIND,
         metadata=m.IoK8sApimachineryPkgApisMetaV1ObjectMeta(
-            name=name, namespace=namespace, labels=labels or None, owner_references=owners),
+            name=name, namespace=namespace, labels=job_labels or None,
+            owner_references=owners),
         spec=m.TrainerV1alpha1TrainJobSpec(
             runtime_ref=m.TrainerV1alpha1RuntimeRef(
                 api_group=GROUP, kind="ClusterTrainingRuntime", name=runtime),
@@ -298,13 +325,16 @@ def _strict(model, data: Mapping[str, Any], what: str):
 
 
 def validate_manifest(manifest: Mapping[str, Any]) -> None:
-    """Reads a TrainJob manifest through Trainer 2.3's typed models; refuses what they do not.
+    """Reads a TrainJob manifest through the installed release's typed models (2.3 here;
+    `tools.trainer_releases` runs this on each release's); refuses what they do not.
 
     Raises:
-        ManifestError: A key no model of Trainer 2.3's API has (dropped on reading), or a
+        ManifestError: A key no model of the release's API has (dropped on reading), or a
             value read as another one; the message names each by its path.
         pydantic.ValidationError: A value of a type the models do not take.
     """
+    from kubeflow_trainer_api import __version__ as release
+
     m = _models()
     if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
         raise ManifestError(f"not a {API_VERSION} {KIND}: apiVersion "
@@ -312,5 +342,5 @@ def validate_manifest(manifest: Mapping[str, Any]) -> None:
     read = m.TrainerV1alpha1TrainJob.from_dict(dict(manifest)).to_dict()
     problems = _differences(dict(manifest), read)
     if problems:
-        raise ManifestError("the TrainJob has what Trainer 2.3's API does not: "
+        raise ManifestError(f"the TrainJob has what Trainer {release}'s API does not: "
                             + "; ".join(problems))

@@ -23,7 +23,9 @@ from typing import Any
 
 from components.common.gpus import EXPECTED_GPUS_VARIABLE
 from components.common.storage import MOUNTED_VARIABLE
+from components.trainjob.launcher import Timing
 from components.trainjob.spec import DEFAULT_RUNTIME as DEFAULT_TRAINJOB_RUNTIME
+from components.trainjob.spec import QUEUE_LABEL, S3_SECRET_KEYS
 from pipelines.definitions.help_text import KUBEFLOW as KUBEFLOW_WORDS
 from pipelines.definitions.machine import GPU_MACHINES, TRAINING_STEPS, Machine
 from pipelines.definitions.trainjob import LAUNCHERS, ONE_POD, launcher_op
@@ -91,8 +93,6 @@ SHM_VOLUME = "dshm"
 RETRY_BACKOFF_S, RETRY_FACTOR = 60, 2
 # What an attempt may wait to be scheduled, in the retries' bound (a GPU node scaled up).
 RETRY_SCHEDULING_S = 3600
-# The keys of `--storage-secret` the pods read as environment variables (botocore's).
-S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # The quantities KFP's own setters take (kfp.dsl.PipelineTask.set_cpu_limit and
 # set_memory_limit): whole memory amounts, CPU as cores or millicores.
 CPU_QUANTITY = re.compile(r"^([0-9]*[.])?[0-9]+m?$")
@@ -222,8 +222,10 @@ class KubeflowSettings:
         checkpoint_root: gs:// or s3:// folder the training steps keep their checkpoints
             and TensorBoard logs under, written there directly (a launcher folder dies
             with the pod), so a retried step resumes; empty: inside the pod only.
-        storage_secret: Kubernetes secret holding S3 keys (`S3_SECRET_KEYS`), given to
-            every pod as environment variables; empty for none (e.g. a pod role).
+        storage_secret: Kubernetes secret holding S3 keys, given to every pod as the
+            environment variables `S3_SECRET_KEYS`; empty for none (e.g. a pod role).
+        storage_secret_keys: Its keys of those variables, in their order (KFP's own
+            MinIO secret: accesskey, secretkey).
         s3_endpoint: The S3 API's URL for MinIO or Ceph (`AWS_ENDPOINT_URL_S3`); empty: AWS.
         training_retries: Times a training pod whose container failed is started again
             (it resumes from `checkpoint_root`), within `retry_window`; 0: a failure
@@ -231,6 +233,9 @@ class KubeflowSettings:
         nodes: Steps run past one pod (a key of `trainjob.LAUNCHERS`) -> their nodes: the
             step is a launcher pod without GPUs of a TrainJob of that many `pods[step]`.
         trainjob_runtime: The ClusterTrainingRuntime those TrainJobs run on.
+        trainjob_service_account: Their nodes' service account; empty: the launcher's.
+        trainjob_pending_seconds: Longest one of their node pods may wait to be scheduled.
+        kueue_queue: Kueue's LocalQueue of every step pod and TrainJob; empty: none.
     """
 
     pods: Mapping[str, PodResources]
@@ -244,10 +249,14 @@ class KubeflowSettings:
     timeout_seconds: int = 604800
     checkpoint_root: str = ""
     storage_secret: str = ""
+    storage_secret_keys: tuple[str, ...] = S3_SECRET_KEYS
     s3_endpoint: str = ""
     training_retries: int = 0
     nodes: Mapping[str, int] = dataclasses.field(default_factory=dict)
     trainjob_runtime: str = DEFAULT_TRAINJOB_RUNTIME
+    trainjob_service_account: str = ""
+    trainjob_pending_seconds: int = int(Timing.pending_seconds)
+    kueue_queue: str = ""
 
     # What `Steps` asks of a target (steps.Target; VertexSettings answers the same).
     default_job_account = ""
@@ -307,12 +316,12 @@ class KubeflowSettings:
         return add
 
     def place(self, task, step: str, resumable: bool = True):
-        """Puts `task` on its nodes: every task gets the pull secrets, the timeout and the
-        storage settings; a step with machines (`step`, a key of DEFAULT_MACHINES) its
-        pod's resources, GPUs, /dev/shm and, with `spot`, the spot pool; a `resumable`
-        training step its retries and its checkpoint and log folders under
-        `checkpoint_root`. Trials are not resumable: a failed trial is a result, not a
-        retry."""
+        """Puts `task` on its nodes: every task gets the pull secrets, the timeout, the
+        storage settings and the Kueue queue; a step with machines (`step`, a key of
+        DEFAULT_MACHINES) its pod's resources, GPUs, /dev/shm and, with `spot`, the spot
+        pool; a `resumable` training step its retries and its checkpoint and log folders
+        under `checkpoint_root`. Trials are not resumable: a failed trial is a result, not
+        a retry."""
         from kfp import kubernetes
 
         if self.image_pull_secrets:
@@ -322,8 +331,10 @@ class KubeflowSettings:
         task.set_env_variable(MOUNTED_VARIABLE, "0")
         if self.storage_secret:
             kubernetes.use_secret_as_env(task, self.storage_secret,
-                                         {key: key for key in S3_SECRET_KEYS})
+                                         dict(zip(self.storage_secret_keys, S3_SECRET_KEYS)))
             without_default_optional(task)
+        if self.kueue_queue:  # Kueue's pod integration admits each step pod alone
+            kubernetes.add_pod_label(task, QUEUE_LABEL, self.kueue_queue)
         if self.s3_endpoint:
             # S3's own variable: other AWS clients in the pod (STS) keep their endpoints
             task.set_env_variable("AWS_ENDPOINT_URL_S3", self.s3_endpoint)

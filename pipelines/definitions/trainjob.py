@@ -7,8 +7,10 @@ nodes, follows it and copies its model into the step's output. KFP 2.14 (the old
 backend supported) has no `TaskConfig` passthrough, so what each node holds is compiled
 into the launcher's inputs (`node_inputs`): the pod the step would have been (CPU, memory,
 /dev/shm, GPUs and their node selector and toleration, the spot pool), the pull secrets,
-the storage secret, the checkpoint root, the S3 endpoint, the runtime, the image and the
-step timeout as the job's deadline. The launcher takes every input of the one-pod trainer
+the storage secret and its keys, the checkpoint root, the S3 endpoint, the runtime, the
+image, the nodes' service account (the launcher's own unless named: it learns it from the
+downward API), the Kueue queue, how long a node may wait to be scheduled and the step
+timeout as the job's deadline. The launcher takes every input of the one-pod trainer
 too, so the pipeline body calls it alike.
 """
 
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components.train_transformer import component as train_transformer
-from components.trainjob.spec import S3_SECRET_KEYS
+from components.train_transformer.multinode import SERVICE_ACCOUNT
 
 # The steps a TrainJob runs past one pod on Kubeflow, and each one's launcher component.
 LAUNCHERS: dict[str, Callable] = {
@@ -49,9 +51,13 @@ def node_inputs(settings, step: str, image: str) -> dict[str, Any]:
         "memory_per_node": pod.memory, "shm_per_node": pod.shm, "node_selector": selector,
         "tolerations": tolerations, "image_pull_secrets": list(settings.image_pull_secrets),
         "storage_secret": settings.storage_secret,
-        "storage_secret_keys": list(S3_SECRET_KEYS), "runtime": settings.trainjob_runtime,
-        "node_image": image, "checkpoint_root": settings.checkpoint_root,
-        "s3_endpoint": settings.s3_endpoint, "deadline_seconds": settings.timeout_seconds,
+        "storage_secret_keys": list(settings.storage_secret_keys),
+        "runtime": settings.trainjob_runtime, "node_image": image,
+        "checkpoint_root": settings.checkpoint_root, "s3_endpoint": settings.s3_endpoint,
+        "service_account": settings.trainjob_service_account,
+        "queue_name": settings.kueue_queue,
+        "pending_seconds": settings.trainjob_pending_seconds,
+        "deadline_seconds": settings.timeout_seconds,
     }
 
 
@@ -65,12 +71,16 @@ def launcher_op(component, step: str, settings) -> Callable:
         step: The step (a key of `LAUNCHERS`).
         settings: The target's `kubeflow.KubeflowSettings`.
     """
+    from kfp import kubernetes
+
     from pipelines.definitions.steps import component as make
 
     image = component.component_spec.implementation.container.image
     op, inputs = make(LAUNCHERS[step], image), node_inputs(settings, step, image)
 
     def launch(**arguments):
-        return op(**arguments, **inputs)
+        # the pod's own account, the nodes' unless `service_account` names another
+        return kubernetes.use_field_path_as_env(op(**arguments, **inputs), SERVICE_ACCOUNT,
+                                                "spec.serviceAccountName")
 
     return launch

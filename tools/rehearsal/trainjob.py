@@ -2,8 +2,9 @@
 2.3's `torch-distributed` runtime would run them on a cluster.
 
     run = TrainJobRun(manifest, folder, secrets={"s3-credentials": {...}})
+    run.kill_node_when(1, lambda: store.matches("b/**/sealed"))
     run.start()
-    outcome = run.wait(timeout=600, kill_node=1, when=lambda: store.matches("b/**/sealed"))
+    outcome = run.wait(timeout=600)
 
 The manifest is the one the launcher step creates (`components.train_transformer.
 multinode.trainjob`, validated through `kubeflow-trainer-api`'s models). For each of its
@@ -18,24 +19,34 @@ of its own, a node's pod, killed whole), with:
   `PET_NNODES`, `PET_NPROC_PER_NODE` (`numProcPerNode`, else `auto`), `PET_NODE_RANK`
   (the node's completion index), `PET_MASTER_ADDR` and `PET_MASTER_PORT`; on a cluster
   the master is `<job>-node-0-0.<job>:29500`, here 127.0.0.1 and a free port;
+- the API its service account reaches: `KUBECONFIG` of the one given (a stub's), never
+  this machine's cluster;
 - nothing of this process's credentials or cluster variables (`runtimes.NOT_INHERITED*`:
   `AWS_*`, `PET_*`, torchrun's, Vertex's `AIP_*` and `CLUSTER_SPEC`), a `TMPDIR` of its own
   (a pod's local disk) and `OMP_NUM_THREADS=1` (several training processes share this
   machine's cores).
 
-Like the runtime, the job has no failure policy: the first node that exits non-zero fails
-the job, and the others are stopped (JobSet's failure policy restarts nothing). The job is
-`Complete` when every node exited 0. What a cluster adds and this does not model: the
-scheduler, images, pod networking and DNS, `resourcesPerNode` and `runtimePatches`
-(reported by the launcher's tests, not enforced here), and JobSet's own restarts.
+As on a cluster, a node that exits non-zero is restarted in place: JobSet v0.12's webhook
+defaults the pods' `restartPolicy` to `OnFailure` and the Job keeps Kubernetes'
+`backoffLimit` (`BACKOFF_LIMIT`), so the container starts again in the same pod (its
+`restartCount` goes up; the kubelet backs off 10 s, 20 s, ... between restarts, here
+none) and the job fails only at the seventh failure, its other nodes stopped. The job is
+`Complete` when every node exited 0, and gone once deleted (`delete`: JobSet deletes its
+pods). `conditions`, `pod_statuses` and `log` are what the API reports of it, as
+tests/kube_stub.py serves a played job to the launcher. What a cluster adds and this does
+not model: the scheduler, images, pod networking and DNS, `resourcesPerNode` and
+`runtimePatches` (reported by the launcher's tests, not enforced here).
 
-tests/test_trainjob_rehearsal.py plays the launcher's retry with it: node 1 of a job lost
-after the first sealed checkpoint is in S3, then a new job of the same task whose nodes
-resume from that checkpoint, the model registered as one pod's is.
+tests/test_trainjob_rehearsal.py plays the launcher's retry with it: node 1 of a job killed
+after the first sealed checkpoint is in S3 (restarted in place, which the launcher catches:
+it deletes the job and fails the step), then a new job of the same task whose nodes
+resume from that checkpoint, the model registered as one pod's is; and a cancelled
+launcher's nodes stopped, by its SIGTERM handler or by node 0's watch of its pod.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -48,7 +59,10 @@ from tools.rehearsal.gcs_api import free_port
 from tools.rehearsal.records import RehearsalError
 from tools.rehearsal.runtimes import start_step, stop
 
-COMPLETE, FAILED = "Complete", "Failed"  # the TrainJob's conditions
+COMPLETE, FAILED, DELETED = "Complete", "Failed", "Deleted"  # the TrainJob's conditions, gone
+# Failures the Job tolerates (Kubernetes' default: JobSet and Trainer set none), each
+# restarting the node's container in place (JobSet's default restartPolicy OnFailure).
+BACKOFF_LIMIT = 6
 
 
 @dataclasses.dataclass
@@ -56,9 +70,9 @@ class JobOutcome:
     """How a played TrainJob ended.
 
     Attributes:
-        state: `Complete` or `Failed`.
-        reason: Why it failed (the first node that exited non-zero, or the deadline);
-            empty when complete.
+        state: `Complete`, `Failed` or `Deleted`.
+        reason: Why it failed (a node's last failure past the back-off limit, or the
+            deadline) or was deleted; empty when complete.
         exit_codes: Each node's exit status (negative: the signal that ended it; None:
             still running when the job was stopped, then killed).
         seconds: Wall seconds from start to end.
@@ -117,17 +131,19 @@ class TrainJobRun:
     Args:
         manifest: The TrainJob (camelCase keys, as the launcher creates it).
         folder: Local folder of this job: `node-<i>/tmp` (each node's TMPDIR) and
-            `node-<i>.log` (its output).
+            `node-<i>.log` (its output; `node-<i>.restart<r>.log` after a restart).
         secrets: The namespace's secrets: name -> key -> value.
         python_path: Folders put first on the nodes' PYTHONPATH (tests put a
             sitecustomize.py there); nothing of this process's PYTHONPATH is kept.
         node_env: Variables of one node (by index) over its others (a test's hooks).
+        kubeconfig: The API the nodes' service account reaches; empty: none.
     """
 
     def __init__(self, manifest: Mapping[str, Any], folder: str,
                  secrets: Mapping[str, Mapping[str, str]] | None = None, *,
                  python_path: Sequence[str] = (),
-                 node_env: Mapping[int, Mapping[str, str]] | None = None):
+                 node_env: Mapping[int, Mapping[str, str]] | None = None,
+                 kubeconfig: str = ""):
         self.manifest, self.folder = manifest, os.path.abspath(folder)
         self.name = manifest["metadata"]["name"]
         self.trainer = manifest["spec"]["trainer"]
@@ -135,9 +151,14 @@ class TrainJobRun:
         self.secrets = secrets or {}
         self.python_path = list(python_path)
         self.node_env = {int(k): dict(v) for k, v in (node_env or {}).items()}
+        self.kubeconfig = kubeconfig
         self.deadline = manifest["spec"].get("activeDeadlineSeconds")
         self.processes: list[subprocess.Popen] = []
+        self.environments: list[dict[str, str]] = []
+        self.restarts = [0] * self.nodes  # each node's container's restartCount
+        self.last_exit: list[int | None] = [None] * self.nodes  # its exit before the restart
         self.killed: set[int] = set()
+        self.kill_rule: tuple[int, Callable[[], bool]] | None = None
         # CPU seconds of the processes the nodes had started (torch's workers), sampled as
         # each node's group was killed: killed with it, nobody here reaps them (a node
         # process's own, and what it reaped, count in this process's RUSAGE_CHILDREN).
@@ -145,13 +166,18 @@ class TrainJobRun:
         self.started = 0.0
         self.outcome: JobOutcome | None = None
 
-    def log_path(self, index: int) -> str:
-        return os.path.join(self.folder, f"node-{index}.log")
+    def log_path(self, index: int, restart: int = 0) -> str:
+        return os.path.join(self.folder, f"node-{index}"
+                            + (f".restart{restart}" if restart else "") + ".log")
 
     def log(self, index: int) -> str:
-        """Node `index`'s output so far."""
-        with open(self.log_path(index), errors="replace") as f:
-            return f.read()
+        """Node `index`'s output so far, every container's (first, then each restart's)."""
+        text = ""
+        for restart in range(self.restarts[index] + 1):
+            with contextlib.suppress(FileNotFoundError), open(
+                    self.log_path(index, restart), errors="replace") as f:
+                text += f.read()
+        return text
 
     def command(self) -> list[str]:
         command = [*(self.trainer.get("command") or []), *(self.trainer.get("args") or [])]
@@ -162,7 +188,8 @@ class TrainJobRun:
 
     def variables(self, index: int, master_port: int) -> dict[str, str]:
         """What node `index`'s pod gives its process (`runtimes.step_env` adds the rest)."""
-        return {"OMP_NUM_THREADS": "1", **container_env(self.trainer, self.secrets),
+        return {"OMP_NUM_THREADS": "1", "KUBECONFIG": self.kubeconfig,
+                "KUBERNETES_SERVICE_HOST": "", **container_env(self.trainer, self.secrets),
                 **trainer_variables(self.trainer, index, master_port),
                 **self.node_env.get(index, {})}
 
@@ -171,25 +198,40 @@ class TrainJobRun:
         if self.processes:
             raise RehearsalError(f"TrainJob {self.name} was started already")
         os.makedirs(self.folder, exist_ok=True)
-        port, command = free_port(), self.command()
-        environments = [self.variables(i, port) for i in range(self.nodes)]
+        port = free_port()
+        self.environments = [self.variables(i, port) for i in range(self.nodes)]
+        self.command()  # refused before any node starts
         self.started = time.monotonic()
-        for index, env in enumerate(environments):
-            tmp = os.path.join(self.folder, f"node-{index}", "tmp")
-            os.makedirs(tmp, exist_ok=True)
-            self.processes.append(start_step(command, env, self.log_path(index), {tmp: "/tmp"},
-                                             python_path=self.python_path))
+        self.processes = [self._start_node(i) for i in range(self.nodes)]
         print(f"[trainjob] {self.name}: {self.nodes} nodes started (master 127.0.0.1:{port})",
               flush=True)
 
+    def _start_node(self, index: int) -> subprocess.Popen:
+        tmp = os.path.join(self.folder, f"node-{index}", "tmp")
+        os.makedirs(tmp, exist_ok=True)
+        return start_step(self.command(), self.environments[index],
+                          self.log_path(index, self.restarts[index]), {tmp: "/tmp"},
+                          python_path=self.python_path)
+
     def kill_node(self, index: int) -> None:
-        """Node `index`'s pod lost (preempted, its machine gone): SIGKILL to its group."""
+        """Node `index`'s container killed (SIGKILL to its group: an OOM kill, a crash);
+        the kubelet restarts it in place (`poll`)."""
         self.killed.add(index)
         self._kill(self.processes[index])
         print(f"[trainjob] {self.name}: node {index} killed", flush=True)
 
+    def kill_node_when(self, index: int, when: Callable[[], bool]) -> None:
+        """Kills node `index` once, at the first `poll` that finds `when()` true."""
+        self.kill_rule = (index, when)
+
     def delete(self) -> None:
         """The job deleted: every node still running is killed (JobSet deletes its pods)."""
+        self._stop_all()
+        if self.outcome is None:
+            self._end(DELETED, "deleted", [p.returncode for p in self.processes],
+                      time.monotonic() - self.started)
+
+    def _stop_all(self) -> None:
         for process in self.processes:
             self._kill(process)
 
@@ -199,26 +241,37 @@ class TrainJobRun:
         stop(process)
 
     def poll(self) -> JobOutcome | None:
-        """The job's outcome once it has ended (applying the runtime's failure policy);
-        None while it runs."""
+        """The job's outcome once it has ended (restarting a failed node in place, up to
+        `BACKOFF_LIMIT` times in all); None while it runs."""
         if self.outcome is not None:
             return self.outcome
+        if self.kill_rule and self.kill_rule[0] not in self.killed and self.kill_rule[1]():
+            self.kill_node(self.kill_rule[0])
         codes = [process.poll() for process in self.processes]
-        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
         seconds = time.monotonic() - self.started
-        if failed is not None:
-            reason = (f"node {failed} exited with {codes[failed]}"
-                      + (" (killed)" if failed in self.killed else ""))
-        elif self.deadline and seconds > self.deadline:
+        reason = ""
+        for index, code in enumerate(codes):
+            if code in (None, 0):
+                continue
+            if sum(self.restarts) >= BACKOFF_LIMIT:
+                reason = (f"BackoffLimitExceeded: node {index} exited with {code} "
+                          f"(restarts {self.restarts})")
+                break
+            self.restarts[index] += 1
+            self.last_exit[index] = code
+            self.processes[index] = self._start_node(index)
+            codes[index] = None
+            print(f"[trainjob] {self.name}: node {index} exited with {code}: restarted in "
+                  f"place ({self.restarts[index]})", flush=True)
+        if not reason and self.deadline and seconds > self.deadline:
             reason = f"DeadlineExceeded: activeDeadlineSeconds {self.deadline} passed"
-        elif all(code == 0 for code in codes):
-            return self._end(COMPLETE, "", codes, seconds)
-        else:
-            return None
+        if not reason:
+            return self._end(COMPLETE, "", codes, seconds) if all(
+                code == 0 for code in codes) else None
         running = [i for i, code in enumerate(codes) if code is None]
-        self.delete()  # no failure policy: the other nodes are stopped with the job
+        self._stop_all()  # the Job failed: its other nodes are stopped with it
         return self._end(FAILED, reason + (f"; nodes {running} stopped" if running else ""),
-                         [None if code is None else code for code in codes], seconds)
+                         codes, seconds)
 
     def _end(self, state: str, reason: str, codes: list[int | None], seconds: float
              ) -> JobOutcome:
@@ -227,9 +280,34 @@ class TrainJobRun:
               + f" after {seconds:.1f}s", flush=True)
         return self.outcome
 
-    def wait(self, timeout: float, kill_node: int | None = None,
-             when: Callable[[], bool] | None = None, poll_seconds: float = 0.2) -> JobOutcome:
-        """Waits for the job's end; kills node `kill_node` once `when()` is true (once).
+    def conditions(self) -> list[dict[str, Any]]:
+        """The TrainJob's conditions now (Trainer's `Complete` or `Failed`, once ended)."""
+        outcome = self.poll()
+        if outcome is None or outcome.state == DELETED:
+            return []
+        return [{"type": outcome.state, "status": "True", "message": outcome.reason,
+                 "reason": "JobsCompleted" if outcome.state == COMPLETE else "FailedJobs"}]
+
+    def pod_statuses(self) -> list[dict[str, Any]]:
+        """Each node's pod `status` now, as the kubelet reports it: its phase, and its
+        `node` container's state, restartCount and last state (exit codes as a
+        container's: 128 + the signal that killed it)."""
+        self.poll()
+        statuses = []
+        for index, process in enumerate(self.processes):
+            code, last = process.returncode, self.last_exit[index]
+            failed = self.outcome is not None and self.outcome.state == FAILED
+            statuses.append({
+                "phase": "Succeeded" if code == 0 else "Failed" if failed else "Running",
+                "containerStatuses": [{
+                    "name": "node", "image": self.trainer.get("image", ""), "imageID": "",
+                    "ready": code is None, "restartCount": self.restarts[index],
+                    "state": {"running": {}} if code is None else _terminated(code),
+                    "lastState": {} if last is None else _terminated(last)}]})
+        return statuses
+
+    def wait(self, timeout: float, poll_seconds: float = 0.2) -> JobOutcome:
+        """Waits for the job's end.
 
         Raises:
             RehearsalError: The job did not end within `timeout` seconds (every node is
@@ -240,14 +318,17 @@ class TrainJobRun:
             while (outcome := self.poll()) is None:
                 if time.monotonic() > ends:
                     raise RehearsalError(f"TrainJob {self.name} did not end within {timeout}s")
-                if kill_node is not None and when is not None and kill_node not in self.killed \
-                        and when():
-                    self.kill_node(kill_node)
-                    continue
                 time.sleep(poll_seconds)
         finally:
-            self.delete()
+            if self.outcome is None:
+                self.delete()
         return outcome
+
+
+def _terminated(code: int) -> dict[str, Any]:
+    """A container state that has terminated with process status `code`."""
+    return {"terminated": {"exitCode": 128 - code if code < 0 else code,
+                           "reason": "Completed" if code == 0 else "Error"}}
 
 
 def _group_cpu_seconds(group: int) -> float:
