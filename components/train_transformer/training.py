@@ -495,7 +495,13 @@ def _callbacks(transformers, config: TransformerConfig, scalars: ScalarLog,
 def _training_arguments(transformers, config: TransformerConfig, folder: str, precision: str,
                         cuda: bool):
     """`Trainer`'s arguments: an evaluation and a checkpoint each epoch, the best kept and
-    loaded at the end by rank 0 (`_share_rank0_weights` sends it to the others)."""
+    loaded at the end by rank 0 (`_share_rank0_weights` sends it to the others).
+
+    `average_tokens_across_devices` off: a classifier's loss is its batch's mean, but
+    `Trainer` (transformers 5) multiplies it by the processes for any model whose forward
+    takes `**kwargs` (a loss that would divide by the tokens of every process), so under DDP
+    each loss logged and monitored, and each gradient before clipping, was that many times
+    too large."""
     monitor = "eval_loss" if config.monitor == "loss" else f"eval_{config.monitor}"
     return transformers.TrainingArguments(
         output_dir=folder, num_train_epochs=config.epochs,
@@ -507,7 +513,8 @@ def _training_arguments(transformers, config: TransformerConfig, folder: str, pr
         save_total_limit=2, load_best_model_at_end=_is_rank0(), metric_for_best_model=monitor,
         greater_is_better=config.monitor != "loss", bf16=precision == BF16,
         fp16=precision == FP16, use_cpu=not cuda, seed=config.seed, data_seed=config.seed,
-        report_to="none", disable_tqdm=True, dataloader_num_workers=0)
+        report_to="none", disable_tqdm=True, dataloader_num_workers=0,
+        average_tokens_across_devices=False)
 
 
 def _save_model(trainer, model_dir: str, result: dict[str, Any], text_column: str,
