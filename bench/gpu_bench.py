@@ -101,7 +101,7 @@ class TfKerasEngine:
 
         with dtype_policy(precision):
             model = build_model(classes, size, weights=None, layout=layout)
-            # as the trainer compiles (phases.compile_model); the policy wraps the optimizer
+            # as the trainer compiles (model.compile_model); the policy wraps the optimizer
             # in a LossScaleOptimizer under mixed_float16
             model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
                           loss="sparse_categorical_crossentropy")
@@ -238,7 +238,7 @@ def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
          images: int, layout: tuple[int, ...] = DENSENET121) -> dict:
     """Step time fed by the trainer's input pipeline over real shards vs by a batch in memory."""
     from components.train_image.contract import TrainConfig
-    from components.train_image.inputs import train_input
+    from components.train_image.model import train_input
 
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as workdir:
         shards, manifest = make_shards(workdir, images, size)

@@ -105,8 +105,7 @@ def step_time(model, dataset: tf.data.Dataset, steps: int, warmup: int = 3) -> f
 
 def training_ratios(root: str, tmp: str, size: int, batch: int, steps: int) -> dict[str, float]:
     """Feed ratio and frozen/fine-tune step-time ratio on DenseNet121 (random weights)."""
-    from components.train_image.inputs import train_input
-    from components.train_image.model import build_model, set_trainable
+    from components.train_image.model import build_model, set_trainable, train_input
     from components.train_image.training import TrainConfig
 
     out = os.path.join(tmp, "shards-train")

@@ -23,9 +23,8 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from components.shard import planning, sharding, writing  # noqa: E402
-from components.shard.listing import list_labelled_files  # noqa: E402
-from components.shard.sharding import ShardConfig  # noqa: E402
+from components.shard import sharding, writing  # noqa: E402
+from components.shard.sharding import ShardConfig, list_labelled_files  # noqa: E402
 from components.shard.writing import ShardTask  # noqa: E402
 
 CLASSES = 5
@@ -58,7 +57,7 @@ def bare_rate(root: str, workers: int, config: ShardConfig) -> float:
     paths = [(p, 0) for files in listing.files.values() for p in files]
     # the same number of tasks as the sharder writes shards
     tasks = [ShardTask(root, "", f"t{i}", items, config)
-             for i, items in enumerate(planning.chunk(paths, 3 * config.min_shards_per_split))]
+             for i, items in enumerate(sharding.chunk(paths, 3 * config.min_shards_per_split))]
     start = time.perf_counter()
     writing.run_tasks(tasks, workers, worker_fn=bare_worker, progress=False)
     return len(paths) / (time.perf_counter() - start)

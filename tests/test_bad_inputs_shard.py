@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from PIL import Image
 
-from components.shard import planning, sharding, writing
+from components.shard import sharding, writing
 from components.shard.contract import ShardingError
 from components.shard.sharding import ShardConfig
 from tests.conftest import write_class_images
@@ -175,7 +175,7 @@ def test_a_class_whose_only_test_file_is_unreadable_is_recorded(tmp_path):
     root = tmp_path / "data"
     written = write_class_images(str(root), per_class=10)
     config = ShardConfig(**SMALL, max_skipped_fraction=0.5)
-    splits = planning.stratified_split(written, sorted(written), config.fractions, config.seed)
+    splits = sharding.stratified_split(written, sorted(written), config.fractions, config.seed)
     [drawn] = [path for path, _ in splits["test"] if path.startswith("dog/")]
     (root / drawn).write_bytes(b"")
     manifest = sharding.shard_dataset(str(root), str(tmp_path / "out"), config, progress=False)

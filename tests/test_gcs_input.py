@@ -6,8 +6,7 @@ import urllib.parse
 
 from components.shard import sharding
 from components.shard.contract import ShardingError
-from components.shard.listing import list_labelled_files
-from components.shard.sharding import ShardConfig
+from components.shard.sharding import ShardConfig, list_labelled_files
 from tests.conftest import http_json, plant_bad_files, write_class_images
 
 

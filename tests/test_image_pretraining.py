@@ -18,9 +18,8 @@ from PIL import Image
 
 from components.formats.image_models import load_keras_model
 from components.train_image import model as model_lib
-from components.train_image import phases
 from components.train_image.contract import DENSENET121, TrainConfig
-from components.train_image.phases import compile_model
+from components.train_image.model import compile_model, plan_phases
 from pipelines import base_weights
 from tests.conftest import ONE_BLOCK_DENSENET, write_densenet_weights
 from tools.datamakers import font_glyphs, glyph_start
@@ -228,4 +227,4 @@ def test_the_default_start_is_imagenets_as_keras_fetches_it(tmp_path, monkeypatc
     pixels = np.random.default_rng(3).uniform(0, 255, (2, SIZE, SIZE, 3)).astype("float32")
     np.testing.assert_allclose(model(pixels, training=True), model(pixels, training=False),
                                atol=1e-6)
-    assert [phase.name for phase in phases.plan_phases(config)] == ["head", "fine_tune"]
+    assert [phase.name for phase in plan_phases(config)] == ["head", "fine_tune"]

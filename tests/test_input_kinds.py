@@ -141,7 +141,7 @@ def test_a_csv_of_another_separator_is_named_by_every_reader(tmp_path, separator
 
 def test_an_image_pipeline_given_a_file_says_it_wants_a_folder_of_class_folders(tmp_path):
     from components.shard.contract import ShardingError
-    from components.shard.listing import list_labelled_files
+    from components.shard.sharding import list_labelled_files
 
     (tmp_path / "texts.csv").write_text("text,label\nhello,a\n")
     with pytest.raises(ShardingError, match="is a file, not a folder of class folders"):

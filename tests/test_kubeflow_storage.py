@@ -17,8 +17,7 @@ from components.preflight.data import data_fingerprint
 from components.prepare_text.contract import PrepareConfig
 from components.prepare_text.preparation import prepare_text_dataset
 from components.shard.contract import ShardingError
-from components.shard.listing import list_labelled_files
-from components.shard.sharding import ShardConfig
+from components.shard.sharding import ShardConfig, list_labelled_files
 from tests.conftest import plant_bad_files, write_class_images
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",

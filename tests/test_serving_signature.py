@@ -1,6 +1,6 @@
 """The image model's bytes-in signature decodes and resizes as the sharding step does.
 
-`components.train_image.serving` (TensorFlow ops, in the SavedModel) against
+`components.train_image.artifact` (TensorFlow ops, in the SavedModel) against
 `components.predict.prediction.preprocess_image` (PIL, the sharding step's own code):
 the same files must give the same pixels, bit for bit.
 The trained model served from bytes is checked in test_run_local.
@@ -15,7 +15,7 @@ import tensorflow as tf
 from PIL import Image
 
 from components.predict.prediction import preprocess_image
-from components.train_image import serving
+from components.train_image import artifact
 
 SIZE = 32
 
@@ -70,18 +70,18 @@ def test_graph_pixels_are_the_sharding_steps(method, jpeg_quality):
                      "jpeg_quality": jpeg_quality}
     for name, data in FILES.items():
         expected = preprocess_image(data, preprocessing)
-        served = serving.preprocess(tf.constant(data), SIZE, method, jpeg_quality).numpy()
+        served = artifact.preprocess(tf.constant(data), SIZE, method, jpeg_quality).numpy()
         assert served.shape == expected.shape == (SIZE, SIZE, 3), name
         np.testing.assert_array_equal(served, expected, err_msg=name)  # bit for bit
 
 
 def test_batch_is_float_pixels_in_order():
     files = [FILES["gif"], FILES["png with alpha"], FILES["jpeg exif orientation 6"]]
-    batch = serving.preprocess_batch(tf.constant(files), SIZE, "crop", None).numpy()
+    batch = artifact.preprocess_batch(tf.constant(files), SIZE, "crop", None).numpy()
     assert batch.dtype == np.float32 and batch.shape == (3, SIZE, SIZE, 3)
     for pixels, data in zip(batch, files):
         np.testing.assert_array_equal(
-            pixels, serving.preprocess(tf.constant(data), SIZE, "crop", None).numpy())
+            pixels, artifact.preprocess(tf.constant(data), SIZE, "crop", None).numpy())
 
 
 def _tiff_ifd(orientation: int, byte_order: str) -> bytes:
@@ -108,20 +108,20 @@ def test_exif_orientation_both_byte_orders_after_other_segments(byte_order):
         data = _with_app_segments(plain, (0xE0, b"JFIF\0" + b"\1\1\0\0\1\0\1\0\0"),
                                   (0xE1, b"http://ns.adobe.com/xap/1.0/\0<x/>"),  # XMP, not EXIF
                                   (0xE1, b"Exif\0\0" + _tiff_ifd(orientation, byte_order)))
-        assert serving.exif_orientation(tf.constant(data)).numpy() == orientation
+        assert artifact.exif_orientation(tf.constant(data)).numpy() == orientation
         assert Image.open(io.BytesIO(data)).getexif()[0x0112] == orientation  # PIL agrees
 
 
 def test_exif_orientation_defaults_to_upright():
     plain = _jpeg(_photo(20, 30))
-    assert serving.exif_orientation(tf.constant(plain)).numpy() == 1
+    assert artifact.exif_orientation(tf.constant(plain)).numpy() == 1
     out_of_range = _with_app_segments(plain, (0xE1, b"Exif\0\0" + _tiff_ifd(9, "II")))
-    assert serving.exif_orientation(tf.constant(out_of_range)).numpy() == 1
+    assert artifact.exif_orientation(tf.constant(out_of_range)).numpy() == 1
     truncated = _with_app_segments(plain, (0xE1, b"Exif\0\0" + _tiff_ifd(6, "II")))[:40]
     # the segment is cut before its orientation: nothing to read, so upright (and no crash)
-    assert serving.exif_orientation(tf.constant(truncated)).numpy() == 1
+    assert artifact.exif_orientation(tf.constant(truncated)).numpy() == 1
 
 
 def test_unreadable_bytes_fail_the_request():
     with pytest.raises(tf.errors.InvalidArgumentError):
-        serving.preprocess(tf.constant(b"not an image"), SIZE, "crop", 95)
+        artifact.preprocess(tf.constant(b"not an image"), SIZE, "crop", 95)

@@ -11,10 +11,9 @@ from PIL import Image
 
 from components.common import images
 from components.common.images import BadImage
-from components.shard import planning, sharding
+from components.shard import sharding
 from components.shard.contract import ShardingError
-from components.shard.listing import list_labelled_files
-from components.shard.sharding import ShardConfig
+from components.shard.sharding import ShardConfig, list_labelled_files
 from tests.conftest import plant_bad_files, write_class_images
 
 SMALL = dict(image_size=16, min_shards_per_split=2, num_workers=1)
@@ -24,50 +23,50 @@ SMALL = dict(image_size=16, min_shards_per_split=2, num_workers=1)
 
 def test_split_counts_round_val_and_test_and_give_train_the_rest():
     f = {"train": 0.8, "validation": 0.1, "test": 0.1}
-    assert planning.split_counts(100, f) == {"train": 80, "validation": 10, "test": 10}
-    assert planning.split_counts(7, f) == {"train": 5, "validation": 1, "test": 1}
-    assert planning.split_counts(1, f) == {"train": 1, "validation": 0, "test": 0}
-    assert planning.split_counts(2, {"train": 0, "validation": 0.5, "test": 0.5}) == {
+    assert sharding.split_counts(100, f) == {"train": 80, "validation": 10, "test": 10}
+    assert sharding.split_counts(7, f) == {"train": 5, "validation": 1, "test": 1}
+    assert sharding.split_counts(1, f) == {"train": 1, "validation": 0, "test": 0}
+    assert sharding.split_counts(2, {"train": 0, "validation": 0.5, "test": 0.5}) == {
         "train": 0, "validation": 1, "test": 1}
 
 
 def test_stratified_split_is_per_class_complete_and_seeded():
     files = {"a": [f"a/{i}" for i in range(50)], "b": [f"b/{i}" for i in range(10)]}
     fractions = {"train": 0.6, "validation": 0.2, "test": 0.2}
-    splits = planning.stratified_split(files, ["a", "b"], fractions, seed=1)
+    splits = sharding.stratified_split(files, ["a", "b"], fractions, seed=1)
     per_split = {s: Counter(label for _, label in items) for s, items in splits.items()}
     assert per_split["train"] == {0: 30, 1: 6}
     assert per_split["validation"] == {0: 10, 1: 2}
     assert per_split["test"] == {0: 10, 1: 2}
     everything = sorted(p for items in splits.values() for p, _ in items)
     assert everything == sorted(files["a"] + files["b"])
-    assert splits == planning.stratified_split(files, ["a", "b"], fractions, seed=1)
-    assert splits != planning.stratified_split(files, ["a", "b"], fractions, seed=2)
+    assert splits == sharding.stratified_split(files, ["a", "b"], fractions, seed=1)
+    assert splits != sharding.stratified_split(files, ["a", "b"], fractions, seed=2)
     # Input order does not matter: the listing order of a bucket is not a contract.
     shuffled = {"a": list(reversed(files["a"])), "b": files["b"]}
-    assert splits == planning.stratified_split(shuffled, ["a", "b"], fractions, seed=1)
+    assert splits == sharding.stratified_split(shuffled, ["a", "b"], fractions, seed=1)
 
 
 def test_shard_count_follows_size_target_with_floor_and_cap():
     # 10_000 records of 100 kB = 1 GB -> 10 shards of 100 MB
-    assert planning.shard_count(10_000, 100e3, 100.0, min_shards=4) == 10
+    assert sharding.shard_count(10_000, 100e3, 100.0, min_shards=4) == 10
     # small data: the floor keeps several files to interleave
-    assert planning.shard_count(1_000, 30e3, 100.0, min_shards=16) == 16
+    assert sharding.shard_count(1_000, 30e3, 100.0, min_shards=16) == 16
     # never more shards than examples, none for an empty split
-    assert planning.shard_count(5, 30e3, 100.0, min_shards=16) == 5
-    assert planning.shard_count(0, 30e3, 100.0, min_shards=16) == 0
+    assert sharding.shard_count(5, 30e3, 100.0, min_shards=16) == 5
+    assert sharding.shard_count(0, 30e3, 100.0, min_shards=16) == 0
 
 
 def test_worker_count_is_asked_for_or_one_per_core_for_enough_images():
-    assert planning.worker_count(0, 100_000, 64, cpus=8) == 8  # every core
-    assert planning.worker_count(0, 500, 12, cpus=8) == 2  # one per 200 images
-    assert planning.worker_count(0, 150, 12, cpus=8) == 1  # in the step's own process
-    assert planning.worker_count(3, 10, 12, cpus=8) == 3  # asked for: kept
-    assert planning.worker_count(16, 100_000, 6, cpus=8) == 6  # never more than the shards
+    assert sharding.worker_count(0, 100_000, 64, cpus=8) == 8  # every core
+    assert sharding.worker_count(0, 500, 12, cpus=8) == 2  # one per 200 images
+    assert sharding.worker_count(0, 150, 12, cpus=8) == 1  # in the step's own process
+    assert sharding.worker_count(3, 10, 12, cpus=8) == 3  # asked for: kept
+    assert sharding.worker_count(16, 100_000, 6, cpus=8) == 6  # never more than the shards
 
 
 def test_chunk_is_contiguous_and_balanced():
-    parts = planning.chunk(list(range(10)), 3)
+    parts = sharding.chunk(list(range(10)), 3)
     assert parts == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
     assert sum(parts, []) == list(range(10))
 

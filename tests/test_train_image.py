@@ -26,7 +26,7 @@ from components.formats.image_models import load_keras_model  # noqa: E402
 from components.formats.shards import make_dataset  # noqa: E402
 from components.shard.contract import read_manifest  # noqa: E402
 from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
-from components.train_image import distribute, inputs, phases, training  # noqa: E402
+from components.train_image import distribute, training  # noqa: E402
 from components.train_image import model as model_lib  # noqa: E402
 from components.train_image.contract import PIXELS_SIGNATURE  # noqa: E402
 from components.train_image.model import INPUT_NAME  # noqa: E402
@@ -216,12 +216,12 @@ def test_make_strategy_kinds():
 
 def test_plan_phases():
     pretrained = TrainConfig(epochs=3, fine_tune_epochs=2, weights="imagenet")
-    assert [(p.name, p.epochs, p.learning_rate) for p in phases.plan_phases(pretrained)] == [
+    assert [(p.name, p.epochs, p.learning_rate) for p in training.plan_phases(pretrained)] == [
         ("head", 3, 1e-3), ("fine_tune", 2, 1e-4)]
     head_only = dataclasses.replace(pretrained, fine_tune_epochs=0)
-    assert [p.name for p in phases.plan_phases(head_only)] == ["head"]
+    assert [p.name for p in training.plan_phases(head_only)] == ["head"]
     scratch = TrainConfig(epochs=3, fine_tune_epochs=2, weights="none")
-    assert [(p.name, p.epochs, p.learning_rate) for p in phases.plan_phases(scratch)] == [
+    assert [(p.name, p.epochs, p.learning_rate) for p in training.plan_phases(scratch)] == [
         ("full", 5, 1e-3)]
 
 
@@ -283,9 +283,9 @@ def test_component_defaults_match_train_config():
 
 def test_augment_identity_and_flip():
     images = tf.random.uniform([4, 8, 8, 3], 0, 255, seed=1)
-    same = inputs.augment_images(images, tf.constant([1, 2], tf.int64), False, 0.0, 0.0)
+    same = model_lib.augment_images(images, tf.constant([1, 2], tf.int64), False, 0.0, 0.0)
     assert same is images
-    flipped = inputs.augment_images(images, tf.constant([1, 2], tf.int64), True, 0.0, 0.0)
+    flipped = model_lib.augment_images(images, tf.constant([1, 2], tf.int64), True, 0.0, 0.0)
     mirrors = tf.reverse(images, axis=[2])
     kinds = []
     for original, mirror, out in zip(images.numpy(), mirrors.numpy(), flipped.numpy()):
@@ -297,8 +297,8 @@ def test_augment_identity_and_flip():
 
 def test_augment_rotation_zoom_keeps_range_and_varies():
     images = tf.random.uniform([6, 16, 16, 3], 0, 255, seed=2)
-    a = inputs.augment_images(images, tf.constant([3, 4], tf.int64), True, 0.1, 0.2)
-    b = inputs.augment_images(images, tf.constant([5, 6], tf.int64), True, 0.1, 0.2)
+    a = model_lib.augment_images(images, tf.constant([3, 4], tf.int64), True, 0.1, 0.2)
+    b = model_lib.augment_images(images, tf.constant([5, 6], tf.int64), True, 0.1, 0.2)
     assert a.shape == images.shape and a.dtype == tf.float32
     assert float(tf.reduce_min(a)) >= 0 and float(tf.reduce_max(a)) <= 255.001  # reflect fill
     assert not np.allclose(a, images) and not np.allclose(a, b)
@@ -310,7 +310,7 @@ def test_pipelines_augment_training_only(image_dataset):
     originals = [img.numpy().astype("float32")
                  for img, _ in make_dataset(image_dataset, "train", manifest=manifest)]
     seen_flipped = False
-    batches = inputs.train_input(image_dataset, manifest, config, global_batch=8).take(6)
+    batches = model_lib.train_input(image_dataset, manifest, config, global_batch=8).take(6)
     for images, _ in batches:
         assert images.dtype == tf.float32 and images.shape == (8, IMAGE_SIZE, IMAGE_SIZE, 3)
         for image in images.numpy():
@@ -320,7 +320,7 @@ def test_pipelines_augment_training_only(image_dataset):
             seen_flipped |= mirrored and not plain
     assert seen_flipped
 
-    validation = inputs.validation_input(image_dataset, manifest, config, global_batch=2)
+    validation = model_lib.validation_input(image_dataset, manifest, config, global_batch=2)
     got = np.concatenate([images.numpy() for images, _ in validation])
     raw = np.stack([img.numpy() for img, _ in make_dataset(image_dataset, "validation",
                                                            manifest=manifest)])
@@ -454,7 +454,7 @@ def _epochs_logged(records) -> list[tuple[str, int]]:
     found = []
     for record in records:
         match = re.match(r"(\w+) epoch (\d+):", record.getMessage())
-        if record.name == phases.__name__ and match:
+        if record.name == training.__name__ and match:
             found.append((match.group(1), int(match.group(2))))
     return found
 
@@ -583,7 +583,7 @@ def test_interrupted_training_resumes_across_phases(image_dataset, base_weights,
     params = dict(epochs=2, fine_tune_epochs=2, batch_size=2, weights=base_weights,
                   precision="off", steps_per_epoch=1)
     out, checkpoints = tmp_path / "model", tmp_path / "checkpoints"
-    caplog.set_level(logging.INFO, logger=phases.__name__)
+    caplog.set_level(logging.INFO, logger=training.__name__)
     with pytest.raises(RuntimeError, match="interrupted after epoch 2"):
         training.train(image_dataset, str(out), TrainConfig(**params), str(checkpoints),
                        callbacks=[_Interrupt(2)])
@@ -716,7 +716,7 @@ def test_a_clean_up_cut_short_leaves_the_folder_marked_as_this_runs(tmp_path, mo
     import tensorflow as tf
 
     from components.train_image.contract import TrainingError
-    from components.train_image.state import RUN_FILE, RunState
+    from components.train_image.training import RUN_FILE, RunState
 
     root = str(tmp_path / "checkpoints")
     state = RunState(root, chief=True)

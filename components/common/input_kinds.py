@@ -15,7 +15,7 @@ trained model folders in `components.predict.contract.MODEL_FOLDERS`, a transfor
 start from in `components.train_transformer.contract.BASE_MODEL_FOLDER`. The other kinds
 have one description each where their step's contract holds it: language model assets
 (`train_text.contract.required_files`), image weights (`train_image.contract.
-weights_file_layout`), an image folder of class folders (`shard.listing`), a labelled CSV
+weights_file_layout`), an image folder of class folders (`shard.sharding`), a labelled CSV
 (`prepare_text.preparation.read_csv` and `normalize`), a request body
 (`predict.serving.parse_instances`). **A CSV's header** is checked by `csv_header`, for
 every step that reads a CSV and for the preflight.

@@ -49,7 +49,7 @@ class ShardConfig:
             interleave), unless it has fewer examples than that.
         max_skipped_fraction: Fail when more than this share of the input is unusable.
         num_workers: Writer processes; 0 means one per CPU core, fewer for a small
-            dataset (`planning.worker_count`).
+            dataset (`sharding.worker_count`).
     """
 
     image_size: int = 224

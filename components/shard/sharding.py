@@ -1,4 +1,4 @@
-"""Shard a folder of labelled images into train/validation/test TFRecords.
+"""The sharding step's logic: which files, which split, how many shards, and the manifest.
 
 Input layout: `<data_uri>/<class name>/**/<image file>`, local or gs://.
 Output: `<split>-NNNNN-of-MMMMM.tfrecord` files and `manifest.json` in one folder.
@@ -8,32 +8,46 @@ scaled to `image_size` and the longer side is cropped symmetrically) or letterbo
 (`"pad"`: the longer side is scaled to `image_size` and the rest padded with black).
 No random augmentation happens here: the trainer augments live, per epoch.
 
-This module holds the entry point, `shard_dataset`, which runs the parts beside it in
-turn: `listing` (the labelled files), `planning` (the split and the shard counts),
-`output_folder` (claiming and clearing the output folder), `writing` (the shard
-writers) and `manifest` (assembling and checking the manifest).
+`shard_dataset`, the entry point, runs the parts below it in turn: the listing (the
+labelled files; stray and hidden files are ignored and recorded with a reason, symbolic
+links to folders are followed, except into loops and folders listed already), the plan
+(which file goes to which split, and how many shards each split gets: pure functions of
+the listing, the fractions, the seed and the estimated record size), the writers
+(`writing`: the output folder and the shards) and the manifest (assembled from the
+writers' results, and checked before it is written).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 import random
+from collections import Counter
 from typing import Any
 
-from components.common.storage import write_json_atomically
-from components.shard.contract import MANIFEST_NAME, SPLITS, ShardConfig
-from components.shard.listing import list_labelled_files
-from components.shard.manifest import build_manifest, check_manifest
-from components.shard.output_folder import (
+from components.common.storage import filesystem, write_json_atomically
+from components.shard.contract import (
+    IMAGE_KEY,
+    KEY_KEY,
+    LABEL_KEY,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    SPLITS,
+    ShardConfig,
+    ShardingError,
+)
+from components.shard.writing import (
     CLAIM_NAME,
+    ShardTask,
     check_output_folder,
     claim_output,
     clear_output,
+    estimate_record_bytes,
     remove_own_files,
+    run_tasks,
 )
-from components.shard.planning import chunk, shard_count, stratified_split, worker_count
-from components.shard.writing import ShardTask, estimate_record_bytes, run_tasks
 
 log = logging.getLogger(__name__)
 
@@ -102,3 +116,327 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
     write_json_atomically(os.path.join(out_dir, MANIFEST_NAME), manifest, allow_nan=False)
     os.remove(os.path.join(out_dir, CLAIM_NAME))  # the manifest now names the shards
     return manifest
+
+
+# --------------------------------------------------------------------------- listing
+
+
+@dataclasses.dataclass
+class Listing:
+    """The labelled files found under an input folder."""
+
+    classes: list[str]
+    files: dict[str, list[str]]  # class -> sorted paths relative to the input root
+    ignored: list[dict[str, str]]  # {"path", "reason"} for files that are not examples
+
+
+def list_labelled_files(data_uri: str) -> Listing:
+    """Lists `<data_uri>/<class>/**/<file>`; stray and hidden files are ignored and listed.
+
+    Args:
+        data_uri: Local folder or `gs://bucket/prefix` with one sub-folder per class.
+
+    Returns:
+        The classes (sorted), their files and the ignored files with reasons.
+
+    Raises:
+        ShardingError: The folder does not exist, or has fewer than two classes.
+    """
+    fs, root = filesystem(data_uri)
+    root = root.rstrip("/")
+    if not fs.isdir(root):
+        if fs.isfile(root):
+            raise ShardingError(f"data_uri {data_uri!r} is a file, not a folder of class "
+                                "folders: give the folder whose sub-folders (one per class) "
+                                "hold the images (a CSV of texts is the text pipeline's input)")
+        raise ShardingError(f"input folder {data_uri!r} does not exist or is not a folder")
+    files: dict[str, list[str]] = {}
+    ignored: list[dict[str, str]] = []
+    folders = []
+    for entry in fs.ls(root, detail=True):
+        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+        # A symbolic link to a folder is a class folder too (listings call it "other").
+        if entry["type"] == "directory" or (entry.get("islink") and fs.isdir(entry["name"])):
+            folders.append(name)
+            if not name.startswith("."):
+                files[name] = []
+        elif entry.get("islink") and not fs.exists(entry["name"]):
+            ignored.append({"path": name, "reason": "symbolic link to nothing"})
+        else:
+            ignored.append({"path": name, "reason": "outside class folders"})
+    # Listed folder by folder: `find` on the root does not enter linked folders.
+    listed = {os.path.realpath(f"{root}/{folder}") for folder in files}
+    for folder in sorted(folders):
+        for path in _find_following_links(fs, f"{root}/{folder}", listed, ignored, root):
+            relative = path[len(root):].lstrip("/")
+            parts = relative.split("/")
+            if folder not in files:  # a hidden top-level folder such as .git/
+                ignored.append({"path": relative, "reason": "hidden folder"})
+            elif any(part.startswith(".") for part in parts):
+                ignored.append({"path": relative, "reason": "hidden file"})
+            else:
+                files[folder].append(relative)
+    empty = sorted(c for c, paths in files.items() if not paths)
+    if empty:
+        raise ShardingError(
+            f"class folder(s) {empty} under {data_uri!r} hold no files: add images or remove them"
+        )
+    if len(files) < 2:
+        raise ShardingError(
+            f"found {len(files)} class folder(s) under {data_uri!r}; a classifier needs at least "
+            "two: put each class's images in its own sub-folder"
+        )
+    classes = sorted(files)
+    return Listing(classes=classes, files={c: files[c] for c in classes}, ignored=ignored)
+
+
+def _find_following_links(fs, top: str, listed: set[str], ignored: list[dict[str, str]],
+                          root: str) -> list[str]:
+    """Files under `top` (sorted), entering symbolic links to folders as `find` does not.
+
+    A linked folder that holds the link (a loop) or overlaps a folder listed already
+    (another class, another link) is not entered but recorded in `ignored`: entering it
+    would never end, or read the same images twice, perhaps under two labels.
+    `listed` holds the real paths of the class folders and grows with each linked
+    folder entered (links exist on local disks only: gs:// listings have none).
+    """
+    found, pending = [], [top]
+    while pending:
+        for path, info in sorted(fs.find(pending.pop(), detail=True).items()):
+            hidden = any(p.startswith(".") for p in path[len(root):].split("/"))
+            if not (info.get("islink") and fs.isdir(path)) or hidden:
+                found.append(path)
+                continue
+            target = os.path.realpath(path)
+            relative = path[len(root):].lstrip("/")
+            holder = os.path.realpath(os.path.dirname(path))
+            if os.path.commonpath([target, holder]) == target:
+                ignored.append({"path": relative, "reason": f"symbolic link loop: {target} "
+                                "holds the link; not entered"})
+            elif any(os.path.commonpath([target, seen]) in (target, seen) for seen in listed):
+                ignored.append({"path": relative, "reason": "symbolic link to a folder listed "
+                                f"already ({target}); not entered, so no image is read twice"})
+            else:
+                listed.add(target)
+                pending.append(path)
+    return sorted(found)
+
+
+# --------------------------------------------------------------------------- the split
+
+
+def split_counts(n: int, fractions: dict[str, float]) -> dict[str, int]:
+    """Splits `n` items by fractions, rounding validation and test, train taking the rest."""
+    validation = round(n * fractions["validation"])
+    test = round(n * fractions["test"])
+    if validation + test > n:  # only possible through rounding of tiny classes
+        test = n - validation
+    return {"train": n - validation - test, "validation": validation, "test": test}
+
+
+def stratified_split(
+    files: dict[str, list[str]], classes: list[str], fractions: dict[str, float], seed: int
+) -> dict[str, list[tuple[str, int]]]:
+    """Assigns each file to a split, class by class, then shuffles each split.
+
+    Args:
+        files: Class name to its file paths.
+        classes: Class names in label order (label = index).
+        fractions: Split name to share, summing to 1.
+        seed: The same seed and inputs give the same assignment and order.
+
+    Returns:
+        Split name to a shuffled list of `(path, label)`.
+    """
+    rng = random.Random(seed)
+    splits: dict[str, list[tuple[str, int]]] = {s: [] for s in SPLITS}
+    for label, name in enumerate(classes):
+        paths = sorted(files[name])
+        rng.shuffle(paths)
+        counts = split_counts(len(paths), fractions)
+        start = 0
+        for split in SPLITS:
+            splits[split].extend((p, label) for p in paths[start:start + counts[split]])
+            start += counts[split]
+    for split in SPLITS:
+        rng.shuffle(splits[split])
+    return splits
+
+
+# --------------------------------------------------------------------------- counts
+
+
+def shard_count(n_examples: int, bytes_per_example: float, target_shard_mb: float,
+                min_shards: int) -> int:
+    """How many shards a split of `n_examples` is written to.
+
+    As many as the size target asks for, but at least `min_shards` so readers can
+    interleave, and never more than there are examples.
+    """
+    if n_examples == 0:
+        return 0
+    by_size = math.ceil(n_examples * bytes_per_example / (target_shard_mb * 1e6))
+    return min(n_examples, max(min_shards, by_size))
+
+
+# A writer process takes ~0.4 s to start (a fresh interpreter: writing.run_tasks) and
+# ~1 s to write 200 images at 224 px: when the count is left to the step, each worker
+# gets at least this many images.
+IMAGES_PER_WORKER = 200
+
+
+def worker_count(num_workers: int, n_images: int, n_shards: int, cpus: int) -> int:
+    """How many processes write `n_shards` shards of `n_images` images.
+
+    `num_workers` when set; when 0, one per CPU core but no more than one per
+    IMAGES_PER_WORKER images (a small dataset is written in the step's own process).
+    Never more than there are shards.
+    """
+    wanted = num_workers or min(cpus, n_images // IMAGES_PER_WORKER)
+    return max(1, min(wanted, n_shards))
+
+
+def chunk(items: list, n_chunks: int) -> list[list]:
+    """Cuts `items` into `n_chunks` contiguous runs whose lengths differ by at most one."""
+    n = len(items)
+    return [items[i * n // n_chunks:(i + 1) * n // n_chunks] for i in range(n_chunks)]
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def build_manifest(data_uri: str, listing: Listing, config: ShardConfig, examples_in: int,
+                   results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Assembles the manifest from the shard writers' results."""
+    by_file = {r["file"]: r for r in results}
+    splits_out: dict[str, Any] = {}
+    skipped = sorted((s for r in results for s in r["skipped"]), key=lambda s: s["path"])
+    for split in SPLITS:
+        shard_results = [by_file[f] for f in sorted(by_file) if f.startswith(split + "-")]
+        counts: Counter[int] = Counter()
+        for r in shard_results:
+            counts.update({int(k): v for k, v in r["labels"].items()})
+        splits_out[split] = {
+            "count": sum(counts.values()),
+            "class_counts": {name: counts.get(i, 0) for i, name in enumerate(listing.classes)},
+            "shards": [
+                {k: r[k] for k in ("file", "records", "sha256", "bytes")} for r in shard_results
+            ],
+        }
+    return {
+        "format_version": MANIFEST_VERSION,
+        "input_uri": data_uri,
+        "seed": config.seed,
+        "fractions": config.fractions,
+        "image": {
+            "height": config.image_size,
+            "width": config.image_size,
+            "channels": 3,
+            "format": config.image_format,
+            "jpeg_quality": config.jpeg_quality if config.image_format == "jpeg" else None,
+            "resize_method": config.resize_method,
+        },
+        "features": {"image": IMAGE_KEY, "label": LABEL_KEY, "key": KEY_KEY},
+        "classes": listing.classes,
+        "label_map": {name: i for i, name in enumerate(listing.classes)},
+        "examples_in": examples_in,
+        "written": sum(s["count"] for s in splits_out.values()),
+        "skipped": skipped,
+        "ignored": listing.ignored,
+        "missing_classes": missing_classes(splits_out, listing.files, config.fractions),
+        "duplicate_files": duplicate_files(results),
+        "max_skipped_fraction": config.max_skipped_fraction,
+        "splits": splits_out,
+    }
+
+
+# Copies listed per kind in the manifest (all are counted).
+_LISTED_COPIES = 20
+
+
+def duplicate_files(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Files written more than once (the same bytes under two paths): how many, and the
+    copies that sit in two class folders (one image, two labels) or in two splits (an
+    image the model trains on, then is tested on), up to `_LISTED_COPIES` of each listed.
+
+    Args:
+        results: The shard writers' results (their `contents`; paths relative to the
+            input root, so a path's class is its first folder).
+    """
+    copies: dict[str, list[tuple[str, str]]] = {}
+    for result in results:
+        split = result["file"].split("-", 1)[0]
+        for path, digest in result.get("contents", {}).items():
+            copies.setdefault(digest, []).append((path, split))
+    repeated = [sorted(group) for group in copies.values() if len(group) > 1]
+    across_classes = sorted([path for path, _ in group] for group in repeated
+                            if len({path.split("/", 1)[0] for path, _ in group}) > 1)
+    across_splits = sorted([path for path, _ in group] for group in repeated
+                           if len({split for _, split in group}) > 1)
+    return {"files": sum(len(group) for group in repeated), "images": len(repeated),
+            "across_classes": {"count": len(across_classes),
+                               "copies": across_classes[:_LISTED_COPIES]},
+            "across_splits": {"count": len(across_splits),
+                              "copies": across_splits[:_LISTED_COPIES]}}
+
+
+def missing_classes(splits_out: dict[str, Any], files: dict[str, list[str]],
+                    fractions: dict[str, float]) -> list[dict[str, Any]]:
+    """Classes with no example in a split that was asked for (fraction > 0).
+
+    A class of a few images rounds to no validation or test example, or loses the one
+    it drew to an unreadable file: that split then says nothing about it (and with no
+    train example the model never sees it). The splits stay usable for the other
+    classes, so this is recorded and warned about, not refused.
+
+    Args:
+        splits_out: The manifest's splits, with their per-class counts.
+        files: Class name to its listed files, in label order.
+        fractions: Split name to share.
+
+    Returns:
+        `[{"class", "splits", "reason"}]`, in label order.
+    """
+    gaps = []
+    for name, paths in files.items():
+        missing = [s for s in SPLITS
+                   if fractions[s] > 0 and splits_out[s]["class_counts"][name] == 0]
+        if not missing:
+            continue
+        drawn = split_counts(len(paths), fractions)
+        too_few = [s for s in missing if not drawn[s]]
+        lost = [s for s in missing if drawn[s]]
+        reasons = []
+        if too_few:
+            asked = ", ".join(f"{s}_fraction={fractions[s]:g}" for s in too_few)
+            reasons.append(f"{len(paths)} file(s) listed: too few for one example in "
+                           f"{', '.join(too_few)} at {asked}; add images to this class")
+        if lost:
+            reasons.append(f"the file(s) drawn for {', '.join(lost)} are unusable (see "
+                           "skipped); fix or replace them")
+        gaps.append({"class": name, "splits": missing, "reason": "; ".join(reasons)})
+    return gaps
+
+
+def check_manifest(manifest: dict[str, Any]) -> None:
+    """Fails when a class has no usable image or too many files were unusable."""
+    skipped = manifest["skipped"]
+    examples_in = manifest["examples_in"]
+    reasons = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:5])
+    more = f" (and {len(skipped) - 5} more)" if len(skipped) > 5 else ""
+    totals = Counter()
+    for split in manifest["splits"].values():
+        totals.update(split["class_counts"])
+    empty = [name for name in manifest["classes"] if totals[name] == 0]
+    if empty:
+        raise ShardingError(
+            f"class(es) {empty} have no usable image after skipping unreadable files "
+            f"({reasons}{more}): fix or remove those files"
+        )
+    share = len(skipped) / examples_in if examples_in else 0.0
+    if share > manifest["max_skipped_fraction"]:
+        raise ShardingError(
+            f"{len(skipped)} of {examples_in} files ({share:.1%}) are unusable, more than "
+            f"max_skipped_fraction={manifest['max_skipped_fraction']}: {reasons}{more}. "
+            "Fix the files or raise max_skipped_fraction."
+        )

@@ -1,15 +1,30 @@
-"""Writing the shards: images read in batches, resized and encoded, framed as TFRecords.
+"""Writing the shards: the output folder, the shard writers, the TFRecord format.
+
+The output folder is claimed before writing and cleared of an earlier run's files on a
+re-run. Only files this step can prove its own (named by its manifest, or by the claim an
+unfinished run left) are removed; files named like its output but proved by nothing stop
+the run, and other files are never touched. An output folder overlapping the input folder
+is refused.
 
 One `ShardTask` per shard, written by `write_shard` under a temporary name in worker
-processes (`run_tasks`); `estimate_record_bytes` sizes a record from a sample.
+processes (`run_tasks`): images read in batches, resized and encoded, framed as
+TFRecords; `estimate_record_bytes` sizes a record from a sample.
+
+The records are framed and their `tf.train.Example`s encoded in plain Python: importing
+TensorFlow in every worker process costs seconds and hundreds of MB each, and the two
+formats involved are small and stable. The reader (``components.formats.shards``) parses
+them with TensorFlow, and the tests check that TensorFlow reads back what is written here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import multiprocessing
 import os
+import re
+import struct
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -17,24 +32,120 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+import google_crc32c
+
 from components.common.images import BadImage, decode_image, encode_image, resize
-from components.common.storage import TMP_PREFIX, filesystem
-from components.shard import records
-from components.shard.contract import IMAGE_KEY, KEY_KEY, LABEL_KEY, ShardConfig, ShardingError
+from components.common.storage import TMP_PREFIX, filesystem, local_path, write_json_atomically
+from components.shard.contract import (
+    IMAGE_KEY,
+    KEY_KEY,
+    LABEL_KEY,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    SPLITS,
+    ShardConfig,
+    ShardingError,
+)
 
-_READ_BATCH = 32  # files fetched concurrently per request (gcsfs fetches a batch in parallel)
+# --------------------------------------------------------------------------- output folder
+
+# The names this step writes into its output folder. One there that it cannot prove
+# its own (`own_files`) stops the run; files with other names are never touched.
+_OWN_FILE = re.compile(rf"^({re.escape(TMP_PREFIX)})?"
+                       rf"(({'|'.join(SPLITS)})-\d{{5}}-of-\d{{5}}\.tfrecord|{re.escape(MANIFEST_NAME)})$")
+# Names the files a run is writing until its manifest does (see `claim_output`).
+CLAIM_NAME = ".shard-claim.json"
 
 
-# --------------------------------------------------------------------------- images
+def own_files(out_dir: str) -> set[str]:
+    """Names in `out_dir` this step can prove it wrote: the manifest and the shards it
+    names, and what an unfinished run's claim names, each with its temporary name.
+    A manifest that is not this step's (not JSON, other keys) proves nothing."""
+    names = {CLAIM_NAME}
+    try:
+        with open(os.path.join(out_dir, MANIFEST_NAME)) as f:
+            manifest = json.load(f)
+        if manifest["format_version"] == MANIFEST_VERSION:
+            names |= {MANIFEST_NAME} | {str(shard["file"]) for split in SPLITS
+                                        for shard in manifest["splits"][split]["shards"]}
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    try:
+        with open(os.path.join(out_dir, CLAIM_NAME)) as f:
+            names |= {str(name) for name in json.load(f)["files"]}
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    return names | {TMP_PREFIX + name for name in names}
+
+
+def claim_output(out_dir: str, names: list[str]) -> None:
+    """Records the files a run is about to write, before it writes them: a run killed
+    mid-way leaves no manifest, and the claim is what proves its leftovers ours."""
+    write_json_atomically(os.path.join(out_dir, CLAIM_NAME),
+                          {"files": sorted(set(names) | {MANIFEST_NAME})})
+
+
+def remove_own_files(out_dir: str) -> None:
+    """Removes the files `own_files` proves ours: the manifest first, so nothing looks
+    whole, and the claim last, so a kill half-way still leaves the rest provably ours."""
+    present = set(os.listdir(out_dir)) if os.path.isdir(out_dir) else set()
+    claims = [name for name in (CLAIM_NAME, TMP_PREFIX + CLAIM_NAME) if name in present]
+    doomed = sorted((present & own_files(out_dir)) - set(claims))
+    if doomed:
+        claim_output(out_dir, doomed)
+        claims = [CLAIM_NAME]
+    for name in sorted(doomed, key=lambda n: n != MANIFEST_NAME) + claims:
+        os.remove(os.path.join(out_dir, name))
+
+
+def clear_output(out_dir: str) -> None:
+    """Removes what an earlier run of this step wrote; other files are left alone.
+
+    Raises:
+        ShardingError: The folder holds files named like this step's output that no
+            manifest or claim of this step names (another dataset's shards, another
+            tool's manifest): they are kept, and nothing is removed.
+    """
+    if not os.path.isdir(out_dir):
+        return
+    foreign = sorted(name for name in set(os.listdir(out_dir)) - own_files(out_dir)
+                     if _OWN_FILE.match(name))
+    if foreign:
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise ShardingError(
+            f"output folder {out_dir!r} holds {', '.join(foreign[:5])}{more}, named like this "
+            "step's output but named by no manifest of this step, so perhaps another "
+            "dataset's; they are left alone: choose an empty output folder, or move or "
+            "remove those files")
+    remove_own_files(out_dir)
+
+
+def check_output_folder(data_uri: str, out_dir: str) -> None:
+    """Refuses an output folder inside the input folder (or the reverse): its shards
+    would be listed as images of a class on the next run, or the input overwritten.
+
+    Raises:
+        ShardingError: The two folders overlap.
+    """
+    if data_uri.startswith("s3://"):
+        return  # an S3 bucket is never a local folder
+    source = os.path.realpath(local_path(data_uri) if data_uri.startswith("gs://")
+                              else data_uri)
+    target = os.path.realpath(out_dir)
+    if os.path.commonpath([source, target]) in (source, target):
+        raise ShardingError(
+            f"output folder {out_dir!r} and input folder {data_uri!r} overlap: the shards "
+            "would be read as images next time, or the images overwritten; write the "
+            "output outside the input folder")
+
+
+# --------------------------------------------------------------------------- shard writers
 
 
 def process_image(data: bytes, config: ShardConfig) -> bytes:
     """Decode, convert to RGB, resize and encode one image file's bytes."""
     image = resize(decode_image(data, config.image_size), config.image_size, config.resize_method)
     return encode_image(image, config.image_format, config.jpeg_quality)
-
-
-# --------------------------------------------------------------------------- writing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +157,9 @@ class ShardTask:
     filename: str
     items: list[tuple[str, int]]  # (path relative to data_uri, label)
     config: ShardConfig
+
+
+_READ_BATCH = 32  # files fetched concurrently per request (gcsfs fetches a batch in parallel)
 
 
 def read_files(data_uri: str, paths: list[str]) -> Iterable[tuple[str, bytes | Exception]]:
@@ -62,7 +176,7 @@ def read_files(data_uri: str, paths: list[str]) -> Iterable[tuple[str, bytes | E
 
 def make_record(path: str, label: int, encoded_image: bytes) -> bytes:
     """One framed TFRecord holding an Example with the image, its label and source path."""
-    return records.frame_record(records.encode_example({
+    return frame_record(encode_example({
         IMAGE_KEY: encoded_image,
         LABEL_KEY: label,
         KEY_KEY: path.encode(),
@@ -174,3 +288,84 @@ def run_tasks(tasks: list[ShardTask], workers: int, worker_fn: Callable = write_
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     return results
+
+
+# --------------------------------------------------------------------------- records
+
+
+_CRC_MASK_DELTA = 0xA282EAD8
+
+
+def _masked_crc32c(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame_record(payload: bytes) -> bytes:
+    """Frames one record in the TFRecord format.
+
+    Args:
+        payload: The serialized record (usually a `tf.train.Example`).
+
+    Returns:
+        length, masked CRC32C of the length, payload, masked CRC32C of the payload.
+    """
+    length = struct.pack("<Q", len(payload))
+    return b"".join((
+        length,
+        struct.pack("<I", _masked_crc32c(length)),
+        payload,
+        struct.pack("<I", _masked_crc32c(payload)),
+    ))
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # negative int64 values are encoded as 10-byte two's complement
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _bytes_feature(values: list[bytes]) -> bytes:
+    # Feature.bytes_list = 1; BytesList.value = 1 (repeated bytes)
+    return _field(1, b"".join(_field(1, v) for v in values))
+
+
+def _int64_feature(values: list[int]) -> bytes:
+    # Feature.int64_list = 3; Int64List.value = 1 (packed varints)
+    return _field(3, _field(1, b"".join(_varint(v) for v in values)))
+
+
+def encode_example(features: dict[str, bytes | int]) -> bytes:
+    """Serializes a `tf.train.Example` holding single bytes or int64 values.
+
+    Args:
+        features: Feature name to value; `bytes` become a BytesList, `int` an Int64List.
+
+    Returns:
+        The serialized Example, with features in sorted key order so equal inputs
+        give equal bytes.
+    """
+    entries = []
+    for name in sorted(features):
+        value = features[name]
+        if isinstance(value, bytes):
+            feature = _bytes_feature([value])
+        elif isinstance(value, int):
+            feature = _int64_feature([value])
+        else:
+            raise TypeError(f"feature {name!r}: expected bytes or int, got {type(value).__name__}")
+        # Features.feature = 1 (map<string, Feature>): entry key = 1, value = 2
+        entries.append(_field(1, _field(1, name.encode()) + _field(2, feature)))
+    return _field(1, b"".join(entries))  # Example.features = 1

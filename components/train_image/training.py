@@ -1,15 +1,28 @@
-"""Train the DenseNet image classifier on a sharded dataset.
+"""Train the DenseNet image classifier on a sharded dataset: the driver, the callbacks of
+its phases, and its resume state.
 
 Two phases with pretrained weights: "head" trains only the new top on a frozen
 base, then "fine_tune" unfreezes the top dense blocks at a lower learning rate.
 Without pretrained weights there is nothing to protect, so one "full" phase trains
 everything for `epochs + fine_tune_epochs` epochs at `learning_rate`.
 Epochs are numbered across phases (fine-tuning continues the head's count), so
-TensorBoard shows one continuous curve.
+TensorBoard shows one continuous curve. The model, its phases' plan and the input
+pipelines are in `model`, the artifact writing in `artifact`.
 
-Restarts resume from the last finished epoch: the resume state under `checkpoint_dir`
-is described in `components.train_image.state`. The input pipelines are in `inputs`,
-the phases' plan and callbacks in `phases`, the artifact writing in `artifact`.
+Restarts (Vertex may restart a worker at any time) resume from the last finished
+epoch. Under `checkpoint_dir`:
+  run.json                 fingerprint of config + dataset + replicas; a different
+                           run refuses to resume someone else's state
+  backup-<phase>/          tf-keras BackupAndRestore of the running phase (weights,
+                           optimizer, epoch); one folder per phase because each phase
+                           has its own optimizer and trainable set
+  history-<phase>.json     per-epoch metrics so far (survives restarts)
+  <phase>.weights.npz      the phase's final weights (after EarlyStopping restored the
+                           best ones), then
+  <phase>.done.json        the marker, written last: the phase is finished
+A restarted run loads the weights of finished phases, skips them, and lets
+BackupAndRestore resume the unfinished one. Everything here is deleted once the
+model is exported.
 
 Keras: tf-keras everywhere, see `components.train_image.model` for why.
 """
@@ -17,6 +30,7 @@ Keras: tf-keras everywhere, see `components.train_image.model` for why.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -27,31 +41,36 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
+from components.common import run_state
 from components.common.gpus import require_tensorflow_gpus
 from components.common.hypertune import TrialReporter
-from components.common.storage import filesystem, is_remote, local_path, run_folder
+from components.common.storage import (
+    filesystem,
+    is_remote,
+    local_path,
+    push_mirrors,
+    run_folder,
+    write_json_atomically,
+)
 from components.shard.contract import read_manifest
 from components.train_image import distribute
 from components.train_image.artifact import write_artifact
 from components.train_image.contract import TrainConfig, TrainingError, normalize_weights
-from components.train_image.inputs import train_input, validation_input
 from components.train_image.model import (
+    Phase,
     architecture,
     build_model,
+    compile_model,
     dtype_policy,
     load_snapshot,
+    plan_phases,
+    read_snapshot,
+    save_snapshot,
     set_trainable,
+    train_input,
+    validation_input,
     weight_snapshot,
 )
-from components.train_image.phases import (
-    EpochRecorder,
-    Phase,
-    TrialReport,
-    compile_model,
-    phase_callbacks,
-    plan_phases,
-)
-from components.train_image.state import RunState, run_values
 
 log = logging.getLogger(__name__)
 
@@ -373,10 +392,177 @@ def _metrics(setup: _Setup, history: dict[str, list[dict[str, Any]]], final: dic
     return {k: v for k, v in metrics.items() if v is not None}
 
 
-
 def _barrier(strategy) -> None:
     """Waits for every worker: the others must not exit while the chief still writes
     (the chief's coordination service reports workers that stop as crashed)."""
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         strategy.reduce(tf.distribute.ReduceOp.SUM,
                         strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+
+# --------------------------------------------------------------------------- callbacks
+
+
+class EpochRecorder(tf_keras.callbacks.Callback):
+    """Keeps each epoch's metrics in memory and (chief) in the run state; logs a line."""
+
+    def __init__(self, state: RunState, phase: str):
+        super().__init__()
+        self.state = state
+        self.phase = phase
+        self.records: list[dict[str, Any]] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        record = {"epoch": int(epoch), **{k: float(v) for k, v in (logs or {}).items()}}
+        self.records.append(record)
+        self.state.record_epoch(self.phase, record)
+        log.info("%s epoch %d: %s", self.phase, epoch,
+                 ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
+
+
+class MirrorPush(tf_keras.callbacks.Callback):
+    """Pushes the checkpoint and log folders where they mirror an object store (open-source
+    Kubeflow), once the epoch's backup and logs are written: a retried pod resumes there."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        push_mirrors()
+
+
+class TrialReport(tf_keras.callbacks.Callback):
+    """Reports the tuning metric after each epoch (epochs counted across both phases)."""
+
+    def __init__(self, reporter: TrialReporter):
+        super().__init__()
+        self.reporter = reporter
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.reporter.report(logs or {}, int(epoch) + 1)
+
+
+def phase_callbacks(config: TrainConfig, state: RunState, phase: Phase,
+                    recorder: EpochRecorder, tensorboard_dir: str, monitor: str) -> list:
+    """The Keras callbacks of one phase's `model.fit`.
+
+    Learning-rate reduction and early stopping on `monitor` (when configured), then
+    `recorder`, the phase's BackupAndRestore, TensorBoard logs and the mirror push.
+    """
+    # Order matters: the LR change and early stopping of an epoch happen before its
+    # metrics are recorded and before BackupAndRestore saves it.
+    callbacks = []
+    if config.reduce_lr_patience:
+        callbacks.append(tf_keras.callbacks.ReduceLROnPlateau(
+            monitor=monitor, factor=config.reduce_lr_factor,
+            patience=config.reduce_lr_patience, min_lr=1e-7))
+    if config.early_stopping_patience:
+        callbacks.append(tf_keras.callbacks.EarlyStopping(
+            monitor=monitor, patience=config.early_stopping_patience,
+            restore_best_weights=True))
+    callbacks += [
+        recorder,
+        tf_keras.callbacks.BackupAndRestore(backup_dir=state.backup_dir(phase.name)),
+        tf_keras.callbacks.TensorBoard(log_dir=tensorboard_dir, histogram_freq=0,
+                                       write_graph=False, profile_batch=0),
+        MirrorPush(),
+    ]
+    return callbacks
+
+
+# --------------------------------------------------------------------------- resume state
+
+
+def _read_json(path: str) -> Any:
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+_write_json = write_json_atomically  # checkpoint folders are local paths (gs:// via /gcs/)
+
+RUN_FILE = "run.json"  # the run's fingerprint, config and replicas
+# It only marks the folder's owner: BackupAndRestore and the phase files hold the state.
+# The whole digest, as run.json has always held.
+RUN = run_state.StateFile(RUN_FILE, TrainingError, "other config, dataset or number of replicas",
+                          marker=True, sort_keys=True, digits=64)
+
+
+class RunState:
+    """The resume state under the checkpoint folder (layout in the module docstring).
+
+    Only the chief writes; every worker reads the finished phases at start-up.
+    """
+
+    def __init__(self, root: str, chief: bool):
+        self.root = root
+        self.chief = chief
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def backup_dir(self, phase: str) -> str:
+        return self._path(f"backup-{phase}")
+
+    def claim(self, values: dict[str, Any], description: dict[str, Any]) -> None:
+        """Records the run's fingerprint, or fails if the folder holds another run.
+
+        Args:
+            values: What defines the run (`run_values`), hashed into run.json.
+            description: More for run.json, for people (the settings).
+        """
+        if run_state.open_run(self.root, RUN, values, fresh=description,
+                              write=self.chief).resumed:
+            log.info("checkpoint folder %s belongs to this run: finished work is reused",
+                     self.root)
+
+    def finished(self, phase: str) -> dict[str, Any] | None:
+        """The marker of a finished phase, or None."""
+        path = self._path(f"{phase}.done.json")
+        return _read_json(path) if tf.io.gfile.exists(path) else None
+
+    def finished_weights(self, phase: str):
+        return read_snapshot(self._path(f"{phase}.weights.npz"))
+
+    def finish(self, phase: str, snapshot, marker: dict[str, Any]) -> None:
+        """Saves a finished phase: weights first, then the marker that vouches for them."""
+        if self.chief:
+            save_snapshot(snapshot, self._path(f"{phase}.weights.npz"))
+            _write_json(self._path(f"{phase}.done.json"), marker)
+
+    def history(self, phase: str) -> list[dict[str, Any]]:
+        path = self._path(f"history-{phase}.json")
+        return _read_json(path) if tf.io.gfile.exists(path) else []
+
+    def record_epoch(self, phase: str, record: dict[str, Any]) -> None:
+        """Adds one epoch's metrics; a redone epoch replaces its earlier record."""
+        if not self.chief:
+            return
+        records = [r for r in self.history(phase) if r["epoch"] != record["epoch"]]
+        records.append(record)
+        # Rewritten whole: gs:// objects cannot be appended to.
+        _write_json(self._path(f"history-{phase}.json"), sorted(records, key=lambda r: r["epoch"]))
+
+    def clear(self, phases: Sequence[str]) -> None:
+        """Deletes the state once the model is exported (and the folder if left empty)."""
+        if not self.chief or not tf.io.gfile.exists(self.root):
+            return
+        # The run file last: a job killed part-way through leaves a folder still marked as
+        # this run's, never finished phases without their owner, which a run with other
+        # settings would find free and take up as its own.
+        names = [name for phase in phases for name in (
+            f"backup-{phase}", f"history-{phase}.json", f"{phase}.weights.npz",
+            f"{phase}.done.json")]
+        for name in [*names, RUN_FILE]:
+            path = self._path(name)
+            if tf.io.gfile.isdir(path):
+                tf.io.gfile.rmtree(path)
+            elif tf.io.gfile.exists(path):
+                tf.io.gfile.remove(path)
+        if not tf.io.gfile.listdir(self.root):
+            tf.io.gfile.rmtree(self.root)
+
+
+def run_values(config: TrainConfig, manifest: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """What defines a run, for its fingerprint: config, dataset content (shard digests)
+    and replica count."""
+    shards = {split: [s["sha256"] for s in info["shards"]]
+              for split, info in manifest["splits"].items()}
+    return {"config": dataclasses.asdict(config), "classes": manifest["classes"],
+            "shards": shards, "replicas": replicas}
