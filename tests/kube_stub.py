@@ -318,3 +318,20 @@ class KubeStub:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextlib.contextmanager
+def serving(stub: KubeStub | None = None):
+    """`stub` (a new one when None) started, and a real `kubernetes` client pointed at it;
+    both closed on the way out."""
+    from kubernetes import client
+
+    stub = (stub or KubeStub()).start()
+    configuration = client.Configuration()
+    configuration.host = stub.host
+    api = client.ApiClient(configuration)
+    try:
+        yield stub, api
+    finally:
+        api.close()
+        stub.stop()

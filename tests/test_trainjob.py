@@ -26,7 +26,7 @@ import pytest
 from components.train_transformer import distributed
 from components.trainjob import contract as node
 from components.trainjob import launcher, spec
-from tests.kube_stub import KubeStub, Plan, condition
+from tests.kube_stub import KubeStub, Plan, condition, serving
 
 NS = "kubeflow-user"
 TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
@@ -224,15 +224,8 @@ def test_trainjob_node_processes_auto_is_one_per_gpu():
 @pytest.fixture
 def kube():
     """The stub, and a real `kubernetes` client pointed at it."""
-    from kubernetes import client
-
-    stub = KubeStub().start()
-    configuration = client.Configuration()
-    configuration.host = stub.host
-    api = client.ApiClient(configuration)
-    yield stub, api
-    api.close()
-    stub.stop()
+    with serving() as stub_and_client:
+        yield stub_and_client
 
 
 def _name_of(manifest: dict) -> str:

@@ -37,7 +37,7 @@ from components.train_transformer import multinode
 from components.train_transformer.node import MODEL_ROOT, copy_folder
 from components.trainjob import launcher
 from components.trainjob.contract import torchrun_environment
-from tests.kube_stub import KubeStub
+from tests.kube_stub import serving
 from tools.rehearsal import kubeflow_demo
 from tools.rehearsal.launcher import ObjectStore
 from tools.rehearsal.records import RehearsalError
@@ -142,15 +142,8 @@ def _manifest(command, args=(), num_nodes=2, secret=kubeflow_demo.SECRET, deadli
 @pytest.fixture
 def cluster():
     """The stub of the Kubernetes API (a test sets its `play`), and a client of it."""
-    from kubernetes import client
-
-    stub = KubeStub().start()
-    configuration = client.Configuration()
-    configuration.host = stub.host
-    api = client.ApiClient(configuration)
-    yield stub, api
-    api.close()
-    stub.stop()
+    with serving() as (stub, api):
+        yield stub, api
     for job in stub.played.values():
         job.delete()  # no node left running, whatever the test's end
 

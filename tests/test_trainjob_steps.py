@@ -17,7 +17,7 @@ from components.train_transformer import launch, multinode, node
 from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
 from components.trainjob import launcher, spec
 from components.trainjob.contract import NodeEnvironmentError
-from tests.kube_stub import Plan, condition
+from tests.kube_stub import Plan, condition, serving
 
 NS = "kubeflow-user"
 FAST = launcher.Timing(poll_seconds=0.05, clear_seconds=5, log_grace_seconds=5)
@@ -104,17 +104,8 @@ def test_trainjob_node_runs_the_trainer_and_node0_uploads_the_model(tmp_path, mo
 
 @pytest.fixture
 def kube():
-    from kubernetes import client
-
-    from tests.kube_stub import KubeStub
-
-    stub = KubeStub().start()
-    configuration = client.Configuration()
-    configuration.host = stub.host
-    api = client.ApiClient(configuration)
-    yield stub, api
-    api.close()
-    stub.stop()
+    with serving() as stub_and_client:
+        yield stub_and_client
 
 
 SETTINGS = multinode.NodeSettings(
