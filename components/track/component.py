@@ -1,5 +1,4 @@
-"""KFP faces of the tracking step: one MLflow run per pipeline run, after training (or the
-run KFP 2.17's MLflow plugin made for the step, where it gives one)."""
+"""KFP faces of the tracking step: one MLflow run per pipeline run, after training."""
 
 from kfp.dsl import Artifact, Input, Model
 
@@ -25,10 +24,7 @@ def track_classifier(
     Returns:
         The MLflow run id.
     """
-    import os
-
     from components.common.metrics import read_evaluation
-    from components.track.contract import platform_run
     from components.track.tracking import image_record, log_run, text_record
 
     records = {"image": image_record, "text": text_record}
@@ -36,8 +32,7 @@ def track_classifier(
         raise ValueError(f"kind must be one of {sorted(records)}, got {kind!r}")
     record = records[kind](model.path, model.metadata, model.uri,
                            read_evaluation(evaluation.path))
-    run_id = log_run(tracking_uri, experiment, run_name, record, {"pipeline": experiment},
-                     platform_run(tracking_uri, os.environ))
+    run_id = log_run(tracking_uri, experiment, run_name, record, {"pipeline": experiment})
     print(f"MLflow run {run_id} ({run_name!r} in experiment {experiment!r}): "
           f"{len(record.params)} parameters, {len(record.series)} series, "
           f"{len(record.metrics)} test metrics")
@@ -61,14 +56,10 @@ def track_language_model(
     Returns:
         The MLflow run id.
     """
-    import os
-
-    from components.track.contract import platform_run
     from components.track.tracking import lm_record, log_run
 
     record = lm_record(lm_assets.path, lm_assets.metadata, lm_assets.uri)
-    run_id = log_run(tracking_uri, experiment, run_name, record, {"pipeline": experiment},
-                     platform_run(tracking_uri, os.environ))
+    run_id = log_run(tracking_uri, experiment, run_name, record, {"pipeline": experiment})
     print(f"MLflow run {run_id} ({run_name!r} in experiment {experiment!r}): "
           f"{len(record.params)} parameters, {len(record.series)} series")
     return run_id

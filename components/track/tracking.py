@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from components.common.storage import gcs_mount_prefix, local_path, read_json
-from components.track.contract import TrackingError, check_tracking_uri
+from components.track.contract import TrackingError, check_tracking_uri, platform_run
 
 # Tags every run carries; `pipeline_run` finds a retried step's earlier run.
 RUN_TAG = "pipeline_run"
@@ -209,9 +209,10 @@ def _chunks(items: list, size: int) -> Iterable[list]:
 
 
 def log_run(tracking_uri: str, experiment: str, run_name: str, record: RunRecord,
-            extra_tags: Mapping[str, str] = (), run_id: str = "") -> str:
+            extra_tags: Mapping[str, str] = (),
+            environ: Mapping[str, str] | None = None) -> str:
     """Logs a run record as one MLflow run named `run_name` in `experiment`, or into the
-    run `run_id` that KFP made for the step.
+    run KFP 2.17's MLflow plugin made for the step.
 
     A run already tagged with this `run_name` (the step retried, or re-run after a
     failure) is deleted first, so each pipeline run keeps exactly one MLflow run. KFP's
@@ -220,17 +221,19 @@ def log_run(tracking_uri: str, experiment: str, run_name: str, record: RunRecord
 
     Args:
         tracking_uri: The pipeline's `tracking_uri` (see `tracking_store`).
-        experiment: MLflow experiment name; created when missing (unused with `run_id`).
+        experiment: MLflow experiment name; created when missing (unused with KFP's run).
         run_name: The pipeline run's name.
         record: What to log.
         extra_tags: More tags (e.g. the pipeline's name).
-        run_id: KFP's run of the step (`contract.platform_run`); empty: a new run.
+        environ: The step's environment (`os.environ` when None): where it names KFP's run
+            of the step in this store (`contract.platform_run`), the record goes there.
 
     Returns:
         The MLflow run id.
     """
     from mlflow import MlflowClient
 
+    run_id = platform_run(tracking_uri, os.environ if environ is None else environ)
     store = tracking_store(tracking_uri)
     with _file_store_allowed(store):
         return _log(MlflowClient(tracking_uri=store), experiment, run_name, record,
