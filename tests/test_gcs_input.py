@@ -4,6 +4,9 @@ import os
 import socket
 import urllib.parse
 
+import pytest
+
+from components.common.input_kinds import folder_files
 from components.shard import sharding
 from components.shard.contract import ShardingError
 from components.shard.sharding import ShardConfig, list_labelled_files
@@ -83,3 +86,25 @@ def test_the_emulator_takes_a_batch_of_concurrent_connections(gcs_emulator):
             connection.close()
     assert connected == 40
     assert http_json((address.hostname, address.port), "GET", "/storage/v1/b")[0] == 200
+
+
+def test_a_gs_model_folder_is_listed_as_now_with_files_only(gcs, tmp_path):
+    """The preflight and the trainer list a gs:// model folder alike (`folder_files`): an
+    object under "tokenizer.json/" makes a folder, not the file, and a file added since a
+    first listing is seen (gcsfs keeps listings)."""
+    from components.preflight.pipeline_checks import model_name_problems
+    from components.train_transformer.training import TransformerTrainingError, model_source
+
+    bucket = gcs.create_bucket("models")
+    for name in ("config.json", "model.safetensors", "tokenizer.json/inside"):
+        bucket.blob(f"encoder/{name}").upload_from_string("{}")
+    uri = "gs://models/encoder"
+    assert folder_files(uri) == {"config.json", "model.safetensors"}
+    assert "no tokenizer.json" in model_name_problems(uri)[0]
+    with pytest.raises(TransformerTrainingError, match="no tokenizer.json"):
+        model_source(uri, str(tmp_path))
+    bucket.blob("encoder/vocab.txt").upload_from_string("a\n")
+    assert model_name_problems(uri) == []
+    assert model_source(uri, str(tmp_path)) == str(tmp_path / "model")
+    assert sorted(os.listdir(tmp_path / "model")) == ["config.json", "model.safetensors",
+                                                      "tokenizer.json", "vocab.txt"]

@@ -160,3 +160,24 @@ def test_a_model_given_one_folder_too_high_names_its_sub_folders(tmp_path):
     with pytest.raises(PredictionError, match=r"it holds nothing\. .* Its sub-folders \(en\) are "
                                               r"not read: a model folder holds its files"):
         model_family(str(tmp_path))
+
+
+def test_a_model_folder_is_listed_alike_by_the_preflight_the_trainer_and_prediction(tmp_path):
+    """One listing (`folder_files`): a file linked in (as the Hub's cache links its
+    snapshots) is a file, a folder named like a file is not that file."""
+    from components.common.input_kinds import folder_files
+    from components.preflight.pipeline_checks import model_name_problems
+    from components.train_transformer.training import TransformerTrainingError, model_source
+
+    model = tmp_path / "encoder"
+    (model / "tokenizer.json").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (tmp_path / "blob").write_bytes(b"w")
+    (model / "model.safetensors").symlink_to(tmp_path / "blob")
+    assert folder_files(str(model)) == {"config.json", "model.safetensors"}
+    assert folder_files(str(model / "config.json")) == set()
+    [problem] = model_name_problems(str(model))
+    assert "no tokenizer.json" in problem and "no model.safetensors" not in problem
+    with pytest.raises(TransformerTrainingError, match="no tokenizer.json") as err:
+        model_source(str(model), str(tmp_path))
+    assert "no model.safetensors" not in str(err.value)

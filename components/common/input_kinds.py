@@ -15,7 +15,7 @@ trained model folders in `components.predict.contract.MODEL_FOLDERS`, a transfor
 start from in `components.train_transformer.contract.BASE_MODEL_FOLDER`. The other kinds
 have one description each where their step's contract holds it: language model assets
 (`train_text.contract.required_files`), image weights (`train_image.contract.
-weights_file_layout`), an image folder of class folders (`shard.sharding`), a labelled CSV
+weights_file_layout`), class folders (`shard.contract.find_following_links`), a labelled CSV
 (`prepare_text.preparation.read_csv` and `normalize`), a request body
 (`predict.serving.parse_instances`). **A CSV's header** is checked by `csv_header`, for
 every step that reads a CSV and for the preflight.
@@ -31,6 +31,8 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from components.common.storage import filesystem
 
 TEXT_ENCODING = "utf-8-sig"  # UTF-8; a byte-order mark at the start is dropped
 # Characters of category Cc that text holds: tab, newline, vertical tab, form feed (man
@@ -215,12 +217,16 @@ class FolderKindError(InputKindError):
     or what the folder is instead."""
 
 
-def folder_files(path: str) -> set[str]:
-    """Names of the files directly in a local folder (empty when it is not one); a folder
-    named like a file is not that file."""
-    if not os.path.isdir(path):
+def folder_files(uri: str) -> set[str]:
+    """Names of the files directly in a folder, local, gs:// or s3:// (empty when it is not
+    one), the one listing of every folder kind's reader; a folder named like a file is not
+    that file, a symbolic link to a file is one."""
+    fs, path = filesystem(uri)
+    fs.invalidate_cache(path)  # gcsfs keeps listings: the folder may have changed since
+    if not fs.isdir(path):
         return set()
-    return {name for name in os.listdir(path) if os.path.isfile(os.path.join(path, name))}
+    return {os.path.basename(entry["name"].rstrip("/")) for entry in fs.ls(path, detail=True)
+            if entry["type"] == "file" or (entry.get("islink") and fs.isfile(entry["name"]))}
 
 
 def read_json_object(raw: bytes, name: str, remedy: str = "write it again") -> dict[str, Any]:

@@ -22,6 +22,7 @@ from components.common.input_kinds import (
 )
 from components.common.storage import filesystem
 from components.preflight.parameters import PreflightError
+from components.shard.contract import find_following_links
 
 # Corpus files whose first bytes preflight reads (the LM step reads them all).
 _SAMPLED_FILES = 16
@@ -109,19 +110,9 @@ def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
     fs, path = filesystem(uri)
     if not fs.exists(path):
         raise PreflightError(f"{parameter} {uri!r} does not exist")
-    if fs.isdir(path):
-        entries = fs.find(path, detail=True)
-        # Sharding enters linked folders (`find` does not): so must the fingerprint.
-        linked = [p for p, info in entries.items() if info.get("islink") and fs.isdir(p)]
-        seen = {os.path.realpath(path)}
-        while linked:
-            link = linked.pop()
-            if os.path.realpath(link) in seen:  # a loop, or a folder listed already
-                continue
-            seen.add(os.path.realpath(link))
-            found = fs.find(link, detail=True)
-            entries.update(found)
-            linked += [p for p, info in found.items() if info.get("islink") and fs.isdir(p)]
+    ignored: list[dict[str, str]] = []  # links not entered: the manifest records them
+    if fs.isdir(path):  # listed as sharding lists, linked folders entered
+        entries = find_following_links(fs, path, {os.path.realpath(path)}, ignored, path)
     else:
         entries = {path: fs.info(path)}
     if not entries:
@@ -132,6 +123,7 @@ def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
             or info.get("md5Hash") or info.get("crc32c")
         listing.append([os.path.relpath(name, path) if name != path else os.path.basename(name),
                         info.get("size"), str(version)])
+    listing += [[link["path"], None, link["reason"]] for link in ignored]
     digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
     return f"sha256:{digest}:{len(listing)}"
 

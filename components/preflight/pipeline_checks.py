@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from components.common.input_kinds import InputKindError, read_json_object
+from components.common.input_kinds import InputKindError, folder_files, read_json_object
 from components.common.storage import filesystem, is_remote
 from components.preflight.parameters import (
     PreflightError,
@@ -31,8 +31,11 @@ IMAGE_REGISTRATION_METRICS = ("accuracy", "macro_f1")
 TEXT_REGISTRATION_METRICS = ("micro_f1", "macro_f1")
 
 
-def _registration_problems(parameters: Mapping[str, Any], metrics: tuple[str, ...]) -> list[str]:
+def _evaluation_problems(parameters: Mapping[str, Any], metrics: tuple[str, ...]) -> list[str]:
+    """What the evaluation step and the registration gate would refuse (every kind)."""
     problems = []
+    if "eval_batch_size" in parameters and not number_parameter(parameters, "eval_batch_size") >= 1:
+        problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
     if parameters.get("registration_metric", metrics[0]) not in metrics:
         problems.append(f"registration_metric must be one of {list(metrics)}, got "
                         f"{parameters['registration_metric']!r}")
@@ -165,9 +168,7 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
             problems.append(f"{name} must be > 0: the pipeline trains on the train split and "
                             "evaluates on the test split")
     problems += weights_problems(str(parameters.get("weights", TrainConfig.weights)))
-    problems += _registration_problems(parameters, IMAGE_REGISTRATION_METRICS)
-    if "eval_batch_size" in parameters and not number_parameter(parameters, "eval_batch_size") >= 1:
-        problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
+    problems += _evaluation_problems(parameters, IMAGE_REGISTRATION_METRICS)
     if problems:
         raise PreflightError("; ".join(problems))
 
@@ -242,9 +243,7 @@ def _text_evaluation_problems(parameters: Mapping[str, Any]) -> list[str]:
             and not number_parameter(parameters, "test_fraction") > 0:
         problems.append("test_fraction must be > 0 when eval_split is test (the pipeline "
                         "evaluates on the test split)")
-    if "eval_batch_size" in parameters and not number_parameter(parameters, "eval_batch_size") >= 1:
-        problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
-    return problems + _registration_problems(parameters, TEXT_REGISTRATION_METRICS)
+    return problems + _evaluation_problems(parameters, TEXT_REGISTRATION_METRICS)
 
 
 # A Hugging Face Hub model id as `from_pretrained` takes it: [organisation/]name, letters,
@@ -252,18 +251,6 @@ def _text_evaluation_problems(parameters: Mapping[str, Any]) -> list[str]:
 # ids over 96 characters).
 _HUB_MODEL_NAME = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 _HUB_NAME_MAX_CHARS = 96
-
-
-def model_folder_files(model_dir: str) -> set[str]:
-    """Names of the files directly in a model folder (local or gs://), not of its folders;
-    empty when it is not a folder."""
-    fs, path = filesystem(model_dir)
-    fs.invalidate_cache(path)  # gcsfs keeps listings: the folder may have changed since
-    if not fs.isdir(path):
-        return set()
-    # a folder named like a file (config.json/) is not that file
-    return {os.path.basename(entry["name"].rstrip("/")) for entry in fs.ls(path, detail=True)
-            if entry.get("type") == "file"}
 
 
 def model_name_problems(model_name: str, max_length: int | None = None) -> list[str]:
@@ -296,7 +283,7 @@ def model_name_problems(model_name: str, max_length: int | None = None) -> list[
     kind = BASE_MODEL_FOLDER
     give = f"give {kind.made_by}, or a Hub model name such as {DEFAULT_MODEL_NAME}"
     if model_name_is_path(name):
-        files = model_folder_files(name)
+        files = folder_files(name)
         if not files:
             return [f"model_name {model_name!r} is not a folder (or an empty one): {give}"]
         missing = kind.missing(files)

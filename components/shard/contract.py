@@ -1,5 +1,7 @@
-"""The sharding step's contract: its settings and what it writes.
+"""The sharding step's contract: its settings, how its input is listed, what it writes.
 
+Input: a folder of class folders, listed with linked folders entered
+(`find_following_links`: the sharding and the preflight's fingerprint list alike).
 Output: `<split>-NNNNN-of-MMMMM.tfrecord` files of `tf.train.Example`s (image bytes,
 int64 label, source path; keys below) and `manifest.json` (classes, image size and
 format, per split its shards with record counts and sha256, skipped and ignored files).
@@ -101,6 +103,48 @@ class ShardConfig:
 
 
 # --------------------------------------------------------------------------- reading
+
+
+def find_following_links(fs, top: str, listed: set[str], ignored: list[dict[str, str]],
+                         root: str) -> dict[str, dict[str, Any]]:
+    """The files under `top`, as sharding lists a class folder and the preflight the input
+    it fingerprints: `find`'s entries, entering symbolic links to folders as `find` does not.
+
+    A linked folder that holds the link (a loop) or overlaps a folder listed already
+    (another class, another link) is not entered but recorded in `ignored`: entering it
+    would never end, or read the same images twice, perhaps under two labels. Links exist
+    on local disks only: gs:// listings have none.
+
+    Args:
+        fs: The filesystem of `top` (`storage.filesystem`).
+        top: The folder to list.
+        listed: The real paths of the folders listed already; grows with each one entered.
+        ignored: Gets a {"path", "reason"} per link not entered, its path relative to `root`.
+        root: The input's folder.
+
+    Returns:
+        Each file's listing entry, by path, sorted.
+    """
+    found, pending = {}, [top]
+    while pending:
+        for path, info in sorted(fs.find(pending.pop(), detail=True).items()):
+            hidden = any(p.startswith(".") for p in path[len(root):].split("/"))
+            if not (info.get("islink") and fs.isdir(path)) or hidden:
+                found[path] = info
+                continue
+            target = os.path.realpath(path)
+            relative = path[len(root):].lstrip("/")
+            holder = os.path.realpath(os.path.dirname(path))
+            if os.path.commonpath([target, holder]) == target:
+                ignored.append({"path": relative, "reason": f"symbolic link loop: {target} "
+                                "holds the link; not entered"})
+            elif any(os.path.commonpath([target, seen]) in (target, seen) for seen in listed):
+                ignored.append({"path": relative, "reason": "symbolic link to a folder listed "
+                                f"already ({target}); not entered, so no image is read twice"})
+            else:
+                listed.add(target)
+                pending.append(path)
+    return dict(sorted(found.items()))
 
 
 def read_manifest(dataset_dir: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from components.shard.contract import (
     SPLITS,
     ShardConfig,
     ShardingError,
+    find_following_links,
 )
 from components.shard.writing import (
     CLAIM_NAME,
@@ -167,7 +168,7 @@ def list_labelled_files(data_uri: str) -> Listing:
     # Listed folder by folder: `find` on the root does not enter linked folders.
     listed = {os.path.realpath(f"{root}/{folder}") for folder in files}
     for folder in sorted(folders):
-        for path in _find_following_links(fs, f"{root}/{folder}", listed, ignored, root):
+        for path in find_following_links(fs, f"{root}/{folder}", listed, ignored, root):
             relative = path[len(root):].lstrip("/")
             parts = relative.split("/")
             if folder not in files:  # a hidden top-level folder such as .git/
@@ -188,38 +189,6 @@ def list_labelled_files(data_uri: str) -> Listing:
         )
     classes = sorted(files)
     return Listing(classes=classes, files={c: files[c] for c in classes}, ignored=ignored)
-
-
-def _find_following_links(fs, top: str, listed: set[str], ignored: list[dict[str, str]],
-                          root: str) -> list[str]:
-    """Files under `top` (sorted), entering symbolic links to folders as `find` does not.
-
-    A linked folder that holds the link (a loop) or overlaps a folder listed already
-    (another class, another link) is not entered but recorded in `ignored`: entering it
-    would never end, or read the same images twice, perhaps under two labels.
-    `listed` holds the real paths of the class folders and grows with each linked
-    folder entered (links exist on local disks only: gs:// listings have none).
-    """
-    found, pending = [], [top]
-    while pending:
-        for path, info in sorted(fs.find(pending.pop(), detail=True).items()):
-            hidden = any(p.startswith(".") for p in path[len(root):].split("/"))
-            if not (info.get("islink") and fs.isdir(path)) or hidden:
-                found.append(path)
-                continue
-            target = os.path.realpath(path)
-            relative = path[len(root):].lstrip("/")
-            holder = os.path.realpath(os.path.dirname(path))
-            if os.path.commonpath([target, holder]) == target:
-                ignored.append({"path": relative, "reason": f"symbolic link loop: {target} "
-                                "holds the link; not entered"})
-            elif any(os.path.commonpath([target, seen]) in (target, seen) for seen in listed):
-                ignored.append({"path": relative, "reason": "symbolic link to a folder listed "
-                                f"already ({target}); not entered, so no image is read twice"})
-            else:
-                listed.add(target)
-                pending.append(path)
-    return sorted(found)
 
 
 # --------------------------------------------------------------------------- the split

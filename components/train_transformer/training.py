@@ -32,6 +32,7 @@ import numpy as np
 from components.common import run_state
 from components.common.hf_transformers import import_transformers
 from components.common.hypertune import TrialReporter
+from components.common.input_kinds import folder_files
 from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
 from components.common.storage import (
@@ -84,11 +85,9 @@ def model_source(model_name: str, scratch: str) -> str:
         TransformerTrainingError: A path (local or gs://) with no model in it.
     """
     name = model_name.strip()
-    if not (is_remote(name) or model_name_is_path(name)):
+    if not model_name_is_path(name):
         return name  # a Hub name, e.g. FacebookAI/xlm-roberta-base
-    fs, root = filesystem(name)
-    files = {os.path.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)} \
-        if fs.isdir(root) else set()
+    files = folder_files(name)
     kind = BASE_MODEL_FOLDER
     missing = kind.missing(files)
     if missing:
@@ -98,6 +97,7 @@ def model_source(model_name: str, scratch: str) -> str:
                                        f"{kind.made_by}, or a Hub model name")
     if is_remote(name):
         local = os.path.join(scratch, "model")
+        fs, root = filesystem(name)
         fs.get(root.rstrip("/") + "/", local + "/", recursive=True)
         return local
     return name  # a local folder
