@@ -6,6 +6,9 @@ inside a dict as "32", "0.5", "true"), as floats where a whole number is meant (
 setting declares by the same rule: whole numbers from "32", "32.0" or 32.0, but not 2.5;
 booleans from true/false, yes/no, on/off, 1/0 (any case); floats only finite (JSON, the
 specs' and requests' language, has no NaN or infinity, and NaN passes every range check).
+
+pydantic is imported when a value is read, not with this module: a tuning trial's entry
+imports it before anything is read, under whatever Python the image runs.
 """
 
 from __future__ import annotations
@@ -13,18 +16,17 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any
 
-from pydantic import AllowInfNan, ConfigDict, TypeAdapter, ValidationError
-
 # What each type's refusal says it expected.
 EXPECTED = {int: "a whole number", float: "a finite number",
             bool: "true or false (or yes/no, on/off, 1/0)", str: "text"}
-_DECLARED = {float: Annotated[float, AllowInfNan(False)]}
 
 
 @functools.cache
-def _adapter(annotation: Any) -> TypeAdapter:
-    return TypeAdapter(_DECLARED.get(annotation, annotation),
-                       config=ConfigDict(coerce_numbers_to_str=True))
+def _adapter(annotation: Any):
+    from pydantic import AllowInfNan, ConfigDict, TypeAdapter
+
+    declared = Annotated[float, AllowInfNan(False)] if annotation is float else annotation
+    return TypeAdapter(declared, config=ConfigDict(coerce_numbers_to_str=True))
 
 
 def coerce(value: Any, annotation: Any) -> Any:
@@ -35,6 +37,8 @@ def coerce(value: Any, annotation: Any) -> Any:
         ValueError: Not a value of that type: "expected <what>, got <value>" (the caller
             names the setting).
     """
+    from pydantic import ValidationError
+
     try:
         return _adapter(annotation).validate_python(value)
     except ValidationError:
