@@ -5,7 +5,7 @@
         --pipeline-root gs://BUCKET/pipeline-root --param data_uri=gs://BUCKET/pets \\
         [--param image_size=160 ...] [--service-account SA] [--experiment NAME] \\
         [--schedule "0 3 * * 1"] [--display-name N] [--no-cache] [--labels k=v[,k=v]] \\
-        [--encryption-key K] [--network N] [--dry-run]
+        [--encryption-key K] [--network N] [--failure-policy fast|slow] [--dry-run]
 
 `--param name=value` values take the type the pipeline declares for `name` (integer,
 float, boolean, string, or JSON for lists and structs); unknown names are refused with the
@@ -66,6 +66,7 @@ class Submission:
         enable_caching: False to re-run every step; None keeps the compiled setting.
         experiment: Vertex AI experiment the run is recorded in.
         schedule: Cron expression; empty for a single run now.
+        failure_policy: "fast" or "slow" (the SDK's names); empty for Vertex's default, slow.
     """
 
     template_path: str
@@ -81,6 +82,7 @@ class Submission:
     enable_caching: bool | None = None
     experiment: str = ""
     schedule: str = ""
+    failure_policy: str = ""
 
 
 # ---------------------------------------------------------------- pure: input -> Submission
@@ -252,6 +254,7 @@ def plan(args: argparse.Namespace) -> Submission:
         enable_caching=False if args.no_cache else None,
         experiment=args.experiment,
         schedule=check_schedule(args.schedule) if args.schedule else "",
+        failure_policy=args.failure_policy,
     )
 
 
@@ -278,6 +281,7 @@ def build_job(submission: Submission, credentials=None) -> aiplatform.PipelineJo
         project=submission.project,
         location=submission.region,
         credentials=credentials,
+        failure_policy=submission.failure_policy or None,
     )
 
 
@@ -390,6 +394,11 @@ def parser() -> argparse.ArgumentParser:
                    help="labels of the run; repeatable")
     p.add_argument("--encryption-key", default="", help="Cloud KMS key name (CMEK)")
     p.add_argument("--network", default="", help="projects/NUMBER/global/networks/NAME")
+    p.add_argument("--failure-policy", choices=("fast", "slow"), default="",
+                   help="when a step fails: slow (Vertex's default) keeps starting every step "
+                        "that does not depend on it, so independent branches run to the end; "
+                        "fast starts no new step, and steps already running still run to "
+                        "completion")
     p.add_argument("--dry-run", action="store_true", help="print the request, send nothing")
     return p
 

@@ -49,6 +49,17 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                    help="Vertex AI TensorBoard the training jobs upload their per-epoch series "
                         "to, projects/PROJECT/locations/REGION/tensorboards/ID (the pipeline's "
                         "region); needs --base-output-directory and --service-account")
+    v.add_argument("--tune-early-stopping", choices=tuning.STOPPING_RULES, default="none",
+                   help="the tuning study stops trials unlikely to beat the best: median (a "
+                        "trial below the median of the finished ones at the same point), "
+                        "decay-curve (a curve fit predicts it cannot win), none (every trial "
+                        "runs to the end)")
+    v.add_argument("--persistent-resource", default="", metavar="FILE.json",
+                   help="run GPU steps on a Vertex persistent resource's warm machines, "
+                        "described as `gcloud ai persistent-resources describe ID --region R "
+                        "--format json` writes it (checked against it: network, key, machines)")
+    v.add_argument("--persistent-resource-steps", default="", metavar="STEP[,STEP...]",
+                   help="the steps that run there (default: every step with a GPU)")
     # How each step gets its machines (`scheduling`): fields of the shared Machine.
     for step in DEFAULT_MACHINES:
         for field in ("scheduling_strategy", "max_wait", "reservation"):
@@ -87,7 +98,11 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
     Raises:
         SystemExit: Naming every option at fault.
     """
-    from pipelines.definitions.vertex import VertexSettings, machine_problems
+    from pipelines.definitions.vertex import (
+        VertexSettings,
+        machine_problems,
+        persistent_resource_problems,
+    )
 
     problems = refused(args, others)
     if args.tune_seed != tuning.TuningSettings.seed:  # Vertex's tuning service draws its own
@@ -99,14 +114,23 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
     problems += [problem for step, machine in machines.items()
                  for problem in machine_problems(step, machine)
                  + scheduling_problems(step, machine, args.spot, args.step_timeout)]
-    fail(problems + tensorboard_problems(args))
+    on_resource = ({s for s in args.persistent_resource_steps.split(",") if s}
+                   or {step for step, m in machines.items() if m.accelerator_count > 0})
+    resource_id, resource_problems = persistent_resource_problems(
+        args.persistent_resource, {s: machines.get(s) for s in on_resource}, args.network,
+        args.encryption_key)
+    if args.persistent_resource_steps and not args.persistent_resource:
+        resource_problems.append("--persistent-resource-steps needs --persistent-resource")
+    fail(problems + tensorboard_problems(args) + resource_problems)
     return VertexSettings(
         machines=machines, spot=args.spot,
         restart_job_on_worker_restart=args.restart_job_on_worker_restart,
         service_account=args.service_account, network=args.network,
         encryption_spec_key_name=args.encryption_key,
         base_output_directory=args.base_output_directory, timeout=f"{args.step_timeout}s",
-        serving_image=args.serving_image, tensorboard=args.tensorboard)
+        serving_image=args.serving_image, tensorboard=args.tensorboard,
+        persistent_resource_id=resource_id, tune_early_stopping=args.tune_early_stopping,
+        persistent_resource_steps=frozenset(on_resource if resource_id else ()))
 
 
 def output_dir(placeholder: bool) -> str:

@@ -571,6 +571,60 @@ def test_tensorboard_needs_its_output_folder_account_and_a_resource_name(tmp_pat
     assert not (tmp_path / "build").exists()
 
 
+NETWORK = "projects/123456/global/networks/ml"
+KEY = "projects/p/locations/europe-west4/keyRings/r/cryptoKeys/k"
+
+
+def _persistent_resource(tmp_path, network=NETWORK, key=KEY, gpus=("NVIDIA_TESLA_V100", 2)):
+    """A persistent resource's JSON as gcloud describes it: one pool of warm GPU machines."""
+    resource = aiplatform_v1.PersistentResource(
+        name="projects/123456/locations/europe-west4/persistentResources/warm-gpus",
+        network=network, encryption_spec=aiplatform_v1.EncryptionSpec(kms_key_name=key),
+        resource_pools=[aiplatform_v1.ResourcePool(
+            id="v100", replica_count=1, disk_spec=aiplatform_v1.DiskSpec(
+                boot_disk_type="pd-ssd", boot_disk_size_gb=100),
+            machine_spec=aiplatform_v1.MachineSpec(
+                machine_type="n1-standard-8", accelerator_type=gpus[0],
+                accelerator_count=gpus[1]))])
+    path = tmp_path / "resource.json"
+    path.write_text(aiplatform_v1.PersistentResource.to_json(resource))
+    return str(path)
+
+
+def test_named_steps_run_on_the_persistent_resource_and_the_rest_on_demand(tmp_path):
+    out = _compile_here(tmp_path, "--persistent-resource", _persistent_resource(tmp_path),
+                        "--persistent-resource-steps", "train_image", "--network", NETWORK,
+                        "--encryption-key", KEY, "--pipelines", "image_pipeline,text_pipeline")
+    image, text = (json.loads((out / f"{p}_pipeline.json").read_text()) for p in ("image", "text"))
+    job = _custom_job_request(image, "train-image-classifier").custom_job
+    assert job.job_spec.persistent_resource_id == "warm-gpus"
+    assert job.job_spec.network == NETWORK and job.encryption_spec.kms_key_name == KEY
+    # the other jobs keep GCPC's default: the run's own persistent resource, none unless set
+    for spec, other in ((image, "shard-images"), (text, "train-text-classifier")):
+        assert (_custom_job_request(spec, other).custom_job.job_spec.persistent_resource_id
+                == "{{$.pipeline_persistent_resource_id}}")
+
+
+@pytest.mark.parametrize("resource, flags, message", [
+    ({"network": ""}, [], "--network 'projects/123456/global/networks/ml' differs from the "
+                          "persistent resource's network '(none)'"),
+    ({"key": KEY.replace("/k", "/other")}, [], "--encryption-key 'projects/p/locations/"
+                                                "europe-west4/keyRings/r/cryptoKeys/k' differs"),
+    # every GPU step by default: the text trainer's T4 fits no pool of V100s
+    ({}, [], "--train-text-machine-type n1-standard-8 with 1 x NVIDIA_TESLA_T4 and 1 "
+             "replica(s) fits no pool"),
+    ({}, ["--persistent-resource-steps", "train_image,train"], "no step 'train'"),
+    ({}, ["--persistent-resource-steps", "train_image", "--train-image-replica-count", "2"],
+     "and 2 replica(s) fits no pool"),
+])
+def test_a_job_the_persistent_resource_would_reject_is_refused(tmp_path, resource, flags,
+                                                                message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        _compile_here(tmp_path, "--persistent-resource", _persistent_resource(tmp_path, **resource),
+                      "--network", NETWORK, "--encryption-key", KEY, *flags)
+    assert not (tmp_path / "build").exists()
+
+
 def test_every_pair_of_vertexs_machine_table_passes():
     from pipelines.definitions.machine import DEFAULT_MACHINES, GPU_MACHINES, Machine
     from pipelines.definitions.vertex import N1_GPU_VCPUS, machine_problems

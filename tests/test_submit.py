@@ -19,7 +19,7 @@ from google.cloud.aiplatform_v1.services.pipeline_service.transports.grpc import
 from google.cloud.aiplatform_v1.services.schedule_service.transports.grpc import (
     ScheduleServiceGrpcTransport,
 )
-from google.cloud.aiplatform_v1.types import PipelineJob, Schedule
+from google.cloud.aiplatform_v1.types import PipelineFailurePolicy, PipelineJob, Schedule
 
 import compile as compile_cli
 from pipelines import submit
@@ -119,7 +119,7 @@ def test_built_job_is_the_request_vertex_gets(pipeline_json):
     plan = _plan(pipeline_json, "--param", "image_size=160", "--param", "resize_method=160",
                  "--param", "max_skipped_fraction=0.2", "--display-name", "pets-nightly",
                  "--service-account", SA, "--network", NETWORK, "--encryption-key", KEY,
-                 "--labels", "team=ml,env=dev", "--no-cache")
+                 "--labels", "team=ml,env=dev", "--no-cache", "--failure-policy", "fast")
     job = submit.build_job(plan, credentials=AnonymousCredentials())
     request = submit.describe(plan, job)
     assert request["displayName"] == "pets-nightly"
@@ -136,6 +136,7 @@ def test_built_job_is_the_request_vertex_gets(pipeline_json):
     assert request["network"] == NETWORK
     assert request["labels"] == {"team": "ml", "env": "dev"}
     assert request["encryptionSpec"]["kmsKeyName"] == KEY
+    assert request["runtimeConfig"]["failurePolicy"] == "PIPELINE_FAILURE_POLICY_FAIL_FAST"
     tasks = job.to_dict()["pipelineSpec"]["root"]["dag"]["tasks"]
     assert tasks and all(t["cachingOptions"]["enableCache"] is False for t in tasks.values())
 
@@ -146,6 +147,7 @@ def test_defaults_leave_caching_and_optional_fields_alone(pipeline_json):
     request = submit.describe(plan, job)
     assert request["displayName"] == "image-classifier"  # the pipeline's name
     assert not {"serviceAccount", "network", "labels", "encryptionSpec"} & set(request)
+    assert "failurePolicy" not in request["runtimeConfig"]  # Vertex's default: slow
     tasks = job.to_dict()["pipelineSpec"]["root"]["dag"]["tasks"]
     assert all(t.get("cachingOptions", {}).get("enableCache", True) for t in tasks.values())
 
@@ -153,7 +155,8 @@ def test_defaults_leave_caching_and_optional_fields_alone(pipeline_json):
 def test_schedule_holds_the_cron_and_the_job_it_starts(pipeline_json):
     plan = _plan(pipeline_json, "--schedule", "TZ=Europe/Amsterdam 0 3 * * 1",
                  "--service-account", SA, "--network", NETWORK, "--labels", "team=ml",
-                 "--encryption-key", KEY, "--param", "image_size=96")
+                 "--encryption-key", KEY, "--param", "image_size=96",
+                 "--failure-policy", "slow")
     job = submit.build_job(plan, credentials=AnonymousCredentials())
     schedule = submit.build_schedule(job, plan, credentials=AnonymousCredentials())
     resource = submit.describe(plan, job, schedule)
@@ -164,6 +167,8 @@ def test_schedule_holds_the_cron_and_the_job_it_starts(pipeline_json):
     assert inner["parent"] == f"projects/{PROJECT}/locations/{REGION}"
     assert inner["pipelineJob"]["runtimeConfig"]["gcsOutputDirectory"] == ROOT
     assert inner["pipelineJob"]["runtimeConfig"]["parameterValues"]["image_size"] == 96
+    assert (inner["pipelineJob"]["runtimeConfig"]["failurePolicy"]
+            == "PIPELINE_FAILURE_POLICY_FAIL_SLOW")
     assert inner["pipelineJob"]["serviceAccount"] == SA
     assert inner["pipelineJob"]["network"] == NETWORK
     assert inner["pipelineJob"]["labels"] == {"team": "ml"}
@@ -216,6 +221,7 @@ def test_submit_names_the_gpus_the_run_holds_at_once(pipeline_json, capsys):
     (["--service-account", "runner"], "service account email"),
     (["--region", "Europe"], "--region takes"),
     (["--experiment", "Pets_2024"], "--experiment"),
+    (["--failure-policy", "never"], "--failure-policy: invalid choice"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(pipeline_json, capsys, extra, message):
     with pytest.raises(SystemExit) as e:
@@ -277,7 +283,7 @@ def test_submit_sends_the_built_request(pipeline_json, pipeline_bucket, monkeypa
                         property(lambda self: rpc))
     code = submit.main(_argv(pipeline_json, "--param", "image_size=128", "--service-account",
                              SA, "--network", NETWORK, "--labels", "team=ml",
-                             "--encryption-key", KEY),
+                             "--encryption-key", KEY, "--failure-policy", "fast"),
                        credentials=AnonymousCredentials())
     assert code == 0
     [request] = rpc.requests
@@ -290,6 +296,8 @@ def test_submit_sends_the_built_request(pipeline_json, pipeline_bucket, monkeypa
     assert job.service_account == SA and job.network == NETWORK
     assert dict(job.labels) == {"team": "ml"}
     assert job.encryption_spec.kms_key_name == KEY
+    assert (job.runtime_config.failure_policy
+            == PipelineFailurePolicy.PIPELINE_FAILURE_POLICY_FAIL_FAST)
     assert job.pipeline_spec["pipelineInfo"]["name"] == "image-classifier"
     # Each line stripped: in clean-clone runs 16 and 4 spaces from elsewhere in the
     # process (not submit's prints) preceded the name or the link on stdout.

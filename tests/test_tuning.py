@@ -244,6 +244,7 @@ def _tuning_request(spec: dict, component: str) -> aiplatform_v1.HyperparameterT
     payload = json_util.recursive_remove_empty(json.loads(
         "".join(map(value, parts)), strict=False,
         parse_float=lambda s: int(float(s)) if float(s).is_integer() else float(s)))
+    aiplatform_v1.HyperparameterTuningJob.from_json(json.dumps(payload))  # strict: no unknown
     sent = []
 
     class Client:  # stands in for Vertex's JobServiceClient
@@ -306,6 +307,45 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
     assert "image tuning pipeline runs up to 8 trials, 2 at a time" in err
     assert f"${price:.2f}/h" in err and f"${price * 8:.2f} for every hour" in err
     assert "text tuning pipeline" in err and "no list price known" in err
+
+
+@pytest.mark.parametrize("rule, field", [("median", "median_automated_stopping_spec"),
+                                         ("decay-curve", "decay_curve_stopping_spec")])
+def test_the_study_stops_trials_early_by_the_rule_asked_for(tmp_path, rule, field):
+    out = _compile_here(tmp_path, "--tune-early-stopping", rule,
+                        "--pipelines", "image_tuning_pipeline")
+    job = _tuning_request(json.loads((out / "image_tuning_pipeline.json").read_text()),
+                          "tune-train-image-classifier")
+    study = aiplatform_v1.StudySpec.pb(job.study_spec)
+    assert study.WhichOneof("automated_stopping_spec") == field
+    # what survives GCPC's launcher, which drops false values and empty fields
+    assert getattr(study, field).use_elapsed_duration
+    assert job.study_spec.measurement_selection_type.name == "BEST_MEASUREMENT"
+
+
+def test_no_early_stopping_unless_asked_and_none_on_kubeflow(tmp_path):
+    job = _tuning_request(json.loads((_compile(tmp_path) / "image_tuning_pipeline.json")
+                                     .read_text()), "tune-train-image-classifier")
+    assert aiplatform_v1.StudySpec.pb(job.study_spec).WhichOneof("automated_stopping_spec") is None
+    with pytest.raises(SystemExit, match="--tune-early-stopping is a Vertex option; --target "
+                                         "kubeflow cannot honour it"):
+        compile_cli.main(["--target", "kubeflow", "--tune-early-stopping", "median",
+                          "--output-dir", str(tmp_path / "kf")])
+
+
+def test_a_trial_stopped_early_is_ranked_by_its_last_reported_value():
+    job = _job("MAXIMIZE", [("1", "SUCCEEDED", {"learning_rate": 0.01}, 0.7),
+                            ("2", "STOPPING", {"learning_rate": 0.1}, None),
+                            ("3", "STOPPING", {"learning_rate": 0.2}, None)])
+    job.trials[1].measurements = [aiplatform_v1.Measurement(step_count=s, metrics=[
+        aiplatform_v1.Measurement.Metric(metric_id="val_accuracy", value=v)])
+        for s, v in ((1, 0.9), (2, 0.8))]  # its last epoch, not its best, is ranked
+    table = selection.trial_table(job)
+    assert [(r["state"], r["metric"]) for r in table] == [
+        ("SUCCEEDED", 0.7), ("STOPPING", 0.8), ("STOPPING", None)]
+    assert selection.best_trial(job)["id"] == "2"  # stopped, not failed
+    assert selection.best_trial(_job("MINIMIZE", [("1", "SUCCEEDED", {}, 0.7)] + [
+        ("2", "STOPPING", {}, 0.6)]))["id"] == "2"
 
 
 def test_default_spaces_reach_vertex_as_numbers(tmp_path):

@@ -19,6 +19,9 @@ from components.tune.contract import TUNABLE, coerce
 _JOB_URI = re.compile(r"(projects/[^/]+/locations/(?P<location>[^/]+)/"
                       r"hyperparameterTuningJobs/[^/]+)$")
 TRIALS_FILE = "trials.json"
+# Trial.State of a trial the study stopped early (`--tune-early-stopping`): not a failure.
+STOPPED = "STOPPING"
+RANKED = ("SUCCEEDED", STOPPED)
 
 
 class TuningError(RuntimeError):
@@ -53,6 +56,10 @@ def trial_table(job) -> list[dict[str, Any]]:
     """One row per trial: id, state, parameters, the study metric's final value (or None),
     and its folder (`<base output directory>/<id>`: the trial's model/, logs/).
 
+    A trial stopped early without a final measurement has its last reported one, which its
+    cut-short curve mostly understates: it is ranked with the others and wins only when
+    that value already beats every finished trial.
+
     Args:
         job: An `aiplatform_v1.HyperparameterTuningJob`.
     """
@@ -60,7 +67,10 @@ def trial_table(job) -> list[dict[str, Any]]:
     base = job.trial_job_spec.base_output_directory.output_uri_prefix.rstrip("/")
     rows = []
     for trial in job.trials:
-        values = {m.metric_id: m.value for m in trial.final_measurement.metrics}
+        measured = trial.final_measurement
+        if not measured.metrics and trial.state.name == STOPPED and trial.measurements:
+            measured = trial.measurements[-1]
+        values = {m.metric_id: m.value for m in measured.metrics}
         value = values.get(metric)
         rows.append({
             "id": trial.id,
@@ -74,17 +84,17 @@ def trial_table(job) -> list[dict[str, Any]]:
 
 
 def best_row(rows: list[Mapping[str, Any]], maximize: bool) -> Mapping[str, Any] | None:
-    """The succeeded row whose metric ranks first for the goal (ties go to the earlier
-    row); None where no row succeeded with a value of the metric."""
-    ranked = [row for row in rows if row.get("state") == "SUCCEEDED"
+    """The succeeded (or stopped early) row whose metric ranks first for the goal (ties go
+    to the earlier row); None where no such row has a value of the metric."""
+    ranked = [row for row in rows if row.get("state") in RANKED
               and row.get("metric") is not None]
     return max(ranked, key=lambda row: row["metric"] if maximize else -row["metric"],
                default=None)
 
 
 def best_trial(job) -> dict[str, Any]:
-    """The succeeded trial of a Vertex tuning job whose final metric ranks first for the
-    study's goal (`best_row`).
+    """The succeeded or early-stopped trial of a Vertex tuning job whose final metric ranks
+    first for the study's goal (`best_row`).
 
     Raises:
         TuningError: No trial succeeded with a value of the metric.
@@ -150,6 +160,7 @@ def choose(kind: str, gcp_resources: str, defaults: Mapping[str, Any], trials,
     trials.metadata.update({"job": job.name, "best_trial": best["id"],
                             f"best_{spec.metric_id}": best["metric"],
                             "succeeded": sum(r["state"] == "SUCCEEDED" for r in table),
+                            "stopped_early": sum(r["state"] == STOPPED for r in table),
                             "trials": len(table)})
     return values
 

@@ -24,6 +24,10 @@ from pipelines.definitions.machine import Machine, boot_disk_type, gpu_environme
 from pipelines.definitions.scheduling import trial_scheduling
 
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
+# `--tune-early-stopping`: the study's automated stopping of trials, to StudySpec's field.
+STOPPING_RULES = ("none", "median", "decay-curve")
+_STOPPING_FIELDS = {"median": "median_automated_stopping_spec",
+                    "decay-curve": "decay_curve_stopping_spec"}
 TRIALS_OUTPUT = "trials"
 # Vertex AI custom training, on demand, us-central1, USD per hour, as we last read the
 # pricing page (2025): machines and each GPU are billed separately. Check
@@ -103,6 +107,24 @@ def study_metrics(space: SearchSpace) -> list[dict]:
     from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_metrics
 
     return serialize_metrics({space.metric: space.goal})
+
+
+def study_stopping(rule: str) -> dict:
+    """The study's automated stopping for `rule` (STOPPING_RULES), as `study_spec` fields.
+
+    The rules run on each trial's elapsed time: GCPC's launcher drops empty fields and false
+    values from the payload (`json_util.recursive_remove_empty`), so the epoch-count form
+    (an empty spec) would reach Vertex as no stopping at all. The trials of a study share
+    their machines, so elapsed time tracks the epochs reported.
+    """
+    from google.cloud import aiplatform_v1
+    from google.protobuf import json_format
+
+    if rule == "none":
+        return {}
+    study = aiplatform_v1.StudySpec(**{_STOPPING_FIELDS[rule]: {"use_elapsed_duration": True}})
+    return json_format.MessageToDict(aiplatform_v1.StudySpec.pb(study),
+                                     preserving_proto_field_name=True)
 
 
 def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine,
@@ -236,7 +258,8 @@ def _take_trainer_inputs(spec: dict, user: dict, defaults: Mapping) -> None:
 
 
 def _complete_trial_job_spec(spec: dict, vertex: Any, machine: Machine) -> None:
-    """Edits GCPC's tuning payload: the trials' output folder, scheduling and TensorBoard.
+    """Edits GCPC's tuning payload: the trials' output folder, scheduling, TensorBoard and
+    the study's automated stopping.
 
     The base output directory becomes the step's `trials` output: as GCPC's own launchers
     get output URIs (`--gcp_resources {{$.outputs...}}`), the placeholder goes into the
@@ -244,7 +267,8 @@ def _complete_trial_job_spec(spec: dict, vertex: Any, machine: Machine) -> None:
     input it replaces is dropped (an output placeholder in a parameter's default has no
     precedent in GCPC). GCPC's payload has no `scheduling` or `tensorboard` of the trials'
     CustomJobSpec: the step's scheduling (`--spot`, flex-start and its wait) and
-    `--tensorboard` are written in beside it, as the training jobs get them.
+    `--tensorboard` are written in beside it, as the training jobs get them; nor a
+    stopping rule of its `study_spec`: `--tune-early-stopping` goes in after its last field.
     """
     (executor,) = spec["deploymentSpec"]["executors"].values()
     args = executor["container"]["args"]
@@ -263,6 +287,12 @@ def _complete_trial_job_spec(spec: dict, vertex: Any, machine: Machine) -> None:
         extra["tensorboard"] = vertex.tensorboard
     if extra:
         parts.insert(parts.index(opening), ", " + json.dumps(extra)[1:-1])
+    stopping = study_stopping(vertex.tune_early_stopping)
+    if stopping:
+        last = ', "measurement_selection_type": "'
+        if parts.count(last) != 1 or parts[parts.index(last) + 2:][:2] != ['"', "}"]:
+            raise ValueError("GCPC's tuning payload no longer ends its study_spec as read")
+        parts.insert(parts.index(last) + 3, ", " + json.dumps(stopping)[1:-1])
     args[at] = json.dumps({"Concat": parts})
     (component,) = spec["components"].values()
     del component["inputDefinitions"]["parameters"]["base_output_directory"]

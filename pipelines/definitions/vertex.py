@@ -129,6 +129,68 @@ def _gpu_problems(flag: str, machine: Machine) -> list[str]:
     return []
 
 
+def persistent_resource_problems(path: str, steps: Mapping[str, Machine | None], network: str,
+                                 key: str) -> tuple[str, list[str]]:
+    """The persistent resource's ID, and what Vertex would reject in running `steps` on it.
+
+    Vertex rejects a job on a persistent resource whose network or CMEK key differ from the
+    resource's (`CustomJobSpec.persistent_resource_id`), and one whose worker pool matches no
+    resource pool in machine and disk type, or wants more replicas than the pool holds
+    ("Run training jobs on a persistent resource").
+
+    Args:
+        path: `--persistent-resource`: the resource as gcloud's `describe --format json`
+            writes it (the REST `PersistentResource`); empty for none.
+        steps: Each step to run there (`--persistent-resource-steps`), None if unknown.
+        network: `--network` of the jobs.
+        key: `--encryption-key` of the jobs.
+
+    Returns:
+        The resource's ID ("" without `path`) and one message per problem, naming the options.
+    """
+    from google.cloud.aiplatform_v1 import PersistentResource, PersistentResourceServiceClient
+
+    if not path:
+        return "", []
+    try:
+        with open(path) as f:
+            resource = PersistentResource.from_json(f.read())
+    except (OSError, ValueError) as err:  # json_format.ParseError is a ValueError
+        return "", [f"--persistent-resource {path!r}: not a persistent resource's JSON ({err})"]
+    ids = PersistentResourceServiceClient.parse_persistent_resource_path(resource.name)
+    problems = [] if ids else [f"--persistent-resource {path!r} has no resource name"]
+    if resource.network != network:
+        problems.append(f"--network {network or '(none)'!r} differs from the persistent "
+                        f"resource's network {resource.network or '(none)'!r}: compile with "
+                        "its network")
+    if resource.encryption_spec.kms_key_name != key:
+        problems.append(f"--encryption-key {key or '(none)'!r} differs from the persistent "
+                        f"resource's key {resource.encryption_spec.kms_key_name or '(none)'!r}: "
+                        "compile with its key")
+    for step, machine in sorted(steps.items()):
+        if machine is None:
+            problems.append(f"--persistent-resource-steps: no step {step!r}; steps: "
+                            f"{sorted(DEFAULT_MACHINES)}")
+            continue
+        flag = "--" + step.replace("_", "-")
+        pools = [p for p in resource.resource_pools
+                 if p.machine_spec.machine_type == machine.machine_type
+                 and p.machine_spec.accelerator_type.name == (machine.accelerator_type
+                                                              or "ACCELERATOR_TYPE_UNSPECIFIED")
+                 and p.machine_spec.accelerator_count == (machine.accelerator_count
+                                                          if machine.accelerator_type else 0)
+                 and p.disk_spec.boot_disk_type in ("", boot_disk_type(machine.machine_type))]
+        most = max((max(p.replica_count, p.autoscaling_spec.max_replica_count) for p in pools),
+                   default=0)
+        if most < machine.replica_count:
+            problems.append(f"{flag}-machine-type {machine.machine_type} with "
+                            f"{machine.accelerator_count} x {machine.accelerator_type or 'no GPU'}"
+                            f" and {machine.replica_count} replica(s) fits no pool of the "
+                            "persistent resource (same machine, GPUs and disk type, enough "
+                            "replicas): change the step's machines or the resource")
+    return (ids or {}).get("persistent_resource", ""), problems
+
+
 @dataclasses.dataclass(frozen=True)
 class VertexSettings:
     """Settings of every custom job the pipeline starts.
@@ -148,6 +210,12 @@ class VertexSettings:
             empty: no upload step is compiled in.
         tensorboard: Vertex AI TensorBoard the training jobs (TRAINING_STEPS) upload
             AIP_TENSORBOARD_LOG_DIR to, `projects/P/locations/R/tensorboards/ID`; empty for none.
+        persistent_resource_id: Vertex persistent resource the jobs of
+            `persistent_resource_steps` run on; empty: on demand (or the run's own, GCPC's
+            `{{$.pipeline_persistent_resource_id}}` default).
+        persistent_resource_steps: The steps (keys of DEFAULT_MACHINES) that run there.
+        tune_early_stopping: The tuning study's automated stopping of trials, one of
+            `tuning.STOPPING_RULES`.
     """
 
     machines: Mapping[str, Machine] = dataclasses.field(
@@ -161,6 +229,9 @@ class VertexSettings:
     timeout: str = "604800s"
     serving_image: str = ""
     tensorboard: str = ""
+    persistent_resource_id: str = ""
+    persistent_resource_steps: frozenset = frozenset()
+    tune_early_stopping: str = "none"
     # Each step's custom-job component, made once for every pipeline these settings build
     # (GCPC's wrapper passes the component through YAML: ~0.1 s each).
     wrapped: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
@@ -180,7 +251,9 @@ class VertexSettings:
         if key not in self.wrapped:
             self.wrapped[key] = as_custom_job(
                 component, self.machines[step], self, display_name,
-                tensorboard=self.tensorboard if step in TRAINING_STEPS else "")
+                tensorboard=self.tensorboard if step in TRAINING_STEPS else "",
+                persistent_resource_id=(self.persistent_resource_id
+                                        if step in self.persistent_resource_steps else ""))
         return self.wrapped[key]
 
     def place(self, task, step: str):
@@ -254,7 +327,8 @@ def job_output_directory(base: str, display_name: str) -> str:
 
 
 def as_custom_job(component: Callable, machine: Machine, settings: VertexSettings,
-                  display_name: str, tensorboard: str = "") -> Callable:
+                  display_name: str, tensorboard: str = "",
+                  persistent_resource_id: str = "") -> Callable:
     """Wraps a component so it runs as a Vertex custom training job on `machine`.
 
     Args:
@@ -264,6 +338,8 @@ def as_custom_job(component: Callable, machine: Machine, settings: VertexSetting
         display_name: Name of the custom job in the console.
         tensorboard: Vertex AI TensorBoard the job uploads its TensorBoard logs to; empty for
             none. Vertex then needs `settings.service_account` and `base_output_directory`.
+        persistent_resource_id: Persistent resource the job runs on; empty keeps GCPC's
+            default (the run's, none unless the PipelineJob names one), so the JSON is unchanged.
 
     Returns:
         A component whose `worker_pool_specs` default carries the machine spec.
@@ -289,4 +365,5 @@ def as_custom_job(component: Callable, machine: Machine, settings: VertexSetting
         tensorboard=tensorboard,
         timeout=settings.timeout,
         env=[{"name": k, "value": v} for k, v in gpu_environment(machine).items()] or None,
+        **({"persistent_resource_id": persistent_resource_id} if persistent_resource_id else {}),
     )
