@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from components.preflight import component as preflight_component
 from components.preflight.checks import input_fingerprints, preflight
+from components.preflight.component import preflight_function
 from components.preflight.data import data_fingerprint
 from components.preflight.parameters import PreflightError, coerce
 from components.preflight.pipeline_checks import (
@@ -23,30 +23,33 @@ from components.preflight.pipeline_checks import (
 from pipelines.definitions import image, lm, text, transformer
 from tests.conftest import write_class_images, write_densenet_weights
 
-
-def _defaults(function) -> dict:
-    return {name: p.default for name, p in inspect.signature(function).parameters.items()
-            if p.default is not inspect.Parameter.empty}
+PIPELINES = {"image": image.build("img:1"), "text": text.build("img:1"),
+             "lm": lm.build("img:1"), "transformer": transformer.build("img:1")}
 
 
-IMAGE_DEFAULTS = _defaults(preflight_component.preflight_image)
-TEXT_DEFAULTS = _defaults(preflight_component.preflight_text)
-LM_DEFAULTS = _defaults(preflight_component.preflight_lm)
-TRANSFORMER_DEFAULTS = _defaults(preflight_component.preflight_transformer)
+def _defaults(kind: str) -> dict:
+    """The preflight's defaults: its pipeline's, and the compile-time tensorboard's ("")."""
+    inputs = PIPELINES[kind].component_spec.inputs
+    return {**{name: spec.default for name, spec in inputs.items()
+               if spec.default is not None}, "tensorboard": ""}
 
 
-@pytest.mark.parametrize("component, pipeline", [
-    (preflight_component.preflight_image, image.build("img:1")),
-    (preflight_component.preflight_text, text.build("img:1")),
-    (preflight_component.preflight_lm, lm.build("img:1")),
-    (preflight_component.preflight_transformer, transformer.build("img:1")),
-])
-def test_preflight_takes_exactly_the_pipeline_parameters(component, pipeline):
+IMAGE_DEFAULTS, TEXT_DEFAULTS, LM_DEFAULTS, TRANSFORMER_DEFAULTS = (
+    _defaults(kind) for kind in ("image", "text", "lm", "transformer"))
+
+
+@pytest.mark.parametrize("kind", sorted(PIPELINES))
+def test_preflight_takes_exactly_the_pipeline_parameters(kind):
+    pipeline = PIPELINES[kind]
     inputs = pipeline.component_spec.inputs
-    # and last, the compile-time settings the pipeline passes (vertex.preflight_inputs)
-    assert list(inspect.signature(component).parameters) == [*inputs, "tensorboard"]
-    for name, value in _defaults(component).items():
-        assert inputs[name].default == value if name in inputs else value == "", name
+    preflight = pipeline.pipeline_spec.components[f"comp-preflight-{kind}"]
+    taken = preflight.input_definitions.parameters
+    # and the compile-time settings the pipeline passes (vertex.preflight_inputs)
+    assert sorted(taken) == sorted([*inputs, "tensorboard"])
+    root = pipeline.pipeline_spec.root.input_definitions.parameters
+    for name in inputs:
+        assert taken[name].default_value == root[name].default_value, name
+        assert taken[name].parameter_type == root[name].parameter_type, name
 
 
 def test_default_settings_pass():
@@ -427,3 +430,15 @@ def test_an_image_predict_folder_with_nothing_in_it_is_refused(tmp_path):
         check_predict_uri(str(folder), "image")
     (folder / "sub" / "cat.jpg").write_bytes(b"jpeg")
     check_predict_uri(str(folder), "image")
+
+
+def test_a_written_preflight_reads_as_source_and_refuses_like_its_pipeline():
+    """KFP pastes the written function's source; the function itself checks the run."""
+    written = preflight_function("lm", [inspect.Parameter(
+        name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=type(default))
+        for name, default in (("corpus_uri", "/no/such/corpus.txt"), ("epochs", 0))])
+    source = inspect.getsource(written)
+    assert source.startswith("def preflight_lm(\n    corpus_uri: str = \"/no/such/corpus.txt\",")
+    assert "    tensorboard: str = \"\",\n) -> str:" in source
+    with pytest.raises(PreflightError, match="epochs"):
+        written()

@@ -51,8 +51,8 @@ def test_a_parameter_list_is_copied_whole_and_built_values_become_empty():
                 "        account: str = x,\n    ):\n        pass\n")
     lines = signatures.parameter_lines(pipeline, "p")
     assert lines == ["    data_uri: str,", "    seed: int = 42,", '    account: str = "",']
-    preflight = "def check(\n    data_uri: str,\n    old: int = 1,\n) -> str:\n    return ''\n"
-    assert signatures.rewrite_parameters(preflight, "check", lines) == (
+    step = "def check(\n    data_uri: str,\n    old: int = 1,\n) -> str:\n    return ''\n"
+    assert signatures.rewrite_parameters(step, "check", lines) == (
         "def check(\n    data_uri: str,\n    seed: int = 42,\n    account: str = \"\",\n"
         ") -> str:\n    return ''\n")
 
@@ -72,16 +72,17 @@ def test_a_settings_default_reaches_the_step_its_pipeline_and_the_preflight(monk
     wanted = signatures.written(sources)
     changed = {m for m in sources if wanted[m] != sources[m]}
     assert changed == {"components.train_image.component", "pipelines.definitions.image",
-                       "components.preflight.component", "components.tune.component"}
+                       "components.tune.component"}
     assert "    batch_size: int = 64," in wanted["components.train_image.component"]
     trial = wanted["components.tune.component"]  # the Kubeflow trial takes what training takes
     trial = trial[trial.index("def trial_train_image_classifier"):]
     assert "    batch_size: int = 64," in trial[:trial.index("def ", 4)]
     assert "        batch_size: int = 64," in wanted["pipelines.definitions.image"]
-    preflight = wanted["components.preflight.component"]
-    image_part = preflight[preflight.index("def preflight_image"):
-                           preflight.index("def preflight_text")]
-    assert "    batch_size: int = 64," in image_part
+    # the preflight's function is written from the pipeline's parameters when it is built
+    namespace = {}
+    exec(wanted["pipelines.definitions.image"], namespace)
+    preflight = namespace["build"]("img:1").pipeline_spec.components["comp-preflight-image"]
+    assert preflight.input_definitions.parameters["batch_size"].default_value.number_value == 64
     # the text pipelines' own batch_size is untouched
     assert wanted["pipelines.definitions.text"] == sources["pipelines.definitions.text"]
 
@@ -171,10 +172,9 @@ def test_the_mark_stays_out_of_the_source_kfp_pastes():
     """KFP pastes a step's function from its def on: the compiled JSON never holds the mark."""
     import inspect
 
-    from components.preflight import component as preflight
     from components.train_image import component as train_image
 
-    for function in (train_image.train_image_classifier, preflight.preflight_image):
+    for function in (train_image.train_image_classifier,):
         lines, first = inspect.getsourcelines(function)
         assert signatures.MARKED not in "".join(lines)
         above = inspect.getsource(inspect.getmodule(function)).splitlines()[first - 2]
@@ -243,8 +243,8 @@ def test_a_pipelines_own_help_comes_from_help_text_and_a_step_input_takes_its_na
     sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
     wanted = signatures.written(sources)
     changed = {m for m in sources if wanted[m] != sources[m]}
-    assert changed == {module for module, _, _ in signatures.PIPELINES}
-    for module, function, _ in signatures.PIPELINES:
+    assert changed == {module for module, _ in signatures.PIPELINES}
+    for module, function in signatures.PIPELINES:
         assert _help(module, function, "tracking_uri", wanted[module]) == (
             "tracking_uri: Where MLflow is.")
 

@@ -3,14 +3,13 @@
 KFP reads a step's inputs and their defaults from its function's signature, and for the
 lightweight components used here it pastes the function's source into the compiled JSON,
 where the executor reads that signature again at run time. A default therefore has to
-stand as a literal in the source of every function that declares it: the step, the
-pipeline that feeds it and the pipeline's preflight step. Instead of being typed there, it
-is written there from its home:
+stand as a literal in the source of every function that declares it: the step and the
+pipeline that feeds it (a preflight's function is written from its pipeline's parameters
+when the pipeline is built: `components.preflight.component`). Instead of being typed
+there, it is written there from its home:
 
 - a configured step's default comes from its settings class (e.g. `TrainConfig`);
-- a pipeline parameter's default comes from the step it feeds (the preflight aside);
-- a preflight step's whole parameter list is its pipeline's, plus the compile-time
-  settings it checks the run against (`PREFLIGHT_SETTINGS`);
+- a pipeline parameter's default comes from the step it feeds;
 - a pipeline parameter's help (its docstring's `Args:` entry, the input's description in
   the Vertex console) is the `Args:` entry of the step input it feeds, unless the pipeline
   gives it its own in `pipelines/definitions/help_text.py` (`OWN_HELP[pipeline]`, else
@@ -65,17 +64,13 @@ CONFIGURED = (
     ("components.train_transformer.component", "train_transformer_classifier",
      "components.train_transformer.contract:TransformerConfig"),
 )
-# Pipelines: (module with build(image), pipeline function, preflight function).
+# Pipelines: (module with build(image), pipeline function).
 PIPELINES = (
-    ("pipelines.definitions.image", "image_pipeline", "preflight_image"),
-    ("pipelines.definitions.text", "text_pipeline", "preflight_text"),
-    ("pipelines.definitions.transformer", "transformer_pipeline", "preflight_transformer"),
-    ("pipelines.definitions.lm", "lm_pipeline", "preflight_lm"),
+    ("pipelines.definitions.image", "image_pipeline"),
+    ("pipelines.definitions.text", "text_pipeline"),
+    ("pipelines.definitions.transformer", "transformer_pipeline"),
+    ("pipelines.definitions.lm", "lm_pipeline"),
 )
-PREFLIGHT_MODULE = "components.preflight.component"
-# Preflight inputs that are no pipeline parameter: compile-time settings the pipeline passes
-# (VertexSettings.preflight_inputs), last in each preflight's list.
-PREFLIGHT_SETTINGS = ('tensorboard: str = ""',)
 # learning_rate's help: the sentence FOUND_RATE_HELP beside `choose_rate`, with the bounds
 # of each trainer (read from the modules' text: they import fastai, which takes seconds).
 RATE_HELP_HOME = "components.common.fastai_text"
@@ -107,8 +102,6 @@ TAKEN_PARAMETERS = (("components.train_transformer.component", "train_transforme
                      "deadline_seconds", "train_transformer_classifier", "metrics"),)
 TAKEN_MARKER = ("# Parameters after {last} written by python -m tools.signatures from\n"
                 "# {source} (edit there).")
-PREFLIGHT_MARKER = ("# Parameters written by python -m tools.signatures from {pipeline} "
-                    "(edit there).")
 # Step modules whose functions a compiled pipeline may name (comp-<function name>).
 STEP_MODULES = ("components.shard.component", "components.train_image.component",
                 "components.prepare_text.component", "components.train_text.component",
@@ -449,20 +442,16 @@ def written(sources: dict[str, str]) -> dict[str, str]:
     steps, helps = step_defaults(sources), step_help(sources)
     home = importlib.import_module(signature_help.HELP_HOME)  # only read
     parameters = {}
-    for module, function, preflight in PIPELINES:
+    for module, function in PIPELINES:
         sources[module], parameters[function] = _pipeline_written(
             sources[module], module, function, steps, helps, home)
-        sources[PREFLIGHT_MODULE] = mark(rewrite_parameters(
-            sources[PREFLIGHT_MODULE], preflight, parameter_lines(sources[module], function)
-            + [f"    {line}," for line in PREFLIGHT_SETTINGS]),
-            preflight, PREFLIGHT_MARKER.format(pipeline=function))
     signature_help.check_help_home(home, parameters)
     return sources
 
 
 def _modules() -> list[str]:
-    return sorted({m for m, _, _ in CONFIGURED} | {m for m, _, _ in PIPELINES}
-                  | set(STEP_MODULES) | {PREFLIGHT_MODULE, RATE_HELP_HOME}
+    return sorted({m for m, _, _ in CONFIGURED} | {m for m, _ in PIPELINES}
+                  | set(STEP_MODULES) | {RATE_HELP_HOME}
                   | set(RATE_BOUNDS.values()) | {m for m, _, _ in RATE_HELP}
                   | {m for m, _ in _load(TRAINERS_HOME).values()})
 

@@ -111,7 +111,6 @@ _TEXT = {
 # Each pipeline kind's steps by role.
 STEPS: Mapping[str, Mapping[str, Step]] = {
     "image": {
-        "preflight": Step(preflight.preflight_image, "preflight"),
         "shard": Step(shard.shard_images, "shard-images", "shard", "shard-images",
                       settings=True),
         "train": Step(train_image.train_image_classifier, "train-densenet121", "train_image",
@@ -122,19 +121,16 @@ STEPS: Mapping[str, Mapping[str, Step]] = {
         **_AFTER_EVALUATION,
     },
     "text": {
-        "preflight": Step(preflight.preflight_text, "preflight"),
         "train": Step(train_text.train_text_classifier, "train-text", "train_text",
                       "train-text", settings=True),
         **_TEXT,
     },
     "transformer": {
-        "preflight": Step(preflight.preflight_transformer, "preflight"),
         "train": Step(train_transformer.train_transformer_classifier, "train-transformer",
                       "train_transformer", "train-transformer", settings=True),
         **_TEXT,
     },
     "lm": {
-        "preflight": Step(preflight.preflight_lm, "preflight"),
         "train": Step(train_lm.train_language_model, "train-language-model", "train_lm",
                       "train-language-model", settings=True),
         "track": Step(track.track_language_model, "track-run"),
@@ -203,7 +199,7 @@ class Steps:
                  tune: tuning.TuningSettings | None = None):
         if tune is not None and target is None:
             raise ValueError("the tuning variant runs on a target: give its settings")
-        self.kind, self.target, self.table = kind, target, STEPS[kind]
+        self.kind, self.target, self.table, self.image = kind, target, STEPS[kind], image
         self.default_job_account = target.default_job_account if target is not None else ""
         self.words = target.words if target is not None else None
         made = {role: component(step.function, image) for role, step in self.table.items()}
@@ -244,8 +240,12 @@ class Steps:
         Kubeflow compile; a fresh thread's stack holds only the definition's own frames.
         """
         def define(body: Callable):
+            said = spoken(body, self.words)
+            # Made before the body makes a task, as the others (kubeflow/pipelines#9320).
+            self.ops["preflight"] = component(preflight.preflight_function(
+                self.kind, list(inspect.signature(said).parameters.values())), self.image)
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                return pool.submit(decorate, spoken(body, self.words)).result()
+                return pool.submit(decorate, said).result()
 
         return define
 
@@ -273,11 +273,10 @@ class Steps:
         cached (it fingerprints the data)."""
         op = self.ops["preflight"]
         settings = self.target.preflight_inputs() if self.target is not None else {}
-        dropped = self.words.dropped if self.words is not None else ()
         task = op(**{name: value for name, value in params.items()
-                     if name in op.component_spec.inputs and name not in dropped}, **settings)
+                     if name in op.component_spec.inputs}, **settings)
         task = task.set_display_name("preflight").set_caching_options(False)
-        return self._placed(task, "preflight")
+        return self.target.place(task, "") if self.target is not None else task
 
     def run(self, role: str, params: Mapping[str, Any], **arguments):
         """The task of the step `role`.
