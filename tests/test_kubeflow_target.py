@@ -290,7 +290,9 @@ def test_kfp_runs_a_trial_with_the_trainers_signature(tmp_path, monkeypatch):
     passes the task's inputs and output artifact, and stores the result as the `Output`
     struct."""
     from components.train_text import component as train_text
-    from components.tune.component import trial_train_text_classifier as trial
+    from components.tune.component import TRIAL
+
+    trial = TRIAL["text"]
 
     seen = {}
 

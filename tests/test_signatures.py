@@ -1,6 +1,7 @@
 """Defaults have one home: the generator writes them into steps, pipelines and preflights."""
 
 import dataclasses
+import inspect
 import re
 from pathlib import Path
 
@@ -28,22 +29,22 @@ def test_a_value_already_right_keeps_its_spelling_and_a_stale_one_is_rewritten()
 
 
 def test_a_tunable_parameter_is_one_edit_of_the_table(monkeypatch):
-    """Adding a tunable parameter to contract.TUNABLE writes it into both selection steps'
-    inputs, help and outputs."""
-    real_load = signatures._load
-    tunable = {**real_load(signatures.TUNABLE_HOME)}
-    tunable["text"] = {**tunable["text"], "seq_len": int}
-    monkeypatch.setattr(signatures, "_load", lambda spec: tunable
-                        if spec == signatures.TUNABLE_HOME else real_load(spec))
-    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
-    wanted = signatures.written(sources)
-    assert {m for m in sources if wanted[m] != sources[m]} == {"components.tune.component"}
-    module = wanted["components.tune.component"]
-    for function in ("best_text_trial", "select_text_trial"):
-        text = module[module.index(f"def {function}("):]
-        text = text[:text.index("\ndef ")]
-        assert "    seq_len: int,\n" in text and '("seq_len", int)]):' in text
-        assert "seq_len: The run's value, kept when the study did not search it." in text
+    """Adding a tunable parameter to contract.TUNABLE gives both selection steps its input,
+    help and output; a trial takes its point, then exactly what its trainer takes."""
+    from kfp import dsl
+
+    from components.train_image.component import train_image_classifier
+    from components.tune import component as tune
+
+    monkeypatch.setitem(tune.TUNABLE, "text", {**tune.TUNABLE["text"], "seq_len": int})
+    for step in (tune.best_trial("text"), tune.select_trial("text")):
+        spec = dsl.component(step, base_image="img:1").component_spec
+        assert spec.inputs["seq_len"].type == spec.outputs["seq_len"].type == "Integer"
+        assert spec.inputs["seq_len"].description == tune.TUNED_HELP
+    trial = inspect.signature(tune.trial("image")).parameters
+    assert list(trial)[:3] == ["trial_point", "study_metric", "study_goal"]
+    assert list(trial.values())[3:] == list(
+        inspect.signature(train_image_classifier).parameters.values())
 
 
 def test_a_parameter_list_is_copied_whole_and_built_values_become_empty():
@@ -71,12 +72,8 @@ def test_a_settings_default_reaches_the_step_its_pipeline_and_the_preflight(monk
     sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
     wanted = signatures.written(sources)
     changed = {m for m in sources if wanted[m] != sources[m]}
-    assert changed == {"components.train_image.component", "pipelines.definitions.image",
-                       "components.tune.component"}
+    assert changed == {"components.train_image.component", "pipelines.definitions.image"}
     assert "    batch_size: int = 64," in wanted["components.train_image.component"]
-    trial = wanted["components.tune.component"]  # the Kubeflow trial takes what training takes
-    trial = trial[trial.index("def trial_train_image_classifier"):]
-    assert "    batch_size: int = 64," in trial[:trial.index("def ", 4)]
     assert "        batch_size: int = 64," in wanted["pipelines.definitions.image"]
     # the preflight's function is written from the pipeline's parameters when it is built
     namespace = {}
@@ -170,8 +167,6 @@ def test_every_written_function_is_marked_above_its_def_and_decorators():
 
 def test_the_mark_stays_out_of_the_source_kfp_pastes():
     """KFP pastes a step's function from its def on: the compiled JSON never holds the mark."""
-    import inspect
-
     from components.train_image import component as train_image
 
     for function in (train_image.train_image_classifier,):

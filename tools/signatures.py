@@ -5,7 +5,8 @@ lightweight components used here it pastes the function's source into the compil
 where the executor reads that signature again at run time. A default therefore has to
 stand as a literal in the source of every function that declares it: the step and the
 pipeline that feeds it (a preflight's function is written from its pipeline's parameters
-when the pipeline is built: `components.preflight.component`). Instead of being typed
+when the pipeline is built, the tuning steps' from `TUNABLE` and the trainers':
+`components.common.written`). Instead of being typed
 there, it is written there from its home:
 
 - a configured step's default comes from its settings class (e.g. `TrainConfig`);
@@ -20,10 +21,6 @@ there, it is written there from its home:
   of a pipeline is written, none typed there;
 - the help of `learning_rate=0` (fastai's lr_find) is the sentence beside `choose_rate`
   with the bounds each trainer holds the found rate to (in the steps, hence their pipelines);
-- a tuning step's tunable inputs and outputs come from `contract.TUNABLE`: each kind's
-  best-trial (Vertex) and selection (Kubeflow) step takes every tunable parameter after its
-  `trials` output and returns them (`TUNED_STEPS`), and each trainer's Kubeflow trial takes
-  its point, the study's metric and goal, then its trainer's parameter list (`TRAINERS_HOME`).
 
 A value that is already right keeps its spelling (`1e-3` is not rewritten as `0.001`), so
 the compiled JSON changes only when a value does. Each function it writes carries a comment
@@ -79,12 +76,6 @@ RATE_HELP = (
     ("components.train_text.component", "train_text_classifier", "text"),
     ("components.train_lm.component", "train_language_model", "lm"),
 )
-# Tuning steps (TUNE_MODULE): per kind of contract.TUNABLE, the steps that take its tunable
-# parameters after `trials` and return them; per trainer, its trial (`trial_<trainer>`).
-TUNE_MODULE, TUNABLE_HOME = "components.tune.component", "components.tune.contract:TUNABLE"
-TUNED_STEPS = ("best_{kind}_trial", "select_{kind}_trial")
-TUNED_HELP = "The run's value, kept when the study did not search it."
-TRAINERS_HOME = "components.tune.trial:TRAINERS"  # kind: (trainer module, function)
 NOT_LITERAL = object()  # a default that is no literal (`_literal`)
 # The comment above each function whose parameters are written here (MARKED finds one).
 MARKED = "written by python -m tools.signatures"
@@ -92,9 +83,6 @@ STEP_MARKER = ("# Defaults written by python -m tools.signatures from contract.{
                "(edit there).")
 PIPELINE_MARKER = ("# Defaults and Args help written by python -m tools.signatures from the\n"
                    "# steps they feed and pipelines/definitions/help_text.py (edit there).")
-TUNED_MARKER = ("# Tunable inputs and outputs written by python -m tools.signatures from "
-                "contract.TUNABLE\n# (edit there).")
-TRIAL_MARKER = "# Parameters written by python -m tools.signatures from {trainer} (edit there)."
 # Steps that take another step's parameters after their own: (module, step, its last own
 # parameter, the other step, the other's last parameter not taken). The TrainJob launcher
 # takes the one-pod transformer trainer's settings.
@@ -108,8 +96,7 @@ STEP_MODULES = ("components.shard.component", "components.train_image.component"
                 "components.train_lm.component", "components.train_transformer.component",
                 "components.evaluate_image.component", "components.evaluate_text.component",
                 "components.register.component", "components.register.vertex_upload",
-                "components.predict.component", "components.track.component",
-                "components.tune.component")
+                "components.predict.component", "components.track.component")
 
 
 def as_step_value(name: str, value: Any) -> Any:
@@ -231,45 +218,6 @@ def rewrite_after(source: str, function: str, last: str, lines: list[str]) -> st
     kept = parameter_lines(source, function)
     names = [line.split(":")[0].strip() for line in kept]
     return rewrite_parameters(source, function, kept[:names.index(last) + 1] + lines)
-
-
-def rewrite_returns(source: str, function: str, typename: str, fields: dict[str, type]) -> str:
-    """`source` with `function`'s return annotation `NamedTuple(typename, [fields])`, its
-    fields wrapped at 100 columns under the list's bracket."""
-    returns = _function(ast.parse(source), function).returns
-    head = f'NamedTuple("{typename}", ['
-    indent, rows = " " * (returns.col_offset + len(head)), [""]
-    for field, kind in fields.items():
-        item = f'("{field}", {kind.__name__})'
-        if rows[-1] and len(indent) + len(rows[-1]) + len(item) + 5 > 100:
-            rows.append("")
-        rows[-1] += (", " if rows[-1] else "") + item
-    text = head + (",\n" + indent).join(rows) + "])"
-    return _replace(source, [(returns.lineno, returns.col_offset, returns.end_lineno,
-                              returns.end_col_offset, text)])
-
-
-def tuning_written(sources: dict[str, str], tunable: dict[str, dict[str, type]]) -> str:
-    """The tuning module's text with each kind's tunable inputs, their help and outputs
-    written in its `TUNED_STEPS`, and each trainer's parameters in its trial."""
-    source = sources[TUNE_MODULE]
-    for kind, fields in tunable.items():
-        for template in TUNED_STEPS:
-            function = template.format(kind=kind)
-            source = rewrite_after(source, function, "trials", [
-                f"    {name}: {kind_type.__name__}," for name, kind_type in fields.items()])
-            source = rewrite_returns(source, function, f"Best{kind.title()}Trial", fields)
-            node = _function(ast.parse(source), function)
-            entries = signature_help.read_args(source, node).entries
-            kept = list(entries)[:list(entries).index("trials") + 1]
-            source = signature_help.write_args(source, node, {
-                **{name: entries[name] for name in kept}, **dict.fromkeys(fields, TUNED_HELP)})
-            source = mark(source, function, TUNED_MARKER)
-    for module, trainer in _load(TRAINERS_HOME).values():
-        source = mark(rewrite_after(source, f"trial_{trainer}", "study_goal",
-                                    parameter_lines(sources[module], trainer)),
-                      f"trial_{trainer}", TRIAL_MARKER.format(trainer=trainer))
-    return source
 
 
 def mark(source: str, function: str, marker: str) -> str:
@@ -438,7 +386,6 @@ def written(sources: dict[str, str]) -> dict[str, str]:
     for module, function, kind in RATE_HELP:  # before the pipelines copy it
         sources[module] = rewrite_help(sources[module], function, "learning_rate",
                                        found_rate_help(kind, sources))
-    sources[TUNE_MODULE] = tuning_written(sources, _load(TUNABLE_HOME))
     steps, helps = step_defaults(sources), step_help(sources)
     home = importlib.import_module(signature_help.HELP_HOME)  # only read
     parameters = {}
@@ -452,8 +399,7 @@ def written(sources: dict[str, str]) -> dict[str, str]:
 def _modules() -> list[str]:
     return sorted({m for m, _, _ in CONFIGURED} | {m for m, _ in PIPELINES}
                   | set(STEP_MODULES) | {RATE_HELP_HOME}
-                  | set(RATE_BOUNDS.values()) | {m for m, _, _ in RATE_HELP}
-                  | {m for m, _ in _load(TRAINERS_HOME).values()})
+                  | set(RATE_BOUNDS.values()) | {m for m, _, _ in RATE_HELP})
 
 
 def main(argv: list[str] | None = None) -> int:
