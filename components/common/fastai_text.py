@@ -1,7 +1,5 @@
-"""Runtime pieces both fastai text trainers use (the classifier and the language model).
-
-Imported only by steps that run in the fastai image: it loads fastai and torch.
-"""
+"""Runtime pieces both fastai text trainers use (the classifier and the language model);
+imported only by steps that run in the fastai image."""
 
 from __future__ import annotations
 
@@ -31,20 +29,17 @@ from components.common.precision import BF16, FP16, FP32, choose_precision
 
 log = logging.getLogger(__name__)
 
-# lr_find's sweep (1e-7 to 10): fastai's default length, or the training's own when that is
-# shorter, but never below the fewest steps that still give a valley a few points per decade.
+# lr_find's sweep (1e-7 to 10): fastai's default length, or the training's own when shorter,
+# but never below the fewest steps that still give a valley a few points per decade.
 LR_FIND_ITERATIONS = 100  # fastai's default
 LR_FIND_MIN_ITERATIONS = 30
-# Tokenize in this process (fastai's n_workers). fastai's default forks a process pool,
-# and a fork of a process that has threads running (torch's, a storage client's, a test
-# runner's servers) can deadlock in the child: the step would hang, not fail. The cost:
-# fastai's rules + spaCy tokenize ~26k words a CPU second here (1M words: ~40 s; a
-# WikiText-103-sized LM corpus, 100M: ~1 h, where 8 forked workers would take ~8 min).
+# Tokenize in this process: fastai's default forks a process pool, and a fork of a process
+# with threads running (torch's, a storage client's) can deadlock in the child. The cost:
+# ~26k words a CPU second (100M words, WikiText-103's size: ~1 h; 8 workers: ~8 min).
 TOKENIZER_WORKERS = 0
-# Batches (training and validation) between two `release_freed_memory` calls of `EpochEnd`.
-# At the English LM of docs/measurements.md (15k vocabulary, batch 32, ~1 s a batch on 2
-# cores) glibc kept up to ~0.5 GB a minute of freed memory: 20 batches hold it to a few
-# hundred MB between trims, for a trim every ~20 s.
+# Batches between two `release_freed_memory` calls of `EpochEnd`: at the English LM of
+# docs/measurements.md glibc kept up to ~0.5 GB a minute of freed memory; 20 batches (~20 s)
+# hold it to a few hundred MB.
 TRIM_EVERY_BATCHES = 20
 
 
@@ -69,13 +64,9 @@ def release_freed_memory() -> bool:
     """Returns the memory this process freed but glibc kept to the system (`malloc_trim(0)`).
 
     The LM trainer's resident memory grew from 1.7 to 6.5 GB in its first epoch while it
-    held ~1.4 GB: each batch frees large temporaries (activations, the softmax over the
-    vocabulary), and glibc keeps freed blocks in its heaps (one per thread that allocates:
-    torch's), where live blocks between them keep a heap from shrinking from its top (and
-    glibc raises its mmap threshold as large blocks are freed, so later ones come from the
-    heaps too). `malloc_trim(0)` hands every free page back (it brought that process to
-    1.4 GB at once). Nothing lives in those pages, so this is safe at any time; elsewhere
-    than glibc it does nothing.
+    held ~1.4 GB: glibc keeps each batch's freed temporaries in its per-thread heaps, which
+    live blocks keep from shrinking. `malloc_trim(0)` hands every free page back (1.4 GB at
+    once); nothing lives there, so it is safe at any time.
 
     Returns:
         Whether glibc gave memory back (False where there is no glibc).
@@ -86,12 +77,9 @@ def release_freed_memory() -> bool:
 
 class EpochEnd(Callback):
     """Calls `on_epoch(epochs_done, values, seconds, cpu_seconds)` after each epoch a fit
-    really trained: its wall-clock seconds, and the CPU seconds this process spent in it
-    (all its threads; on a shared machine the wall clock also counts other processes').
-
-    It also returns freed memory to the system (`release`, by default
-    `release_freed_memory`) every `trim_every` batches, training and validation (by default
-    `TRIM_EVERY_BATCHES`; 0: never), and at each epoch's end.
+    really trained (CPU seconds: all this process's threads), and returns freed memory
+    (`release`, default `release_freed_memory`) every `trim_every` batches (default
+    `TRIM_EVERY_BATCHES`; 0: never) and at each epoch's end.
     """
 
     order = Recorder.order + 1  # after the Recorder has the epoch's losses and metrics
@@ -111,10 +99,9 @@ class EpochEnd(Callback):
         self._trained = True
 
     def after_batch(self):
-        # fastai's Recorder keeps each training batch's smoothed loss as a 0-d tensor for
-        # the whole fit: small blocks between each batch's large temporaries, which keep
-        # glibc from reusing or returning the freed memory (the LM trainer's resident
-        # memory grew ~2.5 MB a batch at a 12.6k vocabulary; flat with floats).
+        # fastai's Recorder keeps each batch's smoothed loss as a 0-d tensor for the whole
+        # fit: small blocks between large temporaries, which keep glibc from reusing the
+        # freed memory (~2.5 MB a batch at a 12.6k vocabulary; flat with floats).
         losses = getattr(self.recorder, "losses", None)
         if self.training and losses and hasattr(losses[-1], "item"):
             losses[-1] = losses[-1].item()
@@ -146,28 +133,20 @@ def quiet(learn):
 
 
 def lm_batch_size(lengths: Sequence[int], bs: int) -> int:
-    """Largest batch size <= bs whose token streams give a language model one batch.
-
-    Args:
-        lengths: Token count of each text.
-        bs: The batch size asked for.
-    """
+    """Largest batch size <= bs whose token streams (texts of `lengths` tokens) give a
+    language model one batch."""
     total = int(sum(lengths))
-    # LMDataLoader cuts the corpus into bs streams of (total - 1) // bs tokens; it
-    # needs at least 2 per stream (one input, one target).
+    # LMDataLoader cuts the corpus into bs streams of (total - 1) // bs tokens; each needs 2.
     return max(1, min(bs, (total - 1) // 2))
 
 
 def language_model_loaders(dsets, bs: int, val_bs: int, seq_len: int):
     """fastai's language model dataloaders over `dsets`, each text's token ids made once.
 
-    fastai's LMDataLoader turns a text into token ids each time a sequence reads from it
-    and keeps the last 2 (`cache=2`). Its batches read `bs` streams far apart in the
-    corpus, so the 2 kept are never the next ones asked for: every epoch made every text's
-    ids again, in Python, between GPU steps. On an H100 that was 78% of an AWD-LSTM epoch
-    (500k tokens: 21 of 27 s making batches). Kept for every text, they take 8 bytes a
-    token plus ~1.5 KB a text (~20 bytes a token at 120 tokens a text, ~54 at 32), beside
-    the ~150 a token the tokenized texts hold already.
+    LMDataLoader keeps the last 2 texts' ids (`cache=2`) while its `bs` streams read far
+    apart, so every epoch made every text's ids again, in Python: 78% of an AWD-LSTM epoch
+    on an H100. Kept for every text they take ~20-54 bytes a token, beside the ~150 the
+    tokenized texts hold already.
 
     Args:
         dsets: The `Datasets` of a language model `TextBlock` (train and validation).
@@ -188,13 +167,9 @@ def precision_here(requested: bool) -> str:
 
 def mixed_precision(learn, precision: str):
     """`learn` set to train in `precision` ("fp32" leaves it as it is)."""
-    if precision == BF16:
-        return learn.to_bf16()
-    if precision == FP16:
-        return learn.to_fp16()
-    if precision != FP32:
+    if precision not in (FP32, FP16, BF16):
         raise ValueError(f"precision must be one of {(FP32, FP16, BF16)}, got {precision!r}")
-    return learn
+    return learn.to_bf16() if precision == BF16 else learn.to_fp16() if precision == FP16 else learn
 
 
 def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, precision: str):
@@ -205,7 +180,7 @@ def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, precision:
         arch_config: Full AWD_LSTM settings (`awd_lstm_lm_config` updated).
         drop_mult: Multiplier of every dropout.
         folder: Where `learn.save` and `save_encoder` write.
-        precision: "fp32", "fp16" or "bf16" (see `choose_precision`).
+        precision: FP32, FP16 or BF16 (`choose_precision`).
     """
     learn = language_model_learner(dls, AWD_LSTM, config=arch_config, pretrained=False,
                                    drop_mult=drop_mult, metrics=[accuracy, Perplexity()],
@@ -224,20 +199,15 @@ def choose_rate(suggestions: Mapping[str, float], floor: float, ceiling: float,
                 ) -> tuple[float, str]:
     """The peak rate to train with, from `lr_find`'s suggestions, and which rule gave it.
 
-    `valley` (fastai's default suggestion since 2.5: the middle of the longest valley of
-    the loss curve), held to [floor, ceiling]; the middle of the bounds when it is not a
-    positive number. `steep` and `minimum` are recorded but not used: on a few dozen
-    batches of real text they were the curve's noise (steep 6.3e-7 and 4.4e-5, minimum
-    7.6e-8 on the docstring and Debian corpora, which left the classifier at 1e-4 learning
-    nothing), while valley stayed within 8e-4..5e-3 on every curve seen.
+    `valley` (fastai's default since 2.5), held to [floor, ceiling]; the bounds' geometric
+    middle when it is not a positive number. `steep` and `minimum` were the curve's noise on
+    a few dozen batches of real text (6.3e-7, 7.6e-8: the classifier learnt nothing), while
+    valley stayed within 8e-4..5e-3 on every curve seen.
 
     Args:
         suggestions: `{"valley", "minimum", "steep", "slide"}` from `lr_find`.
         floor: Smallest rate believed.
         ceiling: Largest rate believed.
-
-    Returns:
-        `(rate, rule)`, the rule naming what was used.
     """
     value = suggestions.get("valley", math.nan)
     if not value > 0:  # also NaN
@@ -248,15 +218,10 @@ def choose_rate(suggestions: Mapping[str, float], floor: float, ceiling: float,
 
 
 def sweep_length(training_steps: int) -> int:
-    """How many batches `lr_find` sweeps for a model that trains for `training_steps`.
-
-    fastai's 100, or the training's own steps when it takes fewer, but at least
-    `LR_FIND_MIN_ITERATIONS`. On a small dataset 100 steps go round its few batches again
-    and again: 60 reviews (3 batches of 16) made fastai's AWD-LSTM sweep for 81 s before
-    training 12 epochs in 24 s. The rate found is held to its bounds either way, a window
-    of 1.67x for a model trained whole (`train_text.schedule.found_rate_bounds`); a run
-    with 100 steps or more sweeps as fastai does.
-    """
+    """How many batches `lr_find` sweeps for a model that trains for `training_steps`:
+    fastai's 100, or fewer for a shorter training, at least `LR_FIND_MIN_ITERATIONS`. On 60
+    reviews fastai's sweep took 81 s before 12 epochs took 24 s; the rate is held to its
+    bounds either way (`train_text.schedule.found_rate_bounds`)."""
     return max(LR_FIND_MIN_ITERATIONS, min(LR_FIND_ITERATIONS, training_steps))
 
 
@@ -267,12 +232,10 @@ def find_rate(learn, floor: float, ceiling: float, epochs: int) -> dict[str, flo
         learn: The learner, frozen as the rate's first stage trains it.
         floor: Smallest rate believed.
         ceiling: Largest rate believed.
-        epochs: Epochs the model trains for with the rate: the sweep is no longer than
-            their batches (`sweep_length`).
+        epochs: Epochs the model trains for with the rate (`sweep_length` of their batches).
 
     Returns:
-        The four suggestions, `used` (the rate), `rule` (which suggestion it is) and
-        `sweep` (the batches swept).
+        The four suggestions, `used` (the rate), `rule` and `sweep` (the batches swept).
     """
     sweep = sweep_length(epochs * len(learn.dls.train))
     found = learn.lr_find(suggest_funcs=(valley, minimum, steep, slide), show_plot=False,

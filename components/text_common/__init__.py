@@ -1,17 +1,8 @@
 """What both text classifier trainers share, owned by neither.
 
-The fastai ULMFiT trainer (`components.train_text`) and the Hugging Face transformer
-trainer (`components.train_transformer`) each import this package, never each other
-(tests/test_structure.py):
-
-- `contract`: the model folder both write (`labels.json`, `metrics.json`,
-  `per_label_metrics.json`, `export.pkl` or `save_pretrained`'s files) and how a text is
-  read (`clip_text`, `MAX_TEXT_CHARS`, `TEXT_FIELD`).
-- `scores`: validation scores as both write them (the labels.json and per-label files),
-  and the constant answer a classifier is judged against.
-- `models`: either trainer's model folder loaded as one kind of classifier, for
-  evaluation, prediction and serving.
-
-Like `components.formats`, these modules import contracts and `components.common` only
-(never a trainer), and their frameworks inside the functions that need them.
+`components.train_text` (fastai ULMFiT) and `components.train_transformer` (Hugging Face)
+import this package, never each other (tests/test_structure.py): `contract` (the model
+folder both write, how a text is read), `scores` (validation scores, the constant answer)
+and `models` (either folder loaded as one kind of classifier). Like `components.formats`,
+it imports contracts and `components.common` only, and frameworks inside functions.
 """

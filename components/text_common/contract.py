@@ -1,13 +1,8 @@
 """What every text classifier's model folder holds, and how a text is read, whichever trainer.
 
-Both text trainers (`components.train_text`, fastai ULMFiT; `components.train_transformer`,
-Hugging Face) write `labels.json` (labels, task, thresholds, text column),
-`metrics.json` (validation scores and training history) and `per_label_metrics.json`
-beside their model: the fastai learner in `export.pkl` (it reads a frame whose text
-column is `TEXT_FIELD`), or what `save_pretrained` writes (`config.json` and weights).
-Evaluation, prediction, serving and tracking read either through these names and
-`components.text_common.models`. Each trainer imports this module, never the other
-trainer; nothing here imports fastai, torch or transformers.
+Both trainers write `labels.json`, `metrics.json` and `per_label_metrics.json` beside their
+model (fastai's `export.pkl`, or `save_pretrained`'s files); evaluation, prediction, serving
+and tracking read them through these names. Nothing here imports fastai, torch or transformers.
 """
 
 from __future__ import annotations
@@ -24,9 +19,8 @@ PER_LABEL_FILE = "per_label_metrics.json"
 # What `save_pretrained` writes and `from_pretrained` needs of a transformer's model folder.
 MODEL_CONFIG_FILE = "config.json"
 WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
-# A tokenizer as `tokenizer.save_pretrained` writes it: a fast tokenizer's tokenizer.json,
-# or a slow one's vocabulary (WordPiece, BPE, SentencePiece). Without one, transformers
-# builds a tokenizer of the special tokens alone from config.json: every word is [UNK].
+# `tokenizer.save_pretrained`'s files (fast or slow). Without one, transformers builds a
+# tokenizer of the special tokens alone from config.json: every word is [UNK].
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model",
                    "spiece.model", "tokenizer.model")
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -38,12 +32,10 @@ OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert
 _NO_LIMIT = 1_000_000
 # The text column of the frames the fastai learner was trained on, and predicts from.
 TEXT_FIELD = "text"
-# The most characters of one text the classifier reads: its first ones (`clip_text`).
-# spaCy refuses a text over 1,000,000 characters (E088), after fastai's rules, which can
-# make a text up to ~4x longer (spaces around "/", "#" and newlines; xxrep markers); the
-# AWD-LSTM reads every token one after another (2.5 ms a token measured on one CPU core
-# at fastai's default size), while it pools over the last 1,440 only. 20,000 characters
-# (~4,000 words) keeps one text around 10 s on a CPU endpoint.
+# The most characters of one text the classifier reads (`clip_text`). spaCy refuses a text
+# over 1M characters (E088) after fastai's rules (up to ~4x longer), and the AWD-LSTM reads
+# every token in turn (2.5 ms a token on one CPU core) while pooling over the last 1,440:
+# 20,000 characters (~4,000 words) keeps one text around 10 s on a CPU endpoint.
 MAX_TEXT_CHARS = 20_000
 
 
@@ -62,25 +54,19 @@ def read_labels(model_dir: str) -> dict[str, Any]:
 def clip_text(text: str) -> str:
     """The part of `text` a classifier reads: its first `MAX_TEXT_CHARS` characters.
 
-    Whatever feeds texts to a classifier cuts them here (`components.text_common.models`
-    does, for evaluation, batch prediction and serving), so that a text over the limit is
-    read the same way in training and prediction; callers count the texts cut
-    (`len(text) > MAX_TEXT_CHARS`) and report them.
+    Training and every prediction path cut texts here, so a long text reads alike in both;
+    callers count and report the texts cut.
     """
     return text[:MAX_TEXT_CHARS]
 
 
-def has_weights(files: set[str]) -> bool:
-    """Whether a model folder's file names include its weights (one file, or the index of
-    their shards, as `save_pretrained` writes a large model)."""
-    return any(name in files or f"{name}.index.json" in files for name in WEIGHTS_FILES)
-
-
 def is_transformer_folder(model_dir: str) -> bool:
-    """Whether a local folder holds a Hugging Face model (`config.json` and weights)."""
+    """Whether a local folder holds a Hugging Face model (`config.json` and weights, one
+    file or the index of their shards)."""
     if not os.path.isfile(os.path.join(model_dir, MODEL_CONFIG_FILE)):
         return False
-    return has_weights(set(os.listdir(model_dir)))
+    files = set(os.listdir(model_dir))
+    return any(name in files or f"{name}.index.json" in files for name in WEIGHTS_FILES)
 
 
 # The fields of a transformer folder's JSON files that the checks read, and their types.
@@ -105,8 +91,7 @@ def token_limit(config: dict[str, Any], model_max_length: float | None) -> int |
     `model_max_length` and its usable position embeddings; None if neither sets one.
 
     Args:
-        config: The model's config.json (`max_position_embeddings`, `model_type`,
-            `pad_token_id`).
+        config: The model's config.json.
         model_max_length: The tokenizer's limit (tokenizer_config.json), if any.
     """
     limits = []

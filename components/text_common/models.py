@@ -1,9 +1,5 @@
-"""A trained text classifier of either trainer, as one kind of model.
+"""A trained text classifier of either trainer, as one kind of model (`load_text_model`).
 
-The fastai trainer's folder (`export.pkl`, `labels.json`) and the transformer trainer's
-(`save_pretrained`'s files, `labels.json`), both named in `components.text_common.contract`,
-load here as an object with `info` (the folder's labels.json) and
-`probabilities(texts, batch_size)`, so evaluation, prediction and serving read either.
 fastai, torch and transformers are imported when a model loads.
 """
 
@@ -29,70 +25,42 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-def load_text_learner(model_dir: str):
-    """The exported fastai learner of a trained model folder, on a GPU when there is one.
-
-    Args:
-        model_dir: Folder with `export.pkl` (local).
-
-    Raises:
-        FileNotFoundError: The folder has no `export.pkl`.
-    """
-    import warnings
-
-    import torch
-    from fastai.learner import load_learner
-
-    path = os.path.join(model_dir, EXPORT_FILE)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found: {model_dir!r} is not a trained text model "
-                                f"folder (expected {EXPORT_FILE} and {LABELS_FILE} of the fastai "
-                                f"trainer, or a transformer's config.json, model.safetensors "
-                                f"and {LABELS_FILE})")
-    with warnings.catch_warnings():
-        # fastai warns that pickles can run code: this is the export of our own training step.
-        warnings.filterwarnings("ignore", message=".*insecure pickle")
-        return load_learner(path, cpu=not torch.cuda.is_available())
-
-
-def text_probabilities(learn, texts: list[str], batch_size: int = 64):
-    """Probabilities of a text learner for `texts`, in their order.
-
-    Args:
-        learn: From `load_text_learner`.
-        texts: Raw texts (tokenized here with the model's own tokenizer and vocab), each
-            read up to `MAX_TEXT_CHARS` characters (`clip_text`).
-        batch_size: Texts per forward pass.
-
-    Returns:
-        A numpy array (len(texts), k): sigmoid per label (multi-label) or softmax
-        (single-label).
-    """
-    import pandas as pd
-
-    frame = pd.DataFrame({TEXT_FIELD: [clip_text(t) for t in texts]})
-    dl = learn.dls.test_dl(frame, bs=batch_size, num_workers=0)
-    probs, _ = learn.get_preds(dl=dl)  # reorder=True undoes the sorting by length
-    return probs.float().cpu().numpy()
-
-
 class _FastaiTextModel:
     """A fastai text classifier export with the interface of every text model."""
 
     def __init__(self, model_dir: str) -> None:
+        import warnings
+
+        import torch
+        from fastai.learner import load_learner
+
         self.info = read_labels(model_dir)  # before the learner: it names a bad labels.json
-        self._learn = load_text_learner(model_dir)  # names what is missing
+        path = os.path.join(model_dir, EXPORT_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"{path} not found: {model_dir!r} is not a trained text model folder (expected "
+                f"{EXPORT_FILE} and {LABELS_FILE} of the fastai trainer, or a transformer's "
+                f"config.json, model.safetensors and {LABELS_FILE})")
+        with warnings.catch_warnings():
+            # fastai warns that pickles can run code: this is the export of our own training step.
+            warnings.filterwarnings("ignore", message=".*insecure pickle")
+            self._learn = load_learner(path, cpu=not torch.cuda.is_available())
 
     def probabilities(self, texts: list[str], batch_size: int = 64):
-        """See `text_probabilities`."""
-        return text_probabilities(self._learn, texts, batch_size)
+        """See `load_text_model`."""
+        import pandas as pd
+
+        frame = pd.DataFrame({TEXT_FIELD: [clip_text(t) for t in texts]})
+        dl = self._learn.dls.test_dl(frame, bs=batch_size, num_workers=0)
+        probs, _ = self._learn.get_preds(dl=dl)  # reorder=True undoes the sorting by length
+        return probs.float().cpu().numpy()
 
 
 class TransformerTextModel:
     """A trained transformer classifier: its labels.json and a `probabilities` method."""
 
     def __init__(self, model_dir: str) -> None:
-        """Loads the model folder written by the transformer trainer.
+        """Loads the transformer trainer's model folder.
 
         Raises:
             FileNotFoundError: The folder holds no Hugging Face model.
@@ -115,11 +83,7 @@ class TransformerTextModel:
         self.max_length = min(saved, limit) if limit else saved
 
     def probabilities(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        """Sigmoid per label (multi-label) or softmax (single-label) for `texts`, in order.
-
-        Each text is read up to `MAX_TEXT_CHARS` characters (`clip_text`), then up to the
-        model's `max_length` tokens, as in training.
-        """
+        """See `load_text_model`; each text is also cut at the model's `max_length` tokens."""
         import numpy as np
         import torch
 
@@ -139,8 +103,6 @@ class TransformerTextModel:
 
 def load_text_model(model_dir: str):
     """The text classifier of a model folder: the fastai trainer's or the transformer's.
-
-    Both answer the same way, so evaluation, prediction and serving read either.
 
     Args:
         model_dir: A training step's model output (local).

@@ -1,10 +1,5 @@
-"""A text classifier's validation scores, as both text trainers write them.
-
-`validation_result` scores probabilities at the fixed threshold and at thresholds tuned on
-the same rows; `per_label_summary` is the per-label file beside the model; `constant_answer`,
-`learnt_nothing` and `frequency_bias` judge and set a classifier against the answer that
-ignores the text. Pure numpy, but `write_result_files`, which writes the model folder's
-JSON files.
+"""A text classifier's validation scores as both text trainers write them, and the answer
+that ignores the text (`constant_answer`), which a classifier starts at and is judged against.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from components.text_common.contract import LABELS_FILE, PER_LABEL_FILE, TRAININ
 
 
 def validation_result(truth: np.ndarray, probs: np.ndarray, labels: Sequence[str], task: str,
-           threshold: float) -> dict[str, Any]:
+                      threshold: float) -> dict[str, Any]:
     """Validation results: at the fixed threshold and, multi-label, at tuned thresholds.
 
     Args:
@@ -33,36 +28,29 @@ def validation_result(truth: np.ndarray, probs: np.ndarray, labels: Sequence[str
         threshold: The fixed multi-label threshold (ignored for single-label).
 
     Returns:
-        `{"task", "labels", "split": "validation", "threshold", "fixed", "tuned",
-        "tuned_thresholds"}`; "fixed" and "tuned" are `multi_label_metrics` results
-        (single-label: "fixed" is `single_label_metrics`', the others None).
+        `{"task", "labels", "split", "threshold", "fixed", "tuned", "tuned_thresholds"}`
+        (single-label: "fixed" from `single_label_metrics`, the tuned ones None).
     """
+    head = {"task": task, "labels": list(labels), "split": "validation"}
     if task == MULTI_LABEL:
-        fixed = multi_label_metrics(truth, probs, labels, threshold)
         tuned_thresholds = tune_thresholds(truth, probs)
-        tuned = multi_label_metrics(truth, probs, labels, tuned_thresholds)
-        return {"task": task, "labels": list(labels), "split": "validation", "threshold": threshold,
-                "fixed": fixed, "tuned": tuned,
+        return {**head, "threshold": threshold,
+                "fixed": multi_label_metrics(truth, probs, labels, threshold),
+                "tuned": multi_label_metrics(truth, probs, labels, tuned_thresholds),
                 "tuned_thresholds": dict(zip(labels, tuned_thresholds.tolist()))}
     fixed = single_label_metrics(truth.argmax(axis=1), probs, labels)
-    return {"task": task, "labels": list(labels), "split": "validation", "threshold": None,
-            "fixed": fixed, "tuned": None, "tuned_thresholds": None}
+    return {**head, "threshold": None, "fixed": fixed, "tuned": None, "tuned_thresholds": None}
 
 
 def per_label_summary(result: dict[str, Any]) -> dict[str, Any]:
-    """The per-label JSON: precision, recall, F1, accuracy and support of each label
-    at the fixed threshold, with the tuned threshold's figures beside them, plus
-    micro and macro F1 (single-label: per class, micro F1 = accuracy).
-    """
+    """The per-label JSON: each label's figures at the fixed threshold and at its tuned one,
+    micro and macro F1 (single-label: per class, micro F1 = accuracy)."""
     fixed, tuned = result["fixed"], result.get("tuned")
     if result["task"] == MULTI_LABEL:
-        per = {}
-        for name, v in fixed["per_label"].items():
-            t = tuned["per_label"][name]
-            per[name] = {k: v[k] for k in ("precision", "recall", "f1", "accuracy", "support")}
-            per[name].update({"tuned_threshold": t["threshold"], "tuned_precision": t["precision"],
-                              "tuned_recall": t["recall"], "tuned_f1": t["f1"],
-                              "tuned_accuracy": t["accuracy"]})
+        per = {name: {**{k: v[k] for k in ("precision", "recall", "f1", "accuracy", "support")},
+                      **{f"tuned_{k}": tuned["per_label"][name][k]
+                         for k in ("threshold", "precision", "recall", "f1", "accuracy")}}
+               for name, v in fixed["per_label"].items()}
         return {"split": result["split"], "threshold": result["threshold"], "labels": per,
                 "micro_f1": fixed["micro_f1"], "macro_f1": fixed["macro_f1"],
                 "tuned_micro_f1": tuned["micro_f1"], "tuned_macro_f1": tuned["macro_f1"]}
@@ -96,10 +84,7 @@ def validation_scalars(result: dict[str, Any]) -> dict[str, float]:
 
 def labels_info(result: dict[str, Any], text_column: str, threshold: float,
                 **extra: Any) -> dict[str, Any]:
-    """The `labels.json` a text trainer writes beside its model, from its validation result.
-
-    Evaluation, prediction and serving read the labels and decision rule from it, whichever
-    trainer wrote it.
+    """The `labels.json` a text trainer writes beside its model: labels and decision rule.
 
     Args:
         result: `validation_result`'s output (labels, task, tuned thresholds).
@@ -119,8 +104,8 @@ def labels_info(result: dict[str, Any], text_column: str, threshold: float,
 
 def write_result_files(model_dir: str, result: dict[str, Any], text_column: str,
                        threshold: float, **model: Any) -> None:
-    """Writes the JSON files of a text model folder: labels.json (`labels_info`, with what
-    the trainer says of its `model`), metrics.json (`result`) and per_label_metrics.json."""
+    """Writes a text model folder's labels.json (`labels_info`, with the trainer's `model`
+    facts), metrics.json (`result`) and per_label_metrics.json."""
     for name, value in ((LABELS_FILE, labels_info(result, text_column, threshold, **model)),
                         (TRAINING_METRICS_FILE, result),
                         (PER_LABEL_FILE, per_label_summary(result))):
@@ -130,12 +115,11 @@ def write_result_files(model_dir: str, result: dict[str, Any], text_column: str,
 def frequency_bias(truth: np.ndarray, task: str) -> np.ndarray:
     """Output-layer biases under which a classifier predicts each label's frequency.
 
-    A new head says about 0.5 for every label (multi-label), and with a small rate a
-    pretrained encoder spends its first epochs only learning that labels are rare (all-MiniLM-
-    L6-v2 on the docstring corpus at 2e-5: four epochs at micro F1 0, the loss not yet down
-    to the constant answer's). Starting from the training split's label frequencies (log-
-    odds per label; log-priors for softmax) puts that in from the first step. Rates are
-    clipped to [1e-3, 1 - 1e-3], so a label with no training row is not -inf.
+    A new head says about 0.5 for every label (multi-label) and spends its first epochs only
+    learning that labels are rare (all-MiniLM-L6-v2 on the docstring corpus at 2e-5: four
+    epochs at micro F1 0; a random AWD-LSTM often never got further). Log-odds per label
+    (log-priors for softmax) of the training frequencies, clipped to [1e-3, 1 - 1e-3] so
+    that a label with no training row is not -inf.
 
     Args:
         truth: 0/1 label matrix of the training split, shape (rows, labels).
@@ -155,22 +139,17 @@ SCORE_MARGIN = 0.02
 
 def constant_answer(valid_truth, train_truth, multi_label: bool, threshold: float,
                     ) -> dict[str, float]:
-    """Validation loss and macro F1 of a model that ignores the text.
+    """Validation loss and macro F1 of a model that predicts each label's training frequency.
 
-    The classifier starts there (`start_at_label_frequencies`): it predicts each label's
-    training frequency. Its loss is the cross-entropy of those frequencies on the
-    validation labels; its macro F1 is that of the frequencies cut at `threshold`
-    (multi-label) or of the majority class (single-label), the fixed-threshold F1 the
-    trainer's `f1_score` measures.
+    The classifier starts there (`frequency_bias`). Its loss is the cross-entropy of those
+    frequencies on the validation labels; its macro F1 is that of the frequencies cut at
+    `threshold` (multi-label) or of the majority class (single-label), as `f1_score` measures.
 
     Args:
         valid_truth: 0/1 label matrix of the validation split (rows, labels).
         train_truth: The same of the training split.
         multi_label: Sigmoid per label (True) or softmax over classes.
         threshold: Multi-label decision threshold.
-
-    Returns:
-        `{"valid_loss": ..., "f1_score": ...}`.
     """
     truth = np.asarray(valid_truth, dtype=float)
     rates = np.clip(np.asarray(train_truth, dtype=float).mean(axis=0), 1e-3, 1 - 1e-3)
@@ -192,18 +171,16 @@ def learnt_nothing(rows: list[Mapping[str, Any]], constant: Mapping[str, float],
                    ) -> str | None:
     """Why a classifier's epochs show no learning, or None when they show some.
 
-    Nothing was learnt when the best validation loss of its epochs stays within
-    LOSS_MARGIN of the constant answer's while the best score (`f1_score`) stays within
-    SCORE_MARGIN of it: the model still predicts the label frequencies whatever the text.
-    Epochs whose loss fell but whose score has not risen yet (the first epochs of a
-    one-cycle run) are not flagged: the loss shows it is learning.
+    Nothing was learnt when both the best validation loss and the best `f1_score` stay within
+    LOSS_MARGIN and SCORE_MARGIN of the constant answer's. A loss that fell while the score has
+    not risen yet (a one-cycle run's first epochs) is learning.
 
     Args:
         rows: The classifier's history rows (`valid_loss`, `f1_score`).
         constant: `constant_answer`'s figures.
     """
-    losses = [r["valid_loss"] for r in rows if _finite(r.get("valid_loss"))]
-    scores = [r["f1_score"] for r in rows if _finite(r.get("f1_score"))]
+    losses = [r["valid_loss"] for r in rows if finite(r.get("valid_loss"))]
+    scores = [r["f1_score"] for r in rows if finite(r.get("f1_score"))]
     if not losses:
         return "no finite validation loss in any epoch"
     best_loss, best_score = min(losses), max(scores, default=0.0)
@@ -216,5 +193,6 @@ def learnt_nothing(rows: list[Mapping[str, Any]], constant: Mapping[str, float],
             "label frequencies")
 
 
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
+    """Whether `value` is a finite number (not None, NaN or infinite)."""
     return isinstance(value, (int, float)) and value == value and abs(value) != float("inf")

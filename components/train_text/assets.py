@@ -1,23 +1,11 @@
 """Pretrained language model assets: checked, then copied from a local path or gs:// URI.
 
-Layout under the assets URI, one folder per language:
-
-    <lang>/forward/{config.json, vocab.pkl, weights.pth}
-    <lang>/backward/{config.json, vocab.pkl, weights.pth}
-    <lang>/spm/spm.model          (SentencePiece languages: ja, ko, zh)
-
-`weights.pth` is a fastai language model's state dict (as `torch.save(model.state_dict())`
-or `learn.save`), `vocab.pkl` the pickled list of its tokens (`dls.vocab`), and
-`config.json` names the architecture and its sizes, e.g.
-`{"arch": "AWD_LSTM", "emb_sz": 400, "n_hid": 1152, "n_layers": 3}` (any key of
-fastai's `awd_lstm_lm_config`; the rest keep fastai's defaults).
-
-English without assets: fastai's own pretrained AWD-LSTM (WikiText-103, forward or
-backward), fetched exactly as `language_model_learner(..., pretrained=True)` fetches it
-(`untar_data` of the architecture's URL into fastai's `model` folder under FASTAI_HOME,
-then its first `*.pth` and first `*.pkl`): the ULMFiT starting point. A job without
-internet takes a copy staged once in a bucket (`python -m pipelines.stage_wt103`), which
-is then ordinary assets. Nothing else is ever downloaded at run time.
+The layout (`components.formats.lm_assets`): `<lang>/{forward,backward}/{config.json,
+vocab.pkl, weights.pth}`, and `<lang>/spm/spm.model` for SentencePiece languages. `config.json`
+names the architecture and any key of fastai's `awd_lstm_lm_config`, e.g. `{"arch":
+"AWD_LSTM", "emb_sz": 400}`. English without assets takes fastai's WikiText-103 AWD-LSTM,
+fetched exactly as `language_model_learner(..., pretrained=True)` fetches it; a job without
+internet takes a copy staged in a bucket (`python -m pipelines.stage_wt103`).
 """
 
 from __future__ import annotations
@@ -49,32 +37,22 @@ class AssetConfigError(ValueError):
 
 
 class UnlearntAssetsError(ValueError):
-    """The assets' own lm_metrics.json says their language model learnt nothing
-    (`contract.unlearnt_lm`); the message names the file, the perplexities and what to do."""
+    """The assets' own lm_metrics.json says their language model learnt nothing."""
 
 
 @dataclasses.dataclass(frozen=True)
 class LMAssets:
-    """Local copies of one language and direction's pretrained LM.
+    """Local copies of one language and direction's pretrained LM."""
 
-    Attributes:
-        config: The architecture settings from config.json (without "arch").
-        weights: Path of weights.pth.
-        vocab: Path of vocab.pkl.
-        spm_model: Path of spm.model for SentencePiece languages, else None.
-    """
-
-    config: dict[str, Any]
-    weights: str
+    config: dict[str, Any]  # the architecture settings from config.json (without "arch")
+    weights: str  # the paths of weights.pth, vocab.pkl
     vocab: str
-    spm_model: str | None
+    spm_model: str | None  # and of spm.model for SentencePiece languages
 
 
 def parse_config(text: str | bytes, source: str) -> tuple[str, dict[str, Any]]:
-    """Architecture name and settings from config.json's text (or bytes).
-
-    Accepts `{"arch": NAME, <settings>...}` or `{"arch": NAME, "config": {<settings>}}`;
-    a missing arch means AWD_LSTM.
+    """Architecture name and settings from config.json: `{"arch": NAME, <settings>...}` or
+    `{"arch": NAME, "config": {<settings>}}`; a missing arch means AWD_LSTM.
 
     Raises:
         AssetConfigError: Not a JSON object, or an architecture fastai 2.8 lacks.
@@ -104,12 +82,9 @@ def fastai_pretrained_url(backwards: bool) -> str:
 
 
 def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
-    """fastai's English WikiText-103 AWD-LSTM, as `language_model_learner` fetches it.
-
-    `untar_data(url, c_key="model")` reuses the extracted folder under fastai's `model`
-    folder (`$FASTAI_HOME/models/wt103-fwd` or `wt103-bwd`) when it is there and
-    downloads the archive otherwise; the first `*.pth` is the weights, the first `*.pkl`
-    the vocabulary (fastai's own rule). The architecture is fastai's default AWD-LSTM.
+    """fastai's English WikiText-103 AWD-LSTM, as `language_model_learner` fetches it: the
+    folder `untar_data` extracted under `$FASTAI_HOME/models` (downloaded when absent), its
+    first `*.pth` and first `*.pkl`; the architecture is fastai's default.
 
     Raises:
         MissingAssetsError: The folder lacks a `.pth` or a `.pkl`, or the download failed
@@ -157,13 +132,10 @@ def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) ->
         backwards: Take the backward LM instead of the forward one.
         local_dir: Folder the files are copied into (local paths are used in place).
 
-    Returns:
-        The local files and the architecture settings.
-
     Raises:
         MissingAssetsError: Some files are absent; the message lists every one.
-        UnlearntAssetsError: Their lm_metrics.json says the model is no better than a
-            unigram model of its training tokens (`contract.unlearnt_lm`).
+        UnlearntAssetsError: Their lm_metrics.json says the model learnt nothing
+            (`contract.unlearnt_lm`).
         AssetConfigError: config.json cannot be used.
     """
     if not assets_uri.strip():
@@ -183,17 +155,15 @@ def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) ->
         raise UnlearntAssetsError(f"pretrained LM assets refused: {unlearnt}")
     fs, root = filesystem(assets_uri)
     paths = {}
-    for rel in required_files(lang, backwards):
-        source = asset_uri(root, rel)
+    files = required_files(lang, backwards)
+    for rel in files:
+        source = target = asset_uri(root, rel)
         if is_remote(assets_uri):
             target = os.path.join(local_dir, rel)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             fs.get(source, target)
-        else:
-            target = source
         paths[rel.rsplit("/", 1)[-1]] = target
     with open(paths["config.json"], "rb") as f:
-        source = asset_uri(assets_uri, required_files(lang, backwards)[0])
-        _, config = parse_config(f.read(), source)
+        _, config = parse_config(f.read(), asset_uri(assets_uri, files[0]))
     return LMAssets(config=config, weights=paths["weights.pth"],
                     vocab=paths["vocab.pkl"], spm_model=paths.get("spm.model"))

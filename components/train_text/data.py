@@ -1,10 +1,5 @@
-"""The prepared dataset and fastai's data: the splits, the frame fastai reads, the dataloaders.
-
-`PreparedDataset` holds the manifest's facts and the train and validation splits
-(`read_dataset`); `_frame` and `fastai_frame` make the one frame fastai reads, texts clipped
-as prediction clips them; `lm_dataloaders` and `classifier_dataloaders` tokenize it for the
-language model and for the classifier.
-"""
+"""The prepared dataset, the one frame fastai reads (texts clipped as prediction clips them),
+and the language model's and classifier's dataloaders over it."""
 
 from __future__ import annotations
 
@@ -36,8 +31,7 @@ from components.train_text.contract import TrainConfig
 
 log = logging.getLogger(__name__)
 
-# Columns of the frames handed to fastai: fixed names, so no user label can clash with them.
-# FRAME_TEXT is the texts' column (the learners count the vocabulary's tokens there).
+# Columns of the frame handed to fastai: fixed names, so no user label can clash with them.
 FRAME_TEXT, _VALID, _CLASS = TEXT_FIELD, "is_valid", "__class__"
 
 
@@ -87,16 +81,17 @@ def fastai_frame(data: PreparedDataset) -> tuple[pd.DataFrame, int]:
     return frame, truncated
 
 
-def lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
-    """The language model's dataloaders: `frame`'s texts (train and validation) tokenized.
+def _text_block(tokenizer, vocab, config: TrainConfig, is_lm: bool) -> TextBlock:
+    return TextBlock.from_df(FRAME_TEXT, vocab=vocab, is_lm=is_lm, seq_len=config.seq_len,
+                             backwards=config.backwards, tok=tokenizer, min_freq=config.min_freq,
+                             max_vocab=config.max_vocab, n_workers=TOKENIZER_WORKERS)
 
-    Batch sizes shrink below `config.batch_size` when a split has too few tokens for it.
-    """
-    block = TextBlock.from_df(FRAME_TEXT, vocab=vocab, is_lm=True, seq_len=config.seq_len,
-                              backwards=config.backwards, tok=tokenizer,
-                              min_freq=config.min_freq, max_vocab=config.max_vocab,
-                              n_workers=TOKENIZER_WORKERS)
-    dsets = DataBlock(blocks=block, get_x=ColReader(FRAME_TEXT),
+
+def lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
+    """The language model's dataloaders over `frame`'s texts (train and validation); batch
+    sizes shrink below `config.batch_size` when a split has too few tokens for it."""
+    dsets = DataBlock(blocks=_text_block(tokenizer, vocab, config, True),
+                      get_x=ColReader(FRAME_TEXT),
                       splitter=ColSplitter(_VALID)).datasets(frame[[FRAME_TEXT, _VALID]])
     bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)
     val_bs = lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
@@ -113,14 +108,8 @@ def unigram_accuracy(dls_lm) -> float:
 
 
 def classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: TrainConfig):
-    """The classifier's dataloaders: `frame`'s texts tokenized, its targets in `labels`' order.
-
-    The batch size shrinks to the training rows when there are fewer than `config.batch_size`.
-    """
-    text_block = TextBlock.from_df(FRAME_TEXT, vocab=vocab, seq_len=config.seq_len,
-                                   backwards=config.backwards, tok=tokenizer,
-                                   min_freq=config.min_freq, max_vocab=config.max_vocab,
-                                   n_workers=TOKENIZER_WORKERS)
+    """The classifier's dataloaders over `frame`, its targets in `labels`' order; the batch
+    size shrinks to the training rows when there are fewer than `config.batch_size`."""
     if task == MULTI_LABEL:
         columns = [f"__label_{i}" for i in range(len(labels))]
         y_block, get_y = MultiCategoryBlock(encoded=True, vocab=list(labels)), ColReader(columns)
@@ -128,8 +117,8 @@ def classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: TrainC
         # sort=False: the outputs stay in the manifest's label order, which labels.json,
         # the evaluation and the server read them in (fastai sorts a given vocab by default).
         y_block, get_y = CategoryBlock(vocab=list(labels), sort=False), ColReader(_CLASS)
-    block = DataBlock(blocks=(text_block, y_block), get_x=ColReader(FRAME_TEXT), get_y=get_y,
-                      splitter=ColSplitter(_VALID))
+    block = DataBlock(blocks=(_text_block(tokenizer, vocab, config, False), y_block),
+                      get_x=ColReader(FRAME_TEXT), get_y=get_y, splitter=ColSplitter(_VALID))
     n_train = int((~frame[_VALID]).sum())
     # The training loader drops the last partial batch: never ask for more rows than exist.
     bs = min(config.batch_size, n_train)

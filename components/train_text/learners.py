@@ -1,11 +1,4 @@
-"""The fastai learners: the language model's fine-tuning and the classifier's learner.
-
-`fine_tune_lm` runs the LM's stages and saves its encoder; `classifier_learner` builds the
-classifier from that encoder (else the pretrained weights, else random ones), its output
-layer starting at the label frequencies (`start_at_label_frequencies`), with the loss and
-metrics of the task (`loss_and_metrics`). A pretrained LM's vocabulary keeps the task's
-rarer tokens it knows (`_vocab_with_pretrained_tokens`).
-"""
+"""The fastai learners: the language model's fine-tuning and the classifier's learner."""
 
 from __future__ import annotations
 
@@ -45,7 +38,7 @@ from components.train_text.vocabulary import FAKE, with_pretrained_tokens
 
 log = logging.getLogger(__name__)
 
-ENCODER_FILE = "lm_encoder.pth"
+ENCODER = "lm_encoder"  # learn.save_encoder's name: lm_encoder.pth in the checkpoint folder
 
 # Settings that shape the encoder; the LM's dropouts do not carry over to the classifier.
 ENCODER_KEYS = ("emb_sz", "n_hid", "n_layers", "pad_token", "bidir")
@@ -71,7 +64,7 @@ def fine_tune_lm(job: TrainingJob, vocab: list[str] | None) -> list[str] | None:
         learn_lm.load_pretrained(job.assets.weights, job.assets.vocab)
     for index in lm_indices:
         run.fit(learn_lm, index)
-    learn_lm.save_encoder(ENCODER_FILE[:-len(".pth")])
+    learn_lm.save_encoder(ENCODER)
     lm_rows = [r for r in state["history"] if r["model"] == schedule.LM]
     discarded = schedule.lm_learnt_nothing(lm_rows, unigram_accuracy(dls_lm))
     if discarded:
@@ -85,15 +78,12 @@ def fine_tune_lm(job: TrainingJob, vocab: list[str] | None) -> list[str] | None:
 
 def _vocab_with_pretrained_tokens(job: TrainingJob,
                                   vocab: list[str] | None) -> list[str] | None:
-    """The run's vocabulary: `vocab` when it has one; from a pretrained LM, fastai's plus the
-    task's rarer tokens the LM has learnt (`vocabulary.with_pretrained_tokens`), saved;
-    else None (the first dataloaders make fastai's own).
-    """
+    """`vocab` when there is one; with a pretrained LM, fastai's plus the task's rarer tokens
+    it knows (`with_pretrained_tokens`), saved; else None (the dataloaders make fastai's)."""
     if vocab is not None or job.assets is None:
         return vocab
-    # Counted as TextBlock.from_df counts (the same tokenizer and rules, train + validation);
-    # the dataloaders tokenize the texts again: a pretrained run pays that once (the
-    # vocabulary is saved, and a resumed run reads it).
+    # Counted as TextBlock.from_df counts; the dataloaders tokenize again, once per run (a
+    # resumed run reads the saved vocabulary).
     _, counts = tokenize_df(job.frame[[FRAME_TEXT]], [FRAME_TEXT], tok=job.tokenizer,
                             n_workers=TOKENIZER_WORKERS)
     config = job.config
@@ -108,11 +98,8 @@ def _vocab_with_pretrained_tokens(job: TrainingJob,
 
 
 def train_random_encoder_whole(job: TrainingJob) -> None:
-    """Replaces gradual unfreezing by one whole stage when the LM's encoder was discarded.
-
-    A random encoder gains nothing from gradual unfreezing: it trains whole, as from
-    scratch (the same plan on a resume: lm_discarded is in the state).
-    """
+    """Replaces gradual unfreezing by one whole stage when the LM's encoder was discarded:
+    a random encoder gains nothing from it (a resume plans alike: lm_discarded is saved)."""
     run, config = job.run, job.config
     if not (run.state.get("lm_discarded") and not config.pretrained and
             any(s.freeze_to is not None for s in run.plan)):
@@ -125,9 +112,8 @@ def train_random_encoder_whole(job: TrainingJob) -> None:
 
 
 def classifier_learner(job: TrainingJob, vocab: list[str] | None, loss, metrics):
-    """The classifier's learner, from its last checkpoint, else its starting weights.
-
-    It starts from the fine-tuned encoder, else the pretrained one, else random weights.
+    """The classifier's learner from its last checkpoint, else the fine-tuned encoder, else
+    the pretrained one, else random weights.
 
     Returns:
         `(learner, its dataloaders, the vocabulary)`; a vocabulary first made here is saved.
@@ -153,21 +139,15 @@ def classifier_learner(job: TrainingJob, vocab: list[str] | None, loss, metrics)
     clas_indices = run.indices(schedule.CLASSIFIER)
     if not (clas_indices and run.started(clas_indices[0]) and run.restore(learn)):
         if state["encoder_saved"] and not state.get("lm_discarded"):
-            learn.load_encoder(ENCODER_FILE[:-len(".pth")])
+            learn.load_encoder(ENCODER)
         elif job.assets:
             learn.load_pretrained(job.assets.weights, job.assets.vocab, model=learn.model[0])
     return learn, dls, vocab
 
 
 def start_at_label_frequencies(learn, truth: np.ndarray, task: str) -> None:
-    """Gives the classifier's output layer a bias that predicts each label's frequency.
-
-    fastai's head ends in BatchNorm then a Linear layer without bias, so an untrained model
-    says 0.5 for every label (multi-label) and spends its first epochs only learning that
-    labels are rare; with a random encoder and 6 epochs it often never gets further (the
-    model answers "no label"). Starting from the training split's frequencies (the
-    log-odds per label; log-priors for softmax) puts that knowledge in from the start.
-    Rates are clipped to [1e-3, 1 - 1e-3]: a label with no training row is not -inf.
+    """Gives the last Linear layer of the classifier's head (fastai's has no bias) the bias
+    that predicts each label's training frequency (`text_scores.frequency_bias`).
 
     Args:
         learn: A fresh `text_classifier_learner` (before any checkpoint is loaded into it).

@@ -1,7 +1,5 @@
-"""The run's outputs: the best epoch scored on the validation split and exported
-(`export.pkl`), metrics.json's report of the run, and the JSON files of the model folder
-(`labels.json`, `metrics.json`, `per_label_metrics.json`).
-"""
+"""The run's outputs: the best epoch scored on the validation split and exported, the run's
+report in metrics.json, and the model artifact's metadata."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from components.common.fastai_text import FP32
 from components.common.provenance import provenance
 from components.prepare_text.contract import MANIFEST
 from components.text_common.contract import EXPORT_FILE, MAX_TEXT_CHARS
-from components.text_common.scores import validation_result, write_result_files
+from components.text_common.scores import validation_result
 from components.train_text import schedule
 from components.train_text.assets import fastai_pretrained_url, uses_fastai_pretrained
 from components.train_text.contract import TrainConfig
@@ -28,7 +26,7 @@ def model_metadata(result: dict[str, Any], config: TrainConfig, model_dir: str,
                    dataset_dir: str, lm_assets_uri: str,
                    lm_assets_fingerprint: str) -> dict[str, Any]:
     """The `Model` artifact's metadata: what the model is, the files of `model_dir`, and
-    its provenance (code, the prepared dataset's manifest, `config` and `lm_assets_uri`).
+    its provenance (code, the dataset's manifest, `config` and `lm_assets_uri`).
 
     Args:
         result: What `training.train_text_classifier` returned.
@@ -76,8 +74,6 @@ def run_report(job: TrainingJob, learn, dls, vocab: list[str], lm_assets_uri: st
                started: float) -> dict[str, Any]:
     """metrics.json's `history`, `best`, `run` (sizes, timings, resume facts) and `config`."""
     state, config = job.run.state, job.config
-    n_params = sum(p.numel() for p in learn.model.parameters())
-    train_tokens = int(dls.train.items["text_length"].sum())
     clas_epochs = [h for h in state["history"] if h["model"] == schedule.CLASSIFIER]
     unfreeze, unfreeze_reason = job.unfreeze
     return {
@@ -87,15 +83,15 @@ def run_report(job: TrainingJob, learn, dls, vocab: list[str], lm_assets_uri: st
             "rows": {"train": len(job.data.train), "validation": len(job.data.valid)},
             "texts_truncated": job.truncated,
             "max_text_chars": MAX_TEXT_CHARS,
-            "train_tokens": train_tokens,
+            "train_tokens": int(dls.train.items["text_length"].sum()),
             "vocab_size": len(vocab),
-            "parameters": int(n_params),
+            "parameters": int(sum(p.numel() for p in learn.model.parameters())),
             "arch": "AWD_LSTM",
             "arch_config": {k: job.lm_config[k] for k in ENCODER_KEYS},
             "pretrained": config.pretrained,
-            "pretrained_from": (_pretrained_source(lm_assets_uri, config.lang,
-                                                   config.backwards)
-                                if config.pretrained else None),
+            "pretrained_from": None if not config.pretrained else (
+                fastai_pretrained_url(config.backwards)
+                if uses_fastai_pretrained(lm_assets_uri, config.lang) else lm_assets_uri),
             "precision": job.precision,
             "device": str(learn.dls.device),
             "resumed_from": job.resumed_from,
@@ -114,18 +110,3 @@ def run_report(job: TrainingJob, learn, dls, vocab: list[str], lm_assets_uri: st
         },
         "config": dataclasses.asdict(config),
     }
-
-
-def _pretrained_source(lm_assets_uri: str, lang: str, backwards: bool) -> str:
-    """Where the pretrained LM came from: the assets root, or fastai's archive URL."""
-    if uses_fastai_pretrained(lm_assets_uri, lang):
-        return fastai_pretrained_url(backwards)
-    return lm_assets_uri
-
-
-def write_outputs(model_dir: str, result: dict[str, Any],
-                  text_column: str, config: TrainConfig) -> None:
-    """Writes the model folder's JSON files (labels.json, metrics.json, per_label_metrics.json)."""
-    write_result_files(model_dir, result, text_column, config.threshold, lang=config.lang,
-                       backwards=config.backwards, arch="AWD_LSTM")
-

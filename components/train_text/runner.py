@@ -1,20 +1,12 @@
-"""The stage runner: the plan, the state file and the checkpoints of one run
-(`StageRunner`), and what the steps of one `train_text_classifier` call share
-(`TrainingJob`).
-
-`StageRunner.fit` runs a stage, or what is left of it, checkpointing each epoch with the
-state file (schedule.py) so that a restarted job resumes at the next epoch;
-`StageRunner.fit_classifier` runs the classifier's stages again, at a lower rate, when they
-learnt nothing.
-`resume_run` resumes this run's state or starts a new one (`run_state.open_run`).
-"""
+"""The stage runner (`StageRunner`: the plan, the state file and the checkpoints of one run)
+and what the steps of one `train_text_classifier` call share (`TrainingJob`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -92,11 +84,8 @@ class StageRunner:
         return (self.state["stage"], self.state["epochs_done"]) > (index, 0)
 
     def found_rate(self, learn, stage: schedule.Stage) -> float:
-        """`lr_find`'s rate for the stage's model times the stage's share.
-
-        Found once per model, at its first stage (after that stage's freezing); kept in the
-        state so that a resumed run trains on the same rates.
-        """
+        """`lr_find`'s rate for the stage's model (found at its first stage, kept in the
+        state for a resume) times the stage's share."""
         found = self.state.setdefault("found_lr", {})
         if stage.model not in found:
             log.info("finding the %s's rate", stage.model)
@@ -107,14 +96,9 @@ class StageRunner:
         return found[stage.model]["used"] * stage.lr_share
 
     def fit_classifier(self, learn, indices: Sequence[int]) -> None:
-        """Runs the classifier's stages; again, at a lower rate, if they learnt nothing.
-
-        When the classifier's epochs show no learning (`text_scores.learnt_nothing`: the
-        validation loss and score still those of the label frequencies), its weights go
-        back to where its first stage started and every classifier stage runs again at
-        `RESTART_RATE_SHARE` of its rate, at most `MAX_RESTARTS` times; each attempt is
-        recorded in the state (`restarts`), and a run that never learns says so.
-        """
+        """Runs the classifier's stages; again from their first weights at `RESTART_RATE_SHARE`
+        of the rates, at most `MAX_RESTARTS` times, while they learnt nothing
+        (`text_scores.learnt_nothing`). Each attempt is kept in the state (`restarts`)."""
         while True:
             for index in indices:
                 self.fit(learn, index)
@@ -152,11 +136,8 @@ class StageRunner:
     def fit(self, learn, index: int) -> None:
         """Runs stage `index`, or what is left of it."""
         stage = self.plan[index]
-        current = self.state["stage"]
-        if current > index:
-            return
-        start = self.state["epochs_done"] if current == index else 0
-        if start >= stage.epochs:
+        start = self.state["epochs_done"] if self.state["stage"] == index else 0
+        if self.state["stage"] > index or start >= stage.epochs:
             return
         if start == 0 and stage.model == schedule.CLASSIFIER and \
                 self.state.get("stage_start") is None:
@@ -165,18 +146,12 @@ class StageRunner:
             self._save_model(learn, name, with_opt=False)
             self.state["stage_start"] = {"file": name, "best": self.state["best"]}
             self.save()
-        if stage.freeze_to is None:
-            learn.unfreeze()
-        else:
-            learn.freeze_to(stage.freeze_to)
+        learn.freeze_to(0 if stage.freeze_to is None else stage.freeze_to)  # 0: unfreeze()
         top = (stage.lr or self.found_rate(learn, stage)) * \
             (self.state.get("rate_scale", 1.0) if stage.model == schedule.CLASSIFIER else 1.0)
-        lr = top
-        if stage.discriminative:
-            groups = len(learn.opt.param_groups)
-            lr = slice(top / schedule.LR_DECAY_PER_GROUP ** (groups - 1), top)
-        log.info("stage %s: epochs %d..%d of %d", stage.name, start + 1, stage.epochs,
-                 stage.epochs)
+        lr = top if not stage.discriminative else \
+            slice(top / schedule.LR_DECAY_PER_GROUP ** (len(learn.opt.param_groups) - 1), top)
+        log.info("stage %s: epochs %d..%d of %d", stage.name, start + 1, stage.epochs, stage.epochs)
 
         def on_epoch(epochs_done: int, values: dict[str, float], seconds: float,
                      cpu_seconds: float) -> None:
@@ -206,31 +181,8 @@ class StageRunner:
             if new_best and best:
                 self._drop(best.get("file"), new_best)
 
-        clip = [GradientClip(GRADIENT_CLIP)] if GRADIENT_CLIP else []
         learn.fit_one_cycle(stage.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=start,
-                            cbs=[EpochEnd(on_epoch), *clip, *self.callbacks])
-
-
-def resume_run(folder: str, plan: list[schedule.Stage], run_values: Mapping[str, Any],
-               ) -> tuple[run_state.Resume, dict[str, Any] | None]:
-    """This run's saved state and where it resumes, or a new state (another run's files go).
-
-    Args:
-        folder: The checkpoint folder.
-        plan: The stages, to name where the run resumes.
-        run_values: What defines the run, hashed into its fingerprint.
-
-    Raises:
-        TextTrainingError: The folder holds another run's state.
-    """
-    resume = run_state.open_run(folder, schedule.STATE, run_values, fresh=schedule.new_state())
-    if not resume.resumed:
-        return resume, None
-    state = resume.state
-    resumed_from = {"stage": plan[min(state["stage"], len(plan) - 1)].name,
-                    "epochs_done": state["epochs_done"]}
-    log.info("resuming from %s", resumed_from)
-    return resume, resumed_from
+                            cbs=[EpochEnd(on_epoch), GradientClip(GRADIENT_CLIP), *self.callbacks])
 
 
 @dataclasses.dataclass

@@ -1,16 +1,9 @@
-"""What to train in which order, where checkpoints go, and the state that resumes a run.
+"""What to train in which order, and the state that resumes a run (pure logic, no fastai).
 
-Pure logic (no fastai, no torch) so it is unit-tested on its own.
-
-A run is a plan of stages, each one `fit_one_cycle` call: the language model stages
-(the first with only the embeddings and decoder trainable when the LM is
-pretrained), then the classifier stages of ULMFiT's gradual unfreezing (head, then
-the top two layer groups, the top three, then everything, with discriminative
-learning rates) or, with too few batches per epoch for such stages, everything from the
-start (`resolve_unfreeze`). After every epoch the model and optimizer are saved and the
-state file records `(stage, epochs_done)`; a restarted job rebuilds the learner,
-loads the checkpoint and calls `fit_one_cycle(..., start_epoch=epochs_done)`,
-which puts the one-cycle schedule where it was.
+A run is a plan of stages, each one `fit_one_cycle` call: the language model's, then the
+classifier's (`plan_stages`). After every epoch the model and optimizer are saved and the
+state file records `(stage, epochs_done)`; a restarted job loads the checkpoint and calls
+`fit_one_cycle(..., start_epoch=epochs_done)`, which puts the one-cycle schedule where it was.
 """
 
 from __future__ import annotations
@@ -20,13 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common import run_state
+from components.text_common.scores import finite
 from components.train_text.contract import UNFREEZE_MODES, TextTrainingError
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
 VOCAB_FILE = "vocab.pkl"  # the classifier's vocabulary, saved once (runner.py)
-# The state file (`run_state.open_run`); a free folder loses another run's vocabulary and
-# checkpoints.
+# The state file (`run_state.open_run`); a reused folder loses another run's files.
 STATE = run_state.StateFile(STATE_FILE, TextTrainingError,
                             "other config, dataset or model folder", version=STATE_VERSION,
                             leftovers=(VOCAB_FILE,), leftover_suffixes=(".pth", ".pth.tmp"))
@@ -39,60 +32,36 @@ LR_DECAY_PER_GROUP = 2.6
 _UNFREEZE_STEPS = (("classifier-head", -1, 1.0), ("classifier-top2", -2, 0.5),
                    ("classifier-top3", -3, 0.25))
 _UNFROZEN_LR_SHARE = 0.05
-# Bounds on the rate `lr_find` suggests (learning_rate=0), by what trains. Measured on
-# real text (docstrings, Debian descriptions; a classifier trained whole from the start):
-# 3e-3 learnt on every seed (batch 32, test micro F1 0.68..0.70, TF-IDF 0.72..0.76), 7e-3
-# too (0.70); at 1e-2 (batch 16) the Debian run's validation loss jumped 0.39 -> 1.10 by
-# its third epoch; 2e-2 collapsed on every seed tried (0.08, 0.10; flat with gradient
-# clipping too); 1e-3 after the defaults' LM stage still sat at F1 0.23 after 6 of 8
-# epochs, 1e-4 learnt nothing. Valley said 3.3e-4..2.3e-2 on those curves: it picks within
-# the window, it does not find it. A head trained on a frozen encoder takes the higher
-# rates of the ULMFiT recipe (2e-2).
+# Bounds on the rate `lr_find` suggests (learning_rate=0). Measured on real text (docstrings,
+# Debian descriptions; a classifier trained whole): 3e-3 and 7e-3 learnt on every seed (test
+# micro F1 0.68..0.70); at 1e-2 the validation loss jumped 0.39 -> 1.10; 2e-2 collapsed
+# (F1 0.08, clipped or not); 1e-3 sat at F1 0.23 after 6 of 8 epochs. Valley said
+# 3.3e-4..2.3e-2: it picks within the window, it does not find it. A head on a frozen
+# encoder takes ULMFiT's higher rates (2e-2).
 MIN_FOUND_LR = 3e-3
 MAX_FOUND_LR_WHOLE, MAX_FOUND_LR_HEAD = 5e-3, 5e-2
-# Gradual unfreezing spends an epoch per stage; with fewer batches than this per epoch the
-# stages are too short to train anything ("auto" then unfreezes everything at once).
-# Measured on the docstring corpus (464 texts, 14 batches of 32, 3 seeds, 6 classifier
-# epochs, one LM made with the LM pipeline): gradual test micro F1 0.07..0.49, everything
-# unfrozen 0.68..0.72, from scratch 0.68..0.71. ULMFiT's smallest task (TREC-6, 5.5k
-# texts) had 86 batches of 64 per epoch.
+# Gradual unfreezing spends an epoch per stage; with fewer batches per epoch than this they
+# are too short ("auto" then unfreezes everything at once). On the docstring corpus (14
+# batches of 32, 3 seeds): gradual test micro F1 0.07..0.49, all at once 0.68..0.72.
+# ULMFiT's smallest task (TREC-6) had 86 batches of 64 per epoch.
 GRADUAL_MIN_BATCHES = 50
 
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-    """One `fit_one_cycle` call.
+    """One `fit_one_cycle` call."""
 
-    Attributes:
-        name: Shown in logs and the state file.
-        model: "lm" or "classifier".
-        epochs: Epochs of the call (the one-cycle schedule spans them).
-        lr: Peak learning rate of the top layer group; 0 means the rate `lr_find` finds at
-            the model's first stage, times `lr_share`.
-        freeze_to: `learn.freeze_to(freeze_to)` before fitting; None unfreezes everything.
-        discriminative: Lower groups get lr / 2.6^depth (a `slice` of rates).
-        lr_share: This stage's share of the found rate (when `lr` is 0).
-    """
-
-    name: str
-    model: str
+    name: str  # shown in logs and the state file
+    model: str  # LM or CLASSIFIER
     epochs: int
-    lr: float
-    freeze_to: int | None = None
-    discriminative: bool = False
+    lr: float  # peak rate of the top layer group; 0: the rate lr_find finds, times lr_share
+    freeze_to: int | None = None  # learn.freeze_to(freeze_to) first; None: unfreeze all
+    discriminative: bool = False  # lower groups get lr / 2.6^depth (a slice of rates)
     lr_share: float = 1.0
 
 
 def resolve_unfreeze(mode: str, batches_per_epoch: int) -> tuple[str, str]:
-    """What "auto" means for a dataset, and why.
-
-    Args:
-        mode: The `unfreeze` setting: "auto", "gradual" or "all".
-        batches_per_epoch: Training batches in one classifier epoch.
-
-    Returns:
-        `("gradual" or "all", reason)`.
-    """
+    """`("gradual" or "all", why)` for the `unfreeze` setting and an epoch's training batches."""
     if mode not in UNFREEZE_MODES:
         raise TextTrainingError(f"unfreeze must be one of {UNFREEZE_MODES}, got {mode!r}")
     if mode != "auto":
@@ -106,25 +75,22 @@ def resolve_unfreeze(mode: str, batches_per_epoch: int) -> tuple[str, str]:
 
 def plan_stages(lm_epochs: int, epochs: int, lm_lr: float, lr: float,
                 pretrained: bool, unfreeze: str = "gradual") -> list[Stage]:
-    """The stages of a run.
+    """The stages of a run: the LM's, then the classifier's.
 
     Args:
         lm_epochs: Language model fine-tuning epochs; 0 skips the LM.
         epochs: Classifier epochs in all (at least 1).
-        lm_lr: Peak learning rate of the unfrozen LM epochs; a pretrained LM's first
-            epoch trains only the embeddings and decoder at 10x this.
-        lr: Peak learning rate of the classifier's first (head-only) stage; 0 finds it
-            with `lr_find` (the later stages then take their shares of the found rate).
+        lm_lr: Peak rate of the unfrozen LM epochs; a pretrained LM's first epoch trains
+            only the embeddings and decoder at 10x this.
+        lr: Peak rate of the classifier's first stage; 0 finds it with `lr_find`.
         pretrained: The LM starts from pretrained weights.
         unfreeze: "gradual" or "all" (`resolve_unfreeze` turns "auto" into one of them).
 
     Returns:
-        The stages in order: LM ones first, then the classifier ones. With "gradual"
-        and an encoder that has learnt something (pretrained or LM-fine-tuned) the
-        classifier unfreezes gradually: head (1 epoch), top 2 groups (1), top 3
-        (1), everything (the rest, discriminative rates); fewer epochs drop the middle
-        stages but keep the final unfrozen one. A random encoder, or "all", trains
-        everything from the start at one rate.
+        With "gradual" and a learnt encoder (pretrained or LM-fine-tuned), ULMFiT's gradual
+        unfreezing: head (1 epoch), top 2 groups (1), top 3 (1), everything (the rest,
+        discriminative rates); fewer epochs drop the middle stages. A random encoder, or
+        "all", trains everything from the start at one rate.
     """
     if unfreeze not in ("gradual", "all"):
         raise ValueError(f"unfreeze must be 'gradual' or 'all' here (resolve_unfreeze turns "
@@ -159,25 +125,23 @@ def plan_stages(lm_epochs: int, epochs: int, lm_lr: float, lr: float,
 RESTART_RATE_SHARE = 0.25
 MAX_RESTARTS = 2
 # A language model whose best next-token accuracy is within this of always predicting the
-# most frequent token learnt nothing from the texts' order (schedule.lm_learnt_nothing).
+# most frequent token learnt nothing from the texts' order (lm_learnt_nothing).
 LM_ACCURACY_MARGIN = 0.02
 
 
 def lm_learnt_nothing(rows: list[Mapping[str, Any]], unigram_accuracy: float) -> str | None:
     """Why the language model stages taught the encoder nothing, or None when they did.
 
-    An AWD-LSTM trained from scratch on a few hundred texts for a few epochs ends where
-    every language model starts: predicting the most frequent token whatever came before
-    (on the docstring corpus, 4 epochs at the default rate: accuracy 0.110 from the second
-    epoch on, the share of its most frequent token). Its encoder then carries no
-    information and a classifier started from it sat at the constant answer (test micro
-    F1 about 0.0 on three seeds), where one started from random weights learnt.
+    An AWD-LSTM trained from scratch on a few hundred texts can end predicting the most
+    frequent token whatever came before (the docstring corpus, 4 epochs: accuracy 0.110, that
+    token's share); a classifier from that encoder sat at the constant answer (test micro F1
+    ~0.0 on three seeds), where one from random weights learnt.
 
     Args:
-        rows: The LM's history rows (`accuracy`).
+        rows: The LM's history rows.
         unigram_accuracy: Share of the most frequent token in the LM's validation text.
     """
-    accuracies = [r["accuracy"] for r in rows if _finite(r.get("accuracy"))]
+    accuracies = [r["accuracy"] for r in rows if finite(r.get("accuracy"))]
     if not accuracies:
         return None
     best = max(accuracies)
@@ -187,10 +151,6 @@ def lm_learnt_nothing(rows: list[Mapping[str, Any]], unigram_accuracy: float) ->
             "predicting the most frequent token")
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and value == value and abs(value) != float("inf")
-
-
 # The AWD-LSTM hidden size the bounds above were measured at (fastai's default n_hid).
 BOUNDS_N_HID = 1152
 
@@ -198,14 +158,9 @@ BOUNDS_N_HID = 1152
 def found_rate_bounds(stage: Stage, n_hid: int = BOUNDS_N_HID) -> tuple[float, float]:
     """[floor, ceiling] of a found rate for the stage that finds it (its model's first).
 
-    A whole model's window scales with 1 / hidden size, as Adam's stable rate does with
-    width: narrower LSTMs want and take higher rates (a 64-unit classifier on the demo
-    reviews reached test micro F1 ~0.9 at 2.3e-2 but 0.58 at 5e-3 in 8 epochs; a 256-unit
-    one learnt the docstrings at 4e-2..5e-2), capped at the head's ceiling.
-
-    Args:
-        stage: The stage that finds the rate.
-        n_hid: The AWD-LSTM's hidden size.
+    A whole model's window scales with 1 / `n_hid`, as Adam's stable rate does with width
+    (a 64-unit classifier on the demo reviews: test micro F1 ~0.9 at 2.3e-2, 0.58 at 5e-3),
+    capped at the head's ceiling.
     """
     if stage.freeze_to is not None:
         return MIN_FOUND_LR, MAX_FOUND_LR_HEAD
@@ -215,8 +170,7 @@ def found_rate_bounds(stage: Stage, n_hid: int = BOUNDS_N_HID) -> tuple[float, f
 
 
 def new_state() -> dict[str, Any]:
-    """The state of a run that has trained nothing yet (`open_run` puts its version and
-    fingerprint first)."""
+    """The state of a run that has trained nothing yet (`open_run` adds version, fingerprint)."""
     return {
         "stage": 0,          # index in the plan of the stage in progress
         "epochs_done": 0,    # epochs of that stage finished and checkpointed
@@ -234,14 +188,10 @@ def new_state() -> dict[str, Any]:
     }
 
 
-def lower_is_better(metric: str) -> bool:
-    """Losses, errors and perplexity improve downwards; other metrics upwards."""
-    name = metric.lower()
-    return "loss" in name or "error" in name or "perplexity" in name
-
-
 def improved(value: float, best: float | None, metric: str) -> bool:
-    """Whether `value` of `metric` beats `best` (None: nothing to beat)."""
+    """Whether `value` of `metric` beats `best` (None: nothing to beat); losses, errors and
+    perplexity improve downwards, other metrics upwards."""
     if best is None:
         return True
-    return value < best if lower_is_better(metric) else value > best
+    lower = any(word in metric.lower() for word in ("loss", "error", "perplexity"))
+    return value < best if lower else value > best

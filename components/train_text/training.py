@@ -1,33 +1,18 @@
 """ULMFiT text classifier with fastai: fine-tune the language model, then the classifier.
 
-Only `fastai.text` is imported: `fastai.vision` fails to import in this stack
-(torchvision/torch mismatch) and the text path has no use for it.
-
-Steps of `train_text_classifier`:
-1. Read the prepared dataset (components/prepare_text): train and validation splits.
-2. Pretrained LM assets (when `pretrained`) are checked and copied locally; a
-   missing file is an error naming every missing one. English without assets takes
-   fastai's WikiText-103 model, fetched as fastai fetches it (assets.py); nothing else is
-   downloaded. The vocabulary keeps the task's tokens the pretrained LM knows, however
-   rare in the task (vocabulary.py).
-3. The LM is fine-tuned on the train+validation texts (`lm_epochs`; 0 skips it) and its
-   encoder saved; the classifier starts from that encoder (or from the pretrained
-   weights when the LM is skipped) and unfreezes gradually, or all at once when an epoch
-   has too few batches for that (schedule.resolve_unfreeze, schedule.plan_stages).
-4. Each epoch is checkpointed with the state file (schedule.py), so a restarted
-   job resumes at the next epoch, whichever stage it was in.
-5. The best epoch for `monitor` is kept, exported (`export.pkl`), and scored on the
-   validation split at the fixed threshold and at per-label thresholds tuned there.
-
-The steps' parts live beside this module: data.py (the dataset, fastai's frame and
-dataloaders), runner.py (the stages, the state file and the checkpoints), learners.py (the
-language model's fine-tuning and the classifier's learner) and outputs.py (the export,
-metrics.json and the other files of the model folder).
+Only `fastai.text` is imported: `fastai.vision` fails to import in this stack (torchvision/torch
+mismatch). `train_text_classifier` reads the prepared dataset (data.py), takes the pretrained
+LM's assets (assets.py; its vocabulary keeps the task's tokens the LM knows: vocabulary.py),
+fine-tunes the LM and builds the classifier (learners.py), runs the stages (schedule.py) with
+a checkpoint and the state file at each epoch so a restarted job resumes at the next one
+(runner.py), and exports the best epoch for `monitor`, scored on the validation split at the
+fixed threshold and at per-label thresholds tuned there (outputs.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
@@ -46,6 +31,7 @@ from components.common.tensorboard import ScalarLog, log_folder
 from components.formats.lm_assets import make_tokenizer
 from components.prepare_text.contract import MULTI_LABEL
 from components.text_common import scores as text_scores
+from components.text_common.scores import write_result_files
 from components.train_text import schedule
 from components.train_text.assets import LMAssets, resolve_assets
 from components.train_text.contract import TextTrainingError, TrainConfig
@@ -56,15 +42,10 @@ from components.train_text.learners import (
     loss_and_metrics,
     train_random_encoder_whole,
 )
-from components.train_text.outputs import run_report, validate_and_export, write_outputs
-from components.train_text.runner import StageRunner, TrainingJob, resume_run
+from components.train_text.outputs import run_report, validate_and_export
+from components.train_text.runner import StageRunner, TrainingJob
 
-
-def _check_arch_config(config: dict[str, Any], source: str) -> None:
-    unknown = sorted(set(config) - set(awd_lstm_lm_config) - {"init"})
-    if unknown:
-        raise TextTrainingError(f"{source}: unknown AWD_LSTM setting(s) {unknown}; "
-                                f"known: {sorted(awd_lstm_lm_config)}")
+log = logging.getLogger(__name__)
 
 
 def train_text_classifier(
@@ -80,27 +61,22 @@ def train_text_classifier(
     """Trains a ULMFiT classifier on a prepared dataset and exports it.
 
     Args:
-        dataset_dir: Folder from the preparation step (train/validation/test CSVs, manifest.json).
-        model_dir: Output folder: `export.pkl` (fastai learner), `labels.json`,
-            `metrics.json` and `per_label_metrics.json`.
+        dataset_dir: Folder from the preparation step (CSVs, manifest.json).
+        model_dir: Output folder: `export.pkl`, `labels.json`, `metrics.json` and
+            `per_label_metrics.json`.
         config: Training settings.
-        lm_assets_uri: Root of the pretrained LM assets (local or gs://); used when
-            `config.pretrained`.
+        lm_assets_uri: Root of the pretrained LM assets (local or gs://), when pretrained.
         checkpoint_folder: Where checkpoints and the state file go; default
             `run_state.checkpoint_folder(model_dir)` (AIP_CHECKPOINT_DIR when set).
         callbacks: Extra fastai callbacks for every fit (the tests interrupt runs with one).
         tensorboard_folder: Folder (gs:// or local) of TensorBoard logs, one point per epoch
-            under `lm/<field>` and `classifier/<field>` (history fields), the step counting
-            each model's epochs; None or "": this task's folder under
-            AIP_TENSORBOARD_LOG_DIR when set, else no logs (`tensorboard.log_folder`).
+            under `lm/<field>` and `classifier/<field>`; None or "": `tensorboard.log_folder`.
         hypertune_metric: In a Vertex tuning trial, the classifier's epoch value reported
-            to the tuning service after each of its epochs (e.g. "valid_loss", "f1_score");
-            None reports nothing.
+            to the tuning service after each of its epochs; None reports nothing.
 
     Returns:
-        The content of metrics.json: `task`, `labels`, `split` ("validation"), the validation
-        results (`fixed` at the threshold and, multi-label, `tuned` at tuned thresholds),
-        `history` (one row per epoch) and `run` (sizes, timings, resume information).
+        The content of metrics.json: `task`, `labels`, `split`, the validation results
+        (`fixed`, `tuned`), `history` (one row per epoch) and `run` (sizes, timings, resume).
 
     Raises:
         MissingAssetsError: Pretrained LM files are missing (each one is named).
@@ -110,7 +86,10 @@ def train_text_classifier(
     started = time.monotonic()
     data = read_dataset(dataset_dir)
     loss, metrics = loss_and_metrics(data.task, config.threshold)
-    _check_monitor(config.monitor, data.task, metrics)
+    known = ["train_loss", "valid_loss", *(mk_metric(m).name for m in metrics)]
+    if config.monitor not in known:  # one that no epoch of this task's model reports
+        raise TextTrainingError(f"monitor {config.monitor!r} is not a metric of this "
+                                f"{data.task.replace('_', '-')} model; choose one of {known}")
     folder = checkpoint_folder or run_state.checkpoint_folder(model_dir)
     os.makedirs(folder, exist_ok=True)
     os.makedirs(model_dir, exist_ok=True)
@@ -129,7 +108,8 @@ def train_text_classifier(
         job.run.fit_classifier(learn, job.run.indices(schedule.CLASSIFIER))
         learn, result = validate_and_export(job, learn, model_dir)
         result.update(run_report(job, learn, dls, vocab, lm_assets_uri, started))
-        write_outputs(model_dir, result, data.text_column, config)
+        write_result_files(model_dir, result, data.text_column, config.threshold,
+                           lang=config.lang, backwards=config.backwards, arch="AWD_LSTM")
         job.run.state["finished"] = True
         job.run.save()
     finally:
@@ -141,32 +121,12 @@ def train_text_classifier(
     return result
 
 
-def _check_monitor(monitor: str, task: str, metrics: Sequence) -> None:
-    """Refuses a `monitor` that no epoch of this task's model reports."""
-    known = ["train_loss", "valid_loss", *(mk_metric(m).name for m in metrics)]
-    if monitor not in known:
-        raise TextTrainingError(f"monitor {monitor!r} is not a metric of this "
-                                f"{task.replace('_', '-')} model; choose one of {known}")
-
-
 def _prepare(data: PreparedDataset, config: TrainConfig, plan: list[schedule.Stage],
              unfreeze: tuple[str, str], lm_assets_uri: str, model_dir: str, folder: str,
              scratch: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
              hypertune_metric: str | None) -> TrainingJob:
-    """Checks the model's settings, resumes (or starts) the run, builds fastai's frame.
-
-    Args:
-        data: The dataset.
-        config: Training settings.
-        plan: The stages (`schedule.plan_stages`), part of the run's fingerprint.
-        unfreeze: `schedule.resolve_unfreeze`'s answer.
-        lm_assets_uri: Root of the pretrained LM assets (when `config.pretrained`).
-        model_dir: The output folder (part of the run's fingerprint).
-        folder: The checkpoint folder.
-        scratch: Local folder for copied assets and the tokenizer's files.
-        callbacks: Extra fastai callbacks for every fit.
-        tensorboard: The epochs' scalar log.
-        hypertune_metric: The classifier's value reported to a tuning study, or None.
+    """Checks the model's settings, resumes (or starts) the run in `folder`, builds fastai's
+    frame; `scratch` takes the copied assets and the tokenizer's files.
 
     Raises:
         TextTrainingError: Bad model settings, or a checkpoint folder of another run.
@@ -174,11 +134,18 @@ def _prepare(data: PreparedDataset, config: TrainConfig, plan: list[schedule.Sta
     assets, arch_config = _architecture(config, lm_assets_uri, scratch)
     tokenizer = make_tokenizer(config.lang, assets.spm_model if assets else None, scratch)
     precision = precision_here(config.mixed_precision)
-    resume, resumed_from = resume_run(folder, plan, {
+    # This run's saved state, or a new one (another run's files go; another run's state is
+    # refused): what defines the run is hashed into its fingerprint.
+    resume = run_state.open_run(folder, schedule.STATE, {
         "config": dataclasses.asdict(config), "plan": [dataclasses.asdict(s) for s in plan],
         "manifest": data.manifest, "model_dir": os.path.abspath(model_dir),
         "assets": lm_assets_uri if config.pretrained else "",
-    })
+    }, fresh=schedule.new_state())
+    resumed_from = None
+    if resume.resumed:
+        resumed_from = {"stage": plan[min(resume.state["stage"], len(plan) - 1)].name,
+                        "epochs_done": resume.state["epochs_done"]}
+        log.info("resuming from %s", resumed_from)
     lm_config = {**awd_lstm_lm_config, **arch_config}
     constant = text_scores.constant_answer(
         data.valid[data.labels].to_numpy(), data.train[data.labels].to_numpy(),
@@ -194,15 +161,17 @@ def _prepare(data: PreparedDataset, config: TrainConfig, plan: list[schedule.Sta
 def _architecture(config: TrainConfig, lm_assets_uri: str,
                   scratch: str) -> tuple[LMAssets | None, dict[str, Any]]:
     """The pretrained LM's assets (copied into `scratch`) and the AWD-LSTM settings given."""
-    if not config.pretrained:
-        arch_config = dict(config.model_config)
-        _check_arch_config(arch_config, "model_config")
-        return None, arch_config
-    if config.model_config:
+    if config.pretrained and config.model_config:
         raise TextTrainingError(
             "model_config applies to training from scratch; a pretrained LM's "
             "settings come from its config.json")
-    assets = resolve_assets(lm_assets_uri, config.lang, config.backwards, scratch)
-    _check_arch_config(assets.config, f"{lm_assets_uri} config.json")
-    return assets, assets.config
+    assets = resolve_assets(lm_assets_uri, config.lang, config.backwards, scratch) \
+        if config.pretrained else None
+    arch_config, source = ((assets.config, f"{lm_assets_uri} config.json") if assets else
+                           (dict(config.model_config), "model_config"))
+    unknown = sorted(set(arch_config) - set(awd_lstm_lm_config) - {"init"})
+    if unknown:
+        raise TextTrainingError(f"{source}: unknown AWD_LSTM setting(s) {unknown}; "
+                                f"known: {sorted(awd_lstm_lm_config)}")
+    return assets, arch_config
 
