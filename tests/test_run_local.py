@@ -151,7 +151,9 @@ def test_saved_model_serves_the_batch_predictions_from_the_files_bytes(image_run
                                           response["label"]):
         line = by_file[path]
         assert label == line["labels"][0]
-        assert probabilities == pytest.approx([line["scores"][c] for c in classes], abs=1e-5)
+        # TensorFlow's resize in the graph, PIL's in sharding: pixels a level or so apart
+        # (docs/users.md), so the scores agree closely, not to the last digit.
+        assert probabilities == pytest.approx([line["scores"][c] for c in classes], abs=1e-2)
 
 
 _SERVE_FROM_BYTES = """
