@@ -442,3 +442,18 @@ def test_a_written_preflight_reads_as_source_and_refuses_like_its_pipeline():
     assert "    tensorboard: str = \"\",\n) -> str:" in source
     with pytest.raises(PreflightError, match="epochs"):
         written()
+
+
+def test_a_predict_csv_row_wider_than_its_header_is_refused_as_prediction_would(tmp_path):
+    """pandas (prediction's reader) refuses a row with more cells than the header; so does
+    the preflight, naming the row (hypothesis found one that passed it)."""
+    from components.preflight.data import check_predict_uri
+
+    path = tmp_path / "predict.csv"
+    rows = [f"{i},Aa aa aa." for i in range(8)]
+    rows[4] += ",extra,cells"
+    path.write_text("id,text\n" + "\n".join(rows) + "\n")
+    with pytest.raises(PreflightError, match="data row 5 has 4 cells, its header 2"):
+        check_predict_uri(str(path), "text", "text")
+    path.write_text('id,text\n0,"Aa, aa aa."\n1,Bb\n')  # a quoted comma is one cell
+    check_predict_uri(str(path), "text", "text")

@@ -202,6 +202,11 @@ def check_predict_csv(uri: str, head: bytes, text_column: str) -> None:
         header = csv_header(io.StringIO(text), f"predict_uri {uri!r}", {text_column: "text_column"})
     except InputKindError as err:
         raise PreflightError(str(err)) from None
+    wide = next((number for number, r in enumerate(rows[1:], 1) if len(r) > len(header)), 0)
+    if wide:  # pandas, which prediction reads with, refuses a row wider than the header
+        raise PreflightError(f"predict_uri {uri!r}: data row {wide} has "
+                             f"{len(rows[wide])} cells, its header {len(header)}; quote the "
+                             "cells that hold a comma, or save it again as CSV")
     index = header.index(text_column)
     texts = [r[index] for r in rows[1:] if len(r) > index and r[index].strip()]
     not_text = [problem for problem in map(text_problem, texts) if problem]
