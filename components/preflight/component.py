@@ -63,7 +63,7 @@ def preflight_function(kind: str, parameters: Sequence[inspect.Parameter]):
         step that reads those files, so its cache key changes exactly when they change.
     """
     outputs = OUTPUTS[kind]
-    first = parameters[0].name
+    first = parameters[0].name if parameters else "tensorboard"
     returns = "str" if len(outputs) == 1 else (
         "NamedTuple('Outputs', [" + ", ".join(f"('{name}', str)" for name in outputs) + "])")
     written_returns = "\n".join(
