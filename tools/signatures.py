@@ -43,6 +43,7 @@ from typing import Any
 
 from kfp.dsl import utils as kfp_utils
 
+from components.common.written import literal
 from tools import signature_help
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -154,11 +155,6 @@ def _replace(source: str, spans: list[tuple[int, int, int, int, str]]) -> str:
         start, end = _offset(lines, line, col), _offset(lines, end_line, end_col)
         source = source[:start] + text + source[end:]
     return source
-
-
-def literal(value: Any) -> str:
-    """Python source of a default value, strings in double quotes as the house writes them."""
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
 
 
 def rewrite_defaults(source: str, function: str, values: dict[str, Any]) -> str:
