@@ -98,10 +98,16 @@ def test_the_transformer_recipe_table_shows_the_settings_defaults():
 # learning_rate's help in each function that declares it, and the trainer whose rule it is.
 LEARNING_RATE_HELP = (
     ("components.train_text.component", "train_text_classifier", "text"),
-    ("pipelines.definitions.text", "text_pipeline", "text"),
     ("components.train_lm.component", "train_language_model", "lm"),
-    ("pipelines.definitions.lm", "lm_pipeline", "lm"),
 )
+
+
+def _described(module: str, name: str, image: str = "img:1") -> str:
+    """The help of pipeline parameter `name` as its build describes it (the console's)."""
+    import importlib
+
+    spec = importlib.import_module(module).build(image).pipeline_spec
+    return spec.root.input_definitions.parameters[name].description
 
 
 def _help(module: str, function: str, name: str, source: str | None = None) -> str:
@@ -131,6 +137,8 @@ def test_learning_rate_help_names_the_rule_and_bounds_the_code_uses():
         assert "valley" in line and "steep" not in line and "minimum" not in line, line
         for text in bounds[kind]:
             assert text in line, (module, text)
+        pipeline = f"pipelines.definitions.{kind}"  # the pipeline says its trainer's help
+        assert f"learning_rate: {_described(pipeline, 'learning_rate')}" == line
 
 
 def test_the_learning_rate_sentence_is_written_from_beside_choose_rate():
@@ -187,93 +195,61 @@ def test_a_two_line_mark_is_replaced_whole_and_an_own_comment_above_it_stays():
                                                                     f"{one_line}\ndef f")
 
 
-def test_args_entries_are_read_with_their_continuations_and_written_one_line_each():
-    import ast
+def test_a_steps_help_reaches_the_pipelines_it_feeds(monkeypatch):
+    """Changing a step's Args entry is one edit: its pipelines describe the parameter so."""
+    from components.prepare_text import component as prepare_text
 
-    from tools import signature_help
-
-    source = ('def f(a, b):\n    """Does f.\n\n    Args:\n        a: The a,\n'
-              '            said over two lines.\n        b: The b.\n\n    Returns:\n'
-              '        Nothing.\n    """\n')
-    node = ast.parse(source).body[0]
-    args = signature_help.read_args(source, node)
-    assert args.entries == {"a": "The a, said over two lines.", "b": "The b."}
-    assert signature_help.write_args(source, node, {"a": "A.", "b": "B."}) == source.replace(
-        "a: The a,\n            said over two lines.\n        b: The b.", "a: A.\n        b: B.")
-    with pytest.raises(ValueError, match="cannot stand"):
-        signature_help.write_args(source, node, {"a": 'say """', "b": "B."})
-    closed = 'def f(a):\n    """Does f.\n\n    Args:\n        a: The a."""\n'
-    node = ast.parse(closed).body[0]
-    assert signature_help.read_args(closed, node).entries == {"a": "The a."}
-    with pytest.raises(LookupError, match="closing quotes"):
-        signature_help.write_args(closed, node, {"a": "A."})
-
-
-def test_a_steps_help_reaches_the_pipelines_it_feeds():
-    """Changing a step's Args entry is one edit: the generator writes the pipelines' help."""
-    step = "components.prepare_text.component"
-    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
-    old = "        text_column: Name of the column holding the texts.\n"
-    assert old in sources[step]
-    sources[step] = sources[step].replace(old, "        text_column: Column of the texts.\n")
-    wanted = signatures.written(sources)
-    changed = {m for m in sources if wanted[m] != sources[m]}
-    assert changed == {"pipelines.definitions.text", "pipelines.definitions.transformer"}
-    for module, function in (("pipelines.definitions.text", "text_pipeline"),
-                             ("pipelines.definitions.transformer", "transformer_pipeline")):
-        assert _help(module, function, "text_column", wanted[module]) == (
-            "text_column: Column of the texts.")
+    step = prepare_text.prepare_text_data
+    old = "text_column: Name of the column holding the texts."
+    assert old in step.__doc__
+    monkeypatch.setattr(step, "__doc__", step.__doc__.replace(old, "text_column: Texts."))
+    for module in ("pipelines.definitions.text", "pipelines.definitions.transformer"):
+        # a new image: the steps' components are made once per image
+        assert _described(module, "text_column", "img:step-help") == "Texts."
 
 
 def test_a_pipelines_own_help_comes_from_help_text_and_a_step_input_takes_its_name(
         monkeypatch):
     text = "pipelines.definitions.text"
     # the trainer's help names its input lm_assets_uri: the pipeline's parameter is lm_assets
-    line = _help(text, "text_pipeline", "pretrained")
+    line = _described(text, "pretrained")
     assert "lm_assets_uri" not in line and "the one in lm_assets " in line
-    own = help_text.OWN_HELP["text_pipeline"]["seed"]
-    assert _help(text, "text_pipeline", "seed") == f"seed: {own}"
+    assert _described(text, "seed") == help_text.OWN_HELP["text_pipeline"]["seed"]
     # changing a help every pipeline shares is one edit too
     monkeypatch.setitem(help_text.HELP, "tracking_uri", "Where MLflow is.")
-    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
-    wanted = signatures.written(sources)
-    changed = {m for m in sources if wanted[m] != sources[m]}
-    assert changed == {module for module, _ in signatures.PIPELINES}
-    for module, function in signatures.PIPELINES:
-        assert _help(module, function, "tracking_uri", wanted[module]) == (
-            "tracking_uri: Where MLflow is.")
+    for module, _ in signatures.PIPELINES:
+        assert _described(module, "tracking_uri") == "Where MLflow is."
 
 
 def test_help_with_no_home_or_two_homes_or_for_no_parameter_is_refused(monkeypatch):
-    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
+    text = "pipelines.definitions.text"
     # seed feeds the split and the trainer, whose help differs: the pipeline must say it
     monkeypatch.delitem(help_text.OWN_HELP["text_pipeline"], "seed")
     with pytest.raises(LookupError, match="text_pipeline.seed feeds no step input, or"):
-        signatures.written(sources)
+        _described(text, "seed")
     monkeypatch.undo()
     # help the step already gives, said again here, is a second home
     monkeypatch.setitem(help_text.OWN_HELP["text_pipeline"], "text_column",
                         "Name of the column holding the texts.")
     with pytest.raises(LookupError, match="text_pipeline.text_column: its help in"):
-        signatures.written(sources)
+        _described(text, "seed")
     monkeypatch.undo()
-    monkeypatch.setitem(help_text.HELP, "no_such_parameter", "Help.")
-    with pytest.raises(LookupError, match="HELP\\['no_such_parameter'\\]"):
-        signatures.written(sources)
+    monkeypatch.setitem(help_text.OWN_HELP["text_pipeline"], "no_such_parameter", "Help.")
+    with pytest.raises(LookupError, match="no such parameter: \\['no_such_parameter'\\]"):
+        _described(text, "seed")
 
 
-def test_a_targets_words_speak_of_parameters_there_are_in_one_line(monkeypatch):
-    """`help_text.Words`: a target's help or dropped parameter names a pipeline parameter,
-    and its help can stand in a docstring (`steps.spoken` writes it into one)."""
-    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
-    monkeypatch.setattr(help_text, "KUBEFLOW", dataclasses.replace(
-        help_text.KUBEFLOW, dropped=("job_service_acount",)))
-    with pytest.raises(LookupError, match="KUBEFLOW: 'job_service_acount'"):
-        signatures.written(sources)
-    monkeypatch.setattr(help_text, "KUBEFLOW", dataclasses.replace(
-        help_text.KUBEFLOW, help={"register_model": "Registers.\nIn MLflow."}))
-    with pytest.raises(ValueError, match="KUBEFLOW.help\\['register_model'\\]"):
-        signatures.written(sources)
+def test_every_shared_help_and_targets_word_speaks_of_a_pipeline_parameter():
+    """`help_text.HELP` and each target's `Words` name parameters some pipeline has."""
+    import importlib
+
+    known = set()
+    for module, _ in signatures.PIPELINES:
+        spec = importlib.import_module(module).build("img:1").pipeline_spec
+        known |= set(spec.root.input_definitions.parameters)
+    for words in (help_text.VERTEX, help_text.KUBEFLOW):
+        assert set(words.help) | set(words.dropped) <= known
+    assert set(help_text.HELP) <= known
 
 
 def test_the_trainjob_launcher_takes_the_one_pod_trainers_parameters_as_written():

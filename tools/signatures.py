@@ -11,16 +11,11 @@ there, it is written there from its home:
 
 - a configured step's default comes from its settings class (e.g. `TrainConfig`);
 - a pipeline parameter's default comes from the step it feeds;
-- a pipeline parameter's help (its docstring's `Args:` entry, the input's description in
-  the Vertex console) is the `Args:` entry of the step input it feeds, unless the pipeline
-  gives it its own in `pipelines/definitions/help_text.py` (`OWN_HELP[pipeline]`, else
-  `HELP` for every pipeline with the parameter). Own help is required where no single
-  step's help says it (it feeds no step, or steps whose help differs) and refused where it
-  repeats its step's; in a step's help, a snake_case name of that step's inputs is written
-  as the parameter that feeds it (`lm_assets_uri` -> `lm_assets`). So every `Args:` entry
-  of a pipeline is written, none typed there;
 - the help of `learning_rate=0` (fastai's lr_find) is the sentence beside `choose_rate`
-  with the bounds each trainer holds the found rate to (in the steps, hence their pipelines);
+  with the bounds each trainer holds the found rate to (in the steps, hence their pipelines).
+
+A pipeline parameter's help is not written here: a build gives each parameter the help of
+the step input it feeds, or its own (`pipelines.definitions.steps.Steps._describe`).
 
 A value that is already right keeps its spelling (`1e-3` is not rewritten as `0.001`), so
 the compiled JSON changes only when a value does. Each function it writes carries a comment
@@ -44,7 +39,6 @@ from typing import Any
 from kfp.dsl import utils as kfp_utils
 
 from components.common.written import literal
-from tools import signature_help
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -82,8 +76,8 @@ NOT_LITERAL = object()  # a default that is no literal (`_literal`)
 MARKED = "written by python -m tools.signatures"
 STEP_MARKER = ("# Defaults written by python -m tools.signatures from contract.{config} "
                "(edit there).")
-PIPELINE_MARKER = ("# Defaults and Args help written by python -m tools.signatures from the\n"
-                   "# steps they feed and pipelines/definitions/help_text.py (edit there).")
+PIPELINE_MARKER = ("# Defaults written by python -m tools.signatures from the steps they feed\n"
+                   "# (edit there); their help: `Steps._describe`.")
 # Steps that take another step's parameters after their own: (module, step, its last own
 # parameter, the other step, the other's last parameter not taken). The TrainJob launcher
 # takes the one-pod transformer trainer's settings.
@@ -322,24 +316,15 @@ def step_defaults(sources: dict[str, str]) -> dict[str, dict[str, Any]]:
     return defaults
 
 
-def step_help(sources: dict[str, str]) -> dict[str, dict[str, str]]:
-    """Every step function's `Args:` help by input, by its compiled component name."""
-    found = {}
-    for name, node, source in _step_functions(sources):
-        args = signature_help.read_args(source, node)
-        if args is not None:
-            found[name] = args.entries
-    return found
-
-
 def pipeline_defaults(spec: Any, steps: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A pipeline's parameter defaults as the steps they feed declare them (the first
     step of its root DAG that takes a parameter; preflight steps, which take every one, do
     not count), from its compiled `spec`."""
     values = {}
     for task in spec.root.dag.tasks.values():
-        base = signature_help.step_of(task.component_ref.name, steps)
-        if base is None:
+        name = task.component_ref.name  # comp-predict-2 stands for comp-predict
+        base = name.rsplit("-", 1)[0] if name[-1].isdigit() and name not in steps else name
+        if base.startswith("comp-preflight") or base not in steps:
             continue
         for input_name, source in task.inputs.parameters.items():
             parameter = source.component_input_parameter
@@ -348,26 +333,16 @@ def pipeline_defaults(spec: Any, steps: dict[str, dict[str, Any]]) -> dict[str, 
     return values
 
 
-def _pipeline_written(source: str, module: str, function: str, steps: dict[str, Any],
-                      helps: dict[str, dict[str, str]], home: Any) -> tuple[str, list[str]]:
-    """A pipeline module's text with `function`'s defaults and Args help written, and the
-    function's parameter names."""
+def _pipeline_written(source: str, module: str, function: str,
+                      steps: dict[str, Any]) -> str:
+    """A pipeline module's text with `function`'s defaults written."""
     spec = importlib.import_module(module).build("img:1").pipeline_spec
     source = rewrite_defaults(source, function, pipeline_defaults(spec, steps))
-    node = _function(ast.parse(source), function)
-    names = [arg.arg for arg in node.args.args]
-    source = signature_help.write_args(source, node, signature_help.pipeline_help(
-        function, names, signature_help.fed_inputs(spec), helps, home))
-    return mark(source, function, PIPELINE_MARKER), names
+    return mark(source, function, PIPELINE_MARKER)
 
 
 def written(sources: dict[str, str]) -> dict[str, str]:
-    """Every generated file's text as it should be, from `sources` (module -> text).
-
-    Raises:
-        LookupError: A pipeline parameter's help has no home, or two (`pipeline_help`), or
-            `signature_help.HELP_HOME` gives help to what is no parameter.
-    """
+    """Every generated file's text as it should be, from `sources` (module -> text)."""
     sources = dict(sources)
     for module, function, config in CONFIGURED:
         sources[module] = mark(rewrite_defaults(sources[module], function,
@@ -382,13 +357,9 @@ def written(sources: dict[str, str]) -> dict[str, str]:
     for module, function, kind in RATE_HELP:  # before the pipelines copy it
         sources[module] = rewrite_help(sources[module], function, "learning_rate",
                                        found_rate_help(kind, sources))
-    steps, helps = step_defaults(sources), step_help(sources)
-    home = importlib.import_module(signature_help.HELP_HOME)  # only read
-    parameters = {}
+    steps = step_defaults(sources)
     for module, function in PIPELINES:
-        sources[module], parameters[function] = _pipeline_written(
-            sources[module], module, function, steps, helps, home)
-    signature_help.check_help_home(home, parameters)
+        sources[module] = _pipeline_written(sources[module], module, function, steps)
     return sources
 
 

@@ -1,15 +1,14 @@
-"""The help of the pipeline parameters that is no step's: `python -m tools.signatures`
-writes each pipeline's `Args:` entries (the descriptions of its inputs in the Vertex
-console) from here, or else from the step input the parameter feeds (edit a step's help in
-its `components/<step>/component.py`).
+"""The help of the pipeline parameters that is no step's: a build describes each pipeline
+parameter (its input's description in the Vertex console) from here, or else from the step
+input it feeds (`steps.Steps._describe`; edit a step's help in its
+`components/<step>/component.py`).
 
 A parameter needs help here when no single step's help says it: it feeds no step
 (`model_display_name`, `job_service_account`), several steps whose help differs (`seed`:
 the split and the training), or a step that knows less than the pipeline (the registration
-gate's `enabled` is the pipeline's `register_model`). Plain text on one line each: no line
-break, backslash or three double quotes.
+gate's `enabled` is the pipeline's `register_model`). Plain text, one line each.
 
-Those `Args:` entries speak of Vertex, where the pipelines began. Each target speaks its own
+That help speaks of Vertex, where the pipelines began. Each target speaks its own
 words (`Words`, the `words` a target's settings give `Steps`): the Kubeflow target's files
 drop what means nothing on a cluster and say what the same parameter does there.
 """
@@ -84,8 +83,8 @@ class Words:
     Attributes:
         tuning_clause: The tuning variant's description, between the pipeline's first words
             and the rest.
-        help: Parameter -> its help on this target, over its `Args:` entry (the entries
-            `python -m tools.signatures` writes from HELP, OWN_HELP or the step's help).
+        help: Parameter -> its help on this target, over the one from HELP, OWN_HELP or
+            the step it feeds.
         dropped: Parameters that mean nothing on this target: its pipelines do not have
             them (the body takes their defaults).
         rewrites: (old, new) texts replaced in every other parameter's help: the stores

@@ -44,8 +44,8 @@ def build(image: str, target: "Target | None" = None,
         evaluation: Artifact
         register: bool
 
-    # Defaults and Args help written by python -m tools.signatures from the
-    # steps they feed and pipelines/definitions/help_text.py (edit there).
+    # Defaults written by python -m tools.signatures from the steps they feed
+    # (edit there); their help: `Steps._describe`.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME,
                     "Shards a bucket folder of class sub-folders into TFRecords, ",
                     "fine-tunes DenseNet121 on GPUs, evaluates it and registers it.")
@@ -88,47 +88,7 @@ def build(image: str, target: "Target | None" = None,
         tracking_uri: str = "",
         job_service_account: str = default_job_account,
     ) -> Outputs:
-        """Trains and evaluates a DenseNet121 classifier on a folder of labelled images.
-
-        Args:
-            data_uri: Folder (gs://bucket/prefix or local path) with one sub-folder of images per class.
-            image_size: Height and width in pixels the images are resized to and stored at (the model is trained at this size).
-            image_format: Shard image encoding: "jpeg" (about 4x smaller, decoded when read) or "raw" (uint8, no decode).
-            jpeg_quality: JPEG quality 1-95 when image_format is "jpeg".
-            resize_method: "crop" scales the shorter side to image_size and center-crops; "pad" scales the longer side and pads with black.
-            train_fraction: Share of each class for training.
-            validation_fraction: Share of each class for validation (early stopping, learning-rate schedule).
-            test_fraction: Share of each class for the final test.
-            seed: Seed of the split, shuffles, initialisation and augmentation.
-            target_shard_mb: Aimed shard size in MB (TensorFlow advises 10 MB+, ideally ~100 MB).
-            min_shards_per_split: Fewest shards per split so readers can interleave (capped at the number of examples).
-            max_skipped_fraction: Fail when more than this share of the files is unreadable.
-            shard_workers: Sharding processes; 0 uses every CPU core of the machine, fewer for a small dataset (one per 200 images).
-            weights: Base weights: "imagenet" (DenseNet121's, downloaded by Keras), "none" (DenseNet121 from scratch), or the URI (gs:// or local) of a no-top .h5 weights file of a tf-keras DenseNet: 121, 169, 201 or another layout, read from the file.
-            epochs: Epochs training only the new top on the frozen pretrained base (from scratch: epochs + fine_tune_epochs of full training).
-            fine_tune_epochs: Epochs fine-tuning the top dense blocks after the head phase, at fine_tune_learning_rate.
-            batch_size: Examples per replica (GPU) per step; the global batch is this times the number of replicas.
-            learning_rate: Adam learning rate of the head phase for one replica; scaled linearly with the replicas.
-            fine_tune_learning_rate: Adam learning rate of the fine-tune phase for one replica; scaled linearly with the replicas.
-            unfreeze_blocks: Dense blocks (1-4, counted from the top) trained in fine-tuning; BatchNorm layers stay frozen.
-            dropout: Dropout rate before the classification layer.
-            flip: Random horizontal flips of training images.
-            rotation: Random rotation of training images as a fraction of a full turn (0.05 = up to 18 degrees); 0 turns it off.
-            zoom: Random zoom of training images by a factor in [1 - zoom, 1 + zoom]; 0 turns it off.
-            precision: "auto" (mixed_float16 when every GPU has compute capability 7.0+), "on" or "off" (float32).
-            early_stopping_patience: Epochs without validation-loss improvement before a phase stops, keeping its best weights; 0 turns it off.
-            reduce_lr_patience: Epochs without validation-loss improvement before the learning rate is cut 5x; 0 turns it off.
-            steps_per_epoch: Training steps per epoch; 0 for one pass over the training split.
-            eval_batch_size: Images per forward pass in the evaluation (and prediction).
-            register_model: Upload the model to the Vertex Model Registry when it clears the threshold.
-            registration_metric: Evaluation metric compared with the threshold: "accuracy" or "macro_f1".
-            registration_threshold: Register only when the metric on the test split is at least this.
-            registration_beats_baselines: Also require the metric above every cheap baseline the evaluation scored on the same split (logistic regression on downscaled pixels, and the constant answer).
-            model_display_name: Name of the model in the Model Registry; a later run adds a version to it.
-            predict_uri: gs:// folder of new images (any depth) to label with the trained model, one JSON line each; empty skips prediction.
-            tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
-            job_service_account: Service account the custom jobs (sharding, training, evaluation, prediction) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
-        """
+        """Trains and evaluates a DenseNet121 classifier on a folder of labelled images."""
         params = locals()  # the pipeline parameters, before anything else is named
         preflight = steps.preflight(params)
         shard = steps.run("shard", params, data_fingerprint=preflight.outputs["data_fingerprint"],

@@ -35,8 +35,8 @@ def build(image: str, target: "Target | None" = None):
     steps = Steps("lm", image, target)
     default_job_account = steps.default_job_account
 
-    # Defaults and Args help written by python -m tools.signatures from the
-    # steps they feed and pipelines/definitions/help_text.py (edit there).
+    # Defaults written by python -m tools.signatures from the steps they feed
+    # (edit there); their help: `Steps._describe`.
     @steps.defined(dsl.pipeline(
         name=PIPELINE_NAME,
         description="Trains an AWD-LSTM language model on a text corpus and writes it as the "
@@ -61,28 +61,7 @@ def build(image: str, target: "Target | None" = None):
         tracking_uri: str = "",
         job_service_account: str = default_job_account,
     ) -> Outputs:
-        """Trains a language model on a corpus and writes it as pretrained LM assets.
-
-        Args:
-            corpus_uri: The corpus (gs:// or local): a folder of UTF-8 .txt files (each cut into paragraphs at blank lines), one .txt file, or a CSV file with a text column.
-            lang: Language of the corpus (en, fr, de, ...; ja, ko and zh are cut with a SentencePiece model trained here); names the assets folder, which the text pipeline's lang must match.
-            text_column: Column of the texts when the corpus is a CSV file.
-            backwards: Also train a backward model (texts read right to left), for the text pipeline's backwards=true (a backward classifier, or half of a bidirectional ensemble).
-            epochs: Epochs of each direction's one-cycle schedule.
-            batch_size: Token streams per batch.
-            seq_len: Tokens per backpropagation-through-time step.
-            learning_rate: Peak learning rate; 0 finds it with fastai's lr_find: its valley, held to 1e-3..3e-2; without a valley, the bounds' geometric middle.
-            drop_mult: Multiplier of every AWD-LSTM dropout.
-            min_freq: Tokens seen fewer times become xxunk.
-            max_vocab: Largest vocabulary kept.
-            spm_vocab_size: SentencePiece vocabulary size for ja, ko and zh; 0 lets fastai choose from the corpus.
-            validation_fraction: Share of the documents held out to measure perplexity and accuracy.
-            mixed_precision: Train in mixed precision on a GPU: bf16 on compute capability 8.0 or more (A100, L4, H100), fp16 on 7.x (V100, T4); never on CPU.
-            model_config: JSON object of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}); empty for fastai's defaults. Written to config.json, so the text pipeline builds the same encoder.
-            seed: Seed of the held-out draw, initialisation and batch order.
-            tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
-            job_service_account: Service account the training job runs as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
-        """
+        """Trains a language model on a corpus and writes it as pretrained LM assets."""
         params = locals()  # the pipeline parameters, before anything else is named
         # The corpus's fingerprint keys the training step's cache.
         preflight = steps.preflight(params)

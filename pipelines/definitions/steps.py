@@ -25,10 +25,12 @@ import concurrent.futures
 import dataclasses
 import functools
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from kfp import dsl
+from kfp.dsl import pipeline_channel
 
 from components.evaluate_image import component as evaluate_image
 from components.evaluate_text import component as evaluate_text
@@ -213,6 +215,7 @@ class Steps:
         self.registration = (target.registration(kind, image)
                              if target is not None and "gate" in self.table else None)
         self.experiment = ""
+        self.fed: dict[str, set[tuple[str, str]]] = {}  # parameter -> (role, input) it feeds
 
     def pipeline(self, name: str, tuning_name: str, lead: str, rest: str):
         """The build's `@dsl.pipeline` decorator.
@@ -245,9 +248,59 @@ class Steps:
             self.ops["preflight"] = component(preflight.preflight_function(
                 self.kind, list(inspect.signature(said).parameters.values())), self.image)
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                return pool.submit(decorate, said).result()
+                graph = pool.submit(decorate, said).result()
+            self._describe(graph, body.__name__)
+            return graph
 
         return define
+
+    def _describe(self, graph, function: str) -> None:
+        """Gives each of `graph`'s parameters its help (the console's description of the
+        input): the target's words, else its own in `help_text` (`OWN_HELP[function]`, else
+        `HELP`), else that of the step inputs it feeds, where a step's help names its own
+        inputs fed by other names as their parameters (`lm_assets_uri` -> `lm_assets`); the
+        target's rewrites made in all but its words.
+
+        Raises:
+            LookupError: A parameter's help has no home (none of its own, and it feeds no
+                documented input or inputs whose help differs), or two (its own is its
+                step's), or `OWN_HELP[function]` speaks of no parameter of it.
+        """
+        inputs = graph.pipeline_spec.root.input_definitions.parameters
+        words = self.words or help_text.Words("")
+        own = {**help_text.HELP, **help_text.OWN_HELP.get(function, {})}
+        stray = set(help_text.OWN_HELP.get(function, {})) - set(inputs) - set(words.dropped)
+        if stray:
+            raise LookupError(f"help_text.OWN_HELP[{function!r}]: no such parameter: "
+                              f"{sorted(stray)}")
+        feeds = {name: set(fed) for name, fed in self.fed.items()}
+        for role, step in self.table.items():  # a tuned setting feeds the trainer by name
+            for key in inspect.signature(step.function).parameters if step.settings else ():
+                if key in inputs:
+                    feeds.setdefault(key, set()).add((role, key))
+        renames: dict[str, dict[str, str]] = {}
+        for name, fed in feeds.items():
+            for role, key in fed:
+                if key != name and "_" in key and key not in inputs:
+                    renames.setdefault(role, {})[key] = name
+        for name, parameter in inputs.items():
+            texts = {_renamed(self._step_help(role, key), renames.get(role, {}))
+                     for role, key in feeds.get(name, ())}
+            if name in own and texts == {own[name]}:
+                raise LookupError(f"{function}.{name}: its help in help_text is its step's")
+            if name not in own and (len(texts) != 1 or "" in texts):
+                raise LookupError(f"{function}.{name} feeds no step input, or inputs whose "
+                                  "help differs: give it help in help_text")
+            text = own[name] if name in own else texts.pop()
+            for old, new in words.rewrites:
+                text = text.replace(old, new)
+            parameter.description = words.help.get(name, text)
+            graph.component_spec.inputs[name].description = parameter.description
+
+    def _step_help(self, role: str, key: str) -> str:
+        """The help of the step `role`'s input `key` (its function's `Args:` entry)."""
+        found = component(self.table[role].function, self.image).component_spec.inputs or {}
+        return found[key].description or "" if key in found else ""
 
     def _on_machines(self, role: str, op: Callable) -> Callable:
         """`op` as the target wraps it on the step's machines (a Vertex custom job); as it
@@ -293,6 +346,9 @@ class Steps:
         step = self.table[role]
         if step.settings:
             arguments = {**_named_inputs(step.function, params), **arguments}
+        for key, value in arguments.items():  # what the parameter's help is (`_describe`)
+            if isinstance(value, pipeline_channel.PipelineParameterChannel) and not value.task_name:
+                self.fed.setdefault(value.name, set()).add((role, key))
         job = self.job(params) if step.machine else {}
         return self._placed(self.ops[role](**arguments, **job).set_display_name(
             step.display_name), role)
@@ -368,21 +424,11 @@ class Steps:
 
 
 def spoken(body: Callable, words: help_text.Words | None) -> Callable:
-    """A pipeline function as a target's `words` say it: without the parameters that mean
-    nothing there (the body takes their defaults), the target's help in its docstring's
-    `Args:` (KFP's descriptions of the parameters); `body` itself where nothing changes
-    (Vertex's words are the docstrings', and locally there are none).
-
-    Raises:
-        LookupError: A parameter the words speak of has no one-line `Args:` entry (as
-            `python -m tools.signatures` writes them).
-    """
-    if words is None:
-        return body
+    """A pipeline function without the parameters that mean nothing where `words`' target
+    runs it (the body takes their defaults); `body` itself where none is dropped."""
     signature = inspect.signature(body)
-    dropped = [name for name in words.dropped if name in signature.parameters]
-    helps = {name: text for name, text in words.help.items() if name in signature.parameters}
-    if not (dropped or helps or words.rewrites):
+    dropped = [name for name in (words.dropped if words else ()) if name in signature.parameters]
+    if not dropped:
         return body
     kept = signature.replace(parameters=[parameter for parameter in signature.parameters.values()
                                          if parameter.name not in dropped])
@@ -392,30 +438,13 @@ def spoken(body: Callable, words: help_text.Words | None) -> Callable:
         return body(**kept.bind(*args, **kwargs).arguments)
 
     spoken_body.__signature__ = kept
-    spoken_body.__doc__ = _spoken_args(body, helps, dropped, words.rewrites)
     return spoken_body
 
 
-def _spoken_args(body: Callable, helps: Mapping[str, str], dropped: list[str],
-                 rewrites: tuple[tuple[str, str], ...] = ()) -> str:
-    """`body`'s docstring with the `Args:` entries of `dropped` left out, those of
-    `helps` saying its help, and `rewrites` made in the other entries."""
-    written, found, in_args = [], set(), False
-    for line in body.__doc__.split("\n"):
-        name, sep, _ = line.strip().partition(": ")
-        in_args = in_args or line.strip() == "Args:"
-        if not sep or name in found or not (name in helps or name in dropped):
-            for old, new in rewrites if in_args else ():
-                line = line.replace(old, new)
-            written.append(line)
-            continue
-        found.add(name)
-        if name in helps:
-            written.append(f"{line[:len(line) - len(line.lstrip())]}{name}: {helps[name]}")
-    missing = sorted((set(helps) | set(dropped)) - found)
-    if missing:
-        raise LookupError(f"{body.__name__}: no Args entry for {missing}")
-    return "\n".join(written)
+def _renamed(text: str, names: Mapping[str, str]) -> str:
+    for old, new in names.items():
+        text = re.sub(rf"\b{re.escape(old)}\b", new, text)
+    return text
 
 
 def _named_inputs(function: Callable, params: Mapping[str, Any]) -> dict[str, Any]:

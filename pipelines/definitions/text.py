@@ -52,8 +52,8 @@ def build(image: str, target: "Target | None" = None,
     steps = Steps("text", image, target, tune)
     default_job_account = steps.default_job_account
 
-    # Defaults and Args help written by python -m tools.signatures from the
-    # steps they feed and pipelines/definitions/help_text.py (edit there).
+    # Defaults written by python -m tools.signatures from the steps they feed
+    # (edit there); their help: `Steps._describe`.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "trains a fastai ULMFiT classifier, evaluates it on the test split and "
                     "registers it.")
@@ -95,46 +95,7 @@ def build(image: str, target: "Target | None" = None,
         tracking_uri: str = "",
         job_service_account: str = default_job_account,
     ) -> Outputs:
-        """Prepares a labelled text CSV, trains a ULMFiT classifier and evaluates it.
-
-        Args:
-            data_uri: CSV (gs://bucket/path.csv or local path) with a text column and either one 0/1 (or True/False) column per label or one column of class names.
-            lm_assets: Root (gs:// or local) of pretrained LMs laid out as `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` and `<lang>/spm/spm.model` for ja, ko, zh; needed when pretrained is true, except with lang=en (fastai's WikiText-103 model then).
-            lang: Language of the texts (en, fr, de, ...; ja, ko and zh use SentencePiece); picks the tokenizer and the assets folder.
-            pretrained: Start from a pretrained LM: the one in lm_assets (missing files are an error that lists them), or with lang=en and no lm_assets fastai's WikiText-103 AWD-LSTM, downloaded as fastai does (stage a copy with python -m pipelines.stage_wt103 for jobs without internet); false trains from scratch.
-            text_column: Name of the column holding the texts.
-            label_columns: Comma-separated label column names; empty uses every column but the text.
-            label_delimiter: Separates several class names inside one cell of a class-name column: "auto" reads "," and refuses a cell holding ";" or "|" (one file mixing them would make "a;b" a class); "," declares ";" and "|" part of class names; ";" or "|" separate with that; empty keeps each cell one class name.
-            other_label: Label given to rows with no label set; empty drops those rows instead.
-            validation_fraction: Share of the rows left after the test split used for validation.
-            test_fraction: Share of all rows held out for the final test.
-            seed: Seed of the split, initialisation and batch order.
-            lm_epochs: Language model fine-tuning epochs on the dataset's texts; 0 skips it.
-            epochs: Classifier epochs (see unfreeze).
-            batch_size: Texts per batch (language model and classifier).
-            drop_mult: Multiplier of every AWD-LSTM dropout.
-            backwards: Read texts backwards (use the backward LM).
-            threshold: Multi-label decision threshold on each label's probability.
-            monitor: Metric whose best epoch is kept: valid_loss, f1_score (macro F1), accuracy_multi (multi-label) or accuracy (single-label).
-            unfreeze: How a pretrained or LM-fine-tuned encoder is unfrozen: "gradual" (ULMFiT: head, top 2 groups, top 3, then everything, one epoch each, discriminative rates), "all" (everything from the first epoch at one rate), or "auto": gradual when an epoch has at least 50 batches, else all (on small data gradual stages are too short to learn). A random encoder always trains everything at once.
-            learning_rate: Peak learning rate of the classifier's first stage (with gradual unfreezing, later stages use 1/2, 1/4, then 1/20 of it); 0 finds it with fastai's lr_find: its valley, held to 3e-3..5e-2 when gradual unfreezing trains the head first, else 3e-3..5e-3 times 1152/n_hid, capped at 5e-2; without a valley, the bounds' geometric middle.
-            lm_learning_rate: Peak learning rate of the unfrozen language model epochs (its frozen first epoch uses 10x).
-            seq_len: Tokens per backpropagation-through-time step.
-            min_freq: Tokens seen fewer times in the training texts become xxunk.
-            max_vocab: Largest vocabulary kept.
-            mixed_precision: Train in mixed precision on a GPU: bf16 on compute capability 8.0 or more (A100, L4, H100), fp16 on 7.x (V100, T4); never on CPU.
-            model_config: JSON object of AWD_LSTM settings (e.g. {"emb_sz": 400, "n_hid": 1152, "n_layers": 3}) when training from scratch; empty for fastai's defaults.
-            eval_split: Split to evaluate: "train", "validation" or "test".
-            eval_batch_size: Texts per forward pass in the evaluation (and prediction).
-            register_model: Upload the model to the Vertex Model Registry when it clears the threshold.
-            registration_metric: Evaluation metric compared with the threshold: "micro_f1" (the accuracy for one class per row) or "macro_f1".
-            registration_threshold: Register only when the metric on the evaluated split is at least this.
-            registration_beats_baselines: Also require the metric above every cheap baseline the evaluation scored on the same split (logistic regression on TF-IDF, and the constant answer).
-            model_display_name: Name of the model in the Model Registry; a later run adds a version to it.
-            predict_uri: gs:// CSV of new texts (the training text column) to label with the trained model, one JSON line per row; empty skips prediction.
-            tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
-            job_service_account: Service account the custom jobs (preparation, training, evaluation, prediction) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
-        """
+        """Prepares a labelled text CSV, trains a ULMFiT classifier and evaluates it."""
         params = locals()  # the pipeline parameters, before anything else is named
         preflight = steps.preflight(params)
         prepare = steps.run("prepare", params,

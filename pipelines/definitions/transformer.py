@@ -28,8 +28,8 @@ def build(image: str, target: "Target | None" = None,
     steps = Steps("transformer", image, target, tune)
     default_job_account = steps.default_job_account
 
-    # Defaults and Args help written by python -m tools.signatures from the
-    # steps they feed and pipelines/definitions/help_text.py (edit there).
+    # Defaults written by python -m tools.signatures from the steps they feed
+    # (edit there); their help: `Steps._describe`.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "fine-tunes a Hugging Face transformer encoder, evaluates it on the test "
                     "split and registers it.")
@@ -64,39 +64,7 @@ def build(image: str, target: "Target | None" = None,
         tracking_uri: str = "",
         job_service_account: str = default_job_account,
     ) -> Outputs:
-        """Prepares a labelled text CSV, fine-tunes a transformer classifier and evaluates it.
-
-        Args:
-            data_uri: CSV (gs://bucket/path.csv or local path) with a text column and either one 0/1 (or True/False) column per label or one column of class names.
-            text_column: Name of the column holding the texts.
-            label_columns: Comma-separated label column names; empty uses every column but the text.
-            label_delimiter: Separates several class names inside one cell of a class-name column: "auto" reads "," and refuses a cell holding ";" or "|" (one file mixing them would make "a;b" a class); "," declares ";" and "|" part of class names; ";" or "|" separate with that; empty keeps each cell one class name.
-            other_label: Label given to rows with no label set; empty drops those rows instead.
-            validation_fraction: Share of the rows left after the test split used for validation.
-            test_fraction: Share of all rows held out for the final test.
-            seed: Seed of the split, the classification head's initialisation and the batch order.
-            model_name: Hub model name (e.g. FacebookAI/xlm-roberta-base, google-bert/bert-base-uncased) or a folder (gs:// or local) written by save_pretrained; its classification head is replaced by one sized for the labels.
-            epochs: Most epochs (early stopping may end sooner).
-            batch_size: Texts per batch on each GPU (or process).
-            learning_rate: Peak AdamW learning rate: 5e-5 fine-tunes a pretrained encoder (a small one such as all-MiniLM-L6-v2 on a few hundred texts learns faster at 1e-4); a model trained from scratch needs about 1e-3.
-            weight_decay: AdamW weight decay.
-            warmup_ratio: Share of the steps the rate warms up over, linearly from 0; it then decays linearly to 0.
-            max_length: Tokens of each text the model reads (longer texts are cut).
-            threshold: Multi-label decision threshold on each label's probability.
-            monitor: What picks the best epoch and stops training: loss (validation loss), micro_f1 or macro_f1.
-            early_stopping_patience: Epochs without improvement of the monitored value before training stops; 0 never stops early.
-            mixed_precision: bf16 on GPUs of compute capability >= 8.0 (A100, L4, H100), fp16 on 7.x (V100, T4); never on CPU.
-            eval_split: Split to evaluate: "train", "validation" or "test".
-            eval_batch_size: Texts per forward pass in the evaluation (and prediction).
-            register_model: Upload the model to the Vertex Model Registry when it clears the threshold.
-            registration_metric: Evaluation metric compared with the threshold: "micro_f1" (the accuracy for one class per row) or "macro_f1".
-            registration_threshold: Register only when the metric on the evaluated split is at least this.
-            registration_beats_baselines: Also require the metric above every cheap baseline the evaluation scored on the same split (logistic regression on TF-IDF, and the constant answer).
-            model_display_name: Name of the model in the Model Registry; a later run adds a version to it.
-            predict_uri: gs:// CSV of new texts (the training text column) to label with the trained model, one JSON line per row; empty skips prediction.
-            tracking_uri: MLflow tracking server URL (http/https), sqlite:///FILE, or a gs:// folder used as a file store; one MLflow run per pipeline run, named after it. Empty: no tracking.
-            job_service_account: Service account the custom jobs (preparation, training, evaluation, prediction) run as on Vertex; empty: Vertex's Custom Code Service Agent. Not the pipeline run's own account. Ignored by local runs.
-        """
+        """Prepares a labelled text CSV, fine-tunes a transformer classifier and evaluates it."""
         params = locals()  # the pipeline parameters, before anything else is named
         preflight = steps.preflight(params)  # it fingerprints a model_name folder too
         prepare = steps.run("prepare", params,
