@@ -738,29 +738,31 @@ def test_a_definition_runs_on_a_thread_of_its_own_and_its_errors_reach_the_calle
 
     from kfp import dsl
 
-    from pipelines.definitions.steps import Steps
+    from pipelines.definitions.steps import Steps, parameter
 
     steps = Steps("lm", "r/fastai:1")
     threads = []
 
-    @steps.defined(dsl.pipeline(name="fine"))
-    def fine(corpus_uri: str = "gs://b/c"):
+    @steps.defined(dsl.pipeline(name="fine"), first=[parameter("corpus_uri", str, "gs://b/c")])
+    def fine(params):
         threads.append(threading.current_thread())
-        steps.run("train", locals())
+        steps.run("train", params)
 
     assert threads and threads[0] is not threading.main_thread()
     assert "train-language-model" in fine.pipeline_spec.root.dag.tasks
     with pytest.raises(ValueError, match="^set_env_variable can only be used on single-step"):
         @steps.defined(dsl.pipeline(name="misused"))
-        def misused():
+        def misused(params):
             dsl.importer(artifact_uri="gs://b/x", artifact_class=dsl.Artifact,
                          reimport=False).set_env_variable("A", "1")
 
 
 def test_a_targets_words_drop_its_parameters():
     """`steps.spoken`: a parameter the target drops is none of the pipeline's (the body
-    takes its default); words that drop nothing leave the body as it is. (Their help is
+    takes its default); without words it keeps every parameter. (Their help is
     `Steps._describe`'s: the Kubeflow files' descriptions are checked below.)"""
+    import inspect
+
     from kfp import dsl
 
     from pipelines.definitions.help_text import Words
@@ -777,12 +779,14 @@ def test_a_targets_words_drop_its_parameters():
         seen.update(locals())
         step(text=data_uri)
 
+    signature = inspect.signature(body)
     words = Words("", help={"register": "Register the model in MLflow."}, dropped=("account",))
-    inputs = dsl.pipeline(name="p")(spoken(body, words)).pipeline_spec.root.input_definitions
+    said = spoken(lambda params: body(**params), signature, words)
+    inputs = dsl.pipeline(name="p")(said).pipeline_spec.root.input_definitions
     assert set(inputs.parameters) == {"data_uri", "register"}
     assert seen["account"] == "sa@p.iam.gserviceaccount.com"
-    assert spoken(body, Words("", help={"other": "Help."})) is body
-    assert spoken(body, None) is body
+    said = spoken(lambda params: body(**params), signature, None)
+    assert set(inspect.signature(said).parameters) == {"data_uri", "account", "register"}
 
 
 # A fresh interpreter that refuses GCPC and the Vertex SDK at import, then runs compile.py's

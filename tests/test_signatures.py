@@ -1,4 +1,4 @@
-"""Defaults have one home: the generator writes them into steps, pipelines and preflights."""
+"""Defaults and help have one home: steps take them from settings, pipelines from steps."""
 
 import dataclasses
 import inspect
@@ -13,6 +13,8 @@ from pipelines.definitions import help_text
 from tools import signatures
 
 ROOT = Path(__file__).resolve().parents[1]
+PIPELINES = tuple(f"pipelines.definitions.{kind}"
+                  for kind in ("image", "text", "transformer", "lm"))
 
 
 def test_every_written_signature_is_current(capsys):
@@ -63,8 +65,14 @@ class BiggerBatches(ImageTrainConfig):
     batch_size: int = 64
 
 
-def test_a_settings_default_reaches_the_step_its_pipeline_and_the_preflight(monkeypatch):
-    """Changing TrainConfig.batch_size is one edit: the generator writes the rest."""
+def test_a_settings_default_reaches_the_step_its_pipeline_and_the_preflight(
+        monkeypatch, tmp_path):
+    """Changing TrainConfig.batch_size is one edit: the generator writes the step, and the
+    pipeline and its preflight take the step's when built."""
+    import importlib.util
+
+    from pipelines.definitions import image, steps
+
     real_load = signatures._load
     monkeypatch.setattr(signatures, "_load", lambda spec: BiggerBatches
                         if spec == "components.train_image.contract:TrainConfig"
@@ -72,16 +80,21 @@ def test_a_settings_default_reaches_the_step_its_pipeline_and_the_preflight(monk
     sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
     wanted = signatures.written(sources)
     changed = {m for m in sources if wanted[m] != sources[m]}
-    assert changed == {"components.train_image.component", "pipelines.definitions.image"}
+    assert changed == {"components.train_image.component"}
     assert "    batch_size: int = 64," in wanted["components.train_image.component"]
-    assert "        batch_size: int = 64," in wanted["pipelines.definitions.image"]
-    # the preflight's function is written from the pipeline's parameters when it is built
-    namespace = {}
-    exec(wanted["pipelines.definitions.image"], namespace)
-    preflight = namespace["build"]("img:1").pipeline_spec.components["comp-preflight-image"]
-    assert preflight.input_definitions.parameters["batch_size"].default_value.number_value == 64
-    # the text pipelines' own batch_size is untouched
-    assert wanted["pipelines.definitions.text"] == sources["pipelines.definitions.text"]
+    # the step as written, in the image pipeline's table (KFP reads its source from a file)
+    path = tmp_path / "written_step.py"
+    path.write_text(wanted["components.train_image.component"])
+    found = importlib.util.spec_from_file_location("written_step", path)
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    table = dict(steps.STEPS["image"])
+    table["train"] = dataclasses.replace(table["train"], function=module.train_image_classifier)
+    monkeypatch.setitem(steps.STEPS, "image", table)
+    spec = image.build("img:1").pipeline_spec
+    for inputs in (spec.root.input_definitions,
+                   spec.components["comp-preflight-image"].input_definitions):
+        assert inputs.parameters["batch_size"].default_value.number_value == 64
 
 
 def test_the_transformer_recipe_table_shows_the_settings_defaults():
@@ -217,7 +230,7 @@ def test_a_pipelines_own_help_comes_from_help_text_and_a_step_input_takes_its_na
     assert _described(text, "seed") == help_text.OWN_HELP["text_pipeline"]["seed"]
     # changing a help every pipeline shares is one edit too
     monkeypatch.setitem(help_text.HELP, "tracking_uri", "Where MLflow is.")
-    for module, _ in signatures.PIPELINES:
+    for module in PIPELINES:
         assert _described(module, "tracking_uri") == "Where MLflow is."
 
 
@@ -244,7 +257,7 @@ def test_every_shared_help_and_targets_word_speaks_of_a_pipeline_parameter():
     import importlib
 
     known = set()
-    for module, _ in signatures.PIPELINES:
+    for module in PIPELINES:
         spec = importlib.import_module(module).build("img:1").pipeline_spec
         known |= set(spec.root.input_definitions.parameters)
     for words in (help_text.VERTEX, help_text.KUBEFLOW):

@@ -1,21 +1,18 @@
-"""Parameter lists and help written from one home: `python -m tools.signatures [--check]`.
+"""Step defaults and help written from one home: `python -m tools.signatures [--check]`.
 
 KFP reads a step's inputs and their defaults from its function's signature, and for the
 lightweight components used here it pastes the function's source into the compiled JSON,
-where the executor reads that signature again at run time. A default therefore has to
-stand as a literal in the source of every function that declares it: the step and the
-pipeline that feeds it (a preflight's function is written from its pipeline's parameters
-when the pipeline is built, the tuning steps' from `TUNABLE` and the trainers':
-`components.common.written`). Instead of being typed
-there, it is written there from its home:
+where the executor reads that signature again at run time. A step's default therefore has
+to stand as a literal in its source; instead of being typed there, it is written there from
+its home:
 
 - a configured step's default comes from its settings class (e.g. `TrainConfig`);
-- a pipeline parameter's default comes from the step it feeds;
 - the help of `learning_rate=0` (fastai's lr_find) is the sentence beside `choose_rate`
-  with the bounds each trainer holds the found rate to (in the steps, hence their pipelines).
+  with the bounds each trainer holds the found rate to.
 
-A pipeline parameter's help is not written here: a build gives each parameter the help of
-the step input it feeds, or its own (`pipelines.definitions.steps.Steps._describe`).
+Pipelines take their parameters from their steps when they are built
+(`pipelines.definitions.steps.Steps.signature` and `_describe`), preflights and tuning
+steps are written when built (`components.common.written`): none is written here.
 
 A value that is already right keeps its spelling (`1e-3` is not rewritten as `0.001`), so
 the compiled JSON changes only when a value does. Each function it writes carries a comment
@@ -36,8 +33,6 @@ import pathlib
 import sys
 from typing import Any
 
-from kfp.dsl import utils as kfp_utils
-
 from components.common.written import literal
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -56,13 +51,6 @@ CONFIGURED = (
     ("components.train_transformer.component", "train_transformer_classifier",
      "components.train_transformer.contract:TransformerConfig"),
 )
-# Pipelines: (module with build(image), pipeline function).
-PIPELINES = (
-    ("pipelines.definitions.image", "image_pipeline"),
-    ("pipelines.definitions.text", "text_pipeline"),
-    ("pipelines.definitions.transformer", "transformer_pipeline"),
-    ("pipelines.definitions.lm", "lm_pipeline"),
-)
 # learning_rate's help: the sentence FOUND_RATE_HELP beside `choose_rate`, with the bounds
 # of each trainer (read from the modules' text: they import fastai, which takes seconds).
 RATE_HELP_HOME = "components.common.fastai_text"
@@ -76,8 +64,6 @@ NOT_LITERAL = object()  # a default that is no literal (`_literal`)
 MARKED = "written by python -m tools.signatures"
 STEP_MARKER = ("# Defaults written by python -m tools.signatures from contract.{config} "
                "(edit there).")
-PIPELINE_MARKER = ("# Defaults written by python -m tools.signatures from the steps they feed\n"
-                   "# (edit there); their help: `Steps._describe`.")
 # Steps that take another step's parameters after their own: (module, step, its last own
 # parameter, the other step, the other's last parameter not taken). The TrainJob launcher
 # takes the one-pod transformer trainer's settings.
@@ -85,15 +71,6 @@ TAKEN_PARAMETERS = (("components.train_transformer.component", "train_transforme
                      "deadline_seconds", "train_transformer_classifier", "metrics"),)
 TAKEN_MARKER = ("# Parameters after {last} written by python -m tools.signatures from\n"
                 "# {source} (edit there).")
-# Step modules whose functions a compiled pipeline may name (comp-<function name>).
-STEP_MODULES = ("components.shard.component", "components.train_image.component",
-                "components.prepare_text.component", "components.train_text.component",
-                "components.train_lm.component", "components.train_transformer.component",
-                "components.evaluate_image.component", "components.evaluate_text.component",
-                "components.register.component", "components.register.vertex_upload",
-                "components.predict.component", "components.track.component")
-
-
 def as_step_value(name: str, value: Any) -> Any:
     """A settings value as the step's typed input carries it: no None, tuple or dict
     (KFP inputs are scalars), so 0 stands for None and text for lists and objects."""
@@ -296,51 +273,6 @@ def _load(spec: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _step_functions(sources: dict[str, str]):
-    """(compiled component name (comp-...), function node, its module's source) of every
-    top-level function of the step modules in `sources`."""
-    for module in STEP_MODULES:
-        for node in ast.parse(sources[module]).body:
-            if isinstance(node, ast.FunctionDef):
-                yield "comp-" + kfp_utils.maybe_rename_for_k8s(node.name), node, sources[module]
-
-
-def step_defaults(sources: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Every step function's defaults, by its compiled component name (comp-...), read
-    from `sources` (module -> source text) so that values just written count."""
-    defaults = {}
-    for name, node, _ in _step_functions(sources):
-        if node.args.defaults:
-            defaults[name] = {arg.arg: value for arg, default in _with_defaults(node)
-                              if (value := _literal(default)) is not NOT_LITERAL}
-    return defaults
-
-
-def pipeline_defaults(spec: Any, steps: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A pipeline's parameter defaults as the steps they feed declare them (the first
-    step of its root DAG that takes a parameter; preflight steps, which take every one, do
-    not count), from its compiled `spec`."""
-    values = {}
-    for task in spec.root.dag.tasks.values():
-        name = task.component_ref.name  # comp-predict-2 stands for comp-predict
-        base = name.rsplit("-", 1)[0] if name[-1].isdigit() and name not in steps else name
-        if base.startswith("comp-preflight") or base not in steps:
-            continue
-        for input_name, source in task.inputs.parameters.items():
-            parameter = source.component_input_parameter
-            if parameter and input_name in steps[base]:
-                values.setdefault(parameter, steps[base][input_name])
-    return values
-
-
-def _pipeline_written(source: str, module: str, function: str,
-                      steps: dict[str, Any]) -> str:
-    """A pipeline module's text with `function`'s defaults written."""
-    spec = importlib.import_module(module).build("img:1").pipeline_spec
-    source = rewrite_defaults(source, function, pipeline_defaults(spec, steps))
-    return mark(source, function, PIPELINE_MARKER)
-
-
 def written(sources: dict[str, str]) -> dict[str, str]:
     """Every generated file's text as it should be, from `sources` (module -> text)."""
     sources = dict(sources)
@@ -357,15 +289,11 @@ def written(sources: dict[str, str]) -> dict[str, str]:
     for module, function, kind in RATE_HELP:  # before the pipelines copy it
         sources[module] = rewrite_help(sources[module], function, "learning_rate",
                                        found_rate_help(kind, sources))
-    steps = step_defaults(sources)
-    for module, function in PIPELINES:
-        sources[module] = _pipeline_written(sources[module], module, function, steps)
     return sources
 
 
 def _modules() -> list[str]:
-    return sorted({m for m, _, _ in CONFIGURED} | {m for m, _ in PIPELINES}
-                  | set(STEP_MODULES) | {RATE_HELP_HOME}
+    return sorted({m for m, _, _ in CONFIGURED} | {RATE_HELP_HOME}
                   | set(RATE_BOUNDS.values()) | {m for m, _, _ in RATE_HELP})
 
 

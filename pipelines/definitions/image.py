@@ -11,7 +11,7 @@ from components.common.metrics import read_evaluation
 from components.common.report_html import REPORT_HTML_FILE
 from components.shard.contract import MANIFEST_NAME
 from pipelines.definitions import registry, tuning
-from pipelines.definitions.steps import Steps, Target
+from pipelines.definitions.steps import Steps, Target, classifier_parameters, parameter
 
 PIPELINE_NAME = "image-classifier"
 TUNING_PIPELINE_NAME = "image-classifier-tuning"
@@ -35,7 +35,6 @@ def build(image: str, target: "Target | None" = None,
         A `@dsl.pipeline` function.
     """
     steps = Steps("image", image, target, tune)
-    default_job_account = steps.default_job_account
 
     class Outputs(NamedTuple):
         dataset: Dataset
@@ -44,55 +43,18 @@ def build(image: str, target: "Target | None" = None,
         evaluation: Artifact
         register: bool
 
-    # Defaults written by python -m tools.signatures from the steps they feed
-    # (edit there); their help: `Steps._describe`.
+    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME,
                     "Shards a bucket folder of class sub-folders into TFRecords, ",
-                    "fine-tunes DenseNet121 on GPUs, evaluates it and registers it.")
-    def image_pipeline(
-        data_uri: str,
-        image_size: int = 224,
-        image_format: str = "jpeg",
-        jpeg_quality: int = 95,
-        resize_method: str = "crop",
-        train_fraction: float = 0.8,
-        validation_fraction: float = 0.1,
-        test_fraction: float = 0.1,
-        seed: int = 42,
-        target_shard_mb: float = 100.0,
-        min_shards_per_split: int = 16,
-        max_skipped_fraction: float = 0.05,
-        shard_workers: int = 0,
-        weights: str = "imagenet",
-        epochs: int = 10,
-        fine_tune_epochs: int = 10,
-        batch_size: int = 32,
-        learning_rate: float = 1e-3,
-        fine_tune_learning_rate: float = 1e-4,
-        unfreeze_blocks: int = 1,
-        dropout: float = 0.2,
-        flip: bool = True,
-        rotation: float = 0.05,
-        zoom: float = 0.1,
-        precision: str = "auto",
-        early_stopping_patience: int = 3,
-        reduce_lr_patience: int = 2,
-        steps_per_epoch: int = 0,
-        eval_batch_size: int = 64,
-        register_model: bool = True,
-        registration_metric: str = "accuracy",
-        registration_threshold: float = 0.8,
-        registration_beats_baselines: bool = False,
-        model_display_name: str = "densenet121-image-classifier",
-        predict_uri: str = "",
-        tracking_uri: str = "",
-        job_service_account: str = default_job_account,
-    ) -> Outputs:
+                    "fine-tunes DenseNet121 on GPUs, evaluates it and registers it.",
+                    first=[parameter("data_uri", str)],
+                    last=[parameter("shard_workers", int, 0), *classifier_parameters(
+                        "accuracy", 0.8, "densenet121-image-classifier")])
+    def image_pipeline(params) -> Outputs:
         """Trains and evaluates a DenseNet121 classifier on a folder of labelled images."""
-        params = locals()  # the pipeline parameters, before anything else is named
         preflight = steps.preflight(params)
         shard = steps.run("shard", params, data_fingerprint=preflight.outputs["data_fingerprint"],
-                          num_workers=shard_workers)
+                          num_workers=params["shard_workers"])
         train = steps.train(params, dataset=shard.outputs["dataset"],
                             weights_fingerprint=preflight.outputs["weights_fingerprint"])
         return steps.evaluate_and_publish(

@@ -10,7 +10,7 @@ from kfp import dsl
 from kfp.dsl import Artifact, Metrics
 
 from components.train_lm.contract import METRICS_FILE
-from pipelines.definitions.steps import Steps, Target
+from pipelines.definitions.steps import Steps, Target, parameter
 
 PIPELINE_NAME = "language-model"
 
@@ -33,36 +33,15 @@ def build(image: str, target: "Target | None" = None):
         `lm_assets` (the folder to pass as the text pipeline's `lm_assets`).
     """
     steps = Steps("lm", image, target)
-    default_job_account = steps.default_job_account
 
-    # Defaults written by python -m tools.signatures from the steps they feed
-    # (edit there); their help: `Steps._describe`.
+    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.defined(dsl.pipeline(
         name=PIPELINE_NAME,
         description="Trains an AWD-LSTM language model on a text corpus and writes it as the "
-                    "pretrained LM assets the text pipeline starts from."))
-    def lm_pipeline(
-        corpus_uri: str,
-        lang: str = "en",
-        text_column: str = "text",
-        backwards: bool = False,
-        epochs: int = 10,
-        batch_size: int = 64,
-        seq_len: int = 72,
-        learning_rate: float = 0.01,
-        drop_mult: float = 0.3,
-        min_freq: int = 3,
-        max_vocab: int = 60000,
-        spm_vocab_size: int = 0,
-        validation_fraction: float = 0.1,
-        mixed_precision: bool = True,
-        model_config: str = "",
-        seed: int = 42,
-        tracking_uri: str = "",
-        job_service_account: str = default_job_account,
-    ) -> Outputs:
+                    "pretrained LM assets the text pipeline starts from."),
+        first=[parameter("corpus_uri", str)], last=[parameter("tracking_uri", str, "")])
+    def lm_pipeline(params) -> Outputs:
         """Trains a language model on a corpus and writes it as pretrained LM assets."""
-        params = locals()  # the pipeline parameters, before anything else is named
         # The corpus's fingerprint keys the training step's cache.
         preflight = steps.preflight(params)
         train = steps.train(params, corpus_fingerprint=preflight.output)

@@ -6,17 +6,17 @@ and the tuning settings, before its `@dsl.pipeline` body (decorated by `Steps.pi
 the classifier pipelines): each step's component runs in the image and installs nothing at
 run time, the target wraps those with machines (Vertex custom jobs) and places every task
 (Kubernetes pods), and in the tuning variant the target's search is made beside the
-trainer. The definitions never ask which target they compile for. The body
+trainer. The definitions never ask which target they compile for. The body `body(params)`
 then calls the steps in the order they run, by role ("prepare", "train", "evaluate", ...),
-each call taking the body's `params` (its `locals()` before anything else is named: the
-pipeline parameters by name). Besides `Steps`, only the Model Registry upload of text
-models (the image serves them) and the tuning job's trials (they run the trainer's
-container) see the image.
+each call taking `params` (the pipeline parameters by name). Besides `Steps`, only the Model
+Registry upload of text models (the image serves them) and the tuning job's trials (they
+run the trainer's container) see the image.
 
 `STEPS` names, per pipeline kind, each role's component function, its name in the run
-graph and where it runs on Vertex. A step with settings (sharding, text preparation,
-training) takes every pipeline parameter named as one of its inputs, as the preflight step
-takes every parameter; the body passes the others.
+graph, where it runs on Vertex and its settings class. The pipeline's parameters are its
+own (`first`, `last`) and its steps' settings, with the steps' types, defaults and help
+(`Steps.signature`, `Steps._describe`): a setting added to a step's settings class and
+function is a parameter of its pipelines, and reaches the step by its name.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from kfp import dsl
@@ -37,13 +37,19 @@ from components.evaluate_text import component as evaluate_text
 from components.predict import component as predict
 from components.preflight import component as preflight
 from components.prepare_text import component as prepare_text
+from components.prepare_text import contract as prepare_contract
 from components.register import component as register
 from components.shard import component as shard
+from components.shard import contract as shard_contract
 from components.track import component as track
 from components.train_image import component as train_image
+from components.train_image import contract as image_contract
 from components.train_lm import component as train_lm
+from components.train_lm import contract as lm_contract
 from components.train_text import component as train_text
+from components.train_text import contract as text_contract
 from components.train_transformer import component as train_transformer
+from components.train_transformer import contract as transformer_contract
 from pipelines.definitions import help_text, tuning
 
 
@@ -86,15 +92,19 @@ class Step:
         machine: Its key in `machine.DEFAULT_MACHINES` when it runs on machines of its own
             (a Vertex custom job, a sized Kubernetes pod); empty for a light step.
         job_name: The custom job's name in the console.
-        settings: It takes every pipeline parameter named as one of its inputs (its
-            settings, whose defaults `python -m tools.signatures` keeps alike).
+        settings: Its settings class: each input of the step that is one of its fields is
+            a parameter of the step's pipelines, with the step's type, default and help
+            (`Steps.signature`), and reaches the step by its name.
+        hidden: Such inputs that are no pipeline parameter (the body sets them, or the
+            step's default stands).
     """
 
     function: Callable
     display_name: str
     machine: str = ""
     job_name: str = ""
-    settings: bool = False
+    settings: type | None = None
+    hidden: tuple[str, ...] = ()
 
 
 # What every classifier pipeline runs after its evaluation.
@@ -104,7 +114,7 @@ _AFTER_EVALUATION = {
 }
 _TEXT = {
     "prepare": Step(prepare_text.prepare_text_data, "prepare-text", "prepare_text",
-                    "prepare-text", settings=True),
+                    "prepare-text", settings=prepare_contract.PrepareConfig),
     "evaluate": Step(evaluate_text.evaluate_text_classifier, "evaluate-text", "evaluate_text",
                      "evaluate-text"),
     "predict": Step(predict.predict, "predict", "predict_text", "predict-texts"),
@@ -113,10 +123,12 @@ _TEXT = {
 # Each pipeline kind's steps by role.
 STEPS: Mapping[str, Mapping[str, Step]] = {
     "image": {
+        # the pipeline's shard_workers is num_workers
         "shard": Step(shard.shard_images, "shard-images", "shard", "shard-images",
-                      settings=True),
+                      settings=shard_contract.ShardConfig, hidden=("num_workers",)),
         "train": Step(train_image.train_image_classifier, "train-densenet121", "train_image",
-                      "train-densenet121", settings=True),
+                      "train-densenet121", settings=image_contract.TrainConfig,
+                      hidden=("shuffle_buffer", "validation_steps")),
         "evaluate": Step(evaluate_image.evaluate_image_classifier, "evaluate",
                          "evaluate_image", "evaluate-image-classifier"),
         "predict": Step(predict.predict, "predict", "predict_image", "predict-images"),
@@ -124,17 +136,18 @@ STEPS: Mapping[str, Mapping[str, Step]] = {
     },
     "text": {
         "train": Step(train_text.train_text_classifier, "train-text", "train_text",
-                      "train-text", settings=True),
+                      "train-text", settings=text_contract.TrainConfig),
         **_TEXT,
     },
     "transformer": {
         "train": Step(train_transformer.train_transformer_classifier, "train-transformer",
-                      "train_transformer", "train-transformer", settings=True),
+                      "train_transformer", "train-transformer",
+                      settings=transformer_contract.TransformerConfig),
         **_TEXT,
     },
     "lm": {
         "train": Step(train_lm.train_language_model, "train-language-model", "train_lm",
-                      "train-language-model", settings=True),
+                      "train-language-model", settings=lm_contract.LMConfig),
         "track": Step(track.track_language_model, "track-run"),
     },
 }
@@ -217,7 +230,8 @@ class Steps:
         self.experiment = ""
         self.fed: dict[str, set[tuple[str, str]]] = {}  # parameter -> (role, input) it feeds
 
-    def pipeline(self, name: str, tuning_name: str, lead: str, rest: str):
+    def pipeline(self, name: str, tuning_name: str, lead: str, rest: str,
+                 first: Sequence[inspect.Parameter], last: Sequence[inspect.Parameter]):
         """The build's `@dsl.pipeline` decorator.
 
         Args:
@@ -225,16 +239,44 @@ class Steps:
             tuning_name: The tuning variant's name.
             lead, rest: The description: `lead`, then in the tuning variant the target's
                 tuning clause (`words`), then `rest`.
+            first, last: The pipeline's own parameters (`signature`).
         """
         self.experiment = name
         tuned = self.search is not None
         clause = self.words.tuning_clause if tuned else ""
         return self.defined(dsl.pipeline(name=tuning_name if tuned else name,
-                                         description=lead + clause + rest))
+                                         description=lead + clause + rest), first, last)
 
-    def defined(self, decorate: Callable) -> Callable:
+    def signature(self, first: Sequence[inspect.Parameter],
+                  last: Sequence[inspect.Parameter]) -> inspect.Signature:
+        """The pipeline's parameters: `first`, then each setting of its steps in the order
+        they run (an input that is a field of a step's `settings`, as the step declares it),
+        then `last` and `job_service_account` (its default: `default_job_account`).
+
+        Raises:
+            ValueError: A parameter of `first` or `last` is also a step's setting.
+        """
+        parameters = {parameter.name: parameter for parameter in first}
+        for role in ("shard", "prepare", "train"):  # the order they run in
+            step = self.table.get(role)
+            if step is None or step.settings is None:
+                continue
+            fields = {field.name for field in dataclasses.fields(step.settings)}
+            for name, declared in inspect.signature(step.function).parameters.items():
+                if name in fields and name not in step.hidden:
+                    parameters.setdefault(name, declared)
+        for own in [*last, parameter("job_service_account", str, self.default_job_account)]:
+            if own.name in parameters:
+                raise ValueError(f"{own.name} is a setting of a step: leave it out of the "
+                                 "pipeline's own parameters")
+            parameters[own.name] = own
+        return inspect.Signature(list(parameters.values()))
+
+    def defined(self, decorate: Callable, first: Sequence[inspect.Parameter] = (),
+                last: Sequence[inspect.Parameter] = ()) -> Callable:
         """`decorate` (a `dsl.pipeline(...)`, which runs the body to record its tasks) over
-        the body as the target says it (`spoken`), on a thread of its own.
+        the body `body(params)` (the pipeline parameters by name, `signature(first, last)`)
+        as the target says it (`spoken`), on a thread of its own.
 
         Why a thread: each of kfp's task settings (`set_env_variable`, `set_cpu_limit`, ...)
         calls `inspect.stack()` for its error message, which looks up the module and source
@@ -243,7 +285,7 @@ class Steps:
         Kubeflow compile; a fresh thread's stack holds only the definition's own frames.
         """
         def define(body: Callable):
-            said = spoken(body, self.words)
+            said = spoken(body, self.signature(first, last), self.words)
             # Made before the body makes a task, as the others (kubeflow/pipelines#9320).
             self.ops["preflight"] = component(preflight.preflight_function(
                 self.kind, list(inspect.signature(said).parameters.values())), self.image)
@@ -336,7 +378,7 @@ class Steps:
 
         Args:
             role: A key of the kind's `STEPS`.
-            params: The pipeline parameters by name (the body's `locals()`).
+            params: The pipeline parameters by name (the body's `params`).
             **arguments: The step's inputs; a step with `settings` also takes every pipeline
                 parameter named as one of its inputs (`arguments` win).
 
@@ -423,22 +465,44 @@ class Steps:
                      **arguments).set_caching_options(False)
 
 
-def spoken(body: Callable, words: help_text.Words | None) -> Callable:
-    """A pipeline function without the parameters that mean nothing where `words`' target
-    runs it (the body takes their defaults); `body` itself where none is dropped."""
-    signature = inspect.signature(body)
-    dropped = [name for name in (words.dropped if words else ()) if name in signature.parameters]
-    if not dropped:
-        return body
-    kept = signature.replace(parameters=[parameter for parameter in signature.parameters.values()
-                                         if parameter.name not in dropped])
+def parameter(name: str, annotation: type,
+              default: Any = inspect.Parameter.empty) -> inspect.Parameter:
+    """A pipeline's own parameter (`Steps.signature`)."""
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                             annotation=annotation)
+
+
+def classifier_parameters(metric: str, threshold: float,
+                          model_name: str) -> list[inspect.Parameter]:
+    """What every classifier pipeline takes after its steps' settings, for what follows
+    training (`Steps.evaluate_and_publish`), with its defaults of the gate's `metric` and
+    `threshold` and the registered model's name."""
+    return [parameter("eval_batch_size", int, 64), parameter("register_model", bool, True),
+            parameter("registration_metric", str, metric),
+            parameter("registration_threshold", float, threshold),
+            parameter("registration_beats_baselines", bool, False),
+            parameter("model_display_name", str, model_name),
+            parameter("predict_uri", str, ""), parameter("tracking_uri", str, "")]
+
+
+def spoken(body: Callable, signature: inspect.Signature,
+           words: help_text.Words | None) -> Callable:
+    """The pipeline function KFP reads and calls: `signature`'s parameters but those that
+    mean nothing where `words`' target runs it, each handed to `body` in one mapping by
+    name (a dropped one with its default)."""
+    every = signature.parameters.values()
+    dropped = {p.name: p.default for p in every if words and p.name in words.dropped}
+    kept = signature.replace(parameters=[p for p in every if p.name not in dropped],
+                             return_annotation=inspect.signature(body).return_annotation)
 
     @functools.wraps(body)
-    def spoken_body(*args, **kwargs):
-        return body(**kept.bind(*args, **kwargs).arguments)
+    def pipeline(*args, **kwargs):
+        return body({**dropped, **kept.bind(*args, **kwargs).arguments})
 
-    spoken_body.__signature__ = kept
-    return spoken_body
+    pipeline.__signature__ = kept
+    pipeline.__annotations__ = {**{p.name: p.annotation for p in kept.parameters.values()},
+                                "return": kept.return_annotation}
+    return pipeline
 
 
 def _renamed(text: str, names: Mapping[str, str]) -> str:

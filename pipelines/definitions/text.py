@@ -14,7 +14,7 @@ from components.common.report_html import REPORT_HTML_FILE
 from components.prepare_text.contract import MANIFEST, MULTI_LABEL
 from components.text_common.contract import TRAINING_METRICS_FILE
 from pipelines.definitions import registry, tuning
-from pipelines.definitions.steps import Steps, Target
+from pipelines.definitions.steps import Steps, Target, classifier_parameters, parameter
 
 PIPELINE_NAME = "text-classifier"
 TUNING_PIPELINE_NAME = "text-classifier-tuning"
@@ -50,60 +50,23 @@ def build(image: str, target: "Target | None" = None,
         and `register` (the registration gate's decision).
     """
     steps = Steps("text", image, target, tune)
-    default_job_account = steps.default_job_account
 
-    # Defaults written by python -m tools.signatures from the steps they feed
-    # (edit there); their help: `Steps._describe`.
+    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "trains a fastai ULMFiT classifier, evaluates it on the test split and "
-                    "registers it.")
-    def text_pipeline(
-        data_uri: str,
-        lm_assets: str = "",
-        lang: str = "en",
-        pretrained: bool = True,
-        text_column: str = "text",
-        label_columns: str = "",
-        label_delimiter: str = "auto",
-        other_label: str = "other",
-        validation_fraction: float = 0.2,
-        test_fraction: float = 0.25,
-        seed: int = 42,
-        lm_epochs: int = 4,
-        epochs: int = 12,
-        batch_size: int = 16,
-        drop_mult: float = 0.3,
-        backwards: bool = False,
-        threshold: float = 0.3,
-        monitor: str = "f1_score",
-        unfreeze: str = "auto",
-        learning_rate: float = 0.0,
-        lm_learning_rate: float = 0.002,
-        seq_len: int = 72,
-        min_freq: int = 3,
-        max_vocab: int = 60000,
-        mixed_precision: bool = True,
-        model_config: str = "",
-        eval_split: str = "test",
-        eval_batch_size: int = 64,
-        register_model: bool = True,
-        registration_metric: str = "micro_f1",
-        registration_threshold: float = 0.5,
-        registration_beats_baselines: bool = False,
-        model_display_name: str = "ulmfit-text-classifier",
-        predict_uri: str = "",
-        tracking_uri: str = "",
-        job_service_account: str = default_job_account,
-    ) -> Outputs:
+                    "registers it.",
+                    first=[parameter("data_uri", str), parameter("lm_assets", str, "")],
+                    last=[parameter("eval_split", str, "test"), *classifier_parameters(
+                        "micro_f1", 0.5, "ulmfit-text-classifier")])
+    def text_pipeline(params) -> Outputs:
         """Prepares a labelled text CSV, trains a ULMFiT classifier and evaluates it."""
-        params = locals()  # the pipeline parameters, before anything else is named
         preflight = steps.preflight(params)
         prepare = steps.run("prepare", params,
                             data_fingerprint=preflight.outputs["data_fingerprint"])
-        train = steps.train(params, dataset=prepare.outputs["dataset"], lm_assets_uri=lm_assets,
+        train = steps.train(params, dataset=prepare.outputs["dataset"], lm_assets_uri=params["lm_assets"],
                             lm_assets_fingerprint=preflight.outputs["lm_assets_fingerprint"])
         return steps.evaluate_and_publish(
-            Outputs, params, train, prepare.outputs["dataset"], split=eval_split,
+            Outputs, params, train, prepare.outputs["dataset"], split=params["eval_split"],
             predict_fingerprint=preflight.outputs["predict_fingerprint"])
 
     return text_pipeline

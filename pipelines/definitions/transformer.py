@@ -13,7 +13,7 @@ from typing import Any
 
 from components.text_common.contract import TRAINING_METRICS_FILE
 from pipelines.definitions import text, tuning
-from pipelines.definitions.steps import Steps, Target
+from pipelines.definitions.steps import Steps, Target, classifier_parameters, parameter
 from pipelines.definitions.text import Outputs
 
 PIPELINE_NAME = "text-transformer"
@@ -26,53 +26,23 @@ def build(image: str, target: "Target | None" = None,
     same arguments, steps and outputs) but for its trainer: `image` holds transformers, and
     the tuning variant searches `tune.spaces["transformer"]`."""
     steps = Steps("transformer", image, target, tune)
-    default_job_account = steps.default_job_account
 
-    # Defaults written by python -m tools.signatures from the steps they feed
-    # (edit there); their help: `Steps._describe`.
+    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "fine-tunes a Hugging Face transformer encoder, evaluates it on the test "
-                    "split and registers it.")
-    def transformer_pipeline(
-        data_uri: str,
-        text_column: str = "text",
-        label_columns: str = "",
-        label_delimiter: str = "auto",
-        other_label: str = "other",
-        validation_fraction: float = 0.2,
-        test_fraction: float = 0.25,
-        seed: int = 42,
-        model_name: str = "FacebookAI/xlm-roberta-base",
-        epochs: int = 6,
-        batch_size: int = 16,
-        learning_rate: float = 5e-05,
-        weight_decay: float = 0.01,
-        warmup_ratio: float = 0.1,
-        max_length: int = 256,
-        threshold: float = 0.5,
-        monitor: str = "loss",
-        early_stopping_patience: int = 2,
-        mixed_precision: bool = True,
-        eval_split: str = "test",
-        eval_batch_size: int = 64,
-        register_model: bool = True,
-        registration_metric: str = "micro_f1",
-        registration_threshold: float = 0.5,
-        registration_beats_baselines: bool = False,
-        model_display_name: str = "transformer-text-classifier",
-        predict_uri: str = "",
-        tracking_uri: str = "",
-        job_service_account: str = default_job_account,
-    ) -> Outputs:
+                    "split and registers it.",
+                    first=[parameter("data_uri", str)],
+                    last=[parameter("eval_split", str, "test"), *classifier_parameters(
+                        "micro_f1", 0.5, "transformer-text-classifier")])
+    def transformer_pipeline(params) -> Outputs:
         """Prepares a labelled text CSV, fine-tunes a transformer classifier and evaluates it."""
-        params = locals()  # the pipeline parameters, before anything else is named
         preflight = steps.preflight(params)  # it fingerprints a model_name folder too
         prepare = steps.run("prepare", params,
                             data_fingerprint=preflight.outputs["data_fingerprint"])
         train = steps.train(params, dataset=prepare.outputs["dataset"],
                             model_fingerprint=preflight.outputs["model_fingerprint"])
         return steps.evaluate_and_publish(
-            Outputs, params, train, prepare.outputs["dataset"], split=eval_split,
+            Outputs, params, train, prepare.outputs["dataset"], split=params["eval_split"],
             predict_fingerprint=preflight.outputs["predict_fingerprint"])
 
     return transformer_pipeline
