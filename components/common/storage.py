@@ -15,12 +15,12 @@ import logging
 import os
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import fsspec
+import tenacity
 from fsspec.core import url_to_fs
 
 from components.common.borrowed import before_thread_pools_end
@@ -193,17 +193,19 @@ def _retrying(action: Callable[[], None], what: str) -> None:
     Raises:
         CheckpointStoreError: The last failure, with `what` and the store's error.
     """
-    for attempt in range(1, PUSH_ATTEMPTS + 1):
-        try:
-            return action()
-        except Exception as err:  # any store error: botocore's, gcsfs's, an OSError
-            if attempt == PUSH_ATTEMPTS or isinstance(err, _PERMANENT):
-                raise CheckpointStoreError(
-                    f"{what} failed ({type(err).__name__}: {err}) after {attempt} attempt"
-                    f"{'s' if attempt > 1 else ''}; {_ADVICE}") from err
-            logging.getLogger(__name__).warning("%s failed (%s: %s); trying again", what,
-                                                type(err).__name__, err)
-            time.sleep(PUSH_BACKOFF_S * 2 ** (attempt - 1))
+    retrying = tenacity.Retrying(  # made per call: tests shorten the two constants
+        stop=tenacity.stop_after_attempt(PUSH_ATTEMPTS), reraise=True,
+        wait=tenacity.wait_exponential(multiplier=PUSH_BACKOFF_S),
+        retry=tenacity.retry_if_exception(  # any store error, never a KeyboardInterrupt
+            lambda err: isinstance(err, Exception) and not isinstance(err, _PERMANENT)),
+        before_sleep=lambda state: logging.getLogger(__name__).warning(
+            "%s failed (%r); trying again", what, state.outcome.exception()))
+    try:
+        retrying(action)
+    except Exception as err:
+        tries = retrying.statistics["attempt_number"]
+        raise CheckpointStoreError(f"{what} failed ({type(err).__name__}: {err}) after {tries} "
+                                   f"attempt{'s' * (tries > 1)}; {_ADVICE}") from err
 
 
 class Mirror:

@@ -51,6 +51,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import tenacity
+
 from components.trainjob.spec import GROUP, NODE, PLURAL, VERSION
 
 # Labels of each node's pod: JobSet's (the TrainJob's JobSet has the TrainJob's name) and
@@ -205,20 +207,18 @@ def _delete(custom, namespace: str, name: str, write: Callable[[str], None],
             attempts: int = 3) -> bool:
     """Deletes the job (foreground: its JobSet and pods first); False where there was none
     to delete (gone already is fine) or it could not be (the message says how by hand)."""
-    for attempt in range(attempts):
-        try:
-            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
-                                                   propagation_policy="Foreground")
-            write(f"[launcher] TrainJob {namespace}/{name} deleted")
-            return True
-        except Exception as error:  # noqa: BLE001 (in a finally: never mask the cause)
-            if _status(error) == 404:
-                return False
-            if attempt == attempts - 1 or not _transient(error):
-                write(f"[launcher] could not delete TrainJob {namespace}/{name} ({error}): "
-                      f"delete it by hand (kubectl delete trainjob -n {namespace} {name})")
-                return False
-            time.sleep(1)
+    try:
+        tenacity.Retrying(retry=tenacity.retry_if_exception(_transient), reraise=True,
+                          stop=tenacity.stop_after_attempt(attempts), wait=tenacity.wait_fixed(1))(
+            custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
+            propagation_policy="Foreground")
+    except Exception as error:  # noqa: BLE001 (in a finally: never mask the cause)
+        if _status(error) != 404:
+            write(f"[launcher] could not delete TrainJob {namespace}/{name} ({error}): "
+                  f"delete it by hand (kubectl delete trainjob -n {namespace} {name})")
+        return False
+    write(f"[launcher] TrainJob {namespace}/{name} deleted")
+    return True
 
 
 def _exists(custom, namespace: str, name: str) -> bool:

@@ -48,28 +48,29 @@ class TrialError(ValueError):
 
 
 def parse_hyperparameters(kind: str, extra: Sequence[str]) -> dict[str, int | float]:
-    """The `--name=value` arguments Vertex appends, typed as the trainer takes them.
+    """The `--name=value` (or `--name value`) arguments Vertex appends, typed for the trainer.
 
     Raises:
         TrialError: An argument that is not `--name=value` of a tunable parameter.
     """
-    values: dict[str, int | float] = {}
-    items = list(extra)
-    while items:
-        item = items.pop(0)
-        name, sep, value = item[2:].partition("=") if item.startswith("--") else ("", "", "")
-        if name and not sep and items:  # `--name value`
-            value, sep = items.pop(0), "="
-        if not (name and sep):
-            raise TrialError(f"unexpected trial argument {item!r}; Vertex passes --name=value")
-        if name not in TUNABLE[kind]:
-            raise TrialError(f"--{name}: the {kind} trainer cannot tune it; tunable: "
-                             f"{sorted(TUNABLE[kind])}")
-        try:
-            values[name] = coerce(kind, name, value)
-        except SearchSpaceError as err:
-            raise TrialError(f"--{name}: {err}") from err
-    return values
+    # No abbreviations (`--learn` names no parameter), no --help: refusals, never an exit.
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    for name in TUNABLE[kind]:
+        parser.add_argument(f"--{name}")
+    try:
+        given, unknown = parser.parse_known_args(extra)
+    except argparse.ArgumentError as err:  # a name with no value after it
+        raise TrialError(f"{err}; Vertex passes --name=value") from err
+    if unknown:
+        name = unknown[0][2:].partition("=")[0] if unknown[0].startswith("--") else ""
+        raise TrialError(f"--{name}: the {kind} trainer cannot tune it; tunable: "
+                         f"{sorted(TUNABLE[kind])}" if name else f"unexpected trial argument "
+                         f"{unknown[0]!r}; Vertex passes --name=value")
+    try:
+        return {name: coerce(kind, name, value) for name, value in vars(given).items()
+                if value is not None}
+    except SearchSpaceError as err:  # its message names the parameter
+        raise TrialError(f"trial argument {err}") from err
 
 
 def output_definitions(function) -> dict[str, str]:
