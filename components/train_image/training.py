@@ -1,5 +1,5 @@
-"""Train the DenseNet image classifier on a sharded dataset: the driver, its callbacks
-and its resume state.
+"""Train the DenseNet image classifier on a sharded dataset: the driver, the callbacks of
+its phases, and its resume state.
 
 Two phases with pretrained weights: "head" trains only the new top on a frozen
 base, then "fine_tune" unfreezes the top dense blocks at a lower learning rate.
@@ -30,7 +30,6 @@ Keras: tf-keras everywhere, see `components.train_image.model` for why.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import logging
 import math
@@ -39,7 +38,6 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 import tf_keras
 
@@ -59,12 +57,15 @@ from components.train_image import distribute
 from components.train_image.artifact import write_artifact
 from components.train_image.contract import TrainConfig, TrainingError, normalize_weights
 from components.train_image.model import (
+    Phase,
     architecture,
     build_model,
     compile_model,
     dtype_policy,
     load_snapshot,
     plan_phases,
+    read_snapshot,
+    save_snapshot,
     set_trainable,
     train_input,
     validation_input,
@@ -79,8 +80,9 @@ def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
                  environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
     """Checkpoint and TensorBoard folders: the given ones, else Vertex's for this task.
 
-    Vertex sets AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR when the job has a base
-    output directory; every run shares them, so this task's own sub-folder is used.
+    Vertex sets AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR when the job has a
+    base output directory; every run shares them, so this task's own sub-folder is
+    used (`storage.run_folder`).
 
     Args:
         model_dir: The step's model output folder (names the task's sub-folder).
@@ -89,8 +91,8 @@ def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
         environ: Environment to read; default `os.environ`, read now.
 
     Returns:
-        `(checkpoint_dir, tensorboard_dir)`; None where neither is set (`train` then
-        uses folders inside its output folder).
+        `(checkpoint_dir, tensorboard_dir)`; None where neither is set (`train`
+        then uses folders inside its output folder).
     """
     # gs:// is written through the /gcs/ FUSE mount, like everything else here.
     return (local_path(checkpoint_dir) if checkpoint_dir
@@ -117,6 +119,46 @@ def fetch_weights(weights: str | None, workdir: str) -> str | None:
     log.info("copying weights %s to %s", weights, local)
     fs.get(path, local)
     return local
+
+
+# --------------------------------------------------------------------------- training
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What `train` settles before it builds the model: distribution, data, resume state."""
+
+    strategy: tf.distribute.Strategy
+    kind: str  # distribute's name of the strategy
+    precision: str
+    chief: bool
+    replicas: int
+    global_batch: int
+    steps: int  # per epoch
+    manifest: dict[str, Any]
+    state: RunState
+    phases: list[Phase]
+    finished: dict[str, dict[str, Any] | None]  # phase -> its marker from an earlier attempt
+
+    @property
+    def classes(self) -> list[str]:
+        return self.manifest["classes"]
+
+    @property
+    def image_size(self) -> int:
+        return self.manifest["image"]["height"]
+
+    def count(self, split: str) -> int:
+        return self.manifest["splits"][split]["count"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """The input pipelines and the value the LR schedule and early stopping watch."""
+
+    train: tf.data.Dataset
+    validation: tf.data.Dataset | None
+    monitor: str  # "val_loss", or "loss" without a validation batch
 
 
 def train(
@@ -155,14 +197,50 @@ def train(
         val_loss, val_accuracy (final model on the validation split), epochs_run,
         <phase>_epochs, replicas, global_batch_size, steps_per_epoch, learning_rate
         (scaled), precision, strategy, num_classes, classes (label index order),
-        image_size, train_examples, validation_examples, framework, architecture.
+        image_size, train_examples, validation_examples, framework, architecture
+        (e.g. "DenseNet121").
 
     Raises:
-        TrainingError: Bad settings, an empty train split, or a checkpoint folder of
-            another run.
+        TrainingError: Bad settings, or a checkpoint folder of another run.
         FileNotFoundError: The dataset folder is not a complete sharded dataset.
     """
     require_tensorflow_gpus()  # before anything is read: a job without its GPUs ends now
+    setup = _prepare(dataset_dir, output_dir, config, checkpoint_dir, strategy)
+    tensorboard_dir = tensorboard_dir or os.path.join(output_dir, "tensorboard")
+    inputs = _inputs(dataset_dir, config, setup)
+    trial = TrialReporter(hypertune_metric)
+    with dtype_policy(setup.precision), tempfile.TemporaryDirectory() as workdir:
+        weights = fetch_weights(config.weights, workdir)
+        with setup.strategy.scope():
+            model = build_model(len(setup.classes), setup.image_size, weights, config.dropout)
+        # Every worker runs the TensorBoard callback; tf-keras has the others write their
+        # own copy into `<log_dir>/workertemp_<task>` and delete it at the end. In the
+        # default log folder that is inside the model folder, which only the chief writes
+        # (a killed worker's copy would ship with the model): theirs stay on local disk.
+        logs = tensorboard_dir if setup.chief else os.path.join(workdir, "tensorboard")
+        history, epoch = _run_phases(model, setup, config, inputs, logs, trial, callbacks)
+        final = {}
+        if inputs.validation is not None:
+            final = model.evaluate(inputs.validation, verbose=0, return_dict=True)
+        snapshot = weight_snapshot(model)
+
+    metrics = _metrics(setup, history, final, epoch, architecture(model))
+    if setup.chief:
+        write_artifact(output_dir, snapshot, setup.manifest, config, history, metrics,
+                       serving=serving)
+        setup.state.clear([p.name for p in setup.phases])
+    _barrier(setup.strategy)
+    log.info("finished: %s", metrics)
+    return metrics
+
+
+def _prepare(dataset_dir: str, output_dir: str, config: TrainConfig,
+             checkpoint_dir: str | None, strategy: tf.distribute.Strategy | None) -> _Setup:
+    """Chooses the strategy and precision, reads the manifest, claims the checkpoint folder.
+
+    Raises:
+        TrainingError: An empty train split, or a checkpoint folder of another run.
+    """
     # The strategy comes first: MultiWorkerMirroredStrategy must exist before any
     # TensorFlow op runs.
     if strategy is None:
@@ -178,146 +256,151 @@ def train(
     global_batch = config.batch_size * replicas
 
     manifest = read_manifest(dataset_dir)
-    classes, splits = manifest["classes"], manifest["splits"]
-    image_size = manifest["image"]["height"]
-    train_count, validation_count = splits["train"]["count"], splits["validation"]["count"]
+    train_count = manifest["splits"]["train"]["count"]
     if train_count == 0:
         raise TrainingError(f"the train split of {dataset_dir!r} is empty")
     steps = config.steps_per_epoch or math.ceil(train_count / global_batch)
 
     state = RunState(checkpoint_dir or os.path.join(output_dir, "checkpoints"), chief)
-    # What defines the run: config, dataset content (shard digests) and replica count.
-    shards = {split: [s["sha256"] for s in info["shards"]] for split, info in splits.items()}
-    state.claim({"config": dataclasses.asdict(config), "classes": classes, "shards": shards,
-                 "replicas": replicas},
+    state.claim(run_values(config, manifest, replicas),
                 {"config": dataclasses.asdict(config), "replicas": replicas})
     phases = plan_phases(config)
-    finished = {p.name: state.finished(p.name) for p in phases}  # from an earlier attempt
+    setup = _Setup(strategy, kind, precision, chief, replicas, global_batch, steps, manifest,
+                   state, phases, {p.name: state.finished(p.name) for p in phases})
     log.info("training on %d examples of %d classes: strategy %s, %d replica(s), global "
              "batch %d, %d steps/epoch, precision %s, phases %s", train_count,
-             len(classes), kind, replicas, global_batch, steps, precision,
+             len(setup.classes), kind, replicas, global_batch, steps, precision,
              [p.name for p in phases])
+    return setup
 
+
+def _inputs(dataset_dir: str, config: TrainConfig, setup: _Setup) -> _Inputs:
+    """Seeds tf-keras, then builds the training and validation pipelines."""
     tf_keras.utils.set_random_seed(config.seed)
+    manifest, global_batch = setup.manifest, setup.global_batch
     train_data = train_input(dataset_dir, manifest, config, global_batch)
-    even_batches = replicas > 1 and not distribute.gpu_compute_capabilities()
+    validation_count = setup.count("validation")
+    even_batches = setup.replicas > 1 and not distribute.gpu_compute_capabilities()
     if even_batches and validation_count % global_batch:
         log.warning("several CPU replicas: validation uses whole batches only, %d of %d "
                     "examples are left out", validation_count % global_batch, validation_count)
-    # What the LR schedule and early stopping watch.
-    validation, monitor = None, "loss"
     if validation_count and (not even_batches or validation_count >= global_batch):
-        validation = validation_input(dataset_dir, manifest, config, global_batch, even_batches)
-        monitor = "val_loss"
-    else:
-        log.warning("no validation batch: early stopping and the LR schedule watch the "
-                    "training loss, and no validation metrics are reported")
-    trial = TrialReporter(hypertune_metric)
+        return _Inputs(train_data, validation_input(dataset_dir, manifest, config,
+                                                    global_batch, even_batches), "val_loss")
+    log.warning("no validation batch: early stopping and the LR schedule watch the "
+                "training loss, and no validation metrics are reported")
+    return _Inputs(train_data, None, "loss")
+
+
+def _run_phases(model, setup: _Setup, config: TrainConfig, inputs: _Inputs,
+                tensorboard_dir: str, trial: TrialReporter,
+                callbacks: Sequence[tf_keras.callbacks.Callback],
+                ) -> tuple[dict[str, list[dict[str, Any]]], int]:
+    """Runs every phase in turn; one finished in an earlier attempt is loaded, not rerun.
+
+    Leaves the model compiled, ready to evaluate.
+
+    Returns:
+        `(history: phase -> per-epoch records, the number of epochs run in all)`.
+    """
     history: dict[str, list[dict[str, Any]]] = {}
     epoch = 0
-    with dtype_policy(precision), tempfile.TemporaryDirectory() as workdir:
-        weights = fetch_weights(config.weights, workdir)
-        with strategy.scope():
-            model = build_model(len(classes), image_size, weights, config.dropout)
-        # Every worker runs the TensorBoard callback; tf-keras has the others write their
-        # own copy into `<log_dir>/workertemp_<task>` and delete it at the end. In the
-        # default log folder that is inside the model folder, which only the chief writes
-        # (a killed worker's copy would ship with the model): theirs stay on local disk.
-        log_dir = (tensorboard_dir or os.path.join(output_dir, "tensorboard")) if chief \
-            else os.path.join(workdir, "tensorboard")
-        for phase in phases:
-            learning_rate = phase.learning_rate * replicas  # linear scaling rule
-            with strategy.scope():
-                trainable = set_trainable(model, phase.name, config.unfreeze_blocks)
-            marker = finished[phase.name]
-            if marker is not None:
-                with strategy.scope():
-                    load_snapshot(model, state.finished_weights(phase.name))
-                history[phase.name], epoch = marker["history"], marker["next_epoch"]
-                log.info("phase %s finished in an earlier attempt: weights loaded", phase.name)
-                continue
-            with strategy.scope():
-                compile_model(model, learning_rate)
-            log.info("phase %s: epochs %d-%d, learning rate %g, %d trainable base layers",
-                     phase.name, epoch, epoch + phase.epochs - 1, learning_rate, len(trainable))
-            recorder = EpochRecorder(state, phase.name)
-            # Order matters: the LR change and early stopping of an epoch happen before
-            # its metrics are recorded and before BackupAndRestore saves it.
-            built_in = []
-            if config.reduce_lr_patience:
-                built_in.append(tf_keras.callbacks.ReduceLROnPlateau(
-                    monitor=monitor, factor=config.reduce_lr_factor,
-                    patience=config.reduce_lr_patience, min_lr=1e-7))
-            if config.early_stopping_patience:
-                built_in.append(tf_keras.callbacks.EarlyStopping(
-                    monitor=monitor, patience=config.early_stopping_patience,
-                    restore_best_weights=True))
-            built_in += [
-                recorder,
-                tf_keras.callbacks.BackupAndRestore(backup_dir=state.backup_dir(phase.name)),
-                tf_keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=0,
-                                               write_graph=False, profile_batch=0),
-                # Where the folders mirror an object store (open-source Kubeflow): pushed
-                # once the epoch's backup and logs are written, a retried pod resumes there.
-                tf_keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: push_mirrors()),
-                # The tuning metric, epochs counted across both phases.
-                tf_keras.callbacks.LambdaCallback(
-                    on_epoch_end=lambda done, logs: trial.report(logs or {}, int(done) + 1)),
-            ]
-            model.fit(train_data, epochs=epoch + phase.epochs, initial_epoch=epoch,
-                      steps_per_epoch=steps, validation_data=validation,
-                      callbacks=built_in + list(callbacks), verbose=0)
-            # Epochs run in this process; none means BackupAndRestore found the phase
-            # already at its end (restarted after its last epoch was saved).
-            next_epoch = (recorder.records[-1]["epoch"] + 1 if recorder.records
-                          else epoch + phase.epochs)
-            history[phase.name] = state.history(phase.name) if chief else recorder.records
-            state.finish(phase.name, weight_snapshot(model),  # every worker: may all-reduce
-                         {"history": history[phase.name], "next_epoch": next_epoch,
-                          "epochs_run": next_epoch - epoch})
-            epoch = next_epoch
-        if None not in finished.values():  # every phase finished earlier: compile to evaluate
-            with strategy.scope():
-                compile_model(model, phases[-1].learning_rate * replicas)
-        final = {}
-        if validation is not None:
-            final = model.evaluate(validation, verbose=0, return_dict=True)
-        snapshot = weight_snapshot(model)
+    compiled = False
+    for phase in setup.phases:
+        with setup.strategy.scope():
+            trainable = set_trainable(model, phase.name, config.unfreeze_blocks)
+        marker = setup.finished[phase.name]
+        if marker is not None:
+            with setup.strategy.scope():
+                load_snapshot(model, setup.state.finished_weights(phase.name))
+            history[phase.name] = marker["history"]
+            epoch = marker["next_epoch"]
+            log.info("phase %s finished in an earlier attempt: weights loaded", phase.name)
+            continue
+        history[phase.name], epoch = _fit_phase(model, setup, config, inputs, phase, epoch,
+                                                len(trainable), tensorboard_dir,
+                                                [TrialReport(trial), *callbacks])
+        compiled = True
+    if not compiled:  # every phase was finished earlier: compile to evaluate
+        with setup.strategy.scope():
+            compile_model(model, setup.phases[-1].learning_rate * setup.replicas)
+    return history, epoch
 
+
+def _fit_phase(model, setup: _Setup, config: TrainConfig, inputs: _Inputs, phase: Phase,
+               epoch: int, trainable: int, tensorboard_dir: str,
+               extra: Sequence[tf_keras.callbacks.Callback],
+               ) -> tuple[list[dict[str, Any]], int]:
+    """Compiles and fits one phase from `epoch` (BackupAndRestore resumes it), then saves
+    its weights and marker.
+
+    Returns:
+        `(the phase's per-epoch records, the epoch the next phase starts at)`.
+    """
+    learning_rate = phase.learning_rate * setup.replicas  # linear scaling rule
+    with setup.strategy.scope():
+        compile_model(model, learning_rate)
+    log.info("phase %s: epochs %d-%d, learning rate %g, %d trainable base layers",
+             phase.name, epoch, epoch + phase.epochs - 1, learning_rate, trainable)
+    recorder = EpochRecorder(setup.state, phase.name)
+    model.fit(
+        inputs.train,
+        epochs=epoch + phase.epochs,
+        initial_epoch=epoch,
+        steps_per_epoch=setup.steps,
+        validation_data=inputs.validation,
+        callbacks=phase_callbacks(config, setup.state, phase, recorder, tensorboard_dir,
+                                  inputs.monitor) + list(extra),
+        verbose=0,
+    )
+    # Epochs run in this process; none means BackupAndRestore found the phase
+    # already at its end (restarted after its last epoch was saved).
+    next_epoch = (recorder.records[-1]["epoch"] + 1 if recorder.records
+                  else epoch + phase.epochs)
+    records = setup.state.history(phase.name) if setup.chief else recorder.records
+    snapshot = weight_snapshot(model)  # every worker: may all-reduce
+    setup.state.finish(phase.name, snapshot, {"history": records, "next_epoch": next_epoch,
+                                              "epochs_run": next_epoch - epoch})
+    return records, next_epoch
+
+
+def _metrics(setup: _Setup, history: dict[str, list[dict[str, Any]]], final: dict[str, Any],
+             epochs: int, architecture: str) -> dict[str, Any]:
+    """The run's final metrics and facts (`train`'s Returns), None values left out."""
     last = next((records[-1] for records in reversed(history.values()) if records), {})
-    metrics = {
+    metrics: dict[str, Any] = {
         "train_loss": last.get("loss"),
         "train_accuracy": last.get("accuracy"),
         "val_loss": final.get("loss"),
         "val_accuracy": final.get("accuracy"),
-        "epochs_run": epoch,
+        "epochs_run": epochs,
         **{f"{name}_epochs": len(records) for name, records in history.items()},
-        "replicas": replicas,
-        "global_batch_size": global_batch,
-        "steps_per_epoch": steps,
-        "learning_rate": phases[0].learning_rate * replicas,
-        "precision": precision,
-        "strategy": kind,
-        "num_classes": len(classes),
-        "classes": list(classes),
-        "image_size": image_size,
-        "train_examples": train_count,
-        "validation_examples": validation_count,
+        "replicas": setup.replicas,
+        "global_batch_size": setup.global_batch,
+        "steps_per_epoch": setup.steps,
+        "learning_rate": setup.phases[0].learning_rate * setup.replicas,
+        "precision": setup.precision,
+        "strategy": setup.kind,
+        "num_classes": len(setup.classes),
+        "classes": list(setup.classes),
+        "image_size": setup.image_size,
+        "train_examples": setup.count("train"),
+        "validation_examples": setup.count("validation"),
         "framework": f"tf-keras {tf_keras.__version__}",
-        "architecture": architecture(model),
+        "architecture": architecture,
     }
-    metrics = {k: v for k, v in metrics.items() if v is not None}
-    if chief:
-        write_artifact(output_dir, snapshot, manifest, config, history, metrics,
-                       serving=serving)
-        state.clear([p.name for p in phases])
-    # Every worker waits here: the others must not exit while the chief still writes
-    # (the chief's coordination service reports workers that stop as crashed).
+    return {k: v for k, v in metrics.items() if v is not None}
+
+
+def _barrier(strategy) -> None:
+    """Waits for every worker: the others must not exit while the chief still writes
+    (the chief's coordination service reports workers that stop as crashed)."""
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         strategy.reduce(tf.distribute.ReduceOp.SUM,
                         strategy.run(lambda: tf.constant(1.0)), axis=None)
-    log.info("finished: %s", metrics)
-    return metrics
+
+
+# --------------------------------------------------------------------------- callbacks
 
 
 class EpochRecorder(tf_keras.callbacks.Callback):
@@ -337,8 +420,62 @@ class EpochRecorder(tf_keras.callbacks.Callback):
                  ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
 
 
+class MirrorPush(tf_keras.callbacks.Callback):
+    """Pushes the checkpoint and log folders where they mirror an object store (open-source
+    Kubeflow), once the epoch's backup and logs are written: a retried pod resumes there."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        push_mirrors()
+
+
+class TrialReport(tf_keras.callbacks.Callback):
+    """Reports the tuning metric after each epoch (epochs counted across both phases)."""
+
+    def __init__(self, reporter: TrialReporter):
+        super().__init__()
+        self.reporter = reporter
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.reporter.report(logs or {}, int(epoch) + 1)
+
+
+def phase_callbacks(config: TrainConfig, state: RunState, phase: Phase,
+                    recorder: EpochRecorder, tensorboard_dir: str, monitor: str) -> list:
+    """The Keras callbacks of one phase's `model.fit`.
+
+    Learning-rate reduction and early stopping on `monitor` (when configured), then
+    `recorder`, the phase's BackupAndRestore, TensorBoard logs and the mirror push.
+    """
+    # Order matters: the LR change and early stopping of an epoch happen before its
+    # metrics are recorded and before BackupAndRestore saves it.
+    callbacks = []
+    if config.reduce_lr_patience:
+        callbacks.append(tf_keras.callbacks.ReduceLROnPlateau(
+            monitor=monitor, factor=config.reduce_lr_factor,
+            patience=config.reduce_lr_patience, min_lr=1e-7))
+    if config.early_stopping_patience:
+        callbacks.append(tf_keras.callbacks.EarlyStopping(
+            monitor=monitor, patience=config.early_stopping_patience,
+            restore_best_weights=True))
+    callbacks += [
+        recorder,
+        tf_keras.callbacks.BackupAndRestore(backup_dir=state.backup_dir(phase.name)),
+        tf_keras.callbacks.TensorBoard(log_dir=tensorboard_dir, histogram_freq=0,
+                                       write_graph=False, profile_batch=0),
+        MirrorPush(),
+    ]
+    return callbacks
+
+
 # --------------------------------------------------------------------------- resume state
 
+
+def _read_json(path: str) -> Any:
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+_write_json = write_json_atomically  # checkpoint folders are local paths (gs:// via /gcs/)
 
 RUN_FILE = "run.json"  # the run's fingerprint, config and replicas
 # It only marks the folder's owner: BackupAndRestore and the phase files hold the state.
@@ -360,13 +497,6 @@ class RunState:
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name)
 
-    def _read(self, name: str, default: Any = None) -> Any:
-        path = self._path(name)
-        if not tf.io.gfile.exists(path):
-            return default
-        with tf.io.gfile.GFile(path) as f:
-            return json.load(f)
-
     def backup_dir(self, phase: str) -> str:
         return self._path(f"backup-{phase}")
 
@@ -374,7 +504,7 @@ class RunState:
         """Records the run's fingerprint, or fails if the folder holds another run.
 
         Args:
-            values: What defines the run, hashed into run.json.
+            values: What defines the run (`run_values`), hashed into run.json.
             description: More for run.json, for people (the settings).
         """
         if run_state.open_run(self.root, RUN, values, fresh=description,
@@ -384,35 +514,30 @@ class RunState:
 
     def finished(self, phase: str) -> dict[str, Any] | None:
         """The marker of a finished phase, or None."""
-        return self._read(f"{phase}.done.json")
+        path = self._path(f"{phase}.done.json")
+        return _read_json(path) if tf.io.gfile.exists(path) else None
 
-    def finished_weights(self, phase: str) -> dict[str, np.ndarray]:
-        with tf.io.gfile.GFile(self._path(f"{phase}.weights.npz"), "rb") as f:
-            with np.load(io.BytesIO(f.read()), allow_pickle=False) as data:
-                return {key: data[key] for key in data.files}
+    def finished_weights(self, phase: str):
+        return read_snapshot(self._path(f"{phase}.weights.npz"))
 
-    def finish(self, phase: str, snapshot: dict[str, np.ndarray],
-               marker: dict[str, Any]) -> None:
+    def finish(self, phase: str, snapshot, marker: dict[str, Any]) -> None:
         """Saves a finished phase: weights first, then the marker that vouches for them."""
         if self.chief:
-            buffer = io.BytesIO()
-            np.savez(buffer, **snapshot)
-            path = self._path(f"{phase}.weights.npz")
-            with tf.io.gfile.GFile(path + ".tmp", "wb") as f:
-                f.write(buffer.getvalue())
-            tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-            write_json_atomically(self._path(f"{phase}.done.json"), marker)
+            save_snapshot(snapshot, self._path(f"{phase}.weights.npz"))
+            _write_json(self._path(f"{phase}.done.json"), marker)
 
     def history(self, phase: str) -> list[dict[str, Any]]:
-        return self._read(f"history-{phase}.json", [])
+        path = self._path(f"history-{phase}.json")
+        return _read_json(path) if tf.io.gfile.exists(path) else []
 
     def record_epoch(self, phase: str, record: dict[str, Any]) -> None:
         """Adds one epoch's metrics; a redone epoch replaces its earlier record."""
-        if self.chief:
-            records = [r for r in self.history(phase) if r["epoch"] != record["epoch"]]
-            # Rewritten whole: gs:// objects cannot be appended to.
-            write_json_atomically(self._path(f"history-{phase}.json"),
-                                  sorted([*records, record], key=lambda r: r["epoch"]))
+        if not self.chief:
+            return
+        records = [r for r in self.history(phase) if r["epoch"] != record["epoch"]]
+        records.append(record)
+        # Rewritten whole: gs:// objects cannot be appended to.
+        _write_json(self._path(f"history-{phase}.json"), sorted(records, key=lambda r: r["epoch"]))
 
     def clear(self, phases: Sequence[str]) -> None:
         """Deletes the state once the model is exported (and the folder if left empty)."""
@@ -432,3 +557,12 @@ class RunState:
                 tf.io.gfile.remove(path)
         if not tf.io.gfile.listdir(self.root):
             tf.io.gfile.rmtree(self.root)
+
+
+def run_values(config: TrainConfig, manifest: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """What defines a run, for its fingerprint: config, dataset content (shard digests)
+    and replica count."""
+    shards = {split: [s["sha256"] for s in info["shards"]]
+              for split, info in manifest["splits"].items()}
+    return {"config": dataclasses.asdict(config), "classes": manifest["classes"],
+            "shards": shards, "replicas": replicas}
