@@ -39,6 +39,10 @@ PRECISION_MODES = ("auto", "on", "off")
 # 0..255 input: (x - 255 * mean) / (255 * std).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# EfficientNet-Lite's preprocessing (the TF reference's and efficientnet_pytorch's Lite
+# models): (x - 127) / 128 on 0..255 RGB.
+LITE_INPUT_OFFSET = 127.0
+LITE_INPUT_SCALE = 128.0
 
 
 class ContractError(ValueError):

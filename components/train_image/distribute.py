@@ -12,6 +12,9 @@ set, `TF_CONFIG` is derived from it the way Vertex itself maps worker pools:
 workerpool0 (the primary replica) -> "chief", workerpool1 -> "worker",
 workerpool2 -> "ps", workerpool3 -> "evaluator" (evaluators are not part of the
 training cluster and are left out of it, as TensorFlow expects).
+
+TensorFlow is imported only inside the functions that need it: `bench/gpu_bench.py`
+calls the choices where TensorFlow may be missing.
 """
 
 from __future__ import annotations
@@ -34,49 +37,14 @@ STRATEGY_KINDS = (MULTI_WORKER, MIRRORED, DEFAULT)
 
 MIXED_FLOAT16 = "mixed_float16"
 FLOAT32 = "float32"
-# Tensor cores (Volta and newer) make float16 fast; on older GPUs and on CPUs
-# mixed precision is slower than float32 (about 95x on this project's CPUs).
-MIN_MIXED_PRECISION_CAPABILITY = (7, 0)
 
 # Vertex worker pool -> TensorFlow task type.
-_POOL_TO_TASK = {
-    "workerpool0": "chief",
-    "workerpool1": "worker",
-    "workerpool2": "ps",
-    "workerpool3": "evaluator",
-}
-_TRAINING_TASKS = ("chief", "master", "worker")
+_POOL_TO_TASK = {"workerpool0": "chief", "workerpool1": "worker", "workerpool2": "ps",
+                 "workerpool3": "evaluator"}
 
 
 def _cluster_of(config: dict | None) -> dict[str, list]:
     return dict((config or {}).get("cluster") or {})
-
-
-def count_workers(tf_config: dict | None, cluster_spec: dict | None) -> int:
-    """Number of training workers named by TF_CONFIG, else by CLUSTER_SPEC.
-
-    Args:
-        tf_config: Parsed `TF_CONFIG` (TensorFlow's format), or None.
-        cluster_spec: Parsed `CLUSTER_SPEC` (Vertex's format), or None.
-
-    Returns:
-        chief + master + worker tasks (TF_CONFIG), or replicas of workerpool0 and
-        workerpool1 (CLUSTER_SPEC); 0 when neither names a cluster.
-
-    Raises:
-        ValueError: The cluster has parameter servers, which this trainer does not use.
-    """
-    if _cluster_of(tf_config):
-        cluster = _cluster_of(tf_config)
-    else:
-        cluster = {_POOL_TO_TASK.get(pool, pool): hosts
-                   for pool, hosts in _cluster_of(cluster_spec).items()}
-    if cluster.get("ps"):
-        raise ValueError(
-            "the cluster has parameter servers (TF_CONFIG 'ps' / Vertex workerpool2): this "
-            "trainer uses synchronous all-reduce training; drop the parameter server pool"
-        )
-    return sum(len(cluster.get(task) or []) for task in _TRAINING_TASKS)
 
 
 def choose_strategy_kind(tf_config: dict | None, cluster_spec: dict | None,
@@ -84,33 +52,37 @@ def choose_strategy_kind(tf_config: dict | None, cluster_spec: dict | None,
     """Picks the kind of distribution strategy.
 
     Args:
-        tf_config: Parsed `TF_CONFIG`, or None.
+        tf_config: Parsed `TF_CONFIG` (TensorFlow's format), or None; when it names a
+            cluster, `cluster_spec` is not read.
         cluster_spec: Parsed Vertex `CLUSTER_SPEC`, or None.
         gpus: The GPUs visible to this process (anything with a length).
 
     Returns:
-        "multi_worker" when the cluster has more than one worker in total (each
-        worker then uses all its local GPUs), "mirrored" when this machine alone
-        has more than one GPU, otherwise "default" (one device).
+        "multi_worker" when the cluster has more than one chief, master or worker in
+        total (each worker then uses all its local GPUs), "mirrored" when this machine
+        alone has more than one GPU, otherwise "default" (one device).
+
+    Raises:
+        ValueError: The cluster has parameter servers, which this trainer does not use.
     """
-    if count_workers(tf_config, cluster_spec) > 1:
+    cluster = _cluster_of(tf_config) or {_POOL_TO_TASK.get(pool, pool): hosts
+                                         for pool, hosts in _cluster_of(cluster_spec).items()}
+    if cluster.get("ps"):
+        raise ValueError(
+            "the cluster has parameter servers (TF_CONFIG 'ps' / Vertex workerpool2): this "
+            "trainer uses synchronous all-reduce training; drop the parameter server pool"
+        )
+    if sum(len(cluster.get(task) or []) for task in ("chief", "master", "worker")) > 1:
         return MULTI_WORKER
-    if len(gpus) > 1:
-        return MIRRORED
-    return DEFAULT
+    return MIRRORED if len(gpus) > 1 else DEFAULT
 
 
 def tf_config_from_cluster_spec(cluster_spec: dict) -> dict:
     """Derives TensorFlow's `TF_CONFIG` from Vertex's `CLUSTER_SPEC`.
 
-    Worker pools map to task types as Vertex maps them (see the module docstring);
-    the task keeps its index within its pool.
-
-    Args:
-        cluster_spec: Parsed `CLUSTER_SPEC`.
-
     Returns:
-        `{"cluster": {"chief": [...], "worker": [...]}, "task": {"type", "index"}}`.
+        `{"cluster": {"chief": [...], "worker": [...]}, "task": {"type", "index"}}`: pools
+        mapped as Vertex maps them (module docstring), the task's index kept.
 
     Raises:
         ValueError: The spec has no task, or a pool this mapping does not know.
@@ -124,10 +96,8 @@ def tf_config_from_cluster_spec(cluster_spec: dict) -> dict:
     task = cluster_spec.get("task") or {}
     if task.get("type") not in _POOL_TO_TASK:
         raise ValueError(f"CLUSTER_SPEC has no usable task: {task!r}")
-    return {
-        "cluster": cluster,
-        "task": {"type": _POOL_TO_TASK[task["type"]], "index": int(task.get("index", 0))},
-    }
+    return {"cluster": cluster,
+            "task": {"type": _POOL_TO_TASK[task["type"]], "index": int(task.get("index", 0))}}
 
 
 def choose_precision(mode: str, gpu_compute_capabilities: Sequence[tuple[int, int]]) -> str:
@@ -139,34 +109,27 @@ def choose_precision(mode: str, gpu_compute_capabilities: Sequence[tuple[int, in
 
     Returns:
         "mixed_float16" or "float32". "auto" gives mixed_float16 only when there is
-        at least one GPU and every GPU has compute capability 7.0 or more.
+        at least one GPU and every GPU has compute capability 7.0 or more: tensor cores
+        (Volta and newer) make float16 fast; on older GPUs and on CPUs it is slower
+        than float32 (about 95x on this project's CPUs).
 
     Raises:
         ValueError: Unknown mode.
     """
     if mode not in PRECISION_MODES:
         raise ValueError(f"precision must be one of {PRECISION_MODES}, got {mode!r}")
-    if mode == "on":
-        return MIXED_FLOAT16
-    if mode == "off":
-        return FLOAT32
+    if mode != "auto":
+        return MIXED_FLOAT16 if mode == "on" else FLOAT32
     capabilities = [tuple(c) for c in gpu_compute_capabilities]
-    if capabilities and all(c >= MIN_MIXED_PRECISION_CAPABILITY for c in capabilities):
+    if capabilities and all(c >= (7, 0) for c in capabilities):
         return MIXED_FLOAT16
     return FLOAT32
 
 
 def is_chief(task_type: str | None, task_id: int | None, cluster: dict | None) -> bool:
-    """Whether this task writes the outputs: the chief, else worker 0 of a chief-less cluster.
-
-    Args:
-        task_type: This task's type ("chief", "worker", ...), None outside a cluster.
-        task_id: This task's index.
-        cluster: The cluster dict (task type -> hosts), if any.
-    """
-    if task_type is None:
-        return True
-    if task_type in ("chief", "master"):
+    """Whether this task writes the outputs: the chief (or a task outside a cluster,
+    `task_type` None), else worker 0 of a chief-less `cluster` (task type -> hosts)."""
+    if task_type in (None, "chief", "master"):
         return True
     has_chief = bool((cluster or {}).get("chief") or (cluster or {}).get("master"))
     return task_type == "worker" and not has_chief and (task_id or 0) == 0
@@ -182,8 +145,8 @@ def make_strategy(kind: str, devices: Sequence[str] | None = None):
         kind: One of `STRATEGY_KINDS`.
         devices: For "mirrored": the devices to mirror over (default: all GPUs).
 
-    Returns:
-        A `tf.distribute.Strategy`.
+    Raises:
+        ValueError: Unknown kind.
     """
     import tensorflow as tf
 
@@ -221,38 +184,18 @@ def gpu_compute_capabilities() -> list[tuple[int, int]]:
     """`(major, minor)` of each GPU TensorFlow sees (unknown details count as (0, 0))."""
     import tensorflow as tf
 
-    capabilities = []
-    for gpu in tf.config.list_physical_devices("GPU"):
-        details = tf.config.experimental.get_device_details(gpu)
-        capabilities.append(tuple(details.get("compute_capability") or (0, 0)))
-    return capabilities
-
-
-def _json_env(environ: MutableMapping[str, str], name: str) -> dict | None:
-    raw = environ.get(name)
-    if not raw:
-        return None
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"environment variable {name} is not valid JSON: {err}") from None
+    return [tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability")
+                  or (0, 0)) for gpu in tf.config.list_physical_devices("GPU")]
 
 
 @dataclasses.dataclass(frozen=True)
 class Environment:
-    """What `prepare_environment` found.
+    """What `prepare_environment` found."""
 
-    Attributes:
-        strategy_kind: One of `STRATEGY_KINDS`.
-        precision: "mixed_float16" or "float32".
-        gpu_compute_capabilities: One `(major, minor)` per visible GPU.
-        tf_config_derived: TF_CONFIG was written from CLUSTER_SPEC.
-    """
-
-    strategy_kind: str
-    precision: str
-    gpu_compute_capabilities: list[tuple[int, int]]
-    tf_config_derived: bool = False
+    strategy_kind: str  # one of STRATEGY_KINDS
+    precision: str  # "mixed_float16" or "float32"
+    gpu_compute_capabilities: list[tuple[int, int]]  # one (major, minor) per visible GPU
+    tf_config_derived: bool = False  # TF_CONFIG was written from CLUSTER_SPEC
 
 
 def prepare_environment(precision_mode: str,
@@ -267,18 +210,23 @@ def prepare_environment(precision_mode: str,
         precision_mode: "auto", "on" or "off" (see `choose_precision`).
         environ: The environment to read and update; default `os.environ`.
 
-    Returns:
-        The choices made.
+    Raises:
+        ValueError: TF_CONFIG or CLUSTER_SPEC is not valid JSON, or names a cluster this
+            trainer cannot use.
     """
     environ = os.environ if environ is None else environ
-    tf_config = _json_env(environ, "TF_CONFIG")
-    cluster_spec = _json_env(environ, "CLUSTER_SPEC")
+    parsed = {}
+    for name in ("TF_CONFIG", "CLUSTER_SPEC"):
+        try:
+            parsed[name] = json.loads(environ[name]) if environ.get(name) else None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"environment variable {name} is not valid JSON: {err}") from None
+    tf_config, cluster_spec = parsed["TF_CONFIG"], parsed["CLUSTER_SPEC"]
     capabilities = gpu_compute_capabilities()
     kind = choose_strategy_kind(tf_config, cluster_spec, capabilities)
-    derived = False
-    if kind == MULTI_WORKER and not _cluster_of(tf_config):
+    derived = kind == MULTI_WORKER and not _cluster_of(tf_config)
+    if derived:
         environ["TF_CONFIG"] = json.dumps(tf_config_from_cluster_spec(cluster_spec))
-        derived = True
         log.info("TF_CONFIG derived from CLUSTER_SPEC: %s", environ["TF_CONFIG"])
     precision = choose_precision(precision_mode, capabilities)
     log.info("strategy %s, precision %s, GPUs %s", kind, precision, capabilities)

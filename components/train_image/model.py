@@ -15,16 +15,12 @@ The model takes float32 RGB pixels in 0..255 (what `components.formats.shards.ma
 yields, cast to float) and does DenseNet's own input scaling inside, so serving needs no
 preprocessing code: image -> scaling -> DenseNet (no top) -> global average pool
 -> dropout -> dense softmax (float32 even under mixed precision).
-
-Training batches are endless, shuffled and augmented one batch at a time; validation
-batches hold every example once, in order, never augmented.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import math
 import re
 from collections.abc import Sequence
@@ -53,7 +49,6 @@ from components.train_image.contract import (
 BASE_PREFIX = "densenet"  # Keras names the base densenet121, densenet169, ... or densenet
 INPUT_NAME = "image"
 OUTPUT_NAME = "probabilities"
-DENSE_BLOCKS = ("conv2", "conv3", "conv4", "conv5")
 PHASES = ("head", "fine_tune", "full")
 
 
@@ -77,9 +72,7 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
 
     Returns:
         An uncompiled `tf_keras.Model` with input "image" (float32, [N, H, W, 3],
-        0..255) and output "probabilities" (float32 softmax). With pretrained weights
-        the base is called with `training=False`, so its BatchNormalization layers
-        always use their ImageNet statistics; from scratch they train normally.
+        0..255) and output "probabilities" (float32 softmax).
 
     Raises:
         ValueError: Bad sizes, or a weights file that is no DenseNet's (no top).
@@ -133,8 +126,7 @@ def get_base(model: tf_keras.Model) -> tf_keras.Model:
               and layer.name.startswith(BASE_PREFIX)]
     if len(nested) == 1:
         return nested[0]
-    if not nested and model.name.startswith(BASE_PREFIX) \
-            and not model.name.endswith("_classifier"):
+    if not nested and model.name.startswith(BASE_PREFIX) and not model.name.endswith("_classifier"):
         return model
     raise ValueError(f"model {model.name!r} holds no DenseNet base")
 
@@ -142,17 +134,6 @@ def get_base(model: tf_keras.Model) -> tf_keras.Model:
 def architecture(model: tf_keras.Model) -> str:
     """The name of the classifier's DenseNet (`architecture_name`)."""
     return architecture_name(dense_layout(layer.name for layer in get_base(model).layers))
-
-
-def layer_stage(name: str) -> int:
-    """Position of a DenseNet layer: 1 stem, 2-5 dense block convN and the
-    transition poolN that follows it, 6 the final "bn"/"relu"."""
-    match = re.match(r"^(conv|pool)(\d)[_/]", name + "_")
-    if match:
-        return int(match.group(2))
-    if name in ("bn", "relu"):
-        return 6
-    return 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +158,11 @@ def plan_phases(config: TrainConfig) -> list[Phase]:
 def set_trainable(model: tf_keras.Model, phase: str, unfreeze_blocks: int = 1) -> list[str]:
     """Freezes and unfreezes layers for a training phase (recompile afterwards).
 
+    BatchNormalization stays frozen in fine-tuning (and the base runs it in inference
+    mode, `training=False`): re-estimating its ImageNet statistics from small, differently
+    distributed batches shifts every feature the new head was just trained on and usually
+    wrecks accuracy (the Keras transfer-learning guide does the same).
+
     Args:
         model: The classifier from `build_model`, or its DenseNet base.
         phase: "head": the whole base is frozen, only the new top trains.
@@ -189,48 +175,38 @@ def set_trainable(model: tf_keras.Model, phase: str, unfreeze_blocks: int = 1) -
 
     Returns:
         Names of the base layers that are trainable and hold weights.
-
-    BatchNormalization stays frozen in fine-tuning: its statistics come from
-    ImageNet-sized batches; re-estimating them from small, differently distributed
-    fine-tuning batches shifts every feature the new head was just trained on and
-    usually wrecks accuracy (the Keras transfer-learning guide does the same). The
-    base is also called with `training=False`, so BN runs in inference mode.
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    if phase == "fine_tune" and not 1 <= unfreeze_blocks <= len(DENSE_BLOCKS):
-        raise ValueError(f"unfreeze_blocks must be in 1..{len(DENSE_BLOCKS)}, "
-                         f"got {unfreeze_blocks}")
+    if phase == "fine_tune" and not 1 <= unfreeze_blocks <= 4:
+        raise ValueError(f"unfreeze_blocks must be in 1..4, got {unfreeze_blocks}")
     base = get_base(model)
     model.trainable = True  # the head always trains; also resets nested flags
     if phase == "head":
         base.trainable = False
     elif phase == "fine_tune":
-        first_stage = len(DENSE_BLOCKS) + 2 - unfreeze_blocks  # 1 block -> conv5 (stage 5)
+        first_stage = 6 - unfreeze_blocks  # 1 block -> conv5
         for layer in base.layers:
-            layer.trainable = (
-                layer_stage(layer.name) >= first_stage
-                and not isinstance(layer, tf_keras.layers.BatchNormalization)
-            )
+            # Stages: 1 stem, 2-5 dense block convN and the transition poolN after it,
+            # 6 the final "bn"/"relu".
+            match = re.match(r"^(conv|pool)(\d)[_/]", layer.name + "_")
+            stage = int(match.group(2)) if match else 6 if layer.name in ("bn", "relu") else 1
+            layer.trainable = (stage >= first_stage and
+                               not isinstance(layer, tf_keras.layers.BatchNormalization))
     return [layer.name for layer in base.layers if layer.trainable and layer.trainable_weights]
 
 
 def compile_model(model, learning_rate: float) -> None:
     """Compiles `model` for training: Adam at `learning_rate`, sparse cross-entropy, accuracy."""
-    model.compile(
-        optimizer=tf_keras.optimizers.Adam(learning_rate=learning_rate),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
+    model.compile(optimizer=tf_keras.optimizers.Adam(learning_rate=learning_rate),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
 
-def _leaf_layers(layer):
-    sublayers = getattr(layer, "layers", None)
-    if not sublayers:
-        yield layer
-        return
-    for sub in sublayers:
-        yield from _leaf_layers(sub)
+def _variables(layer) -> dict[str, tf.Variable]:
+    """Every variable of the leaf layers under `layer`, keyed `<layer name>/<index>`."""
+    if not getattr(layer, "layers", None):
+        return {f"{layer.name}/{i}": v for i, v in enumerate(layer.weights)}
+    return {key: v for sub in layer.layers for key, v in _variables(sub).items()}
 
 
 def weight_snapshot(model: tf_keras.Model) -> dict[str, np.ndarray]:
@@ -241,11 +217,7 @@ def weight_snapshot(model: tf_keras.Model) -> dict[str, np.ndarray]:
     or into a copy built under another dtype policy. Under a multi-worker strategy
     every worker must call this (reading synchronised variables may all-reduce).
     """
-    snapshot = {}
-    for layer in _leaf_layers(model):
-        for index, variable in enumerate(layer.weights):
-            snapshot[f"{layer.name}/{index}"] = np.asarray(variable.numpy())
-    return snapshot
+    return {key: np.asarray(v.numpy()) for key, v in _variables(model).items()}
 
 
 def load_snapshot(model: tf_keras.Model, snapshot: dict[str, np.ndarray]) -> None:
@@ -254,31 +226,13 @@ def load_snapshot(model: tf_keras.Model, snapshot: dict[str, np.ndarray]) -> Non
     Raises:
         ValueError: The snapshot does not match the model's weights.
     """
-    expected = {f"{layer.name}/{i}": v for layer in _leaf_layers(model)
-                for i, v in enumerate(layer.weights)}
+    expected = _variables(model)
     if expected.keys() != snapshot.keys():
         missing = sorted(expected.keys() - snapshot.keys())[:5]
         extra = sorted(snapshot.keys() - expected.keys())[:5]
         raise ValueError(f"weights do not match the model: missing {missing}, unexpected {extra}")
     for key, variable in expected.items():
         variable.assign(snapshot[key].astype(variable.dtype.as_numpy_dtype))
-
-
-def save_snapshot(snapshot: dict[str, np.ndarray], path: str) -> None:
-    """Writes a snapshot as .npz (local or gs://), atomically where the filesystem allows."""
-    buffer = io.BytesIO()
-    np.savez(buffer, **snapshot)
-    temporary = path + ".tmp"
-    with tf.io.gfile.GFile(temporary, "wb") as f:
-        f.write(buffer.getvalue())
-    tf.io.gfile.rename(temporary, path, overwrite=True)
-
-
-def read_snapshot(path: str) -> dict[str, np.ndarray]:
-    """Reads a snapshot written by `save_snapshot`."""
-    with tf.io.gfile.GFile(path, "rb") as f:
-        with np.load(io.BytesIO(f.read()), allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
 
 
 @contextlib.contextmanager
@@ -295,26 +249,25 @@ def dtype_policy(name: str):
 # --------------------------------------------------------------------------- inputs
 
 
-def random_affine(batch_size, height: int, width: int, seed, flip: bool, rotation: float,
-                  zoom: float) -> tf.Tensor:
-    """Per-image random flip/rotation/zoom as projective transforms (output -> input).
+def augment_images(images: tf.Tensor, seed, flip: bool, rotation: float,
+                   zoom: float) -> tf.Tensor:
+    """Randomly flips, rotates and zooms a float32 batch [N, H, W, 3].
 
-    One transform per image combines all three, so each image is resampled once.
+    One projective transform per image combines all three, so each image is resampled
+    once; borders are filled by reflection, so no black corners teach the model a shortcut.
 
     Args:
-        batch_size: Number of images (scalar tensor).
-        height: Image height.
-        width: Image width.
+        images: The batch.
         seed: Shape [2] int seed for the stateless random ops.
         flip: Mirror left-right with probability 1/2.
         rotation: Rotate by up to +-rotation of a full turn.
         zoom: Scale by a factor in [1 - zoom, 1 + zoom] (> 1 shows more: zoom out).
-
-    Returns:
-        [batch_size, 8] float32 transforms for `ImageProjectiveTransformV3`.
     """
+    if not flip and rotation == 0 and zoom == 0:
+        return images
+    height, width = images.shape[1], images.shape[2]
     seeds = tf.random.experimental.stateless_split(seed, 3)
-    shape = tf.reshape(batch_size, [1])
+    shape = tf.reshape(tf.shape(images)[0], [1])
     ones = tf.ones(shape, tf.float32)
     sign = ones
     if flip:
@@ -322,33 +275,16 @@ def random_affine(batch_size, height: int, width: int, seed, flip: bool, rotatio
     angle = tf.random.stateless_uniform(shape, seeds[1], -rotation, rotation) * 2.0 * math.pi
     scale = tf.random.stateless_uniform(shape, seeds[2], 1.0 - zoom, 1.0 + zoom)
     cos, sin = tf.cos(angle), tf.sin(angle)
-    # input = scale * R(angle) @ diag(sign, 1) @ (output - center) + center
+    # output -> input: input = scale * R(angle) @ diag(sign, 1) @ (output - center) + center
     a0, a1 = scale * cos * sign, -scale * sin
     b0, b1 = scale * sin * sign, scale * cos
     cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
-    a2 = cx - a0 * cx - a1 * cy
-    b2 = cy - b0 * cx - b1 * cy
     zeros = tf.zeros_like(ones)
-    return tf.stack([a0, a1, a2, b0, b1, b2, zeros, zeros], axis=1)
-
-
-def augment_images(images: tf.Tensor, seed, flip: bool, rotation: float,
-                   zoom: float) -> tf.Tensor:
-    """Randomly flips, rotates and zooms a float32 batch [N, H, W, 3].
-
-    Borders are filled by reflection, so no black corners teach the model a shortcut.
-    """
-    if not flip and rotation == 0 and zoom == 0:
-        return images
-    height, width = images.shape[1], images.shape[2]
-    transforms = random_affine(tf.shape(images)[0], height, width, seed, flip, rotation, zoom)
+    transforms = tf.stack([a0, a1, cx - a0 * cx - a1 * cy, b0, b1, cy - b0 * cx - b1 * cy,
+                           zeros, zeros], axis=1)
     return tf.raw_ops.ImageProjectiveTransformV3(
         images=images, transforms=transforms, output_shape=tf.constant([height, width]),
         fill_value=0.0, interpolation="BILINEAR", fill_mode="REFLECT")
-
-
-def _to_float(images, labels):
-    return tf.cast(images, tf.float32), labels
 
 
 def train_input(dataset_dir: str, manifest: dict[str, Any], config: TrainConfig,
@@ -387,8 +323,6 @@ def validation_input(dataset_dir: str, manifest: dict[str, Any], config: TrainCo
     """The validation pipeline: every example once, in order, never augmented.
 
     Args:
-        dataset_dir: Folder written by the sharding step.
-        manifest: Its manifest.
         config: How to train (validation_steps).
         global_batch: Examples per step over all replicas.
         even_batches: Only whole global batches, and every worker reads all of them.
@@ -399,7 +333,8 @@ def validation_input(dataset_dir: str, manifest: dict[str, Any], config: TrainCo
     """
     dataset = make_dataset(dataset_dir, "validation", manifest=manifest)
     dataset = dataset.batch(global_batch, drop_remainder=even_batches)
-    dataset = dataset.map(_to_float, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(lambda images, labels: (tf.cast(images, tf.float32), labels),
+                          num_parallel_calls=tf.data.AUTOTUNE)
     if even_batches:
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
