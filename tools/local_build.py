@@ -124,8 +124,9 @@ def copy_python(prefix: Path, destination: Path, minor: str) -> None:
 def build_args(runtime: str, base_image: str, git_sha: str, version: str) -> dict[str, str]:
     """`--build-arg`s of the local build of one runtime image."""
     args = {"BASE_IMAGE": base_image, "GIT_SHA": git_sha, "VERSION": version}
-    if runtime == "fastai":
-        # PyTorch's cu126 index is unreachable here: PyPI's build of the same version.
+    # PyTorch's indexes (fastai's cu126, the TensorFlow image's weights stage's cpu) are
+    # unreachable here: PyPI's build of the same version.
+    if runtime in ("fastai", "tensorflow"):
         args.update(TORCH_INDEX_URL="", TORCH_LOCAL_LABEL="")
     return args
 

@@ -46,32 +46,40 @@ def _evaluation_problems(parameters: Mapping[str, Any], metrics: tuple[str, ...]
     return problems
 
 
-def weights_problems(weights: str) -> list[str]:
+def weights_problems(weights: str, architecture: str = "densenet121") -> list[str]:
     """What the image trainer would refuse in `weights`, late, after sharding.
 
     Args:
-        weights: "imagenet", "none"/"" (from scratch), or a DenseNet no-top weights
-            file, local or gs:// (gs:// files are not looked up: the trainer reads them
-            with its own service account).
+        weights: "imagenet", "none"/"" (from scratch), or a no-top weights file of the
+            architecture, local or gs:// (gs:// files are not looked up: the trainer reads
+            them with its own service account).
+        architecture: The trainer's `architecture`.
 
     Returns:
         A message naming `weights` and what to give when a local file is not there (the
-        trainer takes any other value for a path) or holds no DenseNet; empty when fine.
+        trainer takes any other value for a path) or holds another network; empty when
+        fine.
     """
-    from components.train_image.contract import normalize_weights, weights_file_layout
+    from components.train_image.contract import (
+        ARCHITECTURES,
+        normalize_weights,
+        weights_file_layout,
+    )
 
     value = normalize_weights(weights)
-    if value is None or value == "imagenet" or is_remote(value):
+    if value is None or value == "imagenet" or is_remote(value) \
+            or architecture not in ARCHITECTURES:  # refused as a setting
         return []
     if os.path.isfile(value):
         try:
-            weights_file_layout(value)
+            weights_file_layout(value, architecture)
         except ValueError as err:
             return [str(err)]
         return []
     return [f"weights {weights!r} is neither 'imagenet', 'none' nor an existing file: give "
-            "'imagenet' (DenseNet121's ImageNet weights, downloaded), 'none' (train from "
-            "scratch) or the path of a DenseNet no-top .h5 weights file (local, gs:// or s3://)"]
+            f"'imagenet' ({architecture}'s ImageNet weights), 'none' (train from "
+            f"scratch) or the path of a no-top .h5 weights file of {architecture} (local, "
+            "gs:// or s3://)"]
 
 
 def _is_kind(value: Any, kind: type) -> bool:
@@ -167,7 +175,8 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
         if name in parameters and not number_parameter(parameters, name) > 0:
             problems.append(f"{name} must be > 0: the pipeline trains on the train split and "
                             "evaluates on the test split")
-    problems += weights_problems(str(parameters.get("weights", TrainConfig.weights)))
+    problems += weights_problems(str(parameters.get("weights", TrainConfig.weights)),
+                                 str(parameters.get("architecture", TrainConfig.architecture)))
     problems += _evaluation_problems(parameters, IMAGE_REGISTRATION_METRICS)
     if problems:
         raise PreflightError("; ".join(problems))

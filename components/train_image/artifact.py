@@ -77,15 +77,19 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
     size = stored["height"]
     tf.io.gfile.makedirs(output_dir)
     with dtype_policy("float32"):
+        lite = config.architecture == "efficientnet_lite0"
         model = build_model(len(classes), size, None, config.dropout,
-                            frozen_batchnorm=config.pretrained, layout=dense_layout(snapshot))
+                            frozen_batchnorm=config.pretrained,
+                            layout=None if lite else dense_layout(snapshot),
+                            architecture=config.architecture)
     load_snapshot(model, snapshot)
     compile_model(model, plan_phases(config)[-1].learning_rate)
     model.save(os.path.join(output_dir, MODEL_FILE))
     preprocessing = {
         "image_size": size,
         "input": "float32 RGB 0..255",
-        "scaling": "DenseNet's preprocess_input (ImageNet mean and std) inside the model",
+        "scaling": ("(x - 127) / 128, EfficientNet-Lite's, inside the model" if lite else
+                    "DenseNet's preprocess_input (ImageNet mean and std) inside the model"),
         "resize_method": stored.get("resize_method"),
         # how the shards stored the pixels: prediction repeats the JPEG round trip
         "image_format": stored["format"],

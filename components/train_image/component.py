@@ -13,6 +13,7 @@ def train_image_classifier(
     batch_size: int = 32,
     learning_rate: float = 1e-3,
     fine_tune_learning_rate: float = 1e-4,
+    architecture: str = "densenet121",
     unfreeze_blocks: int = 1,
     dropout: float = 0.2,
     weights: str = "imagenet",
@@ -31,7 +32,7 @@ def train_image_classifier(
     tensorboard_dir: str = "",
     hypertune_metric: str = "",
 ):
-    """Trains a DenseNet image classifier (tf-keras) on sharded TFRecords.
+    """Trains a DenseNet or EfficientNet-Lite0 image classifier (tf-keras) on sharded TFRecords.
 
     Args:
         dataset: Output of the sharding step: TFRecord shards and manifest.json.
@@ -42,9 +43,10 @@ def train_image_classifier(
         batch_size: Examples per replica (GPU) per step; the global batch is this times the number of replicas.
         learning_rate: Adam learning rate of the head phase for one replica; scaled linearly with the replicas.
         fine_tune_learning_rate: Adam learning rate of the fine-tune phase for one replica; scaled linearly with the replicas.
-        unfreeze_blocks: Dense blocks (1-4, counted from the top) trained in fine-tuning; BatchNorm layers stay frozen.
+        architecture: The backbone: "densenet121" (with a weights file, the DenseNet it holds: 121, 169, 201 or another layout) or "efficientnet_lite0" (EfficientNet-Lite0, about a seventh of DenseNet121's FLOPs).
+        unfreeze_blocks: Top blocks trained in fine-tuning: DenseNet's dense blocks (1-4) or EfficientNet-Lite0's MBConv stages (1-7, with its head conv); BatchNorm layers stay frozen.
         dropout: Dropout rate before the classification layer.
-        weights: Base weights: "imagenet" (DenseNet121's, downloaded by Keras), "none" (DenseNet121 from scratch), or the URI (gs:// or local) of a no-top .h5 weights file of a tf-keras DenseNet: 121, 169, 201 or another layout, read from the file.
+        weights: Base weights: "imagenet" (DenseNet121's, downloaded by Keras; EfficientNet-Lite0's, converted when the image was built, no download), "none" (from scratch), or the URI (gs:// or local) of a no-top .h5 weights file of the architecture (a DenseNet's layout is read from the file).
         weights_fingerprint: Digest of the weights file's listing from the preflight step; not read, it only makes the cache key change when the file does. Recorded in the model metadata.
         flip: Random horizontal flips of training images.
         rotation: Random rotation of training images as a fraction of a full turn (0.05 = up to 18 degrees); 0 turns it off.
@@ -66,7 +68,8 @@ def train_image_classifier(
     config = TrainConfig(
         epochs=epochs, fine_tune_epochs=fine_tune_epochs, batch_size=batch_size,
         learning_rate=learning_rate, fine_tune_learning_rate=fine_tune_learning_rate,
-        unfreeze_blocks=unfreeze_blocks, dropout=dropout, weights=weights, flip=flip,
+        architecture=architecture, unfreeze_blocks=unfreeze_blocks, dropout=dropout,
+        weights=weights, flip=flip,
         rotation=rotation, zoom=zoom, precision=precision, seed=seed,
         early_stopping_patience=early_stopping_patience,
         reduce_lr_patience=reduce_lr_patience, shuffle_buffer=shuffle_buffer,

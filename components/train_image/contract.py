@@ -56,11 +56,15 @@ def normalize_weights(weights: str | None) -> str | None:
     return str(weights)
 
 
+# The backbones, each with how many top blocks fine-tuning may unfreeze: DenseNet's dense
+# blocks (1-4), EfficientNet-Lite0's MBConv stages (1-7, the head conv always with them).
+ARCHITECTURES = {"densenet121": 4, "efficientnet_lite0": 7}
 # Dense blocks per stage (conv2 to conv5) of the layouts Keras names and has ImageNet
 # weights for; a weights file may hold any other (the trainer reads it from the file).
 KERAS_LAYOUTS = {(6, 12, 24, 16): "DenseNet121", (6, 12, 32, 32): "DenseNet169",
                  (6, 12, 48, 32): "DenseNet201"}
 DENSENET121 = (6, 12, 24, 16)
+LITE0_STAGES = (1, 2, 2, 3, 3, 4, 1)  # MBConv blocks per stage of EfficientNet-Lite0
 
 
 def dense_layout(names: Iterable[str]) -> tuple[int, ...]:
@@ -89,14 +93,46 @@ def architecture_name(layout: Sequence[int]) -> str:
     return KERAS_LAYOUTS.get(tuple(layout), f"DenseNet({'-'.join(map(str, layout))})")
 
 
-def weights_file_layout(path: str) -> tuple[int, ...]:
-    """The layout of a no-top DenseNet weights file (tf-keras HDF5, as Keras ships them).
+def network_name(names: Iterable[str]) -> str:
+    """What network layer names (or snapshot keys) are: "DenseNet121" (`architecture_name`),
+    "EfficientNet-Lite0", or a description of another EfficientNet.
 
     Raises:
-        ValueError: The file is no such weights file; the message names it.
+        ValueError: Neither a DenseNet nor an EfficientNet.
+    """
+    names = list(names)
+    blocks: dict[int, set[str]] = {}
+    for name in names:
+        if match := re.match(r"block(\d+)([a-z])_", name):
+            blocks.setdefault(int(match.group(1)), set()).add(match.group(2))
+    if not blocks:
+        return architecture_name(dense_layout(names))
+    stages = tuple(len(blocks.get(stage, ())) for stage in range(1, max(blocks) + 1))
+    if any("_se_" in name for name in names):  # Keras' EfficientNetB0-B7
+        return f"an EfficientNet with squeeze-excitation, blocks per stage {stages}"
+    if stages == LITE0_STAGES:
+        return "EfficientNet-Lite0"
+    return f"an EfficientNet-Lite of blocks per stage {stages} (Lite0 has {LITE0_STAGES})"
+
+
+def weights_file_layout(path: str, architecture: str = "densenet121") -> tuple[int, ...] | None:
+    """Checks a no-top weights file (tf-keras HDF5, as Keras ships them) against
+    `architecture`.
+
+    Returns:
+        A DenseNet's dense blocks per stage (any DenseNet goes for "densenet121": the
+        file's layout is built); None for EfficientNet-Lite0.
+
+    Raises:
+        ValueError: The file is no such weights file, or another network's; the message
+            names the file, what it holds and what `architecture` expects.
     """
     import h5py
 
+    expected = ("the no-top weights of a tf-keras DenseNet (.h5, e.g. Keras' "
+                "densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5)"
+                if architecture == "densenet121" else
+                "the no-top weights of EfficientNet-Lite0 (.h5, as `make models` converts them)")
     try:
         with h5py.File(path, "r") as f:
             names = f.attrs.get("layer_names", [])
@@ -104,11 +140,15 @@ def weights_file_layout(path: str) -> tuple[int, ...]:
                 raise ValueError(f"its layer_names attribute is {names!r}, not a list of "
                                  "layer names")
             names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-        return dense_layout(names)
+        held = network_name(names)
     except (OSError, ValueError) as err:
-        raise ValueError(f"weights file {path!r} is not the no-top weights of a tf-keras "
-                         f"DenseNet (.h5, e.g. Keras' densenet121_weights_tf_dim_ordering_"
-                         f"tf_kernels_notop.h5): {err}") from err
+        raise ValueError(f"weights file {path!r} is not {expected}: {err}") from err
+    if architecture == "densenet121" and held.startswith("DenseNet"):
+        return dense_layout(names)
+    if architecture == "efficientnet_lite0" and held == "EfficientNet-Lite0":
+        return None
+    raise ValueError(f"weights file {path!r} holds {held}, and architecture={architecture!r} "
+                     f"expects {expected}: give architecture the file's network or another file")
 
 
 class TrainingError(ValueError):
@@ -128,11 +168,14 @@ class TrainConfig:
         learning_rate: Adam learning rate of the head (or full) phase for one
             replica; scaled linearly with the number of replicas.
         fine_tune_learning_rate: Same for the fine-tune phase.
-        unfreeze_blocks: Dense blocks (1-4, from the top) that fine-tuning trains.
+        architecture: The backbone: "densenet121" (or the DenseNet a weights file
+            holds) or "efficientnet_lite0".
+        unfreeze_blocks: Top blocks that fine-tuning trains: DenseNet's dense blocks
+            (1-4), EfficientNet-Lite0's MBConv stages (1-7).
         dropout: Dropout rate before the classification layer.
-        weights: "imagenet" (DenseNet121's), a no-top .h5 weights file of a tf-keras
-            DenseNet (local or gs://; its layout is read from the file), or None/"none"
-            to train DenseNet121 from scratch.
+        weights: "imagenet" (the architecture's ImageNet weights), a no-top .h5 weights
+            file of the architecture (local or gs://; a DenseNet's layout is read from
+            the file), or None/"none" to train from scratch.
         flip: Random horizontal flips of training images.
         rotation: Random rotation of training images, as a fraction of a full turn
             (0.05 = up to +-18 degrees); 0 turns it off.
@@ -156,6 +199,7 @@ class TrainConfig:
     batch_size: int = 32
     learning_rate: float = 1e-3
     fine_tune_learning_rate: float = 1e-4
+    architecture: str = "densenet121"
     unfreeze_blocks: int = 1
     dropout: float = 0.2
     weights: str | None = "imagenet"
@@ -181,8 +225,12 @@ class TrainConfig:
         if self.learning_rate <= 0 or self.fine_tune_learning_rate <= 0:
             problems.append("learning rates must be positive, got "
                             f"{self.learning_rate} and {self.fine_tune_learning_rate}")
-        if not 1 <= self.unfreeze_blocks <= 4:
-            problems.append(f"unfreeze_blocks must be in 1..4, got {self.unfreeze_blocks}")
+        if self.architecture not in ARCHITECTURES:
+            problems.append(f"architecture must be one of {sorted(ARCHITECTURES)}, got "
+                            f"{self.architecture!r}")
+        elif not 1 <= self.unfreeze_blocks <= ARCHITECTURES[self.architecture]:
+            problems.append(f"unfreeze_blocks must be in 1..{ARCHITECTURES[self.architecture]}"
+                            f" for {self.architecture}, got {self.unfreeze_blocks}")
         if not 0 <= self.dropout < 1:
             problems.append(f"dropout must be in [0, 1), got {self.dropout}")
         if not 0 <= self.rotation < 0.5:

@@ -35,18 +35,23 @@ import tf_keras
 from tf_keras.src.applications.densenet import DenseNet as keras_densenet
 
 from components.formats.shards import make_dataset
+from components.train_image import efficientnet_lite
 from components.train_image.contract import (
+    ARCHITECTURES,
     DENSENET121,
     IMAGENET_MEAN,
     IMAGENET_STD,
+    LITE_INPUT_OFFSET,
+    LITE_INPUT_SCALE,
     TrainConfig,
     architecture_name,
-    dense_layout,
+    network_name,
     normalize_weights,
     weights_file_layout,
 )
 
-BASE_PREFIX = "densenet"  # Keras names the base densenet121, densenet169, ... or densenet
+# Keras names a DenseNet base densenet121, densenet169, ... or densenet.
+BASE_PREFIXES = ("densenet", "efficientnet_lite")
 INPUT_NAME = "image"
 OUTPUT_NAME = "probabilities"
 PHASES = ("head", "fine_tune", "full")
@@ -54,59 +59,61 @@ PHASES = ("head", "fine_tune", "full")
 
 def build_model(num_classes: int, image_size: int, weights: str | None = None,
                 dropout: float = 0.2, frozen_batchnorm: bool | None = None,
-                layout: Sequence[int] | None = None) -> tf_keras.Model:
+                layout: Sequence[int] | None = None,
+                architecture: str = "densenet121") -> tf_keras.Model:
     """Builds the classifier under the current dtype policy and strategy scope.
 
     Args:
         num_classes: Number of output classes.
         image_size: Height and width of the input images (at least 32).
-        weights: "imagenet" (DenseNet121's, downloaded), a local path to a no-top
-            DenseNet weights `.h5` file (its layout is read from it), or None/"none"
-            for random initialisation.
+        weights: "imagenet" (DenseNet121's, downloaded by Keras; EfficientNet-Lite0's,
+            converted at install time: `efficientnet_lite.imagenet_weights`), a local
+            path to a no-top weights `.h5` file of the architecture (a DenseNet's layout
+            is read from it), or None/"none" for random initialisation.
         dropout: Dropout rate before the classification layer.
         frozen_batchnorm: Call the base with `training=False`; default: when
             `weights` is pretrained. (A copy of a fine-tuned model is built with
             weights=None and frozen_batchnorm=True.)
-        layout: Dense blocks per stage (`dense_layout`) of a model built without a
+        layout: Dense blocks per stage (`dense_layout`) of a DenseNet built without a
             weights file, e.g. a copy of a trained one; default DenseNet121's.
+        architecture: "densenet121" or "efficientnet_lite0" (`ARCHITECTURES`).
 
     Returns:
         An uncompiled `tf_keras.Model` with input "image" (float32, [N, H, W, 3],
         0..255) and output "probabilities" (float32 softmax).
 
     Raises:
-        ValueError: Bad sizes, or a weights file that is no DenseNet's (no top).
+        ValueError: Bad sizes, or a weights file of another network (no top).
     """
     if num_classes < 2:
         raise ValueError(f"need at least 2 classes, got {num_classes}")
     if image_size < 32:
-        raise ValueError(f"DenseNet needs images of at least 32x32, got {image_size}")
+        raise ValueError(f"{architecture} needs images of at least 32x32, got {image_size}")
     weights = normalize_weights(weights)
+    if weights == "imagenet" and architecture == "efficientnet_lite0":
+        weights = efficientnet_lite.imagenet_weights()
     if weights not in (None, "imagenet"):
         if not tf.io.gfile.exists(weights):
             raise ValueError(f"weights file {weights!r} does not exist")
-        layout = weights_file_layout(weights)
-    layout = tuple(layout or DENSENET121)
-    if weights == "imagenet" and layout != DENSENET121:
-        raise ValueError("weights='imagenet' is DenseNet121's; give another DenseNet's "
-                         "weights as a file")
+        layout = weights_file_layout(weights, architecture)
     shape = (image_size, image_size, 3)
     inputs = tf_keras.Input(shape=shape, dtype="float32", name=INPUT_NAME)
     # float32 on purpose: the scaling is cheap and its precision matters; the base
     # casts to float16 itself under mixed precision.
-    scaled = tf_keras.layers.Normalization(
-        mean=[255.0 * m for m in IMAGENET_MEAN],
-        variance=[(255.0 * s) ** 2 for s in IMAGENET_STD],
-        dtype="float32", name="densenet_preprocess",
-    )(inputs)
-    try:
-        base = keras_densenet(list(layout), include_top=False, weights=weights,
-                              input_shape=shape)
-    except ValueError as err:
-        raise ValueError(
-            f"cannot load {architecture_name(layout)} weights {weights!r} (expected a no-top "
-            f"file such as 'densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5'): {err}"
-        ) from err
+    if architecture == "efficientnet_lite0":
+        scaled = tf_keras.layers.Rescaling(1.0 / LITE_INPUT_SCALE,
+                                           offset=-LITE_INPUT_OFFSET / LITE_INPUT_SCALE,
+                                           dtype="float32", name="lite_preprocess")(inputs)
+        base = efficientnet_lite.efficientnet_lite0(shape)
+        if weights is not None:
+            base.load_weights(weights)
+    else:
+        scaled = tf_keras.layers.Normalization(
+            mean=[255.0 * m for m in IMAGENET_MEAN],
+            variance=[(255.0 * s) ** 2 for s in IMAGENET_STD],
+            dtype="float32", name="densenet_preprocess",
+        )(inputs)
+        base = _densenet(tuple(layout or DENSENET121), weights, shape)
     if frozen_batchnorm is None:
         frozen_batchnorm = weights is not None
     # With pretrained weights, training=False pins BatchNorm to inference mode for
@@ -120,20 +127,36 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
     return tf_keras.Model(inputs, outputs, name=f"{base.name}_classifier")
 
 
+def _densenet(layout: tuple[int, ...], weights: str | None, shape) -> tf_keras.Model:
+    if weights == "imagenet" and layout != DENSENET121:
+        raise ValueError("weights='imagenet' is DenseNet121's; give another DenseNet's "
+                         "weights as a file")
+    try:
+        return keras_densenet(list(layout), include_top=False, weights=weights,
+                              input_shape=shape)
+    except ValueError as err:
+        raise ValueError(
+            f"cannot load {architecture_name(layout)} weights {weights!r} (expected a no-top "
+            f"file such as 'densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5'): {err}"
+        ) from err
+
+
 def get_base(model: tf_keras.Model) -> tf_keras.Model:
-    """The DenseNet inside the classifier (or `model` itself if it is the base)."""
+    """The DenseNet or EfficientNet-Lite inside the classifier (or `model` itself if it
+    is the base)."""
     nested = [layer for layer in model.layers if isinstance(layer, tf_keras.Model)
-              and layer.name.startswith(BASE_PREFIX)]
+              and layer.name.startswith(BASE_PREFIXES)]
     if len(nested) == 1:
         return nested[0]
-    if not nested and model.name.startswith(BASE_PREFIX) and not model.name.endswith("_classifier"):
+    if not nested and model.name.startswith(BASE_PREFIXES) \
+            and not model.name.endswith("_classifier"):
         return model
-    raise ValueError(f"model {model.name!r} holds no DenseNet base")
+    raise ValueError(f"model {model.name!r} holds no DenseNet or EfficientNet-Lite base")
 
 
 def architecture(model: tf_keras.Model) -> str:
-    """The name of the classifier's DenseNet (`architecture_name`)."""
-    return architecture_name(dense_layout(layer.name for layer in get_base(model).layers))
+    """The name of the classifier's network (`network_name`): "DenseNet121", ..."""
+    return network_name(layer.name for layer in get_base(model).layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,36 +187,50 @@ def set_trainable(model: tf_keras.Model, phase: str, unfreeze_blocks: int = 1) -
     wrecks accuracy (the Keras transfer-learning guide does the same).
 
     Args:
-        model: The classifier from `build_model`, or its DenseNet base.
+        model: The classifier from `build_model`, or its base.
         phase: "head": the whole base is frozen, only the new top trains.
-            "fine_tune": the top `unfreeze_blocks` dense blocks train (conv5 is the
-            last; each with the transition layer after it), up to the base's output;
-            their BatchNormalization layers, the final "bn" included, stay frozen.
+            "fine_tune": the top `unfreeze_blocks` blocks train up to the base's output,
+            their BatchNormalization layers (and the last ones) staying frozen. DenseNet:
+            dense blocks (conv5 is the last; each with the transition layer after it,
+            and the final "bn"); EfficientNet-Lite0: MBConv stages (block7 is the last),
+            with the head conv (top_conv).
             "full": everything trains (used when training from scratch).
-        unfreeze_blocks: 1 to 4 dense blocks to unfreeze in "fine_tune". The stem
-            (conv1, pool1) stays frozen even with 4.
+        unfreeze_blocks: Blocks to unfreeze in "fine_tune": 1-4 for a DenseNet, 1-7 for
+            EfficientNet-Lite0. The stem stays frozen even with all.
 
     Returns:
         Names of the base layers that are trainable and hold weights.
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    if phase == "fine_tune" and not 1 <= unfreeze_blocks <= 4:
-        raise ValueError(f"unfreeze_blocks must be in 1..4, got {unfreeze_blocks}")
     base = get_base(model)
+    lite = base.name.startswith("efficientnet_lite")
+    limit = ARCHITECTURES["efficientnet_lite0" if lite else "densenet121"]
+    if phase == "fine_tune" and not 1 <= unfreeze_blocks <= limit:
+        raise ValueError(f"unfreeze_blocks must be in 1..{limit}, got {unfreeze_blocks}")
     model.trainable = True  # the head always trains; also resets nested flags
     if phase == "head":
         base.trainable = False
     elif phase == "fine_tune":
-        first_stage = 6 - unfreeze_blocks  # 1 block -> conv5
+        stage_of = _lite_stage if lite else _dense_stage
+        first_stage = limit + 2 - unfreeze_blocks  # 1 block -> the last stage
         for layer in base.layers:
-            # Stages: 1 stem, 2-5 dense block convN and the transition poolN after it,
-            # 6 the final "bn"/"relu".
-            match = re.match(r"^(conv|pool)(\d)[_/]", layer.name + "_")
-            stage = int(match.group(2)) if match else 6 if layer.name in ("bn", "relu") else 1
-            layer.trainable = (stage >= first_stage and
+            layer.trainable = (stage_of(layer.name) >= first_stage and
                                not isinstance(layer, tf_keras.layers.BatchNormalization))
     return [layer.name for layer in base.layers if layer.trainable and layer.trainable_weights]
+
+
+def _dense_stage(name: str) -> int:
+    """DenseNet: 1 the stem, 2-5 dense block convN and the transition poolN after it, 6 the
+    final "bn"/"relu"."""
+    match = re.match(r"^(conv|pool)(\d)[_/]", name + "_")
+    return int(match.group(2)) if match else 6 if name in ("bn", "relu") else 1
+
+
+def _lite_stage(name: str) -> int:
+    """EfficientNet-Lite: 1 the stem, 2-8 blockN (N + 1), 9 the head conv (top_*)."""
+    match = re.match(r"^block(\d)", name)
+    return int(match.group(1)) + 1 if match else 9 if name.startswith("top_") else 1
 
 
 def compile_model(model, learning_rate: float) -> None:

@@ -185,7 +185,8 @@ def train(
     with dtype_policy(run.precision), tempfile.TemporaryDirectory() as workdir:
         weights = fetch_weights(config.weights, workdir)
         with strategy.scope():
-            model = build_model(len(data.classes), data.image_size, weights, config.dropout)
+            model = build_model(len(data.classes), data.image_size, weights, config.dropout,
+                                architecture=config.architecture)
         # Every worker runs the TensorBoard callback; tf-keras has the others write their
         # own copy into `<log_dir>/workertemp_<task>` and delete it at the end. In the
         # default log folder that is inside the model folder, which only the chief writes
