@@ -34,9 +34,10 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
 def forward_flops(model) -> int:
     """FLOPs of one image's forward pass: 2 x the multiply-adds of every Conv2D and Dense
     layer (a Dense on 2-D inputs, each layer called once), nested models included, in
-    Keras 2 or 3. BatchNorm, pooling and activations, a few percent of a DenseNet's, are
-    not counted, as in the usual figures; other layer kinds (depthwise, transposed
-    convolutions) are not counted either: a DenseNet has none."""
+    Keras 2 or 3, and of every DepthwiseConv2D (EfficientNet's). BatchNorm, pooling and
+    activations, a few percent of a DenseNet's, are not counted, as in the usual figures;
+    other layer kinds (transposed convolutions) are not counted either: neither network
+    has them."""
     total = 0
     for layer in _leaf_layers(model):
         kind = type(layer).__name__
@@ -45,6 +46,10 @@ def forward_flops(model) -> int:
             kernel_height, kernel_width, channels_in, _ = layer.kernel.shape
             total += 2 * height * width * channels_out * kernel_height * kernel_width * (
                 channels_in)
+        elif kind == "DepthwiseConv2D":  # one filter per input channel
+            height, width, channels_out = layer.output.shape[1:]
+            kernel_height, kernel_width = layer.depthwise_kernel.shape[:2]
+            total += 2 * height * width * channels_out * kernel_height * kernel_width
         elif kind == "Dense":
             total += 2 * int(layer.kernel.shape[0]) * int(layer.kernel.shape[1])
     return int(total)

@@ -2,14 +2,16 @@
 
     python bench/gpu_bench.py [--engine tf-keras|keras3] [--sections choices,densenet,feed,fastai]
         [--image-size 224] [--batch 64] [--steps 30] [--precisions mixed_float16,float32]
-        [--layout 6,12,24,16] [--host-cores N] [--json FILE] [--smoke]
+        [--layout 6,12,24,16] [--architecture densenet121|efficientnet_lite0]
+        [--host-cores N] [--json FILE] [--smoke]
 
 choices   what our selection logic picks on the devices this process sees: the strategy
           (components.train_image.distribute), the Keras precision policy and fastai's fp16.
-densenet  DenseNet121 (or the --layout given) training images/s under mixed_float16 and
-          float32, same batch, fed from one batch held in host memory; achieved TFLOP/s as a
-          share of the device's peak for that precision. FLOPs are counted from the model's
-          convolutions and dense layers (DenseNet121 at 224 px: 5.7 GFLOP forward), and a
+densenet  DenseNet121 (or the --layout given, or --architecture efficientnet_lite0)
+          training images/s under mixed_float16 and float32, same batch, fed from one batch
+          held in host memory; achieved TFLOP/s as a share of the device's peak for that
+          precision. FLOPs are counted from the model's convolutions and dense layers
+          (DenseNet121 at 224 px: 5.7 GFLOP forward, EfficientNet-Lite0 0.8), and a
           training step is taken as 3x the forward pass.
 feed      the same step (the policy `choices` picked) fed from real shards through the
           trainer's own input pipeline (read, decode, shuffle, augment on the host) vs from
@@ -94,13 +96,15 @@ class TfKerasEngine:
 
     name = "tf-keras"
 
-    def model(self, classes: int, size: int, precision: str, layout=DENSENET121):
+    def model(self, classes: int, size: int, precision: str, layout=DENSENET121,
+              architecture: str = "densenet121"):
         import tf_keras
 
         from components.train_image.model import build_model, dtype_policy
 
         with dtype_policy(precision):
-            model = build_model(classes, size, weights=None, layout=layout)
+            model = build_model(classes, size, weights=None, layout=layout,
+                                architecture=architecture)
             # as the trainer compiles (model.compile_model); the policy wraps the optimizer
             # in a LossScaleOptimizer under mixed_float16
             model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
@@ -113,7 +117,8 @@ class Keras3Engine:
 
     name = "keras3"
 
-    def model(self, classes: int, size: int, precision: str, layout=DENSENET121):
+    def model(self, classes: int, size: int, precision: str, layout=DENSENET121,
+              architecture: str = "densenet121"):
         import keras
 
         # DenseNet121/169/201 are this builder at fixed layouts; Keras exports only those.
@@ -174,14 +179,14 @@ def forever(images, labels):
 
 def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
              rounds: int, precisions: tuple[str, ...] = KERAS_PRECISIONS,
-             layout: tuple[int, ...] = DENSENET121) -> dict:
+             layout: tuple[int, ...] = DENSENET121, architecture: str = "densenet121") -> dict:
     """Training images/s under each of `precisions` (mixed_float16, float32), alternated
     `rounds` times (best kept); the AMP speed-up when both were measured."""
     from components.train_image.contract import architecture_name
 
     classes = 10
     data = memory_batch(batch, size, classes)
-    models = {p: engine.model(classes, size, p, layout) for p in precisions}
+    models = {p: engine.model(classes, size, p, layout, architecture) for p in precisions}
     flops = forward_flops(next(iter(models.values())))
     best = {p: float("inf") for p in models}
     for _ in range(rounds):  # alternate so drift (clocks, heat) hits both alike
@@ -189,7 +194,8 @@ def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup
             best[precision] = min(best[precision], step_seconds(model, data, steps, warmup))
     device = gpus[0]["name"] if gpus else "CPU"
     out = {"engine": engine.name, "device": device, "image_size": size, "batch": batch,
-           "architecture": architecture_name(layout), "forward_gflop": flops / 1e9}
+           "architecture": (architecture_name(layout) if architecture == "densenet121"
+                            else "EfficientNet-Lite0"), "forward_gflop": flops / 1e9}
     for precision, seconds in best.items():
         rate = batch / seconds
         tflops = train_tflops(rate, flops)
@@ -235,7 +241,8 @@ def pipeline_images_per_second(dataset, batch: int, batches: int) -> float:
 
 
 def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
-         images: int, layout: tuple[int, ...] = DENSENET121) -> dict:
+         images: int, layout: tuple[int, ...] = DENSENET121,
+         architecture: str = "densenet121") -> dict:
     """Step time fed by the trainer's input pipeline over real shards vs by a batch in memory."""
     from components.train_image.contract import TrainConfig
     from components.train_image.model import train_input
@@ -245,7 +252,7 @@ def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
         classes = len(manifest["classes"])
         config = TrainConfig(weights="none", batch_size=batch)
         dataset = train_input(shards, manifest, config, batch)
-        model = engine.model(classes, size, precision, layout)
+        model = engine.model(classes, size, precision, layout, architecture)
         memory = memory_batch(batch, size, classes)
         from_memory = step_seconds(model, memory, steps, warmup)
         from_shards = step_seconds(model, dataset, steps, warmup)
@@ -414,6 +421,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--layout", default=None,
                         help="dense blocks per stage, e.g. 6,12,32,32 for DenseNet169 "
                              "(default DenseNet121's 6,12,24,16; --smoke: 1,1,1,1)")
+    parser.add_argument("--architecture", choices=("densenet121", "efficientnet_lite0"),
+                        default="densenet121", help="the image network the densenet and feed "
+                        "sections train (tf-keras engine only for efficientnet_lite0)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes: checks the bench runs, measures nothing useful")
     return parser
@@ -441,15 +451,17 @@ def main(argv: list[str] | None = None) -> int:
         args.text_batch, args.doc_tokens, args.text_batches = 4, 24, 2
         arch = {"emb_sz": 16, "n_hid": 32, "n_layers": 1}
 
+    if args.architecture != "densenet121" and args.engine != "tf-keras":
+        parser.error("--architecture efficientnet_lite0 is built by the tf-keras engine only")
     engine = TfKerasEngine() if args.engine == "tf-keras" else Keras3Engine()
     gpus = visible_gpus()
     picked = choices(gpus)
     results: dict = {"choices": picked} if "choices" in sections else {}
     runs = {
         "densenet": lambda: densenet(engine, gpus, size, batch, steps, warmup, args.rounds,
-                                     precisions, layout),
+                                     precisions, layout, args.architecture),
         "feed": lambda: feed(engine, picked["keras_precision"], size, batch, steps, warmup,
-                             args.shard_images, layout),
+                             args.shard_images, layout, args.architecture),
         "fastai": lambda: fastai_tokens(gpus, args.text_batch, args.doc_tokens,
                                         args.text_batches, args.rounds, arch),
     }
