@@ -2,11 +2,14 @@
 
 import dataclasses
 import inspect
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+import compile as compile_cli
+from components.common.written import setting
 from components.train_image.contract import TrainConfig as ImageTrainConfig
 from components.train_transformer.contract import TransformerConfig
 from pipelines.definitions import help_text
@@ -61,40 +64,51 @@ def test_a_parameter_list_is_copied_whole_and_built_values_become_empty():
 
 
 @dataclasses.dataclass(frozen=True)
-class BiggerBatches(ImageTrainConfig):
-    batch_size: int = 64
+class OneMoreSetting(ImageTrainConfig):
+    """The image trainer's settings after one edit: a new setting, and another default."""
+
+    batch_size: int = setting(64, "Examples per replica per step.")
+    label_smoothing: float = setting(0.1, "How much of each label is spread over the others.")
 
 
-def test_a_settings_default_reaches_the_step_its_pipeline_and_the_preflight(
+def test_one_settings_edit_reaches_the_step_the_pipelines_their_help_and_the_preflight(
         monkeypatch, tmp_path):
-    """Changing TrainConfig.batch_size is one edit: the generator writes the step, and the
-    pipeline and its preflight take the step's when built."""
-    import importlib.util
-
+    """A setting added to TrainConfig (and a default changed) is one edit: the step is
+    written from the class, and both image pipelines, their console help, the preflight
+    and the tuning variant's training step take it when built."""
+    from components.common.written import settings_from_step
+    from components.train_image import component as train_image_component
     from pipelines.definitions import image, steps
 
-    real_load = signatures._load
-    monkeypatch.setattr(signatures, "_load", lambda spec: BiggerBatches
-                        if spec == "components.train_image.contract:TrainConfig"
-                        else real_load(spec))
-    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
-    wanted = signatures.written(sources)
-    changed = {m for m in sources if wanted[m] != sources[m]}
-    assert changed == {"components.train_image.component"}
-    assert "    batch_size: int = 64," in wanted["components.train_image.component"]
-    # the step as written, in the image pipeline's table (KFP reads its source from a file)
-    path = tmp_path / "written_step.py"
-    path.write_text(wanted["components.train_image.component"])
-    found = importlib.util.spec_from_file_location("written_step", path)
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
+    function = train_image_component.written_step(OneMoreSetting)
+    parameters = inspect.signature(function).parameters
+    assert parameters["label_smoothing"].default == 0.1
+    assert parameters["batch_size"].default == 64
+    assert "label_smoothing: How much of each label" in inspect.getsource(function)
+    values = {name: p.default for name, p in parameters.items()}
+    assert settings_from_step(OneMoreSetting, values).label_smoothing == 0.1
     table = dict(steps.STEPS["image"])
-    table["train"] = dataclasses.replace(table["train"], function=module.train_image_classifier)
+    table["train"] = dataclasses.replace(table["train"], function=function,
+                                         settings=OneMoreSetting)
     monkeypatch.setitem(steps.STEPS, "image", table)
     spec = image.build("img:1").pipeline_spec
-    for inputs in (spec.root.input_definitions,
-                   spec.components["comp-preflight-image"].input_definitions):
-        assert inputs.parameters["batch_size"].default_value.number_value == 64
+    root = spec.root.input_definitions.parameters
+    assert root["label_smoothing"].default_value.number_value == 0.1
+    assert root["batch_size"].default_value.number_value == 64
+    for component in ("comp-preflight-image", "comp-train-image-classifier"):
+        assert "label_smoothing" in spec.components[component].input_definitions.parameters
+    # compiled for Vertex, the tuning variant too: the console's help, the tuning job's step
+    out = tmp_path / "build"
+    assert compile_cli.main(["--output-dir", str(out), "--pipelines",
+                             "image_pipeline,image_tuning_pipeline"]) == 0
+    for name, trainer in (("image_pipeline", "train-image-classifier"),
+                          ("image_tuning_pipeline", "tune-train-image-classifier")):
+        compiled = json.loads((out / f"{name}.json").read_text())
+        root = compiled["root"]["inputDefinitions"]["parameters"]
+        assert root["label_smoothing"]["description"] == ("How much of each label is spread "
+                                                          "over the others.")
+        task = compiled["root"]["dag"]["tasks"][trainer]["inputs"]["parameters"]
+        assert task["label_smoothing"]["componentInputParameter"] == "label_smoothing"
 
 
 def test_the_transformer_recipe_table_shows_the_settings_defaults():
@@ -188,9 +202,9 @@ def test_every_written_function_is_marked_above_its_def_and_decorators():
 
 def test_the_mark_stays_out_of_the_source_kfp_pastes():
     """KFP pastes a step's function from its def on: the compiled JSON never holds the mark."""
-    from components.train_image import component as train_image
+    from components.shard import component as shard
 
-    for function in (train_image.train_image_classifier,):
+    for function in (shard.shard_images,):
         lines, first = inspect.getsourcelines(function)
         assert signatures.MARKED not in "".join(lines)
         above = inspect.getsource(inspect.getmodule(function)).splitlines()[first - 2]

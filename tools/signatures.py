@@ -40,8 +40,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Configured steps: (component module, function, settings class "module:Class").
 CONFIGURED = (
     ("components.shard.component", "shard_images", "components.shard.contract:ShardConfig"),
-    ("components.train_image.component", "train_image_classifier",
-     "components.train_image.contract:TrainConfig"),
     ("components.prepare_text.component", "prepare_text_data",
      "components.prepare_text.contract:PrepareConfig"),
     ("components.train_text.component", "train_text_classifier",

@@ -8,6 +8,7 @@ here, once, and compiled under a name that `inspect.getsource` finds in `linecac
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -71,3 +72,89 @@ def write_function(name: str, parameters: Sequence[inspect.Parameter], doc: str,
     # dont_inherit: this module's `annotations` future would make the types text.
     exec(compile(source, filename, "exec", dont_inherit=True), namespace)  # noqa: S102
     return namespace[name]
+
+
+# --------------------------------------------------------------------------- settings steps
+
+HELP = "help"  # a settings field's metadata key: its console help
+
+
+def setting(default: Any, help: str) -> Any:  # noqa: A002 - the word the console shows
+    """A settings field with its default and help, the one home of both: a step written by
+    `step_function` takes it as an input, with this help."""
+    return dataclasses.field(default=default, metadata={HELP: help})
+
+
+def as_step_value(value: Any) -> Any:
+    """A settings value as the step's typed input carries it: no None, tuple or dict
+    (KFP inputs are scalars), so 0 stands for None and text for lists and objects."""
+    if value is None:
+        return 0
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, dict):
+        return json.dumps(value) if value else ""
+    return value
+
+
+def _field_default(field: dataclasses.Field) -> Any:
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def _step_type(annotation: Any, default: Any) -> type:
+    """The KFP input type of a settings field: its type, None taken out (`int | None` is
+    int: 0 stands for None), text for tuples and objects."""
+    options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    kind = typing.get_origin(options[0]) or options[0]
+    return str if kind in (tuple, dict) else kind if kind in (bool, int, float, str) \
+        else type(as_step_value(default))
+
+
+def settings_from_step(settings: type, values: dict[str, Any]) -> Any:
+    """The settings a step's inputs describe: `as_step_value` undone for each field the
+    step takes (0 or "" for a field whose default is None is None again)."""
+    taken = {}
+    for field in dataclasses.fields(settings):
+        if field.name in values:
+            value = values[field.name]
+            taken[field.name] = None if _field_default(field) is None and not value else value
+    return settings(**taken)
+
+
+def step_function(name: str, settings: type, summary: str,
+                  before: Sequence[tuple[str, Any, str]], after: Sequence[tuple[str, Any, str]],
+                  runs: str, leave_out: Sequence[str] = ()) -> Any:
+    """A step's KFP function written from its settings class: `before` (artifacts), every
+    field of `settings` (its type, default and `setting` help) but `leave_out`, then `after`.
+
+    Args:
+        name: The function's name.
+        settings: The settings dataclass; each field has its help in `setting`.
+        summary: The docstring's first paragraph.
+        before: `(name, annotation, help)` of the inputs before the settings.
+        after: `(name, default, help)` of the inputs after them (their type is the
+            default's).
+        runs: "module:function" called with one dict of every input (the step's work).
+        leave_out: Fields that are no input (the step's logic keeps their defaults).
+
+    Returns:
+        The function (`write_function`).
+    """
+    hints = typing.get_type_hints(settings)
+    plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    parameters = [inspect.Parameter(n, plain, annotation=a) for n, a, _ in before]
+    helps = [(n, h) for n, _, h in before]
+    for field in dataclasses.fields(settings):
+        if field.name in leave_out:
+            continue
+        default = _field_default(field)
+        parameters.append(inspect.Parameter(field.name, plain, default=as_step_value(default),
+                                            annotation=_step_type(hints[field.name], default)))
+        helps.append((field.name, field.metadata[HELP]))
+    parameters += [inspect.Parameter(n, plain, default=d, annotation=type(d)) for n, d, _ in after]
+    helps += [(n, h) for n, _, h in after]
+    doc = f"{summary}\n\nArgs:\n" + "\n".join(f"    {n}: {h}" for n, h in helps)
+    module, function = runs.split(":")
+    body = (f"values = dict(locals())  # the inputs, before the import names one more\n"
+            f"from {module} import {function}\n\n{function}(values)")
+    return write_function(name, parameters, doc, body)

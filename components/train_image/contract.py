@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from components.common.input_kinds import InputKindError, read_json_object
 from components.common.storage import filesystem
+from components.common.written import setting
 
 MODEL_FILE = "model.keras"
 SAVED_MODEL_DIR = "saved_model"
@@ -157,63 +158,55 @@ class TrainingError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """How to train.
+    """How to train: each field's help is the training step's input help (the console's),
+    where a step input's 0 stands for None (`components.common.written.as_step_value`)."""
 
-    Attributes:
-        epochs: Epochs of the head phase (only the new top trains); from scratch,
-            epochs + fine_tune_epochs of full training.
-        fine_tune_epochs: Epochs of the fine-tune phase.
-        batch_size: Examples per replica per step; the global batch is this times
-            the number of replicas.
-        learning_rate: Adam learning rate of the head (or full) phase for one
-            replica; scaled linearly with the number of replicas.
-        fine_tune_learning_rate: Same for the fine-tune phase.
-        architecture: The backbone: "densenet121" (or the DenseNet a weights file
-            holds) or "efficientnet_lite0".
-        unfreeze_blocks: Top blocks that fine-tuning trains: DenseNet's dense blocks
-            (1-4), EfficientNet-Lite0's MBConv stages (1-7).
-        dropout: Dropout rate before the classification layer.
-        weights: "imagenet" (the architecture's ImageNet weights), a no-top .h5 weights
-            file of the architecture (local or gs://; a DenseNet's layout is read from
-            the file), or None/"none" to train from scratch.
-        flip: Random horizontal flips of training images.
-        rotation: Random rotation of training images, as a fraction of a full turn
-            (0.05 = up to +-18 degrees); 0 turns it off.
-        zoom: Random zoom of training images: scale in [1 - zoom, 1 + zoom]; 0 off.
-        precision: "auto" (mixed_float16 when every GPU has compute capability
-            >= 7.0), "on" or "off".
-        seed: Seed of weight initialisation, shuffling and augmentation.
-        early_stopping_patience: Epochs without val_loss improvement before a phase
-            stops (best weights are kept); 0 turns early stopping off.
-        reduce_lr_patience: Epochs without val_loss improvement before the learning
-            rate is multiplied by reduce_lr_factor; 0 turns it off.
-        reduce_lr_factor: See reduce_lr_patience.
-        shuffle_buffer: Examples in the shuffle buffer (224px images take 150 KB each).
-        steps_per_epoch: Training steps per epoch; None for one pass over the
-            training split (rounded up).
-        validation_steps: Validation batches per evaluation; None for the whole split.
-    """
-
-    epochs: int = 10
-    fine_tune_epochs: int = 10
-    batch_size: int = 32
-    learning_rate: float = 1e-3
-    fine_tune_learning_rate: float = 1e-4
-    architecture: str = "densenet121"
-    unfreeze_blocks: int = 1
-    dropout: float = 0.2
-    weights: str | None = "imagenet"
-    flip: bool = True
-    rotation: float = 0.05
-    zoom: float = 0.1
-    precision: str = "auto"
-    seed: int = 42
-    early_stopping_patience: int = 3
-    reduce_lr_patience: int = 2
-    reduce_lr_factor: float = 0.2
-    shuffle_buffer: int = 2048
-    steps_per_epoch: int | None = None
-    validation_steps: int | None = None
+    epochs: int = setting(10, "Epochs training only the new top on the frozen pretrained "
+                          "base (from scratch: epochs + fine_tune_epochs of full training).")
+    fine_tune_epochs: int = setting(10, "Epochs fine-tuning the top dense blocks after the "
+                                    "head phase, at fine_tune_learning_rate.")
+    batch_size: int = setting(32, "Examples per replica (GPU) per step; the global batch is "
+                              "this times the number of replicas.")
+    learning_rate: float = setting(1e-3, "Adam learning rate of the head phase for one "
+                                   "replica; scaled linearly with the replicas.")
+    fine_tune_learning_rate: float = setting(1e-4, "Adam learning rate of the fine-tune phase "
+                                             "for one replica; scaled linearly with the "
+                                             "replicas.")
+    architecture: str = setting("densenet121", 'The backbone: "densenet121" (with a weights '
+                                "file, the DenseNet it holds: 121, 169, 201 or another "
+                                'layout) or "efficientnet_lite0" (EfficientNet-Lite0, about a '
+                                "seventh of DenseNet121's FLOPs).")
+    unfreeze_blocks: int = setting(1, "Top blocks trained in fine-tuning: DenseNet's dense "
+                                   "blocks (1-4) or EfficientNet-Lite0's MBConv stages (1-7, "
+                                   "with its head conv); BatchNorm layers stay frozen.")
+    dropout: float = setting(0.2, "Dropout rate before the classification layer.")
+    weights: str | None = setting("imagenet", 'Base weights: "imagenet" (DenseNet121\'s, '
+                                  "downloaded by Keras; EfficientNet-Lite0's, converted when "
+                                  'the image was built, no download), "none" (from scratch), '
+                                  "or the URI (gs:// or local) of a no-top .h5 weights file "
+                                  "of the architecture (a DenseNet's layout is read from the "
+                                  "file).")
+    flip: bool = setting(True, "Random horizontal flips of training images.")
+    rotation: float = setting(0.05, "Random rotation of training images as a fraction of a "
+                              "full turn (0.05 = up to 18 degrees); 0 turns it off.")
+    zoom: float = setting(0.1, "Random zoom of training images by a factor in [1 - zoom, "
+                          "1 + zoom]; 0 turns it off.")
+    precision: str = setting("auto", '"auto" (mixed_float16 when every GPU has compute '
+                             'capability 7.0+), "on" or "off" (float32).')
+    seed: int = setting(42, "Seed of initialisation, shuffling and augmentation.")
+    early_stopping_patience: int = setting(3, "Epochs without validation-loss improvement "
+                                           "before a phase stops, keeping its best weights; "
+                                           "0 turns it off.")
+    reduce_lr_patience: int = setting(2, "Epochs without validation-loss improvement before "
+                                      "the learning rate is cut 5x; 0 turns it off.")
+    reduce_lr_factor: float = setting(0.2, "What reduce_lr_patience multiplies the learning "
+                                      "rate by.")
+    shuffle_buffer: int = setting(2048, "Examples in the shuffle buffer (a 224px image takes "
+                                  "150 KB of memory).")
+    steps_per_epoch: int | None = setting(None, "Training steps per epoch; 0 for one pass over "
+                                          "the training split.")
+    validation_steps: int | None = setting(None, "Validation batches per evaluation; 0 for the "
+                                           "whole split.")
 
     def __post_init__(self) -> None:
         problems = []
