@@ -13,24 +13,10 @@ from components.common.written import setting
 from components.train_image.contract import TrainConfig as ImageTrainConfig
 from components.train_transformer.contract import TransformerConfig
 from pipelines.definitions import help_text
-from tools import signatures
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = tuple(f"pipelines.definitions.{kind}"
                   for kind in ("image", "text", "transformer", "lm"))
-
-
-def test_every_written_signature_is_current(capsys):
-    assert signatures.main(["--check"]) == 0, capsys.readouterr().out
-
-
-def test_a_value_already_right_keeps_its_spelling_and_a_stale_one_is_rewritten():
-    source = "def f(\n    a: float = 1e-3,\n    b: int = 2,\n    c: str = 'x',\n):\n    pass\n"
-    assert signatures.rewrite_defaults(source, "f", {"a": 0.001, "b": 2}) == source
-    assert signatures.rewrite_defaults(source, "f", {"b": 5, "c": "y"}) == (
-        "def f(\n    a: float = 1e-3,\n    b: int = 5,\n    c: str = \"y\",\n):\n    pass\n")
-    # 1 is not 1.0 to KFP (an int literal makes an integer default): the type counts too
-    assert "a: float = 1.0" in signatures.rewrite_defaults(source, "f", {"a": 1.0})
 
 
 def test_a_tunable_parameter_is_one_edit_of_the_table(monkeypatch):
@@ -50,17 +36,6 @@ def test_a_tunable_parameter_is_one_edit_of_the_table(monkeypatch):
     assert list(trial)[:3] == ["trial_point", "study_metric", "study_goal"]
     assert list(trial.values())[3:] == list(
         inspect.signature(train_image_classifier).parameters.values())
-
-
-def test_a_parameter_list_is_copied_whole_and_built_values_become_empty():
-    pipeline = ("def build(x):\n    def p(\n        data_uri: str,\n        seed: int = 42,\n"
-                "        account: str = x,\n    ):\n        pass\n")
-    lines = signatures.parameter_lines(pipeline, "p")
-    assert lines == ["    data_uri: str,", "    seed: int = 42,", '    account: str = "",']
-    step = "def check(\n    data_uri: str,\n    old: int = 1,\n) -> str:\n    return ''\n"
-    assert signatures.rewrite_parameters(step, "check", lines) == (
-        "def check(\n    data_uri: str,\n    seed: int = 42,\n    account: str = \"\",\n"
-        ") -> str:\n    return ''\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +97,7 @@ def test_the_transformer_recipe_table_shows_the_settings_defaults():
         assert float(text) == pytest.approx(defaults[name]), name
 
 
-# learning_rate's help in each function that declares it, and the trainer whose rule it is.
+# learning_rate's help in each step that declares it, and the trainer whose rule it is.
 LEARNING_RATE_HELP = (
     ("components.train_text.component", "train_text_classifier", "text"),
     ("components.train_lm.component", "train_language_model", "lm"),
@@ -137,28 +112,28 @@ def _described(module: str, name: str, image: str = "img:1") -> str:
     return spec.root.input_definitions.parameters[name].description
 
 
-def _help(module: str, function: str, name: str, source: str | None = None) -> str:
-    import ast
+def _help(module: str, function: str, name: str) -> str:
+    """The `name: help` line of a step's docstring (its console help)."""
+    import importlib
 
-    source = source or signatures._source_path(module).read_text()
-    doc = ast.get_docstring(signatures._function(ast.parse(source), function))
+    doc = inspect.getdoc(getattr(importlib.import_module(module), function))
     (line,) = [text.strip() for text in doc.splitlines() if text.strip().startswith(name + ":")]
     return line
 
 
 def test_learning_rate_help_names_the_rule_and_bounds_the_code_uses():
-    """learning_rate=0: fastai's valley, held to each trainer's bounds (choose_rate)."""
+    """learning_rate=0: fastai's valley, held to the bounds each trainer holds it to
+    (choose_rate), which the trainers take from their contracts, where the help is made."""
     from components.train_lm import training as lm_training
     from components.train_text import schedule
-
-    def rate(value: float) -> str:
-        return signatures.rate_text(value)
+    from components.train_text.contract import rate_text as rate
 
     bounds = {
         "text": (rate(schedule.MIN_FOUND_LR), rate(schedule.MAX_FOUND_LR_WHOLE),
                  rate(schedule.MAX_FOUND_LR_HEAD), str(schedule.BOUNDS_N_HID)),
         "lm": (f"{rate(lm_training.MIN_FOUND_LR)}..{rate(lm_training.MAX_FOUND_LR)}",),
     }
+    assert rate(0.003) == "3e-3" and rate(0.0025) == "2.5e-3"
     for module, function, kind in LEARNING_RATE_HELP:
         line = _help(module, function, "learning_rate")
         assert "valley" in line and "steep" not in line and "minimum" not in line, line
@@ -168,68 +143,24 @@ def test_learning_rate_help_names_the_rule_and_bounds_the_code_uses():
         assert f"learning_rate: {_described(pipeline, 'learning_rate')}" == line
 
 
-def test_the_learning_rate_sentence_is_written_from_beside_choose_rate():
-    """Changing the sentence next to choose_rate is one edit: the generator writes the rest."""
-    home = "components.common.fastai_text"
-    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
-    assert home in sources
-    old = 'FOUND_RATE_HELP = ("0 finds it'
-    assert old in sources[home]
-    sources[home] = sources[home].replace(old, 'FOUND_RATE_HELP = ("0 asks lr_find: it')
-    wanted = signatures.written(sources)
-    changed = {m for m in sources if wanted[m] != sources[m]}
-    assert changed == {m for m, _, _ in LEARNING_RATE_HELP}
-    for module, function, _ in LEARNING_RATE_HELP:
-        line = _help(module, function, "learning_rate", wanted[module])
-        assert "; 0 asks lr_find: it" in line and "0 finds it" not in line
-
-
-def test_every_written_function_is_marked_above_its_def_and_decorators():
-    """The comment stands above the decorators, in the def's indentation; a stale one is
-    replaced, not doubled; one already right leaves the text as it is."""
-    marker = "# Defaults written by python -m tools.signatures from here (edit there)."
-    source = ("def build(x):\n    @dsl.pipeline(\n        name='p')\n    def p(\n"
-              "        a: int = 1,\n    ):\n        pass\n")
-    marked = signatures.mark(source, "p", marker)
-    assert marked == source.replace("    @dsl", f"    {marker}\n    @dsl")
-    assert signatures.mark(marked, "p", marker) == marked
-    moved = marker.replace("from here", "from there")
-    assert signatures.mark(marked, "p", moved) == source.replace("    @dsl",
-                                                                 f"    {moved}\n    @dsl")
-    step = "import x\n\n\n# a comment of its own\ndef f(\n    a: int = 1,\n):\n    pass\n"
-    assert signatures.mark(step, "f", marker) == step.replace("def f", f"{marker}\ndef f")
-
-
-def test_the_mark_stays_out_of_the_source_kfp_pastes():
-    """KFP pastes a step's function from its def on: the compiled JSON never holds the mark."""
-    from components.shard import component as shard
-
-    for function in (shard.shard_images,):
-        lines, first = inspect.getsourcelines(function)
-        assert signatures.MARKED not in "".join(lines)
-        above = inspect.getsource(inspect.getmodule(function)).splitlines()[first - 2]
-        assert signatures.MARKED in above
-
-
-def test_a_two_line_mark_is_replaced_whole_and_an_own_comment_above_it_stays():
-    marker = "# Defaults written by python -m tools.signatures from\n# here (edit there)."
-    source = "# my own\ndef f(\n    a: int = 1,\n):\n    pass\n"
-    marked = signatures.mark(source, "f", marker)
-    assert marked == source.replace("def f", f"{marker}\ndef f")
-    assert signatures.mark(marked, "f", marker) == marked
-    one_line = "# Defaults written by python -m tools.signatures from there (edit there)."
-    assert signatures.mark(marked, "f", one_line) == source.replace("def f",
-                                                                    f"{one_line}\ndef f")
-
-
-def test_a_steps_help_reaches_the_pipelines_it_feeds(monkeypatch):
-    """Changing a step's Args entry is one edit: its pipelines describe the parameter so."""
+def test_a_settings_help_reaches_the_step_and_the_pipelines_it_feeds(monkeypatch):
+    """Changing a setting's help is one edit: the step written from its class says it, and
+    the pipelines it feeds describe the parameter so."""
     from components.prepare_text import component as prepare_text
+    from components.prepare_text.contract import PrepareConfig
+    from pipelines.definitions import steps
 
-    step = prepare_text.prepare_text_data
-    old = "text_column: Name of the column holding the texts."
-    assert old in step.__doc__
-    monkeypatch.setattr(step, "__doc__", step.__doc__.replace(old, "text_column: Texts."))
+    @dataclasses.dataclass(frozen=True)
+    class Edited(PrepareConfig):
+        text_column: str = setting("text", "Texts.")
+
+    function = prepare_text.written_step(Edited)
+    assert "text_column: Texts." in inspect.getdoc(function)
+    for kind in ("text", "transformer"):
+        table = dict(steps.STEPS[kind])
+        table["prepare"] = dataclasses.replace(table["prepare"], function=function,
+                                               settings=Edited)
+        monkeypatch.setitem(steps.STEPS, kind, table)
     for module in ("pipelines.definitions.text", "pipelines.definitions.transformer"):
         # a new image: the steps' components are made once per image
         assert _described(module, "text_column", "img:step-help") == "Texts."
@@ -279,17 +210,26 @@ def test_every_shared_help_and_targets_word_speaks_of_a_pipeline_parameter():
     assert set(help_text.HELP) <= known
 
 
-def test_the_trainjob_launcher_takes_the_one_pod_trainers_parameters_as_written():
+@dataclasses.dataclass(frozen=True)
+class SmoothedLabels(TransformerConfig):
+    """The transformer trainer's settings with one more."""
+
+    label_smoothing: float = setting(0.0, "How much of each label is spread over the others.")
+
+
+def test_the_trainjob_launcher_takes_the_one_pod_trainers_settings_after_its_own():
     """A setting added to the transformer trainer reaches the TrainJob launcher, after its
-    own node settings, with no second edit."""
-    module = "components.train_transformer.component"
-    sources = {m: signatures._source_path(m).read_text() for m in signatures._modules()}
-    sources[module] = sources[module].replace(
-        '    hypertune_metric: str = "",\n):\n    """Fine-tunes a pretrained',
-        '    hypertune_metric: str = "",\n    label_smoothing: float = 0.0,\n):\n'
-        '    """Fine-tunes a pretrained', 1)
-    launcher = signatures.written(sources)[module]
-    launcher = launcher[launcher.index("def train_transformer_trainjob"):]
-    head = launcher[:launcher.index("):")]
-    assert head.index("deadline_seconds: int,") < head.index("model_name: str")
-    assert head.rstrip().endswith("label_smoothing: float = 0.0,")
+    own node settings, with no second edit; its help there points at the one-pod step's."""
+    from components.train_transformer import component
+
+    one = component.written_step(SmoothedLabels)
+    launcher = component.written_trainjob(SmoothedLabels)
+    names = list(inspect.signature(launcher).parameters)
+    assert names.index("deadline_seconds") < names.index("model_name")
+    assert names.index("label_smoothing") > names.index("deadline_seconds")
+    assert inspect.signature(launcher).parameters["label_smoothing"].default == 0.0
+    assert inspect.signature(one).parameters["label_smoothing"].default == 0.0
+    assert "label_smoothing: How much of each label" in inspect.getdoc(one)
+    doc = inspect.getdoc(launcher)
+    assert "label_smoothing: As train_transformer_classifier's." in doc
+    assert "batch_size: Texts per batch on each process." in doc

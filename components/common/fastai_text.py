@@ -189,10 +189,8 @@ def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, precision:
     return mixed_precision(learn, precision)
 
 
-# What learning_rate=0 does, as the trainers' and pipelines' help says it: `python -m
-# tools.signatures` writes it there with each trainer's bounds. Keep it `choose_rate`'s.
-FOUND_RATE_HELP = ("0 finds it with fastai's lr_find: its valley, held to {bounds}; "
-                   "without a valley, the bounds' geometric middle.")
+# What learning_rate=0 does is said in the help by components.train_text.contract's
+# FOUND_RATE_HELP, with each trainer's bounds: keep it choose_rate's.
 
 
 def choose_rate(suggestions: Mapping[str, float], floor: float, ceiling: float,

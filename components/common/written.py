@@ -81,7 +81,11 @@ HELP = "help"  # a settings field's metadata key: its console help
 
 def setting(default: Any, help: str) -> Any:  # noqa: A002 - the word the console shows
     """A settings field with its default and help, the one home of both: a step written by
-    `step_function` takes it as an input, with this help."""
+    `step_function` takes it as an input, with this help. A dict or list default is made
+    afresh for each instance, as dataclasses ask."""
+    if isinstance(default, (dict, list)):
+        return dataclasses.field(default_factory=lambda: type(default)(default),
+                                 metadata={HELP: help})
     return dataclasses.field(default=default, metadata={HELP: help})
 
 
@@ -110,50 +114,59 @@ def _step_type(annotation: Any, default: Any) -> type:
         else type(as_step_value(default))
 
 
-def settings_from_step(settings: type, values: dict[str, Any]) -> Any:
+def settings_from_step(settings: type, values: dict[str, Any],
+                       parsers: dict[str, Any] | None = None) -> Any:
     """The settings a step's inputs describe: `as_step_value` undone for each field the
-    step takes (0 or "" for a field whose default is None is None again)."""
+    step takes (0 or "" for a field whose default is None is None again; the text of a
+    field named in `parsers` is given to its parser: `{"model_config": parse_model_config}`)."""
+    parsers = parsers or {}
     taken = {}
     for field in dataclasses.fields(settings):
         if field.name in values:
             value = values[field.name]
+            if field.name in parsers:
+                value = parsers[field.name](value)
             taken[field.name] = None if _field_default(field) is None and not value else value
     return settings(**taken)
 
 
 def step_function(name: str, settings: type, summary: str,
                   before: Sequence[tuple[str, Any, str]], after: Sequence[tuple[str, Any, str]],
-                  runs: str, leave_out: Sequence[str] = ()) -> Any:
-    """A step's KFP function written from its settings class: `before` (artifacts), every
-    field of `settings` (its type, default and `setting` help) but `leave_out`, then `after`.
+                  runs: str, leave_out: Sequence[str] = (),
+                  helps: dict[str, str] | None = None) -> Any:
+    """A step's KFP function written from its settings class: `before` (artifacts and inputs
+    without a default), every field of `settings` (its type, default and `setting` help) but
+    `leave_out`, then `after`.
 
     Args:
         name: The function's name.
         settings: The settings dataclass; each field has its help in `setting`.
         summary: The docstring's first paragraph.
-        before: `(name, annotation, help)` of the inputs before the settings.
+        before: `(name, annotation, help)` of the inputs before the settings (none has a
+            default).
         after: `(name, default, help)` of the inputs after them (their type is the
             default's).
         runs: "module:function" called with one dict of every input (the step's work).
         leave_out: Fields that are no input (the step's logic keeps their defaults).
+        helps: Help that replaces a field's own (a step taking another's settings says so).
 
     Returns:
         The function (`write_function`).
     """
-    hints = typing.get_type_hints(settings)
+    hints, helps = typing.get_type_hints(settings), helps or {}
     plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
     parameters = [inspect.Parameter(n, plain, annotation=a) for n, a, _ in before]
-    helps = [(n, h) for n, _, h in before]
+    described = [(n, h) for n, _, h in before]
     for field in dataclasses.fields(settings):
         if field.name in leave_out:
             continue
         default = _field_default(field)
         parameters.append(inspect.Parameter(field.name, plain, default=as_step_value(default),
                                             annotation=_step_type(hints[field.name], default)))
-        helps.append((field.name, field.metadata[HELP]))
+        described.append((field.name, helps.get(field.name, field.metadata[HELP])))
     parameters += [inspect.Parameter(n, plain, default=d, annotation=type(d)) for n, d, _ in after]
-    helps += [(n, h) for n, _, h in after]
-    doc = f"{summary}\n\nArgs:\n" + "\n".join(f"    {n}: {h}" for n, h in helps)
+    described += [(n, h) for n, _, h in after]
+    doc = f"{summary}\n\nArgs:\n" + "\n".join(f"    {n}: {h}" for n, h in described)
     module, function = runs.split(":")
     body = (f"values = dict(locals())  # the inputs, before the import names one more\n"
             f"from {module} import {function}\n\n{function}(values)")

@@ -12,6 +12,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from components.common.written import setting
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -32,28 +34,24 @@ class TextDataError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
-    """How to read and split the CSV.
+    """How to read and split the CSV: each field's help is the preparation step's input help
+    (the console's), where a step input gives label_columns as comma-separated text."""
 
-    Attributes:
-        text_column: Column holding the texts.
-        label_columns: Label columns; empty means every column but the text.
-        label_delimiter: Separates several class names in a single class-name column:
-            "auto" is "," with cells holding ";" or "|" refused; "," declares those part
-            of class names; ";" or "|" separate with that; empty keeps each cell one
-            class name.
-        other_label: Label given to rows with no label set; empty drops those rows.
-        validation_fraction: Share of the rows left after the test split that validate.
-        test_fraction: Share of all rows held out for the final test.
-        seed: Seed of the split; the same file and seed give the same splits.
-    """
-
-    text_column: str = "text"
-    label_columns: tuple[str, ...] = ()
-    label_delimiter: str = "auto"
-    other_label: str = "other"
-    validation_fraction: float = 0.2
-    test_fraction: float = 0.25
-    seed: int = 42
+    text_column: str = setting("text", "Name of the column holding the texts.")
+    label_columns: tuple[str, ...] = setting((), "Comma-separated label column names; empty uses"
+                                             " every column but the text.")
+    label_delimiter: str = setting("auto", "Separates several class names inside one cell of a "
+                                   'class-name column: "auto" reads "," and refuses a cell '
+                                   'holding ";" or "|" (one file mixing them would make "a;b" '
+                                   'a class); "," declares ";" and "|" part of class names; '
+                                   '";" or "|" separate with that; empty keeps each cell one '
+                                   "class name.")
+    other_label: str = setting("other", "Label given to rows with no label set; empty drops "
+                               "those rows instead.")
+    validation_fraction: float = setting(0.2, "Share of the rows left after the test split used "
+                                         "for validation.")
+    test_fraction: float = setting(0.25, "Share of all rows held out for the final test.")
+    seed: int = setting(42, "Seed of the split; the same file and seed give the same splits.")
 
     def __post_init__(self):
         if not 0.0 <= self.test_fraction < 1.0:

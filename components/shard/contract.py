@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from components.common.storage import filesystem
+from components.common.written import setting
 
 SPLITS = ("train", "validation", "test")
 MANIFEST_NAME = "manifest.json"
@@ -35,37 +36,30 @@ class ShardingError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ShardConfig:
-    """How to shard.
+    """How to shard: each field's help is the sharding step's input help (the console's)."""
 
-    Attributes:
-        image_size: Height and width of the stored images, in pixels.
-        image_format: "jpeg" (small, decoded when read) or "raw" (uint8 HWC, no decode).
-        jpeg_quality: JPEG quality 1-95 when `image_format` is "jpeg".
-        resize_method: "crop" (center crop) or "pad" (letterbox with black).
-        train_fraction: Share of each class that goes to the train split.
-        validation_fraction: Share of each class that goes to the validation split.
-        test_fraction: Share of each class that goes to the test split.
-        seed: Seed of the split and of the order of examples in the shards.
-        target_shard_mb: Aimed size of one shard in MB.
-        min_shards_per_split: Fewest shards a split is written to (so readers can
-            interleave), unless it has fewer examples than that.
-        max_skipped_fraction: Fail when more than this share of the input is unusable.
-        num_workers: Writer processes; 0 means one per CPU core, fewer for a small
-            dataset (`sharding.worker_count`).
-    """
-
-    image_size: int = 224
-    image_format: str = "jpeg"
-    jpeg_quality: int = 95
-    resize_method: str = "crop"
-    train_fraction: float = 0.8
-    validation_fraction: float = 0.1
-    test_fraction: float = 0.1
-    seed: int = 42
-    target_shard_mb: float = 100.0
-    min_shards_per_split: int = 16
-    max_skipped_fraction: float = 0.05
-    num_workers: int = 0
+    image_size: int = setting(224, "Height and width in pixels the images are resized to and "
+                              "stored at (the model is trained at this size).")
+    image_format: str = setting("jpeg", 'Shard image encoding: "jpeg" (about 4x smaller, decoded'
+                                ' when read) or "raw" (uint8, no decode).')
+    jpeg_quality: int = setting(95, 'JPEG quality 1-95 when image_format is "jpeg".')
+    resize_method: str = setting("crop", '"crop" scales the shorter side to image_size and '
+                                 'center-crops; "pad" scales the longer side and pads with '
+                                 "black.")
+    train_fraction: float = setting(0.8, "Share of each class for training.")
+    validation_fraction: float = setting(0.1, "Share of each class for validation (early "
+                                         "stopping, learning-rate schedule).")
+    test_fraction: float = setting(0.1, "Share of each class for the final test.")
+    seed: int = setting(42, "Seed of the split and of the order of examples; same inputs and "
+                        "seed give identical shards.")
+    target_shard_mb: float = setting(100.0, "Aimed shard size in MB (TensorFlow advises 10 MB+, "
+                                     "ideally ~100 MB).")
+    min_shards_per_split: int = setting(16, "Fewest shards per split so readers can interleave "
+                                        "(capped at the number of examples).")
+    max_skipped_fraction: float = setting(0.05, "Fail when more than this share of the files is "
+                                          "unreadable.")
+    num_workers: int = setting(0, "Sharding processes; 0 uses every CPU core of the machine, "
+                               "fewer for a small dataset (one per 200 images).")
 
     def __post_init__(self) -> None:
         problems = []

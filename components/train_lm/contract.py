@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from components.common.written import setting
 from components.formats.lm_assets import LM_METRICS_FILE
+from components.train_text.contract import FOUND_RATE_HELP, rate_text
 
 METRICS_FILE = LM_METRICS_FILE
 # Where the texts of a corpus come from: a CSV column, or .txt files (one or a folder).
@@ -23,25 +25,48 @@ class LMTrainingError(RuntimeError):
     """The language model cannot be trained as configured; the message says why."""
 
 
+# Bounds on the rate lr_find suggests (learning_rate=0; its valley, `choose_rate`). On the
+# standard library's docstrings (230k tokens, a small AWD-LSTM) valley said 5.8e-4, while a
+# fixed 1e-2 reached perplexity 102 in 3 epochs, hence the fixed default and a floor of 1e-3
+# (below it an LM from scratch stays at the unigram level for its few epochs); lr_find is
+# there for corpora unlike that one.
+MIN_FOUND_LR, MAX_FOUND_LR = 1e-3, 3e-2
+LEARNING_RATE_HELP = "Peak learning rate; " + FOUND_RATE_HELP.format(
+    bounds=f"{rate_text(MIN_FOUND_LR)}..{rate_text(MAX_FOUND_LR)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class LMConfig:
-    """Settings of one language model run (see the component for each one's meaning)."""
+    """Settings of one language model run: each field's help is the step's input help (the
+    console's), where a step input gives model_config as JSON text."""
 
-    lang: str = "en"
-    text_column: str = "text"
-    backwards: bool = False
-    epochs: int = 10
-    batch_size: int = 64
-    seq_len: int = 72
-    learning_rate: float = 1e-2  # 0: found by lr_find
-    drop_mult: float = 0.3
-    min_freq: int = 3
-    max_vocab: int = 60000
-    spm_vocab_size: int = 0  # 0: fastai's choice from the corpus
-    validation_fraction: float = 0.1
-    mixed_precision: bool = True
-    model_config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    seed: int = 42
+    lang: str = setting("en", "Language of the corpus (en, fr, de, ...; ja, ko and zh are cut "
+                        "with a SentencePiece model trained here); names the assets folder, "
+                        "which the text pipeline's lang must match.")
+    text_column: str = setting("text", "Column of the texts when the corpus is a CSV file.")
+    backwards: bool = setting(False, "Also train a backward model (texts read right to left), "
+                              "for the text pipeline's backwards=true (a backward classifier, "
+                              "or half of a bidirectional ensemble).")
+    epochs: int = setting(10, "Epochs of each direction's one-cycle schedule.")
+    batch_size: int = setting(64, "Token streams per batch.")
+    seq_len: int = setting(72, "Tokens per backpropagation-through-time step.")
+    learning_rate: float = setting(1e-2, LEARNING_RATE_HELP)  # 0: found by lr_find
+    drop_mult: float = setting(0.3, "Multiplier of every AWD-LSTM dropout.")
+    min_freq: int = setting(3, "Tokens seen fewer times become xxunk.")
+    max_vocab: int = setting(60000, "Largest vocabulary kept.")
+    spm_vocab_size: int = setting(0, "SentencePiece vocabulary size for ja, ko and zh; 0 lets "
+                                  "fastai choose from the corpus.")
+    validation_fraction: float = setting(0.1, "Share of the documents held out to measure "
+                                         "perplexity and accuracy.")
+    mixed_precision: bool = setting(True, "Train in mixed precision on a GPU: bf16 on compute "
+                                    "capability 8.0 or more (A100, L4, H100), fp16 on 7.x "
+                                    "(V100, T4); never on CPU.")
+    model_config: dict[str, Any] = setting({}, "JSON object of AWD_LSTM settings (e.g. "
+                                           '{"emb_sz": 400, "n_hid": 1152, "n_layers": 3}); '
+                                           "empty for fastai's defaults. Written to "
+                                           "config.json, so the text pipeline builds the same "
+                                           "encoder.")
+    seed: int = setting(42, "Seed of the held-out draw, initialisation and batch order.")
 
     def __post_init__(self) -> None:
         problems = []

@@ -65,7 +65,13 @@ from components.formats.lm_assets import (
     make_tokenizer,
     save_lm_assets,
 )
-from components.train_lm.contract import METRICS_FILE, LMConfig, LMTrainingError
+from components.train_lm.contract import (
+    MAX_FOUND_LR,
+    METRICS_FILE,
+    MIN_FOUND_LR,
+    LMConfig,
+    LMTrainingError,
+)
 from components.train_lm.corpus import Corpus, read_corpus
 from components.train_lm.unigram import compare, unigram_baseline
 
@@ -81,12 +87,6 @@ STATE = run_state.StateFile(STATE_FILE, LMTrainingError, "other corpus, settings
                             version=STATE_VERSION, leftovers=(VOCAB_FILE, SPM_MODEL, STAGING),
                             leftover_suffixes=(".pth", ".pth.tmp"))
 _TEXT, _VALID = "text", "is_valid"
-# Bounds on the rate lr_find suggests (learning_rate=0; its valley, `choose_rate`). On the
-# standard library's docstrings (230k tokens, a small AWD-LSTM) valley said 5.8e-4, while a
-# fixed 1e-2 reached perplexity 102 in 3 epochs, hence the fixed default and a floor of 1e-3
-# (below it an LM from scratch stays at the unigram level for its few epochs); lr_find is
-# there for corpora unlike that one.
-MIN_FOUND_LR, MAX_FOUND_LR = 1e-3, 3e-2
 
 
 def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:

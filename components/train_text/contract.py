@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from components.common.storage import filesystem
+from components.common.written import setting
 from components.formats.lm_assets import (
     LM_FILE_HEAD,
     LM_FILE_TAIL,
@@ -39,36 +40,90 @@ class TextTrainingError(RuntimeError):
     """Training cannot start as configured; the message says why."""
 
 
+# Bounds on the rate `lr_find` suggests (learning_rate=0). Measured on real text (docstrings,
+# Debian descriptions; a classifier trained whole): 3e-3 and 7e-3 learnt on every seed (test
+# micro F1 0.68..0.70); at 1e-2 the validation loss jumped 0.39 -> 1.10; 2e-2 collapsed
+# (F1 0.08, clipped or not); 1e-3 sat at F1 0.23 after 6 of 8 epochs. Valley said
+# 3.3e-4..2.3e-2: it picks within the window, it does not find it. A head on a frozen
+# encoder takes ULMFiT's higher rates (2e-2).
+MIN_FOUND_LR = 3e-3
+MAX_FOUND_LR_WHOLE, MAX_FOUND_LR_HEAD = 5e-3, 5e-2
+# The AWD-LSTM hidden size the bounds above were measured at (fastai's default n_hid).
+BOUNDS_N_HID = 1152
+# What learning_rate=0 does (`components.common.fastai_text.choose_rate`), as both fastai
+# trainers' help says it with their bounds; keep it choose_rate's.
+FOUND_RATE_HELP = ("0 finds it with fastai's lr_find: its valley, held to {bounds}; "
+                   "without a valley, the bounds' geometric middle.")
+
+
+def rate_text(value: float) -> str:
+    """A learning rate as the help writes it: 0.003 -> "3e-3", 0.0025 -> "2.5e-3"."""
+    mantissa, exponent = f"{value:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+# schedule.found_rate_bounds: the head's window, or a whole model's scaled by width.
+_LOW, _HEAD = rate_text(MIN_FOUND_LR), rate_text(MAX_FOUND_LR_HEAD)
+LEARNING_RATE_HELP = (
+    "Peak learning rate of the classifier's first stage (with gradual unfreezing, later "
+    "stages use 1/2, 1/4, then 1/20 of it); " + FOUND_RATE_HELP.format(
+        bounds=f"{_LOW}..{_HEAD} when gradual unfreezing trains the head first, else "
+               f"{_LOW}..{rate_text(MAX_FOUND_LR_WHOLE)} times {BOUNDS_N_HID}/n_hid, capped "
+               f"at {_HEAD}"))
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Settings of one training run (see the component for each one's meaning)."""
+    """Settings of one training run: each field's help is the training step's input help (the
+    console's), where a step input gives model_config as JSON text."""
 
     # English from fastai's WikiText-103 AWD-LSTM unless told otherwise: a console user who
     # sets only data_uri starts pretrained (assets.fetch_fastai_pretrained, or lm_assets).
-    lang: str = "en"
-    pretrained: bool = True
-    backwards: bool = False
-    lm_epochs: int = 4
+    lang: str = setting("en", "Language of the texts (en, fr, de, ...; ja, ko and zh use "
+                        "SentencePiece); picks the tokenizer and the assets folder.")
+    pretrained: bool = setting(True, "Start from a pretrained LM: the one in lm_assets_uri "
+                               "(missing files are an error that lists them), or with lang=en "
+                               "and no lm_assets_uri fastai's WikiText-103 AWD-LSTM, "
+                               "downloaded as fastai does (stage a copy with python -m "
+                               "pipelines.stage_wt103 for jobs without internet); false trains"
+                               " from scratch.")
+    backwards: bool = setting(False, "Read texts backwards (use the backward LM).")
+    lm_epochs: int = setting(4, "Language model fine-tuning epochs on the dataset's texts; 0 "
+                             "skips it.")
     # 12 classifier epochs and the epoch of best validation F1 kept: a classifier from a
     # learnt encoder peaks early and one from random weights late, so a short budget or
     # the lowest validation loss picks against one of them. Measured on two real corpora
     # (docs/measurements.md, ULMFiT from an LM made here, 3 seeds each): the LM start beat
     # random weights on every seed of both only so (6 epochs or 12 by validation loss:
     # on one corpus or the other, 1 of 3).
-    epochs: int = 12
-    batch_size: int = 16
-    drop_mult: float = 0.3
-    threshold: float = 0.3
-    monitor: str = "f1_score"
-    unfreeze: str = "auto"
-    learning_rate: float = 0.0  # 0: found by lr_find
-    lm_learning_rate: float = 2e-3
-    seq_len: int = 72
-    min_freq: int = 3
-    max_vocab: int = 60000
-    mixed_precision: bool = True
-    model_config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    seed: int = 42
+    epochs: int = setting(12, "Classifier epochs (see unfreeze).")
+    batch_size: int = setting(16, "Texts per batch (language model and classifier).")
+    drop_mult: float = setting(0.3, "Multiplier of every AWD-LSTM dropout.")
+    threshold: float = setting(0.3, "Multi-label decision threshold on each label's probability.")
+    monitor: str = setting("f1_score", "Metric whose best epoch is kept: valid_loss, f1_score "
+                           "(macro F1), accuracy_multi (multi-label) or accuracy "
+                           "(single-label).")
+    unfreeze: str = setting("auto", "How a pretrained or LM-fine-tuned encoder is unfrozen: "
+                            '"gradual" (ULMFiT: head, top 2 groups, top 3, then everything, '
+                            'one epoch each, discriminative rates), "all" (everything from the'
+                            ' first epoch at one rate), or "auto": gradual when an epoch has '
+                            "at least 50 batches, else all (on small data gradual stages are "
+                            "too short to learn). A random encoder always trains everything at"
+                            " once.")
+    learning_rate: float = setting(0.0, LEARNING_RATE_HELP)  # 0: found by lr_find
+    lm_learning_rate: float = setting(2e-3, "Peak learning rate of the unfrozen language model "
+                                      "epochs (its frozen first epoch uses 10x).")
+    seq_len: int = setting(72, "Tokens per backpropagation-through-time step.")
+    min_freq: int = setting(3, "Tokens seen fewer times in the training texts become xxunk.")
+    max_vocab: int = setting(60000, "Largest vocabulary kept.")
+    mixed_precision: bool = setting(True, "Train in mixed precision on a GPU: bf16 on compute "
+                                    "capability 8.0 or more (A100, L4, H100), fp16 on 7.x "
+                                    "(V100, T4); never on CPU.")
+    model_config: dict[str, Any] = setting({}, "JSON object of AWD_LSTM settings (e.g. "
+                                           '{"emb_sz": 400, "n_hid": 1152, "n_layers": 3}) '
+                                           "when training from scratch; empty for fastai's "
+                                           "defaults.")
+    seed: int = setting(42, "Seed of weights initialisation and batch order.")
 
     def __post_init__(self) -> None:
         problems = []

@@ -14,7 +14,14 @@ from typing import Any
 
 from components.common import run_state
 from components.text_common.scores import finite
-from components.train_text.contract import UNFREEZE_MODES, TextTrainingError
+from components.train_text.contract import (
+    BOUNDS_N_HID,
+    MAX_FOUND_LR_HEAD,
+    MAX_FOUND_LR_WHOLE,
+    MIN_FOUND_LR,
+    UNFREEZE_MODES,
+    TextTrainingError,
+)
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -32,14 +39,6 @@ LR_DECAY_PER_GROUP = 2.6
 _UNFREEZE_STEPS = (("classifier-head", -1, 1.0), ("classifier-top2", -2, 0.5),
                    ("classifier-top3", -3, 0.25))
 _UNFROZEN_LR_SHARE = 0.05
-# Bounds on the rate `lr_find` suggests (learning_rate=0). Measured on real text (docstrings,
-# Debian descriptions; a classifier trained whole): 3e-3 and 7e-3 learnt on every seed (test
-# micro F1 0.68..0.70); at 1e-2 the validation loss jumped 0.39 -> 1.10; 2e-2 collapsed
-# (F1 0.08, clipped or not); 1e-3 sat at F1 0.23 after 6 of 8 epochs. Valley said
-# 3.3e-4..2.3e-2: it picks within the window, it does not find it. A head on a frozen
-# encoder takes ULMFiT's higher rates (2e-2).
-MIN_FOUND_LR = 3e-3
-MAX_FOUND_LR_WHOLE, MAX_FOUND_LR_HEAD = 5e-3, 5e-2
 # Gradual unfreezing spends an epoch per stage; with fewer batches per epoch than this they
 # are too short ("auto" then unfreezes everything at once). On the docstring corpus (14
 # batches of 32, 3 seeds): gradual test micro F1 0.07..0.49, all at once 0.68..0.72.
@@ -149,10 +148,6 @@ def lm_learnt_nothing(rows: list[Mapping[str, Any]], unigram_accuracy: float) ->
         return None
     return (f"best next-token accuracy {best:.4f} vs {unigram_accuracy:.4f} for always "
             "predicting the most frequent token")
-
-
-# The AWD-LSTM hidden size the bounds above were measured at (fastai's default n_hid).
-BOUNDS_N_HID = 1152
 
 
 def found_rate_bounds(stage: Stage, n_hid: int = BOUNDS_N_HID) -> tuple[float, float]:

@@ -18,6 +18,7 @@ import os
 
 from components.common.input_kinds import FolderKind
 from components.common.storage import is_remote
+from components.common.written import setting
 from components.text_common.contract import MODEL_CONFIG_FILE, TOKENIZER_FILES, WEIGHTS_FILES
 
 FRAMEWORK = "transformers"
@@ -36,24 +37,36 @@ class TransformerTrainingError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Settings of one fine-tuning run (see the component for each one's meaning)."""
+    """Settings of one fine-tuning run: each field's help is the training step's input help
+    (the console's)."""
 
-    model_name: str = DEFAULT_MODEL_NAME
+    model_name: str = setting(DEFAULT_MODEL_NAME, "Hub model name (e.g. "
+                              "FacebookAI/xlm-roberta-base, google-bert/bert-base-uncased) or "
+                              "a folder (gs:// or local) written by save_pretrained; its "
+                              "classification head is replaced by one sized for the labels.")
     # Checked on a real pretrained encoder (all-MiniLM-L6-v2, pipelines.pretrained_encoder)
     # on ~500 training texts: at 2e-5 x 4 epochs (116 steps) it never left the constant
     # answer (validation micro F1 0); at 5e-5 x 6 it learnt (docs/measurements.md). Early
     # stopping ends large-data runs sooner; the tuning space spans 1e-5..1e-4.
-    epochs: int = 6
-    batch_size: int = 16
-    learning_rate: float = 5e-5
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    max_length: int = 256
-    threshold: float = 0.5
-    monitor: str = "loss"
-    early_stopping_patience: int = 2
-    mixed_precision: bool = True
-    seed: int = 42
+    epochs: int = setting(6, "Most epochs (early stopping may end sooner).")
+    batch_size: int = setting(16, "Texts per batch on each GPU (or process).")
+    learning_rate: float = setting(5e-5, "Peak AdamW learning rate: 5e-5 fine-tunes a "
+                                   "pretrained encoder (a small one such as all-MiniLM-L6-v2 "
+                                   "on a few hundred texts learns faster at 1e-4); a model "
+                                   "trained from scratch needs about 1e-3.")
+    weight_decay: float = setting(0.01, "AdamW weight decay.")
+    warmup_ratio: float = setting(0.1, "Share of the steps the rate warms up over, linearly from"
+                                  " 0; it then decays linearly to 0.")
+    max_length: int = setting(256, "Tokens of each text the model reads (longer texts are cut).")
+    threshold: float = setting(0.5, "Multi-label decision threshold on each label's probability.")
+    monitor: str = setting("loss", "What picks the best epoch and stops training: loss "
+                           "(validation loss), micro_f1 or macro_f1.")
+    early_stopping_patience: int = setting(2, "Epochs without improvement of the monitored value"
+                                           " before training stops; 0 never stops early.")
+    mixed_precision: bool = setting(True, "bf16 on GPUs of compute capability >= 8.0 (A100, L4, "
+                                    "H100), fp16 on 7.x (V100, T4); never on CPU.")
+    seed: int = setting(42, "Seed of the classification head's initialisation and the batch "
+                        "order.")
 
     def __post_init__(self) -> None:
         problems = []
