@@ -1,0 +1,93 @@
+"""Real photos no one on the team made, as image class folders: Tux Paint's stamps.
+
+    python -m tools.datamakers.tuxpaint_photos [--stamps DIR] OUT_DIR
+
+The source is Debian's `tuxpaint-stamps-default` package (GPL-2; `apt-get install
+tuxpaint-stamps-default`, or `dpkg-deb -x` its .deb and pass the extracted
+`usr/share/tuxpaint/stamps` as --stamps): cut-out photographs of animals, plants and food
+on a transparent background, taken by Tux Paint's contributors. Four classes are kept:
+birds (animals/birds), mammals (animals/mammals), flowers (plants/flowers) and fruit_veg
+(food/fruit and food/vegetables), every PNG under those folders except the drawings
+(`cartoon/` folders; the SVG stamps are drawings too and are not read). Each PNG is laid
+on white (its alpha channel) and written as JPEG `<class>/<folder>_<name>.jpg`. Version
+2022.06.04-1 gives birds 35, mammals 65, flowers 25, fruit_veg 44.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+from components.common.commands import reports
+
+STAMPS = "/usr/share/tuxpaint/stamps"
+# class -> the stamp folders (under STAMPS) whose photos it takes.
+CLASSES = {"birds": ("animals/birds",), "mammals": ("animals/mammals",),
+           "flowers": ("plants/flowers",), "fruit_veg": ("food/fruit", "food/vegetables")}
+DRAWINGS = "cartoon"
+
+
+def stamp_photos(stamps: str, folders: tuple[str, ...]) -> list[Path]:
+    """The PNG photos under `folders` of the stamps folder, drawings left out, sorted."""
+    return sorted(png for folder in folders for png in (Path(stamps) / folder).rglob("*.png")
+                  if DRAWINGS not in png.relative_to(stamps).parts)
+
+
+def write_photos(stamps: str, out_dir: str) -> dict[str, int]:
+    """Writes the four classes' photos as JPEG class folders `<out_dir>/<class>/`.
+
+    Args:
+        stamps: Tux Paint's stamps folder (installed, or extracted from the .deb).
+        out_dir: Folder to write into.
+
+    Returns:
+        Images written per class.
+
+    Raises:
+        FileNotFoundError: `stamps` or one of its class folders is missing.
+    """
+    missing = [folder for folders in CLASSES.values() for folder in folders
+               if not os.path.isdir(os.path.join(stamps, folder))]
+    if missing:
+        raise FileNotFoundError(
+            f"no Tux Paint stamps at {stamps!r} (missing {', '.join(missing)}): run `apt-get "
+            "install tuxpaint-stamps-default` (Debian's package, GPL-2), or pass --stamps with "
+            "the usr/share/tuxpaint/stamps folder of its .deb extracted by `dpkg-deb -x`")
+    counts = {}
+    for name, folders in CLASSES.items():
+        os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+        photos = stamp_photos(stamps, folders)
+        names = [f"{png.parent.name}_{png.stem}.jpg" for png in photos]
+        if len(set(names)) < len(names):  # two stamps would write one file
+            raise FileExistsError(f"{name}: two stamps under {folders} share a folder and "
+                                  "file name; this maker writes <folder>_<name>.jpg")
+        for png in photos:
+            image = Image.open(png).convert("RGBA")
+            white = Image.new("RGBA", image.size, "white")
+            white.alpha_composite(image)
+            white.convert("RGB").save(
+                os.path.join(out_dir, name, f"{png.parent.name}_{png.stem}.jpg"), quality=95)
+        counts[name] = len(photos)
+    return counts
+
+
+@reports(FileNotFoundError, FileExistsError)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.datamakers.tuxpaint_photos",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", help="folder to write the class folders into")
+    parser.add_argument("--stamps", default=STAMPS,
+                        help=f"Tux Paint's stamps folder (default {STAMPS})")
+    args = parser.parse_args(argv)
+    counts = write_photos(args.stamps, args.out_dir)
+    print(f"wrote {sum(counts.values())} photos to {args.out_dir}: "
+          + ", ".join(f"{name} {count}" for name, count in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
