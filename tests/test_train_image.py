@@ -10,9 +10,11 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -618,6 +620,67 @@ def test_interrupted_training_resumes_across_phases(image_dataset, base_weights,
     assert model.metadata["architecture"] == "DenseNet(1-1-1-1)"  # the weights file's
     assert not checkpoints.exists()  # state removed once the model is exported
     _check_artifact(out, image_dataset)
+
+
+_PREEMPTIBLE_SCRIPT = """
+import json, logging, sys
+from components.train_image.training import TrainConfig, train
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+dataset, out, config, result = sys.argv[1:]
+metrics = train(dataset, out, TrainConfig(**json.loads(config)), out + "-checkpoints")
+open(result, "w").write(json.dumps(metrics))
+"""
+
+
+@pytest.mark.slow
+def test_a_sigterm_mid_epoch_seals_that_step_and_the_restart_resumes_there(
+        image_dataset, base_weights, tmp_path):
+    """A real SIGTERM, sent once epoch 0 is logged, lands early in epoch 1 of 200 steps: the
+    trainer backs that step up, exits 143, and the restart goes on from the next step."""
+    config = dict(epochs=3, fine_tune_epochs=0, batch_size=2, weights=base_weights,
+                  precision="off", steps_per_epoch=200, early_stopping_patience=0)
+    out, attempts = tmp_path / "model", []
+    for attempt in (1, 2):
+        process, log, result = _start(_PREEMPTIBLE_SCRIPT, tmp_path, f"attempt{attempt}",
+                                      image_dataset, config, out, _subprocess_env())
+        while attempt == 1 and process.poll() is None and "head epoch 0:" not in log.read_text():
+            time.sleep(0.05)
+        if attempt == 1:
+            os.kill(process.pid, signal.SIGTERM)
+        process.wait(timeout=600)
+        attempts.append((process.returncode, log.read_text()))
+    (code, first), (second_code, second) = attempts
+    sealed = re.search(r"sealed in \S+backup-head at epoch 1 step (\d+)", first)
+    assert code == 143 and sealed, first[-3000:]
+    step = int(sealed.group(1))
+    assert step < 199 and "head epoch 1:" not in first  # mid-epoch
+    assert second_code == 0, second[-3000:]
+    assert f"resumed mid-epoch: epoch 1 from step {step + 1}" in second
+    assert "head epoch 0:" not in second and "head epoch 2:" in second
+    # an uninterrupted run's count: 3 epochs of 200 steps, none repeated or skipped
+    assert json.loads((tmp_path / "attempt2.json").read_text())["optimizer_steps"] == 600
+
+
+class _FailAtStep(tf_keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 2:
+            raise RuntimeError("killed at step 2")
+
+
+@pytest.mark.slow
+def test_checkpoint_every_steps_backs_up_mid_epoch_for_a_kill_without_notice(
+        image_dataset, base_weights, tmp_path, caplog):
+    config = TrainConfig(epochs=1, fine_tune_epochs=0, batch_size=2, weights=base_weights,
+                         precision="off", steps_per_epoch=5, checkpoint_every_steps=2)
+    out, checkpoints = str(tmp_path / "model"), str(tmp_path / "checkpoints")
+    caplog.set_level(logging.INFO, logger=training.__name__)
+    with pytest.raises(RuntimeError, match="killed at step 2"):
+        training.train(image_dataset, out, config, checkpoints, callbacks=[_FailAtStep()])
+    metrics = training.train(image_dataset, out, config, checkpoints)
+    assert "resumed mid-epoch: epoch 0 from step 2" in caplog.text  # backed up after step 1
+    assert metrics["optimizer_steps"] == 5
+    with pytest.raises(TrainingError, match="checkpoint_every_steps must be >= 0"):
+        dataclasses.replace(config, checkpoint_every_steps=-1)
 
 
 @pytest.mark.slow

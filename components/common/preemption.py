@@ -16,10 +16,13 @@ TensorFlow nor torch.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
+
+log = logging.getLogger(__name__)
 
 # Where the help of every trainer's `checkpoint_every_steps` lives.
 EVERY_STEPS_HELP = ("Optimizer steps between mid-epoch checkpoints (0: one per epoch, as "
@@ -41,6 +44,7 @@ class Preempted(SystemExit):
     def __init__(self, where: str):
         super().__init__(EXIT_STATUS)
         self.where = where
+        log.warning("%s", self)  # the interpreter prints no message for an exit status
 
     def __str__(self) -> str:
         return f"stopped by SIGTERM; a checkpoint is sealed {self.where}; a restart resumes there"

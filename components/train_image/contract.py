@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
+from components.common import preemption
 from components.common.input_kinds import InputKindError, read_json_object
 from components.common.storage import filesystem
 from components.common.written import setting
@@ -207,6 +208,7 @@ class TrainConfig:
                                           "the training split.")
     validation_steps: int | None = setting(None, "Validation batches per evaluation; 0 for the "
                                            "whole split.")
+    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP)
 
     def __post_init__(self) -> None:
         problems = []
@@ -239,6 +241,9 @@ class TrainConfig:
             problems.append(f"reduce_lr_factor must be in (0, 1), got {self.reduce_lr_factor}")
         if self.shuffle_buffer < 1:
             problems.append(f"shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
+        if self.checkpoint_every_steps < 0:
+            problems.append(f"checkpoint_every_steps must be >= 0, got "
+                            f"{self.checkpoint_every_steps}")
         for name in ("steps_per_epoch", "validation_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -9,13 +9,14 @@ Epochs are numbered across phases (fine-tuning continues the head's count), so
 TensorBoard shows one continuous curve. The model, its phases' plan and the input
 pipelines are in `model`, the artifact writing in `artifact`.
 
-Restarts (Vertex may restart a worker at any time) resume from the last finished
-epoch. Under `checkpoint_dir`:
+Restarts (Vertex may restart a worker at any time) resume from the last backup: each
+epoch's end, the step a SIGTERM stopped at (`Backup`), or every `checkpoint_every_steps`.
+Under `checkpoint_dir`:
   run.json                 fingerprint of config + dataset + replicas; a different
                            run refuses to resume someone else's state
   backup-<phase>/          tf-keras BackupAndRestore of the running phase (weights,
-                           optimizer, epoch); one folder per phase because each phase
-                           has its own optimizer and trainable set
+                           optimizer, epoch and step); one folder per phase because each
+                           phase has its own optimizer and trainable set
   history-<phase>.json     per-epoch metrics so far (survives restarts)
   <phase>.weights.npz      the phase's final weights (after EarlyStopping restored the
                            best ones), then
@@ -35,6 +36,7 @@ import json
 import logging
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,7 +45,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from components.common import run_state
+from components.common import preemption, run_state
 from components.common.gpus import require_tensorflow_gpus
 from components.common.hypertune import TrialReporter
 from components.common.storage import (
@@ -156,7 +158,8 @@ def train(
         val_loss, val_accuracy (final model on the validation split), epochs_run,
         <phase>_epochs, replicas, global_batch_size, steps_per_epoch, learning_rate
         (scaled), precision, strategy, num_classes, classes (label index order),
-        image_size, train_examples, validation_examples, framework, architecture.
+        image_size, train_examples, validation_examples, framework, architecture,
+        optimizer_steps (every phase's, earlier attempts' included).
 
     Raises:
         TrainingError: Bad settings, an empty train split, or a checkpoint folder of
@@ -181,8 +184,9 @@ def train(
              run.precision, [p.name for p in phases])
     trial = TrialReporter(hypertune_metric)
     history: dict[str, list[dict[str, Any]]] = {}
-    epoch = 0
-    with dtype_policy(run.precision), tempfile.TemporaryDirectory() as workdir:
+    epoch = optimizer_steps = 0
+    with (dtype_policy(run.precision), tempfile.TemporaryDirectory() as workdir,
+          preemption.Notice() as notice):
         weights = fetch_weights(config.weights, workdir)
         with strategy.scope():
             model = build_model(len(data.classes), data.image_size, weights, config.dropout,
@@ -201,12 +205,16 @@ def train(
                 with strategy.scope():
                     load_snapshot(model, state.finished_weights(phase.name))
                 history[phase.name], epoch = marker["history"], marker["next_epoch"]
+                optimizer_steps += marker.get("optimizer_steps", 0)
                 log.info("phase %s finished in an earlier attempt: weights loaded", phase.name)
                 continue
+            backup = Backup(state.backup_dir(phase.name), notice, config.checkpoint_every_steps,
+                            _sum_over_workers(strategy))
             callbacks_of_phase = [*_callbacks(config, state, phase.name, data.monitor, log_dir,
-                                              trial), *callbacks]
-            history[phase.name], epoch = _fit(model, phase, epoch, run, data, state,
-                                              callbacks_of_phase)
+                                              trial, backup), *callbacks]
+            history[phase.name], epoch, steps = _fit(model, phase, epoch, run, data, state,
+                                                     callbacks_of_phase)
+            optimizer_steps += steps
         if None not in finished.values():  # every phase finished earlier: compile to evaluate
             with strategy.scope():
                 compile_model(model, phases[-1].learning_rate * run.replicas)
@@ -214,7 +222,8 @@ def train(
         if data.validation is not None:
             final = model.evaluate(data.validation, verbose=0, return_dict=True)
         snapshot = weight_snapshot(model)
-    metrics = _metrics(run, data, phases, history, final, epoch, architecture(model))
+    metrics = {**_metrics(run, data, phases, history, final, epoch, architecture(model)),
+               "optimizer_steps": optimizer_steps}
     if run.chief:
         write_artifact(output_dir, snapshot, data.manifest, config, history, metrics,
                        serving=serving)
@@ -303,9 +312,9 @@ def _read_inputs(dataset_dir: str, config: TrainConfig, run: _Run) -> _Inputs:
 
 
 def _callbacks(config: TrainConfig, state: RunState, phase: str, monitor: str, log_dir: str,
-               trial: TrialReporter) -> list[tf_keras.callbacks.Callback]:
+               trial: TrialReporter, backup: Backup) -> list[tf_keras.callbacks.Callback]:
     """A phase's built-in callbacks. Order matters: the LR change and early stopping of an
-    epoch happen before its metrics are recorded and before BackupAndRestore saves it."""
+    epoch happen before its metrics are recorded and before the backup saves it."""
     built_in: list[tf_keras.callbacks.Callback] = []
     if config.reduce_lr_patience:
         built_in.append(tf_keras.callbacks.ReduceLROnPlateau(
@@ -318,7 +327,7 @@ def _callbacks(config: TrainConfig, state: RunState, phase: str, monitor: str, l
     return [
         *built_in,
         EpochRecorder(state, phase),
-        tf_keras.callbacks.BackupAndRestore(backup_dir=state.backup_dir(phase)),
+        backup,
         tf_keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=0,
                                        write_graph=False, profile_batch=0),
         # Where the folders mirror an object store (open-source Kubeflow): pushed once the
@@ -332,11 +341,12 @@ def _callbacks(config: TrainConfig, state: RunState, phase: str, monitor: str, l
 
 def _fit(model: tf_keras.Model, phase: Phase, epoch: int, run: _Run, data: _Inputs,
          state: RunState, callbacks: list[tf_keras.callbacks.Callback],
-         ) -> tuple[list[dict[str, Any]], int]:
+         ) -> tuple[list[dict[str, Any]], int, int]:
     """Trains one unfinished phase from `epoch` and seals it in the run state.
 
     Returns:
-        The phase's epoch records and the epoch the next phase starts at.
+        The phase's epoch records, the epoch the next phase starts at and its optimizer
+        steps (those of earlier attempts included: the optimizer is in the backup).
     """
     learning_rate = phase.learning_rate * run.replicas  # linear scaling rule
     with run.strategy.scope():
@@ -352,10 +362,11 @@ def _fit(model: tf_keras.Model, phase: Phase, epoch: int, run: _Run, data: _Inpu
     next_epoch = (recorder.records[-1]["epoch"] + 1 if recorder.records
                   else epoch + phase.epochs)
     history = state.history(phase.name) if run.chief else recorder.records
+    steps = int(model.optimizer.iterations.numpy())
     state.finish(phase.name, weight_snapshot(model),  # every worker: may all-reduce
                  {"history": history, "next_epoch": next_epoch,
-                  "epochs_run": next_epoch - epoch})
-    return history, next_epoch
+                  "epochs_run": next_epoch - epoch, "optimizer_steps": steps})
+    return history, next_epoch, steps
 
 
 def _metrics(run: _Run, data: _Inputs, phases: Sequence[Phase],
@@ -385,6 +396,55 @@ def _metrics(run: _Run, data: _Inputs, phases: Sequence[Phase],
         "architecture": architecture_name,
     }
     return {k: v for k, v in metrics.items() if v is not None}
+
+
+def _sum_over_workers(strategy: tf.distribute.Strategy):
+    """The sum of an int over every worker (`preemption.any_rank`); None in one process."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    # traced once: run eagerly, the all-reduce of each step took longer than a tiny step
+    summed = tf.function(lambda value: strategy.reduce(
+        tf.distribute.ReduceOp.SUM, strategy.run(lambda: value), axis=None))
+    return lambda value: int(summed(tf.constant(value)))  # each worker's own value
+
+
+class Backup(tf_keras.callbacks.BackupAndRestore):
+    """tf-keras's BackupAndRestore, backing up at each epoch's end and mid-epoch too: at the
+    step a SIGTERM stopped (then `preemption.Preempted`) and every `every_steps` steps.
+
+    An int `save_freq` is what makes tf-keras restore mid-epoch (the epoch, and the step
+    after the one backed up). The resumed epoch reads a fresh input pipeline: its remaining
+    steps draw from a new shuffle, so in that epoch up to (steps done x global batch)
+    examples can be seen twice or not at all; the optimizer steps add up exactly.
+    """
+
+    def __init__(self, backup_dir: str, notice: preemption.Notice, every_steps: int,
+                 sum_over_workers):
+        super().__init__(backup_dir, save_freq=every_steps or sys.maxsize)
+        self.notice, self.sum_over_workers = notice, sum_over_workers
+        self.epoch, self.first_step = 0, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        super().on_train_batch_begin(batch, logs)
+        if self.first_step is None:  # this process's first step: where it resumed
+            self.first_step = batch
+            if batch:
+                log.info("resumed mid-epoch: epoch %d from step %d", self.epoch, batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)  # every_steps
+        if preemption.any_rank(self.notice.requested, self.sum_over_workers):
+            self._backup(self.epoch, batch)  # the base class's own backup (every worker)
+            push_mirrors()
+            raise preemption.Preempted(f"in {self.backup_dir} at epoch {self.epoch} "
+                                       f"step {batch}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._backup(epoch)  # the base backs up epoch ends only without an int save_freq
 
 
 class EpochRecorder(tf_keras.callbacks.Callback):

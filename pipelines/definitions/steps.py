@@ -173,9 +173,22 @@ def component(function: Callable, image: str):
             nothing is pip-installed at run time.
 
     Returns:
-        A lightweight KFP component.
+        A lightweight KFP component whose python is the container's first process.
     """
-    return dsl.component(function, base_image=image, install_kfp_package=False)
+    made = dsl.component(function, base_image=image, install_kfp_package=False)
+    command = made.component_spec.implementation.container.command
+    # KFP's `sh -ec` script starts python as its child: the SIGTERM of a preemption or a
+    # drained node goes to the container's first process, a shell that ignores it as PID 1,
+    # and the trainers never seal their checkpoint. Exec'd, python is that process.
+    if command[:2] != ["sh", "-ec"] or command[2].count(KFP_EXECUTOR_LINE) != 1:
+        raise RuntimeError(f"this kfp's component command is not the one known: {command[:3]}")
+    command[2] = command[2].replace(KFP_EXECUTOR_LINE, KFP_EXECUTOR_LINE.replace(
+        "python3", "exec python3"))
+    return made
+
+
+# The line of KFP's lightweight component command that starts the executor.
+KFP_EXECUTOR_LINE = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
 
 
 class Steps:
