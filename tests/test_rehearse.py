@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -335,9 +336,10 @@ REGISTERED = "projects/123456789012/locations/us-central1/models/8541"
 @pytest.mark.slow
 def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path):
     """Two replicas train (MultiWorkerMirroredStrategy over CLUSTER_SPEC/TF_CONFIG); once
-    the first epoch is checkpointed the job is killed and restarted, as Vertex restarts a
-    preempted multi-worker job, and training resumes at the next epoch. The base is a
-    one-block-per-stage DenseNet from a weights file (conftest): the head phase trains."""
+    the first epoch is checkpointed the job is preempted (SIGTERM, then the kill after the
+    grace period) and restarted, as Vertex restarts a preempted multi-worker job: both
+    replicas stop at the same step early in epoch 1, and the restart resumes there. The base
+    is a one-block-per-stage DenseNet from a weights file (conftest): the head phase trains."""
     build = _compile(tmp_path, "image_pipeline", "--train-image-replica-count", "2",
                      "--base-output-directory", "gs://acme-jobs/out", "--serving-image", SERVING)
     data = tmp_path / "images"
@@ -347,7 +349,7 @@ def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path
         os.path.join(build, "image_pipeline.json"), str(out),
         {"data_uri": str(data), "image_size": "32", "min_shards_per_split": "2",
          "shard_workers": "1", "weights": write_densenet_weights(tmp_path / "notop.h5", 32),
-         "epochs": "2", "fine_tune_epochs": "0", "batch_size": "4",
+         "epochs": "2", "fine_tune_epochs": "0", "batch_size": "4", "steps_per_epoch": "30",
          "registration_threshold": "0", "eval_batch_size": "8"},
         preempt=[rehearse.Preemption("train-densenet121", "**/backup-head/chief/checkpoint")],
         registry={"densenet121-image-classifier": REGISTERED})
@@ -356,11 +358,13 @@ def test_image_pipeline_rehearsed_with_two_replicas_and_a_preempted_job(tmp_path
     assert tasks["preflight-image"]["cache"] == "disabled"
     train = tasks["train-image-classifier"]
     assert (train["state"], train["replicas"], train["attempts"]) == ("succeeded", 2, 2)
-    # The restarted chief resumed after the checkpointed epoch 0: it ran epoch 1 only.
+    # Both replicas sealed the same step of epoch 1 and exited 143; the restart ran the rest.
     logs = out / "logs" / "train-image-classifier"
-    first = (logs / "workerpool0-0.attempt1.log").read_text()
-    second = (logs / "workerpool0-0.attempt2.log").read_text()
-    assert "head epoch 0:" in first
+    first, second = ((logs / f"workerpool0-0.attempt{n}.log").read_text() for n in (1, 2))
+    sealed = re.search(r"sealed in \S+ at epoch 1 step (\d+)", first)
+    assert "head epoch 0:" in first and sealed and "head epoch 1:" not in first, first[-2000:]
+    assert sealed.group(0) in (logs / "workerpool1-0.attempt1.log").read_text()
+    assert f"resumed mid-epoch: epoch 1 from step {int(sealed.group(1)) + 1}" in second
     assert "head epoch 0:" not in second and "head epoch 1:" in second
     history = json.loads(open(os.path.join(summary["artifacts"]["model"], "history.json")).read())
     assert [r["epoch"] for r in history["head"]] == [0, 1]

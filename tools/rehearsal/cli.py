@@ -31,9 +31,10 @@ would send it. Not executed: tasks that call the Vertex API themselves (the Mode
 Registry upload): their request is built with GCPC's own code, checked against Vertex's
 `Model` message and written there too. Cache decisions are reported per task; with
 `--cache-index FILE` a task whose cache key was seen in an earlier rehearsal is reused as
-Vertex reuses it. `--preempt TASK=GLOB` kills the first replica of TASK once a file
-matching GLOB exists under `DIR/gcs/`, and restarts it as Vertex restarts a preempted
-worker (the whole job when it was compiled with `restart_job_on_worker_restart`).
+Vertex reuses it. `--preempt TASK=GLOB` preempts the first replica of TASK once a file
+matching GLOB exists under `DIR/gcs/` (SIGTERM, the kill after a 30 s grace period), and
+restarts it as Vertex restarts a preempted worker (the whole job when it was compiled
+with `restart_job_on_worker_restart`).
 
 Writes `DIR/summary.json` in the shape of `pipelines.run_local`, with a `rehearsal`
 section (each task's state, cache decision, replicas, attempts and seconds).
@@ -62,7 +63,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-root", default="gs://rehearsal-bucket/pipeline-root")
     p.add_argument("--cache-index", help="JSON file of cache entries kept across rehearsals")
     p.add_argument("--preempt", action="append", default=[], metavar="TASK=GLOB",
-                   help="kill TASK's first replica once GLOB matches under OUTPUT/gcs/")
+                   help="preempt TASK's first replica (SIGTERM, the kill 30 s later) once GLOB "
+                        "matches under OUTPUT/gcs/")
     p.add_argument("--runtime", choices=RUNTIMES, default="local",
                    help="local: steps run in this venv; image: each step runs in the image "
                         "the JSON names, built here by `make images-local` (data must be "

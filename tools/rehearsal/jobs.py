@@ -3,11 +3,12 @@
 Every container task runs as a job of one replica. A GCPC CustomJob task is unwrapped
 from its launcher payload, parsed into Vertex's own `CustomJob` message, and every replica
 of every worker pool runs as a process (`runtimes.start_step`) with the environment Vertex
-sets (`CLUSTER_SPEC`, `TF_CONFIG`, `AIP_*`); a `--preempt` rule kills a replica and
-restarts it as Vertex restarts a preempted worker. A hyperparameter tuning job runs its
-trials one by one, and the best-trial steps read that rehearsed job instead of the Vertex
-API. Calls to the API itself (the Model Registry upload and lookup) are built, checked
-and written to `vertex-requests/`, not sent. Every request is written there too.
+sets (`CLUSTER_SPEC`, `TF_CONFIG`, `AIP_*`); a `--preempt` rule preempts a replica
+(SIGTERM, the kill after the grace period) and restarts it as Vertex restarts a preempted
+worker. A hyperparameter tuning job runs its trials one by one, and the best-trial steps
+read that rehearsed job instead of the Vertex API. Calls to the API itself (the Model
+Registry upload and lookup) are built, checked and written to `vertex-requests/`, not
+sent. Every request is written there too.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from typing import Any
 from components.common.storage import write_json_atomically
 from tools.rehearsal import gcs_api
 from tools.rehearsal.records import ArtifactRef, RehearsalError, TaskRecord
-from tools.rehearsal.runtimes import GCS_MOUNT, Runtime, start_step, stop, without_gpus
+from tools.rehearsal.runtimes import (
+    GCS_MOUNT,
+    GRACE_PERIOD_S,
+    Runtime,
+    start_step,
+    stop,
+    without_gpus,
+)
 from tools.rehearsal.spec import LOCATION, PROJECT_NUMBER
 
 # Where Vertex has a trial write its metrics (CLOUD_ML_HP_METRIC_FILE), as its users report
@@ -389,7 +397,7 @@ class VertexJobs:
                       f"{'the whole job' if restart_all else 'workerpool0 replica 0'} "
                       f"({rule.pattern} exists), then restarting")
                 for key in victims:
-                    stop(procs[key])
+                    stop(procs[key], GRACE_PERIOD_S)
                 attempt += 1
                 record.attempts = attempt
                 if restart_all:

@@ -28,6 +28,7 @@ from typing import Any
 from components.common.storage import filesystem
 from tools.rehearsal.records import RehearsalError
 from tools.rehearsal.runtimes import (
+    GRACE_PERIOD_S,
     RUNTIMES,
     ImageContainers,
     open_mount,
@@ -181,7 +182,7 @@ class Pods:
             # the first checkpoint must land before the attempt finishes
             if rule and store.matches(rule.pattern):
                 rule.done = True
-                stop(proc)
+                stop(proc, 0 if rule.deleted else GRACE_PERIOD_S)
                 return rule.ended()
         if proc.returncode:
             with open(log_path) as f:
@@ -198,8 +199,9 @@ class Pods:
 @dataclasses.dataclass
 class Kill:
     """End the first attempt of `task` once an object matching `pattern` exists, once:
-    its container killed (`Failed`, retried) or, `deleted`, its pod deleted with its node
-    (`Error`, not retried)."""
+    its container stopped as a node shut down gracefully does (SIGTERM, the kill after
+    the grace period: `Failed`, retried) or, `deleted`, its pod deleted with its node (no
+    notice: `Error`, not retried)."""
 
     task: str
     pattern: str
@@ -210,7 +212,7 @@ class Kill:
         """(Argo's phase of the attempt it ended, why)."""
         if self.deleted:
             return ERROR, f"pod deleted with its node once {self.pattern} was in the store"
-        return FAILED, f"container killed once {self.pattern} was in the store"
+        return FAILED, f"container stopped (SIGTERM) once {self.pattern} was in the store"
 
 
 def pod_env(container: Mapping[str, Any], settings: Mapping[str, Any],

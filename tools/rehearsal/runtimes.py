@@ -253,10 +253,27 @@ def start_step(command: list[str], variables: Mapping[str, str], log_path: str,
                                 start_new_session=True)
 
 
-def stop(process: subprocess.Popen) -> None:
-    """Kills a step's process group (its pod, replica or node lost), then reaps it."""
+# Between the SIGTERM and the kill: about 30 s on Vertex Spot and flex-start VMs, and
+# Kubernetes' default terminationGracePeriodSeconds.
+GRACE_PERIOD_S = 30.0
+
+
+def stop(process: subprocess.Popen, grace: float = 0.0) -> None:
+    """Ends a step's process group, then reaps it: killed at once (its pod, replica or node
+    lost) or, given a grace period, sent SIGTERM and killed once the period passes (a
+    preemption, a node shut down gracefully)."""
+    if grace:
+        _signal_group(process, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(process, signal.SIGKILL)  # what is left of the group
+    process.wait()
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(process.pid, sig)
     except ProcessLookupError:
         pass
-    process.wait()
