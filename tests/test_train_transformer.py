@@ -2,7 +2,9 @@
 BERT fine-tuned on real files, replicas on loopback as separate machines (rank 0 alone
 writes, the others wait for it), resuming after a kill."""
 
+import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -13,7 +15,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from components.common import run_state
+from components.common import preemption, run_state
 from components.common.hf_transformers import import_transformers
 from components.evaluate_text.evaluation import evaluate_text_model
 from components.predict.contract import TEXT, model_family
@@ -318,7 +320,7 @@ def test_fine_tunes_a_tiny_offline_bert_and_every_reader_loads_it(dataset, tmp_p
     assert evaluation["micro_f1"] == pytest.approx(result["fixed"]["micro_f1"])
 
 
-def _run_replica(dataset, model_dir, out, env, epochs, gpus=0):
+def _run_replica(dataset, model_dir, out, env, epochs, gpus=0, settings=FAST):
     """One Vertex replica in its own process group (a machine: killed whole), starting the
     trainer as the component does; writes the result (or None) to `out`, its log to
     `out`.log."""
@@ -327,7 +329,7 @@ def _run_replica(dataset, model_dir, out, env, epochs, gpus=0):
         "from components.train_transformer.contract import TransformerConfig\n"
         "from components.train_transformer.launch import train\n"
         f"config = TransformerConfig(model_name={dataset['tiny']!r}, epochs={epochs}, "
-        f"**{FAST!r})\n"
+        f"**{settings!r})\n"
         f"r = train({dataset['dataset']!r}, {model_dir!r}, config, gpus={gpus})\n"
         f"json.dump(r and {{'fixed': r['fixed'], 'history': r['history'], 'run': r['run']}}, "
         f"open({out!r}, 'w'))\n")
@@ -606,6 +608,86 @@ def test_a_run_killed_after_an_epoch_resumes_from_its_checkpoint(dataset, tmp_pa
     manifest = json.load(open(os.path.join(dataset["dataset"], "manifest.json")))
     assert json.load(open(checkpoints / "run.json"))["fingerprint"] == run_state.fingerprint(
         run_values(config, manifest, model_dir))
+
+
+@pytest.mark.slow
+def test_a_sigterm_mid_epoch_saves_that_step_and_the_restart_goes_on_from_it(dataset, tmp_path):
+    """A real SIGTERM once epoch 1 is sealed: the run saves the step it is at (every epoch
+    of 48 steps, one step ~20 ms, so mid-epoch), seals it, exits 143; the restart skips the
+    batches already trained and ends with an uninterrupted run's step count."""
+    checkpoints, model_dir = tmp_path / "checkpoints", str(tmp_path / "model")
+    epochs, batch = 3, 2
+    config = TransformerConfig(model_name=dataset["tiny"], epochs=epochs,
+                               **{**FAST, "batch_size": batch})
+    code = (
+        "from components.train_transformer.contract import TransformerConfig\n"
+        "from components.train_transformer.training import train_transformer\n"
+        f"train_transformer({dataset['dataset']!r}, {model_dir!r}, "
+        f"TransformerConfig(**{config.__dict__!r}), checkpoints={str(checkpoints)!r})\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 180
+    while not last_complete_checkpoint(str(checkpoints)):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was saved"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == preemption.EXIT_STATUS
+    per_epoch = math.ceil(len(read_split(dataset["dataset"], "train")) / batch)
+    stopped = int(last_complete_checkpoint(str(checkpoints)).rsplit("-", 1)[1])
+    assert per_epoch < stopped < epochs * per_epoch and stopped % per_epoch, stopped
+
+    result = train_transformer(dataset["dataset"], model_dir, config,
+                               checkpoints=str(checkpoints))
+    assert result["run"]["resumed_from"].endswith(f"checkpoint-{stopped}")
+    assert [row["epoch"] for row in result["history"]] == list(range(1, epochs + 1))
+    assert result["run"]["optimizer_steps"] == epochs * per_epoch
+
+
+@pytest.mark.slow
+def test_a_sigterm_stops_every_ddp_process_at_the_same_step(dataset, tmp_path):
+    """Two processes (torch's launcher, gloo) and a SIGTERM to the machine's processes: both
+    save the same step, rank 0 seals it with both RNG states, the machine exits 143; the
+    restart resumes both from it."""
+    model_dir, out = str(tmp_path / "model"), str(tmp_path / "first.json")
+    env = {k: v for k, v in os.environ.items() if k not in distributed.TORCHRUN_VARIABLES}
+    env.update(OMP_NUM_THREADS="1")
+    folder = run_state.checkpoint_folder(model_dir)
+    fast = {**FAST, "batch_size": 2}  # 24 steps an epoch on 2 processes
+    proc = _run_replica(dataset, model_dir, out, env, epochs=2, gpus=2, settings=fast)
+    deadline = time.monotonic() + 300
+    while not last_complete_checkpoint(folder):
+        assert proc.poll() is None and time.monotonic() < deadline, _log(out)
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == preemption.EXIT_STATUS, _log(out)
+    sealed = last_complete_checkpoint(folder)
+    per_epoch = math.ceil(len(read_split(dataset["dataset"], "train")) / (2 * 2))
+    stopped = int(sealed.rsplit("-", 1)[1])
+    assert per_epoch < stopped < 2 * per_epoch, (stopped, per_epoch)
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(sealed))
+    assert _log(out).count(f"checkpoint is sealed in {folder}/checkpoint-{stopped}") == 2
+
+    proc = _run_replica(dataset, model_dir, out, env, epochs=2, gpus=2, settings=fast)
+    _wait_for([proc], 300)
+    assert proc.returncode == 0, _log(out)
+    result = json.load(open(out))
+    assert result["run"]["resumed_from"] == sealed
+    assert result["run"]["optimizer_steps"] == 2 * per_epoch
+
+
+@pytest.mark.slow
+def test_checkpoint_every_steps_saves_mid_epoch(dataset, tmp_path):
+    config = TransformerConfig(model_name=dataset["tiny"], epochs=1, checkpoint_every_steps=5,
+                               **FAST)
+    train_transformer(dataset["dataset"], str(tmp_path / "model"), config,
+                      checkpoints=str(tmp_path / "checkpoints"))
+    per_epoch = math.ceil(len(read_split(dataset["dataset"], "train")) / FAST["batch_size"])
+    saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "checkpoints").glob("c*-*"))
+    # every 5 steps and the epoch's end, two kept (save_total_limit), each sealed
+    assert saved == sorted({per_epoch, 5 * ((per_epoch - 1) // 5)})
+    assert all((tmp_path / "checkpoints" / f"checkpoint-{s}" / "sealed").exists() for s in saved)
+    with pytest.raises(TransformerTrainingError, match="checkpoint_every_steps must be >= 0"):
+        dataclasses.replace(config, checkpoint_every_steps=-1)
 
 
 # The tiny model at a rate that overshoots: its best epoch of 6 is not its last (measured:

@@ -16,6 +16,7 @@ import dataclasses
 import math
 import os
 
+from components.common import preemption
 from components.common.input_kinds import FolderKind
 from components.common.storage import is_remote
 from components.common.written import setting
@@ -67,6 +68,7 @@ class TransformerConfig:
                                     "H100), fp16 on 7.x (V100, T4); never on CPU.")
     seed: int = setting(42, "Seed of the classification head's initialisation and the batch "
                         "order.")
+    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP)
 
     def __post_init__(self) -> None:
         problems = []
@@ -75,6 +77,9 @@ class TransformerConfig:
         for name in ("epochs", "batch_size", "max_length"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every_steps < 0:
+            problems.append(f"checkpoint_every_steps must be >= 0, got "
+                            f"{self.checkpoint_every_steps}")
         if self.early_stopping_patience < 0:
             problems.append("early_stopping_patience must be >= 0 (0: no early stopping), "
                             f"got {self.early_stopping_patience}")

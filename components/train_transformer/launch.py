@@ -17,9 +17,11 @@ another machine they may not be visible yet.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from components.common import preemption
 from components.common.gpus import require_torch_gpus
 from components.train_transformer import distributed
 from components.train_transformer.contract import TransformerConfig
@@ -97,10 +99,16 @@ def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
     cluster = distributed.cluster_from_environment(environ)
     if cluster is None and procs == 1:
         return launched_process((dataset_dir, model_dir, config, kwargs))
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import elastic_launch
 
-    # One tuple argument: torch rewrites string arguments (${local_rank}, and $$ to $).
-    results = elastic_launch(launch_config(cluster, procs), launched_process)(
-        (dataset_dir, model_dir, config, kwargs))
+    try:
+        # One tuple argument: torch rewrites string arguments (${local_rank}, and $$ to $).
+        results = elastic_launch(launch_config(cluster, procs), launched_process)(
+            (dataset_dir, model_dir, config, kwargs))
+    except SignalException as stopped:  # raised once the processes have ended
+        if stopped.sigval != signal.SIGTERM:
+            raise
+        raise preemption.Preempted("by the processes, as each said above") from None
     # Keyed by global rank, this machine's only: rank 0 is the primary's first process.
     return results[0] if cluster is None or cluster.node_rank == 0 else None

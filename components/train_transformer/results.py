@@ -49,6 +49,7 @@ def run_record(trainer, model, config: TransformerConfig, history: list[dict[str
         "device": str(trainer.args.device),
         "world_size": int(trainer.args.world_size),
         "resumed_from": resumed_from,
+        "optimizer_steps": int(trainer.state.global_step),  # earlier attempts' included
         "classifier_epoch_seconds": [r.get("seconds") for r in history],
         "stopped_early": len(history) < config.epochs,
         "constant_answer": constant,

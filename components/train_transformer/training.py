@@ -3,8 +3,10 @@
 The whole model trains at a small rate (AdamW, linear warmup then decay), evaluated each
 epoch on the validation split; the best epoch (by `monitor`) is kept, training stops after
 `early_stopping_patience` epochs without improvement. Every epoch is a full checkpoint
-(model, optimizer, scheduler, RNG) in the checkpoint folder, so a job restarted after
-preemption resumes from its last epoch. Under DDP each process runs this function with
+(model, optimizer, scheduler, RNG) in the checkpoint folder, and so is the step a SIGTERM
+stopped at (then the process exits 143, `preemption`) and every `checkpoint_every_steps`:
+a job restarted after preemption resumes there, `Trainer` skipping the batches of the
+epoch already trained. Under DDP each process runs this function with
 torchrun's variables set by torch's launcher (`launch.py`); `Trainer` joins the group.
 
 Under DDP the replicas are separate machines sharing only Cloud Storage (/gcs/) or an
@@ -29,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common import run_state
+from components.common import preemption, run_state
 from components.common.hf_transformers import import_transformers
 from components.common.hypertune import TrialReporter
 from components.common.input_kinds import folder_files
@@ -372,6 +374,7 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
     transformers.set_seed(config.seed)
     scratch = tempfile.mkdtemp(prefix=TMP_PREFIX)
     scalars = ScalarLog(log_folder(model_dir, tensorboard_folder))
+    notice = preemption.Notice()
     try:
         tokenizer, model = _load_model(transformers, config, labels, multi, scratch)
         truth_train, truth_valid = train[labels].to_numpy(), valid[labels].to_numpy()
@@ -390,11 +393,14 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
             model=model, args=_training_arguments(transformers, config, folder, precision, cuda),
             train_dataset=train_set, eval_dataset=valid_set,
             processing_class=tokenizer, compute_metrics=compute_metrics,
-            callbacks=_callbacks(transformers, config, scalars, hypertune_metric, multi),
+            callbacks=[*_callbacks(transformers, config, scalars, hypertune_metric, multi),
+                       _preemption_callback(transformers, notice, config.checkpoint_every_steps,
+                                            folder)],
             data_collator=transformers.DataCollatorWithPadding(tokenizer))
         if resume_from:
             log.info("resuming from %s", resume_from)
-        trainer.train(resume_from_checkpoint=resume_from)
+        with notice:
+            trainer.train(resume_from_checkpoint=resume_from)
         _share_rank0_weights(trainer.model)
         # Every process takes part (the predictions are gathered across them).
         probs = _probabilities(trainer.predict(valid_set).predictions, multi)
@@ -480,6 +486,38 @@ def _device_precision(config: TransformerConfig) -> tuple[bool, str]:
 def _targets(truth: np.ndarray, multi: bool) -> np.ndarray:
     """What the model is trained to answer: the 0/1 matrix (multi-label), else the class."""
     return truth.astype(np.float32) if multi else truth.argmax(axis=1)
+
+
+def _preemption_callback(transformers, notice: preemption.Notice, every_steps: int,
+                         folder: str):
+    """Saves a checkpoint at the step a SIGTERM stopped (every rank at the same one), and
+    every `every_steps` steps; `Preempted` once the stopping one is sealed (`EpochEnd`)."""
+    import torch
+    import torch.distributed as dist
+
+    def largest(value: int, device) -> int:
+        flag = torch.tensor([value], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+    class Preemption(transformers.TrainerCallback):
+        stopping = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            many = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+            self.stopping = preemption.any_rank(
+                notice.requested, (lambda value: largest(value, args.device)) if many else None)
+            # The epoch's last step is evaluated and saved as every epoch is, then stopped.
+            last_of_epoch = float(state.epoch).is_integer()
+            if (self.stopping or preemption.due(state.global_step, every_steps)) and \
+                    not last_of_epoch:
+                control.should_save = True
+
+        def on_save(self, args, state, control, **kwargs):
+            if self.stopping:  # after EpochEnd's seal: the checkpoint is whole
+                raise preemption.Preempted(f"in {folder}/checkpoint-{state.global_step}")
+
+    return Preemption()
 
 
 def _callbacks(transformers, config: TransformerConfig, scalars: ScalarLog,
