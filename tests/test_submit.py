@@ -205,7 +205,8 @@ def test_submit_names_the_gpus_the_run_holds_at_once(pipeline_json, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--param", "num_epochs=3"],
-     "unknown parameter 'num_epochs'; this pipeline takes: architecture, batch_size, data_uri"),
+     "unknown parameter 'num_epochs'; this pipeline takes: architecture, batch_size, "
+     "checkpoint_every_steps, data_uri"),
     (["--param", "image_size=big"], "image_size: expected a whole number"),
     (["--param", "image_size"], "name=value"),
     (["--param", "seed=1", "--param", "seed=2"], "given twice"),

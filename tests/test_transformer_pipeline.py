@@ -28,8 +28,8 @@ PIPELINE_PARAMETERS = [
     "data_uri", "text_column", "label_columns", "label_delimiter", "other_label",
     "validation_fraction", "test_fraction", "seed", "model_name", "epochs", "batch_size",
     "learning_rate", "weight_decay", "warmup_ratio", "max_length", "threshold", "monitor",
-    "early_stopping_patience", "mixed_precision", "eval_split", "eval_batch_size",
-    "register_model", "registration_metric", "registration_threshold",
+    "early_stopping_patience", "mixed_precision", "checkpoint_every_steps", "eval_split",
+    "eval_batch_size", "register_model", "registration_metric", "registration_threshold",
     "registration_beats_baselines", "model_display_name", "predict_uri", "tracking_uri",
     "job_service_account"]
 # A small BERT from scratch learns the docstrings in seconds on a CPU at these settings

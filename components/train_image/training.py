@@ -200,20 +200,15 @@ def train(
         for phase in phases:
             with strategy.scope():
                 set_trainable(model, phase.name, config.unfreeze_blocks)
-            marker = finished[phase.name]
-            if marker is not None:
+            if (marker := finished[phase.name]) is not None:
                 with strategy.scope():
                     load_snapshot(model, state.finished_weights(phase.name))
-                history[phase.name], epoch = marker["history"], marker["next_epoch"]
-                optimizer_steps += marker.get("optimizer_steps", 0)
                 log.info("phase %s finished in an earlier attempt: weights loaded", phase.name)
-                continue
-            backup = Backup(state.backup_dir(phase.name), notice, config.checkpoint_every_steps,
-                            _sum_over_workers(strategy))
-            callbacks_of_phase = [*_callbacks(config, state, phase.name, data.monitor, log_dir,
-                                              trial, backup), *callbacks]
-            history[phase.name], epoch, steps = _fit(model, phase, epoch, run, data, state,
-                                                     callbacks_of_phase)
+                done = marker["history"], marker["next_epoch"], marker.get("optimizer_steps", 0)
+            else:
+                done = _fit(model, phase, epoch, run, data, state, [*_callbacks(
+                    config, state, phase.name, data, log_dir, trial, notice, run), *callbacks])
+            history[phase.name], epoch, steps = done
             optimizer_steps += steps
         if None not in finished.values():  # every phase finished earlier: compile to evaluate
             with strategy.scope():
@@ -311,23 +306,25 @@ def _read_inputs(dataset_dir: str, config: TrainConfig, run: _Run) -> _Inputs:
                    train_data, validation, monitor)
 
 
-def _callbacks(config: TrainConfig, state: RunState, phase: str, monitor: str, log_dir: str,
-               trial: TrialReporter, backup: Backup) -> list[tf_keras.callbacks.Callback]:
+def _callbacks(config: TrainConfig, state: RunState, phase: str, data: _Inputs, log_dir: str,
+               trial: TrialReporter, notice: preemption.Notice, run: _Run,
+               ) -> list[tf_keras.callbacks.Callback]:
     """A phase's built-in callbacks. Order matters: the LR change and early stopping of an
     epoch happen before its metrics are recorded and before the backup saves it."""
     built_in: list[tf_keras.callbacks.Callback] = []
     if config.reduce_lr_patience:
         built_in.append(tf_keras.callbacks.ReduceLROnPlateau(
-            monitor=monitor, factor=config.reduce_lr_factor,
+            monitor=data.monitor, factor=config.reduce_lr_factor,
             patience=config.reduce_lr_patience, min_lr=1e-7))
     if config.early_stopping_patience:
         built_in.append(tf_keras.callbacks.EarlyStopping(
-            monitor=monitor, patience=config.early_stopping_patience,
+            monitor=data.monitor, patience=config.early_stopping_patience,
             restore_best_weights=True))
     return [
         *built_in,
         EpochRecorder(state, phase),
-        backup,
+        Backup(state.backup_dir(phase), notice, config.checkpoint_every_steps,
+               _sum_over_workers(run.strategy)),
         tf_keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=0,
                                        write_graph=False, profile_batch=0),
         # Where the folders mirror an object store (open-source Kubeflow): pushed once the
@@ -436,15 +433,24 @@ class Backup(tf_keras.callbacks.BackupAndRestore):
                 log.info("resumed mid-epoch: epoch %d from step %d", self.epoch, batch)
 
     def on_train_batch_end(self, batch, logs=None):
-        super().on_train_batch_end(batch, logs)  # every_steps
-        if preemption.any_rank(self.notice.requested, self.sum_over_workers):
-            self._backup(self.epoch, batch)  # the base class's own backup (every worker)
+        stop = preemption.any_rank(self.notice.requested, self.sum_over_workers)
+        self._saving_as(1 if stop else self.save_freq, super().on_train_batch_end, batch, logs)
+        if stop:  # backed up by every worker, the chief's copy kept
             push_mirrors()
             raise preemption.Preempted(f"in {self.backup_dir} at epoch {self.epoch} "
                                        f"step {batch}")
 
     def on_epoch_end(self, epoch, logs=None):
-        self._backup(epoch)  # the base backs up epoch ends only without an int save_freq
+        self._saving_as("epoch", super().on_epoch_end, epoch, logs)
+
+    def _saving_as(self, save_freq, hook, *args) -> None:
+        """Runs the base's `hook` as if made with `save_freq` (1: back up this step;
+        "epoch": back up at the epoch's end, which an int save_freq does not)."""
+        every, self.save_freq = self.save_freq, save_freq
+        try:
+            hook(*args)
+        finally:
+            self.save_freq = every
 
 
 class EpochRecorder(tf_keras.callbacks.Callback):

@@ -393,9 +393,8 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
             model=model, args=_training_arguments(transformers, config, folder, precision, cuda),
             train_dataset=train_set, eval_dataset=valid_set,
             processing_class=tokenizer, compute_metrics=compute_metrics,
-            callbacks=[*_callbacks(transformers, config, scalars, hypertune_metric, multi),
-                       _preemption_callback(transformers, notice, config.checkpoint_every_steps,
-                                            folder)],
+            callbacks=_callbacks(transformers, config, scalars, hypertune_metric, multi,
+                                 notice, folder),
             data_collator=transformers.DataCollatorWithPadding(tokenizer))
         if resume_from:
             log.info("resuming from %s", resume_from)
@@ -521,13 +520,16 @@ def _preemption_callback(transformers, notice: preemption.Notice, every_steps: i
 
 
 def _callbacks(transformers, config: TransformerConfig, scalars: ScalarLog,
-               hypertune_metric: str | None, multi: bool) -> list:
-    """Each epoch timed, logged and reported; early stopping when `config` asks for it."""
+               hypertune_metric: str | None, multi: bool, notice: preemption.Notice,
+               folder: str) -> list:
+    """Each epoch timed, logged and reported; early stopping when `config` asks for it;
+    the preemption checkpoints (after the epoch callback: it seals them)."""
     callbacks = [_epoch_callback(transformers, scalars, TrialReporter(hypertune_metric),
                                  multi)]
     if config.early_stopping_patience:
         callbacks.append(transformers.EarlyStoppingCallback(config.early_stopping_patience))
-    return callbacks
+    return [*callbacks, _preemption_callback(transformers, notice,
+                                             config.checkpoint_every_steps, folder)]
 
 
 def _training_arguments(transformers, config: TransformerConfig, folder: str, precision: str,

@@ -29,8 +29,8 @@ kubeflow/pipelines backend/src/v2), not Argo, Kubernetes or its scheduler:
   `--secret`; a missing secret stops the pod) are honoured; node selectors, tolerations,
   resource requests, GPUs and `/dev/shm` are reported, not enforced;
 - `--kill TASK=BUCKET/GLOB` stops TASK's first attempt's container once an object matching
-  the glob is in the store, as a node shut down gracefully does (SIGTERM, the kill after
-  the grace period: `Failed`, retried);
+  the glob is in the store, as a node shut down gracefully does (SIGTERM, the kill a
+  second later, as KFP's launcher and Argo's emissary end the pod: `Failed`, retried);
   `--delete-pod TASK=BUCKET/GLOB` deletes its pod instead (a node drained, a spot node
   reclaimed without a graceful shutdown: `Error`, not retried, the run fails);
 - `--retry-run` retries the failed run in DIR as KFP's run retry does (the UI's Retry,
@@ -429,7 +429,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--secret", action="append", default=[], metavar="NAME=KEY=VALUE",
                    help="a key of a secret the namespace holds")
     p.add_argument("--kill", action="append", default=[], metavar="TASK=BUCKET/GLOB",
-                   help="stop TASK's first attempt's container (SIGTERM, the kill 30 s later) once "
+                   help="stop TASK's first attempt's container (SIGTERM, the kill 1 s later) once "
                         "GLOB matches an object (Failed: retried)")
     p.add_argument("--delete-pod", action="append", default=[], metavar="TASK=BUCKET/GLOB",
                    help="delete TASK's first attempt's pod once GLOB matches an object "

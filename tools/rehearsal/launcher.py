@@ -28,7 +28,6 @@ from typing import Any
 from components.common.storage import filesystem
 from tools.rehearsal.records import RehearsalError
 from tools.rehearsal.runtimes import (
-    GRACE_PERIOD_S,
     RUNTIMES,
     ImageContainers,
     open_mount,
@@ -37,6 +36,12 @@ from tools.rehearsal.runtimes import (
     without_gpus,
 )
 
+# What a KFP pod's python has between a SIGTERM and its end, whatever the grace period:
+# Argo's emissary (the pod's first process) passes the SIGTERM to its child's whole process
+# group, KFP's launcher (Go, no handler: launcher_v2.go) dies of it, and the emissary reaps
+# it within its 1 s poll and exits; the kernel then kills what is left (argo-workflows
+# v3.6 cmd/argoexec/commands/emissary.go, read from source; a cluster can confirm it).
+KFP_POD_GRACE_S = 1.0
 # KFP's LocalPathForURI: the pod folder an object store URI is copied to.
 MOUNTS = {"gs://": "/gcs/", "minio://": "/minio/", "s3://": "/s3/"}
 # Where the launcher has a step write its output parameters (driver.go, provisionOutputs).
@@ -182,7 +187,7 @@ class Pods:
             # the first checkpoint must land before the attempt finishes
             if rule and store.matches(rule.pattern):
                 rule.done = True
-                stop(proc, 0 if rule.deleted else GRACE_PERIOD_S)
+                stop(proc, 0 if rule.deleted else KFP_POD_GRACE_S)
                 return rule.ended()
         if proc.returncode:
             with open(log_path) as f:
@@ -199,8 +204,8 @@ class Pods:
 @dataclasses.dataclass
 class Kill:
     """End the first attempt of `task` once an object matching `pattern` exists, once:
-    its container stopped as a node shut down gracefully does (SIGTERM, the kill after
-    the grace period: `Failed`, retried) or, `deleted`, its pod deleted with its node (no
+    its container stopped as a node shut down gracefully does (SIGTERM, the kill within
+    `KFP_POD_GRACE_S`: `Failed`, retried) or, `deleted`, its pod deleted with its node (no
     notice: `Error`, not retried)."""
 
     task: str

@@ -253,8 +253,9 @@ def start_step(command: list[str], variables: Mapping[str, str], log_path: str,
                                 start_new_session=True)
 
 
-# Between the SIGTERM and the kill: about 30 s on Vertex Spot and flex-start VMs, and
-# Kubernetes' default terminationGracePeriodSeconds.
+# Between the SIGTERM and the kill: Compute Engine's 30 s from a Spot VM's soft off to its
+# power off (the API's Scheduling.skipGuestOsShutdown), Kubernetes' default
+# terminationGracePeriodSeconds.
 GRACE_PERIOD_S = 30.0
 
 
