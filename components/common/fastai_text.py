@@ -5,26 +5,33 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import logging
 import math
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 from fastai.callback.progress import ProgressCallback
 from fastai.callback.schedule import minimum, slide, steep, valley
+from fastai.learner import load_model, save_model
 from fastai.text.all import (
     AWD_LSTM,
     Callback,
+    LMDataLoader,
     Perplexity,
     Recorder,
     accuracy,
+    get_model,
     language_model_learner,
     noop,
 )
 
+from components.common import preemption
 from components.common.precision import BF16, FP16, FP32, choose_precision
 
 log = logging.getLogger(__name__)
@@ -122,6 +129,143 @@ class EpochEnd(Callback):
         log.info("epoch %d/%d: %s (%.1f s, %.1f CPU s)", self.epoch + 1, self.n_epoch,
                  ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds, cpu)
         self.on_epoch(self.epoch + 1, values, seconds, cpu)
+
+
+def step_file(name: str | None) -> str | None:
+    """The file beside checkpoint `name` (`<stem>.pth`) holding its mid-epoch step, if any."""
+    return name and name.removesuffix(".pth") + "-step.pth"
+
+
+def save_checkpoint(learn, path: str, step: dict | None = None, with_opt: bool = True) -> None:
+    """Writes `learn`'s model (and optimizer) to `path` and a mid-epoch `step` (`MidEpoch`)
+    to `step_file(path)`, each whole or not at all; the state file saved next seals them."""
+    if step is not None:
+        torch.save(step, step_file(path) + ".tmp")
+        os.replace(step_file(path) + ".tmp", step_file(path))
+    save_model(path + ".tmp", learn.model, learn.opt, with_opt=with_opt)
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(learn, path: str) -> dict | None:
+    """Loads `save_checkpoint`'s model and optimizer into `learn`; returns its step or None."""
+    if learn.opt is None:
+        learn.create_opt()
+    load_model(path, learn.model, learn.opt, with_opt=True, device=learn.dls.device)
+    step = step_file(path)
+    return torch.load(step, weights_only=False) if os.path.exists(step) else None
+
+
+def seal(resume, record: dict, learn, name: str, step: dict | None = None,
+         keep: Sequence[str | None] = (), **fields) -> str:
+    """Seals checkpoint `name`: its files (`save_checkpoint`), then `resume`'s state, where
+    `record` (the state or a part of it) points at it and takes `fields`; then the files it
+    pointed at before go (unless in `keep`). A kill before the state is saved leaves the
+    previous checkpoint whole. Returns the checkpoint's path."""
+    previous = record.get("checkpoint")
+    save_checkpoint(learn, resume.path(name), step)
+    record.update(checkpoint=name, mid_epoch=step and {"batches": step["batches"]}, **fields)
+    resume.save()
+    for old in (previous, step_file(previous)):
+        resume.drop(old, name, step_file(name), *keep)
+    return resume.path(name)
+
+
+def _rng_state(dl=None) -> dict:
+    """The RNG of python, numpy and torch, and with `dl` that of its shuffle (an LM's order)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state(),
+             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    if dl is not None:
+        state.update(loader=dl.rng.getstate(),
+                     order=list(dl.items.idxs) if isinstance(dl, LMDataLoader) else None)
+    return state
+
+
+def _set_rng_state(state: dict, dl=None) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if dl is not None:
+        dl.rng.setstate(state["loader"])
+        if state["order"] is not None:  # the LM shuffles its texts' order in place
+            dl.items.reindex(list(state["order"]))
+            dl.lens.reindex(dl.items.idxs)
+
+
+class MidEpoch(Callback):
+    """Seals a mid-epoch checkpoint after the optimizer step a SIGTERM stopped at (then
+    `preemption.Preempted`; at an epoch's last step, or in validation, the epoch's own seal
+    by `EpochEnd` is the one) and every `every_steps` optimizer steps; and resumes a fit
+    inside the epoch such a checkpoint was sealed in.
+
+    A resumed epoch draws its batch order again (the RNG at its start), skips the batches
+    trained (unread), and goes on at the one-cycle position, RNG and LM hidden state of the
+    sealed step: no batch repeated or skipped, and on CPU the same model as an uninterrupted
+    run (on a GPU up to cuDNN's nondeterminism; fp16's loss scale starts afresh, as after an
+    epoch's checkpoint). Only the epoch's smoothed train_loss restarts.
+
+    Args:
+        notice: The SIGTERM notice held while the fit runs.
+        every_steps: `checkpoint_every_steps` (0: never).
+        seal: `seal(step)` seals `step` (a dict: epoch, batches done, train_iter, steps,
+            RNG) with the model and optimizer (`seal`, `save_checkpoint`); returns where.
+        resumed: The step `load_checkpoint` returned, to resume from; None: none.
+        steps: The run's optimizer steps before this fit; `steps` counts on.
+    """
+
+    order = EpochEnd.order + 1  # after TrainEvalCallback's epoch start and EpochEnd's seal
+
+    def __init__(self, notice: preemption.Notice, every_steps: int,
+                 seal: Callable[[dict], str], resumed: dict | None = None, steps: int = 0):
+        self.notice, self.every_steps, self.seal = notice, every_steps, seal
+        self.resumed, self.steps, self.skipped, self.restore = resumed, steps, 0, None
+
+    def before_train(self):
+        step, self.skipped = self.resumed, 0
+        if step is not None and step["epoch"] == self.epoch:
+            _set_rng_state(step["start_rng"], self.dl)  # this epoch's order again
+            self.resumed, self.restore, self.skipped = None, step, step["batches"]
+            dl, get_idxs = self.dl, self.dl.get_idxs
+
+            def skip_trained():  # once: the next epochs read whole
+                del dl.get_idxs
+                return itertools.islice(get_idxs(), self.skipped * dl.bs, None)
+
+            dl.get_idxs = skip_trained
+            self.learn.pct_train += self.skipped / (len(dl) * self.n_epoch)
+            self.learn.train_iter = step["train_iter"]
+            log.info("resumed mid-epoch: epoch %d from step %d", self.epoch, self.skipped)
+        self.start_rng = _rng_state(self.dl)
+
+    def before_batch(self):
+        if self.training and self.restore is not None:  # the order drawn: as at the seal
+            _set_rng_state(self.restore["rng"])
+            hidden, encoder = self.restore["hidden"], get_model(self.model)[0]
+            if hidden is not None:  # with its batch size, which AWD_LSTM resizes it from
+                encoder.hidden, encoder.bs = hidden, hidden[0][0].size(1)
+            self.restore = None
+
+    def after_step(self):
+        self.steps += 1
+
+    def after_batch(self):
+        done = self.skipped + self.iter + 1
+        if not self.training or done == self.n_iter:  # an epoch's end: EpochEnd seals it
+            return
+        stop = preemption.any_rank(self.notice.requested, None)  # one process
+        if stop or preemption.due(self.steps, self.every_steps):
+            hidden = getattr(get_model(self.model)[0], "hidden", None)  # an LM's carries on
+            where = self.seal({"epoch": self.epoch, "batches": done, "steps": self.steps,
+                               "train_iter": self.train_iter, "start_rng": self.start_rng,
+                               "rng": _rng_state(), "hidden": hidden})
+            if stop:
+                raise preemption.Preempted(f"in {where} at epoch {self.epoch} step {done}")
+
+    def after_epoch(self):
+        if self.notice.requested:  # in validation or at the last step: sealed by EpochEnd
+            raise preemption.Preempted(f"at epoch {self.epoch}'s end")
 
 
 def quiet(learn):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from components.common import preemption
 from components.common.written import setting
 from components.formats.lm_assets import LM_METRICS_FILE
 from components.train_text.contract import FOUND_RATE_HELP, rate_text
@@ -67,6 +68,7 @@ class LMConfig:
                                            "config.json, so the text pipeline builds the same "
                                            "encoder.")
     seed: int = setting(42, "Seed of the held-out draw, initialisation and batch order.")
+    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP)
 
     def __post_init__(self) -> None:
         problems = []
@@ -77,6 +79,9 @@ class LMConfig:
         for name in ("epochs", "batch_size", "seq_len", "min_freq", "max_vocab"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every_steps < 0:
+            problems.append(f"checkpoint_every_steps must be >= 0, got "
+                            f"{self.checkpoint_every_steps}")
         if self.spm_vocab_size < 0:
             problems.append(f"spm_vocab_size must be >= 0 (0: chosen from the corpus), got "
                             f"{self.spm_vocab_size}")

@@ -7,8 +7,10 @@ Steps of `train_language_model`:
    or for ja/ko/zh a SentencePiece model trained here on the training documents and
    shipped with the assets.
 3. Train the forward model (and the backward one on request) with `fit_one_cycle`,
-   checkpointing model and optimizer after every epoch: a restarted job resumes at the
-   next epoch of the direction it was in, and never retrains a finished direction.
+   checkpointing model and optimizer after every epoch, at the step a SIGTERM stopped
+   (then the step exits 143) and every `checkpoint_every_steps` (`fastai_text.MidEpoch`):
+   a restarted job resumes there in the direction it was in, and never retrains a
+   finished direction.
 4. Write `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` (and
    `<lang>/spm/spm.model`) under the output folder only once every direction is done,
    plus `lm_metrics.json`, which sets each direction beside a unigram model of the same
@@ -29,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from fastai.learner import load_model, save_model
 from fastai.text.all import (
     Callback,
     ColReader,
@@ -44,16 +45,19 @@ from fastai.text.all import (
     set_seed,
 )
 
-from components.common import run_state
+from components.common import preemption, run_state
 from components.common.fastai_text import (
     FP32,
     TOKENIZER_WORKERS,
     EpochEnd,
+    MidEpoch,
     find_rate,
     language_model_loaders,
     lm_batch_size,
     lm_learner,
+    load_checkpoint,
     precision_here,
+    seal,
 )
 from components.common.gpus import require_torch_gpus
 from components.common.storage import TMP_PREFIX, write_json_atomically
@@ -130,11 +134,11 @@ class _Direction:
             "epochs_done": 0, "checkpoint": None, "done": False, "found_lr": None,
             "history": []})
 
-    def restore(self, learn) -> None:
+    def restore(self, learn) -> dict | None:
+        """Loads the last checkpoint; returns its mid-epoch step (`MidEpoch`) or None."""
         if self.mine["checkpoint"]:
-            learn.create_opt()
-            load_model(self.path(self.mine["checkpoint"]), learn.model, learn.opt,
-                       with_opt=True, device=learn.dls.device)
+            return load_checkpoint(learn, self.path(self.mine["checkpoint"]))
+        return None
 
     def rate(self, learn, config: LMConfig) -> float:
         if config.learning_rate:
@@ -145,19 +149,15 @@ class _Direction:
             self.save()
         return self.mine["found_lr"]["used"]
 
-    def on_epoch(self, learn, epochs_done: int, values: dict[str, float], seconds: float,
-                 cpu_seconds: float) -> None:
-        previous, name = self.mine["checkpoint"], f"{self.name}-{epochs_done}.pth"
-        save_model(self.path(name + ".tmp"), learn.model, learn.opt, with_opt=True)
-        os.replace(self.path(name + ".tmp"), self.path(name))
+    def on_epoch(self, learn, steps: int, epochs_done: int, values: dict[str, float],
+                 seconds: float, cpu_seconds: float) -> None:
         row = {"epoch": epochs_done, "seconds": round(seconds, 3),
                "cpu_seconds": round(cpu_seconds, 3), **values}
         self.mine["history"].append(row)
-        self.mine.update(epochs_done=epochs_done, checkpoint=name)
-        self.save()
+        seal(self.resume, self.mine, learn, f"{self.name}-{epochs_done}.pth",
+             epochs_done=epochs_done, optimizer_steps=steps)
         # After the save: a resumed run never trains (and logs) this epoch again.
         self.tensorboard.write(epoch_scalars(tensorboard_prefix(self.name), row), epochs_done)
-        self.resume.drop(previous, name)
 
     def finish(self) -> None:
         checkpoint = self.mine["checkpoint"]
@@ -341,14 +341,19 @@ def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: lis
         run.mine["unigram"] = unigram_of(dls)
         run.save()
     learn = lm_learner(dls, arch_config, config.drop_mult, run.folder, precision)
-    run.restore(learn)
+    resumed = run.restore(learn)
     lr = run.rate(learn, config)
     log.info("%s language model: epochs %d..%d at peak rate %.2e", run.name,
              run.mine["epochs_done"] + 1, config.epochs, lr)
-    learn.fit_one_cycle(
-        config.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=run.mine["epochs_done"],
-        cbs=[EpochEnd(lambda done, values, seconds, cpu, learn=learn:
-                      run.on_epoch(learn, done, values, seconds, cpu)), *callbacks])
+    with preemption.Notice() as notice:
+        mid = MidEpoch(notice, config.checkpoint_every_steps, lambda step: seal(
+            run.resume, run.mine, learn, f"{run.name}-{step['epoch']}-{step['batches']}.pth",
+            step, epochs_done=step["epoch"], optimizer_steps=step["steps"]),
+            resumed, run.mine.get("optimizer_steps", 0))
+        learn.fit_one_cycle(
+            config.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=run.mine["epochs_done"],
+            cbs=[EpochEnd(lambda *epoch: run.on_epoch(learn, mid.steps, *epoch)), mid,
+                 *callbacks])
     if precision != FP32:
         learn = learn.to_fp32()
     save_lm_assets(learn, staging, config.lang, backwards, arch_config)
@@ -397,6 +402,7 @@ def _result(state: dict[str, Any], config: LMConfig, corpus: Corpus, vocab_size:
                 k: unigram[k] for k in ("perplexity", "accuracy", "valid_loss", "targets")},
             "beats_unigram": beats, "learnt_nothing": nothing,
             "epochs": len(run["history"]),
+            "optimizer_steps": run.get("optimizer_steps", 0),  # earlier attempts' too
             "epoch_seconds": seconds_per_epoch,
             "epoch_cpu_seconds": [h.get("cpu_seconds") for h in run["history"]],
             "found_learning_rates": run["found_lr"],

@@ -14,6 +14,7 @@ import dataclasses
 import json
 from typing import Any
 
+from components.common import preemption
 from components.common.storage import filesystem
 from components.common.written import setting
 from components.formats.lm_assets import (
@@ -124,6 +125,7 @@ class TrainConfig:
                                            "when training from scratch; empty for fastai's "
                                            "defaults.")
     seed: int = setting(42, "Seed of weights initialisation and batch order.")
+    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP)
 
     def __post_init__(self) -> None:
         problems = []
@@ -135,6 +137,9 @@ class TrainConfig:
         for name in ("batch_size", "seq_len", "min_freq", "max_vocab"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every_steps < 0:
+            problems.append(f"checkpoint_every_steps must be >= 0, got "
+                            f"{self.checkpoint_every_steps}")
         if not 0 < self.threshold < 1:  # also refuses NaN
             problems.append(f"threshold must be in (0, 1), got {self.threshold}")
         if not self.drop_mult >= 0:

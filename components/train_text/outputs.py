@@ -95,6 +95,8 @@ def run_report(job: TrainingJob, learn, dls, vocab: list[str], lm_assets_uri: st
             "precision": job.precision,
             "device": str(learn.dls.device),
             "resumed_from": job.resumed_from,
+            # Every stage's across the attempts (a classifier restart's too).
+            "optimizer_steps": state.get("optimizer_steps", 0),
             "classifier_epoch_seconds": [h["seconds"] for h in clas_epochs],
             "classifier_epoch_cpu_seconds": [h.get("cpu_seconds") for h in clas_epochs],
             "seconds": round(time.monotonic() - started, 3),

@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
-from fastai.learner import load_model, save_model
+from fastai.learner import load_model
 from fastai.text.all import Callback, GradientClip, load_pickle, save_pickle
 
-from components.common import run_state
-from components.common.fastai_text import EpochEnd, find_rate
+from components.common import preemption, run_state
+from components.common.fastai_text import (
+    EpochEnd,
+    MidEpoch,
+    find_rate,
+    load_checkpoint,
+    save_checkpoint,
+    seal,
+)
 from components.common.hypertune import TrialReporter
 from components.common.tensorboard import ScalarLog, epoch_scalars, model_step
 from components.text_common import scores as text_scores
@@ -36,7 +42,7 @@ class StageRunner:
     def __init__(self, resume: run_state.Resume, plan: list[schedule.Stage],
                  monitor: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
                  trial: TrialReporter, constant: dict[str, float] | None = None,
-                 n_hid: int = schedule.BOUNDS_N_HID):
+                 n_hid: int = schedule.BOUNDS_N_HID, every_steps: int = 0):
         self.resume, self.plan = resume, plan
         self.folder, self.state = resume.folder, resume.state
         self.path, self.save = resume.path, resume.save  # a file's path; writes the state
@@ -44,6 +50,8 @@ class StageRunner:
         self.tensorboard, self.trial = tensorboard, trial
         self.constant = constant  # the classifier's constant answer (text_scores.constant_answer)
         self.n_hid = n_hid  # the AWD-LSTM's hidden size, which the rate bounds scale with
+        self.every_steps = every_steps  # checkpoint_every_steps
+        self.step: dict | None = None  # the mid-epoch step `restore` loaded
 
     def indices(self, model: str) -> list[int]:
         """Positions in the plan of `model`'s stages (schedule.LM or schedule.CLASSIFIER)."""
@@ -59,11 +67,6 @@ class StageRunner:
         self.state["vocab_saved"] = True
         self.save()
 
-    def _save_model(self, learn, name: str, with_opt: bool) -> None:
-        tmp = self.path(name + ".tmp")
-        save_model(tmp, learn.model, learn.opt, with_opt=with_opt)
-        os.replace(tmp, self.path(name))
-
     def _drop(self, name: str | None, keep: str | None) -> None:
         """Removes checkpoint `name` unless it is `keep` or the restarts' start weights."""
         self.resume.drop(name, keep, (self.state.get("stage_start") or {}).get("file"))
@@ -73,15 +76,13 @@ class StageRunner:
         name = self.state.get("checkpoint")
         if not name:
             return False
-        if learn.opt is None:
-            learn.create_opt()
-        load_model(self.path(name), learn.model, learn.opt, with_opt=True,
-                   device=learn.dls.device)
+        self.step = load_checkpoint(learn, self.path(name))
         return True
 
     def started(self, index: int) -> bool:
-        """Whether stage `index` or a later one has a checkpointed epoch."""
-        return (self.state["stage"], self.state["epochs_done"]) > (index, 0)
+        """Whether stage `index` or a later one has a checkpoint (an epoch's or mid-epoch)."""
+        return (self.state["stage"], self.state["epochs_done"],
+                bool(self.state.get("mid_epoch"))) > (index, 0, False)
 
     def found_rate(self, learn, stage: schedule.Stage) -> float:
         """`lr_find`'s rate for the stage's model (found at its first stage, kept in the
@@ -143,46 +144,56 @@ class StageRunner:
                 self.state.get("stage_start") is None:
             # The weights a restart goes back to (fit_classifier): the classifier's first.
             name = "classifier-start.pth"
-            self._save_model(learn, name, with_opt=False)
+            save_checkpoint(learn, self.path(name), with_opt=False)
             self.state["stage_start"] = {"file": name, "best": self.state["best"]}
             self.save()
+        resumed = self.step if self.state["stage"] == index else None
+        self.step = None
+        moments = learn.opt.state_dict() if start or resumed else None  # the checkpoint's
         learn.freeze_to(0 if stage.freeze_to is None else stage.freeze_to)  # 0: unfreeze()
+        if moments:  # which freeze_to clears: a resumed stage goes on with them
+            learn.opt.load_state_dict(moments)
         top = (stage.lr or self.found_rate(learn, stage)) * \
             (self.state.get("rate_scale", 1.0) if stage.model == schedule.CLASSIFIER else 1.0)
         lr = top if not stage.discriminative else \
             slice(top / schedule.LR_DECAY_PER_GROUP ** (len(learn.opt.param_groups) - 1), top)
         log.info("stage %s: epochs %d..%d of %d", stage.name, start + 1, stage.epochs, stage.epochs)
 
+        def sealed(name: str, epochs_done: int, step: dict | None = None) -> str:
+            # Older files go only once the state no longer points at them (`seal`).
+            return seal(self.resume, self.state, learn, name, step,
+                        ((self.state.get("stage_start") or {}).get("file"),), stage=index,
+                        epochs_done=epochs_done, optimizer_steps=mid.steps)
+
         def on_epoch(epochs_done: int, values: dict[str, float], seconds: float,
                      cpu_seconds: float) -> None:
-            previous = self.state.get("checkpoint")
-            name = f"{stage.model}-{index}-{epochs_done}.pth"
-            self._save_model(learn, name, with_opt=True)
             best = self.state["best"]
             new_best = None
             if stage.model == schedule.CLASSIFIER and self.monitor in values and \
                     schedule.improved(values[self.monitor], best and best["value"], self.monitor):
                 new_best = f"best-{index}-{epochs_done}.pth"
-                self._save_model(learn, new_best, with_opt=False)
+                save_checkpoint(learn, self.path(new_best), with_opt=False)
                 self.state["best"] = {"value": values[self.monitor], "stage": stage.name,
                                       "epoch": epochs_done, "file": new_best}
-            self.state.update(stage=index, epochs_done=epochs_done, checkpoint=name)
             row = {"stage": stage.name, "model": stage.model, "epoch": epochs_done,
                    "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3), **values}
             self.state["history"].append(row)
-            self.save()
+            sealed(f"{stage.model}-{index}-{epochs_done}.pth", epochs_done)
             # After the save: a resumed run never trains (and logs) this epoch again.
             step = model_step(self.state["history"], stage.model)
             self.tensorboard.write(epoch_scalars(stage.model, row), step)
             if stage.model == schedule.CLASSIFIER:  # the study ranks classifiers
                 self.trial.report(values, step)
-            # Older files go only once the state no longer points at them.
-            self._drop(previous, name)
             if new_best and best:
                 self._drop(best.get("file"), new_best)
 
-        learn.fit_one_cycle(stage.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=start,
-                            cbs=[EpochEnd(on_epoch), GradientClip(GRADIENT_CLIP), *self.callbacks])
+        with preemption.Notice() as notice:
+            mid = MidEpoch(notice, self.every_steps, lambda step: sealed(
+                f"{stage.model}-{index}-{step['epoch']}-{step['batches']}.pth", step["epoch"],
+                step), resumed, self.state.get("optimizer_steps", 0))
+            learn.fit_one_cycle(stage.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=start,
+                                cbs=[EpochEnd(on_epoch), mid, GradientClip(GRADIENT_CLIP),
+                                     *self.callbacks])
 
 
 @dataclasses.dataclass

@@ -4,9 +4,10 @@ Only `fastai.text` is imported: `fastai.vision` fails to import in this stack (t
 mismatch). `train_text_classifier` reads the prepared dataset (data.py), takes the pretrained
 LM's assets (assets.py; its vocabulary keeps the task's tokens the LM knows: vocabulary.py),
 fine-tunes the LM and builds the classifier (learners.py), runs the stages (schedule.py) with
-a checkpoint and the state file at each epoch so a restarted job resumes at the next one
-(runner.py), and exports the best epoch for `monitor`, scored on the validation split at the
-fixed threshold and at per-label thresholds tuned there (outputs.py).
+a checkpoint and the state file at each epoch, at the step a SIGTERM stopped (then it exits
+143) and every `checkpoint_every_steps`, so a restarted job resumes there (runner.py,
+`fastai_text.MidEpoch`), and exports the best epoch for `monitor`, scored on the validation
+split at the fixed threshold and at per-label thresholds tuned there (outputs.py).
 """
 
 from __future__ import annotations
@@ -144,14 +145,16 @@ def _prepare(data: PreparedDataset, config: TrainConfig, plan: list[schedule.Sta
     resumed_from = None
     if resume.resumed:
         resumed_from = {"stage": plan[min(resume.state["stage"], len(plan) - 1)].name,
-                        "epochs_done": resume.state["epochs_done"]}
+                        "epochs_done": resume.state["epochs_done"],
+                        **(resume.state.get("mid_epoch") or {})}  # batches of the next
         log.info("resuming from %s", resumed_from)
     lm_config = {**awd_lstm_lm_config, **arch_config}
     constant = text_scores.constant_answer(
         data.valid[data.labels].to_numpy(), data.train[data.labels].to_numpy(),
         data.task == MULTI_LABEL, config.threshold)
     run = StageRunner(resume, plan, config.monitor, callbacks, tensorboard,
-                      TrialReporter(hypertune_metric), constant, int(lm_config["n_hid"]))
+                      TrialReporter(hypertune_metric), constant, int(lm_config["n_hid"]),
+                      config.checkpoint_every_steps)
     set_seed(config.seed)
     frame, truncated = fastai_frame(data)
     return TrainingJob(data, config, run, assets, arch_config, lm_config, tokenizer,
