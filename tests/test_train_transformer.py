@@ -571,13 +571,9 @@ def test_a_replica_killed_mid_run_and_restarted_resumes_on_every_process(dataset
     assert load_text_model(model_dir).info["framework"] == "transformers"
 
 
-@pytest.mark.slow
-def test_a_run_killed_after_an_epoch_resumes_from_its_checkpoint(dataset, tmp_path):
-    checkpoints = tmp_path / "checkpoints"
-    model_dir = str(tmp_path / "model")
-    # Epochs of ~0.3 s: six leave the kill (polled every 0.05 s) room to land mid-run.
-    epochs = 6
-    config = TransformerConfig(model_name=dataset["tiny"], epochs=epochs, **FAST)
+def _trained_until_a_checkpoint(dataset, model_dir, config, checkpoints, poll):
+    """A training subprocess, returned once its first checkpoint is sealed (polled every
+    `poll` seconds)."""
     code = (
         "from components.train_transformer.contract import TransformerConfig\n"
         "from components.train_transformer.training import train_transformer\n"
@@ -588,7 +584,18 @@ def test_a_run_killed_after_an_epoch_resumes_from_its_checkpoint(dataset, tmp_pa
     deadline = time.monotonic() + 180
     while not last_complete_checkpoint(str(checkpoints)):
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was saved"
-        time.sleep(0.05)
+        time.sleep(poll)
+    return proc
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_an_epoch_resumes_from_its_checkpoint(dataset, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    model_dir = str(tmp_path / "model")
+    # Epochs of ~0.3 s: six leave the kill (polled every 0.05 s) room to land mid-run.
+    epochs = 6
+    config = TransformerConfig(model_name=dataset["tiny"], epochs=epochs, **FAST)
+    proc = _trained_until_a_checkpoint(dataset, model_dir, config, checkpoints, 0.05)
     proc.send_signal(signal.SIGKILL)  # preempted: no chance to clean up
     proc.wait()
     # Killed before the end; on a busy machine the kill may land an epoch or two after the
@@ -619,17 +626,7 @@ def test_a_sigterm_mid_epoch_saves_that_step_and_the_restart_goes_on_from_it(dat
     epochs, batch = 3, 2
     config = TransformerConfig(model_name=dataset["tiny"], epochs=epochs,
                                **{**FAST, "batch_size": batch})
-    code = (
-        "from components.train_transformer.contract import TransformerConfig\n"
-        "from components.train_transformer.training import train_transformer\n"
-        f"train_transformer({dataset['dataset']!r}, {model_dir!r}, "
-        f"TransformerConfig(**{config.__dict__!r}), checkpoints={str(checkpoints)!r})\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 180
-    while not last_complete_checkpoint(str(checkpoints)):
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was saved"
-        time.sleep(0.02)
+    proc = _trained_until_a_checkpoint(dataset, model_dir, config, checkpoints, 0.02)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == preemption.EXIT_STATUS
     per_epoch = math.ceil(len(read_split(dataset["dataset"], "train")) / batch)
