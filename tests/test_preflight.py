@@ -73,7 +73,7 @@ def test_values_arrive_as_text_or_typed():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"epochs": -1}, "training: epochs and fine_tune_epochs must be >= 0"),
+    ({"epochs": -1}, "training: epochs must be >= 0"),
     ({"unfreeze_blocks": 7}, "unfreeze_blocks must be in 1..4"),
     ({"train_fraction": 0.0, "validation_fraction": 0.5, "test_fraction": 0.5},
      "train_fraction must be > 0"),
@@ -96,11 +96,11 @@ def test_image_settings_a_later_step_refuses(changes, message):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"threshold": 1.5}, r"threshold must be in \(0, 1\), got 1.5"),
+    ({"threshold": 1.5}, "threshold must be > 0 and < 1, got 1.5"),
     ({"threshold": float("nan")}, "threshold: expected a finite number, got nan"),
     ({"epochs": 0}, "epochs must be >= 1"),
     ({"monitor": "auc"}, "monitor must be one of"),
-    ({"validation_fraction": 0.0}, "preparation: validation_fraction must be in"),
+    ({"validation_fraction": 0.0}, "preparation: validation_fraction must be > 0 and < 1"),
     ({"test_fraction": 0.0}, "test_fraction must be > 0 when eval_split is test"),
     ({"eval_split": "holdout"}, "eval_split must be"),
     ({"model_config": "[1]"}, "model_config must be a JSON object"),
@@ -241,7 +241,7 @@ def test_a_corpus_the_language_model_could_not_read_is_refused_first(tmp_path):
     assert preflight("lm", str(csv), {**LM_DEFAULTS, "text_column": "body"}).startswith("sha256:")
     with pytest.raises(PreflightError, match="corpus_uri .* does not exist"):
         preflight("lm", str(tmp_path / "gone"), LM_DEFAULTS)
-    with pytest.raises(PreflightError, match="training: .*validation_fraction must be in"):
+    with pytest.raises(PreflightError, match="training: .*validation_fraction must be > 0 and < 1"):
         preflight("lm", str(csv), {**LM_DEFAULTS, "text_column": "body",
                                    "validation_fraction": "1.5"})
     with pytest.raises(PreflightError, match="model_config"):

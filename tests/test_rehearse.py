@@ -321,7 +321,7 @@ def test_bad_settings_stop_the_run_before_the_first_job(tmp_path):
     path = os.path.join(_compile(tmp_path, "text_pipeline"), "text_pipeline.json")
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=40, seed=3)
-    with pytest.raises(rehearse.RehearsalError, match="threshold must be in .0, 1., got 1.5"):
+    with pytest.raises(rehearse.RehearsalError, match="threshold must be > 0 and < 1, got 1.5"):
         rehearse.rehearse(path, str(tmp_path / "r"), {"data_uri": str(csv), "threshold": "1.5"})
     report = json.loads((tmp_path / "r" / "rehearsal.json").read_text())
     assert [t["name"] for t in report] == ["preflight-text"]  # no custom job started

@@ -134,7 +134,7 @@ def test_learning_rate_zero_is_valid_and_negative_or_nan_is_not():
     assert contract.TrainConfig().learning_rate == 0  # found by default
     contract.TrainConfig(learning_rate=0.01)
     for bad in (-1e-3, float("nan")):
-        with pytest.raises(TextTrainingError, match="learning_rate must be > 0, or 0 to find"):
+        with pytest.raises(TextTrainingError, match="learning_rate must be >= 0"):
             contract.TrainConfig(learning_rate=bad)
     with pytest.raises(TextTrainingError, match="lm_learning_rate must be > 0"):
         contract.TrainConfig(lm_learning_rate=0)

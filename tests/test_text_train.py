@@ -226,9 +226,9 @@ def test_bad_settings_are_clear_errors(dataset, tmp_path):
         train_text_classifier(dataset, str(tmp_path / "m"),  # a multi-label dataset
                               TrainConfig(pretrained=False, monitor="accuracy", **FAST))
     for threshold in (1.5, 0.0, float("nan")):
-        with pytest.raises(TextTrainingError, match="threshold must be in"):
+        with pytest.raises(TextTrainingError, match="threshold must be > 0 and < 1"):
             TrainConfig(threshold=threshold)
-    with pytest.raises(TextTrainingError, match="epochs must be >= 0.*batch_size must be >= 1"):
+    with pytest.raises(TextTrainingError, match="epochs must be >= 1.*batch_size must be >= 1"):
         TrainConfig(epochs=-1, batch_size=0)
     with pytest.raises(TextTrainingError, match="unknown AWD_LSTM setting"):
         train_text_classifier(dataset, str(tmp_path / "m"),

@@ -228,7 +228,7 @@ def test_plan_phases():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"epochs": 0, "fine_tune_epochs": 0}, "at least one epoch"),
+    ({"epochs": 0, "fine_tune_epochs": 0}, "must be at least 1"),
     ({"batch_size": 0}, "batch_size"),
     ({"unfreeze_blocks": 5}, "unfreeze_blocks"),
     ({"precision": "fp16"}, "precision"),

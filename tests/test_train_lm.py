@@ -176,9 +176,9 @@ def test_found_rates_are_bounded():
 
 
 def test_bad_settings_name_the_setting():
-    with pytest.raises(LMTrainingError, match="validation_fraction must be in"):
+    with pytest.raises(LMTrainingError, match="validation_fraction must be > 0 and < 1"):
         LMConfig(validation_fraction=0)
-    with pytest.raises(LMTrainingError, match="epochs must be >= 1.*learning_rate must be > 0"):
+    with pytest.raises(LMTrainingError, match="epochs must be >= 1.*learning_rate must be >= 0"):
         LMConfig(epochs=0, learning_rate=-1)
     with pytest.raises(LMTrainingError, match="lang must be a language code"):
         LMConfig(lang="")

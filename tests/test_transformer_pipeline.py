@@ -183,10 +183,10 @@ def test_default_settings_pass_and_a_hub_name_is_not_fingerprinted():
 
 @pytest.mark.parametrize("changes, message", [
     ({"epochs": 0}, "training: epochs must be >= 1"),
-    ({"warmup_ratio": 1.0}, r"warmup_ratio must be in \[0, 1\)"),
+    ({"warmup_ratio": 1.0}, r"warmup_ratio must be >= 0 and < 1"),
     ({"monitor": "valid_loss"}, "monitor must be one of"),
     ({"learning_rate": "nan"}, "training: learning_rate: expected a finite number"),
-    ({"validation_fraction": 0.0}, "preparation: validation_fraction must be in"),
+    ({"validation_fraction": 0.0}, "preparation: validation_fraction must be > 0 and < 1"),
     ({"test_fraction": 0.0}, "test_fraction must be > 0 when eval_split is test"),
     ({"registration_metric": "accuracy"}, "registration_metric must be one of"),
     ({"model_name": "xlm roberta"}, "model_name 'xlm roberta' is neither an existing folder"),

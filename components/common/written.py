@@ -9,6 +9,7 @@ here, once, and compiled under a name that `inspect.getsource` finds in `linecac
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
 import json
@@ -77,16 +78,57 @@ def write_function(name: str, parameters: Sequence[inspect.Parameter], doc: str,
 # --------------------------------------------------------------------------- settings steps
 
 HELP = "help"  # a settings field's metadata key: its console help
+BOUNDS = "bounds"  # ... and the values it may take
 
 
-def setting(default: Any, help: str) -> Any:  # noqa: A002 - the word the console shows
-    """A settings field with its default and help, the one home of both: a step written by
-    `step_function` takes it as an input, with this help. A dict or list default is made
-    afresh for each instance, as dataclasses ask."""
+def setting(default: Any, help: str, **bounds: Any) -> Any:  # noqa: A002 - the console's word
+    """A settings field with its default, help and bounds, the one home of each: a step
+    written by `step_function` takes it as an input, with this help; `check_settings` holds
+    its value to `bounds` (pydantic's `ge`, `gt`, `le`, `lt`, or `choices`). A dict or list
+    default is made afresh for each instance, as dataclasses ask."""
+    metadata = {HELP: help, BOUNDS: bounds}
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default),
-                                 metadata={HELP: help})
-    return dataclasses.field(default=default, metadata={HELP: help})
+                                 metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+_SYMBOLS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+@functools.cache
+def _bounded(kind: type, bounds: tuple) -> Any:
+    from pydantic import Field, TypeAdapter
+
+    options = dict(bounds)
+    choices = options.pop("choices", None)
+    return TypeAdapter(typing.Literal[choices] if choices
+                       else typing.Annotated[kind, Field(**options)])
+
+
+def check_settings(settings: Any, error: type[Exception], *problems: str) -> None:
+    """Raises `error` naming each field of `settings` outside the bounds its `setting`
+    declares (checked by pydantic; NaN is outside every bound), with the `problems` the
+    class found across fields.
+
+    Raises:
+        error: "<field> must be <bounds>, got <value>; ..." for each problem.
+    """
+    from pydantic import ValidationError
+
+    found = list(problems)
+    for field in dataclasses.fields(settings):
+        bounds, value = field.metadata.get(BOUNDS), getattr(settings, field.name)
+        if not bounds or value is None:
+            continue
+        try:
+            _bounded(type(value), tuple(sorted(bounds.items()))).validate_python(value)
+        except ValidationError:
+            wanted = (f"one of {list(bounds['choices'])}" if "choices" in bounds else
+                      " and ".join(f"{_SYMBOLS[k]} {v}" for k, v in bounds.items()))
+            found.append(f"{field.name} must be {wanted}, got {value!r}")
+    if found:
+        raise error("; ".join(found))
 
 
 def as_step_value(value: Any) -> Any:

@@ -12,7 +12,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from components.common.written import setting
+from components.common.written import check_settings, setting
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,16 +49,13 @@ class PrepareConfig:
     other_label: str = setting("other", "Label given to rows with no label set; empty drops "
                                "those rows instead.")
     validation_fraction: float = setting(0.2, "Share of the rows left after the test split used "
-                                         "for validation.")
-    test_fraction: float = setting(0.25, "Share of all rows held out for the final test.")
+                                         "for validation.", gt=0, lt=1)
+    test_fraction: float = setting(0.25, "Share of all rows held out for the final test.",
+                                   ge=0, lt=1)
     seed: int = setting(42, "Seed of the split; the same file and seed give the same splits.")
 
-    def __post_init__(self):
-        if not 0.0 <= self.test_fraction < 1.0:
-            raise TextDataError(f"test_fraction must be in [0, 1), got {self.test_fraction}")
-        if not 0.0 < self.validation_fraction < 1.0:
-            raise TextDataError(
-                f"validation_fraction must be in (0, 1), got {self.validation_fraction}")
+    def __post_init__(self) -> None:
+        check_settings(self, TextDataError)
 
 
 def parse_label_columns(text: str) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from components.common.storage import filesystem
-from components.common.written import setting
+from components.common.written import check_settings, setting
 
 SPLITS = ("train", "validation", "test")
 MANIFEST_NAME = "manifest.json"
@@ -39,53 +39,33 @@ class ShardConfig:
     """How to shard: each field's help is the sharding step's input help (the console's)."""
 
     image_size: int = setting(224, "Height and width in pixels the images are resized to and "
-                              "stored at (the model is trained at this size).")
+                              "stored at (the model is trained at this size).", ge=8)
     image_format: str = setting("jpeg", 'Shard image encoding: "jpeg" (about 4x smaller, decoded'
-                                ' when read) or "raw" (uint8, no decode).')
-    jpeg_quality: int = setting(95, 'JPEG quality 1-95 when image_format is "jpeg".')
+                                ' when read) or "raw" (uint8, no decode).', choices=("jpeg", "raw"))
+    jpeg_quality: int = setting(95, 'JPEG quality 1-95 when image_format is "jpeg".', ge=1, le=95)
     resize_method: str = setting("crop", '"crop" scales the shorter side to image_size and '
                                  'center-crops; "pad" scales the longer side and pads with '
-                                 "black.")
-    train_fraction: float = setting(0.8, "Share of each class for training.")
+                                 "black.", choices=("crop", "pad"))
+    train_fraction: float = setting(0.8, "Share of each class for training.", ge=0)
     validation_fraction: float = setting(0.1, "Share of each class for validation (early "
-                                         "stopping, learning-rate schedule).")
-    test_fraction: float = setting(0.1, "Share of each class for the final test.")
+                                         "stopping, learning-rate schedule).", ge=0)
+    test_fraction: float = setting(0.1, "Share of each class for the final test.", ge=0)
     seed: int = setting(42, "Seed of the split and of the order of examples; same inputs and "
                         "seed give identical shards.")
     target_shard_mb: float = setting(100.0, "Aimed shard size in MB (TensorFlow advises 10 MB+, "
-                                     "ideally ~100 MB).")
+                                     "ideally ~100 MB).", gt=0)
     min_shards_per_split: int = setting(16, "Fewest shards per split so readers can interleave "
-                                        "(capped at the number of examples).")
+                                        "(capped at the number of examples).", ge=1)
     max_skipped_fraction: float = setting(0.05, "Fail when more than this share of the files is "
-                                          "unreadable.")
+                                          "unreadable.", ge=0, le=1)
     num_workers: int = setting(0, "Sharding processes; 0 uses every CPU core of the machine, "
-                               "fewer for a small dataset (one per 200 images).")
+                               "fewer for a small dataset (one per 200 images).", ge=0)
 
     def __post_init__(self) -> None:
         problems = []
-        if self.image_size < 8:
-            problems.append(f"image_size must be at least 8, got {self.image_size}")
-        if self.image_format not in ("jpeg", "raw"):
-            problems.append(f"image_format must be 'jpeg' or 'raw', got {self.image_format!r}")
-        if not 1 <= self.jpeg_quality <= 95:
-            problems.append(f"jpeg_quality must be in 1..95, got {self.jpeg_quality}")
-        if self.resize_method not in ("crop", "pad"):
-            problems.append(f"resize_method must be 'crop' or 'pad', got {self.resize_method!r}")
-        fractions = self.fractions.values()
-        # Written so that NaN fails too (every comparison with NaN is false).
-        if not all(f >= 0 for f in fractions) or not abs(sum(fractions) - 1.0) <= 1e-6:
-            problems.append(f"split fractions must be >= 0 and sum to 1, got {self.fractions}")
-        if not self.target_shard_mb > 0:
-            problems.append(f"target_shard_mb must be positive, got {self.target_shard_mb}")
-        if self.min_shards_per_split < 1:
-            problems.append(f"min_shards_per_split must be >= 1, got {self.min_shards_per_split}")
-        if not 0 <= self.max_skipped_fraction <= 1:
-            problems.append("max_skipped_fraction must be in 0..1, got "
-                            f"{self.max_skipped_fraction}")
-        if self.num_workers < 0:
-            problems.append(f"num_workers must be >= 0, got {self.num_workers}")
-        if problems:
-            raise ShardingError("; ".join(problems))
+        if not abs(sum(self.fractions.values()) - 1) <= 1e-6:  # NaN fails too
+            problems.append(f"split fractions must sum to 1, got {self.fractions}")
+        check_settings(self, ShardingError, *problems)
 
     @property
     def fractions(self) -> dict[str, float]:

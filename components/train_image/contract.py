@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from components.common import preemption
 from components.common.input_kinds import InputKindError, read_json_object
 from components.common.storage import filesystem
-from components.common.written import setting
+from components.common.written import check_settings, setting
 
 MODEL_FILE = "model.keras"
 SAVED_MODEL_DIR = "saved_model"
@@ -163,24 +163,24 @@ class TrainConfig:
     where a step input's 0 stands for None (`components.common.written.as_step_value`)."""
 
     epochs: int = setting(10, "Epochs training only the new top on the frozen pretrained "
-                          "base (from scratch: epochs + fine_tune_epochs of full training).")
+                          "base (from scratch: epochs + fine_tune_epochs of full training).", ge=0)
     fine_tune_epochs: int = setting(10, "Epochs fine-tuning the top dense blocks after the "
-                                    "head phase, at fine_tune_learning_rate.")
+                                    "head phase, at fine_tune_learning_rate.", ge=0)
     batch_size: int = setting(32, "Examples per replica (GPU) per step; the global batch is "
-                              "this times the number of replicas.")
+                              "this times the number of replicas.", ge=1)
     learning_rate: float = setting(1e-3, "Adam learning rate of the head phase for one "
-                                   "replica; scaled linearly with the replicas.")
+                                   "replica; scaled linearly with the replicas.", gt=0)
     fine_tune_learning_rate: float = setting(1e-4, "Adam learning rate of the fine-tune phase "
                                              "for one replica; scaled linearly with the "
-                                             "replicas.")
+                                             "replicas.", gt=0)
     architecture: str = setting("densenet121", 'The backbone: "densenet121" (with a weights '
                                 "file, the DenseNet it holds: 121, 169, 201 or another "
                                 'layout) or "efficientnet_lite0" (EfficientNet-Lite0, about a '
-                                "seventh of DenseNet121's FLOPs).")
+                                "seventh of DenseNet121's FLOPs).", choices=tuple(ARCHITECTURES))
     unfreeze_blocks: int = setting(1, "Top blocks trained in fine-tuning: DenseNet's dense "
                                    "blocks (1-4) or EfficientNet-Lite0's MBConv stages (1-7, "
-                                   "with its head conv); BatchNorm layers stay frozen.")
-    dropout: float = setting(0.2, "Dropout rate before the classification layer.")
+                                   "with its head conv); BatchNorm layers stay frozen.", ge=1)
+    dropout: float = setting(0.2, "Dropout rate before the classification layer.", ge=0, lt=1)
     weights: str | None = setting("imagenet", 'Base weights: "imagenet" (DenseNet121\'s, '
                                   "downloaded by Keras; EfficientNet-Lite0's, converted when "
                                   'the image was built, no download), "none" (from scratch), '
@@ -189,67 +189,37 @@ class TrainConfig:
                                   "file).")
     flip: bool = setting(True, "Random horizontal flips of training images.")
     rotation: float = setting(0.05, "Random rotation of training images as a fraction of a "
-                              "full turn (0.05 = up to 18 degrees); 0 turns it off.")
+                              "full turn (0.05 = up to 18 degrees); 0 turns it off.", ge=0, lt=0.5)
     zoom: float = setting(0.1, "Random zoom of training images by a factor in [1 - zoom, "
-                          "1 + zoom]; 0 turns it off.")
+                          "1 + zoom]; 0 turns it off.", ge=0, lt=1)
     precision: str = setting("auto", '"auto" (mixed_float16 when every GPU has compute '
-                             'capability 7.0+), "on" or "off" (float32).')
+                             'capability 7.0+), "on" or "off" (float32).', choices=PRECISION_MODES)
     seed: int = setting(42, "Seed of initialisation, shuffling and augmentation.")
     early_stopping_patience: int = setting(3, "Epochs without validation-loss improvement "
                                            "before a phase stops, keeping its best weights; "
-                                           "0 turns it off.")
+                                           "0 turns it off.", ge=0)
     reduce_lr_patience: int = setting(2, "Epochs without validation-loss improvement before "
-                                      "the learning rate is cut 5x; 0 turns it off.")
+                                      "the learning rate is cut 5x; 0 turns it off.", ge=0)
     reduce_lr_factor: float = setting(0.2, "What reduce_lr_patience multiplies the learning "
-                                      "rate by.")
+                                      "rate by.", gt=0, lt=1)
     shuffle_buffer: int = setting(2048, "Examples in the shuffle buffer (a 224px image takes "
-                                  "150 KB of memory).")
+                                  "150 KB of memory).", ge=1)
     steps_per_epoch: int | None = setting(None, "Training steps per epoch; 0 for one pass over "
-                                          "the training split.")
+                                          "the training split.", ge=1)
     validation_steps: int | None = setting(None, "Validation batches per evaluation; 0 for the "
-                                           "whole split.")
-    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP)
+                                           "whole split.", ge=1)
+    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP, ge=0)
 
     def __post_init__(self) -> None:
         problems = []
-        if self.epochs < 0 or self.fine_tune_epochs < 0 or self.epochs + self.fine_tune_epochs < 1:
-            problems.append("epochs and fine_tune_epochs must be >= 0 with at least one epoch "
-                            f"in all, got {self.epochs} and {self.fine_tune_epochs}")
-        if self.batch_size < 1:
-            problems.append(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.learning_rate <= 0 or self.fine_tune_learning_rate <= 0:
-            problems.append("learning rates must be positive, got "
-                            f"{self.learning_rate} and {self.fine_tune_learning_rate}")
-        if self.architecture not in ARCHITECTURES:
-            problems.append(f"architecture must be one of {sorted(ARCHITECTURES)}, got "
-                            f"{self.architecture!r}")
-        elif not 1 <= self.unfreeze_blocks <= ARCHITECTURES[self.architecture]:
-            problems.append(f"unfreeze_blocks must be in 1..{ARCHITECTURES[self.architecture]}"
-                            f" for {self.architecture}, got {self.unfreeze_blocks}")
-        if not 0 <= self.dropout < 1:
-            problems.append(f"dropout must be in [0, 1), got {self.dropout}")
-        if not 0 <= self.rotation < 0.5:
-            problems.append(f"rotation must be in [0, 0.5), got {self.rotation}")
-        if not 0 <= self.zoom < 1:
-            problems.append(f"zoom must be in [0, 1), got {self.zoom}")
-        if self.precision not in PRECISION_MODES:
-            problems.append(f"precision must be one of {PRECISION_MODES}, "
-                            f"got {self.precision!r}")
-        if self.early_stopping_patience < 0 or self.reduce_lr_patience < 0:
-            problems.append("patiences must be >= 0")
-        if not 0 < self.reduce_lr_factor < 1:
-            problems.append(f"reduce_lr_factor must be in (0, 1), got {self.reduce_lr_factor}")
-        if self.shuffle_buffer < 1:
-            problems.append(f"shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
-        if self.checkpoint_every_steps < 0:
-            problems.append(f"checkpoint_every_steps must be >= 0, got "
-                            f"{self.checkpoint_every_steps}")
-        for name in ("steps_per_epoch", "validation_steps"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                problems.append(f"{name} must be >= 1 or None, got {value}")
-        if problems:
-            raise TrainingError("; ".join(problems))
+        if self.epochs + self.fine_tune_epochs < 1:
+            problems.append("epochs + fine_tune_epochs must be at least 1, got "
+                            f"{self.epochs} and {self.fine_tune_epochs}")
+        most = ARCHITECTURES.get(self.architecture, self.unfreeze_blocks)
+        if self.unfreeze_blocks > most:
+            problems.append(f"unfreeze_blocks must be in 1..{most} for {self.architecture}, "
+                            f"got {self.unfreeze_blocks}")
+        check_settings(self, TrainingError, *problems)
 
     @property
     def pretrained(self) -> bool:

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from components.common import preemption
-from components.common.written import setting
+from components.common.written import check_settings, setting
 from components.formats.lm_assets import LM_METRICS_FILE
 from components.train_text.contract import FOUND_RATE_HELP, rate_text
 
@@ -48,17 +48,17 @@ class LMConfig:
     backwards: bool = setting(False, "Also train a backward model (texts read right to left), "
                               "for the text pipeline's backwards=true (a backward classifier, "
                               "or half of a bidirectional ensemble).")
-    epochs: int = setting(10, "Epochs of each direction's one-cycle schedule.")
-    batch_size: int = setting(64, "Token streams per batch.")
-    seq_len: int = setting(72, "Tokens per backpropagation-through-time step.")
-    learning_rate: float = setting(1e-2, LEARNING_RATE_HELP)  # 0: found by lr_find
-    drop_mult: float = setting(0.3, "Multiplier of every AWD-LSTM dropout.")
-    min_freq: int = setting(3, "Tokens seen fewer times become xxunk.")
-    max_vocab: int = setting(60000, "Largest vocabulary kept.")
+    epochs: int = setting(10, "Epochs of each direction's one-cycle schedule.", ge=1)
+    batch_size: int = setting(64, "Token streams per batch.", ge=1)
+    seq_len: int = setting(72, "Tokens per backpropagation-through-time step.", ge=1)
+    learning_rate: float = setting(1e-2, LEARNING_RATE_HELP, ge=0)  # 0: found by lr_find
+    drop_mult: float = setting(0.3, "Multiplier of every AWD-LSTM dropout.", ge=0)
+    min_freq: int = setting(3, "Tokens seen fewer times become xxunk.", ge=1)
+    max_vocab: int = setting(60000, "Largest vocabulary kept.", ge=1)
     spm_vocab_size: int = setting(0, "SentencePiece vocabulary size for ja, ko and zh; 0 lets "
-                                  "fastai choose from the corpus.")
+                                  "fastai choose from the corpus.", ge=0)
     validation_fraction: float = setting(0.1, "Share of the documents held out to measure "
-                                         "perplexity and accuracy.")
+                                         "perplexity and accuracy.", gt=0, lt=1)
     mixed_precision: bool = setting(True, "Train in mixed precision on a GPU: bf16 on compute "
                                     "capability 8.0 or more (A100, L4, H100), fp16 on 7.x "
                                     "(V100, T4); never on CPU.")
@@ -68,7 +68,7 @@ class LMConfig:
                                            "config.json, so the text pipeline builds the same "
                                            "encoder.")
     seed: int = setting(42, "Seed of the held-out draw, initialisation and batch order.")
-    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP)
+    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP, ge=0)
 
     def __post_init__(self) -> None:
         problems = []
@@ -76,25 +76,7 @@ class LMConfig:
             problems.append(f"lang must be a language code such as en or ja, got {self.lang!r}")
         if not self.text_column.strip():
             problems.append("text_column must name the CSV column of the texts")
-        for name in ("epochs", "batch_size", "seq_len", "min_freq", "max_vocab"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.checkpoint_every_steps < 0:
-            problems.append(f"checkpoint_every_steps must be >= 0, got "
-                            f"{self.checkpoint_every_steps}")
-        if self.spm_vocab_size < 0:
-            problems.append(f"spm_vocab_size must be >= 0 (0: chosen from the corpus), got "
-                            f"{self.spm_vocab_size}")
-        if not self.learning_rate >= 0:  # also refuses NaN
-            problems.append(f"learning_rate must be > 0, or 0 to find it with lr_find; "
-                            f"got {self.learning_rate}")
-        if not self.drop_mult >= 0:
-            problems.append(f"drop_mult must be >= 0, got {self.drop_mult}")
-        if not 0 < self.validation_fraction < 1:
-            problems.append(f"validation_fraction must be in (0, 1) (perplexity is measured on "
-                            f"held-out texts), got {self.validation_fraction}")
-        if problems:
-            raise LMTrainingError("; ".join(problems))
+        check_settings(self, LMTrainingError, *problems)
 
     def directions(self) -> list[bool]:
         """`backwards` flags of the models to train: forward, then backward on request."""

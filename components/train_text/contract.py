@@ -16,7 +16,7 @@ from typing import Any
 
 from components.common import preemption
 from components.common.storage import filesystem
-from components.common.written import setting
+from components.common.written import check_settings, setting
 from components.formats.lm_assets import (
     LM_FILE_HEAD,
     LM_FILE_TAIL,
@@ -90,33 +90,34 @@ class TrainConfig:
                                " from scratch.")
     backwards: bool = setting(False, "Read texts backwards (use the backward LM).")
     lm_epochs: int = setting(4, "Language model fine-tuning epochs on the dataset's texts; 0 "
-                             "skips it.")
+                             "skips it.", ge=0)
     # 12 classifier epochs and the epoch of best validation F1 kept: a classifier from a
     # learnt encoder peaks early and one from random weights late, so a short budget or
     # the lowest validation loss picks against one of them. Measured on two real corpora
     # (docs/measurements.md, ULMFiT from an LM made here, 3 seeds each): the LM start beat
     # random weights on every seed of both only so (6 epochs or 12 by validation loss:
     # on one corpus or the other, 1 of 3).
-    epochs: int = setting(12, "Classifier epochs (see unfreeze).")
-    batch_size: int = setting(16, "Texts per batch (language model and classifier).")
-    drop_mult: float = setting(0.3, "Multiplier of every AWD-LSTM dropout.")
-    threshold: float = setting(0.3, "Multi-label decision threshold on each label's probability.")
+    epochs: int = setting(12, "Classifier epochs (see unfreeze).", ge=1)
+    batch_size: int = setting(16, "Texts per batch (language model and classifier).", ge=1)
+    drop_mult: float = setting(0.3, "Multiplier of every AWD-LSTM dropout.", ge=0)
+    threshold: float = setting(0.3, "Multi-label decision threshold on each label's probability.",
+                               gt=0, lt=1)
     monitor: str = setting("f1_score", "Metric whose best epoch is kept: valid_loss, f1_score "
                            "(macro F1), accuracy_multi (multi-label) or accuracy "
-                           "(single-label).")
+                           "(single-label).", choices=MONITORS)
     unfreeze: str = setting("auto", "How a pretrained or LM-fine-tuned encoder is unfrozen: "
                             '"gradual" (ULMFiT: head, top 2 groups, top 3, then everything, '
                             'one epoch each, discriminative rates), "all" (everything from the'
                             ' first epoch at one rate), or "auto": gradual when an epoch has '
                             "at least 50 batches, else all (on small data gradual stages are "
                             "too short to learn). A random encoder always trains everything at"
-                            " once.")
-    learning_rate: float = setting(0.0, LEARNING_RATE_HELP)  # 0: found by lr_find
+                            " once.", choices=UNFREEZE_MODES)
+    learning_rate: float = setting(0.0, LEARNING_RATE_HELP, ge=0)  # 0: found by lr_find
     lm_learning_rate: float = setting(2e-3, "Peak learning rate of the unfrozen language model "
-                                      "epochs (its frozen first epoch uses 10x).")
-    seq_len: int = setting(72, "Tokens per backpropagation-through-time step.")
-    min_freq: int = setting(3, "Tokens seen fewer times in the training texts become xxunk.")
-    max_vocab: int = setting(60000, "Largest vocabulary kept.")
+                                      "epochs (its frozen first epoch uses 10x).", gt=0)
+    seq_len: int = setting(72, "Tokens per backpropagation-through-time step.", ge=1)
+    min_freq: int = setting(3, "Tokens seen fewer times in the training texts become xxunk.", ge=1)
+    max_vocab: int = setting(60000, "Largest vocabulary kept.", ge=1)
     mixed_precision: bool = setting(True, "Train in mixed precision on a GPU: bf16 on compute "
                                     "capability 8.0 or more (A100, L4, H100), fp16 on 7.x "
                                     "(V100, T4); never on CPU.")
@@ -125,36 +126,10 @@ class TrainConfig:
                                            "when training from scratch; empty for fastai's "
                                            "defaults.")
     seed: int = setting(42, "Seed of weights initialisation and batch order.")
-    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP)
+    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP, ge=0)
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("lm_epochs", "epochs"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.epochs < 1:
-            problems.append(f"epochs must be >= 1 (the classifier has to train), got {self.epochs}")
-        for name in ("batch_size", "seq_len", "min_freq", "max_vocab"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.checkpoint_every_steps < 0:
-            problems.append(f"checkpoint_every_steps must be >= 0, got "
-                            f"{self.checkpoint_every_steps}")
-        if not 0 < self.threshold < 1:  # also refuses NaN
-            problems.append(f"threshold must be in (0, 1), got {self.threshold}")
-        if not self.drop_mult >= 0:
-            problems.append(f"drop_mult must be >= 0, got {self.drop_mult}")
-        if not self.learning_rate >= 0:  # also refuses NaN
-            problems.append(f"learning_rate must be > 0, or 0 to find it with lr_find; "
-                            f"got {self.learning_rate}")
-        if not self.lm_learning_rate > 0:
-            problems.append(f"lm_learning_rate must be > 0, got {self.lm_learning_rate}")
-        if self.monitor not in MONITORS:
-            problems.append(f"monitor must be one of {MONITORS}, got {self.monitor!r}")
-        if self.unfreeze not in UNFREEZE_MODES:
-            problems.append(f"unfreeze must be one of {UNFREEZE_MODES}, got {self.unfreeze!r}")
-        if problems:
-            raise TextTrainingError("; ".join(problems))
+        check_settings(self, TextTrainingError)
 
 
 def parse_model_config(text: str) -> dict[str, Any]:

@@ -13,13 +13,12 @@ torch.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 
 from components.common import preemption
 from components.common.input_kinds import FolderKind
 from components.common.storage import is_remote
-from components.common.written import setting
+from components.common.written import check_settings, setting
 from components.text_common.contract import MODEL_CONFIG_FILE, TOKENIZER_FILES, WEIGHTS_FILES
 
 FRAMEWORK = "transformers"
@@ -49,52 +48,34 @@ class TransformerConfig:
     # on ~500 training texts: at 2e-5 x 4 epochs (116 steps) it never left the constant
     # answer (validation micro F1 0); at 5e-5 x 6 it learnt (docs/measurements.md). Early
     # stopping ends large-data runs sooner; the tuning space spans 1e-5..1e-4.
-    epochs: int = setting(6, "Most epochs (early stopping may end sooner).")
-    batch_size: int = setting(16, "Texts per batch on each GPU (or process).")
+    epochs: int = setting(6, "Most epochs (early stopping may end sooner).", ge=1)
+    batch_size: int = setting(16, "Texts per batch on each GPU (or process).", ge=1)
     learning_rate: float = setting(5e-5, "Peak AdamW learning rate: 5e-5 fine-tunes a "
                                    "pretrained encoder (a small one such as all-MiniLM-L6-v2 "
                                    "on a few hundred texts learns faster at 1e-4); a model "
-                                   "trained from scratch needs about 1e-3.")
-    weight_decay: float = setting(0.01, "AdamW weight decay.")
+                                   "trained from scratch needs about 1e-3.", gt=0)
+    weight_decay: float = setting(0.01, "AdamW weight decay.", ge=0)
     warmup_ratio: float = setting(0.1, "Share of the steps the rate warms up over, linearly from"
-                                  " 0; it then decays linearly to 0.")
-    max_length: int = setting(256, "Tokens of each text the model reads (longer texts are cut).")
-    threshold: float = setting(0.5, "Multi-label decision threshold on each label's probability.")
+                                  " 0; it then decays linearly to 0.", ge=0, lt=1)
+    max_length: int = setting(256, "Tokens of each text the model reads (longer texts are cut).",
+                              ge=1)
+    threshold: float = setting(0.5, "Multi-label decision threshold on each label's probability.",
+                               gt=0, lt=1)
     monitor: str = setting("loss", "What picks the best epoch and stops training: loss "
-                           "(validation loss), micro_f1 or macro_f1.")
+                           "(validation loss), micro_f1 or macro_f1.", choices=MONITORS)
     early_stopping_patience: int = setting(2, "Epochs without improvement of the monitored value"
-                                           " before training stops; 0 never stops early.")
+                                           " before training stops; 0 never stops early.", ge=0)
     mixed_precision: bool = setting(True, "bf16 on GPUs of compute capability >= 8.0 (A100, L4, "
                                     "H100), fp16 on 7.x (V100, T4); never on CPU.")
     seed: int = setting(42, "Seed of the classification head's initialisation and the batch "
                         "order.")
-    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP)
+    checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP, ge=0)
 
     def __post_init__(self) -> None:
         problems = []
         if not self.model_name.strip():
             problems.append("model_name must name a Hub model or a model folder")
-        for name in ("epochs", "batch_size", "max_length"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.checkpoint_every_steps < 0:
-            problems.append(f"checkpoint_every_steps must be >= 0, got "
-                            f"{self.checkpoint_every_steps}")
-        if self.early_stopping_patience < 0:
-            problems.append("early_stopping_patience must be >= 0 (0: no early stopping), "
-                            f"got {self.early_stopping_patience}")
-        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if not 0 <= self.warmup_ratio < 1:  # also refuses NaN
-            problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if not 0 < self.threshold < 1:
-            problems.append(f"threshold must be in (0, 1), got {self.threshold}")
-        if self.monitor not in MONITORS:
-            problems.append(f"monitor must be one of {MONITORS}, got {self.monitor!r}")
-        if problems:
-            raise TransformerTrainingError("; ".join(problems))
+        check_settings(self, TransformerTrainingError, *problems)
 
 
 def model_name_is_path(model_name: str) -> bool:
