@@ -1,8 +1,5 @@
-"""What a trained model was made from: code version, data fingerprint, parameters.
-
-Attached to every `Model` artifact's metadata so a model in the registry or a bucket
-can be traced back to the image, the data and the settings that produced it.
-"""
+"""What a trained model was made from (code version, data fingerprint, parameters), for
+every `Model` artifact's metadata."""
 
 from __future__ import annotations
 
@@ -35,9 +32,7 @@ def provenance(data_file: str, parameters: dict[str, Any]) -> dict[str, Any]:
     """Metadata tying a model to its code, data and parameters.
 
     Args:
-        data_file: The file that pins the training data: the sharded dataset's manifest
-            (which lists every shard's sha256) or the prepared text dataset's manifest
-            (which holds the source CSV's sha256).
+        data_file: The file that pins the training data (a dataset's manifest).
         parameters: The training parameters, as passed to the step.
 
     Returns:
