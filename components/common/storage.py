@@ -30,25 +30,18 @@ def is_remote(uri: str) -> bool:
     return uri.startswith(REMOTE_SCHEMES)
 
 
-def _gcs_options() -> dict:
-    # Read at call time, not import: against an emulator there are no credentials.
-    return {"token": "anon"} if os.environ.get("STORAGE_EMULATOR_HOST") else {}
-
-
-def _s3_options() -> dict:
-    # Read at call time: MinIO, Ceph and the tests' S3 server are named by an endpoint.
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
-
-
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """Returns `(fs, path)`: the fsspec filesystem serving `uri` (local, gs://, s3://) and
     the path inside it."""
+    # The environment is read at call time: an emulator (no credentials), an S3 endpoint.
     if uri.startswith("gs://"):
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-        return url_to_fs(uri, **_gcs_options())
+        return url_to_fs(uri, **({"token": "anon"} if os.environ.get("STORAGE_EMULATOR_HOST")
+                                 else {}))
     if uri.startswith("s3://"):
-        return url_to_fs(uri, **_s3_options())
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return url_to_fs(uri, **({"client_kwargs": {"endpoint_url": endpoint}} if endpoint
+                                 else {}))
     return url_to_fs(os.path.abspath(uri))
 
 
@@ -85,7 +78,7 @@ def run_folder(variable: str, output_path: str, default: str | None,
         A local folder path, or `default`.
 
     Raises:
-        CheckpointStoreError: The remote folder cannot be listed, written or read.
+        CheckpointStoreError: A mirrored folder cannot be listed, written or read.
     """
     environ = os.environ if environ is None else environ
     root = environ.get(variable, "").strip()

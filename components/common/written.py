@@ -69,8 +69,6 @@ def write_function(name: str, parameters: Sequence[inspect.Parameter], doc: str,
     return namespace[name]
 
 
-# --------------------------------------------------------------------------- settings steps
-
 HELP = "help"  # a settings field's metadata key: its console help
 BOUNDS = "bounds"  # ... and the values it may take
 
