@@ -131,15 +131,10 @@ def single_label_metrics(y_true: np.ndarray, y_prob: np.ndarray,
     accuracy = float(np.trace(matrix) / n)
 
     result: dict[str, Any] = {
-        "task": "single_label",
-        "num_examples": int(n),
-        "classes": names,
-        "accuracy": accuracy,
-        "micro_f1": accuracy,
-        "macro_precision": float(precision.mean()),
-        "macro_recall": float(recall.mean()),
-        "macro_f1": float(f1.mean()),
-        "weighted_f1": float(np.average(f1, weights=support)),
+        "task": "single_label", "num_examples": int(n), "classes": names,
+        "accuracy": accuracy, "micro_f1": accuracy,
+        "macro_precision": float(precision.mean()), "macro_recall": float(recall.mean()),
+        "macro_f1": float(f1.mean()), "weighted_f1": float(np.average(f1, weights=support)),
         "per_class": _per_name(names, precision=precision, recall=recall, f1=f1,
                                support=support, predicted=predicted),
         "confusion_matrix": {"labels": names, "matrix": matrix.tolist()},
@@ -208,15 +203,11 @@ def multi_label_metrics(y_true: np.ndarray, y_prob: np.ndarray, label_names: Seq
     predicted = pred.sum(axis=0)
     accuracy = (truth == pred).mean(axis=0)
     return {
-        "task": "multi_label",
-        "num_examples": int(n),
-        "labels": names,
+        "task": "multi_label", "num_examples": int(n), "labels": names,
         "thresholds": thresholds.tolist(),
-        "micro_precision": float(micro_p),
-        "micro_recall": float(micro_r),
+        "micro_precision": float(micro_p), "micro_recall": float(micro_r),
         "micro_f1": float(micro_f1),
-        "macro_precision": float(precision.mean()),
-        "macro_recall": float(recall.mean()),
+        "macro_precision": float(precision.mean()), "macro_recall": float(recall.mean()),
         "macro_f1": float(f1.mean()),
         "subset_accuracy": float(accuracy_score(truth, pred)),
         "hamming_loss": float(hamming_loss(truth, pred)),

@@ -16,11 +16,8 @@ GIT_SHA_ENV = "VERTEX_GPU_PIPELINES_GIT_SHA"
 def file_sha256(uri: str) -> str:
     """sha256 of a file's bytes, local or gs://."""
     fs, path = filesystem(uri)
-    digest = hashlib.sha256()
     with fs.open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def git_sha() -> str:

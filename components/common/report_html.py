@@ -62,7 +62,13 @@ def plot(plot_id: str, fig, caption: str) -> str:
 
 
 def page(title: str, summary: Mapping[str, Any], sections: Iterable[tuple[str, str]]) -> str:
-    """The whole document: `title`, a table of `summary`, then `(heading, html)` sections."""
+    """The whole document.
+
+    Args:
+        title: Page title and heading.
+        summary: Headline figures, in a table under the heading.
+        sections: `(heading, html)` pairs, in order.
+    """
     rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td><b>{html.escape(_fmt(v))}</b></td>"
                    "</tr>" for k, v in summary.items())
     body = "".join(f"<section><h2>{html.escape(h)}</h2>{content}</section>"
@@ -144,8 +150,16 @@ def metric_bars(plot_id: str, per_label: Mapping[str, Mapping[str, float]],
 
 def curves(plot_id: str, truth: np.ndarray, scores: np.ndarray, labels: Sequence[str],
            caption: str, marks: Mapping[str, Sequence[float]] | None = None) -> str:
-    """One-vs-rest ROC and precision-recall curves per label of 0/1 `truth` and `scores`
-    (n, k); `marks`: name -> one threshold per label, marked on each PR curve."""
+    """One-vs-rest ROC (left) and precision-recall (right) curves per label.
+
+    Args:
+        plot_id: Element id.
+        truth: 0/1 matrix (n, k).
+        scores: Probabilities (n, k).
+        labels: The k names.
+        caption: Shown under the plot.
+        marks: Name -> one threshold per label, marked on each precision-recall curve.
+    """
     from sklearn.metrics import auc, precision_recall_curve, roc_curve
 
     fig = figure(11, 4.4)
@@ -174,8 +188,15 @@ def curves(plot_id: str, truth: np.ndarray, scores: np.ndarray, labels: Sequence
 def single_label_sections(result: Mapping[str, Any], truth: np.ndarray, scores: np.ndarray,
                           classes: Sequence[str],
                           bars_id: str = "per-class") -> list[tuple[str, str]]:
-    """A single-label evaluation's sections: confusion matrix, per-class bars (`bars_id`),
-    ROC and precision-recall curves of one-hot `truth` and `scores` (n, k)."""
+    """A single-label evaluation's sections: confusion matrix, per-class bars, curves.
+
+    Args:
+        result: The evaluation's metrics (`single_label_metrics`).
+        truth: One-hot true classes (n, k).
+        scores: Probabilities (n, k).
+        classes: The k class names.
+        bars_id: Element id of the per-class bars.
+    """
     return [
         ("Confusion matrix", confusion_heatmap(result["confusion_matrix"]["matrix"], classes)),
         ("Per class", metric_bars(bars_id, result["per_class"],
@@ -187,8 +208,14 @@ def single_label_sections(result: Mapping[str, Any], truth: np.ndarray, scores: 
 
 def training_curves(plot_id: str, phases: Mapping[str, Sequence[Mapping[str, float]]],
                     pairs: Sequence[tuple[str, str]], caption: str) -> str:
-    """Per-epoch series of `phases` (name -> epoch rows), epochs counted across phases;
-    one panel per `(training, validation)` pair of `pairs`."""
+    """Per-epoch training and validation series, epochs counted across the phases.
+
+    Args:
+        plot_id: Element id.
+        phases: Phase name -> its epoch rows (dicts of series values), in order.
+        pairs: (training series, validation series) per panel, e.g. ("loss", "val_loss").
+        caption: Shown under the plot.
+    """
     fig = figure(5.5 * len(pairs), 3.6)
     axes = np.atleast_1d(fig.subplots(1, len(pairs)))
     start = 1

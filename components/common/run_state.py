@@ -32,15 +32,24 @@ CHECKPOINTS = "checkpoints"
 
 
 def fingerprint(values: Mapping[str, Any], length: int = 16) -> str:
-    """The first `length` hex digits of the SHA-256 of `values`' sorted JSON (others as
-    `str()`): a stable hash of what defines a run."""
+    """A stable hash of what defines a run (key order does not matter).
+
+    Args:
+        values: JSON-like description of the run; other values are hashed as `str()`.
+        length: Hex digits kept of the SHA-256 (64: all).
+    """
     text = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 def checkpoint_folder(output_dir: str, environ: Mapping[str, str] | None = None) -> str:
     """Where a trainer's checkpoints go when none is given: this task's folder under
-    `AIP_CHECKPOINT_DIR` (`storage.run_folder`), else `<output_dir>/checkpoints`."""
+    `AIP_CHECKPOINT_DIR` (`storage.run_folder`), else `<output_dir>/checkpoints`.
+
+    Args:
+        output_dir: The step's output folder.
+        environ: Environment to read; `os.environ` when None.
+    """
     return run_folder("AIP_CHECKPOINT_DIR", output_dir, os.path.join(output_dir, CHECKPOINTS),
                       environ)
 
