@@ -56,13 +56,10 @@ def looks_like(head: bytes) -> str:
 
 def control_problem(text: str) -> str:
     """Why a decoded text has too many control characters ("" when it is text)."""
-    first = _CONTROLS.search(text)
-    if first is None:
-        return ""
     bad = len(_CONTROLS.findall(text))
-    if bad <= CONTROL_SHARE * len(text):
+    if bad <= CONTROL_SHARE * len(text):  # none at all too
         return ""
-    first = first.start()
+    first = _CONTROLS.search(text).start()
     return (f"{bad} of its {len(text)} characters are control characters (the first, "
             f"{text[first]!r}, at character {first}); text holds at most "
             f"{CONTROL_SHARE:.1%} of them")
@@ -83,21 +80,19 @@ def decode_text(raw: bytes, name: str, controls: bool = True) -> str:
     Raises:
         NotTextError: Bytes that do not decode, or too many control characters.
     """
+    what = looks_like(raw[:8])
+    looks = f"; it looks like {what}" if what else ""
     try:
         text = raw.decode(TEXT_ENCODING)
     except UnicodeDecodeError as err:
-        what = looks_like(raw[:8])
         raise NotTextError(
             f"{name} is not UTF-8 text: byte {raw[err.start]:#04x} at offset {err.start} does "
-            f"not decode ({err.reason})" + (f"; it looks like {what}" if what
-                                            else "; re-save it as UTF-8")) from None
+            f"not decode ({err.reason})" + (looks or "; re-save it as UTF-8")) from None
     problem = control_problem(text) if controls else ""
     if problem:
-        what = looks_like(raw[:8])
-        first = _CONTROLS.search(text).start()
-        offset = len(text[:first].encode("utf-8"))
+        offset = len(text[:_CONTROLS.search(text).start()].encode("utf-8"))
         raise NotTextError(f"{name} is not text: {problem} (byte offset {offset})"
-                           + (f"; it looks like {what}" if what else "; give a text file"))
+                           + (looks or "; give a text file"))
     return text
 
 
