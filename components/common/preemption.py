@@ -67,10 +67,6 @@ class Notice:
         """Whether SIGTERM arrived (this process only; see `any_rank`)."""
         return self._event.is_set()
 
-    def request(self) -> None:
-        """Sets the flag as SIGTERM does (a peer rank's notice, `any_rank`)."""
-        self._event.set()
-
 
 def any_rank(requested: bool, reduce_max: Callable[[int], int] | None) -> bool:
     """Whether any rank got the notice, so that every rank stops at the same step.

@@ -13,8 +13,6 @@ from typing import Any
 from components.common.storage import local_path, run_folder
 
 TENSORBOARD_VARIABLE = "AIP_TENSORBOARD_LOG_DIR"
-# History fields that are not scalars to plot: the epoch is the step itself.
-_NOT_SCALARS = frozenset({"epoch"})
 
 
 def log_folder(output_path: str, explicit: str | None = None,
@@ -39,14 +37,14 @@ def log_folder(output_path: str, explicit: str | None = None,
 
 def epoch_scalars(prefix: str, row: Mapping[str, Any]) -> dict[str, float]:
     """The TensorBoard scalars of one epoch's history row: `<prefix>/<field>` per number
-    (not text, not the epoch; NaN stays, so a diverged epoch shows).
+    (not text, not the epoch: the step; NaN stays, so a diverged epoch shows).
 
     Args:
         prefix: The tags' group, e.g. "lm" or "classifier".
         row: One history row, e.g. `{"epoch": 1, "seconds": 2.5, "valid_loss": 0.7}`.
     """
     return {f"{prefix}/{name}": float(value) for name, value in row.items()
-            if name not in _NOT_SCALARS and isinstance(value, numbers.Real)
+            if name != "epoch" and isinstance(value, numbers.Real)
             and not isinstance(value, bool)}
 
 
