@@ -23,20 +23,6 @@ def _load(folder, fingerprint, version=None):
                           differs="other settings", version=version)
 
 
-def test_the_same_run_resumes_its_state_and_another_run_is_refused(tmp_path):
-    folder = tmp_path / "ckpt"
-    assert _load(folder, "abc") is None  # no folder yet: nothing to resume
-    state = {"version": 1, "fingerprint": "abc", "epochs_done": 2}
-    run_state.save(str(folder), "state.json", state)
-    assert _load(folder, "abc", version=1) == state
-    with pytest.raises(OwnError, match=r"holds the state of a different run \(other settings\)"):
-        _load(folder, "other-run", version=1)
-    with pytest.raises(OwnError, match="different run"):  # another state format
-        _load(folder, "abc", version=2)
-    assert _load(folder, "abc", version=1) == state  # refused, never deleted
-    assert os.listdir(folder) == ["state.json"]  # written atomically: no temporary left
-
-
 STATE = run_state.StateFile("state.json", OwnError, "other settings", version=1,
                             leftovers=("vocab.pkl", "assets"), leftover_suffixes=(".pth",))
 MARKER = run_state.StateFile("run.json", OwnError, "other settings", marker=True,
@@ -72,11 +58,13 @@ def test_drop_removes_a_checkpoint_unless_it_is_kept_or_missing(tmp_path):
 
 def test_another_run_is_refused_and_nothing_of_it_is_removed(tmp_path):
     folder = tmp_path / "ckpt"
+    assert _load(folder, "abc") is None  # no folder yet: nothing to resume
     run_state.open_run(str(folder), STATE, {"lr": 0.1}).save()
+    assert os.listdir(folder) == ["state.json"]  # written atomically: no temporary left
     (folder / "vocab.pkl").write_text("x")
     with pytest.raises(OwnError, match=r"holds the state of a different run \(other settings\)"):
         run_state.open_run(str(folder), STATE, {"lr": 0.2})
-    assert sorted(os.listdir(folder)) == ["state.json", "vocab.pkl"]
+    assert sorted(os.listdir(folder)) == ["state.json", "vocab.pkl"]  # refused, never deleted
     with pytest.raises(OwnError, match="different run"):  # another state format
         run_state.open_run(str(folder), dataclasses.replace(STATE, version=2), {"lr": 0.1})
     assert run_state.open_run(str(folder), STATE, {"lr": 0.1}).resumed
@@ -121,26 +109,16 @@ def test_leftovers_of_another_run_go_and_nothing_else(tmp_path):
     run_state.remove_leftovers(str(tmp_path / "missing"), names=("x",))  # no folder: no error
 
 
-def test_the_default_folder_is_inside_the_output_unless_vertex_names_one():
+def test_the_default_folder_is_inside_the_output_unless_vertex_names_one(monkeypatch):
     assert run_state.checkpoint_folder("/out/model", environ={}) == "/out/model/checkpoints"
     assert run_state.inside_output("/out/model/checkpoints/", "/out/model")
-    folder = run_state.checkpoint_folder("/out/job-1/train/model",
-                                         environ={"AIP_CHECKPOINT_DIR": "/mnt/ckpt"})
+    for run in ("run-1", "run-2"):  # every run shares AIP_CHECKPOINT_DIR: a folder per task
+        assert run_state.checkpoint_folder(f"/out/{run}/train/model", {
+            "AIP_CHECKPOINT_DIR": "gs://b/job/ckpt"}) == f"/gcs/b/job/ckpt/{run}/train"
+    monkeypatch.setenv("AIP_CHECKPOINT_DIR", "/mnt/ckpt")  # read at call time
+    folder = run_state.checkpoint_folder("/out/job-1/train/model")
     assert folder == "/mnt/ckpt/job-1/train"
     assert not run_state.inside_output(folder, "/out/job-1/train/model")
-
-
-def test_checkpoint_folder_reads_the_environment_at_call_time(monkeypatch):
-    assert run_state.checkpoint_folder("/out/model", {}) == "/out/model/checkpoints"
-    # Every run shares AIP_CHECKPOINT_DIR: each task gets its own folder in it.
-    assert run_state.checkpoint_folder("/out/run-1/train/model",
-                                       {"AIP_CHECKPOINT_DIR": "gs://b/job/ckpt"}) \
-        == "/gcs/b/job/ckpt/run-1/train"
-    assert run_state.checkpoint_folder("/out/run-2/train/model",
-                                       {"AIP_CHECKPOINT_DIR": "gs://b/job/ckpt"}) \
-        == "/gcs/b/job/ckpt/run-2/train"
-    monkeypatch.setenv("AIP_CHECKPOINT_DIR", "/mnt/ckpt")
-    assert run_state.checkpoint_folder("/out/run-1/train/model") == "/mnt/ckpt/run-1/train"
     monkeypatch.delenv("AIP_CHECKPOINT_DIR")
     assert run_state.checkpoint_folder("/out/model") == "/out/model/checkpoints"
 

@@ -75,9 +75,6 @@ def assert_points_are_the_history(points: dict, prefix: str, rows: list[dict]) -
         assert points.pop(f"{prefix}/{name}") == expected, name
 
 
-# ------------------------------------------------------------------------- pure logic
-
-
 def test_the_folder_is_the_given_one_else_this_tasks_under_the_vertex_variable():
     model = "/gcs/root/123/text-job-7/train-text-classifier/model"
     vertex = {"AIP_TENSORBOARD_LOG_DIR": "gs://b/out/logs/"}
@@ -110,9 +107,6 @@ def test_the_log_writes_nothing_without_a_folder_and_flushes_each_point(tmp_path
         assert read_points(str(tmp_path / "tb")) == {"lm/valid_loss": [(1, 2.0)]}
         log.write({"lm/valid_loss": 1.5}, 2)
     assert read_points(str(tmp_path / "tb")) == {"lm/valid_loss": [(1, 2.0), (2, 1.5)]}
-
-
-# --------------------------------------------------------------------------- training
 
 
 @pytest.mark.slow

@@ -8,14 +8,8 @@ from collections.abc import Callable
 
 
 def reports(*errors: type[BaseException]) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    """Decorates a command's `main`: an error of `errors` it raises is printed to stderr as
-    one `error: ...` line and the command exits with status 2, as argparse does on bad
-    arguments; any other exception still ends it with a traceback.
-
-    Args:
-        errors: The exceptions whose message says what to change (a missing file, a
-            refused setting).
-    """
+    """Decorates a command's `main`: an error of `errors` is printed as one `error: ...`
+    line and the command exits with 2, as argparse does; others keep their traceback."""
     def decorate(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
         def run(*args, **kwargs) -> int:

@@ -36,17 +36,12 @@ from components.common.precision import BF16, FP16, FP32, choose_precision
 
 log = logging.getLogger(__name__)
 
-# lr_find's sweep (1e-7 to 10): fastai's default length, or the training's own when shorter,
-# but never below the fewest steps that still give a valley a few points per decade.
+# lr_find's sweep: fastai's length, or the training's when shorter, never below the minimum.
 LR_FIND_ITERATIONS = 100  # fastai's default
 LR_FIND_MIN_ITERATIONS = 30
-# Tokenize in this process: fastai's default forks a process pool, and a fork of a process
-# with threads running (torch's, a storage client's) can deadlock in the child. The cost:
-# ~26k words a CPU second (100M words, WikiText-103's size: ~1 h; 8 workers: ~8 min).
+# Tokenize in this process: forking a process with threads running can deadlock the child.
 TOKENIZER_WORKERS = 0
-# Batches between two `release_freed_memory` calls of `EpochEnd`: at the English LM of
-# docs/measurements.md glibc kept up to ~0.5 GB a minute of freed memory; 20 batches (~20 s)
-# hold it to a few hundred MB.
+# Batches between `release_freed_memory` calls (glibc kept ~0.5 GB a minute otherwise).
 TRIM_EVERY_BATCHES = 20
 
 
@@ -68,12 +63,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def release_freed_memory() -> bool:
-    """Returns the memory this process freed but glibc kept to the system (`malloc_trim(0)`).
-
-    The LM trainer's resident memory grew from 1.7 to 6.5 GB in its first epoch while it
-    held ~1.4 GB: glibc keeps each batch's freed temporaries in its per-thread heaps, which
-    live blocks keep from shrinking. `malloc_trim(0)` hands every free page back (1.4 GB at
-    once); nothing lives there, so it is safe at any time.
+    """Returns memory freed but kept by glibc's per-thread heaps to the system (`malloc_trim`).
 
     Returns:
         Whether glibc gave memory back (False where there is no glibc).
@@ -83,11 +73,8 @@ def release_freed_memory() -> bool:
 
 
 class EpochEnd(Callback):
-    """Calls `on_epoch(epochs_done, values, seconds, cpu_seconds)` after each epoch a fit
-    really trained (CPU seconds: all this process's threads), and returns freed memory
-    (`release`, default `release_freed_memory`) every `trim_every` batches (default
-    `TRIM_EVERY_BATCHES`; 0: never) and at each epoch's end.
-    """
+    """Calls `on_epoch(epochs_done, values, seconds, cpu_seconds)` after each epoch trained,
+    and `release` (freed memory) every `trim_every` batches (0: never) and at epoch ends."""
 
     order = Recorder.order + 1  # after the Recorder has the epoch's losses and metrics
     _trained, _start, _start_cpu = False, 0.0, 0.0
@@ -106,9 +93,7 @@ class EpochEnd(Callback):
         self._trained = True
 
     def after_batch(self):
-        # fastai's Recorder keeps each batch's smoothed loss as a 0-d tensor for the whole
-        # fit: small blocks between large temporaries, which keep glibc from reusing the
-        # freed memory (~2.5 MB a batch at a 12.6k vocabulary; flat with floats).
+        # Recorder's 0-d loss tensors, kept all fit, fragment the heap: keep floats.
         losses = getattr(self.recorder, "losses", None)
         if self.training and losses and hasattr(losses[-1], "item"):
             losses[-1] = losses[-1].item()
@@ -137,8 +122,8 @@ def step_file(name: str | None) -> str | None:
 
 
 def save_checkpoint(learn, path: str, step: dict | None = None, with_opt: bool = True) -> None:
-    """Writes `learn`'s model (and optimizer) to `path` and a mid-epoch `step` (`MidEpoch`)
-    to `step_file(path)`, each whole or not at all; the state file saved next seals them."""
+    """Writes `learn`'s model (and optimizer) to `path` and a mid-epoch `step` to
+    `step_file(path)`, each whole or not at all."""
     if step is not None:
         torch.save(step, step_file(path) + ".tmp")
         os.replace(step_file(path) + ".tmp", step_file(path))
@@ -157,10 +142,9 @@ def load_checkpoint(learn, path: str) -> dict | None:
 
 def seal(resume, record: dict, learn, name: str, step: dict | None = None,
          keep: Sequence[str | None] = (), **fields) -> str:
-    """Seals checkpoint `name`: its files (`save_checkpoint`), then `resume`'s state, where
-    `record` (the state or a part of it) points at it and takes `fields`; then the files it
-    pointed at before go (unless in `keep`). A kill before the state is saved leaves the
-    previous checkpoint whole. Returns the checkpoint's path."""
+    """Seals checkpoint `name`: its files, then `resume`'s state with `record` pointing at
+    it (and taking `fields`), then the previous files (unless in `keep`) go. Returns its
+    path."""
     previous = record.get("checkpoint")
     save_checkpoint(learn, resume.path(name), step)
     record.update(checkpoint=name, mid_epoch=step and {"batches": step["batches"]}, **fields)
@@ -171,7 +155,7 @@ def seal(resume, record: dict, learn, name: str, step: dict | None = None,
 
 
 def _rng_state(dl=None) -> dict:
-    """The RNG of python, numpy and torch, and with `dl` that of its shuffle (an LM's order)."""
+    """The RNG of python, numpy, torch and, with `dl`, its shuffle (and an LM's order)."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(),
              "torch": torch.get_rng_state(),
              "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
@@ -195,24 +179,19 @@ def _set_rng_state(state: dict, dl=None) -> None:
 
 
 class MidEpoch(Callback):
-    """Seals a mid-epoch checkpoint after the optimizer step a SIGTERM stopped at (then
-    `preemption.Preempted`; at an epoch's last step, or in validation, the epoch's own seal
-    by `EpochEnd` is the one) and every `every_steps` optimizer steps; and resumes a fit
-    inside the epoch such a checkpoint was sealed in.
+    """Seals a mid-epoch checkpoint at a SIGTERM (then `Preempted`) and every `every_steps`
+    optimizer steps; resumes a fit inside the sealed epoch.
 
-    A resumed epoch draws its batch order again (the RNG at its start), skips the batches
-    trained (unread), and goes on at the one-cycle position, RNG and LM hidden state of the
-    sealed step: no batch repeated or skipped, and on CPU the same model as an uninterrupted
-    run (on a GPU up to cuDNN's nondeterminism; fp16's loss scale starts afresh, as after an
-    epoch's checkpoint). Only the epoch's smoothed train_loss restarts.
+    A resumed epoch draws its order again, skips the batches trained and goes on at the
+    sealed one-cycle position, RNG and LM hidden state: on CPU the same model as an
+    uninterrupted run.
 
     Args:
         notice: The SIGTERM notice held while the fit runs.
         every_steps: `checkpoint_every_steps` (0: never).
-        seal: `seal(step)` seals `step` (a dict: epoch, batches done, train_iter, steps,
-            RNG) with the model and optimizer (`seal`, `save_checkpoint`); returns where.
+        seal: `seal(step)` seals `step` with the model and optimizer; returns where.
         resumed: The step `load_checkpoint` returned, to resume from; None: none.
-        steps: The run's optimizer steps before this fit; `steps` counts on.
+        steps: The run's optimizer steps before this fit.
     """
 
     order = EpochEnd.order + 1  # after TrainEvalCallback's epoch start and EpochEnd's seal
@@ -285,12 +264,8 @@ def lm_batch_size(lengths: Sequence[int], bs: int) -> int:
 
 
 def language_model_loaders(dsets, bs: int, val_bs: int, seq_len: int):
-    """fastai's language model dataloaders over `dsets`, each text's token ids made once.
-
-    LMDataLoader keeps the last 2 texts' ids (`cache=2`) while its `bs` streams read far
-    apart, so every epoch made every text's ids again, in Python: 78% of an AWD-LSTM epoch
-    on an H100. Kept for every text they take ~20-54 bytes a token, beside the ~150 the
-    tokenized texts hold already.
+    """fastai's language model dataloaders over `dsets`, each text's token ids made once
+    (the default cache of 2 texts remade them every epoch: 78% of an epoch on an H100).
 
     Args:
         dsets: The `Datasets` of a language model `TextBlock` (train and validation).
@@ -333,18 +308,13 @@ def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, precision:
     return mixed_precision(learn, precision)
 
 
-# What learning_rate=0 does is said in the help by components.train_text.contract's
-# FOUND_RATE_HELP, with each trainer's bounds: keep it choose_rate's.
-
-
 def choose_rate(suggestions: Mapping[str, float], floor: float, ceiling: float,
                 ) -> tuple[float, str]:
     """The peak rate to train with, from `lr_find`'s suggestions, and which rule gave it.
 
-    `valley` (fastai's default since 2.5), held to [floor, ceiling]; the bounds' geometric
-    middle when it is not a positive number. `steep` and `minimum` were the curve's noise on
-    a few dozen batches of real text (6.3e-7, 7.6e-8: the classifier learnt nothing), while
-    valley stayed within 8e-4..5e-3 on every curve seen.
+    `valley`, held to [floor, ceiling]; the bounds' geometric middle when it is not a
+    positive number (`steep` and `minimum` were noise on real text). The help text
+    (train_text.contract's FOUND_RATE_HELP) says the same: keep them together.
 
     Args:
         suggestions: `{"valley", "minimum", "steep", "slide"}` from `lr_find`.
@@ -360,10 +330,8 @@ def choose_rate(suggestions: Mapping[str, float], floor: float, ceiling: float,
 
 
 def sweep_length(training_steps: int) -> int:
-    """How many batches `lr_find` sweeps for a model that trains for `training_steps`:
-    fastai's 100, or fewer for a shorter training, at least `LR_FIND_MIN_ITERATIONS`. On 60
-    reviews fastai's sweep took 81 s before 12 epochs took 24 s; the rate is held to its
-    bounds either way (`train_text.schedule.found_rate_bounds`)."""
+    """Batches `lr_find` sweeps for `training_steps`: fastai's 100, or fewer for a shorter
+    training, at least `LR_FIND_MIN_ITERATIONS`."""
     return max(LR_FIND_MIN_ITERATIONS, min(LR_FIND_ITERATIONS, training_steps))
 
 

@@ -1,12 +1,8 @@
 """A GPU step checks, before it trains, that it sees the GPUs its machine was given.
 
-The frameworks fall back to the CPU without a word when the GPUs are not visible (a
-driver too old for the image's CUDA, a missing device plugin), and the job would then
-bill GPU hours for a CPU run until its timeout. The compiled job tells the step how many
-it was given (`EXPECTED_GPUS_VARIABLE`, set by `pipelines.definitions` for Vertex's worker
-pools, tuning trials and Kubeflow pods alike); the step fails within seconds when it
-sees fewer. An uncaught error exits with status 1, which Vertex counts as a user code
-error: the job ends instead of restarting the worker (docs/operators.md).
+The frameworks fall back to the CPU silently, billing GPU hours for a CPU run; the compiled
+job names the count (`EXPECTED_GPUS_VARIABLE`) and the step fails within seconds (status 1:
+Vertex ends the job rather than restarting the worker).
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""Importing Hugging Face `transformers` in our runtimes: the transformer trainer and the
-text-model reader (`components.text_common.models`) both go through here.
-"""
+"""Importing Hugging Face `transformers` in our runtimes (trainer and text-model reader)."""
 
 from __future__ import annotations
 
@@ -8,13 +6,8 @@ import sys
 
 
 def import_transformers():
-    """The `transformers` module, imported so that a broken torchvision cannot stop it.
-
-    transformers imports torchvision when it is installed, for image models only. A
-    torchvision built for another torch (the CUDA wheel beside the CPU torch of a laptop
-    venv) fails at import ("operator torchvision::nms does not exist"), and with it every
-    transformers class; text models never use it, so such a torchvision is hidden.
-    """
+    """The `transformers` module, imported so that a torchvision built for another torch
+    (which fails at import, taking transformers with it) is hidden: text never uses it."""
     if "torchvision" not in sys.modules:
         try:
             import torchvision  # noqa: F401

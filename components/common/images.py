@@ -1,8 +1,4 @@
-"""Image decoding shared by sharding and prediction: one place, so both see the same pixels.
-
-PIL only (no TensorFlow): bytes -> upright RGB (EXIF orientation applied, transparency
-on white) -> `size` x `size` by center crop or letterbox -> JPEG or raw bytes.
-"""
+"""Image decoding shared by sharding and prediction, so both see the same pixels (PIL only)."""
 
 from __future__ import annotations
 
@@ -10,9 +6,7 @@ import io
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-# Largest image decoded, in pixels after JPEG draft scaling (which shrinks big JPEGs
-# while reading). A 13000x13000 RGBA PNG of 0.7 MB needs ~3 GB to decode and convert;
-# 40 MP stays under ~0.5 GB, so one writer per core fits a highcpu machine's memory.
+# Largest image decoded, after JPEG draft scaling: 40 MP stays under ~0.5 GB of memory.
 MAX_DECODE_PIXELS = 40_000_000
 _DRAFT_MARGIN = 4
 
@@ -22,11 +16,7 @@ class BadImage(ValueError):
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Converts any mode (L, P, CMYK, RGBA, LA, I;16...) to RGB.
-
-    Transparent pixels are composited onto white, which is what a viewer shows;
-    dropping the alpha channel would expose whatever colour hides behind it.
-    """
+    """Converts any mode (L, P, CMYK, RGBA, LA, I;16...) to RGB, transparency on white."""
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA"):
@@ -45,9 +35,8 @@ def decode_image(data: bytes, size: int) -> Image.Image:
         raise BadImage("empty file")
     try:
         image = Image.open(io.BytesIO(data))
-        # Let the JPEG decoder scale down by 1/2..1/8 while both sides stay >= 4 x size:
-        # a 1/8 decode straight to ~size is a block average, levels away from the serving
-        # graph's resize; 4 x costs ~2.4 x the decode time of a 12 MP photo (36 ms).
+        # JPEG draft scaling while both sides stay >= 4 x size (a 1/8 decode to ~size is a
+        # block average, levels away from the serving graph's resize).
         image.draft("RGB", (_DRAFT_MARGIN * size, _DRAFT_MARGIN * size))
         width, height = image.size
         if width * height > MAX_DECODE_PIXELS:
@@ -66,12 +55,8 @@ def decode_image(data: bytes, size: int) -> Image.Image:
 
 
 def resize(image: Image.Image, size: int, method: str) -> Image.Image:
-    """Resizes to `size` x `size` by center crop ("crop") or letterbox ("pad", black bars).
-
-    PIL's `ImageOps.fit` / `ImageOps.pad` with its (antialiased) bilinear filter; the
-    serving graph does the same with TensorFlow's filter, a level or so apart
-    (`components.train_image.artifact`).
-    """
+    """Resizes to `size` x `size` by center crop ("crop") or letterbox ("pad", black bars),
+    bilinear as the serving graph (`components.train_image.artifact`)."""
     if method == "crop":
         return ImageOps.fit(image, (size, size), Image.Resampling.BILINEAR)
     return ImageOps.pad(image, (size, size), Image.Resampling.BILINEAR, color=(0, 0, 0))

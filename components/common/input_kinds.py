@@ -1,24 +1,8 @@
-"""The vocabulary of input kinds: what text is, and what a folder of a kind holds.
+"""Input kinds: what text is (`decode_text`), a CSV's header (`csv_header`), and what a
+folder of a kind holds (`FolderKind`, declared by the contract of the step that reads it).
 
-**Text** (LM corpora, CSV cells, rows to label, request texts) is UTF-8 (a byte-order
-mark is allowed), with no more control characters than `CONTROL_SHARE` of the characters
-(tabs, newlines, carriage returns, form and vertical feeds are text). Bytes that do not
-decode, or NUL and other control characters beyond that share, say the input is of
-another kind (binary, UTF-16, Latin-1): the error names the input, the first bad offset
-and, where the first bytes tell, what it is instead (`looks_like`). Preflight, the steps,
-`pipelines.predict` and `pipelines.serve` read text through this module only.
-
-**A folder kind** (`FolderKind`) is the files a folder must hold and the files that mark
-it as meant to be that kind, so a folder missing one is told which, never guessed at as
-another kind. Each kind is declared once, by the contract of the step that reads it:
-trained model folders in `components.predict.contract.MODEL_FOLDERS`, a transformer to
-start from in `components.train_transformer.contract.BASE_MODEL_FOLDER`. The other kinds
-have one description each where their step's contract holds it: language model assets
-(`train_text.contract.required_files`), image weights (`train_image.contract.
-weights_file_layout`), class folders (`shard.contract.find_following_links`), a labelled CSV
-(`prepare_text.preparation.read_csv` and `normalize`), a request body
-(`predict.serving.parse_instances`). **A CSV's header** is checked by `csv_header`, for
-every step that reads a CSV and for the preflight.
+Text is UTF-8 (a BOM allowed) with at most `CONTROL_SHARE` control characters other than
+whitespace; the error names the input, the first bad offset and what it looks like instead.
 """
 
 from __future__ import annotations
@@ -35,12 +19,8 @@ from typing import Any
 from components.common.storage import filesystem
 
 TEXT_ENCODING = "utf-8-sig"  # UTF-8; a byte-order mark at the start is dropped
-# Characters of category Cc that text holds: tab, newline, vertical tab, form feed (man
-# pages and books carry page breaks), carriage return. Any other (NUL, escape, backspace,
-# the C1 controls) in more than this share of the characters is not text.
 _CONTROLS = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")  # Cc but \t \n \v \f \r
 CONTROL_SHARE = 0.01
-# The first bytes of files that are often given where text belongs, by what they are.
 _SIGNATURES = (
     (b"\xff\xfe", "UTF-16 (little-endian) text: re-save it as UTF-8"),
     (b"\xfe\xff", "UTF-16 (big-endian) text: re-save it as UTF-8"),
@@ -57,13 +37,11 @@ _SIGNATURES = (
 
 
 class InputKindError(ValueError):
-    """An input is not of its kind; the message names it, what is wrong or missing, what
-    was found instead and what to do."""
+    """An input is not of its kind; the message says what is wrong and what to do."""
 
 
 class NotTextError(InputKindError):
-    """An input that should be text is not; the message names it, the first bad offset
-    and what to do."""
+    """An input that should be text is not."""
 
 
 def looks_like(head: bytes) -> str:
@@ -77,15 +55,11 @@ def looks_like(head: bytes) -> str:
 
 
 def control_problem(text: str) -> str:
-    """Why a decoded text is not text: control characters beyond `CONTROL_SHARE` (a NUL
-    counts too), naming the first one's character offset; "" when it is text."""
-    first = _CONTROLS.search(text)
-    if first is None:
-        return ""
+    """Why a decoded text has too many control characters ("" when it is text)."""
     bad = len(_CONTROLS.findall(text))
-    if bad <= CONTROL_SHARE * len(text):
+    if bad <= CONTROL_SHARE * len(text):  # none at all too
         return ""
-    first = first.start()
+    first = _CONTROLS.search(text).start()
     return (f"{bad} of its {len(text)} characters are control characters (the first, "
             f"{text[first]!r}, at character {first}); text holds at most "
             f"{CONTROL_SHARE:.1%} of them")
@@ -95,43 +69,35 @@ def decode_text(raw: bytes, name: str, controls: bool = True) -> str:
     """`raw` as text, by `TEXT_ENCODING` and the control-character rule.
 
     Args:
-        raw: The file's bytes (or a whole cell's, a request's).
-        name: The input, named in the message (a parameter and URI, a file, a row).
-        controls: Hold the whole to the control-character rule; False for a CSV, whose
-            cells are each held to it (`text_problem`) where a bad row is counted.
+        raw: The file's bytes.
+        name: The input, named in the message.
+        controls: Hold the whole to the control-character rule (False: a CSV's cells are
+            held to it one by one, `text_problem`).
 
     Returns:
         The decoded text.
 
     Raises:
-        NotTextError: Bytes that do not decode, or too many control characters: naming
-            `name`, the first bad byte offset and, where its first bytes tell, what the
-            file is instead.
+        NotTextError: Bytes that do not decode, or too many control characters.
     """
+    what = looks_like(raw[:8])
+    looks = f"; it looks like {what}" if what else ""
     try:
         text = raw.decode(TEXT_ENCODING)
     except UnicodeDecodeError as err:
-        what = looks_like(raw[:8])
         raise NotTextError(
             f"{name} is not UTF-8 text: byte {raw[err.start]:#04x} at offset {err.start} does "
-            f"not decode ({err.reason})" + (f"; it looks like {what}" if what
-                                            else "; re-save it as UTF-8")) from None
+            f"not decode ({err.reason})" + (looks or "; re-save it as UTF-8")) from None
     problem = control_problem(text) if controls else ""
     if problem:
-        what = looks_like(raw[:8])
-        first = _CONTROLS.search(text).start()
-        offset = len(text[:first].encode("utf-8"))
+        offset = len(text[:_CONTROLS.search(text).start()].encode("utf-8"))
         raise NotTextError(f"{name} is not text: {problem} (byte offset {offset})"
-                           + (f"; it looks like {what}" if what else "; give a text file"))
+                           + (looks or "; give a text file"))
     return text
 
 
 def text_problem(text: str) -> str:
-    """Why one decoded text (a CSV cell, a request's text) is not text; "" when it is.
-
-    The row-level form of `decode_text`'s rule, for inputs whose contract counts a bad
-    row as skipped (or answers it with an error line) instead of refusing the file.
-    """
+    """Why one decoded text (a CSV cell, a request's text) is not text; "" when it is."""
     if "\0" in text:
         return f"not text: a NUL character at character {text.index(chr(0))}"
     try:
@@ -143,23 +109,18 @@ def text_problem(text: str) -> str:
 
 
 def csv_header(lines: Iterable[str], name: str, columns: Mapping[str, str]) -> list[str]:
-    """The header of a CSV, checked as every reader of a CSV checks it: its first row with
-    a non-blank cell (pandas skips blank lines too).
+    """A CSV's header, its first row with a non-blank cell, checked for every reader.
 
     Args:
-        lines: The CSV's lines (an open text file, an `io.StringIO`), read up to the
-            header row only.
-        name: The file, as the messages name it ("corpus_uri 'gs://b/c.csv'").
+        lines: The CSV's lines, read up to the header row only.
+        name: The file, as the messages name it.
         columns: The columns the reader needs, each to the parameter that names it.
 
     Returns:
         The header's cells.
 
     Raises:
-        InputKindError: No row (blank lines only), a column name twice (pandas would
-            rename the second "text" to "text.1" and a reader take the first without a
-            word), or a needed column missing (saying so when a one-cell header looks
-            separated by a tab, ';' or '|'): naming `name` and the columns.
+        InputKindError: No row, a column name twice, or a needed column missing.
     """
     header = next((row for row in csv.reader(lines) if "".join(row).strip()), [])
     if not header:
@@ -181,9 +142,6 @@ def csv_header(lines: Iterable[str], name: str, columns: Mapping[str, str]) -> l
                              f"{header[:20]}); give a CSV that has it, or set {parameters} to "
                              "one of its columns." + hint)
     return header
-
-
-# ------------------------------------------------------------------------ folders
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,9 +176,8 @@ class FolderKindError(InputKindError):
 
 
 def folder_files(uri: str) -> set[str]:
-    """Names of the files directly in a folder, local, gs:// or s3:// (empty when it is not
-    one), the one listing of every folder kind's reader; a folder named like a file is not
-    that file, a symbolic link to a file is one."""
+    """Names of the files (links to files too) directly in a folder, local, gs:// or s3://;
+    empty when it is not one."""
     fs, path = filesystem(uri)
     fs.invalidate_cache(path)  # gcsfs keeps listings: the folder may have changed since
     if not fs.isdir(path):
@@ -238,8 +195,7 @@ def read_json_object(raw: bytes, name: str, remedy: str = "write it again") -> d
         remedy: What to do, ending the message.
 
     Raises:
-        InputKindError: Not text, not JSON, nested too deeply to parse, or not an object:
-            naming `name` and what was found.
+        InputKindError: Not text, not JSON, nested too deeply, or not an object.
     """
     text = decode_text(raw, name)
     try:

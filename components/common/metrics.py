@@ -1,20 +1,8 @@
-"""Classification metrics, shared by the image and text evaluators and the text trainers.
+"""Classification metrics as JSON-ready dicts (no NaN), shared by evaluators and trainers.
 
-Single-label (softmax, one class per example) and multi-label (one sigmoid per
-label, thresholded) results are JSON-ready dicts: floats, ints, lists and strings
-only, with no NaN or infinity, so they go straight into `metrics.json` and into
-KFP metadata.
-
-The numbers come from `sklearn.metrics`, with `zero_division=0`:
-- A ratio whose denominator is zero is 0.0 (precision of a class never predicted,
-  recall of a class absent from the data, F1 when both are zero), never NaN.
-- Macro averages are unweighted means over every class or label given, absent
-  ones included; weighted averages weigh by support.
-- The predicted class is the argmax of the probabilities (ties: the lowest index).
-
-scikit-learn is imported inside the functions that compute: the steps that only read
-or summarise results (register, track, pipeline compilation) neither need it nor wait
-for its import.
+From `sklearn.metrics` with `zero_division=0` (a ratio over zero is 0.0); macro averages
+count every class given, absent ones too; the predicted class is the argmax. scikit-learn
+is imported where it computes: steps that only read results never wait for it.
 """
 
 from __future__ import annotations
@@ -47,14 +35,10 @@ def _check_names(names: Sequence[str], k: int, what: str) -> list[str]:
 
 
 def _per_name(names: list[str], **columns: np.ndarray) -> dict[str, dict[str, Any]]:
-    """{name: {column: its value at the name's index}}, in the order given: the counts
-    (`support`, `predicted`) as int, every other column as float."""
+    """{name: {column: value}}: `support` and `predicted` as int, the rest as float."""
     return {name: {key: (int if key in ("support", "predicted") else float)(values[i])
                    for key, values in columns.items()}
             for i, name in enumerate(names)}
-
-
-# --------------------------------------------------------------------------- single-label
 
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> np.ndarray:
@@ -64,28 +48,21 @@ def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> np.ndarr
     return sk_confusion_matrix(y_true, y_pred, labels=np.arange(k))
 
 
-def roc_curve(
-    positive: np.ndarray, scores: np.ndarray, max_points: int = ROC_MAX_POINTS
-) -> dict[str, Any] | None:
+def roc_curve(positive: np.ndarray, scores: np.ndarray,
+              max_points: int = ROC_MAX_POINTS) -> dict[str, Any] | None:
     """The ROC curve of scores against binary truth, and its area.
 
-    A point means "predict positive when score >= threshold". The curve is
-    scikit-learn's with `drop_intermediate`: it starts at (0, 0), then the top
-    score's point, and ends at (1, 1), without the points inside straight segments.
-    The first threshold is 1.0, or just above the top score if that is >= 1
-    (scikit-learn uses infinity there, which JSON and KFP metadata reject). The
-    curve is then thinned to at most `max_points` points spread evenly along its
-    length. The area is scikit-learn's ROC AUC (tied scores count one half), taken
-    before the thinning.
+    scikit-learn's curve; its first threshold is 1.0 (or just above a top score >= 1)
+    instead of infinity, which JSON rejects; thinned evenly along its length. The area
+    is taken before the thinning.
 
     Args:
         positive: Boolean truth, shape (n,).
-        scores: Scores of the positive class, shape (n,); higher means more positive.
+        scores: Scores of the positive class, shape (n,).
         max_points: Most points kept in the curve (at least 2).
 
     Returns:
-        `{"fpr", "tpr", "thresholds", "auc"}` (lists of floats and a float), or None
-        when the data holds only one of the two classes, where ROC is undefined.
+        `{"fpr", "tpr", "thresholds", "auc"}`, or None when only one class is present.
     """
     from sklearn import metrics
 
@@ -106,17 +83,12 @@ def roc_curve(
         keep = np.unique(np.r_[0, np.searchsorted(length, targets), fpr.size - 1])
         keep = keep[keep < fpr.size]
         fpr, tpr, thresholds = fpr[keep], tpr[keep], thresholds[keep]
-    return {
-        "fpr": fpr.tolist(),
-        "tpr": tpr.tolist(),
-        "thresholds": thresholds.tolist(),
-        "auc": auc,
-    }
+    return {"fpr": fpr.tolist(), "tpr": tpr.tolist(), "thresholds": thresholds.tolist(),
+            "auc": auc}
 
 
-def single_label_metrics(
-    y_true: np.ndarray, y_prob: np.ndarray, class_names: Sequence[str]
-) -> dict[str, Any]:
+def single_label_metrics(y_true: np.ndarray, y_prob: np.ndarray,
+                         class_names: Sequence[str]) -> dict[str, Any]:
     """Metrics of a classifier that picks one class per example.
 
     Args:
@@ -125,15 +97,9 @@ def single_label_metrics(
         class_names: The k class names, in index order.
 
     Returns:
-        A JSON-ready dict: `task` ("single_label"), `num_examples`, `classes`,
-        `accuracy`, `micro_f1` (equal to the accuracy when each example has one
-        class; named so that one metric name gates both kinds of task),
-        `macro_precision`, `macro_recall`, `macro_f1`, `weighted_f1`, `per_class`
-        ({name: {precision, recall, f1, support, predicted}}),
-        `confusion_matrix` ({labels, matrix}: rows true, columns predicted), and for
-        k == 2 `positive_class` (class 1), `roc_auc` and `roc` ({fpr, tpr,
-        thresholds, auc}); `roc_auc` and `roc` are None when the data holds only one
-        class.
+        `task`, `num_examples`, `classes`, `accuracy`, `micro_f1` (the accuracy, so one
+        name gates both tasks), macro precision/recall/F1, `weighted_f1`, `per_class`,
+        `confusion_matrix` (rows true); for k == 2 `positive_class`, `roc_auc`, `roc`.
 
     Raises:
         ValueError: Shapes disagree, there are no examples, or a label is out of range.
@@ -165,15 +131,10 @@ def single_label_metrics(
     accuracy = float(np.trace(matrix) / n)
 
     result: dict[str, Any] = {
-        "task": "single_label",
-        "num_examples": int(n),
-        "classes": names,
-        "accuracy": accuracy,
-        "micro_f1": accuracy,
-        "macro_precision": float(precision.mean()),
-        "macro_recall": float(recall.mean()),
-        "macro_f1": float(f1.mean()),
-        "weighted_f1": float(np.average(f1, weights=support)),
+        "task": "single_label", "num_examples": int(n), "classes": names,
+        "accuracy": accuracy, "micro_f1": accuracy,
+        "macro_precision": float(precision.mean()), "macro_recall": float(recall.mean()),
+        "macro_f1": float(f1.mean()), "weighted_f1": float(np.average(f1, weights=support)),
         "per_class": _per_name(names, precision=precision, recall=recall, f1=f1,
                                support=support, predicted=predicted),
         "confusion_matrix": {"labels": names, "matrix": matrix.tolist()},
@@ -184,9 +145,6 @@ def single_label_metrics(
         result["roc_auc"] = roc["auc"] if roc else None
         result["roc"] = roc
     return result
-
-
-# --------------------------------------------------------------------------- multi-label
 
 
 def _multi_label_inputs(y_true, y_prob) -> tuple[np.ndarray, np.ndarray]:
@@ -216,29 +174,19 @@ def _label_scores(truth: np.ndarray, pred: np.ndarray, average: str | None) -> t
                                            labels=labels, average=average, zero_division=0)
 
 
-def multi_label_metrics(
-    y_true: np.ndarray,
-    y_prob: np.ndarray,
-    label_names: Sequence[str],
-    threshold: float | Sequence[float] | np.ndarray = 0.5,
-) -> dict[str, Any]:
+def multi_label_metrics(y_true: np.ndarray, y_prob: np.ndarray, label_names: Sequence[str],
+                        threshold: float | Sequence[float] | np.ndarray = 0.5) -> dict[str, Any]:
     """Metrics of a classifier that gives each label its own yes/no.
 
     Args:
         y_true: 0/1 truth, shape (n, k).
         y_prob: Per-label probabilities, shape (n, k).
         label_names: The k label names, in column order.
-        threshold: A label is predicted when its probability is >= this; one value
-            for all labels or one per label (e.g. from `tune_thresholds`).
+        threshold: A label is predicted at probability >= this; one, or one per label.
 
     Returns:
-        A JSON-ready dict: `task` ("multi_label"), `num_examples`, `labels`,
-        `thresholds` (per label), `micro_precision`, `micro_recall`, `micro_f1`
-        (from the counts pooled over labels), `macro_precision`, `macro_recall`,
-        `macro_f1` (means over labels), `subset_accuracy` (share of examples with
-        every label right), `hamming_loss` (share of wrong label decisions), and
-        `per_label` ({name: {precision, recall, f1, accuracy, support, predicted,
-        threshold}}).
+        `task`, `num_examples`, `labels`, `thresholds`, micro and macro
+        precision/recall/F1, `subset_accuracy`, `hamming_loss` and `per_label`.
 
     Raises:
         ValueError: Shapes disagree, y_true is not 0/1, or there are no examples.
@@ -255,15 +203,11 @@ def multi_label_metrics(
     predicted = pred.sum(axis=0)
     accuracy = (truth == pred).mean(axis=0)
     return {
-        "task": "multi_label",
-        "num_examples": int(n),
-        "labels": names,
+        "task": "multi_label", "num_examples": int(n), "labels": names,
         "thresholds": thresholds.tolist(),
-        "micro_precision": float(micro_p),
-        "micro_recall": float(micro_r),
+        "micro_precision": float(micro_p), "micro_recall": float(micro_r),
         "micro_f1": float(micro_f1),
-        "macro_precision": float(precision.mean()),
-        "macro_recall": float(recall.mean()),
+        "macro_precision": float(precision.mean()), "macro_recall": float(recall.mean()),
         "macro_f1": float(f1.mean()),
         "subset_accuracy": float(accuracy_score(truth, pred)),
         "hamming_loss": float(hamming_loss(truth, pred)),
@@ -273,14 +217,9 @@ def multi_label_metrics(
     }
 
 
-def tune_thresholds(
-    y_true: np.ndarray,
-    y_prob: np.ndarray,
-    grid: Sequence[float] | np.ndarray | None = None,
-) -> np.ndarray:
-    """Per-label thresholds that maximise each label's F1 on the data given.
-
-    Tune on validation data, then evaluate on test data with the result.
+def tune_thresholds(y_true: np.ndarray, y_prob: np.ndarray,
+                    grid: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
+    """Per-label thresholds that maximise each label's F1 (tune on validation data).
 
     Args:
         y_true: 0/1 truth, shape (n, k).
@@ -288,19 +227,15 @@ def tune_thresholds(
         grid: Candidate thresholds; default 0.05, 0.10, ..., 0.95.
 
     Returns:
-        Thresholds, shape (k,). Among thresholds with equal F1 the one nearest 0.5
-        wins (the higher one on a tie), so a label with no positives in the data,
-        whose F1 is 0 everywhere, keeps 0.5 when the grid holds it. If the grid
-        holds 0.5, each label's F1 (so macro F1) is at least its F1 at 0.5; micro
-        F1 usually rises too but is not guaranteed to.
+        Thresholds, shape (k,); among equal F1s the one nearest 0.5 (then the higher),
+        so a label without positives keeps 0.5.
     """
     truth, y_prob = _multi_label_inputs(y_true, y_prob)
     grid = np.unique(np.asarray(DEFAULT_THRESHOLD_GRID if grid is None else grid,
                                 dtype=np.float64))
     if grid.size == 0:
         raise ValueError("the threshold grid is empty")
-    # Counted in numpy: scikit-learn per threshold measured 12x slower (200 vs 17 ms at 10k x
-    # 20 x 19). One pass per candidate keeps memory at O(n k) whatever the grid size.
+    # Counted in numpy: scikit-learn per threshold measured 12x slower.
     positives = truth.sum(axis=0)
     f1 = np.empty((grid.size, truth.shape[1]))
     for i, t in enumerate(grid):
@@ -318,18 +253,13 @@ def tune_thresholds(
     return chosen
 
 
-# --------------------------------------------------------------------------- summaries
-
-
 def scalar_summary(result: dict[str, Any], max_per_class: int = 20) -> dict[str, float]:
-    """Headline numbers of a result as flat scalars, e.g. for KFP `Metrics.log_metric`.
+    """Headline numbers of a result as flat scalars (KFP `Metrics.log_metric`).
 
     Args:
-        result: From `single_label_metrics` or `multi_label_metrics`.
-        max_per_class: Add `f1_<name>` per class or label when there are at most this
-            many (names reduced to letters, digits and `_`).
-        With a `baseline` entry (common.baselines), its figures follow as
-        `baseline_<metric>` (the linear model) and `<constant answer>_<metric>`.
+        result: From `single_label_metrics` or `multi_label_metrics`; its baselines
+            follow as `baseline_<metric>` and `<constant answer>_<metric>`.
+        max_per_class: Add `f1_<name>` per class when there are at most this many.
 
     Returns:
         Metric name to value; values that are None (e.g. AUC of one-class data) are left out.
@@ -353,8 +283,6 @@ def scalar_summary(result: dict[str, Any], max_per_class: int = 20) -> dict[str,
     if result.get("tuned"):  # multi-label: F1 at the thresholds tuned on validation
         scalars["tuned_micro_f1"] = float(result["tuned"]["micro_f1"])
         scalars["tuned_macro_f1"] = float(result["tuned"]["macro_f1"])
-    # Baselines on the same split (common.baselines): the linear model as baseline_<metric>,
-    # the constant answer as every_label_<metric> / majority_class_<metric>.
     for name, numbers in (result.get("baseline") or {}).items():
         prefix = "baseline" if name.endswith("_logreg") else name
         scalars.update({f"{prefix}_{k}": float(v) for k, v in numbers.items() if k != "C"})
@@ -373,11 +301,10 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def markdown_report(result: dict[str, Any], title: str) -> str:
-    """A short Markdown report of a result: headline numbers, per-class table, confusion matrix.
+    """A Markdown report of a result: headline numbers, per-class table, confusion matrix.
 
     Args:
-        result: From `single_label_metrics` or `multi_label_metrics` (extra keys such
-            as `split` are shown when present).
+        result: From `single_label_metrics` or `multi_label_metrics`.
         title: The report's heading.
 
     Returns:
@@ -428,10 +355,7 @@ def markdown_report(result: dict[str, Any], title: str) -> str:
 
 
 def write_outputs(result: dict[str, Any], output_dir: str, report: str) -> None:
-    """Writes `metrics.json` and `report.md` into `output_dir` (created if needed).
-
-    This is the evaluation steps' output contract; `read_evaluation` reads it back.
-    """
+    """Writes `metrics.json` and `report.md` into `output_dir` (`read_evaluation` reads it)."""
     os.makedirs(output_dir, exist_ok=True)
     write_json_atomically(os.path.join(output_dir, EVALUATION_FILE), result, sort_keys=False,
                           allow_nan=False)

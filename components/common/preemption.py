@@ -1,17 +1,9 @@
 """The preemption notice: SIGTERM stops training at the next step and seals a checkpoint there.
 
-Spot VMs, flex-start, maintenance events and drained Kubernetes nodes send SIGTERM, then kill
-the process after a grace period (about 30 s on Vertex Spot; `terminationGracePeriodSeconds`
-on Kubernetes, 30 s by default). A trainer that only checkpoints at the end of an epoch loses
-up to an epoch of paid GPU time there. Inside training, every trainer holds a `Notice`: its
-handler only sets a flag (no work in a signal handler), the training loop reads it at each
-step boundary (all ranks agree: `any_rank`), seals a mid-epoch checkpoint to the store its
-per-epoch checkpoints use, and raises `Preempted`, so the step exits non-zero and the
-platform restarts or retries it; the restart resumes from that checkpoint.
-
-`checkpoint_every_steps` (each trainer's setting, help `EVERY_STEPS_HELP`) also seals every
-N optimizer steps, for platforms that kill without notice. This module imports neither
-TensorFlow nor torch.
+Spot, flex-start and drained nodes send SIGTERM, then kill after a grace period (~30 s). A
+`Notice` only sets a flag; the training loop reads it at each step (all ranks agree:
+`any_rank`), seals a mid-epoch checkpoint and raises `Preempted`, so the platform retries
+and the retry resumes. `checkpoint_every_steps` also seals every N optimizer steps.
 """
 
 from __future__ import annotations
@@ -35,11 +27,8 @@ EXIT_STATUS = 128 + signal.SIGTERM
 
 
 class Preempted(SystemExit):
-    """Raised once the preemption checkpoint is sealed: the step exits with `EXIT_STATUS`.
-
-    A `SystemExit`, so no `except Exception` on the way up takes it for a failure of its
-    own, and the interpreter exits with the status without a traceback.
-    """
+    """Raised once the preemption checkpoint is sealed: the step exits with `EXIT_STATUS`
+    (a `SystemExit`: no `except Exception` takes it, no traceback)."""
 
     def __init__(self, where: str):
         super().__init__(EXIT_STATUS)
@@ -51,12 +40,8 @@ class Preempted(SystemExit):
 
 
 class Notice:
-    """Catches SIGTERM while training runs (a context manager), keeping it as a flag.
-
-    Outside the main thread (where Python refuses signal handlers) or outside the `with`,
-    SIGTERM does what it did before. A second SIGTERM while the checkpoint is written is
-    only counted: the seal is what the grace period is for.
-    """
+    """Catches SIGTERM inside its `with` (main thread only) as a flag; a second one while
+    the checkpoint is written changes nothing."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -82,18 +67,13 @@ class Notice:
         """Whether SIGTERM arrived (this process only; see `any_rank`)."""
         return self._event.is_set()
 
-    def request(self) -> None:
-        """Sets the flag as SIGTERM does (a peer rank's notice, `any_rank`)."""
-        self._event.set()
-
 
 def any_rank(requested: bool, reduce_max: Callable[[int], int] | None) -> bool:
     """Whether any rank got the notice, so that every rank stops at the same step.
 
     Args:
         requested: This rank's flag.
-        reduce_max: The largest of an int over every rank (e.g. a torch all-reduce with
-            MAX); None on one process.
+        reduce_max: The largest of an int over every rank; None on one process.
 
     Returns:
         True when one rank or more was told to stop.
@@ -102,10 +82,6 @@ def any_rank(requested: bool, reduce_max: Callable[[int], int] | None) -> bool:
 
 
 def due(step: int, every_steps: int) -> bool:
-    """Whether optimizer step `step` (counted from 1 in the run) ends with a checkpoint.
-
-    Args:
-        step: Optimizer steps done so far in the run.
-        every_steps: `checkpoint_every_steps`; 0 or less never.
-    """
+    """Whether optimizer step `step` (from 1) ends with a checkpoint (`every_steps` <= 0:
+    never)."""
     return every_steps > 0 and step > 0 and step % every_steps == 0

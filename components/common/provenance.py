@@ -1,8 +1,5 @@
-"""What a trained model was made from: code version, data fingerprint, parameters.
-
-Attached to every `Model` artifact's metadata so a model in the registry or a bucket
-can be traced back to the image, the data and the settings that produced it.
-"""
+"""What a trained model was made from (code version, data fingerprint, parameters), for
+every `Model` artifact's metadata."""
 
 from __future__ import annotations
 
@@ -19,11 +16,8 @@ GIT_SHA_ENV = "VERTEX_GPU_PIPELINES_GIT_SHA"
 def file_sha256(uri: str) -> str:
     """sha256 of a file's bytes, local or gs://."""
     fs, path = filesystem(uri)
-    digest = hashlib.sha256()
     with fs.open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def git_sha() -> str:
@@ -35,9 +29,7 @@ def provenance(data_file: str, parameters: dict[str, Any]) -> dict[str, Any]:
     """Metadata tying a model to its code, data and parameters.
 
     Args:
-        data_file: The file that pins the training data: the sharded dataset's manifest
-            (which lists every shard's sha256) or the prepared text dataset's manifest
-            (which holds the source CSV's sha256).
+        data_file: The file that pins the training data (a dataset's manifest).
         parameters: The training parameters, as passed to the step.
 
     Returns:

@@ -1,9 +1,5 @@
-"""Self-contained HTML evaluation reports: matplotlib figures inlined as SVG, no scripts.
-
-The Vertex console shows a pipeline's `HTML` artifacts in a sandboxed frame, so a report
-fetches nothing and runs no script: every plot is an inline `<svg>` (text kept as text, so
-class names are in the page), thumbnails are `data:` JPEGs, the style sheet is inline.
-Each plot sits in `<figure class="plot" id="...">`, which is what the browser tests look for.
+"""Self-contained HTML evaluation reports (Vertex shows them sandboxed): inline SVG plots,
+`data:` thumbnails, inline style, no scripts; each plot a `<figure class="plot" id=...>`.
 """
 
 from __future__ import annotations
@@ -49,8 +45,7 @@ def svg(fig) -> str:
 
 
 def thumbnail_data_uri(pixels: np.ndarray, max_side: int = 128) -> str:
-    """An RGB uint8 image as a `data:image/jpeg;base64,...` thumbnail of at most `max_side`
-    pixels a side (JPEG: a photo's 128 px PNG weighs several times more)."""
+    """An RGB uint8 image as a `data:image/jpeg;base64,...` thumbnail, `max_side` at most."""
     from PIL import Image
 
     image = Image.fromarray(np.asarray(pixels, dtype=np.uint8))
@@ -71,7 +66,7 @@ def page(title: str, summary: Mapping[str, Any], sections: Iterable[tuple[str, s
 
     Args:
         title: Page title and heading.
-        summary: Headline figures shown in a table under the heading.
+        summary: Headline figures, in a table under the heading.
         sections: `(heading, html)` pairs, in order.
     """
     rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td><b>{html.escape(_fmt(v))}</b></td>"
@@ -102,15 +97,10 @@ def _fmt(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-# --------------------------------------------------------------------------- plots
-
-
 def _pair_grid(colours: np.ndarray, counts: np.ndarray, labels: Sequence[str], cmap: str,
                dark_above: float, colorbar: str, *, zeros: bool = True,
                scale: tuple[float | None, float | None] = (None, None), **axes: str):
-    """A k x k figure of label pairs: cells coloured by `colours` (`scale`: vmin, vmax; None:
-    the data's), each holding its count (zero counts too when `zeros`), written in white
-    where its colour is above `dark_above`. `axes`: more `Axes.set` settings (labels)."""
+    """A k x k figure of label pairs coloured by `colours`, each cell holding its count."""
     k = len(labels)
     fig = figure(min(2.0 + 0.6 * k, 12), min(1.6 + 0.55 * k, 11))
     ax = fig.add_subplot()
@@ -138,8 +128,7 @@ def confusion_heatmap(matrix: Sequence[Sequence[int]], labels: Sequence[str]) ->
 def metric_bars(plot_id: str, per_label: Mapping[str, Mapping[str, float]],
                 caption: str, second: Mapping[str, Mapping[str, float]] | None = None,
                 names: tuple[str, str] = ("", "")) -> str:
-    """Precision, recall and F1 per class (and, when `second` is given, the same beside it,
-    e.g. at tuned thresholds)."""
+    """Precision, recall and F1 per class (and `second`'s beside them, e.g. tuned)."""
     labels = list(per_label)
     sets = [(names[0], per_label)] + ([(names[1], second)] if second else [])
     fig = figure(min(3 + 0.7 * len(labels) * len(sets), 14), 3.6)
@@ -199,8 +188,7 @@ def curves(plot_id: str, truth: np.ndarray, scores: np.ndarray, labels: Sequence
 def single_label_sections(result: Mapping[str, Any], truth: np.ndarray, scores: np.ndarray,
                           classes: Sequence[str],
                           bars_id: str = "per-class") -> list[tuple[str, str]]:
-    """A single-label evaluation's sections: the confusion matrix, each class's precision,
-    recall and F1 (the plot `bars_id`), and each class's ROC and precision-recall curves.
+    """A single-label evaluation's sections: confusion matrix, per-class bars, curves.
 
     Args:
         result: The evaluation's metrics (`single_label_metrics`).
@@ -220,8 +208,7 @@ def single_label_sections(result: Mapping[str, Any], truth: np.ndarray, scores: 
 
 def training_curves(plot_id: str, phases: Mapping[str, Sequence[Mapping[str, float]]],
                     pairs: Sequence[tuple[str, str]], caption: str) -> str:
-    """Per-epoch training and validation series, epochs counted across the phases, each
-    phase's start marked.
+    """Per-epoch training and validation series, epochs counted across the phases.
 
     Args:
         plot_id: Element id.
@@ -256,8 +243,7 @@ def training_curves(plot_id: str, phases: Mapping[str, Sequence[Mapping[str, flo
 
 
 def cooccurrence(truth: np.ndarray, labels: Sequence[str]) -> str:
-    """How often each pair of labels is set on the same example (the diagonal: each label's
-    count)."""
+    """How often each pair of labels is set on the same example."""
     counts = truth.T.astype(int) @ truth.astype(int)
     fig = _pair_grid(counts, counts, labels, "Purples", counts.max() / 2, "examples")
     return plot("cooccurrence", fig, "Examples with both labels (diagonal: examples with the "

@@ -1,10 +1,4 @@
-"""Uniform access to local paths and object store URIs (gs://, s3://).
-
-gs:// goes through fsspec/gcsfs (which honours `STORAGE_EMULATOR_HOST`, used by the
-tests), never through the `gsutil` command or TensorFlow's own GCS client. s3:// (AWS, or
-MinIO and Ceph through `AWS_ENDPOINT_URL`) goes through s3fs, with botocore's own
-credentials chain (the environment, a mounted profile, the pod's role).
-"""
+"""Local paths and object store URIs (gs:// through gcsfs, s3:// through s3fs), one way."""
 
 from __future__ import annotations
 
@@ -36,58 +30,31 @@ def is_remote(uri: str) -> bool:
     return uri.startswith(REMOTE_SCHEMES)
 
 
-def _gcs_options() -> dict:
-    # Read at call time, not import: against an emulator there are no credentials.
-    return {"token": "anon"} if os.environ.get("STORAGE_EMULATOR_HOST") else {}
-
-
-def _s3_options() -> dict:
-    # Read at call time: MinIO, Ceph and the tests' S3 server are named by an endpoint.
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
-
-
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Returns the filesystem serving `uri` and the path inside it.
-
-    Args:
-        uri: A local path, a `gs://bucket/prefix` or an `s3://bucket/prefix` URI.
-
-    Returns:
-        `(fs, path)`: an fsspec filesystem and the path to pass to its methods.
-    """
+    """Returns `(fs, path)`: the fsspec filesystem serving `uri` (local, gs://, s3://) and
+    the path inside it."""
+    # The environment is read at call time: an emulator (no credentials), an S3 endpoint.
     if uri.startswith("gs://"):
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-        return url_to_fs(uri, **_gcs_options())
+        return url_to_fs(uri, **({"token": "anon"} if os.environ.get("STORAGE_EMULATOR_HOST")
+                                 else {}))
     if uri.startswith("s3://"):
-        return url_to_fs(uri, **_s3_options())
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return url_to_fs(uri, **({"client_kwargs": {"endpoint_url": endpoint}} if endpoint
+                                 else {}))
     return url_to_fs(os.path.abspath(uri))
 
 
 def gcs_mount_prefix() -> str:
-    """Where Vertex's Cloud Storage FUSE mount shows buckets: KFP's `/gcs/`.
-
-    Asked of KFP at call time (an artifact's `path` for the bucket-less `gs://`), not
-    copied, so that artifact paths and our own gs:// mapping always agree, also in
-    `rehearsal`, which points KFP's prefix elsewhere.
-    """
+    """Where Vertex's Cloud Storage FUSE mount shows buckets: KFP's `/gcs/`, asked of KFP
+    at call time so artifact paths and ours agree (`rehearsal` moves it)."""
     from kfp.dsl import Artifact
 
     return Artifact(uri="gs://").path
 
 
 def local_path(uri: str) -> str:
-    """Maps a gs:// URI onto the Cloud Storage FUSE mount Vertex provides.
-
-    Vertex mounts buckets at `/gcs/<bucket>/`, which is also how KFP exposes
-    artifact paths, so outputs are written as ordinary files.
-
-    Args:
-        uri: A local path or a `gs://` URI.
-
-    Returns:
-        A local filesystem path.
-    """
+    """Maps a gs:// URI onto Vertex's Cloud Storage FUSE mount; other paths unchanged."""
     if uri.startswith("gs://"):
         return gcs_mount_prefix() + uri[len("gs://"):]
     return uri
@@ -97,27 +64,21 @@ def run_folder(variable: str, output_path: str, default: str | None,
                environ: Mapping[str, str] | None = None) -> str:
     """A job folder Vertex names in `variable`, narrowed to this pipeline task.
 
-    Vertex sets `AIP_CHECKPOINT_DIR` and `AIP_TENSORBOARD_LOG_DIR` (gs:// URIs) from the
-    job's base output directory, a compile-time setting that every run of the pipeline
-    shares. A sub-folder named after the task's output (`<pipeline job>/<task>`) keeps
-    runs apart, while a restarted job of the same task, which gets the same output
-    path, finds its own state again. gs:// is reached through the FUSE mount on Vertex.
-    Where no object store is mounted (open-source Kubeflow: s3://, or gs:// with
-    `OBJECT_STORE_MOUNTED=0`), the folder is a local mirror of the remote one
-    (`mirrored_folder`): checked and pulled now, before any training, pushed whenever a
-    state file is saved and at exit.
+    The sub-folder `<pipeline job>/<task>` keeps runs apart while a restarted job of the
+    task finds its state again. gs:// is reached through the FUSE mount; where no store
+    is mounted (s3://, or `OBJECT_STORE_MOUNTED=0`) the folder is a `mirrored_folder`.
 
     Args:
         variable: The environment variable, e.g. "AIP_CHECKPOINT_DIR".
         output_path: The step's output artifact path (`.../<job>/<task>/<output>`).
-        default: Returned when the variable is unset (e.g. a folder inside the output).
-        environ: Environment to read; `os.environ` (at call time) when None.
+        default: Returned when the variable is unset.
+        environ: Environment to read; `os.environ` when None.
 
     Returns:
         A local folder path, or `default`.
 
     Raises:
-        CheckpointStoreError: The remote folder cannot be listed, written or read.
+        CheckpointStoreError: A mirrored folder cannot be listed, written or read.
     """
     environ = os.environ if environ is None else environ
     root = environ.get(variable, "").strip()
@@ -130,17 +91,13 @@ def run_folder(variable: str, output_path: str, default: str | None,
     return os.path.join(local_path(root), *run)
 
 
-# Set to "0" where gs:// is not mounted at /gcs (open-source KFP's /gcs is a scratch folder
-# the launcher fills; what is written there dies with the pod).
+# "0" where gs:// is not mounted at /gcs (open-source KFP's /gcs dies with the pod).
 MOUNTED_VARIABLE = "OBJECT_STORE_MOUNTED"
-# Files pushed after the others (a checkpoint's pointer, the trainers' state files and the
-# transformer checkpoints' seal), so a pod killed mid-push leaves the remote pointing at a
-# checkpoint that is whole.
+# Pushed last, so a pod killed mid-push leaves the remote pointing at a whole checkpoint.
 _POINTERS = ("checkpoint", "run.json", "state.json", "lm_state.json", "sealed")
 _MIRRORS: dict[str, Mirror] = {}  # remote -> its mirror in this process
-# A push (or the check when a mirror is made) is tried this many times, waiting
-# PUSH_BACKOFF_S, then twice that, ... in between: a store that hiccups (a 503, a MinIO
-# restarting) costs seconds, one that stays down fails the step within about a minute.
+# Tries of a push or probe, waiting PUSH_BACKOFF_S, then twice that...: a hiccup costs
+# seconds, a store that stays down fails the step within about a minute.
 PUSH_ATTEMPTS = 4
 PUSH_BACKOFF_S = 2.0
 # Errors no retry mends: no such bucket (or local file), no permission.
@@ -151,13 +108,11 @@ _ADVICE = ("check that the bucket exists, that the step's credentials may list, 
 
 
 class CheckpointStoreError(RuntimeError):
-    """The object store folder a mirror keeps (checkpoints, TensorBoard logs) cannot be
-    listed, written or pushed to: what the step saves would not outlive its pod."""
+    """A mirror's object store folder cannot be listed, written or pushed to."""
 
 
 def _process_start(pid: int) -> str:
-    """The start time of process `pid` (clock ticks since boot; "" without /proc): with
-    the pid, a name no later process of the machine takes again."""
+    """Process `pid`'s start time ("" without /proc): with the pid, a unique name."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[19]  # field 22, after the name
@@ -168,12 +123,8 @@ def _process_start(pid: int) -> str:
 def mirror_path(remote: str) -> str:
     """The local folder of this process's mirror of `remote` (not made here).
 
-    Named by the remote and by the process that started the step's job in this pod: under
-    torch's launcher (`torchrun`, `elastic_launch`; TORCHELASTIC_RUN_ID set) the DDP
-    ranks are its children and share their parent's folder, as they share a checkpoint
-    folder; any other process (the Keras and fastai trainers, a lone transformer process)
-    is its own. Two unrelated processes of the machine naming the same remote never share
-    one: each would pull, change and push the other's files.
+    Named by the remote and the process that started the job: DDP ranks under torch's
+    launcher (TORCHELASTIC_RUN_ID) share their parent's; unrelated processes never share.
 
     Args:
         remote: The gs:// or s3:// folder.
@@ -187,12 +138,8 @@ def mirror_path(remote: str) -> str:
 
 
 def _retrying(action: Callable[[], None], what: str) -> None:
-    """Runs `action`, again after a failure (waiting PUSH_BACKOFF_S, then twice that, ...),
-    at most PUSH_ATTEMPTS times; errors no retry mends (`_PERMANENT`) end it at once.
-
-    Raises:
-        CheckpointStoreError: The last failure, with `what` and the store's error.
-    """
+    """Runs `action` up to PUSH_ATTEMPTS times (not after `_PERMANENT` errors), else raises
+    CheckpointStoreError naming `what`."""
     retrying = tenacity.Retrying(  # made per call: tests shorten the two constants
         stop=tenacity.stop_after_attempt(PUSH_ATTEMPTS), reraise=True,
         wait=tenacity.wait_exponential(multiplier=PUSH_BACKOFF_S),
@@ -209,14 +156,10 @@ def _retrying(action: Callable[[], None], what: str) -> None:
 
 
 class Mirror:
-    """A local folder kept as a copy of an object store folder, for what must outlive a
-    pod (checkpoints, TensorBoard logs) where the store is not mounted.
+    """A local copy of an object store folder that is not mounted (checkpoints, logs).
 
-    The local folder is shared by the DDP ranks of the pod's job and by nothing else
-    (`mirror_path`), filled once under a file lock. Only the first process (RANK 0, or no
-    RANK) pushes. Made when a trainer asks for its folder, before it trains: the process
-    that pushes checks there that it can write, list and delete in the remote folder, so
-    a store it cannot keep anything in ends the step before hours of training are lost.
+    Filled once under a file lock (`mirror_path`); only RANK 0 pushes, and checks first
+    that it can write, list and delete there, before hours of training are lost.
 
     Args:
         remote: The gs:// or s3:// folder.
@@ -244,7 +187,7 @@ class Mirror:
         self.pushed = self._local_files()
 
     def _probe(self) -> None:
-        """Writes a small object in the remote folder, lists the folder, deletes it."""
+        """Writes, lists and deletes a small object in the remote folder."""
         probe = f"{self.root}/{TMP_PREFIX}probe-{uuid.uuid4().hex}"
         self.fs.pipe(probe, b"can this step keep its checkpoints here?")
         try:
@@ -257,9 +200,7 @@ class Mirror:
         self.fs.rm(probe)
 
     def _pull(self) -> None:
-        """Copies the remote folder here, less the temporaries in it: another process's
-        probe (`_probe`), which it may remove between this listing and the copy (a DDP
-        rank or another node pulling while rank 0 probes: NoSuchKey, not retried)."""
+        """Copies the remote folder here, less temporaries (another rank's probe may go)."""
         if not self.fs.isdir(self.root):
             return
         keys = [key for key in self.fs.find(self.root)
@@ -281,13 +222,10 @@ class Mirror:
         return files
 
     def push(self) -> None:
-        """Uploads what changed (pointers and state files last), then removes what the
-        trainer removed: the remote never points at a checkpoint it does not hold.
+        """Uploads what changed (pointers last), then removes what the trainer removed.
 
-        A failed upload is tried again (PUSH_ATTEMPTS, from the file that failed on). One
-        that still fails raises, an epoch's push as well as the last: going on would train
-        for hours while the store keeps nothing, and a retried pod would resume from an
-        old checkpoint or none.
+        A failed upload is tried again from the file that failed; one that still fails
+        raises: training on while the store keeps nothing would be lost.
 
         Raises:
             CheckpointStoreError: The store refused the push PUSH_ATTEMPTS times.
@@ -340,10 +278,7 @@ def mirrored_folder(remote: str) -> str:
 
 
 def push_mirrors(folder: str | None = None) -> None:
-    """Pushes every mirror (or the one holding `folder`) to its object store folder.
-
-    Called when a trainer saves its state (`run_state.save`), at a Keras epoch's end or a
-    Trainer save, and at exit; a no-op where nothing is mirrored (Vertex, local runs).
+    """Pushes every mirror (or the one holding `folder`); a no-op where nothing is mirrored.
 
     Raises:
         CheckpointStoreError: A push failed (see `Mirror.push`).
@@ -355,17 +290,8 @@ def push_mirrors(folder: str | None = None) -> None:
 
 
 def _push_at_exit(pid: int) -> None:
-    """The last push, at exit (what changed since the trainer's last save: TensorBoard's
-    last events, a checkpoint rotated out). Where it fails, the process exits with 1: an
-    exception raised at exit is printed but leaves the exit status as it was (0 after a
-    finished training), and the step must not pass with its state lost. Here, not in each
-    trainer: it covers every trainer and every DDP rank 0, ending well or not, in one
-    place. Only in the process that made the mirrors (`pid`): a forked child (a data
-    loader's worker) inherits the hook, and multiprocessing runs it when the child ends.
-
-    Args:
-        pid: The process that registered the push.
-    """
+    """The last push, at exit, in process `pid` only (forked workers inherit the hook);
+    a failure exits with 1, since an exception at exit leaves the status 0."""
     if os.getpid() != pid:
         return
     try:
@@ -388,11 +314,8 @@ def read_json(path: str, *, optional: bool = False) -> Any:
 
 def write_json_atomically(path: str, payload: Any, *, sort_keys: bool = True,
                           allow_nan: bool = True) -> None:
-    """Writes JSON under a temporary name, then renames it: whole or not at all.
-
-    A process killed mid-write leaves the previous file (or none), never half of one.
-    `allow_nan=False` refuses NaN and infinities (not JSON) instead of writing them.
-    """
+    """Writes JSON under a temporary name, then renames it: whole or not at all
+    (`allow_nan=False` refuses NaN and infinities)."""
     write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=sort_keys,
                                            allow_nan=allow_nan) + "\n")
 

@@ -1,14 +1,8 @@
 """One rule for a setting's value, whoever hands it over: pydantic's lax mode.
 
-Values reach a setting as text (a command line; Vertex writes every pipeline parameter
-inside a dict as "32", "0.5", "true"), as floats where a whole number is meant (kfp.local's
-"32.0", a Vertex tuning trial's discrete values) or typed. Each is read into the type its
-setting declares by the same rule: whole numbers from "32", "32.0" or 32.0, but not 2.5;
-booleans from true/false, yes/no, on/off, 1/0 (any case); floats only finite (JSON, the
-specs' and requests' language, has no NaN or infinity, and NaN passes every range check).
-
-pydantic is imported when a value is read, not with this module: a tuning trial's entry
-imports it before anything is read, under whatever Python the image runs.
+Text ("32", "true"), floats meant as whole numbers ("32.0", 32.0) or typed values are read
+into the declared type alike: no 2.5 as an int, booleans as true/false, yes/no, on/off, 1/0,
+floats only finite. pydantic is imported when a value is read.
 """
 
 from __future__ import annotations
@@ -30,12 +24,10 @@ def _adapter(annotation: Any):
 
 
 def coerce(value: Any, annotation: Any) -> Any:
-    """`value` as a setting of type `annotation` (int, float, bool, str, or what pydantic
-    reads) takes it.
+    """`value` as a setting of type `annotation` (int, float, bool, str, ...) takes it.
 
     Raises:
-        ValueError: Not a value of that type: "expected <what>, got <value>" (the caller
-            names the setting).
+        ValueError: "expected <what>, got <value>" (the caller names the setting).
     """
     from pydantic import ValidationError
 

@@ -1,9 +1,6 @@
-"""Functions written from a parameter list, for KFP to read and paste.
-
-KFP reads a lightweight component's inputs from its function's signature and pastes the
-function's source into the compiled pipeline, where the executor runs it again. A function
-whose parameters are derived (a preflight takes its pipeline's) is therefore written as text
-here, once, and compiled under a name that `inspect.getsource` finds in `linecache`.
+"""Functions written from a parameter list, for KFP to read and paste: KFP reads a
+component's inputs from its signature and pastes its source, so a function with derived
+parameters is written here as text, compiled under a name `inspect.getsource` finds.
 """
 
 from __future__ import annotations
@@ -40,12 +37,9 @@ def write_function(name: str, parameters: Sequence[inspect.Parameter], doc: str,
 
     Args:
         name: The function's name (KFP's component name).
-        parameters: Its parameters, each annotated with a type, a kfp artifact type
-            (`Input[Dataset]`) or the annotation's source text.
-        doc: Its docstring, unindented (KFP's descriptions of the inputs: an `Args:`
-            section).
-        body: Its body, unindented; it runs where the executor pastes the source, so it
-            imports what it uses.
+        parameters: Its parameters, annotated with a type, a kfp artifact type or text.
+        doc: Its docstring, unindented (an `Args:` section describes the inputs).
+        body: Its body, unindented; it imports what it uses.
         returns: The return annotation's source; empty for none.
 
     Returns:
@@ -75,17 +69,13 @@ def write_function(name: str, parameters: Sequence[inspect.Parameter], doc: str,
     return namespace[name]
 
 
-# --------------------------------------------------------------------------- settings steps
-
 HELP = "help"  # a settings field's metadata key: its console help
 BOUNDS = "bounds"  # ... and the values it may take
 
 
 def setting(default: Any, help: str, **bounds: Any) -> Any:  # noqa: A002 - the console's word
-    """A settings field with its default, help and bounds, the one home of each: a step
-    written by `step_function` takes it as an input, with this help; `check_settings` holds
-    its value to `bounds` (pydantic's `ge`, `gt`, `le`, `lt`, or `choices`). A dict or list
-    default is made afresh for each instance, as dataclasses ask."""
+    """A settings field with its default, help (the step's input help) and bounds (`ge`,
+    `gt`, `le`, `lt` or `choices`, held by `check_settings`)."""
     metadata = {HELP: help, BOUNDS: bounds}
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default),
@@ -107,9 +97,7 @@ def _bounded(kind: type, bounds: tuple) -> Any:
 
 
 def check_settings(settings: Any, error: type[Exception], *problems: str) -> None:
-    """Raises `error` naming each field of `settings` outside the bounds its `setting`
-    declares (checked by pydantic; NaN is outside every bound), with the `problems` the
-    class found across fields.
+    """Holds each field of `settings` to the bounds its `setting` declares (pydantic).
 
     Raises:
         error: "<field> must be <bounds>, got <value>; ..." for each problem.
@@ -132,8 +120,7 @@ def check_settings(settings: Any, error: type[Exception], *problems: str) -> Non
 
 
 def as_step_value(value: Any) -> Any:
-    """A settings value as the step's typed input carries it: no None, tuple or dict
-    (KFP inputs are scalars), so 0 stands for None and text for lists and objects."""
+    """A settings value as a KFP scalar input: 0 for None, text for tuples and dicts."""
     if value is None:
         return 0
     if isinstance(value, tuple):
@@ -148,8 +135,7 @@ def _field_default(field: dataclasses.Field) -> Any:
 
 
 def _step_type(annotation: Any, default: Any) -> type:
-    """The KFP input type of a settings field: its type, None taken out (`int | None` is
-    int: 0 stands for None), text for tuples and objects."""
+    """The KFP input type of a settings field: None taken out, text for tuples and dicts."""
     options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
     kind = typing.get_origin(options[0]) or options[0]
     return str if kind in (tuple, dict) else kind if kind in (bool, int, float, str) \
@@ -158,9 +144,8 @@ def _step_type(annotation: Any, default: Any) -> type:
 
 def settings_from_step(settings: type, values: dict[str, Any],
                        parsers: dict[str, Any] | None = None) -> Any:
-    """The settings a step's inputs describe: `as_step_value` undone for each field the
-    step takes (0 or "" for a field whose default is None is None again; the text of a
-    field named in `parsers` is given to its parser: `{"model_config": parse_model_config}`)."""
+    """The settings a step's inputs describe: `as_step_value` undone for each field taken
+    (a field in `parsers` is given to its parser)."""
     parsers = parsers or {}
     taken = {}
     for field in dataclasses.fields(settings):
@@ -184,13 +169,11 @@ def step_function(name: str, settings: type, summary: str,
         name: The function's name.
         settings: The settings dataclass; each field has its help in `setting`.
         summary: The docstring's first paragraph.
-        before: `(name, annotation, help)` of the inputs before the settings (none has a
-            default).
-        after: `(name, default, help)` of the inputs after them (their type is the
-            default's).
-        runs: "module:function" called with one dict of every input (the step's work).
-        leave_out: Fields that are no input (the step's logic keeps their defaults).
-        helps: Help that replaces a field's own (a step taking another's settings says so).
+        before: `(name, annotation, help)` of the inputs before the settings.
+        after: `(name, default, help)` of the inputs after them.
+        runs: "module:function" called with one dict of every input.
+        leave_out: Fields that are no input.
+        helps: Help that replaces a field's own.
 
     Returns:
         The function (`write_function`).
