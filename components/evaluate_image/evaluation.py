@@ -1,15 +1,8 @@
 """Evaluate a trained image classifier on one split of a sharded dataset.
 
-Model folder layout (written by the trainer): `model.keras`, a tf-keras (Keras 2)
-model taking float32 pixels 0..255 of shape (batch, H, W, 3), preprocessing
-included, and returning softmax probabilities; `labels.json`, `{"classes": [...]}`
-in output-column order. The model is loaded with `tf_keras`, not `tf.keras`
-(Keras 3 in TF 2.21), because the trainer saves it with tf-keras (Keras 3's `fit` fails
-under MultiWorkerMirroredStrategy: keras-team/keras#20585).
-
-Outputs in `output_dir`: `metrics.json` (the dict `single_label_metrics` returns,
-plus `split`, `model_dir`, `dataset_dir`), `report.md`, and `report.html` (plots, the
-trainer's curves and the most confident mistakes; `report.image_report`).
+The model folder holds `model.keras` (tf-keras, not Keras 3, whose `fit` fails under
+MultiWorkerMirroredStrategy: keras-team/keras#20585; float32 pixels 0..255 in, softmax
+out) and `labels.json`. Writes `metrics.json`, `report.md` and `report.html`.
 """
 
 from __future__ import annotations
@@ -44,27 +37,8 @@ class EvaluationError(ValueError):
     """The model and the data cannot be evaluated together; the message says why."""
 
 
-def load_model(model_dir: str) -> tf_keras.Model:
-    """Loads `<model_dir>/model.keras` with tf-keras, for inference only.
-
-    Args:
-        model_dir: The trained model's folder.
-
-    Returns:
-        The model (not compiled: evaluation needs no optimizer or loss).
-    """
-    path = os.path.join(model_dir, MODEL_FILE)
-    if not tf.io.gfile.exists(path):
-        raise EvaluationError(f"{path} not found: {model_dir!r} is not a trained model folder")
-    # tf_keras.models.load_model seeks inside the zip and takes ~80 s for DenseNet121.
-    return load_keras_model(path, compile=False)
-
-
 def check_classes(model_classes: Sequence[str], data_classes: Sequence[str]) -> None:
-    """Fails unless the model's classes are the data's, in the same order.
-
-    Labels in the shards are indices into the manifest's class list, and the
-    model's output columns are indices into its own: they must agree exactly.
+    """Fails unless the model's classes (output columns) are the data's labels, in order.
 
     Raises:
         EvaluationError: Saying which names are missing, extra or out of order.
@@ -97,17 +71,7 @@ def _check_input_shape(model: tf_keras.Model, height: int, width: int) -> None:
 
 def predict(model: tf_keras.Model, dataset: tf.data.Dataset, batch_size: int,
             image_shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Runs the model over a dataset of (uint8 image, label) pairs.
-
-    Args:
-        model: Takes float32 pixels 0..255, returns class probabilities.
-        dataset: Unbatched `(image uint8 [H, W, 3], label int32)` elements.
-        batch_size: Images per forward pass.
-        image_shape: (H, W, 3) of the images.
-
-    Returns:
-        `(y_true (n,), y_prob (n, k))` in the dataset's order.
-    """
+    """`(y_true (n,), y_prob (n, k))` of the model over unbatched (uint8 image, label)s."""
     # One traced graph for every batch size: the last, smaller batch does not retrace.
     infer = tf.function(lambda x: model(x, training=False),
                         input_signature=[tf.TensorSpec((None, *image_shape), tf.float32)])
@@ -118,81 +82,6 @@ def predict(model: tf_keras.Model, dataset: tf.data.Dataset, batch_size: int,
     if not probs:
         return np.zeros((0,), np.int64), np.zeros((0, 0), np.float32)
     return np.concatenate(labels), np.concatenate(probs)
-
-
-def evaluate_model(
-    model: tf_keras.Model,
-    class_names: Sequence[str],
-    dataset_dir: str,
-    output_dir: str,
-    split: str = "test",
-    batch_size: int = 64,
-    source: dict[str, str] | None = None,
-    history: dict[str, list[dict[str, Any]]] | None = None,
-    baseline: bool = True,
-) -> dict[str, Any]:
-    """Evaluates an in-memory model on one split; writes metrics.json, report.md, report.html.
-
-    Args:
-        model: A tf-keras model: float32 pixels 0..255 in, softmax probabilities out.
-        class_names: The model's classes, in output-column order.
-        dataset_dir: Folder written by the sharding step.
-        output_dir: Folder for `metrics.json` and `report.md`.
-        split: "train", "validation" or "test".
-        batch_size: Images per forward pass.
-        source: Extra string fields recorded in the result (e.g. `model_dir`).
-        history: The trainer's per-epoch history (phase -> rows) for the HTML report's
-            training curves; None leaves them out.
-        baseline: Also score, on the same split, logistic regression on downscaled
-            pixels fitted on the train split, and the majority class (`pixel_baselines`).
-
-    Returns:
-        The metrics dict (see `single_label_metrics`) with `split`, `dataset_dir`,
-        the `source` fields and `baseline` (`{"pixels_logreg": {...},
-        "majority_class": {...}}`, the same metric names; empty when not asked for or
-        when the train or validation split is empty) added.
-
-    Raises:
-        EvaluationError: Class lists, image sizes or example counts disagree.
-    """
-    if batch_size < 1:
-        raise EvaluationError(f"batch_size must be >= 1, got {batch_size}")
-    manifest = read_manifest(dataset_dir)
-    check_classes(class_names, manifest["classes"])
-    if split not in manifest["splits"]:
-        raise EvaluationError(f"split must be one of {sorted(manifest['splits'])}, got {split!r}")
-    expected = manifest["splits"][split]["count"]
-    if expected == 0:
-        raise EvaluationError(f"split {split!r} of {dataset_dir!r} has no examples")
-    image = manifest["image"]
-    image_shape = (image["height"], image["width"], image["channels"])
-    _check_input_shape(model, image_shape[0], image_shape[1])
-
-    dataset = make_dataset(dataset_dir, split, manifest=manifest, deterministic=True)
-    y_true, y_prob = predict(model, dataset, batch_size, image_shape)
-    if y_true.size != expected:
-        raise EvaluationError(f"read {y_true.size} examples of split {split!r} but the manifest "
-                              f"lists {expected}: the shards changed after it was written")
-    if y_prob.ndim != 2 or y_prob.shape[1] != len(class_names):
-        raise EvaluationError(f"the model outputs shape {y_prob.shape[1:]} per batch but has "
-                              f"{len(class_names)} classes")
-    if (y_prob.min() < -1e-6 or y_prob.max() > 1 + 1e-6
-            or not np.allclose(y_prob.sum(axis=1), 1.0, atol=1e-3)):
-        # Accuracy and F1 only need the argmax; ROC thresholds would not be probabilities.
-        log.warning("model outputs are not softmax probabilities (rows do not sum to 1)")
-
-    metrics = single_label_metrics(y_true, y_prob, class_names)
-    result = {"split": split, "dataset_dir": dataset_dir, **(source or {}), **metrics}
-    result["baseline"] = (pixel_baselines(dataset_dir, manifest, split, y_true, class_names)
-                          if baseline else {})
-    write_outputs(result, output_dir,
-                  markdown_report(result, f"Image classifier evaluation: {split} split")
-                  + baselines.markdown_table(result))
-    images = (image.numpy() for image, _ in
-              make_dataset(dataset_dir, split, manifest=manifest, deterministic=True))
-    write_text_atomically(os.path.join(output_dir, REPORT_HTML_FILE),
-                          image_report(result, y_true, y_prob, history, images))
-    return result
 
 
 # Pixel baseline: images shrunk to this side (area averaging), at most this many training
@@ -258,18 +147,19 @@ def evaluate_image_model(
     split: str = "test",
     batch_size: int = 64,
 ) -> dict[str, Any]:
-    """Loads a trained image classifier and evaluates it on one split of a sharded dataset.
+    """Evaluates a trained image classifier on one split of a sharded dataset.
 
     Args:
         model_dir: Folder with `model.keras` and `labels.json` (the trainer's output).
         dataset_dir: Folder written by the sharding step (shards and `manifest.json`).
-        output_dir: Folder for `metrics.json` and `report.md` (created if needed).
+        output_dir: Folder for `metrics.json`, `report.md` and `report.html`.
         split: "train", "validation" or "test".
         batch_size: Images per forward pass.
 
     Returns:
-        The metrics dict written to `metrics.json` (see `single_label_metrics`), with
-        `split`, `model_dir` and `dataset_dir` added.
+        The metrics written to `metrics.json` (see `single_label_metrics`), with `split`,
+        `dataset_dir`, `model_dir` and `baseline` (`{"pixels_logreg": {...},
+        "majority_class": {...}}`; empty when the train or validation split is).
 
     Raises:
         EvaluationError: Missing model files, or model and dataset disagree on
@@ -277,10 +167,46 @@ def evaluate_image_model(
         FileNotFoundError: `dataset_dir` has no manifest.
     """
     class_names = load_class_names(model_dir)
+    manifest = read_manifest(dataset_dir)
     # Fail on a class mismatch before paying for loading the model.
-    check_classes(class_names, read_manifest(dataset_dir)["classes"])
-    model = load_model(model_dir)
+    check_classes(class_names, manifest["classes"])
+    path = os.path.join(model_dir, MODEL_FILE)
+    if not tf.io.gfile.exists(path):
+        raise EvaluationError(f"{path} not found: {model_dir!r} is not a trained model folder")
+    model = load_keras_model(path, compile=False)
     history = read_json(os.path.join(model_dir, HISTORY_FILE), optional=True)
-    return evaluate_model(model, class_names, dataset_dir, output_dir, split=split,
-                          batch_size=batch_size, source={"model_dir": model_dir},
-                          history=history)
+    if batch_size < 1:
+        raise EvaluationError(f"batch_size must be >= 1, got {batch_size}")
+    if split not in manifest["splits"]:
+        raise EvaluationError(f"split must be one of {sorted(manifest['splits'])}, got {split!r}")
+    expected = manifest["splits"][split]["count"]
+    if expected == 0:
+        raise EvaluationError(f"split {split!r} of {dataset_dir!r} has no examples")
+    image = manifest["image"]
+    image_shape = (image["height"], image["width"], image["channels"])
+    _check_input_shape(model, image_shape[0], image_shape[1])
+
+    dataset = make_dataset(dataset_dir, split, manifest=manifest, deterministic=True)
+    y_true, y_prob = predict(model, dataset, batch_size, image_shape)
+    if y_true.size != expected:
+        raise EvaluationError(f"read {y_true.size} examples of split {split!r} but the manifest "
+                              f"lists {expected}: the shards changed after it was written")
+    if y_prob.ndim != 2 or y_prob.shape[1] != len(class_names):
+        raise EvaluationError(f"the model outputs shape {y_prob.shape[1:]} per batch but has "
+                              f"{len(class_names)} classes")
+    if (y_prob.min() < -1e-6 or y_prob.max() > 1 + 1e-6
+            or not np.allclose(y_prob.sum(axis=1), 1.0, atol=1e-3)):
+        # Accuracy and F1 only need the argmax; ROC thresholds would not be probabilities.
+        log.warning("model outputs are not softmax probabilities (rows do not sum to 1)")
+
+    metrics = single_label_metrics(y_true, y_prob, class_names)
+    result = {"split": split, "dataset_dir": dataset_dir, "model_dir": model_dir, **metrics}
+    result["baseline"] = pixel_baselines(dataset_dir, manifest, split, y_true, class_names)
+    write_outputs(result, output_dir,
+                  markdown_report(result, f"Image classifier evaluation: {split} split")
+                  + baselines.markdown_table(result))
+    images = (image.numpy() for image, _ in
+              make_dataset(dataset_dir, split, manifest=manifest, deterministic=True))
+    write_text_atomically(os.path.join(output_dir, REPORT_HTML_FILE),
+                          image_report(result, y_true, y_prob, history, images))
+    return result
