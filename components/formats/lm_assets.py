@@ -82,8 +82,7 @@ def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
 
     Args:
         lang: Language code.
-        spm_model: Path of a trained SentencePiece model (ja, ko, zh); None for the
-            others, or to have fastai train one on the texts it first sees.
+        spm_model: A trained SentencePiece model (ja, ko, zh), or None (fastai trains one).
         cache_dir: Where fastai's SentencePiece tokenizer keeps its files.
 
     Raises:
@@ -107,7 +106,7 @@ def save_lm_assets(learn, root: str, lang: str, backwards: bool,
         root: Assets root folder (local).
         lang: Language folder name.
         backwards: Whether `learn` reads texts backwards.
-        config: Its AWD_LSTM settings (as passed to `language_model_learner`).
+        config: Its AWD_LSTM settings, as passed to `language_model_learner`.
 
     Returns:
         The paths written.

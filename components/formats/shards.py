@@ -89,15 +89,14 @@ def make_dataset(
         dataset_dir: Folder written by the sharding step.
         split: "train", "validation" or "test".
         manifest: The dataset's manifest, if already loaded.
-        shuffle_files: Shuffle the order of shard files (each epoch).
+        shuffle_files: Shuffle the order of shard files (each epoch), seeded by `seed`.
         seed: Seed of the file shuffle.
         deterministic: Keep a repeatable element order; False is faster for training.
         with_keys: Also yield each example's source path (bytes).
         cycle_length: Shards read at once; default: all of them up to 16.
 
     Returns:
-        Elements `(image uint8 [H, W, 3], label int32)`, plus `key` with `with_keys`.
-        Not batched, shuffled or repeated: the caller decides.
+        Unbatched `(image uint8 [H, W, 3], label int32[, key])`.
     """
     import tensorflow as tf
 

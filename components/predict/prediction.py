@@ -265,14 +265,12 @@ def predict_to_file(model_dir: str, data_uri: str, output: str, batch_size: int 
 
     Args:
         model_dir: A trainer's model folder (local; image or text, told by its files).
-        data_uri: Image model: a folder of images (any depth) or one image, local or
-            gs://. Text model: a CSV (local or gs://) with the text column.
-        output: The JSON lines file to write (local or gs://); written whole at the end.
+        data_uri: A folder of images (any depth) or one image; a CSV for a text model.
+        output: The JSON lines file to write (local or gs://), written whole at the end.
         batch_size: Inputs per forward pass.
         progress: Show a progress bar on stderr.
-        text_column: Text models: the CSV's text column; empty uses the one the model
-            was trained on.
-        model_uri: Where `model_dir` was copied from (a gs:// folder), for messages.
+        text_column: The CSV's text column; empty uses the model's training one.
+        model_uri: Where `model_dir` was copied from, for messages.
 
     Returns:
         `{"family", "inputs", "predicted", "errors", "output", ...}`; text models add

@@ -210,7 +210,7 @@ def build_app(model_dir: str, health_route: str = "/health", predict_route: str 
 
     Args:
         model_dir: The training step's model folder (local or gs://).
-        health_route: GET path answering 200 once the model is loaded, 503 before.
+        health_route: GET path answering 200 once the model is loaded.
         predict_route: POST path taking `{"instances": [...]}`.
         max_request_bytes: Largest body accepted (413 beyond).
         max_instances: Most instances in one request (413 beyond).

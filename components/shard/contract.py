@@ -80,7 +80,7 @@ def find_following_links(fs, top: str, listed: set[str], ignored: list[dict[str,
         root: The input's folder.
 
     Returns:
-        Each file's listing entry, by path, sorted.
+        Each file's listing entry, sorted by path.
     """
     found, pending = {}, [top]
     while pending:

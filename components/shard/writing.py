@@ -156,11 +156,8 @@ def read_files(data_uri: str, paths: list[str]) -> Iterable[tuple[str, bytes | E
 
 def make_record(path: str, label: int, encoded_image: bytes) -> bytes:
     """One framed TFRecord holding an Example with the image, its label and source path."""
-    return frame_record(encode_example({
-        IMAGE_KEY: encoded_image,
-        LABEL_KEY: label,
-        KEY_KEY: path.encode(),
-    }))
+    return frame_record(encode_example({IMAGE_KEY: encoded_image, LABEL_KEY: label,
+                                        KEY_KEY: path.encode()}))
 
 
 # 64 bits of a file's SHA-256 tell copies apart; short, as one is held per file.
@@ -174,11 +171,7 @@ def write_shard(task: ShardTask) -> dict[str, Any]:
         `{"file", "records", "sha256", "bytes", "labels": {label: n}, "skipped": [...],
         "contents": {path: digest}}`.
     """
-    digest = hashlib.sha256()
-    labels: Counter[int] = Counter()
-    skipped = []
-    contents = {}
-    size = 0
+    digest, labels, skipped, contents, size = hashlib.sha256(), Counter(), [], {}, 0
     final = os.path.join(task.out_dir, task.filename)
     temporary = os.path.join(task.out_dir, TMP_PREFIX + task.filename)
     label_of = dict(task.items)
@@ -199,15 +192,8 @@ def write_shard(task: ShardTask) -> dict[str, Any]:
             size += len(record)
             labels[label] += 1
     os.replace(temporary, final)
-    return {
-        "file": task.filename,
-        "records": sum(labels.values()),
-        "sha256": digest.hexdigest(),
-        "bytes": size,
-        "labels": dict(labels),
-        "skipped": skipped,
-        "contents": contents,
-    }
+    return {"file": task.filename, "records": sum(labels.values()), "sha256": digest.hexdigest(),
+            "bytes": size, "labels": dict(labels), "skipped": skipped, "contents": contents}
 
 
 def estimate_record_bytes(data_uri: str, sample: list[str], config: ShardConfig) -> float:
@@ -286,14 +272,11 @@ def frame_record(payload: bytes) -> bytes:
 def _varint(value: int) -> bytes:
     value &= (1 << 64) - 1  # negative int64 values are encoded as 10-byte two's complement
     out = bytearray()
-    while True:
-        byte = value & 0x7F
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
         value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    out.append(value)
+    return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:
