@@ -166,24 +166,21 @@ def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
             paths = [filesystem(uri)[1] for uri in batch]
             contents = fs.cat_ranges(paths, [None] * len(paths), [None] * len(paths),
                                      on_error="return")
-            lines: list[dict[str, Any] | None] = []
+            errors: list[dict[str, Any] | None] = []  # None: preprocessed into pixels
             pixels = []
             for uri, data in zip(batch, contents):
                 try:
                     if isinstance(data, Exception):
                         raise BadImage(f"unreadable file: {data}")
                     pixels.append(preprocess_image(data, preprocessing))
-                    lines.append(None)
+                    errors.append(None)
                 except BadImage as err:
-                    lines.append({"input": uri, "error": str(err)})
+                    errors.append({"input": uri, "error": str(err)})
             probs = iter(model.predict_on_batch(np.stack(pixels).astype(np.float32))
                          if pixels else [])
-            for uri, line in zip(batch, lines):
-                if line is None:
-                    line = prediction_line(uri, next(probs), classes, None)
-                    counts["predicted"] += 1
-                else:
-                    counts["errors"] += 1
+            for uri, error in zip(batch, errors):
+                counts["predicted" if error is None else "errors"] += 1
+                line = error or prediction_line(uri, next(probs), classes, None)
                 out.write(json.dumps(line) + "\n")
             bar.update(len(batch))
     return counts

@@ -259,8 +259,7 @@ def build_app(model_dir: str, health_route: str = "/health", predict_route: str 
         return not_ready(request) or JSONResponse({"status": "ok"})
 
     async def predict(request: Request) -> JSONResponse:
-        waiting = not_ready(request)
-        if waiting is not None:
+        if waiting := not_ready(request):
             return waiting
         predictor: TextPredictor = request.app.state.predictor
         try:

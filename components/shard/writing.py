@@ -261,12 +261,8 @@ def _masked_crc32c(data: bytes) -> int:
 def frame_record(payload: bytes) -> bytes:
     """Frames one record as TFRecord: length, its masked CRC32C, payload, its masked CRC32C."""
     length = struct.pack("<Q", len(payload))
-    return b"".join((
-        length,
-        struct.pack("<I", _masked_crc32c(length)),
-        payload,
-        struct.pack("<I", _masked_crc32c(payload)),
-    ))
+    return (length + struct.pack("<I", _masked_crc32c(length)) + payload
+            + struct.pack("<I", _masked_crc32c(payload)))
 
 
 def _varint(value: int) -> bytes:
