@@ -91,15 +91,14 @@ BASELINE_MAX_TRAIN = 20_000
 
 
 def split_pixels(dataset_dir: str, manifest: dict[str, Any], split: str,
-                 limit: int | None = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                 limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`(features (n, side*side*3) in 0..1, labels (n,))` of a split's images, downscaled.
 
     Args:
         dataset_dir: Folder written by the sharding step.
         manifest: Its manifest.
         split: Split to read, in the shards' deterministic order.
-        limit: Keep at most this many examples (a seeded sample), None keeps all.
-        seed: Seed of that sample.
+        limit: Keep at most this many examples (a sample seeded by 0), None keeps all.
     """
     side = BASELINE_SIDE
     dataset = make_dataset(dataset_dir, split, manifest=manifest, deterministic=True).map(
@@ -111,7 +110,7 @@ def split_pixels(dataset_dir: str, manifest: dict[str, Any], split: str,
         labels.append(batch_labels.numpy())
     x, y = np.concatenate(features), np.concatenate(labels)
     if limit is not None and len(y) > limit:
-        keep = np.sort(np.random.default_rng(seed).choice(len(y), limit, replace=False))
+        keep = np.sort(np.random.default_rng(0).choice(len(y), limit, replace=False))
         x, y = x[keep], y[keep]
     return x, y
 
@@ -123,12 +122,10 @@ def pixel_baselines(dataset_dir: str, manifest: dict[str, Any], split: str, y_tr
     Fitted on the train split (C chosen on validation), scored on `split`, whose labels
     `y_true` the model was scored on. Returns {} when train or validation is empty.
     """
-    counts = {name: manifest["splits"].get(name, {}).get("count", 0)
-              for name in ("train", "validation")}
-    if not all(counts.values()):
+    if not all(manifest["splits"].get(name, {}).get("count", 0)
+               for name in ("train", "validation")):
         return {}
-    k = len(class_names)
-    one_hot = np.eye(k)
+    one_hot = np.eye(len(class_names))
 
     def read(name, limit=None):
         x, y = split_pixels(dataset_dir, manifest, name, limit)

@@ -107,19 +107,11 @@ def make_dataset(
     file_ds = tf.data.Dataset.from_tensor_slices(files)
     if shuffle_files:
         file_ds = file_ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    dataset = file_ds.interleave(
-        tf.data.TFRecordDataset,
-        cycle_length=cycle_length or min(len(files), 16),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=deterministic,
-    )
+    parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
+    dataset = file_ds.interleave(tf.data.TFRecordDataset,
+                                 cycle_length=cycle_length or min(len(files), 16), **parallel)
     parse, decode = parse_fn(manifest, with_keys), decode_fn(manifest, with_keys)
     if manifest["image"]["format"] == "raw":
         # Nothing left to decode per image: split the decoded batch straight into examples.
-        return dataset.batch(_PARSE_BATCH).map(
-            lambda serialized: decode(parse(serialized)),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic,
-        ).unbatch()
-    dataset = dataset.batch(_PARSE_BATCH).map(
-        parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic).unbatch()
-    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        return dataset.batch(_PARSE_BATCH).map(lambda s: decode(parse(s)), **parallel).unbatch()
+    return dataset.batch(_PARSE_BATCH).map(parse, **parallel).unbatch().map(decode, **parallel)
