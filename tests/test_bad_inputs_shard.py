@@ -98,7 +98,6 @@ def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch)
     assert os.listdir(out) == []
 
 
-
 def _killed_on_validation(task: writing.ShardTask) -> dict:
     """write_shard, but the worker is killed (as for lack of memory) on a validation shard."""
     if task.filename.startswith("validation"):

@@ -89,9 +89,13 @@ def test_deeply_nested_json_is_a_400_not_a_crash():
         assert caught.value.status == 400 and "nested too deeply" in str(caught.value)
 
 
-def test_cli_serves_text_models_only(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def outside_vertex(monkeypatch):
     for name in AIP_VARS:
         monkeypatch.delenv(name, raising=False)
+
+
+def test_cli_serves_text_models_only(tmp_path, outside_vertex, capsys):
     (tmp_path / "image").mkdir()
     for name in ("model.keras", "labels.json", "preprocessing.json"):  # what model_family reads
         (tmp_path / "image" / name).write_bytes(b"")
@@ -110,7 +114,7 @@ def _start(app):
     import uvicorn
 
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", 0))  # the port is ours before the server starts: no race
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -185,12 +189,9 @@ def test_a_model_that_fails_to_load_answers_why_and_is_reported(tmp_path, monkey
         thread.join(timeout=10)
 
 
-def test_cli_stops_with_the_error_when_a_gcs_model_fails_to_load(gcs, tmp_path, monkeypatch,
-                                                                  capsys):
+def test_cli_stops_with_the_error_when_a_gcs_model_fails_to_load(gcs, outside_vertex, capsys):
     """A gs:// model is checked as it loads, behind the open port: an image model there
     stops the server (exit 1) naming why, so the container's log says it."""
-    for name in AIP_VARS:
-        monkeypatch.delenv(name, raising=False)
     bucket = gcs.create_bucket("models-image")
     for name in ("model.keras", "labels.json", "preprocessing.json"):
         bucket.blob(f"image/{name}").upload_from_string(b"")
@@ -236,27 +237,20 @@ def text_model(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(text_model):
     """uvicorn serving the model in a thread on a free port; yields (host, port)."""
-    import uvicorn
-
-    app = build_app(text_model, max_request_bytes=LIMIT_BYTES, max_instances=LIMIT_INSTANCES)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))  # the port is ours before the server starts: no race
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
+    server, thread, address = _start(build_app(text_model, max_request_bytes=LIMIT_BYTES,
+                                               max_instances=LIMIT_INSTANCES))
     deadline = time.monotonic() + 60
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
-    while http_json(sock.getsockname(), "GET", "/health")[0] != 200:  # the model loads
+    while http_json(address, "GET", "/health")[0] != 200:  # the model loads
         assert time.monotonic() < deadline, "the model did not load"
         time.sleep(0.05)
     try:
-        yield sock.getsockname()
+        yield address
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-        sock.close()
 
 
 def _predict(address, payload):

@@ -128,19 +128,17 @@ def test_raw_and_jpeg_encodings():
     assert jpeg == images.encode_image(image, "jpeg", 90)  # deterministic
 
 
+_JPEG = _encoded(Image.new("RGB", (64, 64), (1, 2, 3)), "JPEG")
+
+
 @pytest.mark.parametrize("data,reason", [
     (b"", "empty file"),
     (b"hello, not an image", "not a recognised image format"),
+    (_JPEG[: len(_JPEG) // 2], "unreadable image"),  # truncated
 ])
 def test_bad_bytes_raise_bad_image_with_reason(data, reason):
     with pytest.raises(BadImage, match=reason):
         images.decode_image(data, 8)
-
-
-def test_truncated_jpeg_is_bad():
-    data = _encoded(Image.new("RGB", (64, 64), (1, 2, 3)), "JPEG")
-    with pytest.raises(BadImage, match="unreadable image"):
-        images.decode_image(data[: len(data) // 2], 8)
 
 
 # ----------------------------------------------------------------------- listing
@@ -208,8 +206,10 @@ def test_size_target_drives_shard_count(tmp_path, image_folder):
     assert max(sizes) <= config.target_shard_mb * 1e6 * 1.05  # estimate from a sample
 
 
-def test_rerun_replaces_previous_output(tmp_path, image_folder):
+def test_rerun_replaces_previous_output_and_only_ours(tmp_path, image_folder):
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.tfrecord").write_bytes(b"someone else's records")
     sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
     # The temporary name of a shard the manifest names: ours too.
     (out / ".tmp-test-00000-of-00002.tfrecord").write_bytes(b"killed run")
@@ -219,8 +219,11 @@ def test_rerun_replaces_previous_output(tmp_path, image_folder):
                                       progress=False)
     listed = sorted(s["file"] for sp in manifest["splits"].values() for s in sp["shards"])
     assert "train-00000-of-00003.tfrecord" in listed
-    assert sorted(os.listdir(out)) == sorted(listed + ["manifest.json", "notes.txt"])
+    assert sorted(os.listdir(out)) == sorted(listed + ["manifest.json", "notes.txt",
+                                                       "mine.tfrecord"])
     assert (out / "notes.txt").read_text() == "keep me"
+    assert (out / "mine.tfrecord").read_bytes() == b"someone else's records"
+    # Files named like shards but not ours: tests/test_bad_inputs_shard.py
 
 
 def test_class_with_no_usable_image_fails_and_leaves_nothing_whole(tmp_path):
@@ -343,16 +346,6 @@ def test_images_too_large_to_decode_are_skipped_without_decoding():
     # A big JPEG is fine: the decoder scales it down while reading.
     big = _encoded(Image.new("RGB", (9000, 6000), (10, 20, 30)), "JPEG")
     assert images.decode_image(big, 224).size[1] >= 224
-
-
-def test_only_this_steps_files_are_removed_from_the_output_folder(tmp_path, image_folder):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "mine.tfrecord").write_bytes(b"someone else's records")
-    for _ in range(2):
-        sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
-    assert (out / "mine.tfrecord").read_bytes() == b"someone else's records"
-    # Files named like shards but not ours: tests/test_bad_inputs_shard.py
 
 
 @pytest.mark.parametrize("inside", ["input/out", "."])

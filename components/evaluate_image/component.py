@@ -1,14 +1,6 @@
-"""KFP face of the evaluation step: the typed signature mapped onto `evaluate_image_model`.
-
-Outputs: `metrics` (Metrics: headline scalars in metadata), `classification_metrics`
-(ClassificationMetrics: confusion matrix, and the ROC curve for two classes, which
-the Vertex UI draws), `report` (Markdown: the report as one file, which the UI
-renders), `report_html` (HTML: the report in plots, rendered by the UI too) and
-`evaluation` (Artifact: a folder with `metrics.json`, `report.md` and `report.html`).
-Metrics artifacts hold metadata only and a Markdown artifact is one file, so the
-full results that a later step (a deployment gate, a comparison) reads as files
-live in the `evaluation` folder.
-"""
+"""KFP face of the image evaluation step: the typed signature mapped onto
+`evaluate_image_model`. Metrics artifacts hold metadata only and a Markdown artifact is one
+file, so the full results a later step reads live in the `evaluation` folder."""
 
 from kfp.dsl import (
     HTML,

@@ -1,15 +1,8 @@
 """Evaluate a trained image classifier on one split of a sharded dataset.
 
-Model folder layout (written by the trainer): `model.keras`, a tf-keras (Keras 2)
-model taking float32 pixels 0..255 of shape (batch, H, W, 3), preprocessing
-included, and returning softmax probabilities; `labels.json`, `{"classes": [...]}`
-in output-column order. The model is loaded with `tf_keras`, not `tf.keras`
-(Keras 3 in TF 2.21), because the trainer saves it with tf-keras (Keras 3's `fit` fails
-under MultiWorkerMirroredStrategy: keras-team/keras#20585).
-
-Outputs in `output_dir`: `metrics.json` (the dict `single_label_metrics` returns,
-plus `split`, `model_dir`, `dataset_dir`), `report.md`, and `report.html` (plots, the
-trainer's curves and the most confident mistakes; `report.image_report`).
+The model folder holds `model.keras` (tf-keras, not Keras 3, whose `fit` fails under
+MultiWorkerMirroredStrategy: keras-team/keras#20585; float32 pixels 0..255 in, softmax
+out) and `labels.json`. Writes `metrics.json`, `report.md` and `report.html`.
 """
 
 from __future__ import annotations
@@ -44,27 +37,8 @@ class EvaluationError(ValueError):
     """The model and the data cannot be evaluated together; the message says why."""
 
 
-def load_model(model_dir: str) -> tf_keras.Model:
-    """Loads `<model_dir>/model.keras` with tf-keras, for inference only.
-
-    Args:
-        model_dir: The trained model's folder.
-
-    Returns:
-        The model (not compiled: evaluation needs no optimizer or loss).
-    """
-    path = os.path.join(model_dir, MODEL_FILE)
-    if not tf.io.gfile.exists(path):
-        raise EvaluationError(f"{path} not found: {model_dir!r} is not a trained model folder")
-    # tf_keras.models.load_model seeks inside the zip and takes ~80 s for DenseNet121.
-    return load_keras_model(path, compile=False)
-
-
 def check_classes(model_classes: Sequence[str], data_classes: Sequence[str]) -> None:
-    """Fails unless the model's classes are the data's, in the same order.
-
-    Labels in the shards are indices into the manifest's class list, and the
-    model's output columns are indices into its own: they must agree exactly.
+    """Fails unless the model's classes (output columns) are the data's labels, in order.
 
     Raises:
         EvaluationError: Saying which names are missing, extra or out of order.
@@ -97,17 +71,7 @@ def _check_input_shape(model: tf_keras.Model, height: int, width: int) -> None:
 
 def predict(model: tf_keras.Model, dataset: tf.data.Dataset, batch_size: int,
             image_shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Runs the model over a dataset of (uint8 image, label) pairs.
-
-    Args:
-        model: Takes float32 pixels 0..255, returns class probabilities.
-        dataset: Unbatched `(image uint8 [H, W, 3], label int32)` elements.
-        batch_size: Images per forward pass.
-        image_shape: (H, W, 3) of the images.
-
-    Returns:
-        `(y_true (n,), y_prob (n, k))` in the dataset's order.
-    """
+    """`(y_true (n,), y_prob (n, k))` of the model over unbatched (uint8 image, label)s."""
     # One traced graph for every batch size: the last, smaller batch does not retrace.
     infer = tf.function(lambda x: model(x, training=False),
                         input_signature=[tf.TensorSpec((None, *image_shape), tf.float32)])
@@ -120,45 +84,96 @@ def predict(model: tf_keras.Model, dataset: tf.data.Dataset, batch_size: int,
     return np.concatenate(labels), np.concatenate(probs)
 
 
-def evaluate_model(
-    model: tf_keras.Model,
-    class_names: Sequence[str],
+# Pixel baseline: images shrunk to this side (area averaging), at most this many training
+# images (a seeded sample): seconds of work whatever the dataset.
+BASELINE_SIDE = 16
+BASELINE_MAX_TRAIN = 20_000
+
+
+def split_pixels(dataset_dir: str, manifest: dict[str, Any], split: str,
+                 limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`(features (n, side*side*3) in 0..1, labels (n,))` of a split's images, downscaled.
+
+    Args:
+        dataset_dir: Folder written by the sharding step.
+        manifest: Its manifest.
+        split: Split to read, in the shards' deterministic order.
+        limit: Keep at most this many examples (a sample seeded by 0), None keeps all.
+    """
+    side = BASELINE_SIDE
+    dataset = make_dataset(dataset_dir, split, manifest=manifest, deterministic=True).map(
+        lambda image, label: (tf.image.resize(image, (side, side), method="area") / 255.0,
+                              label), num_parallel_calls=tf.data.AUTOTUNE)
+    features, labels = [], []
+    for images, batch_labels in dataset.batch(256):
+        features.append(images.numpy().reshape(len(images), -1))
+        labels.append(batch_labels.numpy())
+    x, y = np.concatenate(features), np.concatenate(labels)
+    if limit is not None and len(y) > limit:
+        keep = np.sort(np.random.default_rng(0).choice(len(y), limit, replace=False))
+        x, y = x[keep], y[keep]
+    return x, y
+
+
+def pixel_baselines(dataset_dir: str, manifest: dict[str, Any], split: str, y_true: np.ndarray,
+                    class_names: Sequence[str]) -> dict[str, Any]:
+    """Logistic regression on `BASELINE_SIDE`-pixel images and the majority class.
+
+    Fitted on the train split (C chosen on validation), scored on `split`, whose labels
+    `y_true` the model was scored on. Returns {} when train or validation is empty.
+    """
+    if not all(manifest["splits"].get(name, {}).get("count", 0)
+               for name in ("train", "validation")):
+        return {}
+    one_hot = np.eye(len(class_names))
+
+    def read(name, limit=None):
+        x, y = split_pixels(dataset_dir, manifest, name, limit)
+        return x, one_hot[y]
+
+    x_test, _ = split_pixels(dataset_dir, manifest, split)
+    return baselines.linear_and_constant(
+        baselines.PIXELS, read("train", BASELINE_MAX_TRAIN), read("validation"),
+        (x_test, one_hot[y_true]), class_names, "single_label")
+
+
+def evaluate_image_model(
+    model_dir: str,
     dataset_dir: str,
     output_dir: str,
     split: str = "test",
     batch_size: int = 64,
-    source: dict[str, str] | None = None,
-    history: dict[str, list[dict[str, Any]]] | None = None,
-    baseline: bool = True,
 ) -> dict[str, Any]:
-    """Evaluates an in-memory model on one split; writes metrics.json, report.md, report.html.
+    """Evaluates a trained image classifier on one split of a sharded dataset.
 
     Args:
-        model: A tf-keras model: float32 pixels 0..255 in, softmax probabilities out.
-        class_names: The model's classes, in output-column order.
-        dataset_dir: Folder written by the sharding step.
-        output_dir: Folder for `metrics.json` and `report.md`.
+        model_dir: Folder with `model.keras` and `labels.json` (the trainer's output).
+        dataset_dir: Folder written by the sharding step (shards and `manifest.json`).
+        output_dir: Folder for `metrics.json`, `report.md` and `report.html`.
         split: "train", "validation" or "test".
         batch_size: Images per forward pass.
-        source: Extra string fields recorded in the result (e.g. `model_dir`).
-        history: The trainer's per-epoch history (phase -> rows) for the HTML report's
-            training curves; None leaves them out.
-        baseline: Also score, on the same split, logistic regression on downscaled
-            pixels fitted on the train split, and the majority class (`pixel_baselines`).
 
     Returns:
-        The metrics dict (see `single_label_metrics`) with `split`, `dataset_dir`,
-        the `source` fields and `baseline` (`{"pixels_logreg": {...},
-        "majority_class": {...}}`, the same metric names; empty when not asked for or
-        when the train or validation split is empty) added.
+        The metrics written to `metrics.json` (see `single_label_metrics`), with `split`,
+        `dataset_dir`, `model_dir` and `baseline` (`{"pixels_logreg": {...},
+        "majority_class": {...}}`; empty when the train or validation split is).
 
     Raises:
-        EvaluationError: Class lists, image sizes or example counts disagree.
+        EvaluationError: Missing model files, or model and dataset disagree on
+            classes, image size or example count.
+        FileNotFoundError: `dataset_dir` has no manifest.
     """
+    class_names = load_class_names(model_dir)
+    manifest = read_manifest(dataset_dir)
+    # Fail on a class mismatch before paying for loading the model.
+    check_classes(class_names, manifest["classes"])
+    path = os.path.join(model_dir, MODEL_FILE)
+    if not tf.io.gfile.exists(path):
+        raise EvaluationError(f"{path} not found: {model_dir!r} is not a trained model folder")
+    model = load_keras_model(path, compile=False)
+    history = read_json(os.path.join(model_dir, HISTORY_FILE), optional=True)
     if batch_size < 1:
         raise EvaluationError(f"batch_size must be >= 1, got {batch_size}")
-    manifest = read_manifest(dataset_dir)
-    check_classes(class_names, manifest["classes"])
     if split not in manifest["splits"]:
         raise EvaluationError(f"split must be one of {sorted(manifest['splits'])}, got {split!r}")
     expected = manifest["splits"][split]["count"]
@@ -182,9 +197,8 @@ def evaluate_model(
         log.warning("model outputs are not softmax probabilities (rows do not sum to 1)")
 
     metrics = single_label_metrics(y_true, y_prob, class_names)
-    result = {"split": split, "dataset_dir": dataset_dir, **(source or {}), **metrics}
-    result["baseline"] = (pixel_baselines(dataset_dir, manifest, split, y_true, class_names)
-                          if baseline else {})
+    result = {"split": split, "dataset_dir": dataset_dir, "model_dir": model_dir, **metrics}
+    result["baseline"] = pixel_baselines(dataset_dir, manifest, split, y_true, class_names)
     write_outputs(result, output_dir,
                   markdown_report(result, f"Image classifier evaluation: {split} split")
                   + baselines.markdown_table(result))
@@ -193,94 +207,3 @@ def evaluate_model(
     write_text_atomically(os.path.join(output_dir, REPORT_HTML_FILE),
                           image_report(result, y_true, y_prob, history, images))
     return result
-
-
-# Pixel baseline: images shrunk to this side (area averaging), at most this many training
-# images (a seeded sample): seconds of work whatever the dataset.
-BASELINE_SIDE = 16
-BASELINE_MAX_TRAIN = 20_000
-
-
-def split_pixels(dataset_dir: str, manifest: dict[str, Any], split: str,
-                 limit: int | None = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """`(features (n, side*side*3) in 0..1, labels (n,))` of a split's images, downscaled.
-
-    Args:
-        dataset_dir: Folder written by the sharding step.
-        manifest: Its manifest.
-        split: Split to read, in the shards' deterministic order.
-        limit: Keep at most this many examples (a seeded sample), None keeps all.
-        seed: Seed of that sample.
-    """
-    side = BASELINE_SIDE
-    dataset = make_dataset(dataset_dir, split, manifest=manifest, deterministic=True).map(
-        lambda image, label: (tf.image.resize(image, (side, side), method="area") / 255.0,
-                              label), num_parallel_calls=tf.data.AUTOTUNE)
-    features, labels = [], []
-    for images, batch_labels in dataset.batch(256):
-        features.append(images.numpy().reshape(len(images), -1))
-        labels.append(batch_labels.numpy())
-    x, y = np.concatenate(features), np.concatenate(labels)
-    if limit is not None and len(y) > limit:
-        keep = np.sort(np.random.default_rng(seed).choice(len(y), limit, replace=False))
-        x, y = x[keep], y[keep]
-    return x, y
-
-
-def pixel_baselines(dataset_dir: str, manifest: dict[str, Any], split: str, y_true: np.ndarray,
-                    class_names: Sequence[str]) -> dict[str, Any]:
-    """Logistic regression on `BASELINE_SIDE`-pixel images and the majority class.
-
-    Fitted on the train split (C chosen on validation), scored on `split`, whose labels
-    `y_true` the model was scored on. Returns {} when train or validation is empty.
-    """
-    counts = {name: manifest["splits"].get(name, {}).get("count", 0)
-              for name in ("train", "validation")}
-    if not all(counts.values()):
-        return {}
-    k = len(class_names)
-    one_hot = np.eye(k)
-
-    def read(name, limit=None):
-        x, y = split_pixels(dataset_dir, manifest, name, limit)
-        return x, one_hot[y]
-
-    x_test, _ = split_pixels(dataset_dir, manifest, split)
-    return baselines.linear_and_constant(
-        baselines.PIXELS, read("train", BASELINE_MAX_TRAIN), read("validation"),
-        (x_test, one_hot[y_true]), class_names, "single_label")
-
-
-def evaluate_image_model(
-    model_dir: str,
-    dataset_dir: str,
-    output_dir: str,
-    split: str = "test",
-    batch_size: int = 64,
-) -> dict[str, Any]:
-    """Loads a trained image classifier and evaluates it on one split of a sharded dataset.
-
-    Args:
-        model_dir: Folder with `model.keras` and `labels.json` (the trainer's output).
-        dataset_dir: Folder written by the sharding step (shards and `manifest.json`).
-        output_dir: Folder for `metrics.json` and `report.md` (created if needed).
-        split: "train", "validation" or "test".
-        batch_size: Images per forward pass.
-
-    Returns:
-        The metrics dict written to `metrics.json` (see `single_label_metrics`), with
-        `split`, `model_dir` and `dataset_dir` added.
-
-    Raises:
-        EvaluationError: Missing model files, or model and dataset disagree on
-            classes, image size or example count.
-        FileNotFoundError: `dataset_dir` has no manifest.
-    """
-    class_names = load_class_names(model_dir)
-    # Fail on a class mismatch before paying for loading the model.
-    check_classes(class_names, read_manifest(dataset_dir)["classes"])
-    model = load_model(model_dir)
-    history = read_json(os.path.join(model_dir, HISTORY_FILE), optional=True)
-    return evaluate_model(model, class_names, dataset_dir, output_dir, split=split,
-                          batch_size=batch_size, source={"model_dir": model_dir},
-                          history=history)

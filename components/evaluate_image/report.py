@@ -4,6 +4,7 @@ test images it gets most confidently wrong."""
 from __future__ import annotations
 
 import html
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -25,13 +26,9 @@ def worst_mistakes(y_true: np.ndarray, y_prob: np.ndarray, limit: int = WORST_MI
 
 def pick(images: Iterable[np.ndarray], indices: Sequence[int]) -> dict[int, np.ndarray]:
     """The images at `indices` of a stream read in the evaluation's order (stops early)."""
-    wanted, found = set(indices), {}
-    for index, image in enumerate(images):
-        if index in wanted:
-            found[index] = np.asarray(image)
-            if len(found) == len(wanted):
-                break
-    return found
+    wanted = set(indices)
+    read = itertools.islice(images, max(wanted, default=-1) + 1)
+    return {index: np.asarray(image) for index, image in enumerate(read) if index in wanted}
 
 
 def mistakes_grid(indices: Sequence[int], images: Mapping[int, np.ndarray], y_true: np.ndarray,

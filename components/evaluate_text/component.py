@@ -1,10 +1,6 @@
-"""KFP face of the text evaluation step: the typed signature mapped onto `evaluate_text_model`.
-
-Outputs as the image evaluator's: `metrics` (headline scalars), `classification_metrics`
-(the confusion matrix, single-label only: a multi-label model has one yes/no per
-label, whose figures are in `metrics` and `evaluation`), `report` (Markdown) and
-`evaluation` (a folder with `metrics.json` and `report.md`).
-"""
+"""KFP face of the text evaluation step: the typed signature mapped onto
+`evaluate_text_model`, outputs as the image evaluator's (the confusion matrix single-label
+only: a multi-label model's per-label figures are in `metrics` and `evaluation`)."""
 
 from kfp.dsl import (
     HTML,

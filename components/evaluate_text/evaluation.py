@@ -1,10 +1,7 @@
-"""Evaluation of a trained text classifier (fastai export) on one split of a prepared dataset.
+"""Evaluation of a trained text classifier on one split of a prepared dataset.
 
-Multi-label models are scored at the fixed threshold they were trained with (or one
-given) and at the per-label thresholds tuned on the validation split, side by
-side; single-label ones get accuracy, per-class figures and the confusion matrix.
-Besides metrics.json and report.md, `report.html` shows it in plots (`report.text_report`).
-Only `fastai.text` is imported (never `fastai.vision`).
+Multi-label models are scored at their fixed threshold and at the per-label thresholds
+tuned on validation, side by side. Only `fastai.text` is imported (never `fastai.vision`).
 """
 
 from __future__ import annotations
@@ -12,8 +9,6 @@ from __future__ import annotations
 import os
 import re
 from typing import Any
-
-import numpy as np
 
 from components.common import baselines
 from components.common.metrics import (
@@ -32,49 +27,32 @@ def _demote(markdown: str) -> str:
     return re.sub(r"^(#+) ", r"#\1 ", markdown, flags=re.MULTILINE)
 
 
-def predict(model_dir: str, texts: list[str], batch_size: int = 64) -> np.ndarray:
-    """Probabilities of a trained text classifier (either trainer's) for `texts`, in order.
-
-    Args:
-        model_dir: A text training step's model folder (`load_text_model`).
-        texts: Raw texts (tokenized here with the model's own tokenizer and vocab).
-        batch_size: Texts per forward pass.
-
-    Returns:
-        Shape (len(texts), k): sigmoid per label (multi-label) or softmax (single-label).
-    """
-    from components.text_common.models import load_text_model
-
-    return load_text_model(model_dir).probabilities(texts, batch_size)
-
-
 def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split: str = "test",
                         threshold: float | None = None, batch_size: int = 64,
                         baseline: bool = True) -> dict[str, Any]:
-    """Scores a trained text classifier on one split and writes metrics.json and report.md.
+    """Scores a trained text classifier on one split; writes metrics.json, report.md/.html.
 
     Args:
         model_dir: A text training step's output (fastai or transformer) with `labels.json`.
         dataset_dir: Preparation step output; its labels must equal the model's.
-        output_dir: Folder for `metrics.json` and `report.md`.
+        output_dir: Folder for the outputs.
         split: "train", "validation" or "test".
         threshold: Fixed multi-label threshold; None uses the model's.
         batch_size: Texts per forward pass.
-        baseline: Also fit TF-IDF + logistic regression on the train split and score it,
-            and the constant answer, on the same split (`baselines.text_baselines`).
+        baseline: Also score TF-IDF + logistic regression (fitted on train) and the
+            constant answer on the same split (`baselines.text_baselines`).
 
     Returns:
-        The metrics: the `multi_label_metrics` or `single_label_metrics` result at the
-        fixed threshold, plus `split`, `model_dir`, `dataset_dir`, for multi-label
-        `tuned` (the result at the thresholds tuned on validation data), and `baseline`
-        (`{"tfidf_logreg": {...}, "every_label" or "majority_class": {...}}`, the same
-        metric names; empty when `baseline` is False).
+        The `multi_label_metrics` or `single_label_metrics` result at the fixed threshold,
+        plus `split`, `model_dir`, `dataset_dir`, `tuned` (multi-label: at the thresholds
+        tuned on validation) and `baseline` (empty when not asked for).
 
     Raises:
         ValueError: The split is empty or the labels disagree.
     """
     from components.prepare_text.contract import read_manifest, read_split
     from components.text_common.contract import TRAINING_METRICS_FILE, read_labels
+    from components.text_common.models import load_text_model
 
     info = read_labels(model_dir)
     manifest = read_manifest(dataset_dir)
@@ -85,7 +63,8 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
     frame = read_split(dataset_dir, split)
     if frame.empty:
         raise ValueError(f"split {split!r} of {dataset_dir} has no rows")
-    probs = predict(model_dir, frame[manifest["text_column"]].tolist(), batch_size)
+    texts = frame[manifest["text_column"]].tolist()
+    probs = load_text_model(model_dir).probabilities(texts, batch_size)
     truth = frame[labels].to_numpy()
     context = {"split": split, "model_dir": model_dir, "dataset_dir": dataset_dir}
     if info["task"] == "multi_label":
@@ -110,7 +89,7 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
     report += baselines.markdown_table(result)
     write_outputs(result, output_dir, report)
     write_text_atomically(os.path.join(output_dir, REPORT_HTML_FILE), text_report(
-        result, frame[manifest["text_column"]].tolist(), truth, probs,
+        result, texts, truth, probs,
         read_json(os.path.join(model_dir, TRAINING_METRICS_FILE), optional=True)))
     return result
 

@@ -108,7 +108,7 @@ def text_report(result: Mapping[str, Any], texts: Sequence[str], truth: np.ndarr
     summary = {"split": result["split"], "texts": result["num_examples"],
                "micro F1": result["micro_f1"], "macro F1": result["macro_f1"]}
     if multi:
-        summary.update({"micro F1, tuned thresholds": result["tuned"]["micro_f1"]})
+        summary["micro F1, tuned thresholds"] = result["tuned"]["micro_f1"]
     linear = (result.get("baseline") or {}).get("tfidf_logreg")
     if linear:
         summary["TF-IDF + logistic regression, micro F1"] = linear["micro_f1"]

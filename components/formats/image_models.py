@@ -1,8 +1,4 @@
-"""The loader of the image trainer's `model.keras` (tf-keras), for steps that run it.
-
-The folder's layout is the image trainer's contract (`components.train_image.contract`);
-TensorFlow is imported when the loader is called.
-"""
+"""The loader of the image trainer's `model.keras` (tf-keras), for steps that run it."""
 
 from __future__ import annotations
 
@@ -14,11 +10,8 @@ import zipfile
 
 
 def load_keras_model(path: str, compile: bool = True):
-    """Loads a tf-keras `.keras` file about 10x faster than `tf_keras.models.load_model`.
-
-    tf-keras reads the HDF5 weights straight out of the zip archive, and on Python
-    3.11 every backward seek in a zip member re-reads it from the start: loading
-    DenseNet121 takes ~80 s that way. Here the weights file is extracted first.
+    """Loads a tf-keras `.keras` file about 10x faster than `tf_keras.models.load_model`,
+    whose seeks inside the zip re-read it (~80 s for DenseNet121): the weights go out first.
 
     Args:
         path: A `.keras` file written by tf-keras (local or gs://).

@@ -1,12 +1,7 @@
 """Pretrained language model assets: their layout, the tokenizer both fastai text trainers
-cut text with, and the writer of a language model in the assets layout.
-
-The layout (`<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}`,
-`<lang>/spm/spm.model`) is named here: the language model step writes it with
-`save_lm_assets`, and the text classifier reads it (`components.train_text.contract`
-lists the files a language and direction need). The LM that writes assets and the
-classifier that reads them must cut text into the same tokens, so both take their
-tokenizer from `make_tokenizer`. fastai and torch are imported when called.
+cut text with (`make_tokenizer`: the LM and the classifier must cut alike), and the writer
+of a language model in that layout (`save_lm_assets`). fastai and torch load when called.
+Layout: `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}`, `<lang>/spm/spm.model`.
 """
 
 from __future__ import annotations
@@ -16,13 +11,10 @@ from typing import Any
 
 from components.common.storage import write_json_atomically
 
-# Pretrained language models, under the lm_assets root:
-# <lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}, <lang>/spm/spm.model.
 SPM_LANGS = frozenset({"ja", "ko", "zh"})
 LM_FILES = ("config.json", "vocab.pkl", "weights.pth")
 SPM_FILE = "spm/spm.model"
-# At the root, beside <lang>/: the language model step's report (perplexity, accuracy and
-# a unigram model's per direction); the text trainer reads its `beats_unigram`.
+# Beside <lang>/: the LM step's report; the text trainer reads its `beats_unigram`.
 LM_METRICS_FILE = "lm_metrics.json"
 
 
@@ -37,11 +29,7 @@ _TORCH_LEGACY = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
 
 def lm_file_problem(name: str, head: bytes, tail: bytes) -> str:
     """Why an assets file cannot be what its name says, from its first `LM_FILE_HEAD` and
-    last `LM_FILE_TAIL` bytes (read without unpickling anything); "" when it can.
-
-    vocab.pkl must end with pickle's STOP opcode; weights.pth must be a whole zip archive
-    or torch's legacy format; no file may be empty.
-    """
+    last `LM_FILE_TAIL` bytes (nothing unpickled); "" when it can."""
     if not head:
         return "is empty"
     if name.endswith(".pkl") and not tail.endswith(b"."):
@@ -67,12 +55,11 @@ def direction(backwards: bool) -> str:
 
 def check_language(lang: str) -> None:
     """Whether `make_tokenizer` can build a tokenizer for `lang` here, without fastai and
-    torch (the preflight asks: spaCy's blank pipeline for the language is what fastai's
-    `SpacyTokenizer` builds).
+    torch (spaCy's blank pipeline is what fastai's `SpacyTokenizer` builds).
 
     Raises:
-        TokenizerError: A SentencePiece language without the sentencepiece package, or a
-            language spaCy has no tokenizer for (the message says which).
+        TokenizerError: A SentencePiece language without sentencepiece, or a language
+            spaCy has no tokenizer for.
     """
     if lang in SPM_LANGS:
         import importlib.util
@@ -95,8 +82,7 @@ def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
 
     Args:
         lang: Language code.
-        spm_model: Path of a trained SentencePiece model (ja, ko, zh); None for the
-            others, or to have fastai train one on the texts it first sees.
+        spm_model: A trained SentencePiece model (ja, ko, zh), or None (fastai trains one).
         cache_dir: Where fastai's SentencePiece tokenizer keeps its files.
 
     Raises:
@@ -112,17 +98,15 @@ def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
 
 def save_lm_assets(learn, root: str, lang: str, backwards: bool,
                    config: dict[str, Any]) -> list[str]:
-    """Writes a language model learner in the assets layout (config.json, vocab.pkl, weights.pth).
-
-    The language model step writes its assets with it; use it also to publish an LM you
-    pretrained elsewhere (e.g. on a Wikipedia dump).
+    """Writes a language model learner in the assets layout (also to publish one
+    pretrained elsewhere, e.g. on a Wikipedia dump).
 
     Args:
         learn: A fastai language model learner (`language_model_learner`).
         root: Assets root folder (local).
         lang: Language folder name.
         backwards: Whether `learn` reads texts backwards.
-        config: Its AWD_LSTM settings (as passed to `language_model_learner`).
+        config: Its AWD_LSTM settings, as passed to `language_model_learner`.
 
     Returns:
         The paths written.

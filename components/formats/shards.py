@@ -1,11 +1,7 @@
 """The reader of the sharding step's TFRecords: one split as a `tf.data.Dataset`.
 
-The layout, the manifest and the feature keys are the sharding step's contract
-(`components.shard.contract`); TensorFlow is imported by the functions when called.
-
-The reader interleaves across shard files and parses and decodes in parallel;
-`deterministic=False` lets fast shards go first (training), `True` keeps a repeatable
-order (evaluation, tests).
+It interleaves across shard files and parses and decodes in parallel; `deterministic=False`
+lets fast shards go first (training), `True` keeps a repeatable order (evaluation, tests).
 """
 
 from __future__ import annotations
@@ -28,23 +24,24 @@ if TYPE_CHECKING:
 _PARSE_BATCH = 64
 
 
-def parse_fn(manifest: dict[str, Any], with_keys: bool = False):
-    """A function from a batch of serialized Examples to a dict of batched features.
+def _shape(manifest: dict[str, Any]) -> tuple[int, int, int]:
+    image = manifest["image"]
+    return image["height"], image["width"], image["channels"]
 
-    Raw images are decoded here, in the batch (a reshape); JPEGs stay encoded for
-    `decode_fn`, which decodes them one by one in parallel.
-    """
+
+def parse_fn(manifest: dict[str, Any], with_keys: bool = False):
+    """Batch of serialized Examples -> dict of batched features (raw images reshaped here,
+    JPEGs left for `decode_fn`)."""
     import tensorflow as tf
 
-    image = manifest["image"]
-    shape = (image["height"], image["width"], image["channels"])
+    shape = _shape(manifest)
     spec = {
         IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
         LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
     }
     if with_keys:
         spec[KEY_KEY] = tf.io.FixedLenFeature([], tf.string)
-    raw = image["format"] == "raw"
+    raw = manifest["image"]["format"] == "raw"
 
     def parse(serialized):
         features = tf.io.parse_example(serialized, spec)
@@ -61,9 +58,8 @@ def decode_fn(manifest: dict[str, Any], with_keys: bool = False):
     """A function from one parsed example to `(image uint8 HxWx3, label int32[, key])`."""
     import tensorflow as tf
 
-    image = manifest["image"]
-    shape = (image["height"], image["width"], image["channels"])
-    jpeg = image["format"] == "jpeg"
+    shape = _shape(manifest)
+    jpeg = manifest["image"]["format"] == "jpeg"
 
     def decode(features):
         pixels = features[IMAGE_KEY]
@@ -93,15 +89,14 @@ def make_dataset(
         dataset_dir: Folder written by the sharding step.
         split: "train", "validation" or "test".
         manifest: The dataset's manifest, if already loaded.
-        shuffle_files: Shuffle the order of shard files (each epoch).
+        shuffle_files: Shuffle the order of shard files (each epoch), seeded by `seed`.
         seed: Seed of the file shuffle.
         deterministic: Keep a repeatable element order; False is faster for training.
         with_keys: Also yield each example's source path (bytes).
         cycle_length: Shards read at once; default: all of them up to 16.
 
     Returns:
-        Elements `(image uint8 [H, W, 3], label int32)`, plus `key` with `with_keys`.
-        Not batched, shuffled or repeated: the caller decides.
+        Unbatched `(image uint8 [H, W, 3], label int32[, key])`.
     """
     import tensorflow as tf
 
@@ -112,19 +107,11 @@ def make_dataset(
     file_ds = tf.data.Dataset.from_tensor_slices(files)
     if shuffle_files:
         file_ds = file_ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    dataset = file_ds.interleave(
-        tf.data.TFRecordDataset,
-        cycle_length=cycle_length or min(len(files), 16),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=deterministic,
-    )
+    parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
+    dataset = file_ds.interleave(tf.data.TFRecordDataset,
+                                 cycle_length=cycle_length or min(len(files), 16), **parallel)
     parse, decode = parse_fn(manifest, with_keys), decode_fn(manifest, with_keys)
     if manifest["image"]["format"] == "raw":
         # Nothing left to decode per image: split the decoded batch straight into examples.
-        return dataset.batch(_PARSE_BATCH).map(
-            lambda serialized: decode(parse(serialized)),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic,
-        ).unbatch()
-    dataset = dataset.batch(_PARSE_BATCH).map(
-        parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic).unbatch()
-    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        return dataset.batch(_PARSE_BATCH).map(lambda s: decode(parse(s)), **parallel).unbatch()
+    return dataset.batch(_PARSE_BATCH).map(parse, **parallel).unbatch().map(decode, **parallel)

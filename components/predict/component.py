@@ -1,8 +1,5 @@
-"""KFP face of batch prediction: the typed signature mapped onto `predict_to_file`.
-
-One component function for both families; each pipeline builds it in its own image
-(TensorFlow for images, fastai for texts).
-"""
+"""KFP face of batch prediction: `predict_to_file` for both families, each pipeline
+building it in its own image (TensorFlow for images, fastai for texts)."""
 
 from kfp.dsl import Artifact, Input, Model, Output
 

@@ -1,12 +1,8 @@
 """The prediction step's contract: which model a folder holds and what predictions look like.
 
-Output: one JSON object per line (`predictions.jsonl`), one per input, in input order:
-`{"input": <file URI or CSV row index>, "labels": [...], "scores": {<label>: <probability>}}`,
-or `{"input": ..., "error": <reason>}` when the input cannot be read. A text over
-`MAX_TEXT_CHARS` characters (`components.text_common.contract`) is read up to it, and its line adds
-`"truncated": true`. Image inputs are files (any depth under a folder); text inputs are
-the rows of a CSV, numbered from 0 as data rows (the header is not a row). Nothing here
-imports TensorFlow, torch or fastai.
+`predictions.jsonl`: one object per input, in input order: `{"input": <file URI or CSV
+data row from 0>, "labels": [...], "scores": {<label>: <probability>}}` (plus
+`"truncated": true` for a text read up to `MAX_TEXT_CHARS`), or `{"input", "error"}`.
 """
 
 from __future__ import annotations
@@ -61,19 +57,17 @@ _OTHER_FOLDERS = (
 def model_folder_kind(name: str, files: Iterable[str]) -> str:
     """Which trained model folder `files` make: "image", "fastai" or "transformer".
 
-    The folder is taken to be the kind whose marks it holds; a kind it is marked as but
-    lacks a required file of is named with that file, never guessed at as another kind.
+    A folder marked as a kind but lacking a required file is named with that file, never
+    guessed at as another kind.
 
     Args:
-        name: The folder, as the message names it (a parameter and URI).
+        name: The folder, as the message names it.
         files: The names of the files directly in it.
 
     Raises:
-        FolderKindError: Naming `name`, the kind it looks like and the file it lacks, or
-            what it holds instead of a model.
+        FolderKindError: The kind it looks like and the file it lacks, or what it holds.
     """
-    files = set(files)
-    kinds = MODEL_FOLDERS
+    files, kinds = set(files), MODEL_FOLDERS
     for key, kind in kinds.items():
         if kind.marked(files) and not kind.missing(files):
             return key
@@ -103,8 +97,7 @@ def model_family(model_dir: str, name: str = "") -> str:
         name: How messages name the folder (default: the folder's path).
 
     Raises:
-        PredictionError: The folder is not a whole model folder of either family: the
-            message names the file it lacks, or what it holds instead.
+        PredictionError: Not a whole model folder of either family.
     """
     if not os.path.isdir(model_dir):
         raise PredictionError(f"model folder {model_dir!r} does not exist (or is a file): give "

@@ -1,12 +1,8 @@
 """Batch prediction with a trained model: a folder of images or a CSV of texts -> JSON lines.
 
-Images go through the sharding step's own decoding (`components.common.images`: EXIF
-orientation, transparency on white, center crop or letterbox) and, when the shards held
-JPEG, the same JPEG round trip at the same quality, decoded by TensorFlow as the training
-reader does: a test-split file is scored exactly as evaluation scored its shard. Texts go
-through the exported learner's own tokenizer and vocabulary. Inputs stream in batches
-(memory bounded by the batch, whatever the input's size); the output is written under a
-temporary name and appears whole, or not at all.
+Images go through the sharding step's decoding and, when the shards held JPEG, the same
+JPEG round trip, so a test-split file scores as its shard did; texts through the exported
+learner's tokenizer. Inputs stream in batches; the output appears whole, or not at all.
 """
 
 from __future__ import annotations
@@ -24,9 +20,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from components.common.images import BadImage, decode_image, encode_image, resize
-from components.common.input_kinds import InputKindError, csv_header
+from components.common.input_kinds import InputKindError, csv_header, text_problem
 from components.common.storage import TMP_PREFIX, filesystem, is_remote, read_json
 from components.predict.contract import IMAGE, PredictionError, model_family
+from components.text_common.contract import MAX_TEXT_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +31,8 @@ _CSV_CHUNK_ROWS = 4096  # rows read from the CSV at a time
 
 
 def decide(scores: np.ndarray, labels: Sequence[str], threshold: float | None) -> list[str]:
-    """The labels predicted from one row of probabilities.
-
-    Args:
-        scores: Probabilities, one per label.
-        labels: Label names in column order.
-        threshold: Multi-label: every label whose probability is >= it (possibly none);
-            None: the single most probable label.
-    """
+    """The labels predicted from one row of probabilities: with a (multi-label) threshold
+    every label at or over it (maybe none), with None the most probable one."""
     if threshold is None:
         return [labels[int(np.argmax(scores))]]
     return [label for label, p in zip(labels, scores) if p >= threshold]
@@ -54,14 +45,38 @@ def prediction_line(source: Any, scores: np.ndarray, labels: Sequence[str],
             "scores": {label: round(float(p), 6) for label, p in zip(labels, scores)}}
 
 
+def text_predictions(texts: Sequence[str], problems: Sequence[str], probabilities_of,
+                     labels: Sequence[str], threshold: float | None) -> list[dict[str, Any]]:
+    """Per text, its prediction line without "input", or `{"error": its problem}`.
+
+    Args:
+        texts: The texts (one over `MAX_TEXT_CHARS` is read up to it and its line adds
+            `"truncated": true`).
+        problems: Per text, why it cannot be scored; "" when it can.
+        probabilities_of: texts -> (len(texts), len(labels)) probabilities; called once,
+            with the texts that can be scored.
+        labels: Label names in column order.
+        threshold: Multi-label threshold; None for single-label (see `decide`).
+    """
+    usable = [i for i, problem in enumerate(problems) if not problem]
+    scored = dict(zip(usable, probabilities_of([texts[i] for i in usable]) if usable else []))
+    lines = []
+    for i, text in enumerate(texts):
+        if i not in scored:
+            lines.append({"error": problems[i]})
+            continue
+        line = prediction_line(None, scored[i], labels, threshold)
+        del line["input"]
+        if len(text) > MAX_TEXT_CHARS:
+            line["truncated"] = True
+        lines.append(line)
+    return lines
+
+
 @contextlib.contextmanager
 def _whole_or_nothing(output: str) -> Iterator[TextIO]:
-    """A text file to write lines to, that appears at `output` (local or gs://) when done.
-
-    Lines go to a local temporary file (bounded memory for any size); on success it is
-    moved (local) or uploaded (gs://) in one piece; on failure nothing is left at
-    `output`.
-    """
+    """A local temporary file to write lines to, moved or uploaded to `output` (local or
+    gs://) in one piece on success; on failure nothing is left at `output`."""
     fs, path = filesystem(output)
     parent = os.path.dirname(path) if not is_remote(output) else None
     if parent:
@@ -86,15 +101,9 @@ def _progress(total: int | None, unit: str, enabled: bool):
                 mininterval=2.0)
 
 
-# ------------------------------------------------------------------------------ images
-
-
 def list_inputs(data_uri: str) -> tuple[list[str], list[str]]:
-    """Every file under a folder (any depth), or the one file named.
-
-    Returns:
-        `(files, hidden)`: full URIs (local paths or gs://) in sorted order, and the hidden
-        files (a name starting with ".", e.g. .DS_Store) that are left out.
+    """`(files, hidden)`: the sorted URIs under a folder (any depth) or the one file named,
+    and the hidden files (".DS_Store") left out.
 
     Raises:
         PredictionError: Nothing there.
@@ -122,8 +131,7 @@ def preprocess_image(data: bytes, preprocessing: dict[str, Any]) -> np.ndarray:
 
     Args:
         data: The file's bytes.
-        preprocessing: The model's `preprocessing.json` (`image_size`, `resize_method`,
-            and `image_format`/`jpeg_quality` of the shards when the trainer wrote them).
+        preprocessing: The model's `preprocessing.json`.
 
     Raises:
         BadImage: Not a readable image (the message says why).
@@ -158,30 +166,24 @@ def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
             paths = [filesystem(uri)[1] for uri in batch]
             contents = fs.cat_ranges(paths, [None] * len(paths), [None] * len(paths),
                                      on_error="return")
-            lines: list[dict[str, Any] | None] = []
+            errors: list[dict[str, Any] | None] = []  # None: preprocessed into pixels
             pixels = []
             for uri, data in zip(batch, contents):
                 try:
                     if isinstance(data, Exception):
                         raise BadImage(f"unreadable file: {data}")
                     pixels.append(preprocess_image(data, preprocessing))
-                    lines.append(None)
+                    errors.append(None)
                 except BadImage as err:
-                    lines.append({"input": uri, "error": str(err)})
+                    errors.append({"input": uri, "error": str(err)})
             probs = iter(model.predict_on_batch(np.stack(pixels).astype(np.float32))
                          if pixels else [])
-            for uri, line in zip(batch, lines):
-                if line is None:
-                    line = prediction_line(uri, next(probs), classes, None)
-                    counts["predicted"] += 1
-                else:
-                    counts["errors"] += 1
+            for uri, error in zip(batch, errors):
+                counts["predicted" if error is None else "errors"] += 1
+                line = error or prediction_line(uri, next(probs), classes, None)
                 out.write(json.dumps(line) + "\n")
             bar.update(len(batch))
     return counts
-
-
-# ------------------------------------------------------------------------------- texts
 
 
 def _read_csv_chunks(data_uri: str, column: str) -> Iterator[Any]:
@@ -206,15 +208,12 @@ def _read_csv_chunks(data_uri: str, column: str) -> Iterator[Any]:
 
 
 def decision_threshold(labels_info: dict[str, Any]) -> float | None:
-    """The threshold `decide` applies for a text model's `labels.json`: the trained one
-    for multi-label models, None (the most probable label) for single-label ones."""
+    """`decide`'s threshold for a text model's `labels.json`: the trained one, or None."""
     return labels_info["threshold"] if labels_info["task"] == "multi_label" else None
 
 
 def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                    progress: bool, text_column: str) -> dict[str, Any]:
-    from components.common.input_kinds import text_problem
-    from components.text_common.contract import MAX_TEXT_CHARS
     from components.text_common.models import load_text_model
 
     model = load_text_model(model_dir)
@@ -230,21 +229,13 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
             texts = [str(t) for t in chunk[column]]
             problems = [text_problem(t) if t.strip() else f"empty text in column {column!r}"
                         for t in texts]
-            usable = [i for i, problem in enumerate(problems) if not problem]
-            probs = model.probabilities([texts[i] for i in usable], batch_size) \
-                if usable else np.zeros((0, len(labels)))
-            scored = dict(zip(usable, probs))
-            for i in range(len(texts)):
-                if i in scored:
-                    line = prediction_line(row + i, scored[i], labels, threshold)
-                    counts["predicted"] += 1
-                    if len(texts[i]) > MAX_TEXT_CHARS:  # read up to the limit only
-                        line["truncated"] = True
-                        counts["truncated"] += 1
-                else:
-                    line = {"input": row + i, "error": problems[i]}
-                    counts["errors"] += 1
-                out.write(json.dumps(line) + "\n")
+            lines = text_predictions(texts, problems,
+                                     lambda usable: model.probabilities(usable, batch_size),
+                                     labels, threshold)
+            for i, line in enumerate(lines):
+                counts["errors" if "error" in line else "predicted"] += 1
+                counts["truncated"] += bool(line.get("truncated"))
+                out.write(json.dumps({"input": row + i, **line}) + "\n")
             row += len(texts)
             bar.update(len(texts))
     counts["inputs"] = row
@@ -257,14 +248,8 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
     return counts
 
 
-# ------------------------------------------------------------------------------- entry
-
-
 def same_file(data_uri: str, output: str) -> bool:
-    """Whether `output` names the input `data_uri` itself (writing it would destroy it).
-
-    Local paths compare resolved (relative, "..", symbolic links); gs:// URIs as strings.
-    """
+    """Whether `output` names the input itself (local paths resolved, gs:// as strings)."""
     if is_remote(data_uri) or is_remote(output):
         return data_uri == output
     return os.path.realpath(data_uri) == os.path.realpath(output)
@@ -277,24 +262,20 @@ def predict_to_file(model_dir: str, data_uri: str, output: str, batch_size: int 
 
     Args:
         model_dir: A trainer's model folder (local; image or text, told by its files).
-        data_uri: Image model: a folder of images (any depth) or one image, local or
-            gs://. Text model: a CSV (local or gs://) with the text column.
-        output: The JSON lines file to write (local or gs://); written whole at the end.
+        data_uri: A folder of images (any depth) or one image; a CSV for a text model.
+        output: The JSON lines file to write (local or gs://), written whole at the end.
         batch_size: Inputs per forward pass.
         progress: Show a progress bar on stderr.
-        text_column: Text models: the CSV's text column; empty uses the one the model
-            was trained on.
-        model_uri: Where `model_dir` was copied from (a gs:// folder), for messages.
+        text_column: The CSV's text column; empty uses the model's training one.
+        model_uri: Where `model_dir` was copied from, for messages.
 
     Returns:
         `{"family", "inputs", "predicted", "errors", "output", ...}`; text models add
-        `truncated`, the texts over `max_text_chars` characters, read up to it (their
-        lines say `"truncated": true`).
+        `truncated`, the texts read up to `max_text_chars` only.
 
     Raises:
-        PredictionError: Not a model folder, no input there, a CSV without the column,
-            every input unreadable, or the output naming the input itself (the message
-            says which and why).
+        PredictionError: Not a model folder, no input, a CSV without the column, every
+            input unreadable, or the output naming the input itself.
     """
     if batch_size < 1:
         raise PredictionError(f"batch_size must be >= 1, got {batch_size}")

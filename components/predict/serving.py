@@ -1,17 +1,11 @@
 """Online prediction with a trained text model: an HTTP server for Vertex AI endpoints.
 
-Follows Vertex AI's custom-container contract: the server listens on `AIP_HTTP_PORT` as
-soon as it starts, answers GET on `AIP_HEALTH_ROUTE` with 200 once the model is loaded (503
-while it loads), and POST on `AIP_PREDICT_ROUTE` with `{"instances": [...]}`, answering
-`{"predictions": [...]}` in the same order. An instance is a text, or an object holding it
-under "text" (or under the model's training text column); a prediction is batch
-prediction's line without "input": `{"labels": [...], "scores": {<label>: <probability>}}`
-(plus `"truncated": true` for a text read only up to `MAX_TEXT_CHARS` characters), or
-`{"error": ...}` for an empty text, as batch prediction writes it. A request that cannot be
-answered gets a 4xx `{"error": <what to change>}` and the server carries on.
-
-Only text (fastai) models are served here: image models are Keras models, served by
-Vertex's prebuilt TensorFlow serving image.
+Vertex's custom-container contract: listen on `AIP_HTTP_PORT` at once, GET
+`AIP_HEALTH_ROUTE` answers 200 once the model is loaded (503 before), POST
+`AIP_PREDICT_ROUTE` takes `{"instances": [...]}` (texts, or objects holding one under
+"text" or the training text column) and answers `{"predictions": [...]}`: batch
+prediction's lines without "input". A bad request gets a 4xx `{"error": ...}`. Image
+(Keras) models are served by Vertex's prebuilt TensorFlow serving image instead.
 """
 
 from __future__ import annotations
@@ -27,17 +21,17 @@ from typing import Any
 
 from components.common.input_kinds import text_problem
 from components.predict.contract import TEXT, PredictionError, model_family
-from components.predict.prediction import copy_model_locally, decision_threshold, prediction_line
-from components.text_common.contract import MAX_TEXT_CHARS
+from components.predict.prediction import (
+    copy_model_locally,
+    decision_threshold,
+    text_predictions,
+)
 
 log = logging.getLogger(__name__)
 
-# Vertex AI refuses online prediction requests over 1.5 MB before they reach the container;
-# 2 MiB lets through whatever Vertex forwards (MB or MiB, with headroom) and still bounds
-# what a caller outside Vertex can make the server hold in memory.
+# Vertex refuses requests over 1.5 MB; 2 MiB passes what it forwards and still bounds memory.
 DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
-# 1.5 MB holds hundreds of thousands of short texts; the cap keeps one request's inference
-# (serialized: one at a time) short enough not to starve the requests queued behind it.
+# Keeps one request's (serialized) inference short enough not to starve the queue behind it.
 DEFAULT_MAX_INSTANCES = 1000
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_PORT = 8080  # Vertex's default AIP_HTTP_PORT
@@ -68,13 +62,11 @@ def serve_settings(environ: Mapping[str, str], model: str | None,
 
     Args:
         environ: The environment (`os.environ`).
-        model: The model folder asked for on the command line; empty or None uses
-            `AIP_STORAGE_URI` (where Vertex copied the model artifact).
-        port: The port asked for; `AIP_HTTP_PORT` wins (Vertex sends traffic there).
+        model: The model folder asked for; empty or None uses `AIP_STORAGE_URI`.
+        port: The port asked for; `AIP_HTTP_PORT` wins.
 
     Returns:
-        The settings. The host is 0.0.0.0 inside Vertex (AIP_HTTP_PORT set: traffic comes
-        from outside the container), else 127.0.0.1 (a local server is not exposed).
+        The settings; host 0.0.0.0 inside Vertex (AIP_HTTP_PORT set), else 127.0.0.1.
 
     Raises:
         PredictionError: No model folder anywhere, or AIP_HTTP_PORT is not a port number.
@@ -97,22 +89,13 @@ def serve_settings(environ: Mapping[str, str], model: str | None,
 
 
 def check_servable(model_dir: str, name: str = "") -> None:
-    """Raises PredictionError unless `model_dir` (local) is a text model folder.
-
-    Args:
-        model_dir: The local folder.
-        name: The folder as the user gave it (a gs:// URI copied to `model_dir`), for
-            the message.
-    """
+    """Raises PredictionError unless `model_dir` (local; given as `name`) is a text model."""
     name = name or model_dir
     if model_family(model_dir, f"model folder {name!r}") != TEXT:
         raise PredictionError(
             f"{name!r} holds an image (Keras) model: this server serves text models only. "
             "Serve image models with Vertex AI's prebuilt TensorFlow serving image (TF Serving), "
             "or label files here with `python -m pipelines.predict`")
-
-
-# ------------------------------------------------------------------------- requests
 
 
 def parse_instances(body: bytes, text_keys: Sequence[str], max_instances: int) -> list[str]:
@@ -125,9 +108,7 @@ def parse_instances(body: bytes, text_keys: Sequence[str], max_instances: int) -
 
     Raises:
         RequestError: 400 for a body that is not UTF-8 `{"instances": [...]}` of texts
-            (naming the first bad instance's index; a text is what
-            `input_kinds.text_problem` accepts) or is nested too deeply to parse, 413 for
-            too many instances.
+            (naming the first bad instance), 413 for too many instances.
     """
     try:
         # UTF-8 declared: json.loads would take UTF-16 and UTF-32 bytes as well.
@@ -167,34 +148,10 @@ def parse_instances(body: bytes, text_keys: Sequence[str], max_instances: int) -
 
 def prediction_objects(texts: Sequence[str], probabilities_of, labels: Sequence[str],
                        threshold: float | None) -> list[dict[str, Any]]:
-    """One prediction per text, as batch prediction's lines without their "input".
-
-    A text over `MAX_TEXT_CHARS` characters is read up to it (`clip_text`), and
-    its prediction adds `"truncated": true`.
-
-    Args:
-        texts: The texts.
-        probabilities_of: texts -> array (len(texts), len(labels)) of probabilities; called
-            once, with the non-empty texts only.
-        labels: Label names in column order.
-        threshold: Multi-label threshold; None for single-label (see `decide`).
-    """
-    usable = [i for i, t in enumerate(texts) if t.strip()]
-    scored = dict(zip(usable, probabilities_of([texts[i] for i in usable]) if usable else []))
-    out = []
-    for i in range(len(texts)):
-        if i in scored:
-            line = prediction_line(None, scored[i], labels, threshold)
-            del line["input"]
-            if len(texts[i]) > MAX_TEXT_CHARS:  # as batch prediction: read up to the limit
-                line["truncated"] = True
-        else:  # as batch prediction: an empty text has nothing to score
-            line = {"error": "empty text"}
-        out.append(line)
-    return out
-
-
-# ------------------------------------------------------------------------------ model
+    """One prediction per text, as batch prediction's lines without their "input"
+    (`text_predictions`); an empty text gets `{"error": "empty text"}`."""
+    problems = ["" if text.strip() else "empty text" for text in texts]
+    return text_predictions(texts, problems, probabilities_of, labels, threshold)
 
 
 class TextPredictor:
@@ -225,9 +182,6 @@ class TextPredictor:
         return prediction_objects(texts, probabilities, self.labels, self.threshold)
 
 
-# -------------------------------------------------------------------------------- app
-
-
 async def _read_body(request, limit: int) -> bytes:
     """The request body, refused with 413 as soon as it is known to exceed `limit`."""
     declared = request.headers.get("content-length")
@@ -250,22 +204,18 @@ def build_app(model_dir: str, health_route: str = "/health", predict_route: str 
               on_load_error: Callable[[str], None] | None = None):
     """The Starlette app serving a text model (run it with uvicorn).
 
-    The server listens at once and loads the model in a worker thread (a gs:// folder is
-    copied to a temporary folder first, removed at shutdown): Vertex probes a container a
-    few seconds after it starts and restarts one that does not answer, and copying a
-    base-size encoder (~1 GB) and importing torch can take longer than that. Until the
-    model is loaded both routes answer 503 with the reason; a model that fails to load
-    keeps answering 503 with the error, and `on_load_error` is called with it.
+    It listens at once and loads the model in a thread (a gs:// folder copied to a
+    temporary one): Vertex restarts a container that does not answer its first probes.
+    Until loaded, both routes answer 503 with the reason (or the load error).
 
     Args:
         model_dir: The training step's model folder (local or gs://).
-        health_route: GET path answering 200 once the model is loaded, 503 before.
+        health_route: GET path answering 200 once the model is loaded.
         predict_route: POST path taking `{"instances": [...]}`.
         max_request_bytes: Largest body accepted (413 beyond).
         max_instances: Most instances in one request (413 beyond).
         batch_size: Texts per forward pass.
-        on_load_error: Called (in the loading thread) with the error when loading fails,
-            e.g. to stop the server so the container exits and says why.
+        on_load_error: Called (in the loading thread) with the error when loading fails.
     """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -309,8 +259,7 @@ def build_app(model_dir: str, health_route: str = "/health", predict_route: str 
         return not_ready(request) or JSONResponse({"status": "ok"})
 
     async def predict(request: Request) -> JSONResponse:
-        waiting = not_ready(request)
-        if waiting is not None:
+        if waiting := not_ready(request):
             return waiting
         predictor: TextPredictor = request.app.state.predictor
         try:

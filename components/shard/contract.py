@@ -1,13 +1,7 @@
 """The sharding step's contract: its settings, how its input is listed, what it writes.
 
-Input: a folder of class folders, listed with linked folders entered
-(`find_following_links`: the sharding and the preflight's fingerprint list alike).
-Output: `<split>-NNNNN-of-MMMMM.tfrecord` files of `tf.train.Example`s (image bytes,
-int64 label, source path; keys below) and `manifest.json` (classes, image size and
-format, per split its shards with record counts and sha256, skipped and ignored files).
-Other steps import this module only, never the sharding logic; they read the shards with
-`components.formats.shards`, which imports TensorFlow, so the settings stay light to
-import.
+Other steps import this module, never the sharding logic, and read the shards with
+`components.formats.shards`; it stays light to import.
 """
 
 from __future__ import annotations
@@ -31,7 +25,6 @@ KEY_KEY = "key"
 
 class ShardingError(ValueError):
     """The input cannot be sharded as asked; the message says what to change."""
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,35 +62,25 @@ class ShardConfig:
 
     @property
     def fractions(self) -> dict[str, float]:
-        return {
-            "train": self.train_fraction,
-            "validation": self.validation_fraction,
-            "test": self.test_fraction,
-        }
-
-
-# --------------------------------------------------------------------------- reading
+        return {split: getattr(self, f"{split}_fraction") for split in SPLITS}
 
 
 def find_following_links(fs, top: str, listed: set[str], ignored: list[dict[str, str]],
                          root: str) -> dict[str, dict[str, Any]]:
-    """The files under `top`, as sharding lists a class folder and the preflight the input
-    it fingerprints: `find`'s entries, entering symbolic links to folders as `find` does not.
+    """The files under `top`: `find`'s entries, entering symbolic links to folders.
 
-    A linked folder that holds the link (a loop) or overlaps a folder listed already
-    (another class, another link) is not entered but recorded in `ignored`: entering it
-    would never end, or read the same images twice, perhaps under two labels. Links exist
-    on local disks only: gs:// listings have none.
+    A linked folder that holds the link (a loop) or overlaps a folder listed already is
+    not entered (it would never end, or read images twice) but recorded in `ignored`.
 
     Args:
         fs: The filesystem of `top` (`storage.filesystem`).
         top: The folder to list.
         listed: The real paths of the folders listed already; grows with each one entered.
-        ignored: Gets a {"path", "reason"} per link not entered, its path relative to `root`.
+        ignored: Gets a {"path", "reason"} per link not entered, relative to `root`.
         root: The input's folder.
 
     Returns:
-        Each file's listing entry, by path, sorted.
+        Each file's listing entry, sorted by path.
     """
     found, pending = {}, [top]
     while pending:
@@ -122,23 +105,15 @@ def find_following_links(fs, top: str, listed: set[str], ignored: list[dict[str,
 
 
 def read_manifest(dataset_dir: str) -> dict[str, Any]:
-    """Loads `manifest.json` from a sharded dataset folder.
-
-    Args:
-        dataset_dir: Folder written by the sharding step (local or /gcs/ path).
-
-    Returns:
-        The manifest as a dict.
+    """Loads `manifest.json` from a sharded dataset folder (local or /gcs/ path).
 
     Raises:
         FileNotFoundError: The folder has no manifest, so it is not a complete dataset.
     """
     fs, path = filesystem(dataset_dir.rstrip("/") + "/" + MANIFEST_NAME)
     if not fs.exists(path):
-        raise FileNotFoundError(
-            f"{path} not found: {dataset_dir!r} is not a complete sharded dataset "
-            "(run the sharding step, or point at its output folder)"
-        )
+        raise FileNotFoundError(f"{path} not found: {dataset_dir!r} is not a complete sharded "
+                                "dataset (run the sharding step, or point at its output folder)")
     with fs.open(path) as f:
         return json.load(f)
 
@@ -147,9 +122,6 @@ def shard_files(dataset_dir: str, manifest: dict[str, Any], split: str) -> list[
     """Paths of the non-empty shards of one split, in manifest order."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return [
-        os.path.join(dataset_dir, shard["file"])
-        for shard in manifest["splits"][split]["shards"]
-        if shard["records"] > 0
-    ]
+    return [os.path.join(dataset_dir, shard["file"])
+            for shard in manifest["splits"][split]["shards"] if shard["records"] > 0]
 

@@ -1,20 +1,8 @@
-"""The sharding step's logic: which files, which split, how many shards, and the manifest.
+"""The sharding step: list the class folders, split, plan the shards, write, check, manifest.
 
-Input layout: `<data_uri>/<class name>/**/<image file>`, local or gs://.
-Output: `<split>-NNNNN-of-MMMMM.tfrecord` files and `manifest.json` in one folder.
-
-Images are resized with a center crop (`resize_method="crop"`: the shorter side is
-scaled to `image_size` and the longer side is cropped symmetrically) or letterboxed
-(`"pad"`: the longer side is scaled to `image_size` and the rest padded with black).
-No random augmentation happens here: the trainer augments live, per epoch.
-
-`shard_dataset`, the entry point, runs the parts below it in turn: the listing (the
-labelled files; stray and hidden files are ignored and recorded with a reason, symbolic
-links to folders are followed, except into loops and folders listed already), the plan
-(which file goes to which split, and how many shards each split gets: pure functions of
-the listing, the fractions, the seed and the estimated record size), the writers
-(`writing`: the output folder and the shards) and the manifest (assembled from the
-writers' results, and checked before it is written).
+Input: `<data_uri>/<class name>/**/<image file>`, local or gs://. Output:
+`<split>-NNNNN-of-MMMMM.tfrecord` files and `manifest.json` in one folder. Images are
+center-cropped or letterboxed to `image_size`; no augmentation (the trainer augments live).
 """
 
 from __future__ import annotations
@@ -63,9 +51,8 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
 
     Args:
         data_uri: Local folder or `gs://bucket/prefix` with one sub-folder per class.
-        out_dir: Local folder for the shards and manifest (on Vertex a /gcs/ FUSE path).
-            Shards and a manifest left there by an earlier run (or a killed one) are
-            replaced; other files are kept.
+        out_dir: Local output folder (on Vertex a /gcs/ path); an earlier run's shards
+            and manifest are replaced, other files kept.
         config: How to shard.
         progress: Show a progress bar on stderr.
 
@@ -73,9 +60,8 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
         The manifest.
 
     Raises:
-        ShardingError: Bad layout, a class with no usable image, or too many unusable
-            files (no manifest or shard is left behind then), or files named like
-            shards in `out_dir` that are not this step's (nothing is touched then).
+        ShardingError: Bad layout, a class with no usable image or too many unusable
+            files (nothing is left behind), or foreign shard-named files in `out_dir`.
     """
     check_output_folder(data_uri, out_dir)
     listing = list_labelled_files(data_uri)
@@ -119,9 +105,6 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
     return manifest
 
 
-# --------------------------------------------------------------------------- listing
-
-
 @dataclasses.dataclass
 class Listing:
     """The labelled files found under an input folder."""
@@ -133,12 +116,6 @@ class Listing:
 
 def list_labelled_files(data_uri: str) -> Listing:
     """Lists `<data_uri>/<class>/**/<file>`; stray and hidden files are ignored and listed.
-
-    Args:
-        data_uri: Local folder or `gs://bucket/prefix` with one sub-folder per class.
-
-    Returns:
-        The classes (sorted), their files and the ignored files with reasons.
 
     Raises:
         ShardingError: The folder does not exist, or has fewer than two classes.
@@ -179,19 +156,14 @@ def list_labelled_files(data_uri: str) -> Listing:
                 files[folder].append(relative)
     empty = sorted(c for c, paths in files.items() if not paths)
     if empty:
-        raise ShardingError(
-            f"class folder(s) {empty} under {data_uri!r} hold no files: add images or remove them"
-        )
+        raise ShardingError(f"class folder(s) {empty} under {data_uri!r} hold no files: "
+                            "add images or remove them")
     if len(files) < 2:
-        raise ShardingError(
-            f"found {len(files)} class folder(s) under {data_uri!r}; a classifier needs at least "
-            "two: put each class's images in its own sub-folder"
-        )
+        raise ShardingError(f"found {len(files)} class folder(s) under {data_uri!r}; a "
+                            "classifier needs at least two: put each class's images in its "
+                            "own sub-folder")
     classes = sorted(files)
     return Listing(classes=classes, files={c: files[c] for c in classes}, ignored=ignored)
-
-
-# --------------------------------------------------------------------------- the split
 
 
 def split_counts(n: int, fractions: dict[str, float]) -> dict[str, int]:
@@ -206,17 +178,8 @@ def split_counts(n: int, fractions: dict[str, float]) -> dict[str, int]:
 def stratified_split(
     files: dict[str, list[str]], classes: list[str], fractions: dict[str, float], seed: int
 ) -> dict[str, list[tuple[str, int]]]:
-    """Assigns each file to a split, class by class, then shuffles each split.
-
-    Args:
-        files: Class name to its file paths.
-        classes: Class names in label order (label = index).
-        fractions: Split name to share, summing to 1.
-        seed: The same seed and inputs give the same assignment and order.
-
-    Returns:
-        Split name to a shuffled list of `(path, label)`.
-    """
+    """Split name to a shuffled `[(path, label)]`, drawn class by class (label = index
+    in `classes`); the same seed and inputs give the same assignment and order."""
     rng = random.Random(seed)
     splits: dict[str, list[tuple[str, int]]] = {s: [] for s in SPLITS}
     for label, name in enumerate(classes):
@@ -232,35 +195,23 @@ def stratified_split(
     return splits
 
 
-# --------------------------------------------------------------------------- counts
-
-
 def shard_count(n_examples: int, bytes_per_example: float, target_shard_mb: float,
                 min_shards: int) -> int:
-    """How many shards a split of `n_examples` is written to.
-
-    As many as the size target asks for, but at least `min_shards` so readers can
-    interleave, and never more than there are examples.
-    """
+    """Shards for a split: as the size target asks, at least `min_shards` (readers
+    interleave), never more than the examples."""
     if n_examples == 0:
         return 0
     by_size = math.ceil(n_examples * bytes_per_example / (target_shard_mb * 1e6))
     return min(n_examples, max(min_shards, by_size))
 
 
-# A writer process takes ~0.4 s to start (a fresh interpreter: writing.run_tasks) and
-# ~1 s to write 200 images at 224 px: when the count is left to the step, each worker
-# gets at least this many images.
+# A writer process takes ~0.4 s to start and ~1 s to write 200 images at 224 px.
 IMAGES_PER_WORKER = 200
 
 
 def worker_count(num_workers: int, n_images: int, n_shards: int, cpus: int) -> int:
-    """How many processes write `n_shards` shards of `n_images` images.
-
-    `num_workers` when set; when 0, one per CPU core but no more than one per
-    IMAGES_PER_WORKER images (a small dataset is written in the step's own process).
-    Never more than there are shards.
-    """
+    """`num_workers`, or (0) one per core but one per IMAGES_PER_WORKER images at most;
+    never more than the shards."""
     wanted = num_workers or min(cpus, n_images // IMAGES_PER_WORKER)
     return max(1, min(wanted, n_shards))
 
@@ -269,9 +220,6 @@ def chunk(items: list, n_chunks: int) -> list[list]:
     """Cuts `items` into `n_chunks` contiguous runs whose lengths differ by at most one."""
     n = len(items)
     return [items[i * n // n_chunks:(i + 1) * n // n_chunks] for i in range(n_chunks)]
-
-
-# --------------------------------------------------------------------------- manifest
 
 
 def build_manifest(data_uri: str, listing: Listing, config: ShardConfig, examples_in: int,
@@ -324,47 +272,31 @@ _LISTED_COPIES = 20
 
 
 def duplicate_files(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Files written more than once (the same bytes under two paths): how many, and the
-    copies that sit in two class folders (one image, two labels) or in two splits (an
-    image the model trains on, then is tested on), up to `_LISTED_COPIES` of each listed.
-
-    Args:
-        results: The shard writers' results (their `contents`; paths relative to the
-            input root, so a path's class is its first folder).
-    """
+    """Files written more than once (same bytes): how many, and the copies in two class
+    folders (two labels) or two splits (trained on, then tested on), some listed."""
     copies: dict[str, list[tuple[str, str]]] = {}
     for result in results:
         split = result["file"].split("-", 1)[0]
         for path, digest in result.get("contents", {}).items():
             copies.setdefault(digest, []).append((path, split))
     repeated = [sorted(group) for group in copies.values() if len(group) > 1]
-    across_classes = sorted([path for path, _ in group] for group in repeated
-                            if len({path.split("/", 1)[0] for path, _ in group}) > 1)
-    across_splits = sorted([path for path, _ in group] for group in repeated
-                           if len({split for _, split in group}) > 1)
+
+    def across(where) -> dict[str, Any]:
+        found = sorted([path for path, _ in group] for group in repeated
+                       if len({where(path, split) for path, split in group}) > 1)
+        return {"count": len(found), "copies": found[:_LISTED_COPIES]}
+
     return {"files": sum(len(group) for group in repeated), "images": len(repeated),
-            "across_classes": {"count": len(across_classes),
-                               "copies": across_classes[:_LISTED_COPIES]},
-            "across_splits": {"count": len(across_splits),
-                              "copies": across_splits[:_LISTED_COPIES]}}
+            "across_classes": across(lambda path, _: path.split("/", 1)[0]),
+            "across_splits": across(lambda _, split: split)}
 
 
 def missing_classes(splits_out: dict[str, Any], files: dict[str, list[str]],
                     fractions: dict[str, float]) -> list[dict[str, Any]]:
-    """Classes with no example in a split that was asked for (fraction > 0).
+    """`[{"class", "splits", "reason"}]`: classes with no example in a split asked for.
 
-    A class of a few images rounds to no validation or test example, or loses the one
-    it drew to an unreadable file: that split then says nothing about it (and with no
-    train example the model never sees it). The splits stay usable for the other
-    classes, so this is recorded and warned about, not refused.
-
-    Args:
-        splits_out: The manifest's splits, with their per-class counts.
-        files: Class name to its listed files, in label order.
-        fractions: Split name to share.
-
-    Returns:
-        `[{"class", "splits", "reason"}]`, in label order.
+    A tiny class rounds to no example, or loses its one to an unreadable file; the other
+    classes stay usable, so this is recorded and warned about, not refused.
     """
     gaps = []
     for name, paths in files.items():
@@ -398,10 +330,8 @@ def check_manifest(manifest: dict[str, Any]) -> None:
         totals.update(split["class_counts"])
     empty = [name for name in manifest["classes"] if totals[name] == 0]
     if empty:
-        raise ShardingError(
-            f"class(es) {empty} have no usable image after skipping unreadable files "
-            f"({reasons}{more}): fix or remove those files"
-        )
+        raise ShardingError(f"class(es) {empty} have no usable image after skipping "
+                            f"unreadable files ({reasons}{more}): fix or remove those files")
     share = len(skipped) / examples_in if examples_in else 0.0
     if share > manifest["max_skipped_fraction"]:
         raise ShardingError(

@@ -1,19 +1,9 @@
 """Writing the shards: the output folder, the shard writers, the TFRecord format.
 
-The output folder is claimed before writing and cleared of an earlier run's files on a
-re-run. Only files this step can prove its own (named by its manifest, or by the claim an
-unfinished run left) are removed; files named like its output but proved by nothing stop
-the run, and other files are never touched. An output folder overlapping the input folder
-is refused.
-
-One `ShardTask` per shard, written by `write_shard` under a temporary name in worker
-processes (`run_tasks`): images read in batches, resized and encoded, framed as
-TFRecords; `estimate_record_bytes` sizes a record from a sample.
-
-The records are framed and their `tf.train.Example`s encoded in plain Python: importing
-TensorFlow in every worker process costs seconds and hundreds of MB each, and the two
-formats involved are small and stable. The reader (``components.formats.shards``) parses
-them with TensorFlow, and the tests check that TensorFlow reads back what is written here.
+Only files this step can prove its own (named by its manifest, or by an unfinished run's
+claim) are removed; files named like its output but proved by nothing stop the run.
+Records are framed and their `tf.train.Example`s encoded in plain Python: TensorFlow in
+every worker costs seconds and hundreds of MB; the tests read them back with TensorFlow.
 """
 
 from __future__ import annotations
@@ -47,10 +37,7 @@ from components.shard.contract import (
     ShardingError,
 )
 
-# --------------------------------------------------------------------------- output folder
-
-# The names this step writes into its output folder. One there that it cannot prove
-# its own (`own_files`) stops the run; files with other names are never touched.
+# The names this step writes; one it cannot prove its own (`own_files`) stops the run.
 _OWN_FILE = re.compile(rf"^({re.escape(TMP_PREFIX)})?"
                        rf"(({'|'.join(SPLITS)})-\d{{5}}-of-\d{{5}}\.tfrecord|{re.escape(MANIFEST_NAME)})$")
 # Names the files a run is writing until its manifest does (see `claim_output`).
@@ -58,9 +45,9 @@ CLAIM_NAME = ".shard-claim.json"
 
 
 def own_files(out_dir: str) -> set[str]:
-    """Names in `out_dir` this step can prove it wrote: the manifest and the shards it
-    names, and what an unfinished run's claim names, each with its temporary name.
-    A manifest that is not this step's (not JSON, other keys) proves nothing."""
+    """Names in `out_dir` this step can prove it wrote (the manifest and its shards, what
+    a claim names, their temporary names); a manifest not this step's proves nothing."""
+
     names = {CLAIM_NAME}
     try:
         with open(os.path.join(out_dir, MANIFEST_NAME)) as f:
@@ -79,15 +66,13 @@ def own_files(out_dir: str) -> set[str]:
 
 
 def claim_output(out_dir: str, names: list[str]) -> None:
-    """Records the files a run is about to write, before it writes them: a run killed
-    mid-way leaves no manifest, and the claim is what proves its leftovers ours."""
+    """Records the files a run is about to write: the proof a killed run's leftovers are ours."""
     write_json_atomically(os.path.join(out_dir, CLAIM_NAME),
                           {"files": sorted(set(names) | {MANIFEST_NAME})})
 
 
 def remove_own_files(out_dir: str) -> None:
-    """Removes the files `own_files` proves ours: the manifest first, so nothing looks
-    whole, and the claim last, so a kill half-way still leaves the rest provably ours."""
+    """Removes `own_files`: the manifest first (nothing looks whole), the claim last."""
     present = set(os.listdir(out_dir)) if os.path.isdir(out_dir) else set()
     claims = [name for name in (CLAIM_NAME, TMP_PREFIX + CLAIM_NAME) if name in present]
     doomed = sorted((present & own_files(out_dir)) - set(claims))
@@ -102,9 +87,8 @@ def clear_output(out_dir: str) -> None:
     """Removes what an earlier run of this step wrote; other files are left alone.
 
     Raises:
-        ShardingError: The folder holds files named like this step's output that no
-            manifest or claim of this step names (another dataset's shards, another
-            tool's manifest): they are kept, and nothing is removed.
+        ShardingError: Files named like this step's output that nothing proves its own
+            (nothing is removed then).
     """
     if not os.path.isdir(out_dir):
         return
@@ -121,8 +105,7 @@ def clear_output(out_dir: str) -> None:
 
 
 def check_output_folder(data_uri: str, out_dir: str) -> None:
-    """Refuses an output folder inside the input folder (or the reverse): its shards
-    would be listed as images of a class on the next run, or the input overwritten.
+    """Refuses an output folder inside the input folder, or the reverse.
 
     Raises:
         ShardingError: The two folders overlap.
@@ -137,9 +120,6 @@ def check_output_folder(data_uri: str, out_dir: str) -> None:
             f"output folder {out_dir!r} and input folder {data_uri!r} overlap: the shards "
             "would be read as images next time, or the images overwritten; write the "
             "output outside the input folder")
-
-
-# --------------------------------------------------------------------------- shard writers
 
 
 def process_image(data: bytes, config: ShardConfig) -> bytes:
@@ -176,15 +156,11 @@ def read_files(data_uri: str, paths: list[str]) -> Iterable[tuple[str, bytes | E
 
 def make_record(path: str, label: int, encoded_image: bytes) -> bytes:
     """One framed TFRecord holding an Example with the image, its label and source path."""
-    return frame_record(encode_example({
-        IMAGE_KEY: encoded_image,
-        LABEL_KEY: label,
-        KEY_KEY: path.encode(),
-    }))
+    return frame_record(encode_example({IMAGE_KEY: encoded_image, LABEL_KEY: label,
+                                        KEY_KEY: path.encode()}))
 
 
-# Enough of a file's SHA-256 to tell copies apart in a data set (64 bits), kept short
-# because the manifest step holds one per file.
+# 64 bits of a file's SHA-256 tell copies apart; short, as one is held per file.
 CONTENT_DIGEST_CHARS = 16
 
 
@@ -193,13 +169,9 @@ def write_shard(task: ShardTask) -> dict[str, Any]:
 
     Returns:
         `{"file", "records", "sha256", "bytes", "labels": {label: n}, "skipped": [...],
-        "contents": {path: digest of the file's bytes}}` (for `duplicate_files`).
+        "contents": {path: digest}}`.
     """
-    digest = hashlib.sha256()
-    labels: Counter[int] = Counter()
-    skipped = []
-    contents = {}
-    size = 0
+    digest, labels, skipped, contents, size = hashlib.sha256(), Counter(), [], {}, 0
     final = os.path.join(task.out_dir, task.filename)
     temporary = os.path.join(task.out_dir, TMP_PREFIX + task.filename)
     label_of = dict(task.items)
@@ -220,15 +192,8 @@ def write_shard(task: ShardTask) -> dict[str, Any]:
             size += len(record)
             labels[label] += 1
     os.replace(temporary, final)
-    return {
-        "file": task.filename,
-        "records": sum(labels.values()),
-        "sha256": digest.hexdigest(),
-        "bytes": size,
-        "labels": dict(labels),
-        "skipped": skipped,
-        "contents": contents,
-    }
+    return {"file": task.filename, "records": sum(labels.values()), "sha256": digest.hexdigest(),
+            "bytes": size, "labels": dict(labels), "skipped": skipped, "contents": contents}
 
 
 def estimate_record_bytes(data_uri: str, sample: list[str], config: ShardConfig) -> float:
@@ -249,17 +214,12 @@ def run_tasks(tasks: list[ShardTask], workers: int, worker_fn: Callable = write_
               progress: bool = True) -> list[dict[str, Any]]:
     """Runs `worker_fn` over tasks in `workers` processes with a progress bar.
 
-    Workers are spawned, not forked: a fork copies a process's locks but not its threads
-    (gcsfs's event loop, a notebook's, TensorFlow's or torch's pools), so a lock one of
-    them held stays held in the child for ever (a CI run hung in this pool, its shards
-    written, with TensorFlow and torch loaded in the parent). Each worker starts a
-    fresh interpreter (~0.4 s); the caller's `__main__` is imported again under another
-    name, so a script must keep its entry point under `if __name__ == "__main__":`.
+    Spawned, not forked: a fork keeps locks held by threads it does not copy (gcsfs's,
+    TensorFlow's, torch's), which hung a CI run. A script's entry point must sit under
+    `if __name__ == "__main__":` (spawned workers import `__main__` again).
 
     Raises:
-        ShardingError: A worker died before returning its shard (killed for memory,
-            say): the step fails instead of waiting for ever for the result, as
-            `multiprocessing.Pool` would.
+        ShardingError: A worker died before returning its shard (killed for memory, say).
     """
     from tqdm import tqdm
 
@@ -290,9 +250,6 @@ def run_tasks(tasks: list[ShardTask], workers: int, worker_fn: Callable = write_
     return results
 
 
-# --------------------------------------------------------------------------- records
-
-
 _CRC_MASK_DELTA = 0xA282EAD8
 
 
@@ -302,34 +259,20 @@ def _masked_crc32c(data: bytes) -> int:
 
 
 def frame_record(payload: bytes) -> bytes:
-    """Frames one record in the TFRecord format.
-
-    Args:
-        payload: The serialized record (usually a `tf.train.Example`).
-
-    Returns:
-        length, masked CRC32C of the length, payload, masked CRC32C of the payload.
-    """
+    """Frames one record as TFRecord: length, its masked CRC32C, payload, its masked CRC32C."""
     length = struct.pack("<Q", len(payload))
-    return b"".join((
-        length,
-        struct.pack("<I", _masked_crc32c(length)),
-        payload,
-        struct.pack("<I", _masked_crc32c(payload)),
-    ))
+    return (length + struct.pack("<I", _masked_crc32c(length)) + payload
+            + struct.pack("<I", _masked_crc32c(payload)))
 
 
 def _varint(value: int) -> bytes:
     value &= (1 << 64) - 1  # negative int64 values are encoded as 10-byte two's complement
     out = bytearray()
-    while True:
-        byte = value & 0x7F
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
         value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    out.append(value)
+    return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -337,33 +280,19 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def _bytes_feature(values: list[bytes]) -> bytes:
-    # Feature.bytes_list = 1; BytesList.value = 1 (repeated bytes)
-    return _field(1, b"".join(_field(1, v) for v in values))
-
-
-def _int64_feature(values: list[int]) -> bytes:
-    # Feature.int64_list = 3; Int64List.value = 1 (packed varints)
-    return _field(3, _field(1, b"".join(_varint(v) for v in values)))
-
-
 def encode_example(features: dict[str, bytes | int]) -> bytes:
-    """Serializes a `tf.train.Example` holding single bytes or int64 values.
-
-    Args:
-        features: Feature name to value; `bytes` become a BytesList, `int` an Int64List.
+    """Serializes a `tf.train.Example` of single bytes (BytesList) or int (Int64List) values.
 
     Returns:
-        The serialized Example, with features in sorted key order so equal inputs
-        give equal bytes.
+        The Example, features in sorted key order (equal inputs give equal bytes).
     """
     entries = []
     for name in sorted(features):
         value = features[name]
-        if isinstance(value, bytes):
-            feature = _bytes_feature([value])
-        elif isinstance(value, int):
-            feature = _int64_feature([value])
+        if isinstance(value, bytes):  # Feature.bytes_list = 1; BytesList.value = 1
+            feature = _field(1, _field(1, value))
+        elif isinstance(value, int):  # Feature.int64_list = 3; Int64List.value = 1 (packed)
+            feature = _field(3, _field(1, _varint(value)))
         else:
             raise TypeError(f"feature {name!r}: expected bytes or int, got {type(value).__name__}")
         # Features.feature = 1 (map<string, Feature>): entry key = 1, value = 2
