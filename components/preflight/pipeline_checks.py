@@ -127,6 +127,22 @@ def lang_problems(lang: str) -> list[str]:
     return []
 
 
+def _fastai_problems(config_class: type, parameters: Mapping[str, Any]):
+    """What a fastai text trainer refuses (its config, AWD_LSTM's model_config, the
+    language), with the parsed model_config and the config (None where refused)."""
+    from components.train_text.contract import parse_model_config
+
+    problems, model_config, config = [], {}, None
+    try:
+        model_config = parse_model_config(str(parameters.get("model_config", "")))
+        config = build(config_class, parameters, model_config=model_config)
+    except (PreflightError, RuntimeError) as err:  # RuntimeError: model_config not an object
+        problems.append(f"training: {err}")
+    problems += _awd_lstm_problems(model_config)
+    problems += lang_problems(str(parameters.get("lang", config_class.lang)))
+    return problems, model_config, config
+
+
 def _step_problems(*checks: tuple[str, Callable[[], Any]]) -> list[str]:
     """What each (step, check) pair's check refuses, as "<step>: <error>"."""
     problems = []
@@ -177,19 +193,13 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
         FASTAI_PRETRAINED_LANG,
         TrainConfig,
         missing_files,
-        parse_model_config,
         unlearnt_lm,
     )
 
     problems = _step_problems(
         ("preparation", lambda: build(PrepareConfig, parameters, label_columns=())))
-    model_config: dict[str, Any] = {}
-    try:
-        model_config = parse_model_config(str(parameters.get("model_config", "")))
-        config = build(TrainConfig, parameters, model_config=model_config)
-    except (PreflightError, RuntimeError) as err:  # RuntimeError: model_config not an object
-        problems.append(f"training: {err}")
-        config = None
+    trained, model_config, config = _fastai_problems(TrainConfig, parameters)
+    problems += trained
     try:
         pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
     except PreflightError as err:
@@ -198,8 +208,6 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
     if pretrained and model_config:  # the trainer's rule
         problems.append("model_config applies to training from scratch; a pretrained LM's "
                         "settings come from its config.json: leave model_config empty")
-    problems += _awd_lstm_problems(model_config)
-    problems += lang_problems(str(parameters.get("lang", TrainConfig.lang)))
     if pretrained:
         root = str(parameters.get("lm_assets", ""))
         lang = str(parameters.get("lang", config.lang if config else ""))
@@ -347,17 +355,8 @@ def check_lm_run(parameters: Mapping[str, Any]) -> None:
         PreflightError: Every problem found, each naming its parameter.
     """
     from components.train_lm.contract import LMConfig
-    from components.train_text.contract import parse_model_config
 
-    problems = []
-    model_config: dict[str, Any] = {}
-    try:
-        model_config = parse_model_config(str(parameters.get("model_config", "")))
-        build(LMConfig, parameters, model_config=model_config)
-    except (RuntimeError, PreflightError) as err:  # RuntimeError: model_config not a JSON object
-        problems.append(f"training: {err}")
-    problems += _awd_lstm_problems(model_config)
-    problems += lang_problems(str(parameters.get("lang", LMConfig.lang)))
+    problems = _fastai_problems(LMConfig, parameters)[0]
     if problems:
         raise PreflightError("; ".join(problems))
 

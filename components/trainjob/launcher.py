@@ -18,6 +18,7 @@ result cannot be adopted and refusing would fail every retry.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import signal
 import threading
@@ -139,10 +140,6 @@ def node_problem(pods, seen: dict[str, tuple[str, float]], now: float,
         if problem:
             return f"{where}: {problem}"
     return ""
-
-
-def _print(line: str) -> None:
-    print(line, flush=True)
 
 
 def _transient(error: Exception) -> bool:
@@ -344,7 +341,7 @@ def launch(api, manifest: Mapping[str, Any], *, task_selector: str = "",
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     spare = client.ApiClient(api.configuration)  # the SIGTERM handler's own connections
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
-    stop, write = stop or threading.Event(), write or _print
+    stop, write = stop or threading.Event(), write or functools.partial(print, flush=True)
     owned, deleted = threading.Event(), threading.Event()
 
     def cancel() -> None:  # within the second Argo's emissary leaves: one try, no line
@@ -425,7 +422,7 @@ def watch_owner(api, environ: Mapping[str, str], *, poll_seconds: float = OWNER_
 
     name, namespace, pod, uid = (environ[key] for key in OWNER_VARIABLES)
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    stop, write = stop or threading.Event(), write or _print
+    stop, write = stop or threading.Event(), write or functools.partial(print, flush=True)
     write(f"[owner] watching launcher pod {namespace}/{pod} every {poll_seconds:g} s: "
           f"TrainJob {name} is deleted once it no longer runs")
     while True:
