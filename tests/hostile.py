@@ -1,16 +1,6 @@
-"""Generators of hostile inputs (issue 56 item 4), for tests/test_hostile_inputs.py.
-
-Each strategy draws `Hostile(kind, data)`: the bytes of one file and the name of what is
-wrong with them, so a failing example says which kind of hostility broke the invariant.
-Sizes scale with a tier's `scale` (1: the fast tier of `make test`; larger: the `slow` tier
-of `make test-all`).
-
-Families of file contents:
-- `undecodable`: bytes that are not UTF-8 (Latin-1 or cp1252 text with accents, UTF-16
-  with its BOM, UTF-8 cut inside a character, random binary, a PNG, a JPEG, a gzip);
-- `not_text`: bytes that decode as UTF-8 but are no text (NUL bytes, UTF-16 without a BOM,
-  control characters): the known gap of issue 56 item 2;
-- `texts`: ordinary paragraphs, for the valid parts of a generated input.
+"""Generators of hostile inputs (issue 56 item 4) for tests/test_hostile_inputs.py: each
+draws `Hostile(kind, data)`, so a failing example names its hostility; sizes scale with a
+tier's `scale`. `undecodable`: no UTF-8; `not_text`: UTF-8 that is no text; `TEXTS`: text.
 """
 
 from __future__ import annotations

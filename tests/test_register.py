@@ -9,6 +9,7 @@ import os
 import pytest
 
 from components.common.metrics import read_evaluation, single_label_metrics, write_outputs
+from components.register.registration import copy_serving_model, gate
 
 # metrics.json as the single-label evaluator writes it: numbers next to strings,
 # lists, nested dicts and a null (roc_auc when the data holds one class only).
@@ -31,85 +32,62 @@ def read_metrics(evaluation_dir: str):
     return read_evaluation(evaluation_dir)
 
 
-def _gate(*args, **kwargs):
-    from components.register.registration import gate
-
-    return gate(*args, **kwargs)
 
 
 # --- gate: the decision -------------------------------------------------------------
 
+JUST_BELOW = math.nextafter(0.8, 0.0)
 
-def test_registers_at_exactly_the_threshold():
-    register, reason = _gate(dict(METRICS), "accuracy", 0.8)
-    assert register is True
-    assert reason == "accuracy = 0.8 >= 0.8: registering"
+
+@pytest.mark.parametrize("changes, metric, threshold, register, reason", [
+    ({}, "accuracy", 0.8, True, "accuracy = 0.8 >= 0.8: registering"),
+    # the exact value, not one rounded up to the threshold it missed
+    ({"accuracy": JUST_BELOW}, "accuracy", 0.8, False,
+     f"accuracy = {JUST_BELOW!r} < 0.8: not registering"),
+    ({"accuracy": 0.95}, "accuracy", 0.8, True, None),
+    ({"accuracy": 0.5}, "accuracy", 0.8, False, None),
+    ({"accuracy": 0.0}, "accuracy", 0.0, True, None),  # a threshold of 0 registers anything
+    ({"accuracy": 1.0}, "accuracy", 1.0, True, None),  # a perfect model clears the strictest
+    ({"accuracy": 0.999}, "accuracy", 1.0, False, None),
+    # the named metric and no other
+    ({"accuracy": 0.95, "macro_f1": 0.6}, "accuracy", 0.9, True, None),
+    ({"accuracy": 0.95, "macro_f1": 0.6}, "macro_f1", 0.9, False,
+     "macro_f1 = 0.6 < 0.9: not registering"),
+    ({"accuracy": 1}, "accuracy", 0.8, True, "accuracy = 1 >= 0.8: registering"),  # an int
+    ({"macro_f1": 0.91234}, "macro_f1", 0.9, True, "macro_f1 = 0.91234 >= 0.9: registering"),
+    ({"macro_f1": 0.41234}, "macro_f1", 0.5, False,
+     "macro_f1 = 0.41234 < 0.5: not registering"),
+])
+def test_decision_is_metric_at_least_threshold_and_says_its_numbers(
+        changes, metric, threshold, register, reason):
+    decided, said = gate({**METRICS, **changes}, metric, threshold)
+    assert decided is register
+    assert said == reason or reason is None
 
 
 @pytest.mark.parametrize("linear, register", [(0.79, True), (0.8, False), (0.85, False)])
 def test_beat_baselines_requires_the_metric_above_every_baseline(linear, register):
     metrics = {**METRICS, "baseline": {"pixels_logreg": {"accuracy": linear},
                                        "majority_class": {"accuracy": 0.5}}}
-    decided, reason = _gate(metrics, "accuracy", 0.7, beat_baselines=True)
+    decided, reason = gate(metrics, "accuracy", 0.7, beat_baselines=True)
     assert decided is register, reason
     assert ("pixels_logreg" in reason) is not register
     # off (the default), the baselines do not count
-    assert _gate(metrics, "accuracy", 0.7)[0] is True
+    assert gate(metrics, "accuracy", 0.7)[0] is True
 
 
 def test_beat_baselines_without_baselines_does_not_register():
-    decided, reason = _gate(dict(METRICS), "accuracy", 0.7, beat_baselines=True)
+    decided, reason = gate(dict(METRICS), "accuracy", 0.7, beat_baselines=True)
     assert decided is False and "no baseline" in reason
-
-
-def test_refuses_just_below_the_threshold():
-    just_below = math.nextafter(0.8, 0.0)
-    register, reason = _gate({**METRICS, "accuracy": just_below}, "accuracy", 0.8)
-    assert register is False
-    # the exact value, not one rounded up to the threshold it missed
-    assert reason == f"accuracy = {just_below!r} < 0.8: not registering"
-
-
-@pytest.mark.parametrize("value, threshold, expected", [
-    (0.95, 0.8, True),
-    (0.5, 0.8, False),
-    (0.0, 0.0, True),   # a threshold of 0 registers anything
-    (1.0, 1.0, True),   # a perfect model clears the strictest bar
-    (0.999, 1.0, False),
-])
-def test_decision_is_metric_at_least_threshold(value, threshold, expected):
-    register, _ = _gate({**METRICS, "accuracy": value}, "accuracy", threshold)
-    assert register is expected
-
-
-def test_compares_the_named_metric_and_no_other():
-    metrics = {**METRICS, "accuracy": 0.95, "macro_f1": 0.6}
-    assert _gate(metrics, "accuracy", 0.9)[0] is True
-    register, reason = _gate(metrics, "macro_f1", 0.9)
-    assert register is False
-    assert reason.startswith("macro_f1 = 0.6 <")
-
-
-def test_an_integer_metric_is_a_number():
-    register, reason = _gate({"accuracy": 1}, "accuracy", 0.8)
-    assert register is True
-    assert "accuracy = 1 >= 0.8" in reason
 
 
 @pytest.mark.parametrize("value, threshold", [(1.0, 0.0), (0.8, 0.8), (0.0, 0.9)])
 def test_disabled_never_registers(value, threshold):
-    register, reason = _gate({**METRICS, "accuracy": value}, "accuracy", threshold,
+    register, reason = gate({**METRICS, "accuracy": value}, "accuracy", threshold,
                              enabled=False)
     assert register is False
     assert "switched off" in reason
     assert "registering" not in reason.replace("registration", "")
-
-
-def test_reason_says_the_decision_and_its_numbers():
-    yes = _gate({**METRICS, "macro_f1": 0.91234}, "macro_f1", 0.9)[1]
-    no = _gate({**METRICS, "macro_f1": 0.41234}, "macro_f1", 0.5)[1]
-    assert yes == "macro_f1 = 0.91234 >= 0.9: registering"
-    assert no == "macro_f1 = 0.41234 < 0.5: not registering"
 
 
 # --- gate: metrics it cannot compare ------------------------------------------------
@@ -117,7 +95,7 @@ def test_reason_says_the_decision_and_its_numbers():
 
 def test_unknown_metric_is_an_error_listing_the_numeric_metrics():
     with pytest.raises(ValueError) as err:
-        _gate(dict(METRICS), "f1_score", 0.5)
+        gate(dict(METRICS), "f1_score", 0.5)
     message = str(err.value)
     assert "'f1_score'" in message
     # every top-level number is offered, and nothing that is not one
@@ -135,30 +113,20 @@ def test_unknown_metric_is_an_error_listing_the_numeric_metrics():
 def test_a_metric_that_is_not_a_number_is_an_error(value):
     metrics = {"accuracy": 0.9, "score": value}
     with pytest.raises(ValueError, match=r"registration metric 'score' .*\['accuracy'"):
-        _gate(metrics, "score", 0.5)
+        gate(metrics, "score", 0.5)
 
 
-def test_unknown_metric_is_an_error_even_when_registration_is_off():
-    # A misspelt setting is reported on the run that has it, not first when
-    # registration is switched on.
-    with pytest.raises(ValueError, match="'acuracy'"):
-        _gate(dict(METRICS), "acuracy", 0.5, enabled=False)
-
-
-@pytest.mark.parametrize("value", [float("inf"), float("-inf")])
-def test_an_infinite_metric_never_registers(value):
-    with pytest.raises(ValueError, match="not a finite number"):
-        _gate({"accuracy": value}, "accuracy", 0.8)
-
-
-def test_a_threshold_that_is_not_a_number_is_an_error():
-    with pytest.raises(ValueError, match="threshold must be a finite number"):
-        _gate(dict(METRICS), "accuracy", float("nan"))
-
-
-def test_empty_metrics_is_an_error():
-    with pytest.raises(ValueError, match=r"choose one of \[\]"):
-        _gate({}, "accuracy", 0.5)
+@pytest.mark.parametrize("metrics, metric, threshold, enabled, words", [
+    # a misspelt setting is reported on the run that has it, registration off or on
+    (METRICS, "acuracy", 0.5, False, "'acuracy'"),
+    ({"accuracy": float("inf")}, "accuracy", 0.8, True, "not a finite number"),
+    ({"accuracy": float("-inf")}, "accuracy", 0.8, True, "not a finite number"),
+    (METRICS, "accuracy", float("nan"), True, "threshold must be a finite number"),
+    ({}, "accuracy", 0.5, True, r"choose one of \[\]"),
+], ids=["unknown-when-off", "inf", "-inf", "nan-threshold", "empty"])
+def test_what_the_gate_cannot_compare_is_an_error(metrics, metric, threshold, enabled, words):
+    with pytest.raises(ValueError, match=words):
+        gate(dict(metrics), metric, threshold, enabled=enabled)
 
 
 # --- read_metrics -------------------------------------------------------------------
@@ -189,8 +157,8 @@ def test_gate_on_what_the_evaluator_writes(tmp_path):
     y_prob = np.array([[0.9, 0.1], [0.2, 0.8], [0.3, 0.7], [0.4, 0.6]])  # 3 of 4 right
     write_outputs(single_label_metrics(y_true, y_prob, ["cat", "dog"]), str(tmp_path), "")
     metrics = read_metrics(str(tmp_path))
-    assert _gate(metrics, "accuracy", 0.75) == (True, "accuracy = 0.75 >= 0.75: registering")
-    assert _gate(metrics, "accuracy", 0.76)[0] is False
+    assert gate(metrics, "accuracy", 0.75) == (True, "accuracy = 0.75 >= 0.75: registering")
+    assert gate(metrics, "accuracy", 0.76)[0] is False
 
 
 # --- copy_serving_model -------------------------------------------------------------
@@ -236,8 +204,6 @@ def _model(tmp_path, subdir: str = "saved_model") -> str:
 
 
 def test_copies_exactly_the_savedmodel_folder(tmp_path):
-    from components.register.registration import copy_serving_model
-
     model = _model(tmp_path)
     out = str(tmp_path / "artifact" / "unmanaged_model")  # its parent does not exist yet
     copy_serving_model(model, "saved_model", out)
@@ -249,56 +215,35 @@ def test_copies_exactly_the_savedmodel_folder(tmp_path):
                             **NOT_SERVED}
 
 
-def test_copies_a_nested_subdir(tmp_path):
-    from components.register.registration import copy_serving_model
-
-    model = _model(tmp_path, subdir="export/serving")
-    out = str(tmp_path / "out")
-    copy_serving_model(model, "export/serving", out)
-    assert _tree(out) == SAVED_MODEL
-
-
-def test_copies_into_an_existing_empty_output_folder(tmp_path):
-    from components.register.registration import copy_serving_model
-
-    model = _model(tmp_path)
+@pytest.mark.parametrize("subdir, make_out", [("export/serving", False), ("saved_model", True)],
+                         ids=["nested subdir", "output folder made by KFP"])
+def test_copies_a_nested_subdir_or_into_an_existing_empty_output_folder(tmp_path, subdir,
+                                                                        make_out):
+    model = _model(tmp_path, subdir=subdir)
     out = tmp_path / "out"
-    out.mkdir()  # KFP may create the output artifact's folder before the step runs
-    copy_serving_model(model, "saved_model", str(out))
+    if make_out:  # KFP may create the output artifact's folder before the step runs
+        out.mkdir()
+    copy_serving_model(model, subdir, str(out))
     assert _tree(out) == SAVED_MODEL
 
 
-def test_missing_subdir_is_a_clear_error_and_writes_nothing(tmp_path):
-    from components.register.registration import copy_serving_model
-
-    model = _model(tmp_path)
+@pytest.mark.parametrize("has_model, subdir, words", [
+    (True, "savedmodel", "'savedmodel'"),
+    (True, "metrics.json", "metrics.json"),  # a file
+    (False, "saved_model", "no 'saved_model' to serve"),
+])
+def test_a_subdir_that_is_no_folder_is_a_clear_error_and_writes_nothing(tmp_path, has_model,
+                                                                       subdir, words):
+    model = _model(tmp_path) if has_model else str(tmp_path / "no-model")
     out = tmp_path / "out"
     with pytest.raises(FileNotFoundError) as err:
-        copy_serving_model(model, "savedmodel", str(out))
-    assert os.path.join(model, "savedmodel") in str(err.value)
-    assert "'savedmodel'" in str(err.value)
+        copy_serving_model(model, subdir, str(out))
+    assert os.path.join(model, subdir) in str(err.value)
+    assert words in str(err.value)
     assert not out.exists()
 
 
-def test_subdir_that_is_a_file_is_an_error(tmp_path):
-    from components.register.registration import copy_serving_model
-
-    model = _model(tmp_path)
-    with pytest.raises(FileNotFoundError, match="metrics.json"):
-        copy_serving_model(model, "metrics.json", str(tmp_path / "out"))
-    assert not (tmp_path / "out").exists()
-
-
-def test_missing_model_folder_is_an_error(tmp_path):
-    from components.register.registration import copy_serving_model
-
-    with pytest.raises(FileNotFoundError, match="no 'saved_model' to serve"):
-        copy_serving_model(str(tmp_path / "no-model"), "saved_model", str(tmp_path / "out"))
-
-
 def test_files_of_an_earlier_attempt_are_not_uploaded(tmp_path):
-    from components.register.registration import copy_serving_model
-
     model = _model(tmp_path)
     out = tmp_path / "out"
     (out / "variables").mkdir(parents=True)
@@ -309,8 +254,6 @@ def test_files_of_an_earlier_attempt_are_not_uploaded(tmp_path):
 
 @pytest.mark.parametrize("subdir", ["", "/etc", "../other"])
 def test_subdir_must_be_inside_the_model(tmp_path, subdir):
-    from components.register.registration import copy_serving_model
-
     with pytest.raises(ValueError, match="subdir must be a folder inside the model"):
         copy_serving_model(_model(tmp_path), subdir, str(tmp_path / "out"))
 
@@ -371,8 +314,6 @@ def test_gate_component_shows_its_decision(tmp_path):
 
 
 def test_whole_model_folder_can_be_served(tmp_path):
-    from components.register.registration import copy_serving_model
-
     model = tmp_path / "model"
     model.mkdir()
     (model / "export.pkl").write_bytes(b"learner")

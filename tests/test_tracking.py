@@ -1,8 +1,6 @@
-"""MLflow tracking: the records the tracking step logs, the file store, and the URIs a
-step can use. Whole runs are tracked where they already run, read back through MLflow's own
-client: the image run in tests/test_run_local.py against a real MLflow server on 127.0.0.1
-(SQLite backend), the text run in tests/test_text_pipeline.py and the language model in
-tests/test_lm_pipeline.py in a file store (no run made only to be tracked)."""
+"""MLflow tracking: the records logged, the file store, the URIs a step can use. Whole runs
+are tracked where they already run (tests/test_run_local.py, test_text_pipeline.py,
+test_lm_pipeline.py)."""
 
 import json
 import os

@@ -1,14 +1,6 @@
-"""The transformer trainer past one pod on Kubeflow: the TrainJob, its nodes, its launcher.
-
-- The manifest is built through `kubeflow-trainer-api` 2.3's typed models and read back
-  through them; a field Trainer 2.3 does not have is refused (the check can fail).
-- The node environment: Trainer's `PET_*` variables onto what the trainer reads.
-- The launcher against a loopback stub of the Kubernetes API (`tests.kube_stub`), through
-  the real `kubernetes` client: a job that completes, one that fails, a node pod that
-  fails it (restarted, Failed, replaced, stuck on its image or secret, unschedulable), a
-  cancelled step (stop event and SIGTERM), a job left by an earlier attempt, a field the
-  cluster's Trainer does not have, and node 0's watch of the launcher pod.
-"""
+"""The TrainJob past one pod on Kubeflow: its manifest (read back through Trainer 2.3's
+models), the node environment, and the launcher against a loopback stub of the Kubernetes
+API (`tests.kube_stub`) through the real `kubernetes` client."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The transformer step past one pod on Kubeflow, wired (issue 57): the node entry point,
-the launcher step against the loopback Kubernetes API stub, and the compiled launcher.
-
-No training here (the node's `launch.train` is replaced by one that writes a model folder
-as rank 0 does); `pytest -k trainjob` runs these with tests/test_trainjob.py.
-"""
+the launcher step against the Kubernetes API stub, and the compiled launcher (no training:
+`launch.train` is replaced by one that writes a model folder as rank 0 does)."""
 
 from __future__ import annotations
 

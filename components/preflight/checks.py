@@ -1,13 +1,5 @@
-"""What the pipelines check before their first paid job, and the data fingerprint.
-
-This module holds the entry points: `preflight`, which runs a pipeline kind's checks
-(`pipeline_checks`: every rule a later step would apply to the pipeline's parameters,
-built with `parameters`), the run-wide ones here (job service account, TensorBoard
-account, tracking URI) and the data checks (`data`), and returns the data fingerprint;
-`input_fingerprints`, the fingerprints of the other files a run reads by URI, so a
-changed bucket changes the cache key of the steps that read it; and `run_preflight`,
-both for one pipeline kind, the whole body of each preflight step (`component`).
-"""
+"""The preflight entry points: a pipeline kind's checks, the run-wide ones and the data
+checks (`preflight`), and the fingerprints of what a run reads by URI (`run_preflight`)."""
 
 from __future__ import annotations
 
@@ -23,22 +15,15 @@ from components.track.contract import TrackingError, check_tracking_uri
 
 
 def input_fingerprints(kind: str, parameters: Mapping[str, Any]) -> dict[str, str]:
-    """Fingerprints of the files a run reads by URI besides its data, one per step input.
-
-    Each goes to the step that reads the files (never cached: a step's cache key holds
-    only its inputs' values, so new images under the same `predict_uri`, or weights
-    rewritten in place, would otherwise reuse the last run's output). Empty where the run
-    reads no such file.
+    """Fingerprints of the files a run reads by URI besides its data, one per step input,
+    so files changed under the same URI change the reading step's cache key.
 
     Args:
         kind: "image", "text" or "transformer".
         parameters: The pipeline's parameters by name.
 
     Returns:
-        image: {"weights_fingerprint", "predict_fingerprint"}; text:
-        {"lm_assets_fingerprint", "predict_fingerprint"}; transformer:
-        {"model_fingerprint" (of a model_name folder; empty for a Hub name),
-        "predict_fingerprint"}.
+        `component.OUTPUTS[kind]` but the data's, by name; empty where nothing is read.
     """
     from components.train_image.contract import normalize_weights
 
@@ -71,11 +56,7 @@ _SERVICE_ACCOUNT = re.compile(r"^[a-z0-9][a-z0-9-]*@[a-z0-9][a-z0-9.-]*\.gservic
 
 
 def check_job_account(parameters: Mapping[str, Any]) -> None:
-    """Refuses a job service account Vertex would reject when the first job starts.
-
-    Raises:
-        PreflightError: Not empty and not a service account e-mail.
-    """
+    """Refuses a job service account, not empty, that is no service account e-mail."""
     account = str(parameters.get("job_service_account", "") or "")
     if account and not _SERVICE_ACCOUNT.match(account):
         raise PreflightError(
@@ -84,15 +65,8 @@ def check_job_account(parameters: Mapping[str, Any]) -> None:
 
 
 def check_tensorboard_account(parameters: Mapping[str, Any]) -> None:
-    """Refuses a run whose training jobs upload to a TensorBoard but run as no user-managed
-    service account, which Vertex refuses when the first training job starts.
-
-    `tensorboard` is set when the pipeline was compiled with `--tensorboard`; compile.py
-    checks its own `--service-account`, but a run may set `job_service_account` to "".
-
-    Raises:
-        PreflightError: Naming both ways out.
-    """
+    """Refuses a TensorBoard (compiled in) with an empty job_service_account, which Vertex
+    refuses when the first training job starts."""
     tensorboard = str(parameters.get("tensorboard", "") or "")
     if tensorboard and not str(parameters.get("job_service_account", "") or ""):
         raise PreflightError(
@@ -103,11 +77,7 @@ def check_tensorboard_account(parameters: Mapping[str, Any]) -> None:
 
 
 def check_tracking(parameters: Mapping[str, Any]) -> None:
-    """Refuses a `tracking_uri` the tracking step could not write to.
-
-    Raises:
-        PreflightError: Its scheme is unknown.
-    """
+    """Refuses a `tracking_uri` the tracking step could not write to."""
     try:
         check_tracking_uri(str(parameters.get("tracking_uri", "")))
     except TrackingError as err:
@@ -146,13 +116,12 @@ def run_preflight(kind: str, parameters: Mapping[str, Any]) -> Any:
 
     Args:
         kind: "image", "text", "transformer" or "lm".
-        parameters: The step's inputs by name: the data's URI (`corpus_uri` for "lm",
-            else `data_uri`), then the pipeline's other parameters and the compile-time
-            settings.
+        parameters: The step's inputs by name (`corpus_uri` for "lm", else `data_uri`,
+            and the other parameters).
 
     Returns:
-        What the step returns: for "lm" the corpus fingerprint; else a namedtuple of the
-        data fingerprint (`data_fingerprint`) then each of `input_fingerprints`, by name.
+        For "lm" the corpus fingerprint; else a namedtuple of the data fingerprint and
+        each of `input_fingerprints`.
 
     Raises:
         PreflightError: As `preflight`.

@@ -1,10 +1,5 @@
-"""KFP faces of the preflight step: each pipeline's parameters handed to `checks.run_preflight`.
-
-A preflight takes every parameter of its pipeline, as the pipeline declares it, and the
-compile-time `tensorboard`: `preflight_function` writes its function from that list
-(`components.common.written`), so the list lives in one place. They arrive typed, one
-input each, which every backend resolves the same way.
-"""
+"""KFP faces of the preflight step, each written from its pipeline's parameter list
+(`components.common.written`), so the list lives in one place."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The checks of what a run reads by URI, and the data fingerprint.
-
-A corpus the language model step could not read, a `predict_uri` that is not there, and
-the fingerprint of the input: its listing (names, sizes and versions, no contents), so a
-changed bucket changes the cache key of the steps that read it.
-"""
+"""The checks of what a run reads by URI, and the data fingerprint (from the listing)."""
 
 from __future__ import annotations
 
@@ -30,13 +25,10 @@ _SAMPLED_FILES = 16
 
 def check_corpus(uri: str, text_column: str) -> None:
     """Refuses a corpus the language model step would refuse, from its listing and the
-    first bytes of its files: a folder without .txt files or whose sampled files are
-    mostly not text, a .txt or CSV that is not text, a CSV without the text column, a file
-    of another kind.
+    first bytes of its files.
 
     Raises:
-        PreflightError: The problem, naming the URI (and file, and first bad offset) and
-            what to give instead.
+        PreflightError: The problem, naming the URI (and file) and what to give instead.
     """
     from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX
 
@@ -77,8 +69,7 @@ def _text_head_problem(fs, path: str, name: str, controls: bool = True) -> str:
 
 
 def head_text_problem(head: bytes, name: str, controls: bool = True) -> str:
-    """Why a file's first `_HEAD_BYTES` are not text; "" when they are (a character cut
-    at the end of a full head is not a problem). `controls`: as `decode_text`'s."""
+    """Why a file's first `_HEAD_BYTES` are not text (a character cut at their end aside); ""."""
     if len(head) == _HEAD_BYTES:
         head = head[:len(head) - _cut_tail(head)]
     try:
@@ -100,9 +91,7 @@ def _cut_tail(head: bytes) -> int:
 
 
 def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
-    """A digest of what sits at `uri` (a file or a folder, local or gs://), read from the
-    listing only: each file's relative name, size and version (GCS generation, or the
-    local modification time). Any added, removed, replaced or rewritten file changes it.
+    """A digest of the listing at `uri`: each file's relative name, size and version.
 
     Raises:
         PreflightError: Nothing is there.
@@ -129,11 +118,8 @@ def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
 
 
 def check_predict_uri(uri: str, kind: str, text_column: str = "text") -> None:
-    """Refuses a `predict_uri` the prediction step could not label: a folder with no
-    image in it (images), or a file that is no CSV with `text_column` and a row of text.
-
-    Empty means no prediction. Checked before training, so a typo or an empty export does
-    not cost a run that ends without its predictions.
+    """Refuses a `predict_uri` (empty: no prediction) the prediction step could not label:
+    a folder with no image (images), or no CSV with `text_column` and a row of text.
 
     Raises:
         PreflightError: Naming the URI and what it should be.
@@ -169,13 +155,12 @@ def _head(fs, path: str) -> bytes:
 
 
 def check_predict_csv(uri: str, head: bytes, text_column: str) -> None:
-    """Refuses a CSV of texts to label from its first bytes: empty, not UTF-8, without
-    `text_column` in its header, or with no row of text after it.
+    """Refuses a CSV of texts to label from its first bytes.
 
     Args:
         uri: Its URI (named in the message).
-        head: Its first bytes (`_HEAD_BYTES`; a row cut at the end is ignored).
-        text_column: The column the model reads (the training text column).
+        head: Its first `_HEAD_BYTES` (a row cut at the end is ignored).
+        text_column: The column the model reads.
 
     Raises:
         PreflightError: The problem and what to give.

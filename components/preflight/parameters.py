@@ -1,9 +1,5 @@
-"""Pipeline parameters read as the later steps' config classes take them.
-
-The preflight error, the coercion of parameter text ("32", "0.5", "true") to a config
-field's type, and the construction of a step's config class from the parameters its
-fields name, so the config's own validation runs before any paid job.
-"""
+"""Pipeline parameters read as the later steps' config classes take them, so each config's
+own validation runs before any paid job."""
 
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ class PreflightError(ValueError):
 
 
 def coerce(value: Any, annotation: Any) -> Any:
-    """A parameter value as the config field's type wants it (`common.values.coerce`:
-    Vertex writes every value as text, kfp.local whole numbers as "32.0").
+    """A parameter value as the config field's type wants it (`common.values.coerce`).
 
     Raises:
         PreflightError: Not a value of that type.
@@ -54,36 +49,22 @@ def build(config_class: type, parameters: Mapping[str, Any], renames: Mapping[st
             continue
         annotation = hints[field.name]
         base = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
-        try:
-            values[field.name] = (None if parameters[source] is None
-                                  else coerce(parameters[source], base))
-        except PreflightError as err:
-            raise PreflightError(f"{source}: {err}") from err
+        values[field.name] = (None if parameters[source] is None
+                              else typed_parameter(parameters, source, base))
     try:
         return config_class(**values)
     except (ValueError, RuntimeError) as err:  # RuntimeError: the trainers' own error types
         raise PreflightError(str(err)) from err
 
 
-def number_parameter(parameters: Mapping[str, Any], name: str) -> float:
-    """The parameter `name` as a float.
+def typed_parameter(parameters: Mapping[str, Any], name: str, kind: type = float,
+                    default: Any = None) -> Any:
+    """The parameter `name` (`default` when absent) as a `kind`.
 
     Raises:
-        PreflightError: Its value is not a finite number.
+        PreflightError: Its value is not one, the message naming `name`.
     """
     try:
-        return coerce(parameters[name], float)
+        return coerce(parameters[name] if name in parameters else default, kind)
     except PreflightError as err:
         raise PreflightError(f"{name}: {err}") from err
-
-
-def steps_per_epoch(parameters: Mapping[str, Any]) -> int:
-    """The `steps_per_epoch` parameter as a whole number (0, for all, when not given).
-
-    Raises:
-        PreflightError: Its value is not a whole number.
-    """
-    try:
-        return coerce(parameters.get("steps_per_epoch", 0), int)
-    except PreflightError as err:
-        raise PreflightError(f"steps_per_epoch: {err}") from err

@@ -1,11 +1,5 @@
-"""The per-pipeline checks: what each pipeline kind's later steps would refuse.
-
-Every rule is the later step's own (its config class raises on bad values; the text
-trainers' tokenizer and fastai's AWD_LSTM settings; the image trainer's weights; the
-transformer trainer's model folder), run on the pipeline's parameters, plus the few rules
-that only the pipeline knows (it evaluates the test split, so the test split must not be
-empty). `CHECKS` maps each pipeline kind to its check.
-"""
+"""The per-pipeline checks (`CHECKS`): each later step's own rules, run on the pipeline's
+parameters, plus the few only the pipeline knows (it evaluates the test split)."""
 
 from __future__ import annotations
 
@@ -21,12 +15,10 @@ from components.preflight.parameters import (
     PreflightError,
     build,
     coerce,
-    number_parameter,
-    steps_per_epoch,
+    typed_parameter,
 )
 
-# Evaluation metrics a pipeline's registration gate may compare with its threshold (every
-# one is in metrics.json for every task the pipeline trains); the first is the default.
+# Metrics the registration gate may compare (in every task's metrics.json); first: default.
 IMAGE_REGISTRATION_METRICS = ("accuracy", "macro_f1")
 TEXT_REGISTRATION_METRICS = ("micro_f1", "macro_f1")
 
@@ -34,13 +26,13 @@ TEXT_REGISTRATION_METRICS = ("micro_f1", "macro_f1")
 def _evaluation_problems(parameters: Mapping[str, Any], metrics: tuple[str, ...]) -> list[str]:
     """What the evaluation step and the registration gate would refuse (every kind)."""
     problems = []
-    if "eval_batch_size" in parameters and not number_parameter(parameters, "eval_batch_size") >= 1:
+    if "eval_batch_size" in parameters and not typed_parameter(parameters, "eval_batch_size") >= 1:
         problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
     if parameters.get("registration_metric", metrics[0]) not in metrics:
         problems.append(f"registration_metric must be one of {list(metrics)}, got "
                         f"{parameters['registration_metric']!r}")
     if "registration_threshold" in parameters and \
-            not 0 <= number_parameter(parameters, "registration_threshold") <= 1:
+            not 0 <= typed_parameter(parameters, "registration_threshold") <= 1:
         problems.append("registration_threshold must be in [0, 1], got "
                         f"{parameters['registration_threshold']}")
     return problems
@@ -50,15 +42,11 @@ def weights_problems(weights: str, architecture: str = "densenet121") -> list[st
     """What the image trainer would refuse in `weights`, late, after sharding.
 
     Args:
-        weights: "imagenet", "none"/"" (from scratch), or a no-top weights file of the
-            architecture, local or gs:// (gs:// files are not looked up: the trainer reads
-            them with its own service account).
+        weights: "imagenet", "none"/"", or a no-top weights file (remote ones are not read).
         architecture: The trainer's `architecture`.
 
     Returns:
-        A message naming `weights` and what to give when a local file is not there (the
-        trainer takes any other value for a path) or holds another network; empty when
-        fine.
+        A message naming `weights` when a local file is missing or of another network.
     """
     from components.train_image.contract import (
         ARCHITECTURES,
@@ -99,12 +87,10 @@ def model_config_problems(config: Mapping[str, Any], defaults: Mapping[str, Any]
 
     Args:
         config: The parsed model_config.
-        defaults: fastai's AWD_LSTM settings (`awd_lstm_lm_config`): the known keys,
-            each value's type taken from its default.
+        defaults: fastai's `awd_lstm_lm_config`: the keys, each value's type its default's.
 
     Returns:
-        One message per problem (an unknown key, a value of another type than the
-        default's, a non-finite number); empty when fine.
+        One message per unknown key or value of another type; empty when fine.
     """
     problems = []
     unknown = sorted(set(config) - set(defaults))
@@ -128,12 +114,7 @@ def _awd_lstm_problems(config: Mapping[str, Any]) -> list[str]:
 
 
 def lang_problems(lang: str) -> list[str]:
-    """Whether the text trainers can tokenize `lang` (`lm_assets.check_language`: what
-    their tokenizer is built from, without importing fastai and torch).
-
-    Returns:
-        A message naming `lang` and what to give when it cannot; empty when it can.
-    """
+    """Why the text trainers cannot tokenize `lang` (`lm_assets.check_language`); empty."""
     from components.formats.lm_assets import SPM_LANGS, TokenizerError, check_language
 
     try:
@@ -144,6 +125,22 @@ def lang_problems(lang: str) -> list[str]:
         return [f"lang: {err}; give a language code spaCy has a tokenizer for (e.g. en, "
                 f"fr, de, or xx for several languages), or one of {sorted(SPM_LANGS)}"]
     return []
+
+
+def _fastai_problems(config_class: type, parameters: Mapping[str, Any]):
+    """What a fastai text trainer refuses (its config, AWD_LSTM's model_config, the
+    language), with the parsed model_config and the config (None where refused)."""
+    from components.train_text.contract import parse_model_config
+
+    problems, model_config, config = [], {}, None
+    try:
+        model_config = parse_model_config(str(parameters.get("model_config", "")))
+        config = build(config_class, parameters, model_config=model_config)
+    except (PreflightError, RuntimeError) as err:  # RuntimeError: model_config not an object
+        problems.append(f"training: {err}")
+    problems += _awd_lstm_problems(model_config)
+    problems += lang_problems(str(parameters.get("lang", config_class.lang)))
+    return problems, model_config, config
 
 
 def _step_problems(*checks: tuple[str, Callable[[], Any]]) -> list[str]:
@@ -158,8 +155,7 @@ def _step_problems(*checks: tuple[str, Callable[[], Any]]) -> list[str]:
 
 
 def check_image_run(parameters: Mapping[str, Any]) -> None:
-    """Refuses image pipeline parameters that the sharding, training or evaluation step
-    would refuse after the steps before them ran.
+    """Refuses image pipeline parameters the sharding, training or evaluation would refuse.
 
     Raises:
         PreflightError: Every problem found, each naming its parameter.
@@ -167,12 +163,15 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
     from components.shard.contract import ShardConfig
     from components.train_image.contract import TrainConfig
 
+    def training():
+        steps = typed_parameter(parameters, "steps_per_epoch", int, 0)
+        return build(TrainConfig, parameters, steps_per_epoch=steps or None)
+
     problems = _step_problems(
         ("sharding", lambda: build(ShardConfig, parameters, {"num_workers": "shard_workers"})),
-        ("training", lambda: build(TrainConfig, parameters,
-                                   steps_per_epoch=steps_per_epoch(parameters) or None)))
+        ("training", training))
     for name in ("train_fraction", "test_fraction"):
-        if name in parameters and not number_parameter(parameters, name) > 0:
+        if name in parameters and not typed_parameter(parameters, name) > 0:
             problems.append(f"{name} must be > 0: the pipeline trains on the train split and "
                             "evaluates on the test split")
     problems += weights_problems(str(parameters.get("weights", TrainConfig.weights)),
@@ -183,10 +182,8 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
 
 
 def check_text_run(parameters: Mapping[str, Any]) -> None:
-    """Refuses text pipeline parameters that the preparation, training or evaluation step
-    would refuse after the steps before them ran; checks that the pretrained language
-    model files are there when `pretrained` is true, and that their lm_metrics.json, when
-    they have one, does not say the model is no better than a unigram model.
+    """Refuses text pipeline parameters the preparation, training or evaluation would
+    refuse, and pretrained LM files missing or no better than a unigram model.
 
     Raises:
         PreflightError: Every problem found, each naming its parameter.
@@ -196,19 +193,13 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
         FASTAI_PRETRAINED_LANG,
         TrainConfig,
         missing_files,
-        parse_model_config,
         unlearnt_lm,
     )
 
     problems = _step_problems(
         ("preparation", lambda: build(PrepareConfig, parameters, label_columns=())))
-    model_config: dict[str, Any] = {}
-    try:
-        model_config = parse_model_config(str(parameters.get("model_config", "")))
-        config = build(TrainConfig, parameters, model_config=model_config)
-    except (PreflightError, RuntimeError) as err:  # RuntimeError: model_config not an object
-        problems.append(f"training: {err}")
-        config = None
+    trained, model_config, config = _fastai_problems(TrainConfig, parameters)
+    problems += trained
     try:
         pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
     except PreflightError as err:
@@ -217,8 +208,6 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
     if pretrained and model_config:  # the trainer's rule
         problems.append("model_config applies to training from scratch; a pretrained LM's "
                         "settings come from its config.json: leave model_config empty")
-    problems += _awd_lstm_problems(model_config)
-    problems += lang_problems(str(parameters.get("lang", TrainConfig.lang)))
     if pretrained:
         root = str(parameters.get("lm_assets", ""))
         lang = str(parameters.get("lang", config.lang if config else ""))
@@ -249,15 +238,13 @@ def _text_evaluation_problems(parameters: Mapping[str, Any]) -> list[str]:
         problems.append(f"eval_split must be test, validation or train, got "
                         f"{parameters['eval_split']!r}")
     elif parameters.get("eval_split", "test") == "test" and "test_fraction" in parameters \
-            and not number_parameter(parameters, "test_fraction") > 0:
+            and not typed_parameter(parameters, "test_fraction") > 0:
         problems.append("test_fraction must be > 0 when eval_split is test (the pipeline "
                         "evaluates on the test split)")
     return problems + _evaluation_problems(parameters, TEXT_REGISTRATION_METRICS)
 
 
-# A Hugging Face Hub model id as `from_pretrained` takes it: [organisation/]name, letters,
-# digits, "_", "-" and "." (huggingface_hub's REPO_ID_REGEX; it also refuses "--", ".." and
-# ids over 96 characters).
+# A Hub model id (huggingface_hub's REPO_ID_REGEX; it also refuses "--", ".." and > 96 chars).
 _HUB_MODEL_NAME = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 _HUB_NAME_MAX_CHARS = 96
 
@@ -265,20 +252,15 @@ _HUB_NAME_MAX_CHARS = 96
 def model_name_problems(model_name: str, max_length: int | None = None) -> list[str]:
     """What the transformer trainer would refuse in `model_name`, late, on the GPU.
 
-    A folder (gs:// or local) must hold what `save_pretrained` writes for the model and
-    its tokenizer: config.json, a weights file (`text_common.contract.WEIGHTS_FILES`, or
-    the index of their shards) and a tokenizer (`TOKENIZER_FILES`); and `max_length` must
-    fit its positions and its tokenizer's `model_max_length`. A Hub name must look like
-    `[organisation/]name`; it is not looked up (the training job downloads it, with its own
-    network access, and checks the same there).
+    A folder must hold what `save_pretrained` writes (config, weights, tokenizer) and fit
+    `max_length`; a Hub name must look like `[organisation/]name` (not looked up).
 
     Args:
         model_name: The pipeline's model_name.
         max_length: The pipeline's max_length (None: not checked).
 
     Returns:
-        Messages naming `model_name` (or `max_length`) and what to give; empty when fine
-        (or empty, which TransformerConfig refuses).
+        Messages naming `model_name` (or `max_length`) and what to give; empty when fine.
     """
     from components.train_transformer.contract import (
         BASE_MODEL_FOLDER,
@@ -338,9 +320,8 @@ def _max_length_problems(folder: str, files: set[str], max_length: int | None) -
 
 
 def check_transformer_run(parameters: Mapping[str, Any]) -> None:
-    """Refuses transformer pipeline parameters that the preparation, training or evaluation
-    step would refuse after the steps before them ran, and a model_name folder without a
-    model in it.
+    """Refuses transformer pipeline parameters a later step would refuse, and a
+    model_name folder without a model in it.
 
     Raises:
         PreflightError: Every problem found, each naming its parameter.
@@ -360,7 +341,7 @@ def check_transformer_run(parameters: Mapping[str, Any]) -> None:
 
 
 def _int_or_none(value: Any) -> int | None:
-    """A parameter as an int, None where it is not one (its own check reports that)."""
+    """A parameter as an int; None where it is not one (its own check says so)."""
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -374,17 +355,8 @@ def check_lm_run(parameters: Mapping[str, Any]) -> None:
         PreflightError: Every problem found, each naming its parameter.
     """
     from components.train_lm.contract import LMConfig
-    from components.train_text.contract import parse_model_config
 
-    problems = []
-    model_config: dict[str, Any] = {}
-    try:
-        model_config = parse_model_config(str(parameters.get("model_config", "")))
-        build(LMConfig, parameters, model_config=model_config)
-    except (RuntimeError, PreflightError) as err:  # RuntimeError: model_config not a JSON object
-        problems.append(f"training: {err}")
-    problems += _awd_lstm_problems(model_config)
-    problems += lang_problems(str(parameters.get("lang", LMConfig.lang)))
+    problems = _fastai_problems(LMConfig, parameters)[0]
     if problems:
         raise PreflightError("; ".join(problems))
 

@@ -1,6 +1,4 @@
-"""KFP faces of the registration gate and of the Kubeflow target's registration in
-MLflow's Model Registry; those of the Vertex Model Registry upload, which name GCPC's
-artifact types, are `vertex_upload`'s (a Kubeflow compile imports no GCPC)."""
+"""KFP faces of the registration gate and of MLflow registration (Vertex's: `vertex_upload`)."""
 
 from typing import NamedTuple
 

@@ -1,12 +1,7 @@
-"""Registration where there is no Vertex Model Registry (open-source Kubeflow): a version of
-the model in MLflow's Model Registry, and the KServe `InferenceService` that serves it.
-
-The version's source is the folder KServe loads; it gets the alias `challenger` (MLflow's
-aliases replace the deprecated stages): promoting it to `champion` stays a person's call.
-Image models are served by KServe's TensorFlow Serving runtime, which wants numbered
-version folders (`<storageUri>/1/saved_model.pb`); text models by the project's own server
-(the runtime image's default command), told where KServe put the model through the same
-AIP_* variables Vertex sets.
+"""Registration without a Vertex Model Registry: an MLflow model version (alias
+`challenger`; promoting it to `champion` is a person's call) and the KServe
+`InferenceService` that serves it (image models by TF Serving, text models by the
+project's own server, told where the model is through the AIP_* variables Vertex sets).
 """
 
 from __future__ import annotations
@@ -20,8 +15,7 @@ from components.common.storage import filesystem, is_remote
 from components.train_image.contract import SAVED_MODEL_DIR
 
 ALIAS = "challenger"
-# KServe's TensorFlow runtime runs tensorflow/serving:<runtimeVersion>: the release that
-# matches the trainer's TensorFlow (2.21), so every op the SavedModel uses is known.
+# tensorflow/serving's release matching the trainer's TensorFlow: every op is known.
 TF_SERVING_VERSION = "2.21.0"
 SERVED_FOLDER = "served"
 MANIFEST_FILE = "inferenceservice.yaml"
@@ -30,18 +24,14 @@ KSERVE_MODEL_MOUNT = "/mnt/models"
 SERVER_PORT = 8080
 # Knative Serving names a route after the service: KServe advises at most 45 characters.
 _MAX_NAME = 45
-# The text server's start-up window: a large model loads for minutes (it answers 503
-# meanwhile). A startupProbe needs Knative Serving >= 1.15 (older versions drop the field);
-# a revision not ready within Knative's progress deadline (600 s by default) fails, so the
-# manifest asks for the window plus a margin (the annotation: Knative >= 1.4).
+# The text server's start-up window (a large model loads for minutes); Knative's progress
+# deadline (600 s by default) is raised to the window plus a margin.
 STARTUP_PERIOD_S, STARTUP_CHECKS = 10, 120
 PROGRESS_DEADLINE = "serving.knative.dev/progress-deadline"
 
 
 def served_uri(uri: str) -> str:
-    """The URI KServe's storage initializer reads for an artifact URI: KFP's default store
-    names MinIO objects `minio://bucket/key`, which KServe reads as `s3://bucket/key`
-    (with the cluster's S3 endpoint and credentials on its service account)."""
+    """The URI KServe reads for an artifact URI (KFP's `minio://b/k` is its `s3://b/k`)."""
     return "s3://" + uri[len("minio://"):] if uri.startswith("minio://") else uri
 
 
@@ -67,9 +57,9 @@ def inference_service(name: str, kind: str, storage_uri: str, serving_image: str
     Args:
         name: Its Kubernetes name (`service_name`).
         kind: "image" (TF Serving) or "text"/"transformer" (the project's server).
-        storage_uri: The served folder (gs://, s3:// or pvc://).
+        storage_uri: The served folder.
         serving_image: The runtime image whose default command is the server (text).
-        labels: Kubernetes labels (the MLflow model and version).
+        labels: Kubernetes labels.
     """
     if kind == "image":
         predictor: dict[str, Any] = {"model": {
@@ -122,9 +112,8 @@ def stage_tf_serving(model_dir: str, out_dir: str, subdir: str = SAVED_MODEL_DIR
 
 def register_version(tracking_uri: str, name: str, source: str,
                      tags: Mapping[str, str], run_id: str = "") -> str:
-    """Adds a version of model `name` (created when new) whose source is `source`, with
-    `tags`, and points the alias `challenger` at it; with `run_id` (the run KFP made for
-    the step, nested under the pipeline run's) the version names that run as its own.
+    """Adds a version of model `name` (created when new) of `source` with `tags` (and the
+    step's MLflow `run_id`), and points the alias `challenger` at it.
 
     Returns:
         The version number, as MLflow gives it.

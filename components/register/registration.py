@@ -1,8 +1,5 @@
-"""Whether a trained model goes to the Vertex Model Registry, and what is uploaded.
-
-The upload itself is GCPC's `ModelUploadOp` (Vertex only); this module holds the
-decision and the preparation, which run anywhere.
-"""
+"""Whether a trained model goes to the Vertex Model Registry, and what is uploaded (GCPC's
+`ModelUploadOp` does the upload)."""
 
 from __future__ import annotations
 
@@ -22,19 +19,16 @@ def gate(metrics: dict[str, Any], metric: str, threshold: float, enabled: bool =
 
     Args:
         metrics: The evaluation's `metrics.json`.
-        metric: Name of a top-level number in it, e.g. "accuracy" or "macro_f1".
+        metric: Name of a top-level number in it.
         threshold: The model is registered when `metrics[metric] >= threshold`.
         enabled: False never registers.
-        beat_baselines: Also require `metric` above every baseline the evaluation scored
-            on the same split (`metrics["baseline"]`, common.baselines); an evaluation
-            without baselines then does not register.
+        beat_baselines: Also require `metric` above every baseline (`common.baselines`).
 
     Returns:
         `(register, reason)`: the decision and a sentence saying why.
 
     Raises:
-        ValueError: `metric` is not a finite number in `metrics` (the message lists those
-            that are), or the threshold is not a finite number.
+        ValueError: `metric` or the threshold is not a finite number.
     """
     numbers = sorted(k for k, v in metrics.items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -60,10 +54,7 @@ def gate(metrics: dict[str, Any], metric: str, threshold: float, enabled: bool =
 
 
 def copy_serving_model(model_dir: str, subdir: str, out_dir: str) -> None:
-    """Copies the servable part of a model folder (e.g. its SavedModel) to `out_dir`.
-
-    Whatever `out_dir` held (a retried attempt's files) is removed first: the upload
-    serves exactly this model.
+    """Copies the servable part of a model folder to `out_dir`, emptied first (a retry's).
 
     Raises:
         FileNotFoundError: `model_dir/subdir` does not exist.
@@ -79,12 +70,10 @@ def copy_serving_model(model_dir: str, subdir: str, out_dir: str) -> None:
     shutil.copytree(source, out_dir)
 
 
-# How long a custom serving container may take to load its model before Vertex gives up on
-# it: copying a base-size encoder (~1.1 GB for XLM-R base) from the bucket and importing
-# torch takes minutes on a cold replica. Checked every PROBE_PERIOD_S seconds once it starts.
+# How long a custom serving container may take to load its model (a base-size encoder
+# and torch take minutes on a cold replica).
 STARTUP_ALLOWANCE_S = 1200
-# Vertex's Probe reference: "period must be less than timeout" (Kubernetes allows either).
-# A /health answer takes milliseconds; 15 s lets a replica busy with a large batch answer.
+# Vertex: "period must be less than timeout"; 15 s lets a busy replica answer.
 PROBE_PERIOD_S = 10
 PROBE_TIMEOUT_S = 15
 VERTEX_DEFAULT_PORT = 8080
@@ -92,12 +81,8 @@ VERTEX_DEFAULT_PORT = 8080
 
 def container_spec(serving_image: str, port: int = 0, health_route: str = "",
                    predict_route: str = "") -> dict[str, Any]:
-    """The Model Registry's `containerSpec` for the served model (camelCase, as the REST API).
-
-    A custom server (one given a `health_route`) gets probes sized for a large model: a
-    startup probe that allows STARTUP_ALLOWANCE_S for the load (the server answers 503
-    meanwhile), then a health probe every PROBE_PERIOD_S, and a deployment timeout that
-    covers the startup. Vertex's prebuilt images keep Vertex's own defaults.
+    """The Model Registry's `containerSpec` (camelCase); a custom server (a `health_route`)
+    gets startup and health probes and a deployment timeout sized for a large model.
 
     Args:
         serving_image: The prediction container's image URI.
@@ -127,16 +112,8 @@ _LABEL_VALUE = re.compile(r"[^a-z0-9_-]+")
 
 
 def model_labels(run_name: str, metadata: Mapping[str, Any]) -> dict[str, str]:
-    """Model Registry labels naming the run and the data a model version came from.
-
-    Label values may hold only lowercase letters, digits, "_" and "-", at most 63 of
-    them: anything else becomes "-", and the data's sha256 is cut to its first 16 hex
-    digits (the full one is in the model's metadata).
-
-    Args:
-        run_name: The pipeline job's name.
-        metadata: The trained model artifact's metadata (`data_sha256`, `git_sha`).
-    """
+    """Model Registry labels (lowercase, digits, "_", "-"; the sha256 cut to 16 digits)
+    naming the run (`run_name`) and the data and code (`metadata`) of a model version."""
     def value(text: str, length: int = 63) -> str:
         return _LABEL_VALUE.sub("-", str(text).lower())[:length].strip("-")
 
@@ -150,15 +127,8 @@ def model_labels(run_name: str, metadata: Mapping[str, Any]) -> dict[str, str]:
 
 def find_model(display_name: str, project: str, location: str,
                credentials=None) -> str | None:
-    """The resource name of the most recently updated Model Registry model called
-    `display_name`, or None when there is none (the upload then creates it).
-
-    Args:
-        display_name: The model's display name, as the pipeline uploads it.
-        project: Google Cloud project.
-        location: Vertex region.
-        credentials: google.auth credentials; None for the application default.
-    """
+    """The resource name of the latest updated Model Registry model called `display_name`
+    in `project` and `location` (`credentials`: None for the default), or None."""
     from google.cloud import aiplatform
 
     escaped = display_name.replace("\\", "\\\\").replace('"', '\\"')

@@ -1,8 +1,4 @@
-"""KFP faces of the model handed to GCPC's `ModelUploadOp` on Vertex: the served files
-with their serving container, and the Model Registry model a new version goes under.
-
-Their outputs are GCPC's artifact types, so only a Vertex compile imports this module.
-"""
+"""KFP faces of the Vertex upload (GCPC's artifact types: only a Vertex compile imports it)."""
 # Docstrings: one line per parameter, shown as the console's help (as in component.py).
 # ruff: noqa: E501
 

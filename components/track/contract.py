@@ -1,5 +1,5 @@
-"""What other steps may know of the tracking step: which tracking URIs it takes, and which
-run KFP made for a step."""
+"""What other steps may know of the tracking step: the tracking URIs it takes, and the run
+KFP made for a step."""
 
 from __future__ import annotations
 
@@ -20,13 +20,10 @@ def check_tracking_uri(uri: str, environ: Mapping[str, str] | None = None) -> No
 
     Args:
         uri: The pipeline's `tracking_uri`.
-        environ: The step's environment (`os.environ` at call time when None): where it
-            says gs:// is not mounted (open-source Kubeflow), a gs:// file store would be
-            written into a scratch folder of the pod and lost.
+        environ: The step's environment (`os.environ` when None): whether gs:// is mounted.
 
     Raises:
-        TrackingError: The scheme is not one MLflow writes to, gs:// or a local folder, or
-            gs:// where no bucket is mounted.
+        TrackingError: An unknown scheme, or gs:// where no bucket is mounted.
     """
     from components.common.storage import MOUNTED_VARIABLE
 
@@ -43,22 +40,15 @@ def check_tracking_uri(uri: str, environ: Mapping[str, str] | None = None) -> No
                             "(http/https) the pods reach")
 
 
-# What KFP 2.17's MLflow plugin puts in a task's container when its settings say
-# `injectUserEnvVars` (kubeflow/pipelines backend/src/v2/common/plugins/mlflow/handler.go,
-# `RetrieveUserContainerEnvVars`): the task's own run, which the driver created nested under
-# the pipeline run's (tag `mlflow.parentRunId`, `ParentRunTagKey` in common/plugins/mlflow/
-# client.go) and the launcher ends. A retried pod keeps it, and a retried KFP run reopens it
-# (apiserver/plugins/mlflow/run_start.go, `RunSyncModeRetry`). Also MLFLOW_EXPERIMENT_ID and
-# the auth variables MLflow's client reads itself.
+# What KFP 2.17's MLflow plugin (`injectUserEnvVars`, plugins/mlflow/handler.go) gives a
+# task: its own run, nested under the pipeline run's, which KFP's launcher ends; a retried
+# pod keeps it.
 KFP_RUN_VARIABLE, KFP_URI_VARIABLE = "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI"
 
 
 def platform_run(tracking_uri: str, environ: Mapping[str, str]) -> str:
-    """The MLflow run KFP made for this step, where it is in the store `tracking_uri` names.
-
-    `tracking_uri` wins over KFP's URI: a run id means nothing in another store, and the
-    pipeline runs its MLflow steps only when the user set `tracking_uri`, so a different one
-    is their choice; the step then logs as without KFP's run, and says so.
+    """The MLflow run KFP made for this step, where it is in the store `tracking_uri`
+    names (the user's `tracking_uri` wins over KFP's: the step then says so).
 
     Args:
         tracking_uri: The step's `tracking_uri`.

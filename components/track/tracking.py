@@ -1,11 +1,6 @@
-"""One MLflow run per pipeline run: what a trainer recorded, read back from its outputs.
-
-The trainers already write everything a run record needs (parameters in the model's
-metadata, one history row per epoch, the evaluation's metrics.json), so tracking is a
-light step after them rather than code inside the GPU jobs: a tracking server that is
-down or slow cannot fail or stall a training job, and the record is the same files the
-console and `summary.json` show.
-"""
+"""One MLflow run per pipeline run, read back from what the trainers wrote (parameters,
+history, metrics.json): a light step after training, so a tracking server down or slow
+cannot fail or stall a GPU job."""
 
 from __future__ import annotations
 
@@ -32,14 +27,8 @@ _PARAM_CHARS = 6000
 
 @dataclasses.dataclass
 class RunRecord:
-    """What one pipeline run logs.
-
-    Attributes:
-        params: Training parameters (nested values as JSON text).
-        series: Metric name to `[(step, value), ...]`, one point per epoch.
-        metrics: Final metrics (the evaluation's scalars, prefixed `test_`).
-        tags: Provenance: git sha, data sha256, model URI, pipeline, how epochs are counted.
-    """
+    """What one pipeline run logs: parameters (as text), per-epoch `series` of
+    `(step, value)`, final metrics (`test_...`), provenance tags."""
 
     params: dict[str, str]
     series: dict[str, list[tuple[int, float]]]
@@ -51,9 +40,8 @@ def tracking_store(uri: str) -> str:
     """The MLflow tracking URI for a pipeline's `tracking_uri` parameter.
 
     Args:
-        uri: An MLflow server URL (http/https), a database (`sqlite:///...`), a local
-            folder or `file:` URI, or a `gs://bucket/folder` (a file store written through
-            Vertex's /gcs mount).
+        uri: An MLflow server or database URL, a local folder, or a gs:// folder (a file
+            store written through Vertex's /gcs mount).
 
     Returns:
         A URI `mlflow.MlflowClient` takes.
@@ -99,8 +87,7 @@ def _test_metrics(evaluation: Mapping[str, Any] | None) -> dict[str, float]:
 
 def _add_row(series: dict[str, list[tuple[int, float]]], step: int, row: Mapping[str, Any],
              skip: tuple[str, ...], prefix: str = "") -> None:
-    """Appends each number of one history row (no booleans), but those named in `skip`, to
-    `series[prefix + its name]` at `step`."""
+    """Appends each number of a history row (not in `skip`) to `series[prefix + name]`."""
     for name, value in row.items():
         if name not in skip and isinstance(value, (int, float)) and not isinstance(value, bool):
             series.setdefault(prefix + name, []).append((step, float(value)))
@@ -109,8 +96,7 @@ def _add_row(series: dict[str, list[tuple[int, float]]], step: int, row: Mapping
 def _classifier_record(metadata: Mapping[str, Any], model_uri: str,
                        evaluation: Mapping[str, Any] | None,
                        series: dict[str, list[tuple[int, float]]], **tags: str) -> RunRecord:
-    """A classifier's run record: the parameters of its model's `metadata`, `series`, the
-    evaluation's test metrics, and the provenance tags followed by `tags`."""
+    """A classifier's run record: its parameters, `series`, test metrics and tags."""
     params = {k: _param_text(v) for k, v in metadata.get("parameters", {}).items()}
     return RunRecord(params, series, _test_metrics(evaluation),
                      {**_provenance_tags(metadata, model_uri), **tags})
@@ -118,10 +104,8 @@ def _classifier_record(metadata: Mapping[str, Any], model_uri: str,
 
 def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
                  evaluation: Mapping[str, Any] | None) -> RunRecord:
-    """The run record of the DenseNet trainer: Keras history per epoch, both phases.
-
-    Epochs are numbered across the phases, as the trainer numbers them (the fine-tune
-    phase continues the head phase's count); the `phases` tag says where each starts.
+    """The run record of the DenseNet trainer: Keras history per epoch, numbered across
+    both phases (the `phases` tag says where each starts).
 
     Args:
         model_dir: The trainer's model folder (holds history.json).
@@ -147,11 +131,8 @@ def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
 
 def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
                 evaluation: Mapping[str, Any] | None) -> RunRecord:
-    """The run record of the ULMFiT classifier: its LM fine-tuning and classifier epochs.
-
-    Series are `lm/<metric>` and `classifier/<metric>`, each counting its own epochs
-    from 1; the stage of each epoch (which layers were unfrozen) is in the trainer's
-    metrics.json.
+    """The run record of the ULMFiT classifier: `lm/<metric>` and `classifier/<metric>`
+    series, each counting its own epochs from 1.
 
     Args:
         model_dir: The trainer's model folder (holds metrics.json).
@@ -173,10 +154,8 @@ def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
 
 
 def lm_record(assets_dir: str, metadata: Mapping[str, Any], assets_uri: str) -> RunRecord:
-    """The run record of the language model trainer: per direction, per epoch.
-
-    Series are `lm/<metric>` for the forward model and `lm_backward/<metric>` for the
-    backward one; the final metrics are the held-out perplexity and accuracy.
+    """The run record of the language model trainer: `lm/<metric>` (forward) and
+    `lm_backward/<metric>` series, and the held-out final metrics.
 
     Args:
         assets_dir: The LM assets folder (holds lm_metrics.json).
@@ -212,21 +191,18 @@ def log_run(tracking_uri: str, experiment: str, run_name: str, record: RunRecord
             extra_tags: Mapping[str, str] = (),
             environ: Mapping[str, str] | None = None) -> str:
     """Logs a run record as one MLflow run named `run_name` in `experiment`, or into the
-    run KFP 2.17's MLflow plugin made for the step.
+    run KFP's MLflow plugin made for the step.
 
-    A run already tagged with this `run_name` (the step retried, or re-run after a
-    failure) is deleted first, so each pipeline run keeps exactly one MLflow run. KFP's
-    run is not ours to delete, end or rename: a retry logs into it only what an earlier
-    attempt did not.
+    An earlier run tagged with this `run_name` (a retry) is deleted first; KFP's run is
+    not ours to delete: a retry logs into it only what an earlier attempt did not.
 
     Args:
         tracking_uri: The pipeline's `tracking_uri` (see `tracking_store`).
-        experiment: MLflow experiment name; created when missing (unused with KFP's run).
+        experiment: MLflow experiment name; created when missing.
         run_name: The pipeline run's name.
         record: What to log.
-        extra_tags: More tags (e.g. the pipeline's name).
-        environ: The step's environment (`os.environ` when None): where it names KFP's run
-            of the step in this store (`contract.platform_run`), the record goes there.
+        extra_tags: More tags.
+        environ: The step's environment (`os.environ` when None), naming KFP's run.
 
     Returns:
         The MLflow run id.
@@ -242,8 +218,7 @@ def log_run(tracking_uri: str, experiment: str, run_name: str, record: RunRecord
 
 @contextlib.contextmanager
 def _file_store_allowed(store: str) -> Iterator[None]:
-    """MLflow 3 keeps its file store behind a switch; a folder (or a bucket folder through
-    /gcs, one writer per run folder) is what a team without a tracking server has."""
+    """Turns on MLflow 3's file store switch for a file store, for the block."""
     if not store.startswith("file://"):
         yield
         return
@@ -259,8 +234,7 @@ def _file_store_allowed(store: str) -> Iterator[None]:
 
 
 def _new_run(client, experiment: str, run_name: str, tags: dict[str, str]) -> str:
-    """A new run in `experiment` (created when missing), after deleting the runs an earlier
-    attempt of the step made there."""
+    """A new run in `experiment` (created when missing), after deleting earlier attempts'."""
     from mlflow.exceptions import MlflowException
 
     found = client.get_experiment_by_name(experiment)

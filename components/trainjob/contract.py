@@ -1,24 +1,9 @@
 """The node contract of a TrainJob: Trainer's torchrun settings as the trainer reads them.
 
-A contract (what a node is given), so a step's node entry point may import it.
-
-Trainer 2.3's `torch-distributed` runtime gives each node's `node` container (its
-`pkg/runtime/framework/plugins/torch/torch.go`, names in `pkg/constants`):
-
-- `PET_NNODES`: the nodes of the job;
-- `PET_NPROC_PER_NODE`: processes per node: the TrainJob's `numProcPerNode`, else `auto`
-  (the GPUs), which Trainer itself turns into the node's CPUs when it has no GPU;
-- `PET_NODE_RANK`: this node, from the Job's completion index annotation;
-- `PET_MASTER_ADDR`: `<job>-node-0-0.<job>`, node 0's pod in the JobSet's headless service;
-- `PET_MASTER_PORT`: 29500, the port Trainer opens on the node container.
-
-The transformer trainer (`components.train_transformer.distributed`) reads the machines of a
-job from `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` (machines, not processes) and `RANK`
-(this machine), or Vertex's `CLUSTER_SPEC`, and its launcher starts one process per GPU on
-each. `torchrun_environment` maps the one onto the other; it returns nothing where no
-`PET_*` variable is set, so `environ = {**environ, **torchrun_environment(environ)}` is
-safe on every target. `processes_per_node` resolves `PET_NPROC_PER_NODE` for the
-launcher's `gpus` argument (which sets the processes it starts).
+Trainer 2.3's `torch-distributed` runtime gives each node `PET_NNODES`, `PET_NPROC_PER_NODE`
+(`auto`: the GPUs), `PET_NODE_RANK`, `PET_MASTER_ADDR` (node 0's pod) and `PET_MASTER_PORT`;
+the transformer trainer reads `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` (machines) and
+`RANK`. `torchrun_environment` maps the one onto the other (nothing without `PET_*`).
 """
 
 from __future__ import annotations
@@ -48,14 +33,11 @@ def torchrun_environment(environ: Mapping[str, str]) -> dict[str, str]:
         environ: The node's environment (`os.environ`).
 
     Returns:
-        `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` (nodes) and `RANK` (this node); empty
-        when no `PET_*` variable is set (not a Trainer node).
+        `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` and `RANK`; empty without `PET_*`.
 
     Raises:
-        NodeEnvironmentError: Some `PET_*` variables are set but others missing or empty,
-            a value is malformed (a rank outside the nodes, a port outside 1-65535,
-            `PET_NPROC_PER_NODE` neither `auto` nor >= 1), or a trainer variable is
-            already set to another value.
+        NodeEnvironmentError: Some `PET_*` variables missing, one malformed, or a trainer
+            variable already set to another value.
     """
     present = [name for name in PET_VARIABLES if environ.get(name, "").strip()]
     if not present:
@@ -84,12 +66,11 @@ def torchrun_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def processes_per_node(environ: Mapping[str, str], gpus: int) -> int:
-    """Processes to start on this node: `PET_NPROC_PER_NODE`, or for `auto` (and where it
-    is not set) one per GPU, one on a machine without.
+    """Processes to start on this node: `PET_NPROC_PER_NODE`, or (`auto`, unset) one per GPU.
 
     Args:
         environ: The node's environment.
-        gpus: GPUs this node sees (`torch.cuda.device_count()`).
+        gpus: GPUs this node sees.
 
     Raises:
         NodeEnvironmentError: The variable is neither `auto` nor a whole number >= 1.

@@ -1,49 +1,24 @@
 """The launcher: creates the TrainJob, follows it to its end, and always deletes it.
 
-KFP cannot create a custom resource from its IR, so a small launcher pod does: it creates
-the TrainJob (`spec.trainjob_manifest`) with strict field validation (an older Trainer
-refuses a field it lacks instead of dropping it), polls its `status.conditions` until
-`Complete` or `Failed` (Trainer 2.3's terminal conditions) and its node pods, streams node
-0's log (the pod JobSet labels with the job's name and the Job labels with completion
-index 0) into its own, and raises `TrainJobFailed` with the reason. Polling, not a watch:
-a watch connection is closed by the API server every few minutes and must be resumed from
-a resourceVersion; two GETs every `poll_seconds` cost the API server nothing.
+KFP cannot create a custom resource, so a launcher pod does: strict field validation (an
+older Trainer refuses a field it lacks), then polling (a watch is closed by the API server
+every few minutes) of `status.conditions` and the node pods, node 0's log streamed into
+its own. A failed node fails the step at once (`node_problem`): JobSet defaults the node
+pods to `restartPolicy: OnFailure` with `backoffLimit: 6`, so a crashed node would restart
+in place while the others wait in the rendezvous until NCCL's timeout.
 
-A failed node fails the step at once (`node_problem`). JobSet v0.12's webhook defaults the
-node pods' `restartPolicy` to `OnFailure`, the Job keeps Kubernetes' `backoffLimit: 6`, and
-a TrainJob can change neither; a runtime of the project's own with `restartPolicy: Never`
-would be one more cluster object to install and keep in step with Trainer's. So a crashed
-node restarts in place and rejoins a static rendezvous the others may wait in until NCCL's
-timeout, the job's conditions silent until the seventh failure. A container restarted, a
-pod `Failed` or replaced, a container stuck on its image or a secret (`STUCK`), or a pod
-unschedulable past `pending_seconds` ends the step naming the node and why; the job is
-deleted, and `--training-retries` starts a job that resumes from the last checkpoint.
-
-The job is deleted on the way out, whatever the way (`finally`). KFP cancels a step with
-SIGTERM and Argo's emissary exits within a second, not the pod's 30 s grace: the handler
-sends the DELETE itself (on connections of its own: it may interrupt a call on the
-others). A launcher stopped with no cleanup (a KFP terminate, a step deadline) leaves its
-pod object, so the job's ownerReference collects nothing until the workflow is
-garbage-collected: node 0 watches the launcher pod and deletes the job (`watch_owner`).
-
-One job of a task at a time: the name is derived from the run, the task and the attempt
-(`spec.trainjob_name`), and before creating it the launcher deletes any job of that name
-(left by an earlier launcher of the same attempt, e.g. a pod the kubelet started again)
-and, given `task_selector`, every other job of the task (earlier attempts), and waits until
-each is gone: deleted in the foreground, a TrainJob is gone only once its JobSet's pods
-are, so no old node still trains or writes checkpoints when the new job starts. Deleting
-rather than refusing: such a job belongs to this very step and its result cannot be
-adopted (its pods may have died with the earlier launcher); refusing would fail every
-retry of the step until someone deleted it by hand.
-
-The Kubernetes client is injected (`kubernetes.client.ApiClient`): in the pod, one
-configured from the service account (`kubernetes.config.load_incluster_config()`); in
-the tests, one pointed at a loopback stub of the API.
+The job is deleted on the way out (`finally`), and on SIGTERM by the handler itself on
+connections of its own (Argo's emissary exits within a second of KFP's cancel). A launcher
+stopped without cleanup leaves its pod object, so node 0 watches it (`watch_owner`).
+One job of a task at a time: before creating, the job of this name and (`task_selector`)
+the task's earlier attempts are deleted in the foreground and waited for, since their
+result cannot be adopted and refusing would fail every retry.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import signal
 import threading
@@ -55,14 +30,12 @@ import tenacity
 
 from components.trainjob.spec import GROUP, NODE, PLURAL, VERSION
 
-# Labels of each node's pod: JobSet's (the TrainJob's JobSet has the TrainJob's name) and
-# the Job controller's completion index (Trainer's PET_NODE_RANK).
+# Node pods' labels: JobSet's (named after the TrainJob) and the completion index (the rank).
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 COMPLETE, FAILED = "Complete", "Failed"
-# Why a node's container waits that the kubelet retries for ever, with back-off, and never
-# clears by itself: no such image (or no access to it), no such secret or secret key.
+# Waiting reasons the kubelet retries for ever and that never clear by themselves.
 STUCK = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError")
 # What node 0 is given to watch its owner (`watch_owner`): the job, and the launcher pod.
 OWNER_VARIABLES = ("TRAINJOB_NAME", "TRAINJOB_NAMESPACE", "TRAINJOB_OWNER_POD",
@@ -85,16 +58,9 @@ class TrainJobCancelled(TrainJobError):
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    """How the launcher paces its calls.
-
-    Attributes:
-        poll_seconds: Between two reads of the job's status (and looks for node 0's pod).
-        clear_seconds: Longest wait for a leftover job to be gone before creating.
-        log_grace_seconds: Longest wait, once the job has ended, for node 0's log to end.
-        api_retries: API errors in a row (5xx, connection) tolerated while following.
-        pending_seconds: Longest a node pod may stay unschedulable (a cluster autoscaler
-            adding a GPU machine takes minutes) before the step fails.
-    """
+    """How the launcher paces its calls: between polls, the longest wait for a leftover
+    job to go and for node 0's log to end, API errors in a row tolerated, and how long a
+    node pod may stay unschedulable (an autoscaler adds a GPU machine in minutes)."""
 
     poll_seconds: float = 10.0
     clear_seconds: float = 600.0
@@ -110,8 +76,7 @@ def node0_selector(name: str) -> str:
 
 
 def job_outcome(job: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(`Complete` or `Failed`, reason, message) once the job (as the API returns it) has
-    ended; None before."""
+    """(`Complete` or `Failed`, reason, message) once the job has ended; None before."""
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("type") in (COMPLETE, FAILED) and condition.get("status") == "True":
             return (condition["type"], condition.get("reason") or "",
@@ -156,13 +121,13 @@ def pod_problem(pod, pending_for: float, pending_seconds: float) -> str:
 
 def node_problem(pods, seen: dict[str, tuple[str, float]], now: float,
                  pending_seconds: float) -> str:
-    """Why the job's node pods fail it now (the node and its pod named), or "".
+    """Why the job's node pods (`V1Pod`s) fail it now, naming node and pod, or "".
 
     Args:
-        pods: The job's `V1Pod`s, as listed now.
-        seen: Each node's (completion index's) first pod: its uid and when the launcher
-            first saw it (`now`, from `time.monotonic()`); kept across polls.
-        now, pending_seconds: The time, and `Timing.pending_seconds`.
+        pods: The job's pods, as listed now.
+        seen: Each node's first pod uid and when it was first seen; kept across polls.
+        now: `time.monotonic()`.
+        pending_seconds: `Timing.pending_seconds`.
     """
     for pod in sorted(pods, key=lambda pod: pod.metadata.name):
         index = (pod.metadata.labels or {}).get(COMPLETION_INDEX_LABEL, "?")
@@ -175,10 +140,6 @@ def node_problem(pods, seen: dict[str, tuple[str, float]], now: float,
         if problem:
             return f"{where}: {problem}"
     return ""
-
-
-def _print(line: str) -> None:
-    print(line, flush=True)
 
 
 def _transient(error: Exception) -> bool:
@@ -205,8 +166,7 @@ def _message(error: Exception) -> str:
 
 def _delete(custom, namespace: str, name: str, write: Callable[[str], None],
             attempts: int = 3) -> bool:
-    """Deletes the job (foreground: its JobSet and pods first); False where there was none
-    to delete (gone already is fine) or it could not be (the message says how by hand)."""
+    """Deletes the job in the foreground; False where it was gone or could not be."""
     try:
         tenacity.Retrying(retry=tenacity.retry_if_exception(_transient), reraise=True,
                           stop=tenacity.stop_after_attempt(attempts), wait=tenacity.wait_fixed(1))(
@@ -233,8 +193,7 @@ def _exists(custom, namespace: str, name: str) -> bool:
 
 def _clear(custom, namespace: str, name: str, task_selector: str, timing: Timing,
            stop: threading.Event, write: Callable[[str], None]) -> None:
-    """Deletes the job of this name and, with `task_selector`, the task's other jobs, and
-    waits until they are gone."""
+    """Deletes this job and the task's others (`task_selector`); waits until they are gone."""
     names = {name}
     if task_selector:
         found = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
@@ -341,8 +300,7 @@ def _follow_logs(core, namespace: str, name: str, write: Callable[[str], None],
 
 
 def _on_sigterm(stop: threading.Event, cancel: Callable[[], None]) -> Callable[[], None]:
-    """On SIGTERM (main thread only) sets `stop` and calls `cancel` right there; returns
-    what restores the old handler."""
+    """On SIGTERM (main thread only) sets `stop` and calls `cancel`; returns the restorer."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.getsignal(signal.SIGTERM)
@@ -361,12 +319,10 @@ def launch(api, manifest: Mapping[str, Any], *, task_selector: str = "",
     """Runs the TrainJob to its end: create, follow, stream node 0's log, delete.
 
     Args:
-        api: A `kubernetes.client.ApiClient` (in-cluster in the pod; a stub in tests).
-        manifest: The TrainJob (`spec.trainjob_manifest`); its metadata names it and its
-            namespace.
-        task_selector: Label selector of every TrainJob of this task (all attempts): each
-            is deleted before this one is created; empty: only a job of this name.
-        stop: Set to cancel (the SIGTERM handler sets it, and deletes the job itself).
+        api: A `kubernetes.client.ApiClient`.
+        manifest: The TrainJob (`spec.trainjob_manifest`).
+        task_selector: Selects every TrainJob of this task, deleted first; empty: none.
+        stop: Set to cancel.
         write: Where the launcher's lines and node 0's log go; stdout when None.
         timing: Polling and waiting.
 
@@ -374,19 +330,18 @@ def launch(api, manifest: Mapping[str, Any], *, task_selector: str = "",
         The TrainJob as the API returned it once `Complete`.
 
     Raises:
-        TrainJobFailed: The job ended `Failed`, or a node pod failed it (`node_problem`).
+        TrainJobFailed: The job ended `Failed`, or a node pod failed it.
         TrainJobCancelled: `stop` was set or SIGTERM came.
-        TrainJobError: A leftover job would not go, the job vanished while it ran, or
-            strict field validation refused a field (an older Trainer).
-        kubernetes.client.exceptions.ApiException: The API refused a call (e.g. the
-            service account may not create trainjobs: the message says which verb).
+        TrainJobError: A leftover job would not go, the job vanished, or strict field
+            validation refused a field.
+        kubernetes.client.exceptions.ApiException: The API refused a call.
     """
     from kubernetes import client
 
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     spare = client.ApiClient(api.configuration)  # the SIGTERM handler's own connections
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
-    stop, write = stop or threading.Event(), write or _print
+    stop, write = stop or threading.Event(), write or functools.partial(print, flush=True)
     owned, deleted = threading.Event(), threading.Event()
 
     def cancel() -> None:  # within the second Argo's emissary leaves: one try, no line
@@ -435,12 +390,7 @@ def launch(api, manifest: Mapping[str, Any], *, task_selector: str = "",
 
 
 def owner_stopped(pods, uid: str) -> str:
-    """How the launcher pod no longer runs the step ("is Failed", "is gone"), or "".
-
-    Args:
-        pods: The `V1Pod`s of the owner's name, as listed now.
-        uid: The owner's uid (a pod of that name with another uid is another pod).
-    """
+    """How the launcher pod (`uid`, among `pods` of its name) stopped ("is gone"), or ""."""
     pod = next((pod for pod in pods if pod.metadata.uid == uid), None)
     if pod is None:
         return "is gone"
@@ -456,27 +406,23 @@ def watch_owner(api, environ: Mapping[str, str], *, poll_seconds: float = OWNER_
                 write: Callable[[str], None] | None = None) -> bool:
     """Node 0's side of a cancel: deletes the job once the launcher pod owning it stops.
 
-    Within `poll_seconds` of the pod leaving `Running` (or going), then the node pods'
-    grace period. Deleting, not exiting: a node that exits non-zero is restarted in place,
-    6 times with back-off, while the others keep their GPUs. The pod is read with a field
-    selector (the Role's `list` on pods).
+    Deleting, not exiting: a node that exits non-zero is restarted in place.
 
     Args:
-        api: A `kubernetes.client.ApiClient` (the node's service account).
+        api: A `kubernetes.client.ApiClient`.
         environ: The node's environment: `OWNER_VARIABLES`.
         poll_seconds: Between two reads of the launcher pod.
         stop: Ends the watch when set.
         write: Where its lines go; stdout when None.
 
     Returns:
-        True once it deleted the job; False where the watch ended otherwise (stopped, or
-        the pod could not be read: a line says why).
+        True once it deleted the job; False where the watch ended otherwise.
     """
     from kubernetes import client
 
     name, namespace, pod, uid = (environ[key] for key in OWNER_VARIABLES)
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    stop, write = stop or threading.Event(), write or _print
+    stop, write = stop or threading.Event(), write or functools.partial(print, flush=True)
     write(f"[owner] watching launcher pod {namespace}/{pod} every {poll_seconds:g} s: "
           f"TrainJob {name} is deleted once it no longer runs")
     while True:

@@ -1,34 +1,13 @@
 """The TrainJob a launcher step creates: Kubeflow Trainer 2.2-2.3 (`trainer.kubeflow.org/v1alpha1`).
 
-Every part is built as `kubeflow-trainer-api`'s typed model (pinned at 2.3.0, the models of
-Trainer 2.3's CRDs) and serialised by the models' own `to_dict` (their aliases, None left
-out), so each field set here is one the 2.3 API has, of the type it takes. The models ignore
-keys they do not know, so `validate_manifest` reads a manifest back through them and
-refuses any key they would drop or value they would change: the check this project holds
-the launcher's job to (no CRD schema ships in a package), on 2.2's and 2.1's models too
-(`tools.trainer_releases`: 2.2 takes the job whole, 2.1 lacks its fields).
-
-What a TrainJob carries and where (Trainer 2.3):
-
-- `spec.runtimeRef`: a ClusterTrainingRuntime, `torch-distributed` by default; its one
-  replicated job and its container are both named `node` (`manifests/base/runtimes/
-  torch_distributed.yaml`).
-- `spec.trainer`: `numNodes`, `numProcPerNode`, `resourcesPerNode` (requests = limits: GPUs
-  as `nvidia.com/gpu`, CPU, memory), `image`, `command`, `args` and `env` (plain values and
-  the storage secret's keys as `secretKeyRef`; Trainer's webhook refuses the torchrun
-  variables it sets itself, `PET_*`, and envs of the `node` container given anywhere else).
-- The pod settings a TrainJob may change: Trainer 2.0 had `podSpecOverrides`, 2.1
-  `podTemplateOverrides`; 2.2 and 2.3 have `spec.runtimePatches`, a list of patches keyed
-  by a `manager` (a domain-prefixed path), each a strategic merge patch of the runtime's JobSet
-  template restricted to what a `PodSpecPatch` has. Here one patch of the `node` replicated
-  job sets the node selector, tolerations, image pull secrets, an optional service account,
-  a memory-backed `/dev/shm` (volume, and its mount on the `node` container) and the pods'
-  labels, with `sidecar.istio.io/inject: "false"`: outside the mesh, as KFP's own pods
-  are (a Kubeflow profile namespace injects sidecars, and the mesh refuses node-to-node
-  traffic through JobSet's headless service: kubeflow/trainer#2794, #2872).
-- `metadata`: name, namespace, labels (with a Kueue queue, `kueue.x-k8s.io/queue-name`:
-  Kueue reads it on the TrainJob itself), and an ownerReference to the launcher pod, so
-  the job is garbage-collected with the pod object (the launcher deletes it before that).
+Every part is built as `kubeflow-trainer-api`'s typed model (pinned at 2.3.0) and
+serialised by its `to_dict`, so each field set is one the 2.3 API has. The models ignore
+unknown keys, so `validate_manifest` reads a manifest back through them and refuses any
+key they would drop or value they would change (`tools.trainer_releases` runs it on
+2.2's and 2.1's models too). The pod settings go in one `spec.runtimePatches` entry of the
+`node` replicated job, with `sidecar.istio.io/inject: "false"`: the mesh refuses
+node-to-node traffic through JobSet's headless service (kubeflow/trainer#2794, #2872).
+The ownerReference to the launcher pod garbage-collects the job with the pod object.
 """
 
 from __future__ import annotations
@@ -50,8 +29,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
 # Who owns the runtime patch (Trainer 2.3 requires a domain-prefixed path).
 DEFAULT_MANAGER = "vertex-gpu-pipelines/trainjob-launcher"
-# The variables the storage secret's two keys become (botocore's), in every pod that
-# gets it (`pipelines.definitions.kubeflow` too); by default the keys have these names.
+# The variables the storage secret's two keys become (botocore's), by default its keys.
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # KFP's own pods carry this pod label (backend template/v2_template.go), the nodes too.
 ISTIO_INJECT = "sidecar.istio.io/inject"
@@ -73,17 +51,13 @@ class ManifestError(ValueError):
 
 
 def trainjob_name(run_id: str, task: str, attempt: int | str) -> str:
-    """The TrainJob's name for one attempt of one task of one run.
-
-    A DNS-1035 label of at most `MAX_NAME` characters: the task's name (cut short) for
-    people reading `kubectl get trainjobs`, a digest of the run and the task, and the
-    attempt, so the same attempt always gets the same name and every attempt another.
+    """The TrainJob's name for one attempt of one task of one run: a DNS-1035 label of
+    the task's name (cut short), a digest of run and task, and the attempt.
 
     Args:
         run_id: The pipeline run's id.
         task: The task's name (or id) within the run.
-        attempt: The attempt: a number from 0, or a string unique to it (the launcher
-            pod's name or uid, which a retry changes).
+        attempt: A number from 0, or a string unique to it (the launcher pod's uid).
 
     Raises:
         ManifestError: An empty run id or task, or a negative attempt.
@@ -104,15 +78,14 @@ def trainjob_name(run_id: str, task: str, attempt: int | str) -> str:
 
 
 def _models():
-    """`kubeflow_trainer_api.models`, imported when a manifest is built or read (~0.4 s)."""
+    """`kubeflow_trainer_api.models`, imported only when needed (~0.4 s)."""
     from kubeflow_trainer_api import models
 
     return models
 
 
 def secret_key_problems(keys: Sequence[str]) -> list[str]:
-    """What is wrong with `keys` as the storage secret's keys of `S3_SECRET_KEYS`, in
-    order: two distinct Kubernetes secret key names; empty when nothing is."""
+    """What is wrong with `keys` as the secret's keys of `S3_SECRET_KEYS`; empty if nothing."""
     if len(keys) != len(S3_SECRET_KEYS) or len(set(keys)) != len(keys):
         return [f"{list(keys)}: two different keys, of {' and '.join(S3_SECRET_KEYS)} in that "
                 "order"]
@@ -227,37 +200,34 @@ def trainjob_manifest(
 
     Args:
         name: The job's name (`trainjob_name`).
-        namespace: The run's namespace (the launcher pod's).
-        image: The nodes' image (the trainer's, as one pod runs it).
-        command: The node's entry point (replaces the runtime's).
+        namespace: The run's namespace.
+        image: The nodes' image.
+        command: The node's entry point.
         args: Its arguments.
         num_nodes: Nodes (pods), one per machine.
-        procs_per_node: Processes per node (`PET_NPROC_PER_NODE`); None: one per GPU, one
-            on a node without, as the trainer runs in one pod (Trainer's own default,
-            `auto`, would give a node without GPUs as many as its CPUs).
-        gpus: GPUs of each node (`nvidia.com/gpu`, and `EXPECTED_GPU_COUNT` when > 0).
+        procs_per_node: Processes per node; None: one per GPU, one without (Trainer's
+            `auto` would start one per CPU there).
+        gpus: GPUs of each node.
         cpu: CPU of each node, a Kubernetes quantity (requests = limits).
         memory: Memory of each node (requests = limits; /dev/shm counts inside it).
         shm: Size of each node's memory-backed /dev/shm; empty: the container's own.
-        env: Environment variables of the node container (plain values).
+        env: Environment variables of the node container.
         storage_secret: Kubernetes secret whose `secret_keys` the nodes get as variables.
         secret_keys: The secret's keys whose values `S3_SECRET_KEYS` get, in that order.
-        node_selector: Node labels the nodes must have (GPU type, spot pool).
-        tolerations: Tolerations (dicts of key, operator, value, effect), as a pod's.
+        node_selector: Node labels the nodes must have.
+        tolerations: Tolerations (dicts), as a pod's.
         image_pull_secrets: Secrets the nodes pull the image with.
-        service_account: The nodes' Kubernetes service account; empty: the namespace's
-            default (the launcher gives its own: workload identity to object storage).
+        service_account: The nodes' service account; empty: the namespace's default.
         labels: Labels of the TrainJob and of its node pods.
-        queue: Kueue's LocalQueue for the job (a label of the TrainJob only: Kueue admits
-            the job as a whole, and its pods are the job's); empty: none.
+        queue: Kueue's LocalQueue (a label of the TrainJob only); empty: none.
         owner_pod: The launcher pod's name: the job's owner; empty for none.
         owner_uid: That pod's uid (given with `owner_pod`).
         runtime: The ClusterTrainingRuntime to run on.
         manager: Who owns the runtime patch (a domain-prefixed path).
-        active_deadline_seconds: Longest the job may run; None: no limit of its own.
+        active_deadline_seconds: Longest the job may run; None: no limit.
 
     Returns:
-        The manifest (camelCase keys, as `kubeflow-trainer-api` 2.3 serialises it).
+        The manifest (camelCase keys).
 
     Raises:
         ManifestError: A setting the API or Trainer's webhook would refuse.
@@ -325,12 +295,11 @@ def _strict(model, data: Mapping[str, Any], what: str):
 
 
 def validate_manifest(manifest: Mapping[str, Any]) -> None:
-    """Reads a TrainJob manifest through the installed release's typed models (2.3 here;
-    `tools.trainer_releases` runs this on each release's); refuses what they do not.
+    """Reads a manifest through the installed release's typed models; refuses what they do not.
 
     Raises:
-        ManifestError: A key no model of the release's API has (dropped on reading), or a
-            value read as another one; the message names each by its path.
+        ManifestError: A key the release's API lacks, or a value read as another; each
+            named by its path.
         pydantic.ValidationError: A value of a type the models do not take.
     """
     from kubeflow_trainer_api import __version__ as release

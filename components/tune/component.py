@@ -1,13 +1,7 @@
-"""KFP faces of tuning: the trials Kubeflow runs, and the best trial's values unpacked into
-the retraining step's inputs.
-
-Each kind's best-trial (Vertex) and selection (Kubeflow) step takes and returns every
-parameter of `contract.TUNABLE[kind]` (the best trial's value where the study searched it,
-the run's value otherwise), so the retraining step takes them the way it takes pipeline
-parameters. A trial step takes the trial's point, then its trainer's inputs. Their
-functions are written from `TUNABLE` and the trainers' signatures here
-(`components.common.written`), so those lists live in one place.
-"""
+"""KFP faces of tuning, written from `contract.TUNABLE` and the trainers' signatures: the
+best-trial (Vertex) and selection (Kubeflow) steps take and return every tunable parameter
+(the best trial's value, else the run's); a trial step takes the point, then the trainer's
+inputs."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Search spaces of hyperparameter tuning: what a study searches and the metric it ranks by.
-
-One space drives both searches: the Vertex tuning job (`pipelines.definitions.tuning` turns it into
-the job's study spec) and the local search (`pipelines.tune_local`, optuna). A space file
-is JSON:
+"""Search spaces of hyperparameter tuning, one for both searches (the Vertex tuning job's
+study spec and the local optuna search). A space file is JSON:
 
     {"metric": "val_accuracy", "goal": "maximize",
      "parameters": {
@@ -10,10 +7,7 @@ is JSON:
         "batch_size": {"type": "discrete", "values": [16, 32, 64]},
         "unfreeze_blocks": {"type": "integer", "min": 1, "max": 3}}}
 
-Parameter types are Vertex's numeric ones: double, integer (min..max, scale linear or
-log) and discrete (numbers); every tunable parameter is a number, so Vertex's categorical
-(strings) has nothing to search. Only the trainer parameters in `TUNABLE` can be searched;
-the others keep the pipeline run's values.
+Types are Vertex's numeric ones (every tunable parameter, `TUNABLE`, is a number).
 """
 
 from __future__ import annotations
@@ -30,8 +24,7 @@ GOALS = ("maximize", "minimize")
 SCALES = ("linear", "log")
 PARAMETER_TYPES = ("double", "integer", "discrete")
 
-# Trainer parameters a study may search, with their Python types, per pipeline kind.
-# (The best-trial steps return exactly these; see components.tune.component.)
+# Trainer parameters a study may search (and the best-trial steps return), per kind.
 TUNABLE: Mapping[str, Mapping[str, type]] = {
     "image": {"learning_rate": float, "fine_tune_learning_rate": float, "dropout": float,
               "batch_size": int, "unfreeze_blocks": int},
@@ -40,19 +33,15 @@ TUNABLE: Mapping[str, Mapping[str, type]] = {
     "transformer": {"learning_rate": float, "batch_size": int, "warmup_ratio": float,
                     "weight_decay": float},
 }
-# Epoch values each trainer reports to the tuning service (hypertune), per kind. The
-# text classifier's names come from fastai (f1_score is the macro F1 at the threshold).
+# Epoch values each trainer reports to hypertune (fastai's f1_score: the macro F1).
 REPORTED_METRICS: Mapping[str, tuple[str, ...]] = {
     "image": ("val_accuracy", "val_loss", "accuracy", "loss"),
     "text": ("f1_score", "valid_loss", "accuracy", "accuracy_multi", "train_loss"),
-    # The transformer trainer's epoch rows carry the fastai trainer's names, and micro_f1.
     "transformer": ("micro_f1", "f1_score", "valid_loss", "accuracy", "accuracy_multi"),
 }
 
 DEFAULT_SPACES: Mapping[str, Mapping[str, Any]] = {
-    # Head and fine-tune rates around the trainer's defaults (1e-3, 1e-4), how much of the
-    # base is unfrozen, regularisation, and the batch (it also scales the learning rate
-    # per replica).
+    # Rates around the trainer's defaults (1e-3, 1e-4), unfreezing, dropout, the batch.
     "image": {
         "metric": "val_accuracy", "goal": "maximize",
         "parameters": {
@@ -64,8 +53,7 @@ DEFAULT_SPACES: Mapping[str, Mapping[str, Any]] = {
             "unfreeze_blocks": {"type": "integer", "min": 1, "max": 3, "scale": "linear"},
         },
     },
-    # A fixed classifier rate instead of lr_find's guess, the LM fine-tuning rate, the
-    # AWD-LSTM dropout multiplier and the batch; ranked by the validation macro F1.
+    # A fixed rate instead of lr_find's guess, the LM rate, AWD-LSTM dropout, the batch.
     "text": {
         "metric": "f1_score", "goal": "maximize",
         "parameters": {
@@ -75,9 +63,7 @@ DEFAULT_SPACES: Mapping[str, Mapping[str, Any]] = {
             "batch_size": {"type": "discrete", "values": [16, 32, 64]},
         },
     },
-    # Fine-tuning a pretrained encoder: the usual rates around the trainer's 5e-5, the
-    # batch (a T4 holds 32 texts of 256 tokens of a base-size model) and the warmup;
-    # ranked by the validation micro F1 (the registration gate's default metric).
+    # Rates around 5e-5, the batch (a T4 holds 32 texts of 256 tokens), the warmup.
     "transformer": {
         "metric": "micro_f1", "goal": "maximize",
         "parameters": {
@@ -95,16 +81,7 @@ class SearchSpaceError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Parameter:
-    """One searched parameter.
-
-    Attributes:
-        name: The trainer parameter (a key of `TUNABLE[kind]`).
-        type: "double", "integer" or "discrete".
-        min: Lower bound (double, integer).
-        max: Upper bound (double, integer).
-        scale: "linear" or "log" (double, integer).
-        values: The choices (discrete).
-    """
+    """One searched parameter: bounds and scale (double, integer) or values (discrete)."""
 
     name: str
     type: str
@@ -116,14 +93,8 @@ class Parameter:
 
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
-    """What a study searches and how it ranks trials.
-
-    Attributes:
-        kind: "image", "text" or "transformer".
-        metric: Epoch value the trials report (a name in `REPORTED_METRICS[kind]`).
-        goal: "maximize" or "minimize".
-        parameters: The searched parameters, in the file's order.
-    """
+    """What a study of `kind` searches (`parameters`, in the file's order) and how it
+    ranks trials (`metric`, of `REPORTED_METRICS[kind]`, and `goal`)."""
 
     kind: str
     metric: str
@@ -158,9 +129,7 @@ def parse_space(kind: str, data: Mapping[str, Any], source: str = "search space"
         The search space.
 
     Raises:
-        SearchSpaceError: An unknown key, parameter, type or metric, a bound or value of
-            the wrong type, min >= max, a log scale over non-positive values, or a value a
-            parameter cannot take (e.g. a fractional batch size); the message names it.
+        SearchSpaceError: What no study could run (or the trainer refuses), named.
     """
     if kind not in TUNABLE:
         raise SearchSpaceError(f"unknown pipeline kind {kind!r}; one of {sorted(TUNABLE)}")
@@ -228,11 +197,8 @@ def _parameter(kind: str, name: str, spec: Any, source: str) -> Parameter:
 
 
 def _check_trainer_takes(kind: str, parameter: Parameter, where: str) -> None:
-    """Refuses a range or value the trainer's own settings refuse (e.g. dropout 1.5).
-
-    The trainer's settings class is the one judge of a value; its limits are intervals, so
-    a range's two ends stand for every value between them.
-    """
+    """Refuses a range or value the trainer's settings class refuses; its limits are
+    intervals, so a range's ends stand for every value between them."""
     if kind == "image":
         from components.train_image.contract import TrainConfig
     elif kind == "transformer":
@@ -274,9 +240,7 @@ def read_space(kind: str, path: str | None = None) -> SearchSpace:
 
 
 def coerce(kind: str, name: str, value: Any) -> int | float:
-    """A trial's value of tunable parameter `name` as the trainer takes it.
-
-    Vertex passes every value as text and discrete ones as floats ("32.0").
+    """A trial's value of tunable parameter `name` as the trainer takes it ("32.0": 32).
 
     Raises:
         SearchSpaceError: Not a number, or a fractional value of an integer parameter.
@@ -288,11 +252,8 @@ def coerce(kind: str, name: str, value: Any) -> int | float:
 
 
 def draw_points(space: SearchSpace, count: int, seed: int) -> list[dict[str, int | float]]:
-    """`count` points of `space` drawn at random (a random search's trials), reproducibly.
-
-    Doubles and integers are drawn uniformly on their scale (log: uniform in the
-    logarithm), discrete values with equal chances. The same space, count and seed give
-    the same points, so a compiled pipeline names its trials before it runs.
+    """`count` points of `space` drawn at random (uniformly on each scale), reproducibly:
+    a compiled pipeline names its trials before it runs.
 
     Args:
         space: The search space.

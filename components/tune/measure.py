@@ -1,11 +1,5 @@
-"""A trial's measurement: the study metric over a trained model's epochs, as Vertex ranks it.
-
-Shared by the searches that run the trainer themselves (the local optuna search and the
-Kubeflow target's trials): a trial's value is the study metric as the trainer reports it to
-Vertex, one value per epoch (the image trainer's Keras history, both phases; the text
-classifiers' epochs, ULMFiT or transformer), and, as Vertex's BEST_MEASUREMENT, its best
-epoch counts.
-"""
+"""A trial's measurement, as Vertex's BEST_MEASUREMENT ranks it: the best epoch value of the
+study metric the trainer reports (the local optuna search and the Kubeflow trials)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The best trial of a finished Vertex hyperparameter tuning job, by the study's own metric.
-
-Vertex's `HyperparameterTuningJob` lists its trials with their parameters and final
-measurement (the best or last epoch value, as the study's measurement selection says)
-but names no best trial: this module ranks them by the study's metric and goal.
-"""
+"""The best trial of a finished Vertex tuning job (which names none), or of the trials a
+Kubeflow pipeline ran itself, by the study's metric and goal."""
 
 from __future__ import annotations
 
@@ -53,16 +49,9 @@ def fetch_tuning_job(name: str):
 
 
 def trial_table(job) -> list[dict[str, Any]]:
-    """One row per trial: id, state, parameters, the study metric's final value (or None),
-    and its folder (`<base output directory>/<id>`: the trial's model/, logs/).
-
-    A trial stopped early without a final measurement has its last reported one, which its
-    cut-short curve mostly understates: it is ranked with the others and wins only when
-    that value already beats every finished trial.
-
-    Args:
-        job: An `aiplatform_v1.HyperparameterTuningJob`.
-    """
+    """One row per trial of `job` (an `aiplatform_v1.HyperparameterTuningJob`): id, state,
+    parameters, the metric's final value (or None) and its folder. A trial stopped early
+    without a final measurement is ranked by its last one."""
     metric = job.study_spec.metrics[0].metric_id
     base = job.trial_job_spec.base_output_directory.output_uri_prefix.rstrip("/")
     rows = []
@@ -84,8 +73,7 @@ def trial_table(job) -> list[dict[str, Any]]:
 
 
 def best_row(rows: list[Mapping[str, Any]], maximize: bool) -> Mapping[str, Any] | None:
-    """The succeeded (or stopped early) row whose metric ranks first for the goal (ties go
-    to the earlier row); None where no such row has a value of the metric."""
+    """The succeeded (or stopped early) row ranking first (ties: the earlier); None if none."""
     ranked = [row for row in rows if row.get("state") in RANKED
               and row.get("metric") is not None]
     return max(ranked, key=lambda row: row["metric"] if maximize else -row["metric"],
@@ -93,8 +81,7 @@ def best_row(rows: list[Mapping[str, Any]], maximize: bool) -> Mapping[str, Any]
 
 
 def best_trial(job) -> dict[str, Any]:
-    """The succeeded or early-stopped trial of a Vertex tuning job whose final metric ranks
-    first for the study's goal (`best_row`).
+    """The trial of a Vertex tuning job ranking first for the study's goal (`best_row`).
 
     Raises:
         TuningError: No trial succeeded with a value of the metric.
@@ -111,16 +98,14 @@ def best_trial(job) -> dict[str, Any]:
 
 def best_values(kind: str, best: Mapping[str, Any], defaults: Mapping[str, Any]
                 ) -> dict[str, Any]:
-    """Every tunable parameter of `kind`: the `best` trial's value where the study searched
-    it, else the run's value in `defaults`."""
+    """Every tunable parameter of `kind`: the `best` trial's value, else the run's."""
     return {name: coerce(kind, name, best["parameters"][name]) if name in best["parameters"]
             else defaults[name] for name in TUNABLE[kind]}
 
 
 def record(trials, summary: Mapping[str, Any], best: Mapping[str, Any] | None = None,
            values: Mapping[str, Any] | None = None) -> None:
-    """Writes `trials.json` (`summary`, and the best trial with its `values`, or None) into
-    the `trials` artifact (`.path` a folder)."""
+    """Writes `trials.json` (`summary`, the best trial with its `values`) into `trials`."""
     import os
 
     from components.common.storage import write_json_atomically
@@ -132,8 +117,7 @@ def record(trials, summary: Mapping[str, Any], best: Mapping[str, Any] | None = 
 
 def choose(kind: str, gcp_resources: str, defaults: Mapping[str, Any], trials,
            fetch=fetch_tuning_job) -> dict[str, Any]:
-    """Reads the tuning job, writes `trials.json` into the `trials` artifact, and returns
-    every tunable parameter of `kind` (see `best_values`).
+    """Reads the tuning job, writes `trials.json` and returns `best_values`.
 
     Args:
         kind: "image", "text" or "transformer".
@@ -168,25 +152,20 @@ def choose(kind: str, gcp_resources: str, defaults: Mapping[str, Any], trials,
 def choose_from_results(kind: str, results: list[Mapping[str, Any]], goal: str,
                         max_failed_trials: int, defaults: Mapping[str, Any],
                         trials) -> dict[str, Any]:
-    """Ranks the trials a pipeline ran itself (`components.tune.task_trial`), writes
-    `trials.json` into the `trials` artifact and returns every tunable parameter of
-    `kind`: the best trial's value where it was searched, else the run's.
+    """Ranks the trials a pipeline ran itself, writes `trials.json` and returns `best_values`.
 
     Args:
         kind: "image", "text" or "transformer".
         results: One `run_trial` result per trial, in the order they were drawn.
         goal: "maximize" or "minimize".
-        max_failed_trials: Failed trials that fail the search, as a Vertex tuning job's:
-            0 fails it only when no trial succeeded with a value of the metric.
+        max_failed_trials: Failed trials that fail the search (0: only when none succeeded).
         defaults: The run's values of the tunable parameters.
         trials: Output artifact (`.path` a folder, `.metadata` a dict).
 
     Raises:
-        TuningError: Too many trials failed, or none has a value; `trials.json` is written
-            first, naming each trial's error.
+        TuningError: Too many trials failed, or none has a value (`trials.json` written).
     """
-    # In the order the points were drawn (a result names its trial), whatever order the
-    # loop's outputs were collected in; ties go to the earlier trial.
+    # In the order the points were drawn, whatever order the loop's outputs came in.
     table = sorted(({"id": str(i + 1), **dict(r)} for i, r in enumerate(results)),
                    key=lambda row: int(row["id"]))
     failed = [row for row in table if row.get("state") != "SUCCEEDED"]

@@ -1,13 +1,6 @@
-"""A tuning trial as a pipeline task: the trainer component with the trial's values.
-
-Targets without a tuning service (open-source Kubeflow) run the trials themselves, one
-task per point in a `ParallelFor` (`pipelines.definitions.trials`). Each task is a trial
-step (`components.tune.component.trial_<trainer>`: the trainer's inputs and the point) that
-runs the trainer's own code through `run_trial`: the trial's values override the run's,
-and a trainer that fails ends in a result marked failed instead of a failed task, so one
-bad point does not fail the loop and `max_failed_trials` keeps its meaning (the selection
-step counts the failures).
-"""
+"""A tuning trial as a pipeline task (targets without a tuning service): the trainer's own
+code with the trial's values, a failed training a FAILED result rather than a failed task,
+so one bad point does not fail the loop and `max_failed_trials` keeps its meaning."""
 
 from __future__ import annotations
 
@@ -30,18 +23,16 @@ def run_trial(trainer: Callable, kind: str, metric: str, goal: str, point: Mappi
     trainer's failure.
 
     Args:
-        trainer: The trainer component's function (its `model` argument an output artifact).
+        trainer: The trainer component's function.
         kind: "image", "text" or "transformer".
-        metric: The study metric (an epoch value the trainer records).
+        metric: The study metric.
         goal: "maximize" or "minimize".
-        point: The trial's values of tunable parameters.
-        arguments: The trainer's other arguments (the run's values, its artifacts).
+        point: The trial's values of tunable parameters (and its `TRIAL_ID`).
+        arguments: The trainer's other arguments.
 
     Returns:
-        `{"state", "parameters", "model"}`, the trial's `id` when the point carries one
-        (`TRIAL_ID`) and, when SUCCEEDED, the best epoch's `metric`
-        (absent when no epoch had a finite one), when FAILED the `error`. No key is ever
-        None: a pipeline output struct carries no null on every runner (kfp.local refuses).
+        `{"state", "parameters", "model"}`, the `id`, and the best epoch's `metric` or
+        the `error`; never a None value (kfp.local refuses nulls in a struct).
     """
     from components.tune.measure import epoch_values, trial_metric
 
@@ -72,8 +63,7 @@ def run_trial(trainer: Callable, kind: str, metric: str, goal: str, point: Mappi
 
 
 def run_step(kind: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """`run_trial` of a trial step's inputs (`components.tune.component.trial_<trainer>`):
-    its point, the study's metric and goal, and `kind`'s trainer's arguments."""
+    """`run_trial` of a trial step's inputs: the point, the study, the trainer's arguments."""
     from components.tune.trial import trainer
 
     arguments = dict(inputs)

@@ -3,13 +3,9 @@
     python3 -m components.tune.trial --kind image|text|transformer --metric NAME \
         --executor_input JSON [--PARAMETER=VALUE ...]
 
-A tuning job's trials run a plain container: Vertex appends the trial's values as
-`--name=value` arguments and reads the metric the trainer reports (hypertune). The
-tuning step (`pipelines.definitions.tuning.as_tuning_job`) puts the training step's executor input
-in the trial's arguments, resolved by the pipeline backend like a custom job's; this
-module overrides the tuned parameters in it, points the outputs into the trial's own
-folder (AIP_MODEL_DIR is `<tuning folder>/<trial id>/model`) and runs the trainer component
-through KFP's executor, as the pipeline's training step would run it.
+Vertex appends the trial's values as `--name=value`; the training step's executor input
+(`pipelines.definitions.tuning.as_tuning_job`) gets them, its outputs point into the
+trial's folder, and KFP's executor runs the trainer component as the pipeline would.
 """
 
 from __future__ import annotations
@@ -27,8 +23,7 @@ from typing import Any
 from components.common.commands import reports
 from components.tune.contract import TUNABLE, SearchSpaceError, coerce
 
-# The trainer component function each kind's trials run: the component, as a pipeline
-# imports it, never the trainer's logic (an exception tests/test_structure.py names).
+# The trainer component each kind's trials run (an exception tests/test_structure.py names).
 TRAINERS = {
     "image": ("components.train_image.component", "train_image_classifier"),
     "text": ("components.train_text.component", "train_text_classifier"),
@@ -48,7 +43,7 @@ class TrialError(ValueError):
 
 
 def parse_hyperparameters(kind: str, extra: Sequence[str]) -> dict[str, int | float]:
-    """The `--name=value` (or `--name value`) arguments Vertex appends, typed for the trainer.
+    """The `--name=value` arguments Vertex appends, typed for the trainer.
 
     Raises:
         TrialError: An argument that is not `--name=value` of a tunable parameter.
@@ -85,10 +80,10 @@ def output_definitions(function) -> dict[str, str]:
 
 
 def trial_folder(environ: Mapping[str, str]) -> str:
-    """gs:// folder of this trial: the parent of Vertex's AIP_MODEL_DIR for it.
+    """gs:// folder of this trial: the parent of Vertex's AIP_MODEL_DIR.
 
     Raises:
-        TrialError: No AIP_MODEL_DIR (not a trial of a job with a base output directory).
+        TrialError: No AIP_MODEL_DIR.
     """
     model_dir = environ.get("AIP_MODEL_DIR", "").rstrip("/")
     if not model_dir:
@@ -104,15 +99,14 @@ def trial_executor_input(executor_input: Mapping[str, Any], outputs: Mapping[str
     """The training step's executor input, rewritten for one trial.
 
     Args:
-        executor_input: What the backend resolved for the tuning step: its inputs are the
-            training step's (parameters and the dataset).
+        executor_input: What the backend resolved for the tuning step (the training step's).
         outputs: The trainer's output artifacts, name -> schema title.
         hyperparameters: This trial's values, overriding the run's.
         metric: Epoch value the trainer reports to the tuning service.
-        folder: This trial's gs:// (or local) folder; outputs go to `<folder>/<name>`.
+        folder: This trial's folder; outputs go to `<folder>/<name>`.
 
     Returns:
-        A new executor input (the given one is not changed).
+        A new executor input.
     """
     result = copy.deepcopy(dict(executor_input))
     inputs = result.setdefault("inputs", {})
@@ -129,18 +123,14 @@ def trial_executor_input(executor_input: Mapping[str, Any], outputs: Mapping[str
 
 
 def _local(uri: str) -> str:
-    """gs://B/P as the /gcs/B/P file Vertex mounts (KFP's own mapping, which the
-    rehearsal points elsewhere)."""
+    """gs://B/P as the /gcs/B/P file Vertex mounts (KFP's own mapping)."""
     from kfp.dsl import Artifact
 
     return Artifact(uri=uri).path if uri.startswith("gs://") else uri
 
 
 def check_metric_file(environ: Mapping[str, str]) -> str:
-    """Where hypertune will write the trial's metric, checked writable before training.
-
-    Vertex names the file (CLOUD_ML_HP_METRIC_FILE); a folder the image's user cannot
-    write would fail the trial only after its first paid epoch.
+    """Where hypertune writes the trial's metric, checked writable before the first paid epoch.
 
     Raises:
         TrialError: The folder cannot be made or written, naming it and the user.
