@@ -240,8 +240,8 @@ class KubeflowSettings:
     words = KUBEFLOW_WORDS
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
-        """The component as it is: on Kubeflow a step is a pod (`place` sizes it); past one
-        pod (`nodes`), the launcher of its TrainJob (`trainjob.launcher_op`)."""
+        """The component as it is (`place` sizes its pod), or past one pod the launcher of
+        its TrainJob (`trainjob.launcher_op`)."""
         if self.nodes.get(step, 1) > 1:
             return launcher_op(component, step, self)
         return component
@@ -256,17 +256,16 @@ class KubeflowSettings:
 
     def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
                image: str) -> Callable:
-        """The tuning variant's search: random trials in a ParallelFor, each a pod on
-        `step`'s nodes, then the best trial's values (`trials.parallel_search`)."""
+        """The tuning variant's search: random trials in a ParallelFor, each a pod
+        (`trials.parallel_search`)."""
         from pipelines.definitions import trials
 
         return trials.parallel_search(trainer, kind, tune, display_name, image, self.place,
                                       step)
 
     def registration(self, kind: str, image: str) -> Callable:
-        """A model that clears the gate, when the run names a `tracking_uri`: a version in
-        MLflow's Model Registry and the KServe InferenceService that serves it
-        (`register_in_mlflow`); otherwise a step that says nothing was registered."""
+        """A model that clears the gate: a version in `tracking_uri`'s MLflow Model Registry
+        with its KServe InferenceService, or a step saying nothing was registered."""
         from kfp import dsl
 
         from components.register.component import register_in_mlflow, registration_skipped

@@ -222,8 +222,7 @@ class Steps:
         Args:
             name: The pipeline's name, and the experiment its runs are tracked in.
             tuning_name: The tuning variant's name.
-            lead, rest: The description: `lead`, then in the tuning variant the target's
-                tuning clause (`words`), then `rest`.
+            lead, rest: The description, around the tuning variant's `words.tuning_clause`.
             first, last: The pipeline's own parameters (`signature`).
         """
         self.experiment = name
@@ -349,7 +348,7 @@ class Steps:
         return self.target.place(task, "") if self.target is not None else task
 
     def run(self, role: str, params: Mapping[str, Any], **arguments):
-        """The task of the step `role`.
+        """The task of the step `role` (a key of the kind's `STEPS`).
 
         Args:
             role: A key of the kind's `STEPS`.
@@ -358,7 +357,7 @@ class Steps:
                 parameter named as one of its inputs (`arguments` win).
 
         Returns:
-            The task, named in the run graph; a custom job takes `job(params)` as well.
+            The task, named in the run graph.
         """
         step = self.table[role]
         if step.settings:
@@ -420,15 +419,14 @@ class Steps:
             self.registration(params, gate, model)
 
     def predict(self, params: Mapping[str, Any], **arguments) -> None:
-        """Batch prediction of `predict_uri`'s data (`arguments`: the model and the data's
-        fingerprint), when it is set."""
+        """Batch prediction of `predict_uri`'s data, when it is set."""
         with dsl.If(params["predict_uri"] != "", name="prediction-requested"):
             self.run("predict", params, data_uri=params["predict_uri"],
                      batch_size=params["eval_batch_size"], **arguments)
 
     def track(self, params: Mapping[str, Any], experiment: str, **arguments) -> None:
-        """One MLflow run of `arguments` (the step's outputs) in `experiment`, named after the
-        pipeline run, when `tracking_uri` is set; never cached: a re-run logs again."""
+        """One MLflow run of `arguments` in `experiment` when `tracking_uri` is set; never
+        cached: a re-run logs again."""
         with dsl.If(params["tracking_uri"] != "", name="tracking-requested"):
             self.run("track", params, tracking_uri=params["tracking_uri"],
                      run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, experiment=experiment,
