@@ -22,9 +22,8 @@ from pipelines.definitions.help_text import KUBEFLOW as KUBEFLOW_WORDS
 from pipelines.definitions.machine import GPU_MACHINES, TRAINING_STEPS, Machine
 from pipelines.definitions.trainjob import LAUNCHERS, ONE_POD, launcher_op
 
-# A Compute Engine machine type's vCPUs and memory (GiB), for the nodes a cluster on GKE
-# would run the step on, and as a size other clusters can read ("n1-standard-8": 8 cores,
-# 30 GiB). Families from Compute Engine's machine type pages (read 2026-11).
+# A Compute Engine machine type's memory per vCPU (GiB), as a size any cluster can read
+# ("n1-standard-8": 8 cores, 30 GiB); Compute Engine's machine type pages, read 2026-11.
 GIB_PER_VCPU = {
     "n1-standard": 3.75, "n1-highmem": 6.5, "n1-highcpu": 0.9,
     "n2-standard": 4.0, "n2-highmem": 8.0, "n2-highcpu": 1.0,
@@ -42,9 +41,8 @@ FIXED_SHAPES: Mapping[str, tuple[int, float]] = {
     "m1-ultramem-40": (40, 961.0), "m1-ultramem-80": (80, 1922.0),
     "m1-ultramem-160": (160, 3844.0), "m1-megamem-96": (96, 1433.6),
 }
-# Left to the node: the kubelet, the container runtime and daemon sets (GKE reserves
-# about 6% of the first core and 25% of the first 4 GiB, less after; other distributions
-# alike), so a pod sized to the whole machine would never schedule.
+# Left to the node (kubelet, runtime, daemon sets; GKE reserves ~6% of the first core and
+# 25% of the first 4 GiB): a pod sized to the whole machine would never schedule.
 CPU_SHARE, CPU_KEPT = 0.9, 0.3
 MEMORY_SHARE, MEMORY_KEPT_GIB = 0.85, 1.0
 # /dev/shm (PyTorch's DataLoader workers and NCCL pass tensors through it; a container's

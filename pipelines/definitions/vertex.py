@@ -30,11 +30,9 @@ from pipelines.definitions.scheduling import job_scheduling
 # Steps whose code uses several replicas (multi-worker training); in any other step
 # extra replicas would all run the same step and race on its outputs.
 MULTI_REPLICA_STEPS = ("train_image", "train_transformer")
-# Vertex AI custom training's machine table, "Configure compute resources for custom
-# training" (https://cloud.google.com/vertex-ai/docs/training/configure-compute, its machine
-# types and GPU compatibility table), with N1's vCPU limits per GPU count from Compute
-# Engine's "GPU machine types" (https://cloud.google.com/compute/docs/gpus); read 2026-11.
-# A type Vertex adds later is refused here until it is added below.
+# Vertex custom training's machine table (cloud.google.com/vertex-ai/docs/training/
+# configure-compute) and N1's vCPU limits per GPU count (cloud.google.com/compute/docs/gpus),
+# read 2026-11: a type Vertex adds later is refused until it is added here.
 CPU_MACHINE_TYPES = frozenset(
     [f"e2-standard-{n}" for n in (4, 8, 16, 32)] + [f"e2-highmem-{n}" for n in (2, 4, 8, 16)]
     + [f"e2-highcpu-{n}" for n in (16, 32)]
