@@ -516,13 +516,6 @@ def test_tensorboard_from_the_config_file(tmp_path):
     assert _tensorboards(spec) == {"train-language-model": TENSORBOARD}
 
 
-def test_no_tensorboard_unless_asked(tmp_path):
-    out = _compile(tmp_path)
-    for pipeline in TRAINING_JOBS:
-        tensorboards = _tensorboards(json.loads((out / f"{pipeline}.json").read_text()))
-        assert tensorboards and set(tensorboards.values()) == {""}
-
-
 @pytest.mark.parametrize("drop, name, message", [
     ("--base-output-directory", TENSORBOARD, "--tensorboard needs --base-output-directory gs://"),
     ("--service-account", TENSORBOARD, "--tensorboard needs --service-account EMAIL"),
@@ -690,7 +683,7 @@ def test_gpus_of_steps_that_run_side_by_side_add_up(tmp_path):
     assert _gpus(out, "image_tuning_pipeline") == {"NVIDIA_TESLA_T4": 4}
 
 
-def test_the_preflight_step_gets_the_tensorboard_set_at_compile_time(tmp_path):
+def test_the_preflight_and_the_jobs_get_a_tensorboard_only_when_asked(tmp_path):
     for flags, expected in (((*TENSORBOARD_FLAGS, *ONLY_TRAINING_JOBS), TENSORBOARD),
                             ((), None)):
         out = _compile(tmp_path, *flags)
@@ -700,6 +693,9 @@ def test_the_preflight_step_gets_the_tensorboard_set_at_compile_time(tmp_path):
                             if name.startswith("preflight")]
             value = preflight["inputs"]["parameters"].get("tensorboard")
             assert (value and value["runtimeValue"]["constant"]) == expected, pipeline
+            if expected is None:  # no custom job uploads unless asked
+                tensorboards = _tensorboards(spec)
+                assert tensorboards and set(tensorboards.values()) == {""}
 
 
 def test_a_definition_runs_on_a_thread_of_its_own_and_its_errors_reach_the_caller():
