@@ -42,11 +42,9 @@ from pipelines.definitions.steps import STEPS, TUNING_JOBS
 from pipelines.images import PLACEHOLDER_REGISTRY, RUNTIMES, image_uris
 from pipelines.target_options import declared, fail
 
-# Each target's options module: its flags, its settings from them, its notes (the first is
-# the default). A Kubeflow compile imports no GCPC: neither module imports it at import.
+# Each target's options module (flags, settings, notes); neither imports GCPC at import.
 TARGETS = {"vertex": vertex_options, "kubeflow": kubeflow_options}
-# Each file written, in this order: its definition, the runtime it runs in, whether it is
-# the tuning variant.
+# Each file written, in order: its definition, its runtime, whether it is a tuning variant.
 PIPELINES = {
     "image_pipeline": (image, "tensorflow", False),
     "text_pipeline": (text, "fastai", False),
@@ -107,8 +105,7 @@ def parser() -> argparse.ArgumentParser:
 def add_tuning_options(parser_: argparse.ArgumentParser) -> None:
     """The tuning variants' options (their defaults are TuningSettings' own)."""
     t = parser_.add_argument_group("tuning variants (Vertex hyperparameter tuning jobs; on "
-                             "Kubeflow, random trials in a ParallelFor)")
-    # Their defaults are TuningSettings' own: one home for each.
+                                   "Kubeflow, random trials in a ParallelFor)")
     tune_defaults = tuning.TuningSettings(spaces={})
     t.add_argument("--tune-trials", type=int, default=tune_defaults.max_trials,
                    help="trials per tuning job")
@@ -142,8 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not isinstance(defaults, dict):
             p.error(f"--config {first.config} must hold a JSON object of option names, e.g. "
                     '{"registry": "REGION-docker.pkg.dev/PROJECT/REPO"}')
-        # Keys are the options' destinations, the long flags with underscores
-        # (--shard-machine-type -> shard_machine_type); each takes the type of its default.
+        # Keys are the options' destinations (shard_machine_type), typed as their defaults.
         own = vars(p.parse_args([]))
         del own["config"]
         unknown = sorted(set(defaults) - set(own))
@@ -186,8 +182,8 @@ def chosen_pipelines(args: argparse.Namespace) -> list[str]:
 
 
 def target_settings(args: argparse.Namespace):
-    """The chosen target's settings (`--target`), from its own options module; exits naming
-    the options at fault, those of the other targets among them."""
+    """The chosen target's settings, from its options module; exits naming the options at
+    fault (the other targets' among them)."""
     others = {name: declared(target.add_options) for name, target in TARGETS.items()
               if name != args.target}
     return TARGETS[args.target].settings(args, tuned_kinds(args), others)

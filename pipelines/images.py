@@ -40,10 +40,8 @@ def checkout_commit() -> str | None:
 def image_uris(args: argparse.Namespace) -> dict[str, str]:
     """Image URI per runtime from --registry/--tag, overridden by --image."""
     if args.tag is None:
-        # Registry images are tagged with the commit they were built from (Makefile
-        # `images`); the package version would name no image there. Local images (the
-        # placeholder registry, `make images-local`) keep one tag, so they are not rebuilt
-        # for every commit.
+        # Registry images carry their commit's tag (Makefile `images`); local images (the
+        # placeholder registry) keep the package version, not rebuilt for every commit.
         local = args.registry == PLACEHOLDER_REGISTRY
         args.tag = (None if local else checkout_commit()) or version("vertex-gpu-pipelines")
     if args.tag in ("latest", ""):

@@ -110,16 +110,8 @@ def _platform_problems(args: argparse.Namespace, keys: Sequence[str]) -> list[st
 
 def settings(args: argparse.Namespace, tuned: Mapping[str, str],
              others: Mapping[str, Mapping[str, Any]]) -> kubeflow.KubeflowSettings:
-    """The Kubeflow target's settings from the parsed flags.
-
-    Args:
-        args: The parsed flags.
-        tuned: Kinds whose tuning variant is compiled -> their trials' step (one pod each).
-        others: The other targets' options (`target_options.declared`), refused when set.
-
-    Raises:
-        SystemExit: Naming every option at fault.
-    """
+    """The Kubeflow target's settings from the parsed flags (as `vertex_options.settings`;
+    `tuned` names the trials' steps, one pod each)."""
     values, machines = vars(args), step_machines(args)
     problems = refused(args, others)
     if args.tune_algorithm not in RANDOM:

@@ -20,11 +20,8 @@ LOCAL_IMAGE = "local/vertex-gpu-pipelines:dev"
 
 
 def _predictions(model_path: str) -> dict[str, Any]:
-    """Where the run's prediction step wrote, with counts and the first few lines.
-
-    kfp.local keeps each task's outputs under `<run folder>/<task>/<output>`; the
-    prediction step's output is not a pipeline output (it runs only on request).
-    """
+    """Where the run's prediction step wrote (no pipeline output: kfp.local's
+    `<run folder>/<task>/<output>`), with counts and the first few lines."""
     from components.predict.contract import PREDICTIONS_FILE, read_predictions
 
     run_folder = os.path.dirname(os.path.dirname(model_path))

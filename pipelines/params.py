@@ -1,9 +1,5 @@
-"""One reading of a pipeline parameter typed on a command line, for every tool.
-
-`run_local`, `submit` and `rehearsal` all take pipeline parameters as text; they share this
-parser so that "yes", "1e-3" or "nan" mean the same thing (or are refused the same way)
-wherever a user types them: scalars by the rule every setting is read by
-(`components.common.values`).
+"""One reading of a pipeline parameter typed on a command line (`run_local`, `submit`,
+`rehearsal`): scalars by the rule every setting is read by (`components.common.values`).
 """
 
 from __future__ import annotations
@@ -24,15 +20,13 @@ def parse_value(text: str, parameter_type: str) -> Any:
 
     Args:
         text: The value as typed on the command line.
-        parameter_type: The IR's type: NUMBER_INTEGER, NUMBER_DOUBLE, BOOLEAN, STRING, LIST
-            or STRUCT (or a component spec's Integer, Float, ...).
+        parameter_type: The IR's type (NUMBER_INTEGER, ..., STRUCT) or a component spec's.
 
     Returns:
         int, float, bool, str, list or dict.
 
     Raises:
-        ValueError: The text is not a value of that type; the message says what is expected
-            and does not name the parameter (callers know how the user spelt it).
+        ValueError: Not a value of that type (the message does not name the parameter).
     """
     parameter_type = SPEC_TYPES.get(parameter_type, parameter_type)
     if parameter_type == "STRING":

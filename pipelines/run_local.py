@@ -55,9 +55,7 @@ def pipeline_parser(kind: str, pipeline) -> argparse.ArgumentParser:
 
 def headline(kind: str, summary: dict[str, Any]) -> str:
     """One line with the test metrics of a run, then a warning for a model that learnt
-    nothing: a classifier whose headline metric is not above the constant answer's on
-    the same split (`baselines.no_better_than_constant`), one whose training saw no
-    learning, a language model no better than a unigram model."""
+    nothing (no better than the constant answer, or than a unigram model)."""
     metrics = summary["metrics"]
     if kind == "lm":
         unigram = metrics.get("unigram") or {}

@@ -1,11 +1,9 @@
 """What a person reads while a pipeline runs locally: one line per step, logs in files.
 
-`kfp.local` prints every step's whole executor log (the executor input, TensorFlow's
-start-up, every epoch) to standard output: a demo run is ~2,000 lines, and when a step
-fails the reason sits ~30 lines above kfp's own `Inner task failed` traceback. `StepLog`
-stands in for standard output while a pipeline runs: each step's lines go to
-`<logs>/<step>.log` (and all of them to `<logs>/run.log`); the terminal gets one line per
-step with its time, and, on a terminal, the epoch a long step is at.
+`kfp.local` prints every step's whole executor log to standard output (a demo run is
+~2,000 lines, a failure's reason far above kfp's traceback). `StepLog` stands in for it:
+each step's lines go to `<logs>/<step>.log` (all of them to `<logs>/run.log`), and the
+terminal gets one line per step, with the epoch a long step is at on a terminal.
 """
 
 from __future__ import annotations

@@ -50,24 +50,9 @@ _CRON_FIELD = re.compile(r"^[0-9A-Za-z*?/,\-]+$")
 
 @dataclasses.dataclass(frozen=True)
 class Submission:
-    """Everything needed to start a run or a schedule, checked and typed.
-
-    Attributes:
-        template_path: The compiled pipeline (JSON or YAML).
-        project: Google Cloud project id.
-        region: Vertex AI region, e.g. "europe-west4".
-        pipeline_root: gs:// folder the run's artifacts are written under.
-        parameter_values: Pipeline parameters, typed as the pipeline declares them.
-        display_name: Name of the run (and of the schedule) in the console.
-        service_account: Service account the run's steps act as; empty for the default.
-        network: VPC network to peer with, `projects/NUMBER/global/networks/NAME`.
-        labels: Labels of the run.
-        encryption_key: Cloud KMS key (CMEK) for the run's resources.
-        enable_caching: False to re-run every step; None keeps the compiled setting.
-        experiment: Vertex AI experiment the run is recorded in.
-        schedule: Cron expression; empty for a single run now.
-        failure_policy: "fast" or "slow" (the SDK's names); empty for Vertex's default, slow.
-    """
+    """Everything needed to start a run or a schedule, checked and typed: the options of
+    the same names (`parameter_values` typed as the pipeline declares them,
+    `enable_caching` None: as compiled, `schedule` empty: one run now)."""
 
     template_path: str
     project: str
@@ -146,11 +131,7 @@ def compiled_regions(spec: Mapping[str, Any]) -> dict[str, str]:
 
 def check_compiled_regions(spec: Mapping[str, Any], region: str) -> None:
     """Refuses a run in `region` of a pipeline compiled with a TensorBoard or a key of
-    another region: Vertex refuses each such job when it starts, mid-run.
-
-    Raises:
-        SubmitError: Naming each resource, its region, and both ways out.
-    """
+    another region (Vertex refuses each such job mid-run): SubmitError naming them."""
     elsewhere = {name: where for name, where in compiled_regions(spec).items()
                  if where != region}
     if elsewhere:
@@ -175,14 +156,8 @@ def in_region(location: str, region: str) -> bool | None:
 
 def bucket_warnings(uris: Sequence[str], region: str,
                     locate: Callable[[str], str]) -> list[str]:
-    """Warnings for the gs:// inputs whose bucket is outside `region` (reads then cross
-    regions: slower, and billed as network egress); not refused, data may live anywhere.
-
-    Args:
-        uris: The run's gs:// inputs (others are ignored).
-        region: The run's region.
-        locate: A bucket's location from its name (raises when it cannot be read).
-    """
+    """Warnings (not refusals: data may live anywhere) for the gs:// inputs among `uris`
+    whose bucket (`locate`: its location, or raises) is outside `region`."""
     warnings = []
     for bucket in sorted({u[len("gs://"):].split("/", 1)[0] for u in uris
                           if isinstance(u, str) and u.startswith("gs://")}):
@@ -261,15 +236,8 @@ def plan(args: argparse.Namespace) -> Submission:
 # ---------------------------------------------------------------- SDK objects, not yet sent
 
 def build_job(submission: Submission, credentials=None) -> aiplatform.PipelineJob:
-    """The PipelineJob to send (what submit() adds as it sends: `describe`).
-
-    Args:
-        submission: What to run.
-        credentials: google.auth credentials; None for application-default credentials.
-
-    Returns:
-        An unsent `aiplatform.PipelineJob`.
-    """
+    """The unsent PipelineJob (what `launch` adds as it sends: `describe`); `credentials`
+    None: application-default credentials."""
     return aiplatform.PipelineJob(
         display_name=submission.display_name,
         template_path=submission.template_path,
@@ -287,16 +255,7 @@ def build_job(submission: Submission, credentials=None) -> aiplatform.PipelineJo
 
 def build_schedule(job: aiplatform.PipelineJob, submission: Submission,
                    credentials=None) -> aiplatform.PipelineJobSchedule:
-    """The PipelineJobSchedule to create: the job each tick starts (cron: `describe`).
-
-    Args:
-        job: From build_job().
-        submission: What to run, with `schedule` set.
-        credentials: google.auth credentials; None for application-default credentials.
-
-    Returns:
-        An unsent `aiplatform.PipelineJobSchedule`.
-    """
+    """The unsent PipelineJobSchedule starting `job` (`build_job`) at each tick."""
     return aiplatform.PipelineJobSchedule(
         pipeline_job=job, display_name=submission.display_name, credentials=credentials,
         project=submission.project, location=submission.region)
@@ -308,11 +267,8 @@ RUNS_AT_ONCE = 1
 
 def describe(submission: Submission, job: aiplatform.PipelineJob,
              schedule: aiplatform.PipelineJobSchedule | None = None) -> dict:
-    """The request as JSON-ready data, without the (long) pipeline spec.
-
-    The SDK objects' own data, with what `launch` passes as it sends (the service account
-    and network; a schedule's cron and runs at once) filled in from `submission`.
-    """
+    """The request as JSON-ready data, without the pipeline spec, with what `launch`
+    passes as it sends (account, network; a schedule's cron and runs at once)."""
     data = (job if schedule is None else schedule).to_dict()
     inner = data.get("createPipelineJobRequest", {}).get("pipelineJob", data)
     inner.pop("pipelineSpec", None)
@@ -327,11 +283,7 @@ def describe(submission: Submission, job: aiplatform.PipelineJob,
 
 def launch(submission: Submission, job: aiplatform.PipelineJob,
            schedule: aiplatform.PipelineJobSchedule | None = None) -> str:
-    """Sends the request: starts the run, or creates the schedule.
-
-    Returns:
-        The resource name of the run or schedule.
-    """
+    """Starts the run, or creates the schedule; returns its resource name."""
     if schedule is not None:
         schedule.create(cron=submission.schedule,
                         service_account=submission.service_account or None,
@@ -412,15 +364,8 @@ def _target(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str] | None = None, credentials=None) -> int:
-    """Runs the command line.
-
-    Args:
-        argv: Arguments (default: sys.argv[1:]).
-        credentials: google.auth credentials; None for application-default credentials.
-
-    Returns:
-        0 on success, 1 without credentials; bad input exits with code 2.
-    """
+    """Runs the command line (`argv` default: sys.argv[1:]; `credentials` None:
+    application-default); returns 0, or 1 without credentials; bad input exits with 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
     target, rest = _target(argv)
     if target == "kubeflow":

@@ -49,20 +49,8 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 @dataclasses.dataclass(frozen=True)
 class KubeflowSubmission:
-    """A run to start on a KFP server, checked and typed.
-
-    Attributes:
-        template_path: The compiled pipeline (YAML from `compile.py --target kubeflow`).
-        host: The KFP API server (or the UI's endpoint that proxies it), http(s)://...
-        namespace: The run's namespace (a profile's in multi-user installs).
-        experiment: The experiment the run is filed under; created when missing.
-        service_account: Kubernetes service account of the run's pods; empty: the
-            namespace's default for pipelines.
-        token: Bearer token for the server; empty for none.
-        params: Pipeline parameters, typed as the pipeline declares them.
-        display_name: The run's name.
-        enable_caching: False re-runs every step; None keeps the compiled settings.
-    """
+    """A run to start on a KFP server, checked and typed (the options of the same names;
+    `params` typed as the pipeline declares them, `enable_caching` None: as compiled)."""
 
     template_path: str
     host: str
@@ -79,8 +67,7 @@ def plan(args: argparse.Namespace) -> KubeflowSubmission:
     """Checks the command line and the file; nothing is sent.
 
     Raises:
-        SubmitError: A file that is not a Kubeflow pipeline, an unknown or mistyped
-            parameter, a malformed host, namespace or account, an unreadable token file.
+        SubmitError: Naming the option or the file at fault.
     """
     spec = load_pipeline_spec(args.template)
     text = json.dumps(spec)
@@ -145,11 +132,7 @@ def launch(submission: KubeflowSubmission, client_class: Callable | None = None)
     import os
     import tempfile
 
-    if client_class is None:
-        from kfp import Client as client_class
-
-    client = client_class(host=submission.host, namespace=submission.namespace,
-                          existing_token=submission.token or None)
+    client = _client(client_class, submission.host, submission.namespace, submission.token)
     with tempfile.TemporaryDirectory() as scratch:
         path = submission.template_path
         if submission.enable_caching is False:
@@ -175,10 +158,7 @@ def retry(host: str, namespace: str, token: str, run_id: str,
     Raises:
         SubmitError: The run is not one KFP retries (running, or it succeeded).
     """
-    if client_class is None:
-        from kfp import Client as client_class
-
-    client = client_class(host=host, namespace=namespace, existing_token=token or None)
+    client = _client(client_class, host, namespace, token)
     run = client.get_run(run_id)
     if str(run.state) not in RETRYABLE_STATES:
         raise SubmitError(f"run {run_id} ({run.display_name}) is {run.state}: KFP retries a "
@@ -187,6 +167,14 @@ def retry(host: str, namespace: str, token: str, run_id: str,
     # (kfp_server_api's RunServiceApi), which the UI calls too.
     client.runs.run_service_retry_run(run_id=run_id)
     return run.display_name
+
+
+def _client(client_class: Callable | None, host: str, namespace: str, token: str):
+    """A `kfp.Client` (or `client_class`) of the server, with the bearer token if any."""
+    if client_class is None:
+        from kfp import Client as client_class
+
+    return client_class(host=host, namespace=namespace, existing_token=token or None)
 
 
 def write_without_cache(source: str, target: str) -> None:

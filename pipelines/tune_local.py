@@ -1,11 +1,8 @@
-"""Hyperparameter search on this machine: the Vertex tuning variant's study, run with optuna.
+"""Hyperparameter search on this machine: the Vertex tuning variant's study, with optuna.
 
-Each trial is one local run of the pipeline (`pipelines.local_run.run`, through `kfp.local`)
-with the trial's values, in `<output>/trials/<n>/`. A trial's value is the study metric as
-the trainer reports it to Vertex, one value per epoch (the image trainer's Keras history,
-both phases; the text classifiers' epochs, ULMFiT or transformer), and, as Vertex's
-BEST_MEASUREMENT, its best epoch counts. The best trial's model is kept (not retrained):
-`summary.json` takes its test metrics and artifacts, beside every trial's values and metric.
+Each trial is one local run (`pipelines.local_run.run`) in `<output>/trials/<n>/`, valued
+as Vertex's BEST_MEASUREMENT of the trainer's per-epoch metric; the best trial's model is
+kept, not retrained.
 """
 
 from __future__ import annotations
@@ -43,12 +40,12 @@ def tune(kind: str, data: str, output: str, space: SearchSpace, trials: int,
         output: Local folder: trials/<n>/ (each a run_local output) and summary.json.
         space: What to search and the metric to rank by.
         trials: Number of trials.
-        params: Pipeline parameters every trial shares (the searched ones are overridden).
-        seed: Seed of optuna's sampler (TPE), so a search can be repeated.
+        params: Pipeline parameters every trial shares.
+        seed: Seed of optuna's TPE sampler.
 
     Returns:
-        The summary: `study`, `trials` (parameters, metric, folder), `best`, and the best
-        trial's `metrics` (test split) and `artifacts`.
+        The summary: `study`, `trials`, `best`, and the best trial's `metrics` and
+        `artifacts`.
 
     Raises:
         RuntimeError: No trial produced a finite metric.

@@ -1,8 +1,7 @@
 """The Vertex target's command-line options, its settings from them and its compile notes.
 
-Imported by every compile (`compile.py --help` lists every target's options, and a
-Kubeflow compile refuses these): it imports no GCPC and no Vertex SDK, and
-`pipelines.definitions.vertex` (which does) only when a Vertex compile makes its settings.
+Imported by every compile (`--help`, the refusals): it imports GCPC and the Vertex SDK
+(`pipelines.definitions.vertex`) only when a Vertex compile makes its settings.
 """
 
 from __future__ import annotations
@@ -92,7 +91,7 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
 
     Args:
         args: The parsed flags.
-        tuned: Kinds whose tuning variant is compiled (unused: every step is checked).
+        tuned: Kinds whose tuning variant is compiled -> their trials' step (unused here).
         others: The other targets' options (`target_options.declared`), refused when set.
 
     Raises:

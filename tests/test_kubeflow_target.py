@@ -159,6 +159,7 @@ def test_options_reach_the_pods(tmp_path):
     (["--tensorboard", "projects/p/locations/us-central1/tensorboards/1"], "Vertex option"),
     (["--encryption-key", "projects/p/locations/l/keyRings/r/cryptoKeys/k"], "--encryption-key"),
     (["--serving-image", "img:1"], "--serving-image is a Vertex option"),
+    (["--train-text-reservation", "any"], "--train-text-reservation is a Vertex option"),
     (["--service-account", "a@p.iam.gserviceaccount.com"], "--service-account"),
     (["--tune-algorithm", "GRID_SEARCH"], "random search"),
     (["--train-text-machine-type", "my-node"], "--train-text-cpu"),

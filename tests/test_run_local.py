@@ -174,6 +174,10 @@ def test_flags_are_the_pipeline_parameters():
                               "--target-shard-mb", "12.5", "--flip", "false"])
     assert args.image_size == 64 and args.target_shard_mb == 12.5 and args.flip is False
     assert args.resize_method is None  # unset flags keep the pipeline's defaults
+    # "yes" means true here as in submit and the rehearsal
+    parser = run_local.pipeline_parser("text", run_local.PIPELINES["text"](run_local.LOCAL_IMAGE))
+    args = parser.parse_args(["--data", "x", "--output", "y", "--pretrained", "yes"])
+    assert args.pretrained is True
 
 
 def test_unknown_pipeline_prints_usage(capsys):
@@ -278,12 +282,6 @@ def test_flags_are_parsed_as_submit_parses_them(tmp_path, capsys, flag, text, me
         run_local.main(["text", "--data", "x.csv", "--output", str(tmp_path), flag, text])
     assert exit_.value.code == 2
     assert f"argument {flag}: {message}" in capsys.readouterr().err
-
-
-def test_yes_means_true_here_as_in_submit_and_the_rehearsal():
-    parser = run_local.pipeline_parser("text", run_local.PIPELINES["text"](run_local.LOCAL_IMAGE))
-    args = parser.parse_args(["--data", "x", "--output", "y", "--pretrained", "yes"])
-    assert args.pretrained is True
 
 
 @pytest.mark.slow

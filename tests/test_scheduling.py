@@ -99,13 +99,6 @@ def test_scheduling_vertex_would_refuse_is_refused_at_compile(tmp_path, flags, m
     assert message in str(exit_.value)
 
 
-def test_the_kubeflow_target_refuses_vertex_scheduling(tmp_path):
-    with pytest.raises(SystemExit) as exit_:
-        compile_cli.main(["--output-dir", str(tmp_path), "--target", "kubeflow",
-                          "--train-text-reservation", "any"])
-    assert "--train-text-reservation is a Vertex option" in str(exit_.value)
-
-
 def test_a_step_overrides_spot_and_durations_read_their_units():
     machine = Machine("g2-standard-8", "NVIDIA_L4", 1, scheduling_strategy="standard")
     assert scheduling_problems("train_text", machine, spot=True, timeout_s=3600) == []

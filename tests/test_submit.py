@@ -90,17 +90,13 @@ def test_bad_values_are_refused(ptype, text, message):
         submit.parse_params([f"p={text}"], declared)
 
 
-def test_unknown_param_names_the_valid_ones(pipeline_json):
+def test_unknown_param_names_the_valid_ones_and_a_required_one_left_out_is_named(pipeline_json):
     declared = submit.declared_parameters(submit.load_pipeline_spec(pipeline_json))
     with pytest.raises(submit.SubmitError) as e:
         submit.parse_params(["data_uri=gs://b/x", "imagesize=3"], declared)
     assert "'imagesize'" in str(e.value)
     valid = str(e.value).split("takes: ")[1].split(", ")
     assert valid == sorted(declared) and "image_size" in valid
-
-
-def test_required_param_left_out_is_named(pipeline_json):
-    declared = submit.declared_parameters(submit.load_pipeline_spec(pipeline_json))
     with pytest.raises(submit.SubmitError, match=r"--param data_uri=\.\.\."):
         submit.parse_params(["image_size=3"], declared)
 

@@ -1,16 +1,7 @@
-"""The help of the pipeline parameters that is no step's: a build describes each pipeline
-parameter (its input's description in the Vertex console) from here, or else from the step
-input it feeds (`steps.Steps._describe`; edit a step's help in its
-`components/<step>/component.py`).
-
-A parameter needs help here when no single step's help says it: it feeds no step
-(`model_display_name`, `job_service_account`), several steps whose help differs (`seed`:
-the split and the training), or a step that knows less than the pipeline (the registration
-gate's `enabled` is the pipeline's `register_model`). Plain text, one line each.
-
-That help speaks of Vertex, where the pipelines began. Each target speaks its own
-words (`Words`, the `words` a target's settings give `Steps`): the Kubeflow target's files
-drop what means nothing on a cluster and say what the same parameter does there.
+"""The help of the pipeline parameters that is no step's (`steps.Steps._describe` takes
+the rest from the step input each feeds): a parameter that feeds no step, several steps
+whose help differs, or a step that knows less than the pipeline. Plain text, one line each;
+each target's `Words` say what differs there (the Kubeflow files drop or reword some).
 """
 
 from __future__ import annotations
@@ -78,17 +69,13 @@ OWN_HELP = {
 
 @dataclasses.dataclass(frozen=True)
 class Words:
-    """What one target's pipelines say to whoever starts a run, where the targets differ.
+    """What one target's pipelines say where the targets differ.
 
     Attributes:
-        tuning_clause: The tuning variant's description, between the pipeline's first words
-            and the rest.
-        help: Parameter -> its help on this target, over the one from HELP, OWN_HELP or
-            the step it feeds.
-        dropped: Parameters that mean nothing on this target: its pipelines do not have
-            them (the body takes their defaults).
-        rewrites: (old, new) texts replaced in every other parameter's help: the stores
-            the steps read from on this target.
+        tuning_clause: The middle of the tuning variant's description.
+        help: Parameter -> its help on this target, over any other.
+        dropped: Parameters that mean nothing on this target (the body takes their defaults).
+        rewrites: (old, new) texts replaced in every other parameter's help.
     """
 
     tuning_clause: str

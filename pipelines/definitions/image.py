@@ -23,13 +23,8 @@ def build(image: str, target: "Target | None" = None,
 
     Args:
         image: URI of the TensorFlow runtime image every step runs in.
-        target: Where each step runs: `VertexSettings` (custom jobs; the Model Registry
-            upload is compiled in only when `target.serving_image` names a pinned image) or
-            `KubeflowSettings` (pods); None for the local (`kfp.local`) variant, whose steps
-            run as plain components and which skips the model registry.
-        tune: Compiles the tuning variant: after sharding, the target's search (a Vertex
-            tuning job, or trials in a ParallelFor) explores `tune.spaces["image"]`, and
-            the model is trained with the best trial's values.
+        target: Where each step runs (`steps.Steps`); None for the local variant.
+        tune: Compiles the tuning variant, searching `tune.spaces["image"]`.
 
     Returns:
         A `@dsl.pipeline` function.
@@ -65,15 +60,8 @@ def build(image: str, target: "Target | None" = None,
 
 
 def summarize(outputs: dict) -> dict:
-    """What a local run of the image pipeline produced, in the shape of `summary.json`.
-
-    Args:
-        outputs: The pipeline's outputs from `kfp.local` (artifacts and the gate's decision).
-
-    Returns:
-        `{"metrics": {...}, "baseline": {pixels_logreg: {...}, majority_class: {...}},
-        "sharding": {...}, "provenance": {...}, "registration": {...}, "artifacts": {...}}`.
-    """
+    """What a local run of the image pipeline produced (`outputs`: from `kfp.local`), in
+    the shape of `summary.json`."""
     with open(os.path.join(outputs["dataset"].path, MANIFEST_NAME)) as f:
         manifest = json.load(f)
     metrics = read_evaluation(outputs["evaluation"].path)

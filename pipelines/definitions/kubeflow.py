@@ -1,16 +1,8 @@
 """Where each step runs on open-source Kubeflow Pipelines: pod resources and scheduling.
 
-The Kubeflow target compiles the same DAG that `kfp.local` runs (no GCPC launcher) and
-puts each task on a node of the user's cluster with what a Vertex machine gave it: CPU and
-memory (requests = limits on its container; KFP's launcher init container keeps the pod
-Burstable, docs/kubeflow.md), its GPUs (`nvidia.com/gpu`) with a node selector for the
-GPU type and the GPU toleration, a memory-backed `/dev/shm`, the step timeout and image
-pull secrets (`kfp-kubernetes`; the platform settings land in the compiled YAML's second
-document, which every supported backend parses: `tools.kfp_backends`). The same compile-time
-`Machine` options pick them: a machine type maps to a node's capacity with headroom left
-for the kubelet and the node's daemons, or the quantities are given directly. KFP's IR
-has no ephemeral-storage request: the launcher's copies of inputs and outputs go to the
-node's disk (docs/kubeflow.md sizes it).
+The same `Machine` options as Vertex's size each step's pod (a machine type maps to a
+node's capacity less headroom, or quantities are given), its GPUs, /dev/shm, timeout and
+pull secrets (`kfp-kubernetes`: the compiled YAML's second document); docs/kubeflow.md.
 """
 
 from __future__ import annotations
@@ -30,9 +22,8 @@ from pipelines.definitions.help_text import KUBEFLOW as KUBEFLOW_WORDS
 from pipelines.definitions.machine import GPU_MACHINES, TRAINING_STEPS, Machine
 from pipelines.definitions.trainjob import LAUNCHERS, ONE_POD, launcher_op
 
-# A Compute Engine machine type's vCPUs and memory (GiB), for the nodes a cluster on GKE
-# would run the step on, and as a size other clusters can read ("n1-standard-8": 8 cores,
-# 30 GiB). Families from Compute Engine's machine type pages (read 2026-11).
+# A Compute Engine machine type's memory per vCPU (GiB), as a size any cluster can read
+# ("n1-standard-8": 8 cores, 30 GiB); Compute Engine's machine type pages, read 2026-11.
 GIB_PER_VCPU = {
     "n1-standard": 3.75, "n1-highmem": 6.5, "n1-highcpu": 0.9,
     "n2-standard": 4.0, "n2-highmem": 8.0, "n2-highcpu": 1.0,
@@ -50,9 +41,8 @@ FIXED_SHAPES: Mapping[str, tuple[int, float]] = {
     "m1-ultramem-40": (40, 961.0), "m1-ultramem-80": (80, 1922.0),
     "m1-ultramem-160": (160, 3844.0), "m1-megamem-96": (96, 1433.6),
 }
-# Left to the node: the kubelet, the container runtime and daemon sets (GKE reserves
-# about 6% of the first core and 25% of the first 4 GiB, less after; other distributions
-# alike), so a pod sized to the whole machine would never schedule.
+# Left to the node (kubelet, runtime, daemon sets; GKE reserves ~6% of the first core and
+# 25% of the first 4 GiB): a pod sized to the whole machine would never schedule.
 CPU_SHARE, CPU_KEPT = 0.9, 0.3
 MEMORY_SHARE, MEMORY_KEPT_GIB = 0.85, 1.0
 # /dev/shm (PyTorch's DataLoader workers and NCCL pass tensors through it; a container's
@@ -105,15 +95,8 @@ NO_REGISTRY = ("The model cleared the registration gate, but the run names no tr
 
 @dataclasses.dataclass(frozen=True)
 class PodResources:
-    """One step's pod: what it requests (and is limited to) and where it is scheduled.
-
-    Attributes:
-        cpu: CPU cores, a Kubernetes quantity ("6.9", "500m").
-        memory: Memory, a Kubernetes quantity ("24Gi"); /dev/shm is counted inside it.
-        shm: Size of the memory-backed /dev/shm.
-        gpu_type: Vertex's GPU name ("NVIDIA_TESLA_T4"); empty for none.
-        gpu_count: GPUs of the pod (all on one node).
-    """
+    """One step's pod: its requests (= limits), Kubernetes quantities ("6.9", "24Gi"), the
+    memory-backed /dev/shm counted inside `memory`, and its GPUs (Vertex's GPU name)."""
 
     cpu: str
     memory: str
@@ -172,9 +155,8 @@ def pod_resources(step: str, machine: Machine,
         The pod's resources.
 
     Raises:
-        ValueError: The machine type is unknown and CPU or memory are not given, a quantity
-            is not a Kubernetes quantity, or the shm does not fit in the memory; the
-            message names the option.
+        ValueError: An unknown machine type without CPU and memory, a malformed quantity,
+            or a /dev/shm that does not fit in the memory; naming the option.
     """
     flag = "--" + step.replace("_", "-")
     if overrides.cpu and not CPU_QUANTITY.match(overrides.cpu):
@@ -207,31 +189,24 @@ def pod_resources(step: str, machine: Machine,
 
 @dataclasses.dataclass(frozen=True)
 class KubeflowSettings:
-    """Settings of every pod the pipeline starts on a Kubernetes cluster.
+    """Settings of every pod the pipeline starts (compile.py's Kubeflow options).
 
     Attributes:
         pods: Step name (a key of DEFAULT_MACHINES) to its pod.
-        gpu_label: Node label naming the GPU type ("nvidia.com/gpu.product"); empty: any
-            GPU node.
+        gpu_label: Node label naming the GPU type; empty: any GPU node.
         gpu_products: Vertex GPU name -> that label's value.
-        spot_selectors: Node labels of the spot pool (with `spot`), (key, value) pairs.
+        spot: Run the steps with machines on the spot pool.
+        spot_selectors: The spot pool's node labels, (key, value) pairs.
         spot_tolerations: Tolerations of the spot pool's taints.
-        spot: Run the steps with machines on spot nodes.
         image_pull_secrets: Secrets the pods pull the images with.
         timeout_seconds: Longest a step may run (the pod's activeDeadlineSeconds).
-        checkpoint_root: gs:// or s3:// folder the training steps keep their checkpoints
-            and TensorBoard logs under, written there directly (a launcher folder dies
-            with the pod), so a retried step resumes; empty: inside the pod only.
-        storage_secret: Kubernetes secret holding S3 keys, given to every pod as the
-            environment variables `S3_SECRET_KEYS`; empty for none (e.g. a pod role).
-        storage_secret_keys: Its keys of those variables, in their order (KFP's own
-            MinIO secret: accesskey, secretkey).
+        checkpoint_root: gs:// or s3:// folder of the training steps' checkpoints and logs,
+            so a retried step resumes; empty: inside the pod only.
+        storage_secret: Kubernetes secret given to every pod as `S3_SECRET_KEYS`; empty: none.
+        storage_secret_keys: Its keys of those variables, in their order.
         s3_endpoint: The S3 API's URL for MinIO or Ceph (`AWS_ENDPOINT_URL_S3`); empty: AWS.
-        training_retries: Times a training pod whose container failed is started again
-            (it resumes from `checkpoint_root`), within `retry_window`; 0: a failure
-            fails the run. Argo (2.14-2.16) does not retry a pod deleted with its node.
-        nodes: Steps run past one pod (a key of `trainjob.LAUNCHERS`) -> their nodes: the
-            step is a launcher pod without GPUs of a TrainJob of that many `pods[step]`.
+        training_retries: Times a failed training pod starts again (`retry_window`).
+        nodes: Steps run past one pod (`trainjob.LAUNCHERS`) -> their TrainJob's nodes.
         trainjob_runtime: The ClusterTrainingRuntime those TrainJobs run on.
         trainjob_service_account: Their nodes' service account; empty: the launcher's.
         trainjob_pending_seconds: Longest one of their node pods may wait to be scheduled.
@@ -263,8 +238,8 @@ class KubeflowSettings:
     words = KUBEFLOW_WORDS
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
-        """The component as it is: on Kubeflow a step is a pod (`place` sizes it); past one
-        pod (`nodes`), the launcher of its TrainJob (`trainjob.launcher_op`)."""
+        """The component as it is (`place` sizes its pod), or past one pod the launcher of
+        its TrainJob (`trainjob.launcher_op`)."""
         if self.nodes.get(step, 1) > 1:
             return launcher_op(component, step, self)
         return component
@@ -279,17 +254,16 @@ class KubeflowSettings:
 
     def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
                image: str) -> Callable:
-        """The tuning variant's search: random trials in a ParallelFor, each a pod on
-        `step`'s nodes, then the best trial's values (`trials.parallel_search`)."""
+        """The tuning variant's search: random trials in a ParallelFor, each a pod
+        (`trials.parallel_search`)."""
         from pipelines.definitions import trials
 
         return trials.parallel_search(trainer, kind, tune, display_name, image, self.place,
                                       step)
 
     def registration(self, kind: str, image: str) -> Callable:
-        """A model that clears the gate, when the run names a `tracking_uri`: a version in
-        MLflow's Model Registry and the KServe InferenceService that serves it
-        (`register_in_mlflow`); otherwise a step that says nothing was registered."""
+        """A model that clears the gate: a version in `tracking_uri`'s MLflow Model Registry
+        with its KServe InferenceService, or a step saying nothing was registered."""
         from kfp import dsl
 
         from components.register.component import register_in_mlflow, registration_skipped
@@ -316,12 +290,9 @@ class KubeflowSettings:
         return add
 
     def place(self, task, step: str, resumable: bool = True):
-        """Puts `task` on its nodes: every task gets the pull secrets, the timeout, the
-        storage settings and the Kueue queue; a step with machines (`step`, a key of
-        DEFAULT_MACHINES) its pod's resources, GPUs, /dev/shm and, with `spot`, the spot
-        pool; a `resumable` training step its retries and its checkpoint and log folders
-        under `checkpoint_root`. Trials are not resumable: a failed trial is a result, not
-        a retry."""
+        """Puts `task` on its nodes: pull secrets, timeout, storage and Kueue for all; a
+        step with machines (`step`) its pod's resources and `placement`; a `resumable`
+        training step (not a trial: a failed trial is a result) retries and checkpoints."""
         from kfp import kubernetes
 
         if self.image_pull_secrets:
@@ -357,20 +328,15 @@ class KubeflowSettings:
         if pod.gpu_count:
             task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(pod.gpu_count)
             task.set_env_variable(EXPECTED_GPUS_VARIABLE, str(pod.gpu_count))
-            if self.gpu_label:
-                kubernetes.add_node_selector(task, self.gpu_label,
-                                             self.gpu_products[pod.gpu_type])
-            kubernetes.add_toleration(task, **GPU_TOLERATION)
-        if self.spot:
-            for key, value in self.spot_selectors:
-                kubernetes.add_node_selector(task, key, value)
-            for toleration in self.spot_tolerations:
-                kubernetes.add_toleration(task, **toleration)
+        selector, tolerations = self.placement(pod)
+        for key, value in selector.items():
+            kubernetes.add_node_selector(task, key, value)
+        for toleration in tolerations:
+            kubernetes.add_toleration(task, **toleration)
         return task
 
     def placement(self, pod: PodResources) -> tuple[dict[str, str], list[dict[str, str]]]:
-        """The node selector and tolerations `place` gives `pod` (its GPUs, the spot
-        pool), for the nodes of a TrainJob."""
+        """The node selector and tolerations of `pod` (its GPUs, the spot pool)."""
         selector, tolerations = {}, []
         if pod.gpu_count:
             if self.gpu_label:
@@ -383,11 +349,8 @@ class KubeflowSettings:
 
 
 def retry_window(retries: int, timeout_seconds: int) -> int:
-    """Argo's `backoff.maxDuration` for a step retried `retries` times.
-
-    Argo counts the bound from the first attempt's start and neither retries nor lets a
-    retry run past it; KFP's default (3600 s) would end a training step's retries an hour
-    in. The bound is only Argo's: each attempt still ends at the step timeout.
+    """Argo's `backoff.maxDuration` for a step retried `retries` times (counted from the
+    first attempt's start; KFP's default 3600 s would end a training step's retries).
 
     Args:
         retries: Times the step is retried.
@@ -395,22 +358,18 @@ def retry_window(retries: int, timeout_seconds: int) -> int:
 
     Returns:
         Seconds: every attempt at its full timeout plus `RETRY_SCHEDULING_S` to be
-        scheduled (the deadline counts from the pod's start, not from a GPU node being
-        brought up for it), and every back-off.
+        scheduled, and every back-off.
     """
     backoffs = sum(RETRY_BACKOFF_S * RETRY_FACTOR ** attempt for attempt in range(retries))
     return (retries + 1) * (timeout_seconds + RETRY_SCHEDULING_S) + math.ceil(backoffs)
 
 
 def without_default_optional(task) -> None:
-    """Compatibility with KFP 2.14 (`tools.kfp_backends` checks it): kfp-kubernetes 2.17
-    writes `secretAsEnv[].optional: false`, a field 2.14's API server does not know and
-    refuses at Create run. False is the field's default (the secret must exist), so the
-    settings without it mean the same on every backend. Drops only that default value.
+    """Drops kfp-kubernetes 2.17's `secretAsEnv[].optional: false` (the field's default),
+    which KFP 2.14's API server does not know and refuses (`tools.kfp_backends`).
 
     Args:
-        task: A task `kubernetes.use_secret_as_env` has just set up (its platform config
-            is kfp-kubernetes' dict of the executor's Kubernetes settings).
+        task: A task `kubernetes.use_secret_as_env` has just set up.
     """
     for entry in task.platform_config.get("kubernetes", {}).get("secretAsEnv", []):
         if entry.get("optional") is False:
@@ -420,7 +379,7 @@ def without_default_optional(task) -> None:
 def gpu_problems(step: str, machine: Machine, pod: PodResources, label: str,
                  products: Mapping[str, str]) -> list[str]:
     """What cannot place `step`'s GPUs: a count without a type (or the reverse), or a GPU
-    type whose node label value is unknown."""
+    type without a known node label value."""
     flag = "--" + step.replace("_", "-")
     if machine.accelerator_count < 0:
         return [f"{flag}-accelerator-count must be >= 0, got {machine.accelerator_count}"]
@@ -450,11 +409,9 @@ def describe(step: str, pod: PodResources, settings: KubeflowSettings) -> str:
 
 def replica_problems(machines: Mapping[str, Machine], checkpoint_root: str = "",
                      tuned: tuple[str, ...] = ()) -> list[str]:
-    """Replicas past one pod that cannot run: KFP has no multi-pod step, so only the steps
-    of `trainjob.LAUNCHERS` (the transformer trainer) go past one pod, as a Kubeflow
-    Trainer TrainJob, and only in the plain pipelines (`tuned`: the steps whose tuning
-    variant is compiled, refused: its trials stay one pod each), with `checkpoint_root`
-    (where the nodes keep their checkpoints and hand the model over)."""
+    """Replicas past one pod that cannot run: only `trainjob.LAUNCHERS`' steps go past one
+    pod (a TrainJob), not in a tuning variant (`tuned` steps: one pod a trial), and only
+    with `checkpoint_root` (where the nodes hand the model over)."""
     problems = []
     for step, machine in machines.items():
         flag = f"--{step.replace('_', '-')}-replica-count {machine.replica_count}"

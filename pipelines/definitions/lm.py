@@ -52,19 +52,8 @@ def build(image: str, target: "Target | None" = None):
 
 
 def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
-    """What a local run of the language model pipeline produced, in the shape of `summary.json`.
-
-    Args:
-        artifacts: Output name to local path; "lm_assets" is required.
-
-    Returns:
-        `{"metrics": {perplexity, accuracy, directions (per direction: perplexity,
-        accuracy, valid_loss, unigram, beats_unigram, learnt_nothing), unigram (the
-        forward model's: perplexity, accuracy, ...), learnt_nothing (why a direction is
-        no better than a unigram model, or None), tokens, vocab_size},
-        "corpus": {...}, "training": {...}, "artifacts": {"lm_assets": <folder holding
-        <lang>/...>, ...}}`.
-    """
+    """What a local run of the language model pipeline produced (`artifacts`: output name
+    to local path, "lm_assets" required), in the shape of `summary.json`."""
     path = os.path.join(artifacts["lm_assets"], METRICS_FILE)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {METRICS_FILE} in {artifacts['lm_assets']}")

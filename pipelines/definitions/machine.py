@@ -1,11 +1,6 @@
-"""One step's machines as compile.py's options give them, for every target.
-
-Vertex runs a step on these machines (`vertex`); Kubeflow sizes a pod from them
-(`kubeflow`); the tuning job's trials take the training step's. The words both targets
-share live here (the steps with machines, their defaults, the GPUs a machine type comes
-with, the training steps), so that neither target's module imports the other's: a
-Kubeflow compile imports no GCPC.
-"""
+"""One step's machines as compile.py's options give them, for every target (what both
+share lives here, so that neither imports the other's module: a Kubeflow compile imports
+no GCPC)."""
 
 from __future__ import annotations
 
@@ -40,11 +35,9 @@ class Machine:
     reservation: str = ""
 
 
-# Where each step runs unless compile.py is told otherwise. Sharding is CPU-bound
-# (many cores, no GPU); the image trainer gets the ancestor's 2 x V100; the text
-# trainer and the language model a T4 each (an AWD-LSTM does not fill a bigger GPU), and
-# so does the transformer trainer (a base-size encoder fine-tunes at 256 tokens, batch
-# 16, on one T4: train_transformer's contract); evaluation is small.
+# Where each step runs unless compile.py is told otherwise: sharding is CPU-bound, the
+# image trainer gets the ancestor's 2 x V100, the fastai trainers and a base-size encoder
+# (256 tokens, batch 16) fill one T4.
 DEFAULT_MACHINES: Mapping[str, Machine] = {
     "shard": Machine("n1-highcpu-16"),
     "train_image": Machine("n1-standard-8", "NVIDIA_TESLA_V100", 2),
@@ -96,14 +89,8 @@ HYPERDISK_MACHINE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-")
 
 
 def boot_disk_type(machine_type: str) -> str:
-    """The boot disk type Vertex takes for `machine_type`'s family.
-
-    Args:
-        machine_type: Compute Engine machine type, e.g. "a3-ultragpu-8g".
-
-    Returns:
-        "hyperdisk-balanced" for A3 Ultra and A4 machines, else "pd-ssd".
-    """
+    """The boot disk type Vertex takes for `machine_type`: "hyperdisk-balanced" for A3
+    Ultra and A4 machines, else "pd-ssd"."""
     if machine_type.startswith(HYPERDISK_MACHINE_PREFIXES):
         return "hyperdisk-balanced"
     return "pd-ssd"

@@ -17,14 +17,9 @@ RUNTIME_SERVING = {"subdir": ".", "port": SERVING_PORT, **SERVING_ROUTES}
 
 
 class UploadOps(NamedTuple):
-    """What the upload of one pipeline kind's models takes, made with its other steps.
-
-    Attributes:
-        serving_model: The `serving_model` component (the served files and their container).
-        find_model: The `find_registered_model` component.
-        serving_image: The pinned image that serves the model.
-        serving: More `serving_model` arguments (subdir, port, routes).
-    """
+    """What the upload of one pipeline kind's models takes: the `serving_model` and
+    `find_registered_model` components, the serving image and more `serving_model`
+    arguments (subdir, port, routes)."""
 
     serving_model: Callable
     find_model: Callable
@@ -40,12 +35,8 @@ def local_registration(would_register: bool) -> dict:
 
 def add_upload(ops: UploadOps, gate, model, display_name,
                encryption_spec_key_name: str) -> None:
-    """Adds, inside a pipeline body, the steps that upload `model` when `gate` says so.
-
-    Under the gate's condition: `serving-model` (the served files, their container and
-    the run/data labels), `find-registered-model` (the display name's model, if any),
-    then one of two `ModelUploadOp`s: `register-model-version` with `parent_model` when
-    the model exists, `register-model` creating it otherwise.
+    """Adds the steps that upload `model` when `gate` says so: a new version of the model
+    of `display_name` when one exists, else a new model.
 
     Args:
         ops: The light steps' components and the serving container.

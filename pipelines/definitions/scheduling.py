@@ -1,15 +1,6 @@
-"""How a Vertex job gets its machines: on demand, Spot, flex-start, or from a reservation.
-
-H100, H200 and B200 machines are scarce on demand. Vertex's Dynamic Workload Scheduler
-(`FLEX_START`) queues a job until its machines are free, up to a maximum wait; a
-reservation holds them for the project. Both are set per step (`--<step>-scheduling-
-strategy`, `--<step>-max-wait`, `--<step>-reservation`) and refused here where Vertex would
-refuse them when the job starts: flex-start on other GPUs or beyond a 7-day timeout, a
-maximum wait without flex-start, a reservation with Spot or flex-start (neither consumes
-one), a reservation name Vertex cannot read. Whether a named reservation's machine type and
-GPUs match the step's is checked by Vertex only (the reservation is not read at compile).
-No retry policy comes with any of them: a retry re-bills GPUs on bad data.
-"""
+"""How a Vertex job gets its machines: on demand, Spot, flex-start (Dynamic Workload
+Scheduler), or from a reservation, set per step and refused here where Vertex would refuse
+them when the job starts (a named reservation's machines are checked by Vertex only)."""
 
 from __future__ import annotations
 

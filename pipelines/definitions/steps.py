@@ -1,22 +1,10 @@
 """The steps of one pipeline build, made once from the image and the settings.
 
-A pipeline definition makes one `Steps` for its kind from the runtime image, the target
-(where the steps run: `vertex.VertexSettings` or `kubeflow.KubeflowSettings`; None locally)
-and the tuning settings, before its `@dsl.pipeline` body (decorated by `Steps.pipeline` in
-the classifier pipelines): each step's component runs in the image and installs nothing at
-run time, the target wraps those with machines (Vertex custom jobs) and places every task
-(Kubernetes pods), and in the tuning variant the target's search is made beside the
-trainer. The definitions never ask which target they compile for. The body `body(params)`
-then calls the steps in the order they run, by role ("prepare", "train", "evaluate", ...),
-each call taking `params` (the pipeline parameters by name). Besides `Steps`, only the Model
-Registry upload of text models (the image serves them) and the tuning job's trials (they
-run the trainer's container) see the image.
-
-`STEPS` names, per pipeline kind, each role's component function, its name in the run
-graph, where it runs on Vertex and its settings class. The pipeline's parameters are its
-own (`first`, `last`) and its steps' settings, with the steps' types, defaults and help
-(`Steps.signature`, `Steps._describe`): a setting added to a step's settings class and
-function is a parameter of its pipelines, and reaches the step by its name.
+A definition makes one `Steps` for its kind from the runtime image, the target
+(`vertex.VertexSettings`, `kubeflow.KubeflowSettings`; None locally) and the tuning settings,
+and its body calls the steps by role, never asking which target it compiles for. `STEPS`
+names each role's component, run-graph name, machines and settings class: a setting of a
+step's settings class is a parameter of its pipelines (`Steps.signature`), with its help.
 """
 
 from __future__ import annotations
@@ -54,8 +42,7 @@ from pipelines.definitions import help_text, tuning
 
 
 class Target(Protocol):
-    """Where a pipeline's steps run, as `Steps` asks it: `vertex.VertexSettings` and
-    `kubeflow.KubeflowSettings` answer alike, so a definition reads the same for both."""
+    """Where a pipeline's steps run: `vertex.VertexSettings`, `kubeflow.KubeflowSettings`."""
 
     default_job_account: str
     # What its pipelines say where the targets differ (`help_text.Words`).
@@ -89,14 +76,11 @@ class Step:
     Attributes:
         function: The step's KFP function (`components.<step>.component`).
         display_name: The task's name in the run graph.
-        machine: Its key in `machine.DEFAULT_MACHINES` when it runs on machines of its own
-            (a Vertex custom job, a sized Kubernetes pod); empty for a light step.
+        machine: Its key in `machine.DEFAULT_MACHINES`; empty for a light step.
         job_name: The custom job's name in the console.
-        settings: Its settings class: each input of the step that is one of its fields is
-            a parameter of the step's pipelines, with the step's type, default and help
-            (`Steps.signature`), and reaches the step by its name.
-        hidden: Such inputs that are no pipeline parameter (the body sets them, or the
-            step's default stands).
+        settings: Its settings class: each of its fields among the step's inputs is a
+            pipeline parameter (`Steps.signature`).
+        hidden: Such inputs that are no pipeline parameter.
     """
 
     function: Callable
@@ -164,22 +148,19 @@ SERVED_BY_THE_RUNTIME = ("text", "transformer")
 
 @functools.cache
 def component(function: Callable, image: str):
-    """A step's KFP component: `function` run in the container `image`, made once per
-    process (the builds of one compile share it, and a target's wrapper of it).
+    """A step's KFP component: `function` run in `image`, made once per process.
 
     Args:
         function: The step's KFP function.
-        image: Container image URI holding this package, the step's frameworks and kfp:
-            nothing is pip-installed at run time.
+        image: Container image URI holding this package, the frameworks and kfp.
 
     Returns:
         A lightweight KFP component whose python is the container's first process.
     """
     made = dsl.component(function, base_image=image, install_kfp_package=False)
     command = made.component_spec.implementation.container.command
-    # KFP's `sh -ec` script starts python as its child: the SIGTERM of a preemption or a
-    # drained node goes to the container's first process, a shell that ignores it as PID 1,
-    # and the trainers never seal their checkpoint. Exec'd, python is that process.
+    # KFP's `sh -ec` script starts python as its child, and the SIGTERM of a preemption
+    # goes to PID 1, the shell, which ignores it: exec'd, python gets it and seals.
     if command[:2] != ["sh", "-ec"] or command[2].count(KFP_EXECUTOR_LINE) != 1:
         raise RuntimeError(f"this kfp's component command is not the one known: {command[:3]}")
     command[2] = command[2].replace(KFP_EXECUTOR_LINE, KFP_EXECUTOR_LINE.replace(
@@ -197,27 +178,18 @@ class Steps:
     Args:
         kind: The pipeline kind, a key of `STEPS`.
         image: URI of the runtime image every step runs in.
-        target: Where each step runs: `VertexSettings` (custom jobs) or `KubeflowSettings`
-            (pods); None for the local (`kfp.local`) variant, whose steps run as plain
-            components and which skips the model registry.
-        tune: Compiles the tuning variant (a target's): the target's search (a Vertex
-            tuning job, or trials in a `ParallelFor`) explores `tune.spaces[kind]` before
-            training, which takes the best trial's values.
+        target: Where each step runs; None for the local (`kfp.local`) variant, which
+            skips the model registry.
+        tune: Compiles the tuning variant: the target's search explores
+            `tune.spaces[kind]`, and training takes the best trial's values.
 
     Attributes:
-        default_job_account: The default of the pipeline's `job_service_account`:
-            compile.py's `--service-account` on Vertex, else "". The jobs' account is a
-            run-time choice (GCPC passes it as a parameter of the job); the Kubeflow
-            target's words drop the parameter (a run's pods take its Kubernetes account).
+        default_job_account: The default of `job_service_account` (the target's).
         ops: Role to its component, as the target wraps it where the step has machines.
-        search: Adds the tuning tasks and returns the training arguments with the best
-            trial's values; None but in the tuning variant.
-        registration: Adds the steps that register a model that cleared the gate (the
-            target's `registration`); None where nothing is registered.
-        experiment: The MLflow experiment `evaluate_and_publish` tracks the run in: the
-            pipeline's name given to `pipeline` (the tuning variant's runs too).
-        words: What the target's pipelines say where the targets differ (its tuning clause,
-            its parameters and their help: `spoken`); None locally.
+        search: The target's search (`Target.search`); None but in the tuning variant.
+        registration: The target's `registration`; None where nothing is registered.
+        experiment: The MLflow experiment runs are tracked in: the name given `pipeline`.
+        words: What the target's pipelines say where the targets differ; None locally.
 
     Raises:
         ValueError: `tune` without a target.
@@ -250,8 +222,7 @@ class Steps:
         Args:
             name: The pipeline's name, and the experiment its runs are tracked in.
             tuning_name: The tuning variant's name.
-            lead, rest: The description: `lead`, then in the tuning variant the target's
-                tuning clause (`words`), then `rest`.
+            lead, rest: The description, around the tuning variant's `words.tuning_clause`.
             first, last: The pipeline's own parameters (`signature`).
         """
         self.experiment = name
@@ -262,9 +233,8 @@ class Steps:
 
     def signature(self, first: Sequence[inspect.Parameter],
                   last: Sequence[inspect.Parameter]) -> inspect.Signature:
-        """The pipeline's parameters: `first`, then each setting of its steps in the order
-        they run (an input that is a field of a step's `settings`, as the step declares it),
-        then `last` and `job_service_account` (its default: `default_job_account`).
+        """The pipeline's parameters: `first`, each setting of its steps in the order they
+        run (as the step declares it), `last`, and `job_service_account`.
 
         Raises:
             ValueError: A parameter of `first` or `last` is also a step's setting.
@@ -287,15 +257,11 @@ class Steps:
 
     def defined(self, decorate: Callable, first: Sequence[inspect.Parameter] = (),
                 last: Sequence[inspect.Parameter] = ()) -> Callable:
-        """`decorate` (a `dsl.pipeline(...)`, which runs the body to record its tasks) over
-        the body `body(params)` (the pipeline parameters by name, `signature(first, last)`)
-        as the target says it (`spoken`), on a thread of its own.
+        """`decorate` (a `dsl.pipeline(...)`) over the body `body(params)` with the
+        parameters `signature(first, last)` as the target says them (`spoken`).
 
-        Why a thread: each of kfp's task settings (`set_env_variable`, `set_cpu_limit`, ...)
-        calls `inspect.stack()` for its error message, which looks up the module and source
-        of every frame below it. Under a deep caller in a large process (pytest with torch
-        and TensorFlow loaded: ~6,400 modules) that was ~30 ms a setting and most of a
-        Kubeflow compile; a fresh thread's stack holds only the definition's own frames.
+        On a thread of its own: each kfp task setting calls `inspect.stack()`, ~30 ms under
+        a deep caller in a large process (pytest), and a fresh thread's stack is short.
         """
         def define(body: Callable):
             said = spoken(body, self.signature(first, last), self.words)
@@ -310,16 +276,13 @@ class Steps:
         return define
 
     def _describe(self, graph, function: str) -> None:
-        """Gives each of `graph`'s parameters its help (the console's description of the
-        input): the target's words, else its own in `help_text` (`OWN_HELP[function]`, else
-        `HELP`), else that of the step inputs it feeds, where a step's help names its own
-        inputs fed by other names as their parameters (`lm_assets_uri` -> `lm_assets`); the
-        target's rewrites made in all but its words.
+        """Gives each of `graph`'s parameters its help: the target's words, else its own
+        in `help_text`, else that of the step inputs it feeds (inputs fed by another name
+        renamed to it); the target's rewrites made in all but its words.
 
         Raises:
-            LookupError: A parameter's help has no home (none of its own, and it feeds no
-                documented input or inputs whose help differs), or two (its own is its
-                step's), or `OWN_HELP[function]` speaks of no parameter of it.
+            LookupError: A parameter's help has no home, or two, or `OWN_HELP[function]`
+                speaks of no parameter of it.
         """
         inputs = graph.pipeline_spec.root.input_definitions.parameters
         words = self.words or help_text.Words("")
@@ -358,15 +321,14 @@ class Steps:
         return found[key].description or "" if key in found else ""
 
     def _on_machines(self, role: str, op: Callable) -> Callable:
-        """`op` as the target wraps it on the step's machines (a Vertex custom job); as it
-        is locally, or for a light step."""
+        """`op` as the target wraps it on the step's machines."""
         step = self.table[role]
         if self.target is None or not step.machine:
             return op
         return self.target.wrap(op, step.machine, step.job_name)
 
     def _placed(self, task, role: str):
-        """`task` as the target places it (a Kubernetes pod's resources and nodes)."""
+        """`task` as the target places it."""
         if self.target is None:
             return task
         return self.target.place(task, self.table[role].machine)
@@ -376,9 +338,8 @@ class Steps:
         return self.target.job(params) if self.target is not None else {}
 
     def preflight(self, params: Mapping[str, Any]):
-        """The preflight task: every pipeline parameter, checked on a light machine before
-        the first paid job, with the compile-time settings they are checked against; never
-        cached (it fingerprints the data)."""
+        """The preflight task: every pipeline parameter and the target's compile-time
+        settings, checked before the first paid job; never cached (it fingerprints data)."""
         op = self.ops["preflight"]
         settings = self.target.preflight_inputs() if self.target is not None else {}
         task = op(**{name: value for name, value in params.items()
@@ -387,7 +348,7 @@ class Steps:
         return self.target.place(task, "") if self.target is not None else task
 
     def run(self, role: str, params: Mapping[str, Any], **arguments):
-        """The task of the step `role`.
+        """The task of the step `role` (a key of the kind's `STEPS`).
 
         Args:
             role: A key of the kind's `STEPS`.
@@ -396,7 +357,7 @@ class Steps:
                 parameter named as one of its inputs (`arguments` win).
 
         Returns:
-            The task, named in the run graph; a custom job takes `job(params)` as well.
+            The task, named in the run graph.
         """
         step = self.table[role]
         if step.settings:
@@ -418,11 +379,9 @@ class Steps:
 
     def evaluate_and_publish(self, outputs: type, params: Mapping[str, Any], train, dataset,
                              split, predict_fingerprint):
-        """What follows training in every classifier pipeline, in its order: the evaluation
-        of `train`'s model on `dataset`'s `split`, the registration gate on it, the upload
-        under the gate, prediction when `predict_uri` is set (`predict_fingerprint`: the
-        preflight's of its data) and tracking (as `TRACKED_AS[kind]`, in `experiment`) when
-        `tracking_uri` is.
+        """What follows training in every classifier pipeline: evaluation of `train`'s
+        model on `dataset`'s `split`, the gate, the upload, prediction (`predict_uri`) and
+        tracking (`tracking_uri`).
 
         Returns:
             The pipeline's `outputs` (its NamedTuple), each field taken by name from the
@@ -447,8 +406,7 @@ class Steps:
         return outputs(**{field: named[field] for field in outputs._fields})
 
     def gate(self, params: Mapping[str, Any], evaluate):
-        """The registration gate on `evaluate`'s evaluation, as the `registration_*` and
-        `register_model` parameters set it; its "Output" is the decision."""
+        """The registration gate on `evaluate`'s evaluation; its "Output" is the decision."""
         return self.run("gate", params, evaluation=evaluate.outputs["evaluation"],
                         metric=params["registration_metric"],
                         threshold=params["registration_threshold"],
@@ -456,22 +414,19 @@ class Steps:
                         beat_baselines=params["registration_beats_baselines"])
 
     def upload(self, params: Mapping[str, Any], gate, model) -> None:
-        """The target's registration of `model` under `gate` as `model_display_name`: the
-        Vertex Model Registry (`registry.add_upload`; not for image models without a
-        serving image), or MLflow's with a KServe manifest on Kubeflow; none locally."""
+        """The target's registration of `model` under `gate`; none locally."""
         if self.registration is not None:
             self.registration(params, gate, model)
 
     def predict(self, params: Mapping[str, Any], **arguments) -> None:
-        """Batch prediction of `predict_uri`'s data (`arguments`: the model and the data's
-        fingerprint), when it is set."""
+        """Batch prediction of `predict_uri`'s data, when it is set."""
         with dsl.If(params["predict_uri"] != "", name="prediction-requested"):
             self.run("predict", params, data_uri=params["predict_uri"],
                      batch_size=params["eval_batch_size"], **arguments)
 
     def track(self, params: Mapping[str, Any], experiment: str, **arguments) -> None:
-        """One MLflow run of `arguments` (the step's outputs) in `experiment`, named after the
-        pipeline run, when `tracking_uri` is set; never cached: a re-run logs again."""
+        """One MLflow run of `arguments` in `experiment` when `tracking_uri` is set; never
+        cached: a re-run logs again."""
         with dsl.If(params["tracking_uri"] != "", name="tracking-requested"):
             self.run("track", params, tracking_uri=params["tracking_uri"],
                      run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, experiment=experiment,
@@ -487,9 +442,8 @@ def parameter(name: str, annotation: type,
 
 def classifier_parameters(metric: str, threshold: float,
                           model_name: str) -> list[inspect.Parameter]:
-    """What every classifier pipeline takes after its steps' settings, for what follows
-    training (`Steps.evaluate_and_publish`), with its defaults of the gate's `metric` and
-    `threshold` and the registered model's name."""
+    """What every classifier pipeline takes after its steps' settings (for
+    `Steps.evaluate_and_publish`), with its gate's and registered model's defaults."""
     return [parameter("eval_batch_size", int, 64), parameter("register_model", bool, True),
             parameter("registration_metric", str, metric),
             parameter("registration_threshold", float, threshold),
@@ -500,9 +454,8 @@ def classifier_parameters(metric: str, threshold: float,
 
 def spoken(body: Callable, signature: inspect.Signature,
            words: help_text.Words | None) -> Callable:
-    """The pipeline function KFP reads and calls: `signature`'s parameters but those that
-    mean nothing where `words`' target runs it, each handed to `body` in one mapping by
-    name (a dropped one with its default)."""
+    """The pipeline function KFP reads: `signature` less `words.dropped`, calling `body`
+    with every parameter by name (a dropped one at its default)."""
     every = signature.parameters.values()
     dropped = {p.name: p.default for p in every if words and p.name in words.dropped}
     kept = signature.replace(parameters=[p for p in every if p.name not in dropped],

@@ -34,20 +34,12 @@ def build(image: str, target: "Target | None" = None,
     """Builds the text pipeline.
 
     Args:
-        image: URI of the fastai runtime image every step runs in.
-        target: Where each step runs: `VertexSettings` (custom jobs; a model that clears
-            the gate is uploaded with `image` as its serving container, whose default
-            command is the prediction server) or `KubeflowSettings` (pods); None for the
-            local (`kfp.local`) variant, whose steps run as plain components and which
-            skips the model registry.
-        tune: Compiles the tuning variant: after preparation, the target's search (a
-            Vertex tuning job, or trials in a ParallelFor) explores `tune.spaces["text"]`,
-            and the model is trained with the best trial's values.
+        image: URI of the fastai runtime image every step runs in (and serves the model).
+        target: Where each step runs (`steps.Steps`); None for the local variant.
+        tune: Compiles the tuning variant, searching `tune.spaces["text"]`.
 
     Returns:
-        A `@dsl.pipeline` function whose outputs are `metrics` (the evaluation's
-        scalars), `report`, `evaluation` (folder with metrics.json), `model`, `dataset`
-        and `register` (the registration gate's decision).
+        A `@dsl.pipeline` function whose outputs are `Outputs`.
     """
     steps = Steps("text", image, target, tune)
 
@@ -63,7 +55,8 @@ def build(image: str, target: "Target | None" = None,
         preflight = steps.preflight(params)
         prepare = steps.run("prepare", params,
                             data_fingerprint=preflight.outputs["data_fingerprint"])
-        train = steps.train(params, dataset=prepare.outputs["dataset"], lm_assets_uri=params["lm_assets"],
+        train = steps.train(params, dataset=prepare.outputs["dataset"],
+                            lm_assets_uri=params["lm_assets"],
                             lm_assets_fingerprint=preflight.outputs["lm_assets_fingerprint"])
         return steps.evaluate_and_publish(
             Outputs, params, train, prepare.outputs["dataset"], split=params["eval_split"],
@@ -73,19 +66,11 @@ def build(image: str, target: "Target | None" = None,
 
 
 def summarize_run(outputs: Mapping[str, Any], summarize_artifacts=None) -> dict[str, Any]:
-    """What a run of the text pipeline produced, from its outputs as a runner returns them.
-
-    Args:
-        outputs: Output name to artifact (with `.path`), and "register" to the gate's
-            decision, as `kfp.local` (or the rehearsal) returns the pipeline's outputs.
-        summarize_artifacts: Summarizes the artifacts' paths; `summarize` when None (the
-            transformer pipeline passes its own).
-
-    Returns:
-        The summary of the artifacts, plus `registration` when the gate's decision is there.
-    """
-    summary = (summarize_artifacts or summarize)({name: value.path for name, value in outputs.items()
-                         if hasattr(value, "path")})
+    """What a run of the text pipeline produced, from its outputs (artifacts and the gate's
+    "register") as a runner returns them, through `summarize_artifacts` (default
+    `summarize`), plus `registration` when the gate's decision is there."""
+    summary = (summarize_artifacts or summarize)(
+        {name: value.path for name, value in outputs.items() if hasattr(value, "path")})
     if "register" in outputs:
         summary["registration"] = registry.local_registration(outputs["register"])
         summary["artifacts"] = summary.pop("artifacts")  # last, as in the image summary
@@ -103,17 +88,12 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     """What a local run of the text pipeline produced, in the shape of `summary.json`.
 
     Args:
-        artifacts: Output name to local path, e.g.
-            `{name: a.path for name, a in task.outputs.items()}` of the pipeline task
-            kfp.local returns; "evaluation" is required, "dataset" and "model" add
-            the preparation and training sections.
+        artifacts: Output name to local path; "evaluation" is required, "dataset" and
+            "model" add the preparation and training sections.
 
     Returns:
-        `{"metrics": {task, split, micro_f1, macro_f1, per_label: {label: {precision,
-        recall, f1, support}}, and for multi-label threshold, tuned_micro_f1,
-        tuned_macro_f1, tuned_thresholds}, "baseline": {tfidf_logreg: {...}, every_label or
-        majority_class: {...}}, "preparation": {...}, "training": {...}, "artifacts": {...}}`. Single-label runs report per class, micro F1 being the
-        accuracy.
+        `{"metrics", "baseline", "preparation", "training", "artifacts"}`; single-label
+        runs report per class, micro F1 being the accuracy.
     """
     result = read_json_if_present(os.path.join(artifacts["evaluation"], EVALUATION_FILE))
     if result is None:

@@ -1,17 +1,9 @@
 """The transformer training step past one pod on Kubeflow: a launcher of a TrainJob.
 
-With `--target kubeflow` and `--train-transformer-replica-count N` (N > 1) the training
-step runs `components.train_transformer.component.train_transformer_trainjob` in place of
-the one-pod trainer: a pod without GPUs that creates a Kubeflow Trainer 2.3 TrainJob of N
-nodes, follows it and copies its model into the step's output. KFP 2.14 (the oldest
-backend supported) has no `TaskConfig` passthrough, so what each node holds is compiled
-into the launcher's inputs (`node_inputs`): the pod the step would have been (CPU, memory,
-/dev/shm, GPUs and their node selector and toleration, the spot pool), the pull secrets,
-the storage secret and its keys, the checkpoint root, the S3 endpoint, the runtime, the
-image, the nodes' service account (the launcher's own unless named: it learns it from the
-downward API), the Kueue queue, how long a node may wait to be scheduled and the step
-timeout as the job's deadline. The launcher takes every input of the one-pod trainer
-too, so the pipeline body calls it alike.
+With `--train-transformer-replica-count N` (N > 1) the step is a pod without GPUs that
+creates a Kubeflow Trainer TrainJob of N nodes, follows it and copies its model out. KFP
+2.14 has no `TaskConfig` passthrough, so each node's pod is compiled into the launcher's
+inputs (`node_inputs`); the launcher takes every input of the one-pod trainer too.
 """
 
 from __future__ import annotations
@@ -36,13 +28,8 @@ ONE_POD = {
 
 
 def node_inputs(settings, step: str, image: str) -> dict[str, Any]:
-    """The launcher's compiled inputs: the TrainJob's nodes.
-
-    Args:
-        settings: The target's `kubeflow.KubeflowSettings` (its `nodes` name the step's).
-        step: The step (a key of `LAUNCHERS`).
-        image: The step's image, the nodes' too.
-    """
+    """The launcher's compiled inputs: the TrainJob's nodes as `settings` (the target's
+    `KubeflowSettings`) place `step`'s pod, running `image`."""
     pod = settings.pods[step]
     selector, tolerations = settings.placement(pod)
     return {
@@ -62,15 +49,8 @@ def node_inputs(settings, step: str, image: str) -> dict[str, Any]:
 
 
 def launcher_op(component, step: str, settings) -> Callable:
-    """The step's launcher, called as the one-pod `component` is (its inputs), the node
-    settings compiled in.
-
-    Args:
-        component: The one-pod step's component (its image is the launcher's and the
-            nodes').
-        step: The step (a key of `LAUNCHERS`).
-        settings: The target's `kubeflow.KubeflowSettings`.
-    """
+    """`step`'s launcher (in the one-pod `component`'s image), called as `component` is,
+    with `node_inputs` compiled in."""
     from kfp import kubernetes
 
     from pipelines.definitions.steps import component as make

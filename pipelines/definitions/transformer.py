@@ -1,10 +1,5 @@
-"""The transformer text pipeline: prepare/split a labelled CSV, fine-tune a Hugging Face encoder,
-evaluate (-> register).
-
-The text pipeline's steps around another trainer: the same preparation, evaluation (metrics,
-thresholds, report, baselines), registration gate, Model Registry upload (served by the same
-image and server), prediction and tracking; only training differs.
-"""
+"""The transformer text pipeline: the text pipeline's steps (prepare, evaluate, register)
+around a Hugging Face encoder's fine-tuning."""
 # No `from __future__ import annotations` here: KFP reads the pipeline signature's real types.
 
 import os
@@ -49,16 +44,8 @@ def build(image: str, target: "Target | None" = None,
 
 
 def training_summary(training: Mapping[str, Any]) -> dict[str, Any]:
-    """The `training` section of a run's summary, from the trainer's metrics.json.
-
-    Args:
-        training: The transformer trainer's metrics.json (`history`, `best`, `run`).
-
-    Returns:
-        `{epochs, best, model_name, arch, classifier_epoch_seconds, train_tokens,
-        parameters, device, precision, world_size, stopped_early, resumed_from,
-        texts_truncated, seconds, learnt_nothing}`; a value the file lacks is None.
-    """
+    """The `training` section of a run's summary, from the trainer's metrics.json (a
+    value the file lacks is None)."""
     run = training.get("run", {})
     return {
         "epochs": len(training.get("history", [])),
@@ -71,16 +58,7 @@ def training_summary(training: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
-    """What a local run of the transformer pipeline produced, in the shape of `summary.json`.
-
-    Args:
-        artifacts: Output name to local path, as `pipelines.definitions.text.summarize` takes them.
-
-    Returns:
-        `pipelines.definitions.text.summarize`'s summary of the evaluation and the dataset (metrics,
-        baseline, preparation), the transformer trainer's `training` section
-        (`training_summary`), then `artifacts`.
-    """
+    """`text.summarize`'s summary of `artifacts` with this trainer's `training` section."""
     # The fastai trainer's training section is not this trainer's: the model is read here.
     summary = text.summarize({name: path for name, path in artifacts.items() if name != "model"})
     training = text.read_json_if_present(os.path.join(artifacts.get("model", ""),
@@ -92,10 +70,5 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
 
 
 def summarize_run(outputs: Mapping[str, Any]) -> dict[str, Any]:
-    """`pipelines.definitions.text.summarize_run` with this pipeline's `summarize`.
-
-    Args:
-        outputs: Output name to artifact (with `.path`), and "register" to the gate's
-            decision, as `kfp.local` (or the rehearsal) returns the pipeline's outputs.
-    """
+    """`text.summarize_run` with this pipeline's `summarize`."""
     return text.summarize_run(outputs, summarize)

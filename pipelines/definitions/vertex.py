@@ -1,9 +1,7 @@
 """Where each step runs on Vertex: machine specs baked into the compiled JSON.
 
-Machine settings cannot be pipeline parameters: GCPC's custom-job wrapper bakes them
-into `worker_pool_specs` at compile time (kubeflow/pipelines#10902), so they are
-`compile.py` options. Locally (`kfp.local`) the same components run unwrapped. The machine
-table both targets read is `machine`'s; this module is imported by a Vertex compile alone.
+GCPC's custom-job wrapper bakes them into `worker_pool_specs` at compile time
+(kubeflow/pipelines#10902), so they are `compile.py` options, not pipeline parameters.
 """
 
 from __future__ import annotations
@@ -32,11 +30,9 @@ from pipelines.definitions.scheduling import job_scheduling
 # Steps whose code uses several replicas (multi-worker training); in any other step
 # extra replicas would all run the same step and race on its outputs.
 MULTI_REPLICA_STEPS = ("train_image", "train_transformer")
-# Vertex AI custom training's machine table, "Configure compute resources for custom
-# training" (https://cloud.google.com/vertex-ai/docs/training/configure-compute, its machine
-# types and GPU compatibility table), with N1's vCPU limits per GPU count from Compute
-# Engine's "GPU machine types" (https://cloud.google.com/compute/docs/gpus); read 2026-11.
-# A type Vertex adds later is refused here until it is added below.
+# Vertex custom training's machine table (cloud.google.com/vertex-ai/docs/training/
+# configure-compute) and N1's vCPU limits per GPU count (cloud.google.com/compute/docs/gpus),
+# read 2026-11: a type Vertex adds later is refused until it is added here.
 CPU_MACHINE_TYPES = frozenset(
     [f"e2-standard-{n}" for n in (4, 8, 16, 32)] + [f"e2-highmem-{n}" for n in (2, 4, 8, 16)]
     + [f"e2-highcpu-{n}" for n in (16, 32)]
@@ -61,16 +57,12 @@ N1_GPU_VCPUS: Mapping[str, Mapping[int, int]] = {
 def machine_problems(step: str, machine: Machine) -> list[str]:
     """What Vertex (or this step) would reject in `machine`, each naming the option.
 
-    Machine type x GPU type x GPU count is checked against Vertex's published table
-    (`CPU_MACHINE_TYPES`, `GPU_MACHINES`, `N1_GPU_VCPUS`); accelerator names against
-    Vertex's own `AcceleratorType` enum.
-
     Args:
-        step: A key of DEFAULT_MACHINES (names the `--<step>-...` options in messages).
+        step: A key of DEFAULT_MACHINES (names the `--<step>-...` options).
         machine: The step's machines.
 
     Returns:
-        One message per problem; empty when the machines are fine.
+        One message per problem (Vertex's machine table, its `AcceleratorType` names).
     """
     flag = "--" + step.replace("_", "-")
     problems = _gpu_problems(flag, machine)
@@ -131,22 +123,18 @@ def _gpu_problems(flag: str, machine: Machine) -> list[str]:
 
 def persistent_resource_problems(path: str, steps: Mapping[str, Machine | None], network: str,
                                  key: str) -> tuple[str, list[str]]:
-    """The persistent resource's ID, and what Vertex would reject in running `steps` on it.
-
-    Vertex rejects a job on a persistent resource whose network or CMEK key differ from the
-    resource's (`CustomJobSpec.persistent_resource_id`), and one whose worker pool matches no
-    resource pool in machine and disk type, or wants more replicas than the pool holds
-    ("Run training jobs on a persistent resource").
+    """The persistent resource's ID, and what Vertex would reject in running `steps` on it:
+    another network or CMEK key, or a worker pool no resource pool fits (machine, GPUs,
+    disk type, replicas).
 
     Args:
-        path: `--persistent-resource`: the resource as gcloud's `describe --format json`
-            writes it (the REST `PersistentResource`); empty for none.
+        path: `--persistent-resource`: gcloud's `describe --format json` of it; empty: none.
         steps: Each step to run there (`--persistent-resource-steps`), None if unknown.
         network: `--network` of the jobs.
         key: `--encryption-key` of the jobs.
 
     Returns:
-        The resource's ID ("" without `path`) and one message per problem, naming the options.
+        The resource's ID ("" without `path`) and one message per problem.
     """
     from google.cloud.aiplatform_v1 import PersistentResource, PersistentResourceServiceClient
 
@@ -193,29 +181,24 @@ def persistent_resource_problems(path: str, steps: Mapping[str, Machine | None],
 
 @dataclasses.dataclass(frozen=True)
 class VertexSettings:
-    """Settings of every custom job the pipeline starts.
+    """Settings of every custom job the pipeline starts (compile.py's Vertex options).
 
     Attributes:
         machines: Step name (a key of DEFAULT_MACHINES) to its machines.
-        spot: Use Spot VMs (cheaper, may be preempted; training resumes from checkpoints).
-        restart_job_on_worker_restart: Restart the whole job when a worker restarts; always
-            on for jobs of several replicas.
+        spot: Use Spot VMs (training resumes from checkpoints).
+        restart_job_on_worker_restart: Restart the job when a worker restarts (always with
+            several replicas).
         service_account: Service account the jobs run as; empty for the default.
         network: VPC network for peering, `projects/NUMBER/global/networks/NAME`.
         encryption_spec_key_name: Cloud KMS key (CMEK) for the jobs' resources.
-        base_output_directory: gs:// folder for job outputs; makes Vertex set AIP_MODEL_DIR,
-            AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR.
+        base_output_directory: gs:// folder under which Vertex sets each job's AIP_* folders.
         timeout: Longest a job may run, e.g. "86400s".
-        serving_image: Prediction image (pinned) of models uploaded to the Model Registry;
-            empty: no upload step is compiled in.
-        tensorboard: Vertex AI TensorBoard the training jobs (TRAINING_STEPS) upload
-            AIP_TENSORBOARD_LOG_DIR to, `projects/P/locations/R/tensorboards/ID`; empty for none.
-        persistent_resource_id: Vertex persistent resource the jobs of
-            `persistent_resource_steps` run on; empty: on demand (or the run's own, GCPC's
-            `{{$.pipeline_persistent_resource_id}}` default).
+        serving_image: Prediction image of uploaded image models; empty: no upload.
+        tensorboard: Vertex AI TensorBoard the training jobs upload to; empty for none.
+        persistent_resource_id: Persistent resource the jobs of `persistent_resource_steps`
+            run on; empty: GCPC's default (the run's own, if any).
         persistent_resource_steps: The steps (keys of DEFAULT_MACHINES) that run there.
-        tune_early_stopping: The tuning study's automated stopping of trials, one of
-            `tuning.STOPPING_RULES`.
+        tune_early_stopping: The tuning study's stopping rule (`tuning.STOPPING_RULES`).
     """
 
     machines: Mapping[str, Machine] = dataclasses.field(
@@ -246,15 +229,44 @@ class VertexSettings:
         return self.service_account
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
-        """`as_custom_job` with this step's machines (and the TensorBoard, if it trains)."""
+        """`component` (never a task: kubeflow/pipelines#10418) as a custom job on `step`'s
+        machines, made once per key."""
         key = (component, step, display_name)
         if key not in self.wrapped:
-            self.wrapped[key] = as_custom_job(
-                component, self.machines[step], self, display_name,
-                tensorboard=self.tensorboard if step in TRAINING_STEPS else "",
-                persistent_resource_id=(self.persistent_resource_id
-                                        if step in self.persistent_resource_steps else ""))
+            self.wrapped[key] = self._custom_job(component, step, display_name)
         return self.wrapped[key]
+
+    def _custom_job(self, component: Callable, step: str, display_name: str) -> Callable:
+        machine = self.machines[step]
+        # Each job's own folder: one for all would mix their TensorBoard logs.
+        base = self.base_output_directory.rstrip("/")
+        output = (f"{base}/{dsl.PIPELINE_JOB_NAME_PLACEHOLDER}/{display_name}"
+                  if self.base_output_directory else "")
+        resource = self.persistent_resource_id if step in self.persistent_resource_steps else ""
+        return create_custom_training_job_from_component(
+            component,
+            display_name=display_name,
+            machine_type=machine.machine_type,
+            accelerator_type=machine.accelerator_type,
+            accelerator_count=machine.accelerator_count,
+            replica_count=machine.replica_count,
+            boot_disk_type=boot_disk_type(machine.machine_type),
+            boot_disk_size_gb=machine.boot_disk_size_gb,
+            **job_scheduling(machine, self.spot),
+            # Multi-worker all-reduce cannot go on without a lost worker: restart them all,
+            # and every replica resumes from the shared checkpoints.
+            restart_job_on_worker_restart=(self.restart_job_on_worker_restart
+                                           or machine.replica_count > 1),
+            service_account=self.service_account,
+            network=self.network,
+            encryption_spec_key_name=self.encryption_spec_key_name,
+            base_output_directory=output,
+            tensorboard=self.tensorboard if step in TRAINING_STEPS else "",
+            timeout=self.timeout,
+            env=[{"name": k, "value": v} for k, v in gpu_environment(machine).items()] or None,
+            # none given keeps GCPC's default, so the JSON is unchanged
+            **({"persistent_resource_id": resource} if resource else {}),
+        )
 
     def place(self, task, step: str):
         """`task` as it is: a custom job's machines are in its wrapper (`wrap`)."""
@@ -265,18 +277,13 @@ class VertexSettings:
         return {"service_account": params["job_service_account"]}
 
     def preflight_inputs(self) -> dict[str, str]:
-        """Compile-time settings the preflight step checks a run's parameters against.
-
-        The TensorBoard the training jobs upload to, when there is one: Vertex refuses it
-        for jobs without a user-managed account, and `job_service_account` is a run-time
-        parameter. Nothing without a TensorBoard (the step's default is "").
-        """
+        """The TensorBoard, if any: Vertex refuses it for a job without a user-managed
+        account, and `job_service_account` is a run-time parameter the preflight checks."""
         return {"tensorboard": self.tensorboard} if self.tensorboard else {}
 
     def registration(self, kind: str, image: str) -> Callable | None:
         """The Model Registry upload (`registry.add_upload`) of `kind`'s models that clear
-        the gate: text models served by the runtime image, image models by
-        `serving_image` (None without it: nothing is uploaded)."""
+        the gate; None for image models without `serving_image`."""
         from components.register import vertex_upload as register
         from pipelines.definitions import registry
         from pipelines.definitions.steps import SERVED_BY_THE_RUNTIME, component
@@ -297,9 +304,8 @@ class VertexSettings:
 
     def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
                image: str) -> Callable:
-        """The tuning variant's search: a Vertex hyperparameter tuning job over `trainer`
-        on `step`'s machines (`tuning.as_tuning_job`), then the best trial's values
-        (`tuning.searched`)."""
+        """The tuning variant's search: a Vertex tuning job over `trainer`, then the best
+        trial's values (`tuning.searched`)."""
         from components.tune.component import BEST_TRIAL
         from pipelines.definitions import tuning
         from pipelines.definitions.steps import component
@@ -313,57 +319,3 @@ class VertexSettings:
 
         return search
 
-
-def job_output_directory(base: str, display_name: str) -> str:
-    """Each job's own folder under `--base-output-directory`: `<base>/<run>/<job>`.
-
-    Vertex derives AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR from it;
-    one folder for every job of every run would mix their TensorBoard logs. The run's
-    name is a placeholder Vertex fills at run time (as GCPC's own project default is).
-    """
-    if not base:
-        return ""
-    return f"{base.rstrip('/')}/{dsl.PIPELINE_JOB_NAME_PLACEHOLDER}/{display_name}"
-
-
-def as_custom_job(component: Callable, machine: Machine, settings: VertexSettings,
-                  display_name: str, tensorboard: str = "",
-                  persistent_resource_id: str = "") -> Callable:
-    """Wraps a component so it runs as a Vertex custom training job on `machine`.
-
-    Args:
-        component: A KFP component (never a task: kubeflow/pipelines#10418).
-        machine: The machines it runs on.
-        settings: Job-wide settings.
-        display_name: Name of the custom job in the console.
-        tensorboard: Vertex AI TensorBoard the job uploads its TensorBoard logs to; empty for
-            none. Vertex then needs `settings.service_account` and `base_output_directory`.
-        persistent_resource_id: Persistent resource the job runs on; empty keeps GCPC's
-            default (the run's, none unless the PipelineJob names one), so the JSON is unchanged.
-
-    Returns:
-        A component whose `worker_pool_specs` default carries the machine spec.
-    """
-    return create_custom_training_job_from_component(
-        component,
-        display_name=display_name,
-        machine_type=machine.machine_type,
-        accelerator_type=machine.accelerator_type,
-        accelerator_count=machine.accelerator_count,
-        replica_count=machine.replica_count,
-        boot_disk_type=boot_disk_type(machine.machine_type),
-        boot_disk_size_gb=machine.boot_disk_size_gb,
-        **job_scheduling(machine, settings.spot),
-        # Multi-worker all-reduce cannot go on without a lost worker: restart them all,
-        # and every replica resumes from the shared checkpoints.
-        restart_job_on_worker_restart=(settings.restart_job_on_worker_restart
-                                       or machine.replica_count > 1),
-        service_account=settings.service_account,
-        network=settings.network,
-        encryption_spec_key_name=settings.encryption_spec_key_name,
-        base_output_directory=job_output_directory(settings.base_output_directory, display_name),
-        tensorboard=tensorboard,
-        timeout=settings.timeout,
-        env=[{"name": k, "value": v} for k, v in gpu_environment(machine).items()] or None,
-        **({"persistent_resource_id": persistent_resource_id} if persistent_resource_id else {}),
-    )
