@@ -326,8 +326,7 @@ class KubeflowRehearsal(DagWalk):
             record.name, "", self.job, lambda uri: self.pods.step_path(pod, mount_path(uri)))
         command = (placeholders.resolve_args(container.get("command", []))
                    + placeholders.resolve_args(container.get("args", [])))
-        rule = next((k for k in self.kill if not k.done and k.task in
-                     (record.name, record.display_name)), None)
+        rule = Kill.pending(self.kill, record)
         return self.pods.run(pod, command, env, container["image"],
                              self.pods.log_path(record.name, record.attempts), deadline,
                              rule, self.store)

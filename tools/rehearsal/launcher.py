@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common.storage import filesystem
-from tools.rehearsal.records import RehearsalError
+from tools.rehearsal.records import Preemption, RehearsalError
 from tools.rehearsal.runtimes import (
     RUNTIMES,
     ImageContainers,
@@ -202,16 +202,12 @@ class Pods:
 
 
 @dataclasses.dataclass
-class Kill:
-    """End the first attempt of `task` once an object matching `pattern` exists, once:
-    its container stopped as a node shut down gracefully does (SIGTERM, the kill within
-    `KFP_POD_GRACE_S`: `Failed`, retried) or, `deleted`, its pod deleted with its node (no
-    notice: `Error`, not retried)."""
+class Kill(Preemption):
+    """A `Preemption` of a pod once an object matches: its container stopped as a node shut
+    down gracefully does (SIGTERM, the kill within `KFP_POD_GRACE_S`: `Failed`, retried) or,
+    `deleted`, its pod deleted with its node (no notice: `Error`, not retried)."""
 
-    task: str
-    pattern: str
     deleted: bool = False
-    done: bool = False
 
     def ended(self) -> tuple[str, str]:
         """(Argo's phase of the attempt it ended, why)."""

@@ -61,6 +61,22 @@ class ArtifactRef:
                    metadata={} if metadata is None else metadata, path=path)
 
 
+@dataclasses.dataclass
+class Preemption:
+    """Kill the first replica (or attempt) of `task` once a file matching `pattern` exists,
+    once."""
+
+    task: str
+    pattern: str
+    done: bool = False
+
+    @classmethod
+    def pending(cls, rules: list[Preemption], record: TaskRecord) -> Preemption | None:
+        """The first rule not yet applied that names `record`'s task (key or display name)."""
+        return next((r for r in rules if not r.done and r.task in
+                     (record.name, record.display_name)), None)
+
+
 def write_report(output: str, records: list[TaskRecord]) -> list[dict[str, Any]]:
     """Writes each task's record to `output/rehearsal.json`; returns them as dicts."""
     from components.common.storage import write_json_atomically
