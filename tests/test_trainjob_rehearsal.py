@@ -148,9 +148,6 @@ def cluster():
         job.delete()  # no node left running, whatever the test's end
 
 
-# ------------------------------------------------------------------ the runtime, played
-
-
 def test_trainjob_rehearsal_gives_each_node_what_trainer_gives_and_no_more(tmp_path,
                                                                           monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "the-launchers-own")
@@ -228,9 +225,6 @@ def test_trainjob_node_mirror_pulls_no_peers_probe(store, tmp_path, monkeypatch)
     assert [f for f in found if not f.startswith(storage.TMP_PREFIX)] == [
         "checkpoint-3/trainer_state.json"]
     assert f"{storage.TMP_PREFIX}probe-1234" not in found
-
-
-# ------------------------------------------------------------------ the node contract
 
 
 def _audited(folder) -> list[dict]:

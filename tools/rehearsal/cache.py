@@ -75,10 +75,8 @@ class TaskCache:
             write_json_atomically(self.index, self.entries)
 
     def _bring_outputs(self, hit: Mapping[str, Any]) -> None:
-        """Copies a cache hit's artifact files from the rehearsal that wrote them into this
-        one's bucket folder, at the same gs:// URIs: on Vertex every run reads one bucket,
-        so a later step can read a cached step's outputs. (An artifact may have no file,
-        e.g. a `Metrics` output holds only metadata.)"""
+        """Copies a hit's artifact files (those it has) to the same gs:// URIs here: on
+        Vertex every run reads one bucket."""
         for artifact in hit["artifacts"].values():
             source, target = artifact["path"], self.local(artifact["uri"])
             if not os.path.exists(source) or os.path.exists(target):

@@ -54,8 +54,6 @@ class Rehearsal(DagWalk):
         self.inputs = ir.pipeline_inputs(spec, params)
         self.runtime.check_visible(self.inputs)
 
-    # -- DAG ----------------------------------------------------------------------------
-
     def run(self) -> dict[str, Any]:
         """Runs the pipeline; returns its outputs (artifacts as objects with .path/.metadata)."""
         with self.runtime.session():
@@ -75,8 +73,6 @@ class Rehearsal(DagWalk):
                                  "container")
         return self._run_container(record, task, component, executor["container"], values,
                                    inputs)
-
-    # -- one container task -------------------------------------------------------------
 
     def _run_container(self, record: TaskRecord, task, component, container, values,
                        inputs) -> dict[str, Any]:

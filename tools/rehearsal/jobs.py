@@ -52,9 +52,6 @@ BEST_TRIAL_STEPS = {"best_image_trial": "image", "best_text_trial": "text",
                     "best_transformer_trial": "transformer"}
 
 
-# --------------------------------------------------------------------------- pure parts
-
-
 def task_kind(container: Mapping[str, Any], command: list[str], args: list[str]) -> str:
     """What Vertex does with a container task, judged from its container and command line.
 
@@ -158,9 +155,6 @@ def _flag(args: list[str], name: str) -> str:
     if name not in args:
         raise RehearsalError(f"launcher arguments have no {name}")
     return args[args.index(name) + 1]
-
-
-# --------------------------------------------------------------------------- jobs
 
 
 class VertexJobs:
@@ -268,10 +262,8 @@ class VertexJobs:
 
     def _trial(self, record: TaskRecord, job, trial_id: str, base: str, draw,
                earlier: list) -> Any:
-        """Runs one trial of `job`; returns it as Vertex's `Trial`, measured if it reported.
-
-        A failed trial is INFEASIBLE; more failures than the job allows end the job.
-        """
+        """One trial of `job` as Vertex's `Trial` (INFEASIBLE if it failed; more failures
+        than the job allows end the job)."""
         from google.cloud import aiplatform_v1
 
         pool = job.trial_job_spec.worker_pool_specs[0].container_spec
@@ -337,16 +329,8 @@ class VertexJobs:
     def _run_replicas(self, record: TaskRecord, commands: list[list[list[str]]],
                       environments: list | Callable[[], list], restart_all: bool,
                       images: list[str]) -> None:
-        """Runs every replica as a process; applies a pending preemption; fails on errors.
-
-        Args:
-            record: The task's record (attempts are counted in it).
-            commands: Each pool's replicas' command lines.
-            environments: Each pool's replicas' variables, or a function making them
-                afresh (new ports) for a restart of the whole job.
-            restart_all: A preemption restarts the whole job, not just the replica.
-            images: Each pool's image (`--runtime image`).
-        """
+        """Runs each pool's replicas (`commands`, `environments`: a function makes them
+        afresh, new ports, when the whole job restarts); applies a pending preemption."""
         logs = os.path.join(self.runtime.logs, record.name.replace("/", "-"))
         os.makedirs(logs, exist_ok=True)
         rule = Preemption.pending(self.preempt, record)
@@ -398,9 +382,6 @@ class VertexJobs:
             record.state = "failed"
             raise RehearsalError(f"{record.display_name}: workerpool{pool} replica {index} "
                                  f"exited with {code}; log {log_path}:\n{tail}")
-
-
-# --------------------------------------------------------------------------- API calls
 
 
 class VertexCalls:

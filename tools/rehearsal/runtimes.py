@@ -145,8 +145,6 @@ class Runtime:
         self.gcs = os.path.join(output, "gcs")
         self.logs = os.path.join(output, "logs")
 
-    # -- paths --------------------------------------------------------------------------
-
     def local(self, uri: str) -> str:
         """The rehearsal's file for a gs:// URI (what /gcs/ would show on Vertex)."""
         if uri.startswith("gs://"):
@@ -175,8 +173,6 @@ class Runtime:
                 raise RehearsalError(
                     f"--param {name}={value} is a local path, which a step inside the image "
                     f"cannot see: copy it under {self.gcs}/BUCKET/... and pass gs://BUCKET/...")
-
-    # -- processes ----------------------------------------------------------------------
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:

@@ -30,9 +30,6 @@ _ARTIFACT = re.compile(
     r"(?:\['(?P<key>[^']+)'\])?$")
 
 
-# --------------------------------------------------------------------------- values
-
-
 def typed_value(value: Any, parameter_type: str) -> Any:
     """A parameter value as Vertex hands it to a task (JSON numbers are floats in the spec).
 
@@ -99,9 +96,6 @@ def pipeline_inputs(spec: Mapping[str, Any], params: Mapping[str, str]) -> dict[
             raise RehearsalError(f"pipeline parameter {name!r} has no default: pass "
                                  f"--param {name}=VALUE")
     return values
-
-
-# --------------------------------------------------------------------------- the DAG
 
 
 def evaluate_condition(condition: str, values: Mapping[str, Any]) -> bool:
@@ -171,9 +165,6 @@ def dag_outputs(component: Mapping[str, Any],
         if chosen["outputParameterKey"] in produced:
             outputs["parameters"][key] = produced[chosen["outputParameterKey"]]
     return outputs
-
-
-# --------------------------------------------------------------------------- the job
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,9 +303,6 @@ def planned_executor_input(component: Mapping[str, Any], values: Mapping[str, An
             "outputFile": output_file,
         },
     }
-
-
-# --------------------------------------------------------------------------- placeholders
 
 
 @dataclasses.dataclass
