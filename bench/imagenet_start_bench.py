@@ -73,6 +73,7 @@ from bench.image_pretrain_bench import (  # noqa: E402
     shard,
     train_and_score,
 )
+from components.common.storage import read_json  # noqa: E402
 
 ARMS = ("lite0_imagenet", "densenet_scratch", "lite0_scratch")
 
@@ -102,8 +103,8 @@ def timed(dataset: str, out: str, config) -> dict:
     start = time.process_time()
     result = train_and_score(dataset, out, config)
     result["cpu_seconds"] = time.process_time() - start
-    with open(os.path.join(out, "model", "history.json")) as f:
-        last = [record for records in json.load(f).values() for record in records][-1]
+    history = read_json(os.path.join(out, "model", "history.json"))
+    last = [record for records in history.values() for record in records][-1]
     result["val_loss"] = last.get("val_loss")
     return result
 

@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from components.common.storage import write_json_atomically
+from components.common.storage import read_json, write_json_atomically
 from tools.rehearsal.records import ArtifactRef, saved_outputs
 
 
@@ -49,10 +49,7 @@ class TaskCache:
     def __init__(self, index: str | None, local: Callable[[str], str]) -> None:
         self.index = index
         self.local = local
-        self.entries: dict[str, Any] = {}
-        if index and os.path.exists(index):
-            with open(index) as f:
-                self.entries = json.load(f)
+        self.entries: dict[str, Any] = (read_json(index, optional=True) or {}) if index else {}
 
     def lookup(self, key: str) -> dict[str, Any] | None:
         """The outputs cached under `key` (their files brought here), None on a miss."""

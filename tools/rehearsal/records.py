@@ -7,7 +7,6 @@ without importing another's.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -89,12 +88,11 @@ def write_report(output: str, records: list[TaskRecord]) -> list[dict[str, Any]]
 
 def print_report(output: str) -> None:
     """Prints each task's line of `output/rehearsal.json`, if the rehearsal wrote it."""
-    path = os.path.join(output, "rehearsal.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            for task in json.load(f):
-                print(f"  {task['display_name']:<28} {task['state']:<10} attempts "
-                      f"{task['attempts']} {task['seconds']:.1f}s {task['note']}")
+    from components.common.storage import read_json
+
+    for task in read_json(os.path.join(output, "rehearsal.json"), optional=True) or []:
+        print(f"  {task['display_name']:<28} {task['state']:<10} attempts "
+              f"{task['attempts']} {task['seconds']:.1f}s {task['note']}")
 
 
 def saved_outputs(outputs: Mapping[str, Any], restore: bool = False) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from components.common.storage import read_json
 from pipelines.params import parse_value
 from tools.rehearsal.records import ArtifactRef, RehearsalError
 
@@ -421,10 +422,7 @@ def read_task_outputs(component: Mapping[str, Any], executor_input: Mapping[str,
         output file's text (typed unless a string); artifacts with the URI and metadata
         the executor output gives them.
     """
-    written: dict[str, Any] = {}
-    if os.path.exists(output_file):
-        with open(output_file) as f:
-            written = json.load(f)
+    written = read_json(output_file, optional=True) or {}
     artifacts = {}
     for key, entry in executor_input["outputs"]["artifacts"].items():
         artifact = entry["artifacts"][0]
