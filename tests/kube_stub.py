@@ -214,7 +214,6 @@ class KubeStub:
                 job["metadata"]["deletionTimestamp"] = NOW
                 if key in self.played:
                     self.played[key].delete()
-            return 200, job
         return 200, job
 
     def _pods(self, namespace: str) -> list[dict[str, Any]]:
