@@ -47,7 +47,6 @@ TEXT_PRECISIONS = ("fp32", "fp16", "bf16")
 KERAS_PRECISIONS = ("mixed_float16", "float32")
 DENSENET121 = (6, 12, 24, 16)
 SMOKE_LAYOUT = (1, 1, 1, 1)
-# ---------------------------------------------------------------------------- devices
 
 
 def visible_gpus() -> list[dict]:
@@ -86,9 +85,6 @@ def choices(gpus: list[dict]) -> dict:
         "keras_precision": choose_precision("auto", capabilities),
         "fastai_precision": text_precision(True, bool(gpus), capabilities[0] if gpus else None),
     }
-
-
-# ---------------------------------------------------------------------------- DenseNet
 
 
 class TfKerasEngine:
@@ -208,9 +204,6 @@ def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup
     return out
 
 
-# ---------------------------------------------------------------------------- feed
-
-
 def host_cores() -> int:
     """CPU cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -263,9 +256,6 @@ def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
             "feed_ratio": from_shards / from_memory,
             "model_images_per_second": batch / from_memory,
             "pipeline_images_per_second": host}
-
-
-# ---------------------------------------------------------------------------- fastai
 
 
 def fastai_tokens(gpus: list[dict], batch: int, doc_len: int, batches: int, rounds: int,
@@ -330,9 +320,6 @@ def fastai_tokens(gpus: list[dict], batch: int, doc_len: int, batches: int, roun
         out[name] = {"tokens_per_second": count / seconds,
                      "speedup": best["fp32"] / seconds}
     return out
-
-
-# ---------------------------------------------------------------------------- report
 
 
 def _fmt(value, spec: str = ".1f") -> str:

@@ -73,11 +73,12 @@ def _threads(count: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(count)
 
 
-def _shard(images: str, out: str, seed: int = 42) -> dict:
+def shard(images: str, out: str, seed: int = 42, image_size: int = 32) -> dict:
+    """Shards class folders once (4 shards a split, one writer); the manifest."""
     from components.shard.contract import ShardConfig
     from components.shard.sharding import shard_dataset
 
-    return shard_dataset(images, out, ShardConfig(image_size=32, min_shards_per_split=4,
+    return shard_dataset(images, out, ShardConfig(image_size=image_size, min_shards_per_split=4,
                                                   seed=seed, num_workers=1), progress=False)
 
 
@@ -136,10 +137,10 @@ def arm_config(arm: str, args, weights: str, seed: int):
                        flip=args.flip, seed=seed)
 
 
-def print_table(rows: list[dict], arms) -> None:
-    """Test accuracy per seed, arms beside the baselines; the mean; seconds per epoch."""
+def accuracy_table(rows: list[dict], arms, title: str) -> None:
+    """Test accuracy per seed, arms beside the baselines, and the mean."""
     names = [*arms, "pixels_logreg", "majority_class"]
-    print("\ntest accuracy on the digits' test split (same split every seed)")
+    print(f"\n{title}")
     print("seed  " + "  ".join(f"{name:>16}" for name in names))
     for row in rows:
         values = [row[arm]["accuracy"] for arm in arms]
@@ -147,6 +148,11 @@ def print_table(rows: list[dict], arms) -> None:
         print(f"{row['seed']:>4}  " + "  ".join(f"{v:16.4f}" for v in values))
     means = [statistics.mean(row[arm]["accuracy"] for row in rows) for arm in arms]
     print("mean  " + "  ".join(f"{v:16.4f}" for v in means))
+
+
+def print_table(rows: list[dict], arms) -> None:
+    """`accuracy_table`, then seconds per epoch of each arm."""
+    accuracy_table(rows, arms, "test accuracy on the digits' test split (same split every seed)")
     for arm in arms:
         epochs = [s for row in rows for s in row[arm]["seconds_per_epoch"]]
         print(f"{arm}: {statistics.mean(epochs):.1f} s per epoch (mean of {len(epochs)}; "
@@ -200,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             print("start:", json.dumps(facts), flush=True)
         digits = os.path.join(work, "digits")
         demo.write_digits(digits)
-        manifest = _shard(digits, os.path.join(work, "digit-shards"), args.split_seed)
+        manifest = shard(digits, os.path.join(work, "digit-shards"), args.split_seed)
         print("digits:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
         dataset = os.path.join(work, "digit-shards")
         rows = []

@@ -67,18 +67,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.image_pretrain_bench import _threads, train_and_score  # noqa: E402
+from bench.image_pretrain_bench import (  # noqa: E402
+    _threads,
+    accuracy_table,
+    shard,
+    train_and_score,
+)
+from components.common.storage import read_json  # noqa: E402
 
 ARMS = ("lite0_imagenet", "densenet_scratch", "lite0_scratch")
-
-
-def shard(images: str, out: str, image_size: int, seed: int = 42) -> dict:
-    """Shards class folders once (4 shards a split, one writer); the manifest."""
-    from components.shard.contract import ShardConfig
-    from components.shard.sharding import shard_dataset
-
-    return shard_dataset(images, out, ShardConfig(image_size=image_size, min_shards_per_split=4,
-                                                  seed=seed, num_workers=1), progress=False)
 
 
 def arm_config(arm: str, args, seed: int):
@@ -106,24 +103,16 @@ def timed(dataset: str, out: str, config) -> dict:
     start = time.process_time()
     result = train_and_score(dataset, out, config)
     result["cpu_seconds"] = time.process_time() - start
-    with open(os.path.join(out, "model", "history.json")) as f:
-        last = [record for records in json.load(f).values() for record in records][-1]
+    history = read_json(os.path.join(out, "model", "history.json"))
+    last = [record for records in history.values() for record in records][-1]
     result["val_loss"] = last.get("val_loss")
     return result
 
 
 def print_table(rows: list[dict], arms) -> None:
-    """Test accuracy per seed, arms beside the baselines; the mean; seconds per arm."""
-    names = [*arms, "pixels_logreg", "majority_class"]
-    print(f"\ntest accuracy ({rows[0][arms[0]]['test_examples']} test images, same split "
-          "every seed)")
-    print("seed  " + "  ".join(f"{name:>16}" for name in names))
-    for row in rows:
-        values = [row[arm]["accuracy"] for arm in arms]
-        values += [row["baseline"]["pixels_logreg"], row["baseline"]["majority_class"]]
-        print(f"{row['seed']:>4}  " + "  ".join(f"{v:16.4f}" for v in values))
-    means = [statistics.mean(row[arm]["accuracy"] for row in rows) for arm in arms]
-    print("mean  " + "  ".join(f"{v:16.4f}" for v in means))
+    """`accuracy_table`, then CPU and wall seconds of each arm."""
+    accuracy_table(rows, arms, f"test accuracy ({rows[0][arms[0]]['test_examples']} test "
+                   "images, same split every seed)")
     for arm in arms:
         print(f"{arm}: {statistics.mean(r[arm]['cpu_seconds'] for r in rows):.0f} CPU s, "
               f"{statistics.mean(r[arm]['seconds'] for r in rows):.0f} wall s of training per "
@@ -163,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work or temporary
         os.makedirs(work, exist_ok=True)
         dataset = os.path.join(work, "shards")
-        manifest = shard(args.data, dataset, args.image_size, args.split_seed)
+        manifest = shard(args.data, dataset, args.split_seed, args.image_size)
         print("split:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
         rows = []
         for seed in args.seeds:

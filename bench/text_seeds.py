@@ -31,13 +31,13 @@ package descriptions with debtags (8 labels, tools.datamakers.debian_corpus; nee
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from components.common.storage import read_json  # noqa: E402
 from pipelines import run_local  # noqa: E402
 from tools.datamakers import debian_corpus, docstring_corpus  # noqa: E402
 
@@ -63,8 +63,7 @@ def run_seed(pipeline: str, data: str, text_column: str, seed: int, output: str,
         args += ["--text-column", text_column]
     if run_local.main(args + flags) != 0:
         raise SystemExit(f"seed {seed} failed; see {output}")
-    with open(os.path.join(output, "summary.json")) as f:
-        return json.load(f)
+    return read_json(os.path.join(output, "summary.json"))
 
 
 def row(seed: int, summary: dict) -> dict:

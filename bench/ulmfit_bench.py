@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pandas as pd  # noqa: E402
 
+from components.common.storage import read_json  # noqa: E402
 from pipelines import run_local  # noqa: E402
 from tools.datamakers import debian_corpus, docstring_corpus, manpage_corpus  # noqa: E402
 
@@ -117,14 +118,11 @@ def pretrain(corpus: str, output: str, args) -> dict:
     if corpus.endswith(".csv"):
         flags += ["--text-column", "text"]
     assert run_local.main(flags) == 0
-    with open(os.path.join(output, "summary.json")) as f:
-        assets = json.load(f)["artifacts"]["lm_assets"]
-    return read_lm(assets)
+    return read_lm(read_json(os.path.join(output, "summary.json"))["artifacts"]["lm_assets"])
 
 
 def read_lm(assets: str) -> dict:
-    with open(os.path.join(assets, "lm_metrics.json")) as f:
-        return {"assets": assets, **json.load(f)}
+    return {"assets": assets, **read_json(os.path.join(assets, "lm_metrics.json"))}
 
 
 def classifier(data: str, column: str, output: str, seed: int, args, extra: list[str]) -> dict:
@@ -134,10 +132,8 @@ def classifier(data: str, column: str, output: str, seed: int, args, extra: list
              "--monitor", args.monitor,
              "--batch-size", str(args.batch_size), "--drop-mult", str(args.drop_mult), *extra]
     assert run_local.main(flags) == 0
-    with open(os.path.join(output, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(summary["artifacts"]["model"], "metrics.json")) as f:
-        run = json.load(f)["run"]
+    summary = read_json(os.path.join(output, "summary.json"))
+    run = read_json(os.path.join(summary["artifacts"]["model"], "metrics.json"))["run"]
     return {"metrics": summary["metrics"], "baseline": summary["baseline"], "run": run}
 
 

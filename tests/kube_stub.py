@@ -148,7 +148,6 @@ class KubeStub:
             return [r for r in self.requests if (method is None or r[0] == method)
                     and contains in r[1]]
 
-    # -- trainjobs ----------------------------------------------------------------------
     def _read(self, key: tuple[str, str]) -> dict[str, Any] | None:
         """The job as a read finds it (status by its plan), or None when gone."""
         job = self.jobs.get(key)
@@ -215,10 +214,8 @@ class KubeStub:
                 job["metadata"]["deletionTimestamp"] = NOW
                 if key in self.played:
                     self.played[key].delete()
-            return 200, job
         return 200, job
 
-    # -- pods ---------------------------------------------------------------------------
     def _pods(self, namespace: str) -> list[dict[str, Any]]:
         """Each job's node pods, their phase by the job's state (or its plan's or player's
         status), then the pods added."""
@@ -261,7 +258,6 @@ class KubeStub:
         lines = self.plans.get(job, Plan()).log if index == "0" else [f"node {index}"]
         return 200, "".join(line + "\n" for line in lines)
 
-    # -- HTTP ---------------------------------------------------------------------------
     def answer(self, method: str, url: str, body: Any) -> tuple[int, Any]:
         parts = urlsplit(url)
         query = {key: values[-1] for key, values in parse_qs(parts.query).items()}

@@ -103,36 +103,19 @@ def _tf_keras_smoke_gflop() -> float:
         build_model(10, 32, weights=None, layout=gpu_bench.SMOKE_LAYOUT)) / 1e9
 
 
-@pytest.mark.parametrize("layout", ["1,1,1", "6,12,24,0", "a,b,c,d"])
-def test_a_bad_layout_is_refused(layout):
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_bench.py"),
-                          "--layout", layout], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("flag, value, message", [
+    *(("--layout", layout, "--layout takes four positive block counts (conv2..conv5)")
+      for layout in ("1,1,1", "6,12,24,0", "a,b,c,d")),
+    ("--sections", "densenet,gpu", "unknown sections ['gpu']"),
+    *(("--precisions", precisions, "--precisions takes some of ['mixed_float16', 'float32']")
+      for precisions in ("", "float16", "float32,bfloat16")),
+    ("--host-cores", "100000", "--host-cores must be between 0 (all) and"),
+])
+def test_a_bad_option_is_refused(flag, value, message):
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_bench.py"), flag, value],
+                         capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
-    assert "--layout takes four positive block counts (conv2..conv5)" in run.stderr
-
-
-def test_unknown_section_is_refused(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_bench.py"),
-                          "--sections", "densenet,gpu"], capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 2
-    assert "unknown sections ['gpu']" in run.stderr
-
-
-@pytest.mark.parametrize("precisions", ["", "float16", "float32,bfloat16"])
-def test_an_unknown_precision_is_refused(precisions):
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_bench.py"),
-                          "--precisions", precisions], capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 2
-    assert "--precisions takes some of ['mixed_float16', 'float32']" in run.stderr
-
-
-def test_more_host_cores_than_the_machine_has_is_refused():
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_bench.py"),
-                          "--host-cores", "100000"], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2
-    assert "--host-cores must be between 0 (all) and" in run.stderr
+    assert message in run.stderr
 
 
 @pytest.mark.parametrize("name, precision, peak", [
@@ -167,22 +150,17 @@ def test_training_flops_are_three_forward_passes():
     assert flops.train_tflops(1000, 1e9) == pytest.approx(3.0)
 
 
-@pytest.mark.slow  # builds DenseNet121 at 224 px (~10 s), no training
-def test_densenet121_counts_the_published_flops():
-    from components.train_image.model import build_model
-
-    counted = flops.forward_flops(build_model(10, 224, weights=None))
+@pytest.mark.slow  # builds the network at 224 px (~10 s), no training
+@pytest.mark.parametrize("architecture, published, rel", [
     # 2.87 GMAC published (convolutions, dense and the rest): within 2% of it
-    assert counted == pytest.approx(5.73e9, rel=0.02)
-
-
-@pytest.mark.slow  # builds EfficientNet-Lite0 at 224 px, no training
-def test_efficientnet_lite0_counts_the_published_flops():
-    from components.train_image.model import build_model
-
-    counted = flops.forward_flops(build_model(10, 224, weights=None,
-                                              architecture="efficientnet_lite0"))
+    ("densenet121", 5.73e9, 0.02),
     # 0.38 GMAC of convolutions (depthwise ones included) and the classifier, a little
     # under the ~0.4 GMAC quoted for Lite0 with everything; a seventh of DenseNet121's
     # 5.73 GFLOP. Without the depthwise layers it would be 0.70.
-    assert counted == pytest.approx(0.768e9, rel=0.01)
+    ("efficientnet_lite0", 0.768e9, 0.01),
+])
+def test_the_networks_count_the_published_flops(architecture, published, rel):
+    from components.train_image.model import build_model
+
+    counted = flops.forward_flops(build_model(10, 224, weights=None, architecture=architecture))
+    assert counted == pytest.approx(published, rel=rel)

@@ -47,9 +47,6 @@ def store(s3_endpoint, monkeypatch):
     return s3_endpoint
 
 
-# ------------------------------------------------------------------ pure parts
-
-
 def test_kubeflow_launcher_paths_are_kfps_local_path_for_uri():
     assert mount_path("s3://b/k/x") == "/s3/b/k/x"
     assert mount_path("minio://mlpipeline/v2/a") == "/minio/mlpipeline/v2/a"
@@ -91,9 +88,6 @@ def test_a_loop_items_field_is_selected_as_the_compiled_selector_says():
     assert select([1, 2], "", "x") == [1, 2]
     with pytest.raises(RehearsalError, match="not one this rehearsal evaluates"):
         select({"a": 1}, "string_value.size()", "x")
-
-
-# ------------------------------------------------------------------ a tiny compiled pipeline
 
 
 @dsl.component(base_image=LOCAL_IMAGE, install_kfp_package=False)
@@ -190,9 +184,6 @@ def test_kubeflow_rehearsal_reads_the_compiled_platform_settings(probe_yaml):
     assert mount["secretName"] == "api"
 
 
-# ------------------------------------------------------------------ a loop's name, per backend
-
-
 def _loop_pipeline(name):
     @dsl.pipeline(name="kubeflow-loop-name")
     def loop(xs: list[int] = [1]) -> int:  # noqa: B006 (the compiled default)
@@ -253,9 +244,6 @@ def test_the_kubeflow_tuning_variants_loop_is_shown_under_its_key(tmp_path):
     assert len(loops) == 1 and renamed_loops(spec) == {}
     ((key, loop),) = loops.items()
     assert loop["taskInfo"]["name"] == key
-
-
-# ------------------------------------------------------------------ a deleted pod; run retry
 
 
 @dsl.component(base_image=LOCAL_IMAGE, install_kfp_package=False)
@@ -344,9 +332,6 @@ def test_a_deleted_pod_is_not_retried_and_a_run_retry_resumes_it(store, tmp_path
         "resumable-train"]["task_root"]
     with pytest.raises(RehearsalError, match="succeeded: KFP retries only a failed run"):
         retry_kubeflow(out)
-
-
-# ------------------------------------------------------------------ the real pipelines
 
 
 @pytest.mark.slow

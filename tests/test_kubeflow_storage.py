@@ -117,9 +117,6 @@ def test_kubeflow_prepares_an_s3_csv(s3, tmp_path):
     assert remote["source"] == "s3://texts/in/reviews.csv"
 
 
-# ------------------------------------------------------------------ what outlives a pod
-
-
 @pytest.fixture
 def mirrors(monkeypatch, tmp_path):
     """No mirror of an earlier test (a new process starts with none), in a temporary

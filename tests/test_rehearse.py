@@ -45,9 +45,6 @@ def _spec(tmp_path, pipeline: str) -> dict:
         return json.load(f)
 
 
-# --------------------------------------------------------------------------- pure parts
-
-
 GATE = "inputs.parameter_values['pipelinechannel--gate-Output'] == true"
 
 
@@ -325,9 +322,6 @@ def test_bad_settings_stop_the_run_before_the_first_job(tmp_path):
         rehearse.rehearse(path, str(tmp_path / "r"), {"data_uri": str(csv), "threshold": "1.5"})
     report = json.loads((tmp_path / "r" / "rehearsal.json").read_text())
     assert [t["name"] for t in report] == ["preflight-text"]  # no custom job started
-
-
-# --------------------------------------------------------------------------- whole runs
 
 
 REGISTERED = "projects/123456789012/locations/us-central1/models/8541"

@@ -1,18 +1,11 @@
-"""The TrainJob node contract rehearsed (issue 57, item 4): the launcher's TrainJob played on
-this machine as Kubeflow Trainer 2.3's `torch-distributed` runtime runs it
-(`tools.rehearsal.trainjob`), its nodes the real `python -m components.train_transformer.node`
-on CPU with gloo, two processes a node, against an S3 API on loopback (moto's server).
+"""The TrainJob node contract rehearsed (issue 57, item 4): the launcher's TrainJob played
+here as Trainer 2.3's `torch-distributed` runtime runs it (`tools.rehearsal.trainjob`), its
+nodes the real `python -m components.train_transformer.node` (CPU, gloo, two processes a
+node) against S3 on loopback, through the Kubernetes API stub (`tests.kube_stub`).
 
-The launcher (`components.trainjob.launcher`) runs each job through the stub of the
-Kubernetes API (`tests.kube_stub`), which plays it with those processes. Node 1 is killed
-once the first sealed checkpoint is in S3 and restarted in place, as JobSet does; the
-launcher sees the restart in the pods, deletes the job and fails; its retry creates a new
-job of the same task, whose nodes all resume from that checkpoint; node 0 uploads the
-model, which is copied into the launcher's `Output[Model]`, evaluated on the test split
-and registered in MLflow with its KServe manifest, as the one-pod Kubeflow path does. A
-cancelled launcher's nodes are stopped with a one-second grace: by its SIGTERM handler's
-DELETE, or, killed outright, by node 0's watch of the launcher pod. `pytest -k trainjob`
-runs these.
+A node killed after the first sealed checkpoint fails the launcher; its retry's new job
+resumes from that checkpoint and registers the model as the one-pod path does. A cancelled
+launcher's nodes are stopped within a one-second grace. `pytest -k trainjob` runs these.
 """
 
 from __future__ import annotations
@@ -148,9 +141,6 @@ def cluster():
         job.delete()  # no node left running, whatever the test's end
 
 
-# ------------------------------------------------------------------ the runtime, played
-
-
 def test_trainjob_rehearsal_gives_each_node_what_trainer_gives_and_no_more(tmp_path,
                                                                           monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "the-launchers-own")
@@ -228,9 +218,6 @@ def test_trainjob_node_mirror_pulls_no_peers_probe(store, tmp_path, monkeypatch)
     assert [f for f in found if not f.startswith(storage.TMP_PREFIX)] == [
         "checkpoint-3/trainer_state.json"]
     assert f"{storage.TMP_PREFIX}probe-1234" not in found
-
-
-# ------------------------------------------------------------------ the node contract
 
 
 def _audited(folder) -> list[dict]:

@@ -32,15 +32,10 @@ from collections.abc import Iterable, Mapping, Sequence
 # definitions at its first release (later patches only add fields) and the protobuf
 # runtime that release pins (its wheels' metadata).
 BACKENDS: Mapping[str, Mapping[str, str]] = {
-    "2.14": {"kfp-pipeline-spec": "2.14.0", "kfp-kubernetes": "2.14.0",
-             "protobuf": "6.31.1"},
-    "2.15": {"kfp-pipeline-spec": "2.15.0", "kfp-kubernetes": "2.15.0",
-             "protobuf": "6.31.1"},
-    "2.16": {"kfp-pipeline-spec": "2.16.0", "kfp-kubernetes": "2.16.0",
-             "protobuf": "6.31.1"},
-    "2.17": {"kfp-pipeline-spec": "2.17.0", "kfp-kubernetes": "2.17.0",
-             "protobuf": "6.33.5"},
-}
+    backend: {"kfp-pipeline-spec": f"{backend}.0", "kfp-kubernetes": f"{backend}.0",
+              "protobuf": protobuf}
+    for backend, protobuf in (("2.14", "6.31.1"), ("2.15", "6.31.1"), ("2.16", "6.31.1"),
+                              ("2.17", "6.33.5"))}
 # pipeline_spec.proto imports google/rpc/status.proto: a release whose generated code
 # runs on every protobuf above (1.73 on needs protobuf >= 6.33.5 at run time).
 COMMON_PROTOS = "googleapis-common-protos==1.72.0"
@@ -83,15 +78,7 @@ print(json.dumps(problems))
 
 
 def environment(backend: str, cache: str = CACHE) -> str:
-    """The folder holding `backend`'s definitions and protobuf, installed once.
-
-    Args:
-        backend: A key of BACKENDS ("2.14").
-        cache: Where the environments are kept.
-
-    Returns:
-        The folder (a `pip install --target` of BACKENDS[backend]).
-    """
+    """The folder (`cache`/`backend`) where `backend`'s pins of BACKENDS are installed, once."""
     pins = [f"{name}=={version}" for name, version in BACKENDS[backend].items()]
     return installed(backend, [*pins, COMMON_PROTOS], cache)
 

@@ -104,13 +104,9 @@ def check_python(version: tuple[int, ...], base: dict[str, str]) -> None:
                          f"{'.'.join(map(str, MIN_PYTHON))}, which the locks need")
 
 
-def python_excludes(minor: str) -> list[str]:
-    return [pattern.format(minor=minor) for pattern in PYTHON_EXCLUDES]
-
-
 def copy_python(prefix: Path, destination: Path, minor: str) -> None:
     """Copies a CPython install to `destination`, without what `PYTHON_EXCLUDES` names."""
-    excludes = python_excludes(minor)
+    excludes = [pattern.format(minor=minor) for pattern in PYTHON_EXCLUDES]
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         relative = Path(folder).relative_to(prefix)
@@ -123,12 +119,10 @@ def copy_python(prefix: Path, destination: Path, minor: str) -> None:
 
 def build_args(runtime: str, base_image: str, git_sha: str, version: str) -> dict[str, str]:
     """`--build-arg`s of the local build of one runtime image."""
-    args = {"BASE_IMAGE": base_image, "GIT_SHA": git_sha, "VERSION": version}
     # PyTorch's indexes (fastai's cu126, the TensorFlow image's weights stage's cpu) are
-    # unreachable here: PyPI's build of the same version.
-    if runtime in ("fastai", "tensorflow"):
-        args.update(TORCH_INDEX_URL="", TORCH_LOCAL_LABEL="")
-    return args
+    # unreachable here: PyPI's build of the same version, in both images.
+    return {"BASE_IMAGE": base_image, "GIT_SHA": git_sha, "VERSION": version,
+            "TORCH_INDEX_URL": "", "TORCH_LOCAL_LABEL": ""}
 
 
 def image_tags() -> dict[str, str]:
@@ -150,11 +144,6 @@ def buildah(*args: str, capture: bool = False) -> str:
     return result.stdout.strip() if capture else ""
 
 
-def image_exists(name: str) -> bool:
-    return subprocess.run(["buildah", *STORAGE, "inspect", "--type", "image", name],
-                          capture_output=True).returncode == 0
-
-
 def image_id(name: str) -> str:
     """The ID of a local image, "" when there is none of that name."""
     result = subprocess.run(["buildah", *STORAGE, "images", "--quiet", "--no-trunc", name],
@@ -171,7 +160,7 @@ def image_size(name: str) -> str:
 def make_standin(base: dict[str, str], work: Path) -> str:
     """Builds the stand-in base image (skipped when it exists); returns its name."""
     name = standin_name(base)
-    if image_exists(name):
+    if image_id(name):
         print(f"stand-in {name} exists")
         return name
     check_python(sys.version_info, base)

@@ -136,8 +136,7 @@ def write_debian_corpus(path: str, index_path: str | None = None,
     Args:
         path: The CSV to write.
         index_path: An apt `Packages` index; default apt's own (`find_package_index`).
-        by: `works-with` (eight kinds of data, multi-label) or `section` (the eight
-            largest archive sections among the same packages, one label each).
+        by: `works-with` (multi-label) or `section` (one label each).
 
     Returns:
         Row count and rows per label.

@@ -151,17 +151,13 @@ def write_source_corpus(folder: str, exclude: Sequence[str] = (),
     """Writes Python docstrings as .txt files, for language model pretraining.
 
     Args:
-        folder: Output folder; `<module path>.txt` per source file with docstrings (files
-            of `roots` are named `<root folder name>.<module path>.txt`).
+        folder: Output folder: `<module path>.txt` per source file with docstrings
+            (`<root folder name>.<module path>.txt` for files of `roots`).
         exclude: Top-level packages left out.
-        hold_out: Texts never written: a paragraph equal to one of them (once its white
-            space is collapsed) is dropped, so a classifier's texts are not pretrained on.
-        roots: More source trees read after the standard library, e.g.
-            `installed_packages_root()` (third-party docstrings: much more text about code).
-        max_characters: Stop once this many characters are written (0: no limit). The
-            standard library comes whole first, then the files of `roots` in the order of
-            their output names' SHA-256: a fixed sample across packages rather than the
-            first ones alphabetically.
+        hold_out: Paragraphs never written (compared with white space collapsed).
+        roots: More source trees read after the standard library (`installed_packages_root()`).
+        max_characters: Stop once this many are written (0: no limit); the files of `roots`
+            come in the order of their output names' SHA-256, a fixed sample of packages.
         stdlib: The standard library's folder; "" for this interpreter's.
 
     Returns:

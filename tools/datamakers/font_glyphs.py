@@ -179,11 +179,9 @@ def render(font_path: str, char: str, size: int, cap: float = VARIANTS[0][0],
 def scan(image: Image.Image, side: int) -> Image.Image:
     """`image` as the UCI digits were scanned, drawn back at its own size.
 
-    The ink is scaled to fill a `SCAN_BLOCK * side` square (keeping its proportions,
-    centred), binarised, and each `SCAN_BLOCK` x `SCAN_BLOCK` block's count of ink pixels
-    becomes one pixel of a `side` x `side` image (17 grey levels for blocks of 4); that is
-    drawn back bilinearly at `image`'s size, as `tools.datamakers.demo` draws the digits. A
-    glyph made so looks like a digit of the demo set in all but its shape.
+    The ink is fitted to a `SCAN_BLOCK * side` square, binarised, and each block's count of
+    ink pixels becomes one pixel of a `side` x `side` image (17 grey levels for blocks of
+    4), drawn back bilinearly at `image`'s size as `tools.datamakers.demo` draws the digits.
 
     Args:
         image: A glyph, white ink on black (`render`).
@@ -252,8 +250,7 @@ def write_glyphs(out_dir: str, font_paths: Sequence[str] | None = None, chars: s
         chars: The characters, one class each.
         size: Side of the images in pixels.
         variants: `(cap height, x shift, y shift)` per image of a glyph (`VARIANTS`).
-        scan_side: Each image as a `scan` of this side (8: as the UCI digits); 0 keeps
-            the crisp glyph.
+        scan_side: Each image as a `scan` of this side (8: as the UCI digits); 0: crisp.
 
     Returns:
         `{"fonts": faces used, "images": images written, "classes": len(chars)}`.

@@ -163,9 +163,8 @@ def write_manpage_corpus(folder: str, hold_out_sources: Iterable[str] = (),
         sources: {binary package: source package}; default: dpkg's status.
 
     Returns:
-        `{"pages", "characters", "held_out", "generated", "includes"}`: pages written,
-        characters written, pages left out as a held-out package's, as a generated
-        reference's, and as only an include (`.so`) or no prose.
+        `{"pages", "characters"}` written and the pages left out as `"held_out"`,
+        `"generated"` or `"includes"` (only an include, `.so`, or no prose).
     """
     owners = page_owners() if owners is None else owners
     sources = installed_sources() if sources is None else sources

@@ -1,30 +1,22 @@
 """Rehearse a compiled pipeline on this machine: the Vertex JSON users upload, or the
-Kubeflow YAML (`tools.rehearsal.kubeflow`).
+Kubeflow YAML (`tools.rehearsal.kubeflow`), run as the service would run it, not as the
+Python pipeline function. `python -m tools.rehearsal --help` says what is rehearsed;
+`rehearse(path, output, params)` is the same from Python. Its modules, each importing only
+those above it:
 
-The file runs as Vertex Pipelines would run it, not as the Python pipeline function; only
-the Vertex service is stood in for. `python -m tools.rehearsal --help` (the doc of `cli`) says
-what is rehearsed and how; `rehearse(path, output, params)` is the same from Python. A
-package of its own beside `pipelines`: it runs the compiled JSON, not the definitions, and
-takes from `pipelines` only the parameter parser (`params`) and the run summaries
-(`catalogue`). By responsibility (each module imports only those above it):
-
-    gcs_api   a real Cloud Storage JSON API on loopback (an emulator), for steps inside
-              images and for tests
-    records   the error, each task's record, artifacts as they are passed on
-    spec      reading the compiled IR: parameters, typed values, conditions, task order,
-              executor inputs and placeholders, resolved as the Vertex backend does
-    runtimes  where a step's process runs, here (local) or in its image with buildah, and
-              `start_step`, which starts every step's process of both rehearsals
+    gcs_api   a Cloud Storage JSON API on loopback (an emulator)
+    records   the error, task records, artifacts as they are passed on
+    spec      the compiled IR read as the backend reads it
+    runtimes  where a step's process runs (here or in its image); `start_step`
     cache     Vertex's execution cache, kept across rehearsals
-    jobs      the Vertex service: CustomJobs with replicas, CLUSTER_SPEC/TF_CONFIG/AIP_*,
-              preemption, tuning jobs and the best trial, API calls answered and written
-    walk      the DAG walk both rehearsals share (order, records, skips)
-    driver    `Rehearsal`, which walks the DAG task by task, and `rehearse`
+    jobs      the Vertex service: CustomJobs, tuning jobs, API calls written down
+    walk      the DAG walk both rehearsals share
+    driver    `Rehearsal` and `rehearse`
     cli       the command line (`__main__` runs it)
-    launcher  open-source KFP's pods and launcher (copies in, uploads on success)
-    kubeflow  the Kubeflow YAML rehearsed as KFP's driver runs it (`python -m
-              tools.rehearsal.kubeflow`), retries, loops and `Collected` included
+    launcher  open-source KFP's pods and launcher
+    kubeflow  the Kubeflow YAML rehearsed as KFP's driver runs it
     kubeflow_demo  the image and transformer Kubeflow pipelines on loopback S3 and MLflow
+    trainjob  a Kubeflow Trainer TrainJob's nodes as processes
     step_site/sitecustomize.py   loaded by local step processes only (KFP's /gcs prefix)
 
 The names other code uses as `rehearsal.<name>` are re-exported here.

@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from components.common.storage import write_json_atomically
+from components.common.storage import read_json, write_json_atomically
 from tools.rehearsal.records import ArtifactRef, saved_outputs
 
 
@@ -49,10 +49,7 @@ class TaskCache:
     def __init__(self, index: str | None, local: Callable[[str], str]) -> None:
         self.index = index
         self.local = local
-        self.entries: dict[str, Any] = {}
-        if index and os.path.exists(index):
-            with open(index) as f:
-                self.entries = json.load(f)
+        self.entries: dict[str, Any] = (read_json(index, optional=True) or {}) if index else {}
 
     def lookup(self, key: str) -> dict[str, Any] | None:
         """The outputs cached under `key` (their files brought here), None on a miss."""
@@ -75,10 +72,8 @@ class TaskCache:
             write_json_atomically(self.index, self.entries)
 
     def _bring_outputs(self, hit: Mapping[str, Any]) -> None:
-        """Copies a cache hit's artifact files from the rehearsal that wrote them into this
-        one's bucket folder, at the same gs:// URIs: on Vertex every run reads one bucket,
-        so a later step can read a cached step's outputs. (An artifact may have no file,
-        e.g. a `Metrics` output holds only metadata.)"""
+        """Copies a hit's artifact files (those it has) to the same gs:// URIs here: on
+        Vertex every run reads one bucket."""
         for artifact in hit["artifacts"].values():
             source, target = artifact["path"], self.local(artifact["uri"])
             if not os.path.exists(source) or os.path.exists(target):

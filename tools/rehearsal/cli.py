@@ -4,36 +4,22 @@
         [--pipeline-root gs://BUCKET/root] [--cache-index FILE] [--preempt TASK=GLOB ...]
         [--runtime local|image]
 
-The file runs as Vertex Pipelines would run it, not as the Python pipeline function:
-the DAG, `dsl.If` conditions, pipeline parameter defaults and each task's inputs are read
-from the JSON; placeholders are resolved as the Vertex backend resolves them; each GCPC
-custom-job task is unwrapped from its launcher payload (the payload is parsed into
-Vertex's own `CustomJob` message, so a field or enum Vertex would reject fails here), and
-every replica of every worker pool runs as its own process with the environment Vertex
-sets (`CLUSTER_SPEC` and `TF_CONFIG` for multi-replica jobs, `AIP_MODEL_DIR`,
-`AIP_CHECKPOINT_DIR`, `AIP_TENSORBOARD_LOG_DIR` when the job has a base output
-directory). `gs://BUCKET/...` is the folder `DIR/gcs/BUCKET/...`, which stands in for
-Vertex's `/gcs/` Cloud Storage FUSE mount. With `--runtime local` (the default) steps run
-in this Python environment (`python3` on the PATH is this interpreter) and KFP's mount
-prefix is pointed at that folder in each step process
-(`tools/rehearsal/step_site/sitecustomize.py`).
-With `--runtime image` each step runs inside the image the JSON names, built here by
-`make images-local`, as the image's user, with the folder mounted at `/gcs`.
+The file runs as Vertex Pipelines would run it, not as the Python pipeline function: the
+DAG, `dsl.If` conditions, parameter defaults and each task's inputs are read from the JSON
+and placeholders resolved as the Vertex backend resolves them. A GCPC CustomJob payload is
+parsed into Vertex's own `CustomJob` message (what Vertex would reject fails here) and every
+replica of every worker pool runs as a process with the variables Vertex sets
+(`CLUSTER_SPEC`, `TF_CONFIG`, `AIP_*`). A hyperparameter tuning job runs its trials one by
+one (values drawn, seeded, from its study spec); the best-trial step reads that job.
+`gs://BUCKET/...` is the folder `DIR/gcs/BUCKET/...`, Vertex's `/gcs/` mount. `--runtime
+local` (the default) runs steps in this Python environment; `--runtime image` inside the
+images the JSON names (`make images-local`), as their user, the folder mounted at `/gcs`.
 
-A hyperparameter tuning job (the tuning variants) is parsed into Vertex's
-`HyperparameterTuningJob` and its trials run one by one, values drawn at random (seeded)
-from the study spec and appended as `--name=value`, each with its own `AIP_*` folders; the
-metric a trial reports through hypertune is its measurement, and the best-trial step's
-selection runs on that job instead of reading it from the Vertex API.
-
-Every CustomJob request is written to `DIR/vertex-requests/<task>.json` as the launcher
-would send it. Not executed: tasks that call the Vertex API themselves (the Model
-Registry upload): their request is built with GCPC's own code, checked against Vertex's
-`Model` message and written there too. Cache decisions are reported per task; with
-`--cache-index FILE` a task whose cache key was seen in an earlier rehearsal is reused as
-Vertex reuses it. `--preempt TASK=GLOB` preempts the first replica of TASK once a file
-matching GLOB exists under `DIR/gcs/` (SIGTERM, the kill after a 30 s grace period), and
-restarts it as Vertex restarts a preempted worker (the whole job when it was compiled
+Requests to the Vertex API (CustomJobs, the Model Registry upload, built with GCPC's own
+code and checked against Vertex's messages) are written to `DIR/vertex-requests/`, not
+sent. `--cache-index FILE` reuses a task whose cache key an earlier rehearsal saw.
+`--preempt TASK=GLOB` preempts TASK's first replica once GLOB matches under `DIR/gcs/`
+(SIGTERM, the kill 30 s later) and restarts it as Vertex does (the whole job when compiled
 with `restart_job_on_worker_restart`).
 
 Writes `DIR/summary.json` in the shape of `pipelines.run_local`, with a `rehearsal`

@@ -1,10 +1,6 @@
-"""The rehearsal itself: walks a compiled pipeline's DAG task by task, as Vertex would.
-
-`Rehearsal` reads the spec (`spec`), decides for each task whether it is skipped, cached
-(`cache`) or run, and hands a container task to the stand-in Vertex service (`jobs`), whose
-processes run where the `runtimes.Runtime` says; then reads back what the task wrote.
-`rehearse` runs one from a file and writes `summary.json` and `rehearsal.json`.
-"""
+"""The Vertex rehearsal: `Rehearsal` walks a compiled pipeline's DAG task by task, skipping,
+reusing from the cache or running each; `rehearse` runs one from a file and writes
+`summary.json` and `rehearsal.json`."""
 
 from __future__ import annotations
 
@@ -58,8 +54,6 @@ class Rehearsal(DagWalk):
         self.inputs = ir.pipeline_inputs(spec, params)
         self.runtime.check_visible(self.inputs)
 
-    # -- DAG ----------------------------------------------------------------------------
-
     def run(self) -> dict[str, Any]:
         """Runs the pipeline; returns its outputs (artifacts as objects with .path/.metadata)."""
         with self.runtime.session():
@@ -80,8 +74,6 @@ class Rehearsal(DagWalk):
         return self._run_container(record, task, component, executor["container"], values,
                                    inputs)
 
-    # -- one container task -------------------------------------------------------------
-
     def _run_container(self, record: TaskRecord, task, component, container, values,
                        inputs) -> dict[str, Any]:
         started = time.monotonic()
@@ -95,8 +87,7 @@ class Rehearsal(DagWalk):
                       "reused")
                 return hit
         task_uuid = hashlib.sha1(f"{self.job.uuid}/{record.name}".encode()).hexdigest()[:12]
-        executor_input = ir.executor_input(self.job, record.name, component, values, inputs,
-                                           task_uuid, self.runtime.step_path)
+        executor_input = self._executor_input(record, component, values, inputs, task_uuid)
         placeholders = ir.Placeholders(
             executor_input, component.get("inputDefinitions", {}).get("parameters", {}),
             record.name, task_uuid, self.job, self.runtime.step_path)
@@ -124,6 +115,18 @@ class Rehearsal(DagWalk):
         if record.cache != "disabled":
             self.cache.store(record.cache_key, result)
         return result
+
+    def _executor_input(self, record, component, values, inputs, task_uuid) -> dict[str, Any]:
+        """The executor input Vertex plans (outputs under the job's root, seen as /gcs)."""
+        task_root = (f"{self.job.root}/{ir.PROJECT_NUMBER}/{self.job.name}/"
+                     f"{record.name.replace('/', '-')}_{task_uuid}")
+        step_path = self.runtime.step_path
+        return ir.planned_executor_input(
+            component, values, inputs, task_root,
+            artifact_name=lambda key: (f"projects/{ir.PROJECT_NUMBER}/locations/{ir.LOCATION}/"
+                                       f"metadataStores/default/artifacts/{task_uuid}-{key}"),
+            parameter_file=lambda key: step_path(f"{task_root}/{key}"),
+            output_file=step_path(f"{task_root}/executor_output.json"))
 
     def _collect(self, component, executor_input) -> dict[str, Any]:
         """Reads what the task wrote (executor_output.json, output files)."""

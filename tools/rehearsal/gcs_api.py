@@ -38,11 +38,8 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def _request(port: int, method: str, path: str) -> int | None:
-    """HTTP status of `method path` on loopback `port`; None when nothing listens there,
-    -1 when something listens but does not answer as an HTTP server.
-
-    http.client, not urllib: no proxy settings from the environment get in the way.
-    """
+    """HTTP status of `method path` on loopback `port` (http.client: no proxy settings);
+    None when nothing listens, -1 when what listens is no HTTP server."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
         connection.request(method, path)
@@ -58,12 +55,9 @@ def _request(port: int, method: str, path: str) -> int | None:
 def _start_once(log_path: Path) -> tuple[subprocess.Popen, int] | None:
     """One try at starting the emulator on a free port; None when the port was lost.
 
-    `free_port()` closes its socket before the emulator binds, so another process can
-    take the port in between. The emulator then does not exit: its server thread dies
-    ("Address already in use" on stderr) and the process hangs; and a connection alone
-    would reach the other process. So the emulator is started with a bucket named by a
-    random token and counts as ours only when that bucket is there; the bucket is
-    deleted again before anyone else sees the emulator.
+    Another process can take the port before the emulator binds it, and the emulator then
+    hangs rather than exits: it counts as ours only once a bucket named by a random token
+    is there (deleted again before anyone else sees it).
     """
     port = free_port()
     token = f"emulator-{uuid.uuid4().hex}"

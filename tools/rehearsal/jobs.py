@@ -13,7 +13,6 @@ sent. Every request is written there too.
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import hashlib
 import json
@@ -25,7 +24,7 @@ from typing import Any
 
 from components.common.storage import write_json_atomically
 from tools.rehearsal import gcs_api
-from tools.rehearsal.records import ArtifactRef, RehearsalError, TaskRecord
+from tools.rehearsal.records import ArtifactRef, Preemption, RehearsalError, TaskRecord
 from tools.rehearsal.runtimes import (
     GCS_MOUNT,
     GRACE_PERIOD_S,
@@ -51,9 +50,6 @@ REGISTRY_LOOKUP = "find_registered_model"
 # rehearsal runs their selection code on the job it rehearsed instead.
 BEST_TRIAL_STEPS = {"best_image_trial": "image", "best_text_trial": "text",
                     "best_transformer_trial": "transformer"}
-
-
-# --------------------------------------------------------------------------- pure parts
 
 
 def task_kind(container: Mapping[str, Any], command: list[str], args: list[str]) -> str:
@@ -122,15 +118,6 @@ def aip_env(base_output_directory: str) -> dict[str, str]:
             "AIP_TENSORBOARD_LOG_DIR": f"{base}/logs/"}
 
 
-@dataclasses.dataclass
-class Preemption:
-    """Kill the first replica of `task` once a file matching `pattern` exists, once."""
-
-    task: str
-    pattern: str
-    done: bool = False
-
-
 def write_request(output: str, record: TaskRecord, kind: str, request: dict[str, Any]) -> None:
     """Keeps what would be sent to Vertex in `OUTPUT/vertex-requests/<task>.json`, to read."""
     folder = os.path.join(output, "vertex-requests")
@@ -170,9 +157,6 @@ def _flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
-# --------------------------------------------------------------------------- jobs
-
-
 class VertexJobs:
     """Vertex's job service as rehearsed: every replica of a job is a process of `runtime`.
 
@@ -198,21 +182,7 @@ class VertexJobs:
 
     def custom_job(self, record: TaskRecord, args: list[str]) -> None:
         """Runs the CustomJob a GCPC launcher would create from its `--payload`."""
-        from google.cloud import aiplatform_v1
-        from google_cloud_pipeline_components.container.v1.gcp_launcher.utils import json_util
-
-        payload = _flag(args, "--payload")
-        try:
-            job = json_util.recursive_remove_empty(json.loads(payload, strict=False))
-        except json.JSONDecodeError as err:
-            raise RehearsalError(f"{record.name}: the resolved CustomJob payload is not JSON "
-                                 f"({err})") from err
-        try:
-            aiplatform_v1.CustomJob(job)  # what the launcher sends: Vertex's own message
-        except (KeyError, ValueError, TypeError) as err:
-            raise RehearsalError(f"{record.name}: Vertex would reject the CustomJob: "
-                                 f"{type(err).__name__}: {err}") from err
-        write_request(self.output, record, "CustomJob", job)
+        job, _ = self._payload(record, args, "CustomJob", "CustomJob")
         spec = job["job_spec"]
         pools = spec["worker_pool_specs"]
         if pools[0].get("replica_count", 1) != 1:
@@ -243,17 +213,7 @@ class VertexJobs:
         spec (Vertex's own search is not reproduced), one trial at a time."""
         import random
 
-        from google.cloud import aiplatform_v1
-        from google_cloud_pipeline_components.container.v1.gcp_launcher.utils import json_util
-
-        payload = _flag(args, "--payload")
-        try:
-            request = json_util.recursive_remove_empty(json.loads(payload, strict=False))
-            job = aiplatform_v1.HyperparameterTuningJob(request)
-        except (json.JSONDecodeError, KeyError, ValueError, TypeError) as err:
-            raise RehearsalError(f"{record.name}: Vertex would reject the tuning job: "
-                                 f"{type(err).__name__}: {err}") from err
-        write_request(self.output, record, "HyperparameterTuningJob", request)
+        _, job = self._payload(record, args, "HyperparameterTuningJob", "tuning job")
         spec = job.trial_job_spec
         if len(spec.worker_pool_specs) != 1 or spec.worker_pool_specs[0].replica_count != 1:
             raise RehearsalError(f"{record.name}: trials run one pool of one replica here")
@@ -279,12 +239,31 @@ class VertexJobs:
                 "resourceType": "HyperparameterTuningJob",
                 "resourceUri": f"https://{LOCATION}-aiplatform.googleapis.com/v1/{job.name}"}]}, f)
 
+    def _payload(self, record: TaskRecord, args: list[str], kind: str, what: str
+                 ) -> tuple[dict[str, Any], Any]:
+        """The launcher's `--payload` as it sends it, parsed into Vertex's own `kind`
+        message (its refusal is the rehearsal's), and written down."""
+        from google.cloud import aiplatform_v1
+        from google_cloud_pipeline_components.container.v1.gcp_launcher.utils import json_util
+
+        try:
+            request = json_util.recursive_remove_empty(
+                json.loads(_flag(args, "--payload"), strict=False))
+        except json.JSONDecodeError as err:
+            raise RehearsalError(f"{record.name}: the resolved {what} payload is not JSON "
+                                 f"({err})") from err
+        try:
+            message = getattr(aiplatform_v1, kind)(request)
+        except (KeyError, ValueError, TypeError) as err:
+            raise RehearsalError(f"{record.name}: Vertex would reject the {what}: "
+                                 f"{type(err).__name__}: {err}") from err
+        write_request(self.output, record, kind, request)
+        return request, message
+
     def _trial(self, record: TaskRecord, job, trial_id: str, base: str, draw,
                earlier: list) -> Any:
-        """Runs one trial of `job`; returns it as Vertex's `Trial`, measured if it reported.
-
-        A failed trial is INFEASIBLE; more failures than the job allows end the job.
-        """
+        """One trial of `job` as Vertex's `Trial` (INFEASIBLE if it failed; more failures
+        than the job allows end the job)."""
         from google.cloud import aiplatform_v1
 
         pool = job.trial_job_spec.worker_pool_specs[0].container_spec
@@ -350,20 +329,11 @@ class VertexJobs:
     def _run_replicas(self, record: TaskRecord, commands: list[list[list[str]]],
                       environments: list | Callable[[], list], restart_all: bool,
                       images: list[str]) -> None:
-        """Runs every replica as a process; applies a pending preemption; fails on errors.
-
-        Args:
-            record: The task's record (attempts are counted in it).
-            commands: Each pool's replicas' command lines.
-            environments: Each pool's replicas' variables, or a function making them
-                afresh (new ports) for a restart of the whole job.
-            restart_all: A preemption restarts the whole job, not just the replica.
-            images: Each pool's image (`--runtime image`).
-        """
+        """Runs each pool's replicas (`commands`, `environments`: a function makes them
+        afresh, new ports, when the whole job restarts); applies a pending preemption."""
         logs = os.path.join(self.runtime.logs, record.name.replace("/", "-"))
         os.makedirs(logs, exist_ok=True)
-        rule = next((p for p in self.preempt if not p.done and p.task in
-                     (record.name, record.display_name)), None)
+        rule = Preemption.pending(self.preempt, record)
         self.runtime.before_job()
 
         log_paths: dict[tuple[int, int], str] = {}  # each replica's current log
@@ -412,9 +382,6 @@ class VertexJobs:
             record.state = "failed"
             raise RehearsalError(f"{record.display_name}: workerpool{pool} replica {index} "
                                  f"exited with {code}; log {log_path}:\n{tail}")
-
-
-# --------------------------------------------------------------------------- API calls
 
 
 class VertexCalls:

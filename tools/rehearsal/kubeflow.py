@@ -58,7 +58,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import tools.rehearsal.spec as ir
-from components.common.storage import write_json_atomically
+from components.common.storage import read_json, write_json_atomically
 from tools.rehearsal import launcher
 from tools.rehearsal.launcher import PARAMETER_OUTPUTS, Kill, ObjectStore, Pods, mount_path
 from tools.rehearsal.records import (
@@ -326,8 +326,7 @@ class KubeflowRehearsal(DagWalk):
             record.name, "", self.job, lambda uri: self.pods.step_path(pod, mount_path(uri)))
         command = (placeholders.resolve_args(container.get("command", []))
                    + placeholders.resolve_args(container.get("args", [])))
-        rule = next((k for k in self.kill if not k.done and k.task in
-                     (record.name, record.display_name)), None)
+        rule = Kill.pending(self.kill, record)
         return self.pods.run(pod, command, env, container["image"],
                              self.pods.log_path(record.name, record.attempts), deadline,
                              rule, self.store)
@@ -381,11 +380,9 @@ def retry_kubeflow(output: str, runtime: str | None = None, **options: Any) -> d
         RehearsalError: No run there, or a run that did not fail (KFP retries a run whose
             workflow Failed or Errored only), or the retried run failed.
     """
-    try:
-        with open(os.path.join(output, RUN_STATE)) as f:
-            earlier = json.load(f)
-    except FileNotFoundError as err:
-        raise RehearsalError(f"{output} holds no rehearsed run ({RUN_STATE}) to retry") from err
+    earlier = read_json(os.path.join(output, RUN_STATE), optional=True)
+    if earlier is None:
+        raise RehearsalError(f"{output} holds no rehearsed run ({RUN_STATE}) to retry")
     if earlier["state"] != "failed":
         raise RehearsalError(f"the run in {output} {earlier['state']}: KFP retries only a "
                              "failed run")

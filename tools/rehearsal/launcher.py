@@ -1,19 +1,11 @@
 """Open-source KFP's launcher as a rehearsal stands in for it: pods, and the copies in and out.
 
-On open-source Kubeflow Pipelines nothing is mounted: `/gcs`, `/minio` and `/s3` are plain
-folders of the pod. Before a step, KFP's launcher (backend/src/v2/component/launcher_v2.go)
-copies each input artifact from the object store to `LocalPathForURI(uri)`
-(`s3://B/K` -> `/s3/B/K`); after it, it uploads each output artifact from there, but only
-if the step succeeded; output parameters are read from `/tmp/kfp/outputs/NAME`. A pod here
-is a fresh folder per attempt standing for that filesystem: with `--runtime local` its
-folders are where KFP's prefixes point in the step's process (`step_site/sitecustomize.py`)
-and `TMPDIR` is its `tmp/`; with `--runtime image` they are mounted at `/gcs`, `/minio`,
-`/s3` and `/tmp` of the image's container. What a step leaves in a pod is lost with it.
-
-How an attempt ends is Argo's node phase: `Succeeded`; `Failed`, the main container ended
-non-zero (or was killed: a node shut down gracefully), which Argo's default retryPolicy
-`OnFailure` retries; `Error`, the pod deleted with its node (drained, a spot node reclaimed
-without a graceful shutdown), which `OnFailure` does not retry (KFP sets no retryPolicy).
+On open-source KFP nothing is mounted: `/gcs`, `/minio` and `/s3` are plain folders of the
+pod. Before a step, the launcher (backend/src/v2/component/launcher_v2.go) copies each input
+artifact to `LocalPathForURI(uri)` (`s3://B/K` -> `/s3/B/K`); after it, it uploads each
+output artifact from there, only if the step succeeded; output parameters are read from
+`/tmp/kfp/outputs/NAME`. A pod here is a fresh folder per attempt (`Pods`); what a step
+leaves in it is lost with it. An attempt ends in one of Argo's node phases (`Kill`).
 """
 
 from __future__ import annotations
@@ -26,15 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common.storage import filesystem
-from tools.rehearsal.records import RehearsalError
-from tools.rehearsal.runtimes import (
-    RUNTIMES,
-    ImageContainers,
-    open_mount,
-    start_step,
-    stop,
-    without_gpus,
-)
+from tools.rehearsal.records import Preemption, RehearsalError
+from tools.rehearsal.runtimes import containers_for, open_mount, start_step, stop, without_gpus
 
 # What a KFP pod's python has between a SIGTERM and its end, whatever the grace period:
 # Argo's emissary (the pod's first process) passes the SIGTERM to its child's whole process
@@ -134,12 +119,10 @@ class Pods:
     """
 
     def __init__(self, kind: str, output: str) -> None:
-        if kind not in RUNTIMES:
-            raise RehearsalError(f"--runtime must be one of {RUNTIMES}, got {kind!r}")
+        self.containers = containers_for(kind)
         self.kind = kind
         self.root = os.path.join(output, "pods")
         self.logs = os.path.join(output, "logs")
-        self.containers = ImageContainers() if kind == "image" else None
         self.series = ""  # "retry1-": the pods of a run's first retry, beside the earlier ones
 
     def log_path(self, task: str, attempt: int) -> str:
@@ -202,16 +185,12 @@ class Pods:
 
 
 @dataclasses.dataclass
-class Kill:
-    """End the first attempt of `task` once an object matching `pattern` exists, once:
-    its container stopped as a node shut down gracefully does (SIGTERM, the kill within
-    `KFP_POD_GRACE_S`: `Failed`, retried) or, `deleted`, its pod deleted with its node (no
-    notice: `Error`, not retried)."""
+class Kill(Preemption):
+    """A `Preemption` of a pod once an object matches: its container stopped as a node shut
+    down gracefully does (SIGTERM, the kill within `KFP_POD_GRACE_S`: `Failed`, retried) or,
+    `deleted`, its pod deleted with its node (no notice: `Error`, not retried)."""
 
-    task: str
-    pattern: str
     deleted: bool = False
-    done: bool = False
 
     def ended(self) -> tuple[str, str]:
         """(Argo's phase of the attempt it ended, why)."""

@@ -7,7 +7,6 @@ without importing another's.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -61,6 +60,22 @@ class ArtifactRef:
                    metadata={} if metadata is None else metadata, path=path)
 
 
+@dataclasses.dataclass
+class Preemption:
+    """Kill the first replica (or attempt) of `task` once a file matching `pattern` exists,
+    once."""
+
+    task: str
+    pattern: str
+    done: bool = False
+
+    @classmethod
+    def pending(cls, rules: list[Preemption], record: TaskRecord) -> Preemption | None:
+        """The first rule not yet applied that names `record`'s task (key or display name)."""
+        return next((r for r in rules if not r.done and r.task in
+                     (record.name, record.display_name)), None)
+
+
 def write_report(output: str, records: list[TaskRecord]) -> list[dict[str, Any]]:
     """Writes each task's record to `output/rehearsal.json`; returns them as dicts."""
     from components.common.storage import write_json_atomically
@@ -73,12 +88,11 @@ def write_report(output: str, records: list[TaskRecord]) -> list[dict[str, Any]]
 
 def print_report(output: str) -> None:
     """Prints each task's line of `output/rehearsal.json`, if the rehearsal wrote it."""
-    path = os.path.join(output, "rehearsal.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            for task in json.load(f):
-                print(f"  {task['display_name']:<28} {task['state']:<10} attempts "
-                      f"{task['attempts']} {task['seconds']:.1f}s {task['note']}")
+    from components.common.storage import read_json
+
+    for task in read_json(os.path.join(output, "rehearsal.json"), optional=True) or []:
+        print(f"  {task['display_name']:<28} {task['state']:<10} attempts "
+              f"{task['attempts']} {task['seconds']:.1f}s {task['note']}")
 
 
 def saved_outputs(outputs: Mapping[str, Any], restore: bool = False) -> dict[str, Any]:

@@ -53,11 +53,9 @@ def without_gpus(env: Mapping[str, str]) -> dict[str, str]:
 def open_mount(folder: str) -> None:
     """Gives every file under the stand-in for /gcs the modes of a shared FUSE mount.
 
-    gcsfuse shows all objects with its mount's one directory mode and file mode (chmod and
-    chown are ignored), whoever wrote them. Vertex does not document the modes it mounts
-    /gcs with; its own KFP executor writes outputs there from the image's user, so the
-    rehearsal mounts it writable to all users (0777 folders, 0666 files), and files written
-    here by root (staged data, earlier outputs) look the same as the ones a step wrote.
+    gcsfuse shows every object with its mount's one mode, whoever wrote it; Vertex's KFP
+    executor writes there as the image's user, so the stand-in is writable to all (0777
+    folders, 0666 files), files root staged here included.
     """
     for root, _, files in os.walk(folder):
         os.chmod(root, 0o777)
@@ -70,13 +68,10 @@ def open_mount(folder: str) -> None:
 class ImageContainers:
     """Runs steps inside locally built images (`make images-local`) with buildah.
 
-    One working container per image per rehearsal (vfs storage copies a whole image per
-    container, minutes for the fastai one), so steps of one image share its filesystem
-    outside /gcs; on Vertex each job starts from the image afresh. Steps run as the image's
-    user (USER in its Dockerfile), in its working folder, with its environment plus the
-    job's, and chroot isolation on the host's network (loopback TF_CONFIG addresses work).
-    The Cloud Storage API the steps read raw inputs through is an emulator on loopback
-    (`STORAGE_EMULATOR_HOST`), seeded with the rehearsal's gcs/ folder.
+    One working container per image per rehearsal (vfs copies a whole image per container,
+    minutes for the fastai one), so steps of one image share its filesystem outside /gcs;
+    on Vertex each job starts from the image afresh. Steps run as the image's user, with
+    chroot isolation on the host's network (loopback TF_CONFIG addresses work).
     """
 
     def __init__(self) -> None:
@@ -125,6 +120,17 @@ class ImageContainers:
         self.names.clear()
 
 
+def containers_for(kind: str) -> ImageContainers | None:
+    """The containers steps of runtime `kind` run in (None: here, as processes of this venv).
+
+    Raises:
+        RehearsalError: `kind` is not one of `RUNTIMES`.
+    """
+    if kind not in RUNTIMES:
+        raise RehearsalError(f"--runtime must be one of {RUNTIMES}, got {kind!r}")
+    return ImageContainers() if kind == "image" else None
+
+
 class Runtime:
     """Where one rehearsal's steps run and the paths they see.
 
@@ -134,14 +140,10 @@ class Runtime:
     """
 
     def __init__(self, kind: str, output: str) -> None:
-        if kind not in RUNTIMES:
-            raise RehearsalError(f"--runtime must be one of {RUNTIMES}, got {kind!r}")
+        self.containers = containers_for(kind)
         self.kind = kind
         self.gcs = os.path.join(output, "gcs")
         self.logs = os.path.join(output, "logs")
-        self.containers = ImageContainers() if kind == "image" else None
-
-    # -- paths --------------------------------------------------------------------------
 
     def local(self, uri: str) -> str:
         """The rehearsal's file for a gs:// URI (what /gcs/ would show on Vertex)."""
@@ -171,8 +173,6 @@ class Runtime:
                 raise RehearsalError(
                     f"--param {name}={value} is a local path, which a step inside the image "
                     f"cannot see: copy it under {self.gcs}/BUCKET/... and pass gs://BUCKET/...")
-
-    # -- processes ----------------------------------------------------------------------
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:

@@ -1,11 +1,6 @@
-"""Reading a compiled pipeline (KFP's IR, the JSON Vertex runs) as the Vertex backend reads it.
-
-The pipeline's parameters typed from their definitions and the command line, values as the
-backend types and renders them, `dsl.If` trigger conditions, the order tasks run in, a
-task's inputs and its executor input, and every placeholder of its command line resolved
-as the backend resolves them. Nothing here runs or writes anything: `driver` walks the DAG
-with these functions, the paths a step sees come from `runtimes`.
-"""
+"""Reading a compiled pipeline (KFP's IR) as the Vertex backend reads it: parameters,
+typed values, trigger conditions, task order, executor inputs and placeholders. Nothing here
+runs or writes anything."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from components.common.storage import read_json
 from pipelines.params import parse_value
 from tools.rehearsal.records import ArtifactRef, RehearsalError
 
@@ -33,9 +29,6 @@ _OUTPUT_PARAM_FILE = re.compile(r"^\.outputs\.parameters\['(?P<name>[^']+)'\]\.o
 _ARTIFACT = re.compile(
     r"^\.(?P<io>inputs|outputs)\.artifacts\['(?P<name>[^']+)'\]\.(?P<field>uri|path|metadata)"
     r"(?:\['(?P<key>[^']+)'\])?$")
-
-
-# --------------------------------------------------------------------------- values
 
 
 def typed_value(value: Any, parameter_type: str) -> Any:
@@ -106,9 +99,6 @@ def pipeline_inputs(spec: Mapping[str, Any], params: Mapping[str, str]) -> dict[
     return values
 
 
-# --------------------------------------------------------------------------- the DAG
-
-
 def evaluate_condition(condition: str, values: Mapping[str, Any]) -> bool:
     """Evaluates a KFP trigger condition (the CEL subset KFP compiles) over a task's inputs.
 
@@ -176,9 +166,6 @@ def dag_outputs(component: Mapping[str, Any],
         if chosen["outputParameterKey"] in produced:
             outputs["parameters"][key] = produced[chosen["outputParameterKey"]]
     return outputs
-
-
-# --------------------------------------------------------------------------- the job
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,40 +265,12 @@ def select(value: Any, selector: str, key: str) -> Any:
     return item[m.group("field")]
 
 
-def executor_input(job: PipelineJob, task_name: str, component: Mapping[str, Any],
-                   values: Mapping[str, Any], inputs: Mapping[str, Any], task_uuid: str,
-                   step_path: Callable[[str], str]) -> dict[str, Any]:
-    """The executor input Vertex gives a container task (`{{$}}`).
-
-    Args:
-        job: The pipeline job; outputs are planned under its root.
-        task_name: The task's name (nested ones as `branch/task`).
-        component: The component it runs.
-        values: Its input parameter values.
-        inputs: Its input artifacts (`ArtifactRef`s).
-        task_uuid: Its id within the job.
-        step_path: A gs:// URI as the step sees it (the output files are paths).
-
-    Returns:
-        The executor input, as JSON-able dicts.
-    """
-    task_root = (f"{job.root}/{PROJECT_NUMBER}/{job.name}/"
-                 f"{task_name.replace('/', '-')}_{task_uuid}")
-    return planned_executor_input(
-        component, values, inputs, task_root,
-        artifact_name=lambda key: (f"projects/{PROJECT_NUMBER}/locations/{LOCATION}/"
-                                   f"metadataStores/default/artifacts/{task_uuid}-{key}"),
-        parameter_file=lambda key: step_path(f"{task_root}/{key}"),
-        # The executor writes this file itself; on Vertex it is under /gcs/.
-        output_file=step_path(f"{task_root}/executor_output.json"))
-
-
 def planned_executor_input(component: Mapping[str, Any], values: Mapping[str, Any],
                            inputs: Mapping[str, Any], task_root: str,
                            artifact_name: Callable[[str], str],
                            parameter_file: Callable[[str], str],
                            output_file: str) -> dict[str, Any]:
-    """An executor input with its outputs planned as a backend plans them.
+    """The executor input (`{{$}}`) a backend gives a container task, its outputs planned.
 
     Args:
         component: The component the task runs.
@@ -345,9 +304,6 @@ def planned_executor_input(component: Mapping[str, Any], values: Mapping[str, An
             "outputFile": output_file,
         },
     }
-
-
-# --------------------------------------------------------------------------- placeholders
 
 
 @dataclasses.dataclass
@@ -466,10 +422,7 @@ def read_task_outputs(component: Mapping[str, Any], executor_input: Mapping[str,
         output file's text (typed unless a string); artifacts with the URI and metadata
         the executor output gives them.
     """
-    written: dict[str, Any] = {}
-    if os.path.exists(output_file):
-        with open(output_file) as f:
-            written = json.load(f)
+    written = read_json(output_file, optional=True) or {}
     artifacts = {}
     for key, entry in executor_input["outputs"]["artifacts"].items():
         artifact = entry["artifacts"][0]

@@ -6,42 +6,13 @@
     run.start()
     outcome = run.wait(timeout=600)
 
-The manifest is the one the launcher step creates (`components.train_transformer.
-multinode.trainjob`, validated through `kubeflow-trainer-api`'s models). For each of its
-`spec.trainer.numNodes` nodes this starts `spec.trainer.command` + `args` as every step
-of a rehearsal is started (`runtimes.start_step`: `python` is this venv's, a process group
-of its own, a node's pod, killed whole), with:
-
-- the node container's `env` from the manifest: plain values, and each `secretKeyRef` read
-  from `secrets` (the namespace's secrets; a missing one stops the job before it starts,
-  as the pod would fail with CreateContainerConfigError);
-- what Trainer 2.3's torch plugin adds (`pkg/runtime/framework/plugins/torch/torch.go`):
-  `PET_NNODES`, `PET_NPROC_PER_NODE` (`numProcPerNode`, else `auto`), `PET_NODE_RANK`
-  (the node's completion index), `PET_MASTER_ADDR` and `PET_MASTER_PORT`; on a cluster
-  the master is `<job>-node-0-0.<job>:29500`, here 127.0.0.1 and a free port;
-- the API its service account reaches: `KUBECONFIG` of the one given (a stub's), never
-  this machine's cluster;
-- nothing of this process's credentials or cluster variables (`runtimes.NOT_INHERITED*`:
-  `AWS_*`, `PET_*`, torchrun's, Vertex's `AIP_*` and `CLUSTER_SPEC`), a `TMPDIR` of its own
-  (a pod's local disk) and `OMP_NUM_THREADS=1` (several training processes share this
-  machine's cores).
-
-As on a cluster, a node that exits non-zero is restarted in place: JobSet v0.12's webhook
-defaults the pods' `restartPolicy` to `OnFailure` and the Job keeps Kubernetes'
-`backoffLimit` (`BACKOFF_LIMIT`), so the container starts again in the same pod (its
-`restartCount` goes up; the kubelet backs off 10 s, 20 s, ... between restarts, here
-none) and the job fails only at the seventh failure, its other nodes stopped. The job is
-`Complete` when every node exited 0, and gone once deleted (`delete`: JobSet deletes its
-pods). `conditions`, `pod_statuses` and `log` are what the API reports of it, as
-tests/kube_stub.py serves a played job to the launcher. What a cluster adds and this does
-not model: the scheduler, images, pod networking and DNS, `resourcesPerNode` and
-`runtimePatches` (reported by the launcher's tests, not enforced here).
-
-tests/test_trainjob_rehearsal.py plays the launcher's retry with it: node 1 of a job killed
-after the first sealed checkpoint is in S3 (restarted in place, which the launcher catches:
-it deletes the job and fails the step), then a new job of the same task whose nodes
-resume from that checkpoint, the model registered as one pod's is; and a cancelled
-launcher's nodes stopped, by its SIGTERM handler or by node 0's watch of its pod.
+Each of `spec.trainer.numNodes` nodes runs `command` + `args` through `runtimes.start_step`
+with the container's `env` (secretKeyRef from `secrets`), the `PET_*` variables of Trainer's
+torch plugin (`pkg/runtime/framework/plugins/torch/torch.go`; master 127.0.0.1 and a free
+port here), `KUBECONFIG` of the stub given, a `TMPDIR` of its own and `OMP_NUM_THREADS=1`.
+A node that exits non-zero restarts in place (JobSet's `restartPolicy: OnFailure`) until
+Kubernetes' `backoffLimit` (`BACKOFF_LIMIT`) is passed. Not modelled: the scheduler, images,
+pod networking and DNS, `resourcesPerNode`, `runtimePatches`.
 """
 
 from __future__ import annotations
