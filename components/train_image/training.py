@@ -14,8 +14,6 @@ each with its own optimizer), history-<phase>.json, <phase>.weights.npz and, wri
 from __future__ import annotations
 
 import dataclasses
-import io
-import json
 import logging
 import math
 import os
@@ -36,6 +34,7 @@ from components.common.storage import (
     is_remote,
     local_path,
     push_mirrors,
+    read_json,
     run_folder,
     write_json_atomically,
 )
@@ -180,16 +179,10 @@ def train(
         write_artifact(output_dir, snapshot, data.manifest, config, history, metrics,
                        serving=serving)
         state.clear([p.name for p in phases])
-    _wait_for_every_worker(strategy)
+    if (sum_over_workers := _sum_over_workers(strategy)) is not None:
+        sum_over_workers(1)  # barrier: a worker gone while the chief writes reads as crashed
     log.info("finished: %s", metrics)
     return metrics
-
-
-def _wait_for_every_worker(strategy: tf.distribute.Strategy) -> None:
-    """A barrier: workers that exit while the chief writes are reported as crashed."""
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        strategy.reduce(tf.distribute.ReduceOp.SUM,
-                        strategy.run(lambda: tf.constant(1.0)), axis=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -433,13 +426,6 @@ class RunState:
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name)
 
-    def _read(self, name: str, default: Any = None) -> Any:
-        path = self._path(name)
-        if not tf.io.gfile.exists(path):
-            return default
-        with tf.io.gfile.GFile(path) as f:
-            return json.load(f)
-
     def backup_dir(self, phase: str) -> str:
         return self._path(f"backup-{phase}")
 
@@ -453,27 +439,24 @@ class RunState:
 
     def finished(self, phase: str) -> dict[str, Any] | None:
         """The marker of a finished phase, or None."""
-        return self._read(f"{phase}.done.json")
+        return read_json(self._path(f"{phase}.done.json"), optional=True)
 
     def finished_weights(self, phase: str) -> dict[str, np.ndarray]:
-        with tf.io.gfile.GFile(self._path(f"{phase}.weights.npz"), "rb") as f:
-            with np.load(io.BytesIO(f.read()), allow_pickle=False) as data:
-                return {key: data[key] for key in data.files}
+        with np.load(self._path(f"{phase}.weights.npz"), allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
 
     def finish(self, phase: str, snapshot: dict[str, np.ndarray],
                marker: dict[str, Any]) -> None:
         """Saves a finished phase: weights first, then the marker that vouches for them."""
         if self.chief:
-            buffer = io.BytesIO()
-            np.savez(buffer, **snapshot)
             path = self._path(f"{phase}.weights.npz")
-            with tf.io.gfile.GFile(path + ".tmp", "wb") as f:
-                f.write(buffer.getvalue())
-            tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+            with open(path + ".tmp", "wb") as f:
+                np.savez(f, **snapshot)
+            os.replace(path + ".tmp", path)
             write_json_atomically(self._path(f"{phase}.done.json"), marker)
 
     def history(self, phase: str) -> list[dict[str, Any]]:
-        return self._read(f"history-{phase}.json", [])
+        return read_json(self._path(f"history-{phase}.json"), optional=True) or []
 
     def record_epoch(self, phase: str, record: dict[str, Any]) -> None:
         """Adds one epoch's metrics; a redone epoch replaces its earlier record."""
