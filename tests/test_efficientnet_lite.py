@@ -157,7 +157,6 @@ def test_the_weights_file_is_looked_for_where_the_image_or_make_models_put_it(tm
         str(tmp_path / lite.IMAGENET_FILE)
 
 
-
 def test_without_the_image_variable_the_repositorys_cache_is_used(files):
     assert lite.imagenet_weights({}) == files[1]
 

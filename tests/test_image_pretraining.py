@@ -1,9 +1,6 @@
-"""A learned start for the image trainer: the glyph set, the base-weights file, BatchNorm modes.
-
-The bench (`bench/image_pretrain_bench.py`) measures what the start is worth; these check
-the parts: letters of real fonts as class folders, a trained model's DenseNet121 written
-as the no-top file `weights=` takes, and BatchNormalization in inference mode whenever a
-pretrained base trains (head phase and fine-tuning), in training mode from scratch.
+"""A learned start for the image trainer (its worth: `bench/image_pretrain_bench.py`): letters
+of real fonts as class folders, a trained model's DenseNet121 as the no-top file `weights=`
+takes, and BatchNorm in inference mode whenever a pretrained base trains, not from scratch.
 """
 
 import json
@@ -29,8 +26,6 @@ SIZE = 32
 # LastResort, cmex10 and cmsy10, which map Latin letters to boxes and math symbols.
 MPL_FONTS = os.path.join(matplotlib.get_data_path(), "fonts", "ttf")
 
-
-# --------------------------------------------------------------------------- glyphs
 
 
 def test_glyphs_are_letters_of_distinct_real_faces(tmp_path):
@@ -95,8 +90,6 @@ def test_glyphs_command_line(tmp_path, capsys):
     assert "fonts-urw-base35" in packages and len(packages) == len(set(packages)) > 40
 
 
-# --------------------------------------------------------------------------- base weights
-
 
 @pytest.fixture(scope="module")
 def random_base(tmp_path_factory) -> str:
@@ -133,8 +126,6 @@ def test_a_glyph_start_is_a_weights_file_the_trainer_starts_from(tmp_path, capsy
                          model_lib.get_base(trained).weights, strict=True):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
 
-
-# --------------------------------------------------------------------------- BatchNorm
 
 
 def _batchnorm_state(model) -> list[np.ndarray]:

@@ -1,20 +1,13 @@
 """The image trainer's workers as separate machines (issue 35, part 1).
 
-Two MultiWorkerMirroredStrategy workers (one process each, on loopback CPUs), each with
-its own local disk (TMPDIR) and its own view (a symlink) of one shared folder standing
-for /gcs: as `AIP_CHECKPOINT_DIR`, and holding the model output folder, whose path is the
-same on both (KFP's /gcs/ artifact path). Every file each worker opens, renames, removes
-or creates under the shared folder is recorded, by machine.
+Two MultiWorkerMirroredStrategy workers (a process each, loopback CPUs), each with its own
+local disk (TMPDIR) and its own view (a symlink) of one shared folder standing for /gcs: the
+`AIP_CHECKPOINT_DIR` and the model folder (the same path on both). Every file each worker
+opens, renames, removes or creates there is recorded, by machine, by a C library preloaded
+into each (LD_PRELOAD): TensorFlow writes from C++, where no Python audit event is raised.
+Without a C compiler the other checks run and the test is then skipped.
 
-The record is kept by a small C library preloaded into each worker (LD_PRELOAD), not by a
-Python audit hook (`sys.addaudithook`) as the transformer test does: TensorFlow writes
-checkpoints, SavedModels, TensorBoard events and `tf.io.gfile` files from C++, where no
-Python audit event is raised. It wraps the C library's open/fopen/rename/unlink/mkdir
-families, which both Python and TensorFlow's POSIX file system go through. Without a C
-compiler the other checks run and the test is then skipped, saying the record was not kept.
-
-The chief is made slow by tests/site/slow_calls.py (`TEST_SLOW_CALL`), which wraps the
-function that writes the model folder: the product has no hook for it.
+tests/site/slow_calls.py (`TEST_SLOW_CALL`) makes the chief slow to write the model folder.
 """
 
 from __future__ import annotations
@@ -23,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,7 +30,7 @@ tf = pytest.importorskip("tensorflow")
 tf_keras = pytest.importorskip("tf_keras")
 
 from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
-from tests.conftest import write_densenet_weights  # noqa: E402
+from tests.conftest import free_port, write_densenet_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = REPO / "tests" / "site"  # slow_calls.py, put in place by its sitecustomize.py
@@ -74,9 +66,8 @@ def weights(tmp_path_factory) -> str:
                                   IMAGE_SIZE)
 
 
-# Preloaded into each worker: records every successful open (reads too), fopen, rename,
-# unlink, rmdir and mkdir whose path starts with one of FILE_AUDIT_PREFIXES, one line per
-# call: machine, pid, event, write (0/1), absolute path(s) as the process named them.
+# Records every successful open (reads too), fopen, rename, unlink, rmdir and mkdir under
+# FILE_AUDIT_PREFIXES, a line per call: machine, pid, event, write (0/1), absolute path(s).
 _AUDIT_C = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -152,102 +143,46 @@ static void note(const char *event, int writes, int fd1, const char *p1, int fd2
     if ((flags) & (O_CREAT | O_TMPFILE)) { \
         va_list args; va_start(args, flags); mode = va_arg(args, int); va_end(args); \
     }
+/* One wrapper: call the real function, note a call that succeeded (`ok` of its result r). */
+#define WRAP(type, name, params, before, args, ok, event, writes, d1, p1, d2, p2) \
+    type name params { \
+        before REAL(name); type r = real args; \
+        if (ok) note(event, writes, d1, p1, d2, p2); \
+        return r; \
+    }
+#define OPEN(name, params, args, d) \
+    WRAP(int, name, params, MODE(flags);, args, r >= 0, "open", WRITES(flags), d, p, AT_FDCWD, NULL)
+#define OPEN_2(name, params, args, d) \
+    WRAP(int, name, params, , args, r >= 0, "open", WRITES(flags), d, p, AT_FDCWD, NULL)
+#define FOPEN(name) WRAP(FILE *, name, (const char *p, const char *m), , (p, m), r, "open", \
+                         strpbrk(m, "wa+") != NULL, AT_FDCWD, p, AT_FDCWD, NULL)
 
-int open(const char *p, int flags, ...) {
-    MODE(flags); REAL(open); int r = real(p, flags, mode);
-    if (r >= 0) note("open", WRITES(flags), AT_FDCWD, p, AT_FDCWD, NULL);
-    return r;
-}
-int open64(const char *p, int flags, ...) {
-    MODE(flags); REAL(open64); int r = real(p, flags, mode);
-    if (r >= 0) note("open", WRITES(flags), AT_FDCWD, p, AT_FDCWD, NULL);
-    return r;
-}
-int openat(int d, const char *p, int flags, ...) {
-    MODE(flags); REAL(openat); int r = real(d, p, flags, mode);
-    if (r >= 0) note("open", WRITES(flags), d, p, AT_FDCWD, NULL);
-    return r;
-}
-int openat64(int d, const char *p, int flags, ...) {
-    MODE(flags); REAL(openat64); int r = real(d, p, flags, mode);
-    if (r >= 0) note("open", WRITES(flags), d, p, AT_FDCWD, NULL);
-    return r;
-}
-int __open_2(const char *p, int flags) {
-    REAL(__open_2); int r = real(p, flags);
-    if (r >= 0) note("open", WRITES(flags), AT_FDCWD, p, AT_FDCWD, NULL);
-    return r;
-}
-int __open64_2(const char *p, int flags) {
-    REAL(__open64_2); int r = real(p, flags);
-    if (r >= 0) note("open", WRITES(flags), AT_FDCWD, p, AT_FDCWD, NULL);
-    return r;
-}
-int __openat_2(int d, const char *p, int flags) {
-    REAL(__openat_2); int r = real(d, p, flags);
-    if (r >= 0) note("open", WRITES(flags), d, p, AT_FDCWD, NULL);
-    return r;
-}
-int __openat64_2(int d, const char *p, int flags) {
-    REAL(__openat64_2); int r = real(d, p, flags);
-    if (r >= 0) note("open", WRITES(flags), d, p, AT_FDCWD, NULL);
-    return r;
-}
-int creat(const char *p, mode_t m) {
-    REAL(creat); int r = real(p, m);
-    if (r >= 0) note("open", 1, AT_FDCWD, p, AT_FDCWD, NULL);
-    return r;
-}
-FILE *fopen(const char *p, const char *m) {
-    REAL(fopen); FILE *r = real(p, m);
-    if (r) note("open", strpbrk(m, "wa+") != NULL, AT_FDCWD, p, AT_FDCWD, NULL);
-    return r;
-}
-FILE *fopen64(const char *p, const char *m) {
-    REAL(fopen64); FILE *r = real(p, m);
-    if (r) note("open", strpbrk(m, "wa+") != NULL, AT_FDCWD, p, AT_FDCWD, NULL);
-    return r;
-}
-int rename(const char *a, const char *b) {
-    REAL(rename); int r = real(a, b);
-    if (r == 0) note("rename", 1, AT_FDCWD, b, AT_FDCWD, a);
-    return r;
-}
-int renameat(int fa, const char *a, int fb, const char *b) {
-    REAL(renameat); int r = real(fa, a, fb, b);
-    if (r == 0) note("rename", 1, fb, b, fa, a);
-    return r;
-}
-int renameat2(int fa, const char *a, int fb, const char *b, unsigned int flags) {
-    REAL(renameat2); int r = real(fa, a, fb, b, flags);
-    if (r == 0) note("rename", 1, fb, b, fa, a);
-    return r;
-}
-int unlink(const char *p) {
-    REAL(unlink); int r = real(p);
-    if (r == 0) note("remove", 1, AT_FDCWD, p, AT_FDCWD, NULL);
-    return r;
-}
-int unlinkat(int d, const char *p, int flags) {
-    REAL(unlinkat); int r = real(d, p, flags);
-    if (r == 0) note((flags & AT_REMOVEDIR) ? "rmdir" : "remove", 1, d, p, AT_FDCWD, NULL);
-    return r;
-}
-int rmdir(const char *p) {
-    REAL(rmdir); int r = real(p);
-    if (r == 0) note("rmdir", 1, AT_FDCWD, p, AT_FDCWD, NULL);
-    return r;
-}
-int mkdir(const char *p, mode_t m) {
-    REAL(mkdir); int r = real(p, m);
-    if (r == 0) note("mkdir", 1, AT_FDCWD, p, AT_FDCWD, NULL);
-    return r;
-}
-int mkdirat(int d, const char *p, mode_t m) {
-    REAL(mkdirat); int r = real(d, p, m);
-    if (r == 0) note("mkdir", 1, d, p, AT_FDCWD, NULL);
-    return r;
-}
+OPEN(open, (const char *p, int flags, ...), (p, flags, mode), AT_FDCWD)
+OPEN(open64, (const char *p, int flags, ...), (p, flags, mode), AT_FDCWD)
+OPEN(openat, (int d, const char *p, int flags, ...), (d, p, flags, mode), d)
+OPEN(openat64, (int d, const char *p, int flags, ...), (d, p, flags, mode), d)
+OPEN_2(__open_2, (const char *p, int flags), (p, flags), AT_FDCWD)
+OPEN_2(__open64_2, (const char *p, int flags), (p, flags), AT_FDCWD)
+OPEN_2(__openat_2, (int d, const char *p, int flags), (d, p, flags), d)
+OPEN_2(__openat64_2, (int d, const char *p, int flags), (d, p, flags), d)
+WRAP(int, creat, (const char *p, mode_t m), , (p, m), r >= 0, "open", 1, AT_FDCWD, p, AT_FDCWD,
+     NULL)
+FOPEN(fopen)
+FOPEN(fopen64)
+WRAP(int, rename, (const char *a, const char *b), , (a, b), r == 0, "rename", 1, AT_FDCWD, b,
+     AT_FDCWD, a)
+WRAP(int, renameat, (int fa, const char *a, int fb, const char *b), , (fa, a, fb, b), r == 0,
+     "rename", 1, fb, b, fa, a)
+WRAP(int, renameat2, (int fa, const char *a, int fb, const char *b, unsigned int flags), ,
+     (fa, a, fb, b, flags), r == 0, "rename", 1, fb, b, fa, a)
+WRAP(int, unlink, (const char *p), , (p), r == 0, "remove", 1, AT_FDCWD, p, AT_FDCWD, NULL)
+WRAP(int, unlinkat, (int d, const char *p, int flags), , (d, p, flags), r == 0,
+     (flags & AT_REMOVEDIR) ? "rmdir" : "remove", 1, d, p, AT_FDCWD, NULL)
+WRAP(int, rmdir, (const char *p), , (p), r == 0, "rmdir", 1, AT_FDCWD, p, AT_FDCWD, NULL)
+WRAP(int, mkdir, (const char *p, mode_t m), , (p, m), r == 0, "mkdir", 1, AT_FDCWD, p, AT_FDCWD,
+     NULL)
+WRAP(int, mkdirat, (int d, const char *p, mode_t m), , (d, p, m), r == 0, "mkdir", 1, d, p,
+     AT_FDCWD, NULL)
 """
 
 
@@ -282,12 +217,6 @@ json.dump({"metrics": metrics.metadata, "model": model.metadata}, open(out, "w")
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Machines:
     """2 workers as separate machines sharing one folder (/gcs); see the module docstring."""
 
@@ -305,7 +234,7 @@ class _Machines:
     def start(self, dataset: str, name: str, params: dict, **more: str) -> list:
         """Starts both workers (chief = workerpool0, worker = workerpool1), each in its own
         process group (a machine: killed whole); their results go to `<name><i>.json`."""
-        hosts = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+        hosts = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
         workers = []
         for index in (0, 1):
             machine = self.root / f"machine{index}"

@@ -1,8 +1,5 @@
-"""The image model's bytes-in signature decodes and resizes close to the sharding step.
-
-`components.train_image.artifact` (TensorFlow ops, in the SavedModel) against
-`components.predict.prediction.preprocess_image` (PIL, the sharding step's own code):
-the same files must give nearly the same pixels, and farther ones when the crop or the
+"""The bytes-in signature's TensorFlow ops (`components.train_image.artifact`) give nearly the
+pixels of the sharding step's PIL code (`preprocess_image`), farther ones when the crop or the
 letterbox is wrong. The trained model served from bytes is checked in test_run_local.
 """
 

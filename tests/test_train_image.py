@@ -1,6 +1,5 @@
-"""Tests of the DenseNet121 trainer: selection logic, model surgery, input pipeline,
-and tiny CPU training runs (default, mirrored over 2 logical CPUs, 2-process
-multi-worker, interrupted and resumed)."""
+"""The image trainer: selection logic, model surgery, input pipeline, and tiny CPU training
+runs (default, mirrored over 2 logical CPUs, 2-process multi-worker, interrupted, resumed)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,14 +31,13 @@ from components.train_image import model as model_lib  # noqa: E402
 from components.train_image.contract import PIXELS_SIGNATURE  # noqa: E402
 from components.train_image.model import INPUT_NAME  # noqa: E402
 from components.train_image.training import TrainConfig, TrainingError  # noqa: E402
-from tests.conftest import ONE_BLOCK_DENSENET, write_densenet_weights  # noqa: E402
+from tests.conftest import ONE_BLOCK_DENSENET, free_port, write_densenet_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "fox"]
 IMAGE_SIZE = 32
+CLUSTER_ENV = ("TF_CONFIG", "CLUSTER_SPEC", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
 
-
-# --------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="session")
@@ -73,21 +70,18 @@ def scratch_model():
     return model_lib.build_model(len(CLASSES), IMAGE_SIZE, None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """This process outside any cluster and Vertex folder."""
+    for name in CLUSTER_ENV:
+        monkeypatch.delenv(name, raising=False)
 
 
 def _subprocess_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_CONFIG", "CLUSTER_SPEC", "AIP_CHECKPOINT_DIR",
-                        "AIP_TENSORBOARD_LOG_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2", **extra)
     return env
 
-
-# --------------------------------------------------------------------------- strategy
 
 
 def _tf_config(workers: int, chief: bool = False, **extra) -> dict:
@@ -213,8 +207,6 @@ def test_make_strategy_kinds():
         distribute.make_strategy("tpu")
 
 
-# --------------------------------------------------------------------------- config
-
 
 def test_plan_phases():
     pretrained = TrainConfig(epochs=3, fine_tune_epochs=2, weights="imagenet")
@@ -230,14 +222,17 @@ def test_plan_phases():
 @pytest.mark.parametrize("changes, message", [
     ({"epochs": 0, "fine_tune_epochs": 0}, "must be at least 1"),
     ({"batch_size": 0}, "batch_size"),
-    ({"unfreeze_blocks": 5}, "unfreeze_blocks"),
     ({"precision": "fp16"}, "precision"),
     ({"rotation": 0.7}, "rotation"),
     ({"steps_per_epoch": 0}, "steps_per_epoch"),
+    ({"architecture": "resnet50"}, "architecture must be one of"),
+    ({"unfreeze_blocks": 5}, "1..4 for densenet121"),
+    ({"architecture": "efficientnet_lite0", "unfreeze_blocks": 8}, "1..7 for efficientnet_lite0"),
 ])
 def test_train_config_validation(changes, message):
     with pytest.raises(TrainingError, match=message):
         TrainConfig(**changes)
+    assert TrainConfig(architecture="efficientnet_lite0", unfreeze_blocks=7).unfreeze_blocks == 7
 
 
 def test_resolve_dirs_prefers_explicit_then_vertex():
@@ -279,8 +274,6 @@ def test_component_defaults_match_train_config():
     for name, spec_input in spec.inputs.items():
         assert spec_input.description, f"parameter {name} has no help text"
 
-
-# --------------------------------------------------------------------------- input
 
 
 def test_augment_identity_and_flip():
@@ -328,8 +321,6 @@ def test_pipelines_augment_training_only(image_dataset):
                                                            manifest=manifest)])
     np.testing.assert_array_equal(got, raw.astype("float32"))  # never augmented
 
-
-# --------------------------------------------------------------------------- model
 
 
 def _trainable_conv_names(model) -> list[str]:
@@ -437,8 +428,6 @@ def test_weights_file_loads_and_snapshot_survives_phase_change(base_weights):
                                pretrained(images, training=False), atol=1e-5)
 
 
-# --------------------------------------------------------------------------- training
-
 
 class _Interrupt(tf_keras.callbacks.Callback):
     """Fails at the end of an epoch, after BackupAndRestore has saved it."""
@@ -480,24 +469,22 @@ def _check_artifact(out: Path, image_dataset: str) -> None:
     np.testing.assert_allclose(keras_model.predict(images, verbose=0), served, atol=1e-5)
 
 
-_MIRRORED_SCRIPT = """
-import json, sys
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from components.train_image.distribute import make_strategy
+# A training subprocess: "mirrored" over 2 logical CPUs, "worker" as TF_CONFIG / CLUSTER_SPEC
+# say, "preemptible" with its checkpoints beside its output folder.
+_SCRIPT = """
+import json, logging, sys
+dataset, out, config, result, mode = sys.argv[1:]
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+strategy = None
+if mode == "mirrored":
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from components.train_image.distribute import make_strategy
+    strategy = make_strategy("mirrored", ["/cpu:0", "/cpu:1"])
 from components.train_image.training import TrainConfig, train
-dataset, out, config, result = sys.argv[1:]
-strategy = make_strategy("mirrored", ["/cpu:0", "/cpu:1"])
-metrics = train(dataset, out, TrainConfig(**json.loads(config)), strategy=strategy)
-open(result, "w").write(json.dumps(metrics))
-"""
-
-_WORKER_SCRIPT = """
-import json, sys
-from components.train_image.training import TrainConfig, train
-dataset, out, config, result = sys.argv[1:]
-metrics = train(dataset, out, TrainConfig(**json.loads(config)))
+checkpoints = out + "-checkpoints" if mode == "preemptible" else None
+metrics = train(dataset, out, TrainConfig(**json.loads(config)), checkpoints, strategy=strategy)
 open(result, "w").write(json.dumps(metrics))
 """
 
@@ -528,13 +515,13 @@ class _Job:
                 process.wait()
 
 
-def _start(script: str, root: Path, name: str, dataset: str, config: dict, out: Path,
+def _start(mode: str, root: Path, name: str, dataset: str, config: dict, out: Path,
            env: dict) -> tuple:
     log, result = root / f"{name}.log", root / f"{name}.json"
     with open(log, "w") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-c", script, dataset, str(out), json.dumps(config), str(result)],
-            env=env, stdout=sink, stderr=subprocess.STDOUT)
+            [sys.executable, "-c", _SCRIPT, dataset, str(out), json.dumps(config), str(result),
+             mode], env=env, stdout=sink, stderr=subprocess.STDOUT)
     return process, log, result
 
 
@@ -552,18 +539,18 @@ def background_jobs(image_dataset, base_weights, tmp_path_factory):
                   precision="off", steps_per_epoch=2)
     jobs = {}
     out = root / "mirrored-model"
-    process, log, result = _start(_MIRRORED_SCRIPT, root, "mirrored", image_dataset, config,
-                                  out, _subprocess_env())
+    process, log, result = _start("mirrored", root, "mirrored", image_dataset, config, out,
+                                  _subprocess_env())
     jobs["mirrored"] = _Job([process], [log], [result], out)
     # Vertex-style CLUSTER_SPEC only: each process derives its own TF_CONFIG
     # (workerpool0 -> chief, workerpool1 -> worker); both share one output folder.
-    hosts = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    hosts = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     out = root / "multi-worker-model"
     started = []
     for pool in ("workerpool0", "workerpool1"):
         spec = {"cluster": {"workerpool0": hosts[:1], "workerpool1": hosts[1:]},
                 "task": {"type": pool, "index": 0}}
-        started.append(_start(_WORKER_SCRIPT, root, pool, image_dataset, config, out,
+        started.append(_start("worker", root, pool, image_dataset, config, out,
                               _subprocess_env(CLUSTER_SPEC=json.dumps(spec))))
     processes, logs, results = (list(column) for column in zip(*started))
     jobs["multi_worker"] = _Job(processes, logs, results, out)
@@ -574,10 +561,8 @@ def background_jobs(image_dataset, base_weights, tmp_path_factory):
 
 @pytest.mark.slow
 def test_interrupted_training_resumes_across_phases(image_dataset, base_weights, tmp_path,
-                                                    caplog, monkeypatch, background_jobs):
+                                                    caplog, no_cluster, background_jobs):
     # background_jobs: started first so they run while this test trains in-process.
-    for name in ("TF_CONFIG", "CLUSTER_SPEC", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR"):
-        monkeypatch.delenv(name, raising=False)
     from kfp import dsl
 
     from components.train_image.component import train_image_classifier
@@ -622,16 +607,6 @@ def test_interrupted_training_resumes_across_phases(image_dataset, base_weights,
     _check_artifact(out, image_dataset)
 
 
-_PREEMPTIBLE_SCRIPT = """
-import json, logging, sys
-from components.train_image.training import TrainConfig, train
-logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-dataset, out, config, result = sys.argv[1:]
-metrics = train(dataset, out, TrainConfig(**json.loads(config)), out + "-checkpoints")
-open(result, "w").write(json.dumps(metrics))
-"""
-
-
 @pytest.mark.slow
 def test_a_sigterm_mid_epoch_seals_that_step_and_the_restart_resumes_there(
         image_dataset, base_weights, tmp_path):
@@ -641,7 +616,7 @@ def test_a_sigterm_mid_epoch_seals_that_step_and_the_restart_resumes_there(
                   precision="off", steps_per_epoch=200, early_stopping_patience=0)
     out, attempts = tmp_path / "model", []
     for attempt in (1, 2):
-        process, log, result = _start(_PREEMPTIBLE_SCRIPT, tmp_path, f"attempt{attempt}",
+        process, log, result = _start("preemptible", tmp_path, f"attempt{attempt}",
                                       image_dataset, config, out, _subprocess_env())
         while attempt == 1 and process.poll() is None and "head epoch 0:" not in log.read_text():
             time.sleep(0.05)
@@ -711,11 +686,9 @@ def test_two_workers_train_together(background_jobs):
 
 @pytest.mark.slow
 def test_a_tuning_trial_reports_its_metric_after_every_epoch_of_both_phases(
-        image_dataset, base_weights, tmp_path, monkeypatch):
+        image_dataset, base_weights, tmp_path, monkeypatch, no_cluster):
     from tests.test_hypertune import read_reports
 
-    for name in ("TF_CONFIG", "CLUSTER_SPEC", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR"):
-        monkeypatch.delenv(name, raising=False)
     metric_file = tmp_path / "output.metrics"
     monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
     config = TrainConfig(epochs=2, fine_tune_epochs=1, batch_size=4, weights=base_weights,
@@ -734,9 +707,6 @@ def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
     """The trial container's command, as the compiled tuning job runs it: the training
     step's executor input plus `--name=value` arguments; outputs land in the trial's folder
     (the parent of AIP_MODEL_DIR) and the study metric is reported each epoch."""
-    import subprocess
-    import sys
-
     from tests.test_hypertune import read_reports
 
     executor_input = {
@@ -776,9 +746,6 @@ def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
 def test_a_clean_up_cut_short_leaves_the_folder_marked_as_this_runs(tmp_path, monkeypatch):
     """The run file goes last: finished phases never outlive their owner, or a run with
     other settings would find the folder free and take them up as its own."""
-    import tensorflow as tf
-
-    from components.train_image.contract import TrainingError
     from components.train_image.training import RUN_FILE, RunState
 
     root = str(tmp_path / "checkpoints")
@@ -805,19 +772,6 @@ def test_a_clean_up_cut_short_leaves_the_folder_marked_as_this_runs(tmp_path, mo
     state.clear(["head"])
     assert not (tmp_path / "checkpoints").exists()
 
-
-# --------------------------------------------------------------------------- EfficientNet-Lite0
-
-
-@pytest.mark.parametrize("changes, message", [
-    ({"architecture": "resnet50"}, "architecture must be one of"),
-    ({"unfreeze_blocks": 5}, "1..4 for densenet121"),
-    ({"architecture": "efficientnet_lite0", "unfreeze_blocks": 8}, "1..7 for efficientnet_lite0"),
-])
-def test_the_architecture_and_its_blocks_are_checked(changes, message):
-    with pytest.raises(TrainingError, match=message):
-        TrainConfig(**changes)
-    assert TrainConfig(architecture="efficientnet_lite0", unfreeze_blocks=7).unfreeze_blocks == 7
 
 
 @pytest.fixture(scope="module")

@@ -1,21 +1,9 @@
 """What the image trainer writes: the model artifact, its SavedModel, its metadata.
 
-The bytes-in serving signature: TF Serving (Vertex's prebuilt TensorFlow prediction
-images) decodes `{"b64": ...}` into a string tensor and calls `serving_default`;
-everything between those bytes and the model runs in the graph (`preprocess_batch`),
-with plain TensorFlow ops doing what `components.common.images` (PIL, the sharding step)
-does, not bit for bit:
-
-- decode: JPEG (libjpeg's accurate DCT, as PIL), PNG and BMP (transparency on white),
-  GIF (first frame), all at full size; PIL lets libjpeg shrink big JPEGs while decoding.
-- center crop on whole pixels (PIL: a fractional box) or letterbox with PIL's sizes and
-  offsets, then `tf.image.resize` (bilinear, antialiased) in float, rounded to uint8.
-- when the shards held JPEG, the same JPEG round trip at the manifest's quality.
-
-What differs from the shards' pixels: EXIF orientation is not applied (send upright
-images: a sideways phone photo is served sideways), CMYK JPEGs are not read, and the
-pixels differ by a few levels (`tests/test_serving_signature.py` bounds it per file
-type and resize method); measured not to move the demo model's accuracy beyond seed noise.
+`serving_default` takes the files' bytes (TF Serving decodes `{"b64": ...}`) and does in the
+graph (`preprocess_batch`) what the sharding step's PIL code does, not bit for bit: pixels
+differ by a few levels (bounded in tests/test_serving_signature.py), EXIF orientation is not
+applied (send upright images) and CMYK JPEGs are not read.
 """
 
 from __future__ import annotations
@@ -63,15 +51,10 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
                    serving: bool = True) -> None:
     """Writes model.keras, saved_model/, labels.json, preprocessing.json, history.json.
 
-    The saved model is a float32 copy, whatever the training precision: float16 on a CPU
-    (a likely place for evaluation or serving) is ~95x slower, and the weights are
-    float32 anyway. It is built outside any strategy scope, so it holds plain variables.
-
-    saved_model/ (tf-keras's ExportArchive: loading needs neither Keras nor this
-    package) has `serving_default`: "image_bytes" (JPEG/PNG/GIF/BMP files) ->
-    "probabilities" and "label" (the top class name), and `serving_pixels`: "image"
-    float32 RGB 0..255 -> "probabilities". `serving` False leaves it out (tracing takes
-    ~20 s for a DenseNet121): a model kept for its weights alone.
+    The model saved is a float32 copy with plain variables (float16 is ~95x slower on CPUs).
+    saved_model/ has `serving_default`: "image_bytes" -> "probabilities", "label" (the top
+    class), and `serving_pixels`: "image" float32 RGB 0..255 -> "probabilities";
+    `serving` False leaves it out (tracing takes ~20 s).
     """
     stored, classes = manifest["image"], manifest["classes"]  # how the shards hold images
     size = stored["height"]
@@ -91,7 +74,6 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
         "scaling": ("(x - 127) / 128, EfficientNet-Lite's, inside the model" if lite else
                     "DenseNet's preprocess_input (ImageNet mean and std) inside the model"),
         "resize_method": stored.get("resize_method"),
-        # how the shards stored the pixels: prediction repeats the JPEG round trip
         "image_format": stored["format"],
         "jpeg_quality": stored.get("jpeg_quality"),
         "serving_signature": SERVING_SIGNATURE,
@@ -124,8 +106,7 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
 
         archive.add_endpoint(SERVING_SIGNATURE, serve_bytes)
         archive.add_endpoint(PIXELS_SIGNATURE, serve_pixels)
-        # write_out prints every captured variable to stdout unless interactive
-        # logging is off; it then goes to the logging module instead.
+        # write_out prints every variable to stdout unless interactive logging is off
         interactive = tf_keras.utils.is_interactive_logging_enabled()
         tf_keras.utils.disable_interactive_logging()
         try:
@@ -135,8 +116,7 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
                 tf_keras.utils.enable_interactive_logging()
     write_json_atomically(os.path.join(output_dir, LABELS_FILE), {"classes": classes})
     write_json_atomically(os.path.join(output_dir, PREPROCESSING_FILE), preprocessing)
-    # Unsorted: the phases in the order they ran, as the report and the tracker draw them
-    # (sorted, fine_tune came before head).
+    # Unsorted: the phases in the order they ran.
     write_json_atomically(os.path.join(output_dir, HISTORY_FILE), history, sort_keys=False)
     log.info("model written to %s", output_dir)
 
@@ -144,13 +124,13 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
 def model_metadata(result: Mapping[str, Any], config: TrainConfig, dataset_dir: str,
                    weights_fingerprint: str) -> dict[str, Any]:
     """The `Model` artifact's metadata: what the model is and takes, how it was trained,
-    and its provenance (code, the sharded dataset's manifest, `config`).
+    and its provenance.
 
     Args:
         result: What `training.train` returned.
         config: The run's settings.
         dataset_dir: The sharding step's folder (its manifest pins the data).
-        weights_fingerprint: The preflight step's digest of the pretrained weights file.
+        weights_fingerprint: The preflight step's digest of the weights file.
     """
     return {
         **{k: result[k] for k in ("framework", "architecture", "classes", "num_classes",
@@ -163,9 +143,6 @@ def model_metadata(result: Mapping[str, Any], config: TrainConfig, dataset_dir: 
     }
 
 
-# --------------------------------------------------------------------------- serving signature
-
-
 def preprocess(data: tf.Tensor, size: int, method: str, jpeg_quality: int | None) -> tf.Tensor:
     """One image file's bytes -> uint8 (size, size, 3) pixels, close to the shards'.
 
@@ -175,7 +152,7 @@ def preprocess(data: tf.Tensor, size: int, method: str, jpeg_quality: int | None
         method: "crop" (center crop) or "pad" (letterbox), the sharding step's resize method.
         jpeg_quality: The shards' JPEG quality, or None when they held raw pixels.
     """
-    # Decode to float32 RGB 0..255, transparency on white.
+    # float32 RGB 0..255, transparency on white
     def decoded(channels):  # GIF frames decode as RGB only
         return tf.cast(tf.io.decode_image(data, channels=channels, expand_animations=False),
                        tf.float32)
@@ -196,8 +173,7 @@ def preprocess(data: tf.Tensor, size: int, method: str, jpeg_quality: int | None
     shape = tf.shape(image)
     height, width = shape[0], shape[1]
     if method == "crop":
-        # ImageOps.fit's centred square box, fractional as PIL's: tf.image.resize's own
-        # antialiased kernel, scaled and shifted
+        # ImageOps.fit's centred fractional box: resize's antialiased kernel, shifted
         hw = tf.cast(tf.stack([height, width]), tf.float32)
         scale = size / tf.reduce_min(hw)
         shift = (hw - tf.reduce_min(hw)) / 2 * scale

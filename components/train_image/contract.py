@@ -1,13 +1,6 @@
-"""The image trainer's contract: its settings and the model folder it writes.
-
-Model folder: `model.keras` (tf-keras, i.e. Keras 2: float32 RGB pixels 0..255 of shape
-(batch, H, W, 3) in, preprocessing inside, softmax probabilities out), `saved_model/`
-(signature `serving_default`: "image_bytes" (encoded image files, decoded and resized in
-the graph as sharding did) -> "probabilities" and "label"; signature `serving_pixels`:
-"image" float32 pixels -> "probabilities"), `labels.json`
-(`{"classes": [...]}` in output-column order), `preprocessing.json`, `history.json`.
-Other steps import this module only, never the trainer, and load `model.keras` with
-`components.formats.image_models`; nothing here imports TensorFlow.
+"""The image trainer's contract: its settings and the model folder it writes
+(`artifact.write_artifact`). Other steps import this module, never the trainer; nothing here
+imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -27,22 +20,17 @@ SAVED_MODEL_DIR = "saved_model"
 LABELS_FILE = "labels.json"
 PREPROCESSING_FILE = "preprocessing.json"
 HISTORY_FILE = "history.json"
-# TF Serving (and so Vertex) calls serving_default: it takes the files' bytes, the JSON
-# `{"b64": ...}` that clients send; serving_pixels is for callers that resize themselves.
+# TF Serving calls serving_default (files' bytes); serving_pixels takes resized pixels.
 SERVING_SIGNATURE = "serving_default"
 BYTES_INPUT_NAME = "image_bytes"
 LABEL_OUTPUT_NAME = "label"
 PIXELS_SIGNATURE = "serving_pixels"
-# Precision settings: "auto" picks mixed_float16 on GPUs of compute capability >= 7.0.
 PRECISION_MODES = ("auto", "on", "off")
 
-# DenseNet's preprocess_input ("torch" mode): x / 255, minus the ImageNet mean,
-# divided by the ImageNet std, per RGB channel. As one Normalization layer on
-# 0..255 input: (x - 255 * mean) / (255 * std).
+# DenseNet's preprocess_input ("torch" mode): (x / 255 - mean) / std per RGB channel.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-# EfficientNet-Lite's preprocessing (the TF reference's and efficientnet_pytorch's Lite
-# models): (x - 127) / 128 on 0..255 RGB.
+# EfficientNet-Lite's: (x - 127) / 128.
 LITE_INPUT_OFFSET = 127.0
 LITE_INPUT_SCALE = 128.0
 
@@ -58,11 +46,9 @@ def normalize_weights(weights: str | None) -> str | None:
     return str(weights)
 
 
-# The backbones, each with how many top blocks fine-tuning may unfreeze: DenseNet's dense
-# blocks (1-4), EfficientNet-Lite0's MBConv stages (1-7, the head conv always with them).
+# The backbones, each with how many top blocks fine-tuning may unfreeze.
 ARCHITECTURES = {"densenet121": 4, "efficientnet_lite0": 7}
-# Dense blocks per stage (conv2 to conv5) of the layouts Keras names and has ImageNet
-# weights for; a weights file may hold any other (the trainer reads it from the file).
+# Dense blocks per stage (conv2 to conv5) of the layouts Keras names.
 KERAS_LAYOUTS = {(6, 12, 24, 16): "DenseNet121", (6, 12, 32, 32): "DenseNet169",
                  (6, 12, 48, 32): "DenseNet201"}
 DENSENET121 = (6, 12, 24, 16)
@@ -70,14 +56,8 @@ LITE0_STAGES = (1, 2, 2, 3, 3, 4, 1)  # MBConv blocks per stage of EfficientNet-
 
 
 def dense_layout(names: Iterable[str]) -> tuple[int, ...]:
-    """Dense blocks per stage (conv2 to conv5) of a DenseNet, from its layer names.
-
-    Args:
-        names: Layer names (`conv3_block12_1_conv`, ...); snapshot keys also do.
-
-    Raises:
-        ValueError: A stage without blocks: the names are not a DenseNet's.
-    """
+    """Dense blocks per stage (conv2 to conv5) of a DenseNet, from its layer names (or
+    snapshot keys); ValueError if a stage has none."""
     blocks = [0, 0, 0, 0]
     for name in names:
         match = re.match(r"conv([2-5])_block(\d+)_", name)
@@ -97,11 +77,7 @@ def architecture_name(layout: Sequence[int]) -> str:
 
 def network_name(names: Iterable[str]) -> str:
     """What network layer names (or snapshot keys) are: "DenseNet121" (`architecture_name`),
-    "EfficientNet-Lite0", or a description of another EfficientNet.
-
-    Raises:
-        ValueError: Neither a DenseNet nor an EfficientNet.
-    """
+    "EfficientNet-Lite0", or a description of another EfficientNet; ValueError if neither."""
     names = list(names)
     blocks: dict[int, set[str]] = {}
     for name in names:
@@ -118,16 +94,13 @@ def network_name(names: Iterable[str]) -> str:
 
 
 def weights_file_layout(path: str, architecture: str = "densenet121") -> tuple[int, ...] | None:
-    """Checks a no-top weights file (tf-keras HDF5, as Keras ships them) against
-    `architecture`.
+    """Checks a no-top tf-keras HDF5 weights file against `architecture`.
 
     Returns:
-        A DenseNet's dense blocks per stage (any DenseNet goes for "densenet121": the
-        file's layout is built); None for EfficientNet-Lite0.
+        A DenseNet's dense blocks per stage (any DenseNet); None for EfficientNet-Lite0.
 
     Raises:
-        ValueError: The file is no such weights file, or another network's; the message
-            names the file, what it holds and what `architecture` expects.
+        ValueError: No such weights file, or another network's (naming both).
     """
     import h5py
 
@@ -227,13 +200,7 @@ class TrainConfig:
 
 
 def load_class_names(model_dir: str) -> list[str]:
-    """Reads the model's class list from `<model_dir>/labels.json`.
-
-    Args:
-        model_dir: The trained model's folder.
-
-    Returns:
-        Class names in the order of the model's output columns.
+    """Reads the model's class names, in output-column order, from `<model_dir>/labels.json`.
 
     Raises:
         ContractError: The file is missing or has no list under "classes".

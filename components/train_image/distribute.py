@@ -1,20 +1,10 @@
 """Choose the `tf.distribute` strategy and the precision policy from the environment.
 
-The choices are pure functions over plain values (cluster dicts, GPU lists,
-compute capabilities) so they can be tested without a cluster or a GPU;
-`prepare_environment` is the one place that reads the real environment, at call time.
-
-Vertex sets `CLUSTER_SPEC` on every replica of a multi-replica custom job
-(`{"cluster": {"workerpool0": [...], "workerpool1": [...], ...}, "task": {"type":
-"workerpool1", "index": 0}}`), and usually `TF_CONFIG` too. TensorFlow's
-`MultiWorkerMirroredStrategy` reads only `TF_CONFIG`, so when only `CLUSTER_SPEC` is
-set, `TF_CONFIG` is derived from it the way Vertex itself maps worker pools:
-workerpool0 (the primary replica) -> "chief", workerpool1 -> "worker",
-workerpool2 -> "ps", workerpool3 -> "evaluator" (evaluators are not part of the
-training cluster and are left out of it, as TensorFlow expects).
-
-TensorFlow is imported only inside the functions that need it: `bench/gpu_bench.py`
-calls the choices where TensorFlow may be missing.
+The choices are pure functions of plain values; `prepare_environment` alone reads the
+environment. MultiWorkerMirroredStrategy reads only `TF_CONFIG`: where Vertex set only
+`CLUSTER_SPEC`, it is derived as Vertex maps pools (workerpool0 -> chief, 1 -> worker,
+2 -> ps, 3 -> evaluator, left out of the training cluster). TensorFlow is imported inside
+the functions that need it (`bench/gpu_bench.py` runs without it).
 """
 
 from __future__ import annotations
@@ -38,7 +28,6 @@ STRATEGY_KINDS = (MULTI_WORKER, MIRRORED, DEFAULT)
 MIXED_FLOAT16 = "mixed_float16"
 FLOAT32 = "float32"
 
-# Vertex worker pool -> TensorFlow task type.
 _POOL_TO_TASK = {"workerpool0": "chief", "workerpool1": "worker", "workerpool2": "ps",
                  "workerpool3": "evaluator"}
 
@@ -52,18 +41,16 @@ def choose_strategy_kind(tf_config: dict | None, cluster_spec: dict | None,
     """Picks the kind of distribution strategy.
 
     Args:
-        tf_config: Parsed `TF_CONFIG` (TensorFlow's format), or None; when it names a
-            cluster, `cluster_spec` is not read.
+        tf_config: Parsed `TF_CONFIG`, or None; when it names a cluster, it alone is read.
         cluster_spec: Parsed Vertex `CLUSTER_SPEC`, or None.
         gpus: The GPUs visible to this process (anything with a length).
 
     Returns:
-        "multi_worker" when the cluster has more than one chief, master or worker in
-        total (each worker then uses all its local GPUs), "mirrored" when this machine
-        alone has more than one GPU, otherwise "default" (one device).
+        "multi_worker" for more than one chief, master or worker in all, "mirrored" for
+        several local GPUs, otherwise "default".
 
     Raises:
-        ValueError: The cluster has parameter servers, which this trainer does not use.
+        ValueError: The cluster has parameter servers.
     """
     cluster = _cluster_of(tf_config) or {_POOL_TO_TASK.get(pool, pool): hosts
                                          for pool, hosts in _cluster_of(cluster_spec).items()}
@@ -78,11 +65,7 @@ def choose_strategy_kind(tf_config: dict | None, cluster_spec: dict | None,
 
 
 def tf_config_from_cluster_spec(cluster_spec: dict) -> dict:
-    """Derives TensorFlow's `TF_CONFIG` from Vertex's `CLUSTER_SPEC`.
-
-    Returns:
-        `{"cluster": {"chief": [...], "worker": [...]}, "task": {"type", "index"}}`: pools
-        mapped as Vertex maps them (module docstring), the task's index kept.
+    """Derives TensorFlow's `TF_CONFIG` from Vertex's `CLUSTER_SPEC` (module docstring).
 
     Raises:
         ValueError: The spec has no task, or a pool this mapping does not know.
@@ -108,10 +91,8 @@ def choose_precision(mode: str, gpu_compute_capabilities: Sequence[tuple[int, in
         gpu_compute_capabilities: `(major, minor)` of each visible GPU.
 
     Returns:
-        "mixed_float16" or "float32". "auto" gives mixed_float16 only when there is
-        at least one GPU and every GPU has compute capability 7.0 or more: tensor cores
-        (Volta and newer) make float16 fast; on older GPUs and on CPUs it is slower
-        than float32 (about 95x on this project's CPUs).
+        "mixed_float16" or "float32"; "auto" gives mixed_float16 only when every GPU (at
+        least one) has tensor cores (7.0+): elsewhere float16 is slower.
 
     Raises:
         ValueError: Unknown mode.
@@ -136,10 +117,7 @@ def is_chief(task_type: str | None, task_id: int | None, cluster: dict | None) -
 
 
 def make_strategy(kind: str, devices: Sequence[str] | None = None):
-    """Creates the strategy of a kind.
-
-    Must run before TensorFlow initialises its runtime when the kind is
-    "multi_worker" (the collective ops are configured at start-up).
+    """Creates the strategy of a kind ("multi_worker": before TensorFlow's runtime starts).
 
     Args:
         kind: One of `STRATEGY_KINDS`.
@@ -160,7 +138,7 @@ def make_strategy(kind: str, devices: Sequence[str] | None = None):
 
 
 def strategy_kind_of(strategy) -> str:
-    """The kind name of an existing strategy (for strategies made by the caller)."""
+    """The kind name of an existing strategy."""
     import tensorflow as tf
 
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -194,25 +172,21 @@ class Environment:
 
     strategy_kind: str  # one of STRATEGY_KINDS
     precision: str  # "mixed_float16" or "float32"
-    gpu_compute_capabilities: list[tuple[int, int]]  # one (major, minor) per visible GPU
     tf_config_derived: bool = False  # TF_CONFIG was written from CLUSTER_SPEC
 
 
 def prepare_environment(precision_mode: str,
                         environ: MutableMapping[str, str] | None = None) -> Environment:
-    """Reads TF_CONFIG / CLUSTER_SPEC and the GPUs, and picks strategy and precision.
-
-    When the cluster has several workers and only `CLUSTER_SPEC` is set, writes the
-    derived `TF_CONFIG` into `environ` so `MultiWorkerMirroredStrategy` finds it.
-    Call this before creating the strategy and before any TensorFlow op runs.
+    """Reads TF_CONFIG / CLUSTER_SPEC and the GPUs, and picks strategy and precision;
+    writes a `TF_CONFIG` derived from `CLUSTER_SPEC` where several workers need one. Call
+    it before creating the strategy.
 
     Args:
         precision_mode: "auto", "on" or "off" (see `choose_precision`).
         environ: The environment to read and update; default `os.environ`.
 
     Raises:
-        ValueError: TF_CONFIG or CLUSTER_SPEC is not valid JSON, or names a cluster this
-            trainer cannot use.
+        ValueError: TF_CONFIG or CLUSTER_SPEC is not valid JSON, or an unusable cluster.
     """
     environ = os.environ if environ is None else environ
     parsed = {}
@@ -230,4 +204,4 @@ def prepare_environment(precision_mode: str,
         log.info("TF_CONFIG derived from CLUSTER_SPEC: %s", environ["TF_CONFIG"])
     precision = choose_precision(precision_mode, capabilities)
     log.info("strategy %s, precision %s, GPUs %s", kind, precision, capabilities)
-    return Environment(kind, precision, capabilities, derived)
+    return Environment(kind, precision, derived)

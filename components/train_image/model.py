@@ -1,20 +1,9 @@
-"""The DenseNet classifier: building it (and the dtype policy it is built under), its
-phases (what trains in each, how it is compiled), moving its weights, and the input
-pipelines that feed it.
+"""The classifier: building it (under a dtype policy), its phases, its weights, its inputs.
 
-The base is DenseNet121 unless a weights file holds another DenseNet: Keras' DenseNet169
-and 201, or any other count of dense blocks per stage, read from the file's layer names.
-
-Keras choice: this trainer uses tf-keras (Keras 2, `import tf_keras`) everywhere and
-never `tf.keras`. In TF 2.21 `tf.keras` is Keras 3, whose `model.fit` fails under
-`MultiWorkerMirroredStrategy` (keras-team/keras#20585, tensorflow/tensorflow#72388);
-tf-keras 2.21 trains on several workers with `BackupAndRestore`. Mixing the two in one
-model does not work, so every layer, callback and saver here comes from `tf_keras`.
-
-The model takes float32 RGB pixels in 0..255 (what `components.formats.shards.make_dataset`
-yields, cast to float) and does DenseNet's own input scaling inside, so serving needs no
-preprocessing code: image -> scaling -> DenseNet (no top) -> global average pool
--> dropout -> dense softmax (float32 even under mixed precision).
+tf-keras (Keras 2) everywhere, never `tf.keras`: TF 2.21's Keras 3 fails `model.fit` under
+MultiWorkerMirroredStrategy (keras-team/keras#20585), and the two do not mix in one model.
+The model takes float32 RGB 0..255 and scales inside: image -> scaling -> base (DenseNet,
+any layout a weights file holds, or EfficientNet-Lite0) -> pool -> dropout -> float32 softmax.
 """
 
 from __future__ import annotations
@@ -30,8 +19,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-# Keras exports DenseNet121/169/201 as fixed layouts only; its builder takes any layout,
-# which a weights file of another DenseNet needs.
+# Keras' builder of any DenseNet layout (it exports only 121/169/201).
 from tf_keras.src.applications.densenet import DenseNet as keras_densenet
 
 from components.formats.shards import make_dataset
@@ -50,7 +38,6 @@ from components.train_image.contract import (
     weights_file_layout,
 )
 
-# Keras names a DenseNet base densenet121, densenet169, ... or densenet.
 BASE_PREFIXES = ("densenet", "efficientnet_lite")
 INPUT_NAME = "image"
 OUTPUT_NAME = "probabilities"
@@ -66,24 +53,17 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
     Args:
         num_classes: Number of output classes.
         image_size: Height and width of the input images (at least 32).
-        weights: "imagenet" (DenseNet121's, downloaded by Keras; EfficientNet-Lite0's,
-            converted at install time: `efficientnet_lite.imagenet_weights`), a local
-            path to a no-top weights `.h5` file of the architecture (a DenseNet's layout
-            is read from it), or None/"none" for random initialisation.
+        weights: "imagenet", a local no-top `.h5` file of the architecture, or None/"none".
         dropout: Dropout rate before the classification layer.
-        frozen_batchnorm: Call the base with `training=False`; default: when
-            `weights` is pretrained. (A copy of a fine-tuned model is built with
-            weights=None and frozen_batchnorm=True.)
-        layout: Dense blocks per stage (`dense_layout`) of a DenseNet built without a
-            weights file, e.g. a copy of a trained one; default DenseNet121's.
-        architecture: "densenet121" or "efficientnet_lite0" (`ARCHITECTURES`).
+        frozen_batchnorm: Call the base with `training=False`; default: when pretrained.
+        layout: Dense blocks per stage of a DenseNet built without a weights file.
+        architecture: "densenet121" or "efficientnet_lite0".
 
     Returns:
-        An uncompiled `tf_keras.Model` with input "image" (float32, [N, H, W, 3],
-        0..255) and output "probabilities" (float32 softmax).
+        An uncompiled model: input "image" (float32 0..255), output "probabilities".
 
     Raises:
-        ValueError: Bad sizes, or a weights file of another network (no top).
+        ValueError: Bad sizes, or a weights file of another network.
     """
     if num_classes < 2:
         raise ValueError(f"need at least 2 classes, got {num_classes}")
@@ -98,8 +78,7 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
         layout = weights_file_layout(weights, architecture)
     shape = (image_size, image_size, 3)
     inputs = tf_keras.Input(shape=shape, dtype="float32", name=INPUT_NAME)
-    # float32 on purpose: the scaling is cheap and its precision matters; the base
-    # casts to float16 itself under mixed precision.
+    # float32 scaling: cheap, and its precision matters
     if architecture == "efficientnet_lite0":
         scaled = tf_keras.layers.Rescaling(1.0 / LITE_INPUT_SCALE,
                                            offset=-LITE_INPUT_OFFSET / LITE_INPUT_SCALE,
@@ -116,12 +95,10 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
         base = _densenet(tuple(layout or DENSENET121), weights, shape)
     if frozen_batchnorm is None:
         frozen_batchnorm = weights is not None
-    # With pretrained weights, training=False pins BatchNorm to inference mode for
-    # good (see set_trainable); from scratch BatchNorm must learn its statistics.
+    # training=False pins BatchNorm to inference mode (see set_trainable)
     features = base(scaled, training=False) if frozen_batchnorm else base(scaled)
     x = tf_keras.layers.GlobalAveragePooling2D(name="avg_pool")(features)
     x = tf_keras.layers.Dropout(dropout, name="dropout")(x)
-    # float32 output: a float16 softmax loses precision and can overflow the loss.
     outputs = tf_keras.layers.Dense(num_classes, activation="softmax", dtype="float32",
                                     name=OUTPUT_NAME)(x)
     return tf_keras.Model(inputs, outputs, name=f"{base.name}_classifier")
@@ -142,8 +119,7 @@ def _densenet(layout: tuple[int, ...], weights: str | None, shape) -> tf_keras.M
 
 
 def get_base(model: tf_keras.Model) -> tf_keras.Model:
-    """The DenseNet or EfficientNet-Lite inside the classifier (or `model` itself if it
-    is the base)."""
+    """The DenseNet or EfficientNet-Lite inside the classifier (or `model`, a base)."""
     nested = [layer for layer in model.layers if isinstance(layer, tf_keras.Model)
               and layer.name.startswith(BASE_PREFIXES)]
     if len(nested) == 1:
@@ -181,22 +157,14 @@ def plan_phases(config: TrainConfig) -> list[Phase]:
 def set_trainable(model: tf_keras.Model, phase: str, unfreeze_blocks: int = 1) -> list[str]:
     """Freezes and unfreezes layers for a training phase (recompile afterwards).
 
-    BatchNormalization stays frozen in fine-tuning (and the base runs it in inference
-    mode, `training=False`): re-estimating its ImageNet statistics from small, differently
-    distributed batches shifts every feature the new head was just trained on and usually
-    wrecks accuracy (the Keras transfer-learning guide does the same).
+    BatchNormalization stays frozen in fine-tuning: re-estimating ImageNet statistics from
+    small batches shifts the features the new head was trained on.
 
     Args:
         model: The classifier from `build_model`, or its base.
-        phase: "head": the whole base is frozen, only the new top trains.
-            "fine_tune": the top `unfreeze_blocks` blocks train up to the base's output,
-            their BatchNormalization layers (and the last ones) staying frozen. DenseNet:
-            dense blocks (conv5 is the last; each with the transition layer after it,
-            and the final "bn"); EfficientNet-Lite0: MBConv stages (block7 is the last),
-            with the head conv (top_conv).
-            "full": everything trains (used when training from scratch).
-        unfreeze_blocks: Blocks to unfreeze in "fine_tune": 1-4 for a DenseNet, 1-7 for
-            EfficientNet-Lite0. The stem stays frozen even with all.
+        phase: "head" (base frozen), "fine_tune" (the top `unfreeze_blocks` dense blocks or
+            MBConv stages, with what follows them) or "full" (everything).
+        unfreeze_blocks: 1-4 for a DenseNet, 1-7 for EfficientNet-Lite0; the stem stays frozen.
 
     Returns:
         Names of the base layers that are trainable and hold weights.
@@ -221,8 +189,7 @@ def set_trainable(model: tf_keras.Model, phase: str, unfreeze_blocks: int = 1) -
 
 
 def _dense_stage(name: str) -> int:
-    """DenseNet: 1 the stem, 2-5 dense block convN and the transition poolN after it, 6 the
-    final "bn"/"relu"."""
+    """DenseNet: 1 the stem, 2-5 convN with the poolN after it, 6 the final "bn"/"relu"."""
     match = re.match(r"^(conv|pool)(\d)[_/]", name + "_")
     return int(match.group(2)) if match else 6 if name in ("bn", "relu") else 1
 
@@ -247,13 +214,8 @@ def _variables(layer) -> dict[str, tf.Variable]:
 
 
 def weight_snapshot(model: tf_keras.Model) -> dict[str, np.ndarray]:
-    """All weights keyed by `<layer name>/<index>`.
-
-    Keys do not depend on which layers are trainable (the order of `get_weights`
-    does), so a snapshot taken in one phase loads into a model set up for another,
-    or into a copy built under another dtype policy. Under a multi-worker strategy
-    every worker must call this (reading synchronised variables may all-reduce).
-    """
+    """All weights keyed by `<layer name>/<index>`, whatever is trainable (unlike
+    `get_weights`). Every worker must call it under a multi-worker strategy (all-reduce)."""
     return {key: np.asarray(v.numpy()) for key, v in _variables(model).items()}
 
 
@@ -283,22 +245,17 @@ def dtype_policy(name: str):
         tf_keras.mixed_precision.set_global_policy(previous)
 
 
-# --------------------------------------------------------------------------- inputs
-
-
 def augment_images(images: tf.Tensor, seed, flip: bool, rotation: float,
                    zoom: float) -> tf.Tensor:
-    """Randomly flips, rotates and zooms a float32 batch [N, H, W, 3].
-
-    One projective transform per image combines all three, so each image is resampled
-    once; borders are filled by reflection, so no black corners teach the model a shortcut.
+    """Randomly flips, rotates and zooms a float32 batch [N, H, W, 3] in one projective
+    transform per image, borders filled by reflection (no black corners to learn).
 
     Args:
         images: The batch.
         seed: Shape [2] int seed for the stateless random ops.
         flip: Mirror left-right with probability 1/2.
         rotation: Rotate by up to +-rotation of a full turn.
-        zoom: Scale by a factor in [1 - zoom, 1 + zoom] (> 1 shows more: zoom out).
+        zoom: Scale by a factor in [1 - zoom, 1 + zoom].
     """
     if not flip and rotation == 0 and zoom == 0:
         return images
@@ -326,23 +283,16 @@ def augment_images(images: tf.Tensor, seed, flip: bool, rotation: float,
 
 def train_input(dataset_dir: str, manifest: dict[str, Any], config: TrainConfig,
                 global_batch: int) -> tf.data.Dataset:
-    """The training pipeline: endless, shuffled, live-augmented batches.
-
-    Files are read in shuffled, interleaved, non-deterministic order; examples are
-    shuffled, batched, then augmented one batch at a time (one vectorised op per
-    batch is much cheaper than one per image) with fresh randomness every epoch.
-    Under MultiWorkerMirroredStrategy, Keras shards the files across workers.
-    """
+    """The training pipeline: endless, shuffled batches, augmented a batch at a time with
+    fresh randomness every epoch; Keras shards the files across workers."""
     count = manifest["splits"]["train"]["count"]
     dataset = make_dataset(dataset_dir, "train", manifest=manifest, shuffle_files=True,
                            seed=config.seed, deterministic=False)
     dataset = dataset.shuffle(min(config.shuffle_buffer, max(count, 1)), seed=config.seed,
                               reshuffle_each_iteration=True)
-    # Endless, with steps_per_epoch fixed, so every worker runs the same number of
-    # steps even when their file shards hold different numbers of examples.
+    # Endless: every worker runs steps_per_epoch whatever its shards hold.
     dataset = dataset.repeat().batch(global_batch, drop_remainder=True)
-    # A generator (not stateful ops with a seed, which replay the same numbers each
-    # epoch, nor a zipped Dataset.random, which defeats file-level auto-sharding).
+    # A generator: seeded ops replay each epoch, a zipped Dataset.random defeats sharding.
     with tf.device("/cpu:0"):
         generator = tf.random.Generator.from_seed(config.seed)
 
@@ -362,11 +312,8 @@ def validation_input(dataset_dir: str, manifest: dict[str, Any], config: TrainCo
     Args:
         config: How to train (validation_steps).
         global_batch: Examples per step over all replicas.
-        even_batches: Only whole global batches, and every worker reads all of them.
-            Needed with several CPU replicas: a replica handed an empty batch (the
-            tail of an uneven split) makes oneDNN's Conv2D return its input unchanged
-            and BatchNorm then fails on the channel count (TF 2.21). Drops up to
-            global_batch - 1 examples; metrics stay exact means. GPUs are not affected.
+        even_batches: Whole global batches only, read by every worker: several CPU
+            replicas fail on an empty batch (oneDNN Conv2D, TF 2.21).
     """
     dataset = make_dataset(dataset_dir, "validation", manifest=manifest)
     dataset = dataset.batch(global_batch, drop_remainder=even_batches)

@@ -1,38 +1,19 @@
-"""Train the DenseNet image classifier on a sharded dataset: the driver, its callbacks
-and its resume state.
+"""Train the image classifier on a sharded dataset: the driver, its callbacks, its resume state.
 
-Two phases with pretrained weights: "head" trains only the new top on a frozen
-base, then "fine_tune" unfreezes the top dense blocks at a lower learning rate.
-Without pretrained weights there is nothing to protect, so one "full" phase trains
-everything for `epochs + fine_tune_epochs` epochs at `learning_rate`.
-Epochs are numbered across phases (fine-tuning continues the head's count), so
-TensorBoard shows one continuous curve. The model, its phases' plan and the input
-pipelines are in `model`, the artifact writing in `artifact`.
+With pretrained weights: a "head" phase on the frozen base, then "fine_tune" of the top blocks
+at a lower learning rate; from scratch, one "full" phase of `epochs + fine_tune_epochs`.
+Epochs are numbered across phases (one TensorBoard curve).
 
-Restarts (Vertex may restart a worker at any time) resume from the last backup: each
-epoch's end, the step a SIGTERM stopped at (`Backup`), or every `checkpoint_every_steps`.
-Under `checkpoint_dir`:
-  run.json                 fingerprint of config + dataset + replicas; a different
-                           run refuses to resume someone else's state
-  backup-<phase>/          tf-keras BackupAndRestore of the running phase (weights,
-                           optimizer, epoch and step); one folder per phase because each
-                           phase has its own optimizer and trainable set
-  history-<phase>.json     per-epoch metrics so far (survives restarts)
-  <phase>.weights.npz      the phase's final weights (after EarlyStopping restored the
-                           best ones), then
-  <phase>.done.json        the marker, written last: the phase is finished
-A restarted run loads the weights of finished phases, skips them, and lets
-BackupAndRestore resume the unfinished one. Everything here is deleted once the
-model is exported.
-
-Keras: tf-keras everywhere, see `components.train_image.model` for why.
+Restarts resume from the last backup (each epoch's end, a SIGTERM's step, or every
+`checkpoint_every_steps`). Under `checkpoint_dir`: run.json (fingerprint of config, dataset
+and replicas: another run refuses it), backup-<phase>/ (BackupAndRestore: one per phase,
+each with its own optimizer), history-<phase>.json, <phase>.weights.npz and, written last,
+<phase>.done.json. Finished phases are loaded and skipped; all is deleted once exported.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
-import json
 import logging
 import math
 import os
@@ -53,6 +34,7 @@ from components.common.storage import (
     is_remote,
     local_path,
     push_mirrors,
+    read_json,
     run_folder,
     write_json_atomically,
 )
@@ -80,22 +62,18 @@ log = logging.getLogger(__name__)
 def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
                  tensorboard_dir: str | None = None,
                  environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
-    """Checkpoint and TensorBoard folders: the given ones, else Vertex's for this task.
-
-    Vertex sets AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR when the job has a base
-    output directory; every run shares them, so this task's own sub-folder is used.
+    """Checkpoint and TensorBoard folders: the given ones, else this task's sub-folder of
+    Vertex's AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR (gs:// through /gcs/).
 
     Args:
         model_dir: The step's model output folder (names the task's sub-folder).
         checkpoint_dir: Explicit folder, or None/"" for the environment's.
         tensorboard_dir: Explicit folder, or None/"" for the environment's.
-        environ: Environment to read; default `os.environ`, read now.
+        environ: Environment to read; default `os.environ`.
 
     Returns:
-        `(checkpoint_dir, tensorboard_dir)`; None where neither is set (`train` then
-        uses folders inside its output folder).
+        `(checkpoint_dir, tensorboard_dir)`; None where neither is set.
     """
-    # gs:// is written through the /gcs/ FUSE mount, like everything else here.
     return (local_path(checkpoint_dir) if checkpoint_dir
             else run_folder("AIP_CHECKPOINT_DIR", model_dir, None, environ),
             local_path(tensorboard_dir) if tensorboard_dir
@@ -103,15 +81,8 @@ def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
 
 
 def fetch_weights(weights: str | None, workdir: str) -> str | None:
-    """Makes a weights setting loadable: gs:// files are copied into `workdir`.
-
-    Args:
-        weights: "imagenet", "none"/None, a local path or a gs:// URI.
-        workdir: Local folder for the copy.
-
-    Returns:
-        "imagenet", None, or a local file path.
-    """
+    """Makes a weights setting ("imagenet", "none"/None, a path or gs:// URI) loadable:
+    gs:// files are copied into `workdir`. Returns "imagenet", None or a local path."""
     weights = normalize_weights(weights)
     if weights is None or weights == "imagenet" or not is_remote(weights):
         return weights
@@ -137,40 +108,27 @@ def train(
     """Trains the classifier and writes the model artifact.
 
     Args:
-        dataset_dir: Folder written by the sharding step (`manifest.json` + shards).
-        output_dir: Folder for the artifact: model.keras, saved_model/, labels.json,
-            preprocessing.json, history.json. Only the chief worker writes here.
+        dataset_dir: Folder written by the sharding step.
+        output_dir: Folder for the artifact (`write_artifact`); the chief alone writes it.
         config: How to train.
-        checkpoint_dir: Folder of the resume state; default `<output_dir>/checkpoints`.
-            Must be shared by all workers (gs:// on Vertex).
-        tensorboard_dir: TensorBoard logs; default `<output_dir>/tensorboard`. Written by
-            the chief only (other workers log to their local disk, then delete it).
-        strategy: A strategy to use instead of the one chosen from TF_CONFIG /
-            CLUSTER_SPEC and the GPUs (tests use this for logical devices).
+        checkpoint_dir: Resume state, shared by all workers; default `<output_dir>/checkpoints`.
+        tensorboard_dir: TensorBoard logs (the chief's); default `<output_dir>/tensorboard`.
+        strategy: Instead of the one chosen from TF_CONFIG / CLUSTER_SPEC and the GPUs.
         callbacks: Extra tf-keras callbacks, run after the built-in ones each phase.
-        hypertune_metric: In a Vertex tuning trial, the epoch value reported to the
-            tuning service after each epoch (e.g. "val_accuracy"); None reports nothing.
-        serving: False leaves saved_model/ out of the artifact: a model kept for its
-            weights alone (tools.datamakers.glyph_start).
+        hypertune_metric: The epoch value a Vertex tuning trial reports; None: nothing.
+        serving: False leaves saved_model/ out (a model kept for its weights alone).
 
     Returns:
-        Final metrics and facts of the run: train_loss, train_accuracy (last epoch),
-        val_loss, val_accuracy (final model on the validation split), epochs_run,
-        <phase>_epochs, replicas, global_batch_size, steps_per_epoch, learning_rate
-        (scaled), precision, strategy, num_classes, classes (label index order),
-        image_size, train_examples, validation_examples, framework, architecture,
-        optimizer_steps (every phase's, earlier attempts' included).
+        Final metrics and facts of the run (`_metrics`), optimizer_steps included.
 
     Raises:
-        TrainingError: Bad settings, an empty train split, or a checkpoint folder of
-            another run.
+        TrainingError: Bad settings, an empty train split, or another run's checkpoints.
         FileNotFoundError: The dataset folder is not a complete sharded dataset.
     """
-    require_tensorflow_gpus()  # before anything is read: a job without its GPUs ends now
+    require_tensorflow_gpus()  # before anything is read
     strategy = (run := _start(config, strategy)).strategy
     data = _read_inputs(dataset_dir, config, run)
     state = RunState(checkpoint_dir or os.path.join(output_dir, "checkpoints"), run.chief)
-    # What defines the run: config, dataset content (shard digests) and replica count.
     shards = {split: [s["sha256"] for s in info["shards"]]
               for split, info in data.manifest["splits"].items()}
     state.claim({"config": dataclasses.asdict(config), "classes": data.classes,
@@ -191,10 +149,8 @@ def train(
         with strategy.scope():
             model = build_model(len(data.classes), data.image_size, weights, config.dropout,
                                 architecture=config.architecture)
-        # Every worker runs the TensorBoard callback; tf-keras has the others write their
-        # own copy into `<log_dir>/workertemp_<task>` and delete it at the end. In the
-        # default log folder that is inside the model folder, which only the chief writes
-        # (a killed worker's copy would ship with the model): theirs stay on local disk.
+        # Other workers' TensorBoard copies (workertemp_<task>) stay on local disk: a
+        # killed worker's copy must not ship inside the model folder.
         log_dir = (tensorboard_dir or os.path.join(output_dir, "tensorboard")) if run.chief \
             else os.path.join(workdir, "tensorboard")
         for phase in phases:
@@ -223,17 +179,10 @@ def train(
         write_artifact(output_dir, snapshot, data.manifest, config, history, metrics,
                        serving=serving)
         state.clear([p.name for p in phases])
-    _wait_for_every_worker(strategy)
+    if (sum_over_workers := _sum_over_workers(strategy)) is not None:
+        sum_over_workers(1)  # barrier: a worker gone while the chief writes reads as crashed
     log.info("finished: %s", metrics)
     return metrics
-
-
-def _wait_for_every_worker(strategy: tf.distribute.Strategy) -> None:
-    """A barrier: the other workers must not exit while the chief still writes (the
-    chief's coordination service reports workers that stop as crashed)."""
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        strategy.reduce(tf.distribute.ReduceOp.SUM,
-                        strategy.run(lambda: tf.constant(1.0)), axis=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,8 +198,7 @@ class _Run:
 
 
 def _start(config: TrainConfig, strategy: tf.distribute.Strategy | None) -> _Run:
-    """The strategy (given, or chosen from TF_CONFIG / CLUSTER_SPEC and the GPUs), its
-    precision and batch size. It comes first: MultiWorkerMirroredStrategy must exist
+    """The strategy, its precision and batch; first: MultiWorkerMirroredStrategy must exist
     before any TensorFlow op runs."""
     if strategy is None:
         environment = distribute.prepare_environment(config.precision)
@@ -309,8 +257,8 @@ def _read_inputs(dataset_dir: str, config: TrainConfig, run: _Run) -> _Inputs:
 def _callbacks(config: TrainConfig, state: RunState, phase: str, data: _Inputs, log_dir: str,
                trial: TrialReporter, notice: preemption.Notice, run: _Run,
                ) -> list[tf_keras.callbacks.Callback]:
-    """A phase's built-in callbacks. Order matters: the LR change and early stopping of an
-    epoch happen before its metrics are recorded and before the backup saves it."""
+    """A phase's built-in callbacks; LR change and early stopping come before the epoch is
+    recorded and backed up."""
     built_in: list[tf_keras.callbacks.Callback] = []
     if config.reduce_lr_patience:
         built_in.append(tf_keras.callbacks.ReduceLROnPlateau(
@@ -327,10 +275,8 @@ def _callbacks(config: TrainConfig, state: RunState, phase: str, data: _Inputs, 
                _sum_over_workers(run.strategy)),
         tf_keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=0,
                                        write_graph=False, profile_batch=0),
-        # Where the folders mirror an object store (open-source Kubeflow): pushed once the
-        # epoch's backup and logs are written, a retried pod resumes there.
+        # Mirrored folders (open-source Kubeflow) pushed after the epoch's backup and logs.
         tf_keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: push_mirrors()),
-        # The tuning metric, epochs counted across both phases.
         tf_keras.callbacks.LambdaCallback(
             on_epoch_end=lambda done, logs: trial.report(logs or {}, int(done) + 1)),
     ]
@@ -339,12 +285,8 @@ def _callbacks(config: TrainConfig, state: RunState, phase: str, data: _Inputs, 
 def _fit(model: tf_keras.Model, phase: Phase, epoch: int, run: _Run, data: _Inputs,
          state: RunState, callbacks: list[tf_keras.callbacks.Callback],
          ) -> tuple[list[dict[str, Any]], int, int]:
-    """Trains one unfinished phase from `epoch` and seals it in the run state.
-
-    Returns:
-        The phase's epoch records, the epoch the next phase starts at and its optimizer
-        steps (those of earlier attempts included: the optimizer is in the backup).
-    """
+    """Trains one unfinished phase from `epoch` and seals it; returns its epoch records, the
+    next phase's first epoch and its optimizer steps (earlier attempts' included)."""
     learning_rate = phase.learning_rate * run.replicas  # linear scaling rule
     with run.strategy.scope():
         compile_model(model, learning_rate)
@@ -354,8 +296,7 @@ def _fit(model: tf_keras.Model, phase: Phase, epoch: int, run: _Run, data: _Inpu
               steps_per_epoch=data.steps, validation_data=data.validation,
               callbacks=callbacks, verbose=0)
     recorder = next(c for c in callbacks if isinstance(c, EpochRecorder))
-    # Epochs run in this process; none means BackupAndRestore found the phase already at
-    # its end (restarted after its last epoch was saved).
+    # No epoch run here: BackupAndRestore found the phase already at its end.
     next_epoch = (recorder.records[-1]["epoch"] + 1 if recorder.records
                   else epoch + phase.epochs)
     history = state.history(phase.name) if run.chief else recorder.records
@@ -369,7 +310,7 @@ def _fit(model: tf_keras.Model, phase: Phase, epoch: int, run: _Run, data: _Inpu
 def _metrics(run: _Run, data: _Inputs, phases: Sequence[Phase],
              history: dict[str, list[dict[str, Any]]], final: dict[str, float], epoch: int,
              architecture_name: str) -> dict[str, Any]:
-    """The run's metrics and facts (`train`'s Returns), None values left out."""
+    """The run's metrics and facts, None values left out."""
     last = next((records[-1] for records in reversed(history.values()) if records), {})
     metrics = {
         "train_loss": last.get("loss"),
@@ -406,13 +347,11 @@ def _sum_over_workers(strategy: tf.distribute.Strategy):
 
 
 class Backup(tf_keras.callbacks.BackupAndRestore):
-    """tf-keras's BackupAndRestore, backing up at each epoch's end and mid-epoch too: at the
-    step a SIGTERM stopped (then `preemption.Preempted`) and every `every_steps` steps.
+    """BackupAndRestore at each epoch's end, at a SIGTERM's step (then `preemption.Preempted`)
+    and every `every_steps` steps.
 
-    An int `save_freq` is what makes tf-keras restore mid-epoch (the epoch, and the step
-    after the one backed up). The resumed epoch reads a fresh input pipeline: its remaining
-    steps draw from a new shuffle, so in that epoch up to (steps done x global batch)
-    examples can be seen twice or not at all; the optimizer steps add up exactly.
+    An int `save_freq` makes tf-keras restore mid-epoch; the resumed epoch draws a new
+    shuffle, so some of its examples may be seen twice or not at all.
     """
 
     def __init__(self, backup_dir: str, notice: preemption.Notice, every_steps: int,
@@ -444,8 +383,7 @@ class Backup(tf_keras.callbacks.BackupAndRestore):
         self._saving_as("epoch", super().on_epoch_end, epoch, logs)
 
     def _saving_as(self, save_freq, hook, *args) -> None:
-        """Runs the base's `hook` as if made with `save_freq` (1: back up this step;
-        "epoch": back up at the epoch's end, which an int save_freq does not)."""
+        """Runs the base's `hook` as if made with `save_freq` (1: this step; "epoch")."""
         every, self.save_freq = self.save_freq, save_freq
         try:
             hook(*args)
@@ -473,18 +411,13 @@ class EpochRecorder(tf_keras.callbacks.Callback):
 # --------------------------------------------------------------------------- resume state
 
 
-RUN_FILE = "run.json"  # the run's fingerprint, config and replicas
-# It only marks the folder's owner: BackupAndRestore and the phase files hold the state.
-# The whole digest, as run.json has always held.
+RUN_FILE = "run.json"  # marks the folder's owner only
 RUN = run_state.StateFile(RUN_FILE, TrainingError, "other config, dataset or number of replicas",
                           marker=True, sort_keys=True, digits=64)
 
 
 class RunState:
-    """The resume state under the checkpoint folder (layout in the module docstring).
-
-    Only the chief writes; every worker reads the finished phases at start-up.
-    """
+    """The resume state under the checkpoint folder (module docstring); the chief writes."""
 
     def __init__(self, root: str, chief: bool):
         self.root = root
@@ -493,23 +426,12 @@ class RunState:
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name)
 
-    def _read(self, name: str, default: Any = None) -> Any:
-        path = self._path(name)
-        if not tf.io.gfile.exists(path):
-            return default
-        with tf.io.gfile.GFile(path) as f:
-            return json.load(f)
-
     def backup_dir(self, phase: str) -> str:
         return self._path(f"backup-{phase}")
 
     def claim(self, values: dict[str, Any], description: dict[str, Any]) -> None:
-        """Records the run's fingerprint, or fails if the folder holds another run.
-
-        Args:
-            values: What defines the run, hashed into run.json.
-            description: More for run.json, for people (the settings).
-        """
+        """Records the run's fingerprint (`values`, hashed; `description`, for people), or
+        fails if the folder holds another run."""
         if run_state.open_run(self.root, RUN, values, fresh=description,
                               write=self.chief).resumed:
             log.info("checkpoint folder %s belongs to this run: finished work is reused",
@@ -517,33 +439,29 @@ class RunState:
 
     def finished(self, phase: str) -> dict[str, Any] | None:
         """The marker of a finished phase, or None."""
-        return self._read(f"{phase}.done.json")
+        return read_json(self._path(f"{phase}.done.json"), optional=True)
 
     def finished_weights(self, phase: str) -> dict[str, np.ndarray]:
-        with tf.io.gfile.GFile(self._path(f"{phase}.weights.npz"), "rb") as f:
-            with np.load(io.BytesIO(f.read()), allow_pickle=False) as data:
-                return {key: data[key] for key in data.files}
+        with np.load(self._path(f"{phase}.weights.npz"), allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
 
     def finish(self, phase: str, snapshot: dict[str, np.ndarray],
                marker: dict[str, Any]) -> None:
         """Saves a finished phase: weights first, then the marker that vouches for them."""
         if self.chief:
-            buffer = io.BytesIO()
-            np.savez(buffer, **snapshot)
             path = self._path(f"{phase}.weights.npz")
-            with tf.io.gfile.GFile(path + ".tmp", "wb") as f:
-                f.write(buffer.getvalue())
-            tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+            with open(path + ".tmp", "wb") as f:
+                np.savez(f, **snapshot)
+            os.replace(path + ".tmp", path)
             write_json_atomically(self._path(f"{phase}.done.json"), marker)
 
     def history(self, phase: str) -> list[dict[str, Any]]:
-        return self._read(f"history-{phase}.json", [])
+        return read_json(self._path(f"history-{phase}.json"), optional=True) or []
 
     def record_epoch(self, phase: str, record: dict[str, Any]) -> None:
         """Adds one epoch's metrics; a redone epoch replaces its earlier record."""
         if self.chief:
             records = [r for r in self.history(phase) if r["epoch"] != record["epoch"]]
-            # Rewritten whole: gs:// objects cannot be appended to.
             write_json_atomically(self._path(f"history-{phase}.json"),
                                   sorted([*records, record], key=lambda r: r["epoch"]))
 
@@ -551,9 +469,7 @@ class RunState:
         """Deletes the state once the model is exported (and the folder if left empty)."""
         if not self.chief or not tf.io.gfile.exists(self.root):
             return
-        # The run file last: a job killed part-way through leaves a folder still marked as
-        # this run's, never finished phases without their owner, which a run with other
-        # settings would find free and take up as its own.
+        # The run file last: finished phases never outlive their owner.
         names = [name for phase in phases for name in (
             f"backup-{phase}", f"history-{phase}.json", f"{phase}.weights.npz",
             f"{phase}.done.json")]
