@@ -33,13 +33,7 @@ from components.common.hypertune import TrialReporter
 from components.common.input_kinds import folder_files
 from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
-from components.common.storage import (
-    TMP_PREFIX,
-    filesystem,
-    is_remote,
-    push_mirrors,
-    read_json,
-)
+from components.common.storage import TMP_PREFIX, is_remote, push_mirrors, read_json
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import (
@@ -56,6 +50,7 @@ from components.train_transformer.contract import (
     TransformerTrainingError,
     model_name_is_path,
 )
+from components.train_transformer.node import copy_folder
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +84,8 @@ def model_source(model_name: str, scratch: str) -> str:
                                        f"{kind.made_by}, or a Hub model name")
     if not is_remote(name):
         return name
-    local = os.path.join(scratch, "model")
-    fs, root = filesystem(name)
-    fs.get(root.rstrip("/") + "/", local + "/", recursive=True)
-    return local
+    copy_folder(name, os.path.join(scratch, "model"))
+    return os.path.join(scratch, "model")
 
 
 def run_values(config: TransformerConfig, manifest: dict[str, Any], model_dir: str
