@@ -223,6 +223,12 @@ def test_a_model_name_folder_needs_config_and_weights_and_is_fingerprinted(tmp_p
     assert first.endswith(":3")  # config, weights, tokenizer
     (folder / "model.safetensors").write_bytes(b"other weights")  # rewritten in place
     assert input_fingerprints("transformer", settings)["model_fingerprint"] != first
+    # config.json and weights alone pass for a model, but transformers then builds a
+    # tokenizer of the special tokens: every word [UNK], a model that learns nothing
+    (folder / "tokenizer.json").unlink()
+    [problem] = model_name_problems(str(folder))
+    assert "it has no tokenizer.json or vocab.txt" in problem
+    assert "tokenizer.save_pretrained(folder)" in problem
 
 
 def test_a_gcs_model_folder_is_checked_by_its_listing(gcs):
@@ -235,18 +241,6 @@ def test_a_gcs_model_folder_is_checked_by_its_listing(gcs):
     bucket.blob("tiny/vocab.txt").upload_from_string("[PAD]\n[UNK]\n")
     assert model_name_problems("gs://tf-models/tiny") == []
     assert "is not a folder" in model_name_problems("gs://tf-models/none")[0]
-
-
-def test_a_model_folder_without_its_tokenizer_is_refused_before_any_paid_step(tmp_path):
-    """config.json and weights alone pass for a model, but transformers then builds a
-    tokenizer of the special tokens: every word [UNK], a model that learns nothing."""
-    folder = tmp_path / "no-tokenizer"
-    folder.mkdir()
-    (folder / "config.json").write_text('{"model_type": "bert"}')
-    (folder / "model.safetensors").write_bytes(b"weights")
-    [problem] = model_name_problems(str(folder))
-    assert "it has no tokenizer.json or vocab.txt" in problem
-    assert "tokenizer.save_pretrained(folder)" in problem
 
 
 @pytest.mark.parametrize("config, tokenizer, limit", [

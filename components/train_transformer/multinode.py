@@ -33,14 +33,16 @@ SERVICE_ACCOUNT = "KFP_SERVICE_ACCOUNT"
 # The label every TrainJob of one task carries, all attempts (launcher.launch's selector).
 TASK_LABEL = "vertex-gpu-pipelines/task"
 TASK = "train-transformer"
+# The TrainJob step's input of each `NodeSettings` field named otherwise.
+STEP_INPUTS = {"gpus": "gpus_per_node", "cpu": "cpu_per_node", "memory": "memory_per_node",
+               "shm": "shm_per_node", "secret_keys": "storage_secret_keys",
+               "image": "node_image", "queue": "queue_name"}
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeSettings:
     """The TrainJob's nodes, as compiled into the launcher's inputs: each field's help is
-    that of `train_transformer_trainjob`'s input of its name, or of its name and
-    `_per_node`; `secret_keys` is storage_secret_keys, `queue` queue_name, `image`
-    node_image."""
+    that of `train_transformer_trainjob`'s input of its name (or `STEP_INPUTS`')."""
 
     num_nodes: int
     procs_per_node: int
