@@ -1,5 +1,5 @@
-"""What a transformer run records: its scores against the constant answer, its `best` and
-`run` parts of metrics.json, and the files written beside the model."""
+"""What a transformer run records: the `best` and `run` parts of metrics.json, the files
+beside the model and the step's outputs."""
 
 from __future__ import annotations
 
@@ -18,26 +18,20 @@ from components.train_transformer.contract import FRAMEWORK, TransformerConfig
 log = logging.getLogger(__name__)
 
 
-def check_learning(history: list[dict[str, Any]], truth_valid: np.ndarray,
-                   truth_train: np.ndarray, multi: bool,
-                   threshold: float) -> tuple[dict[str, float], str | None]:
-    """The constant answer's scores and whether the classifier learnt nothing beyond it
-    (`text_scores.learnt_nothing`), warned of when so."""
-    constant = constant_answer(truth_valid, truth_train, multi, threshold)
+def run_record(trainer, model, config: TransformerConfig, history: list[dict[str, Any]],
+               train_set, precision: str, started: float, *, rows: dict[str, int],
+               texts_truncated: int, resumed_from: str | None, truth_valid: np.ndarray,
+               truth_train: np.ndarray, multi: bool) -> dict[str, Any]:
+    """The `run` part of metrics.json: data, model, device and how the run went, with the
+    constant answer's scores and whether the classifier learnt nothing beyond it
+    (`text_scores.learnt_nothing`, warned of). `train_set`: the encoded training rows,
+    `started`: `time.monotonic()` at the start."""
+    constant = constant_answer(truth_valid, truth_train, multi, config.threshold)
     nothing = learnt_nothing(history, constant)
     if nothing:
         log.warning("the classifier learnt nothing (%s): it still answers the label "
                     "frequencies whatever the text; train longer or at a higher "
                     "learning_rate", nothing)
-    return constant, nothing
-
-
-def run_record(trainer, model, config: TransformerConfig, history: list[dict[str, Any]],
-               train_set, precision: str, started: float, *, rows: dict[str, int],
-               texts_truncated: int, resumed_from: str | None, constant: dict[str, float],
-               nothing: str | None) -> dict[str, Any]:
-    """The `run` part of metrics.json: data, model, device and how the run went
-    (`train_set`: the encoded training rows, `started`: `time.monotonic()` at the start)."""
     return {
         "rows": rows,
         "texts_truncated": texts_truncated,

@@ -1,15 +1,11 @@
-"""Fine-tunes a Hugging Face encoder on the text data step's split with `Trainer`.
+"""Fine-tunes a Hugging Face encoder on the text data step's split with `Trainer`: the best
+epoch (by `monitor`) kept, a full checkpoint each epoch, each `checkpoint_every_steps` and
+at the step a SIGTERM stopped (then exit 143), which a restarted job resumes mid-epoch.
 
-AdamW with linear warmup and decay, evaluated each epoch; the best epoch (by `monitor`) is
-kept, early stopping after `early_stopping_patience` epochs without improvement. Each epoch,
-each `checkpoint_every_steps` and the step a SIGTERM stopped at (then exit 143) is a full
-checkpoint that a restarted job resumes from, mid-epoch included.
-
-Under DDP (`launch.py`) the replicas share only Cloud Storage or a mirror that rank 0
-alone pushes: rank 0 alone writes the run state, the checkpoints' model (sealed with every
-process's RNG state), the model folder and its metrics; it loads the best epoch and sends
-it to the others, which wait for it at a barrier before leaving, so that no replica ends
-(or reads an output) before rank 0 has written it.
+Under DDP (`launch.py`) the replicas share only Cloud Storage or a mirror rank 0 alone
+pushes: rank 0 alone writes the run state, the checkpoints' model (sealed with every
+process's RNG state), the model folder and metrics; it sends the best epoch to the others,
+which wait at a barrier, so that no replica ends before rank 0 has written every output.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ from components.common.hypertune import TrialReporter
 from components.common.input_kinds import folder_files
 from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
-from components.common.storage import TMP_PREFIX, is_remote, push_mirrors, read_json
+from components.common.storage import TMP_PREFIX, filesystem, is_remote, push_mirrors, read_json
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import (
@@ -50,7 +46,6 @@ from components.train_transformer.contract import (
     TransformerTrainingError,
     model_name_is_path,
 )
-from components.train_transformer.node import copy_folder
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +79,10 @@ def model_source(model_name: str, scratch: str) -> str:
                                        f"{kind.made_by}, or a Hub model name")
     if not is_remote(name):
         return name
-    copy_folder(name, os.path.join(scratch, "model"))
-    return os.path.join(scratch, "model")
+    local = os.path.join(scratch, "model")
+    fs, root = filesystem(name)
+    fs.get(root.rstrip("/") + "/", local + "/", recursive=True)
+    return local
 
 
 def run_values(config: TransformerConfig, manifest: dict[str, Any], model_dir: str
@@ -152,8 +149,8 @@ def last_complete_checkpoint(folder: str) -> str | None:
 
     `trainer_state.json` does not say a save finished: rank 0 writes it while the other
     processes may still be writing their RNG states."""
-    sealed = {step: path for step, path in _checkpoints(folder).items() if _sealed(path)}
-    return sealed[max(sealed)] if sealed else None
+    sealed = [(step, path) for step, path in _checkpoints(folder).items() if _sealed(path)]
+    return max(sealed)[1] if sealed else None
 
 
 def seal_checkpoint(folder: str, step: int) -> None:
@@ -211,11 +208,10 @@ def epoch_history(log_history: Sequence[dict[str, Any]], multi: bool) -> list[di
 
 
 def _probabilities(logits: np.ndarray, multi: bool) -> np.ndarray:
-    logits = logits.astype(np.float64)
-    if multi:
-        return 1.0 / (1.0 + np.exp(-logits))
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
+    import torch
+
+    scores = torch.from_numpy(np.asarray(logits, dtype=np.float64))
+    return (scores.sigmoid() if multi else scores.softmax(dim=1)).numpy()
 
 
 def _scores(prediction, labels: Sequence[str], multi: bool, threshold: float
@@ -356,8 +352,6 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         probs = _probabilities(trainer.predict(valid_set).predictions, multi)
         result = validation_result(truth_valid, probs, labels, task, config.threshold)
         history = epoch_history(trainer.state.log_history, multi)
-        constant, nothing = results.check_learning(history, truth_valid, truth_train, multi,
-                                                   config.threshold)
         result.update({
             "history": history,
             "best": results.best_epoch(trainer.state, config.monitor, history),
@@ -365,7 +359,8 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
                 trainer, model, config, history, train_set, precision, started,
                 rows={"train": len(train), "validation": len(valid)},
                 texts_truncated=int(sum(len(t) > MAX_TEXT_CHARS for t in train[text_column])),
-                resumed_from=resume_from, constant=constant, nothing=nothing),
+                resumed_from=resume_from, truth_valid=truth_valid, truth_train=truth_train,
+                multi=multi),
             "config": dataclasses.asdict(config),
         })
         _save_model(trainer, model_dir, result, text_column, config)
