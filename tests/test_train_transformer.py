@@ -494,11 +494,7 @@ def test_a_replica_killed_mid_run_and_restarted_resumes_on_every_process(dataset
     procs = [_run_replica(dataset, model_dir, out, env, epochs=3, gpus=2)
              for out, env in zip(outs, envs)]
     try:
-        deadline = time.monotonic() + 300
-        while not last_complete_checkpoint(str(checkpoints)):
-            assert all(p.poll() is None for p in procs), _logs(outs)
-            assert time.monotonic() < deadline, "no checkpoint was saved"
-            time.sleep(0.05)
+        _until_sealed(checkpoints, procs, outs)
         _kill_machine(procs[1])  # preempted: no chance to clean up
         procs[0].wait(timeout=120)  # its peers are gone: it fails, it does not hang
     finally:
@@ -528,6 +524,15 @@ def test_a_replica_killed_mid_run_and_restarted_resumes_on_every_process(dataset
     assert load_text_model(model_dir).info["framework"] == "transformers"
 
 
+def _until_sealed(folder, procs, outs, timeout=300, poll=0.05):
+    """Waits, while every process runs, for the first sealed checkpoint in `folder`."""
+    deadline = time.monotonic() + timeout
+    while not last_complete_checkpoint(str(folder)):
+        assert all(p.poll() is None for p in procs), _logs(outs)
+        assert time.monotonic() < deadline, "no checkpoint was saved"
+        time.sleep(poll)
+
+
 def _trained_until_a_checkpoint(dataset, model_dir, config, checkpoints, poll):
     """A training subprocess, returned once its first checkpoint is sealed (polled every
     `poll` seconds)."""
@@ -537,10 +542,7 @@ def _trained_until_a_checkpoint(dataset, model_dir, config, checkpoints, poll):
         f"train_transformer({dataset['dataset']!r}, {model_dir!r}, "
         f"TransformerConfig(**{config.__dict__!r}), checkpoints={str(checkpoints)!r})\n",
         {**os.environ, "OMP_NUM_THREADS": "1"}, model_dir)
-    deadline = time.monotonic() + 180
-    while not last_complete_checkpoint(str(checkpoints)):
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was saved"
-        time.sleep(poll)
+    _until_sealed(checkpoints, [proc], [model_dir], 180, poll)
     return proc
 
 
@@ -607,10 +609,7 @@ def test_a_sigterm_stops_every_ddp_process_at_the_same_step(dataset, tmp_path):
     folder = run_state.checkpoint_folder(model_dir)
     fast = {**FAST, "batch_size": 2}  # 24 steps an epoch on 2 processes
     proc = _run_replica(dataset, model_dir, out, env, epochs=2, gpus=2, settings=fast)
-    deadline = time.monotonic() + 300
-    while not last_complete_checkpoint(folder):
-        assert proc.poll() is None and time.monotonic() < deadline, _log(out)
-        time.sleep(0.02)
+    _until_sealed(folder, [proc], [out], poll=0.02)
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=120) == preemption.EXIT_STATUS, _log(out)
     sealed = last_complete_checkpoint(folder)

@@ -36,12 +36,9 @@ PIPELINE_PARAMETERS = [
 # (the ones docs/users.md gives for it: many small steps at a high rate).
 SMALL = {"epochs": 15, "batch_size": 8, "learning_rate": 1e-3, "max_length": 96,
          "early_stopping_patience": 3}
-# Judged as the text defaults are (tests/test_text_real.py), next to the baselines the
-# evaluation fits on the same split: every label + 0.25 and within TFIDF_MARGIN of TF-IDF.
-# Its test micro F1 at SMALL, seeds 1-3 (2026-11-24): 0.613, 0.693, 0.715 on two torch
-# threads, 0.564, 0.672, 0.654 on one (the vocabulary is counted, not learnt in hash order,
-# so one split gives one score on one machine and thread count, not across them); every
-# label 0.253-0.258, TF-IDF 0.686-0.696. An absolute bar of 0.6 failed on one thread.
+# Judged as the text defaults are (tests/test_text_real.py): every label + 0.25 and within
+# TFIDF_MARGIN of TF-IDF on the same split. Test micro F1 at SMALL, seeds 1-3: 0.613-0.715
+# on two threads, 0.564-0.672 on one (TF-IDF 0.686-0.696): an absolute 0.6 failed on one.
 TFIDF_MARGIN = 0.15
 
 
