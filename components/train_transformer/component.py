@@ -1,7 +1,6 @@
 """KFP face of the transformer training step: `train_transformer_classifier` takes every field
-of `contract.TransformerConfig` (its type, default and help, written from the class by
-`components.common.written.step_function`) between its artifacts and its run inputs; the
-TrainJob launcher `train_transformer_trainjob` takes its node settings, then the same."""
+of `contract.TransformerConfig` between its artifacts and its run inputs; the TrainJob
+launcher `train_transformer_trainjob` takes its node settings, then the same."""
 
 import dataclasses
 
@@ -74,25 +73,17 @@ def trainjob_step(values: dict) -> None:
     Args:
         values: Every input of `train_transformer_trainjob`, by name.
     """
-    from components.train_transformer.multinode import NodeSettings, train_on_nodes
+    from components.train_transformer import multinode
     from components.train_transformer.results import record_outputs
 
     config = settings_from_step(TransformerConfig, values)
-    settings = NodeSettings(
-        num_nodes=values["num_nodes"], procs_per_node=values["procs_per_node"],
-        gpus=values["gpus_per_node"], cpu=values["cpu_per_node"],
-        memory=values["memory_per_node"], shm=values["shm_per_node"],
-        node_selector=values["node_selector"], tolerations=values["tolerations"],
-        image_pull_secrets=values["image_pull_secrets"],
-        storage_secret=values["storage_secret"], secret_keys=values["storage_secret_keys"],
-        runtime=values["runtime"], image=values["node_image"],
-        checkpoint_root=values["checkpoint_root"], s3_endpoint=values["s3_endpoint"],
-        service_account=values["service_account"], queue=values["queue_name"],
-        pending_seconds=values["pending_seconds"], deadline_seconds=values["deadline_seconds"])
+    inputs = {field.name: multinode.STEP_INPUTS.get(field.name, field.name)
+              for field in dataclasses.fields(multinode.NodeSettings)}
+    settings = multinode.NodeSettings(**{name: values[step] for name, step in inputs.items()})
     dataset, model = values["dataset"], values["model"]
-    result = train_on_nodes(settings, dataset_uri=dataset.uri, dataset_path=dataset.path,
-                            model_path=model.path, config=dataclasses.asdict(config),
-                            tensorboard_dir=values["tensorboard_dir"])
+    result = multinode.train_on_nodes(
+        settings, dataset_uri=dataset.uri, dataset_path=dataset.path, model_path=model.path,
+        config=dataclasses.asdict(config), tensorboard_dir=values["tensorboard_dir"])
     record_outputs(result, model, values["metrics"], dataset.path, config,
                    values["model_fingerprint"])
 

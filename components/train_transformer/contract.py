@@ -1,13 +1,9 @@
 """The transformer trainer's contract: its settings and the model folder it writes.
 
-Model folder: the Hugging Face model and tokenizer as `save_pretrained` writes them
-(`config.json`, `model.safetensors`, `tokenizer.json`, ...), so `from_pretrained(folder)`
-loads it; `labels.json` (labels, task, thresholds, text column, `"framework":
-"transformers"`, `max_length`), `metrics.json` (validation scores and training history)
-and `per_label_metrics.json`, the same three files the fastai text trainer writes, so
-evaluation, prediction, serving and tracking read either (`components.text_common.contract`
-names the files, `components.text_common.models` loads the folder). Nothing here imports
-torch.
+Model folder: the model and tokenizer as `save_pretrained` writes them, and the fastai
+text trainer's `labels.json` (`"framework": "transformers"`, `max_length`), `metrics.json`
+and `per_label_metrics.json`, so every reader loads either (`components.text_common`).
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -22,12 +18,9 @@ from components.common.written import check_settings, setting
 from components.text_common.contract import MODEL_CONFIG_FILE, TOKENIZER_FILES, WEIGHTS_FILES
 
 FRAMEWORK = "transformers"
-# The default encoder: multilingual (about 100 languages, the fastai trainer's fr default and
-# ja/ko/zh included, with no per-language tokenizer to pick) and the usual strong base-size
-# baseline for classification (Conneau et al. 2020, XNLI/MLQA). 278M parameters, 86M of
-# them outside the embeddings: one L4 or T4 fine-tunes it at 256 tokens, batch 16.
+# Multilingual (~100 languages, no tokenizer to pick per language), the usual base-size
+# baseline (Conneau et al. 2020); 278M parameters: one L4 or T4 at 256 tokens, batch 16.
 DEFAULT_MODEL_NAME = "FacebookAI/xlm-roberta-base"
-# What `monitor` may name: the validation loss, or micro/macro F1 at the threshold.
 MONITORS = ("loss", "micro_f1", "macro_f1")
 
 
@@ -37,17 +30,14 @@ class TransformerTrainingError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Settings of one fine-tuning run: each field's help is the training step's input help
-    (the console's)."""
+    """Settings of one fine-tuning run (each field's help: the step input's)."""
 
     model_name: str = setting(DEFAULT_MODEL_NAME, "Hub model name (e.g. "
                               "FacebookAI/xlm-roberta-base, google-bert/bert-base-uncased) or "
                               "a folder (gs:// or local) written by save_pretrained; its "
                               "classification head is replaced by one sized for the labels.")
-    # Checked on a real pretrained encoder (all-MiniLM-L6-v2, pipelines.pretrained_encoder)
-    # on ~500 training texts: at 2e-5 x 4 epochs (116 steps) it never left the constant
-    # answer (validation micro F1 0); at 5e-5 x 6 it learnt (docs/measurements.md). Early
-    # stopping ends large-data runs sooner; the tuning space spans 1e-5..1e-4.
+    # all-MiniLM-L6-v2 on ~500 texts never left the constant answer at 2e-5 x 4 epochs; at
+    # 5e-5 x 6 it learnt (docs/measurements.md). Early stopping ends large runs sooner.
     epochs: int = setting(6, "Most epochs (early stopping may end sooner).", ge=1)
     batch_size: int = setting(16, "Texts per batch on each GPU (or process).", ge=1)
     learning_rate: float = setting(5e-5, "Peak AdamW learning rate: 5e-5 fine-tunes a "
@@ -79,15 +69,14 @@ class TransformerConfig:
 
 
 def model_name_is_path(model_name: str) -> bool:
-    """Whether `model_name` names a folder (gs://, s3://, an absolute or ./ path, or a path that
-    exists here) rather than a Hub model; the trainer and the preflight decide alike."""
+    """Whether `model_name` names a folder (gs://, s3://, an absolute or ./ path, or one that
+    exists here) rather than a Hub model, for the trainer and the preflight alike."""
     name = model_name.strip()
     return (is_remote(name) or os.path.isabs(name) or name.startswith(".")
             or os.path.exists(name))
 
 
-# A transformer to start training from (`model_name` as a folder), as `save_pretrained`
-# writes it with its tokenizer: what the trainer and preflight hold such a folder to.
+# A `model_name` folder, as `save_pretrained` writes it with its tokenizer.
 BASE_MODEL_FOLDER = FolderKind(
     "a transformer model folder", marks=(MODEL_CONFIG_FILE, *WEIGHTS_FILES),
     required=((MODEL_CONFIG_FILE,), WEIGHTS_FILES, TOKENIZER_FILES),

@@ -1,17 +1,8 @@
-"""Where this replica stands in a PyTorch DDP job: read from what Vertex sets.
-
-Vertex runs the same container on every replica of a custom job. It sets `CLUSTER_SPEC`
-on each (cloud.google.com/vertex-ai/docs/training/distributed-training: `{"cluster":
-{"workerpool0": ["host:port"], "workerpool1": [...]}, "task": {"type": "workerpool1",
-"index": 0}}`), and for PyTorch also torchrun's variables `MASTER_ADDR`, `MASTER_PORT`,
-`WORLD_SIZE` (replicas) and `RANK` (this replica), as AI Platform documented for its
-PyTorch containers (cloud.google.com/ai-platform/training/docs/distributed-pytorch).
-Those are used when all four are there; otherwise they are derived from `CLUSTER_SPEC`
-the way Vertex orders replicas (workerpool0's primary is rank 0, then workerpool1's).
-
-Only the machines are read here: torch's launcher (`launch.py`) starts the processes of
-each and gives them their ranks. A pure function, so the reading is unit-tested without
-a cluster."""
+"""Where this replica stands in a PyTorch DDP job, read from what Vertex sets: torchrun's
+`MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` and `RANK` when all four are there, else
+`CLUSTER_SPEC` (cloud.google.com/vertex-ai/docs/training/distributed-training), ranked as
+Vertex orders replicas: workerpool0's primary is rank 0, then workerpool1's. Only the
+machines are read here; torch's launcher (`launch.py`) starts and ranks the processes."""
 
 from __future__ import annotations
 
@@ -19,29 +10,25 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
+from components.common.written import check_settings, setting
+
 TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 _TRAINING_POOLS = ("workerpool0", "workerpool1")  # primary, then workers
 
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
-    """The machines of a job, as this replica sees them.
+    """The machines of a job, as this replica sees them."""
 
-    Attributes:
-        master_addr: Host of the rank 0 replica (the rendezvous).
-        master_port: Its port.
-        nodes: Replicas (machines) in the job.
-        node_rank: This replica's place among them, from 0.
-    """
-
-    master_addr: str
-    master_port: int
-    nodes: int
-    node_rank: int
+    master_addr: str = setting("", "Host of the rank 0 replica (the rendezvous).")
+    master_port: int = setting(0, "Its port.")
+    nodes: int = setting(1, "Replicas (machines) in the job.", ge=1)
+    node_rank: int = setting(0, "This replica's place among them, from 0.", ge=0)
 
     def __post_init__(self) -> None:
-        if self.nodes < 1 or not 0 <= self.node_rank < self.nodes:
-            raise ValueError(f"node_rank {self.node_rank} is not within {self.nodes} replica(s)")
+        check_settings(self, ValueError, *(
+            [] if self.node_rank < self.nodes else
+            [f"node_rank {self.node_rank} is not within {self.nodes} replica(s)"]))
 
 
 def _from_cluster_spec(text: str) -> Cluster | None:
@@ -90,4 +77,3 @@ def cluster_from_environment(environ: Mapping[str, str]) -> Cluster | None:
     if environ.get("CLUSTER_SPEC"):
         return _from_cluster_spec(environ["CLUSTER_SPEC"])
     return None
-

@@ -1,17 +1,11 @@
 """Runs the transformer trainer as one process per GPU on each replica of the job.
 
-A single CPU or GPU machine trains in this process. Otherwise torch's own launcher
-(`elastic_launch`, what `torchrun` runs) starts one process per GPU (one on a CPU machine)
-with torchrun's variables set, and `Trainer` joins the group from them. The replicas of a
-multi-replica Vertex job meet at the primary replica's address
-(`distributed.cluster_from_environment`) through torch's static rendezvous, which keeps
-the node ranks Vertex gives: the primary is node 0, so rank 0, which writes every output,
-runs where KFP keeps the outputs. One machine with several GPUs meets as
-`torchrun --standalone` does (c10d on a free loopback port).
-
-Rank 0 hands its result back to the primary's launcher; the other replicas return None
-once their processes are through the closing barrier, without reading its files: on
-another machine they may not be visible yet.
+A lone CPU or GPU trains in this process. Otherwise torch's launcher (`elastic_launch`,
+what `torchrun` runs) starts one process per GPU (one on a CPU machine). Vertex replicas
+meet at the primary's address through the static rendezvous, which keeps Vertex's node
+ranks: rank 0, which writes every output, runs on the primary, where KFP keeps the
+outputs. One machine meets as `torchrun --standalone` does. The other replicas return
+None without reading rank 0's files (on another machine they may not be visible yet).
 """
 
 from __future__ import annotations
@@ -29,17 +23,16 @@ from components.train_transformer.contract import TransformerConfig
 if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
 
-# The rendezvous store's key prefix: every replica's launcher must give the same one
-# (torch makes up a random one per launcher when it is empty).
+# The rendezvous store's key prefix, the same on every replica (torch's own is random).
 RUN_ID = "train_transformer"
 
 
 def launched_process(job: tuple[str, str, TransformerConfig, dict[str, Any]]) -> dict[str, Any]:
-    """One process of the launcher's (torchrun's variables set): the trainer; its result.
+    """One process of the launcher's: the trainer; its result.
 
     Args:
         job: `train_transformer`'s dataset folder, model folder, config and keyword
-            arguments, in one tuple (torch rewrites string arguments: `${local_rank}`).
+            arguments, one tuple (torch rewrites string arguments: ${local_rank}, $$).
     """
     from components.train_transformer.training import train_transformer
 
@@ -84,8 +77,7 @@ def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
             checkpoints).
 
     Returns:
-        The training result (`metrics.json`'s content) on the primary replica; None on the
-        others, where there is nothing to report (KFP keeps the primary's outputs only).
+        The training result (`metrics.json`'s) on the primary replica; None on the others.
 
     Raises:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: A launched
@@ -103,7 +95,6 @@ def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
     from torch.distributed.launcher.api import elastic_launch
 
     try:
-        # One tuple argument: torch rewrites string arguments (${local_rank}, and $$ to $).
         results = elastic_launch(launch_config(cluster, procs), launched_process)(
             (dataset_dir, model_dir, config, kwargs))
     except SignalException as stopped:  # raised once the processes have ended

@@ -1,27 +1,14 @@
 """The transformer step past one pod on Kubeflow: the launcher's side of the TrainJob.
 
-With `--target kubeflow` and `--train-transformer-replica-count N` (N > 1) the training
-step is a small pod without GPUs (`component.train_transformer_trainjob`) that:
-
-1. stages the dataset where the nodes can read it: the preparation step's artifact URI
-   when it is s3:// or gs://, else (KFP's own store, `minio://`, which a node has no
-   credentials for) a copy under the checkpoint root;
-2. builds the TrainJob of N nodes (`components.trainjob.spec`: Kubeflow Trainer 2.3), each
-   running `python -m components.train_transformer.node` in the step's image with the
-   compiled node settings (`NodeSettings`), owned by the launcher pod (KFP's executor gets
-   its name and uid as `KFP_POD_NAME` and `KFP_POD_UID`, 2.14 on: `backend/src/v2/
-   compiler/argocompiler/common.go`, `commonEnvs`);
-3. runs it with `components.trainjob.launcher.launch` (one job of the task at a time,
-   node 0's log in the step's, deleted on the way out), in-cluster with the pod's
-   service account, which the nodes run as too (`KFP_SERVICE_ACCOUNT`, the downward API's
-   `spec.serviceAccountName`, set on the launcher task) unless the settings name another;
-4. copies the model node 0 uploaded into the step's `Output[Model]` and hands back its
-   metrics.json (the training result) for the step to report as one pod does.
-
-The job's name comes from the model's URI (unique to the run and the task) and the pod's
-uid (each retry of the step a new one): a retried step deletes the earlier attempt's job
-(labelled with the task) before creating its own, whose nodes resume from the checkpoints
-the earlier ones sealed under the same task folder.
+With `--train-transformer-replica-count N` (N > 1) on Kubeflow the training step is a pod
+without GPUs (`component.train_transformer_trainjob`) that stages the dataset where the
+nodes can read it (its s3:// or gs:// URI, else a copy under the checkpoint root: a node
+has no credentials for KFP's own `minio://`), runs a TrainJob of N nodes
+(`components.trainjob`; each runs `components.train_transformer.node`) owned by this pod
+(KFP 2.14's `KFP_POD_NAME`, `KFP_POD_UID`), and copies the model node 0 uploaded into its
+`Output[Model]`. The job is named from the model's URI and the pod's uid: a retried step
+deletes the earlier attempt's job (by the task's label) and its nodes resume from the
+checkpoints sealed under the same task folder.
 """
 
 from __future__ import annotations
@@ -30,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -38,43 +26,23 @@ from components.text_common.contract import TRAINING_METRICS_FILE
 from components.train_transformer.node import COMMAND, copy_folder
 from components.trainjob import launcher, spec
 
-# The namespace of the pod's service account (every pod that has one has this file).
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-# KFP's executor container gets these (the downward API), 2.14 on.
 POD_NAME, POD_UID = "KFP_POD_NAME", "KFP_POD_UID"
 # The launcher's own service account (`pipelines.definitions.trainjob` sets it).
 SERVICE_ACCOUNT = "KFP_SERVICE_ACCOUNT"
 # The label every TrainJob of one task carries, all attempts (launcher.launch's selector).
 TASK_LABEL = "vertex-gpu-pipelines/task"
 TASK = "train-transformer"
+# The TrainJob step's input of each `NodeSettings` field named otherwise.
+STEP_INPUTS = {"gpus": "gpus_per_node", "cpu": "cpu_per_node", "memory": "memory_per_node",
+               "shm": "shm_per_node", "secret_keys": "storage_secret_keys",
+               "image": "node_image", "queue": "queue_name"}
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeSettings:
-    """The TrainJob's nodes, as compiled into the launcher's inputs.
-
-    Attributes:
-        num_nodes: Nodes (pods, one machine each).
-        procs_per_node: Processes per node (`numProcPerNode`): its GPUs, or 1.
-        gpus: GPUs per node; 0 for CPU nodes.
-        cpu: CPU per node (a Kubernetes quantity; requests = limits).
-        memory: Memory per node.
-        shm: Size of each node's memory-backed /dev/shm; empty: the container's own.
-        node_selector: Node labels the nodes must have.
-        tolerations: Tolerations of the nodes, as a pod's.
-        image_pull_secrets: Secrets the nodes pull the image with.
-        storage_secret: Secret whose `secret_keys` the nodes get as variables; empty: none.
-        secret_keys: Its keys of `spec.S3_SECRET_KEYS`, in that order.
-        service_account: The nodes' service account; empty: the launcher's.
-        queue: Kueue's LocalQueue of the job; empty: none.
-        pending_seconds: Longest a node pod may wait to be scheduled.
-        runtime: The ClusterTrainingRuntime (`torch-distributed`).
-        image: The nodes' image (the step's own).
-        checkpoint_root: gs:// or s3:// folder of checkpoints, logs, the model and the
-            staged dataset.
-        s3_endpoint: The S3 API's URL (MinIO, Ceph); empty: AWS.
-        deadline_seconds: Longest the job may run.
-    """
+    """The TrainJob's nodes, as compiled into the launcher's inputs: each field's help is
+    that of `train_transformer_trainjob`'s input of its name (or `STEP_INPUTS`')."""
 
     num_nodes: int
     procs_per_node: int
@@ -103,25 +71,6 @@ def task_folder(model_path: str) -> list[str]:
     return os.path.normpath(model_path).split(os.sep)[-3:-1]
 
 
-def node_environment(settings: NodeSettings, owner: Sequence[str] = ()) -> dict[str, str]:
-    """The plain variables of every node: no bucket mounted, the S3 endpoint, and `owner`
-    (the job's name and namespace, the launcher pod's name and uid: what node 0 watches
-    the launcher by, `launcher.OWNER_VARIABLES`)."""
-    env = {MOUNTED_VARIABLE: "0", **dict(zip(launcher.OWNER_VARIABLES, owner))}
-    if settings.s3_endpoint:
-        env["AWS_ENDPOINT_URL_S3"] = settings.s3_endpoint
-    return env
-
-
-def node_arguments(dataset_uri: str, model_uri: str, config: Mapping[str, Any],
-                   checkpoint_root: str, tensorboard_dir: str = "") -> list[str]:
-    """The arguments of `python -m components.train_transformer.node`."""
-    args = ["--dataset-uri", dataset_uri, "--model-uri", model_uri,
-            "--config", json.dumps(dict(config), sort_keys=True),
-            "--checkpoint-root", checkpoint_root]
-    return args + (["--tensorboard-dir", tensorboard_dir] if tensorboard_dir else [])
-
-
 def trainjob(settings: NodeSettings, *, dataset_uri: str, model_uri: str,
              config: Mapping[str, Any], tensorboard_dir: str, namespace: str,
              environ: Mapping[str, str]) -> tuple[dict[str, Any], str]:
@@ -135,20 +84,25 @@ def trainjob(settings: NodeSettings, *, dataset_uri: str, model_uri: str,
     digest = hashlib.sha256(f"{model_uri}\0{TASK}".encode()).hexdigest()[:16]
     pod, uid = environ.get(POD_NAME, ""), environ.get(POD_UID, "")
     name = spec.trainjob_name(model_uri, TASK, uid or 0)
+    owner = (name, namespace, pod, uid) if pod and uid else ()  # what node 0 watches
+    env = {MOUNTED_VARIABLE: "0", **dict(zip(launcher.OWNER_VARIABLES, owner))}
+    if settings.s3_endpoint:
+        env["AWS_ENDPOINT_URL_S3"] = settings.s3_endpoint
     manifest = spec.trainjob_manifest(
         name=name, namespace=namespace, image=settings.image, command=COMMAND,
-        args=node_arguments(dataset_uri, model_uri, config, settings.checkpoint_root,
-                            tensorboard_dir),
+        args=["--dataset-uri", dataset_uri, "--model-uri", model_uri,
+              "--config", json.dumps(dict(config), sort_keys=True),
+              "--checkpoint-root", settings.checkpoint_root,
+              *(["--tensorboard-dir", tensorboard_dir] if tensorboard_dir else [])],
         num_nodes=settings.num_nodes, procs_per_node=settings.procs_per_node,
         gpus=settings.gpus, cpu=settings.cpu, memory=settings.memory, shm=settings.shm,
-        env=node_environment(settings, (name, namespace, pod, uid) if pod and uid else ()),
-        storage_secret=settings.storage_secret,
+        env=env, storage_secret=settings.storage_secret,
         secret_keys=tuple(settings.secret_keys), node_selector=settings.node_selector,
         tolerations=settings.tolerations, image_pull_secrets=settings.image_pull_secrets,
         service_account=settings.service_account or environ.get(SERVICE_ACCOUNT, ""),
         labels={TASK_LABEL: digest}, queue=settings.queue, owner_pod=pod if uid else "",
-        owner_uid=uid if pod else "",
-        runtime=settings.runtime, active_deadline_seconds=settings.deadline_seconds)
+        owner_uid=uid if pod else "", runtime=settings.runtime,
+        active_deadline_seconds=settings.deadline_seconds)
     return manifest, f"{TASK_LABEL}={digest}"
 
 
@@ -160,11 +114,6 @@ def stage_dataset(dataset_uri: str, dataset_path: str, root: str, task: Sequence
     staged = "/".join([root.rstrip("/"), "datasets", *task, "dataset"])
     copy_folder(dataset_path, staged)
     return staged
-
-
-def _namespace() -> str:
-    with open(NAMESPACE_FILE) as f:
-        return f.read().strip()
 
 
 def train_on_nodes(settings: NodeSettings, *, dataset_uri: str, dataset_path: str,
@@ -199,9 +148,10 @@ def train_on_nodes(settings: NodeSettings, *, dataset_uri: str, dataset_path: st
     root = settings.checkpoint_root.rstrip("/")
     model_uri = "/".join([root, "models", *task, "model"])
     staged = stage_dataset(dataset_uri, dataset_path, root, task)
+    namespace = namespace or pathlib.Path(NAMESPACE_FILE).read_text().strip()  # the pod's
     manifest, selector = trainjob(settings, dataset_uri=staged, model_uri=model_uri,
                                   config=config, tensorboard_dir=tensorboard_dir,
-                                  namespace=namespace or _namespace(), environ=environ)
+                                  namespace=namespace, environ=environ)
     if api is None:
         from kubernetes import client
         from kubernetes import config as kube_config

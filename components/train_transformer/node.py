@@ -1,26 +1,13 @@
-"""One node of the transformer step's TrainJob: the trainer as a Kubeflow Trainer node runs it.
+"""One node of the transformer step's TrainJob, as a Kubeflow Trainer node runs it.
 
     python -m components.train_transformer.node --dataset-uri URI --model-uri URI \
         --config JSON [--checkpoint-root URI] [--tensorboard-dir URI]
 
-Past one pod on Kubeflow the training step is a launcher (`multinode`) that creates a
-TrainJob (Kubeflow Trainer 2.3, `components.trainjob`) whose every node runs this command
-in the step's own image. A node is no KFP pod: nothing downloads its inputs or uploads its
-outputs, so it reads and writes the object store itself:
-
-1. the `PET_*` variables Trainer's `torch-distributed` runtime sets are mapped onto what
-   the trainer reads (`components.trainjob.contract.torchrun_environment`), and the
-   processes to start from `PET_NPROC_PER_NODE` (`processes_per_node`);
-2. the dataset (the preparation step's folder, s3://, gs:// or local) is fetched;
-3. `launch.train` trains on every process of every node, as one pod's launcher does on
-   Vertex replicas, its checkpoints under `--checkpoint-root` (`AIP_CHECKPOINT_DIR`) in
-   the folder of the model's task (the model URI's `<run>/<task>/model`, as a KFP step's
-   output path names it), so a node started again resumes from the last sealed one;
-4. node 0 (rank 0, which writes every output) uploads the model folder to `--model-uri`,
-   where the launcher copies it into its `Output[Model]`.
-
-Node 0 also watches the launcher pod that owns its job (`watch_owner`), and deletes the job
-once that pod no longer runs: a cancelled or timed-out step then frees the nodes' GPUs.
+A node is no KFP pod: nothing moves its inputs or outputs, so it maps Trainer's `PET_*`
+variables onto torchrun's, fetches the dataset, trains through `launch.train` (checkpoints
+under `--checkpoint-root`, in the model's task folder: a node started again resumes), and
+node 0 (rank 0) uploads the model to `--model-uri`. Node 0 also deletes the job once the
+launcher pod that owns it no longer runs (`watch_owner`): a cancelled step frees the GPUs.
 """
 
 from __future__ import annotations
@@ -42,27 +29,17 @@ from components.train_transformer.contract import TransformerConfig, Transformer
 from components.trainjob import launcher
 from components.trainjob.contract import NODE_RANK, processes_per_node, torchrun_environment
 
-# The module a TrainJob node runs (`python -m ...`), as the launcher writes its command.
 COMMAND = ("python", "-m", "components.train_transformer.node")
-# Where a node keeps the model folder: one path on every node and every attempt (not a
-# temporary folder's random name, nor under TMPDIR), because the trainer's run fingerprint
-# holds the model folder's path: a node or a later attempt that named it otherwise would
-# refuse the run's own checkpoints as another run's.
+# The model folder's root: one path on every node and attempt (no random temporary name),
+# as the run's fingerprint holds it: another would refuse the run's own checkpoints.
 MODEL_ROOT = "/tmp/trainjob-node"
 
 
 @dataclasses.dataclass(frozen=True)
 class NodePlan:
-    """What one node does, read from its arguments and environment.
-
-    Attributes:
-        dataset_uri: The preparation step's folder.
-        model_uri: Where node 0 uploads the model folder.
-        config: The trainer's settings.
-        tensorboard_dir: TensorBoard folder; empty: `AIP_TENSORBOARD_LOG_DIR`'s.
-        environment: Variables to set before training: the trainer's torchrun variables
-            and the checkpoint and log folders.
-    """
+    """What one node does, read from its arguments (`parser`) and environment:
+    `environment` holds the variables to set before training (torchrun's, the checkpoint
+    and log folders)."""
 
     dataset_uri: str
     model_uri: str
@@ -118,8 +95,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str]) -> NodePlan:
     args = parser().parse_args(list(argv))
     environment = dict(torchrun_environment(environ))
     root = args.checkpoint_root.rstrip("/")
-    if root:
-        # the trainers' own contract (Vertex's names), as the one-pod step is given it
+    if root:  # the trainers' own contract (Vertex's names), as one pod is given it
         environment.setdefault("AIP_CHECKPOINT_DIR", f"{root}/checkpoints")
         environment.setdefault("AIP_TENSORBOARD_LOG_DIR", f"{root}/tensorboard")
     if is_remote(root) or is_remote(args.model_uri):
@@ -148,10 +124,9 @@ def copy_folder(source: str, target: str) -> None:
 
 
 def local_model_dir(model_uri: str, root: str = MODEL_ROOT) -> str:
-    """The node's model folder: `root` + the URI's last three parts (`<run>/<task>/
-    model`), so the trainer's checkpoint folder (`storage.run_folder`, the two parts
-    before the output's name) is the model's task's, and the folder's path (in the run's
-    fingerprint) the same, on every node and every attempt."""
+    """The node's model folder: `root` + the URI's `<run>/<task>/model`, so the trainer's
+    checkpoint folder (`storage.run_folder`) is the task's, the same on every node and
+    attempt."""
     parts = [part for part in model_uri.rstrip("/").split("/") if part][-3:]
     return os.path.join(root, *parts)
 
@@ -165,8 +140,7 @@ def run(plan_: NodePlan, environ: MutableMapping[str, str], scratch: str,
         environ: The process environment (`os.environ`): the plan's variables are set in
             it, for the processes torch's launcher starts.
         scratch: A local folder for the dataset.
-        model_root: Where the model folder is made (`local_model_dir`); node 0 removes
-            it once uploaded.
+        model_root: Where the model folder is made (`local_model_dir`).
     """
     from components.train_transformer import launch
 

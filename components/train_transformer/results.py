@@ -1,8 +1,9 @@
-"""What a transformer run records: its scores against the constant answer, its `best` and
-`run` parts of metrics.json, and the files written beside the model."""
+"""What a transformer run records: the `best` and `run` parts of metrics.json, the files
+beside the model and the step's outputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -17,31 +18,25 @@ from components.train_transformer.contract import FRAMEWORK, TransformerConfig
 log = logging.getLogger(__name__)
 
 
-def check_learning(history: list[dict[str, Any]], truth_valid: np.ndarray,
-                   truth_train: np.ndarray, multi: bool,
-                   threshold: float) -> tuple[dict[str, float], str | None]:
-    """The constant answer's scores and whether the classifier learnt nothing beyond it
-    (`text_scores.learnt_nothing`), warned of when so."""
-    constant = constant_answer(truth_valid, truth_train, multi, threshold)
+def run_record(trainer, model, config: TransformerConfig, history: list[dict[str, Any]],
+               train_set, precision: str, started: float, *, rows: dict[str, int],
+               texts_truncated: int, resumed_from: str | None, truth_valid: np.ndarray,
+               truth_train: np.ndarray, multi: bool) -> dict[str, Any]:
+    """The `run` part of metrics.json: data, model, device and how the run went, with the
+    constant answer's scores and whether the classifier learnt nothing beyond it
+    (`text_scores.learnt_nothing`, warned of). `train_set`: the encoded training rows,
+    `started`: `time.monotonic()` at the start."""
+    constant = constant_answer(truth_valid, truth_train, multi, config.threshold)
     nothing = learnt_nothing(history, constant)
     if nothing:
         log.warning("the classifier learnt nothing (%s): it still answers the label "
                     "frequencies whatever the text; train longer or at a higher "
                     "learning_rate", nothing)
-    return constant, nothing
-
-
-def run_record(trainer, model, config: TransformerConfig, history: list[dict[str, Any]],
-               train_set, precision: str, started: float, *, rows: dict[str, int],
-               texts_truncated: int, resumed_from: str | None, constant: dict[str, float],
-               nothing: str | None) -> dict[str, Any]:
-    """The `run` part of metrics.json: data, model, device and how the run went
-    (`train_set`: the encoded training split, `started`: `time.monotonic()` at the start)."""
     return {
         "rows": rows,
         "texts_truncated": texts_truncated,
         "max_text_chars": MAX_TEXT_CHARS,
-        "train_tokens": int(sum(len(ids) for ids in train_set.encodings["input_ids"])),
+        "train_tokens": int(sum(len(row["input_ids"]) for row in train_set)),
         "parameters": int(sum(p.numel() for p in model.parameters())),
         "arch": type(model).__name__,
         "model_name": config.model_name,
@@ -59,19 +54,13 @@ def run_record(trainer, model, config: TransformerConfig, history: list[dict[str
 
 
 def best_epoch(state, monitor: str, history: list[dict[str, Any]]) -> dict[str, Any]:
-    """The `best` part of metrics.json, from the trainer's final `state`."""
-    return {"monitor": monitor, "value": state.best_metric,
-            "epoch": checkpoint_epoch(state.best_model_checkpoint, history, state.global_step)}
-
-
-def checkpoint_epoch(checkpoint: str | None, history: list[dict[str, Any]],
-                     steps: int) -> int | None:
-    """The epoch of the best checkpoint (`checkpoint-<step>`), from the steps per epoch."""
-    if not checkpoint or not history:
-        return None
-    step = int(os.path.basename(checkpoint).rsplit("-", 1)[-1])
-    per_epoch = steps / max(1, history[-1]["epoch"])
-    return int(round(step / per_epoch)) if per_epoch else None
+    """The `best` part of metrics.json, from the trainer's final `state`: the epoch of its
+    best checkpoint (`checkpoint-<step>`) from the steps per epoch."""
+    checkpoint, epoch = state.best_model_checkpoint, None
+    per_epoch = state.global_step / max(1, history[-1]["epoch"]) if history else 0
+    if checkpoint and per_epoch:
+        epoch = int(round(int(os.path.basename(checkpoint).rsplit("-", 1)[-1]) / per_epoch))
+    return {"monitor": monitor, "value": state.best_metric, "epoch": epoch}
 
 
 def write_outputs(model_dir: str, result: dict[str, Any],
@@ -84,9 +73,8 @@ def write_outputs(model_dir: str, result: dict[str, Any],
 
 def record_outputs(result: dict[str, Any], model, metrics, dataset_dir: str,
                    config: TransformerConfig, model_fingerprint: str) -> None:
-    """What the training step reports of the model folder it made: the validation scalars
-    in `metrics` and the model's metadata (framework, labels, provenance, files); the
-    one-pod step and the TrainJob launcher alike.
+    """Reports the model folder made (one pod or TrainJob): the validation scalars in
+    `metrics`, the model's metadata (framework, labels, provenance, files).
 
     Args:
         result: The training result (the model's metrics.json).
@@ -96,8 +84,6 @@ def record_outputs(result: dict[str, Any], model, metrics, dataset_dir: str,
         config: The run's settings.
         model_fingerprint: The preflight's digest of a `model_name` folder.
     """
-    import dataclasses
-
     from components.common.provenance import provenance
     from components.prepare_text.contract import MANIFEST
     from components.text_common.scores import validation_scalars
@@ -105,7 +91,7 @@ def record_outputs(result: dict[str, Any], model, metrics, dataset_dir: str,
     for name, value in validation_scalars(result).items():
         metrics.log_metric(name, float(value))
     model.metadata.update({
-        "framework": "transformers",
+        "framework": FRAMEWORK,
         "arch": result["run"]["arch"],
         "task": result["task"],
         "labels": result["labels"],

@@ -1,10 +1,6 @@
-"""A small BERT made from scratch on a corpus: a model folder with no Hub download.
-
-A WordPiece vocabulary counted on the texts and a BERT with random weights (2 layers, hidden
-128 by default), saved as `save_pretrained` writes a Hub model, so the transformer trainer
-takes the folder as `model_name`. For trying the pipeline offline and for tests; it has
-learnt nothing before fine-tuning, so it needs a higher rate than a pretrained encoder
-(1e-3 instead of 2e-5) and more epochs.
+"""A small BERT with random weights and a vocabulary counted on a corpus, saved as a Hub
+model (a `model_name` folder): the pipeline offline and in tests. It has learnt nothing
+before fine-tuning, so it needs a higher rate (1e-3) and more epochs than a pretrained one.
 """
 
 from __future__ import annotations
@@ -18,14 +14,10 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def wordpiece_vocabulary(texts: Iterable[str], size: int) -> list[str]:
-    """A WordPiece vocabulary of at most `size` tokens, the same for the same texts.
-
-    The special tokens, every character seen (alone and as a `##` continuation, so no
-    word is ever unknown), then the most frequent words (ties in alphabetical order), cut
-    as BERT's tokenizer cuts them (lower case, accents stripped, punctuation apart).
-    Counted here rather than learnt with `tokenizers`' WordPiece trainer, whose merges
-    break ties in hash order: the same texts gave a different vocabulary in each process.
-    """
+    """A WordPiece vocabulary of at most `size` tokens, the same for the same texts: the
+    special tokens, every character seen (alone and as `##` continuation: no word is
+    unknown), then the most frequent words (ties alphabetical) as BERT's tokenizer cuts
+    them. Counted, not learnt by `tokenizers`' trainer, which breaks ties in hash order."""
     from collections import Counter
 
     from tokenizers import normalizers, pre_tokenizers

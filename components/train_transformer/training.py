@@ -1,26 +1,18 @@
-"""Fine-tunes a Hugging Face encoder on the text data step's split with `Trainer`.
+"""Fine-tunes a Hugging Face encoder on the text data step's split with `Trainer`: the best
+epoch (by `monitor`) kept, a full checkpoint each epoch, each `checkpoint_every_steps` and
+at the step a SIGTERM stopped (then exit 143), which a restarted job resumes mid-epoch.
 
-The whole model trains at a small rate (AdamW, linear warmup then decay), evaluated each
-epoch on the validation split; the best epoch (by `monitor`) is kept, training stops after
-`early_stopping_patience` epochs without improvement. Every epoch is a full checkpoint
-(model, optimizer, scheduler, RNG) in the checkpoint folder, and so is the step a SIGTERM
-stopped at (then the process exits 143, `preemption`) and every `checkpoint_every_steps`:
-a job restarted after preemption resumes there, `Trainer` skipping the batches of the
-epoch already trained. Under DDP each process runs this function with
-torchrun's variables set by torch's launcher (`launch.py`); `Trainer` joins the group.
-
-Under DDP the replicas are separate machines sharing only Cloud Storage (/gcs/) or an
-object store that rank 0 alone pushes to (a mirror, `storage.Mirror`): rank 0 alone writes
-the run state, the checkpoints' model (with every process's RNG state, `seal_checkpoint`),
-the model folder and its metrics; it loads the best epoch at the end and sends it to the
-others (`_share_rank0_weights`), and every other process waits for it at a barrier before
-leaving, so that no replica's job ends (or reads an output) before rank 0 has written it.
+Under DDP (`launch.py`) the replicas share only Cloud Storage or a mirror rank 0 alone
+pushes: rank 0 alone writes the run state, the checkpoints' model (sealed with every
+process's RNG state), the model folder and metrics; it sends the best epoch to the others,
+which wait at a barrier, so that no replica ends before rank 0 has written every output.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -37,13 +29,7 @@ from components.common.hypertune import TrialReporter
 from components.common.input_kinds import folder_files
 from components.common.metrics import multi_label_metrics, single_label_metrics
 from components.common.precision import BF16, FP16, choose_precision
-from components.common.storage import (
-    TMP_PREFIX,
-    filesystem,
-    is_remote,
-    push_mirrors,
-    read_json,
-)
+from components.common.storage import TMP_PREFIX, filesystem, is_remote, push_mirrors, read_json
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import (
@@ -52,10 +38,7 @@ from components.text_common.contract import (
     max_length_problem,
     tokenizer_problem,
 )
-from components.text_common.scores import (
-    frequency_bias,
-    validation_result,
-)
+from components.text_common.scores import frequency_bias, validation_result
 from components.train_transformer import results
 from components.train_transformer.contract import (
     BASE_MODEL_FOLDER,
@@ -66,29 +49,26 @@ from components.train_transformer.contract import (
 
 log = logging.getLogger(__name__)
 
-RUN_FILE = "run.json"  # the fingerprint of the run a checkpoint folder belongs to
-# It only marks the folder's owner: `Trainer`'s checkpoints hold the state.
+RUN_FILE = "run.json"  # marks the run a checkpoint folder belongs to; `Trainer`'s hold state
 RUN = run_state.StateFile(RUN_FILE, TransformerTrainingError,
                           "other settings, data or model folder", marker=True, sort_keys=True)
-# Written by rank 0 into a checkpoint once every process has saved its part (rank 0 the
-# model, optimizer and `trainer_state.json`, each process its RNG state, gathered into
-# rank 0's copy): only a sealed checkpoint is resumed.
+# Written by rank 0 into a checkpoint once every process has saved its part (its RNG
+# state): only a sealed checkpoint is resumed.
 SEALED_FILE = "sealed"
 TRAINER_STATE = "trainer_state.json"  # `Trainer`'s state in each checkpoint
 CLASSIFIER = "classifier"  # the history rows' model, as the fastai trainer's
 
 
 def model_source(model_name: str, scratch: str) -> str:
-    """What `from_pretrained` is given for `model_name`: a local folder, or a Hub name.
-
-    A gs:// folder is copied into `scratch` first; a local path must exist.
+    """What `from_pretrained` is given for `model_name`: a Hub name, a local folder, or a
+    gs:// folder's copy in `scratch`.
 
     Raises:
         TransformerTrainingError: A path (local or gs://) with no model in it.
     """
     name = model_name.strip()
     if not model_name_is_path(name):
-        return name  # a Hub name, e.g. FacebookAI/xlm-roberta-base
+        return name
     files = folder_files(name)
     kind = BASE_MODEL_FOLDER
     missing = kind.missing(files)
@@ -97,38 +77,40 @@ def model_source(model_name: str, scratch: str) -> str:
         raise TransformerTrainingError(f"model_name {name!r} is not {kind.name}: it has no "
                                        f"{' and no '.join(missing)} (it holds {found}); give "
                                        f"{kind.made_by}, or a Hub model name")
-    if is_remote(name):
-        local = os.path.join(scratch, "model")
-        fs, root = filesystem(name)
-        fs.get(root.rstrip("/") + "/", local + "/", recursive=True)
-        return local
-    return name  # a local folder
+    if not is_remote(name):
+        return name
+    local = os.path.join(scratch, "model")
+    fs, root = filesystem(name)
+    fs.get(root.rstrip("/") + "/", local + "/", recursive=True)
+    return local
 
 
 def run_values(config: TransformerConfig, manifest: dict[str, Any], model_dir: str
                ) -> dict[str, Any]:
-    """What defines a run, for its fingerprint: a checkpoint folder of another run is
-    refused, not resumed."""
+    """What defines a run, for its fingerprint: another run's checkpoints are refused."""
     return {"config": dataclasses.asdict(config), "data": manifest.get("source"),
             "labels": manifest["labels"], "model_dir": os.path.abspath(model_dir)}
 
 
 def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -> str | None:
-    """The last checkpoint of this run in `folder` to resume from, or None to start.
+    """The last sealed checkpoint of this run in `folder` to resume from, or None to start.
 
     Args:
         folder: The checkpoint folder.
         values: What defines the run (`run_values`).
         write: Whether this process records the run in a free folder and removes the
-            checkpoints a killed save left (rank 0 alone: one writer on the shared folder).
+            unsealed checkpoints a killed save left (rank 0 alone: one writer), which
+            `Trainer`'s rotation would otherwise keep in place of a whole one.
 
     Raises:
         TransformerTrainingError: The folder holds another run's checkpoints.
     """
     if not run_state.open_run(folder, RUN, values, write=write).resumed:
         return None
-    if write:
-        remove_unsealed_checkpoints(folder)
+    for path in _checkpoints(folder).values():
+        if write and not _sealed(path):
+            log.info("removing %s: its save did not finish", path)
+            shutil.rmtree(path, ignore_errors=True)
     checkpoint = last_complete_checkpoint(folder)
     if checkpoint:
         _repoint_best(checkpoint)
@@ -136,15 +118,11 @@ def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -
 
 
 def _repoint_best(checkpoint: str) -> None:
-    """Makes the best checkpoint that `checkpoint`'s state names this folder's copy of it.
+    """Points `checkpoint`'s state at this folder's copy of the best checkpoint.
 
-    `trainer_state.json` holds it as an absolute path, in the folder of the process that
-    saved it: a mirror's folder is another in every pod (`storage.mirror_path`), and
-    `Trainer` drops a best checkpoint it cannot find, so a run resumed at its last step
-    would keep the last epoch as the model. Every process rewrites its own copy (another
-    machine has its own), whole (`run_state.save`); where the path is found (one shared
-    folder) nothing is written.
-    """
+    `trainer_state.json` holds it as an absolute path of the process that saved it; a
+    mirror's folder is another in every pod, and `Trainer` drops a best checkpoint it
+    cannot find (a run resumed at its last step would keep the last epoch)."""
     state = read_json(os.path.join(checkpoint, TRAINER_STATE), optional=True) or {}
     best = state.get("best_model_checkpoint")
     here = best and os.path.join(os.path.dirname(checkpoint), os.path.basename(best))
@@ -167,38 +145,23 @@ def _sealed(checkpoint: str) -> bool:
 
 
 def last_complete_checkpoint(folder: str) -> str | None:
-    """The `checkpoint-<step>` folder of the highest step whose save finished, or None.
+    """The sealed `checkpoint-<step>` folder of the highest step, or None.
 
-    A save finished when the checkpoint is sealed (`SEALED_FILE`). `trainer_state.json`
-    does not say it: rank 0 writes it while the other processes may still be writing
-    their RNG states, and a job killed then leaves a file that cannot be loaded on resume.
-    """
-    sealed = {step: path for step, path in _checkpoints(folder).items() if _sealed(path)}
-    return sealed[max(sealed)] if sealed else None
-
-
-def remove_unsealed_checkpoints(folder: str) -> None:
-    """Deletes the checkpoints whose save was cut off (unsealed): `Trainer` rotates
-    checkpoints by age or step, and would keep such a folder in place of a whole one."""
-    for path in _checkpoints(folder).values():
-        if not _sealed(path):
-            log.info("removing %s: its save did not finish", path)
-            shutil.rmtree(path, ignore_errors=True)
+    `trainer_state.json` does not say a save finished: rank 0 writes it while the other
+    processes may still be writing their RNG states."""
+    sealed = [(step, path) for step, path in _checkpoints(folder).items() if _sealed(path)]
+    return max(sealed)[1] if sealed else None
 
 
 def seal_checkpoint(folder: str, step: int) -> None:
-    """Marks `checkpoint-<step>` in `folder` complete, once every process has saved its
-    part; the mark is written by rank 0.
+    """Marks `checkpoint-<step>` in `folder` complete once every process has saved its part.
 
-    Where there are several processes, rank 0 first gathers their RNG states
-    (`rng_state_<rank>.pth`; the gather waits for all) into its copy of the checkpoint
-    where missing: a process on another machine saved its own into that machine's copy,
-    and where the folder is a mirror only rank 0's reaches the store (it alone pushes).
-    """
-    import torch.distributed as dist
-
+    With several processes, rank 0 first gathers their RNG states (`rng_state_<rank>.pth`)
+    into its copy where missing: another machine saved its own into its own copy, and of a
+    mirror only rank 0's reaches the store."""
     checkpoint = os.path.join(folder, f"checkpoint-{step}")
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    dist = _process_group()
+    if dist and dist.get_world_size() > 1:
         name = f"rng_state_{dist.get_rank()}.pth"
         states = [None] * dist.get_world_size() if _is_rank0() else None
         with open(os.path.join(checkpoint, name), "rb") as f:
@@ -212,46 +175,20 @@ def seal_checkpoint(folder: str, step: int) -> None:
 
 
 def _is_rank0() -> bool:
-    """Whether this process is rank 0 (torchrun's RANK; a lone process has none)."""
-    return int(os.environ.get("RANK", "0")) == 0
+    return int(os.environ.get("RANK", "0")) == 0  # torchrun's; a lone process has none
 
 
-def _share_rank0_weights(model) -> None:
-    """Gives every DDP process rank 0's weights: the best epoch's, which it loaded.
-
-    Rank 0 alone loads them (`_training_arguments`): it alone saves a checkpoint's model,
-    and another machine's copy of the folder (a mirror) lacks it. Every process predicts
-    its share of the validation rows behind the metrics and tuned thresholds, so each
-    must hold the model saved. Nothing happens outside a process group.
-    """
+def _process_group():
+    """`torch.distributed` while a process group is up, else None."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        for tensor in model.state_dict().values():  # the parameters' and buffers' storage
-            dist.broadcast(tensor, src=0)
-
-
-def _finish_together() -> None:
-    """Holds every DDP process until all reach here, then leaves the process group.
-
-    Rank 0 reaches it only after writing every output: the other ranks, on other machines,
-    must not end their replica (nor anyone read its files) before that. `Trainer.save_model`
-    has no barrier of its own. Nothing happens outside a process group.
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    return dist if dist.is_available() and dist.is_initialized() else None
 
 
 def epoch_history(log_history: Sequence[dict[str, Any]], multi: bool) -> list[dict[str, Any]]:
-    """One row per evaluated epoch from `Trainer.state.log_history`, in the fastai
-    trainer's field names (so reports and tracking read both).
-
-    Rows: `model`, `stage`, `epoch`, `train_loss`, `valid_loss`, `micro_f1`,
-    `f1_score` (macro F1), `accuracy_multi` or `accuracy`, `seconds`.
-    """
+    """One row per evaluated epoch of `Trainer.state.log_history`, in the fastai trainer's
+    names (`model`, `stage`, `epoch`, `train_loss`, `valid_loss`, `micro_f1`, `f1_score`,
+    `accuracy_multi` or `accuracy`, `seconds`), so reports and tracking read both."""
     by_epoch: dict[int, dict[str, Any]] = {}
     for entry in log_history:
         if "epoch" not in entry:
@@ -271,16 +208,17 @@ def epoch_history(log_history: Sequence[dict[str, Any]], multi: bool) -> list[di
 
 
 def _probabilities(logits: np.ndarray, multi: bool) -> np.ndarray:
-    logits = logits.astype(np.float64)
-    if multi:
-        return 1.0 / (1.0 + np.exp(-logits))
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
+    import torch
+
+    scores = torch.from_numpy(np.asarray(logits, dtype=np.float64))
+    return (scores.sigmoid() if multi else scores.softmax(dim=1)).numpy()
 
 
-def _scores(probs: np.ndarray, truth: np.ndarray, labels: Sequence[str], multi: bool,
-            threshold: float) -> dict[str, float]:
+def _scores(prediction, labels: Sequence[str], multi: bool, threshold: float
+            ) -> dict[str, float]:
     """micro/macro F1 and accuracy of one evaluation (what `monitor` may name)."""
+    probs = _probabilities(np.asarray(prediction.predictions), multi)
+    truth = np.asarray(prediction.label_ids)
     if multi:
         result = multi_label_metrics(truth, probs, labels, threshold)
         accuracy = 1.0 - result["hamming_loss"]  # fastai's accuracy_multi
@@ -291,35 +229,48 @@ def _scores(probs: np.ndarray, truth: np.ndarray, labels: Sequence[str], multi: 
             "accuracy": float(accuracy)}
 
 
-class _Encoded:
-    """Tokenized texts and their labels, as `Trainer` reads a dataset (a torch Dataset)."""
-
-    def __init__(self, encodings: dict[str, list], labels: np.ndarray):
-        self.encodings, self.labels = encodings, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        item = {name: values[i] for name, values in self.encodings.items()}
-        item["labels"] = self.labels[i]
-        return item
-
-
-def _encode(tokenizer, texts: Sequence[str], labels: np.ndarray, max_length: int) -> _Encoded:
+def _encode(tokenizer, texts: Sequence[str], truth: np.ndarray, multi: bool, max_length: int
+            ) -> list[dict[str, Any]]:
+    """Tokenized texts with what the model is trained to answer (the 0/1 matrix, else the
+    class), a dict per row: a dataset `Trainer` reads."""
+    targets = truth.astype(np.float32) if multi else truth.argmax(axis=1)
     encodings = tokenizer([clip_text(t) for t in texts], truncation=True,
                           max_length=max_length)
-    return _Encoded(dict(encodings), labels)
+    return [{**{name: values[i] for name, values in encodings.items()}, "labels": target}
+            for i, target in enumerate(targets)]
 
 
-def _epoch_callback(transformers, scalars: ScalarLog, reporter: TrialReporter, multi: bool):
-    """Times each epoch into the log history and writes its point once evaluated."""
+def _callbacks(transformers, config: TransformerConfig, scalars: ScalarLog,
+               reporter: TrialReporter, multi: bool, notice: preemption.Notice,
+               folder: str) -> list:
+    """Each epoch timed, logged and reported; each checkpoint sealed and pushed; a save at
+    the step a SIGTERM stopped (every rank at the same one) and every
+    `checkpoint_every_steps`, `Preempted` once that one is sealed; early stopping when
+    `config` asks for it (after the epoch's time is in the history)."""
+    import torch
+    import torch.distributed as dist
 
-    class EpochEnd(transformers.TrainerCallback):
+    def largest(value: int, device) -> int:
+        flag = torch.tensor([value], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+    class Run(transformers.TrainerCallback):
         started = None
+        stopping = False
 
         def on_epoch_begin(self, args, state, control, **kwargs):
             self.started = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            many = _process_group() is not None and dist.get_world_size() > 1
+            self.stopping = preemption.any_rank(
+                notice.requested, (lambda value: largest(value, args.device)) if many else None)
+            # The epoch's last step is evaluated and saved as every epoch is, then stopped.
+            last_of_epoch = float(state.epoch).is_integer()
+            due = preemption.due(state.global_step, config.checkpoint_every_steps)
+            if (self.stopping or due) and not last_of_epoch:
+                control.should_save = True
 
         def on_evaluate(self, args, state, control, metrics=None, **kwargs):
             seconds = time.monotonic() - (self.started or time.monotonic())
@@ -336,12 +287,13 @@ def _epoch_callback(transformers, scalars: ScalarLog, reporter: TrialReporter, m
 
         def on_save(self, args, state, control, **kwargs):
             seal_checkpoint(args.output_dir, state.global_step)
-            # Where the checkpoint folder mirrors an object store (open-source Kubeflow):
-            # sealed, so with every process's part.
             if state.is_world_process_zero:
-                push_mirrors()
+                push_mirrors()  # a mirrored checkpoint folder (open-source Kubeflow)
+            if self.stopping:
+                raise preemption.Preempted(f"in {folder}/checkpoint-{state.global_step}")
 
-    return EpochEnd()
+    patience = config.early_stopping_patience
+    return [Run(), *([transformers.EarlyStoppingCallback(patience)] if patience else [])]
 
 
 def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfig, *,
@@ -353,8 +305,8 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         dataset_dir: The text preparation step's folder (train/validation CSVs, manifest).
         model_dir: Output folder (see the contract); written by the rank 0 process only.
         config: The run's settings.
-        tensorboard_folder: Explicit TensorBoard folder; None: `AIP_TENSORBOARD_LOG_DIR`'s
-            task folder, else no logs.
+        tensorboard_folder: TensorBoard folder; None: `AIP_TENSORBOARD_LOG_DIR`'s task
+            folder, else no logs.
         hypertune_metric: History field reported to Vertex's tuning service each epoch.
         checkpoints: Checkpoint folder; None: `run_state.checkpoint_folder(model_dir)`.
 
@@ -379,34 +331,27 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         tokenizer, model = _load_model(transformers, config, labels, multi, scratch)
         truth_train, truth_valid = train[labels].to_numpy(), valid[labels].to_numpy()
         start_at_label_frequencies(model, truth_train, task)
-        train_set = _encode(tokenizer, train[text_column].tolist(), _targets(truth_train, multi),
-                            config.max_length)
-        valid_set = _encode(tokenizer, valid[text_column].tolist(), _targets(truth_valid, multi),
-                            config.max_length)
-
-        def compute_metrics(prediction) -> dict[str, float]:
-            probs = _probabilities(np.asarray(prediction.predictions), multi)
-            gold = np.asarray(prediction.label_ids)
-            return _scores(probs, gold, labels, multi, config.threshold)
-
+        train_set = _encode(tokenizer, train[text_column], truth_train, multi, config.max_length)
+        valid_set = _encode(tokenizer, valid[text_column], truth_valid, multi, config.max_length)
         trainer = transformers.Trainer(
             model=model, args=_training_arguments(transformers, config, folder, precision, cuda),
             train_dataset=train_set, eval_dataset=valid_set,
-            processing_class=tokenizer, compute_metrics=compute_metrics,
-            callbacks=_callbacks(transformers, config, scalars, hypertune_metric, multi,
-                                 notice, folder),
+            processing_class=tokenizer, compute_metrics=functools.partial(
+                _scores, labels=labels, multi=multi, threshold=config.threshold),
+            callbacks=_callbacks(transformers, config, scalars, TrialReporter(hypertune_metric),
+                                 multi, notice, folder),
             data_collator=transformers.DataCollatorWithPadding(tokenizer))
         if resume_from:
             log.info("resuming from %s", resume_from)
         with notice:
             trainer.train(resume_from_checkpoint=resume_from)
-        _share_rank0_weights(trainer.model)
-        # Every process takes part (the predictions are gathered across them).
+        dist = _process_group()
+        if dist:  # rank 0 alone loaded the best epoch (a mirror elsewhere lacks its model):
+            for tensor in trainer.model.state_dict().values():  # every rank predicts with it
+                dist.broadcast(tensor, src=0)
         probs = _probabilities(trainer.predict(valid_set).predictions, multi)
         result = validation_result(truth_valid, probs, labels, task, config.threshold)
         history = epoch_history(trainer.state.log_history, multi)
-        constant, nothing = results.check_learning(history, truth_valid, truth_train, multi,
-                                                   config.threshold)
         result.update({
             "history": history,
             "best": results.best_epoch(trainer.state, config.monitor, history),
@@ -414,7 +359,8 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
                 trainer, model, config, history, train_set, precision, started,
                 rows={"train": len(train), "validation": len(valid)},
                 texts_truncated=int(sum(len(t) > MAX_TEXT_CHARS for t in train[text_column])),
-                resumed_from=resume_from, constant=constant, nothing=nothing),
+                resumed_from=resume_from, truth_valid=truth_valid, truth_train=truth_train,
+                multi=multi),
             "config": dataclasses.asdict(config),
         })
         _save_model(trainer, model_dir, result, text_column, config)
@@ -422,9 +368,10 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         scalars.close()
         shutil.rmtree(scratch, ignore_errors=True)
     if checkpoints is None and run_state.inside_output(folder, model_dir) and _is_rank0():
-        # Under the model output they would ship with the model; they served their purpose.
-        shutil.rmtree(folder, ignore_errors=True)
-    _finish_together()
+        shutil.rmtree(folder, ignore_errors=True)  # it would ship with the model
+    if dist:  # rank 0 gets here once every output is written: the others wait for it
+        dist.barrier()
+        dist.destroy_process_group()
     return result
 
 
@@ -482,66 +429,14 @@ def _device_precision(config: TransformerConfig) -> tuple[bool, str]:
                                   torch.cuda.get_device_capability() if cuda else None)
 
 
-def _targets(truth: np.ndarray, multi: bool) -> np.ndarray:
-    """What the model is trained to answer: the 0/1 matrix (multi-label), else the class."""
-    return truth.astype(np.float32) if multi else truth.argmax(axis=1)
-
-
-def _preemption_callback(transformers, notice: preemption.Notice, every_steps: int,
-                         folder: str):
-    """Saves a checkpoint at the step a SIGTERM stopped (every rank at the same one), and
-    every `every_steps` steps; `Preempted` once the stopping one is sealed (`EpochEnd`)."""
-    import torch
-    import torch.distributed as dist
-
-    def largest(value: int, device) -> int:
-        flag = torch.tensor([value], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
-
-    class Preemption(transformers.TrainerCallback):
-        stopping = False
-
-        def on_step_end(self, args, state, control, **kwargs):
-            many = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-            self.stopping = preemption.any_rank(
-                notice.requested, (lambda value: largest(value, args.device)) if many else None)
-            # The epoch's last step is evaluated and saved as every epoch is, then stopped.
-            last_of_epoch = float(state.epoch).is_integer()
-            if (self.stopping or preemption.due(state.global_step, every_steps)) and \
-                    not last_of_epoch:
-                control.should_save = True
-
-        def on_save(self, args, state, control, **kwargs):
-            if self.stopping:  # after EpochEnd's seal: the checkpoint is whole
-                raise preemption.Preempted(f"in {folder}/checkpoint-{state.global_step}")
-
-    return Preemption()
-
-
-def _callbacks(transformers, config: TransformerConfig, scalars: ScalarLog,
-               hypertune_metric: str | None, multi: bool, notice: preemption.Notice,
-               folder: str) -> list:
-    """Each epoch timed, logged and reported; early stopping when `config` asks for it;
-    the preemption checkpoints (after the epoch callback: it seals them)."""
-    callbacks = [_epoch_callback(transformers, scalars, TrialReporter(hypertune_metric),
-                                 multi)]
-    if config.early_stopping_patience:
-        callbacks.append(transformers.EarlyStoppingCallback(config.early_stopping_patience))
-    return [*callbacks, _preemption_callback(transformers, notice,
-                                             config.checkpoint_every_steps, folder)]
-
-
 def _training_arguments(transformers, config: TransformerConfig, folder: str, precision: str,
                         cuda: bool):
-    """`Trainer`'s arguments: an evaluation and a checkpoint each epoch, the best kept and
-    loaded at the end by rank 0 (`_share_rank0_weights` sends it to the others).
+    """`Trainer`'s arguments: an evaluation and a checkpoint each epoch, the best loaded at
+    the end by rank 0.
 
-    `average_tokens_across_devices` off: a classifier's loss is its batch's mean, but
-    `Trainer` (transformers 5) multiplies it by the processes for any model whose forward
-    takes `**kwargs` (a loss that would divide by the tokens of every process), so under DDP
-    each loss logged and monitored, and each gradient before clipping, was that many times
-    too large."""
+    `average_tokens_across_devices` off: `Trainer` (transformers 5) otherwise multiplies a
+    classifier's batch-mean loss by the processes (for a model whose forward takes
+    `**kwargs`), so under DDP each loss and each gradient before clipping was too large."""
     monitor = "eval_loss" if config.monitor == "loss" else f"eval_{config.monitor}"
     return transformers.TrainingArguments(
         output_dir=folder, num_train_epochs=config.epochs,
@@ -560,20 +455,19 @@ def _training_arguments(transformers, config: TransformerConfig, folder: str, pr
 def _save_model(trainer, model_dir: str, result: dict[str, Any], text_column: str,
                 config: TransformerConfig) -> None:
     """Writes the model folder: the model and tokenizer, labels and metrics (rank 0 only)."""
-    trainer.save_model(model_dir)  # model and tokenizer; writes on rank 0 only
+    trainer.save_model(model_dir)  # writes on rank 0 only
     if trainer.is_world_process_zero():
-        # Trainer's own pickle of its arguments: not needed to load or serve the model.
+        # Trainer's pickle of its arguments: not needed to load or serve the model.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(model_dir, "training_args.bin"))
         results.write_outputs(model_dir, result, text_column, config)
 
 
 def start_at_label_frequencies(model, truth: np.ndarray, task: str) -> None:
-    """Sets the new classification head's output bias to the label frequencies' log-odds
+    """Sets the new head's output bias to the label frequencies' log-odds
     (`text_scores.frequency_bias`), so training starts at the constant answer, not at 0.5.
-
-    The head's output layer is the model's last `Linear` with one output per label (BERT's
-    `classifier`, RoBERTa's `classifier.out_proj`). A resumed run loads its checkpoint over it.
+    The output layer is the last `Linear` with one output per label (BERT's `classifier`,
+    RoBERTa's `classifier.out_proj`).
 
     Raises:
         TransformerTrainingError: No such layer (an architecture this trainer does not know).
