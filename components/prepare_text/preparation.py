@@ -1,27 +1,11 @@
 """Load a labelled text CSV (gs:// or local), validate it and split it train/validation/test.
 
-Accepted inputs:
-- one-hot: a text column and one column per label holding 0/1 or True/False
-  (case-insensitive; 0.0/1.0 too), several labels per row allowed;
-- class names: a text column and one label column holding class names, several
-  per row when separated by the label delimiter.
-
-A single label column whose values are all 0/1 or True/False is read as one-hot
-(one label, rows without it get the other label). Rows with no label (all 0, or an
-empty class-name cell) get the other label (when it is not empty). A class-name cell
-holding a missing-value marker ("NaN", "NA", "null", ...: what pandas reads as missing)
-is a missing label, not a class: the row is dropped and counted. Rows with an empty or
-missing text are dropped and counted; anything else that is wrong with the file is an
-error that names the column and the rows ("row N" counts data rows from 1, the header
-excluded). Class names are joined by "," unless `label_delimiter` declares another
-(`label_delimiter_of`): with the default ("auto"), a cell holding ";" or "|" is an
-error naming the rows and the setting that reads them.
-
-The task is decided by the data: multi-label when some row has two labels or more,
-single-label otherwise.
-
-Output folder: `train.csv`, `validation.csv`, `test.csv` (the text column, then one 0/1
-column per label, in label order) and `manifest.json`.
+Labels come one-hot (one 0/1 or True/False column per label, several per row allowed) or
+as class names (one column, several per row joined by `label_delimiter`); a single column
+of 0/1 values is one-hot. Rows with no label get `other_label`; rows with an empty text or a
+missing-value marker as class name are dropped and counted; anything else wrong is an
+error naming the column and rows ("row N" counts data rows from 1). The task is
+multi-label when some row has two labels or more.
 """
 
 from __future__ import annotations
@@ -89,12 +73,11 @@ def read_csv(uri: str, data: bytes | None = None,
 
     Args:
         uri: Local path or gs:// URI of the CSV (named in errors).
-        data: Its bytes, if already read; read from `uri` otherwise.
+        data: Its bytes, if already read.
         config: When given, its text and label columns must be in the header.
 
     Raises:
-        TextDataError: The file is missing, empty, not text (`input_kinds.decode_text`),
-            not a CSV, or its header is refused (`input_kinds.csv_header`).
+        TextDataError: Missing, empty, not text, not a CSV, or a refused header.
     """
     data = read_bytes(uri) if data is None else data
     columns = {} if config is None else {config.text_column: "text_column",
@@ -109,11 +92,6 @@ def read_csv(uri: str, data: bytes | None = None,
     except pd.errors.ParserError as err:
         raise TextDataError(f"{uri} is not a readable UTF-8 CSV: {err}") from err
     return frame
-
-
-def _rows(positions: Sequence[int]) -> list[int]:
-    """0-based frame positions as 1-based data row numbers."""
-    return [int(p) + 1 for p in positions]
 
 
 def _describe(values: pd.Series, positions: np.ndarray) -> str:
@@ -149,12 +127,9 @@ def _missing(values: pd.Series) -> np.ndarray:
 
 
 def label_delimiter_of(values: pd.Series, column: str, delimiter: str) -> str:
-    """The delimiter that joins class names in a class-name column, as `delimiter` says.
-
-    "auto" (the default) is ",": a cell holding ";" or "|" is refused, whether or not
-    others use ",", since one file mixing them would turn "delivery;price" into a class
-    of its own. Declaring "," keeps ";" and "|" inside class names; declaring ";" or "|"
-    splits on it; "" keeps each cell one class name.
+    """The delimiter that joins class names in a class-name column, as `delimiter` says:
+    "auto" is "," and refuses a cell holding ";" or "|" (a file mixing them would make
+    "delivery;price" a class); "" keeps each cell one class name.
 
     Raises:
         TextDataError: "auto" with cells holding ";" or "|" (the rows named, with the
@@ -208,15 +183,12 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
     """Validates a CSV's frame and turns its labels into 0/1 columns.
 
     Args:
-        frame: The CSV, every cell a string, holding `config`'s columns (as `read_csv`
-            gives it).
+        frame: The CSV as `read_csv` gives it.
         config: Column names and label handling.
 
     Returns:
-        `(data, info)`: `data` holds the kept rows with the text column then one 0/1
-        column per label (its index is the 0-based row position in the CSV); `info`
-        has `task`, `labels`, `label_source` ("one_hot" or "class_names"), `rows_in`,
-        `dropped` ({kind: {count, rows}}) and `given_other` (rows given the other label).
+        `(data, info)`: the kept rows (text, then one 0/1 column per label; indexed by CSV
+        position) and the manifest's facts (`task`, `labels`, `dropped`, ...).
 
     Raises:
         TextDataError: A label cell is not 0/1 or True/False, class names are joined by
@@ -250,7 +222,7 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
         "label_source": label_source,
         "label_delimiter_used": delimiter,
         "rows_in": int(len(frame)),
-        "dropped": {kind: {"count": int(len(p)), "rows": _rows(p[:_MAX_LISTED_ROWS])}
+        "dropped": {kind: {"count": int(len(p)), "rows": [int(r) + 1 for r in p[:_MAX_LISTED_ROWS]]}
                     for kind, p in dropped.items()},
         "given_other": given_other,
     }
@@ -336,13 +308,9 @@ def text_groups(texts: pd.Series) -> np.ndarray:
 
 def split_rows(data: pd.DataFrame, labels: Sequence[str], task: str,
                config: PrepareConfig) -> dict[str, np.ndarray]:
-    """Assigns every row to train, validation or test (`SPLIT_RULE`).
-
-    The test split takes `test_fraction` of the rows, validation takes
-    `validation_fraction` of the rest. Single-label data is split class by class
-    so each split keeps the class mix; multi-label data is split at random. Rows of one
-    text (`text_groups`) move together, so no test text is also a training text; without
-    such rows the split is the one row by row.
+    """Assigns every row to train, validation or test (`SPLIT_RULE`): test takes
+    `test_fraction` of the rows, validation `validation_fraction` of the rest, class by
+    class (single-label) or at random; rows of one text (`text_groups`) move together.
 
     Returns:
         Split name to the sorted positions (0-based, in `data`) of its rows.
@@ -406,10 +374,8 @@ def prepare_text_dataset(data_uri: str, out_dir: str, config: PrepareConfig) -> 
         config: Columns, label handling and split.
 
     Returns:
-        The manifest: `source`, `text_column`, `task`, `labels`, `label_source`,
-        `other_label`, `rows_in`, `rows_kept`, `dropped` ({kind: {count, rows}}, rows
-        numbered from 1 without the header, at most 100 listed), `given_other`,
-        `label_counts`, `splits` ({split: {rows, label_counts}}), and the split settings.
+        The manifest: source, labels, task, dropped rows (at most 100 listed per kind),
+        label counts, `splits` ({split: {rows, label_counts}}) and the split settings.
 
     Raises:
         TextDataError: The CSV cannot be used; the message says why and where.

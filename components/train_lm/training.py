@@ -1,21 +1,8 @@
 """An AWD-LSTM language model trained on a corpus, written as the text trainer's LM assets.
 
-Steps of `train_language_model`:
-1. Read the corpus (corpus.py) and hold out `validation_fraction` of its documents
-   (seeded), on which perplexity and accuracy are measured.
-2. Tokenize as the text trainer will (`formats.lm_assets.make_tokenizer`): spaCy's rules,
-   or for ja/ko/zh a SentencePiece model trained here on the training documents and
-   shipped with the assets.
-3. Train the forward model (and the backward one on request) with `fit_one_cycle`,
-   checkpointing model and optimizer after every epoch, at the step a SIGTERM stopped
-   (then the step exits 143) and every `checkpoint_every_steps` (`fastai_text.MidEpoch`):
-   a restarted job resumes there in the direction it was in, and never retrains a
-   finished direction.
-4. Write `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` (and
-   `<lang>/spm/spm.model`) under the output folder only once every direction is done,
-   plus `lm_metrics.json`, which sets each direction beside a unigram model of the same
-   training tokens on the same held-out targets (`unigram.py`) and flags a model that
-   does not beat it (`learnt_nothing`; the text pipeline refuses such assets).
+Each direction trains with `fit_one_cycle`, sealed every epoch, at a SIGTERM (exit 143) and
+every `checkpoint_every_steps` (`fastai_text.MidEpoch`); the assets and `lm_metrics.json`
+(each direction beside a unigram model, `unigram.py`) are published once all are done.
 """
 
 from __future__ import annotations
@@ -94,13 +81,8 @@ _TEXT, _VALID = "text", "is_valid"
 
 
 def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:
-    """Which of `count` documents are held out: a seeded draw of `fraction` of them.
-
-    At least one is held out and at least one trains.
-
-    Returns:
-        A boolean mask, True for the validation documents.
-    """
+    """A seeded mask of the held-out documents: `fraction` of `count`, at least one held out
+    and one left to train."""
     if count < 2:
         raise LMTrainingError(f"{count} document(s): nothing to hold out")
     held_out = min(count - 1, max(1, round(count * fraction)))
@@ -110,11 +92,7 @@ def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:
 
 
 def _open_run(folder: str, run_values: dict[str, Any]) -> run_state.Resume:
-    """This run's saved state, or a new one (another run's leftovers are removed).
-
-    Raises:
-        LMTrainingError: The folder holds another run's state.
-    """
+    """This run's saved state, or a new one (another run's state is refused, its files go)."""
     resume = run_state.open_run(folder, STATE, run_values, fresh={
         "spm_saved": False, "vocab_saved": False, "directions": {}, "finished": False})
     if resume.resumed:
@@ -167,8 +145,7 @@ class _Direction:
 
 
 def tensorboard_prefix(name: str) -> str:
-    """Tag group of a direction's scalars: "lm" (forward, as in the text trainer's logs)
-    or "lm_backward" (like the step's `backward_` metrics)."""
+    """Tag group of a direction's scalars: "lm" (forward) or "lm_backward"."""
     return "lm" if name == direction(False) else f"lm_{name}"
 
 
@@ -217,9 +194,7 @@ def _ids(items) -> np.ndarray:
 
 
 def unigram_of(dls) -> dict[str, Any]:
-    """`unigram_baseline` of a language model's loaders: the training texts' ids counted
-    over the vocabulary, scored on the held-out loader's targets (its texts in its order,
-    which it never shuffles; the loaders keep every text's ids, so nothing is made twice)."""
+    """`unigram_baseline` of a language model's loaders (the held-out one never shuffles)."""
     return unigram_baseline(_ids(dls.train.items), _ids(dls.valid.items), len(dls.vocab),
                             dls.valid.bs, dls.valid.seq_len)
 
@@ -245,27 +220,18 @@ def train_language_model(
 
     Args:
         corpus_uri: CSV file, .txt file or folder of .txt files, local or gs://.
-        output_dir: Folder that receives `<lang>/...` (the assets root the text pipeline's
-            `lm_assets` takes) and `lm_metrics.json`.
+        output_dir: Folder that receives `<lang>/...` (the assets root) and `lm_metrics.json`.
         config: Training settings.
-        checkpoint_folder: Where checkpoints and the state file go; default under
-            AIP_CHECKPOINT_DIR when Vertex sets it, else `<output_dir>/checkpoints`
-            (removed once the run is done).
+        checkpoint_folder: Where checkpoints and the state file go; default
+            `run_state.checkpoint_folder(output_dir)`.
         callbacks: Extra fastai callbacks for every fit (the tests interrupt runs with one).
-        tensorboard_folder: Folder (gs:// or local) of TensorBoard logs, one point per epoch
-            under `lm/<field>` (forward) and `lm_backward/<field>` (history fields), the
-            epoch as step; None or "": this task's folder under AIP_TENSORBOARD_LOG_DIR
-            when set, else no logs (`tensorboard.log_folder`).
+        tensorboard_folder: Folder of TensorBoard logs (`lm/<field>`, `lm_backward/<field>`);
+            None or "": `tensorboard.log_folder`.
 
     Returns:
-        The content of lm_metrics.json: `lang`, `perplexity` and `accuracy` (the forward
-        model's, on the held-out documents), `directions` (per direction: the final
-        `valid_loss`, `perplexity`, `accuracy`, `history`, epoch seconds, found rates,
-        `unigram` (`unigram_baseline`'s perplexity, accuracy, valid_loss and targets on the
-        same held-out targets), `beats_unigram` (perplexity lower than the unigram's) and
-        `learnt_nothing` (why not, else None)), `learnt_nothing` (every direction's reason,
-        "<direction>: <why>", or None),
-        `corpus` (corpus.read_corpus's report), `tokens`, `vocab_size`, `run`, `config`.
+        The content of lm_metrics.json: `lang`, the forward model's `perplexity` and
+        `accuracy`, `directions` (each one's figures, history, `unigram`, `beats_unigram`,
+        `learnt_nothing`), `learnt_nothing`, `corpus`, `tokens`, `vocab_size`, `run`, `config`.
 
     Raises:
         LMTrainingError: A corpus or settings that cannot be trained.
@@ -324,12 +290,8 @@ def _read_frame(corpus_uri: str, config: LMConfig) -> tuple[Corpus, pd.DataFrame
 def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: list | None,
                      config: LMConfig, backwards: bool, arch_config: dict[str, Any],
                      precision: str, staging: str, callbacks: Sequence[Callback]) -> list:
-    """Trains one direction's model (or what is left of it) and stages its assets.
-
-    Returns:
-        The vocabulary: `vocab`, or this direction's data's when `vocab` was None (then
-        saved, so that the other direction and a resumed run number tokens alike).
-    """
+    """Trains one direction (or what is left of it), stages its assets; returns the
+    vocabulary, saved when first made so every direction and resume numbers tokens alike."""
     set_seed(config.seed + int(backwards))
     dls, tokens = _dataloaders(frame, tokenizer, vocab, config, backwards)
     if vocab is None:
@@ -366,11 +328,7 @@ def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: lis
 def _export(resume: run_state.Resume, staging: str, spm: str | None,
             output_dir: str, config: LMConfig, corpus: Corpus, vocab_size: int,
             precision: str, arch_config: dict[str, Any], started: float) -> dict[str, Any]:
-    """Publishes the staged assets (with the SentencePiece model) and `lm_metrics.json`.
-
-    Returns:
-        The content of lm_metrics.json; the state then records the run as finished.
-    """
+    """Publishes the staged assets (with the SentencePiece model) and `lm_metrics.json`."""
     if spm:
         spm_target = os.path.join(staging, config.lang, SPM_FILE)
         os.makedirs(os.path.dirname(spm_target), exist_ok=True)
