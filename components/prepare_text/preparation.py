@@ -47,17 +47,13 @@ _MAX_ROWS_IN_ERROR = 5
 # cell (which means "no label" here). Matched case-sensitively after stripping, as pandas does.
 _MISSING = frozenset({"#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND",
                       "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
-# Delimiters people join several class names with; one of them in the cells while the
-# configured one is in none means the setting does not match the file.
+# Delimiters people join class names with; one in the cells but not the configured one
+# means the setting does not match the file.
 _COMMON_DELIMITERS = (",", ";", "|")
 
 
 def read_bytes(uri: str) -> bytes:
-    """The bytes of a local or gs:// file.
-
-    Raises:
-        TextDataError: The file does not exist.
-    """
+    """The bytes of a local or gs:// file (TextDataError when absent or a folder)."""
     fs, path = filesystem(uri)
     if not fs.exists(path):
         raise TextDataError(f"{uri} does not exist")
@@ -97,8 +93,7 @@ def read_csv(uri: str, data: bytes | None = None,
 def _describe(values: pd.Series, positions: np.ndarray) -> str:
     shown = ", ".join(f"{values.iloc[p]!r} at row {p + 1}" for p in positions[:_MAX_ROWS_IN_ERROR])
     extra = len(positions) - _MAX_ROWS_IN_ERROR
-    more = f" and {extra} more" if extra > 0 else ""
-    return shown + more
+    return shown + (f" and {extra} more" if extra > 0 else "")
 
 
 def _bool_like(values: pd.Series) -> np.ndarray:
@@ -230,12 +225,7 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
 
 
 def _label_columns(columns: list[str], config: PrepareConfig) -> list[str]:
-    """The CSV's label columns: those `config` names, else every column but the text (the
-    header holds them: `read_csv`).
-
-    Raises:
-        TextDataError: The text column is named a label too, or no label column remains.
-    """
+    """The label columns `config` names, else every column but the text."""
     text = config.text_column
     if text in config.label_columns:
         raise TextDataError(f"column {text!r} cannot be both the text and a label column")
@@ -300,8 +290,7 @@ SPLIT_RULE = {"version": 2, "rule": "stratified by class (single-label) or at ra
 
 
 def text_groups(texts: pd.Series) -> np.ndarray:
-    """Each row's group: rows whose texts are equal once whitespace is collapsed and case
-    folded share one, numbered in the order they first appear."""
+    """Each row's group, numbered in order: rows of one text (`SPLIT_RULE`) share one."""
     keys = texts.astype(str).map(lambda t: " ".join(t.split()).casefold())
     return pd.factorize(keys)[0]
 

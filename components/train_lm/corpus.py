@@ -31,13 +31,8 @@ NOT_TEXT = "not text"
 
 @dataclasses.dataclass
 class Corpus:
-    """The documents of a corpus and an account of how they were read.
-
-    Attributes:
-        documents: Texts, in a fixed order (files by name, then paragraphs; CSV rows).
-        report: `{"uri", "kind" ("csv" or "txt"), "files", "documents", "characters",
-            "sha256", "skipped": {reason: {"count", "examples"}}}`.
-    """
+    """A corpus's documents (files by name, then paragraphs; CSV rows) and its report
+    (`uri`, `kind`, `files`, `documents`, `characters`, `sha256`, `skipped`)."""
 
     documents: list[str]
     report: dict[str, Any]

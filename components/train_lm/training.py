@@ -114,9 +114,8 @@ class _Direction:
 
     def restore(self, learn) -> dict | None:
         """Loads the last checkpoint; returns its mid-epoch step (`MidEpoch`) or None."""
-        if self.mine["checkpoint"]:
-            return load_checkpoint(learn, self.path(self.mine["checkpoint"]))
-        return None
+        name = self.mine["checkpoint"]
+        return load_checkpoint(learn, self.path(name)) if name else None
 
     def rate(self, learn, config: LMConfig) -> float:
         if config.learning_rate:
@@ -188,7 +187,7 @@ def _dataloaders(frame: pd.DataFrame, tokenizer, vocab, config: LMConfig, backwa
 
 
 def _ids(items) -> np.ndarray:
-    """The token ids of an LM loader's texts (`dls.train.items`), one after another."""
+    """The token ids of an LM loader's texts, one after another."""
     return np.concatenate([np.asarray(items[i]).ravel() for i in range(len(items))]
                           or [np.zeros(0, dtype=np.int64)])
 
@@ -197,15 +196,6 @@ def unigram_of(dls) -> dict[str, Any]:
     """`unigram_baseline` of a language model's loaders (the held-out one never shuffles)."""
     return unigram_baseline(_ids(dls.train.items), _ids(dls.valid.items), len(dls.vocab),
                             dls.valid.bs, dls.valid.seq_len)
-
-
-def _publish(staging: str, output_dir: str, lang: str) -> None:
-    """Moves the finished `<lang>` folder into the output, replacing an older one."""
-    target = os.path.join(output_dir, lang)
-    if os.path.exists(target):
-        shutil.rmtree(target)
-    shutil.copytree(os.path.join(staging, lang), os.path.join(output_dir, TMP_PREFIX + lang))
-    os.replace(os.path.join(output_dir, TMP_PREFIX + lang), target)
 
 
 def train_language_model(
@@ -238,8 +228,13 @@ def train_language_model(
     """
     require_torch_gpus()  # before anything is read: a job without its GPUs ends now
     started = time.monotonic()
-    _check_model_config(config)
-    corpus, frame = _read_frame(corpus_uri, config)
+    unknown = sorted(set(config.model_config) - set(awd_lstm_lm_config))
+    if unknown:
+        raise LMTrainingError(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
+                              f"{sorted(awd_lstm_lm_config)}")
+    corpus: Corpus = read_corpus(corpus_uri, config.text_column)
+    is_valid = split_documents(len(corpus.documents), config.validation_fraction, config.seed)
+    frame = pd.DataFrame({_TEXT: corpus.documents, _VALID: is_valid})
     folder = checkpoint_folder or run_state.checkpoint_folder(output_dir)
     os.makedirs(folder, exist_ok=True)
     resume = _open_run(folder, {
@@ -270,21 +265,6 @@ def train_language_model(
     if checkpoint_folder is None and run_state.inside_output(folder, output_dir):
         shutil.rmtree(folder, ignore_errors=True)  # they would ship inside the assets
     return result
-
-
-def _check_model_config(config: LMConfig) -> None:
-    """Refuses AWD-LSTM settings fastai does not know."""
-    unknown = sorted(set(config.model_config) - set(awd_lstm_lm_config))
-    if unknown:
-        raise LMTrainingError(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
-                              f"{sorted(awd_lstm_lm_config)}")
-
-
-def _read_frame(corpus_uri: str, config: LMConfig) -> tuple[Corpus, pd.DataFrame]:
-    """The corpus, and its documents as fastai reads them with the held-out ones marked."""
-    corpus: Corpus = read_corpus(corpus_uri, config.text_column)
-    is_valid = split_documents(len(corpus.documents), config.validation_fraction, config.seed)
-    return corpus, pd.DataFrame({_TEXT: corpus.documents, _VALID: is_valid})
 
 
 def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: list | None,
@@ -334,7 +314,12 @@ def _export(resume: run_state.Resume, staging: str, spm: str | None,
         os.makedirs(os.path.dirname(spm_target), exist_ok=True)
         shutil.copyfile(spm, spm_target)
     os.makedirs(output_dir, exist_ok=True)
-    _publish(staging, output_dir, config.lang)
+    target = os.path.join(output_dir, config.lang)  # replaces an older one
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    temporary = os.path.join(output_dir, TMP_PREFIX + config.lang)
+    shutil.copytree(os.path.join(staging, config.lang), temporary)
+    os.replace(temporary, target)
     result = _result(resume.state, config, corpus, vocab_size, precision, arch_config,
                      time.monotonic() - started)
     write_json_atomically(os.path.join(output_dir, METRICS_FILE), result, sort_keys=False)
