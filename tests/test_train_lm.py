@@ -34,7 +34,9 @@ from components.train_lm.unigram import compare, lm_target_batches, unigram_base
 from components.train_text.assets import UnlearntAssetsError, fetch_assets
 from components.train_text.contract import TrainConfig, required_files
 from components.train_text.training import train_text_classifier
-from tests.conftest import forbid_tokenizer_pool
+from tests.test_text_train import (
+    _no_vertex_checkpoint_dir_nor_forks as _no_vertex_checkpoint_dir_nor_forks,
+)
 from tools.datamakers.demo_text import write_reviews_csv
 from tools.datamakers.zipf_corpus import write_zipf_corpus
 
@@ -43,12 +45,6 @@ FAST = dict(batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=2)
 # Long enough for the tiny model to beat a unigram model of its training tokens on the
 # reviews (FAST does not: held-out perplexity 60 vs 44), as the text trainer requires.
 LEARNT = {**FAST, "epochs": 6, "learning_rate": 3e-2}
-
-
-@pytest.fixture(autouse=True)
-def _no_vertex_checkpoint_dir_nor_forks(monkeypatch):
-    monkeypatch.delenv("AIP_CHECKPOINT_DIR", raising=False)
-    forbid_tokenizer_pool(monkeypatch)  # tokenized in this process
 
 
 @pytest.fixture(scope="module")
