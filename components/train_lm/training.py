@@ -91,16 +91,6 @@ def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:
     return mask
 
 
-def _open_run(folder: str, run_values: dict[str, Any]) -> run_state.Resume:
-    """This run's saved state, or a new one (another run's state is refused, its files go)."""
-    resume = run_state.open_run(folder, STATE, run_values, fresh={
-        "spm_saved": False, "vocab_saved": False, "directions": {}, "finished": False})
-    if resume.resumed:
-        log.info("resuming: %s",
-                 {d: s["epochs_done"] for d, s in resume.state["directions"].items()})
-    return resume
-
-
 class _Direction:
     """Checkpoints and state of one direction's model."""
 
@@ -237,9 +227,14 @@ def train_language_model(
     frame = pd.DataFrame({_TEXT: corpus.documents, _VALID: is_valid})
     folder = checkpoint_folder or run_state.checkpoint_folder(output_dir)
     os.makedirs(folder, exist_ok=True)
-    resume = _open_run(folder, {
+    # This run's saved state, or a new one (another run's state is refused, its files go).
+    resume = run_state.open_run(folder, STATE, {
         "config": dataclasses.asdict(config), "corpus": corpus.report["sha256"],
-        "output": os.path.abspath(output_dir)})
+        "output": os.path.abspath(output_dir)}, fresh={
+        "spm_saved": False, "vocab_saved": False, "directions": {}, "finished": False})
+    if resume.resumed:
+        log.info("resuming: %s",
+                 {d: s["epochs_done"] for d, s in resume.state["directions"].items()})
     arch_config = {**awd_lstm_lm_config, **config.model_config}
     precision = precision_here(config.mixed_precision)
     tensorboard = ScalarLog(log_folder(output_dir, tensorboard_folder))
