@@ -48,8 +48,6 @@ def test_random_encoder_trains_unfrozen_and_lm_from_scratch_has_no_frozen_epoch(
     plan = schedule.plan_stages(2, 3, 2e-3, 2e-2, pretrained=False)
     assert [(s.name, s.epochs) for s in plan][:1] == [("lm-all", 2)]
     assert plan[1].name == "classifier-head"  # the LM-trained encoder unfreezes gradually
-    with pytest.raises(ValueError):
-        schedule.plan_stages(0, 0, 1e-3, 1e-2, True)
 
 
 def test_learning_rate_zero_means_found_once_then_shared_by_the_stages():
@@ -111,8 +109,6 @@ def test_auto_unfreezes_gradually_only_with_enough_batches_per_stage(mode, batch
     assert resolved == used
     expected = f"{batches} batches per epoch" if mode == "auto" else f"unfreeze={mode}"
     assert expected in reason
-    with pytest.raises(TextTrainingError, match="unfreeze must be one of"):
-        schedule.resolve_unfreeze("slowly", batches)
 
 
 def test_unfreeze_all_trains_a_learnt_encoder_in_one_stage_at_the_scratch_rate():

@@ -52,10 +52,8 @@ def unigram_baseline(train_ids: np.ndarray, valid_stream: np.ndarray, vocab_size
         "targets"}`; perplexity, accuracy and loss are None when the stream gives no batch.
 
     Raises:
-        ValueError: An id outside the vocabulary, or no vocabulary.
+        ValueError: An id outside the vocabulary.
     """
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     train_ids = np.asarray(train_ids, dtype=np.int64).ravel()
     batches = lm_target_batches(np.asarray(valid_stream, dtype=np.int64).ravel(), bs, seq_len)
     for name, ids in (("training", train_ids), *(("held-out", b) for b in batches)):
