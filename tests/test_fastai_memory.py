@@ -1,8 +1,5 @@
-"""The fastai text trainers hand memory they freed back to the system (issue 56 item 5).
-
-`bench/lm_memory_bench.py --corpus english` measures it at the English LM's size; here the
-helper, the callback's trim points, and glibc's behaviour the fix relies on.
-"""
+"""The fastai text trainers hand memory they freed back to the system (issue 56 item 5):
+the helper, the callback's trim points, and glibc's behaviour the fix relies on."""
 
 import ctypes
 import os

@@ -16,14 +16,15 @@ import pytest
 from fastai.text.all import Callback
 
 from components.common import fastai_text
-from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.train_lm.contract import LMConfig, LMTrainingError
 from components.train_lm.training import train_language_model
 from components.train_text import schedule
 from components.train_text.contract import TextTrainingError, TrainConfig
 from components.train_text.training import train_text_classifier
-from tests.conftest import forbid_tokenizer_pool
-from tools.datamakers.demo_text import write_reviews_csv
+from tests.test_text_train import (
+    _no_vertex_checkpoint_dir_nor_forks as _no_vertex_checkpoint_dir_nor_forks,
+)
+from tests.test_text_train import prepared_reviews
 from tools.datamakers.zipf_corpus import write_zipf_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,10 +52,7 @@ open(result, "w").write(json.dumps(metrics, default=str))
 
 
 @pytest.fixture(autouse=True)
-def _no_vertex_checkpoint_dir_nor_forks(monkeypatch):
-    monkeypatch.delenv("AIP_CHECKPOINT_DIR", raising=False)
-    forbid_tokenizer_pool(monkeypatch)  # tokenized in this process
-    # as the script does: the tiny models are not judged
+def _not_judged(monkeypatch):  # as the script does: the tiny models are not judged
     monkeypatch.setattr(schedule, "LM_ACCURACY_MARGIN", -1.0)
     monkeypatch.setattr(schedule, "MAX_RESTARTS", 0)
 
@@ -68,10 +66,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reviews(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reviews")
-    write_reviews_csv(str(root / "reviews.csv"), rows=1000, seed=1)
-    prepare_text_dataset(str(root / "reviews.csv"), str(root / "dataset"), PrepareConfig())
-    return str(root / "dataset")
+    return prepared_reviews(tmp_path_factory.mktemp("reviews"), 1000)
 
 
 def _preempted_then_resumed(tmp_path: Path, kind: str, data: str, config: dict,

@@ -82,16 +82,14 @@ def test_class_name_column_single_and_multi_label(tmp_path):
     assert data[["x", "y", "z"]].to_numpy().tolist() == [[1, 1, 0], [0, 1, 0], [1, 0, 1]]
 
 
-def test_missing_text_column_is_named(tmp_path):
-    data = _csv(tmp_path, "review,a,b\nhello,1,0\n")
-    with pytest.raises(TextDataError, match=r"has no column 'text' \(its header: \['review'"):
-        prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig())
-
-
-def test_unknown_label_column_is_named(tmp_path):
-    data = _csv(tmp_path, "text,a,b\nhello,1,0\n")
-    with pytest.raises(TextDataError, match=r"has no column 'c' .*set label_columns"):
-        prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig(label_columns=("a", "c")))
+@pytest.mark.parametrize("header, labels, match", [
+    ("review,a,b", (), r"has no column 'text' \(its header: \['review'"),
+    ("text,a,b", ("a", "c"), r"has no column 'c' .*set label_columns"),
+])
+def test_a_missing_text_or_label_column_is_named(tmp_path, header, labels, match):
+    data = _csv(tmp_path, f"{header}\nhello,1,0\n")
+    with pytest.raises(TextDataError, match=match):
+        prepare_text_dataset(data, str(tmp_path / "out"), PrepareConfig(label_columns=labels))
 
 
 def test_bad_label_values_name_column_and_rows(tmp_path):
@@ -152,6 +150,8 @@ def test_nothing_usable_or_too_few_rows_is_an_error(tmp_path):
         prepare_text_dataset(tiny, str(tmp_path / "o2"), PrepareConfig())
     with pytest.raises(TextDataError, match="does not exist"):
         prepare_text_dataset(str(tmp_path / "nope.csv"), str(tmp_path / "o3"), PrepareConfig())
+    with pytest.raises(TextDataError, match="is a folder; give the CSV file inside it"):
+        prepare_text_dataset(str(tmp_path), str(tmp_path / "o4"), PrepareConfig())
     with pytest.raises(TextDataError, match="validation_fraction"):
         PrepareConfig(validation_fraction=0)
 
@@ -197,11 +197,6 @@ def test_a_single_binary_column_with_typos_names_the_rows(tmp_path):
                   name="digits.csv")
     manifest = prepare_text_dataset(digits, str(tmp_path / "out2"), PrepareConfig())
     assert manifest["labels"] == ["0", "1", "2"] and manifest["task"] == "single_label"
-
-
-def test_a_folder_as_the_csv_is_named(tmp_path):
-    with pytest.raises(TextDataError, match="is a folder; give the CSV file inside it"):
-        prepare_text_dataset(str(tmp_path), str(tmp_path / "out"), PrepareConfig())
 
 
 def test_missing_label_markers_are_dropped_and_counted_not_a_class(tmp_path):

@@ -1,18 +1,7 @@
-"""The text classifier learns real text: Python's own docstrings
-(tools.datamakers.docstring_corpus, 7 packages as labels, ~770 rows).
-
-The demo CSV's templated reviews are learnt by anything; real prose is not. One run of the
-whole text pipeline, from random weights (this offline machine cannot fetch fastai's
-WikiText-103 model; tests/test_wt103.py runs that start against a stand-in), with a small
-AWD-LSTM so that it is a test and not a measurement: a language model fine-tuned on the
-task's texts first (kept or discarded by what it learnt), then the classifier. It must beat
-predicting every label, scored by the evaluation on the same split, by 0.25 micro F1
-(measured: 0.742 against 0.258 on seed 1).
-
-The recipe's quality at its defaults (full-size AWD-LSTM, 4 LM and 12 classifier epochs:
-~12 CPU minutes a seed) is measured over seeds by `bench/text_seeds.py -- --pretrained
-false` (figures in docs/measurements.md), and whether a language model made by the LM
-pipeline is a better start than none by `bench/ulmfit_bench.py`.
+"""The text classifier learns real text (Python's docstrings, 7 packages as labels, ~770
+rows) through the whole pipeline, from random weights and a small AWD-LSTM: it must beat
+predicting every label by 0.25 micro F1 (measured: 0.742 against 0.258 on seed 1). The
+recipe at its defaults is measured by `bench/text_seeds.py` and `bench/ulmfit_bench.py`.
 """
 
 import json

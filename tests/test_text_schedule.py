@@ -48,8 +48,6 @@ def test_random_encoder_trains_unfrozen_and_lm_from_scratch_has_no_frozen_epoch(
     plan = schedule.plan_stages(2, 3, 2e-3, 2e-2, pretrained=False)
     assert [(s.name, s.epochs) for s in plan][:1] == [("lm-all", 2)]
     assert plan[1].name == "classifier-head"  # the LM-trained encoder unfreezes gradually
-    with pytest.raises(ValueError):
-        schedule.plan_stages(0, 0, 1e-3, 1e-2, True)
 
 
 def test_learning_rate_zero_means_found_once_then_shared_by_the_stages():
@@ -93,13 +91,9 @@ def test_narrower_models_take_higher_rates():
     floor, ceiling = schedule.found_rate_bounds(whole, n_hid=256)
     assert (floor, ceiling) == pytest.approx((3e-3 * 4.5, 5e-3 * 4.5))
     assert schedule.found_rate_bounds(whole, n_hid=64) == (5e-2, 5e-2)  # the head's cap
+    # a head on a frozen encoder may take higher rates than a whole model, whatever its width
     head = schedule.Stage("classifier-head", "classifier", 1, 0, freeze_to=-1)
-    assert schedule.found_rate_bounds(head, n_hid=64) == (3e-3, 5e-2)
-
-
-def test_a_head_on_a_frozen_encoder_may_take_higher_rates_than_a_whole_model():
-    head = schedule.Stage("classifier-head", "classifier", 1, 0, freeze_to=-1)
-    whole = schedule.Stage("classifier-all", "classifier", 6, 0)
+    assert schedule.found_rate_bounds(head) == schedule.found_rate_bounds(head, 64) == (3e-3, 5e-2)
     assert choose_rate({"valley": 3e-2}, *schedule.found_rate_bounds(head))[0] == 3e-2
     assert choose_rate({"valley": 3e-2}, *schedule.found_rate_bounds(whole))[0] == 5e-3
 
@@ -115,8 +109,6 @@ def test_auto_unfreezes_gradually_only_with_enough_batches_per_stage(mode, batch
     assert resolved == used
     expected = f"{batches} batches per epoch" if mode == "auto" else f"unfreeze={mode}"
     assert expected in reason
-    with pytest.raises(TextTrainingError, match="unfreeze must be one of"):
-        schedule.resolve_unfreeze("slowly", batches)
 
 
 def test_unfreeze_all_trains_a_learnt_encoder_in_one_stage_at_the_scratch_rate():

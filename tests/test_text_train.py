@@ -49,17 +49,21 @@ FAST = dict(batch_size=8, min_freq=1, seq_len=24, lang="fr")
 
 
 @pytest.fixture(autouse=True)
-def _no_vertex_checkpoint_dir_nor_forks(monkeypatch):
+def _no_vertex_checkpoint_dir_nor_forks(monkeypatch):  # the fastai trainers' tests share it
     monkeypatch.delenv("AIP_CHECKPOINT_DIR", raising=False)
     forbid_tokenizer_pool(monkeypatch)  # tokenized in this process
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("text")
-    write_reviews_csv(str(root / "reviews.csv"), rows=60, seed=1)
+def prepared_reviews(root, rows: int) -> str:
+    """The demo reviews (seed 1) prepared in `root`; returns the dataset folder."""
+    write_reviews_csv(str(root / "reviews.csv"), rows=rows, seed=1)
     prepare_text_dataset(str(root / "reviews.csv"), str(root / "dataset"), PrepareConfig())
     return str(root / "dataset")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return prepared_reviews(tmp_path_factory.mktemp("text"), 60)
 
 
 @pytest.fixture(scope="module")
@@ -117,10 +121,10 @@ class StopAfter(Callback):
                 raise KeyboardInterrupt("simulated preemption")
 
 
-def _assert_rows_copied(pretrained_path: str, vocab_path: str, weights, vocab) -> int:
-    """Rows of `weights` for tokens in both vocabularies equal the pretrained ones."""
-    old = torch.load(pretrained_path, weights_only=False)["0.encoder.weight"]
-    old_index = {tok: i for i, tok in enumerate(load_pickle(vocab_path))}
+def _assert_rows_copied(assets: str, weights, vocab) -> int:
+    """Rows of `weights` for tokens in both vocabularies equal those of the assets' fr LM."""
+    old = torch.load(f"{assets}/fr/forward/weights.pth", weights_only=False)["0.encoder.weight"]
+    old_index = {tok: i for i, tok in enumerate(load_pickle(f"{assets}/fr/forward/vocab.pkl"))}
     shared = [(i, old_index[tok]) for i, tok in enumerate(vocab)
               if tok in old_index and not tok.startswith("xx")]
     assert len(shared) > 10
@@ -137,8 +141,7 @@ def test_pretrained_lm_is_loaded_into_the_classifier(dataset, lm_assets, tmp_pat
                                    lm_assets_uri=lm_assets, callbacks=[capture])
     kind, weights, vocab = capture.fits[0]
     assert kind == "TextLearner"
-    _assert_rows_copied(f"{lm_assets}/fr/forward/weights.pth", f"{lm_assets}/fr/forward/vocab.pkl",
-                        weights, vocab)
+    _assert_rows_copied(lm_assets, weights, vocab)
     assert result["run"]["arch_config"]["emb_sz"] == 16  # sizes from config.json
     assert [h["stage"] for h in result["history"]] == ["classifier-head", "classifier-all"]
     assert result["run"]["unfreeze"] == {"used": "gradual", "reason": "unfreeze=gradual"}
@@ -156,8 +159,7 @@ def test_pretrained_lm_read_from_gcs_is_fine_tuned(dataset, lm_assets, tmp_path,
                                    lm_assets_uri="gs://lm-assets/models", callbacks=[capture])
     kind, weights, vocab = capture.fits[0]
     assert kind == "LMLearner"
-    _assert_rows_copied(f"{lm_assets}/fr/forward/weights.pth", f"{lm_assets}/fr/forward/vocab.pkl",
-                        weights, vocab)
+    _assert_rows_copied(lm_assets, weights, vocab)
     assert [h["stage"] for h in result["history"]] == ["lm-head", "classifier-all"]
 
 
@@ -185,8 +187,7 @@ def test_tokens_rarer_than_min_freq_keep_what_the_pretrained_lm_learnt(dataset, 
     _, weights, vocab = capture.fits[0]
     assert set(rare[1:]) <= set(vocab) and rare[0] not in vocab  # xxunk, as fastai makes it
     assert {t for t, c in counts.items() if c >= 3} <= set(vocab)  # fastai's own, as before
-    _assert_rows_copied(f"{assets}/fr/forward/weights.pth", f"{assets}/fr/forward/vocab.pkl",
-                        weights, vocab)
+    _assert_rows_copied(str(assets), weights, vocab)
     assert result["run"]["vocab_size"] == len(vocab)
 
 
@@ -426,13 +427,11 @@ class NothingLearntInFirstFits(Callback):
 
 @pytest.mark.slow
 def test_a_classifier_that_learnt_nothing_trains_again_at_a_quarter_of_the_rate(tmp_path):
-    write_reviews_csv(str(tmp_path / "reviews.csv"), rows=200, seed=1)
-    prepare_text_dataset(str(tmp_path / "reviews.csv"), str(tmp_path / "dataset"),
-                         PrepareConfig())
+    dataset = prepared_reviews(tmp_path, 200)
     blocked = NothingLearntInFirstFits(1)
     config = TrainConfig(pretrained=False, lm_epochs=0, epochs=4, model_config=TINY,
                          learning_rate=3e-2, **FAST)
-    result = train_text_classifier(str(tmp_path / "dataset"), str(tmp_path / "model"), config,
+    result = train_text_classifier(dataset, str(tmp_path / "model"), config,
                                    callbacks=[blocked])
     run = result["run"]
     [restart] = run["restarts"]

@@ -11,9 +11,8 @@ import pandas as pd
 import pytest
 import torch
 from fastai.text.all import Callback, load_pickle
-from fastai.text.learner import _get_text_vocab
 
-from components.common.fastai_text import choose_rate
+from components.common.fastai_text import TOKENIZER_WORKERS, choose_rate, language_model_loaders
 from components.formats.lm_assets import make_tokenizer
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.train_lm.contract import (
@@ -34,7 +33,10 @@ from components.train_lm.unigram import compare, lm_target_batches, unigram_base
 from components.train_text.assets import UnlearntAssetsError, fetch_assets
 from components.train_text.contract import TrainConfig, required_files
 from components.train_text.training import train_text_classifier
-from tests.conftest import forbid_tokenizer_pool
+from tests.test_text_train import Capture
+from tests.test_text_train import (
+    _no_vertex_checkpoint_dir_nor_forks as _no_vertex_checkpoint_dir_nor_forks,
+)
 from tools.datamakers.demo_text import write_reviews_csv
 from tools.datamakers.zipf_corpus import write_zipf_corpus
 
@@ -43,12 +45,6 @@ FAST = dict(batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=2)
 # Long enough for the tiny model to beat a unigram model of its training tokens on the
 # reviews (FAST does not: held-out perplexity 60 vs 44), as the text trainer requires.
 LEARNT = {**FAST, "epochs": 6, "learning_rate": 3e-2}
-
-
-@pytest.fixture(autouse=True)
-def _no_vertex_checkpoint_dir_nor_forks(monkeypatch):
-    monkeypatch.delenv("AIP_CHECKPOINT_DIR", raising=False)
-    forbid_tokenizer_pool(monkeypatch)  # tokenized in this process
 
 
 @pytest.fixture(scope="module")
@@ -219,20 +215,23 @@ def test_a_model_that_does_not_beat_the_unigram_says_why():
     assert compare(5.0, 0.5, None) == (None, None)  # a run from before it was measured
 
 
+def _zipf_lm_datasets(tmp_path, tokens: int, types: int, every: int):
+    """fastai's LM `Datasets` of a Zipf corpus, every `every`-th paragraph held out."""
+    from fastai.text.all import ColReader, ColSplitter, DataBlock, TextBlock
+
+    corpus = tmp_path / "corpus.txt"
+    write_zipf_corpus(str(corpus), tokens=tokens, types=types)
+    texts = corpus.read_text().split("\n\n")
+    frame = pd.DataFrame({"text": texts, "valid": [i % every == 0 for i in range(len(texts))]})
+    return DataBlock(blocks=TextBlock.from_df("text", is_lm=True, seq_len=16,
+                                              n_workers=TOKENIZER_WORKERS),
+                     get_x=ColReader("text"), splitter=ColSplitter("valid")).datasets(frame)
+
+
 def test_the_unigram_is_scored_on_the_targets_the_loader_gives(tmp_path):
     """The targets `lm_target_batches` lays out are those of fastai's held-out batches, and
     the unigram's figures are those fastai's metrics would give it there."""
-    from fastai.text.all import ColReader, ColSplitter, DataBlock, TextBlock
-
-    from components.common.fastai_text import TOKENIZER_WORKERS, language_model_loaders
-
-    corpus = tmp_path / "corpus.txt"
-    write_zipf_corpus(str(corpus), tokens=3_000, types=300)
-    texts = corpus.read_text().split("\n\n")
-    frame = pd.DataFrame({"text": texts, "valid": [i % 4 == 0 for i in range(len(texts))]})
-    dsets = DataBlock(blocks=TextBlock.from_df("text", is_lm=True, seq_len=16,
-                                               n_workers=TOKENIZER_WORKERS),
-                      get_x=ColReader("text"), splitter=ColSplitter("valid")).datasets(frame)
+    dsets = _zipf_lm_datasets(tmp_path, 3_000, 300, every=4)
     dls = language_model_loaders(dsets, bs=8, val_bs=5, seq_len=16)
     stream = np.concatenate([np.asarray(dls.valid.items[i]) for i in range(len(dsets.valid))])
     ours = lm_target_batches(stream, dls.valid.bs, dls.valid.seq_len)
@@ -256,7 +255,6 @@ def test_the_unigram_is_scored_on_the_targets_the_loader_gives(tmp_path):
 
 def test_a_found_rate_sweeps_no_more_batches_than_the_training_and_is_kept(reviews, tmp_path):
     from components.common.fastai_text import LR_FIND_MIN_ITERATIONS
-    from components.train_lm.training import MAX_FOUND_LR, MIN_FOUND_LR
 
     result = train_language_model(reviews, str(tmp_path / "assets"),
                                   LMConfig(lang="fr", **{**FAST, "learning_rate": 0}))
@@ -299,10 +297,6 @@ def test_assets_in_the_text_trainers_layout_with_held_out_metrics(reviews, tmp_p
     assert console_metrics(short)["beats_unigram"] == 0.0
     with pytest.raises(UnlearntAssetsError, match="forward language model .*no better than"):
         fetch_assets(str(tmp_path / "short"), "fr", False, str(tmp_path / "copy2"))
-    print(f"tiny LM: perplexity {forward['perplexity']:.2f} (2 epochs: "
-          f"{flagged['perplexity']:.2f}), accuracy {forward['accuracy']:.3f} "
-          f"({flagged['accuracy']:.3f}); unigram {unigram['perplexity']:.2f} / "
-          f"{unigram['accuracy']:.3f}")
     # the weights are the trained model's: they load into a fresh one of config.json's shape
     weights = torch.load(assets.weights, weights_only=False)
     assert weights["0.encoder.weight"].shape == (len(load_pickle(assets.vocab)), 16)
@@ -357,16 +351,6 @@ def test_sentencepiece_languages_ship_the_model_they_were_cut_with(tmp_path):
     assert set(next(iter(tokenizer([sentences[0]])))) <= set(load_pickle(assets.vocab))
 
 
-class FirstEncoder(Callback):
-    order = 0
-
-    def before_fit(self):
-        if not hasattr(self, "weights"):
-            encoder = self.learn.model[0]
-            self.weights = getattr(encoder, "module", encoder).encoder.weight.detach().clone()
-            self.vocab = list(_get_text_vocab(self.learn.dls))
-
-
 @pytest.mark.slow
 def test_the_text_trainer_starts_from_these_assets_new_tokens_at_the_mean(reviews, tmp_path):
     """A task word the LM never saw is not an error: ULMFiT gives it the mean embedding."""
@@ -380,18 +364,19 @@ def test_the_text_trainer_starts_from_these_assets_new_tokens_at_the_mean(review
     train_language_model(str(corpus), str(assets), LMConfig(lang="fr", **LEARNT))
     dataset = tmp_path / "dataset"
     prepare_text_dataset(reviews, str(dataset), PrepareConfig())
-    capture = FirstEncoder()
+    capture = Capture()
     config = TrainConfig(lang="fr", pretrained=True, lm_epochs=0, epochs=1, batch_size=8,
                          min_freq=1, seq_len=16)
     train_text_classifier(str(dataset), str(tmp_path / "model"), config,
                           lm_assets_uri=str(assets), callbacks=[capture])
     old = torch.load(assets / "fr/forward/weights.pth", weights_only=False)["0.encoder.weight"]
     old_index = {tok: i for i, tok in enumerate(load_pickle(assets / "fr/forward/vocab.pkl"))}
-    assert unseen in capture.vocab and unseen not in old_index
-    for i, token in enumerate(capture.vocab):
+    _, weights, vocab = capture.fits[0]
+    assert unseen in vocab and unseen not in old_index
+    for i, token in enumerate(vocab):
         expected = old[old_index[token]] if token in old_index else old.mean(0)
-        assert torch.allclose(capture.weights[i], expected), token
-    assert np.mean([t in old_index for t in capture.vocab]) > 0.5
+        assert torch.allclose(weights[i], expected), token
+    assert np.mean([t in old_index for t in vocab]) > 0.5
 
 
 class _TensorCount(Callback):
@@ -433,17 +418,7 @@ def test_language_model_loaders_make_each_texts_ids_once(tmp_path):
     """fastai's LM loader kept the ids of the last 2 texts read; its batches read streams
     far apart, so every epoch made every text's ids again (78% of an AWD-LSTM epoch on an
     H100). Kept for the fit, each is made once, and the batches are the same."""
-    from fastai.text.all import ColReader, ColSplitter, DataBlock, TextBlock
-
-    from components.common.fastai_text import TOKENIZER_WORKERS, language_model_loaders
-
-    corpus = tmp_path / "corpus.txt"
-    write_zipf_corpus(str(corpus), tokens=6_000, types=500)
-    texts = corpus.read_text().split("\n\n")
-    frame = pd.DataFrame({"text": texts, "valid": [i % 5 == 0 for i in range(len(texts))]})
-    dsets = DataBlock(blocks=TextBlock.from_df("text", is_lm=True, seq_len=16,
-                                               n_workers=TOKENIZER_WORKERS),
-                      get_x=ColReader("text"), splitter=ColSplitter("valid")).datasets(frame)
+    dsets = _zipf_lm_datasets(tmp_path, 6_000, 500, every=5)
 
     def two_epochs(dls):
         torch.manual_seed(0)

@@ -1,12 +1,6 @@
-"""fastai's pretrained English LM out of the box, offline, against a stand-in archive.
-
-No internet here: a stand-in for the WikiText-103 AWD-LSTM (fastai's default size, random
-weights, the archive's file names) lies where `untar_data` extracts it,
-`$FASTAI_HOME/models/wt103-fwd`. Everything after that is the real path: fastai's
-`untar_data` finds the folder, the trainer takes its first `.pth` and `.pkl` as fastai
-does, `load_pretrained` maps its vocabulary onto the task's. What only a real run shows:
-that the download of the real archive works from a Vertex job (docs/users.md).
-"""
+"""fastai's pretrained English LM out of the box, offline: a stand-in for the WikiText-103
+AWD-LSTM (default size, random weights, the archive's names) lies where `untar_data`
+extracts it; everything after is the real path."""
 
 import json
 import os
@@ -101,11 +95,8 @@ def test_unreachable_download_says_how_to_stage_a_copy(fastai_home, tmp_path, mo
 @pytest.mark.slow
 def test_a_text_pipeline_given_only_its_data_starts_from_fastais_english_model(fastai_home,
                                                                               tmp_path):
-    """What a console user who sets only data_uri runs: every setting at its default
-    (English, pretrained, LM fine-tuning, then the classifier), through kfp.local, the
-    stand-in lying where fastai's download would put the real model. The stand-in knows
-    the task's 40 most frequent words and fastai's special tokens: the task's other words
-    start at the mean embedding."""
+    """What a console user who sets only data_uri runs, through kfp.local: every setting at
+    its default, from the stand-in (the task's 40 most frequent words and fastai's tokens)."""
     from pipelines import local_run
 
     data = tmp_path / "reviews.csv"

@@ -1,27 +1,11 @@
 """Load a labelled text CSV (gs:// or local), validate it and split it train/validation/test.
 
-Accepted inputs:
-- one-hot: a text column and one column per label holding 0/1 or True/False
-  (case-insensitive; 0.0/1.0 too), several labels per row allowed;
-- class names: a text column and one label column holding class names, several
-  per row when separated by the label delimiter.
-
-A single label column whose values are all 0/1 or True/False is read as one-hot
-(one label, rows without it get the other label). Rows with no label (all 0, or an
-empty class-name cell) get the other label (when it is not empty). A class-name cell
-holding a missing-value marker ("NaN", "NA", "null", ...: what pandas reads as missing)
-is a missing label, not a class: the row is dropped and counted. Rows with an empty or
-missing text are dropped and counted; anything else that is wrong with the file is an
-error that names the column and the rows ("row N" counts data rows from 1, the header
-excluded). Class names are joined by "," unless `label_delimiter` declares another
-(`label_delimiter_of`): with the default ("auto"), a cell holding ";" or "|" is an
-error naming the rows and the setting that reads them.
-
-The task is decided by the data: multi-label when some row has two labels or more,
-single-label otherwise.
-
-Output folder: `train.csv`, `validation.csv`, `test.csv` (the text column, then one 0/1
-column per label, in label order) and `manifest.json`.
+Labels come one-hot (one 0/1 or True/False column per label, several per row allowed) or
+as class names (one column, several per row joined by `label_delimiter`); a single column
+of 0/1 values is one-hot. Rows with no label get `other_label`; rows with an empty text or a
+missing-value marker as class name are dropped and counted; anything else wrong is an
+error naming the column and rows ("row N" counts data rows from 1). The task is
+multi-label when some row has two labels or more.
 """
 
 from __future__ import annotations
@@ -63,17 +47,13 @@ _MAX_ROWS_IN_ERROR = 5
 # cell (which means "no label" here). Matched case-sensitively after stripping, as pandas does.
 _MISSING = frozenset({"#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND",
                       "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
-# Delimiters people join several class names with; one of them in the cells while the
-# configured one is in none means the setting does not match the file.
+# Delimiters people join class names with; one in the cells but not the configured one
+# means the setting does not match the file.
 _COMMON_DELIMITERS = (",", ";", "|")
 
 
 def read_bytes(uri: str) -> bytes:
-    """The bytes of a local or gs:// file.
-
-    Raises:
-        TextDataError: The file does not exist.
-    """
+    """The bytes of a local or gs:// file (TextDataError when absent or a folder)."""
     fs, path = filesystem(uri)
     if not fs.exists(path):
         raise TextDataError(f"{uri} does not exist")
@@ -89,12 +69,11 @@ def read_csv(uri: str, data: bytes | None = None,
 
     Args:
         uri: Local path or gs:// URI of the CSV (named in errors).
-        data: Its bytes, if already read; read from `uri` otherwise.
+        data: Its bytes, if already read.
         config: When given, its text and label columns must be in the header.
 
     Raises:
-        TextDataError: The file is missing, empty, not text (`input_kinds.decode_text`),
-            not a CSV, or its header is refused (`input_kinds.csv_header`).
+        TextDataError: Missing, empty, not text, not a CSV, or a refused header.
     """
     data = read_bytes(uri) if data is None else data
     columns = {} if config is None else {config.text_column: "text_column",
@@ -111,16 +90,10 @@ def read_csv(uri: str, data: bytes | None = None,
     return frame
 
 
-def _rows(positions: Sequence[int]) -> list[int]:
-    """0-based frame positions as 1-based data row numbers."""
-    return [int(p) + 1 for p in positions]
-
-
 def _describe(values: pd.Series, positions: np.ndarray) -> str:
     shown = ", ".join(f"{values.iloc[p]!r} at row {p + 1}" for p in positions[:_MAX_ROWS_IN_ERROR])
     extra = len(positions) - _MAX_ROWS_IN_ERROR
-    more = f" and {extra} more" if extra > 0 else ""
-    return shown + more
+    return shown + (f" and {extra} more" if extra > 0 else "")
 
 
 def _bool_like(values: pd.Series) -> np.ndarray:
@@ -149,12 +122,9 @@ def _missing(values: pd.Series) -> np.ndarray:
 
 
 def label_delimiter_of(values: pd.Series, column: str, delimiter: str) -> str:
-    """The delimiter that joins class names in a class-name column, as `delimiter` says.
-
-    "auto" (the default) is ",": a cell holding ";" or "|" is refused, whether or not
-    others use ",", since one file mixing them would turn "delivery;price" into a class
-    of its own. Declaring "," keeps ";" and "|" inside class names; declaring ";" or "|"
-    splits on it; "" keeps each cell one class name.
+    """The delimiter that joins class names in a class-name column, as `delimiter` says:
+    "auto" is "," and refuses a cell holding ";" or "|" (a file mixing them would make
+    "delivery;price" a class); "" keeps each cell one class name.
 
     Raises:
         TextDataError: "auto" with cells holding ";" or "|" (the rows named, with the
@@ -208,15 +178,12 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
     """Validates a CSV's frame and turns its labels into 0/1 columns.
 
     Args:
-        frame: The CSV, every cell a string, holding `config`'s columns (as `read_csv`
-            gives it).
+        frame: The CSV as `read_csv` gives it.
         config: Column names and label handling.
 
     Returns:
-        `(data, info)`: `data` holds the kept rows with the text column then one 0/1
-        column per label (its index is the 0-based row position in the CSV); `info`
-        has `task`, `labels`, `label_source` ("one_hot" or "class_names"), `rows_in`,
-        `dropped` ({kind: {count, rows}}) and `given_other` (rows given the other label).
+        `(data, info)`: the kept rows (text, then one 0/1 column per label; indexed by CSV
+        position) and the manifest's facts (`task`, `labels`, `dropped`, ...).
 
     Raises:
         TextDataError: A label cell is not 0/1 or True/False, class names are joined by
@@ -250,7 +217,7 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
         "label_source": label_source,
         "label_delimiter_used": delimiter,
         "rows_in": int(len(frame)),
-        "dropped": {kind: {"count": int(len(p)), "rows": _rows(p[:_MAX_LISTED_ROWS])}
+        "dropped": {kind: {"count": int(len(p)), "rows": [int(r) + 1 for r in p[:_MAX_LISTED_ROWS]]}
                     for kind, p in dropped.items()},
         "given_other": given_other,
     }
@@ -258,12 +225,7 @@ def normalize(frame: pd.DataFrame, config: PrepareConfig) -> tuple[pd.DataFrame,
 
 
 def _label_columns(columns: list[str], config: PrepareConfig) -> list[str]:
-    """The CSV's label columns: those `config` names, else every column but the text (the
-    header holds them: `read_csv`).
-
-    Raises:
-        TextDataError: The text column is named a label too, or no label column remains.
-    """
+    """The label columns `config` names, else every column but the text."""
     text = config.text_column
     if text in config.label_columns:
         raise TextDataError(f"column {text!r} cannot be both the text and a label column")
@@ -328,21 +290,16 @@ SPLIT_RULE = {"version": 2, "rule": "stratified by class (single-label) or at ra
 
 
 def text_groups(texts: pd.Series) -> np.ndarray:
-    """Each row's group: rows whose texts are equal once whitespace is collapsed and case
-    folded share one, numbered in the order they first appear."""
+    """Each row's group, numbered in order: rows of one text (`SPLIT_RULE`) share one."""
     keys = texts.astype(str).map(lambda t: " ".join(t.split()).casefold())
     return pd.factorize(keys)[0]
 
 
 def split_rows(data: pd.DataFrame, labels: Sequence[str], task: str,
                config: PrepareConfig) -> dict[str, np.ndarray]:
-    """Assigns every row to train, validation or test (`SPLIT_RULE`).
-
-    The test split takes `test_fraction` of the rows, validation takes
-    `validation_fraction` of the rest. Single-label data is split class by class
-    so each split keeps the class mix; multi-label data is split at random. Rows of one
-    text (`text_groups`) move together, so no test text is also a training text; without
-    such rows the split is the one row by row.
+    """Assigns every row to train, validation or test (`SPLIT_RULE`): test takes
+    `test_fraction` of the rows, validation `validation_fraction` of the rest, class by
+    class (single-label) or at random; rows of one text (`text_groups`) move together.
 
     Returns:
         Split name to the sorted positions (0-based, in `data`) of its rows.
@@ -406,10 +363,8 @@ def prepare_text_dataset(data_uri: str, out_dir: str, config: PrepareConfig) -> 
         config: Columns, label handling and split.
 
     Returns:
-        The manifest: `source`, `text_column`, `task`, `labels`, `label_source`,
-        `other_label`, `rows_in`, `rows_kept`, `dropped` ({kind: {count, rows}}, rows
-        numbered from 1 without the header, at most 100 listed), `given_other`,
-        `label_counts`, `splits` ({split: {rows, label_counts}}), and the split settings.
+        The manifest: source, labels, task, dropped rows (at most 100 listed per kind),
+        label counts, `splits` ({split: {rows, label_counts}}) and the split settings.
 
     Raises:
         TextDataError: The CSV cannot be used; the message says why and where.

@@ -1,8 +1,5 @@
 """What every text classifier's model folder holds, and how a text is read, whichever trainer.
-
-Both trainers write `labels.json`, `metrics.json` and `per_label_metrics.json` beside their
-model (fastai's `export.pkl`, or `save_pretrained`'s files); evaluation, prediction, serving
-and tracking read them through these names. Nothing here imports fastai, torch or transformers.
+Nothing here imports fastai, torch or transformers.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""A trained text classifier of either trainer, as one kind of model (`load_text_model`).
-
-fastai, torch and transformers are imported when a model loads.
-"""
+"""A trained text classifier of either trainer as one kind of model (frameworks loaded then)."""
 
 from __future__ import annotations
 
@@ -60,11 +57,7 @@ class TransformerTextModel:
     """A trained transformer classifier: its labels.json and a `probabilities` method."""
 
     def __init__(self, model_dir: str) -> None:
-        """Loads the transformer trainer's model folder.
-
-        Raises:
-            FileNotFoundError: The folder holds no Hugging Face model.
-        """
+        """Loads the transformer trainer's model folder (FileNotFoundError without one)."""
         import torch
 
         if not is_transformer_folder(model_dir):

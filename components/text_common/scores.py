@@ -1,6 +1,5 @@
-"""A text classifier's validation scores as both text trainers write them, and the answer
-that ignores the text (`constant_answer`), which a classifier starts at and is judged against.
-"""
+"""A text classifier's validation scores as both trainers write them, and the answer that
+ignores the text (`constant_answer`), which a classifier starts at and is judged against."""
 
 from __future__ import annotations
 
@@ -113,13 +112,9 @@ def write_result_files(model_dir: str, result: dict[str, Any], text_column: str,
 
 
 def frequency_bias(truth: np.ndarray, task: str) -> np.ndarray:
-    """Output-layer biases under which a classifier predicts each label's frequency.
-
-    A new head says about 0.5 for every label (multi-label) and spends its first epochs only
-    learning that labels are rare (all-MiniLM-L6-v2 on the docstring corpus at 2e-5: four
-    epochs at micro F1 0; a random AWD-LSTM often never got further). Log-odds per label
-    (log-priors for softmax) of the training frequencies, clipped to [1e-3, 1 - 1e-3] so
-    that a label with no training row is not -inf.
+    """Output-layer biases under which a classifier predicts each label's frequency (a new
+    head says 0.5 and spends epochs learning that labels are rare): log-odds (log-priors for
+    softmax) of the training frequencies, clipped to [1e-3, 1 - 1e-3].
 
     Args:
         truth: 0/1 label matrix of the training split, shape (rows, labels).
@@ -139,11 +134,8 @@ SCORE_MARGIN = 0.02
 
 def constant_answer(valid_truth, train_truth, multi_label: bool, threshold: float,
                     ) -> dict[str, float]:
-    """Validation loss and macro F1 of a model that predicts each label's training frequency.
-
-    The classifier starts there (`frequency_bias`). Its loss is the cross-entropy of those
-    frequencies on the validation labels; its macro F1 is that of the frequencies cut at
-    `threshold` (multi-label) or of the majority class (single-label), as `f1_score` measures.
+    """Validation loss and macro F1 of a model that predicts each label's training frequency
+    (cut at `threshold`, or the majority class), where the classifier starts.
 
     Args:
         valid_truth: 0/1 label matrix of the validation split (rows, labels).
@@ -169,11 +161,8 @@ def constant_answer(valid_truth, train_truth, multi_label: bool, threshold: floa
 
 def learnt_nothing(rows: list[Mapping[str, Any]], constant: Mapping[str, float],
                    ) -> str | None:
-    """Why a classifier's epochs show no learning, or None when they show some.
-
-    Nothing was learnt when both the best validation loss and the best `f1_score` stay within
-    LOSS_MARGIN and SCORE_MARGIN of the constant answer's. A loss that fell while the score has
-    not risen yet (a one-cycle run's first epochs) is learning.
+    """Why a classifier's epochs show no learning (best loss and best `f1_score` both within
+    the margins of the constant answer's), or None.
 
     Args:
         rows: The classifier's history rows (`valid_loss`, `f1_score`).

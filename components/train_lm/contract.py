@@ -1,9 +1,5 @@
-"""The language model step's contract: its settings and the folder it writes.
-
-Output folder: the pretrained LM assets in the layout the text trainer reads
-(`<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}`, `<lang>/spm/spm.model`
-for ja, ko, zh; see components/train_text/contract.py) and `lm_metrics.json` (the corpus
-read, perplexity and accuracy per direction, timings). Nothing here imports fastai or torch.
+"""The language model step's contract: its settings, and its folder (the text trainer's LM
+assets layout and `lm_metrics.json`). Nothing here imports fastai or torch.
 """
 
 from __future__ import annotations

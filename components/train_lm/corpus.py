@@ -1,12 +1,6 @@
-"""Reads a language model's corpus: a CSV column, a .txt file or a folder of .txt files.
-
-A .txt file is cut into documents at blank lines (paragraphs: a Wikipedia article or a
-book chapter is not one 'text'); a CSV row is one document. Text is what
-`components.common.input_kinds` says it is. In a folder, a file that is not text is
-skipped and counted with the reason and the first few names (with the first bad offset),
-never dropped silently; a corpus given as one file that is not text, a folder with more
-such files than text files, a CSV with more such rows than text rows, or a corpus left
-with fewer than two documents is an error: it would train a model of something else.
+"""Reads a language model's corpus: a CSV column, a .txt file or a folder of .txt files
+(cut into documents at blank lines). Files or rows that are not text are skipped and
+counted; a corpus mostly not text, or of fewer than two documents, is an error.
 """
 
 from __future__ import annotations
@@ -37,13 +31,8 @@ NOT_TEXT = "not text"
 
 @dataclasses.dataclass
 class Corpus:
-    """The documents of a corpus and an account of how they were read.
-
-    Attributes:
-        documents: Texts, in a fixed order (files by name, then paragraphs; CSV rows).
-        report: `{"uri", "kind" ("csv" or "txt"), "files", "documents", "characters",
-            "sha256", "skipped": {reason: {"count", "examples"}}}`.
-    """
+    """A corpus's documents (files by name, then paragraphs; CSV rows) and its report
+    (`uri`, `kind`, `files`, `documents`, `characters`, `sha256`, `skipped`)."""
 
     documents: list[str]
     report: dict[str, Any]

@@ -1,21 +1,8 @@
 """An AWD-LSTM language model trained on a corpus, written as the text trainer's LM assets.
 
-Steps of `train_language_model`:
-1. Read the corpus (corpus.py) and hold out `validation_fraction` of its documents
-   (seeded), on which perplexity and accuracy are measured.
-2. Tokenize as the text trainer will (`formats.lm_assets.make_tokenizer`): spaCy's rules,
-   or for ja/ko/zh a SentencePiece model trained here on the training documents and
-   shipped with the assets.
-3. Train the forward model (and the backward one on request) with `fit_one_cycle`,
-   checkpointing model and optimizer after every epoch, at the step a SIGTERM stopped
-   (then the step exits 143) and every `checkpoint_every_steps` (`fastai_text.MidEpoch`):
-   a restarted job resumes there in the direction it was in, and never retrains a
-   finished direction.
-4. Write `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}` (and
-   `<lang>/spm/spm.model`) under the output folder only once every direction is done,
-   plus `lm_metrics.json`, which sets each direction beside a unigram model of the same
-   training tokens on the same held-out targets (`unigram.py`) and flags a model that
-   does not beat it (`learnt_nothing`; the text pipeline refuses such assets).
+Each direction trains with `fit_one_cycle`, sealed every epoch, at a SIGTERM (exit 143) and
+every `checkpoint_every_steps` (`fastai_text.MidEpoch`); the assets and `lm_metrics.json`
+(each direction beside a unigram model, `unigram.py`) are published once all are done.
 """
 
 from __future__ import annotations
@@ -94,33 +81,14 @@ _TEXT, _VALID = "text", "is_valid"
 
 
 def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:
-    """Which of `count` documents are held out: a seeded draw of `fraction` of them.
-
-    At least one is held out and at least one trains.
-
-    Returns:
-        A boolean mask, True for the validation documents.
-    """
+    """A seeded mask of the held-out documents: `fraction` of `count`, at least one held out
+    and one left to train."""
     if count < 2:
         raise LMTrainingError(f"{count} document(s): nothing to hold out")
     held_out = min(count - 1, max(1, round(count * fraction)))
     mask = np.zeros(count, dtype=bool)
     mask[np.random.default_rng(seed).permutation(count)[:held_out]] = True
     return mask
-
-
-def _open_run(folder: str, run_values: dict[str, Any]) -> run_state.Resume:
-    """This run's saved state, or a new one (another run's leftovers are removed).
-
-    Raises:
-        LMTrainingError: The folder holds another run's state.
-    """
-    resume = run_state.open_run(folder, STATE, run_values, fresh={
-        "spm_saved": False, "vocab_saved": False, "directions": {}, "finished": False})
-    if resume.resumed:
-        log.info("resuming: %s",
-                 {d: s["epochs_done"] for d, s in resume.state["directions"].items()})
-    return resume
 
 
 class _Direction:
@@ -136,9 +104,8 @@ class _Direction:
 
     def restore(self, learn) -> dict | None:
         """Loads the last checkpoint; returns its mid-epoch step (`MidEpoch`) or None."""
-        if self.mine["checkpoint"]:
-            return load_checkpoint(learn, self.path(self.mine["checkpoint"]))
-        return None
+        name = self.mine["checkpoint"]
+        return load_checkpoint(learn, self.path(name)) if name else None
 
     def rate(self, learn, config: LMConfig) -> float:
         if config.learning_rate:
@@ -167,8 +134,7 @@ class _Direction:
 
 
 def tensorboard_prefix(name: str) -> str:
-    """Tag group of a direction's scalars: "lm" (forward, as in the text trainer's logs)
-    or "lm_backward" (like the step's `backward_` metrics)."""
+    """Tag group of a direction's scalars: "lm" (forward) or "lm_backward"."""
     return "lm" if name == direction(False) else f"lm_{name}"
 
 
@@ -211,26 +177,15 @@ def _dataloaders(frame: pd.DataFrame, tokenizer, vocab, config: LMConfig, backwa
 
 
 def _ids(items) -> np.ndarray:
-    """The token ids of an LM loader's texts (`dls.train.items`), one after another."""
+    """The token ids of an LM loader's texts, one after another."""
     return np.concatenate([np.asarray(items[i]).ravel() for i in range(len(items))]
                           or [np.zeros(0, dtype=np.int64)])
 
 
 def unigram_of(dls) -> dict[str, Any]:
-    """`unigram_baseline` of a language model's loaders: the training texts' ids counted
-    over the vocabulary, scored on the held-out loader's targets (its texts in its order,
-    which it never shuffles; the loaders keep every text's ids, so nothing is made twice)."""
+    """`unigram_baseline` of a language model's loaders (the held-out one never shuffles)."""
     return unigram_baseline(_ids(dls.train.items), _ids(dls.valid.items), len(dls.vocab),
                             dls.valid.bs, dls.valid.seq_len)
-
-
-def _publish(staging: str, output_dir: str, lang: str) -> None:
-    """Moves the finished `<lang>` folder into the output, replacing an older one."""
-    target = os.path.join(output_dir, lang)
-    if os.path.exists(target):
-        shutil.rmtree(target)
-    shutil.copytree(os.path.join(staging, lang), os.path.join(output_dir, TMP_PREFIX + lang))
-    os.replace(os.path.join(output_dir, TMP_PREFIX + lang), target)
 
 
 def train_language_model(
@@ -245,40 +200,41 @@ def train_language_model(
 
     Args:
         corpus_uri: CSV file, .txt file or folder of .txt files, local or gs://.
-        output_dir: Folder that receives `<lang>/...` (the assets root the text pipeline's
-            `lm_assets` takes) and `lm_metrics.json`.
+        output_dir: Folder that receives `<lang>/...` (the assets root) and `lm_metrics.json`.
         config: Training settings.
-        checkpoint_folder: Where checkpoints and the state file go; default under
-            AIP_CHECKPOINT_DIR when Vertex sets it, else `<output_dir>/checkpoints`
-            (removed once the run is done).
+        checkpoint_folder: Where checkpoints and the state file go; default
+            `run_state.checkpoint_folder(output_dir)`.
         callbacks: Extra fastai callbacks for every fit (the tests interrupt runs with one).
-        tensorboard_folder: Folder (gs:// or local) of TensorBoard logs, one point per epoch
-            under `lm/<field>` (forward) and `lm_backward/<field>` (history fields), the
-            epoch as step; None or "": this task's folder under AIP_TENSORBOARD_LOG_DIR
-            when set, else no logs (`tensorboard.log_folder`).
+        tensorboard_folder: Folder of TensorBoard logs (`lm/<field>`, `lm_backward/<field>`);
+            None or "": `tensorboard.log_folder`.
 
     Returns:
-        The content of lm_metrics.json: `lang`, `perplexity` and `accuracy` (the forward
-        model's, on the held-out documents), `directions` (per direction: the final
-        `valid_loss`, `perplexity`, `accuracy`, `history`, epoch seconds, found rates,
-        `unigram` (`unigram_baseline`'s perplexity, accuracy, valid_loss and targets on the
-        same held-out targets), `beats_unigram` (perplexity lower than the unigram's) and
-        `learnt_nothing` (why not, else None)), `learnt_nothing` (every direction's reason,
-        "<direction>: <why>", or None),
-        `corpus` (corpus.read_corpus's report), `tokens`, `vocab_size`, `run`, `config`.
+        The content of lm_metrics.json: `lang`, the forward model's `perplexity` and
+        `accuracy`, `directions` (each one's figures, history, `unigram`, `beats_unigram`,
+        `learnt_nothing`), `learnt_nothing`, `corpus`, `tokens`, `vocab_size`, `run`, `config`.
 
     Raises:
         LMTrainingError: A corpus or settings that cannot be trained.
     """
     require_torch_gpus()  # before anything is read: a job without its GPUs ends now
     started = time.monotonic()
-    _check_model_config(config)
-    corpus, frame = _read_frame(corpus_uri, config)
+    unknown = sorted(set(config.model_config) - set(awd_lstm_lm_config))
+    if unknown:
+        raise LMTrainingError(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
+                              f"{sorted(awd_lstm_lm_config)}")
+    corpus: Corpus = read_corpus(corpus_uri, config.text_column)
+    is_valid = split_documents(len(corpus.documents), config.validation_fraction, config.seed)
+    frame = pd.DataFrame({_TEXT: corpus.documents, _VALID: is_valid})
     folder = checkpoint_folder or run_state.checkpoint_folder(output_dir)
     os.makedirs(folder, exist_ok=True)
-    resume = _open_run(folder, {
+    # This run's saved state, or a new one (another run's state is refused, its files go).
+    resume = run_state.open_run(folder, STATE, {
         "config": dataclasses.asdict(config), "corpus": corpus.report["sha256"],
-        "output": os.path.abspath(output_dir)})
+        "output": os.path.abspath(output_dir)}, fresh={
+        "spm_saved": False, "vocab_saved": False, "directions": {}, "finished": False})
+    if resume.resumed:
+        log.info("resuming: %s",
+                 {d: s["epochs_done"] for d, s in resume.state["directions"].items()})
     arch_config = {**awd_lstm_lm_config, **config.model_config}
     precision = precision_here(config.mixed_precision)
     tensorboard = ScalarLog(log_folder(output_dir, tensorboard_folder))
@@ -306,30 +262,11 @@ def train_language_model(
     return result
 
 
-def _check_model_config(config: LMConfig) -> None:
-    """Refuses AWD-LSTM settings fastai does not know."""
-    unknown = sorted(set(config.model_config) - set(awd_lstm_lm_config))
-    if unknown:
-        raise LMTrainingError(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
-                              f"{sorted(awd_lstm_lm_config)}")
-
-
-def _read_frame(corpus_uri: str, config: LMConfig) -> tuple[Corpus, pd.DataFrame]:
-    """The corpus, and its documents as fastai reads them with the held-out ones marked."""
-    corpus: Corpus = read_corpus(corpus_uri, config.text_column)
-    is_valid = split_documents(len(corpus.documents), config.validation_fraction, config.seed)
-    return corpus, pd.DataFrame({_TEXT: corpus.documents, _VALID: is_valid})
-
-
 def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: list | None,
                      config: LMConfig, backwards: bool, arch_config: dict[str, Any],
                      precision: str, staging: str, callbacks: Sequence[Callback]) -> list:
-    """Trains one direction's model (or what is left of it) and stages its assets.
-
-    Returns:
-        The vocabulary: `vocab`, or this direction's data's when `vocab` was None (then
-        saved, so that the other direction and a resumed run number tokens alike).
-    """
+    """Trains one direction (or what is left of it), stages its assets; returns the
+    vocabulary, saved when first made so every direction and resume numbers tokens alike."""
     set_seed(config.seed + int(backwards))
     dls, tokens = _dataloaders(frame, tokenizer, vocab, config, backwards)
     if vocab is None:
@@ -366,17 +303,18 @@ def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: lis
 def _export(resume: run_state.Resume, staging: str, spm: str | None,
             output_dir: str, config: LMConfig, corpus: Corpus, vocab_size: int,
             precision: str, arch_config: dict[str, Any], started: float) -> dict[str, Any]:
-    """Publishes the staged assets (with the SentencePiece model) and `lm_metrics.json`.
-
-    Returns:
-        The content of lm_metrics.json; the state then records the run as finished.
-    """
+    """Publishes the staged assets (with the SentencePiece model) and `lm_metrics.json`."""
     if spm:
         spm_target = os.path.join(staging, config.lang, SPM_FILE)
         os.makedirs(os.path.dirname(spm_target), exist_ok=True)
         shutil.copyfile(spm, spm_target)
     os.makedirs(output_dir, exist_ok=True)
-    _publish(staging, output_dir, config.lang)
+    target = os.path.join(output_dir, config.lang)  # replaces an older one
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    temporary = os.path.join(output_dir, TMP_PREFIX + config.lang)
+    shutil.copytree(os.path.join(staging, config.lang), temporary)
+    os.replace(temporary, target)
     result = _result(resume.state, config, corpus, vocab_size, precision, arch_config,
                      time.monotonic() - started)
     write_json_atomically(os.path.join(output_dir, METRICS_FILE), result, sort_keys=False)

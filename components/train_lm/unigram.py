@@ -1,13 +1,6 @@
-"""The language model's floor: a unigram model of its training tokens, scored as the LM is.
-
-A language model that predicts no better than the frequency of each token in its training
-text has learnt nothing from the order of the words, and its encoder carries nothing into a
-classifier (a corpus of NUL bytes trained to held-out perplexity 15.0 and accuracy 0.667,
-figures that looked like learning until set beside this floor). `unigram_baseline` scores
-that model on exactly the targets the LM's held-out perplexity and accuracy are measured
-on (`lm_target_batches`: fastai's `LMDataLoader` layout), with the same averaging.
-
-Pure numpy: no fastai, no torch.
+"""The language model's floor: a unigram model of its training tokens, scored as the LM is
+(a corpus of NUL bytes reached held-out perplexity 15.0, which looked like learning until
+set beside this floor). Pure numpy.
 """
 
 from __future__ import annotations
@@ -19,13 +12,9 @@ import numpy as np
 
 
 def lm_target_batches(stream: np.ndarray, bs: int, seq_len: int) -> list[np.ndarray]:
-    """The targets of each batch fastai's `LMDataLoader` makes of a token stream.
-
-    The loader drops the stream's tail so that `bs` rows of `bl = (len - 1) // bs` tokens
-    remain, row `i` reading tokens `i*bl .. (i+1)*bl` (one more than its length: the last
-    one is only a target); batch `k` is columns `k*seq_len ..` of every row, the last
-    batch shorter. Its targets are the next tokens: column `j` of row `i` is
-    `stream[i*bl + j + 1]`.
+    """The targets of each batch fastai's `LMDataLoader` makes of a token stream: `bs` rows
+    of `bl = (len - 1) // bs` tokens, batch `k` their columns `k*seq_len ..`, each target
+    the next token (`stream[i*bl + j + 1]`).
 
     Args:
         stream: The held-out texts' token ids, in the loader's order, one after another.
@@ -47,13 +36,9 @@ def unigram_baseline(train_ids: np.ndarray, valid_stream: np.ndarray, vocab_size
                      bs: int, seq_len: int) -> dict[str, Any]:
     """Held-out perplexity and next-token accuracy of a unigram model of the training tokens.
 
-    The model gives token `t` the probability `(count(t) + 1) / (N + V)` (add-one smoothing
-    over the LM's vocabulary of V ids, N training tokens), so no held-out token has
-    probability 0; its prediction is always the most frequent training token (the lowest id
-    among ties). Scored as fastai scores the LM on the same loader: the mean cross-entropy
-    of each batch's targets, averaged over batches (each batch has `bs` rows; fastai's
-    `Perplexity` and `accuracy` weigh batches by rows, so the shorter last batch counts as
-    much as the others), perplexity its exponential.
+    Token `t` has probability `(count(t) + 1) / (N + V)` (add-one smoothing); the prediction
+    is the most frequent training token (lowest id among ties). Scored as fastai scores the
+    LM: each batch's mean cross-entropy, averaged over batches; perplexity its exponential.
 
     Args:
         train_ids: Every token id of the training texts.
@@ -67,10 +52,8 @@ def unigram_baseline(train_ids: np.ndarray, valid_stream: np.ndarray, vocab_size
         "targets"}`; perplexity, accuracy and loss are None when the stream gives no batch.
 
     Raises:
-        ValueError: An id outside the vocabulary, or no vocabulary.
+        ValueError: An id outside the vocabulary.
     """
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     train_ids = np.asarray(train_ids, dtype=np.int64).ravel()
     batches = lm_target_batches(np.asarray(valid_stream, dtype=np.int64).ravel(), bs, seq_len)
     for name, ids in (("training", train_ids), *(("held-out", b) for b in batches)):
@@ -91,11 +74,8 @@ def unigram_baseline(train_ids: np.ndarray, valid_stream: np.ndarray, vocab_size
 
 def compare(perplexity: float | None, accuracy: float | None,
             unigram: dict[str, Any] | None) -> tuple[bool | None, str | None]:
-    """Whether a language model beats the unigram model, and why not when it does not.
-
-    It beats it when its held-out perplexity is lower than the unigram's (a NaN or missing
-    perplexity does not). Without a unigram figure (a run from before it was measured)
-    there is no verdict: `(None, None)`.
+    """Whether a language model's held-out perplexity beats the unigram's, and why not;
+    `(None, None)` without a unigram figure.
 
     Returns:
         `(beats_unigram, learnt_nothing)`: the reason is None when it beats it.

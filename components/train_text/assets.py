@@ -1,11 +1,6 @@
-"""Pretrained language model assets: checked, then copied from a local path or gs:// URI.
-
-The layout (`components.formats.lm_assets`): `<lang>/{forward,backward}/{config.json,
-vocab.pkl, weights.pth}`, and `<lang>/spm/spm.model` for SentencePiece languages. `config.json`
-names the architecture and any key of fastai's `awd_lstm_lm_config`, e.g. `{"arch":
-"AWD_LSTM", "emb_sz": 400}`. English without assets takes fastai's WikiText-103 AWD-LSTM,
-fetched exactly as `language_model_learner(..., pretrained=True)` fetches it; a job without
-internet takes a copy staged in a bucket (`python -m pipelines.stage_wt103`).
+"""Pretrained language model assets (`components.formats.lm_assets`' layout): checked, then
+copied from a local path or gs:// URI; English without assets takes fastai's WikiText-103
+AWD-LSTM as `language_model_learner(..., pretrained=True)` fetches it.
 """
 
 from __future__ import annotations
@@ -44,10 +39,10 @@ class UnlearntAssetsError(ValueError):
 class LMAssets:
     """Local copies of one language and direction's pretrained LM."""
 
-    config: dict[str, Any]  # the architecture settings from config.json (without "arch")
-    weights: str  # the paths of weights.pth, vocab.pkl
+    config: dict[str, Any]  # config.json's settings, without "arch"
+    weights: str
     vocab: str
-    spm_model: str | None  # and of spm.model for SentencePiece languages
+    spm_model: str | None  # SentencePiece languages only
 
 
 def parse_config(text: str | bytes, source: str) -> tuple[str, dict[str, Any]]:
@@ -82,13 +77,11 @@ def fastai_pretrained_url(backwards: bool) -> str:
 
 
 def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
-    """fastai's English WikiText-103 AWD-LSTM, as `language_model_learner` fetches it: the
-    folder `untar_data` extracted under `$FASTAI_HOME/models` (downloaded when absent), its
-    first `*.pth` and first `*.pkl`; the architecture is fastai's default.
+    """fastai's English WikiText-103 AWD-LSTM, as `language_model_learner` fetches it (the
+    first `*.pth` and `*.pkl` of `untar_data`'s folder).
 
     Raises:
-        MissingAssetsError: The folder lacks a `.pth` or a `.pkl`, or the download failed
-            (no internet: stage a copy with `python -m pipelines.stage_wt103`).
+        MissingAssetsError: The download failed, or the folder lacks a `.pth` or a `.pkl`.
     """
     from fastai.text.all import untar_data
 

@@ -1,11 +1,5 @@
-"""The ULMFiT text trainer's contract: its settings and the pretrained LM assets it reads.
-
-Its model folder (`export.pkl`, `labels.json`, `metrics.json`, `per_label_metrics.json`)
-is the one both text trainers write: `components.text_common.contract` names it and
-`components.text_common.models` loads it. Here: the settings, and the files of pretrained
-language model assets it reads. Other steps import this module only, never the trainer;
-nothing here imports fastai or torch. `components.formats.lm_assets` names the assets'
-layout and holds the tokenizer and the assets writer.
+"""The ULMFiT text trainer's contract: its settings and the pretrained LM assets it reads
+(layout: `components.formats.lm_assets`). Nothing here imports fastai or torch.
 """
 
 from __future__ import annotations
@@ -41,12 +35,9 @@ class TextTrainingError(RuntimeError):
     """Training cannot start as configured; the message says why."""
 
 
-# Bounds on the rate `lr_find` suggests (learning_rate=0). Measured on real text (docstrings,
-# Debian descriptions; a classifier trained whole): 3e-3 and 7e-3 learnt on every seed (test
-# micro F1 0.68..0.70); at 1e-2 the validation loss jumped 0.39 -> 1.10; 2e-2 collapsed
-# (F1 0.08, clipped or not); 1e-3 sat at F1 0.23 after 6 of 8 epochs. Valley said
-# 3.3e-4..2.3e-2: it picks within the window, it does not find it. A head on a frozen
-# encoder takes ULMFiT's higher rates (2e-2).
+# Bounds on the rate `lr_find` suggests (learning_rate=0), measured on real text with a
+# classifier trained whole: 3e-3..7e-3 learnt on every seed, 1e-2 jumped, 2e-2 collapsed,
+# 1e-3 crawled. A head on a frozen encoder takes ULMFiT's higher rates (2e-2).
 MIN_FOUND_LR = 3e-3
 MAX_FOUND_LR_WHOLE, MAX_FOUND_LR_HEAD = 5e-3, 5e-2
 # The AWD-LSTM hidden size the bounds above were measured at (fastai's default n_hid).
@@ -78,8 +69,6 @@ class TrainConfig:
     """Settings of one training run: each field's help is the training step's input help (the
     console's), where a step input gives model_config as JSON text."""
 
-    # English from fastai's WikiText-103 AWD-LSTM unless told otherwise: a console user who
-    # sets only data_uri starts pretrained (assets.fetch_fastai_pretrained, or lm_assets).
     lang: str = setting("en", "Language of the texts (en, fr, de, ...; ja, ko and zh use "
                         "SentencePiece); picks the tokenizer and the assets folder.")
     pretrained: bool = setting(True, "Start from a pretrained LM: the one in lm_assets_uri "
@@ -91,12 +80,8 @@ class TrainConfig:
     backwards: bool = setting(False, "Read texts backwards (use the backward LM).")
     lm_epochs: int = setting(4, "Language model fine-tuning epochs on the dataset's texts; 0 "
                              "skips it.", ge=0)
-    # 12 classifier epochs and the epoch of best validation F1 kept: a classifier from a
-    # learnt encoder peaks early and one from random weights late, so a short budget or
-    # the lowest validation loss picks against one of them. Measured on two real corpora
-    # (docs/measurements.md, ULMFiT from an LM made here, 3 seeds each): the LM start beat
-    # random weights on every seed of both only so (6 epochs or 12 by validation loss:
-    # on one corpus or the other, 1 of 3).
+    # 12 epochs, best F1 kept: a learnt encoder peaks early, a random one late
+    # (docs/measurements.md).
     epochs: int = setting(12, "Classifier epochs (see unfreeze).", ge=1)
     batch_size: int = setting(16, "Texts per batch (language model and classifier).", ge=1)
     drop_mult: float = setting(0.3, "Multiplier of every AWD-LSTM dropout.", ge=0)
@@ -164,9 +149,8 @@ def asset_uri(uri: str, relative: str) -> str:
 
 
 def missing_files(assets_uri: str, lang: str, backwards: bool) -> list[str]:
-    """Full URIs of the files a language and direction need that are absent, each of the
-    others that cannot be what its name says followed by why (`lm_file_problem`: empty,
-    cut short, not what torch.save wrote)."""
+    """Full URIs of a language and direction's files that are absent, or followed by why
+    they cannot be what their name says (`lm_file_problem`)."""
     fs, root = filesystem(assets_uri)
     found = []
     for rel in required_files(lang, backwards):
@@ -186,15 +170,12 @@ def missing_files(assets_uri: str, lang: str, backwards: bool) -> list[str]:
 
 
 def unlearnt_lm(assets_uri: str, lang: str, backwards: bool) -> str | None:
-    """Why the language model a run would take from `assets_uri` learnt nothing, or None.
+    """Why the LM a run would take from `assets_uri` learnt nothing, or None.
 
-    The LM step writes `lm_metrics.json` at the assets root, where each direction says
-    whether it beat a unigram model of its training tokens on its held-out text
-    (`beats_unigram`, `components.train_lm.unigram`). One that did not carries nothing
-    into a classifier, and both the preflight and the trainer refuse it through this
-    check. Assets without the file (fastai's WikiText-103 model staged, converted
-    weights), with one of another language, one from before the unigram was measured, or
-    one that is not the LM step's JSON are not judged: None.
+    The LM step's `lm_metrics.json` says per direction whether it beat a unigram model
+    (`beats_unigram`); the preflight and the trainer refuse one that did not. Assets
+    without that file, or with one of another language, unmeasured or unreadable, are not
+    judged.
 
     Args:
         assets_uri: Root of the assets layout, a local path or gs:// URI.

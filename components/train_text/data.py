@@ -1,5 +1,4 @@
-"""The prepared dataset, the one frame fastai reads (texts clipped as prediction clips them),
-and the language model's and classifier's dataloaders over it."""
+"""The prepared dataset, the frame fastai reads, and the LM's and classifier's dataloaders."""
 
 from __future__ import annotations
 
@@ -88,8 +87,8 @@ def _text_block(tokenizer, vocab, config: TrainConfig, is_lm: bool) -> TextBlock
 
 
 def lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
-    """The language model's dataloaders over `frame`'s texts (train and validation); batch
-    sizes shrink below `config.batch_size` when a split has too few tokens for it."""
+    """The language model's dataloaders over `frame`'s texts; batch sizes shrink when a
+    split has too few tokens."""
     dsets = DataBlock(blocks=_text_block(tokenizer, vocab, config, True),
                       get_x=ColReader(FRAME_TEXT),
                       splitter=ColSplitter(_VALID)).datasets(frame[[FRAME_TEXT, _VALID]])
@@ -108,8 +107,7 @@ def unigram_accuracy(dls_lm) -> float:
 
 
 def classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: TrainConfig):
-    """The classifier's dataloaders over `frame`, its targets in `labels`' order; the batch
-    size shrinks to the training rows when there are fewer than `config.batch_size`."""
+    """The classifier's dataloaders over `frame`, targets in `labels`' order."""
     if task == MULTI_LABEL:
         columns = [f"__label_{i}" for i in range(len(labels))]
         y_block, get_y = MultiCategoryBlock(encoded=True, vocab=list(labels)), ColReader(columns)

@@ -1,4 +1,4 @@
-"""The fastai learners: the language model's fine-tuning and the classifier's learner."""
+"""The fastai learners: the language model's fine-tuning and the classifier."""
 
 from __future__ import annotations
 
@@ -78,12 +78,10 @@ def fine_tune_lm(job: TrainingJob, vocab: list[str] | None) -> list[str] | None:
 
 def _vocab_with_pretrained_tokens(job: TrainingJob,
                                   vocab: list[str] | None) -> list[str] | None:
-    """`vocab` when there is one; with a pretrained LM, fastai's plus the task's rarer tokens
-    it knows (`with_pretrained_tokens`), saved; else None (the dataloaders make fastai's)."""
+    """`vocab`, else with a pretrained LM fastai's plus the rarer tokens it knows (saved)."""
     if vocab is not None or job.assets is None:
         return vocab
-    # Counted as TextBlock.from_df counts; the dataloaders tokenize again, once per run (a
-    # resumed run reads the saved vocabulary).
+    # Counted as TextBlock.from_df counts (a resumed run reads the saved vocabulary).
     _, counts = tokenize_df(job.frame[[FRAME_TEXT]], [FRAME_TEXT], tok=job.tokenizer,
                             n_workers=TOKENIZER_WORKERS)
     config = job.config
@@ -146,12 +144,12 @@ def classifier_learner(job: TrainingJob, vocab: list[str] | None, loss, metrics)
 
 
 def start_at_label_frequencies(learn, truth: np.ndarray, task: str) -> None:
-    """Gives the last Linear layer of the classifier's head (fastai's has no bias) the bias
-    that predicts each label's training frequency (`text_scores.frequency_bias`).
+    """Gives the head's last Linear layer (fastai's has no bias) the bias that predicts
+    each label's training frequency (`text_scores.frequency_bias`).
 
     Args:
-        learn: A fresh `text_classifier_learner` (before any checkpoint is loaded into it).
-        truth: 0/1 label matrix of the training split, shape (rows, labels).
+        learn: A fresh `text_classifier_learner`.
+        truth: 0/1 label matrix of the training split.
         task: MULTI_LABEL or SINGLE_LABEL.
     """
     linear = [m for m in learn.model[1].modules() if isinstance(m, torch.nn.Linear)][-1]

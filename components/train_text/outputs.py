@@ -1,5 +1,4 @@
-"""The run's outputs: the best epoch scored on the validation split and exported, the run's
-report in metrics.json, and the model artifact's metadata."""
+"""The run's outputs: the best epoch scored and exported, metrics.json's report, metadata."""
 
 from __future__ import annotations
 
@@ -25,15 +24,14 @@ from components.train_text.runner import TrainingJob
 def model_metadata(result: dict[str, Any], config: TrainConfig, model_dir: str,
                    dataset_dir: str, lm_assets_uri: str,
                    lm_assets_fingerprint: str) -> dict[str, Any]:
-    """The `Model` artifact's metadata: what the model is, the files of `model_dir`, and
-    its provenance (code, the dataset's manifest, `config` and `lm_assets_uri`).
+    """The `Model` artifact's metadata: what the model is, its files, and its provenance.
 
     Args:
         result: What `training.train_text_classifier` returned.
         config: The run's settings.
         model_dir: The model folder, written.
-        dataset_dir: The text preparation step's folder (its manifest pins the data).
-        lm_assets_uri: The root of the pretrained LM assets the step was given.
+        dataset_dir: The preparation step's folder (its manifest pins the data).
+        lm_assets_uri: The pretrained LM assets' root.
         lm_assets_fingerprint: The preflight step's digest of their listing.
     """
     return {

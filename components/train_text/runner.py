@@ -1,5 +1,4 @@
-"""The stage runner (`StageRunner`: the plan, the state file and the checkpoints of one run)
-and what the steps of one `train_text_classifier` call share (`TrainingJob`)."""
+"""The stage runner (the plan, state file and checkpoints of one run) and `TrainingJob`."""
 
 from __future__ import annotations
 
@@ -48,9 +47,8 @@ class StageRunner:
         self.path, self.save = resume.path, resume.save  # a file's path; writes the state
         self.monitor, self.callbacks = monitor, list(callbacks)
         self.tensorboard, self.trial = tensorboard, trial
-        self.constant = constant  # the classifier's constant answer (text_scores.constant_answer)
-        self.n_hid = n_hid  # the AWD-LSTM's hidden size, which the rate bounds scale with
-        self.every_steps = every_steps  # checkpoint_every_steps
+        self.constant = constant  # text_scores.constant_answer
+        self.n_hid, self.every_steps = n_hid, every_steps  # n_hid scales the rate bounds
         self.step: dict | None = None  # the mid-epoch step `restore` loaded
 
     def indices(self, model: str) -> list[int]:
@@ -74,10 +72,9 @@ class StageRunner:
     def restore(self, learn) -> bool:
         """Loads the latest checkpoint of this learner's model kind, if training began."""
         name = self.state.get("checkpoint")
-        if not name:
-            return False
-        self.step = load_checkpoint(learn, self.path(name))
-        return True
+        if name:
+            self.step = load_checkpoint(learn, self.path(name))
+        return bool(name)
 
     def started(self, index: int) -> bool:
         """Whether stage `index` or a later one has a checkpoint (an epoch's or mid-epoch)."""
@@ -85,8 +82,7 @@ class StageRunner:
                 bool(self.state.get("mid_epoch"))) > (index, 0, False)
 
     def found_rate(self, learn, stage: schedule.Stage) -> float:
-        """`lr_find`'s rate for the stage's model (found at its first stage, kept in the
-        state for a resume) times the stage's share."""
+        """`lr_find`'s rate for the stage's model (found once, kept) times the stage's share."""
         found = self.state.setdefault("found_lr", {})
         if stage.model not in found:
             log.info("finding the %s's rate", stage.model)
@@ -97,9 +93,8 @@ class StageRunner:
         return found[stage.model]["used"] * stage.lr_share
 
     def fit_classifier(self, learn, indices: Sequence[int]) -> None:
-        """Runs the classifier's stages; again from their first weights at `RESTART_RATE_SHARE`
-        of the rates, at most `MAX_RESTARTS` times, while they learnt nothing
-        (`text_scores.learnt_nothing`). Each attempt is kept in the state (`restarts`)."""
+        """Runs the classifier's stages, again from their first weights at lower rates (at
+        most `MAX_RESTARTS` times) while they learnt nothing (`text_scores.learnt_nothing`)."""
         while True:
             for index in indices:
                 self.fit(learn, index)

@@ -1,13 +1,6 @@
 """ULMFiT text classifier with fastai: fine-tune the language model, then the classifier.
 
-Only `fastai.text` is imported: `fastai.vision` fails to import in this stack (torchvision/torch
-mismatch). `train_text_classifier` reads the prepared dataset (data.py), takes the pretrained
-LM's assets (assets.py; its vocabulary keeps the task's tokens the LM knows: vocabulary.py),
-fine-tunes the LM and builds the classifier (learners.py), runs the stages (schedule.py) with
-a checkpoint and the state file at each epoch, at the step a SIGTERM stopped (then it exits
-143) and every `checkpoint_every_steps`, so a restarted job resumes there (runner.py,
-`fastai_text.MidEpoch`), and exports the best epoch for `monitor`, scored on the validation
-split at the fixed threshold and at per-label thresholds tuned there (outputs.py).
+Only `fastai.text` is imported (`fastai.vision` fails to import in this stack).
 """
 
 from __future__ import annotations
@@ -63,21 +56,18 @@ def train_text_classifier(
 
     Args:
         dataset_dir: Folder from the preparation step (CSVs, manifest.json).
-        model_dir: Output folder: `export.pkl`, `labels.json`, `metrics.json` and
-            `per_label_metrics.json`.
+        model_dir: Output folder (`text_common.contract`'s files).
         config: Training settings.
         lm_assets_uri: Root of the pretrained LM assets (local or gs://), when pretrained.
         checkpoint_folder: Where checkpoints and the state file go; default
-            `run_state.checkpoint_folder(model_dir)` (AIP_CHECKPOINT_DIR when set).
+            `run_state.checkpoint_folder(model_dir)`.
         callbacks: Extra fastai callbacks for every fit (the tests interrupt runs with one).
-        tensorboard_folder: Folder (gs:// or local) of TensorBoard logs, one point per epoch
-            under `lm/<field>` and `classifier/<field>`; None or "": `tensorboard.log_folder`.
-        hypertune_metric: In a Vertex tuning trial, the classifier's epoch value reported
-            to the tuning service after each of its epochs; None reports nothing.
+        tensorboard_folder: Folder of TensorBoard logs (`lm/<field>`, `classifier/<field>`);
+            None or "": `tensorboard.log_folder`.
+        hypertune_metric: The classifier's epoch value reported to a Vertex tuning trial.
 
     Returns:
-        The content of metrics.json: `task`, `labels`, `split`, the validation results
-        (`fixed`, `tuned`), `history` (one row per epoch) and `run` (sizes, timings, resume).
+        The content of metrics.json: the validation results, `history` and `run`.
 
     Raises:
         MissingAssetsError: Pretrained LM files are missing (each one is named).
@@ -127,16 +117,11 @@ def _prepare(data: PreparedDataset, config: TrainConfig, plan: list[schedule.Sta
              scratch: str, callbacks: Sequence[Callback], tensorboard: ScalarLog,
              hypertune_metric: str | None) -> TrainingJob:
     """Checks the model's settings, resumes (or starts) the run in `folder`, builds fastai's
-    frame; `scratch` takes the copied assets and the tokenizer's files.
-
-    Raises:
-        TextTrainingError: Bad model settings, or a checkpoint folder of another run.
-    """
+    frame; `scratch` takes the copied assets and the tokenizer's files."""
     assets, arch_config = _architecture(config, lm_assets_uri, scratch)
     tokenizer = make_tokenizer(config.lang, assets.spm_model if assets else None, scratch)
     precision = precision_here(config.mixed_precision)
-    # This run's saved state, or a new one (another run's files go; another run's state is
-    # refused): what defines the run is hashed into its fingerprint.
+    # What defines the run is hashed into its fingerprint; another run's state is refused.
     resume = run_state.open_run(folder, schedule.STATE, {
         "config": dataclasses.asdict(config), "plan": [dataclasses.asdict(s) for s in plan],
         "manifest": data.manifest, "model_dir": os.path.abspath(model_dir),
