@@ -85,15 +85,11 @@ def study_parameters(space: SearchSpace) -> list[dict]:
         serialize_parameters,
     )
 
-    specs = {}
-    for p in space.parameters:
-        if p.type == "double":
-            specs[p.name] = hpt.DoubleParameterSpec(min=p.min, max=p.max, scale=p.scale)
-        elif p.type == "integer":
-            specs[p.name] = hpt.IntegerParameterSpec(min=p.min, max=p.max, scale=p.scale)
-        else:
-            specs[p.name] = hpt.DiscreteParameterSpec(values=list(p.values), scale="linear")
-    return serialize_parameters(specs)
+    ranges = {"double": hpt.DoubleParameterSpec, "integer": hpt.IntegerParameterSpec}
+    return serialize_parameters({
+        p.name: ranges[p.type](min=p.min, max=p.max, scale=p.scale) if p.type in ranges
+        else hpt.DiscreteParameterSpec(values=list(p.values), scale="linear")
+        for p in space.parameters})
 
 
 def study_metrics(space: SearchSpace) -> list[dict]:
