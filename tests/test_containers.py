@@ -184,13 +184,8 @@ def test_torch_index_in_the_fastai_image_serves_the_build_it_labels_the_lock_wit
 
 def _pins(image: str) -> dict[str, str]:
     """The lock's `name==version` lines: {canonical name: version}."""
-    pins = {}
-    for line in (CONTAINERS / image / "requirements.txt").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, _, version = line.partition("==")
-            pins[canonicalize_name(name)] = version.strip()
-    return pins
+    return {name: str(requirement.specifier).removeprefix("==") for name, requirement
+            in _requirements(CONTAINERS / image / "requirements.txt").items()}
 
 
 def _requirements(path: pathlib.Path) -> dict[str, Requirement]:
