@@ -13,9 +13,11 @@ import pytest
 from components.evaluate_image import component as evaluate_image
 from components.evaluate_text import component as evaluate_text
 from components.prepare_text import component as prepare_text
+from components.prepare_text.contract import SPLITS as TEXT_SPLITS
 from components.prepare_text.contract import PrepareConfig, parse_label_columns
 from components.register import component as register
 from components.shard import component as shard
+from components.shard.contract import SPLITS as IMAGE_SPLITS
 from components.shard.contract import ShardConfig
 from components.train_image import component as train_image
 from components.train_image.contract import TrainConfig as ImageTrainConfig
@@ -219,9 +221,6 @@ def test_steps_without_a_config_have_documented_defaults(component):
 
 
 def test_both_kinds_of_dataset_name_their_splits_alike():
-    from components.prepare_text.contract import SPLITS as TEXT_SPLITS
-    from components.shard.contract import SPLITS as IMAGE_SPLITS
-
     assert TEXT_SPLITS == IMAGE_SPLITS == ("train", "validation", "test")
 
 
@@ -579,10 +578,9 @@ def _sources(root: pathlib.Path) -> list[pathlib.Path]:
 
 def _function_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     """A function's body lines (comments too), less its docstring and nested functions."""
-    lines = set(range(function.body[0].lineno, function.end_lineno + 1))
     first = function.body[0]
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-            and isinstance(first.value.value, str):
+    lines = set(range(first.lineno, function.end_lineno + 1))
+    if ast.get_docstring(function) is not None:
         lines -= set(range(first.lineno, first.end_lineno + 1))
     for node in ast.walk(function):
         if node is not function and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
