@@ -15,8 +15,7 @@ import shutil
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
-# As the machine's probe starts it: no first-run or background traffic (the network is
-# closed here; such requests would otherwise count as the page's own).
+# No first-run or background traffic: it would count as the page's own requests.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]

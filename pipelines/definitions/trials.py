@@ -1,14 +1,8 @@
-"""Tuning by trials the pipeline runs itself: for targets without a tuning service.
+"""Tuning by trials the pipeline runs itself, for targets without a tuning service (Kubeflow).
 
-On open-source Kubeflow there is no Vertex tuning job: the tuning variant draws its points
-at compile time from the same search space (random search, `contract.draw_points`), runs
-one trial task per point in a `dsl.ParallelFor` (its parallelism: the parallel trials),
-collects their results with `dsl.Collected`, and a selection step ranks them and hands the
-best values to the final training, as the Vertex variant's best-trial step does.
-
-A trial task is the trainer's trial step (`components.tune.component.trial_<trainer>`, its
-parameter list the trainer's and the point's), so it takes exactly the training task's
-inputs and runs the same code.
+The points are drawn at compile time (random search) and each runs the trainer's trial step
+(the trainer's parameters and the point's), so a trial takes the training task's inputs and
+runs the same code.
 """
 
 from __future__ import annotations
@@ -26,15 +20,13 @@ def parallel_search(trainer, kind: str, tune, display_name: str, image: str,
     """The tuning variant's search by trials in a `ParallelFor`, made before the body.
 
     Args:
-        trainer: The trainer's (unwrapped) component; its trial step (`TRIAL[kind]`) runs
-            the trainer's code.
+        trainer: The trainer's (unwrapped) component.
         kind: "image", "text" or "transformer".
         tune: The tuning settings: `tune.spaces[kind]`, trial counts and the draw's seed.
         display_name: The selection step's name stem (the Vertex variant's tuning step).
         image: The runtime image the trials and the selection step run in.
-        place: The target's `place(task, step, resumable)`: a trial on the training step's
-            nodes (`step`; not resumable: a failed trial is a result), the selection on a
-            light step's.
+        place: The target's `place(task, step, resumable)`; a trial is not resumable (a
+            failed trial is a result).
         step: The training step's key in DEFAULT_MACHINES.
 
     Returns:

@@ -1,12 +1,7 @@
 """Vertex hyperparameter tuning of a trainer component: the tuning step and its cost.
 
-`as_tuning_job` turns a trainer component into a step that runs GCPC's
-`HyperparameterTuningJobRunOp` launcher, the way GCPC's `create_custom_training_job_from_component`
-turns a component into a custom job: the step takes the trainer's inputs, and each trial's
-container gets the training step's executor input (resolved by the pipeline backend) and
-runs `components.tune.trial`, which applies the trial's values and reports the study
-metric through hypertune. Trials write under the step's `trials` artifact
-(`<trials>/<trial id>/model`), so runs never share a folder.
+Trials write under the step's `trials` artifact (`<trials>/<trial id>/model`), so runs never
+share a folder.
 """
 
 from __future__ import annotations
@@ -49,9 +44,8 @@ class TuningSettings:
         max_trials: Trials per tuning job.
         parallel_trials: Trials running at once (each on the training step's machines).
         max_failed_trials: Failed trials that fail the job; 0 lets Vertex decide.
-        algorithm: Vertex's search: ALGORITHM_UNSPECIFIED (Bayesian), GRID_SEARCH, RANDOM_SEARCH.
-        seed: Seed of the points a target without a tuning service draws at compile time
-            (`pipelines.definitions.trials`; random search).
+        algorithm: ALGORITHM_UNSPECIFIED (Bayesian), GRID_SEARCH or RANDOM_SEARCH.
+        seed: Seed of the points drawn at compile time where no tuning service is (trials.py).
     """
 
     spaces: Mapping[str, SearchSpace]
@@ -91,15 +85,11 @@ def study_parameters(space: SearchSpace) -> list[dict]:
         serialize_parameters,
     )
 
-    specs = {}
-    for p in space.parameters:
-        if p.type == "double":
-            specs[p.name] = hpt.DoubleParameterSpec(min=p.min, max=p.max, scale=p.scale)
-        elif p.type == "integer":
-            specs[p.name] = hpt.IntegerParameterSpec(min=p.min, max=p.max, scale=p.scale)
-        else:
-            specs[p.name] = hpt.DiscreteParameterSpec(values=list(p.values), scale="linear")
-    return serialize_parameters(specs)
+    ranges = {"double": hpt.DoubleParameterSpec, "integer": hpt.IntegerParameterSpec}
+    return serialize_parameters({
+        p.name: ranges[p.type](min=p.min, max=p.max, scale=p.scale) if p.type in ranges
+        else hpt.DiscreteParameterSpec(values=list(p.values), scale="linear")
+        for p in space.parameters})
 
 
 def study_metrics(space: SearchSpace) -> list[dict]:
@@ -112,9 +102,8 @@ def study_metrics(space: SearchSpace) -> list[dict]:
 def study_stopping(rule: str) -> dict:
     """The study's automated stopping for `rule` (STOPPING_RULES), as `study_spec` fields.
 
-    The rules run on each trial's elapsed time: GCPC's launcher drops empty fields and false
-    values from the payload (`json_util.recursive_remove_empty`), so the epoch-count form
-    (an empty spec) would reach Vertex as no stopping at all. The trials of a study share
+    By elapsed time: GCPC's launcher drops empty fields (`recursive_remove_empty`), so the
+    epoch-count form (an empty spec) would reach Vertex as no stopping; a study's trials share
     their machines, so elapsed time tracks the epochs reported.
     """
     from google.cloud import aiplatform_v1
@@ -131,9 +120,8 @@ def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine,
                       spot: bool = False) -> dict:
     """The trials' one worker pool: the trainer's image and machines, one replica.
 
-    The container gets the step's executor input (`{{$.json_escape[1]}}`, resolved by
-    the backend inside the launcher's payload, as in GCPC's custom-job wrapper); Vertex
-    appends the trial's `--name=value` arguments.
+    The executor input (`{{$.json_escape[1]}}`) is resolved by the backend inside the
+    launcher's payload, as in GCPC's custom-job wrapper; Vertex appends `--name=value`s.
     """
     machine_spec = {"machine_type": machine.machine_type}
     if machine.accelerator_type:
@@ -160,21 +148,21 @@ def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine,
 
 def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: TuningSettings,
                   vertex: Any, machine: Machine, display_name: str) -> Callable:
-    """A component that tunes `trainer` in a Vertex hyperparameter tuning job.
+    """A component that tunes `trainer` in a Vertex hyperparameter tuning job (GCPC's
+    `HyperparameterTuningJobRunOp`, wrapped as `create_custom_training_job_from_component`
+    wraps a custom job); each trial runs `components.tune.trial`.
 
     Args:
         trainer: The (unwrapped) trainer component the trials run.
         kind: "image", "text" or "transformer" (which trial runner).
         space: What the study searches and its metric.
         settings: Trial counts and algorithm.
-        vertex: Job-wide settings (network, encryption key; the service account is the
-            step's `service_account` input).
+        vertex: Job-wide settings (network, encryption key, spot, TensorBoard, stopping).
         machine: Each trial's machines (the training step's).
         display_name: Name of the tuning job in the console.
 
     Returns:
-        A component with the trainer's inputs (the tuned ones are the run's values,
-        overridden per trial), the launcher's job inputs, and outputs `gcp_resources`
+        A component with the trainer's inputs, the launcher's, and outputs `gcp_resources`
         (the job) and `trials` (the folder every trial writes under).
 
     Raises:
@@ -219,18 +207,7 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
 
 
 def _take_trainer_inputs(spec: dict, user: dict, defaults: Mapping) -> None:
-    """Edits GCPC's tuning job spec: `defaults` become its inputs' defaults, and the
-    trainer's inputs (but `hypertune_metric`, which the trial runner sets) and the `trials`
-    output are added, to the component, the root and the task.
-
-    Args:
-        spec: GCPC's `HyperparameterTuningJobRunOp` pipeline spec, as a dict.
-        user: The trainer component's pipeline spec, as a dict.
-        defaults: The launcher's inputs to set: name to default value.
-
-    Raises:
-        ValueError: The trainer's inputs clash with the launcher's.
-    """
+    """Sets `defaults` in GCPC's job `spec`; adds the trainer's inputs and `trials` output."""
     (job_component,) = spec["components"].values()
     (user_component,) = user["components"].values()
     job_parameters = job_component["inputDefinitions"]["parameters"]
@@ -258,17 +235,11 @@ def _take_trainer_inputs(spec: dict, user: dict, defaults: Mapping) -> None:
 
 
 def _complete_trial_job_spec(spec: dict, vertex: Any, machine: Machine) -> None:
-    """Edits GCPC's tuning payload: the trials' output folder, scheduling, TensorBoard and
-    the study's automated stopping.
+    """Writes the trials' folder, scheduling, TensorBoard and stopping into GCPC's payload.
 
-    The base output directory becomes the step's `trials` output: as GCPC's own launchers
-    get output URIs (`--gcp_resources {{$.outputs...}}`), the placeholder goes into the
-    launcher's payload, where the backend resolves it, and the `base_output_directory`
-    input it replaces is dropped (an output placeholder in a parameter's default has no
-    precedent in GCPC). GCPC's payload has no `scheduling` or `tensorboard` of the trials'
-    CustomJobSpec: the step's scheduling (`--spot`, flex-start and its wait) and
-    `--tensorboard` are written in beside it, as the training jobs get them; nor a
-    stopping rule of its `study_spec`: `--tune-early-stopping` goes in after its last field.
+    The `trials` output's placeholder goes in the payload, where the backend resolves it, as
+    GCPC's launchers get output URIs (a parameter default has no precedent); GCPC's payload
+    has no field for the rest, so they are written in beside its own.
     """
     (executor,) = spec["deploymentSpec"]["executors"].values()
     args = executor["container"]["args"]
@@ -309,7 +280,7 @@ def searched(tune_op: Callable, best_op: Callable, kind: str, training: dict, jo
         best_op: The kind's best-trial component.
         kind: "image", "text" or "transformer".
         training: The training step's arguments (the run's values).
-        job: Custom-job arguments of the run (the service account).
+        job: Custom-job arguments of the run.
         display_name: The tuning step's name in the run graph.
 
     Returns:
@@ -324,12 +295,11 @@ def searched(tune_op: Callable, best_op: Callable, kind: str, training: dict, jo
 
 def machine_price(machine: Machine) -> float | None:
     """USD per hour of one replica of `machine` (machine + GPUs), None if a price is unknown."""
-    machine_price_ = HOURLY_PRICE_USD.get(machine.machine_type)
-    gpu = (HOURLY_PRICE_USD.get(machine.accelerator_type) if machine.accelerator_type
-           else 0.0)
-    if machine_price_ is None or gpu is None:
+    base = HOURLY_PRICE_USD.get(machine.machine_type)
+    gpu = HOURLY_PRICE_USD.get(machine.accelerator_type) if machine.accelerator_type else 0.0
+    if base is None or gpu is None:
         return None
-    return machine_price_ + gpu * (machine.accelerator_count if machine.accelerator_type else 0)
+    return base + gpu * machine.accelerator_count
 
 
 def cost_warning(kind: str, settings: TuningSettings, machine: Machine) -> str:
