@@ -21,29 +21,10 @@ fine-tuned on handwritten digits, beside the same network from scratch, per seed
    without flips (a mirrored 2 or 7 is no digit); `glyph_start`, the two phases from the
    start, 6 epochs too: 2 on the frozen base (head), then 4 with dense blocks 2-5
    unfrozen at 3e-4, BatchNorm frozen throughout (no flips). That recipe was picked on the
-   validation split with seed 42 among: head 3 + conv5 3 at 1e-4 (the trainer's
-   defaults; val 0.764), blocks 2-5 at 1e-3 (0.927), at 3e-4 (0.944), at 5e-4 (0.944),
-   head 1 + 5 (0.972), head 3 + blocks 4-5 at 1e-3 (0.843), head only 6 (0.753); then
-   without flips (0.989; from scratch without flips 0.927, with them 0.876).
+   validation split with seed 42 (docs/measurements.md).
 
-Measured here (2026-11-25, one thread each, on 2 cores shared with other work; test split
-of 179 digits, so one digit is 0.0056; the start: 433 faces scanned as the digits were, 14
-x 250 steps, held-out letters 0.908, 1234 s; `--arms glyph_start scratch`):
-
-    seed  glyph_start  scratch  pixels_logreg  majority_class
-      42       0.9832   0.9665         0.9385          0.1006
-      43       0.9777   0.9162         0.9385          0.1006
-      44       0.9888   0.9497         0.9385          0.1006
-      45       0.9777   0.9330         0.9385          0.1006
-      46       0.9832   0.9162         0.9385          0.1006
-    mean       0.9821   0.9363
-
-The start beats from scratch and the pixel baseline on every seed. Seconds per epoch:
-~9-9.5 from the start (its 2 head epochs ~3 each), 12-19 from scratch. A crisp start (the
-same letters unscanned, `glyph_start --scan-side 0`; held-out letters 0.984) did not:
-0.9274 / 0.9721 / 0.9665 on seeds 42-44 beside 0.9777 / 0.9553 / 0.9553 from scratch
-without flips and 0.9553 / 0.9218 / 0.8939 with them (`scratch_make_run`); longer
-fine-tuning of it (4 -> 8 epochs) gave 0.9665 / 0.9441 / 0.9385.
+Measured (tables, the crisp start that lost, the recipes tried): docs/measurements.md,
+"The image trainer from a learned start".
 
 Prints one line per seed and the mean, and seconds per epoch of each run. Threads: TF's
 intra-op pool (--threads, 0 = TensorFlow's default of one per core).

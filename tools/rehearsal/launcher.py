@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common.storage import filesystem
-from tools.rehearsal.records import Preemption, RehearsalError
+from tools.rehearsal.records import Preemption, RehearsalError, secret_value
 from tools.rehearsal.runtimes import containers_for, open_mount, start_step, stop, without_gpus
 
 # What a KFP pod's python has between a SIGTERM and its end, whatever the grace period:
@@ -209,14 +209,9 @@ def pod_env(container: Mapping[str, Any], settings: Mapping[str, Any],
     """
     env = without_gpus({e["name"]: e["value"] for e in container.get("env", [])})
     for mount in settings.get("secretAsEnv", []):
-        name = mount["secretName"]
         for pair in mount["keyToEnv"]:
-            value = secrets.get(name, {}).get(pair["secretKey"])
-            if value is None and not mount.get("optional"):
-                raise RehearsalError(
-                    f"{task}: the pod reads key {pair['secretKey']!r} of secret {name!r}, "
-                    f"which the namespace does not hold: pass --secret "
-                    f"{name}={pair['secretKey']}=VALUE")
+            value = secret_value(secrets, mount["secretName"], pair["secretKey"],
+                                 mount.get("optional", False), f"{task}: the pod")
             if value is not None:
                 env[pair["envVar"]] = value
     return env

@@ -16,6 +16,21 @@ class RehearsalError(RuntimeError):
     """The compiled pipeline cannot run as Vertex would run it; the message says where."""
 
 
+def secret_value(secrets: Mapping[str, Mapping[str, str]], name: str, key: str,
+                 optional: bool, reader: str) -> str | None:
+    """Key `key` of secret `name` in the namespace's `secrets`; None if optional and missing.
+
+    Raises:
+        RehearsalError: A required secret or key is missing (the pod would not start).
+    """
+    value = secrets.get(name, {}).get(key)
+    if value is None and not optional:
+        raise RehearsalError(f"{reader} reads key {key!r} of secret {name!r}, which the "
+                             "namespace does not hold: its pod would not start "
+                             f"(CreateContainerConfigError): pass --secret {name}={key}=VALUE")
+    return value
+
+
 @dataclasses.dataclass
 class TaskRecord:
     """What the rehearsal reports of one task (`summary.json`'s `rehearsal.tasks`)."""

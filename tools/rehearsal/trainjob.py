@@ -27,7 +27,7 @@ from typing import Any
 
 from components.trainjob.contract import PET_VARIABLES
 from tools.rehearsal.gcs_api import free_port
-from tools.rehearsal.records import RehearsalError
+from tools.rehearsal.records import RehearsalError, secret_value
 from tools.rehearsal.runtimes import start_step, stop
 
 COMPLETE, FAILED, DELETED = "Complete", "Failed", "Deleted"  # the TrainJob's conditions, gone
@@ -55,20 +55,6 @@ class JobOutcome:
     seconds: float
 
 
-def secret_value(secrets: Mapping[str, Mapping[str, str]], ref: Mapping[str, Any]) -> str | None:
-    """The value of a `secretKeyRef`, or None where an optional one is missing.
-
-    Raises:
-        RehearsalError: A required secret or key is missing (the pod would not start).
-    """
-    value = secrets.get(ref["name"], {}).get(ref["key"])
-    if value is None and not ref.get("optional"):
-        raise RehearsalError(f"the node reads key {ref['key']!r} of secret {ref['name']!r}, "
-                             "which the namespace does not hold: its pod would not start "
-                             "(CreateContainerConfigError)")
-    return value
-
-
 def container_env(trainer: Mapping[str, Any], secrets: Mapping[str, Mapping[str, str]]
                   ) -> dict[str, str]:
     """The node container's variables from `spec.trainer.env` (values and secret keys)."""
@@ -81,7 +67,9 @@ def container_env(trainer: Mapping[str, Any], secrets: Mapping[str, Mapping[str,
         if "secretKeyRef" not in source:
             raise RehearsalError(f"env {entry['name']}: only values and secretKeyRef are "
                                  f"played here, got {source}")
-        value = secret_value(secrets, source["secretKeyRef"])
+        ref = source["secretKeyRef"]
+        value = secret_value(secrets, ref["name"], ref["key"], ref.get("optional", False),
+                             "the node")
         if value is not None:
             env[entry["name"]] = value
     return env
