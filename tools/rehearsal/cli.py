@@ -63,11 +63,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs `python -m tools.rehearsal`; returns the exit status (1: the rehearsal failed).
-
-    Args:
-        argv: The arguments (default: the command line's).
-    """
+    """Runs `python -m tools.rehearsal` on `argv`; the exit status (1: the rehearsal failed)."""
     p = parser()
     args = p.parse_args(argv)
 

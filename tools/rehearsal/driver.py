@@ -144,10 +144,8 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
 
     Args:
         path: Compiled pipeline JSON (or YAML) as `compile.py` wrote it.
-        output: Local folder of the rehearsal (gcs/, logs/, summary.json).
-        params: Pipeline parameters as strings, typed by the pipeline's definitions.
-        **options: `pipeline_root`, `cache_index`, `preempt`, `runtime`, `registry` (see
-            `Rehearsal`).
+        output, params: As `Rehearsal` takes them.
+        **options: `pipeline_root`, `cache_index`, `preempt`, `runtime`, `registry`.
 
     Returns:
         The summary: the pipeline's own (as `run_local` writes it) plus `rehearsal`.

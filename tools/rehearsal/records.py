@@ -59,17 +59,8 @@ class ArtifactRef:
     @classmethod
     def of(cls, artifact: dict[str, Any], path: str, uri: str | None = None,
            metadata: dict[str, Any] | None = None) -> ArtifactRef:
-        """The artifact an executor input lists (`{"name", "type", "uri", ...}`).
-
-        Args:
-            artifact: One entry of an executor input's `artifacts` list.
-            path: The local file or folder behind its URI.
-            uri: The URI the task wrote, when it changed the planned one.
-            metadata: Its metadata (none by default, as for a planned output).
-
-        Returns:
-            The reference.
-        """
+        """The artifact an executor input lists (`{"name", "type", "uri", ...}`) at local
+        `path`; `uri` and `metadata` as the task updated them (default: planned, none)."""
         return cls(name=artifact["name"], uri=artifact["uri"] if uri is None else uri,
                    schema_title=artifact["type"]["schemaTitle"],
                    metadata={} if metadata is None else metadata, path=path)
@@ -77,8 +68,7 @@ class ArtifactRef:
 
 @dataclasses.dataclass
 class Preemption:
-    """Kill the first replica (or attempt) of `task` once a file matching `pattern` exists,
-    once."""
+    """Kill the first replica (or attempt) of `task` once a file matching `pattern` exists."""
 
     task: str
     pattern: str
@@ -128,8 +118,7 @@ def pipeline_summary(spec: dict[str, Any], outputs: dict[str, Any]) -> dict[str,
 
 
 def registration(decided: Mapping[str, Any], records: list[TaskRecord]) -> dict[str, Any]:
-    """The Kubeflow summary's `registration`: the gate's decision, and what the run
-    registered."""
+    """The Kubeflow summary's `registration`: the gate's decision, what the run registered."""
     states = {r.display_name: r for r in records}
     registered = getattr(states.get("register-model"), "state", "") == "succeeded"
     skipped = states.get("no-registry")

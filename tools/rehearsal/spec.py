@@ -32,11 +32,8 @@ _ARTIFACT = re.compile(
 
 
 def typed_value(value: Any, parameter_type: str) -> Any:
-    """A parameter value as Vertex hands it to a task (JSON numbers are floats in the spec).
-
-    Values from the spec (defaults, constants) are JSON already; text typed on a command
-    line is read by `pipelines.params.parse_value` instead (see `pipeline_inputs`).
-    """
+    """A value of the spec (JSON already: numbers are floats) as Vertex hands it to a task;
+    command-line text goes through `pipelines.params.parse_value` instead."""
     if value is None:
         return None
     if parameter_type == "NUMBER_INTEGER":
@@ -49,9 +46,8 @@ def typed_value(value: Any, parameter_type: str) -> Any:
 
 
 def render(value: Any) -> str:
-    """A parameter value inside a command line, as the backend writes it: strings raw,
-    everything else as JSON with whole numbers written without a fraction (protobuf
-    numbers are doubles; Go's formatting of 100.0 is `100`)."""
+    """A parameter value in a command line as the backend writes it: strings raw, the rest
+    JSON with whole numbers without a fraction (Go's formatting of the double 100.0)."""
     def whole(v: Any) -> Any:
         if isinstance(v, float) and v.is_integer():
             return int(v)
@@ -65,14 +61,8 @@ def render(value: Any) -> str:
 
 
 def pipeline_inputs(spec: Mapping[str, Any], params: Mapping[str, str]) -> dict[str, Any]:
-    """The pipeline's parameter values: those given as text, typed, else the defaults.
-
-    Args:
-        spec: The compiled pipeline.
-        params: Parameter values as typed on the command line.
-
-    Returns:
-        A value for every parameter that has one (optional ones without a default omitted).
+    """The pipeline's parameter values: `params` (text of the command line) typed, else
+    the defaults (optional ones without a default omitted).
 
     Raises:
         RehearsalError: An unknown parameter, a value not of its type, or a required
@@ -143,16 +133,8 @@ def topological_order(tasks: Mapping[str, dict[str, Any]]) -> list[str]:
 
 def dag_outputs(component: Mapping[str, Any],
                 results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    """A DAG component's outputs, picked from its tasks' results as its spec selects them.
-
-    Args:
-        component: The DAG component (the pipeline's root or a `dsl.If` branch).
-        results: Each task's `{"parameters", "artifacts"}` (a skipped task's are empty).
-
-    Returns:
-        `{"parameters", "artifacts"}`: output name -> value or artifact, for each output a
-        task produced.
-    """
+    """A DAG component's outputs (`{"parameters", "artifacts"}`), picked from its tasks'
+    `results` (a skipped task's are empty) as its spec selects them."""
     outputs: dict[str, dict[str, Any]] = {"parameters": {}, "artifacts": {}}
     selected = component["dag"].get("outputs", {})
     for key, selector in selected.get("artifacts", {}).items():
@@ -213,10 +195,8 @@ def task_inputs(task: Mapping[str, Any], component: Mapping[str, Any],
     """A task's input parameter values and artifacts, as Vertex hands them to it.
 
     Args:
-        task: The task in its DAG.
-        component: The component it runs.
-        parameters: The enclosing DAG's parameter values.
-        artifacts: The enclosing DAG's input artifacts.
+        task, component: The task in its DAG and the component it runs.
+        parameters, artifacts: The enclosing DAG's parameter values and input artifacts.
         results: The outputs of the tasks that ran before it in that DAG.
         job: The pipeline job (system placeholders in values are resolved).
 
@@ -274,15 +254,11 @@ def planned_executor_input(component: Mapping[str, Any], values: Mapping[str, An
 
     Args:
         component: The component the task runs.
-        values: Its input parameter values.
-        inputs: Its input artifacts (`ArtifactRef`s).
+        values, inputs: Its input parameter values and artifacts (`ArtifactRef`s).
         task_root: The remote folder its output artifacts go to (`<root>/<output>`).
-        artifact_name: An output artifact's resource name, from its output key.
-        parameter_file: The file an output parameter is written to, from its key.
+        artifact_name, parameter_file: An output's resource name, and an output parameter's
+            file, from its key.
         output_file: The executor output file (as the step sees it).
-
-    Returns:
-        The executor input, as JSON-able dicts.
     """
     outputs = component.get("outputDefinitions", {})
     return {
@@ -318,12 +294,8 @@ class Placeholders:
     step_path: Callable[[str], str]  # a gs:// URI as the step sees it
 
     def resolve(self, text_value: str) -> str:
-        """Resolves every placeholder of one command-line item.
-
-        Parameter values are inserted verbatim and the executor placeholders they carry
-        (GCPC's payload holds the wrapped component's `{{$.json_escape[1]}}`) are
-        resolved in them once; a placeholder left over is an error.
-        """
+        """Resolves every placeholder of one command-line item; those a parameter value
+        carries (GCPC's payload: `{{$.json_escape[1]}}`) once; one left over is an error."""
         executor_json = json.dumps(self.executor_input)
 
         def one(match: re.Match, nested: bool = False) -> str:
@@ -411,16 +383,14 @@ def read_task_outputs(component: Mapping[str, Any], executor_input: Mapping[str,
     """What a finished task wrote, read as the backend reads it.
 
     Args:
-        component: The component it ran.
-        executor_input: Its executor input (the planned outputs).
+        component, executor_input: The component it ran and its executor input.
         output_file: The local executor output file (none written: nothing updated).
         parameter_file: The local file of an output parameter, from its key.
         artifact_path: The local file or folder behind an output artifact's URI.
 
     Returns:
-        `{"parameters", "artifacts"}`: the executor output's parameter values, else each
-        output file's text (typed unless a string); artifacts with the URI and metadata
-        the executor output gives them.
+        `{"parameters", "artifacts"}`: the executor output's values, else each output
+        file's text (typed unless a string); artifacts as the executor output updates them.
     """
     written = read_json(output_file, optional=True) or {}
     artifacts = {}
