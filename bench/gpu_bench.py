@@ -5,27 +5,19 @@
         [--layout 6,12,24,16] [--architecture densenet121|efficientnet_lite0]
         [--host-cores N] [--json FILE] [--smoke]
 
-choices   what our selection logic picks on the devices this process sees: the strategy
-          (components.train_image.distribute), the Keras precision policy and fastai's fp16.
-densenet  DenseNet121 (or the --layout given, or --architecture efficientnet_lite0)
-          training images/s under mixed_float16 and float32, same batch, fed from one batch
-          held in host memory; achieved TFLOP/s as a share of the device's peak for that
-          precision. FLOPs are counted from the model's convolutions and dense layers
-          (DenseNet121 at 224 px: 5.7 GFLOP forward, EfficientNet-Lite0 0.8), and a
-          training step is taken as 3x the forward pass.
-feed      the same step (the policy `choices` picked) fed from real shards through the
-          trainer's own input pipeline (read, decode, shuffle, augment on the host) vs from
-          the batch in memory: feed ratio = step time from shards / from memory (1.0 = the
-          shards keep up), with the host's pipeline alone in images/s and the cores it had.
-fastai    the text trainer's AWD-LSTM classifier (fastai's text_classifier_learner, our
-          default architecture) tokens/s with to_fp16() vs fp32, same batch.
+choices   what the trainers' selection logic picks on the devices seen: the strategy, the
+          Keras precision policy and fastai's precision.
+densenet  the image network's training images/s under each precision, fed from one batch
+          in host memory; achieved TFLOP/s as a share of the device's peak (`bench.flops`:
+          a training step is 3x the forward pass).
+feed      the same step fed from real shards through the trainer's input pipeline vs from
+          memory: feed ratio = step time from shards / from memory (1.0: the shards keep
+          up), with the host's pipeline alone in images/s.
+fastai    the text trainer's AWD-LSTM classifier tokens/s in fp32, fp16 and bf16.
 
---engine tf-keras (default) measures the trainer's own model (components.train_image.model)
-on TensorFlow. --engine keras3 builds the same network with Keras 3 on whatever backend
-KERAS_BACKEND names (jax, torch, tensorflow): for accelerators where TensorFlow's CUDA build
-cannot be installed; the feed section still needs TensorFlow (CPU is enough) for tf.data.
---smoke: tiny sizes (32 px, batch 4, one dense block per stage unless --layout says), for
-the test suite on a CPU.
+--engine keras3 builds the same network with Keras 3 on KERAS_BACKEND (jax, torch, ...),
+for accelerators without TensorFlow's CUDA build (feed still needs a CPU TensorFlow).
+--smoke: tiny sizes (32 px, batch 4, one dense block per stage), for the tests on a CPU.
 """
 
 from __future__ import annotations
@@ -101,8 +93,7 @@ class TfKerasEngine:
         with dtype_policy(precision):
             model = build_model(classes, size, weights=None, layout=layout,
                                 architecture=architecture)
-            # as the trainer compiles (model.compile_model); the policy wraps the optimizer
-            # in a LossScaleOptimizer under mixed_float16
+            # as model.compile_model does (the policy adds the loss scaling)
             model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
                           loss="sparse_categorical_crossentropy")
         return model
@@ -143,10 +134,8 @@ class Keras3Engine:
 
 
 def step_seconds(model, data, steps: int, warmup: int) -> float:
-    """Seconds per training step: a warm-up fit (tracing, compiling), then a timed one.
-
-    `fit` ends by reading the epoch's loss back, so the timed span waits for the device.
-    """
+    """Seconds per training step: a warm-up fit (tracing), then a timed one (`fit` reads the
+    loss back, so the span waits for the device)."""
     model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0)
     start = time.perf_counter()
     model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
@@ -154,8 +143,8 @@ def step_seconds(model, data, steps: int, warmup: int) -> float:
 
 
 def memory_batch(batch: int, size: int, classes: int):
-    """One batch of random pixels and labels held in host memory, repeated forever: a
-    tf.data dataset, or a generator for Keras 3 without TensorFlow."""
+    """One batch of random pixels and labels in host memory, repeated forever (tf.data, or a
+    generator for Keras 3 without TensorFlow)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -176,8 +165,8 @@ def forever(images, labels):
 def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
              rounds: int, precisions: tuple[str, ...] = KERAS_PRECISIONS,
              layout: tuple[int, ...] = DENSENET121, architecture: str = "densenet121") -> dict:
-    """Training images/s under each of `precisions` (mixed_float16, float32), alternated
-    `rounds` times (best kept); the AMP speed-up when both were measured."""
+    """Training images/s under each of `precisions`, alternated `rounds` times (best kept);
+    the AMP speed-up when both were measured."""
     from components.train_image.contract import architecture_name
 
     classes = 10

@@ -100,6 +100,23 @@ def train_and_score(dataset: str, out: str, config) -> dict:
 ARMS = ("scratch_make_run", "scratch", "glyph_start")
 
 
+def seed_rows(args, work: str, run_arm, record) -> list[dict]:
+    """Per seed of `args.seeds`, each arm of `args.arms` run by `run_arm(arm, seed, out)`,
+    the baselines beside; with --work, `record(rows so far)` written to results.json."""
+    rows = []
+    for seed in args.seeds:
+        row = {"seed": seed}
+        for arm in args.arms:
+            row[arm] = run_arm(arm, seed, os.path.join(work, f"{arm}-{seed}"))
+            row["baseline"] = row[arm]["baseline"]
+            print(arm, seed, json.dumps(row[arm]), flush=True)
+        rows.append(row)
+        if args.work:
+            with open(os.path.join(work, "results.json"), "w") as f:
+                json.dump(record(rows), f, indent=1)
+    return rows
+
+
 def arm_config(arm: str, args, weights: str, seed: int):
     """The trainer's settings of one arm: `make run`'s from scratch (flips on, its default),
     from scratch as the others (flips as --flip says), and from the glyph start."""
@@ -190,20 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         manifest = shard(digits, os.path.join(work, "digit-shards"), args.split_seed)
         print("digits:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
         dataset = os.path.join(work, "digit-shards")
-        rows = []
-        for seed in args.seeds:
-            row = {"seed": seed}
-            for arm in args.arms:
-                config = arm_config(arm, args, weights, seed)
-                row[arm] = train_and_score(dataset, os.path.join(work, f"{arm}-{seed}"), config)
-                row["baseline"] = row[arm]["baseline"]
-            rows.append(row)
-            print("seed", json.dumps(row), flush=True)
-            if args.work:
-                with open(os.path.join(work, "results.json"), "w") as f:
-                    json.dump({"start": facts, "rows": rows, "configs": {
-                        arm: dataclasses.asdict(arm_config(arm, args, weights, 0))
-                        for arm in args.arms}}, f, indent=1)
+        configs = {arm: dataclasses.asdict(arm_config(arm, args, weights, 0))
+                   for arm in args.arms}
+        rows = seed_rows(args, work, lambda arm, seed, out: train_and_score(
+            dataset, out, arm_config(arm, args, weights, seed)),
+            lambda rows: {"start": facts, "rows": rows, "configs": configs})
     print_table(rows, args.arms)
     return 0
 

@@ -30,7 +30,6 @@ the whole process: every thread) and wall seconds per arm. Threads: TF's intra-o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -42,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.image_pretrain_bench import (  # noqa: E402
     _threads,
     accuracy_table,
+    seed_rows,
     shard,
     train_and_score,
 )
@@ -126,18 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         dataset = os.path.join(work, "shards")
         manifest = shard(args.data, dataset, args.split_seed, args.image_size)
         print("split:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
-        rows = []
-        for seed in args.seeds:
-            row = {"seed": seed}
-            for arm in args.arms:
-                row[arm] = timed(dataset, os.path.join(work, f"{arm}-{seed}"),
-                                 arm_config(arm, args, seed))
-                row["baseline"] = row[arm]["baseline"]
-                print(arm, seed, json.dumps(row[arm]), flush=True)
-            rows.append(row)
-            if args.work:
-                with open(os.path.join(work, "results.json"), "w") as f:
-                    json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+        rows = seed_rows(args, work, lambda arm, seed, out: timed(
+            dataset, out, arm_config(arm, args, seed)),
+            lambda rows: {"args": vars(args), "rows": rows})
     print_table(rows, args.arms)
     return 0
 
