@@ -48,16 +48,17 @@ def typed_value(value: Any, parameter_type: str) -> Any:
 def render(value: Any) -> str:
     """A parameter value in a command line as the backend writes it: strings raw, the rest
     JSON with whole numbers without a fraction (Go's formatting of the double 100.0)."""
-    def whole(v: Any) -> Any:
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        if isinstance(v, list):
-            return [whole(x) for x in v]
-        if isinstance(v, dict):
-            return {k: whole(x) for k, x in v.items()}
-        return v
+    return value if isinstance(value, str) else json.dumps(_map_leaves(
+        value, lambda v: int(v) if isinstance(v, float) and v.is_integer() else v))
 
-    return value if isinstance(value, str) else json.dumps(whole(value))
+
+def _map_leaves(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`value` with `leaf` applied to each value inside its lists and dicts."""
+    if isinstance(value, list):
+        return [_map_leaves(v, leaf) for v in value]
+    if isinstance(value, dict):
+        return {k: _map_leaves(v, leaf) for k, v in value.items()}
+    return leaf(value)
 
 
 def pipeline_inputs(spec: Mapping[str, Any], params: Mapping[str, str]) -> dict[str, Any]:
@@ -175,17 +176,12 @@ class PipelineJob:
 
     def resolve_system(self, value: Any) -> Any:
         """Resolves `{{$.pipeline_*}}` inside parameter values, as Vertex does at run time."""
-        if isinstance(value, str):
-            def sub(match: re.Match) -> str:
-                body = match.group("body")
-                resolved = self.system(body[1:]) if body.startswith(".pipeline_") else None
-                return match.group(0) if resolved is None else resolved
-            return _PLACEHOLDER.sub(sub, value)
-        if isinstance(value, list):
-            return [self.resolve_system(v) for v in value]
-        if isinstance(value, dict):
-            return {k: self.resolve_system(v) for k, v in value.items()}
-        return value
+        def sub(match: re.Match) -> str:
+            body = match.group("body")
+            resolved = self.system(body[1:]) if body.startswith(".pipeline_") else None
+            return match.group(0) if resolved is None else resolved
+
+        return _map_leaves(value, lambda v: _PLACEHOLDER.sub(sub, v) if isinstance(v, str) else v)
 
 
 def task_inputs(task: Mapping[str, Any], component: Mapping[str, Any],
