@@ -34,7 +34,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.flops import forward_flops, peak_tflops, train_tflops  # noqa: E402
 
 SECTIONS = ("choices", "densenet", "feed", "fastai")
-ENGINES = ("tf-keras", "keras3")
 TEXT_PRECISIONS = ("fp32", "fp16", "bf16")
 KERAS_PRECISIONS = ("mixed_float16", "float32")
 DENSENET121 = (6, 12, 24, 16)
@@ -79,58 +78,53 @@ def choices(gpus: list[dict]) -> dict:
     }
 
 
-class TfKerasEngine:
+def tf_keras_model(classes: int, size: int, precision: str, layout=DENSENET121,
+                   architecture: str = "densenet121"):
     """The trainer's own model and compile settings on TensorFlow (tf-keras)."""
+    import tf_keras
 
-    name = "tf-keras"
+    from components.train_image.model import build_model, dtype_policy
 
-    def model(self, classes: int, size: int, precision: str, layout=DENSENET121,
-              architecture: str = "densenet121"):
-        import tf_keras
-
-        from components.train_image.model import build_model, dtype_policy
-
-        with dtype_policy(precision):
-            model = build_model(classes, size, weights=None, layout=layout,
-                                architecture=architecture)
-            # as model.compile_model does (the policy adds the loss scaling)
-            model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
-                          loss="sparse_categorical_crossentropy")
-        return model
+    with dtype_policy(precision):
+        model = build_model(classes, size, weights=None, layout=layout,
+                            architecture=architecture)
+        # as model.compile_model does (the policy adds the loss scaling)
+        model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
+                      loss="sparse_categorical_crossentropy")
+    return model
 
 
-class Keras3Engine:
+def keras3_model(classes: int, size: int, precision: str, layout=DENSENET121,
+                 architecture: str = "densenet121"):
     """The same network (components.train_image.model.build_model) in Keras 3."""
+    import keras
 
-    name = "keras3"
+    # DenseNet121/169/201 are this builder at fixed layouts; Keras exports only those.
+    from keras.src.applications.densenet import DenseNet
 
-    def model(self, classes: int, size: int, precision: str, layout=DENSENET121,
-              architecture: str = "densenet121"):
-        import keras
+    from components.train_image.contract import IMAGENET_MEAN, IMAGENET_STD
 
-        # DenseNet121/169/201 are this builder at fixed layouts; Keras exports only those.
-        from keras.src.applications.densenet import DenseNet
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(precision)
+    try:
+        inputs = keras.Input(shape=(size, size, 3), dtype="float32", name="image")
+        scaled = keras.layers.Normalization(
+            mean=[255.0 * m for m in IMAGENET_MEAN],
+            variance=[(255.0 * s) ** 2 for s in IMAGENET_STD], dtype="float32")(inputs)
+        base = DenseNet(list(layout), include_top=False, weights=None,
+                        input_shape=(size, size, 3))
+        x = keras.layers.GlobalAveragePooling2D()(base(scaled))
+        x = keras.layers.Dropout(0.2)(x)
+        outputs = keras.layers.Dense(classes, activation="softmax", dtype="float32")(x)
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                      loss="sparse_categorical_crossentropy")
+    finally:
+        keras.config.set_dtype_policy(previous)
+    return model
 
-        from components.train_image.contract import IMAGENET_MEAN, IMAGENET_STD
 
-        previous = keras.config.dtype_policy()
-        keras.config.set_dtype_policy(precision)
-        try:
-            inputs = keras.Input(shape=(size, size, 3), dtype="float32", name="image")
-            scaled = keras.layers.Normalization(
-                mean=[255.0 * m for m in IMAGENET_MEAN],
-                variance=[(255.0 * s) ** 2 for s in IMAGENET_STD], dtype="float32")(inputs)
-            base = DenseNet(list(layout), include_top=False, weights=None,
-                            input_shape=(size, size, 3))
-            x = keras.layers.GlobalAveragePooling2D()(base(scaled))
-            x = keras.layers.Dropout(0.2)(x)
-            outputs = keras.layers.Dense(classes, activation="softmax", dtype="float32")(x)
-            model = keras.Model(inputs, outputs)
-            model.compile(optimizer=keras.optimizers.Adam(1e-4),
-                          loss="sparse_categorical_crossentropy")
-        finally:
-            keras.config.set_dtype_policy(previous)
-        return model
+ENGINES = {"tf-keras": tf_keras_model, "keras3": keras3_model}  # name -> model builder
 
 
 def step_seconds(model, data, steps: int, warmup: int) -> float:
@@ -162,7 +156,7 @@ def forever(images, labels):
         yield images, labels
 
 
-def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
+def densenet(engine: str, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
              rounds: int, precisions: tuple[str, ...] = KERAS_PRECISIONS,
              layout: tuple[int, ...] = DENSENET121, architecture: str = "densenet121") -> dict:
     """Training images/s under each of `precisions`, alternated `rounds` times (best kept);
@@ -171,14 +165,14 @@ def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup
 
     classes = 10
     data = memory_batch(batch, size, classes)
-    models = {p: engine.model(classes, size, p, layout, architecture) for p in precisions}
+    models = {p: ENGINES[engine](classes, size, p, layout, architecture) for p in precisions}
     flops = forward_flops(next(iter(models.values())))
     best = {p: float("inf") for p in models}
     for _ in range(rounds):  # alternate so drift (clocks, heat) hits both alike
         for precision, model in models.items():
             best[precision] = min(best[precision], step_seconds(model, data, steps, warmup))
     device = gpus[0]["name"] if gpus else "CPU"
-    out = {"engine": engine.name, "device": device, "image_size": size, "batch": batch,
+    out = {"engine": engine, "device": device, "image_size": size, "batch": batch,
            "architecture": (architecture_name(layout) if architecture == "densenet121"
                             else "EfficientNet-Lite0"), "forward_gflop": flops / 1e9}
     for precision, seconds in best.items():
@@ -222,7 +216,7 @@ def pipeline_images_per_second(dataset, batch: int, batches: int) -> float:
     return batch * batches / (time.perf_counter() - start)
 
 
-def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
+def feed(engine: str, precision: str, size: int, batch: int, steps: int, warmup: int,
          images: int, layout: tuple[int, ...] = DENSENET121,
          architecture: str = "densenet121") -> dict:
     """Step time fed by the trainer's input pipeline over real shards vs by a batch in memory."""
@@ -234,7 +228,7 @@ def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
         classes = len(manifest["classes"])
         config = TrainConfig(weights="none", batch_size=batch)
         dataset = train_input(shards, manifest, config, batch)
-        model = engine.model(classes, size, precision, layout, architecture)
+        model = ENGINES[engine](classes, size, precision, layout, architecture)
         memory = memory_batch(batch, size, classes)
         from_memory = step_seconds(model, memory, steps, warmup)
         from_shards = step_seconds(model, dataset, steps, warmup)
@@ -429,14 +423,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.architecture != "densenet121" and args.engine != "tf-keras":
         parser.error("--architecture efficientnet_lite0 is built by the tf-keras engine only")
-    engine = TfKerasEngine() if args.engine == "tf-keras" else Keras3Engine()
     gpus = visible_gpus()
     picked = choices(gpus)
     results: dict = {"choices": picked} if "choices" in sections else {}
     runs = {
-        "densenet": lambda: densenet(engine, gpus, size, batch, steps, warmup, args.rounds,
+        "densenet": lambda: densenet(args.engine, gpus, size, batch, steps, warmup, args.rounds,
                                      precisions, layout, args.architecture),
-        "feed": lambda: feed(engine, picked["keras_precision"], size, batch, steps, warmup,
+        "feed": lambda: feed(args.engine, picked["keras_precision"], size, batch, steps, warmup,
                              args.shard_images, layout, args.architecture),
         "fastai": lambda: fastai_tokens(gpus, args.text_batch, args.doc_tokens,
                                         args.text_batches, args.rounds, arch),

@@ -251,6 +251,7 @@ def _write_corpus(args, corpus: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     for key, value in (ENGLISH if args.corpus == "english" else ZIPF).items():
         if getattr(args, key) is None:
@@ -269,12 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     for precision in args.precisions.split(","):
         for variant in args.variants.split(","):
             run_name = f"{variant}/{precision}"
+            # the child reads the same options (and fills in the same defaults)
             lines, code = _run(run_name, [
-                sys.executable, __file__, "--child", variant, "--precision", precision,
-                "--corpus", args.corpus, "--output", args.output, "--epochs",
-                str(args.epochs), "--batch-size", str(args.batch_size), "--model-config",
-                args.model_config, "--max-vocab", str(args.max_vocab), "--min-freq",
-                str(args.min_freq), "--sample-every", str(args.sample_every)],
+                sys.executable, __file__, *argv, "--child", variant, "--precision", precision],
                 args.output, args.time_limit * 60 if args.time_limit else None)
             rows[run_name] = [row for row in lines if "epoch" in row and "sample" not in row]
             finals[run_name] = next((row for row in lines if "perplexity" in row), {})

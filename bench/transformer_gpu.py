@@ -146,12 +146,17 @@ def grid(parser: argparse.ArgumentParser, args: argparse.Namespace
             for batch in args.batches.split(",") for seed in args.seeds.split(",")]
 
 
-def save_rows(path: str, rows: list[dict], started: float) -> None:
-    """Writes the rows so far to `path` (if any): after every run, for a time limit's sake."""
-    if path:
-        with open(path, "w") as f:
-            json.dump({"rows": rows, "seconds": round(time.monotonic() - started, 1)}, f,
-                      indent=1)
+def run_plan(plan: list[tuple], run, print_row, path: str) -> None:
+    """`run(*entry)` for each entry of `plan`, its row printed; the rows so far written to
+    `path` (if any) after every run, for a time limit's sake."""
+    rows, started = [], time.monotonic()
+    for entry in plan:
+        rows.append(run(*entry))
+        print_row(rows[-1])
+        if path:
+            with open(path, "w") as f:
+                json.dump({"rows": rows, "seconds": round(time.monotonic() - started, 1)}, f,
+                          indent=1)
 
 
 def print_row(row: dict) -> None:
@@ -180,13 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         plan += [(dataset, *plan[0][1:4], True) for dataset in args.dataset]
     print("dataset      prec  batch seed launch  ep  s/epoch   tokens/s  step s peakMiB "
           "| test micro / macro F1 | TF-IDF micro")
-    rows, started = [], time.monotonic()
-    for dataset, mixed, batch, seed, launcher in plan:
-        config = TransformerConfig(model_name=args.model, batch_size=batch, seed=seed,
-                                   mixed_precision=mixed, **settings)
-        rows.append(one_run(dataset, config, launcher))
-        print_row(rows[-1])
-        save_rows(args.json, rows, started)
+    run_plan(plan, lambda dataset, mixed, batch, seed, launcher: one_run(
+        dataset, TransformerConfig(model_name=args.model, batch_size=batch, seed=seed,
+                                   mixed_precision=mixed, **settings), launcher),
+        print_row, args.json)
     return 0
 
 

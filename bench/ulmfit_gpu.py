@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,7 +29,7 @@ from bench.transformer_gpu import (  # noqa: E402
     grid_parser,
     peak_memory_mib,
     peak_memory_reset,
-    save_rows,
+    run_plan,
     smoke_dataset,
 )
 from components.evaluate_text.evaluation import evaluate_text_model  # noqa: E402
@@ -116,13 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = grid(parser, args)
     print("dataset      prec  batch seed ep  s/epoch   tokens/s  step s  GPU MiB 1st->last "
           "(peak) | test micro / macro F1 | TF-IDF, constant micro")
-    rows, started = [], time.monotonic()
-    for dataset, mixed, batch, seed in plan:
-        config = TrainConfig(pretrained=False, batch_size=batch, seed=seed,
-                             mixed_precision=mixed, **settings)
-        rows.append(one_run(dataset, config))
-        print_row(rows[-1])
-        save_rows(args.json, rows, started)
+    run_plan(plan, lambda dataset, mixed, batch, seed: one_run(dataset, TrainConfig(
+        pretrained=False, batch_size=batch, seed=seed, mixed_precision=mixed, **settings)),
+        print_row, args.json)
     return 0
 
 
