@@ -7,24 +7,14 @@ fine-tuned on handwritten digits, beside the same network from scratch, per seed
         [--arms scratch --scratch-epochs 15] [--split-seed 42]
 
 1. The start (`tools.datamakers.glyph_start`; skipped when --weights names one made before):
-   the letters of every installed typeface (`tools.datamakers.font_glyphs`; Debian's fonts-*
-   packages), each scanned as the UCI digits were (`font_glyphs.scan`), sharded at 32
-   px, trained from scratch by the image trainer (no flips: letters have a
-   handedness), its DenseNet121 written as a no-top .h5: the file the
-   trainer's `weights` takes in place of ImageNet's.
-2. The digits of `make run` (`tools.datamakers.demo digits`: scikit-learn's 8x8 handwritten
-   digits at 32 px), sharded as `make run` shards them (split seed 42, 4 shards a split).
-3. Per seed, on that one split, three arms scored on the test split by the evaluation
-   step, whose baselines (logistic regression on 16x16 pixels, the majority class) sit
-   beside them: `scratch_make_run`, the trainer from scratch as `make run` trains it
-   (one phase, 6 epochs, random flips on: the trainer's default); `scratch`, the same
-   without flips (a mirrored 2 or 7 is no digit); `glyph_start`, the two phases from the
-   start, 6 epochs too: 2 on the frozen base (head), then 4 with dense blocks 2-5
-   unfrozen at 3e-4, BatchNorm frozen throughout (no flips). That recipe was picked on the
-   validation split with seed 42 (docs/measurements.md).
-
-Measured (tables, the crisp start that lost, the recipes tried): docs/measurements.md,
-"The image trainer from a learned start".
+   DenseNet121 trained on the scanned letters of every installed typeface, as a no-top .h5.
+2. The digits of `make run` (`tools.datamakers.demo digits`), sharded as `make run` does.
+3. Per seed, on that one split, three arms scored on the test split by the evaluation step
+   beside its baselines: `scratch_make_run` (from scratch, random flips on: the trainer's
+   default), `scratch` (the same without flips: a mirrored 2 is no digit) and `glyph_start`
+   (2 epochs on the frozen base, then 4 with dense blocks 2-5 unfrozen at 3e-4, no flips;
+   the recipe picked on seed 42's validation split). Measured, with the recipes tried:
+   docs/measurements.md, "The image trainer from a learned start".
 
 Prints one line per seed and the mean, and seconds per epoch of each run. Threads: TF's
 intra-op pool (--threads, 0 = TensorFlow's default of one per core).

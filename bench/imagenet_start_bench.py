@@ -6,17 +6,13 @@ beside DenseNet121 from random weights at no smaller CPU budget, per seed.
         [--head-epochs 3 --fine-tune-epochs 4 --unfreeze-blocks 2]
         [--arms lite0_imagenet densenet_scratch lite0_scratch --scratch-epochs 12]
 
-DATA is image class folders (`tools.datamakers.tuxpaint_photos`: Tux Paint's photo stamps,
-Debian's tuxpaint-stamps-default, GPL-2; or `make run`'s digits, `tools.datamakers.demo`),
-sharded once (split seed 42, 4 shards a split, 80/10/10) at --image-size. Per seed, on that
-one split, each arm is trained by the image trainer and scored on the test split by the
-evaluation step, whose baselines (logistic regression on 16x16 pixels, the majority class)
-sit beside them: `lite0_imagenet`, EfficientNet-Lite0 from the converted ImageNet weights
-(`make models`), the two phases (head on the frozen base, then the top MBConv stages
-unfrozen, BatchNorm frozen); `densenet_scratch`, DenseNet121 from random weights, one
-phase of --scratch-epochs, chosen so it gets at least the CPU seconds the Lite0 arm took;
-`lite0_scratch`, Lite0 from random weights, the same epochs. Random flips on (--flip, the
-trainer's default: a mirrored bird is a bird); off for digits (--no-flip).
+DATA is image class folders (`tools.datamakers.tuxpaint_photos`, or `make run`'s digits),
+sharded once at --image-size. Per seed, on that one split, each arm is trained by the image
+trainer and scored by the evaluation step beside its baselines: `lite0_imagenet`,
+EfficientNet-Lite0 from the converted ImageNet weights (`make models`), head then top
+MBConv stages; `densenet_scratch`, DenseNet121 from random weights for --scratch-epochs (at
+least Lite0's CPU seconds); `lite0_scratch`, Lite0 from random weights, the same epochs.
+Random flips on (a mirrored bird is a bird); off for digits (--no-flip).
 
 The Lite0 recipe (the defaults) was picked on the validation split of the photos with
 seed 42 only. Measured (the table, the recipes tried, the digits): docs/measurements.md,

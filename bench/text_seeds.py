@@ -66,16 +66,12 @@ def row(seed: int, summary: dict) -> dict:
 
 def margins(rows: list[dict], over_every_label: float | None = None,
             over_tfidf: float | None = None) -> tuple[float, float, list[str]]:
-    """The worst micro F1 margins over the seeds, and the gates they miss.
+    """(worst micro F1 margin over every label, worst over TF-IDF, the gates missed).
 
     Args:
         rows: One `row()` per seed.
         over_every_label: The least margin over predicting every label asked of every seed.
-        over_tfidf: The margin over TF-IDF every seed must exceed; 0 asks for a win (a tie
-            misses it).
-
-    Returns:
-        (worst margin over every label, worst margin over TF-IDF, what was missed).
+        over_tfidf: The margin over TF-IDF every seed must exceed (0: a tie misses it).
     """
     over_constant = min(r["micro_f1"] - r["constant_micro_f1"] for r in rows)
     to_tfidf = min(r["micro_f1"] - r["tfidf_micro_f1"] for r in rows)

@@ -194,24 +194,19 @@ def make_standin(base: dict[str, str], work: Path) -> str:
     return name
 
 
-def pip_conf(work: Path) -> Path:
-    """A pip.conf for the build's RUN steps: pip trusts this machine's CA bundle."""
-    path = work / "pip.conf"
-    path.write_text(f"[global]\ncert = {CA_BUNDLE}\n")
-    return path
-
-
 def build_image(runtime: str, base_image: str, tag: str, work: Path) -> dict[str, object]:
     """Builds one runtime image; returns its tag, build seconds and size."""
     git_sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True).stdout.strip() or "unknown"
     args = build_args(runtime, base_image, git_sha, version("vertex-gpu-pipelines"))
+    pip_conf = work / "pip.conf"  # for the RUN steps: pip trusts this machine's CA bundle
+    pip_conf.write_text(f"[global]\ncert = {CA_BUNDLE}\n")
     # No --layers: vfs stores every committed layer as a full copy of the file system, so
     # each small COPY after the 5 GB dependency layer would cost another 6 GB of disk.
     command = ["build", "--isolation", "chroot", "--file",
                str(dockerfile_path(runtime)), "--tag", tag,
                "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-               "--volume", f"{pip_conf(work)}:/etc/pip.conf:ro"]
+               "--volume", f"{pip_conf}:/etc/pip.conf:ro"]
     for key, value in args.items():
         command += ["--build-arg", f"{key}={value}"]
     replaced = image_id(tag)

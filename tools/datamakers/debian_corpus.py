@@ -118,12 +118,9 @@ def write_debian_corpus(path: str, index_path: str | None = None,
     """Writes the labelled CSV (`description` + one 0/1 column per label).
 
     Args:
-        path: The CSV to write.
+        path: The CSV to write; its row count and rows per label are returned.
         index_path: An apt `Packages` index; default apt's own.
         by: `works-with` (multi-label) or `section` (one label each).
-
-    Returns:
-        Row count and rows per label.
 
     Raises:
         FileNotFoundError: No package index is on this machine (run `apt-get update`).

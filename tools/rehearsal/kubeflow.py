@@ -117,8 +117,7 @@ class KubeflowRehearsal(DagWalk):
     """One rehearsal of a compiled Kubeflow pipeline; `run()` executes it.
 
     Args:
-        spec: The pipeline spec (the YAML's first document).
-        executors: Its Kubernetes settings per executor (the platform document's).
+        spec, executors: The YAML's pipeline spec and Kubernetes settings per executor.
         output: Local folder of the rehearsal (pods/, logs/, store/).
         params: Pipeline parameters as strings, typed by the pipeline's definitions.
         pipeline_root: The s3://, minio:// or gs:// pipeline root.
