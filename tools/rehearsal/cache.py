@@ -30,12 +30,8 @@ def cache_key(component: Mapping[str, Any], container: Mapping[str, Any],
 
 
 class TaskCache:
-    """The cache entries of a rehearsal: read from `index` (if any), saved back to it.
-
-    Args:
-        index: The JSON file kept across rehearsals; None keeps entries in this one only.
-        local: The rehearsal's file for a gs:// URI (where a hit's files are copied).
-    """
+    """The cache entries of a rehearsal: read from the JSON file `index` (None: this
+    rehearsal's only), saved back to it; `local` gives a gs:// URI's file here."""
 
     def __init__(self, index: str | None, local: Callable[[str], str]) -> None:
         self.index = index

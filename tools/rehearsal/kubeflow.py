@@ -17,19 +17,13 @@ kubeflow/pipelines backend/src/v2), not Argo, Kubernetes or its scheduler:
   (kubeflow/pipelines#13239, fixed in 2.16 by #12808);
 - outputs are planned at `ROOT/PIPELINE/RUN_ID/TASK/SALT/OUTPUT`, one salt per task, so a
   retry writes where the failed attempt would have;
-- each attempt is a new pod (`launcher.Pods`): inputs copied in, outputs uploaded only if
-  the step succeeds (`launcher.ObjectStore`: s3:// or minio:// at `AWS_ENDPOINT_URL_S3` or
-  `AWS_ENDPOINT_URL`, or gs://);
+- each attempt is a new pod (`tools.rehearsal.launcher`), the store s3:// or minio:// at
+  `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`, or gs://;
 - `retryPolicy` (the back-off reported, not waited; `KFP_RETRY_INDEX` set) retries an
   attempt that ended `Failed` (non-zero exit), not `Error` (pod deleted: Argo's default
   OnFailure); `activeDeadlineSeconds`, the environment and `secretAsEnv` (`--secret`) are
   honoured; node selectors, tolerations, resources, GPUs and `/dev/shm` reported only;
-- `--kill TASK=BUCKET/GLOB` stops TASK's first attempt once an object matches (SIGTERM,
-  the kill a second later: `Failed`, retried); `--delete-pod` deletes its pod instead (a
-  spot node reclaimed: `Error`, not retried, the run fails);
-- `--retry-run` retries the failed run in DIR as KFP's run retry does (the same run id,
-  succeeded tasks kept with their outputs, the others run again, a trainer from its
-  checkpoints).
+- `--kill`, `--delete-pod` and `--retry-run` as their help below says.
 No execution cache. Writes `DIR/summary.json` (with a `rehearsal` section),
 `DIR/rehearsal.json` (task records), `DIR/run.json` and `DIR/pipeline.yaml` (what
 `--retry-run` reads back).

@@ -115,23 +115,16 @@ class ImageContainers:
 
 
 def containers_for(kind: str) -> ImageContainers | None:
-    """The containers steps of runtime `kind` run in (None: here, as processes of this venv).
-
-    Raises:
-        RehearsalError: `kind` is not one of `RUNTIMES`.
-    """
+    """The containers steps of runtime `kind` run in (None: here); refuses a kind not in
+    `RUNTIMES` (RehearsalError)."""
     if kind not in RUNTIMES:
         raise RehearsalError(f"--runtime must be one of {RUNTIMES}, got {kind!r}")
     return ImageContainers() if kind == "image" else None
 
 
 class Runtime:
-    """Where one rehearsal's steps run and the paths they see.
-
-    Args:
-        kind: One of `RUNTIMES`.
-        output: The rehearsal's folder (absolute); gcs/ and logs/ are in it.
-    """
+    """Where one rehearsal's steps run (`kind`, one of `RUNTIMES`) and the paths they see
+    (gcs/ and logs/ in the rehearsal's absolute folder `output`)."""
 
     def __init__(self, kind: str, output: str) -> None:
         self.containers = containers_for(kind)
