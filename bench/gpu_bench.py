@@ -49,12 +49,10 @@ def visible_gpus() -> list[dict]:
     except ImportError:
         gpus = []
     if gpus:
-        out = []
-        for gpu in gpus:
-            details = tf.config.experimental.get_device_details(gpu)
-            out.append({"name": details.get("device_name", gpu.name),
-                        "capability": tuple(details.get("compute_capability") or (0, 0))})
-        return out
+        details = [(gpu, tf.config.experimental.get_device_details(gpu)) for gpu in gpus]
+        return [{"name": found.get("device_name", gpu.name),
+                 "capability": tuple(found.get("compute_capability") or (0, 0))}
+                for gpu, found in details]
     try:  # a CPU-only TensorFlow beside a CUDA PyTorch (or no TensorFlow at all)
         import torch
     except ImportError:

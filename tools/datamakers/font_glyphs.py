@@ -30,9 +30,7 @@ from PIL import Image, ImageDraw, ImageFont
 from components.common.commands import reports
 
 FONT_FOLDERS = ("/usr/share/fonts",)
-# Debian packages of faces (433 once deduplicated, with the base image's DejaVu; ~230 MB
-# in /usr/share/fonts, ~25 s to install): serif, sans, monospace, display, handwriting and
-# comic faces by many designers.
+# Debian packages of faces by many designers (433 once deduplicated, with DejaVu; ~230 MB).
 DEBIAN_FONT_PACKAGES = (
     "fonts-anonymous-pro", "fonts-breip", "fonts-cabin", "fonts-cantarell", "fonts-cmu",
     "fonts-comic-neue", "fonts-croscore", "fonts-crosextra-caladea", "fonts-crosextra-carlito",
