@@ -162,19 +162,13 @@ def rehearse_both(build: str, output: str, tracking_uri: str, runtime: str = "lo
         runtime: "local" (this venv) or "image" (every step in the built images).
         image_params: Image pipeline parameters over IMAGE_PARAMS.
     """
-    secrets = {SECRET: dict(CREDENTIALS)}
-    return {
-        "image": rehearse_kubeflow(
-            os.path.join(build, "image_pipeline.yaml"), os.path.join(output, "image"),
-            {**IMAGE_PARAMS, **(image_params or {}), "tracking_uri": tracking_uri},
-            pipeline_root=ROOT,
-            runtime=runtime, secrets=secrets, kill=[Kill("train-densenet121",
-                                                         FIRST_CHECKPOINT)]),
-        "transformer": rehearse_kubeflow(
-            os.path.join(build, "transformer_pipeline.yaml"),
-            os.path.join(output, "transformer"),
-            {**TRANSFORMER_PARAMS, "tracking_uri": tracking_uri}, pipeline_root=ROOT,
-            runtime=runtime, secrets=secrets)}
+    runs = {"image": ({**IMAGE_PARAMS, **(image_params or {})},
+                      [Kill("train-densenet121", FIRST_CHECKPOINT)]),
+            "transformer": (TRANSFORMER_PARAMS, [])}
+    return {kind: rehearse_kubeflow(
+        os.path.join(build, f"{kind}_pipeline.yaml"), os.path.join(output, kind),
+        {**params, "tracking_uri": tracking_uri}, pipeline_root=ROOT, runtime=runtime,
+        secrets={SECRET: dict(CREDENTIALS)}, kill=kill) for kind, (params, kill) in runs.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -138,16 +138,14 @@ def dag_outputs(component: Mapping[str, Any],
     `results` (a skipped task's are empty) as its spec selects them."""
     outputs: dict[str, dict[str, Any]] = {"parameters": {}, "artifacts": {}}
     selected = component["dag"].get("outputs", {})
-    for key, selector in selected.get("artifacts", {}).items():
-        chosen = selector["artifactSelectors"][0]
-        produced = results.get(chosen["producerSubtask"], {}).get("artifacts", {})
-        if chosen["outputArtifactKey"] in produced:
-            outputs["artifacts"][key] = produced[chosen["outputArtifactKey"]]
-    for key, selector in selected.get("parameters", {}).items():
-        chosen = selector["valueFromParameter"]
-        produced = results.get(chosen["producerSubtask"], {}).get("parameters", {})
-        if chosen["outputParameterKey"] in produced:
-            outputs["parameters"][key] = produced[chosen["outputParameterKey"]]
+    for kind, pick, output_key in (
+            ("artifacts", lambda s: s["artifactSelectors"][0], "outputArtifactKey"),
+            ("parameters", lambda s: s["valueFromParameter"], "outputParameterKey")):
+        for key, selector in selected.get(kind, {}).items():
+            chosen = pick(selector)
+            produced = results.get(chosen["producerSubtask"], {}).get(kind, {})
+            if chosen[output_key] in produced:
+                outputs[kind][key] = produced[chosen[output_key]]
     return outputs
 
 
