@@ -89,10 +89,9 @@ def corpus_rows(index_text: str) -> list[dict[str, object]]:
     for fields in _records(index_text):
         if "Tag" not in fields or "Description" not in fields:
             continue
-        source = _source(fields)
-        labels = _labels(fields)
-        row = by_source.setdefault(source, {"text": fields["Description"], "labels": set()})
-        row["labels"] |= labels
+        row = by_source.setdefault(_source(fields), {"text": fields["Description"],
+                                                     "labels": set()})
+        row["labels"] |= _labels(fields)
     return [{"description": row["text"],
              **{name: int(name in row["labels"]) for name in LABEL_NAMES}}
             for row in by_source.values() if row["labels"]]

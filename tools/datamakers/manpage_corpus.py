@@ -73,9 +73,8 @@ def roff_to_text(source: str) -> str:
                 skip_until = ".."
             elif name in _VERBATIM:
                 skip_until = "." + _VERBATIM[name]
-            elif name in _BREAKS:
-                if current:
-                    paragraphs.append(" ".join(current))
+            elif name in _BREAKS:  # (an empty paragraph is dropped at the end)
+                paragraphs.append(" ".join(current))
                 current = [_arguments(line)] if name in ("SH", "SS", "Sh", "Ss") else []
                 if name in ("IP", "TP", "It") and _arguments(line):
                     current.append(_arguments(line).split()[0])
@@ -83,13 +82,11 @@ def roff_to_text(source: str) -> str:
                 current.append(_arguments(line))
             continue
         if not line.strip():
-            if current:
-                paragraphs.append(" ".join(current))
+            paragraphs.append(" ".join(current))
             current = []
             continue
         current.append(line)
-    if current:
-        paragraphs.append(" ".join(current))
+    paragraphs.append(" ".join(current))
     cleaned = (" ".join(_ESCAPES.sub(_escape, p).split()) for p in paragraphs)
     return "\n\n".join(p for p in cleaned if p)
 
