@@ -3,8 +3,7 @@ the dense peak of the accelerators Vertex offers (bench/gpu_bench.py reports bot
 
 from __future__ import annotations
 
-# A training step (forward, then gradients for activations and for weights) is ~3x the
-# forward pass's FLOPs.
+# A training step (forward, gradients for activations and weights) is ~3x the forward's FLOPs.
 TRAIN_PER_FORWARD = 3
 
 # Dense (no sparsity) peak TFLOP/s: (16-bit tensor cores, float32 as Keras runs it:
@@ -32,12 +31,10 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
 
 
 def forward_flops(model) -> int:
-    """FLOPs of one image's forward pass: 2 x the multiply-adds of every Conv2D and Dense
-    layer (a Dense on 2-D inputs, each layer called once), nested models included, in
-    Keras 2 or 3, and of every DepthwiseConv2D (EfficientNet's). BatchNorm, pooling and
-    activations, a few percent of a DenseNet's, are not counted, as in the usual figures;
-    other layer kinds (transposed convolutions) are not counted either: neither network
-    has them."""
+    """FLOPs of one image's forward pass: 2 x the multiply-adds of every Conv2D,
+    DepthwiseConv2D and Dense layer (on 2-D inputs, each called once), nested models
+    included, Keras 2 or 3. BatchNorm, pooling and activations (a few percent) are not
+    counted, as in the usual figures."""
     total = 0
     for layer in _leaf_layers(model):
         kind = type(layer).__name__
@@ -64,6 +61,5 @@ def _leaf_layers(model):
 
 
 def train_tflops(images_per_second: float, forward_flops_per_image: int) -> float:
-    """Achieved training TFLOP/s at `images_per_second`, a training step taken as
-    TRAIN_PER_FORWARD forward passes."""
+    """Achieved training TFLOP/s at `images_per_second` (TRAIN_PER_FORWARD passes a step)."""
     return images_per_second * TRAIN_PER_FORWARD * forward_flops_per_image / 1e12

@@ -5,27 +5,19 @@
         [--layout 6,12,24,16] [--architecture densenet121|efficientnet_lite0]
         [--host-cores N] [--json FILE] [--smoke]
 
-choices   what our selection logic picks on the devices this process sees: the strategy
-          (components.train_image.distribute), the Keras precision policy and fastai's fp16.
-densenet  DenseNet121 (or the --layout given, or --architecture efficientnet_lite0)
-          training images/s under mixed_float16 and float32, same batch, fed from one batch
-          held in host memory; achieved TFLOP/s as a share of the device's peak for that
-          precision. FLOPs are counted from the model's convolutions and dense layers
-          (DenseNet121 at 224 px: 5.7 GFLOP forward, EfficientNet-Lite0 0.8), and a
-          training step is taken as 3x the forward pass.
-feed      the same step (the policy `choices` picked) fed from real shards through the
-          trainer's own input pipeline (read, decode, shuffle, augment on the host) vs from
-          the batch in memory: feed ratio = step time from shards / from memory (1.0 = the
-          shards keep up), with the host's pipeline alone in images/s and the cores it had.
-fastai    the text trainer's AWD-LSTM classifier (fastai's text_classifier_learner, our
-          default architecture) tokens/s with to_fp16() vs fp32, same batch.
+choices   what the trainers' selection logic picks on the devices seen: the strategy, the
+          Keras precision policy and fastai's precision.
+densenet  the image network's training images/s under each precision, fed from one batch
+          in host memory; achieved TFLOP/s as a share of the device's peak (`bench.flops`:
+          a training step is 3x the forward pass).
+feed      the same step fed from real shards through the trainer's input pipeline vs from
+          memory: feed ratio = step time from shards / from memory (1.0: the shards keep
+          up), with the host's pipeline alone in images/s.
+fastai    the text trainer's AWD-LSTM classifier tokens/s in fp32, fp16 and bf16.
 
---engine tf-keras (default) measures the trainer's own model (components.train_image.model)
-on TensorFlow. --engine keras3 builds the same network with Keras 3 on whatever backend
-KERAS_BACKEND names (jax, torch, tensorflow): for accelerators where TensorFlow's CUDA build
-cannot be installed; the feed section still needs TensorFlow (CPU is enough) for tf.data.
---smoke: tiny sizes (32 px, batch 4, one dense block per stage unless --layout says), for
-the test suite on a CPU.
+--engine keras3 builds the same network with Keras 3 on KERAS_BACKEND (jax, torch, ...),
+for accelerators without TensorFlow's CUDA build (feed still needs a CPU TensorFlow).
+--smoke: tiny sizes (32 px, batch 4, one dense block per stage), for the tests on a CPU.
 """
 
 from __future__ import annotations
@@ -42,7 +34,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.flops import forward_flops, peak_tflops, train_tflops  # noqa: E402
 
 SECTIONS = ("choices", "densenet", "feed", "fastai")
-ENGINES = ("tf-keras", "keras3")
 TEXT_PRECISIONS = ("fp32", "fp16", "bf16")
 KERAS_PRECISIONS = ("mixed_float16", "float32")
 DENSENET121 = (6, 12, 24, 16)
@@ -58,12 +49,10 @@ def visible_gpus() -> list[dict]:
     except ImportError:
         gpus = []
     if gpus:
-        out = []
-        for gpu in gpus:
-            details = tf.config.experimental.get_device_details(gpu)
-            out.append({"name": details.get("device_name", gpu.name),
-                        "capability": tuple(details.get("compute_capability") or (0, 0))})
-        return out
+        details = [(gpu, tf.config.experimental.get_device_details(gpu)) for gpu in gpus]
+        return [{"name": found.get("device_name", gpu.name),
+                 "capability": tuple(found.get("compute_capability") or (0, 0))}
+                for gpu, found in details]
     try:  # a CPU-only TensorFlow beside a CUDA PyTorch (or no TensorFlow at all)
         import torch
     except ImportError:
@@ -87,66 +76,58 @@ def choices(gpus: list[dict]) -> dict:
     }
 
 
-class TfKerasEngine:
+def tf_keras_model(classes: int, size: int, precision: str, layout=DENSENET121,
+                   architecture: str = "densenet121"):
     """The trainer's own model and compile settings on TensorFlow (tf-keras)."""
+    import tf_keras
 
-    name = "tf-keras"
+    from components.train_image.model import build_model, dtype_policy
 
-    def model(self, classes: int, size: int, precision: str, layout=DENSENET121,
-              architecture: str = "densenet121"):
-        import tf_keras
-
-        from components.train_image.model import build_model, dtype_policy
-
-        with dtype_policy(precision):
-            model = build_model(classes, size, weights=None, layout=layout,
-                                architecture=architecture)
-            # as the trainer compiles (model.compile_model); the policy wraps the optimizer
-            # in a LossScaleOptimizer under mixed_float16
-            model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
-                          loss="sparse_categorical_crossentropy")
-        return model
+    with dtype_policy(precision):
+        model = build_model(classes, size, weights=None, layout=layout,
+                            architecture=architecture)
+        # as model.compile_model does (the policy adds the loss scaling)
+        model.compile(optimizer=tf_keras.optimizers.Adam(1e-4),
+                      loss="sparse_categorical_crossentropy")
+    return model
 
 
-class Keras3Engine:
+def keras3_model(classes: int, size: int, precision: str, layout=DENSENET121,
+                 architecture: str = "densenet121"):
     """The same network (components.train_image.model.build_model) in Keras 3."""
+    import keras
 
-    name = "keras3"
+    # DenseNet121/169/201 are this builder at fixed layouts; Keras exports only those.
+    from keras.src.applications.densenet import DenseNet
 
-    def model(self, classes: int, size: int, precision: str, layout=DENSENET121,
-              architecture: str = "densenet121"):
-        import keras
+    from components.train_image.contract import IMAGENET_MEAN, IMAGENET_STD
 
-        # DenseNet121/169/201 are this builder at fixed layouts; Keras exports only those.
-        from keras.src.applications.densenet import DenseNet
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(precision)
+    try:
+        inputs = keras.Input(shape=(size, size, 3), dtype="float32", name="image")
+        scaled = keras.layers.Normalization(
+            mean=[255.0 * m for m in IMAGENET_MEAN],
+            variance=[(255.0 * s) ** 2 for s in IMAGENET_STD], dtype="float32")(inputs)
+        base = DenseNet(list(layout), include_top=False, weights=None,
+                        input_shape=(size, size, 3))
+        x = keras.layers.GlobalAveragePooling2D()(base(scaled))
+        x = keras.layers.Dropout(0.2)(x)
+        outputs = keras.layers.Dense(classes, activation="softmax", dtype="float32")(x)
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                      loss="sparse_categorical_crossentropy")
+    finally:
+        keras.config.set_dtype_policy(previous)
+    return model
 
-        from components.train_image.contract import IMAGENET_MEAN, IMAGENET_STD
 
-        previous = keras.config.dtype_policy()
-        keras.config.set_dtype_policy(precision)
-        try:
-            inputs = keras.Input(shape=(size, size, 3), dtype="float32", name="image")
-            scaled = keras.layers.Normalization(
-                mean=[255.0 * m for m in IMAGENET_MEAN],
-                variance=[(255.0 * s) ** 2 for s in IMAGENET_STD], dtype="float32")(inputs)
-            base = DenseNet(list(layout), include_top=False, weights=None,
-                            input_shape=(size, size, 3))
-            x = keras.layers.GlobalAveragePooling2D()(base(scaled))
-            x = keras.layers.Dropout(0.2)(x)
-            outputs = keras.layers.Dense(classes, activation="softmax", dtype="float32")(x)
-            model = keras.Model(inputs, outputs)
-            model.compile(optimizer=keras.optimizers.Adam(1e-4),
-                          loss="sparse_categorical_crossentropy")
-        finally:
-            keras.config.set_dtype_policy(previous)
-        return model
+ENGINES = {"tf-keras": tf_keras_model, "keras3": keras3_model}  # name -> model builder
 
 
 def step_seconds(model, data, steps: int, warmup: int) -> float:
-    """Seconds per training step: a warm-up fit (tracing, compiling), then a timed one.
-
-    `fit` ends by reading the epoch's loss back, so the timed span waits for the device.
-    """
+    """Seconds per training step: a warm-up fit (tracing), then a timed one (`fit` reads the
+    loss back, so the span waits for the device)."""
     model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0)
     start = time.perf_counter()
     model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
@@ -154,8 +135,8 @@ def step_seconds(model, data, steps: int, warmup: int) -> float:
 
 
 def memory_batch(batch: int, size: int, classes: int):
-    """One batch of random pixels and labels held in host memory, repeated forever: a
-    tf.data dataset, or a generator for Keras 3 without TensorFlow."""
+    """One batch of random pixels and labels in host memory, repeated forever (tf.data, or a
+    generator for Keras 3 without TensorFlow)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -173,23 +154,23 @@ def forever(images, labels):
         yield images, labels
 
 
-def densenet(engine, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
+def densenet(engine: str, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
              rounds: int, precisions: tuple[str, ...] = KERAS_PRECISIONS,
              layout: tuple[int, ...] = DENSENET121, architecture: str = "densenet121") -> dict:
-    """Training images/s under each of `precisions` (mixed_float16, float32), alternated
-    `rounds` times (best kept); the AMP speed-up when both were measured."""
+    """Training images/s under each of `precisions`, alternated `rounds` times (best kept);
+    the AMP speed-up when both were measured."""
     from components.train_image.contract import architecture_name
 
     classes = 10
     data = memory_batch(batch, size, classes)
-    models = {p: engine.model(classes, size, p, layout, architecture) for p in precisions}
+    models = {p: ENGINES[engine](classes, size, p, layout, architecture) for p in precisions}
     flops = forward_flops(next(iter(models.values())))
     best = {p: float("inf") for p in models}
     for _ in range(rounds):  # alternate so drift (clocks, heat) hits both alike
         for precision, model in models.items():
             best[precision] = min(best[precision], step_seconds(model, data, steps, warmup))
     device = gpus[0]["name"] if gpus else "CPU"
-    out = {"engine": engine.name, "device": device, "image_size": size, "batch": batch,
+    out = {"engine": engine, "device": device, "image_size": size, "batch": batch,
            "architecture": (architecture_name(layout) if architecture == "densenet121"
                             else "EfficientNet-Lite0"), "forward_gflop": flops / 1e9}
     for precision, seconds in best.items():
@@ -233,7 +214,7 @@ def pipeline_images_per_second(dataset, batch: int, batches: int) -> float:
     return batch * batches / (time.perf_counter() - start)
 
 
-def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
+def feed(engine: str, precision: str, size: int, batch: int, steps: int, warmup: int,
          images: int, layout: tuple[int, ...] = DENSENET121,
          architecture: str = "densenet121") -> dict:
     """Step time fed by the trainer's input pipeline over real shards vs by a batch in memory."""
@@ -245,7 +226,7 @@ def feed(engine, precision: str, size: int, batch: int, steps: int, warmup: int,
         classes = len(manifest["classes"])
         config = TrainConfig(weights="none", batch_size=batch)
         dataset = train_input(shards, manifest, config, batch)
-        model = engine.model(classes, size, precision, layout, architecture)
+        model = ENGINES[engine](classes, size, precision, layout, architecture)
         memory = memory_batch(batch, size, classes)
         from_memory = step_seconds(model, memory, steps, warmup)
         from_shards = step_seconds(model, dataset, steps, warmup)
@@ -440,14 +421,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.architecture != "densenet121" and args.engine != "tf-keras":
         parser.error("--architecture efficientnet_lite0 is built by the tf-keras engine only")
-    engine = TfKerasEngine() if args.engine == "tf-keras" else Keras3Engine()
     gpus = visible_gpus()
     picked = choices(gpus)
     results: dict = {"choices": picked} if "choices" in sections else {}
     runs = {
-        "densenet": lambda: densenet(engine, gpus, size, batch, steps, warmup, args.rounds,
+        "densenet": lambda: densenet(args.engine, gpus, size, batch, steps, warmup, args.rounds,
                                      precisions, layout, args.architecture),
-        "feed": lambda: feed(engine, picked["keras_precision"], size, batch, steps, warmup,
+        "feed": lambda: feed(args.engine, picked["keras_precision"], size, batch, steps, warmup,
                              args.shard_images, layout, args.architecture),
         "fastai": lambda: fastai_tokens(gpus, args.text_batch, args.doc_tokens,
                                         args.text_batches, args.rounds, arch),

@@ -7,43 +7,14 @@ fine-tuned on handwritten digits, beside the same network from scratch, per seed
         [--arms scratch --scratch-epochs 15] [--split-seed 42]
 
 1. The start (`tools.datamakers.glyph_start`; skipped when --weights names one made before):
-   the letters of every installed typeface (`tools.datamakers.font_glyphs`; Debian's fonts-*
-   packages), each scanned as the UCI digits were (`font_glyphs.scan`), sharded at 32
-   px, trained from scratch by the image trainer (no flips: letters have a
-   handedness), its DenseNet121 written as a no-top .h5: the file the
-   trainer's `weights` takes in place of ImageNet's.
-2. The digits of `make run` (`tools.datamakers.demo digits`: scikit-learn's 8x8 handwritten
-   digits at 32 px), sharded as `make run` shards them (split seed 42, 4 shards a split).
-3. Per seed, on that one split, three arms scored on the test split by the evaluation
-   step, whose baselines (logistic regression on 16x16 pixels, the majority class) sit
-   beside them: `scratch_make_run`, the trainer from scratch as `make run` trains it
-   (one phase, 6 epochs, random flips on: the trainer's default); `scratch`, the same
-   without flips (a mirrored 2 or 7 is no digit); `glyph_start`, the two phases from the
-   start, 6 epochs too: 2 on the frozen base (head), then 4 with dense blocks 2-5
-   unfrozen at 3e-4, BatchNorm frozen throughout (no flips). That recipe was picked on the
-   validation split with seed 42 among: head 3 + conv5 3 at 1e-4 (the trainer's
-   defaults; val 0.764), blocks 2-5 at 1e-3 (0.927), at 3e-4 (0.944), at 5e-4 (0.944),
-   head 1 + 5 (0.972), head 3 + blocks 4-5 at 1e-3 (0.843), head only 6 (0.753); then
-   without flips (0.989; from scratch without flips 0.927, with them 0.876).
-
-Measured here (2026-11-25, one thread each, on 2 cores shared with other work; test split
-of 179 digits, so one digit is 0.0056; the start: 433 faces scanned as the digits were, 14
-x 250 steps, held-out letters 0.908, 1234 s; `--arms glyph_start scratch`):
-
-    seed  glyph_start  scratch  pixels_logreg  majority_class
-      42       0.9832   0.9665         0.9385          0.1006
-      43       0.9777   0.9162         0.9385          0.1006
-      44       0.9888   0.9497         0.9385          0.1006
-      45       0.9777   0.9330         0.9385          0.1006
-      46       0.9832   0.9162         0.9385          0.1006
-    mean       0.9821   0.9363
-
-The start beats from scratch and the pixel baseline on every seed. Seconds per epoch:
-~9-9.5 from the start (its 2 head epochs ~3 each), 12-19 from scratch. A crisp start (the
-same letters unscanned, `glyph_start --scan-side 0`; held-out letters 0.984) did not:
-0.9274 / 0.9721 / 0.9665 on seeds 42-44 beside 0.9777 / 0.9553 / 0.9553 from scratch
-without flips and 0.9553 / 0.9218 / 0.8939 with them (`scratch_make_run`); longer
-fine-tuning of it (4 -> 8 epochs) gave 0.9665 / 0.9441 / 0.9385.
+   DenseNet121 trained on the scanned letters of every installed typeface, as a no-top .h5.
+2. The digits of `make run` (`tools.datamakers.demo digits`), sharded as `make run` does.
+3. Per seed, on that one split, three arms scored on the test split by the evaluation step
+   beside its baselines: `scratch_make_run` (from scratch, random flips on: the trainer's
+   default), `scratch` (the same without flips: a mirrored 2 is no digit) and `glyph_start`
+   (2 epochs on the frozen base, then 4 with dense blocks 2-5 unfrozen at 3e-4, no flips;
+   the recipe picked on seed 42's validation split). Measured, with the recipes tried:
+   docs/measurements.md, "The image trainer from a learned start".
 
 Prints one line per seed and the mean, and seconds per epoch of each run. Threads: TF's
 intra-op pool (--threads, 0 = TensorFlow's default of one per core).
@@ -117,6 +88,23 @@ def train_and_score(dataset: str, out: str, config) -> dict:
 
 
 ARMS = ("scratch_make_run", "scratch", "glyph_start")
+
+
+def seed_rows(args, work: str, run_arm, record) -> list[dict]:
+    """Per seed of `args.seeds`, each arm of `args.arms` run by `run_arm(arm, seed, out)`,
+    the baselines beside; with --work, `record(rows so far)` written to results.json."""
+    rows = []
+    for seed in args.seeds:
+        row = {"seed": seed}
+        for arm in args.arms:
+            row[arm] = run_arm(arm, seed, os.path.join(work, f"{arm}-{seed}"))
+            row["baseline"] = row[arm]["baseline"]
+            print(arm, seed, json.dumps(row[arm]), flush=True)
+        rows.append(row)
+        if args.work:
+            with open(os.path.join(work, "results.json"), "w") as f:
+                json.dump(record(rows), f, indent=1)
+    return rows
 
 
 def arm_config(arm: str, args, weights: str, seed: int):
@@ -209,20 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         manifest = shard(digits, os.path.join(work, "digit-shards"), args.split_seed)
         print("digits:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
         dataset = os.path.join(work, "digit-shards")
-        rows = []
-        for seed in args.seeds:
-            row = {"seed": seed}
-            for arm in args.arms:
-                config = arm_config(arm, args, weights, seed)
-                row[arm] = train_and_score(dataset, os.path.join(work, f"{arm}-{seed}"), config)
-                row["baseline"] = row[arm]["baseline"]
-            rows.append(row)
-            print("seed", json.dumps(row), flush=True)
-            if args.work:
-                with open(os.path.join(work, "results.json"), "w") as f:
-                    json.dump({"start": facts, "rows": rows, "configs": {
-                        arm: dataclasses.asdict(arm_config(arm, args, weights, 0))
-                        for arm in args.arms}}, f, indent=1)
+        configs = {arm: dataclasses.asdict(arm_config(arm, args, weights, 0))
+                   for arm in args.arms}
+        rows = seed_rows(args, work, lambda arm, seed, out: train_and_score(
+            dataset, out, arm_config(arm, args, weights, seed)),
+            lambda rows: {"start": facts, "rows": rows, "configs": configs})
     print_table(rows, args.arms)
     return 0
 

@@ -6,49 +6,17 @@ beside DenseNet121 from random weights at no smaller CPU budget, per seed.
         [--head-epochs 3 --fine-tune-epochs 4 --unfreeze-blocks 2]
         [--arms lite0_imagenet densenet_scratch lite0_scratch --scratch-epochs 12]
 
-DATA is image class folders (`tools.datamakers.tuxpaint_photos`: Tux Paint's photo stamps,
-Debian's tuxpaint-stamps-default, GPL-2; or `make run`'s digits, `tools.datamakers.demo`),
-sharded once (split seed 42, 4 shards a split, 80/10/10) at --image-size. Per seed, on that
-one split, each arm is trained by the image trainer and scored on the test split by the
-evaluation step, whose baselines (logistic regression on 16x16 pixels, the majority class)
-sit beside them: `lite0_imagenet`, EfficientNet-Lite0 from the converted ImageNet weights
-(`make models`), the two phases (head on the frozen base, then the top MBConv stages
-unfrozen, BatchNorm frozen); `densenet_scratch`, DenseNet121 from random weights, one
-phase of --scratch-epochs, chosen so it gets at least the CPU seconds the Lite0 arm took;
-`lite0_scratch`, Lite0 from random weights, the same epochs. Random flips on (--flip, the
-trainer's default: a mirrored bird is a bird); off for digits (--no-flip).
+DATA is image class folders (`tools.datamakers.tuxpaint_photos`, or `make run`'s digits),
+sharded once at --image-size. Per seed, on that one split, each arm is trained by the image
+trainer and scored by the evaluation step beside its baselines: `lite0_imagenet`,
+EfficientNet-Lite0 from the converted ImageNet weights (`make models`), head then top
+MBConv stages; `densenet_scratch`, DenseNet121 from random weights for --scratch-epochs (at
+least Lite0's CPU seconds); `lite0_scratch`, Lite0 from random weights, the same epochs.
+Random flips on (a mirrored bird is a bird); off for digits (--no-flip).
 
-The Lite0 recipe (the defaults: 3 head epochs at 1e-3, then 4 with the top 2 MBConv stages
-unfrozen at 1e-4, 96 px) was picked on the VALIDATION split of the photos with seed 42
-only. That split is 16 photos and every recipe tried got them all right (1.0), so the
-tie-break was the last epoch's validation loss: the defaults 0.007; at 128 px 0.011;
-all 7 stages unfrozen 0.032; head only, 6 epochs 0.108; head 2 + 4 with 4 stages at 3e-4
-0.174.
-
-Measured here (2026-12-02, one thread each, on 2 cores shared with other work). The photos
-(`tools.datamakers.tuxpaint_photos`, 169: birds 35, mammals 65, flowers 25, fruit_veg 44)
-at 96 px, split 137 / 16 / 16, so one test photo is 0.0625; DenseNet121 from scratch 12
-epochs, Lite0 from scratch 12 (seed 44 of it not run, for time):
-
-    seed  lite0_imagenet  densenet_scratch  lite0_scratch  pixels_logreg  majority_class
-      42          0.9375            0.3750         0.3750         0.5625          0.3750
-      43          1.0000            0.5625         0.3750         0.5625          0.3750
-      44          0.9375            0.5000              -         0.5625          0.3750
-    mean          0.9583            0.4792
-    CPU s             50               377            121   (training and scoring, per run)
-
-The ImageNet start beats the pixel baseline and DenseNet121 from scratch on every seed,
-with about a seventh of DenseNet121's CPU seconds (7 epochs: ~7 s the first, ~1.7 s a head
-epoch, ~2.7 s a fine-tune epoch; DenseNet121 ~30 s an epoch). From scratch both networks
-stay at or near the majority class on 137 photos.
-
-`make run`'s digits (`--image-size 32 --no-flip`, the same recipe, not re-picked; split 1440 /
-178 / 179; pixels_logreg 0.9385): Lite0 from ImageNet 0.9497 / 0.9050 / 0.9106 on seeds
-42-44 (mean 0.9218) in ~60 CPU s a run: under the pixel baseline on two seeds and under
-today's demo from random weights (DenseNet121, 15 epochs, patience 3: `--arms
-densenet_scratch --scratch-epochs 15 --scratch-patience 3`; seed 42: 0.9665, stopped
-after 11 epochs, 463 CPU s). Likely why: at 32 px Lite0's last feature map is 1x1, and
-upscaled 8x8 digits are far from ImageNet's photos (not tested further).
+The Lite0 recipe (the defaults) was picked on the validation split of the photos with
+seed 42 only. Measured (the table, the recipes tried, the digits): docs/measurements.md,
+"EfficientNet-Lite0 from ImageNet on real photos".
 
 Prints one line per seed, the table and the mean, and CPU seconds (time.process_time of
 the whole process: every thread) and wall seconds per arm. Threads: TF's intra-op pool
@@ -58,7 +26,6 @@ the whole process: every thread) and wall seconds per arm. Threads: TF's intra-o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -70,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.image_pretrain_bench import (  # noqa: E402
     _threads,
     accuracy_table,
+    seed_rows,
     shard,
     train_and_score,
 )
@@ -154,18 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         dataset = os.path.join(work, "shards")
         manifest = shard(args.data, dataset, args.split_seed, args.image_size)
         print("split:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
-        rows = []
-        for seed in args.seeds:
-            row = {"seed": seed}
-            for arm in args.arms:
-                row[arm] = timed(dataset, os.path.join(work, f"{arm}-{seed}"),
-                                 arm_config(arm, args, seed))
-                row["baseline"] = row[arm]["baseline"]
-                print(arm, seed, json.dumps(row[arm]), flush=True)
-            rows.append(row)
-            if args.work:
-                with open(os.path.join(work, "results.json"), "w") as f:
-                    json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+        rows = seed_rows(args, work, lambda arm, seed, out: timed(
+            dataset, out, arm_config(arm, args, seed)),
+            lambda rows: {"args": vars(args), "rows": rows})
     print_table(rows, args.arms)
     return 0
 

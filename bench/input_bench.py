@@ -30,17 +30,12 @@ from components.shard import contract, sharding  # noqa: E402
 from components.shard.sharding import ShardConfig  # noqa: E402
 
 
-def images_per_second(dataset: tf.data.Dataset, count: int, passes: int = 3) -> float:
-    """Best of `passes` full iterations, batched by 64 so per-element overhead is shared."""
-    best = 0.0
-    for _ in range(passes):
-        start = time.perf_counter()
-        seen = 0
-        for images, _ in dataset.batch(64):
-            seen += int(images.shape[0])
-        assert seen == count, (seen, count)
-        best = max(best, count / (time.perf_counter() - start))
-    return best
+def images_per_second(dataset: tf.data.Dataset, count: int) -> float:
+    """One full iteration's rate, batched by 64 so per-element overhead is shared."""
+    start = time.perf_counter()
+    seen = sum(int(images.shape[0]) for images, _ in dataset.batch(64))
+    assert seen == count, (seen, count)
+    return count / (time.perf_counter() - start)
 
 
 def in_memory_bytes(dataset_dir: str, manifest: dict) -> list[bytes]:
@@ -73,8 +68,8 @@ def reader_efficiency(root: str, tmp: str, image_format: str, size: int) -> tupl
     # alternate the measurements so machine drift hits both alike; best of each
     bare_rates, shard_rates = [], []
     for _ in range(4):
-        bare_rates.append(images_per_second(bare, count, 1))
-        shard_rates.append(images_per_second(shards, count, 1))
+        bare_rates.append(images_per_second(bare, count))
+        shard_rates.append(images_per_second(shards, count))
     return max(shard_rates), max(bare_rates)
 
 

@@ -7,32 +7,21 @@ its fixes.
         [--batch-size 64] [--max-vocab N] [--min-freq N] [--sample-every 200]
         [--time-limit MINUTES]
 
-`--corpus zipf` (the default) writes one corpus of made-up words drawn by Zipf's law
-(`--tokens` of them, `--types` distinct: a vocabulary the size of a real corpus's, whose
-softmax makes the large per-batch temporaries that fragment the heap). `--corpus english`
-writes the English LM corpus of `bench/ulmfit_bench.py --lm-corpus english`
-(`write_english_corpus`: apt's descriptions, docstrings and 8M characters of manual pages,
-~14.5M characters, ~2.9M training tokens) and, unless given, takes that LM's settings:
-AWD-LSTM {"emb_sz": 200, "n_hid": 512, "n_layers": 2}, batch 32, `--max-vocab` 15000,
-`--min-freq` 3, 2 epochs, a sample every 200 batches (issue 56's configuration).
+`--corpus zipf` (the default): made-up words drawn by Zipf's law (`--tokens`, `--types`
+distinct: a real corpus's vocabulary, whose softmax temporaries fragment the heap).
+`--corpus english`: the English LM corpus of `bench/ulmfit_bench.py --lm-corpus english`
+and, unless given, that LM's settings (`ENGLISH`: issue 56's configuration).
 
-Then trains `train_language_model` on it once per variant, each in a process of its own
-and one after the other (they would compete for the cores):
-- `fixed`: the trainer as it is;
-- `before`: without returning freed memory to the system (`EpochEnd`'s malloc_trim off,
-  `fastai_text.TRIM_EVERY_BATCHES` = 0: the trainer before issue 56);
-- `tensors-kept`: that, and fastai's per-batch loss tensors kept too (before issue 44's
-  fix in `components.common.fastai_text.EpochEnd`).
-Prints, per variant, with `--sample-every N` the resident memory every N training batches
-(RSS, the peak so far (ru_maxrss), CPU and wall seconds since the fit began), and per epoch
-the resident memory at the epoch's end, the peak so far, the CPU and wall seconds the epoch
-took and the validation loss; on a GPU also what torch holds there at the epoch's end, its
-peak in the epoch and what its allocator reserves. Then each run's growth from the first
-epoch's end to the last's. Every row also goes to `<output>/<variant>-<precision>.jsonl` as
-it comes; `--time-limit` stops a run after that many minutes (its rows so far are kept).
-`--precisions`: `mixed` is the step's default (bf16 or fp16 where a GPU has them), `fp32`
-turns it off. Not a test: at 1M tokens an epoch takes minutes on a CPU, the English corpus
-~15 minutes (wall, 2 cores).
+Trains `train_language_model` once per variant, each in a process of its own, one after
+the other: `fixed`, the trainer as it is; `before`, without malloc_trim
+(`fastai_text.TRIM_EVERY_BATCHES` = 0: before issue 56); `tensors-kept`, that and fastai's
+per-batch loss tensors kept (before issue 44's fix in `EpochEnd`). Prints resident memory
+(RSS, peak, CPU and wall seconds) every `--sample-every` batches and at each epoch's end
+(with the validation loss, and on a GPU torch's allocated, peak and reserved memory), then
+each run's growth from the first epoch's end to the last's; rows also go to
+`<output>/<variant>-<precision>.jsonl`. `--time-limit` stops a run (its rows kept).
+`--precisions`: `mixed` is the step's default, `fp32` turns it off. Not a test: minutes
+an epoch on a CPU (docs/measurements.md has the figures).
 """
 
 from __future__ import annotations
@@ -64,8 +53,7 @@ def _rss_mb() -> float:
 
 
 def _gpu_mb() -> dict:
-    """What torch holds on the GPU now, its peak since the last reset and what its allocator
-    reserves (MiB); {} without CUDA."""
+    """Torch's allocated, peak and reserved GPU memory (MiB); {} without CUDA."""
     import torch
 
     if not torch.cuda.is_available():
@@ -263,6 +251,7 @@ def _write_corpus(args, corpus: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     for key, value in (ENGLISH if args.corpus == "english" else ZIPF).items():
         if getattr(args, key) is None:
@@ -281,12 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     for precision in args.precisions.split(","):
         for variant in args.variants.split(","):
             run_name = f"{variant}/{precision}"
+            # the child reads the same options (and fills in the same defaults)
             lines, code = _run(run_name, [
-                sys.executable, __file__, "--child", variant, "--precision", precision,
-                "--corpus", args.corpus, "--output", args.output, "--epochs",
-                str(args.epochs), "--batch-size", str(args.batch_size), "--model-config",
-                args.model_config, "--max-vocab", str(args.max_vocab), "--min-freq",
-                str(args.min_freq), "--sample-every", str(args.sample_every)],
+                sys.executable, __file__, *argv, "--child", variant, "--precision", precision],
                 args.output, args.time_limit * 60 if args.time_limit else None)
             rows[run_name] = [row for row in lines if "epoch" in row and "sample" not in row]
             finals[run_name] = next((row for row in lines if "perplexity" in row), {})

@@ -13,6 +13,7 @@ size estimate, Example encoding, CRCs, sha256 and file writes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -64,7 +65,7 @@ def bare_rate(root: str, workers: int, config: ShardConfig) -> float:
 
 
 def shard_rate(root: str, out: str, workers: int, config: ShardConfig) -> float:
-    config = ShardConfig(**{**config.__dict__, "num_workers": workers})
+    config = dataclasses.replace(config, num_workers=workers)
     start = time.perf_counter()
     manifest = sharding.shard_dataset(root, out, config, progress=False)
     return manifest["examples_in"] / (time.perf_counter() - start)

@@ -4,28 +4,13 @@
         [--text-column C] [--seeds 1,2,3] [--output DIR] [--over-every-label M] [--over-tfidf M]
         [-- <run_local flags, e.g. --pretrained false>]
 
-Each seed is one `python -m pipelines.run_local <pipeline>` run (the seed draws the split, the
-initialisation and the batch order); the evaluation scores TF-IDF + logistic regression and
-predicting every label on the same test split. Prints one row per seed (micro/macro F1 of
-the model and of each baseline, restarts, CPU seconds per classifier epoch) and the worst
-margins over the seeds; exits 1 when a seed misses a margin asked for (`--over-every-label`,
-`--over-tfidf`). These runs are measurements (minutes to tens of minutes a seed), not tests:
-the suite trains a small ULMFiT once on the same real text (tests/test_text_real.py) and
-fine-tunes the real encoder for two epochs in the transformer pipeline's Vertex rehearsal;
-the figures are in docs/measurements.md.
-
-The recipes measured (docs/measurements.md says what each gave):
-- the ULMFiT defaults from random weights: `-- --pretrained false --lang en`, with
-  `--over-every-label 0.25` (the defaults start English from fastai's WikiText-103 language
-  model: where it cannot be fetched, stage it with `python -m pipelines.stage_wt103` and pass
-  `-- --lm-assets DIR`);
-- all-MiniLM-L6-v2 fine-tuned by the transformer pipeline: `--pipeline transformer
-  --corpus docstrings|debian --over-tfidf 0 -- --model-name .cache/models/all-MiniLM-L6-v2
-  --learning-rate 1e-4 --epochs 4` (`make models` unpacks the encoder).
-
-Corpora, both real English text nobody here wrote, made offline: `docstrings`, the
-standard library's docstrings (7 labels, tools.datamakers.docstring_corpus); `debian`, Debian's
-package descriptions with debtags (8 labels, tools.datamakers.debian_corpus; needs apt's index).
+Each seed is one `python -m pipelines.run_local <pipeline>` run (the seed draws the split,
+the initialisation and the batch order), scored beside TF-IDF + logistic regression and
+predicting every label. Prints one row per seed (micro/macro F1 of the model and of each
+baseline, restarts, CPU seconds per classifier epoch) and the worst margins; exits 1 when a
+seed misses a margin asked for (`--over-every-label`, `--over-tfidf`). Measurements, not
+tests: the recipes and what each gave are in docs/measurements.md. Corpora (offline):
+`docstrings` (tools.datamakers.docstring_corpus), `debian` (tools.datamakers.debian_corpus).
 """
 
 from __future__ import annotations
@@ -81,16 +66,12 @@ def row(seed: int, summary: dict) -> dict:
 
 def margins(rows: list[dict], over_every_label: float | None = None,
             over_tfidf: float | None = None) -> tuple[float, float, list[str]]:
-    """The worst micro F1 margins over the seeds, and the gates they miss.
+    """(worst micro F1 margin over every label, worst over TF-IDF, the gates missed).
 
     Args:
         rows: One `row()` per seed.
         over_every_label: The least margin over predicting every label asked of every seed.
-        over_tfidf: The margin over TF-IDF every seed must exceed; 0 asks for a win (a tie
-            misses it).
-
-    Returns:
-        (worst margin over every label, worst margin over TF-IDF, what was missed).
+        over_tfidf: The margin over TF-IDF every seed must exceed (0: a tie misses it).
     """
     over_constant = min(r["micro_f1"] - r["constant_micro_f1"] for r in rows)
     to_tfidf = min(r["micro_f1"] - r["tfidf_micro_f1"] for r in rows)

@@ -5,21 +5,15 @@ and batch, over seeds, next to TF-IDF on the same split.
         [--precisions mixed,fp32] [--batches 16] [--seeds 1,2,3] [--epochs 4]
         [--learning-rate 1e-4] [--launcher] [--json FILE] [--smoke]
 
-Each run is the training step's own entry (`components.train_transformer.launch.train`) on a
-prepared text dataset (the text preparation step's folder: one fixed split, the seed draws
-the initialisation of the head and the batch order), then the evaluation step's scoring on
-its test split, which also fits TF-IDF + logistic regression on the same train split.
-`mixed` is the step's default (`mixed_precision=True`: bf16 on compute capability 8.0+,
-fp16 on 7.x, fp32 on a CPU); `fp32` turns it off.
+Each run is the training step's own entry (`launch.train`) on a prepared text dataset (one
+fixed split; the seed draws the head's initialisation and the batch order), then the
+evaluation step's scoring on its test split beside TF-IDF + logistic regression. `mixed` is
+the step's default (bf16 on compute capability 8.0+, fp16 on 7.x, fp32 on a CPU); `fp32`
+turns it off. Prints per run the precision chosen, the mean epoch, training tokens a
+second, the step's seconds, torch's peak GPU memory and test micro / macro F1.
 
-Printed per run: the precision the trainer chose, the mean epoch time (the training pass
-and the validation pass), training tokens a second over it, the whole step's seconds (load,
-checkpoints, export), the peak GPU memory torch allocated, and test micro / macro F1 beside
-TF-IDF's micro F1.
-
---launcher: one more run per dataset through torch's elastic launcher with one process,
-the path a machine with several GPUs takes (its process group, the result handed back from
-the launched process), at the first precision, batch and seed.
+--launcher: one more run per dataset through torch's elastic launcher (one process: the
+path of a machine with several GPUs), at the first precision, batch and seed.
 --smoke: a tiny BERT made here on generated reviews, one epoch: for the test suite on a CPU.
 """
 
@@ -60,22 +54,27 @@ def peak_memory_mib() -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**20, 1)
 
 
-def run_row(result: dict, evaluation: dict, *, dataset: str, mixed: bool, batch: int, seed: int,
-            launcher: bool, memory_mib: float | None) -> dict:
-    """One run's figures from the trainer's result (metrics.json) and the test evaluation."""
-    run, history = result["run"], result["history"]
-    epoch_seconds = [row["seconds"] for row in history]
+def figures(run: dict, epoch_seconds: list[float], evaluation: dict, **where) -> dict:
+    """The figures both text GPU benches give of a run: `where` (its settings), the mean
+    epoch, tokens a second, the step's seconds and the test scores beside TF-IDF's."""
     mean_epoch = sum(epoch_seconds) / len(epoch_seconds)
     return {
-        "dataset": dataset, "mixed_precision": mixed, "precision": run["precision"],
-        "batch": batch, "seed": seed, "launcher": launcher, "world_size": run["world_size"],
-        "device": run["device"], "epochs": len(history),
-        "epoch_seconds": round(mean_epoch, 3),
+        **where, "precision": run["precision"], "device": run["device"],
+        "epochs": len(epoch_seconds), "epoch_seconds": round(mean_epoch, 3),
         "train_tokens_per_second": round(run["train_tokens"] / mean_epoch, 1),
-        "step_seconds": run["seconds"], "peak_gpu_mib": memory_mib,
+        "step_seconds": run["seconds"],
         "test_micro_f1": evaluation["micro_f1"], "test_macro_f1": evaluation["macro_f1"],
         "tfidf_micro_f1": evaluation["baseline"]["tfidf_logreg"]["micro_f1"],
     }
+
+
+def run_row(result: dict, evaluation: dict, *, dataset: str, mixed: bool, batch: int, seed: int,
+            launcher: bool, memory_mib: float | None) -> dict:
+    """One run's figures from the trainer's result (metrics.json) and the test evaluation."""
+    return figures(result["run"], [row["seconds"] for row in result["history"]], evaluation,
+                   dataset=dataset, mixed_precision=mixed, batch=batch, seed=seed,
+                   launcher=launcher, world_size=result["run"]["world_size"],
+                   peak_gpu_mib=memory_mib)
 
 
 def one_run(dataset: str, config: TransformerConfig, launcher: bool) -> dict:
@@ -123,8 +122,7 @@ def smoke_inputs(folder: str) -> tuple[str, str]:
 
 
 def grid_parser(doc: str, epochs: int, learning_rate: float) -> argparse.ArgumentParser:
-    """The options of a text trainer's GPU bench (this one's, bench/ulmfit_gpu.py's) whose
-    module docstring is `doc`: the runs' grid, epochs and rate, where rows go, the smoke."""
+    """The options both text GPU benches share (the runs' grid, epochs, rate, --json, --smoke)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--dataset", action="append", default=[])
     parser.add_argument("--precisions", default="mixed,fp32")
@@ -148,13 +146,17 @@ def grid(parser: argparse.ArgumentParser, args: argparse.Namespace
             for batch in args.batches.split(",") for seed in args.seeds.split(",")]
 
 
-def save_rows(path: str, rows: list[dict], started: float) -> None:
-    """Writes the rows so far and the seconds since `started` (monotonic) to `path` (none
-    when empty): after every run, so that a run cut off at a time limit keeps what was done."""
-    if path:
-        with open(path, "w") as f:
-            json.dump({"rows": rows, "seconds": round(time.monotonic() - started, 1)}, f,
-                      indent=1)
+def run_plan(plan: list[tuple], run, print_row, path: str) -> None:
+    """`run(*entry)` for each entry of `plan`, its row printed; the rows so far written to
+    `path` (if any) after every run, for a time limit's sake."""
+    rows, started = [], time.monotonic()
+    for entry in plan:
+        rows.append(run(*entry))
+        print_row(rows[-1])
+        if path:
+            with open(path, "w") as f:
+                json.dump({"rows": rows, "seconds": round(time.monotonic() - started, 1)}, f,
+                          indent=1)
 
 
 def print_row(row: dict) -> None:
@@ -183,13 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         plan += [(dataset, *plan[0][1:4], True) for dataset in args.dataset]
     print("dataset      prec  batch seed launch  ep  s/epoch   tokens/s  step s peakMiB "
           "| test micro / macro F1 | TF-IDF micro")
-    rows, started = [], time.monotonic()
-    for dataset, mixed, batch, seed, launcher in plan:
-        config = TransformerConfig(model_name=args.model, batch_size=batch, seed=seed,
-                                   mixed_precision=mixed, **settings)
-        rows.append(one_run(dataset, config, launcher))
-        print_row(rows[-1])
-        save_rows(args.json, rows, started)
+    run_plan(plan, lambda dataset, mixed, batch, seed, launcher: one_run(
+        dataset, TransformerConfig(model_name=args.model, batch_size=batch, seed=seed,
+                                   mixed_precision=mixed, **settings), launcher),
+        print_row, args.json)
     return 0
 
 

@@ -6,41 +6,24 @@
         [--epochs 12] [--monitor f1_score] [--fine-tune-epochs 2] [--batch-size 32]
         [--drop-mult 0.3] [--lm-corpus task|english] [--man-characters 8000000]
 
-Pretraining (skipped with `--lm-assets`, the assets of an earlier run): `run_local lm` on a
-corpus much larger than the task that exists offline here, the task's own texts held out:
+Pretraining (skipped with `--lm-assets`, an earlier run's): `run_local lm` on an offline
+corpus much larger than the task, the task's own texts held out. `debian`: Debian's
+one-line package descriptions labelled by `works-with` debtags (`tools.datamakers.debian_corpus`),
+pretrained on every other package's description (`write_lm_corpus`); `debian-sections`:
+the same packages labelled by archive section; `docstrings`: the standard library's
+docstrings, 7 packages as labels (`tools.datamakers.docstring_corpus`), pretrained on its
+other docstrings plus a sample of the installed packages' (`write_source_corpus`).
+`--lm-corpus english`: one LM for all three (`write_english_corpus`, with the manual pages
+of `tools.datamakers.manpage_corpus`). `--task CSV --text-column COL`: your own labelled CSV
+from the LM of `--lm-assets` (keep its texts out of that LM's corpus yourself).
 
-- `debian`: the task is Debian's one-line package descriptions with their `works-with`
-  debtags (8 labels, `tools.datamakers.debian_corpus`); the LM corpus every other package's
-  description (`write_lm_corpus`: the task's source packages, their -dev/-doc twins and any
-  equal text left out).
-- `debian-sections`: the same packages labelled by archive section instead (sound, perl,
-  graphics, mail, ...; one label each, `debian_corpus --by section`), the same LM corpus.
-- `docstrings`: the task is the standard library's docstrings, 7 packages as labels
-  (`tools.datamakers.docstring_corpus`); the LM corpus the standard library's other docstrings plus
-  a fixed sample of the installed packages' (`write_source_corpus(hold_out=...,
-  roots=[site-packages], max_characters=...)`), the task's paragraphs held out.
-
-`--lm-corpus english` pretrains one LM for all three tasks instead (`write_english_corpus`):
-apt's descriptions, the docstrings and `--man-characters` of the installed manual pages
-(`tools.datamakers.manpage_corpus`), every task's texts held out (~14.5M characters, ~3M tokens
-at the defaults); its assets then serve `--lm-assets` for the other two corpora.
-
-`--task CSV --text-column COL` runs your own labelled CSV instead (one-hot label columns,
-as the text pipeline takes it) from the LM of `--lm-assets`: keep the task's texts out of
-that LM's corpus yourself.
-
-Then, for each seed (which draws the split, the initialisation and the batch order), the
-text pipeline twice at the same classifier epochs, batch and monitor (the trainer's
-defaults: 12 epochs, the epoch of best validation F1 kept; `--epochs 6 --monitor
-valid_loss` ran the first table of docs/measurements.md): `--pretrained false
---lm-epochs 0` with the LM's architecture, and `--pretrained true --lm-assets <assets>`
-(`--fine-tune-epochs` of LM fine-tuning on the task's texts first). Prints per seed the
-test micro / macro F1 of both, TF-IDF + logistic regression and the constant answer (every
-label; the majority class for one label a row) on the same split, and CPU seconds per
-epoch (the training process's own, not the wall clock of a shared machine); then the LM's
-held-out perplexity, accuracy, tokens and CPU seconds per epoch. Writes everything to
-`<output>/results.json`. The weights stay under the output folder (runs/ is not in git):
-this script is the record of how they were made.
+Then per seed (the split, the initialisation, the batch order) the text pipeline twice at
+the same epochs, batch and monitor: `--pretrained false --lm-epochs 0` with the LM's
+architecture, and `--pretrained true --lm-assets <assets>` (`--fine-tune-epochs` of LM
+fine-tuning first). Prints per seed test micro / macro F1 of both, TF-IDF + logistic
+regression and the constant answer, CPU seconds per epoch; then the LM's held-out
+perplexity, accuracy and tokens. Writes `<output>/results.json`; the weights stay under
+the output folder: this script is the record of how they were made.
 """
 
 from __future__ import annotations
@@ -64,14 +47,16 @@ GENERATED_DOCS = ("google", "kubernetes")
 LM_ARCH = '{"emb_sz": 200, "n_hid": 512, "n_layers": 2}'
 
 
-def write_english_corpus(folder: str, max_characters: int, man_characters: int) -> dict:
-    """One LM corpus from all three offline sources, every task's texts held out.
+def _docstring_lm_corpus(folder: str, task: str, max_characters: int) -> dict:
+    """Docstrings of the standard library and installed packages, the task's held out."""
+    return docstring_corpus.write_source_corpus(
+        folder, exclude=GENERATED_DOCS, hold_out=pd.read_csv(task)["text"].tolist(),
+        roots=[docstring_corpus.installed_packages_root()], max_characters=max_characters)
 
-    Apt's package descriptions (`debian_corpus.lm_corpus_texts`: the Debian tasks' packages
-    left out), Python docstrings (`write_source_corpus`, the docstring task's paragraphs left
-    out) and the manual pages (`manpage_corpus`, the Debian tasks' packages' pages left out),
-    as .txt files in `folder`: an LM made from it may start any of the three tasks.
-    """
+
+def write_english_corpus(folder: str, max_characters: int, man_characters: int) -> dict:
+    """One LM corpus (.txt files in `folder`) of apt's descriptions, docstrings and manual
+    pages, every task's texts held out: an LM made from it may start any of the three."""
     index = debian_corpus.read_index()
     descriptions, held_out = debian_corpus.lm_corpus_texts(index)
     os.makedirs(folder, exist_ok=True)
@@ -81,9 +66,7 @@ def write_english_corpus(folder: str, max_characters: int, man_characters: int) 
                          "characters": sum(map(len, descriptions))}}
     task = os.path.join(folder, os.pardir, "docstrings-held-out.csv")
     docstring_corpus.write_docstring_corpus(task)
-    counts["docstrings"] = docstring_corpus.write_source_corpus(
-        folder, exclude=GENERATED_DOCS, hold_out=pd.read_csv(task)["text"].tolist(),
-        roots=[docstring_corpus.installed_packages_root()], max_characters=max_characters)
+    counts["docstrings"] = _docstring_lm_corpus(folder, task, max_characters)
     counts["manpages"] = manpage_corpus.write_manpage_corpus(
         folder, hold_out_sources=debian_corpus.task_sources(index),
         max_characters=man_characters)
@@ -104,9 +87,7 @@ def write_task_and_corpus(name: str, folder: str, max_characters: int,
     task = os.path.join(folder, "docstrings.csv")
     counts = {"task": docstring_corpus.write_docstring_corpus(task)}
     corpus = os.path.join(folder, "lm-corpus")
-    counts["lm_corpus"] = docstring_corpus.write_source_corpus(
-        corpus, exclude=GENERATED_DOCS, hold_out=pd.read_csv(task)["text"].tolist(),
-        roots=[docstring_corpus.installed_packages_root()], max_characters=max_characters)
+    counts["lm_corpus"] = _docstring_lm_corpus(corpus, task, max_characters)
     return task, "text", corpus, counts
 
 

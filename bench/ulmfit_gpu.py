@@ -6,20 +6,11 @@ scores per precision and batch, over seeds, next to the baselines on the same sp
         [--smoke]
 
 Each run is the training step's own entry (`train_text_classifier`) from random weights
-(`pretrained=False`: no language model to carry to a device) on a prepared text dataset
-(the text preparation step's folder: one fixed split; the seed draws the initialisation and
-the batch order), then the evaluation step's scoring on its test split, which also scores
-TF-IDF + logistic regression and the constant answer (every label, or the majority class)
-on the same split. `mixed` is the step's default (bf16 on compute capability 8.0+, fp16 on
-7.x, fp32 on a CPU); `fp32` turns it off. The other settings are the step's defaults
-(AWD-LSTM 400/1152/3, 12 epochs, the epoch of best validation F1 kept, the rate found by
-lr_find when `--learning-rate` is 0).
-
-Printed per run: the precision the trainer chose, the mean classifier epoch (training and
-validation pass), training tokens a second over it, the whole step's seconds (lr_find, the
-checkpoints and the export included), what torch holds on the GPU at the end of the first
-and of the last epoch and the run's peak, then test micro / macro F1 beside TF-IDF's and the
-constant answer's micro F1.
+(no language model to carry to a device) on a prepared text dataset, then the evaluation
+step's scoring beside TF-IDF + logistic regression and the constant answer, as
+bench/transformer_gpu.py does; the other settings are the step's defaults (the rate found
+by lr_find when `--learning-rate` is 0). Prints per run what transformer_gpu prints, with
+the GPU memory torch holds at the end of the first and of the last epoch.
 --smoke: a tiny AWD-LSTM on generated reviews, one epoch: for the test suite on a CPU.
 """
 
@@ -29,16 +20,16 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.transformer_gpu import (  # noqa: E402
+    figures,
     grid,
     grid_parser,
     peak_memory_mib,
     peak_memory_reset,
-    save_rows,
+    run_plan,
     smoke_dataset,
 )
 from components.evaluate_text.evaluation import evaluate_text_model  # noqa: E402
@@ -60,23 +51,14 @@ def held_gpu_mib() -> float | None:
 
 def run_row(result: dict, evaluation: dict, held_mib: dict, *, dataset: str, mixed: bool,
             batch: int, seed: int, peak_mib: float | None) -> dict:
-    """One run's figures from the trainer's result (metrics.json), the GPU memory held at
-    each epoch's end (`{"lm": [...], "classifier": [...]}`) and the test evaluation."""
+    """One run's figures (`figures`) with the GPU memory held at each epoch's end
+    (`{"lm": [...], "classifier": [...]}`) and the constant answer's micro F1."""
     run = result["run"]
-    epoch_seconds = run["classifier_epoch_seconds"]
-    mean_epoch = sum(epoch_seconds) / len(epoch_seconds)
     (constant,) = [v for k, v in evaluation["baseline"].items() if k != "tfidf_logreg"]
-    return {
-        "dataset": dataset, "mixed_precision": mixed, "precision": run["precision"],
-        "batch": batch, "seed": seed, "device": run["device"], "epochs": len(epoch_seconds),
-        "epoch_seconds": round(mean_epoch, 3),
-        "train_tokens_per_second": round(run["train_tokens"] / mean_epoch, 1),
-        "step_seconds": run["seconds"], "lm_discarded": run["lm_discarded"],
-        "held_gpu_mib": held_mib, "peak_gpu_mib": peak_mib,
-        "test_micro_f1": evaluation["micro_f1"], "test_macro_f1": evaluation["macro_f1"],
-        "tfidf_micro_f1": evaluation["baseline"]["tfidf_logreg"]["micro_f1"],
-        "constant_micro_f1": constant["micro_f1"],
-    }
+    return figures(run, run["classifier_epoch_seconds"], evaluation, dataset=dataset,
+                   mixed_precision=mixed, batch=batch, seed=seed,
+                   lm_discarded=run["lm_discarded"], held_gpu_mib=held_mib,
+                   peak_gpu_mib=peak_mib, constant_micro_f1=constant["micro_f1"])
 
 
 def one_run(dataset: str, config: TrainConfig) -> dict:
@@ -133,13 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = grid(parser, args)
     print("dataset      prec  batch seed ep  s/epoch   tokens/s  step s  GPU MiB 1st->last "
           "(peak) | test micro / macro F1 | TF-IDF, constant micro")
-    rows, started = [], time.monotonic()
-    for dataset, mixed, batch, seed in plan:
-        config = TrainConfig(pretrained=False, batch_size=batch, seed=seed,
-                             mixed_precision=mixed, **settings)
-        rows.append(one_run(dataset, config))
-        print_row(rows[-1])
-        save_rows(args.json, rows, started)
+    run_plan(plan, lambda dataset, mixed, batch, seed: one_run(dataset, TrainConfig(
+        pretrained=False, batch_size=batch, seed=seed, mixed_precision=mixed, **settings)),
+        print_row, args.json)
     return 0
 
 

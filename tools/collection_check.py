@@ -40,13 +40,11 @@ def differences(args: Sequence[str] = (), gap: float = 2.0, cwd: str | None = No
 
     Args:
         args: pytest's arguments (paths, `-m` expressions).
-        gap: Seconds between the two collections' starts: past a second boundary, so that
-            ids carrying whole-second times differ.
+        gap: Seconds between the two collections' starts (past a second boundary).
         cwd: Where pytest runs; the current folder when None.
 
     Returns:
-        One line per id only one collection has, and one for the first place where the
-        order of the others differs; empty when both agree.
+        A line per id only one collection has, and one for the first order difference.
 
     Raises:
         RuntimeError: A collection failed (its output's tail is in the message).

@@ -2,20 +2,14 @@
 
     python -m tools.kfp_backends build/kubeflow/*.yaml [--backend 2.14 ...]
 
-KFP's API server reads a pipeline with the definitions of its own version; at Create run
-it unmarshals each executor's Kubernetes settings strictly and refuses a field it does
-not know (`backend/src/v2/compiler/argocompiler/container.go`). The spec is held to the
-same strict reading here. Those
-definitions ship on PyPI: `kfp-pipeline-spec==X` (PipelineSpec, PlatformSpec) and
-`kfp-kubernetes==X` (KubernetesExecutorConfig), as generated `*_pb2` modules. Each
-version pins its own protobuf, so each backend gets an environment of its own
-(`pip install --target`, cached under `.cache/kfp-backends/<backend>`), and its `_pb2`
-files are loaded there (`kfp.kubernetes`'s `__init__`, which imports `kfp.dsl`, is not
-run). The files are read with PyYAML here and handed over as JSON.
-
-Each file is parsed strictly (`ignore_unknown_fields=False`): the first document as
-`PipelineSpec`, the second's `platforms.kubernetes` as `PlatformSpec`, and each of its
-executors as `KubernetesExecutorConfig`. Prints one line per refusal; exit 1 if any.
+KFP's API server reads a pipeline with the definitions of its own version and, at Create
+run, refuses an executor's Kubernetes field it does not know
+(`backend/src/v2/compiler/argocompiler/container.go`). Those definitions ship on PyPI
+(`kfp-pipeline-spec==X`, `kfp-kubernetes==X`) as `*_pb2` modules, each version pinning its
+own protobuf: each backend gets an environment of its own (`pip install --target` under
+`.cache/kfp-backends/<backend>`), where each file is parsed strictly: the first document as
+`PipelineSpec`, the second as `PlatformSpec`, each executor as `KubernetesExecutorConfig`.
+Prints one line per refusal; exit 1 if any.
 """
 
 from __future__ import annotations
@@ -28,9 +22,8 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
-# The backends the Kubeflow files support (docs/kubeflow.md), oldest first: each one's
-# definitions at its first release (later patches only add fields) and the protobuf
-# runtime that release pins (its wheels' metadata).
+# The backends the Kubeflow files support (docs/kubeflow.md), oldest first: each one's first
+# release (later patches only add fields) and the protobuf that release pins.
 BACKENDS: Mapping[str, Mapping[str, str]] = {
     backend: {"kfp-pipeline-spec": f"{backend}.0", "kfp-kubernetes": f"{backend}.0",
               "protobuf": protobuf}
@@ -84,8 +77,8 @@ def environment(backend: str, cache: str = CACHE) -> str:
 
 
 def installed(name: str, pins: Sequence[str], cache: str) -> str:
-    """`<cache>/<name>`: a `pip install --no-deps --target` of `pins`, made once (its
-    `.installed` stamp names them) and again only when they change."""
+    """`<cache>/<name>`: a `pip install --no-deps --target` of `pins`, made again only when
+    they change (its `.installed` stamp names them)."""
     import fcntl
 
     folder = os.path.abspath(os.path.join(cache, name))
@@ -120,8 +113,7 @@ def read_documents(paths: Iterable[str]) -> dict[str, list]:
 
 
 def refusals(documents: Mapping[str, list], backend: str, cache: str = CACHE) -> list[str]:
-    """What `backend`'s API server would refuse in `documents` (read_documents), one
-    line each naming the file and the part; empty when every part parses."""
+    """What `backend`'s API server would refuse in `documents` (read_documents), a line each."""
     folder = environment(backend, cache)
     result = subprocess.run([sys.executable, "-S", "-c", _CHECKER, folder],
                             input=json.dumps(documents), capture_output=True, text=True,

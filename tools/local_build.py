@@ -3,26 +3,20 @@
     python tools/local_build.py [--runtime tensorflow|fastai ...] [--report FILE]
 
 Cloud Build builds `containers/*/Dockerfile` FROM the public python image pinned by digest.
-Here no registry can be pulled from, so this script first makes a stand-in for that base
-offline, then builds both Dockerfiles on it with buildah (chroot isolation, vfs storage: no
-daemon, no user namespaces):
+No registry can be pulled from here, so this script builds both Dockerfiles with buildah
+(chroot isolation, vfs storage) on a stand-in for that base made offline:
 
-1. Stand-in base: `debootstrap --variant=minbase` of the same Debian release as the public
-   image (its tag names it, e.g. `-bookworm`), with the runtime libraries its CPython loads,
-   and this machine's CPython of the same minor version copied to `/usr/local` where the
-   official image keeps its own (standard library only: no site-packages, no tests).
-   Debian 12's own python3.11 is 3.11.2, and the fastai lock needs >= 3.11.5.
-2. Each Dockerfile builds with `--build-arg BASE_IMAGE=<stand-in>`. The fastai image labels
-   the lock's torch `+cu126`, a build from PyTorch's own index, which is not reachable here:
-   the local build passes `TORCH_LOCAL_LABEL=` (empty), so pip installs PyPI's build of the
-   same version (2.13.0, CUDA 13.0) instead. Only this local build does that.
-3. This machine's CA bundle (its package mirror is reached through a TLS-intercepting proxy)
-   is bind-mounted into the build's RUN steps with a pip.conf that points pip at it; neither
-   is written into an image.
+1. Stand-in base: `debootstrap --variant=minbase` of the public image's Debian release,
+   with the libraries its CPython loads, and this machine's CPython of the same minor copied
+   to `/usr/local` (standard library only; Debian 12's 3.11.2 is older than the locks need).
+2. `--build-arg BASE_IMAGE=<stand-in>`, and `TORCH_LOCAL_LABEL=` (empty): PyTorch's own
+   index is unreachable, so pip installs PyPI's build of the same torch. Only here.
+3. This machine's CA bundle (a TLS-intercepting proxy) is bind-mounted into the RUN steps
+   with a pip.conf pointing at it; neither is written into an image.
 
-Images are tagged with the URIs `compile.py` bakes into `build/local/*.json` (the placeholder
-registry), so `python -m tools.rehearsal build/local/image_pipeline.json --runtime image`
-runs each step in them. Build times and image sizes go to `build/images/report.json`.
+Images are tagged with the URIs `compile.py` bakes into `build/local/*.json`, so
+`python -m tools.rehearsal build/local/image_pipeline.json --runtime image` runs in them.
+Build times and image sizes go to `build/images/report.json`.
 """
 
 from __future__ import annotations
@@ -46,9 +40,7 @@ STORAGE = ("--storage-driver", "vfs")
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # The oldest CPython the locks install on: soupsieve 4.1.2 (fastai lock) needs >= 3.11.5.
 MIN_PYTHON = (3, 11, 5)
-# What python:3.11-slim carries besides CPython (certificates, /etc/services, time zones),
-# and the shared libraries CPython's own extension modules load (ssl, sqlite3, ctypes, bz2,
-# lzma, zlib, readline, curses, uuid, dbm, pyexpat).
+# What python:3.11-slim carries besides CPython, and the libraries its extension modules load.
 RUNTIME_PACKAGES = ("ca-certificates", "netbase", "tzdata", "libssl3", "libsqlite3-0",
                     "libffi8", "libbz2-1.0", "liblzma5", "zlib1g", "libreadline8",
                     "libncursesw6", "libuuid1", "libgdbm6", "libexpat1", "libnsl2", "libtirpc3")
@@ -119,8 +111,7 @@ def copy_python(prefix: Path, destination: Path, minor: str) -> None:
 
 def build_args(runtime: str, base_image: str, git_sha: str, version: str) -> dict[str, str]:
     """`--build-arg`s of the local build of one runtime image."""
-    # PyTorch's indexes (fastai's cu126, the TensorFlow image's weights stage's cpu) are
-    # unreachable here: PyPI's build of the same version, in both images.
+    # PyTorch's indexes are unreachable here: PyPI's build of the same version, both images.
     return {"BASE_IMAGE": base_image, "GIT_SHA": git_sha, "VERSION": version,
             "TORCH_INDEX_URL": "", "TORCH_LOCAL_LABEL": ""}
 
@@ -203,24 +194,19 @@ def make_standin(base: dict[str, str], work: Path) -> str:
     return name
 
 
-def pip_conf(work: Path) -> Path:
-    """A pip.conf for the build's RUN steps: pip trusts this machine's CA bundle."""
-    path = work / "pip.conf"
-    path.write_text(f"[global]\ncert = {CA_BUNDLE}\n")
-    return path
-
-
 def build_image(runtime: str, base_image: str, tag: str, work: Path) -> dict[str, object]:
     """Builds one runtime image; returns its tag, build seconds and size."""
     git_sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True).stdout.strip() or "unknown"
     args = build_args(runtime, base_image, git_sha, version("vertex-gpu-pipelines"))
+    pip_conf = work / "pip.conf"  # for the RUN steps: pip trusts this machine's CA bundle
+    pip_conf.write_text(f"[global]\ncert = {CA_BUNDLE}\n")
     # No --layers: vfs stores every committed layer as a full copy of the file system, so
     # each small COPY after the 5 GB dependency layer would cost another 6 GB of disk.
     command = ["build", "--isolation", "chroot", "--file",
                str(dockerfile_path(runtime)), "--tag", tag,
                "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-               "--volume", f"{pip_conf(work)}:/etc/pip.conf:ro"]
+               "--volume", f"{pip_conf}:/etc/pip.conf:ro"]
     for key, value in args.items():
         command += ["--build-arg", f"{key}={value}"]
     replaced = image_id(tag)

@@ -1,13 +1,9 @@
 """Check a TrainJob manifest against the API of each Kubeflow Trainer release.
 
-Each Trainer release publishes its API's typed models on PyPI, `kubeflow-trainer-api==X`
-(pydantic models generated from that release's API types: the fields its CRD takes,
-`manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml` at its tag). The launcher's
-check, `components.trainjob.spec.validate_manifest`, reads a manifest through the models
-it imports and refuses any key they would drop or value they would change; here it runs
-once per release, in a process whose path puts that release's package (`pip install
---no-deps --target`, cached under `.cache/trainer-releases/<release>`; `make backends`
-makes them) before the venv's own (2.3.0), pydantic coming from the venv.
+Each Trainer release publishes its API's pydantic models on PyPI (`kubeflow-trainer-api==X`,
+the fields its CRD takes). The launcher's check, `components.trainjob.spec.validate_manifest`,
+runs here once per release, in a process whose path puts that release's package (installed
+under `.cache/trainer-releases/<release>` by `make backends`) before the venv's own.
 """
 
 from __future__ import annotations

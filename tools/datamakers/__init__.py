@@ -11,6 +11,5 @@ the layout a pipeline reads (image class folders, a labelled CSV, a text corpus)
     font_glyphs       the letters of the installed typefaces as class folders
     glyph_start       DenseNet121 pretrained on those letters, as a start weights file
 
-Nothing in `components`, `pipelines` or `rehearsal` imports these modules; they use the
-steps' logic and the pipelines' tools like any other user of them.
+Nothing in `components`, `pipelines` or `rehearsal` imports these modules.
 """

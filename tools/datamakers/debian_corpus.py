@@ -2,22 +2,14 @@
 
     python -m tools.datamakers.debian_corpus OUT.csv [--packages FILE] [--by works-with|section]
 
-Each row is the one-line description Debian maintainers wrote for a source package
-(its first binary package that carries debtags), with one-hot label columns for the
-`works-with::` debtags of any of its binary packages among eight kinds of data (text,
-audio, image, mail, database, source code, video, archive). Short, terse, written by
-hundreds of people and not templated: a different kind of text from the standard
-library's docstrings (tools.datamakers.docstring_corpus), and multi-label (a media player works
-with audio and video). One row per source package, so a `-dev`/`-doc` twin of a training
-text cannot land in the test split.
-
-`--by section` cuts the same packages another way: one label each, the Debian archive
-section of the row's binary package (sound, perl, graphics, mail, ...), the eight
-largest sections among them; a single-label task of short texts on the same rows, so
-the language model corpus below leaves it out too.
-
-The input is apt's package index (`/var/lib/apt/lists/*_Packages[.lz4]`, present on a
-Debian machine after `apt-get update`), read as it is; nothing is downloaded.
+Each row is the one-line description Debian maintainers wrote for a source package (its
+first binary package that carries debtags), with one-hot label columns for the
+`works-with::` debtags of any of its binaries among eight kinds of data (`LABELS`): terse
+text by hundreds of people, multi-label (a media player works with audio and video). One
+row per source package, so a `-dev`/`-doc` twin of a training text cannot land in the test
+split. `--by section`: one label each, the archive section of the row's binary package,
+the eight largest sections. The input is apt's package index (after `apt-get update`);
+nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -50,10 +42,8 @@ def find_package_index(folder: str | None = None) -> str | None:
 
 
 def read_index(path: str | None = None) -> str:
-    """The text of an apt `Packages` index (lz4-compressed as apt keeps it, or plain).
-
-    Args:
-        path: The index; default: apt's own (`find_package_index`).
+    """The text of the apt `Packages` index at `path` (default: `find_package_index`),
+    lz4-compressed as apt keeps it, or plain.
 
     Raises:
         FileNotFoundError: No path given and apt has no index here.
@@ -99,25 +89,18 @@ def corpus_rows(index_text: str) -> list[dict[str, object]]:
     for fields in _records(index_text):
         if "Tag" not in fields or "Description" not in fields:
             continue
-        source = _source(fields)
-        labels = _labels(fields)
-        row = by_source.setdefault(source, {"text": fields["Description"], "labels": set()})
-        row["labels"] |= labels
+        row = by_source.setdefault(_source(fields), {"text": fields["Description"],
+                                                     "labels": set()})
+        row["labels"] |= _labels(fields)
     return [{"description": row["text"],
              **{name: int(name in row["labels"]) for name in LABEL_NAMES}}
             for row in by_source.values() if row["labels"]]
 
 
 def section_rows(index_text: str, sections: int = SECTIONS) -> tuple[list[dict], list[str]]:
-    """The rows of `corpus_rows` labelled by archive section instead: one label each.
-
-    A row's section is that of the binary package whose description it carries (its
-    source's first binary with a works-with tag); rows outside the `sections` largest
-    sections are left out (ties go to the name first in alphabetical order).
-
-    Returns:
-        `(rows with a description and one 0/1 column per section, the section names)`.
-    """
+    """The rows of `corpus_rows` labelled by archive section instead, one label each: that
+    of the source's first binary with a works-with tag; (rows, the `sections` largest
+    sections' names, ties alphabetical)."""
     by_source: dict[str, dict[str, str]] = {}
     for fields in _records(index_text):
         if "Tag" in fields and "Description" in fields and _labels(fields):
@@ -134,12 +117,9 @@ def write_debian_corpus(path: str, index_path: str | None = None,
     """Writes the labelled CSV (`description` + one 0/1 column per label).
 
     Args:
-        path: The CSV to write.
-        index_path: An apt `Packages` index; default apt's own (`find_package_index`).
+        path: The CSV to write; its row count and rows per label are returned.
+        index_path: An apt `Packages` index; default apt's own.
         by: `works-with` (multi-label) or `section` (one label each).
-
-    Returns:
-        Row count and rows per label.
 
     Raises:
         FileNotFoundError: No package index is on this machine (run `apt-get update`).
@@ -164,17 +144,9 @@ def task_sources(index_text: str) -> set[str]:
 
 
 def lm_corpus_texts(index_text: str) -> tuple[list[str], int]:
-    """Descriptions for pretraining a language model, the labelled task's packages left out.
-
-    Every binary package's one-line description, once each, except those of a source
-    package that has a row in the labelled corpus (`corpus_rows`): not only the rows'
-    own texts but their `-dev`, `-doc`, plugin twins, so that no test text is pretrained on
-    in another spelling; and a description equal to a row's (another source package's
-    "transitional package") is left out too.
-
-    Returns:
-        `(texts in index order, descriptions held out)`.
-    """
+    """Every binary package's description once, for pretraining a language model, but
+    those of the labelled task's source packages (their `-dev`, `-doc` twins too) and any
+    equal to a row's text; (texts in index order, descriptions held out)."""
     records = [f for f in _records(index_text) if "Description" in f]
     task = task_sources(index_text)
     rows = {row["description"] for row in corpus_rows(index_text)}
@@ -184,11 +156,8 @@ def lm_corpus_texts(index_text: str) -> tuple[list[str], int]:
 
 
 def write_lm_corpus(path: str, index_path: str | None = None) -> dict[str, int]:
-    """Writes `lm_corpus_texts` as a CSV with one `text` column (the LM pipeline's corpus).
-
-    Returns:
-        `{"documents": ..., "words": ..., "held_out": descriptions of the task's packages}`.
-    """
+    """Writes `lm_corpus_texts` as a CSV with one `text` column (the LM pipeline's corpus);
+    `{"documents", "words", "held_out"}`."""
     texts, held_out = lm_corpus_texts(read_index(index_path))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:

@@ -14,18 +14,11 @@ from PIL import Image
 
 
 def write_digits(out_dir: str, size: int = 32, per_class: int | None = None) -> dict[str, int]:
-    """Writes scikit-learn's bundled 8x8 digits as JPEG class folders `<out_dir>/<digit>/`.
+    """Writes scikit-learn's 8x8 digits, upscaled to `size`, as JPEG class folders
+    `<out_dir>/<digit>/` (at most `per_class` each); the images written per class.
 
-    A `.DS_Store` at the top and one truncated JPEG are planted, as real buckets have
-    them, so the run shows what is ignored and what is skipped.
-
-    Args:
-        out_dir: Folder to write into.
-        size: Side in pixels the 8x8 digits are upscaled to.
-        per_class: Keep at most this many images per class (all ~180 when None).
-
-    Returns:
-        Images written per class.
+    A `.DS_Store` and one truncated JPEG are planted, as real buckets have them, so the run
+    shows what is ignored and what is skipped.
     """
     from sklearn.datasets import load_digits
 

@@ -38,16 +38,8 @@ def review(labels: list[str], rng: np.random.Generator) -> str:
 
 
 def write_reviews_csv(path: str, rows: int = 200, seed: int = 0) -> dict[str, int]:
-    """Writes a multi-label review CSV: a `text` column and one 0/1 column per label.
-
-    Args:
-        path: CSV file to write (its folder is created).
-        rows: Number of reviews.
-        seed: Seed of the generator; the same seed writes the same file.
-
-    Returns:
-        Rows carrying each label, and `none` for rows with no label.
-    """
+    """Writes `rows` reviews as a multi-label CSV (`text`, one 0/1 column per label), the
+    same for the same `seed`; the rows carrying each label, and `none` for no label."""
     rng = np.random.default_rng(seed)
     names = list(LABEL_WORDS)
     counts = {name: 0 for name in names} | {"none": 0}

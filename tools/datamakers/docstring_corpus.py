@@ -4,16 +4,13 @@
     python -m tools.datamakers.docstring_corpus --lm-corpus OUT_FOLDER
 
 Each row is the first paragraph (40 to 400 characters) of the docstring of a public class,
-function or method of one of seven standard-library packages, with one-hot label columns
-naming the packages whose public API shows that text. A class inherited across packages
-carries both (`http.client.HTTPMessage` shows `email.message.Message`'s methods), so some
-rows have two labels. Prose written by people, not templates, on every machine that has
-CPython: the text pipeline's tests learn on it (about 770 rows, 25 with two labels).
+function or method of one of seven standard-library packages (`LABELS`), one-hot labelled
+by the packages whose public API shows it (an inherited class can carry two: about 770
+rows, 25 with two labels). Prose written by people, on every machine that has CPython.
 
-`--lm-corpus` writes the unlabelled counterpart for pretraining a language model: every
-docstring of the rest of the standard library (read from the sources with `ast`, nothing
-imported), one .txt file per module, docstrings separated by blank lines. The seven
-labelled packages are left out, so the classifier's test texts are never pretrained on.
+`--lm-corpus` writes the unlabelled counterpart for pretraining a language model: the rest
+of the standard library's docstrings (read with `ast`, nothing imported), one .txt file per
+module; the seven labelled packages are left out.
 """
 
 from __future__ import annotations
@@ -87,17 +84,8 @@ def collect(packages: Sequence[str] = LABELS) -> dict[str, set[str]]:
 
 
 def write_docstring_corpus(path: str, packages: Sequence[str] = LABELS) -> dict[str, int]:
-    """Writes the corpus CSV (`text` plus one 0/1 column per package); returns counts.
-
-    Rows are in a fixed order (by the text's hash), so the same CPython writes the same file.
-
-    Args:
-        path: CSV file to write.
-        packages: Standard-library packages, each a label.
-
-    Returns:
-        `{"rows": ..., "two_labels": ..., <label>: rows with it, ...}`.
-    """
+    """Writes the corpus CSV (`text` plus one 0/1 column per package of `packages`), rows
+    in a fixed order (the text's hash); `{"rows", "two_labels", <label>: rows with it}`."""
     texts = collect(packages)
     rows = sorted(texts.items(), key=lambda item: hashlib.sha256(item[0].encode()).hexdigest())
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -155,13 +143,13 @@ def write_source_corpus(folder: str, exclude: Sequence[str] = (),
             (`<root folder name>.<module path>.txt` for files of `roots`).
         exclude: Top-level packages left out.
         hold_out: Paragraphs never written (compared with white space collapsed).
-        roots: More source trees read after the standard library (`installed_packages_root()`).
+        roots: More source trees read after the standard library.
         max_characters: Stop once this many are written (0: no limit); the files of `roots`
-            come in the order of their output names' SHA-256, a fixed sample of packages.
+            in the order of their output names' SHA-256 (a fixed sample).
         stdlib: The standard library's folder; "" for this interpreter's.
 
     Returns:
-        `{"files": ..., "docstrings": ..., "characters": ..., "held_out": paragraphs dropped}`.
+        `{"files", "docstrings", "characters", "held_out": paragraphs dropped}`.
     """
     skipped = set(exclude) | set(_NOT_PROSE)
     more = [found for root in roots for found in

@@ -3,24 +3,14 @@
     python -m tools.datamakers.font_glyphs OUT_DIR [--fonts DIR ...] [--size 32] [--chars CHARS]
     python -m tools.datamakers.font_glyphs --debian-packages   # what to apt-get install
 
-Each image is one character of one installed font (TrueType/OpenType): white ink on
-black, drawn as the typeface's designer drew it, at the font's own proportions (every
-font scaled so its capital H is the same height; lower case sits on the same baseline,
-so `o` and `O` differ in size as on a page). The fonts are real work by many type
-designers (the Debian `fonts-*` packages the Makefile installs hold several hundred
-faces: serif, sans, monospace, script, handwriting, display); nothing here is generated
-beyond rasterising their outlines. It is the pretraining set of `tools.datamakers.glyph_start`:
-DenseNet121 learns strokes, curves and their arrangement from 52 letter classes, then
-fine-tunes on a different set (scikit-learn's handwritten digits, `tools.datamakers.demo`), as
-ImageNet weights would be fine-tuned on a user's photos. Digits are left out of the
-default classes on purpose, so the two sets share no class.
-
-Faces are deduplicated by (family, style) name and by their rendered letters (the same
-outlines under two names, e.g. Liberation Sans and Arimo, count once); fonts that lack a
-letter (a Noto font for another script, a symbol font) are skipped whole.
-Class folders are named `upper_A`, `lower_a` (never `A` and `a`: they collide on
-case-insensitive filesystems); file names name the font, so a listing shows where
-each image came from.
+Each image is one character of one installed font, white ink on black, at the font's own
+proportions (scaled so every capital H is the same height, lower case on the same
+baseline). The fonts are real work by many type designers (the Debian `fonts-*` packages
+the Makefile installs); nothing is generated beyond rasterising their outlines. It is the
+pretraining set of `tools.datamakers.glyph_start`, whose start fine-tunes on handwritten
+digits: digits are left out of the default classes, so the two sets share no class.
+Class folders are `upper_A`, `lower_a` (`A` and `a` collide on case-insensitive
+filesystems); file names name the font.
 """
 
 from __future__ import annotations
@@ -40,9 +30,7 @@ from PIL import Image, ImageDraw, ImageFont
 from components.common.commands import reports
 
 FONT_FOLDERS = ("/usr/share/fonts",)
-# Debian packages of faces (433 once deduplicated, with the base image's DejaVu; ~230 MB
-# in /usr/share/fonts, ~25 s to install): serif, sans, monospace, display, handwriting and
-# comic faces by many designers.
+# Debian packages of faces by many designers (433 once deduplicated, with DejaVu; ~230 MB).
 DEBIAN_FONT_PACKAGES = (
     "fonts-anonymous-pro", "fonts-breip", "fonts-cabin", "fonts-cantarell", "fonts-cmu",
     "fonts-comic-neue", "fonts-croscore", "fonts-crosextra-caladea", "fonts-crosextra-carlito",
@@ -107,13 +95,8 @@ def _load(path: str, pixels: int) -> ImageFont.FreeTypeFont | None:
 
 
 def latin_names(path: str, chars: str) -> bool:
-    """Whether the font's Unicode map gives each char a glyph named for it.
-
-    Catches the old symbol fonts that map Latin code points to other glyphs (URW's
-    Standard Symbols draws `a` as alpha, its dingbats font `a` as a star). A font whose
-    glyph names say nothing (`glyph123`) is skipped too: few are, and a lost face costs
-    less than a class of wrong pictures.
-    """
+    """Whether the font's Unicode map gives each char a glyph named for it: catches symbol
+    fonts that draw `a` as alpha or a star; one with names like `glyph123` is lost too."""
     from fontTools.ttLib import TTFont  # matplotlib's dependency (constraints.txt)
 
     try:
@@ -151,12 +134,8 @@ def _ink(font: ImageFont.FreeTypeFont, char: str) -> bytes | None:
 
 def render(font_path: str, char: str, size: int, cap: float = VARIANTS[0][0],
            shift: tuple[float, float] = (0.0, 0.0)) -> Image.Image:
-    """One glyph as a `size` x `size` grayscale image, white ink on black.
-
-    The font is scaled so its capital H is `cap` x size high; the glyph is centred
-    horizontally, its baseline at 0.8 x size (plus `shift`, fractions of the side). A glyph
-    too big for the image (a swash capital) is shrunk to fit.
-    """
+    """One glyph as a `size` x `size` grayscale image, white ink on black: capital H `cap`
+    x size high, centred, its baseline at 0.8 x size (plus `shift`); shrunk if too big."""
     big = size * OVERSAMPLE
     top = _font(font_path, big).getbbox("H", anchor="ls")[1]  # negative: above the baseline
     font = _font(font_path, max(4, round(big * big * cap / max(1, -top))))
@@ -177,15 +156,11 @@ def render(font_path: str, char: str, size: int, cap: float = VARIANTS[0][0],
 
 
 def scan(image: Image.Image, side: int) -> Image.Image:
-    """`image` as the UCI digits were scanned, drawn back at its own size.
+    """`image` (a glyph, `render`) as the UCI digits were scanned, drawn back at its size.
 
     The ink is fitted to a `SCAN_BLOCK * side` square, binarised, and each block's count of
-    ink pixels becomes one pixel of a `side` x `side` image (17 grey levels for blocks of
-    4), drawn back bilinearly at `image`'s size as `tools.datamakers.demo` draws the digits.
-
-    Args:
-        image: A glyph, white ink on black (`render`).
-        side: Side of the scan in pixels (8 for the UCI digits).
+    ink pixels becomes one pixel of a `side` x `side` image (8 for the UCI digits), drawn
+    back bilinearly as `tools.datamakers.demo` draws the digits.
 
     Raises:
         ValueError: `side` is below 1.
@@ -247,10 +222,9 @@ def write_glyphs(out_dir: str, font_paths: Sequence[str] | None = None, chars: s
     Args:
         out_dir: Folder to write into.
         font_paths: Font files; default every one under `FONT_FOLDERS`.
-        chars: The characters, one class each.
-        size: Side of the images in pixels.
+        chars, size: The characters (one class each) and the images' side in pixels.
         variants: `(cap height, x shift, y shift)` per image of a glyph (`VARIANTS`).
-        scan_side: Each image as a `scan` of this side (8: as the UCI digits); 0: crisp.
+        scan_side: Each image as a `scan` of this side; 0: crisp.
 
     Returns:
         `{"fonts": faces used, "images": images written, "classes": len(chars)}`.

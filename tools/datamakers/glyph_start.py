@@ -5,19 +5,12 @@ written as the no-top weights file the image trainer's `weights` takes.
         [--seed 0] [--fonts DIR ...] [--scan-side 8]
 
 Letters of every installed font (`tools.datamakers.font_glyphs`), each drawn as the UCI
-digits were scanned (`font_glyphs.scan`: ink fitted to a 32 px square, binarised, 4x4
-blocks counted into 8x8 pixels of 17 grey levels, drawn back at 32 px; `--scan-side 0`
-keeps the crisp glyphs) -> shards at 32 px (the
-sharding step) -> the image trainer from scratch (one phase; no flips: letters have a
-handedness) -> its DenseNet121 as OUT.h5 (`pipelines.base_weights`), with OUT.json beside
-it saying what it was made from and how well it reads letters it did not train on. No
-weights are downloaded: ImageNet's cannot be fetched here, and no package registry ships
-a file Keras' DenseNet121 loads. With those fonts installed (`--debian-packages` of
-`tools.datamakers.font_glyphs`): 433 faces, 45,032 images; 14 epochs of 250 steps (112,000
-images seen) took ~20 minutes on one core and read held-out letters at 90.8% as scans
-(98.4% crisp: at 8x8, l and I, O and o are hard to tell apart). What it is worth on the
-digits demo, beside training from scratch: bench/image_pretrain_bench.py (scanned, the
-start wins; crisp, it did not).
+digits were scanned (`font_glyphs.scan`; `--scan-side 0` keeps the crisp glyphs) -> shards
+at 32 px -> the image trainer from scratch (one phase; no flips: letters have a handedness)
+-> its DenseNet121 as OUT.h5 (`pipelines.base_weights`), with OUT.json beside it saying
+what it was made from and how well it reads held-out letters. No weights are downloaded
+(no registry ships a file Keras' DenseNet121 loads). What it took and is worth beside
+training from scratch: docs/measurements.md, bench/image_pretrain_bench.py.
 """
 
 from __future__ import annotations
@@ -44,11 +37,10 @@ def make_start(out_path: str, work: str, epochs: int = 14, steps_per_epoch: int 
     Args:
         out_path: The `.h5` file to write.
         work: Folder for the glyphs, shards and the trained model (kept).
-        epochs: Training epochs.
-        steps_per_epoch: Batches of 32 per epoch.
+        epochs, steps_per_epoch: Training epochs, and batches of 32 per epoch.
         seed: Seed of the split and the training.
-        font_paths: Font files; default every installed one.
-        chars: The classes; default the 52 letters.
+        font_paths, chars: Font files (default every installed one) and the classes
+            (default the 52 letters).
         scan_side: Glyphs drawn as scans of this side (`font_glyphs.scan`); 0: crisp.
 
     Raises:

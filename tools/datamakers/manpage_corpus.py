@@ -3,15 +3,11 @@
     python -m tools.datamakers.manpage_corpus OUT_FOLDER [--max-characters N]
 
 Unlabelled text for pretraining a language model: every English manual page under
-`/usr/share/man/man1`-`man8` (the translations in `/usr/share/man/<lang>` are not read),
-its roff markup stripped to prose (`roff_to_text`), one .txt file per page with paragraphs
-separated by blank lines, as the LM pipeline reads a folder. Written by the authors of
-thousands of programs: a different register from package descriptions and docstrings.
-
-Left out: pages that only include another (`.so`), verbatim blocks (code and examples),
-pages of packages whose manuals are generated API references (`GENERATED_PACKAGES`: the
-Google Cloud CLI installs 16,000 near-identical pages), and pages of any package named in
-`hold_out_sources` (a labelled task's packages, so that no test text is pretrained on).
+`/usr/share/man/man1`-`man8`, its roff markup stripped to prose (`roff_to_text`), one .txt
+file per page, as the LM pipeline reads a folder. Left out: pages that only include
+another (`.so`), verbatim blocks, pages of packages whose manuals are generated
+(`GENERATED_PACKAGES`: the Google Cloud CLI's 16,000 near-identical pages), and pages of the
+packages in `hold_out_sources` (a labelled task's).
 """
 
 from __future__ import annotations
@@ -61,15 +57,9 @@ def _arguments(line: str) -> str:
 
 
 def roff_to_text(source: str) -> str:
-    """A manual page's prose: paragraphs separated by blank lines, markup removed.
-
-    Args:
-        source: The page's roff source (man or mdoc macros).
-
-    Returns:
-        Its running text and headings; comments, macro definitions, other requests and
-        verbatim blocks (code, examples) left out. Empty for a page that is only `.so`.
-    """
+    """A manual page's prose from its roff `source` (man or mdoc): running text and headings
+    in paragraphs separated by blank lines; comments, macro definitions, other requests and
+    verbatim blocks left out. Empty for a page that is only `.so`."""
     paragraphs, current, skip_until = [], [], None
     for line in source.replace("\\\n", "").splitlines():
         line = _COMMENT.sub("", line)
@@ -83,9 +73,8 @@ def roff_to_text(source: str) -> str:
                 skip_until = ".."
             elif name in _VERBATIM:
                 skip_until = "." + _VERBATIM[name]
-            elif name in _BREAKS:
-                if current:
-                    paragraphs.append(" ".join(current))
+            elif name in _BREAKS:  # (an empty paragraph is dropped at the end)
+                paragraphs.append(" ".join(current))
                 current = [_arguments(line)] if name in ("SH", "SS", "Sh", "Ss") else []
                 if name in ("IP", "TP", "It") and _arguments(line):
                     current.append(_arguments(line).split()[0])
@@ -93,22 +82,17 @@ def roff_to_text(source: str) -> str:
                 current.append(_arguments(line))
             continue
         if not line.strip():
-            if current:
-                paragraphs.append(" ".join(current))
+            paragraphs.append(" ".join(current))
             current = []
             continue
         current.append(line)
-    if current:
-        paragraphs.append(" ".join(current))
+    paragraphs.append(" ".join(current))
     cleaned = (" ".join(_ESCAPES.sub(_escape, p).split()) for p in paragraphs)
     return "\n\n".join(p for p in cleaned if p)
 
 
 def installed_sources(status_path: str = DPKG_STATUS) -> dict[str, str]:
-    """{installed binary package: its source package}, from dpkg's status file.
-
-    Empty where there is none (not a Debian system): no page is then known as a package's.
-    """
+    """{installed binary package: its source package}, from dpkg's status file (if any)."""
     sources, package = {}, None
     if not os.path.exists(status_path):
         return sources
@@ -135,8 +119,8 @@ def page_owners(info_folder: str = DPKG_INFO) -> dict[str, str]:
 
 
 def _pages(root: str) -> list[str]:
-    """English manual pages under `root`, in the order of their names' SHA-256 (a fixed,
-    spread sample when cut short, rather than the first ones alphabetically)."""
+    """English manual pages under `root`, in the order of their names' SHA-256 (a fixed
+    sample when cut short)."""
     pages = [p for p in glob.glob(os.path.join(root, "man[1-8]", "*"))
              if os.path.isfile(p) and not os.path.islink(p)]
     return sorted(pages, key=lambda p: hashlib.sha256(os.path.basename(p).encode()).hexdigest())
@@ -159,12 +143,11 @@ def write_manpage_corpus(folder: str, hold_out_sources: Iterable[str] = (),
         hold_out_sources: Source packages whose pages are not written (a labelled task's).
         max_characters: Stop once this many characters are written (0: no limit).
         root: The manual's root (its `man1`-`man8` are read).
-        owners: {page path: binary package}; default: dpkg's lists (`page_owners`).
-        sources: {binary package: source package}; default: dpkg's status.
+        owners, sources: `page_owners()` and `installed_sources()` by default.
 
     Returns:
         `{"pages", "characters"}` written and the pages left out as `"held_out"`,
-        `"generated"` or `"includes"` (only an include, `.so`, or no prose).
+        `"generated"` or `"includes"` (only an include, or no prose).
     """
     owners = page_owners() if owners is None else owners
     sources = installed_sources() if sources is None else sources

@@ -11,9 +11,7 @@ transformer pipeline takes the folder as its model name:
         --early-stopping-patience 3
 
 It has learnt nothing before fine-tuning: it shows the pipeline working, not what a
-pretrained encoder scores (it needs the higher rate and the small batches above: many
-small steps get it past the constant answer). Only the texts are read, so fit it on the
-rows you train on if you compare scores.
+pretrained encoder scores (it needs the rate and small batches above).
 """
 
 from __future__ import annotations

@@ -2,15 +2,12 @@
 
     python -m tools.datamakers.tuxpaint_photos [--stamps DIR] OUT_DIR
 
-The source is Debian's `tuxpaint-stamps-default` package (GPL-2; `apt-get install
-tuxpaint-stamps-default`, or `dpkg-deb -x` its .deb and pass the extracted
-`usr/share/tuxpaint/stamps` as --stamps): cut-out photographs of animals, plants and food
-on a transparent background, taken by Tux Paint's contributors. Four classes are kept:
-birds (animals/birds), mammals (animals/mammals), flowers (plants/flowers) and fruit_veg
-(food/fruit and food/vegetables), every PNG under those folders except the drawings
-(`cartoon/` folders; the SVG stamps are drawings too and are not read). Each PNG is laid
-on white (its alpha channel) and written as JPEG `<class>/<folder>_<name>.jpg`. Version
-2022.06.04-1 gives birds 35, mammals 65, flowers 25, fruit_veg 44.
+The source is Debian's `tuxpaint-stamps-default` package (GPL-2; installed, or its .deb
+extracted with `dpkg-deb -x` and passed as --stamps): cut-out photographs taken by Tux
+Paint's contributors. The four `CLASSES`, every PNG of their folders but the drawings
+(`cartoon/`; SVG stamps are not read), each laid on white and written as JPEG
+`<class>/<folder>_<name>.jpg`. Version 2022.06.04-1 gives birds 35, mammals 65, flowers
+25, fruit_veg 44.
 """
 
 from __future__ import annotations
@@ -38,14 +35,8 @@ def stamp_photos(stamps: str, folders: tuple[str, ...]) -> list[Path]:
 
 
 def write_photos(stamps: str, out_dir: str) -> dict[str, int]:
-    """Writes the four classes' photos as JPEG class folders `<out_dir>/<class>/`.
-
-    Args:
-        stamps: Tux Paint's stamps folder (installed, or extracted from the .deb).
-        out_dir: Folder to write into.
-
-    Returns:
-        Images written per class.
+    """Writes the four classes' photos of Tux Paint's `stamps` folder as JPEG class folders
+    `<out_dir>/<class>/`; the images written per class.
 
     Raises:
         FileNotFoundError: `stamps` or one of its class folders is missing.

@@ -25,9 +25,8 @@ The names other code uses as `rehearsal.<name>` are re-exported here.
 import importlib
 from typing import Any
 
-# Each re-exported name and the module it lives in, imported when first asked for: the
-# emulator (`python -m tools.rehearsal.gcs_api`, started for every rehearsal in images and by the
-# tests) imports this package first, and must not load KFP and the pipelines with it.
+# Each re-exported name's module, imported when first asked for: the emulator
+# (`python -m tools.rehearsal.gcs_api`) imports this package and must not load KFP with it.
 _HOMES = {
     "records": ("ArtifactRef", "RehearsalError", "TaskRecord"),
     "spec": ("LOCATION", "PROJECT", "PROJECT_NUMBER", "evaluate_condition", "render",

@@ -1,8 +1,7 @@
 """Vertex's execution cache, as a rehearsal keeps it across rehearsals (`--cache-index`).
 
-A task compiled with caching enabled is keyed by its component's interface, its container,
-its input values and the names of its input artifacts; a key seen in an earlier rehearsal
-reuses that run's outputs, whose files are copied into this rehearsal's bucket folder.
+A key (`cache_key`) seen in an earlier rehearsal reuses that run's outputs, their files
+copied into this rehearsal's bucket folder.
 """
 
 from __future__ import annotations
@@ -20,17 +19,9 @@ from tools.rehearsal.records import ArtifactRef, saved_outputs
 
 def cache_key(component: Mapping[str, Any], container: Mapping[str, Any],
               values: Mapping[str, Any], inputs: Mapping[str, ArtifactRef]) -> str:
-    """The key a container task's outputs are cached under.
-
-    Args:
-        component: The component the task runs (its input and output definitions count).
-        container: Its executor's container spec (image, command, args).
-        values: Its input parameter values.
-        inputs: Its input artifacts (their names count: a new artifact is a new key).
-
-    Returns:
-        A short hex digest.
-    """
+    """The key (a short hex digest) a container task's outputs are cached under: its
+    component's input and output definitions, its `container`, its input `values` and the
+    names of its input artifacts (a new artifact is a new key)."""
     payload = {"component": {k: component.get(k) for k in ("inputDefinitions",
                                                             "outputDefinitions")},
                "container": container, "parameters": values,
@@ -39,12 +30,8 @@ def cache_key(component: Mapping[str, Any], container: Mapping[str, Any],
 
 
 class TaskCache:
-    """The cache entries of a rehearsal: read from `index` (if any), saved back to it.
-
-    Args:
-        index: The JSON file kept across rehearsals; None keeps entries in this one only.
-        local: The rehearsal's file for a gs:// URI (where a hit's files are copied).
-    """
+    """The cache entries of a rehearsal: read from the JSON file `index` (None: this
+    rehearsal's only), saved back to it; `local` gives a gs:// URI's file here."""
 
     def __init__(self, index: str | None, local: Callable[[str], str]) -> None:
         self.index = index
@@ -72,8 +59,7 @@ class TaskCache:
             write_json_atomically(self.index, self.entries)
 
     def _bring_outputs(self, hit: Mapping[str, Any]) -> None:
-        """Copies a hit's artifact files (those it has) to the same gs:// URIs here: on
-        Vertex every run reads one bucket."""
+        """Copies a hit's artifact files to the same gs:// URIs here (Vertex has one bucket)."""
         for artifact in hit["artifacts"].values():
             source, target = artifact["path"], self.local(artifact["uri"])
             if not os.path.exists(source) or os.path.exists(target):

@@ -5,25 +5,18 @@
         [--runtime local|image]
 
 The file runs as Vertex Pipelines would run it, not as the Python pipeline function: the
-DAG, `dsl.If` conditions, parameter defaults and each task's inputs are read from the JSON
-and placeholders resolved as the Vertex backend resolves them. A GCPC CustomJob payload is
-parsed into Vertex's own `CustomJob` message (what Vertex would reject fails here) and every
+DAG, `dsl.If` conditions, defaults and each task's inputs are read from the JSON and
+placeholders resolved as the Vertex backend resolves them. A GCPC CustomJob payload is
+parsed into Vertex's `CustomJob` message (what Vertex would reject fails here) and every
 replica of every worker pool runs as a process with the variables Vertex sets
-(`CLUSTER_SPEC`, `TF_CONFIG`, `AIP_*`). A hyperparameter tuning job runs its trials one by
-one (values drawn, seeded, from its study spec); the best-trial step reads that job.
-`gs://BUCKET/...` is the folder `DIR/gcs/BUCKET/...`, Vertex's `/gcs/` mount. `--runtime
-local` (the default) runs steps in this Python environment; `--runtime image` inside the
-images the JSON names (`make images-local`), as their user, the folder mounted at `/gcs`.
+(`CLUSTER_SPEC`, `TF_CONFIG`, `AIP_*`); a tuning job runs its trials one by one (seeded).
+`gs://BUCKET/...` is the folder `DIR/gcs/BUCKET/...`, Vertex's `/gcs/` mount; `--runtime
+image` runs steps inside the images the JSON names (`make images-local`), as their user.
 
-Requests to the Vertex API (CustomJobs, the Model Registry upload, built with GCPC's own
-code and checked against Vertex's messages) are written to `DIR/vertex-requests/`, not
-sent. `--cache-index FILE` reuses a task whose cache key an earlier rehearsal saw.
-`--preempt TASK=GLOB` preempts TASK's first replica once GLOB matches under `DIR/gcs/`
-(SIGTERM, the kill 30 s later) and restarts it as Vertex does (the whole job when compiled
-with `restart_job_on_worker_restart`).
-
-Writes `DIR/summary.json` in the shape of `pipelines.run_local`, with a `rehearsal`
-section (each task's state, cache decision, replicas, attempts and seconds).
+Vertex API requests (built with GCPC's code, checked against Vertex's messages) are
+written to `DIR/vertex-requests/`, not sent. `--preempt TASK=GLOB` preempts TASK's first
+replica once GLOB matches under `DIR/gcs/` and restarts it as Vertex does. Writes
+`DIR/summary.json` in the shape of `pipelines.run_local`, with a `rehearsal` section.
 """
 # The docstring above is the command's --help.
 
@@ -63,11 +56,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs `python -m tools.rehearsal`; returns the exit status (1: the rehearsal failed).
-
-    Args:
-        argv: The arguments (default: the command line's).
-    """
+    """Runs `python -m tools.rehearsal` on `argv`; the exit status (1: the rehearsal failed)."""
     p = parser()
     args = p.parse_args(argv)
 

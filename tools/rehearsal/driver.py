@@ -24,9 +24,8 @@ class Rehearsal(DagWalk):
     """One rehearsal of a compiled pipeline; `run()` executes it.
 
     Args:
-        spec: The compiled pipeline.
+        spec, params: The compiled pipeline and its parameters as strings (typed by it).
         output: Local folder of the rehearsal (gcs/, logs/, vertex-requests/).
-        params: Pipeline parameters as strings, typed by the pipeline's definitions.
         pipeline_root: The gs:// pipeline root the outputs are planned under.
         cache_index: JSON file of cache entries kept across rehearsals (none: no reuse).
         preempt: Replicas to kill and restart (`--preempt`).
@@ -144,13 +143,11 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
 
     Args:
         path: Compiled pipeline JSON (or YAML) as `compile.py` wrote it.
-        output: Local folder of the rehearsal (gcs/, logs/, summary.json).
-        params: Pipeline parameters as strings, typed by the pipeline's definitions.
-        **options: `pipeline_root`, `cache_index`, `preempt`, `runtime`, `registry` (see
-            `Rehearsal`).
+        output, params: As `Rehearsal` takes them.
+        **options: `pipeline_root`, `cache_index`, `preempt`, `runtime`, `registry`.
 
     Returns:
-        The summary: the pipeline's own (as `run_local` writes it) plus `rehearsal`.
+        The pipeline's own summary (as `run_local` writes it) plus `rehearsal`.
     """
     with open(path) as f:
         spec = json.load(f) if path.endswith(".json") else _yaml(f)

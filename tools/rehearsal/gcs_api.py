@@ -55,9 +55,8 @@ def _request(port: int, method: str, path: str) -> int | None:
 def _start_once(log_path: Path) -> tuple[subprocess.Popen, int] | None:
     """One try at starting the emulator on a free port; None when the port was lost.
 
-    Another process can take the port before the emulator binds it, and the emulator then
-    hangs rather than exits: it counts as ours only once a bucket named by a random token
-    is there (deleted again before anyone else sees it).
+    Another process can take the port first, and the emulator then hangs: it counts as ours
+    only once a bucket named by a random token is there (deleted again at once).
     """
     port = free_port()
     token = f"emulator-{uuid.uuid4().hex}"
@@ -123,11 +122,9 @@ def seed(url: str, folder: str | os.PathLike) -> int:
     return count
 
 
-# The emulator's one-threaded HTTPServer keeps socketserver's listen backlog of 5: gcsfs
-# reads a batch of files over ~30 connections at once, the kernel drops the SYNs past the
-# backlog, and each dropped one costs a 1-3 s retransmission (1.8 files/s; 1,100 one at a
-# time). Requests are still served one at a time (the emulator's storage is not made for
-# threads), only none is dropped.
+# The emulator's HTTPServer keeps socketserver's listen backlog of 5: gcsfs reads a batch
+# over ~30 connections at once, and each SYN dropped past the backlog costs a 1-3 s
+# retransmission (bench/gcs_emulator_bench.py). Requests are still served one at a time.
 LISTEN_BACKLOG = 1024
 
 

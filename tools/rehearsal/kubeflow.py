@@ -9,37 +9,24 @@ open-source Kubeflow Pipelines runs it, on this machine.
 
 This is the project's model of KFP's backend (its v2 driver and launcher, read from
 kubeflow/pipelines backend/src/v2), not Argo, Kubernetes or its scheduler:
-- the DAG, `dsl.If` conditions, `dsl.ParallelFor` (its items one at a time; the
-  parallelism limit is reported) and `dsl.Collected` (each output as the list of the
-  iterations' values) are read from the YAML; a runtime constant that is exactly a
-  `{{$.pipeline_*}}` placeholder is resolved as the driver resolves it;
-- `--backend` (default 2.14, the oldest supported): before 2.16 the compiler gives a
-  loop's driver no task name, so the loop is recorded under its display name, and a
-  consumer, which looks its producer up by task key, does not find a loop given
-  `dsl.ParallelFor(name=...)` (kubeflow/pipelines#13239, fixed in 2.16 by #12808);
-- output artifacts are planned at `ROOT/PIPELINE/RUN_ID/TASK/SALT/OUTPUT`, the salt drawn
-  once per task, so a retry writes where the failed attempt would have;
-- each attempt of a task is a new pod (`launcher.Pods`): inputs copied in, outputs
-  uploaded only if the step succeeds (`launcher.ObjectStore`, the pipeline root's store:
-  s3:// or minio:// at `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`, or gs://);
-- the task's `retryPolicy` (the back-off reported, not waited; `KFP_RETRY_INDEX` set)
-  retries an attempt that ended `Failed` (its container ended non-zero), not one that
-  ended `Error` (its pod deleted): KFP sets no Argo retryPolicy, whose default is
-  OnFailure; `activeDeadlineSeconds`, the container's environment and `secretAsEnv` (from
-  `--secret`; a missing secret stops the pod) are honoured; node selectors, tolerations,
-  resource requests, GPUs and `/dev/shm` are reported, not enforced;
-- `--kill TASK=BUCKET/GLOB` stops TASK's first attempt's container once an object matching
-  the glob is in the store, as a node shut down gracefully does (SIGTERM, the kill a
-  second later, as KFP's launcher and Argo's emissary end the pod: `Failed`, retried);
-  `--delete-pod TASK=BUCKET/GLOB` deletes its pod instead (a node drained, a spot node
-  reclaimed without a graceful shutdown: `Error`, not retried, the run fails);
-- `--retry-run` retries the failed run in DIR as KFP's run retry does (the UI's Retry,
-  `POST /apis/v2beta1/runs/RUN_ID:retry`): the same run id and pipeline, the tasks that
-  succeeded kept with their outputs (no pod), the others run again (retry policies
-  afresh; output URIs as their drivers planned), a training step from its checkpoints.
-No execution cache: every task runs. Writes `DIR/summary.json` (the pipeline's summary and
-a `rehearsal` section), `DIR/rehearsal.json` (task records), `DIR/run.json` and
-`DIR/pipeline.yaml` (the run, as `--retry-run` reads it back).
+- the DAG, `dsl.If`, `dsl.ParallelFor` (items one at a time; the parallelism limit
+  reported) and `dsl.Collected` are read from the YAML; a runtime constant that is exactly
+  a `{{$.pipeline_*}}` placeholder is resolved as the driver resolves it;
+- `--backend` (default 2.14, the oldest supported): before 2.16 a loop is recorded under
+  its display name, so a consumer of a `dsl.ParallelFor(name=...)` loop does not find it
+  (kubeflow/pipelines#13239, fixed in 2.16 by #12808);
+- outputs are planned at `ROOT/PIPELINE/RUN_ID/TASK/SALT/OUTPUT`, one salt per task, so a
+  retry writes where the failed attempt would have;
+- each attempt is a new pod (`tools.rehearsal.launcher`), the store s3:// or minio:// at
+  `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`, or gs://;
+- `retryPolicy` (the back-off reported, not waited; `KFP_RETRY_INDEX` set) retries an
+  attempt that ended `Failed` (non-zero exit), not `Error` (pod deleted: Argo's default
+  OnFailure); `activeDeadlineSeconds`, the environment and `secretAsEnv` (`--secret`) are
+  honoured; node selectors, tolerations, resources, GPUs and `/dev/shm` reported only;
+- `--kill`, `--delete-pod` and `--retry-run` as their help below says.
+No execution cache. Writes `DIR/summary.json` (with a `rehearsal` section),
+`DIR/rehearsal.json` (task records), `DIR/run.json` and `DIR/pipeline.yaml` (what
+`--retry-run` reads back).
 """
 # The docstring above is the command's --help.
 
@@ -124,8 +111,7 @@ class KubeflowRehearsal(DagWalk):
     """One rehearsal of a compiled Kubeflow pipeline; `run()` executes it.
 
     Args:
-        spec: The pipeline spec (the YAML's first document).
-        executors: Its Kubernetes settings per executor (the platform document's).
+        spec, executors: The YAML's pipeline spec and Kubernetes settings per executor.
         output: Local folder of the rehearsal (pods/, logs/, store/).
         params: Pipeline parameters as strings, typed by the pipeline's definitions.
         pipeline_root: The s3://, minio:// or gs:// pipeline root.
@@ -207,8 +193,8 @@ class KubeflowRehearsal(DagWalk):
         return result
 
     def _loop_recorded_as(self, record: TaskRecord) -> str:
-        """The name the driver records a loop's execution under: its key from 2.16 on, its
-        display name before (the compiler gave the loop's driver no task name)."""
+        """The name the driver records a loop under: its key from 2.16 on, else its display
+        name."""
         key = record.name.rsplit("/", 1)[-1]
         if self.loops_keyed or record.display_name == key:
             return key
@@ -246,8 +232,7 @@ class KubeflowRehearsal(DagWalk):
         return {"parameters": collected, "artifacts": {}}
 
     def _run_container(self, record, task, component, values, inputs) -> dict[str, Any]:
-        """One container task: its pods, attempt after attempt, as the retry policy allows
-        (one that succeeded before a run retry is kept)."""
+        """One container task: a pod per attempt, as the retry policy allows."""
         earlier = self.earlier.get("tasks", {}).get(record.name, {})
         if earlier.get("phase") == launcher.SUCCEEDED:
             return self._keep(record, earlier)
@@ -319,8 +304,7 @@ class KubeflowRehearsal(DagWalk):
 
     def _run_pod(self, record, pod, planned, container, component, env,
                  deadline: float) -> tuple[str, str]:
-        """Runs the step's command in `pod`; returns Argo's phase of the attempt and, if it
-        did not succeed, why."""
+        """Runs the step's command in `pod`; (Argo's phase of the attempt, why it failed)."""
         placeholders = ir.Placeholders(
             planned, component.get("inputDefinitions", {}).get("parameters", {}),
             record.name, "", self.job, lambda uri: self.pods.step_path(pod, mount_path(uri)))
@@ -349,11 +333,8 @@ def rehearse_kubeflow(path: str, output: str, params: Mapping[str, str] | None =
 
     Args:
         path: The YAML `compile.py --target kubeflow` wrote.
-        output: Local folder of the rehearsal (summary.json, rehearsal.json, run.json,
-            pipeline.yaml, pods/, logs/).
-        params: Pipeline parameters as strings, typed by the pipeline's definitions.
-        **options: `pipeline_root` (required), `runtime`, `secrets`, `kill`, `backend`
-            (see `KubeflowRehearsal`).
+        output, params: As `KubeflowRehearsal` takes them.
+        **options: `pipeline_root` (required), `runtime`, `secrets`, `kill`, `backend`.
 
     Returns:
         The pipeline's own summary (as `run_local` writes it) plus `rehearsal`.
@@ -368,13 +349,12 @@ def rehearse_kubeflow(path: str, output: str, params: Mapping[str, str] | None =
 
 
 def retry_kubeflow(output: str, runtime: str | None = None, **options: Any) -> dict[str, Any]:
-    """Retries the failed run rehearsed in `output` as KFP's run retry does; writes and
-    returns the summary.
+    """Retries the failed run rehearsed in `output` as KFP's run retry does; the summary.
 
     Args:
         output: The failed rehearsal's folder (its run.json and pipeline.yaml).
         runtime: "local" or "image"; None: the run's.
-        **options: `secrets`, `kill` for this pass (see `KubeflowRehearsal`).
+        **options: `secrets`, `kill` for this pass.
 
     Raises:
         RehearsalError: No run there, or a run that did not fail (KFP retries a run whose
@@ -394,8 +374,7 @@ def retry_kubeflow(output: str, runtime: str | None = None, **options: Any) -> d
 
 
 def _finish(runner: KubeflowRehearsal, path: str) -> dict[str, Any]:
-    """Runs the rehearsal; writes its records and run state whatever the end, and the
-    summary when it succeeded."""
+    """Runs the rehearsal; writes its records and run state, and the summary if it succeeded."""
     state = "failed"
     try:
         outputs = runner.run()

@@ -5,14 +5,12 @@ tiny data, against an S3 API (moto's server) and an MLflow server, both on loopb
     python -m tools.rehearsal.kubeflow_demo --data runs/kubeflow/data --output runs/kubeflow
         [--runtime local|image]
 
-The data, the encoder and the pipeline root are on s3://; the steps get their S3
-credentials from a Kubernetes secret (`--storage-secret`, given to the rehearsal), their
-checkpoints go to s3:// (`--checkpoint-root`) and a training step is retried once
-(`--training-retries 1`). The image pipeline's training pod is killed once its first
-checkpoint is in S3; its retry resumes from there. Both runs end with a model version in
-MLflow's registry (alias `challenger`) and a KServe manifest beside the model.
-`make rehearse-kubeflow-images` runs this with every step inside the built images; the
-tests (tests/test_kubeflow_rehearsal.py) run it in this venv.
+Data, encoder, pipeline root and checkpoints are on s3://; the steps' S3 credentials come
+from a Kubernetes secret (`--storage-secret`); a training step is retried once. The image
+pipeline's training pod is killed once its first checkpoint is in S3, and its retry
+resumes from there. Both runs end with a model version in MLflow's registry (alias
+`challenger`) and a KServe manifest beside the model. `make rehearse-kubeflow-images`
+runs it inside the built images; tests/test_kubeflow_rehearsal.py in this venv.
 """
 
 from __future__ import annotations
@@ -67,12 +65,8 @@ def s3_server() -> Iterator[str]:
 
 @contextlib.contextmanager
 def mlflow_server(folder: str) -> Iterator[str]:
-    """`mlflow server` on a free loopback port with a SQLite store: yields its URL.
-
-    Without MLflow's job execution (GenAI evaluation and trace jobs, which nothing here
-    runs): with it, the server starts 7 huey consumer processes that poll the store, ~0.5
-    of a core for as long as the server lives (9.8 CPU s in 20 idle seconds, against 0.04).
-    """
+    """`mlflow server` on a free loopback port with a SQLite store: yields its URL. Without
+    MLflow's job execution, whose 7 idle consumer processes would take half a core."""
     os.makedirs(folder, exist_ok=True)
     port = free_port()
     log_path = os.path.join(folder, "server.log")
@@ -107,12 +101,8 @@ def _wait_healthy(process: subprocess.Popen, url: str, log_path: str) -> None:
 
 def use_store(endpoint: str, setenv: Callable[[str, str], None] = os.environ.__setitem__
               ) -> None:
-    """Points this process (the launcher's side) at the S3 server with its credentials.
-
-    Args:
-        endpoint: The server's URL.
-        setenv: Sets one variable (tests pass pytest's `monkeypatch.setenv`, undone after).
-    """
+    """Points this process (the launcher's side) at the S3 server at `endpoint` with its
+    credentials, each variable set by `setenv` (tests pass `monkeypatch.setenv`)."""
     import fsspec
 
     for name, value in {**CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1",
@@ -138,8 +128,8 @@ def upload(local: str, uri: str) -> None:
 
 
 def stage(folder: str) -> None:
-    """Uploads the tiny data sets and encoder in `folder` (`tools.datamakers.kubeflow_demo_data`
-    writes them) where the parameters name them, and makes the buckets the runs write to."""
+    """Uploads the data in `folder` (`tools.datamakers.kubeflow_demo_data`) where the
+    parameters name it, and makes the buckets the runs write to."""
     for name in ("pets", "docstrings.csv", "tiny"):
         if not os.path.exists(os.path.join(folder, name)):
             raise FileNotFoundError(f"{folder}/{name} is missing: write the data with "
@@ -152,8 +142,7 @@ def stage(folder: str) -> None:
 
 
 def compile_for(endpoint: str, build: str) -> str:
-    """Compiles the Kubeflow YAML against the S3 server (the images `make images-local`
-    tags); returns its folder."""
+    """Compiles the Kubeflow YAML against the S3 server into `build`; returns it."""
     subprocess.run([sys.executable, "compile.py", "--target", "kubeflow", "--output-dir", build,
                     "--s3-endpoint", endpoint, "--storage-secret", SECRET,
                     "--checkpoint-root", "s3://checkpoints/root", "--training-retries", "1",
@@ -171,22 +160,15 @@ def rehearse_both(build: str, output: str, tracking_uri: str, runtime: str = "lo
         output: Local folder of the rehearsals (image/ and transformer/ in it).
         tracking_uri: The MLflow server both runs register in.
         runtime: "local" (this venv) or "image" (every step in the built images).
-        image_params: Image pipeline parameters over IMAGE_PARAMS (tests start from a
-            small DenseNet's weights file).
+        image_params: Image pipeline parameters over IMAGE_PARAMS.
     """
-    secrets = {SECRET: dict(CREDENTIALS)}
-    return {
-        "image": rehearse_kubeflow(
-            os.path.join(build, "image_pipeline.yaml"), os.path.join(output, "image"),
-            {**IMAGE_PARAMS, **(image_params or {}), "tracking_uri": tracking_uri},
-            pipeline_root=ROOT,
-            runtime=runtime, secrets=secrets, kill=[Kill("train-densenet121",
-                                                         FIRST_CHECKPOINT)]),
-        "transformer": rehearse_kubeflow(
-            os.path.join(build, "transformer_pipeline.yaml"),
-            os.path.join(output, "transformer"),
-            {**TRANSFORMER_PARAMS, "tracking_uri": tracking_uri}, pipeline_root=ROOT,
-            runtime=runtime, secrets=secrets)}
+    runs = {"image": ({**IMAGE_PARAMS, **(image_params or {})},
+                      [Kill("train-densenet121", FIRST_CHECKPOINT)]),
+            "transformer": (TRANSFORMER_PARAMS, [])}
+    return {kind: rehearse_kubeflow(
+        os.path.join(build, f"{kind}_pipeline.yaml"), os.path.join(output, kind),
+        {**params, "tracking_uri": tracking_uri}, pipeline_root=ROOT, runtime=runtime,
+        secrets={SECRET: dict(CREDENTIALS)}, kill=kill) for kind, (params, kill) in runs.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,9 @@
 """Open-source KFP's launcher as a rehearsal stands in for it: pods, and the copies in and out.
 
-On open-source KFP nothing is mounted: `/gcs`, `/minio` and `/s3` are plain folders of the
-pod. Before a step, the launcher (backend/src/v2/component/launcher_v2.go) copies each input
-artifact to `LocalPathForURI(uri)` (`s3://B/K` -> `/s3/B/K`); after it, it uploads each
-output artifact from there, only if the step succeeded; output parameters are read from
-`/tmp/kfp/outputs/NAME`. A pod here is a fresh folder per attempt (`Pods`); what a step
-leaves in it is lost with it. An attempt ends in one of Argo's node phases (`Kill`).
+On open-source KFP `/gcs`, `/minio` and `/s3` are plain folders of the pod: the launcher
+(backend/src/v2/component/launcher_v2.go) copies each input artifact to `LocalPathForURI`
+(`s3://B/K` -> `/s3/B/K`) and uploads the outputs from there if the step succeeded; output
+parameters are read from `/tmp/kfp/outputs/NAME`. A pod here is a fresh folder per attempt.
 """
 
 from __future__ import annotations
@@ -18,14 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common.storage import filesystem
-from tools.rehearsal.records import Preemption, RehearsalError
+from tools.rehearsal.records import Preemption, RehearsalError, secret_value
 from tools.rehearsal.runtimes import containers_for, open_mount, start_step, stop, without_gpus
 
 # What a KFP pod's python has between a SIGTERM and its end, whatever the grace period:
-# Argo's emissary (the pod's first process) passes the SIGTERM to its child's whole process
-# group, KFP's launcher (Go, no handler: launcher_v2.go) dies of it, and the emissary reaps
-# it within its 1 s poll and exits; the kernel then kills what is left (argo-workflows
-# v3.6 cmd/argoexec/commands/emissary.go, read from source; a cluster can confirm it).
+# Argo's emissary passes the SIGTERM to its child's group, KFP's launcher (Go, no handler)
+# dies of it, the emissary reaps it within its 1 s poll and exits, the kernel kills the rest
+# (argo-workflows v3.6 cmd/argoexec/commands/emissary.go, read from source).
 KFP_POD_GRACE_S = 1.0
 # KFP's LocalPathForURI: the pod folder an object store URI is copied to.
 MOUNTS = {"gs://": "/gcs/", "minio://": "/minio/", "s3://": "/s3/"}
@@ -111,12 +108,7 @@ class ObjectStore:
 
 
 class Pods:
-    """Where a task's attempts run, each in a pod folder of its own.
-
-    Args:
-        kind: One of `runtimes.RUNTIMES`.
-        output: The rehearsal's folder (pods/ and logs/ are made in it).
-    """
+    """Where a task's attempts run, each in a pod folder of its own under `output`/pods/."""
 
     def __init__(self, kind: str, output: str) -> None:
         self.containers = containers_for(kind)
@@ -138,8 +130,7 @@ class Pods:
         return pod
 
     def hand_over(self, pod: str) -> None:
-        """Makes what the launcher wrote in `pod` the step's: KFP's launcher runs in the
-        step's container as its user; here it wrote as this process's (root, in images)."""
+        """Makes what the launcher wrote in `pod` the step's user's (KFP's launcher runs as it)."""
         if self.containers:
             open_mount(pod)
 
@@ -154,9 +145,8 @@ class Pods:
     def run(self, pod: str, command: list[str], env: Mapping[str, str], image: str,
             log_path: str, deadline: float, rule: Kill | None,
             store: ObjectStore) -> tuple[str, str]:
-        """Runs the step's command in `pod` until it ends, its `activeDeadlineSeconds`
-        pass or `rule` ends it; returns Argo's phase of the attempt and, unless it
-        succeeded, why."""
+        """Runs the step's command in `pod` until it ends, its deadline passes or `rule` ends
+        it; (Argo's phase of the attempt, why it did not succeed)."""
         proc = start_step(command, env, log_path,
                           {os.path.join(pod, name): "/" + name for name in POD_FOLDERS},
                           self.containers, image)
@@ -166,8 +156,7 @@ class Pods:
             if deadline and time.monotonic() - started > deadline:
                 stop(proc)
                 return FAILED, f"activeDeadlineSeconds {deadline:.0f} passed"
-            # every turn: a tiny model's epoch takes ~0.2 s, and a kill meant for after
-            # the first checkpoint must land before the attempt finishes
+            # every turn: a kill meant for after a tiny model's first checkpoint must land
             if rule and store.matches(rule.pattern):
                 rule.done = True
                 stop(proc, 0 if rule.deleted else KFP_POD_GRACE_S)
@@ -204,19 +193,13 @@ def pod_env(container: Mapping[str, Any], settings: Mapping[str, Any],
     """The step's environment: the container's own, then its secrets' keys.
 
     Raises:
-        RehearsalError: A secret (or key) the pod needs is not given: on a cluster the
-            pod would not start (CreateContainerConfigError).
+        RehearsalError: A secret (or key) the pod needs is not given (`secret_value`).
     """
     env = without_gpus({e["name"]: e["value"] for e in container.get("env", [])})
     for mount in settings.get("secretAsEnv", []):
-        name = mount["secretName"]
         for pair in mount["keyToEnv"]:
-            value = secrets.get(name, {}).get(pair["secretKey"])
-            if value is None and not mount.get("optional"):
-                raise RehearsalError(
-                    f"{task}: the pod reads key {pair['secretKey']!r} of secret {name!r}, "
-                    f"which the namespace does not hold: pass --secret "
-                    f"{name}={pair['secretKey']}=VALUE")
+            value = secret_value(secrets, mount["secretName"], pair["secretKey"],
+                                 mount.get("optional", False), f"{task}: the pod")
             if value is not None:
                 env[pair["envVar"]] = value
     return env

@@ -16,6 +16,21 @@ class RehearsalError(RuntimeError):
     """The compiled pipeline cannot run as Vertex would run it; the message says where."""
 
 
+def secret_value(secrets: Mapping[str, Mapping[str, str]], name: str, key: str,
+                 optional: bool, reader: str) -> str | None:
+    """Key `key` of secret `name` in the namespace's `secrets`; None if optional and missing.
+
+    Raises:
+        RehearsalError: A required secret or key is missing (the pod would not start).
+    """
+    value = secrets.get(name, {}).get(key)
+    if value is None and not optional:
+        raise RehearsalError(f"{reader} reads key {key!r} of secret {name!r}, which the "
+                             "namespace does not hold: its pod would not start "
+                             f"(CreateContainerConfigError): pass --secret {name}={key}=VALUE")
+    return value
+
+
 @dataclasses.dataclass
 class TaskRecord:
     """What the rehearsal reports of one task (`summary.json`'s `rehearsal.tasks`)."""
@@ -44,17 +59,8 @@ class ArtifactRef:
     @classmethod
     def of(cls, artifact: dict[str, Any], path: str, uri: str | None = None,
            metadata: dict[str, Any] | None = None) -> ArtifactRef:
-        """The artifact an executor input lists (`{"name", "type", "uri", ...}`).
-
-        Args:
-            artifact: One entry of an executor input's `artifacts` list.
-            path: The local file or folder behind its URI.
-            uri: The URI the task wrote, when it changed the planned one.
-            metadata: Its metadata (none by default, as for a planned output).
-
-        Returns:
-            The reference.
-        """
+        """The artifact an executor input lists (`{"name", "type", "uri", ...}`) at local
+        `path`; `uri` and `metadata` as the task updated them (default: planned, none)."""
         return cls(name=artifact["name"], uri=artifact["uri"] if uri is None else uri,
                    schema_title=artifact["type"]["schemaTitle"],
                    metadata={} if metadata is None else metadata, path=path)
@@ -62,8 +68,7 @@ class ArtifactRef:
 
 @dataclasses.dataclass
 class Preemption:
-    """Kill the first replica (or attempt) of `task` once a file matching `pattern` exists,
-    once."""
+    """Kill the first replica (or attempt) of `task` once a file matching `pattern` exists."""
 
     task: str
     pattern: str
@@ -113,8 +118,7 @@ def pipeline_summary(spec: dict[str, Any], outputs: dict[str, Any]) -> dict[str,
 
 
 def registration(decided: Mapping[str, Any], records: list[TaskRecord]) -> dict[str, Any]:
-    """The Kubeflow summary's `registration`: the gate's decision, and what the run
-    registered."""
+    """The Kubeflow summary's `registration`: the gate's decision, what the run registered."""
     states = {r.display_name: r for r in records}
     registered = getattr(states.get("register-model"), "state", "") == "succeeded"
     skipped = states.get("no-registry")

@@ -42,21 +42,16 @@ BUILDAH = ("buildah", "--storage-driver", "vfs")
 
 
 def without_gpus(env: Mapping[str, str]) -> dict[str, str]:
-    """A job's variables as a step on this machine gets them: the job's machines have GPUs,
-    this one has none, so the count a GPU step holds itself to is 0 here (the check itself
-    is tested with counts it cannot see: tests/test_gpus.py)."""
+    """A job's variables with the GPU count a step holds itself to set to 0: the job's
+    machines have GPUs, this one has none (the check: tests/test_gpus.py)."""
     from components.common.gpus import EXPECTED_GPUS_VARIABLE
 
     return {**env, EXPECTED_GPUS_VARIABLE: "0"} if EXPECTED_GPUS_VARIABLE in env else dict(env)
 
 
 def open_mount(folder: str) -> None:
-    """Gives every file under the stand-in for /gcs the modes of a shared FUSE mount.
-
-    gcsfuse shows every object with its mount's one mode, whoever wrote it; Vertex's KFP
-    executor writes there as the image's user, so the stand-in is writable to all (0777
-    folders, 0666 files), files root staged here included.
-    """
+    """Gives every file under the stand-in for /gcs the modes of a shared FUSE mount
+    (gcsfuse shows one mode, whoever wrote it): 0777 folders, 0666 files."""
     for root, _, files in os.walk(folder):
         os.chmod(root, 0o777)
         for name in files:
@@ -68,10 +63,9 @@ def open_mount(folder: str) -> None:
 class ImageContainers:
     """Runs steps inside locally built images (`make images-local`) with buildah.
 
-    One working container per image per rehearsal (vfs copies a whole image per container,
-    minutes for the fastai one), so steps of one image share its filesystem outside /gcs;
-    on Vertex each job starts from the image afresh. Steps run as the image's user, with
-    chroot isolation on the host's network (loopback TF_CONFIG addresses work).
+    One working container per image per rehearsal (vfs copies a whole image per container):
+    steps of one image share its filesystem outside /gcs, unlike on Vertex. Steps run as the
+    image's user, chroot-isolated on the host's network (loopback TF_CONFIG addresses work).
     """
 
     def __init__(self) -> None:
@@ -121,23 +115,16 @@ class ImageContainers:
 
 
 def containers_for(kind: str) -> ImageContainers | None:
-    """The containers steps of runtime `kind` run in (None: here, as processes of this venv).
-
-    Raises:
-        RehearsalError: `kind` is not one of `RUNTIMES`.
-    """
+    """The containers steps of runtime `kind` run in (None: here); refuses a kind not in
+    `RUNTIMES` (RehearsalError)."""
     if kind not in RUNTIMES:
         raise RehearsalError(f"--runtime must be one of {RUNTIMES}, got {kind!r}")
     return ImageContainers() if kind == "image" else None
 
 
 class Runtime:
-    """Where one rehearsal's steps run and the paths they see.
-
-    Args:
-        kind: One of `RUNTIMES`.
-        output: The rehearsal's folder (absolute); gcs/ and logs/ are in it.
-    """
+    """Where one rehearsal's steps run (`kind`, one of `RUNTIMES`) and the paths they see
+    (gcs/ and logs/ in the rehearsal's absolute folder `output`)."""
 
     def __init__(self, kind: str, output: str) -> None:
         self.containers = containers_for(kind)
@@ -176,14 +163,12 @@ class Runtime:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        """Makes gcs/; inside images also serves it through the Cloud Storage API emulator
-        and removes the working containers at the end."""
+        """Makes gcs/; inside images serves it through the API emulator, removes containers."""
         os.makedirs(self.gcs, exist_ok=True)
         if not self.containers:
             yield
             return
-        # Raw inputs are read through the Cloud Storage API: an emulator holding what
-        # gcs/ holds now (later outputs are read back through /gcs, as on Vertex).
+        # Raw inputs are read through the API, later outputs through /gcs (as on Vertex).
         api, url = gcs_api.start_emulator(self.logs)
         count = gcs_api.seed(url, self.gcs)
         self.containers.env = {"STORAGE_EMULATOR_HOST": url}
@@ -204,11 +189,10 @@ def step_env(variables: Mapping[str, str], mounts: Mapping[str, str],
              python_path: Sequence[str] = ()) -> dict[str, str]:
     """The environment of a step's process run here (`--runtime local`).
 
-    This process's variables but `NOT_INHERITED*`; over them `PYTHONUNBUFFERED=1` (its log
-    written as it goes) and the job's `variables`; over those what stands in here for the
-    step's image: `PATH` with this venv's bin/ first, `PYTHONPATH` of `python_path`,
-    step_site/ and the repository, `TMPDIR` the folder mounted at /tmp, and `MOUNTS_ENV` the
-    others (step_site/sitecustomize.py points KFP's mount prefixes at them).
+    This process's variables but `NOT_INHERITED*`, `PYTHONUNBUFFERED=1`, the job's
+    `variables`, then what stands in for the image: `PATH` with this venv's bin/ first,
+    `PYTHONPATH` (`python_path`, step_site/, the repository), `TMPDIR` the folder mounted at
+    /tmp and `MOUNTS_ENV` the others (step_site/sitecustomize.py reads them).
 
     Args:
         variables: What its job gives it (container env, secrets' keys, CLUSTER_SPEC, ...).
@@ -232,13 +216,11 @@ def start_step(command: list[str], variables: Mapping[str, str], log_path: str,
 
     Args:
         command: Its command line.
-        variables: What its job gives it.
+        variables, mounts, python_path: As `step_env` takes them.
         log_path: Its log file (its folder is made).
-        mounts: Local folder -> the path the step has it at.
-        containers: Where `--runtime image` runs it, in `image`, with `mounts` mounted and
-            `variables` over the image's own environment; None: here, with `step_env`.
+        containers: Where `--runtime image` runs it, in `image`, with `mounts` mounted;
+            None: here, with `step_env`.
         image: Its image.
-        python_path: Folders put first on its PYTHONPATH here.
 
     Returns:
         The process, in a session of its own (`stop` ends it with what it started).
@@ -265,16 +247,12 @@ def stop(process: subprocess.Popen, grace: float = 0.0) -> None:
     preemption, a node shut down gracefully)."""
     if grace:
         _signal_group(process, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
     _signal_group(process, signal.SIGKILL)  # what is left of the group
     process.wait()
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        pass

@@ -32,11 +32,8 @@ _ARTIFACT = re.compile(
 
 
 def typed_value(value: Any, parameter_type: str) -> Any:
-    """A parameter value as Vertex hands it to a task (JSON numbers are floats in the spec).
-
-    Values from the spec (defaults, constants) are JSON already; text typed on a command
-    line is read by `pipelines.params.parse_value` instead (see `pipeline_inputs`).
-    """
+    """A value of the spec (JSON already: numbers are floats) as Vertex hands it to a task;
+    command-line text goes through `pipelines.params.parse_value` instead."""
     if value is None:
         return None
     if parameter_type == "NUMBER_INTEGER":
@@ -49,30 +46,24 @@ def typed_value(value: Any, parameter_type: str) -> Any:
 
 
 def render(value: Any) -> str:
-    """A parameter value inside a command line, as the backend writes it: strings raw,
-    everything else as JSON with whole numbers written without a fraction (protobuf
-    numbers are doubles; Go's formatting of 100.0 is `100`)."""
-    def whole(v: Any) -> Any:
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        if isinstance(v, list):
-            return [whole(x) for x in v]
-        if isinstance(v, dict):
-            return {k: whole(x) for k, x in v.items()}
-        return v
+    """A parameter value in a command line as the backend writes it: strings raw, the rest
+    JSON with whole numbers without a fraction (Go's formatting of the double 100.0)."""
+    return value if isinstance(value, str) else json.dumps(_map_leaves(
+        value, lambda v: int(v) if isinstance(v, float) and v.is_integer() else v))
 
-    return value if isinstance(value, str) else json.dumps(whole(value))
+
+def _map_leaves(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`value` with `leaf` applied to each value inside its lists and dicts."""
+    if isinstance(value, list):
+        return [_map_leaves(v, leaf) for v in value]
+    if isinstance(value, dict):
+        return {k: _map_leaves(v, leaf) for k, v in value.items()}
+    return leaf(value)
 
 
 def pipeline_inputs(spec: Mapping[str, Any], params: Mapping[str, str]) -> dict[str, Any]:
-    """The pipeline's parameter values: those given as text, typed, else the defaults.
-
-    Args:
-        spec: The compiled pipeline.
-        params: Parameter values as typed on the command line.
-
-    Returns:
-        A value for every parameter that has one (optional ones without a default omitted).
+    """The pipeline's parameter values: `params` (text of the command line) typed, else
+    the defaults (optional ones without a default omitted).
 
     Raises:
         RehearsalError: An unknown parameter, a value not of its type, or a required
@@ -143,28 +134,18 @@ def topological_order(tasks: Mapping[str, dict[str, Any]]) -> list[str]:
 
 def dag_outputs(component: Mapping[str, Any],
                 results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    """A DAG component's outputs, picked from its tasks' results as its spec selects them.
-
-    Args:
-        component: The DAG component (the pipeline's root or a `dsl.If` branch).
-        results: Each task's `{"parameters", "artifacts"}` (a skipped task's are empty).
-
-    Returns:
-        `{"parameters", "artifacts"}`: output name -> value or artifact, for each output a
-        task produced.
-    """
+    """A DAG component's outputs (`{"parameters", "artifacts"}`), picked from its tasks'
+    `results` (a skipped task's are empty) as its spec selects them."""
     outputs: dict[str, dict[str, Any]] = {"parameters": {}, "artifacts": {}}
     selected = component["dag"].get("outputs", {})
-    for key, selector in selected.get("artifacts", {}).items():
-        chosen = selector["artifactSelectors"][0]
-        produced = results.get(chosen["producerSubtask"], {}).get("artifacts", {})
-        if chosen["outputArtifactKey"] in produced:
-            outputs["artifacts"][key] = produced[chosen["outputArtifactKey"]]
-    for key, selector in selected.get("parameters", {}).items():
-        chosen = selector["valueFromParameter"]
-        produced = results.get(chosen["producerSubtask"], {}).get("parameters", {})
-        if chosen["outputParameterKey"] in produced:
-            outputs["parameters"][key] = produced[chosen["outputParameterKey"]]
+    for kind, pick, output_key in (
+            ("artifacts", lambda s: s["artifactSelectors"][0], "outputArtifactKey"),
+            ("parameters", lambda s: s["valueFromParameter"], "outputParameterKey")):
+        for key, selector in selected.get(kind, {}).items():
+            chosen = pick(selector)
+            produced = results.get(chosen["producerSubtask"], {}).get(kind, {})
+            if chosen[output_key] in produced:
+                outputs[kind][key] = produced[chosen[output_key]]
     return outputs
 
 
@@ -193,17 +174,12 @@ class PipelineJob:
 
     def resolve_system(self, value: Any) -> Any:
         """Resolves `{{$.pipeline_*}}` inside parameter values, as Vertex does at run time."""
-        if isinstance(value, str):
-            def sub(match: re.Match) -> str:
-                body = match.group("body")
-                resolved = self.system(body[1:]) if body.startswith(".pipeline_") else None
-                return match.group(0) if resolved is None else resolved
-            return _PLACEHOLDER.sub(sub, value)
-        if isinstance(value, list):
-            return [self.resolve_system(v) for v in value]
-        if isinstance(value, dict):
-            return {k: self.resolve_system(v) for k, v in value.items()}
-        return value
+        def sub(match: re.Match) -> str:
+            body = match.group("body")
+            resolved = self.system(body[1:]) if body.startswith(".pipeline_") else None
+            return match.group(0) if resolved is None else resolved
+
+        return _map_leaves(value, lambda v: _PLACEHOLDER.sub(sub, v) if isinstance(v, str) else v)
 
 
 def task_inputs(task: Mapping[str, Any], component: Mapping[str, Any],
@@ -213,10 +189,8 @@ def task_inputs(task: Mapping[str, Any], component: Mapping[str, Any],
     """A task's input parameter values and artifacts, as Vertex hands them to it.
 
     Args:
-        task: The task in its DAG.
-        component: The component it runs.
-        parameters: The enclosing DAG's parameter values.
-        artifacts: The enclosing DAG's input artifacts.
+        task, component: The task in its DAG and the component it runs.
+        parameters, artifacts: The enclosing DAG's parameter values and input artifacts.
         results: The outputs of the tasks that ran before it in that DAG.
         job: The pipeline job (system placeholders in values are resolved).
 
@@ -274,15 +248,11 @@ def planned_executor_input(component: Mapping[str, Any], values: Mapping[str, An
 
     Args:
         component: The component the task runs.
-        values: Its input parameter values.
-        inputs: Its input artifacts (`ArtifactRef`s).
+        values, inputs: Its input parameter values and artifacts (`ArtifactRef`s).
         task_root: The remote folder its output artifacts go to (`<root>/<output>`).
-        artifact_name: An output artifact's resource name, from its output key.
-        parameter_file: The file an output parameter is written to, from its key.
+        artifact_name, parameter_file: An output's resource name, and an output parameter's
+            file, from its key.
         output_file: The executor output file (as the step sees it).
-
-    Returns:
-        The executor input, as JSON-able dicts.
     """
     outputs = component.get("outputDefinitions", {})
     return {
@@ -318,12 +288,8 @@ class Placeholders:
     step_path: Callable[[str], str]  # a gs:// URI as the step sees it
 
     def resolve(self, text_value: str) -> str:
-        """Resolves every placeholder of one command-line item.
-
-        Parameter values are inserted verbatim and the executor placeholders they carry
-        (GCPC's payload holds the wrapped component's `{{$.json_escape[1]}}`) are
-        resolved in them once; a placeholder left over is an error.
-        """
+        """Resolves every placeholder of one command-line item; those a parameter value
+        carries (GCPC's payload: `{{$.json_escape[1]}}`) once; one left over is an error."""
         executor_json = json.dumps(self.executor_input)
 
         def one(match: re.Match, nested: bool = False) -> str:
@@ -411,16 +377,14 @@ def read_task_outputs(component: Mapping[str, Any], executor_input: Mapping[str,
     """What a finished task wrote, read as the backend reads it.
 
     Args:
-        component: The component it ran.
-        executor_input: Its executor input (the planned outputs).
+        component, executor_input: The component it ran and its executor input.
         output_file: The local executor output file (none written: nothing updated).
         parameter_file: The local file of an output parameter, from its key.
         artifact_path: The local file or folder behind an output artifact's URI.
 
     Returns:
-        `{"parameters", "artifacts"}`: the executor output's parameter values, else each
-        output file's text (typed unless a string); artifacts with the URI and metadata
-        the executor output gives them.
+        `{"parameters", "artifacts"}`: the executor output's values, else each output
+        file's text (typed unless a string); artifacts as the executor output updates them.
     """
     written = read_json(output_file, optional=True) or {}
     artifacts = {}

@@ -6,13 +6,11 @@
     run.start()
     outcome = run.wait(timeout=600)
 
-Each of `spec.trainer.numNodes` nodes runs `command` + `args` through `runtimes.start_step`
-with the container's `env` (secretKeyRef from `secrets`), the `PET_*` variables of Trainer's
-torch plugin (`pkg/runtime/framework/plugins/torch/torch.go`; master 127.0.0.1 and a free
-port here), `KUBECONFIG` of the stub given, a `TMPDIR` of its own and `OMP_NUM_THREADS=1`.
-A node that exits non-zero restarts in place (JobSet's `restartPolicy: OnFailure`) until
-Kubernetes' `backoffLimit` (`BACKOFF_LIMIT`) is passed. Not modelled: the scheduler, images,
-pod networking and DNS, `resourcesPerNode`, `runtimePatches`.
+Each of `spec.trainer.numNodes` nodes runs `command` + `args` (`runtimes.start_step`) with
+the container's `env`, the `PET_*` variables of Trainer's torch plugin (master 127.0.0.1 and
+a free port), `KUBECONFIG` of the stub given, a `TMPDIR` of its own, `OMP_NUM_THREADS=1`.
+A node that exits non-zero restarts in place (JobSet's OnFailure) until `BACKOFF_LIMIT` is
+passed. Not modelled: the scheduler, images, networking, `resourcesPerNode`, `runtimePatches`.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from typing import Any
 
 from components.trainjob.contract import PET_VARIABLES
 from tools.rehearsal.gcs_api import free_port
-from tools.rehearsal.records import RehearsalError
+from tools.rehearsal.records import RehearsalError, secret_value
 from tools.rehearsal.runtimes import start_step, stop
 
 COMPLETE, FAILED, DELETED = "Complete", "Failed", "Deleted"  # the TrainJob's conditions, gone
@@ -38,35 +36,12 @@ BACKOFF_LIMIT = 6
 
 @dataclasses.dataclass
 class JobOutcome:
-    """How a played TrainJob ended.
+    """How a played TrainJob ended."""
 
-    Attributes:
-        state: `Complete`, `Failed` or `Deleted`.
-        reason: Why it failed (a node's last failure past the back-off limit, or the
-            deadline) or was deleted; empty when complete.
-        exit_codes: Each node's exit status (negative: the signal that ended it; None:
-            still running when the job was stopped, then killed).
-        seconds: Wall seconds from start to end.
-    """
-
-    state: str
-    reason: str
-    exit_codes: list[int | None]
+    state: str  # Complete, Failed or Deleted
+    reason: str  # why it failed or was deleted; empty when complete
+    exit_codes: list[int | None]  # negative: the signal; None: running when stopped
     seconds: float
-
-
-def secret_value(secrets: Mapping[str, Mapping[str, str]], ref: Mapping[str, Any]) -> str | None:
-    """The value of a `secretKeyRef`, or None where an optional one is missing.
-
-    Raises:
-        RehearsalError: A required secret or key is missing (the pod would not start).
-    """
-    value = secrets.get(ref["name"], {}).get(ref["key"])
-    if value is None and not ref.get("optional"):
-        raise RehearsalError(f"the node reads key {ref['key']!r} of secret {ref['name']!r}, "
-                             "which the namespace does not hold: its pod would not start "
-                             "(CreateContainerConfigError)")
-    return value
 
 
 def container_env(trainer: Mapping[str, Any], secrets: Mapping[str, Mapping[str, str]]
@@ -81,7 +56,9 @@ def container_env(trainer: Mapping[str, Any], secrets: Mapping[str, Mapping[str,
         if "secretKeyRef" not in source:
             raise RehearsalError(f"env {entry['name']}: only values and secretKeyRef are "
                                  f"played here, got {source}")
-        value = secret_value(secrets, source["secretKeyRef"])
+        ref = source["secretKeyRef"]
+        value = secret_value(secrets, ref["name"], ref["key"], ref.get("optional", False),
+                             "the node")
         if value is not None:
             env[entry["name"]] = value
     return env
@@ -101,11 +78,9 @@ class TrainJobRun:
 
     Args:
         manifest: The TrainJob (camelCase keys, as the launcher creates it).
-        folder: Local folder of this job: `node-<i>/tmp` (each node's TMPDIR) and
-            `node-<i>.log` (its output; `node-<i>.restart<r>.log` after a restart).
+        folder: Local folder of this job: `node-<i>/tmp` (TMPDIR) and `node-<i>.log`.
         secrets: The namespace's secrets: name -> key -> value.
-        python_path: Folders put first on the nodes' PYTHONPATH (tests put a
-            sitecustomize.py there); nothing of this process's PYTHONPATH is kept.
+        python_path: Folders put first on the nodes' PYTHONPATH (tests' sitecustomize.py).
         node_env: Variables of one node (by index) over its others (a test's hooks).
         kubeconfig: The API the nodes' service account reaches; empty: none.
     """
@@ -130,9 +105,8 @@ class TrainJobRun:
         self.last_exit: list[int | None] = [None] * self.nodes  # its exit before the restart
         self.killed: set[int] = set()
         self.kill_rule: tuple[int, Callable[[], bool]] | None = None
-        # CPU seconds of the processes the nodes had started (torch's workers), sampled as
-        # each node's group was killed: killed with it, nobody here reaps them (a node
-        # process's own, and what it reaped, count in this process's RUSAGE_CHILDREN).
+        # CPU seconds of the nodes' own children (torch's workers), sampled as each group
+        # was killed: nobody here reaps them, so RUSAGE_CHILDREN misses them.
         self.killed_cpu_seconds = 0.0
         self.started = 0.0
         self.outcome: JobOutcome | None = None
@@ -260,9 +234,8 @@ class TrainJobRun:
                  "reason": "JobsCompleted" if outcome.state == COMPLETE else "FailedJobs"}]
 
     def pod_statuses(self) -> list[dict[str, Any]]:
-        """Each node's pod `status` now, as the kubelet reports it: its phase, and its
-        `node` container's state, restartCount and last state (exit codes as a
-        container's: 128 + the signal that killed it)."""
+        """Each node's pod `status` now, as the kubelet reports it (phase, the `node`
+        container's state, restartCount and last state)."""
         self.poll()
         statuses = []
         for index, process in enumerate(self.processes):
@@ -281,8 +254,7 @@ class TrainJobRun:
         """Waits for the job's end.
 
         Raises:
-            RehearsalError: The job did not end within `timeout` seconds (every node is
-                killed first).
+            RehearsalError: It did not end within `timeout` seconds (its nodes killed first).
         """
         ends = time.monotonic() + timeout
         try:
@@ -303,8 +275,7 @@ def _terminated(code: int) -> dict[str, Any]:
 
 
 def _group_cpu_seconds(group: int) -> float:
-    """CPU seconds (their own and their reaped children's) of the processes in process
-    group `group` other than its leader, from /proc; 0 where there is no /proc."""
+    """CPU seconds of group `group`'s processes but its leader, from /proc (0 without)."""
     ticks = 0
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not entry.isdigit() or int(entry) == group:

@@ -53,9 +53,8 @@ class DagWalk:
 
     def _find_producers(self, record: TaskRecord, task: dict[str, Any],
                         results: dict[str, dict]) -> None:
-        """The driver looks each producer up by its task key among the executions recorded
-        in the DAG; one recorded under another name (`recorded_as` in its result) is not
-        found, and the task fails."""
+        """Fails the task if a producer was recorded under another name than its task key
+        (`recorded_as`): the driver looks producers up by key."""
         inputs = task.get("inputs", {})
         for source in (*inputs.get("parameters", {}).values(),
                        *inputs.get("artifacts", {}).values()):

@@ -1,14 +1,9 @@
-"""Loaded only by the step processes `rehearsal` starts (it puts this folder on
-PYTHONPATH): points KFP's mount prefixes at the rehearsal's stand-in folders, so
-`artifact.path` and `components.common.storage.local_path` land there. On Vertex, the
-Cloud Storage FUSE prefix (`/gcs/`) is the rehearsal's gcs/ folder; on open-source KFP,
-`/gcs/`, `/minio/` and `/s3/` are folders of the pod, which a rehearsal makes afresh for
-each attempt. Nothing else changes; outside a rehearsal this file is never imported.
+"""Loaded only by the step processes `rehearsal` starts (this folder is on their
+PYTHONPATH): points KFP's mount prefixes (`/gcs/`, `/minio/`, `/s3/`) at the rehearsal's
+stand-in folders, so `artifact.path` and `storage.local_path` land there.
 
-A step's process ends once its outputs are written: at exit (this handler, registered
-first, runs last) every object leaves the garbage collector's reach, so that teardown
-skips its full collections (~2 s in a process that imported torch or TensorFlow, against
-~0.3 s; tests/site/sitecustomize.py does the same for the tests' other processes).
+At exit (this handler, registered first, runs last) every object leaves the garbage
+collector's reach, so teardown skips its full collections (~2 s after torch or TensorFlow).
 """
 
 import atexit
