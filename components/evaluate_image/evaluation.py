@@ -24,6 +24,7 @@ from components.common.metrics import (
 )
 from components.common.report_html import REPORT_HTML_FILE
 from components.common.storage import read_json, write_text_atomically
+from components.evaluate_image.contract import settings_problems
 from components.evaluate_image.report import image_report
 from components.formats.image_models import load_keras_model
 from components.formats.shards import make_dataset
@@ -163,6 +164,8 @@ def evaluate_image_model(
             classes, image size or example count.
         FileNotFoundError: `dataset_dir` has no manifest.
     """
+    if problems := settings_problems(batch_size):
+        raise EvaluationError("; ".join(problems))
     class_names = load_class_names(model_dir)
     manifest = read_manifest(dataset_dir)
     # Fail on a class mismatch before paying for loading the model.
@@ -172,8 +175,6 @@ def evaluate_image_model(
         raise EvaluationError(f"{path} not found: {model_dir!r} is not a trained model folder")
     model = load_keras_model(path, compile=False)
     history = read_json(os.path.join(model_dir, HISTORY_FILE), optional=True)
-    if batch_size < 1:
-        raise EvaluationError(f"batch_size must be >= 1, got {batch_size}")
     if split not in manifest["splits"]:
         raise EvaluationError(f"split must be one of {sorted(manifest['splits'])}, got {split!r}")
     expected = manifest["splits"][split]["count"]

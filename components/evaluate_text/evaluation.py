@@ -19,6 +19,7 @@ from components.common.metrics import (
 )
 from components.common.report_html import REPORT_HTML_FILE
 from components.common.storage import read_json, write_text_atomically
+from components.evaluate_text.contract import settings_problems
 from components.evaluate_text.report import text_report
 
 
@@ -48,12 +49,15 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
         tuned on validation) and `baseline` (empty when not asked for).
 
     Raises:
-        ValueError: The split is empty or the labels disagree.
+        ValueError: Settings `settings_problems` refuses, an empty split, or labels that
+            disagree.
     """
     from components.prepare_text.contract import read_manifest, read_split
     from components.text_common.contract import TRAINING_METRICS_FILE, read_labels
     from components.text_common.models import load_text_model
 
+    if problems := settings_problems(split, batch_size):
+        raise ValueError("; ".join(problems))
     info = read_labels(model_dir)
     manifest = read_manifest(dataset_dir)
     labels = info["labels"]
