@@ -456,6 +456,18 @@ def test_missing_model_files_fail_clearly(rgb_dataset, tmp_path):
         evaluate_image_model(str(tmp_path), str(rgb_dataset), str(tmp_path / "o"))
 
 
+def test_settings_an_evaluation_refuses_are_refused_before_it_reads_anything(tmp_path):
+    """The rules the preflight holds the pipeline's eval_* parameters to (`contract`)."""
+    from components.evaluate_image.evaluation import EvaluationError, evaluate_image_model
+    from components.evaluate_text.evaluation import evaluate_text_model
+
+    with pytest.raises(EvaluationError, match="^batch_size must be >= 1, got 0$"):
+        evaluate_image_model(str(tmp_path), str(tmp_path), str(tmp_path / "o"), batch_size=0)
+    with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got 0; split must be one "
+                                         r"of \['train', 'validation', 'test'\], got 'dev'$"):
+        evaluate_text_model(str(tmp_path), str(tmp_path), str(tmp_path / "o"), "dev", None, 0)
+
+
 # --------------------------------------------------------------------------- KFP component
 
 

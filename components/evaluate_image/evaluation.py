@@ -1,9 +1,5 @@
-"""Evaluate a trained image classifier on one split of a sharded dataset.
-
-The model folder holds `model.keras` (tf-keras, not Keras 3, whose `fit` fails under
-MultiWorkerMirroredStrategy: keras-team/keras#20585; float32 pixels 0..255 in, softmax
-out) and `labels.json`. Writes `metrics.json`, `report.md` and `report.html`.
-"""
+"""Evaluates a trained image classifier (tf-keras: Keras 3's `fit` fails under
+MultiWorkerMirroredStrategy, keras-team/keras#20585) on one split of a sharded dataset."""
 
 from __future__ import annotations
 

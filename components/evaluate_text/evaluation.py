@@ -1,8 +1,5 @@
-"""Evaluation of a trained text classifier on one split of a prepared dataset.
-
-Multi-label models are scored at their fixed threshold and at the per-label thresholds
-tuned on validation, side by side. Only `fastai.text` is imported (never `fastai.vision`).
-"""
+"""Evaluates a trained text classifier on one split of a prepared dataset (multi-label: at
+the fixed and the tuned thresholds). Only `fastai.text` is imported, never `fastai.vision`."""
 
 from __future__ import annotations
 

@@ -55,20 +55,16 @@ def input_fingerprints(kind: str, parameters: Mapping[str, Any]) -> dict[str, st
 _SERVICE_ACCOUNT = re.compile(r"^[a-z0-9][a-z0-9-]*@[a-z0-9][a-z0-9.-]*\.gserviceaccount\.com$")
 
 
-def check_job_account(parameters: Mapping[str, Any]) -> None:
-    """Refuses a job service account, not empty, that is no service account e-mail."""
+def _check_accounts(parameters: Mapping[str, Any]) -> None:
+    """Refuses a job_service_account that is no service account e-mail, and an empty one
+    with a TensorBoard compiled in (Vertex refuses it when the first training job starts)."""
     account = str(parameters.get("job_service_account", "") or "")
     if account and not _SERVICE_ACCOUNT.match(account):
         raise PreflightError(
             f"job_service_account {account!r} is not a service account e-mail "
             "(NAME@PROJECT.iam.gserviceaccount.com); leave it empty for Vertex's default")
-
-
-def check_tensorboard_account(parameters: Mapping[str, Any]) -> None:
-    """Refuses a TensorBoard (compiled in) with an empty job_service_account, which Vertex
-    refuses when the first training job starts."""
     tensorboard = str(parameters.get("tensorboard", "") or "")
-    if tensorboard and not str(parameters.get("job_service_account", "") or ""):
+    if tensorboard and not account:
         raise PreflightError(
             f"job_service_account is empty, but this pipeline was compiled with --tensorboard "
             f"{tensorboard} and Vertex refuses TensorBoard uploads from jobs without a "
@@ -98,8 +94,7 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     if kind not in CHECKS:
         raise PreflightError(f"unknown pipeline kind {kind!r}; known: {sorted(CHECKS)}")
     CHECKS[kind](parameters)
-    check_job_account(parameters)
-    check_tensorboard_account(parameters)
+    _check_accounts(parameters)
     # Both text kinds label a CSV of texts.
     check_predict_uri(str(parameters.get("predict_uri", "")),
                       "image" if kind == "image" else "text",

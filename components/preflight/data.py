@@ -126,7 +126,7 @@ def check_predict_uri(uri: str, kind: str, text_column: str = "text") -> None:
         if not fs.isfile(path):
             raise PreflightError(f"predict_uri {uri!r} is not a file: give the CSV of texts "
                                  "to label (with the training text column), or leave it empty")
-        check_predict_csv(uri, *_head(fs, path), text_column)
+        _check_predict_csv(uri, *_head(fs, path), text_column)
         return
     if fs.isfile(path):
         return
@@ -154,18 +154,8 @@ def _head(fs, path: str) -> tuple[bytes, bool]:
     return head[:len(head) - _cut_tail(head)], True
 
 
-def check_predict_csv(uri: str, head: bytes, cut: bool, text_column: str) -> None:
-    """Refuses a CSV of texts to label from its first bytes.
-
-    Args:
-        uri: Its URI (named in the message).
-        head: Its first bytes, as `_head` reads them.
-        cut: Whether the file may go on past them (a row cut at their end is ignored).
-        text_column: The column the model reads.
-
-    Raises:
-        PreflightError: The problem and what to give.
-    """
+def _check_predict_csv(uri: str, head: bytes, cut: bool, text_column: str) -> None:
+    """Refuses a CSV of texts to label from its head (`_head`: a row cut at its end aside)."""
     problem = _text_problem(head, f"predict_uri {uri!r}", controls=False)
     if problem:
         raise PreflightError(problem)

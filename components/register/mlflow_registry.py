@@ -1,8 +1,6 @@
 """Registration without a Vertex Model Registry: an MLflow model version (alias
 `challenger`; promoting it to `champion` is a person's call) and the KServe
-`InferenceService` that serves it (image models by TF Serving, text models by the
-project's own server, told where the model is through the AIP_* variables Vertex sets).
-"""
+`InferenceService` that serves it (image models: TF Serving; text: the project's server)."""
 
 from __future__ import annotations
 
