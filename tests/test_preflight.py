@@ -12,10 +12,10 @@ from components.preflight.component import preflight_function
 from components.preflight.data import data_fingerprint
 from components.preflight.parameters import PreflightError, coerce
 from components.preflight.pipeline_checks import (
+    CHECKS,
     check_image_run,
     check_lm_run,
     check_text_run,
-    check_transformer_run,
     lang_problems,
     model_config_problems,
     weights_problems,
@@ -39,7 +39,7 @@ IMAGE_DEFAULTS, TEXT_DEFAULTS, LM_DEFAULTS, TRANSFORMER_DEFAULTS = (
 
 
 @pytest.mark.parametrize("kind", sorted(PIPELINES))
-def test_preflight_takes_exactly_the_pipeline_parameters(kind):
+def test_preflight_takes_exactly_the_pipeline_parameters_and_passes_their_defaults(kind):
     pipeline = PIPELINES[kind]
     inputs = pipeline.component_spec.inputs
     preflight = pipeline.pipeline_spec.components[f"comp-preflight-{kind}"]
@@ -50,13 +50,7 @@ def test_preflight_takes_exactly_the_pipeline_parameters(kind):
     for name in inputs:
         assert taken[name].default_value == root[name].default_value, name
         assert taken[name].parameter_type == root[name].parameter_type, name
-
-
-def test_default_settings_pass():
-    check_image_run(IMAGE_DEFAULTS)
-    check_text_run(TEXT_DEFAULTS)
-    check_lm_run(LM_DEFAULTS)
-    check_transformer_run(TRANSFORMER_DEFAULTS)
+    CHECKS[kind](_defaults(kind))
 
 
 def test_values_arrive_as_text_or_typed():

@@ -89,14 +89,8 @@ BASELINE_MAX_TRAIN = 20_000
 
 def split_pixels(dataset_dir: str, manifest: dict[str, Any], split: str,
                  limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """`(features (n, side*side*3) in 0..1, labels (n,))` of a split's images, downscaled.
-
-    Args:
-        dataset_dir: Folder written by the sharding step.
-        manifest: Its manifest.
-        split: Split to read, in the shards' deterministic order.
-        limit: Keep at most this many examples (a sample seeded by 0), None keeps all.
-    """
+    """`(features (n, side*side*3) in 0..1, labels (n,))` of a split's images, downscaled,
+    in the shards' order; at most `limit` of them (a sample seeded by 0) unless None."""
     side = BASELINE_SIDE
     dataset = make_dataset(dataset_dir, split, manifest=manifest, deterministic=True).map(
         lambda image, label: (tf.image.resize(image, (side, side), method="area") / 255.0,

@@ -218,14 +218,12 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
     if pretrained:
         root = str(parameters.get("lm_assets", ""))
         lang = str(parameters.get("lang", config.lang if config else ""))
-        if not root and lang.strip() == FASTAI_PRETRAINED_LANG:
-            pass  # fastai's English WikiText-103 model, fetched by the training step
-        elif not root:
+        if not root and lang.strip() != FASTAI_PRETRAINED_LANG:  # else fastai's WikiText-103
             problems.append("pretrained is true but lm_assets is empty: give the folder of "
                             "the pretrained language models (only lang="
                             f"{FASTAI_PRETRAINED_LANG!r} starts from fastai's model without "
                             "one), or set pretrained to false to train from scratch")
-        else:
+        elif root:
             backwards = coerce(parameters.get("backwards", TrainConfig.backwards), bool)
             missing = missing_files(root, lang, backwards)
             if missing:
@@ -244,10 +242,9 @@ _HUB_NAME_MAX_CHARS = 96
 
 
 def model_name_problems(model_name: str, max_length: int | None = None) -> list[str]:
-    """What the transformer trainer would refuse in `model_name`, late, on the GPU.
-
-    A folder must hold what `save_pretrained` writes (config, weights, tokenizer) and fit
-    `max_length`; a Hub name must look like `[organisation/]name` (not looked up).
+    """What the transformer trainer would refuse in `model_name`, late, on the GPU: a folder
+    without what `save_pretrained` writes or too short for `max_length`, or a Hub name not
+    like `[organisation/]name` (not looked up).
 
     Args:
         model_name: The pipeline's model_name.
