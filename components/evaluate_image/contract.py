@@ -1,5 +1,4 @@
-"""The image evaluation's contract: what it refuses in its settings (the preflight asks it
-too, before any paid job)."""
+"""The image evaluation's contract: what it refuses in its settings."""
 
 
 def settings_problems(batch_size: int, prefix: str = "") -> list[str]:

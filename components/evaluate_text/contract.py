@@ -1,7 +1,4 @@
-"""The text evaluation's contract: what it refuses in its settings (the preflight asks it
-too, before any paid job)."""
-
-from __future__ import annotations
+"""The text evaluation's contract: what it refuses in its settings."""
 
 from components.evaluate_image.contract import settings_problems as batch_problems
 from components.prepare_text.contract import SPLITS

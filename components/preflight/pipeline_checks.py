@@ -323,20 +323,15 @@ def check_transformer_run(parameters: Mapping[str, Any]) -> None:
     problems = _step_problems(
         ("preparation", lambda: build(PrepareConfig, parameters, label_columns=())),
         ("training", lambda: build(TransformerConfig, parameters)))
+    try:
+        max_length = typed_parameter(parameters, "max_length", int, TransformerConfig.max_length)
+    except PreflightError:  # the training check says so
+        max_length = None
     problems += model_name_problems(str(parameters.get("model_name", DEFAULT_MODEL_NAME)),
-                                    _int_or_none(parameters.get("max_length",
-                                                                TransformerConfig.max_length)))
+                                    max_length)
     problems += _evaluation_problems(parameters, "text")
     if problems:
         raise PreflightError("; ".join(problems))
-
-
-def _int_or_none(value: Any) -> int | None:
-    """A parameter as an int; None where it is not one (its own check says so)."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def check_lm_run(parameters: Mapping[str, Any]) -> None:

@@ -1,5 +1,4 @@
-"""The registration gate's contract: the metrics it may compare and what it refuses in its
-settings (the preflight asks it too, before any paid job)."""
+"""The registration gate's contract: the metrics it may compare, what it refuses."""
 
 from __future__ import annotations
 
@@ -11,12 +10,11 @@ TEXT_REGISTRATION_METRICS = ("micro_f1", "macro_f1")
 
 
 def gate_problems(metric: str, threshold: float, metrics: Sequence[str] = ()) -> list[str]:
-    """What the gate refuses in its settings, each named as the pipeline names it.
+    """What the gate refuses in its settings (named as the pipeline names them).
 
     Args:
-        metric: The metric compared; held to `metrics` unless empty (the gate holds it to
-            the evaluation's metrics.json).
-        threshold: The bar; every registration metric is in [0, 1].
+        metric: Held to `metrics` unless empty (the gate holds it to the metrics.json read).
+        threshold: Held to [0, 1], where every registration metric is.
 
     Returns:
         One message per problem; empty when fine.
