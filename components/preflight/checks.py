@@ -8,8 +8,9 @@ from collections import namedtuple
 from collections.abc import Mapping
 from typing import Any
 
+from components.preflight.component import OUTPUTS
 from components.preflight.data import check_corpus, check_predict_uri, data_fingerprint
-from components.preflight.parameters import PreflightError
+from components.preflight.parameters import PreflightError, coerce
 from components.preflight.pipeline_checks import CHECKS
 from components.track.contract import TrackingError, check_tracking_uri
 
@@ -30,25 +31,21 @@ def input_fingerprints(kind: str, parameters: Mapping[str, Any]) -> dict[str, st
     def of(name: str, uri: str) -> str:
         return data_fingerprint(uri, name) if uri else ""
 
-    fingerprints = {}
     if kind == "image":
         weights = normalize_weights(str(parameters.get("weights", "imagenet")))
-        fingerprints["weights_fingerprint"] = of("weights", "" if weights in (None, "imagenet")
-                                                 else weights)
+        read = of("weights", "" if weights in (None, "imagenet") else weights)
     elif kind == "transformer":
         from components.train_transformer.contract import model_name_is_path
 
-        name = str(parameters.get("model_name", "")).strip()
-        fingerprints["model_fingerprint"] = of("model_name",
-                                               name if model_name_is_path(name) else "")
+        model = str(parameters.get("model_name", "")).strip()
+        read = of("model_name", model if model_name_is_path(model) else "")
     else:
         from components.train_text.contract import TrainConfig
 
-        pretrained = str(parameters.get("pretrained", TrainConfig.pretrained)).lower() == "true"
-        fingerprints["lm_assets_fingerprint"] = of(
-            "lm_assets", str(parameters.get("lm_assets", "")) if pretrained else "")
-    fingerprints["predict_fingerprint"] = of("predict_uri", str(parameters.get("predict_uri", "")))
-    return fingerprints
+        pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
+        read = of("lm_assets", str(parameters.get("lm_assets", "")) if pretrained else "")
+    return {OUTPUTS[kind][1]: read,
+            "predict_fingerprint": of("predict_uri", str(parameters.get("predict_uri", "")))}
 
 
 # A service account's e-mail (user-managed, or a default compute / App Engine account).
