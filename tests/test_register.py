@@ -210,14 +210,17 @@ def test_copies_exactly_the_savedmodel_folder(tmp_path):
                             **NOT_SERVED}
 
 
-@pytest.mark.parametrize("subdir, make_out", [("export/serving", False), ("saved_model", True)],
-                         ids=["nested subdir", "output folder made by KFP"])
-def test_copies_a_nested_subdir_or_into_an_existing_empty_output_folder(tmp_path, subdir,
-                                                                        make_out):
+@pytest.mark.parametrize("subdir, out_holds", [
+    ("export/serving", None), ("saved_model", {}),
+    ("saved_model", {"variables/stale.index": b"a retried attempt's file"})],
+    ids=["nested subdir", "output folder made by KFP", "an earlier attempt's files"])
+def test_copies_a_nested_subdir_or_into_an_existing_output_folder_emptied(tmp_path, subdir,
+                                                                         out_holds):
     model = _model(tmp_path, subdir=subdir)
     out = tmp_path / "out"
-    if make_out:  # KFP may create the output artifact's folder before the step runs
+    if out_holds is not None:  # KFP may create the output folder before the step runs
         out.mkdir()
+        _write(out, out_holds)
     copy_serving_model(model, subdir, str(out))
     assert _tree(out) == SAVED_MODEL
 
@@ -236,15 +239,6 @@ def test_a_subdir_that_is_no_folder_is_a_clear_error_and_writes_nothing(tmp_path
     assert os.path.join(model, subdir) in str(err.value)
     assert words in str(err.value)
     assert not out.exists()
-
-
-def test_files_of_an_earlier_attempt_are_not_uploaded(tmp_path):
-    model = _model(tmp_path)
-    out = tmp_path / "out"
-    (out / "variables").mkdir(parents=True)
-    (out / "variables" / "stale.index").write_bytes(b"a retried attempt's file")
-    copy_serving_model(model, "saved_model", str(out))
-    assert _tree(out) == SAVED_MODEL
 
 
 @pytest.mark.parametrize("subdir", ["", "/etc", "../other"])
