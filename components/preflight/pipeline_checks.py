@@ -30,7 +30,8 @@ def _evaluation_problems(parameters: Mapping[str, Any], kind: str) -> list[str]:
         gate_problems,
     )
 
-    batch_size = typed_parameter(parameters, "eval_batch_size", int, 64)
+    # an absent parameter (a partial run's) is given a value those rules take
+    batch_size = typed_parameter(parameters, "eval_batch_size", int, 1)
     split = str(parameters.get("eval_split", "test"))
     if kind == "image":
         problems, metrics = image_problems(batch_size, "eval_"), IMAGE_REGISTRATION_METRICS
