@@ -120,25 +120,21 @@ def test_text_settings_a_later_step_refuses(changes, message):
         check_text_run({**TEXT_DEFAULTS, **changes})
 
 
-def test_missing_language_model_files_are_listed(tmp_path):
-    (tmp_path / "fr" / "forward").mkdir(parents=True)
-    (tmp_path / "fr" / "forward" / "weights.pth").write_bytes(b"x")
-    with pytest.raises(PreflightError, match="lacks .*fr/forward/config.json.*vocab.pkl"):
-        check_text_run({**TEXT_DEFAULTS, "lang": "fr", "lm_assets": str(tmp_path)})
-
-
-def test_language_model_assets_that_learnt_nothing_are_refused(tmp_path):
-    """Assets whose lm_metrics.json says the LM is no better than a unigram model are
-    refused before any step runs, as the trainer refuses them; without the file (converted
-    or staged weights) they pass."""
+def test_language_model_assets_missing_files_or_that_learnt_nothing_are_refused(tmp_path):
+    """Missing files are listed; assets whose lm_metrics.json says the LM is no better than
+    a unigram model are refused before any step runs, as the trainer refuses them; without
+    the file (converted or staged weights) they pass."""
     import json
 
     from tests.hostile import LM_FILE_BYTES
 
-    for name, data in LM_FILE_BYTES.items():
-        (tmp_path / "fr" / "forward").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "fr" / "forward" / name).write_bytes(data)
     run = {**TEXT_DEFAULTS, "lang": "fr", "lm_assets": str(tmp_path)}
+    (tmp_path / "fr" / "forward").mkdir(parents=True)
+    (tmp_path / "fr" / "forward" / "weights.pth").write_bytes(b"x")
+    with pytest.raises(PreflightError, match="lacks .*fr/forward/config.json.*vocab.pkl"):
+        check_text_run(run)
+    for name, data in LM_FILE_BYTES.items():
+        (tmp_path / "fr" / "forward" / name).write_bytes(data)
     check_text_run(run)
     (tmp_path / "lm_metrics.json").write_text(json.dumps({"lang": "fr", "directions": {
         "forward": {"perplexity": 15.0, "unigram": {"perplexity": 12.5},
