@@ -67,24 +67,23 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
     texts = frame[manifest["text_column"]].tolist()
     probs = load_text_model(model_dir).probabilities(texts, batch_size)
     truth = frame[labels].to_numpy()
-    context = {"split": split, "model_dir": model_dir, "dataset_dir": dataset_dir}
     if info["task"] == "multi_label":
         fixed_threshold = info["threshold"] if threshold is None else threshold
         result = multi_label_metrics(truth, probs, labels, fixed_threshold)
         tuned = info.get("thresholds") or {}
         result["tuned"] = multi_label_metrics(
             truth, probs, labels, [tuned.get(label, fixed_threshold) for label in labels])
-        result.update(context)
-        report = markdown_report(result, f"Text classifier on {split}: threshold "
-                                         f"{fixed_threshold:g}")
-        report += "\n" + _demote(markdown_report(
-            {**result["tuned"], "split": split},
-            "Per-label thresholds tuned on the validation split"))
+        title = f"Text classifier on {split}: threshold {fixed_threshold:g}"
     else:
         fixed_threshold = None
         result = single_label_metrics(truth.argmax(axis=1), probs, labels)
-        result.update(context)
-        report = markdown_report(result, f"Text classifier on {split}")
+        title = f"Text classifier on {split}"
+    result.update(split=split, model_dir=model_dir, dataset_dir=dataset_dir)
+    report = markdown_report(result, title)
+    if "tuned" in result:
+        report += "\n" + _demote(markdown_report(
+            {**result["tuned"], "split": split},
+            "Per-label thresholds tuned on the validation split"))
     result["baseline"] = (_baselines(dataset_dir, manifest, frame, result["task"], fixed_threshold)
                           if baseline else {})
     report += baselines.markdown_table(result)
