@@ -210,8 +210,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
     problems += trained
     try:
         pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
-    except PreflightError as err:
-        problems.append(f"pretrained: {err}")
+    except PreflightError:  # the training check says so ("training: pretrained: ...")
         pretrained = False
     if pretrained and model_config:  # the trainer's rule
         problems.append("model_config applies to training from scratch; a pretrained LM's "
