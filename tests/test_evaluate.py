@@ -104,6 +104,7 @@ def test_roc_of_one_class_data_is_none(y_true, y_pred):
     result = m.single_label_metrics(np.array(y_true), one_hot_probs(y_pred, 2), ["a", "b"])
     assert result["roc"] is None and result["roc_auc"] is None
     assert_no_nan(result)
+    assert m.roc_curve(np.zeros(len(y_true), bool), np.array(y_pred, float)) is None  # no positives
 
 
 def test_roc_keeps_the_top_scores_point_on_a_straight_first_segment():
@@ -115,10 +116,6 @@ def test_roc_keeps_the_top_scores_point_on_a_straight_first_segment():
     assert roc["tpr"] == [0.0, 0.5, 1.0, 1.0]
     assert roc["thresholds"] == [1.0, 0.9, 0.8, 0.1]
     assert roc["auc"] == 1.0
-
-
-def test_roc_of_data_without_positives_is_none():
-    assert m.roc_curve(np.zeros(4, bool), np.array([0.1, 0.9, 0.5, 0.5])) is None
 
 
 def test_single_class_data_among_three_classes_by_hand():
@@ -182,13 +179,24 @@ def test_single_label_agrees_with_sklearn():
         y_true, y_pred, labels=labels).tolist()
 
 
-def test_single_label_rejects_bad_input():
-    with pytest.raises(ValueError, match="class names"):
-        m.single_label_metrics(np.array([0, 1]), one_hot_probs([0, 1], 2), ["a"])
-    with pytest.raises(ValueError, match="labels must be in"):
-        m.single_label_metrics(np.array([0, 2]), one_hot_probs([0, 1], 2), ["a", "b"])
-    with pytest.raises(ValueError, match="no examples"):
-        m.single_label_metrics(np.zeros(0, int), np.zeros((0, 2)), ["a", "b"])
+@pytest.mark.parametrize("call, words", [
+    (lambda: m.single_label_metrics(np.array([0, 1]), one_hot_probs([0, 1], 2), ["a"]),
+     "class names"),
+    (lambda: m.single_label_metrics(np.array([0, 2]), one_hot_probs([0, 1], 2), ["a", "b"]),
+     "labels must be in"),
+    (lambda: m.single_label_metrics(np.zeros(0, int), np.zeros((0, 2)), ["a", "b"]),
+     "no examples"),
+    (lambda: m.multi_label_metrics(np.zeros((0, 2), int), np.zeros((0, 2)), ["x", "y"]),
+     "no examples"),
+    (lambda: m.multi_label_metrics(np.array([[2, 0]]), np.array([[0.5, 0.5]]), ["x", "y"]),
+     "only 0 and 1"),
+    (lambda: m.tune_thresholds(np.zeros((2, 2), int), np.zeros((2, 3))), "must both be"),
+    (lambda: m.tune_thresholds(ML_TRUE, ML_PROB, grid=[]), "grid is empty"),
+], ids=["too-few-names", "label-out-of-range", "single-empty", "multi-empty", "not-0-or-1",
+        "shapes", "empty-grid"])
+def test_bad_input_is_refused(call, words):
+    with pytest.raises(ValueError, match=words):
+        call()
 
 
 # --------------------------------------------------------------------------- multi-label
@@ -214,9 +222,7 @@ def test_multi_label_micro_and_macro_by_hand():
     assert result["hamming_loss"] == pytest.approx(3 / 8)
     assert result["thresholds"] == [0.5, 0.5]
     assert_no_nan(result)
-
-
-def test_multi_label_per_label_thresholds():
+    # one threshold per label
     result = m.multi_label_metrics(ML_TRUE, ML_PROB, ["x", "y"], threshold=[0.5, 0.25])
     assert result["per_label"]["y"]["f1"] == 1.0
     assert result["per_label"]["y"]["threshold"] == 0.25
@@ -262,17 +268,6 @@ def test_multi_label_with_nothing_true_and_nothing_predicted_is_zero_not_nan():
     assert_no_nan(result)
 
 
-def test_multi_label_rejects_bad_input():
-    with pytest.raises(ValueError, match="no examples"):
-        m.multi_label_metrics(np.zeros((0, 2), int), np.zeros((0, 2)), ["x", "y"])
-    with pytest.raises(ValueError, match="only 0 and 1"):
-        m.multi_label_metrics(np.array([[2, 0]]), np.array([[0.5, 0.5]]), ["x", "y"])
-    with pytest.raises(ValueError, match="must both be"):
-        m.tune_thresholds(np.zeros((2, 2), int), np.zeros((2, 3)))
-    with pytest.raises(ValueError, match="grid is empty"):
-        m.tune_thresholds(ML_TRUE, ML_PROB, grid=[])
-
-
 def test_tuned_f1_is_the_best_f1_on_the_grid():
     # tune_thresholds counts F1 itself (speed); it must agree with multi_label_metrics'.
     rng = np.random.default_rng(4)
@@ -291,6 +286,10 @@ def test_tuned_f1_is_the_best_f1_on_the_grid():
 def test_tune_thresholds_by_hand():
     # x: F1 0.8 for any threshold in (0.2, 0.6]: 0.5 is nearest 0.5. y: F1 1 in (0.2, 0.3].
     assert m.tune_thresholds(ML_TRUE, ML_PROB).tolist() == [0.5, 0.3]
+    # a label without positives keeps 0.5
+    y_true = np.array([[1, 0], [0, 0], [1, 0]])
+    y_prob = np.array([[0.9, 0.7], [0.1, 0.2], [0.8, 0.9]])
+    assert m.tune_thresholds(y_true, y_prob, grid=[0.3, 0.5, 0.8])[1] == 0.5
 
 
 def test_tuned_thresholds_beat_or_equal_a_fixed_half():
@@ -305,12 +304,6 @@ def test_tuned_thresholds_beat_or_equal_a_fixed_half():
     for name in names:
         assert best["per_label"][name]["f1"] >= fixed["per_label"][name]["f1"]
     assert best["macro_f1"] > fixed["macro_f1"]  # on this data tuning helps, not just ties
-
-
-def test_tune_thresholds_keeps_half_for_a_label_without_positives():
-    y_true = np.array([[1, 0], [0, 0], [1, 0]])
-    y_prob = np.array([[0.9, 0.7], [0.1, 0.2], [0.8, 0.9]])
-    assert m.tune_thresholds(y_true, y_prob, grid=[0.3, 0.5, 0.8])[1] == 0.5
 
 
 # --------------------------------------------------------------------------- summaries
@@ -454,6 +447,18 @@ def test_missing_model_files_fail_clearly(rgb_dataset, tmp_path):
 
     with pytest.raises(ContractError, match="labels.json not found"):
         evaluate_image_model(str(tmp_path), str(rgb_dataset), str(tmp_path / "o"))
+
+
+def test_settings_an_evaluation_refuses_are_refused_before_it_reads_anything(tmp_path):
+    """The rules the preflight holds the pipeline's eval_* parameters to (`contract`)."""
+    from components.evaluate_image.evaluation import EvaluationError, evaluate_image_model
+    from components.evaluate_text.evaluation import evaluate_text_model
+
+    with pytest.raises(EvaluationError, match="^batch_size must be >= 1, got 0$"):
+        evaluate_image_model(str(tmp_path), str(tmp_path), str(tmp_path / "o"), batch_size=0)
+    with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got 0; split must be one "
+                                         r"of \['train', 'validation', 'test'\], got 'dev'$"):
+        evaluate_text_model(str(tmp_path), str(tmp_path), str(tmp_path / "o"), "dev", None, 0)
 
 
 # --------------------------------------------------------------------------- KFP component

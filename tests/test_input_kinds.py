@@ -53,12 +53,15 @@ def test_a_folder_of_another_kind_is_named_as_what_it_is(files, said):
         model_folder_kind("m", files)
 
 
-def test_text_passes_with_its_own_control_characters():
+def test_text_passes_with_its_own_control_characters_and_a_cell_is_held_alone():
     text = "Chapter 1\r\n\tIt was a dark night.\x0c\nChapter 2\x0b" + "é" * 50
     assert decode_text(("\ufeff" + text).encode("utf-8"), "f.txt") == text
     assert text_problem(text) == ""
     long = "word " * 2000 + "\x1b"  # one stray escape in 10,000 characters
     assert decode_text(long.encode(), "f.txt") == long
+    assert text_problem("") == "" and text_problem("plain") == ""
+    assert "NUL" in text_problem("abc\0def" + "x" * 10_000)  # a cell of a CSV
+    assert "control characters" in text_problem("\x07" * 5 + "abc")
 
 
 @pytest.mark.parametrize("raw,offset,said", [
@@ -75,12 +78,6 @@ def test_bytes_that_are_not_text_are_refused_naming_file_and_offset(raw, offset,
     message = str(err.value)
     assert "corpus file 'a.txt'" in message and said in message
     assert f"offset {offset}" in message
-
-
-def test_a_cell_with_a_nul_is_not_text():
-    assert "NUL" in text_problem("abc\0def" + "x" * 10_000)
-    assert "control characters" in text_problem("\x07" * 5 + "abc")
-    assert text_problem("") == "" and text_problem("plain") == ""
 
 
 def test_every_required_file_of_every_kind_is_checked():

@@ -12,10 +12,10 @@ from components.preflight.component import preflight_function
 from components.preflight.data import data_fingerprint
 from components.preflight.parameters import PreflightError, coerce
 from components.preflight.pipeline_checks import (
+    CHECKS,
     check_image_run,
     check_lm_run,
     check_text_run,
-    check_transformer_run,
     lang_problems,
     model_config_problems,
     weights_problems,
@@ -39,7 +39,7 @@ IMAGE_DEFAULTS, TEXT_DEFAULTS, LM_DEFAULTS, TRANSFORMER_DEFAULTS = (
 
 
 @pytest.mark.parametrize("kind", sorted(PIPELINES))
-def test_preflight_takes_exactly_the_pipeline_parameters(kind):
+def test_preflight_takes_exactly_the_pipeline_parameters_and_passes_their_defaults(kind):
     pipeline = PIPELINES[kind]
     inputs = pipeline.component_spec.inputs
     preflight = pipeline.pipeline_spec.components[f"comp-preflight-{kind}"]
@@ -50,13 +50,7 @@ def test_preflight_takes_exactly_the_pipeline_parameters(kind):
     for name in inputs:
         assert taken[name].default_value == root[name].default_value, name
         assert taken[name].parameter_type == root[name].parameter_type, name
-
-
-def test_default_settings_pass():
-    check_image_run(IMAGE_DEFAULTS)
-    check_text_run(TEXT_DEFAULTS)
-    check_lm_run(LM_DEFAULTS)
-    check_transformer_run(TRANSFORMER_DEFAULTS)
+    CHECKS[kind](_defaults(kind))
 
 
 def test_values_arrive_as_text_or_typed():
@@ -126,25 +120,21 @@ def test_text_settings_a_later_step_refuses(changes, message):
         check_text_run({**TEXT_DEFAULTS, **changes})
 
 
-def test_missing_language_model_files_are_listed(tmp_path):
-    (tmp_path / "fr" / "forward").mkdir(parents=True)
-    (tmp_path / "fr" / "forward" / "weights.pth").write_bytes(b"x")
-    with pytest.raises(PreflightError, match="lacks .*fr/forward/config.json.*vocab.pkl"):
-        check_text_run({**TEXT_DEFAULTS, "lang": "fr", "lm_assets": str(tmp_path)})
-
-
-def test_language_model_assets_that_learnt_nothing_are_refused(tmp_path):
-    """Assets whose lm_metrics.json says the LM is no better than a unigram model are
-    refused before any step runs, as the trainer refuses them; without the file (converted
-    or staged weights) they pass."""
+def test_language_model_assets_missing_files_or_that_learnt_nothing_are_refused(tmp_path):
+    """Missing files are listed; assets whose lm_metrics.json says the LM is no better than
+    a unigram model are refused before any step runs, as the trainer refuses them; without
+    the file (converted or staged weights) they pass."""
     import json
 
     from tests.hostile import LM_FILE_BYTES
 
-    for name, data in LM_FILE_BYTES.items():
-        (tmp_path / "fr" / "forward").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "fr" / "forward" / name).write_bytes(data)
     run = {**TEXT_DEFAULTS, "lang": "fr", "lm_assets": str(tmp_path)}
+    (tmp_path / "fr" / "forward").mkdir(parents=True)
+    (tmp_path / "fr" / "forward" / "weights.pth").write_bytes(b"x")
+    with pytest.raises(PreflightError, match="lacks .*fr/forward/config.json.*vocab.pkl"):
+        check_text_run(run)
+    for name, data in LM_FILE_BYTES.items():
+        (tmp_path / "fr" / "forward" / name).write_bytes(data)
     check_text_run(run)
     (tmp_path / "lm_metrics.json").write_text(json.dumps({"lang": "fr", "directions": {
         "forward": {"perplexity": 15.0, "unigram": {"perplexity": 12.5},

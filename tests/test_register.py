@@ -27,13 +27,6 @@ METRICS = {
 }
 
 
-def read_metrics(evaluation_dir: str):
-    """What the registration gate step reads: the evaluation's metrics.json."""
-    return read_evaluation(evaluation_dir)
-
-
-
-
 # --- gate: the decision -------------------------------------------------------------
 
 JUST_BELOW = math.nextafter(0.8, 0.0)
@@ -122,31 +115,33 @@ def test_a_metric_that_is_not_a_number_is_an_error(value):
     ({"accuracy": float("inf")}, "accuracy", 0.8, True, "not a finite number"),
     ({"accuracy": float("-inf")}, "accuracy", 0.8, True, "not a finite number"),
     (METRICS, "accuracy", float("nan"), True, "threshold must be a finite number"),
+    # the preflight's rule, held by the gate itself
+    (METRICS, "accuracy", 1.5, False, r"registration_threshold must be in \[0, 1\], got 1.5"),
     ({}, "accuracy", 0.5, True, r"choose one of \[\]"),
-], ids=["unknown-when-off", "inf", "-inf", "nan-threshold", "empty"])
+], ids=["unknown-when-off", "inf", "-inf", "nan-threshold", "threshold-above-1", "empty"])
 def test_what_the_gate_cannot_compare_is_an_error(metrics, metric, threshold, enabled, words):
     with pytest.raises(ValueError, match=words):
         gate(dict(metrics), metric, threshold, enabled=enabled)
 
 
-# --- read_metrics -------------------------------------------------------------------
+# --- read_evaluation -------------------------------------------------------------------
 
 
 def test_read_metrics_reads_metrics_json_of_the_evaluation_folder(tmp_path):
     (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
     (tmp_path / "report.md").write_text("# not this one\n")
-    assert read_metrics(str(tmp_path)) == METRICS
+    assert read_evaluation(str(tmp_path)) == METRICS
 
 
 def test_read_metrics_of_a_folder_without_metrics_json_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="metrics.json"):
-        read_metrics(str(tmp_path))
+        read_evaluation(str(tmp_path))
 
 
 def test_read_metrics_of_broken_json_is_an_error(tmp_path):
     (tmp_path / "metrics.json").write_text('{"accuracy": 0.9,')  # a truncated write
     with pytest.raises(ValueError):
-        read_metrics(str(tmp_path))
+        read_evaluation(str(tmp_path))
 
 
 def test_gate_on_what_the_evaluator_writes(tmp_path):
@@ -156,7 +151,7 @@ def test_gate_on_what_the_evaluator_writes(tmp_path):
     y_true = np.array([0, 0, 1, 1])
     y_prob = np.array([[0.9, 0.1], [0.2, 0.8], [0.3, 0.7], [0.4, 0.6]])  # 3 of 4 right
     write_outputs(single_label_metrics(y_true, y_prob, ["cat", "dog"]), str(tmp_path), "")
-    metrics = read_metrics(str(tmp_path))
+    metrics = read_evaluation(str(tmp_path))
     assert gate(metrics, "accuracy", 0.75) == (True, "accuracy = 0.75 >= 0.75: registering")
     assert gate(metrics, "accuracy", 0.76)[0] is False
 
@@ -215,14 +210,17 @@ def test_copies_exactly_the_savedmodel_folder(tmp_path):
                             **NOT_SERVED}
 
 
-@pytest.mark.parametrize("subdir, make_out", [("export/serving", False), ("saved_model", True)],
-                         ids=["nested subdir", "output folder made by KFP"])
-def test_copies_a_nested_subdir_or_into_an_existing_empty_output_folder(tmp_path, subdir,
-                                                                        make_out):
+@pytest.mark.parametrize("subdir, out_holds", [
+    ("export/serving", None), ("saved_model", {}),
+    ("saved_model", {"variables/stale.index": b"a retried attempt's file"})],
+    ids=["nested subdir", "output folder made by KFP", "an earlier attempt's files"])
+def test_copies_a_nested_subdir_or_into_an_existing_output_folder_emptied(tmp_path, subdir,
+                                                                         out_holds):
     model = _model(tmp_path, subdir=subdir)
     out = tmp_path / "out"
-    if make_out:  # KFP may create the output artifact's folder before the step runs
+    if out_holds is not None:  # KFP may create the output folder before the step runs
         out.mkdir()
+        _write(out, out_holds)
     copy_serving_model(model, subdir, str(out))
     assert _tree(out) == SAVED_MODEL
 
@@ -241,15 +239,6 @@ def test_a_subdir_that_is_no_folder_is_a_clear_error_and_writes_nothing(tmp_path
     assert os.path.join(model, subdir) in str(err.value)
     assert words in str(err.value)
     assert not out.exists()
-
-
-def test_files_of_an_earlier_attempt_are_not_uploaded(tmp_path):
-    model = _model(tmp_path)
-    out = tmp_path / "out"
-    (out / "variables").mkdir(parents=True)
-    (out / "variables" / "stale.index").write_bytes(b"a retried attempt's file")
-    copy_serving_model(model, "saved_model", str(out))
-    assert _tree(out) == SAVED_MODEL
 
 
 @pytest.mark.parametrize("subdir", ["", "/etc", "../other"])

@@ -1,6 +1,5 @@
-"""KFP face of the image evaluation step: the typed signature mapped onto
-`evaluate_image_model`. Metrics artifacts hold metadata only and a Markdown artifact is one
-file, so the full results a later step reads live in the `evaluation` folder."""
+"""KFP face of `evaluate_image_model`; the full results a later step reads are in the
+`evaluation` folder (Metrics hold metadata only, a Markdown artifact one file)."""
 
 from kfp.dsl import (
     HTML,

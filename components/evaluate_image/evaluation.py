@@ -1,9 +1,5 @@
-"""Evaluate a trained image classifier on one split of a sharded dataset.
-
-The model folder holds `model.keras` (tf-keras, not Keras 3, whose `fit` fails under
-MultiWorkerMirroredStrategy: keras-team/keras#20585; float32 pixels 0..255 in, softmax
-out) and `labels.json`. Writes `metrics.json`, `report.md` and `report.html`.
-"""
+"""Evaluates a trained image classifier (tf-keras: Keras 3's `fit` fails under
+MultiWorkerMirroredStrategy, keras-team/keras#20585) on one split of a sharded dataset."""
 
 from __future__ import annotations
 
@@ -24,6 +20,7 @@ from components.common.metrics import (
 )
 from components.common.report_html import REPORT_HTML_FILE
 from components.common.storage import read_json, write_text_atomically
+from components.evaluate_image.contract import settings_problems
 from components.evaluate_image.report import image_report
 from components.formats.image_models import load_keras_model
 from components.formats.shards import make_dataset
@@ -92,14 +89,8 @@ BASELINE_MAX_TRAIN = 20_000
 
 def split_pixels(dataset_dir: str, manifest: dict[str, Any], split: str,
                  limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """`(features (n, side*side*3) in 0..1, labels (n,))` of a split's images, downscaled.
-
-    Args:
-        dataset_dir: Folder written by the sharding step.
-        manifest: Its manifest.
-        split: Split to read, in the shards' deterministic order.
-        limit: Keep at most this many examples (a sample seeded by 0), None keeps all.
-    """
+    """`(features (n, side*side*3) in 0..1, labels (n,))` of a split's images, downscaled,
+    in the shards' order; at most `limit` of them (a sample seeded by 0) unless None."""
     side = BASELINE_SIDE
     dataset = make_dataset(dataset_dir, split, manifest=manifest, deterministic=True).map(
         lambda image, label: (tf.image.resize(image, (side, side), method="area") / 255.0,
@@ -163,6 +154,8 @@ def evaluate_image_model(
             classes, image size or example count.
         FileNotFoundError: `dataset_dir` has no manifest.
     """
+    if problems := settings_problems(batch_size):
+        raise EvaluationError("; ".join(problems))
     class_names = load_class_names(model_dir)
     manifest = read_manifest(dataset_dir)
     # Fail on a class mismatch before paying for loading the model.
@@ -172,8 +165,6 @@ def evaluate_image_model(
         raise EvaluationError(f"{path} not found: {model_dir!r} is not a trained model folder")
     model = load_keras_model(path, compile=False)
     history = read_json(os.path.join(model_dir, HISTORY_FILE), optional=True)
-    if batch_size < 1:
-        raise EvaluationError(f"batch_size must be >= 1, got {batch_size}")
     if split not in manifest["splits"]:
         raise EvaluationError(f"split must be one of {sorted(manifest['splits'])}, got {split!r}")
     expected = manifest["splits"][split]["count"]

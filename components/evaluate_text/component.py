@@ -1,6 +1,5 @@
-"""KFP face of the text evaluation step: the typed signature mapped onto
-`evaluate_text_model`, outputs as the image evaluator's (the confusion matrix single-label
-only: a multi-label model's per-label figures are in `metrics` and `evaluation`)."""
+"""KFP face of `evaluate_text_model`, outputs as the image evaluator's (a confusion matrix
+for single-label models only)."""
 
 from kfp.dsl import (
     HTML,

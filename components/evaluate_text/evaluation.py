@@ -1,8 +1,5 @@
-"""Evaluation of a trained text classifier on one split of a prepared dataset.
-
-Multi-label models are scored at their fixed threshold and at the per-label thresholds
-tuned on validation, side by side. Only `fastai.text` is imported (never `fastai.vision`).
-"""
+"""Evaluates a trained text classifier on one split of a prepared dataset (multi-label: at
+the fixed and the tuned thresholds). Only `fastai.text` is imported, never `fastai.vision`."""
 
 from __future__ import annotations
 
@@ -19,6 +16,7 @@ from components.common.metrics import (
 )
 from components.common.report_html import REPORT_HTML_FILE
 from components.common.storage import read_json, write_text_atomically
+from components.evaluate_text.contract import settings_problems
 from components.evaluate_text.report import text_report
 
 
@@ -48,12 +46,15 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
         tuned on validation) and `baseline` (empty when not asked for).
 
     Raises:
-        ValueError: The split is empty or the labels disagree.
+        ValueError: Settings `settings_problems` refuses, an empty split, or labels that
+            disagree.
     """
     from components.prepare_text.contract import read_manifest, read_split
     from components.text_common.contract import TRAINING_METRICS_FILE, read_labels
     from components.text_common.models import load_text_model
 
+    if problems := settings_problems(split, batch_size):
+        raise ValueError("; ".join(problems))
     info = read_labels(model_dir)
     manifest = read_manifest(dataset_dir)
     labels = info["labels"]
@@ -66,24 +67,23 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
     texts = frame[manifest["text_column"]].tolist()
     probs = load_text_model(model_dir).probabilities(texts, batch_size)
     truth = frame[labels].to_numpy()
-    context = {"split": split, "model_dir": model_dir, "dataset_dir": dataset_dir}
     if info["task"] == "multi_label":
         fixed_threshold = info["threshold"] if threshold is None else threshold
         result = multi_label_metrics(truth, probs, labels, fixed_threshold)
         tuned = info.get("thresholds") or {}
         result["tuned"] = multi_label_metrics(
             truth, probs, labels, [tuned.get(label, fixed_threshold) for label in labels])
-        result.update(context)
-        report = markdown_report(result, f"Text classifier on {split}: threshold "
-                                         f"{fixed_threshold:g}")
-        report += "\n" + _demote(markdown_report(
-            {**result["tuned"], "split": split},
-            "Per-label thresholds tuned on the validation split"))
+        title = f"Text classifier on {split}: threshold {fixed_threshold:g}"
     else:
         fixed_threshold = None
         result = single_label_metrics(truth.argmax(axis=1), probs, labels)
-        result.update(context)
-        report = markdown_report(result, f"Text classifier on {split}")
+        title = f"Text classifier on {split}"
+    result.update(split=split, model_dir=model_dir, dataset_dir=dataset_dir)
+    report = markdown_report(result, title)
+    if "tuned" in result:
+        report += "\n" + _demote(markdown_report(
+            {**result["tuned"], "split": split},
+            "Per-label thresholds tuned on the validation split"))
     result["baseline"] = (_baselines(dataset_dir, manifest, frame, result["task"], fixed_threshold)
                           if baseline else {})
     report += baselines.markdown_table(result)

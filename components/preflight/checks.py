@@ -8,8 +8,9 @@ from collections import namedtuple
 from collections.abc import Mapping
 from typing import Any
 
+from components.preflight.component import OUTPUTS
 from components.preflight.data import check_corpus, check_predict_uri, data_fingerprint
-from components.preflight.parameters import PreflightError
+from components.preflight.parameters import PreflightError, coerce
 from components.preflight.pipeline_checks import CHECKS
 from components.track.contract import TrackingError, check_tracking_uri
 
@@ -30,45 +31,37 @@ def input_fingerprints(kind: str, parameters: Mapping[str, Any]) -> dict[str, st
     def of(name: str, uri: str) -> str:
         return data_fingerprint(uri, name) if uri else ""
 
-    fingerprints = {}
     if kind == "image":
         weights = normalize_weights(str(parameters.get("weights", "imagenet")))
-        fingerprints["weights_fingerprint"] = of("weights", "" if weights in (None, "imagenet")
-                                                 else weights)
+        read = of("weights", "" if weights in (None, "imagenet") else weights)
     elif kind == "transformer":
         from components.train_transformer.contract import model_name_is_path
 
-        name = str(parameters.get("model_name", "")).strip()
-        fingerprints["model_fingerprint"] = of("model_name",
-                                               name if model_name_is_path(name) else "")
+        model = str(parameters.get("model_name", "")).strip()
+        read = of("model_name", model if model_name_is_path(model) else "")
     else:
         from components.train_text.contract import TrainConfig
 
-        pretrained = str(parameters.get("pretrained", TrainConfig.pretrained)).lower() == "true"
-        fingerprints["lm_assets_fingerprint"] = of(
-            "lm_assets", str(parameters.get("lm_assets", "")) if pretrained else "")
-    fingerprints["predict_fingerprint"] = of("predict_uri", str(parameters.get("predict_uri", "")))
-    return fingerprints
+        pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
+        read = of("lm_assets", str(parameters.get("lm_assets", "")) if pretrained else "")
+    return {OUTPUTS[kind][1]: read,
+            "predict_fingerprint": of("predict_uri", str(parameters.get("predict_uri", "")))}
 
 
 # A service account's e-mail (user-managed, or a default compute / App Engine account).
 _SERVICE_ACCOUNT = re.compile(r"^[a-z0-9][a-z0-9-]*@[a-z0-9][a-z0-9.-]*\.gserviceaccount\.com$")
 
 
-def check_job_account(parameters: Mapping[str, Any]) -> None:
-    """Refuses a job service account, not empty, that is no service account e-mail."""
+def _check_accounts(parameters: Mapping[str, Any]) -> None:
+    """Refuses a job_service_account that is no service account e-mail, and an empty one
+    with a TensorBoard compiled in (Vertex refuses it when the first training job starts)."""
     account = str(parameters.get("job_service_account", "") or "")
     if account and not _SERVICE_ACCOUNT.match(account):
         raise PreflightError(
             f"job_service_account {account!r} is not a service account e-mail "
             "(NAME@PROJECT.iam.gserviceaccount.com); leave it empty for Vertex's default")
-
-
-def check_tensorboard_account(parameters: Mapping[str, Any]) -> None:
-    """Refuses a TensorBoard (compiled in) with an empty job_service_account, which Vertex
-    refuses when the first training job starts."""
     tensorboard = str(parameters.get("tensorboard", "") or "")
-    if tensorboard and not str(parameters.get("job_service_account", "") or ""):
+    if tensorboard and not account:
         raise PreflightError(
             f"job_service_account is empty, but this pipeline was compiled with --tensorboard "
             f"{tensorboard} and Vertex refuses TensorBoard uploads from jobs without a "
@@ -98,8 +91,7 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     if kind not in CHECKS:
         raise PreflightError(f"unknown pipeline kind {kind!r}; known: {sorted(CHECKS)}")
     CHECKS[kind](parameters)
-    check_job_account(parameters)
-    check_tensorboard_account(parameters)
+    _check_accounts(parameters)
     # Both text kinds label a CSV of texts.
     check_predict_uri(str(parameters.get("predict_uri", "")),
                       "image" if kind == "image" else "text",

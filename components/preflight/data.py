@@ -41,21 +41,23 @@ def check_corpus(uri: str, text_column: str) -> None:
             raise PreflightError(f"corpus_uri {uri!r} holds no {TEXT_SUFFIX} files; give a "
                                  f"folder of UTF-8 {TEXT_SUFFIX} files or a CSV file")
         sampled = files[:_SAMPLED_FILES]
-        problems = [p for p in (_text_head_problem(fs, f, os.path.relpath(f, path))
-                                for f in sampled) if p]
+        problems = list(filter(None, (_text_problem(_head(fs, f)[0],
+                                                    f"file {os.path.relpath(f, path)!r}")
+                                      for f in sampled)))
         if len(problems) * 2 > len(sampled):  # the LM step's rule: mostly not text
             raise PreflightError(f"corpus_uri {uri!r}: {len(problems)} of the first "
                                  f"{len(sampled)} {TEXT_SUFFIX} files are not text, e.g. "
                                  f"{problems[0]}")
     elif path.endswith(CSV_SUFFIX) or path.endswith(TEXT_SUFFIX):
-        problem = _text_head_problem(fs, path, os.path.basename(path),
-                                     controls=path.endswith(TEXT_SUFFIX))
+        head = _head(fs, path)[0]
+        problem = _text_problem(head, f"file {os.path.basename(path)!r}",
+                                controls=path.endswith(TEXT_SUFFIX))
         if problem:
             raise PreflightError(f"corpus_uri {uri!r}: {problem}")
         if path.endswith(CSV_SUFFIX):
-            head = _head(fs, path).decode("utf-8-sig", errors="replace")
             try:
-                csv_header(io.StringIO(head), f"corpus_uri {uri!r}", {text_column: "text_column"})
+                csv_header(io.StringIO(head.decode("utf-8-sig", errors="replace")),
+                           f"corpus_uri {uri!r}", {text_column: "text_column"})
             except InputKindError as err:
                 raise PreflightError(str(err)) from None
     else:
@@ -63,15 +65,8 @@ def check_corpus(uri: str, text_column: str) -> None:
                              f"{CSV_SUFFIX} file")
 
 
-def _text_head_problem(fs, path: str, name: str, controls: bool = True) -> str:
-    """Why the first bytes of a file are not text (`input_kinds.decode_text`); ""."""
-    return head_text_problem(_head(fs, path), f"file {name!r}", controls)
-
-
-def head_text_problem(head: bytes, name: str, controls: bool = True) -> str:
-    """Why a file's first `_HEAD_BYTES` are not text (a character cut at their end aside); ""."""
-    if len(head) == _HEAD_BYTES:
-        head = head[:len(head) - _cut_tail(head)]
+def _text_problem(head: bytes, name: str, controls: bool = True) -> str:
+    """Why a file's head is not text (`input_kinds.decode_text`); ""."""
     try:
         decode_text(head, name, controls)
     except NotTextError as err:
@@ -131,7 +126,7 @@ def check_predict_uri(uri: str, kind: str, text_column: str = "text") -> None:
         if not fs.isfile(path):
             raise PreflightError(f"predict_uri {uri!r} is not a file: give the CSV of texts "
                                  "to label (with the training text column), or leave it empty")
-        check_predict_csv(uri, _head(fs, path), text_column)
+        _check_predict_csv(uri, *_head(fs, path), text_column)
         return
     if fs.isfile(path):
         return
@@ -149,27 +144,22 @@ def check_predict_uri(uri: str, kind: str, text_column: str = "text") -> None:
 _HEAD_BYTES = 1 << 16
 
 
-def _head(fs, path: str) -> bytes:
+def _head(fs, path: str) -> tuple[bytes, bool]:
+    """A file's first `_HEAD_BYTES` (less a UTF-8 character they cut short), and whether
+    they may end before the file does."""
     with fs.open(path, "rb") as f:
-        return f.read(_HEAD_BYTES)
+        head = f.read(_HEAD_BYTES)
+    if len(head) < _HEAD_BYTES:
+        return head, False
+    return head[:len(head) - _cut_tail(head)], True
 
 
-def check_predict_csv(uri: str, head: bytes, text_column: str) -> None:
-    """Refuses a CSV of texts to label from its first bytes.
-
-    Args:
-        uri: Its URI (named in the message).
-        head: Its first `_HEAD_BYTES` (a row cut at the end is ignored).
-        text_column: The column the model reads.
-
-    Raises:
-        PreflightError: The problem and what to give.
-    """
-    cut = len(head) == _HEAD_BYTES
-    problem = head_text_problem(head, f"predict_uri {uri!r}", controls=False)
+def _check_predict_csv(uri: str, head: bytes, cut: bool, text_column: str) -> None:
+    """Refuses a CSV of texts to label from its head (`_head`: a row cut at its end aside)."""
+    problem = _text_problem(head, f"predict_uri {uri!r}", controls=False)
     if problem:
         raise PreflightError(problem)
-    text = head[:len(head) - _cut_tail(head) if cut else len(head)].decode("utf-8-sig")
+    text = head.decode("utf-8-sig")
     try:
         # strict: a quote never closed is an error (the file is read whole when not cut)
         rows = [r for r in csv.reader(io.StringIO(text), strict=not cut)

@@ -18,24 +18,32 @@ from components.preflight.parameters import (
     typed_parameter,
 )
 
-# Metrics the registration gate may compare (in every task's metrics.json); first: default.
-IMAGE_REGISTRATION_METRICS = ("accuracy", "macro_f1")
-TEXT_REGISTRATION_METRICS = ("micro_f1", "macro_f1")
 
+def _evaluation_problems(parameters: Mapping[str, Any], kind: str) -> list[str]:
+    """What the evaluation step and the registration gate refuse in their settings (their
+    own rules), and a text pipeline evaluating a test split its preparation leaves empty."""
+    from components.evaluate_image.contract import settings_problems as image_problems
+    from components.evaluate_text.contract import settings_problems as text_problems
+    from components.register.contract import (
+        IMAGE_REGISTRATION_METRICS,
+        TEXT_REGISTRATION_METRICS,
+        gate_problems,
+    )
 
-def _evaluation_problems(parameters: Mapping[str, Any], metrics: tuple[str, ...]) -> list[str]:
-    """What the evaluation step and the registration gate would refuse (every kind)."""
-    problems = []
-    if "eval_batch_size" in parameters and not typed_parameter(parameters, "eval_batch_size") >= 1:
-        problems.append(f"eval_batch_size must be >= 1, got {parameters['eval_batch_size']}")
-    if parameters.get("registration_metric", metrics[0]) not in metrics:
-        problems.append(f"registration_metric must be one of {list(metrics)}, got "
-                        f"{parameters['registration_metric']!r}")
-    if "registration_threshold" in parameters and \
-            not 0 <= typed_parameter(parameters, "registration_threshold") <= 1:
-        problems.append("registration_threshold must be in [0, 1], got "
-                        f"{parameters['registration_threshold']}")
-    return problems
+    # an absent parameter (a partial run's) is given a value those rules take
+    batch_size = typed_parameter(parameters, "eval_batch_size", int, 1)
+    split = str(parameters.get("eval_split", "test"))
+    if kind == "image":
+        problems, metrics = image_problems(batch_size, "eval_"), IMAGE_REGISTRATION_METRICS
+    else:
+        problems, metrics = text_problems(split, batch_size, "eval_"), TEXT_REGISTRATION_METRICS
+        if split == "test" and "test_fraction" in parameters \
+                and not typed_parameter(parameters, "test_fraction") > 0:
+            problems.append("test_fraction must be > 0 when eval_split is test (the pipeline "
+                            "evaluates on the test split)")
+    threshold = typed_parameter(parameters, "registration_threshold", float, 0.0)
+    return problems + gate_problems(str(parameters.get("registration_metric", metrics[0])),
+                                    threshold, metrics)
 
 
 def weights_problems(weights: str, architecture: str = "densenet121") -> list[str]:
@@ -176,7 +184,7 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
                             "evaluates on the test split")
     problems += weights_problems(str(parameters.get("weights", TrainConfig.weights)),
                                  str(parameters.get("architecture", TrainConfig.architecture)))
-    problems += _evaluation_problems(parameters, IMAGE_REGISTRATION_METRICS)
+    problems += _evaluation_problems(parameters, "image")
     if problems:
         raise PreflightError("; ".join(problems))
 
@@ -202,8 +210,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
     problems += trained
     try:
         pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
-    except PreflightError as err:
-        problems.append(f"pretrained: {err}")
+    except PreflightError:  # the training check says so ("training: pretrained: ...")
         pretrained = False
     if pretrained and model_config:  # the trainer's rule
         problems.append("model_config applies to training from scratch; a pretrained LM's "
@@ -211,14 +218,12 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
     if pretrained:
         root = str(parameters.get("lm_assets", ""))
         lang = str(parameters.get("lang", config.lang if config else ""))
-        if not root and lang.strip() == FASTAI_PRETRAINED_LANG:
-            pass  # fastai's English WikiText-103 model, fetched by the training step
-        elif not root:
+        if not root and lang.strip() != FASTAI_PRETRAINED_LANG:  # else fastai's WikiText-103
             problems.append("pretrained is true but lm_assets is empty: give the folder of "
                             "the pretrained language models (only lang="
                             f"{FASTAI_PRETRAINED_LANG!r} starts from fastai's model without "
                             "one), or set pretrained to false to train from scratch")
-        else:
+        elif root:
             backwards = coerce(parameters.get("backwards", TrainConfig.backwards), bool)
             missing = missing_files(root, lang, backwards)
             if missing:
@@ -226,22 +231,9 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
             unlearnt = unlearnt_lm(root, lang, backwards)  # as the trainer checks them
             if unlearnt:
                 problems.append(f"lm_assets refused: {unlearnt}")
-    problems += _text_evaluation_problems(parameters)
+    problems += _evaluation_problems(parameters, "text")
     if problems:
         raise PreflightError("; ".join(problems))
-
-
-def _text_evaluation_problems(parameters: Mapping[str, Any]) -> list[str]:
-    """What the text evaluation and the registration gate would refuse (both text kinds)."""
-    problems = []
-    if parameters.get("eval_split", "test") not in ("test", "validation", "train"):
-        problems.append(f"eval_split must be test, validation or train, got "
-                        f"{parameters['eval_split']!r}")
-    elif parameters.get("eval_split", "test") == "test" and "test_fraction" in parameters \
-            and not typed_parameter(parameters, "test_fraction") > 0:
-        problems.append("test_fraction must be > 0 when eval_split is test (the pipeline "
-                        "evaluates on the test split)")
-    return problems + _evaluation_problems(parameters, TEXT_REGISTRATION_METRICS)
 
 
 # A Hub model id (huggingface_hub's REPO_ID_REGEX; it also refuses "--", ".." and > 96 chars).
@@ -250,10 +242,9 @@ _HUB_NAME_MAX_CHARS = 96
 
 
 def model_name_problems(model_name: str, max_length: int | None = None) -> list[str]:
-    """What the transformer trainer would refuse in `model_name`, late, on the GPU.
-
-    A folder must hold what `save_pretrained` writes (config, weights, tokenizer) and fit
-    `max_length`; a Hub name must look like `[organisation/]name` (not looked up).
+    """What the transformer trainer would refuse in `model_name`, late, on the GPU: a folder
+    without what `save_pretrained` writes or too short for `max_length`, or a Hub name not
+    like `[organisation/]name` (not looked up).
 
     Args:
         model_name: The pipeline's model_name.
@@ -332,20 +323,15 @@ def check_transformer_run(parameters: Mapping[str, Any]) -> None:
     problems = _step_problems(
         ("preparation", lambda: build(PrepareConfig, parameters, label_columns=())),
         ("training", lambda: build(TransformerConfig, parameters)))
+    try:
+        max_length = typed_parameter(parameters, "max_length", int, TransformerConfig.max_length)
+    except PreflightError:  # the training check says so
+        max_length = None
     problems += model_name_problems(str(parameters.get("model_name", DEFAULT_MODEL_NAME)),
-                                    _int_or_none(parameters.get("max_length",
-                                                                TransformerConfig.max_length)))
-    problems += _text_evaluation_problems(parameters)
+                                    max_length)
+    problems += _evaluation_problems(parameters, "text")
     if problems:
         raise PreflightError("; ".join(problems))
-
-
-def _int_or_none(value: Any) -> int | None:
-    """A parameter as an int; None where it is not one (its own check says so)."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def check_lm_run(parameters: Mapping[str, Any]) -> None:

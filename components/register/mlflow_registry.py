@@ -1,8 +1,6 @@
 """Registration without a Vertex Model Registry: an MLflow model version (alias
 `challenger`; promoting it to `champion` is a person's call) and the KServe
-`InferenceService` that serves it (image models by TF Serving, text models by the
-project's own server, told where the model is through the AIP_* variables Vertex sets).
-"""
+`InferenceService` that serves it (image models: TF Serving; text: the project's server)."""
 
 from __future__ import annotations
 
@@ -61,6 +59,7 @@ def inference_service(name: str, kind: str, storage_uri: str, serving_image: str
         serving_image: The runtime image whose default command is the server (text).
         labels: Kubernetes labels.
     """
+    metadata: dict[str, Any] = {"name": name, "labels": dict(labels)}
     if kind == "image":
         predictor: dict[str, Any] = {"model": {
             "modelFormat": {"name": "tensorflow"}, "runtimeVersion": TF_SERVING_VERSION,
@@ -78,10 +77,7 @@ def inference_service(name: str, kind: str, storage_uri: str, serving_image: str
             "readinessProbe": probe,
             "startupProbe": {**probe, "failureThreshold": STARTUP_CHECKS},
         }]}
-    metadata: dict[str, Any] = {"name": name, "labels": dict(labels)}
-    if kind != "image":
-        window = STARTUP_PERIOD_S * STARTUP_CHECKS
-        metadata["annotations"] = {PROGRESS_DEADLINE: f"{window + 300}s"}
+        metadata["annotations"] = {PROGRESS_DEADLINE: f"{STARTUP_PERIOD_S * STARTUP_CHECKS + 300}s"}
     return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
             "metadata": metadata, "spec": {"predictor": predictor}}
 

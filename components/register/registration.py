@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common.baselines import beats
+from components.register.contract import gate_problems
 
 
 def gate(metrics: dict[str, Any], metric: str, threshold: float, enabled: bool = True,
@@ -28,7 +29,7 @@ def gate(metrics: dict[str, Any], metric: str, threshold: float, enabled: bool =
         `(register, reason)`: the decision and a sentence saying why.
 
     Raises:
-        ValueError: `metric` or the threshold is not a finite number.
+        ValueError: `metric` is not a finite number, or the threshold not one in [0, 1].
     """
     numbers = sorted(k for k, v in metrics.items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -39,6 +40,8 @@ def gate(metrics: dict[str, Any], metric: str, threshold: float, enabled: bool =
                          f"metrics; choose one of {numbers}")
     if not math.isfinite(threshold):
         raise ValueError(f"registration threshold must be a finite number, got {threshold}")
+    if problems := gate_problems(metric, threshold):
+        raise ValueError("; ".join(problems))
     if not enabled:
         return False, "registration is switched off (register_model=false)"
     value = metrics[metric]
