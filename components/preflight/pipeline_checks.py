@@ -256,28 +256,23 @@ def model_name_problems(model_name: str, max_length: int | None = None) -> list[
     from components.train_transformer.contract import (
         BASE_MODEL_FOLDER,
         DEFAULT_MODEL_NAME,
+        model_folder_problem,
         model_name_is_path,
     )
 
     name = model_name.strip()
     if not name:
         return []
-    kind = BASE_MODEL_FOLDER
-    give = f"give {kind.made_by}, or a Hub model name such as {DEFAULT_MODEL_NAME}"
     if model_name_is_path(name):
         files = folder_files(name)
-        if not files:
-            return [f"model_name {model_name!r} is not a folder (or an empty one): {give}"]
-        missing = kind.missing(files)
-        if missing:
-            return [f"model_name {model_name!r} is not {kind.name}: it has no "
-                    f"{' and no '.join(missing)}; {give}"]
-        return _max_length_problems(name, files, max_length)
+        problem = model_folder_problem(model_name, files)
+        return [problem] if problem else _max_length_problems(name, files, max_length)
     if not _HUB_MODEL_NAME.match(name) or "--" in name or ".." in name \
             or len(name) > _HUB_NAME_MAX_CHARS:
         return [f"model_name {model_name!r} is neither an existing folder (gs:// or local "
                 "path) nor a Hub model name ([organisation/]name: letters, digits, '_', '-', "
-                f"'.', no spaces); {give}"]
+                f"'.', no spaces); give {BASE_MODEL_FOLDER.made_by}, or a Hub model name "
+                f"such as {DEFAULT_MODEL_NAME}"]
     return []
 
 

@@ -82,3 +82,16 @@ BASE_MODEL_FOLDER = FolderKind(
     required=((MODEL_CONFIG_FILE,), WEIGHTS_FILES, TOKENIZER_FILES),
     made_by="a folder written by model.save_pretrained(folder) and "
             "tokenizer.save_pretrained(folder)")
+
+
+def model_folder_problem(model_name: str, files: set[str]) -> str:
+    """Why a `model_name` folder holding `files` (`folder_files`) is no model the trainer
+    loads, for the trainer and the preflight alike; "" when it is one."""
+    kind = BASE_MODEL_FOLDER
+    missing = kind.missing(files)
+    if not missing:
+        return ""
+    what = f"is not {kind.name}" if files else "is not a folder (or an empty one)"
+    held = f" (it holds {', '.join(sorted(files)[:8])})" if files else ""
+    return (f"model_name {model_name!r} {what}: it has no {' and no '.join(missing)}; give "
+            f"{kind.made_by}, or a Hub model name such as {DEFAULT_MODEL_NAME}{held}")

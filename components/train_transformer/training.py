@@ -41,9 +41,9 @@ from components.text_common.contract import (
 from components.text_common.scores import frequency_bias, validation_result
 from components.train_transformer import results
 from components.train_transformer.contract import (
-    BASE_MODEL_FOLDER,
     TransformerConfig,
     TransformerTrainingError,
+    model_folder_problem,
     model_name_is_path,
 )
 
@@ -69,14 +69,9 @@ def model_source(model_name: str, scratch: str) -> str:
     name = model_name.strip()
     if not model_name_is_path(name):
         return name
-    files = folder_files(name)
-    kind = BASE_MODEL_FOLDER
-    missing = kind.missing(files)
-    if missing:
-        found = "nothing" if not files else ", ".join(sorted(files)[:8])
-        raise TransformerTrainingError(f"model_name {name!r} is not {kind.name}: it has no "
-                                       f"{' and no '.join(missing)} (it holds {found}); give "
-                                       f"{kind.made_by}, or a Hub model name")
+    problem = model_folder_problem(name, folder_files(name))
+    if problem:
+        raise TransformerTrainingError(problem)
     if not is_remote(name):
         return name
     local = os.path.join(scratch, "model")
