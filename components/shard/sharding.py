@@ -1,9 +1,5 @@
-"""The sharding step: list the class folders, split, plan the shards, write, check, manifest.
-
-Input: `<data_uri>/<class name>/**/<image file>`, local or gs://. Output:
-`<split>-NNNNN-of-MMMMM.tfrecord` files and `manifest.json` in one folder. Images are
-center-cropped or letterboxed to `image_size`; no augmentation (the trainer augments live).
-"""
+"""The sharding step: list the class folders, split, plan the shards, write, check, manifest
+(`<data_uri>/<class>/**/<image>` to `<split>-NNNNN-of-MMMMM.tfrecord` and `manifest.json`)."""
 
 from __future__ import annotations
 
@@ -51,8 +47,7 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
 
     Args:
         data_uri: Local folder or `gs://bucket/prefix` with one sub-folder per class.
-        out_dir: Local output folder (on Vertex a /gcs/ path); an earlier run's shards
-            and manifest are replaced, other files kept.
+        out_dir: Local output folder; an earlier run's shards are replaced, other files kept.
         config: How to shard.
         progress: Show a progress bar on stderr.
 
@@ -60,8 +55,8 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
         The manifest.
 
     Raises:
-        ShardingError: Bad layout, a class with no usable image or too many unusable
-            files (nothing is left behind), or foreign shard-named files in `out_dir`.
+        ShardingError: Bad layout, a class with no usable image, too many unusable files
+            (nothing is left behind), or foreign shard-named files in `out_dir`.
     """
     check_output_folder(data_uri, out_dir)
     listing = list_labelled_files(data_uri)
@@ -272,8 +267,8 @@ _LISTED_COPIES = 20
 
 
 def duplicate_files(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Files written more than once (same bytes): how many, and the copies in two class
-    folders (two labels) or two splits (trained on, then tested on), some listed."""
+    """Files written more than once (same bytes): counted, and those across two class
+    folders (two labels) or two splits (trained on, tested on), some listed."""
     copies: dict[str, list[tuple[str, str]]] = {}
     for result in results:
         split = result["file"].split("-", 1)[0]
@@ -293,11 +288,8 @@ def duplicate_files(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def missing_classes(splits_out: dict[str, Any], files: dict[str, list[str]],
                     fractions: dict[str, float]) -> list[dict[str, Any]]:
-    """`[{"class", "splits", "reason"}]`: classes with no example in a split asked for.
-
-    A tiny class rounds to no example, or loses its one to an unreadable file; the other
-    classes stay usable, so this is recorded and warned about, not refused.
-    """
+    """`[{"class", "splits", "reason"}]`: classes with no example in a split asked for (too
+    few files, or unreadable ones): recorded and warned about, not refused."""
     gaps = []
     for name, paths in files.items():
         missing = [s for s in SPLITS
