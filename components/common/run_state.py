@@ -1,8 +1,6 @@
-"""The state file that ties a checkpoint folder to one training run, for every trainer.
-
-Its "fingerprint" hashes what defines the run: the same run resumes, another run's folder
-is refused (never resumed nor wiped), a folder with no state is free (`remove_leftovers`).
-Imports neither TensorFlow nor torch; checkpoint folders are local (gs:// as its FUSE path).
+"""The state file that ties a checkpoint folder to one training run, for every trainer: its
+"fingerprint" hashes what defines the run; the same run resumes, another run's folder is
+refused (never resumed nor wiped), a folder with no state is free (`remove_leftovers`).
 """
 
 from __future__ import annotations
@@ -67,9 +65,7 @@ def load(folder: str, name: str, run_fingerprint: str, *, error: type[Exception]
         folder: The checkpoint folder.
         name: The state file's name in it.
         run_fingerprint: This run's `fingerprint`.
-        error: The trainer's exception class.
-        differs: What may differ in another run, for the message.
-        version: The state format written; another is refused. None: no version.
+        error, differs, version: As `StateFile`'s.
 
     Raises:
         error: The file is another run's (or version's), or `folder` is a gs:// URI.
@@ -91,10 +87,8 @@ def load(folder: str, name: str, run_fingerprint: str, *, error: type[Exception]
 
 
 def save(folder: str, name: str, state: Mapping[str, Any], *, sort_keys: bool = False) -> None:
-    """Writes the state file whole or not at all, then pushes a mirrored folder.
-
-    Its temporary name is its own (`mkstemp`): processes saving at once never take each
-    other's (a fixed name failed 9 of 600 concurrent saves).
+    """Writes the state file whole or not at all, then pushes a mirrored folder. Its
+    temporary name is its own (`mkstemp`): a fixed one failed 9 of 600 concurrent saves.
 
     Args:
         folder: The checkpoint folder; created when missing.
@@ -161,7 +155,7 @@ class Resume:
     resumed: bool
 
     def save(self) -> None:
-        """Writes `state` to the state file (`save`: whole or not at all)."""
+        """Writes `state` to the state file (`save`)."""
         save(self.folder, self.file.name, self.state, sort_keys=self.file.sort_keys)
 
     def path(self, name: str) -> str:
@@ -177,9 +171,8 @@ class Resume:
 
 def open_run(folder: str, file: StateFile, run_values: Mapping[str, Any], *,
              fresh: Mapping[str, Any] | None = None, write: bool = True) -> Resume:
-    """Resumes this run's state in `folder`, or starts a fresh one there.
-
-    A free folder loses `file.leftovers`, and a marker file is written at once.
+    """Resumes this run's state in `folder`, or starts a fresh one there (a free folder
+    loses `file.leftovers`; a marker file is written at once).
 
     Args:
         folder: The checkpoint folder (a local path).
@@ -213,7 +206,7 @@ def open_run(folder: str, file: StateFile, run_values: Mapping[str, Any], *,
 def remove_leftovers(folder: str, names: Iterable[str] = (), suffixes: Iterable[str] = ()
                      ) -> None:
     """Removes a trainer's files (named, their `save` temporaries, those ending in
-    `suffixes`) from a folder that holds no state; other files stay.
+    `suffixes`) from a folder that holds no state.
 
     Args:
         folder: The checkpoint folder (nothing happens when it does not exist).

@@ -1,8 +1,7 @@
 """Batch prediction with a trained model: a folder of images or a CSV of texts -> JSON lines.
 
-Images go through the sharding step's decoding and, when the shards held JPEG, the same
-JPEG round trip, so a test-split file scores as its shard did; texts through the exported
-learner's tokenizer. Inputs stream in batches; the output appears whole, or not at all.
+Images are decoded as the sharding step does (and JPEG round-tripped when the shards held
+JPEG), so a test-split file scores as its shard did; the output appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -103,7 +102,7 @@ def _progress(total: int | None, unit: str, enabled: bool):
 
 def list_inputs(data_uri: str) -> tuple[list[str], list[str]]:
     """`(files, hidden)`: the sorted URIs under a folder (any depth) or the one file named,
-    and the hidden files (".DS_Store") left out.
+    and the hidden files left out.
 
     Raises:
         PredictionError: Nothing there.
