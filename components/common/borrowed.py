@@ -1,12 +1,7 @@
-"""Other libraries' private names the product needs where no public way exists (one today).
-
-Read at the pinned versions (CPython 3.11, the images' python:3.11.16, pyproject's
-`requires-python`); tests/test_borrowed.py fails when the library changes, and
-tests/test_structure.py keeps every other product module to other libraries' public names.
-
-Known elsewhere, left for a later change: pipelines/definitions/tuning.py edits the text of
-GCPC's compiled tuning payload (google-cloud-pipeline-components 2.22.0), a private format
-rather than a private name.
+"""Other libraries' private names the product needs where no public way exists (one today),
+read at the pinned versions (CPython 3.11); tests/test_borrowed.py fails when the library
+changes, tests/test_structure.py keeps every other module to public names. Known elsewhere:
+pipelines/definitions/tuning.py edits GCPC 2.22.0's compiled tuning payload (a private format).
 """
 
 from __future__ import annotations

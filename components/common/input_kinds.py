@@ -1,9 +1,6 @@
-"""Input kinds: what text is (`decode_text`), a CSV's header (`csv_header`), and what a
-folder of a kind holds (`FolderKind`, declared by the contract of the step that reads it).
-
-Text is UTF-8 (a BOM allowed) with at most `CONTROL_SHARE` control characters other than
-whitespace; the error names the input, the first bad offset and what it looks like instead.
-"""
+"""Input kinds: what text is (`decode_text`: UTF-8, a BOM allowed, at most `CONTROL_SHARE`
+control characters), a CSV's header (`csv_header`), and what a folder of a kind holds
+(`FolderKind`, declared by the contract of the step that reads it)."""
 
 from __future__ import annotations
 

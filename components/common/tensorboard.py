@@ -1,7 +1,4 @@
-"""TensorBoard event logs of the fastai trainers: one point per epoch for each scalar.
-
-`ScalarLog` needs the `tensorboard` package only when a folder is set.
-"""
+"""TensorBoard event logs of the fastai trainers: one point per epoch for each scalar."""
 
 from __future__ import annotations
 

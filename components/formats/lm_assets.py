@@ -1,8 +1,6 @@
-"""Pretrained language model assets: their layout, the tokenizer both fastai text trainers
-cut text with (`make_tokenizer`: the LM and the classifier must cut alike), and the writer
-of a language model in that layout (`save_lm_assets`). fastai and torch load when called.
-Layout: `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}`, `<lang>/spm/spm.model`.
-"""
+"""Pretrained language model assets (`<lang>/{forward,backward}/{config.json,vocab.pkl,
+weights.pth}`, `<lang>/spm/spm.model`), their writer, and the tokenizer both fastai text
+trainers cut text with (the LM and the classifier must cut alike)."""
 
 from __future__ import annotations
 

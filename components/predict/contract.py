@@ -1,9 +1,7 @@
-"""The prediction step's contract: which model a folder holds and what predictions look like.
-
-`predictions.jsonl`: one object per input, in input order: `{"input": <file URI or CSV
-data row from 0>, "labels": [...], "scores": {<label>: <probability>}}` (plus
-`"truncated": true` for a text read up to `MAX_TEXT_CHARS`), or `{"input", "error"}`.
-"""
+"""The prediction step's contract: which model a folder holds and what predictions look like
+(`predictions.jsonl`, in input order: `{"input": <file URI or CSV row from 0>, "labels",
+"scores": {<label>: <probability>}}`, `"truncated": true` for a long text, or `{"input",
+"error"}`)."""
 
 from __future__ import annotations
 

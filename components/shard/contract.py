@@ -1,8 +1,5 @@
-"""The sharding step's contract: its settings, how its input is listed, what it writes.
-
-Other steps import this module, never the sharding logic, and read the shards with
-`components.formats.shards`; it stays light to import.
-"""
+"""The sharding step's contract: its settings, how its input is listed, what it writes
+(other steps import this, never the sharding logic; it stays light to import)."""
 
 from __future__ import annotations
 
