@@ -14,10 +14,8 @@ TENSORBOARD_VARIABLE = "AIP_TENSORBOARD_LOG_DIR"
 
 def log_folder(output_path: str, explicit: str | None = None,
                environ: Mapping[str, str] | None = None) -> str | None:
-    """The folder a trainer writes its TensorBoard logs to, or None for no logs.
-
-    `explicit`, else this task's sub-folder of `AIP_TENSORBOARD_LOG_DIR`; no default
-    inside the output, whose files are exactly those its readers expect.
+    """The folder a trainer writes its TensorBoard logs to: `explicit`, else this task's
+    sub-folder of `AIP_TENSORBOARD_LOG_DIR`, else None (never inside the output).
 
     Args:
         output_path: The step's output artifact path (names the task's sub-folder).

@@ -96,8 +96,7 @@ def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
 
 def save_lm_assets(learn, root: str, lang: str, backwards: bool,
                    config: dict[str, Any]) -> list[str]:
-    """Writes a language model learner in the assets layout (also to publish one
-    pretrained elsewhere, e.g. on a Wikipedia dump).
+    """Writes a language model learner in the assets layout.
 
     Args:
         learn: A fastai language model learner (`language_model_learner`).

@@ -178,11 +178,9 @@ def lm_record(assets_dir: str, metadata: Mapping[str, Any], assets_uri: str) -> 
 def log_run(tracking_uri: str, experiment: str, run_name: str, record: RunRecord,
             extra_tags: Mapping[str, str] = (),
             environ: Mapping[str, str] | None = None) -> str:
-    """Logs a run record as one MLflow run named `run_name` in `experiment`, or into the
-    run KFP's MLflow plugin made for the step.
-
-    An earlier run tagged with this `run_name` (a retry) is deleted first; KFP's run is
-    not ours to delete: a retry logs into it only what an earlier attempt did not.
+    """Logs a run record as one MLflow run named `run_name` in `experiment` (an earlier
+    attempt's deleted first), or into the run KFP's MLflow plugin made for the step (a retry
+    logs there only what an earlier attempt did not).
 
     Args:
         tracking_uri: The pipeline's `tracking_uri` (see `tracking_store`).
