@@ -134,7 +134,6 @@ def test_cli_refuses_an_output_that_is_the_input(colour_model, tmp_path, capsys,
 
 
 def test_an_empty_csv_to_label_is_a_clear_error_not_a_pandas_traceback(tmp_path):
-    from components.predict.contract import PredictionError
     from components.predict.prediction import _read_csv_chunks
 
     empty = tmp_path / "new.csv"

@@ -95,8 +95,7 @@ MOUNTED_VARIABLE = "OBJECT_STORE_MOUNTED"
 # Pushed last, so a pod killed mid-push leaves the remote pointing at a whole checkpoint.
 _POINTERS = ("checkpoint", "run.json", "state.json", "lm_state.json", "sealed")
 _MIRRORS: dict[str, Mirror] = {}  # remote -> its mirror in this process
-# Tries of a push or probe, waiting PUSH_BACKOFF_S, then twice that...: a hiccup costs
-# seconds, a store that stays down fails the step within about a minute.
+# Tries of a push or probe, waiting PUSH_BACKOFF_S, then twice that...: about a minute.
 PUSH_ATTEMPTS = 4
 PUSH_BACKOFF_S = 2.0
 # Errors no retry mends: no such bucket (or local file), no permission.

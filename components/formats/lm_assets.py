@@ -16,11 +16,9 @@ SPM_FILE = "spm/spm.model"
 LM_METRICS_FILE = "lm_metrics.json"
 
 
-# How much of a file's start and end `lm_file_problem` reads: a zip's end record sits in
-# its last 22 bytes plus a comment of up to 64 KB.
+# The start and end `lm_file_problem` reads: a zip's end record is 22 bytes + a 64 KB comment.
 LM_FILE_HEAD, LM_FILE_TAIL = 16, 65_558
-# What `torch.save` writes: a zip archive, or (before torch 1.6) pickles that open with
-# its magic number.
+# What `torch.save` writes: a zip archive, or (before torch 1.6) its magic number's pickles.
 _TORCH_ZIP, _ZIP_END = b"PK\x03\x04", b"PK\x05\x06"
 _TORCH_LEGACY = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
 
@@ -115,8 +113,7 @@ def save_lm_assets(learn, root: str, lang: str, backwards: bool,
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, n) for n in LM_FILES]
     write_json_atomically(paths[0], {"arch": "AWD_LSTM", **config})
-    # The texts' vocabulary, as `load_pretrained` reads it: a classifier's dls hold an `L`
-    # of (texts, labels) vocabularies.
+    # The texts' vocabulary (a classifier's dls hold an `L` of texts' and labels').
     vocab = learn.dls.vocab
     save_pickle(paths[1], list(vocab[0] if isinstance(vocab, L) else vocab))
     torch.save(learn.model.state_dict(), paths[2])

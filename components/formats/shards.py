@@ -19,8 +19,7 @@ from components.shard.contract import (
 if TYPE_CHECKING:
     import tensorflow as tf
 
-# Records are parsed 64 at a time: one vectorised parse_example per batch costs far
-# less than one parse_single_example per record (measured in bench/input_bench.py).
+# Records parsed 64 at a time: far cheaper than one by one (bench/input_bench.py).
 _PARSE_BATCH = 64
 
 

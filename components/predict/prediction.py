@@ -160,8 +160,7 @@ def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
     with _progress(len(files), "img", progress) as bar:
         for start in range(0, len(files), batch_size):
             batch = files[start:start + batch_size]
-            # one request for the batch: gcsfs fetches the files concurrently. cat_ranges,
-            # not cat: cat expands glob characters ("[", "*", "?"), common in file names.
+            # one request, fetched concurrently; cat_ranges, as cat expands "[", "*" and "?"
             paths = [filesystem(uri)[1] for uri in batch]
             contents = fs.cat_ranges(paths, [None] * len(paths), [None] * len(paths),
                                      on_error="return")

@@ -36,8 +36,7 @@ from components.shard.writing import (
 
 log = logging.getLogger(__name__)
 
-# Images encoded up front to estimate the bytes of a record: ~0.5% of the input, so
-# the serial estimate stays small next to the parallel write, and 4..32 images.
+# Images encoded up front to estimate a record's bytes: ~0.5% of the input, 4..32 images.
 _SIZE_SAMPLE_SHARE, _SIZE_SAMPLE_MIN, _SIZE_SAMPLE_MAX = 0.005, 4, 32
 
 
