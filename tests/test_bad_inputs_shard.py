@@ -16,13 +16,9 @@ from components.shard import sharding, writing
 from components.shard.contract import ShardingError
 from components.shard.sharding import ShardConfig
 from tests.conftest import write_class_images
-from tests.test_sharding import SMALL, shard
+from tests.test_sharding import SMALL, listed, shard
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _listed(manifest) -> list[str]:
-    return sorted(s["file"] for split in manifest["splits"].values() for s in split["shards"])
 
 
 # ----------------------------------------------------------------------- output folder
@@ -80,7 +76,7 @@ def test_rerun_after_a_killed_run_removes_its_leftovers(tmp_path, image_folder):
     left = os.listdir(out)
     assert "manifest.json" not in left and "train-00000-of-00003.tfrecord" in left
     manifest = shard(image_folder, out)
-    assert sorted(os.listdir(out)) == sorted(_listed(manifest) + ["manifest.json"])
+    assert sorted(os.listdir(out)) == sorted(listed(manifest) + ["manifest.json"])
 
 
 def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch):

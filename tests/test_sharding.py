@@ -25,6 +25,11 @@ def shard(data, out, **changes) -> dict:
                                   progress=False)
 
 
+def listed(manifest) -> list[str]:
+    """The shard files a manifest names, sorted."""
+    return sorted(s["file"] for split in manifest["splits"].values() for s in split["shards"])
+
+
 # ----------------------------------------------------------------------- split and sizing
 
 def test_split_counts_round_val_and_test_and_give_train_the_rest():
@@ -194,9 +199,8 @@ def test_shard_dataset_counts_and_sizes(tmp_path, image_folder):
         assert counts == {"cat": expected, "dog": expected, "eel": expected}
         shards = manifest["splits"][split]["shards"]
         assert len(shards) == 2 and sum(s["records"] for s in shards) == 3 * expected
-    listed = sorted(s["file"] for sp in manifest["splits"].values() for s in sp["shards"])
-    assert _shard_files(out) == listed
-    assert "train-00000-of-00002.tfrecord" in listed
+    assert _shard_files(out) == listed(manifest)
+    assert "train-00000-of-00002.tfrecord" in listed(manifest)
     assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]
     with open(os.path.join(out, "manifest.json")) as f:
         assert json.load(f) == manifest
@@ -221,10 +225,9 @@ def test_rerun_replaces_previous_output_and_only_ours(tmp_path, image_folder):
     (out / ".tmp-test-00000-of-00002.tfrecord").write_bytes(b"killed run")
     (out / "notes.txt").write_text("keep me")
     manifest = shard(image_folder, out, min_shards_per_split=3)
-    listed = sorted(s["file"] for sp in manifest["splits"].values() for s in sp["shards"])
-    assert "train-00000-of-00003.tfrecord" in listed
-    assert sorted(os.listdir(out)) == sorted(listed + ["manifest.json", "notes.txt",
-                                                       "mine.tfrecord"])
+    assert "train-00000-of-00003.tfrecord" in listed(manifest)
+    assert sorted(os.listdir(out)) == sorted(listed(manifest) + ["manifest.json", "notes.txt",
+                                                                 "mine.tfrecord"])
     assert (out / "notes.txt").read_text() == "keep me"
     assert (out / "mine.tfrecord").read_bytes() == b"someone else's records"
     # Files named like shards but not ours: tests/test_bad_inputs_shard.py

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common.storage import read_json, write_json_atomically
+from components.common.storage import read_json, write_json_atomically, write_text_atomically
 
 # What every evaluation step writes into its output folder.
 EVALUATION_FILE = "metrics.json"
@@ -355,8 +355,7 @@ def write_outputs(result: dict[str, Any], output_dir: str, report: str) -> None:
     os.makedirs(output_dir, exist_ok=True)
     write_json_atomically(os.path.join(output_dir, EVALUATION_FILE), result, sort_keys=False,
                           allow_nan=False)
-    with open(os.path.join(output_dir, REPORT_FILE), "w") as f:
-        f.write(report)
+    write_text_atomically(os.path.join(output_dir, REPORT_FILE), report)
 
 
 def read_evaluation(evaluation_dir: str) -> dict[str, Any]:

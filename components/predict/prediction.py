@@ -37,10 +37,10 @@ def decide(scores: np.ndarray, labels: Sequence[str], threshold: float | None) -
     return [label for label, p in zip(labels, scores) if p >= threshold]
 
 
-def prediction_line(source: Any, scores: np.ndarray, labels: Sequence[str],
+def prediction_line(scores: np.ndarray, labels: Sequence[str],
                     threshold: float | None) -> dict[str, Any]:
-    """One output record: the input, the labels predicted and every label's probability."""
-    return {"input": source, "labels": decide(scores, labels, threshold),
+    """One output record less its input: the labels predicted and every label's probability."""
+    return {"labels": decide(scores, labels, threshold),
             "scores": {label: round(float(p), 6) for label, p in zip(labels, scores)}}
 
 
@@ -64,8 +64,7 @@ def text_predictions(texts: Sequence[str], problems: Sequence[str], probabilitie
         if i not in scored:
             lines.append({"error": problems[i]})
             continue
-        line = prediction_line(None, scored[i], labels, threshold)
-        del line["input"]
+        line = prediction_line(scored[i], labels, threshold)
         if len(text) > MAX_TEXT_CHARS:
             line["truncated"] = True
         lines.append(line)
@@ -178,7 +177,7 @@ def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                          if pixels else [])
             for uri, error in zip(batch, errors):
                 counts["predicted" if error is None else "errors"] += 1
-                line = error or prediction_line(uri, next(probs), classes, None)
+                line = error or {"input": uri, **prediction_line(next(probs), classes, None)}
                 out.write(json.dumps(line) + "\n")
             bar.update(len(batch))
     return counts
@@ -215,10 +214,8 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
     from components.text_common.models import load_text_model
 
     model = load_text_model(model_dir)
-    info = model.info
-    labels = info["labels"]
-    threshold = decision_threshold(info)
-    column = text_column or info.get("text_column") or "text"
+    labels, threshold = model.info["labels"], decision_threshold(model.info)
+    column = text_column or model.info.get("text_column") or "text"
     counts = {"inputs": 0, "predicted": 0, "errors": 0, "truncated": 0,
               "max_text_chars": MAX_TEXT_CHARS, "text_column": column}
     row = 0

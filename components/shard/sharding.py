@@ -316,9 +316,8 @@ def check_manifest(manifest: dict[str, Any]) -> None:
     examples_in = manifest["examples_in"]
     reasons = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:5])
     more = f" (and {len(skipped) - 5} more)" if len(skipped) > 5 else ""
-    totals = Counter()
-    for split in manifest["splits"].values():
-        totals.update(split["class_counts"])
+    totals = sum((Counter(split["class_counts"]) for split in manifest["splits"].values()),
+                 Counter())
     empty = [name for name in manifest["classes"] if totals[name] == 0]
     if empty:
         raise ShardingError(f"class(es) {empty} have no usable image after skipping "

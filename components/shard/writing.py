@@ -109,8 +109,7 @@ def check_output_folder(data_uri: str, out_dir: str) -> None:
     """
     if data_uri.startswith("s3://"):
         return  # an S3 bucket is never a local folder
-    source = os.path.realpath(local_path(data_uri) if data_uri.startswith("gs://")
-                              else data_uri)
+    source = os.path.realpath(local_path(data_uri))  # gs:// as its FUSE path
     target = os.path.realpath(out_dir)
     if os.path.commonpath([source, target]) in (source, target):
         raise ShardingError(
