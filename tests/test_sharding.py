@@ -283,12 +283,17 @@ def _read_back(out: str) -> dict[str, np.ndarray]:
     return images
 
 
-def test_brackets_in_folder_and_file_names_are_plain_characters(tmp_path):
-    root = tmp_path / "data [v2]"
+def bracket_folder(root, per_class: int):
+    """Two classes, "cat [hi-res]" and "dog", of `per_class` images named "img[<i>].jpg"."""
     for name, colour in (("cat [hi-res]", (200, 0, 0)), ("dog", (0, 200, 0))):
         (root / name).mkdir(parents=True)
-        for i in range(6):
+        for i in range(per_class):
             Image.new("RGB", (20, 20), colour).save(root / name / f"img[{i}].jpg")
+
+
+def test_brackets_in_folder_and_file_names_are_plain_characters(tmp_path):
+    root = tmp_path / "data [v2]"
+    bracket_folder(root, per_class=6)
     manifest = shard(root, tmp_path / "out")
     assert manifest["classes"] == ["cat [hi-res]", "dog"]
     assert manifest["written"] == 12 and manifest["skipped"] == []
