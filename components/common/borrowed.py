@@ -13,11 +13,9 @@ from collections.abc import Callable
 def before_thread_pools_end(callback: Callable[[], None]) -> None:
     """Runs `callback` when the main thread ends, before concurrent.futures' pools shut down.
 
-    Not `atexit` (the public hook): its handlers run after the pools are shut down, when
-    nothing can be scheduled on them any more. CPython's `threading._register_atexit` is
-    concurrent.futures' own hook and has no public name; its handlers run last registered
-    first, and concurrent.futures registers on import (done here first), so its pools
-    shut down after `callback`. Where it is missing, `atexit`, with a warning.
+    Not `atexit`: its handlers run once the pools are shut. `threading._register_atexit`
+    (concurrent.futures' own hook, no public name) runs last registered first, and
+    concurrent.futures registers on import (done here first). Missing: `atexit`, warned.
     """
     import concurrent.futures.thread  # noqa: F401 (registers its pools' shutdown now)
     import threading

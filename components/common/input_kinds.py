@@ -68,8 +68,7 @@ def decode_text(raw: bytes, name: str, controls: bool = True) -> str:
     Args:
         raw: The file's bytes.
         name: The input, named in the message.
-        controls: Hold the whole to the control-character rule (False: a CSV's cells are
-            held to it one by one, `text_problem`).
+        controls: Hold the whole to the control-character rule (False: cell by cell).
 
     Returns:
         The decoded text.

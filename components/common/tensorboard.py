@@ -51,9 +51,7 @@ def model_step(history: list[Mapping[str, Any]], model: str) -> int:
 
 class ScalarLog:
     """TensorBoard scalars, flushed as each epoch ends; does nothing without a folder.
-
-    Callers write an epoch after its checkpoint is saved: a resumed run never writes a
-    step twice.
+    Callers write an epoch after its checkpoint is saved: a resumed run writes no step twice.
     """
 
     def __init__(self, folder: str | None):

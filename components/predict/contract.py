@@ -53,10 +53,8 @@ _OTHER_FOLDERS = (
 
 
 def model_folder_kind(name: str, files: Iterable[str]) -> str:
-    """Which trained model folder `files` make: "image", "fastai" or "transformer".
-
-    A folder marked as a kind but lacking a required file is named with that file, never
-    guessed at as another kind.
+    """Which trained model folder `files` make: "image", "fastai" or "transformer" (one
+    marked as a kind but lacking a file is named with that file, never taken for another).
 
     Args:
         name: The folder, as the message names it.

@@ -49,11 +49,9 @@ def text_predictions(texts: Sequence[str], problems: Sequence[str], probabilitie
     """Per text, its prediction line without "input", or `{"error": its problem}`.
 
     Args:
-        texts: The texts (one over `MAX_TEXT_CHARS` is read up to it and its line adds
-            `"truncated": true`).
+        texts: The texts (one over `MAX_TEXT_CHARS` is cut there: `"truncated": true`).
         problems: Per text, why it cannot be scored; "" when it can.
-        probabilities_of: texts -> (len(texts), len(labels)) probabilities; called once,
-            with the texts that can be scored.
+        probabilities_of: The scorable texts -> their probabilities (n, labels); called once.
         labels: Label names in column order.
         threshold: Multi-label threshold; None for single-label (see `decide`).
     """

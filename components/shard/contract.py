@@ -64,10 +64,8 @@ class ShardConfig:
 
 def find_following_links(fs, top: str, listed: set[str], ignored: list[dict[str, str]],
                          root: str) -> dict[str, dict[str, Any]]:
-    """The files under `top`: `find`'s entries, entering symbolic links to folders.
-
-    A linked folder that holds the link (a loop) or overlaps a folder listed already is
-    not entered (it would never end, or read images twice) but recorded in `ignored`.
+    """The files under `top`: `find`'s entries, entering symbolic links to folders, but not
+    one that holds the link (a loop) or overlaps a folder listed already (`ignored` says so).
 
     Args:
         fs: The filesystem of `top` (`storage.filesystem`).

@@ -212,11 +212,9 @@ def estimate_record_bytes(data_uri: str, sample: list[str], config: ShardConfig)
 
 def run_tasks(tasks: list[ShardTask], workers: int, worker_fn: Callable = write_shard,
               progress: bool = True) -> list[dict[str, Any]]:
-    """Runs `worker_fn` over tasks in `workers` processes with a progress bar.
-
-    Spawned, not forked: a fork keeps locks held by threads it does not copy (gcsfs's,
-    TensorFlow's, torch's), which hung a CI run. A script's entry point must sit under
-    `if __name__ == "__main__":` (spawned workers import `__main__` again).
+    """Runs `worker_fn` over tasks in `workers` spawned processes with a progress bar (a fork
+    keeps locks held by threads it does not copy, which hung a CI run; a script's entry point
+    must sit under `if __name__ == "__main__":`).
 
     Raises:
         ShardingError: A worker died before returning its shard (killed for memory, say).
