@@ -142,19 +142,12 @@ def csv_header(lines: Iterable[str], name: str, columns: Mapping[str, str]) -> l
 
 @dataclasses.dataclass(frozen=True)
 class FolderKind:
-    """One kind of folder an input may be.
+    """One kind of folder an input may be."""
 
-    Attributes:
-        name: What it is, as a message says it ("a transformer text model folder").
-        marks: Files whose presence says a folder is meant to be this kind.
-        required: Groups of files; each group needs one of its files (alternatives).
-        made_by: What writes such a folder, for the message's "give ...".
-    """
-
-    name: str
-    marks: tuple[str, ...]
-    required: tuple[tuple[str, ...], ...]
-    made_by: str
+    name: str  # as a message says it ("a transformer text model folder")
+    marks: tuple[str, ...]  # files whose presence says a folder is meant to be this kind
+    required: tuple[tuple[str, ...], ...]  # groups of files; each needs one of its files
+    made_by: str  # what writes such a folder, for the message's "give ..."
 
     def missing(self, files: set[str]) -> list[str]:
         """The required groups none of whose files is in `files`, each spelled "a or b"."""

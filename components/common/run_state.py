@@ -113,46 +113,27 @@ def save(folder: str, name: str, state: Mapping[str, Any], *, sort_keys: bool = 
 
 @dataclasses.dataclass(frozen=True)
 class StateFile:
-    """What a trainer's state file is: everything `open_run` does differently per trainer.
+    """What a trainer's state file is: everything `open_run` does differently per trainer."""
 
-    Attributes:
-        name: The file's name in the checkpoint folder.
-        error: The trainer's exception class, raised for another run's state.
-        differs: What may differ in another run, for the message.
-        version: The state format written; another is refused. None: no version.
-        leftovers: Files and folders a free folder loses (with this file's temporaries).
-        leftover_suffixes: Endings of such files (e.g. ".pth").
-        marker: The file only marks the folder's owner, so a free folder is claimed at once.
-        sort_keys: Sort the JSON's keys.
-        digits: Hex digits of the fingerprint.
-    """
-
-    name: str
-    error: type[Exception]
-    differs: str
-    version: int | None = None
-    leftovers: tuple[str, ...] = ()
-    leftover_suffixes: tuple[str, ...] = ()
-    marker: bool = False
-    sort_keys: bool = False
-    digits: int = 16
+    name: str  # in the checkpoint folder
+    error: type[Exception]  # the trainer's, raised for another run's state
+    differs: str  # what may differ in another run, for the message
+    version: int | None = None  # the state format written (another is refused); None: none
+    leftovers: tuple[str, ...] = ()  # files and folders a free folder loses (and temporaries)
+    leftover_suffixes: tuple[str, ...] = ()  # endings of such files (e.g. ".pth")
+    marker: bool = False  # the file only marks the owner: a free folder is claimed at once
+    sort_keys: bool = False  # of the JSON
+    digits: int = 16  # hex digits of the fingerprint
 
 
 @dataclasses.dataclass
 class Resume:
-    """One run's state in its checkpoint folder (`open_run`).
-
-    Attributes:
-        folder: The checkpoint folder.
-        file: What the state file is.
-        state: The saved state when `resumed`, else a fresh one; the trainer updates it.
-        resumed: Whether the folder already held this run's state.
-    """
+    """One run's state in its checkpoint folder (`open_run`)."""
 
     folder: str
     file: StateFile
-    state: dict[str, Any]
-    resumed: bool
+    state: dict[str, Any]  # the saved one when `resumed`, else a fresh one; the trainer's to update
+    resumed: bool  # whether the folder already held this run's state
 
     def save(self) -> None:
         """Writes `state` to the state file (`save`)."""
