@@ -131,10 +131,8 @@ def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
     series, each counting its own epochs from 1.
 
     Args:
-        model_dir: The trainer's model folder (holds metrics.json).
-        metadata: The model artifact's metadata (parameters, git sha, data sha256).
-        model_uri: The model artifact's URI.
-        evaluation: The evaluation's metrics.json, or None.
+        model_dir, metadata, model_uri, evaluation: As `image_record`'s (the model folder
+            holds metrics.json).
     """
     from components.text_common.contract import TRAINING_METRICS_FILE
 
