@@ -1,9 +1,5 @@
-"""Batch prediction's own rules: decisions, bad input, whole-or-nothing output, gs:// both ways.
-
-The models here are tiny hand-made ones (tests.test_evaluate.save_model); the trained
-DenseNet and AWD-LSTM predict in test_run_local and test_text_pipeline, where their
-predictions are checked against the evaluation step.
-"""
+"""Batch prediction's own rules: decisions, bad input, whole-or-nothing output, gs:// both ways,
+with tiny hand-made models (trained ones predict in test_run_local and test_text_pipeline)."""
 
 import json
 
