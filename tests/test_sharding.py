@@ -384,17 +384,14 @@ def test_the_same_image_in_two_class_folders_is_counted_and_named(tmp_path):
     source = written[first][0]
     copy_name = f"copied{os.path.splitext(source)[1]}"
     shutil.copy(root / source, root / second / copy_name)  # the same bytes, another label
-    manifest = sharding.shard_dataset(str(root), str(tmp_path / "out"),
-                                      ShardConfig(image_size=16, num_workers=1),
-                                      progress=False)
+    manifest = shard(root, tmp_path / "out", min_shards_per_split=16)  # the default
     duplicates = manifest["duplicate_files"]
     assert duplicates["files"] == 2 and duplicates["images"] == 1
     assert duplicates["across_classes"] == {"count": 1,
                                             "copies": [sorted([source, f"{second}/{copy_name}"])]}
     assert duplicates["across_splits"]["count"] in (0, 1)  # wherever the split put them
     os.remove(root / second / copy_name)
-    clean = sharding.shard_dataset(str(root), str(tmp_path / "out3"),
-                                   ShardConfig(image_size=16, num_workers=1), progress=False)
+    clean = shard(root, tmp_path / "out3", min_shards_per_split=16)
     assert clean["duplicate_files"] == {"files": 0, "images": 0,
                                         "across_classes": {"count": 0, "copies": []},
                                         "across_splits": {"count": 0, "copies": []}}
