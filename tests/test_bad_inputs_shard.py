@@ -16,13 +16,9 @@ from components.shard import sharding, writing
 from components.shard.contract import ShardingError
 from components.shard.sharding import ShardConfig
 from tests.conftest import write_class_images
+from tests.test_sharding import SMALL, listed, shard
 
-SMALL = dict(image_size=16, min_shards_per_split=2, num_workers=1)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _listed(manifest) -> list[str]:
-    return sorted(s["file"] for split in manifest["splits"].values() for s in split["shards"])
 
 
 # ----------------------------------------------------------------------- output folder
@@ -37,7 +33,7 @@ def test_foreign_files_named_like_ours_are_refused_and_kept(tmp_path, image_fold
     out.mkdir()
     (out / name).write_bytes(content)
     with pytest.raises(ShardingError) as err:
-        sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+        shard(image_folder, out)
     message = str(err.value)
     assert str(out) in message and name in message
     assert "empty output folder" in message and "remove" in message
@@ -47,11 +43,11 @@ def test_foreign_files_named_like_ours_are_refused_and_kept(tmp_path, image_fold
 
 def test_a_file_our_manifest_does_not_name_is_not_ours(tmp_path, image_folder):
     out = tmp_path / "out"
-    sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    shard(image_folder, out)
     (out / "train-00000-of-00016.tfrecord").write_bytes(b"copied in by hand")
     before = sorted(os.listdir(out))
     with pytest.raises(ShardingError, match="train-00000-of-00016.tfrecord"):
-        sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+        shard(image_folder, out)
     assert sorted(os.listdir(out)) == before  # the earlier output is still whole
 
 
@@ -60,7 +56,7 @@ def test_a_file_our_manifest_does_not_name_is_not_ours(tmp_path, image_folder):
 
 def test_rerun_after_a_killed_run_removes_its_leftovers(tmp_path, image_folder):
     out = tmp_path / "out"
-    sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    shard(image_folder, out)
     # A run killed (no exception handler runs) after one shard and half of another.
     script = textwrap.dedent(f"""
         import os
@@ -79,14 +75,13 @@ def test_rerun_after_a_killed_run_removes_its_leftovers(tmp_path, image_folder):
     assert subprocess.run([sys.executable, "-c", script], cwd=REPO).returncode == 9
     left = os.listdir(out)
     assert "manifest.json" not in left and "train-00000-of-00003.tfrecord" in left
-    manifest = sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL),
-                                      progress=False)
-    assert sorted(os.listdir(out)) == sorted(_listed(manifest) + ["manifest.json"])
+    manifest = shard(image_folder, out)
+    assert sorted(os.listdir(out)) == sorted(listed(manifest) + ["manifest.json"])
 
 
 def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch):
     out = tmp_path / "out"
-    sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    shard(image_folder, out)
 
     def fails(tasks, workers, progress):
         writing.write_shard(tasks[0])
@@ -94,7 +89,7 @@ def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch)
 
     monkeypatch.setattr(sharding, "run_tasks", fails)
     with pytest.raises(RuntimeError, match="disk full"):
-        sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+        shard(image_folder, out)
     assert os.listdir(out) == []
 
 
@@ -111,8 +106,7 @@ def test_a_worker_killed_mid_run_fails_the_step_and_leaves_nothing(tmp_path, ima
     monkeypatch.setattr(sharding, "run_tasks",
                         functools.partial(writing.run_tasks, worker_fn=_killed_on_validation))
     with pytest.raises(ShardingError, match="worker process died.*num_workers"):
-        sharding.shard_dataset(image_folder, str(out),
-                               ShardConfig(**{**SMALL, "num_workers": 2}), progress=False)
+        shard(image_folder, out, num_workers=2)
     assert os.listdir(out) == []
 
 
@@ -130,8 +124,7 @@ def test_linked_folder_inside_a_class_is_followed_and_loops_are_not(tmp_path):
     os.symlink(elsewhere.parent, elsewhere / "up")          # a loop inside the linked folder
     os.symlink(root / "dog", root / "cat" / "dogs")         # another class's folder
 
-    manifest = sharding.shard_dataset(str(root), str(tmp_path / "out"), ShardConfig(**SMALL),
-                                      progress=False)
+    manifest = shard(root, tmp_path / "out")
     assert manifest["skipped"] == []
     assert manifest["examples_in"] == manifest["written"] == 18 + 3
     totals = {c: sum(s["class_counts"][c] for s in manifest["splits"].values())
@@ -156,8 +149,7 @@ def test_class_too_small_for_every_split_is_warned_and_recorded(tmp_path, caplog
         Image.new("RGB", (20, 20), (90, 90, 90)).save(root / "solo" / f"{i}.jpg")
     out = tmp_path / "out"
     with caplog.at_level(logging.WARNING, logger=sharding.__name__):
-        manifest = sharding.shard_dataset(str(root), str(out), ShardConfig(**SMALL),
-                                          progress=False)
+        manifest = shard(root, out)
     assert manifest["splits"]["train"]["class_counts"]["solo"] == n_images
     gaps = manifest["missing_classes"]
     assert [(g["class"], g["splits"]) for g in gaps] == [("solo", ["validation", "test"])]
@@ -188,8 +180,6 @@ def test_a_class_whose_only_test_file_is_unreadable_is_recorded(tmp_path):
 def test_a_split_asked_to_be_empty_is_no_gap(tmp_path):
     root = tmp_path / "data"
     write_class_images(str(root), per_class=10)
-    manifest = sharding.shard_dataset(
-        str(root), str(tmp_path / "out"),
-        ShardConfig(**SMALL, train_fraction=0.9, validation_fraction=0.1, test_fraction=0.0),
-        progress=False)
+    manifest = shard(root, tmp_path / "out", train_fraction=0.9, validation_fraction=0.1,
+                     test_fraction=0.0)
     assert manifest["missing_classes"] == []

@@ -7,10 +7,10 @@ import urllib.parse
 import pytest
 
 from components.common.input_kinds import folder_files
-from components.shard import sharding
 from components.shard.contract import ShardingError
-from components.shard.sharding import ShardConfig, list_labelled_files
+from components.shard.sharding import list_labelled_files
 from tests.conftest import http_json, plant_bad_files, write_class_images
+from tests.test_sharding import bracket_folder, shard
 
 
 def _upload(client, bucket_name, root, prefix):
@@ -26,11 +26,9 @@ def test_shards_a_gs_folder_like_a_local_one(gcs, tmp_path):
     write_class_images(root, per_class=6)
     bad = plant_bad_files(root)
     _upload(gcs, "train-data", root, "datasets/pets/")
-    config = ShardConfig(image_size=16, min_shards_per_split=2, max_skipped_fraction=0.5,
-                         num_workers=2)
-    remote = sharding.shard_dataset("gs://train-data/datasets/pets", str(tmp_path / "remote"),
-                                    config, progress=False)
-    here = sharding.shard_dataset(root, str(tmp_path / "here"), config, progress=False)
+    config = dict(max_skipped_fraction=0.5, num_workers=2)
+    remote = shard("gs://train-data/datasets/pets", tmp_path / "remote", **config)
+    here = shard(root, tmp_path / "here", **config)
     assert remote["input_uri"] == "gs://train-data/datasets/pets"
     assert remote["classes"] == ["cat", "dog", "eel"]
     assert {s["path"] for s in remote["skipped"]} == set(bad)
@@ -46,17 +44,9 @@ def test_missing_gs_folder_is_a_clear_error(gcs, tmp_path):
 
 
 def test_brackets_in_gs_names_are_plain_characters(gcs, tmp_path):
-    from PIL import Image
-
-    root = tmp_path / "images"
-    for name, colour in (("cat [hi-res]", (200, 0, 0)), ("dog", (0, 200, 0))):
-        (root / name).mkdir(parents=True)
-        for i in range(4):
-            Image.new("RGB", (20, 20), colour).save(root / name / f"img[{i}].jpg")
-    _upload(gcs, "bracket-data", str(root), "sets [v2]/")
-    manifest = sharding.shard_dataset(
-        "gs://bracket-data/sets [v2]", str(tmp_path / "out"),
-        ShardConfig(image_size=16, min_shards_per_split=1, num_workers=1), progress=False)
+    bracket_folder(tmp_path / "images", per_class=4)
+    _upload(gcs, "bracket-data", str(tmp_path / "images"), "sets [v2]/")
+    manifest = shard("gs://bracket-data/sets [v2]", tmp_path / "out", min_shards_per_split=1)
     assert manifest["classes"] == ["cat [hi-res]", "dog"]
     assert manifest["written"] == 8 and manifest["skipped"] == []
 

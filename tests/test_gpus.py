@@ -1,6 +1,5 @@
-"""A GPU step that cannot see the GPUs its machine was given ends at once (no GPU here:
-the expected count is one this machine cannot show), and the compiled jobs tell each GPU
-step its count."""
+"""A GPU step that cannot see the GPUs its machine was given ends at once (here: none), and
+the compiled jobs tell each GPU step its count."""
 
 import json
 

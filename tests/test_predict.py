@@ -1,9 +1,5 @@
-"""Batch prediction's own rules: decisions, bad input, whole-or-nothing output, gs:// both ways.
-
-The models here are tiny hand-made ones (tests.test_evaluate.save_model); the trained
-DenseNet and AWD-LSTM predict in test_run_local and test_text_pipeline, where their
-predictions are checked against the evaluation step.
-"""
+"""Batch prediction's own rules: decisions, bad input, whole-or-nothing output, gs:// both ways,
+with tiny hand-made models (trained ones predict in test_run_local and test_text_pipeline)."""
 
 import json
 
@@ -134,7 +130,6 @@ def test_cli_refuses_an_output_that_is_the_input(colour_model, tmp_path, capsys,
 
 
 def test_an_empty_csv_to_label_is_a_clear_error_not_a_pandas_traceback(tmp_path):
-    from components.predict.contract import PredictionError
     from components.predict.prediction import _read_csv_chunks
 
     empty = tmp_path / "new.csv"

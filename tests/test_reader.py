@@ -7,17 +7,14 @@ import pytest
 
 from components.common import images
 from components.formats.shards import make_dataset
-from components.shard import sharding
 from components.shard.contract import read_manifest
-from components.shard.sharding import ShardConfig
+from tests.test_sharding import shard
 
 
 @pytest.mark.parametrize("image_format", ["raw", "jpeg"])
 def test_pixels_labels_and_keys_round_trip(tmp_path, image_folder, image_format):
-    config = ShardConfig(image_size=24, image_format=image_format, min_shards_per_split=3,
-                         num_workers=1)
     out = str(tmp_path / "out")
-    sharding.shard_dataset(image_folder, out, config, progress=False)
+    shard(image_folder, out, image_size=24, image_format=image_format, min_shards_per_split=3)
     manifest = read_manifest(out)
     seen = {}
     for split in ("train", "validation", "test"):

@@ -1,5 +1,6 @@
 """The plain-Python TFRecord writer produces what TensorFlow reads."""
 
+import pytest
 import tensorflow as tf
 
 from components.shard import writing
@@ -30,8 +31,5 @@ def test_corrupted_record_is_detected_by_tensorflow(tmp_path):
     data[14] ^= 0xFF  # flip a payload byte: the data CRC no longer matches
     path = tmp_path / "bad.tfrecord"
     path.write_bytes(bytes(data))
-    try:
+    with pytest.raises(tf.errors.DataLossError):
         list(tf.data.TFRecordDataset(str(path)))
-    except tf.errors.DataLossError:
-        return
-    raise AssertionError("a corrupted record was read without a DataLossError")

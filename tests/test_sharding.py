@@ -19,6 +19,17 @@ from tests.conftest import plant_bad_files, write_class_images
 SMALL = dict(image_size=16, min_shards_per_split=2, num_workers=1)
 
 
+def shard(data, out, **changes) -> dict:
+    """`shard_dataset` with the SMALL settings (`changes` on top), no progress bar."""
+    return sharding.shard_dataset(str(data), str(out), ShardConfig(**{**SMALL, **changes}),
+                                  progress=False)
+
+
+def listed(manifest) -> list[str]:
+    """The shard files a manifest names, sorted."""
+    return sorted(s["file"] for split in manifest["splits"].values() for s in split["shards"])
+
+
 # ----------------------------------------------------------------------- split and sizing
 
 def test_split_counts_round_val_and_test_and_give_train_the_rest():
@@ -180,7 +191,7 @@ def _shard_files(out):
 
 def test_shard_dataset_counts_and_sizes(tmp_path, image_folder):
     out = str(tmp_path / "out")
-    manifest = sharding.shard_dataset(image_folder, out, ShardConfig(**SMALL), progress=False)
+    manifest = shard(image_folder, out)
     assert manifest["examples_in"] == manifest["written"] == 36
     assert manifest["label_map"] == {"cat": 0, "dog": 1, "eel": 2}
     for split, expected in {"train": 10, "validation": 1, "test": 1}.items():
@@ -188,9 +199,8 @@ def test_shard_dataset_counts_and_sizes(tmp_path, image_folder):
         assert counts == {"cat": expected, "dog": expected, "eel": expected}
         shards = manifest["splits"][split]["shards"]
         assert len(shards) == 2 and sum(s["records"] for s in shards) == 3 * expected
-    listed = sorted(s["file"] for sp in manifest["splits"].values() for s in sp["shards"])
-    assert _shard_files(out) == listed
-    assert "train-00000-of-00002.tfrecord" in listed
+    assert _shard_files(out) == listed(manifest)
+    assert "train-00000-of-00002.tfrecord" in listed(manifest)
     assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]
     with open(os.path.join(out, "manifest.json")) as f:
         assert json.load(f) == manifest
@@ -210,17 +220,14 @@ def test_rerun_replaces_previous_output_and_only_ours(tmp_path, image_folder):
     out = tmp_path / "out"
     out.mkdir()
     (out / "mine.tfrecord").write_bytes(b"someone else's records")
-    sharding.shard_dataset(image_folder, str(out), ShardConfig(**SMALL), progress=False)
+    shard(image_folder, out)
     # The temporary name of a shard the manifest names: ours too.
     (out / ".tmp-test-00000-of-00002.tfrecord").write_bytes(b"killed run")
     (out / "notes.txt").write_text("keep me")
-    manifest = sharding.shard_dataset(image_folder, str(out),
-                                      ShardConfig(**{**SMALL, "min_shards_per_split": 3}),
-                                      progress=False)
-    listed = sorted(s["file"] for sp in manifest["splits"].values() for s in sp["shards"])
-    assert "train-00000-of-00003.tfrecord" in listed
-    assert sorted(os.listdir(out)) == sorted(listed + ["manifest.json", "notes.txt",
-                                                       "mine.tfrecord"])
+    manifest = shard(image_folder, out, min_shards_per_split=3)
+    assert "train-00000-of-00003.tfrecord" in listed(manifest)
+    assert sorted(os.listdir(out)) == sorted(listed(manifest) + ["manifest.json", "notes.txt",
+                                                                 "mine.tfrecord"])
     assert (out / "notes.txt").read_text() == "keep me"
     assert (out / "mine.tfrecord").read_bytes() == b"someone else's records"
     # Files named like shards but not ours: tests/test_bad_inputs_shard.py
@@ -233,8 +240,7 @@ def test_class_with_no_usable_image_fails_and_leaves_nothing_whole(tmp_path):
         path.write_bytes(b"corrupt")
     out = tmp_path / "out"
     with pytest.raises(ShardingError, match=r"\['eel'\] have no usable image"):
-        sharding.shard_dataset(str(root), str(out), ShardConfig(**SMALL, max_skipped_fraction=1),
-                               progress=False)
+        shard(root, out, max_skipped_fraction=1)
     assert os.listdir(out) == []
 
 
@@ -244,24 +250,18 @@ def test_too_many_skipped_files_fail_with_the_reasons(tmp_path):
     bad = plant_bad_files(str(root))
     out = tmp_path / "out"
     with pytest.raises(ShardingError) as err:
-        sharding.shard_dataset(str(root), str(out), ShardConfig(**SMALL, max_skipped_fraction=0.05),
-                               progress=False)
+        shard(root, out, max_skipped_fraction=0.05)
     message = str(err.value)
     assert "3 of 33 files" in message and "max_skipped_fraction" in message
     assert all(path in message for path in bad)
     assert os.listdir(out) == []
-    manifest = sharding.shard_dataset(str(root), str(out),
-                                      ShardConfig(**SMALL, max_skipped_fraction=0.1),
-                                      progress=False)
+    manifest = shard(root, out, max_skipped_fraction=0.1)
     assert {s["path"]: s["reason"] for s in manifest["skipped"]}.keys() == bad.keys()
 
 
 def test_parallel_workers_write_the_same_bytes_as_one(tmp_path, image_folder):
-    one = sharding.shard_dataset(image_folder, str(tmp_path / "a"), ShardConfig(**SMALL),
-                                 progress=False)
-    two = sharding.shard_dataset(image_folder, str(tmp_path / "b"),
-                                 ShardConfig(**{**SMALL, "num_workers": 2}), progress=False)
-    assert one["splits"] == two["splits"]
+    two = shard(image_folder, tmp_path / "b", num_workers=2)
+    assert shard(image_folder, tmp_path / "a")["splits"] == two["splits"]
 
 
 # ----------------------------------------------------------------------- awkward inputs
@@ -283,14 +283,18 @@ def _read_back(out: str) -> dict[str, np.ndarray]:
     return images
 
 
-def test_brackets_in_folder_and_file_names_are_plain_characters(tmp_path):
-    root = tmp_path / "data [v2]"
+def bracket_folder(root, per_class: int):
+    """Two classes, "cat [hi-res]" and "dog", of `per_class` images named "img[<i>].jpg"."""
     for name, colour in (("cat [hi-res]", (200, 0, 0)), ("dog", (0, 200, 0))):
         (root / name).mkdir(parents=True)
-        for i in range(6):
+        for i in range(per_class):
             Image.new("RGB", (20, 20), colour).save(root / name / f"img[{i}].jpg")
-    manifest = sharding.shard_dataset(str(root), str(tmp_path / "out"),
-                                      ShardConfig(**SMALL), progress=False)
+
+
+def test_brackets_in_folder_and_file_names_are_plain_characters(tmp_path):
+    root = tmp_path / "data [v2]"
+    bracket_folder(root, per_class=6)
+    manifest = shard(root, tmp_path / "out")
     assert manifest["classes"] == ["cat [hi-res]", "dog"]
     assert manifest["written"] == 12 and manifest["skipped"] == []
     assert "cat [hi-res]/img[0].jpg" in _read_back(str(tmp_path / "out"))
@@ -355,7 +359,7 @@ def test_output_folder_overlapping_the_input_is_refused(tmp_path, inside):
     before = sorted(p.name for p in root.rglob("*"))
     out = root / "cat" / "shards" if inside == "input/out" else tmp_path
     with pytest.raises(ShardingError, match="overlap.*write the output outside"):
-        sharding.shard_dataset(str(root), str(out), ShardConfig(**SMALL), progress=False)
+        shard(root, out)
     assert sorted(p.name for p in root.rglob("*")) == before
 
 
@@ -380,17 +384,14 @@ def test_the_same_image_in_two_class_folders_is_counted_and_named(tmp_path):
     source = written[first][0]
     copy_name = f"copied{os.path.splitext(source)[1]}"
     shutil.copy(root / source, root / second / copy_name)  # the same bytes, another label
-    manifest = sharding.shard_dataset(str(root), str(tmp_path / "out"),
-                                      ShardConfig(image_size=16, num_workers=1),
-                                      progress=False)
+    manifest = shard(root, tmp_path / "out", min_shards_per_split=16)  # the default
     duplicates = manifest["duplicate_files"]
     assert duplicates["files"] == 2 and duplicates["images"] == 1
     assert duplicates["across_classes"] == {"count": 1,
                                             "copies": [sorted([source, f"{second}/{copy_name}"])]}
     assert duplicates["across_splits"]["count"] in (0, 1)  # wherever the split put them
     os.remove(root / second / copy_name)
-    clean = sharding.shard_dataset(str(root), str(tmp_path / "out3"),
-                                   ShardConfig(image_size=16, num_workers=1), progress=False)
+    clean = shard(root, tmp_path / "out3", min_shards_per_split=16)
     assert clean["duplicate_files"] == {"files": 0, "images": 0,
                                         "across_classes": {"count": 0, "copies": []},
                                         "across_splits": {"count": 0, "copies": []}}

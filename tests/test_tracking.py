@@ -1,6 +1,5 @@
-"""MLflow tracking: the records logged, the file store, the URIs a step can use. Whole runs
-are tracked where they already run (tests/test_run_local.py, test_text_pipeline.py,
-test_lm_pipeline.py)."""
+"""MLflow tracking: the records logged, the file store, the URIs a step can use (whole runs
+are tracked in test_run_local.py, test_text_pipeline.py, test_lm_pipeline.py)."""
 
 import json
 import os

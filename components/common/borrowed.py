@@ -1,12 +1,7 @@
-"""Other libraries' private names the product needs where no public way exists (one today).
-
-Read at the pinned versions (CPython 3.11, the images' python:3.11.16, pyproject's
-`requires-python`); tests/test_borrowed.py fails when the library changes, and
-tests/test_structure.py keeps every other product module to other libraries' public names.
-
-Known elsewhere, left for a later change: pipelines/definitions/tuning.py edits the text of
-GCPC's compiled tuning payload (google-cloud-pipeline-components 2.22.0), a private format
-rather than a private name.
+"""Other libraries' private names the product needs where no public way exists (one today),
+read at the pinned versions (CPython 3.11); tests/test_borrowed.py fails when the library
+changes, tests/test_structure.py keeps every other module to public names. Known elsewhere:
+pipelines/definitions/tuning.py edits GCPC 2.22.0's compiled tuning payload (a private format).
 """
 
 from __future__ import annotations
@@ -18,11 +13,9 @@ from collections.abc import Callable
 def before_thread_pools_end(callback: Callable[[], None]) -> None:
     """Runs `callback` when the main thread ends, before concurrent.futures' pools shut down.
 
-    Not `atexit` (the public hook): its handlers run after the pools are shut down, when
-    nothing can be scheduled on them any more. CPython's `threading._register_atexit` is
-    concurrent.futures' own hook and has no public name; its handlers run last registered
-    first, and concurrent.futures registers on import (done here first), so its pools
-    shut down after `callback`. Where it is missing, `atexit`, with a warning.
+    Not `atexit`: its handlers run once the pools are shut. `threading._register_atexit`
+    (concurrent.futures' own hook, no public name) runs last registered first, and
+    concurrent.futures registers on import (done here first). Missing: `atexit`, warned.
     """
     import concurrent.futures.thread  # noqa: F401 (registers its pools' shutdown now)
     import threading

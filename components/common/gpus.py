@@ -1,8 +1,5 @@
-"""A GPU step checks, before it trains, that it sees the GPUs its machine was given.
-
-The frameworks fall back to the CPU silently, billing GPU hours for a CPU run; the compiled
-job names the count (`EXPECTED_GPUS_VARIABLE`) and the step fails within seconds (status 1:
-Vertex ends the job rather than restarting the worker).
+"""A GPU step checks, before it trains, that it sees the GPUs its machine was given (the
+compiled job names the count): the frameworks fall back to the CPU silently, at GPU prices.
 """
 
 from __future__ import annotations

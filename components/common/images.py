@@ -35,8 +35,7 @@ def decode_image(data: bytes, size: int) -> Image.Image:
         raise BadImage("empty file")
     try:
         image = Image.open(io.BytesIO(data))
-        # JPEG draft scaling while both sides stay >= 4 x size (a 1/8 decode to ~size is a
-        # block average, levels away from the serving graph's resize).
+        # JPEG draft scaling to >= 4 x size (nearer is a block average, unlike serving's resize)
         image.draft("RGB", (_DRAFT_MARGIN * size, _DRAFT_MARGIN * size))
         width, height = image.size
         if width * height > MAX_DECODE_PIXELS:

@@ -1,9 +1,6 @@
-"""Input kinds: what text is (`decode_text`), a CSV's header (`csv_header`), and what a
-folder of a kind holds (`FolderKind`, declared by the contract of the step that reads it).
-
-Text is UTF-8 (a BOM allowed) with at most `CONTROL_SHARE` control characters other than
-whitespace; the error names the input, the first bad offset and what it looks like instead.
-"""
+"""Input kinds: what text is (`decode_text`: UTF-8, a BOM allowed, at most `CONTROL_SHARE`
+control characters), a CSV's header (`csv_header`), and what a folder of a kind holds
+(`FolderKind`, declared by the contract of the step that reads it)."""
 
 from __future__ import annotations
 
@@ -71,8 +68,7 @@ def decode_text(raw: bytes, name: str, controls: bool = True) -> str:
     Args:
         raw: The file's bytes.
         name: The input, named in the message.
-        controls: Hold the whole to the control-character rule (False: a CSV's cells are
-            held to it one by one, `text_problem`).
+        controls: Hold the whole to the control-character rule (False: cell by cell).
 
     Returns:
         The decoded text.
@@ -146,19 +142,12 @@ def csv_header(lines: Iterable[str], name: str, columns: Mapping[str, str]) -> l
 
 @dataclasses.dataclass(frozen=True)
 class FolderKind:
-    """One kind of folder an input may be.
+    """One kind of folder an input may be."""
 
-    Attributes:
-        name: What it is, as a message says it ("a transformer text model folder").
-        marks: Files whose presence says a folder is meant to be this kind.
-        required: Groups of files; each group needs one of its files (alternatives).
-        made_by: What writes such a folder, for the message's "give ...".
-    """
-
-    name: str
-    marks: tuple[str, ...]
-    required: tuple[tuple[str, ...], ...]
-    made_by: str
+    name: str  # as a message says it ("a transformer text model folder")
+    marks: tuple[str, ...]  # files whose presence says a folder is meant to be this kind
+    required: tuple[tuple[str, ...], ...]  # groups of files; each needs one of its files
+    made_by: str  # what writes such a folder, for the message's "give ..."
 
     def missing(self, files: set[str]) -> list[str]:
         """The required groups none of whose files is in `files`, each spelled "a or b"."""

@@ -1,8 +1,6 @@
-"""Classification metrics as JSON-ready dicts (no NaN), shared by evaluators and trainers.
-
-From `sklearn.metrics` with `zero_division=0` (a ratio over zero is 0.0); macro averages
-count every class given, absent ones too; the predicted class is the argmax. scikit-learn
-is imported where it computes: steps that only read results never wait for it.
+"""Classification metrics as JSON-ready dicts (no NaN), shared by evaluators and trainers:
+`sklearn.metrics` with `zero_division=0`; macro averages count every class given, absent
+ones too; the predicted class is the argmax. scikit-learn is imported where it computes.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common.storage import read_json, write_json_atomically
+from components.common.storage import read_json, write_json_atomically, write_text_atomically
 
 # What every evaluation step writes into its output folder.
 EVALUATION_FILE = "metrics.json"
@@ -50,11 +48,9 @@ def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> np.ndarr
 
 def roc_curve(positive: np.ndarray, scores: np.ndarray,
               max_points: int = ROC_MAX_POINTS) -> dict[str, Any] | None:
-    """The ROC curve of scores against binary truth, and its area.
-
-    scikit-learn's curve; its first threshold is 1.0 (or just above a top score >= 1)
-    instead of infinity, which JSON rejects; thinned evenly along its length. The area
-    is taken before the thinning.
+    """The ROC curve of scores against binary truth, thinned evenly along its length, and its
+    area (before the thinning); the first threshold is 1.0 (or just above a top score >= 1)
+    instead of scikit-learn's infinity, which JSON rejects.
 
     Args:
         positive: Boolean truth, shape (n,).
@@ -359,8 +355,7 @@ def write_outputs(result: dict[str, Any], output_dir: str, report: str) -> None:
     os.makedirs(output_dir, exist_ok=True)
     write_json_atomically(os.path.join(output_dir, EVALUATION_FILE), result, sort_keys=False,
                           allow_nan=False)
-    with open(os.path.join(output_dir, REPORT_FILE), "w") as f:
-        f.write(report)
+    write_text_atomically(os.path.join(output_dir, REPORT_FILE), report)
 
 
 def read_evaluation(evaluation_dir: str) -> dict[str, Any]:

@@ -1,9 +1,6 @@
-"""The preemption notice: SIGTERM stops training at the next step and seals a checkpoint there.
-
-Spot, flex-start and drained nodes send SIGTERM, then kill after a grace period (~30 s). A
-`Notice` only sets a flag; the training loop reads it at each step (all ranks agree:
-`any_rank`), seals a mid-epoch checkpoint and raises `Preempted`, so the platform retries
-and the retry resumes. `checkpoint_every_steps` also seals every N optimizer steps.
+"""The preemption notice: SIGTERM (Spot, flex-start, a drained node; a kill follows ~30 s
+later) sets a `Notice` flag; the training loop reads it at each step (all ranks agree:
+`any_rank`), seals a checkpoint there and raises `Preempted`; the retry resumes.
 """
 
 from __future__ import annotations

@@ -13,13 +13,6 @@ from components.common.storage import filesystem
 GIT_SHA_ENV = "VERTEX_GPU_PIPELINES_GIT_SHA"
 
 
-def file_sha256(uri: str) -> str:
-    """sha256 of a file's bytes, local or gs://."""
-    fs, path = filesystem(uri)
-    with fs.open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def git_sha() -> str:
     """The git commit the running image was built from ("unknown" outside an image)."""
     return os.environ.get(GIT_SHA_ENV) or "unknown"
@@ -35,5 +28,7 @@ def provenance(data_file: str, parameters: dict[str, Any]) -> dict[str, Any]:
     Returns:
         `{"git_sha", "data_sha256", "parameters"}`.
     """
-    return {"git_sha": git_sha(), "data_sha256": file_sha256(data_file),
-            "parameters": dict(parameters)}
+    fs, path = filesystem(data_file)  # local or gs://
+    with fs.open(path, "rb") as f:
+        data_sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+    return {"git_sha": git_sha(), "data_sha256": data_sha256, "parameters": dict(parameters)}

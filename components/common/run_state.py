@@ -1,8 +1,6 @@
-"""The state file that ties a checkpoint folder to one training run, for every trainer.
-
-Its "fingerprint" hashes what defines the run: the same run resumes, another run's folder
-is refused (never resumed nor wiped), a folder with no state is free (`remove_leftovers`).
-Imports neither TensorFlow nor torch; checkpoint folders are local (gs:// as its FUSE path).
+"""The state file that ties a checkpoint folder to one training run, for every trainer: its
+"fingerprint" hashes what defines the run; the same run resumes, another run's folder is
+refused (never resumed nor wiped), a folder with no state is free (`remove_leftovers`).
 """
 
 from __future__ import annotations
@@ -67,9 +65,7 @@ def load(folder: str, name: str, run_fingerprint: str, *, error: type[Exception]
         folder: The checkpoint folder.
         name: The state file's name in it.
         run_fingerprint: This run's `fingerprint`.
-        error: The trainer's exception class.
-        differs: What may differ in another run, for the message.
-        version: The state format written; another is refused. None: no version.
+        error, differs, version: As `StateFile`'s.
 
     Raises:
         error: The file is another run's (or version's), or `folder` is a gs:// URI.
@@ -91,10 +87,8 @@ def load(folder: str, name: str, run_fingerprint: str, *, error: type[Exception]
 
 
 def save(folder: str, name: str, state: Mapping[str, Any], *, sort_keys: bool = False) -> None:
-    """Writes the state file whole or not at all, then pushes a mirrored folder.
-
-    Its temporary name is its own (`mkstemp`): processes saving at once never take each
-    other's (a fixed name failed 9 of 600 concurrent saves).
+    """Writes the state file whole or not at all, then pushes a mirrored folder. Its
+    temporary name is its own (`mkstemp`): a fixed one failed 9 of 600 concurrent saves.
 
     Args:
         folder: The checkpoint folder; created when missing.
@@ -119,49 +113,30 @@ def save(folder: str, name: str, state: Mapping[str, Any], *, sort_keys: bool = 
 
 @dataclasses.dataclass(frozen=True)
 class StateFile:
-    """What a trainer's state file is: everything `open_run` does differently per trainer.
+    """What a trainer's state file is: everything `open_run` does differently per trainer."""
 
-    Attributes:
-        name: The file's name in the checkpoint folder.
-        error: The trainer's exception class, raised for another run's state.
-        differs: What may differ in another run, for the message.
-        version: The state format written; another is refused. None: no version.
-        leftovers: Files and folders a free folder loses (with this file's temporaries).
-        leftover_suffixes: Endings of such files (e.g. ".pth").
-        marker: The file only marks the folder's owner, so a free folder is claimed at once.
-        sort_keys: Sort the JSON's keys.
-        digits: Hex digits of the fingerprint.
-    """
-
-    name: str
-    error: type[Exception]
-    differs: str
-    version: int | None = None
-    leftovers: tuple[str, ...] = ()
-    leftover_suffixes: tuple[str, ...] = ()
-    marker: bool = False
-    sort_keys: bool = False
-    digits: int = 16
+    name: str  # in the checkpoint folder
+    error: type[Exception]  # the trainer's, raised for another run's state
+    differs: str  # what may differ in another run, for the message
+    version: int | None = None  # the state format written (another is refused); None: none
+    leftovers: tuple[str, ...] = ()  # files and folders a free folder loses (and temporaries)
+    leftover_suffixes: tuple[str, ...] = ()  # endings of such files (e.g. ".pth")
+    marker: bool = False  # the file only marks the owner: a free folder is claimed at once
+    sort_keys: bool = False  # of the JSON
+    digits: int = 16  # hex digits of the fingerprint
 
 
 @dataclasses.dataclass
 class Resume:
-    """One run's state in its checkpoint folder (`open_run`).
-
-    Attributes:
-        folder: The checkpoint folder.
-        file: What the state file is.
-        state: The saved state when `resumed`, else a fresh one; the trainer updates it.
-        resumed: Whether the folder already held this run's state.
-    """
+    """One run's state in its checkpoint folder (`open_run`)."""
 
     folder: str
     file: StateFile
-    state: dict[str, Any]
-    resumed: bool
+    state: dict[str, Any]  # the saved one when `resumed`, else a fresh one; the trainer's to update
+    resumed: bool  # whether the folder already held this run's state
 
     def save(self) -> None:
-        """Writes `state` to the state file (`save`: whole or not at all)."""
+        """Writes `state` to the state file (`save`)."""
         save(self.folder, self.file.name, self.state, sort_keys=self.file.sort_keys)
 
     def path(self, name: str) -> str:
@@ -177,9 +152,8 @@ class Resume:
 
 def open_run(folder: str, file: StateFile, run_values: Mapping[str, Any], *,
              fresh: Mapping[str, Any] | None = None, write: bool = True) -> Resume:
-    """Resumes this run's state in `folder`, or starts a fresh one there.
-
-    A free folder loses `file.leftovers`, and a marker file is written at once.
+    """Resumes this run's state in `folder`, or starts a fresh one there (a free folder
+    loses `file.leftovers`; a marker file is written at once).
 
     Args:
         folder: The checkpoint folder (a local path).
@@ -213,7 +187,7 @@ def open_run(folder: str, file: StateFile, run_values: Mapping[str, Any], *,
 def remove_leftovers(folder: str, names: Iterable[str] = (), suffixes: Iterable[str] = ()
                      ) -> None:
     """Removes a trainer's files (named, their `save` temporaries, those ending in
-    `suffixes`) from a folder that holds no state; other files stay.
+    `suffixes`) from a folder that holds no state.
 
     Args:
         folder: The checkpoint folder (nothing happens when it does not exist).

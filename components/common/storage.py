@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -62,11 +63,9 @@ def local_path(uri: str) -> str:
 
 def run_folder(variable: str, output_path: str, default: str | None,
                environ: Mapping[str, str] | None = None) -> str:
-    """A job folder Vertex names in `variable`, narrowed to this pipeline task.
-
-    The sub-folder `<pipeline job>/<task>` keeps runs apart while a restarted job of the
-    task finds its state again. gs:// is reached through the FUSE mount; where no store
-    is mounted (s3://, or `OBJECT_STORE_MOUNTED=0`) the folder is a `mirrored_folder`.
+    """A job folder Vertex names in `variable`, narrowed to this task's `<pipeline job>/<task>`
+    (runs kept apart, a restarted task finds its state): gs:// through the FUSE mount, a
+    `mirrored_folder` where no store is mounted (s3://, or `OBJECT_STORE_MOUNTED=0`).
 
     Args:
         variable: The environment variable, e.g. "AIP_CHECKPOINT_DIR".
@@ -96,8 +95,7 @@ MOUNTED_VARIABLE = "OBJECT_STORE_MOUNTED"
 # Pushed last, so a pod killed mid-push leaves the remote pointing at a whole checkpoint.
 _POINTERS = ("checkpoint", "run.json", "state.json", "lm_state.json", "sealed")
 _MIRRORS: dict[str, Mirror] = {}  # remote -> its mirror in this process
-# Tries of a push or probe, waiting PUSH_BACKOFF_S, then twice that...: a hiccup costs
-# seconds, a store that stays down fails the step within about a minute.
+# Tries of a push or probe, waiting PUSH_BACKOFF_S, then twice that...: about a minute.
 PUSH_ATTEMPTS = 4
 PUSH_BACKOFF_S = 2.0
 # Errors no retry mends: no such bucket (or local file), no permission.
@@ -121,16 +119,13 @@ def _process_start(pid: int) -> str:
 
 
 def mirror_path(remote: str) -> str:
-    """The local folder of this process's mirror of `remote` (not made here).
-
-    Named by the remote and the process that started the job: DDP ranks under torch's
-    launcher (TORCHELASTIC_RUN_ID) share their parent's; unrelated processes never share.
+    """The local folder of this process's mirror of `remote` (not made here), named by the
+    remote and the process that started the job: DDP ranks under torch's launcher
+    (TORCHELASTIC_RUN_ID) share their parent's; unrelated processes never share.
 
     Args:
         remote: The gs:// or s3:// folder.
     """
-    import hashlib
-
     pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
     key = f"{remote.rstrip('/')}\n{pid}.{_process_start(pid)}"
     return os.path.join(tempfile.gettempdir(), "mirrors",
@@ -156,10 +151,9 @@ def _retrying(action: Callable[[], None], what: str) -> None:
 
 
 class Mirror:
-    """A local copy of an object store folder that is not mounted (checkpoints, logs).
-
-    Filled once under a file lock (`mirror_path`); only RANK 0 pushes, and checks first
-    that it can write, list and delete there, before hours of training are lost.
+    """A local copy of an object store folder that is not mounted (checkpoints, logs), filled
+    once under a file lock; only RANK 0 pushes, and checks first that it can write, list and
+    delete there, before hours of training are lost.
 
     Args:
         remote: The gs:// or s3:// folder.
@@ -222,10 +216,8 @@ class Mirror:
         return files
 
     def push(self) -> None:
-        """Uploads what changed (pointers last), then removes what the trainer removed.
-
-        A failed upload is tried again from the file that failed; one that still fails
-        raises: training on while the store keeps nothing would be lost.
+        """Uploads what changed (pointers last), then removes what the trainer removed; a
+        failed upload is tried again from the file that failed.
 
         Raises:
             CheckpointStoreError: The store refused the push PUSH_ATTEMPTS times.
@@ -290,8 +282,8 @@ def push_mirrors(folder: str | None = None) -> None:
 
 
 def _push_at_exit(pid: int) -> None:
-    """The last push, at exit, in process `pid` only (forked workers inherit the hook);
-    a failure exits with 1, since an exception at exit leaves the status 0."""
+    """The last push, at exit, in process `pid` only (forked workers inherit the hook); a
+    failure exits with 1 (an exception at exit leaves the status 0)."""
     if os.getpid() != pid:
         return
     try:

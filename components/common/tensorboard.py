@@ -1,7 +1,4 @@
-"""TensorBoard event logs of the fastai trainers: one point per epoch for each scalar.
-
-`ScalarLog` needs the `tensorboard` package only when a folder is set.
-"""
+"""TensorBoard event logs of the fastai trainers: one point per epoch for each scalar."""
 
 from __future__ import annotations
 
@@ -17,10 +14,8 @@ TENSORBOARD_VARIABLE = "AIP_TENSORBOARD_LOG_DIR"
 
 def log_folder(output_path: str, explicit: str | None = None,
                environ: Mapping[str, str] | None = None) -> str | None:
-    """The folder a trainer writes its TensorBoard logs to, or None for no logs.
-
-    `explicit`, else this task's sub-folder of `AIP_TENSORBOARD_LOG_DIR`; no default
-    inside the output, whose files are exactly those its readers expect.
+    """The folder a trainer writes its TensorBoard logs to: `explicit`, else this task's
+    sub-folder of `AIP_TENSORBOARD_LOG_DIR`, else None (never inside the output).
 
     Args:
         output_path: The step's output artifact path (names the task's sub-folder).
@@ -56,9 +51,7 @@ def model_step(history: list[Mapping[str, Any]], model: str) -> int:
 
 class ScalarLog:
     """TensorBoard scalars, flushed as each epoch ends; does nothing without a folder.
-
-    Callers write an epoch after its checkpoint is saved: a resumed run never writes a
-    step twice.
+    Callers write an epoch after its checkpoint is saved: a resumed run writes no step twice.
     """
 
     def __init__(self, folder: str | None):

@@ -1,9 +1,6 @@
-"""One rule for a setting's value, whoever hands it over: pydantic's lax mode.
-
-Text ("32", "true"), floats meant as whole numbers ("32.0", 32.0) or typed values are read
-into the declared type alike: no 2.5 as an int, booleans as true/false, yes/no, on/off, 1/0,
-floats only finite. pydantic is imported when a value is read.
-"""
+"""One rule for a setting's value, whoever hands it over: pydantic's lax mode (text, whole
+floats or typed values alike; no 2.5 as an int, booleans as true/false, yes/no, on/off, 1/0,
+floats only finite)."""
 
 from __future__ import annotations
 

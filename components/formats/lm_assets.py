@@ -1,8 +1,6 @@
-"""Pretrained language model assets: their layout, the tokenizer both fastai text trainers
-cut text with (`make_tokenizer`: the LM and the classifier must cut alike), and the writer
-of a language model in that layout (`save_lm_assets`). fastai and torch load when called.
-Layout: `<lang>/{forward,backward}/{config.json,vocab.pkl,weights.pth}`, `<lang>/spm/spm.model`.
-"""
+"""Pretrained language model assets (`<lang>/{forward,backward}/{config.json,vocab.pkl,
+weights.pth}`, `<lang>/spm/spm.model`), their writer, and the tokenizer both fastai text
+trainers cut text with (the LM and the classifier must cut alike)."""
 
 from __future__ import annotations
 
@@ -18,11 +16,9 @@ SPM_FILE = "spm/spm.model"
 LM_METRICS_FILE = "lm_metrics.json"
 
 
-# How much of a file's start and end `lm_file_problem` reads: a zip's end record sits in
-# its last 22 bytes plus a comment of up to 64 KB.
+# The start and end `lm_file_problem` reads: a zip's end record is 22 bytes + a 64 KB comment.
 LM_FILE_HEAD, LM_FILE_TAIL = 16, 65_558
-# What `torch.save` writes: a zip archive, or (before torch 1.6) pickles that open with
-# its magic number.
+# What `torch.save` writes: a zip archive, or (before torch 1.6) its magic number's pickles.
 _TORCH_ZIP, _ZIP_END = b"PK\x03\x04", b"PK\x05\x06"
 _TORCH_LEGACY = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
 
@@ -98,8 +94,7 @@ def make_tokenizer(lang: str, spm_model: str | None, cache_dir: str):
 
 def save_lm_assets(learn, root: str, lang: str, backwards: bool,
                    config: dict[str, Any]) -> list[str]:
-    """Writes a language model learner in the assets layout (also to publish one
-    pretrained elsewhere, e.g. on a Wikipedia dump).
+    """Writes a language model learner in the assets layout.
 
     Args:
         learn: A fastai language model learner (`language_model_learner`).
@@ -118,8 +113,7 @@ def save_lm_assets(learn, root: str, lang: str, backwards: bool,
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, n) for n in LM_FILES]
     write_json_atomically(paths[0], {"arch": "AWD_LSTM", **config})
-    # The texts' vocabulary, as `load_pretrained` reads it: a classifier's dls hold an `L`
-    # of (texts, labels) vocabularies.
+    # The texts' vocabulary (a classifier's dls hold an `L` of texts' and labels').
     vocab = learn.dls.vocab
     save_pickle(paths[1], list(vocab[0] if isinstance(vocab, L) else vocab))
     torch.save(learn.model.state_dict(), paths[2])

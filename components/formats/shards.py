@@ -19,29 +19,20 @@ from components.shard.contract import (
 if TYPE_CHECKING:
     import tensorflow as tf
 
-# Records are parsed 64 at a time: one vectorised parse_example per batch costs far
-# less than one parse_single_example per record (measured in bench/input_bench.py).
+# Records parsed 64 at a time: far cheaper than one by one (bench/input_bench.py).
 _PARSE_BATCH = 64
 
 
-def _shape(manifest: dict[str, Any]) -> tuple[int, int, int]:
-    image = manifest["image"]
-    return image["height"], image["width"], image["channels"]
-
-
-def parse_fn(manifest: dict[str, Any], with_keys: bool = False):
-    """Batch of serialized Examples -> dict of batched features (raw images reshaped here,
-    JPEGs left for `decode_fn`)."""
+def _parse_and_decode(manifest: dict[str, Any], with_keys: bool):
+    """`(parse, decode)`: a batch of serialized Examples to batched features (raw images
+    reshaped), and one example's features to `(image uint8 HxWx3, label int32[, key])`."""
     import tensorflow as tf
 
-    shape = _shape(manifest)
-    spec = {
-        IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
-        LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
-    }
-    if with_keys:
-        spec[KEY_KEY] = tf.io.FixedLenFeature([], tf.string)
-    raw = manifest["image"]["format"] == "raw"
+    image = manifest["image"]
+    shape, raw = (image["height"], image["width"], image["channels"]), image["format"] == "raw"
+    keys = (IMAGE_KEY, LABEL_KEY, KEY_KEY) if with_keys else (IMAGE_KEY, LABEL_KEY)
+    spec = {key: tf.io.FixedLenFeature([], tf.int64 if key == LABEL_KEY else tf.string)
+            for key in keys}
 
     def parse(serialized):
         features = tf.io.parse_example(serialized, spec)
@@ -51,25 +42,13 @@ def parse_fn(manifest: dict[str, Any], with_keys: bool = False):
         features[LABEL_KEY] = tf.cast(features[LABEL_KEY], tf.int32)
         return features
 
-    return parse
-
-
-def decode_fn(manifest: dict[str, Any], with_keys: bool = False):
-    """A function from one parsed example to `(image uint8 HxWx3, label int32[, key])`."""
-    import tensorflow as tf
-
-    shape = _shape(manifest)
-    jpeg = manifest["image"]["format"] == "jpeg"
-
     def decode(features):
-        pixels = features[IMAGE_KEY]
-        if jpeg:
-            pixels = tf.ensure_shape(tf.io.decode_jpeg(pixels, channels=3), shape)
-        if with_keys:
-            return pixels, features[LABEL_KEY], features[KEY_KEY]
-        return pixels, features[LABEL_KEY]
+        if image["format"] == "jpeg":
+            features[IMAGE_KEY] = tf.ensure_shape(
+                tf.io.decode_jpeg(features[IMAGE_KEY], channels=3), shape)
+        return tuple(features[key] for key in keys)
 
-    return decode
+    return parse, decode
 
 
 def make_dataset(
@@ -110,7 +89,7 @@ def make_dataset(
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
     dataset = file_ds.interleave(tf.data.TFRecordDataset,
                                  cycle_length=cycle_length or min(len(files), 16), **parallel)
-    parse, decode = parse_fn(manifest, with_keys), decode_fn(manifest, with_keys)
+    parse, decode = _parse_and_decode(manifest, with_keys)
     if manifest["image"]["format"] == "raw":
         # Nothing left to decode per image: split the decoded batch straight into examples.
         return dataset.batch(_PARSE_BATCH).map(lambda s: decode(parse(s)), **parallel).unbatch()

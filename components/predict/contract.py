@@ -1,9 +1,7 @@
-"""The prediction step's contract: which model a folder holds and what predictions look like.
-
-`predictions.jsonl`: one object per input, in input order: `{"input": <file URI or CSV
-data row from 0>, "labels": [...], "scores": {<label>: <probability>}}` (plus
-`"truncated": true` for a text read up to `MAX_TEXT_CHARS`), or `{"input", "error"}`.
-"""
+"""The prediction step's contract: which model a folder holds and what predictions look like
+(`predictions.jsonl`, in input order: `{"input": <file URI or CSV row from 0>, "labels",
+"scores": {<label>: <probability>}}`, `"truncated": true` for a long text, or `{"input",
+"error"}`)."""
 
 from __future__ import annotations
 
@@ -55,10 +53,8 @@ _OTHER_FOLDERS = (
 
 
 def model_folder_kind(name: str, files: Iterable[str]) -> str:
-    """Which trained model folder `files` make: "image", "fastai" or "transformer".
-
-    A folder marked as a kind but lacking a required file is named with that file, never
-    guessed at as another kind.
+    """Which trained model folder `files` make: "image", "fastai" or "transformer" (one
+    marked as a kind but lacking a file is named with that file, never taken for another).
 
     Args:
         name: The folder, as the message names it.

@@ -1,8 +1,7 @@
 """Batch prediction with a trained model: a folder of images or a CSV of texts -> JSON lines.
 
-Images go through the sharding step's decoding and, when the shards held JPEG, the same
-JPEG round trip, so a test-split file scores as its shard did; texts through the exported
-learner's tokenizer. Inputs stream in batches; the output appears whole, or not at all.
+Images are decoded as the sharding step does (and JPEG round-tripped when the shards held
+JPEG), so a test-split file scores as its shard did; the output appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -38,10 +37,10 @@ def decide(scores: np.ndarray, labels: Sequence[str], threshold: float | None) -
     return [label for label, p in zip(labels, scores) if p >= threshold]
 
 
-def prediction_line(source: Any, scores: np.ndarray, labels: Sequence[str],
+def prediction_line(scores: np.ndarray, labels: Sequence[str],
                     threshold: float | None) -> dict[str, Any]:
-    """One output record: the input, the labels predicted and every label's probability."""
-    return {"input": source, "labels": decide(scores, labels, threshold),
+    """One output record less its input: the labels predicted and every label's probability."""
+    return {"labels": decide(scores, labels, threshold),
             "scores": {label: round(float(p), 6) for label, p in zip(labels, scores)}}
 
 
@@ -50,11 +49,9 @@ def text_predictions(texts: Sequence[str], problems: Sequence[str], probabilitie
     """Per text, its prediction line without "input", or `{"error": its problem}`.
 
     Args:
-        texts: The texts (one over `MAX_TEXT_CHARS` is read up to it and its line adds
-            `"truncated": true`).
+        texts: The texts (one over `MAX_TEXT_CHARS` is cut there: `"truncated": true`).
         problems: Per text, why it cannot be scored; "" when it can.
-        probabilities_of: texts -> (len(texts), len(labels)) probabilities; called once,
-            with the texts that can be scored.
+        probabilities_of: The scorable texts -> their probabilities (n, labels); called once.
         labels: Label names in column order.
         threshold: Multi-label threshold; None for single-label (see `decide`).
     """
@@ -65,8 +62,7 @@ def text_predictions(texts: Sequence[str], problems: Sequence[str], probabilitie
         if i not in scored:
             lines.append({"error": problems[i]})
             continue
-        line = prediction_line(None, scored[i], labels, threshold)
-        del line["input"]
+        line = prediction_line(scored[i], labels, threshold)
         if len(text) > MAX_TEXT_CHARS:
             line["truncated"] = True
         lines.append(line)
@@ -103,7 +99,7 @@ def _progress(total: int | None, unit: str, enabled: bool):
 
 def list_inputs(data_uri: str) -> tuple[list[str], list[str]]:
     """`(files, hidden)`: the sorted URIs under a folder (any depth) or the one file named,
-    and the hidden files (".DS_Store") left out.
+    and the hidden files left out.
 
     Raises:
         PredictionError: Nothing there.
@@ -161,8 +157,7 @@ def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
     with _progress(len(files), "img", progress) as bar:
         for start in range(0, len(files), batch_size):
             batch = files[start:start + batch_size]
-            # one request for the batch: gcsfs fetches the files concurrently. cat_ranges,
-            # not cat: cat expands glob characters ("[", "*", "?"), common in file names.
+            # one request, fetched concurrently; cat_ranges, as cat expands "[", "*" and "?"
             paths = [filesystem(uri)[1] for uri in batch]
             contents = fs.cat_ranges(paths, [None] * len(paths), [None] * len(paths),
                                      on_error="return")
@@ -180,7 +175,7 @@ def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
                          if pixels else [])
             for uri, error in zip(batch, errors):
                 counts["predicted" if error is None else "errors"] += 1
-                line = error or prediction_line(uri, next(probs), classes, None)
+                line = error or {"input": uri, **prediction_line(next(probs), classes, None)}
                 out.write(json.dumps(line) + "\n")
             bar.update(len(batch))
     return counts
@@ -217,10 +212,8 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
     from components.text_common.models import load_text_model
 
     model = load_text_model(model_dir)
-    info = model.info
-    labels = info["labels"]
-    threshold = decision_threshold(info)
-    column = text_column or info.get("text_column") or "text"
+    labels, threshold = model.info["labels"], decision_threshold(model.info)
+    column = text_column or model.info.get("text_column") or "text"
     counts = {"inputs": 0, "predicted": 0, "errors": 0, "truncated": 0,
               "max_text_chars": MAX_TEXT_CHARS, "text_column": column}
     row = 0

@@ -1,11 +1,9 @@
 """Online prediction with a trained text model: an HTTP server for Vertex AI endpoints.
 
-Vertex's custom-container contract: listen on `AIP_HTTP_PORT` at once, GET
-`AIP_HEALTH_ROUTE` answers 200 once the model is loaded (503 before), POST
-`AIP_PREDICT_ROUTE` takes `{"instances": [...]}` (texts, or objects holding one under
-"text" or the training text column) and answers `{"predictions": [...]}`: batch
-prediction's lines without "input". A bad request gets a 4xx `{"error": ...}`. Image
-(Keras) models are served by Vertex's prebuilt TensorFlow serving image instead.
+Vertex's custom-container contract: listen on `AIP_HTTP_PORT` at once; GET
+`AIP_HEALTH_ROUTE` answers 200 once the model is loaded (503 before); POST
+`AIP_PREDICT_ROUTE` takes `{"instances": [...]}` and answers `{"predictions": [...]}`
+(batch prediction's lines without "input"), a bad request a 4xx `{"error": ...}`.
 """
 
 from __future__ import annotations
@@ -146,14 +144,6 @@ def parse_instances(body: bytes, text_keys: Sequence[str], max_instances: int) -
     return texts
 
 
-def prediction_objects(texts: Sequence[str], probabilities_of, labels: Sequence[str],
-                       threshold: float | None) -> list[dict[str, Any]]:
-    """One prediction per text, as batch prediction's lines without their "input"
-    (`text_predictions`); an empty text gets `{"error": "empty text"}`."""
-    problems = ["" if text.strip() else "empty text" for text in texts]
-    return text_predictions(texts, problems, probabilities_of, labels, threshold)
-
-
 class TextPredictor:
     """A loaded text model: labels, decision rule and learner, safe to call from threads."""
 
@@ -173,13 +163,15 @@ class TextPredictor:
         self._lock = threading.Lock()
 
     def predict(self, texts: Sequence[str]) -> list[dict[str, Any]]:
-        """Predictions for `texts`, in order (blocking: run it off the event loop)."""
+        """Predictions for `texts`, in order, as batch prediction's lines without "input"
+        (an empty text's: `{"error": "empty text"}`); blocking: run it off the event loop."""
 
         def probabilities(usable: list[str]):
             with self._lock:
                 return self._model.probabilities(usable, self.batch_size)
 
-        return prediction_objects(texts, probabilities, self.labels, self.threshold)
+        problems = ["" if text.strip() else "empty text" for text in texts]
+        return text_predictions(texts, problems, probabilities, self.labels, self.threshold)
 
 
 async def _read_body(request, limit: int) -> bytes:
@@ -202,11 +194,9 @@ def build_app(model_dir: str, health_route: str = "/health", predict_route: str 
               max_instances: int = DEFAULT_MAX_INSTANCES,
               batch_size: int = DEFAULT_BATCH_SIZE,
               on_load_error: Callable[[str], None] | None = None):
-    """The Starlette app serving a text model (run it with uvicorn).
-
-    It listens at once and loads the model in a thread (a gs:// folder copied to a
-    temporary one): Vertex restarts a container that does not answer its first probes.
-    Until loaded, both routes answer 503 with the reason (or the load error).
+    """The Starlette app serving a text model (run it with uvicorn). It listens at once and
+    loads the model in a thread (Vertex restarts a container that does not answer its first
+    probes); until loaded, both routes answer 503 with the reason (or the load error).
 
     Args:
         model_dir: The training step's model folder (local or gs://).

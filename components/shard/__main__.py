@@ -26,8 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = shard_dataset(data_uri, out_dir, ShardConfig(**args))
     summary = {k: manifest[k] for k in ("examples_in", "written", "classes")}
     summary["splits"] = {s: v["count"] for s, v in manifest["splits"].items()}
-    summary["skipped"] = manifest["skipped"]
-    summary["missing_classes"] = manifest["missing_classes"]
+    summary.update((key, manifest[key]) for key in ("skipped", "missing_classes"))
     print(json.dumps(summary, indent=2))
     return 0
 

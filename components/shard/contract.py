@@ -1,8 +1,5 @@
-"""The sharding step's contract: its settings, how its input is listed, what it writes.
-
-Other steps import this module, never the sharding logic, and read the shards with
-`components.formats.shards`; it stays light to import.
-"""
+"""The sharding step's contract: its settings, how its input is listed, what it writes
+(other steps import this, never the sharding logic; it stays light to import)."""
 
 from __future__ import annotations
 
@@ -67,10 +64,8 @@ class ShardConfig:
 
 def find_following_links(fs, top: str, listed: set[str], ignored: list[dict[str, str]],
                          root: str) -> dict[str, dict[str, Any]]:
-    """The files under `top`: `find`'s entries, entering symbolic links to folders.
-
-    A linked folder that holds the link (a loop) or overlaps a folder listed already is
-    not entered (it would never end, or read images twice) but recorded in `ignored`.
+    """The files under `top`: `find`'s entries, entering symbolic links to folders, but not
+    one that holds the link (a loop) or overlaps a folder listed already (`ignored` says so).
 
     Args:
         fs: The filesystem of `top` (`storage.filesystem`).

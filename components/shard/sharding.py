@@ -1,9 +1,5 @@
-"""The sharding step: list the class folders, split, plan the shards, write, check, manifest.
-
-Input: `<data_uri>/<class name>/**/<image file>`, local or gs://. Output:
-`<split>-NNNNN-of-MMMMM.tfrecord` files and `manifest.json` in one folder. Images are
-center-cropped or letterboxed to `image_size`; no augmentation (the trainer augments live).
-"""
+"""The sharding step: list the class folders, split, plan the shards, write, check, manifest
+(`<data_uri>/<class>/**/<image>` to `<split>-NNNNN-of-MMMMM.tfrecord` and `manifest.json`)."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ from components.shard.writing import (
 
 log = logging.getLogger(__name__)
 
-# Images encoded up front to estimate the bytes of a record: ~0.5% of the input, so
-# the serial estimate stays small next to the parallel write, and 4..32 images.
+# Images encoded up front to estimate a record's bytes: ~0.5% of the input, 4..32 images.
 _SIZE_SAMPLE_SHARE, _SIZE_SAMPLE_MIN, _SIZE_SAMPLE_MAX = 0.005, 4, 32
 
 
@@ -51,8 +46,7 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
 
     Args:
         data_uri: Local folder or `gs://bucket/prefix` with one sub-folder per class.
-        out_dir: Local output folder (on Vertex a /gcs/ path); an earlier run's shards
-            and manifest are replaced, other files kept.
+        out_dir: Local output folder; an earlier run's shards are replaced, other files kept.
         config: How to shard.
         progress: Show a progress bar on stderr.
 
@@ -60,8 +54,8 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
         The manifest.
 
     Raises:
-        ShardingError: Bad layout, a class with no usable image or too many unusable
-            files (nothing is left behind), or foreign shard-named files in `out_dir`.
+        ShardingError: Bad layout, a class with no usable image, too many unusable files
+            (nothing is left behind), or foreign shard-named files in `out_dir`.
     """
     check_output_folder(data_uri, out_dir)
     listing = list_labelled_files(data_uri)
@@ -272,8 +266,8 @@ _LISTED_COPIES = 20
 
 
 def duplicate_files(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Files written more than once (same bytes): how many, and the copies in two class
-    folders (two labels) or two splits (trained on, then tested on), some listed."""
+    """Files written more than once (same bytes): counted, and those across two class
+    folders (two labels) or two splits (trained on, tested on), some listed."""
     copies: dict[str, list[tuple[str, str]]] = {}
     for result in results:
         split = result["file"].split("-", 1)[0]
@@ -293,11 +287,8 @@ def duplicate_files(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def missing_classes(splits_out: dict[str, Any], files: dict[str, list[str]],
                     fractions: dict[str, float]) -> list[dict[str, Any]]:
-    """`[{"class", "splits", "reason"}]`: classes with no example in a split asked for.
-
-    A tiny class rounds to no example, or loses its one to an unreadable file; the other
-    classes stay usable, so this is recorded and warned about, not refused.
-    """
+    """`[{"class", "splits", "reason"}]`: classes with no example in a split asked for (too
+    few files, or unreadable ones): recorded and warned about, not refused."""
     gaps = []
     for name, paths in files.items():
         missing = [s for s in SPLITS
@@ -325,9 +316,8 @@ def check_manifest(manifest: dict[str, Any]) -> None:
     examples_in = manifest["examples_in"]
     reasons = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:5])
     more = f" (and {len(skipped) - 5} more)" if len(skipped) > 5 else ""
-    totals = Counter()
-    for split in manifest["splits"].values():
-        totals.update(split["class_counts"])
+    totals = sum((Counter(split["class_counts"]) for split in manifest["splits"].values()),
+                 Counter())
     empty = [name for name in manifest["classes"] if totals[name] == 0]
     if empty:
         raise ShardingError(f"class(es) {empty} have no usable image after skipping "

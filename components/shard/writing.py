@@ -1,9 +1,8 @@
 """Writing the shards: the output folder, the shard writers, the TFRecord format.
 
-Only files this step can prove its own (named by its manifest, or by an unfinished run's
-claim) are removed; files named like its output but proved by nothing stop the run.
-Records are framed and their `tf.train.Example`s encoded in plain Python: TensorFlow in
-every worker costs seconds and hundreds of MB; the tests read them back with TensorFlow.
+Only files this step can prove its own (named by its manifest or a killed run's claim) are
+removed; others named like its output stop the run. Records are encoded in plain Python:
+TensorFlow in every worker costs seconds and hundreds of MB.
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ CLAIM_NAME = ".shard-claim.json"
 def own_files(out_dir: str) -> set[str]:
     """Names in `out_dir` this step can prove it wrote (the manifest and its shards, what
     a claim names, their temporary names); a manifest not this step's proves nothing."""
-
     names = {CLAIM_NAME}
     try:
         with open(os.path.join(out_dir, MANIFEST_NAME)) as f:
@@ -87,8 +85,7 @@ def clear_output(out_dir: str) -> None:
     """Removes what an earlier run of this step wrote; other files are left alone.
 
     Raises:
-        ShardingError: Files named like this step's output that nothing proves its own
-            (nothing is removed then).
+        ShardingError: Files named like its output that nothing proves its own.
     """
     if not os.path.isdir(out_dir):
         return
@@ -112,8 +109,7 @@ def check_output_folder(data_uri: str, out_dir: str) -> None:
     """
     if data_uri.startswith("s3://"):
         return  # an S3 bucket is never a local folder
-    source = os.path.realpath(local_path(data_uri) if data_uri.startswith("gs://")
-                              else data_uri)
+    source = os.path.realpath(local_path(data_uri))  # gs:// as its FUSE path
     target = os.path.realpath(out_dir)
     if os.path.commonpath([source, target]) in (source, target):
         raise ShardingError(
@@ -160,6 +156,19 @@ def make_record(path: str, label: int, encoded_image: bytes) -> bytes:
                                         KEY_KEY: path.encode()}))
 
 
+def _encoded(data_uri: str, paths: list[str], config: ShardConfig
+             ) -> Iterable[tuple[str, bytes, bytes | BadImage]]:
+    """Yields `(path, file bytes, encoded image or the BadImage saying why there is none)`."""
+    for path, data in read_files(data_uri, paths):
+        try:
+            if isinstance(data, Exception):
+                raise BadImage(f"cannot read file: {data}")
+            encoded = process_image(data, config)
+        except BadImage as err:
+            encoded = err
+        yield path, data, encoded
+
+
 # 64 bits of a file's SHA-256 tell copies apart; short, as one is held per file.
 CONTENT_DIGEST_CHARS = 16
 
@@ -176,13 +185,10 @@ def write_shard(task: ShardTask) -> dict[str, Any]:
     temporary = os.path.join(task.out_dir, TMP_PREFIX + task.filename)
     label_of = dict(task.items)
     with open(temporary, "wb") as out:
-        for path, data in read_files(task.data_uri, [p for p, _ in task.items]):
-            try:
-                if isinstance(data, Exception):
-                    raise BadImage(f"cannot read file: {data}")
-                encoded = process_image(data, task.config)
-            except BadImage as err:
-                skipped.append({"path": path, "reason": str(err)})
+        for path, data, encoded in _encoded(task.data_uri, [p for p, _ in task.items],
+                                             task.config):
+            if isinstance(encoded, BadImage):
+                skipped.append({"path": path, "reason": str(encoded)})
                 continue
             label = label_of[path]
             contents[path] = hashlib.sha256(data).hexdigest()[:CONTENT_DIGEST_CHARS]
@@ -198,25 +204,17 @@ def write_shard(task: ShardTask) -> dict[str, Any]:
 
 def estimate_record_bytes(data_uri: str, sample: list[str], config: ShardConfig) -> float:
     """Mean bytes of one framed record, from encoding a sample of the images."""
-    sizes = []
-    for path, data in read_files(data_uri, sample):
-        if isinstance(data, Exception):
-            continue
-        try:
-            sizes.append(len(make_record(path, 0, process_image(data, config))))
-        except BadImage:
-            continue
+    sizes = [len(make_record(path, 0, encoded)) for path, _, encoded in
+             _encoded(data_uri, sample, config) if not isinstance(encoded, BadImage)]
     # With no decodable sample, assume raw pixels: more shards, never too few.
     return sum(sizes) / len(sizes) if sizes else config.image_size ** 2 * 3.0
 
 
 def run_tasks(tasks: list[ShardTask], workers: int, worker_fn: Callable = write_shard,
               progress: bool = True) -> list[dict[str, Any]]:
-    """Runs `worker_fn` over tasks in `workers` processes with a progress bar.
-
-    Spawned, not forked: a fork keeps locks held by threads it does not copy (gcsfs's,
-    TensorFlow's, torch's), which hung a CI run. A script's entry point must sit under
-    `if __name__ == "__main__":` (spawned workers import `__main__` again).
+    """Runs `worker_fn` over tasks in `workers` spawned processes with a progress bar (a fork
+    keeps locks held by threads it does not copy, which hung a CI run; a script's entry point
+    must sit under `if __name__ == "__main__":`).
 
     Raises:
         ShardingError: A worker died before returning its shard (killed for memory, say).

@@ -40,9 +40,8 @@ def check_tracking_uri(uri: str, environ: Mapping[str, str] | None = None) -> No
                             "(http/https) the pods reach")
 
 
-# What KFP 2.17's MLflow plugin (`injectUserEnvVars`, plugins/mlflow/handler.go) gives a
-# task: its own run, nested under the pipeline run's, which KFP's launcher ends; a retried
-# pod keeps it.
+# What KFP 2.17's MLflow plugin (plugins/mlflow/handler.go) gives a task: its own run,
+# nested under the pipeline run's, which KFP's launcher ends; a retried pod keeps it.
 KFP_RUN_VARIABLE, KFP_URI_VARIABLE = "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI"
 
 

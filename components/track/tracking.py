@@ -1,6 +1,5 @@
-"""One MLflow run per pipeline run, read back from what the trainers wrote (parameters,
-history, metrics.json): a light step after training, so a tracking server down or slow
-cannot fail or stall a GPU job."""
+"""One MLflow run per pipeline run, read back from what the trainers wrote: a light step
+after training, so a tracking server down or slow cannot fail or stall a GPU job."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -40,8 +39,7 @@ def tracking_store(uri: str) -> str:
     """The MLflow tracking URI for a pipeline's `tracking_uri` parameter.
 
     Args:
-        uri: An MLflow server or database URL, a local folder, or a gs:// folder (a file
-            store written through Vertex's /gcs mount).
+        uri: An MLflow server or database URL, a local folder, or a gs:// folder.
 
     Returns:
         A URI `mlflow.MlflowClient` takes.
@@ -93,13 +91,11 @@ def _add_row(series: dict[str, list[tuple[int, float]]], step: int, row: Mapping
             series.setdefault(prefix + name, []).append((step, float(value)))
 
 
-def _classifier_record(metadata: Mapping[str, Any], model_uri: str,
-                       evaluation: Mapping[str, Any] | None,
-                       series: dict[str, list[tuple[int, float]]], **tags: str) -> RunRecord:
-    """A classifier's run record: its parameters, `series`, test metrics and tags."""
-    params = {k: _param_text(v) for k, v in metadata.get("parameters", {}).items()}
-    return RunRecord(params, series, _test_metrics(evaluation),
-                     {**_provenance_tags(metadata, model_uri), **tags})
+def _record(metadata: Mapping[str, Any], uri: str, series: dict[str, list[tuple[int, float]]],
+            metrics: dict[str, float], params: str = "parameters", **tags: str) -> RunRecord:
+    """A run record: `metadata[params]` as text, `series`, `metrics`, provenance and `tags`."""
+    return RunRecord({k: _param_text(v) for k, v in metadata.get(params, {}).items()}, series,
+                     metrics, {**_provenance_tags(metadata, uri), **tags})
 
 
 def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
@@ -125,8 +121,8 @@ def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
             step = int(row.get("epoch", step))
             _add_row(series, step, row, ("epoch",))
             step += 1
-    return _classifier_record(metadata, model_uri, evaluation, series,
-                              phases="; ".join(phases))
+    return _record(metadata, model_uri, series, _test_metrics(evaluation),
+                   phases="; ".join(phases))
 
 
 def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
@@ -135,10 +131,8 @@ def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
     series, each counting its own epochs from 1.
 
     Args:
-        model_dir: The trainer's model folder (holds metrics.json).
-        metadata: The model artifact's metadata (parameters, git sha, data sha256).
-        model_uri: The model artifact's URI.
-        evaluation: The evaluation's metrics.json, or None.
+        model_dir, metadata, model_uri, evaluation: As `image_record`'s (the model folder
+            holds metrics.json).
     """
     from components.text_common.contract import TRAINING_METRICS_FILE
 
@@ -148,9 +142,9 @@ def text_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
     for row in training["history"]:
         step = counts[row["model"]] = counts.get(row["model"], 0) + 1
         _add_row(series, step, row, ("epoch", "stage", "model"), f"{row['model']}/")
-    return _classifier_record(metadata, model_uri, evaluation, series,
-                              precision=str(training["run"].get("precision")),
-                              unfreeze=_param_text(training["run"].get("unfreeze")))
+    return _record(metadata, model_uri, series, _test_metrics(evaluation),
+                   precision=str(training["run"].get("precision")),
+                   unfreeze=_param_text(training["run"].get("unfreeze")))
 
 
 def lm_record(assets_dir: str, metadata: Mapping[str, Any], assets_uri: str) -> RunRecord:
@@ -174,27 +168,17 @@ def lm_record(assets_dir: str, metadata: Mapping[str, Any], assets_uri: str) -> 
         for name in ("perplexity", "accuracy", "valid_loss"):
             if run.get(name) is not None:
                 final[f"{prefix}/final_{name}"] = float(run[name])
-    tags = _provenance_tags(metadata, assets_uri)
     corpus = metadata.get("corpus", {})
-    if corpus.get("sha256"):
-        tags["data_sha256"] = str(corpus["sha256"])
-    params = {k: _param_text(v) for k, v in metadata.get("config", {}).items()}
-    return RunRecord(params, series, final, tags)
-
-
-def _chunks(items: list, size: int) -> Iterable[list]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
+    data = {"data_sha256": str(corpus["sha256"])} if corpus.get("sha256") else {}
+    return _record(metadata, assets_uri, series, final, "config", **data)
 
 
 def log_run(tracking_uri: str, experiment: str, run_name: str, record: RunRecord,
             extra_tags: Mapping[str, str] = (),
             environ: Mapping[str, str] | None = None) -> str:
-    """Logs a run record as one MLflow run named `run_name` in `experiment`, or into the
-    run KFP's MLflow plugin made for the step.
-
-    An earlier run tagged with this `run_name` (a retry) is deleted first; KFP's run is
-    not ours to delete: a retry logs into it only what an earlier attempt did not.
+    """Logs a run record as one MLflow run named `run_name` in `experiment` (an earlier
+    attempt's deleted first), or into the run KFP's MLflow plugin made for the step (a retry
+    logs there only what an earlier attempt did not).
 
     Args:
         tracking_uri: The pipeline's `tracking_uri` (see `tracking_store`).
@@ -273,10 +257,10 @@ def _log(client, experiment: str, run_name: str, record: RunRecord,
     metrics = [m for m in metrics if (m.key, m.step) not in logged]
     params = [Param(name, value) for name, value in record.params.items()
               if name not in params_logged]
-    for chunk in _chunks(metrics, _BATCH_LIMITS["metrics"]):
-        client.log_batch(run_id, metrics=chunk)
-    for chunk in _chunks(params, _BATCH_LIMITS["params"]):
-        client.log_batch(run_id, params=chunk)
+    for kind, items in (("metrics", metrics), ("params", params)):
+        size = _BATCH_LIMITS[kind]
+        for start in range(0, len(items), size):
+            client.log_batch(run_id, **{kind: items[start:start + size]})
     if not kfp_run:  # KFP's launcher ends its run with the task's state
         client.set_terminated(run_id)
     return run_id
