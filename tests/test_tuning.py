@@ -359,8 +359,8 @@ def test_a_sigterm_cancels_the_job(tmp_path):
 
 def test_vertex_s_message_refuses_a_field_it_does_not_have(tmp_path):
     args = launch.parse_args(_launcher_args(_compile(tmp_path), "image"))
-    args.scheduling = {"strategy": "SPOT", "restart_on_preempt": True}
-    with pytest.raises(json_format.ParseError, match="restart_on_preempt"):
+    args.worker_pool_specs[0]["machine_spec"]["gpu_type"] = "NVIDIA_L4"
+    with pytest.raises(json_format.ParseError, match="gpu_type"):
         launch.tuning_job(args)
 
 
@@ -373,7 +373,6 @@ def test_the_study_stops_trials_early_by_the_rule_asked_for(tmp_path, rule, fiel
     study = aiplatform_v1.StudySpec.pb(job.study_spec)
     assert study.WhichOneof("automated_stopping_spec") == field
     assert getattr(study, field).use_elapsed_duration  # trials share their machines
-
     assert job.study_spec.measurement_selection_type.name == "BEST_MEASUREMENT"
 
 

@@ -28,8 +28,9 @@ STOPPING_RULES = ("none", *STOPPING_FIELDS)
 # or as JSON (numbers too: the proto refuses a count of 2.5, takes one of 2.0).
 TEXT_ARGS = ("project", "location", "display_name", "study_spec_algorithm",
              "study_spec_measurement_selection_type", "study_spec_stopping", "tensorboard",
-             "network", "encryption_spec_key_name", "service_account")
-JSON_ARGS = ("study_spec_metrics", "study_spec_parameters", "worker_pool_specs", "scheduling",
+             "scheduling_strategy", "max_wait_duration", "network", "encryption_spec_key_name",
+             "service_account")
+JSON_ARGS = ("study_spec_metrics", "study_spec_parameters", "worker_pool_specs",
              "max_trial_count", "parallel_trial_count", "max_failed_trial_count")
 POLL_SECONDS = 20  # GCPC's launcher's
 # The run's labels (billing) the backend gives its steps, which GCPC's launcher puts on jobs.
@@ -65,10 +66,13 @@ def tuning_job(args: argparse.Namespace, labels: dict[str, str] | None = None):
     from google.cloud import aiplatform_v1
 
     stopping = STOPPING_FIELDS.get(args.study_spec_stopping)
+    scheduling = {"strategy": args.scheduling_strategy,
+                  "max_wait_duration": args.max_wait_duration}
     trial_job_spec = {
         "worker_pool_specs": args.worker_pool_specs, "service_account": args.service_account,
         "network": args.network, "base_output_directory": {"output_uri_prefix": args.trials},
-        "scheduling": args.scheduling, "tensorboard": args.tensorboard}
+        "scheduling": {name: value for name, value in scheduling.items() if value},
+        "tensorboard": args.tensorboard}
     job = {
         "display_name": args.display_name,
         "study_spec": {
@@ -116,6 +120,7 @@ def launch(args: argparse.Namespace, client, sleep: Callable[[float], None] = ti
         name = client.create_hyperparameter_tuning_job(
             parent=f"projects/{args.project}/locations/{args.location}",
             hyperparameter_tuning_job=tuning_job(args, labels)).name
+        os.makedirs(os.path.dirname(args.gcp_resources) or ".", exist_ok=True)
         with open(args.gcp_resources, "w") as f:
             f.write(job_resources(name))
         print(f"created tuning job {name}", flush=True)

@@ -137,8 +137,8 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
         display_name: Name of the tuning job in the console.
 
     Returns:
-        A component with the trainer's inputs, the job's (named as GCPC's tuning component
-        names them, with their defaults), and outputs `gcp_resources` (the job) and
+        A component with the trainer's inputs, the job's (GCPC's tuning component's, with
+        their defaults), and outputs `gcp_resources` (the job) and
         `trials` (the folder every trial writes under).
 
     Raises:
@@ -167,14 +167,17 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
         # The epoch that ranked best, so an overfitting trial keeps its best epoch's
         # value (the trainers keep their best weights too).
         "study_spec_measurement_selection_type": "BEST_MEASUREMENT",
-        "study_spec_stopping": vertex.tune_early_stopping,
-        "scheduling": scheduling,
-        "tensorboard": vertex.tensorboard,
         "network": vertex.network,
         "encryption_spec_key_name": vertex.encryption_spec_key_name,
         "service_account": vertex.service_account,
     }
-    assert set(job) == {*TEXT_ARGS, *JSON_ARGS}, "the launcher's arguments"
+    # What GCPC's component has no input for is written in the command line, as its payload
+    # held them (`pipelines.quota` reads the trials' strategy there).
+    fixed = {"study_spec_stopping": vertex.tune_early_stopping,
+             "scheduling_strategy": scheduling.get("strategy", ""),
+             "max_wait_duration": scheduling.get("max_wait_duration", ""),
+             "tensorboard": vertex.tensorboard}
+    assert {*job, *fixed} == {*TEXT_ARGS, *JSON_ARGS}, "the launcher's arguments"
     # the trainer's inputs (their help is the pipeline's) but the one the trial runner sets
     inputs = {name: dataclasses.replace(spec, description=None)
               for name, spec in trainer_spec.inputs.items() if name != "hypertune_metric"}
@@ -186,6 +189,7 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
                    for name, value in job.items()})
     args = [part for name in job for part in (f"--{name}",
                                               placeholders.InputValuePlaceholder(name))]
+    args += [part for name, value in fixed.items() for part in (f"--{name}", value)]
     args += ["--trials", placeholders.OutputUriPlaceholder(TRIALS_OUTPUT),
              "--gcp_resources", placeholders.OutputParameterPlaceholder("gcp_resources")]
     return ContainerComponent(structures.ComponentSpec(

@@ -126,21 +126,17 @@ def write_request(output: str, record: TaskRecord, kind: str, request: dict[str,
                           {"type": kind, "request": request}, sort_keys=False)
 
 
-def _draw(parameter, rng) -> Any:
-    """A random value of one study-spec parameter (as Vertex passes it: numbers as floats)."""
-    import math
+def _draw(parameter, rng) -> float:
+    """A random value of one study-spec parameter (`contract.draw_value`), as Vertex passes
+    it: numbers as floats."""
+    from components.tune.contract import Parameter, draw_value
 
-    if parameter.double_value_spec:
-        low, high = parameter.double_value_spec.min_value, parameter.double_value_spec.max_value
-        if parameter.scale_type.name == "UNIT_LOG_SCALE":
-            return math.exp(rng.uniform(math.log(low), math.log(high)))
-        return rng.uniform(low, high)
-    if parameter.integer_value_spec:
-        spec = parameter.integer_value_spec
-        return float(rng.randint(spec.min_value, spec.max_value))
-    if parameter.discrete_value_spec:
-        return float(rng.choice(list(parameter.discrete_value_spec.values)))
-    return rng.choice(list(parameter.categorical_value_spec.values))
+    field = type(parameter).pb(parameter).WhichOneof("parameter_value_spec")
+    spec = getattr(parameter, field)
+    scale = "log" if parameter.scale_type.name == "UNIT_LOG_SCALE" else "linear"
+    return float(draw_value(Parameter(
+        parameter.parameter_id, field.split("_")[0], getattr(spec, "min_value", None),
+        getattr(spec, "max_value", None), scale, tuple(getattr(spec, "values", ()))), rng))
 
 
 def _read_reports(path: str) -> list[dict[str, Any]]:
@@ -216,7 +212,6 @@ class VertexJobs:
 
         parsed = launch.parse_args(args)
         parsed.gcp_resources = self.runtime.host_path(parsed.gcp_resources)
-        os.makedirs(os.path.dirname(parsed.gcp_resources), exist_ok=True)
         service = SimpleNamespace(
             create_hyperparameter_tuning_job=lambda parent, hyperparameter_tuning_job: (
                 self._run_tuning_job(record, hyperparameter_tuning_job)),
