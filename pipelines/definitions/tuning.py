@@ -138,16 +138,14 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
 
     Returns:
         A component with the trainer's inputs, the job's (GCPC's tuning component's, with
-        their defaults), and outputs `gcp_resources` (the job) and
-        `trials` (the folder every trial writes under).
+        their defaults), and outputs `gcp_resources` (the job) and `trials` (the folder
+        every trial writes under).
 
     Raises:
         ValueError: The trainer's inputs clash with the job's.
     """
     from kfp.dsl import placeholders, structures
     from kfp.dsl.container_component_class import ContainerComponent
-
-    from components.tune.launch import JSON_ARGS, TEXT_ARGS
 
     trainer_spec = trainer.component_spec
     image = trainer_spec.implementation.container.image
@@ -177,19 +175,18 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
              "scheduling_strategy": scheduling.get("strategy", ""),
              "max_wait_duration": scheduling.get("max_wait_duration", ""),
              "tensorboard": vertex.tensorboard}
-    assert {*job, *fixed} == {*TEXT_ARGS, *JSON_ARGS}, "the launcher's arguments"
     # the trainer's inputs (their help is the pipeline's) but the one the trial runner sets
     inputs = {name: dataclasses.replace(spec, description=None)
               for name, spec in trainer_spec.inputs.items() if name != "hypertune_metric"}
     clash = sorted(set(inputs) & set(job))
     if clash:
         raise ValueError(f"trainer inputs {clash} clash with the tuning job's own inputs")
-    types = {str: "String", int: "Integer", list: "List", dict: "Dict"}
+    types = {str: "String", int: "Integer", list: "List"}
     inputs.update({name: structures.InputSpec(types[type(value)], default=value, optional=True)
                    for name, value in job.items()})
     args = [part for name in job for part in (f"--{name}",
                                               placeholders.InputValuePlaceholder(name))]
-    args += [part for name, value in fixed.items() for part in (f"--{name}", value)]
+    args += [f"--{name}={value}" for name, value in fixed.items()]  # "" given, never dropped
     args += ["--trials", placeholders.OutputUriPlaceholder(TRIALS_OUTPUT),
              "--gcp_resources", placeholders.OutputParameterPlaceholder("gcp_resources")]
     return ContainerComponent(structures.ComponentSpec(
