@@ -1,20 +1,25 @@
 """Hyperparameter tuning: search spaces, the compiled Vertex tuning jobs, trials, the best trial.
 
-No Vertex here: the compiled job goes through GCPC's launcher code to a stand-in client, and
-the selection reads `aiplatform_v1` messages built here; whole pipelines run rehearsed.
+No Vertex here: the compiled tuning step's launcher builds Vertex's real
+`aiplatform_v1.HyperparameterTuningJob` and sends it to a stand-in for Vertex's
+JobServiceClient (the service alone is faked); the selection reads `aiplatform_v1` messages
+built here; whole pipelines run rehearsed.
 """
 
 import json
 import math
 import os
+import re
+import signal
 
 import pytest
 from google.cloud import aiplatform_v1
+from google.protobuf import json_format
 
 import compile as compile_cli
 import tools.rehearsal as rehearse
 from components.tune import component as tune_component
-from components.tune import selection, trial
+from components.tune import launch, selection, trial
 from components.tune.contract import (
     DEFAULT_SPACES,
     TUNABLE,
@@ -148,9 +153,7 @@ def test_the_best_trial_ranks_by_the_study_goal_among_succeeded_trials():
 
 def test_no_succeeded_trial_is_an_error_and_the_trial_table_is_kept(tmp_path):
     job = _job("MAXIMIZE", [("1", "INFEASIBLE", {}, None), ("2", "SUCCEEDED", {}, None)])
-    resources = json.dumps({"resources": [{
-        "resourceType": "HyperparameterTuningJob",
-        "resourceUri": f"https://europe-west4-aiplatform.googleapis.com/v1/{job.name}"}]})
+    resources = selection.job_resources(job.name)
 
     class Trials:
         path, metadata = str(tmp_path / "trials"), {}
@@ -207,44 +210,28 @@ def _compile_here(tmp_path, *extra):
     return out
 
 
-def _tuning_request(out, kind: str) -> aiplatform_v1.HyperparameterTuningJob:
-    """The job GCPC's launcher creates for the compiled `kind` tuning pipeline in `out`, from
-    its defaults (the trials' executor input left as the placeholder the backend fills)."""
-    from google_cloud_pipeline_components.container.v1.gcp_launcher.utils import json_util
-    from google_cloud_pipeline_components.container.v1.hyperparameter_tuning_job import (
-        remote_runner,
-    )
-
+def _launcher_args(out, kind: str) -> list[str]:
+    """The compiled `kind` tuning step's command line, its inputs at their defaults (the
+    outputs and the trials' executor input left as the placeholders the backend fills)."""
     spec = json.loads((out / f"{kind}_tuning_pipeline.json").read_text())
     component = spec["components"][f"comp-tune-train-{kind}-classifier"]
     params = component["inputDefinitions"]["parameters"]
-    executor = component["executorLabel"]
-    container = spec["deploymentSpec"]["executors"][executor]["container"]
-    assert container["command"][-1] == rehearse.TUNING_JOB_LAUNCHER
-    args = container["args"]
-    parts = json.loads(args[args.index("--payload") + 1])["Concat"]
+    container = spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
+    assert container["command"] == ["python3", "-m", rehearse.TUNING_JOB_LAUNCHER]
 
-    def value(part: str) -> str:
-        if not part.startswith("{{$.inputs.parameters['"):
-            return part
-        default = params[part[len("{{$.inputs.parameters['"):-len("']}}")]].get("defaultValue")
-        return json.dumps(default)[1:-1] if isinstance(default, str) else json.dumps(default)
+    def value(arg: str) -> str:
+        match = re.fullmatch(r"\{\{\$\.inputs\.parameters\['(\w+)'\]\}\}", arg)
+        if not match:
+            return arg
+        default = params[match.group(1)]["defaultValue"]
+        return default if isinstance(default, str) else json.dumps(default)
 
-    payload = json_util.recursive_remove_empty(json.loads(
-        "".join(map(value, parts)), strict=False,
-        parse_float=lambda s: int(float(s)) if float(s).is_integer() else float(s)))
-    aiplatform_v1.HyperparameterTuningJob.from_json(json.dumps(payload))  # strict: no unknown
-    sent = []
+    return [value(arg) for arg in container["args"]]
 
-    class Client:  # stands in for Vertex's JobServiceClient
-        def create_hyperparameter_tuning_job(self, parent, hyperparameter_tuning_job):
-            sent.append(aiplatform_v1.CreateHyperparameterTuningJobRequest(
-                parent=parent, hyperparameter_tuning_job=hyperparameter_tuning_job))
-            return sent[-1].hyperparameter_tuning_job
 
-    remote_runner.create_hyperparameter_tuning_job_with_client(
-        Client(), "projects/p/locations/europe-west4", payload)
-    return sent[0].hyperparameter_tuning_job
+def _tuning_request(out, kind: str) -> aiplatform_v1.HyperparameterTuningJob:
+    """The job the compiled `kind` tuning step creates, from its defaults."""
+    return launch.tuning_job(launch.parse_args(_launcher_args(out, kind)))
 
 
 def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path, capsys):
@@ -293,6 +280,90 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
     assert "text tuning pipeline" in err and "no list price known" in err
 
 
+class FakeJobService:
+    """Stands in for Vertex's JobServiceClient (the only fake: jobs are Vertex's messages);
+    `states`: the job's state at each read, the last one kept."""
+
+    def __init__(self, *states: str, error: str = "") -> None:
+        self.states, self.error = list(states), error
+        self.created, self.reads, self.cancelled = [], [], []
+
+    def create_hyperparameter_tuning_job(self, parent, hyperparameter_tuning_job):
+        self.created.append((parent, hyperparameter_tuning_job))
+        return aiplatform_v1.HyperparameterTuningJob(
+            hyperparameter_tuning_job, name="projects/p/locations/europe-west4/"
+                                            "hyperparameterTuningJobs/5")
+
+    def get_hyperparameter_tuning_job(self, name, retry=None):
+        assert retry is not None  # transient errors are retried
+        self.reads.append(name)
+        state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        return aiplatform_v1.HyperparameterTuningJob(name=name, state=state,
+                                                     error={"code": 9, "message": self.error})
+
+    def cancel_hyperparameter_tuning_job(self, name):
+        self.cancelled.append(name)
+
+
+def _launched(tmp_path, service):
+    args = launch.parse_args(_launcher_args(_compile(tmp_path), "image")[:-1] + [
+        str(tmp_path / "gcp_resources")])
+    return args, launch.launch(args, service, sleep=lambda _: None)
+
+
+def test_the_launcher_creates_the_job_names_it_and_waits_for_its_end(tmp_path, monkeypatch):
+    monkeypatch.setenv(launch.SYSTEM_LABELS, '{"vertex-ai-pipelines-run-billing-id": "42"}')
+    service = FakeJobService("JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED")
+    args, job = _launched(tmp_path, service)
+    ((parent, sent),) = service.created
+    assert parent == f"projects/{args.project}/locations/{args.location}"
+    assert sent.labels == {"vertex-ai-pipelines-run-billing-id": "42"}
+    assert sent.study_spec.metrics[0].metric_id == "val_accuracy"
+    assert "encryption_spec" not in sent  # unset, not an empty message
+    assert job.state.name == "JOB_STATE_SUCCEEDED" and service.reads == [job.name] * 3
+    # gcp_resources, as GCPC writes it: what the console links and the best-trial step reads
+    resources = (tmp_path / "gcp_resources").read_text()
+    assert json.loads(resources)["resources"][0]["resourceUri"] == (
+        f"https://europe-west4-aiplatform.googleapis.com/v1/{job.name}")
+    assert selection.tuning_job_name(resources) == job.name
+    # restarted, the step waits for the job it created instead of creating another
+    again = FakeJobService("JOB_STATE_SUCCEEDED")
+    launch.launch(args, again, sleep=lambda _: None)
+    assert again.created == [] and again.reads == [job.name]
+
+
+def test_a_failed_job_fails_the_step_with_its_error(tmp_path, capsys):
+    service = FakeJobService("JOB_STATE_RUNNING", "JOB_STATE_FAILED", error="quota exceeded")
+    with pytest.raises(launch.TuningJobError, match=r"hyperparameterTuningJobs/5 ended "
+                                                    r"JOB_STATE_FAILED: quota exceeded \(code 9\)"):
+        _launched(tmp_path, service)
+    args = _launcher_args(_compile(tmp_path), "image")[:-1] + [str(tmp_path / "again")]
+    assert launch.main(args, FakeJobService("JOB_STATE_CANCELLED")) == 2
+    assert "ended JOB_STATE_CANCELLED: no error given" in capsys.readouterr().err
+
+
+def test_a_sigterm_cancels_the_job(tmp_path):
+    class Terminated(FakeJobService):
+        def get_hyperparameter_tuning_job(self, name, retry=None):
+            os.kill(os.getpid(), signal.SIGTERM)  # the run cancelled while the job runs
+            return super().get_hyperparameter_tuning_job(name, retry)
+
+    service = Terminated("JOB_STATE_RUNNING")
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exited:
+        _launched(tmp_path, service)
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert service.cancelled == ["projects/p/locations/europe-west4/hyperparameterTuningJobs/5"]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_vertex_s_message_refuses_a_field_it_does_not_have(tmp_path):
+    args = launch.parse_args(_launcher_args(_compile(tmp_path), "image"))
+    args.worker_pool_specs[0]["machine_spec"]["gpu_type"] = "NVIDIA_L4"
+    with pytest.raises(json_format.ParseError, match="gpu_type"):
+        launch.tuning_job(args)
+
+
 @pytest.mark.parametrize("rule, field", [("median", "median_automated_stopping_spec"),
                                          ("decay-curve", "decay_curve_stopping_spec")])
 def test_the_study_stops_trials_early_by_the_rule_asked_for(tmp_path, rule, field):
@@ -301,8 +372,7 @@ def test_the_study_stops_trials_early_by_the_rule_asked_for(tmp_path, rule, fiel
     job = _tuning_request(out, "image")
     study = aiplatform_v1.StudySpec.pb(job.study_spec)
     assert study.WhichOneof("automated_stopping_spec") == field
-    # what survives GCPC's launcher, which drops false values and empty fields
-    assert getattr(study, field).use_elapsed_duration
+    assert getattr(study, field).use_elapsed_duration  # trials share their machines
     assert job.study_spec.measurement_selection_type.name == "BEST_MEASUREMENT"
 
 
@@ -331,8 +401,8 @@ def test_a_trial_stopped_early_is_ranked_by_its_last_reported_value():
 
 
 def test_default_spaces_reach_vertex_as_numbers(tmp_path):
-    """The default image space has 1e-05 (fine_tune_learning_rate): YAML 1.1 reads that
-    spelling as a string, which GCPC's launcher refused ("must be real number, not str")."""
+    """The default image space has 1e-05 (fine_tune_learning_rate), a spelling YAML 1.1
+    reads as a string (which Vertex refused once): it reaches the job as a number."""
     out = _compile(tmp_path)
     for kind in ("image", "text", "transformer"):
         job = _tuning_request(out, kind)
@@ -341,23 +411,6 @@ def test_default_spaces_reach_vertex_as_numbers(tmp_path):
             if wanted["type"] == "double":
                 spec = sent[name].double_value_spec
                 assert (spec.min_value, spec.max_value) == (wanted["min"], wanted["max"]), name
-
-
-def test_trials_folder_reaches_the_launcher_as_gcpc_passes_output_uris(tmp_path):
-    """The output URI sits in the launcher's payload, where the backend resolves it, not in
-    a parameter default (which has no precedent in GCPC)."""
-    out = _compile(tmp_path)
-    for kind in ("image", "text", "transformer"):
-        spec = json.loads((out / f"{kind}_tuning_pipeline.json").read_text())
-        (component,) = [c for name, c in spec["components"].items() if name.startswith("comp-tune")]
-        defaults = json.dumps({name: p.get("defaultValue") for name, p in
-                               component["inputDefinitions"]["parameters"].items()})
-        assert "{{$.outputs" not in defaults and "base_output_directory" not in defaults
-        (args,) = [e["container"]["args"] for name, e in spec["deploymentSpec"]["executors"].items()
-                   if name.startswith("exec-tune")]
-        payload = json.loads(args[args.index("--payload") + 1])["Concat"]
-        at = payload.index("{{$.outputs.artifacts['trials'].uri}}")
-        assert payload[at - 1].endswith('"output_uri_prefix": "')
 
 
 @pytest.mark.parametrize("flags, spot, tensorboard", [
@@ -374,8 +427,13 @@ def test_trials_run_on_spot_vms_and_report_to_tensorboard_as_training_does(tmp_p
         job = _tuning_request(out, kind)
         assert (job.trial_job_spec.scheduling.strategy.name == "SPOT") is spot
         assert job.trial_job_spec.tensorboard == tensorboard
+        # the trials' folder, the launcher's argument as GCPC's launchers get output URIs,
+        # never a parameter default (which has no precedent)
         assert job.trial_job_spec.base_output_directory.output_uri_prefix == \
             "{{$.outputs.artifacts['trials'].uri}}"
+        spec = json.loads((out / f"{kind}_tuning_pipeline.json").read_text())
+        defaults = spec["components"][f"comp-tune-train-{kind}-classifier"]["inputDefinitions"]
+        assert "{{$.outputs" not in json.dumps(defaults)
 
 
 def test_the_best_values_feed_the_training_step_and_tuning_runs_after_the_data(tmp_path):

@@ -251,9 +251,22 @@ def coerce(kind: str, name: str, value: Any) -> int | float:
         raise SearchSpaceError(f"{name}: {err}") from None
 
 
+def draw_value(p: Parameter, rng) -> int | float:
+    """A value of `p` drawn with `rng` (a `random.Random`), uniformly on its scale."""
+    if p.values:
+        return rng.choice(p.values)
+    if p.type == "integer" and p.scale == "linear":
+        return rng.randint(int(p.min), int(p.max))  # each value alike
+    if p.scale == "log":
+        value = math.exp(rng.uniform(math.log(p.min), math.log(p.max)))
+    else:
+        value = rng.uniform(p.min, p.max)
+    return min(int(p.max), max(int(p.min), round(value))) if p.type == "integer" else value
+
+
 def draw_points(space: SearchSpace, count: int, seed: int) -> list[dict[str, int | float]]:
-    """`count` points of `space` drawn at random (uniformly on each scale), reproducibly:
-    a compiled pipeline names its trials before it runs.
+    """`count` points of `space` drawn at random (`draw_value`), reproducibly: a compiled
+    pipeline names its trials before it runs.
 
     Args:
         space: The search space.
@@ -266,21 +279,4 @@ def draw_points(space: SearchSpace, count: int, seed: int) -> list[dict[str, int
     import random
 
     rng = random.Random(seed)
-    points = []
-    for _ in range(count):
-        point: dict[str, int | float] = {}
-        for p in space.parameters:
-            if p.values:
-                point[p.name] = rng.choice(p.values)
-                continue
-            if p.type == "integer" and p.scale == "linear":
-                point[p.name] = rng.randint(int(p.min), int(p.max))  # each value alike
-                continue
-            if p.scale == "log":
-                value = math.exp(rng.uniform(math.log(p.min), math.log(p.max)))
-            else:
-                value = rng.uniform(p.min, p.max)
-            point[p.name] = (min(int(p.max), max(int(p.min), round(value)))
-                             if p.type == "integer" else value)
-        points.append(point)
-    return points
+    return [{p.name: draw_value(p, rng) for p in space.parameters} for _ in range(count)]

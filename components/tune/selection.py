@@ -11,7 +11,7 @@ from typing import Any
 
 from components.tune.contract import TUNABLE, coerce
 
-# What GCPC's launcher writes to gcp_resources: the job's REST URI.
+# What gcp_resources names (`job_resources`): the job's REST URI.
 _JOB_URI = re.compile(r"(projects/[^/]+/locations/(?P<location>[^/]+)/"
                       r"hyperparameterTuningJobs/[^/]+)$")
 TRIALS_FILE = "trials.json"
@@ -38,14 +38,26 @@ def tuning_job_name(gcp_resources: str) -> str:
     raise TuningError(f"gcp_resources names no HyperparameterTuningJob: {gcp_resources}")
 
 
-def fetch_tuning_job(name: str):
-    """Reads the job from Vertex (the regional endpoint of its location)."""
+def job_resources(name: str) -> str:
+    """The `gcp_resources` JSON of the tuning job `name`, as GCPC's launchers write it."""
+    location = _JOB_URI.search(name).group("location")
+    return json.dumps({"resources": [{
+        "resourceType": "HyperparameterTuningJob",
+        "resourceUri": f"https://{location}-aiplatform.googleapis.com/v1/{name}"}]})
+
+
+def job_client(location: str):
+    """Vertex's `JobServiceClient` on the regional endpoint of `location`."""
     from google.cloud import aiplatform_v1
 
-    location = _JOB_URI.search(name).group("location")
-    client = aiplatform_v1.JobServiceClient(
+    return aiplatform_v1.JobServiceClient(
         client_options={"api_endpoint": f"{location}-aiplatform.googleapis.com"})
-    return client.get_hyperparameter_tuning_job(name=name)
+
+
+def fetch_tuning_job(name: str):
+    """Reads the job from Vertex (the regional endpoint of its location)."""
+    return job_client(_JOB_URI.search(name).group("location")).get_hyperparameter_tuning_job(
+        name=name)
 
 
 def trial_table(job) -> list[dict[str, Any]]:

@@ -6,23 +6,16 @@ share a folder.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import yaml
-
 from components.tune.contract import TUNABLE, SearchSpace
+from components.tune.launch import STOPPING_RULES as STOPPING_RULES  # vertex_options
 from pipelines.definitions.machine import Machine, boot_disk_type, gpu_environment
 from pipelines.definitions.scheduling import trial_scheduling
 
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
-# `--tune-early-stopping`: the study's automated stopping of trials, to StudySpec's field.
-STOPPING_RULES = ("none", "median", "decay-curve")
-_STOPPING_FIELDS = {"median": "median_automated_stopping_spec",
-                    "decay-curve": "decay_curve_stopping_spec"}
 TRIALS_OUTPUT = "trials"
 # Vertex AI custom training, on demand, us-central1, USD per hour, as we last read the
 # pricing page (2025): machines and each GPU are billed separately. Check
@@ -99,29 +92,12 @@ def study_metrics(space: SearchSpace) -> list[dict]:
     return serialize_metrics({space.metric: space.goal})
 
 
-def study_stopping(rule: str) -> dict:
-    """The study's automated stopping for `rule` (STOPPING_RULES), as `study_spec` fields.
-
-    By elapsed time: GCPC's launcher drops empty fields (`recursive_remove_empty`), so the
-    epoch-count form (an empty spec) would reach Vertex as no stopping; a study's trials share
-    their machines, so elapsed time tracks the epochs reported.
-    """
-    from google.cloud import aiplatform_v1
-    from google.protobuf import json_format
-
-    if rule == "none":
-        return {}
-    study = aiplatform_v1.StudySpec(**{_STOPPING_FIELDS[rule]: {"use_elapsed_duration": True}})
-    return json_format.MessageToDict(aiplatform_v1.StudySpec.pb(study),
-                                     preserving_proto_field_name=True)
-
-
 def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine,
                       spot: bool = False) -> dict:
     """The trials' one worker pool: the trainer's image and machines, one replica.
 
     The executor input (`{{$.json_escape[1]}}`) is resolved by the backend inside the
-    launcher's payload, as in GCPC's custom-job wrapper; Vertex appends `--name=value`s.
+    launcher's argument, as in GCPC's custom-job wrapper; Vertex appends `--name=value`s.
     """
     machine_spec = {"machine_type": machine.machine_type}
     if machine.accelerator_type:
@@ -148,9 +124,8 @@ def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine,
 
 def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: TuningSettings,
                   vertex: Any, machine: Machine, display_name: str) -> Callable:
-    """A component that tunes `trainer` in a Vertex hyperparameter tuning job (GCPC's
-    `HyperparameterTuningJobRunOp`, wrapped as `create_custom_training_job_from_component`
-    wraps a custom job); each trial runs `components.tune.trial`.
+    """A component that tunes `trainer` in a Vertex hyperparameter tuning job: the step
+    `components.tune.launch` in the trainer's image; each trial runs `components.tune.trial`.
 
     Args:
         trainer: The (unwrapped) trainer component the trials run.
@@ -162,26 +137,25 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
         display_name: Name of the tuning job in the console.
 
     Returns:
-        A component with the trainer's inputs, the launcher's, and outputs `gcp_resources`
-        (the job) and `trials` (the folder every trial writes under).
+        A component with the trainer's inputs, the job's (GCPC's tuning component's, with
+        their defaults), and outputs `gcp_resources` (the job) and `trials` (the folder
+        every trial writes under).
 
     Raises:
-        ValueError: The trainer's inputs clash with the launcher's.
+        ValueError: The trainer's inputs clash with the job's.
     """
-    from google.protobuf import json_format
-    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import (
-        HyperparameterTuningJobRunOp,
-    )
-    from kfp import components
+    from kfp.dsl import placeholders, structures
+    from kfp.dsl.container_component_class import ContainerComponent
 
-    spec = json_format.MessageToDict(HyperparameterTuningJobRunOp.pipeline_spec)
-    user = json_format.MessageToDict(trainer.pipeline_spec)
-    (container,) = [e["container"] for e in user["deploymentSpec"]["executors"].values()]
-    _complete_trial_job_spec(spec, vertex, machine)
-    defaults = {
+    trainer_spec = trainer.component_spec
+    image = trainer_spec.implementation.container.image
+    scheduling, _ = trial_scheduling(machine, vertex.spot)
+    job = {
+        "project": "{{$.pipeline_google_cloud_project_id}}",
+        "location": "{{$.pipeline_google_cloud_location}}",
         "display_name": display_name,
-        "worker_pool_specs": [trial_worker_pool(container["image"], kind, space.metric,
-                                                machine, vertex.spot)],
+        "worker_pool_specs": [trial_worker_pool(image, kind, space.metric, machine,
+                                                vertex.spot)],
         "study_spec_metrics": study_metrics(space),
         "study_spec_parameters": study_parameters(space),
         "max_trial_count": settings.max_trials,
@@ -191,84 +165,40 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
         # The epoch that ranked best, so an overfitting trial keeps its best epoch's
         # value (the trainers keep their best weights too).
         "study_spec_measurement_selection_type": "BEST_MEASUREMENT",
-        "location": "{{$.pipeline_google_cloud_location}}",
         "network": vertex.network,
         "encryption_spec_key_name": vertex.encryption_spec_key_name,
         "service_account": vertex.service_account,
     }
-    _take_trainer_inputs(spec, user, defaults)
-    # kfp reads component text as YAML 1.1, which takes JSON's 1e-05 for a string (GCPC's
-    # launcher then refuses the study); PyYAML writes floats that read back as floats.
-    component = components.load_component_from_text(yaml.safe_dump(spec, sort_keys=False))
-    component.component_spec.name = f"tune-{trainer.component_spec.name}"
-    component.description = (f"Vertex hyperparameter tuning of {trainer.component_spec.name}: "
-                             f"{settings.max_trials} trials, {space.goal} {space.metric}.")
-    return component
-
-
-def _take_trainer_inputs(spec: dict, user: dict, defaults: Mapping) -> None:
-    """Sets `defaults` in GCPC's job `spec`; adds the trainer's inputs and `trials` output."""
-    (job_component,) = spec["components"].values()
-    (user_component,) = user["components"].values()
-    job_parameters = job_component["inputDefinitions"]["parameters"]
-    for name, value in defaults.items():
-        job_parameters[name]["defaultValue"] = value
-        job_parameters[name]["isOptional"] = True
-    trainer_parameters = {name: definition for name, definition
-                          in user_component["inputDefinitions"].get("parameters", {}).items()
-                          if name != "hypertune_metric"}  # the trial runner sets it
-    clash = sorted(set(trainer_parameters) & set(job_parameters))
+    # What GCPC's component has no input for is written in the command line, as its payload
+    # held them (`pipelines.quota` reads the trials' strategy there).
+    fixed = {"study_spec_stopping": vertex.tune_early_stopping,
+             "scheduling_strategy": scheduling.get("strategy", ""),
+             "max_wait_duration": scheduling.get("max_wait_duration", ""),
+             "tensorboard": vertex.tensorboard}
+    # the trainer's inputs (their help is the pipeline's) but the one the trial runner sets
+    inputs = {name: dataclasses.replace(spec, description=None)
+              for name, spec in trainer_spec.inputs.items() if name != "hypertune_metric"}
+    clash = sorted(set(inputs) & set(job))
     if clash:
         raise ValueError(f"trainer inputs {clash} clash with the tuning job's own inputs")
-    job_parameters.update(trainer_parameters)
-    job_component["inputDefinitions"]["artifacts"] = copy.deepcopy(
-        user_component["inputDefinitions"].get("artifacts", {}))
-    job_component["outputDefinitions"].setdefault("artifacts", {})[TRIALS_OUTPUT] = {
-        "artifactType": {"schemaTitle": "system.Artifact", "schemaVersion": "0.0.1"}}
-    spec["root"]["inputDefinitions"] = copy.deepcopy(job_component["inputDefinitions"])
-    spec["root"]["outputDefinitions"] = copy.deepcopy(job_component["outputDefinitions"])
-    (job_task,) = spec["root"]["dag"]["tasks"].values()
-    (user_task,) = user["root"]["dag"]["tasks"].values()
-    job_task["inputs"] = {**job_task.get("inputs", {}), **{
-        kind: {name: source for name, source in sources.items() if name != "hypertune_metric"}
-        for kind, sources in user_task.get("inputs", {}).items()}}
-
-
-def _complete_trial_job_spec(spec: dict, vertex: Any, machine: Machine) -> None:
-    """Writes the trials' folder, scheduling, TensorBoard and stopping into GCPC's payload.
-
-    The `trials` output's placeholder goes in the payload, where the backend resolves it, as
-    GCPC's launchers get output URIs (a parameter default has no precedent); GCPC's payload
-    has no field for the rest, so they are written in beside its own.
-    """
-    (executor,) = spec["deploymentSpec"]["executors"].values()
-    args = executor["container"]["args"]
-    at = args.index("--payload") + 1
-    parts = json.loads(args[at])["Concat"]
-    source = "{{$.inputs.parameters['base_output_directory']}}"
-    opening = ', "base_output_directory": {'
-    if parts.count(source) != 1 or parts.count(opening) != 1:
-        raise ValueError("GCPC's tuning payload no longer reads base_output_directory once")
-    parts[parts.index(source)] = "{{$.outputs.artifacts['" + TRIALS_OUTPUT + "'].uri}}"
-    extra = {}
-    scheduling, _ = trial_scheduling(machine, vertex.spot)
-    if scheduling:
-        extra["scheduling"] = scheduling
-    if vertex.tensorboard:
-        extra["tensorboard"] = vertex.tensorboard
-    if extra:
-        parts.insert(parts.index(opening), ", " + json.dumps(extra)[1:-1])
-    stopping = study_stopping(vertex.tune_early_stopping)
-    if stopping:
-        last = ', "measurement_selection_type": "'
-        if parts.count(last) != 1 or parts[parts.index(last) + 2:][:2] != ['"', "}"]:
-            raise ValueError("GCPC's tuning payload no longer ends its study_spec as read")
-        parts.insert(parts.index(last) + 3, ", " + json.dumps(stopping)[1:-1])
-    args[at] = json.dumps({"Concat": parts})
-    (component,) = spec["components"].values()
-    del component["inputDefinitions"]["parameters"]["base_output_directory"]
-    for task in spec["root"]["dag"]["tasks"].values():
-        task.get("inputs", {}).get("parameters", {}).pop("base_output_directory", None)
+    types = {str: "String", int: "Integer", list: "List"}
+    inputs.update({name: structures.InputSpec(types[type(value)], default=value, optional=True)
+                   for name, value in job.items()})
+    args = [part for name in job for part in (f"--{name}",
+                                              placeholders.InputValuePlaceholder(name))]
+    args += [f"--{name}={value}" for name, value in fixed.items()]  # "" given, never dropped
+    args += ["--trials", placeholders.OutputUriPlaceholder(TRIALS_OUTPUT),
+             "--gcp_resources", placeholders.OutputParameterPlaceholder("gcp_resources")]
+    return ContainerComponent(structures.ComponentSpec(
+        name=f"tune-{trainer_spec.name}",
+        description=(f"Vertex hyperparameter tuning of {trainer_spec.name}: "
+                     f"{settings.max_trials} trials, {space.goal} {space.metric}."),
+        inputs=inputs,
+        outputs={"gcp_resources": structures.OutputSpec("String"),
+                 TRIALS_OUTPUT: structures.OutputSpec("system.Artifact@0.0.1")},
+        implementation=structures.Implementation(container=structures.ContainerSpecImplementation(
+            image=image, command=["python3", "-m", "components.tune.launch"], args=args))),
+        pipeline_func=None)
 
 
 def searched(tune_op: Callable, best_op: Callable, kind: str, training: dict, job: dict,

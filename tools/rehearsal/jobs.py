@@ -40,8 +40,8 @@ from tools.rehearsal.spec import LOCATION, PROJECT_NUMBER
 # /var/hypertune its user's).
 VERTEX_METRIC_FILE = "/var/hypertune/output.metrics"
 CUSTOM_JOB_LAUNCHER = "google_cloud_pipeline_components.container.v1.custom_job.launcher"
-TUNING_JOB_LAUNCHER = ("google_cloud_pipeline_components.container.v1."
-                       "hyperparameter_tuning_job.launcher")
+# Our tuning step's launcher: it calls the Vertex API, which the rehearsal stands in for.
+TUNING_JOB_LAUNCHER = "components.tune.launch"
 GCPC_LAUNCHER_PREFIX = "google_cloud_pipeline_components.container."
 # Our Model Registry lookup (components.register.vertex_upload.find_registered_model): a
 # Vertex API call like GCPC's, so it is stood in for, from the `registry` given.
@@ -61,11 +61,11 @@ def task_kind(container: Mapping[str, Any], command: list[str], args: list[str])
         args: The resolved arguments.
 
     Returns:
-        "custom-job", "tuning-job" (GCPC launchers that start a job), "api-call" (another
-        GCPC launcher), "registry-lookup", "best-trial" (our steps that call the API) or
+        "custom-job" (GCPC's launcher), "tuning-job" (ours), "api-call" (another GCPC
+        launcher), "registry-lookup", "best-trial" (our steps that call the API) or
         "process" (a step that runs as it is).
     """
-    # Both job launchers are GCPC launchers too: they are told apart first.
+    # The custom-job launcher is a GCPC launcher too: it is told apart first.
     if container.get("command", [])[-1:] == [CUSTOM_JOB_LAUNCHER]:
         return "custom-job"
     if TUNING_JOB_LAUNCHER in command:
@@ -126,21 +126,17 @@ def write_request(output: str, record: TaskRecord, kind: str, request: dict[str,
                           {"type": kind, "request": request}, sort_keys=False)
 
 
-def _draw(parameter, rng) -> Any:
-    """A random value of one study-spec parameter (as Vertex passes it: numbers as floats)."""
-    import math
+def _draw(parameter, rng) -> float:
+    """A random value of one study-spec parameter (`contract.draw_value`), as Vertex passes
+    it: numbers as floats."""
+    from components.tune.contract import Parameter, draw_value
 
-    if parameter.double_value_spec:
-        low, high = parameter.double_value_spec.min_value, parameter.double_value_spec.max_value
-        if parameter.scale_type.name == "UNIT_LOG_SCALE":
-            return math.exp(rng.uniform(math.log(low), math.log(high)))
-        return rng.uniform(low, high)
-    if parameter.integer_value_spec:
-        spec = parameter.integer_value_spec
-        return float(rng.randint(spec.min_value, spec.max_value))
-    if parameter.discrete_value_spec:
-        return float(rng.choice(list(parameter.discrete_value_spec.values)))
-    return rng.choice(list(parameter.categorical_value_spec.values))
+    field = type(parameter).pb(parameter).WhichOneof("parameter_value_spec")
+    spec = getattr(parameter, field)
+    scale = "log" if parameter.scale_type.name == "UNIT_LOG_SCALE" else "linear"
+    return float(draw_value(Parameter(
+        parameter.parameter_id, field.split("_")[0], getattr(spec, "min_value", None),
+        getattr(spec, "max_value", None), scale, tuple(getattr(spec, "values", ()))), rng))
 
 
 def _read_reports(path: str) -> list[dict[str, Any]]:
@@ -182,7 +178,7 @@ class VertexJobs:
 
     def custom_job(self, record: TaskRecord, args: list[str]) -> None:
         """Runs the CustomJob a GCPC launcher would create from its `--payload`."""
-        job, _ = self._payload(record, args, "CustomJob", "CustomJob")
+        job = self._payload(record, args)
         spec = job["job_spec"]
         pools = spec["worker_pool_specs"]
         if pools[0].get("replica_count", 1) != 1:
@@ -206,6 +202,27 @@ class VertexJobs:
                            images=[p["container_spec"]["image_uri"] if p else "" for p in pools])
 
     def tuning_job(self, record: TaskRecord, args: list[str]) -> None:
+        """Runs the tuning step's own launcher (`components.tune.launch`), Vertex's job
+        service stood in for: a job created is written down and run (`_run_tuning_job`)."""
+        from types import SimpleNamespace
+
+        from google.protobuf import json_format
+
+        from components.tune import launch
+
+        parsed = launch.parse_args(args)
+        parsed.gcp_resources = self.runtime.host_path(parsed.gcp_resources)
+        service = SimpleNamespace(
+            create_hyperparameter_tuning_job=lambda parent, hyperparameter_tuning_job: (
+                self._run_tuning_job(record, hyperparameter_tuning_job)),
+            get_hyperparameter_tuning_job=lambda name, retry: self.tuning_jobs[name])
+        try:
+            launch.launch(parsed, service, sleep=lambda _: None)
+        except json_format.ParseError as err:
+            raise RehearsalError(f"{record.name}: Vertex would reject the tuning job: "
+                                 f"{err}") from err
+
+    def _run_tuning_job(self, record: TaskRecord, job) -> Any:
         """Runs a hyperparameter tuning job as Vertex would: each trial is a process of the
         trial pool's container with the trial's `--name=value` arguments appended and the
         `AIP_*` folders of `<base>/<trial id>`; the metric it reports through hypertune
@@ -213,7 +230,9 @@ class VertexJobs:
         spec (Vertex's own search is not reproduced), one trial at a time."""
         import random
 
-        _, job = self._payload(record, args, "HyperparameterTuningJob", "tuning job")
+        job = type(job)(job)  # Vertex's copy
+        write_request(self.output, record, "HyperparameterTuningJob",
+                      type(job).to_dict(job, use_integers_for_enums=False))
         spec = job.trial_job_spec
         if len(spec.worker_pool_specs) != 1 or spec.worker_pool_specs[0].replica_count != 1:
             raise RehearsalError(f"{record.name}: trials run one pool of one replica here")
@@ -232,16 +251,10 @@ class VertexJobs:
         job.state = "JOB_STATE_SUCCEEDED"
         self.tuning_jobs[job.name] = job
         record.replicas = len(trials)
-        resources = self.runtime.host_path(_flag(args, "--gcp_resources"))
-        os.makedirs(os.path.dirname(resources), exist_ok=True)
-        with open(resources, "w") as f:
-            json.dump({"resources": [{
-                "resourceType": "HyperparameterTuningJob",
-                "resourceUri": f"https://{LOCATION}-aiplatform.googleapis.com/v1/{job.name}"}]}, f)
+        return job
 
-    def _payload(self, record: TaskRecord, args: list[str], kind: str, what: str
-                 ) -> tuple[dict[str, Any], Any]:
-        """The launcher's `--payload` as it sends it, parsed into Vertex's own `kind`
+    def _payload(self, record: TaskRecord, args: list[str]) -> dict[str, Any]:
+        """The launcher's CustomJob `--payload` as it sends it, checked by Vertex's own
         message (its refusal is the rehearsal's), and written down."""
         from google.cloud import aiplatform_v1
         from google_cloud_pipeline_components.container.v1.gcp_launcher.utils import json_util
@@ -250,15 +263,15 @@ class VertexJobs:
             request = json_util.recursive_remove_empty(
                 json.loads(_flag(args, "--payload"), strict=False))
         except json.JSONDecodeError as err:
-            raise RehearsalError(f"{record.name}: the resolved {what} payload is not JSON "
+            raise RehearsalError(f"{record.name}: the resolved CustomJob payload is not JSON "
                                  f"({err})") from err
         try:
-            message = getattr(aiplatform_v1, kind)(request)
+            aiplatform_v1.CustomJob(request)
         except (KeyError, ValueError, TypeError) as err:
-            raise RehearsalError(f"{record.name}: Vertex would reject the {what}: "
+            raise RehearsalError(f"{record.name}: Vertex would reject the CustomJob: "
                                  f"{type(err).__name__}: {err}") from err
-        write_request(self.output, record, kind, request)
-        return request, message
+        write_request(self.output, record, "CustomJob", request)
+        return request
 
     def _trial(self, record: TaskRecord, job, trial_id: str, base: str, draw,
                earlier: list) -> Any:
