@@ -86,7 +86,7 @@ def test_every_compiled_gpu_job_and_trial_is_told_its_gpu_count(tmp_path):
             assert env.get(EXPECTED_GPUS_VARIABLE) == (str(int(count)) if count else None), name
             checked += bool(count)
         text = path.read_text()
-        if "tuning" in path.name:  # the trials' pool sits inside the tuning job's payload
+        if "tuning" in path.name:  # the trials' pool is an input of the tuning launcher
             assert text.count(EXPECTED_GPUS_VARIABLE) >= 2, path.name
     assert checked >= 4
     transformer = json.loads((tmp_path / "v" / "transformer_pipeline.json").read_text())

@@ -1,7 +1,6 @@
 """Other libraries' private names the product needs where no public way exists (one today),
 read at the pinned versions (CPython 3.11); tests/test_borrowed.py fails when the library
-changes, tests/test_structure.py keeps every other module to public names. Known elsewhere:
-pipelines/definitions/tuning.py edits GCPC 2.22.0's compiled tuning payload (a private format).
+changes, tests/test_structure.py keeps every other module to public names.
 """
 
 from __future__ import annotations
