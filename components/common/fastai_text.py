@@ -22,9 +22,13 @@ from fastai.learner import load_model, save_model
 from fastai.text.all import (
     AWD_LSTM,
     Callback,
+    ColReader,
+    ColSplitter,
+    DataBlock,
     LMDataLoader,
     Perplexity,
     Recorder,
+    TextBlock,
     accuracy,
     get_model,
     language_model_learner,
@@ -41,6 +45,8 @@ LR_FIND_ITERATIONS = 100  # fastai's default
 LR_FIND_MIN_ITERATIONS = 30
 # Tokenize in this process: forking a process with threads running can deadlock the child.
 TOKENIZER_WORKERS = 0
+# The column of a frame's held-out rows (`lm_dataloaders`).
+IS_VALID = "is_valid"
 # Batches between `release_freed_memory` calls (glibc kept ~0.5 GB a minute otherwise).
 TRIM_EVERY_BATCHES = 20
 
@@ -247,6 +253,19 @@ class MidEpoch(Callback):
             raise preemption.Preempted(f"at epoch {self.epoch}'s end")
 
 
+def fit_sealed(learn, epochs: int, lr, start_epoch: int, on_epoch: Callable[..., None],
+               seal_step: Callable[[dict], str], resumed: dict | None, every_steps: int,
+               steps: int, cbs: Sequence[Callback] = ()) -> None:
+    """`fit_one_cycle` at ULMFiT's momenta from `start_epoch`: each epoch's end goes to
+    `on_epoch(optimizer_steps, epochs_done, values, seconds, cpu_seconds)` (`EpochEnd`),
+    mid-epoch steps to `seal_step` (`MidEpoch` with `resumed`, `every_steps`, `steps`)."""
+    with preemption.Notice() as notice:
+        mid = MidEpoch(notice, every_steps, seal_step, resumed, steps)
+        learn.fit_one_cycle(epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=start_epoch,
+                            cbs=[EpochEnd(lambda *epoch: on_epoch(mid.steps, *epoch)), mid,
+                                 *cbs])
+
+
 def quiet(learn):
     """Drops the progress bars (carriage-return noise in job logs); EpochEnd logs each epoch."""
     if hasattr(learn, "progress"):
@@ -276,6 +295,31 @@ def language_model_loaders(dsets, bs: int, val_bs: int, seq_len: int):
     # num_workers=0: worker processes fork the training process (threads running).
     return dsets.dataloaders(bs=bs, val_bs=val_bs, seq_len=seq_len, num_workers=0,
                              cache=max(len(dsets.train), len(dsets.valid), 1))
+
+
+def lm_dataloaders(frame, text: str, tokenizer, vocab, config, backwards: bool):
+    """A language model's dataloaders over `frame`'s `text` column (its `IS_VALID` rows
+    held out), a batch size shrunk where a split has too few tokens (`lm_batch_size`).
+
+    Args:
+        frame: The texts and their `IS_VALID` column.
+        text: The column of the texts.
+        tokenizer: fastai's tokenizer of the language.
+        vocab: The vocabulary to number tokens with; None makes one of the training texts.
+        config: The trainer's settings (`seq_len`, `min_freq`, `max_vocab`, `batch_size`).
+        backwards: Read the texts right to left.
+    """
+    block = TextBlock.from_df(text, vocab=vocab, is_lm=True, seq_len=config.seq_len,
+                              backwards=backwards, tok=tokenizer, min_freq=config.min_freq,
+                              max_vocab=config.max_vocab, n_workers=TOKENIZER_WORKERS)
+    dsets = DataBlock(blocks=block, get_x=ColReader(text),
+                      splitter=ColSplitter(IS_VALID)).datasets(frame[[text, IS_VALID]])
+    bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)
+    val_bs = lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
+    if (bs, val_bs) != (config.batch_size, config.batch_size):
+        log.warning("few tokens: language model batch size %d (train) / %d (validation) "
+                    "instead of %d", bs, val_bs, config.batch_size)
+    return language_model_loaders(dsets, bs, val_bs, config.seq_len)
 
 
 def precision_here(requested: bool) -> str:

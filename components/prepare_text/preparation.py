@@ -11,7 +11,6 @@ multi-label when some row has two labels or more.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -19,12 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from components.common.input_kinds import (
-    InputKindError,
-    csv_header,
-    decode_text,
-    text_problem,
-)
+from components.common.input_kinds import text_problem
 from components.common.storage import filesystem, write_json_atomically
 from components.prepare_text.contract import (
     AUTO_DELIMITER,
@@ -36,6 +30,7 @@ from components.prepare_text.contract import (
     TextDataError,
     split_path,
 )
+from components.text_common.contract import read_text_csv
 
 # Share of 0/1 cells from which a single label column is read as one binary label.
 _BINARY_SHARE = 0.9
@@ -78,16 +73,7 @@ def read_csv(uri: str, data: bytes | None = None,
     data = read_bytes(uri) if data is None else data
     columns = {} if config is None else {config.text_column: "text_column",
                                          **dict.fromkeys(config.label_columns, "label_columns")}
-    try:
-        text = decode_text(data, f"data_uri {uri!r}", controls=False)
-        csv_header(io.StringIO(text), f"data_uri {uri!r}", columns)
-        # Strings only: "NA" or "null" is a text, not a missing value.
-        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_filter=False)
-    except InputKindError as err:
-        raise TextDataError(str(err)) from None
-    except pd.errors.ParserError as err:
-        raise TextDataError(f"{uri} is not a readable UTF-8 CSV: {err}") from err
-    return frame
+    return read_text_csv(data, f"data_uri {uri!r}", columns, TextDataError)
 
 
 def _describe(values: pd.Series, positions: np.ndarray) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from components.common import preemption
@@ -132,6 +134,44 @@ def parse_model_config(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TextTrainingError("model_config must be a JSON object, e.g. {\"emb_sz\": 400}")
     return value
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    """Whether a JSON value is a `kind` (bool, int or float), as AWD_LSTM uses it."""
+    if kind is bool or isinstance(value, bool):  # JSON true is not the number 1
+        return kind is bool and isinstance(value, bool)
+    if kind is int:  # 400.0 is no layer size torch takes
+        return isinstance(value, int)
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+_KIND_NAMES = {bool: "true or false", int: "a whole number", float: "a finite number"}
+
+
+def model_config_problems(config: Mapping[str, Any], defaults: Mapping[str, Any],
+                          source: str = "model_config") -> list[str]:
+    """What AWD_LSTM would refuse in AWD_LSTM settings, late, on the GPU: both fastai
+    trainers and the preflight check with it.
+
+    Args:
+        config: The settings (a parsed model_config, or a pretrained LM's config.json).
+        defaults: fastai's `awd_lstm_lm_config`: the keys, each value's type its default's.
+        source: Where the settings come from, as the messages name it.
+
+    Returns:
+        One message per unknown key or value of another type; empty when fine.
+    """
+    problems = []
+    unknown = sorted(set(config) - set(defaults))
+    if unknown:
+        problems.append(f"{source}: unknown AWD_LSTM setting(s) {unknown}; known: "
+                        f"{sorted(defaults)}")
+    for key, value in config.items():
+        kind = next((k for k in _KIND_NAMES if isinstance(defaults.get(key), k)), None)
+        if kind is not None and not _is_kind(value, kind):
+            problems.append(f"{source}: {key} must be {_KIND_NAMES[kind]} like the default "
+                            f"{defaults[key]!r}, got {value!r}")
+    return problems
 
 
 def required_files(lang: str, backwards: bool) -> list[str]:

@@ -19,11 +19,7 @@ from fastai.text.all import (
     TextBlock,
 )
 
-from components.common.fastai_text import (
-    TOKENIZER_WORKERS,
-    language_model_loaders,
-    lm_batch_size,
-)
+from components.common.fastai_text import IS_VALID, TOKENIZER_WORKERS
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import MAX_TEXT_CHARS, TEXT_FIELD, clip_text
 from components.train_text.contract import TrainConfig
@@ -31,7 +27,7 @@ from components.train_text.contract import TrainConfig
 log = logging.getLogger(__name__)
 
 # Columns of the frame handed to fastai: fixed names, so no user label can clash with them.
-FRAME_TEXT, _VALID, _CLASS = TEXT_FIELD, "is_valid", "__class__"
+FRAME_TEXT, _CLASS = TEXT_FIELD, "__class__"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +55,7 @@ def _frame(train: pd.DataFrame, valid: pd.DataFrame, text_column: str,
     """One frame for fastai: text, is_valid, then the targets under fixed names."""
     both = pd.concat([train, valid], ignore_index=True)
     out = pd.DataFrame({FRAME_TEXT: both[text_column].astype(str),
-                        _VALID: [False] * len(train) + [True] * len(valid)})
+                        IS_VALID: [False] * len(train) + [True] * len(valid)})
     if task == MULTI_LABEL:
         for i, label in enumerate(labels):
             out[f"__label_{i}"] = both[label].astype(np.int64)
@@ -80,26 +76,6 @@ def fastai_frame(data: PreparedDataset) -> tuple[pd.DataFrame, int]:
     return frame, truncated
 
 
-def _text_block(tokenizer, vocab, config: TrainConfig, is_lm: bool) -> TextBlock:
-    return TextBlock.from_df(FRAME_TEXT, vocab=vocab, is_lm=is_lm, seq_len=config.seq_len,
-                             backwards=config.backwards, tok=tokenizer, min_freq=config.min_freq,
-                             max_vocab=config.max_vocab, n_workers=TOKENIZER_WORKERS)
-
-
-def lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
-    """The language model's dataloaders over `frame`'s texts; batch sizes shrink when a
-    split has too few tokens."""
-    dsets = DataBlock(blocks=_text_block(tokenizer, vocab, config, True),
-                      get_x=ColReader(FRAME_TEXT),
-                      splitter=ColSplitter(_VALID)).datasets(frame[[FRAME_TEXT, _VALID]])
-    bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)
-    val_bs = lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
-    if bs < config.batch_size or val_bs < config.batch_size:
-        log.warning("few tokens: language model batch size %d (train) / %d (valid) instead of %d",
-                    bs, val_bs, config.batch_size)
-    return language_model_loaders(dsets, bs, val_bs, config.seq_len)
-
-
 def unigram_accuracy(dls_lm) -> float:
     """Share of the most frequent token in the language model's validation texts."""
     tokens = torch.cat([item[0].flatten() for item in dls_lm.valid_ds])
@@ -115,9 +91,13 @@ def classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: TrainC
         # sort=False: the outputs stay in the manifest's label order, which labels.json,
         # the evaluation and the server read them in (fastai sorts a given vocab by default).
         y_block, get_y = CategoryBlock(vocab=list(labels), sort=False), ColReader(_CLASS)
-    block = DataBlock(blocks=(_text_block(tokenizer, vocab, config, False), y_block),
-                      get_x=ColReader(FRAME_TEXT), get_y=get_y, splitter=ColSplitter(_VALID))
-    n_train = int((~frame[_VALID]).sum())
+    x_block = TextBlock.from_df(FRAME_TEXT, vocab=vocab, seq_len=config.seq_len,
+                                backwards=config.backwards, tok=tokenizer,
+                                min_freq=config.min_freq, max_vocab=config.max_vocab,
+                                n_workers=TOKENIZER_WORKERS)
+    block = DataBlock(blocks=(x_block, y_block),
+                      get_x=ColReader(FRAME_TEXT), get_y=get_y, splitter=ColSplitter(IS_VALID))
+    n_train = int((~frame[IS_VALID]).sum())
     # The training loader drops the last partial batch: never ask for more rows than exist.
     bs = min(config.batch_size, n_train)
     if bs < config.batch_size:

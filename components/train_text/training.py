@@ -28,7 +28,7 @@ from components.text_common import scores as text_scores
 from components.text_common.scores import write_result_files
 from components.train_text import schedule
 from components.train_text.assets import LMAssets, resolve_assets
-from components.train_text.contract import TextTrainingError, TrainConfig
+from components.train_text.contract import TextTrainingError, TrainConfig, model_config_problems
 from components.train_text.data import PreparedDataset, fastai_frame, read_dataset
 from components.train_text.learners import (
     classifier_learner,
@@ -157,9 +157,9 @@ def _architecture(config: TrainConfig, lm_assets_uri: str,
         if config.pretrained else None
     arch_config, source = ((assets.config, f"{lm_assets_uri} config.json") if assets else
                            (dict(config.model_config), "model_config"))
-    unknown = sorted(set(arch_config) - set(awd_lstm_lm_config) - {"init"})
-    if unknown:
-        raise TextTrainingError(f"{source}: unknown AWD_LSTM setting(s) {unknown}; "
-                                f"known: {sorted(awd_lstm_lm_config)}")
+    # fastai's get_language_model takes an `init` too.
+    problems = model_config_problems(arch_config, {**awd_lstm_lm_config, "init": None}, source)
+    if problems:
+        raise TextTrainingError("; ".join(problems))
     return assets, arch_config
 
