@@ -28,9 +28,9 @@ from components.prepare_text.contract import (
     SPLITS,
     PrepareConfig,
     TextDataError,
+    read_text_csv,
     split_path,
 )
-from components.text_common.contract import read_text_csv
 
 # Share of 0/1 cells from which a single label column is read as one binary label.
 _BINARY_SHARE = 0.9

@@ -4,14 +4,10 @@ Nothing here imports fastai, torch or transformers.
 
 from __future__ import annotations
 
-import io
 import os
-from collections.abc import Mapping
 from typing import Any
 
-import pandas as pd
-
-from components.common.input_kinds import InputKindError, csv_header, decode_text, read_json_object
+from components.common.input_kinds import read_json_object
 
 EXPORT_FILE = "export.pkl"  # the fastai trainer's learner
 LABELS_FILE = "labels.json"
@@ -50,30 +46,6 @@ def read_labels(model_dir: str) -> dict[str, Any]:
     with open(path, "rb") as f:
         return read_json_object(f.read(), f"model file {path!r}",
                                 "give the training step's model output, whole")
-
-
-def read_text_csv(data: bytes, name: str, columns: Mapping[str, str],
-                  error: type[Exception]) -> pd.DataFrame:
-    """A CSV of texts, every cell a string ("" when empty), as both text steps read one.
-
-    Args:
-        data: The file's bytes.
-        name: The file as the messages name it (e.g. "data_uri 'gs://b/x.csv'").
-        columns: The columns needed, each to the parameter that names it.
-        error: The step's error, raised with the message.
-
-    Raises:
-        error: Not text, empty, a refused header (`csv_header`) or not a readable CSV.
-    """
-    try:
-        text = decode_text(data, name, controls=False)
-        csv_header(io.StringIO(text), name, columns)
-        # Strings only: "NA" or "null" is a text, not a missing value.
-        return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_filter=False)
-    except InputKindError as err:
-        raise error(str(err)) from None
-    except pd.errors.ParserError as err:
-        raise error(f"{name} is not a readable UTF-8 CSV: {err}") from err
 
 
 def clip_text(text: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from components.common.input_kinds import NotTextError, decode_text, text_problem
 from components.common.storage import filesystem
-from components.text_common.contract import read_text_csv
+from components.prepare_text.contract import read_text_csv
 from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX, LMTrainingError
 
 _PARAGRAPH = re.compile(r"\n[ \t\r\f\v]*\n")
