@@ -12,7 +12,7 @@ import pytest
 import torch
 from fastai.text.all import Callback, load_pickle
 
-from components.common.fastai_text import TOKENIZER_WORKERS, choose_rate, language_model_loaders
+from components.common.fastai_text import TOKENIZER_WORKERS, language_model_loaders
 from components.formats.lm_assets import make_tokenizer
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.train_lm.contract import (
@@ -33,14 +33,13 @@ from components.train_lm.unigram import compare, lm_target_batches, unigram_base
 from components.train_text.assets import UnlearntAssetsError, fetch_assets
 from components.train_text.contract import TrainConfig, required_files
 from components.train_text.training import train_text_classifier
-from tests.test_text_train import Capture
+from tests.test_text_train import TINY, Capture
 from tests.test_text_train import (
     _no_vertex_checkpoint_dir_nor_forks as _no_vertex_checkpoint_dir_nor_forks,
 )
 from tools.datamakers.demo_text import write_reviews_csv
 from tools.datamakers.zipf_corpus import write_zipf_corpus
 
-TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FAST = dict(batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=2)
 # Long enough for the tiny model to beat a unigram model of its training tokens on the
 # reviews (FAST does not: held-out perplexity 60 vs 44), as the text trainer requires.
@@ -161,14 +160,6 @@ def test_paragraphs_and_the_held_out_draw():
     mask = split_documents(10, 0.2, seed=1)
     assert mask.sum() == 2 and (mask == split_documents(10, 0.2, seed=1)).all()
     assert split_documents(2, 0.01, 0).sum() == 1 and split_documents(2, 0.99, 0).sum() == 1
-
-
-def test_found_rates_are_bounded():
-    def rate(valley, steep=float("nan")):
-        return choose_rate({"valley": valley, "steep": steep}, MIN_FOUND_LR, MAX_FOUND_LR)[0]
-    assert rate(3e-3) == 3e-3 and rate(1e-7, 4e-3) == 1e-3
-    assert rate(1.0) == 3e-2 and rate(5.8e-4) == 1e-3
-    assert 1e-3 < rate(float("nan")) < 3e-2
 
 
 def test_bad_settings_name_the_setting():

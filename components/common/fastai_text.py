@@ -274,14 +274,6 @@ def quiet(learn):
     return learn
 
 
-def lm_batch_size(lengths: Sequence[int], bs: int) -> int:
-    """Largest batch size <= bs whose token streams (texts of `lengths` tokens) give a
-    language model one batch."""
-    total = int(sum(lengths))
-    # LMDataLoader cuts the corpus into bs streams of (total - 1) // bs tokens; each needs 2.
-    return max(1, min(bs, (total - 1) // 2))
-
-
 def language_model_loaders(dsets, bs: int, val_bs: int, seq_len: int):
     """fastai's language model dataloaders over `dsets`, each text's token ids made once
     (the default cache of 2 texts remade them every epoch: 78% of an epoch on an H100).
@@ -299,7 +291,7 @@ def language_model_loaders(dsets, bs: int, val_bs: int, seq_len: int):
 
 def lm_dataloaders(frame, text: str, tokenizer, vocab, config, backwards: bool):
     """A language model's dataloaders over `frame`'s `text` column (its `IS_VALID` rows
-    held out), a batch size shrunk where a split has too few tokens (`lm_batch_size`).
+    held out), a batch size shrunk where a split has too few tokens for one batch.
 
     Args:
         frame: The texts and their `IS_VALID` column.
@@ -314,8 +306,9 @@ def lm_dataloaders(frame, text: str, tokenizer, vocab, config, backwards: bool):
                               max_vocab=config.max_vocab, n_workers=TOKENIZER_WORKERS)
     dsets = DataBlock(blocks=block, get_x=ColReader(text),
                       splitter=ColSplitter(IS_VALID)).datasets(frame[[text, IS_VALID]])
-    bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)
-    val_bs = lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
+    # LMDataLoader cuts a split into bs streams of (tokens - 1) // bs tokens; each needs 2.
+    bs, val_bs = (max(1, min(config.batch_size, (int(split.items["text_length"].sum()) - 1) // 2))
+                  for split in (dsets.train, dsets.valid))
     if (bs, val_bs) != (config.batch_size, config.batch_size):
         log.warning("few tokens: language model batch size %d (train) / %d (validation) "
                     "instead of %d", bs, val_bs, config.batch_size)

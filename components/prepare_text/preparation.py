@@ -1,11 +1,7 @@
 """Load a labelled text CSV (gs:// or local), validate it and split it train/validation/test.
 
-Labels come one-hot (one 0/1 or True/False column per label, several per row allowed) or
-as class names (one column, several per row joined by `label_delimiter`); a single column
-of 0/1 values is one-hot. Rows with no label get `other_label`; rows with an empty text or a
-missing-value marker as class name are dropped and counted; anything else wrong is an
-error naming the column and rows ("row N" counts data rows from 1). The task is
-multi-label when some row has two labels or more.
+Labels come one-hot (0/1 or True/False columns) or as class names (one column, joined by
+`label_delimiter`). Errors name the column and rows ("row N" counts data rows from 1).
 """
 
 from __future__ import annotations
@@ -60,7 +56,7 @@ def read_bytes(uri: str) -> bytes:
 
 def read_csv(uri: str, data: bytes | None = None,
              config: PrepareConfig | None = None) -> pd.DataFrame:
-    """Reads a CSV, every cell as a string ("" when empty).
+    """Reads a CSV, every cell as a string ("" when empty; `read_text_csv`).
 
     Args:
         uri: Local path or gs:// URI of the CSV (named in errors).

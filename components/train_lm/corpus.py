@@ -1,7 +1,5 @@
 """Reads a language model's corpus: a CSV column, a .txt file or a folder of .txt files
-(cut into documents at blank lines). Files or rows that are not text are skipped and
-counted; a corpus mostly not text, or of fewer than two documents, is an error.
-"""
+(cut into documents at blank lines); what is not text is skipped and counted."""
 
 from __future__ import annotations
 

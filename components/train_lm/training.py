@@ -1,9 +1,5 @@
-"""An AWD-LSTM language model trained on a corpus, written as the text trainer's LM assets.
-
-Each direction trains with `fit_one_cycle`, sealed every epoch, at a SIGTERM (exit 143) and
-every `checkpoint_every_steps` (`fastai_text.MidEpoch`); the assets and `lm_metrics.json`
-(each direction beside a unigram model, `unigram.py`) are published once all are done.
-"""
+"""An AWD-LSTM language model trained on a corpus, written as the text trainer's LM assets;
+the assets and `lm_metrics.json` are published once every direction is done."""
 
 from __future__ import annotations
 
