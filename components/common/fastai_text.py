@@ -3,6 +3,7 @@ imported only by steps that run in the fastai image."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
@@ -10,7 +11,9 @@ import logging
 import math
 import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -35,8 +38,9 @@ from fastai.text.all import (
     noop,
 )
 
-from components.common import preemption
+from components.common import preemption, run_state
 from components.common.precision import BF16, FP16, FP32, choose_precision
+from components.common.tensorboard import ScalarLog, log_folder
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +124,25 @@ class EpochEnd(Callback):
         log.info("epoch %d/%d: %s (%.1f s, %.1f CPU s)", self.epoch + 1, self.n_epoch,
                  ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds, cpu)
         self.on_epoch(self.epoch + 1, values, seconds, cpu)
+
+
+@contextlib.contextmanager
+def run_folders(output_dir: str, checkpoint_folder: str | None, tensorboard_folder: str | None):
+    """Yields a fastai trainer's `(checkpoint folder, ScalarLog, scratch folder)`: checkpoints
+    in `checkpoint_folder`, else `run_state.checkpoint_folder(output_dir)`, then gone once
+    the run succeeds if inside the output (they would ship with it); the log is closed and
+    the scratch removed whatever happens."""
+    folder = checkpoint_folder or run_state.checkpoint_folder(output_dir)
+    os.makedirs(folder, exist_ok=True)
+    tensorboard = ScalarLog(log_folder(output_dir, tensorboard_folder))
+    scratch = tempfile.mkdtemp(prefix="fastai_run_")
+    try:
+        yield folder, tensorboard, scratch
+    finally:
+        tensorboard.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    if checkpoint_folder is None and run_state.inside_output(folder, output_dir):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def step_file(name: str | None) -> str | None:

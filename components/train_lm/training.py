@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,11 +33,12 @@ from components.common.fastai_text import (
     lm_learner,
     load_checkpoint,
     precision_here,
+    run_folders,
     seal,
 )
 from components.common.gpus import require_torch_gpus
 from components.common.storage import TMP_PREFIX, write_json_atomically
-from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
+from components.common.tensorboard import ScalarLog, epoch_scalars
 from components.formats.lm_assets import (
     SPM_FILE,
     SPM_LANGS,
@@ -199,22 +199,19 @@ def train_language_model(
     corpus: Corpus = read_corpus(corpus_uri, config.text_column)
     is_valid = split_documents(len(corpus.documents), config.validation_fraction, config.seed)
     frame = pd.DataFrame({_TEXT: corpus.documents, IS_VALID: is_valid})
-    folder = checkpoint_folder or run_state.checkpoint_folder(output_dir)
-    os.makedirs(folder, exist_ok=True)
-    # This run's saved state, or a new one (another run's state is refused, its files go).
-    resume = run_state.open_run(folder, STATE, {
-        "config": dataclasses.asdict(config), "corpus": corpus.report["sha256"],
-        "output": os.path.abspath(output_dir)}, fresh={
-        "spm_saved": False, "vocab_saved": False, "directions": {}, "finished": False})
-    if resume.resumed:
-        log.info("resuming: %s",
-                 {d: s["epochs_done"] for d, s in resume.state["directions"].items()})
-    arch_config = {**awd_lstm_lm_config, **config.model_config}
-    precision = precision_here(config.mixed_precision)
-    tensorboard = ScalarLog(log_folder(output_dir, tensorboard_folder))
-    scratch = tempfile.mkdtemp(prefix="train_lm_")
-    staging = os.path.join(folder, STAGING)
-    try:
+    with run_folders(output_dir, checkpoint_folder, tensorboard_folder) as (
+            folder, tensorboard, scratch):
+        # This run's saved state, or a new one (another run's state is refused, its files go).
+        resume = run_state.open_run(folder, STATE, {
+            "config": dataclasses.asdict(config), "corpus": corpus.report["sha256"],
+            "output": os.path.abspath(output_dir)}, fresh={
+            "spm_saved": False, "vocab_saved": False, "directions": {}, "finished": False})
+        if resume.resumed:
+            log.info("resuming: %s",
+                     {d: s["epochs_done"] for d, s in resume.state["directions"].items()})
+        arch_config = {**awd_lstm_lm_config, **config.model_config}
+        precision = precision_here(config.mixed_precision)
+        staging = os.path.join(folder, STAGING)
         spm = None
         if config.lang in SPM_LANGS:
             spm = _sentencepiece(resume, frame[_TEXT][~frame[IS_VALID]], config, scratch)
@@ -228,11 +225,6 @@ def train_language_model(
                                          arch_config, precision, staging, callbacks)
         result = _export(resume, staging, spm, output_dir, config, corpus, len(vocab),
                          precision, arch_config, started)
-    finally:
-        tensorboard.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-    if checkpoint_folder is None and run_state.inside_output(folder, output_dir):
-        shutil.rmtree(folder, ignore_errors=True)  # they would ship inside the assets
     return result
 
 

@@ -150,8 +150,8 @@ _KIND_NAMES = {bool: "true or false", int: "a whole number", float: "a finite nu
 
 def model_config_problems(config: Mapping[str, Any], defaults: Mapping[str, Any],
                           source: str = "model_config") -> list[str]:
-    """What AWD_LSTM would refuse in AWD_LSTM settings, late, on the GPU: both fastai
-    trainers and the preflight check with it.
+    """What AWD_LSTM would refuse in its settings, late, on the GPU (both fastai trainers
+    and the preflight check with this).
 
     Args:
         config: The settings (a parsed model_config, or a pretrained LM's config.json).
@@ -210,12 +210,9 @@ def missing_files(assets_uri: str, lang: str, backwards: bool) -> list[str]:
 
 
 def unlearnt_lm(assets_uri: str, lang: str, backwards: bool) -> str | None:
-    """Why the LM a run would take from `assets_uri` learnt nothing, or None.
-
-    The LM step's `lm_metrics.json` says per direction whether it beat a unigram model
-    (`beats_unigram`); the preflight and the trainer refuse one that did not. Assets
-    without that file, or with one of another language, unmeasured or unreadable, are not
-    judged.
+    """Why the LM a run would take from `assets_uri` learnt nothing (its `lm_metrics.json`
+    says `beats_unigram` false for the run's direction), or None; assets without that file,
+    or with one of another language, unmeasured or unreadable, are not judged.
 
     Args:
         assets_uri: Root of the assets layout, a local path or gs:// URI.

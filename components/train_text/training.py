@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,11 +17,11 @@ from fastai.learner import load_model, mk_metric
 from fastai.text.all import Callback, awd_lstm_lm_config, set_seed
 
 from components.common import run_state
-from components.common.fastai_text import FP32, precision_here
+from components.common.fastai_text import FP32, precision_here, run_folders
 from components.common.gpus import require_torch_gpus
 from components.common.hypertune import TrialReporter
 from components.common.provenance import provenance
-from components.common.tensorboard import ScalarLog, log_folder
+from components.common.tensorboard import ScalarLog
 from components.formats.lm_assets import make_tokenizer
 from components.prepare_text.contract import MANIFEST, MULTI_LABEL
 from components.text_common import scores as text_scores
@@ -89,16 +87,13 @@ def train_text_classifier(
     if config.monitor not in known:  # one that no epoch of this task's model reports
         raise TextTrainingError(f"monitor {config.monitor!r} is not a metric of this "
                                 f"{data.task.replace('_', '-')} model; choose one of {known}")
-    folder = checkpoint_folder or run_state.checkpoint_folder(model_dir)
-    os.makedirs(folder, exist_ok=True)
     os.makedirs(model_dir, exist_ok=True)
     # fastai drops the last partial training batch
     unfreeze = schedule.resolve_unfreeze(config.unfreeze, len(data.train) // config.batch_size)
     plan = schedule.plan_stages(config.lm_epochs, config.epochs, config.lm_learning_rate,
                                 config.learning_rate, config.pretrained, unfreeze[0])
-    tensorboard = ScalarLog(log_folder(model_dir, tensorboard_folder))
-    scratch = tempfile.mkdtemp(prefix="train_text_")
-    try:
+    with run_folders(model_dir, checkpoint_folder, tensorboard_folder) as (
+            folder, tensorboard, scratch):
         job = _prepare(data, config, plan, unfreeze, lm_assets_uri, model_dir, folder, scratch,
                        callbacks, tensorboard, hypertune_metric)
         vocab = fine_tune_lm(job, job.run.saved_vocab())
@@ -111,12 +106,6 @@ def train_text_classifier(
                            lang=config.lang, backwards=config.backwards, arch="AWD_LSTM")
         job.run.state["finished"] = True
         job.run.save()
-    finally:
-        tensorboard.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-    if checkpoint_folder is None and run_state.inside_output(folder, model_dir):
-        # Under the model output they would ship with the model; they served their purpose.
-        shutil.rmtree(folder, ignore_errors=True)
     return result
 
 
