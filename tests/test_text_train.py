@@ -489,7 +489,7 @@ def test_single_label_outputs_keep_the_datasets_label_order(tmp_path):
     """fastai sorts a given category vocabulary unless told not to: with label columns out
     of alphabetical order, every prediction was read as another label (test accuracy below
     chance beside 0.60 in fastai's own validation, on Debian's archive sections)."""
-    from components.train_text.data import _frame, classifier_dataloaders
+    from components.train_text.data import PreparedDataset, classifier_dataloaders, fastai_frame
 
     labels = ["sound", "perl", "graphics"]
     rows = [("plays music and audio files", "sound"), ("a perl module for parsing", "perl"),
@@ -497,7 +497,8 @@ def test_single_label_outputs_keep_the_datasets_label_order(tmp_path):
     table = pd.DataFrame({"text": [text for text, _ in rows],
                           **{name: [int(label == name) for _, label in rows]
                              for name in labels}})
-    frame = _frame(table.iloc[:9], table.iloc[9:], "text", labels, "single_label")
+    frame, _ = fastai_frame(PreparedDataset({}, labels, "single_label", "text", table.iloc[:9],
+                                            table.iloc[9:]))
     config = TrainConfig(**FAST)
     dls = classifier_dataloaders(frame, make_tokenizer("fr", None, str(tmp_path)), None,
                                  labels, "single_label", config)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,8 +25,7 @@ from components.train_text.contract import TrainConfig
 
 log = logging.getLogger(__name__)
 
-# Columns of the frame handed to fastai: fixed names, so no user label can clash with them.
-FRAME_TEXT, _CLASS = TEXT_FIELD, "__class__"
+FRAME_TEXT, _CLASS = TEXT_FIELD, "__class__"  # columns of the frame fastai reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,23 +48,18 @@ def read_dataset(dataset_dir: str) -> PreparedDataset:
                            read_split(dataset_dir, "validation"))
 
 
-def _frame(train: pd.DataFrame, valid: pd.DataFrame, text_column: str,
-           labels: Sequence[str], task: str) -> pd.DataFrame:
-    """One frame for fastai: text, is_valid, then the targets under fixed names."""
-    both = pd.concat([train, valid], ignore_index=True)
-    out = pd.DataFrame({FRAME_TEXT: both[text_column].astype(str),
-                        IS_VALID: [False] * len(train) + [True] * len(valid)})
-    if task == MULTI_LABEL:
-        for i, label in enumerate(labels):
-            out[f"__label_{i}"] = both[label].astype(np.int64)
-    else:
-        out[_CLASS] = np.asarray(labels, dtype=object)[both[list(labels)].to_numpy().argmax(1)]
-    return out
-
-
 def fastai_frame(data: PreparedDataset) -> tuple[pd.DataFrame, int]:
-    """The frame fastai reads (`_frame`), texts clipped; and how many were clipped."""
-    frame = _frame(data.train, data.valid, data.text_column, data.labels, data.task)
+    """The frame fastai reads (text, is_valid, then the targets under fixed names: no label
+    can clash with them), texts clipped; and how many were clipped."""
+    both = pd.concat([data.train, data.valid], ignore_index=True)
+    frame = pd.DataFrame({FRAME_TEXT: both[data.text_column].astype(str),
+                          IS_VALID: [False] * len(data.train) + [True] * len(data.valid)})
+    if data.task == MULTI_LABEL:
+        for i, label in enumerate(data.labels):
+            frame[f"__label_{i}"] = both[label].astype(np.int64)
+    else:
+        frame[_CLASS] = np.asarray(data.labels, dtype=object)[
+            both[list(data.labels)].to_numpy().argmax(1)]
     # Read as prediction reads them (spaCy refuses texts over 1M characters).
     truncated = int((frame[FRAME_TEXT].str.len() > MAX_TEXT_CHARS).sum())
     frame[FRAME_TEXT] = frame[FRAME_TEXT].map(clip_text)
