@@ -199,7 +199,7 @@ class TrainingJob:
     lm_config: dict[str, Any]  # fastai's defaults updated with them
     tokenizer: Any
     precision: str
-    frame: pd.DataFrame  # what fastai reads (_frame), texts clipped to MAX_TEXT_CHARS
+    frame: pd.DataFrame  # what fastai reads (data.fastai_frame), texts clipped
     truncated: int  # texts that were clipped
     resumed_from: dict[str, Any] | None
     unfreeze: tuple[str, str]  # (mode used, why)
