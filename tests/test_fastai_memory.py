@@ -74,37 +74,32 @@ def _fake(training=True):
         "epoch", "train_loss", "valid_loss"]), final_record=[1.0, 2.0], epoch=0, n_epoch=1)
 
 
+def _epoch(cb: EpochEnd, training: int, validation: int = 0) -> None:
+    """One epoch of `cb` on a fake learner; no training batch: one SkipToEpoch jumped over."""
+    cb.learn = _fake()
+    cb.before_epoch()
+    for batch in range(training + validation):
+        cb.learn.training = batch < training  # validation batches count too
+        cb.after_batch()
+    if training:
+        cb.after_train()
+    cb.after_epoch()
+
+
 def test_epoch_end_releases_every_n_batches_and_at_each_epoch_end():
     calls, epochs = [], []
     cb = EpochEnd(lambda *args: epochs.append(args), trim_every=3,
                   release=lambda: calls.append(cb.batches))
-    cb.learn = _fake()
-    cb.before_epoch()
-    for _ in range(7):
-        cb.after_batch()
-    cb.learn.training = False  # validation batches count too
-    for _ in range(2):
-        cb.after_batch()
-    cb.after_train()
-    cb.after_epoch()
+    _epoch(cb, 7, 2)
     assert calls == [3, 6, 9, 9]  # the last at the epoch's end
     assert len(epochs) == 1
 
 
 def test_epoch_end_releases_nothing_when_off_or_skipped():
     calls = []
-    off = EpochEnd(lambda *args: None, trim_every=0, release=lambda: calls.append("off"))
-    off.learn = _fake()
-    off.before_epoch()
-    for _ in range(50):
-        off.after_batch()
-    off.after_train()
-    off.after_epoch()
-    skipped = EpochEnd(lambda *args: None, trim_every=3, release=lambda: calls.append("skip"))
-    skipped.learn = _fake()
-    skipped.before_epoch()
-    skipped.after_epoch()  # an epoch SkipToEpoch jumped over on resume: no batch, no trim
-    assert calls == []
+    _epoch(EpochEnd(lambda *args: None, trim_every=0, release=lambda: calls.append("off")), 50)
+    _epoch(EpochEnd(lambda *args: None, trim_every=3, release=lambda: calls.append("skip")), 0)
+    assert calls == []  # off; an epoch skipped on resume: no batch, no trim
 
 
 def test_a_fit_releases_through_the_default(monkeypatch):

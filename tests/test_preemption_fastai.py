@@ -21,14 +21,13 @@ from components.train_lm.training import train_language_model
 from components.train_text import schedule
 from components.train_text.contract import TextTrainingError, TrainConfig
 from components.train_text.training import train_text_classifier
+from tests.test_text_train import TINY, prepared_reviews
 from tests.test_text_train import (
     _no_vertex_checkpoint_dir_nor_forks as _no_vertex_checkpoint_dir_nor_forks,
 )
-from tests.test_text_train import prepared_reviews
 from tools.datamakers.zipf_corpus import write_zipf_corpus
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 # ~190 batches an epoch: a SIGTERM sent when an epoch's line is logged lands in the next.
 LM = dict(lang="fr", batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=3)
 # Gradual unfreezing after an LM from scratch: lm-all, classifier-head, -top2, -all.

@@ -34,8 +34,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "components"
 # What a contract or format must not load when imported (light steps import them).
 HEAVY = ("tensorflow", "tf_keras", "torch", "fastai", "transformers", "kfp")
 # What every step may import besides contracts: `common` (imports no step), `formats` (the
-# readers and writers of steps' outputs) and `text_common` (what both text trainers share).
+# readers and writers of steps' outputs) and `text_common` (what every text step shares).
 SHARED = ("common", "formats", "text_common")
+# Framework code in `common`, shared by the steps of one image, and those steps: it loads
+# its framework when imported, so a light step (or a contract) importing it is not light.
+FRAMEWORK_HOMES = {"components.common.fastai_text": ("train_text", "train_lm")}
 # Neither text trainer imports the other (not even its contract); `text_common` neither.
 TEXT_TRAINERS = ("train_text", "train_transformer")
 # A module named in a string, as `importlib.import_module` takes it ("a.b" or "a.b:name").
@@ -86,7 +89,9 @@ def _violations(path: pathlib.Path) -> list[str]:
                 or (path.relative_to(ROOT).as_posix(), module) in ALLOWED):
             continue
         other = parts[1]
-        if step == "common" and other != "common":
+        if step not in FRAMEWORK_HOMES.get(module, (step,)):
+            problems.append(f"{path}:{line}: {step} imports {module}, another image's code")
+        elif step == "common" and other != "common":
             problems.append(f"{path}:{line}: common imports {module}")
         elif step in (*TEXT_TRAINERS, "text_common") and other in TEXT_TRAINERS and other != step:
             problems.append(f"{path}:{line}: {step} imports the text trainer {module}")
@@ -106,8 +111,9 @@ def test_steps_import_each_other_only_through_contracts():
      "from components.formats.shards import make_dataset\n"  # shared: allowed
      "TRAINERS = {'text': ('components.train_text.component', 'f')}\n"
      "def g():\n    return importlib.import_module('components.shard.sharding:x')\n"
-     "USAGE = 'python -m components.shard.sharding'\n",  # not a module name
-     {"evaluate_image/evaluation.py": 4}),
+     "USAGE = 'python -m components.shard.sharding'\n"  # not a module name
+     "from components.common.fastai_text import quiet\n",  # the fastai trainers' only
+     {"evaluate_image/evaluation.py": 5, "train_lm/training.py": 4}),
     ("from components.shard.contract import MANIFEST_NAME\n"  # a format reads contracts
      "from components.shard import records\n"
      "from components.formats import shards\n",

@@ -16,7 +16,6 @@ from fastai.text.all import (
     Callback,
     CancelBatchException,
     ColReader,
-    ColSplitter,
     DataBlock,
     SpacyTokenizer,
     TextBlock,
@@ -28,12 +27,13 @@ from fastai.text.all import (
 )
 from fastai.text.learner import _get_text_vocab
 
-from components.common.fastai_text import TOKENIZER_WORKERS
+from components.common.fastai_text import IS_VALID, TOKENIZER_WORKERS, lm_dataloaders
 from components.evaluate_text.evaluation import evaluate_text_model
 from components.formats.lm_assets import make_tokenizer, save_lm_assets
 from components.prepare_text.contract import read_split
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.text_common.scores import validation_scalars
+from components.train_lm.contract import LMConfig
 from components.train_text.assets import MissingAssetsError
 from components.train_text.contract import (
     TextTrainingError,
@@ -72,11 +72,9 @@ def lm_assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm")
     write_reviews_csv(str(root / "corpus.csv"), rows=40, seed=99)
     texts = pd.read_csv(root / "corpus.csv")["text"]
-    frame = pd.DataFrame({"text": texts, "is_valid": np.arange(len(texts)) % 5 == 0})
-    block = TextBlock.from_df("text", is_lm=True, tok=SpacyTokenizer("fr"), min_freq=1, seq_len=16,
-                              n_workers=TOKENIZER_WORKERS)
-    dls = DataBlock(blocks=block, get_x=ColReader("text"),
-                    splitter=ColSplitter("is_valid")).dataloaders(frame, bs=4, seq_len=16)
+    frame = pd.DataFrame({"text": texts, IS_VALID: np.arange(len(texts)) % 5 == 0})
+    dls = lm_dataloaders(frame, "text", SpacyTokenizer("fr"), None,
+                         LMConfig(batch_size=4, seq_len=16, min_freq=1), False)
     learn = language_model_learner(dls, AWD_LSTM, config={**awd_lstm_lm_config, **TINY},
                                    pretrained=False)
     learn.fit(1, 1e-2)
@@ -201,23 +199,6 @@ def test_missing_lm_assets_fail_before_training(dataset, tmp_path):
     assert f"{tmp_path}/lm/fr/forward/config.json" in str(err.value)
     assert f"{tmp_path}/lm/fr/forward/weights.pth" in str(err.value)
     assert not os.path.exists(tmp_path / "model" / "export.pkl")
-
-
-def test_sentencepiece_languages_tokenize_with_the_assets_model(tmp_path):
-    import sentencepiece
-
-    corpus = tmp_path / "corpus.txt"
-    sentences = ["配達がとても早かったです", "価格が高すぎると思います", "品質は良いが配達が遅い",
-                 "サービスの対応が丁寧でした", "値段の割に品質が良い"] * 20
-    corpus.write_text("\n".join(sentences), encoding="utf-8")
-    spm_dir = tmp_path / "ja" / "spm"
-    spm_dir.mkdir(parents=True)
-    sentencepiece.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(spm_dir / "spm"), vocab_size=46,
-        character_coverage=1.0, model_type="unigram")
-    tokenizer = make_tokenizer("ja", str(spm_dir / "spm.model"), str(tmp_path / "cache"))
-    tokens = list(tokenizer(["配達が早い"]))[0]
-    assert tokens and "".join(tokens).replace("▁", "") == "配達が早い"
 
 
 def test_bad_settings_are_clear_errors(dataset, tmp_path):
@@ -349,11 +330,8 @@ def test_the_classifier_starts_at_the_label_frequencies():
     import pandas as pd
     from fastai.text.all import (
         AWD_LSTM,
-        ColReader,
-        DataBlock,
         MultiCategoryBlock,
         RandomSplitter,
-        TextBlock,
         text_classifier_learner,
     )
 
@@ -511,7 +489,7 @@ def test_single_label_outputs_keep_the_datasets_label_order(tmp_path):
     """fastai sorts a given category vocabulary unless told not to: with label columns out
     of alphabetical order, every prediction was read as another label (test accuracy below
     chance beside 0.60 in fastai's own validation, on Debian's archive sections)."""
-    from components.train_text.data import _frame, classifier_dataloaders
+    from components.train_text.data import PreparedDataset, classifier_dataloaders, fastai_frame
 
     labels = ["sound", "perl", "graphics"]
     rows = [("plays music and audio files", "sound"), ("a perl module for parsing", "perl"),
@@ -519,7 +497,8 @@ def test_single_label_outputs_keep_the_datasets_label_order(tmp_path):
     table = pd.DataFrame({"text": [text for text, _ in rows],
                           **{name: [int(label == name) for _, label in rows]
                              for name in labels}})
-    frame = _frame(table.iloc[:9], table.iloc[9:], "text", labels, "single_label")
+    frame, _ = fastai_frame(PreparedDataset({}, labels, "single_label", "text", table.iloc[:9],
+                                            table.iloc[9:]))
     config = TrainConfig(**FAST)
     dls = classifier_dataloaders(frame, make_tokenizer("fr", None, str(tmp_path)), None,
                                  labels, "single_label", config)

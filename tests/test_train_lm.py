@@ -12,7 +12,7 @@ import pytest
 import torch
 from fastai.text.all import Callback, load_pickle
 
-from components.common.fastai_text import TOKENIZER_WORKERS, choose_rate, language_model_loaders
+from components.common.fastai_text import TOKENIZER_WORKERS, language_model_loaders
 from components.formats.lm_assets import make_tokenizer
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
 from components.train_lm.contract import (
@@ -33,14 +33,13 @@ from components.train_lm.unigram import compare, lm_target_batches, unigram_base
 from components.train_text.assets import UnlearntAssetsError, fetch_assets
 from components.train_text.contract import TrainConfig, required_files
 from components.train_text.training import train_text_classifier
-from tests.test_text_train import Capture
+from tests.test_text_train import TINY, Capture, StopAfter
 from tests.test_text_train import (
     _no_vertex_checkpoint_dir_nor_forks as _no_vertex_checkpoint_dir_nor_forks,
 )
 from tools.datamakers.demo_text import write_reviews_csv
 from tools.datamakers.zipf_corpus import write_zipf_corpus
 
-TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FAST = dict(batch_size=8, min_freq=1, seq_len=16, model_config=TINY, epochs=2)
 # Long enough for the tiny model to beat a unigram model of its training tokens on the
 # reviews (FAST does not: held-out perplexity 60 vs 44), as the text trainer requires.
@@ -52,25 +51,6 @@ def reviews(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "reviews.csv"
     write_reviews_csv(str(path), rows=60, seed=99)
     return str(path)
-
-
-class Epochs(Callback):
-    """Records the epochs each fit trains; fails like a preempted machine after `stop_after`."""
-
-    order = 99  # after the step's own checkpointing callback
-
-    def __init__(self, stop_after: int | None = None):
-        self.fits, self.stop_after = [], stop_after
-
-    def before_fit(self):
-        self.fits.append([])
-
-    def before_train(self):
-        self.fits[-1].append(self.epoch)
-
-    def after_epoch(self):
-        if self.stop_after is not None and sum(map(len, self.fits)) == self.stop_after:
-            raise KeyboardInterrupt("simulated preemption")
 
 
 # ------------------------------------------------------------------------------ corpus
@@ -161,14 +141,6 @@ def test_paragraphs_and_the_held_out_draw():
     mask = split_documents(10, 0.2, seed=1)
     assert mask.sum() == 2 and (mask == split_documents(10, 0.2, seed=1)).all()
     assert split_documents(2, 0.01, 0).sum() == 1 and split_documents(2, 0.99, 0).sum() == 1
-
-
-def test_found_rates_are_bounded():
-    def rate(valley, steep=float("nan")):
-        return choose_rate({"valley": valley, "steep": steep}, MIN_FOUND_LR, MAX_FOUND_LR)[0]
-    assert rate(3e-3) == 3e-3 and rate(1e-7, 4e-3) == 1e-3
-    assert rate(1.0) == 3e-2 and rate(5.8e-4) == 1e-3
-    assert 1e-3 < rate(float("nan")) < 3e-2
 
 
 def test_bad_settings_name_the_setting():
@@ -306,14 +278,16 @@ def test_assets_in_the_text_trainers_layout_with_held_out_metrics(reviews, tmp_p
 def test_an_interrupted_run_resumes_and_never_retrains_a_finished_direction(reviews, tmp_path):
     out, config = str(tmp_path / "assets"), LMConfig(lang="fr", backwards=True,
                                                     **{**FAST, "epochs": 3})
-    first = Epochs(stop_after=4)  # forward's 3 epochs, then the backward's first
-    with pytest.raises(KeyboardInterrupt):
-        train_language_model(reviews, out, config, callbacks=[first])
-    assert first.fits == [[0, 1, 2], [0]]  # forward, then the backward's first epoch
+    first = Capture()
+    with pytest.raises(KeyboardInterrupt):  # forward's 3 epochs, then the backward's first
+        train_language_model(reviews, out, config, callbacks=[first, StopAfter("LMLearner", 4)])
+    # forward, then the backward's first epoch
+    assert (len(first.fits), [epoch for _, epoch in first.epochs]) == (2, [0, 1, 2, 0])
     assert not os.path.exists(os.path.join(out, "fr"))  # nothing published half-done
-    second = Epochs()
+    second = Capture()
     result = train_language_model(reviews, out, config, callbacks=[second])
-    assert second.fits == [[1, 2]]  # the backward model only, from its second epoch
+    # the backward model only, from its second epoch
+    assert (len(second.fits), [epoch for _, epoch in second.epochs]) == (1, [1, 2])
     assert [h["epoch"] for h in result["directions"]["backward"]["history"]] == [1, 2, 3]
     assert [h["epoch"] for h in result["directions"]["forward"]["history"]] == [1, 2, 3]
     for relative in required_files("fr", backwards=True) + required_files("fr", False):
@@ -324,7 +298,7 @@ def test_another_runs_checkpoints_are_refused(reviews, tmp_path):
     folder = str(tmp_path / "ckpt")
     with pytest.raises(KeyboardInterrupt):
         train_language_model(reviews, str(tmp_path / "a"), LMConfig(**FAST), folder,
-                             callbacks=[Epochs(stop_after=1)])
+                             callbacks=[StopAfter("LMLearner", 1)])
     with pytest.raises(LMTrainingError, match="state of a different run"):
         train_language_model(reviews, str(tmp_path / "a"), LMConfig(**{**FAST, "epochs": 3}),
                              folder)

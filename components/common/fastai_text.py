@@ -3,6 +3,7 @@ imported only by steps that run in the fastai image."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
@@ -10,7 +11,9 @@ import logging
 import math
 import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -22,17 +25,22 @@ from fastai.learner import load_model, save_model
 from fastai.text.all import (
     AWD_LSTM,
     Callback,
+    ColReader,
+    ColSplitter,
+    DataBlock,
     LMDataLoader,
     Perplexity,
     Recorder,
+    TextBlock,
     accuracy,
     get_model,
     language_model_learner,
     noop,
 )
 
-from components.common import preemption
+from components.common import preemption, run_state
 from components.common.precision import BF16, FP16, FP32, choose_precision
+from components.common.tensorboard import ScalarLog, log_folder
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,8 @@ LR_FIND_ITERATIONS = 100  # fastai's default
 LR_FIND_MIN_ITERATIONS = 30
 # Tokenize in this process: forking a process with threads running can deadlock the child.
 TOKENIZER_WORKERS = 0
+# The column of a frame's held-out rows (`lm_dataloaders`).
+IS_VALID = "is_valid"
 # Batches between `release_freed_memory` calls (glibc kept ~0.5 GB a minute otherwise).
 TRIM_EVERY_BATCHES = 20
 
@@ -114,6 +124,25 @@ class EpochEnd(Callback):
         log.info("epoch %d/%d: %s (%.1f s, %.1f CPU s)", self.epoch + 1, self.n_epoch,
                  ", ".join(f"{k} {v:.4f}" for k, v in values.items()), seconds, cpu)
         self.on_epoch(self.epoch + 1, values, seconds, cpu)
+
+
+@contextlib.contextmanager
+def run_folders(output_dir: str, checkpoint_folder: str | None, tensorboard_folder: str | None):
+    """Yields a fastai trainer's `(checkpoint folder, ScalarLog, scratch folder)`: checkpoints
+    in `checkpoint_folder`, else `run_state.checkpoint_folder(output_dir)`, then gone once
+    the run succeeds if inside the output (they would ship with it); the log is closed and
+    the scratch removed whatever happens."""
+    folder = checkpoint_folder or run_state.checkpoint_folder(output_dir)
+    os.makedirs(folder, exist_ok=True)
+    tensorboard = ScalarLog(log_folder(output_dir, tensorboard_folder))
+    scratch = tempfile.mkdtemp(prefix="fastai_run_")
+    try:
+        yield folder, tensorboard, scratch
+    finally:
+        tensorboard.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    if checkpoint_folder is None and run_state.inside_output(folder, output_dir):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def step_file(name: str | None) -> str | None:
@@ -247,20 +276,25 @@ class MidEpoch(Callback):
             raise preemption.Preempted(f"at epoch {self.epoch}'s end")
 
 
+def fit_sealed(learn, epochs: int, lr, start_epoch: int, on_epoch: Callable[..., None],
+               seal_step: Callable[[dict], str], resumed: dict | None, every_steps: int,
+               steps: int, cbs: Sequence[Callback] = ()) -> None:
+    """`fit_one_cycle` at ULMFiT's momenta from `start_epoch`: each epoch's end goes to
+    `on_epoch(optimizer_steps, epochs_done, values, seconds, cpu_seconds)` (`EpochEnd`),
+    mid-epoch steps to `seal_step` (`MidEpoch` with `resumed`, `every_steps`, `steps`)."""
+    with preemption.Notice() as notice:
+        mid = MidEpoch(notice, every_steps, seal_step, resumed, steps)
+        learn.fit_one_cycle(epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=start_epoch,
+                            cbs=[EpochEnd(lambda *epoch: on_epoch(mid.steps, *epoch)), mid,
+                                 *cbs])
+
+
 def quiet(learn):
     """Drops the progress bars (carriage-return noise in job logs); EpochEnd logs each epoch."""
     if hasattr(learn, "progress"):
         learn.remove_cb(ProgressCallback)
     learn.logger = noop
     return learn
-
-
-def lm_batch_size(lengths: Sequence[int], bs: int) -> int:
-    """Largest batch size <= bs whose token streams (texts of `lengths` tokens) give a
-    language model one batch."""
-    total = int(sum(lengths))
-    # LMDataLoader cuts the corpus into bs streams of (total - 1) // bs tokens; each needs 2.
-    return max(1, min(bs, (total - 1) // 2))
 
 
 def language_model_loaders(dsets, bs: int, val_bs: int, seq_len: int):
@@ -276,6 +310,32 @@ def language_model_loaders(dsets, bs: int, val_bs: int, seq_len: int):
     # num_workers=0: worker processes fork the training process (threads running).
     return dsets.dataloaders(bs=bs, val_bs=val_bs, seq_len=seq_len, num_workers=0,
                              cache=max(len(dsets.train), len(dsets.valid), 1))
+
+
+def lm_dataloaders(frame, text: str, tokenizer, vocab, config, backwards: bool):
+    """A language model's dataloaders over `frame`'s `text` column (its `IS_VALID` rows
+    held out), a batch size shrunk where a split has too few tokens for one batch.
+
+    Args:
+        frame: The texts and their `IS_VALID` column.
+        text: The column of the texts.
+        tokenizer: fastai's tokenizer of the language.
+        vocab: The vocabulary to number tokens with; None makes one of the training texts.
+        config: The trainer's settings (`seq_len`, `min_freq`, `max_vocab`, `batch_size`).
+        backwards: Read the texts right to left.
+    """
+    block = TextBlock.from_df(text, vocab=vocab, is_lm=True, seq_len=config.seq_len,
+                              backwards=backwards, tok=tokenizer, min_freq=config.min_freq,
+                              max_vocab=config.max_vocab, n_workers=TOKENIZER_WORKERS)
+    dsets = DataBlock(blocks=block, get_x=ColReader(text),
+                      splitter=ColSplitter(IS_VALID)).datasets(frame[[text, IS_VALID]])
+    # LMDataLoader cuts a split into bs streams of (tokens - 1) // bs tokens; each needs 2.
+    bs, val_bs = (max(1, min(config.batch_size, (int(split.items["text_length"].sum()) - 1) // 2))
+                  for split in (dsets.train, dsets.valid))
+    if (bs, val_bs) != (config.batch_size, config.batch_size):
+        log.warning("few tokens: language model batch size %d (train) / %d (validation) "
+                    "instead of %d", bs, val_bs, config.batch_size)
+    return language_model_loaders(dsets, bs, val_bs, config.seq_len)
 
 
 def precision_here(requested: bool) -> str:

@@ -3,7 +3,6 @@ parameters, plus the few only the pipeline knows (it evaluates the test split)."
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -17,6 +16,7 @@ from components.preflight.parameters import (
     coerce,
     typed_parameter,
 )
+from components.train_text.contract import model_config_problems, parse_model_config
 
 
 def _evaluation_problems(parameters: Mapping[str, Any], kind: str) -> list[str]:
@@ -78,49 +78,6 @@ def weights_problems(weights: str, architecture: str = "densenet121") -> list[st
             "gs:// or s3://)"]
 
 
-def _is_kind(value: Any, kind: type) -> bool:
-    """Whether a JSON value is a `kind` (bool, int or float), as AWD_LSTM uses it."""
-    if kind is bool or isinstance(value, bool):  # JSON true is not the number 1
-        return kind is bool and isinstance(value, bool)
-    if kind is int:  # 400.0 is no layer size torch takes
-        return isinstance(value, int)
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-_KIND_NAMES = {bool: "true or false", int: "a whole number", float: "a finite number"}
-
-
-def model_config_problems(config: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
-    """What AWD_LSTM would refuse in `model_config`, late, on the GPU.
-
-    Args:
-        config: The parsed model_config.
-        defaults: fastai's `awd_lstm_lm_config`: the keys, each value's type its default's.
-
-    Returns:
-        One message per unknown key or value of another type; empty when fine.
-    """
-    problems = []
-    unknown = sorted(set(config) - set(defaults))
-    if unknown:  # the trainers' own wording
-        problems.append(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
-                        f"{sorted(defaults)}")
-    for key, value in config.items():
-        kind = next((k for k in _KIND_NAMES if isinstance(defaults.get(key), k)), None)
-        if kind is not None and not _is_kind(value, kind):
-            problems.append(f"model_config: {key} must be {_KIND_NAMES[kind]} like the default "
-                            f"{defaults[key]!r}, got {value!r}")
-    return problems
-
-
-def _awd_lstm_problems(config: Mapping[str, Any]) -> list[str]:
-    if not config:
-        return []
-    from fastai.text.models.awdlstm import awd_lstm_lm_config  # what both trainers build from
-
-    return model_config_problems(config, awd_lstm_lm_config)
-
-
 def lang_problems(lang: str) -> list[str]:
     """Why the text trainers cannot tokenize `lang` (`lm_assets.check_language`); empty."""
     from components.formats.lm_assets import SPM_LANGS, TokenizerError, check_language
@@ -138,15 +95,16 @@ def lang_problems(lang: str) -> list[str]:
 def _fastai_problems(config_class: type, parameters: Mapping[str, Any]):
     """What a fastai text trainer refuses (its config, AWD_LSTM's model_config, the
     language), with the parsed model_config and the config (None where refused)."""
-    from components.train_text.contract import parse_model_config
-
     problems, model_config, config = [], {}, None
     try:
         model_config = parse_model_config(str(parameters.get("model_config", "")))
         config = build(config_class, parameters, model_config=model_config)
     except (PreflightError, RuntimeError) as err:  # RuntimeError: model_config not an object
         problems.append(f"training: {err}")
-    problems += _awd_lstm_problems(model_config)
+    if model_config:
+        from fastai.text.models.awdlstm import awd_lstm_lm_config  # what both trainers build from
+
+        problems += model_config_problems(model_config, awd_lstm_lm_config)
     problems += lang_problems(str(parameters.get("lang", config_class.lang)))
     return problems, model_config, config
 

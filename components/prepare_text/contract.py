@@ -8,10 +8,13 @@ counts, source sha256). Other steps import this module only, never the preparati
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from components.common.input_kinds import InputKindError, csv_header, decode_text
 from components.common.written import check_settings, setting
 
 if TYPE_CHECKING:
@@ -91,3 +94,27 @@ def read_split(dataset_dir: str, split: str) -> pd.DataFrame:
     return frame
 
 
+def read_text_csv(data: bytes, name: str, columns: Mapping[str, str],
+                  error: type[Exception]) -> pd.DataFrame:
+    """A CSV of texts, every cell a string ("" when empty), as the text steps read one.
+
+    Args:
+        data: The file's bytes.
+        name: The file as the messages name it (e.g. "data_uri 'gs://b/x.csv'").
+        columns: The columns needed, each to the parameter that names it.
+        error: The step's error, raised with the message.
+
+    Raises:
+        error: Not text, empty, a refused header (`csv_header`) or not a readable CSV.
+    """
+    import pandas as pd
+
+    try:
+        text = decode_text(data, name, controls=False)
+        csv_header(io.StringIO(text), name, columns)
+        # Strings only: "NA" or "null" is a text, not a missing value.
+        return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_filter=False)
+    except InputKindError as err:
+        raise error(str(err)) from None
+    except pd.errors.ParserError as err:
+        raise error(f"{name} is not a readable UTF-8 CSV: {err}") from err

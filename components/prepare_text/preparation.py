@@ -1,17 +1,12 @@
 """Load a labelled text CSV (gs:// or local), validate it and split it train/validation/test.
 
-Labels come one-hot (one 0/1 or True/False column per label, several per row allowed) or
-as class names (one column, several per row joined by `label_delimiter`); a single column
-of 0/1 values is one-hot. Rows with no label get `other_label`; rows with an empty text or a
-missing-value marker as class name are dropped and counted; anything else wrong is an
-error naming the column and rows ("row N" counts data rows from 1). The task is
-multi-label when some row has two labels or more.
+Labels come one-hot (0/1 or True/False columns) or as class names (one column, joined by
+`label_delimiter`). Errors name the column and rows ("row N" counts data rows from 1).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -19,12 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from components.common.input_kinds import (
-    InputKindError,
-    csv_header,
-    decode_text,
-    text_problem,
-)
+from components.common.input_kinds import text_problem
 from components.common.storage import filesystem, write_json_atomically
 from components.prepare_text.contract import (
     AUTO_DELIMITER,
@@ -34,6 +24,7 @@ from components.prepare_text.contract import (
     SPLITS,
     PrepareConfig,
     TextDataError,
+    read_text_csv,
     split_path,
 )
 
@@ -65,7 +56,7 @@ def read_bytes(uri: str) -> bytes:
 
 def read_csv(uri: str, data: bytes | None = None,
              config: PrepareConfig | None = None) -> pd.DataFrame:
-    """Reads a CSV, every cell as a string ("" when empty).
+    """Reads a CSV, every cell as a string ("" when empty; `read_text_csv`).
 
     Args:
         uri: Local path or gs:// URI of the CSV (named in errors).
@@ -78,16 +69,7 @@ def read_csv(uri: str, data: bytes | None = None,
     data = read_bytes(uri) if data is None else data
     columns = {} if config is None else {config.text_column: "text_column",
                                          **dict.fromkeys(config.label_columns, "label_columns")}
-    try:
-        text = decode_text(data, f"data_uri {uri!r}", controls=False)
-        csv_header(io.StringIO(text), f"data_uri {uri!r}", columns)
-        # Strings only: "NA" or "null" is a text, not a missing value.
-        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_filter=False)
-    except InputKindError as err:
-        raise TextDataError(str(err)) from None
-    except pd.errors.ParserError as err:
-        raise TextDataError(f"{uri} is not a readable UTF-8 CSV: {err}") from err
-    return frame
+    return read_text_csv(data, f"data_uri {uri!r}", columns, TextDataError)
 
 
 def _describe(values: pd.Series, positions: np.ndarray) -> str:

@@ -1,27 +1,17 @@
 """Reads a language model's corpus: a CSV column, a .txt file or a folder of .txt files
-(cut into documents at blank lines). Files or rows that are not text are skipped and
-counted; a corpus mostly not text, or of fewer than two documents, is an error.
-"""
+(cut into documents at blank lines); what is not text is skipped and counted."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import os
 import re
 from typing import Any
 
-import pandas as pd
-
-from components.common.input_kinds import (
-    InputKindError,
-    NotTextError,
-    csv_header,
-    decode_text,
-    text_problem,
-)
+from components.common.input_kinds import NotTextError, decode_text, text_problem
 from components.common.storage import filesystem
+from components.prepare_text.contract import read_text_csv
 from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX, LMTrainingError
 
 _PARAGRAPH = re.compile(r"\n[ \t\r\f\v]*\n")
@@ -56,15 +46,8 @@ class _Skips:
 
 def _read_csv(fs, path: str, uri: str, column: str, skips: _Skips) -> list[str]:
     with fs.open(path, "rb") as f:
-        raw = f.read()
-    try:
-        text = decode_text(raw, f"corpus {uri!r}", controls=False)
-        csv_header(io.StringIO(text), f"corpus {uri!r}", {column: "text_column"})
-        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
-    except InputKindError as err:  # not text, empty, or a header without the column
-        raise LMTrainingError(str(err)) from None
-    except pd.errors.ParserError as err:
-        raise LMTrainingError(f"{uri} is not a readable CSV: {err}") from err
+        frame = read_text_csv(f.read(), f"corpus {uri!r}", {column: "text_column"},
+                              LMTrainingError)
     documents, not_text = [], 0
     for row, text in enumerate(frame[column], start=2):  # line 1 is the header
         problem = text_problem(str(text))

@@ -1,9 +1,5 @@
-"""An AWD-LSTM language model trained on a corpus, written as the text trainer's LM assets.
-
-Each direction trains with `fit_one_cycle`, sealed every epoch, at a SIGTERM (exit 143) and
-every `checkpoint_every_steps` (`fastai_text.MidEpoch`); the assets and `lm_metrics.json`
-(each direction beside a unigram model, `unigram.py`) are published once all are done.
-"""
+"""An AWD-LSTM language model trained on a corpus, written as the text trainer's LM assets;
+the assets and `lm_metrics.json` are published once every direction is done."""
 
 from __future__ import annotations
 
@@ -11,7 +7,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,11 +15,7 @@ import numpy as np
 import pandas as pd
 from fastai.text.all import (
     Callback,
-    ColReader,
-    ColSplitter,
-    DataBlock,
     SentencePieceTokenizer,
-    TextBlock,
     awd_lstm_lm_config,
     defaults,
     load_pickle,
@@ -32,23 +23,22 @@ from fastai.text.all import (
     set_seed,
 )
 
-from components.common import preemption, run_state
+from components.common import run_state
 from components.common.fastai_text import (
     FP32,
-    TOKENIZER_WORKERS,
-    EpochEnd,
-    MidEpoch,
+    IS_VALID,
     find_rate,
-    language_model_loaders,
-    lm_batch_size,
+    fit_sealed,
+    lm_dataloaders,
     lm_learner,
     load_checkpoint,
     precision_here,
+    run_folders,
     seal,
 )
 from components.common.gpus import require_torch_gpus
 from components.common.storage import TMP_PREFIX, write_json_atomically
-from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder
+from components.common.tensorboard import ScalarLog, epoch_scalars
 from components.formats.lm_assets import (
     SPM_FILE,
     SPM_LANGS,
@@ -65,6 +55,7 @@ from components.train_lm.contract import (
 )
 from components.train_lm.corpus import Corpus, read_corpus
 from components.train_lm.unigram import compare, unigram_baseline
+from components.train_text.contract import model_config_problems
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +68,7 @@ STAGING = "assets"  # in the checkpoint folder: directions finished so far
 STATE = run_state.StateFile(STATE_FILE, LMTrainingError, "other corpus, settings or output",
                             version=STATE_VERSION, leftovers=(VOCAB_FILE, SPM_MODEL, STAGING),
                             leftover_suffixes=(".pth", ".pth.tmp"))
-_TEXT, _VALID = "text", "is_valid"
+_TEXT = "text"
 
 
 def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:
@@ -160,22 +151,6 @@ def _sentencepiece(resume: run_state.Resume, texts: Sequence[str], config: LMCon
     return path
 
 
-def _dataloaders(frame: pd.DataFrame, tokenizer, vocab, config: LMConfig, backwards: bool):
-    block = TextBlock.from_df(_TEXT, vocab=vocab, is_lm=True, seq_len=config.seq_len,
-                              backwards=backwards, tok=tokenizer, min_freq=config.min_freq,
-                              max_vocab=config.max_vocab, n_workers=TOKENIZER_WORKERS)
-    dsets = DataBlock(blocks=block, get_x=ColReader(_TEXT),
-                      splitter=ColSplitter(_VALID)).datasets(frame)
-    bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)
-    val_bs = lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
-    if (bs, val_bs) != (config.batch_size, config.batch_size):
-        log.warning("few tokens: batch size %d (train) / %d (validation) instead of %d",
-                    bs, val_bs, config.batch_size)
-    tokens = {"train": int(dsets.train.items["text_length"].sum()),
-              "validation": int(dsets.valid.items["text_length"].sum())}
-    return language_model_loaders(dsets, bs, val_bs, config.seq_len), tokens
-
-
 def _ids(items) -> np.ndarray:
     """The token ids of an LM loader's texts, one after another."""
     return np.concatenate([np.asarray(items[i]).ravel() for i in range(len(items))]
@@ -218,32 +193,28 @@ def train_language_model(
     """
     require_torch_gpus()  # before anything is read: a job without its GPUs ends now
     started = time.monotonic()
-    unknown = sorted(set(config.model_config) - set(awd_lstm_lm_config))
-    if unknown:
-        raise LMTrainingError(f"model_config: unknown AWD_LSTM setting(s) {unknown}; known: "
-                              f"{sorted(awd_lstm_lm_config)}")
+    problems = model_config_problems(config.model_config, awd_lstm_lm_config)
+    if problems:
+        raise LMTrainingError("; ".join(problems))
     corpus: Corpus = read_corpus(corpus_uri, config.text_column)
     is_valid = split_documents(len(corpus.documents), config.validation_fraction, config.seed)
-    frame = pd.DataFrame({_TEXT: corpus.documents, _VALID: is_valid})
-    folder = checkpoint_folder or run_state.checkpoint_folder(output_dir)
-    os.makedirs(folder, exist_ok=True)
-    # This run's saved state, or a new one (another run's state is refused, its files go).
-    resume = run_state.open_run(folder, STATE, {
-        "config": dataclasses.asdict(config), "corpus": corpus.report["sha256"],
-        "output": os.path.abspath(output_dir)}, fresh={
-        "spm_saved": False, "vocab_saved": False, "directions": {}, "finished": False})
-    if resume.resumed:
-        log.info("resuming: %s",
-                 {d: s["epochs_done"] for d, s in resume.state["directions"].items()})
-    arch_config = {**awd_lstm_lm_config, **config.model_config}
-    precision = precision_here(config.mixed_precision)
-    tensorboard = ScalarLog(log_folder(output_dir, tensorboard_folder))
-    scratch = tempfile.mkdtemp(prefix="train_lm_")
-    staging = os.path.join(folder, STAGING)
-    try:
+    frame = pd.DataFrame({_TEXT: corpus.documents, IS_VALID: is_valid})
+    with run_folders(output_dir, checkpoint_folder, tensorboard_folder) as (
+            folder, tensorboard, scratch):
+        # This run's saved state, or a new one (another run's state is refused, its files go).
+        resume = run_state.open_run(folder, STATE, {
+            "config": dataclasses.asdict(config), "corpus": corpus.report["sha256"],
+            "output": os.path.abspath(output_dir)}, fresh={
+            "spm_saved": False, "vocab_saved": False, "directions": {}, "finished": False})
+        if resume.resumed:
+            log.info("resuming: %s",
+                     {d: s["epochs_done"] for d, s in resume.state["directions"].items()})
+        arch_config = {**awd_lstm_lm_config, **config.model_config}
+        precision = precision_here(config.mixed_precision)
+        staging = os.path.join(folder, STAGING)
         spm = None
         if config.lang in SPM_LANGS:
-            spm = _sentencepiece(resume, frame[_TEXT][~frame[_VALID]], config, scratch)
+            spm = _sentencepiece(resume, frame[_TEXT][~frame[IS_VALID]], config, scratch)
         tokenizer = make_tokenizer(config.lang, spm, scratch)
         vocab = load_pickle(os.path.join(folder, VOCAB_FILE)) \
             if resume.state["vocab_saved"] else None
@@ -254,11 +225,6 @@ def train_language_model(
                                          arch_config, precision, staging, callbacks)
         result = _export(resume, staging, spm, output_dir, config, corpus, len(vocab),
                          precision, arch_config, started)
-    finally:
-        tensorboard.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-    if checkpoint_folder is None and run_state.inside_output(folder, output_dir):
-        shutil.rmtree(folder, ignore_errors=True)  # they would ship inside the assets
     return result
 
 
@@ -268,7 +234,7 @@ def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: lis
     """Trains one direction (or what is left of it), stages its assets; returns the
     vocabulary, saved when first made so every direction and resume numbers tokens alike."""
     set_seed(config.seed + int(backwards))
-    dls, tokens = _dataloaders(frame, tokenizer, vocab, config, backwards)
+    dls = lm_dataloaders(frame, _TEXT, tokenizer, vocab, config, backwards)
     if vocab is None:
         vocab = list(dls.vocab)
         save_pickle(run.path(VOCAB_FILE), vocab)
@@ -282,18 +248,16 @@ def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: lis
     lr = run.rate(learn, config)
     log.info("%s language model: epochs %d..%d at peak rate %.2e", run.name,
              run.mine["epochs_done"] + 1, config.epochs, lr)
-    with preemption.Notice() as notice:
-        mid = MidEpoch(notice, config.checkpoint_every_steps, lambda step: seal(
-            run.resume, run.mine, learn, f"{run.name}-{step['epoch']}-{step['batches']}.pth",
-            step, epochs_done=step["epoch"], optimizer_steps=step["steps"]),
-            resumed, run.mine.get("optimizer_steps", 0))
-        learn.fit_one_cycle(
-            config.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=run.mine["epochs_done"],
-            cbs=[EpochEnd(lambda *epoch: run.on_epoch(learn, mid.steps, *epoch)), mid,
-                 *callbacks])
+    fit_sealed(learn, config.epochs, lr, run.mine["epochs_done"],
+               lambda *epoch: run.on_epoch(learn, *epoch), lambda step: seal(
+                   run.resume, run.mine, learn, f"{run.name}-{step['epoch']}-{step['batches']}.pth",
+                   step, epochs_done=step["epoch"], optimizer_steps=step["steps"]),
+               resumed, config.checkpoint_every_steps, run.mine.get("optimizer_steps", 0),
+               callbacks)
     if precision != FP32:
         learn = learn.to_fp32()
     save_lm_assets(learn, staging, config.lang, backwards, arch_config)
+    tokens = {"train": int(sum(dls.train.lens.coll)), "validation": int(sum(dls.valid.lens.coll))}
     run.mine.update(tokens=tokens, device=str(dls.device),
                     parameters=sum(p.numel() for p in learn.model.parameters()))
     run.finish()

@@ -17,7 +17,7 @@ def train_step(values: dict) -> None:
     import logging
 
     from components.text_common.scores import validation_scalars
-    from components.train_text.outputs import model_metadata
+    from components.train_text.training import model_metadata
     from components.train_text.training import train_text_classifier as train
 
     logging.basicConfig(level=logging.INFO)  # one line per epoch in the job's log

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from components.common import preemption
@@ -134,6 +136,44 @@ def parse_model_config(text: str) -> dict[str, Any]:
     return value
 
 
+def _is_kind(value: Any, kind: type) -> bool:
+    """Whether a JSON value is a `kind` (bool, int or float), as AWD_LSTM uses it."""
+    if kind is bool or isinstance(value, bool):  # JSON true is not the number 1
+        return kind is bool and isinstance(value, bool)
+    if kind is int:  # 400.0 is no layer size torch takes
+        return isinstance(value, int)
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+_KIND_NAMES = {bool: "true or false", int: "a whole number", float: "a finite number"}
+
+
+def model_config_problems(config: Mapping[str, Any], defaults: Mapping[str, Any],
+                          source: str = "model_config") -> list[str]:
+    """What AWD_LSTM would refuse in its settings, late, on the GPU (both fastai trainers
+    and the preflight check with this).
+
+    Args:
+        config: The settings (a parsed model_config, or a pretrained LM's config.json).
+        defaults: fastai's `awd_lstm_lm_config`: the keys, each value's type its default's.
+        source: Where the settings come from, as the messages name it.
+
+    Returns:
+        One message per unknown key or value of another type; empty when fine.
+    """
+    problems = []
+    unknown = sorted(set(config) - set(defaults))
+    if unknown:
+        problems.append(f"{source}: unknown AWD_LSTM setting(s) {unknown}; known: "
+                        f"{sorted(defaults)}")
+    for key, value in config.items():
+        kind = next((k for k in _KIND_NAMES if isinstance(defaults.get(key), k)), None)
+        if kind is not None and not _is_kind(value, kind):
+            problems.append(f"{source}: {key} must be {_KIND_NAMES[kind]} like the default "
+                            f"{defaults[key]!r}, got {value!r}")
+    return problems
+
+
 def required_files(lang: str, backwards: bool) -> list[str]:
     """Paths, relative to the assets URI, that a language and direction need."""
     lang = lang.strip()
@@ -170,12 +210,9 @@ def missing_files(assets_uri: str, lang: str, backwards: bool) -> list[str]:
 
 
 def unlearnt_lm(assets_uri: str, lang: str, backwards: bool) -> str | None:
-    """Why the LM a run would take from `assets_uri` learnt nothing, or None.
-
-    The LM step's `lm_metrics.json` says per direction whether it beat a unigram model
-    (`beats_unigram`); the preflight and the trainer refuse one that did not. Assets
-    without that file, or with one of another language, unmeasured or unreadable, are not
-    judged.
+    """Why the LM a run would take from `assets_uri` learnt nothing (its `lm_metrics.json`
+    says `beats_unigram` false for the run's direction), or None; assets without that file,
+    or with one of another language, unmeasured or unreadable, are not judged.
 
     Args:
         assets_uri: Root of the assets layout, a local path or gs:// URI.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,19 +18,14 @@ from fastai.text.all import (
     TextBlock,
 )
 
-from components.common.fastai_text import (
-    TOKENIZER_WORKERS,
-    language_model_loaders,
-    lm_batch_size,
-)
+from components.common.fastai_text import IS_VALID, TOKENIZER_WORKERS
 from components.prepare_text.contract import MULTI_LABEL, read_manifest, read_split
 from components.text_common.contract import MAX_TEXT_CHARS, TEXT_FIELD, clip_text
 from components.train_text.contract import TrainConfig
 
 log = logging.getLogger(__name__)
 
-# Columns of the frame handed to fastai: fixed names, so no user label can clash with them.
-FRAME_TEXT, _VALID, _CLASS = TEXT_FIELD, "is_valid", "__class__"
+FRAME_TEXT, _CLASS = TEXT_FIELD, "__class__"  # columns of the frame fastai reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,23 +48,18 @@ def read_dataset(dataset_dir: str) -> PreparedDataset:
                            read_split(dataset_dir, "validation"))
 
 
-def _frame(train: pd.DataFrame, valid: pd.DataFrame, text_column: str,
-           labels: Sequence[str], task: str) -> pd.DataFrame:
-    """One frame for fastai: text, is_valid, then the targets under fixed names."""
-    both = pd.concat([train, valid], ignore_index=True)
-    out = pd.DataFrame({FRAME_TEXT: both[text_column].astype(str),
-                        _VALID: [False] * len(train) + [True] * len(valid)})
-    if task == MULTI_LABEL:
-        for i, label in enumerate(labels):
-            out[f"__label_{i}"] = both[label].astype(np.int64)
-    else:
-        out[_CLASS] = np.asarray(labels, dtype=object)[both[list(labels)].to_numpy().argmax(1)]
-    return out
-
-
 def fastai_frame(data: PreparedDataset) -> tuple[pd.DataFrame, int]:
-    """The frame fastai reads (`_frame`), texts clipped; and how many were clipped."""
-    frame = _frame(data.train, data.valid, data.text_column, data.labels, data.task)
+    """The frame fastai reads (text, is_valid, then the targets under fixed names: no label
+    can clash with them), texts clipped; and how many were clipped."""
+    both = pd.concat([data.train, data.valid], ignore_index=True)
+    frame = pd.DataFrame({FRAME_TEXT: both[data.text_column].astype(str),
+                          IS_VALID: [False] * len(data.train) + [True] * len(data.valid)})
+    if data.task == MULTI_LABEL:
+        for i, label in enumerate(data.labels):
+            frame[f"__label_{i}"] = both[label].astype(np.int64)
+    else:
+        frame[_CLASS] = np.asarray(data.labels, dtype=object)[
+            both[list(data.labels)].to_numpy().argmax(1)]
     # Read as prediction reads them (spaCy refuses texts over 1M characters).
     truncated = int((frame[FRAME_TEXT].str.len() > MAX_TEXT_CHARS).sum())
     frame[FRAME_TEXT] = frame[FRAME_TEXT].map(clip_text)
@@ -78,26 +67,6 @@ def fastai_frame(data: PreparedDataset) -> tuple[pd.DataFrame, int]:
         log.warning("%d text(s) over %d characters: read up to the limit", truncated,
                     MAX_TEXT_CHARS)
     return frame, truncated
-
-
-def _text_block(tokenizer, vocab, config: TrainConfig, is_lm: bool) -> TextBlock:
-    return TextBlock.from_df(FRAME_TEXT, vocab=vocab, is_lm=is_lm, seq_len=config.seq_len,
-                             backwards=config.backwards, tok=tokenizer, min_freq=config.min_freq,
-                             max_vocab=config.max_vocab, n_workers=TOKENIZER_WORKERS)
-
-
-def lm_dataloaders(frame, tokenizer, vocab, config: TrainConfig):
-    """The language model's dataloaders over `frame`'s texts; batch sizes shrink when a
-    split has too few tokens."""
-    dsets = DataBlock(blocks=_text_block(tokenizer, vocab, config, True),
-                      get_x=ColReader(FRAME_TEXT),
-                      splitter=ColSplitter(_VALID)).datasets(frame[[FRAME_TEXT, _VALID]])
-    bs = lm_batch_size(dsets.train.items["text_length"], config.batch_size)
-    val_bs = lm_batch_size(dsets.valid.items["text_length"], config.batch_size)
-    if bs < config.batch_size or val_bs < config.batch_size:
-        log.warning("few tokens: language model batch size %d (train) / %d (valid) instead of %d",
-                    bs, val_bs, config.batch_size)
-    return language_model_loaders(dsets, bs, val_bs, config.seq_len)
 
 
 def unigram_accuracy(dls_lm) -> float:
@@ -115,9 +84,13 @@ def classifier_dataloaders(frame, tokenizer, vocab, labels, task, config: TrainC
         # sort=False: the outputs stay in the manifest's label order, which labels.json,
         # the evaluation and the server read them in (fastai sorts a given vocab by default).
         y_block, get_y = CategoryBlock(vocab=list(labels), sort=False), ColReader(_CLASS)
-    block = DataBlock(blocks=(_text_block(tokenizer, vocab, config, False), y_block),
-                      get_x=ColReader(FRAME_TEXT), get_y=get_y, splitter=ColSplitter(_VALID))
-    n_train = int((~frame[_VALID]).sum())
+    x_block = TextBlock.from_df(FRAME_TEXT, vocab=vocab, seq_len=config.seq_len,
+                                backwards=config.backwards, tok=tokenizer,
+                                min_freq=config.min_freq, max_vocab=config.max_vocab,
+                                n_workers=TOKENIZER_WORKERS)
+    block = DataBlock(blocks=(x_block, y_block),
+                      get_x=ColReader(FRAME_TEXT), get_y=get_y, splitter=ColSplitter(IS_VALID))
+    n_train = int((~frame[IS_VALID]).sum())
     # The training loader drops the last partial batch: never ask for more rows than exist.
     bs = min(config.batch_size, n_train)
     if bs < config.batch_size:

@@ -22,7 +22,13 @@ from fastai.text.all import (
     tokenize_df,
 )
 
-from components.common.fastai_text import TOKENIZER_WORKERS, lm_learner, mixed_precision, quiet
+from components.common.fastai_text import (
+    TOKENIZER_WORKERS,
+    lm_dataloaders,
+    lm_learner,
+    mixed_precision,
+    quiet,
+)
 from components.prepare_text.contract import MULTI_LABEL
 from components.text_common import scores as text_scores
 from components.train_text import schedule
@@ -30,7 +36,6 @@ from components.train_text.contract import TextTrainingError
 from components.train_text.data import (
     FRAME_TEXT,
     classifier_dataloaders,
-    lm_dataloaders,
     unigram_accuracy,
 )
 from components.train_text.runner import TrainingJob
@@ -55,7 +60,8 @@ def fine_tune_lm(job: TrainingJob, vocab: list[str] | None) -> list[str] | None:
     if not lm_indices or state["encoder_saved"]:
         return vocab
     vocab = _vocab_with_pretrained_tokens(job, vocab)
-    dls_lm = lm_dataloaders(job.frame, job.tokenizer, vocab, config)
+    dls_lm = lm_dataloaders(job.frame, FRAME_TEXT, job.tokenizer, vocab, config,
+                            config.backwards)
     if vocab is None:
         vocab = list(dls_lm.vocab)
         run.save_vocab(vocab)

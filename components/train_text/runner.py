@@ -11,11 +11,10 @@ import pandas as pd
 from fastai.learner import load_model
 from fastai.text.all import Callback, GradientClip, load_pickle, save_pickle
 
-from components.common import preemption, run_state
+from components.common import run_state
 from components.common.fastai_text import (
-    EpochEnd,
-    MidEpoch,
     find_rate,
+    fit_sealed,
     load_checkpoint,
     save_checkpoint,
     seal,
@@ -154,13 +153,13 @@ class StageRunner:
             slice(top / schedule.LR_DECAY_PER_GROUP ** (len(learn.opt.param_groups) - 1), top)
         log.info("stage %s: epochs %d..%d of %d", stage.name, start + 1, stage.epochs, stage.epochs)
 
-        def sealed(name: str, epochs_done: int, step: dict | None = None) -> str:
+        def sealed(name: str, epochs_done: int, steps: int, step: dict | None = None) -> str:
             # Older files go only once the state no longer points at them (`seal`).
             return seal(self.resume, self.state, learn, name, step,
                         ((self.state.get("stage_start") or {}).get("file"),), stage=index,
-                        epochs_done=epochs_done, optimizer_steps=mid.steps)
+                        epochs_done=epochs_done, optimizer_steps=steps)
 
-        def on_epoch(epochs_done: int, values: dict[str, float], seconds: float,
+        def on_epoch(steps: int, epochs_done: int, values: dict[str, float], seconds: float,
                      cpu_seconds: float) -> None:
             best = self.state["best"]
             new_best = None
@@ -173,7 +172,7 @@ class StageRunner:
             row = {"stage": stage.name, "model": stage.model, "epoch": epochs_done,
                    "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3), **values}
             self.state["history"].append(row)
-            sealed(f"{stage.model}-{index}-{epochs_done}.pth", epochs_done)
+            sealed(f"{stage.model}-{index}-{epochs_done}.pth", epochs_done, steps)
             # After the save: a resumed run never trains (and logs) this epoch again.
             step = model_step(self.state["history"], stage.model)
             self.tensorboard.write(epoch_scalars(stage.model, row), step)
@@ -182,13 +181,10 @@ class StageRunner:
             if new_best and best:
                 self._drop(best.get("file"), new_best)
 
-        with preemption.Notice() as notice:
-            mid = MidEpoch(notice, self.every_steps, lambda step: sealed(
-                f"{stage.model}-{index}-{step['epoch']}-{step['batches']}.pth", step["epoch"],
-                step), resumed, self.state.get("optimizer_steps", 0))
-            learn.fit_one_cycle(stage.epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=start,
-                                cbs=[EpochEnd(on_epoch), mid, GradientClip(GRADIENT_CLIP),
-                                     *self.callbacks])
+        fit_sealed(learn, stage.epochs, lr, start, on_epoch, lambda step: sealed(
+            f"{stage.model}-{index}-{step['epoch']}-{step['batches']}.pth", step["epoch"],
+            step["steps"], step), resumed, self.every_steps, self.state.get("optimizer_steps", 0),
+            [GradientClip(GRADIENT_CLIP), *self.callbacks])
 
 
 @dataclasses.dataclass
@@ -203,7 +199,7 @@ class TrainingJob:
     lm_config: dict[str, Any]  # fastai's defaults updated with them
     tokenizer: Any
     precision: str
-    frame: pd.DataFrame  # what fastai reads (_frame), texts clipped to MAX_TEXT_CHARS
+    frame: pd.DataFrame  # what fastai reads (data.fastai_frame), texts clipped
     truncated: int  # texts that were clipped
     resumed_from: dict[str, Any] | None
     unfreeze: tuple[str, str]  # (mode used, why)

@@ -1,4 +1,5 @@
-"""ULMFiT text classifier with fastai: fine-tune the language model, then the classifier.
+"""ULMFiT text classifier with fastai: fine-tune the language model, then the classifier;
+the best epoch scored and exported, metrics.json's report, the model's metadata.
 
 Only `fastai.text` is imported (`fastai.vision` fails to import in this stack).
 """
@@ -8,35 +9,40 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from fastai.learner import mk_metric
+from fastai.learner import load_model, mk_metric
 from fastai.text.all import Callback, awd_lstm_lm_config, set_seed
 
 from components.common import run_state
-from components.common.fastai_text import precision_here
+from components.common.fastai_text import FP32, precision_here, run_folders
 from components.common.gpus import require_torch_gpus
 from components.common.hypertune import TrialReporter
-from components.common.tensorboard import ScalarLog, log_folder
+from components.common.provenance import provenance
+from components.common.tensorboard import ScalarLog
 from components.formats.lm_assets import make_tokenizer
-from components.prepare_text.contract import MULTI_LABEL
+from components.prepare_text.contract import MANIFEST, MULTI_LABEL
 from components.text_common import scores as text_scores
-from components.text_common.scores import write_result_files
+from components.text_common.contract import EXPORT_FILE, MAX_TEXT_CHARS
+from components.text_common.scores import validation_result, write_result_files
 from components.train_text import schedule
-from components.train_text.assets import LMAssets, resolve_assets
-from components.train_text.contract import TextTrainingError, TrainConfig
+from components.train_text.assets import (
+    LMAssets,
+    fastai_pretrained_url,
+    resolve_assets,
+    uses_fastai_pretrained,
+)
+from components.train_text.contract import TextTrainingError, TrainConfig, model_config_problems
 from components.train_text.data import PreparedDataset, fastai_frame, read_dataset
 from components.train_text.learners import (
+    ENCODER_KEYS,
     classifier_learner,
     fine_tune_lm,
     loss_and_metrics,
     train_random_encoder_whole,
 )
-from components.train_text.outputs import run_report, validate_and_export
 from components.train_text.runner import StageRunner, TrainingJob
 
 log = logging.getLogger(__name__)
@@ -81,16 +87,13 @@ def train_text_classifier(
     if config.monitor not in known:  # one that no epoch of this task's model reports
         raise TextTrainingError(f"monitor {config.monitor!r} is not a metric of this "
                                 f"{data.task.replace('_', '-')} model; choose one of {known}")
-    folder = checkpoint_folder or run_state.checkpoint_folder(model_dir)
-    os.makedirs(folder, exist_ok=True)
     os.makedirs(model_dir, exist_ok=True)
     # fastai drops the last partial training batch
     unfreeze = schedule.resolve_unfreeze(config.unfreeze, len(data.train) // config.batch_size)
     plan = schedule.plan_stages(config.lm_epochs, config.epochs, config.lm_learning_rate,
                                 config.learning_rate, config.pretrained, unfreeze[0])
-    tensorboard = ScalarLog(log_folder(model_dir, tensorboard_folder))
-    scratch = tempfile.mkdtemp(prefix="train_text_")
-    try:
+    with run_folders(model_dir, checkpoint_folder, tensorboard_folder) as (
+            folder, tensorboard, scratch):
         job = _prepare(data, config, plan, unfreeze, lm_assets_uri, model_dir, folder, scratch,
                        callbacks, tensorboard, hypertune_metric)
         vocab = fine_tune_lm(job, job.run.saved_vocab())
@@ -103,12 +106,6 @@ def train_text_classifier(
                            lang=config.lang, backwards=config.backwards, arch="AWD_LSTM")
         job.run.state["finished"] = True
         job.run.save()
-    finally:
-        tensorboard.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-    if checkpoint_folder is None and run_state.inside_output(folder, model_dir):
-        # Under the model output they would ship with the model; they served their purpose.
-        shutil.rmtree(folder, ignore_errors=True)
     return result
 
 
@@ -157,9 +154,99 @@ def _architecture(config: TrainConfig, lm_assets_uri: str,
         if config.pretrained else None
     arch_config, source = ((assets.config, f"{lm_assets_uri} config.json") if assets else
                            (dict(config.model_config), "model_config"))
-    unknown = sorted(set(arch_config) - set(awd_lstm_lm_config) - {"init"})
-    if unknown:
-        raise TextTrainingError(f"{source}: unknown AWD_LSTM setting(s) {unknown}; "
-                                f"known: {sorted(awd_lstm_lm_config)}")
+    # fastai's get_language_model takes an `init` too.
+    problems = model_config_problems(arch_config, {**awd_lstm_lm_config, "init": None}, source)
+    if problems:
+        raise TextTrainingError("; ".join(problems))
     return assets, arch_config
 
+
+def model_metadata(result: dict[str, Any], config: TrainConfig, model_dir: str,
+                   dataset_dir: str, lm_assets_uri: str,
+                   lm_assets_fingerprint: str) -> dict[str, Any]:
+    """The `Model` artifact's metadata: what the model is, its files, and its provenance.
+
+    Args:
+        result: What `training.train_text_classifier` returned.
+        config: The run's settings.
+        model_dir: The model folder, written.
+        dataset_dir: The preparation step's folder (its manifest pins the data).
+        lm_assets_uri: The pretrained LM assets' root.
+        lm_assets_fingerprint: The preflight step's digest of their listing.
+    """
+    return {
+        "framework": "fastai",
+        "arch": "AWD_LSTM",
+        "task": result["task"],
+        "labels": result["labels"],
+        "lang": config.lang,
+        "lm_assets_fingerprint": lm_assets_fingerprint,
+        "files": sorted(os.listdir(model_dir)),
+        **provenance(os.path.join(dataset_dir, MANIFEST),
+                     {**dataclasses.asdict(config), "lm_assets_uri": lm_assets_uri}),
+    }
+
+
+def validate_and_export(job: TrainingJob, learn, model_dir: str) -> tuple[Any, dict[str, Any]]:
+    """Loads the best epoch's weights, scores the validation split, writes `export.pkl`.
+
+    Returns:
+        `(learner in float32, text_scores.validation_result of the validation split)`.
+    """
+    run, data = job.run, job.data
+    best = run.state["best"]
+    if best and best.get("file") and os.path.exists(run.path(best["file"])):
+        load_model(run.path(best["file"]), learn.model, None, with_opt=False,
+                   device=learn.dls.device)
+    if job.precision != FP32:
+        learn = learn.to_fp32()
+    probs, _ = learn.get_preds(ds_idx=1)
+    probs = probs.float().cpu().numpy()
+    truth = data.valid[data.labels].to_numpy()
+    result = validation_result(truth, probs, data.labels, data.task, job.config.threshold)
+    learn.export(os.path.abspath(os.path.join(model_dir, EXPORT_FILE)))
+    return learn, result
+
+
+def run_report(job: TrainingJob, learn, dls, vocab: list[str], lm_assets_uri: str,
+               started: float) -> dict[str, Any]:
+    """metrics.json's `history`, `best`, `run` (sizes, timings, resume facts) and `config`."""
+    state, config = job.run.state, job.config
+    clas_epochs = [h for h in state["history"] if h["model"] == schedule.CLASSIFIER]
+    unfreeze, unfreeze_reason = job.unfreeze
+    return {
+        "history": state["history"],
+        "best": state["best"],
+        "run": {
+            "rows": {"train": len(job.data.train), "validation": len(job.data.valid)},
+            "texts_truncated": job.truncated,
+            "max_text_chars": MAX_TEXT_CHARS,
+            "train_tokens": int(dls.train.items["text_length"].sum()),
+            "vocab_size": len(vocab),
+            "parameters": int(sum(p.numel() for p in learn.model.parameters())),
+            "arch": "AWD_LSTM",
+            "arch_config": {k: job.lm_config[k] for k in ENCODER_KEYS},
+            "pretrained": config.pretrained,
+            "pretrained_from": None if not config.pretrained else (
+                fastai_pretrained_url(config.backwards)
+                if uses_fastai_pretrained(lm_assets_uri, config.lang) else lm_assets_uri),
+            "precision": job.precision,
+            "device": str(learn.dls.device),
+            "resumed_from": job.resumed_from,
+            # Every stage's across the attempts (a classifier restart's too).
+            "optimizer_steps": state.get("optimizer_steps", 0),
+            "classifier_epoch_seconds": [h["seconds"] for h in clas_epochs],
+            "classifier_epoch_cpu_seconds": [h.get("cpu_seconds") for h in clas_epochs],
+            "seconds": round(time.monotonic() - started, 3),
+            "unfreeze": {"used": unfreeze, "reason": unfreeze_reason},
+            "stages": [dataclasses.asdict(s) for s in job.run.plan],
+            "found_learning_rates": state.get("found_lr", {}),
+            # Classifier runs that learnt nothing and ran again at a lower rate.
+            "restarts": [{k: v for k, v in r.items() if k != "epochs"}
+                         for r in state.get("restarts", [])],
+            "learnt_nothing": state.get("gave_up"),
+            "lm_discarded": state.get("lm_discarded"),
+            "constant_answer": job.run.constant,
+        },
+        "config": dataclasses.asdict(config),
+    }
