@@ -181,6 +181,14 @@ def write_densenet_weights(path: pathlib.Path, image_size: int,
     return str(path)
 
 
+def assert_arrays_equal(got, want) -> None:
+    """As many arrays (weights, variables) in `got` as in `want`, each equal to its own."""
+    got, want = list(got), list(want)
+    assert len(got) == len(want), (len(got), len(want))
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 # A colour per class keeps tiny datasets learnable by tiny models.
 CLASS_COLOURS = {"cat": (220, 40, 40), "dog": (40, 200, 40), "eel": (40, 40, 220)}
 
@@ -208,6 +216,23 @@ def write_class_images(root: str, per_class: int = 12, size: tuple[int, int] = (
             image.save(os.path.join(root, relative))
             written.setdefault(name, []).append(relative)
     return written
+
+
+def shard_colour_classes(root: pathlib.Path, per_class: int, side: int) -> str:
+    """Shards (32 px) `per_class` noisy `side` px PNGs of each of cat, dog and fox, each class
+    in its own colour range so that a few steps learn something; returns the shards' folder."""
+    from components.shard.sharding import ShardConfig, shard_dataset
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(("cat", "dog", "fox")):
+        (root / "images" / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = (rng.random((side, side, 3)) * 80 + label * 80).astype("uint8")
+            Image.fromarray(pixels).save(root / "images" / name / f"{i}.png")
+    shard_dataset(str(root / "images"), str(root / "shards"),
+                  ShardConfig(image_size=32, min_shards_per_split=2, num_workers=1),
+                  progress=False)
+    return str(root / "shards")
 
 
 def plant_bad_files(root: str) -> dict[str, str]:
@@ -258,6 +283,36 @@ def gcs(gcs_emulator, monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
     monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     return storage.Client(project="test-project", credentials=AnonymousCredentials())
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """moto's S3 server on a free loopback port (one a test module): its endpoint URL."""
+    from tools.rehearsal import kubeflow_demo
+
+    with kubeflow_demo.s3_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def store(s3_endpoint, monkeypatch):
+    """This process pointed at the S3 server (the launcher's side), the Kubeflow rehearsal's
+    root bucket made; the variables are undone after the test (other modules' servers have
+    other ports)."""
+    from tools.rehearsal import kubeflow_demo
+
+    kubeflow_demo.use_store(s3_endpoint, monkeypatch.setenv)
+    kubeflow_demo.make_bucket(kubeflow_demo.ROOT)
+    return s3_endpoint
+
+
+@pytest.fixture
+def kube():
+    """The Kubernetes API stub (tests.kube_stub), and a real `kubernetes` client of it."""
+    from tests.kube_stub import serving
+
+    with serving() as stub_and_client:
+        yield stub_and_client
 
 
 def free_port() -> int:

@@ -24,17 +24,8 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
           "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-@pytest.fixture(scope="module")
-def s3_server():
-    """moto's S3 server on a free loopback port: its endpoint URL."""
-    from tools.rehearsal.kubeflow_demo import s3_server as serve
-
-    with serve() as endpoint:
-        yield endpoint
-
-
 @pytest.fixture
-def s3(s3_server, monkeypatch):
+def s3(s3_endpoint, monkeypatch):
     """A boto3 client of the loopback server, emptied (tests reuse bucket names and may run
     in any order), with the environment the steps read."""
     import urllib.request
@@ -42,13 +33,13 @@ def s3(s3_server, monkeypatch):
     import boto3
     import fsspec
 
-    urllib.request.urlopen(urllib.request.Request(f"{s3_server}/moto-api/reset",
+    urllib.request.urlopen(urllib.request.Request(f"{s3_endpoint}/moto-api/reset",
                                                   method="POST"), timeout=30).close()
 
-    for name, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3_server}.items():
+    for name, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3_endpoint}.items():
         monkeypatch.setenv(name, value)
     fsspec.filesystem("s3").clear_instance_cache()  # s3fs caches per endpoint settings
-    return boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
 
 
 def _upload(client, bucket, root, prefix):
