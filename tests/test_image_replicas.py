@@ -22,19 +22,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 tf = pytest.importorskip("tensorflow")
 tf_keras = pytest.importorskip("tf_keras")
 
-from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
-from tests.conftest import free_port, write_densenet_weights  # noqa: E402
+from tests.conftest import free_port, shard_colour_classes, write_densenet_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = REPO / "tests" / "site"  # slow_calls.py, put in place by its sitecustomize.py
-CLASSES = ["cat", "dog", "fox"]
 IMAGE_SIZE = 32  # DenseNet121's smallest input
 MODEL = "job-1/train/model"  # the model folder, relative to the shared folder
 CHECKPOINTS = "checkpoints/job-1/train"  # resolve_dirs' folder under AIP_CHECKPOINT_DIR
@@ -46,17 +42,7 @@ PARAMS = dict(epochs=2, fine_tune_epochs=0, batch_size=1, precision="off", steps
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> str:
     """A sharded dataset of 32x32 images, 3 classes x 6."""
-    root = tmp_path_factory.mktemp("replica_data")
-    rng = np.random.default_rng(0)
-    for label, name in enumerate(CLASSES):
-        (root / "images" / name).mkdir(parents=True)
-        for i in range(6):
-            pixels = (rng.random((IMAGE_SIZE, IMAGE_SIZE, 3)) * 80 + label * 80).astype("uint8")
-            Image.fromarray(pixels).save(root / "images" / name / f"{i}.png")
-    shard_dataset(str(root / "images"), str(root / "shards"),
-                  ShardConfig(image_size=IMAGE_SIZE, min_shards_per_split=2, num_workers=1),
-                  progress=False)
-    return str(root / "shards")
+    return shard_colour_classes(tmp_path_factory.mktemp("replica_data"), 6, IMAGE_SIZE)
 
 
 @pytest.fixture(scope="module")

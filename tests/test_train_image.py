@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 tf = pytest.importorskip("tensorflow")
 tf_keras = pytest.importorskip("tf_keras")
@@ -25,13 +24,18 @@ tf_keras = pytest.importorskip("tf_keras")
 from components.formats.image_models import load_keras_model  # noqa: E402
 from components.formats.shards import make_dataset  # noqa: E402
 from components.shard.contract import read_manifest  # noqa: E402
-from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
 from components.train_image import contract, distribute, training  # noqa: E402
 from components.train_image import model as model_lib  # noqa: E402
 from components.train_image.contract import PIXELS_SIGNATURE  # noqa: E402
 from components.train_image.model import INPUT_NAME  # noqa: E402
 from components.train_image.training import TrainConfig, TrainingError  # noqa: E402
-from tests.conftest import ONE_BLOCK_DENSENET, free_port, write_densenet_weights  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    ONE_BLOCK_DENSENET,
+    assert_arrays_equal,
+    free_port,
+    shard_colour_classes,
+    write_densenet_weights,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "fox"]
@@ -39,24 +43,10 @@ IMAGE_SIZE = 32
 CLUSTER_ENV = ("TF_CONFIG", "CLUSTER_SPEC", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
 
 
-
 @pytest.fixture(scope="session")
 def image_dataset(tmp_path_factory) -> str:
     """A sharded dataset of 32x32 images: 3 classes x 10 (24 train, 3 validation, 3 test)."""
-    root = tmp_path_factory.mktemp("train_image_data")
-    rng = np.random.default_rng(0)
-    for label, name in enumerate(CLASSES):
-        folder = root / "images" / name
-        folder.mkdir(parents=True)
-        for i in range(10):
-            # Each class has its own colour range so a few steps can learn something.
-            pixels = (rng.random((40, 40, 3)) * 80 + label * 80).astype("uint8")
-            Image.fromarray(pixels).save(folder / f"{i}.png")
-    out = root / "shards"
-    shard_dataset(str(root / "images"), str(out),
-                  ShardConfig(image_size=IMAGE_SIZE, min_shards_per_split=2, num_workers=1),
-                  progress=False)
-    return str(out)
+    return shard_colour_classes(tmp_path_factory.mktemp("train_image_data"), 10, 40)
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +71,6 @@ def _subprocess_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
     env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2", **extra)
     return env
-
 
 
 def _tf_config(workers: int, chief: bool = False, **extra) -> dict:
@@ -207,7 +196,6 @@ def test_make_strategy_kinds():
         distribute.make_strategy("tpu")
 
 
-
 def test_plan_phases():
     pretrained = TrainConfig(epochs=3, fine_tune_epochs=2, weights="imagenet")
     assert [(p.name, p.epochs, p.learning_rate) for p in training.plan_phases(pretrained)] == [
@@ -275,7 +263,6 @@ def test_component_defaults_match_train_config():
         assert spec_input.description, f"parameter {name} has no help text"
 
 
-
 def test_augment_identity_and_flip():
     images = tf.random.uniform([4, 8, 8, 3], 0, 255, seed=1)
     same = model_lib.augment_images(images, tf.constant([1, 2], tf.int64), False, 0.0, 0.0)
@@ -320,7 +307,6 @@ def test_pipelines_augment_training_only(image_dataset):
     raw = np.stack([img.numpy() for img, _ in make_dataset(image_dataset, "validation",
                                                            manifest=manifest)])
     np.testing.assert_array_equal(got, raw.astype("float32"))  # never augmented
-
 
 
 def _trainable_conv_names(model) -> list[str]:
@@ -408,9 +394,7 @@ def test_weights_file_loads_and_snapshot_survives_phase_change(base_weights):
     reference = model_lib.keras_densenet(list(ONE_BLOCK_DENSENET), include_top=False,
                                          weights=None, input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3))
     reference.load_weights(base_weights)
-    for got, want in zip(model_lib.get_base(pretrained).weights, reference.weights,
-                         strict=True):
-        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert_arrays_equal(model_lib.get_base(pretrained).weights, reference.weights)
     with pytest.raises(ValueError, match="does not exist"):
         model_lib.build_model(len(CLASSES), IMAGE_SIZE, "/no/such/weights.h5")
     # a copy built without the file, as the artifact is, takes the layout from the weights
@@ -426,7 +410,6 @@ def test_weights_file_loads_and_snapshot_survives_phase_change(base_weights):
     images = np.random.default_rng(2).uniform(0, 255, (2, IMAGE_SIZE, IMAGE_SIZE, 3))
     np.testing.assert_allclose(scratch_model(images, training=False),
                                pretrained(images, training=False), atol=1e-5)
-
 
 
 class _Interrupt(tf_keras.callbacks.Callback):
@@ -771,7 +754,6 @@ def test_a_clean_up_cut_short_leaves_the_folder_marked_as_this_runs(tmp_path, mo
     monkeypatch.setattr(tf.io.gfile, "remove", remove)
     state.clear(["head"])
     assert not (tmp_path / "checkpoints").exists()
-
 
 
 @pytest.fixture(scope="module")
