@@ -36,6 +36,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -320,6 +321,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL to the process group of a process started with `start_new_session` (a
+    machine, killed whole: its launcher and what it spawned); waits for it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def wait_all(processes: list, timeout: float, late: Callable[[], str]) -> list[float]:
+    """Waits for every process (killing every group on the way out), failing with `late()`
+    past `timeout` seconds.
+
+    Returns:
+        When each ended (`time.time()`).
+    """
+    ended, deadline = {}, time.monotonic() + timeout
+    try:
+        while len(ended) < len(processes):
+            for i, process in enumerate(processes):
+                if i not in ended and process.poll() is not None:
+                    ended[i] = time.time()
+            assert time.monotonic() < deadline, late()
+            time.sleep(0.05)
+    finally:
+        for process in processes:
+            kill_group(process)
+    return [ended[i] for i in range(len(processes))]
 
 
 def http_json(address, method, path, body=None, headers=None):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +26,13 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 tf_keras = pytest.importorskip("tf_keras")
 
-from tests.conftest import free_port, shard_colour_classes, write_densenet_weights  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    free_port,
+    kill_group,
+    shard_colour_classes,
+    wait_all,
+    write_densenet_weights,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = REPO / "tests" / "site"  # slow_calls.py, put in place by its sitecustomize.py
@@ -275,29 +280,10 @@ def _log(out: Path) -> str:
     return Path(f"{out}.log").read_text()[-4000:]
 
 
-def _kill(process) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
-
-
 def _wait(workers: list, timeout: float) -> list[float]:
-    """Waits for both workers (killing them on the way out); the times they ended."""
-    ended, deadline = {}, time.monotonic() + timeout
-    try:
-        while len(ended) < len(workers):
-            for i, (process, _) in enumerate(workers):
-                if i not in ended and process.poll() is not None:
-                    ended[i] = time.time()
-            assert time.monotonic() < deadline, "the workers did not finish: " + _log(
-                workers[0][1])
-            time.sleep(0.05)
-    finally:
-        for process, _ in workers:
-            _kill(process)
-    return [ended[i] for i in range(len(workers))]
+    """Waits for both workers (conftest.wait_all); the times they ended."""
+    return wait_all([process for process, _ in workers], timeout,
+                    lambda: "the workers did not finish: " + _log(workers[0][1]))
 
 
 def _epochs_logged(out: Path) -> list[int]:
@@ -381,13 +367,13 @@ def test_a_worker_killed_mid_run_and_restarted_resumes_on_both(dataset, weights,
             assert all(p.poll() is None for p, _ in workers), [_log(o) for _, o in workers]
             assert time.monotonic() < deadline, "no backup was saved"
             time.sleep(0.05)
-        _kill(workers[1][0])  # preempted: no chance to clean up
+        kill_group(workers[1][0])  # preempted: no chance to clean up
         started = time.monotonic()
         workers[0][0].wait(timeout=180)  # its peer is gone: it fails, it does not hang
         failed_after = time.monotonic() - started
     finally:
         for process, _ in workers:
-            _kill(process)
+            kill_group(process)
     assert workers[0][0].returncode != 0, _log(workers[0][1])
     assert not (machines.model_dir / "model.keras").exists()
     done = [r["epoch"] for r in json.loads((checkpoints / "history-head.json").read_text())]

@@ -124,29 +124,33 @@ def mirrors(monkeypatch, tmp_path):
     return storage
 
 
+def _write(folder, rel, text):
+    os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
+    with open(os.path.join(folder, rel), "w") as f:
+        f.write(text)
+
+
+def _keys(client, bucket: str) -> list[str]:
+    return sorted(k["Key"] for k in client.list_objects_v2(Bucket=bucket)["Contents"])
+
+
 def test_kubeflow_checkpoint_folder_mirrors_s3_and_a_new_pod_finds_it(s3, mirrors, tmp_path):
     s3.create_bucket(Bucket="ckpt")
     environ = {"AIP_CHECKPOINT_DIR": "s3://ckpt/root"}
     output = str(tmp_path / "pod" / "run-1" / "train" / "model")
     folder = mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ)
     assert not folder.startswith(str(tmp_path / "pod") + os.sep) and os.path.isdir(folder)
-    tmp = os.path.join(folder, ".tmp-state.json.x")
-    with open(os.path.join(folder, "weights.pth"), "w") as f:
-        f.write("epoch 1")
-    with open(tmp, "w") as f:
-        f.write("half a file")
+    _write(folder, "weights.pth", "epoch 1")
+    _write(folder, ".tmp-state.json.x", "half a file")
     from components.common import run_state
 
     run_state.save(folder, "state.json", {"fingerprint": "f", "epochs_done": 1})
-    listed = sorted(k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"])
-    assert listed == ["root/run-1/train/state.json", "root/run-1/train/weights.pth"]
+    assert _keys(s3, "ckpt") == ["root/run-1/train/state.json", "root/run-1/train/weights.pth"]
     # the trainer replaces its checkpoint: the old one goes from the bucket too
     os.remove(os.path.join(folder, "weights.pth"))
-    with open(os.path.join(folder, "weights-2.pth"), "w") as f:
-        f.write("epoch 2")
+    _write(folder, "weights-2.pth", "epoch 2")
     run_state.save(folder, "state.json", {"fingerprint": "f", "epochs_done": 2})
-    listed = sorted(k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"])
-    assert listed == ["root/run-1/train/state.json", "root/run-1/train/weights-2.pth"]
+    assert _keys(s3, "ckpt") == ["root/run-1/train/state.json", "root/run-1/train/weights-2.pth"]
     # a retried pod: nothing local, the same task's output path
     import shutil
 
@@ -170,12 +174,6 @@ def test_kubeflow_gs_is_mirrored_only_where_it_is_not_mounted(mirrors, monkeypat
     environ["OBJECT_STORE_MOUNTED"] = "0"  # open-source KFP: /gcs is a scratch folder
     assert mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ) == "x"
     assert made == ["gs://b/root/run-1/train"]
-
-
-def _write(folder, rel, text):
-    os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
-    with open(os.path.join(folder, rel), "w") as f:
-        f.write(text)
 
 
 def test_kubeflow_mirror_retries_a_failed_upload_pushes_pointers_last_and_only_from_rank_0(
@@ -203,8 +201,7 @@ def test_kubeflow_mirror_retries_a_failed_upload_pushes_pointers_last_and_only_f
     assert set(order[1:3]) == {"backup/chief/ckpt-1.data-00000-of-00001",
                                "backup/chief/ckpt-1.index"}
     assert set(order[3:]) == {"backup/chief/checkpoint", "run.json"}  # pointers last
-    listed = {k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]}
-    assert listed == {f"job/task/{rel}" for rel in order}
+    assert set(_keys(s3, "ckpt")) == {f"job/task/{rel}" for rel in order}
     assert "503 Slow Down" in caplog.text  # the try that failed is in the log
     order.clear()
     monkeypatch.setenv("RANK", "1")  # another DDP process of the pod: rank 0 pushes
@@ -235,8 +232,7 @@ def test_kubeflow_a_push_that_keeps_failing_fails_after_its_attempts(s3, mirrors
     assert len(tries) == mirrors.PUSH_ATTEMPTS == 4
     monkeypatch.setattr(mirror.fs, "put", put)  # the store is back: nothing was marked done
     mirrors.push_mirrors()
-    assert [k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]] == [
-        "job/task/weights.pth"]
+    assert _keys(s3, "ckpt") == ["job/task/weights.pth"]
 
 
 def test_kubeflow_a_checkpoint_root_in_no_bucket_fails_before_training(s3, mirrors,
@@ -324,13 +320,11 @@ def test_kubeflow_a_failed_final_push_fails_the_process(s3, tmp_path):
 
     kept = step("keep-the-bucket")
     assert kept.returncode == 0, kept.stderr[-3000:]
-    assert [k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]] == [
-        "job/task/events.out"]
+    assert _keys(s3, "ckpt") == ["job/task/events.out"]
     s3.delete_object(Bucket="ckpt", Key="job/task/events.out")
     forked = step("fork-a-child")  # only the process that made the mirror pushes
     assert forked.returncode == 0 and "child exit code 0" in forked.stdout, forked.stderr
-    assert sorted(k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]) == [
-        "job/task/child.txt", "job/task/events.out"]
+    assert _keys(s3, "ckpt") == ["job/task/child.txt", "job/task/events.out"]
     for key in ("job/task/child.txt", "job/task/events.out"):
         s3.delete_object(Bucket="ckpt", Key=key)
     lost = step("lose-the-bucket")
@@ -402,7 +396,7 @@ def test_kubeflow_a_killed_training_pod_resumes_from_s3_on_retry(s3, mirrors, tm
     with pytest.raises(KeyboardInterrupt):  # the pod dies after LM epoch 1
         train_text_classifier(dataset, model_dir, config,
                               callbacks=[first, StopAfter("LMLearner", 1)])
-    keys = [k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]]
+    keys = _keys(s3, "ckpt")
     assert "checkpoints/run-7/train-text/state.json" in keys
     # the new pod: no launcher folder, no local mirror
     for mirror in mirrors._MIRRORS.values():

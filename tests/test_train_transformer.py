@@ -1,7 +1,6 @@
 """The transformer trainer: settings, DDP replicas, a tiny offline BERT fine-tuned on real
 files, replicas on loopback as separate machines, resuming after a kill or a SIGTERM."""
 
-import contextlib
 import json
 import math
 import os
@@ -37,7 +36,7 @@ from components.train_transformer.training import (
     train_transformer,
 )
 from pipelines import run_local
-from tests.conftest import free_port
+from tests.conftest import free_port, kill_group, wait_all
 from tools.datamakers.demo_text import write_reviews_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -328,26 +327,8 @@ def _run_replica(dataset, model_dir, out, env, epochs, gpus=0, settings=FAST):
 
 
 def _wait_for(procs, timeout):
-    """Waits for every process (killing every group on the way out); when each ended."""
-    ended, deadline = {}, time.monotonic() + timeout
-    try:
-        while len(ended) < len(procs):
-            for i, proc in enumerate(procs):
-                if i not in ended and proc.poll() is not None:
-                    ended[i] = time.time()
-            assert time.monotonic() < deadline, "the replicas did not finish"
-            time.sleep(0.05)
-    finally:
-        for proc in procs:
-            _kill_machine(proc)
-    return [ended[i] for i in range(len(procs))]
-
-
-def _kill_machine(proc):
-    """SIGKILL to a replica's process group: the launcher and the processes it spawned."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    """Waits for every replica (conftest.wait_all); when each ended."""
+    return wait_all(procs, timeout, lambda: "the replicas did not finish")
 
 
 def _log(out):
@@ -495,11 +476,11 @@ def test_a_replica_killed_mid_run_and_restarted_resumes_on_every_process(dataset
              for out, env in zip(outs, envs)]
     try:
         _until_sealed(checkpoints, procs, outs)
-        _kill_machine(procs[1])  # preempted: no chance to clean up
+        kill_group(procs[1])  # preempted: no chance to clean up
         procs[0].wait(timeout=120)  # its peers are gone: it fails, it does not hang
     finally:
         for proc in procs:
-            _kill_machine(proc)
+            kill_group(proc)
     assert procs[0].returncode != 0 and not os.path.exists(os.path.join(model_dir,
                                                                           LABELS_FILE))
     resume = last_complete_checkpoint(str(checkpoints))
