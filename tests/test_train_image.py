@@ -81,11 +81,8 @@ def _tf_config(workers: int, chief: bool = False, **extra) -> dict:
 
 
 def _cluster_spec(pool0: int = 1, pool1: int = 0, pool3: int = 0) -> dict:
-    cluster = {"workerpool0": [f"p0-{i}:2222" for i in range(pool0)]}
-    if pool1:
-        cluster["workerpool1"] = [f"p1-{i}:2222" for i in range(pool1)]
-    if pool3:
-        cluster["workerpool3"] = [f"p3-{i}:2222" for i in range(pool3)]
+    cluster = {f"workerpool{pool}": [f"p{pool}-{i}:2222" for i in range(size)]
+               for pool, size in ((0, pool0), (1, pool1), (3, pool3)) if size or pool == 0}
     return {"cluster": cluster, "task": {"type": "workerpool0", "index": 0}, "job": "{}"}
 
 
@@ -703,11 +700,9 @@ def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
         "outputs": {"parameters": {}, "artifacts": {}, "outputFile": "/nonexistent/out.json"},
     }
     trial_dir = tmp_path / "trials" / "3"
-    env = {**os.environ, "AIP_MODEL_DIR": f"{trial_dir}/model/",
-           "AIP_CHECKPOINT_DIR": f"{trial_dir}/checkpoints/",
-           "CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "output.metrics")}
-    for name in ("TF_CONFIG", "CLUSTER_SPEC", "AIP_TENSORBOARD_LOG_DIR"):
-        env.pop(name, None)
+    env = _subprocess_env(AIP_MODEL_DIR=f"{trial_dir}/model/",
+                          AIP_CHECKPOINT_DIR=f"{trial_dir}/checkpoints/",
+                          CLOUD_ML_HP_METRIC_FILE=str(tmp_path / "output.metrics"))
     done = subprocess.run(
         [sys.executable, "-m", "components.tune.trial", "--kind", "image", "--metric",
          "val_accuracy", "--executor_input", json.dumps(executor_input),
