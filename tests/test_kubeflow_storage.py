@@ -18,8 +18,9 @@ from components.prepare_text.contract import PrepareConfig
 from components.prepare_text.preparation import prepare_text_dataset
 from components.shard.contract import ShardingError
 from components.shard.sharding import ShardConfig, list_labelled_files
-from tests.conftest import plant_bad_files, write_class_images
+from tests.conftest import free_port, plant_bad_files, write_class_images
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
           "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -51,15 +52,9 @@ def _upload(client, bucket, root, prefix):
 
 
 def _shard_as_a_step(uri: str, out: str, config: ShardConfig) -> dict:
-    """The sharding step's own command (`python -m components.shard`) in a new interpreter:
-    its workers fork from a process holding only its own threads. Forked from this test
-    process, which runs the S3 server's threads (and earlier tests' TensorFlow pools), a
-    worker can inherit a lock held at the fork and wait for ever: in one CI run it did, and
-    the orphaned child kept the test runner waiting after the test's timeout.
-
-    Returns:
-        The manifest the step wrote.
-    """
+    """The manifest of the sharding step's own command, run in a new interpreter: forked
+    from this process (the S3 server's threads, earlier tests' TensorFlow pools), a worker
+    can inherit a lock held at the fork and wait for ever (a CI run's did, past its timeout)."""
     flags = [f"--{name.replace('_', '-')}={value}"
              for name, value in dataclasses.asdict(config).items()]
     run = subprocess.run([sys.executable, "-m", "components.shard", uri, out, *flags],
@@ -251,15 +246,11 @@ def test_kubeflow_a_checkpoint_root_in_no_bucket_fails_before_training(s3, mirro
 
 def test_kubeflow_a_checkpoint_root_behind_a_refusing_endpoint_fails_before_training(
         s3, mirrors, monkeypatch, tmp_path):
-    import socket
     import time
 
     import fsspec
 
-    with socket.socket() as sock:  # a loopback port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries: seconds each
     fsspec.filesystem("s3").clear_instance_cache()
     monkeypatch.setattr(mirrors, "PUSH_ATTEMPTS", 2)
@@ -312,10 +303,9 @@ def test_kubeflow_a_failed_final_push_fails_the_process(s3, tmp_path):
     exception raised at exit alone would leave it at 0)."""
     s3.create_bucket(Bucket="ckpt")
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def step(how):
-        return subprocess.run([sys.executable, "-c", _FINAL_PUSH, how], cwd=root, env=env,
+        return subprocess.run([sys.executable, "-c", _FINAL_PUSH, how], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=120)
 
     kept = step("keep-the-bucket")
@@ -350,11 +340,10 @@ def test_kubeflow_local_mirrors_are_shared_by_the_ranks_of_one_launch_only(tmp_p
     trainers), on one machine and naming the same remote, do not."""
     script = tmp_path / "launch.py"
     script.write_text(_LAUNCH)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": root}
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": REPO}
     lone = ["-c", "from components.common.storage import mirror_path; "
                   "print(mirror_path('s3://ckpt/job/task'))"]
-    runs = [subprocess.Popen([sys.executable, *args], cwd=root, env=env, text=True,
+    runs = [subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             for args in ([str(script)], [str(script)], lone, lone)]
     outputs = []
@@ -396,8 +385,7 @@ def test_kubeflow_a_killed_training_pod_resumes_from_s3_on_retry(s3, mirrors, tm
     with pytest.raises(KeyboardInterrupt):  # the pod dies after LM epoch 1
         train_text_classifier(dataset, model_dir, config,
                               callbacks=[first, StopAfter("LMLearner", 1)])
-    keys = _keys(s3, "ckpt")
-    assert "checkpoints/run-7/train-text/state.json" in keys
+    assert "checkpoints/run-7/train-text/state.json" in _keys(s3, "ckpt")
     # the new pod: no launcher folder, no local mirror
     for mirror in mirrors._MIRRORS.values():
         shutil.rmtree(mirror.local)
