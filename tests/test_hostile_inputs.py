@@ -699,10 +699,7 @@ LABELS_CONTENT = st.one_of(
                      Hostile("deep nesting", b"[" * 100_000 + b"]" * 100_000)]))
 
 
-@pytest.mark.parametrize("reader", [
-    "image load_class_names",
-    "text read_labels",
-])
+@pytest.mark.parametrize("reader", ["image load_class_names", "text read_labels"])
 def test_model_labels_json_that_is_not_a_json_object_is_refused_naming_it(reader):
     def body(bad):
         with written("labels.json", bad.data) as path:
@@ -820,10 +817,7 @@ TRANSFORMER_PARTS = {"config.json": ("config.json",),
                      "tokenizer": ("tokenizer.json", "vocab.txt", "vocab.json")}
 
 
-@pytest.mark.parametrize("how", [
-    "absent",
-    "a folder in its place",
-])
+@pytest.mark.parametrize("how", ["absent", "a folder in its place"])
 def test_transformer_model_name_missing_one_part_is_named(how):
     def body(case):
         part, weights, tokenizer, max_length = case

@@ -507,12 +507,8 @@ def _start(mode: str, root: Path, name: str, dataset: str, config: dict, out: Pa
 
 @pytest.fixture(scope="module")
 def background_jobs(image_dataset, base_weights, tmp_path_factory):
-    """Starts the mirrored run and the two-worker run as subprocesses, all at once.
-
-    They overlap each other and the in-process resume test: much of their time is
-    tracing and (multi-worker) gRPC round trips, so 2 cores run them side by side
-    in about half the time.
-    """
+    """The mirrored run and the two-worker run, started at once: mostly tracing and gRPC
+    round trips, they run beside each other and the resume test in about half the time."""
     root = tmp_path_factory.mktemp("background")
     # batch 1 per replica: the 3 validation examples fill one whole global batch of 2.
     config = dict(epochs=1, fine_tune_epochs=0, batch_size=1, weights=base_weights,

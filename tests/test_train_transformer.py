@@ -305,16 +305,14 @@ def test_fine_tunes_a_tiny_offline_bert_and_every_reader_loads_it(dataset, tmp_p
 
 
 def _python(code, env, out):
-    """`python -c code` in its own process group (a machine: killed whole), its output in
-    `out`.log."""
+    """`python -c code` in its own process group (a machine), its output in `out`.log."""
     with open(out + ".log", "w") as log:
         return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _run_replica(dataset, model_dir, out, env, epochs, gpus=0, settings=FAST):
-    """One Vertex replica, starting the trainer as the component does; writes the result
-    (or None) to `out`."""
+    """One Vertex replica, training as the component does; its result (or None) in `out`."""
     return _python(
         "import json, sys\n"
         "from components.train_transformer.contract import TransformerConfig\n"
@@ -387,10 +385,8 @@ slow_calls.install()
 
 
 def _separate_machines(tmp_path, port, **more):
-    """The shared folder (/gcs), the model folder (one path on both, as KFP's /gcs/ one) and
-    the environments of 2 replicas as separate machines: each with its own disk (TMPDIR),
-    its own view of the shared folder (a symlink) as `AIP_CHECKPOINT_DIR`, Vertex's
-    CLUSTER_SPEC, and its file access audited."""
+    """The shared folder (/gcs), the model folder in it and 2 replicas' environments, each
+    a machine: its own TMPDIR, its symlink to the shared folder, CLUSTER_SPEC, an audit."""
     shared, hook, audit = tmp_path / "shared", tmp_path / "hook", tmp_path / "audit"
     for folder in (shared, hook, audit):
         folder.mkdir(exist_ok=True)
@@ -515,8 +511,7 @@ def _until_sealed(folder, procs, outs, timeout=300, poll=0.05):
 
 
 def _trained_until_a_checkpoint(dataset, model_dir, config, checkpoints, poll):
-    """A training subprocess, returned once its first checkpoint is sealed (polled every
-    `poll` seconds)."""
+    """A training subprocess, returned once its first checkpoint is sealed."""
     proc = _python(
         "from components.train_transformer.contract import TransformerConfig\n"
         "from components.train_transformer.training import train_transformer\n"
