@@ -941,41 +941,33 @@ KEYS = ("text",)
 def request_body(draw, scale: int):
     """(kind, body, the texts when it is a valid request, else None)."""
     texts = draw(st.lists(SENTENCES, min_size=0, max_size=4))
-    valid = json.dumps({"instances": texts}).encode()
-    kind = draw(st.sampled_from([
-        "valid", "valid in UTF-16", "objects with text", "truncated", "undecodable",
-        "not an object", "instances not a list", "an instance not a string",
-        "an object without text", "deep nesting", "too many instances", "empty",
-        "huge integer", "instances missing"]))
-    if kind == "valid":
-        return kind, valid, texts
-    if kind == "valid in UTF-16":  # JSON may be UTF-16 (RFC 8259 readers detect it)
-        return kind, valid.decode().encode("utf-16"), texts
-    if kind == "objects with text":
-        return kind, json.dumps({"instances": [{"text": t} for t in texts]}).encode(), texts
-    if kind == "truncated":
-        return kind, cut(valid, draw(st.floats(0.01, 0.95))), None
-    if kind == "undecodable":
-        return kind, draw(undecodable(scale)).data, None
-    if kind == "not an object":
-        return kind, json.dumps(texts).encode(), None
-    if kind == "instances not a list":
-        return kind, json.dumps({"instances": " ".join(texts)}).encode(), None
-    if kind == "an instance not a string":
-        other = draw(st.sampled_from([1, 2.5, None, True, ["x"], {"txt": "x"}]))
-        return kind, json.dumps({"instances": [*texts, other]}).encode(), None
-    if kind == "an object without text":
-        return kind, json.dumps({"instances": [{"body": "x"}]}).encode(), None
-    if kind == "deep nesting":
-        depth = 10_000 * scale
-        return kind, b'{"instances": ' + b"[" * depth + b"]" * depth + b"}", None
-    if kind == "too many instances":
-        return kind, json.dumps({"instances": ["x"] * (1001 + scale)}).encode(), None
-    if kind == "empty":
-        return kind, b"", None
-    if kind == "huge integer":
-        return kind, b'{"instances": [' + b"9" * (5000 * scale) + b"]}", None
-    return kind, json.dumps({"texts": texts}).encode(), None
+    valid, depth = json.dumps({"instances": texts}).encode(), 10_000 * scale
+    read = {  # kind -> its body, made only when drawn (some draw more)
+        "valid": lambda: valid,
+        # JSON may be UTF-16 (RFC 8259 readers detect it)
+        "valid in UTF-16": lambda: valid.decode().encode("utf-16"),
+        "objects with text": lambda: _json({"instances": [{"text": t} for t in texts]}),
+    }
+    refused = {
+        "truncated": lambda: cut(valid, draw(st.floats(0.01, 0.95))),
+        "undecodable": lambda: draw(undecodable(scale)).data,
+        "not an object": lambda: _json(texts),
+        "instances not a list": lambda: _json({"instances": " ".join(texts)}),
+        "an instance not a string": lambda: _json({"instances": [*texts, draw(st.sampled_from(
+            [1, 2.5, None, True, ["x"], {"txt": "x"}]))]}),
+        "an object without text": lambda: _json({"instances": [{"body": "x"}]}),
+        "deep nesting": lambda: b'{"instances": ' + b"[" * depth + b"]" * depth + b"}",
+        "too many instances": lambda: _json({"instances": ["x"] * (1001 + scale)}),
+        "empty": lambda: b"",
+        "huge integer": lambda: b'{"instances": [' + b"9" * (5000 * scale) + b"]}",
+        "instances missing": lambda: _json({"texts": texts}),
+    }
+    kind = draw(st.sampled_from([*read, *refused]))
+    return kind, {**read, **refused}[kind](), texts if kind in read else None
+
+
+def _json(value) -> bytes:
+    return json.dumps(value).encode()
 
 
 @pytest.mark.parametrize("scale", TIERS)
