@@ -257,6 +257,12 @@ def plant_bad_files(root: str) -> dict[str, str]:
     }
 
 
+@pytest.fixture(scope="session")
+def densenet_weights(tmp_path_factory) -> str:
+    """A no-top weights file of a one-block-per-stage DenseNet at 32 px (random init)."""
+    return write_densenet_weights(tmp_path_factory.mktemp("weights") / "notop.h5", 32)
+
+
 @pytest.fixture
 def image_folder(tmp_path) -> str:
     """12 images per class in three classes, no bad files."""

@@ -89,13 +89,6 @@ def test_glyphs_command_line(tmp_path, capsys):
     assert "fonts-urw-base35" in packages and len(packages) == len(set(packages)) > 40
 
 
-@pytest.fixture(scope="module")
-def random_base(tmp_path_factory) -> str:
-    """A no-top weights file of a one-block-per-stage DenseNet (random init; conftest): what
-    BatchNorm does in each phase is the same in every layout."""
-    return write_densenet_weights(tmp_path_factory.mktemp("weights") / "notop.h5", SIZE)
-
-
 def test_base_weights_finds_the_model_of_a_run(tmp_path):
     folder = tmp_path / "kfp" / "train" / "model"
     folder.mkdir(parents=True)
@@ -144,10 +137,12 @@ def _changed(model, before, name_part: str) -> list[bool]:
             if name_part in w.name]
 
 
-def test_batchnorm_modes_pretrained_and_from_scratch(random_base):
+# densenet_weights (conftest): a one-block-per-stage DenseNet; what BatchNorm does in each
+# phase is the same in every layout.
+def test_batchnorm_modes_pretrained_and_from_scratch(densenet_weights):
     """Forward passes only: what `training=True` (as `fit` calls it) does to BatchNorm."""
     pixels = np.random.default_rng(2).uniform(0, 255, (4, SIZE, SIZE, 3)).astype("float32")
-    pretrained = model_lib.build_model(3, SIZE, random_base, dropout=0.0)
+    pretrained = model_lib.build_model(3, SIZE, densenet_weights, dropout=0.0)
     statistics = _batchnorm_state(pretrained)
     # training=True reaches no BatchNorm of a pretrained base: the output of inference,
     # and the moving statistics stay as the file had them.
@@ -165,8 +160,8 @@ def test_batchnorm_modes_pretrained_and_from_scratch(random_base):
 
 
 @pytest.mark.slow
-def test_batchnorm_stays_frozen_through_both_phases_of_a_pretrained_base(random_base):
-    model = model_lib.build_model(3, SIZE, random_base, dropout=0.0)
+def test_batchnorm_stays_frozen_through_both_phases_of_a_pretrained_base(densenet_weights):
+    model = model_lib.build_model(3, SIZE, densenet_weights, dropout=0.0)
     statistics = _batchnorm_state(model)
 
     before = _one_step(model, "head")

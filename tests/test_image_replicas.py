@@ -31,7 +31,6 @@ from tests.conftest import (  # noqa: E402
     kill_group,
     shard_colour_classes,
     wait_all,
-    write_densenet_weights,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,13 +47,6 @@ PARAMS = dict(epochs=2, fine_tune_epochs=0, batch_size=1, precision="off", steps
 def dataset(tmp_path_factory) -> str:
     """A sharded dataset of 32x32 images, 3 classes x 6."""
     return shard_colour_classes(tmp_path_factory.mktemp("replica_data"), 6, IMAGE_SIZE)
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory) -> str:
-    """A no-top weights file of a one-block-per-stage DenseNet (conftest)."""
-    return write_densenet_weights(tmp_path_factory.mktemp("replica_weights") / "notop.h5",
-                                  IMAGE_SIZE)
 
 
 # Records every successful open (reads too), fopen, rename, unlink, rmdir and mkdir under
@@ -293,13 +285,13 @@ def _epochs_logged(out: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_workers_on_separate_machines_wait_for_a_slow_chief_that_alone_writes(
-        dataset, weights, audit_library, tmp_path):
+        dataset, densenet_weights, audit_library, tmp_path):
     """The chief sleeps before writing the model; the other worker ends cleanly only after
     the chief's outputs exist, and never touches the model folder: the chief alone writes
     it, the run state and the history. The other worker writes only TensorFlow's
     temporaries of its own name (`workertemp_<task>`) in the checkpoint folder."""
     machines = _Machines(tmp_path, audit_library)
-    workers = machines.start(dataset, "run", {**PARAMS, "weights": weights},
+    workers = machines.start(dataset, "run", {**PARAMS, "weights": densenet_weights},
                              TEST_SLOW_CALL="components.train_image.training:write_artifact=8")
     ended = _wait(workers, 420)
     for process, out in workers:
@@ -352,12 +344,12 @@ def test_workers_on_separate_machines_wait_for_a_slow_chief_that_alone_writes(
     assert writers and all(len(pids) == 1 for pids in writers.values()), writers
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_run_and_restarted_resumes_on_both(dataset, weights,
+def test_a_worker_killed_mid_run_and_restarted_resumes_on_both(dataset, densenet_weights,
                                                                 audit_library, tmp_path):
     """The non-chief worker's machine dies after the first epoch's backup. The chief fails
     instead of hanging; the restarted job (both workers, as Vertex restarts it) resumes
     from that backup on both and finishes the run."""
-    params = {**PARAMS, "weights": weights}
+    params = {**PARAMS, "weights": densenet_weights}
     machines = _Machines(tmp_path, audit_library)
     checkpoints = machines.shared / CHECKPOINTS
     workers = machines.start(dataset, "first", params)

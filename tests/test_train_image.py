@@ -34,7 +34,6 @@ from tests.conftest import (  # noqa: E402
     assert_arrays_equal,
     free_port,
     shard_colour_classes,
-    write_densenet_weights,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,12 +46,6 @@ CLUSTER_ENV = ("TF_CONFIG", "CLUSTER_SPEC", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOA
 def image_dataset(tmp_path_factory) -> str:
     """A sharded dataset of 32x32 images: 3 classes x 10 (24 train, 3 validation, 3 test)."""
     return shard_colour_classes(tmp_path_factory.mktemp("train_image_data"), 10, 40)
-
-
-@pytest.fixture(scope="session")
-def base_weights(tmp_path_factory) -> str:
-    """A no-top weights file of a one-block-per-stage DenseNet (conftest)."""
-    return write_densenet_weights(tmp_path_factory.mktemp("weights") / "notop.h5", IMAGE_SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -384,13 +377,13 @@ def test_the_densenet_is_the_one_its_weights_file_holds(scratch_model, tmp_path)
         model_lib.build_model(len(CLASSES), IMAGE_SIZE, "imagenet", layout=(1, 1, 1, 1))
 
 
-def test_weights_file_loads_and_snapshot_survives_phase_change(base_weights):
-    pretrained = model_lib.build_model(len(CLASSES), IMAGE_SIZE, base_weights)
+def test_weights_file_loads_and_snapshot_survives_phase_change(densenet_weights):
+    pretrained = model_lib.build_model(len(CLASSES), IMAGE_SIZE, densenet_weights)
     # the file's DenseNet, not DenseNet121
     assert model_lib.architecture(pretrained) == "DenseNet(1-1-1-1)"
     reference = model_lib.keras_densenet(list(ONE_BLOCK_DENSENET), include_top=False,
                                          weights=None, input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3))
-    reference.load_weights(base_weights)
+    reference.load_weights(densenet_weights)
     assert_arrays_equal(model_lib.get_base(pretrained).weights, reference.weights)
     with pytest.raises(ValueError, match="does not exist"):
         model_lib.build_model(len(CLASSES), IMAGE_SIZE, "/no/such/weights.h5")
@@ -506,12 +499,12 @@ def _start(mode: str, root: Path, name: str, dataset: str, config: dict, out: Pa
 
 
 @pytest.fixture(scope="module")
-def background_jobs(image_dataset, base_weights, tmp_path_factory):
+def background_jobs(image_dataset, densenet_weights, tmp_path_factory):
     """The mirrored run and the two-worker run, started at once: mostly tracing and gRPC
     round trips, they run beside each other and the resume test in about half the time."""
     root = tmp_path_factory.mktemp("background")
     # batch 1 per replica: the 3 validation examples fill one whole global batch of 2.
-    config = dict(epochs=1, fine_tune_epochs=0, batch_size=1, weights=base_weights,
+    config = dict(epochs=1, fine_tune_epochs=0, batch_size=1, weights=densenet_weights,
                   precision="off", steps_per_epoch=2)
     jobs = {}
     out = root / "mirrored-model"
@@ -536,14 +529,14 @@ def background_jobs(image_dataset, base_weights, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_interrupted_training_resumes_across_phases(image_dataset, base_weights, tmp_path,
+def test_interrupted_training_resumes_across_phases(image_dataset, densenet_weights, tmp_path,
                                                     caplog, no_cluster, background_jobs):
     # background_jobs: started first so they run while this test trains in-process.
     from kfp import dsl
 
     from components.train_image.component import train_image_classifier
 
-    params = dict(epochs=2, fine_tune_epochs=2, batch_size=2, weights=base_weights,
+    params = dict(epochs=2, fine_tune_epochs=2, batch_size=2, weights=densenet_weights,
                   precision="off", steps_per_epoch=1)
     out, checkpoints = tmp_path / "model", tmp_path / "checkpoints"
     caplog.set_level(logging.INFO, logger=training.__name__)
@@ -585,10 +578,10 @@ def test_interrupted_training_resumes_across_phases(image_dataset, base_weights,
 
 @pytest.mark.slow
 def test_a_sigterm_mid_epoch_seals_that_step_and_the_restart_resumes_there(
-        image_dataset, base_weights, tmp_path):
+        image_dataset, densenet_weights, tmp_path):
     """A real SIGTERM, sent once epoch 0 is logged, lands early in epoch 1 of 200 steps: the
     trainer backs that step up, exits 143, and the restart goes on from the next step."""
-    config = dict(epochs=3, fine_tune_epochs=0, batch_size=2, weights=base_weights,
+    config = dict(epochs=3, fine_tune_epochs=0, batch_size=2, weights=densenet_weights,
                   precision="off", steps_per_epoch=200, early_stopping_patience=0)
     out, attempts = tmp_path / "model", []
     for attempt in (1, 2):
@@ -620,8 +613,8 @@ class _FailAtStep(tf_keras.callbacks.Callback):
 
 @pytest.mark.slow
 def test_checkpoint_every_steps_backs_up_mid_epoch_for_a_kill_without_notice(
-        image_dataset, base_weights, tmp_path, caplog):
-    config = TrainConfig(epochs=1, fine_tune_epochs=0, batch_size=2, weights=base_weights,
+        image_dataset, densenet_weights, tmp_path, caplog):
+    config = TrainConfig(epochs=1, fine_tune_epochs=0, batch_size=2, weights=densenet_weights,
                          precision="off", steps_per_epoch=5, checkpoint_every_steps=2)
     out, checkpoints = str(tmp_path / "model"), str(tmp_path / "checkpoints")
     caplog.set_level(logging.INFO, logger=training.__name__)
@@ -662,12 +655,12 @@ def test_two_workers_train_together(background_jobs):
 
 @pytest.mark.slow
 def test_a_tuning_trial_reports_its_metric_after_every_epoch_of_both_phases(
-        image_dataset, base_weights, tmp_path, monkeypatch, no_cluster):
+        image_dataset, densenet_weights, tmp_path, monkeypatch, no_cluster):
     from tests.test_hypertune import read_reports
 
     metric_file = tmp_path / "output.metrics"
     monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
-    config = TrainConfig(epochs=2, fine_tune_epochs=1, batch_size=4, weights=base_weights,
+    config = TrainConfig(epochs=2, fine_tune_epochs=1, batch_size=4, weights=densenet_weights,
                          precision="off", steps_per_epoch=1)
     training.train(image_dataset, str(tmp_path / "model"), config,
                    hypertune_metric="val_accuracy")
@@ -679,7 +672,7 @@ def test_a_tuning_trial_reports_its_metric_after_every_epoch_of_both_phases(
 
 @pytest.mark.slow
 def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
-        image_dataset, base_weights, tmp_path):
+        image_dataset, densenet_weights, tmp_path):
     """The trial container's command, as the compiled tuning job runs it: the training
     step's executor input plus `--name=value` arguments; outputs land in the trial's folder
     (the parent of AIP_MODEL_DIR) and the study metric is reported each epoch."""
@@ -688,7 +681,7 @@ def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
     executor_input = {
         "inputs": {
             "parameterValues": {"epochs": 1, "fine_tune_epochs": 1, "batch_size": 4,
-                                "learning_rate": 0.001, "weights": base_weights,
+                                "learning_rate": 0.001, "weights": densenet_weights,
                                 "precision": "off", "steps_per_epoch": 1, "seed": 3},
             "artifacts": {"dataset": {"artifacts": [{
                 "name": "dataset", "type": {"schemaTitle": "system.Dataset"},
@@ -759,7 +752,7 @@ def lite0_imagenet() -> str:
 
 
 def test_a_weights_file_of_the_other_network_is_refused_naming_both(lite0_imagenet,
-                                                                       base_weights):
+                                                                       densenet_weights):
     from components.preflight.pipeline_checks import weights_problems
 
     with pytest.raises(ValueError, match=r"holds EfficientNet-Lite0, and "
@@ -767,9 +760,9 @@ def test_a_weights_file_of_the_other_network_is_refused_naming_both(lite0_imagen
         model_lib.build_model(3, IMAGE_SIZE, lite0_imagenet)
     with pytest.raises(ValueError, match=r"holds DenseNet\(1-1-1-1\), and "
                                          r"architecture='efficientnet_lite0'"):
-        model_lib.build_model(3, IMAGE_SIZE, base_weights, architecture="efficientnet_lite0")
+        model_lib.build_model(3, IMAGE_SIZE, densenet_weights, architecture="efficientnet_lite0")
     # the preflight refuses the same before sharding
-    assert "holds DenseNet(1-1-1-1)" in weights_problems(base_weights, "efficientnet_lite0")[0]
+    assert "holds DenseNet(1-1-1-1)" in weights_problems(densenet_weights, "efficientnet_lite0")[0]
     assert weights_problems(lite0_imagenet, "efficientnet_lite0") == []
 
 
