@@ -30,7 +30,6 @@ import http.client  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import signal  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -322,11 +321,7 @@ def kube():
         yield stub_and_client
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = gcs_api.free_port  # a loopback port nothing listens on now
 
 
 def kill_group(process: subprocess.Popen) -> None:
