@@ -30,12 +30,12 @@ import http.client  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import signal  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -181,6 +181,14 @@ def write_densenet_weights(path: pathlib.Path, image_size: int,
     return str(path)
 
 
+def assert_arrays_equal(got, want) -> None:
+    """As many arrays (weights, variables) in `got` as in `want`, each equal to its own."""
+    got, want = list(got), list(want)
+    assert len(got) == len(want), (len(got), len(want))
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 # A colour per class keeps tiny datasets learnable by tiny models.
 CLASS_COLOURS = {"cat": (220, 40, 40), "dog": (40, 200, 40), "eel": (40, 40, 220)}
 
@@ -210,6 +218,23 @@ def write_class_images(root: str, per_class: int = 12, size: tuple[int, int] = (
     return written
 
 
+def shard_colour_classes(root: pathlib.Path, per_class: int, side: int) -> str:
+    """Shards (32 px) `per_class` noisy `side` px PNGs of each of cat, dog and fox, each class
+    in its own colour range so that a few steps learn something; returns the shards' folder."""
+    from components.shard.sharding import ShardConfig, shard_dataset
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(("cat", "dog", "fox")):
+        (root / "images" / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = (rng.random((side, side, 3)) * 80 + label * 80).astype("uint8")
+            Image.fromarray(pixels).save(root / "images" / name / f"{i}.png")
+    shard_dataset(str(root / "images"), str(root / "shards"),
+                  ShardConfig(image_size=32, min_shards_per_split=2, num_workers=1),
+                  progress=False)
+    return str(root / "shards")
+
+
 def plant_bad_files(root: str) -> dict[str, str]:
     """Adds files a real bucket has: bad images in class folders, strays outside them.
 
@@ -229,6 +254,12 @@ def plant_bad_files(root: str) -> dict[str, str]:
         "dog/truncated.jpg": "unreadable image",
         "eel/notes.txt": "not a recognised image format",
     }
+
+
+@pytest.fixture(scope="session")
+def densenet_weights(tmp_path_factory) -> str:
+    """A no-top weights file of a one-block-per-stage DenseNet at 32 px (random init)."""
+    return write_densenet_weights(tmp_path_factory.mktemp("weights") / "notop.h5", 32)
 
 
 @pytest.fixture
@@ -260,11 +291,66 @@ def gcs(gcs_emulator, monkeypatch):
     return storage.Client(project="test-project", credentials=AnonymousCredentials())
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """moto's S3 server on a free loopback port (one a test module): its endpoint URL."""
+    from tools.rehearsal import kubeflow_demo
+
+    with kubeflow_demo.s3_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def store(s3_endpoint, monkeypatch):
+    """This process pointed at the S3 server (the launcher's side), the Kubeflow rehearsal's
+    root bucket made; the variables are undone after the test (other modules' servers have
+    other ports)."""
+    from tools.rehearsal import kubeflow_demo
+
+    kubeflow_demo.use_store(s3_endpoint, monkeypatch.setenv)
+    kubeflow_demo.make_bucket(kubeflow_demo.ROOT)
+    return s3_endpoint
+
+
+@pytest.fixture
+def kube():
+    """The Kubernetes API stub (tests.kube_stub), and a real `kubernetes` client of it."""
+    from tests.kube_stub import serving
+
+    with serving() as stub_and_client:
+        yield stub_and_client
+
+
+free_port = gcs_api.free_port  # a loopback port nothing listens on now
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL to the process group of a process started with `start_new_session` (a
+    machine, killed whole: its launcher and what it spawned); waits for it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def wait_all(processes: list, timeout: float, late: Callable[[], str]) -> list[float]:
+    """Waits for every process (killing every group on the way out), failing with `late()`
+    past `timeout` seconds.
+
+    Returns:
+        When each ended (`time.time()`).
+    """
+    ended, deadline = {}, time.monotonic() + timeout
+    try:
+        while len(ended) < len(processes):
+            for i, process in enumerate(processes):
+                if i not in ended and process.poll() is not None:
+                    ended[i] = time.time()
+            assert time.monotonic() < deadline, late()
+            time.sleep(0.05)
+    finally:
+        for process in processes:
+            kill_group(process)
+    return [ended[i] for i in range(len(processes))]
 
 
 def http_json(address, method, path, body=None, headers=None):

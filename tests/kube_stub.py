@@ -1,22 +1,17 @@
-"""A loopback stand-in of the Kubernetes API server for the TrainJob launcher's tests.
-
-It answers the calls the launcher makes, as the API server does for a cluster with
-Kubeflow Trainer installed, and records every request (method, path, query, body):
+"""A loopback stand-in of the Kubernetes API server for the TrainJob launcher's tests: it
+answers as the API server of a cluster with Kubeflow Trainer does, records every request
+(method, path, query, body), and the real `kubernetes` client talks to it over HTTP.
 
 - trainjobs (`/apis/trainer.kubeflow.org/v1alpha1/namespaces/NS/trainjobs[/NAME]`): create
-  (409 when the name exists; a field in `unknown_fields`, one the installed Trainer does
-  not have, is refused with `fieldValidation=Strict`, as the API server's strict decoding
-  does, and dropped without), get (404 when absent), list by label selector, delete
-  (foreground: the job stays, with a deletionTimestamp, for `linger` more reads);
-- pods (`/api/v1/namespaces/NS/pods`): the node pods of each job (JobSet's and the Job
-  controller's labels) and the pods added (`add_pod`: a launcher's), listed by label
-  selector or `metadata.name` field selector; each node's log (`.../pods/NAME/log`),
-  served whole and closed (a finished container's followed log).
+  (409 when the name exists; a field in `unknown_fields` is refused with
+  `fieldValidation=Strict`, as strict decoding does, and dropped without), get (404 when
+  absent), list by label selector, delete (foreground: the job stays, with a
+  deletionTimestamp, for its plan's `linger` more reads);
+- pods (`/api/v1/namespaces/NS/pods`): each job's node pods (JobSet's and the Job
+  controller's labels) and those `add_pod` adds, listed by label selector or `metadata.name`
+  field selector; each node's log (`.../pods/NAME/log`), served whole and closed.
 
-A job's status follows its `Plan`: the conditions it reports on its 1st, 2nd, ... read
-(the last repeats) and its node pods' status. Or, given `play`, each job created is
-played by what `play(manifest)` returns (`Played`: a rehearsal's processes). The real
-`kubernetes` client talks to it over HTTP on 127.0.0.1.
+A job's status follows its `Plan`, or, given `play`, what `play(manifest)` returns.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 
 from components.train_image import efficientnet_lite as lite
 from components.train_image.contract import LITE_INPUT_OFFSET, LITE_INPUT_SCALE
-from tests.conftest import MODEL_CACHE
+from tests.conftest import MODEL_CACHE, assert_arrays_equal
 
 # The Keras forward and the torch one sum in other orders (float32): measured 1.3e-5 on
 # logits of magnitude ~10. Symmetric (PyTorch-style) padding instead of TF's "same" moves
@@ -123,8 +123,7 @@ def test_the_no_top_file_gives_the_converted_features_at_any_size(converted, fil
     small = lite.efficientnet_lite0(input_shape=(32, 32, 3))
     small.load_weights(files[1])  # the weights do not depend on the image size
     assert small.output_shape == (None, 1, 1, 1280)
-    for a, b in zip(small.get_weights(), model.get_weights()):
-        np.testing.assert_array_equal(a, b)
+    assert_arrays_equal(small.get_weights(), model.get_weights())
 
 
 def trainable(model) -> int:

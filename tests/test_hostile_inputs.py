@@ -91,11 +91,18 @@ def holds(scale: int, strategy, body, examples: int | None = None) -> None:
 
 
 @contextlib.contextmanager
-def folder():
-    # hypothesis runs the body many times per test: a function-scoped tmp_path would be
-    # shared between examples, so each example gets its own folder.
+def folder(name: str = ""):
+    """A new folder (joined with `name`) per example: hypothesis runs a body many times in
+    one test, and a function-scoped tmp_path would be shared between its examples."""
     with tempfile.TemporaryDirectory(prefix="hostile-") as d:
-        yield d
+        yield os.path.join(d, name) if name else d
+
+
+@contextlib.contextmanager
+def written(name: str, data: bytes):
+    """`data` written as `name` in a new folder (see `folder`): yields its path."""
+    with folder() as d:
+        yield write(os.path.join(d, name), data)
 
 
 def outcome(call, *errors: type[BaseException]):
@@ -183,8 +190,7 @@ def test_lm_corpus_enormous_in_one_dimension_is_read_whole(scale):
 
     def body(case):
         shape, text = case
-        with folder() as d:
-            root = os.path.join(d, "corpus")
+        with folder("corpus") as root:
             if shape == "one very long line":
                 write(os.path.join(root, "long.txt"),
                       (text.replace("\n", " ") * (200 * scale)).encode() + b"\n\nend.\n")
@@ -278,8 +284,7 @@ UNDECODABLE_MUTATIONS = ("latin-1", "cp1252", "utf-16")
 def test_lm_corpus_csv_mutations_are_refused_naming_it_or_read_whole(scale):
     def body(case):
         mutation, data, count = case
-        with folder() as d:
-            uri = write(os.path.join(d, "corpus.csv"), data)
+        with written("corpus.csv", data) as uri:
             _, err = outcome(lambda: check_corpus(uri, "text"), PreflightError)
             if err is not None:
                 assert_names(err, uri)
@@ -298,21 +303,17 @@ def test_lm_corpus_csv_mutations_are_refused_naming_it_or_read_whole(scale):
     holds(scale, csv_case(scale).filter(lambda c: c[1].strip()), body)
 
 
-def _lm_read(uri):
-    return read_corpus(uri, "text")
-
-
 def _prepare(uri):
     with tempfile.TemporaryDirectory() as out:
         return prepare_text_dataset(uri, out, PrepareConfig())
 
 
 def _predict_rows(uri):
-    return [frame for frame in _read_csv_chunks(uri, "text")]
+    return list(_read_csv_chunks(uri, "text"))
 
 
 CSV_READERS = {  # entry point -> (call, its error type)
-    "lm read_corpus": (_lm_read, LMTrainingError),
+    "lm read_corpus": (lambda uri: read_corpus(uri, "text"), LMTrainingError),
     "lm check_corpus": (lambda uri: check_corpus(uri, "text"), PreflightError),
     "prepare_text": (_prepare, TextDataError),
     "predict check_predict_uri": (lambda uri: check_predict_uri(uri, "text", "text"),
@@ -326,8 +327,7 @@ def test_csv_that_is_empty_or_blank_is_refused_naming_it(entry):
     call, error = CSV_READERS[entry]
 
     def body(data):
-        with folder() as d:
-            uri = write(os.path.join(d, "data.csv"), data)
+        with written("data.csv", data) as uri:
             _, err = outcome(lambda: call(uri), error)
             assert err is not None, f"{entry} accepted an empty CSV {data!r}"
             assert_names(err, uri, "'text'")
@@ -344,8 +344,7 @@ def test_csv_with_a_duplicated_column_is_refused_naming_it(entry):
         header = ["text", "label", "text"] if labelled else ["text", "text"]
         rows = [[t, ("pos", "neg")[i % 2], t[::-1]] if labelled else [t, t[::-1]]
                 for i, t in enumerate(texts)]
-        with folder() as d:
-            uri = write(os.path.join(d, "data.csv"), csv_bytes([header, *rows]))
+        with written("data.csv", csv_bytes([header, *rows])) as uri:
             _, err = outcome(lambda: call(uri), error)
             assert err is not None, f"{entry} accepted a CSV whose header is {header}"
             assert_names(err, "'text'", "text")
@@ -373,8 +372,7 @@ def test_csv_text_cells_that_are_not_text_are_refused_or_counted(entry):
         rows = [[t, ("pos", "neg")[i % 2]] for i, t in enumerate(texts)]
         for i, cell in enumerate(bad):
             rows[i * 2][0] = cell
-        with folder() as d:
-            uri = write(os.path.join(d, "data.csv"), csv_bytes([["text", "label"], *rows]))
+        with written("data.csv", csv_bytes([["text", "label"], *rows])) as uri:
             result, err = outcome(lambda: call(uri), error)
             if err is not None:
                 assert_names(err, uri, "row", "line")
@@ -571,8 +569,7 @@ def test_predict_csv_mutations_are_refused_before_training_or_read(scale):
 
     def body(case):
         mutation, data, _ = case
-        with folder() as d:
-            uri = write(os.path.join(d, "predict.csv"), data)
+        with written("predict.csv", data) as uri:
             _, early = outcome(lambda: check_predict_uri(uri, "text", "text"), PreflightError)
             if early is not None:
                 assert_names(early, uri)
@@ -595,8 +592,7 @@ def test_predict_csv_mutations_are_refused_before_training_or_read(scale):
 def test_predict_csv_with_an_unclosed_quote_is_refused_by_preflight():
     def body(texts):
         data = csv_bytes([["text"], *[[t] for t in texts]]) + b'"never closed\nmore\n'
-        with folder() as d:
-            uri = write(os.path.join(d, "predict.csv"), data)
+        with written("predict.csv", data) as uri:
             _, late = outcome(lambda: _predict_rows(uri), PredictionError)
             _, early = outcome(lambda: check_predict_uri(uri, "text", "text"), PreflightError)
             assert late is None or early is not None, f"preflight passed; predict: {late}"
@@ -608,10 +604,8 @@ def test_predict_csv_with_an_unclosed_quote_is_refused_by_preflight():
 def test_predict_image_folder_reads_images_and_names_each_unreadable_file(scale):
     def body(case):
         bads, hidden, depth, valid = case
-        with folder() as d:
-            root = os.path.join(d, "to_label")
-            os.makedirs(root)
-            deep = nested_folders(root, depth)
+        with folder("to_label") as root:
+            deep = nested_folders(root, depth)  # root itself at depth 0
             for i in range(valid):
                 write(os.path.join(deep, f"ok{i}.png"), tiny_image("PNG", i))
             for i, bad in enumerate(bads):
@@ -705,16 +699,13 @@ LABELS_CONTENT = st.one_of(
                      Hostile("deep nesting", b"[" * 100_000 + b"]" * 100_000)]))
 
 
-@pytest.mark.parametrize("reader", [
-    "image load_class_names",
-    "text read_labels",
-])
+@pytest.mark.parametrize("reader", ["image load_class_names", "text read_labels"])
 def test_model_labels_json_that_is_not_a_json_object_is_refused_naming_it(reader):
     def body(bad):
-        with folder() as d:
-            write(os.path.join(d, "labels.json"), bad.data)
+        with written("labels.json", bad.data) as path:
             call = load_class_names if reader.startswith("image") else read_labels
-            _, err = outcome(lambda: call(d), ContractError, PredictionError, InputKindError)
+            _, err = outcome(lambda: call(os.path.dirname(path)), ContractError,
+                             PredictionError, InputKindError)
             assert err is not None, f"{bad} read as labels"
             assert_names(err, "labels.json")
 
@@ -826,16 +817,12 @@ TRANSFORMER_PARTS = {"config.json": ("config.json",),
                      "tokenizer": ("tokenizer.json", "vocab.txt", "vocab.json")}
 
 
-@pytest.mark.parametrize("how", [
-    "absent",
-    "a folder in its place",
-])
+@pytest.mark.parametrize("how", ["absent", "a folder in its place"])
 def test_transformer_model_name_missing_one_part_is_named(how):
     def body(case):
         part, weights, tokenizer, max_length = case
         files = {"config.json": "config.json", "weights": weights, "tokenizer": tokenizer}
-        with folder() as d:
-            model = os.path.join(d, "encoder")
+        with folder("encoder") as model:
             for p, name in files.items():
                 if p != part:
                     write(os.path.join(model, name), b"{}")
@@ -899,8 +886,7 @@ def test_transformer_config_json_not_utf8_truncated_or_of_another_shape_is_named
 def test_image_weights_file_that_is_no_weights_is_refused_naming_it(scale):
     def body(case):
         bad, name = case
-        with folder() as d:
-            path = write(os.path.join(d, name), bad.data)
+        with written(name, bad.data) as path:
             _, err = outcome(lambda: check_image_run({"weights": path}), PreflightError)
             assert err is not None, f"{bad} accepted as weights"
             assert_names(err, path)
@@ -917,15 +903,12 @@ def test_image_weights_hdf5_without_densenet_layers_is_refused_naming_it():
 
     def body(case):
         names, share = case
-        with folder() as d:
-            path = os.path.join(d, "w.h5")
+        with folder("w.h5") as path:
             with h5py.File(path, "w") as f:
                 f.attrs["layer_names"] = [n.encode() for n in names]
                 f.create_dataset("x", data=list(range(100)))
-            if share < 1:  # truncated
-                with open(path, "rb") as f:
-                    data = f.read()
-                write(path, cut(data, share))
+            with open(path, "rb") as f:
+                write(path, cut(f.read(), share))  # truncated, or whole at 1.0
             _, err = outcome(lambda: check_image_run({"weights": path}), PreflightError)
             assert err is not None, f"an HDF5 of layers {names[:3]} accepted"
             assert_names(err, path)
@@ -939,8 +922,7 @@ def test_image_weights_hdf5_with_odd_layer_names_is_refused_naming_it():
     h5py = pytest.importorskip("h5py")
 
     def body(value):
-        with folder() as d:
-            path = os.path.join(d, "w.h5")
+        with folder("w.h5") as path:
             with h5py.File(path, "w") as f:
                 f.attrs["layer_names"] = value
             _, err = outcome(lambda: check_image_run({"weights": path}), PreflightError)
@@ -959,41 +941,33 @@ KEYS = ("text",)
 def request_body(draw, scale: int):
     """(kind, body, the texts when it is a valid request, else None)."""
     texts = draw(st.lists(SENTENCES, min_size=0, max_size=4))
-    valid = json.dumps({"instances": texts}).encode()
-    kind = draw(st.sampled_from([
-        "valid", "valid in UTF-16", "objects with text", "truncated", "undecodable",
-        "not an object", "instances not a list", "an instance not a string",
-        "an object without text", "deep nesting", "too many instances", "empty",
-        "huge integer", "instances missing"]))
-    if kind == "valid":
-        return kind, valid, texts
-    if kind == "valid in UTF-16":  # JSON may be UTF-16 (RFC 8259 readers detect it)
-        return kind, valid.decode().encode("utf-16"), texts
-    if kind == "objects with text":
-        return kind, json.dumps({"instances": [{"text": t} for t in texts]}).encode(), texts
-    if kind == "truncated":
-        return kind, cut(valid, draw(st.floats(0.01, 0.95))), None
-    if kind == "undecodable":
-        return kind, draw(undecodable(scale)).data, None
-    if kind == "not an object":
-        return kind, json.dumps(texts).encode(), None
-    if kind == "instances not a list":
-        return kind, json.dumps({"instances": " ".join(texts)}).encode(), None
-    if kind == "an instance not a string":
-        other = draw(st.sampled_from([1, 2.5, None, True, ["x"], {"txt": "x"}]))
-        return kind, json.dumps({"instances": [*texts, other]}).encode(), None
-    if kind == "an object without text":
-        return kind, json.dumps({"instances": [{"body": "x"}]}).encode(), None
-    if kind == "deep nesting":
-        depth = 10_000 * scale
-        return kind, b'{"instances": ' + b"[" * depth + b"]" * depth + b"}", None
-    if kind == "too many instances":
-        return kind, json.dumps({"instances": ["x"] * (1001 + scale)}).encode(), None
-    if kind == "empty":
-        return kind, b"", None
-    if kind == "huge integer":
-        return kind, b'{"instances": [' + b"9" * (5000 * scale) + b"]}", None
-    return kind, json.dumps({"texts": texts}).encode(), None
+    valid, depth = json.dumps({"instances": texts}).encode(), 10_000 * scale
+    read = {  # kind -> its body, made only when drawn (some draw more)
+        "valid": lambda: valid,
+        # JSON may be UTF-16 (RFC 8259 readers detect it)
+        "valid in UTF-16": lambda: valid.decode().encode("utf-16"),
+        "objects with text": lambda: _json({"instances": [{"text": t} for t in texts]}),
+    }
+    refused = {
+        "truncated": lambda: cut(valid, draw(st.floats(0.01, 0.95))),
+        "undecodable": lambda: draw(undecodable(scale)).data,
+        "not an object": lambda: _json(texts),
+        "instances not a list": lambda: _json({"instances": " ".join(texts)}),
+        "an instance not a string": lambda: _json({"instances": [*texts, draw(st.sampled_from(
+            [1, 2.5, None, True, ["x"], {"txt": "x"}]))]}),
+        "an object without text": lambda: _json({"instances": [{"body": "x"}]}),
+        "deep nesting": lambda: b'{"instances": ' + b"[" * depth + b"]" * depth + b"}",
+        "too many instances": lambda: _json({"instances": ["x"] * (1001 + scale)}),
+        "empty": lambda: b"",
+        "huge integer": lambda: b'{"instances": [' + b"9" * (5000 * scale) + b"]}",
+        "instances missing": lambda: _json({"texts": texts}),
+    }
+    kind = draw(st.sampled_from([*read, *refused]))
+    return kind, {**read, **refused}[kind](), texts if kind in read else None
+
+
+def _json(value) -> bytes:
+    return json.dumps(value).encode()
 
 
 @pytest.mark.parametrize("scale", TIERS)

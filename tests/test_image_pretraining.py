@@ -18,14 +18,13 @@ from components.train_image import model as model_lib
 from components.train_image.contract import DENSENET121, TrainConfig
 from components.train_image.model import compile_model, plan_phases
 from pipelines import base_weights
-from tests.conftest import ONE_BLOCK_DENSENET, write_densenet_weights
+from tests.conftest import ONE_BLOCK_DENSENET, assert_arrays_equal, write_densenet_weights
 from tools.datamakers import font_glyphs, glyph_start
 
 SIZE = 32
 # Fonts every venv has: matplotlib ships DejaVu, STIX and Computer Modern faces, and
 # LastResort, cmex10 and cmsy10, which map Latin letters to boxes and math symbols.
 MPL_FONTS = os.path.join(matplotlib.get_data_path(), "fonts", "ttf")
-
 
 
 def test_glyphs_are_letters_of_distinct_real_faces(tmp_path):
@@ -90,14 +89,6 @@ def test_glyphs_command_line(tmp_path, capsys):
     assert "fonts-urw-base35" in packages and len(packages) == len(set(packages)) > 40
 
 
-
-@pytest.fixture(scope="module")
-def random_base(tmp_path_factory) -> str:
-    """A no-top weights file of a one-block-per-stage DenseNet (random init; conftest): what
-    BatchNorm does in each phase is the same in every layout."""
-    return write_densenet_weights(tmp_path_factory.mktemp("weights") / "notop.h5", SIZE)
-
-
 def test_base_weights_finds_the_model_of_a_run(tmp_path):
     folder = tmp_path / "kfp" / "train" / "model"
     folder.mkdir(parents=True)
@@ -122,10 +113,7 @@ def test_a_glyph_start_is_a_weights_file_the_trainer_starts_from(tmp_path, capsy
     assert not (tmp_path / "work" / "model" / "saved_model").exists()  # kept for its weights
     # Another number of classes, another size: the head is not in the file.
     started = model_lib.build_model(3, 48, str(out))
-    for got, want in zip(model_lib.get_base(started).weights,
-                         model_lib.get_base(trained).weights, strict=True):
-        np.testing.assert_array_equal(got.numpy(), want.numpy())
-
+    assert_arrays_equal(model_lib.get_base(started).weights, model_lib.get_base(trained).weights)
 
 
 def _batchnorm_state(model) -> list[np.ndarray]:
@@ -149,17 +137,18 @@ def _changed(model, before, name_part: str) -> list[bool]:
             if name_part in w.name]
 
 
-def test_batchnorm_modes_pretrained_and_from_scratch(random_base):
+# densenet_weights (conftest): a one-block-per-stage DenseNet; what BatchNorm does in each
+# phase is the same in every layout.
+def test_batchnorm_modes_pretrained_and_from_scratch(densenet_weights):
     """Forward passes only: what `training=True` (as `fit` calls it) does to BatchNorm."""
     pixels = np.random.default_rng(2).uniform(0, 255, (4, SIZE, SIZE, 3)).astype("float32")
-    pretrained = model_lib.build_model(3, SIZE, random_base, dropout=0.0)
+    pretrained = model_lib.build_model(3, SIZE, densenet_weights, dropout=0.0)
     statistics = _batchnorm_state(pretrained)
     # training=True reaches no BatchNorm of a pretrained base: the output of inference,
     # and the moving statistics stay as the file had them.
     np.testing.assert_allclose(pretrained(pixels, training=True),
                                pretrained(pixels, training=False), atol=1e-6)
-    for got, want in zip(_batchnorm_state(pretrained), statistics, strict=True):
-        np.testing.assert_array_equal(got, want)
+    assert_arrays_equal(_batchnorm_state(pretrained), statistics)
 
     scratch = model_lib.build_model(3, SIZE, None, dropout=0.0, layout=ONE_BLOCK_DENSENET)
     statistics = _batchnorm_state(scratch)
@@ -171,21 +160,19 @@ def test_batchnorm_modes_pretrained_and_from_scratch(random_base):
 
 
 @pytest.mark.slow
-def test_batchnorm_stays_frozen_through_both_phases_of_a_pretrained_base(random_base):
-    model = model_lib.build_model(3, SIZE, random_base, dropout=0.0)
+def test_batchnorm_stays_frozen_through_both_phases_of_a_pretrained_base(densenet_weights):
+    model = model_lib.build_model(3, SIZE, densenet_weights, dropout=0.0)
     statistics = _batchnorm_state(model)
 
     before = _one_step(model, "head")
     assert all(_changed(model, before, "probabilities"))
     assert not any(_changed(model, before, "conv"))  # the base is frozen whole
-    for got, want in zip(_batchnorm_state(model), statistics, strict=True):
-        np.testing.assert_array_equal(got, want)  # gamma, beta, moving mean and variance
+    assert_arrays_equal(_batchnorm_state(model), statistics)  # gamma, beta, moving statistics
 
     before = _one_step(model, "fine_tune")
     assert all(_changed(model, before, "conv5_block1_2_conv"))
     assert not any(_changed(model, before, "conv4_block1_2_conv"))
-    for got, want in zip(_batchnorm_state(model), statistics, strict=True):
-        np.testing.assert_array_equal(got, want)  # still the file's
+    assert_arrays_equal(_batchnorm_state(model), statistics)  # still the file's
 
 
 @pytest.mark.slow  # builds DenseNet121 three times (~40 s alone, minutes on a busy machine)
@@ -212,9 +199,7 @@ def test_the_default_start_is_imagenets_as_keras_fetches_it(tmp_path, monkeypatc
     assert asked == [("densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5",
                       densenet.DENSENET121_WEIGHT_PATH_NO_TOP, "models")]
     from_file = model_lib.build_model(3, SIZE, random_base, dropout=0.0)
-    for got, want in zip(model_lib.get_base(model).weights,
-                         model_lib.get_base(from_file).weights, strict=True):
-        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert_arrays_equal(model_lib.get_base(model).weights, model_lib.get_base(from_file).weights)
     pixels = np.random.default_rng(3).uniform(0, 255, (2, SIZE, SIZE, 3)).astype("float32")
     np.testing.assert_allclose(model(pixels, training=True), model(pixels, training=False),
                                atol=1e-6)

@@ -15,26 +15,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 tf = pytest.importorskip("tensorflow")
 tf_keras = pytest.importorskip("tf_keras")
 
-from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
-from tests.conftest import free_port, write_densenet_weights  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    free_port,
+    kill_group,
+    shard_colour_classes,
+    wait_all,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = REPO / "tests" / "site"  # slow_calls.py, put in place by its sitecustomize.py
-CLASSES = ["cat", "dog", "fox"]
 IMAGE_SIZE = 32  # DenseNet121's smallest input
 MODEL = "job-1/train/model"  # the model folder, relative to the shared folder
 CHECKPOINTS = "checkpoints/job-1/train"  # resolve_dirs' folder under AIP_CHECKPOINT_DIR
@@ -46,24 +46,7 @@ PARAMS = dict(epochs=2, fine_tune_epochs=0, batch_size=1, precision="off", steps
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> str:
     """A sharded dataset of 32x32 images, 3 classes x 6."""
-    root = tmp_path_factory.mktemp("replica_data")
-    rng = np.random.default_rng(0)
-    for label, name in enumerate(CLASSES):
-        (root / "images" / name).mkdir(parents=True)
-        for i in range(6):
-            pixels = (rng.random((IMAGE_SIZE, IMAGE_SIZE, 3)) * 80 + label * 80).astype("uint8")
-            Image.fromarray(pixels).save(root / "images" / name / f"{i}.png")
-    shard_dataset(str(root / "images"), str(root / "shards"),
-                  ShardConfig(image_size=IMAGE_SIZE, min_shards_per_split=2, num_workers=1),
-                  progress=False)
-    return str(root / "shards")
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory) -> str:
-    """A no-top weights file of a one-block-per-stage DenseNet (conftest)."""
-    return write_densenet_weights(tmp_path_factory.mktemp("replica_weights") / "notop.h5",
-                                  IMAGE_SIZE)
+    return shard_colour_classes(tmp_path_factory.mktemp("replica_data"), 6, IMAGE_SIZE)
 
 
 # Records every successful open (reads too), fopen, rename, unlink, rmdir and mkdir under
@@ -289,29 +272,10 @@ def _log(out: Path) -> str:
     return Path(f"{out}.log").read_text()[-4000:]
 
 
-def _kill(process) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
-
-
 def _wait(workers: list, timeout: float) -> list[float]:
-    """Waits for both workers (killing them on the way out); the times they ended."""
-    ended, deadline = {}, time.monotonic() + timeout
-    try:
-        while len(ended) < len(workers):
-            for i, (process, _) in enumerate(workers):
-                if i not in ended and process.poll() is not None:
-                    ended[i] = time.time()
-            assert time.monotonic() < deadline, "the workers did not finish: " + _log(
-                workers[0][1])
-            time.sleep(0.05)
-    finally:
-        for process, _ in workers:
-            _kill(process)
-    return [ended[i] for i in range(len(workers))]
+    """Waits for both workers (conftest.wait_all); the times they ended."""
+    return wait_all([process for process, _ in workers], timeout,
+                    lambda: "the workers did not finish: " + _log(workers[0][1]))
 
 
 def _epochs_logged(out: Path) -> list[int]:
@@ -321,13 +285,13 @@ def _epochs_logged(out: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_workers_on_separate_machines_wait_for_a_slow_chief_that_alone_writes(
-        dataset, weights, audit_library, tmp_path):
+        dataset, densenet_weights, audit_library, tmp_path):
     """The chief sleeps before writing the model; the other worker ends cleanly only after
     the chief's outputs exist, and never touches the model folder: the chief alone writes
     it, the run state and the history. The other worker writes only TensorFlow's
     temporaries of its own name (`workertemp_<task>`) in the checkpoint folder."""
     machines = _Machines(tmp_path, audit_library)
-    workers = machines.start(dataset, "run", {**PARAMS, "weights": weights},
+    workers = machines.start(dataset, "run", {**PARAMS, "weights": densenet_weights},
                              TEST_SLOW_CALL="components.train_image.training:write_artifact=8")
     ended = _wait(workers, 420)
     for process, out in workers:
@@ -380,12 +344,12 @@ def test_workers_on_separate_machines_wait_for_a_slow_chief_that_alone_writes(
     assert writers and all(len(pids) == 1 for pids in writers.values()), writers
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_run_and_restarted_resumes_on_both(dataset, weights,
+def test_a_worker_killed_mid_run_and_restarted_resumes_on_both(dataset, densenet_weights,
                                                                 audit_library, tmp_path):
     """The non-chief worker's machine dies after the first epoch's backup. The chief fails
     instead of hanging; the restarted job (both workers, as Vertex restarts it) resumes
     from that backup on both and finishes the run."""
-    params = {**PARAMS, "weights": weights}
+    params = {**PARAMS, "weights": densenet_weights}
     machines = _Machines(tmp_path, audit_library)
     checkpoints = machines.shared / CHECKPOINTS
     workers = machines.start(dataset, "first", params)
@@ -395,13 +359,13 @@ def test_a_worker_killed_mid_run_and_restarted_resumes_on_both(dataset, weights,
             assert all(p.poll() is None for p, _ in workers), [_log(o) for _, o in workers]
             assert time.monotonic() < deadline, "no backup was saved"
             time.sleep(0.05)
-        _kill(workers[1][0])  # preempted: no chance to clean up
+        kill_group(workers[1][0])  # preempted: no chance to clean up
         started = time.monotonic()
         workers[0][0].wait(timeout=180)  # its peer is gone: it fails, it does not hang
         failed_after = time.monotonic() - started
     finally:
         for process, _ in workers:
-            _kill(process)
+            kill_group(process)
     assert workers[0][0].returncode != 0, _log(workers[0][1])
     assert not (machines.model_dir / "model.keras").exists()
     done = [r["epoch"] for r in json.loads((checkpoints / "history-head.json").read_text())]

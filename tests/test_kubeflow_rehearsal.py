@@ -32,21 +32,6 @@ from tools.rehearsal.records import RehearsalError
 from tools.rehearsal.spec import select
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    with kubeflow_demo.s3_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture
-def store(s3_endpoint, monkeypatch):
-    """This process pointed at the S3 server (the launcher's side), its root bucket made;
-    the variables are undone after the test (other tests' servers have other ports)."""
-    kubeflow_demo.use_store(s3_endpoint, monkeypatch.setenv)
-    kubeflow_demo.make_bucket(kubeflow_demo.ROOT)
-    return s3_endpoint
-
-
 def test_kubeflow_launcher_paths_are_kfps_local_path_for_uri():
     assert mount_path("s3://b/k/x") == "/s3/b/k/x"
     assert mount_path("minio://mlpipeline/v2/a") == "/minio/mlpipeline/v2/a"

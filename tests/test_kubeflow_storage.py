@@ -18,23 +18,15 @@ from components.prepare_text.contract import PrepareConfig
 from components.prepare_text.preparation import prepare_text_dataset
 from components.shard.contract import ShardingError
 from components.shard.sharding import ShardConfig, list_labelled_files
-from tests.conftest import plant_bad_files, write_class_images
+from tests.conftest import free_port, plant_bad_files, write_class_images
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
           "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-@pytest.fixture(scope="module")
-def s3_server():
-    """moto's S3 server on a free loopback port: its endpoint URL."""
-    from tools.rehearsal.kubeflow_demo import s3_server as serve
-
-    with serve() as endpoint:
-        yield endpoint
-
-
 @pytest.fixture
-def s3(s3_server, monkeypatch):
+def s3(s3_endpoint, monkeypatch):
     """A boto3 client of the loopback server, emptied (tests reuse bucket names and may run
     in any order), with the environment the steps read."""
     import urllib.request
@@ -42,13 +34,13 @@ def s3(s3_server, monkeypatch):
     import boto3
     import fsspec
 
-    urllib.request.urlopen(urllib.request.Request(f"{s3_server}/moto-api/reset",
+    urllib.request.urlopen(urllib.request.Request(f"{s3_endpoint}/moto-api/reset",
                                                   method="POST"), timeout=30).close()
 
-    for name, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3_server}.items():
+    for name, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3_endpoint}.items():
         monkeypatch.setenv(name, value)
     fsspec.filesystem("s3").clear_instance_cache()  # s3fs caches per endpoint settings
-    return boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
 
 
 def _upload(client, bucket, root, prefix):
@@ -60,15 +52,9 @@ def _upload(client, bucket, root, prefix):
 
 
 def _shard_as_a_step(uri: str, out: str, config: ShardConfig) -> dict:
-    """The sharding step's own command (`python -m components.shard`) in a new interpreter:
-    its workers fork from a process holding only its own threads. Forked from this test
-    process, which runs the S3 server's threads (and earlier tests' TensorFlow pools), a
-    worker can inherit a lock held at the fork and wait for ever: in one CI run it did, and
-    the orphaned child kept the test runner waiting after the test's timeout.
-
-    Returns:
-        The manifest the step wrote.
-    """
+    """The manifest of the sharding step's own command, run in a new interpreter: forked
+    from this process (the S3 server's threads, earlier tests' TensorFlow pools), a worker
+    can inherit a lock held at the fork and wait for ever (a CI run's did, past its timeout)."""
     flags = [f"--{name.replace('_', '-')}={value}"
              for name, value in dataclasses.asdict(config).items()]
     run = subprocess.run([sys.executable, "-m", "components.shard", uri, out, *flags],
@@ -133,29 +119,33 @@ def mirrors(monkeypatch, tmp_path):
     return storage
 
 
+def _write(folder, rel, text):
+    os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
+    with open(os.path.join(folder, rel), "w") as f:
+        f.write(text)
+
+
+def _keys(client, bucket: str) -> list[str]:
+    return sorted(k["Key"] for k in client.list_objects_v2(Bucket=bucket)["Contents"])
+
+
 def test_kubeflow_checkpoint_folder_mirrors_s3_and_a_new_pod_finds_it(s3, mirrors, tmp_path):
     s3.create_bucket(Bucket="ckpt")
     environ = {"AIP_CHECKPOINT_DIR": "s3://ckpt/root"}
     output = str(tmp_path / "pod" / "run-1" / "train" / "model")
     folder = mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ)
     assert not folder.startswith(str(tmp_path / "pod") + os.sep) and os.path.isdir(folder)
-    tmp = os.path.join(folder, ".tmp-state.json.x")
-    with open(os.path.join(folder, "weights.pth"), "w") as f:
-        f.write("epoch 1")
-    with open(tmp, "w") as f:
-        f.write("half a file")
+    _write(folder, "weights.pth", "epoch 1")
+    _write(folder, ".tmp-state.json.x", "half a file")
     from components.common import run_state
 
     run_state.save(folder, "state.json", {"fingerprint": "f", "epochs_done": 1})
-    listed = sorted(k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"])
-    assert listed == ["root/run-1/train/state.json", "root/run-1/train/weights.pth"]
+    assert _keys(s3, "ckpt") == ["root/run-1/train/state.json", "root/run-1/train/weights.pth"]
     # the trainer replaces its checkpoint: the old one goes from the bucket too
     os.remove(os.path.join(folder, "weights.pth"))
-    with open(os.path.join(folder, "weights-2.pth"), "w") as f:
-        f.write("epoch 2")
+    _write(folder, "weights-2.pth", "epoch 2")
     run_state.save(folder, "state.json", {"fingerprint": "f", "epochs_done": 2})
-    listed = sorted(k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"])
-    assert listed == ["root/run-1/train/state.json", "root/run-1/train/weights-2.pth"]
+    assert _keys(s3, "ckpt") == ["root/run-1/train/state.json", "root/run-1/train/weights-2.pth"]
     # a retried pod: nothing local, the same task's output path
     import shutil
 
@@ -179,12 +169,6 @@ def test_kubeflow_gs_is_mirrored_only_where_it_is_not_mounted(mirrors, monkeypat
     environ["OBJECT_STORE_MOUNTED"] = "0"  # open-source KFP: /gcs is a scratch folder
     assert mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ) == "x"
     assert made == ["gs://b/root/run-1/train"]
-
-
-def _write(folder, rel, text):
-    os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
-    with open(os.path.join(folder, rel), "w") as f:
-        f.write(text)
 
 
 def test_kubeflow_mirror_retries_a_failed_upload_pushes_pointers_last_and_only_from_rank_0(
@@ -212,8 +196,7 @@ def test_kubeflow_mirror_retries_a_failed_upload_pushes_pointers_last_and_only_f
     assert set(order[1:3]) == {"backup/chief/ckpt-1.data-00000-of-00001",
                                "backup/chief/ckpt-1.index"}
     assert set(order[3:]) == {"backup/chief/checkpoint", "run.json"}  # pointers last
-    listed = {k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]}
-    assert listed == {f"job/task/{rel}" for rel in order}
+    assert set(_keys(s3, "ckpt")) == {f"job/task/{rel}" for rel in order}
     assert "503 Slow Down" in caplog.text  # the try that failed is in the log
     order.clear()
     monkeypatch.setenv("RANK", "1")  # another DDP process of the pod: rank 0 pushes
@@ -244,8 +227,7 @@ def test_kubeflow_a_push_that_keeps_failing_fails_after_its_attempts(s3, mirrors
     assert len(tries) == mirrors.PUSH_ATTEMPTS == 4
     monkeypatch.setattr(mirror.fs, "put", put)  # the store is back: nothing was marked done
     mirrors.push_mirrors()
-    assert [k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]] == [
-        "job/task/weights.pth"]
+    assert _keys(s3, "ckpt") == ["job/task/weights.pth"]
 
 
 def test_kubeflow_a_checkpoint_root_in_no_bucket_fails_before_training(s3, mirrors,
@@ -264,15 +246,11 @@ def test_kubeflow_a_checkpoint_root_in_no_bucket_fails_before_training(s3, mirro
 
 def test_kubeflow_a_checkpoint_root_behind_a_refusing_endpoint_fails_before_training(
         s3, mirrors, monkeypatch, tmp_path):
-    import socket
     import time
 
     import fsspec
 
-    with socket.socket() as sock:  # a loopback port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries: seconds each
     fsspec.filesystem("s3").clear_instance_cache()
     monkeypatch.setattr(mirrors, "PUSH_ATTEMPTS", 2)
@@ -325,21 +303,18 @@ def test_kubeflow_a_failed_final_push_fails_the_process(s3, tmp_path):
     exception raised at exit alone would leave it at 0)."""
     s3.create_bucket(Bucket="ckpt")
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def step(how):
-        return subprocess.run([sys.executable, "-c", _FINAL_PUSH, how], cwd=root, env=env,
+        return subprocess.run([sys.executable, "-c", _FINAL_PUSH, how], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=120)
 
     kept = step("keep-the-bucket")
     assert kept.returncode == 0, kept.stderr[-3000:]
-    assert [k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]] == [
-        "job/task/events.out"]
+    assert _keys(s3, "ckpt") == ["job/task/events.out"]
     s3.delete_object(Bucket="ckpt", Key="job/task/events.out")
     forked = step("fork-a-child")  # only the process that made the mirror pushes
     assert forked.returncode == 0 and "child exit code 0" in forked.stdout, forked.stderr
-    assert sorted(k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]) == [
-        "job/task/child.txt", "job/task/events.out"]
+    assert _keys(s3, "ckpt") == ["job/task/child.txt", "job/task/events.out"]
     for key in ("job/task/child.txt", "job/task/events.out"):
         s3.delete_object(Bucket="ckpt", Key=key)
     lost = step("lose-the-bucket")
@@ -365,11 +340,10 @@ def test_kubeflow_local_mirrors_are_shared_by_the_ranks_of_one_launch_only(tmp_p
     trainers), on one machine and naming the same remote, do not."""
     script = tmp_path / "launch.py"
     script.write_text(_LAUNCH)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": root}
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": REPO}
     lone = ["-c", "from components.common.storage import mirror_path; "
                   "print(mirror_path('s3://ckpt/job/task'))"]
-    runs = [subprocess.Popen([sys.executable, *args], cwd=root, env=env, text=True,
+    runs = [subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             for args in ([str(script)], [str(script)], lone, lone)]
     outputs = []
@@ -411,8 +385,7 @@ def test_kubeflow_a_killed_training_pod_resumes_from_s3_on_retry(s3, mirrors, tm
     with pytest.raises(KeyboardInterrupt):  # the pod dies after LM epoch 1
         train_text_classifier(dataset, model_dir, config,
                               callbacks=[first, StopAfter("LMLearner", 1)])
-    keys = [k["Key"] for k in s3.list_objects_v2(Bucket="ckpt")["Contents"]]
-    assert "checkpoints/run-7/train-text/state.json" in keys
+    assert "checkpoints/run-7/train-text/state.json" in _keys(s3, "ckpt")
     # the new pod: no launcher folder, no local mirror
     for mirror in mirrors._MIRRORS.values():
         shutil.rmtree(mirror.local)

@@ -5,6 +5,7 @@ it in uvicorn on a free loopback port, and its answers are compared with batch
 prediction's for the same texts. Bad requests get a JSON 4xx and the server serves on.
 """
 
+import contextlib
 import http.client
 import json
 import os
@@ -109,16 +110,22 @@ def test_cli_serves_text_models_only(tmp_path, outside_vertex, capsys):
     assert "no model to serve" in capsys.readouterr().err
 
 
-def _start(app):
-    """uvicorn serving `app` in a thread on a free loopback port: (server, thread, address)."""
+@contextlib.contextmanager
+def _serving(app):
+    """uvicorn serving `app` in a thread on a free loopback port: yields (server, thread,
+    address); stops it and closes its socket on the way out."""
     import uvicorn
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))  # the port is ours before the server starts: no race
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    return server, thread, sock.getsockname()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # the port is ours before the server starts: no race
+        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        try:
+            yield server, thread, sock.getsockname()
+        finally:
+            server.should_exit = True
+            thread.join(timeout=10)
 
 
 def _gated_predictor(monkeypatch, gate: threading.Event, error: Exception | None = None):
@@ -148,8 +155,9 @@ def test_the_port_answers_at_once_while_the_model_loads(tmp_path, monkeypatch):
     gate = threading.Event()
     _gated_predictor(monkeypatch, gate)
     started = time.monotonic()
-    server, thread, address = _start(build_app(str(tmp_path)))
-    try:
+    with contextlib.ExitStack() as stack:
+        server, _, address = stack.enter_context(_serving(build_app(str(tmp_path))))
+        stack.callback(gate.set)  # first on the way out: a load still waiting ends at once
         while not server.started:
             time.sleep(0.01)
         health = http_json(address, "GET", "/health")
@@ -162,18 +170,14 @@ def test_the_port_answers_at_once_while_the_model_loads(tmp_path, monkeypatch):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert _predict(address, {"instances": ["x"]})[0] == 200
-    finally:
-        gate.set()
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_a_model_that_fails_to_load_answers_why_and_is_reported(tmp_path, monkeypatch):
     gate, reported = threading.Event(), []
     gate.set()
     _gated_predictor(monkeypatch, gate, error=PredictionError("no labels.json in it"))
-    server, thread, address = _start(build_app(str(tmp_path), on_load_error=reported.append))
-    try:
+    with _serving(build_app(str(tmp_path), on_load_error=reported.append)) as (server, _,
+                                                                               address):
         # The load (a thread the startup hook begins) may fail before uvicorn listens.
         deadline = time.monotonic() + 10
         while not (reported and server.started):
@@ -184,9 +188,6 @@ def test_a_model_that_fails_to_load_answers_why_and_is_reported(tmp_path, monkey
         assert status == 503 and "failed to load: PredictionError: no labels.json" in \
             answer["error"]
         assert _predict(address, {"instances": ["x"]})[0] == 503
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_cli_stops_with_the_error_when_a_gcs_model_fails_to_load(gcs, outside_vertex, capsys):
@@ -237,20 +238,16 @@ def text_model(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(text_model):
     """uvicorn serving the model in a thread on a free port; yields (host, port)."""
-    server, thread, address = _start(build_app(text_model, max_request_bytes=LIMIT_BYTES,
-                                               max_instances=LIMIT_INSTANCES))
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    while http_json(address, "GET", "/health")[0] != 200:  # the model loads
-        assert time.monotonic() < deadline, "the model did not load"
-        time.sleep(0.05)
-    try:
+    app = build_app(text_model, max_request_bytes=LIMIT_BYTES, max_instances=LIMIT_INSTANCES)
+    with _serving(app) as (server, thread, address):
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+        while http_json(address, "GET", "/health")[0] != 200:  # the model loads
+            assert time.monotonic() < deadline, "the model did not load"
+            time.sleep(0.05)
         yield address
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def _predict(address, payload):

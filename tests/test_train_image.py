@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 tf = pytest.importorskip("tensorflow")
 tf_keras = pytest.importorskip("tf_keras")
@@ -25,13 +24,17 @@ tf_keras = pytest.importorskip("tf_keras")
 from components.formats.image_models import load_keras_model  # noqa: E402
 from components.formats.shards import make_dataset  # noqa: E402
 from components.shard.contract import read_manifest  # noqa: E402
-from components.shard.sharding import ShardConfig, shard_dataset  # noqa: E402
 from components.train_image import contract, distribute, training  # noqa: E402
 from components.train_image import model as model_lib  # noqa: E402
 from components.train_image.contract import PIXELS_SIGNATURE  # noqa: E402
 from components.train_image.model import INPUT_NAME  # noqa: E402
 from components.train_image.training import TrainConfig, TrainingError  # noqa: E402
-from tests.conftest import ONE_BLOCK_DENSENET, free_port, write_densenet_weights  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    ONE_BLOCK_DENSENET,
+    assert_arrays_equal,
+    free_port,
+    shard_colour_classes,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "fox"]
@@ -39,30 +42,10 @@ IMAGE_SIZE = 32
 CLUSTER_ENV = ("TF_CONFIG", "CLUSTER_SPEC", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
 
 
-
 @pytest.fixture(scope="session")
 def image_dataset(tmp_path_factory) -> str:
     """A sharded dataset of 32x32 images: 3 classes x 10 (24 train, 3 validation, 3 test)."""
-    root = tmp_path_factory.mktemp("train_image_data")
-    rng = np.random.default_rng(0)
-    for label, name in enumerate(CLASSES):
-        folder = root / "images" / name
-        folder.mkdir(parents=True)
-        for i in range(10):
-            # Each class has its own colour range so a few steps can learn something.
-            pixels = (rng.random((40, 40, 3)) * 80 + label * 80).astype("uint8")
-            Image.fromarray(pixels).save(folder / f"{i}.png")
-    out = root / "shards"
-    shard_dataset(str(root / "images"), str(out),
-                  ShardConfig(image_size=IMAGE_SIZE, min_shards_per_split=2, num_workers=1),
-                  progress=False)
-    return str(out)
-
-
-@pytest.fixture(scope="session")
-def base_weights(tmp_path_factory) -> str:
-    """A no-top weights file of a one-block-per-stage DenseNet (conftest)."""
-    return write_densenet_weights(tmp_path_factory.mktemp("weights") / "notop.h5", IMAGE_SIZE)
+    return shard_colour_classes(tmp_path_factory.mktemp("train_image_data"), 10, 40)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +66,6 @@ def _subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-
 def _tf_config(workers: int, chief: bool = False, **extra) -> dict:
     cluster = {"worker": [f"w{i}:2222" for i in range(workers)], **extra}
     if chief:
@@ -92,11 +74,8 @@ def _tf_config(workers: int, chief: bool = False, **extra) -> dict:
 
 
 def _cluster_spec(pool0: int = 1, pool1: int = 0, pool3: int = 0) -> dict:
-    cluster = {"workerpool0": [f"p0-{i}:2222" for i in range(pool0)]}
-    if pool1:
-        cluster["workerpool1"] = [f"p1-{i}:2222" for i in range(pool1)]
-    if pool3:
-        cluster["workerpool3"] = [f"p3-{i}:2222" for i in range(pool3)]
+    cluster = {f"workerpool{pool}": [f"p{pool}-{i}:2222" for i in range(size)]
+               for pool, size in ((0, pool0), (1, pool1), (3, pool3)) if size or pool == 0}
     return {"cluster": cluster, "task": {"type": "workerpool0", "index": 0}, "job": "{}"}
 
 
@@ -207,7 +186,6 @@ def test_make_strategy_kinds():
         distribute.make_strategy("tpu")
 
 
-
 def test_plan_phases():
     pretrained = TrainConfig(epochs=3, fine_tune_epochs=2, weights="imagenet")
     assert [(p.name, p.epochs, p.learning_rate) for p in training.plan_phases(pretrained)] == [
@@ -275,7 +253,6 @@ def test_component_defaults_match_train_config():
         assert spec_input.description, f"parameter {name} has no help text"
 
 
-
 def test_augment_identity_and_flip():
     images = tf.random.uniform([4, 8, 8, 3], 0, 255, seed=1)
     same = model_lib.augment_images(images, tf.constant([1, 2], tf.int64), False, 0.0, 0.0)
@@ -320,7 +297,6 @@ def test_pipelines_augment_training_only(image_dataset):
     raw = np.stack([img.numpy() for img, _ in make_dataset(image_dataset, "validation",
                                                            manifest=manifest)])
     np.testing.assert_array_equal(got, raw.astype("float32"))  # never augmented
-
 
 
 def _trainable_conv_names(model) -> list[str]:
@@ -401,16 +377,14 @@ def test_the_densenet_is_the_one_its_weights_file_holds(scratch_model, tmp_path)
         model_lib.build_model(len(CLASSES), IMAGE_SIZE, "imagenet", layout=(1, 1, 1, 1))
 
 
-def test_weights_file_loads_and_snapshot_survives_phase_change(base_weights):
-    pretrained = model_lib.build_model(len(CLASSES), IMAGE_SIZE, base_weights)
+def test_weights_file_loads_and_snapshot_survives_phase_change(densenet_weights):
+    pretrained = model_lib.build_model(len(CLASSES), IMAGE_SIZE, densenet_weights)
     # the file's DenseNet, not DenseNet121
     assert model_lib.architecture(pretrained) == "DenseNet(1-1-1-1)"
     reference = model_lib.keras_densenet(list(ONE_BLOCK_DENSENET), include_top=False,
                                          weights=None, input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3))
-    reference.load_weights(base_weights)
-    for got, want in zip(model_lib.get_base(pretrained).weights, reference.weights,
-                         strict=True):
-        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    reference.load_weights(densenet_weights)
+    assert_arrays_equal(model_lib.get_base(pretrained).weights, reference.weights)
     with pytest.raises(ValueError, match="does not exist"):
         model_lib.build_model(len(CLASSES), IMAGE_SIZE, "/no/such/weights.h5")
     # a copy built without the file, as the artifact is, takes the layout from the weights
@@ -426,7 +400,6 @@ def test_weights_file_loads_and_snapshot_survives_phase_change(base_weights):
     images = np.random.default_rng(2).uniform(0, 255, (2, IMAGE_SIZE, IMAGE_SIZE, 3))
     np.testing.assert_allclose(scratch_model(images, training=False),
                                pretrained(images, training=False), atol=1e-5)
-
 
 
 class _Interrupt(tf_keras.callbacks.Callback):
@@ -526,16 +499,12 @@ def _start(mode: str, root: Path, name: str, dataset: str, config: dict, out: Pa
 
 
 @pytest.fixture(scope="module")
-def background_jobs(image_dataset, base_weights, tmp_path_factory):
-    """Starts the mirrored run and the two-worker run as subprocesses, all at once.
-
-    They overlap each other and the in-process resume test: much of their time is
-    tracing and (multi-worker) gRPC round trips, so 2 cores run them side by side
-    in about half the time.
-    """
+def background_jobs(image_dataset, densenet_weights, tmp_path_factory):
+    """The mirrored run and the two-worker run, started at once: mostly tracing and gRPC
+    round trips, they run beside each other and the resume test in about half the time."""
     root = tmp_path_factory.mktemp("background")
     # batch 1 per replica: the 3 validation examples fill one whole global batch of 2.
-    config = dict(epochs=1, fine_tune_epochs=0, batch_size=1, weights=base_weights,
+    config = dict(epochs=1, fine_tune_epochs=0, batch_size=1, weights=densenet_weights,
                   precision="off", steps_per_epoch=2)
     jobs = {}
     out = root / "mirrored-model"
@@ -560,14 +529,14 @@ def background_jobs(image_dataset, base_weights, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_interrupted_training_resumes_across_phases(image_dataset, base_weights, tmp_path,
+def test_interrupted_training_resumes_across_phases(image_dataset, densenet_weights, tmp_path,
                                                     caplog, no_cluster, background_jobs):
     # background_jobs: started first so they run while this test trains in-process.
     from kfp import dsl
 
     from components.train_image.component import train_image_classifier
 
-    params = dict(epochs=2, fine_tune_epochs=2, batch_size=2, weights=base_weights,
+    params = dict(epochs=2, fine_tune_epochs=2, batch_size=2, weights=densenet_weights,
                   precision="off", steps_per_epoch=1)
     out, checkpoints = tmp_path / "model", tmp_path / "checkpoints"
     caplog.set_level(logging.INFO, logger=training.__name__)
@@ -609,10 +578,10 @@ def test_interrupted_training_resumes_across_phases(image_dataset, base_weights,
 
 @pytest.mark.slow
 def test_a_sigterm_mid_epoch_seals_that_step_and_the_restart_resumes_there(
-        image_dataset, base_weights, tmp_path):
+        image_dataset, densenet_weights, tmp_path):
     """A real SIGTERM, sent once epoch 0 is logged, lands early in epoch 1 of 200 steps: the
     trainer backs that step up, exits 143, and the restart goes on from the next step."""
-    config = dict(epochs=3, fine_tune_epochs=0, batch_size=2, weights=base_weights,
+    config = dict(epochs=3, fine_tune_epochs=0, batch_size=2, weights=densenet_weights,
                   precision="off", steps_per_epoch=200, early_stopping_patience=0)
     out, attempts = tmp_path / "model", []
     for attempt in (1, 2):
@@ -644,8 +613,8 @@ class _FailAtStep(tf_keras.callbacks.Callback):
 
 @pytest.mark.slow
 def test_checkpoint_every_steps_backs_up_mid_epoch_for_a_kill_without_notice(
-        image_dataset, base_weights, tmp_path, caplog):
-    config = TrainConfig(epochs=1, fine_tune_epochs=0, batch_size=2, weights=base_weights,
+        image_dataset, densenet_weights, tmp_path, caplog):
+    config = TrainConfig(epochs=1, fine_tune_epochs=0, batch_size=2, weights=densenet_weights,
                          precision="off", steps_per_epoch=5, checkpoint_every_steps=2)
     out, checkpoints = str(tmp_path / "model"), str(tmp_path / "checkpoints")
     caplog.set_level(logging.INFO, logger=training.__name__)
@@ -686,12 +655,12 @@ def test_two_workers_train_together(background_jobs):
 
 @pytest.mark.slow
 def test_a_tuning_trial_reports_its_metric_after_every_epoch_of_both_phases(
-        image_dataset, base_weights, tmp_path, monkeypatch, no_cluster):
+        image_dataset, densenet_weights, tmp_path, monkeypatch, no_cluster):
     from tests.test_hypertune import read_reports
 
     metric_file = tmp_path / "output.metrics"
     monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
-    config = TrainConfig(epochs=2, fine_tune_epochs=1, batch_size=4, weights=base_weights,
+    config = TrainConfig(epochs=2, fine_tune_epochs=1, batch_size=4, weights=densenet_weights,
                          precision="off", steps_per_epoch=1)
     training.train(image_dataset, str(tmp_path / "model"), config,
                    hypertune_metric="val_accuracy")
@@ -703,7 +672,7 @@ def test_a_tuning_trial_reports_its_metric_after_every_epoch_of_both_phases(
 
 @pytest.mark.slow
 def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
-        image_dataset, base_weights, tmp_path):
+        image_dataset, densenet_weights, tmp_path):
     """The trial container's command, as the compiled tuning job runs it: the training
     step's executor input plus `--name=value` arguments; outputs land in the trial's folder
     (the parent of AIP_MODEL_DIR) and the study metric is reported each epoch."""
@@ -712,7 +681,7 @@ def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
     executor_input = {
         "inputs": {
             "parameterValues": {"epochs": 1, "fine_tune_epochs": 1, "batch_size": 4,
-                                "learning_rate": 0.001, "weights": base_weights,
+                                "learning_rate": 0.001, "weights": densenet_weights,
                                 "precision": "off", "steps_per_epoch": 1, "seed": 3},
             "artifacts": {"dataset": {"artifacts": [{
                 "name": "dataset", "type": {"schemaTitle": "system.Dataset"},
@@ -720,11 +689,9 @@ def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
         "outputs": {"parameters": {}, "artifacts": {}, "outputFile": "/nonexistent/out.json"},
     }
     trial_dir = tmp_path / "trials" / "3"
-    env = {**os.environ, "AIP_MODEL_DIR": f"{trial_dir}/model/",
-           "AIP_CHECKPOINT_DIR": f"{trial_dir}/checkpoints/",
-           "CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "output.metrics")}
-    for name in ("TF_CONFIG", "CLUSTER_SPEC", "AIP_TENSORBOARD_LOG_DIR"):
-        env.pop(name, None)
+    env = _subprocess_env(AIP_MODEL_DIR=f"{trial_dir}/model/",
+                          AIP_CHECKPOINT_DIR=f"{trial_dir}/checkpoints/",
+                          CLOUD_ML_HP_METRIC_FILE=str(tmp_path / "output.metrics"))
     done = subprocess.run(
         [sys.executable, "-m", "components.tune.trial", "--kind", "image", "--metric",
          "val_accuracy", "--executor_input", json.dumps(executor_input),
@@ -773,7 +740,6 @@ def test_a_clean_up_cut_short_leaves_the_folder_marked_as_this_runs(tmp_path, mo
     assert not (tmp_path / "checkpoints").exists()
 
 
-
 @pytest.fixture(scope="module")
 def lite0_imagenet() -> str:
     """The converted ImageNet file `make models` wrote (no download here)."""
@@ -786,7 +752,7 @@ def lite0_imagenet() -> str:
 
 
 def test_a_weights_file_of_the_other_network_is_refused_naming_both(lite0_imagenet,
-                                                                       base_weights):
+                                                                       densenet_weights):
     from components.preflight.pipeline_checks import weights_problems
 
     with pytest.raises(ValueError, match=r"holds EfficientNet-Lite0, and "
@@ -794,9 +760,9 @@ def test_a_weights_file_of_the_other_network_is_refused_naming_both(lite0_imagen
         model_lib.build_model(3, IMAGE_SIZE, lite0_imagenet)
     with pytest.raises(ValueError, match=r"holds DenseNet\(1-1-1-1\), and "
                                          r"architecture='efficientnet_lite0'"):
-        model_lib.build_model(3, IMAGE_SIZE, base_weights, architecture="efficientnet_lite0")
+        model_lib.build_model(3, IMAGE_SIZE, densenet_weights, architecture="efficientnet_lite0")
     # the preflight refuses the same before sharding
-    assert "holds DenseNet(1-1-1-1)" in weights_problems(base_weights, "efficientnet_lite0")[0]
+    assert "holds DenseNet(1-1-1-1)" in weights_problems(densenet_weights, "efficientnet_lite0")[0]
     assert weights_problems(lite0_imagenet, "efficientnet_lite0") == []
 
 

@@ -1,7 +1,6 @@
 """The transformer trainer: settings, DDP replicas, a tiny offline BERT fine-tuned on real
 files, replicas on loopback as separate machines, resuming after a kill or a SIGTERM."""
 
-import contextlib
 import json
 import math
 import os
@@ -37,7 +36,7 @@ from components.train_transformer.training import (
     train_transformer,
 )
 from pipelines import run_local
-from tests.conftest import free_port
+from tests.conftest import free_port, kill_group, wait_all
 from tools.datamakers.demo_text import write_reviews_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -306,16 +305,14 @@ def test_fine_tunes_a_tiny_offline_bert_and_every_reader_loads_it(dataset, tmp_p
 
 
 def _python(code, env, out):
-    """`python -c code` in its own process group (a machine: killed whole), its output in
-    `out`.log."""
+    """`python -c code` in its own process group (a machine), its output in `out`.log."""
     with open(out + ".log", "w") as log:
         return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _run_replica(dataset, model_dir, out, env, epochs, gpus=0, settings=FAST):
-    """One Vertex replica, starting the trainer as the component does; writes the result
-    (or None) to `out`."""
+    """One Vertex replica, training as the component does; its result (or None) in `out`."""
     return _python(
         "import json, sys\n"
         "from components.train_transformer.contract import TransformerConfig\n"
@@ -328,26 +325,8 @@ def _run_replica(dataset, model_dir, out, env, epochs, gpus=0, settings=FAST):
 
 
 def _wait_for(procs, timeout):
-    """Waits for every process (killing every group on the way out); when each ended."""
-    ended, deadline = {}, time.monotonic() + timeout
-    try:
-        while len(ended) < len(procs):
-            for i, proc in enumerate(procs):
-                if i not in ended and proc.poll() is not None:
-                    ended[i] = time.time()
-            assert time.monotonic() < deadline, "the replicas did not finish"
-            time.sleep(0.05)
-    finally:
-        for proc in procs:
-            _kill_machine(proc)
-    return [ended[i] for i in range(len(procs))]
-
-
-def _kill_machine(proc):
-    """SIGKILL to a replica's process group: the launcher and the processes it spawned."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    """Waits for every replica (conftest.wait_all); when each ended."""
+    return wait_all(procs, timeout, lambda: "the replicas did not finish")
 
 
 def _log(out):
@@ -406,10 +385,8 @@ slow_calls.install()
 
 
 def _separate_machines(tmp_path, port, **more):
-    """The shared folder (/gcs), the model folder (one path on both, as KFP's /gcs/ one) and
-    the environments of 2 replicas as separate machines: each with its own disk (TMPDIR),
-    its own view of the shared folder (a symlink) as `AIP_CHECKPOINT_DIR`, Vertex's
-    CLUSTER_SPEC, and its file access audited."""
+    """The shared folder (/gcs), the model folder in it and 2 replicas' environments, each
+    a machine: its own TMPDIR, its symlink to the shared folder, CLUSTER_SPEC, an audit."""
     shared, hook, audit = tmp_path / "shared", tmp_path / "hook", tmp_path / "audit"
     for folder in (shared, hook, audit):
         folder.mkdir(exist_ok=True)
@@ -495,11 +472,11 @@ def test_a_replica_killed_mid_run_and_restarted_resumes_on_every_process(dataset
              for out, env in zip(outs, envs)]
     try:
         _until_sealed(checkpoints, procs, outs)
-        _kill_machine(procs[1])  # preempted: no chance to clean up
+        kill_group(procs[1])  # preempted: no chance to clean up
         procs[0].wait(timeout=120)  # its peers are gone: it fails, it does not hang
     finally:
         for proc in procs:
-            _kill_machine(proc)
+            kill_group(proc)
     assert procs[0].returncode != 0 and not os.path.exists(os.path.join(model_dir,
                                                                           LABELS_FILE))
     resume = last_complete_checkpoint(str(checkpoints))
@@ -534,8 +511,7 @@ def _until_sealed(folder, procs, outs, timeout=300, poll=0.05):
 
 
 def _trained_until_a_checkpoint(dataset, model_dir, config, checkpoints, poll):
-    """A training subprocess, returned once its first checkpoint is sealed (polled every
-    `poll` seconds)."""
+    """A training subprocess, returned once its first checkpoint is sealed."""
     proc = _python(
         "from components.train_transformer.contract import TransformerConfig\n"
         "from components.train_transformer.training import train_transformer\n"

@@ -213,13 +213,6 @@ def test_trainjob_node_processes_auto_is_one_per_gpu():
 
 
 # -- the launcher against a loopback Kubernetes API ---------------------------------------
-@pytest.fixture
-def kube():
-    """The stub, and a real `kubernetes` client pointed at it."""
-    with serving() as stub_and_client:
-        yield stub_and_client
-
-
 def _name_of(manifest: dict) -> str:
     return manifest["metadata"]["name"]
 
@@ -228,13 +221,22 @@ def _job_path(name: str) -> str:
     return f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs/{name}"
 
 
+def _planned(stub, **plan) -> tuple[dict, str]:
+    """The full manifest and its name, the stub's `Plan(**plan)` for that job."""
+    manifest = full_manifest()
+    stub.plans[_name_of(manifest)] = Plan(**plan)
+    return manifest, _name_of(manifest)
+
+
+# the job's conditions never end (in the tests' time): only its pods or a stop can end it
+UNENDING = [[]] * 500 + [[condition("Complete", "X", "late")]]
+
+
 def test_trainjob_launcher_follows_a_job_to_complete_streams_node0_and_deletes_it(kube):
     stub, api = kube
-    manifest = full_manifest()
-    name = _name_of(manifest)
     done = condition("Complete", "JobsCompleted", "jobset completed")
-    stub.plans[name] = Plan(conditions=[[], [], [done]],
-                            log=["epoch 1 loss 0.9", "epoch 2 loss 0.5", "saved the model"])
+    manifest, name = _planned(stub, conditions=[[], [], [done]],
+                              log=["epoch 1 loss 0.9", "epoch 2 loss 0.5", "saved the model"])
     lines: list[str] = []
     job = launcher.launch(api, manifest, write=lines.append, timing=FAST)
     assert launcher.job_outcome(job) == ("Complete", "JobsCompleted", "jobset completed")
@@ -256,10 +258,8 @@ def test_trainjob_launcher_follows_a_job_to_complete_streams_node0_and_deletes_i
 
 def test_trainjob_launcher_fails_with_the_jobs_reason_and_deletes_it(kube):
     stub, api = kube
-    manifest = full_manifest()
-    name = _name_of(manifest)
-    stub.plans[name] = Plan(
-        conditions=[[], [condition("Failed", "FailedJobs",
+    manifest, name = _planned(
+        stub, conditions=[[], [condition("Failed", "FailedJobs",
                                    "jobset failed: job node-0 failed: BackoffLimitExceeded")]],
         log=["Traceback (most recent call last):", "RuntimeError: CUDA out of memory"])
     lines: list[str] = []
@@ -309,11 +309,7 @@ UNSCHEDULABLE = {"phase": "Pending", "conditions": [
 def test_trainjob_launcher_fails_at_once_on_a_node_pods_failure_and_deletes_the_job(
         kube, status, words):
     stub, api = kube
-    manifest = full_manifest()
-    name = _name_of(manifest)
-    # the job's conditions never end: only its pods can tell
-    stub.plans[name] = Plan(conditions=[[]] * 500 + [[condition("Complete", "X", "late")]],
-                            pods={1: status})
+    manifest, name = _planned(stub, conditions=UNENDING, pods={1: status})
     with pytest.raises(launcher.TrainJobFailed, match=rf"TrainJob {NS}/{name} failed: {words}"):
         launcher.launch(api, manifest, write=lambda line: None,
                         timing=dataclasses.replace(FAST, pending_seconds=0.1))
@@ -323,10 +319,8 @@ def test_trainjob_launcher_fails_at_once_on_a_node_pods_failure_and_deletes_the_
 
 def test_trainjob_launcher_waits_for_an_unschedulable_node_up_to_the_bound(kube):
     stub, api = kube
-    manifest = full_manifest()
-    name = _name_of(manifest)
-    stub.plans[name] = Plan(conditions=[[]] * 5 + [[condition("Complete", "X", "done")]],
-                            pods={1: UNSCHEDULABLE})  # a GPU machine being added meanwhile
+    manifest, name = _planned(stub, conditions=[[]] * 5 + [[condition("Complete", "X", "done")]],
+                              pods={1: UNSCHEDULABLE})  # a GPU machine being added meanwhile
     job = launcher.launch(api, manifest, write=lambda line: None, timing=FAST)
     assert launcher.job_outcome(job)[0] == "Complete"
     assert launcher.Timing().pending_seconds == 900.0  # 15 minutes unless told otherwise
@@ -348,42 +342,27 @@ def test_trainjob_launcher_fails_when_a_nodes_pod_is_replaced():
 def test_trainjob_launcher_creates_strictly_so_an_older_trainer_refuses_a_field():
     from kubernetes import client
 
-    for strict in (True, False):  # Trainer 2.1: no runtimePatches, no activeDeadlineSeconds
-        stub = KubeStub(unknown_fields=("spec.runtimePatches", "spec.activeDeadlineSeconds"))
-        stub.start()
-        configuration = client.Configuration()
-        configuration.host = stub.host
-        custom = client.CustomObjectsApi(client.ApiClient(configuration))
-        args = (spec.GROUP, spec.VERSION, NS, spec.PLURAL, full_manifest())
-        try:
-            if strict:
-                with pytest.raises(client.ApiException) as refused:
-                    custom.create_namespaced_custom_object(*args, field_validation="Strict")
-                assert refused.value.status == 400 and stub.jobs == {}
-                assert 'unknown field "spec.runtimePatches", unknown field ' \
-                       '"spec.activeDeadlineSeconds"' in json.loads(refused.value.body)["message"]
-            else:  # the server's default (Warn) prunes them: the job would run without
-                made = custom.create_namespaced_custom_object(*args)
-                assert "runtimePatches" not in made["spec"]
-        finally:
-            stub.stop()
-    stub = KubeStub(unknown_fields=("spec.runtimePatches",)).start()
-    configuration.host = stub.host
-    try:
+    args = (spec.GROUP, spec.VERSION, NS, spec.PLURAL, full_manifest())
+    older = ("spec.runtimePatches", "spec.activeDeadlineSeconds")  # Trainer 2.1 has neither
+    with serving(KubeStub(unknown_fields=older)) as (stub, api):
+        custom = client.CustomObjectsApi(api)
+        with pytest.raises(client.ApiException) as refused:
+            custom.create_namespaced_custom_object(*args, field_validation="Strict")
+        assert refused.value.status == 400 and stub.jobs == {}
+        assert 'unknown field "spec.runtimePatches", unknown field ' \
+               '"spec.activeDeadlineSeconds"' in json.loads(refused.value.body)["message"]
+        # the server's default (Warn) prunes them: the job would run without
+        assert "runtimePatches" not in custom.create_namespaced_custom_object(*args)["spec"]
+    with serving(KubeStub(unknown_fields=older[:1])) as (stub, api):
         with pytest.raises(launcher.TrainJobError, match=r'unknown field "spec.runtimePatches" '
                            r"\(strict field validation: does the cluster run Trainer 2.3\?\)"):
-            launcher.launch(client.ApiClient(configuration), full_manifest(),
-                            write=lambda line: None, timing=FAST)
+            launcher.launch(api, full_manifest(), write=lambda line: None, timing=FAST)
         assert stub.jobs == {}
-    finally:
-        stub.stop()
 
 
 def test_trainjob_launcher_cancelled_by_the_stop_event_deletes_the_job(kube):
     stub, api = kube
-    manifest = full_manifest()
-    name = _name_of(manifest)
-    stub.plans[name] = Plan(conditions=[[]] * 500 + [[condition("Complete", "X", "late")]])
+    manifest, name = _planned(stub, conditions=UNENDING)
     stop = threading.Event()
     lines: list[str] = []
 
@@ -400,9 +379,7 @@ def test_trainjob_launcher_cancelled_by_the_stop_event_deletes_the_job(kube):
 
 def test_trainjob_launcher_deletes_the_job_on_sigterm_and_restores_the_handler(kube):
     stub, api = kube
-    manifest = full_manifest()
-    name = _name_of(manifest)
-    stub.plans[name] = Plan(conditions=[[]] * 500 + [[condition("Complete", "X", "late")]])
+    manifest, name = _planned(stub, conditions=UNENDING)
     caught: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
     try:

@@ -30,7 +30,6 @@ from components.train_transformer import multinode
 from components.train_transformer.node import MODEL_ROOT, copy_folder
 from components.trainjob import launcher
 from components.trainjob.contract import torchrun_environment
-from tests.kube_stub import serving
 from tools.rehearsal import kubeflow_demo
 from tools.rehearsal.launcher import ObjectStore
 from tools.rehearsal.records import RehearsalError
@@ -109,19 +108,6 @@ sys.addaudithook(_audit)
 '''
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    with kubeflow_demo.s3_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture
-def store(s3_endpoint, monkeypatch):
-    """This process (the launcher's side) pointed at the S3 server."""
-    kubeflow_demo.use_store(s3_endpoint, monkeypatch.setenv)
-    return s3_endpoint
-
-
 def _manifest(command, args=(), num_nodes=2, secret=kubeflow_demo.SECRET, deadline=None):
     from components.trainjob import spec
 
@@ -133,11 +119,10 @@ def _manifest(command, args=(), num_nodes=2, secret=kubeflow_demo.SECRET, deadli
 
 
 @pytest.fixture
-def cluster():
+def cluster(kube):
     """The stub of the Kubernetes API (a test sets its `play`), and a client of it."""
-    with serving() as (stub, api):
-        yield stub, api
-    for job in stub.played.values():
+    yield kube
+    for job in list(kube[0].played.values()):
         job.delete()  # no node left running, whatever the test's end
 
 

@@ -14,12 +14,10 @@ from components.train_transformer import launch, multinode, node
 from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
 from components.trainjob import launcher, spec
 from components.trainjob.contract import NodeEnvironmentError
-from tests.kube_stub import Plan, condition, serving
+from tests.kube_stub import Plan, condition
+from tests.test_trainjob import NS, PET, _pod_patch
 
-NS = "kubeflow-user"
 FAST = launcher.Timing(poll_seconds=0.05, clear_seconds=5, log_grace_seconds=5)
-PET = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1",
-       "PET_MASTER_ADDR": "tj-x-node-0-0.tj-x", "PET_MASTER_PORT": "29500"}
 CONFIG = {"model_name": "./tiny", "epochs": 2, "batch_size": 4}
 
 
@@ -97,12 +95,6 @@ def test_trainjob_node_runs_the_trainer_and_node0_uploads_the_model(tmp_path, mo
     uploaded = sorted(os.listdir(model_uri))
     assert (result, uploaded) == (({"ok": 1}, ["metrics.json"]) if rank == 0
                                   else (None, ["stale.bin"]))
-
-
-@pytest.fixture
-def kube():
-    with serving() as stub_and_client:
-        yield stub_and_client
 
 
 SETTINGS = multinode.NodeSettings(
@@ -196,9 +188,7 @@ def test_trainjob_nodes_leave_the_mesh_run_as_the_launcher_and_join_its_queue():
         manifest, _ = multinode.trainjob(settings_, dataset_uri="s3://d", model_uri="s3://m/r/t/m",
                                          config={}, tensorboard_dir="", namespace=NS,
                                          environ=environ)
-        [patch] = manifest["spec"]["runtimePatches"]
-        [job] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
-        return manifest, job["template"]["spec"]["template"]
+        return manifest, _pod_patch(manifest)
 
     manifest, pod = made(settings)
     assert pod["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
@@ -251,6 +241,12 @@ def _compiled(tmp_path, *flags):
     return list(yaml.safe_load_all((tmp_path / "transformer_pipeline.yaml").read_text()))
 
 
+def _constants(task: dict) -> dict:
+    """A compiled task's inputs given as constants, by name."""
+    return {name: value["runtimeValue"]["constant"]
+            for name, value in task["inputs"]["parameters"].items() if "runtimeValue" in value}
+
+
 def test_trainjob_compiled_launcher_holds_no_gpu_and_its_inputs_make_a_two_node_job(tmp_path):
     spec_, platform = _compiled(tmp_path, *TRAINJOB_FLAGS)
     executors = spec_["deploymentSpec"]["executors"]
@@ -265,8 +261,7 @@ def test_trainjob_compiled_launcher_holds_no_gpu_and_its_inputs_make_a_two_node_
     task = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]
     assert task["taskInfo"]["name"] == "train-transformer"
     assert task["retryPolicy"]["maxRetryCount"] == 2  # a retry starts a new TrainJob
-    inputs = {name: value["runtimeValue"]["constant"]
-              for name, value in task["inputs"]["parameters"].items() if "runtimeValue" in value}
+    inputs = _constants(task)
     settings = multinode.NodeSettings(
         num_nodes=int(inputs["num_nodes"]), procs_per_node=int(inputs["procs_per_node"]),
         gpus=int(inputs["gpus_per_node"]), cpu=inputs["cpu_per_node"],
@@ -296,7 +291,7 @@ def test_trainjob_compiled_launcher_holds_no_gpu_and_its_inputs_make_a_two_node_
 def test_trainjob_runtime_is_a_kubeflow_option(tmp_path):
     spec_, _ = _compiled(tmp_path, *TRAINJOB_FLAGS, "--trainjob-runtime", "torch-gpu")
     task = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]
-    assert task["inputs"]["parameters"]["runtime"]["runtimeValue"]["constant"] == "torch-gpu"
+    assert _constants(task)["runtime"] == "torch-gpu"
     import compile as compile_cli
 
     with pytest.raises(SystemExit, match="--trainjob-runtime is a Kubeflow option"):
@@ -308,8 +303,7 @@ def test_trainjob_compiled_launcher_learns_its_account_and_gets_the_nodes_option
                                 "accesskey,secretkey", "--kueue-queue", "gpu-queue",
                                 "--trainjob-pending-minutes", "5")
     task = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]
-    inputs = {name: value["runtimeValue"]["constant"]
-              for name, value in task["inputs"]["parameters"].items() if "runtimeValue" in value}
+    inputs = _constants(task)
     assert (inputs["storage_secret_keys"], inputs["queue_name"], inputs["pending_seconds"],
             inputs["service_account"]) == (["accesskey", "secretkey"], "gpu-queue", 300, "")
     pod = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
@@ -318,10 +312,8 @@ def test_trainjob_compiled_launcher_learns_its_account_and_gets_the_nodes_option
                                       "fieldPath": "spec.serviceAccountName"}]
     assert pod["podMetadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "gpu-queue"}
     spec_, _ = _compiled(tmp_path, *TRAINJOB_FLAGS, "--trainjob-service-account", "nodes")
-    parameters = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]["inputs"][
-        "parameters"]
-    assert parameters["service_account"]["runtimeValue"]["constant"] == "nodes"
-    assert parameters["pending_seconds"]["runtimeValue"]["constant"] == 900  # 15 minutes
+    inputs = _constants(spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"])
+    assert (inputs["service_account"], inputs["pending_seconds"]) == ("nodes", 900)  # 15 min
 
 
 @pytest.mark.parametrize("flags, words", [
