@@ -1,11 +1,5 @@
-"""The steps of one pipeline build, made once from the image and the settings.
-
-A definition makes one `Steps` for its kind from the runtime image, the target
-(`vertex.VertexSettings`, `kubeflow.KubeflowSettings`; None locally) and the tuning settings,
-and its body calls the steps by role, never asking which target it compiles for. `STEPS`
-names each role's component, run-graph name, machines and settings class: a setting of a
-step's settings class is a parameter of its pipelines (`Steps.signature`), with its help.
-"""
+"""The steps of one pipeline build, made once from the image and the settings; a body
+calls them by role, never asking which target it compiles for."""
 
 from __future__ import annotations
 
@@ -45,7 +39,6 @@ class Target(Protocol):
     """Where a pipeline's steps run: `vertex.VertexSettings`, `kubeflow.KubeflowSettings`."""
 
     default_job_account: str
-    # What its pipelines say where the targets differ (`help_text.Words`).
     words: help_text.Words
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
@@ -65,8 +58,7 @@ class Target(Protocol):
         """The tuning variant's `search(training, job) -> training`."""
 
     def registration(self, kind: str, image: str) -> Callable | None:
-        """`add(params, gate, model)`: the steps that register a model that cleared the
-        gate; None where nothing is registered."""
+        """`add(params, gate, model)` registering a model; None where nothing is."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +70,7 @@ class Step:
         display_name: The task's name in the run graph.
         machine: Its key in `machine.DEFAULT_MACHINES`; empty for a light step.
         job_name: The custom job's name in the console.
-        settings: Its settings class: each of its fields among the step's inputs is a
-            pipeline parameter (`Steps.signature`).
+        settings: Its settings class: its fields among the inputs are pipeline parameters.
         hidden: Such inputs that are no pipeline parameter.
     """
 
@@ -141,21 +132,21 @@ TUNING_JOBS = {"image": "tune-densenet121", "text": "tune-text",
 # The tracking step's `kind` for each classifier pipeline kind: the rows of its trainer's
 # history. Both text trainers' have the same rows (model, stage, epoch, ...).
 TRACKED_AS = {"image": "image", "text": "text", "transformer": "text"}
-# Kinds whose registered models the runtime image serves (its default command is the
-# prediction server); image models are served by `--serving-image`.
+# Kinds whose registered models the runtime image serves; image models: `--serving-image`.
 SERVED_BY_THE_RUNTIME = ("text", "transformer")
 
 
 @functools.cache
 def component(function: Callable, image: str):
-    """A step's KFP component: `function` run in `image`, made once per process.
+    """A step's KFP component: `function` run in `image` as the container's first process,
+    made once per process.
 
     Args:
         function: The step's KFP function.
         image: Container image URI holding this package, the frameworks and kfp.
 
     Returns:
-        A lightweight KFP component whose python is the container's first process.
+        A lightweight KFP component.
     """
     made = dsl.component(function, base_image=image, install_kfp_package=False)
     command = made.component_spec.implementation.container.command
@@ -184,12 +175,9 @@ class Steps:
             `tune.spaces[kind]`, and training takes the best trial's values.
 
     Attributes:
-        default_job_account: The default of `job_service_account` (the target's).
         ops: Role to its component, as the target wraps it where the step has machines.
         search: The target's search (`Target.search`); None but in the tuning variant.
-        registration: The target's `registration`; None where nothing is registered.
         experiment: The MLflow experiment runs are tracked in: the name given `pipeline`.
-        words: What the target's pipelines say where the targets differ; None locally.
 
     Raises:
         ValueError: `tune` without a target.
@@ -209,7 +197,9 @@ class Steps:
         if tune is not None:
             self.search = target.search(made["train"], kind, tune,
                                         self.table["train"].machine, TUNING_JOBS[kind], image)
-        self.ops = {role: self._on_machines(role, op) for role, op in made.items()}
+        self.ops = {role: op if target is None or not self.table[role].machine else
+                    target.wrap(op, self.table[role].machine, self.table[role].job_name)
+                    for role, op in made.items()}
         self.registration = (target.registration(kind, image)
                              if target is not None and "gate" in self.table else None)
         self.experiment = ""
@@ -234,7 +224,7 @@ class Steps:
     def signature(self, first: Sequence[inspect.Parameter],
                   last: Sequence[inspect.Parameter]) -> inspect.Signature:
         """The pipeline's parameters: `first`, each setting of its steps in the order they
-        run (as the step declares it), `last`, and `job_service_account`.
+        run, `last`, and `job_service_account`.
 
         Raises:
             ValueError: A parameter of `first` or `last` is also a step's setting.
@@ -276,14 +266,8 @@ class Steps:
         return define
 
     def _describe(self, graph, function: str) -> None:
-        """Gives each of `graph`'s parameters its help: the target's words, else its own
-        in `help_text`, else that of the step inputs it feeds (inputs fed by another name
-        renamed to it); the target's rewrites made in all but its words.
-
-        Raises:
-            LookupError: A parameter's help has no home, or two, or `OWN_HELP[function]`
-                speaks of no parameter of it.
-        """
+        """Gives each parameter of `graph` its help: the target's words, else `help_text`,
+        else that of the step inputs it feeds; raises LookupError where it has no home."""
         inputs = graph.pipeline_spec.root.input_definitions.parameters
         words = self.words or help_text.Words("")
         own = {**help_text.HELP, **help_text.OWN_HELP.get(function, {})}
@@ -320,18 +304,9 @@ class Steps:
         found = component(self.table[role].function, self.image).component_spec.inputs or {}
         return found[key].description or "" if key in found else ""
 
-    def _on_machines(self, role: str, op: Callable) -> Callable:
-        """`op` as the target wraps it on the step's machines."""
-        step = self.table[role]
-        if self.target is None or not step.machine:
-            return op
-        return self.target.wrap(op, step.machine, step.job_name)
-
-    def _placed(self, task, role: str):
-        """`task` as the target places it."""
-        if self.target is None:
-            return task
-        return self.target.place(task, self.table[role].machine)
+    def _placed(self, task, machine: str):
+        """`task` as the target places it on `machine` (empty: a light step)."""
+        return task if self.target is None else self.target.place(task, machine)
 
     def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """What every job of the run takes: on Vertex, the run's `job_service_account`."""
@@ -344,20 +319,16 @@ class Steps:
         settings = self.target.preflight_inputs() if self.target is not None else {}
         task = op(**{name: value for name, value in params.items()
                      if name in op.component_spec.inputs}, **settings)
-        task = task.set_display_name("preflight").set_caching_options(False)
-        return self.target.place(task, "") if self.target is not None else task
+        return self._placed(task.set_display_name("preflight").set_caching_options(False), "")
 
     def run(self, role: str, params: Mapping[str, Any], **arguments):
-        """The task of the step `role` (a key of the kind's `STEPS`).
+        """The task of the step `role`, named in the run graph.
 
         Args:
             role: A key of the kind's `STEPS`.
             params: The pipeline parameters by name (the body's `params`).
             **arguments: The step's inputs; a step with `settings` also takes every pipeline
                 parameter named as one of its inputs (`arguments` win).
-
-        Returns:
-            The task, named in the run graph.
         """
         step = self.table[role]
         if step.settings:
@@ -367,11 +338,11 @@ class Steps:
                 self.fed.setdefault(value.name, set()).add((role, key))
         job = self.job(params) if step.machine else {}
         return self._placed(self.ops[role](**arguments, **job).set_display_name(
-            step.display_name), role)
+            step.display_name), step.machine)
 
     def train(self, params: Mapping[str, Any], **arguments):
-        """The training task (`run("train", ...)`); in the tuning variant the target's search
-        comes first, and training takes the best trial's values."""
+        """The training task; in the tuning variant the target's search comes first, and
+        training takes the best trial's values."""
         if self.search is None:
             return self.run("train", params, **arguments)
         training = {**_named_inputs(self.table["train"].function, params), **arguments}
@@ -380,8 +351,7 @@ class Steps:
     def evaluate_and_publish(self, outputs: type, params: Mapping[str, Any], train, dataset,
                              split, predict_fingerprint):
         """What follows training in every classifier pipeline: evaluation of `train`'s
-        model on `dataset`'s `split`, the gate, the upload, prediction (`predict_uri`) and
-        tracking (`tracking_uri`).
+        model on `dataset`'s `split`, the gate, the upload, prediction and tracking.
 
         Returns:
             The pipeline's `outputs` (its NamedTuple), each field taken by name from the
@@ -396,27 +366,19 @@ class Steps:
         model = train.outputs["model"]
         evaluate = self.run("evaluate", params, model=model, dataset=dataset, split=split,
                             batch_size=params["eval_batch_size"])
-        gate = self.gate(params, evaluate)
-        self.upload(params, gate, model)
+        gate = self.run("gate", params, evaluation=evaluate.outputs["evaluation"],
+                        metric=params["registration_metric"],
+                        threshold=params["registration_threshold"],
+                        enabled=params["register_model"],
+                        beat_baselines=params["registration_beats_baselines"])
+        if self.registration is not None:  # none locally
+            self.registration(params, gate, model)
         self.predict(params, model=model, data_fingerprint=predict_fingerprint)
         self.track(params, self.experiment, model=model,
                    evaluation=evaluate.outputs["evaluation"], kind=TRACKED_AS[self.kind])
         named = {**evaluate.outputs, "model": model, "dataset": dataset,
                  "register": gate.outputs["Output"]}
         return outputs(**{field: named[field] for field in outputs._fields})
-
-    def gate(self, params: Mapping[str, Any], evaluate):
-        """The registration gate on `evaluate`'s evaluation; its "Output" is the decision."""
-        return self.run("gate", params, evaluation=evaluate.outputs["evaluation"],
-                        metric=params["registration_metric"],
-                        threshold=params["registration_threshold"],
-                        enabled=params["register_model"],
-                        beat_baselines=params["registration_beats_baselines"])
-
-    def upload(self, params: Mapping[str, Any], gate, model) -> None:
-        """The target's registration of `model` under `gate`; none locally."""
-        if self.registration is not None:
-            self.registration(params, gate, model)
 
     def predict(self, params: Mapping[str, Any], **arguments) -> None:
         """Batch prediction of `predict_uri`'s data, when it is set."""
