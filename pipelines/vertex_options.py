@@ -1,8 +1,5 @@
-"""The Vertex target's command-line options, its settings from them and its compile notes.
-
-Imported by every compile (`--help`, the refusals): it imports GCPC and the Vertex SDK
-(`pipelines.definitions.vertex`) only when a Vertex compile makes its settings.
-"""
+"""The Vertex target's command-line options, its settings from them and its compile notes;
+GCPC and the Vertex SDK are imported only when a Vertex compile makes its settings."""
 
 from __future__ import annotations
 
@@ -59,7 +56,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         "--format json` writes it (checked against it: network, key, machines)")
     v.add_argument("--persistent-resource-steps", default="", metavar="STEP[,STEP...]",
                    help="the steps that run there (default: every step with a GPU)")
-    # How each step gets its machines (`scheduling`): fields of the shared Machine.
+    # How each step gets its machines (`scheduling`).
     for step in DEFAULT_MACHINES:
         for field in ("scheduling_strategy", "max_wait", "reservation"):
             v.add_argument(f"--{step}_{field}".replace("_", "-"), dest=f"{step}_{field}",
@@ -133,8 +130,7 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
 
 
 def output_dir(placeholder: bool) -> str:
-    """Where the files go unless `--output-dir` says: files of placeholder images (not for
-    upload) apart from those of real ones."""
+    """Where the files go unless `--output-dir` says: placeholder images' apart."""
     return os.path.join("build", "local") if placeholder else "build"
 
 
@@ -151,8 +147,8 @@ def notes(args: argparse.Namespace, placeholder: bool) -> None:
 
 def report(settings_: VertexSettings, tune: tuning.TuningSettings, tuned: Mapping[str, str],
            written: list[str]) -> None:
-    """What each pipeline written holds at once, for a check of the region's GPU quota
-    before a run, and what each tuning variant's trials cost."""
+    """The GPUs each pipeline written holds at once (for the region's quota), and what each
+    tuning variant's trials cost."""
     for path in (p for p in written if p.endswith(".json")):
         with open(path) as f:
             spec = json.load(f)

@@ -1,9 +1,5 @@
-"""Where each step runs on open-source Kubeflow Pipelines: pod resources and scheduling.
-
-The same `Machine` options as Vertex's size each step's pod (a machine type maps to a
-node's capacity less headroom, or quantities are given), its GPUs, /dev/shm, timeout and
-pull secrets (`kfp-kubernetes`: the compiled YAML's second document); docs/kubeflow.md.
-"""
+"""Where each step runs on open-source Kubeflow Pipelines: each step's pod, sized from the
+same `Machine` options as Vertex's (`kfp-kubernetes`: the YAML's second document)."""
 
 from __future__ import annotations
 
@@ -49,9 +45,8 @@ MEMORY_SHARE, MEMORY_KEPT_GIB = 0.85, 1.0
 # own is 64 MiB): a quarter of the pod's memory, counted inside its limit.
 SHM_SHARE, SHM_MAX_GIB = 0.25, 16
 
-# Labels that name a node's GPU type: NVIDIA GPU Feature Discovery's product label (GPU
-# operator, any cloud or on-premises; the product name nvidia-smi prints, spaces as "-"),
-# or GKE's accelerator label. Vertex's GPU name -> the label's value.
+# Labels naming a node's GPU type: GPU Feature Discovery's product label (the name
+# nvidia-smi prints, spaces as "-"), or GKE's. Vertex's GPU name -> the label's value.
 GPU_LABELS: Mapping[str, tuple[str, Mapping[str, str]]] = {
     "gfd": ("nvidia.com/gpu.product", {
         "NVIDIA_TESLA_K80": "Tesla-K80", "NVIDIA_TESLA_P4": "Tesla-P4",
@@ -71,11 +66,9 @@ GPU_LABELS: Mapping[str, tuple[str, Mapping[str, str]]] = {
     }),
 }
 GPU_RESOURCE = "nvidia.com/gpu"
-# The taint GPU node pools carry (GKE: nvidia.com/gpu=present:NoSchedule; the GPU
-# operator's guides alike): tolerated whatever its value.
+# The taint GPU node pools carry (GKE: nvidia.com/gpu=present:NoSchedule), any value.
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-# GKE's spot node pools; EKS (eks.amazonaws.com/capacityType=SPOT) and AKS
-# (kubernetes.azure.com/scalesetpriority=spot, tainted alike) are given as options.
+# GKE's spot node pools; EKS' and AKS' are given as options.
 GKE_SPOT_SELECTOR = "cloud.google.com/gke-spot=true"
 GKE_SPOT_TOLERATION = "cloud.google.com/gke-spot=true:NoSchedule"
 SHM_VOLUME = "dshm"
@@ -83,8 +76,7 @@ SHM_VOLUME = "dshm"
 RETRY_BACKOFF_S, RETRY_FACTOR = 60, 2
 # What an attempt may wait to be scheduled, in the retries' bound (a GPU node scaled up).
 RETRY_SCHEDULING_S = 3600
-# The quantities KFP's own setters take (kfp.dsl.PipelineTask.set_cpu_limit and
-# set_memory_limit): whole memory amounts, CPU as cores or millicores.
+# The quantities KFP's own setters take (PipelineTask.set_cpu_limit, set_memory_limit).
 CPU_QUANTITY = re.compile(r"^([0-9]*[.])?[0-9]+m?$")
 MEMORY_QUANTITY = re.compile(r"^[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$")
 DOCS = "docs/kubeflow.md"
@@ -95,8 +87,8 @@ NO_REGISTRY = ("The model cleared the registration gate, but the run names no tr
 
 @dataclasses.dataclass(frozen=True)
 class PodResources:
-    """One step's pod: its requests (= limits), Kubernetes quantities ("6.9", "24Gi"), the
-    memory-backed /dev/shm counted inside `memory`, and its GPUs (Vertex's GPU name)."""
+    """One step's pod: requests (= limits) as quantities ("6.9", "24Gi"), /dev/shm counted
+    inside `memory`, and its GPUs (Vertex's GPU name)."""
 
     cpu: str
     memory: str
@@ -151,12 +143,9 @@ def pod_resources(step: str, machine: Machine,
         machine: The step's machine options, as for Vertex.
         overrides: Quantities given directly.
 
-    Returns:
-        The pod's resources.
-
     Raises:
-        ValueError: An unknown machine type without CPU and memory, a malformed quantity,
-            or a /dev/shm that does not fit in the memory; naming the option.
+        ValueError: Naming the option: an unknown machine type without CPU and memory, a
+            malformed quantity, or a /dev/shm that does not fit in the memory.
     """
     flag = "--" + step.replace("_", "-")
     if overrides.cpu and not CPU_QUANTITY.match(overrides.cpu):
@@ -189,28 +178,15 @@ def pod_resources(step: str, machine: Machine,
 
 @dataclasses.dataclass(frozen=True)
 class KubeflowSettings:
-    """Settings of every pod the pipeline starts (compile.py's Kubeflow options).
+    """Settings of every pod the pipeline starts; the fields not listed are compile.py's
+    Kubeflow options of the same names (`kubeflow_options`).
 
     Attributes:
         pods: Step name (a key of DEFAULT_MACHINES) to its pod.
         gpu_label: Node label naming the GPU type; empty: any GPU node.
         gpu_products: Vertex GPU name -> that label's value.
-        spot: Run the steps with machines on the spot pool.
-        spot_selectors: The spot pool's node labels, (key, value) pairs.
-        spot_tolerations: Tolerations of the spot pool's taints.
-        image_pull_secrets: Secrets the pods pull the images with.
         timeout_seconds: Longest a step may run (the pod's activeDeadlineSeconds).
-        checkpoint_root: gs:// or s3:// folder of the training steps' checkpoints and logs,
-            so a retried step resumes; empty: inside the pod only.
-        storage_secret: Kubernetes secret given to every pod as `S3_SECRET_KEYS`; empty: none.
-        storage_secret_keys: Its keys of those variables, in their order.
-        s3_endpoint: The S3 API's URL for MinIO or Ceph (`AWS_ENDPOINT_URL_S3`); empty: AWS.
-        training_retries: Times a failed training pod starts again (`retry_window`).
         nodes: Steps run past one pod (`trainjob.LAUNCHERS`) -> their TrainJob's nodes.
-        trainjob_runtime: The ClusterTrainingRuntime those TrainJobs run on.
-        trainjob_service_account: Their nodes' service account; empty: the launcher's.
-        trainjob_pending_seconds: Longest one of their node pods may wait to be scheduled.
-        kueue_queue: Kueue's LocalQueue of every step pod and TrainJob; empty: none.
     """
 
     pods: Mapping[str, PodResources]
@@ -233,7 +209,7 @@ class KubeflowSettings:
     trainjob_pending_seconds: int = int(Timing.pending_seconds)
     kueue_queue: str = ""
 
-    # What `Steps` asks of a target (steps.Target; VertexSettings answers the same).
+    # What `Steps` asks of a target (steps.Target).
     default_job_account = ""
     words = KUBEFLOW_WORDS
 
@@ -245,11 +221,11 @@ class KubeflowSettings:
         return component
 
     def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Nothing: the run's Kubernetes service account is chosen when it is submitted."""
+        """Nothing: the run's service account is chosen when it is submitted."""
         return {}
 
     def preflight_inputs(self) -> dict[str, str]:
-        """Nothing: there is no compile-time setting for the preflight to check here."""
+        """Nothing: no compile-time setting for the preflight to check."""
         return {}
 
     def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
@@ -349,28 +325,16 @@ class KubeflowSettings:
 
 
 def retry_window(retries: int, timeout_seconds: int) -> int:
-    """Argo's `backoff.maxDuration` for a step retried `retries` times (counted from the
-    first attempt's start; KFP's default 3600 s would end a training step's retries).
-
-    Args:
-        retries: Times the step is retried.
-        timeout_seconds: The step timeout (each attempt's activeDeadlineSeconds).
-
-    Returns:
-        Seconds: every attempt at its full timeout plus `RETRY_SCHEDULING_S` to be
-        scheduled, and every back-off.
-    """
+    """Argo's `backoff.maxDuration` in seconds for a step retried `retries` times, each
+    attempt at its full `timeout_seconds` plus `RETRY_SCHEDULING_S`, and every back-off
+    (KFP's default 3600 s, counted from the first start, would end a training's retries)."""
     backoffs = sum(RETRY_BACKOFF_S * RETRY_FACTOR ** attempt for attempt in range(retries))
     return (retries + 1) * (timeout_seconds + RETRY_SCHEDULING_S) + math.ceil(backoffs)
 
 
 def without_default_optional(task) -> None:
-    """Drops kfp-kubernetes 2.17's `secretAsEnv[].optional: false` (the field's default),
-    which KFP 2.14's API server does not know and refuses (`tools.kfp_backends`).
-
-    Args:
-        task: A task `kubernetes.use_secret_as_env` has just set up.
-    """
+    """Drops kfp-kubernetes 2.17's `secretAsEnv[].optional: false` (the default) from
+    `task`: KFP 2.14's API server does not know it and refuses it (`tools.kfp_backends`)."""
     for entry in task.platform_config.get("kubernetes", {}).get("secretAsEnv", []):
         if entry.get("optional") is False:
             del entry["optional"]
@@ -409,9 +373,8 @@ def describe(step: str, pod: PodResources, settings: KubeflowSettings) -> str:
 
 def replica_problems(machines: Mapping[str, Machine], checkpoint_root: str = "",
                      tuned: tuple[str, ...] = ()) -> list[str]:
-    """Replicas past one pod that cannot run: only `trainjob.LAUNCHERS`' steps go past one
-    pod (a TrainJob), not in a tuning variant (`tuned` steps: one pod a trial), and only
-    with `checkpoint_root` (where the nodes hand the model over)."""
+    """Replicas past one pod that cannot run: only `trainjob.LAUNCHERS`' steps have them,
+    not in a tuning variant (`tuned` steps), and only with `checkpoint_root`."""
     problems = []
     for step, machine in machines.items():
         flag = f"--{step.replace('_', '-')}-replica-count {machine.replica_count}"

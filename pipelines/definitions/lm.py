@@ -1,7 +1,6 @@
 """The language model pipeline: a text corpus in, pretrained LM assets for the text pipeline out."""
 # No `from __future__ import annotations` here: KFP reads the pipeline signature's real types.
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -9,6 +8,7 @@ from typing import Any, NamedTuple
 from kfp import dsl
 from kfp.dsl import Artifact, Metrics
 
+from components.common.storage import read_json
 from components.train_lm.contract import METRICS_FILE
 from pipelines.definitions.steps import Steps, Target, parameter
 
@@ -25,12 +25,11 @@ def build(image: str, target: "Target | None" = None):
 
     Args:
         image: URI of the fastai runtime image both steps run in.
-        target: Where the training step runs (`VertexSettings`, `KubeflowSettings`); None
-            for the local (`kfp.local`) variant.
+        target: Where the training step runs (`steps.Steps`); None for the local variant.
 
     Returns:
         A `@dsl.pipeline` function whose outputs are `metrics` (perplexity, accuracy) and
-        `lm_assets` (the folder to pass as the text pipeline's `lm_assets`).
+        `lm_assets` (the text pipeline's `lm_assets`).
     """
     steps = Steps("lm", image, target)
 
@@ -54,11 +53,9 @@ def build(image: str, target: "Target | None" = None):
 def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     """What a local run of the language model pipeline produced (`artifacts`: output name
     to local path, "lm_assets" required), in the shape of `summary.json`."""
-    path = os.path.join(artifacts["lm_assets"], METRICS_FILE)
-    if not os.path.exists(path):
+    result = read_json(os.path.join(artifacts["lm_assets"], METRICS_FILE), optional=True)
+    if result is None:
         raise FileNotFoundError(f"no {METRICS_FILE} in {artifacts['lm_assets']}")
-    with open(path) as f:
-        result = json.load(f)
     directions = result["directions"]
     return {
         "metrics": {

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from components.common.storage import read_json
 from components.text_common.contract import TRAINING_METRICS_FILE
 from pipelines.definitions import text, tuning
 from pipelines.definitions.steps import Steps, Target, classifier_parameters, parameter
@@ -44,8 +45,8 @@ def build(image: str, target: "Target | None" = None,
 
 
 def training_summary(training: Mapping[str, Any]) -> dict[str, Any]:
-    """The `training` section of a run's summary, from the trainer's metrics.json (a
-    value the file lacks is None)."""
+    """The `training` section of a run's summary from the trainer's metrics.json (a value
+    the file lacks: None)."""
     run = training.get("run", {})
     return {
         "epochs": len(training.get("history", [])),
@@ -61,8 +62,8 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     """`text.summarize`'s summary of `artifacts` with this trainer's `training` section."""
     # The fastai trainer's training section is not this trainer's: the model is read here.
     summary = text.summarize({name: path for name, path in artifacts.items() if name != "model"})
-    training = text.read_json_if_present(os.path.join(artifacts.get("model", ""),
-                                                      TRAINING_METRICS_FILE))
+    training = read_json(os.path.join(artifacts.get("model", ""), TRAINING_METRICS_FILE),
+                         optional=True)
     if training:
         summary["training"] = training_summary(training)
     summary["artifacts"] = {**artifacts, **summary.pop("artifacts")}
