@@ -1,5 +1,4 @@
-"""The images a compiled pipeline runs: their URIs from the registry and the tag, and the
-rule every build tags them by."""
+"""The images a compiled pipeline runs: their URIs, and the rule every build tags them by."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ TAG_DIGITS = 7
 
 
 def checkout_commit() -> str | None:
-    """This checkout's commit as images built from it are tagged (TAG_DIGITS hex digits, as
-    Cloud Build's SHORT_SHA); None outside git."""
+    """This checkout's commit as images built from it are tagged; None outside git."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], check=True, capture_output=True,
                              text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout

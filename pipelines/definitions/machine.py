@@ -1,6 +1,5 @@
-"""One step's machines as compile.py's options give them, for every target (what both
-share lives here, so that neither imports the other's module: a Kubeflow compile imports
-no GCPC)."""
+"""One step's machines as compile.py's options give them, for both targets (here, so that a
+Kubeflow compile imports no GCPC)."""
 
 from __future__ import annotations
 
@@ -72,8 +71,8 @@ GPU_MACHINES: Mapping[str, tuple[str, int]] = {
 
 
 def gpu_environment(machine: Machine) -> dict[str, str]:
-    """What a step on `machine` is told of its GPUs (`components.common.gpus`), so it fails
-    at once when it cannot see them; empty on a machine without GPUs."""
+    """What a step on `machine` is told of its GPUs, so that it fails at once when it
+    cannot see them (`components.common.gpus`)."""
     from components.common.gpus import EXPECTED_GPUS_VARIABLE
 
     if not (machine.accelerator_type and machine.accelerator_count):
@@ -81,16 +80,13 @@ def gpu_environment(machine: Machine) -> dict[str, str]:
     return {EXPECTED_GPUS_VARIABLE: str(machine.accelerator_count)}
 
 
-# Vertex's DiskSpec.boot_disk_type takes "pd-ssd" (its default), "pd-standard" or
-# "hyperdisk-balanced", its default for A3 Ultra (aiplatform_v1.DiskSpec's docstring;
-# https://cloud.google.com/vertex-ai/docs/reference/rest/v1/DiskSpec). A3 Ultra and A4
-# machines boot from Hyperdisk only (Compute Engine); every other machine here takes pd-ssd.
+# A3 Ultra and A4 machines boot from Hyperdisk only (Compute Engine); every other machine
+# here takes Vertex's default pd-ssd (aiplatform_v1.DiskSpec).
 HYPERDISK_MACHINE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-")
 
 
 def boot_disk_type(machine_type: str) -> str:
-    """The boot disk type Vertex takes for `machine_type`: "hyperdisk-balanced" for A3
-    Ultra and A4 machines, else "pd-ssd"."""
+    """The boot disk type Vertex takes for `machine_type`."""
     if machine_type.startswith(HYPERDISK_MACHINE_PREFIXES):
         return "hyperdisk-balanced"
     return "pd-ssd"
