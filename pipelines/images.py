@@ -19,9 +19,8 @@ def is_pinned(uri: str) -> bool:
     return bool(name and colon) and tag not in ("", "latest")
 
 
-# One tag rule for every image build: the commit's first 7 hex digits, which is Cloud
-# Build's SHORT_SHA (what a trigger tags with; containers/cloudbuild.yaml) and what `make
-# images` passes (the Makefile's TAG). `git rev-parse --short` may give more digits.
+# One tag rule for every image build: the commit's first 7 hex digits, Cloud Build's
+# SHORT_SHA and the Makefile's TAG (`git rev-parse --short` may give more digits).
 TAG_DIGITS = 7
 
 
@@ -38,8 +37,7 @@ def checkout_commit() -> str | None:
 def image_uris(args: argparse.Namespace) -> dict[str, str]:
     """Image URI per runtime from --registry/--tag, overridden by --image."""
     if args.tag is None:
-        # Registry images carry their commit's tag (Makefile `images`); local images (the
-        # placeholder registry) keep the package version, not rebuilt for every commit.
+        # Local images (the placeholder registry's) keep the package version.
         local = args.registry == PLACEHOLDER_REGISTRY
         args.tag = (None if local else checkout_commit()) or version("vertex-gpu-pipelines")
     if args.tag in ("latest", ""):

@@ -8,8 +8,7 @@ import json
 import re
 from collections.abc import Mapping
 
-# The regional quota a job's GPUs count against, by its scheduling strategy: Spot and
-# flex-start draw on the preemptible GPU quota, a reservation on its own machines.
+# The regional quota a job's GPUs count against, by its scheduling strategy.
 QUOTA_OF = {"STANDARD": "on-demand", "SPOT": "preemptible", "FLEX_START": "preemptible"}
 RESERVED = "reserved"
 

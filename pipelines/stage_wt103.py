@@ -20,8 +20,7 @@ from components.train_text import assets
 from components.train_text.contract import FASTAI_PRETRAINED_LANG, asset_uri, required_files
 
 DIRECTIONS = {"forward": (False,), "backward": (True,), "both": (False, True)}
-# fastai's pretrained AWD-LSTM is its default architecture; written out so that the
-# staged config.json says what the weights are.
+# fastai's default AWD-LSTM architecture, written out: config.json says what the weights are.
 _ENCODER = ("emb_sz", "n_hid", "n_layers")
 
 

@@ -114,12 +114,10 @@ def check_schedule(cron: str) -> str:
     return cron
 
 
-# A Vertex TensorBoard or Cloud KMS key named in a compiled pipeline (compile.py's
-# --tensorboard and --encryption-key), with its region.
+# A Vertex TensorBoard or Cloud KMS key named in a compiled pipeline, with its region.
 _REGIONAL_NAME = re.compile(r"projects/[^/\"\s\\]+/locations/(?P<location>[a-z0-9-]+)/"
                             r"(?:tensorboards|keyRings)/[^\"\s\\]+")
-# Cloud Storage locations holding several regions: each to what its regions' names start
-# with (multi-regions) or are (the predefined dual-regions).
+# Cloud Storage multi-regions (their regions' prefixes) and dual-regions (their regions).
 _MULTI_REGIONS = {
     "us": ("us-",), "eu": ("europe-",), "asia": ("asia-",),
     "nam4": ("us-central1", "us-east1"), "eur4": ("europe-north1", "europe-west4"),
@@ -197,8 +195,7 @@ def plan(args: argparse.Namespace) -> Submission:
         raise SubmitError(f"--encryption-key is in {key_region!r}; Vertex needs a key "
                           f"in the run's region {args.region!r}")
     if args.experiment and args.schedule:
-        # The SDK links a run to an experiment after creating it; scheduled runs are
-        # created by Vertex later, so nothing would link them.
+        # The SDK links a run it creates; nothing would link the runs Vertex creates later.
         raise SubmitError("--experiment cannot be combined with --schedule")
     check_compiled_regions(spec, args.region)
     display_name = args.display_name or spec["pipelineInfo"]["name"]
@@ -300,8 +297,7 @@ def _bucket_locator(submission: Submission, credentials) -> Callable[[str], str]
     from google.cloud import storage
 
     client = storage.Client(project=submission.project, credentials=credentials)
-    # Only a warning hangs on it: one short try, not the client's minutes of retries (a
-    # machine that cannot reach the API would otherwise wait there before submitting).
+    # Only a warning hangs on it: one short try, not the client's minutes of retries.
     return lambda bucket: client.get_bucket(bucket, timeout=LOCATE_SECONDS,
                                             retry=None).location
 

@@ -129,8 +129,7 @@ def launch(submission: KubeflowSubmission, client_class: Callable | None = None)
     with tempfile.TemporaryDirectory() as scratch:
         path = submission.template_path
         if submission.enable_caching is False:
-            # kfp.Client's own override reaches only the top-level tasks, not those in
-            # loops and conditions (the trials, registration, prediction)
+            # kfp.Client's own override misses the tasks in loops and conditions
             path = os.path.join(scratch, os.path.basename(path))
             write_without_cache(submission.template_path, path)
         result = client.create_run_from_pipeline_package(
@@ -156,8 +155,7 @@ def retry(host: str, namespace: str, token: str, run_id: str,
     if str(run.state) not in RETRYABLE_STATES:
         raise SubmitError(f"run {run_id} ({run.display_name}) is {run.state}: KFP retries a "
                           "failed or terminated run only")
-    # kfp.Client has no method of its own for it: the run API it exposes as `runs`
-    # (kfp_server_api's RunServiceApi), which the UI calls too.
+    # kfp.Client has no method for it: its `runs`, the RunServiceApi the UI calls, does.
     client.runs.run_service_retry_run(run_id=run_id)
     return run.display_name
 

@@ -71,8 +71,7 @@ def tensorboard_problems(args: argparse.Namespace) -> list[str]:
     if not TENSORBOARD_NAME.match(args.tensorboard):
         problems.append(f"--tensorboard {args.tensorboard!r} is not a TensorBoard resource name; "
                         "give projects/PROJECT/locations/REGION/tensorboards/NUMERIC_ID")
-    # Vertex uploads from the job's AIP_TENSORBOARD_LOG_DIR, which only exists under a
-    # base output directory, and refuses a TensorBoard without a user-managed account.
+    # AIP_TENSORBOARD_LOG_DIR exists under a base output directory only.
     if not args.base_output_directory.startswith("gs://"):
         problems.append("--tensorboard needs --base-output-directory gs://BUCKET/DIR (a "
                         "bucket in the TensorBoard's region) for the jobs' log directory")

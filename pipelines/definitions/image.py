@@ -38,7 +38,6 @@ def build(image: str, target: "Target | None" = None,
         evaluation: Artifact
         register: bool
 
-    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME,
                     "Shards a bucket folder of class sub-folders into TFRecords, ",
                     "fine-tunes DenseNet121 on GPUs, evaluates it and registers it.",

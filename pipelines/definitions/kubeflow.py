@@ -18,8 +18,7 @@ from pipelines.definitions.help_text import KUBEFLOW as KUBEFLOW_WORDS
 from pipelines.definitions.machine import GPU_MACHINES, TRAINING_STEPS, Machine
 from pipelines.definitions.trainjob import LAUNCHERS, ONE_POD, launcher_op
 
-# A Compute Engine machine type's memory per vCPU (GiB), as a size any cluster can read
-# ("n1-standard-8": 8 cores, 30 GiB); Compute Engine's machine type pages, read 2026-11.
+# A Compute Engine machine family's GiB per vCPU (its machine type pages, read 2026-11).
 GIB_PER_VCPU = {
     "n1-standard": 3.75, "n1-highmem": 6.5, "n1-highcpu": 0.9,
     "n2-standard": 4.0, "n2-highmem": 8.0, "n2-highcpu": 1.0,
@@ -37,12 +36,10 @@ FIXED_SHAPES: Mapping[str, tuple[int, float]] = {
     "m1-ultramem-40": (40, 961.0), "m1-ultramem-80": (80, 1922.0),
     "m1-ultramem-160": (160, 3844.0), "m1-megamem-96": (96, 1433.6),
 }
-# Left to the node (kubelet, runtime, daemon sets; GKE reserves ~6% of the first core and
-# 25% of the first 4 GiB): a pod sized to the whole machine would never schedule.
+# Left to the node (kubelet, daemon sets): a pod sized to the whole machine never schedules.
 CPU_SHARE, CPU_KEPT = 0.9, 0.3
 MEMORY_SHARE, MEMORY_KEPT_GIB = 0.85, 1.0
-# /dev/shm (PyTorch's DataLoader workers and NCCL pass tensors through it; a container's
-# own is 64 MiB): a quarter of the pod's memory, counted inside its limit.
+# /dev/shm (DataLoader workers and NCCL pass tensors through it): a quarter of the memory.
 SHM_SHARE, SHM_MAX_GIB = 0.25, 16
 
 # Labels naming a node's GPU type: GPU Feature Discovery's product label (the name

@@ -33,7 +33,6 @@ def build(image: str, target: "Target | None" = None):
     """
     steps = Steps("lm", image, target)
 
-    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.defined(dsl.pipeline(
         name=PIPELINE_NAME,
         description="Trains an AWD-LSTM language model on a text corpus and writes it as the "

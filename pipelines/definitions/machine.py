@@ -35,8 +35,7 @@ class Machine:
 
 
 # Where each step runs unless compile.py is told otherwise: sharding is CPU-bound, the
-# image trainer gets the ancestor's 2 x V100, the fastai trainers and a base-size encoder
-# (256 tokens, batch 16) fill one T4.
+# image trainer gets the ancestor's 2 x V100, the text trainers fill one T4.
 DEFAULT_MACHINES: Mapping[str, Machine] = {
     "shard": Machine("n1-highcpu-16"),
     "train_image": Machine("n1-standard-8", "NVIDIA_TESLA_V100", 2),
@@ -50,12 +49,10 @@ DEFAULT_MACHINES: Mapping[str, Machine] = {
     "predict_image": Machine("n1-standard-8"),
     "predict_text": Machine("n1-standard-4"),
 }
-# Steps that write per-epoch TensorBoard series and checkpoints: on Vertex only these get
-# `--tensorboard` (the others write none, and an idle uploader would only add a run to the
-# instance); on Kubeflow, only these keep checkpoints under `--checkpoint-root` and retry.
+# Steps that write TensorBoard series and checkpoints: only these get `--tensorboard` on
+# Vertex, and keep checkpoints under `--checkpoint-root` and retry on Kubeflow.
 TRAINING_STEPS = ("train_image", "train_text", "train_lm", "train_transformer")
-# Accelerator-optimised machines come with a fixed GPU type and count (Vertex AI custom
-# training's machine table, `vertex.CPU_MACHINE_TYPES` says where it was read).
+# Accelerator-optimised machines' fixed GPU type and count (`vertex.CPU_MACHINE_TYPES`' table).
 GPU_MACHINES: Mapping[str, tuple[str, int]] = {
     **{f"a2-highgpu-{n}g": ("NVIDIA_TESLA_A100", n) for n in (1, 2, 4, 8)},
     "a2-megagpu-16g": ("NVIDIA_TESLA_A100", 16),

@@ -9,8 +9,7 @@ from kfp import dsl
 # Filled in by Vertex at run time: the project and region the pipeline runs in.
 PIPELINE_LOCATION = "{{$.pipeline_google_cloud_location}}"
 PIPELINE_PROJECT = "{{$.pipeline_google_cloud_project_id}}"
-# Where the fastai image's server (`python -m pipelines.serve`, its default command) listens
-# when Vertex serves a registered text model: `serving_model`'s arguments.
+# Where the fastai image's server (`pipelines.serve`) listens when Vertex serves a text model.
 SERVING_PORT = 8080
 SERVING_ROUTES = {"health_route": "/health", "predict_route": "/predict"}
 RUNTIME_SERVING = {"subdir": ".", "port": SERVING_PORT, **SERVING_ROUTES}

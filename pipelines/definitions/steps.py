@@ -129,8 +129,7 @@ STEPS: Mapping[str, Mapping[str, Step]] = {
 # Kinds with a tuning variant: the tuning step's name in the run graph and the console.
 TUNING_JOBS = {"image": "tune-densenet121", "text": "tune-text",
                "transformer": "tune-transformer"}
-# The tracking step's `kind` for each classifier pipeline kind: the rows of its trainer's
-# history. Both text trainers' have the same rows (model, stage, epoch, ...).
+# The tracking step's `kind` for each classifier: both text trainers' history rows are alike.
 TRACKED_AS = {"image": "image", "text": "text", "transformer": "text"}
 # Kinds whose registered models the runtime image serves; image models: `--serving-image`.
 SERVED_BY_THE_RUNTIME = ("text", "transformer")
@@ -191,8 +190,7 @@ class Steps:
         self.default_job_account = target.default_job_account if target is not None else ""
         self.words = target.words if target is not None else None
         made = {role: component(step.function, image) for role, step in self.table.items()}
-        # All made here, before a body makes a task (kubeflow/pipelines#9320); the
-        # trials run the trainer unwrapped.
+        # All made before a body makes a task (kubeflow/pipelines#9320); trials: unwrapped.
         self.search = None
         if tune is not None:
             self.search = target.search(made["train"], kind, tune,

@@ -42,7 +42,6 @@ def build(image: str, target: "Target | None" = None,
     """
     steps = Steps("text", image, target, tune)
 
-    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "trains a fastai ULMFiT classifier, evaluates it on the test split and "
                     "registers it.",

@@ -23,7 +23,6 @@ def build(image: str, target: "Target | None" = None,
     the tuning variant searches `tune.spaces["transformer"]`."""
     steps = Steps("transformer", image, target, tune)
 
-    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "fine-tunes a Hugging Face transformer encoder, evaluates it on the test "
                     "split and registers it.",

@@ -24,12 +24,10 @@ from pipelines.definitions.machine import (
 )
 from pipelines.definitions.scheduling import job_scheduling
 
-# Steps whose code uses several replicas (multi-worker training); in any other step
-# extra replicas would all run the same step and race on its outputs.
+# Steps whose code uses several replicas; in others, they would race on the outputs.
 MULTI_REPLICA_STEPS = ("train_image", "train_transformer")
-# Vertex custom training's machine table (cloud.google.com/vertex-ai/docs/training/
-# configure-compute) and N1's vCPU limits per GPU count (cloud.google.com/compute/docs/gpus),
-# read 2026-11: a type Vertex adds later is refused until it is added here.
+# Vertex custom training's machine table and N1's vCPU limits per GPU count (their docs, read
+# 2026-11): a type Vertex adds later is refused until it is added here.
 CPU_MACHINE_TYPES = frozenset(
     [f"e2-standard-{n}" for n in (4, 8, 16, 32)] + [f"e2-highmem-{n}" for n in (2, 4, 8, 16)]
     + [f"e2-highcpu-{n}" for n in (16, 32)]
@@ -193,8 +191,7 @@ class VertexSettings:
     persistent_resource_id: str = ""
     persistent_resource_steps: frozenset = frozenset()
     tune_early_stopping: str = "none"
-    # Each step's custom-job component, made once for every pipeline these settings build
-    # (GCPC's wrapper passes the component through YAML: ~0.1 s each).
+    # Each step's custom-job component, made once (GCPC's wrapper takes ~0.1 s each).
     wrapped: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                       compare=False)
 
@@ -227,8 +224,7 @@ class VertexSettings:
             boot_disk_type=boot_disk_type(machine.machine_type),
             boot_disk_size_gb=machine.boot_disk_size_gb,
             **job_scheduling(machine, self.spot),
-            # Multi-worker all-reduce cannot go on without a lost worker: restart them all,
-            # and every replica resumes from the shared checkpoints.
+            # all-reduce cannot go on without a lost worker: all restart from the checkpoints
             restart_job_on_worker_restart=(self.restart_job_on_worker_restart
                                            or machine.replica_count > 1),
             service_account=self.service_account,
