@@ -77,9 +77,7 @@ def summarize(outputs: dict) -> dict:
         "sharding": {
             "examples_in": manifest["examples_in"],
             "written": {s: v["count"] for s, v in manifest["splits"].items()},
-            "skipped": manifest["skipped"],
-            "ignored": manifest["ignored"],
-            "missing_classes": manifest["missing_classes"],
+            **{key: manifest[key] for key in ("skipped", "ignored", "missing_classes")},
         },
         "provenance": {key: outputs["model"].metadata.get(key)
                        for key in ("git_sha", "data_sha256", "parameters")},

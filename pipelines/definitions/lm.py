@@ -72,10 +72,8 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
         "corpus": {k: v for k, v in result["corpus"].items() if k != "sha256"},
         "training": {
             "lang": result["lang"],
-            "epochs": {name: run["epochs"] for name, run in directions.items()},
-            "epoch_seconds": {name: run["epoch_seconds"] for name, run in directions.items()},
-            "found_learning_rates": {name: run["found_learning_rates"]
-                                     for name, run in directions.items()},
+            **{key: {name: run[key] for name, run in directions.items()}
+               for key in ("epochs", "epoch_seconds", "found_learning_rates")},
             **{k: result["run"][k] for k in ("parameters", "device", "precision", "seconds")},
         },
         "artifacts": dict(artifacts),

@@ -137,16 +137,8 @@ SERVED_BY_THE_RUNTIME = ("text", "transformer")
 
 @functools.cache
 def component(function: Callable, image: str):
-    """A step's KFP component: `function` run in `image` as the container's first process,
-    made once per process.
-
-    Args:
-        function: The step's KFP function.
-        image: Container image URI holding this package, the frameworks and kfp.
-
-    Returns:
-        A lightweight KFP component.
-    """
+    """A step's KFP component, made once per process: `function` run in `image` (which holds
+    this package, the frameworks and kfp) as the container's first process."""
     made = dsl.component(function, base_image=image, install_kfp_package=False)
     command = made.component_spec.implementation.container.command
     # KFP's `sh -ec` script starts python as its child, and the SIGTERM of a preemption
@@ -158,7 +150,6 @@ def component(function: Callable, image: str):
     return made
 
 
-# The line of KFP's lightweight component command that starts the executor.
 KFP_EXECUTOR_LINE = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
 
 
@@ -168,15 +159,8 @@ class Steps:
     Args:
         kind: The pipeline kind, a key of `STEPS`.
         image: URI of the runtime image every step runs in.
-        target: Where each step runs; None for the local (`kfp.local`) variant, which
-            skips the model registry.
-        tune: Compiles the tuning variant: the target's search explores
-            `tune.spaces[kind]`, and training takes the best trial's values.
-
-    Attributes:
-        ops: Role to its component, as the target wraps it where the step has machines.
-        search: The target's search (`Target.search`); None but in the tuning variant.
-        experiment: The MLflow experiment runs are tracked in: the name given `pipeline`.
+        target: Where each step runs; None for the local (`kfp.local`) variant.
+        tune: Compiles the tuning variant, searching `tune.spaces[kind]`.
 
     Raises:
         ValueError: `tune` without a target.
@@ -205,14 +189,9 @@ class Steps:
 
     def pipeline(self, name: str, tuning_name: str, lead: str, rest: str,
                  first: Sequence[inspect.Parameter], last: Sequence[inspect.Parameter]):
-        """The build's `@dsl.pipeline` decorator.
-
-        Args:
-            name: The pipeline's name, and the experiment its runs are tracked in.
-            tuning_name: The tuning variant's name.
-            lead, rest: The description, around the tuning variant's `words.tuning_clause`.
-            first, last: The pipeline's own parameters (`signature`).
-        """
+        """The build's `@dsl.pipeline` decorator: `name` (also the experiment runs are
+        tracked in) or `tuning_name`, the description `lead` and `rest` around the tuning
+        variant's `words.tuning_clause`, and the own parameters `first` and `last`."""
         self.experiment = name
         tuned = self.search is not None
         clause = self.words.tuning_clause if tuned else ""
@@ -246,16 +225,13 @@ class Steps:
     def defined(self, decorate: Callable, first: Sequence[inspect.Parameter] = (),
                 last: Sequence[inspect.Parameter] = ()) -> Callable:
         """`decorate` (a `dsl.pipeline(...)`) over the body `body(params)` with the
-        parameters `signature(first, last)` as the target says them (`spoken`).
-
-        On a thread of its own: each kfp task setting calls `inspect.stack()`, ~30 ms under
-        a deep caller in a large process (pytest), and a fresh thread's stack is short.
-        """
+        parameters `signature(first, last)` as the target says them (`spoken`)."""
         def define(body: Callable):
             said = spoken(body, self.signature(first, last), self.words)
             # Made before the body makes a task, as the others (kubeflow/pipelines#9320).
             self.ops["preflight"] = component(preflight.preflight_function(
                 self.kind, list(inspect.signature(said).parameters.values())), self.image)
+            # each kfp task setting calls `inspect.stack()`: short on a fresh thread
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 graph = pool.submit(decorate, said).result()
             self._describe(graph, body.__name__)
@@ -356,7 +332,7 @@ class Steps:
             model, `dataset`, the evaluation's outputs and the gate's decision ("register").
 
         Raises:
-            ValueError: Called in a body not decorated by `pipeline` (no experiment).
+            ValueError: In a body not decorated by `pipeline` (no experiment).
         """
         if not self.experiment:
             raise ValueError("decorate the pipeline body with steps.pipeline(...): it names "
@@ -402,8 +378,8 @@ def parameter(name: str, annotation: type,
 
 def classifier_parameters(metric: str, threshold: float,
                           model_name: str) -> list[inspect.Parameter]:
-    """What every classifier pipeline takes after its steps' settings (for
-    `Steps.evaluate_and_publish`), with its gate's and registered model's defaults."""
+    """What every classifier pipeline takes after its steps' settings, with its gate's and
+    registered model's defaults (for `Steps.evaluate_and_publish`)."""
     return [parameter("eval_batch_size", int, 64), parameter("register_model", bool, True),
             parameter("registration_metric", str, metric),
             parameter("registration_threshold", float, threshold),

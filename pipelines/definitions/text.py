@@ -113,11 +113,9 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     manifest = read_json(os.path.join(artifacts.get("dataset", ""), MANIFEST), optional=True)
     if manifest:
         summary["preparation"] = {
-            "rows_in": manifest["rows_in"],
-            "rows_kept": manifest["rows_kept"],
+            "rows_in": manifest["rows_in"], "rows_kept": manifest["rows_kept"],
             "dropped": {kind: d["count"] for kind, d in manifest["dropped"].items()},
-            "given_other": manifest["given_other"],
-            "labels": manifest["labels"],
+            "given_other": manifest["given_other"], "labels": manifest["labels"],
             "splits": {s: v["rows"] for s, v in manifest["splits"].items()},
         }
     training = read_json(os.path.join(artifacts.get("model", ""), TRAINING_METRICS_FILE),
