@@ -42,25 +42,21 @@ MEMORY_SHARE, MEMORY_KEPT_GIB = 0.85, 1.0
 # /dev/shm (DataLoader workers and NCCL pass tensors through it): a quarter of the memory.
 SHM_SHARE, SHM_MAX_GIB = 0.25, 16
 
-# Labels naming a node's GPU type: GPU Feature Discovery's product label (the name
-# nvidia-smi prints, spaces as "-"), or GKE's. Vertex's GPU name -> the label's value.
+# Vertex's GPU name -> GPU Feature Discovery's product label value (the name nvidia-smi
+# prints, spaces as "-"); GKE's accelerator label value is the name in lowercase, "_" as "-".
+_GFD_PRODUCTS = {
+    "NVIDIA_TESLA_K80": "Tesla-K80", "NVIDIA_TESLA_P4": "Tesla-P4",
+    "NVIDIA_TESLA_P100": "Tesla-P100-PCIE-16GB", "NVIDIA_TESLA_V100": "Tesla-V100-SXM2-16GB",
+    "NVIDIA_TESLA_T4": "Tesla-T4", "NVIDIA_TESLA_A100": "NVIDIA-A100-SXM4-40GB",
+    "NVIDIA_A100_80GB": "NVIDIA-A100-SXM4-80GB", "NVIDIA_L4": "NVIDIA-L4",
+    "NVIDIA_H100_80GB": "NVIDIA-H100-80GB-HBM3", "NVIDIA_H100_MEGA_80GB":
+    "NVIDIA-H100-80GB-HBM3", "NVIDIA_H200_141GB": "NVIDIA-H200", "NVIDIA_B200": "NVIDIA-B200",
+}
+# The labels that name a node's GPU type, each with its values.
 GPU_LABELS: Mapping[str, tuple[str, Mapping[str, str]]] = {
-    "gfd": ("nvidia.com/gpu.product", {
-        "NVIDIA_TESLA_K80": "Tesla-K80", "NVIDIA_TESLA_P4": "Tesla-P4",
-        "NVIDIA_TESLA_P100": "Tesla-P100-PCIE-16GB", "NVIDIA_TESLA_V100": "Tesla-V100-SXM2-16GB",
-        "NVIDIA_TESLA_T4": "Tesla-T4", "NVIDIA_TESLA_A100": "NVIDIA-A100-SXM4-40GB",
-        "NVIDIA_A100_80GB": "NVIDIA-A100-SXM4-80GB", "NVIDIA_L4": "NVIDIA-L4",
-        "NVIDIA_H100_80GB": "NVIDIA-H100-80GB-HBM3", "NVIDIA_H100_MEGA_80GB":
-        "NVIDIA-H100-80GB-HBM3", "NVIDIA_H200_141GB": "NVIDIA-H200", "NVIDIA_B200": "NVIDIA-B200",
-    }),
-    "gke": ("cloud.google.com/gke-accelerator", {
-        "NVIDIA_TESLA_K80": "nvidia-tesla-k80", "NVIDIA_TESLA_P4": "nvidia-tesla-p4",
-        "NVIDIA_TESLA_P100": "nvidia-tesla-p100", "NVIDIA_TESLA_V100": "nvidia-tesla-v100",
-        "NVIDIA_TESLA_T4": "nvidia-tesla-t4", "NVIDIA_TESLA_A100": "nvidia-tesla-a100",
-        "NVIDIA_A100_80GB": "nvidia-a100-80gb", "NVIDIA_L4": "nvidia-l4",
-        "NVIDIA_H100_80GB": "nvidia-h100-80gb", "NVIDIA_H100_MEGA_80GB": "nvidia-h100-mega-80gb",
-        "NVIDIA_H200_141GB": "nvidia-h200-141gb", "NVIDIA_B200": "nvidia-b200",
-    }),
+    "gfd": ("nvidia.com/gpu.product", _GFD_PRODUCTS),
+    "gke": ("cloud.google.com/gke-accelerator",
+            {gpu: gpu.lower().replace("_", "-") for gpu in _GFD_PRODUCTS}),
 }
 GPU_RESOURCE = "nvidia.com/gpu"
 # The taint GPU node pools carry (GKE: nvidia.com/gpu=present:NoSchedule), any value.
