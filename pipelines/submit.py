@@ -27,12 +27,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform
 
 from pipelines import quota
-from pipelines.compiled import (
-    SubmitError,
-    declared_parameters,
-    load_pipeline_spec,
-    parse_params,
-)
+from pipelines.compiled import SubmitError, declared_parameters, load_pipeline_spec, parse_params
 
 # GCP label keys and values: lowercase letters, digits, `_` and `-`; keys start with a letter.
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")

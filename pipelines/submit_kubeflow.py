@@ -31,12 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
-from pipelines.compiled import (
-    SubmitError,
-    declared_parameters,
-    load_pipeline_spec,
-    parse_params,
-)
+from pipelines.compiled import SubmitError, declared_parameters, load_pipeline_spec, parse_params
 
 # Kubernetes names: a namespace is a DNS-1123 label, a service account a DNS-1123 subdomain.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -8,9 +8,7 @@ import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from google_cloud_pipeline_components.v1.custom_job import (
-    create_custom_training_job_from_component,
-)
+from google_cloud_pipeline_components.v1.custom_job import create_custom_training_job_from_component
 from kfp import dsl
 
 from pipelines.definitions.help_text import VERTEX as VERTEX_WORDS
