@@ -3,6 +3,7 @@ summarised. The one table the tools (`run_local`, `tune_local`, `rehearsal`) rea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,7 +23,7 @@ def _summarize_lm(outputs: Mapping[str, Any]) -> dict[str, Any]:
 # A run's outputs (artifacts by name) -> its summary.json, by kind.
 SUMMARIES: Mapping[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "image": image.summarize, "text": text.summarize_run, "lm": _summarize_lm,
-    "transformer": transformer.summarize_run}
+    "transformer": functools.partial(text.summarize_run, summarize_artifacts=transformer.summarize)}
 # The same by the compiled pipeline's name (pipelineInfo.name), tuning variants included.
 SUMMARIES_BY_NAME = {name: SUMMARIES[kind] for kind, module in _MODULES.items()
                      for name in (module.PIPELINE_NAME, getattr(module, "TUNING_PIPELINE_NAME", ""))

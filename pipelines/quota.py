@@ -38,13 +38,6 @@ def _gpu_tasks(spec: Mapping, dag: Mapping, path: tuple[str, ...] = ()):
             yield path + (name,), gpus, component
 
 
-def _dag_at(spec: Mapping, path: tuple[str, ...]) -> Mapping:
-    dag = spec["root"]["dag"]
-    for name in path:
-        dag = spec["components"][dag["tasks"][name]["componentRef"]["name"]]["dag"]
-    return dag
-
-
 def _upstream(dag: Mapping) -> dict[str, set[str]]:
     """Each task of `dag` to every task it waits for, directly or not."""
     direct = {name: set(task.get("dependentTasks", [])) for name, task in dag["tasks"].items()}
@@ -63,7 +56,10 @@ def _upstream(dag: Mapping) -> dict[str, set[str]]:
 def _side_by_side(spec: Mapping, a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     """Whether steps `a` and `b` (paths from the root dag) may run at the same time."""
     at = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    upstream = _upstream(_dag_at(spec, a[:at]))
+    dag = spec["root"]["dag"]
+    for name in a[:at]:
+        dag = spec["components"][dag["tasks"][name]["componentRef"]["name"]]["dag"]
+    upstream = _upstream(dag)
     return a[at] not in upstream[b[at]] and b[at] not in upstream[a[at]]
 
 

@@ -100,15 +100,6 @@ def machine_shape(machine_type: str) -> tuple[int, float] | None:
     return None
 
 
-def _gib(value: float) -> str:
-    return f"{max(1, math.floor(value))}Gi"
-
-
-def _mib(value: float) -> str:
-    mib = math.floor(value)
-    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
-
-
 def _quantity_mib(quantity: str) -> float:
     """A memory quantity (MEMORY_QUANTITY) in MiB, for sizing /dev/shm inside it."""
     number, unit = re.match(r"^([0-9]+)([A-Za-z]*)$", quantity).groups()
@@ -155,9 +146,10 @@ def pod_resources(step: str, machine: Machine,
                          "allocatable capacity)")
     vcpus, gib = shape or (0, 0.0)
     cpu = overrides.cpu or f"{math.floor((vcpus * CPU_SHARE - CPU_KEPT) * 10) / 10:g}"
-    memory = overrides.memory or _gib(gib * MEMORY_SHARE - MEMORY_KEPT_GIB)
+    memory = overrides.memory or f"{max(1, math.floor(gib * MEMORY_SHARE - MEMORY_KEPT_GIB))}Gi"
     memory_mib = _quantity_mib(memory)
-    shm = overrides.shm or _mib(min(SHM_MAX_GIB * 1024, memory_mib * SHM_SHARE))
+    shm_mib = math.floor(min(SHM_MAX_GIB * 1024, memory_mib * SHM_SHARE))
+    shm = overrides.shm or (f"{shm_mib // 1024}Gi" if shm_mib % 1024 == 0 else f"{shm_mib}Mi")
     if _quantity_mib(shm) >= memory_mib or _quantity_mib(shm) < 1:
         raise ValueError(f"{flag}-shm-size {shm} must be at least 1Mi and less than the pod's "
                          f"memory {memory}: /dev/shm is memory the pod's limit counts")

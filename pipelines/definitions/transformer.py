@@ -43,32 +43,20 @@ def build(image: str, target: "Target | None" = None,
     return transformer_pipeline
 
 
-def training_summary(training: Mapping[str, Any]) -> dict[str, Any]:
-    """The `training` section of a run's summary from the trainer's metrics.json (a value
-    the file lacks: None)."""
-    run = training.get("run", {})
-    return {
-        "epochs": len(training.get("history", [])),
-        "best": training.get("best"),
-        **{key: run.get(key) for key in (
-            "model_name", "arch", "classifier_epoch_seconds", "train_tokens", "parameters",
-            "device", "precision", "world_size", "stopped_early", "resumed_from",
-            "texts_truncated", "seconds", "learnt_nothing")},
-    }
-
-
 def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     """`text.summarize`'s summary of `artifacts` with this trainer's `training` section."""
     # The fastai trainer's training section is not this trainer's: the model is read here.
     summary = text.summarize({name: path for name, path in artifacts.items() if name != "model"})
     training = read_json(os.path.join(artifacts.get("model", ""), TRAINING_METRICS_FILE),
                          optional=True)
-    if training:
-        summary["training"] = training_summary(training)
+    if training:  # a value the file lacks: None
+        run = training.get("run", {})
+        summary["training"] = {
+            "epochs": len(training.get("history", [])), "best": training.get("best"),
+            **{key: run.get(key) for key in (
+                "model_name", "arch", "classifier_epoch_seconds", "train_tokens", "parameters",
+                "device", "precision", "world_size", "stopped_early", "resumed_from",
+                "texts_truncated", "seconds", "learnt_nothing")},
+        }
     summary["artifacts"] = {**artifacts, **summary.pop("artifacts")}
     return summary
-
-
-def summarize_run(outputs: Mapping[str, Any]) -> dict[str, Any]:
-    """`text.summarize_run` with this pipeline's `summarize`."""
-    return text.summarize_run(outputs, summarize)
