@@ -17,11 +17,9 @@ class Machine:
         accelerator_count: Accelerators per replica (ignored without a type).
         replica_count: Machines in the job; more than one runs multi-worker training.
         boot_disk_size_gb: Boot disk of each replica.
-        scheduling_strategy: "standard", "spot" or "flex-start" (Vertex); empty follows
-            `--spot` (`scheduling`).
+        scheduling_strategy: "standard", "spot", "flex-start" (Vertex); empty: `--spot`'s.
         max_wait: With flex-start, the longest wait for the machines ("2h", "86400s").
-        reservation: A Compute Engine reservation to run on (Vertex): "any", or
-            projects/PROJECT/zones/ZONE/reservations/NAME.
+        reservation: "any", or projects/PROJECT/zones/ZONE/reservations/NAME (Vertex).
     """
 
     machine_type: str
