@@ -93,11 +93,7 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
     Raises:
         SystemExit: Naming every option at fault.
     """
-    from pipelines.definitions.vertex import (
-        VertexSettings,
-        machine_problems,
-        persistent_resource_problems,
-    )
+    from pipelines.definitions import vertex
 
     problems = refused(args, others)
     if args.tune_seed != tuning.TuningSettings.seed:  # Vertex's tuning service draws its own
@@ -107,17 +103,17 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
                         "other than latest")
     machines = step_machines(args)
     problems += [problem for step, machine in machines.items()
-                 for problem in machine_problems(step, machine)
+                 for problem in vertex.machine_problems(step, machine)
                  + scheduling_problems(step, machine, args.spot, args.step_timeout)]
     on_resource = ({s for s in args.persistent_resource_steps.split(",") if s}
                    or {step for step, m in machines.items() if m.accelerator_count > 0})
-    resource_id, resource_problems = persistent_resource_problems(
+    resource_id, resource_problems = vertex.persistent_resource_problems(
         args.persistent_resource, {s: machines.get(s) for s in on_resource}, args.network,
         args.encryption_key)
     if args.persistent_resource_steps and not args.persistent_resource:
         resource_problems.append("--persistent-resource-steps needs --persistent-resource")
     fail(problems + tensorboard_problems(args) + resource_problems)
-    return VertexSettings(
+    return vertex.VertexSettings(
         machines=machines, spot=args.spot,
         restart_job_on_worker_restart=args.restart_job_on_worker_restart,
         service_account=args.service_account, network=args.network,
