@@ -1,5 +1,5 @@
-"""Compile the pipelines to JSON (and YAML on request) for upload to Vertex AI Pipelines,
-or with `--target kubeflow` to KFP IR YAML for open-source Kubeflow Pipelines.
+"""Compile the pipelines for Vertex AI Pipelines (JSON; `--yaml` adds YAML) or, with
+`--target kubeflow`, for open-source Kubeflow Pipelines (YAML, under build/kubeflow/).
 
     python compile.py [--target vertex|kubeflow]
                       [--registry us-central1-docker.pkg.dev/PROJECT/REPO] [--tag GIT_SHA]
@@ -7,21 +7,12 @@ or with `--target kubeflow` to KFP IR YAML for open-source Kubeflow Pipelines.
                       [--tune-trials N] [--tune-parallel-trials N] [--image-search-space FILE]
 
 Images are `<registry>/<runtime>:<tag>` unless given whole with `--image RUNTIME=URI`.
-Besides the image, text, transformer and language-model pipelines it writes their tuning
-variants (`image_tuning_pipeline.json`, `text_tuning_pipeline.json`,
-`transformer_tuning_pipeline.json`): a Vertex hyperparameter tuning job over the trainer,
-then training with the best trial's values; the search space and trial counts are
-compile-time options, and the cost per trial-hour is printed.
-Machine settings are compile-time options: Vertex bakes them into each step's
-`worker_pool_specs`, pipeline parameters cannot change them at run time.
-`--config FILE` reads a JSON object whose keys are these options' names
-(e.g. {"registry": "...", "shard_machine_type": "n1-highcpu-32"}); flags override it.
-
-`--target kubeflow` writes the same pipelines (and tuning variants: random trials in a
-ParallelFor) under build/kubeflow/ as YAML, each step a pod sized from the same machine
-options (or --<step>-cpu/--<step>-memory), its GPUs on nodes labelled with their type.
-Each target declares its own options and refuses the other's (pipelines.vertex_options,
-pipelines.kubeflow_options); docs/kubeflow.md says what a cluster needs.
+Each tuning variant (`*_tuning_pipeline`) tunes its trainer (a Vertex tuning job; on
+Kubeflow, random trials in a ParallelFor), then trains with the best trial's values.
+Machine settings are compile-time options baked into each step (a custom job's
+`worker_pool_specs`, a pod's resources). `--config FILE` reads a JSON object of these
+options' names (e.g. {"registry": "...", "shard_machine_type": "n1-highcpu-32"}); flags
+override it. Each target refuses the other's options; docs/kubeflow.md: what differs.
 """
 
 from __future__ import annotations
@@ -181,14 +172,6 @@ def chosen_pipelines(args: argparse.Namespace) -> list[str]:
     return [name for name in PIPELINES if name in names]
 
 
-def target_settings(args: argparse.Namespace):
-    """The chosen target's settings, from its options module; exits naming the options at
-    fault (the other targets' among them)."""
-    others = {name: declared(target.add_options) for name, target in TARGETS.items()
-              if name != args.target}
-    return TARGETS[args.target].settings(args, tuned_kinds(args), others)
-
-
 def tuned_kinds(args: argparse.Namespace) -> dict[str, str]:
     """The kinds whose tuning variant --pipelines asks for -> the step their trials run on."""
     chosen = chosen_pipelines(args)
@@ -196,10 +179,16 @@ def tuned_kinds(args: argparse.Namespace) -> dict[str, str]:
             if f"{kind}_tuning_pipeline" in chosen}
 
 
+def target_settings(args: argparse.Namespace):
+    """The chosen target's settings; exits naming the options at fault."""
+    others = {name: declared(target.add_options) for name, target in TARGETS.items()
+              if name != args.target}
+    return TARGETS[args.target].settings(args, tuned_kinds(args), others)
+
+
 def compile_all(args: argparse.Namespace, uris: dict[str, str], settings,
                 tune: tuning.TuningSettings) -> list[str]:
-    """Compiles the pipelines --pipelines names with the target's settings; returns the
-    paths written."""
+    """Compiles the pipelines --pipelines names; returns the paths written."""
     os.makedirs(args.output_dir, exist_ok=True)
     # --yaml adds YAML to the target's own formats (a Kubeflow compile writes it alone)
     formats = dict.fromkeys(TARGETS[args.target].FORMATS + (("yaml",) if args.yaml else ()))

@@ -3,11 +3,9 @@
     python check_installed.py requirements.txt --record /opt/venv/installed.txt
 
 Fails when a locked distribution is missing or at another version. Lists what pip installed
-beyond the lock, each with what required it: torch's CUDA builds pull their CUDA libraries
-in with exact (`==`) pins of their own, which the lock cannot copy because PyTorch's
-cu126 index, where that metadata lives, is not readable where the lock is generated; anything
-pulled in by a range is marked as floating. Writes every installed distribution and version
-to `--record`, so the image says exactly what it holds. Standard library only.
+beyond the lock, each with what required it (torch's CUDA builds pin their CUDA libraries
+exactly, from an index the lock cannot read), marking what a range pulled in as floating.
+Writes every installed distribution and version to `--record`. Standard library only.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def read_lock(text: str) -> dict[str, str]:
 
 
 def pins_of(requirements: list[str]) -> dict[str, str]:
-    """{name: specifier} of a distribution's Requires-Dist, markers dropped (a requirement
-    whose marker did not apply here names nothing that is installed)."""
+    """{name: specifier} of a distribution's Requires-Dist, markers dropped."""
     pins = {}
     for requirement in requirements:
         match = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*([^;]*)",

@@ -2,24 +2,21 @@
 
     python -m pipelines.base_weights MODEL OUT.h5
 
-MODEL is the image trainer's model folder (with `model.keras`) or a `run_local image`
-output folder (its `summary.json` names the model). OUT.h5 is a no-top weights file of
-the model's DenseNet (DenseNet121 unless it was trained from another), the format of
-Keras' `densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5`:
-pass it as the image pipeline's `weights` (`--weights OUT.h5` locally, a gs:// copy on
-Vertex), and the trainer runs its two phases from it (frozen base, then fine-tuning) as
-from ImageNet's. The head (pooling, dropout, the classes' dense layer) is left behind;
-the weights hold no image size, so a base learnt at 32 px loads at any size >= 32.
+MODEL is the image trainer's model folder (with `model.keras`) or a `run_local image` output
+folder. OUT.h5 is a no-top weights file of its DenseNet, in the format of Keras'
+`densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5`: pass it as the image pipeline's
+`weights`, and the trainer runs its two phases from it as from ImageNet's. The head is left
+behind; the weights hold no image size (a base learnt at 32 px loads at any size >= 32).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from components.common.commands import reports
+from components.common.storage import read_json
 from components.train_image.contract import MODEL_FILE
 
 
@@ -32,12 +29,10 @@ def model_file(model: str) -> str:
     direct = os.path.join(model, MODEL_FILE)
     if os.path.exists(direct):
         return direct
-    summary = os.path.join(model, "summary.json")
-    if os.path.exists(summary):
-        with open(summary) as f:
-            named = json.load(f).get("artifacts", {}).get("model")
-        if named and os.path.exists(os.path.join(named, MODEL_FILE)):
-            return os.path.join(named, MODEL_FILE)
+    summary = read_json(os.path.join(model, "summary.json"), optional=True) or {}
+    named = summary.get("artifacts", {}).get("model")
+    if named and os.path.exists(os.path.join(named, MODEL_FILE)):
+        return os.path.join(named, MODEL_FILE)
     raise FileNotFoundError(f"{model!r} holds neither {MODEL_FILE} nor a run_local "
                             "summary.json naming a model")
 

@@ -1,5 +1,4 @@
-"""A compiled pipeline file as both submit commands read it: its spec and its parameters,
-checked and typed (`python -m pipelines.submit` for Vertex and `--target kubeflow`)."""
+"""A compiled pipeline file as both submit commands read it: its spec and its parameters."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ _LEGACY_TYPES = {"INT": "NUMBER_INTEGER", "DOUBLE": "NUMBER_DOUBLE", "STRING": "
 
 
 class SubmitError(ValueError):
-    """The command line asks for something the pipeline or its server would refuse (exit
-    code 2)."""
+    """The command line asks for what the pipeline or its server would refuse (exit 2)."""
 
 
 def load_pipeline_spec(path: str) -> dict:
@@ -57,18 +55,6 @@ def declared_parameters(spec: Mapping) -> dict[str, dict]:
     return declared
 
 
-def convert_value(name: str, text: str, parameter_type: str) -> Any:
-    """Converts the text of `--param name=text` to the type the pipeline declares.
-
-    Raises:
-        SubmitError: The text is not a value of that type (`pipelines.params.parse_value`).
-    """
-    try:
-        return parse_value(text, parameter_type)
-    except ValueError as err:
-        raise SubmitError(f"--param {name}: {err}") from None
-
-
 def parse_params(items: Sequence[str], declared: Mapping[str, Mapping]) -> dict[str, Any]:
     """`["k=v", ...]` to typed parameter values, checked against the pipeline's declarations.
 
@@ -87,7 +73,10 @@ def parse_params(items: Sequence[str], declared: Mapping[str, Mapping]) -> dict[
             raise SubmitError(f"unknown parameter {name!r}; this pipeline takes: {valid}")
         if name in values:
             raise SubmitError(f"--param {name} given twice")
-        values[name] = convert_value(name, text, declared[name].get("parameterType", "STRING"))
+        try:
+            values[name] = parse_value(text, declared[name].get("parameterType", "STRING"))
+        except ValueError as err:
+            raise SubmitError(f"--param {name}: {err}") from None
     missing = sorted(n for n, d in declared.items()
                      if n not in values and "defaultValue" not in d and not d.get("isOptional"))
     if missing:

@@ -1,5 +1,4 @@
-"""The images a compiled pipeline runs: their URIs from the registry and the tag, and the
-rule every build tags them by."""
+"""The images a compiled pipeline runs: their URIs, and the rule every build tags them by."""
 
 from __future__ import annotations
 
@@ -20,15 +19,13 @@ def is_pinned(uri: str) -> bool:
     return bool(name and colon) and tag not in ("", "latest")
 
 
-# One tag rule for every image build: the commit's first 7 hex digits, which is Cloud
-# Build's SHORT_SHA (what a trigger tags with; containers/cloudbuild.yaml) and what `make
-# images` passes (the Makefile's TAG). `git rev-parse --short` may give more digits.
+# One tag rule for every image build: the commit's first 7 hex digits, Cloud Build's
+# SHORT_SHA and the Makefile's TAG (`git rev-parse --short` may give more digits).
 TAG_DIGITS = 7
 
 
 def checkout_commit() -> str | None:
-    """This checkout's commit as images built from it are tagged (TAG_DIGITS hex digits, as
-    Cloud Build's SHORT_SHA); None outside git."""
+    """This checkout's commit as images built from it are tagged; None outside git."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], check=True, capture_output=True,
                              text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
@@ -40,8 +37,7 @@ def checkout_commit() -> str | None:
 def image_uris(args: argparse.Namespace) -> dict[str, str]:
     """Image URI per runtime from --registry/--tag, overridden by --image."""
     if args.tag is None:
-        # Registry images carry their commit's tag (Makefile `images`); local images (the
-        # placeholder registry) keep the package version, not rebuilt for every commit.
+        # Local images (the placeholder registry's) keep the package version.
         local = args.registry == PLACEHOLDER_REGISTRY
         args.tag = (None if local else checkout_commit()) or version("vertex-gpu-pipelines")
     if args.tag in ("latest", ""):

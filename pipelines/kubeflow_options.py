@@ -1,5 +1,4 @@
-"""The Kubeflow target's command-line options, its settings from them (each step a pod,
-`pipelines.definitions.kubeflow`) and its compile notes; docs/kubeflow.md: what differs."""
+"""The Kubeflow target's command-line options, its settings from them and its compile notes."""
 
 from __future__ import annotations
 
@@ -89,8 +88,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _platform_problems(args: argparse.Namespace, keys: Sequence[str]) -> list[str]:
-    """What is wrong with the options of the cluster's own objects: names, the Kueue queue,
-    the storage secret's keys and the nodes' pending bound."""
+    """What is wrong in the options naming the cluster's own objects."""
     values = vars(args)
     problems = [f"--{flag.replace('_', '-')} {values[flag]!r} is not a name (lowercase "
                 "letters, digits, - and .)" for flag in (
@@ -110,8 +108,7 @@ def _platform_problems(args: argparse.Namespace, keys: Sequence[str]) -> list[st
 
 def settings(args: argparse.Namespace, tuned: Mapping[str, str],
              others: Mapping[str, Mapping[str, Any]]) -> kubeflow.KubeflowSettings:
-    """The Kubeflow target's settings from the parsed flags (as `vertex_options.settings`;
-    `tuned` names the trials' steps, one pod each)."""
+    """The Kubeflow target's settings from the parsed flags, as `vertex_options.settings`."""
     values, machines = vars(args), step_machines(args)
     problems = refused(args, others)
     if args.tune_algorithm not in RANDOM:

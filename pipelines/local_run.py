@@ -1,5 +1,4 @@
-"""A pipeline run on this machine through `kfp.local`: the runner `run_local` and
-`tune_local` share (`python -m pipelines.run_local` is its command line)."""
+"""A pipeline run on this machine through `kfp.local`, for `run_local` and `tune_local`."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ LOCAL_IMAGE = "local/vertex-gpu-pipelines:dev"
 
 
 def _predictions(model_path: str) -> dict[str, Any]:
-    """Where the run's prediction step wrote (no pipeline output: kfp.local's
-    `<run folder>/<task>/<output>`), with counts and the first few lines."""
+    """Where the run's prediction step wrote (kfp.local's `<run folder>/<task>/<output>`),
+    with counts and the first few lines."""
     from components.predict.contract import PREDICTIONS_FILE, read_predictions
 
     run_folder = os.path.dirname(os.path.dirname(model_path))
@@ -45,7 +44,7 @@ def run(kind: str, data: str, output: str, params: dict[str, Any]) -> dict[str, 
         The summary written.
 
     Raises:
-        StepFailed: A step failed; its message is the step's own error.
+        StepFailed: A step failed, with the step's own error.
     """
     output = os.path.abspath(output)
     os.makedirs(output, exist_ok=True)

@@ -1,6 +1,5 @@
 """One reading of a pipeline parameter typed on a command line (`run_local`, `submit`,
-`rehearsal`): scalars by the rule every setting is read by (`components.common.values`).
-"""
+`rehearsal`), scalars by the rule of every setting (`components.common.values`)."""
 
 from __future__ import annotations
 

@@ -2,11 +2,10 @@
 
     python -m pipelines.predict --model <model folder> --data <input> --output <file.jsonl>
 
-The model folder is a training step's output (a `run_local` summary lists it under
-`artifacts.model`; on Vertex, the model artifact's gs:// URI). The input is a folder of
-images (any depth) for an image model, or a CSV with the text column for a text model,
-local or gs://. One JSON line per input, in input order: `{"input", "labels", "scores"}`,
-or `{"input", "error"}` for an input that cannot be read.
+The model folder is a training step's output (local or gs://); the input a folder of
+images (any depth) for an image model, or a CSV with the text column for a text model.
+One JSON line per input, in input order: `{"input", "labels", "scores"}`, or `{"input",
+"error"}` for an input that cannot be read.
 """
 
 from __future__ import annotations

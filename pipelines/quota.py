@@ -1,7 +1,5 @@
-"""The GPUs a compiled pipeline holds at once, per type, read from its JSON alone: what to
-check against the region's Vertex quota before a run (`compile.py`, `pipelines.submit`).
-Steps one after another do not add up; steps that may run side by side do.
-"""
+"""The GPUs a compiled pipeline holds at once, per type, read from its JSON alone, to check
+against the region's Vertex quota: steps that may run side by side add up."""
 
 from __future__ import annotations
 
@@ -10,8 +8,7 @@ import json
 import re
 from collections.abc import Mapping
 
-# The regional quota a job's GPUs count against, by its scheduling strategy: Spot and
-# flex-start draw on the preemptible GPU quota, a reservation on its own machines.
+# The regional quota a job's GPUs count against, by its scheduling strategy.
 QUOTA_OF = {"STANDARD": "on-demand", "SPOT": "preemptible", "FLEX_START": "preemptible"}
 RESERVED = "reserved"
 
@@ -32,21 +29,13 @@ def step_gpus(component: Mapping) -> dict[str, int]:
 
 
 def _gpu_tasks(spec: Mapping, dag: Mapping, path: tuple[str, ...] = ()):
-    """(task names from the root dag down, GPUs, component) of every step holding GPUs,
-    inside sub-DAGs (`dsl.If` groups) too."""
+    """(task names from the root dag down, GPUs, component) of every step holding GPUs."""
     for name, task in dag["tasks"].items():
         component = spec["components"][task["componentRef"]["name"]]
         if "dag" in component:
             yield from _gpu_tasks(spec, component["dag"], path + (name,))
         elif gpus := step_gpus(component):
             yield path + (name,), gpus, component
-
-
-def _dag_at(spec: Mapping, path: tuple[str, ...]) -> Mapping:
-    dag = spec["root"]["dag"]
-    for name in path:
-        dag = spec["components"][dag["tasks"][name]["componentRef"]["name"]]["dag"]
-    return dag
 
 
 def _upstream(dag: Mapping) -> dict[str, set[str]]:
@@ -65,17 +54,19 @@ def _upstream(dag: Mapping) -> dict[str, set[str]]:
 
 
 def _side_by_side(spec: Mapping, a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """Whether steps `a` and `b` (paths from the root dag) may run at the same time: in the
-    dag where their paths part, neither's task waits for the other's."""
+    """Whether steps `a` and `b` (paths from the root dag) may run at the same time."""
     at = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    upstream = _upstream(_dag_at(spec, a[:at]))
+    dag = spec["root"]["dag"]
+    for name in a[:at]:
+        dag = spec["components"][dag["tasks"][name]["componentRef"]["name"]]["dag"]
+    upstream = _upstream(dag)
     return a[at] not in upstream[b[at]] and b[at] not in upstream[a[at]]
 
 
 def gpus_at_once(spec: Mapping) -> dict[str, int]:
-    """The most GPUs of each type the compiled pipeline `spec` holds at one time: the
-    largest sum over steps that may all run side by side (a `dsl.If`/`dsl.Else` pair's
-    branches count as if both ran, which can only overstate); empty without GPUs."""
+    """The most GPUs of each type `spec` holds at one time: the largest sum over steps that
+    may all run side by side (both branches of a `dsl.If`/`dsl.Else` count: it can only
+    overstate); empty without GPUs."""
     tasks = list(_gpu_tasks(spec, spec["root"]["dag"]))
     most: dict[str, int] = {}
     for gpu in sorted({g for _, gpus, _ in tasks for g in gpus}):

@@ -12,10 +12,9 @@
         --trials N [--space <search space .json>] [--search-seed N] [--<param> <value> ...]
 
 Each pipeline parameter is a flag (`image_size` -> `--image-size`). Steps run as
-subprocesses of this Python (no containers); outputs land under `<output>/kfp/`, and
-`<output>/summary.json` collects what the run produced. `tune` searches the Vertex tuning
-variant's space (the default, or --space) with optuna, one local run per trial under
-`<output>/trials/<n>/`, and keeps the best trial's model (`pipelines.tune_local`).
+subprocesses of this Python; outputs land under `<output>/kfp/`, and `<output>/summary.json`
+collects them. `tune` searches the Vertex tuning variant's space (or --space) with optuna,
+one local run per trial under `<output>/trials/<n>/` (`pipelines.tune_local`).
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def pipeline_parser(kind: str, pipeline) -> argparse.ArgumentParser:
 
 def headline(kind: str, summary: dict[str, Any]) -> str:
     """One line with the test metrics of a run, then a warning for a model that learnt
-    nothing (no better than the constant answer, or than a unigram model)."""
+    nothing (no better than the constant answer, or a unigram model)."""
     metrics = summary["metrics"]
     if kind == "lm":
         unigram = metrics.get("unigram") or {}

@@ -2,17 +2,13 @@
 
     python -m pipelines.serve --model <model folder> --port 8080
 
-The model folder is the text training step's output (local or gs://). POST
-`{"instances": ["a text", {"text": "another"}]}` to /predict; the answer is
-`{"predictions": [{"labels": [...], "scores": {...}}, ...]}`, in the same order. The port
-opens at once; GET /health answers 503 while the model loads, 200 once it is loaded. A
-model that fails to load stops the server (exit status 1, the error on stderr).
-
-Inside Vertex AI (the fastai image as a model's serving container, command
-`python -m pipelines.serve`), AIP_HTTP_PORT, AIP_HEALTH_ROUTE, AIP_PREDICT_ROUTE and
-AIP_STORAGE_URI (the model artifact, used when --model is not given) take over, and the
-server listens on every interface. Image models are served by Vertex's prebuilt
-TensorFlow serving image, not here.
+POST `{"instances": ["a text", {"text": "another"}]}` to /predict; the answer is
+`{"predictions": [{"labels": [...], "scores": {...}}, ...]}`, in the same order. GET /health
+answers 503 while the model loads, 200 once it is loaded; a model that fails to load stops
+the server (exit status 1). As a Vertex model's serving container, AIP_HTTP_PORT,
+AIP_HEALTH_ROUTE, AIP_PREDICT_ROUTE and AIP_STORAGE_URI (the model, without --model) take
+over, and the server listens on every interface. Image models are served by Vertex's
+prebuilt TensorFlow serving image.
 """
 
 from __future__ import annotations

@@ -2,12 +2,11 @@
 
     python -m pipelines.stage_wt103 --output gs://BUCKET/lm [--direction forward|backward|both]
 
-The text pipeline with `lang=en`, `pretrained=true` and no `lm_assets` starts from fastai's
-WikiText-103 AWD-LSTM, which the training job downloads as fastai does. Where jobs cannot
-reach the internet (VPC Service Controls, no NAT), run this once on a machine that can: it
-fetches the same archives through fastai (`untar_data`, into FASTAI_HOME) and writes them
-in the assets layout, `<output>/en/<direction>/{config.json, vocab.pkl, weights.pth}`;
-then pass `lm_assets=<output>`. The files are copied as fastai extracted them.
+The text pipeline with `lang=en`, `pretrained=true` and no `lm_assets` downloads fastai's
+WikiText-103 AWD-LSTM. Where jobs cannot reach the internet, run this once where one can:
+it fetches the same archives through fastai and writes them, as fastai extracted them,
+to `<output>/en/<direction>/{config.json, vocab.pkl, weights.pth}`; then pass
+`lm_assets=<output>`.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from components.train_text import assets
 from components.train_text.contract import FASTAI_PRETRAINED_LANG, asset_uri, required_files
 
 DIRECTIONS = {"forward": (False,), "backward": (True,), "both": (False, True)}
-# fastai's pretrained AWD-LSTM is its default architecture; written out so that the
-# staged config.json says what the weights are.
+# fastai's default AWD-LSTM architecture, written out: config.json says what the weights are.
 _ENCODER = ("emb_sz", "n_hid", "n_layers")
 
 

@@ -1,10 +1,5 @@
-"""What a person reads while a pipeline runs locally: one line per step, logs in files.
-
-`kfp.local` prints every step's whole executor log to standard output (a demo run is
-~2,000 lines, a failure's reason far above kfp's traceback). `StepLog` stands in for it:
-each step's lines go to `<logs>/<step>.log` (all of them to `<logs>/run.log`), and the
-terminal gets one line per step, with the epoch a long step is at on a terminal.
-"""
+"""What a person reads while a pipeline runs locally: one line per step (and the epoch a
+long step is at), the logs in files, in place of kfp.local's every executor log line."""
 
 from __future__ import annotations
 
@@ -35,11 +30,7 @@ class StepFailed(RuntimeError):
 
 
 def last_error(lines: list[str]) -> str:
-    """The exception a step's log ends with (`Type: message`), or its last line.
-
-    Args:
-        lines: The step's log lines (kfp.local indents them by 4 spaces).
-    """
+    """The exception a step's log `lines` end with (`Type: message`), or its last line."""
     starts = [i for i, line in enumerate(lines) if line.strip() == "Traceback (most recent call "
               "last):"]
     if starts:
@@ -59,7 +50,7 @@ class StepLog(io.TextIOBase):
     Args:
         folder: Where `run.log` and one `<step>.log` per step are written.
         terminal: Where the one-line-per-step report goes.
-        clock: Seconds, for the steps' times (injected by tests).
+        clock: Seconds, for the steps' times.
     """
 
     def __init__(self, folder: str, terminal: TextIO,
@@ -142,8 +133,7 @@ def steps_reported(folder: str) -> Iterator[StepLog]:
     """Files a local run's output by step under `folder` while the block runs.
 
     Raises:
-        StepFailed: A step failed (in place of kfp.local's RuntimeError), naming the step,
-            its own error and its log file.
+        StepFailed: In place of kfp.local's RuntimeError: the step, its error and its log.
     """
     log = StepLog(folder, sys.stdout)
     try:

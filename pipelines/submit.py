@@ -7,12 +7,9 @@
         [--schedule "0 3 * * 1"] [--display-name N] [--no-cache] [--labels k=v[,k=v]] \\
         [--encryption-key K] [--network N] [--failure-policy fast|slow] [--dry-run]
 
-`--param name=value` values take the type the pipeline declares for `name` (integer,
-float, boolean, string, or JSON for lists and structs); unknown names are refused with the
-list of valid ones. `--schedule CRON` creates a schedule that starts a run at each tick
-instead of one run now. `--dry-run` prints the request and sends nothing.
-Calls to Vertex use application-default credentials (`gcloud auth application-default
-login`, or the service account of the machine this runs on). Bad input exits with code 2.
+`--param name=value` values take the type the pipeline declares for `name` (JSON for lists
+and structs). Calls to Vertex use application-default credentials (`gcloud auth
+application-default login`, or the machine's service account). Bad input exits with code 2.
 """
 
 from __future__ import annotations
@@ -30,12 +27,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform
 
 from pipelines import quota
-from pipelines.compiled import (
-    SubmitError,
-    declared_parameters,
-    load_pipeline_spec,
-    parse_params,
-)
+from pipelines.compiled import SubmitError, declared_parameters, load_pipeline_spec, parse_params
 
 # GCP label keys and values: lowercase letters, digits, `_` and `-`; keys start with a letter.
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -44,15 +36,25 @@ _KMS_KEY = re.compile(
     r"^projects/[^/]+/locations/(?P<location>[^/]+)/keyRings/[^/]+/cryptoKeys/[^/]+$")
 # Vertex peers with a network named by project *number*, not project id.
 _NETWORK = re.compile(r"^projects/\d+/global/networks/[a-z]([-a-z0-9]*[a-z0-9])?$")
-_EXPERIMENT = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
+# Each option's pattern and what it takes, in the order they are checked.
+_OPTION_RULES = (
+    ("project", re.compile(r"^([a-z0-9.-]+:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$"),
+     " takes a project id (e.g. my-project-123)"),
+    ("region", re.compile(r"^[a-z]+-[a-z]+\d+$"), " takes a Vertex AI region (e.g. europe-west4)"),
+    ("encryption_key", _KMS_KEY, " takes projects/P/locations/L/keyRings/R/cryptoKeys/K"),
+    ("network", _NETWORK, " takes projects/PROJECT_NUMBER/global/networks/NAME"),
+    ("service_account", re.compile(r"^[^@\s]+@[^@\s]+\.gserviceaccount\.com$"),
+     " takes a service account email"),
+    ("experiment", re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$"),
+     ": lowercase letters, digits and -, at most 128"),
+)
 _CRON_FIELD = re.compile(r"^[0-9A-Za-z*?/,\-]+$")
 
 
 @dataclasses.dataclass(frozen=True)
 class Submission:
-    """Everything needed to start a run or a schedule, checked and typed: the options of
-    the same names (`parameter_values` typed as the pipeline declares them,
-    `enable_caching` None: as compiled, `schedule` empty: one run now)."""
+    """A run or a schedule to start, checked and typed: the options of the same names
+    (`enable_caching` None: as compiled, `schedule` empty: one run now)."""
 
     template_path: str
     project: str
@@ -69,8 +71,6 @@ class Submission:
     schedule: str = ""
     failure_policy: str = ""
 
-
-# ---------------------------------------------------------------- pure: input -> Submission
 
 def parse_labels(items: Sequence[str]) -> dict[str, str]:
     """`["k=v,k2=v2", "k3=v3"]` to a label dict, checked against GCP's label rules."""
@@ -109,12 +109,10 @@ def check_schedule(cron: str) -> str:
     return cron
 
 
-# A Vertex TensorBoard or Cloud KMS key named in a compiled pipeline (compile.py's
-# --tensorboard and --encryption-key), with its region.
+# A Vertex TensorBoard or Cloud KMS key named in a compiled pipeline, with its region.
 _REGIONAL_NAME = re.compile(r"projects/[^/\"\s\\]+/locations/(?P<location>[a-z0-9-]+)/"
                             r"(?:tensorboards|keyRings)/[^\"\s\\]+")
-# Cloud Storage locations holding several regions: each to what its regions' names start
-# with (multi-regions) or are (the predefined dual-regions).
+# Cloud Storage multi-regions (their regions' prefixes) and dual-regions (their regions).
 _MULTI_REGIONS = {
     "us": ("us-",), "eu": ("europe-",), "asia": ("asia-",),
     "nam4": ("us-central1", "us-east1"), "eur4": ("europe-north1", "europe-west4"),
@@ -130,8 +128,8 @@ def compiled_regions(spec: Mapping[str, Any]) -> dict[str, str]:
 
 
 def check_compiled_regions(spec: Mapping[str, Any], region: str) -> None:
-    """Refuses a run in `region` of a pipeline compiled with a TensorBoard or a key of
-    another region (Vertex refuses each such job mid-run): SubmitError naming them."""
+    """SubmitError naming the TensorBoard or key of another region than `region` that the
+    pipeline was compiled with (Vertex refuses each such job mid-run)."""
     elsewhere = {name: where for name, where in compiled_regions(spec).items()
                  if where != region}
     if elsewhere:
@@ -156,8 +154,8 @@ def in_region(location: str, region: str) -> bool | None:
 
 def bucket_warnings(uris: Sequence[str], region: str,
                     locate: Callable[[str], str]) -> list[str]:
-    """Warnings (not refusals: data may live anywhere) for the gs:// inputs among `uris`
-    whose bucket (`locate`: its location, or raises) is outside `region`."""
+    """Warnings (data may live anywhere) for the gs:// inputs among `uris` whose bucket
+    (`locate`: its location, or raises) is outside `region`."""
     warnings = []
     for bucket in sorted({u[len("gs://"):].split("/", 1)[0] for u in uris
                           if isinstance(u, str) and u.startswith("gs://")}):
@@ -183,33 +181,16 @@ def plan(args: argparse.Namespace) -> Submission:
         SubmitError: On any input Vertex would refuse.
     """
     spec = load_pipeline_spec(args.template)
-    if not re.match(r"^([a-z0-9.-]+:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$", args.project):
-        raise SubmitError(f"--project takes a project id (e.g. my-project-123), "
-                          f"got {args.project!r}")
-    if not re.match(r"^[a-z]+-[a-z]+\d+$", args.region):
-        raise SubmitError(f"--region takes a Vertex AI region (e.g. europe-west4), "
-                          f"got {args.region!r}")
-    if args.encryption_key:
-        m = _KMS_KEY.match(args.encryption_key)
-        if not m:
-            raise SubmitError("--encryption-key takes projects/P/locations/L/keyRings/R/"
-                              f"cryptoKeys/K, got {args.encryption_key!r}")
-        if m["location"] != args.region:
-            raise SubmitError(f"--encryption-key is in {m['location']!r}; Vertex needs a key "
-                              f"in the run's region {args.region!r}")
-    if args.network and not _NETWORK.match(args.network):
-        raise SubmitError("--network takes projects/PROJECT_NUMBER/global/networks/NAME, "
-                          f"got {args.network!r}")
-    if args.service_account and not re.match(r"^[^@\s]+@[^@\s]+\.gserviceaccount\.com$",
-                                             args.service_account):
-        raise SubmitError(f"--service-account takes a service account email, "
-                          f"got {args.service_account!r}")
-    if args.experiment and not _EXPERIMENT.match(args.experiment):
-        raise SubmitError("--experiment: lowercase letters, digits and -, at most 128, "
-                          f"got {args.experiment!r}")
+    for option, pattern, takes in _OPTION_RULES:  # --project and --region are required
+        value = getattr(args, option)
+        if (value or option in ("project", "region")) and not pattern.match(value):
+            raise SubmitError(f"--{option.replace('_', '-')}{takes}, got {value!r}")
+    key_region = _KMS_KEY.match(args.encryption_key)["location"] if args.encryption_key else ""
+    if key_region and key_region != args.region:
+        raise SubmitError(f"--encryption-key is in {key_region!r}; Vertex needs a key "
+                          f"in the run's region {args.region!r}")
     if args.experiment and args.schedule:
-        # The SDK links a run to an experiment after creating it; scheduled runs are
-        # created by Vertex later, so nothing would link them.
+        # The SDK links a run it creates; nothing would link the runs Vertex creates later.
         raise SubmitError("--experiment cannot be combined with --schedule")
     check_compiled_regions(spec, args.region)
     display_name = args.display_name or spec["pipelineInfo"]["name"]
@@ -233,11 +214,8 @@ def plan(args: argparse.Namespace) -> Submission:
     )
 
 
-# ---------------------------------------------------------------- SDK objects, not yet sent
-
 def build_job(submission: Submission, credentials=None) -> aiplatform.PipelineJob:
-    """The unsent PipelineJob (what `launch` adds as it sends: `describe`); `credentials`
-    None: application-default credentials."""
+    """The unsent PipelineJob; `credentials` None: application-default credentials."""
     return aiplatform.PipelineJob(
         display_name=submission.display_name,
         template_path=submission.template_path,
@@ -267,8 +245,8 @@ RUNS_AT_ONCE = 1
 
 def describe(submission: Submission, job: aiplatform.PipelineJob,
              schedule: aiplatform.PipelineJobSchedule | None = None) -> dict:
-    """The request as JSON-ready data, without the pipeline spec, with what `launch`
-    passes as it sends (account, network; a schedule's cron and runs at once)."""
+    """The request as JSON-ready data, without the pipeline spec, with what `launch` adds
+    as it sends."""
     data = (job if schedule is None else schedule).to_dict()
     inner = data.get("createPipelineJobRequest", {}).get("pipelineJob", data)
     inner.pop("pipelineSpec", None)
@@ -278,8 +256,6 @@ def describe(submission: Submission, job: aiplatform.PipelineJob,
         data.update(cron=submission.schedule, maxConcurrentRunCount=str(RUNS_AT_ONCE))
     return data
 
-
-# ---------------------------------------------------------------- the one call to Vertex
 
 def launch(submission: Submission, job: aiplatform.PipelineJob,
            schedule: aiplatform.PipelineJobSchedule | None = None) -> str:
@@ -316,8 +292,7 @@ def _bucket_locator(submission: Submission, credentials) -> Callable[[str], str]
     from google.cloud import storage
 
     client = storage.Client(project=submission.project, credentials=credentials)
-    # Only a warning hangs on it: one short try, not the client's minutes of retries (a
-    # machine that cannot reach the API would otherwise wait there before submitting).
+    # Only a warning hangs on it: one short try, not the client's minutes of retries.
     return lambda bucket: client.get_bucket(bucket, timeout=LOCATE_SECONDS,
                                             retry=None).location
 
@@ -355,20 +330,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _target(argv: list[str]) -> tuple[str, list[str]]:
-    """`--target vertex|kubeflow` (default vertex) and the other arguments."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--target", choices=("vertex", "kubeflow"), default="vertex")
-    known, rest = p.parse_known_args(argv)
-    return known.target, rest
-
-
 def main(argv: list[str] | None = None, credentials=None) -> int:
     """Runs the command line (`argv` default: sys.argv[1:]; `credentials` None:
     application-default); returns 0, or 1 without credentials; bad input exits with 2."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    target, rest = _target(argv)
-    if target == "kubeflow":
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--target", choices=("vertex", "kubeflow"), default="vertex")
+    known, rest = first.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if known.target == "kubeflow":
         from pipelines import submit_kubeflow
 
         return submit_kubeflow.main(rest)

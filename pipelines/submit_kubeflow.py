@@ -7,21 +7,15 @@
     python -m pipelines.submit --target kubeflow --retry RUN_ID --host https://KFP_HOST \\
         [--namespace NS] [--token-file PATH] [--dry-run]
 
-The run carries the file's pipeline spec and its Kubernetes settings (the YAML's second
-document) to the KFP API server through `kfp.Client`, in the experiment named (created when
-missing). `--param` values are checked and typed as for Vertex (`pipelines.submit`).
-`--service-account` is the Kubernetes service account the run's pods use (left out: the
-server's default, `default-editor` in a multi-user profile, `pipeline-runner` in a
-single-user install); a multi-user install needs `--namespace` (the profile's) and a
-bearer token for the audience `pipelines.kubeflow.org` (`--token-file`, e.g. the output of
-`kubectl create token default-editor -n NS --audience=pipelines.kubeflow.org`). Bad input
-exits with code 2.
+The run, its pipeline spec and Kubernetes settings go through `kfp.Client`, in the experiment
+named (created when missing); `--param` values are checked and typed as for Vertex. A
+multi-user install needs `--namespace` (the profile's) and a bearer token for the audience
+`pipelines.kubeflow.org` (`--token-file`, e.g. the output of `kubectl create token
+default-editor -n NS --audience=pipelines.kubeflow.org`). Bad input exits with code 2.
 
-`--retry RUN_ID` continues a failed (or terminated) run, as the UI's Retry button does
-(`POST /apis/v2beta1/runs/RUN_ID:retry`): KFP starts the run's Argo workflow again with the
-same run id, keeping the steps that finished (their outputs are reused, they do not run
-again) and running the failed and unrun ones, under the same output URIs; a training step
-compiled with `--checkpoint-root` resumes from its checkpoints there.
+`--retry RUN_ID` continues a failed (or terminated) run as the UI's Retry button does: the
+finished steps are kept (their outputs reused), the failed and unrun ones run again under
+the same output URIs; a training step compiled with `--checkpoint-root` resumes there.
 """
 
 from __future__ import annotations
@@ -29,18 +23,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
-from pipelines.compiled import (
-    SubmitError,
-    declared_parameters,
-    load_pipeline_spec,
-    parse_params,
-)
+from pipelines.compiled import SubmitError, declared_parameters, load_pipeline_spec, parse_params
 
 # Kubernetes names: a namespace is a DNS-1123 label, a service account a DNS-1123 subdomain.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -129,15 +120,11 @@ def launch(submission: KubeflowSubmission, client_class: Callable | None = None)
         submission: The checked run.
         client_class: `kfp.Client` (tests give the same class; it reaches a loopback server).
     """
-    import os
-    import tempfile
-
     client = _client(client_class, submission.host, submission.namespace, submission.token)
     with tempfile.TemporaryDirectory() as scratch:
         path = submission.template_path
         if submission.enable_caching is False:
-            # kfp.Client's own override reaches only the top-level tasks, not those in
-            # loops and conditions (the trials, registration, prediction)
+            # kfp.Client's own override misses the tasks in loops and conditions
             path = os.path.join(scratch, os.path.basename(path))
             write_without_cache(submission.template_path, path)
         result = client.create_run_from_pipeline_package(
@@ -163,8 +150,7 @@ def retry(host: str, namespace: str, token: str, run_id: str,
     if str(run.state) not in RETRYABLE_STATES:
         raise SubmitError(f"run {run_id} ({run.display_name}) is {run.state}: KFP retries a "
                           "failed or terminated run only")
-    # kfp.Client has no method of its own for it: the run API it exposes as `runs`
-    # (kfp_server_api's RunServiceApi), which the UI calls too.
+    # kfp.Client has no method for it: its `runs`, the RunServiceApi the UI calls, does.
     client.runs.run_service_retry_run(run_id=run_id)
     return run.display_name
 
@@ -178,8 +164,7 @@ def _client(client_class: Callable | None, host: str, namespace: str, token: str
 
 
 def write_without_cache(source: str, target: str) -> None:
-    """Copies the compiled file `source` to `target` with caching off for every task, at
-    every depth of the DAG."""
+    """Copies the compiled file `source` to `target` with caching off for every task."""
     import yaml
 
     with open(source) as f:
@@ -227,13 +212,15 @@ def main(argv: Sequence[str], client_class: Callable | None = None) -> int:
     args = p.parse_args(argv)
     if bool(args.retry) == bool(args.template):
         p.error("give either the compiled pipeline or --retry RUN_ID")
-    if args.retry:
-        return _retry(args, client_class)
     try:
-        submission = plan(args)
+        return _retry(args, client_class) if args.retry else _start(args, client_class)
     except SubmitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def _start(args: argparse.Namespace, client_class: Callable | None) -> int:
+    submission = plan(args)
     if args.dry_run:
         print(json.dumps(describe(submission), indent=2, sort_keys=True))
         return 0
@@ -247,21 +234,17 @@ def _retry(args: argparse.Namespace, client_class: Callable | None) -> int:
     """`--retry RUN_ID`: checks the options, then asks the server to retry the run."""
     from kfp_server_api.exceptions import ApiException
 
+    check_host(args.host, args.namespace)
+    token = read_token(args.token_file)
+    if args.param or args.display_name or args.no_cache or args.service_account or args.experiment:
+        raise SubmitError("--retry keeps the run's parameters and settings: give only "
+                          "--host, --namespace and --token-file with it")
+    if args.dry_run:
+        print(json.dumps({"host": args.host.rstrip("/"), "namespace": args.namespace,
+                          "retry": args.retry, "authenticated": bool(token)}, indent=2))
+        return 0
     try:
-        check_host(args.host, args.namespace)
-        token = read_token(args.token_file)
-        if (args.param or args.display_name or args.no_cache or args.service_account
-                or args.experiment):
-            raise SubmitError("--retry keeps the run's parameters and settings: give only "
-                              "--host, --namespace and --token-file with it")
-        if args.dry_run:
-            print(json.dumps({"host": args.host.rstrip("/"), "namespace": args.namespace,
-                              "retry": args.retry, "authenticated": bool(token)}, indent=2))
-            return 0
         name = retry(args.host.rstrip("/"), args.namespace, token, args.retry, client_class)
-    except SubmitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except ApiException as err:  # the server refused it (no such run, not allowed)
         print(f"error: KFP did not retry run {args.retry}: {err.status} {err.reason} "
               f"{err.body or ''}".rstrip(), file=sys.stderr)

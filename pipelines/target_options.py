@@ -1,6 +1,4 @@
-"""What the targets' own option modules (`vertex_options`, `kubeflow_options`) share: each
-declares its options and turns the parsed flags into its settings, refusing another target's
-flags; compile.py declares the options every target honours, parses, and writes the files."""
+"""What the targets' option modules (`vertex_options`, `kubeflow_options`) share."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Hyperparameter search on this machine: the Vertex tuning variant's study, with optuna.
-
-Each trial is one local run (`pipelines.local_run.run`) in `<output>/trials/<n>/`, valued
-as Vertex's BEST_MEASUREMENT of the trainer's per-epoch metric; the best trial's model is
-kept, not retrained.
-"""
+"""Hyperparameter search on this machine with optuna: one local run per trial, valued as
+Vertex's BEST_MEASUREMENT of the per-epoch metric; the best trial's model is kept."""
 
 from __future__ import annotations
 
@@ -44,8 +40,7 @@ def tune(kind: str, data: str, output: str, space: SearchSpace, trials: int,
         seed: Seed of optuna's TPE sampler.
 
     Returns:
-        The summary: `study`, `trials`, `best`, and the best trial's `metrics` and
-        `artifacts`.
+        The summary: `study`, `trials`, `best`, the best trial's `metrics` and `artifacts`.
 
     Raises:
         RuntimeError: No trial produced a finite metric.

@@ -1,8 +1,5 @@
-"""The Vertex target's command-line options, its settings from them and its compile notes.
-
-Imported by every compile (`--help`, the refusals): it imports GCPC and the Vertex SDK
-(`pipelines.definitions.vertex`) only when a Vertex compile makes its settings.
-"""
+"""The Vertex target's command-line options, its settings from them and its compile notes;
+GCPC and the Vertex SDK are imported only when a Vertex compile makes its settings."""
 
 from __future__ import annotations
 
@@ -59,7 +56,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         "--format json` writes it (checked against it: network, key, machines)")
     v.add_argument("--persistent-resource-steps", default="", metavar="STEP[,STEP...]",
                    help="the steps that run there (default: every step with a GPU)")
-    # How each step gets its machines (`scheduling`): fields of the shared Machine.
+    # How each step gets its machines (`scheduling`).
     for step in DEFAULT_MACHINES:
         for field in ("scheduling_strategy", "max_wait", "reservation"):
             v.add_argument(f"--{step}_{field}".replace("_", "-"), dest=f"{step}_{field}",
@@ -74,8 +71,7 @@ def tensorboard_problems(args: argparse.Namespace) -> list[str]:
     if not TENSORBOARD_NAME.match(args.tensorboard):
         problems.append(f"--tensorboard {args.tensorboard!r} is not a TensorBoard resource name; "
                         "give projects/PROJECT/locations/REGION/tensorboards/NUMERIC_ID")
-    # Vertex uploads from the job's AIP_TENSORBOARD_LOG_DIR, which only exists under a
-    # base output directory, and refuses a TensorBoard without a user-managed account.
+    # AIP_TENSORBOARD_LOG_DIR exists under a base output directory only.
     if not args.base_output_directory.startswith("gs://"):
         problems.append("--tensorboard needs --base-output-directory gs://BUCKET/DIR (a "
                         "bucket in the TensorBoard's region) for the jobs' log directory")
@@ -97,11 +93,7 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
     Raises:
         SystemExit: Naming every option at fault.
     """
-    from pipelines.definitions.vertex import (
-        VertexSettings,
-        machine_problems,
-        persistent_resource_problems,
-    )
+    from pipelines.definitions import vertex
 
     problems = refused(args, others)
     if args.tune_seed != tuning.TuningSettings.seed:  # Vertex's tuning service draws its own
@@ -111,17 +103,17 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
                         "other than latest")
     machines = step_machines(args)
     problems += [problem for step, machine in machines.items()
-                 for problem in machine_problems(step, machine)
+                 for problem in vertex.machine_problems(step, machine)
                  + scheduling_problems(step, machine, args.spot, args.step_timeout)]
     on_resource = ({s for s in args.persistent_resource_steps.split(",") if s}
                    or {step for step, m in machines.items() if m.accelerator_count > 0})
-    resource_id, resource_problems = persistent_resource_problems(
+    resource_id, resource_problems = vertex.persistent_resource_problems(
         args.persistent_resource, {s: machines.get(s) for s in on_resource}, args.network,
         args.encryption_key)
     if args.persistent_resource_steps and not args.persistent_resource:
         resource_problems.append("--persistent-resource-steps needs --persistent-resource")
     fail(problems + tensorboard_problems(args) + resource_problems)
-    return VertexSettings(
+    return vertex.VertexSettings(
         machines=machines, spot=args.spot,
         restart_job_on_worker_restart=args.restart_job_on_worker_restart,
         service_account=args.service_account, network=args.network,
@@ -133,8 +125,7 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
 
 
 def output_dir(placeholder: bool) -> str:
-    """Where the files go unless `--output-dir` says: files of placeholder images (not for
-    upload) apart from those of real ones."""
+    """Where the files go unless `--output-dir` says: placeholder images' apart."""
     return os.path.join("build", "local") if placeholder else "build"
 
 
@@ -151,8 +142,8 @@ def notes(args: argparse.Namespace, placeholder: bool) -> None:
 
 def report(settings_: VertexSettings, tune: tuning.TuningSettings, tuned: Mapping[str, str],
            written: list[str]) -> None:
-    """What each pipeline written holds at once, for a check of the region's GPU quota
-    before a run, and what each tuning variant's trials cost."""
+    """The GPUs each pipeline written holds at once (for the region's quota), and what each
+    tuning variant's trials cost."""
     for path in (p for p in written if p.endswith(".json")):
         with open(path) as f:
             spec = json.load(f)

@@ -1,8 +1,5 @@
 """The help of the pipeline parameters that is no step's (`steps.Steps._describe` takes
-the rest from the step input each feeds): a parameter that feeds no step, several steps
-whose help differs, or a step that knows less than the pipeline. Plain text, one line each;
-each target's `Words` say what differs there (the Kubeflow files drop or reword some).
-"""
+the rest from the step input each feeds), and each target's `Words` where they differ."""
 
 from __future__ import annotations
 

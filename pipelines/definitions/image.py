@@ -1,7 +1,6 @@
 """The image classification pipeline: shard -> train DenseNet121 -> evaluate (-> register)."""
 # No `from __future__ import annotations` here: KFP reads the pipeline signature's real types.
 
-import json
 import os
 from typing import NamedTuple
 
@@ -9,6 +8,7 @@ from kfp.dsl import Artifact, Dataset, Metrics, Model
 
 from components.common.metrics import read_evaluation
 from components.common.report_html import REPORT_HTML_FILE
+from components.common.storage import read_json
 from components.shard.contract import MANIFEST_NAME
 from pipelines.definitions import registry, tuning
 from pipelines.definitions.steps import Steps, Target, classifier_parameters, parameter
@@ -38,7 +38,6 @@ def build(image: str, target: "Target | None" = None,
         evaluation: Artifact
         register: bool
 
-    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME,
                     "Shards a bucket folder of class sub-folders into TFRecords, ",
                     "fine-tunes DenseNet121 on GPUs, evaluates it and registers it.",
@@ -62,8 +61,7 @@ def build(image: str, target: "Target | None" = None,
 def summarize(outputs: dict) -> dict:
     """What a local run of the image pipeline produced (`outputs`: from `kfp.local`), in
     the shape of `summary.json`."""
-    with open(os.path.join(outputs["dataset"].path, MANIFEST_NAME)) as f:
-        manifest = json.load(f)
+    manifest = read_json(os.path.join(outputs["dataset"].path, MANIFEST_NAME))
     metrics = read_evaluation(outputs["evaluation"].path)
     return {
         "metrics": {
@@ -79,9 +77,7 @@ def summarize(outputs: dict) -> dict:
         "sharding": {
             "examples_in": manifest["examples_in"],
             "written": {s: v["count"] for s, v in manifest["splits"].items()},
-            "skipped": manifest["skipped"],
-            "ignored": manifest["ignored"],
-            "missing_classes": manifest["missing_classes"],
+            **{key: manifest[key] for key in ("skipped", "ignored", "missing_classes")},
         },
         "provenance": {key: outputs["model"].metadata.get(key)
                        for key in ("git_sha", "data_sha256", "parameters")},

@@ -1,9 +1,5 @@
-"""Where each step runs on open-source Kubeflow Pipelines: pod resources and scheduling.
-
-The same `Machine` options as Vertex's size each step's pod (a machine type maps to a
-node's capacity less headroom, or quantities are given), its GPUs, /dev/shm, timeout and
-pull secrets (`kfp-kubernetes`: the compiled YAML's second document); docs/kubeflow.md.
-"""
+"""Where each step runs on open-source Kubeflow Pipelines: each step's pod, sized from the
+same `Machine` options as Vertex's (`kfp-kubernetes`: the YAML's second document)."""
 
 from __future__ import annotations
 
@@ -22,8 +18,7 @@ from pipelines.definitions.help_text import KUBEFLOW as KUBEFLOW_WORDS
 from pipelines.definitions.machine import GPU_MACHINES, TRAINING_STEPS, Machine
 from pipelines.definitions.trainjob import LAUNCHERS, ONE_POD, launcher_op
 
-# A Compute Engine machine type's memory per vCPU (GiB), as a size any cluster can read
-# ("n1-standard-8": 8 cores, 30 GiB); Compute Engine's machine type pages, read 2026-11.
+# A Compute Engine machine family's GiB per vCPU (its machine type pages, read 2026-11).
 GIB_PER_VCPU = {
     "n1-standard": 3.75, "n1-highmem": 6.5, "n1-highcpu": 0.9,
     "n2-standard": 4.0, "n2-highmem": 8.0, "n2-highcpu": 1.0,
@@ -41,41 +36,32 @@ FIXED_SHAPES: Mapping[str, tuple[int, float]] = {
     "m1-ultramem-40": (40, 961.0), "m1-ultramem-80": (80, 1922.0),
     "m1-ultramem-160": (160, 3844.0), "m1-megamem-96": (96, 1433.6),
 }
-# Left to the node (kubelet, runtime, daemon sets; GKE reserves ~6% of the first core and
-# 25% of the first 4 GiB): a pod sized to the whole machine would never schedule.
+# Left to the node (kubelet, daemon sets): a pod sized to the whole machine never schedules.
 CPU_SHARE, CPU_KEPT = 0.9, 0.3
 MEMORY_SHARE, MEMORY_KEPT_GIB = 0.85, 1.0
-# /dev/shm (PyTorch's DataLoader workers and NCCL pass tensors through it; a container's
-# own is 64 MiB): a quarter of the pod's memory, counted inside its limit.
+# /dev/shm (DataLoader workers and NCCL pass tensors through it): a quarter of the memory.
 SHM_SHARE, SHM_MAX_GIB = 0.25, 16
 
-# Labels that name a node's GPU type: NVIDIA GPU Feature Discovery's product label (GPU
-# operator, any cloud or on-premises; the product name nvidia-smi prints, spaces as "-"),
-# or GKE's accelerator label. Vertex's GPU name -> the label's value.
+# Vertex's GPU name -> GPU Feature Discovery's product label value (the name nvidia-smi
+# prints, spaces as "-"); GKE's accelerator label value is the name in lowercase, "_" as "-".
+_GFD_PRODUCTS = {
+    "NVIDIA_TESLA_K80": "Tesla-K80", "NVIDIA_TESLA_P4": "Tesla-P4",
+    "NVIDIA_TESLA_P100": "Tesla-P100-PCIE-16GB", "NVIDIA_TESLA_V100": "Tesla-V100-SXM2-16GB",
+    "NVIDIA_TESLA_T4": "Tesla-T4", "NVIDIA_TESLA_A100": "NVIDIA-A100-SXM4-40GB",
+    "NVIDIA_A100_80GB": "NVIDIA-A100-SXM4-80GB", "NVIDIA_L4": "NVIDIA-L4",
+    "NVIDIA_H100_80GB": "NVIDIA-H100-80GB-HBM3", "NVIDIA_H100_MEGA_80GB":
+    "NVIDIA-H100-80GB-HBM3", "NVIDIA_H200_141GB": "NVIDIA-H200", "NVIDIA_B200": "NVIDIA-B200",
+}
+# The labels that name a node's GPU type, each with its values.
 GPU_LABELS: Mapping[str, tuple[str, Mapping[str, str]]] = {
-    "gfd": ("nvidia.com/gpu.product", {
-        "NVIDIA_TESLA_K80": "Tesla-K80", "NVIDIA_TESLA_P4": "Tesla-P4",
-        "NVIDIA_TESLA_P100": "Tesla-P100-PCIE-16GB", "NVIDIA_TESLA_V100": "Tesla-V100-SXM2-16GB",
-        "NVIDIA_TESLA_T4": "Tesla-T4", "NVIDIA_TESLA_A100": "NVIDIA-A100-SXM4-40GB",
-        "NVIDIA_A100_80GB": "NVIDIA-A100-SXM4-80GB", "NVIDIA_L4": "NVIDIA-L4",
-        "NVIDIA_H100_80GB": "NVIDIA-H100-80GB-HBM3", "NVIDIA_H100_MEGA_80GB":
-        "NVIDIA-H100-80GB-HBM3", "NVIDIA_H200_141GB": "NVIDIA-H200", "NVIDIA_B200": "NVIDIA-B200",
-    }),
-    "gke": ("cloud.google.com/gke-accelerator", {
-        "NVIDIA_TESLA_K80": "nvidia-tesla-k80", "NVIDIA_TESLA_P4": "nvidia-tesla-p4",
-        "NVIDIA_TESLA_P100": "nvidia-tesla-p100", "NVIDIA_TESLA_V100": "nvidia-tesla-v100",
-        "NVIDIA_TESLA_T4": "nvidia-tesla-t4", "NVIDIA_TESLA_A100": "nvidia-tesla-a100",
-        "NVIDIA_A100_80GB": "nvidia-a100-80gb", "NVIDIA_L4": "nvidia-l4",
-        "NVIDIA_H100_80GB": "nvidia-h100-80gb", "NVIDIA_H100_MEGA_80GB": "nvidia-h100-mega-80gb",
-        "NVIDIA_H200_141GB": "nvidia-h200-141gb", "NVIDIA_B200": "nvidia-b200",
-    }),
+    "gfd": ("nvidia.com/gpu.product", _GFD_PRODUCTS),
+    "gke": ("cloud.google.com/gke-accelerator",
+            {gpu: gpu.lower().replace("_", "-") for gpu in _GFD_PRODUCTS}),
 }
 GPU_RESOURCE = "nvidia.com/gpu"
-# The taint GPU node pools carry (GKE: nvidia.com/gpu=present:NoSchedule; the GPU
-# operator's guides alike): tolerated whatever its value.
+# The taint GPU node pools carry (GKE: nvidia.com/gpu=present:NoSchedule), any value.
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-# GKE's spot node pools; EKS (eks.amazonaws.com/capacityType=SPOT) and AKS
-# (kubernetes.azure.com/scalesetpriority=spot, tainted alike) are given as options.
+# GKE's spot node pools; EKS' and AKS' are given as options.
 GKE_SPOT_SELECTOR = "cloud.google.com/gke-spot=true"
 GKE_SPOT_TOLERATION = "cloud.google.com/gke-spot=true:NoSchedule"
 SHM_VOLUME = "dshm"
@@ -83,8 +69,7 @@ SHM_VOLUME = "dshm"
 RETRY_BACKOFF_S, RETRY_FACTOR = 60, 2
 # What an attempt may wait to be scheduled, in the retries' bound (a GPU node scaled up).
 RETRY_SCHEDULING_S = 3600
-# The quantities KFP's own setters take (kfp.dsl.PipelineTask.set_cpu_limit and
-# set_memory_limit): whole memory amounts, CPU as cores or millicores.
+# The quantities KFP's own setters take (PipelineTask.set_cpu_limit, set_memory_limit).
 CPU_QUANTITY = re.compile(r"^([0-9]*[.])?[0-9]+m?$")
 MEMORY_QUANTITY = re.compile(r"^[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$")
 DOCS = "docs/kubeflow.md"
@@ -95,8 +80,8 @@ NO_REGISTRY = ("The model cleared the registration gate, but the run names no tr
 
 @dataclasses.dataclass(frozen=True)
 class PodResources:
-    """One step's pod: its requests (= limits), Kubernetes quantities ("6.9", "24Gi"), the
-    memory-backed /dev/shm counted inside `memory`, and its GPUs (Vertex's GPU name)."""
+    """One step's pod: requests (= limits) as quantities ("6.9", "24Gi"), /dev/shm counted
+    inside `memory`, and its GPUs (Vertex's GPU name)."""
 
     cpu: str
     memory: str
@@ -113,15 +98,6 @@ def machine_shape(machine_type: str) -> tuple[int, float] | None:
     if family in GIB_PER_VCPU and size.isdigit():
         return int(size), GIB_PER_VCPU[family] * int(size)
     return None
-
-
-def _gib(value: float) -> str:
-    return f"{max(1, math.floor(value))}Gi"
-
-
-def _mib(value: float) -> str:
-    mib = math.floor(value)
-    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
 
 
 def _quantity_mib(quantity: str) -> float:
@@ -151,12 +127,9 @@ def pod_resources(step: str, machine: Machine,
         machine: The step's machine options, as for Vertex.
         overrides: Quantities given directly.
 
-    Returns:
-        The pod's resources.
-
     Raises:
-        ValueError: An unknown machine type without CPU and memory, a malformed quantity,
-            or a /dev/shm that does not fit in the memory; naming the option.
+        ValueError: Naming the option: an unknown machine type without CPU and memory, a
+            malformed quantity, or a /dev/shm that does not fit in the memory.
     """
     flag = "--" + step.replace("_", "-")
     if overrides.cpu and not CPU_QUANTITY.match(overrides.cpu):
@@ -173,9 +146,10 @@ def pod_resources(step: str, machine: Machine,
                          "allocatable capacity)")
     vcpus, gib = shape or (0, 0.0)
     cpu = overrides.cpu or f"{math.floor((vcpus * CPU_SHARE - CPU_KEPT) * 10) / 10:g}"
-    memory = overrides.memory or _gib(gib * MEMORY_SHARE - MEMORY_KEPT_GIB)
+    memory = overrides.memory or f"{max(1, math.floor(gib * MEMORY_SHARE - MEMORY_KEPT_GIB))}Gi"
     memory_mib = _quantity_mib(memory)
-    shm = overrides.shm or _mib(min(SHM_MAX_GIB * 1024, memory_mib * SHM_SHARE))
+    shm_mib = math.floor(min(SHM_MAX_GIB * 1024, memory_mib * SHM_SHARE))
+    shm = overrides.shm or (f"{shm_mib // 1024}Gi" if shm_mib % 1024 == 0 else f"{shm_mib}Mi")
     if _quantity_mib(shm) >= memory_mib or _quantity_mib(shm) < 1:
         raise ValueError(f"{flag}-shm-size {shm} must be at least 1Mi and less than the pod's "
                          f"memory {memory}: /dev/shm is memory the pod's limit counts")
@@ -189,28 +163,15 @@ def pod_resources(step: str, machine: Machine,
 
 @dataclasses.dataclass(frozen=True)
 class KubeflowSettings:
-    """Settings of every pod the pipeline starts (compile.py's Kubeflow options).
+    """Settings of every pod the pipeline starts; the fields not listed are compile.py's
+    Kubeflow options of the same names (`kubeflow_options`).
 
     Attributes:
         pods: Step name (a key of DEFAULT_MACHINES) to its pod.
         gpu_label: Node label naming the GPU type; empty: any GPU node.
         gpu_products: Vertex GPU name -> that label's value.
-        spot: Run the steps with machines on the spot pool.
-        spot_selectors: The spot pool's node labels, (key, value) pairs.
-        spot_tolerations: Tolerations of the spot pool's taints.
-        image_pull_secrets: Secrets the pods pull the images with.
         timeout_seconds: Longest a step may run (the pod's activeDeadlineSeconds).
-        checkpoint_root: gs:// or s3:// folder of the training steps' checkpoints and logs,
-            so a retried step resumes; empty: inside the pod only.
-        storage_secret: Kubernetes secret given to every pod as `S3_SECRET_KEYS`; empty: none.
-        storage_secret_keys: Its keys of those variables, in their order.
-        s3_endpoint: The S3 API's URL for MinIO or Ceph (`AWS_ENDPOINT_URL_S3`); empty: AWS.
-        training_retries: Times a failed training pod starts again (`retry_window`).
         nodes: Steps run past one pod (`trainjob.LAUNCHERS`) -> their TrainJob's nodes.
-        trainjob_runtime: The ClusterTrainingRuntime those TrainJobs run on.
-        trainjob_service_account: Their nodes' service account; empty: the launcher's.
-        trainjob_pending_seconds: Longest one of their node pods may wait to be scheduled.
-        kueue_queue: Kueue's LocalQueue of every step pod and TrainJob; empty: none.
     """
 
     pods: Mapping[str, PodResources]
@@ -233,7 +194,7 @@ class KubeflowSettings:
     trainjob_pending_seconds: int = int(Timing.pending_seconds)
     kueue_queue: str = ""
 
-    # What `Steps` asks of a target (steps.Target; VertexSettings answers the same).
+    # What `Steps` asks of a target (steps.Target).
     default_job_account = ""
     words = KUBEFLOW_WORDS
 
@@ -245,11 +206,11 @@ class KubeflowSettings:
         return component
 
     def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Nothing: the run's Kubernetes service account is chosen when it is submitted."""
+        """Nothing: the run's service account is chosen when it is submitted."""
         return {}
 
     def preflight_inputs(self) -> dict[str, str]:
-        """Nothing: there is no compile-time setting for the preflight to check here."""
+        """Nothing: no compile-time setting for the preflight to check."""
         return {}
 
     def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
@@ -349,28 +310,16 @@ class KubeflowSettings:
 
 
 def retry_window(retries: int, timeout_seconds: int) -> int:
-    """Argo's `backoff.maxDuration` for a step retried `retries` times (counted from the
-    first attempt's start; KFP's default 3600 s would end a training step's retries).
-
-    Args:
-        retries: Times the step is retried.
-        timeout_seconds: The step timeout (each attempt's activeDeadlineSeconds).
-
-    Returns:
-        Seconds: every attempt at its full timeout plus `RETRY_SCHEDULING_S` to be
-        scheduled, and every back-off.
-    """
+    """Argo's `backoff.maxDuration` in seconds for a step retried `retries` times, each
+    attempt at its full `timeout_seconds` plus `RETRY_SCHEDULING_S`, and every back-off
+    (KFP's default 3600 s, counted from the first start, would end a training's retries)."""
     backoffs = sum(RETRY_BACKOFF_S * RETRY_FACTOR ** attempt for attempt in range(retries))
     return (retries + 1) * (timeout_seconds + RETRY_SCHEDULING_S) + math.ceil(backoffs)
 
 
 def without_default_optional(task) -> None:
-    """Drops kfp-kubernetes 2.17's `secretAsEnv[].optional: false` (the field's default),
-    which KFP 2.14's API server does not know and refuses (`tools.kfp_backends`).
-
-    Args:
-        task: A task `kubernetes.use_secret_as_env` has just set up.
-    """
+    """Drops kfp-kubernetes 2.17's `secretAsEnv[].optional: false` (the default) from
+    `task`: KFP 2.14's API server does not know it and refuses it (`tools.kfp_backends`)."""
     for entry in task.platform_config.get("kubernetes", {}).get("secretAsEnv", []):
         if entry.get("optional") is False:
             del entry["optional"]
@@ -409,9 +358,8 @@ def describe(step: str, pod: PodResources, settings: KubeflowSettings) -> str:
 
 def replica_problems(machines: Mapping[str, Machine], checkpoint_root: str = "",
                      tuned: tuple[str, ...] = ()) -> list[str]:
-    """Replicas past one pod that cannot run: only `trainjob.LAUNCHERS`' steps go past one
-    pod (a TrainJob), not in a tuning variant (`tuned` steps: one pod a trial), and only
-    with `checkpoint_root` (where the nodes hand the model over)."""
+    """Replicas past one pod that cannot run: only `trainjob.LAUNCHERS`' steps have them,
+    not in a tuning variant (`tuned` steps), and only with `checkpoint_root`."""
     problems = []
     for step, machine in machines.items():
         flag = f"--{step.replace('_', '-')}-replica-count {machine.replica_count}"

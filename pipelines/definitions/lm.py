@@ -1,7 +1,6 @@
 """The language model pipeline: a text corpus in, pretrained LM assets for the text pipeline out."""
 # No `from __future__ import annotations` here: KFP reads the pipeline signature's real types.
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -9,6 +8,7 @@ from typing import Any, NamedTuple
 from kfp import dsl
 from kfp.dsl import Artifact, Metrics
 
+from components.common.storage import read_json
 from components.train_lm.contract import METRICS_FILE
 from pipelines.definitions.steps import Steps, Target, parameter
 
@@ -25,16 +25,14 @@ def build(image: str, target: "Target | None" = None):
 
     Args:
         image: URI of the fastai runtime image both steps run in.
-        target: Where the training step runs (`VertexSettings`, `KubeflowSettings`); None
-            for the local (`kfp.local`) variant.
+        target: Where the training step runs (`steps.Steps`); None for the local variant.
 
     Returns:
         A `@dsl.pipeline` function whose outputs are `metrics` (perplexity, accuracy) and
-        `lm_assets` (the folder to pass as the text pipeline's `lm_assets`).
+        `lm_assets` (the text pipeline's `lm_assets`).
     """
     steps = Steps("lm", image, target)
 
-    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.defined(dsl.pipeline(
         name=PIPELINE_NAME,
         description="Trains an AWD-LSTM language model on a text corpus and writes it as the "
@@ -54,11 +52,9 @@ def build(image: str, target: "Target | None" = None):
 def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     """What a local run of the language model pipeline produced (`artifacts`: output name
     to local path, "lm_assets" required), in the shape of `summary.json`."""
-    path = os.path.join(artifacts["lm_assets"], METRICS_FILE)
-    if not os.path.exists(path):
+    result = read_json(os.path.join(artifacts["lm_assets"], METRICS_FILE), optional=True)
+    if result is None:
         raise FileNotFoundError(f"no {METRICS_FILE} in {artifacts['lm_assets']}")
-    with open(path) as f:
-        result = json.load(f)
     directions = result["directions"]
     return {
         "metrics": {
@@ -76,10 +72,8 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
         "corpus": {k: v for k, v in result["corpus"].items() if k != "sha256"},
         "training": {
             "lang": result["lang"],
-            "epochs": {name: run["epochs"] for name, run in directions.items()},
-            "epoch_seconds": {name: run["epoch_seconds"] for name, run in directions.items()},
-            "found_learning_rates": {name: run["found_learning_rates"]
-                                     for name, run in directions.items()},
+            **{key: {name: run[key] for name, run in directions.items()}
+               for key in ("epochs", "epoch_seconds", "found_learning_rates")},
             **{k: result["run"][k] for k in ("parameters", "device", "precision", "seconds")},
         },
         "artifacts": dict(artifacts),

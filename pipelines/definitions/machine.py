@@ -1,6 +1,5 @@
-"""One step's machines as compile.py's options give them, for every target (what both
-share lives here, so that neither imports the other's module: a Kubeflow compile imports
-no GCPC)."""
+"""One step's machines as compile.py's options give them, for both targets (here, so that a
+Kubeflow compile imports no GCPC)."""
 
 from __future__ import annotations
 
@@ -18,11 +17,9 @@ class Machine:
         accelerator_count: Accelerators per replica (ignored without a type).
         replica_count: Machines in the job; more than one runs multi-worker training.
         boot_disk_size_gb: Boot disk of each replica.
-        scheduling_strategy: "standard", "spot" or "flex-start" (Vertex); empty follows
-            `--spot` (`scheduling`).
+        scheduling_strategy: "standard", "spot", "flex-start" (Vertex); empty: `--spot`'s.
         max_wait: With flex-start, the longest wait for the machines ("2h", "86400s").
-        reservation: A Compute Engine reservation to run on (Vertex): "any", or
-            projects/PROJECT/zones/ZONE/reservations/NAME.
+        reservation: "any", or projects/PROJECT/zones/ZONE/reservations/NAME (Vertex).
     """
 
     machine_type: str
@@ -36,8 +33,7 @@ class Machine:
 
 
 # Where each step runs unless compile.py is told otherwise: sharding is CPU-bound, the
-# image trainer gets the ancestor's 2 x V100, the fastai trainers and a base-size encoder
-# (256 tokens, batch 16) fill one T4.
+# image trainer gets the ancestor's 2 x V100, the text trainers fill one T4.
 DEFAULT_MACHINES: Mapping[str, Machine] = {
     "shard": Machine("n1-highcpu-16"),
     "train_image": Machine("n1-standard-8", "NVIDIA_TESLA_V100", 2),
@@ -51,12 +47,10 @@ DEFAULT_MACHINES: Mapping[str, Machine] = {
     "predict_image": Machine("n1-standard-8"),
     "predict_text": Machine("n1-standard-4"),
 }
-# Steps that write per-epoch TensorBoard series and checkpoints: on Vertex only these get
-# `--tensorboard` (the others write none, and an idle uploader would only add a run to the
-# instance); on Kubeflow, only these keep checkpoints under `--checkpoint-root` and retry.
+# Steps that write TensorBoard series and checkpoints: only these get `--tensorboard` on
+# Vertex, and keep checkpoints under `--checkpoint-root` and retry on Kubeflow.
 TRAINING_STEPS = ("train_image", "train_text", "train_lm", "train_transformer")
-# Accelerator-optimised machines come with a fixed GPU type and count (Vertex AI custom
-# training's machine table, `vertex.CPU_MACHINE_TYPES` says where it was read).
+# Accelerator-optimised machines' fixed GPU type and count (`vertex.CPU_MACHINE_TYPES`' table).
 GPU_MACHINES: Mapping[str, tuple[str, int]] = {
     **{f"a2-highgpu-{n}g": ("NVIDIA_TESLA_A100", n) for n in (1, 2, 4, 8)},
     "a2-megagpu-16g": ("NVIDIA_TESLA_A100", 16),
@@ -72,8 +66,8 @@ GPU_MACHINES: Mapping[str, tuple[str, int]] = {
 
 
 def gpu_environment(machine: Machine) -> dict[str, str]:
-    """What a step on `machine` is told of its GPUs (`components.common.gpus`), so it fails
-    at once when it cannot see them; empty on a machine without GPUs."""
+    """What a step on `machine` is told of its GPUs, so that it fails at once when it
+    cannot see them (`components.common.gpus`)."""
     from components.common.gpus import EXPECTED_GPUS_VARIABLE
 
     if not (machine.accelerator_type and machine.accelerator_count):
@@ -81,16 +75,13 @@ def gpu_environment(machine: Machine) -> dict[str, str]:
     return {EXPECTED_GPUS_VARIABLE: str(machine.accelerator_count)}
 
 
-# Vertex's DiskSpec.boot_disk_type takes "pd-ssd" (its default), "pd-standard" or
-# "hyperdisk-balanced", its default for A3 Ultra (aiplatform_v1.DiskSpec's docstring;
-# https://cloud.google.com/vertex-ai/docs/reference/rest/v1/DiskSpec). A3 Ultra and A4
-# machines boot from Hyperdisk only (Compute Engine); every other machine here takes pd-ssd.
+# A3 Ultra and A4 machines boot from Hyperdisk only (Compute Engine); every other machine
+# here takes Vertex's default pd-ssd (aiplatform_v1.DiskSpec).
 HYPERDISK_MACHINE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-")
 
 
 def boot_disk_type(machine_type: str) -> str:
-    """The boot disk type Vertex takes for `machine_type`: "hyperdisk-balanced" for A3
-    Ultra and A4 machines, else "pd-ssd"."""
+    """The boot disk type Vertex takes for `machine_type`."""
     if machine_type.startswith(HYPERDISK_MACHINE_PREFIXES):
         return "hyperdisk-balanced"
     return "pd-ssd"

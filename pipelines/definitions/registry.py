@@ -9,17 +9,15 @@ from kfp import dsl
 # Filled in by Vertex at run time: the project and region the pipeline runs in.
 PIPELINE_LOCATION = "{{$.pipeline_google_cloud_location}}"
 PIPELINE_PROJECT = "{{$.pipeline_google_cloud_project_id}}"
-# Where the fastai image's server (`python -m pipelines.serve`, its default command) listens
-# when Vertex serves a registered text model: `serving_model`'s arguments.
+# Where the fastai image's server (`pipelines.serve`) listens when Vertex serves a text model.
 SERVING_PORT = 8080
 SERVING_ROUTES = {"health_route": "/health", "predict_route": "/predict"}
 RUNTIME_SERVING = {"subdir": ".", "port": SERVING_PORT, **SERVING_ROUTES}
 
 
 class UploadOps(NamedTuple):
-    """What the upload of one pipeline kind's models takes: the `serving_model` and
-    `find_registered_model` components, the serving image and more `serving_model`
-    arguments (subdir, port, routes)."""
+    """The upload's `serving_model` and `find_registered_model` components, serving image
+    and more `serving_model` arguments (subdir, port, routes)."""
 
     serving_model: Callable
     find_model: Callable
@@ -41,7 +39,7 @@ def add_upload(ops: UploadOps, gate, model, display_name,
     Args:
         ops: The light steps' components and the serving container.
         gate: The registration gate task (its "Output" is the decision).
-        model: The trained model output to upload.
+        model: The trained model output.
         display_name: The Model Registry display name (a pipeline parameter).
         encryption_spec_key_name: CMEK key for the model, or "".
     """

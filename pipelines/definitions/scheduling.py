@@ -1,6 +1,5 @@
 """How a Vertex job gets its machines: on demand, Spot, flex-start (Dynamic Workload
-Scheduler), or from a reservation, set per step and refused here where Vertex would refuse
-them when the job starts (a named reservation's machines are checked by Vertex only)."""
+Scheduler), or from a reservation; refused here where Vertex would refuse them."""
 
 from __future__ import annotations
 
@@ -21,6 +20,9 @@ RESERVATION_NAME = re.compile(r"^projects/[a-z0-9][a-z0-9:.-]*/zones/[a-z]+-[a-z
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 _DURATION = re.compile(r"^(\d+)([smhd]?)$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# GCPC's custom-job arguments -> the names of a MachineSpec's `reservation_affinity`.
+_AFFINITY = {"reservation_affinity_type": "reservation_affinity_type",
+             "reservation_affinity_key": "key", "reservation_affinity_values": "values"}
 
 
 def strategy(machine: Machine, spot: bool) -> str:
@@ -46,8 +48,8 @@ def scheduling_problems(step: str, machine: Machine, spot: bool, timeout_s: int)
     Args:
         step: A key of DEFAULT_MACHINES (names the `--<step>-...` options).
         machine: The step's machines and scheduling.
-        spot: `--spot` (every step's default strategy).
-        timeout_s: The jobs' timeout (`--step-timeout`).
+        spot: `--spot`.
+        timeout_s: `--step-timeout`.
     """
     flag = "--" + step.replace("_", "-")
     chosen = machine.scheduling_strategy
@@ -107,14 +109,7 @@ def trial_scheduling(machine: Machine, spot: bool) -> tuple[dict[str, Any], dict
     """The tuning trials' CustomJobSpec `scheduling` and MachineSpec `reservation_affinity`
     (empty where nothing differs from Vertex's defaults)."""
     arguments = job_scheduling(machine, spot)
-    scheduling = {} if arguments["strategy"] == "STANDARD" else {
-        "strategy": arguments["strategy"]}
-    if "max_wait_duration" in arguments:
-        scheduling["max_wait_duration"] = arguments["max_wait_duration"]
-    affinity = {}
-    if "reservation_affinity_type" in arguments:
-        affinity = {"reservation_affinity_type": arguments["reservation_affinity_type"]}
-        if "reservation_affinity_key" in arguments:
-            affinity.update(key=arguments["reservation_affinity_key"],
-                            values=arguments["reservation_affinity_values"])
-    return scheduling, affinity
+    scheduling = {key: value for key, value in arguments.items() if key == "max_wait_duration"
+                  or (key == "strategy" and value != "STANDARD")}
+    return scheduling, {_AFFINITY[key]: value for key, value in arguments.items()
+                        if key in _AFFINITY}

@@ -1,11 +1,5 @@
-"""The steps of one pipeline build, made once from the image and the settings.
-
-A definition makes one `Steps` for its kind from the runtime image, the target
-(`vertex.VertexSettings`, `kubeflow.KubeflowSettings`; None locally) and the tuning settings,
-and its body calls the steps by role, never asking which target it compiles for. `STEPS`
-names each role's component, run-graph name, machines and settings class: a setting of a
-step's settings class is a parameter of its pipelines (`Steps.signature`), with its help.
-"""
+"""The steps of one pipeline build, made once from the image and the settings; a body
+calls them by role, never asking which target it compiles for."""
 
 from __future__ import annotations
 
@@ -45,7 +39,6 @@ class Target(Protocol):
     """Where a pipeline's steps run: `vertex.VertexSettings`, `kubeflow.KubeflowSettings`."""
 
     default_job_account: str
-    # What its pipelines say where the targets differ (`help_text.Words`).
     words: help_text.Words
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
@@ -65,8 +58,7 @@ class Target(Protocol):
         """The tuning variant's `search(training, job) -> training`."""
 
     def registration(self, kind: str, image: str) -> Callable | None:
-        """`add(params, gate, model)`: the steps that register a model that cleared the
-        gate; None where nothing is registered."""
+        """`add(params, gate, model)` registering a model; None where nothing is."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +70,7 @@ class Step:
         display_name: The task's name in the run graph.
         machine: Its key in `machine.DEFAULT_MACHINES`; empty for a light step.
         job_name: The custom job's name in the console.
-        settings: Its settings class: each of its fields among the step's inputs is a
-            pipeline parameter (`Steps.signature`).
+        settings: Its settings class: its fields among the inputs are pipeline parameters.
         hidden: Such inputs that are no pipeline parameter.
     """
 
@@ -138,25 +129,16 @@ STEPS: Mapping[str, Mapping[str, Step]] = {
 # Kinds with a tuning variant: the tuning step's name in the run graph and the console.
 TUNING_JOBS = {"image": "tune-densenet121", "text": "tune-text",
                "transformer": "tune-transformer"}
-# The tracking step's `kind` for each classifier pipeline kind: the rows of its trainer's
-# history. Both text trainers' have the same rows (model, stage, epoch, ...).
+# The tracking step's `kind` for each classifier: both text trainers' history rows are alike.
 TRACKED_AS = {"image": "image", "text": "text", "transformer": "text"}
-# Kinds whose registered models the runtime image serves (its default command is the
-# prediction server); image models are served by `--serving-image`.
+# Kinds whose registered models the runtime image serves; image models: `--serving-image`.
 SERVED_BY_THE_RUNTIME = ("text", "transformer")
 
 
 @functools.cache
 def component(function: Callable, image: str):
-    """A step's KFP component: `function` run in `image`, made once per process.
-
-    Args:
-        function: The step's KFP function.
-        image: Container image URI holding this package, the frameworks and kfp.
-
-    Returns:
-        A lightweight KFP component whose python is the container's first process.
-    """
+    """A step's KFP component, made once per process: `function` run in `image` (which holds
+    this package, the frameworks and kfp) as the container's first process."""
     made = dsl.component(function, base_image=image, install_kfp_package=False)
     command = made.component_spec.implementation.container.command
     # KFP's `sh -ec` script starts python as its child, and the SIGTERM of a preemption
@@ -168,7 +150,6 @@ def component(function: Callable, image: str):
     return made
 
 
-# The line of KFP's lightweight component command that starts the executor.
 KFP_EXECUTOR_LINE = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
 
 
@@ -178,18 +159,8 @@ class Steps:
     Args:
         kind: The pipeline kind, a key of `STEPS`.
         image: URI of the runtime image every step runs in.
-        target: Where each step runs; None for the local (`kfp.local`) variant, which
-            skips the model registry.
-        tune: Compiles the tuning variant: the target's search explores
-            `tune.spaces[kind]`, and training takes the best trial's values.
-
-    Attributes:
-        default_job_account: The default of `job_service_account` (the target's).
-        ops: Role to its component, as the target wraps it where the step has machines.
-        search: The target's search (`Target.search`); None but in the tuning variant.
-        registration: The target's `registration`; None where nothing is registered.
-        experiment: The MLflow experiment runs are tracked in: the name given `pipeline`.
-        words: What the target's pipelines say where the targets differ; None locally.
+        target: Where each step runs; None for the local (`kfp.local`) variant.
+        tune: Compiles the tuning variant, searching `tune.spaces[kind]`.
 
     Raises:
         ValueError: `tune` without a target.
@@ -203,13 +174,14 @@ class Steps:
         self.default_job_account = target.default_job_account if target is not None else ""
         self.words = target.words if target is not None else None
         made = {role: component(step.function, image) for role, step in self.table.items()}
-        # All made here, before a body makes a task (kubeflow/pipelines#9320); the
-        # trials run the trainer unwrapped.
+        # All made before a body makes a task (kubeflow/pipelines#9320); trials: unwrapped.
         self.search = None
         if tune is not None:
             self.search = target.search(made["train"], kind, tune,
                                         self.table["train"].machine, TUNING_JOBS[kind], image)
-        self.ops = {role: self._on_machines(role, op) for role, op in made.items()}
+        self.ops = {role: op if target is None or not self.table[role].machine else
+                    target.wrap(op, self.table[role].machine, self.table[role].job_name)
+                    for role, op in made.items()}
         self.registration = (target.registration(kind, image)
                              if target is not None and "gate" in self.table else None)
         self.experiment = ""
@@ -217,14 +189,9 @@ class Steps:
 
     def pipeline(self, name: str, tuning_name: str, lead: str, rest: str,
                  first: Sequence[inspect.Parameter], last: Sequence[inspect.Parameter]):
-        """The build's `@dsl.pipeline` decorator.
-
-        Args:
-            name: The pipeline's name, and the experiment its runs are tracked in.
-            tuning_name: The tuning variant's name.
-            lead, rest: The description, around the tuning variant's `words.tuning_clause`.
-            first, last: The pipeline's own parameters (`signature`).
-        """
+        """The build's `@dsl.pipeline` decorator: `name` (also the experiment runs are
+        tracked in) or `tuning_name`, the description `lead` and `rest` around the tuning
+        variant's `words.tuning_clause`, and the own parameters `first` and `last`."""
         self.experiment = name
         tuned = self.search is not None
         clause = self.words.tuning_clause if tuned else ""
@@ -234,7 +201,7 @@ class Steps:
     def signature(self, first: Sequence[inspect.Parameter],
                   last: Sequence[inspect.Parameter]) -> inspect.Signature:
         """The pipeline's parameters: `first`, each setting of its steps in the order they
-        run (as the step declares it), `last`, and `job_service_account`.
+        run, `last`, and `job_service_account`.
 
         Raises:
             ValueError: A parameter of `first` or `last` is also a step's setting.
@@ -258,16 +225,13 @@ class Steps:
     def defined(self, decorate: Callable, first: Sequence[inspect.Parameter] = (),
                 last: Sequence[inspect.Parameter] = ()) -> Callable:
         """`decorate` (a `dsl.pipeline(...)`) over the body `body(params)` with the
-        parameters `signature(first, last)` as the target says them (`spoken`).
-
-        On a thread of its own: each kfp task setting calls `inspect.stack()`, ~30 ms under
-        a deep caller in a large process (pytest), and a fresh thread's stack is short.
-        """
+        parameters `signature(first, last)` as the target says them (`spoken`)."""
         def define(body: Callable):
             said = spoken(body, self.signature(first, last), self.words)
             # Made before the body makes a task, as the others (kubeflow/pipelines#9320).
             self.ops["preflight"] = component(preflight.preflight_function(
                 self.kind, list(inspect.signature(said).parameters.values())), self.image)
+            # each kfp task setting calls `inspect.stack()`: short on a fresh thread
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 graph = pool.submit(decorate, said).result()
             self._describe(graph, body.__name__)
@@ -276,14 +240,8 @@ class Steps:
         return define
 
     def _describe(self, graph, function: str) -> None:
-        """Gives each of `graph`'s parameters its help: the target's words, else its own
-        in `help_text`, else that of the step inputs it feeds (inputs fed by another name
-        renamed to it); the target's rewrites made in all but its words.
-
-        Raises:
-            LookupError: A parameter's help has no home, or two, or `OWN_HELP[function]`
-                speaks of no parameter of it.
-        """
+        """Gives each parameter of `graph` its help: the target's words, else `help_text`,
+        else that of the step inputs it feeds; raises LookupError where it has no home."""
         inputs = graph.pipeline_spec.root.input_definitions.parameters
         words = self.words or help_text.Words("")
         own = {**help_text.HELP, **help_text.OWN_HELP.get(function, {})}
@@ -320,18 +278,9 @@ class Steps:
         found = component(self.table[role].function, self.image).component_spec.inputs or {}
         return found[key].description or "" if key in found else ""
 
-    def _on_machines(self, role: str, op: Callable) -> Callable:
-        """`op` as the target wraps it on the step's machines."""
-        step = self.table[role]
-        if self.target is None or not step.machine:
-            return op
-        return self.target.wrap(op, step.machine, step.job_name)
-
-    def _placed(self, task, role: str):
-        """`task` as the target places it."""
-        if self.target is None:
-            return task
-        return self.target.place(task, self.table[role].machine)
+    def _placed(self, task, machine: str):
+        """`task` as the target places it on `machine` (empty: a light step)."""
+        return task if self.target is None else self.target.place(task, machine)
 
     def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """What every job of the run takes: on Vertex, the run's `job_service_account`."""
@@ -344,20 +293,16 @@ class Steps:
         settings = self.target.preflight_inputs() if self.target is not None else {}
         task = op(**{name: value for name, value in params.items()
                      if name in op.component_spec.inputs}, **settings)
-        task = task.set_display_name("preflight").set_caching_options(False)
-        return self.target.place(task, "") if self.target is not None else task
+        return self._placed(task.set_display_name("preflight").set_caching_options(False), "")
 
     def run(self, role: str, params: Mapping[str, Any], **arguments):
-        """The task of the step `role` (a key of the kind's `STEPS`).
+        """The task of the step `role`, named in the run graph.
 
         Args:
             role: A key of the kind's `STEPS`.
             params: The pipeline parameters by name (the body's `params`).
             **arguments: The step's inputs; a step with `settings` also takes every pipeline
                 parameter named as one of its inputs (`arguments` win).
-
-        Returns:
-            The task, named in the run graph.
         """
         step = self.table[role]
         if step.settings:
@@ -367,11 +312,11 @@ class Steps:
                 self.fed.setdefault(value.name, set()).add((role, key))
         job = self.job(params) if step.machine else {}
         return self._placed(self.ops[role](**arguments, **job).set_display_name(
-            step.display_name), role)
+            step.display_name), step.machine)
 
     def train(self, params: Mapping[str, Any], **arguments):
-        """The training task (`run("train", ...)`); in the tuning variant the target's search
-        comes first, and training takes the best trial's values."""
+        """The training task; in the tuning variant the target's search comes first, and
+        training takes the best trial's values."""
         if self.search is None:
             return self.run("train", params, **arguments)
         training = {**_named_inputs(self.table["train"].function, params), **arguments}
@@ -380,15 +325,14 @@ class Steps:
     def evaluate_and_publish(self, outputs: type, params: Mapping[str, Any], train, dataset,
                              split, predict_fingerprint):
         """What follows training in every classifier pipeline: evaluation of `train`'s
-        model on `dataset`'s `split`, the gate, the upload, prediction (`predict_uri`) and
-        tracking (`tracking_uri`).
+        model on `dataset`'s `split`, the gate, the upload, prediction and tracking.
 
         Returns:
             The pipeline's `outputs` (its NamedTuple), each field taken by name from the
             model, `dataset`, the evaluation's outputs and the gate's decision ("register").
 
         Raises:
-            ValueError: Called in a body not decorated by `pipeline` (no experiment).
+            ValueError: In a body not decorated by `pipeline` (no experiment).
         """
         if not self.experiment:
             raise ValueError("decorate the pipeline body with steps.pipeline(...): it names "
@@ -396,27 +340,19 @@ class Steps:
         model = train.outputs["model"]
         evaluate = self.run("evaluate", params, model=model, dataset=dataset, split=split,
                             batch_size=params["eval_batch_size"])
-        gate = self.gate(params, evaluate)
-        self.upload(params, gate, model)
+        gate = self.run("gate", params, evaluation=evaluate.outputs["evaluation"],
+                        metric=params["registration_metric"],
+                        threshold=params["registration_threshold"],
+                        enabled=params["register_model"],
+                        beat_baselines=params["registration_beats_baselines"])
+        if self.registration is not None:  # none locally
+            self.registration(params, gate, model)
         self.predict(params, model=model, data_fingerprint=predict_fingerprint)
         self.track(params, self.experiment, model=model,
                    evaluation=evaluate.outputs["evaluation"], kind=TRACKED_AS[self.kind])
         named = {**evaluate.outputs, "model": model, "dataset": dataset,
                  "register": gate.outputs["Output"]}
         return outputs(**{field: named[field] for field in outputs._fields})
-
-    def gate(self, params: Mapping[str, Any], evaluate):
-        """The registration gate on `evaluate`'s evaluation; its "Output" is the decision."""
-        return self.run("gate", params, evaluation=evaluate.outputs["evaluation"],
-                        metric=params["registration_metric"],
-                        threshold=params["registration_threshold"],
-                        enabled=params["register_model"],
-                        beat_baselines=params["registration_beats_baselines"])
-
-    def upload(self, params: Mapping[str, Any], gate, model) -> None:
-        """The target's registration of `model` under `gate`; none locally."""
-        if self.registration is not None:
-            self.registration(params, gate, model)
 
     def predict(self, params: Mapping[str, Any], **arguments) -> None:
         """Batch prediction of `predict_uri`'s data, when it is set."""
@@ -442,8 +378,8 @@ def parameter(name: str, annotation: type,
 
 def classifier_parameters(metric: str, threshold: float,
                           model_name: str) -> list[inspect.Parameter]:
-    """What every classifier pipeline takes after its steps' settings (for
-    `Steps.evaluate_and_publish`), with its gate's and registered model's defaults."""
+    """What every classifier pipeline takes after its steps' settings, with its gate's and
+    registered model's defaults (for `Steps.evaluate_and_publish`)."""
     return [parameter("eval_batch_size", int, 64), parameter("register_model", bool, True),
             parameter("registration_metric", str, metric),
             parameter("registration_threshold", float, threshold),

@@ -1,8 +1,6 @@
-"""The text classification pipeline: prepare/split a labelled CSV, train ULMFiT, evaluate
-(-> register)."""
+"""The text classification pipeline: prepare a labelled CSV, train ULMFiT, evaluate, register."""
 # No `from __future__ import annotations` here: KFP reads the pipeline signature's real types.
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -11,6 +9,7 @@ from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
 from components.common.metrics import EVALUATION_FILE
 from components.common.report_html import REPORT_HTML_FILE
+from components.common.storage import read_json
 from components.prepare_text.contract import MANIFEST, MULTI_LABEL
 from components.text_common.contract import TRAINING_METRICS_FILE
 from pipelines.definitions import registry, tuning
@@ -43,7 +42,6 @@ def build(image: str, target: "Target | None" = None,
     """
     steps = Steps("text", image, target, tune)
 
-    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "trains a fastai ULMFiT classifier, evaluates it on the test split and "
                     "registers it.",
@@ -77,13 +75,6 @@ def summarize_run(outputs: Mapping[str, Any], summarize_artifacts=None) -> dict[
     return summary
 
 
-def read_json_if_present(path: str) -> dict[str, Any] | None:
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
 def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     """What a local run of the text pipeline produced, in the shape of `summary.json`.
 
@@ -95,7 +86,7 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
         `{"metrics", "baseline", "preparation", "training", "artifacts"}`; single-label
         runs report per class, micro F1 being the accuracy.
     """
-    result = read_json_if_present(os.path.join(artifacts["evaluation"], EVALUATION_FILE))
+    result = read_json(os.path.join(artifacts["evaluation"], EVALUATION_FILE), optional=True)
     if result is None:
         raise FileNotFoundError(f"no {EVALUATION_FILE} in {artifacts['evaluation']}")
     multi = result["task"] == MULTI_LABEL
@@ -119,33 +110,26 @@ def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
         })
     # Cheap models on the same split, with the same metric names (common.baselines).
     summary: dict[str, Any] = {"metrics": metrics, "baseline": result.get("baseline", {})}
-    manifest = read_json_if_present(os.path.join(artifacts.get("dataset", ""), MANIFEST))
+    manifest = read_json(os.path.join(artifacts.get("dataset", ""), MANIFEST), optional=True)
     if manifest:
         summary["preparation"] = {
-            "rows_in": manifest["rows_in"],
-            "rows_kept": manifest["rows_kept"],
+            "rows_in": manifest["rows_in"], "rows_kept": manifest["rows_kept"],
             "dropped": {kind: d["count"] for kind, d in manifest["dropped"].items()},
-            "given_other": manifest["given_other"],
-            "labels": manifest["labels"],
+            "given_other": manifest["given_other"], "labels": manifest["labels"],
             "splits": {s: v["rows"] for s, v in manifest["splits"].items()},
         }
-    training = read_json_if_present(os.path.join(artifacts.get("model", ""),
-                                                 TRAINING_METRICS_FILE))
+    training = read_json(os.path.join(artifacts.get("model", ""), TRAINING_METRICS_FILE),
+                         optional=True)
     if training:
         run = training["run"]
         summary["training"] = {
-            "epochs": len(training["history"]),
-            "best": training.get("best"),
-            "classifier_epoch_seconds": run["classifier_epoch_seconds"],
-            "train_tokens": run["train_tokens"],
-            "parameters": run["parameters"],
-            "device": run["device"],
-            "precision": run["precision"],
+            "epochs": len(training["history"]), "best": training.get("best"),
+            **{key: run[key] for key in ("classifier_epoch_seconds", "train_tokens",
+                                         "parameters", "device", "precision")},
             "unfreeze": run.get("unfreeze"),
             "found_learning_rates": run.get("found_learning_rates", {}),
             "restarts": run.get("restarts", []),
-            "learnt_nothing": run.get("learnt_nothing"),
-            "lm_discarded": run.get("lm_discarded"),
+            **{key: run.get(key) for key in ("learnt_nothing", "lm_discarded")},
         }
     summary["artifacts"] = {**artifacts, "report_html": os.path.join(artifacts["evaluation"],
                                                                      REPORT_HTML_FILE)}

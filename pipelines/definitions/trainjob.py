@@ -1,10 +1,6 @@
-"""The transformer training step past one pod on Kubeflow: a launcher of a TrainJob.
-
-With `--train-transformer-replica-count N` (N > 1) the step is a pod without GPUs that
-creates a Kubeflow Trainer TrainJob of N nodes, follows it and copies its model out. KFP
-2.14 has no `TaskConfig` passthrough, so each node's pod is compiled into the launcher's
-inputs (`node_inputs`); the launcher takes every input of the one-pod trainer too.
-"""
+"""The transformer training step past one pod on Kubeflow: a pod without GPUs launching a
+Kubeflow Trainer TrainJob of N nodes, whose pods are compiled into its inputs (KFP 2.14 has
+no `TaskConfig` passthrough); it takes every input of the one-pod trainer too."""
 
 from __future__ import annotations
 

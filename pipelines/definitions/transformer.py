@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from components.common.storage import read_json
 from components.text_common.contract import TRAINING_METRICS_FILE
 from pipelines.definitions import text, tuning
 from pipelines.definitions.steps import Steps, Target, classifier_parameters, parameter
@@ -22,7 +23,6 @@ def build(image: str, target: "Target | None" = None,
     the tuning variant searches `tune.spaces["transformer"]`."""
     steps = Steps("transformer", image, target, tune)
 
-    # The parameters: its own and its steps' settings (`Steps.signature`), with their help.
     @steps.pipeline(PIPELINE_NAME, TUNING_PIPELINE_NAME, "Splits a labelled text CSV, ",
                     "fine-tunes a Hugging Face transformer encoder, evaluates it on the test "
                     "split and registers it.",
@@ -43,32 +43,20 @@ def build(image: str, target: "Target | None" = None,
     return transformer_pipeline
 
 
-def training_summary(training: Mapping[str, Any]) -> dict[str, Any]:
-    """The `training` section of a run's summary, from the trainer's metrics.json (a
-    value the file lacks is None)."""
-    run = training.get("run", {})
-    return {
-        "epochs": len(training.get("history", [])),
-        "best": training.get("best"),
-        **{key: run.get(key) for key in (
-            "model_name", "arch", "classifier_epoch_seconds", "train_tokens", "parameters",
-            "device", "precision", "world_size", "stopped_early", "resumed_from",
-            "texts_truncated", "seconds", "learnt_nothing")},
-    }
-
-
 def summarize(artifacts: Mapping[str, str]) -> dict[str, Any]:
     """`text.summarize`'s summary of `artifacts` with this trainer's `training` section."""
     # The fastai trainer's training section is not this trainer's: the model is read here.
     summary = text.summarize({name: path for name, path in artifacts.items() if name != "model"})
-    training = text.read_json_if_present(os.path.join(artifacts.get("model", ""),
-                                                      TRAINING_METRICS_FILE))
-    if training:
-        summary["training"] = training_summary(training)
+    training = read_json(os.path.join(artifacts.get("model", ""), TRAINING_METRICS_FILE),
+                         optional=True)
+    if training:  # a value the file lacks: None
+        run = training.get("run", {})
+        summary["training"] = {
+            "epochs": len(training.get("history", [])), "best": training.get("best"),
+            **{key: run.get(key) for key in (
+                "model_name", "arch", "classifier_epoch_seconds", "train_tokens", "parameters",
+                "device", "precision", "world_size", "stopped_early", "resumed_from",
+                "texts_truncated", "seconds", "learnt_nothing")},
+        }
     summary["artifacts"] = {**artifacts, **summary.pop("artifacts")}
     return summary
-
-
-def summarize_run(outputs: Mapping[str, Any]) -> dict[str, Any]:
-    """`text.summarize_run` with this pipeline's `summarize`."""
-    return text.summarize_run(outputs, summarize)

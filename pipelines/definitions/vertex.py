@@ -1,8 +1,5 @@
-"""Where each step runs on Vertex: machine specs baked into the compiled JSON.
-
-GCPC's custom-job wrapper bakes them into `worker_pool_specs` at compile time
-(kubeflow/pipelines#10902), so they are `compile.py` options, not pipeline parameters.
-"""
+"""Where each step runs on Vertex: a custom job whose machines GCPC bakes into
+`worker_pool_specs` at compile time (kubeflow/pipelines#10902): compile.py options."""
 
 from __future__ import annotations
 
@@ -11,9 +8,7 @@ import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from google_cloud_pipeline_components.v1.custom_job import (
-    create_custom_training_job_from_component,
-)
+from google_cloud_pipeline_components.v1.custom_job import create_custom_training_job_from_component
 from kfp import dsl
 
 from pipelines.definitions.help_text import VERTEX as VERTEX_WORDS
@@ -27,12 +22,10 @@ from pipelines.definitions.machine import (
 )
 from pipelines.definitions.scheduling import job_scheduling
 
-# Steps whose code uses several replicas (multi-worker training); in any other step
-# extra replicas would all run the same step and race on its outputs.
+# Steps whose code uses several replicas; in others, they would race on the outputs.
 MULTI_REPLICA_STEPS = ("train_image", "train_transformer")
-# Vertex custom training's machine table (cloud.google.com/vertex-ai/docs/training/
-# configure-compute) and N1's vCPU limits per GPU count (cloud.google.com/compute/docs/gpus),
-# read 2026-11: a type Vertex adds later is refused until it is added here.
+# Vertex custom training's machine table and N1's vCPU limits per GPU count (their docs, read
+# 2026-11): a type Vertex adds later is refused until it is added here.
 CPU_MACHINE_TYPES = frozenset(
     [f"e2-standard-{n}" for n in (4, 8, 16, 32)] + [f"e2-highmem-{n}" for n in (2, 4, 8, 16)]
     + [f"e2-highcpu-{n}" for n in (16, 32)]
@@ -55,15 +48,8 @@ N1_GPU_VCPUS: Mapping[str, Mapping[int, int]] = {
 
 
 def machine_problems(step: str, machine: Machine) -> list[str]:
-    """What Vertex (or this step) would reject in `machine`, each naming the option.
-
-    Args:
-        step: A key of DEFAULT_MACHINES (names the `--<step>-...` options).
-        machine: The step's machines.
-
-    Returns:
-        One message per problem (Vertex's machine table, its `AcceleratorType` names).
-    """
+    """What Vertex (its machine table, its `AcceleratorType` names) or this step would
+    reject in `machine`, one message per problem naming the `--<step>-...` option."""
     flag = "--" + step.replace("_", "-")
     problems = _gpu_problems(flag, machine)
     if machine.replica_count < 1:
@@ -123,18 +109,15 @@ def _gpu_problems(flag: str, machine: Machine) -> list[str]:
 
 def persistent_resource_problems(path: str, steps: Mapping[str, Machine | None], network: str,
                                  key: str) -> tuple[str, list[str]]:
-    """The persistent resource's ID, and what Vertex would reject in running `steps` on it:
-    another network or CMEK key, or a worker pool no resource pool fits (machine, GPUs,
-    disk type, replicas).
+    """The persistent resource's ID ("" without `path`), and what Vertex would reject in
+    running `steps` on it: another network or CMEK key, or a worker pool no resource pool
+    fits (machine, GPUs, disk type, replicas).
 
     Args:
         path: `--persistent-resource`: gcloud's `describe --format json` of it; empty: none.
         steps: Each step to run there (`--persistent-resource-steps`), None if unknown.
         network: `--network` of the jobs.
         key: `--encryption-key` of the jobs.
-
-    Returns:
-        The resource's ID ("" without `path`) and one message per problem.
     """
     from google.cloud.aiplatform_v1 import PersistentResource, PersistentResourceServiceClient
 
@@ -181,24 +164,15 @@ def persistent_resource_problems(path: str, steps: Mapping[str, Machine | None],
 
 @dataclasses.dataclass(frozen=True)
 class VertexSettings:
-    """Settings of every custom job the pipeline starts (compile.py's Vertex options).
+    """Settings of every custom job the pipeline starts; the fields not listed are
+    compile.py's Vertex options of the same names (`vertex_options`).
 
     Attributes:
         machines: Step name (a key of DEFAULT_MACHINES) to its machines.
-        spot: Use Spot VMs (training resumes from checkpoints).
-        restart_job_on_worker_restart: Restart the job when a worker restarts (always with
-            several replicas).
-        service_account: Service account the jobs run as; empty for the default.
-        network: VPC network for peering, `projects/NUMBER/global/networks/NAME`.
-        encryption_spec_key_name: Cloud KMS key (CMEK) for the jobs' resources.
-        base_output_directory: gs:// folder under which Vertex sets each job's AIP_* folders.
+        encryption_spec_key_name: `--encryption-key`, the Cloud KMS key (CMEK).
         timeout: Longest a job may run, e.g. "86400s".
-        serving_image: Prediction image of uploaded image models; empty: no upload.
-        tensorboard: Vertex AI TensorBoard the training jobs upload to; empty for none.
         persistent_resource_id: Persistent resource the jobs of `persistent_resource_steps`
             run on; empty: GCPC's default (the run's own, if any).
-        persistent_resource_steps: The steps (keys of DEFAULT_MACHINES) that run there.
-        tune_early_stopping: The tuning study's stopping rule (`tuning.STOPPING_RULES`).
     """
 
     machines: Mapping[str, Machine] = dataclasses.field(
@@ -215,13 +189,11 @@ class VertexSettings:
     persistent_resource_id: str = ""
     persistent_resource_steps: frozenset = frozenset()
     tune_early_stopping: str = "none"
-    # Each step's custom-job component, made once for every pipeline these settings build
-    # (GCPC's wrapper passes the component through YAML: ~0.1 s each).
+    # Each step's custom-job component, made once (GCPC's wrapper takes ~0.1 s each).
     wrapped: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                       compare=False)
 
-    # What its pipelines say (steps.Target): the docstrings' Args, a Vertex tuning job.
-    words = VERTEX_WORDS
+    words = VERTEX_WORDS  # steps.Target
 
     @property
     def default_job_account(self) -> str:
@@ -232,18 +204,15 @@ class VertexSettings:
         """`component` (never a task: kubeflow/pipelines#10418) as a custom job on `step`'s
         machines, made once per key."""
         key = (component, step, display_name)
-        if key not in self.wrapped:
-            self.wrapped[key] = self._custom_job(component, step, display_name)
-        return self.wrapped[key]
-
-    def _custom_job(self, component: Callable, step: str, display_name: str) -> Callable:
+        if key in self.wrapped:
+            return self.wrapped[key]
         machine = self.machines[step]
         # Each job's own folder: one for all would mix their TensorBoard logs.
         base = self.base_output_directory.rstrip("/")
         output = (f"{base}/{dsl.PIPELINE_JOB_NAME_PLACEHOLDER}/{display_name}"
                   if self.base_output_directory else "")
         resource = self.persistent_resource_id if step in self.persistent_resource_steps else ""
-        return create_custom_training_job_from_component(
+        self.wrapped[key] = create_custom_training_job_from_component(
             component,
             display_name=display_name,
             machine_type=machine.machine_type,
@@ -253,8 +222,7 @@ class VertexSettings:
             boot_disk_type=boot_disk_type(machine.machine_type),
             boot_disk_size_gb=machine.boot_disk_size_gb,
             **job_scheduling(machine, self.spot),
-            # Multi-worker all-reduce cannot go on without a lost worker: restart them all,
-            # and every replica resumes from the shared checkpoints.
+            # all-reduce cannot go on without a lost worker: all restart from the checkpoints
             restart_job_on_worker_restart=(self.restart_job_on_worker_restart
                                            or machine.replica_count > 1),
             service_account=self.service_account,
@@ -267,6 +235,7 @@ class VertexSettings:
             # none given keeps GCPC's default, so the JSON is unchanged
             **({"persistent_resource_id": resource} if resource else {}),
         )
+        return self.wrapped[key]
 
     def place(self, task, step: str):
         """`task` as it is: a custom job's machines are in its wrapper (`wrap`)."""
@@ -278,7 +247,7 @@ class VertexSettings:
 
     def preflight_inputs(self) -> dict[str, str]:
         """The TensorBoard, if any: Vertex refuses it for a job without a user-managed
-        account, and `job_service_account` is a run-time parameter the preflight checks."""
+        account, and `job_service_account` is a run-time parameter."""
         return {"tensorboard": self.tensorboard} if self.tensorboard else {}
 
     def registration(self, kind: str, image: str) -> Callable | None:
