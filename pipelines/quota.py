@@ -91,7 +91,7 @@ def step_quota(spec: Mapping, component: Mapping) -> str:
     if any(pool.get("machine_spec", {}).get("reservation_affinity") for pool in pools):
         return RESERVED
     strategy = parameters.get("strategy", {}).get("defaultValue")
-    if strategy is None:  # a tuning job: the trials' scheduling is in its launcher payload
+    if strategy is None:  # a tuning job: the trials' scheduling is in its launcher arguments
         executor = spec["deploymentSpec"]["executors"].get(component.get("executorLabel"), {})
         text = json.dumps(executor)
         strategy = next((s for s in ("FLEX_START", "SPOT") if re.search(rf"\b{s}\b", text)),

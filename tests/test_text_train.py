@@ -212,6 +212,8 @@ def test_bad_settings_are_clear_errors(dataset, tmp_path):
             TrainConfig(threshold=threshold)
     with pytest.raises(TextTrainingError, match="epochs must be >= 1.*batch_size must be >= 1"):
         TrainConfig(epochs=-1, batch_size=0)
+    with pytest.raises(TextTrainingError, match="model_config applies to training from scratch"):
+        TrainConfig(pretrained=True, model_config={"emb_sz": 8})
     with pytest.raises(TextTrainingError, match="unknown AWD_LSTM setting"):
         train_text_classifier(dataset, str(tmp_path / "m"),
                               TrainConfig(pretrained=False, model_config={"hidden": 3}, **FAST))

@@ -170,9 +170,6 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
         pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
     except PreflightError:  # the training check says so ("training: pretrained: ...")
         pretrained = False
-    if pretrained and model_config:  # the trainer's rule
-        problems.append("model_config applies to training from scratch; a pretrained LM's "
-                        "settings come from its config.json: leave model_config empty")
     if pretrained:
         root = str(parameters.get("lm_assets", ""))
         lang = str(parameters.get("lang", config.lang if config else ""))

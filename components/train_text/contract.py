@@ -116,7 +116,10 @@ class TrainConfig:
     checkpoint_every_steps: int = setting(0, preemption.EVERY_STEPS_HELP, ge=0)
 
     def __post_init__(self) -> None:
-        check_settings(self, TextTrainingError)
+        scratch_only = (["model_config applies to training from scratch; a pretrained LM's "
+                         "settings come from its config.json: leave model_config empty"]
+                        if self.pretrained and self.model_config else [])
+        check_settings(self, TextTrainingError, *scratch_only)
 
 
 def parse_model_config(text: str) -> dict[str, Any]:

@@ -146,10 +146,6 @@ def _prepare(data: PreparedDataset, config: TrainConfig, plan: list[schedule.Sta
 def _architecture(config: TrainConfig, lm_assets_uri: str,
                   scratch: str) -> tuple[LMAssets | None, dict[str, Any]]:
     """The pretrained LM's assets (copied into `scratch`) and the AWD-LSTM settings given."""
-    if config.pretrained and config.model_config:
-        raise TextTrainingError(
-            "model_config applies to training from scratch; a pretrained LM's "
-            "settings come from its config.json")
     assets = resolve_assets(lm_assets_uri, config.lang, config.backwards, scratch) \
         if config.pretrained else None
     arch_config, source = ((assets.config, f"{lm_assets_uri} config.json") if assets else
