@@ -63,12 +63,11 @@ def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
                  tensorboard_dir: str | None = None,
                  environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
     """Checkpoint and TensorBoard folders: the given ones, else this task's sub-folder of
-    Vertex's AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR (gs:// through /gcs/).
+    AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR (gs:// through /gcs/).
 
     Args:
-        model_dir: The step's model output folder (names the task's sub-folder).
-        checkpoint_dir: Explicit folder, or None/"" for the environment's.
-        tensorboard_dir: Explicit folder, or None/"" for the environment's.
+        model_dir: The step's model folder (names the task's sub-folder).
+        checkpoint_dir, tensorboard_dir: Explicit folders; None/"": the environment's.
         environ: Environment to read; default `os.environ`.
 
     Returns:

@@ -1,14 +1,10 @@
 """The transformer step past one pod on Kubeflow: the launcher's side of the TrainJob.
 
-With `--train-transformer-replica-count N` (N > 1) on Kubeflow the training step is a pod
-without GPUs (`component.train_transformer_trainjob`) that stages the dataset where the
-nodes can read it (its s3:// or gs:// URI, else a copy under the checkpoint root: a node
-has no credentials for KFP's own `minio://`), runs a TrainJob of N nodes
-(`components.trainjob`; each runs `components.train_transformer.node`) owned by this pod
-(KFP 2.14's `KFP_POD_NAME`, `KFP_POD_UID`), and copies the model node 0 uploaded into its
-`Output[Model]`. The job is named from the model's URI and the pod's uid: a retried step
-deletes the earlier attempt's job (by the task's label) and its nodes resume from the
-checkpoints sealed under the same task folder.
+With N > 1 replicas the step is a pod without GPUs (`component.train_transformer_trainjob`)
+that stages the dataset where nodes can read it (a node has no credentials for KFP's
+`minio://`), runs a TrainJob of N nodes (`node.py`) owned by this pod, and copies the model
+node 0 uploaded into its `Output[Model]`. A retried step deletes the earlier attempt's job
+(the task's label); its nodes resume from the checkpoints of the same task folder.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """One node of the transformer step's TrainJob, as a Kubeflow Trainer node runs it.
 
-    python -m components.train_transformer.node --dataset-uri URI --model-uri URI \
-        --config JSON [--checkpoint-root URI] [--tensorboard-dir URI]
-
-A node is no KFP pod: nothing moves its inputs or outputs, so it maps Trainer's `PET_*`
-variables onto torchrun's, fetches the dataset, trains through `launch.train` (checkpoints
-under `--checkpoint-root`, in the model's task folder: a node started again resumes), and
-node 0 (rank 0) uploads the model to `--model-uri`. Node 0 also deletes the job once the
-launcher pod that owns it no longer runs (`watch_owner`): a cancelled step frees the GPUs.
+A node is no KFP pod: it maps Trainer's `PET_*` variables onto torchrun's, fetches the
+dataset, trains through `launch.train` (checkpoints in the task's folder under
+`--checkpoint-root`: a restarted node resumes), and node 0 uploads the model to `--model-uri`
+and deletes the job once the launcher pod no longer runs (`watch_owner`).
 """
 
 from __future__ import annotations
@@ -37,9 +33,7 @@ MODEL_ROOT = "/tmp/trainjob-node"
 
 @dataclasses.dataclass(frozen=True)
 class NodePlan:
-    """What one node does, read from its arguments (`parser`) and environment:
-    `environment` holds the variables to set before training (torchrun's, the checkpoint
-    and log folders)."""
+    """What one node does; `environment`: the variables to set before training."""
 
     dataset_uri: str
     model_uri: str

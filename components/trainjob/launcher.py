@@ -1,18 +1,14 @@
 """The launcher: creates the TrainJob, follows it to its end, and always deletes it.
 
-KFP cannot create a custom resource, so a launcher pod does: strict field validation (an
-older Trainer refuses a field it lacks), then polling (a watch is closed by the API server
-every few minutes) of `status.conditions` and the node pods, node 0's log streamed into
-its own. A failed node fails the step at once (`node_problem`): JobSet defaults the node
-pods to `restartPolicy: OnFailure` with `backoffLimit: 6`, so a crashed node would restart
-in place while the others wait in the rendezvous until NCCL's timeout.
+KFP cannot create a custom resource, so a launcher pod does (strict field validation), then
+polls (the API server closes watches) the job's conditions and node pods, streaming node 0's
+log. A failed node fails the step at once (`node_problem`): JobSet would restart it in place
+while the others wait in the rendezvous until NCCL's timeout.
 
-The job is deleted on the way out (`finally`), and on SIGTERM by the handler itself on
-connections of its own (Argo's emissary exits within a second of KFP's cancel). A launcher
-stopped without cleanup leaves its pod object, so node 0 watches it (`watch_owner`).
-One job of a task at a time: before creating, the job of this name and (`task_selector`)
-the task's earlier attempts are deleted in the foreground and waited for, since their
-result cannot be adopted and refusing would fail every retry.
+The job is deleted on the way out, and on SIGTERM by the handler on its own connections
+(Argo's emissary exits within a second of a cancel); node 0 watches the launcher pod
+(`watch_owner`) for a launcher stopped without cleanup. Before creating, the task's
+earlier jobs are deleted and waited for: their result cannot be adopted.
 """
 
 from __future__ import annotations
@@ -58,9 +54,9 @@ class TrainJobCancelled(TrainJobError):
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    """How the launcher paces its calls: between polls, the longest wait for a leftover
-    job to go and for node 0's log to end, API errors in a row tolerated, and how long a
-    node pod may stay unschedulable (an autoscaler adds a GPU machine in minutes)."""
+    """The launcher's pace: between polls, the longest waits for a leftover job to go and
+    node 0's log to end, API errors in a row tolerated, and how long a node pod may stay
+    unschedulable (an autoscaler adds a GPU machine in minutes)."""
 
     poll_seconds: float = 10.0
     clear_seconds: float = 600.0

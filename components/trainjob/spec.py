@@ -1,13 +1,9 @@
 """The TrainJob a launcher step creates: Kubeflow Trainer 2.2-2.3 (`trainer.kubeflow.org/v1alpha1`).
 
-Every part is built as `kubeflow-trainer-api`'s typed model (pinned at 2.3.0) and
-serialised by its `to_dict`, so each field set is one the 2.3 API has. The models ignore
-unknown keys, so `validate_manifest` reads a manifest back through them and refuses any
-key they would drop or value they would change (`tools.trainer_releases` runs it on
-2.2's and 2.1's models too). The pod settings go in one `spec.runtimePatches` entry of the
-`node` replicated job, with `sidecar.istio.io/inject: "false"`: the mesh refuses
-node-to-node traffic through JobSet's headless service (kubeflow/trainer#2794, #2872).
-The ownerReference to the launcher pod garbage-collects the job with the pod object.
+Built from `kubeflow-trainer-api`'s typed models (2.3.0); they drop unknown keys, so
+`validate_manifest` reads a manifest back and refuses what they would drop or change. The
+pod settings are one `runtimePatches` entry of the `node` job, with istio injection off: the
+mesh refuses node-to-node traffic through JobSet's headless service (kubeflow/trainer#2794).
 """
 
 from __future__ import annotations
