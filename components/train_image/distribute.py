@@ -1,10 +1,8 @@
 """Choose the `tf.distribute` strategy and the precision policy from the environment.
 
-The choices are pure functions of plain values; `prepare_environment` alone reads the
-environment. MultiWorkerMirroredStrategy reads only `TF_CONFIG`: where Vertex set only
-`CLUSTER_SPEC`, it is derived as Vertex maps pools (workerpool0 -> chief, 1 -> worker,
-2 -> ps, 3 -> evaluator, left out of the training cluster). TensorFlow is imported inside
-the functions that need it (`bench/gpu_bench.py` runs without it).
+`prepare_environment` alone reads the environment. MultiWorkerMirroredStrategy reads only
+`TF_CONFIG`: from Vertex's `CLUSTER_SPEC` it is derived (workerpool0 -> chief, 1 -> worker,
+2 -> ps, 3 -> evaluator, left out). TensorFlow is imported late (`bench/gpu_bench.py`).
 """
 
 from __future__ import annotations
@@ -68,7 +66,7 @@ def tf_config_from_cluster_spec(cluster_spec: dict) -> dict:
     """Derives TensorFlow's `TF_CONFIG` from Vertex's `CLUSTER_SPEC` (module docstring).
 
     Raises:
-        ValueError: The spec has no task, or a pool this mapping does not know.
+        ValueError: The spec has no task, or an unknown pool.
     """
     cluster = {}
     for pool, hosts in _cluster_of(cluster_spec).items():
@@ -177,9 +175,9 @@ class Environment:
 
 def prepare_environment(precision_mode: str,
                         environ: MutableMapping[str, str] | None = None) -> Environment:
-    """Reads TF_CONFIG / CLUSTER_SPEC and the GPUs, and picks strategy and precision;
-    writes a `TF_CONFIG` derived from `CLUSTER_SPEC` where several workers need one. Call
-    it before creating the strategy.
+    """Picks strategy and precision from TF_CONFIG / CLUSTER_SPEC and the GPUs, and writes
+    a `TF_CONFIG` derived from `CLUSTER_SPEC` where several workers need one (call it before
+    creating the strategy).
 
     Args:
         precision_mode: "auto", "on" or "off" (see `choose_precision`).

@@ -1,14 +1,12 @@
 """Train the image classifier on a sharded dataset: the driver, its callbacks, its resume state.
 
-With pretrained weights: a "head" phase on the frozen base, then "fine_tune" of the top blocks
-at a lower learning rate; from scratch, one "full" phase of `epochs + fine_tune_epochs`.
-Epochs are numbered across phases (one TensorBoard curve).
+Pretrained: a "head" phase on the frozen base, then "fine_tune" of the top blocks; from
+scratch, one "full" phase. Epochs are numbered across phases (one TensorBoard curve).
 
-Restarts resume from the last backup (each epoch's end, a SIGTERM's step, or every
-`checkpoint_every_steps`). Under `checkpoint_dir`: run.json (fingerprint of config, dataset
-and replicas: another run refuses it), backup-<phase>/ (BackupAndRestore: one per phase,
-each with its own optimizer), history-<phase>.json, <phase>.weights.npz and, written last,
-<phase>.done.json. Finished phases are loaded and skipped; all is deleted once exported.
+Restarts resume from the last backup (epoch end, SIGTERM step, `checkpoint_every_steps`).
+Under `checkpoint_dir`: run.json (the run's fingerprint), backup-<phase>/ (BackupAndRestore),
+history-<phase>.json, <phase>.weights.npz and, last, <phase>.done.json. Finished phases are
+loaded and skipped; all is deleted once exported.
 """
 
 from __future__ import annotations
@@ -80,8 +78,7 @@ def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
 
 
 def fetch_weights(weights: str | None, workdir: str) -> str | None:
-    """Makes a weights setting ("imagenet", "none"/None, a path or gs:// URI) loadable:
-    gs:// files are copied into `workdir`. Returns "imagenet", None or a local path."""
+    """"imagenet", None or a local path for a weights setting (gs:// copied into `workdir`)."""
     weights = normalize_weights(weights)
     if weights is None or weights == "imagenet" or not is_remote(weights):
         return weights
@@ -197,8 +194,7 @@ class _Run:
 
 
 def _start(config: TrainConfig, strategy: tf.distribute.Strategy | None) -> _Run:
-    """The strategy, its precision and batch; first: MultiWorkerMirroredStrategy must exist
-    before any TensorFlow op runs."""
+    """The strategy (before any TensorFlow op: MultiWorkerMirroredStrategy), precision, batch."""
     if strategy is None:
         environment = distribute.prepare_environment(config.precision)
         strategy = distribute.make_strategy(environment.strategy_kind)
@@ -256,8 +252,7 @@ def _read_inputs(dataset_dir: str, config: TrainConfig, run: _Run) -> _Inputs:
 def _callbacks(config: TrainConfig, state: RunState, phase: str, data: _Inputs, log_dir: str,
                trial: TrialReporter, notice: preemption.Notice, run: _Run,
                ) -> list[tf_keras.callbacks.Callback]:
-    """A phase's built-in callbacks; LR change and early stopping come before the epoch is
-    recorded and backed up."""
+    """A phase's built-in callbacks; LR and early stopping before the epoch's record/backup."""
     built_in: list[tf_keras.callbacks.Callback] = []
     if config.reduce_lr_patience:
         built_in.append(tf_keras.callbacks.ReduceLROnPlateau(
@@ -284,8 +279,7 @@ def _callbacks(config: TrainConfig, state: RunState, phase: str, data: _Inputs, 
 def _fit(model: tf_keras.Model, phase: Phase, epoch: int, run: _Run, data: _Inputs,
          state: RunState, callbacks: list[tf_keras.callbacks.Callback],
          ) -> tuple[list[dict[str, Any]], int, int]:
-    """Trains one unfinished phase from `epoch` and seals it; returns its epoch records, the
-    next phase's first epoch and its optimizer steps (earlier attempts' included)."""
+    """Trains and seals one phase from `epoch`: (its records, next epoch, optimizer steps)."""
     learning_rate = phase.learning_rate * run.replicas  # linear scaling rule
     with run.strategy.scope():
         compile_model(model, learning_rate)
@@ -347,10 +341,7 @@ def _sum_over_workers(strategy: tf.distribute.Strategy):
 
 class Backup(tf_keras.callbacks.BackupAndRestore):
     """BackupAndRestore at each epoch's end, at a SIGTERM's step (then `preemption.Preempted`)
-    and every `every_steps` steps.
-
-    An int `save_freq` makes tf-keras restore mid-epoch; the resumed epoch draws a new
-    shuffle, so some of its examples may be seen twice or not at all.
+    and every `every_steps` steps; a mid-epoch resume draws a new shuffle of that epoch.
     """
 
     def __init__(self, backup_dir: str, notice: preemption.Notice, every_steps: int,
