@@ -1,11 +1,8 @@
 """Runs the transformer trainer as one process per GPU on each replica of the job.
 
-A lone CPU or GPU trains in this process. Otherwise torch's launcher (`elastic_launch`,
-what `torchrun` runs) starts one process per GPU (one on a CPU machine). Vertex replicas
-meet at the primary's address through the static rendezvous, which keeps Vertex's node
-ranks: rank 0, which writes every output, runs on the primary, where KFP keeps the
-outputs. One machine meets as `torchrun --standalone` does. The other replicas return
-None without reading rank 0's files (on another machine they may not be visible yet).
+A lone CPU or GPU trains in this process; otherwise torch's `elastic_launch` starts one
+process per GPU. Replicas meet at the primary's address (static rendezvous: Vertex's ranks,
+so rank 0, which writes every output, runs where KFP keeps them); the others return None.
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ def launched_process(job: tuple[str, str, TransformerConfig, dict[str, Any]]) ->
     """One process of the launcher's: the trainer; its result.
 
     Args:
-        job: `train_transformer`'s dataset folder, model folder, config and keyword
-            arguments, one tuple (torch rewrites string arguments: ${local_rank}, $$).
+        job: `train_transformer`'s arguments as one tuple (torch rewrites string arguments).
     """
     from components.train_transformer.training import train_transformer
 
@@ -49,8 +45,7 @@ def launch_config(cluster: distributed.Cluster | None, procs: int) -> LaunchConf
     """
     from torch.distributed.launcher.api import LaunchConfig
 
-    # No restarts here: a failure (a bad setting, out of memory) fails the job at once,
-    # and Vertex's own restart of the job resumes from its checkpoints.
+    # No restarts: a failure fails the job at once; a restarted job resumes from checkpoints.
     common = dict(nproc_per_node=procs, run_id=RUN_ID, max_restarts=0)
     if cluster is None:
         return LaunchConfig(min_nodes=1, max_nodes=1, rdzv_backend="c10d",

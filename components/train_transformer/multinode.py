@@ -62,8 +62,7 @@ class NodeSettings:
 
 
 def task_folder(model_path: str) -> list[str]:
-    """The two folders before an output's name in KFP's path (`.../<run>/<task>/model`):
-    the model's task, as `storage.run_folder` names the checkpoint folder."""
+    """`[<run>, <task>]` of KFP's `.../<run>/<task>/model` (as `storage.run_folder` reads)."""
     return os.path.normpath(model_path).split(os.sep)[-3:-1]
 
 
@@ -73,9 +72,8 @@ def trainjob(settings: NodeSettings, *, dataset_uri: str, model_uri: str,
     """The TrainJob of this attempt and the label selector of every job of the task.
 
     Args:
-        environ: The launcher's environment: `KFP_POD_NAME` and `KFP_POD_UID` name the
-            attempt and own the job (without them, as outside KFP, attempt 0, no owner);
-            `KFP_SERVICE_ACCOUNT` is the nodes' account unless `settings` names one.
+        environ: `KFP_POD_NAME` and `KFP_POD_UID` name the attempt and own the job (else
+            attempt 0, no owner); `KFP_SERVICE_ACCOUNT`: the nodes' default account.
     """
     digest = hashlib.sha256(f"{model_uri}\0{TASK}".encode()).hexdigest()[:16]
     pod, uid = environ.get(POD_NAME, ""), environ.get(POD_UID, "")
@@ -103,8 +101,7 @@ def trainjob(settings: NodeSettings, *, dataset_uri: str, model_uri: str,
 
 
 def stage_dataset(dataset_uri: str, dataset_path: str, root: str, task: Sequence[str]) -> str:
-    """Where the nodes read the dataset: its URI when on s3:// or gs://, else a copy of
-    the launcher's local folder under `<root>/datasets/<run>/<task>`."""
+    """The dataset's s3:// or gs:// URI, else a copy under `<root>/datasets/<run>/<task>`."""
     if is_remote(dataset_uri):
         return dataset_uri
     staged = "/".join([root.rstrip("/"), "datasets", *task, "dataset"])

@@ -99,8 +99,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str]) -> NodePlan:
 
 
 def copy_folder(source: str, target: str) -> None:
-    """Copies the folder `source` to `target` (each s3://, gs:// or local), replacing
-    what `target` held (an earlier attempt's files)."""
+    """Copies folder `source` over `target` (s3://, gs:// or local; one side local)."""
     if is_remote(source) and is_remote(target):
         raise ValueError(f"copy {source} to {target}: one side must be local")
     if not is_remote(target):
@@ -118,9 +117,7 @@ def copy_folder(source: str, target: str) -> None:
 
 
 def local_model_dir(model_uri: str, root: str = MODEL_ROOT) -> str:
-    """The node's model folder: `root` + the URI's `<run>/<task>/model`, so the trainer's
-    checkpoint folder (`storage.run_folder`) is the task's, the same on every node and
-    attempt."""
+    """`root` + the URI's `<run>/<task>/model`: the same checkpoint folder on every node."""
     parts = [part for part in model_uri.rstrip("/").split("/") if part][-3:]
     return os.path.join(root, *parts)
 
@@ -164,13 +161,12 @@ def _visible_gpus() -> int:
 
 
 def watch_owner(environ: Mapping[str, str]) -> threading.Thread | None:
-    """On node 0, `launcher.watch_owner` in a daemon thread: the job is deleted once the
-    launcher pod no longer runs. None on other nodes, without an owner (outside KFP), or
-    where the API cannot be reached (a line says why).
+    """On node 0, `launcher.watch_owner` in a daemon thread; None on other nodes, without
+    an owner, or where the API cannot be reached (a line says why).
 
     Args:
-        environ: The node's environment: `launcher.OWNER_VARIABLES`, the pod's service
-            account, or `KUBECONFIG` (a rehearsal's API), and `OWNER_POLL_VARIABLE`.
+        environ: `launcher.OWNER_VARIABLES`, `KUBECONFIG` (else in-cluster), and
+            `OWNER_POLL_VARIABLE`.
     """
     if environ.get(NODE_RANK) != "0" or not all(map(environ.get, launcher.OWNER_VARIABLES)):
         return None
