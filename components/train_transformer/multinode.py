@@ -123,12 +123,10 @@ def train_on_nodes(settings: NodeSettings, *, dataset_uri: str, dataset_path: st
         model_path: The step's `Output[Model]` path.
         config: `TransformerConfig`'s fields.
         tensorboard_dir: The step's TensorBoard folder; empty: under the checkpoint root.
-        api: A `kubernetes.client.ApiClient`; None: in-cluster (the pod's account).
-        namespace: The job's namespace; None: the pod's.
-        environ: The launcher's environment; `os.environ` when None.
-        write: Where the launcher's lines go (stdout when None).
-        timing: The launcher's polling; its defaults (and `settings.pending_seconds`)
-            when None.
+        api: A `kubernetes.client.ApiClient`; None: in-cluster.
+        namespace, environ: The job's namespace and the launcher's environment; None: the
+            pod's and `os.environ`.
+        write, timing: `launcher.launch`'s; None: stdout and `settings.pending_seconds`.
 
     Returns:
         The training result (the model's metrics.json).

@@ -60,8 +60,7 @@ def read_config(text: str) -> TransformerConfig:
     """`TransformerConfig` from a JSON object of its fields; refuses another field by name.
 
     Raises:
-        TransformerTrainingError: Not a JSON object, a field the config has not, or a
-            value it refuses.
+        TransformerTrainingError: Not a JSON object, an unknown field, or a refused value.
     """
     try:
         values = json.loads(text)
@@ -82,8 +81,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str]) -> NodePlan:
 
     Raises:
         TransformerTrainingError: A bad `--config`.
-        components.trainjob.contract.NodeEnvironmentError: Trainer's `PET_*` variables
-            are incomplete or malformed.
+        components.trainjob.contract.NodeEnvironmentError: Bad `PET_*` variables.
         SystemExit: A missing or unknown argument (argparse's message).
     """
     args = parser().parse_args(list(argv))
@@ -128,8 +126,7 @@ def run(plan_: NodePlan, environ: MutableMapping[str, str], scratch: str,
 
     Args:
         plan_: The node's plan.
-        environ: The process environment (`os.environ`): the plan's variables are set in
-            it, for the processes torch's launcher starts.
+        environ: `os.environ`: the plan's variables are set in it for torch's processes.
         scratch: A local folder for the dataset.
         model_root: Where the model folder is made (`local_model_dir`).
     """

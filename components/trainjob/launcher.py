@@ -117,14 +117,8 @@ def pod_problem(pod, pending_for: float, pending_seconds: float) -> str:
 
 def node_problem(pods, seen: dict[str, tuple[str, float]], now: float,
                  pending_seconds: float) -> str:
-    """Why the job's node pods (`V1Pod`s) fail it now, naming node and pod, or "".
-
-    Args:
-        pods: The job's pods, as listed now.
-        seen: Each node's first pod uid and when it was first seen; kept across polls.
-        now: `time.monotonic()`.
-        pending_seconds: `Timing.pending_seconds`.
-    """
+    """Why the job's node pods (`V1Pod`s) fail it now, naming node and pod, or "";
+    `seen`: each node's first pod uid and when it was seen (kept across polls)."""
     for pod in sorted(pods, key=lambda pod: pod.metadata.name):
         index = (pod.metadata.labels or {}).get(COMPLETION_INDEX_LABEL, "?")
         uid, since = seen.setdefault(index, (pod.metadata.uid, now))
@@ -319,7 +313,7 @@ def launch(api, manifest: Mapping[str, Any], *, task_selector: str = "",
         manifest: The TrainJob (`spec.trainjob_manifest`).
         task_selector: Selects every TrainJob of this task, deleted first; empty: none.
         stop: Set to cancel.
-        write: Where the launcher's lines and node 0's log go; stdout when None.
+        write: Where its lines and node 0's log go; stdout when None.
         timing: Polling and waiting.
 
     Returns:
@@ -400,9 +394,8 @@ def owner_stopped(pods, uid: str) -> str:
 def watch_owner(api, environ: Mapping[str, str], *, poll_seconds: float = OWNER_POLL_SECONDS,
                 stop: threading.Event | None = None,
                 write: Callable[[str], None] | None = None) -> bool:
-    """Node 0's side of a cancel: deletes the job once the launcher pod owning it stops.
-
-    Deleting, not exiting: a node that exits non-zero is restarted in place.
+    """Node 0's side of a cancel: deletes the job (a node that exits is restarted in place)
+    once the launcher pod owning it stops.
 
     Args:
         api: A `kubernetes.client.ApiClient`.

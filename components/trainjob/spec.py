@@ -47,12 +47,11 @@ class ManifestError(ValueError):
 
 
 def trainjob_name(run_id: str, task: str, attempt: int | str) -> str:
-    """The TrainJob's name for one attempt of one task of one run: a DNS-1035 label of
-    the task's name (cut short), a digest of run and task, and the attempt.
+    """A DNS-1035 name for one attempt of one task of one run: the task's name (cut
+    short), a digest of run and task, and the attempt.
 
     Args:
-        run_id: The pipeline run's id.
-        task: The task's name (or id) within the run.
+        run_id, task: The pipeline run's id and the task's name (or id).
         attempt: A number from 0, or a string unique to it (the launcher pod's uid).
 
     Raises:
@@ -195,29 +194,19 @@ def trainjob_manifest(
     """The TrainJob of `num_nodes` nodes, as a dict the Kubernetes API takes.
 
     Args:
-        name: The job's name (`trainjob_name`).
-        namespace: The run's namespace.
-        image: The nodes' image.
-        command: The node's entry point.
-        args: Its arguments.
+        name, namespace: The job's (`trainjob_name`) and the run's.
+        image, command, args: What each node runs.
         num_nodes: Nodes (pods), one per machine.
-        procs_per_node: Processes per node; None: one per GPU, one without (Trainer's
-            `auto` would start one per CPU there).
-        gpus: GPUs of each node.
-        cpu: CPU of each node, a Kubernetes quantity (requests = limits).
-        memory: Memory of each node (requests = limits; /dev/shm counts inside it).
-        shm: Size of each node's memory-backed /dev/shm; empty: the container's own.
+        procs_per_node: Processes per node; None: one per GPU, else one (not Trainer's
+            `auto`: one per CPU).
+        gpus, cpu, memory: Of each node (Kubernetes quantities; requests = limits).
+        shm: Each node's memory-backed /dev/shm (inside `memory`); empty: the container's.
         env: Environment variables of the node container.
-        storage_secret: Kubernetes secret whose `secret_keys` the nodes get as variables.
-        secret_keys: The secret's keys whose values `S3_SECRET_KEYS` get, in that order.
-        node_selector: Node labels the nodes must have.
-        tolerations: Tolerations (dicts), as a pod's.
-        image_pull_secrets: Secrets the nodes pull the image with.
-        service_account: The nodes' service account; empty: the namespace's default.
+        storage_secret, secret_keys: The secret whose keys `S3_SECRET_KEYS` get, in order.
+        node_selector, tolerations, image_pull_secrets, service_account: As a pod's.
         labels: Labels of the TrainJob and of its node pods.
         queue: Kueue's LocalQueue (a label of the TrainJob only); empty: none.
-        owner_pod: The launcher pod's name: the job's owner; empty for none.
-        owner_uid: That pod's uid (given with `owner_pod`).
+        owner_pod, owner_uid: The launcher pod owning the job; empty for none.
         runtime: The ClusterTrainingRuntime to run on.
         manager: Who owns the runtime patch (a domain-prefixed path).
         active_deadline_seconds: Longest the job may run; None: no limit.
