@@ -107,12 +107,12 @@ def train(
         dataset_dir: Folder written by the sharding step.
         output_dir: Folder for the artifact (`write_artifact`); the chief alone writes it.
         config: How to train.
-        checkpoint_dir: Resume state, shared by all workers; default `<output_dir>/checkpoints`.
-        tensorboard_dir: TensorBoard logs (the chief's); default `<output_dir>/tensorboard`.
+        checkpoint_dir, tensorboard_dir: Resume state (shared by all workers) and the
+            chief's logs; default `<output_dir>/checkpoints`, `<output_dir>/tensorboard`.
         strategy: Instead of the one chosen from TF_CONFIG / CLUSTER_SPEC and the GPUs.
         callbacks: Extra tf-keras callbacks, run after the built-in ones each phase.
         hypertune_metric: The epoch value a Vertex tuning trial reports; None: nothing.
-        serving: False leaves saved_model/ out (a model kept for its weights alone).
+        serving: False leaves saved_model/ out.
 
     Returns:
         Final metrics and facts of the run (`_metrics`), optimizer_steps included.
@@ -386,8 +386,7 @@ class EpochRecorder(tf_keras.callbacks.Callback):
 
     def __init__(self, state: RunState, phase: str):
         super().__init__()
-        self.state = state
-        self.phase = phase
+        self.state, self.phase = state, phase
         self.records: list[dict[str, Any]] = []
 
     def on_epoch_end(self, epoch, logs=None):
@@ -410,8 +409,7 @@ class RunState:
     """The resume state under the checkpoint folder (module docstring); the chief writes."""
 
     def __init__(self, root: str, chief: bool):
-        self.root = root
-        self.chief = chief
+        self.root, self.chief = root, chief
 
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name)

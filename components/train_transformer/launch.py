@@ -63,20 +63,15 @@ def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
     """Trains on every GPU of every replica; returns the result rank 0 wrote.
 
     Args:
-        dataset_dir: The text preparation step's folder.
-        model_dir: Output folder (`train_transformer`).
-        config: The run's settings.
+        dataset_dir, model_dir, config, **kwargs: `train_transformer`'s.
         environ: Environment to read the cluster from; `os.environ` when None.
         gpus: GPUs on this machine; `torch.cuda.device_count()` when None.
-        **kwargs: Passed on to `train_transformer` (tensorboard_folder, hypertune_metric,
-            checkpoints).
 
     Returns:
         The training result (`metrics.json`'s) on the primary replica; None on the others.
 
     Raises:
-        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: A launched
-            process failed (its error and traceback are in the message).
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: A process failed.
     """
     require_torch_gpus()  # before anything is read: a job without its GPUs ends now
     import torch

@@ -96,9 +96,8 @@ def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -
     Args:
         folder: The checkpoint folder.
         values: What defines the run (`run_values`).
-        write: Whether this process records the run in a free folder and removes the
-            unsealed checkpoints a killed save left (rank 0 alone: one writer), which
-            `Trainer`'s rotation would otherwise keep in place of a whole one.
+        write: Whether this process (rank 0 alone) claims a free folder and removes the
+            unsealed checkpoints a killed save left (`Trainer`'s rotation would keep them).
 
     Raises:
         TransformerTrainingError: The folder holds another run's checkpoints.
@@ -291,10 +290,9 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
 
     Args:
         dataset_dir: The text preparation step's folder (train/validation CSVs, manifest).
-        model_dir: Output folder (see the contract); written by the rank 0 process only.
+        model_dir: Output folder (see the contract); written by rank 0 only.
         config: The run's settings.
-        tensorboard_folder: TensorBoard folder; None: `AIP_TENSORBOARD_LOG_DIR`'s task
-            folder, else no logs.
+        tensorboard_folder: None: `AIP_TENSORBOARD_LOG_DIR`'s task folder, else no logs.
         hypertune_metric: History field reported to Vertex's tuning service each epoch.
         checkpoints: Checkpoint folder; None: `run_state.checkpoint_folder(model_dir)`.
 
