@@ -145,8 +145,7 @@ def train(
         with strategy.scope():
             model = build_model(len(data.classes), data.image_size, weights, config.dropout,
                                 architecture=config.architecture)
-        # Other workers' TensorBoard copies (workertemp_<task>) stay on local disk: a
-        # killed worker's copy must not ship inside the model folder.
+        # Other workers' logs stay local: a killed worker's must not ship with the model.
         log_dir = (tensorboard_dir or os.path.join(output_dir, "tensorboard")) if run.chief \
             else os.path.join(workdir, "tensorboard")
         for phase in phases:
@@ -395,9 +394,6 @@ class EpochRecorder(tf_keras.callbacks.Callback):
         self.state.record_epoch(self.phase, record)
         log.info("%s epoch %d: %s", self.phase, epoch,
                  ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
-
-
-# --------------------------------------------------------------------------- resume state
 
 
 RUN_FILE = "run.json"  # marks the folder's owner only

@@ -26,8 +26,7 @@ from components.trainjob import launcher
 from components.trainjob.contract import NODE_RANK, processes_per_node, torchrun_environment
 
 COMMAND = ("python", "-m", "components.train_transformer.node")
-# The model folder's root: one path on every node and attempt (no random temporary name),
-# as the run's fingerprint holds it: another would refuse the run's own checkpoints.
+# The model folder's root, the same on every node and attempt: the run's fingerprint holds it.
 MODEL_ROOT = "/tmp/trainjob-node"
 
 
