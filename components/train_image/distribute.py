@@ -39,13 +39,13 @@ def choose_strategy_kind(tf_config: dict | None, cluster_spec: dict | None,
     """Picks the kind of distribution strategy.
 
     Args:
-        tf_config: Parsed `TF_CONFIG`, or None; when it names a cluster, it alone is read.
-        cluster_spec: Parsed Vertex `CLUSTER_SPEC`, or None.
+        tf_config, cluster_spec: Parsed `TF_CONFIG` (read alone when it names a cluster)
+            and Vertex's `CLUSTER_SPEC`, or None.
         gpus: The GPUs visible to this process (anything with a length).
 
     Returns:
-        "multi_worker" for more than one chief, master or worker in all, "mirrored" for
-        several local GPUs, otherwise "default".
+        "multi_worker" for several chiefs, masters or workers in all, "mirrored" for several
+        local GPUs, otherwise "default".
 
     Raises:
         ValueError: The cluster has parameter servers.
@@ -89,8 +89,8 @@ def choose_precision(mode: str, gpu_compute_capabilities: Sequence[tuple[int, in
         gpu_compute_capabilities: `(major, minor)` of each visible GPU.
 
     Returns:
-        "mixed_float16" or "float32"; "auto" gives mixed_float16 only when every GPU (at
-        least one) has tensor cores (7.0+): elsewhere float16 is slower.
+        "mixed_float16" or "float32"; "auto": mixed_float16 when every GPU (one at least)
+        has tensor cores (7.0+).
 
     Raises:
         ValueError: Unknown mode.
@@ -118,8 +118,7 @@ def make_strategy(kind: str, devices: Sequence[str] | None = None):
     """Creates the strategy of a kind ("multi_worker": before TensorFlow's runtime starts).
 
     Args:
-        kind: One of `STRATEGY_KINDS`.
-        devices: For "mirrored": the devices to mirror over (default: all GPUs).
+        kind, devices: One of `STRATEGY_KINDS`; "mirrored"'s devices (default: all GPUs).
 
     Raises:
         ValueError: Unknown kind.
@@ -168,7 +167,7 @@ def gpu_compute_capabilities() -> list[tuple[int, int]]:
 class Environment:
     """What `prepare_environment` found."""
 
-    strategy_kind: str  # one of STRATEGY_KINDS
+    strategy_kind: str
     precision: str  # "mixed_float16" or "float32"
     tf_config_derived: bool = False  # TF_CONFIG was written from CLUSTER_SPEC
 

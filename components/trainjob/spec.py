@@ -134,11 +134,10 @@ def _trainer(m, *, image: str, command: Sequence[str], args: Sequence[str], num_
              procs_per_node: int | None, gpus: int, cpu: str, memory: str,
              env: Mapping[str, str], storage_secret: str, secret_keys: Sequence[str]):
     """`spec.trainer`: the nodes, what each holds and runs, and its environment."""
-    quantity = m.IoK8sApimachineryPkgApiResourceQuantity
-    amounts = {"cpu": cpu, "memory": memory, **({GPU_RESOURCE: str(gpus)} if gpus else {})}
-    resources = m.IoK8sApiCoreV1ResourceRequirements(
-        requests={key: quantity(value) for key, value in amounts.items()},
-        limits={key: quantity(value) for key, value in amounts.items()})
+    given = {"cpu": cpu, "memory": memory, **({GPU_RESOURCE: str(gpus)} if gpus else {})}
+    amounts = {key: m.IoK8sApimachineryPkgApiResourceQuantity(value)
+               for key, value in given.items()}
+    resources = m.IoK8sApiCoreV1ResourceRequirements(requests=amounts, limits=dict(amounts))
     variables = [m.IoK8sApiCoreV1EnvVar(name=key, value=value) for key, value in env.items()]
     if gpus:
         variables.append(m.IoK8sApiCoreV1EnvVar(name=EXPECTED_GPUS_VARIABLE, value=str(gpus)))
@@ -283,8 +282,7 @@ def validate_manifest(manifest: Mapping[str, Any]) -> None:
     """Reads a manifest through the installed release's typed models; refuses what they do not.
 
     Raises:
-        ManifestError: A key the release's API lacks, or a value read as another; each
-            named by its path.
+        ManifestError: A key the release's API lacks, or a value read as another (by path).
         pydantic.ValidationError: A value of a type the models do not take.
     """
     from kubeflow_trainer_api import __version__ as release
