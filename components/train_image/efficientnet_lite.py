@@ -29,8 +29,7 @@ def efficientnet_lite0(input_shape=(224, 224, 3), include_top=False, classes=100
 
     Args:
         input_shape: (height, width, 3) of the scaled pixels; any size >= 32 builds.
-        include_top: Add `avg_pool` and the `predictions` logits (no softmax).
-        classes: Outputs of `predictions`.
+        include_top, classes: Add `avg_pool` and `classes` logits (`predictions`).
         drop_connect_rate: Drop-connect rate of the last block (less for earlier ones).
 
     Returns:
@@ -182,8 +181,8 @@ def convert(state_dict: str, output_h5: str) -> None:
 
 
 def imagenet_weights(environ=None) -> str:
-    """The converted no-top ImageNet weights: `$VERTEX_GPU_PIPELINES_MODELS/<IMAGENET_FILE>`
-    where set (the TensorFlow image), else the repository's `.cache/models/`.
+    """The converted ImageNet weights: in `$VERTEX_GPU_PIPELINES_MODELS` where set (the
+    TensorFlow image), else in the repository's `.cache/models/`.
 
     Raises:
         FileNotFoundError: The file is not there.

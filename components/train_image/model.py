@@ -50,8 +50,7 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
     """Builds the classifier under the current dtype policy and strategy scope.
 
     Args:
-        num_classes: Number of output classes.
-        image_size: Height and width of the input images (at least 32).
+        num_classes, image_size: Output classes; input height and width (at least 32).
         weights: "imagenet", a local no-top `.h5` file of the architecture, or None/"none".
         dropout: Dropout rate before the classification layer.
         frozen_batchnorm: Call the base with `training=False`; default: when pretrained.

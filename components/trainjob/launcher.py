@@ -87,8 +87,7 @@ def _terminated(state) -> str:
 
 
 def pod_problem(pod, pending_for: float, pending_seconds: float) -> str:
-    """Why node pod `pod` (a `V1Pod`) fails the job now, or "" while it may still run;
-    `pending_for`: seconds since the launcher first saw it."""
+    """Why node pod `pod` (a `V1Pod`, seen `pending_for` s ago) fails the job now, or ""."""
     status = pod.status
     containers = [*(status.init_container_statuses or []), *(status.container_statuses or [])]
     if status.phase == FAILED:
