@@ -37,8 +37,7 @@ STEP_INPUTS = {"gpus": "gpus_per_node", "cpu": "cpu_per_node", "memory": "memory
 
 @dataclasses.dataclass(frozen=True)
 class NodeSettings:
-    """The TrainJob's nodes, as compiled into the launcher's inputs: each field's help is
-    that of `train_transformer_trainjob`'s input of its name (or `STEP_INPUTS`')."""
+    """The TrainJob's nodes: the launcher step's inputs of these names (or `STEP_INPUTS`')."""
 
     num_nodes: int
     procs_per_node: int

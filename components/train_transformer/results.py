@@ -74,8 +74,7 @@ def record_outputs(result: dict[str, Any], model, metrics, dataset_dir: str,
 
     Args:
         result: The training result (the model's metrics.json).
-        model: The step's `Output[Model]`, the model folder at its `path`.
-        metrics: The step's `Output[Metrics]`.
+        model, metrics: The step's `Output[Model]` (the folder at its `path`), `Output[Metrics]`.
         dataset_dir: The preparation step's folder (its manifest fingerprints the data).
         config: The run's settings.
         model_fingerprint: The preflight's digest of a `model_name` folder.
