@@ -40,8 +40,7 @@ def launch_config(cluster: distributed.Cluster | None, procs: int) -> LaunchConf
     """torch's launch settings: `procs` processes on each of the cluster's machines.
 
     Args:
-        cluster: The job's replicas; None for this machine alone.
-        procs: Processes on each machine (its GPUs, or 1).
+        cluster, procs: The job's replicas (None: this machine alone); processes on each.
     """
     from torch.distributed.launcher.api import LaunchConfig
 

@@ -65,8 +65,7 @@ def processes_per_node(environ: Mapping[str, str], gpus: int) -> int:
     """Processes to start on this node: `PET_NPROC_PER_NODE`, or (`auto`, unset) one per GPU.
 
     Args:
-        environ: The node's environment.
-        gpus: GPUs this node sees.
+        environ, gpus: The node's environment and the GPUs it sees.
 
     Raises:
         NodeEnvironmentError: The variable is neither `auto` nor a whole number >= 1.

@@ -311,8 +311,7 @@ def launch(api, manifest: Mapping[str, Any], *, task_selector: str = "",
         api: A `kubernetes.client.ApiClient`.
         manifest: The TrainJob (`spec.trainjob_manifest`).
         task_selector: Selects every TrainJob of this task, deleted first; empty: none.
-        stop: Set to cancel.
-        write: Where its lines and node 0's log go; stdout when None.
+        stop, write: Set to cancel; where its lines and node 0's log go (stdout when None).
         timing: Polling and waiting.
 
     Returns:
@@ -397,11 +396,9 @@ def watch_owner(api, environ: Mapping[str, str], *, poll_seconds: float = OWNER_
     once the launcher pod owning it stops.
 
     Args:
-        api: A `kubernetes.client.ApiClient`.
-        environ: The node's environment: `OWNER_VARIABLES`.
+        api, environ: A `kubernetes.client.ApiClient`; `OWNER_VARIABLES` of the node.
         poll_seconds: Between two reads of the launcher pod.
-        stop: Ends the watch when set.
-        write: Where its lines go; stdout when None.
+        stop, write: Ends the watch when set; where its lines go (stdout when None).
 
     Returns:
         True once it deleted the job; False where the watch ended otherwise.
