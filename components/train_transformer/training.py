@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import logging
 import os
+import pathlib
 import shutil
 import tempfile
 import time
@@ -149,19 +150,17 @@ def seal_checkpoint(folder: str, step: int) -> None:
     """Marks `checkpoint-<step>` in `folder` complete once every process has saved its part;
     rank 0 first gathers the RNG states (`rng_state_<rank>.pth`) its copy lacks (other
     machines saved theirs in their own copies)."""
-    checkpoint = os.path.join(folder, f"checkpoint-{step}")
+    checkpoint = pathlib.Path(folder, f"checkpoint-{step}")
     dist = _process_group()
     if dist and dist.get_world_size() > 1:
-        name = f"rng_state_{dist.get_rank()}.pth"
+        mine = checkpoint / f"rng_state_{dist.get_rank()}.pth"
         states = [None] * dist.get_world_size() if _is_rank0() else None
-        with open(os.path.join(checkpoint, name), "rb") as f:
-            dist.gather_object((name, f.read()), states)
+        dist.gather_object((mine.name, mine.read_bytes()), states)
         for name, data in states or ():
-            if not os.path.exists(os.path.join(checkpoint, name)):
-                with open(os.path.join(checkpoint, name), "wb") as out:
-                    out.write(data)
+            if not (checkpoint / name).exists():
+                (checkpoint / name).write_bytes(data)
     if _is_rank0():
-        open(os.path.join(checkpoint, SEALED_FILE), "w").close()
+        (checkpoint / SEALED_FILE).write_text("")
 
 
 def _is_rank0() -> bool:
