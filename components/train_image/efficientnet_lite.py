@@ -10,6 +10,7 @@ unfreeze by name. The model takes pixels already scaled (`LITE_INPUT_OFFSET`, `_
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 
 import numpy as np
@@ -192,8 +193,7 @@ def imagenet_weights(environ=None) -> str:
     if folder:
         hint = f"${MODELS_ENV} is set, but this image was built without the converted file"
     else:
-        folder = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__)))), ".cache", "models")
+        folder = str(pathlib.Path(os.path.abspath(__file__)).parents[2] / ".cache" / "models")
         hint = "run `make models` to fetch and convert it"
     path = os.path.join(folder, IMAGENET_FILE)
     if not os.path.isfile(path):
