@@ -72,13 +72,6 @@ def trainjob_name(run_id: str, task: str, attempt: int | str) -> str:
     return name
 
 
-def _models():
-    """`kubeflow_trainer_api.models`, imported only when needed (~0.4 s)."""
-    from kubeflow_trainer_api import models
-
-    return models
-
-
 def secret_key_problems(keys: Sequence[str]) -> list[str]:
     """What is wrong with `keys` as the secret's keys of `S3_SECRET_KEYS`; empty if nothing."""
     if len(keys) != len(S3_SECRET_KEYS) or len(set(keys)) != len(keys):
@@ -231,7 +224,7 @@ def trainjob_manifest(
         raise ManifestError(f"active_deadline_seconds must be >= 1 (Trainer 2.3), got "
                             f"{active_deadline_seconds}")
     procs_per_node = max(1, gpus) if procs_per_node is None else procs_per_node
-    m = _models()
+    from kubeflow_trainer_api import models as m  # here: its import takes ~0.4 s
     owners = [m.IoK8sApimachineryPkgApisMetaV1OwnerReference(
         api_version="v1", kind="Pod", name=owner_pod, uid=owner_uid)] if owner_pod else None
     job = m.TrainerV1alpha1TrainJob(
@@ -286,8 +279,8 @@ def validate_manifest(manifest: Mapping[str, Any]) -> None:
         pydantic.ValidationError: A value of a type the models do not take.
     """
     from kubeflow_trainer_api import __version__ as release
+    from kubeflow_trainer_api import models as m
 
-    m = _models()
     if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
         raise ManifestError(f"not a {API_VERSION} {KIND}: apiVersion "
                             f"{manifest.get('apiVersion')!r}, kind {manifest.get('kind')!r}")
