@@ -1,9 +1,8 @@
 """What the image trainer writes: the model artifact, its SavedModel, its metadata.
 
-`serving_default` takes the files' bytes (TF Serving decodes `{"b64": ...}`) and does in the
-graph (`preprocess_batch`) what the sharding step's PIL code does, not bit for bit: pixels
-differ by a few levels (bounded in tests/test_serving_signature.py), EXIF orientation is not
-applied (send upright images) and CMYK JPEGs are not read.
+`serving_default` takes the files' bytes and does in the graph (`preprocess_batch`) what the
+sharding step's PIL code does, within a few levels (tests/test_serving_signature.py); EXIF
+orientation is not applied (send upright images) and CMYK JPEGs are not read.
 """
 
 from __future__ import annotations
@@ -123,8 +122,7 @@ def write_artifact(output_dir: str, snapshot, manifest: dict[str, Any], config: 
 
 def model_metadata(result: Mapping[str, Any], config: TrainConfig, dataset_dir: str,
                    weights_fingerprint: str) -> dict[str, Any]:
-    """The `Model` artifact's metadata: what the model is and takes, how it was trained,
-    and its provenance.
+    """The `Model` artifact's metadata: what the model takes, its training, its provenance.
 
     Args:
         result: What `training.train` returned.

@@ -9,11 +9,7 @@ from components.train_image.contract import TrainConfig
 
 
 def train_step(values: dict) -> None:
-    """The step's work: trains with the inputs' settings, logs the metrics, tags the model.
-
-    Args:
-        values: Every input of `train_image_classifier`, by name.
-    """
+    """The step's work on its inputs (`values`, by name): trains, logs metrics, tags the model."""
     from components.train_image.artifact import model_metadata
     from components.train_image.training import resolve_dirs, train
 

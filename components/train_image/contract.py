@@ -1,6 +1,5 @@
-"""The image trainer's contract: its settings and the model folder it writes
-(`artifact.write_artifact`). Other steps import this module, never the trainer; nothing here
-imports TensorFlow.
+"""The image trainer's contract: its settings and the model folder it writes; other steps
+import this module, never the trainer (nothing here imports TensorFlow).
 """
 
 from __future__ import annotations
@@ -97,7 +96,7 @@ def weights_file_layout(path: str, architecture: str = "densenet121") -> tuple[i
     """Checks a no-top tf-keras HDF5 weights file against `architecture`.
 
     Returns:
-        A DenseNet's dense blocks per stage (any DenseNet); None for EfficientNet-Lite0.
+        A DenseNet's dense blocks per stage; None for EfficientNet-Lite0.
 
     Raises:
         ValueError: No such weights file, or another network's (naming both).

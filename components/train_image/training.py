@@ -1,14 +1,12 @@
 """Train the image classifier on a sharded dataset: the driver, its callbacks, its resume state.
 
-With pretrained weights: a "head" phase on the frozen base, then "fine_tune" of the top blocks
-at a lower learning rate; from scratch, one "full" phase of `epochs + fine_tune_epochs`.
-Epochs are numbered across phases (one TensorBoard curve).
+Pretrained: a "head" phase on the frozen base, then "fine_tune" of the top blocks; from
+scratch, one "full" phase. Epochs are numbered across phases (one TensorBoard curve).
 
-Restarts resume from the last backup (each epoch's end, a SIGTERM's step, or every
-`checkpoint_every_steps`). Under `checkpoint_dir`: run.json (fingerprint of config, dataset
-and replicas: another run refuses it), backup-<phase>/ (BackupAndRestore: one per phase,
-each with its own optimizer), history-<phase>.json, <phase>.weights.npz and, written last,
-<phase>.done.json. Finished phases are loaded and skipped; all is deleted once exported.
+Restarts resume from the last backup (epoch end, SIGTERM step, `checkpoint_every_steps`).
+Under `checkpoint_dir`: run.json (the run's fingerprint), backup-<phase>/ (BackupAndRestore),
+history-<phase>.json, <phase>.weights.npz and, last, <phase>.done.json. Finished phases are
+loaded and skipped; all is deleted once exported.
 """
 
 from __future__ import annotations
@@ -63,12 +61,11 @@ def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
                  tensorboard_dir: str | None = None,
                  environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
     """Checkpoint and TensorBoard folders: the given ones, else this task's sub-folder of
-    Vertex's AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR (gs:// through /gcs/).
+    AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR (gs:// through /gcs/).
 
     Args:
-        model_dir: The step's model output folder (names the task's sub-folder).
-        checkpoint_dir: Explicit folder, or None/"" for the environment's.
-        tensorboard_dir: Explicit folder, or None/"" for the environment's.
+        model_dir: The step's model folder (names the task's sub-folder).
+        checkpoint_dir, tensorboard_dir: Explicit folders; None/"": the environment's.
         environ: Environment to read; default `os.environ`.
 
     Returns:
@@ -81,8 +78,7 @@ def resolve_dirs(model_dir: str, checkpoint_dir: str | None = None,
 
 
 def fetch_weights(weights: str | None, workdir: str) -> str | None:
-    """Makes a weights setting ("imagenet", "none"/None, a path or gs:// URI) loadable:
-    gs:// files are copied into `workdir`. Returns "imagenet", None or a local path."""
+    """"imagenet", None or a local path for a weights setting (gs:// copied into `workdir`)."""
     weights = normalize_weights(weights)
     if weights is None or weights == "imagenet" or not is_remote(weights):
         return weights
@@ -111,12 +107,12 @@ def train(
         dataset_dir: Folder written by the sharding step.
         output_dir: Folder for the artifact (`write_artifact`); the chief alone writes it.
         config: How to train.
-        checkpoint_dir: Resume state, shared by all workers; default `<output_dir>/checkpoints`.
-        tensorboard_dir: TensorBoard logs (the chief's); default `<output_dir>/tensorboard`.
+        checkpoint_dir, tensorboard_dir: Resume state (shared by all workers) and the
+            chief's logs; default `<output_dir>/checkpoints`, `<output_dir>/tensorboard`.
         strategy: Instead of the one chosen from TF_CONFIG / CLUSTER_SPEC and the GPUs.
         callbacks: Extra tf-keras callbacks, run after the built-in ones each phase.
         hypertune_metric: The epoch value a Vertex tuning trial reports; None: nothing.
-        serving: False leaves saved_model/ out (a model kept for its weights alone).
+        serving: False leaves saved_model/ out.
 
     Returns:
         Final metrics and facts of the run (`_metrics`), optimizer_steps included.
@@ -149,8 +145,7 @@ def train(
         with strategy.scope():
             model = build_model(len(data.classes), data.image_size, weights, config.dropout,
                                 architecture=config.architecture)
-        # Other workers' TensorBoard copies (workertemp_<task>) stay on local disk: a
-        # killed worker's copy must not ship inside the model folder.
+        # Other workers' logs stay local: a killed worker's must not ship with the model.
         log_dir = (tensorboard_dir or os.path.join(output_dir, "tensorboard")) if run.chief \
             else os.path.join(workdir, "tensorboard")
         for phase in phases:
@@ -198,8 +193,7 @@ class _Run:
 
 
 def _start(config: TrainConfig, strategy: tf.distribute.Strategy | None) -> _Run:
-    """The strategy, its precision and batch; first: MultiWorkerMirroredStrategy must exist
-    before any TensorFlow op runs."""
+    """The strategy (before any TensorFlow op: MultiWorkerMirroredStrategy), precision, batch."""
     if strategy is None:
         environment = distribute.prepare_environment(config.precision)
         strategy = distribute.make_strategy(environment.strategy_kind)
@@ -257,8 +251,7 @@ def _read_inputs(dataset_dir: str, config: TrainConfig, run: _Run) -> _Inputs:
 def _callbacks(config: TrainConfig, state: RunState, phase: str, data: _Inputs, log_dir: str,
                trial: TrialReporter, notice: preemption.Notice, run: _Run,
                ) -> list[tf_keras.callbacks.Callback]:
-    """A phase's built-in callbacks; LR change and early stopping come before the epoch is
-    recorded and backed up."""
+    """A phase's built-in callbacks; LR and early stopping before the epoch's record/backup."""
     built_in: list[tf_keras.callbacks.Callback] = []
     if config.reduce_lr_patience:
         built_in.append(tf_keras.callbacks.ReduceLROnPlateau(
@@ -285,8 +278,7 @@ def _callbacks(config: TrainConfig, state: RunState, phase: str, data: _Inputs, 
 def _fit(model: tf_keras.Model, phase: Phase, epoch: int, run: _Run, data: _Inputs,
          state: RunState, callbacks: list[tf_keras.callbacks.Callback],
          ) -> tuple[list[dict[str, Any]], int, int]:
-    """Trains one unfinished phase from `epoch` and seals it; returns its epoch records, the
-    next phase's first epoch and its optimizer steps (earlier attempts' included)."""
+    """Trains and seals one phase from `epoch`: (its records, next epoch, optimizer steps)."""
     learning_rate = phase.learning_rate * run.replicas  # linear scaling rule
     with run.strategy.scope():
         compile_model(model, learning_rate)
@@ -348,10 +340,7 @@ def _sum_over_workers(strategy: tf.distribute.Strategy):
 
 class Backup(tf_keras.callbacks.BackupAndRestore):
     """BackupAndRestore at each epoch's end, at a SIGTERM's step (then `preemption.Preempted`)
-    and every `every_steps` steps.
-
-    An int `save_freq` makes tf-keras restore mid-epoch; the resumed epoch draws a new
-    shuffle, so some of its examples may be seen twice or not at all.
+    and every `every_steps` steps; a mid-epoch resume draws a new shuffle of that epoch.
     """
 
     def __init__(self, backup_dir: str, notice: preemption.Notice, every_steps: int,
@@ -396,8 +385,7 @@ class EpochRecorder(tf_keras.callbacks.Callback):
 
     def __init__(self, state: RunState, phase: str):
         super().__init__()
-        self.state = state
-        self.phase = phase
+        self.state, self.phase = state, phase
         self.records: list[dict[str, Any]] = []
 
     def on_epoch_end(self, epoch, logs=None):
@@ -406,9 +394,6 @@ class EpochRecorder(tf_keras.callbacks.Callback):
         self.state.record_epoch(self.phase, record)
         log.info("%s epoch %d: %s", self.phase, epoch,
                  ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
-
-
-# --------------------------------------------------------------------------- resume state
 
 
 RUN_FILE = "run.json"  # marks the folder's owner only
@@ -420,8 +405,7 @@ class RunState:
     """The resume state under the checkpoint folder (module docstring); the chief writes."""
 
     def __init__(self, root: str, chief: bool):
-        self.root = root
-        self.chief = chief
+        self.root, self.chief = root, chief
 
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name)

@@ -15,11 +15,7 @@ ONE_POD = "train_transformer_classifier"
 
 
 def train_step(values: dict) -> None:
-    """The one-pod step's work: trains with the inputs' settings, records the outputs.
-
-    Args:
-        values: Every input of `train_transformer_classifier`, by name.
-    """
+    """The one-pod step's work on its inputs (`values`, by name): trains, records outputs."""
     import logging
 
     from components.train_transformer.launch import train
@@ -68,11 +64,7 @@ def written_step(settings: type = TransformerConfig):
 
 
 def trainjob_step(values: dict) -> None:
-    """The TrainJob launcher's work: runs the one-pod trainer's settings on the nodes.
-
-    Args:
-        values: Every input of `train_transformer_trainjob`, by name.
-    """
+    """The TrainJob launcher's work on its inputs (`values`): the one-pod settings on nodes."""
     from components.train_transformer import multinode
     from components.train_transformer.results import record_outputs
 

@@ -1,8 +1,6 @@
-"""Where this replica stands in a PyTorch DDP job, read from what Vertex sets: torchrun's
-`MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` and `RANK` when all four are there, else
-`CLUSTER_SPEC` (cloud.google.com/vertex-ai/docs/training/distributed-training), ranked as
-Vertex orders replicas: workerpool0's primary is rank 0, then workerpool1's. Only the
-machines are read here; torch's launcher (`launch.py`) starts and ranks the processes."""
+"""Where this replica's machine stands in a PyTorch DDP job: torchrun's `MASTER_ADDR`,
+`MASTER_PORT`, `WORLD_SIZE` and `RANK` when all four are set, else Vertex's `CLUSTER_SPEC`
+(workerpool0's primary is rank 0, then workerpool1's)."""
 
 from __future__ import annotations
 
@@ -63,8 +61,7 @@ def cluster_from_environment(environ: Mapping[str, str]) -> Cluster | None:
         environ: The process environment (`os.environ`).
 
     Raises:
-        ValueError: The variables are there but malformed, or name a cluster PyTorch DDP
-            cannot use; the message names the variable.
+        ValueError: Malformed variables, or a cluster DDP cannot use (naming the variable).
     """
     if all(environ.get(name) for name in TORCHRUN_VARIABLES):
         try:

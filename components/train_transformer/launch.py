@@ -1,11 +1,8 @@
 """Runs the transformer trainer as one process per GPU on each replica of the job.
 
-A lone CPU or GPU trains in this process. Otherwise torch's launcher (`elastic_launch`,
-what `torchrun` runs) starts one process per GPU (one on a CPU machine). Vertex replicas
-meet at the primary's address through the static rendezvous, which keeps Vertex's node
-ranks: rank 0, which writes every output, runs on the primary, where KFP keeps the
-outputs. One machine meets as `torchrun --standalone` does. The other replicas return
-None without reading rank 0's files (on another machine they may not be visible yet).
+A lone CPU or GPU trains in this process; otherwise torch's `elastic_launch` starts one
+process per GPU. Replicas meet at the primary's address (static rendezvous: Vertex's ranks,
+so rank 0, which writes every output, runs where KFP keeps them); the others return None.
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ def launched_process(job: tuple[str, str, TransformerConfig, dict[str, Any]]) ->
     """One process of the launcher's: the trainer; its result.
 
     Args:
-        job: `train_transformer`'s dataset folder, model folder, config and keyword
-            arguments, one tuple (torch rewrites string arguments: ${local_rank}, $$).
+        job: `train_transformer`'s arguments as one tuple (torch rewrites string arguments).
     """
     from components.train_transformer.training import train_transformer
 
@@ -44,13 +40,11 @@ def launch_config(cluster: distributed.Cluster | None, procs: int) -> LaunchConf
     """torch's launch settings: `procs` processes on each of the cluster's machines.
 
     Args:
-        cluster: The job's replicas; None for this machine alone.
-        procs: Processes on each machine (its GPUs, or 1).
+        cluster, procs: The job's replicas (None: this machine alone); processes on each.
     """
     from torch.distributed.launcher.api import LaunchConfig
 
-    # No restarts here: a failure (a bad setting, out of memory) fails the job at once,
-    # and Vertex's own restart of the job resumes from its checkpoints.
+    # No restarts: a failure fails the job at once; a restarted job resumes from checkpoints.
     common = dict(nproc_per_node=procs, run_id=RUN_ID, max_restarts=0)
     if cluster is None:
         return LaunchConfig(min_nodes=1, max_nodes=1, rdzv_backend="c10d",
@@ -68,20 +62,15 @@ def train(dataset_dir: str, model_dir: str, config: TransformerConfig,
     """Trains on every GPU of every replica; returns the result rank 0 wrote.
 
     Args:
-        dataset_dir: The text preparation step's folder.
-        model_dir: Output folder (`train_transformer`).
-        config: The run's settings.
+        dataset_dir, model_dir, config, **kwargs: `train_transformer`'s.
         environ: Environment to read the cluster from; `os.environ` when None.
         gpus: GPUs on this machine; `torch.cuda.device_count()` when None.
-        **kwargs: Passed on to `train_transformer` (tensorboard_folder, hypertune_metric,
-            checkpoints).
 
     Returns:
         The training result (`metrics.json`'s) on the primary replica; None on the others.
 
     Raises:
-        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: A launched
-            process failed (its error and traceback are in the message).
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: A process failed.
     """
     require_torch_gpus()  # before anything is read: a job without its GPUs ends now
     import torch

@@ -1,14 +1,10 @@
 """The transformer step past one pod on Kubeflow: the launcher's side of the TrainJob.
 
-With `--train-transformer-replica-count N` (N > 1) on Kubeflow the training step is a pod
-without GPUs (`component.train_transformer_trainjob`) that stages the dataset where the
-nodes can read it (its s3:// or gs:// URI, else a copy under the checkpoint root: a node
-has no credentials for KFP's own `minio://`), runs a TrainJob of N nodes
-(`components.trainjob`; each runs `components.train_transformer.node`) owned by this pod
-(KFP 2.14's `KFP_POD_NAME`, `KFP_POD_UID`), and copies the model node 0 uploaded into its
-`Output[Model]`. The job is named from the model's URI and the pod's uid: a retried step
-deletes the earlier attempt's job (by the task's label) and its nodes resume from the
-checkpoints sealed under the same task folder.
+With N > 1 replicas the step is a pod without GPUs (`component.train_transformer_trainjob`)
+that stages the dataset where nodes can read it (a node has no credentials for KFP's
+`minio://`), runs a TrainJob of N nodes (`node.py`) owned by this pod, and copies the model
+node 0 uploaded into its `Output[Model]`. A retried step deletes the earlier attempt's job
+(the task's label); its nodes resume from the checkpoints of the same task folder.
 """
 
 from __future__ import annotations
@@ -41,8 +37,7 @@ STEP_INPUTS = {"gpus": "gpus_per_node", "cpu": "cpu_per_node", "memory": "memory
 
 @dataclasses.dataclass(frozen=True)
 class NodeSettings:
-    """The TrainJob's nodes, as compiled into the launcher's inputs: each field's help is
-    that of `train_transformer_trainjob`'s input of its name (or `STEP_INPUTS`')."""
+    """The TrainJob's nodes: the launcher step's inputs of these names (or `STEP_INPUTS`')."""
 
     num_nodes: int
     procs_per_node: int
@@ -66,8 +61,7 @@ class NodeSettings:
 
 
 def task_folder(model_path: str) -> list[str]:
-    """The two folders before an output's name in KFP's path (`.../<run>/<task>/model`):
-    the model's task, as `storage.run_folder` names the checkpoint folder."""
+    """`[<run>, <task>]` of KFP's `.../<run>/<task>/model` (as `storage.run_folder` reads)."""
     return os.path.normpath(model_path).split(os.sep)[-3:-1]
 
 
@@ -77,9 +71,8 @@ def trainjob(settings: NodeSettings, *, dataset_uri: str, model_uri: str,
     """The TrainJob of this attempt and the label selector of every job of the task.
 
     Args:
-        environ: The launcher's environment: `KFP_POD_NAME` and `KFP_POD_UID` name the
-            attempt and own the job (without them, as outside KFP, attempt 0, no owner);
-            `KFP_SERVICE_ACCOUNT` is the nodes' account unless `settings` names one.
+        environ: `KFP_POD_NAME` and `KFP_POD_UID` name the attempt and own the job (else
+            attempt 0, no owner); `KFP_SERVICE_ACCOUNT`: the nodes' default account.
     """
     digest = hashlib.sha256(f"{model_uri}\0{TASK}".encode()).hexdigest()[:16]
     pod, uid = environ.get(POD_NAME, ""), environ.get(POD_UID, "")
@@ -107,8 +100,7 @@ def trainjob(settings: NodeSettings, *, dataset_uri: str, model_uri: str,
 
 
 def stage_dataset(dataset_uri: str, dataset_path: str, root: str, task: Sequence[str]) -> str:
-    """Where the nodes read the dataset: its URI when on s3:// or gs://, else a copy of
-    the launcher's local folder under `<root>/datasets/<run>/<task>`."""
+    """The dataset's s3:// or gs:// URI, else a copy under `<root>/datasets/<run>/<task>`."""
     if is_remote(dataset_uri):
         return dataset_uri
     staged = "/".join([root.rstrip("/"), "datasets", *task, "dataset"])
@@ -130,12 +122,10 @@ def train_on_nodes(settings: NodeSettings, *, dataset_uri: str, dataset_path: st
         model_path: The step's `Output[Model]` path.
         config: `TransformerConfig`'s fields.
         tensorboard_dir: The step's TensorBoard folder; empty: under the checkpoint root.
-        api: A `kubernetes.client.ApiClient`; None: in-cluster (the pod's account).
-        namespace: The job's namespace; None: the pod's.
-        environ: The launcher's environment; `os.environ` when None.
-        write: Where the launcher's lines go (stdout when None).
-        timing: The launcher's polling; its defaults (and `settings.pending_seconds`)
-            when None.
+        api: A `kubernetes.client.ApiClient`; None: in-cluster.
+        namespace, environ: The job's namespace and the launcher's environment; None: the
+            pod's and `os.environ`.
+        write, timing: `launcher.launch`'s; None: stdout and `settings.pending_seconds`.
 
     Returns:
         The training result (the model's metrics.json).

@@ -1,13 +1,9 @@
 """One node of the transformer step's TrainJob, as a Kubeflow Trainer node runs it.
 
-    python -m components.train_transformer.node --dataset-uri URI --model-uri URI \
-        --config JSON [--checkpoint-root URI] [--tensorboard-dir URI]
-
-A node is no KFP pod: nothing moves its inputs or outputs, so it maps Trainer's `PET_*`
-variables onto torchrun's, fetches the dataset, trains through `launch.train` (checkpoints
-under `--checkpoint-root`, in the model's task folder: a node started again resumes), and
-node 0 (rank 0) uploads the model to `--model-uri`. Node 0 also deletes the job once the
-launcher pod that owns it no longer runs (`watch_owner`): a cancelled step frees the GPUs.
+A node is no KFP pod: it maps Trainer's `PET_*` variables onto torchrun's, fetches the
+dataset, trains through `launch.train` (checkpoints in the task's folder under
+`--checkpoint-root`: a restarted node resumes), and node 0 uploads the model to `--model-uri`
+and deletes the job once the launcher pod no longer runs (`watch_owner`).
 """
 
 from __future__ import annotations
@@ -30,16 +26,13 @@ from components.trainjob import launcher
 from components.trainjob.contract import NODE_RANK, processes_per_node, torchrun_environment
 
 COMMAND = ("python", "-m", "components.train_transformer.node")
-# The model folder's root: one path on every node and attempt (no random temporary name),
-# as the run's fingerprint holds it: another would refuse the run's own checkpoints.
+# The model folder's root, the same on every node and attempt: the run's fingerprint holds it.
 MODEL_ROOT = "/tmp/trainjob-node"
 
 
 @dataclasses.dataclass(frozen=True)
 class NodePlan:
-    """What one node does, read from its arguments (`parser`) and environment:
-    `environment` holds the variables to set before training (torchrun's, the checkpoint
-    and log folders)."""
+    """What one node does; `environment`: the variables to set before training."""
 
     dataset_uri: str
     model_uri: str
@@ -66,8 +59,7 @@ def read_config(text: str) -> TransformerConfig:
     """`TransformerConfig` from a JSON object of its fields; refuses another field by name.
 
     Raises:
-        TransformerTrainingError: Not a JSON object, a field the config has not, or a
-            value it refuses.
+        TransformerTrainingError: Not a JSON object, an unknown field, or a refused value.
     """
     try:
         values = json.loads(text)
@@ -88,8 +80,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str]) -> NodePlan:
 
     Raises:
         TransformerTrainingError: A bad `--config`.
-        components.trainjob.contract.NodeEnvironmentError: Trainer's `PET_*` variables
-            are incomplete or malformed.
+        components.trainjob.contract.NodeEnvironmentError: Bad `PET_*` variables.
         SystemExit: A missing or unknown argument (argparse's message).
     """
     args = parser().parse_args(list(argv))
@@ -105,8 +96,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str]) -> NodePlan:
 
 
 def copy_folder(source: str, target: str) -> None:
-    """Copies the folder `source` to `target` (each s3://, gs:// or local), replacing
-    what `target` held (an earlier attempt's files)."""
+    """Copies folder `source` over `target` (s3://, gs:// or local; one side local)."""
     if is_remote(source) and is_remote(target):
         raise ValueError(f"copy {source} to {target}: one side must be local")
     if not is_remote(target):
@@ -124,9 +114,7 @@ def copy_folder(source: str, target: str) -> None:
 
 
 def local_model_dir(model_uri: str, root: str = MODEL_ROOT) -> str:
-    """The node's model folder: `root` + the URI's `<run>/<task>/model`, so the trainer's
-    checkpoint folder (`storage.run_folder`) is the task's, the same on every node and
-    attempt."""
+    """`root` + the URI's `<run>/<task>/model`: the same checkpoint folder on every node."""
     parts = [part for part in model_uri.rstrip("/").split("/") if part][-3:]
     return os.path.join(root, *parts)
 
@@ -137,8 +125,7 @@ def run(plan_: NodePlan, environ: MutableMapping[str, str], scratch: str,
 
     Args:
         plan_: The node's plan.
-        environ: The process environment (`os.environ`): the plan's variables are set in
-            it, for the processes torch's launcher starts.
+        environ: `os.environ`: the plan's variables are set in it for torch's processes.
         scratch: A local folder for the dataset.
         model_root: Where the model folder is made (`local_model_dir`).
     """
@@ -170,13 +157,12 @@ def _visible_gpus() -> int:
 
 
 def watch_owner(environ: Mapping[str, str]) -> threading.Thread | None:
-    """On node 0, `launcher.watch_owner` in a daemon thread: the job is deleted once the
-    launcher pod no longer runs. None on other nodes, without an owner (outside KFP), or
-    where the API cannot be reached (a line says why).
+    """On node 0, `launcher.watch_owner` in a daemon thread; None on other nodes, without
+    an owner, or where the API cannot be reached (a line says why).
 
     Args:
-        environ: The node's environment: `launcher.OWNER_VARIABLES`, the pod's service
-            account, or `KUBECONFIG` (a rehearsal's API), and `OWNER_POLL_VARIABLE`.
+        environ: `launcher.OWNER_VARIABLES`, `KUBECONFIG` (else in-cluster), and
+            `OWNER_POLL_VARIABLE`.
     """
     if environ.get(NODE_RANK) != "0" or not all(map(environ.get, launcher.OWNER_VARIABLES)):
         return None

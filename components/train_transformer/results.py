@@ -22,10 +22,8 @@ def run_record(trainer, model, config: TransformerConfig, history: list[dict[str
                train_set, precision: str, started: float, *, rows: dict[str, int],
                texts_truncated: int, resumed_from: str | None, truth_valid: np.ndarray,
                truth_train: np.ndarray, multi: bool) -> dict[str, Any]:
-    """The `run` part of metrics.json: data, model, device and how the run went, with the
-    constant answer's scores and whether the classifier learnt nothing beyond it
-    (`text_scores.learnt_nothing`, warned of). `train_set`: the encoded training rows,
-    `started`: `time.monotonic()` at the start."""
+    """The `run` part of metrics.json: data, model, device, how the run went, the constant
+    answer's scores and whether the classifier learnt nothing beyond it (warned of)."""
     constant = constant_answer(truth_valid, truth_train, multi, config.threshold)
     nothing = learnt_nothing(history, constant)
     if nothing:
@@ -54,8 +52,7 @@ def run_record(trainer, model, config: TransformerConfig, history: list[dict[str
 
 
 def best_epoch(state, monitor: str, history: list[dict[str, Any]]) -> dict[str, Any]:
-    """The `best` part of metrics.json, from the trainer's final `state`: the epoch of its
-    best checkpoint (`checkpoint-<step>`) from the steps per epoch."""
+    """The `best` part of metrics.json: the epoch of the trainer's best checkpoint."""
     checkpoint, epoch = state.best_model_checkpoint, None
     per_epoch = state.global_step / max(1, history[-1]["epoch"]) if history else 0
     if checkpoint and per_epoch:
@@ -73,13 +70,11 @@ def write_outputs(model_dir: str, result: dict[str, Any],
 
 def record_outputs(result: dict[str, Any], model, metrics, dataset_dir: str,
                    config: TransformerConfig, model_fingerprint: str) -> None:
-    """Reports the model folder made (one pod or TrainJob): the validation scalars in
-    `metrics`, the model's metadata (framework, labels, provenance, files).
+    """Reports the model folder: validation scalars in `metrics`, the model's metadata.
 
     Args:
         result: The training result (the model's metrics.json).
-        model: The step's `Output[Model]`, the model folder at its `path`.
-        metrics: The step's `Output[Metrics]`.
+        model, metrics: The step's `Output[Model]` (the folder at its `path`), `Output[Metrics]`.
         dataset_dir: The preparation step's folder (its manifest fingerprints the data).
         config: The run's settings.
         model_fingerprint: The preflight's digest of a `model_name` folder.

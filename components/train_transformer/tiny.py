@@ -15,9 +15,8 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 def wordpiece_vocabulary(texts: Iterable[str], size: int) -> list[str]:
     """A WordPiece vocabulary of at most `size` tokens, the same for the same texts: the
-    special tokens, every character seen (alone and as `##` continuation: no word is
-    unknown), then the most frequent words (ties alphabetical) as BERT's tokenizer cuts
-    them. Counted, not learnt by `tokenizers`' trainer, which breaks ties in hash order."""
+    special tokens, every character (alone and as `##` continuation), then the most frequent
+    words, ties alphabetical (`tokenizers`' trainer breaks ties in hash order)."""
     from collections import Counter
 
     from tokenizers import normalizers, pre_tokenizers
@@ -40,12 +39,9 @@ def write_tiny_model(texts: Iterable[str], folder: str, *, vocab_size: int = 400
 
     Args:
         texts: The corpus (e.g. the training CSV's text column).
-        folder: Output folder (created); holds config.json, model.safetensors and the
-            tokenizer's files.
+        folder: Output folder (created), as `save_pretrained` writes it.
         vocab_size: Largest vocabulary the tokenizer keeps.
-        hidden_size: Width of the encoder (the feed-forward layers are 4x).
-        layers: Transformer layers.
-        heads: Attention heads (must divide hidden_size).
+        hidden_size, layers, heads: Width (feed-forward 4x), layers, attention heads.
         max_length: Longest sequence the position embeddings cover.
         seed: Seed of the random weights.
 

@@ -1,11 +1,9 @@
-"""Fine-tunes a Hugging Face encoder on the text data step's split with `Trainer`: the best
-epoch (by `monitor`) kept, a full checkpoint each epoch, each `checkpoint_every_steps` and
-at the step a SIGTERM stopped (then exit 143), which a restarted job resumes mid-epoch.
+"""Fine-tunes a Hugging Face encoder with `Trainer`: the best epoch (by `monitor`) kept, a
+checkpoint each epoch, each `checkpoint_every_steps` and at a SIGTERM's step (then exit 143).
 
-Under DDP (`launch.py`) the replicas share only Cloud Storage or a mirror rank 0 alone
-pushes: rank 0 alone writes the run state, the checkpoints' model (sealed with every
-process's RNG state), the model folder and metrics; it sends the best epoch to the others,
-which wait at a barrier, so that no replica ends before rank 0 has written every output.
+Under DDP (`launch.py`) rank 0 alone writes the run state, the checkpoints' model (sealed
+with every process's RNG state), the model folder and metrics; it sends the best epoch to
+the others, which wait at a barrier until rank 0 has written every output.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ import dataclasses
 import functools
 import logging
 import os
+import pathlib
 import shutil
 import tempfile
 import time
@@ -93,9 +92,8 @@ def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -
     Args:
         folder: The checkpoint folder.
         values: What defines the run (`run_values`).
-        write: Whether this process records the run in a free folder and removes the
-            unsealed checkpoints a killed save left (rank 0 alone: one writer), which
-            `Trainer`'s rotation would otherwise keep in place of a whole one.
+        write: Whether this process (rank 0 alone) claims a free folder and removes the
+            unsealed checkpoints a killed save left (`Trainer`'s rotation would keep them).
 
     Raises:
         TransformerTrainingError: The folder holds another run's checkpoints.
@@ -113,11 +111,8 @@ def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -
 
 
 def _repoint_best(checkpoint: str) -> None:
-    """Points `checkpoint`'s state at this folder's copy of the best checkpoint.
-
-    `trainer_state.json` holds it as an absolute path of the process that saved it; a
-    mirror's folder is another in every pod, and `Trainer` drops a best checkpoint it
-    cannot find (a run resumed at its last step would keep the last epoch)."""
+    """Points `checkpoint`'s state at this folder's copy of the best checkpoint: its path is
+    the saving pod's, and `Trainer` drops a best checkpoint it cannot find."""
     state = read_json(os.path.join(checkpoint, TRAINER_STATE), optional=True) or {}
     best = state.get("best_model_checkpoint")
     here = best and os.path.join(os.path.dirname(checkpoint), os.path.basename(best))
@@ -128,7 +123,7 @@ def _repoint_best(checkpoint: str) -> None:
 
 
 def _checkpoints(folder: str) -> dict[int, str]:
-    """`Trainer`'s `checkpoint-<step>` folders in `folder`, by step."""
+    """`checkpoint-<step>` folders by step."""
     entries = os.listdir(folder) if os.path.isdir(folder) else ()
     return {int(step): os.path.join(folder, entry) for entry in entries
             for prefix, _, step in [entry.partition("-")]
@@ -140,33 +135,27 @@ def _sealed(checkpoint: str) -> bool:
 
 
 def last_complete_checkpoint(folder: str) -> str | None:
-    """The sealed `checkpoint-<step>` folder of the highest step, or None.
-
-    `trainer_state.json` does not say a save finished: rank 0 writes it while the other
-    processes may still be writing their RNG states."""
+    """The sealed `checkpoint-<step>` folder of the highest step, or None (a
+    `trainer_state.json` does not say the other processes finished saving)."""
     sealed = [(step, path) for step, path in _checkpoints(folder).items() if _sealed(path)]
     return max(sealed)[1] if sealed else None
 
 
 def seal_checkpoint(folder: str, step: int) -> None:
-    """Marks `checkpoint-<step>` in `folder` complete once every process has saved its part.
-
-    With several processes, rank 0 first gathers their RNG states (`rng_state_<rank>.pth`)
-    into its copy where missing: another machine saved its own into its own copy, and of a
-    mirror only rank 0's reaches the store."""
-    checkpoint = os.path.join(folder, f"checkpoint-{step}")
+    """Marks `checkpoint-<step>` in `folder` complete once every process has saved its part;
+    rank 0 first gathers the RNG states (`rng_state_<rank>.pth`) its copy lacks (other
+    machines saved theirs in their own copies)."""
+    checkpoint = pathlib.Path(folder, f"checkpoint-{step}")
     dist = _process_group()
     if dist and dist.get_world_size() > 1:
-        name = f"rng_state_{dist.get_rank()}.pth"
+        mine = checkpoint / f"rng_state_{dist.get_rank()}.pth"
         states = [None] * dist.get_world_size() if _is_rank0() else None
-        with open(os.path.join(checkpoint, name), "rb") as f:
-            dist.gather_object((name, f.read()), states)
+        dist.gather_object((mine.name, mine.read_bytes()), states)
         for name, data in states or ():
-            if not os.path.exists(os.path.join(checkpoint, name)):
-                with open(os.path.join(checkpoint, name), "wb") as out:
-                    out.write(data)
+            if not (checkpoint / name).exists():
+                (checkpoint / name).write_bytes(data)
     if _is_rank0():
-        open(os.path.join(checkpoint, SEALED_FILE), "w").close()
+        (checkpoint / SEALED_FILE).write_text("")
 
 
 def _is_rank0() -> bool:
@@ -226,8 +215,7 @@ def _scores(prediction, labels: Sequence[str], multi: bool, threshold: float
 
 def _encode(tokenizer, texts: Sequence[str], truth: np.ndarray, multi: bool, max_length: int
             ) -> list[dict[str, Any]]:
-    """Tokenized texts with what the model is trained to answer (the 0/1 matrix, else the
-    class), a dict per row: a dataset `Trainer` reads."""
+    """A dict per row for `Trainer`: the tokens and the target (0/1 row, else the class)."""
     targets = truth.astype(np.float32) if multi else truth.argmax(axis=1)
     encodings = tokenizer([clip_text(t) for t in texts], truncation=True,
                           max_length=max_length)
@@ -238,10 +226,8 @@ def _encode(tokenizer, texts: Sequence[str], truth: np.ndarray, multi: bool, max
 def _callbacks(transformers, config: TransformerConfig, scalars: ScalarLog,
                reporter: TrialReporter, multi: bool, notice: preemption.Notice,
                folder: str) -> list:
-    """Each epoch timed, logged and reported; each checkpoint sealed and pushed; a save at
-    the step a SIGTERM stopped (every rank at the same one) and every
-    `checkpoint_every_steps`, `Preempted` once that one is sealed; early stopping when
-    `config` asks for it (after the epoch's time is in the history)."""
+    """Epochs timed, logged, reported; checkpoints sealed and pushed, also at a SIGTERM's
+    step (`Preempted` once sealed) and every `checkpoint_every_steps`; early stopping."""
     import torch
     import torch.distributed as dist
 
@@ -298,10 +284,9 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
 
     Args:
         dataset_dir: The text preparation step's folder (train/validation CSVs, manifest).
-        model_dir: Output folder (see the contract); written by the rank 0 process only.
+        model_dir: Output folder (see the contract); written by rank 0 only.
         config: The run's settings.
-        tensorboard_folder: TensorBoard folder; None: `AIP_TENSORBOARD_LOG_DIR`'s task
-            folder, else no logs.
+        tensorboard_folder: None: `AIP_TENSORBOARD_LOG_DIR`'s task folder, else no logs.
         hypertune_metric: History field reported to Vertex's tuning service each epoch.
         checkpoints: Checkpoint folder; None: `run_state.checkpoint_folder(model_dir)`.
 
@@ -371,11 +356,7 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
 
 
 def _read_splits(dataset_dir: str) -> tuple[dict[str, Any], Any, Any]:
-    """The prepared dataset's manifest and its train and validation frames.
-
-    Raises:
-        TransformerTrainingError: Either split has no rows.
-    """
+    """The manifest and the train and validation frames; refuses an empty split."""
     manifest = read_manifest(dataset_dir)
     train, valid = read_split(dataset_dir, "train"), read_split(dataset_dir, "validation")
     for name, frame in (("train", train), ("validation", valid)):
@@ -387,11 +368,7 @@ def _read_splits(dataset_dir: str) -> tuple[dict[str, Any], Any, Any]:
 
 def _load_model(transformers, config: TransformerConfig, labels: Sequence[str], multi: bool,
                 scratch: str):
-    """The tokenizer and the classifier (a new head sized for `labels`) of `model_name`.
-
-    Raises:
-        TransformerTrainingError: The model cannot be found or loaded.
-    """
+    """The tokenizer and the classifier (a new head sized for `labels`) of `model_name`."""
     source = model_source(config.model_name, scratch)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
@@ -427,11 +404,8 @@ def _device_precision(config: TransformerConfig) -> tuple[bool, str]:
 def _training_arguments(transformers, config: TransformerConfig, folder: str, precision: str,
                         cuda: bool):
     """`Trainer`'s arguments: an evaluation and a checkpoint each epoch, the best loaded at
-    the end by rank 0.
-
-    `average_tokens_across_devices` off: `Trainer` (transformers 5) otherwise multiplies a
-    classifier's batch-mean loss by the processes (for a model whose forward takes
-    `**kwargs`), so under DDP each loss and each gradient before clipping was too large."""
+    the end by rank 0. `average_tokens_across_devices` off: else transformers 5 multiplies
+    the batch-mean loss by the processes (too large a loss and gradient under DDP)."""
     monitor = "eval_loss" if config.monitor == "loss" else f"eval_{config.monitor}"
     return transformers.TrainingArguments(
         output_dir=folder, num_train_epochs=config.epochs,
@@ -450,7 +424,7 @@ def _training_arguments(transformers, config: TransformerConfig, folder: str, pr
 def _save_model(trainer, model_dir: str, result: dict[str, Any], text_column: str,
                 config: TransformerConfig) -> None:
     """Writes the model folder: the model and tokenizer, labels and metrics (rank 0 only)."""
-    trainer.save_model(model_dir)  # writes on rank 0 only
+    trainer.save_model(model_dir)
     if trainer.is_world_process_zero():
         # Trainer's pickle of its arguments: not needed to load or serve the model.
         with contextlib.suppress(FileNotFoundError):
@@ -459,10 +433,9 @@ def _save_model(trainer, model_dir: str, result: dict[str, Any], text_column: st
 
 
 def start_at_label_frequencies(model, truth: np.ndarray, task: str) -> None:
-    """Sets the new head's output bias to the label frequencies' log-odds
-    (`text_scores.frequency_bias`), so training starts at the constant answer, not at 0.5.
-    The output layer is the last `Linear` with one output per label (BERT's `classifier`,
-    RoBERTa's `classifier.out_proj`).
+    """Sets the output bias (the last `Linear` with one output per label) to the label
+    frequencies' log-odds (`text_scores.frequency_bias`): training starts at the constant
+    answer, not at 0.5.
 
     Raises:
         TransformerTrainingError: No such layer (an architecture this trainer does not know).

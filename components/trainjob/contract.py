@@ -1,9 +1,5 @@
-"""The node contract of a TrainJob: Trainer's torchrun settings as the trainer reads them.
-
-Trainer 2.3's `torch-distributed` runtime gives each node `PET_NNODES`, `PET_NPROC_PER_NODE`
-(`auto`: the GPUs), `PET_NODE_RANK`, `PET_MASTER_ADDR` (node 0's pod) and `PET_MASTER_PORT`;
-the transformer trainer reads `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` (machines) and
-`RANK`. `torchrun_environment` maps the one onto the other (nothing without `PET_*`).
+"""The node contract of a TrainJob: Trainer 2.3's `PET_*` variables (torch-distributed
+runtime) mapped onto the `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`, `RANK` the trainer reads.
 """
 
 from __future__ import annotations
@@ -69,8 +65,7 @@ def processes_per_node(environ: Mapping[str, str], gpus: int) -> int:
     """Processes to start on this node: `PET_NPROC_PER_NODE`, or (`auto`, unset) one per GPU.
 
     Args:
-        environ: The node's environment.
-        gpus: GPUs this node sees.
+        environ, gpus: The node's environment and the GPUs it sees.
 
     Raises:
         NodeEnvironmentError: The variable is neither `auto` nor a whole number >= 1.

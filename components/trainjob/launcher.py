@@ -1,18 +1,14 @@
 """The launcher: creates the TrainJob, follows it to its end, and always deletes it.
 
-KFP cannot create a custom resource, so a launcher pod does: strict field validation (an
-older Trainer refuses a field it lacks), then polling (a watch is closed by the API server
-every few minutes) of `status.conditions` and the node pods, node 0's log streamed into
-its own. A failed node fails the step at once (`node_problem`): JobSet defaults the node
-pods to `restartPolicy: OnFailure` with `backoffLimit: 6`, so a crashed node would restart
-in place while the others wait in the rendezvous until NCCL's timeout.
+KFP cannot create a custom resource, so a launcher pod does (strict field validation), then
+polls (the API server closes watches) the job's conditions and node pods, streaming node 0's
+log. A failed node fails the step at once (`node_problem`): JobSet would restart it in place
+while the others wait in the rendezvous until NCCL's timeout.
 
-The job is deleted on the way out (`finally`), and on SIGTERM by the handler itself on
-connections of its own (Argo's emissary exits within a second of KFP's cancel). A launcher
-stopped without cleanup leaves its pod object, so node 0 watches it (`watch_owner`).
-One job of a task at a time: before creating, the job of this name and (`task_selector`)
-the task's earlier attempts are deleted in the foreground and waited for, since their
-result cannot be adopted and refusing would fail every retry.
+The job is deleted on the way out, and on SIGTERM by the handler on its own connections
+(Argo's emissary exits within a second of a cancel); node 0 watches the launcher pod
+(`watch_owner`) for a launcher stopped without cleanup. Before creating, the task's
+earlier jobs are deleted and waited for: their result cannot be adopted.
 """
 
 from __future__ import annotations
@@ -58,9 +54,9 @@ class TrainJobCancelled(TrainJobError):
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    """How the launcher paces its calls: between polls, the longest wait for a leftover
-    job to go and for node 0's log to end, API errors in a row tolerated, and how long a
-    node pod may stay unschedulable (an autoscaler adds a GPU machine in minutes)."""
+    """The launcher's pace: between polls, the longest waits for a leftover job to go and
+    node 0's log to end, API errors in a row tolerated, and how long a node pod may stay
+    unschedulable (an autoscaler adds a GPU machine in minutes)."""
 
     poll_seconds: float = 10.0
     clear_seconds: float = 600.0
@@ -91,8 +87,7 @@ def _terminated(state) -> str:
 
 
 def pod_problem(pod, pending_for: float, pending_seconds: float) -> str:
-    """Why node pod `pod` (a `V1Pod`) fails the job now, or "" while it may still run;
-    `pending_for`: seconds since the launcher first saw it."""
+    """Why node pod `pod` (a `V1Pod`, seen `pending_for` s ago) fails the job now, or ""."""
     status = pod.status
     containers = [*(status.init_container_statuses or []), *(status.container_statuses or [])]
     if status.phase == FAILED:
@@ -121,14 +116,8 @@ def pod_problem(pod, pending_for: float, pending_seconds: float) -> str:
 
 def node_problem(pods, seen: dict[str, tuple[str, float]], now: float,
                  pending_seconds: float) -> str:
-    """Why the job's node pods (`V1Pod`s) fail it now, naming node and pod, or "".
-
-    Args:
-        pods: The job's pods, as listed now.
-        seen: Each node's first pod uid and when it was first seen; kept across polls.
-        now: `time.monotonic()`.
-        pending_seconds: `Timing.pending_seconds`.
-    """
+    """Why the job's node pods (`V1Pod`s) fail it now, naming node and pod, or "";
+    `seen`: each node's first pod uid and when it was seen (kept across polls)."""
     for pod in sorted(pods, key=lambda pod: pod.metadata.name):
         index = (pod.metadata.labels or {}).get(COMPLETION_INDEX_LABEL, "?")
         uid, since = seen.setdefault(index, (pod.metadata.uid, now))
@@ -322,8 +311,7 @@ def launch(api, manifest: Mapping[str, Any], *, task_selector: str = "",
         api: A `kubernetes.client.ApiClient`.
         manifest: The TrainJob (`spec.trainjob_manifest`).
         task_selector: Selects every TrainJob of this task, deleted first; empty: none.
-        stop: Set to cancel.
-        write: Where the launcher's lines and node 0's log go; stdout when None.
+        stop, write: Set to cancel; where its lines and node 0's log go (stdout when None).
         timing: Polling and waiting.
 
     Returns:
@@ -404,16 +392,13 @@ def owner_stopped(pods, uid: str) -> str:
 def watch_owner(api, environ: Mapping[str, str], *, poll_seconds: float = OWNER_POLL_SECONDS,
                 stop: threading.Event | None = None,
                 write: Callable[[str], None] | None = None) -> bool:
-    """Node 0's side of a cancel: deletes the job once the launcher pod owning it stops.
-
-    Deleting, not exiting: a node that exits non-zero is restarted in place.
+    """Node 0's side of a cancel: deletes the job (a node that exits is restarted in place)
+    once the launcher pod owning it stops.
 
     Args:
-        api: A `kubernetes.client.ApiClient`.
-        environ: The node's environment: `OWNER_VARIABLES`.
+        api, environ: A `kubernetes.client.ApiClient`; `OWNER_VARIABLES` of the node.
         poll_seconds: Between two reads of the launcher pod.
-        stop: Ends the watch when set.
-        write: Where its lines go; stdout when None.
+        stop, write: Ends the watch when set; where its lines go (stdout when None).
 
     Returns:
         True once it deleted the job; False where the watch ended otherwise.

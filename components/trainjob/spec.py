@@ -1,13 +1,9 @@
 """The TrainJob a launcher step creates: Kubeflow Trainer 2.2-2.3 (`trainer.kubeflow.org/v1alpha1`).
 
-Every part is built as `kubeflow-trainer-api`'s typed model (pinned at 2.3.0) and
-serialised by its `to_dict`, so each field set is one the 2.3 API has. The models ignore
-unknown keys, so `validate_manifest` reads a manifest back through them and refuses any
-key they would drop or value they would change (`tools.trainer_releases` runs it on
-2.2's and 2.1's models too). The pod settings go in one `spec.runtimePatches` entry of the
-`node` replicated job, with `sidecar.istio.io/inject: "false"`: the mesh refuses
-node-to-node traffic through JobSet's headless service (kubeflow/trainer#2794, #2872).
-The ownerReference to the launcher pod garbage-collects the job with the pod object.
+Built from `kubeflow-trainer-api`'s typed models (2.3.0); they drop unknown keys, so
+`validate_manifest` reads a manifest back and refuses what they would drop or change. The
+pod settings are one `runtimePatches` entry of the `node` job, with istio injection off: the
+mesh refuses node-to-node traffic through JobSet's headless service (kubeflow/trainer#2794).
 """
 
 from __future__ import annotations
@@ -51,12 +47,11 @@ class ManifestError(ValueError):
 
 
 def trainjob_name(run_id: str, task: str, attempt: int | str) -> str:
-    """The TrainJob's name for one attempt of one task of one run: a DNS-1035 label of
-    the task's name (cut short), a digest of run and task, and the attempt.
+    """A DNS-1035 name for one attempt of one task of one run: the task's name (cut
+    short), a digest of run and task, and the attempt.
 
     Args:
-        run_id: The pipeline run's id.
-        task: The task's name (or id) within the run.
+        run_id, task: The pipeline run's id and the task's name (or id).
         attempt: A number from 0, or a string unique to it (the launcher pod's uid).
 
     Raises:
@@ -75,13 +70,6 @@ def trainjob_name(run_id: str, task: str, attempt: int | str) -> str:
     if not DNS_1035.match(name) or len(name) > MAX_NAME:  # cannot happen: a guard for edits
         raise ManifestError(f"made an invalid TrainJob name {name!r}")
     return name
-
-
-def _models():
-    """`kubeflow_trainer_api.models`, imported only when needed (~0.4 s)."""
-    from kubeflow_trainer_api import models
-
-    return models
 
 
 def secret_key_problems(keys: Sequence[str]) -> list[str]:
@@ -139,11 +127,10 @@ def _trainer(m, *, image: str, command: Sequence[str], args: Sequence[str], num_
              procs_per_node: int | None, gpus: int, cpu: str, memory: str,
              env: Mapping[str, str], storage_secret: str, secret_keys: Sequence[str]):
     """`spec.trainer`: the nodes, what each holds and runs, and its environment."""
-    quantity = m.IoK8sApimachineryPkgApiResourceQuantity
-    amounts = {"cpu": cpu, "memory": memory, **({GPU_RESOURCE: str(gpus)} if gpus else {})}
-    resources = m.IoK8sApiCoreV1ResourceRequirements(
-        requests={key: quantity(value) for key, value in amounts.items()},
-        limits={key: quantity(value) for key, value in amounts.items()})
+    given = {"cpu": cpu, "memory": memory, **({GPU_RESOURCE: str(gpus)} if gpus else {})}
+    amounts = {key: m.IoK8sApimachineryPkgApiResourceQuantity(value)
+               for key, value in given.items()}
+    resources = m.IoK8sApiCoreV1ResourceRequirements(requests=amounts, limits=dict(amounts))
     variables = [m.IoK8sApiCoreV1EnvVar(name=key, value=value) for key, value in env.items()]
     if gpus:
         variables.append(m.IoK8sApiCoreV1EnvVar(name=EXPECTED_GPUS_VARIABLE, value=str(gpus)))
@@ -199,29 +186,19 @@ def trainjob_manifest(
     """The TrainJob of `num_nodes` nodes, as a dict the Kubernetes API takes.
 
     Args:
-        name: The job's name (`trainjob_name`).
-        namespace: The run's namespace.
-        image: The nodes' image.
-        command: The node's entry point.
-        args: Its arguments.
+        name, namespace: The job's (`trainjob_name`) and the run's.
+        image, command, args: What each node runs.
         num_nodes: Nodes (pods), one per machine.
-        procs_per_node: Processes per node; None: one per GPU, one without (Trainer's
-            `auto` would start one per CPU there).
-        gpus: GPUs of each node.
-        cpu: CPU of each node, a Kubernetes quantity (requests = limits).
-        memory: Memory of each node (requests = limits; /dev/shm counts inside it).
-        shm: Size of each node's memory-backed /dev/shm; empty: the container's own.
+        procs_per_node: Processes per node; None: one per GPU, else one (not Trainer's
+            `auto`: one per CPU).
+        gpus, cpu, memory: Of each node (Kubernetes quantities; requests = limits).
+        shm: Each node's memory-backed /dev/shm (inside `memory`); empty: the container's.
         env: Environment variables of the node container.
-        storage_secret: Kubernetes secret whose `secret_keys` the nodes get as variables.
-        secret_keys: The secret's keys whose values `S3_SECRET_KEYS` get, in that order.
-        node_selector: Node labels the nodes must have.
-        tolerations: Tolerations (dicts), as a pod's.
-        image_pull_secrets: Secrets the nodes pull the image with.
-        service_account: The nodes' service account; empty: the namespace's default.
+        storage_secret, secret_keys: The secret whose keys `S3_SECRET_KEYS` get, in order.
+        node_selector, tolerations, image_pull_secrets, service_account: As a pod's.
         labels: Labels of the TrainJob and of its node pods.
         queue: Kueue's LocalQueue (a label of the TrainJob only); empty: none.
-        owner_pod: The launcher pod's name: the job's owner; empty for none.
-        owner_uid: That pod's uid (given with `owner_pod`).
+        owner_pod, owner_uid: The launcher pod owning the job; empty for none.
         runtime: The ClusterTrainingRuntime to run on.
         manager: Who owns the runtime patch (a domain-prefixed path).
         active_deadline_seconds: Longest the job may run; None: no limit.
@@ -247,7 +224,7 @@ def trainjob_manifest(
         raise ManifestError(f"active_deadline_seconds must be >= 1 (Trainer 2.3), got "
                             f"{active_deadline_seconds}")
     procs_per_node = max(1, gpus) if procs_per_node is None else procs_per_node
-    m = _models()
+    from kubeflow_trainer_api import models as m  # here: its import takes ~0.4 s
     owners = [m.IoK8sApimachineryPkgApisMetaV1OwnerReference(
         api_version="v1", kind="Pod", name=owner_pod, uid=owner_uid)] if owner_pod else None
     job = m.TrainerV1alpha1TrainJob(
@@ -298,13 +275,12 @@ def validate_manifest(manifest: Mapping[str, Any]) -> None:
     """Reads a manifest through the installed release's typed models; refuses what they do not.
 
     Raises:
-        ManifestError: A key the release's API lacks, or a value read as another; each
-            named by its path.
+        ManifestError: A key the release's API lacks, or a value read as another (by path).
         pydantic.ValidationError: A value of a type the models do not take.
     """
     from kubeflow_trainer_api import __version__ as release
+    from kubeflow_trainer_api import models as m
 
-    m = _models()
     if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
         raise ManifestError(f"not a {API_VERSION} {KIND}: apiVersion "
                             f"{manifest.get('apiVersion')!r}, kind {manifest.get('kind')!r}")
