@@ -339,6 +339,13 @@ def test_set_trainable_head_and_full(scratch_model):
         model_lib.set_trainable(scratch_model, "fine_tune", 0)
 
 
+def test_a_weights_file_that_is_not_there_is_refused_as_the_preflight_words_it(tmp_path):
+    missing = str(tmp_path / "no.h5")
+    with pytest.raises(ValueError, match=r"weights '.*no\.h5' is neither 'imagenet', 'none' "
+                                         r"nor an existing file"):
+        model_lib.build_model(len(CLASSES), IMAGE_SIZE, missing)
+
+
 def test_preprocessing_matches_densenet(scratch_model):
     pixels = np.random.default_rng(1).uniform(0, 255, (2, IMAGE_SIZE, IMAGE_SIZE, 3))
     pixels = pixels.astype("float32")

@@ -58,6 +58,7 @@ def weights_problems(weights: str, architecture: str = "densenet121") -> list[st
     """
     from components.train_image.contract import (
         ARCHITECTURES,
+        missing_weights_problem,
         normalize_weights,
         weights_file_layout,
     )
@@ -72,10 +73,7 @@ def weights_problems(weights: str, architecture: str = "densenet121") -> list[st
         except ValueError as err:
             return [str(err)]
         return []
-    return [f"weights {weights!r} is neither 'imagenet', 'none' nor an existing file: give "
-            f"'imagenet' ({architecture}'s ImageNet weights), 'none' (train from "
-            f"scratch) or the path of a no-top .h5 weights file of {architecture} (local, "
-            "gs:// or s3://)"]
+    return [missing_weights_problem(weights, architecture)]
 
 
 def lang_problems(lang: str) -> list[str]:

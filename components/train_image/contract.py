@@ -45,6 +45,13 @@ def normalize_weights(weights: str | None) -> str | None:
     return str(weights)
 
 
+def missing_weights_problem(weights: str, architecture: str) -> str:
+    """The trainer's and the preflight's refusal of a `weights` that names no file."""
+    return (f"weights {weights!r} is neither 'imagenet', 'none' nor an existing file: give "
+            f"'imagenet' ({architecture}'s ImageNet weights), 'none' (train from scratch) or "
+            f"the path of a no-top .h5 weights file of {architecture} (local, gs:// or s3://)")
+
+
 # The backbones, each with how many top blocks fine-tuning may unfreeze.
 ARCHITECTURES = {"densenet121": 4, "efficientnet_lite0": 7}
 # Dense blocks per stage (conv2 to conv5) of the layouts Keras names.
