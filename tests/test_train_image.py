@@ -339,13 +339,6 @@ def test_set_trainable_head_and_full(scratch_model):
         model_lib.set_trainable(scratch_model, "fine_tune", 0)
 
 
-def test_a_weights_file_that_is_not_there_is_refused_as_the_preflight_words_it(tmp_path):
-    missing = str(tmp_path / "no.h5")
-    with pytest.raises(ValueError, match=r"weights '.*no\.h5' is neither 'imagenet', 'none' "
-                                         r"nor an existing file"):
-        model_lib.build_model(len(CLASSES), IMAGE_SIZE, missing)
-
-
 def test_preprocessing_matches_densenet(scratch_model):
     pixels = np.random.default_rng(1).uniform(0, 255, (2, IMAGE_SIZE, IMAGE_SIZE, 3))
     pixels = pixels.astype("float32")
@@ -392,7 +385,7 @@ def test_weights_file_loads_and_snapshot_survives_phase_change(densenet_weights)
                                          weights=None, input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3))
     reference.load_weights(densenet_weights)
     assert_arrays_equal(model_lib.get_base(pretrained).weights, reference.weights)
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ValueError, match="neither 'imagenet', 'none' nor an existing file"):
         model_lib.build_model(len(CLASSES), IMAGE_SIZE, "/no/such/weights.h5")
     # a copy built without the file, as the artifact is, takes the layout from the weights
     scratch_model = model_lib.build_model(
