@@ -249,26 +249,22 @@ def test_language_model_trains_on_a_gpu_after_a_light_preflight(tmp_path):
     assert set(outputs) == {"metrics", "lm_assets"}
 
 
-def test_every_pipeline_loads_in_pipeline_job(tmp_path):
-    out = _compile(tmp_path)
-    for name, param, data in (("image_pipeline", "data_uri", "gs://acme/pets"),
-                              ("text_pipeline", "data_uri", "gs://acme/r.csv"),
-                              ("lm_pipeline", "corpus_uri", "gs://acme/wiki"),
-                              ("transformer_pipeline", "data_uri", "gs://acme/r.csv")):
-        job = aiplatform.PipelineJob(
-            display_name=name, template_path=str(out / f"{name}.json"),
-            pipeline_root="gs://acme-ml-pipelines/root", parameter_values={param: data},
+@pytest.mark.parametrize("name, param, data", [
+    ("image_pipeline", "data_uri", "gs://acme/pets"), ("text_pipeline", "data_uri", "gs://acme/r.csv"),
+    ("lm_pipeline", "corpus_uri", "gs://acme/wiki"),
+    ("transformer_pipeline", "data_uri", "gs://acme/r.csv")])
+def test_every_pipeline_loads_in_pipeline_job(tmp_path, name, param, data):
+    def job(**values):
+        return aiplatform.PipelineJob(
+            display_name=name, template_path=str(_compile(tmp_path) / f"{name}.json"),
+            pipeline_root="gs://acme-ml-pipelines/root", parameter_values=values,
             project="acme-ml", location="europe-west4", credentials=AnonymousCredentials())
-        values = job._gca_resource.runtime_config.parameter_values
-        assert values[param] == data
-        # unset parameters are left to the compiled defaults, which Vertex fills in
-        assert set(values) == {param}
-        with pytest.raises(ValueError, match="epochz"):
-            aiplatform.PipelineJob(
-                display_name=name, template_path=str(out / f"{name}.json"),
-                pipeline_root="gs://acme-ml-pipelines/root",
-                parameter_values={param: data, "epochz": 3}, project="acme-ml",
-                location="europe-west4", credentials=AnonymousCredentials())
+
+    values = job(**{param: data})._gca_resource.runtime_config.parameter_values
+    # unset parameters are left to the compiled defaults, which Vertex fills in
+    assert dict(values) == {param: data}
+    with pytest.raises(ValueError, match="epochz"):
+        job(**{param: data, "epochz": 3})
 
 
 def test_no_upload_without_a_pinned_serving_image(tmp_path):

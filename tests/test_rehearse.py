@@ -100,9 +100,9 @@ def test_parameters_are_typed_and_checked(tmp_path):
                                                             "flip": "false"})
     assert runner.inputs["epochs"] == 3 and runner.inputs["flip"] is False
     assert runner.inputs["image_size"] == 224  # the JSON default, an int again
-    with pytest.raises(rehearse.RehearsalError, match="no default: pass --param data_uri"):
+    with pytest.raises(rehearse.RehearsalError, match="missing required.*--param data_uri"):
         rehearse.Rehearsal(spec, str(tmp_path / "r"), {})
-    with pytest.raises(rehearse.RehearsalError, match="unknown pipeline parameter"):
+    with pytest.raises(rehearse.RehearsalError, match="unknown parameter 'epoch'"):
         rehearse.Rehearsal(spec, str(tmp_path / "r"), {"data_uri": "/d", "epoch": "3"})
 
 

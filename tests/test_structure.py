@@ -238,16 +238,20 @@ def _module_graph(root: pathlib.Path, *packages: str) -> dict[str, set[str]]:
         for path in (root / package).rglob("*.py"):
             parts = path.relative_to(root).with_suffix("").parts
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {}
-    for name, path in modules.items():
-        imported = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                imported |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        graph[name] = {m for m in imported if m in modules and m != name}
-    return graph
+    return {name: {m for m in _imported(path) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def _imported(path: pathlib.Path) -> set[str]:
+    """Every name a file imports, at module level or inside functions (`from a import b`:
+    a and a.b, whichever is the module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -346,14 +350,8 @@ def test_the_package_circle_check_sees_a_format_importing_its_users_contract(mon
 
 
 def _package_imports(path: pathlib.Path) -> set[str]:
-    """The layers a file imports, at module level or inside functions."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {_layer(alias.name) for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found |= {_layer(f"{node.module}.{alias.name}") for alias in node.names}
-    return found - {None}
+    """The layers a file imports (`_imported`)."""
+    return {_layer(module) for module in _imported(path)} - {None}
 
 
 def _layer_violations(root: pathlib.Path) -> list[tuple[str, str]]:

@@ -9,6 +9,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kubernetes.utils.quantity import parse_quantity
+
 from components.common.gpus import EXPECTED_GPUS_VARIABLE
 from components.common.storage import MOUNTED_VARIABLE
 from components.trainjob.launcher import Timing
@@ -102,11 +104,7 @@ def machine_shape(machine_type: str) -> tuple[int, float] | None:
 
 def _quantity_mib(quantity: str) -> float:
     """A memory quantity (MEMORY_QUANTITY) in MiB, for sizing /dev/shm inside it."""
-    number, unit = re.match(r"^([0-9]+)([A-Za-z]*)$", quantity).groups()
-    decimal = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-    if unit.endswith("i"):
-        return int(number) * 1024.0 ** ("KMGTPE".index(unit[0]) + 1) / 2**20
-    return int(number) * decimal[unit] / 2**20
+    return float(parse_quantity(quantity)) / 2**20
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.common.storage import read_json
-from pipelines.params import parse_value
+from pipelines.compiled import SubmitError, declared_parameters, parse_params
 from tools.rehearsal.records import ArtifactRef, RehearsalError
 
 # The project and region a rehearsal pretends to run in (placeholders and names show them).
@@ -33,7 +33,7 @@ _ARTIFACT = re.compile(
 
 def typed_value(value: Any, parameter_type: str) -> Any:
     """A value of the spec (JSON already: numbers are floats) as Vertex hands it to a task;
-    command-line text goes through `pipelines.params.parse_value` instead."""
+    command-line text goes through `pipelines.compiled.parse_params` instead."""
     if value is None:
         return None
     if parameter_type == "NUMBER_INTEGER":
@@ -62,32 +62,21 @@ def _map_leaves(value: Any, leaf: Callable[[Any], Any]) -> Any:
 
 
 def pipeline_inputs(spec: Mapping[str, Any], params: Mapping[str, str]) -> dict[str, Any]:
-    """The pipeline's parameter values: `params` (text of the command line) typed, else
-    the defaults (optional ones without a default omitted).
+    """The pipeline's parameter values: `params` (text of the command line) typed and
+    checked as `pipelines.submit` does (`parse_params`), else the defaults.
 
     Raises:
         RehearsalError: An unknown parameter, a value not of its type, or a required
             parameter without a value.
     """
-    definitions = spec["root"].get("inputDefinitions", {}).get("parameters", {})
-    unknown = sorted(set(params) - set(definitions))
-    if unknown:
-        raise RehearsalError(f"unknown pipeline parameter(s) {unknown}; the pipeline "
-                             f"takes {sorted(definitions)}")
-    values = {}
-    for name, definition in definitions.items():
-        kind = definition["parameterType"]
-        if name in params:
-            try:
-                values[name] = parse_value(params[name], kind)
-            except ValueError as err:
-                raise RehearsalError(f"--param {name}: {err}") from err
-        elif "defaultValue" in definition:
-            values[name] = typed_value(definition["defaultValue"], kind)
-        elif not definition.get("isOptional"):
-            raise RehearsalError(f"pipeline parameter {name!r} has no default: pass "
-                                 f"--param {name}=VALUE")
-    return values
+    definitions = declared_parameters(spec)
+    try:
+        given = parse_params([f"{name}={text}" for name, text in params.items()], definitions)
+    except SubmitError as err:
+        raise RehearsalError(str(err)) from err
+    return {**{name: typed_value(definition["defaultValue"], definition["parameterType"])
+               for name, definition in definitions.items() if "defaultValue" in definition},
+            **given}
 
 
 def evaluate_condition(condition: str, values: Mapping[str, Any]) -> bool:
