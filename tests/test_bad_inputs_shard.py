@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from PIL import Image
 
-from components.shard import sharding, writing
+from components.shard import sharding
 from components.shard.contract import ShardingError
 from components.shard.sharding import ShardConfig
 from tests.conftest import write_class_images
@@ -60,10 +60,10 @@ def test_rerun_after_a_killed_run_removes_its_leftovers(tmp_path, image_folder):
     # A run killed (no exception handler runs) after one shard and half of another.
     script = textwrap.dedent(f"""
         import os
-        from components.shard import sharding, writing
+        from components.shard import sharding
 
         def killed(tasks, workers, progress):
-            writing.write_shard(tasks[0])
+            sharding.write_shard(tasks[0])
             with open(os.path.join({str(out)!r}, ".tmp-" + tasks[1].filename), "wb") as f:
                 f.write(b"half a shard")
             os._exit(9)
@@ -84,7 +84,7 @@ def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch)
     shard(image_folder, out)
 
     def fails(tasks, workers, progress):
-        writing.write_shard(tasks[0])
+        sharding.write_shard(tasks[0])
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(sharding, "run_tasks", fails)
@@ -93,18 +93,18 @@ def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch)
     assert os.listdir(out) == []
 
 
-def _killed_on_validation(task: writing.ShardTask) -> dict:
+def _killed_on_validation(task: sharding.ShardTask) -> dict:
     """write_shard, but the worker is killed (as for lack of memory) on a validation shard."""
     if task.filename.startswith("validation"):
         os.kill(os.getpid(), signal.SIGKILL)
-    return writing.write_shard(task)
+    return sharding.write_shard(task)
 
 
 def test_a_worker_killed_mid_run_fails_the_step_and_leaves_nothing(tmp_path, image_folder,
                                                                     monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setattr(sharding, "run_tasks",
-                        functools.partial(writing.run_tasks, worker_fn=_killed_on_validation))
+                        functools.partial(sharding.run_tasks, worker_fn=_killed_on_validation))
     with pytest.raises(ShardingError, match="worker process died.*num_workers"):
         shard(image_folder, out, num_workers=2)
     assert os.listdir(out) == []
