@@ -22,14 +22,9 @@ def test_framing_is_read_by_tfrecorddataset_with_crc_checks(tmp_path):
     path = tmp_path / "x.tfrecord"
     payloads = [b"", b"a", b"x" * 100_000]
     path.write_bytes(b"".join(sharding.frame_record(p) for p in payloads))
-    read = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
-    assert read == payloads
-
-
-def test_corrupted_record_is_detected_by_tensorflow(tmp_path):
+    assert [r.numpy() for r in tf.data.TFRecordDataset(str(path))] == payloads
     data = bytearray(sharding.frame_record(b"hello world"))
     data[14] ^= 0xFF  # flip a payload byte: the data CRC no longer matches
-    path = tmp_path / "bad.tfrecord"
     path.write_bytes(bytes(data))
     with pytest.raises(tf.errors.DataLossError):
         list(tf.data.TFRecordDataset(str(path)))

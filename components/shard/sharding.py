@@ -65,10 +65,10 @@ def shard_dataset(data_uri: str, out_dir: str, config: ShardConfig,
         ShardingError: Bad layout, a class with no usable image, too many unusable files
             (nothing is left behind), or foreign shard-named files in `out_dir`.
     """
-    check_output_folder(data_uri, out_dir)
+    _check_output_folder(data_uri, out_dir)
     listing = list_labelled_files(data_uri)
     os.makedirs(out_dir, exist_ok=True)
-    clear_output(out_dir)
+    _clear_output(out_dir)
     splits = stratified_split(listing.files, listing.classes, config.fractions, config.seed)
     examples_in = sum(len(p) for p in listing.files.values())
 
@@ -265,12 +265,8 @@ def remove_own_files(out_dir: str) -> None:
         os.remove(os.path.join(out_dir, name))
 
 
-def clear_output(out_dir: str) -> None:
-    """Removes what an earlier run of this step wrote; other files are left alone.
-
-    Raises:
-        ShardingError: Files named like its output that nothing proves its own.
-    """
+def _clear_output(out_dir: str) -> None:
+    """Removes what an earlier run wrote, refusing files named like its own that are not."""
     if not os.path.isdir(out_dir):
         return
     foreign = sorted(name for name in set(os.listdir(out_dir)) - own_files(out_dir)
@@ -285,12 +281,8 @@ def clear_output(out_dir: str) -> None:
     remove_own_files(out_dir)
 
 
-def check_output_folder(data_uri: str, out_dir: str) -> None:
-    """Refuses an output folder inside the input folder, or the reverse.
-
-    Raises:
-        ShardingError: The two folders overlap.
-    """
+def _check_output_folder(data_uri: str, out_dir: str) -> None:
+    """Refuses an output folder inside the input folder, or the reverse."""
     if data_uri.startswith("s3://"):
         return  # an S3 bucket is never a local folder
     source = os.path.realpath(local_path(data_uri))  # gs:// as its FUSE path
@@ -454,11 +446,8 @@ def _field(number: int, payload: bytes) -> bytes:
 
 
 def encode_example(features: dict[str, bytes | int]) -> bytes:
-    """Serializes a `tf.train.Example` of single bytes (BytesList) or int (Int64List) values.
-
-    Returns:
-        The Example, features in sorted key order (equal inputs give equal bytes).
-    """
+    """A serialized `tf.train.Example` of single bytes (BytesList) or int (Int64List) values,
+    features in sorted key order (equal inputs give equal bytes)."""
     entries = []
     for name in sorted(features):
         value = features[name]
