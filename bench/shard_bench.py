@@ -24,9 +24,8 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from components.shard import sharding, writing  # noqa: E402
-from components.shard.sharding import ShardConfig, list_labelled_files  # noqa: E402
-from components.shard.writing import ShardTask  # noqa: E402
+from components.shard import sharding  # noqa: E402
+from components.shard.sharding import ShardConfig, ShardTask, list_labelled_files  # noqa: E402
 
 CLASSES = 5
 
@@ -48,8 +47,8 @@ def make_images(root: str, count: int, seed: int = 0) -> None:
 
 def bare_worker(task: ShardTask) -> dict:
     """Decode, resize and encode each image of the task; write nothing."""
-    for _, data in writing.read_files(task.data_uri, [p for p, _ in task.items]):
-        writing.process_image(data, task.config)
+    for _ in sharding.encoded_images(task.data_uri, [p for p, _ in task.items], task.config):
+        pass
     return {"file": task.filename}
 
 
@@ -60,7 +59,7 @@ def bare_rate(root: str, workers: int, config: ShardConfig) -> float:
     tasks = [ShardTask(root, "", f"t{i}", items, config)
              for i, items in enumerate(sharding.chunk(paths, 3 * config.min_shards_per_split))]
     start = time.perf_counter()
-    writing.run_tasks(tasks, workers, worker_fn=bare_worker, progress=False)
+    sharding.run_tasks(tasks, workers, worker_fn=bare_worker, progress=False)
     return len(paths) / (time.perf_counter() - start)
 
 

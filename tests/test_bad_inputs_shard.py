@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from PIL import Image
 
-from components.shard import sharding, writing
+from components.shard import sharding
 from components.shard.contract import ShardingError
 from components.shard.sharding import ShardConfig
 from tests.conftest import write_class_images
@@ -23,32 +23,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ----------------------------------------------------------------------- output folder
 
-@pytest.mark.parametrize("name,content", [
-    ("train-00000-of-00016.tfrecord", b"someone else's shard"),
-    ("manifest.json", b'{"dataset": "someone else\'s"}'),
+@pytest.mark.parametrize("name,content,ours_first", [
+    ("train-00000-of-00016.tfrecord", b"someone else's shard", False),
+    ("manifest.json", b'{"dataset": "someone else\'s"}', False),
+    ("train-00000-of-00016.tfrecord", b"copied in by hand", True),  # our manifest names none
 ])
 def test_foreign_files_named_like_ours_are_refused_and_kept(tmp_path, image_folder, name,
-                                                            content):
+                                                            content, ours_first):
     out = tmp_path / "out"
     out.mkdir()
+    if ours_first:
+        shard(image_folder, out)
     (out / name).write_bytes(content)
+    before = sorted(os.listdir(out))
     with pytest.raises(ShardingError) as err:
         shard(image_folder, out)
     message = str(err.value)
     assert str(out) in message and name in message
     assert "empty output folder" in message and "remove" in message
-    assert os.listdir(out) == [name]
+    assert sorted(os.listdir(out)) == before  # an earlier output is still whole
     assert (out / name).read_bytes() == content
-
-
-def test_a_file_our_manifest_does_not_name_is_not_ours(tmp_path, image_folder):
-    out = tmp_path / "out"
-    shard(image_folder, out)
-    (out / "train-00000-of-00016.tfrecord").write_bytes(b"copied in by hand")
-    before = sorted(os.listdir(out))
-    with pytest.raises(ShardingError, match="train-00000-of-00016.tfrecord"):
-        shard(image_folder, out)
-    assert sorted(os.listdir(out)) == before  # the earlier output is still whole
 
 
 # A re-run over our own output: tests/test_sharding.py::test_rerun_replaces_previous_output
@@ -60,10 +54,10 @@ def test_rerun_after_a_killed_run_removes_its_leftovers(tmp_path, image_folder):
     # A run killed (no exception handler runs) after one shard and half of another.
     script = textwrap.dedent(f"""
         import os
-        from components.shard import sharding, writing
+        from components.shard import sharding
 
         def killed(tasks, workers, progress):
-            writing.write_shard(tasks[0])
+            sharding.write_shard(tasks[0])
             with open(os.path.join({str(out)!r}, ".tmp-" + tasks[1].filename), "wb") as f:
                 f.write(b"half a shard")
             os._exit(9)
@@ -84,7 +78,7 @@ def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch)
     shard(image_folder, out)
 
     def fails(tasks, workers, progress):
-        writing.write_shard(tasks[0])
+        sharding.write_shard(tasks[0])
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(sharding, "run_tasks", fails)
@@ -93,18 +87,18 @@ def test_a_failed_run_leaves_nothing_behind(tmp_path, image_folder, monkeypatch)
     assert os.listdir(out) == []
 
 
-def _killed_on_validation(task: writing.ShardTask) -> dict:
+def _killed_on_validation(task: sharding.ShardTask) -> dict:
     """write_shard, but the worker is killed (as for lack of memory) on a validation shard."""
     if task.filename.startswith("validation"):
         os.kill(os.getpid(), signal.SIGKILL)
-    return writing.write_shard(task)
+    return sharding.write_shard(task)
 
 
 def test_a_worker_killed_mid_run_fails_the_step_and_leaves_nothing(tmp_path, image_folder,
                                                                     monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setattr(sharding, "run_tasks",
-                        functools.partial(writing.run_tasks, worker_fn=_killed_on_validation))
+                        functools.partial(sharding.run_tasks, worker_fn=_killed_on_validation))
     with pytest.raises(ShardingError, match="worker process died.*num_workers"):
         shard(image_folder, out, num_workers=2)
     assert os.listdir(out) == []

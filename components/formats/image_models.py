@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tempfile
 import zipfile
 
@@ -29,9 +28,6 @@ def load_keras_model(path: str, compile: bool = True):
         config = json.loads(archive.read("config.json"))
         if not compile:
             config["compile_config"] = None
-        weights_path = os.path.join(workdir, "model.weights.h5")
-        with open(weights_path, "wb") as out:
-            out.write(archive.read("model.weights.h5"))
         model = tf_keras.saving.deserialize_keras_object(config)
-        model.load_weights(weights_path)
+        model.load_weights(archive.extract("model.weights.h5", workdir))
     return model

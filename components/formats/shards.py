@@ -23,34 +23,6 @@ if TYPE_CHECKING:
 _PARSE_BATCH = 64
 
 
-def _parse_and_decode(manifest: dict[str, Any], with_keys: bool):
-    """`(parse, decode)`: a batch of serialized Examples to batched features (raw images
-    reshaped), and one example's features to `(image uint8 HxWx3, label int32[, key])`."""
-    import tensorflow as tf
-
-    image = manifest["image"]
-    shape, raw = (image["height"], image["width"], image["channels"]), image["format"] == "raw"
-    keys = (IMAGE_KEY, LABEL_KEY, KEY_KEY) if with_keys else (IMAGE_KEY, LABEL_KEY)
-    spec = {key: tf.io.FixedLenFeature([], tf.int64 if key == LABEL_KEY else tf.string)
-            for key in keys}
-
-    def parse(serialized):
-        features = tf.io.parse_example(serialized, spec)
-        if raw:
-            pixels = tf.io.decode_raw(features[IMAGE_KEY], tf.uint8)
-            features[IMAGE_KEY] = tf.reshape(pixels, (-1, *shape))
-        features[LABEL_KEY] = tf.cast(features[LABEL_KEY], tf.int32)
-        return features
-
-    def decode(features):
-        if image["format"] == "jpeg":
-            features[IMAGE_KEY] = tf.ensure_shape(
-                tf.io.decode_jpeg(features[IMAGE_KEY], channels=3), shape)
-        return tuple(features[key] for key in keys)
-
-    return parse, decode
-
-
 def make_dataset(
     dataset_dir: str,
     split: str,
@@ -89,8 +61,27 @@ def make_dataset(
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
     dataset = file_ds.interleave(tf.data.TFRecordDataset,
                                  cycle_length=cycle_length or min(len(files), 16), **parallel)
-    parse, decode = _parse_and_decode(manifest, with_keys)
-    if manifest["image"]["format"] == "raw":
+    image = manifest["image"]
+    shape, raw = (image["height"], image["width"], image["channels"]), image["format"] == "raw"
+    keys = (IMAGE_KEY, LABEL_KEY, KEY_KEY) if with_keys else (IMAGE_KEY, LABEL_KEY)
+    spec = {key: tf.io.FixedLenFeature([], tf.int64 if key == LABEL_KEY else tf.string)
+            for key in keys}
+
+    def parse(serialized):  # a batch of Examples to batched features, raw images reshaped
+        features = tf.io.parse_example(serialized, spec)
+        if raw:
+            pixels = tf.io.decode_raw(features[IMAGE_KEY], tf.uint8)
+            features[IMAGE_KEY] = tf.reshape(pixels, (-1, *shape))
+        features[LABEL_KEY] = tf.cast(features[LABEL_KEY], tf.int32)
+        return features
+
+    def decode(features):  # one example's features to (image, label[, key])
+        if not raw:
+            features[IMAGE_KEY] = tf.ensure_shape(
+                tf.io.decode_jpeg(features[IMAGE_KEY], channels=3), shape)
+        return tuple(features[key] for key in keys)
+
+    if raw:
         # Nothing left to decode per image: split the decoded batch straight into examples.
         return dataset.batch(_PARSE_BATCH).map(lambda s: decode(parse(s)), **parallel).unbatch()
     return dataset.batch(_PARSE_BATCH).map(parse, **parallel).unbatch().map(decode, **parallel)

@@ -33,23 +33,18 @@ def shard_step(values: dict) -> None:
     })
 
 
-def written_step(settings: type = ShardConfig):
-    """`shard_images` written from `settings`."""
-    return step_function(
-        "shard_images", settings,
-        "Shards a folder of labelled images into train/validation/test TFRecords.",
-        before=[
-            ("data_uri", str, "Folder (gs://bucket/prefix or local path) with one sub-folder "
-             "of images per class."),
-            ("dataset", Output[Dataset], "Output folder: `<split>-NNNNN-of-MMMMM.tfrecord` "
-             "shards and `manifest.json`."),
-        ],
-        after=[
-            ("data_fingerprint", "", "Digest of the input listing from the preflight step; not "
-             "read, it only makes the cache key change when the data changes. Recorded in the "
-             "dataset metadata."),
-        ],
-        runs="components.shard.component:shard_step")
-
-
-shard_images = written_step()
+shard_images = step_function(
+    "shard_images", ShardConfig,
+    "Shards a folder of labelled images into train/validation/test TFRecords.",
+    before=[
+        ("data_uri", str, "Folder (gs://bucket/prefix or local path) with one sub-folder "
+         "of images per class."),
+        ("dataset", Output[Dataset], "Output folder: `<split>-NNNNN-of-MMMMM.tfrecord` "
+         "shards and `manifest.json`."),
+    ],
+    after=[
+        ("data_fingerprint", "", "Digest of the input listing from the preflight step; not "
+         "read, it only makes the cache key change when the data changes. Recorded in the "
+         "dataset metadata."),
+    ],
+    runs="components.shard.component:shard_step")
