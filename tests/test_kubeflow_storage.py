@@ -152,8 +152,7 @@ def test_kubeflow_checkpoint_folder_mirrors_s3_and_a_new_pod_finds_it(s3, mirror
     mirrors._MIRRORS.clear()
     shutil.rmtree(folder)
     again = mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ)
-    assert run_state.load(again, "state.json", "f", error=ValueError, differs="")[
-        "epochs_done"] == 2
+    assert mirrors.read_json(os.path.join(again, "state.json"))["epochs_done"] == 2
     with open(os.path.join(again, "weights-2.pth")) as f:
         assert f.read() == "epoch 2"
 
