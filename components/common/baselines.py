@@ -13,7 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
+from components.common.metrics import (
+    markdown_rows,
+    multi_label_metrics,
+    single_label_metrics,
+    tune_thresholds,
+)
 
 TFIDF = "tfidf_logreg"
 PIXELS = "pixels_logreg"
@@ -137,13 +142,10 @@ def markdown_table(result: dict[str, Any]) -> str:
     if result.get("tuned"):
         names.append("tuned_micro_f1")
         deep["tuned_micro_f1"] = result["tuned"]["micro_f1"]
-    rows = [["this model", *(f"{deep[n]:.4f}" for n in names)]]
-    for name, numbers in result["baseline"].items():
-        rows.append([name, *(f"{numbers[n]:.4f}" if n in numbers else "" for n in names)])
-    lines = ["", "## Baselines on the same split", "",
-             "| model | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    rows = [[name, *(f"{numbers[n]:.4f}" if n in numbers else "" for n in names)]
+            for name, numbers in [("this model", deep), *result["baseline"].items()]]
+    return "\n".join(["", "## Baselines on the same split", "",
+                      *markdown_rows(["model", *names], rows)]) + "\n"
 
 
 # What each constant answer is, in words.

@@ -37,32 +37,26 @@ class Preempted(SystemExit):
 
 
 class Notice:
-    """Catches SIGTERM inside its `with` (main thread only) as a flag; a second one while
-    the checkpoint is written changes nothing."""
+    """Catches SIGTERM inside its `with` (main thread only), setting `requested` (this
+    process only; see `any_rank`); a second one while the checkpoint is written changes
+    nothing."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self.requested = False
         self._previous: Callable | int | None = None
-        self._installed = False
 
     def __enter__(self) -> Notice:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
-            self._installed = True
         return self
 
     def __exit__(self, *exc_info) -> None:
-        if self._installed:
+        if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
-            self._installed = False
+            self._previous = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self._event.set()
-
-    @property
-    def requested(self) -> bool:
-        """Whether SIGTERM arrived (this process only; see `any_rank`)."""
-        return self._event.is_set()
+        self.requested = True
 
 
 def any_rank(requested: bool, reduce_max: Callable[[int], int] | None) -> bool:
