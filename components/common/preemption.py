@@ -60,15 +60,9 @@ class Notice:
 
 
 def any_rank(requested: bool, reduce_max: Callable[[int], int] | None) -> bool:
-    """Whether any rank got the notice, so that every rank stops at the same step.
-
-    Args:
-        requested: This rank's flag.
-        reduce_max: The largest of an int over every rank; None on one process.
-
-    Returns:
-        True when one rank or more was told to stop.
-    """
+    """Whether any rank got the notice (`requested` is this rank's), so that every rank
+    stops at the same step; `reduce_max` is the largest of an int over the ranks (None: one
+    process)."""
     return bool(reduce_max(int(requested))) if reduce_max else requested
 
 

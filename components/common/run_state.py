@@ -30,24 +30,15 @@ CHECKPOINTS = "checkpoints"
 
 
 def fingerprint(values: Mapping[str, Any], length: int = 16) -> str:
-    """A stable hash of what defines a run (key order does not matter).
-
-    Args:
-        values: JSON-like description of the run; other values are hashed as `str()`.
-        length: Hex digits kept of the SHA-256 (64: all).
-    """
+    """A stable hash of what defines a run (JSON-like `values`, key order aside; other
+    values as `str()`): `length` hex digits of the SHA-256 (64: all)."""
     text = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 def checkpoint_folder(output_dir: str, environ: Mapping[str, str] | None = None) -> str:
     """Where a trainer's checkpoints go when none is given: this task's folder under
-    `AIP_CHECKPOINT_DIR` (`storage.run_folder`), else `<output_dir>/checkpoints`.
-
-    Args:
-        output_dir: The step's output folder.
-        environ: Environment to read; `os.environ` when None.
-    """
+    `AIP_CHECKPOINT_DIR` (`storage.run_folder`), else `<output_dir>/checkpoints`."""
     return run_folder("AIP_CHECKPOINT_DIR", output_dir, os.path.join(output_dir, CHECKPOINTS),
                       environ)
 
@@ -58,15 +49,9 @@ def inside_output(folder: str, output_dir: str) -> bool:
 
 
 def save(folder: str, name: str, state: Mapping[str, Any], *, sort_keys: bool = False) -> None:
-    """Writes the state file whole or not at all, then pushes a mirrored folder. Its
-    temporary name is its own (`mkstemp`): a fixed one failed 9 of 600 concurrent saves.
-
-    Args:
-        folder: The checkpoint folder; created when missing.
-        name: The state file's name in it.
-        state: The state, holding this run's "fingerprint".
-        sort_keys: Sort the JSON's keys.
-    """
+    """Writes the state file `name` (the state holds the run's "fingerprint") in `folder`
+    (made when missing) whole or not at all, then pushes a mirrored folder. Its temporary
+    name is its own (`mkstemp`): a fixed one failed 9 of 600 concurrent saves."""
     os.makedirs(folder, exist_ok=True)
     text = json.dumps(state, indent=2, sort_keys=sort_keys) + "\n"
     handle, temporary = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{name}.", dir=folder)

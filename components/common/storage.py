@@ -63,18 +63,11 @@ def local_path(uri: str) -> str:
 
 def run_folder(variable: str, output_path: str, default: str | None,
                environ: Mapping[str, str] | None = None) -> str:
-    """A job folder Vertex names in `variable`, narrowed to this task's `<pipeline job>/<task>`
-    (runs kept apart, a restarted task finds its state): gs:// through the FUSE mount, a
-    `mirrored_folder` where no store is mounted (s3://, or `OBJECT_STORE_MOUNTED=0`).
-
-    Args:
-        variable: The environment variable, e.g. "AIP_CHECKPOINT_DIR".
-        output_path: The step's output artifact path (`.../<job>/<task>/<output>`).
-        default: Returned when the variable is unset.
-        environ: Environment to read; `os.environ` when None.
-
-    Returns:
-        A local folder path, or `default`.
+    """The local folder of the job folder Vertex names in `variable` (e.g.
+    "AIP_CHECKPOINT_DIR"; unset: `default`), narrowed to this task's `<pipeline job>/<task>`
+    of `output_path` (`.../<job>/<task>/<output>`): runs kept apart, a restarted task finds
+    its state. gs:// is read through the FUSE mount, else (s3://, `OBJECT_STORE_MOUNTED=0`)
+    through a `mirrored_folder`; `environ` defaults to `os.environ`.
 
     Raises:
         CheckpointStoreError: A mirrored folder cannot be listed, written or read.
