@@ -41,16 +41,6 @@ class NotTextError(InputKindError):
     """An input that should be text is not."""
 
 
-def looks_like(head: bytes) -> str:
-    """What a file that should be text is, from its first bytes ("" when unknown)."""
-    for signature, what in _SIGNATURES:
-        if head.startswith(signature):
-            return what
-    if len(head) >= 4 and head[1:4:2] == b"\0\0" and head[0] and head[2]:
-        return "UTF-16 text without a byte-order mark: re-save it as UTF-8"
-    return ""
-
-
 def control_problem(text: str) -> str:
     """Why a decoded text has too many control characters ("" when it is text)."""
     bad = len(_CONTROLS.findall(text))
@@ -76,7 +66,9 @@ def decode_text(raw: bytes, name: str, controls: bool = True) -> str:
     Raises:
         NotTextError: Bytes that do not decode, or too many control characters.
     """
-    what = looks_like(raw[:8])
+    what = next((what for signature, what in _SIGNATURES if raw.startswith(signature)), "")
+    if not what and len(raw) >= 4 and raw[1:4:2] == b"\0\0" and raw[0] and raw[2]:
+        what = "UTF-16 text without a byte-order mark: re-save it as UTF-8"
     looks = f"; it looks like {what}" if what else ""
     try:
         text = raw.decode(TEXT_ENCODING)
