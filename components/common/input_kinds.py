@@ -53,15 +53,8 @@ def control_problem(text: str) -> str:
 
 
 def decode_text(raw: bytes, name: str, controls: bool = True) -> str:
-    """`raw` as text, by `TEXT_ENCODING` and the control-character rule.
-
-    Args:
-        raw: The file's bytes.
-        name: The input, named in the message.
-        controls: Hold the whole to the control-character rule (False: cell by cell).
-
-    Returns:
-        The decoded text.
+    """A file's bytes as text, by `TEXT_ENCODING` and (with `controls`; else the caller's,
+    cell by cell) the control-character rule; the message names the input `name`.
 
     Raises:
         NotTextError: Bytes that do not decode, or too many control characters.
@@ -170,13 +163,9 @@ def folder_files(uri: str) -> set[str]:
 def read_json_object(raw: bytes, name: str, remedy: str = "write it again") -> dict[str, Any]:
     """A JSON file that must hold an object (labels.json, config.json, ...), read as text.
 
-    Args:
-        raw: The file's bytes.
-        name: The file, as the message names it.
-        remedy: What to do, ending the message.
-
     Raises:
-        InputKindError: Not text, not JSON, nested too deeply, or not an object.
+        InputKindError: Not text, not JSON, nested too deeply, or not an object; the
+            message names the file `name` and ends with `remedy`.
     """
     text = decode_text(raw, name)
     try:

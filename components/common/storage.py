@@ -112,13 +112,9 @@ def _process_start(pid: int) -> str:
 
 
 def mirror_path(remote: str) -> str:
-    """The local folder of this process's mirror of `remote` (not made here), named by the
-    remote and the process that started the job: DDP ranks under torch's launcher
-    (TORCHELASTIC_RUN_ID) share their parent's; unrelated processes never share.
-
-    Args:
-        remote: The gs:// or s3:// folder.
-    """
+    """The local folder of this process's mirror of `remote` (gs:// or s3://; not made
+    here), named by the remote and the process that started the job: DDP ranks under
+    torch's launcher (TORCHELASTIC_RUN_ID) share their parent's; other processes never do."""
     pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
     key = f"{remote.rstrip('/')}\n{pid}.{_process_start(pid)}"
     return os.path.join(tempfile.gettempdir(), "mirrors",
@@ -144,12 +140,9 @@ def _retrying(action: Callable[[], None], what: str) -> None:
 
 
 class Mirror:
-    """A local copy of an object store folder that is not mounted (checkpoints, logs), filled
-    once under a file lock; only RANK 0 pushes, and checks first that it can write, list and
-    delete there, before hours of training are lost.
-
-    Args:
-        remote: The gs:// or s3:// folder.
+    """A local copy of `remote`, an object store folder that is not mounted (checkpoints,
+    logs), filled once under a file lock; only RANK 0 pushes, and checks first that it can
+    write, list and delete there, before hours of training are lost.
 
     Raises:
         CheckpointStoreError: The remote folder cannot be listed, written or read.
