@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import pathlib
 import sys
 import tempfile
 import uuid
@@ -190,16 +191,12 @@ class Mirror:
                                for key in keys])
 
     def _local_files(self) -> dict[str, tuple[int, int, int]]:
-        files = {}
-        for folder, _, names in os.walk(self.local):
-            for name in names:
-                if not name.startswith(TMP_PREFIX):
-                    path = os.path.join(folder, name)
-                    stat = os.stat(path)
-                    # the inode too: os.replace of a same-size file in one mtime tick
-                    files[os.path.relpath(path, self.local)] = (
-                        stat.st_size, stat.st_mtime_ns, stat.st_ino)
-        return files
+        """Each file's (size, mtime, inode: os.replace of a same-size file in one mtime tick),
+        by its path in the mirror; temporaries left out."""
+        stats = {str(path.relative_to(self.local)): path.stat()
+                 for path in pathlib.Path(self.local).rglob("*")
+                 if not path.name.startswith(TMP_PREFIX) and path.is_file()}
+        return {rel: (stat.st_size, stat.st_mtime_ns, stat.st_ino) for rel, stat in stats.items()}
 
     def push(self) -> None:
         """Uploads what changed (pointers last), then removes what the trainer removed; a
