@@ -1,5 +1,6 @@
 """Self-contained HTML evaluation reports (Vertex shows them sandboxed): inline SVG plots,
-`data:` thumbnails, inline style, no scripts; each plot a `<figure class="plot" id=...>`.
+`data:` thumbnails, inline style, no scripts; each plot a `<figure class="plot" id=...>`
+(its `plot_id`) with its `caption` under it.
 """
 
 from __future__ import annotations
@@ -57,13 +58,8 @@ def plot(plot_id: str, fig, caption: str) -> str:
 
 
 def page(title: str, summary: Mapping[str, Any], sections: Iterable[tuple[str, str]]) -> str:
-    """The whole document.
-
-    Args:
-        title: Page title and heading.
-        summary: Headline figures, in a table under the heading.
-        sections: `(heading, html)` pairs, in order.
-    """
+    """The whole document: `title` as its title and heading, the `summary` figures in a
+    table under it, then the `(heading, html)` sections in order."""
     rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td><b>{html.escape(_fmt(v))}</b></td>"
                    "</tr>" for k, v in summary.items())
     body = "".join(f"<section><h2>{html.escape(h)}</h2>{content}</section>"
@@ -139,11 +135,9 @@ def curves(plot_id: str, truth: np.ndarray, scores: np.ndarray, labels: Sequence
     """One-vs-rest ROC (left) and precision-recall (right) curves per label.
 
     Args:
-        plot_id: Element id.
         truth: 0/1 matrix (n, k).
         scores: Probabilities (n, k).
         labels: The k names.
-        caption: Shown under the plot.
         marks: Name -> one threshold per label, marked on each precision-recall curve.
     """
     from sklearn.metrics import auc, precision_recall_curve, roc_curve
@@ -203,10 +197,8 @@ def training_curves(plot_id: str, phases: Mapping[str, Sequence[Mapping[str, flo
     """Per-epoch training and validation series, epochs counted across the phases.
 
     Args:
-        plot_id: Element id.
         phases: Phase name -> its epoch rows (dicts of series values), in order.
         pairs: (training series, validation series) per panel, e.g. ("loss", "val_loss").
-        caption: Shown under the plot.
     """
     fig = figure(5.5 * len(pairs), 3.6)
     axes = np.atleast_1d(fig.subplots(1, len(pairs)))
