@@ -152,8 +152,7 @@ def test_kubeflow_checkpoint_folder_mirrors_s3_and_a_new_pod_finds_it(s3, mirror
     mirrors._MIRRORS.clear()
     shutil.rmtree(folder)
     again = mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ)
-    assert run_state.load(again, "state.json", "f", error=ValueError, differs="")[
-        "epochs_done"] == 2
+    assert mirrors.read_json(os.path.join(again, "state.json"))["epochs_done"] == 2
     with open(os.path.join(again, "weights-2.pth")) as f:
         assert f.read() == "epoch 2"
 
@@ -174,20 +173,21 @@ def test_kubeflow_gs_is_mirrored_only_where_it_is_not_mounted(mirrors, monkeypat
 def test_kubeflow_mirror_retries_a_failed_upload_pushes_pointers_last_and_only_from_rank_0(
         s3, mirrors, monkeypatch, caplog):
     """An upload that fails once, then succeeds: the push tries again from that file on and
-    everything lands, with no error. The failure is a stand-in for a store's transient
-    one (an OSError from the filesystem's `put`, as s3fs raises after its own retries)."""
+    everything lands, with no error; one that keeps failing fails after its attempts. The
+    failure is a stand-in for a store's transient one (an OSError from the filesystem's
+    `put`, as s3fs raises after its own retries)."""
     s3.create_bucket(Bucket="ckpt")
     folder = mirrors.mirrored_folder("s3://ckpt/job/task")
     (mirror,) = mirrors._MIRRORS.values()
     for rel in ("backup/chief/checkpoint", "backup/chief/ckpt-1.index",
                 "backup/chief/ckpt-1.data-00000-of-00001", "run.json"):
         _write(folder, rel, rel)
-    order, put = [], mirror.fs.put
+    order, put, failures = [], mirror.fs.put, [OSError("503 Slow Down")]  # the next puts'
 
     def flaky_put(local, remote):
         order.append(remote.split("task/")[1])
-        if len(order) == 1:
-            raise OSError("503 Slow Down")
+        if failures:
+            raise failures.pop()
         put(local, remote)
 
     monkeypatch.setattr(mirror.fs, "put", flaky_put)
@@ -199,6 +199,17 @@ def test_kubeflow_mirror_retries_a_failed_upload_pushes_pointers_last_and_only_f
     assert set(_keys(s3, "ckpt")) == {f"job/task/{rel}" for rel in order}
     assert "503 Slow Down" in caplog.text  # the try that failed is in the log
     order.clear()
+    failures.extend([OSError("503 Slow Down")] * 4)  # the store is down for 4 tries
+    _write(folder, "weights.pth", "epoch 1")
+    with pytest.raises(mirrors.CheckpointStoreError,
+                       match=r"pushing .* to s3://ckpt/job/task .*503 Slow Down.* after 4 "
+                             r"attempts; check that the bucket exists"):
+        mirrors.push_mirrors(folder)  # an epoch's push: the step fails here
+    assert order == ["weights.pth"] * mirrors.PUSH_ATTEMPTS and mirrors.PUSH_ATTEMPTS == 4
+    order.clear()
+    mirrors.push_mirrors()  # the store is back: nothing of the failed push was marked done
+    assert order == ["weights.pth"] and "job/task/weights.pth" in _keys(s3, "ckpt")
+    order.clear()
     monkeypatch.setenv("RANK", "1")  # another DDP process of the pod: rank 0 pushes
     _write(folder, "run.json", "changed")
     mirrors.push_mirrors()
@@ -207,60 +218,30 @@ def test_kubeflow_mirror_retries_a_failed_upload_pushes_pointers_last_and_only_f
     assert mirrors.Mirror("s3://ckpt/job/task").local == folder
 
 
-def test_kubeflow_a_push_that_keeps_failing_fails_after_its_attempts(s3, mirrors,
-                                                                    monkeypatch):
-    s3.create_bucket(Bucket="ckpt")
-    folder = mirrors.mirrored_folder("s3://ckpt/job/task")
-    (mirror,) = mirrors._MIRRORS.values()
-    _write(folder, "weights.pth", "epoch 1")
-    tries, put = [], mirror.fs.put
-
-    def down(local, remote):
-        tries.append(remote)
-        raise OSError("503 Slow Down")
-
-    monkeypatch.setattr(mirror.fs, "put", down)
-    with pytest.raises(mirrors.CheckpointStoreError,
-                       match=r"pushing .* to s3://ckpt/job/task .*503 Slow Down.* after 4 "
-                             r"attempts; check that the bucket exists"):
-        mirrors.push_mirrors(folder)  # an epoch's push: the step fails here
-    assert len(tries) == mirrors.PUSH_ATTEMPTS == 4
-    monkeypatch.setattr(mirror.fs, "put", put)  # the store is back: nothing was marked done
-    mirrors.push_mirrors()
-    assert _keys(s3, "ckpt") == ["job/task/weights.pth"]
-
-
-def test_kubeflow_a_checkpoint_root_in_no_bucket_fails_before_training(s3, mirrors,
-                                                                      tmp_path):
+@pytest.mark.parametrize("store, refusal", [
+    ("no-such-bucket", r"\(FileNotFoundError: The specified bucket does not exist\) after 1 "
+                       r"attempt; check that the bucket exists"),
+    ("refusing-endpoint", r"\(EndpointConnectionError: Could not connect .*\) after 2 "
+                          r"attempts")])
+def test_kubeflow_a_checkpoint_root_the_store_refuses_fails_before_training(
+        s3, mirrors, monkeypatch, tmp_path, store, refusal):
     """What a trainer asks first (its checkpoint folder) fails, naming the root and the
-    store's error, at once: no retry mends a bucket that does not exist."""
-    environ = {"AIP_CHECKPOINT_DIR": "s3://no-such-bucket/root"}
-    output = str(tmp_path / "pod" / "run-1" / "train" / "model")
-    with pytest.raises(mirrors.CheckpointStoreError,
-                       match=r"s3://no-such-bucket/root/run-1/train failed "
-                             r"\(FileNotFoundError: The specified bucket does not exist\) "
-                             r"after 1 attempt; check that the bucket exists"):
-        mirrors.run_folder("AIP_CHECKPOINT_DIR", output, None, environ)
-    assert mirrors._MIRRORS == {}
-
-
-def test_kubeflow_a_checkpoint_root_behind_a_refusing_endpoint_fails_before_training(
-        s3, mirrors, monkeypatch, tmp_path):
+    store's error: at once where no retry mends it (a bucket that does not exist)."""
     import time
 
     import fsspec
 
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries: seconds each
-    fsspec.filesystem("s3").clear_instance_cache()
-    monkeypatch.setattr(mirrors, "PUSH_ATTEMPTS", 2)
+    if store == "refusing-endpoint":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries: seconds each
+        fsspec.filesystem("s3").clear_instance_cache()
+        monkeypatch.setattr(mirrors, "PUSH_ATTEMPTS", 2)
     started = time.monotonic()
     with pytest.raises(mirrors.CheckpointStoreError,
-                       match=r"s3://ckpt/root/run-1/train failed \(EndpointConnectionError: "
-                             r"Could not connect .*\) after 2 attempts"):
+                       match=rf"s3://{store}/root/run-1/train failed {refusal}"):
         mirrors.run_folder("AIP_CHECKPOINT_DIR", str(tmp_path / "run-1" / "train" / "model"),
-                           None, {"AIP_CHECKPOINT_DIR": "s3://ckpt/root"})
-    assert time.monotonic() - started < 10
+                           None, {"AIP_CHECKPOINT_DIR": f"s3://{store}/root"})
+    assert mirrors._MIRRORS == {} and time.monotonic() - started < 10
 
 
 _FINAL_PUSH = """

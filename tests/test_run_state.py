@@ -18,24 +18,24 @@ class OwnError(RuntimeError):
     """Stands for a trainer's own exception class."""
 
 
-def _load(folder, fingerprint, version=None):
-    return run_state.load(str(folder), "state.json", fingerprint, error=OwnError,
-                          differs="other settings", version=version)
-
-
 STATE = run_state.StateFile("state.json", OwnError, "other settings", version=1,
-                            leftovers=("vocab.pkl", "assets"), leftover_suffixes=(".pth",))
+                            leftovers=("vocab.pkl", "assets"),
+                            leftover_suffixes=(".pth", ".pth.tmp"))
 MARKER = run_state.StateFile("run.json", OwnError, "other settings", marker=True,
                              sort_keys=True, digits=64)
 
 
 def test_a_fresh_run_clears_leftovers_and_saves_its_state_when_told(tmp_path):
     folder = tmp_path / "ckpt"
-    (folder / "assets").mkdir(parents=True)  # another run's, with no state to resume
-    for name in ("lm-1.pth", "vocab.pkl", "notes.txt", ".tmp-state.json.k3x9"):
+    assert not run_state.open_run(str(folder), STATE, {"lr": 0.1}).resumed  # no folder yet
+    (folder / "assets" / "fr").mkdir(parents=True)  # another run's, with no state to resume
+    # .tmp-state.json.k3x9: what a save killed mid-write leaves (unique per process)
+    for name in ("lm-1.pth", "lm-2.pth.tmp", "vocab.pkl", "notes.txt", ".tmp-state.json.k3x9",
+                 ".tmp-notes.txt.k3x9"):
         (folder / name).write_text("x")
     resume = run_state.open_run(str(folder), STATE, {"lr": 0.1}, fresh={"epochs_done": 0})
-    assert not resume.resumed and os.listdir(folder) == ["notes.txt"]
+    assert not resume.resumed
+    assert sorted(os.listdir(folder)) == [".tmp-notes.txt.k3x9", "notes.txt"]
     assert resume.state == {"version": 1, "fingerprint": run_state.fingerprint({"lr": 0.1}),
                             "epochs_done": 0}
     resume.state["epochs_done"] = 2
@@ -58,7 +58,6 @@ def test_drop_removes_a_checkpoint_unless_it_is_kept_or_missing(tmp_path):
 
 def test_another_run_is_refused_and_nothing_of_it_is_removed(tmp_path):
     folder = tmp_path / "ckpt"
-    assert _load(folder, "abc") is None  # no folder yet: nothing to resume
     run_state.open_run(str(folder), STATE, {"lr": 0.1}).save()
     assert os.listdir(folder) == ["state.json"]  # written atomically: no temporary left
     (folder / "vocab.pkl").write_text("x")
@@ -86,7 +85,7 @@ def test_a_marker_claims_a_free_folder_and_only_the_writer_writes(tmp_path):
 def test_a_gs_uri_is_refused_naming_its_fuse_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(OwnError, match="'/gcs/bucket/ckpt'"):
-        _load("gs://bucket/ckpt", "abc")
+        run_state.open_run("gs://bucket/ckpt", STATE, {}, write=False)
     assert os.listdir(tmp_path) == []  # no local folder named "gs:"
 
 
@@ -95,18 +94,6 @@ def test_fingerprints_ignore_key_order_and_keep_the_digits_asked_for():
     assert first == run_state.fingerprint({"b": [2], "a": 1}) and len(first) == 16
     assert run_state.fingerprint({"a": 1, "b": [2]}, length=64).startswith(first)
     assert run_state.fingerprint({"a": 2, "b": [2]}) != first
-
-
-def test_leftovers_of_another_run_go_and_nothing_else(tmp_path):
-    # .tmp-state.json.k3x9: what a save killed mid-write leaves (unique per process)
-    for name in ("lm-1.pth", "lm-2.pth.tmp", "vocab.pkl", "notes.txt", "state.json",
-                 ".tmp-state.json.k3x9", ".tmp-notes.txt.k3x9"):
-        (tmp_path / name).write_text("x")
-    (tmp_path / "assets" / "fr").mkdir(parents=True)
-    run_state.remove_leftovers(str(tmp_path), names=("vocab.pkl", "assets", "state.json"),
-                               suffixes=(".pth", ".pth.tmp"))
-    assert sorted(os.listdir(tmp_path)) == [".tmp-notes.txt.k3x9", "notes.txt"]
-    run_state.remove_leftovers(str(tmp_path / "missing"), names=("x",))  # no folder: no error
 
 
 def test_the_default_folder_is_inside_the_output_unless_vertex_names_one(monkeypatch):

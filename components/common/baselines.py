@@ -13,7 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from components.common.metrics import multi_label_metrics, single_label_metrics, tune_thresholds
+from components.common.metrics import (
+    markdown_rows,
+    multi_label_metrics,
+    single_label_metrics,
+    tune_thresholds,
+)
 
 TFIDF = "tfidf_logreg"
 PIXELS = "pixels_logreg"
@@ -81,7 +86,7 @@ def text_baselines(train: tuple[Sequence[str], np.ndarray], valid: tuple[Sequenc
 
     Args:
         train: `(texts, truth)` of the training split; truth is 0/1 (n, k).
-        valid: The same for the validation split.
+        valid: The same for the validation split (picks C and multi-label thresholds).
         test: The same for the evaluated split.
         labels: Label or class names.
         task: "multi_label" or "single_label".
@@ -103,18 +108,8 @@ def text_baselines(train: tuple[Sequence[str], np.ndarray], valid: tuple[Sequenc
 
 def linear_and_constant(name: str, train, valid, test, labels: Sequence[str], task: str,
                         threshold: float | None = None, seed: int = 0) -> dict[str, Any]:
-    """Logistic regression on features already made, and the constant answer, on `test`.
-
-    Args:
-        name: Key of the linear model's entry (e.g. TFIDF, PIXELS).
-        train: `(features, truth)` of the training split.
-        valid: The same for the validation split (C and multi-label thresholds).
-        test: The same for the evaluated split.
-        labels: Label or class names.
-        task: "multi_label" or "single_label".
-        threshold: Multi-label fixed threshold.
-        seed: Seed of the solver.
-    """
+    """`text_baselines` on features already made: `name` (e.g. TFIDF, PIXELS) keys the
+    linear model's entry; each split is `(features, truth)`."""
     probs, c = _fit_logistic(train, valid, task, seed)
     multi = task == "multi_label"
     linear = _score(test[1], probs(test[0]), labels, task, threshold,
@@ -137,13 +132,10 @@ def markdown_table(result: dict[str, Any]) -> str:
     if result.get("tuned"):
         names.append("tuned_micro_f1")
         deep["tuned_micro_f1"] = result["tuned"]["micro_f1"]
-    rows = [["this model", *(f"{deep[n]:.4f}" for n in names)]]
-    for name, numbers in result["baseline"].items():
-        rows.append([name, *(f"{numbers[n]:.4f}" if n in numbers else "" for n in names)])
-    lines = ["", "## Baselines on the same split", "",
-             "| model | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    rows = [[name, *(f"{numbers[n]:.4f}" if n in numbers else "" for n in names)]
+            for name, numbers in [("this model", deep), *result["baseline"].items()]]
+    return "\n".join(["", "## Baselines on the same split", "",
+                      *markdown_rows(["model", *names], rows)]) + "\n"
 
 
 # What each constant answer is, in words.

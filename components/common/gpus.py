@@ -45,14 +45,9 @@ def driver_version(path: str = _DRIVER_FILE) -> str:
 
 def check_gpus(expected: int, seen: Sequence[str], framework: str, cuda: str,
                driver: str) -> str:
-    """Holds the GPUs a framework sees to the count the machine was given.
-
-    Args:
-        expected: GPUs the machine was given (0: nothing to check).
-        seen: Names of the GPUs the framework sees.
-        framework: "TensorFlow" or "PyTorch" (named in the messages).
-        cuda: The CUDA version the framework was built with ("" if none).
-        driver: `driver_version()`.
+    """Holds the GPUs `framework` ("TensorFlow", "PyTorch") sees to the count the machine
+    was given (`expected`; 0: nothing to check), naming its CUDA build ("": none) and the
+    `driver_version()`.
 
     Returns:
         A line for the log: the devices and versions.

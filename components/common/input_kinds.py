@@ -41,16 +41,6 @@ class NotTextError(InputKindError):
     """An input that should be text is not."""
 
 
-def looks_like(head: bytes) -> str:
-    """What a file that should be text is, from its first bytes ("" when unknown)."""
-    for signature, what in _SIGNATURES:
-        if head.startswith(signature):
-            return what
-    if len(head) >= 4 and head[1:4:2] == b"\0\0" and head[0] and head[2]:
-        return "UTF-16 text without a byte-order mark: re-save it as UTF-8"
-    return ""
-
-
 def control_problem(text: str) -> str:
     """Why a decoded text has too many control characters ("" when it is text)."""
     bad = len(_CONTROLS.findall(text))
@@ -63,20 +53,15 @@ def control_problem(text: str) -> str:
 
 
 def decode_text(raw: bytes, name: str, controls: bool = True) -> str:
-    """`raw` as text, by `TEXT_ENCODING` and the control-character rule.
-
-    Args:
-        raw: The file's bytes.
-        name: The input, named in the message.
-        controls: Hold the whole to the control-character rule (False: cell by cell).
-
-    Returns:
-        The decoded text.
+    """A file's bytes as text, by `TEXT_ENCODING` and (with `controls`; else the caller's,
+    cell by cell) the control-character rule; the message names the input `name`.
 
     Raises:
         NotTextError: Bytes that do not decode, or too many control characters.
     """
-    what = looks_like(raw[:8])
+    what = next((what for signature, what in _SIGNATURES if raw.startswith(signature)), "")
+    if not what and len(raw) >= 4 and raw[1:4:2] == b"\0\0" and raw[0] and raw[2]:
+        what = "UTF-16 text without a byte-order mark: re-save it as UTF-8"
     looks = f"; it looks like {what}" if what else ""
     try:
         text = raw.decode(TEXT_ENCODING)
@@ -178,13 +163,9 @@ def folder_files(uri: str) -> set[str]:
 def read_json_object(raw: bytes, name: str, remedy: str = "write it again") -> dict[str, Any]:
     """A JSON file that must hold an object (labels.json, config.json, ...), read as text.
 
-    Args:
-        raw: The file's bytes.
-        name: The file, as the message names it.
-        remedy: What to do, ending the message.
-
     Raises:
-        InputKindError: Not text, not JSON, nested too deeply, or not an object.
+        InputKindError: Not text, not JSON, nested too deeply, or not an object; the
+            message names the file `name` and ends with `remedy`.
     """
     text = decode_text(raw, name)
     try:

@@ -239,14 +239,10 @@ def tune_thresholds(y_true: np.ndarray, y_prob: np.ndarray,
         tp, denominator = (truth & pred).sum(axis=0), positives + pred.sum(axis=0)
         # scikit-learn's F1 with zero_division=0: 2tp / (2tp + fp + fn), 0 where nothing counts.
         f1[i] = np.divide(2 * tp, denominator, out=np.zeros(tp.shape), where=denominator > 0)
-    best = f1.max(axis=0)
     # Candidates within float noise of the best, ranked by distance to 0.5, then higher first.
     preference = np.lexsort((-grid, np.round(np.abs(grid - 0.5), 9)))
-    chosen = np.empty(truth.shape[1])
-    for label in range(truth.shape[1]):
-        good = np.isclose(f1[:, label], best[label], rtol=0, atol=1e-12)
-        chosen[label] = grid[next(i for i in preference if good[i])]
-    return chosen
+    good = np.isclose(f1[preference], f1.max(axis=0), rtol=0, atol=1e-12)
+    return grid[preference][good.argmax(axis=0)]
 
 
 def scalar_summary(result: dict[str, Any], max_per_class: int = 20) -> dict[str, float]:
@@ -289,7 +285,8 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+def markdown_rows(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """The lines of a Markdown table, its number columns right-aligned."""
     lines = ["| " + " | ".join(_cell(h) for h in header) + " |",
              "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
@@ -321,7 +318,7 @@ def markdown_report(result: dict[str, Any], title: str) -> str:
             auc = "n/a (one class only)" if result["roc_auc"] is None else f(result["roc_auc"])
             lines.append(f"**ROC AUC** (positive class `{result['positive_class']}`): {auc}  ")
         lines += ["", "## Per class", ""]
-        lines += _table(
+        lines += markdown_rows(
             ["class", "precision", "recall", "F1", "support", "predicted"],
             [[name, f(v["precision"]), f(v["recall"]), f(v["f1"]), v["support"], v["predicted"]]
              for name, v in result["per_class"].items()],
@@ -329,7 +326,7 @@ def markdown_report(result: dict[str, Any], title: str) -> str:
         names = result["confusion_matrix"]["labels"]
         lines += ["", "## Confusion matrix", "", "Rows: true class; columns: predicted class.", ""]
         if len(names) <= REPORT_MAX_MATRIX_CLASSES:
-            lines += _table(["true \\ predicted", *names],
+            lines += markdown_rows(["true \\ predicted", *names],
                             [[name, *row] for name, row in
                              zip(names, result["confusion_matrix"]["matrix"])])
         else:
@@ -340,7 +337,7 @@ def markdown_report(result: dict[str, Any], title: str) -> str:
         lines.append(f"**Subset accuracy:** {f(result['subset_accuracy'])} · "
                      f"**Hamming loss:** {f(result['hamming_loss'])}  ")
         lines += ["", "## Per label", ""]
-        lines += _table(
+        lines += markdown_rows(
             ["label", "threshold", "precision", "recall", "F1", "accuracy", "support",
              "predicted"],
             [[name, f"{v['threshold']:.2f}", f(v["precision"]), f(v["recall"]), f(v["f1"]),

@@ -10,16 +10,10 @@ _MIN_CAPABILITY_BF16 = (8, 0)  # Ampere: bfloat16 tensor cores
 
 def choose_precision(requested: bool, cuda_available: bool,
                      compute_capability: tuple[int, int] | None) -> str:
-    """The precision to train in: "bf16", "fp16" or "fp32".
-
-    bfloat16 from compute capability 8.0 (float32's range: fp16 with a loss scaler
-    collapsed twice in 5 runs on an H100, bf16 never); fp16 on 7.x; else fp32.
-
-    Args:
-        requested: The user allows mixed precision.
-        cuda_available: A CUDA GPU is visible (`torch.cuda.is_available()`).
-        compute_capability: `torch.cuda.get_device_capability()`, None without a GPU.
-    """
+    """The precision to train in where mixed precision is `requested` and a CUDA GPU of
+    `compute_capability` (None: no GPU) is available: bfloat16 from 8.0 (float32's range:
+    fp16 with a loss scaler collapsed twice in 5 runs on an H100, bf16 never), fp16 on 7.x,
+    else (and otherwise) fp32."""
     if not (requested and cuda_available and compute_capability is not None):
         return FP32
     capability = tuple(compute_capability)

@@ -37,44 +37,32 @@ class Preempted(SystemExit):
 
 
 class Notice:
-    """Catches SIGTERM inside its `with` (main thread only) as a flag; a second one while
-    the checkpoint is written changes nothing."""
+    """Catches SIGTERM inside its `with` (main thread only), setting `requested` (this
+    process only; see `any_rank`); a second one while the checkpoint is written changes
+    nothing."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self.requested = False
         self._previous: Callable | int | None = None
-        self._installed = False
 
     def __enter__(self) -> Notice:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
-            self._installed = True
         return self
 
     def __exit__(self, *exc_info) -> None:
-        if self._installed:
+        if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
-            self._installed = False
+            self._previous = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self._event.set()
-
-    @property
-    def requested(self) -> bool:
-        """Whether SIGTERM arrived (this process only; see `any_rank`)."""
-        return self._event.is_set()
+        self.requested = True
 
 
 def any_rank(requested: bool, reduce_max: Callable[[int], int] | None) -> bool:
-    """Whether any rank got the notice, so that every rank stops at the same step.
-
-    Args:
-        requested: This rank's flag.
-        reduce_max: The largest of an int over every rank; None on one process.
-
-    Returns:
-        True when one rank or more was told to stop.
-    """
+    """Whether any rank got the notice (`requested` is this rank's), so that every rank
+    stops at the same step; `reduce_max` is the largest of an int over the ranks (None: one
+    process)."""
     return bool(reduce_max(int(requested))) if reduce_max else requested
 
 

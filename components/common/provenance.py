@@ -19,15 +19,8 @@ def git_sha() -> str:
 
 
 def provenance(data_file: str, parameters: dict[str, Any]) -> dict[str, Any]:
-    """Metadata tying a model to its code, data and parameters.
-
-    Args:
-        data_file: The file that pins the training data (a dataset's manifest).
-        parameters: The training parameters, as passed to the step.
-
-    Returns:
-        `{"git_sha", "data_sha256", "parameters"}`.
-    """
+    """`{"git_sha", "data_sha256", "parameters"}`: a model's code, the hash of the file
+    that pins its training data (a dataset's manifest) and its step's parameters."""
     fs, path = filesystem(data_file)  # local or gs://
     with fs.open(path, "rb") as f:
         data_sha256 = hashlib.file_digest(f, "sha256").hexdigest()

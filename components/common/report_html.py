@@ -1,5 +1,6 @@
 """Self-contained HTML evaluation reports (Vertex shows them sandboxed): inline SVG plots,
-`data:` thumbnails, inline style, no scripts; each plot a `<figure class="plot" id=...>`.
+`data:` thumbnails, inline style, no scripts; each plot a `<figure class="plot" id=...>`
+(its `plot_id`) with its `caption` under it.
 """
 
 from __future__ import annotations
@@ -33,17 +34,6 @@ def figure(width: float = 7.0, height: float = 4.0):
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def svg(fig) -> str:
-    """The figure as an inline `<svg>` element, text as text."""
-    import matplotlib
-
-    buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "report"}):
-        fig.savefig(buffer, format="svg")
-    text = buffer.getvalue()
-    return text[text.index("<svg"):]
-
-
 def thumbnail_data_uri(pixels: np.ndarray, max_side: int = 128) -> str:
     """An RGB uint8 image as a `data:image/jpeg;base64,...` thumbnail, `max_side` at most."""
     from PIL import Image
@@ -56,19 +46,20 @@ def thumbnail_data_uri(pixels: np.ndarray, max_side: int = 128) -> str:
 
 
 def plot(plot_id: str, fig, caption: str) -> str:
-    """One figure of the report."""
-    return (f'<figure class="plot" id="{plot_id}">{svg(fig)}'
+    """One figure of the report: its inline `<svg>` (text as text) and caption."""
+    import matplotlib
+
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "report"}):
+        fig.savefig(buffer, format="svg")
+    svg = buffer.getvalue()
+    return (f'<figure class="plot" id="{plot_id}">{svg[svg.index("<svg"):]}'
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
 def page(title: str, summary: Mapping[str, Any], sections: Iterable[tuple[str, str]]) -> str:
-    """The whole document.
-
-    Args:
-        title: Page title and heading.
-        summary: Headline figures, in a table under the heading.
-        sections: `(heading, html)` pairs, in order.
-    """
+    """The whole document: `title` as its title and heading, the `summary` figures in a
+    table under it, then the `(heading, html)` sections in order."""
     rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td><b>{html.escape(_fmt(v))}</b></td>"
                    "</tr>" for k, v in summary.items())
     body = "".join(f"<section><h2>{html.escape(h)}</h2>{content}</section>"
@@ -116,15 +107,6 @@ def _pair_grid(colours: np.ndarray, counts: np.ndarray, labels: Sequence[str], c
     return fig
 
 
-def confusion_heatmap(matrix: Sequence[Sequence[int]], labels: Sequence[str]) -> str:
-    """Confusion matrix normalised per true class, with the counts in the cells."""
-    counts = np.asarray(matrix, dtype=int)
-    rates = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    fig = _pair_grid(rates, counts, labels, "Blues", 0.5, "share of the true class",
-                     zeros=False, scale=(0, 1), xlabel="predicted", ylabel="true")
-    return plot("confusion", fig, "Rows: true class, normalised to 1; cells: example counts.")
-
-
 def metric_bars(plot_id: str, per_label: Mapping[str, Mapping[str, float]],
                 caption: str, second: Mapping[str, Mapping[str, float]] | None = None,
                 names: tuple[str, str] = ("", "")) -> str:
@@ -153,11 +135,9 @@ def curves(plot_id: str, truth: np.ndarray, scores: np.ndarray, labels: Sequence
     """One-vs-rest ROC (left) and precision-recall (right) curves per label.
 
     Args:
-        plot_id: Element id.
         truth: 0/1 matrix (n, k).
         scores: Probabilities (n, k).
         labels: The k names.
-        caption: Shown under the plot.
         marks: Name -> one threshold per label, marked on each precision-recall curve.
     """
     from sklearn.metrics import auc, precision_recall_curve, roc_curve
@@ -188,7 +168,8 @@ def curves(plot_id: str, truth: np.ndarray, scores: np.ndarray, labels: Sequence
 def single_label_sections(result: Mapping[str, Any], truth: np.ndarray, scores: np.ndarray,
                           classes: Sequence[str],
                           bars_id: str = "per-class") -> list[tuple[str, str]]:
-    """A single-label evaluation's sections: confusion matrix, per-class bars, curves.
+    """A single-label evaluation's sections: confusion matrix (normalised per true class,
+    counts in the cells), per-class bars, curves.
 
     Args:
         result: The evaluation's metrics (`single_label_metrics`).
@@ -197,8 +178,13 @@ def single_label_sections(result: Mapping[str, Any], truth: np.ndarray, scores: 
         classes: The k class names.
         bars_id: Element id of the per-class bars.
     """
+    counts = np.asarray(result["confusion_matrix"]["matrix"], dtype=int)
+    rates = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    confusion = _pair_grid(rates, counts, classes, "Blues", 0.5, "share of the true class",
+                           zeros=False, scale=(0, 1), xlabel="predicted", ylabel="true")
     return [
-        ("Confusion matrix", confusion_heatmap(result["confusion_matrix"]["matrix"], classes)),
+        ("Confusion matrix", plot("confusion", confusion, "Rows: true class, normalised to 1; "
+                                                         "cells: example counts.")),
         ("Per class", metric_bars(bars_id, result["per_class"],
                                   "Precision, recall and F1 of each class.")),
         ("ROC and precision-recall", curves("curves", truth, scores, classes,
@@ -211,10 +197,8 @@ def training_curves(plot_id: str, phases: Mapping[str, Sequence[Mapping[str, flo
     """Per-epoch training and validation series, epochs counted across the phases.
 
     Args:
-        plot_id: Element id.
         phases: Phase name -> its epoch rows (dicts of series values), in order.
         pairs: (training series, validation series) per panel, e.g. ("loss", "val_loss").
-        caption: Shown under the plot.
     """
     fig = figure(5.5 * len(pairs), 3.6)
     axes = np.atleast_1d(fig.subplots(1, len(pairs)))

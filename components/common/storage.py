@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import pathlib
 import sys
 import tempfile
 import uuid
@@ -63,18 +64,11 @@ def local_path(uri: str) -> str:
 
 def run_folder(variable: str, output_path: str, default: str | None,
                environ: Mapping[str, str] | None = None) -> str:
-    """A job folder Vertex names in `variable`, narrowed to this task's `<pipeline job>/<task>`
-    (runs kept apart, a restarted task finds its state): gs:// through the FUSE mount, a
-    `mirrored_folder` where no store is mounted (s3://, or `OBJECT_STORE_MOUNTED=0`).
-
-    Args:
-        variable: The environment variable, e.g. "AIP_CHECKPOINT_DIR".
-        output_path: The step's output artifact path (`.../<job>/<task>/<output>`).
-        default: Returned when the variable is unset.
-        environ: Environment to read; `os.environ` when None.
-
-    Returns:
-        A local folder path, or `default`.
+    """The local folder of the job folder Vertex names in `variable` (e.g.
+    "AIP_CHECKPOINT_DIR"; unset: `default`), narrowed to this task's `<pipeline job>/<task>`
+    of `output_path` (`.../<job>/<task>/<output>`): runs kept apart, a restarted task finds
+    its state. gs:// is read through the FUSE mount, else (s3://, `OBJECT_STORE_MOUNTED=0`)
+    through a `mirrored_folder`; `environ` defaults to `os.environ`.
 
     Raises:
         CheckpointStoreError: A mirrored folder cannot be listed, written or read.
@@ -119,13 +113,9 @@ def _process_start(pid: int) -> str:
 
 
 def mirror_path(remote: str) -> str:
-    """The local folder of this process's mirror of `remote` (not made here), named by the
-    remote and the process that started the job: DDP ranks under torch's launcher
-    (TORCHELASTIC_RUN_ID) share their parent's; unrelated processes never share.
-
-    Args:
-        remote: The gs:// or s3:// folder.
-    """
+    """The local folder of this process's mirror of `remote` (gs:// or s3://; not made
+    here), named by the remote and the process that started the job: DDP ranks under
+    torch's launcher (TORCHELASTIC_RUN_ID) share their parent's; other processes never do."""
     pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
     key = f"{remote.rstrip('/')}\n{pid}.{_process_start(pid)}"
     return os.path.join(tempfile.gettempdir(), "mirrors",
@@ -151,12 +141,9 @@ def _retrying(action: Callable[[], None], what: str) -> None:
 
 
 class Mirror:
-    """A local copy of an object store folder that is not mounted (checkpoints, logs), filled
-    once under a file lock; only RANK 0 pushes, and checks first that it can write, list and
-    delete there, before hours of training are lost.
-
-    Args:
-        remote: The gs:// or s3:// folder.
+    """A local copy of `remote`, an object store folder that is not mounted (checkpoints,
+    logs), filled once under a file lock; only RANK 0 pushes, and checks first that it can
+    write, list and delete there, before hours of training are lost.
 
     Raises:
         CheckpointStoreError: The remote folder cannot be listed, written or read.
@@ -204,16 +191,12 @@ class Mirror:
                                for key in keys])
 
     def _local_files(self) -> dict[str, tuple[int, int, int]]:
-        files = {}
-        for folder, _, names in os.walk(self.local):
-            for name in names:
-                if not name.startswith(TMP_PREFIX):
-                    path = os.path.join(folder, name)
-                    stat = os.stat(path)
-                    # the inode too: os.replace of a same-size file in one mtime tick
-                    files[os.path.relpath(path, self.local)] = (
-                        stat.st_size, stat.st_mtime_ns, stat.st_ino)
-        return files
+        """Each file's (size, mtime, inode: os.replace of a same-size file in one mtime tick),
+        by its path in the mirror; temporaries left out."""
+        stats = {str(path.relative_to(self.local)): path.stat()
+                 for path in pathlib.Path(self.local).rglob("*")
+                 if not path.name.startswith(TMP_PREFIX) and path.is_file()}
+        return {rel: (stat.st_size, stat.st_mtime_ns, stat.st_ino) for rel, stat in stats.items()}
 
     def push(self) -> None:
         """Uploads what changed (pointers last), then removes what the trainer removed; a

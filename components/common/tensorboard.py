@@ -14,17 +14,9 @@ TENSORBOARD_VARIABLE = "AIP_TENSORBOARD_LOG_DIR"
 
 def log_folder(output_path: str, explicit: str | None = None,
                environ: Mapping[str, str] | None = None) -> str | None:
-    """The folder a trainer writes its TensorBoard logs to: `explicit`, else this task's
-    sub-folder of `AIP_TENSORBOARD_LOG_DIR`, else None (never inside the output).
-
-    Args:
-        output_path: The step's output artifact path (names the task's sub-folder).
-        explicit: Folder given to the step (gs:// or local); None or "": the environment's.
-        environ: Environment to read; `os.environ` when None.
-
-    Returns:
-        A local folder path (gs:// through the FUSE mount), or None.
-    """
+    """The local folder (gs:// through the FUSE mount) a trainer writes its TensorBoard
+    logs to: `explicit` (the step's; None or "": none), else this task's sub-folder of
+    `AIP_TENSORBOARD_LOG_DIR` (`storage.run_folder`), else None (never inside the output)."""
     if explicit:
         return local_path(explicit)
     return run_folder(TENSORBOARD_VARIABLE, output_path, None, environ)

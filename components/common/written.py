@@ -16,21 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def literal(value: Any) -> str:
-    """Python source of a default value, strings in double quotes as the house writes them."""
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
-
-
-def annotation_source(annotation: Any) -> str:
-    """The source of a parameter's annotation: `int`, `list[dict]`, `Input[Dataset]`, ..."""
-    if isinstance(annotation, str):
-        return annotation
-    if typing.get_origin(annotation) is typing.Annotated:  # kfp's Input[...], Output[...]
-        base, marker = typing.get_args(annotation)[:2]
-        return f"{marker.__name__.removesuffix('Annotation')}[{base.__name__}]"
-    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
-
-
 def write_function(name: str, parameters: Sequence[inspect.Parameter], doc: str,
                    body: str, returns: str = "") -> Any:
     """A function written as source and compiled, its source readable by `inspect`.
@@ -47,9 +32,17 @@ def write_function(name: str, parameters: Sequence[inspect.Parameter], doc: str,
     """
     lines = [f"def {name}("]
     for parameter in parameters:
-        default = ("" if parameter.default is inspect.Parameter.empty
-                   else f" = {literal(parameter.default)}")
-        lines.append(f"    {parameter.name}: {annotation_source(parameter.annotation)}{default},")
+        kind, default = parameter.annotation, ""
+        if typing.get_origin(kind) is typing.Annotated:  # kfp's Input[...], Output[...]
+            base, marker = typing.get_args(kind)[:2]
+            kind = f"{marker.__name__.removesuffix('Annotation')}[{base.__name__}]"
+        elif isinstance(kind, type):  # `int`; `list[dict]` and text are their own source
+            kind = kind.__name__
+        if parameter.default is not inspect.Parameter.empty:  # text in double quotes, as ours
+            value = parameter.default
+            default = " = " + (json.dumps(value, ensure_ascii=False) if isinstance(value, str)
+                               else repr(value))
+        lines.append(f"    {parameter.name}: {kind}{default},")
     lines.append(f"){f' -> {returns}' if returns else ''}:")
     doc = "\n".join(f"    {line}" if line else "" for line in doc.strip().splitlines())
     lines.append(f'    """{doc.lstrip()}\n    """')
