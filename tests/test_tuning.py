@@ -25,7 +25,6 @@ from components.tune.contract import (
     TUNABLE,
     SearchSpaceError,
     coerce,
-    default_space,
     parse_space,
     read_space,
 )
@@ -39,7 +38,7 @@ from tools.datamakers.demo_text import write_reviews_csv
 
 @pytest.mark.parametrize("kind", ["image", "text", "transformer"])
 def test_default_spaces_search_only_tunable_parameters_by_a_reported_metric(kind):
-    space = default_space(kind)
+    space = read_space(kind)
     assert set(space.names()) <= set(TUNABLE[kind])
     assert space.to_json() == json.loads(json.dumps(DEFAULT_SPACES[kind]))
     assert parse_space(kind, space.to_json()) == space
@@ -98,7 +97,6 @@ def test_space_files_are_read_and_missing_entries_take_the_defaults(tmp_path):
     path.write_text("{not json")
     with pytest.raises(SearchSpaceError, match="space.json: not JSON"):
         read_space("text", str(path))
-    assert read_space("image", None) == default_space("image")
 
 
 def test_trial_values_are_typed_as_the_trainer_takes_them():
