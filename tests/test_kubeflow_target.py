@@ -18,7 +18,7 @@ from kfp.dsl.executor import Executor
 
 import compile as compile_cli
 from components.tune import selection
-from components.tune.contract import TUNABLE, default_space, draw_points
+from components.tune.contract import TUNABLE, draw_points, read_space
 from components.tune.task_trial import run_trial
 from pipelines.definitions import kubeflow
 from pipelines.definitions.machine import Machine
@@ -215,7 +215,7 @@ def test_machine_types_map_to_pods_below_the_node():
 
 
 def test_trial_points_are_drawn_inside_the_space_the_same_way_each_compile():
-    space = default_space("image")
+    space = read_space("image")
     points = draw_points(space, 40, seed=3)
     assert points == draw_points(space, 40, seed=3) != draw_points(space, 40, seed=4)
     for point in points:
@@ -235,7 +235,7 @@ def test_tuning_variant_loops_over_the_drawn_points_and_collects_every_trial(com
     assert loop["taskInfo"]["name"] == loop_key
     items = json.loads(loop["parameterIterator"]["items"]["raw"])
     assert [item.pop("trial") for item in items] == list(range(1, 13))  # each names its trial
-    assert items == draw_points(default_space("text"), 12, seed=0)
+    assert items == draw_points(read_space("text"), 12, seed=0)
     assert loop["iteratorPolicy"]["parallelismLimit"] == 3
     select = tasks["select-text-trial"]
     assert select["taskInfo"]["name"] == "tune-text"

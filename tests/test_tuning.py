@@ -25,22 +25,20 @@ from components.tune.contract import (
     TUNABLE,
     SearchSpaceError,
     coerce,
-    default_space,
     parse_space,
     read_space,
 )
 from pipelines.definitions import tuning
 from pipelines.definitions.machine import DEFAULT_MACHINES
 from pipelines.definitions.steps import component as step_component
-from tests.conftest import compile_once, write_class_images, write_densenet_weights
+from tests.conftest import write_class_images, write_densenet_weights
+from tests.test_compile import REGISTRY, _compile, _compile_here
 from tools.datamakers.demo_text import write_reviews_csv
-
-REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
 
 
 @pytest.mark.parametrize("kind", ["image", "text", "transformer"])
 def test_default_spaces_search_only_tunable_parameters_by_a_reported_metric(kind):
-    space = default_space(kind)
+    space = read_space(kind)
     assert set(space.names()) <= set(TUNABLE[kind])
     assert space.to_json() == json.loads(json.dumps(DEFAULT_SPACES[kind]))
     assert parse_space(kind, space.to_json()) == space
@@ -99,7 +97,6 @@ def test_space_files_are_read_and_missing_entries_take_the_defaults(tmp_path):
     path.write_text("{not json")
     with pytest.raises(SearchSpaceError, match="space.json: not JSON"):
         read_space("text", str(path))
-    assert read_space("image", None) == default_space("image")
 
 
 def test_trial_values_are_typed_as_the_trainer_takes_them():
@@ -136,17 +133,23 @@ def _job(goal: str, trials: list[tuple[str, str, dict, float | None]]):
             for trial_id, state, values, value in trials])
 
 
+def _best(job) -> dict:
+    """The trial `choose` takes: the first for the study's goal."""
+    maximize = job.study_spec.metrics[0].goal.name == "MAXIMIZE"
+    return selection.best_row(selection.trial_table(job), maximize)
+
+
 def test_the_best_trial_ranks_by_the_study_goal_among_succeeded_trials():
     trials = [("1", "SUCCEEDED", {"learning_rate": 0.01, "batch_size": 32.0}, 0.7),
               ("2", "INFEASIBLE", {"learning_rate": 0.1}, 0.99),  # failed: never chosen
               ("3", "SUCCEEDED", {"learning_rate": 0.001, "batch_size": 16.0}, 0.9),
               ("4", "SUCCEEDED", {"learning_rate": 0.002}, math.nan),
               ("5", "SUCCEEDED", {"learning_rate": 0.003}, 0.9)]  # a tie goes to the earlier
-    assert selection.best_trial(_job("MAXIMIZE", trials))["id"] == "3"
-    assert selection.best_trial(_job("MINIMIZE", trials))["id"] == "1"
+    assert _best(_job("MAXIMIZE", trials))["id"] == "3"
+    assert _best(_job("MINIMIZE", trials))["id"] == "1"
     defaults = {"learning_rate": 1e-3, "fine_tune_learning_rate": 1e-4, "dropout": 0.2,
                 "batch_size": 32, "unfreeze_blocks": 1}
-    best = selection.best_trial(_job("MAXIMIZE", trials))
+    best = _best(_job("MAXIMIZE", trials))
     assert selection.best_values("image", best, defaults) == {
         **defaults, "learning_rate": 0.001, "batch_size": 16}
 
@@ -195,19 +198,6 @@ def test_a_trial_runs_the_training_step_with_its_values_in_its_own_folder():
     assert result["outputs"]["artifacts"]["model"]["artifacts"][0]["uri"] == "gs://b/t/2/model"
     assert result["outputs"]["outputFile"].endswith("/b/t/2/executor_output.json")
     assert step["inputs"]["parameterValues"]["learning_rate"] == 0.001  # not changed
-
-
-def _compile(tmp_path, *extra):
-    """The compiled folder, shared by the tests that pass the same flags (read only)."""
-    return compile_once(tmp_path, "--registry", REGISTRY, "--tag", "0a1b2c3", *extra)
-
-
-def _compile_here(tmp_path, *extra):
-    """A compile of this test's own (what it prints is read)."""
-    out = tmp_path / "build"
-    assert compile_cli.main(["--output-dir", str(out), "--registry", REGISTRY,
-                             "--tag", "0a1b2c3", *extra]) == 0
-    return out
 
 
 def _launcher_args(out, kind: str) -> list[str]:
@@ -395,8 +385,8 @@ def test_a_trial_stopped_early_is_ranked_by_its_last_reported_value():
     table = selection.trial_table(job)
     assert [(r["state"], r["metric"]) for r in table] == [
         ("SUCCEEDED", 0.7), ("STOPPING", 0.8), ("STOPPING", None)]
-    assert selection.best_trial(job)["id"] == "2"  # stopped, not failed
-    assert selection.best_trial(_job("MINIMIZE", [("1", "SUCCEEDED", {}, 0.7)] + [
+    assert _best(job)["id"] == "2"  # stopped, not failed
+    assert _best(_job("MINIMIZE", [("1", "SUCCEEDED", {}, 0.7)] + [
         ("2", "STOPPING", {}, 0.6)]))["id"] == "2"
 
 

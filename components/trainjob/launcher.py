@@ -257,15 +257,10 @@ def _stream(core, namespace: str, pod: str, write: Callable[[str], None],
         response = core.read_namespaced_pod_log(pod, namespace, container=NODE, follow=True,
                                                 _preload_content=False)
         try:
-            rest = b""
-            for chunk in response.stream(4096):
-                *lines, rest = (rest + chunk).split(b"\n")
-                for line in lines:
-                    write(line.decode("utf-8", "replace"))
+            for line in response:  # urllib3 splits the stream into lines
+                write(line.decode("utf-8", "replace").rstrip("\n"))
                 if stop.is_set():
                     return
-            if rest:
-                write(rest.decode("utf-8", "replace"))
         finally:
             response.release_conn()
     except Exception as error:  # noqa: BLE001 (the log is a courtesy: the job's state rules)

@@ -218,11 +218,6 @@ def _is_number(value: Any) -> bool:
             and math.isfinite(value))
 
 
-def default_space(kind: str) -> SearchSpace:
-    """The space used when no file is given."""
-    return parse_space(kind, DEFAULT_SPACES[kind], f"default {kind} space")
-
-
 def read_space(kind: str, path: str | None = None) -> SearchSpace:
     """The space in the JSON file `path`, or the default space of `kind` when None.
 
@@ -230,7 +225,7 @@ def read_space(kind: str, path: str | None = None) -> SearchSpace:
         SearchSpaceError: The file is not JSON or not a valid space (see `parse_space`).
     """
     if not path:
-        return default_space(kind)
+        return parse_space(kind, DEFAULT_SPACES[kind], f"default {kind} space")
     with open(path) as f:
         try:
             data = json.load(f)

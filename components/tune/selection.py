@@ -92,22 +92,6 @@ def best_row(rows: list[Mapping[str, Any]], maximize: bool) -> Mapping[str, Any]
                default=None)
 
 
-def best_trial(job) -> dict[str, Any]:
-    """The trial of a Vertex tuning job ranking first for the study's goal (`best_row`).
-
-    Raises:
-        TuningError: No trial succeeded with a value of the metric.
-    """
-    spec, table = job.study_spec.metrics[0], trial_table(job)
-    best = best_row(table, spec.goal.name == "MAXIMIZE")
-    if best is None:
-        states = sorted({r["state"] for r in table})
-        raise TuningError(f"tuning job {job.name}: no trial succeeded with a final "
-                          f"{spec.metric_id} (trial states: {states}); see the trials' logs "
-                          "in the console")
-    return best
-
-
 def best_values(kind: str, best: Mapping[str, Any], defaults: Mapping[str, Any]
                 ) -> dict[str, Any]:
     """Every tunable parameter of `kind`: the `best` trial's value, else the run's."""
@@ -127,9 +111,24 @@ def record(trials, summary: Mapping[str, Any], best: Mapping[str, Any] | None = 
         **summary, "best": None if best is None else {**best, "values": values}})
 
 
+def _conclude(kind: str, trials, summary: Mapping[str, Any], best: Mapping[str, Any] | None,
+              problem: str, defaults: Mapping[str, Any], metadata: Mapping[str, Any]
+              ) -> dict[str, Any]:
+    """Writes `trials.json`; raises `problem` if any, else records `metadata` and the best
+    trial's id, and returns `best_values`."""
+    if problem:
+        record(trials, summary)
+        raise TuningError(problem)
+    values = best_values(kind, best, defaults)
+    record(trials, summary, best, values)
+    trials.metadata.update({"best_trial": best["id"], **metadata})
+    return values
+
+
 def choose(kind: str, gcp_resources: str, defaults: Mapping[str, Any], trials,
            fetch=fetch_tuning_job) -> dict[str, Any]:
-    """Reads the tuning job, writes `trials.json` and returns `best_values`.
+    """Reads the tuning job, writes `trials.json` and returns `best_values` of the trial
+    ranking first for the study's goal (`best_row`).
 
     Args:
         kind: "image", "text" or "transformer".
@@ -142,23 +141,18 @@ def choose(kind: str, gcp_resources: str, defaults: Mapping[str, Any], trials,
         TuningError: No trial succeeded with a value of the study's metric.
     """
     job = fetch(tuning_job_name(gcp_resources))
-    table = trial_table(job)
-    spec = job.study_spec.metrics[0]
-    summary = {"job": job.name, "metric": spec.metric_id, "goal": spec.goal.name.lower(),
-               "trials": table}
-    try:
-        best = best_trial(job)
-    except TuningError:
-        record(trials, summary)
-        raise
-    values = best_values(kind, best, defaults)
-    record(trials, summary, best, values)
-    trials.metadata.update({"job": job.name, "best_trial": best["id"],
-                            f"best_{spec.metric_id}": best["metric"],
-                            "succeeded": sum(r["state"] == "SUCCEEDED" for r in table),
-                            "stopped_early": sum(r["state"] == STOPPED for r in table),
-                            "trials": len(table)})
-    return values
+    table, spec = trial_table(job), job.study_spec.metrics[0]
+    best = best_row(table, spec.goal.name == "MAXIMIZE")
+    problem = "" if best else (
+        f"tuning job {job.name}: no trial succeeded with a final {spec.metric_id} (trial "
+        f"states: {sorted({r['state'] for r in table})}); see the trials' logs in the console")
+    return _conclude(kind, trials, {"job": job.name, "metric": spec.metric_id,
+                                    "goal": spec.goal.name.lower(), "trials": table},
+                     best, problem, defaults, {
+                         "job": job.name, f"best_{spec.metric_id}": best and best["metric"],
+                         "succeeded": sum(r["state"] == "SUCCEEDED" for r in table),
+                         "stopped_early": sum(r["state"] == STOPPED for r in table),
+                         "trials": len(table)})
 
 
 def choose_from_results(kind: str, results: list[Mapping[str, Any]], goal: str,
@@ -182,20 +176,17 @@ def choose_from_results(kind: str, results: list[Mapping[str, Any]], goal: str,
                    key=lambda row: int(row["id"]))
     failed = [row for row in table if row.get("state") != "SUCCEEDED"]
     best = best_row(table, goal == "maximize")
-    summary = {"goal": goal, "max_failed_trials": max_failed_trials, "trials": table}
-    problem = None
+    problem = ""
     if max_failed_trials and len(failed) >= max_failed_trials:
         problem = (f"{len(failed)} of {len(table)} trials failed, at least "
                    f"max_failed_trials={max_failed_trials}")
     elif best is None:
         problem = f"no trial of {len(table)} succeeded with a value of the study metric"
     if problem:
-        record(trials, summary)
         errors = sorted({row["error"] for row in failed if row.get("error")})
-        raise TuningError(f"{problem}; errors: {errors or 'none recorded'} (every trial's "
-                          f"values and error: {trials.uri}/{TRIALS_FILE})")
-    values = best_values(kind, best, defaults)
-    record(trials, summary, best, values)
-    trials.metadata.update({"best_trial": best["id"], "best_metric": best["metric"],
-                            "succeeded": len(table) - len(failed), "trials": len(table)})
-    return values
+        problem += (f"; errors: {errors or 'none recorded'} (every trial's values and error: "
+                    f"{trials.uri}/{TRIALS_FILE})")
+    return _conclude(kind, trials, {"goal": goal, "max_failed_trials": max_failed_trials,
+                                    "trials": table}, best, problem, defaults, {
+                         "best_metric": best and best["metric"],
+                         "succeeded": len(table) - len(failed), "trials": len(table)})

@@ -108,6 +108,9 @@ def trial_executor_input(executor_input: Mapping[str, Any], outputs: Mapping[str
     Returns:
         A new executor input.
     """
+    from kfp.dsl import Artifact
+
+    written = f"{folder}/executor_output.json"  # gs://B/P: the /gcs/B/P file Vertex mounts
     result = copy.deepcopy(dict(executor_input))
     inputs = result.setdefault("inputs", {})
     inputs["parameterValues"] = {**inputs.get("parameterValues", {}), **hyperparameters,
@@ -117,16 +120,9 @@ def trial_executor_input(executor_input: Mapping[str, Any], outputs: Mapping[str
         "artifacts": {name: {"artifacts": [{"name": name, "type": {"schemaTitle": title},
                                             "uri": f"{folder}/{name}", "metadata": {}}]}
                       for name, title in outputs.items()},
-        "outputFile": _local(f"{folder}/executor_output.json"),
+        "outputFile": Artifact(uri=written).path if written.startswith("gs://") else written,
     }
     return result
-
-
-def _local(uri: str) -> str:
-    """gs://B/P as the /gcs/B/P file Vertex mounts (KFP's own mapping)."""
-    from kfp.dsl import Artifact
-
-    return Artifact(uri=uri).path if uri.startswith("gs://") else uri
 
 
 def check_metric_file(environ: Mapping[str, str]) -> str:

@@ -70,14 +70,9 @@ class ObjectStore:
         if not os.path.exists(local):
             return False
         fs, path = filesystem(store_uri(uri))
-        try:
-            if os.path.isdir(local):
-                for folder, _, names in os.walk(local):
-                    for name in names:
-                        source = os.path.join(folder, name)
-                        fs.put_file(source, f"{path}/{os.path.relpath(source, local)}")
-            else:
-                fs.put_file(local, path)
+        try:  # a folder's content into `path`, as the launcher's upload puts it
+            fs.put(local.rstrip("/") + "/" if os.path.isdir(local) else local, path,
+                   recursive=True)
         except OSError as err:
             raise RehearsalError(f"failed to upload {local} to {uri}: {err}") from err
         fs.invalidate_cache()

@@ -275,16 +275,13 @@ def _terminated(code: int) -> dict[str, Any]:
 
 
 def _group_cpu_seconds(group: int) -> float:
-    """CPU seconds of group `group`'s processes but its leader, from /proc (0 without)."""
-    ticks = 0
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit() or int(entry) == group:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if int(fields[2]) == group:  # pgrp; utime, stime, cutime, cstime follow
-            ticks += sum(int(value) for value in fields[11:15])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (their own and their children's) of group `group`'s processes but its
+    leader."""
+    import psutil
+
+    total = 0.0
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):  # gone meanwhile
+            if process.pid != group and os.getpgid(process.pid) == group:
+                total += sum(process.cpu_times()[:4])  # user, system, children's
+    return total
