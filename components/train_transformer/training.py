@@ -37,9 +37,15 @@ from components.text_common.contract import (
     max_length_problem,
     tokenizer_problem,
 )
-from components.text_common.scores import frequency_bias, validation_result
-from components.train_transformer import results
+from components.text_common.scores import (
+    constant_answer,
+    frequency_bias,
+    learnt_nothing,
+    validation_result,
+    write_result_files,
+)
 from components.train_transformer.contract import (
+    FRAMEWORK,
     TransformerConfig,
     TransformerTrainingError,
     model_folder_problem,
@@ -334,8 +340,8 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         history = epoch_history(trainer.state.log_history, multi)
         result.update({
             "history": history,
-            "best": results.best_epoch(trainer.state, config.monitor, history),
-            "run": results.run_record(
+            "best": best_epoch(trainer.state, config.monitor, history),
+            "run": run_record(
                 trainer, model, config, history, train_set, precision, started,
                 rows={"train": len(train), "validation": len(valid)},
                 texts_truncated=int(sum(len(t) > MAX_TEXT_CHARS for t in train[text_column])),
@@ -421,6 +427,48 @@ def _training_arguments(transformers, config: TransformerConfig, folder: str, pr
         average_tokens_across_devices=False)
 
 
+def run_record(trainer, model, config: TransformerConfig, history: list[dict[str, Any]],
+               train_set, precision: str, started: float, *, rows: dict[str, int],
+               texts_truncated: int, resumed_from: str | None, truth_valid: np.ndarray,
+               truth_train: np.ndarray, multi: bool) -> dict[str, Any]:
+    """The `run` part of metrics.json: data, model, device, how the run went, the constant
+    answer's scores and whether the classifier learnt nothing beyond it (warned of)."""
+    constant = constant_answer(truth_valid, truth_train, multi, config.threshold)
+    nothing = learnt_nothing(history, constant)
+    if nothing:
+        log.warning("the classifier learnt nothing (%s): it still answers the label "
+                    "frequencies whatever the text; train longer or at a higher "
+                    "learning_rate", nothing)
+    return {
+        "rows": rows,
+        "texts_truncated": texts_truncated,
+        "max_text_chars": MAX_TEXT_CHARS,
+        "train_tokens": int(sum(len(row["input_ids"]) for row in train_set)),
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "arch": type(model).__name__,
+        "model_name": config.model_name,
+        "precision": precision,
+        "device": str(trainer.args.device),
+        "world_size": int(trainer.args.world_size),
+        "resumed_from": resumed_from,
+        "optimizer_steps": int(trainer.state.global_step),  # earlier attempts' included
+        "classifier_epoch_seconds": [r.get("seconds") for r in history],
+        "stopped_early": len(history) < config.epochs,
+        "constant_answer": constant,
+        "learnt_nothing": nothing,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def best_epoch(state, monitor: str, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `best` part of metrics.json: the epoch of the trainer's best checkpoint."""
+    checkpoint, epoch = state.best_model_checkpoint, None
+    per_epoch = state.global_step / max(1, history[-1]["epoch"]) if history else 0
+    if checkpoint and per_epoch:
+        epoch = int(round(int(os.path.basename(checkpoint).rsplit("-", 1)[-1]) / per_epoch))
+    return {"monitor": monitor, "value": state.best_metric, "epoch": epoch}
+
+
 def _save_model(trainer, model_dir: str, result: dict[str, Any], text_column: str,
                 config: TransformerConfig) -> None:
     """Writes the model folder: the model and tokenizer, labels and metrics (rank 0 only)."""
@@ -429,7 +477,9 @@ def _save_model(trainer, model_dir: str, result: dict[str, Any], text_column: st
         # Trainer's pickle of its arguments: not needed to load or serve the model.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(model_dir, "training_args.bin"))
-        results.write_outputs(model_dir, result, text_column, config)
+        write_result_files(model_dir, result, text_column, config.threshold,
+                           framework=FRAMEWORK, arch=result["run"]["arch"],
+                           model_name=config.model_name, max_length=config.max_length)
 
 
 def start_at_label_frequencies(model, truth: np.ndarray, task: str) -> None:
