@@ -66,11 +66,7 @@ CLASSIFIER = "classifier"  # the history rows' model, as the fastai trainer's
 
 def model_source(model_name: str, scratch: str) -> str:
     """What `from_pretrained` is given for `model_name`: a Hub name, a local folder, or a
-    gs:// folder's copy in `scratch`.
-
-    Raises:
-        TransformerTrainingError: A path (local or gs://) with no model in it.
-    """
+    gs:// folder's copy in `scratch`; a path with no model in it is refused."""
     name = model_name.strip()
     if not model_name_is_path(name):
         return name
@@ -93,13 +89,9 @@ def run_values(config: TransformerConfig, manifest: dict[str, Any], model_dir: s
 
 
 def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -> str | None:
-    """The last sealed checkpoint of this run in `folder` to resume from, or None to start.
-
-    Args:
-        folder: The checkpoint folder.
-        values: What defines the run (`run_values`).
-        write: Whether this process (rank 0 alone) claims a free folder and removes the
-            unsealed checkpoints a killed save left (`Trainer`'s rotation would keep them).
+    """The last sealed checkpoint of the run `values` defines (`run_values`) in `folder`, to
+    resume from, or None. With `write` (rank 0 alone) it claims a free folder and removes the
+    unsealed checkpoints a killed save left (`Trainer`'s rotation would keep them).
 
     Raises:
         TransformerTrainingError: The folder holds another run's checkpoints.
@@ -107,7 +99,7 @@ def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -
     if not run_state.open_run(folder, RUN, values, write=write).resumed:
         return None
     for path in _checkpoints(folder).values():
-        if write and not _sealed(path):
+        if write and not (path / SEALED_FILE).is_file():
             log.info("removing %s: its save did not finish", path)
             shutil.rmtree(path, ignore_errors=True)
     checkpoint = last_complete_checkpoint(folder)
@@ -128,23 +120,19 @@ def _repoint_best(checkpoint: str) -> None:
                        sort_keys=True)
 
 
-def _checkpoints(folder: str) -> dict[int, str]:
+def _checkpoints(folder: str) -> dict[int, pathlib.Path]:
     """`checkpoint-<step>` folders by step."""
-    entries = os.listdir(folder) if os.path.isdir(folder) else ()
-    return {int(step): os.path.join(folder, entry) for entry in entries
-            for prefix, _, step in [entry.partition("-")]
-            if prefix == "checkpoint" and step.isdigit()}
-
-
-def _sealed(checkpoint: str) -> bool:
-    return os.path.isfile(os.path.join(checkpoint, SEALED_FILE))
+    return {int(path.name.partition("-")[2]): path
+            for path in pathlib.Path(folder).glob("checkpoint-*")
+            if path.name.partition("-")[2].isdigit()}
 
 
 def last_complete_checkpoint(folder: str) -> str | None:
     """The sealed `checkpoint-<step>` folder of the highest step, or None (a
     `trainer_state.json` does not say the other processes finished saving)."""
-    sealed = [(step, path) for step, path in _checkpoints(folder).items() if _sealed(path)]
-    return max(sealed)[1] if sealed else None
+    sealed = {step: path for step, path in _checkpoints(folder).items()
+              if (path / SEALED_FILE).is_file()}
+    return str(sealed[max(sealed)]) if sealed else None
 
 
 def seal_checkpoint(folder: str, step: int) -> None:
