@@ -92,11 +92,8 @@ RUN_ID = "train_transformer"
 
 
 def launched_process(job: tuple[str, str, TransformerConfig, dict[str, Any]]) -> dict[str, Any]:
-    """One process of the launcher's: the trainer; its result.
-
-    Args:
-        job: `train_transformer`'s arguments as one tuple (torch rewrites string arguments).
-    """
+    """One process of the launcher's: the trainer on `job`, `train_transformer`'s arguments
+    as one tuple (torch rewrites string arguments); its result."""
     from components.train_transformer.training import train_transformer
 
     dataset_dir, model_dir, config, kwargs = job
@@ -104,11 +101,8 @@ def launched_process(job: tuple[str, str, TransformerConfig, dict[str, Any]]) ->
 
 
 def launch_config(cluster: Cluster | None, procs: int) -> LaunchConfig:
-    """torch's launch settings: `procs` processes on each of the cluster's machines.
-
-    Args:
-        cluster, procs: The job's replicas (None: this machine alone); processes on each.
-    """
+    """torch's launch settings: `procs` processes on each of the cluster's machines (None:
+    this machine alone)."""
     from torch.distributed.launcher.api import LaunchConfig
 
     # No restarts: a failure fails the job at once; a restarted job resumes from checkpoints.

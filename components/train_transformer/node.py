@@ -101,14 +101,9 @@ def local_model_dir(model_uri: str, root: str = MODEL_ROOT) -> str:
 
 def run(plan_: argparse.Namespace, environ: MutableMapping[str, str], scratch: str,
         model_root: str = MODEL_ROOT) -> dict[str, Any] | None:
-    """Trains this node's processes; node 0 uploads the model. Returns node 0's result.
-
-    Args:
-        plan_: The node's `plan`.
-        environ: `os.environ`: the plan's variables are set in it for torch's processes.
-        scratch: A local folder for the dataset.
-        model_root: Where the model folder is made (`local_model_dir`).
-    """
+    """Trains this node's processes (`plan_`'s variables set in `environ`, `os.environ`,
+    for torch's), the dataset fetched into `scratch`, the model folder made under
+    `model_root` (`local_model_dir`); node 0 uploads the model. Returns node 0's result."""
     from components.train_transformer import launch
 
     environ.update(plan_.environment)
