@@ -22,7 +22,7 @@ from components.prepare_text.preparation import PrepareConfig, prepare_text_data
 from components.text_common.contract import LABELS_FILE
 from components.text_common.models import load_text_model
 from components.text_common.scores import validation_scalars
-from components.train_transformer import distributed
+from components.train_transformer import launch
 from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
 from components.train_transformer.tiny import write_tiny_model
 from components.train_transformer.training import (
@@ -42,7 +42,7 @@ from tools.datamakers.demo_text import write_reviews_csv
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SITE = os.path.join(ROOT, "tests", "site")  # slow_calls.py (TEST_SLOW_CALL)
 # Rank 0 alone writes the model folder's files; slowed, the other ranks reach the end first.
-SLOW_RANK0 = "components.train_transformer.results:write_outputs=8"
+SLOW_RANK0 = "components.train_transformer.training:write_result_files=8"
 # The tiny model from scratch: it needs many small steps at a high rate (measured on the
 # docstring corpus: batch 32 sat at the constant answer for 8+ epochs, batch 8 learnt).
 FAST = dict(batch_size=8, learning_rate=1e-3, max_length=48, early_stopping_patience=0)
@@ -51,7 +51,7 @@ FAST = dict(batch_size=8, learning_rate=1e-3, max_length=48, early_stopping_pati
 @pytest.fixture(autouse=True)
 def _no_vertex_environment(monkeypatch):
     for name in ("AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR", "CLUSTER_SPEC",
-                 *distributed.TORCHRUN_VARIABLES, "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+                 *launch.TORCHRUN_VARIABLES, "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -79,16 +79,16 @@ def _spec(task, index, *pools):
     ({"CLUSTER_SPEC": _spec("workerpool0", 0, ["cmle-0:2222"])}, None),  # a single machine
     # ranked as Vertex orders its worker pools
     ({"CLUSTER_SPEC": _spec("workerpool1", 1, ["primary:2222"], ["w-0:2222", "w-1:2222"])},
-     distributed.Cluster("primary", 2222, nodes=3, node_rank=2)),
+     launch.Cluster("primary", 2222, nodes=3, node_rank=2)),
     ({"CLUSTER_SPEC": _spec("workerpool0", 0, ["primary:2222"], ["w-0:2222"])},
-     distributed.Cluster("primary", 2222, nodes=2, node_rank=0)),
+     launch.Cluster("primary", 2222, nodes=2, node_rank=0)),
     # torchrun's variables win over the cluster spec
     ({"CLUSTER_SPEC": _spec("workerpool1", 0, ["a:1"], ["b:1"]), "MASTER_ADDR": "10.0.0.2",
       "MASTER_PORT": "29500", "WORLD_SIZE": "2", "RANK": "1"},
-     distributed.Cluster("10.0.0.2", 29500, 2, 1)),
+     launch.Cluster("10.0.0.2", 29500, 2, 1)),
 ])
 def test_replicas_are_read_from_what_vertex_sets(env, cluster):
-    assert distributed.cluster_from_environment(env) == cluster
+    assert launch.cluster_from_environment(env) == cluster
 
 
 @pytest.mark.parametrize("env, message", [
@@ -103,21 +103,19 @@ def test_replicas_are_read_from_what_vertex_sets(env, cluster):
 ])
 def test_a_cluster_ddp_cannot_use_is_refused_naming_the_variable(env, message):
     with pytest.raises(ValueError, match=message):
-        distributed.cluster_from_environment(env)
+        launch.cluster_from_environment(env)
 
 
 def test_replicas_meet_at_the_primary_keeping_vertexs_node_ranks():
     """torch's static rendezvous: the primary is node 0 (so rank 0, the writer, runs
     there); one machine alone meets as torchrun --standalone; no process is restarted."""
-    from components.train_transformer.launch import RUN_ID, launch_config
-
-    cluster = distributed.Cluster("primary", 2222, nodes=2, node_rank=1)
-    config = launch_config(cluster, procs=4)
+    cluster = launch.Cluster("primary", 2222, nodes=2, node_rank=1)
+    config = launch.launch_config(cluster, procs=4)
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 4)
     assert (config.rdzv_backend, config.rdzv_endpoint) == ("static", "primary:2222")
     assert config.rdzv_configs["rank"] == 1 and config.max_restarts == 0
-    assert config.run_id == RUN_ID  # the same on every replica
-    alone = launch_config(None, procs=2)
+    assert config.run_id == launch.RUN_ID  # the same on every replica
+    alone = launch.launch_config(None, procs=2)
     assert (alone.max_nodes, alone.nproc_per_node) == (1, 2)
     assert (alone.rdzv_backend, alone.rdzv_endpoint) == ("c10d", "localhost:0")
 
@@ -397,7 +395,7 @@ def _separate_machines(tmp_path, port, **more):
         (machine / "tmp").mkdir(parents=True, exist_ok=True)
         if not (machine / "gcs").exists():
             (machine / "gcs").symlink_to(shared, target_is_directory=True)
-        env = {k: v for k, v in os.environ.items() if k not in distributed.TORCHRUN_VARIABLES}
+        env = {k: v for k, v in os.environ.items() if k not in launch.TORCHRUN_VARIABLES}
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TMPDIR=str(machine / "tmp"),
                    AIP_CHECKPOINT_DIR=str(machine / "gcs" / "checkpoints"),
                    CLUSTER_SPEC=_spec(f"workerpool{index}", 0, [f"127.0.0.1:{port}"],
@@ -580,7 +578,7 @@ def test_a_sigterm_stops_every_ddp_process_at_the_same_step(dataset, tmp_path):
     SIGTERM to the machine's processes: both save the same step, rank 0 seals it with both
     RNG states, the machine exits 143; the restart resumes both and writes the model."""
     model_dir, out = str(tmp_path / "model"), str(tmp_path / "first.json")
-    env = {k: v for k, v in os.environ.items() if k not in distributed.TORCHRUN_VARIABLES}
+    env = {k: v for k, v in os.environ.items() if k not in launch.TORCHRUN_VARIABLES}
     env.update(OMP_NUM_THREADS="1")
     folder = run_state.checkpoint_folder(model_dir)
     fast = {**FAST, "batch_size": 2}  # 24 steps an epoch on 2 processes

@@ -15,7 +15,7 @@ import time
 import pydantic
 import pytest
 
-from components.train_transformer import distributed
+from components.train_transformer import launch
 from components.trainjob import contract as node
 from components.trainjob import launcher, spec
 from tests.kube_stub import KubeStub, Plan, condition, serving
@@ -181,9 +181,9 @@ def test_trainjob_node_environment_maps_onto_what_the_trainer_reads():
     mapped = node.torchrun_environment(PET)
     assert mapped == {"MASTER_ADDR": "tj-x-node-0-0.tj-x", "MASTER_PORT": "29500",
                       "WORLD_SIZE": "2", "RANK": "1"}
-    assert tuple(mapped) == distributed.TORCHRUN_VARIABLES
-    cluster = distributed.cluster_from_environment({**PET, **mapped})
-    assert cluster == distributed.Cluster("tj-x-node-0-0.tj-x", 29500, 2, 1)
+    assert tuple(mapped) == launch.TORCHRUN_VARIABLES
+    cluster = launch.cluster_from_environment({**PET, **mapped})
+    assert cluster == launch.Cluster("tj-x-node-0-0.tj-x", 29500, 2, 1)
     assert node.torchrun_environment({"HOME": "/root"}) == {}  # not a Trainer node
     assert node.torchrun_environment({**PET, "MASTER_PORT": "29500"}) == mapped  # agrees
 

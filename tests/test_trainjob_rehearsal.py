@@ -256,8 +256,8 @@ def _rehearse(store, tmp_path, run_id, wall, cpu, cluster):
     from components.common.storage import filesystem
     from components.evaluate_text.evaluation import evaluate_text_model
     from components.register.component import register_in_mlflow, registration_gate
+    from components.train_transformer.component import record_outputs
     from components.train_transformer.contract import TransformerConfig
-    from components.train_transformer.results import record_outputs
     from components.train_transformer.training import SEALED_FILE
 
     dataset, settings = _inputs(store, tmp_path)

@@ -3,11 +3,13 @@ of `contract.TransformerConfig` between its artifacts and its run inputs; the Tr
 launcher `train_transformer_trainjob` takes its node settings, then the same."""
 
 import dataclasses
+import os
+from typing import Any
 
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
 from components.common.written import settings_from_step, step_function
-from components.train_transformer.contract import TransformerConfig
+from components.train_transformer.contract import FRAMEWORK, TransformerConfig
 
 DATASET_HELP = ("Folder from the text preparation step: train/validation/test CSVs and "
                 "manifest.json (labels, task).")
@@ -19,7 +21,6 @@ def train_step(values: dict) -> None:
     import logging
 
     from components.train_transformer.launch import train
-    from components.train_transformer.results import record_outputs
 
     logging.basicConfig(level=logging.INFO)  # one line per epoch in the job's log
     config = settings_from_step(TransformerConfig, values)
@@ -31,6 +32,35 @@ def train_step(values: dict) -> None:
         return  # the executor output of workerpool0 only), and its files may not show here
     record_outputs(result, model, values["metrics"], dataset.path, config,
                    values["model_fingerprint"])
+
+
+def record_outputs(result: dict[str, Any], model, metrics, dataset_dir: str,
+                   config: TransformerConfig, model_fingerprint: str) -> None:
+    """Reports the model folder: validation scalars in `metrics`, the model's metadata.
+
+    Args:
+        result: The training result (the model's metrics.json).
+        model, metrics: The step's `Output[Model]` (the folder at its `path`), `Output[Metrics]`.
+        dataset_dir: The preparation step's folder (its manifest fingerprints the data).
+        config: The run's settings.
+        model_fingerprint: The preflight's digest of a `model_name` folder.
+    """
+    from components.common.provenance import provenance
+    from components.prepare_text.contract import MANIFEST
+    from components.text_common.scores import validation_scalars
+
+    for name, value in validation_scalars(result).items():
+        metrics.log_metric(name, float(value))
+    model.metadata.update({
+        "framework": FRAMEWORK,
+        "arch": result["run"]["arch"],
+        "task": result["task"],
+        "labels": result["labels"],
+        "model_fingerprint": model_fingerprint,
+        "learnt_nothing": result["run"]["learnt_nothing"] or "",
+        "files": sorted(os.listdir(model.path)),
+        **provenance(os.path.join(dataset_dir, MANIFEST), dataclasses.asdict(config)),
+    })
 
 
 def written_step(settings: type = TransformerConfig):
@@ -66,7 +96,6 @@ def written_step(settings: type = TransformerConfig):
 def trainjob_step(values: dict) -> None:
     """The TrainJob launcher's work on its inputs (`values`): the one-pod settings on nodes."""
     from components.train_transformer import multinode
-    from components.train_transformer.results import record_outputs
 
     config = settings_from_step(TransformerConfig, values)
     inputs = {field.name: multinode.STEP_INPUTS.get(field.name, field.name)

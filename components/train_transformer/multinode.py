@@ -117,10 +117,9 @@ def train_on_nodes(settings: NodeSettings, *, dataset_uri: str, dataset_path: st
     """Runs the training as a TrainJob; returns its result with the model in `model_path`.
 
     Args:
-        settings: The nodes.
-        dataset_uri, dataset_path: The dataset input's URI and local path.
-        model_path: The step's `Output[Model]` path.
-        config: `TransformerConfig`'s fields.
+        settings, config: The nodes; `TransformerConfig`'s fields.
+        dataset_uri, dataset_path, model_path: The step's dataset (URI, local path), and its
+            `Output[Model]` path.
         tensorboard_dir: The step's TensorBoard folder; empty: under the checkpoint root.
         api: A `kubernetes.client.ApiClient`; None: in-cluster.
         namespace, environ: The job's namespace and the launcher's environment; None: the

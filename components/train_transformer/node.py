@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -30,69 +29,50 @@ COMMAND = ("python", "-m", "components.train_transformer.node")
 MODEL_ROOT = "/tmp/trainjob-node"
 
 
-@dataclasses.dataclass(frozen=True)
-class NodePlan:
-    """What one node does; `environment`: the variables to set before training."""
-
-    dataset_uri: str
-    model_uri: str
-    config: TransformerConfig
-    tensorboard_dir: str
-    environment: Mapping[str, str]
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m components.train_transformer.node",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset-uri", required=True, help="the preparation step's folder")
-    p.add_argument("--model-uri", required=True,
-                   help="s3://, gs:// or local folder node 0 writes the model to")
-    p.add_argument("--config", required=True, help="TransformerConfig's fields as one JSON object")
-    p.add_argument("--checkpoint-root", default="",
-                   help="gs:// or s3:// root of the checkpoints (<root>/checkpoints) and "
-                        "TensorBoard logs (<root>/tensorboard); empty: the environment's")
-    p.add_argument("--tensorboard-dir", default="", help="TensorBoard folder (the step's input)")
-    return p
-
-
 def read_config(text: str) -> TransformerConfig:
-    """`TransformerConfig` from a JSON object of its fields; refuses another field by name.
+    """`TransformerConfig` from a JSON object of its fields.
 
     Raises:
-        TransformerTrainingError: Not a JSON object, an unknown field, or a refused value.
+        TransformerTrainingError: Not JSON, not an object of its fields, or a refused value.
     """
     try:
-        values = json.loads(text)
+        return TransformerConfig(**json.loads(text))
     except ValueError as err:
         raise TransformerTrainingError(f"--config is not JSON: {err}") from err
-    if not isinstance(values, dict):
-        raise TransformerTrainingError(f"--config must be a JSON object, got {text[:80]!r}")
-    known = {field.name for field in dataclasses.fields(TransformerConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise TransformerTrainingError(f"--config has {unknown}: not fields of "
-                                       f"TransformerConfig ({sorted(known)})")
-    return TransformerConfig(**values)
+    except TypeError as err:  # not an object, or a field TransformerConfig has not
+        raise TransformerTrainingError(f"--config must be a JSON object of TransformerConfig's "
+                                       f"fields: {err}") from err
 
 
-def plan(argv: Sequence[str], environ: Mapping[str, str]) -> NodePlan:
-    """The node's plan from its command line and environment.
+def plan(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:
+    """The node's plan from its command line and environment: the arguments, `config` a
+    `TransformerConfig`, and `environment`, the variables to set before training.
 
     Raises:
         TransformerTrainingError: A bad `--config`.
         components.trainjob.contract.NodeEnvironmentError: Bad `PET_*` variables.
         SystemExit: A missing or unknown argument (argparse's message).
     """
-    args = parser().parse_args(list(argv))
-    environment = dict(torchrun_environment(environ))
-    root = args.checkpoint_root.rstrip("/")
+    p = argparse.ArgumentParser(prog="python -m components.train_transformer.node",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset-uri", required=True, help="the preparation step's folder")
+    p.add_argument("--model-uri", required=True, type=lambda uri: uri.rstrip("/"),
+                   help="s3://, gs:// or local folder node 0 writes the model to")
+    p.add_argument("--config", required=True, type=read_config,  # its errors are not argparse's
+                   help="TransformerConfig's fields as one JSON object")
+    p.add_argument("--checkpoint-root", default="", type=lambda uri: uri.rstrip("/"),
+                   help="gs:// or s3:// root of the checkpoints (<root>/checkpoints) and "
+                        "TensorBoard logs (<root>/tensorboard); empty: the environment's")
+    p.add_argument("--tensorboard-dir", default="", help="TensorBoard folder (the step's input)")
+    args = p.parse_args(list(argv))
+    args.environment = environment = dict(torchrun_environment(environ))
+    root = args.checkpoint_root
     if root:  # the trainers' own contract (Vertex's names), as one pod is given it
         environment.setdefault("AIP_CHECKPOINT_DIR", f"{root}/checkpoints")
         environment.setdefault("AIP_TENSORBOARD_LOG_DIR", f"{root}/tensorboard")
     if is_remote(root) or is_remote(args.model_uri):
         environment.setdefault(MOUNTED_VARIABLE, "0")  # no bucket is mounted on a node
-    return NodePlan(args.dataset_uri, args.model_uri.rstrip("/"), read_config(args.config),
-                    args.tensorboard_dir, environment)
+    return args
 
 
 def copy_folder(source: str, target: str) -> None:
@@ -119,16 +99,11 @@ def local_model_dir(model_uri: str, root: str = MODEL_ROOT) -> str:
     return os.path.join(root, *parts)
 
 
-def run(plan_: NodePlan, environ: MutableMapping[str, str], scratch: str,
+def run(plan_: argparse.Namespace, environ: MutableMapping[str, str], scratch: str,
         model_root: str = MODEL_ROOT) -> dict[str, Any] | None:
-    """Trains this node's processes; node 0 uploads the model. Returns node 0's result.
-
-    Args:
-        plan_: The node's plan.
-        environ: `os.environ`: the plan's variables are set in it for torch's processes.
-        scratch: A local folder for the dataset.
-        model_root: Where the model folder is made (`local_model_dir`).
-    """
+    """Trains this node's processes (`plan_`'s variables set in `environ`, `os.environ`,
+    for torch's), the dataset fetched into `scratch`, the model folder made under
+    `model_root` (`local_model_dir`); node 0 uploads the model. Returns node 0's result."""
     from components.train_transformer import launch
 
     environ.update(plan_.environment)

@@ -37,9 +37,15 @@ from components.text_common.contract import (
     max_length_problem,
     tokenizer_problem,
 )
-from components.text_common.scores import frequency_bias, validation_result
-from components.train_transformer import results
+from components.text_common.scores import (
+    constant_answer,
+    frequency_bias,
+    learnt_nothing,
+    validation_result,
+    write_result_files,
+)
 from components.train_transformer.contract import (
+    FRAMEWORK,
     TransformerConfig,
     TransformerTrainingError,
     model_folder_problem,
@@ -60,11 +66,7 @@ CLASSIFIER = "classifier"  # the history rows' model, as the fastai trainer's
 
 def model_source(model_name: str, scratch: str) -> str:
     """What `from_pretrained` is given for `model_name`: a Hub name, a local folder, or a
-    gs:// folder's copy in `scratch`.
-
-    Raises:
-        TransformerTrainingError: A path (local or gs://) with no model in it.
-    """
+    gs:// folder's copy in `scratch`; a path with no model in it is refused."""
     name = model_name.strip()
     if not model_name_is_path(name):
         return name
@@ -87,13 +89,9 @@ def run_values(config: TransformerConfig, manifest: dict[str, Any], model_dir: s
 
 
 def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -> str | None:
-    """The last sealed checkpoint of this run in `folder` to resume from, or None to start.
-
-    Args:
-        folder: The checkpoint folder.
-        values: What defines the run (`run_values`).
-        write: Whether this process (rank 0 alone) claims a free folder and removes the
-            unsealed checkpoints a killed save left (`Trainer`'s rotation would keep them).
+    """The last sealed checkpoint of the run `values` defines (`run_values`) in `folder`, to
+    resume from, or None. With `write` (rank 0 alone) it claims a free folder and removes the
+    unsealed checkpoints a killed save left (`Trainer`'s rotation would keep them).
 
     Raises:
         TransformerTrainingError: The folder holds another run's checkpoints.
@@ -101,7 +99,7 @@ def claim_checkpoints(folder: str, values: dict[str, Any], write: bool = True) -
     if not run_state.open_run(folder, RUN, values, write=write).resumed:
         return None
     for path in _checkpoints(folder).values():
-        if write and not _sealed(path):
+        if write and not (path / SEALED_FILE).is_file():
             log.info("removing %s: its save did not finish", path)
             shutil.rmtree(path, ignore_errors=True)
     checkpoint = last_complete_checkpoint(folder)
@@ -122,23 +120,19 @@ def _repoint_best(checkpoint: str) -> None:
                        sort_keys=True)
 
 
-def _checkpoints(folder: str) -> dict[int, str]:
+def _checkpoints(folder: str) -> dict[int, pathlib.Path]:
     """`checkpoint-<step>` folders by step."""
-    entries = os.listdir(folder) if os.path.isdir(folder) else ()
-    return {int(step): os.path.join(folder, entry) for entry in entries
-            for prefix, _, step in [entry.partition("-")]
-            if prefix == "checkpoint" and step.isdigit()}
-
-
-def _sealed(checkpoint: str) -> bool:
-    return os.path.isfile(os.path.join(checkpoint, SEALED_FILE))
+    return {int(path.name.partition("-")[2]): path
+            for path in pathlib.Path(folder).glob("checkpoint-*")
+            if path.name.partition("-")[2].isdigit()}
 
 
 def last_complete_checkpoint(folder: str) -> str | None:
     """The sealed `checkpoint-<step>` folder of the highest step, or None (a
     `trainer_state.json` does not say the other processes finished saving)."""
-    sealed = [(step, path) for step, path in _checkpoints(folder).items() if _sealed(path)]
-    return max(sealed)[1] if sealed else None
+    sealed = {step: path for step, path in _checkpoints(folder).items()
+              if (path / SEALED_FILE).is_file()}
+    return str(sealed[max(sealed)]) if sealed else None
 
 
 def seal_checkpoint(folder: str, step: int) -> None:
@@ -334,8 +328,8 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         history = epoch_history(trainer.state.log_history, multi)
         result.update({
             "history": history,
-            "best": results.best_epoch(trainer.state, config.monitor, history),
-            "run": results.run_record(
+            "best": best_epoch(trainer.state, config.monitor, history),
+            "run": run_record(
                 trainer, model, config, history, train_set, precision, started,
                 rows={"train": len(train), "validation": len(valid)},
                 texts_truncated=int(sum(len(t) > MAX_TEXT_CHARS for t in train[text_column])),
@@ -421,6 +415,48 @@ def _training_arguments(transformers, config: TransformerConfig, folder: str, pr
         average_tokens_across_devices=False)
 
 
+def run_record(trainer, model, config: TransformerConfig, history: list[dict[str, Any]],
+               train_set, precision: str, started: float, *, rows: dict[str, int],
+               texts_truncated: int, resumed_from: str | None, truth_valid: np.ndarray,
+               truth_train: np.ndarray, multi: bool) -> dict[str, Any]:
+    """The `run` part of metrics.json: data, model, device, how the run went, the constant
+    answer's scores and whether the classifier learnt nothing beyond it (warned of)."""
+    constant = constant_answer(truth_valid, truth_train, multi, config.threshold)
+    nothing = learnt_nothing(history, constant)
+    if nothing:
+        log.warning("the classifier learnt nothing (%s): it still answers the label "
+                    "frequencies whatever the text; train longer or at a higher "
+                    "learning_rate", nothing)
+    return {
+        "rows": rows,
+        "texts_truncated": texts_truncated,
+        "max_text_chars": MAX_TEXT_CHARS,
+        "train_tokens": int(sum(len(row["input_ids"]) for row in train_set)),
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "arch": type(model).__name__,
+        "model_name": config.model_name,
+        "precision": precision,
+        "device": str(trainer.args.device),
+        "world_size": int(trainer.args.world_size),
+        "resumed_from": resumed_from,
+        "optimizer_steps": int(trainer.state.global_step),  # earlier attempts' included
+        "classifier_epoch_seconds": [r.get("seconds") for r in history],
+        "stopped_early": len(history) < config.epochs,
+        "constant_answer": constant,
+        "learnt_nothing": nothing,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def best_epoch(state, monitor: str, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `best` part of metrics.json: the epoch of the trainer's best checkpoint."""
+    checkpoint, epoch = state.best_model_checkpoint, None
+    per_epoch = state.global_step / max(1, history[-1]["epoch"]) if history else 0
+    if checkpoint and per_epoch:
+        epoch = int(round(int(os.path.basename(checkpoint).rsplit("-", 1)[-1]) / per_epoch))
+    return {"monitor": monitor, "value": state.best_metric, "epoch": epoch}
+
+
 def _save_model(trainer, model_dir: str, result: dict[str, Any], text_column: str,
                 config: TransformerConfig) -> None:
     """Writes the model folder: the model and tokenizer, labels and metrics (rank 0 only)."""
@@ -429,7 +465,9 @@ def _save_model(trainer, model_dir: str, result: dict[str, Any], text_column: st
         # Trainer's pickle of its arguments: not needed to load or serve the model.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(model_dir, "training_args.bin"))
-        results.write_outputs(model_dir, result, text_column, config)
+        write_result_files(model_dir, result, text_column, config.threshold,
+                           framework=FRAMEWORK, arch=result["run"]["arch"],
+                           model_name=config.model_name, max_length=config.max_length)
 
 
 def start_at_label_frequencies(model, truth: np.ndarray, task: str) -> None:
