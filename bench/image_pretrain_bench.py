@@ -23,7 +23,6 @@ intra-op pool (--threads, 0 = TensorFlow's default of one per core).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -45,22 +44,13 @@ def _threads(count: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(count)
 
 
-@contextlib.contextmanager
-def work_folder(args):
-    """The folder of a bench's outputs: --work, else a temporary one for the block."""
-    with tempfile.TemporaryDirectory() as temporary:
-        os.makedirs(work := args.work or temporary, exist_ok=True)
-        yield work
-
-
-def shard(images: str, out: str, seed: int = 42, image_size: int = 32) -> None:
-    """Shards class folders once (4 shards a split, one writer); prints the split sizes."""
+def shard(images: str, out: str, seed: int = 42, image_size: int = 32) -> dict:
+    """Shards class folders once (4 shards a split, one writer); the manifest."""
     from components.shard.contract import ShardConfig
     from components.shard.sharding import shard_dataset
 
-    manifest = shard_dataset(images, out, ShardConfig(
-        image_size=image_size, min_shards_per_split=4, seed=seed, num_workers=1), progress=False)
-    print("split:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
+    return shard_dataset(images, out, ShardConfig(image_size=image_size, min_shards_per_split=4,
+                                                  seed=seed, num_workers=1), progress=False)
 
 
 def epoch_timer():
@@ -191,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from tools.datamakers import demo
 
-    with work_folder(args) as work:
+    with tempfile.TemporaryDirectory() as temporary:
+        work = args.work or temporary
+        os.makedirs(work, exist_ok=True)
         weights, facts = args.weights, None
         if weights is None:
             from tools.datamakers import glyph_start
@@ -202,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             print("start:", json.dumps(facts), flush=True)
         digits = os.path.join(work, "digits")
         demo.write_digits(digits)
-        shard(digits, dataset := os.path.join(work, "digit-shards"), args.split_seed)
+        manifest = shard(digits, os.path.join(work, "digit-shards"), args.split_seed)
+        print("digits:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
+        dataset = os.path.join(work, "digit-shards")
         configs = {arm: dataclasses.asdict(arm_config(arm, args, weights, 0))
                    for arm in args.arms}
         rows = seed_rows(args, work, lambda arm, seed, out: train_and_score(

@@ -29,6 +29,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,7 +40,6 @@ from bench.image_pretrain_bench import (  # noqa: E402
     seed_rows,
     shard,
     train_and_score,
-    work_folder,
 )
 from components.common.storage import read_json  # noqa: E402
 
@@ -116,9 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _threads(args.threads)
-    with work_folder(args) as work:
-        shard(args.data, dataset := os.path.join(work, "shards"), args.split_seed,
-              args.image_size)
+    with tempfile.TemporaryDirectory() as temporary:
+        work = args.work or temporary
+        os.makedirs(work, exist_ok=True)
+        dataset = os.path.join(work, "shards")
+        manifest = shard(args.data, dataset, args.split_seed, args.image_size)
+        print("split:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
         rows = seed_rows(args, work, lambda arm, seed, out: timed(
             dataset, out, arm_config(arm, args, seed)),
             lambda rows: {"args": vars(args), "rows": rows})
