@@ -117,7 +117,9 @@ def test_the_no_top_file_gives_the_converted_features_at_any_size(converted, fil
     model = lite.efficientnet_lite0(include_top=False)
     model.load_weights(files[1])
     assert trainable(model) == 4_652_008 - 1281 * 1000
-    features = tf_keras_features(converted)
+    import tf_keras
+
+    features = tf_keras.Model(converted.input, converted.get_layer("top_activation").output)
     np.testing.assert_allclose(model.predict(photos, verbose=0),
                                features.predict(photos, verbose=0), atol=1e-5)
     small = lite.efficientnet_lite0(input_shape=(32, 32, 3))
@@ -128,12 +130,6 @@ def test_the_no_top_file_gives_the_converted_features_at_any_size(converted, fil
 
 def trainable(model) -> int:
     return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-
-
-def tf_keras_features(model):
-    import tf_keras
-
-    return tf_keras.Model(model.input, model.get_layer("top_activation").output)
 
 
 def test_a_state_dict_of_another_shape_is_refused_naming_the_key(state, tmp_path):

@@ -130,19 +130,17 @@ def test_tf_config_from_cluster_spec():
 def test_prepare_environment_derives_tf_config_only_when_needed(monkeypatch):
     monkeypatch.setattr(distribute, "gpu_compute_capabilities", lambda: [(8, 0), (8, 0)])
     environ = {"CLUSTER_SPEC": json.dumps(_cluster_spec(1, 1))}
-    env = distribute.prepare_environment("auto", environ)
-    assert (env.strategy_kind, env.precision, env.tf_config_derived) == (
-        "multi_worker", "mixed_float16", True)
+    assert distribute.prepare_environment("auto", environ) == ("multi_worker", "mixed_float16")
     assert json.loads(environ["TF_CONFIG"])["task"] == {"type": "chief", "index": 0}
 
     given = json.dumps(_tf_config(2))
     environ = {"CLUSTER_SPEC": json.dumps(_cluster_spec(1, 1)), "TF_CONFIG": given}
-    assert not distribute.prepare_environment("off", environ).tf_config_derived
+    assert distribute.prepare_environment("off", environ) == ("multi_worker", "float32")
     assert environ["TF_CONFIG"] == given  # never overwritten
 
     environ = {"CLUSTER_SPEC": json.dumps(_cluster_spec(1))}  # one replica
-    env = distribute.prepare_environment("auto", environ)
-    assert env.strategy_kind == "mirrored" and "TF_CONFIG" not in environ
+    assert distribute.prepare_environment("auto", environ)[0] == "mirrored"
+    assert "TF_CONFIG" not in environ
 
     with pytest.raises(ValueError, match="TF_CONFIG is not valid JSON"):
         distribute.prepare_environment("auto", {"TF_CONFIG": "{oops"})
@@ -160,27 +158,13 @@ def test_prepare_environment_derives_tf_config_only_when_needed(monkeypatch):
 ])
 def test_choose_precision(mode, capabilities, expected):
     assert distribute.choose_precision(mode, capabilities) == expected
-
-
-def test_choose_precision_rejects_unknown_mode():
     with pytest.raises(ValueError, match="precision"):
-        distribute.choose_precision("fp16", [(8, 0)])
-
-
-@pytest.mark.parametrize("task_type, task_id, cluster, expected", [
-    (None, None, None, True),
-    ("chief", 0, {"chief": ["a"], "worker": ["b"]}, True),
-    ("worker", 0, {"chief": ["a"], "worker": ["b"]}, False),
-    ("worker", 0, {"worker": ["a", "b"]}, True),
-    ("worker", 1, {"worker": ["a", "b"]}, False),
-    ("evaluator", 0, {"worker": ["a"]}, False),
-])
-def test_is_chief(task_type, task_id, cluster, expected):
-    assert distribute.is_chief(task_type, task_id, cluster) == expected
+        distribute.choose_precision("fp16", capabilities)
 
 
 def test_make_strategy_kinds():
     assert distribute.make_strategy("default") is tf.distribute.get_strategy()
+    assert distribute.make_strategy("default").extended.should_checkpoint  # the chief alone
     assert distribute.strategy_kind_of(distribute.make_strategy("default")) == "default"
     with pytest.raises(ValueError, match="strategy kind"):
         distribute.make_strategy("tpu")
@@ -720,7 +704,7 @@ def test_a_clean_up_cut_short_leaves_the_folder_marked_as_this_runs(tmp_path, mo
     state.claim({"config": {"epochs": 2}}, {"settings": "a"})
     for name in ("head.done.json", "head.weights.npz", "history-head.json"):
         (tmp_path / "checkpoints" / name).write_text("{}")
-    remove = tf.io.gfile.remove
+    remove = os.remove
     removed = []
 
     def killed_after_one(path):  # the job is preempted during the clean-up
@@ -729,13 +713,13 @@ def test_a_clean_up_cut_short_leaves_the_folder_marked_as_this_runs(tmp_path, mo
         removed.append(path)
         remove(path)
 
-    monkeypatch.setattr(tf.io.gfile, "remove", killed_after_one)
+    monkeypatch.setattr(os, "remove", killed_after_one)
     with pytest.raises(KeyboardInterrupt):
         state.clear(["head"])
     assert (tmp_path / "checkpoints" / RUN_FILE).exists()
     with pytest.raises(TrainingError, match="different run"):
         RunState(root, chief=True).claim({"config": {"epochs": 3}}, {"settings": "b"})
-    monkeypatch.setattr(tf.io.gfile, "remove", remove)
+    monkeypatch.setattr(os, "remove", remove)
     state.clear(["head"])
     assert not (tmp_path / "checkpoints").exists()
 

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -105,15 +104,6 @@ def choose_precision(mode: str, gpu_compute_capabilities: Sequence[tuple[int, in
     return FLOAT32
 
 
-def is_chief(task_type: str | None, task_id: int | None, cluster: dict | None) -> bool:
-    """Whether this task writes the outputs: the chief (or a task outside a cluster,
-    `task_type` None), else worker 0 of a chief-less `cluster` (task type -> hosts)."""
-    if task_type in (None, "chief", "master"):
-        return True
-    has_chief = bool((cluster or {}).get("chief") or (cluster or {}).get("master"))
-    return task_type == "worker" and not has_chief and (task_id or 0) == 0
-
-
 def make_strategy(kind: str, devices: Sequence[str] | None = None):
     """Creates the strategy of a kind ("multi_worker": before TensorFlow's runtime starts).
 
@@ -147,14 +137,6 @@ def strategy_kind_of(strategy) -> str:
     return type(strategy).__name__
 
 
-def strategy_is_chief(strategy) -> bool:
-    """Whether this process is the one that writes outputs under `strategy`."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not getattr(resolver, "task_type", None):
-        return True
-    return is_chief(resolver.task_type, resolver.task_id, resolver.cluster_spec().as_dict())
-
-
 def gpu_compute_capabilities() -> list[tuple[int, int]]:
     """`(major, minor)` of each GPU TensorFlow sees (unknown details count as (0, 0))."""
     import tensorflow as tf
@@ -163,17 +145,8 @@ def gpu_compute_capabilities() -> list[tuple[int, int]]:
                   or (0, 0)) for gpu in tf.config.list_physical_devices("GPU")]
 
 
-@dataclasses.dataclass(frozen=True)
-class Environment:
-    """What `prepare_environment` found."""
-
-    strategy_kind: str
-    precision: str  # "mixed_float16" or "float32"
-    tf_config_derived: bool = False  # TF_CONFIG was written from CLUSTER_SPEC
-
-
 def prepare_environment(precision_mode: str,
-                        environ: MutableMapping[str, str] | None = None) -> Environment:
+                        environ: MutableMapping[str, str] | None = None) -> tuple[str, str]:
     """Picks strategy and precision from TF_CONFIG / CLUSTER_SPEC and the GPUs, and writes
     a `TF_CONFIG` derived from `CLUSTER_SPEC` where several workers need one (call it before
     creating the strategy).
@@ -181,6 +154,9 @@ def prepare_environment(precision_mode: str,
     Args:
         precision_mode: "auto", "on" or "off" (see `choose_precision`).
         environ: The environment to read and update; default `os.environ`.
+
+    Returns:
+        `(strategy kind, precision)`.
 
     Raises:
         ValueError: TF_CONFIG or CLUSTER_SPEC is not valid JSON, or an unusable cluster.
@@ -195,10 +171,9 @@ def prepare_environment(precision_mode: str,
     tf_config, cluster_spec = parsed["TF_CONFIG"], parsed["CLUSTER_SPEC"]
     capabilities = gpu_compute_capabilities()
     kind = choose_strategy_kind(tf_config, cluster_spec, capabilities)
-    derived = kind == MULTI_WORKER and not _cluster_of(tf_config)
-    if derived:
+    if kind == MULTI_WORKER and not _cluster_of(tf_config):
         environ["TF_CONFIG"] = json.dumps(tf_config_from_cluster_spec(cluster_spec))
         log.info("TF_CONFIG derived from CLUSTER_SPEC: %s", environ["TF_CONFIG"])
     precision = choose_precision(precision_mode, capabilities)
     log.info("strategy %s, precision %s, GPUs %s", kind, precision, capabilities)
-    return Environment(kind, precision, derived)
+    return kind, precision

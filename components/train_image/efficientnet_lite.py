@@ -85,36 +85,31 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     return {key: value.numpy() for key, value in state.items()}
 
 
-def _torch_arrays(layer) -> list[tuple[str, tuple[str, ...]]]:
-    """(state-dict prefix, its keys in Keras weight order) for one layer, or [] for none."""
+def _torch_arrays(layer) -> tuple[str, tuple[str, ...]] | None:
+    """(state-dict prefix, its keys in Keras weight order) for one layer, or None."""
     name, stem = layer.name, {"stem_conv": "_conv_stem", "stem_bn": "_bn0",
                               "top_conv": "_conv_head", "top_bn": "_bn1", "predictions": "_fc"}
+    part = {"expand_conv": "_expand_conv", "expand_bn": "_bn0", "dwconv": "_depthwise_conv",
+            "bn": "_bn1", "project_conv": "_project_conv", "project_bn": "_bn2"}
     if name in stem:
         prefix = stem[name]
-    elif name.startswith("block") and "_" in name:
+    elif name.startswith("block") and name.partition("_")[2] in part:
         stage, letter = int(name[5]), name[6]
         block = sum(s[-1] for s in STAGES[:stage - 1]) + ord(letter) - ord("a")
-        part = {"expand_conv": "_expand_conv", "expand_bn": "_bn0", "dwconv": "_depthwise_conv",
-                "bn": "_bn1", "project_conv": "_project_conv", "project_bn": "_bn2"}
-        suffix = name.split("_", 1)[1]
-        if suffix not in part:
-            return []
-        prefix = f"_blocks.{block}.{part[suffix]}"
+        prefix = f"_blocks.{block}.{part[name.partition('_')[2]]}"
     else:
-        return []
+        return None
     if name.endswith("bn"):
-        keys = ("weight", "bias", "running_mean", "running_var")
-    else:
-        keys = ("weight", "bias") if name == "predictions" else ("weight",)
-    return [(prefix, keys)]
+        return prefix, ("weight", "bias", "running_mean", "running_var")
+    return prefix, ("weight", "bias") if name == "predictions" else ("weight",)
 
 
-def _to_keras(key: str, array: np.ndarray) -> np.ndarray:
-    if array.ndim == 4 and array.shape[1] == 1 and "_depthwise_conv" in key:
-        return array.transpose(2, 3, 0, 1)  # (C, 1, kh, kw) -> (kh, kw, C, 1)
-    if array.ndim == 4:
-        return array.transpose(2, 3, 1, 0)  # OIHW -> HWIO
-    return array.T if array.ndim == 2 else array  # fc (out, in) -> (in, out)
+def _to_keras_axes(key: str, ndim: int) -> tuple[int, ...]:
+    """The transpose of a torch array into Keras' layout: depthwise (C, 1, kh, kw) ->
+    (kh, kw, C, 1), OIHW -> HWIO, fc (out, in) -> (in, out)."""
+    if ndim == 4:
+        return (2, 3, 0, 1) if "_depthwise_conv" in key else (2, 3, 1, 0)
+    return tuple(reversed(range(ndim)))
 
 
 def load_state_dict(model, arrays: dict[str, np.ndarray], source: str) -> None:
@@ -128,39 +123,32 @@ def load_state_dict(model, arrays: dict[str, np.ndarray], source: str) -> None:
     Raises:
         ValueError: A key missing, of another shape, or not Lite0's (naming the first).
     """
-    expected, plan = set(), []
+    expected, plan, problem = set(), [], f"{source} is not an EfficientNet-Lite0 state dict"
     for layer in model.layers:
-        for prefix, keys in _torch_arrays(layer):
-            values = []
-            for weight, key in zip(layer.get_weights(), keys):
-                full = f"{prefix}.{key}"
-                expected.add(full)
-                if full not in arrays:
-                    raise ValueError(f"{source} is not an EfficientNet-Lite0 state dict: it "
-                                     f"lacks {full} (expected shape {_torch_shape(full, weight)})")
-                value = _to_keras(full, np.asarray(arrays[full], np.float32))
-                if value.shape != weight.shape:
-                    raise ValueError(f"{source} is not an EfficientNet-Lite0 state dict: "
-                                     f"{full} has shape {arrays[full].shape}, not "
-                                     f"{_torch_shape(full, weight)}")
-                values.append(value)
-            plan.append((layer, values))
+        if (found := _torch_arrays(layer)) is None:
+            continue
+        prefix, keys = found
+        values = []
+        for weight, key in zip(layer.get_weights(), keys):
+            full = f"{prefix}.{key}"
+            axes = _to_keras_axes(full, weight.ndim)
+            torch_shape = tuple(np.asarray(weight.shape)[np.argsort(axes)].tolist())
+            expected.add(full)
+            if full not in arrays:
+                raise ValueError(f"{problem}: it lacks {full} (expected shape {torch_shape})")
+            if np.shape(arrays[full]) != torch_shape:
+                raise ValueError(f"{problem}: {full} has shape {np.shape(arrays[full])}, not "
+                                 f"{torch_shape}")
+            values.append(np.asarray(arrays[full], np.float32).transpose(axes))
+        plan.append((layer, values))
     # The fc is ignored without the top; any other key is another network's.
     extra = [k for k in arrays if k not in expected and not k.endswith("num_batches_tracked")
              and not k.startswith("_fc.")]
     if extra:
-        raise ValueError(f"{source} is not an EfficientNet-Lite0 state dict: it holds "
-                         f"{extra[0]}, which Lite0 has not ({len(extra)} such keys)")
+        raise ValueError(f"{problem}: it holds {extra[0]}, which Lite0 has not "
+                         f"({len(extra)} such keys)")
     for layer, values in plan:
         layer.set_weights(values)
-
-
-def _torch_shape(key: str, weight: np.ndarray) -> tuple[int, ...]:
-    """The shape the state dict should hold for `key`, from the Keras weight's."""
-    if weight.ndim == 4:
-        return weight.transpose(2, 3, 0, 1).shape if "_depthwise_conv" in key \
-            else weight.transpose(3, 2, 0, 1).shape
-    return weight.T.shape
 
 
 def convert(state_dict: str, output_h5: str) -> None:

@@ -7,7 +7,6 @@ scaling -> base (a DenseNet or EfficientNet-Lite0) -> pool -> dropout -> float32
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import re
@@ -20,6 +19,9 @@ import tf_keras
 
 # Keras' builder of any DenseNet layout (it exports only 121/169/201).
 from tf_keras.src.applications.densenet import DenseNet as keras_densenet
+
+# dtype_policy(name): the global tf-keras dtype policy for a block, the old one restored after.
+from tf_keras.src.mixed_precision.policy import policy_scope as dtype_policy  # noqa: F401
 
 from components.formats.shards import make_dataset
 from components.train_image import efficientnet_lite
@@ -229,17 +231,6 @@ def load_snapshot(model: tf_keras.Model, snapshot: dict[str, np.ndarray]) -> Non
         raise ValueError(f"weights do not match the model: missing {missing}, unexpected {extra}")
     for key, variable in expected.items():
         variable.assign(snapshot[key].astype(variable.dtype.as_numpy_dtype))
-
-
-@contextlib.contextmanager
-def dtype_policy(name: str):
-    """Sets the global tf-keras dtype policy for the block, restoring the old one."""
-    previous = tf_keras.mixed_precision.global_policy()
-    tf_keras.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        tf_keras.mixed_precision.set_global_policy(previous)
 
 
 def augment_images(images: tf.Tensor, seed, flip: bool, rotation: float,

@@ -195,15 +195,15 @@ class _Run:
 def _start(config: TrainConfig, strategy: tf.distribute.Strategy | None) -> _Run:
     """The strategy (before any TensorFlow op: MultiWorkerMirroredStrategy), precision, batch."""
     if strategy is None:
-        environment = distribute.prepare_environment(config.precision)
-        strategy = distribute.make_strategy(environment.strategy_kind)
-        kind, precision = environment.strategy_kind, environment.precision
+        kind, precision = distribute.prepare_environment(config.precision)
+        strategy = distribute.make_strategy(kind)
     else:
         kind = distribute.strategy_kind_of(strategy)
         precision = distribute.choose_precision(config.precision,
                                                 distribute.gpu_compute_capabilities())
     replicas = strategy.num_replicas_in_sync
-    return _Run(strategy, kind, precision, distribute.strategy_is_chief(strategy), replicas,
+    # TensorFlow's chief: "chief", else worker 0 of a cluster without one (its BackupAndRestore's)
+    return _Run(strategy, kind, precision, strategy.extended.should_checkpoint, replicas,
                 config.batch_size * replicas)
 
 
@@ -263,15 +263,15 @@ def _callbacks(config: TrainConfig, state: RunState, phase: str, data: _Inputs, 
             restore_best_weights=True))
     return [
         *built_in,
-        EpochRecorder(state, phase),
-        Backup(state.backup_dir(phase), notice, config.checkpoint_every_steps,
+        tf_keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda done, logs: state.record_epoch(phase, done, logs)),
+        Backup(state.path(f"backup-{phase}"), notice, config.checkpoint_every_steps,
                _sum_over_workers(run.strategy)),
         tf_keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=0,
                                        write_graph=False, profile_batch=0),
         # Mirrored folders (open-source Kubeflow) pushed after the epoch's backup and logs.
-        tf_keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: push_mirrors()),
-        tf_keras.callbacks.LambdaCallback(
-            on_epoch_end=lambda done, logs: trial.report(logs or {}, int(done) + 1)),
+        tf_keras.callbacks.LambdaCallback(on_epoch_end=lambda done, logs: (
+            push_mirrors(), trial.report(logs or {}, int(done) + 1))),
     ]
 
 
@@ -284,14 +284,14 @@ def _fit(model: tf_keras.Model, phase: Phase, epoch: int, run: _Run, data: _Inpu
         compile_model(model, learning_rate)
     log.info("phase %s: epochs %d-%d, learning rate %g", phase.name, epoch,
              epoch + phase.epochs - 1, learning_rate)
-    model.fit(data.train, epochs=epoch + phase.epochs, initial_epoch=epoch,
-              steps_per_epoch=data.steps, validation_data=data.validation,
-              callbacks=callbacks, verbose=0)
-    recorder = next(c for c in callbacks if isinstance(c, EpochRecorder))
+    fitted = model.fit(data.train, epochs=epoch + phase.epochs, initial_epoch=epoch,
+                       steps_per_epoch=data.steps, validation_data=data.validation,
+                       callbacks=callbacks, verbose=0)  # its History: this attempt's epochs
     # No epoch run here: BackupAndRestore found the phase already at its end.
-    next_epoch = (recorder.records[-1]["epoch"] + 1 if recorder.records
-                  else epoch + phase.epochs)
-    history = state.history(phase.name) if run.chief else recorder.records
+    next_epoch = fitted.epoch[-1] + 1 if fitted.epoch else epoch + phase.epochs
+    history = state.history(phase.name) if run.chief else [
+        _record(done, {k: v[i] for k, v in fitted.history.items()})
+        for i, done in enumerate(fitted.epoch)]
     steps = int(model.optimizer.iterations.numpy())
     state.finish(phase.name, weight_snapshot(model),  # every worker: may all-reduce
                  {"history": history, "next_epoch": next_epoch,
@@ -380,20 +380,9 @@ class Backup(tf_keras.callbacks.BackupAndRestore):
             self.save_freq = every
 
 
-class EpochRecorder(tf_keras.callbacks.Callback):
-    """Keeps each epoch's metrics in memory and (chief) in the run state; logs a line."""
-
-    def __init__(self, state: RunState, phase: str):
-        super().__init__()
-        self.state, self.phase = state, phase
-        self.records: list[dict[str, Any]] = []
-
-    def on_epoch_end(self, epoch, logs=None):
-        record = {"epoch": int(epoch), **{k: float(v) for k, v in (logs or {}).items()}}
-        self.records.append(record)
-        self.state.record_epoch(self.phase, record)
-        log.info("%s epoch %d: %s", self.phase, epoch,
-                 ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
+def _record(epoch: int, logs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One epoch's metrics as the history holds them."""
+    return {"epoch": int(epoch), **{k: float(v) for k, v in (logs or {}).items()}}
 
 
 RUN_FILE = "run.json"  # marks the folder's owner only
@@ -407,11 +396,8 @@ class RunState:
     def __init__(self, root: str, chief: bool):
         self.root, self.chief = root, chief
 
-    def _path(self, name: str) -> str:
+    def path(self, name: str) -> str:
         return os.path.join(self.root, name)
-
-    def backup_dir(self, phase: str) -> str:
-        return self._path(f"backup-{phase}")
 
     def claim(self, values: dict[str, Any], description: dict[str, Any]) -> None:
         """Records the run's fingerprint (`values`, hashed; `description`, for people), or
@@ -423,45 +409,43 @@ class RunState:
 
     def finished(self, phase: str) -> dict[str, Any] | None:
         """The marker of a finished phase, or None."""
-        return read_json(self._path(f"{phase}.done.json"), optional=True)
+        return read_json(self.path(f"{phase}.done.json"), optional=True)
 
     def finished_weights(self, phase: str) -> dict[str, np.ndarray]:
-        with np.load(self._path(f"{phase}.weights.npz"), allow_pickle=False) as data:
+        with np.load(self.path(f"{phase}.weights.npz"), allow_pickle=False) as data:
             return {key: data[key] for key in data.files}
 
     def finish(self, phase: str, snapshot: dict[str, np.ndarray],
                marker: dict[str, Any]) -> None:
         """Saves a finished phase: weights first, then the marker that vouches for them."""
         if self.chief:
-            path = self._path(f"{phase}.weights.npz")
+            path = self.path(f"{phase}.weights.npz")
             with open(path + ".tmp", "wb") as f:
                 np.savez(f, **snapshot)
             os.replace(path + ".tmp", path)
-            write_json_atomically(self._path(f"{phase}.done.json"), marker)
+            write_json_atomically(self.path(f"{phase}.done.json"), marker)
 
     def history(self, phase: str) -> list[dict[str, Any]]:
-        return read_json(self._path(f"history-{phase}.json"), optional=True) or []
+        return read_json(self.path(f"history-{phase}.json"), optional=True) or []
 
-    def record_epoch(self, phase: str, record: dict[str, Any]) -> None:
-        """Adds one epoch's metrics; a redone epoch replaces its earlier record."""
+    def record_epoch(self, phase: str, epoch: int, logs: Mapping[str, Any] | None) -> None:
+        """Logs one epoch's metrics and (chief) adds them to the phase's history; a redone
+        epoch replaces its earlier record."""
+        record = _record(epoch, logs)
+        log.info("%s epoch %d: %s", phase, epoch,
+                 ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
         if self.chief:
             records = [r for r in self.history(phase) if r["epoch"] != record["epoch"]]
-            write_json_atomically(self._path(f"history-{phase}.json"),
+            write_json_atomically(self.path(f"history-{phase}.json"),
                                   sorted([*records, record], key=lambda r: r["epoch"]))
 
     def clear(self, phases: Sequence[str]) -> None:
         """Deletes the state once the model is exported (and the folder if left empty)."""
-        if not self.chief or not tf.io.gfile.exists(self.root):
-            return
-        # The run file last: finished phases never outlive their owner.
-        names = [name for phase in phases for name in (
-            f"backup-{phase}", f"history-{phase}.json", f"{phase}.weights.npz",
-            f"{phase}.done.json")]
-        for name in [*names, RUN_FILE]:
-            path = self._path(name)
-            if tf.io.gfile.isdir(path):
-                tf.io.gfile.rmtree(path)
-            elif tf.io.gfile.exists(path):
-                tf.io.gfile.remove(path)
-        if not tf.io.gfile.listdir(self.root):
-            tf.io.gfile.rmtree(self.root)
+        if self.chief:
+            run_state.remove_leftovers(self.root, [name for phase in phases for name in (
+                f"backup-{phase}", f"history-{phase}.json", f"{phase}.weights.npz",
+                f"{phase}.done.json")])
+            # The run file last: finished phases never outlive their owner.
+            run_state.remove_leftovers(self.root, [RUN_FILE])
+            if os.path.isdir(self.root) and not os.listdir(self.root):
+                os.rmdir(self.root)
