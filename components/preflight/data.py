@@ -171,7 +171,7 @@ def _check_predict_csv(uri: str, head: bytes, cut: bool, text_column: str) -> No
         raise PreflightError(str(err)) from None
     wide = next((number for number, r in enumerate(rows[1:], 1) if len(r) > len(header)), 0)
     if wide:  # pandas, which prediction reads with, refuses a row wider than the header
-        raise PreflightError(f"predict_uri {uri!r}: data row {wide} has "
+        raise PreflightError(f"predict_uri {uri!r} has data row {wide} of "
                              f"{len(rows[wide])} cells, its header {len(header)}; quote the "
                              "cells that hold a comma, or save it again as CSV")
     index = header.index(text_column)
