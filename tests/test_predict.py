@@ -8,18 +8,19 @@ import pytest
 from PIL import Image
 
 from components.predict.contract import PredictionError, model_family, read_predictions
-from components.predict.prediction import decide, predict_to_file
+from components.predict.prediction import predict_to_file, prediction_line
 from pipelines import predict as predict_cli
 from tests.test_evaluate import save_model
 
 COLOURS = {"blue": (20, 40, 220), "green": (30, 200, 40), "red": (210, 30, 30)}
 
 
-def test_decide_single_and_multi_label():
-    scores = np.array([0.2, 0.5, 0.3])
-    assert decide(scores, ["a", "b", "c"], None) == ["b"]
-    assert decide(scores, ["a", "b", "c"], 0.3) == ["b", "c"]  # >= the threshold
-    assert decide(scores, ["a", "b", "c"], 0.6) == []  # multi-label may predict none
+def test_prediction_line_single_and_multi_label():
+    scores, labels = np.array([0.2, 0.5, 0.3]), ["a", "b", "c"]
+    assert prediction_line(scores, labels, None) == {
+        "labels": ["b"], "scores": {"a": 0.2, "b": 0.5, "c": 0.3}}
+    assert prediction_line(scores, labels, 0.3)["labels"] == ["b", "c"]  # >= the threshold
+    assert prediction_line(scores, labels, 0.6)["labels"] == []  # multi-label may predict none
 
 
 @pytest.fixture(scope="module")

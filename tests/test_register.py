@@ -114,7 +114,7 @@ def test_a_metric_that_is_not_a_number_is_an_error(value):
     (METRICS, "acuracy", 0.5, False, "'acuracy'"),
     ({"accuracy": float("inf")}, "accuracy", 0.8, True, "not a finite number"),
     ({"accuracy": float("-inf")}, "accuracy", 0.8, True, "not a finite number"),
-    (METRICS, "accuracy", float("nan"), True, "threshold must be a finite number"),
+    (METRICS, "accuracy", float("nan"), True, r"threshold must be in \[0, 1\], got nan"),
     # the preflight's rule, held by the gate itself
     (METRICS, "accuracy", 1.5, False, r"registration_threshold must be in \[0, 1\], got 1.5"),
     ({}, "accuracy", 0.5, True, r"choose one of \[\]"),

@@ -7,7 +7,7 @@ import os
 import pytest
 from mlflow import MlflowClient
 
-from components.preflight.checks import check_tracking
+from components.preflight.checks import preflight
 from components.preflight.parameters import PreflightError
 from components.track.contract import TrackingError, check_tracking_uri
 from components.track.tracking import (
@@ -54,7 +54,7 @@ def test_tracking_uris_a_step_could_not_use_are_refused():
     with pytest.raises(TrackingError, match="unknown scheme 'ftp'"):
         check_tracking_uri("ftp://host/mlruns")
     with pytest.raises(PreflightError, match="tracking_uri 's3://b/m'"):
-        check_tracking({"tracking_uri": "s3://b/m"})
+        preflight("lm", "/no/corpus", {"tracking_uri": "s3://b/m"})
     # gs:// is a file store through Vertex's /gcs mount; here there is none
     with pytest.raises(TrackingError, match="mount, which this machine lacks"):
         tracking_store("gs://bucket/mlruns")

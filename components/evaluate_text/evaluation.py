@@ -20,11 +20,6 @@ from components.evaluate_text.contract import settings_problems
 from components.evaluate_text.report import text_report
 
 
-def _demote(markdown: str) -> str:
-    """Pushes every heading one level down, to nest a report inside another."""
-    return re.sub(r"^(#+) ", r"#\1 ", markdown, flags=re.MULTILINE)
-
-
 def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split: str = "test",
                         threshold: float | None = None, batch_size: int = 64,
                         baseline: bool = True) -> dict[str, Any]:
@@ -81,9 +76,9 @@ def evaluate_text_model(model_dir: str, dataset_dir: str, output_dir: str, split
     result.update(split=split, model_dir=model_dir, dataset_dir=dataset_dir)
     report = markdown_report(result, title)
     if "tuned" in result:
-        report += "\n" + _demote(markdown_report(
-            {**result["tuned"], "split": split},
-            "Per-label thresholds tuned on the validation split"))
+        nested = markdown_report({**result["tuned"], "split": split},
+                                 "Per-label thresholds tuned on the validation split")
+        report += "\n" + re.sub(r"^(#+) ", r"#\1 ", nested, flags=re.MULTILINE)  # one level down
     result["baseline"] = (_baselines(dataset_dir, manifest, frame, result["task"], fixed_threshold)
                           if baseline else {})
     report += baselines.markdown_table(result)

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 import numpy as np
+from tqdm import tqdm
 
 from components.common.images import BadImage, decode_image, encode_image, resize
 from components.common.input_kinds import InputKindError, csv_header, text_problem
@@ -29,18 +30,14 @@ log = logging.getLogger(__name__)
 _CSV_CHUNK_ROWS = 4096  # rows read from the CSV at a time
 
 
-def decide(scores: np.ndarray, labels: Sequence[str], threshold: float | None) -> list[str]:
-    """The labels predicted from one row of probabilities: with a (multi-label) threshold
-    every label at or over it (maybe none), with None the most probable one."""
-    if threshold is None:
-        return [labels[int(np.argmax(scores))]]
-    return [label for label, p in zip(labels, scores) if p >= threshold]
-
-
 def prediction_line(scores: np.ndarray, labels: Sequence[str],
                     threshold: float | None) -> dict[str, Any]:
-    """One output record less its input: the labels predicted and every label's probability."""
-    return {"labels": decide(scores, labels, threshold),
+    """One output record less its input: every label's probability and the labels predicted,
+    with a (multi-label) threshold every label at or over it (maybe none), with None the
+    most probable one."""
+    chosen = ([labels[int(np.argmax(scores))]] if threshold is None
+              else [label for label, p in zip(labels, scores) if p >= threshold])
+    return {"labels": chosen,
             "scores": {label: round(float(p), 6) for label, p in zip(labels, scores)}}
 
 
@@ -53,7 +50,7 @@ def text_predictions(texts: Sequence[str], problems: Sequence[str], probabilitie
         problems: Per text, why it cannot be scored; "" when it can.
         probabilities_of: The scorable texts -> their probabilities (n, labels); called once.
         labels: Label names in column order.
-        threshold: Multi-label threshold; None for single-label (see `decide`).
+        threshold: Multi-label threshold; None for single-label (see `prediction_line`).
     """
     usable = [i for i, problem in enumerate(problems) if not problem]
     scored = dict(zip(usable, probabilities_of([texts[i] for i in usable]) if usable else []))
@@ -88,13 +85,6 @@ def _whole_or_nothing(output: str) -> Iterator[TextIO]:
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
-
-
-def _progress(total: int | None, unit: str, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit=unit, desc="predicting", disable=not enabled,
-                mininterval=2.0)
 
 
 def list_inputs(data_uri: str) -> tuple[list[str], list[str]]:
@@ -154,7 +144,8 @@ def _predict_images(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
     fs, _ = filesystem(data_uri)
     counts = {"inputs": len(files), "predicted": 0, "errors": 0,
               "hidden_left_out": len(hidden), "hidden_examples": hidden[:5]}
-    with _progress(len(files), "img", progress) as bar:
+    with tqdm(total=len(files), unit="img", desc="predicting", disable=not progress,
+              mininterval=2.0) as bar:
         for start in range(0, len(files), batch_size):
             batch = files[start:start + batch_size]
             # one request, fetched concurrently; cat_ranges, as cat expands "[", "*" and "?"
@@ -203,7 +194,7 @@ def _read_csv_chunks(data_uri: str, column: str) -> Iterator[Any]:
 
 
 def decision_threshold(labels_info: dict[str, Any]) -> float | None:
-    """`decide`'s threshold for a text model's `labels.json`: the trained one, or None."""
+    """`prediction_line`'s threshold for a text model's `labels.json`: the trained one, or None."""
     return labels_info["threshold"] if labels_info["task"] == "multi_label" else None
 
 
@@ -217,7 +208,7 @@ def _predict_texts(model_dir: str, data_uri: str, out: TextIO, batch_size: int,
     counts = {"inputs": 0, "predicted": 0, "errors": 0, "truncated": 0,
               "max_text_chars": MAX_TEXT_CHARS, "text_column": column}
     row = 0
-    with _progress(None, "row", progress) as bar:
+    with tqdm(unit="row", desc="predicting", disable=not progress, mininterval=2.0) as bar:
         for chunk in _read_csv_chunks(data_uri, column):
             texts = [str(t) for t in chunk[column]]
             problems = [text_problem(t) if t.strip() else f"empty text in column {column!r}"

@@ -69,14 +69,6 @@ def _check_accounts(parameters: Mapping[str, Any]) -> None:
             "(NAME@PROJECT.iam.gserviceaccount.com), or compile without --tensorboard")
 
 
-def check_tracking(parameters: Mapping[str, Any]) -> None:
-    """Refuses a `tracking_uri` the tracking step could not write to."""
-    try:
-        check_tracking_uri(str(parameters.get("tracking_uri", "")))
-    except TrackingError as err:
-        raise PreflightError(str(err)) from err
-
-
 def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     """Checks a run of pipeline `kind` and returns its data fingerprint.
 
@@ -96,7 +88,10 @@ def preflight(kind: str, data_uri: str, parameters: Mapping[str, Any]) -> str:
     check_predict_uri(str(parameters.get("predict_uri", "")),
                       "image" if kind == "image" else "text",
                       str(parameters.get("text_column", "text") or "text"))
-    check_tracking(parameters)
+    try:  # a tracking_uri the tracking step could not write to
+        check_tracking_uri(str(parameters.get("tracking_uri", "")))
+    except TrackingError as err:
+        raise PreflightError(str(err)) from err
     if kind == "lm":
         check_corpus(data_uri, str(parameters.get("text_column", "text")))
         return data_fingerprint(data_uri, "corpus_uri")

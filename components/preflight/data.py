@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import io
@@ -74,17 +75,6 @@ def _text_problem(head: bytes, name: str, controls: bool = True) -> str:
     return ""
 
 
-def _cut_tail(head: bytes) -> int:
-    """How many bytes at the end of `head` start a UTF-8 character it cuts short."""
-    for back in range(1, 4):
-        byte = head[-back]
-        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII): cut if its sequence is longer
-            length = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else \
-                4 if byte >> 3 == 0b11110 else 1
-            return back if length > back else 0
-    return 0
-
-
 def data_fingerprint(uri: str, parameter: str = "data_uri") -> str:
     """A digest of the listing at `uri`: each file's relative name, size and version.
 
@@ -151,7 +141,9 @@ def _head(fs, path: str) -> tuple[bytes, bool]:
         head = f.read(_HEAD_BYTES)
     if len(head) < _HEAD_BYTES:
         return head, False
-    return head[:len(head) - _cut_tail(head)], True
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(head[-4:])  # what it keeps back is a character cut short
+    return head[:len(head) - len(decoder.getstate()[0])], True
 
 
 def _check_predict_csv(uri: str, head: bytes, cut: bool, text_column: str) -> None:
@@ -179,7 +171,7 @@ def _check_predict_csv(uri: str, head: bytes, cut: bool, text_column: str) -> No
         raise PreflightError(str(err)) from None
     wide = next((number for number, r in enumerate(rows[1:], 1) if len(r) > len(header)), 0)
     if wide:  # pandas, which prediction reads with, refuses a row wider than the header
-        raise PreflightError(f"predict_uri {uri!r}: data row {wide} has "
+        raise PreflightError(f"predict_uri {uri!r} has data row {wide} of "
                              f"{len(rows[wide])} cells, its header {len(header)}; quote the "
                              "cells that hold a comma, or save it again as CSV")
     index = header.index(text_column)

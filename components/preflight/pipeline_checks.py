@@ -3,6 +3,7 @@ parameters, plus the few only the pipeline knows (it evaluates the test split)."
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -107,6 +108,18 @@ def _fastai_problems(config_class: type, parameters: Mapping[str, Any]):
     return problems, model_config, config
 
 
+def _refusing(problems_of: Callable[[Mapping[str, Any]], list[str]]):
+    """The check that raises PreflightError with every problem `problems_of` finds, each
+    naming its parameter."""
+
+    @functools.wraps(problems_of)
+    def check(parameters: Mapping[str, Any]) -> None:
+        if problems := problems_of(parameters):
+            raise PreflightError("; ".join(problems))
+
+    return check
+
+
 def _step_problems(*checks: tuple[str, Callable[[], Any]]) -> list[str]:
     """What each (step, check) pair's check refuses, as "<step>: <error>"."""
     problems = []
@@ -118,12 +131,9 @@ def _step_problems(*checks: tuple[str, Callable[[], Any]]) -> list[str]:
     return problems
 
 
-def check_image_run(parameters: Mapping[str, Any]) -> None:
-    """Refuses image pipeline parameters the sharding, training or evaluation would refuse.
-
-    Raises:
-        PreflightError: Every problem found, each naming its parameter.
-    """
+@_refusing
+def check_image_run(parameters: Mapping[str, Any]) -> list[str]:
+    """Refuses image pipeline parameters the sharding, training or evaluation would refuse."""
     from components.shard.contract import ShardConfig
     from components.train_image.contract import TrainConfig
 
@@ -140,18 +150,13 @@ def check_image_run(parameters: Mapping[str, Any]) -> None:
                             "evaluates on the test split")
     problems += weights_problems(str(parameters.get("weights", TrainConfig.weights)),
                                  str(parameters.get("architecture", TrainConfig.architecture)))
-    problems += _evaluation_problems(parameters, "image")
-    if problems:
-        raise PreflightError("; ".join(problems))
+    return problems + _evaluation_problems(parameters, "image")
 
 
-def check_text_run(parameters: Mapping[str, Any]) -> None:
+@_refusing
+def check_text_run(parameters: Mapping[str, Any]) -> list[str]:
     """Refuses text pipeline parameters the preparation, training or evaluation would
-    refuse, and pretrained LM files missing or no better than a unigram model.
-
-    Raises:
-        PreflightError: Every problem found, each naming its parameter.
-    """
+    refuse, and pretrained LM files missing or no better than a unigram model."""
     from components.prepare_text.contract import PrepareConfig
     from components.train_text.contract import (
         FASTAI_PRETRAINED_LANG,
@@ -184,9 +189,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> None:
             unlearnt = unlearnt_lm(root, lang, backwards)  # as the trainer checks them
             if unlearnt:
                 problems.append(f"lm_assets refused: {unlearnt}")
-    problems += _evaluation_problems(parameters, "text")
-    if problems:
-        raise PreflightError("; ".join(problems))
+    return problems + _evaluation_problems(parameters, "text")
 
 
 # A Hub model id (huggingface_hub's REPO_ID_REGEX; it also refuses "--", ".." and > 96 chars).
@@ -258,13 +261,10 @@ def _max_length_problems(folder: str, files: set[str], max_length: int | None) -
     return [problem] if problem else []
 
 
-def check_transformer_run(parameters: Mapping[str, Any]) -> None:
+@_refusing
+def check_transformer_run(parameters: Mapping[str, Any]) -> list[str]:
     """Refuses transformer pipeline parameters a later step would refuse, and a
-    model_name folder without a model in it.
-
-    Raises:
-        PreflightError: Every problem found, each naming its parameter.
-    """
+    model_name folder without a model in it."""
     from components.prepare_text.contract import PrepareConfig
     from components.train_transformer.contract import DEFAULT_MODEL_NAME, TransformerConfig
 
@@ -277,22 +277,15 @@ def check_transformer_run(parameters: Mapping[str, Any]) -> None:
         max_length = None
     problems += model_name_problems(str(parameters.get("model_name", DEFAULT_MODEL_NAME)),
                                     max_length)
-    problems += _evaluation_problems(parameters, "text")
-    if problems:
-        raise PreflightError("; ".join(problems))
+    return problems + _evaluation_problems(parameters, "text")
 
 
-def check_lm_run(parameters: Mapping[str, Any]) -> None:
-    """Refuses language model pipeline parameters the training step would refuse.
-
-    Raises:
-        PreflightError: Every problem found, each naming its parameter.
-    """
+@_refusing
+def check_lm_run(parameters: Mapping[str, Any]) -> list[str]:
+    """Refuses language model pipeline parameters the training step would refuse."""
     from components.train_lm.contract import LMConfig
 
-    problems = _fastai_problems(LMConfig, parameters)[0]
-    if problems:
-        raise PreflightError("; ".join(problems))
+    return _fastai_problems(LMConfig, parameters)[0]
 
 
 CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from components.common.storage import filesystem, is_remote
+from components.common.storage import filesystem
 from components.train_image.contract import SAVED_MODEL_DIR
 
 ALIAS = "challenger"
@@ -96,13 +96,7 @@ def stage_tf_serving(model_dir: str, out_dir: str, subdir: str = SAVED_MODEL_DIR
     if not fs.isfile(source + "/saved_model.pb"):
         raise FileNotFoundError(f"{model_dir}/{subdir} has no saved_model.pb: not an image "
                                 "model folder the trainer wrote")
-    target = os.path.join(out_dir, "1")
-    if is_remote(model_dir):
-        fs.get(source + "/", target + "/", recursive=True)
-    else:
-        import shutil
-
-        shutil.copytree(source, target, dirs_exist_ok=True)
+    fs.get(source + "/", os.path.join(out_dir, "1") + "/", recursive=True)
     return out_dir
 
 

@@ -38,8 +38,6 @@ def gate(metrics: dict[str, Any], metric: str, threshold: float, enabled: bool =
         found = "absent" if metric not in metrics else f"{metrics[metric]!r}, not a finite number"
         raise ValueError(f"registration metric {metric!r} is {found} in the evaluation's "
                          f"metrics; choose one of {numbers}")
-    if not math.isfinite(threshold):
-        raise ValueError(f"registration threshold must be a finite number, got {threshold}")
     if problems := gate_problems(metric, threshold):
         raise ValueError("; ".join(problems))
     if not enabled:

@@ -8,8 +8,9 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
+from unittest import mock
 from urllib.parse import urlparse
 
 from components.common.storage import gcs_mount_prefix, local_path, read_json
@@ -67,14 +68,6 @@ def _param_text(value: Any) -> str:
     return text[:_PARAM_CHARS]
 
 
-def _provenance_tags(metadata: Mapping[str, Any], model_uri: str) -> dict[str, str]:
-    tags = {"model_uri": model_uri}
-    for key in ("git_sha", "data_sha256", "framework", "architecture", "arch", "precision"):
-        if metadata.get(key) is not None:
-            tags[key] = str(metadata[key])
-    return tags
-
-
 def _test_metrics(evaluation: Mapping[str, Any] | None) -> dict[str, float]:
     if evaluation is None:
         return {}
@@ -94,8 +87,11 @@ def _add_row(series: dict[str, list[tuple[int, float]]], step: int, row: Mapping
 def _record(metadata: Mapping[str, Any], uri: str, series: dict[str, list[tuple[int, float]]],
             metrics: dict[str, float], params: str = "parameters", **tags: str) -> RunRecord:
     """A run record: `metadata[params]` as text, `series`, `metrics`, provenance and `tags`."""
+    provenance = {key: str(metadata[key]) for key in ("git_sha", "data_sha256", "framework",
+                                                      "architecture", "arch", "precision")
+                  if metadata.get(key) is not None}
     return RunRecord({k: _param_text(v) for k, v in metadata.get(params, {}).items()}, series,
-                     metrics, {**_provenance_tags(metadata, uri), **tags})
+                     metrics, {"model_uri": uri, **provenance, **tags})
 
 
 def image_record(model_dir: str, metadata: Mapping[str, Any], model_uri: str,
@@ -192,75 +188,49 @@ def log_run(tracking_uri: str, experiment: str, run_name: str, record: RunRecord
         The MLflow run id.
     """
     from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param, RunTag
 
-    run_id = platform_run(tracking_uri, os.environ if environ is None else environ)
+    kfp_run = platform_run(tracking_uri, os.environ if environ is None else environ)
     store = tracking_store(tracking_uri)
-    with _file_store_allowed(store):
-        return _log(MlflowClient(tracking_uri=store), experiment, run_name, record,
-                    dict(extra_tags), run_id)
-
-
-@contextlib.contextmanager
-def _file_store_allowed(store: str) -> Iterator[None]:
-    """Turns on MLflow 3's file store switch for a file store, for the block."""
-    if not store.startswith("file://"):
-        yield
-        return
-    before = os.environ.get(FILE_STORE_SWITCH)
-    os.environ[FILE_STORE_SWITCH] = "true"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(FILE_STORE_SWITCH)
+    tags = {RUN_TAG: run_name, **record.tags, **dict(extra_tags)}
+    # MLflow 3's file store switch, on for the step's own calls only
+    with (mock.patch.dict(os.environ, {FILE_STORE_SWITCH: "true"})
+          if store.startswith("file://") else contextlib.nullcontext()):
+        client = MlflowClient(tracking_uri=store)
+        logged, params_logged = set(), {}
+        if kfp_run:  # a retried pod gets the same run: skip what an earlier attempt logged
+            run_id, data = kfp_run, client.get_run(kfp_run).data
+            logged = {(key, m.step) for key in data.metrics
+                      for m in client.get_metric_history(run_id, key)}
+            params_logged = data.params
+            client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
         else:
-            os.environ[FILE_STORE_SWITCH] = before
+            run_id = _new_run(client, experiment, run_name, tags)
+        now = int(time.time() * 1000)
+        metrics = [Metric(name, value, now, step) for name, points in record.series.items()
+                   for step, value in points]
+        metrics += [Metric(name, value, now, 0) for name, value in record.metrics.items()]
+        metrics = [m for m in metrics if (m.key, m.step) not in logged]
+        params = [Param(name, value) for name, value in record.params.items()
+                  if name not in params_logged]
+        for kind, items in (("metrics", metrics), ("params", params)):
+            size = _BATCH_LIMITS[kind]
+            for start in range(0, len(items), size):
+                client.log_batch(run_id, **{kind: items[start:start + size]})
+        if not kfp_run:  # KFP's launcher ends its run with the task's state
+            client.set_terminated(run_id)
+    return run_id
 
 
 def _new_run(client, experiment: str, run_name: str, tags: dict[str, str]) -> str:
     """A new run in `experiment` (created when missing), after deleting earlier attempts'."""
     from mlflow.exceptions import MlflowException
 
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        try:
-            experiment_id = client.create_experiment(experiment)
-        except MlflowException:  # another run created it meanwhile
-            experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    else:
-        experiment_id = found.experiment_id
-    earlier = client.search_runs([experiment_id],
-                                 filter_string=f"tags.{RUN_TAG} = '{run_name}'")
-    for run in earlier:
+    try:
+        experiment_id = client.create_experiment(experiment)
+    except MlflowException:  # it exists (or another run created it meanwhile)
+        experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    for run in client.search_runs([experiment_id],
+                                  filter_string=f"tags.{RUN_TAG} = '{run_name}'"):
         client.delete_run(run.info.run_id)
     return client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
-
-
-def _log(client, experiment: str, run_name: str, record: RunRecord,
-         extra_tags: dict[str, str], kfp_run: str) -> str:
-    from mlflow.entities import Metric, Param, RunTag
-
-    tags = {RUN_TAG: run_name, **record.tags, **extra_tags}
-    logged, params_logged = set(), {}
-    if kfp_run:  # a retried pod gets the same run: skip what an earlier attempt logged
-        run_id, data = kfp_run, client.get_run(kfp_run).data
-        logged = {(key, m.step) for key in data.metrics
-                  for m in client.get_metric_history(run_id, key)}
-        params_logged = data.params
-        client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
-    else:
-        run_id = _new_run(client, experiment, run_name, tags)
-    now = int(time.time() * 1000)
-    metrics = [Metric(name, value, now, step) for name, points in record.series.items()
-               for step, value in points]
-    metrics += [Metric(name, value, now, 0) for name, value in record.metrics.items()]
-    metrics = [m for m in metrics if (m.key, m.step) not in logged]
-    params = [Param(name, value) for name, value in record.params.items()
-              if name not in params_logged]
-    for kind, items in (("metrics", metrics), ("params", params)):
-        size = _BATCH_LIMITS[kind]
-        for start in range(0, len(items), size):
-            client.log_batch(run_id, **{kind: items[start:start + size]})
-    if not kfp_run:  # KFP's launcher ends its run with the task's state
-        client.set_terminated(run_id)
-    return run_id
