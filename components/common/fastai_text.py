@@ -298,15 +298,9 @@ def quiet(learn):
 
 
 def language_model_loaders(dsets, bs: int, val_bs: int, seq_len: int):
-    """fastai's language model dataloaders over `dsets`, each text's token ids made once
-    (the default cache of 2 texts remade them every epoch: 78% of an epoch on an H100).
-
-    Args:
-        dsets: The `Datasets` of a language model `TextBlock` (train and validation).
-        bs: Training batch size.
-        val_bs: Validation batch size.
-        seq_len: Tokens per sequence (BPTT).
-    """
+    """fastai's language model dataloaders over the `Datasets` of an LM `TextBlock`, each
+    text's token ids made once (the default cache of 2 texts remade them every epoch: 78% of
+    an epoch on an H100)."""
     # num_workers=0: worker processes fork the training process (threads running).
     return dsets.dataloaders(bs=bs, val_bs=val_bs, seq_len=seq_len, num_workers=0,
                              cache=max(len(dsets.train), len(dsets.valid), 1))
@@ -352,15 +346,8 @@ def mixed_precision(learn, precision: str):
 
 
 def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, precision: str):
-    """A quiet AWD-LSTM language model learner from scratch weights, checkpointing in `folder`.
-
-    Args:
-        dls: Language model dataloaders.
-        arch_config: Full AWD_LSTM settings (`awd_lstm_lm_config` updated).
-        drop_mult: Multiplier of every dropout.
-        folder: Where `learn.save` and `save_encoder` write.
-        precision: FP32, FP16 or BF16 (`choose_precision`).
-    """
+    """A quiet AWD-LSTM language model learner of full `arch_config` settings from scratch
+    weights, in `precision` (`choose_precision`), saving (and its encoder) in `folder`."""
     learn = language_model_learner(dls, AWD_LSTM, config=arch_config, pretrained=False,
                                    drop_mult=drop_mult, metrics=[accuracy, Perplexity()],
                                    path=folder, model_dir=".")
@@ -375,11 +362,6 @@ def choose_rate(suggestions: Mapping[str, float], floor: float, ceiling: float,
     `valley`, held to [floor, ceiling]; the bounds' geometric middle when it is not a
     positive number (`steep` and `minimum` were noise on real text). The help text
     (train_text.contract's FOUND_RATE_HELP) says the same: keep them together.
-
-    Args:
-        suggestions: `{"valley", "minimum", "steep", "slide"}` from `lr_find`.
-        floor: Smallest rate believed.
-        ceiling: Largest rate believed.
     """
     value = suggestions.get("valley", math.nan)
     if not value > 0:  # also NaN

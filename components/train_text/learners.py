@@ -176,14 +176,9 @@ def classifier_learner(job: TrainingJob, vocab: list[str] | None, loss, metrics)
 
 
 def start_at_label_frequencies(learn, truth: np.ndarray, task: str) -> None:
-    """Gives the head's last Linear layer (fastai's has no bias) the bias that predicts
-    each label's training frequency (`text_scores.frequency_bias`).
-
-    Args:
-        learn: A fresh `text_classifier_learner`.
-        truth: 0/1 label matrix of the training split.
-        task: MULTI_LABEL or SINGLE_LABEL.
-    """
+    """Gives a fresh classifier head's last Linear layer (fastai's has no bias) the bias
+    that predicts each label's frequency in `truth`, the training split's 0/1 label matrix
+    (`text_scores.frequency_bias`)."""
     linear = [m for m in learn.model[1].modules() if isinstance(m, torch.nn.Linear)][-1]
     bias = text_scores.frequency_bias(truth, task)
     linear.bias = torch.nn.Parameter(torch.as_tensor(bias, dtype=linear.weight.dtype,

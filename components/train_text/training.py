@@ -158,16 +158,9 @@ def _architecture(config: TrainConfig, lm_assets_uri: str,
 def model_metadata(result: dict[str, Any], config: TrainConfig, model_dir: str,
                    dataset_dir: str, lm_assets_uri: str,
                    lm_assets_fingerprint: str) -> dict[str, Any]:
-    """The `Model` artifact's metadata: what the model is, its files, and its provenance.
-
-    Args:
-        result: What `training.train_text_classifier` returned.
-        config: The run's settings.
-        model_dir: The model folder, written.
-        dataset_dir: The preparation step's folder (its manifest pins the data).
-        lm_assets_uri: The pretrained LM assets' root.
-        lm_assets_fingerprint: The preflight step's digest of their listing.
-    """
+    """The `Model` artifact's metadata of a `train_text_classifier` result: what the model
+    is, its files, and its provenance (the dataset's manifest pins the data;
+    `lm_assets_fingerprint` is the preflight step's digest of the assets' listing)."""
     return {
         "framework": "fastai",
         "arch": "AWD_LSTM",
