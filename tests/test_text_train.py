@@ -165,7 +165,7 @@ def test_tokens_rarer_than_min_freq_keep_what_the_pretrained_lm_learnt(dataset, 
                                                                       tmp_path):
     """fastai numbers only the task's tokens seen min_freq times; a rarer one the pretrained
     LM has learnt keeps its pretrained embedding instead of becoming xxunk (on a small task
-    that was most of what the LM knew: components/train_text/vocabulary.py)."""
+    that was most of what the LM knew: components/train_text/learners.py)."""
     frame = pd.concat([read_split(dataset, "train"), read_split(dataset, "validation")])
     _, counts = tokenize_df(frame[["text"]], ["text"], tok=SpacyTokenizer("fr"),
                             n_workers=TOKENIZER_WORKERS)

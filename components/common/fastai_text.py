@@ -59,25 +59,21 @@ TRIM_EVERY_BATCHES = 20
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's `malloc_trim`, or None on another platform or C library (musl, macOS)."""
     libc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
-    if not sys.platform.startswith("linux") or not (libc or "").startswith("glibc"):
-        log.debug("not glibc (%s, %s): freed memory is left to the allocator",
-                  sys.platform, libc)
-        return None
     try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
+        if sys.platform.startswith("linux") and (libc or "").startswith("glibc"):
+            trim = ctypes.CDLL("libc.so.6").malloc_trim
+            trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+            return trim
     except (OSError, AttributeError) as error:
-        log.debug("glibc's malloc_trim unavailable (%s): freed memory is left to it", error)
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+        libc = f"{libc}: {error}"
+    log.debug("no malloc_trim (%s, %s): freed memory is left to the allocator",
+              sys.platform, libc)
+    return None
 
 
 def release_freed_memory() -> bool:
-    """Returns memory freed but kept by glibc's per-thread heaps to the system (`malloc_trim`).
-
-    Returns:
-        Whether glibc gave memory back (False where there is no glibc).
-    """
+    """Returns memory freed but kept by glibc's per-thread heaps to the system (`malloc_trim`);
+    whether glibc gave some back (False where there is no glibc)."""
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
 
@@ -160,10 +156,14 @@ def save_checkpoint(learn, path: str, step: dict | None = None, with_opt: bool =
     os.replace(path + ".tmp", path)
 
 
-def load_checkpoint(learn, path: str) -> dict | None:
-    """Loads `save_checkpoint`'s model and optimizer into `learn`; returns its step or None."""
+def load_checkpoint(learn, resume, record: dict) -> dict | None:
+    """Loads `record`'s checkpoint (`seal`'s model and optimizer), if any, into `learn`;
+    returns its mid-epoch step or None."""
+    if not record.get("checkpoint"):
+        return None
     if learn.opt is None:
         learn.create_opt()
+    path = resume.path(record["checkpoint"])
     load_model(path, learn.model, learn.opt, with_opt=True, device=learn.dls.device)
     step = step_file(path)
     return torch.load(step, weights_only=False) if os.path.exists(step) else None
@@ -298,15 +298,9 @@ def quiet(learn):
 
 
 def language_model_loaders(dsets, bs: int, val_bs: int, seq_len: int):
-    """fastai's language model dataloaders over `dsets`, each text's token ids made once
-    (the default cache of 2 texts remade them every epoch: 78% of an epoch on an H100).
-
-    Args:
-        dsets: The `Datasets` of a language model `TextBlock` (train and validation).
-        bs: Training batch size.
-        val_bs: Validation batch size.
-        seq_len: Tokens per sequence (BPTT).
-    """
+    """fastai's language model dataloaders over the `Datasets` of an LM `TextBlock`, each
+    text's token ids made once (the default cache of 2 texts remade them every epoch: 78% of
+    an epoch on an H100)."""
     # num_workers=0: worker processes fork the training process (threads running).
     return dsets.dataloaders(bs=bs, val_bs=val_bs, seq_len=seq_len, num_workers=0,
                              cache=max(len(dsets.train), len(dsets.valid), 1))
@@ -352,15 +346,8 @@ def mixed_precision(learn, precision: str):
 
 
 def lm_learner(dls, arch_config: dict, drop_mult: float, folder: str, precision: str):
-    """A quiet AWD-LSTM language model learner from scratch weights, checkpointing in `folder`.
-
-    Args:
-        dls: Language model dataloaders.
-        arch_config: Full AWD_LSTM settings (`awd_lstm_lm_config` updated).
-        drop_mult: Multiplier of every dropout.
-        folder: Where `learn.save` and `save_encoder` write.
-        precision: FP32, FP16 or BF16 (`choose_precision`).
-    """
+    """A quiet AWD-LSTM language model learner of full `arch_config` settings from scratch
+    weights, in `precision` (`choose_precision`), saving (and its encoder) in `folder`."""
     learn = language_model_learner(dls, AWD_LSTM, config=arch_config, pretrained=False,
                                    drop_mult=drop_mult, metrics=[accuracy, Perplexity()],
                                    path=folder, model_dir=".")
@@ -375,11 +362,6 @@ def choose_rate(suggestions: Mapping[str, float], floor: float, ceiling: float,
     `valley`, held to [floor, ceiling]; the bounds' geometric middle when it is not a
     positive number (`steep` and `minimum` were noise on real text). The help text
     (train_text.contract's FOUND_RATE_HELP) says the same: keep them together.
-
-    Args:
-        suggestions: `{"valley", "minimum", "steep", "slide"}` from `lr_find`.
-        floor: Smallest rate believed.
-        ceiling: Largest rate believed.
     """
     value = suggestions.get("valley", math.nan)
     if not value > 0:  # also NaN
@@ -395,24 +377,19 @@ def sweep_length(training_steps: int) -> int:
     return max(LR_FIND_MIN_ITERATIONS, min(LR_FIND_ITERATIONS, training_steps))
 
 
-def find_rate(learn, floor: float, ceiling: float, epochs: int) -> dict[str, float | str]:
-    """Runs `lr_find` on `learn` as it is (frozen or not) and chooses a rate (`choose_rate`).
-
-    Args:
-        learn: The learner, frozen as the rate's first stage trains it.
-        floor: Smallest rate believed.
-        ceiling: Largest rate believed.
-        epochs: Epochs the model trains for with the rate (`sweep_length` of their batches).
-
-    Returns:
-        The four suggestions, `used` (the rate), `rule` and `sweep` (the batches swept).
-    """
-    sweep = sweep_length(epochs * len(learn.dls.train))
-    found = learn.lr_find(suggest_funcs=(valley, minimum, steep, slide), show_plot=False,
-                          num_it=sweep)
-    rates: dict[str, float | str] = {name: float(getattr(found, name))
-                                     for name in ("valley", "minimum", "steep", "slide")}
-    rates["used"], rates["rule"] = choose_rate(rates, floor, ceiling)
-    rates["sweep"] = sweep
-    log.info("lr_find: %s", rates)
-    return rates
+def find_rate(learn, resume, found: dict, key: str, floor: float, ceiling: float,
+              epochs: int) -> float:
+    """The rate `lr_find` finds on `learn` as it is (frozen or not), held to [floor, ceiling]
+    (`choose_rate`), once: `found[key]` keeps the suggestions, `used`, `rule` and `sweep`
+    (batches swept: `sweep_length` of `epochs`' batches) in `resume`'s state."""
+    if found.get(key) is None:
+        sweep = sweep_length(epochs * len(learn.dls.train))
+        suggested = learn.lr_find(suggest_funcs=(valley, minimum, steep, slide),
+                                  show_plot=False, num_it=sweep)
+        rates: dict[str, float | str] = {name: float(getattr(suggested, name))
+                                         for name in ("valley", "minimum", "steep", "slide")}
+        rates["used"], rates["rule"] = choose_rate(rates, floor, ceiling)
+        found[key] = {**rates, "sweep": sweep}
+        log.info("lr_find (%s): %s", key, found[key])
+        resume.save()
+    return found[key]["used"]

@@ -111,19 +111,23 @@ def write_result_files(model_dir: str, result: dict[str, Any], text_column: str,
         write_json_atomically(os.path.join(model_dir, name), value, sort_keys=False)
 
 
+def _label_rates(truth, multi_label: bool) -> np.ndarray:
+    """Each label's training frequency clipped to [1e-3, 1 - 1e-3] (a softmax's summing to 1)."""
+    rates = np.clip(np.asarray(truth, dtype=float).mean(axis=0), 1e-3, 1 - 1e-3)
+    return rates if multi_label else rates / rates.sum()
+
+
 def frequency_bias(truth: np.ndarray, task: str) -> np.ndarray:
-    """Output-layer biases under which a classifier predicts each label's frequency (a new
-    head says 0.5 and spends epochs learning that labels are rare): log-odds (log-priors for
-    softmax) of the training frequencies, clipped to [1e-3, 1 - 1e-3].
+    """Output-layer biases under which a classifier predicts each label's training frequency
+    (a new head says 0.5 and spends epochs learning that labels are rare): their log-odds
+    (log-priors for softmax).
 
     Args:
         truth: 0/1 label matrix of the training split, shape (rows, labels).
         task: MULTI_LABEL or single-label.
     """
-    rates = np.clip(np.asarray(truth, dtype=float).mean(axis=0), 1e-3, 1 - 1e-3)
-    if task == MULTI_LABEL:
-        return np.log(rates / (1 - rates))
-    return np.log(rates / rates.sum())
+    rates = _label_rates(truth, task == MULTI_LABEL)
+    return np.log(rates / (1 - rates)) if task == MULTI_LABEL else np.log(rates)
 
 
 # "Learnt nothing": the stage's best validation loss is not this much below the loss of the
@@ -144,18 +148,17 @@ def constant_answer(valid_truth, train_truth, multi_label: bool, threshold: floa
         threshold: Multi-label decision threshold.
     """
     truth = np.asarray(valid_truth, dtype=float)
-    rates = np.clip(np.asarray(train_truth, dtype=float).mean(axis=0), 1e-3, 1 - 1e-3)
+    rates = _label_rates(train_truth, multi_label)
     if multi_label:
         loss = -(truth * np.log(rates) + (1 - truth) * np.log(1 - rates)).mean()
         predicted = rates >= threshold
     else:
-        rates = rates / rates.sum()
         loss = -(truth * np.log(rates)).sum(axis=1).mean()
         predicted = np.arange(len(rates)) == rates.argmax()
-    tp = truth[:, predicted].sum(axis=0)
-    support = truth[:, predicted].shape[0]
-    f1 = np.zeros(truth.shape[1])
-    f1[predicted] = np.where(tp > 0, 2 * tp / (support + truth[:, predicted].sum(axis=0)), 0)
+    # A label always predicted: precision positives / rows, recall 1.
+    positives = truth.sum(axis=0)
+    with np.errstate(invalid="ignore"):
+        f1 = np.where(predicted & (positives > 0), 2 * positives / (len(truth) + positives), 0.0)
     return {"valid_loss": float(loss), "f1_score": float(f1.mean())}
 
 

@@ -82,48 +82,6 @@ def split_documents(count: int, fraction: float, seed: int) -> np.ndarray:
     return mask
 
 
-class _Direction:
-    """Checkpoints and state of one direction's model."""
-
-    def __init__(self, resume: run_state.Resume, name: str, tensorboard: ScalarLog):
-        self.resume, self.name, self.tensorboard = resume, name, tensorboard
-        self.folder, self.state = resume.folder, resume.state
-        self.path, self.save = resume.path, resume.save
-        self.mine = self.state["directions"].setdefault(name, {
-            "epochs_done": 0, "checkpoint": None, "done": False, "found_lr": None,
-            "history": []})
-
-    def restore(self, learn) -> dict | None:
-        """Loads the last checkpoint; returns its mid-epoch step (`MidEpoch`) or None."""
-        name = self.mine["checkpoint"]
-        return load_checkpoint(learn, self.path(name)) if name else None
-
-    def rate(self, learn, config: LMConfig) -> float:
-        if config.learning_rate:
-            return config.learning_rate
-        if self.mine["found_lr"] is None:  # found once: a resumed run keeps its rate
-            log.info("finding the %s language model's rate", self.name)
-            self.mine["found_lr"] = find_rate(learn, MIN_FOUND_LR, MAX_FOUND_LR, config.epochs)
-            self.save()
-        return self.mine["found_lr"]["used"]
-
-    def on_epoch(self, learn, steps: int, epochs_done: int, values: dict[str, float],
-                 seconds: float, cpu_seconds: float) -> None:
-        row = {"epoch": epochs_done, "seconds": round(seconds, 3),
-               "cpu_seconds": round(cpu_seconds, 3), **values}
-        self.mine["history"].append(row)
-        seal(self.resume, self.mine, learn, f"{self.name}-{epochs_done}.pth",
-             epochs_done=epochs_done, optimizer_steps=steps)
-        # After the save: a resumed run never trains (and logs) this epoch again.
-        self.tensorboard.write(epoch_scalars(tensorboard_prefix(self.name), row), epochs_done)
-
-    def finish(self) -> None:
-        checkpoint = self.mine["checkpoint"]
-        self.mine.update(done=True, checkpoint=None)
-        self.save()
-        self.resume.drop(checkpoint)
-
-
 def tensorboard_prefix(name: str) -> str:
     """Tag group of a direction's scalars: "lm" (forward) or "lm_backward"."""
     return "lm" if name == direction(False) else f"lm_{name}"
@@ -219,48 +177,67 @@ def train_language_model(
         vocab = load_pickle(os.path.join(folder, VOCAB_FILE)) \
             if resume.state["vocab_saved"] else None
         for backwards in config.directions():
-            run = _Direction(resume, direction(backwards), tensorboard)
-            if not run.mine["done"]:
-                vocab = _train_direction(run, frame, tokenizer, vocab, config, backwards,
-                                         arch_config, precision, staging, callbacks)
+            mine = resume.state["directions"].setdefault(direction(backwards), {
+                "epochs_done": 0, "checkpoint": None, "done": False, "found_lr": None,
+                "history": []})
+            if not mine["done"]:
+                vocab = _train_direction(resume, mine, tensorboard, frame, tokenizer, vocab,
+                                         config, backwards, arch_config, precision, staging,
+                                         callbacks)
         result = _export(resume, staging, spm, output_dir, config, corpus, len(vocab),
                          precision, arch_config, started)
     return result
 
 
-def _train_direction(run: _Direction, frame: pd.DataFrame, tokenizer, vocab: list | None,
-                     config: LMConfig, backwards: bool, arch_config: dict[str, Any],
-                     precision: str, staging: str, callbacks: Sequence[Callback]) -> list:
-    """Trains one direction (or what is left of it), stages its assets; returns the
-    vocabulary, saved when first made so every direction and resume numbers tokens alike."""
+def _train_direction(resume: run_state.Resume, mine: dict, tensorboard: ScalarLog,
+                     frame: pd.DataFrame, tokenizer, vocab: list | None, config: LMConfig,
+                     backwards: bool, arch_config: dict[str, Any], precision: str,
+                     staging: str, callbacks: Sequence[Callback]) -> list:
+    """Trains one direction (or what is left of it) into its state `mine`, stages its assets;
+    returns the vocabulary, saved when first made so every direction and resume numbers
+    tokens alike."""
+    name = direction(backwards)
     set_seed(config.seed + int(backwards))
     dls = lm_dataloaders(frame, _TEXT, tokenizer, vocab, config, backwards)
     if vocab is None:
         vocab = list(dls.vocab)
-        save_pickle(run.path(VOCAB_FILE), vocab)
-        run.state["vocab_saved"] = True
-        run.save()
-    if run.mine.get("unigram") is None:
-        run.mine["unigram"] = unigram_of(dls)
-        run.save()
-    learn = lm_learner(dls, arch_config, config.drop_mult, run.folder, precision)
-    resumed = run.restore(learn)
-    lr = run.rate(learn, config)
-    log.info("%s language model: epochs %d..%d at peak rate %.2e", run.name,
-             run.mine["epochs_done"] + 1, config.epochs, lr)
-    fit_sealed(learn, config.epochs, lr, run.mine["epochs_done"],
-               lambda *epoch: run.on_epoch(learn, *epoch), lambda step: seal(
-                   run.resume, run.mine, learn, f"{run.name}-{step['epoch']}-{step['batches']}.pth",
-                   step, epochs_done=step["epoch"], optimizer_steps=step["steps"]),
-               resumed, config.checkpoint_every_steps, run.mine.get("optimizer_steps", 0),
-               callbacks)
+        save_pickle(resume.path(VOCAB_FILE), vocab)
+        resume.state["vocab_saved"] = True
+        resume.save()
+    if mine.get("unigram") is None:
+        mine["unigram"] = unigram_of(dls)
+        resume.save()
+    learn = lm_learner(dls, arch_config, config.drop_mult, resume.folder, precision)
+    resumed = load_checkpoint(learn, resume, mine)
+    # Found once: a resumed run keeps its rate.
+    lr = config.learning_rate or find_rate(learn, resume, mine, "found_lr", MIN_FOUND_LR,
+                                           MAX_FOUND_LR, config.epochs)
+    log.info("%s language model: epochs %d..%d at peak rate %.2e", name,
+             mine["epochs_done"] + 1, config.epochs, lr)
+
+    def on_epoch(steps: int, epochs_done: int, values: dict[str, float], seconds: float,
+                 cpu_seconds: float) -> None:
+        row = {"epoch": epochs_done, "seconds": round(seconds, 3),
+               "cpu_seconds": round(cpu_seconds, 3), **values}
+        mine["history"].append(row)
+        seal(resume, mine, learn, f"{name}-{epochs_done}.pth", epochs_done=epochs_done,
+             optimizer_steps=steps)
+        # After the save: a resumed run never trains (and logs) this epoch again.
+        tensorboard.write(epoch_scalars(tensorboard_prefix(name), row), epochs_done)
+
+    fit_sealed(learn, config.epochs, lr, mine["epochs_done"], on_epoch, lambda step: seal(
+        resume, mine, learn, f"{name}-{step['epoch']}-{step['batches']}.pth", step,
+        epochs_done=step["epoch"], optimizer_steps=step["steps"]), resumed,
+        config.checkpoint_every_steps, mine.get("optimizer_steps", 0), callbacks)
     if precision != FP32:
         learn = learn.to_fp32()
     save_lm_assets(learn, staging, config.lang, backwards, arch_config)
     tokens = {"train": int(sum(dls.train.lens.coll)), "validation": int(sum(dls.valid.lens.coll))}
-    run.mine.update(tokens=tokens, device=str(dls.device),
-                    parameters=sum(p.numel() for p in learn.model.parameters()))
-    run.finish()
+    checkpoint = mine["checkpoint"]
+    mine.update(tokens=tokens, device=str(dls.device), done=True, checkpoint=None,
+                parameters=sum(p.numel() for p in learn.model.parameters()))
+    resume.save()
+    resume.drop(checkpoint)
     return vocab
 
 

@@ -12,18 +12,10 @@ import numpy as np
 
 
 def lm_target_batches(stream: np.ndarray, bs: int, seq_len: int) -> list[np.ndarray]:
-    """The targets of each batch fastai's `LMDataLoader` makes of a token stream: `bs` rows
-    of `bl = (len - 1) // bs` tokens, batch `k` their columns `k*seq_len ..`, each target
-    the next token (`stream[i*bl + j + 1]`).
-
-    Args:
-        stream: The held-out texts' token ids, in the loader's order, one after another.
-        bs: The loader's batch size (rows).
-        seq_len: Its tokens per sequence.
-
-    Returns:
-        One (bs, <= seq_len) array per batch.
-    """
+    """The targets of each batch, one (bs, <= seq_len) array, that fastai's `LMDataLoader`
+    makes of a token stream (the held-out texts' ids in the loader's order): `bs` rows of
+    `bl = (len - 1) // bs` tokens, batch `k` their columns `k*seq_len ..`, each target the
+    next token (`stream[i*bl + j + 1]`)."""
     stream = np.asarray(stream)
     bl = (len(stream) - 1) // bs if bs >= 1 else 0
     if bl < 1 or seq_len < 1:

@@ -43,6 +43,7 @@ class LMAssets:
     weights: str
     vocab: str
     spm_model: str | None  # SentencePiece languages only
+    source: str  # the assets' root, or the URL of fastai's English model
 
 
 def parse_config(text: str | bytes, source: str) -> tuple[str, dict[str, Any]]:
@@ -101,17 +102,13 @@ def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
         raise MissingAssetsError(f"{folder} (fastai's copy of {url}) lacks a "
                                  f"{'.pth' if not weights else '.pkl'} file: delete the "
                                  "folder so that fastai fetches it again")
-    return LMAssets(config={}, weights=str(weights[0]), vocab=str(vocab[0]), spm_model=None)
-
-
-def uses_fastai_pretrained(assets_uri: str, lang: str) -> bool:
-    """Whether a pretrained run without assets starts from fastai's English model."""
-    return not assets_uri.strip() and lang.strip() == FASTAI_PRETRAINED_LANG
+    return LMAssets(config={}, weights=str(weights[0]), vocab=str(vocab[0]), spm_model=None,
+                    source=url)
 
 
 def resolve_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) -> LMAssets:
     """The pretrained LM of a run: `fetch_assets`, or fastai's English model without assets."""
-    if uses_fastai_pretrained(assets_uri, lang):
+    if not assets_uri.strip() and lang.strip() == FASTAI_PRETRAINED_LANG:
         return fetch_fastai_pretrained(backwards)
     return fetch_assets(assets_uri, lang, backwards, local_dir)
 
@@ -159,4 +156,4 @@ def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) ->
     with open(paths["config.json"], "rb") as f:
         _, config = parse_config(f.read(), asset_uri(assets_uri, files[0]))
     return LMAssets(config=config, weights=paths["weights.pth"],
-                    vocab=paths["vocab.pkl"], spm_model=paths.get("spm.model"))
+                    vocab=paths["vocab.pkl"], spm_model=paths.get("spm.model"), source=assets_uri)

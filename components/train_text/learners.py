@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -39,7 +41,6 @@ from components.train_text.data import (
     unigram_accuracy,
 )
 from components.train_text.runner import TrainingJob
-from components.train_text.vocabulary import FAKE, with_pretrained_tokens
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ ENCODER = "lm_encoder"  # learn.save_encoder's name: lm_encoder.pth in the check
 
 # Settings that shape the encoder; the LM's dropouts do not carry over to the classifier.
 ENCODER_KEYS = ("emb_sz", "n_hid", "n_layers", "pad_token", "bidir")
+# fastai pads a vocabulary with this token to a multiple of 8 (`make_vocab`).
+FAKE = "xxfake"
 
 
 def fine_tune_lm(job: TrainingJob, vocab: list[str] | None) -> list[str] | None:
@@ -101,6 +104,29 @@ def _vocab_with_pretrained_tokens(job: TrainingJob,
     return vocab
 
 
+def with_pretrained_tokens(task_vocab: Sequence[str], counts: Counter,
+                           pretrained_vocab: Sequence[str], max_vocab: int) -> list[str]:
+    """fastai's vocabulary of a task plus the task's rarer tokens a pretrained LM knows
+    (fastai numbers only tokens seen `min_freq` times: on Debian's package descriptions 19%
+    of the test tokens read as `xxunk` where the LM knew all but 6%).
+
+    Args:
+        task_vocab: `make_vocab(counts, min_freq, max_vocab)` of the task's texts.
+        counts: How often each token of the task's texts (train and validation) occurs.
+        pretrained_vocab: The pretrained LM's vocabulary (its `vocab.pkl`).
+        max_vocab: Most tokens kept (fastai's `max_vocab`).
+
+    Returns:
+        `task_vocab`'s tokens, then the task's other tokens `pretrained_vocab` holds (most
+        frequent first), at most `max_vocab`, padded with `xxfake` as fastai pads.
+    """
+    kept = [token for token in task_vocab if token != FAKE]
+    seen, known = set(kept), set(pretrained_vocab) - {FAKE}
+    extra = [token for token, _ in counts.most_common() if token not in seen and token in known]
+    vocab = (kept + extra)[:max_vocab]
+    return vocab + [FAKE] * (8 - len(vocab) % 8)
+
+
 def train_random_encoder_whole(job: TrainingJob) -> None:
     """Replaces gradual unfreezing by one whole stage when the LM's encoder was discarded:
     a random encoder gains nothing from it (a resume plans alike: lm_discarded is saved)."""
@@ -150,14 +176,9 @@ def classifier_learner(job: TrainingJob, vocab: list[str] | None, loss, metrics)
 
 
 def start_at_label_frequencies(learn, truth: np.ndarray, task: str) -> None:
-    """Gives the head's last Linear layer (fastai's has no bias) the bias that predicts
-    each label's training frequency (`text_scores.frequency_bias`).
-
-    Args:
-        learn: A fresh `text_classifier_learner`.
-        truth: 0/1 label matrix of the training split.
-        task: MULTI_LABEL or SINGLE_LABEL.
-    """
+    """Gives a fresh classifier head's last Linear layer (fastai's has no bias) the bias
+    that predicts each label's frequency in `truth`, the training split's 0/1 label matrix
+    (`text_scores.frequency_bias`)."""
     linear = [m for m in learn.model[1].modules() if isinstance(m, torch.nn.Linear)][-1]
     bias = text_scores.frequency_bias(truth, task)
     linear.bias = torch.nn.Parameter(torch.as_tensor(bias, dtype=linear.weight.dtype,

@@ -70,26 +70,13 @@ class StageRunner:
 
     def restore(self, learn) -> bool:
         """Loads the latest checkpoint of this learner's model kind, if training began."""
-        name = self.state.get("checkpoint")
-        if name:
-            self.step = load_checkpoint(learn, self.path(name))
-        return bool(name)
+        self.step = load_checkpoint(learn, self.resume, self.state)
+        return bool(self.state.get("checkpoint"))
 
     def started(self, index: int) -> bool:
         """Whether stage `index` or a later one has a checkpoint (an epoch's or mid-epoch)."""
         return (self.state["stage"], self.state["epochs_done"],
                 bool(self.state.get("mid_epoch"))) > (index, 0, False)
-
-    def found_rate(self, learn, stage: schedule.Stage) -> float:
-        """`lr_find`'s rate for the stage's model (found once, kept) times the stage's share."""
-        found = self.state.setdefault("found_lr", {})
-        if stage.model not in found:
-            log.info("finding the %s's rate", stage.model)
-            epochs = sum(s.epochs for s in self.plan if s.model == stage.model)
-            found[stage.model] = find_rate(learn, *schedule.found_rate_bounds(stage, self.n_hid),
-                                           epochs)
-            self.save()
-        return found[stage.model]["used"] * stage.lr_share
 
     def fit_classifier(self, learn, indices: Sequence[int]) -> None:
         """Runs the classifier's stages, again from their first weights at lower rates (at
@@ -147,7 +134,11 @@ class StageRunner:
         learn.freeze_to(0 if stage.freeze_to is None else stage.freeze_to)  # 0: unfreeze()
         if moments:  # which freeze_to clears: a resumed stage goes on with them
             learn.opt.load_state_dict(moments)
-        top = (stage.lr or self.found_rate(learn, stage)) * \
+        # lr_find's rate for the stage's model (found once, kept) times the stage's share.
+        top = (stage.lr or stage.lr_share * find_rate(
+            learn, self.resume, self.state.setdefault("found_lr", {}), stage.model,
+            *schedule.found_rate_bounds(stage, self.n_hid),
+            sum(s.epochs for s in self.plan if s.model == stage.model))) * \
             (self.state.get("rate_scale", 1.0) if stage.model == schedule.CLASSIFIER else 1.0)
         lr = top if not stage.discriminative else \
             slice(top / schedule.LR_DECAY_PER_GROUP ** (len(learn.opt.param_groups) - 1), top)

@@ -112,15 +112,10 @@ LM_ACCURACY_MARGIN = 0.02
 
 
 def lm_learnt_nothing(rows: list[Mapping[str, Any]], unigram_accuracy: float) -> str | None:
-    """Why the language model stages taught the encoder nothing, or None when they did.
-
-    An AWD-LSTM from scratch on a few hundred texts can end predicting the most frequent
-    token whatever came before; a classifier from that encoder learnt nothing.
-
-    Args:
-        rows: The LM's history rows.
-        unigram_accuracy: Share of the most frequent token in the LM's validation text.
-    """
+    """Why the language model stages (their history `rows`) taught the encoder nothing, or
+    None when they did: an AWD-LSTM from scratch on a few hundred texts can end predicting the
+    most frequent token (`unigram_accuracy`: its share of the validation text) whatever came
+    before; a classifier from that encoder learnt nothing."""
     accuracies = [r["accuracy"] for r in rows if finite(r.get("accuracy"))]
     if not accuracies:
         return None

@@ -30,9 +30,7 @@ from components.text_common.scores import validation_result, write_result_files
 from components.train_text import schedule
 from components.train_text.assets import (
     LMAssets,
-    fastai_pretrained_url,
     resolve_assets,
-    uses_fastai_pretrained,
 )
 from components.train_text.contract import TextTrainingError, TrainConfig, model_config_problems
 from components.train_text.data import PreparedDataset, fastai_frame, read_dataset
@@ -101,7 +99,7 @@ def train_text_classifier(
         learn, dls, vocab = classifier_learner(job, vocab, loss, metrics)
         job.run.fit_classifier(learn, job.run.indices(schedule.CLASSIFIER))
         learn, result = validate_and_export(job, learn, model_dir)
-        result.update(run_report(job, learn, dls, vocab, lm_assets_uri, started))
+        result.update(run_report(job, learn, dls, vocab, started))
         write_result_files(model_dir, result, data.text_column, config.threshold,
                            lang=config.lang, backwards=config.backwards, arch="AWD_LSTM")
         job.run.state["finished"] = True
@@ -160,16 +158,9 @@ def _architecture(config: TrainConfig, lm_assets_uri: str,
 def model_metadata(result: dict[str, Any], config: TrainConfig, model_dir: str,
                    dataset_dir: str, lm_assets_uri: str,
                    lm_assets_fingerprint: str) -> dict[str, Any]:
-    """The `Model` artifact's metadata: what the model is, its files, and its provenance.
-
-    Args:
-        result: What `training.train_text_classifier` returned.
-        config: The run's settings.
-        model_dir: The model folder, written.
-        dataset_dir: The preparation step's folder (its manifest pins the data).
-        lm_assets_uri: The pretrained LM assets' root.
-        lm_assets_fingerprint: The preflight step's digest of their listing.
-    """
+    """The `Model` artifact's metadata of a `train_text_classifier` result: what the model
+    is, its files, and its provenance (the dataset's manifest pins the data;
+    `lm_assets_fingerprint` is the preflight step's digest of the assets' listing)."""
     return {
         "framework": "fastai",
         "arch": "AWD_LSTM",
@@ -204,8 +195,7 @@ def validate_and_export(job: TrainingJob, learn, model_dir: str) -> tuple[Any, d
     return learn, result
 
 
-def run_report(job: TrainingJob, learn, dls, vocab: list[str], lm_assets_uri: str,
-               started: float) -> dict[str, Any]:
+def run_report(job: TrainingJob, learn, dls, vocab: list[str], started: float) -> dict[str, Any]:
     """metrics.json's `history`, `best`, `run` (sizes, timings, resume facts) and `config`."""
     state, config = job.run.state, job.config
     clas_epochs = [h for h in state["history"] if h["model"] == schedule.CLASSIFIER]
@@ -223,9 +213,7 @@ def run_report(job: TrainingJob, learn, dls, vocab: list[str], lm_assets_uri: st
             "arch": "AWD_LSTM",
             "arch_config": {k: job.lm_config[k] for k in ENCODER_KEYS},
             "pretrained": config.pretrained,
-            "pretrained_from": None if not config.pretrained else (
-                fastai_pretrained_url(config.backwards)
-                if uses_fastai_pretrained(lm_assets_uri, config.lang) else lm_assets_uri),
+            "pretrained_from": job.assets.source if job.assets else None,
             "precision": job.precision,
             "device": str(learn.dls.device),
             "resumed_from": job.resumed_from,
