@@ -144,13 +144,14 @@ def open_run(folder: str, file: StateFile, run_values: Mapping[str, Any], *,
     state = {**version, "fingerprint": run_fingerprint, **copy.deepcopy(dict(fresh or {}))}
     resume = Resume(folder, file, state, resumed=False)
     if write:  # the others' removals could take the writer's temporary file mid-save
-        _remove_leftovers(folder, (file.name, *file.leftovers), file.leftover_suffixes)
+        remove_leftovers(folder, (file.name, *file.leftovers), file.leftover_suffixes)
         if file.marker:
             resume.save()
     return resume
 
 
-def _remove_leftovers(folder: str, names: tuple[str, ...], suffixes: tuple[str, ...]) -> None:
+def remove_leftovers(folder: str, names: tuple[str, ...], suffixes: tuple[str, ...] = ()
+                     ) -> None:
     """Removes `names`, their `save` temporaries and files ending in `suffixes`, if any."""
     if not os.path.isdir(folder):
         return

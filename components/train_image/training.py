@@ -442,10 +442,10 @@ class RunState:
     def clear(self, phases: Sequence[str]) -> None:
         """Deletes the state once the model is exported (and the folder if left empty)."""
         if self.chief:
-            run_state.remove_leftovers(self.root, [name for phase in phases for name in (
+            run_state.remove_leftovers(self.root, tuple(name for phase in phases for name in (
                 f"backup-{phase}", f"history-{phase}.json", f"{phase}.weights.npz",
-                f"{phase}.done.json")])
+                f"{phase}.done.json")))
             # The run file last: finished phases never outlive their owner.
-            run_state.remove_leftovers(self.root, [RUN_FILE])
+            run_state.remove_leftovers(self.root, (RUN_FILE,))
             if os.path.isdir(self.root) and not os.listdir(self.root):
                 os.rmdir(self.root)
