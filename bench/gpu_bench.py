@@ -303,10 +303,6 @@ def fastai_tokens(gpus: list[dict], batch: int, doc_len: int, batches: int, roun
     return out
 
 
-def _fmt(value, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def report(results: dict) -> str:
     """The results as aligned lines, one figure per line."""
     lines = []
@@ -325,7 +321,7 @@ def report(results: dict) -> str:
             share = p["share_of_peak"]
             lines.append(f"  {precision:<14} {p['images_per_second']:9.1f} img/s "
                          f"{p['tflops']:8.2f} TFLOP/s  "
-                         f"{_fmt(share and 100 * share)}% of peak")
+                         f"{'-' if share is None else f'{100 * share:.1f}'}% of peak")
         if d["amp_speedup"] is not None:
             lines.append(f"  AMP speed-up   {d['amp_speedup']:.2f}x")
     if "feed" in results:
@@ -349,23 +345,22 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _precisions(parser: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
-    """--precisions as a tuple; a usage error unless it names some of KERAS_PRECISIONS."""
+def _precisions(text: str) -> tuple[str, ...]:
+    """--precisions as a tuple, some of KERAS_PRECISIONS."""
     precisions = tuple(p for p in text.split(",") if p)
     if not precisions or set(precisions) - set(KERAS_PRECISIONS):
-        parser.error(f"--precisions takes some of {list(KERAS_PRECISIONS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--precisions takes some of {list(KERAS_PRECISIONS)}, got {text!r}")
     return precisions
 
 
-def _layout(parser: argparse.ArgumentParser, text: str) -> tuple[int, ...]:
-    """--layout as a tuple; a usage error unless it is four positive block counts."""
-    try:
-        layout = tuple(int(n) for n in text.split(","))
-    except ValueError:
-        layout = ()
-    if len(layout) != 4 or min(layout) < 1:
-        parser.error(f"--layout takes four positive block counts (conv2..conv5), e.g. "
-                     f"6,12,24,16; got {text!r}")
+def _layout(text: str) -> tuple[int, ...]:
+    """--layout as a tuple of four positive block counts."""
+    layout = tuple(int(n) for n in text.split(",") if n.isdigit())
+    if len(layout) != 4 or len(text.split(",")) != 4 or min(layout) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--layout takes four positive block counts (conv2..conv5), e.g. 6,12,24,16; "
+            f"got {text!r}")
     return layout
 
 
@@ -385,8 +380,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--doc-tokens", type=int, default=400)
     parser.add_argument("--text-batches", type=int, default=20)
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--precisions", default=",".join(KERAS_PRECISIONS))  # DenseNet's
-    parser.add_argument("--layout", default=None,
+    parser.add_argument("--precisions", type=_precisions,  # DenseNet's
+                        default=",".join(KERAS_PRECISIONS))
+    parser.add_argument("--layout", type=_layout, default=None,
                         help="dense blocks per stage, e.g. 6,12,32,32 for DenseNet169 "
                              "(default DenseNet121's 6,12,24,16; --smoke: 1,1,1,1)")
     parser.add_argument("--architecture", choices=("densenet121", "efficientnet_lite0"),
@@ -401,7 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
-    precisions = _precisions(parser, args.precisions)
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
@@ -410,11 +405,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"the cores this process may use; got {args.host_cores}")
     if args.host_cores:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.host_cores])
-    layout = _layout(parser, args.layout) if args.layout else DENSENET121
+    layout = args.layout or (SMOKE_LAYOUT if args.smoke else DENSENET121)
     size, batch, steps, warmup, arch = args.image_size, args.batch, args.steps, 5, {}
     if args.smoke:
         size, batch, steps, warmup = 32, 4, 2, 1
-        layout = _layout(parser, args.layout) if args.layout else SMOKE_LAYOUT
         args.shard_images, args.rounds = 40, 1
         args.text_batch, args.doc_tokens, args.text_batches = 4, 24, 2
         arch = {"emb_sz": 16, "n_hid": 32, "n_layers": 1}
@@ -426,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"choices": picked} if "choices" in sections else {}
     runs = {
         "densenet": lambda: densenet(args.engine, gpus, size, batch, steps, warmup, args.rounds,
-                                     precisions, layout, args.architecture),
+                                     args.precisions, layout, args.architecture),
         "feed": lambda: feed(args.engine, picked["keras_precision"], size, batch, steps, warmup,
                              args.shard_images, layout, args.architecture),
         "fastai": lambda: fastai_tokens(gpus, args.text_batch, args.doc_tokens,
