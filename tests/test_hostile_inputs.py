@@ -740,14 +740,10 @@ def test_lm_assets_missing_one_file_is_named_by_preflight_and_the_trainer():
         with folder() as d:
             root = os.path.join(d, "lm")
             _write_assets(root, lang, backwards, skip=missing)
-            if others:
-                _write_assets(root, lang, not backwards)
-                os.makedirs(os.path.join(root, lang, "backward" if backwards else "forward"),
-                            exist_ok=True)
+            if others:  # distractors; a file both directions share (spm.model) stays missing
+                _write_assets(root, lang, not backwards, skip=missing)
             if how == "a folder in its place":
                 write(os.path.join(root, missing, "inside"), b"x")
-            if others:  # the other direction's copy of the missing file stays absent
-                _write_assets(root, lang, not backwards)
             assert missing_files(root, lang, backwards) == [f"{root}/{missing}"]
             _, err = outcome(lambda: check_text_run({"pretrained": True, "lm_assets": root,
                                                      "lang": lang, "backwards": backwards}),
