@@ -34,15 +34,18 @@ def _compile_here(tmp_path, *extra):
     return out
 
 
+def _spec(tmp_path, pipeline: str, *extra) -> dict:
+    """The compiled JSON of `pipeline`, from the shared compile with these flags."""
+    return json.loads((_compile(tmp_path, *extra) / f"{pipeline}.json").read_text())
+
+
 def _pools(spec: dict, component: str) -> list[dict]:
     params = spec["components"][f"comp-{component}"]["inputDefinitions"]["parameters"]
     return params["worker_pool_specs"]["defaultValue"]
 
 
 def test_shard_step_runs_on_a_cpu_machine_with_the_pinned_image(tmp_path):
-    out = _compile(tmp_path)
-    spec = json.loads((out / "image_pipeline.json").read_text())
-    pools = _pools(spec, "shard-images")
+    pools = _pools(_spec(tmp_path, "image_pipeline"), "shard-images")
     assert len(pools) == 1
     pool = aiplatform_v1.WorkerPoolSpec.from_json(json.dumps(pools[0]))
     assert pool.machine_spec.machine_type == "n1-highcpu-16"
@@ -57,10 +60,10 @@ def test_machine_options_reach_the_job(tmp_path):
     config = tmp_path / "settings.json"
     config.write_text(json.dumps({"shard_machine_type": "n2-highcpu-32",
                                   "service_account": "runner@acme-ml.iam.gserviceaccount.com"}))
-    out = _compile(tmp_path, "--pipelines", "image_pipeline", "--config", str(config), "--spot",
-                   "--network", "projects/123/global/networks/ml", "--encryption-key",
-                   "projects/acme-ml/locations/europe-west4/keyRings/r/cryptoKeys/k")
-    spec = json.loads((out / "image_pipeline.json").read_text())
+    spec = _spec(tmp_path, "image_pipeline", "--pipelines", "image_pipeline", "--config",
+                 str(config), "--spot", "--network", "projects/123/global/networks/ml",
+                 "--encryption-key",
+                 "projects/acme-ml/locations/europe-west4/keyRings/r/cryptoKeys/k")
     params = spec["components"]["comp-shard-images"]["inputDefinitions"]["parameters"]
     assert _pools(spec, "shard-images")[0]["machine_spec"]["machine_type"] == "n2-highcpu-32"
     assert params["strategy"]["defaultValue"] == "SPOT"
@@ -75,7 +78,7 @@ def test_machine_options_reach_the_job(tmp_path):
                                             ("transformer_pipeline", "data_uri")])
 def test_every_pipeline_parameter_has_a_default_or_is_the_data_and_a_description(tmp_path,
                                                                                  pipeline, data):
-    spec = json.loads((_compile(tmp_path) / f"{pipeline}.json").read_text())
+    spec = _spec(tmp_path, pipeline)
     params = spec["root"]["inputDefinitions"]["parameters"]
     assert params.keys() >= {data, "seed", "epochs", "batch_size"}
     for name, param in params.items():
@@ -98,8 +101,8 @@ def test_yaml_on_request_and_no_latest_tags(tmp_path):
 
 def test_full_image_uri_override(tmp_path):
     uri = "europe-west4-docker.pkg.dev/acme-ml/pipelines/tf@sha256:" + "a" * 64
-    out = _compile(tmp_path, "--image", f"tensorflow={uri}", "--pipelines", "image_pipeline")
-    spec = json.loads((out / "image_pipeline.json").read_text())
+    spec = _spec(tmp_path, "image_pipeline", "--image", f"tensorflow={uri}", "--pipelines",
+                 "image_pipeline")
     assert _pools(spec, "shard-images")[0]["container_spec"]["image_uri"] == uri
 
 
@@ -117,7 +120,7 @@ def test_no_credentials_in_compiled_json(tmp_path, monkeypatch):
 
 
 def test_trainer_runs_on_gpus_with_replicas_and_restart_settings(tmp_path):
-    spec = json.loads((_compile(tmp_path) / "image_pipeline.json").read_text())
+    spec = _spec(tmp_path, "image_pipeline")
     (chief,) = _pools(spec, "train-image-classifier")
     pool = aiplatform_v1.WorkerPoolSpec.from_json(json.dumps(chief))
     assert pool.machine_spec.machine_type == "n1-standard-8"
@@ -127,12 +130,11 @@ def test_trainer_runs_on_gpus_with_replicas_and_restart_settings(tmp_path):
     evaluate = _pools(spec, "evaluate-image-classifier")[0]
     assert evaluate["machine_spec"] == {"machine_type": "n1-standard-4"}
 
-    out = _compile(tmp_path, "--pipelines", "image_pipeline",
-                   "--train-image-accelerator-type", "NVIDIA_L4",
-                   "--train-image-accelerator-count", "4", "--train-image-machine-type",
-                   "g2-standard-48", "--train-image-replica-count", "3", "--spot",
-                   "--restart-job-on-worker-restart")
-    spec = json.loads((out / "image_pipeline.json").read_text())
+    spec = _spec(tmp_path, "image_pipeline", "--pipelines", "image_pipeline",
+                 "--train-image-accelerator-type", "NVIDIA_L4",
+                 "--train-image-accelerator-count", "4", "--train-image-machine-type",
+                 "g2-standard-48", "--train-image-replica-count", "3", "--spot",
+                 "--restart-job-on-worker-restart")
     pools = [aiplatform_v1.WorkerPoolSpec.from_json(json.dumps(p))
              for p in _pools(spec, "train-image-classifier")]
     # Vertex: pool 0 is the chief, pool 1 the other replicas, same machines
@@ -229,10 +231,9 @@ def test_prediction_is_a_cpu_job_run_only_when_predict_uri_is_set(tmp_path, pipe
 
 
 def test_language_model_trains_on_a_gpu_after_a_light_preflight(tmp_path):
-    spec = json.loads((_compile(tmp_path, "--pipelines", "lm_pipeline",
-                                "--train-lm-accelerator-type", "NVIDIA_L4",
-                                "--train-lm-machine-type", "g2-standard-8")
-                       / "lm_pipeline.json").read_text())
+    spec = _spec(tmp_path, "lm_pipeline", "--pipelines", "lm_pipeline",
+                 "--train-lm-accelerator-type", "NVIDIA_L4", "--train-lm-machine-type",
+                 "g2-standard-8")
     (pool,) = _pools(spec, "train-language-model")
     assert pool["container_spec"]["image_uri"] == f"{REGISTRY}/fastai:0a1b2c3"
     assert pool["machine_spec"] == {"machine_type": "g2-standard-8",
@@ -268,7 +269,7 @@ def test_every_pipeline_loads_in_pipeline_job(tmp_path, name, param, data):
 
 
 def test_no_upload_without_a_pinned_serving_image(tmp_path):
-    spec = json.loads((_compile(tmp_path) / "image_pipeline.json").read_text())
+    spec = _spec(tmp_path, "image_pipeline")
     assert "comp-model-upload" not in spec["components"]
     assert "comp-registration-gate" in spec["components"]  # the decision is still reported
     with pytest.raises(SystemExit, match="--serving-image"):
@@ -369,9 +370,8 @@ def test_one_tag_rule_for_the_trigger_make_images_and_compile():
 
 
 def test_multi_replica_jobs_restart_as_a_whole(tmp_path):
-    spec = json.loads((_compile(tmp_path, "--train-image-replica-count", "2",
-                                "--pipelines", "image_pipeline")
-                       / "image_pipeline.json").read_text())
+    spec = _spec(tmp_path, "image_pipeline", "--train-image-replica-count", "2",
+                 "--pipelines", "image_pipeline")
     params = spec["components"]["comp-train-image-classifier"]["inputDefinitions"]["parameters"]
     assert params["restart_job_on_worker_restart"]["defaultValue"] is True
     single = spec["components"]["comp-shard-images"]["inputDefinitions"]["parameters"]
@@ -401,7 +401,7 @@ def test_steps_reading_files_by_uri_are_keyed_on_their_fingerprints(tmp_path, pi
                                                                     trainer, files):
     """A step's cache key holds only its inputs: new images under the same predict_uri, or
     weights / language models rewritten in place, must reach the key as a fingerprint."""
-    spec = json.loads((_compile(tmp_path) / f"{pipeline}.json").read_text())
+    spec = _spec(tmp_path, pipeline)
     tasks = spec["root"]["dag"]["tasks"]
     assert tasks[trainer]["inputs"]["parameters"][f"{files}_fingerprint"] == {
         "taskOutputParameter": {"outputParameterKey": f"{files}_fingerprint",
@@ -506,9 +506,7 @@ def test_tensorboard_from_the_config_file(tmp_path):
     config = tmp_path / "settings.json"
     config.write_text(json.dumps({"tensorboard": TENSORBOARD, "base_output_directory": "gs://b/o",
                                   "service_account": "sa@p.iam.gserviceaccount.com"}))
-    spec = json.loads((_compile(tmp_path, "--config", str(config), "--pipelines", "lm_pipeline")
-                       / "lm_pipeline.json")
-                      .read_text())
+    spec = _spec(tmp_path, "lm_pipeline", "--config", str(config), "--pipelines", "lm_pipeline")
     assert _tensorboards(spec) == {"train-language-model": TENSORBOARD}
 
 
@@ -629,7 +627,7 @@ def test_every_machine_gets_a_boot_disk_type_vertex_takes():
 ])
 def test_boot_disk_type_follows_the_machine_family(tmp_path, pipeline, component, disk):
     """A3 Ultra and A4 boot from Hyperdisk only: their jobs and tuning trials ask for it."""
-    spec = json.loads((_compile(tmp_path, *HYPERDISK_FLAGS) / f"{pipeline}.json").read_text())
+    spec = _spec(tmp_path, pipeline, *HYPERDISK_FLAGS)
     for pool in _pools(spec, component):
         parsed = aiplatform_v1.WorkerPoolSpec.from_json(json.dumps(pool))
         assert parsed.disk_spec.boot_disk_type == disk
