@@ -270,8 +270,9 @@ def _callbacks(config: TrainConfig, state: RunState, phase: str, data: _Inputs, 
         tf_keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=0,
                                        write_graph=False, profile_batch=0),
         # Mirrored folders (open-source Kubeflow) pushed after the epoch's backup and logs.
-        tf_keras.callbacks.LambdaCallback(on_epoch_end=lambda done, logs: (
-            push_mirrors(), trial.report(logs or {}, int(done) + 1))),
+        tf_keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: push_mirrors()),
+        tf_keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda done, logs: trial.report(logs or {}, int(done) + 1)),
     ]
 
 
