@@ -127,12 +127,6 @@ def test_what_the_gate_cannot_compare_is_an_error(metrics, metric, threshold, en
 # --- read_evaluation -------------------------------------------------------------------
 
 
-def test_read_metrics_reads_metrics_json_of_the_evaluation_folder(tmp_path):
-    (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
-    (tmp_path / "report.md").write_text("# not this one\n")
-    assert read_evaluation(str(tmp_path)) == METRICS
-
-
 def test_read_metrics_of_a_folder_without_metrics_json_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="metrics.json"):
         read_evaluation(str(tmp_path))

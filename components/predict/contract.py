@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from components.common.input_kinds import FolderKind, FolderKindError, folder_files
+from components.common.storage import filesystem
 from components.text_common.contract import (
     EXPORT_FILE,
     LABELS_FILE,
@@ -107,6 +108,32 @@ def model_family(model_dir: str, name: str = "") -> str:
                   if folders else "")
         raise PredictionError(f"{err}{inside}") from None
     return IMAGE if kind == "image" else TEXT
+
+
+def list_inputs(data_uri: str) -> tuple[list[str], list[str]]:
+    """`(files, hidden)`: the sorted URIs under a folder (any depth) or the one file named,
+    and the hidden files left out.
+
+    Raises:
+        PredictionError: Nothing there.
+    """
+    fs, root = filesystem(data_uri)
+    if fs.isfile(root):
+        return [data_uri], []
+    if not fs.isdir(root):
+        raise PredictionError(f"{data_uri!r} does not exist: give a folder of images or an "
+                              "image file")
+    prefix = data_uri.rstrip("/")
+    files, hidden = [], []
+    for path in sorted(fs.find(root)):
+        relative = os.path.relpath(path, root.rstrip("/"))
+        uri = f"{prefix}/{relative}"
+        (hidden if any(p.startswith(".") for p in relative.split("/")) else files).append(uri)
+    if not files:
+        raise PredictionError(f"no files under {data_uri!r}"
+                              + (f" ({len(hidden)} hidden ones left out)" if hidden else "")
+                              + ": give a folder of images or an image file")
+    return files, hidden
 
 
 def read_predictions(path: str) -> list[dict[str, Any]]:

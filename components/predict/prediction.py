@@ -22,7 +22,7 @@ from tqdm import tqdm
 from components.common.images import BadImage, decode_image, encode_image, resize
 from components.common.input_kinds import InputKindError, csv_header, text_problem
 from components.common.storage import TMP_PREFIX, filesystem, is_remote, read_json
-from components.predict.contract import IMAGE, PredictionError, model_family
+from components.predict.contract import IMAGE, PredictionError, list_inputs, model_family
 from components.text_common.contract import MAX_TEXT_CHARS
 
 log = logging.getLogger(__name__)
@@ -85,31 +85,6 @@ def _whole_or_nothing(output: str) -> Iterator[TextIO]:
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
-
-
-def list_inputs(data_uri: str) -> tuple[list[str], list[str]]:
-    """`(files, hidden)`: the sorted URIs under a folder (any depth) or the one file named,
-    and the hidden files left out.
-
-    Raises:
-        PredictionError: Nothing there.
-    """
-    fs, root = filesystem(data_uri)
-    if fs.isfile(root):
-        return [data_uri], []
-    if not fs.isdir(root):
-        raise PredictionError(f"{data_uri!r} does not exist: give a folder of images or an "
-                              "image file")
-    prefix = data_uri.rstrip("/")
-    files, hidden = [], []
-    for path in sorted(fs.find(root)):
-        relative = os.path.relpath(path, root.rstrip("/"))
-        uri = f"{prefix}/{relative}"
-        (hidden if any(p.startswith(".") for p in relative.split("/")) else files).append(uri)
-    if not files:
-        raise PredictionError(f"no files under {data_uri!r}"
-                              + (f" ({len(hidden)} hidden ones left out)" if hidden else ""))
-    return files, hidden
 
 
 def preprocess_image(data: bytes, preprocessing: dict[str, Any]) -> np.ndarray:

@@ -10,7 +10,7 @@ from typing import Any
 
 from components.preflight.component import OUTPUTS
 from components.preflight.data import check_corpus, check_predict_uri, data_fingerprint
-from components.preflight.parameters import PreflightError, coerce
+from components.preflight.parameters import PreflightError, typed_parameter
 from components.preflight.pipeline_checks import CHECKS
 from components.track.contract import TrackingError, check_tracking_uri
 
@@ -42,7 +42,7 @@ def input_fingerprints(kind: str, parameters: Mapping[str, Any]) -> dict[str, st
     else:
         from components.train_text.contract import TrainConfig
 
-        pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
+        pretrained = typed_parameter(parameters, "pretrained", bool, TrainConfig.pretrained)
         read = of("lm_assets", str(parameters.get("lm_assets", "")) if pretrained else "")
     return {OUTPUTS[kind][1]: read,
             "predict_fingerprint": of("predict_uri", str(parameters.get("predict_uri", "")))}

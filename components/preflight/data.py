@@ -17,6 +17,7 @@ from components.common.input_kinds import (
     text_problem,
 )
 from components.common.storage import filesystem
+from components.predict.contract import PredictionError, list_inputs
 from components.preflight.parameters import PreflightError
 from components.shard.contract import find_following_links
 
@@ -111,23 +112,17 @@ def check_predict_uri(uri: str, kind: str, text_column: str = "text") -> None:
     """
     if not uri:
         return
+    if kind == "image":
+        try:  # the prediction step's own listing
+            list_inputs(uri)
+        except PredictionError as err:
+            raise PreflightError(f"predict_uri: {err}, or leave predict_uri empty") from None
+        return
     fs, path = filesystem(uri)
-    if kind == "text":
-        if not fs.isfile(path):
-            raise PreflightError(f"predict_uri {uri!r} is not a file: give the CSV of texts "
-                                 "to label (with the training text column), or leave it empty")
-        _check_predict_csv(uri, *_head(fs, path), text_column)
-        return
-    if fs.isfile(path):
-        return
-    if not fs.isdir(path):
-        raise PreflightError(f"predict_uri {uri!r} does not exist: give the folder of images "
-                             "to label, or leave it empty")
-    root = path.rstrip("/") + "/"
-    if not any(not any(part.startswith(".") for part in f[len(root):].split("/"))
-               for f in fs.find(path)):
-        raise PreflightError(f"predict_uri {uri!r} holds no file (hidden ones aside): give "
-                             "the folder of images to label, or leave it empty")
+    if not fs.isfile(path):
+        raise PreflightError(f"predict_uri {uri!r} is not a file: give the CSV of texts "
+                             "to label (with the training text column), or leave it empty")
+    _check_predict_csv(uri, *_head(fs, path), text_column)
 
 
 # Enough of a CSV to read its header and first rows.

@@ -15,18 +15,6 @@ class PreflightError(ValueError):
     """The run would fail later; the message names each parameter and what to do."""
 
 
-def coerce(value: Any, annotation: Any) -> Any:
-    """A parameter value as the config field's type wants it (`common.values.coerce`).
-
-    Raises:
-        PreflightError: Not a value of that type.
-    """
-    try:
-        return coerce_value(value, annotation)
-    except ValueError as err:
-        raise PreflightError(str(err)) from None
-
-
 def build(config_class: type, parameters: Mapping[str, Any], renames: Mapping[str, str] = (),
           **overrides: Any) -> Any:
     """Constructs `config_class` from the pipeline parameters its fields name.
@@ -65,6 +53,6 @@ def typed_parameter(parameters: Mapping[str, Any], name: str, kind: type = float
         PreflightError: Its value is not one, the message naming `name`.
     """
     try:
-        return coerce(parameters[name] if name in parameters else default, kind)
-    except PreflightError as err:
-        raise PreflightError(f"{name}: {err}") from err
+        return coerce_value(parameters[name] if name in parameters else default, kind)
+    except ValueError as err:
+        raise PreflightError(f"{name}: {err}") from None

@@ -14,7 +14,6 @@ from components.common.storage import filesystem, is_remote
 from components.preflight.parameters import (
     PreflightError,
     build,
-    coerce,
     typed_parameter,
 )
 from components.train_text.contract import model_config_problems, parse_model_config
@@ -170,7 +169,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> list[str]:
     trained, model_config, config = _fastai_problems(TrainConfig, parameters)
     problems += trained
     try:
-        pretrained = coerce(parameters.get("pretrained", TrainConfig.pretrained), bool)
+        pretrained = typed_parameter(parameters, "pretrained", bool, TrainConfig.pretrained)
     except PreflightError:  # the training check says so ("training: pretrained: ...")
         pretrained = False
     if pretrained:
@@ -182,7 +181,7 @@ def check_text_run(parameters: Mapping[str, Any]) -> list[str]:
                             f"{FASTAI_PRETRAINED_LANG!r} starts from fastai's model without "
                             "one), or set pretrained to false to train from scratch")
         elif root:
-            backwards = coerce(parameters.get("backwards", TrainConfig.backwards), bool)
+            backwards = typed_parameter(parameters, "backwards", bool, TrainConfig.backwards)
             missing = missing_files(root, lang, backwards)
             if missing:
                 problems.append(f"lm_assets {root!r} lacks {missing} for lang={lang!r}")

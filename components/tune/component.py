@@ -35,8 +35,6 @@ _TRIAL_INPUTS = (
     ("study_metric", "str", "The epoch value the study ranks trials by."),
     ("study_goal", "str", '"maximize" or "minimize" the study metric.'),
 )
-_TRAINER_NAMES = {"image": "image classifier", "text": "text classifier",
-                  "transformer": "transformer classifier"}
 
 
 def _parameter(name: str, annotation, default=inspect.Parameter.empty) -> inspect.Parameter:
@@ -81,7 +79,7 @@ def trial(kind: str):
     trainer = trainer_function(kind)
     parameters = [_parameter(name, annotation) for name, annotation, _ in _TRIAL_INPUTS]
     parameters += inspect.signature(trainer).parameters.values()
-    doc = (f"Trains the {_TRAINER_NAMES[kind]} with the point's values (its other inputs are "
+    doc = (f"Trains the {kind} classifier with the point's values (its other inputs are "
            "the trainer's) and returns the study metric; a failed training is a FAILED "
            f"result.\n\n{_args([(name, text) for name, _, text in _TRIAL_INPUTS])}")
     body = ("inputs = dict(locals())  # the step's inputs, before the import names one more\n"

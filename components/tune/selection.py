@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -99,28 +100,20 @@ def best_values(kind: str, best: Mapping[str, Any], defaults: Mapping[str, Any]
             else defaults[name] for name in TUNABLE[kind]}
 
 
-def record(trials, summary: Mapping[str, Any], best: Mapping[str, Any] | None = None,
-           values: Mapping[str, Any] | None = None) -> None:
-    """Writes `trials.json` (`summary`, the best trial with its `values`) into `trials`."""
-    import os
-
-    from components.common.storage import write_json_atomically
-
-    os.makedirs(trials.path, exist_ok=True)
-    write_json_atomically(os.path.join(trials.path, TRIALS_FILE), {
-        **summary, "best": None if best is None else {**best, "values": values}})
-
-
 def _conclude(kind: str, trials, summary: Mapping[str, Any], best: Mapping[str, Any] | None,
               problem: str, defaults: Mapping[str, Any], metadata: Mapping[str, Any]
               ) -> dict[str, Any]:
-    """Writes `trials.json`; raises `problem` if any, else records `metadata` and the best
-    trial's id, and returns `best_values`."""
+    """Writes `trials.json` (`summary`, the best trial with its `best_values`, or none if
+    there is a `problem`); raises `problem` if any, else records `metadata` and the best
+    trial's id, and returns those values."""
+    from components.common.storage import write_json_atomically
+
+    values = None if problem else best_values(kind, best, defaults)
+    os.makedirs(trials.path, exist_ok=True)
+    write_json_atomically(os.path.join(trials.path, TRIALS_FILE), {
+        **summary, "best": None if problem else {**best, "values": values}})
     if problem:
-        record(trials, summary)
         raise TuningError(problem)
-    values = best_values(kind, best, defaults)
-    record(trials, summary, best, values)
     trials.metadata.update({"best_trial": best["id"], **metadata})
     return values
 
