@@ -101,11 +101,12 @@ def test_an_epoch_row_becomes_one_scalar_per_number():
 
 def test_the_log_writes_nothing_without_a_folder_and_flushes_each_point(tmp_path):
     ScalarLog(None).write({"lm/valid_loss": 1.0}, 1)  # no folder: nothing, no error
-    with ScalarLog(str(tmp_path / "tb")) as log:
-        log.write({"lm/valid_loss": 2.0}, 1)
-        # readable before the writer is closed: the uploader sees each epoch as it ends
-        assert read_points(str(tmp_path / "tb")) == {"lm/valid_loss": [(1, 2.0)]}
-        log.write({"lm/valid_loss": 1.5}, 2)
+    log = ScalarLog(str(tmp_path / "tb"))
+    log.write({"lm/valid_loss": 2.0}, 1)
+    # readable before the writer is closed: the uploader sees each epoch as it ends
+    assert read_points(str(tmp_path / "tb")) == {"lm/valid_loss": [(1, 2.0)]}
+    log.write({"lm/valid_loss": 1.5}, 2)
+    log.close()
     assert read_points(str(tmp_path / "tb")) == {"lm/valid_loss": [(1, 2.0), (2, 1.5)]}
 
 

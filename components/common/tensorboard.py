@@ -76,9 +76,3 @@ class ScalarLog:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-    def __enter__(self) -> ScalarLog:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
