@@ -39,13 +39,6 @@ def _per_name(names: list[str], **columns: np.ndarray) -> dict[str, dict[str, An
             for i, name in enumerate(names)}
 
 
-def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> np.ndarray:
-    """Counts of (true, predicted) pairs: rows are true classes, columns predicted ones."""
-    from sklearn.metrics import confusion_matrix as sk_confusion_matrix
-
-    return sk_confusion_matrix(y_true, y_pred, labels=np.arange(k))
-
-
 def roc_curve(positive: np.ndarray, scores: np.ndarray,
               max_points: int = ROC_MAX_POINTS) -> dict[str, Any] | None:
     """The ROC curve of scores against binary truth, thinned evenly along its length, and its
@@ -100,7 +93,7 @@ def single_label_metrics(y_true: np.ndarray, y_prob: np.ndarray,
     Raises:
         ValueError: Shapes disagree, there are no examples, or a label is out of range.
     """
-    from sklearn.metrics import precision_recall_fscore_support
+    from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
     y_true = np.asarray(y_true).astype(np.int64).reshape(-1)
     y_prob = np.asarray(y_prob, dtype=np.float64)
@@ -119,8 +112,8 @@ def single_label_metrics(y_true: np.ndarray, y_prob: np.ndarray,
         raise ValueError("y_prob holds NaN or infinite values")
 
     y_pred = y_prob.argmax(axis=1)
-    matrix = confusion_matrix(y_true, y_pred, k)
-    # labels= keeps every class, absent ones included, in index order.
+    # labels= keeps every class, absent ones included, in index order (matrix rows: true).
+    matrix = confusion_matrix(y_true, y_pred, labels=np.arange(k))
     precision, recall, f1, support = precision_recall_fscore_support(
         y_true, y_pred, labels=np.arange(k), zero_division=0)
     predicted = matrix.sum(axis=0)

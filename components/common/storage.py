@@ -103,21 +103,17 @@ class CheckpointStoreError(RuntimeError):
     """A mirror's object store folder cannot be listed, written or pushed to."""
 
 
-def _process_start(pid: int) -> str:
-    """Process `pid`'s start time ("" without /proc): with the pid, a unique name."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]  # field 22, after the name
-    except (OSError, IndexError):
-        return ""
-
-
 def mirror_path(remote: str) -> str:
     """The local folder of this process's mirror of `remote` (gs:// or s3://; not made
     here), named by the remote and the process that started the job: DDP ranks under
     torch's launcher (TORCHELASTIC_RUN_ID) share their parent's; other processes never do."""
     pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
-    key = f"{remote.rstrip('/')}\n{pid}.{_process_start(pid)}"
+    try:  # the process's start time: with the pid, a unique name
+        with open(f"/proc/{pid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]  # field 22, after the name
+    except (OSError, IndexError):
+        start = ""  # no /proc
+    key = f"{remote.rstrip('/')}\n{pid}.{start}"
     return os.path.join(tempfile.gettempdir(), "mirrors",
                         hashlib.sha1(key.encode()).hexdigest()[:16])
 
