@@ -298,7 +298,7 @@ def write_text_atomically(path: str, text: str, unique: bool = False) -> None:
     folder, name = os.path.split(path)
     temporary = os.path.join(folder, TMP_PREFIX + name)
     if unique:
-        handle, temporary = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{name}.", dir=folder or None)
+        handle, temporary = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{name}.", dir=folder or os.curdir)
         os.close(handle)
     try:
         with open(temporary, "w") as out:
