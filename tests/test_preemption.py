@@ -5,9 +5,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
+
+import pytest
 
 from components.common import preemption
+
+REPO = os.path.dirname(os.path.dirname(__file__))
 
 
 def test_sigterm_inside_the_notice_only_sets_its_flag():
@@ -19,26 +22,18 @@ def test_sigterm_inside_the_notice_only_sets_its_flag():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_sigterm_outside_the_notice_ends_the_process_as_before():
-    script = textwrap.dedent("""
-        import os, signal
-        from components.common import preemption
-        with preemption.Notice():
-            pass
-        os.kill(os.getpid(), signal.SIGTERM)
-        print("survived")
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert done.returncode == -signal.SIGTERM and "survived" not in done.stdout
-
-
-def test_preempted_exits_with_143_and_says_where():
-    script = ("from components.common import preemption\n"
-              "raise preemption.Preempted('at step 7 in /ckpt')\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert done.returncode == preemption.EXIT_STATUS == 143
+@pytest.mark.parametrize("script, status", [
+    ("with preemption.Notice():\n    pass\nos.kill(os.getpid(), signal.SIGTERM)\n",
+     -signal.SIGTERM),  # outside the notice, a SIGTERM ends the process as before
+    ("raise preemption.Preempted('at step 7 in /ckpt')\n", 143),
+], ids=["sigterm-outside-the-notice", "preempted"])
+def test_a_sigterm_outside_the_notice_kills_as_before_and_preempted_exits_with_143(script,
+                                                                                   status):
+    done = subprocess.run([sys.executable, "-c", "import os, signal\nfrom components.common "
+                           f"import preemption\n{script}print('survived')\n"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == status and "survived" not in done.stdout
+    assert preemption.EXIT_STATUS == 143
 
 
 def test_every_rank_stops_when_one_is_told():
@@ -69,7 +64,7 @@ def test_a_steps_python_is_the_containers_first_process(tmp_path):
     executor_input = {"inputs": {"parameterValues": {"pid_file": str(pid_file)}},
                       "outputs": {"outputFile": str(tmp_path / "out.json")}}
     args = [a.replace("{{$}}", json.dumps(executor_input)) for a in container.args]
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__)),
+    env = {**os.environ, "PYTHONPATH": REPO,
            "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # its python3
     shell = subprocess.Popen([*container.command, *args], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)

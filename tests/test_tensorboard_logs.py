@@ -7,7 +7,6 @@ import os
 
 import numpy as np
 import pytest
-from fastai.text.all import Callback
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
 from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
@@ -18,9 +17,9 @@ from components.train_lm.training import tensorboard_prefix, train_language_mode
 from components.train_text import schedule
 from components.train_text.contract import TrainConfig
 from components.train_text.training import train_text_classifier
+from tests.test_text_train import TINY, StopAfter
 from tools.datamakers.demo_text import write_reviews_csv
 
-TINY = {"emb_sz": 16, "n_hid": 24, "n_layers": 2}
 FIELDS = ("train_loss", "valid_loss", "seconds")
 
 
@@ -35,25 +34,6 @@ def reviews(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "reviews.csv"
     write_reviews_csv(str(path), rows=60, seed=1)
     return str(path)
-
-
-class StopAfter(Callback):
-    """Fails like a preempted machine once `n` epochs of a learner kind have been trained."""
-
-    order = 99  # after the step's own callback has checkpointed and logged the epoch
-
-    def __init__(self, learner: str, n: int):
-        self.learner, self.n, self.seen, self.trained = learner, n, 0, False
-
-    def after_train(self):
-        self.trained = True
-
-    def after_epoch(self):
-        trained, self.trained = self.trained, False  # a resume skips epochs without training
-        if trained and type(self.learn).__name__ == self.learner:
-            self.seen += 1
-            if self.seen == self.n:
-                raise KeyboardInterrupt("simulated preemption")
 
 
 def read_points(folder: str) -> dict[str, list[tuple[int, float]]]:
@@ -101,11 +81,12 @@ def test_an_epoch_row_becomes_one_scalar_per_number():
 
 def test_the_log_writes_nothing_without_a_folder_and_flushes_each_point(tmp_path):
     ScalarLog(None).write({"lm/valid_loss": 1.0}, 1)  # no folder: nothing, no error
-    with ScalarLog(str(tmp_path / "tb")) as log:
-        log.write({"lm/valid_loss": 2.0}, 1)
-        # readable before the writer is closed: the uploader sees each epoch as it ends
-        assert read_points(str(tmp_path / "tb")) == {"lm/valid_loss": [(1, 2.0)]}
-        log.write({"lm/valid_loss": 1.5}, 2)
+    log = ScalarLog(str(tmp_path / "tb"))
+    log.write({"lm/valid_loss": 2.0}, 1)
+    # readable before the writer is closed: the uploader sees each epoch as it ends
+    assert read_points(str(tmp_path / "tb")) == {"lm/valid_loss": [(1, 2.0)]}
+    log.write({"lm/valid_loss": 1.5}, 2)
+    log.close()
     assert read_points(str(tmp_path / "tb")) == {"lm/valid_loss": [(1, 2.0), (2, 1.5)]}
 
 

@@ -39,13 +39,6 @@ def _per_name(names: list[str], **columns: np.ndarray) -> dict[str, dict[str, An
             for i, name in enumerate(names)}
 
 
-def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> np.ndarray:
-    """Counts of (true, predicted) pairs: rows are true classes, columns predicted ones."""
-    from sklearn.metrics import confusion_matrix as sk_confusion_matrix
-
-    return sk_confusion_matrix(y_true, y_pred, labels=np.arange(k))
-
-
 def roc_curve(positive: np.ndarray, scores: np.ndarray,
               max_points: int = ROC_MAX_POINTS) -> dict[str, Any] | None:
     """The ROC curve of scores against binary truth, thinned evenly along its length, and its
@@ -100,7 +93,7 @@ def single_label_metrics(y_true: np.ndarray, y_prob: np.ndarray,
     Raises:
         ValueError: Shapes disagree, there are no examples, or a label is out of range.
     """
-    from sklearn.metrics import precision_recall_fscore_support
+    from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
     y_true = np.asarray(y_true).astype(np.int64).reshape(-1)
     y_prob = np.asarray(y_prob, dtype=np.float64)
@@ -119,8 +112,8 @@ def single_label_metrics(y_true: np.ndarray, y_prob: np.ndarray,
         raise ValueError("y_prob holds NaN or infinite values")
 
     y_pred = y_prob.argmax(axis=1)
-    matrix = confusion_matrix(y_true, y_pred, k)
-    # labels= keeps every class, absent ones included, in index order.
+    # labels= keeps every class, absent ones included, in index order (matrix rows: true).
+    matrix = confusion_matrix(y_true, y_pred, labels=np.arange(k))
     precision, recall, f1, support = precision_recall_fscore_support(
         y_true, y_pred, labels=np.arange(k), zero_division=0)
     predicted = matrix.sum(axis=0)
@@ -310,40 +303,33 @@ def markdown_report(result: dict[str, Any], title: str) -> str:
     if context:
         lines += ["- " + c for c in context] + [""]
     lines.append(f"**Examples:** {result['num_examples']}  ")
-    if result["task"] == "single_label":
-        lines.append(f"**Accuracy:** {f(result['accuracy'])}  ")
-        lines.append(f"**Macro F1:** {f(result['macro_f1'])} · "
-                     f"**Weighted F1:** {f(result['weighted_f1'])}  ")
-        if "roc_auc" in result:
-            auc = "n/a (one class only)" if result["roc_auc"] is None else f(result["roc_auc"])
-            lines.append(f"**ROC AUC** (positive class `{result['positive_class']}`): {auc}  ")
-        lines += ["", "## Per class", ""]
-        lines += markdown_rows(
-            ["class", "precision", "recall", "F1", "support", "predicted"],
-            [[name, f(v["precision"]), f(v["recall"]), f(v["f1"]), v["support"], v["predicted"]]
-             for name, v in result["per_class"].items()],
-        )
+    single = result["task"] == "single_label"
+    headline = (([("Accuracy", "accuracy")], [("Macro F1", "macro_f1"),
+                                              ("Weighted F1", "weighted_f1")]) if single else
+                ([("Micro F1", "micro_f1"), ("Macro F1", "macro_f1")],
+                 [("Subset accuracy", "subset_accuracy"), ("Hamming loss", "hamming_loss")]))
+    lines += [" · ".join(f"**{name}:** {f(result[key])}" for name, key in row) + "  "
+              for row in headline]  # (words, metric) pairs, a line each
+    if "roc_auc" in result:
+        auc = "n/a (one class only)" if result["roc_auc"] is None else f(result["roc_auc"])
+        lines.append(f"**ROC AUC** (positive class `{result['positive_class']}`): {auc}  ")
+    # One row per class (label): its scores to 4 places, counts as they are.
+    kind, columns = ("class", ["precision", "recall", "f1"]) if single else (
+        "label", ["threshold", "precision", "recall", "f1", "accuracy"])
+    lines += ["", f"## Per {kind}", ""]
+    lines += markdown_rows(
+        [kind, *("F1" if c == "f1" else c for c in columns), "support", "predicted"],
+        [[name, *(f"{v[c]:.2f}" if c == "threshold" else f(v[c]) for c in columns),
+          v["support"], v["predicted"]] for name, v in result[f"per_{kind}"].items()])
+    if single:
         names = result["confusion_matrix"]["labels"]
         lines += ["", "## Confusion matrix", "", "Rows: true class; columns: predicted class.", ""]
         if len(names) <= REPORT_MAX_MATRIX_CLASSES:
             lines += markdown_rows(["true \\ predicted", *names],
-                            [[name, *row] for name, row in
-                             zip(names, result["confusion_matrix"]["matrix"])])
+                                   [[name, *row] for name, row in
+                                    zip(names, result["confusion_matrix"]["matrix"])])
         else:
             lines.append(f"{len(names)} classes: too many for a table; see metrics.json.")
-    else:
-        lines.append(f"**Micro F1:** {f(result['micro_f1'])} · "
-                     f"**Macro F1:** {f(result['macro_f1'])}  ")
-        lines.append(f"**Subset accuracy:** {f(result['subset_accuracy'])} · "
-                     f"**Hamming loss:** {f(result['hamming_loss'])}  ")
-        lines += ["", "## Per label", ""]
-        lines += markdown_rows(
-            ["label", "threshold", "precision", "recall", "F1", "accuracy", "support",
-             "predicted"],
-            [[name, f"{v['threshold']:.2f}", f(v["precision"]), f(v["recall"]), f(v["f1"]),
-              f(v["accuracy"]), v["support"], v["predicted"]]
-             for name, v in result["per_label"].items()],
-        )
     return "\n".join(lines) + "\n"
 
 

@@ -5,14 +5,12 @@ refused (never resumed nor wiped), a folder with no state is free (`open_run`).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +21,7 @@ from components.common.storage import (
     push_mirrors,
     read_json,
     run_folder,
+    write_json_atomically,
 )
 
 # The default checkpoint folder inside a step's output (when Vertex names none).
@@ -50,19 +49,10 @@ def inside_output(folder: str, output_dir: str) -> bool:
 
 def save(folder: str, name: str, state: Mapping[str, Any], *, sort_keys: bool = False) -> None:
     """Writes the state file `name` (the state holds the run's "fingerprint") in `folder`
-    (made when missing) whole or not at all, then pushes a mirrored folder. Its temporary
-    name is its own (`mkstemp`): a fixed one failed 9 of 600 concurrent saves."""
+    (made when missing) whole or not at all, under a temporary name of its own (several
+    processes may save it at once), then pushes a mirrored folder."""
     os.makedirs(folder, exist_ok=True)
-    text = json.dumps(state, indent=2, sort_keys=sort_keys) + "\n"
-    handle, temporary = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{name}.", dir=folder)
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.replace(temporary, os.path.join(folder, name))
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temporary)
-        raise
+    write_json_atomically(os.path.join(folder, name), state, sort_keys=sort_keys, unique=True)
     # A saved state marks a whole checkpoint: a retried pod resumes from what is pushed.
     push_mirrors(folder)
 

@@ -103,21 +103,17 @@ class CheckpointStoreError(RuntimeError):
     """A mirror's object store folder cannot be listed, written or pushed to."""
 
 
-def _process_start(pid: int) -> str:
-    """Process `pid`'s start time ("" without /proc): with the pid, a unique name."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]  # field 22, after the name
-    except (OSError, IndexError):
-        return ""
-
-
 def mirror_path(remote: str) -> str:
     """The local folder of this process's mirror of `remote` (gs:// or s3://; not made
     here), named by the remote and the process that started the job: DDP ranks under
     torch's launcher (TORCHELASTIC_RUN_ID) share their parent's; other processes never do."""
     pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
-    key = f"{remote.rstrip('/')}\n{pid}.{_process_start(pid)}"
+    try:  # the process's start time: with the pid, a unique name
+        with open(f"/proc/{pid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]  # field 22, after the name
+    except (OSError, IndexError):
+        start = ""  # no /proc
+    key = f"{remote.rstrip('/')}\n{pid}.{start}"
     return os.path.join(tempfile.gettempdir(), "mirrors",
                         hashlib.sha1(key.encode()).hexdigest()[:16])
 
@@ -288,16 +284,27 @@ def read_json(path: str, *, optional: bool = False) -> Any:
 
 
 def write_json_atomically(path: str, payload: Any, *, sort_keys: bool = True,
-                          allow_nan: bool = True) -> None:
+                          allow_nan: bool = True, unique: bool = False) -> None:
     """Writes JSON under a temporary name, then renames it: whole or not at all
-    (`allow_nan=False` refuses NaN and infinities)."""
+    (`allow_nan=False` refuses NaN and infinities; `unique`: `write_text_atomically`'s)."""
     write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=sort_keys,
-                                           allow_nan=allow_nan) + "\n")
+                                           allow_nan=allow_nan) + "\n", unique=unique)
 
 
-def write_text_atomically(path: str, text: str) -> None:
-    """Writes a text file under a temporary name, then renames it: whole or not at all."""
-    temporary = os.path.join(os.path.dirname(path), TMP_PREFIX + os.path.basename(path))
-    with open(temporary, "w") as out:
-        out.write(text)
-    os.replace(temporary, path)
+def write_text_atomically(path: str, text: str, unique: bool = False) -> None:
+    """Writes a text file under a temporary name, then renames it: whole or not at all. The
+    temporary is `.tmp-<name>`, or with `unique` one of its own (`mkstemp`: processes saving
+    one file at once never rename each other's away), removed if the write fails."""
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, TMP_PREFIX + name)
+    if unique:
+        handle, temporary = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{name}.", dir=folder or os.curdir)
+        os.close(handle)
+    try:
+        with open(temporary, "w") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
+        raise

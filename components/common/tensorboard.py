@@ -48,14 +48,14 @@ class ScalarLog:
 
     def __init__(self, folder: str | None):
         """Checks that the writer imports when `folder` (None: write nothing) is set."""
-        self.folder = folder
-        self._writer = None
+        self.folder, self._writer, self._writer_class = folder, None, None
         if folder is not None:
             try:
-                from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+                from torch.utils.tensorboard import SummaryWriter
             except ImportError as err:
                 raise ImportError(f"TensorBoard logs were asked for ({folder}) but the "
                                   "'tensorboard' package is not installed") from err
+            self._writer_class = SummaryWriter
 
     def write(self, scalars: Mapping[str, float], step: int) -> None:
         """Adds one point per scalar at `step` and flushes them to the event file."""
@@ -63,10 +63,8 @@ class ScalarLog:
             return
         if self._writer is None:
             # Opened at the first point: a resumed run with nothing left adds no empty file.
-            from torch.utils.tensorboard import SummaryWriter
-
             os.makedirs(self.folder, exist_ok=True)
-            self._writer = SummaryWriter(log_dir=self.folder)
+            self._writer = self._writer_class(log_dir=self.folder)
         for tag, value in scalars.items():
             self._writer.add_scalar(tag, value, step)
         self._writer.flush()
@@ -76,9 +74,3 @@ class ScalarLog:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-    def __enter__(self) -> ScalarLog:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
