@@ -105,15 +105,27 @@ def written(name: str, data: bytes):
         yield write(os.path.join(d, name), data)
 
 
-def outcome(call, *errors: type[BaseException]):
-    """`(result, None)`, or `(None, err)` when `call` raised one of `errors`; any other
-    exception propagates (the invariant's "never another exception type")."""
+def outcome(call, *errors: type[BaseException], naming: tuple[str, ...] = ()):
+    """`(result, None)`, or `(None, err)` when `call` raised one of `errors` (the project's
+    own, its message naming one of `naming` when given); any other exception propagates
+    (the invariant's "never another exception type")."""
     try:
         return call(), None
     except errors as err:
         assert type(err).__module__.startswith("components."), \
             f"{type(err).__name__} is not the project's own error: {err}"
+        if naming:
+            assert_names(err, *naming)
         return None, err
+
+
+def refused(call, *errors: type[BaseException], naming: tuple[str, ...], why: str = ""):
+    """The error `call` raised (`outcome`), naming one of `naming`; fails with `why` when
+    it raised none."""
+    _, err = outcome(call, *errors)
+    assert err is not None, why
+    assert_names(err, *naming)
+    return err
 
 
 def assert_names(err: BaseException, *names: str) -> None:
@@ -157,12 +169,9 @@ def _write_corpus(d: str, good: list[str], bad: Hostile, placement: str, depth: 
 
 
 def _corpus_refuses_or_counts(uri: str, bad_names: list[str]) -> None:
-    _, err = outcome(lambda: check_corpus(uri, "text"), PreflightError)
+    outcome(lambda: check_corpus(uri, "text"), PreflightError, naming=(uri,))
+    corpus, err = outcome(lambda: read_corpus(uri), LMTrainingError, naming=(uri, *bad_names))
     if err is not None:
-        assert_names(err, uri)
-    corpus, err = outcome(lambda: read_corpus(uri), LMTrainingError)
-    if err is not None:
-        assert_names(err, uri, *bad_names)
         return
     skipped = [str(e) for s in corpus.report["skipped"].values() for e in s["examples"]]
     for name in bad_names:
@@ -285,12 +294,10 @@ def test_lm_corpus_csv_mutations_are_refused_naming_it_or_read_whole(scale):
     def body(case):
         mutation, data, count = case
         with written("corpus.csv", data) as uri:
-            _, err = outcome(lambda: check_corpus(uri, "text"), PreflightError)
+            outcome(lambda: check_corpus(uri, "text"), PreflightError, naming=(uri,))
+            corpus, err = outcome(lambda: read_corpus(uri, "text"), LMTrainingError,
+                                  naming=(uri, "'text'"))
             if err is not None:
-                assert_names(err, uri)
-            corpus, err = outcome(lambda: read_corpus(uri, "text"), LMTrainingError)
-            if err is not None:
-                assert_names(err, uri, "'text'")
                 return
             assert mutation not in UNDECODABLE_MUTATIONS, f"{mutation} read as UTF-8"
             assert mutation not in ("missing text column", "semicolon separated")
@@ -328,9 +335,8 @@ def test_csv_that_is_empty_or_blank_is_refused_naming_it(entry):
 
     def body(data):
         with written("data.csv", data) as uri:
-            _, err = outcome(lambda: call(uri), error)
-            assert err is not None, f"{entry} accepted an empty CSV {data!r}"
-            assert_names(err, uri, "'text'")
+            refused(lambda: call(uri), error, naming=(uri, "'text'"),
+                    why=f"{entry} accepted an empty CSV {data!r}")
 
     holds(FAST, st.sampled_from([b"", b"\n", b"  \n\n", b"\r\n", b"\t\n"]), body, examples=5)
 
@@ -345,9 +351,8 @@ def test_csv_with_a_duplicated_column_is_refused_naming_it(entry):
         rows = [[t, ("pos", "neg")[i % 2], t[::-1]] if labelled else [t, t[::-1]]
                 for i, t in enumerate(texts)]
         with written("data.csv", csv_bytes([header, *rows])) as uri:
-            _, err = outcome(lambda: call(uri), error)
-            assert err is not None, f"{entry} accepted a CSV whose header is {header}"
-            assert_names(err, "'text'", "text")
+            refused(lambda: call(uri), error, naming=("'text'", "text"),
+                    why=f"{entry} accepted a CSV whose header is {header}")
 
     holds(FAST, st.tuples(st.lists(SENTENCES, min_size=8, max_size=12), st.booleans()), body,
           examples=8)
@@ -373,9 +378,8 @@ def test_csv_text_cells_that_are_not_text_are_refused_or_counted(entry):
         for i, cell in enumerate(bad):
             rows[i * 2][0] = cell
         with written("data.csv", csv_bytes([["text", "label"], *rows])) as uri:
-            result, err = outcome(lambda: call(uri), error)
+            result, err = outcome(lambda: call(uri), error, naming=(uri, "row", "line"))
             if err is not None:
-                assert_names(err, uri, "row", "line")
                 return
             if entry == "lm read_corpus":
                 skipped = {r: s["count"] for r, s in result.report["skipped"].items()
@@ -404,9 +408,8 @@ def test_labelled_csv_mutations_are_refused_naming_it_or_prepared_with_counts(sc
             uri = write(os.path.join(d, "labelled.csv"), data)
             out = os.path.join(d, "out")
             manifest, err = outcome(lambda: prepare_text_dataset(uri, out, PrepareConfig()),
-                                    TextDataError)
+                                    TextDataError, naming=(uri, "column", "row", "class", "split"))
             if err is not None:
-                assert_names(err, uri, "column", "row", "class", "split")
                 assert not os.path.exists(os.path.join(out, MANIFEST)), "a manifest left"
                 return
             assert mutation not in UNDECODABLE_MUTATIONS, f"{mutation} read as UTF-8"
@@ -511,9 +514,8 @@ def test_image_folder_mutations_are_refused_naming_it_or_skips_are_counted(scale
             config = ShardConfig(image_size=8, min_shards_per_split=1, num_workers=1,
                                  max_skipped_fraction=skip_limit)
             manifest, err = outcome(lambda: shard_dataset(root, out, config, progress=False),
-                                    ShardingError)
+                                    ShardingError, naming=(root, *([bad] if bad else []), "class"))
             if err is not None:
-                assert_names(err, root, *([bad] if bad else []), "class")
                 assert not os.path.exists(os.path.join(out, MANIFEST_NAME)), "manifest left"
                 assert mutation not in ("deep nesting", "hidden file", "stray file at the top",
                                         "the same image in two classes"), err
@@ -570,12 +572,10 @@ def test_predict_csv_mutations_are_refused_before_training_or_read(scale):
     def body(case):
         mutation, data, _ = case
         with written("predict.csv", data) as uri:
-            _, early = outcome(lambda: check_predict_uri(uri, "text", "text"), PreflightError)
-            if early is not None:
-                assert_names(early, uri)
-            frames, late = outcome(lambda: _predict_rows(uri), PredictionError)
+            _, early = outcome(lambda: check_predict_uri(uri, "text", "text"), PreflightError,
+                               naming=(uri,))
+            frames, late = outcome(lambda: _predict_rows(uri), PredictionError, naming=(uri,))
             if late is not None:
-                assert_names(late, uri)
                 if len(data) < 60_000 and mutation != "unclosed quote":  # see below
                     assert early is not None, f"preflight passed {mutation}; predict: {late}"
                 return
@@ -612,12 +612,11 @@ def test_predict_image_folder_reads_images_and_names_each_unreadable_file(scale)
                 write(os.path.join(root, f"bad{i}.jpg"), bad.data)
             for i in range(hidden):
                 write(os.path.join(root, f".hidden{i}"), b"\0\0")
-            _, early = outcome(lambda: check_predict_uri(root, "image"), PreflightError)
-            listed, err = outcome(lambda: list_inputs(root), PredictionError)
+            _, early = outcome(lambda: check_predict_uri(root, "image"), PreflightError,
+                               naming=(root,))
+            listed, err = outcome(lambda: list_inputs(root), PredictionError, naming=(root,))
             if valid + len(bads) == 0:
                 assert early is not None and err is not None, "an empty folder accepted"
-                assert_names(early, root)
-                assert_names(err, root)
                 return
             assert early is None and err is None
             files, hidden_found = listed
@@ -665,6 +664,8 @@ class _Loaded(Exception):
 
 @pytest.mark.parametrize("family,missing,how", MODEL_CASES)
 def test_model_folder_missing_one_file_is_refused_naming_that_file(family, missing, how):
+    why = f"a {family} folder without {missing} ({how}) accepted"
+
     def body(strays):
         with folder() as d:
             model = os.path.join(d, "model")
@@ -679,13 +680,10 @@ def test_model_folder_missing_one_file_is_refused_naming_that_file(family, missi
                 inputs = write(os.path.join(d, "in", "a.png"), tiny_image())
                 with mock.patch("components.formats.image_models.load_keras_model",
                                 side_effect=_Loaded):
-                    _, err = outcome(lambda: predict_to_file(model, inputs,
-                                                             os.path.join(d, "out.jsonl")),
-                                     PredictionError, ContractError)
+                    refused(lambda: predict_to_file(model, inputs, os.path.join(d, "out.jsonl")),
+                            PredictionError, ContractError, naming=(missing,), why=why)
             else:
-                _, err = outcome(lambda: check_servable(model), PredictionError)
-            assert err is not None, f"a {family} folder without {missing} ({how}) accepted"
-            assert_names(err, missing)
+                refused(lambda: check_servable(model), PredictionError, naming=(missing,), why=why)
 
     holds(FAST, STRAYS, body, examples=6)
 
@@ -704,10 +702,8 @@ def test_model_labels_json_that_is_not_a_json_object_is_refused_naming_it(reader
     def body(bad):
         with written("labels.json", bad.data) as path:
             call = load_class_names if reader.startswith("image") else read_labels
-            _, err = outcome(lambda: call(os.path.dirname(path)), ContractError,
-                             PredictionError, InputKindError)
-            assert err is not None, f"{bad} read as labels"
-            assert_names(err, "labels.json")
+            refused(lambda: call(os.path.dirname(path)), ContractError, PredictionError,
+                    InputKindError, naming=("labels.json",), why=f"{bad} read as labels")
 
     holds(FAST, LABELS_CONTENT, body, examples=15)
 
@@ -745,14 +741,11 @@ def test_lm_assets_missing_one_file_is_named_by_preflight_and_the_trainer():
             if how == "a folder in its place":
                 write(os.path.join(root, missing, "inside"), b"x")
             assert missing_files(root, lang, backwards) == [f"{root}/{missing}"]
-            _, err = outcome(lambda: check_text_run({"pretrained": True, "lm_assets": root,
-                                                     "lang": lang, "backwards": backwards}),
-                             PreflightError)
-            assert err is not None
-            assert_names(err, missing)
-            _, err = outcome(lambda: fetch_assets(root, lang, backwards, d), MissingAssetsError)
-            assert err is not None
-            assert_names(err, missing)
+            refused(lambda: check_text_run({"pretrained": True, "lm_assets": root,
+                                            "lang": lang, "backwards": backwards}),
+                    PreflightError, naming=(missing,))
+            refused(lambda: fetch_assets(root, lang, backwards, d), MissingAssetsError,
+                    naming=(missing,))
 
     holds(FAST, lm_assets_case(), body, examples=15)
 
@@ -780,9 +773,8 @@ def test_lm_assets_config_json_that_is_no_config_is_refused_naming_it(contents, 
         with folder() as d:
             root = os.path.join(d, "lm")
             _write_assets(root, "en", False, contents={"config.json": bad.data})
-            _, err = outcome(lambda: fetch_assets(root, "en", False, d), *errors)
-            assert err is not None, f"{bad} taken as config.json"
-            assert_names(err, "config.json")
+            refused(lambda: fetch_assets(root, "en", False, d), *errors,
+                    naming=("config.json",), why=f"{bad} taken as config.json")
 
     holds(FAST, contents, body, examples=examples)
 
@@ -883,9 +875,8 @@ def test_image_weights_file_that_is_no_weights_is_refused_naming_it(scale):
     def body(case):
         bad, name = case
         with written(name, bad.data) as path:
-            _, err = outcome(lambda: check_image_run({"weights": path}), PreflightError)
-            assert err is not None, f"{bad} accepted as weights"
-            assert_names(err, path)
+            refused(lambda: check_image_run({"weights": path}), PreflightError, naming=(path,),
+                    why=f"{bad} accepted as weights")
 
     holds(scale, st.tuples(st.one_of(undecodable(scale), not_text(scale),
                                      st.just(Hostile("empty", b"")),
@@ -907,9 +898,8 @@ def test_image_weights_hdf5_without_densenet_layers_is_refused_naming_it():
                 f.create_dataset("x", data=list(range(100)))
             with open(path, "rb") as f:
                 write(path, cut(f.read(), share))  # truncated, or whole at 1.0
-            _, err = outcome(lambda: check_image_run({"weights": path}), PreflightError)
-            assert err is not None, f"an HDF5 of layers {names!r:.60} accepted"
-            assert_names(err, path)
+            refused(lambda: check_image_run({"weights": path}), PreflightError, naming=(path,),
+                    why=f"an HDF5 of layers {names!r:.60} accepted")
 
     layers = st.lists(st.sampled_from(["conv1_conv", "conv2_block1_1_conv", "dense",
                                        "conv3_block2_0_bn", "pool1"]), max_size=6)
@@ -983,10 +973,10 @@ def test_request_texts_that_are_not_text_are_refused_naming_the_instance(bad_tex
     def body(case):
         texts, bad, at = case
         data = json.dumps({"instances": texts[:at] + [bad] + texts[at:]}).encode()
-        _, err = outcome(lambda: parse_instances(data, KEYS, 1000), RequestError)
-        assert err is not None, f"{bad!r} accepted as a text"
+        err = refused(lambda: parse_instances(data, KEYS, 1000), RequestError,
+                      naming=(f"instances[{min(at, len(texts))}]",),
+                      why=f"{bad!r} accepted as a text")
         assert err.status == 400
-        assert_names(err, f"instances[{min(at, len(texts))}]")
 
     holds(FAST, st.tuples(st.lists(SENTENCES, max_size=3), bad_texts, st.integers(0, 3)),
           body, examples=examples)
