@@ -2,6 +2,7 @@
 
 import ast
 import dataclasses
+import graphlib
 import inspect
 import pathlib
 import re
@@ -244,25 +245,11 @@ def _imported(path: pathlib.Path) -> set[str]:
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One import cycle of `graph` (its modules in order), or [] when there is none."""
-    state: dict[str, int] = {}
-    path: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        state[node] = 2
-        path.pop()
-        return []
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
+    """One import cycle of `graph` (its modules in import order), or [] when there is none."""
+    try:  # sorted: the same cycle each run
+        graphlib.TopologicalSorter({m: sorted(graph[m]) for m in sorted(graph)}).prepare()
+    except graphlib.CycleError as err:
+        return err.args[1][::-1]  # the sorter's edges point from the imported module
     return []
 
 
