@@ -149,11 +149,6 @@ PLACEMENTS = ("among good files", "the only file in the folder", "the corpus fil
               "two of them alone")
 
 
-def _corpus_case(hostile):
-    return st.tuples(st.lists(TEXTS, min_size=2, max_size=3), hostile,
-                     st.sampled_from(PLACEMENTS), st.integers(0, 3))
-
-
 def _write_corpus(d: str, good: list[str], bad: Hostile, placement: str, depth: int):
     """Writes the corpus; returns its URI and the relative names of the hostile files."""
     root = os.path.join(d, "corpus")
@@ -171,28 +166,27 @@ def _write_corpus(d: str, good: list[str], bad: Hostile, placement: str, depth: 
     return root, bad_names
 
 
-def _corpus_refuses_or_counts(uri: str, bad_names: list[str]) -> None:
-    outcome(lambda: check_corpus(uri, "text"), PreflightError, naming=(uri,))
-    corpus, err = outcome(lambda: read_corpus(uri), LMTrainingError, naming=(uri, *bad_names))
-    if err is not None:
-        return
-    skipped = [str(e) for s in corpus.report["skipped"].values() for e in s["examples"]]
-    for name in bad_names:
-        assert any(name in e for e in skipped), f"{name} read as text, not skipped: " \
-            f"{corpus.report}"
-    texts_clean(corpus.documents)
-    assert not any(c in CONTROLS for doc in corpus.documents for c in doc)
-
-
 @pytest.mark.parametrize("hostile", [undecodable, not_text], ids=["not utf-8", "not text"])
 @pytest.mark.parametrize("scale", TIERS)
 def test_lm_corpus_file_not_utf8_or_not_text_is_skipped_and_counted_or_refused(scale, hostile):
     def body(case):
         good, bad, placement, depth = case
         with folder() as d:
-            _corpus_refuses_or_counts(*_write_corpus(d, good, bad, placement, depth))
+            uri, bad_names = _write_corpus(d, good, bad, placement, depth)
+            outcome(lambda: check_corpus(uri, "text"), PreflightError, naming=(uri,))
+            corpus, err = outcome(lambda: read_corpus(uri), LMTrainingError,
+                                  naming=(uri, *bad_names))
+            if err is not None:
+                return
+            skipped = [str(e) for s in corpus.report["skipped"].values() for e in s["examples"]]
+            for name in bad_names:
+                assert any(name in e for e in skipped), f"{name} read as text, not skipped: " \
+                    f"{corpus.report}"
+            texts_clean(corpus.documents)
+            assert not any(c in CONTROLS for doc in corpus.documents for c in doc)
 
-    holds(scale, _corpus_case(hostile(scale)), body)
+    holds(scale, st.tuples(st.lists(TEXTS, min_size=2, max_size=3), hostile(scale),
+                           st.sampled_from(PLACEMENTS), st.integers(0, 3)), body)
 
 
 @pytest.mark.parametrize("scale", TIERS)
@@ -288,6 +282,8 @@ def csv_case(draw, scale: int, labelled: bool = False):
 
 
 UNDECODABLE_MUTATIONS = ("latin-1", "cp1252", "utf-16")
+# What a reader of the text column must refuse: no UTF-8, or no column named text
+NO_TEXT_COLUMN = (*UNDECODABLE_MUTATIONS, "missing text column", "semicolon separated")
 
 
 # ------------------------------------------------------------------ LM corpus: CSV
@@ -303,8 +299,7 @@ def test_lm_corpus_csv_mutations_are_refused_naming_it_or_read_whole(scale):
                                   naming=(uri, "'text'"))
             if err is not None:
                 return
-            assert mutation not in UNDECODABLE_MUTATIONS, f"{mutation} read as UTF-8"
-            assert mutation not in ("missing text column", "semicolon separated")
+            assert mutation not in NO_TEXT_COLUMN, f"{mutation} read as a text column"
             texts_clean(corpus.documents)
             if count is not None:
                 skipped = sum(s["count"] for s in corpus.report["skipped"].values())
@@ -416,8 +411,7 @@ def test_labelled_csv_mutations_are_refused_naming_it_or_prepared_with_counts(sc
             if err is not None:
                 assert not os.path.exists(os.path.join(out, MANIFEST)), "a manifest left"
                 return
-            assert mutation not in UNDECODABLE_MUTATIONS, f"{mutation} read as UTF-8"
-            assert mutation not in ("missing text column", "semicolon separated")
+            assert mutation not in NO_TEXT_COLUMN, f"{mutation} read as a text column"
             dropped = sum(v["count"] for v in manifest["dropped"].values())
             assert manifest["rows_kept"] + dropped == manifest["rows_in"], manifest
             if count is not None:
@@ -816,16 +810,6 @@ def test_transformer_model_name_missing_one_part_is_named(how):
                           st.sampled_from([None, 128, 100_000])), body, examples=15)
 
 
-def _transformer_folder(d, config: bytes, tokenizer_config: bytes | None = None) -> str:
-    model = os.path.join(d, "encoder")
-    write(os.path.join(model, "config.json"), config)
-    write(os.path.join(model, "model.safetensors"), b"x")
-    write(os.path.join(model, "tokenizer.json"), b"{}")
-    if tokenizer_config is not None:
-        write(os.path.join(model, "tokenizer_config.json"), tokenizer_config)
-    return model
-
-
 def test_transformer_config_json_not_utf8_truncated_or_of_another_shape_is_named():
     read_from = {"positions as a string": "config.json", "pad id as a string": "config.json",
                  "model_max_length as a string": "tokenizer_config.json"}
@@ -834,10 +818,11 @@ def test_transformer_config_json_not_utf8_truncated_or_of_another_shape_is_named
         bad, which = case
         if read_from.get(bad.kind, which) != which:
             return  # a field the checks do not read in this file
-        with folder() as d:
-            model = _transformer_folder(
-                d, bad.data if which == "config.json" else b"{}",
-                bad.data if which == "tokenizer_config.json" else None)
+        files = {"config.json": b"{}", "model.safetensors": b"x", "tokenizer.json": b"{}",
+                 which: bad.data}
+        with folder("encoder") as model:
+            for name, data in files.items():
+                write(os.path.join(model, name), data)
             problems, err = outcome(lambda: model_name_problems(model, 1000), PreflightError)
             assert err is None and problems, f"{which} {bad} accepted"
             assert any(which in p for p in problems), problems
