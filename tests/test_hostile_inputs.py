@@ -741,43 +741,36 @@ def test_lm_assets_missing_one_file_is_named_by_preflight_and_the_trainer():
     holds(FAST, lm_assets_case(), body, examples=15)
 
 
-@pytest.mark.parametrize("contents, errors, examples", [
+CUT_SHORT = st.sampled_from([EMPTY, Hostile("a pickle's first byte", b"\x80"),
+                             Hostile("a zip's first bytes", b"PK\x03\x04")])
+
+
+@pytest.mark.parametrize("name, contents, errors, examples", [
     # an empty file is as good as missing
-    (no_json_object(b'{"arch": "AWD_LSTM", "emb_sz": 400, "n_hid": 1152}', EMPTY,
-                    Hostile("config not an object", b'{"config": [1]}'),
-                    Hostile("unknown arch", b'{"arch": "GPT"}')),
+    ("config.json", no_json_object(b'{"arch": "AWD_LSTM", "emb_sz": 400, "n_hid": 1152}', EMPTY,
+                                   Hostile("config not an object", b'{"config": [1]}'),
+                                   Hostile("unknown arch", b'{"arch": "GPT"}')),
      (AssetConfigError, MissingAssetsError), 12),
-    (st.one_of(undecodable(), not_text(), st.just(DEEP_NESTING)), (AssetConfigError,), 15),
-], ids=["no config", "not utf-8 or nested deep"])
-def test_lm_assets_config_json_that_is_no_config_is_refused_naming_it(contents, errors,
-                                                                      examples):
+    ("config.json", st.one_of(undecodable(), not_text(), st.just(DEEP_NESTING)),
+     (AssetConfigError,), 15),
+    # the preflight refuses these too (it reads their first and last bytes, and no config)
+    ("vocab.pkl", CUT_SHORT, (MissingAssetsError, AssetConfigError), 3),
+    ("weights.pth", CUT_SHORT, (MissingAssetsError, AssetConfigError), 3),
+], ids=["no config", "config not utf-8 or nested deep", "vocab cut short", "weights cut short"])
+def test_lm_assets_file_that_is_not_of_its_kind_is_refused_naming_it(name, contents, errors,
+                                                                     examples):
     def body(bad):
         with folder() as d:
             root = os.path.join(d, "lm")
-            _write_assets(root, "en", False, contents={"config.json": bad.data})
-            refused(lambda: fetch_assets(root, "en", False, d), *errors,
-                    naming=("config.json",), why=f"{bad} taken as config.json")
+            _write_assets(root, "en", False, contents={name: bad.data})
+            if name != "config.json":
+                refused(lambda: check_text_run({"pretrained": True, "lm_assets": root,
+                                                "lang": "en"}), PreflightError, naming=(name,),
+                        why=f"{bad} taken as {name} by the preflight")
+            refused(lambda: fetch_assets(root, "en", False, d), *errors, naming=(name,),
+                    why=f"{bad} taken as {name}")
 
     holds(FAST, contents, body, examples=examples)
-
-
-def test_lm_assets_empty_or_truncated_file_is_refused_naming_it():
-    def body(case):
-        name, data = case
-        with folder() as d:
-            root = os.path.join(d, "lm")
-            _write_assets(root, "en", False)
-            write(os.path.join(root, "en", "forward", name), data)
-            _, early = outcome(lambda: check_text_run({"pretrained": True, "lm_assets": root,
-                                                       "lang": "en"}), PreflightError)
-            _, late = outcome(lambda: fetch_assets(root, "en", False, d), MissingAssetsError,
-                              AssetConfigError)
-            err = early or late
-            assert err is not None, f"an {len(data)}-byte {name} accepted"
-            assert_names(err, name)
-
-    holds(FAST, st.tuples(st.sampled_from(["vocab.pkl", "weights.pth"]),
-                          st.sampled_from([b"", b"\x80", b"PK\x03\x04"])), body, examples=6)
 
 
 # ------------------------------------------------------ transformer model_name folder
