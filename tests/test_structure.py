@@ -195,14 +195,11 @@ PARSED = {"label_columns": parse_label_columns, "model_config": parse_model_conf
     (train_transformer.train_transformer_classifier, TransformerConfig),
 ])
 def test_component_defaults_equal_the_config_defaults(component, config):
-    fields = {f.name: f for f in dataclasses.fields(config)}
-    shared = sorted(set(_defaults(component)) & set(fields))
+    defaults = config()
+    shared = sorted(set(_defaults(component)) & {f.name for f in dataclasses.fields(config)})
     assert len(shared) >= 5
     for name in shared:
-        field = fields[name]
-        expected = field.default if field.default is not dataclasses.MISSING \
-            else field.default_factory()
-        value = _defaults(component)[name]
+        expected, value = getattr(defaults, name), _defaults(component)[name]
         if name in NONE_FOR_ZERO and expected is None:
             expected = 0
         if name in PARSED:
@@ -415,6 +412,13 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
+def _root_name(node: ast.AST) -> str | None:
+    """The name an attribute chain starts from (`a` of `a.b.c`), or None."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
 def _private_uses(path: pathlib.Path) -> list[str]:
     """Where a file reaches into another module of ours for a private name: `from
     components.x import _y` (relative ones resolved), and `m._y`, `m.n._y` where `m` is a
@@ -440,12 +444,9 @@ def _private_uses(path: pathlib.Path) -> list[str]:
                 elif module != own:
                     found.append(f"{path}:{node.lineno}: from {module} import {alias.name}")
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and _private(node.attr):
-            chain = node.value
-            while isinstance(chain, ast.Attribute):
-                chain = chain.value
-            if isinstance(chain, ast.Name) and chain.id in bound:
-                found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Attribute) and _private(node.attr) and (
+                _root_name(node.value) in bound):
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
     return found
 
 
@@ -565,12 +566,6 @@ def _library_patches(path: pathlib.Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and not node.level and (
                 node.module.split(".")[0] not in OURS):
             libraries |= {alias.asname or alias.name for alias in node.names}
-
-    def rooted(node: ast.AST) -> bool:
-        while isinstance(node, ast.Attribute):
-            node = node.value
-        return isinstance(node, ast.Name) and node.id in libraries
-
     found = []
     for node in ast.walk(tree):
         targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
@@ -582,7 +577,7 @@ def _library_patches(path: pathlib.Path) -> list[str]:
             targets = [t for target in targets for t in (
                 target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])]
         found += [f"{path}:{node.lineno}: {ast.unparse(target)}" for target in targets
-                  if isinstance(target, ast.Attribute) and rooted(target)]
+                  if isinstance(target, ast.Attribute) and _root_name(target) in libraries]
     return found
 
 
