@@ -438,16 +438,13 @@ def _hostile_image_file(scale: int):
     return st.one_of(no_image, not_text(scale), st.just(EMPTY), PLAIN_TEXT)
 
 
-@st.composite
-def image_folder_case(draw, scale: int):
-    mutation = draw(st.sampled_from(IMAGE_MUTATIONS))
-    bad = draw(_hostile_image_file(scale))
-    ext = draw(st.sampled_from([".png", ".jpg", ".jpeg", ".gif", ""]))
-    fmt = draw(st.sampled_from(["PNG", "JPEG"]))
-    share = draw(st.floats(0.05, 0.98))
-    depth = draw(st.integers(2, 30 * scale))
-    skip_limit = draw(st.sampled_from([0.0, 0.05, 1.0]))
-    return mutation, bad, ext, fmt, share, depth, skip_limit
+def image_folder_case(scale: int):
+    """(mutation, hostile file, its extension, an image format, the share of an image cut
+    short, a depth of folders, max_skipped_fraction)."""
+    return st.tuples(st.sampled_from(IMAGE_MUTATIONS), _hostile_image_file(scale),
+                     st.sampled_from([".png", ".jpg", ".jpeg", ".gif", ""]),
+                     st.sampled_from(["PNG", "JPEG"]), st.floats(0.05, 0.98),
+                     st.integers(2, 30 * scale), st.sampled_from([0.0, 0.05, 1.0]))
 
 
 def _write_image_folder(root: str, per_class: int = 3) -> None:
