@@ -129,7 +129,7 @@ def cut(data: bytes, at: float) -> bytes:
     return data[:max(1, int(len(data) * at))]
 
 
-# ------------------------------------------------------------ files that are no JSON object
+# ------------------------------------------------ empty, plain text, JSON of no object
 
 EMPTY = Hostile("empty", b"")
 PLAIN_TEXT = st.builds(lambda t: Hostile("text", t.encode()), TEXTS)
