@@ -70,9 +70,14 @@ from tests.hostile import (
 
 FAST, BIG = 1, 20  # the scale of the enormous dimensions
 EXAMPLES = {FAST: 25, BIG: 100}
-TIERS = [pytest.param(FAST, id="fast"),
-         pytest.param(BIG, id="big", marks=pytest.mark.slow)]
 pytestmark = pytest.mark.timeout(300)  # a hang is a failure, named, not a stuck CI
+
+
+@pytest.fixture(params=[pytest.param(FAST, id="fast"),
+                        pytest.param(BIG, id="big", marks=pytest.mark.slow)])
+def scale(request) -> int:
+    """A tier's scale: a test that takes it runs in both tiers."""
+    return request.param
 
 
 def holds(scale: int, strategy, body, examples: int | None = None) -> None:
@@ -167,7 +172,6 @@ def _write_corpus(d: str, good: list[str], bad: Hostile, placement: str, depth: 
 
 
 @pytest.mark.parametrize("hostile", [undecodable, not_text], ids=["not utf-8", "not text"])
-@pytest.mark.parametrize("scale", TIERS)
 def test_lm_corpus_file_not_utf8_or_not_text_is_skipped_and_counted_or_refused(scale, hostile):
     def body(case):
         good, bad, placement, depth = case
@@ -189,7 +193,6 @@ def test_lm_corpus_file_not_utf8_or_not_text_is_skipped_and_counted_or_refused(s
                            st.sampled_from(PLACEMENTS), st.integers(0, 3)), body)
 
 
-@pytest.mark.parametrize("scale", TIERS)
 def test_lm_corpus_enormous_in_one_dimension_is_read_whole(scale):
     """One very long line, very many files, or folders nested deep: still text, read whole."""
     shapes = st.sampled_from(("one very long line", "many files", "deep folders"))
@@ -289,7 +292,6 @@ NO_TEXT_COLUMN = (*UNDECODABLE_MUTATIONS, "missing text column", "semicolon sepa
 # ------------------------------------------------------------------ LM corpus: CSV
 
 
-@pytest.mark.parametrize("scale", TIERS)
 def test_lm_corpus_csv_mutations_are_refused_naming_it_or_read_whole(scale):
     def body(case):
         mutation, data, count = case
@@ -399,7 +401,6 @@ def test_csv_text_cells_that_are_not_text_are_refused_or_counted(entry):
 # ------------------------------------------------------------- labelled CSV (prepare)
 
 
-@pytest.mark.parametrize("scale", TIERS)
 def test_labelled_csv_mutations_are_refused_naming_it_or_prepared_with_counts(scale):
     def body(case):
         mutation, data, count = case
@@ -496,7 +497,6 @@ def _apply_image_mutation(root: str, case) -> tuple[str | None, bool]:
     return None, True
 
 
-@pytest.mark.parametrize("scale", TIERS)
 def test_image_folder_mutations_are_refused_naming_it_or_skips_are_counted(scale):
     def body(case):
         mutation, *_, skip_limit = case
@@ -534,7 +534,6 @@ def test_image_folder_mutations_are_refused_naming_it_or_skips_are_counted(scale
     holds(scale, image_folder_case(scale), body)
 
 
-@pytest.mark.parametrize("scale", TIERS)
 def test_truncated_image_is_refused_unless_its_pixels_are_whole(scale):
     """Prediction's (and sharding's) decoding of a file cut short: BadImage, or the very
     pixels of the whole file (a cut that only lost trailing metadata)."""
@@ -557,7 +556,6 @@ def test_truncated_image_is_refused_unless_its_pixels_are_whole(scale):
 # ------------------------------------------------------------- prediction inputs
 
 
-@pytest.mark.parametrize("scale", TIERS)
 def test_predict_csv_mutations_are_refused_before_training_or_read(scale):
     """A prediction CSV: preflight refuses it naming predict_uri, or prediction reads it
     (or refuses it, naming it); a small file prediction refuses, preflight refused first."""
@@ -593,7 +591,6 @@ def test_predict_csv_with_an_unclosed_quote_is_refused_by_preflight():
     holds(FAST, st.lists(SENTENCES, min_size=1, max_size=10), body, examples=5)
 
 
-@pytest.mark.parametrize("scale", TIERS)
 def test_predict_image_folder_reads_images_and_names_each_unreadable_file(scale):
     def body(case):
         bads, hidden, depth, valid = case
@@ -829,7 +826,6 @@ def test_transformer_config_json_not_utf8_truncated_or_of_another_shape_is_named
 # ---------------------------------------------------------------- image weights file
 
 
-@pytest.mark.parametrize("scale", TIERS)
 def test_image_weights_file_that_is_no_weights_is_refused_naming_it(scale):
     def body(case):
         bad, name = case
@@ -904,7 +900,6 @@ def _json(value) -> bytes:
     return json.dumps(value).encode()
 
 
-@pytest.mark.parametrize("scale", TIERS)
 def test_request_body_is_refused_with_400_or_413_naming_the_field_or_read(scale):
     def body(case):
         kind, data, texts = case
