@@ -648,10 +648,6 @@ MODEL_CASES = [pytest.param(family, missing, how, id=f"{family}-{missing}-{how}"
                for how in ("absent", "a folder in its place")]
 
 
-class _Loaded(Exception):
-    """Raised in place of loading a model: the checks let the folder through."""
-
-
 @pytest.mark.parametrize("family,missing,how", MODEL_CASES)
 def test_model_folder_missing_one_file_is_refused_naming_that_file(family, missing, how):
     why = f"a {family} folder without {missing} ({how}) accepted"
@@ -669,7 +665,7 @@ def test_model_folder_missing_one_file_is_refused_naming_that_file(family, missi
             if family == "image":
                 inputs = write(os.path.join(d, "in", "a.png"), tiny_image())
                 with mock.patch("components.formats.image_models.load_keras_model",
-                                side_effect=_Loaded):
+                                side_effect=AssertionError(f"{why}: loaded")):
                     refused(lambda: predict_to_file(model, inputs, os.path.join(d, "out.jsonl")),
                             PredictionError, ContractError, naming=(missing,), why=why)
             else:
