@@ -448,14 +448,6 @@ def image_folder_case(scale: int):
                      st.integers(2, 30 * scale), st.sampled_from([0.0, 0.05, 1.0]))
 
 
-def _write_image_folder(root: str, per_class: int = 3) -> None:
-    for c, name in enumerate(("cats", "dogs")):
-        for i in range(per_class):
-            fmt = ("PNG", "JPEG")[i % 2]
-            write(os.path.join(root, name, f"{i}.{fmt.lower()}"),
-                  tiny_image(fmt, seed=10 * c + i))
-
-
 def _same_pixels(original: bytes, truncated: bytes) -> bool:
     """Whether a truncated image decodes to the original's pixels (nothing was lost)."""
     try:
@@ -502,7 +494,10 @@ def test_image_folder_mutations_are_refused_naming_it_or_skips_are_counted(scale
         mutation, *_, skip_limit = case
         with folder() as d:
             root, out = os.path.join(d, "images"), os.path.join(d, "shards")
-            _write_image_folder(root)
+            for c, name in enumerate(("cats", "dogs")):  # a valid folder: 3 images a class
+                for i, fmt in enumerate(("PNG", "JPEG", "PNG")):
+                    write(os.path.join(root, name, f"{i}.{fmt.lower()}"),
+                          tiny_image(fmt, seed=10 * c + i))
             bad, readable = _apply_image_mutation(root, case)
             config = ShardConfig(image_size=8, min_shards_per_split=1, num_workers=1,
                                  max_skipped_fraction=skip_limit)
