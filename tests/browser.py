@@ -6,8 +6,6 @@ without it the browser tests skip, except under CI, where they fail.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 import pathlib
 import shutil
@@ -21,16 +19,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-component-update", "--disable-sync"]
 
 
-@dataclasses.dataclass
-class Rendered:
-    """What the browser saw: the live page, console errors, and requests for anything but
-    the report file itself and inline `data:` URIs."""
-
-    page: object
-    console_errors: list[str]
-    outside_requests: list[str]
-
-
 def require_chromium() -> str:
     """Chromium's path; skips the test without it (fails under CI)."""
     path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
@@ -41,35 +29,12 @@ def require_chromium() -> str:
     pytest.skip("Debian's chromium is not installed (make browser)")
 
 
-@contextlib.contextmanager
-def rendered(report: str | os.PathLike, screenshot: str | os.PathLike):
-    """Opens `report` (a local HTML file), waits for it to load, takes a full-page
-    screenshot, and yields a `Rendered`."""
-    from playwright.sync_api import sync_playwright
-
-    executable = require_chromium()
-    url = pathlib.Path(report).resolve().as_uri()
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            requests: list[str] = []
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda r: requests.append(r.url)
-                    if r.url != url and not r.url.startswith("data:") else None)
-            page.goto(url, wait_until="load")
-            page.screenshot(path=str(screenshot), full_page=True)
-            yield Rendered(page, errors, requests)
-        finally:
-            browser.close()
-
-
 def check_report(report: str | os.PathLike, screenshot: str | os.PathLike,
                  plots: set[str], names: list[str], examples: int,
                  baselines: list[str]) -> str:
-    """Renders an evaluation report and checks what a reader sees.
+    """Opens an evaluation report in Chromium, waits for it to load, takes a full-page
+    screenshot and checks what a reader sees: no console errors, no requests for anything
+    but the report file itself and inline `data:` URIs, and what the arguments say.
 
     Args:
         report: The report.html file.
@@ -83,24 +48,42 @@ def check_report(report: str | os.PathLike, screenshot: str | os.PathLike,
     Returns:
         The page's visible text.
     """
-    with rendered(report, screenshot) as seen:
-        assert seen.console_errors == [], seen.console_errors
-        assert seen.outside_requests == [], seen.outside_requests
-        figures = seen.page.query_selector_all("figure.plot")
-        assert {f.get_attribute("id") for f in figures} == plots
-        for figure in figures:  # every plot drew something of its own size
-            box = figure.query_selector("svg").bounding_box()
-            assert box["width"] > 200 and box["height"] > 150, figure.get_attribute("id")
-        assert seen.page.query_selector("#mistakes") is not None
-        summary = dict(row.inner_text().split("\t") for row in
-                       seen.page.query_selector_all("table.summary tr"))
-        assert int(next(v for k, v in summary.items() if k in ("examples", "texts"))) == examples
-        rows = seen.page.query_selector_all("table#baselines tr")
-        assert [row.inner_text().split("\t")[0] for row in rows[1:]] == [
-            "this model", *baselines]
-        text = seen.page.inner_text("body")
-        for name in names:
-            assert name in text, name
-        assert "script" not in seen.page.content().lower().replace("<noscript", "")
+    from playwright.sync_api import sync_playwright
+
+    executable = require_chromium()
+    url = pathlib.Path(report).resolve().as_uri()
+    errors: list[str] = []
+    requests: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("request", lambda r: requests.append(r.url)
+                    if r.url != url and not r.url.startswith("data:") else None)
+            page.goto(url, wait_until="load")
+            page.screenshot(path=str(screenshot), full_page=True)
+            assert errors == [], errors
+            assert requests == [], requests
+            figures = page.query_selector_all("figure.plot")
+            assert {f.get_attribute("id") for f in figures} == plots
+            for figure in figures:  # every plot drew something of its own size
+                box = figure.query_selector("svg").bounding_box()
+                assert box["width"] > 200 and box["height"] > 150, figure.get_attribute("id")
+            assert page.query_selector("#mistakes") is not None
+            summary = dict(row.inner_text().split("\t") for row in
+                           page.query_selector_all("table.summary tr"))
+            assert int(next(v for k, v in summary.items()
+                            if k in ("examples", "texts"))) == examples
+            rows = page.query_selector_all("table#baselines tr")
+            assert [row.inner_text().split("\t")[0] for row in rows[1:]] == [
+                "this model", *baselines]
+            text = page.inner_text("body")
+            for name in names:
+                assert name in text, name
+            assert "script" not in page.content().lower().replace("<noscript", "")
+        finally:
+            browser.close()
     assert os.path.getsize(screenshot) > 20_000
     return text

@@ -101,22 +101,18 @@ def pytest_configure(config):
     _STDERR_FD = os.dup(2)  # taken while pytest does not capture fd 2
 
 
-def _kill_child_processes() -> None:
-    import psutil
-
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_timeout_set_timer(item, settings):
     """Arms this suite's timeout (above) instead of pytest-timeout's."""
     def expire():
+        import psutil
+
         os.write(_STDERR_FD, f"\n+++ {item.nodeid} ran past its {settings.timeout:.0f} s: "
                              "its threads' stacks, then its process ends +++\n".encode())
         faulthandler.dump_traceback(file=_STDERR_FD, all_threads=True)
-        _kill_child_processes()
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
         os._exit(1)
 
     timer = threading.Timer(settings.timeout, expire)

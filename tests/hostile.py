@@ -65,11 +65,6 @@ def csv_bytes(rows: list[list[str]]) -> bytes:
 # ------------------------------------------------------------------ undecodable bytes
 
 
-def _cut_inside_a_character(text: str) -> bytes:
-    data = (text + " été").encode("utf-8")
-    return data[:-1]  # "é" is two bytes: the last one is cut
-
-
 @st.composite
 def _random_binary(draw, scale: int) -> bytes:
     data = draw(st.binary(min_size=1, max_size=512 * scale))
@@ -85,8 +80,9 @@ def undecodable(scale: int = 1) -> st.SearchStrategy[Hostile]:
         st.builds(lambda t, a: Hostile("cp1252", f"{t} {a}".encode("cp1252")),
                   SENTENCES, st.sampled_from(CP1252_ONLY)),
         st.builds(lambda t: Hostile("UTF-16 with BOM", t.encode("utf-16")), TEXTS),
-        st.builds(lambda t: Hostile("UTF-8 cut inside a character",
-                                    _cut_inside_a_character(t)), TEXTS),
+        # "é" is two bytes: the last one is cut
+        st.builds(lambda t: Hostile("UTF-8 cut inside a character", (t + " été").encode()[:-1]),
+                  TEXTS),
         st.builds(lambda b: Hostile("random binary", b), _random_binary(scale)),
         st.builds(lambda s: Hostile("a PNG", tiny_image("PNG", s)), st.integers(0, 99)),
         st.builds(lambda s: Hostile("a JPEG", tiny_image("JPEG", s)), st.integers(0, 99)),
@@ -133,11 +129,20 @@ def cut(data: bytes, at: float) -> bytes:
     return data[:max(1, int(len(data) * at))]
 
 
-def reencode(data: bytes, encoding: str) -> bytes:
-    """UTF-8 `data` with an accent added to its last text, re-encoded."""
-    text = data.decode("utf-8").rstrip("\n")
-    accent = "“café” 5 €" if encoding == "cp1252" else "café señor"
-    return (text + " " + accent + "\n").encode(encoding)
+# ------------------------------------------------ empty, plain text, JSON of no object
+
+EMPTY = Hostile("empty", b"")
+PLAIN_TEXT = st.builds(lambda t: Hostile("text", t.encode()), TEXTS)
+DEEP_NESTING = Hostile("deep nesting", b"[" * 100_000 + b"]" * 100_000)
+
+
+def no_json_object(valid: bytes, *more: Hostile) -> st.SearchStrategy[Hostile]:
+    """JSON files that hold no whole object: `valid` (an object) cut in half, a list, a
+    string, a number, an array of 200,001 numbers; and `more`."""
+    return st.sampled_from([Hostile("truncated JSON", cut(valid, 0.5)),
+                            Hostile("a JSON list", b"[1, 2]"), Hostile("a JSON string", b'"x"'),
+                            Hostile("a JSON number", b"512"),
+                            Hostile("huge array", b"[" + b"0," * 200_000 + b"0]"), *more])
 
 
 def nested_folders(root: str, depth: int) -> str:

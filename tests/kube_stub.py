@@ -23,7 +23,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 TRAINJOBS = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/"
@@ -50,22 +50,6 @@ class Plan:
     pods: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
-class Played(Protocol):
-    """A job the stub plays by other means than a `Plan` (see `KubeStub(play=...)`)."""
-
-    def conditions(self) -> list[dict[str, Any]]:
-        """The job's conditions now."""
-
-    def pod_statuses(self) -> list[dict[str, Any]]:
-        """Each node's pod `status` now, by node index."""
-
-    def log(self, index: int) -> str:
-        """Node `index`'s log so far."""
-
-    def delete(self) -> None:
-        """The job deleted: its nodes stopped."""
-
-
 def condition(kind: str, reason: str, message: str) -> dict[str, Any]:
     """A TrainJob status condition that is true."""
     return {"type": kind, "status": "True", "reason": reason, "message": message,
@@ -86,15 +70,18 @@ class KubeStub:
     """The API's state (jobs, their plans and reads) and the requests it was sent.
 
     Args:
-        play: Called with each job created; what it returns plays the job.
+        play: Called with each job created; what it returns plays the job in place of a
+            `Plan`: its `conditions()` now, `pod_statuses()` (each node's pod `status` now,
+            by node index), `log(index)` (node `index`'s log so far) and `delete()` (the
+            job deleted: its nodes stopped).
         unknown_fields: Dotted paths ("spec.runtimePatches") the installed Trainer does
             not have.
     """
 
-    def __init__(self, play: Callable[[dict[str, Any]], Played] | None = None,
+    def __init__(self, play: Callable[[dict[str, Any]], Any] | None = None,
                  unknown_fields: tuple[str, ...] = ()) -> None:
         self.play, self.unknown_fields = play, unknown_fields
-        self.played: dict[tuple[str, str], Played] = {}
+        self.played: dict[tuple[str, str], Any] = {}
         self.other_pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, dict[str, str], Any]] = []
