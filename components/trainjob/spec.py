@@ -1,7 +1,7 @@
 """The TrainJob a launcher step creates: Kubeflow Trainer 2.2-2.3 (`trainer.kubeflow.org/v1alpha1`).
 
-Built from `kubeflow-trainer-api`'s typed models (2.3.0); they drop unknown keys, so
-`validate_manifest` reads a manifest back and refuses what they would drop or change. The
+Written as the API's camelCase dict and read back through `kubeflow-trainer-api`'s typed
+models (2.3.0) by `validate_manifest`, which refuses what they would drop or change. The
 pod settings are one `runtimePatches` entry of the `node` job, with istio injection off: the
 mesh refuses node-to-node traffic through JobSet's headless service (kubeflow/trainer#2794).
 """
@@ -162,54 +162,23 @@ def _check_settings(name: str, nodes: Nodes, env: Mapping[str, str], manager: st
                             f"{nodes.deadline_seconds}")
 
 
-def _trainer(m, nodes: Nodes, command: Sequence[str], args: Sequence[str],
-             env: Mapping[str, str]):
-    """`spec.trainer`: the nodes, what each holds and runs, and its environment."""
-    gpus = nodes.gpus
-    given = {"cpu": nodes.cpu, "memory": nodes.memory,
-             **({GPU_RESOURCE: str(gpus)} if gpus else {})}
-    amounts = {key: m.IoK8sApimachineryPkgApiResourceQuantity(value)
-               for key, value in given.items()}
-    resources = m.IoK8sApiCoreV1ResourceRequirements(requests=amounts, limits=dict(amounts))
-    variables = [m.IoK8sApiCoreV1EnvVar(name=key, value=value) for key, value in env.items()]
-    if gpus:
-        variables.append(m.IoK8sApiCoreV1EnvVar(name=EXPECTED_GPUS_VARIABLE, value=str(gpus)))
-    variables += [m.IoK8sApiCoreV1EnvVar(name=name, value_from=m.IoK8sApiCoreV1EnvVarSource(
-        secret_key_ref=m.IoK8sApiCoreV1SecretKeySelector(name=nodes.storage_secret, key=key)))
-        for name, key in zip(S3_SECRET_KEYS, nodes.secret_keys if nodes.storage_secret else ())]
-    # procs_per_node None: one per GPU, else one (not Trainer's `auto`: one per CPU)
-    return m.TrainerV1alpha1Trainer(
-        image=nodes.image, command=list(command), args=list(args) or None,
-        env=variables or None, num_nodes=nodes.num_nodes,
-        num_proc_per_node=nodes.procs_per_node or max(1, gpus), resources_per_node=resources)
+def _present(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """`fields` but the unset ones (None, an empty list or dict), as the models' `to_dict`
+    leaves them out."""
+    return {key: value for key, value in fields.items() if value not in (None, [], {})}
 
 
-def _runtime_patch(m, nodes: Nodes, manager: str, labels: Mapping[str, str]):
-    """`spec.runtimePatches[0]`: the pod settings of the `node` replicated job."""
-    volumes, mounts = None, None
-    if nodes.shm:
-        volumes = [m.IoK8sApiCoreV1Volume(name=SHM_VOLUME, empty_dir=(
-            m.IoK8sApiCoreV1EmptyDirVolumeSource(medium="Memory", size_limit=(
-                m.IoK8sApimachineryPkgApiResourceQuantity(nodes.shm)))))]
-        mounts = [m.TrainerV1alpha1ContainerPatch(name=NODE, volume_mounts=[
-            m.IoK8sApiCoreV1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")])]
-    pod_spec = m.TrainerV1alpha1PodSpecPatch(
-        node_selector=dict(nodes.node_selector) or None,
-        tolerations=[_strict(m.IoK8sApiCoreV1Toleration, dict(t), "toleration")
-                     for t in nodes.tolerations] or None,
-        image_pull_secrets=[m.IoK8sApiCoreV1LocalObjectReference(name=secret)
-                            for secret in nodes.image_pull_secrets] or None,
-        service_account_name=nodes.service_account or None, volumes=volumes, containers=mounts)
-    pod = m.TrainerV1alpha1PodTemplatePatch(
-        metadata=m.IoK8sApimachineryPkgApisMetaV1ObjectMeta(
-            labels={**labels, ISTIO_INJECT: "false"}),
-        spec=pod_spec)
-    job = m.TrainerV1alpha1ReplicatedJobPatch(name=NODE, template=m.TrainerV1alpha1JobTemplatePatch(
-        spec=m.TrainerV1alpha1JobSpecPatch(template=pod)))
-    return m.TrainerV1alpha1RuntimePatch(
-        manager=manager, training_runtime_spec=m.TrainerV1alpha1TrainingRuntimeSpecPatch(
-            template=m.TrainerV1alpha1JobSetTemplatePatch(
-                spec=m.TrainerV1alpha1JobSetSpecPatch(replicated_jobs=[job]))))
+def _node_pod(nodes: Nodes, labels: Mapping[str, str]) -> dict[str, Any]:
+    """The pod settings of the `node` replicated job (its runtime patch's template)."""
+    shm = nodes.shm and {"medium": "Memory", "sizeLimit": nodes.shm}
+    return {"metadata": {"labels": {**labels, ISTIO_INJECT: "false"}}, "spec": _present({
+        "nodeSelector": dict(nodes.node_selector),
+        "tolerations": [dict(toleration) for toleration in nodes.tolerations],
+        "imagePullSecrets": [{"name": secret} for secret in nodes.image_pull_secrets],
+        "serviceAccountName": nodes.service_account or None,
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": shm}] if shm else None,
+        "containers": [{"name": NODE, "volumeMounts": [
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]}] if shm else None})}
 
 
 def trainjob_manifest(nodes: Nodes, *, name: str, namespace: str, command: Sequence[str],
@@ -227,7 +196,7 @@ def trainjob_manifest(nodes: Nodes, *, name: str, namespace: str, command: Seque
         manager: Who owns the runtime patch (a domain-prefixed path).
 
     Returns:
-        The manifest (camelCase keys).
+        The manifest (camelCase keys), as Trainer's models read it (`validate_manifest`).
 
     Raises:
         ManifestError: A setting the API or Trainer's webhook would refuse.
@@ -241,21 +210,33 @@ def trainjob_manifest(nodes: Nodes, *, name: str, namespace: str, command: Seque
     if bool(owner_pod) != bool(owner_uid):
         raise ManifestError("owner_pod and owner_uid go together (the launcher pod's name and "
                             f"uid), got {owner_pod!r}, {owner_uid!r}")
-    from kubeflow_trainer_api import models as m  # here: its import takes ~0.4 s
-    owners = [m.IoK8sApimachineryPkgApisMetaV1OwnerReference(
-        api_version="v1", kind="Pod", name=owner_pod, uid=owner_uid)] if owner_pod else None
-    job = m.TrainerV1alpha1TrainJob(
-        api_version=API_VERSION, kind=KIND,
-        metadata=m.IoK8sApimachineryPkgApisMetaV1ObjectMeta(
-            name=name, namespace=namespace, labels=job_labels or None,
-            owner_references=owners),
-        spec=m.TrainerV1alpha1TrainJobSpec(
-            runtime_ref=m.TrainerV1alpha1RuntimeRef(
-                api_group=GROUP, kind="ClusterTrainingRuntime", name=nodes.runtime),
-            active_deadline_seconds=nodes.deadline_seconds,
-            trainer=_trainer(m, nodes, command, args, env),
-            runtime_patches=[_runtime_patch(m, nodes, manager, labels)]))
-    manifest = job.to_dict()
+    gpus = nodes.gpus
+    amounts = {"cpu": nodes.cpu, "memory": nodes.memory,
+               **({GPU_RESOURCE: str(gpus)} if gpus else {})}
+    variables = [{"name": key, "value": value} for key, value in env.items()]
+    if gpus:
+        variables.append({"name": EXPECTED_GPUS_VARIABLE, "value": str(gpus)})
+    variables += [{"name": variable, "valueFrom": {"secretKeyRef": {
+        "name": nodes.storage_secret, "key": key}}}
+        for variable, key in zip(S3_SECRET_KEYS, nodes.secret_keys if nodes.storage_secret else ())]
+    trainer = _present({
+        "image": nodes.image, "command": list(command), "args": list(args), "env": variables,
+        "numNodes": nodes.num_nodes, "numProcPerNode": nodes.procs_per_node or max(1, gpus),
+        "resourcesPerNode": {"requests": amounts, "limits": dict(amounts)}})
+    patch = {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": {
+        "replicatedJobs": [{"name": NODE, "template": {"spec": {
+            "template": _node_pod(nodes, labels)}}}]}}}}
+    manifest = {
+        "apiVersion": API_VERSION, "kind": KIND,
+        "metadata": _present({"name": name, "namespace": namespace, "labels": job_labels,
+                              "ownerReferences": [{"apiVersion": "v1", "kind": "Pod",
+                                                   "name": owner_pod, "uid": owner_uid}]
+                              if owner_pod else None}),
+        "spec": _present({
+            "runtimeRef": {"apiGroup": GROUP, "kind": "ClusterTrainingRuntime",
+                           "name": nodes.runtime},
+            "activeDeadlineSeconds": nodes.deadline_seconds, "trainer": trainer,
+            "runtimePatches": [patch]})}
     validate_manifest(manifest)
     return manifest
 
@@ -272,15 +253,6 @@ def _differences(given: Any, read: Any, path: str = "") -> list[str]:
         return [p for i, (a, b) in enumerate(zip(given, read))
                 for p in _differences(a, b, f"{path}[{i}]")]
     return [] if given == read else [f"{path}: {given!r} is read as {read!r}"]
-
-
-def _strict(model, data: Mapping[str, Any], what: str):
-    """`model` read from `data`, refusing keys it does not have (its from_dict drops them)."""
-    made = model.from_dict(dict(data))
-    problems = _differences(dict(data), made.to_dict())
-    if problems:
-        raise ManifestError(f"{what} {dict(data)}: {'; '.join(problems)}")
-    return made
 
 
 def validate_manifest(manifest: Mapping[str, Any]) -> None:
