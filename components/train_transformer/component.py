@@ -99,10 +99,9 @@ def written_step(settings: type = TransformerConfig):
 def trainjob_step(values: dict) -> None:
     """The TrainJob launcher's work on its inputs (`values`): the one-pod settings on nodes."""
     config = settings_from_step(TransformerConfig, values)
-    settings = multinode.NodeSettings(**{field.name: values[step] for field, step in _node_inputs()})
     dataset, model = values["dataset"], values["model"]
     result = multinode.train_on_nodes(
-        settings, dataset_uri=dataset.uri, dataset_path=dataset.path, model_path=model.path,
+        node_settings(values), dataset_uri=dataset.uri, dataset_path=dataset.path, model_path=model.path,
         config=dataclasses.asdict(config), tensorboard_dir=values["tensorboard_dir"])
     record_outputs(result, model, values["metrics"], dataset.path, config,
                    values["model_fingerprint"])
@@ -112,6 +111,11 @@ def _node_inputs() -> list[tuple[dataclasses.Field, str]]:
     """Each `NodeSettings` field and its step input's name."""
     return [(field, multinode.STEP_INPUTS.get(field.name, field.name))
             for field in dataclasses.fields(multinode.NodeSettings)]
+
+
+def node_settings(values: dict) -> multinode.NodeSettings:
+    """The nodes the TrainJob launcher's inputs (`values`, by name) describe."""
+    return multinode.NodeSettings(**{field.name: values[step] for field, step in _node_inputs()})
 
 
 def _input_type(hint: Any) -> type:

@@ -16,7 +16,7 @@ from dataclasses import MISSING
 from typing import Any
 
 from components.common.gpus import EXPECTED_GPUS_VARIABLE
-from components.common.written import setting
+from components.common.written import check_settings, setting
 from components.trainjob.contract import PET_VARIABLES
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -54,10 +54,10 @@ class Nodes:
     """A TrainJob's nodes: what each holds and runs, where its pods go, the runtime and the
     job's deadline (each field's help: the launcher step's input's)."""
 
-    num_nodes: int = setting(MISSING, "Nodes of the TrainJob (pods, one machine each).")
+    num_nodes: int = setting(MISSING, "Nodes of the TrainJob (pods, one machine each).", ge=1)
     # None: one per GPU, else one (not Trainer's `auto`: one per CPU)
-    procs_per_node: int | None = setting(MISSING, "Processes per node: its GPUs, or 1.")
-    gpus: int = setting(MISSING, "GPUs of each node (nvidia.com/gpu); 0 for CPU nodes.")
+    procs_per_node: int | None = setting(MISSING, "Processes per node: its GPUs, or 1.", ge=1)
+    gpus: int = setting(MISSING, "GPUs of each node (nvidia.com/gpu); 0 for CPU nodes.", ge=0)
     cpu: str = setting(MISSING, "CPU of each node (a Kubernetes quantity; requests = limits).")
     memory: str = setting(MISSING, "Memory of each node (/dev/shm counts inside it).")
     shm: str = setting("", "Size of each node's memory-backed /dev/shm; empty: the "
@@ -79,7 +79,7 @@ class Nodes:
                                    "pod's.")
     queue: str = setting("", "Kueue LocalQueue the TrainJob is queued in "
                          "(kueue.x-k8s.io/queue-name); empty: none.")
-    deadline_seconds: int | None = setting(None, "Longest the TrainJob may run.")
+    deadline_seconds: int | None = setting(None, "Longest the TrainJob may run.", ge=1)
 
 
 def trainjob_name(run_id: str, task: str, attempt: int | str) -> str:
@@ -131,20 +131,17 @@ def _check_labels(labels: Mapping[str, str], what: str) -> None:
 def _check_settings(name: str, nodes: Nodes, env: Mapping[str, str], manager: str) -> None:
     if not DNS_1035.match(name) or len(name) > 63:
         raise ManifestError(f"TrainJob name {name!r} must be a DNS-1035 label (Trainer 2.3)")
-    num_nodes, procs, gpus = nodes.num_nodes, nodes.procs_per_node, nodes.gpus
-    if num_nodes < 1 or (procs is not None and procs < 1) or gpus < 0:
-        raise ManifestError(f"num_nodes and procs_per_node must be >= 1 and gpus >= 0, got "
-                            f"{num_nodes}, {procs}, {gpus}")
-    if len(f"{name}-{NODE}-0-{num_nodes - 1}") > 63:
-        raise ManifestError(f"TrainJob name {name!r} is too long for {num_nodes} nodes: JobSet "
-                            "refuses pod names over 63 characters")
+    check_settings(nodes, ManifestError)  # the bounds of its fields
+    if len(f"{name}-{NODE}-0-{nodes.num_nodes - 1}") > 63:
+        raise ManifestError(f"TrainJob name {name!r} is too long for {nodes.num_nodes} nodes: "
+                            "JobSet refuses pod names over 63 characters")
     for what in ("cpu", "memory", *(["shm"] if nodes.shm else [])):
         if not QUANTITY.match(getattr(nodes, what)):
             raise ManifestError(f"{what} {getattr(nodes, what)!r} is not a Kubernetes quantity "
                                 "(8, 7.5, 500m, 24Gi)")
     secret_keys = nodes.secret_keys if nodes.storage_secret else ()
     names = [*env, *(S3_SECRET_KEYS if secret_keys else ()),
-             *([EXPECTED_GPUS_VARIABLE] if gpus else [])]
+             *([EXPECTED_GPUS_VARIABLE] if nodes.gpus else [])]
     reserved = sorted(set(names) & set(PET_VARIABLES))
     if reserved:
         raise ManifestError(f"env {reserved}: Trainer's torch runtime sets these on each node "
@@ -157,9 +154,6 @@ def _check_settings(name: str, nodes: Nodes, env: Mapping[str, str], manager: st
     if not _DOMAIN_PATH.match(manager):
         raise ManifestError(f"runtime patch manager {manager!r} must be a domain-prefixed path "
                             "(such as acme.io/launcher)")
-    if nodes.deadline_seconds is not None and nodes.deadline_seconds < 1:
-        raise ManifestError(f"deadline_seconds must be >= 1 (Trainer 2.3), got "
-                            f"{nodes.deadline_seconds}")
 
 
 def _present(fields: Mapping[str, Any]) -> dict[str, Any]:
