@@ -288,24 +288,15 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
         The validation result (`text_scores.validation_result`) plus `history`, `best`,
         `run` and `config`, as written to `metrics.json`.
     """
-    import torch
-
     transformers = import_transformers()
     started = time.monotonic()
-    manifest = read_manifest(dataset_dir)
-    train, valid = read_split(dataset_dir, "train"), read_split(dataset_dir, "validation")
-    for name, frame in (("train", train), ("validation", valid)):
-        if frame.empty:
-            raise TransformerTrainingError(f"the {name} split of {dataset_dir} has no rows; "
-                                           "give the preparation step more data")
+    manifest, train, valid = _read_splits(dataset_dir)
     labels, task, text_column = manifest["labels"], manifest["task"], manifest["text_column"]
     multi = task == MULTI_LABEL
     folder = checkpoints or run_state.checkpoint_folder(model_dir)
     resume_from = claim_checkpoints(folder, run_values(config, manifest, model_dir),
                                     write=_is_rank0())
-    cuda = torch.cuda.is_available()
-    precision = choose_precision(config.mixed_precision, cuda,
-                                 torch.cuda.get_device_capability() if cuda else None)
+    cuda, precision = _device_precision(config)
     transformers.set_seed(config.seed)
     scratch = tempfile.mkdtemp(prefix=TMP_PREFIX)
     scalars = ScalarLog(log_folder(model_dir, tensorboard_folder))
@@ -358,6 +349,17 @@ def train_transformer(dataset_dir: str, model_dir: str, config: TransformerConfi
     return result
 
 
+def _read_splits(dataset_dir: str) -> tuple[dict[str, Any], Any, Any]:
+    """The manifest and the train and validation frames; refuses an empty split."""
+    manifest = read_manifest(dataset_dir)
+    train, valid = read_split(dataset_dir, "train"), read_split(dataset_dir, "validation")
+    for name, frame in (("train", train), ("validation", valid)):
+        if frame.empty:
+            raise TransformerTrainingError(f"the {name} split of {dataset_dir} has no rows; "
+                                           "give the preparation step more data")
+    return manifest, train, valid
+
+
 def _load_model(transformers, config: TransformerConfig, labels: Sequence[str], multi: bool,
                 scratch: str):
     """The tokenizer and the classifier (a new head sized for `labels`) of `model_name`."""
@@ -382,6 +384,15 @@ def _load_model(transformers, config: TransformerConfig, labels: Sequence[str], 
     if problem:
         raise TransformerTrainingError(problem)
     return tokenizer, model
+
+
+def _device_precision(config: TransformerConfig) -> tuple[bool, str]:
+    """Whether a CUDA device is there, and the precision to train in on it."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return cuda, choose_precision(config.mixed_precision, cuda,
+                                  torch.cuda.get_device_capability() if cuda else None)
 
 
 def _training_arguments(transformers, config: TransformerConfig, folder: str, precision: str,
