@@ -29,21 +29,25 @@ FAST = launcher.Timing(poll_seconds=0.02, clear_seconds=5, log_grace_seconds=5)
 
 
 def full_manifest(name: str = "", **changes) -> dict:
-    """2 nodes x 2 processes with every setting the launcher step gives."""
-    settings = dict(
+    """2 nodes x 2 processes with every setting the launcher step gives; `changes` of the
+    nodes (`spec.Nodes`) or of the job."""
+    nodes = {field.name for field in dataclasses.fields(spec.Nodes)}
+    settings = spec.Nodes(**{
+        "num_nodes": 2, "procs_per_node": 2, "gpus": 2, "cpu": "14.1", "memory": "48Gi",
+        "shm": "12Gi", "storage_secret": "s3-keys", "node_selector": SELECTOR,
+        "tolerations": TOLERATIONS, "image_pull_secrets": ["regcred"],
+        "service_account": "pipeline-runner", "deadline_seconds": 604800,
+        "image": "europe-docker.pkg.dev/p/r/fastai:abc1234",
+        **{key: value for key, value in changes.items() if key in nodes}})
+    job = dict(
         name=name or spec.trainjob_name("run-7f3a", "train-transformer-classifier", 0),
-        namespace=NS, image="europe-docker.pkg.dev/p/r/fastai:abc1234",
-        command=["python", "-m", "node_entry_point"], args=["--epochs", "2"],
-        num_nodes=2, procs_per_node=2, gpus=2, cpu="14.1", memory="48Gi", shm="12Gi",
+        namespace=NS, command=["python", "-m", "node_entry_point"], args=["--epochs", "2"],
         env={"AIP_CHECKPOINT_DIR": "s3://bucket/run/checkpoints", "KFP_STORAGE": "0"},
-        storage_secret="s3-keys", node_selector=SELECTOR, tolerations=TOLERATIONS,
-        image_pull_secrets=["regcred"], service_account="pipeline-runner",
         labels={"vertex-gpu-pipelines/run": "run-7f3a", "vertex-gpu-pipelines/task": "train"},
         owner_pod="train-transformer-launcher-pod",
-        owner_uid="0b1c2d3e-0000-1111-2222-333344445555",
-        active_deadline_seconds=604800)
-    settings.update(changes)
-    return spec.trainjob_manifest(**settings)
+        owner_uid="0b1c2d3e-0000-1111-2222-333344445555")
+    job.update({key: value for key, value in changes.items() if key not in nodes})
+    return spec.trainjob_manifest(settings, **job)
 
 
 def _pod_patch(manifest: dict) -> dict:
@@ -139,7 +143,7 @@ def test_trainjob_validation_refuses_a_value_of_the_wrong_type():
     ({"shm": "12 GB"}, "not a Kubernetes quantity"),
     ({"num_nodes": 0}, "must be >= 1"),
     ({"procs_per_node": 0}, "must be >= 1"),
-    ({"active_deadline_seconds": 0}, "active_deadline_seconds must be >= 1"),
+    ({"deadline_seconds": 0}, "deadline_seconds must be >= 1"),
     ({"name": "Train_Job"}, "DNS-1035"),
     ({"name": "a" * 56}, "too long for 2 nodes"),
     ({"labels": {"run": "x" * 64}}, "not a Kubernetes label value"),

@@ -111,11 +111,10 @@ sys.addaudithook(_audit)
 def _manifest(command, args=(), num_nodes=2, secret=kubeflow_demo.SECRET, deadline=None):
     from components.trainjob import spec
 
-    return spec.trainjob_manifest(name="tj-probe", namespace="ns", image="img",
-                                  command=command, args=args, num_nodes=num_nodes,
-                                  procs_per_node=2, cpu="1", memory="1Gi",
-                                  env={"OBJECT_STORE_MOUNTED": "0"}, storage_secret=secret,
-                                  active_deadline_seconds=deadline)
+    nodes = spec.Nodes(num_nodes=num_nodes, procs_per_node=2, gpus=0, cpu="1", memory="1Gi",
+                       storage_secret=secret, image="img", deadline_seconds=deadline)
+    return spec.trainjob_manifest(nodes, name="tj-probe", namespace="ns", command=command,
+                                  args=args, env={"OBJECT_STORE_MOUNTED": "0"})
 
 
 @pytest.fixture

@@ -262,16 +262,10 @@ def test_trainjob_compiled_launcher_holds_no_gpu_and_its_inputs_make_a_two_node_
     assert task["taskInfo"]["name"] == "train-transformer"
     assert task["retryPolicy"]["maxRetryCount"] == 2  # a retry starts a new TrainJob
     inputs = _constants(task)
-    settings = multinode.NodeSettings(
-        num_nodes=int(inputs["num_nodes"]), procs_per_node=int(inputs["procs_per_node"]),
-        gpus=int(inputs["gpus_per_node"]), cpu=inputs["cpu_per_node"],
-        memory=inputs["memory_per_node"], shm=inputs["shm_per_node"],
-        node_selector=inputs["node_selector"], tolerations=inputs["tolerations"],
-        image_pull_secrets=inputs["image_pull_secrets"],
-        storage_secret=inputs["storage_secret"], secret_keys=inputs["storage_secret_keys"],
-        runtime=inputs["runtime"], image=inputs["node_image"],
-        checkpoint_root=inputs["checkpoint_root"], s3_endpoint=inputs["s3_endpoint"],
-        deadline_seconds=int(inputs["deadline_seconds"]))
+    from components.train_transformer import component
+
+    settings = component.node_settings({name: int(value) if isinstance(value, float) else value
+                                        for name, value in inputs.items()})  # JSON's numbers
     assert (settings.num_nodes, settings.gpus, settings.procs_per_node) == (2, 1, 1)
     assert settings.node_selector == {"nvidia.com/gpu.product": "Tesla-T4",
                                       "cloud.google.com/gke-spot": "true"}

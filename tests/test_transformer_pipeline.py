@@ -228,18 +228,6 @@ def test_a_model_name_folder_needs_config_and_weights_and_is_fingerprinted(tmp_p
     assert "tokenizer.save_pretrained(folder)" in problem
 
 
-def test_a_gcs_model_folder_is_checked_by_its_listing(gcs):
-    bucket = gcs.create_bucket("tf-models")
-    bucket.blob("tiny/config.json").upload_from_string("{}")
-    assert "it has no model.safetensors" in model_name_problems("gs://tf-models/tiny")[0]
-    bucket.blob("tiny/model.safetensors").upload_from_string("w")
-    assert "it has no tokenizer.json or vocab.txt" in model_name_problems(
-        "gs://tf-models/tiny")[0]
-    bucket.blob("tiny/vocab.txt").upload_from_string("[PAD]\n[UNK]\n")
-    assert model_name_problems("gs://tf-models/tiny") == []
-    assert "is not a folder" in model_name_problems("gs://tf-models/none")[0]
-
-
 @pytest.mark.parametrize("config, tokenizer, limit", [
     ({"model_type": "bert", "max_position_embeddings": 512}, {"model_max_length": 512}, 512),
     # XLM-R: 514 positions, of which 512 hold tokens (positions start after padding id 1)

@@ -4,11 +4,14 @@ launcher `train_transformer_trainjob` takes its node settings, then the same."""
 
 import dataclasses
 import os
+import types
+import typing
 from typing import Any
 
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
-from components.common.written import settings_from_step, step_function
+from components.common.written import HELP, settings_from_step, step_function
+from components.train_transformer import multinode
 from components.train_transformer.contract import FRAMEWORK, TransformerConfig
 
 DATASET_HELP = ("Folder from the text preparation step: train/validation/test CSVs and "
@@ -95,24 +98,39 @@ def written_step(settings: type = TransformerConfig):
 
 def trainjob_step(values: dict) -> None:
     """The TrainJob launcher's work on its inputs (`values`): the one-pod settings on nodes."""
-    from components.train_transformer import multinode
-
     config = settings_from_step(TransformerConfig, values)
-    inputs = {field.name: multinode.STEP_INPUTS.get(field.name, field.name)
-              for field in dataclasses.fields(multinode.NodeSettings)}
-    settings = multinode.NodeSettings(**{name: values[step] for name, step in inputs.items()})
     dataset, model = values["dataset"], values["model"]
     result = multinode.train_on_nodes(
-        settings, dataset_uri=dataset.uri, dataset_path=dataset.path, model_path=model.path,
+        node_settings(values), dataset_uri=dataset.uri, dataset_path=dataset.path, model_path=model.path,
         config=dataclasses.asdict(config), tensorboard_dir=values["tensorboard_dir"])
     record_outputs(result, model, values["metrics"], dataset.path, config,
                    values["model_fingerprint"])
 
 
+def _node_inputs() -> list[tuple[dataclasses.Field, str]]:
+    """Each `NodeSettings` field and its step input's name."""
+    return [(field, multinode.STEP_INPUTS.get(field.name, field.name))
+            for field in dataclasses.fields(multinode.NodeSettings)]
+
+
+def node_settings(values: dict) -> multinode.NodeSettings:
+    """The nodes the TrainJob launcher's inputs (`values`, by name) describe."""
+    return multinode.NodeSettings(**{field.name: values[step] for field, step in _node_inputs()})
+
+
+def _input_type(hint: Any) -> type:
+    """A node setting's KFP input type: `int | None` is int, `list[str]` is list."""
+    if isinstance(hint, types.UnionType):
+        hint = typing.get_args(hint)[0]
+    return typing.get_origin(hint) or hint
+
+
 def written_trainjob(settings: type = TransformerConfig):
-    """`train_transformer_trainjob` written from `settings`: its node settings, then every
-    input of the one-pod trainer but its artifacts, in the same order."""
+    """`train_transformer_trainjob` written from `settings`: its node settings (no default:
+    the pipeline gives each), then every input of the one-pod trainer but its artifacts, in
+    the same order."""
     same = f"As {ONE_POD}'s."
+    hints = typing.get_type_hints(multinode.NodeSettings)
     return step_function(
         "train_transformer_trainjob", settings,
         "Fine-tunes the transformer classifier across nodes: a Kubeflow Trainer TrainJob this "
@@ -122,32 +140,8 @@ def written_trainjob(settings: type = TransformerConfig):
             ("model", Output[Model], "Output folder, as the one-pod step writes it (the model "
              "node 0 wrote, copied here)."),
             ("metrics", Output[Metrics], "Validation scalars, as the one-pod step logs them."),
-            ("num_nodes", int, "Nodes of the TrainJob (pods, one machine each)."),
-            ("procs_per_node", int, "Processes per node: its GPUs, or 1."),
-            ("gpus_per_node", int, "GPUs of each node (nvidia.com/gpu); 0 for CPU nodes."),
-            ("cpu_per_node", str, "CPU of each node (a Kubernetes quantity; requests = limits)."),
-            ("memory_per_node", str, "Memory of each node (/dev/shm counts inside it)."),
-            ("shm_per_node", str, "Size of each node's memory-backed /dev/shm; empty: the "
-             "container's own."),
-            ("node_selector", dict, "Node labels the nodes must have (GPU type, spot pool)."),
-            ("tolerations", list, "Tolerations of the nodes (key, operator, value, effect)."),
-            ("image_pull_secrets", list, "Secrets the nodes pull the image with."),
-            ("storage_secret", str, "Kubernetes secret whose storage_secret_keys the nodes get "
-             "as variables; empty for none."),
-            ("storage_secret_keys", list, "Its keys whose values AWS_ACCESS_KEY_ID and "
-             "AWS_SECRET_ACCESS_KEY get, in that order."),
-            ("runtime", str, "The ClusterTrainingRuntime the job runs on (torch-distributed)."),
-            ("node_image", str, "The nodes' image (this step's)."),
-            ("checkpoint_root", str, "gs:// or s3:// folder of the checkpoints, TensorBoard "
-             "logs, the model node 0 uploads and the staged dataset."),
-            ("s3_endpoint", str, "S3 API URL of MinIO or Ceph for the nodes; empty: AWS."),
-            ("service_account", str, "The nodes' Kubernetes service account; empty: this pod's."),
-            ("queue_name", str, "Kueue LocalQueue the TrainJob is queued in "
-             "(kueue.x-k8s.io/queue-name); empty: none."),
-            ("pending_seconds", int, "Longest a node pod may wait to be scheduled before the "
-             "step fails."),
-            ("deadline_seconds", int, "Longest the TrainJob may run."),
-
+            *((step, _input_type(hints[field.name]), field.metadata[HELP])
+              for field, step in _node_inputs()),
         ],
         after=[
             ("model_fingerprint", "", same),

@@ -10,11 +10,12 @@ return None.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from components.common import preemption
 from components.common.gpus import require_torch_gpus
@@ -27,7 +28,8 @@ TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 _TRAINING_POOLS = ("workerpool0", "workerpool1")  # primary, then workers
 
 
-class Cluster(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class Cluster:
     """The machines of a job, as this replica sees them: the rank 0 replica's host and port
     (the rendezvous), the replicas, and this one's place among them from 0."""
 
@@ -36,11 +38,9 @@ class Cluster(NamedTuple):
     nodes: int
     node_rank: int
 
-
-def _cluster(addr: str, port: int, nodes: int, rank: int) -> Cluster:
-    if not 0 <= rank < nodes:
-        raise ValueError(f"node_rank {rank} is not within {nodes} replica(s)")
-    return Cluster(addr, port, nodes, rank)
+    def __post_init__(self) -> None:
+        if not 0 <= self.node_rank < self.nodes:
+            raise ValueError(f"node_rank {self.node_rank} is not within {self.nodes} replica(s)")
 
 
 def _from_cluster_spec(text: str) -> Cluster | None:
@@ -65,7 +65,7 @@ def _from_cluster_spec(text: str) -> Cluster | None:
     addr, _, port = hosts[0].rpartition(":")
     if not addr or not port.isdigit():
         raise ValueError(f"CLUSTER_SPEC's primary replica {hosts[0]!r} is not host:port")
-    return _cluster(addr, int(port), len(hosts), offsets[task["type"]] + index)
+    return Cluster(addr, int(port), len(hosts), offsets[task["type"]] + index)
 
 
 def cluster_from_environment(environ: Mapping[str, str]) -> Cluster | None:
@@ -81,7 +81,7 @@ def cluster_from_environment(environ: Mapping[str, str]) -> Cluster | None:
         except ValueError as err:
             raise ValueError(f"WORLD_SIZE, RANK and MASTER_PORT must be integers: {err}") \
                 from err
-        return _cluster(environ["MASTER_ADDR"], port, nodes, rank) if nodes > 1 else None
+        return Cluster(environ["MASTER_ADDR"], port, nodes, rank) if nodes > 1 else None
     if environ.get("CLUSTER_SPEC"):
         return _from_cluster_spec(environ["CLUSTER_SPEC"])
     return None

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from components.common.storage import MOUNTED_VARIABLE, is_remote
+from components.common.written import setting
 from components.text_common.contract import TRAINING_METRICS_FILE
 from components.train_transformer.node import COMMAND, copy_folder
 from components.trainjob import launcher, spec
@@ -36,28 +37,15 @@ STEP_INPUTS = {"gpus": "gpus_per_node", "cpu": "cpu_per_node", "memory": "memory
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeSettings:
-    """The TrainJob's nodes: the launcher step's inputs of these names (or `STEP_INPUTS`')."""
+class NodeSettings(spec.Nodes):
+    """The TrainJob's nodes, and where they keep their files: the launcher step's inputs of
+    these names (or `STEP_INPUTS`'), their help each field's."""
 
-    num_nodes: int
-    procs_per_node: int
-    gpus: int
-    cpu: str
-    memory: str
-    shm: str = ""
-    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    tolerations: Sequence[Mapping[str, Any]] = ()
-    image_pull_secrets: Sequence[str] = ()
-    storage_secret: str = ""
-    secret_keys: Sequence[str] = spec.S3_SECRET_KEYS
-    service_account: str = ""
-    queue: str = ""
-    pending_seconds: float = launcher.Timing.pending_seconds
-    runtime: str = spec.DEFAULT_RUNTIME
-    image: str = ""
-    checkpoint_root: str = ""
-    s3_endpoint: str = ""
-    deadline_seconds: int | None = None
+    checkpoint_root: str = setting("", "gs:// or s3:// folder of the checkpoints, TensorBoard "
+                                   "logs, the model node 0 uploads and the staged dataset.")
+    s3_endpoint: str = setting("", "S3 API URL of MinIO or Ceph for the nodes; empty: AWS.")
+    pending_seconds: int = setting(int(launcher.Timing.pending_seconds), "Longest a node pod "
+                                   "may wait to be scheduled before the step fails.")
 
 
 def task_folder(model_path: str) -> list[str]:
@@ -82,20 +70,14 @@ def trainjob(settings: NodeSettings, *, dataset_uri: str, model_uri: str,
     if settings.s3_endpoint:
         env["AWS_ENDPOINT_URL_S3"] = settings.s3_endpoint
     manifest = spec.trainjob_manifest(
-        name=name, namespace=namespace, image=settings.image, command=COMMAND,
+        dataclasses.replace(settings, service_account=(
+            settings.service_account or environ.get(SERVICE_ACCOUNT, ""))),
+        name=name, namespace=namespace, command=COMMAND, env=env, labels={TASK_LABEL: digest},
         args=["--dataset-uri", dataset_uri, "--model-uri", model_uri,
               "--config", json.dumps(dict(config), sort_keys=True),
               "--checkpoint-root", settings.checkpoint_root,
               *(["--tensorboard-dir", tensorboard_dir] if tensorboard_dir else [])],
-        num_nodes=settings.num_nodes, procs_per_node=settings.procs_per_node,
-        gpus=settings.gpus, cpu=settings.cpu, memory=settings.memory, shm=settings.shm,
-        env=env, storage_secret=settings.storage_secret,
-        secret_keys=tuple(settings.secret_keys), node_selector=settings.node_selector,
-        tolerations=settings.tolerations, image_pull_secrets=settings.image_pull_secrets,
-        service_account=settings.service_account or environ.get(SERVICE_ACCOUNT, ""),
-        labels={TASK_LABEL: digest}, queue=settings.queue, owner_pod=pod if uid else "",
-        owner_uid=uid if pod else "", runtime=settings.runtime,
-        active_deadline_seconds=settings.deadline_seconds)
+        owner_pod=pod if uid else "", owner_uid=uid if pod else "")
     return manifest, f"{TASK_LABEL}={digest}"
 
 

@@ -236,19 +236,6 @@ def _wait(custom, core, namespace: str, name: str, timing: Timing,
     raise TrainJobCancelled(f"cancelled: TrainJob {namespace}/{name} deleted")
 
 
-def _node0_pod(core, namespace: str, name: str):
-    """Node 0's newest pod that has started (its log readable), or None."""
-    try:
-        pods = core.list_namespaced_pod(namespace, label_selector=node0_selector(name)).items
-    except Exception as error:
-        if _transient(error):
-            return None
-        raise
-    started = [pod for pod in pods if (pod.status and pod.status.phase) not in (None, "Pending")]
-    return max(started, default=None, key=lambda pod: (
-        pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else 0.0))
-
-
 def _stream(core, namespace: str, pod: str, write: Callable[[str], None],
             stop: threading.Event) -> None:
     """Writes the pod's `node` container log, line by line, until it ends."""
@@ -269,11 +256,22 @@ def _stream(core, namespace: str, pod: str, write: Callable[[str], None],
 
 def _follow_logs(core, namespace: str, name: str, write: Callable[[str], None],
                  ended: threading.Event, stop: threading.Event, timing: Timing) -> None:
-    """Streams each pod node 0 runs in (a restarted node is a new pod) until the job ends."""
+    """Streams each pod node 0 runs in (a restarted node is a new pod; its newest that has
+    started, the log readable) until the job ends."""
     streamed: set[str] = set()
     while not stop.is_set():
         last_look = ended.is_set()
-        pod = _node0_pod(core, namespace, name)
+        try:
+            pods = core.list_namespaced_pod(namespace, label_selector=node0_selector(name)).items
+        except Exception as error:
+            if not _transient(error):
+                raise
+            pods = []
+        started = [pod for pod in pods
+                   if (pod.status and pod.status.phase) not in (None, "Pending")]
+        pod = max(started, default=None, key=lambda pod: (
+            pod.metadata.creation_timestamp.timestamp()
+            if pod.metadata.creation_timestamp else 0.0))
         if pod is not None and pod.metadata.uid not in streamed:
             streamed.add(pod.metadata.uid)
             _stream(core, namespace, pod.metadata.name, write, stop)

@@ -1,19 +1,22 @@
 """The TrainJob a launcher step creates: Kubeflow Trainer 2.2-2.3 (`trainer.kubeflow.org/v1alpha1`).
 
-Built from `kubeflow-trainer-api`'s typed models (2.3.0); they drop unknown keys, so
-`validate_manifest` reads a manifest back and refuses what they would drop or change. The
+Written as the API's camelCase dict and read back through `kubeflow-trainer-api`'s typed
+models (2.3.0) by `validate_manifest`, which refuses what they would drop or change. The
 pod settings are one `runtimePatches` entry of the `node` job, with istio injection off: the
 mesh refuses node-to-node traffic through JobSet's headless service (kubeflow/trainer#2794).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import MISSING
 from typing import Any
 
 from components.common.gpus import EXPECTED_GPUS_VARIABLE
+from components.common.written import check_settings, setting
 from components.trainjob.contract import PET_VARIABLES
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -44,6 +47,39 @@ _DOMAIN_PATH = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9/\-._~%!$&
 
 class ManifestError(ValueError):
     """A TrainJob setting the API would refuse; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Nodes:
+    """A TrainJob's nodes: what each holds and runs, where its pods go, the runtime and the
+    job's deadline (each field's help: the launcher step's input's)."""
+
+    num_nodes: int = setting(MISSING, "Nodes of the TrainJob (pods, one machine each).", ge=1)
+    # None: one per GPU, else one (not Trainer's `auto`: one per CPU)
+    procs_per_node: int | None = setting(MISSING, "Processes per node: its GPUs, or 1.", ge=1)
+    gpus: int = setting(MISSING, "GPUs of each node (nvidia.com/gpu); 0 for CPU nodes.", ge=0)
+    cpu: str = setting(MISSING, "CPU of each node (a Kubernetes quantity; requests = limits).")
+    memory: str = setting(MISSING, "Memory of each node (/dev/shm counts inside it).")
+    shm: str = setting("", "Size of each node's memory-backed /dev/shm; empty: the "
+                       "container's own.")
+    node_selector: dict[str, str] = setting({}, "Node labels the nodes must have (GPU type, "
+                                            "spot pool).")
+    tolerations: list[dict[str, Any]] = setting([], "Tolerations of the nodes (key, operator, "
+                                                "value, effect).")
+    image_pull_secrets: list[str] = setting([], "Secrets the nodes pull the image with.")
+    storage_secret: str = setting("", "Kubernetes secret whose storage_secret_keys the nodes "
+                                  "get as variables; empty for none.")
+    secret_keys: list[str] = setting(list(S3_SECRET_KEYS), "Its keys whose values "
+                                     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY get, in that "
+                                     "order.")
+    runtime: str = setting(DEFAULT_RUNTIME, "The ClusterTrainingRuntime the job runs on "
+                           "(torch-distributed).")
+    image: str = setting("", "The nodes' image (this step's).")
+    service_account: str = setting("", "The nodes' Kubernetes service account; empty: this "
+                                   "pod's.")
+    queue: str = setting("", "Kueue LocalQueue the TrainJob is queued in "
+                         "(kueue.x-k8s.io/queue-name); empty: none.")
+    deadline_seconds: int | None = setting(None, "Longest the TrainJob may run.", ge=1)
 
 
 def trainjob_name(run_id: str, task: str, attempt: int | str) -> str:
@@ -92,23 +128,20 @@ def _check_labels(labels: Mapping[str, str], what: str) -> None:
                                 "(63 characters at most: letters, digits, -, _ and .)")
 
 
-def _check_settings(name: str, num_nodes: int, procs_per_node: int | None, gpus: int,
-                    quantities: Mapping[str, str], env: Mapping[str, str],
-                    secret_keys: Sequence[str], manager: str) -> None:
+def _check_settings(name: str, nodes: Nodes, env: Mapping[str, str], manager: str) -> None:
     if not DNS_1035.match(name) or len(name) > 63:
         raise ManifestError(f"TrainJob name {name!r} must be a DNS-1035 label (Trainer 2.3)")
-    if num_nodes < 1 or (procs_per_node is not None and procs_per_node < 1) or gpus < 0:
-        raise ManifestError(f"num_nodes and procs_per_node must be >= 1 and gpus >= 0, got "
-                            f"{num_nodes}, {procs_per_node}, {gpus}")
-    if len(f"{name}-{NODE}-0-{num_nodes - 1}") > 63:
-        raise ManifestError(f"TrainJob name {name!r} is too long for {num_nodes} nodes: JobSet "
-                            "refuses pod names over 63 characters")
-    for what, value in quantities.items():
-        if not QUANTITY.match(value):
-            raise ManifestError(f"{what} {value!r} is not a Kubernetes quantity (8, 7.5, 500m, "
-                                "24Gi)")
+    check_settings(nodes, ManifestError)  # the bounds of its fields
+    if len(f"{name}-{NODE}-0-{nodes.num_nodes - 1}") > 63:
+        raise ManifestError(f"TrainJob name {name!r} is too long for {nodes.num_nodes} nodes: "
+                            "JobSet refuses pod names over 63 characters")
+    for what in ("cpu", "memory", *(["shm"] if nodes.shm else [])):
+        if not QUANTITY.match(getattr(nodes, what)):
+            raise ManifestError(f"{what} {getattr(nodes, what)!r} is not a Kubernetes quantity "
+                                "(8, 7.5, 500m, 24Gi)")
+    secret_keys = nodes.secret_keys if nodes.storage_secret else ()
     names = [*env, *(S3_SECRET_KEYS if secret_keys else ()),
-             *([EXPECTED_GPUS_VARIABLE] if gpus else [])]
+             *([EXPECTED_GPUS_VARIABLE] if nodes.gpus else [])]
     reserved = sorted(set(names) & set(PET_VARIABLES))
     if reserved:
         raise ManifestError(f"env {reserved}: Trainer's torch runtime sets these on each node "
@@ -123,127 +156,81 @@ def _check_settings(name: str, num_nodes: int, procs_per_node: int | None, gpus:
                             "(such as acme.io/launcher)")
 
 
-def _trainer(m, *, image: str, command: Sequence[str], args: Sequence[str], num_nodes: int,
-             procs_per_node: int | None, gpus: int, cpu: str, memory: str,
-             env: Mapping[str, str], storage_secret: str, secret_keys: Sequence[str]):
-    """`spec.trainer`: the nodes, what each holds and runs, and its environment."""
-    given = {"cpu": cpu, "memory": memory, **({GPU_RESOURCE: str(gpus)} if gpus else {})}
-    amounts = {key: m.IoK8sApimachineryPkgApiResourceQuantity(value)
-               for key, value in given.items()}
-    resources = m.IoK8sApiCoreV1ResourceRequirements(requests=amounts, limits=dict(amounts))
-    variables = [m.IoK8sApiCoreV1EnvVar(name=key, value=value) for key, value in env.items()]
-    if gpus:
-        variables.append(m.IoK8sApiCoreV1EnvVar(name=EXPECTED_GPUS_VARIABLE, value=str(gpus)))
-    variables += [m.IoK8sApiCoreV1EnvVar(name=name, value_from=m.IoK8sApiCoreV1EnvVarSource(
-        secret_key_ref=m.IoK8sApiCoreV1SecretKeySelector(name=storage_secret, key=key)))
-        for name, key in zip(S3_SECRET_KEYS, secret_keys if storage_secret else ())]
-    return m.TrainerV1alpha1Trainer(
-        image=image, command=list(command), args=list(args) or None, env=variables or None,
-        num_nodes=num_nodes, num_proc_per_node=procs_per_node, resources_per_node=resources)
+def _present(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """`fields` but the unset ones (None, an empty list or dict), as the models' `to_dict`
+    leaves them out."""
+    return {key: value for key, value in fields.items() if value not in (None, [], {})}
 
 
-def _runtime_patch(m, *, manager: str, shm: str, node_selector: Mapping[str, str],
-                   tolerations: Sequence[Mapping[str, Any]], image_pull_secrets: Sequence[str],
-                   service_account: str, labels: Mapping[str, str]):
-    """`spec.runtimePatches[0]`: the pod settings of the `node` replicated job."""
-    volumes, mounts = None, None
-    if shm:
-        volumes = [m.IoK8sApiCoreV1Volume(name=SHM_VOLUME, empty_dir=(
-            m.IoK8sApiCoreV1EmptyDirVolumeSource(
-                medium="Memory", size_limit=m.IoK8sApimachineryPkgApiResourceQuantity(shm))))]
-        mounts = [m.TrainerV1alpha1ContainerPatch(name=NODE, volume_mounts=[
-            m.IoK8sApiCoreV1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")])]
-    pod_spec = m.TrainerV1alpha1PodSpecPatch(
-        node_selector=dict(node_selector) or None,
-        tolerations=[_strict(m.IoK8sApiCoreV1Toleration, dict(t), "toleration")
-                     for t in tolerations] or None,
-        image_pull_secrets=[m.IoK8sApiCoreV1LocalObjectReference(name=secret)
-                            for secret in image_pull_secrets] or None,
-        service_account_name=service_account or None, volumes=volumes, containers=mounts)
-    pod = m.TrainerV1alpha1PodTemplatePatch(
-        metadata=m.IoK8sApimachineryPkgApisMetaV1ObjectMeta(
-            labels={**labels, ISTIO_INJECT: "false"}),
-        spec=pod_spec)
-    job = m.TrainerV1alpha1ReplicatedJobPatch(name=NODE, template=m.TrainerV1alpha1JobTemplatePatch(
-        spec=m.TrainerV1alpha1JobSpecPatch(template=pod)))
-    return m.TrainerV1alpha1RuntimePatch(
-        manager=manager, training_runtime_spec=m.TrainerV1alpha1TrainingRuntimeSpecPatch(
-            template=m.TrainerV1alpha1JobSetTemplatePatch(
-                spec=m.TrainerV1alpha1JobSetSpecPatch(replicated_jobs=[job]))))
+def _node_pod(nodes: Nodes, labels: Mapping[str, str]) -> dict[str, Any]:
+    """The pod settings of the `node` replicated job (its runtime patch's template)."""
+    shm = nodes.shm and {"medium": "Memory", "sizeLimit": nodes.shm}
+    return {"metadata": {"labels": {**labels, ISTIO_INJECT: "false"}}, "spec": _present({
+        "nodeSelector": dict(nodes.node_selector),
+        "tolerations": [dict(toleration) for toleration in nodes.tolerations],
+        "imagePullSecrets": [{"name": secret} for secret in nodes.image_pull_secrets],
+        "serviceAccountName": nodes.service_account or None,
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": shm}] if shm else None,
+        "containers": [{"name": NODE, "volumeMounts": [
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]}] if shm else None})}
 
 
-def trainjob_manifest(
-    *, name: str, namespace: str, image: str, command: Sequence[str],
-    args: Sequence[str] = (), num_nodes: int, procs_per_node: int | None = None,
-    gpus: int = 0, cpu: str, memory: str, shm: str = "", env: Mapping[str, str] | None = None,
-    storage_secret: str = "", secret_keys: Sequence[str] = S3_SECRET_KEYS,
-    node_selector: Mapping[str, str] | None = None,
-    tolerations: Sequence[Mapping[str, Any]] = (), image_pull_secrets: Sequence[str] = (),
-    service_account: str = "", labels: Mapping[str, str] | None = None, queue: str = "",
-    owner_pod: str = "", owner_uid: str = "", runtime: str = DEFAULT_RUNTIME,
-    manager: str = DEFAULT_MANAGER, active_deadline_seconds: int | None = None,
-) -> dict[str, Any]:
-    """The TrainJob of `num_nodes` nodes, as a dict the Kubernetes API takes.
+def trainjob_manifest(nodes: Nodes, *, name: str, namespace: str, command: Sequence[str],
+                      args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                      labels: Mapping[str, str] | None = None, owner_pod: str = "",
+                      owner_uid: str = "", manager: str = DEFAULT_MANAGER) -> dict[str, Any]:
+    """The TrainJob of `nodes.num_nodes` nodes, as a dict the Kubernetes API takes.
 
     Args:
+        nodes: The nodes, what each holds, where its pods go, the runtime and the deadline.
         name, namespace: The job's (`trainjob_name`) and the run's.
-        image, command, args: What each node runs.
-        num_nodes: Nodes (pods), one per machine.
-        procs_per_node: Processes per node; None: one per GPU, else one (not Trainer's
-            `auto`: one per CPU).
-        gpus, cpu, memory: Of each node (Kubernetes quantities; requests = limits).
-        shm: Each node's memory-backed /dev/shm (inside `memory`); empty: the container's.
-        env: Environment variables of the node container.
-        storage_secret, secret_keys: The secret whose keys `S3_SECRET_KEYS` get, in order.
-        node_selector, tolerations, image_pull_secrets, service_account: As a pod's.
-        labels: Labels of the TrainJob and of its node pods.
-        queue: Kueue's LocalQueue (a label of the TrainJob only); empty: none.
+        command, args, env: What each node runs, and the environment it runs in.
+        labels: Labels of the TrainJob and of its node pods (`nodes.queue`: the job's only).
         owner_pod, owner_uid: The launcher pod owning the job; empty for none.
-        runtime: The ClusterTrainingRuntime to run on.
         manager: Who owns the runtime patch (a domain-prefixed path).
-        active_deadline_seconds: Longest the job may run; None: no limit.
 
     Returns:
-        The manifest (camelCase keys).
+        The manifest (camelCase keys), as Trainer's models read it (`validate_manifest`).
 
     Raises:
         ManifestError: A setting the API or Trainer's webhook would refuse.
         pydantic.ValidationError: A value of a type the models do not take.
     """
     env, labels = dict(env or {}), dict(labels or {})
-    job_labels = {**labels, **({QUEUE_LABEL: queue} if queue else {})}
-    _check_settings(name, num_nodes, procs_per_node, gpus,
-                    {"cpu": cpu, "memory": memory, **({"shm": shm} if shm else {})}, env,
-                    secret_keys if storage_secret else (), manager)
+    job_labels = {**labels, **({QUEUE_LABEL: nodes.queue} if nodes.queue else {})}
+    _check_settings(name, nodes, env, manager)
     _check_labels(job_labels, "label")
-    _check_labels(dict(node_selector or {}), "node selector")
+    _check_labels(dict(nodes.node_selector), "node selector")
     if bool(owner_pod) != bool(owner_uid):
         raise ManifestError("owner_pod and owner_uid go together (the launcher pod's name and "
                             f"uid), got {owner_pod!r}, {owner_uid!r}")
-    if active_deadline_seconds is not None and active_deadline_seconds < 1:
-        raise ManifestError(f"active_deadline_seconds must be >= 1 (Trainer 2.3), got "
-                            f"{active_deadline_seconds}")
-    procs_per_node = max(1, gpus) if procs_per_node is None else procs_per_node
-    from kubeflow_trainer_api import models as m  # here: its import takes ~0.4 s
-    owners = [m.IoK8sApimachineryPkgApisMetaV1OwnerReference(
-        api_version="v1", kind="Pod", name=owner_pod, uid=owner_uid)] if owner_pod else None
-    job = m.TrainerV1alpha1TrainJob(
-        api_version=API_VERSION, kind=KIND,
-        metadata=m.IoK8sApimachineryPkgApisMetaV1ObjectMeta(
-            name=name, namespace=namespace, labels=job_labels or None,
-            owner_references=owners),
-        spec=m.TrainerV1alpha1TrainJobSpec(
-            runtime_ref=m.TrainerV1alpha1RuntimeRef(
-                api_group=GROUP, kind="ClusterTrainingRuntime", name=runtime),
-            active_deadline_seconds=active_deadline_seconds,
-            trainer=_trainer(m, image=image, command=command, args=args, num_nodes=num_nodes,
-                             procs_per_node=procs_per_node, gpus=gpus, cpu=cpu, memory=memory,
-                             env=env, storage_secret=storage_secret, secret_keys=secret_keys),
-            runtime_patches=[_runtime_patch(
-                m, manager=manager, shm=shm, node_selector=node_selector or {},
-                tolerations=tolerations, image_pull_secrets=image_pull_secrets,
-                service_account=service_account, labels=labels)]))
-    manifest = job.to_dict()
+    gpus = nodes.gpus
+    amounts = {"cpu": nodes.cpu, "memory": nodes.memory,
+               **({GPU_RESOURCE: str(gpus)} if gpus else {})}
+    variables = [{"name": key, "value": value} for key, value in env.items()]
+    if gpus:
+        variables.append({"name": EXPECTED_GPUS_VARIABLE, "value": str(gpus)})
+    variables += [{"name": variable, "valueFrom": {"secretKeyRef": {
+        "name": nodes.storage_secret, "key": key}}}
+        for variable, key in zip(S3_SECRET_KEYS, nodes.secret_keys if nodes.storage_secret else ())]
+    trainer = _present({
+        "image": nodes.image, "command": list(command), "args": list(args), "env": variables,
+        "numNodes": nodes.num_nodes, "numProcPerNode": nodes.procs_per_node or max(1, gpus),
+        "resourcesPerNode": {"requests": amounts, "limits": dict(amounts)}})
+    patch = {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": {
+        "replicatedJobs": [{"name": NODE, "template": {"spec": {
+            "template": _node_pod(nodes, labels)}}}]}}}}
+    manifest = {
+        "apiVersion": API_VERSION, "kind": KIND,
+        "metadata": _present({"name": name, "namespace": namespace, "labels": job_labels,
+                              "ownerReferences": [{"apiVersion": "v1", "kind": "Pod",
+                                                   "name": owner_pod, "uid": owner_uid}]
+                              if owner_pod else None}),
+        "spec": _present({
+            "runtimeRef": {"apiGroup": GROUP, "kind": "ClusterTrainingRuntime",
+                           "name": nodes.runtime},
+            "activeDeadlineSeconds": nodes.deadline_seconds, "trainer": trainer,
+            "runtimePatches": [patch]})}
     validate_manifest(manifest)
     return manifest
 
@@ -260,15 +247,6 @@ def _differences(given: Any, read: Any, path: str = "") -> list[str]:
         return [p for i, (a, b) in enumerate(zip(given, read))
                 for p in _differences(a, b, f"{path}[{i}]")]
     return [] if given == read else [f"{path}: {given!r} is read as {read!r}"]
-
-
-def _strict(model, data: Mapping[str, Any], what: str):
-    """`model` read from `data`, refusing keys it does not have (its from_dict drops them)."""
-    made = model.from_dict(dict(data))
-    problems = _differences(dict(data), made.to_dict())
-    if problems:
-        raise ManifestError(f"{what} {dict(data)}: {'; '.join(problems)}")
-    return made
 
 
 def validate_manifest(manifest: Mapping[str, Any]) -> None:
