@@ -363,16 +363,15 @@ def test_weights_file_loads_and_snapshot_survives_phase_change(densenet_weights)
                                pretrained(images, training=False), atol=1e-5)
 
 
-class _Interrupt(tf_keras.callbacks.Callback):
-    """Fails at the end of an epoch, after BackupAndRestore has saved it."""
+def _failing(hook: str, at: int, message: str) -> tf_keras.callbacks.Callback:
+    """Raises RuntimeError(`message`) in its `hook` for epoch or step `at`, after
+    BackupAndRestore's own hook (the built-in callbacks run first)."""
 
-    def __init__(self, epoch: int):
-        super().__init__()
-        self.epoch = epoch
+    def fail(index, logs=None):
+        if index == at:
+            raise RuntimeError(message)
 
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise RuntimeError(f"interrupted after epoch {epoch}")
+    return tf_keras.callbacks.LambdaCallback(**{hook: fail})
 
 
 def _epochs_logged(records) -> list[tuple[str, int]]:
@@ -462,7 +461,7 @@ def test_interrupted_training_resumes_across_phases(image_dataset, densenet_weig
     caplog.set_level(logging.INFO, logger=training.__name__)
     with pytest.raises(RuntimeError, match="interrupted after epoch 2"):
         training.train(image_dataset, str(out), TrainConfig(**params), str(checkpoints),
-                       callbacks=[_Interrupt(2)])
+                       callbacks=[_failing("on_epoch_end", 2, "interrupted after epoch 2")])
     assert _epochs_logged(caplog.records) == [("head", 0), ("head", 1), ("fine_tune", 2)]
     assert json.loads((checkpoints / "head.done.json").read_text())["next_epoch"] == 2
     assert (checkpoints / "backup-fine_tune").is_dir()
@@ -525,12 +524,6 @@ def test_a_sigterm_mid_epoch_seals_that_step_and_the_restart_resumes_there(
     assert json.loads((tmp_path / "attempt2.json").read_text())["optimizer_steps"] == 600
 
 
-class _FailAtStep(tf_keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-        if batch == 2:
-            raise RuntimeError("killed at step 2")
-
-
 @pytest.mark.slow
 def test_checkpoint_every_steps_backs_up_mid_epoch_for_a_kill_without_notice(
         image_dataset, densenet_weights, tmp_path, caplog):
@@ -539,7 +532,8 @@ def test_checkpoint_every_steps_backs_up_mid_epoch_for_a_kill_without_notice(
     out, checkpoints = str(tmp_path / "model"), str(tmp_path / "checkpoints")
     caplog.set_level(logging.INFO, logger=training.__name__)
     with pytest.raises(RuntimeError, match="killed at step 2"):
-        training.train(image_dataset, out, config, checkpoints, callbacks=[_FailAtStep()])
+        training.train(image_dataset, out, config, checkpoints,
+                       callbacks=[_failing("on_train_batch_end", 2, "killed at step 2")])
     metrics = training.train(image_dataset, out, config, checkpoints)
     assert "resumed mid-epoch: epoch 0 from step 2" in caplog.text  # backed up after step 1
     assert metrics["optimizer_steps"] == 5
