@@ -281,6 +281,8 @@ def test_tuned_f1_is_the_best_f1_on_the_grid():
                    for t in grid]
         assert tuned["per_label"][name]["f1"] == max(at_grid)
     assert tuned["per_label"]["a"]["threshold"] == 0.5  # no positives: F1 0 everywhere
+    # so never below a fixed 0.5 (in the grid); on this data tuning helps, not just ties
+    assert tuned["macro_f1"] > m.multi_label_metrics(y_true, y_prob, names, 0.5)["macro_f1"]
 
 
 def test_tune_thresholds_by_hand():
@@ -290,20 +292,6 @@ def test_tune_thresholds_by_hand():
     y_true = np.array([[1, 0], [0, 0], [1, 0]])
     y_prob = np.array([[0.9, 0.7], [0.1, 0.2], [0.8, 0.9]])
     assert m.tune_thresholds(y_true, y_prob, grid=[0.3, 0.5, 0.8])[1] == 0.5
-
-
-def test_tuned_thresholds_beat_or_equal_a_fixed_half():
-    rng = np.random.default_rng(3)
-    y_true = (rng.random((300, 8)) < np.linspace(0.05, 0.5, 8)).astype(int)
-    y_prob = np.clip(0.3 * y_true + rng.random((300, 8)) * 0.6, 0, 1)
-    names = [f"l{i}" for i in range(8)]
-    tuned = m.tune_thresholds(y_true, y_prob)
-    fixed = m.multi_label_metrics(y_true, y_prob, names, 0.5)
-    best = m.multi_label_metrics(y_true, y_prob, names, tuned)
-    assert best["macro_f1"] >= fixed["macro_f1"]
-    for name in names:
-        assert best["per_label"][name]["f1"] >= fixed["per_label"][name]["f1"]
-    assert best["macro_f1"] > fixed["macro_f1"]  # on this data tuning helps, not just ties
 
 
 # --------------------------------------------------------------------------- summaries

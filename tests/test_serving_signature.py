@@ -12,6 +12,7 @@ from PIL import Image, ImageOps
 
 from components.predict.prediction import preprocess_image
 from components.train_image import artifact
+from tests.test_sharding import _encoded
 
 SIZE = 32
 # Mean absolute difference in levels, per file; the JPEG round trip of slightly different
@@ -28,25 +29,19 @@ def _photo(height: int, width: int, seed: int = 0) -> np.ndarray:
     return np.clip(pixels + rng.normal(0, 10, pixels.shape), 0, 255).astype(np.uint8)
 
 
-def _encode(image: Image.Image, fmt: str, **options) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **options)
-    return buffer.getvalue()
-
-
 def _jpeg(pixels: np.ndarray, orientation: int | None = None, mode: str = "RGB") -> bytes:
     options = {"quality": 90}
     if orientation is not None:
         exif = Image.Exif()
         exif[0x0112] = orientation
         options["exif"] = exif.tobytes()
-    return _encode(Image.fromarray(pixels).convert(mode), "JPEG", **options)
+    return _encoded(Image.fromarray(pixels).convert(mode), "JPEG", **options)
 
 
 def _transparent_png(pixels: np.ndarray) -> bytes:
     rgba = np.array(Image.fromarray(pixels).convert("RGBA"))
     rgba[..., 3] = np.linspace(0, 255, rgba.shape[1]).astype(np.uint8)[None]
-    return _encode(Image.fromarray(rgba), "PNG")
+    return _encoded(Image.fromarray(rgba), "PNG")
 
 
 FILES = {
@@ -56,9 +51,9 @@ FILES = {
     "grayscale jpeg": _jpeg(_photo(120, 161), mode="L"),
     "jpeg exif orientation 1": _jpeg(_photo(150, 100), 1),
     "png with alpha": _transparent_png(_photo(150, 100)),
-    "grayscale png": _encode(Image.fromarray(_photo(64, 64)).convert("L"), "PNG"),
-    "gif": _encode(Image.fromarray(_photo(50, 70)).convert("P"), "GIF"),
-    "bmp": _encode(Image.fromarray(_photo(45, 61)), "BMP"),
+    "grayscale png": _encoded(Image.fromarray(_photo(64, 64)).convert("L"), "PNG"),
+    "gif": _encoded(Image.fromarray(_photo(50, 70)).convert("P"), "GIF"),
+    "bmp": _encoded(Image.fromarray(_photo(45, 61)), "BMP"),
 }
 
 

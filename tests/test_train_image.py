@@ -1,10 +1,10 @@
 """The image trainer: selection logic, model surgery, input pipeline, and tiny CPU training
-runs (default, mirrored over 2 logical CPUs, 2-process multi-worker, interrupted, resumed)."""
+runs (default, mirrored over 2 logical CPUs, interrupted, resumed; two workers:
+tests/test_image_replicas.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import logging
 import os
@@ -32,7 +32,6 @@ from components.train_image.training import TrainConfig, TrainingError  # noqa: 
 from tests.conftest import (  # noqa: E402
     ONE_BLOCK_DENSENET,
     assert_arrays_equal,
-    free_port,
     shard_colour_classes,
 )
 
@@ -219,24 +218,6 @@ def test_fetch_weights_copies_gs_files(tmp_path, monkeypatch):
     assert training.fetch_weights("/local/w.h5", str(tmp_path)) == "/local/w.h5"
 
 
-def test_component_defaults_match_train_config():
-    from components.train_image.component import train_image_classifier
-    from pipelines.definitions.steps import component
-
-    parameters = inspect.signature(train_image_classifier).parameters
-    defaults = TrainConfig()
-    for field in dataclasses.fields(TrainConfig):
-        if field.name in parameters:
-            given = parameters[field.name].default
-            if field.name in ("steps_per_epoch", "validation_steps"):
-                given = given or None  # 0 in the component means "not limited"
-            assert given == getattr(defaults, field.name), field.name
-    spec = component(train_image_classifier,
-                     "europe-west4-docker.pkg.dev/p/r/tensorflow:1").component_spec
-    for name, spec_input in spec.inputs.items():
-        assert spec_input.description, f"parameter {name} has no help text"
-
-
 def test_augment_identity_and_flip():
     images = tf.random.uniform([4, 8, 8, 3], 0, 255, seed=1)
     same = model_lib.augment_images(images, tf.constant([1, 2], tf.int64), False, 0.0, 0.0)
@@ -283,11 +264,6 @@ def test_pipelines_augment_training_only(image_dataset):
     np.testing.assert_array_equal(got, raw.astype("float32"))  # never augmented
 
 
-def _trainable_conv_names(model) -> list[str]:
-    base = model_lib.get_base(model)
-    return [layer.name for layer in base.layers if layer.trainable and layer.trainable_weights]
-
-
 @pytest.mark.parametrize("blocks, prefixes, count", [
     (1, {"conv5"}, 32),  # 16 bottlenecks x 2 convs
     (2, {"conv4", "pool4", "conv5"}, 32 + 1 + 48),
@@ -296,10 +272,11 @@ def _trainable_conv_names(model) -> list[str]:
 ])
 def test_set_trainable_unfreezes_top_blocks(scratch_model, blocks, prefixes, count):
     names = model_lib.set_trainable(scratch_model, "fine_tune", blocks)
-    assert names == _trainable_conv_names(scratch_model)
+    base = model_lib.get_base(scratch_model)
+    assert names == [layer.name for layer in base.layers
+                     if layer.trainable and layer.trainable_weights]
     assert len(names) == count
     assert {re.split(r"[_/]", name)[0] for name in names} == prefixes
-    base = model_lib.get_base(scratch_model)
     for layer in base.layers:
         if isinstance(layer, tf_keras.layers.BatchNormalization):
             assert not layer.trainable, layer.name  # includes the final "bn"
@@ -386,16 +363,15 @@ def test_weights_file_loads_and_snapshot_survives_phase_change(densenet_weights)
                                pretrained(images, training=False), atol=1e-5)
 
 
-class _Interrupt(tf_keras.callbacks.Callback):
-    """Fails at the end of an epoch, after BackupAndRestore has saved it."""
+def _failing(hook: str, at: int, message: str) -> tf_keras.callbacks.Callback:
+    """Raises RuntimeError(`message`) in its `hook` for epoch or step `at`, after
+    BackupAndRestore's own hook (the built-in callbacks run first)."""
 
-    def __init__(self, epoch: int):
-        super().__init__()
-        self.epoch = epoch
+    def fail(index, logs=None):
+        if index == at:
+            raise RuntimeError(message)
 
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise RuntimeError(f"interrupted after epoch {epoch}")
+    return tf_keras.callbacks.LambdaCallback(**{hook: fail})
 
 
 def _epochs_logged(records) -> list[tuple[str, int]]:
@@ -426,8 +402,8 @@ def _check_artifact(out: Path, image_dataset: str) -> None:
     np.testing.assert_allclose(keras_model.predict(images, verbose=0), served, atol=1e-5)
 
 
-# A training subprocess: "mirrored" over 2 logical CPUs, "worker" as TF_CONFIG / CLUSTER_SPEC
-# say, "preemptible" with its checkpoints beside its output folder.
+# A training subprocess: "mirrored" over 2 logical CPUs, "preemptible" with its checkpoints
+# beside its output folder.
 _SCRIPT = """
 import json, logging, sys
 dataset, out, config, result, mode = sys.argv[1:]
@@ -446,76 +422,35 @@ open(result, "w").write(json.dumps(metrics))
 """
 
 
-@dataclasses.dataclass
-class _Job:
-    """Training subprocesses started in the background; `wait` collects them."""
-
-    processes: list
-    logs: list
-    results: list
-    out: Path
-
-    def wait(self, timeout: float = 600) -> list[dict]:
-        for process, log in zip(self.processes, self.logs):
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                pytest.fail(f"timed out; log tail:\n{log.read_text()[-3000:]}")
-            assert process.returncode == 0, log.read_text()[-3000:]
-        return [json.loads(r.read_text()) for r in self.results]
-
-    def kill(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-
-
-def _start(mode: str, root: Path, name: str, dataset: str, config: dict, out: Path,
-           env: dict) -> tuple:
+def _start(mode: str, root: Path, name: str, dataset: str, config: dict, out: Path) -> tuple:
     log, result = root / f"{name}.log", root / f"{name}.json"
     with open(log, "w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-c", _SCRIPT, dataset, str(out), json.dumps(config), str(result),
-             mode], env=env, stdout=sink, stderr=subprocess.STDOUT)
+             mode], env=_subprocess_env(), stdout=sink, stderr=subprocess.STDOUT)
     return process, log, result
 
 
 @pytest.fixture(scope="module")
-def background_jobs(image_dataset, densenet_weights, tmp_path_factory):
-    """The mirrored run and the two-worker run, started at once: mostly tracing and gRPC
-    round trips, they run beside each other and the resume test in about half the time."""
+def mirrored_job(image_dataset, densenet_weights, tmp_path_factory):
+    """The mirrored run, started at once: mostly tracing, it runs beside the resume test
+    in about half the time. Two workers: tests/test_image_replicas.py."""
     root = tmp_path_factory.mktemp("background")
     # batch 1 per replica: the 3 validation examples fill one whole global batch of 2.
     config = dict(epochs=1, fine_tune_epochs=0, batch_size=1, weights=densenet_weights,
                   precision="off", steps_per_epoch=2)
-    jobs = {}
-    out = root / "mirrored-model"
-    process, log, result = _start("mirrored", root, "mirrored", image_dataset, config, out,
-                                  _subprocess_env())
-    jobs["mirrored"] = _Job([process], [log], [result], out)
-    # Vertex-style CLUSTER_SPEC only: each process derives its own TF_CONFIG
-    # (workerpool0 -> chief, workerpool1 -> worker); both share one output folder.
-    hosts = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-    out = root / "multi-worker-model"
-    started = []
-    for pool in ("workerpool0", "workerpool1"):
-        spec = {"cluster": {"workerpool0": hosts[:1], "workerpool1": hosts[1:]},
-                "task": {"type": pool, "index": 0}}
-        started.append(_start("worker", root, pool, image_dataset, config, out,
-                              _subprocess_env(CLUSTER_SPEC=json.dumps(spec))))
-    processes, logs, results = (list(column) for column in zip(*started))
-    jobs["multi_worker"] = _Job(processes, logs, results, out)
-    yield jobs
-    for job in jobs.values():
-        job.kill()
+    process, log, result = _start("mirrored", root, "mirrored", image_dataset, config,
+                                  root / "mirrored-model")
+    yield process, log, result, root / "mirrored-model"
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 @pytest.mark.slow
 def test_interrupted_training_resumes_across_phases(image_dataset, densenet_weights, tmp_path,
-                                                    caplog, no_cluster, background_jobs):
-    # background_jobs: started first so they run while this test trains in-process.
+                                                    caplog, no_cluster, mirrored_job):
+    # mirrored_job: started first so it runs while this test trains in-process.
     from kfp import dsl
 
     from components.train_image.component import train_image_classifier
@@ -526,7 +461,7 @@ def test_interrupted_training_resumes_across_phases(image_dataset, densenet_weig
     caplog.set_level(logging.INFO, logger=training.__name__)
     with pytest.raises(RuntimeError, match="interrupted after epoch 2"):
         training.train(image_dataset, str(out), TrainConfig(**params), str(checkpoints),
-                       callbacks=[_Interrupt(2)])
+                       callbacks=[_failing("on_epoch_end", 2, "interrupted after epoch 2")])
     assert _epochs_logged(caplog.records) == [("head", 0), ("head", 1), ("fine_tune", 2)]
     assert json.loads((checkpoints / "head.done.json").read_text())["next_epoch"] == 2
     assert (checkpoints / "backup-fine_tune").is_dir()
@@ -570,7 +505,7 @@ def test_a_sigterm_mid_epoch_seals_that_step_and_the_restart_resumes_there(
     out, attempts = tmp_path / "model", []
     for attempt in (1, 2):
         process, log, result = _start("preemptible", tmp_path, f"attempt{attempt}",
-                                      image_dataset, config, out, _subprocess_env())
+                                      image_dataset, config, out)
         while attempt == 1 and process.poll() is None and "head epoch 0:" not in log.read_text():
             time.sleep(0.05)
         if attempt == 1:
@@ -589,12 +524,6 @@ def test_a_sigterm_mid_epoch_seals_that_step_and_the_restart_resumes_there(
     assert json.loads((tmp_path / "attempt2.json").read_text())["optimizer_steps"] == 600
 
 
-class _FailAtStep(tf_keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-        if batch == 2:
-            raise RuntimeError("killed at step 2")
-
-
 @pytest.mark.slow
 def test_checkpoint_every_steps_backs_up_mid_epoch_for_a_kill_without_notice(
         image_dataset, densenet_weights, tmp_path, caplog):
@@ -603,7 +532,8 @@ def test_checkpoint_every_steps_backs_up_mid_epoch_for_a_kill_without_notice(
     out, checkpoints = str(tmp_path / "model"), str(tmp_path / "checkpoints")
     caplog.set_level(logging.INFO, logger=training.__name__)
     with pytest.raises(RuntimeError, match="killed at step 2"):
-        training.train(image_dataset, out, config, checkpoints, callbacks=[_FailAtStep()])
+        training.train(image_dataset, out, config, checkpoints,
+                       callbacks=[_failing("on_train_batch_end", 2, "killed at step 2")])
     metrics = training.train(image_dataset, out, config, checkpoints)
     assert "resumed mid-epoch: epoch 0 from step 2" in caplog.text  # backed up after step 1
     assert metrics["optimizer_steps"] == 5
@@ -612,46 +542,15 @@ def test_checkpoint_every_steps_backs_up_mid_epoch_for_a_kill_without_notice(
 
 
 @pytest.mark.slow
-def test_mirrored_over_two_logical_cpus(background_jobs):
-    job = background_jobs["mirrored"]
-    (metrics,) = job.wait()
+def test_mirrored_over_two_logical_cpus(mirrored_job):
+    process, log, result, out = mirrored_job
+    assert process.wait(timeout=600) == 0, log.read_text()[-3000:]
+    metrics = json.loads(result.read_text())
     assert (metrics["strategy"], metrics["replicas"], metrics["global_batch_size"]) == (
         "mirrored", 2, 2)
     assert metrics["learning_rate"] == pytest.approx(2e-3)  # scaled with the replicas
     assert np.isfinite(metrics["train_loss"]) and np.isfinite(metrics["val_loss"])
-    assert (job.out / "saved_model" / "saved_model.pb").exists()
-
-
-@pytest.mark.slow
-def test_two_workers_train_together(background_jobs):
-    job = background_jobs["multi_worker"]
-    chief, worker = job.wait()
-    assert chief["strategy"] == "multi_worker" and chief["replicas"] == 2
-    assert chief["train_loss"] == pytest.approx(worker["train_loss"], rel=1e-6)
-    assert chief["val_loss"] == pytest.approx(worker["val_loss"], rel=1e-6)
-    assert chief["epochs_run"] == worker["epochs_run"] == 1
-    assert (job.out / "saved_model" / "saved_model.pb").exists()
-    assert (job.out / "model.keras").exists()
-    assert not (job.out / "checkpoints").exists()
-    leftovers = [p for p in job.out.rglob("*") if "workertemp" in p.name]
-    assert leftovers == [], leftovers
-
-
-@pytest.mark.slow
-def test_a_tuning_trial_reports_its_metric_after_every_epoch_of_both_phases(
-        image_dataset, densenet_weights, tmp_path, monkeypatch, no_cluster):
-    from tests.test_hypertune import read_reports
-
-    metric_file = tmp_path / "output.metrics"
-    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
-    config = TrainConfig(epochs=2, fine_tune_epochs=1, batch_size=4, weights=densenet_weights,
-                         precision="off", steps_per_epoch=1)
-    training.train(image_dataset, str(tmp_path / "model"), config,
-                   hypertune_metric="val_accuracy")
-    history = json.loads((tmp_path / "model" / "history.json").read_text())
-    rows = history["head"] + history["fine_tune"]
-    assert [(r["global_step"], float(r["val_accuracy"])) for r in read_reports(metric_file)] \
-        == [(str(i), pytest.approx(row["val_accuracy"])) for i, row in enumerate(rows, 1)]
+    assert (out / "saved_model" / "saved_model.pb").exists()
 
 
 @pytest.mark.slow
@@ -659,7 +558,8 @@ def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
         image_dataset, densenet_weights, tmp_path):
     """The trial container's command, as the compiled tuning job runs it: the training
     step's executor input plus `--name=value` arguments; outputs land in the trial's folder
-    (the parent of AIP_MODEL_DIR) and the study metric is reported each epoch."""
+    (the parent of AIP_MODEL_DIR) and the study metric is reported after every epoch of
+    both phases."""
     from tests.test_hypertune import read_reports
 
     executor_input = {
@@ -690,8 +590,9 @@ def test_a_vertex_tuning_trial_trains_with_the_values_vertex_appends(
     assert (trial_dir / "model" / "model.keras").exists()
     history = json.loads((trial_dir / "model" / "history.json").read_text())
     rows = history["head"] + history["fine_tune"]
-    assert [float(r["val_accuracy"]) for r in read_reports(tmp_path / "output.metrics")] == \
-        pytest.approx([row["val_accuracy"] for row in rows])
+    assert [(r["global_step"], float(r["val_accuracy"]))
+            for r in read_reports(tmp_path / "output.metrics")] == \
+        [(str(i), pytest.approx(row["val_accuracy"])) for i, row in enumerate(rows, 1)]
 
 
 def test_a_clean_up_cut_short_leaves_the_folder_marked_as_this_runs(tmp_path, monkeypatch):

@@ -55,17 +55,6 @@ def check_classes(model_classes: Sequence[str], data_classes: Sequence[str]) -> 
     )
 
 
-def _check_input_shape(model: tf_keras.Model, height: int, width: int) -> None:
-    shape = tuple(model.input_shape)
-    if len(shape) != 4 or shape[-1] not in (None, 3):
-        raise EvaluationError(f"the model takes inputs of shape {shape}, not (batch, H, W, 3)")
-    if shape[1] not in (None, height) or shape[2] not in (None, width):
-        raise EvaluationError(
-            f"the model takes {shape[1]}x{shape[2]} images but the dataset holds "
-            f"{height}x{width}: shard the data with the image size the model was trained on"
-        )
-
-
 def predict(model: tf_keras.Model, dataset: tf.data.Dataset, batch_size: int,
             image_shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
     """`(y_true (n,), y_prob (n, k))` of the model over unbatched (uint8 image, label)s."""
@@ -172,7 +161,14 @@ def evaluate_image_model(
         raise EvaluationError(f"split {split!r} of {dataset_dir!r} has no examples")
     image = manifest["image"]
     image_shape = (image["height"], image["width"], image["channels"])
-    _check_input_shape(model, image_shape[0], image_shape[1])
+    shape = tuple(model.input_shape)
+    if len(shape) != 4 or shape[-1] not in (None, 3):
+        raise EvaluationError(f"the model takes inputs of shape {shape}, not (batch, H, W, 3)")
+    if shape[1] not in (None, image_shape[0]) or shape[2] not in (None, image_shape[1]):
+        raise EvaluationError(
+            f"the model takes {shape[1]}x{shape[2]} images but the dataset holds "
+            f"{image_shape[0]}x{image_shape[1]}: shard the data with the image size the model "
+            "was trained on")
 
     dataset = make_dataset(dataset_dir, split, manifest=manifest, deterministic=True)
     y_true, y_prob = predict(model, dataset, batch_size, image_shape)

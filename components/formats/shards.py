@@ -32,7 +32,6 @@ def make_dataset(
     seed: int | None = None,
     deterministic: bool = True,
     with_keys: bool = False,
-    cycle_length: int | None = None,
 ) -> tf.data.Dataset:
     """A `tf.data.Dataset` of one split's examples, decoded.
 
@@ -44,7 +43,6 @@ def make_dataset(
         seed: Seed of the file shuffle.
         deterministic: Keep a repeatable element order; False is faster for training.
         with_keys: Also yield each example's source path (bytes).
-        cycle_length: Shards read at once; default: all of them up to 16.
 
     Returns:
         Unbatched `(image uint8 [H, W, 3], label int32[, key])`.
@@ -59,8 +57,8 @@ def make_dataset(
     if shuffle_files:
         file_ds = file_ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
-    dataset = file_ds.interleave(tf.data.TFRecordDataset,
-                                 cycle_length=cycle_length or min(len(files), 16), **parallel)
+    dataset = file_ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 16),
+                                 **parallel)
     image = manifest["image"]
     shape, raw = (image["height"], image["width"], image["channels"]), image["format"] == "raw"
     keys = (IMAGE_KEY, LABEL_KEY, KEY_KEY) if with_keys else (IMAGE_KEY, LABEL_KEY)

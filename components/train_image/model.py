@@ -93,7 +93,18 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
             variance=[(255.0 * s) ** 2 for s in IMAGENET_STD],
             dtype="float32", name="densenet_preprocess",
         )(inputs)
-        base = _densenet(tuple(layout or DENSENET121), weights, shape)
+        layout = tuple(layout or DENSENET121)
+        if weights == "imagenet" and layout != DENSENET121:
+            raise ValueError("weights='imagenet' is DenseNet121's; give another DenseNet's "
+                             "weights as a file")
+        try:
+            base = keras_densenet(list(layout), include_top=False, weights=weights,
+                                  input_shape=shape)
+        except ValueError as err:
+            raise ValueError(
+                f"cannot load {architecture_name(layout)} weights {weights!r} (expected a "
+                "no-top file such as 'densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5'"
+                f"): {err}") from err
     if frozen_batchnorm is None:
         frozen_batchnorm = weights is not None
     # training=False pins BatchNorm to inference mode (see set_trainable)
@@ -103,20 +114,6 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
     outputs = tf_keras.layers.Dense(num_classes, activation="softmax", dtype="float32",
                                     name=OUTPUT_NAME)(x)
     return tf_keras.Model(inputs, outputs, name=f"{base.name}_classifier")
-
-
-def _densenet(layout: tuple[int, ...], weights: str | None, shape) -> tf_keras.Model:
-    if weights == "imagenet" and layout != DENSENET121:
-        raise ValueError("weights='imagenet' is DenseNet121's; give another DenseNet's "
-                         "weights as a file")
-    try:
-        return keras_densenet(list(layout), include_top=False, weights=weights,
-                              input_shape=shape)
-    except ValueError as err:
-        raise ValueError(
-            f"cannot load {architecture_name(layout)} weights {weights!r} (expected a no-top "
-            f"file such as 'densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5'): {err}"
-        ) from err
 
 
 def get_base(model: tf_keras.Model) -> tf_keras.Model:
