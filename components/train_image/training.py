@@ -348,25 +348,37 @@ class Backup(tf_keras.callbacks.BackupAndRestore):
                  sum_over_workers):
         super().__init__(backup_dir, save_freq=every_steps or sys.maxsize)
         self.notice, self.sum_over_workers = notice, sum_over_workers
-        self.first_step = None  # the epoch is the base's _current_epoch
+        self.epoch, self.first_step = 0, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
         super().on_train_batch_begin(batch, logs)
         if self.first_step is None:  # this process's first step: where it resumed
             self.first_step = batch
             if batch:
-                log.info("resumed mid-epoch: epoch %d from step %d", self._current_epoch, batch)
+                log.info("resumed mid-epoch: epoch %d from step %d", self.epoch, batch)
 
     def on_train_batch_end(self, batch, logs=None):
-        if not preemption.any_rank(self.notice.requested, self.sum_over_workers):
-            return super().on_train_batch_end(batch, logs)  # every `every_steps` steps
-        self._backup(epoch=self._current_epoch, batch=batch)  # every worker, the chief's kept
-        push_mirrors()
-        raise preemption.Preempted(f"in {self.backup_dir} at epoch {self._current_epoch} "
-                                   f"step {batch}")
+        stop = preemption.any_rank(self.notice.requested, self.sum_over_workers)
+        self._saving_as(1 if stop else self.save_freq, super().on_train_batch_end, batch, logs)
+        if stop:  # backed up by every worker, the chief's copy kept
+            push_mirrors()
+            raise preemption.Preempted(f"in {self.backup_dir} at epoch {self.epoch} "
+                                       f"step {batch}")
 
     def on_epoch_end(self, epoch, logs=None):
-        self._backup(epoch=epoch)  # whatever save_freq (every_steps) says
+        self._saving_as("epoch", super().on_epoch_end, epoch, logs)
+
+    def _saving_as(self, save_freq, hook, *args) -> None:
+        """Runs the base's `hook` as if made with `save_freq` (1: this step; "epoch")."""
+        every, self.save_freq = self.save_freq, save_freq
+        try:
+            hook(*args)
+        finally:
+            self.save_freq = every
 
 
 def _record(epoch: int, logs: Mapping[str, Any] | None) -> dict[str, Any]:
