@@ -5,7 +5,6 @@ reusing from the cache or running each; `rehearse` runs one from a file and writ
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -13,6 +12,7 @@ from typing import Any
 
 import tools.rehearsal.spec as ir
 from components.common.storage import write_json_atomically
+from pipelines.compiled import load_pipeline_spec
 from tools.rehearsal.cache import TaskCache, cache_key
 from tools.rehearsal.jobs import Preemption, VertexCalls, VertexJobs, task_kind
 from tools.rehearsal.records import RehearsalError, TaskRecord, pipeline_summary, write_report
@@ -149,8 +149,7 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
     Returns:
         The pipeline's own summary (as `run_local` writes it) plus `rehearsal`.
     """
-    with open(path) as f:
-        spec = json.load(f) if path.endswith(".json") else _yaml(f)
+    spec = load_pipeline_spec(path)
     runner = Rehearsal(spec, output, params or {}, **options)
     try:
         outputs = runner.run()
@@ -177,8 +176,3 @@ def _summary(spec: Mapping[str, Any], outputs: Mapping[str, Any],
             if request_built else "rehearsal: no upload task ran (not compiled in, or gated off)")
     return summary
 
-
-def _yaml(f) -> dict[str, Any]:
-    import yaml
-
-    return yaml.load(f, Loader=yaml.CSafeLoader)  # libyaml: ~10x PyYAML's own
