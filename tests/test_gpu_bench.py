@@ -74,18 +74,14 @@ def test_keras3_engine_and_host_cores(tmp_path):
     assert "mixed_float16" not in densenet and densenet["amp_speedup"] is None
     # Keras 3's builder at the same layout: the same convolutions, the same count
     assert densenet["architecture"] == "DenseNet(1-1-1-1)"
-    assert densenet["forward_gflop"] == pytest.approx(_tf_keras_smoke_gflop())
+    from components.train_image.model import build_model
+
+    assert densenet["forward_gflop"] == pytest.approx(flops.forward_flops(
+        build_model(10, 32, weights=None, layout=gpu_bench.SMOKE_LAYOUT)) / 1e9)
     assert densenet["float32"]["tflops"] == pytest.approx(flops.train_tflops(
         densenet["float32"]["images_per_second"], densenet["forward_gflop"] * 1e9))
     assert "DenseNet(1-1-1-1) 32px batch 4 (keras3, CPU; " in printed
     assert "AMP speed-up" not in printed
-
-
-def _tf_keras_smoke_gflop() -> float:
-    from components.train_image.model import build_model
-
-    return flops.forward_flops(
-        build_model(10, 32, weights=None, layout=gpu_bench.SMOKE_LAYOUT)) / 1e9
 
 
 @pytest.mark.parametrize("flag, value, message", [

@@ -37,10 +37,6 @@ def test_roff_becomes_paragraphs_of_prose():
     ]
 
 
-def test_a_page_that_only_includes_another_has_no_text():
-    assert manpage_corpus.roff_to_text(".so man1/other.1\n") == ""
-
-
 def _page(root, section, name, body):
     folder = root / f"man{section}"
     folder.mkdir(parents=True, exist_ok=True)

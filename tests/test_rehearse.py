@@ -173,31 +173,19 @@ def test_the_api_stand_in_serves_what_the_gcs_folder_holds(tmp_path, gcs_emulato
 def test_the_gcs_stand_in_is_writable_by_the_images_user_whoever_wrote_it():
     """Files root staged (the data, earlier outputs) must not lock out uid 1000, as a FUSE
     mount's one mode for every object would not."""
-    tmp_path = pathlib.Path(tempfile.mkdtemp())  # pytest's own tmp is root-only (0700)
-    try:
-        _write_as_another_user(tmp_path)
-    finally:
-        shutil.rmtree(tmp_path)
-
-
-def _write_as_another_user(tmp_path):
-    gcs = tmp_path / "gcs"
-    (gcs / "b" / "data").mkdir(parents=True)
-    (gcs / "b" / "data" / "x.txt").write_text("root's")
-    os.chmod(gcs / "b" / "data", 0o755)
-    os.chmod(gcs / "b" / "data" / "x.txt", 0o644)
-    os.chmod(tmp_path, 0o755)
-
-    def write_as_1000() -> int:
-        return subprocess.run(
-            ["sh", "-c", f"mkdir -p {gcs}/b/data/out && echo y > {gcs}/b/data/out/y && "
-                         f"echo z >> {gcs}/b/data/x.txt"],
-            user=1000, group=1000).returncode
-
-    assert write_as_1000() != 0
-    rehearse.open_mount(str(gcs))
-    assert write_as_1000() == 0
-    assert (gcs / "b" / "data" / "out" / "y").stat().st_uid == 1000
+    with tempfile.TemporaryDirectory() as folder:  # pytest's own tmp is root-only (0700)
+        gcs = pathlib.Path(folder) / "gcs"
+        (gcs / "b" / "data").mkdir(parents=True)
+        (gcs / "b" / "data" / "x.txt").write_text("root's")
+        os.chmod(gcs / "b" / "data", 0o755)
+        os.chmod(gcs / "b" / "data" / "x.txt", 0o644)
+        os.chmod(folder, 0o755)
+        write_as_1000 = ["sh", "-c", f"mkdir -p {gcs}/b/data/out && echo y > {gcs}/b/data/out/y"
+                         f" && echo z >> {gcs}/b/data/x.txt"]
+        assert subprocess.run(write_as_1000, user=1000, group=1000).returncode != 0
+        rehearse.open_mount(str(gcs))
+        assert subprocess.run(write_as_1000, user=1000, group=1000).returncode == 0
+        assert (gcs / "b" / "data" / "out" / "y").stat().st_uid == 1000
 
 
 @pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
