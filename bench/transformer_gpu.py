@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -79,8 +78,8 @@ def run_row(result: dict, evaluation: dict, *, dataset: str, mixed: bool, batch:
 
 def one_run(dataset: str, config: TransformerConfig, launcher: bool) -> dict:
     """Trains and evaluates once in a scratch folder it removes; the row of figures."""
-    scratch = tempfile.mkdtemp(prefix="transformer_gpu_")
-    try:
+    with tempfile.TemporaryDirectory(prefix="transformer_gpu_",
+                                     ignore_cleanup_errors=True) as scratch:
         model_dir = os.path.join(scratch, "model")
         peak_memory_reset()
         if launcher:
@@ -95,8 +94,6 @@ def one_run(dataset: str, config: TransformerConfig, launcher: bool) -> dict:
         return run_row(result, evaluation, dataset=os.path.basename(dataset.rstrip("/")),
                        mixed=config.mixed_precision, batch=config.batch_size,
                        seed=config.seed, launcher=launcher, memory_mib=memory)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def smoke_dataset(folder: str) -> str:

@@ -17,7 +17,6 @@ the GPU memory torch holds at the end of the first and of the last epoch.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 
@@ -78,8 +77,7 @@ def one_run(dataset: str, config: TrainConfig) -> dict:
                 lm = isinstance(self.learn.model[-1], LinearDecoder)
                 held["lm" if lm else "classifier"].append(held_gpu_mib())
 
-    scratch = tempfile.mkdtemp(prefix="ulmfit_gpu_")
-    try:
+    with tempfile.TemporaryDirectory(prefix="ulmfit_gpu_", ignore_cleanup_errors=True) as scratch:
         model_dir = os.path.join(scratch, "model")
         peak_memory_reset()
         result = train_text_classifier(dataset, model_dir, config, callbacks=[HeldAtEpochEnd()])
@@ -88,8 +86,6 @@ def one_run(dataset: str, config: TrainConfig) -> dict:
         return run_row(result, evaluation, held, dataset=os.path.basename(dataset.rstrip("/")),
                        mixed=config.mixed_precision, batch=config.batch_size, seed=config.seed,
                        peak_mib=peak)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def print_row(row: dict) -> None:

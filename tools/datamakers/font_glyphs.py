@@ -62,12 +62,10 @@ SCAN_INK = 64
 
 def class_name(char: str) -> str:
     """Folder name of a character's class: `upper_A`, `lower_a`, `digit_3`, else its code."""
-    if char in string.ascii_uppercase:
-        return f"upper_{char}"
-    if char in string.ascii_lowercase:
-        return f"lower_{char}"
-    if char in string.digits:
-        return f"digit_{char}"
+    for kind, chars in (("upper", string.ascii_uppercase), ("lower", string.ascii_lowercase),
+                        ("digit", string.digits)):
+        if char in chars:
+            return f"{kind}_{char}"
     return f"u{ord(char):04x}"
 
 
