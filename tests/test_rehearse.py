@@ -188,26 +188,6 @@ def test_the_gcs_stand_in_is_writable_by_the_images_user_whoever_wrote_it():
         assert (gcs / "b" / "data" / "out" / "y").stat().st_uid == 1000
 
 
-@pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
-def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path, monkeypatch):
-    """The CustomJob payload is parsed into Vertex's own message, as the launcher sends it."""
-    path = os.path.join(_compile(tmp_path, "text_pipeline"), "text_pipeline.json")
-    spec = json.loads(open(path).read())
-    pools = spec["components"]["comp-prepare-text-data"]["inputDefinitions"]["parameters"][
-        "worker_pool_specs"]["defaultValue"]
-    pools[0]["machine_spec"]["accelerator_type"] = "NVIDIA_FOO"
-    with open(path, "w") as f:
-        json.dump(spec, f)
-    write_reviews_csv(str(tmp_path / "reviews.csv"), rows=40, seed=3)
-    monkeypatch.chdir(tmp_path)  # a relative data path means the caller's folder, as locally
-    with pytest.raises(rehearse.RehearsalError,
-                       match="Vertex would reject the CustomJob.*NVIDIA_FOO"):
-        rehearse.rehearse(path, str(tmp_path / "r"), {"data_uri": "reviews.csv"})
-    report = json.loads((tmp_path / "r" / "rehearsal.json").read_text())
-    assert [(t["name"], t["state"]) for t in report] == [("preflight-text", "succeeded"),
-                                                         ("prepare-text-data", "pending")]
-
-
 def _two_replica_job(chief: str, worker: str, restart_all: bool) -> str:
     """A CustomJob payload of a chief and one worker, each a Python one-liner."""
     import sys
@@ -274,31 +254,38 @@ def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path, preempted
 
 
 @pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
-def test_jobs_run_as_the_account_chosen_at_run_time(tmp_path):
-    """GCPC takes the jobs' service account as a job parameter: the pipeline exposes it."""
+def test_jobs_run_as_the_account_chosen_at_run_time_and_a_payload_vertex_rejects_fails(
+        tmp_path, monkeypatch):
+    """GCPC takes the jobs' service account as a job parameter: the pipeline exposes it. Each
+    CustomJob payload is parsed into Vertex's own message, as the launcher sends it: the
+    training job's, with a GPU Vertex does not know, fails the rehearsal before it starts."""
     build = _compile(tmp_path, "text_pipeline", "--service-account",
                      "compiled@acme.iam.gserviceaccount.com")
     path = os.path.join(build, "text_pipeline.json")
     spec = json.loads(open(path).read())
     defaults = spec["root"]["inputDefinitions"]["parameters"]["job_service_account"]
     assert defaults["defaultValue"] == "compiled@acme.iam.gserviceaccount.com"
-    # Stop the run at the training job (a GPU Vertex does not know) to keep this quick.
     params = spec["components"]["comp-train-text-classifier"]["inputDefinitions"]["parameters"]
-    params["worker_pool_specs"]["defaultValue"][0]["machine_spec"]["accelerator_type"] = "X"
+    params["worker_pool_specs"]["defaultValue"][0]["machine_spec"]["accelerator_type"] = \
+        "NVIDIA_FOO"
     with open(path, "w") as f:
         json.dump(spec, f)
-    csv = tmp_path / "reviews.csv"
-    write_reviews_csv(str(csv), rows=40, seed=3)
+    write_reviews_csv(str(tmp_path / "reviews.csv"), rows=40, seed=3)
+    monkeypatch.chdir(tmp_path)  # a relative data path means the caller's folder, as locally
     account = "trainer@acme.iam.gserviceaccount.com"
-    with pytest.raises(rehearse.RehearsalError, match="train-text-classifier: Vertex would"):
+    with pytest.raises(rehearse.RehearsalError, match="train-text-classifier: Vertex would "
+                                                      "reject the CustomJob.*NVIDIA_FOO"):
         rehearse.rehearse(path, str(tmp_path / "r"),
-                          {"data_uri": str(csv), "job_service_account": account})
+                          {"data_uri": "reviews.csv", "job_service_account": account})
+    report = json.loads((tmp_path / "r" / "rehearsal.json").read_text())
+    assert [(t["name"], t["state"]) for t in report][-2:] == [
+        ("prepare-text-data", "succeeded"), ("train-text-classifier", "pending")]
     sent = json.loads((tmp_path / "r" / "vertex-requests" / "prepare-text-data.json").read_text())
     assert sent["type"] == "CustomJob"
     assert sent["request"]["job_spec"]["service_account"] == account
     with pytest.raises(rehearse.RehearsalError, match="not a service account e-mail"):
         rehearse.rehearse(path, str(tmp_path / "r2"),
-                          {"data_uri": str(csv), "job_service_account": "trainer"})
+                          {"data_uri": "reviews.csv", "job_service_account": "trainer"})
 
 
 @pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
