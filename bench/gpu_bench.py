@@ -190,20 +190,6 @@ def host_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def make_shards(folder: str, images: int, size: int) -> tuple[str, dict]:
-    """Photo-like JPEGs (bench.shard_bench) sharded by the sharding step into `folder`."""
-    from bench.shard_bench import make_images
-    from components.shard import sharding
-    from components.shard.sharding import ShardConfig
-
-    raw = os.path.join(folder, "images")
-    make_images(raw, images)
-    out = os.path.join(folder, "shards")
-    config = ShardConfig(image_size=size, min_shards_per_split=16, train_fraction=1.0,
-                         validation_fraction=0.0, test_fraction=0.0)
-    return out, sharding.shard_dataset(raw, out, config, progress=False)
-
-
 def pipeline_images_per_second(dataset, batch: int, batches: int) -> float:
     """The input pipeline alone: images/s it delivers with no model consuming them."""
     iterator = iter(dataset)
@@ -218,11 +204,18 @@ def feed(engine: str, precision: str, size: int, batch: int, steps: int, warmup:
          images: int, layout: tuple[int, ...] = DENSENET121,
          architecture: str = "densenet121") -> dict:
     """Step time fed by the trainer's input pipeline over real shards vs by a batch in memory."""
+    from bench.shard_bench import make_images
+    from components.shard.sharding import ShardConfig, shard_dataset
     from components.train_image.contract import TrainConfig
     from components.train_image.model import train_input
 
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as workdir:
-        shards, manifest = make_shards(workdir, images, size)
+        # photo-like JPEGs (bench.shard_bench), sharded by the sharding step, all for training
+        make_images(os.path.join(workdir, "images"), images)
+        shards = os.path.join(workdir, "shards")
+        manifest = shard_dataset(os.path.join(workdir, "images"), shards, ShardConfig(
+            image_size=size, min_shards_per_split=16, train_fraction=1.0,
+            validation_fraction=0.0, test_fraction=0.0), progress=False)
         classes = len(manifest["classes"])
         config = TrainConfig(weights="none", batch_size=batch)
         dataset = train_input(shards, manifest, config, batch)

@@ -85,13 +85,6 @@ def _font(path: str, pixels: int) -> ImageFont.FreeTypeFont:
     return ImageFont.truetype(path, pixels)
 
 
-def _load(path: str, pixels: int) -> ImageFont.FreeTypeFont | None:
-    try:
-        return _font(path, pixels)
-    except OSError:  # not a font FreeType reads
-        return None
-
-
 def latin_names(path: str, chars: str) -> bool:
     """Whether the font's Unicode map gives each char a glyph named for it: catches symbol
     fonts that draw `a` as alpha or a star; one with names like `glyph123` is lost too."""
@@ -193,8 +186,11 @@ def select_fonts(paths: Sequence[str], chars: str, size: int = 32) -> list[tuple
     """
     chosen, names, looks = [], set(), set()
     for path in paths:
-        font = _load(path, size * OVERSAMPLE)
-        if font is None or not covers(font, chars) or not latin_names(path, chars):
+        try:
+            font = _font(path, size * OVERSAMPLE)
+        except OSError:  # not a font FreeType reads
+            continue
+        if not covers(font, chars) or not latin_names(path, chars):
             continue
         family, style = font.getname()
         name = (family or os.path.basename(path), style or "")

@@ -126,12 +126,6 @@ def _pages(root: str) -> list[str]:
     return sorted(pages, key=lambda p: hashlib.sha256(os.path.basename(p).encode()).hexdigest())
 
 
-def _read(path: str) -> str:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        return f.read()
-
-
 def write_manpage_corpus(folder: str, hold_out_sources: Iterable[str] = (),
                          max_characters: int = 0, root: str = MAN_ROOT,
                          owners: dict[str, str] | None = None,
@@ -164,7 +158,9 @@ def write_manpage_corpus(folder: str, hold_out_sources: Iterable[str] = (),
         if package and sources.get(package, package) in held:
             counts["held_out"] += 1
             continue
-        text = roff_to_text(_read(path))
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            text = roff_to_text(f.read())
         if not text:
             counts["includes"] += 1
             continue

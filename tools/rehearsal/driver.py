@@ -155,24 +155,16 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
         outputs = runner.run()
     finally:
         report = write_report(runner.output, runner.records)
-    summary = _summary(spec, outputs, runner.records)
+    summary = pipeline_summary(spec, outputs)
+    if "registration" in summary:  # the Model Registry request is never sent
+        request_built = any(r.state == "not-executed" and "register-model" in r.name
+                            for r in runner.records)
+        summary["registration"].update(
+            uploaded=False,
+            note="rehearsal: the Model Registry request was built and checked, not sent"
+            if request_built else "rehearsal: no upload task ran (not compiled in, or gated off)")
     summary["rehearsal"] = {"pipeline": path, "job_name": runner.job.name,
                             "pipeline_root": runner.job.root, "gcs_folder": runner.runtime.gcs,
                             "tasks": report}
     write_json_atomically(os.path.join(runner.output, "summary.json"), summary, sort_keys=False)
     return summary
-
-
-def _summary(spec: Mapping[str, Any], outputs: Mapping[str, Any],
-             records: list[TaskRecord]) -> dict[str, Any]:
-    """The pipeline's own summary of its outputs, its registration marked as not sent."""
-    summary = pipeline_summary(spec, outputs)
-    if "registration" in summary:
-        request_built = any(r.state == "not-executed" and "register-model" in r.name
-                            for r in records)
-        summary["registration"].update(
-            uploaded=False,
-            note="rehearsal: the Model Registry request was built and checked, not sent"
-            if request_built else "rehearsal: no upload task ran (not compiled in, or gated off)")
-    return summary
-
