@@ -100,18 +100,14 @@ def start_emulator(log_folder: str | os.PathLike, module: str = "tools.rehearsal
                        f"the last:\n{tail}")
 
 
-def client(url: str):
-    """A google-cloud-storage client of the emulator at `url` (anonymous)."""
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
-
-    return storage.Client(project="emulator", credentials=AnonymousCredentials(),
-                          client_options={"api_endpoint": url})
-
-
 def seed(url: str, folder: str | os.PathLike) -> int:
-    """Uploads `folder/<bucket>/<path>` as `gs://<bucket>/<path>`; returns the file count."""
-    storage = client(url)
+    """Uploads `folder/<bucket>/<path>` as `gs://<bucket>/<path>` to the emulator at `url`
+    (an anonymous google-cloud-storage client); returns the file count."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    storage = gcs.Client(project="emulator", credentials=AnonymousCredentials(),
+                         client_options={"api_endpoint": url})
     count = 0
     for bucket_dir in sorted(Path(folder).iterdir()):
         if not bucket_dir.is_dir():
