@@ -174,10 +174,6 @@ def scan(image: Image.Image, side: int) -> Image.Image:
     return small.resize(image.size, Image.Resampling.BILINEAR)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "font"
-
-
 def select_fonts(paths: Sequence[str], chars: str, size: int = 32) -> list[tuple[str, str]]:
     """The usable faces: `(path, slug of "family style")`, one per design.
 
@@ -204,7 +200,8 @@ def select_fonts(paths: Sequence[str], chars: str, size: int = 32) -> list[tuple
             continue
         names.add(name)
         looks.add(look.digest())
-        chosen.append((path, _slug(" ".join(name))))
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", " ".join(name)).strip("-").lower()
+        chosen.append((path, slug or "font"))
     return chosen
 
 
