@@ -230,7 +230,7 @@ def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path, preempted
     error quotes the failed replica's own log, also when only the chief was restarted."""
     import time
 
-    from tools.rehearsal.jobs import Preemption, VertexJobs
+    from tools.rehearsal.jobs import Preemption, VertexService
     from tools.rehearsal.records import TaskRecord
     from tools.rehearsal.runtimes import Runtime
 
@@ -243,7 +243,7 @@ def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path, preempted
               "time.sleep(0.1)\ntime.sleep(2 if {preempted} else 0); print('bad data'); "
               "sys.exit(3)").replace("{preempted}", str(preempted))
     preempt = [Preemption("train", "mark")] if preempted else []
-    jobs = VertexJobs(Runtime("local", output), output, "job-1", preempt)
+    jobs = VertexService(Runtime("local", output), output, "job-1", preempt)
     record = TaskRecord(name="train", display_name="train")
     started = time.monotonic()
     with pytest.raises(rehearse.RehearsalError, match=r"(?s)train: workerpool1 replica 0 "
