@@ -6,8 +6,6 @@ smoke runs a one-block-per-stage DenseNet (the same builder and phases as DenseN
 fifth of the tracing); DenseNet121's FLOP count is checked on its own.
 """
 
-from __future__ import annotations
-
 import subprocess
 import sys
 

@@ -1,8 +1,6 @@
 """bench/lm_memory_bench.py's smoke on a CPU (what it printed on an H100 and here is in
 docs/measurements.md)."""
 
-from __future__ import annotations
-
 import pytest
 
 from tests.bench_runs import run_bench

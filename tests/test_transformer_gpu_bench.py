@@ -1,8 +1,6 @@
 """bench/transformer_gpu.py: its figures from a run's files, and its smoke on a CPU (the
 figures it printed on an H100 are in docs/measurements.md)."""
 
-from __future__ import annotations
-
 import pytest
 
 from bench import transformer_gpu
