@@ -23,6 +23,7 @@ for accelerators without TensorFlow's CUDA build (feed still needs a CPU TensorF
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -145,13 +146,8 @@ def memory_batch(batch: int, size: int, classes: int):
     try:
         import tensorflow as tf
     except ImportError:
-        return forever(images, labels)
+        return ((images, labels) for _ in itertools.count())  # a generator, for ever
     return tf.data.Dataset.from_tensors((images, labels)).repeat()
-
-
-def forever(images, labels):
-    while True:
-        yield images, labels
 
 
 def densenet(engine: str, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
