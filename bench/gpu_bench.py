@@ -186,16 +186,6 @@ def host_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def pipeline_images_per_second(dataset, batch: int, batches: int) -> float:
-    """The input pipeline alone: images/s it delivers with no model consuming them."""
-    iterator = iter(dataset)
-    next(iterator)  # fill the interleave and prefetch buffers
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    return batch * batches / (time.perf_counter() - start)
-
-
 def feed(engine: str, precision: str, size: int, batch: int, steps: int, warmup: int,
          images: int, layout: tuple[int, ...] = DENSENET121,
          architecture: str = "densenet121") -> dict:
@@ -220,7 +210,12 @@ def feed(engine: str, precision: str, size: int, batch: int, steps: int, warmup:
         from_memory = step_seconds(model, memory, steps, warmup)
         from_shards = step_seconds(model, dataset, steps, warmup)
         from_memory = min(from_memory, step_seconds(model, memory, steps, warmup))
-        host = pipeline_images_per_second(dataset, batch, steps)
+        iterator = iter(dataset)  # the input pipeline alone, no model consuming it
+        next(iterator)  # fill the interleave and prefetch buffers
+        start = time.perf_counter()
+        for _ in range(steps):
+            next(iterator)
+        host = batch * steps / (time.perf_counter() - start)
     return {"precision": precision, "host_cores": host_cores(), "shard_images": images,
             "step_from_memory_s": from_memory, "step_from_shards_s": from_shards,
             "feed_ratio": from_shards / from_memory,
