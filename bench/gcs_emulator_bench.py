@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,19 +22,11 @@ from tools.datamakers import demo  # noqa: E402
 from tools.rehearsal import gcs_api  # noqa: E402
 
 
-def files_per_second(command: list[str], folder: str, limit: int) -> float:
-    """Starts an emulator with `command`, seeds `folder`, reads up to `limit` files."""
-    port = gcs_api.free_port()
-    process = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port),
-                                "--in-memory", "--quiet"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+def files_per_second(module: str, folder: str, limit: int, logs: str) -> float:
+    """Starts `python -m MODULE start` (`gcs_api.start_emulator`), seeds `folder`, reads up to
+    `limit` files."""
+    process, url = gcs_api.start_emulator(logs, module)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + gcs_api.START_SECONDS
-        while gcs_api._request(port, "GET", "/storage/v1/b") != 200:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{command} did not start")
-            time.sleep(0.1)
         gcs_api.seed(url, folder)
         import gcsfs
 
@@ -56,14 +47,12 @@ def main() -> None:
     args = p.parse_args()
     # As components.common.storage: no zonal-bucket probe (a gRPC call the emulator lacks).
     os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as logs:
         demo.write_digits(os.path.join(folder, "bench", "digits"),
                           per_class=max(1, args.files // 10))
-        ours = files_per_second([sys.executable, "-m", "tools.rehearsal.gcs_api", "start"], folder,
-                                args.files)
+        ours = files_per_second("tools.rehearsal.gcs_api", folder, args.files, logs)
         # The shipped server crawls: a fifth of the files tells its rate.
-        shipped = files_per_second([sys.executable, "-m", "gcp_storage_emulator", "start"],
-                                   folder, max(20, args.files // 5))
+        shipped = files_per_second("gcp_storage_emulator", folder, max(20, args.files // 5), logs)
     print(f"files/s: tools.rehearsal.gcs_api {ours:.1f}, gcp-storage-emulator as shipped "
           f"{shipped:.1f}; speed-up {ours / shipped:.0f}x "
           f"({'meets' if ours >= 20 else 'MISSES'} >= 20 files/s)")

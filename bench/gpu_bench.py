@@ -23,6 +23,7 @@ for accelerators without TensorFlow's CUDA build (feed still needs a CPU TensorF
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -145,13 +146,8 @@ def memory_batch(batch: int, size: int, classes: int):
     try:
         import tensorflow as tf
     except ImportError:
-        return forever(images, labels)
+        return ((images, labels) for _ in itertools.count())  # a generator, for ever
     return tf.data.Dataset.from_tensors((images, labels)).repeat()
-
-
-def forever(images, labels):
-    while True:
-        yield images, labels
 
 
 def densenet(engine: str, gpus: list[dict], size: int, batch: int, steps: int, warmup: int,
@@ -190,39 +186,22 @@ def host_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def make_shards(folder: str, images: int, size: int) -> tuple[str, dict]:
-    """Photo-like JPEGs (bench.shard_bench) sharded by the sharding step into `folder`."""
-    from bench.shard_bench import make_images
-    from components.shard import sharding
-    from components.shard.sharding import ShardConfig
-
-    raw = os.path.join(folder, "images")
-    make_images(raw, images)
-    out = os.path.join(folder, "shards")
-    config = ShardConfig(image_size=size, min_shards_per_split=16, train_fraction=1.0,
-                         validation_fraction=0.0, test_fraction=0.0)
-    return out, sharding.shard_dataset(raw, out, config, progress=False)
-
-
-def pipeline_images_per_second(dataset, batch: int, batches: int) -> float:
-    """The input pipeline alone: images/s it delivers with no model consuming them."""
-    iterator = iter(dataset)
-    next(iterator)  # fill the interleave and prefetch buffers
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    return batch * batches / (time.perf_counter() - start)
-
-
 def feed(engine: str, precision: str, size: int, batch: int, steps: int, warmup: int,
          images: int, layout: tuple[int, ...] = DENSENET121,
          architecture: str = "densenet121") -> dict:
     """Step time fed by the trainer's input pipeline over real shards vs by a batch in memory."""
+    from bench.shard_bench import make_images
+    from components.shard.sharding import ShardConfig, shard_dataset
     from components.train_image.contract import TrainConfig
     from components.train_image.model import train_input
 
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as workdir:
-        shards, manifest = make_shards(workdir, images, size)
+        # photo-like JPEGs (bench.shard_bench), sharded by the sharding step, all for training
+        make_images(os.path.join(workdir, "images"), images)
+        shards = os.path.join(workdir, "shards")
+        manifest = shard_dataset(os.path.join(workdir, "images"), shards, ShardConfig(
+            image_size=size, min_shards_per_split=16, train_fraction=1.0,
+            validation_fraction=0.0, test_fraction=0.0), progress=False)
         classes = len(manifest["classes"])
         config = TrainConfig(weights="none", batch_size=batch)
         dataset = train_input(shards, manifest, config, batch)
@@ -231,7 +210,12 @@ def feed(engine: str, precision: str, size: int, batch: int, steps: int, warmup:
         from_memory = step_seconds(model, memory, steps, warmup)
         from_shards = step_seconds(model, dataset, steps, warmup)
         from_memory = min(from_memory, step_seconds(model, memory, steps, warmup))
-        host = pipeline_images_per_second(dataset, batch, steps)
+        iterator = iter(dataset)  # the input pipeline alone, no model consuming it
+        next(iterator)  # fill the interleave and prefetch buffers
+        start = time.perf_counter()
+        for _ in range(steps):
+            next(iterator)
+        host = batch * steps / (time.perf_counter() - start)
     return {"precision": precision, "host_cores": host_cores(), "shard_images": images,
             "step_from_memory_s": from_memory, "step_from_shards_s": from_shards,
             "feed_ratio": from_shards / from_memory,

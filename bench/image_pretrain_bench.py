@@ -44,13 +44,15 @@ def _threads(count: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(count)
 
 
-def shard(images: str, out: str, seed: int = 42, image_size: int = 32) -> dict:
-    """Shards class folders once (4 shards a split, one writer); the manifest."""
+def shard(images: str, out: str, seed: int = 42, image_size: int = 32, label: str = "split"
+          ) -> None:
+    """Shards class folders once (4 shards a split, one writer); prints each split's size."""
     from components.shard.contract import ShardConfig
     from components.shard.sharding import shard_dataset
 
-    return shard_dataset(images, out, ShardConfig(image_size=image_size, min_shards_per_split=4,
-                                                  seed=seed, num_workers=1), progress=False)
+    manifest = shard_dataset(images, out, ShardConfig(
+        image_size=image_size, min_shards_per_split=4, seed=seed, num_workers=1), progress=False)
+    print(f"{label}:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
 
 
 def epoch_timer():
@@ -148,29 +150,37 @@ def print_table(rows: list[dict], arms) -> None:
               "s per training run")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arm_parser(doc: str, choices: tuple[str, ...], **defaults) -> argparse.ArgumentParser:
+    """The options both image benches take, each bench's `defaults` (its recipe) set."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--work", default=None, help="folder kept for the outputs "
                         "(default: a temporary one)")
-    parser.add_argument("--weights", default=None, help="a start made before (skips step 1)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--split-seed", type=int, default=42,
+                        help="the seed that splits the images (make run's 42)")
+    # The learned start's recipe, chosen on the validation split of seed 42 (docstrings).
+    parser.add_argument("--head-epochs", type=int)
+    parser.add_argument("--fine-tune-epochs", type=int, default=4)
+    parser.add_argument("--unfreeze-blocks", type=int)
+    parser.add_argument("--fine-tune-learning-rate", type=float)
+    parser.add_argument("--flip", action=argparse.BooleanOptionalAction,
+                        help="random flips (photos: on; digits, which have a handedness: off)")
+    parser.add_argument("--scratch-epochs", type=int, help="epochs of the arms from random "
+                        "weights (default %(default)s)")
+    parser.add_argument("--arms", nargs="+", choices=choices, default=list(choices))
+    parser.set_defaults(**defaults)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # flips in the scratch and glyph_start arms only; the scratch arms get the glyph start's
+    # budget of 6 epochs (make run's from random weights: 15)
+    parser = arm_parser(__doc__, ARMS, head_epochs=2, unfreeze_blocks=4,
+                        fine_tune_learning_rate=3e-4, flip=False, scratch_epochs=6)
+    parser.add_argument("--weights", default=None, help="a start made before (skips step 1)")
     parser.add_argument("--pretrain-epochs", type=int, default=14)
     parser.add_argument("--pretrain-steps", type=int, default=250)
-    # The start's recipe, chosen on the validation split of seed 42 (docstring).
-    parser.add_argument("--head-epochs", type=int, default=2)
-    parser.add_argument("--fine-tune-epochs", type=int, default=4)
-    parser.add_argument("--unfreeze-blocks", type=int, default=4)
-    parser.add_argument("--fine-tune-learning-rate", type=float, default=3e-4)
-    parser.add_argument("--flip", action=argparse.BooleanOptionalAction, default=False,
-                        help="random flips in the scratch and glyph_start arms (digits "
-                        "have a handedness: off)")
-    parser.add_argument("--scratch-epochs", type=int, default=6,
-                        help="the scratch arms' epochs: 6, the glyph start's budget (make run's "
-                        "from random weights: 15)")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    parser.add_argument("--split-seed", type=int, default=42,
-                        help="the seed that splits the digits (make run's 42)")
     return parser
 
 
@@ -192,11 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             facts = glyph_start.make_start(weights, os.path.join(work, "start"),
                                            args.pretrain_epochs, args.pretrain_steps)
             print("start:", json.dumps(facts), flush=True)
-        digits = os.path.join(work, "digits")
+        digits, dataset = os.path.join(work, "digits"), os.path.join(work, "digit-shards")
         demo.write_digits(digits)
-        manifest = shard(digits, os.path.join(work, "digit-shards"), args.split_seed)
-        print("digits:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
-        dataset = os.path.join(work, "digit-shards")
+        shard(digits, dataset, args.split_seed, label="digits")
         configs = {arm: dataclasses.asdict(arm_config(arm, args, weights, 0))
                    for arm in args.arms}
         rows = seed_rows(args, work, lambda arm, seed, out: train_and_score(

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.image_pretrain_bench import (  # noqa: E402
     _threads,
     accuracy_table,
+    arm_parser,
     seed_rows,
     shard,
     train_and_score,
@@ -88,28 +89,14 @@ def print_table(rows: list[dict], arms) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arm_parser(__doc__, ARMS, arms=list(ARMS[:2]), head_epochs=3, unfreeze_blocks=2,
+                        fine_tune_learning_rate=1e-4, flip=True, scratch_epochs=12)
     parser.add_argument("--data", required=True, help="image class folders")
-    parser.add_argument("--work", default=None, help="folder kept for the outputs "
-                        "(default: a temporary one)")
     parser.add_argument("--image-size", type=int, default=96)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--split-seed", type=int, default=42)
-    # Lite0's recipe, chosen on the validation split of seed 42 (docstring).
-    parser.add_argument("--head-epochs", type=int, default=3)
-    parser.add_argument("--fine-tune-epochs", type=int, default=4)
-    parser.add_argument("--unfreeze-blocks", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--fine-tune-learning-rate", type=float, default=1e-4)
-    parser.add_argument("--flip", action=argparse.BooleanOptionalAction, default=True,
-                        help="random flips in every arm (photos: on; digits: off)")
-    parser.add_argument("--scratch-epochs", type=int, default=12,
-                        help="epochs of the arms from random weights")
     parser.add_argument("--scratch-patience", type=int, default=None,
-                        help="early-stopping patience of those arms (default: their epochs, "
-                        "so all are trained; make run's: 3, the trainer's default)")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS[:2]))
+                        help="early-stopping patience of the arms from random weights (default: "
+                        "their epochs, so all are trained; make run's: 3, the trainer's default)")
     return parser
 
 
@@ -120,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work or temporary
         os.makedirs(work, exist_ok=True)
         dataset = os.path.join(work, "shards")
-        manifest = shard(args.data, dataset, args.split_seed, args.image_size)
-        print("split:", {k: v["count"] for k, v in manifest["splits"].items()}, flush=True)
+        shard(args.data, dataset, args.split_seed, args.image_size)
         rows = seed_rows(args, work, lambda arm, seed, out: timed(
             dataset, out, arm_config(arm, args, seed)),
             lambda rows: {"args": vars(args), "rows": rows})

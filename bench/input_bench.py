@@ -38,23 +38,16 @@ def images_per_second(dataset: tf.data.Dataset, count: int) -> float:
     return count / (time.perf_counter() - start)
 
 
-def in_memory_bytes(dataset_dir: str, manifest: dict) -> list[bytes]:
-    """The encoded images of the train split, read out of the shards into memory."""
-    spec = {"image": tf.io.FixedLenFeature([], tf.string)}
-    out = []
-    for path in contract.shard_files(dataset_dir, manifest, "train"):
-        for record in tf.data.TFRecordDataset(path):
-            out.append(tf.io.parse_single_example(record, spec)["image"].numpy())
-    return out
-
-
 def reader_efficiency(root: str, tmp: str, image_format: str, size: int) -> tuple[float, float]:
     out = os.path.join(tmp, f"shards-{image_format}")
     config = ShardConfig(image_size=size, image_format=image_format, min_shards_per_split=16,
                          train_fraction=1.0, validation_fraction=0.0, test_fraction=0.0)
     manifest = sharding.shard_dataset(root, out, config, progress=False)
     count = manifest["splits"]["train"]["count"]
-    blobs = in_memory_bytes(out, manifest)
+    spec = {"image": tf.io.FixedLenFeature([], tf.string)}  # the train split's encoded images
+    blobs = [tf.io.parse_single_example(record, spec)["image"].numpy()
+             for path in contract.shard_files(out, manifest, "train")
+             for record in tf.data.TFRecordDataset(path)]  # read out of the shards into memory
     shape = (size, size, 3)
 
     def bare_decode(blob):

@@ -238,18 +238,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _write_corpus(args, corpus: str) -> str:
-    """Writes the run's corpus; what it holds, in words."""
-    if args.corpus == "zipf":
-        write_zipf_corpus(corpus, args.tokens, args.types)
-        return f"{args.tokens} tokens of {args.types} words"
-    from ulmfit_bench import write_english_corpus  # bench/ is the script's folder
-
-    counts = write_english_corpus(corpus, 4_000_000, args.man_characters)
-    return "English: " + ", ".join(f"{name} {c['characters']:,} characters"
-                                   for name, c in counts.items())
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
@@ -263,7 +251,15 @@ def main(argv: list[str] | None = None) -> int:
               args.batch_size, args.max_vocab, args.min_freq, args.sample_every)
         return 0
     os.makedirs(args.output, exist_ok=True)
-    made = _write_corpus(args, corpus)
+    if args.corpus == "zipf":
+        write_zipf_corpus(corpus, args.tokens, args.types)
+        made = f"{args.tokens} tokens of {args.types} words"
+    else:
+        from ulmfit_bench import write_english_corpus  # bench/ is the script's folder
+
+        made = "English: " + ", ".join(
+            f"{name} {c['characters']:,} characters"
+            for name, c in write_english_corpus(corpus, 4_000_000, args.man_characters).items())
     print(f"corpus: {made}; model {args.model_config}; batch {args.batch_size}; vocabulary "
           f"<= {args.max_vocab}, min_freq {args.min_freq}; {args.epochs} epochs", flush=True)
     rows, finals, failed = {}, {}, []

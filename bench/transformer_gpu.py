@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -45,13 +44,16 @@ def peak_memory_reset() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def peak_memory_mib() -> float | None:
-    """The most GPU memory torch allocated in this process since the reset, in MiB."""
+def gpu_memory_mib(peak: bool = True) -> float | None:
+    """The most GPU memory torch allocated in this process since the reset or, not `peak`,
+    what it holds now, in MiB (None without a GPU)."""
     import torch
 
     if not torch.cuda.is_available():
         return None
-    return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    torch.cuda.synchronize()
+    held = torch.cuda.max_memory_allocated() if peak else torch.cuda.memory_allocated()
+    return round(held / 2**20, 1)
 
 
 def figures(run: dict, epoch_seconds: list[float], evaluation: dict, **where) -> dict:
@@ -79,8 +81,8 @@ def run_row(result: dict, evaluation: dict, *, dataset: str, mixed: bool, batch:
 
 def one_run(dataset: str, config: TransformerConfig, launcher: bool) -> dict:
     """Trains and evaluates once in a scratch folder it removes; the row of figures."""
-    scratch = tempfile.mkdtemp(prefix="transformer_gpu_")
-    try:
+    with tempfile.TemporaryDirectory(prefix="transformer_gpu_",
+                                     ignore_cleanup_errors=True) as scratch:
         model_dir = os.path.join(scratch, "model")
         peak_memory_reset()
         if launcher:
@@ -90,13 +92,11 @@ def one_run(dataset: str, config: TransformerConfig, launcher: bool) -> dict:
                 (dataset, model_dir, config, {}))[0]
         else:
             result = launch.train(dataset, model_dir, config)
-        memory = None if launcher else peak_memory_mib()  # a launched process's is its own
+        memory = None if launcher else gpu_memory_mib()  # a launched process's is its own
         evaluation = evaluate_text_model(model_dir, dataset, os.path.join(scratch, "eval"))
         return run_row(result, evaluation, dataset=os.path.basename(dataset.rstrip("/")),
                        mixed=config.mixed_precision, batch=config.batch_size,
                        seed=config.seed, launcher=launcher, memory_mib=memory)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def smoke_dataset(folder: str) -> str:

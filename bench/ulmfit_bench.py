@@ -32,11 +32,13 @@ import argparse
 import json
 import os
 import sys
+import sysconfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pandas as pd  # noqa: E402
 
+from bench.text_seeds import run_seed  # noqa: E402
 from components.common.storage import read_json  # noqa: E402
 from pipelines import run_local  # noqa: E402
 from tools.datamakers import debian_corpus, docstring_corpus, manpage_corpus  # noqa: E402
@@ -51,7 +53,8 @@ def _docstring_lm_corpus(folder: str, task: str, max_characters: int) -> dict:
     """Docstrings of the standard library and installed packages, the task's held out."""
     return docstring_corpus.write_source_corpus(
         folder, exclude=GENERATED_DOCS, hold_out=pd.read_csv(task)["text"].tolist(),
-        roots=[docstring_corpus.installed_packages_root()], max_characters=max_characters)
+        # the interpreter's site-packages: the project venv's, under .venv/bin/python
+        roots=[sysconfig.get_paths()["purelib"]], max_characters=max_characters)
 
 
 def write_english_corpus(folder: str, max_characters: int, man_characters: int) -> dict:
@@ -107,13 +110,11 @@ def read_lm(assets: str) -> dict:
 
 
 def classifier(data: str, column: str, output: str, seed: int, args, extra: list[str]) -> dict:
-    """One text pipeline run: the test scores, the baselines, the training record."""
-    flags = ["text", "--data", data, "--text-column", column, "--output", output,
-             "--lang", "en", "--seed", str(seed), "--epochs", str(args.epochs),
-             "--monitor", args.monitor,
-             "--batch-size", str(args.batch_size), "--drop-mult", str(args.drop_mult), *extra]
-    assert run_local.main(flags) == 0
-    summary = read_json(os.path.join(output, "summary.json"))
+    """One text pipeline run (`text_seeds.run_seed`): the test scores, the baselines, the
+    training record."""
+    summary = run_seed("text", data, column, seed, output, [
+        "--lang", "en", "--epochs", str(args.epochs), "--monitor", args.monitor,
+        "--batch-size", str(args.batch_size), "--drop-mult", str(args.drop_mult), *extra])
     run = read_json(os.path.join(summary["artifacts"]["model"], "metrics.json"))["run"]
     return {"metrics": summary["metrics"], "baseline": summary["baseline"], "run": run}
 

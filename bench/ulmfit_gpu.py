@@ -17,7 +17,6 @@ the GPU memory torch holds at the end of the first and of the last epoch.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 
@@ -25,9 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.transformer_gpu import (  # noqa: E402
     figures,
+    gpu_memory_mib,
     grid,
     grid_parser,
-    peak_memory_mib,
     peak_memory_reset,
     run_plan,
     smoke_dataset,
@@ -37,16 +36,6 @@ from components.train_text.contract import TrainConfig  # noqa: E402
 
 SMOKE = dict(lm_epochs=1, epochs=1, learning_rate=1e-2,
              model_config={"emb_sz": 16, "n_hid": 24, "n_layers": 1})
-
-
-def held_gpu_mib() -> float | None:
-    """What torch holds on the GPU now, in MiB (None without a GPU)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    torch.cuda.synchronize()
-    return round(torch.cuda.memory_allocated() / 2**20, 1)
 
 
 def run_row(result: dict, evaluation: dict, held_mib: dict, *, dataset: str, mixed: bool,
@@ -76,20 +65,17 @@ def one_run(dataset: str, config: TrainConfig) -> dict:
         def after_epoch(self):
             if not hasattr(self.learn, "lr_finder"):
                 lm = isinstance(self.learn.model[-1], LinearDecoder)
-                held["lm" if lm else "classifier"].append(held_gpu_mib())
+                held["lm" if lm else "classifier"].append(gpu_memory_mib(peak=False))
 
-    scratch = tempfile.mkdtemp(prefix="ulmfit_gpu_")
-    try:
+    with tempfile.TemporaryDirectory(prefix="ulmfit_gpu_", ignore_cleanup_errors=True) as scratch:
         model_dir = os.path.join(scratch, "model")
         peak_memory_reset()
         result = train_text_classifier(dataset, model_dir, config, callbacks=[HeldAtEpochEnd()])
-        peak = peak_memory_mib()
+        peak = gpu_memory_mib()
         evaluation = evaluate_text_model(model_dir, dataset, os.path.join(scratch, "eval"))
         return run_row(result, evaluation, held, dataset=os.path.basename(dataset.rstrip("/")),
                        mixed=config.mixed_precision, batch=config.batch_size, seed=config.seed,
                        peak_mib=peak)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def print_row(row: dict) -> None:

@@ -6,39 +6,21 @@ smoke runs a one-block-per-stage DenseNet (the same builder and phases as DenseN
 fifth of the tracing); DenseNet121's FLOP count is checked on its own.
 """
 
-from __future__ import annotations
-
-import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("fastai")
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from bench import flops, gpu_bench  # noqa: E402
-
-
-def _smoke(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[dict, str]:
-    out = tmp_path / "bench.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_bench.py"), "--smoke", "--json", str(out),
-         *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return json.loads(out.read_text()), run.stdout
+from tests.bench_runs import ROOT, run_bench  # noqa: E402
 
 
 @pytest.mark.slow
 def test_smoke_measures_every_section_on_a_cpu(tmp_path):
-    results, printed = _smoke(tmp_path)
+    results, printed = run_bench(tmp_path, "gpu_bench.py", "--smoke", timeout=900)
 
     assert results["choices"] == {"gpus": [], "strategy": "default",
                                   "keras_precision": "float32", "fastai_precision": "fp32"}
@@ -79,9 +61,10 @@ def test_smoke_measures_every_section_on_a_cpu(tmp_path):
 def test_keras3_engine_and_host_cores(tmp_path):
     # The engine the H100 figures were taken with (there on JAX); here on TensorFlow.
     # One precision: both (and their speed-up) are checked on tf-keras above.
-    results, printed = _smoke(tmp_path, "--engine", "keras3", "--sections", "densenet",
-                              "--precisions", "float32", "--host-cores", "1",
-                              env={"KERAS_BACKEND": "tensorflow"})
+    results, printed = run_bench(tmp_path, "gpu_bench.py", "--smoke", "--engine", "keras3",
+                                 "--sections", "densenet", "--precisions", "float32",
+                                 "--host-cores", "1", timeout=900,
+                                 env={"KERAS_BACKEND": "tensorflow"})
     assert set(results) == {"densenet"}
     densenet = results["densenet"]
     assert densenet["engine"] == "keras3"
@@ -89,18 +72,14 @@ def test_keras3_engine_and_host_cores(tmp_path):
     assert "mixed_float16" not in densenet and densenet["amp_speedup"] is None
     # Keras 3's builder at the same layout: the same convolutions, the same count
     assert densenet["architecture"] == "DenseNet(1-1-1-1)"
-    assert densenet["forward_gflop"] == pytest.approx(_tf_keras_smoke_gflop())
+    from components.train_image.model import build_model
+
+    assert densenet["forward_gflop"] == pytest.approx(flops.forward_flops(
+        build_model(10, 32, weights=None, layout=gpu_bench.SMOKE_LAYOUT)) / 1e9)
     assert densenet["float32"]["tflops"] == pytest.approx(flops.train_tflops(
         densenet["float32"]["images_per_second"], densenet["forward_gflop"] * 1e9))
     assert "DenseNet(1-1-1-1) 32px batch 4 (keras3, CPU; " in printed
     assert "AMP speed-up" not in printed
-
-
-def _tf_keras_smoke_gflop() -> float:
-    from components.train_image.model import build_model
-
-    return flops.forward_flops(
-        build_model(10, 32, weights=None, layout=gpu_bench.SMOKE_LAYOUT)) / 1e9
 
 
 @pytest.mark.parametrize("flag, value, message", [

@@ -162,13 +162,6 @@ def test_kubeflow_rehearsal_gives_the_pod_its_secret_and_not_the_launchers_crede
                           pipeline_root="s3://nowhere/root", secrets={"api": {"token": "t"}})
 
 
-def test_kubeflow_rehearsal_reads_the_compiled_platform_settings(probe_yaml):
-    spec, executors = load(probe_yaml)
-    assert spec["pipelineInfo"]["name"] == "kubeflow-rehearsal-probe"
-    (mount,) = executors["exec-flaky-writer"]["secretAsEnv"]
-    assert mount["secretName"] == "api"
-
-
 def _loop_pipeline(name):
     @dsl.pipeline(name="kubeflow-loop-name")
     def loop(xs: list[int] = [1]) -> int:  # noqa: B006 (the compiled default)

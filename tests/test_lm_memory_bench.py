@@ -1,30 +1,17 @@
 """bench/lm_memory_bench.py's smoke on a CPU (what it printed on an H100 and here is in
 docs/measurements.md)."""
 
-from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.bench_runs import run_bench
 
 
 @pytest.mark.slow
 def test_smoke_reports_every_epoch_of_each_variant(tmp_path):
-    out = tmp_path / "rows.json"
-    run = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "lm_memory_bench.py"), "--tokens", "4000",
-         "--types", "300", "--epochs", "2", "--model-config",
-         '{"emb_sz": 16, "n_hid": 32, "n_layers": 1}', "--batch-size", "8",
-         "--output", str(tmp_path / "runs"), "--json", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report, printed = run_bench(
+        tmp_path, "lm_memory_bench.py", "--tokens", "4000", "--types", "300", "--epochs", "2",
+        "--model-config", '{"emb_sz": 16, "n_hid": 32, "n_layers": 1}', "--batch-size", "8",
+        "--output", str(tmp_path / "runs"))
     runs = ["fixed/mixed", "before/mixed"]
     assert sorted(report["epochs"]) == sorted(runs)
     for name in runs:
@@ -36,4 +23,4 @@ def test_smoke_reports_every_epoch_of_each_variant(tmp_path):
     # Handing freed memory back changes memory, not what is learned.
     losses = {name: [row["valid_loss"] for row in report["epochs"][name]] for name in runs}
     assert losses["fixed/mixed"] == losses["before/mixed"]
-    assert "MB RSS from the end of epoch 1 to the end of epoch 2" in run.stdout
+    assert "MB RSS from the end of epoch 1 to the end of epoch 2" in printed

@@ -173,51 +173,19 @@ def test_the_api_stand_in_serves_what_the_gcs_folder_holds(tmp_path, gcs_emulato
 def test_the_gcs_stand_in_is_writable_by_the_images_user_whoever_wrote_it():
     """Files root staged (the data, earlier outputs) must not lock out uid 1000, as a FUSE
     mount's one mode for every object would not."""
-    tmp_path = pathlib.Path(tempfile.mkdtemp())  # pytest's own tmp is root-only (0700)
-    try:
-        _write_as_another_user(tmp_path)
-    finally:
-        shutil.rmtree(tmp_path)
-
-
-def _write_as_another_user(tmp_path):
-    gcs = tmp_path / "gcs"
-    (gcs / "b" / "data").mkdir(parents=True)
-    (gcs / "b" / "data" / "x.txt").write_text("root's")
-    os.chmod(gcs / "b" / "data", 0o755)
-    os.chmod(gcs / "b" / "data" / "x.txt", 0o644)
-    os.chmod(tmp_path, 0o755)
-
-    def write_as_1000() -> int:
-        return subprocess.run(
-            ["sh", "-c", f"mkdir -p {gcs}/b/data/out && echo y > {gcs}/b/data/out/y && "
-                         f"echo z >> {gcs}/b/data/x.txt"],
-            user=1000, group=1000).returncode
-
-    assert write_as_1000() != 0
-    rehearse.open_mount(str(gcs))
-    assert write_as_1000() == 0
-    assert (gcs / "b" / "data" / "out" / "y").stat().st_uid == 1000
-
-
-@pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
-def test_a_payload_vertex_would_reject_fails_the_rehearsal(tmp_path, monkeypatch):
-    """The CustomJob payload is parsed into Vertex's own message, as the launcher sends it."""
-    path = os.path.join(_compile(tmp_path, "text_pipeline"), "text_pipeline.json")
-    spec = json.loads(open(path).read())
-    pools = spec["components"]["comp-prepare-text-data"]["inputDefinitions"]["parameters"][
-        "worker_pool_specs"]["defaultValue"]
-    pools[0]["machine_spec"]["accelerator_type"] = "NVIDIA_FOO"
-    with open(path, "w") as f:
-        json.dump(spec, f)
-    write_reviews_csv(str(tmp_path / "reviews.csv"), rows=40, seed=3)
-    monkeypatch.chdir(tmp_path)  # a relative data path means the caller's folder, as locally
-    with pytest.raises(rehearse.RehearsalError,
-                       match="Vertex would reject the CustomJob.*NVIDIA_FOO"):
-        rehearse.rehearse(path, str(tmp_path / "r"), {"data_uri": "reviews.csv"})
-    report = json.loads((tmp_path / "r" / "rehearsal.json").read_text())
-    assert [(t["name"], t["state"]) for t in report] == [("preflight-text", "succeeded"),
-                                                         ("prepare-text-data", "pending")]
+    with tempfile.TemporaryDirectory() as folder:  # pytest's own tmp is root-only (0700)
+        gcs = pathlib.Path(folder) / "gcs"
+        (gcs / "b" / "data").mkdir(parents=True)
+        (gcs / "b" / "data" / "x.txt").write_text("root's")
+        os.chmod(gcs / "b" / "data", 0o755)
+        os.chmod(gcs / "b" / "data" / "x.txt", 0o644)
+        os.chmod(folder, 0o755)
+        write_as_1000 = ["sh", "-c", f"mkdir -p {gcs}/b/data/out && echo y > {gcs}/b/data/out/y"
+                         f" && echo z >> {gcs}/b/data/x.txt"]
+        assert subprocess.run(write_as_1000, user=1000, group=1000).returncode != 0
+        rehearse.open_mount(str(gcs))
+        assert subprocess.run(write_as_1000, user=1000, group=1000).returncode == 0
+        assert (gcs / "b" / "data" / "out" / "y").stat().st_uid == 1000
 
 
 def _two_replica_job(chief: str, worker: str, restart_all: bool) -> str:
@@ -262,7 +230,7 @@ def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path, preempted
     error quotes the failed replica's own log, also when only the chief was restarted."""
     import time
 
-    from tools.rehearsal.jobs import Preemption, VertexJobs
+    from tools.rehearsal.jobs import Preemption, VertexService
     from tools.rehearsal.records import TaskRecord
     from tools.rehearsal.runtimes import Runtime
 
@@ -275,7 +243,7 @@ def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path, preempted
               "time.sleep(0.1)\ntime.sleep(2 if {preempted} else 0); print('bad data'); "
               "sys.exit(3)").replace("{preempted}", str(preempted))
     preempt = [Preemption("train", "mark")] if preempted else []
-    jobs = VertexJobs(Runtime("local", output), output, "job-1", preempt)
+    jobs = VertexService(Runtime("local", output), output, "job-1", preempt)
     record = TaskRecord(name="train", display_name="train")
     started = time.monotonic()
     with pytest.raises(rehearse.RehearsalError, match=r"(?s)train: workerpool1 replica 0 "
@@ -286,31 +254,38 @@ def test_a_failed_replica_fails_the_job_and_stops_the_others(tmp_path, preempted
 
 
 @pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes
-def test_jobs_run_as_the_account_chosen_at_run_time(tmp_path):
-    """GCPC takes the jobs' service account as a job parameter: the pipeline exposes it."""
+def test_jobs_run_as_the_account_chosen_at_run_time_and_a_payload_vertex_rejects_fails(
+        tmp_path, monkeypatch):
+    """GCPC takes the jobs' service account as a job parameter: the pipeline exposes it. Each
+    CustomJob payload is parsed into Vertex's own message, as the launcher sends it: the
+    training job's, with a GPU Vertex does not know, fails the rehearsal before it starts."""
     build = _compile(tmp_path, "text_pipeline", "--service-account",
                      "compiled@acme.iam.gserviceaccount.com")
     path = os.path.join(build, "text_pipeline.json")
     spec = json.loads(open(path).read())
     defaults = spec["root"]["inputDefinitions"]["parameters"]["job_service_account"]
     assert defaults["defaultValue"] == "compiled@acme.iam.gserviceaccount.com"
-    # Stop the run at the training job (a GPU Vertex does not know) to keep this quick.
     params = spec["components"]["comp-train-text-classifier"]["inputDefinitions"]["parameters"]
-    params["worker_pool_specs"]["defaultValue"][0]["machine_spec"]["accelerator_type"] = "X"
+    params["worker_pool_specs"]["defaultValue"][0]["machine_spec"]["accelerator_type"] = \
+        "NVIDIA_FOO"
     with open(path, "w") as f:
         json.dump(spec, f)
-    csv = tmp_path / "reviews.csv"
-    write_reviews_csv(str(csv), rows=40, seed=3)
+    write_reviews_csv(str(tmp_path / "reviews.csv"), rows=40, seed=3)
+    monkeypatch.chdir(tmp_path)  # a relative data path means the caller's folder, as locally
     account = "trainer@acme.iam.gserviceaccount.com"
-    with pytest.raises(rehearse.RehearsalError, match="train-text-classifier: Vertex would"):
+    with pytest.raises(rehearse.RehearsalError, match="train-text-classifier: Vertex would "
+                                                      "reject the CustomJob.*NVIDIA_FOO"):
         rehearse.rehearse(path, str(tmp_path / "r"),
-                          {"data_uri": str(csv), "job_service_account": account})
+                          {"data_uri": "reviews.csv", "job_service_account": account})
+    report = json.loads((tmp_path / "r" / "rehearsal.json").read_text())
+    assert [(t["name"], t["state"]) for t in report][-2:] == [
+        ("prepare-text-data", "succeeded"), ("train-text-classifier", "pending")]
     sent = json.loads((tmp_path / "r" / "vertex-requests" / "prepare-text-data.json").read_text())
     assert sent["type"] == "CustomJob"
     assert sent["request"]["job_spec"]["service_account"] == account
     with pytest.raises(rehearse.RehearsalError, match="not a service account e-mail"):
         rehearse.rehearse(path, str(tmp_path / "r2"),
-                          {"data_uri": str(csv), "job_service_account": "trainer"})
+                          {"data_uri": "reviews.csv", "job_service_account": "trainer"})
 
 
 @pytest.mark.slow  # a kfp.local or rehearsal run: steps as processes

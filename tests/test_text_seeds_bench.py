@@ -1,14 +1,9 @@
 """bench/text_seeds.py's gates: the worst margins over the seeds and what they miss (the runs
 themselves are the bench's, minutes a seed)."""
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench import text_seeds  # noqa: E402
+from bench import text_seeds
 
 
 def _row(micro, tfidf, constant):

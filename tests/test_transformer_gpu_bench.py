@@ -1,19 +1,10 @@
 """bench/transformer_gpu.py: its figures from a run's files, and its smoke on a CPU (the
 figures it printed on an H100 are in docs/measurements.md)."""
 
-from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from bench import transformer_gpu  # noqa: E402
+from bench import transformer_gpu
+from tests.bench_runs import run_bench
 
 
 def test_a_runs_figures_come_from_its_metrics_and_its_evaluation():
@@ -32,14 +23,9 @@ def test_a_runs_figures_come_from_its_metrics_and_its_evaluation():
 
 @pytest.mark.slow
 def test_smoke_trains_and_scores_directly_and_through_the_launcher(tmp_path):
-    out = tmp_path / "rows.json"
-    run = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "transformer_gpu.py"), "--smoke",
-         "--seeds", "1", "--precisions", "mixed", "--launcher", "--json", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    direct, launched = json.loads(out.read_text())["rows"]
+    results, _ = run_bench(tmp_path, "transformer_gpu.py", "--smoke", "--seeds", "1",
+                           "--precisions", "mixed", "--launcher")
+    direct, launched = results["rows"]
     assert (direct["launcher"], launched["launcher"]) == (False, True)
     for row in (direct, launched):
         # mixed precision asked for, none on a CPU; one process either way

@@ -1,7 +1,5 @@
 """The Tux Paint photo maker on a stamps folder laid out as Debian's package lays it out."""
 
-from __future__ import annotations
-
 import pytest
 from PIL import Image
 

@@ -1,19 +1,10 @@
 """bench/ulmfit_gpu.py: its figures from a run's files, and its smoke on a CPU (the figures
 it printed on a GPU are in docs/measurements.md)."""
 
-from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from bench import ulmfit_gpu  # noqa: E402
+from bench import ulmfit_gpu
+from tests.bench_runs import run_bench
 
 
 def test_a_runs_figures_come_from_its_metrics_and_its_evaluation():
@@ -35,14 +26,9 @@ def test_a_runs_figures_come_from_its_metrics_and_its_evaluation():
 
 @pytest.mark.slow
 def test_smoke_trains_and_scores_beside_the_baselines(tmp_path):
-    out = tmp_path / "rows.json"
-    run = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "ulmfit_gpu.py"), "--smoke", "--seeds",
-         "1", "--precisions", "mixed", "--json", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    (row,) = json.loads(out.read_text())["rows"]
+    results, _ = run_bench(tmp_path, "ulmfit_gpu.py", "--smoke", "--seeds", "1",
+                           "--precisions", "mixed", timeout=300)
+    (row,) = results["rows"]
     # mixed precision asked for, none on a CPU; no GPU memory to count
     assert (row["precision"], row["device"], row["peak_gpu_mib"]) == ("fp32", "cpu", None)
     assert row["held_gpu_mib"]["lm"] == [None] and row["held_gpu_mib"]["classifier"]

@@ -110,11 +110,6 @@ def _module_docstrings(path: str) -> list[str]:
     return [doc for doc in docs if doc and len(doc) >= MIN_CHARS]
 
 
-def installed_packages_root() -> str:
-    """The running interpreter's site-packages (the project venv's, under .venv/bin/python)."""
-    return sysconfig.get_paths()["purelib"]
-
-
 def _source_files(root: str, skipped: set[str], prefix: str) -> list[tuple[str, str]]:
     """(path, output name) of each .py file under `root` outside the skipped folders."""
     found = []

@@ -62,12 +62,10 @@ SCAN_INK = 64
 
 def class_name(char: str) -> str:
     """Folder name of a character's class: `upper_A`, `lower_a`, `digit_3`, else its code."""
-    if char in string.ascii_uppercase:
-        return f"upper_{char}"
-    if char in string.ascii_lowercase:
-        return f"lower_{char}"
-    if char in string.digits:
-        return f"digit_{char}"
+    for kind, chars in (("upper", string.ascii_uppercase), ("lower", string.ascii_lowercase),
+                        ("digit", string.digits)):
+        if char in chars:
+            return f"{kind}_{char}"
     return f"u{ord(char):04x}"
 
 
@@ -85,13 +83,6 @@ def find_fonts(folders: Iterable[str] = FONT_FOLDERS) -> list[str]:
 @functools.lru_cache(maxsize=64)
 def _font(path: str, pixels: int) -> ImageFont.FreeTypeFont:
     return ImageFont.truetype(path, pixels)
-
-
-def _load(path: str, pixels: int) -> ImageFont.FreeTypeFont | None:
-    try:
-        return _font(path, pixels)
-    except OSError:  # not a font FreeType reads
-        return None
 
 
 def latin_names(path: str, chars: str) -> bool:
@@ -183,10 +174,6 @@ def scan(image: Image.Image, side: int) -> Image.Image:
     return small.resize(image.size, Image.Resampling.BILINEAR)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "font"
-
-
 def select_fonts(paths: Sequence[str], chars: str, size: int = 32) -> list[tuple[str, str]]:
     """The usable faces: `(path, slug of "family style")`, one per design.
 
@@ -195,8 +182,11 @@ def select_fonts(paths: Sequence[str], chars: str, size: int = 32) -> list[tuple
     """
     chosen, names, looks = [], set(), set()
     for path in paths:
-        font = _load(path, size * OVERSAMPLE)
-        if font is None or not covers(font, chars) or not latin_names(path, chars):
+        try:
+            font = _font(path, size * OVERSAMPLE)
+        except OSError:  # not a font FreeType reads
+            continue
+        if not covers(font, chars) or not latin_names(path, chars):
             continue
         family, style = font.getname()
         name = (family or os.path.basename(path), style or "")
@@ -210,7 +200,8 @@ def select_fonts(paths: Sequence[str], chars: str, size: int = 32) -> list[tuple
             continue
         names.add(name)
         looks.add(look.digest())
-        chosen.append((path, _slug(" ".join(name))))
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", " ".join(name)).strip("-").lower()
+        chosen.append((path, slug or "font"))
     return chosen
 
 

@@ -118,20 +118,6 @@ def page_owners(info_folder: str = DPKG_INFO) -> dict[str, str]:
     return owners
 
 
-def _pages(root: str) -> list[str]:
-    """English manual pages under `root`, in the order of their names' SHA-256 (a fixed
-    sample when cut short)."""
-    pages = [p for p in glob.glob(os.path.join(root, "man[1-8]", "*"))
-             if os.path.isfile(p) and not os.path.islink(p)]
-    return sorted(pages, key=lambda p: hashlib.sha256(os.path.basename(p).encode()).hexdigest())
-
-
-def _read(path: str) -> str:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        return f.read()
-
-
 def write_manpage_corpus(folder: str, hold_out_sources: Iterable[str] = (),
                          max_characters: int = 0, root: str = MAN_ROOT,
                          owners: dict[str, str] | None = None,
@@ -154,7 +140,10 @@ def write_manpage_corpus(folder: str, hold_out_sources: Iterable[str] = (),
     held, generated = set(hold_out_sources), set(GENERATED_PACKAGES)
     counts = {"pages": 0, "characters": 0, "held_out": 0, "generated": 0, "includes": 0}
     os.makedirs(folder, exist_ok=True)
-    for path in _pages(root):
+    pages = [p for p in glob.glob(os.path.join(root, "man[1-8]", "*"))  # English ones
+             if os.path.isfile(p) and not os.path.islink(p)]
+    # in the order of their names' SHA-256: a fixed sample when cut short
+    for path in sorted(pages, key=lambda p: hashlib.sha256(os.path.basename(p).encode()).digest()):
         if max_characters and counts["characters"] >= max_characters:
             break
         package = owners.get(path, "")
@@ -164,7 +153,9 @@ def write_manpage_corpus(folder: str, hold_out_sources: Iterable[str] = (),
         if package and sources.get(package, package) in held:
             counts["held_out"] += 1
             continue
-        text = roff_to_text(_read(path))
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            text = roff_to_text(f.read())
         if not text:
             counts["includes"] += 1
             continue

@@ -22,24 +22,9 @@ import sys
 from components.common.storage import filesystem
 
 
-def read_texts(data_uri: str, text_column: str) -> list[str]:
-    """The non-empty texts of a CSV's text column (gs:// or local).
-
-    Raises:
-        ValueError: The CSV has no such column (the message lists its columns).
-    """
+def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
-    fs, path = filesystem(data_uri)
-    with fs.open(path, "rb") as f:
-        frame = pd.read_csv(f, dtype=str, keep_default_na=False)
-    if text_column not in frame.columns:
-        raise ValueError(f"{data_uri!r} has no column {text_column!r} (its columns: "
-                         f"{list(frame.columns)}); pass --text-column")
-    return [t for t in frame[text_column] if t.strip()]
-
-
-def main(argv: list[str] | None = None) -> int:
     from components.train_transformer.tiny import write_tiny_model
 
     parser = argparse.ArgumentParser(prog="python -m tools.datamakers.tiny_transformer",
@@ -53,8 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=2, help="transformer layers")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     args = parser.parse_args(argv)
+    fs, path = filesystem(args.data)
+    with fs.open(path, "rb") as f:
+        frame = pd.read_csv(f, dtype=str, keep_default_na=False)
+    if args.text_column not in frame.columns:
+        parser.error(f"{args.data!r} has no column {args.text_column!r} (its columns: "
+                     f"{list(frame.columns)}); pass --text-column")
+    texts = [t for t in frame[args.text_column] if t.strip()]  # the non-empty ones
     try:
-        texts = read_texts(args.data, args.text_column)
         made = write_tiny_model(texts, args.output, vocab_size=args.vocab_size,
                                 hidden_size=args.hidden_size, layers=args.layers,
                                 seed=args.seed)

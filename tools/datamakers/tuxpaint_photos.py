@@ -28,12 +28,6 @@ CLASSES = {"birds": ("animals/birds",), "mammals": ("animals/mammals",),
 DRAWINGS = "cartoon"
 
 
-def stamp_photos(stamps: str, folders: tuple[str, ...]) -> list[Path]:
-    """The PNG photos under `folders` of the stamps folder, drawings left out, sorted."""
-    return sorted(png for folder in folders for png in (Path(stamps) / folder).rglob("*.png")
-                  if DRAWINGS not in png.relative_to(stamps).parts)
-
-
 def write_photos(stamps: str, out_dir: str) -> dict[str, int]:
     """Writes the four classes' photos of Tux Paint's `stamps` folder as JPEG class folders
     `<out_dir>/<class>/`; the images written per class.
@@ -51,7 +45,8 @@ def write_photos(stamps: str, out_dir: str) -> dict[str, int]:
     counts = {}
     for name, folders in CLASSES.items():
         os.makedirs(os.path.join(out_dir, name), exist_ok=True)
-        photos = stamp_photos(stamps, folders)
+        photos = sorted(png for folder in folders for png in (Path(stamps) / folder).rglob("*.png")
+                        if DRAWINGS not in png.relative_to(stamps).parts)  # no drawings
         names = [f"{png.parent.name}_{png.stem}.jpg" for png in photos]
         if len(set(names)) < len(names):  # two stamps would write one file
             raise FileExistsError(f"{name}: two stamps under {folders} share a folder and "

@@ -28,17 +28,11 @@ from typing import Any
 # Each re-exported name's module, imported when first asked for: the emulator
 # (`python -m tools.rehearsal.gcs_api`) imports this package and must not load KFP with it.
 _HOMES = {
-    "records": ("ArtifactRef", "RehearsalError", "TaskRecord"),
-    "spec": ("LOCATION", "PROJECT", "PROJECT_NUMBER", "evaluate_condition", "render",
-             "topological_order", "typed_value"),
-    "runtimes": ("BUILDAH", "GCS_MOUNT", "RUNTIMES", "SITE_DIR",
-                 "ImageContainers", "open_mount"),
-    "cache": ("TaskCache", "cache_key"),
-    "jobs": ("BEST_TRIAL_STEPS", "CUSTOM_JOB_LAUNCHER", "GCPC_LAUNCHER_PREFIX",
-             "REGISTRY_LOOKUP", "TUNING_JOB_LAUNCHER", "VERTEX_METRIC_FILE", "Preemption",
-             "aip_env", "cluster_env"),
+    "records": ("RehearsalError",),
+    "spec": ("LOCATION", "PROJECT", "evaluate_condition", "render"),
+    "runtimes": ("ImageContainers", "open_mount"),
+    "jobs": ("BEST_TRIAL_STEPS", "TUNING_JOB_LAUNCHER", "Preemption", "aip_env", "cluster_env"),
     "driver": ("Rehearsal", "rehearse"),
-    "cli": ("main",),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 

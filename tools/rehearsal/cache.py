@@ -39,11 +39,18 @@ class TaskCache:
         self.entries: dict[str, Any] = (read_json(index, optional=True) or {}) if index else {}
 
     def lookup(self, key: str) -> dict[str, Any] | None:
-        """The outputs cached under `key` (their files brought here), None on a miss."""
+        """The outputs cached under `key` (their files copied here), None on a miss."""
         hit = self.entries.get(key)
         if not hit:
             return None
-        self._bring_outputs(hit)
+        for artifact in hit["artifacts"].values():  # to the same gs:// URIs: Vertex has one bucket
+            source, target = artifact["path"], self.local(artifact["uri"])
+            if os.path.exists(source) and not os.path.exists(target):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                if os.path.isdir(source):
+                    shutil.copytree(source, target)
+                else:
+                    shutil.copy2(source, target)
         return {"parameters": hit["parameters"],
                 "artifacts": {k: ArtifactRef(**{**a, "path": self.local(a["uri"])})
                               for k, a in hit["artifacts"].items()}}
@@ -57,15 +64,3 @@ class TaskCache:
         if self.index:
             os.makedirs(os.path.dirname(os.path.abspath(self.index)), exist_ok=True)
             write_json_atomically(self.index, self.entries)
-
-    def _bring_outputs(self, hit: Mapping[str, Any]) -> None:
-        """Copies a hit's artifact files to the same gs:// URIs here (Vertex has one bucket)."""
-        for artifact in hit["artifacts"].values():
-            source, target = artifact["path"], self.local(artifact["uri"])
-            if not os.path.exists(source) or os.path.exists(target):
-                continue
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            if os.path.isdir(source):
-                shutil.copytree(source, target)
-            else:
-                shutil.copy2(source, target)

@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 
+from pipelines.compiled import SubmitError
 from tools.rehearsal.driver import rehearse
 from tools.rehearsal.jobs import Preemption
 from tools.rehearsal.records import RehearsalError
@@ -55,27 +56,29 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def pairs(p: argparse.ArgumentParser, args: argparse.Namespace, flag: str,
+          parts: int = 2) -> list[list[str]]:
+    """The values of the repeatable `flag`, each split at its first `parts - 1` "=" as its
+    metavar shows (`NAME=VALUE`); exits 2 (`p.error`) on a value that has fewer."""
+    action = p._option_string_actions[flag]
+    for item in getattr(args, action.dest):
+        if len(item.split("=", parts - 1)) != parts:
+            p.error(f"{flag} takes {action.metavar}, got {item!r}")
+    return [item.split("=", parts - 1) for item in getattr(args, action.dest)]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs `python -m tools.rehearsal` on `argv`; the exit status (1: the rehearsal failed)."""
     p = parser()
     args = p.parse_args(argv)
-
-    def pairs(items: list[str], flag: str, form: str) -> list[list[str]]:
-        for item in items:
-            if "=" not in item:
-                p.error(f"{flag} takes {form}, got {item!r}")
-        return [item.split("=", 1) for item in items]
-
-    params = dict(pairs(args.param, "--param", "NAME=VALUE"))
-    preempt = [Preemption(task, pattern)
-               for task, pattern in pairs(args.preempt, "--preempt", "TASK=GLOB")]
-    registry = dict(pairs(args.registered_model, "--registered-model",
-                          "DISPLAY_NAME=RESOURCE_NAME"))
+    params = dict(pairs(p, args, "--param"))
+    preempt = [Preemption(task, pattern) for task, pattern in pairs(p, args, "--preempt")]
+    registry = dict(pairs(p, args, "--registered-model"))
     try:
         summary = rehearse(args.pipeline, args.output, params, pipeline_root=args.pipeline_root,
                            cache_index=args.cache_index, preempt=preempt,
                            runtime=args.runtime, registry=registry)
-    except RehearsalError as err:
+    except (RehearsalError, SubmitError) as err:  # SubmitError: no compiled pipeline there
         print(f"rehearsal failed: {err}", file=sys.stderr)
         return 1
     for task in summary["rehearsal"]["tasks"]:

@@ -5,7 +5,6 @@ reusing from the cache or running each; `rehearse` runs one from a file and writ
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -13,8 +12,9 @@ from typing import Any
 
 import tools.rehearsal.spec as ir
 from components.common.storage import write_json_atomically
+from pipelines.compiled import load_pipeline_spec
 from tools.rehearsal.cache import TaskCache, cache_key
-from tools.rehearsal.jobs import Preemption, VertexCalls, VertexJobs, task_kind
+from tools.rehearsal.jobs import Preemption, VertexService, task_kind
 from tools.rehearsal.records import RehearsalError, TaskRecord, pipeline_summary, write_report
 from tools.rehearsal.runtimes import Runtime
 from tools.rehearsal.walk import DagWalk
@@ -47,8 +47,8 @@ class Rehearsal(DagWalk):
             uuid=hashlib.sha1(f"{self.output}{time.time()}".encode()).hexdigest()[:16],
             root=pipeline_root.rstrip("/"))
         self.cache = TaskCache(cache_index, self.runtime.local)
-        self.jobs = VertexJobs(self.runtime, self.output, self.job.uuid, preempt or [])
-        self.calls = VertexCalls(self.runtime, self.output, registry or {})
+        self.vertex = VertexService(self.runtime, self.output, self.job.uuid, preempt or [],
+                                    registry)
         self.records: list[TaskRecord] = []
         self.inputs = ir.pipeline_inputs(spec, params)
         self.runtime.check_visible(self.inputs)
@@ -96,19 +96,19 @@ class Rehearsal(DagWalk):
         kind = task_kind(container, command, args)
         # Tasks that call the Vertex API are answered, not run: nothing to read back or cache.
         if kind == "api-call":
-            self.calls.gcpc_call(record, args, executor_input)
+            self.vertex.gcpc_call(record, args, executor_input)
             record.seconds = time.monotonic() - started
             return {"parameters": {}, "artifacts": {}}
         if kind == "registry-lookup":
-            return self.calls.registry_lookup(record, executor_input)
+            return self.vertex.registry_lookup(record, executor_input)
         if kind == "best-trial":
-            return self.jobs.best_trial(record, args, executor_input)
+            return self.vertex.best_trial(record, args, executor_input)
         if kind == "custom-job":
-            self.jobs.custom_job(record, args)
+            self.vertex.custom_job(record, args)
         elif kind == "tuning-job":
-            self.jobs.tuning_job(record, args)
+            self.vertex.tuning_job(record, args)
         else:
-            self.jobs.container_task(record, command + args, container["image"])
+            self.vertex.container_task(record, command + args, container["image"])
         record.state, record.seconds = "succeeded", time.monotonic() - started
         result = self._collect(component, executor_input)
         if record.cache != "disabled":
@@ -149,36 +149,22 @@ def rehearse(path: str, output: str, params: Mapping[str, str] | None = None,
     Returns:
         The pipeline's own summary (as `run_local` writes it) plus `rehearsal`.
     """
-    with open(path) as f:
-        spec = json.load(f) if path.endswith(".json") else _yaml(f)
+    spec = load_pipeline_spec(path)
     runner = Rehearsal(spec, output, params or {}, **options)
     try:
         outputs = runner.run()
     finally:
         report = write_report(runner.output, runner.records)
-    summary = _summary(spec, outputs, runner.records)
+    summary = pipeline_summary(spec, outputs)
+    if "registration" in summary:  # the Model Registry request is never sent
+        request_built = any(r.state == "not-executed" and "register-model" in r.name
+                            for r in runner.records)
+        summary["registration"].update(
+            uploaded=False,
+            note="rehearsal: the Model Registry request was built and checked, not sent"
+            if request_built else "rehearsal: no upload task ran (not compiled in, or gated off)")
     summary["rehearsal"] = {"pipeline": path, "job_name": runner.job.name,
                             "pipeline_root": runner.job.root, "gcs_folder": runner.runtime.gcs,
                             "tasks": report}
     write_json_atomically(os.path.join(runner.output, "summary.json"), summary, sort_keys=False)
     return summary
-
-
-def _summary(spec: Mapping[str, Any], outputs: Mapping[str, Any],
-             records: list[TaskRecord]) -> dict[str, Any]:
-    """The pipeline's own summary of its outputs, its registration marked as not sent."""
-    summary = pipeline_summary(spec, outputs)
-    if "registration" in summary:
-        request_built = any(r.state == "not-executed" and "register-model" in r.name
-                            for r in records)
-        summary["registration"].update(
-            uploaded=False,
-            note="rehearsal: the Model Registry request was built and checked, not sent"
-            if request_built else "rehearsal: no upload task ran (not compiled in, or gated off)")
-    return summary
-
-
-def _yaml(f) -> dict[str, Any]:
-    import yaml
-
-    return yaml.load(f, Loader=yaml.CSafeLoader)  # libyaml: ~10x PyYAML's own

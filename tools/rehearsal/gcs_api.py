@@ -52,8 +52,9 @@ def _request(port: int, method: str, path: str) -> int | None:
         connection.close()
 
 
-def _start_once(log_path: Path) -> tuple[subprocess.Popen, int] | None:
-    """One try at starting the emulator on a free port; None when the port was lost.
+def _start_once(log_path: Path, module: str) -> tuple[subprocess.Popen, int] | None:
+    """One try at starting `python -m MODULE start` on a free port; None when the port was
+    lost.
 
     Another process can take the port first, and the emulator then hangs: it counts as ours
     only once a bucket named by a random token is there (deleted again at once).
@@ -62,7 +63,7 @@ def _start_once(log_path: Path) -> tuple[subprocess.Popen, int] | None:
     token = f"emulator-{uuid.uuid4().hex}"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tools.rehearsal.gcs_api", "start", "--host", "127.0.0.1",
+            [sys.executable, "-m", module, "start", "--host", "127.0.0.1",
              "--port", str(port), "--in-memory", "--quiet", "--default-bucket", token],
             stdout=subprocess.DEVNULL, stderr=log,
             cwd=REPO,  # where `tools` imports from, whatever the caller's folder
@@ -83,12 +84,14 @@ def _start_once(log_path: Path) -> tuple[subprocess.Popen, int] | None:
     return None
 
 
-def start_emulator(log_folder: str | os.PathLike) -> tuple[subprocess.Popen, str]:
-    """Starts an in-memory emulator; returns the process and its `http://127.0.0.1:PORT`."""
+def start_emulator(log_folder: str | os.PathLike, module: str = "tools.rehearsal.gcs_api"
+                   ) -> tuple[subprocess.Popen, str]:
+    """Starts an in-memory emulator (this module's; `gcp_storage_emulator`: as it ships);
+    returns the process and its `http://127.0.0.1:PORT`."""
     Path(log_folder).mkdir(parents=True, exist_ok=True)
     for attempt in range(ATTEMPTS):
         log_path = Path(log_folder) / f"gcs-emulator-{attempt}.log"
-        started = _start_once(log_path)
+        started = _start_once(log_path, module)
         if started:
             process, port = started
             return process, f"http://127.0.0.1:{port}"
@@ -97,18 +100,14 @@ def start_emulator(log_folder: str | os.PathLike) -> tuple[subprocess.Popen, str
                        f"the last:\n{tail}")
 
 
-def client(url: str):
-    """A google-cloud-storage client of the emulator at `url` (anonymous)."""
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
-
-    return storage.Client(project="emulator", credentials=AnonymousCredentials(),
-                          client_options={"api_endpoint": url})
-
-
 def seed(url: str, folder: str | os.PathLike) -> int:
-    """Uploads `folder/<bucket>/<path>` as `gs://<bucket>/<path>`; returns the file count."""
-    storage = client(url)
+    """Uploads `folder/<bucket>/<path>` as `gs://<bucket>/<path>` to the emulator at `url`
+    (an anonymous google-cloud-storage client); returns the file count."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    storage = gcs.Client(project="emulator", credentials=AnonymousCredentials(),
+                         client_options={"api_endpoint": url})
     count = 0
     for bucket_dir in sorted(Path(folder).iterdir()):
         if not bucket_dir.is_dir():

@@ -153,22 +153,25 @@ def _flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
-class VertexJobs:
-    """Vertex's job service as rehearsed: every replica of a job is a process of `runtime`.
+class VertexService:
+    """Vertex as rehearsed: its job service (every replica of a job is a process of
+    `runtime`) and the other API calls of a pipeline's tasks (answered here, not sent).
 
     Args:
-        runtime: Where the processes run.
+        runtime: Where the processes run (and the local files of artifacts are).
         output: The rehearsal's folder (logs/ and vertex-requests/ are in it).
         job_uuid: The pipeline job's id (tuning job ids derive from it).
         preempt: Preemptions to apply, each once.
+        registry: The stand-in Model Registry: display name -> model resource name.
     """
 
     def __init__(self, runtime: Runtime, output: str, job_uuid: str,
-                 preempt: list[Preemption]) -> None:
+                 preempt: list[Preemption], registry: Mapping[str, str] | None = None) -> None:
         self.runtime = runtime
         self.output = output
         self.job_uuid = job_uuid
         self.preempt = preempt
+        self.registry = dict(registry or {})
         self.tuning_jobs: dict[str, Any] = {}  # rehearsed tuning jobs by resource name
 
     def container_task(self, record: TaskRecord, command: list[str], image: str) -> None:
@@ -395,21 +398,6 @@ class VertexJobs:
             record.state = "failed"
             raise RehearsalError(f"{record.display_name}: workerpool{pool} replica {index} "
                                  f"exited with {code}; log {log_path}:\n{tail}")
-
-
-class VertexCalls:
-    """The Vertex API calls of a pipeline's tasks, answered here instead of sent.
-
-    Args:
-        runtime: The rehearsal's runtime (for the local files of artifacts).
-        output: The rehearsal's folder (the requests go to vertex-requests/).
-        registry: The stand-in Model Registry: display name -> model resource name.
-    """
-
-    def __init__(self, runtime: Runtime, output: str, registry: Mapping[str, str]) -> None:
-        self.runtime = runtime
-        self.output = output
-        self.registry = dict(registry)
 
     def gcpc_call(self, record: TaskRecord, args: list[str],
                   executor_input: dict[str, Any]) -> None:

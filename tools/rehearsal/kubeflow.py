@@ -46,7 +46,9 @@ from typing import Any
 
 import tools.rehearsal.spec as ir
 from components.common.storage import read_json, write_json_atomically
+from tools.kfp_backends import read_documents
 from tools.rehearsal import launcher
+from tools.rehearsal.cli import pairs
 from tools.rehearsal.launcher import PARAMETER_OUTPUTS, Kill, ObjectStore, Pods, mount_path
 from tools.rehearsal.records import (
     RehearsalError,
@@ -87,12 +89,8 @@ class KubeflowJob(ir.PipelineJob):
 
 def load(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The pipeline spec and its Kubernetes settings per executor, from a compiled YAML."""
-    import yaml
-
-    with open(path) as f:
-        documents = [d for d in yaml.load_all(f, Loader=yaml.CSafeLoader) if d]  # libyaml
-    spec = documents[0]
-    platform = next((d for d in documents[1:] if "platforms" in d), {})
+    spec, *others = read_documents([path])[path]
+    platform = next((d for d in others if "platforms" in d), {})
     return spec, platform.get("platforms", {}).get("kubernetes", {}).get(
         "deploymentSpec", {}).get("executors", {})
 
@@ -251,12 +249,21 @@ class KubeflowRehearsal(DagWalk):
         for attempt in range(attempts):
             pod = self.pods.new(record.name, attempt + 1)
             planned = self._executor_input(component, values, inputs, task_root, pod)
-            self._copy_inputs(planned, pod)
+            for key, entry in planned["inputs"]["artifacts"].items():  # the launcher's first act
+                uri = entry["artifacts"][0]["uri"]
+                if not self.store.download(uri, self.pods.host_path(pod, mount_path(uri))):
+                    print(f"[rehearse] input {key}: nothing at {uri} (the step wrote no file)")
             self.pods.hand_over(pod)
             record.attempts = attempt + 1
-            state["phase"], failure = self._run_pod(
-                record, pod, planned, container, component,
-                {**env, "KFP_RETRY_INDEX": str(attempt)}, deadline)
+            placeholders = ir.Placeholders(
+                planned, component.get("inputDefinitions", {}).get("parameters", {}), record.name,
+                "", self.job, lambda uri, pod=pod: self.pods.step_path(pod, mount_path(uri)))
+            command = (placeholders.resolve_args(container.get("command", []))
+                       + placeholders.resolve_args(container.get("args", [])))
+            state["phase"], failure = self.pods.run(  # Argo's phase of the attempt, and why
+                pod, command, {**env, "KFP_RETRY_INDEX": str(attempt)}, container["image"],
+                self.pods.log_path(record.name, attempt + 1), deadline,
+                Kill.pending(self.kill, record), self.store)
             if state["phase"] == launcher.SUCCEEDED:
                 try:  # the launcher reads and uploads the outputs in the pod: a failure
                     # there fails the container, which the retry policy retries
@@ -294,26 +301,6 @@ class KubeflowRehearsal(DagWalk):
             component, values, inputs, task_root, artifact_name=lambda key: key,
             parameter_file=lambda key: local(pod, f"{PARAMETER_OUTPUTS}/{key}"),
             output_file=local(pod, mount_path(f"{task_root}/output_metadata.json")))
-
-    def _copy_inputs(self, planned: dict[str, Any], pod: str) -> None:
-        """The launcher's first act: every input artifact copied into the pod."""
-        for key, entry in planned["inputs"]["artifacts"].items():
-            uri = entry["artifacts"][0]["uri"]
-            if not self.store.download(uri, self.pods.host_path(pod, mount_path(uri))):
-                print(f"[rehearse] input {key}: nothing at {uri} (the step wrote no file)")
-
-    def _run_pod(self, record, pod, planned, container, component, env,
-                 deadline: float) -> tuple[str, str]:
-        """Runs the step's command in `pod`; (Argo's phase of the attempt, why it failed)."""
-        placeholders = ir.Placeholders(
-            planned, component.get("inputDefinitions", {}).get("parameters", {}),
-            record.name, "", self.job, lambda uri: self.pods.step_path(pod, mount_path(uri)))
-        command = (placeholders.resolve_args(container.get("command", []))
-                   + placeholders.resolve_args(container.get("args", [])))
-        rule = Kill.pending(self.kill, record)
-        return self.pods.run(pod, command, env, container["image"],
-                             self.pods.log_path(record.name, record.attempts), deadline,
-                             rule, self.store)
 
     def _collect(self, component, planned, pod, task_root: str) -> dict[str, Any]:
         """The launcher's last act: outputs uploaded (the step succeeded), parameters read."""
@@ -430,25 +417,19 @@ def main(argv: list[str] | None = None) -> int:
                 "root and backend: give none of them")
     if not args.retry_run and not (args.pipeline and args.pipeline_root):
         p.error("give the compiled pipeline and --pipeline-root (or --retry-run)")
-    for flag, items, parts in (("--param", args.param, 2), ("--secret", args.secret, 3),
-                               ("--kill", args.kill, 2), ("--delete-pod", args.delete_pod, 2)):
-        for item in items:
-            if len(item.split("=", parts - 1)) != parts:
-                p.error(f"{flag} takes {p._option_string_actions[flag].metavar}, got {item!r}")
+    params = dict(pairs(p, args, "--param"))
     secrets: dict[str, dict[str, str]] = {}
-    for item in args.secret:
-        name, key, value = item.split("=", 2)
+    for name, key, value in pairs(p, args, "--secret", parts=3):
         secrets.setdefault(name, {})[key] = value
-    kill = [Kill(*i.split("=", 1)) for i in args.kill] + [
-        Kill(*i.split("=", 1), deleted=True) for i in args.delete_pod]
+    kill = [Kill(*pair) for pair in pairs(p, args, "--kill")] + [
+        Kill(*pair, deleted=True) for pair in pairs(p, args, "--delete-pod")]
     try:
         if args.retry_run:
             retry_kubeflow(args.output, args.runtime, secrets=secrets, kill=kill)
         else:
-            rehearse_kubeflow(
-                args.pipeline, args.output, dict(i.split("=", 1) for i in args.param),
-                pipeline_root=args.pipeline_root, runtime=args.runtime or "local",
-                secrets=secrets, kill=kill, backend=args.backend or BACKENDS[0])
+            rehearse_kubeflow(args.pipeline, args.output, params,
+                              pipeline_root=args.pipeline_root, runtime=args.runtime or "local",
+                              secrets=secrets, kill=kill, backend=args.backend or BACKENDS[0])
     except RehearsalError as err:
         print(f"rehearsal failed: {err}", file=sys.stderr)
         return 1

@@ -113,12 +113,7 @@ def use_store(endpoint: str, setenv: Callable[[str, str], None] = os.environ.__s
 
 def make_bucket(uri: str) -> None:
     """Makes the bucket of an s3:// URI unless it exists."""
-    from components.common.storage import filesystem
-
-    fs, path = filesystem(uri)
-    bucket = path.split("/", 1)[0]
-    if not fs.exists(bucket):
-        fs.mkdir(bucket)
+    ObjectStore().check_bucket(uri, make=True)
 
 
 def upload(local: str, uri: str) -> None:

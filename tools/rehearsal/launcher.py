@@ -78,15 +78,18 @@ class ObjectStore:
         fs.invalidate_cache()
         return True
 
-    def check_bucket(self, uri: str) -> None:
-        """Refuses a pipeline root whose bucket does not exist (every upload would fail)."""
+    def check_bucket(self, uri: str, make: bool = False) -> None:
+        """Refuses a pipeline root whose bucket does not exist (every upload would fail), or,
+        `make`, makes it."""
         fs, path = filesystem(store_uri(uri))
         bucket = path.split("/", 1)[0]
         try:
             found = fs.exists(bucket)
         except OSError as err:
             raise RehearsalError(f"the object store of {uri} cannot be reached: {err}") from err
-        if not found:
+        if not found and make:
+            fs.mkdir(bucket)
+        elif not found:
             raise RehearsalError(f"the pipeline root's bucket {bucket!r} does not exist: "
                                  "make it, or pass another --pipeline-root")
 

@@ -64,15 +64,6 @@ def container_env(trainer: Mapping[str, Any], secrets: Mapping[str, Mapping[str,
     return env
 
 
-def trainer_variables(trainer: Mapping[str, Any], node_rank: int, master_port: int
-                      ) -> dict[str, str]:
-    """The `PET_*` variables Trainer 2.3's torch plugin gives node `node_rank`."""
-    procs = trainer.get("numProcPerNode")
-    return dict(zip(PET_VARIABLES, (str(trainer.get("numNodes", 1)),
-                                    "auto" if procs is None else str(procs), str(node_rank),
-                                    "127.0.0.1", str(master_port))))
-
-
 class TrainJobRun:
     """One TrainJob's nodes as local processes (see the module's docstring).
 
@@ -132,11 +123,14 @@ class TrainJobRun:
         return command
 
     def variables(self, index: int, master_port: int) -> dict[str, str]:
-        """What node `index`'s pod gives its process (`runtimes.step_env` adds the rest)."""
+        """What node `index`'s pod gives its process (`runtimes.step_env` adds the rest), the
+        `PET_*` variables of Trainer 2.3's torch plugin among them."""
+        procs = self.trainer.get("numProcPerNode")
+        pet = (str(self.nodes), "auto" if procs is None else str(procs), str(index), "127.0.0.1",
+               str(master_port))
         return {"OMP_NUM_THREADS": "1", "KUBECONFIG": self.kubeconfig,
                 "KUBERNETES_SERVICE_HOST": "", **container_env(self.trainer, self.secrets),
-                **trainer_variables(self.trainer, index, master_port),
-                **self.node_env.get(index, {})}
+                **dict(zip(PET_VARIABLES, pet)), **self.node_env.get(index, {})}
 
     def start(self) -> None:
         """Starts every node (node 0 first, as its pod hosts the rendezvous)."""
