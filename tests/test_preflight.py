@@ -1,20 +1,22 @@
 """The preflight step: settings a later step would refuse are refused first; the data
 fingerprint changes exactly when the data does."""
 
+import importlib.util
 import inspect
+import json
 import os
 import time
 
 import pytest
 
+from components.formats.lm_assets import TokenizerError, check_language, make_tokenizer
 from components.preflight.checks import input_fingerprints, preflight
 from components.preflight.component import preflight_function
-from components.preflight.data import data_fingerprint
+from components.preflight.data import _HEAD_BYTES, check_predict_uri, data_fingerprint
 from components.preflight.parameters import PreflightError, typed_parameter
 from components.preflight.pipeline_checks import (
     CHECKS,
     check_image_run,
-    check_lm_run,
     check_text_run,
     lang_problems,
     model_config_problems,
@@ -22,6 +24,7 @@ from components.preflight.pipeline_checks import (
 )
 from pipelines.definitions import image, lm, text, transformer
 from tests.conftest import write_class_images, write_densenet_weights
+from tests.hostile import LM_FILE_BYTES
 
 PIPELINES = {"image": image.build("img:1"), "text": text.build("img:1"),
              "lm": lm.build("img:1"), "transformer": transformer.build("img:1")}
@@ -34,8 +37,7 @@ def _defaults(kind: str) -> dict:
                if spec.default is not None}, "tensorboard": ""}
 
 
-IMAGE_DEFAULTS, TEXT_DEFAULTS, LM_DEFAULTS, TRANSFORMER_DEFAULTS = (
-    _defaults(kind) for kind in ("image", "text", "lm", "transformer"))
+IMAGE_DEFAULTS, TEXT_DEFAULTS, LM_DEFAULTS = (_defaults(kind) for kind in ("image", "text", "lm"))
 
 
 @pytest.mark.parametrize("kind", sorted(PIPELINES))
@@ -98,7 +100,6 @@ def test_image_settings_a_later_step_refuses(changes, message):
     ({"validation_fraction": 0.0}, "preparation: validation_fraction must be > 0 and < 1"),
     ({"test_fraction": 0.0}, "test_fraction must be > 0 when eval_split is test"),
     ({"eval_split": "holdout"}, "eval_split must be"),
-    ({"model_config": "[1]"}, "model_config must be a JSON object"),
     # pretrained by default: only English has fastai's model without lm_assets
     ({"lang": "fr"}, "pretrained is true but lm_assets is empty"),
     # accuracy is the image pipeline's: multi-label evaluations have no top-level accuracy
@@ -106,15 +107,10 @@ def test_image_settings_a_later_step_refuses(changes, message):
      r"registration_metric must be one of \['micro_f1', 'macro_f1'\]"),
     ({"registration_threshold": -0.1}, "registration_threshold must be in"),
     ({"eval_batch_size": "0"}, "eval_batch_size must be >= 1, got 0"),
-    ({"learning_rate": float("inf")}, "training: learning_rate: expected a finite number, got inf"),
-    ({"validation_fraction": float("nan")}, "validation_fraction: expected a finite number"),
-    ({"model_config": '{"emb_sz": "big"}'},
-     "model_config: emb_sz must be a whole number like the default 400, got 'big'"),
-    ({"model_config": '{"embsz": 400}'},
-     r"model_config: unknown AWD_LSTM setting\(s\) \['embsz'\]"),
     ({"pretrained": True, "lang": "en", "model_config": '{"emb_sz": 400}'},
      "model_config applies to training from scratch"),
-    ({"lang": "klingon"}, "lang: spaCy has no tokenizer for lang='klingon'.*give a language code"),
+    # every problem is reported at once
+    ({"threshold": 2.0, "eval_split": "x"}, "threshold must be .*; eval_split must be"),
 ])
 def test_text_settings_a_later_step_refuses(changes, message):
     with pytest.raises(PreflightError, match=message):
@@ -125,10 +121,6 @@ def test_language_model_assets_missing_files_or_that_learnt_nothing_are_refused(
     """Missing files are listed; assets whose lm_metrics.json says the LM is no better than
     a unigram model are refused before any step runs, as the trainer refuses them; without
     the file (converted or staged weights) they pass."""
-    import json
-
-    from tests.hostile import LM_FILE_BYTES
-
     run = {**TEXT_DEFAULTS, "lang": "fr", "lm_assets": str(tmp_path)}
     (tmp_path / "fr" / "forward").mkdir(parents=True)
     (tmp_path / "fr" / "forward" / "weights.pth").write_bytes(b"x")
@@ -145,12 +137,6 @@ def test_language_model_assets_missing_files_or_that_learnt_nothing_are_refused(
                                              r"unigram model.*perplexity 15.00 vs the "
                                              r"unigram's 12.50.*Train the language model"):
         check_text_run(run)
-
-
-def test_every_problem_is_reported_at_once():
-    with pytest.raises(PreflightError) as err:
-        check_text_run({**TEXT_DEFAULTS, "threshold": 2.0, "eval_split": "x"})
-    assert "threshold" in str(err.value) and "eval_split" in str(err.value)
 
 
 def test_files_read_by_uri_are_fingerprinted_for_the_steps_that_read_them(tmp_path):
@@ -235,8 +221,6 @@ def test_a_corpus_the_language_model_could_not_read_is_refused_first(tmp_path):
     with pytest.raises(PreflightError, match="training: .*validation_fraction must be > 0 and < 1"):
         preflight("lm", str(csv), {**LM_DEFAULTS, "text_column": "body",
                                    "validation_fraction": "1.5"})
-    with pytest.raises(PreflightError, match="model_config"):
-        check_lm_run({**LM_DEFAULTS, "model_config": "[1]"})
 
 
 def test_a_corpus_that_is_not_text_is_refused_before_training(tmp_path):
@@ -263,17 +247,20 @@ def test_a_corpus_that_is_not_text_is_refused_before_training(tmp_path):
         preflight("lm", str(binary), LM_DEFAULTS)
 
 
+@pytest.mark.parametrize("kind", ["text", "lm"])
 @pytest.mark.parametrize("changes, message", [
     ({"learning_rate": float("inf")}, "training: learning_rate: expected a finite number, got inf"),
-    ({"validation_fraction": "nan"}, "training: validation_fraction: expected a finite number"),
-    ({"model_config": '{"emb_sz": "big"}'}, "model_config: emb_sz must be a whole number"),
+    ({"validation_fraction": "nan"}, "validation_fraction: expected a finite number"),
+    ({"model_config": "[1]"}, "model_config must be a JSON object"),
+    ({"model_config": '{"emb_sz": "big"}'},
+     "model_config: emb_sz must be a whole number like the default 400, got 'big'"),
     ({"model_config": '{"embsz": 400}'},
      r"model_config: unknown AWD_LSTM setting\(s\) \['embsz'\]"),
-    ({"lang": "klingon"}, "lang: spaCy has no tokenizer for lang='klingon'"),
+    ({"lang": "klingon"}, "lang: spaCy has no tokenizer for lang='klingon'.*give a language code"),
 ])
-def test_lm_settings_the_training_step_refuses(changes, message):
+def test_settings_the_text_and_lm_trainers_both_refuse(kind, changes, message):
     with pytest.raises(PreflightError, match=message):
-        check_lm_run({**LM_DEFAULTS, **changes})
+        CHECKS[kind]({**_defaults(kind), **changes})
 
 
 def test_model_config_values_take_the_type_of_fastais_defaults():
@@ -295,8 +282,6 @@ def test_model_config_values_take_the_type_of_fastais_defaults():
 def test_the_language_check_agrees_with_the_tokenizer_the_trainers_build(lang, tmp_path):
     """The preflight's check (no fastai, no torch) passes where the trainers' tokenizer
     can be built, and fails with the same message where it cannot."""
-    from components.formats.lm_assets import TokenizerError, check_language, make_tokenizer
-
     errors = []
     for call in (lambda: check_language(lang), lambda: make_tokenizer(lang, None, str(tmp_path))):
         try:
@@ -309,8 +294,6 @@ def test_the_language_check_agrees_with_the_tokenizer_the_trainers_build(lang, t
 
 
 def test_a_sentencepiece_language_without_the_package_is_refused(monkeypatch):
-    import importlib.util
-
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "sentencepiece" else find_spec(name, *a))
@@ -340,13 +323,10 @@ def test_weights_are_imagenet_none_or_an_existing_file(tmp_path):
 TENSORBOARD = "projects/p/locations/us-central1/tensorboards/123"
 
 
-@pytest.mark.parametrize("kind, defaults", [("image", IMAGE_DEFAULTS), ("text", TEXT_DEFAULTS),
-                                            ("transformer", TRANSFORMER_DEFAULTS),
-                                            ("lm", LM_DEFAULTS)])
-def test_a_tensorboard_run_without_a_job_account_is_refused_naming_both_ways_out(
-        tmp_path, kind, defaults):
+@pytest.mark.parametrize("kind", sorted(PIPELINES))
+def test_a_tensorboard_run_without_a_job_account_is_refused_naming_both_ways_out(tmp_path, kind):
     """compile.py --tensorboard checks its own --service-account; the run may clear it."""
-    settings = {**defaults, "tensorboard": TENSORBOARD, "job_service_account": ""}
+    settings = {**_defaults(kind), "tensorboard": TENSORBOARD, "job_service_account": ""}
     with pytest.raises(PreflightError) as refused:
         preflight(kind, str(tmp_path / "data"), settings)
     message = str(refused.value)
@@ -383,8 +363,6 @@ def test_a_predict_csv_that_cannot_be_labelled_is_refused_before_training(
         tmp_path, content, message):
     """Before, only the file's existence was checked: an empty export trained and
     evaluated, then died in prediction with pandas' EmptyDataError."""
-    from components.preflight.data import check_predict_uri
-
     path = tmp_path / "new.csv"
     path.write_bytes(content)
     with pytest.raises(PreflightError, match=f"predict_uri '{path}' {message}"):
@@ -395,23 +373,19 @@ def test_a_predict_csv_that_cannot_be_labelled_is_refused_before_training(
 
 
 def test_a_predict_csv_is_read_for_the_training_text_column_and_its_head_only(tmp_path):
-    from components.preflight import data
-
     path = tmp_path / "new.csv"
     path.write_text("body\n" + "word " * 5 + "\n")
     with pytest.raises(PreflightError, match="has no column 'text'"):
         preflight("text", str(path), {**TEXT_DEFAULTS, "predict_uri": str(path)})
-    data.check_predict_uri(str(path), "text", "body")
+    check_predict_uri(str(path), "text", "body")
     # a file far larger than the head, cut inside a two-byte character, is read by its head
     row = "é" * 40 + "\n"
     path.write_text("body\n" + row * 20000, encoding="utf-8")
-    assert os.path.getsize(path) > 20 * data._HEAD_BYTES
-    data.check_predict_uri(str(path), "text", "body")
+    assert os.path.getsize(path) > 20 * _HEAD_BYTES
+    check_predict_uri(str(path), "text", "body")
 
 
 def test_an_image_predict_folder_with_nothing_in_it_is_refused(tmp_path):
-    from components.preflight.data import check_predict_uri
-
     folder = tmp_path / "photos"
     (folder / "sub").mkdir(parents=True)
     (folder / ".DS_Store").write_bytes(b"x")
