@@ -61,12 +61,9 @@ def test_values_arrive_as_text_or_typed():
     assert typed_parameter({"b": "true"}, "b", bool) is True
     assert typed_parameter({}, "b", bool, False) is False
     assert typed_parameter({"b": "yes"}, "b", bool) is True  # the one rule: the command line's
-    with pytest.raises(PreflightError, match="n: .*whole number"):
-        typed_parameter({"n": "2.5"}, "n", int)
+    # refused: a number that is not whole or not finite (rows of the tables below), and
     with pytest.raises(PreflightError, match="b: .*true or false"):
         typed_parameter({"b": "maybe"}, "b", bool)
-    with pytest.raises(PreflightError, match="x: .*finite number"):
-        typed_parameter({"x": "nan"}, "x")
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -43,8 +43,11 @@ def test_default_spaces_search_only_tunable_parameters_and_reach_vertex_as_numbe
     assert parse_space(kind, space.to_json()) == space
     # The default image space has 1e-05 (fine_tune_learning_rate), a spelling YAML 1.1
     # reads as a string (which Vertex refused once): it reaches the job as a number.
-    sent = {p.parameter_id: p for p in _tuning_request(_compile(tmp_path), kind).study_spec
-            .parameters}
+    study = _tuning_request(_compile(tmp_path), kind).study_spec
+    assert [(m.metric_id, m.goal.name) for m in study.metrics] == [
+        (space.metric, space.goal.upper())]
+    sent = {p.parameter_id: p for p in study.parameters}
+    assert set(sent) == set(DEFAULT_SPACES[kind]["parameters"])
     for name, wanted in DEFAULT_SPACES[kind]["parameters"].items():
         if wanted["type"] == "double":
             spec = sent[name].double_value_spec
@@ -252,12 +255,7 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
     assert list(pool.container_spec.command) == ["python3", "-m", "components.tune.trial"]
     assert list(pool.container_spec.args)[:4] == ["--kind", "image", "--metric", "val_loss"]
 
-    text = _tuning_request(out, "text")
-    assert [(m.metric_id, m.goal.name) for m in text.study_spec.metrics] == [
-        ("f1_score", "MAXIMIZE")]
-    assert {p.parameter_id for p in text.study_spec.parameters} == set(
-        DEFAULT_SPACES["text"]["parameters"])
-    (pool,) = text.trial_job_spec.worker_pool_specs
+    (pool,) = _tuning_request(out, "text").trial_job_spec.worker_pool_specs
     assert (pool.machine_spec.machine_type, pool.machine_spec.accelerator_type.name) == (
         "g2-standard-8", "NVIDIA_L4")
     assert pool.container_spec.image_uri == f"{REGISTRY}/fastai:0a1b2c3"
@@ -428,9 +426,9 @@ def test_bad_tuning_options_are_refused(tmp_path, flags, message):
         compile_cli.main(["--output-dir", str(tmp_path), *flags])
 
 
-def _rehearsed(tmp_path, kind: str, data, small: dict) -> tuple[dict, dict, dict]:
-    """(summary, tasks by display name, trial table) of the rehearsed `kind` tuning pipeline:
-    two trials, one at a time; both trials succeeded."""
+def _rehearsed(tmp_path, kind: str, trainer: str, data, small: dict) -> tuple[dict, dict]:
+    """(summary, trial table) of the rehearsed `kind` tuning pipeline: two trials, one at a
+    time; the tuning step (`tune-<trainer>`), both trials and the retraining succeeded."""
     out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1",
                    "--pipelines", "image_tuning_pipeline,text_tuning_pipeline")
     summary = rehearse.rehearse(str(out / f"{kind}_tuning_pipeline.json"), str(tmp_path / "r"),
@@ -438,7 +436,11 @@ def _rehearsed(tmp_path, kind: str, data, small: dict) -> tuple[dict, dict, dict
     (trials_json,) = (tmp_path / "r" / "gcs").rglob(selection.TRIALS_FILE)
     table = json.loads(trials_json.read_text())
     assert [t["state"] for t in table["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
-    return summary, {t["display_name"]: t for t in summary["rehearsal"]["tasks"]}, table
+    tasks = {t["display_name"]: t for t in summary["rehearsal"]["tasks"]}
+    assert (tasks[f"tune-{trainer}"]["state"], tasks[f"tune-{trainer}"]["replicas"]) == (
+        "succeeded", 2)
+    assert tasks[f"train-{trainer}"]["state"] == "succeeded"
+    return summary, table
 
 
 @pytest.mark.slow
@@ -448,12 +450,10 @@ def test_image_tuning_pipeline_rehearsed_with_the_default_space(tmp_path):
     one-block-per-stage DenseNet from a weights file (conftest)."""
     data = tmp_path / "images"
     write_class_images(str(data), per_class=16)
-    _, tasks, table = _rehearsed(tmp_path, "image", data, {
+    _, table = _rehearsed(tmp_path, "image", "densenet121", data, {
         "image_size": "32", "min_shards_per_split": "1",
         "weights": write_densenet_weights(tmp_path / "notop.h5", 32),
         "epochs": "1", "fine_tune_epochs": "0", "registration_threshold": "0.0"})
-    assert (tasks["tune-densenet121"]["state"], tasks["tune-densenet121"]["replicas"]) == (
-        "succeeded", 2)
     space = DEFAULT_SPACES["image"]["parameters"]
     for row in table["trials"]:
         folder = tmp_path / "r" / "gcs" / row["folder"][len("gs://"):]
@@ -463,7 +463,6 @@ def test_image_tuning_pipeline_rehearsed_with_the_default_space(tmp_path):
         rate = row["parameters"]["fine_tune_learning_rate"]
         assert space["fine_tune_learning_rate"]["min"] <= rate <= space[
             "fine_tune_learning_rate"]["max"]
-    assert tasks["train-densenet121"]["state"] == "succeeded"
 
 
 @pytest.mark.slow
@@ -473,10 +472,9 @@ def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrai
     and the training step gets the best trial's values."""
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=80, seed=3)
-    summary, tasks, table = _rehearsed(tmp_path, "text", csv, {
+    summary, table = _rehearsed(tmp_path, "text", "text", csv, {
         "epochs": "2", "lm_epochs": "0", "min_freq": "1", "pretrained": "false",
         "model_config": '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'})
-    assert (tasks["tune-text"]["state"], tasks["tune-text"]["replicas"]) == ("succeeded", 2)
     request = json.loads((tmp_path / "r" / "vertex-requests" /
                           "tune-train-text-classifier.json").read_text())
     assert request["type"] == "HyperparameterTuningJob"
@@ -497,4 +495,3 @@ def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrai
     config = json.loads(open(os.path.join(summary["artifacts"]["model"],
                                           "metrics.json")).read())["config"]
     assert {k: config[k] for k in TUNABLE["text"]} == pytest.approx(table["best"]["values"])
-    assert tasks["train-text"]["state"] == "succeeded"
