@@ -344,7 +344,6 @@ def test_a_tensorboard_run_with_a_job_account_goes_on(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     (b"", r"is empty: give a CSV with a header row naming the text column \('text'\)"),
-    (b"\n\n", "is empty"),
     (b"review,stars\nnice,5\n", r"has no column 'text' \(its header: \['review', 'stars'\]\)"),
     (b"text,stars\n", "has no text in column 'text' in its first rows"),
     (b"text\n  \n\"\"\n", "has no text in column 'text'"),
