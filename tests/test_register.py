@@ -178,31 +178,23 @@ def _model(tmp_path, subdir: str = "saved_model") -> str:
     return str(model)
 
 
-def test_copies_exactly_the_savedmodel_folder(tmp_path):
-    model = _model(tmp_path)
-    out = str(tmp_path / "artifact" / "unmanaged_model")  # its parent does not exist yet
-    copy_serving_model(model, "saved_model", out)
-    # the folder's contents at the top of out, not out/saved_model; same bytes; nothing else
-    assert _tree(out) == SAVED_MODEL
-    assert Path(out, "empty_assets").is_dir()
-    # the model folder is left as it was
-    assert _tree(model) == {**{f"saved_model/{k}": v for k, v in SAVED_MODEL.items()},
-                            **NOT_SERVED}
-
-
 @pytest.mark.parametrize("subdir, out_holds", [
-    ("export/serving", None), ("saved_model", {}),
+    ("saved_model", None), ("export/serving", None), ("saved_model", {}),
     ("saved_model", {"variables/stale.index": b"a retried attempt's file"})],
-    ids=["nested subdir", "output folder made by KFP", "an earlier attempt's files"])
-def test_copies_a_nested_subdir_or_into_an_existing_output_folder_emptied(tmp_path, subdir,
-                                                                         out_holds):
+    ids=["new output folder", "nested subdir", "output folder made by KFP",
+         "an earlier attempt's files"])
+def test_copies_exactly_the_savedmodel_folder_into_a_new_or_emptied_output_folder(
+        tmp_path, subdir, out_holds):
     model = _model(tmp_path, subdir=subdir)
-    out = tmp_path / "out"
+    out = tmp_path / "artifact" / "unmanaged_model"  # its parent does not exist yet
     if out_holds is not None:  # KFP may create the output folder before the step runs
-        out.mkdir()
+        out.mkdir(parents=True)
         _write(out, out_holds)
     copy_serving_model(model, subdir, str(out))
-    assert _tree(out) == SAVED_MODEL
+    # the folder's contents at the top of out, not out/saved_model; same bytes; nothing else
+    assert _tree(out) == SAVED_MODEL and (out / "empty_assets").is_dir()
+    # the model folder is left as it was
+    assert _tree(model) == {**{f"{subdir}/{k}": v for k, v in SAVED_MODEL.items()}, **NOT_SERVED}
 
 
 @pytest.mark.parametrize("has_model, subdir, words", [
