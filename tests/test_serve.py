@@ -77,9 +77,7 @@ def test_instances_are_texts_or_objects_holding_one():
             (b'{"instances": [{"text": 3}]}', 400, "instances[0] must be"),
             (b'{"instances": ["a", "b", "c", "d"]}', 413, "4 instances in one request; at most 3"),
             # json.loads raises RecursionError on deep nesting: a bad request, not a crash
-            (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
-            (b'{"instances": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001, 400,
-             "nested too deeply")]:
+            (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply")]:
         with pytest.raises(RequestError) as caught:
             parse_instances(body, keys, 3)
         assert caught.value.status == status and message in str(caught.value), caught.value
