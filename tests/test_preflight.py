@@ -329,8 +329,6 @@ def test_a_tensorboard_run_with_a_job_account_goes_on(tmp_path):
     settings = {**LM_DEFAULTS, "tensorboard": TENSORBOARD,
                 "job_service_account": "trainer@p.iam.gserviceaccount.com"}
     assert preflight("lm", str(csv), settings).startswith("sha256:")
-    # compiled without --tensorboard, an empty account is Vertex's default: fine
-    assert preflight("lm", str(csv), {**LM_DEFAULTS, "job_service_account": ""})
 
 
 # ------------------------------------------------------------------ predict_uri's contents
