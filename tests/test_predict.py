@@ -130,15 +130,6 @@ def test_cli_refuses_an_output_that_is_the_input(colour_model, tmp_path, capsys,
     assert "same file" in capsys.readouterr().err
 
 
-def test_an_empty_csv_to_label_is_a_clear_error_not_a_pandas_traceback(tmp_path):
-    from components.predict.prediction import _read_csv_chunks
-
-    empty = tmp_path / "new.csv"
-    empty.write_bytes(b"")
-    with pytest.raises(PredictionError, match=f"'{empty}' is empty: give a CSV with a header"):
-        list(_read_csv_chunks(str(empty), "text"))
-
-
 def test_the_cli_names_the_file_a_model_folder_lacks_not_another_kind(tmp_path, capsys):
     """The issue's case: a transformer folder without labels.json was told it had
     'neither model.keras nor export.pkl or config.json' while config.json was there."""

@@ -31,20 +31,16 @@ def _training_job(spec):
             component["inputDefinitions"]["parameters"].items()}
 
 
-def _tuning_args(spec) -> list[str]:
-    (executor,) = [e for name, e in spec["deploymentSpec"]["executors"].items()
-                   if "tune" in name]
-    return executor["container"]["args"]
-
-
 def test_an_h100_step_compiles_for_flex_start_in_its_job_and_its_trials(tmp_path, capsys):
     specs = _compile(tmp_path, *H100, "--train-transformer-scheduling-strategy", "flex-start",
                      "--train-transformer-max-wait", "2h")
     job = _training_job(specs["transformer_pipeline"])
     assert (job["strategy"], job["max_wait_duration"]) == ("FLEX_START", "7200s")
     # what the tuning launcher puts in the trials' CustomJobSpec: Vertex's own message
-    args = _tuning_args(specs["transformer_tuning_pipeline"])
-    assert {"--scheduling_strategy=FLEX_START", "--max_wait_duration=7200s"} <= set(args)
+    executors = specs["transformer_tuning_pipeline"]["deploymentSpec"]["executors"]
+    (tuner,) = [e for name, e in executors.items() if "tune" in name]
+    assert {"--scheduling_strategy=FLEX_START", "--max_wait_duration=7200s"} <= set(
+        tuner["container"]["args"])
     scheduling, _ = trial_scheduling(Machine("a3-highgpu-1g", "NVIDIA_H100_80GB", 1,
                                              scheduling_strategy="flex-start", max_wait="2h"),
                                      spot=False)

@@ -24,7 +24,6 @@ from components.tune.contract import (
     DEFAULT_SPACES,
     TUNABLE,
     SearchSpaceError,
-    coerce,
     parse_space,
     read_space,
 )
@@ -37,11 +36,22 @@ from tools.datamakers.demo_text import write_reviews_csv
 
 
 @pytest.mark.parametrize("kind", ["image", "text", "transformer"])
-def test_default_spaces_search_only_tunable_parameters_by_a_reported_metric(kind):
+def test_default_spaces_search_only_tunable_parameters_and_reach_vertex_as_numbers(kind, tmp_path):
     space = read_space(kind)
     assert set(space.names()) <= set(TUNABLE[kind])
     assert space.to_json() == json.loads(json.dumps(DEFAULT_SPACES[kind]))
     assert parse_space(kind, space.to_json()) == space
+    # The default image space has 1e-05 (fine_tune_learning_rate), a spelling YAML 1.1
+    # reads as a string (which Vertex refused once): it reaches the job as a number.
+    study = _tuning_request(_compile(tmp_path), kind).study_spec
+    assert [(m.metric_id, m.goal.name) for m in study.metrics] == [
+        (space.metric, space.goal.upper())]
+    sent = {p.parameter_id: p for p in study.parameters}
+    assert set(sent) == set(DEFAULT_SPACES[kind]["parameters"])
+    for name, wanted in DEFAULT_SPACES[kind]["parameters"].items():
+        if wanted["type"] == "double":
+            spec = sent[name].double_value_spec
+            assert (spec.min_value, spec.max_value) == (wanted["min"], wanted["max"]), name
 
 
 @pytest.mark.parametrize("kind, data, message", [
@@ -99,14 +109,6 @@ def test_space_files_are_read_and_missing_entries_take_the_defaults(tmp_path):
         read_space("text", str(path))
 
 
-def test_trial_values_are_typed_as_the_trainer_takes_them():
-    # Vertex passes every value as text, discrete ones as floats
-    assert coerce("image", "batch_size", "32.0") == 32
-    assert coerce("image", "dropout", "0.25") == 0.25
-    with pytest.raises(SearchSpaceError, match="whole number"):
-        coerce("image", "unfreeze_blocks", "1.5")
-
-
 def test_best_trial_steps_return_exactly_the_tunable_parameters():
     """The retraining step takes what the best-trial step returns, by name and type."""
     for kind, function in tune_component.BEST_TRIAL.items():
@@ -145,11 +147,10 @@ def test_the_best_trial_ranks_by_the_study_goal_among_succeeded_trials():
               ("3", "SUCCEEDED", {"learning_rate": 0.001, "batch_size": 16.0}, 0.9),
               ("4", "SUCCEEDED", {"learning_rate": 0.002}, math.nan),
               ("5", "SUCCEEDED", {"learning_rate": 0.003}, 0.9)]  # a tie goes to the earlier
-    assert _best(_job("MAXIMIZE", trials))["id"] == "3"
-    assert _best(_job("MINIMIZE", trials))["id"] == "1"
+    best = _best(_job("MAXIMIZE", trials))
+    assert best["id"] == "3" and _best(_job("MINIMIZE", trials))["id"] == "1"
     defaults = {"learning_rate": 1e-3, "fine_tune_learning_rate": 1e-4, "dropout": 0.2,
                 "batch_size": 32, "unfreeze_blocks": 1}
-    best = _best(_job("MAXIMIZE", trials))
     assert selection.best_values("image", best, defaults) == {
         **defaults, "learning_rate": 0.001, "batch_size": 16}
 
@@ -172,10 +173,12 @@ def test_no_succeeded_trial_is_an_error_and_the_trial_table_is_kept(tmp_path):
                                                              "resourceUri": "x"}]}))
 
 
-def test_trial_arguments_are_the_tunable_parameters_as_vertex_passes_them():
-    assert trial.parse_hyperparameters("image", ["--learning_rate=0.003", "--batch_size",
-                                                 "64.0"]) == {"learning_rate": 0.003,
-                                                              "batch_size": 64}
+def test_trial_arguments_are_the_tunable_parameters_typed_as_the_trainer_takes_them():
+    # Vertex passes every value as text, discrete ones as floats
+    assert trial.parse_hyperparameters("image", ["--dropout=0.25", "--batch_size", "64.0"]) == {
+        "dropout": 0.25, "batch_size": 64}
+    with pytest.raises(trial.TrialError, match="unfreeze_blocks.*whole number"):
+        trial.parse_hyperparameters("image", ["--unfreeze_blocks=1.5"])
     with pytest.raises(trial.TrialError, match="--epochs: the image trainer cannot tune it"):
         trial.parse_hyperparameters("image", ["--epochs=3"])
     with pytest.raises(trial.TrialError, match="unexpected trial argument 'x'"):
@@ -243,7 +246,6 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
             params["learning_rate"].double_value_spec.max_value) == (1e-4, 1e-2)
     assert (params["unfreeze_blocks"].integer_value_spec.min_value,
             params["unfreeze_blocks"].integer_value_spec.max_value) == (1, 4)
-    assert image.study_spec.measurement_selection_type.name == "BEST_MEASUREMENT"
     (pool,) = image.trial_job_spec.worker_pool_specs
     machine = DEFAULT_MACHINES["train_image"]
     assert (pool.machine_spec.machine_type, pool.machine_spec.accelerator_type.name,
@@ -253,12 +255,7 @@ def test_compiled_tuning_jobs_have_the_study_trial_counts_and_gpu_pools(tmp_path
     assert list(pool.container_spec.command) == ["python3", "-m", "components.tune.trial"]
     assert list(pool.container_spec.args)[:4] == ["--kind", "image", "--metric", "val_loss"]
 
-    text = _tuning_request(out, "text")
-    assert [(m.metric_id, m.goal.name) for m in text.study_spec.metrics] == [
-        ("f1_score", "MAXIMIZE")]
-    assert {p.parameter_id for p in text.study_spec.parameters} == set(
-        DEFAULT_SPACES["text"]["parameters"])
-    (pool,) = text.trial_job_spec.worker_pool_specs
+    (pool,) = _tuning_request(out, "text").trial_job_spec.worker_pool_specs
     assert (pool.machine_spec.machine_type, pool.machine_spec.accelerator_type.name) == (
         "g2-standard-8", "NVIDIA_L4")
     assert pool.container_spec.image_uri == f"{REGISTRY}/fastai:0a1b2c3"
@@ -354,25 +351,15 @@ def test_vertex_s_message_refuses_a_field_it_does_not_have(tmp_path):
         launch.tuning_job(args)
 
 
-@pytest.mark.parametrize("rule, field", [("median", "median_automated_stopping_spec"),
+@pytest.mark.parametrize("rule, field", [("", None), ("median", "median_automated_stopping_spec"),
                                          ("decay-curve", "decay_curve_stopping_spec")])
-def test_the_study_stops_trials_early_by_the_rule_asked_for(tmp_path, rule, field):
-    out = _compile_here(tmp_path, "--tune-early-stopping", rule,
-                        "--pipelines", "image_tuning_pipeline")
-    job = _tuning_request(out, "image")
+def test_the_study_stops_trials_early_by_the_rule_asked_for_and_only_then(tmp_path, rule, field):
+    flags = ["--tune-early-stopping", rule, "--pipelines", "image_tuning_pipeline"] if rule else []
+    job = _tuning_request(_compile(tmp_path, *flags), "image")
     study = aiplatform_v1.StudySpec.pb(job.study_spec)
     assert study.WhichOneof("automated_stopping_spec") == field
-    assert getattr(study, field).use_elapsed_duration  # trials share their machines
+    assert field is None or getattr(study, field).use_elapsed_duration  # trials share machines
     assert job.study_spec.measurement_selection_type.name == "BEST_MEASUREMENT"
-
-
-def test_no_early_stopping_unless_asked_and_none_on_kubeflow(tmp_path):
-    job = _tuning_request(_compile(tmp_path), "image")
-    assert aiplatform_v1.StudySpec.pb(job.study_spec).WhichOneof("automated_stopping_spec") is None
-    with pytest.raises(SystemExit, match="--tune-early-stopping is a Vertex option; --target "
-                                         "kubeflow cannot honour it"):
-        compile_cli.main(["--target", "kubeflow", "--tune-early-stopping", "median",
-                          "--output-dir", str(tmp_path / "kf")])
 
 
 def test_a_trial_stopped_early_is_ranked_by_its_last_reported_value():
@@ -390,19 +377,6 @@ def test_a_trial_stopped_early_is_ranked_by_its_last_reported_value():
         ("2", "STOPPING", {}, 0.6)]))["id"] == "2"
 
 
-def test_default_spaces_reach_vertex_as_numbers(tmp_path):
-    """The default image space has 1e-05 (fine_tune_learning_rate), a spelling YAML 1.1
-    reads as a string (which Vertex refused once): it reaches the job as a number."""
-    out = _compile(tmp_path)
-    for kind in ("image", "text", "transformer"):
-        job = _tuning_request(out, kind)
-        sent = {p.parameter_id: p for p in job.study_spec.parameters}
-        for name, wanted in DEFAULT_SPACES[kind]["parameters"].items():
-            if wanted["type"] == "double":
-                spec = sent[name].double_value_spec
-                assert (spec.min_value, spec.max_value) == (wanted["min"], wanted["max"]), name
-
-
 @pytest.mark.parametrize("flags, spot, tensorboard", [
     ([], False, ""),
     (["--spot", "--tensorboard", "projects/p/locations/us-central1/tensorboards/123",
@@ -411,8 +385,7 @@ def test_default_spaces_reach_vertex_as_numbers(tmp_path):
 ])
 def test_trials_run_on_spot_vms_and_report_to_tensorboard_as_training_does(tmp_path, flags, spot,
                                                                           tensorboard):
-    out = _compile(tmp_path, *flags, "--pipelines", ",".join(
-        f"{kind}_tuning_pipeline" for kind in ("image", "text", "transformer")))
+    out = _compile(tmp_path, *flags)
     for kind in ("image", "text", "transformer"):
         job = _tuning_request(out, kind)
         assert (job.trial_job_spec.scheduling.strategy.name == "SPOT") is spot
@@ -445,15 +418,17 @@ def test_the_best_values_feed_the_training_step_and_tuning_runs_after_the_data(t
     (["--tune-trials", "0"], "--tune-trials must be >= 1"),
     (["--tune-algorithm", "GRID_SEARCH"], "GRID_SEARCH cannot search the double range"),
     (["--text-search-space", "/nonexistent/space.json"], "No such file"),
+    (["--target", "kubeflow", "--tune-early-stopping", "median"],
+     "--tune-early-stopping is a Vertex option; --target kubeflow cannot honour it"),
 ])
 def test_bad_tuning_options_are_refused(tmp_path, flags, message):
     with pytest.raises(SystemExit, match=message):
         compile_cli.main(["--output-dir", str(tmp_path), *flags])
 
 
-def _rehearsed(tmp_path, kind: str, data, small: dict) -> tuple[dict, dict, dict]:
-    """(summary, tasks by display name, trial table) of the rehearsed `kind` tuning pipeline:
-    two trials, one at a time; both trials succeeded."""
+def _rehearsed(tmp_path, kind: str, trainer: str, data, small: dict) -> tuple[dict, dict]:
+    """(summary, trial table) of the rehearsed `kind` tuning pipeline: two trials, one at a
+    time; the tuning step (`tune-<trainer>`), both trials and the retraining succeeded."""
     out = _compile(tmp_path, "--tune-trials", "2", "--tune-parallel-trials", "1",
                    "--pipelines", "image_tuning_pipeline,text_tuning_pipeline")
     summary = rehearse.rehearse(str(out / f"{kind}_tuning_pipeline.json"), str(tmp_path / "r"),
@@ -461,7 +436,11 @@ def _rehearsed(tmp_path, kind: str, data, small: dict) -> tuple[dict, dict, dict
     (trials_json,) = (tmp_path / "r" / "gcs").rglob(selection.TRIALS_FILE)
     table = json.loads(trials_json.read_text())
     assert [t["state"] for t in table["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
-    return summary, {t["display_name"]: t for t in summary["rehearsal"]["tasks"]}, table
+    tasks = {t["display_name"]: t for t in summary["rehearsal"]["tasks"]}
+    assert (tasks[f"tune-{trainer}"]["state"], tasks[f"tune-{trainer}"]["replicas"]) == (
+        "succeeded", 2)
+    assert tasks[f"train-{trainer}"]["state"] == "succeeded"
+    return summary, table
 
 
 @pytest.mark.slow
@@ -471,12 +450,10 @@ def test_image_tuning_pipeline_rehearsed_with_the_default_space(tmp_path):
     one-block-per-stage DenseNet from a weights file (conftest)."""
     data = tmp_path / "images"
     write_class_images(str(data), per_class=16)
-    _, tasks, table = _rehearsed(tmp_path, "image", data, {
+    _, table = _rehearsed(tmp_path, "image", "densenet121", data, {
         "image_size": "32", "min_shards_per_split": "1",
         "weights": write_densenet_weights(tmp_path / "notop.h5", 32),
         "epochs": "1", "fine_tune_epochs": "0", "registration_threshold": "0.0"})
-    assert (tasks["tune-densenet121"]["state"], tasks["tune-densenet121"]["replicas"]) == (
-        "succeeded", 2)
     space = DEFAULT_SPACES["image"]["parameters"]
     for row in table["trials"]:
         folder = tmp_path / "r" / "gcs" / row["folder"][len("gs://"):]
@@ -486,7 +463,6 @@ def test_image_tuning_pipeline_rehearsed_with_the_default_space(tmp_path):
         rate = row["parameters"]["fine_tune_learning_rate"]
         assert space["fine_tune_learning_rate"]["min"] <= rate <= space[
             "fine_tune_learning_rate"]["max"]
-    assert tasks["train-densenet121"]["state"] == "succeeded"
 
 
 @pytest.mark.slow
@@ -496,10 +472,9 @@ def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrai
     and the training step gets the best trial's values."""
     csv = tmp_path / "reviews.csv"
     write_reviews_csv(str(csv), rows=80, seed=3)
-    summary, tasks, table = _rehearsed(tmp_path, "text", csv, {
+    summary, table = _rehearsed(tmp_path, "text", "text", csv, {
         "epochs": "2", "lm_epochs": "0", "min_freq": "1", "pretrained": "false",
         "model_config": '{"emb_sz": 16, "n_hid": 24, "n_layers": 1}'})
-    assert (tasks["tune-text"]["state"], tasks["tune-text"]["replicas"]) == ("succeeded", 2)
     request = json.loads((tmp_path / "r" / "vertex-requests" /
                           "tune-train-text-classifier.json").read_text())
     assert request["type"] == "HyperparameterTuningJob"
@@ -520,4 +495,3 @@ def test_text_tuning_pipeline_rehearsed_trials_report_and_the_best_values_retrai
     config = json.loads(open(os.path.join(summary["artifacts"]["model"],
                                           "metrics.json")).read())["config"]
     assert {k: config[k] for k in TUNABLE["text"]} == pytest.approx(table["best"]["values"])
-    assert tasks["train-text"]["state"] == "succeeded"
