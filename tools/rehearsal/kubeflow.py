@@ -46,7 +46,6 @@ from typing import Any
 
 import tools.rehearsal.spec as ir
 from components.common.storage import read_json, write_json_atomically
-from tools.kfp_backends import read_documents
 from tools.rehearsal import launcher
 from tools.rehearsal.cli import pairs
 from tools.rehearsal.launcher import PARAMETER_OUTPUTS, Kill, ObjectStore, Pods, mount_path
@@ -89,7 +88,10 @@ class KubeflowJob(ir.PipelineJob):
 
 def load(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The pipeline spec and its Kubernetes settings per executor, from a compiled YAML."""
-    spec, *others = read_documents([path])[path]
+    import yaml
+
+    with open(path) as f:  # libyaml; tools.kfp_backends reads alike but sits a layer above
+        spec, *others = [d for d in yaml.load_all(f, Loader=yaml.CSafeLoader) if d]
     platform = next((d for d in others if "platforms" in d), {})
     return spec, platform.get("platforms", {}).get("kubernetes", {}).get(
         "deploymentSpec", {}).get("executors", {})
