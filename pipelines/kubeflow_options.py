@@ -120,8 +120,8 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
     pods, spot = {}, {}
     for step, machine in machines.items():
         try:
-            pods[step] = kubeflow.pod_resources(step, machine, kubeflow.PodOverrides(
-                values[f"{step}_cpu"], values[f"{step}_memory"], values[f"{step}_shm_size"]))
+            pods[step] = kubeflow.pod_resources(step, machine, *(
+                values[f"{step}_{field}"] for field in ("cpu", "memory", "shm_size")))
         except ValueError as err:
             problems.append(str(err))
     label, known = ("", {}) if args.gpu_node_label == "none" else kubeflow.GPU_LABELS[

@@ -206,8 +206,8 @@ def test_machine_types_map_to_pods_below_the_node():
     small = kubeflow.pod_resources("evaluate_text", Machine("n1-standard-4"))
     assert (small.cpu, small.memory, small.gpu_count) == ("3.3", "11Gi", 0)
     assert small.shm == "2816Mi"  # a quarter of 11Gi
-    tiny = kubeflow.pod_resources("evaluate_text", Machine("my-node"),
-                                  kubeflow.PodOverrides(cpu="500m", memory="768Mi"))
+    tiny = kubeflow.pod_resources("evaluate_text", Machine("my-node"), cpu="500m",
+                                  memory="768Mi")
     assert (tiny.cpu, tiny.memory, tiny.shm) == ("500m", "768Mi", "192Mi")
 
 
@@ -407,9 +407,8 @@ def test_submit_starts_a_run_with_the_pod_settings_checked_parameters_and_the_to
     assert not any(t.get("cachingOptions", {}).get("enableCache") for t in tasks)
 
 
+# (--param values: pipelines.compiled, tests/test_submit.py's refusals)
 @pytest.mark.parametrize("flags, message", [
-    (["--param", "image_size=big"], "image_size"),
-    (["--param", "colour=red"], "colour"),
     (["--host", "kfp.example.com"], "--host"),
     (["--service-account", "sa@p.iam.gserviceaccount.com"], "not an email"),
     (["--namespace", "Team_A"], "--namespace"),

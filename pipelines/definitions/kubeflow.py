@@ -92,62 +92,48 @@ class PodResources:
     gpu_count: int = 0
 
 
-def machine_shape(machine_type: str) -> tuple[int, float] | None:
-    """(vCPUs, GiB) of a Compute Engine machine type; None when it is not one known here."""
-    if machine_type in FIXED_SHAPES:
-        return FIXED_SHAPES[machine_type]
-    family, _, size = machine_type.rpartition("-")
-    if family in GIB_PER_VCPU and size.isdigit():
-        return int(size), GIB_PER_VCPU[family] * int(size)
-    return None
-
-
 def _quantity_mib(quantity: str) -> float:
     """A memory quantity (MEMORY_QUANTITY) in MiB, for sizing /dev/shm inside it."""
     return float(parse_quantity(quantity)) / 2**20
 
 
-@dataclasses.dataclass(frozen=True)
-class PodOverrides:
-    """Quantities given directly for one step (`--<step>-cpu` ...); empty: from the machine."""
-
-    cpu: str = ""
-    memory: str = ""
-    shm: str = ""
-
-
-def pod_resources(step: str, machine: Machine,
-                  overrides: PodOverrides = PodOverrides()) -> PodResources:
-    """The pod of `step` on `machine`, each quantity from the machine unless overridden.
+def pod_resources(step: str, machine: Machine, cpu: str = "", memory: str = "",
+                  shm: str = "") -> PodResources:
+    """The pod of `step` on `machine`, each quantity from the machine unless given.
 
     Args:
         step: A key of DEFAULT_MACHINES (names the options in messages).
         machine: The step's machine options, as for Vertex.
-        overrides: Quantities given directly.
+        cpu: `--<step>-cpu`, given directly; empty: from the machine.
+        memory: `--<step>-memory`, as `cpu`.
+        shm: `--<step>-shm-size`, as `cpu`.
 
     Raises:
         ValueError: Naming the option: an unknown machine type without CPU and memory, a
             malformed quantity, or a /dev/shm that does not fit in the memory.
     """
     flag = "--" + step.replace("_", "-")
-    if overrides.cpu and not CPU_QUANTITY.match(overrides.cpu):
-        raise ValueError(f"{flag}-cpu {overrides.cpu!r} is not a CPU quantity KFP takes "
+    if cpu and not CPU_QUANTITY.match(cpu):
+        raise ValueError(f"{flag}-cpu {cpu!r} is not a CPU quantity KFP takes "
                          "(cores or millicores: 8, 7.5, 500m)")
-    for name, value in (("memory", overrides.memory), ("shm-size", overrides.shm)):
+    for name, value in (("memory", memory), ("shm-size", shm)):
         if value and not MEMORY_QUANTITY.match(value):
             raise ValueError(f"{flag}-{name} {value!r} is not a memory quantity KFP takes "
                              "(a whole number with an optional unit: 24Gi, 1536Mi)")
-    shape = machine_shape(machine.machine_type)
-    if shape is None and not (overrides.cpu and overrides.memory):
+    shape = FIXED_SHAPES.get(machine.machine_type)  # (vCPUs, GiB)
+    family, _, size = machine.machine_type.rpartition("-")
+    if shape is None and family in GIB_PER_VCPU and size.isdigit():
+        shape = int(size), GIB_PER_VCPU[family] * int(size)
+    if shape is None and not (cpu and memory):
         raise ValueError(f"{flag}-machine-type {machine.machine_type!r} has no known size: give "
                          f"{flag}-cpu and {flag}-memory (the pod's request, below a node's "
                          "allocatable capacity)")
     vcpus, gib = shape or (0, 0.0)
-    cpu = overrides.cpu or f"{math.floor((vcpus * CPU_SHARE - CPU_KEPT) * 10) / 10:g}"
-    memory = overrides.memory or f"{max(1, math.floor(gib * MEMORY_SHARE - MEMORY_KEPT_GIB))}Gi"
+    cpu = cpu or f"{math.floor((vcpus * CPU_SHARE - CPU_KEPT) * 10) / 10:g}"
+    memory = memory or f"{max(1, math.floor(gib * MEMORY_SHARE - MEMORY_KEPT_GIB))}Gi"
     memory_mib = _quantity_mib(memory)
     shm_mib = math.floor(min(SHM_MAX_GIB * 1024, memory_mib * SHM_SHARE))
-    shm = overrides.shm or (f"{shm_mib // 1024}Gi" if shm_mib % 1024 == 0 else f"{shm_mib}Mi")
+    shm = shm or (f"{shm_mib // 1024}Gi" if shm_mib % 1024 == 0 else f"{shm_mib}Mi")
     if _quantity_mib(shm) >= memory_mib or _quantity_mib(shm) < 1:
         raise ValueError(f"{flag}-shm-size {shm} must be at least 1Mi and less than the pod's "
                          f"memory {memory}: /dev/shm is memory the pod's limit counts")
