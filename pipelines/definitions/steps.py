@@ -187,17 +187,6 @@ class Steps:
         self.experiment = ""
         self.fed: dict[str, set[tuple[str, str]]] = {}  # parameter -> (role, input) it feeds
 
-    def pipeline(self, name: str, tuning_name: str, lead: str, rest: str,
-                 first: Sequence[inspect.Parameter], last: Sequence[inspect.Parameter]):
-        """The build's `@dsl.pipeline` decorator: `name` (also the experiment runs are
-        tracked in) or `tuning_name`, the description `lead` and `rest` around the tuning
-        variant's `words.tuning_clause`, and the own parameters `first` and `last`."""
-        self.experiment = name
-        tuned = self.search is not None
-        clause = self.words.tuning_clause if tuned else ""
-        return self.defined(dsl.pipeline(name=tuning_name if tuned else name,
-                                         description=lead + clause + rest), first, last)
-
     def signature(self, first: Sequence[inspect.Parameter],
                   last: Sequence[inspect.Parameter]) -> inspect.Signature:
         """The pipeline's parameters: `first`, each setting of its steps in the order they
@@ -222,10 +211,18 @@ class Steps:
             parameters[own.name] = own
         return inspect.Signature(list(parameters.values()))
 
-    def defined(self, decorate: Callable, first: Sequence[inspect.Parameter] = (),
-                last: Sequence[inspect.Parameter] = ()) -> Callable:
-        """`decorate` (a `dsl.pipeline(...)`) over the body `body(params)` with the
-        parameters `signature(first, last)` as the target says them (`spoken`)."""
+    def pipeline(self, name: str, tuning_name: str, lead: str, rest: str,
+                 first: Sequence[inspect.Parameter] = (),
+                 last: Sequence[inspect.Parameter] = ()) -> Callable:
+        """The build's `@dsl.pipeline` decorator over the body `body(params)`: `name` (also
+        the experiment runs are tracked in) or `tuning_name`, the description `lead` and
+        `rest` around the tuning variant's `words.tuning_clause`, and the parameters
+        `signature(first, last)` as the target says them (`spoken`)."""
+        self.experiment = name
+        tuned = self.search is not None
+        decorate = dsl.pipeline(name=tuning_name if tuned else name, description=lead + (
+            self.words.tuning_clause if tuned else "") + rest)
+
         def define(body: Callable):
             said = spoken(body, self.signature(first, last), self.words)
             # Made before the body makes a task, as the others (kubeflow/pipelines#9320).
