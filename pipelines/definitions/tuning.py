@@ -71,6 +71,20 @@ class TuningSettings:
         return problems
 
 
+def study_parameters(space: SearchSpace) -> list[dict]:
+    """The space as the tuning job's `study_spec.parameters` (Vertex SDK classes)."""
+    from google.cloud.aiplatform import hyperparameter_tuning as hpt
+    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import (
+        serialize_parameters,
+    )
+
+    ranges = {"double": hpt.DoubleParameterSpec, "integer": hpt.IntegerParameterSpec}
+    return serialize_parameters({
+        p.name: ranges[p.type](min=p.min, max=p.max, scale=p.scale) if p.type in ranges
+        else hpt.DiscreteParameterSpec(values=list(p.values), scale="linear")
+        for p in space.parameters})
+
+
 def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine,
                       spot: bool = False) -> dict:
     """The trials' one worker pool: the trainer's image and machines, one replica.
@@ -123,16 +137,11 @@ def as_tuning_job(trainer: Callable, kind: str, settings: TuningSettings, vertex
     Raises:
         ValueError: The trainer's inputs clash with the job's.
     """
-    from google.cloud.aiplatform import hyperparameter_tuning as hpt
-    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import (
-        serialize_metrics,
-        serialize_parameters,
-    )
+    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_metrics
     from kfp.dsl import placeholders, structures
     from kfp.dsl.container_component_class import ContainerComponent
 
     space = settings.spaces[kind]
-    ranges = {"double": hpt.DoubleParameterSpec, "integer": hpt.IntegerParameterSpec}
     trainer_spec = trainer.component_spec
     image = trainer_spec.implementation.container.image
     scheduling, _ = trial_scheduling(machine, vertex.spot)
@@ -143,10 +152,7 @@ def as_tuning_job(trainer: Callable, kind: str, settings: TuningSettings, vertex
         "worker_pool_specs": [trial_worker_pool(image, kind, space.metric, machine,
                                                 vertex.spot)],
         "study_spec_metrics": serialize_metrics({space.metric: space.goal}),
-        "study_spec_parameters": serialize_parameters({
-            p.name: ranges[p.type](min=p.min, max=p.max, scale=p.scale) if p.type in ranges
-            else hpt.DiscreteParameterSpec(values=list(p.values), scale="linear")
-            for p in space.parameters}),
+        "study_spec_parameters": study_parameters(space),
         "max_trial_count": settings.max_trials,
         "parallel_trial_count": settings.parallel_trials,
         "max_failed_trial_count": settings.max_failed_trials,
