@@ -72,20 +72,6 @@ def test_machine_options_reach_the_job(tmp_path):
     assert params["encryption_spec_key_name"]["defaultValue"].endswith("cryptoKeys/k")
 
 
-@pytest.mark.parametrize("pipeline, data", [("image_pipeline", "data_uri"),
-                                            ("text_pipeline", "data_uri"),
-                                            ("lm_pipeline", "corpus_uri"),
-                                            ("transformer_pipeline", "data_uri")])
-def test_every_pipeline_parameter_has_a_default_or_is_the_data_and_a_description(tmp_path,
-                                                                                 pipeline, data):
-    spec = _spec(tmp_path, pipeline)
-    params = spec["root"]["inputDefinitions"]["parameters"]
-    assert params.keys() >= {data, "seed", "epochs", "batch_size"}
-    for name, param in params.items():
-        assert param.get("description"), f"{name} has no help text for the console"
-        assert name == data or "defaultValue" in param, f"{name} has no default"
-
-
 def test_yaml_on_request_and_no_latest_tags(tmp_path):
     names = ("image_pipeline", "text_tuning_pipeline")  # one plain, one tuning variant
     out = _compile(tmp_path, "--yaml", "--pipelines", ",".join(names))
@@ -256,7 +242,14 @@ def test_language_model_trains_on_a_gpu_after_a_light_preflight(tmp_path):
     ("image_pipeline", "data_uri", "gs://acme/pets"), ("text_pipeline", "data_uri", "gs://acme/r.csv"),
     ("lm_pipeline", "corpus_uri", "gs://acme/wiki"),
     ("transformer_pipeline", "data_uri", "gs://acme/r.csv")])
-def test_every_pipeline_loads_in_pipeline_job(tmp_path, name, param, data):
+def test_every_pipeline_loads_in_pipeline_job_with_help_and_defaults_but_the_data(
+        tmp_path, name, param, data):
+    params = _spec(tmp_path, name)["root"]["inputDefinitions"]["parameters"]
+    assert params.keys() >= {param, "seed", "epochs", "batch_size"}
+    for key, declared in params.items():
+        assert declared.get("description"), f"{key} has no help text for the console"
+        assert key == param or "defaultValue" in declared, f"{key} has no default"
+
     def job(**values):
         return aiplatform.PipelineJob(
             display_name=name, template_path=str(_compile(tmp_path) / f"{name}.json"),
@@ -362,34 +355,26 @@ def test_one_tag_rule_for_the_trigger_make_images_and_compile():
     assert f"_TAG={short_sha}," in make, make
 
 
-def test_data_steps_are_keyed_on_the_preflight_fingerprint(tmp_path):
-    out = _compile(tmp_path)
-    for pipeline, check, reader in (("image_pipeline", "preflight-image", "shard-images"),
-                                    ("text_pipeline", "preflight-text", "prepare-text-data"),
-                                    ("transformer_pipeline", "preflight-transformer",
-                                     "prepare-text-data")):
-        tasks = json.loads((out / f"{pipeline}.json").read_text())["root"]["dag"]["tasks"]
-        assert tasks[check]["cachingOptions"] == {}  # enableCache absent: off
-        assert tasks[reader]["inputs"]["parameters"]["data_fingerprint"] == {
-            "taskOutputParameter": {"outputParameterKey": "data_fingerprint",
-                                    "producerTask": check}}
-        assert tasks[reader]["dependentTasks"] == [check]
-
-
-@pytest.mark.parametrize("pipeline, check, trainer, files", [
-    ("image_pipeline", "preflight-image", "train-image-classifier", "weights"),
-    ("text_pipeline", "preflight-text", "train-text-classifier", "lm_assets"),
-    ("transformer_pipeline", "preflight-transformer", "train-transformer-classifier", "model"),
+@pytest.mark.parametrize("pipeline, check, reader, trainer, files", [
+    ("image_pipeline", "preflight-image", "shard-images", "train-image-classifier", "weights"),
+    ("text_pipeline", "preflight-text", "prepare-text-data", "train-text-classifier",
+     "lm_assets"),
+    ("transformer_pipeline", "preflight-transformer", "prepare-text-data",
+     "train-transformer-classifier", "model"),
 ])
 def test_steps_reading_files_by_uri_are_keyed_on_their_fingerprints(tmp_path, pipeline, check,
-                                                                    trainer, files):
-    """A step's cache key holds only its inputs: new images under the same predict_uri, or
-    weights / language models rewritten in place, must reach the key as a fingerprint."""
+                                                                    reader, trainer, files):
+    """A step's cache key holds only its inputs: new data or images under the same data_uri
+    or predict_uri, or weights / language models rewritten in place, must reach the key as
+    a fingerprint of the (never cached) preflight."""
     spec = _spec(tmp_path, pipeline)
     tasks = spec["root"]["dag"]["tasks"]
-    assert tasks[trainer]["inputs"]["parameters"][f"{files}_fingerprint"] == {
-        "taskOutputParameter": {"outputParameterKey": f"{files}_fingerprint",
-                                "producerTask": check}}
+    assert tasks[check]["cachingOptions"] == {}  # enableCache absent: off
+    assert tasks[reader]["dependentTasks"] == [check]
+    for task, name in ((reader, "data"), (trainer, files)):
+        assert tasks[task]["inputs"]["parameters"][f"{name}_fingerprint"] == {
+            "taskOutputParameter": {"outputParameterKey": f"{name}_fingerprint",
+                                    "producerTask": check}}
     (condition,) = [c for name, c in spec["components"].items()
                     if name.startswith("comp-condition") and "predict" in c["dag"]["tasks"]]
     channel = condition["dag"]["tasks"]["predict"]["inputs"]["parameters"]["data_fingerprint"]
