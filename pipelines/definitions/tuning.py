@@ -38,7 +38,7 @@ class TuningSettings:
         parallel_trials: Trials running at once (each on the training step's machines).
         max_failed_trials: Failed trials that fail the job; 0 lets Vertex decide.
         algorithm: ALGORITHM_UNSPECIFIED (Bayesian), GRID_SEARCH or RANDOM_SEARCH.
-        seed: Seed of the points drawn at compile time where no tuning service is (trials.py).
+        seed: Seed of the points drawn at compile time where no tuning service is (Kubeflow).
     """
 
     spaces: Mapping[str, SearchSpace]
