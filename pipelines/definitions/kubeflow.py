@@ -277,8 +277,9 @@ class KubeflowSettings:
         return search
 
     def registration(self, kind: str, image: str) -> Callable:
-        """A model that clears the gate: a version in `tracking_uri`'s MLflow Model Registry
-        with its KServe InferenceService, or a step saying nothing was registered."""
+        """A model that clears the gate (`add` runs under its condition): a version in
+        `tracking_uri`'s MLflow Model Registry with its KServe InferenceService, or a step
+        saying nothing was registered."""
         from kfp import dsl
 
         from components.register.component import register_in_mlflow, registration_skipped
@@ -287,20 +288,16 @@ class KubeflowSettings:
         op, skipped = component(register_in_mlflow, image), component(registration_skipped,
                                                                       image)
 
-        def add(params: Mapping[str, Any], gate, model) -> None:
-            with dsl.If(gate.outputs["Output"] == True,  # noqa: E712
-                        name="model-clears-threshold"):
-                with dsl.If(params["tracking_uri"] != "", name="registry-named"):
-                    task = op(model=model, tracking_uri=params["tracking_uri"],
-                              model_display_name=params["model_display_name"], kind=kind,
-                              serving_image="" if kind == "image" else image,
-                              run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)
-                    # the registry changes between runs: never a cached registration
-                    self.place(task.set_display_name("register-model")
-                               .set_caching_options(False), "")
-                with dsl.Else(name="no-registry"):
-                    self.place(skipped(reason=NO_REGISTRY).set_display_name(
-                        "nothing-registered"), "")
+        def add(params: Mapping[str, Any], model) -> None:
+            with dsl.If(params["tracking_uri"] != "", name="registry-named"):
+                task = op(model=model, tracking_uri=params["tracking_uri"],
+                          model_display_name=params["model_display_name"], kind=kind,
+                          serving_image="" if kind == "image" else image,
+                          run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)
+                # the registry changes between runs: never a cached registration
+                self.place(task.set_display_name("register-model").set_caching_options(False), "")
+            with dsl.Else(name="no-registry"):
+                self.place(skipped(reason=NO_REGISTRY).set_display_name("nothing-registered"), "")
 
         return add
 

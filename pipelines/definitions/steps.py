@@ -58,7 +58,8 @@ class Target(Protocol):
         """The tuning variant's `search(training, job) -> training`."""
 
     def registration(self, kind: str, image: str) -> Callable | None:
-        """`add(params, gate, model)` registering a model; None where nothing is."""
+        """`add(params, model)` registering a model, called under the gate's condition;
+        None where nothing is."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,7 +344,8 @@ class Steps:
                         enabled=params["register_model"],
                         beat_baselines=params["registration_beats_baselines"])
         if self.registration is not None:  # none locally
-            self.registration(params, gate, model)
+            with dsl.If(gate.outputs["Output"] == True, name="model-clears-threshold"):  # noqa: E712
+                self.registration(params, model)
         self.predict(params, model=model, data_fingerprint=predict_fingerprint)
         self.track(params, self.experiment, model=model,
                    evaluation=evaluate.outputs["evaluation"], kind=TRACKED_AS[self.kind])

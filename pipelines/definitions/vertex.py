@@ -257,9 +257,9 @@ class VertexSettings:
         return {"tensorboard": self.tensorboard} if self.tensorboard else {}
 
     def registration(self, kind: str, image: str) -> Callable | None:
-        """The Model Registry upload of `kind`'s models that clear the gate: a new version
-        of the model of the run's `model_display_name` when one exists, else a new model;
-        None for image models without `serving_image`."""
+        """The Model Registry upload of `kind`'s models that clear the gate (`add` runs
+        under its condition): a new version of the model of the run's `model_display_name`
+        when one exists, else a new model; None for image models without `serving_image`."""
         from google_cloud_pipeline_components.v1.model import ModelUploadOp
 
         from components.register import vertex_upload as register
@@ -273,26 +273,23 @@ class VertexSettings:
         serving_image = image if by_the_runtime else self.serving_image
         serving = RUNTIME_SERVING if by_the_runtime else {}  # the text server's port, routes
 
-        def add(params: Mapping[str, Any], gate, model) -> None:
+        def add(params: Mapping[str, Any], model) -> None:
             display_name = params["model_display_name"]
-            with dsl.If(gate.outputs["Output"] == True,  # noqa: E712
-                        name="model-clears-threshold"):
-                served = serving_op(model=model, serving_image=serving_image,
-                                    run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **serving,
-                                    ).set_display_name("serving-model")
-                found = find_op(display_name=display_name, location=PIPELINE_LOCATION,
-                                project=PIPELINE_PROJECT).set_display_name(
-                                    "find-registered-model")
-                found.set_caching_options(False)  # the registry changes between runs
-                upload = {"display_name": display_name, "location": PIPELINE_LOCATION,
-                          "unmanaged_container_model": served.outputs["unmanaged_model"],
-                          "labels": served.outputs["labels"],
-                          "encryption_spec_key_name": self.encryption_spec_key_name}
-                with dsl.If(found.outputs["exists"] == True, name="model-exists"):  # noqa: E712
-                    ModelUploadOp(parent_model=found.outputs["parent"], **upload,
-                                  ).set_display_name("register-model-version")
-                with dsl.Else(name="new-model"):
-                    ModelUploadOp(**upload).set_display_name("register-model")
+            served = serving_op(model=model, serving_image=serving_image,
+                                run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **serving,
+                                ).set_display_name("serving-model")
+            found = find_op(display_name=display_name, location=PIPELINE_LOCATION,
+                            project=PIPELINE_PROJECT).set_display_name("find-registered-model")
+            found.set_caching_options(False)  # the registry changes between runs
+            upload = {"display_name": display_name, "location": PIPELINE_LOCATION,
+                      "unmanaged_container_model": served.outputs["unmanaged_model"],
+                      "labels": served.outputs["labels"],
+                      "encryption_spec_key_name": self.encryption_spec_key_name}
+            with dsl.If(found.outputs["exists"] == True, name="model-exists"):  # noqa: E712
+                ModelUploadOp(parent_model=found.outputs["parent"], **upload,
+                              ).set_display_name("register-model-version")
+            with dsl.Else(name="new-model"):
+                ModelUploadOp(**upload).set_display_name("register-model")
 
         return add
 
