@@ -394,19 +394,6 @@ def gpu_problems(step: str, machine: Machine, pod: PodResources, label: str,
     return []
 
 
-def describe(step: str, pod: PodResources, settings: KubeflowSettings) -> str:
-    """One line of what `step`'s pod asks for, for the compile output."""
-    gpus = ""
-    if pod.gpu_count:
-        where = (f" on {settings.gpu_label}={settings.gpu_products[pod.gpu_type]}"
-                 if settings.gpu_label else " on any GPU node")
-        gpus = f", {pod.gpu_count} x {GPU_RESOURCE} ({pod.gpu_type}){where}"
-    nodes = settings.nodes.get(step, 1)
-    job = (f" x {nodes} nodes of a TrainJob ({settings.trainjob_runtime}), its launcher pod "
-           "without GPUs" if nodes > 1 else "")
-    return f"{step}: cpu {pod.cpu}, memory {pod.memory} (/dev/shm {pod.shm}){gpus}{job}"
-
-
 def replica_problems(machines: Mapping[str, Machine], checkpoint_root: str = "",
                      tuned: tuple[str, ...] = ()) -> list[str]:
     """Replicas past one pod that cannot run: only `LAUNCHERS`' steps have them,
