@@ -87,17 +87,9 @@ def parser() -> argparse.ArgumentParser:
                         "Argo does not retry: retry the run, docs/kubeflow.md)")
     j.add_argument("--step-timeout", type=int, default=604800, metavar="SECONDS",
                    help="longest a step may run (a custom job's timeout, a pod's deadline)")
-    add_tuning_options(p)
-    for target in TARGETS.values():
-        target.add_options(p)
-    return p
-
-
-def add_tuning_options(parser_: argparse.ArgumentParser) -> None:
-    """The tuning variants' options (their defaults are TuningSettings' own)."""
-    t = parser_.add_argument_group("tuning variants (Vertex hyperparameter tuning jobs; on "
-                                   "Kubeflow, random trials in a ParallelFor)")
-    tune_defaults = tuning.TuningSettings(spaces={})
+    t = p.add_argument_group("tuning variants (Vertex hyperparameter tuning jobs; on "
+                             "Kubeflow, random trials in a ParallelFor)")
+    tune_defaults = tuning.TuningSettings(spaces={})  # the options' defaults are its own
     t.add_argument("--tune-trials", type=int, default=tune_defaults.max_trials,
                    help="trials per tuning job")
     t.add_argument("--tune-parallel-trials", type=int, default=tune_defaults.parallel_trials,
@@ -114,6 +106,9 @@ def add_tuning_options(parser_: argparse.ArgumentParser) -> None:
         t.add_argument(f"--{kind}-search-space", default="", metavar="FILE",
                        help=f"JSON search space of the {kind} trainer (default: "
                             "components/tune/contract.py DEFAULT_SPACES)")
+    for target in TARGETS.values():
+        target.add_options(p)
+    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

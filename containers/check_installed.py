@@ -46,19 +46,12 @@ def pins_of(requirements: list[str]) -> dict[str, str]:
     return pins
 
 
-def _release(version: str) -> str:
-    """`13.0.3.0` -> `13.0.3`: PEP 440 compares releases without trailing zeros."""
-    parts = version.split(".")
-    while len(parts) > 1 and parts[-1] == "0":
-        parts.pop()
-    return ".".join(parts)
-
-
 def _pins_exactly(spec: str, version: str) -> bool:
-    """`==V` naming this very release; `==V.*` (a series) and ranges float."""
+    """`==V` naming this very release (PEP 440 compares releases without trailing zeros:
+    13.0.3.0 is 13.0.3); `==V.*` (a series) and ranges float."""
     if not spec.startswith("==") or "," in spec or spec.endswith(".*"):
         return False
-    return _release(spec[2:]) == _release(version)
+    return re.sub(r"(\.0)+$", "", spec[2:]) == re.sub(r"(\.0)+$", "", version)
 
 
 def compare(locked: dict[str, str], installed: dict[str, str],

@@ -14,15 +14,10 @@ BUILDERS: Mapping[str, Callable] = {kind: module.build for kind, module in _MODU
 # The parameter a run's input fills (`--data` of run_local).
 DATA_PARAMETERS: Mapping[str, str] = {"image": "data_uri", "text": "data_uri",
                                       "lm": "corpus_uri", "transformer": "data_uri"}
-
-
-def _summarize_lm(outputs: Mapping[str, Any]) -> dict[str, Any]:
-    return lm.summarize({name: a.path for name, a in outputs.items() if hasattr(a, "path")})
-
-
 # A run's outputs (artifacts by name) -> its summary.json, by kind.
 SUMMARIES: Mapping[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-    "image": image.summarize, "text": text.summarize_run, "lm": _summarize_lm,
+    "image": image.summarize, "text": text.summarize_run,
+    "lm": functools.partial(text.summarize_run, summarize_artifacts=lm.summarize),
     "transformer": functools.partial(text.summarize_run, summarize_artifacts=transformer.summarize)}
 # The same by the compiled pipeline's name (pipelineInfo.name), tuning variants included.
 SUMMARIES_BY_NAME = {name: SUMMARIES[kind] for kind, module in _MODULES.items()

@@ -120,8 +120,8 @@ def settings(args: argparse.Namespace, tuned: Mapping[str, str],
     pods, spot = {}, {}
     for step, machine in machines.items():
         try:
-            pods[step] = kubeflow.pod_resources(step, machine, kubeflow.PodOverrides(
-                values[f"{step}_cpu"], values[f"{step}_memory"], values[f"{step}_shm_size"]))
+            pods[step] = kubeflow.pod_resources(step, machine, *(
+                values[f"{step}_{field}"] for field in ("cpu", "memory", "shm_size")))
         except ValueError as err:
             problems.append(str(err))
     label, known = ("", {}) if args.gpu_node_label == "none" else kubeflow.GPU_LABELS[
@@ -200,7 +200,15 @@ def report(settings_: kubeflow.KubeflowSettings, tune: tuning.TuningSettings,
            tuned: Mapping[str, str], written: list[str]) -> None:
     """What each step's pod asks for, and what the tuning variants' trials run on."""
     for step, pod in settings_.pods.items():
-        print(f"pod: {kubeflow.describe(step, pod, settings_)}", file=sys.stderr)
+        gpus, nodes = "", settings_.nodes.get(step, 1)
+        if pod.gpu_count:
+            where = (f" on {settings_.gpu_label}={settings_.gpu_products[pod.gpu_type]}"
+                     if settings_.gpu_label else " on any GPU node")
+            gpus = f", {pod.gpu_count} x {kubeflow.GPU_RESOURCE} ({pod.gpu_type}){where}"
+        job = (f" x {nodes} nodes of a TrainJob ({settings_.trainjob_runtime}), its launcher "
+               "pod without GPUs" if nodes > 1 else "")
+        print(f"pod: {step}: cpu {pod.cpu}, memory {pod.memory} (/dev/shm {pod.shm}){gpus}{job}",
+              file=sys.stderr)
     if tuned:
         print(f"note: the tuning pipelines run {tune.max_trials} trials, "
               f"{tune.parallel_trials} at a time, each a pod of its training step; then one "

@@ -16,10 +16,12 @@ import logging
 import sys
 import tempfile
 
+from components.common.commands import reports
 from components.common.input_kinds import InputKindError
 from components.predict.contract import PredictionError
 
 
+@reports(PredictionError, InputKindError, FileNotFoundError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,14 +44,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as workdir:
-        try:
-            model_dir = copy_model_locally(args.model, workdir)
-            counts = predict_to_file(model_dir, args.data, args.output, args.batch_size,
-                                     progress=not args.no_progress,
-                                     text_column=args.text_column, model_uri=args.model)
-        except (PredictionError, InputKindError, FileNotFoundError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+        model_dir = copy_model_locally(args.model, workdir)
+        counts = predict_to_file(model_dir, args.data, args.output, args.batch_size,
+                                 progress=not args.no_progress, text_column=args.text_column,
+                                 model_uri=args.model)
     print(json.dumps(counts, indent=2))
     return 0
 

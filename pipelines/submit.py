@@ -36,7 +36,9 @@ _KMS_KEY = re.compile(
     r"^projects/[^/]+/locations/(?P<location>[^/]+)/keyRings/[^/]+/cryptoKeys/[^/]+$")
 # Vertex peers with a network named by project *number*, not project id.
 _NETWORK = re.compile(r"^projects/\d+/global/networks/[a-z]([-a-z0-9]*[a-z0-9])?$")
-# Each option's pattern and what it takes, in the order they are checked.
+# Each option's pattern and what it takes, in the order they are checked ("" refused only
+# for the options argparse requires).
+_REQUIRED = ("project", "region", "pipeline_root")
 _OPTION_RULES = (
     ("project", re.compile(r"^([a-z0-9.-]+:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$"),
      " takes a project id (e.g. my-project-123)"),
@@ -47,8 +49,15 @@ _OPTION_RULES = (
      " takes a service account email"),
     ("experiment", re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$"),
      ": lowercase letters, digits and -, at most 128"),
+    # where Vertex needs it: on Cloud Storage
+    ("pipeline_root", re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/.*)?$"),
+     " must be a Cloud Storage folder gs://BUCKET[/PATH] (bucket: 3-222 lowercase letters, "
+     "digits, -, _ and .)"),
+    # five fields, optionally after `TZ=Zone/Name ` or `CRON_TZ=...`
+    ("schedule", re.compile(r"^\s*((CRON_)?TZ=\S+\s+)?[0-9A-Za-z*?/,-]+"
+                            r"(\s+[0-9A-Za-z*?/,-]+){4}\s*$"),
+     ' takes a cron expression of 5 fields (e.g. "0 3 * * 1" or "TZ=Europe/Paris 0 3 * * *")'),
 )
-_CRON_FIELD = re.compile(r"^[0-9A-Za-z*?/,\-]+$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,25 +97,6 @@ def parse_labels(items: Sequence[str]) -> dict[str, str]:
                                   "digits, _ and -, at most 63 characters")
             labels[key] = value
     return labels
-
-
-def check_pipeline_root(uri: str) -> str:
-    """The pipeline root, which Vertex needs on Cloud Storage: `gs://bucket[/path]`."""
-    if not re.match(r"^gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/.*)?$", uri):
-        raise SubmitError(f"--pipeline-root must be a Cloud Storage folder gs://BUCKET[/PATH] "
-                          f"(bucket: 3-222 lowercase letters, digits, -, _ and .), got {uri!r}")
-    return uri.rstrip("/")
-
-
-def check_schedule(cron: str) -> str:
-    """A cron expression of five fields, optionally after `TZ=Zone/Name ` or `CRON_TZ=...`."""
-    fields = cron.split()
-    if fields and re.match(r"^(CRON_)?TZ=\S+$", fields[0]):
-        fields = fields[1:]
-    if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
-        raise SubmitError(f"--schedule takes a cron expression of 5 fields "
-                          f"(e.g. \"0 3 * * 1\" or \"TZ=Europe/Paris 0 3 * * *\"), got {cron!r}")
-    return cron
 
 
 # A Vertex TensorBoard or Cloud KMS key named in a compiled pipeline, with its region.
@@ -181,9 +171,9 @@ def plan(args: argparse.Namespace) -> Submission:
         SubmitError: On any input Vertex would refuse.
     """
     spec = load_pipeline_spec(args.template)
-    for option, pattern, takes in _OPTION_RULES:  # --project and --region are required
+    for option, pattern, takes in _OPTION_RULES:
         value = getattr(args, option)
-        if (value or option in ("project", "region")) and not pattern.match(value):
+        if (value or option in _REQUIRED) and not pattern.match(value):
             raise SubmitError(f"--{option.replace('_', '-')}{takes}, got {value!r}")
     key_region = _KMS_KEY.match(args.encryption_key)["location"] if args.encryption_key else ""
     if key_region and key_region != args.region:
@@ -200,7 +190,7 @@ def plan(args: argparse.Namespace) -> Submission:
         template_path=args.template,
         project=args.project,
         region=args.region,
-        pipeline_root=check_pipeline_root(args.pipeline_root),
+        pipeline_root=args.pipeline_root.rstrip("/"),
         parameter_values=parse_params(args.param, declared_parameters(spec)),
         display_name=display_name,
         service_account=args.service_account,
@@ -209,7 +199,7 @@ def plan(args: argparse.Namespace) -> Submission:
         encryption_key=args.encryption_key,
         enable_caching=False if args.no_cache else None,
         experiment=args.experiment,
-        schedule=check_schedule(args.schedule) if args.schedule else "",
+        schedule=args.schedule,
         failure_policy=args.failure_policy,
     )
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
+from components.common.commands import reports
 from pipelines.compiled import SubmitError, declared_parameters, load_pipeline_spec, parse_params
 
 # Kubernetes names: a namespace is a DNS-1123 label, a service account a DNS-1123 subdomain.
@@ -138,23 +139,6 @@ def launch(submission: KubeflowSubmission, client_class: Callable | None = None)
 RETRYABLE_STATES = ("FAILED", "CANCELED")
 
 
-def retry(host: str, namespace: str, token: str, run_id: str,
-          client_class: Callable | None = None) -> str:
-    """Retries the failed run `run_id` (KFP's run retry); returns its name.
-
-    Raises:
-        SubmitError: The run is not one KFP retries (running, or it succeeded).
-    """
-    client = _client(client_class, host, namespace, token)
-    run = client.get_run(run_id)
-    if str(run.state) not in RETRYABLE_STATES:
-        raise SubmitError(f"run {run_id} ({run.display_name}) is {run.state}: KFP retries a "
-                          "failed or terminated run only")
-    # kfp.Client has no method for it: its `runs`, the RunServiceApi the UI calls, does.
-    client.runs.run_service_retry_run(run_id=run_id)
-    return run.display_name
-
-
 def _client(client_class: Callable | None, host: str, namespace: str, token: str):
     """A `kfp.Client` (or `client_class`) of the server, with the bearer token if any."""
     if client_class is None:
@@ -207,19 +191,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@reports(SubmitError)
 def main(argv: Sequence[str], client_class: Callable | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if bool(args.retry) == bool(args.template):
         p.error("give either the compiled pipeline or --retry RUN_ID")
-    try:
-        return _retry(args, client_class) if args.retry else _start(args, client_class)
-    except SubmitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-def _start(args: argparse.Namespace, client_class: Callable | None) -> int:
+    if args.retry:
+        return _retry(args, client_class)
     submission = plan(args)
     if args.dry_run:
         print(json.dumps(describe(submission), indent=2, sort_keys=True))
@@ -231,7 +210,8 @@ def _start(args: argparse.Namespace, client_class: Callable | None) -> int:
 
 
 def _retry(args: argparse.Namespace, client_class: Callable | None) -> int:
-    """`--retry RUN_ID`: checks the options, then asks the server to retry the run."""
+    """`--retry RUN_ID`: checks the options, then asks the server to retry the failed run
+    (KFP's run retry); SubmitError for a run KFP does not retry (running, or it succeeded)."""
     from kfp_server_api.exceptions import ApiException
 
     check_host(args.host, args.namespace)
@@ -239,16 +219,23 @@ def _retry(args: argparse.Namespace, client_class: Callable | None) -> int:
     if args.param or args.display_name or args.no_cache or args.service_account or args.experiment:
         raise SubmitError("--retry keeps the run's parameters and settings: give only "
                           "--host, --namespace and --token-file with it")
+    host = args.host.rstrip("/")
     if args.dry_run:
-        print(json.dumps({"host": args.host.rstrip("/"), "namespace": args.namespace,
-                          "retry": args.retry, "authenticated": bool(token)}, indent=2))
+        print(json.dumps({"host": host, "namespace": args.namespace, "retry": args.retry,
+                          "authenticated": bool(token)}, indent=2))
         return 0
     try:
-        name = retry(args.host.rstrip("/"), args.namespace, token, args.retry, client_class)
+        client = _client(client_class, host, args.namespace, token)
+        run = client.get_run(args.retry)
+        if str(run.state) not in RETRYABLE_STATES:
+            raise SubmitError(f"run {args.retry} ({run.display_name}) is {run.state}: KFP "
+                              "retries a failed or terminated run only")
+        # kfp.Client has no method for it: its `runs`, the RunServiceApi the UI calls, does.
+        client.runs.run_service_retry_run(run_id=args.retry)
     except ApiException as err:  # the server refused it (no such run, not allowed)
         print(f"error: KFP did not retry run {args.retry}: {err.status} {err.reason} "
               f"{err.body or ''}".rstrip(), file=sys.stderr)
         return 1
-    print(f"retrying run {args.retry} ({name}): finished steps kept, the others run again "
-          f"({args.host.rstrip('/')}/#/runs/details/{args.retry})")
+    print(f"retrying run {args.retry} ({run.display_name}): finished steps kept, the others "
+          f"run again ({host}/#/runs/details/{args.retry})")
     return 0

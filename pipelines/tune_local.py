@@ -13,19 +13,6 @@ from components.tune.contract import SearchSpace
 from components.tune.measure import epoch_values, trial_metric
 
 
-def suggest(trial, space: SearchSpace) -> dict[str, Any]:
-    """The trial's values of every parameter of `space`, drawn by optuna."""
-    values = {}
-    for p in space.parameters:
-        if p.type == "double":
-            values[p.name] = trial.suggest_float(p.name, p.min, p.max, log=p.scale == "log")
-        elif p.type == "integer":
-            values[p.name] = trial.suggest_int(p.name, p.min, p.max, log=p.scale == "log")
-        else:
-            values[p.name] = trial.suggest_categorical(p.name, list(p.values))
-    return values
-
-
 def tune(kind: str, data: str, output: str, space: SearchSpace, trials: int,
          params: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
     """Searches `space` with `trials` local pipeline runs; writes `<output>/summary.json`.
@@ -56,7 +43,14 @@ def tune(kind: str, data: str, output: str, space: SearchSpace, trials: int,
     runs: dict[int, dict[str, Any]] = {}
 
     def objective(trial) -> float:
-        values = suggest(trial, space)
+        values = {}  # the trial's value of every parameter of the space, drawn by optuna
+        for p in space.parameters:
+            if p.type == "double":
+                values[p.name] = trial.suggest_float(p.name, p.min, p.max, log=p.scale == "log")
+            elif p.type == "integer":
+                values[p.name] = trial.suggest_int(p.name, p.min, p.max, log=p.scale == "log")
+            else:
+                values[p.name] = trial.suggest_categorical(p.name, list(p.values))
         folder = os.path.join(output, "trials", str(trial.number))
         summary = run(kind, data, folder, {**params, **values})
         metric = trial_metric(epoch_values(kind, summary["artifacts"]["model"], space.metric),

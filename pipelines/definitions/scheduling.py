@@ -52,12 +52,11 @@ def scheduling_problems(step: str, machine: Machine, spot: bool, timeout_s: int)
         timeout_s: `--step-timeout`.
     """
     flag = "--" + step.replace("_", "-")
-    chosen = machine.scheduling_strategy
-    if chosen and chosen not in STRATEGIES:
+    if machine.scheduling_strategy and machine.scheduling_strategy not in STRATEGIES:
         return [f"{flag}-scheduling-strategy must be one of {sorted(STRATEGIES)}, got "
-                f"{chosen!r}"]
-    problems = []
-    flex = strategy(machine, spot) == "FLEX_START"
+                f"{machine.scheduling_strategy!r}"]
+    problems, chosen = [], strategy(machine, spot)
+    flex = chosen == "FLEX_START"
     if flex and machine.accelerator_type not in FLEX_START_GPUS:
         problems.append(
             f"{flag}-scheduling-strategy flex-start: Vertex's flex-start provisions L4, A100, "
@@ -74,21 +73,14 @@ def scheduling_problems(step: str, machine: Machine, spot: bool, timeout_s: int)
         if not flex:
             problems.append(f"{flag}-max-wait is how long a flex-start job waits for its "
                             f"machines: add {flag}-scheduling-strategy flex-start")
-    problems += _reservation_problems(flag, machine, strategy(machine, spot))
-    return problems
-
-
-def _reservation_problems(flag: str, machine: Machine, chosen: str) -> list[str]:
     name = machine.reservation
-    if not name:
-        return []
-    if name != "any" and not RESERVATION_NAME.match(name):
-        return [f"{flag}-reservation takes 'any' or projects/PROJECT/zones/ZONE/reservations/"
-                f"NAME, got {name!r}"]
-    if chosen in ("SPOT", "FLEX_START"):
-        return [f"{flag}-reservation: a {chosen.lower().replace('_', '-')} job does not use "
-                "reservations; drop one of them (a reservation runs on demand)"]
-    return []
+    if name and name != "any" and not RESERVATION_NAME.match(name):
+        problems.append(f"{flag}-reservation takes 'any' or projects/PROJECT/zones/ZONE/"
+                        f"reservations/NAME, got {name!r}")
+    elif name and chosen in ("SPOT", "FLEX_START"):
+        problems.append(f"{flag}-reservation: a {chosen.lower().replace('_', '-')} job does not "
+                        "use reservations; drop one of them (a reservation runs on demand)")
+    return problems
 
 
 def job_scheduling(machine: Machine, spot: bool) -> dict[str, Any]:

@@ -58,7 +58,8 @@ class Target(Protocol):
         """The tuning variant's `search(training, job) -> training`."""
 
     def registration(self, kind: str, image: str) -> Callable | None:
-        """`add(params, gate, model)` registering a model; None where nothing is."""
+        """`add(params, model)` registering a model, called under the gate's condition;
+        None where nothing is."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,17 +188,6 @@ class Steps:
         self.experiment = ""
         self.fed: dict[str, set[tuple[str, str]]] = {}  # parameter -> (role, input) it feeds
 
-    def pipeline(self, name: str, tuning_name: str, lead: str, rest: str,
-                 first: Sequence[inspect.Parameter], last: Sequence[inspect.Parameter]):
-        """The build's `@dsl.pipeline` decorator: `name` (also the experiment runs are
-        tracked in) or `tuning_name`, the description `lead` and `rest` around the tuning
-        variant's `words.tuning_clause`, and the own parameters `first` and `last`."""
-        self.experiment = name
-        tuned = self.search is not None
-        clause = self.words.tuning_clause if tuned else ""
-        return self.defined(dsl.pipeline(name=tuning_name if tuned else name,
-                                         description=lead + clause + rest), first, last)
-
     def signature(self, first: Sequence[inspect.Parameter],
                   last: Sequence[inspect.Parameter]) -> inspect.Signature:
         """The pipeline's parameters: `first`, each setting of its steps in the order they
@@ -222,10 +212,18 @@ class Steps:
             parameters[own.name] = own
         return inspect.Signature(list(parameters.values()))
 
-    def defined(self, decorate: Callable, first: Sequence[inspect.Parameter] = (),
-                last: Sequence[inspect.Parameter] = ()) -> Callable:
-        """`decorate` (a `dsl.pipeline(...)`) over the body `body(params)` with the
-        parameters `signature(first, last)` as the target says them (`spoken`)."""
+    def pipeline(self, name: str, tuning_name: str, lead: str, rest: str,
+                 first: Sequence[inspect.Parameter] = (),
+                 last: Sequence[inspect.Parameter] = ()) -> Callable:
+        """The build's `@dsl.pipeline` decorator over the body `body(params)`: `name` (also
+        the experiment runs are tracked in) or `tuning_name`, the description `lead` and
+        `rest` around the tuning variant's `words.tuning_clause`, and the parameters
+        `signature(first, last)` as the target says them (`spoken`)."""
+        self.experiment = name
+        tuned = self.search is not None
+        decorate = dsl.pipeline(name=tuning_name if tuned else name, description=lead + (
+            self.words.tuning_clause if tuned else "") + rest)
+
         def define(body: Callable):
             said = spoken(body, self.signature(first, last), self.words)
             # Made before the body makes a task, as the others (kubeflow/pipelines#9320).
@@ -346,7 +344,8 @@ class Steps:
                         enabled=params["register_model"],
                         beat_baselines=params["registration_beats_baselines"])
         if self.registration is not None:  # none locally
-            self.registration(params, gate, model)
+            with dsl.If(gate.outputs["Output"] == True, name="model-clears-threshold"):  # noqa: E712
+                self.registration(params, model)
         self.predict(params, model=model, data_fingerprint=predict_fingerprint)
         self.track(params, self.experiment, model=model,
                    evaluation=evaluate.outputs["evaluation"], kind=TRACKED_AS[self.kind])

@@ -64,8 +64,8 @@ def build(image: str, target: "Target | None" = None,
 
 
 def summarize_run(outputs: Mapping[str, Any], summarize_artifacts=None) -> dict[str, Any]:
-    """What a run of the text pipeline produced, from its outputs (artifacts and the gate's
-    "register") as a runner returns them, through `summarize_artifacts` (default
+    """What a run produced, from its outputs (artifacts and the gate's "register") as a
+    runner returns them, through `summarize_artifacts` (default: the text pipeline's
     `summarize`), plus `registration` when the gate's decision is there."""
     summary = (summarize_artifacts or summarize)(
         {name: value.path for name, value in outputs.items() if hasattr(value, "path")})

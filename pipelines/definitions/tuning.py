@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from components.tune.contract import TUNABLE, SearchSpace
+from components.tune.contract import SearchSpace
 from components.tune.launch import STOPPING_RULES as STOPPING_RULES  # vertex_options
 from pipelines.definitions.machine import Machine, boot_disk_type, gpu_environment
 from pipelines.definitions.scheduling import trial_scheduling
@@ -38,7 +38,7 @@ class TuningSettings:
         parallel_trials: Trials running at once (each on the training step's machines).
         max_failed_trials: Failed trials that fail the job; 0 lets Vertex decide.
         algorithm: ALGORITHM_UNSPECIFIED (Bayesian), GRID_SEARCH or RANDOM_SEARCH.
-        seed: Seed of the points drawn at compile time where no tuning service is (trials.py).
+        seed: Seed of the points drawn at compile time where no tuning service is (Kubeflow).
     """
 
     spaces: Mapping[str, SearchSpace]
@@ -85,13 +85,6 @@ def study_parameters(space: SearchSpace) -> list[dict]:
         for p in space.parameters})
 
 
-def study_metrics(space: SearchSpace) -> list[dict]:
-    """The space's metric as the tuning job's `study_spec.metrics`."""
-    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_metrics
-
-    return serialize_metrics({space.metric: space.goal})
-
-
 def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine,
                       spot: bool = False) -> dict:
     """The trials' one worker pool: the trainer's image and machines, one replica.
@@ -122,16 +115,16 @@ def trial_worker_pool(image: str, kind: str, metric: str, machine: Machine,
     }
 
 
-def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: TuningSettings,
-                  vertex: Any, machine: Machine, display_name: str) -> Callable:
+def as_tuning_job(trainer: Callable, kind: str, settings: TuningSettings, vertex: Any,
+                  machine: Machine, display_name: str) -> Callable:
     """A component that tunes `trainer` in a Vertex hyperparameter tuning job: the step
     `components.tune.launch` in the trainer's image; each trial runs `components.tune.trial`.
 
     Args:
         trainer: The (unwrapped) trainer component the trials run.
         kind: "image", "text" or "transformer" (which trial runner).
-        space: What the study searches and its metric.
-        settings: Trial counts and algorithm.
+        settings: What the study searches (`spaces[kind]`, its metric), trial counts and
+            algorithm.
         vertex: Job-wide settings (network, encryption key, spot, TensorBoard, stopping).
         machine: Each trial's machines (the training step's).
         display_name: Name of the tuning job in the console.
@@ -144,9 +137,11 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
     Raises:
         ValueError: The trainer's inputs clash with the job's.
     """
+    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_metrics
     from kfp.dsl import placeholders, structures
     from kfp.dsl.container_component_class import ContainerComponent
 
+    space = settings.spaces[kind]
     trainer_spec = trainer.component_spec
     image = trainer_spec.implementation.container.image
     scheduling, _ = trial_scheduling(machine, vertex.spot)
@@ -156,7 +151,7 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
         "display_name": display_name,
         "worker_pool_specs": [trial_worker_pool(image, kind, space.metric, machine,
                                                 vertex.spot)],
-        "study_spec_metrics": study_metrics(space),
+        "study_spec_metrics": serialize_metrics({space.metric: space.goal}),
         "study_spec_parameters": study_parameters(space),
         "max_trial_count": settings.max_trials,
         "parallel_trial_count": settings.parallel_trials,
@@ -199,28 +194,6 @@ def as_tuning_job(trainer: Callable, kind: str, space: SearchSpace, settings: Tu
         implementation=structures.Implementation(container=structures.ContainerSpecImplementation(
             image=image, command=["python3", "-m", "components.tune.launch"], args=args))),
         pipeline_func=None)
-
-
-def searched(tune_op: Callable, best_op: Callable, kind: str, training: dict, job: dict,
-             display_name: str) -> dict:
-    """Adds the tuning job and the best-trial step to the pipeline being defined.
-
-    Args:
-        tune_op: The `as_tuning_job` component.
-        best_op: The kind's best-trial component.
-        kind: "image", "text" or "transformer".
-        training: The training step's arguments (the run's values).
-        job: Custom-job arguments of the run.
-        display_name: The tuning step's name in the run graph.
-
-    Returns:
-        `training` with every tunable parameter taken from the best trial.
-    """
-    search = tune_op(**training, **job).set_display_name(display_name)
-    best = best_op(gcp_resources=search.outputs["gcp_resources"],
-                   **{name: training[name] for name in TUNABLE[kind]},
-                   ).set_display_name("best-trial")
-    return {**training, **{name: best.outputs[name] for name in TUNABLE[kind]}}
 
 
 def machine_price(machine: Machine) -> float | None:

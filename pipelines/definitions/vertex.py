@@ -37,6 +37,12 @@ CPU_MACHINE_TYPES = frozenset(
     + [f"n1-highcpu-{n}" for n in (16, 32, 64, 96)]
     + [f"c2-standard-{n}" for n in (4, 8, 16, 30, 60)]
     + ["m1-ultramem-40", "m1-ultramem-80", "m1-ultramem-160", "m1-megamem-96"])
+# Filled in by Vertex at run time: the project and region the pipeline runs in.
+PIPELINE_LOCATION = "{{$.pipeline_google_cloud_location}}"
+PIPELINE_PROJECT = "{{$.pipeline_google_cloud_project_id}}"
+# Where the fastai image's server (`pipelines.serve`) listens when Vertex serves a text model.
+RUNTIME_SERVING = {"subdir": ".", "port": 8080, "health_route": "/health",
+                   "predict_route": "/predict"}
 # GPUs attached to N1 machines: GPU count -> the most vCPUs an N1 machine may have with them.
 N1_GPU_VCPUS: Mapping[str, Mapping[int, int]] = {
     "NVIDIA_TESLA_T4": {1: 48, 2: 48, 4: 96},
@@ -251,40 +257,60 @@ class VertexSettings:
         return {"tensorboard": self.tensorboard} if self.tensorboard else {}
 
     def registration(self, kind: str, image: str) -> Callable | None:
-        """The Model Registry upload (`registry.add_upload`) of `kind`'s models that clear
-        the gate; None for image models without `serving_image`."""
+        """The Model Registry upload of `kind`'s models that clear the gate (`add` runs
+        under its condition): a new version of the model of the run's `model_display_name`
+        when one exists, else a new model; None for image models without `serving_image`."""
+        from google_cloud_pipeline_components.v1.model import ModelUploadOp
+
         from components.register import vertex_upload as register
-        from pipelines.definitions import registry
         from pipelines.definitions.steps import SERVED_BY_THE_RUNTIME, component
 
         by_the_runtime = kind in SERVED_BY_THE_RUNTIME
         if not (by_the_runtime or self.serving_image):
             return None
-        ops = registry.UploadOps(component(register.serving_model, image),
-                                 component(register.find_registered_model, image),
-                                 image if by_the_runtime else self.serving_image,
-                                 registry.RUNTIME_SERVING if by_the_runtime else {})
+        serving_op = component(register.serving_model, image)
+        find_op = component(register.find_registered_model, image)
+        serving_image = image if by_the_runtime else self.serving_image
+        serving = RUNTIME_SERVING if by_the_runtime else {}  # the text server's port, routes
 
-        def add(params: Mapping[str, Any], gate, model) -> None:
-            registry.add_upload(ops, gate, model, params["model_display_name"],
-                                self.encryption_spec_key_name)
+        def add(params: Mapping[str, Any], model) -> None:
+            display_name = params["model_display_name"]
+            served = serving_op(model=model, serving_image=serving_image,
+                                run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **serving,
+                                ).set_display_name("serving-model")
+            found = find_op(display_name=display_name, location=PIPELINE_LOCATION,
+                            project=PIPELINE_PROJECT).set_display_name("find-registered-model")
+            found.set_caching_options(False)  # the registry changes between runs
+            upload = {"display_name": display_name, "location": PIPELINE_LOCATION,
+                      "unmanaged_container_model": served.outputs["unmanaged_model"],
+                      "labels": served.outputs["labels"],
+                      "encryption_spec_key_name": self.encryption_spec_key_name}
+            with dsl.If(found.outputs["exists"] == True, name="model-exists"):  # noqa: E712
+                ModelUploadOp(parent_model=found.outputs["parent"], **upload,
+                              ).set_display_name("register-model-version")
+            with dsl.Else(name="new-model"):
+                ModelUploadOp(**upload).set_display_name("register-model")
 
         return add
 
     def search(self, trainer: Callable, kind: str, tune, step: str, display_name: str,
                image: str) -> Callable:
-        """The tuning variant's search: a Vertex tuning job over `trainer`, then the best
-        trial's values (`tuning.searched`)."""
+        """The tuning variant's search: a Vertex tuning job over `trainer`
+        (`tuning.as_tuning_job`), then the best trial's values over the training's own."""
         from components.tune.component import BEST_TRIAL
+        from components.tune.contract import TUNABLE
         from pipelines.definitions import tuning
         from pipelines.definitions.steps import component
 
-        tune_op = tuning.as_tuning_job(trainer, kind, tune.spaces[kind], tune, self,
-                                       self.machines[step], display_name)
+        tune_op = tuning.as_tuning_job(trainer, kind, tune, self, self.machines[step],
+                                       display_name)
         best_op = component(BEST_TRIAL[kind], image)
 
         def search(training: dict, job: dict) -> dict:
-            return tuning.searched(tune_op, best_op, kind, training, job, display_name)
+            searched = tune_op(**training, **job).set_display_name(display_name)
+            best = best_op(gcp_resources=searched.outputs["gcp_resources"],
+                           **{name: training[name] for name in TUNABLE[kind]},
+                           ).set_display_name("best-trial")
+            return {**training, **{name: best.outputs[name] for name in TUNABLE[kind]}}
 
         return search
-
