@@ -324,7 +324,7 @@ def test_a_language_model_stuck_at_the_most_frequent_token_is_not_a_start(
 def test_a_pretrained_lm_keeps_the_rarer_task_tokens_it_knows_after_fastais_own():
     from collections import Counter
 
-    from components.train_text.learners import FAKE, with_pretrained_tokens
+    from components.train_text.training import FAKE, with_pretrained_tokens
 
     counts = Counter({"xxbos": 9, "the": 9, "codec": 5, "flac": 2, "ogg": 1, "zzq": 1})
     task = ["xxunk", "xxpad", "xxbos", "the", "codec", FAKE, FAKE, FAKE]  # make_vocab, min_freq 3

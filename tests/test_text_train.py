@@ -165,7 +165,7 @@ def test_tokens_rarer_than_min_freq_keep_what_the_pretrained_lm_learnt(dataset, 
                                                                       tmp_path):
     """fastai numbers only the task's tokens seen min_freq times; a rarer one the pretrained
     LM has learnt keeps its pretrained embedding instead of becoming xxunk (on a small task
-    that was most of what the LM knew: components/train_text/learners.py)."""
+    that was most of what the LM knew: components/train_text/training.py)."""
     frame = pd.concat([read_split(dataset, "train"), read_split(dataset, "validation")])
     _, counts = tokenize_df(frame[["text"]], ["text"], tok=SpacyTokenizer("fr"),
                             n_workers=TOKENIZER_WORKERS)
@@ -338,7 +338,7 @@ def test_the_classifier_starts_at_the_label_frequencies():
     )
 
     from components.prepare_text.contract import MULTI_LABEL
-    from components.train_text.learners import start_at_label_frequencies
+    from components.train_text.training import start_at_label_frequencies
 
     frame = pd.DataFrame({"text": [f"word{i % 5} other{i % 3}" for i in range(40)],
                           "a": [1] * 30 + [0] * 10, "b": [0] * 36 + [1] * 4})

@@ -36,7 +36,7 @@ def fastai_home(tmp_path, monkeypatch):
 
 def test_english_without_assets_resolves_to_fastais_folder(fastai_home, tmp_path):
     folder = write_fastai_lm_stand_in(fastai_home, SHARED + ["wikipedia"])
-    found = assets.resolve_assets("", "en", False, str(tmp_path))
+    found = assets.fetch_assets("", "en", False, str(tmp_path))
     assert found.weights == os.path.join(folder, "lstm_fwd.pth")
     assert found.vocab == os.path.join(folder, "itos_wt103.pkl")
     assert found.config == {}  # fastai's default AWD-LSTM
@@ -44,14 +44,14 @@ def test_english_without_assets_resolves_to_fastais_folder(fastai_home, tmp_path
     assert assets.fastai_pretrained_url(True).endswith("/wt103-bwd.tgz")
     # other languages have no such model: lm_assets stays required, and says so
     with pytest.raises(assets.MissingAssetsError, match="only lang='en'"):
-        assets.resolve_assets("", "fr", False, str(tmp_path))
+        assets.fetch_assets("", "fr", False, str(tmp_path))
 
 
 def test_an_incomplete_fastai_folder_is_named(fastai_home, tmp_path):
     folder = write_fastai_lm_stand_in(fastai_home, SHARED)
     os.remove(os.path.join(folder, "itos_wt103.pkl"))
     with pytest.raises(assets.MissingAssetsError, match=r"lacks a \.pkl"):
-        assets.resolve_assets("", "en", False, str(tmp_path))
+        assets.fetch_assets("", "en", False, str(tmp_path))
 
 
 def test_preflight_lets_english_start_from_fastais_model(tmp_path):
@@ -87,7 +87,7 @@ def test_unreachable_download_says_how_to_stage_a_copy(fastai_home, tmp_path, mo
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
     with pytest.raises(assets.MissingAssetsError, match="pipelines.stage_wt103") as err:
-        assets.resolve_assets("", "en", False, str(tmp_path))
+        assets.fetch_assets("", "en", False, str(tmp_path))
     # and the two ways out that need no internet at all
     assert "the LM pipeline wrote" in str(err.value) and "pretrained=false" in str(err.value)
 
