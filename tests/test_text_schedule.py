@@ -199,14 +199,6 @@ def test_monitor_direction():
     assert schedule.improved(1.0, None, "accuracy")
 
 
-def test_required_files_layout():
-    assert contract.required_files("fr", False) == [
-        "fr/forward/config.json", "fr/forward/vocab.pkl", "fr/forward/weights.pth"]
-    assert contract.required_files("ja", True) == [
-        "ja/backward/config.json", "ja/backward/vocab.pkl", "ja/backward/weights.pth",
-        "ja/spm/spm.model"]
-
-
 def test_missing_assets_are_all_listed(tmp_path):
     root = tmp_path / "lm"
     (root / "fr" / "forward").mkdir(parents=True)
@@ -220,7 +212,8 @@ def test_missing_assets_are_all_listed(tmp_path):
     assert "pretrained=False" in message
     with pytest.raises(assets.MissingAssetsError) as err:
         assets.fetch_assets(str(root), "ja", True, str(tmp_path / "copy"))
-    for name in ("ja/backward/config.json", "ja/backward/weights.pth", "ja/spm/spm.model"):
+    for name in ("ja/backward/config.json", "ja/backward/vocab.pkl", "ja/backward/weights.pth",
+                 "ja/spm/spm.model"):  # the layout: contract.required_files
         assert f"{root}/{name}" in str(err.value)
     with pytest.raises(assets.MissingAssetsError, match="needs lm_assets_uri"):
         assets.fetch_assets("", "fr", False, str(tmp_path / "copy"))

@@ -11,8 +11,6 @@ import torch
 from fastai.data.external import fastai_cfg
 from fastai.text.all import load_pickle
 
-from components.preflight.parameters import PreflightError
-from components.preflight.pipeline_checks import check_text_run
 from components.train_text import assets
 from components.train_text.contract import TrainConfig
 from pipelines import stage_wt103
@@ -52,15 +50,6 @@ def test_an_incomplete_fastai_folder_is_named(fastai_home, tmp_path):
     os.remove(os.path.join(folder, "itos_wt103.pkl"))
     with pytest.raises(assets.MissingAssetsError, match=r"lacks a \.pkl"):
         assets.fetch_assets("", "en", False, str(tmp_path))
-
-
-def test_preflight_lets_english_start_from_fastais_model(tmp_path):
-    data = tmp_path / "reviews.csv"
-    write_reviews_csv(str(data), rows=40)
-    check_text_run({"data_uri": str(data)})  # the defaults: English, pretrained, no lm_assets
-    check_text_run({"data_uri": str(data), "lang": "en", "pretrained": True, "lm_assets": ""})
-    with pytest.raises(PreflightError, match="lm_assets is empty"):
-        check_text_run({"data_uri": str(data), "lang": "fr", "pretrained": True, "lm_assets": ""})
 
 
 def test_staged_copy_is_ordinary_assets_with_the_same_files(fastai_home, tmp_path):
