@@ -12,7 +12,7 @@ from typing import Any
 from components.common.input_kinds import NotTextError, decode_text, text_problem
 from components.common.storage import filesystem
 from components.prepare_text.contract import read_text_csv
-from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX, LMTrainingError
+from components.train_lm.contract import TEXT_SUFFIX, LMTrainingError, corpus_files
 
 _PARAGRAPH = re.compile(r"\n[ \t\r\f\v]*\n")
 _EXAMPLES = 5  # names kept per skip reason
@@ -104,30 +104,13 @@ def read_corpus(uri: str, text_column: str = "text") -> Corpus:
         LMTrainingError: Nothing at `uri`, a folder without .txt files, a CSV without the
             column, or fewer than two documents in all.
     """
+    kind, files, others = corpus_files(uri)
     fs, path = filesystem(uri)
-    if not fs.exists(path):
-        raise LMTrainingError(f"corpus {uri!r} does not exist")
     skips: dict[str, dict[str, Any]] = {}
-    if fs.isdir(path):
-        found = sorted(fs.find(path))
-        files = [f for f in found if f.endswith(TEXT_SUFFIX)]
-        for other in found:
-            if not other.endswith(TEXT_SUFFIX):
-                _skip(skips, f"not a {TEXT_SUFFIX} file", os.path.relpath(other, path))
-        if not files:
-            raise LMTrainingError(
-                f"corpus folder {uri!r} holds no {TEXT_SUFFIX} files ({len(found)} other files); "
-                f"give a folder of UTF-8 {TEXT_SUFFIX} files, or a CSV file and text_column")
-        kind, documents = "txt", _read_texts(fs, files, path, uri, skips)
-    elif path.endswith(CSV_SUFFIX):
-        files = [path]
-        kind, documents = "csv", _read_csv(fs, path, uri, text_column, skips)
-    elif path.endswith(TEXT_SUFFIX):
-        files = [path]
-        kind, documents = "txt", _read_texts(fs, files, path, uri, skips)
-    else:
-        raise LMTrainingError(f"corpus {uri!r} is neither a folder, a {TEXT_SUFFIX} file nor a "
-                              f"{CSV_SUFFIX} file")
+    for other in others:
+        _skip(skips, f"not a {TEXT_SUFFIX} file", os.path.relpath(other, path))
+    documents = _read_csv(fs, path, uri, text_column, skips) if kind == "csv" else \
+        _read_texts(fs, files, path, uri, skips)
     if len(documents) < 2:
         raise LMTrainingError(
             f"corpus {uri!r} gave {len(documents)} document(s) (skipped: "
