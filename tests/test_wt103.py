@@ -38,8 +38,7 @@ def test_english_without_assets_resolves_to_fastais_folder(fastai_home, tmp_path
     assert found.weights == os.path.join(folder, "lstm_fwd.pth")
     assert found.vocab == os.path.join(folder, "itos_wt103.pkl")
     assert found.config == {}  # fastai's default AWD-LSTM
-    assert assets.fastai_pretrained_url(False).endswith("/wt103-fwd.tgz")
-    assert assets.fastai_pretrained_url(True).endswith("/wt103-bwd.tgz")
+    assert found.source.endswith("/wt103-fwd.tgz")  # the URL fastai's pretrained=True takes
     # other languages have no such model: lm_assets stays required, and says so
     with pytest.raises(assets.MissingAssetsError, match="only lang='en'"):
         assets.fetch_assets("", "fr", False, str(tmp_path))
@@ -96,7 +95,7 @@ def test_a_text_pipeline_given_only_its_data_starts_from_fastais_english_model(f
     with open(os.path.join(summary["artifacts"]["model"], "metrics.json")) as f:
         trained = json.load(f)
     assert trained["config"]["lang"] == "en" and trained["config"]["pretrained"] is True
-    assert trained["run"]["pretrained_from"] == assets.fastai_pretrained_url(False)
+    assert trained["run"]["pretrained_from"].endswith("/wt103-fwd.tgz")
     assert trained["run"]["pretrained"] is True
     assert trained["run"]["arch_config"] == {  # fastai's AWD-LSTM, not ours
         "emb_sz": 400, "n_hid": 1152, "n_layers": 3, "pad_token": 1, "bidir": False}

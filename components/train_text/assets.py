@@ -70,13 +70,6 @@ def parse_config(text: str | bytes, source: str) -> tuple[str, dict[str, Any]]:
     return arch, dict(settings)
 
 
-def fastai_pretrained_url(backwards: bool) -> str:
-    """The URL `language_model_learner(AWD_LSTM, pretrained=True)` downloads."""
-    from fastai.text.all import URLs
-
-    return URLs.WT103_BWD if backwards else URLs.WT103_FWD
-
-
 def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
     """fastai's English WikiText-103 AWD-LSTM, as `language_model_learner` fetches it (the
     first `*.pth` and `*.pkl` of `untar_data`'s folder).
@@ -84,9 +77,9 @@ def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
     Raises:
         MissingAssetsError: The download failed, or the folder lacks a `.pth` or a `.pkl`.
     """
-    from fastai.text.all import untar_data
+    from fastai.text.all import URLs, untar_data
 
-    url = fastai_pretrained_url(backwards)
+    url = URLs.WT103_BWD if backwards else URLs.WT103_FWD  # as pretrained=True downloads
     try:
         folder = untar_data(url, c_key="model")
     except Exception as err:  # urllib, HTTP and archive errors alike
