@@ -11,8 +11,6 @@ import torch
 from fastai.data.external import fastai_cfg
 from fastai.text.all import load_pickle
 
-from components.preflight.parameters import PreflightError
-from components.preflight.pipeline_checks import check_text_run
 from components.train_text import assets
 from components.train_text.contract import TrainConfig
 from pipelines import stage_wt103
@@ -36,31 +34,21 @@ def fastai_home(tmp_path, monkeypatch):
 
 def test_english_without_assets_resolves_to_fastais_folder(fastai_home, tmp_path):
     folder = write_fastai_lm_stand_in(fastai_home, SHARED + ["wikipedia"])
-    found = assets.resolve_assets("", "en", False, str(tmp_path))
+    found = assets.fetch_assets("", "en", False, str(tmp_path))
     assert found.weights == os.path.join(folder, "lstm_fwd.pth")
     assert found.vocab == os.path.join(folder, "itos_wt103.pkl")
     assert found.config == {}  # fastai's default AWD-LSTM
-    assert assets.fastai_pretrained_url(False).endswith("/wt103-fwd.tgz")
-    assert assets.fastai_pretrained_url(True).endswith("/wt103-bwd.tgz")
+    assert found.source.endswith("/wt103-fwd.tgz")  # the URL fastai's pretrained=True takes
     # other languages have no such model: lm_assets stays required, and says so
     with pytest.raises(assets.MissingAssetsError, match="only lang='en'"):
-        assets.resolve_assets("", "fr", False, str(tmp_path))
+        assets.fetch_assets("", "fr", False, str(tmp_path))
 
 
 def test_an_incomplete_fastai_folder_is_named(fastai_home, tmp_path):
     folder = write_fastai_lm_stand_in(fastai_home, SHARED)
     os.remove(os.path.join(folder, "itos_wt103.pkl"))
     with pytest.raises(assets.MissingAssetsError, match=r"lacks a \.pkl"):
-        assets.resolve_assets("", "en", False, str(tmp_path))
-
-
-def test_preflight_lets_english_start_from_fastais_model(tmp_path):
-    data = tmp_path / "reviews.csv"
-    write_reviews_csv(str(data), rows=40)
-    check_text_run({"data_uri": str(data)})  # the defaults: English, pretrained, no lm_assets
-    check_text_run({"data_uri": str(data), "lang": "en", "pretrained": True, "lm_assets": ""})
-    with pytest.raises(PreflightError, match="lm_assets is empty"):
-        check_text_run({"data_uri": str(data), "lang": "fr", "pretrained": True, "lm_assets": ""})
+        assets.fetch_assets("", "en", False, str(tmp_path))
 
 
 def test_staged_copy_is_ordinary_assets_with_the_same_files(fastai_home, tmp_path):
@@ -87,7 +75,7 @@ def test_unreachable_download_says_how_to_stage_a_copy(fastai_home, tmp_path, mo
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
     with pytest.raises(assets.MissingAssetsError, match="pipelines.stage_wt103") as err:
-        assets.resolve_assets("", "en", False, str(tmp_path))
+        assets.fetch_assets("", "en", False, str(tmp_path))
     # and the two ways out that need no internet at all
     assert "the LM pipeline wrote" in str(err.value) and "pretrained=false" in str(err.value)
 
@@ -107,7 +95,7 @@ def test_a_text_pipeline_given_only_its_data_starts_from_fastais_english_model(f
     with open(os.path.join(summary["artifacts"]["model"], "metrics.json")) as f:
         trained = json.load(f)
     assert trained["config"]["lang"] == "en" and trained["config"]["pretrained"] is True
-    assert trained["run"]["pretrained_from"] == assets.fastai_pretrained_url(False)
+    assert trained["run"]["pretrained_from"].endswith("/wt103-fwd.tgz")
     assert trained["run"]["pretrained"] is True
     assert trained["run"]["arch_config"] == {  # fastai's AWD-LSTM, not ours
         "emb_sz": 400, "n_hid": 1152, "n_layers": 3, "pad_token": 1, "bidir": False}

@@ -45,14 +45,6 @@ def mistakes_list(indices: Sequence[int], texts: Sequence[str], truth: np.ndarra
     return f'<div id="mistakes">{"".join(items)}</div>'
 
 
-def _by_stage(rows: Sequence[Mapping[str, Any]], model: str) -> dict[str, list]:
-    stages: dict[str, list] = {}
-    for row in rows:
-        if row.get("model") == model:
-            stages.setdefault(row["stage"], []).append(row)
-    return stages
-
-
 def text_report(result: Mapping[str, Any], texts: Sequence[str], truth: np.ndarray,
                 probs: np.ndarray, training: Mapping[str, Any] | None) -> str:
     """The report's HTML.
@@ -92,7 +84,10 @@ def text_report(result: Mapping[str, Any], texts: Sequence[str], truth: np.ndarr
             ("classifier", "Classifier training", [("train_loss", "valid_loss"),
                                                    ("f1_score", "accuracy_multi" if multi
                                                     else "accuracy")])):
-        stages = _by_stage(history, model)
+        stages: dict[str, list] = {}  # the model's history rows, stage by stage
+        for row in history:
+            if row.get("model") == model:
+                stages.setdefault(row["stage"], []).append(row)
         if stages:
             sections.append((title, report_html.training_curves(
                 f"training-{model}", stages, pairs,

@@ -98,11 +98,6 @@ def _one_hot(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame(out, index=frame.index)
 
 
-def _missing(values: pd.Series) -> np.ndarray:
-    """True where a cell is a missing-value marker (not an empty cell)."""
-    return values.astype(str).str.strip().isin(_MISSING).to_numpy()
-
-
 def label_delimiter_of(values: pd.Series, column: str, delimiter: str) -> str:
     """The delimiter that joins class names in a class-name column, as `delimiter` says:
     "auto" is "," and refuses a cell holding ";" or "|" (a file mixing them would make
@@ -113,30 +108,27 @@ def label_delimiter_of(values: pd.Series, column: str, delimiter: str) -> str:
             settings that read them), or a declared delimiter in no cell while another
             common one is.
     """
+    holding = {d: np.flatnonzero(values.str.contains(d, regex=False).to_numpy())
+               for d in _COMMON_DELIMITERS}
     if delimiter == AUTO_DELIMITER:
-        others = {d: np.flatnonzero(values.str.contains(d, regex=False).to_numpy())
-                  for d in _COMMON_DELIMITERS[1:]}
-        others = {d: rows for d, rows in others.items() if rows.size}
+        others = {d: rows for d, rows in holding.items() if d != "," and rows.size}
         if others:
-            commas = int(values.str.contains(",", regex=False).sum())
             held = "; ".join(f"{rows.size} value(s) hold {d!r}: {_describe(values, rows)}"
                              for d, rows in others.items())
             first = next(iter(others))
             raise TextDataError(
-                f"label column {column!r}: {held} ({commas} hold ','): "
+                f"label column {column!r}: {held} ({holding[','].size} hold ','): "
                 f"set label_delimiter={first!r} if it separates the labels of a row, "
                 f"label_delimiter=',' if ',' does and {first!r} is part of class names, or "
                 "label_delimiter='' to keep each cell one class name")
         return ","
-    if delimiter and not values.str.contains(delimiter, regex=False).any():
-        for other in _COMMON_DELIMITERS:
-            joined = np.flatnonzero(values.str.contains(other, regex=False).to_numpy())
-            if other != delimiter and joined.size:
-                raise TextDataError(
-                    f"label column {column!r}: {joined.size} value(s) hold {other!r} and none "
-                    f"the label delimiter {delimiter!r}: {_describe(values, joined)}; set "
-                    f"label_delimiter={other!r} if these are several labels per row, or "
-                    f"label_delimiter='' if {other!r} is part of the class names")
+    other = next((d for d, rows in holding.items() if d != delimiter and rows.size), None)
+    if delimiter and other and not values.str.contains(delimiter, regex=False).any():
+        raise TextDataError(
+            f"label column {column!r}: {holding[other].size} value(s) hold {other!r} and none "
+            f"the label delimiter {delimiter!r}: {_describe(values, holding[other])}; set "
+            f"label_delimiter={other!r} if these are several labels per row, or "
+            f"label_delimiter='' if {other!r} is part of the class names")
     return delimiter
 
 
@@ -223,7 +215,9 @@ def _labels(frame: pd.DataFrame, label_columns: list[str],
     rows have no label cell (class names only: a missing 0/1 cell is an error), "one_hot"
     or "class_names", and the delimiter class names were split on (None: one-hot)."""
     values = frame[label_columns[0]].astype(str)
-    missing = _missing(values) if len(label_columns) == 1 else np.zeros(len(frame), dtype=bool)
+    # Missing-value markers (not empty cells), in a class-name column only.
+    missing = values.str.strip().isin(_MISSING).to_numpy() if len(label_columns) == 1 else \
+        np.zeros(len(frame), dtype=bool)
     known = values[~missing]
     # A single column that is almost all 0/1 (missing cells aside) is one binary label
     # with typos, not the class names "0", "1", "2", "yes": _one_hot then names the bad rows.

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from components.common import preemption
+from components.common.storage import filesystem
 from components.common.written import check_settings, setting
 from components.formats.lm_assets import LM_METRICS_FILE
 from components.train_text.contract import FOUND_RATE_HELP, rate_text
@@ -77,6 +78,31 @@ class LMConfig:
     def directions(self) -> list[bool]:
         """`backwards` flags of the models to train: forward, then backward on request."""
         return [False, True] if self.backwards else [False]
+
+
+def corpus_files(uri: str) -> tuple[str, list[str], list[str]]:
+    """What the corpus at `uri` is, as the step reads it (and the preflight checks it):
+    `("txt" or "csv", the files read, the other files of a folder, which are skipped)`.
+
+    Raises:
+        LMTrainingError: Nothing at `uri`, a folder without .txt files (at any depth), or
+            neither a folder, a .txt file nor a .csv file.
+    """
+    fs, path = filesystem(uri)
+    if not fs.exists(path):
+        raise LMTrainingError(f"corpus {uri!r} does not exist")
+    if fs.isdir(path):
+        found = sorted(fs.find(path))
+        files = [f for f in found if f.endswith(TEXT_SUFFIX)]
+        if not files:
+            raise LMTrainingError(
+                f"corpus folder {uri!r} holds no {TEXT_SUFFIX} files ({len(found)} other files); "
+                f"give a folder of UTF-8 {TEXT_SUFFIX} files, or a CSV file and text_column")
+        return "txt", files, [f for f in found if not f.endswith(TEXT_SUFFIX)]
+    if path.endswith(CSV_SUFFIX) or path.endswith(TEXT_SUFFIX):
+        return ("csv" if path.endswith(CSV_SUFFIX) else "txt"), [path], []
+    raise LMTrainingError(f"corpus {uri!r} is neither a folder, a {TEXT_SUFFIX} file nor a "
+                          f"{CSV_SUFFIX} file")
 
 
 def console_metrics(result: dict[str, Any]) -> dict[str, float]:

@@ -12,7 +12,7 @@ from typing import Any
 from components.common.input_kinds import NotTextError, decode_text, text_problem
 from components.common.storage import filesystem
 from components.prepare_text.contract import read_text_csv
-from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX, LMTrainingError
+from components.train_lm.contract import TEXT_SUFFIX, LMTrainingError, corpus_files
 
 _PARAGRAPH = re.compile(r"\n[ \t\r\f\v]*\n")
 _EXAMPLES = 5  # names kept per skip reason
@@ -33,18 +33,15 @@ def paragraphs(text: str) -> list[str]:
     return [" ".join(p.split()) for p in _PARAGRAPH.split(text) if p.strip()]
 
 
-class _Skips:
-    def __init__(self):
-        self.reasons: dict[str, dict[str, Any]] = {}
-
-    def add(self, reason: str, name: str) -> None:
-        entry = self.reasons.setdefault(reason, {"count": 0, "examples": []})
-        entry["count"] += 1
-        if len(entry["examples"]) < _EXAMPLES:
-            entry["examples"].append(name)
+def _skip(skips: dict[str, dict[str, Any]], reason: str, name: str) -> None:
+    """Counts `name` as skipped for `reason` in the report's `skipped` (a few kept by name)."""
+    entry = skips.setdefault(reason, {"count": 0, "examples": []})
+    entry["count"] += 1
+    if len(entry["examples"]) < _EXAMPLES:
+        entry["examples"].append(name)
 
 
-def _read_csv(fs, path: str, uri: str, column: str, skips: _Skips) -> list[str]:
+def _read_csv(fs, path: str, uri: str, column: str, skips: dict) -> list[str]:
     with fs.open(path, "rb") as f:
         frame = read_text_csv(f.read(), f"corpus {uri!r}", {column: "text_column"},
                               LMTrainingError)
@@ -54,19 +51,19 @@ def _read_csv(fs, path: str, uri: str, column: str, skips: _Skips) -> list[str]:
         text = " ".join(str(text).split())
         if problem:
             not_text += 1
-            skips.add(NOT_TEXT, f"{uri} line {row}: {problem}")
+            _skip(skips, NOT_TEXT, f"{uri} line {row}: {problem}")
         elif text:
             documents.append(text)
         else:
-            skips.add("empty text", f"{uri} line {row}")
+            _skip(skips, "empty text", f"{uri} line {row}")
     if not_text > len(documents):
         raise LMTrainingError(f"corpus {uri!r}: {not_text} of its rows in column {column!r} are "
-                              f"not text ({skips.reasons[NOT_TEXT]['examples'][0]}); give a CSV "
+                              f"not text ({skips[NOT_TEXT]['examples'][0]}); give a CSV "
                               "of texts")
     return documents
 
 
-def _read_texts(fs, files: list[str], root: str, uri: str, skips: _Skips) -> list[str]:
+def _read_texts(fs, files: list[str], root: str, uri: str, skips: dict) -> list[str]:
     documents, read, not_text = [], 0, []
     for path in files:
         name = os.path.relpath(path, root) if path != root else os.path.basename(path)
@@ -78,12 +75,12 @@ def _read_texts(fs, files: list[str], root: str, uri: str, skips: _Skips) -> lis
             if path == root:  # the corpus is this one file
                 raise LMTrainingError(f"corpus {uri!r}: {err}") from None
             not_text.append(str(err))
-            skips.add(NOT_TEXT, str(err))
+            _skip(skips, NOT_TEXT, str(err))
             continue
         read += 1
         found = paragraphs(text)
         if not found:
-            skips.add("empty file", name)
+            _skip(skips, "empty file", name)
         documents += found
     if len(not_text) > read:
         raise LMTrainingError(f"corpus {uri!r}: {len(not_text)} of its {len(files)} "
@@ -107,34 +104,17 @@ def read_corpus(uri: str, text_column: str = "text") -> Corpus:
         LMTrainingError: Nothing at `uri`, a folder without .txt files, a CSV without the
             column, or fewer than two documents in all.
     """
+    kind, files, others = corpus_files(uri)
     fs, path = filesystem(uri)
-    if not fs.exists(path):
-        raise LMTrainingError(f"corpus {uri!r} does not exist")
-    skips = _Skips()
-    if fs.isdir(path):
-        found = sorted(fs.find(path))
-        files = [f for f in found if f.endswith(TEXT_SUFFIX)]
-        for other in found:
-            if not other.endswith(TEXT_SUFFIX):
-                skips.add(f"not a {TEXT_SUFFIX} file", os.path.relpath(other, path))
-        if not files:
-            raise LMTrainingError(
-                f"corpus folder {uri!r} holds no {TEXT_SUFFIX} files ({len(found)} other files); "
-                f"give a folder of UTF-8 {TEXT_SUFFIX} files, or a CSV file and text_column")
-        kind, documents = "txt", _read_texts(fs, files, path, uri, skips)
-    elif path.endswith(CSV_SUFFIX):
-        files = [path]
-        kind, documents = "csv", _read_csv(fs, path, uri, text_column, skips)
-    elif path.endswith(TEXT_SUFFIX):
-        files = [path]
-        kind, documents = "txt", _read_texts(fs, files, path, uri, skips)
-    else:
-        raise LMTrainingError(f"corpus {uri!r} is neither a folder, a {TEXT_SUFFIX} file nor a "
-                              f"{CSV_SUFFIX} file")
+    skips: dict[str, dict[str, Any]] = {}
+    for other in others:
+        _skip(skips, f"not a {TEXT_SUFFIX} file", os.path.relpath(other, path))
+    documents = _read_csv(fs, path, uri, text_column, skips) if kind == "csv" else \
+        _read_texts(fs, files, path, uri, skips)
     if len(documents) < 2:
         raise LMTrainingError(
             f"corpus {uri!r} gave {len(documents)} document(s) (skipped: "
-            f"{ {r: s['count'] for r, s in skips.reasons.items()} }); a language model needs "
+            f"{ {r: s['count'] for r, s in skips.items()} }); a language model needs "
             "texts to learn from and others to measure perplexity on: at least two "
             "paragraphs or rows")
     digest = hashlib.sha256()
@@ -143,5 +123,5 @@ def read_corpus(uri: str, text_column: str = "text") -> Corpus:
     return Corpus(documents=documents, report={
         "uri": uri, "kind": kind, "files": len(files), "documents": len(documents),
         "characters": sum(map(len, documents)), "sha256": digest.hexdigest(),
-        "skipped": skips.reasons,
+        "skipped": skips,
     })

@@ -70,13 +70,6 @@ def parse_config(text: str | bytes, source: str) -> tuple[str, dict[str, Any]]:
     return arch, dict(settings)
 
 
-def fastai_pretrained_url(backwards: bool) -> str:
-    """The URL `language_model_learner(AWD_LSTM, pretrained=True)` downloads."""
-    from fastai.text.all import URLs
-
-    return URLs.WT103_BWD if backwards else URLs.WT103_FWD
-
-
 def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
     """fastai's English WikiText-103 AWD-LSTM, as `language_model_learner` fetches it (the
     first `*.pth` and `*.pkl` of `untar_data`'s folder).
@@ -84,9 +77,9 @@ def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
     Raises:
         MissingAssetsError: The download failed, or the folder lacks a `.pth` or a `.pkl`.
     """
-    from fastai.text.all import untar_data
+    from fastai.text.all import URLs, untar_data
 
-    url = fastai_pretrained_url(backwards)
+    url = URLs.WT103_BWD if backwards else URLs.WT103_FWD  # as pretrained=True downloads
     try:
         folder = untar_data(url, c_key="model")
     except Exception as err:  # urllib, HTTP and archive errors alike
@@ -106,28 +99,25 @@ def fetch_fastai_pretrained(backwards: bool) -> LMAssets:
                     source=url)
 
 
-def resolve_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) -> LMAssets:
-    """The pretrained LM of a run: `fetch_assets`, or fastai's English model without assets."""
-    if not assets_uri.strip() and lang.strip() == FASTAI_PRETRAINED_LANG:
-        return fetch_fastai_pretrained(backwards)
-    return fetch_assets(assets_uri, lang, backwards, local_dir)
-
-
 def fetch_assets(assets_uri: str, lang: str, backwards: bool, local_dir: str) -> LMAssets:
-    """Checks that a language and direction's LM files exist and copies them locally.
+    """Checks that a language and direction's LM files exist and copies them locally; with
+    no assets and lang=en, fastai's English model (`fetch_fastai_pretrained`).
 
     Args:
-        assets_uri: Root of the assets layout, a local path or gs:// URI.
+        assets_uri: Root of the assets layout, a local path or gs:// URI; or empty.
         lang: Language code, e.g. "fr", "en", "ja".
         backwards: Take the backward LM instead of the forward one.
         local_dir: Folder the files are copied into (local paths are used in place).
 
     Raises:
-        MissingAssetsError: Some files are absent; the message lists every one.
+        MissingAssetsError: Some files are absent (the message lists every one), or fastai's
+            English model could not be fetched.
         UnlearntAssetsError: Their lm_metrics.json says the model learnt nothing
             (`contract.unlearnt_lm`).
         AssetConfigError: config.json cannot be used.
     """
+    if not assets_uri.strip() and lang.strip() == FASTAI_PRETRAINED_LANG:
+        return fetch_fastai_pretrained(backwards)
     if not assets_uri.strip():
         raise MissingAssetsError(
             "pretrained=True needs lm_assets_uri, a folder laid out as "

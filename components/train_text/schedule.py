@@ -19,7 +19,7 @@ from components.train_text.contract import (
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
-VOCAB_FILE = "vocab.pkl"  # the classifier's vocabulary, saved once (runner.py)
+VOCAB_FILE = "vocab.pkl"  # the classifier's vocabulary, saved once (training.py)
 # The state file (`run_state.open_run`); a reused folder loses another run's files.
 STATE = run_state.StateFile(STATE_FILE, TextTrainingError,
                             "other config, dataset or model folder", version=STATE_VERSION,
