@@ -25,7 +25,7 @@ from components.trainjob import launcher, spec
 
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 POD_NAME, POD_UID = "KFP_POD_NAME", "KFP_POD_UID"
-# The launcher's own service account (`pipelines.definitions.trainjob` sets it).
+# The launcher's own service account (`pipelines.definitions.kubeflow` sets it).
 SERVICE_ACCOUNT = "KFP_SERVICE_ACCOUNT"
 # The label every TrainJob of one task carries, all attempts (launcher.launch's selector).
 TASK_LABEL = "vertex-gpu-pipelines/task"
