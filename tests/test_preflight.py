@@ -209,7 +209,7 @@ def test_a_corpus_the_language_model_could_not_read_is_refused_first(tmp_path):
     with pytest.raises(PreflightError, match=r"no column 'text' \(its header: \['body', 'label'\]"):
         preflight("lm", str(csv), LM_DEFAULTS)
     assert preflight("lm", str(csv), {**LM_DEFAULTS, "text_column": "body"}).startswith("sha256:")
-    with pytest.raises(PreflightError, match="corpus_uri .* does not exist"):
+    with pytest.raises(PreflightError, match="corpus .* does not exist"):
         preflight("lm", str(tmp_path / "gone"), LM_DEFAULTS)
     with pytest.raises(PreflightError, match="training: .*validation_fraction must be > 0 and < 1"):
         preflight("lm", str(csv), {**LM_DEFAULTS, "text_column": "body",
@@ -222,7 +222,7 @@ def test_a_corpus_that_is_not_text_is_refused_before_training(tmp_path):
     corpus.mkdir()
     for name in ("a.txt", "b.txt"):
         (corpus / name).write_bytes(b"\0" * 20_000)
-    with pytest.raises(PreflightError, match=r"2 of the first 2 .txt files are not text, e.g. "
+    with pytest.raises(PreflightError, match=r"2 of its 2 .txt files are not text, e.g. corpus "
                                              r"file 'a.txt' is not text: 20000 of its .*offset 0"):
         preflight("lm", str(corpus), LM_DEFAULTS)
     (corpus / "c.txt").write_text("Plain text.\n" * 100)
