@@ -20,8 +20,8 @@ from components.preflight.pipeline_checks import (
     check_text_run,
     lang_problems,
     model_config_problems,
-    weights_problems,
 )
+from components.train_image.contract import weights_problem
 from pipelines.definitions import image, lm, text, transformer
 from tests.conftest import write_class_images, write_densenet_weights
 from tests.hostile import LM_FILE_BYTES
@@ -296,15 +296,15 @@ def test_weights_are_imagenet_none_or_an_existing_file(tmp_path):
     pytest.importorskip("tensorflow")
     weights = write_densenet_weights(tmp_path / "densenet_notop.h5", 32)
     for ok in ("imagenet", "none", "", weights, "gs://bucket/w/densenet121_notop.h5"):
-        assert weights_problems(ok) == [], ok
+        assert weights_problem(ok) == "", ok
     # A file that holds no DenseNet is refused before the data is sharded.
     not_weights = tmp_path / "densenet121_notop.h5"
     not_weights.write_bytes(b"x")
-    [problem] = weights_problems(str(not_weights))
+    problem = weights_problem(str(not_weights))
     assert problem.startswith(f"weights file {str(not_weights)!r} is not the no-top weights "
                               "of a tf-keras DenseNet"), problem
     for wrong in (str(tmp_path / "gone.h5"), str(tmp_path), "resnet", "ImageNet"):
-        [problem] = weights_problems(wrong)
+        problem = weights_problem(wrong)
         assert problem.startswith(f"weights {wrong!r} is neither 'imagenet', 'none' nor an "
                                   "existing file: give"), problem
 
