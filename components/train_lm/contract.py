@@ -5,7 +5,6 @@ assets layout and `lm_metrics.json`). Nothing here imports fastai or torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 from components.common import preemption
@@ -106,7 +105,7 @@ def corpus_files(uri: str) -> tuple[str, list[str], list[str]]:
                           f"{CSV_SUFFIX} file")
 
 
-def check_mostly_text(uri: str, not_text: Sequence[str], read: int, files: int) -> None:
+def check_mostly_text(uri: str, not_text: list[str], read: int, files: int) -> None:
     """The step's rule for a corpus of .txt files: those that are not text are skipped, but
     not most of them. `not_text` says why for each such file among the first `read` of the
     corpus's `files` (the step reads them all, the preflight the first few).
