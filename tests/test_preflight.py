@@ -20,8 +20,8 @@ from components.preflight.pipeline_checks import (
     check_text_run,
     lang_problems,
     model_config_problems,
-    weights_problems,
 )
+from components.train_image.contract import weights_problem
 from pipelines.definitions import image, lm, text, transformer
 from tests.conftest import write_class_images, write_densenet_weights
 from tests.hostile import LM_FILE_BYTES
@@ -209,7 +209,7 @@ def test_a_corpus_the_language_model_could_not_read_is_refused_first(tmp_path):
     with pytest.raises(PreflightError, match=r"no column 'text' \(its header: \['body', 'label'\]"):
         preflight("lm", str(csv), LM_DEFAULTS)
     assert preflight("lm", str(csv), {**LM_DEFAULTS, "text_column": "body"}).startswith("sha256:")
-    with pytest.raises(PreflightError, match="corpus_uri .* does not exist"):
+    with pytest.raises(PreflightError, match="corpus .* does not exist"):
         preflight("lm", str(tmp_path / "gone"), LM_DEFAULTS)
     with pytest.raises(PreflightError, match="training: .*validation_fraction must be > 0 and < 1"):
         preflight("lm", str(csv), {**LM_DEFAULTS, "text_column": "body",
@@ -222,7 +222,7 @@ def test_a_corpus_that_is_not_text_is_refused_before_training(tmp_path):
     corpus.mkdir()
     for name in ("a.txt", "b.txt"):
         (corpus / name).write_bytes(b"\0" * 20_000)
-    with pytest.raises(PreflightError, match=r"2 of the first 2 .txt files are not text, e.g. "
+    with pytest.raises(PreflightError, match=r"2 of its 2 .txt files are not text, e.g. corpus "
                                              r"file 'a.txt' is not text: 20000 of its .*offset 0"):
         preflight("lm", str(corpus), LM_DEFAULTS)
     (corpus / "c.txt").write_text("Plain text.\n" * 100)
@@ -296,15 +296,15 @@ def test_weights_are_imagenet_none_or_an_existing_file(tmp_path):
     pytest.importorskip("tensorflow")
     weights = write_densenet_weights(tmp_path / "densenet_notop.h5", 32)
     for ok in ("imagenet", "none", "", weights, "gs://bucket/w/densenet121_notop.h5"):
-        assert weights_problems(ok) == [], ok
+        assert weights_problem(ok) == "", ok
     # A file that holds no DenseNet is refused before the data is sharded.
     not_weights = tmp_path / "densenet121_notop.h5"
     not_weights.write_bytes(b"x")
-    [problem] = weights_problems(str(not_weights))
+    problem = weights_problem(str(not_weights))
     assert problem.startswith(f"weights file {str(not_weights)!r} is not the no-top weights "
                               "of a tf-keras DenseNet"), problem
     for wrong in (str(tmp_path / "gone.h5"), str(tmp_path), "resnet", "ImageNet"):
-        [problem] = weights_problems(wrong)
+        problem = weights_problem(wrong)
         assert problem.startswith(f"weights {wrong!r} is neither 'imagenet', 'none' nor an "
                                   "existing file: give"), problem
 

@@ -638,8 +638,6 @@ def lite0_imagenet() -> str:
 
 def test_a_weights_file_of_the_other_network_is_refused_naming_both(lite0_imagenet,
                                                                        densenet_weights):
-    from components.preflight.pipeline_checks import weights_problems
-
     with pytest.raises(ValueError, match=r"holds EfficientNet-Lite0, and "
                                          r"architecture='densenet121' expects"):
         model_lib.build_model(3, IMAGE_SIZE, lite0_imagenet)
@@ -647,8 +645,9 @@ def test_a_weights_file_of_the_other_network_is_refused_naming_both(lite0_imagen
                                          r"architecture='efficientnet_lite0'"):
         model_lib.build_model(3, IMAGE_SIZE, densenet_weights, architecture="efficientnet_lite0")
     # the preflight refuses the same before sharding
-    assert "holds DenseNet(1-1-1-1)" in weights_problems(densenet_weights, "efficientnet_lite0")[0]
-    assert weights_problems(lite0_imagenet, "efficientnet_lite0") == []
+    assert "holds DenseNet(1-1-1-1)" in contract.weights_problem(densenet_weights,
+                                                                 "efficientnet_lite0")
+    assert contract.weights_problem(lite0_imagenet, "efficientnet_lite0") == ""
 
 
 def test_lite0_fine_tuning_unfreezes_the_top_stages(lite0_imagenet):

@@ -26,45 +26,30 @@ _SAMPLED_FILES = 16
 
 
 def check_corpus(uri: str, text_column: str) -> None:
-    """Refuses a corpus the language model step would refuse, from its listing and the
-    first bytes of its files.
+    """Refuses a corpus the language model step would refuse, by the step's rules
+    (`train_lm.contract`) on its listing and the first bytes of its first files.
 
     Raises:
         PreflightError: The problem, naming the URI (and file) and what to give instead.
     """
-    from components.train_lm.contract import CSV_SUFFIX, TEXT_SUFFIX
+    from components.train_lm.contract import LMTrainingError, check_mostly_text, corpus_files
 
     fs, path = filesystem(uri)
-    if not fs.exists(path):
-        return  # data_fingerprint says so
-    if fs.isdir(path):
-        files = sorted(name for name in fs.find(path) if name.endswith(TEXT_SUFFIX))
-        if not files:
-            raise PreflightError(f"corpus_uri {uri!r} holds no {TEXT_SUFFIX} files; give a "
-                                 f"folder of UTF-8 {TEXT_SUFFIX} files or a CSV file")
-        sampled = files[:_SAMPLED_FILES]
-        problems = list(filter(None, (_text_problem(_head(fs, f)[0],
-                                                    f"file {os.path.relpath(f, path)!r}")
-                                      for f in sampled)))
-        if len(problems) * 2 > len(sampled):  # the LM step's rule: mostly not text
-            raise PreflightError(f"corpus_uri {uri!r}: {len(problems)} of the first "
-                                 f"{len(sampled)} {TEXT_SUFFIX} files are not text, e.g. "
-                                 f"{problems[0]}")
-    elif path.endswith(CSV_SUFFIX) or path.endswith(TEXT_SUFFIX):
-        head = _head(fs, path)[0]
-        problem = _text_problem(head, f"file {os.path.basename(path)!r}",
-                                controls=path.endswith(TEXT_SUFFIX))
-        if problem:
-            raise PreflightError(f"corpus_uri {uri!r}: {problem}")
-        if path.endswith(CSV_SUFFIX):
-            try:
-                csv_header(io.StringIO(head.decode("utf-8-sig", errors="replace")),
-                           f"corpus_uri {uri!r}", {text_column: "text_column"})
-            except InputKindError as err:
-                raise PreflightError(str(err)) from None
-    else:
-        raise PreflightError(f"corpus_uri {uri!r} is neither a folder, a {TEXT_SUFFIX} nor a "
-                             f"{CSV_SUFFIX} file")
+    try:
+        kind, files, _ = corpus_files(uri)
+        if kind == "txt":
+            sampled = files[:_SAMPLED_FILES]
+            names = (os.path.relpath(f, path) if f != path else os.path.basename(f)
+                     for f in sampled)
+            problems = (_text_problem(_head(fs, f)[0], f"corpus file {name!r}")
+                        for f, name in zip(sampled, names))
+            check_mostly_text(uri, list(filter(None, problems)), len(sampled), len(files))
+        else:  # read_text_csv's reading, up to the header
+            name = f"corpus {uri!r}"
+            head = decode_text(_head(fs, path)[0], name, controls=False)
+            csv_header(io.StringIO(head), name, {text_column: "text_column"})
+    except (LMTrainingError, InputKindError) as err:
+        raise PreflightError(str(err)) from None
 
 
 def _text_problem(head: bytes, name: str, controls: bool = True) -> str:

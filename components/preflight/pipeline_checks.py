@@ -4,13 +4,12 @@ parameters, plus the few only the pipeline knows (it evaluates the test split)."
 from __future__ import annotations
 
 import functools
-import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.common.input_kinds import InputKindError, folder_files, read_json_object
-from components.common.storage import filesystem, is_remote
+from components.common.storage import filesystem
 from components.preflight.parameters import (
     PreflightError,
     build,
@@ -44,36 +43,6 @@ def _evaluation_problems(parameters: Mapping[str, Any], kind: str) -> list[str]:
     threshold = typed_parameter(parameters, "registration_threshold", float, 0.0)
     return problems + gate_problems(str(parameters.get("registration_metric", metrics[0])),
                                     threshold, metrics)
-
-
-def weights_problems(weights: str, architecture: str = "densenet121") -> list[str]:
-    """What the image trainer would refuse in `weights`, late, after sharding.
-
-    Args:
-        weights: "imagenet", "none"/"", or a no-top weights file (remote ones are not read).
-        architecture: The trainer's `architecture`.
-
-    Returns:
-        A message naming `weights` when a local file is missing or of another network.
-    """
-    from components.train_image.contract import (
-        ARCHITECTURES,
-        missing_weights_problem,
-        normalize_weights,
-        weights_file_layout,
-    )
-
-    value = normalize_weights(weights)
-    if value is None or value == "imagenet" or is_remote(value) \
-            or architecture not in ARCHITECTURES:  # refused as a setting
-        return []
-    if os.path.isfile(value):
-        try:
-            weights_file_layout(value, architecture)
-        except ValueError as err:
-            return [str(err)]
-        return []
-    return [missing_weights_problem(weights, architecture)]
 
 
 def lang_problems(lang: str) -> list[str]:
@@ -134,7 +103,7 @@ def _step_problems(*checks: tuple[str, Callable[[], Any]]) -> list[str]:
 def check_image_run(parameters: Mapping[str, Any]) -> list[str]:
     """Refuses image pipeline parameters the sharding, training or evaluation would refuse."""
     from components.shard.contract import ShardConfig
-    from components.train_image.contract import TrainConfig
+    from components.train_image.contract import TrainConfig, weights_problem
 
     def training():
         steps = typed_parameter(parameters, "steps_per_epoch", int, 0)
@@ -147,9 +116,9 @@ def check_image_run(parameters: Mapping[str, Any]) -> list[str]:
         if name in parameters and not typed_parameter(parameters, name) > 0:
             problems.append(f"{name} must be > 0: the pipeline trains on the train split and "
                             "evaluates on the test split")
-    problems += weights_problems(str(parameters.get("weights", TrainConfig.weights)),
-                                 str(parameters.get("architecture", TrainConfig.architecture)))
-    return problems + _evaluation_problems(parameters, "image")
+    problems.append(weights_problem(str(parameters.get("weights", TrainConfig.weights)),
+                                    str(parameters.get("architecture", TrainConfig.architecture))))
+    return list(filter(None, problems)) + _evaluation_problems(parameters, "image")
 
 
 @_refusing

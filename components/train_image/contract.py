@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from components.common import preemption
 from components.common.input_kinds import InputKindError, read_json_object
-from components.common.storage import filesystem
+from components.common.storage import filesystem, is_remote
 from components.common.written import check_settings, setting
 
 MODEL_FILE = "model.keras"
@@ -43,13 +43,6 @@ def normalize_weights(weights: str | None) -> str | None:
     if weights is None or str(weights).strip().lower() in ("", "none", "null"):
         return None
     return str(weights)
-
-
-def missing_weights_problem(weights: str, architecture: str) -> str:
-    """The trainer's and the preflight's refusal of a `weights` that names no file."""
-    return (f"weights {weights!r} is neither 'imagenet', 'none' nor an existing file: give "
-            f"'imagenet' ({architecture}'s ImageNet weights), 'none' (train from scratch) or "
-            f"the path of a no-top .h5 weights file of {architecture} (local, gs:// or s3://)")
 
 
 # The backbones, each with how many top blocks fine-tuning may unfreeze.
@@ -100,7 +93,8 @@ def network_name(names: Iterable[str]) -> str:
 
 
 def weights_file_layout(path: str, architecture: str = "densenet121") -> tuple[int, ...] | None:
-    """Checks a no-top tf-keras HDF5 weights file against `architecture`.
+    """Checks a local no-top tf-keras HDF5 weights file against `architecture`: the
+    trainer's check (`weights_problem` the preflight's).
 
     Returns:
         A DenseNet's dense blocks per stage; None for EfficientNet-Lite0.
@@ -110,6 +104,11 @@ def weights_file_layout(path: str, architecture: str = "densenet121") -> tuple[i
     """
     import h5py
 
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"weights {path!r} is neither 'imagenet', 'none' nor an existing file: give "
+            f"'imagenet' ({architecture}'s ImageNet weights), 'none' (train from scratch) or "
+            f"the path of a no-top .h5 weights file of {architecture} (local, gs:// or s3://)")
     expected = ("the no-top weights of a tf-keras DenseNet (.h5, e.g. Keras' "
                 "densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5)"
                 if architecture == "densenet121" else
@@ -130,6 +129,20 @@ def weights_file_layout(path: str, architecture: str = "densenet121") -> tuple[i
         return None
     raise ValueError(f"weights file {path!r} holds {held}, and architecture={architecture!r} "
                      f"expects {expected}: give architecture the file's network or another file")
+
+
+def weights_problem(weights: str | None, architecture: str = "densenet121") -> str:
+    """What the trainer would refuse in `weights` (`weights_file_layout`), late, after
+    sharding; "" when it is "imagenet", "none", a remote file (not read here) or a local
+    weights file of `architecture` (an unknown one is refused as a setting)."""
+    value = normalize_weights(weights)
+    if value in (None, "imagenet") or is_remote(value) or architecture not in ARCHITECTURES:
+        return ""
+    try:
+        weights_file_layout(value, architecture)
+    except ValueError as err:
+        return str(err)
+    return ""
 
 
 class TrainingError(ValueError):

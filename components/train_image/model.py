@@ -34,7 +34,6 @@ from components.train_image.contract import (
     LITE_INPUT_SCALE,
     TrainConfig,
     architecture_name,
-    missing_weights_problem,
     network_name,
     normalize_weights,
     weights_file_layout,
@@ -74,8 +73,6 @@ def build_model(num_classes: int, image_size: int, weights: str | None = None,
     if weights == "imagenet" and architecture == "efficientnet_lite0":
         weights = efficientnet_lite.imagenet_weights()
     if weights not in (None, "imagenet"):
-        if not tf.io.gfile.exists(weights):
-            raise ValueError(missing_weights_problem(weights, architecture))
         layout = weights_file_layout(weights, architecture)
     shape = (image_size, image_size, 3)
     inputs = tf_keras.Input(shape=shape, dtype="float32", name=INPUT_NAME)

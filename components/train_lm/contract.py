@@ -105,6 +105,24 @@ def corpus_files(uri: str) -> tuple[str, list[str], list[str]]:
                           f"{CSV_SUFFIX} file")
 
 
+def check_mostly_text(uri: str, not_text: list[str], read: int, files: int) -> None:
+    """The step's rule for a corpus of .txt files: those that are not text are skipped, but
+    not most of them. `not_text` says why for each such file among the first `read` of the
+    corpus's `files` (the step reads them all, the preflight the first few).
+
+    Raises:
+        LMTrainingError: More than half of the files read are not text, naming the first.
+    """
+    if len(not_text) * 2 <= read:
+        return
+    if files == 1:
+        raise LMTrainingError(f"corpus {uri!r}: {not_text[0]}")
+    first = f"the first {read} of " if read < files else ""
+    raise LMTrainingError(f"corpus {uri!r}: {len(not_text)} of {first}its {files} {TEXT_SUFFIX} "
+                          f"files are not text, e.g. {not_text[0]}; a language model of them "
+                          "would model something else")
+
+
 def console_metrics(result: dict[str, Any]) -> dict[str, float]:
     """The step's console scalars from its lm_metrics.json content: per direction (the
     backward ones prefixed `backward_`) perplexity, accuracy and valid_loss, the unigram

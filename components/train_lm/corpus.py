@@ -12,7 +12,12 @@ from typing import Any
 from components.common.input_kinds import NotTextError, decode_text, text_problem
 from components.common.storage import filesystem
 from components.prepare_text.contract import read_text_csv
-from components.train_lm.contract import TEXT_SUFFIX, LMTrainingError, corpus_files
+from components.train_lm.contract import (
+    TEXT_SUFFIX,
+    LMTrainingError,
+    check_mostly_text,
+    corpus_files,
+)
 
 _PARAGRAPH = re.compile(r"\n[ \t\r\f\v]*\n")
 _EXAMPLES = 5  # names kept per skip reason
@@ -64,7 +69,7 @@ def _read_csv(fs, path: str, uri: str, column: str, skips: dict) -> list[str]:
 
 
 def _read_texts(fs, files: list[str], root: str, uri: str, skips: dict) -> list[str]:
-    documents, read, not_text = [], 0, []
+    documents, not_text = [], []
     for path in files:
         name = os.path.relpath(path, root) if path != root else os.path.basename(path)
         with fs.open(path, "rb") as f:
@@ -72,20 +77,14 @@ def _read_texts(fs, files: list[str], root: str, uri: str, skips: dict) -> list[
         try:
             text = decode_text(raw, f"corpus file {name!r}")
         except NotTextError as err:
-            if path == root:  # the corpus is this one file
-                raise LMTrainingError(f"corpus {uri!r}: {err}") from None
             not_text.append(str(err))
             _skip(skips, NOT_TEXT, str(err))
             continue
-        read += 1
         found = paragraphs(text)
         if not found:
             _skip(skips, "empty file", name)
         documents += found
-    if len(not_text) > read:
-        raise LMTrainingError(f"corpus {uri!r}: {len(not_text)} of its {len(files)} "
-                              f"{TEXT_SUFFIX} files are not text, e.g. {not_text[0]}; a "
-                              "language model of them would model something else")
+    check_mostly_text(uri, not_text, len(files), len(files))
     return documents
 
 
