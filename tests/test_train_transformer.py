@@ -148,12 +148,6 @@ def test_the_history_has_one_row_per_evaluated_epoch_in_the_fastai_trainers_name
          "micro_f1": 0.2, "f1_score": 0.1, "accuracy_multi": 0.8, "seconds": 2.5}]
 
 
-def test_a_hub_model_name_is_given_to_transformers_as_it_is(tmp_path):
-    # a folder without a model: test_input_kinds' listing test (model_source refuses it)
-    assert model_source("FacebookAI/xlm-roberta-base", str(tmp_path)) == \
-        "FacebookAI/xlm-roberta-base"
-
-
 def test_a_model_folder_without_its_tokenizer_or_with_too_few_positions_is_refused_at_load(
         dataset, tmp_path):
     """Checked again where the model loads (preflight ran on another machine): without its
@@ -178,18 +172,13 @@ def test_a_model_folder_without_its_tokenizer_or_with_too_few_positions_is_refus
         train_transformer(dataset["dataset"], str(tmp_path / "model2"), config)
 
 
-def test_another_runs_checkpoints_are_refused_not_resumed(tmp_path):
-    (tmp_path / "run.json").write_text(json.dumps({"fingerprint": "someone-else"}))
-    with pytest.raises(TransformerTrainingError, match="different run"):
-        claim_checkpoints(str(tmp_path), {"run": "mine"})
-    assert claim_checkpoints(str(tmp_path / "empty"), {"run": "mine"}) is None
-
-
-def test_only_a_sealed_checkpoint_is_resumed_and_rank0_removes_the_others(tmp_path):
+def test_only_a_sealed_checkpoint_of_this_run_is_resumed_and_rank0_removes_the_others(tmp_path):
     """checkpoint-30 has rank 0's trainer_state.json, but another process's RNG state was
     cut off (the job was killed then). Left in place, `Trainer`'s rotation could take it
-    for the newest and delete the one the resumed run saves next."""
+    for the newest and delete the one the resumed run saves next. Another run's
+    checkpoints are refused, not resumed."""
     values = {"run": "mine"}
+    assert claim_checkpoints(str(tmp_path / "empty"), values) is None
     assert claim_checkpoints(str(tmp_path), values) is None  # the run's first start
     for step in (10, 20, 30):
         (tmp_path / f"checkpoint-{step}").mkdir()
@@ -206,6 +195,8 @@ def test_only_a_sealed_checkpoint_is_resumed_and_rank0_removes_the_others(tmp_pa
     assert claim_checkpoints(str(tmp_path), values) == str(tmp_path / "checkpoint-20")
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
         "checkpoint-10", "checkpoint-20", "checkpoint-best"]
+    with pytest.raises(TransformerTrainingError, match="different run"):
+        claim_checkpoints(str(tmp_path), {"run": "someone else"})
 
 
 def _sigmoid(x):
@@ -737,6 +728,9 @@ def test_the_tiny_model_command_writes_a_folder_the_trainer_takes(tmp_path, caps
                                   "--text-column", "body", "--hidden-size", "16"]) == 0
     assert "counted on 2 texts" in capsys.readouterr().out
     assert model_source(str(tmp_path / "m"), str(tmp_path)) == str(tmp_path / "m")
+    # a Hub name goes to transformers as it is (a folder without a model: test_input_kinds)
+    assert model_source("FacebookAI/xlm-roberta-base", str(tmp_path)) == \
+        "FacebookAI/xlm-roberta-base"
 
 
 @pytest.mark.slow
