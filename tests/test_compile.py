@@ -56,16 +56,20 @@ def test_shard_step_runs_on_a_cpu_machine_with_the_pinned_image(tmp_path):
     assert "pip install" not in " ".join(pool.container_spec.command)
 
 
-def test_machine_options_reach_the_job(tmp_path):
+def test_machine_options_and_a_full_image_uri_reach_the_job(tmp_path):
     config = tmp_path / "settings.json"
     config.write_text(json.dumps({"shard_machine_type": "n2-highcpu-32",
                                   "service_account": "runner@acme-ml.iam.gserviceaccount.com"}))
+    uri = "europe-west4-docker.pkg.dev/acme-ml/pipelines/tf@sha256:" + "a" * 64
     spec = _spec(tmp_path, "image_pipeline", "--pipelines", "image_pipeline", "--config",
                  str(config), "--spot", "--network", "projects/123/global/networks/ml",
                  "--encryption-key",
-                 "projects/acme-ml/locations/europe-west4/keyRings/r/cryptoKeys/k")
+                 "projects/acme-ml/locations/europe-west4/keyRings/r/cryptoKeys/k",
+                 "--image", f"tensorflow={uri}")
     params = spec["components"]["comp-shard-images"]["inputDefinitions"]["parameters"]
-    assert _pools(spec, "shard-images")[0]["machine_spec"]["machine_type"] == "n2-highcpu-32"
+    (pool,) = _pools(spec, "shard-images")
+    assert (pool["machine_spec"]["machine_type"], pool["container_spec"]["image_uri"]) == (
+        "n2-highcpu-32", uri)
     assert params["strategy"]["defaultValue"] == "SPOT"
     assert params["service_account"]["defaultValue"] == "runner@acme-ml.iam.gserviceaccount.com"
     assert params["network"]["defaultValue"] == "projects/123/global/networks/ml"
@@ -83,13 +87,6 @@ def test_yaml_on_request_and_no_latest_tags(tmp_path):
         compile_cli.main(["--output-dir", str(tmp_path), "--tag", "latest"])
     with pytest.raises(SystemExit, match="latest"):
         compile_cli.main(["--output-dir", str(tmp_path), "--image", "tensorflow=x/tf:latest"])
-
-
-def test_full_image_uri_override(tmp_path):
-    uri = "europe-west4-docker.pkg.dev/acme-ml/pipelines/tf@sha256:" + "a" * 64
-    spec = _spec(tmp_path, "image_pipeline", "--image", f"tensorflow={uri}", "--pipelines",
-                 "image_pipeline")
-    assert _pools(spec, "shard-images")[0]["container_spec"]["image_uri"] == uri
 
 
 def test_no_credentials_in_compiled_json(tmp_path, monkeypatch):

@@ -188,7 +188,7 @@ def test_what_a_cluster_cannot_do_is_refused_naming_the_option(tmp_path, capsys,
 
 @pytest.mark.parametrize("flags", [["--image-pull-secret", "regcred"], ["--tune-seed", "3"],
                                    ["--training-retries", "2"], ["--kueue-queue", "q"],
-                                   ["--storage-secret-keys", "a,b"]])
+                                   ["--storage-secret-keys", "a,b"], ["--trainjob-runtime", "x"]])
 def test_kubeflow_options_are_refused_for_vertex(tmp_path, flags):
     with pytest.raises(SystemExit, match=f"{flags[0]} is a Kubeflow option"):
         compile_cli.main(["--output-dir", str(tmp_path), *flags])

@@ -282,24 +282,18 @@ def test_trainjob_compiled_launcher_holds_no_gpu_and_its_inputs_make_a_two_node_
     assert manifest["spec"]["activeDeadlineSeconds"] == 604800
 
 
-def test_trainjob_runtime_is_a_kubeflow_option(tmp_path):
-    spec_, _ = _compiled(tmp_path, *TRAINJOB_FLAGS, "--trainjob-runtime", "torch-gpu")
-    task = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]
-    assert _constants(task)["runtime"] == "torch-gpu"
-    import compile as compile_cli
-
-    with pytest.raises(SystemExit, match="--trainjob-runtime is a Kubeflow option"):
-        compile_cli.main(["--output-dir", str(tmp_path), "--trainjob-runtime", "x"])
-
-
 def test_trainjob_compiled_launcher_learns_its_account_and_gets_the_nodes_options(tmp_path):
+    """(--trainjob-runtime refused for Vertex: test_kubeflow_target's
+    test_kubeflow_options_are_refused_for_vertex.)"""
     spec_, platform = _compiled(tmp_path, *TRAINJOB_FLAGS, "--storage-secret-keys",
                                 "accesskey,secretkey", "--kueue-queue", "gpu-queue",
-                                "--trainjob-pending-minutes", "5")
+                                "--trainjob-pending-minutes", "5", "--trainjob-runtime",
+                                "torch-gpu")
     task = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]
     inputs = _constants(task)
     assert (inputs["storage_secret_keys"], inputs["queue_name"], inputs["pending_seconds"],
-            inputs["service_account"]) == (["accesskey", "secretkey"], "gpu-queue", 300, "")
+            inputs["service_account"], inputs["runtime"]) == (
+        ["accesskey", "secretkey"], "gpu-queue", 300, "", "torch-gpu")
     pod = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
         "exec-train-transformer-trainjob"]
     assert pod["fieldPathAsEnv"] == [{"name": multinode.SERVICE_ACCOUNT,
