@@ -105,23 +105,24 @@ SETTINGS = multinode.NodeSettings(
     s3_endpoint="http://minio:9000", deadline_seconds=3600)
 
 
-def _launcher_files(tmp_path, root: str):
+def _launcher_files(tmp_path, **changes):
+    """(dataset, model path, node 0's upload, SETTINGS with `changes`) under tmp_path."""
+    settings = dataclasses.replace(SETTINGS, checkpoint_root=str(tmp_path / "ckpt"), **changes)
     dataset = tmp_path / "minio" / "run-7" / "prepare-text" / "dataset"
     dataset.mkdir(parents=True)
     (dataset / "manifest.json").write_text("{}")
     model_path = str(tmp_path / "minio" / "run-7" / "train-transformer" / "model")
-    uploaded = os.path.join(root, "models", "run-7", "train-transformer", "model")
-    return dataset, model_path, uploaded
+    uploaded = os.path.join(settings.checkpoint_root, "models/run-7/train-transformer/model")
+    return dataset, model_path, uploaded, settings
 
 
 def test_trainjob_launcher_step_runs_the_job_and_copies_node0s_model(tmp_path, kube):
     stub, api = kube
-    root = str(tmp_path / "ckpt")
-    dataset, model_path, uploaded = _launcher_files(tmp_path, root)
+    dataset, model_path, uploaded, settings = _launcher_files(tmp_path)
+    root = settings.checkpoint_root
     os.makedirs(uploaded)  # as node 0 would have uploaded it
     with open(os.path.join(uploaded, "metrics.json"), "w") as f:
         json.dump({"task": "multi_label"}, f)
-    settings = multinode.NodeSettings(**{**SETTINGS.__dict__, "checkpoint_root": root})
     environ = {"KFP_POD_NAME": "run-7-train-transformer-launcher", "KFP_POD_UID": "uid-1"}
     manifest, _ = multinode.trainjob(settings, dataset_uri="d", model_uri=uploaded, config={},
                                      tensorboard_dir="", namespace=NS, environ=environ)
@@ -162,9 +163,7 @@ def test_trainjob_launcher_step_runs_the_job_and_copies_node0s_model(tmp_path, k
 def test_trainjob_launcher_step_fails_with_the_jobs_reason_and_copies_nothing(tmp_path,
                                                                               kube):
     stub, api = kube
-    root = str(tmp_path / "ckpt")
-    dataset, model_path, uploaded = _launcher_files(tmp_path, root)
-    settings = multinode.NodeSettings(**{**SETTINGS.__dict__, "checkpoint_root": root})
+    dataset, model_path, uploaded, settings = _launcher_files(tmp_path)
     manifest, _ = multinode.trainjob(settings, dataset_uri="d", model_uri=uploaded, config={},
                                      tensorboard_dir="", namespace=NS, environ={})
     stub.plans[manifest["metadata"]["name"]] = Plan(
@@ -173,6 +172,7 @@ def test_trainjob_launcher_step_fails_with_the_jobs_reason_and_copies_nothing(tm
         multinode.train_on_nodes(settings, dataset_uri="s3://data/d", dataset_path=str(dataset),
                                  model_path=model_path, config=CONFIG, api=api, namespace=NS,
                                  environ={}, write=lambda line: None, timing=FAST)
+    root = settings.checkpoint_root
     assert not os.path.exists(model_path) and not os.path.exists(os.path.join(root, "datasets"))
     assert len(stub.calls("DELETE")) == 1
 
@@ -214,9 +214,7 @@ def test_trainjob_launcher_step_waits_for_pending_nodes_as_long_as_compiled(tmp_
         raise launcher.TrainJobFailed("stop here")
 
     monkeypatch.setattr(launcher, "launch", launch)
-    dataset, model_path, _ = _launcher_files(tmp_path, str(tmp_path / "ckpt"))
-    settings = dataclasses.replace(SETTINGS, checkpoint_root=str(tmp_path / "ckpt"),
-                                   pending_seconds=300)
+    dataset, model_path, _, settings = _launcher_files(tmp_path, pending_seconds=300)
     with pytest.raises(launcher.TrainJobFailed):
         multinode.train_on_nodes(settings, dataset_uri="s3://d", dataset_path=str(dataset),
                                  model_path=model_path, config=CONFIG, api=object(),
