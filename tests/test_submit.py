@@ -230,6 +230,12 @@ def test_bad_input_exits_2_with_a_clear_message(pipeline_json, capsys, extra, me
     assert message in capsys.readouterr().err
 
 
+def test_a_vertex_file_is_refused_for_kubeflow(pipeline_json, capsys):
+    assert submit.main(["--target", "kubeflow", pipeline_json, "--host",
+                        "http://127.0.0.1:9"]) == 2
+    assert "compiled for Vertex" in capsys.readouterr().err
+
+
 def test_a_file_that_is_not_a_compiled_pipeline_exits_2(tmp_path, capsys):
     bogus = tmp_path / "p.json"
     bogus.write_text('{"hello": 1}')
