@@ -5,12 +5,15 @@ the launcher step against the Kubernetes API stub, and the compiled launcher (no
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 
 import pytest
+import yaml
 
-from components.train_transformer import launch, multinode, node
+import compile as compile_cli
+from components.train_transformer import component, launch, multinode, node
 from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
 from components.trainjob import launcher, spec
 from components.trainjob.contract import NodeEnvironmentError
@@ -231,10 +234,6 @@ TRAINJOB_FLAGS = ("--target", "kubeflow", "--pipelines", "transformer_pipeline",
 
 
 def _compiled(tmp_path, *flags):
-    import yaml
-
-    import compile as compile_cli
-
     assert compile_cli.main([*flags, "--output-dir", str(tmp_path)]) == 0
     return list(yaml.safe_load_all((tmp_path / "transformer_pipeline.yaml").read_text()))
 
@@ -260,8 +259,6 @@ def test_trainjob_compiled_launcher_holds_no_gpu_and_its_inputs_make_a_two_node_
     assert task["taskInfo"]["name"] == "train-transformer"
     assert task["retryPolicy"]["maxRetryCount"] == 2  # a retry starts a new TrainJob
     inputs = _constants(task)
-    from components.train_transformer import component
-
     settings = component.node_settings({name: int(value) if isinstance(value, float) else value
                                         for name, value in inputs.items()})  # JSON's numbers
     assert (settings.num_nodes, settings.gpus, settings.procs_per_node) == (2, 1, 1)
@@ -317,17 +314,11 @@ def test_trainjob_compiled_launcher_learns_its_account_and_gets_the_nodes_option
 ])
 def test_trainjob_replicas_refused_where_no_trainjob_runs_them_naming_why(tmp_path, flags,
                                                                           words):
-    import compile as compile_cli
-
     with pytest.raises(SystemExit, match=words):
         compile_cli.main(["--target", "kubeflow", "--output-dir", str(tmp_path), *flags])
 
 
 def test_trainjob_launcher_takes_every_input_of_the_one_pod_trainer_alike():
-    import inspect
-
-    from components.train_transformer import component
-
     one = inspect.signature(component.train_transformer_classifier).parameters
     launcher_ = inspect.signature(component.train_transformer_trainjob).parameters
     assert {name: (p.default, p.annotation) for name, p in one.items()} == {
