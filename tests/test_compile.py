@@ -134,20 +134,16 @@ def test_trainer_runs_on_gpus_with_replicas_and_restart_settings(tmp_path):
 
 
 SERVING = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15@sha256:" + "b" * 64
+# A text model's whole folder in our fastai image, whose default command is the prediction
+# server (pipelines.serve, reading a fastai or a transformer folder) on Vertex's port
+OUR_SERVER = {"serving_image": f"{REGISTRY}/fastai:0a1b2c3", "subdir": ".", "port": 8080,
+              "health_route": "/health", "predict_route": "/predict"}
 
 
 @pytest.mark.parametrize("pipeline, served", [
     # the image model: its SavedModel in the prebuilt TensorFlow image given
     ("image_pipeline.json", {"serving_image": SERVING}),
-    # the text model: the whole model folder in our fastai image, whose default command
-    # is the prediction server (pipelines.serve) on Vertex's port and our routes
-    ("text_pipeline.json", {"serving_image": f"{REGISTRY}/fastai:0a1b2c3", "subdir": ".",
-                            "port": 8080, "health_route": "/health",
-                            "predict_route": "/predict"}),
-    # the transformer model: served the same way (pipelines.serve reads either folder)
-    ("transformer_pipeline.json", {"serving_image": f"{REGISTRY}/fastai:0a1b2c3",
-                                   "subdir": ".", "port": 8080, "health_route": "/health",
-                                   "predict_route": "/predict"}),
+    ("text_pipeline.json", OUR_SERVER), ("transformer_pipeline.json", OUR_SERVER),
 ])
 def test_model_upload_only_when_the_gate_says_so(tmp_path, pipeline, served):
     spec = json.loads((_compile(tmp_path, "--serving-image", SERVING, "--encryption-key",
