@@ -4,18 +4,26 @@ The Vertex service itself cannot run here: these tests stop at what the SDK buil
 from our JSON, with anonymous credentials and no network.
 """
 
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 import yaml
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform, aiplatform_v1
+from kfp import dsl
 
 import compile as compile_cli
+from pipelines.definitions.help_text import Words
+from pipelines.definitions.machine import DEFAULT_MACHINES, GPU_MACHINES, Machine, boot_disk_type
+from pipelines.definitions.steps import Steps, parameter, spoken
+from pipelines.definitions.vertex import CPU_MACHINE_TYPES, N1_GPU_VCPUS, machine_problems
+from pipelines.quota import gpus_at_once
 from tests.conftest import compile_once
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
@@ -539,8 +547,6 @@ def test_a_job_the_persistent_resource_would_reject_is_refused(tmp_path, resourc
 
 
 def test_every_pair_of_vertexs_machine_table_passes():
-    from pipelines.definitions.machine import DEFAULT_MACHINES, GPU_MACHINES, Machine
-    from pipelines.definitions.vertex import N1_GPU_VCPUS, machine_problems
     pairs = [Machine(name, gpu, count) for name, (gpu, count) in GPU_MACHINES.items()]
     pairs += [Machine(f"n1-standard-{max(n for n in (4, 8, 16, 32, 64, 96) if n <= most)}",
                       gpu, count) for gpu, limits in N1_GPU_VCPUS.items()
@@ -559,9 +565,6 @@ HYPERDISK_FLAGS = ("--train-image-machine-type", "a3-ultragpu-8g",
 
 
 def test_every_machine_gets_a_boot_disk_type_vertex_takes():
-    from pipelines.definitions.machine import GPU_MACHINES, boot_disk_type
-    from pipelines.definitions.vertex import CPU_MACHINE_TYPES
-
     # DiskSpec.boot_disk_type's documented values (google.cloud.aiplatform_v1.DiskSpec)
     valid = {"pd-ssd", "pd-standard", "hyperdisk-balanced"}
     assert {boot_disk_type(m) for m in CPU_MACHINE_TYPES | set(GPU_MACHINES)} <= valid
@@ -592,8 +595,6 @@ def test_boot_disk_type_follows_the_machine_family(tmp_path, pipeline, component
 
 
 def _gpus(out, pipeline: str) -> dict[str, int]:
-    from pipelines.quota import gpus_at_once
-
     return gpus_at_once(json.loads((out / f"{pipeline}.json").read_text()))
 
 
@@ -650,12 +651,6 @@ def test_a_definition_runs_on_a_thread_of_its_own_and_its_errors_reach_the_calle
     """`Steps.pipeline` runs the body on a fresh thread (kfp's task settings then read a short
     stack): the pipeline is the same, and a mistake in the body is raised to the caller as
     it is, kfp's message still naming the setting misused."""
-    import threading
-
-    from kfp import dsl
-
-    from pipelines.definitions.steps import Steps, parameter
-
     steps = Steps("lm", "r/fastai:1")
     threads = []
 
@@ -677,13 +672,6 @@ def test_a_targets_words_drop_its_parameters():
     """`steps.spoken`: a parameter the target drops is none of the pipeline's (the body
     takes its default); without words it keeps every parameter. (Their help is
     `Steps._describe`'s: the Kubeflow files' descriptions are checked below.)"""
-    import inspect
-
-    from kfp import dsl
-
-    from pipelines.definitions.help_text import Words
-    from pipelines.definitions.steps import spoken
-
     @dsl.component
     def step(text: str) -> str:
         return text
