@@ -4,18 +4,26 @@ The Vertex service itself cannot run here: these tests stop at what the SDK buil
 from our JSON, with anonymous credentials and no network.
 """
 
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 import yaml
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform, aiplatform_v1
+from kfp import dsl
 
 import compile as compile_cli
+from pipelines.definitions.help_text import Words
+from pipelines.definitions.machine import DEFAULT_MACHINES, GPU_MACHINES, Machine, boot_disk_type
+from pipelines.definitions.steps import Steps, parameter, spoken
+from pipelines.definitions.vertex import CPU_MACHINE_TYPES, N1_GPU_VCPUS, machine_problems
+from pipelines.quota import gpus_at_once
 from tests.conftest import compile_once
 
 REGISTRY = "europe-west4-docker.pkg.dev/acme-ml/pipelines"
@@ -56,16 +64,20 @@ def test_shard_step_runs_on_a_cpu_machine_with_the_pinned_image(tmp_path):
     assert "pip install" not in " ".join(pool.container_spec.command)
 
 
-def test_machine_options_reach_the_job(tmp_path):
+def test_machine_options_and_a_full_image_uri_reach_the_job(tmp_path):
     config = tmp_path / "settings.json"
     config.write_text(json.dumps({"shard_machine_type": "n2-highcpu-32",
                                   "service_account": "runner@acme-ml.iam.gserviceaccount.com"}))
+    uri = "europe-west4-docker.pkg.dev/acme-ml/pipelines/tf@sha256:" + "a" * 64
     spec = _spec(tmp_path, "image_pipeline", "--pipelines", "image_pipeline", "--config",
                  str(config), "--spot", "--network", "projects/123/global/networks/ml",
                  "--encryption-key",
-                 "projects/acme-ml/locations/europe-west4/keyRings/r/cryptoKeys/k")
+                 "projects/acme-ml/locations/europe-west4/keyRings/r/cryptoKeys/k",
+                 "--image", f"tensorflow={uri}")
     params = spec["components"]["comp-shard-images"]["inputDefinitions"]["parameters"]
-    assert _pools(spec, "shard-images")[0]["machine_spec"]["machine_type"] == "n2-highcpu-32"
+    (pool,) = _pools(spec, "shard-images")
+    assert (pool["machine_spec"]["machine_type"], pool["container_spec"]["image_uri"]) == (
+        "n2-highcpu-32", uri)
     assert params["strategy"]["defaultValue"] == "SPOT"
     assert params["service_account"]["defaultValue"] == "runner@acme-ml.iam.gserviceaccount.com"
     assert params["network"]["defaultValue"] == "projects/123/global/networks/ml"
@@ -83,13 +95,6 @@ def test_yaml_on_request_and_no_latest_tags(tmp_path):
         compile_cli.main(["--output-dir", str(tmp_path), "--tag", "latest"])
     with pytest.raises(SystemExit, match="latest"):
         compile_cli.main(["--output-dir", str(tmp_path), "--image", "tensorflow=x/tf:latest"])
-
-
-def test_full_image_uri_override(tmp_path):
-    uri = "europe-west4-docker.pkg.dev/acme-ml/pipelines/tf@sha256:" + "a" * 64
-    spec = _spec(tmp_path, "image_pipeline", "--image", f"tensorflow={uri}", "--pipelines",
-                 "image_pipeline")
-    assert _pools(spec, "shard-images")[0]["container_spec"]["image_uri"] == uri
 
 
 def test_no_credentials_in_compiled_json(tmp_path, monkeypatch):
@@ -137,20 +142,16 @@ def test_trainer_runs_on_gpus_with_replicas_and_restart_settings(tmp_path):
 
 
 SERVING = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15@sha256:" + "b" * 64
+# A text model's whole folder in our fastai image, whose default command is the prediction
+# server (pipelines.serve, reading a fastai or a transformer folder) on Vertex's port
+OUR_SERVER = {"serving_image": f"{REGISTRY}/fastai:0a1b2c3", "subdir": ".", "port": 8080,
+              "health_route": "/health", "predict_route": "/predict"}
 
 
 @pytest.mark.parametrize("pipeline, served", [
     # the image model: its SavedModel in the prebuilt TensorFlow image given
     ("image_pipeline.json", {"serving_image": SERVING}),
-    # the text model: the whole model folder in our fastai image, whose default command
-    # is the prediction server (pipelines.serve) on Vertex's port and our routes
-    ("text_pipeline.json", {"serving_image": f"{REGISTRY}/fastai:0a1b2c3", "subdir": ".",
-                            "port": 8080, "health_route": "/health",
-                            "predict_route": "/predict"}),
-    # the transformer model: served the same way (pipelines.serve reads either folder)
-    ("transformer_pipeline.json", {"serving_image": f"{REGISTRY}/fastai:0a1b2c3",
-                                   "subdir": ".", "port": 8080, "health_route": "/health",
-                                   "predict_route": "/predict"}),
+    ("text_pipeline.json", OUR_SERVER), ("transformer_pipeline.json", OUR_SERVER),
 ])
 def test_model_upload_only_when_the_gate_says_so(tmp_path, pipeline, served):
     spec = json.loads((_compile(tmp_path, "--serving-image", SERVING, "--encryption-key",
@@ -546,8 +547,6 @@ def test_a_job_the_persistent_resource_would_reject_is_refused(tmp_path, resourc
 
 
 def test_every_pair_of_vertexs_machine_table_passes():
-    from pipelines.definitions.machine import DEFAULT_MACHINES, GPU_MACHINES, Machine
-    from pipelines.definitions.vertex import N1_GPU_VCPUS, machine_problems
     pairs = [Machine(name, gpu, count) for name, (gpu, count) in GPU_MACHINES.items()]
     pairs += [Machine(f"n1-standard-{max(n for n in (4, 8, 16, 32, 64, 96) if n <= most)}",
                       gpu, count) for gpu, limits in N1_GPU_VCPUS.items()
@@ -566,9 +565,6 @@ HYPERDISK_FLAGS = ("--train-image-machine-type", "a3-ultragpu-8g",
 
 
 def test_every_machine_gets_a_boot_disk_type_vertex_takes():
-    from pipelines.definitions.machine import GPU_MACHINES, boot_disk_type
-    from pipelines.definitions.vertex import CPU_MACHINE_TYPES
-
     # DiskSpec.boot_disk_type's documented values (google.cloud.aiplatform_v1.DiskSpec)
     valid = {"pd-ssd", "pd-standard", "hyperdisk-balanced"}
     assert {boot_disk_type(m) for m in CPU_MACHINE_TYPES | set(GPU_MACHINES)} <= valid
@@ -599,8 +595,6 @@ def test_boot_disk_type_follows_the_machine_family(tmp_path, pipeline, component
 
 
 def _gpus(out, pipeline: str) -> dict[str, int]:
-    from pipelines.quota import gpus_at_once
-
     return gpus_at_once(json.loads((out / f"{pipeline}.json").read_text()))
 
 
@@ -657,12 +651,6 @@ def test_a_definition_runs_on_a_thread_of_its_own_and_its_errors_reach_the_calle
     """`Steps.pipeline` runs the body on a fresh thread (kfp's task settings then read a short
     stack): the pipeline is the same, and a mistake in the body is raised to the caller as
     it is, kfp's message still naming the setting misused."""
-    import threading
-
-    from kfp import dsl
-
-    from pipelines.definitions.steps import Steps, parameter
-
     steps = Steps("lm", "r/fastai:1")
     threads = []
 
@@ -684,13 +672,6 @@ def test_a_targets_words_drop_its_parameters():
     """`steps.spoken`: a parameter the target drops is none of the pipeline's (the body
     takes its default); without words it keeps every parameter. (Their help is
     `Steps._describe`'s: the Kubeflow files' descriptions are checked below.)"""
-    import inspect
-
-    from kfp import dsl
-
-    from pipelines.definitions.help_text import Words
-    from pipelines.definitions.steps import spoken
-
     @dsl.component
     def step(text: str) -> str:
         return text

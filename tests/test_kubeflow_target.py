@@ -17,6 +17,7 @@ from kfp.dsl import Model
 from kfp.dsl.executor import Executor
 
 import compile as compile_cli
+from components.register import mlflow_registry as registry
 from components.tune import selection
 from components.tune.contract import TUNABLE, draw_points, read_space
 from components.tune.task_trial import run_trial
@@ -188,7 +189,7 @@ def test_what_a_cluster_cannot_do_is_refused_naming_the_option(tmp_path, capsys,
 
 @pytest.mark.parametrize("flags", [["--image-pull-secret", "regcred"], ["--tune-seed", "3"],
                                    ["--training-retries", "2"], ["--kueue-queue", "q"],
-                                   ["--storage-secret-keys", "a,b"]])
+                                   ["--storage-secret-keys", "a,b"], ["--trainjob-runtime", "x"]])
 def test_kubeflow_options_are_refused_for_vertex(tmp_path, flags):
     with pytest.raises(SystemExit, match=f"{flags[0]} is a Kubeflow option"):
         compile_cli.main(["--output-dir", str(tmp_path), *flags])
@@ -418,16 +419,6 @@ def test_submit_refuses_bad_input_before_sending(compiled, capsys, flags, messag
     assert message in capsys.readouterr().err
 
 
-def test_submit_refuses_a_vertex_file_for_kubeflow(tmp_path, capsys):
-    from pipelines import submit
-
-    out = tmp_path / "vertex"
-    compile_cli.main(["--output-dir", str(out), "--pipelines", "image_pipeline"])
-    assert submit.main(["--target", "kubeflow", str(out / "image_pipeline.json"), "--host",
-                        "http://127.0.0.1:9"]) == 2
-    assert "compiled for Vertex" in capsys.readouterr().err
-
-
 def test_training_steps_keep_checkpoints_in_the_object_store_and_pods_get_storage(tmp_path):
     out = _compile(tmp_path, "--checkpoint-root", "s3://ckpt/runs/", "--storage-secret",
                    "mlpipeline-minio-artifact", "--storage-secret-keys", "accesskey,secretkey",
@@ -498,8 +489,6 @@ def test_a_model_that_clears_the_gate_is_registered_in_mlflow_when_tracking_is_s
 def test_registration_adds_an_mlflow_version_with_the_challenger_alias(tmp_path):
     from mlflow import MlflowClient
 
-    from components.register import mlflow_registry as registry
-
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     first = registry.register_version(uri, "pets", "s3://models/run-1/served",
                                       {"pipeline_run": "run-1"})
@@ -513,8 +502,6 @@ def test_registration_adds_an_mlflow_version_with_the_challenger_alias(tmp_path)
 
 
 def test_inference_services_serve_image_models_on_tf_serving_and_text_on_our_server():
-    from components.register import mlflow_registry as registry
-
     image = registry.inference_service("pets", "image", "s3://m/served", "", {"v": "1"})
     assert image["apiVersion"] == "serving.kserve.io/v1beta1"
     assert image["spec"]["predictor"]["model"] == {
@@ -543,8 +530,6 @@ def test_inference_services_serve_image_models_on_tf_serving_and_text_on_our_ser
 
 
 def test_an_image_model_is_staged_in_tf_servings_numbered_layout(tmp_path):
-    from components.register import mlflow_registry as registry
-
     saved = tmp_path / "model" / "saved_model"
     (saved / "variables").mkdir(parents=True)
     (saved / "saved_model.pb").write_bytes(b"pb")

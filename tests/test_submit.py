@@ -19,7 +19,8 @@ from google.cloud.aiplatform_v1.services.pipeline_service.transports.grpc import
 from google.cloud.aiplatform_v1.services.schedule_service.transports.grpc import (
     ScheduleServiceGrpcTransport,
 )
-from google.cloud.aiplatform_v1.types import PipelineFailurePolicy, PipelineJob, Schedule
+from google.cloud.aiplatform_v1.types import PipelineJob, Schedule
+from google.protobuf import json_format
 
 import compile as compile_cli
 from pipelines import submit
@@ -50,6 +51,15 @@ def _argv(template, *extra):
 
 def _plan(template, *extra) -> submit.Submission:
     return submit.plan(submit.parser().parse_args(_argv(template, *extra)))
+
+
+def _described(template, *flags) -> dict:
+    """The request the dry run prints for these flags (`submit.describe`)."""
+    plan = _plan(template, *flags)
+    job = submit.build_job(plan, credentials=AnonymousCredentials())
+    schedule = plan.schedule and submit.build_schedule(job, plan,
+                                                       credentials=AnonymousCredentials())
+    return submit.describe(plan, job, schedule or None)
 
 
 # ---------------------------------------------------------------- parameters
@@ -149,13 +159,10 @@ def test_defaults_leave_caching_and_optional_fields_alone(pipeline_json):
 
 
 def test_schedule_holds_the_cron_and_the_job_it_starts(pipeline_json):
-    plan = _plan(pipeline_json, "--schedule", "TZ=Europe/Amsterdam 0 3 * * 1",
-                 "--service-account", SA, "--network", NETWORK, "--labels", "team=ml",
-                 "--encryption-key", KEY, "--param", "image_size=96",
-                 "--failure-policy", "slow")
-    job = submit.build_job(plan, credentials=AnonymousCredentials())
-    schedule = submit.build_schedule(job, plan, credentials=AnonymousCredentials())
-    resource = submit.describe(plan, job, schedule)
+    resource = _described(pipeline_json, "--schedule", "TZ=Europe/Amsterdam 0 3 * * 1",
+                          "--service-account", SA, "--network", NETWORK, "--labels", "team=ml",
+                          "--encryption-key", KEY, "--param", "image_size=96",
+                          "--failure-policy", "slow")
     assert resource["cron"] == "TZ=Europe/Amsterdam 0 3 * * 1"
     assert resource["displayName"] == "image-classifier"
     assert resource["maxConcurrentRunCount"] == "1"
@@ -223,6 +230,12 @@ def test_bad_input_exits_2_with_a_clear_message(pipeline_json, capsys, extra, me
     assert message in capsys.readouterr().err
 
 
+def test_a_vertex_file_is_refused_for_kubeflow(pipeline_json, capsys):
+    assert submit.main(["--target", "kubeflow", pipeline_json, "--host",
+                        "http://127.0.0.1:9"]) == 2
+    assert "compiled for Vertex" in capsys.readouterr().err
+
+
 def test_a_file_that_is_not_a_compiled_pipeline_exits_2(tmp_path, capsys):
     bogus = tmp_path / "p.json"
     bogus.write_text('{"hello": 1}')
@@ -264,8 +277,8 @@ def pipeline_bucket(gcs, monkeypatch):
     return bucket
 
 
-def test_submit_sends_the_built_request(pipeline_json, pipeline_bucket, monkeypatch, capsys,
-                                        caplog):
+def test_submit_sends_the_request_the_dry_run_describes(pipeline_json, pipeline_bucket,
+                                                        monkeypatch, capsys, caplog):
     def created(request):
         job = PipelineJob.wrap(PipelineJob.pb(request.pipeline_job))
         job.name = f"{request.parent}/pipelineJobs/{request.pipeline_job_id}"
@@ -274,24 +287,16 @@ def test_submit_sends_the_built_request(pipeline_json, pipeline_bucket, monkeypa
     rpc = _Rpc(created)
     monkeypatch.setattr(PipelineServiceGrpcTransport, "create_pipeline_job",
                         property(lambda self: rpc))
-    code = submit.main(_argv(pipeline_json, "--param", "image_size=128", "--service-account",
-                             SA, "--network", NETWORK, "--labels", "team=ml",
-                             "--encryption-key", KEY, "--failure-policy", "fast"),
-                       credentials=AnonymousCredentials())
-    assert code == 0
+    flags = ("--param", "image_size=128", "--service-account", SA, "--network", NETWORK,
+             "--labels", "team=ml", "--encryption-key", KEY, "--failure-policy", "fast")
+    assert submit.main(_argv(pipeline_json, *flags), credentials=AnonymousCredentials()) == 0
     [request] = rpc.requests
     assert request.parent == f"projects/{PROJECT}/locations/{REGION}"
     assert request.pipeline_job_id.startswith("image-classifier-")
-    job = request.pipeline_job
-    assert job.display_name == "image-classifier"
-    assert job.runtime_config.gcs_output_directory == ROOT
-    assert job.runtime_config.parameter_values["image_size"] == 128
-    assert job.service_account == SA and job.network == NETWORK
-    assert dict(job.labels) == {"team": "ml"}
-    assert job.encryption_spec.kms_key_name == KEY
-    assert (job.runtime_config.failure_policy
-            == PipelineFailurePolicy.PIPELINE_FAILURE_POLICY_FAIL_FAST)
-    assert job.pipeline_spec["pipelineInfo"]["name"] == "image-classifier"
+    sent = json_format.MessageToDict(PipelineJob.pb(request.pipeline_job))
+    del sent["name"]  # the stub's reply's
+    assert sent.pop("pipelineSpec")["pipelineInfo"]["name"] == "image-classifier"
+    assert sent == _described(pipeline_json, *flags)
     # Each line stripped: in clean-clone runs 16 and 4 spaces from elsewhere in the
     # process (not submit's prints) preceded the name or the link on stdout.
     out = [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip()]
@@ -315,18 +320,14 @@ def test_schedule_creates_a_schedule_and_starts_no_run(pipeline_json, monkeypatc
                         property(lambda self: schedule_rpc))
     monkeypatch.setattr(PipelineServiceGrpcTransport, "create_pipeline_job",
                         property(lambda self: run_rpc))
-    code = submit.main(_argv(pipeline_json, "--schedule", "0 3 * * 1", "--service-account", SA,
-                             "--display-name", "pets-weekly"),
-                       credentials=AnonymousCredentials())
-    assert code == 0
+    flags = ("--schedule", "0 3 * * 1", "--service-account", SA, "--display-name", "pets-weekly")
+    assert submit.main(_argv(pipeline_json, *flags), credentials=AnonymousCredentials()) == 0
     [request] = schedule_rpc.requests
     assert request.parent == f"projects/{PROJECT}/locations/{REGION}"
-    assert request.schedule.cron == "0 3 * * 1"
-    assert request.schedule.display_name == "pets-weekly"
-    assert request.schedule.max_concurrent_run_count == 1
-    inner = request.schedule.create_pipeline_job_request.pipeline_job
-    assert inner.service_account == SA
-    assert inner.runtime_config.gcs_output_directory == ROOT
+    sent = json_format.MessageToDict(Schedule.pb(request.schedule))
+    del sent["name"]  # the stub's reply's
+    assert sent["createPipelineJobRequest"]["pipelineJob"].pop("pipelineSpec")
+    assert sent == _described(pipeline_json, *flags)
     assert capsys.readouterr().out.strip().startswith(  # stripped: as above
         f"projects/{PROJECT}/locations/{REGION}/schedules/987\n")
 

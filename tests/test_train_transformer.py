@@ -4,6 +4,7 @@ files, replicas on loopback as separate machines, resuming after a kill or a SIG
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +20,10 @@ from components.evaluate_text.evaluation import evaluate_text_model
 from components.predict.contract import TEXT, model_family
 from components.prepare_text.contract import read_split
 from components.prepare_text.preparation import PrepareConfig, prepare_text_dataset
-from components.text_common.contract import LABELS_FILE
+from components.text_common.contract import LABELS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILES
 from components.text_common.models import load_text_model
 from components.text_common.scores import validation_scalars
-from components.train_transformer import launch
+from components.train_transformer import launch, training
 from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
 from components.train_transformer.tiny import write_tiny_model
 from components.train_transformer.training import (
@@ -37,6 +38,7 @@ from components.train_transformer.training import (
 )
 from pipelines import run_local
 from tests.conftest import free_port, kill_group, wait_all
+from tools.datamakers import docstring_corpus, tiny_transformer
 from tools.datamakers.demo_text import write_reviews_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,21 +150,11 @@ def test_the_history_has_one_row_per_evaluated_epoch_in_the_fastai_trainers_name
          "micro_f1": 0.2, "f1_score": 0.1, "accuracy_multi": 0.8, "seconds": 2.5}]
 
 
-def test_a_hub_model_name_is_given_to_transformers_as_it_is(tmp_path):
-    # a folder without a model: test_input_kinds' listing test (model_source refuses it)
-    assert model_source("FacebookAI/xlm-roberta-base", str(tmp_path)) == \
-        "FacebookAI/xlm-roberta-base"
-
-
 def test_a_model_folder_without_its_tokenizer_or_with_too_few_positions_is_refused_at_load(
         dataset, tmp_path):
     """Checked again where the model loads (preflight ran on another machine): without its
     tokenizer files, transformers makes one of the special tokens alone (`tokenizer_problem`
     catches that for a Hub name; a folder is held to its kind's description first)."""
-    import shutil
-
-    from components.text_common.contract import TOKENIZER_CONFIG_FILE, TOKENIZER_FILES
-
     folder = tmp_path / "no-tokenizer"
     shutil.copytree(dataset["tiny"], folder)
     for name in (*TOKENIZER_FILES, TOKENIZER_CONFIG_FILE, "special_tokens_map.json"):
@@ -178,18 +170,13 @@ def test_a_model_folder_without_its_tokenizer_or_with_too_few_positions_is_refus
         train_transformer(dataset["dataset"], str(tmp_path / "model2"), config)
 
 
-def test_another_runs_checkpoints_are_refused_not_resumed(tmp_path):
-    (tmp_path / "run.json").write_text(json.dumps({"fingerprint": "someone-else"}))
-    with pytest.raises(TransformerTrainingError, match="different run"):
-        claim_checkpoints(str(tmp_path), {"run": "mine"})
-    assert claim_checkpoints(str(tmp_path / "empty"), {"run": "mine"}) is None
-
-
-def test_only_a_sealed_checkpoint_is_resumed_and_rank0_removes_the_others(tmp_path):
+def test_only_a_sealed_checkpoint_of_this_run_is_resumed_and_rank0_removes_the_others(tmp_path):
     """checkpoint-30 has rank 0's trainer_state.json, but another process's RNG state was
     cut off (the job was killed then). Left in place, `Trainer`'s rotation could take it
-    for the newest and delete the one the resumed run saves next."""
+    for the newest and delete the one the resumed run saves next. Another run's
+    checkpoints are refused, not resumed."""
     values = {"run": "mine"}
+    assert claim_checkpoints(str(tmp_path / "empty"), values) is None
     assert claim_checkpoints(str(tmp_path), values) is None  # the run's first start
     for step in (10, 20, 30):
         (tmp_path / f"checkpoint-{step}").mkdir()
@@ -206,6 +193,8 @@ def test_only_a_sealed_checkpoint_is_resumed_and_rank0_removes_the_others(tmp_pa
     assert claim_checkpoints(str(tmp_path), values) == str(tmp_path / "checkpoint-20")
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
         "checkpoint-10", "checkpoint-20", "checkpoint-best"]
+    with pytest.raises(TransformerTrainingError, match="different run"):
+        claim_checkpoints(str(tmp_path), {"run": "someone else"})
 
 
 def _sigmoid(x):
@@ -641,8 +630,6 @@ def test_a_retry_resumed_after_the_last_checkpoint_saves_the_best_epoch(dataset,
     the model saved is the best epoch's, not the last."""
     from safetensors.torch import load_file
 
-    from components.train_transformer import training
-
     config = TransformerConfig(model_name=dataset["tiny"], epochs=6, **OVERSHOOT)
     model_dir, first, retry = (tmp_path / name for name in ("model", "pod-1", "pod-2"))
 
@@ -726,8 +713,6 @@ def test_every_rank_validates_the_best_model_and_every_rng_state_is_kept(dataset
 
 
 def test_the_tiny_model_command_writes_a_folder_the_trainer_takes(tmp_path, capsys):
-    from tools.datamakers import tiny_transformer
-
     csv = tmp_path / "texts.csv"
     csv.write_text("body,label\nthe cat sat,a\nthe dog ran,b\n,a\n")
     with pytest.raises(SystemExit) as exit_info:
@@ -737,6 +722,9 @@ def test_the_tiny_model_command_writes_a_folder_the_trainer_takes(tmp_path, caps
                                   "--text-column", "body", "--hidden-size", "16"]) == 0
     assert "counted on 2 texts" in capsys.readouterr().out
     assert model_source(str(tmp_path / "m"), str(tmp_path)) == str(tmp_path / "m")
+    # a Hub name goes to transformers as it is (a folder without a model: test_input_kinds)
+    assert model_source("FacebookAI/xlm-roberta-base", str(tmp_path)) == \
+        "FacebookAI/xlm-roberta-base"
 
 
 @pytest.mark.slow
@@ -747,8 +735,6 @@ def test_the_tiny_model_learns_real_text_on_every_seed(seed, tmp_path):
     label by 0.25 micro F1 and comes within 0.15 of TF-IDF + logistic regression on the
     test split, the text defaults' bars. Measured (2026-11-24): 0.613, 0.693, 0.715 on two
     torch threads, 0.564, 0.672, 0.654 on one; TF-IDF 0.690, 0.696, 0.686."""
-    from tools.datamakers import docstring_corpus
-
     docstring_corpus.write_docstring_corpus(str(tmp_path / "docstrings.csv"))
     dataset = str(tmp_path / "dataset")
     prepare_text_dataset(str(tmp_path / "docstrings.csv"), dataset, PrepareConfig(seed=seed))

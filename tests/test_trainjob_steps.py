@@ -5,12 +5,15 @@ the launcher step against the Kubernetes API stub, and the compiled launcher (no
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 
 import pytest
+import yaml
 
-from components.train_transformer import launch, multinode, node
+import compile as compile_cli
+from components.train_transformer import component, launch, multinode, node
 from components.train_transformer.contract import TransformerConfig, TransformerTrainingError
 from components.trainjob import launcher, spec
 from components.trainjob.contract import NodeEnvironmentError
@@ -105,23 +108,24 @@ SETTINGS = multinode.NodeSettings(
     s3_endpoint="http://minio:9000", deadline_seconds=3600)
 
 
-def _launcher_files(tmp_path, root: str):
+def _launcher_files(tmp_path, **changes):
+    """(dataset, model path, node 0's upload, SETTINGS with `changes`) under tmp_path."""
+    settings = dataclasses.replace(SETTINGS, checkpoint_root=str(tmp_path / "ckpt"), **changes)
     dataset = tmp_path / "minio" / "run-7" / "prepare-text" / "dataset"
     dataset.mkdir(parents=True)
     (dataset / "manifest.json").write_text("{}")
     model_path = str(tmp_path / "minio" / "run-7" / "train-transformer" / "model")
-    uploaded = os.path.join(root, "models", "run-7", "train-transformer", "model")
-    return dataset, model_path, uploaded
+    uploaded = os.path.join(settings.checkpoint_root, "models/run-7/train-transformer/model")
+    return dataset, model_path, uploaded, settings
 
 
 def test_trainjob_launcher_step_runs_the_job_and_copies_node0s_model(tmp_path, kube):
     stub, api = kube
-    root = str(tmp_path / "ckpt")
-    dataset, model_path, uploaded = _launcher_files(tmp_path, root)
+    dataset, model_path, uploaded, settings = _launcher_files(tmp_path)
+    root = settings.checkpoint_root
     os.makedirs(uploaded)  # as node 0 would have uploaded it
     with open(os.path.join(uploaded, "metrics.json"), "w") as f:
         json.dump({"task": "multi_label"}, f)
-    settings = multinode.NodeSettings(**{**SETTINGS.__dict__, "checkpoint_root": root})
     environ = {"KFP_POD_NAME": "run-7-train-transformer-launcher", "KFP_POD_UID": "uid-1"}
     manifest, _ = multinode.trainjob(settings, dataset_uri="d", model_uri=uploaded, config={},
                                      tensorboard_dir="", namespace=NS, environ=environ)
@@ -162,9 +166,7 @@ def test_trainjob_launcher_step_runs_the_job_and_copies_node0s_model(tmp_path, k
 def test_trainjob_launcher_step_fails_with_the_jobs_reason_and_copies_nothing(tmp_path,
                                                                               kube):
     stub, api = kube
-    root = str(tmp_path / "ckpt")
-    dataset, model_path, uploaded = _launcher_files(tmp_path, root)
-    settings = multinode.NodeSettings(**{**SETTINGS.__dict__, "checkpoint_root": root})
+    dataset, model_path, uploaded, settings = _launcher_files(tmp_path)
     manifest, _ = multinode.trainjob(settings, dataset_uri="d", model_uri=uploaded, config={},
                                      tensorboard_dir="", namespace=NS, environ={})
     stub.plans[manifest["metadata"]["name"]] = Plan(
@@ -173,6 +175,7 @@ def test_trainjob_launcher_step_fails_with_the_jobs_reason_and_copies_nothing(tm
         multinode.train_on_nodes(settings, dataset_uri="s3://data/d", dataset_path=str(dataset),
                                  model_path=model_path, config=CONFIG, api=api, namespace=NS,
                                  environ={}, write=lambda line: None, timing=FAST)
+    root = settings.checkpoint_root
     assert not os.path.exists(model_path) and not os.path.exists(os.path.join(root, "datasets"))
     assert len(stub.calls("DELETE")) == 1
 
@@ -214,9 +217,7 @@ def test_trainjob_launcher_step_waits_for_pending_nodes_as_long_as_compiled(tmp_
         raise launcher.TrainJobFailed("stop here")
 
     monkeypatch.setattr(launcher, "launch", launch)
-    dataset, model_path, _ = _launcher_files(tmp_path, str(tmp_path / "ckpt"))
-    settings = dataclasses.replace(SETTINGS, checkpoint_root=str(tmp_path / "ckpt"),
-                                   pending_seconds=300)
+    dataset, model_path, _, settings = _launcher_files(tmp_path, pending_seconds=300)
     with pytest.raises(launcher.TrainJobFailed):
         multinode.train_on_nodes(settings, dataset_uri="s3://d", dataset_path=str(dataset),
                                  model_path=model_path, config=CONFIG, api=object(),
@@ -233,10 +234,6 @@ TRAINJOB_FLAGS = ("--target", "kubeflow", "--pipelines", "transformer_pipeline",
 
 
 def _compiled(tmp_path, *flags):
-    import yaml
-
-    import compile as compile_cli
-
     assert compile_cli.main([*flags, "--output-dir", str(tmp_path)]) == 0
     return list(yaml.safe_load_all((tmp_path / "transformer_pipeline.yaml").read_text()))
 
@@ -262,8 +259,6 @@ def test_trainjob_compiled_launcher_holds_no_gpu_and_its_inputs_make_a_two_node_
     assert task["taskInfo"]["name"] == "train-transformer"
     assert task["retryPolicy"]["maxRetryCount"] == 2  # a retry starts a new TrainJob
     inputs = _constants(task)
-    from components.train_transformer import component
-
     settings = component.node_settings({name: int(value) if isinstance(value, float) else value
                                         for name, value in inputs.items()})  # JSON's numbers
     assert (settings.num_nodes, settings.gpus, settings.procs_per_node) == (2, 1, 1)
@@ -282,24 +277,18 @@ def test_trainjob_compiled_launcher_holds_no_gpu_and_its_inputs_make_a_two_node_
     assert manifest["spec"]["activeDeadlineSeconds"] == 604800
 
 
-def test_trainjob_runtime_is_a_kubeflow_option(tmp_path):
-    spec_, _ = _compiled(tmp_path, *TRAINJOB_FLAGS, "--trainjob-runtime", "torch-gpu")
-    task = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]
-    assert _constants(task)["runtime"] == "torch-gpu"
-    import compile as compile_cli
-
-    with pytest.raises(SystemExit, match="--trainjob-runtime is a Kubeflow option"):
-        compile_cli.main(["--output-dir", str(tmp_path), "--trainjob-runtime", "x"])
-
-
 def test_trainjob_compiled_launcher_learns_its_account_and_gets_the_nodes_options(tmp_path):
+    """(--trainjob-runtime refused for Vertex: test_kubeflow_target's
+    test_kubeflow_options_are_refused_for_vertex.)"""
     spec_, platform = _compiled(tmp_path, *TRAINJOB_FLAGS, "--storage-secret-keys",
                                 "accesskey,secretkey", "--kueue-queue", "gpu-queue",
-                                "--trainjob-pending-minutes", "5")
+                                "--trainjob-pending-minutes", "5", "--trainjob-runtime",
+                                "torch-gpu")
     task = spec_["root"]["dag"]["tasks"]["train-transformer-trainjob"]
     inputs = _constants(task)
     assert (inputs["storage_secret_keys"], inputs["queue_name"], inputs["pending_seconds"],
-            inputs["service_account"]) == (["accesskey", "secretkey"], "gpu-queue", 300, "")
+            inputs["service_account"], inputs["runtime"]) == (
+        ["accesskey", "secretkey"], "gpu-queue", 300, "", "torch-gpu")
     pod = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
         "exec-train-transformer-trainjob"]
     assert pod["fieldPathAsEnv"] == [{"name": multinode.SERVICE_ACCOUNT,
@@ -325,17 +314,11 @@ def test_trainjob_compiled_launcher_learns_its_account_and_gets_the_nodes_option
 ])
 def test_trainjob_replicas_refused_where_no_trainjob_runs_them_naming_why(tmp_path, flags,
                                                                           words):
-    import compile as compile_cli
-
     with pytest.raises(SystemExit, match=words):
         compile_cli.main(["--target", "kubeflow", "--output-dir", str(tmp_path), *flags])
 
 
 def test_trainjob_launcher_takes_every_input_of_the_one_pod_trainer_alike():
-    import inspect
-
-    from components.train_transformer import component
-
     one = inspect.signature(component.train_transformer_classifier).parameters
     launcher_ = inspect.signature(component.train_transformer_trainjob).parameters
     assert {name: (p.default, p.annotation) for name, p in one.items()} == {

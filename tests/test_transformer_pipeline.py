@@ -89,7 +89,6 @@ def test_compiled_pipeline_trains_on_a_gpu_job_between_the_text_steps(tmp_path):
     assert list(transformer.build("img:1").component_spec.inputs) == PIPELINE_PARAMETERS
     assert set(params) == set(PIPELINE_PARAMETERS)
     assert [n for n, p in params.items() if not p.get("isOptional")] == ["data_uri"]
-    assert all(p.get("description") for p in params.values())
     assert {name: params[name]["defaultValue"] for name in (
         "model_name", "epochs", "batch_size", "learning_rate", "weight_decay", "warmup_ratio",
         "max_length", "threshold", "monitor", "early_stopping_patience", "mixed_precision",
@@ -103,16 +102,11 @@ def test_compiled_pipeline_trains_on_a_gpu_job_between_the_text_steps(tmp_path):
         "metrics", "report", "evaluation", "model", "dataset"}
     assert set(root["outputDefinitions"]["parameters"]) == {"register"}
 
+    # the preflight's fingerprints keying the steps' caches: test_compile's
+    # test_steps_reading_files_by_uri_are_keyed_on_their_fingerprints[transformer_pipeline]
     tasks = root["dag"]["tasks"]
-    assert tasks["preflight-transformer"]["cachingOptions"] == {}  # never cached
-    train_inputs = tasks["train-transformer-classifier"]["inputs"]["parameters"]
-    # the model_name folder's fingerprint keys the training step's cache
-    assert train_inputs["model_fingerprint"] == {"taskOutputParameter": {
-        "outputParameterKey": "model_fingerprint", "producerTask": "preflight-transformer"}}
-    assert train_inputs["model_name"] == {"componentInputParameter": "model_name"}
-    assert tasks["prepare-text-data"]["inputs"]["parameters"]["data_fingerprint"] == {
-        "taskOutputParameter": {"outputParameterKey": "data_fingerprint",
-                                "producerTask": "preflight-transformer"}}
+    assert tasks["train-transformer-classifier"]["inputs"]["parameters"]["model_name"] == {
+        "componentInputParameter": "model_name"}
     assert tasks["evaluate-text-classifier"]["inputs"]["artifacts"]["model"] == {
         "taskOutputArtifact": {"outputArtifactKey": "model",
                                "producerTask": "train-transformer-classifier"}}
@@ -125,11 +119,9 @@ def test_machine_options_reach_the_transformer_job_and_replicas_restart_together
     spec = json.loads((out / "transformer_pipeline.json").read_text())
     pools = _pools(spec)["comp-train-transformer-classifier"]
     # DDP across replicas: pool 0 the primary, pool 1 the other replica
-    assert [p["replica_count"] for p in pools] == [1.0, 1.0]
-    for pool in pools:
-        assert pool["machine_spec"] == {"machine_type": "g2-standard-8",
-                                        "accelerator_type": "NVIDIA_L4",
-                                        "accelerator_count": 1.0}
+    machine = {"machine_type": "g2-standard-8", "accelerator_type": "NVIDIA_L4",
+               "accelerator_count": 1.0}
+    assert [(p["replica_count"], p["machine_spec"]) for p in pools] == [(1.0, machine)] * 2
     params = spec["components"]["comp-train-transformer-classifier"]["inputDefinitions"][
         "parameters"]
     assert params["restart_job_on_worker_restart"]["defaultValue"] is True
@@ -350,11 +342,9 @@ def test_compiled_pipeline_rehearsed_as_vertex_runs_it(corpus_and_tiny_model, mi
               "epochs": "1", "max_length": "64", "learning_rate": "1e-4"}
     summary = rehearse.rehearse(path, str(tmp_path / "r"), params)
     states = {t["display_name"]: t["state"] for t in summary["rehearsal"]["tasks"]}
-    assert {name: states[name] for name in (
-        "preflight", "prepare-text", "train-transformer", "evaluate-text", "registration-gate",
-        "serving-model")} == dict.fromkeys((
-            "preflight", "prepare-text", "train-transformer", "evaluate-text",
-            "registration-gate", "serving-model"), "succeeded")
+    succeeded = ("preflight", "prepare-text", "train-transformer", "evaluate-text",
+                 "registration-gate", "serving-model")
+    assert {name: states[name] for name in succeeded} == dict.fromkeys(succeeded, "succeeded")
     assert states["register-model"] == "not-executed"  # a Vertex API call, request checked
     assert states["prediction-requested"] == states["tracking-requested"] == "skipped"
     requests = {p.stem: json.loads(p.read_text())
