@@ -40,7 +40,7 @@ from fastai.text.all import (
 
 from components.common import preemption, run_state
 from components.common.precision import BF16, FP16, FP32, choose_precision
-from components.common.tensorboard import ScalarLog, log_folder
+from components.common.tensorboard import ScalarLog, epoch_scalars, log_folder, model_step
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def save_checkpoint(learn, path: str, step: dict | None = None, with_opt: bool =
 
 
 def load_checkpoint(learn, resume, record: dict) -> dict | None:
-    """Loads `record`'s checkpoint (`seal`'s model and optimizer), if any, into `learn`;
+    """Loads `record`'s checkpoint (`fit_sealed`'s model and optimizer), if any, into `learn`;
     returns its mid-epoch step or None."""
     if not record.get("checkpoint"):
         return None
@@ -167,20 +167,6 @@ def load_checkpoint(learn, resume, record: dict) -> dict | None:
     load_model(path, learn.model, learn.opt, with_opt=True, device=learn.dls.device)
     step = step_file(path)
     return torch.load(step, weights_only=False) if os.path.exists(step) else None
-
-
-def seal(resume, record: dict, learn, name: str, step: dict | None = None,
-         keep: Sequence[str | None] = (), **fields) -> str:
-    """Seals checkpoint `name`: its files, then `resume`'s state with `record` pointing at
-    it (and taking `fields`), then the previous files (unless in `keep`) go. Returns its
-    path."""
-    previous = record.get("checkpoint")
-    save_checkpoint(learn, resume.path(name), step)
-    record.update(checkpoint=name, mid_epoch=step and {"batches": step["batches"]}, **fields)
-    resume.save()
-    for old in (previous, step_file(previous)):
-        resume.drop(old, name, step_file(name), *keep)
-    return resume.path(name)
 
 
 def _rng_state(dl=None) -> dict:
@@ -276,17 +262,52 @@ class MidEpoch(Callback):
             raise preemption.Preempted(f"at epoch {self.epoch}'s end")
 
 
-def fit_sealed(learn, epochs: int, lr, start_epoch: int, on_epoch: Callable[..., None],
-               seal_step: Callable[[dict], str], resumed: dict | None, every_steps: int,
-               steps: int, cbs: Sequence[Callback] = ()) -> None:
-    """`fit_one_cycle` at ULMFiT's momenta from `start_epoch`: each epoch's end goes to
-    `on_epoch(optimizer_steps, epochs_done, values, seconds, cpu_seconds)` (`EpochEnd`),
-    mid-epoch steps to `seal_step` (`MidEpoch` with `resumed`, `every_steps`, `steps`)."""
+def fit_sealed(learn, epochs: int, lr, start_epoch: int, resume: run_state.Resume, record: dict,
+               tensorboard: ScalarLog, stem: str, tag: str, resumed: dict | None,
+               every_steps: int, cbs: Sequence[Callback] = (), *, row: Mapping | None = None,
+               fields: Mapping | None = None, keep: Sequence[str | None] = (),
+               best: Callable[[int, dict], str | None] | None = None,
+               report: Callable[[dict, int], None] | None = None) -> None:
+    """`fit_one_cycle` at ULMFiT's momenta from `start_epoch`, sealing in `record` (of
+    `resume`'s state) `<stem>-<epoch>.pth` at each epoch's end (`EpochEnd`, after its row,
+    `row`'s fields, `epoch`, `seconds`, `cpu_seconds` and values, joins `record["history"]`)
+    and `<stem>-<epoch>-<batches>.pth` mid-epoch (`MidEpoch` from `resumed`, `every_steps`).
+    A seal saves the files, then the state (with `fields`), then drops the previous files
+    unless in `keep`. Once sealed, an epoch's row goes to `tensorboard` (`<tag>/<field>` at
+    its model's row count, `model_step`), then `report(values, step)`; then the file that
+    `best(epochs_done, values)` returned before the seal goes (unless in `keep`)."""
+
+    def seal(name: str, epochs_done: int, steps: int, step: dict | None = None) -> str:
+        previous = record.get("checkpoint")
+        save_checkpoint(learn, resume.path(name), step)
+        record.update(checkpoint=name, mid_epoch=step and {"batches": step["batches"]},
+                      **(fields or {}), epochs_done=epochs_done, optimizer_steps=steps)
+        resume.save()  # older files go only once the state no longer points at them
+        for old in (previous, step_file(previous)):
+            resume.drop(old, name, step_file(name), *keep)
+        return resume.path(name)
+
+    def seal_step(step: dict) -> str:
+        return seal(f"{stem}-{step['epoch']}-{step['batches']}.pth", step["epoch"],
+                    step["steps"], step)
+
+    def on_epoch(epochs_done: int, values: dict[str, float], seconds: float,
+                 cpu_seconds: float) -> None:
+        drop = best(epochs_done, values) if best else None
+        done = {**(row or {}), "epoch": epochs_done, "seconds": round(seconds, 3),
+                "cpu_seconds": round(cpu_seconds, 3), **values}
+        record["history"].append(done)
+        seal(f"{stem}-{epochs_done}.pth", epochs_done, mid.steps)
+        step = model_step(record["history"], done.get("model"))
+        tensorboard.write(epoch_scalars(tag, done), step)
+        if report:
+            report(values, step)
+        resume.drop(drop, *keep)
+
     with preemption.Notice() as notice:
-        mid = MidEpoch(notice, every_steps, seal_step, resumed, steps)
+        mid = MidEpoch(notice, every_steps, seal_step, resumed, record.get("optimizer_steps", 0))
         learn.fit_one_cycle(epochs, lr, moms=(0.8, 0.7, 0.8), start_epoch=start_epoch,
-                            cbs=[EpochEnd(lambda *epoch: on_epoch(mid.steps, *epoch)), mid,
-                                 *cbs])
+                            cbs=[EpochEnd(on_epoch), mid, *cbs])
 
 
 def quiet(learn):

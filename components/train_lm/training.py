@@ -34,11 +34,10 @@ from components.common.fastai_text import (
     load_checkpoint,
     precision_here,
     run_folders,
-    seal,
 )
 from components.common.gpus import require_torch_gpus
 from components.common.storage import TMP_PREFIX, write_json_atomically
-from components.common.tensorboard import ScalarLog, epoch_scalars
+from components.common.tensorboard import ScalarLog
 from components.formats.lm_assets import (
     SPM_FILE,
     SPM_LANGS,
@@ -215,20 +214,8 @@ def _train_direction(resume: run_state.Resume, mine: dict, tensorboard: ScalarLo
     log.info("%s language model: epochs %d..%d at peak rate %.2e", name,
              mine["epochs_done"] + 1, config.epochs, lr)
 
-    def on_epoch(steps: int, epochs_done: int, values: dict[str, float], seconds: float,
-                 cpu_seconds: float) -> None:
-        row = {"epoch": epochs_done, "seconds": round(seconds, 3),
-               "cpu_seconds": round(cpu_seconds, 3), **values}
-        mine["history"].append(row)
-        seal(resume, mine, learn, f"{name}-{epochs_done}.pth", epochs_done=epochs_done,
-             optimizer_steps=steps)
-        # After the save: a resumed run never trains (and logs) this epoch again.
-        tensorboard.write(epoch_scalars(tensorboard_prefix(name), row), epochs_done)
-
-    fit_sealed(learn, config.epochs, lr, mine["epochs_done"], on_epoch, lambda step: seal(
-        resume, mine, learn, f"{name}-{step['epoch']}-{step['batches']}.pth", step,
-        epochs_done=step["epoch"], optimizer_steps=step["steps"]), resumed,
-        config.checkpoint_every_steps, mine.get("optimizer_steps", 0), callbacks)
+    fit_sealed(learn, config.epochs, lr, mine["epochs_done"], resume, mine, tensorboard, name,
+               tensorboard_prefix(name), resumed, config.checkpoint_every_steps, callbacks)
     if precision != FP32:
         learn = learn.to_fp32()
     save_lm_assets(learn, staging, config.lang, backwards, arch_config)

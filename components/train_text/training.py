@@ -52,12 +52,11 @@ from components.common.fastai_text import (
     quiet,
     run_folders,
     save_checkpoint,
-    seal,
 )
 from components.common.gpus import require_torch_gpus
 from components.common.hypertune import TrialReporter
 from components.common.provenance import provenance
-from components.common.tensorboard import ScalarLog, epoch_scalars, model_step
+from components.common.tensorboard import ScalarLog
 from components.formats.lm_assets import make_tokenizer
 from components.prepare_text.contract import MANIFEST, MULTI_LABEL
 from components.text_common import scores as text_scores
@@ -294,10 +293,6 @@ class TrainingJob:
         self.state["vocab_saved"] = True
         self.save()
 
-    def _drop(self, name: str | None, keep: str | None) -> None:
-        """Removes checkpoint `name` unless it is `keep` or the restarts' start weights."""
-        self.resume.drop(name, keep, (self.state.get("stage_start") or {}).get("file"))
-
     def restore(self, learn) -> bool:
         """Loads the latest checkpoint of this learner's model kind, if training began."""
         self.step = load_checkpoint(learn, self.resume, self.state)
@@ -339,7 +334,7 @@ class TrainingJob:
         load_model(self.path(start["file"]), learn.model, None, with_opt=False,
                    device=learn.dls.device)
         learn.opt = None  # a fresh optimizer: the failed run's moments go with it
-        self._drop(self.state.get("checkpoint"), start["file"])
+        self.resume.drop(self.state.get("checkpoint"), start["file"])
         # A resumed job restores the start weights (they hold no optimizer state).
         self.state.update(stage=first, epochs_done=0, checkpoint=start["file"],
                           best=start["best"])
@@ -348,11 +343,11 @@ class TrainingJob:
     def fit(self, learn, index: int) -> None:
         """Runs stage `index`, or what is left of it."""
         stage = self.plan[index]
+        classifier = stage.model == schedule.CLASSIFIER
         start = self.state["epochs_done"] if self.state["stage"] == index else 0
         if self.state["stage"] > index or start >= stage.epochs:
             return
-        if start == 0 and stage.model == schedule.CLASSIFIER and \
-                self.state.get("stage_start") is None:
+        if start == 0 and classifier and self.state.get("stage_start") is None:
             # The weights a restart goes back to (fit_classifier): the classifier's first.
             name = "classifier-start.pth"
             save_checkpoint(learn, self.path(name), with_opt=False)
@@ -369,43 +364,32 @@ class TrainingJob:
             learn, self.resume, self.state.setdefault("found_lr", {}), stage.model,
             *schedule.found_rate_bounds(stage, int(self.lm_config["n_hid"])),
             sum(s.epochs for s in self.plan if s.model == stage.model))) * \
-            (self.state.get("rate_scale", 1.0) if stage.model == schedule.CLASSIFIER else 1.0)
+            (self.state.get("rate_scale", 1.0) if classifier else 1.0)
         lr = top if not stage.discriminative else \
             slice(top / schedule.LR_DECAY_PER_GROUP ** (len(learn.opt.param_groups) - 1), top)
         log.info("stage %s: epochs %d..%d of %d", stage.name, start + 1, stage.epochs, stage.epochs)
 
-        def sealed(name: str, epochs_done: int, steps: int, step: dict | None = None) -> str:
-            # Older files go only once the state no longer points at them (`seal`).
-            return seal(self.resume, self.state, learn, name, step,
-                        ((self.state.get("stage_start") or {}).get("file"),), stage=index,
-                        epochs_done=epochs_done, optimizer_steps=steps)
-
-        def on_epoch(steps: int, epochs_done: int, values: dict[str, float], seconds: float,
-                     cpu_seconds: float) -> None:
+        def keep_best(epochs_done: int, values: dict[str, float]) -> str | None:
+            # A new best's weights; the older best's file goes once the epoch is reported.
             best, monitor = self.state["best"], self.config.monitor
-            new_best = None
-            if stage.model == schedule.CLASSIFIER and monitor in values and \
-                    schedule.improved(values[monitor], best and best["value"], monitor):
-                new_best = f"best-{index}-{epochs_done}.pth"
-                save_checkpoint(learn, self.path(new_best), with_opt=False)
-                self.state["best"] = {"value": values[monitor], "stage": stage.name,
-                                      "epoch": epochs_done, "file": new_best}
-            row = {"stage": stage.name, "model": stage.model, "epoch": epochs_done,
-                   "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3), **values}
-            self.state["history"].append(row)
-            sealed(f"{stage.model}-{index}-{epochs_done}.pth", epochs_done, steps)
-            # After the save: a resumed run never trains (and logs) this epoch again.
-            step = model_step(self.state["history"], stage.model)
-            self.tensorboard.write(epoch_scalars(stage.model, row), step)
-            if stage.model == schedule.CLASSIFIER:  # the study ranks classifiers
-                self.trial.report(values, step)
-            if new_best and best:
-                self._drop(best.get("file"), new_best)
+            if monitor not in values or \
+                    not schedule.improved(values[monitor], best and best["value"], monitor):
+                return None
+            name = f"best-{index}-{epochs_done}.pth"
+            save_checkpoint(learn, self.path(name), with_opt=False)
+            self.state["best"] = {"value": values[monitor], "stage": stage.name,
+                                  "epoch": epochs_done, "file": name}
+            previous = best and best.get("file")
+            return previous if previous != name else None
 
-        fit_sealed(learn, stage.epochs, lr, start, on_epoch, lambda step: sealed(
-            f"{stage.model}-{index}-{step['epoch']}-{step['batches']}.pth", step["epoch"],
-            step["steps"], step), resumed, self.config.checkpoint_every_steps,
-            self.state.get("optimizer_steps", 0), [GradientClip(GRADIENT_CLIP), *self.callbacks])
+        fit_sealed(learn, stage.epochs, lr, start, self.resume, self.state, self.tensorboard,
+                   f"{stage.model}-{index}", stage.model, resumed,
+                   self.config.checkpoint_every_steps,
+                   [GradientClip(GRADIENT_CLIP), *self.callbacks],
+                   row={"stage": stage.name, "model": stage.model}, fields={"stage": index},
+                   keep=((self.state.get("stage_start") or {}).get("file"),),
+                   best=keep_best if classifier else None,
+                   report=self.trial.report if classifier else None)  # a study ranks these
 
 
 def fine_tune_lm(job: TrainingJob, vocab: list[str] | None) -> list[str] | None:
