@@ -35,9 +35,9 @@ def epoch_scalars(prefix: str, row: Mapping[str, Any]) -> dict[str, float]:
             and not isinstance(value, bool)}
 
 
-def model_step(history: list[Mapping[str, Any]], model: str) -> int:
+def model_step(history: list[Mapping[str, Any]], model: str | None) -> int:
     """The step of `model`'s latest epoch: its rows in the (resumable) history, since a
-    stage's epoch numbers restart at 1."""
+    stage's epoch numbers restart at 1 (None: rows that name no model, as the LM's)."""
     return sum(1 for row in history if row.get("model") == model)
 
 
