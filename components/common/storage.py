@@ -296,12 +296,11 @@ def write_text_atomically(path: str, text: str, unique: bool = False) -> None:
     temporary is `.tmp-<name>`, or with `unique` one of its own (`mkstemp`: processes saving
     one file at once never rename each other's away), removed if the write fails."""
     folder, name = os.path.split(path)
-    temporary = os.path.join(folder, TMP_PREFIX + name)
-    if unique:
+    temporary, handle = os.path.join(folder, TMP_PREFIX + name), None
+    if unique:  # written through mkstemp's own handle: the temporary is opened once
         handle, temporary = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{name}.", dir=folder or os.curdir)
-        os.close(handle)
     try:
-        with open(temporary, "w") as out:
+        with open(temporary, "w") if handle is None else os.fdopen(handle, "w") as out:
             out.write(text)
         os.replace(temporary, path)
     except BaseException:
